@@ -1,0 +1,1 @@
+/* backend_loader.c: in progress */

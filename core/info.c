@@ -1,0 +1,1 @@
+/* info.c: in progress */

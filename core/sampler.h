@@ -1,0 +1,45 @@
+/* Token sampler (internal to the core).
+ *
+ * Order of application, as llama.cpp and vLLM users expect:
+ *   1. repetition / presence / frequency penalties over the last
+ *      `penalty_last_n` tokens of the history (repeat: logit / r if
+ *      positive, * r if negative; presence: - p once per seen token;
+ *      frequency: - f * count),
+ *   2. temp <= 0: greedy argmax (ties -> lowest id), done,
+ *   3. top-k (k <= 0: off), 4. softmax at temperature,
+ *   5. top-p (1.0: off), 6. min-p (0: off, relative to the top prob),
+ *   7. renormalize and draw with the seeded generator.
+ * Deterministic: the same seed, logits and history give the same token.
+ */
+#ifndef LOOM_SAMPLER_H
+#define LOOM_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct loom_sampler_params {
+	float temp;           /* <= 0: greedy */
+	int32_t top_k;        /* <= 0: off */
+	float top_p;          /* >= 1: off */
+	float min_p;          /* <= 0: off */
+	float repeat_penalty; /* 1: off */
+	float presence_penalty;  /* 0: off */
+	float frequency_penalty; /* 0: off */
+	int32_t penalty_last_n;  /* window of history for penalties; 0: off */
+	uint64_t seed;
+};
+
+void loom_sampler_defaults(struct loom_sampler_params *p);
+
+struct loom_sampler;
+/* NULL on allocation failure or invalid params (err gets the reason). */
+struct loom_sampler *loom_sampler_new(const struct loom_sampler_params *p,
+				      int32_t n_vocab, char *err, size_t errlen);
+void loom_sampler_free(struct loom_sampler *s);
+
+/* Samples from logits[0..n_vocab) (modified in place by penalties) given
+ * the history of tokens so far (prompt and generated). Returns a token id. */
+int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
+			    const int32_t *history, int64_t n_history);
+
+#endif /* LOOM_SAMPLER_H */
