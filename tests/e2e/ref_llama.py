@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Independent NumPy reference of the llama forward pass, read from a GGUF.
+
+This is the oracle the end-to-end test holds loom to, so it shares no code
+with loom: weights come from the `gguf` package (GGUFReader and
+gguf.quants.dequantize) and every step is plain NumPy.
+
+Precision: weights are dequantized by the gguf package (to float32) and then
+widened; by default all arithmetic runs in float64, so the reference is
+accurate to far below loom's float32 rounding and any difference seen by the
+test is loom's. `--dtype float32` runs the same code in float32.
+
+Model (llama family, as llama.cpp defines it for GGUF):
+  x = token_embd[ids]
+  per layer:
+    h = rmsnorm(x) * attn_norm
+    q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)
+    rope(q), rope(k)     llama: adjacent pairs (x[2i], x[2i+1]), because the
+                         GGUF converter permutes Q/K rows per head;
+                         qwen2: halves (x[i], x[i + n_rot/2]), no permutation.
+                         theta_i = (pos / linear_factor) * base^(-2i/n_rot)
+                                   / rope_freqs[i]
+    causal softmax(q k^T / sqrt(head_dim)) v, GQA: head h uses kv head
+    h // (n_head / n_head_kv)
+    x += attn_output(o)
+    h = rmsnorm(x) * ffn_norm
+    x += ffn_down(silu(ffn_gate h) * ffn_up h)
+  logits = rmsnorm(x) * output_norm @ W_out^T   (W_out = token_embd if no
+                                                 output.weight: tied)
+A GGUF tensor of shape [ne0, ne1] is a NumPy array (ne1, ne0): ne1 rows of
+ne0, so y = x @ W.T for a weight of gguf shape [n_in, n_out].
+
+CLI:
+  ref_llama.py MODEL --tokens "1 2 3" -n 32 --logits-out F.npy \
+      --tokens-out F.txt
+writes the float32 logits of the last prompt position and the greedy
+continuation (argmax, ties -> lowest id), space-separated.
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+import gguf
+from gguf.quants import dequantize
+
+# Rope variants by architecture (llama.cpp's rope type per arch).
+ROPE_NORM = "norm"
+ROPE_NEOX = "neox"
+ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX}
+
+
+def field_value(field):
+    """Value of a GGUF metadata field: scalar, str, or list."""
+    types = field.types
+    if not types:
+        raise ValueError("field %s has no type" % field.name)
+
+    def one(idx):
+        part = field.parts[idx]
+        if types[-1] == gguf.GGUFValueType.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        return part.tolist()[0]
+
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        return [one(i) for i in field.data]
+    return one(field.data[0])
+
+
+class Model:
+    def __init__(self, path, dtype=np.float64):
+        self.dtype = np.dtype(dtype)
+        self.reader = gguf.GGUFReader(path)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.arch = self.meta("general.architecture")
+        if self.arch not in ARCH_ROPE:
+            raise ValueError("unsupported architecture %r" % self.arch)
+        self.rope_mode = ARCH_ROPE[self.arch]
+        self._read_hparams()
+        self._load_weights()
+
+    def meta(self, key, default=None):
+        f = self.reader.fields.get(key)
+        if f is None:
+            if default is None:
+                raise KeyError("missing GGUF key %s" % key)
+            return default
+        return field_value(f)
+
+    def _read_hparams(self):
+        a = self.arch
+        self.n_embd = int(self.meta(a + ".embedding_length"))
+        self.n_layer = int(self.meta(a + ".block_count"))
+        self.n_head = int(self.meta(a + ".attention.head_count"))
+        self.n_head_kv = int(self.meta(a + ".attention.head_count_kv",
+                                       self.n_head))
+        self.head_dim = int(self.meta(a + ".attention.key_length",
+                                      self.n_embd // self.n_head))
+        self.eps = float(self.meta(a + ".attention.layer_norm_rms_epsilon"))
+        self.rope_base = float(self.meta(a + ".rope.freq_base", 10000.0))
+        self.n_rot = int(self.meta(a + ".rope.dimension_count",
+                                   self.head_dim))
+        stype = self.meta(a + ".rope.scaling.type", "none")
+        factor = float(self.meta(a + ".rope.scaling.factor", 0.0))
+        if stype not in ("none", "linear"):
+            raise ValueError("rope scaling %r not supported" % stype)
+        self.rope_factor = factor if stype == "linear" and factor > 0 else 1.0
+        if self.n_head % self.n_head_kv or self.n_rot % 2 or \
+           self.n_rot > self.head_dim:
+            raise ValueError("inconsistent attention hyperparameters")
+
+    def weight(self, name, required=True):
+        t = self.tensors.get(name)
+        if t is None:
+            if required:
+                raise KeyError("missing tensor %s" % name)
+            return None
+        w = dequantize(t.data, t.tensor_type)
+        # gguf shape [ne0, ne1, ...] -> numpy (..., ne1, ne0)
+        shape = tuple(int(n) for n in reversed(list(t.shape)))
+        return np.ascontiguousarray(w.reshape(shape), dtype=self.dtype)
+
+    def _load_weights(self):
+        w = self.weight
+        self.tok_embd = w("token_embd.weight")
+        self.out_norm = w("output_norm.weight")
+        out = w("output.weight", False)
+        self.output = self.tok_embd if out is None else out
+        self.rope_freqs = w("rope_freqs.weight", False)
+        self.layers = []
+        for i in range(self.n_layer):
+            p = "blk.%d." % i
+            L = {}
+            for n in ("attn_norm", "attn_q", "attn_k", "attn_v",
+                      "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                      "ffn_down"):
+                L[n] = w(p + n + ".weight")
+            for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                L[n + ".bias"] = w(p + n + ".bias", False)
+            self.layers.append(L)
+        self.n_vocab = self.output.shape[0]
+
+    # ---- forward pass ----
+
+    def rmsnorm(self, x, w):
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(ms + self.eps) * w
+
+    def rope(self, x, pos):
+        """x: (T, heads, head_dim); rotates the first n_rot dims."""
+        n_rot = self.n_rot
+        i = np.arange(0, n_rot, 2, dtype=np.float64)
+        freq = self.rope_base ** (-i / n_rot)
+        if self.rope_freqs is not None:
+            freq = freq / self.rope_freqs.astype(np.float64)
+        p = np.asarray(pos, dtype=np.float64) / self.rope_factor
+        theta = p[:, None] * freq[None, :]           # (T, n_rot/2)
+        c = np.cos(theta)[:, None, :].astype(self.dtype)
+        s = np.sin(theta)[:, None, :].astype(self.dtype)
+        y = x.copy()
+        if self.rope_mode == ROPE_NORM:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            y[..., 0:n_rot:2] = a * c - b * s
+            y[..., 1:n_rot:2] = a * s + b * c
+        else:
+            h = n_rot // 2
+            a, b = x[..., :h], x[..., h:n_rot]
+            y[..., :h] = a * c - b * s
+            y[..., h:n_rot] = a * s + b * c
+        return y
+
+    @staticmethod
+    def linear(x, w, b=None):
+        y = x @ w.T
+        return y if b is None else y + b
+
+    def attention(self, L, h, pos, cache):
+        T = h.shape[0]
+        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
+        g = nh // nkv
+        q = self.linear(h, L["attn_q"], L["attn_q.bias"]).reshape(T, nh, hd)
+        k = self.linear(h, L["attn_k"], L["attn_k.bias"]).reshape(T, nkv, hd)
+        v = self.linear(h, L["attn_v"], L["attn_v.bias"]).reshape(T, nkv, hd)
+        q = self.rope(q, pos)
+        k = self.rope(k, pos)
+        cache["k"] = k if cache["k"] is None else \
+            np.concatenate([cache["k"], k])
+        cache["v"] = v if cache["v"] is None else \
+            np.concatenate([cache["v"], v])
+        K, V = cache["k"], cache["v"]                # (S, nkv, hd)
+        S = K.shape[0]
+        # query head h = kv * g + j uses kv head kv = h // g
+        qg = q.reshape(T, nkv, g, hd)
+        sc = np.einsum("tkjd,skd->kjts", qg, K) * (1.0 / math.sqrt(hd))
+        key_pos = np.arange(S)
+        mask = key_pos[None, :] > np.asarray(pos)[:, None]   # (T, S)
+        sc = np.where(mask[None, None], -np.inf, sc)
+        sc = sc - sc.max(axis=-1, keepdims=True)
+        p = np.exp(sc)
+        p = p / p.sum(axis=-1, keepdims=True)
+        o = np.einsum("kjts,skd->tkjd", p, V).reshape(T, nh * hd)
+        return self.linear(o, L["attn_output"], L["attn_output.bias"])
+
+    def ffn(self, L, h):
+        gate = self.linear(h, L["ffn_gate"])
+        up = self.linear(h, L["ffn_up"])
+        act = gate / (1.0 + np.exp(-gate)) * up      # silu(gate) * up
+        return self.linear(act, L["ffn_down"])
+
+    def new_cache(self):
+        return [{"k": None, "v": None} for _ in range(self.n_layer)]
+
+    def forward(self, ids, start, cache):
+        """Logits (T, n_vocab) for tokens ids at positions start.."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.tok_embd.shape[0]:
+            raise ValueError("token id out of range")
+        pos = np.arange(start, start + len(ids))
+        x = self.tok_embd[ids]
+        for L, c in zip(self.layers, cache):
+            x = x + self.attention(L, self.rmsnorm(x, L["attn_norm"]),
+                                   pos, c)
+            x = x + self.ffn(L, self.rmsnorm(x, L["ffn_norm"]))
+        return self.rmsnorm(x, self.out_norm) @ self.output.T
+
+    def generate(self, prompt, n, forced=None):
+        """Greedy decode n tokens after prompt.
+
+        Returns (last prompt logits, generated ids, per-step logits).
+        With forced (a list of ids) the model is fed those ids instead of its
+        own choices (teacher forcing), to score another engine's path.
+        """
+        cache = self.new_cache()
+        logits = self.forward(prompt, 0, cache)[-1]
+        first = logits
+        out, steps = [], []
+        for i in range(n):
+            steps.append(logits)
+            tok = int(np.argmax(logits))   # first maximum: lowest id
+            out.append(tok)
+            feed = forced[i] if forced is not None and i < len(forced) \
+                else tok
+            if i + 1 < n:
+                logits = self.forward([feed], len(prompt) + i, cache)[-1]
+        return first, out, steps
+
+    # ---- vocabulary, for reports ----
+
+    def vocab(self):
+        return self.meta("tokenizer.ggml.tokens")
+
+    def detokenize(self, ids):
+        toks = self.vocab()
+        model = self.meta("tokenizer.ggml.model", "gpt2")
+        if model == "gpt2":
+            inv = {u: b for b, u in byte_unicode_map().items()}
+            data = bytearray()
+            for t in ids:
+                for ch in toks[t]:
+                    if ch in inv:
+                        data.append(inv[ch])
+                    else:
+                        data += ch.encode("utf-8")
+            return data.decode("utf-8", errors="replace")
+        text = "".join(toks[t] for t in ids)
+        return text.replace("\u2581", " ")
+
+
+def byte_unicode_map():
+    """GPT-2 byte-level BPE: each byte is shown as one printable character.
+
+    Bytes that are printable Latin-1 ('!'..'~', '\xa1'..'\xac',
+    '\xae'..'\xff') stand for themselves; the other 68 bytes map, in order,
+    to U+0100, U+0101, ...
+    """
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + \
+        list(range(0xAE, 0x100))
+    m, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            m[b] = chr(b)
+        else:
+            m[b] = chr(256 + extra)
+            extra += 1
+    return m
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--tokens", required=True,
+                    help="prompt token ids, space-separated")
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("--logits-out")
+    ap.add_argument("--tokens-out")
+    ap.add_argument("--dtype", choices=("float64", "float32"),
+                    default="float64")
+    ap.add_argument("--top", type=int, default=5,
+                    help="print this many top tokens (decoded)")
+    args = ap.parse_args(argv)
+
+    prompt = [int(t) for t in args.tokens.split()]
+    if not prompt or args.n < 1:
+        ap.error("need at least one prompt token and n >= 1")
+    t0 = time.time()
+    m = Model(args.model, args.dtype)
+    t1 = time.time()
+    first, out, _ = m.generate(prompt, args.n)
+    t2 = time.time()
+    if args.logits_out:
+        np.save(args.logits_out, first.astype(np.float32))
+    if args.tokens_out:
+        with open(args.tokens_out, "w") as f:
+            f.write(" ".join(str(t) for t in out) + "\n")
+    vocab = m.vocab()
+    order = np.argsort(-first, kind="stable")[:args.top]
+    print("load %.2fs, %d prompt + %d generated tokens %.2fs (%s)" %
+          (t1 - t0, len(prompt), args.n, t2 - t1, args.dtype))
+    for t in order:
+        print("  top %6d %10.4f %r" % (t, first[t], m.detokenize([t])))
+    print("prompt:       %r" % m.detokenize(prompt))
+    print("continuation: %r" % m.detokenize(out))
+    print("ids: %s" % " ".join(str(t) for t in out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
