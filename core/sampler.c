@@ -1,1 +1,429 @@
-/* sampler.c: in progress */
+/* Token sampler: penalties, greedy, top-k, temperature, top-p, min-p and a
+ * seeded draw. See sampler.h for the order of application.
+ *
+ * Cost for a vocabulary of n tokens:
+ *   - penalties: O(window), through a per-token count array;
+ *   - greedy or plain temperature sampling: O(n), no sort;
+ *   - top-k: O(n log k) with a bounded heap, then O(k log k) to order it;
+ *   - top-p / min-p without top-k: O(n) passes that keep only the tokens
+ *     above a probability threshold, then a heap sort of those alone. The
+ *     threshold starts at 1/64 of the top probability and is lowered until
+ *     the kept tokens hold at least top_p of the mass, so a peaked
+ *     distribution sorts a handful of tokens and a flat one may sort all.
+ *
+ * Logits that are NaN count as -inf. When the largest logit is not finite
+ * (+inf, or every logit -inf/NaN) the sampler returns the greedy choice.
+ */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct cand {
+	float logit;
+	int32_t id;
+};
+
+struct loom_sampler {
+	struct loom_sampler_params p;
+	int32_t n_vocab;
+	uint64_t rng[4];   /* xoshiro256** state */
+	int32_t *counts;   /* [n_vocab], all zero between calls */
+	struct cand *cand; /* [n_vocab] candidate scratch */
+	double *w;         /* [n_vocab] unnormalized probabilities */
+};
+
+void loom_sampler_defaults(struct loom_sampler_params *p)
+{
+	p->temp = 0.8f;
+	p->top_k = 40;
+	p->top_p = 0.95f;
+	p->min_p = 0.05f;
+	p->repeat_penalty = 1.0f;
+	p->presence_penalty = 0.0f;
+	p->frequency_penalty = 0.0f;
+	p->penalty_last_n = 64;
+	p->seed = 0;
+}
+
+/* ---- random numbers: splitmix64 seeds xoshiro256** ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(uint64_t s[4])
+{
+	uint64_t out = rotl(s[1] * 5, 7) * 9;
+	uint64_t t = s[1] << 17;
+
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return out;
+}
+
+/* Uniform double in [0, 1) from the top 53 bits. */
+static double rng_uniform(uint64_t s[4])
+{
+	return (double)(rng_next(s) >> 11) * 0x1.0p-53;
+}
+
+static void rng_seed(uint64_t s[4], uint64_t seed)
+{
+	for (int i = 0; i < 4; i++)
+		s[i] = splitmix64(&seed);
+}
+
+/* ---- construction ---- */
+
+static int check_params(const struct loom_sampler_params *p, int32_t n_vocab,
+			char *err, size_t errlen)
+{
+	const char *why = NULL;
+
+	if (n_vocab <= 0)
+		why = "n_vocab must be positive";
+	else if (!isfinite(p->temp))
+		why = "temp must be a finite number";
+	else if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+		why = "top_p must be in (0, 1]";
+	else if (!(p->min_p <= 1.0f))
+		why = "min_p must be a number <= 1";
+	else if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
+		why = "repeat_penalty must be a finite number > 0";
+	else if (!isfinite(p->presence_penalty))
+		why = "presence_penalty must be a finite number";
+	else if (!isfinite(p->frequency_penalty))
+		why = "frequency_penalty must be a finite number";
+	else if (p->penalty_last_n < 0)
+		why = "penalty_last_n must be >= 0";
+	if (!why)
+		return 0;
+	if (err && errlen)
+		snprintf(err, errlen, "sampler: %s", why);
+	return -1;
+}
+
+struct loom_sampler *loom_sampler_new(const struct loom_sampler_params *p,
+				      int32_t n_vocab, char *err, size_t errlen)
+{
+	struct loom_sampler *s;
+
+	if (!p) {
+		if (err && errlen)
+			snprintf(err, errlen, "sampler: no parameters");
+		return NULL;
+	}
+	if (check_params(p, n_vocab, err, errlen))
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		goto out_nomem;
+	s->p = *p;
+	s->n_vocab = n_vocab;
+	rng_seed(s->rng, p->seed);
+	s->counts = calloc((size_t)n_vocab, sizeof(*s->counts));
+	s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
+	s->w = malloc((size_t)n_vocab * sizeof(*s->w));
+	if (!s->counts || !s->cand || !s->w)
+		goto out_free;
+	return s;
+
+out_free:
+	loom_sampler_free(s);
+out_nomem:
+	if (err && errlen)
+		snprintf(err, errlen, "sampler: out of memory for %d tokens",
+			 (int)n_vocab);
+	return NULL;
+}
+
+void loom_sampler_free(struct loom_sampler *s)
+{
+	if (!s)
+		return;
+	free(s->counts);
+	free(s->cand);
+	free(s->w);
+	free(s);
+}
+
+/* ---- penalties ---- */
+
+static bool penalties_off(const struct loom_sampler_params *p)
+{
+	return p->penalty_last_n == 0 ||
+	       (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+		p->frequency_penalty == 0.0f);
+}
+
+/* Counts every in-range token of the window, then penalizes each distinct
+ * token once (clearing its count, so counts is all zero again after). */
+static void apply_penalties(struct loom_sampler *s, float *logits,
+			    const int32_t *history, int64_t n_history)
+{
+	const struct loom_sampler_params *p = &s->p;
+	int64_t start, i;
+
+	if (penalties_off(p) || !history || n_history <= 0)
+		return;
+	start = n_history > p->penalty_last_n ? n_history - p->penalty_last_n : 0;
+	for (i = start; i < n_history; i++) {
+		if (history[i] >= 0 && history[i] < s->n_vocab)
+			s->counts[history[i]]++;
+	}
+	for (i = start; i < n_history; i++) {
+		int32_t t = history[i];
+		float l;
+
+		if (t < 0 || t >= s->n_vocab || s->counts[t] == 0)
+			continue;
+		l = logits[t];
+		l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+		l -= p->presence_penalty;
+		l -= p->frequency_penalty * (float)s->counts[t];
+		logits[t] = l;
+		s->counts[t] = 0;
+	}
+}
+
+/* ---- selection helpers ---- */
+
+static float key(float l)
+{
+	return isnan(l) ? -INFINITY : l;
+}
+
+/* Greedy: the largest logit, ties to the lowest id. */
+static int32_t argmax(const float *logits, int32_t n)
+{
+	int32_t best = 0;
+	float bl = key(logits[0]);
+
+	for (int32_t i = 1; i < n; i++) {
+		if (key(logits[i]) > bl) {
+			bl = key(logits[i]);
+			best = i;
+		}
+	}
+	return best;
+}
+
+/* a ranks before b: larger logit, then lower id. */
+static bool before(const struct cand *a, const struct cand *b)
+{
+	return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+/* Heap whose root is the candidate that ranks last. */
+static void sift_down(struct cand *h, int32_t n, int32_t i)
+{
+	for (;;) {
+		int32_t l = 2 * i + 1, r = l + 1, m = i;
+		struct cand t;
+
+		if (l < n && before(&h[m], &h[l]))
+			m = l;
+		if (r < n && before(&h[m], &h[r]))
+			m = r;
+		if (m == i)
+			return;
+		t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void heapify(struct cand *h, int32_t n)
+{
+	for (int32_t i = n / 2 - 1; i >= 0; i--)
+		sift_down(h, n, i);
+}
+
+/* Turns a heap into rank order (best first) by popping the last-ranked. */
+static void heap_sort(struct cand *h, int32_t n)
+{
+	for (int32_t end = n - 1; end > 0; end--) {
+		struct cand t = h[0];
+
+		h[0] = h[end];
+		h[end] = t;
+		sift_down(h, end, 0);
+	}
+}
+
+/* The k best logits in rank order into s->cand; returns k. */
+static int32_t select_top_k(struct loom_sampler *s, const float *logits,
+			    int32_t k)
+{
+	struct cand *h = s->cand;
+
+	for (int32_t i = 0; i < k; i++)
+		h[i] = (struct cand){ key(logits[i]), i };
+	heapify(h, k);
+	for (int32_t i = k; i < s->n_vocab; i++) {
+		struct cand c = { key(logits[i]), i };
+
+		if (before(&c, &h[0])) {
+			h[0] = c;
+			sift_down(h, k, 0);
+		}
+	}
+	heap_sort(h, k);
+	return k;
+}
+
+/* w[i] = exp((logit - max) / temp) for every token; returns their sum. */
+static double weigh_all(struct loom_sampler *s, const float *logits, float max)
+{
+	double inv_t = 1.0 / s->p.temp, z = 0.0;
+
+	for (int32_t i = 0; i < s->n_vocab; i++) {
+		float l = key(logits[i]);
+
+		s->w[i] = exp(((double)l - max) * inv_t);
+		z += s->w[i];
+	}
+	return z;
+}
+
+/*
+ * Without top-k: collects the tokens whose weight is at least a threshold,
+ * in rank order. The threshold is min_p (weights are relative to the top
+ * token's, which is 1) and, for top-p, low enough that the collected mass
+ * reaches top_p * z, so the top-p prefix lies inside the collected set.
+ */
+static int32_t select_threshold(struct loom_sampler *s, const float *logits,
+				double z)
+{
+	double floor_w = s->p.min_p > 0.0f ? s->p.min_p : 0.0;
+	double t = s->p.top_p < 1.0f ? 1.0 / 64 : floor_w;
+	double need = (double)s->p.top_p * z;
+	int32_t n;
+
+	for (;;) {
+		double mass = 0.0;
+
+		if (t < floor_w || t < 1e-300)
+			t = floor_w;
+		n = 0;
+		for (int32_t i = 0; i < s->n_vocab; i++) {
+			if (s->w[i] >= t) {
+				s->cand[n++] = (struct cand){ key(logits[i]), i };
+				mass += s->w[i];
+			}
+		}
+		if (t <= floor_w || mass >= need)
+			break;
+		t /= 256;
+	}
+	heapify(s->cand, n);
+	heap_sort(s->cand, n);
+	return n;
+}
+
+/* ---- drawing ---- */
+
+/* Draws index j < n with probability w[j] / sum(w[0..n)). */
+static int32_t draw(uint64_t rng[4], const double *w, int32_t n)
+{
+	double total = 0.0, target, cum = 0.0;
+	int32_t last = 0;
+
+	for (int32_t j = 0; j < n; j++)
+		total += w[j];
+	target = rng_uniform(rng) * total;
+	for (int32_t j = 0; j < n; j++) {
+		if (w[j] <= 0.0)
+			continue;
+		cum += w[j];
+		last = j;
+		if (target < cum)
+			return j;
+	}
+	return last; /* rounding left target at the very top */
+}
+
+/* Top-p and min-p over rank-ordered candidates with weights w[0..n), the
+ * first being the largest (1.0 when from max); z normalizes. New count. */
+static int32_t cut_candidates(const struct loom_sampler *s, const double *w,
+			      int32_t n, double z)
+{
+	int32_t keep = n;
+
+	if (s->p.top_p < 1.0f) {
+		double need = (double)s->p.top_p * z, cum = 0.0;
+
+		for (int32_t j = 0; j < n; j++) {
+			cum += w[j];
+			if (cum >= need) {
+				keep = j + 1;
+				break;
+			}
+		}
+	}
+	if (s->p.min_p > 0.0f) {
+		double floor_w = s->p.min_p * w[0];
+		int32_t j = 1;
+
+		while (j < keep && w[j] >= floor_w)
+			j++;
+		keep = j;
+	}
+	return keep;
+}
+
+int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
+			    const int32_t *history, int64_t n_history)
+{
+	const struct loom_sampler_params *p;
+	int32_t greedy, n, j;
+	float max;
+	double z, inv_t;
+
+	if (!s || !logits)
+		return -1;
+	p = &s->p;
+	apply_penalties(s, logits, history, n_history);
+	greedy = argmax(logits, s->n_vocab);
+	max = key(logits[greedy]);
+	if (p->temp <= 0.0f || !isfinite(max))
+		return greedy;
+	inv_t = 1.0 / p->temp;
+
+	if (p->top_k > 0 && p->top_k < s->n_vocab) {
+		n = select_top_k(s, logits, p->top_k);
+		z = 0.0;
+		for (j = 0; j < n; j++) {
+			s->w[j] = exp(((double)s->cand[j].logit - max) * inv_t);
+			z += s->w[j];
+		}
+	} else {
+		z = weigh_all(s, logits, max);
+		if (p->top_p >= 1.0f && p->min_p <= 0.0f)
+			return draw(s->rng, s->w, s->n_vocab);
+		n = select_threshold(s, logits, z);
+		/* Reuse w for the candidates' weights, in rank order. */
+		for (j = 0; j < n; j++)
+			s->w[j] = exp(((double)s->cand[j].logit - max) * inv_t);
+	}
+	n = cut_candidates(s, s->w, n, z);
+	return s->cand[draw(s->rng, s->w, n)].id;
+}
