@@ -1,0 +1,379 @@
+/* The executor: runs a model's graph for one step through the backend ops. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+/* Device int32 inputs of one step. */
+enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_QSTART, IN_KVLEN, IN_BLOCKS, IN_COUNT };
+
+struct loom_exec {
+	struct loom_model *m;
+	struct loom_kv *kv;
+	int32_t max_tokens, max_seqs, max_out;
+	struct loom_buffer *buf;
+	float *act[ACT_COUNT];    /* device addresses */
+	int64_t width[ACT_COUNT]; /* floats per row */
+	int32_t *in[IN_COUNT];    /* device addresses */
+	int32_t *host_in[IN_COUNT];
+	size_t in_count[IN_COUNT];
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* Adds n bytes (rounded to 64) to *total; false on overflow. */
+static bool add_size(size_t *total, size_t count, size_t elem)
+{
+	size_t bytes;
+
+	if (__builtin_mul_overflow(count, elem, &bytes) ||
+	    __builtin_add_overflow(bytes, (size_t)63, &bytes))
+		return false;
+	bytes &= ~(size_t)63;
+	return !__builtin_add_overflow(*total, bytes, total);
+}
+
+static void set_widths(struct loom_exec *e)
+{
+	const struct loom_hparams *hp = &e->m->hp;
+
+	e->width[ACT_X] = e->width[ACT_XN] = e->width[ACT_PROJ] = hp->n_embd;
+	e->width[ACT_OUT] = hp->n_embd;
+	e->width[ACT_Q] = e->width[ACT_ATT] = hp->n_head * hp->head_dim;
+	e->width[ACT_K] = e->width[ACT_V] = hp->n_head_kv * hp->head_dim;
+	e->width[ACT_GATE] = e->width[ACT_UP] = hp->n_ff;
+	e->width[ACT_LOGITS] = hp->n_vocab;
+}
+
+static size_t act_rows(const struct loom_exec *e, int a)
+{
+	return (size_t)(a == ACT_OUT || a == ACT_LOGITS ? e->max_out : e->max_tokens);
+}
+
+/* Lays out every activation and input array in one backend buffer. */
+static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
+{
+	struct loom_backend *be = e->m->be;
+	size_t total = 0, offs[ACT_COUNT + IN_COUNT];
+	char *base;
+	int i;
+
+	e->in_count[IN_TOKENS] = e->in_count[IN_POS] = e->in_count[IN_SLOTS] =
+		(size_t)e->max_tokens;
+	e->in_count[IN_QSTART] = (size_t)e->max_seqs + 1;
+	e->in_count[IN_KVLEN] = (size_t)e->max_seqs;
+	e->in_count[IN_BLOCKS] = (size_t)e->max_seqs * (size_t)e->kv->n_blocks;
+	for (i = 0; i < ACT_COUNT; i++) {
+		offs[i] = total;
+		if (!add_size(&total, act_rows(e, i) * (size_t)e->width[i], sizeof(float)))
+			goto out_overflow;
+	}
+	for (i = 0; i < IN_COUNT; i++) {
+		offs[ACT_COUNT + i] = total;
+		if (!add_size(&total, e->in_count[i], sizeof(int32_t)))
+			goto out_overflow;
+		e->host_in[i] = malloc(e->in_count[i] * sizeof(int32_t));
+		if (!e->host_in[i]) {
+			set_err(err, errlen, "executor: out of memory");
+			return -1;
+		}
+	}
+	if (be->ops->buffer_alloc(be->ctx, total, &e->buf)) {
+		set_err(err, errlen, "executor: cannot allocate %zu MiB of activations",
+			total >> 20);
+		return -1;
+	}
+	base = be->ops->buffer_addr(be->ctx, e->buf);
+	for (i = 0; i < ACT_COUNT; i++)
+		e->act[i] = (float *)(base + offs[i]);
+	for (i = 0; i < IN_COUNT; i++)
+		e->in[i] = (int32_t *)(base + offs[ACT_COUNT + i]);
+	return 0;
+out_overflow:
+	set_err(err, errlen, "executor: activation size overflows (batch %d)", e->max_tokens);
+	return -1;
+}
+
+struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
+				int32_t max_tokens, int32_t max_seqs,
+				int32_t max_outputs, char *err, size_t errlen)
+{
+	struct loom_exec *e;
+
+	if (max_tokens <= 0 || max_seqs <= 0 || max_outputs <= 0 ||
+	    max_seqs > max_tokens) {
+		set_err(err, errlen, "executor: bad limits (tokens %d, sequences %d, outputs %d)",
+			max_tokens, max_seqs, max_outputs);
+		return NULL;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		set_err(err, errlen, "executor: out of memory");
+		return NULL;
+	}
+	e->m = m;
+	e->kv = kv;
+	e->max_tokens = max_tokens;
+	e->max_seqs = max_seqs;
+	e->max_out = max_outputs;
+	set_widths(e);
+	if (alloc_buffers(e, err, errlen)) {
+		loom_exec_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+void loom_exec_free(struct loom_exec *e)
+{
+	int i;
+
+	if (!e)
+		return;
+	if (e->buf)
+		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
+	for (i = 0; i < IN_COUNT; i++)
+		free(e->host_in[i]);
+	free(e);
+}
+
+/* Checks the batch against the limits and the cache; fills host inputs. */
+static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
+		   size_t errlen)
+{
+	int32_t s, i, t;
+
+	if (b->n_tokens <= 0 || b->n_tokens > e->max_tokens || b->n_seqs <= 0 ||
+	    b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
+	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens) {
+		set_err(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
+			b->n_tokens, b->n_seqs, b->n_out);
+		return -1;
+	}
+	for (t = 0; t < b->n_tokens; t++) {
+		if (b->tokens[t] < 0 || b->tokens[t] >= e->m->hp.n_vocab) {
+			set_err(err, errlen, "batch: token id %d out of range (vocabulary %lld)",
+				b->tokens[t], (long long)e->m->hp.n_vocab);
+			return -1;
+		}
+	}
+	for (i = 0; i < b->n_out; i++) {
+		if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens) {
+			set_err(err, errlen, "batch: output row %d out of range", b->out_rows[i]);
+			return -1;
+		}
+	}
+	memcpy(e->host_in[IN_TOKENS], b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
+	for (s = 0; s < b->n_seqs; s++) {
+		const struct loom_kv_seq *seq = b->seqs[s];
+		int32_t q_len = b->q_start[s + 1] - b->q_start[s];
+		int64_t kv_len = (int64_t)seq->n_tokens + q_len;
+
+		if (q_len <= 0 || kv_len > (int64_t)seq->n_blocks * e->kv->block_size) {
+			set_err(err, errlen, "batch: sequence %d has %d new tokens and room for %lld",
+				s, q_len, (long long)seq->n_blocks * e->kv->block_size - seq->n_tokens);
+			return -1;
+		}
+		for (i = 0; i < q_len; i++) {
+			t = b->q_start[s] + i;
+			e->host_in[IN_POS][t] = seq->n_tokens + i;
+			e->host_in[IN_SLOTS][t] = loom_kv_slot(e->kv, seq, seq->n_tokens + i);
+		}
+		e->host_in[IN_QSTART][s] = b->q_start[s];
+		e->host_in[IN_KVLEN][s] = (int32_t)kv_len;
+		memcpy(e->host_in[IN_BLOCKS] + (size_t)s * (size_t)e->kv->n_blocks,
+		       seq->blocks, sizeof(int32_t) * (size_t)seq->n_blocks);
+	}
+	e->host_in[IN_QSTART][b->n_seqs] = b->n_tokens;
+	return 0;
+}
+
+static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t n[IN_COUNT] = {
+		[IN_TOKENS] = (size_t)b->n_tokens, [IN_POS] = (size_t)b->n_tokens,
+		[IN_SLOTS] = (size_t)b->n_tokens, [IN_QSTART] = (size_t)b->n_seqs + 1,
+		[IN_KVLEN] = (size_t)b->n_seqs,
+		[IN_BLOCKS] = (size_t)b->n_seqs * (size_t)e->kv->n_blocks,
+	};
+	int i, rc;
+
+	for (i = 0; i < IN_COUNT; i++) {
+		rc = be->ops->upload(be->ctx, e->in[i], e->host_in[i], n[i] * sizeof(int32_t));
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	struct loom_gemm_args a = {
+		.struct_size = sizeof(a), .w_type = nd->w->type,
+		.m = rows, .n = nd->w->rows, .k = nd->w->cols,
+		.w = nd->w->data, .w_stride = nd->w->row_bytes,
+		.x = e->act[nd->a], .x_stride = e->width[nd->a],
+		.y = e->act[nd->dst], .y_stride = e->width[nd->dst],
+	};
+
+	return be->ops->gemm(be->ctx, &a);
+}
+
+static int run_rope(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	const struct loom_hparams *hp = &e->m->hp;
+	struct loom_rope_args a = {
+		.struct_size = sizeof(a), .mode = hp->rope_mode,
+		.x = e->act[nd->dst], .n_tokens = rows,
+		.n_heads = e->width[nd->dst] / hp->head_dim, .head_dim = hp->head_dim,
+		.n_rot = hp->n_rot, .row_stride = e->width[nd->dst],
+		.pos = e->in[IN_POS], .freq_base = hp->rope_base,
+		.freq_scale = hp->rope_scale, .freq_factors = e->m->rope_freqs.data,
+	};
+
+	return be->ops->rope(be->ctx, &a);
+}
+
+static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	struct loom_kv_write_args a = {
+		.struct_size = sizeof(a),
+		.kcache = loom_kv_k(e->kv, nd->layer), .vcache = loom_kv_v(e->kv, nd->layer),
+		.k = e->act[ACT_K], .v = e->act[ACT_V],
+		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
+		.n_tokens = rows, .kv_dim = e->width[ACT_K], .slots = e->in[IN_SLOTS],
+	};
+
+	return be->ops->kv_write(be->ctx, &a);
+}
+
+static int run_attention(struct loom_exec *e, const struct loom_node *nd,
+			 const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	const struct loom_hparams *hp = &e->m->hp;
+	struct loom_attention_args a = {
+		.struct_size = sizeof(a),
+		.out = e->act[ACT_ATT], .q = e->act[ACT_Q],
+		.q_stride = e->width[ACT_Q], .out_stride = e->width[ACT_ATT],
+		.kcache = loom_kv_k(e->kv, nd->layer), .vcache = loom_kv_v(e->kv, nd->layer),
+		.n_seqs = b->n_seqs, .n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv,
+		.head_dim = hp->head_dim, .block_size = e->kv->block_size,
+		.max_blocks = e->kv->n_blocks,
+		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
+		.block_table = e->in[IN_BLOCKS],
+		.scale = 1.0f / sqrtf((float)hp->head_dim),
+	};
+
+	return be->ops->attention(be->ctx, &a);
+}
+
+/* Copies the rows that need logits next to each other. */
+static int run_gather(struct loom_exec *e, const struct loom_node *nd,
+		      const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t row = (size_t)e->width[nd->a] * sizeof(float);
+	int32_t i;
+	int rc;
+
+	for (i = 0; i < b->n_out; i++) {
+		rc = be->ops->copy(be->ctx, e->act[nd->dst] + (size_t)i * e->width[nd->dst],
+				   e->act[nd->a] + (size_t)b->out_rows[i] * e->width[nd->a], row);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int run_node(struct loom_exec *e, const struct loom_node *nd,
+		    const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	struct loom_backend_ctx *ctx = be->ctx;
+	int64_t rows = nd->on_outputs ? b->n_out : b->n_tokens;
+	float *dst = e->act[nd->dst], *a = e->act[nd->a];
+	int64_t wd = e->width[nd->dst], wa = e->width[nd->a];
+
+	switch (nd->op) {
+	case NODE_EMBED:
+		return be->ops->embed(ctx, dst, nd->w->data, nd->w->type, nd->w->row_bytes,
+				      nd->w->rows, nd->w->cols, e->in[IN_TOKENS], rows);
+	case NODE_RMSNORM:
+		return be->ops->rmsnorm(ctx, dst, wd, a, wa, nd->w->data, rows, wd,
+					e->m->hp.norm_eps);
+	case NODE_GEMM:
+		return run_gemm(e, nd, rows);
+	case NODE_ADD:
+		if (nd->w)
+			return be->ops->add(ctx, dst, wd, a, wa, nd->w->data, 0, 1, rows, wd);
+		return be->ops->add(ctx, dst, wd, a, wa, e->act[nd->b], e->width[nd->b],
+				    rows, rows, wd);
+	case NODE_ROPE:
+		return run_rope(e, nd, rows);
+	case NODE_KV_WRITE:
+		return run_kv_write(e, nd, rows);
+	case NODE_ATTENTION:
+		return run_attention(e, nd, b);
+	case NODE_GLU:
+		return be->ops->glu(ctx, LOOM_GLU_SILU, dst, wd, a, wa, e->act[nd->b],
+				    e->width[nd->b], rows, wd);
+	case NODE_GATHER:
+		return run_gather(e, nd, b);
+	}
+	return LOOM_ERR_INVALID;
+}
+
+static const char *const node_names[] = {
+	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
+};
+
+int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		   char *err, size_t errlen)
+{
+	const struct loom_backend *be = e->m->be;
+	int i, rc;
+
+	err[0] = '\0';
+	if (prepare(e, b, err, errlen))
+		return LOOM_ERR_INVALID;
+	rc = upload_inputs(e, b);
+	for (i = 0; rc == 0 && i < e->m->n_nodes; i++) {
+		const struct loom_node *nd = &e->m->nodes[i];
+
+		if (nd->on_outputs && b->n_out == 0)
+			break;
+		rc = run_node(e, nd, b);
+		if (rc)
+			set_err(err, errlen, "backend %s: %s (layer %d) failed with status %d",
+				be->ops->name, node_names[nd->op], nd->layer, rc);
+	}
+	if (rc == 0 && b->n_out > 0)
+		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
+				       (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float));
+	if (rc == 0)
+		rc = be->ops->synchronize(be->ctx);
+	if (rc) {
+		if (!err[0])
+			set_err(err, errlen, "backend %s: step failed with status %d",
+				be->ops->name, rc);
+		return rc;
+	}
+	for (i = 0; i < b->n_seqs; i++)
+		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
+	return 0;
+}

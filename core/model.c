@@ -1,0 +1,412 @@
+/* Model loading: hyperparameters and weights from GGUF onto a backend. */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "graph.h"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* Reads "<arch>.<suffix>" as an integer; `def` < 0 means required. */
+static int get_arch_int(const struct gguf_file *f, const char *arch,
+			const char *suffix, int64_t def, int64_t *out,
+			char *err, size_t errlen)
+{
+	char key[128];
+	uint32_t v;
+	int rc;
+
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	rc = gguf_get_u32(f, key, &v, err, errlen);
+	if (rc < 0)
+		return -1;
+	if (rc == 1) {
+		if (def < 0) {
+			set_err(err, errlen, "missing key '%s'", key);
+			return -1;
+		}
+		*out = def;
+		return 0;
+	}
+	*out = v;
+	return 0;
+}
+
+static int get_arch_float(const struct gguf_file *f, const char *arch,
+			  const char *suffix, float def, float *out,
+			  char *err, size_t errlen)
+{
+	char key[128];
+	int rc;
+
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	rc = gguf_get_f32(f, key, out, err, errlen);
+	if (rc == 1)
+		*out = def;
+	return rc < 0 ? -1 : 0;
+}
+
+static int read_rope_scaling(const struct gguf_file *f, struct loom_hparams *hp,
+			     char *err, size_t errlen)
+{
+	char key[128], *type = NULL;
+	float factor = 1.0f;
+	int rc;
+
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch_name);
+	rc = gguf_get_str(f, key, &type, err, errlen);
+	if (rc < 0)
+		return -1;
+	if (get_arch_float(f, hp->arch_name, "rope.scaling.factor", 1.0f, &factor,
+			   err, errlen))
+		goto out_fail;
+	hp->rope_scale = 1.0f;
+	if (rc == 0 && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0) {
+		set_err(err, errlen, "key '%s': rope scaling '%s' is not supported yet",
+			key, type);
+		goto out_fail;
+	}
+	if ((rc == 1 || strcmp(type, "linear") == 0) && factor > 0.0f && factor != 1.0f)
+		hp->rope_scale = 1.0f / factor;
+	free(type);
+	return 0;
+out_fail:
+	free(type);
+	return -1;
+}
+
+static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
+			char *err, size_t errlen)
+{
+	const struct gguf_kv *tokens;
+	char *arch = NULL;
+	const char *a;
+
+	if (gguf_get_str(f, "general.architecture", &arch, err, errlen)) {
+		if (!arch)
+			set_err(err, errlen, "missing key 'general.architecture'");
+		return -1;
+	}
+	snprintf(hp->arch_name, sizeof(hp->arch_name), "%s", arch);
+	free(arch);
+	a = hp->arch_name;
+	if (strcmp(a, "llama") == 0 || strcmp(a, "mistral") == 0) {
+		hp->arch = LOOM_ARCH_LLAMA;
+		hp->rope_mode = LOOM_ROPE_NORM;
+	} else if (strcmp(a, "qwen2") == 0) {
+		hp->arch = LOOM_ARCH_QWEN2;
+		hp->rope_mode = LOOM_ROPE_NEOX;
+	} else {
+		set_err(err, errlen, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
+		return -1;
+	}
+	if (get_arch_int(f, a, "context_length", 4096, &hp->n_ctx_train, err, errlen) ||
+	    get_arch_int(f, a, "embedding_length", -1, &hp->n_embd, err, errlen) ||
+	    get_arch_int(f, a, "block_count", -1, &hp->n_layer, err, errlen) ||
+	    get_arch_int(f, a, "feed_forward_length", -1, &hp->n_ff, err, errlen) ||
+	    get_arch_int(f, a, "attention.head_count", -1, &hp->n_head, err, errlen) ||
+	    get_arch_int(f, a, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err, errlen))
+		return -1;
+	if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv ||
+	    hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 ||
+	    hp->n_embd % hp->n_head) {
+		set_err(err, errlen, "bad head geometry: %lld heads, %lld KV heads, embedding %lld",
+			(long long)hp->n_head, (long long)hp->n_head_kv, (long long)hp->n_embd);
+		return -1;
+	}
+	if (get_arch_int(f, a, "attention.key_length", hp->n_embd / hp->n_head,
+			 &hp->head_dim, err, errlen) ||
+	    get_arch_int(f, a, "rope.dimension_count", hp->head_dim, &hp->n_rot, err, errlen) ||
+	    get_arch_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps, err, errlen) ||
+	    get_arch_float(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err, errlen) ||
+	    read_rope_scaling(f, hp, err, errlen))
+		return -1;
+	if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 ||
+	    hp->head_dim > 1024) {
+		set_err(err, errlen, "bad RoPE geometry: %lld rotated dims of head size %lld",
+			(long long)hp->n_rot, (long long)hp->head_dim);
+		return -1;
+	}
+	if (gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &tokens, err, errlen))
+		return -1;
+	hp->n_vocab = (int64_t)tokens->arr_n;
+	return 0;
+}
+
+/* ---- weights ---- */
+
+struct weight_plan {
+	struct loom_weight *w;
+	const struct gguf_tensor *t;
+	bool dequant; /* convert to f32 at load (no native kernel) */
+	size_t offset, bytes;
+};
+
+struct loader {
+	const struct gguf_file *f;
+	struct loom_model *m;
+	struct weight_plan *plan;
+	int n_plan, cap_plan;
+	size_t total;
+	char *err;
+	size_t errlen;
+};
+
+static const struct gguf_tensor *find_tensor(const struct gguf_file *f,
+					     const char *fmt, int layer)
+{
+	char name[128];
+
+	snprintf(name, sizeof(name), fmt, layer);
+	return gguf_find_tensor(f, name);
+}
+
+/* Registers a tensor to load into w, checking its shape is [rows][cols]
+ * (GGUF: ne[0] = cols). rows == 0 marks a vector of cols values. */
+static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
+		       int layer, int64_t rows, int64_t cols, bool required,
+		       enum loom_op op)
+{
+	const struct gguf_tensor *t = find_tensor(l->f, fmt, layer);
+	struct loom_backend *be = l->m->be;
+	struct weight_plan *p;
+	char name[128];
+	int64_t want_rows = rows ? rows : 1;
+
+	snprintf(name, sizeof(name), fmt, layer);
+	if (!t) {
+		if (required)
+			set_err(l->err, l->errlen, "missing tensor '%s'", name);
+		return required ? -1 : 0;
+	}
+	if (t->ne[0] != cols || t->ne[1] * t->ne[2] * t->ne[3] != want_rows ||
+	    (rows == 0 && t->n_dims != 1)) {
+		set_err(l->err, l->errlen,
+			"tensor '%s': shape [%lld, %lld], expected [%lld, %lld]", name,
+			(long long)t->ne[0], (long long)t->ne[1], (long long)cols,
+			(long long)want_rows);
+		return -1;
+	}
+	if (!loom_format_get(t->type)) {
+		set_err(l->err, l->errlen,
+			"tensor '%s': type %s has no quantization plugin loaded",
+			name, gguf_type_name(t->type));
+		return -1;
+	}
+	if (l->n_plan == l->cap_plan) {
+		int cap = l->cap_plan ? 2 * l->cap_plan : 64;
+		struct weight_plan *np = realloc(l->plan, sizeof(*np) * (size_t)cap);
+
+		if (!np) {
+			set_err(l->err, l->errlen, "out of memory");
+			return -1;
+		}
+		l->plan = np;
+		l->cap_plan = cap;
+	}
+	p = &l->plan[l->n_plan++];
+	p->w = w;
+	p->t = t;
+	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
+		!be->ops->supports(be->ctx, op, t->type);
+	p->bytes = p->dequant ? (size_t)(want_rows * cols) * sizeof(float) : t->nbytes;
+	p->offset = l->total;
+	l->total += (p->bytes + 63) & ~(size_t)63;
+	w->type = p->dequant ? LOOM_TYPE_F32 : t->type;
+	w->rows = want_rows;
+	w->cols = cols;
+	w->row_bytes = p->dequant ? (size_t)cols * sizeof(float) : t->nbytes / (size_t)want_rows;
+	return 0;
+}
+
+static int plan_layers(struct loader *l)
+{
+	const struct loom_hparams *hp = &l->m->hp;
+	int64_t E = hp->n_embd, Dq = hp->n_head * hp->head_dim;
+	int64_t Dkv = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+	bool bias = hp->arch == LOOM_ARCH_QWEN2;
+	int i;
+
+	for (i = 0; i < hp->n_layer; i++) {
+		struct loom_layer *L = &l->m->layers[i];
+
+		if (plan_weight(l, &L->attn_norm, "blk.%d.attn_norm.weight", i, 0, E, true, 0) ||
+		    plan_weight(l, &L->wq, "blk.%d.attn_q.weight", i, Dq, E, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->wk, "blk.%d.attn_k.weight", i, Dkv, E, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->wv, "blk.%d.attn_v.weight", i, Dkv, E, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->wo, "blk.%d.attn_output.weight", i, E, Dq, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->bq, "blk.%d.attn_q.bias", i, 0, Dq, bias, 0) ||
+		    plan_weight(l, &L->bk, "blk.%d.attn_k.bias", i, 0, Dkv, bias, 0) ||
+		    plan_weight(l, &L->bv, "blk.%d.attn_v.bias", i, 0, Dkv, bias, 0) ||
+		    plan_weight(l, &L->ffn_norm, "blk.%d.ffn_norm.weight", i, 0, E, true, 0) ||
+		    plan_weight(l, &L->w_gate, "blk.%d.ffn_gate.weight", i, F, E, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->w_up, "blk.%d.ffn_up.weight", i, F, E, true, LOOM_OP_GEMM) ||
+		    plan_weight(l, &L->w_down, "blk.%d.ffn_down.weight", i, E, F, true, LOOM_OP_GEMM))
+			return -1;
+	}
+	return 0;
+}
+
+static int plan_all(struct loader *l)
+{
+	struct loom_model *m = l->m;
+	const struct loom_hparams *hp = &m->hp;
+	struct loom_backend *be = m->be;
+	bool tied = !gguf_find_tensor(l->f, "output.weight");
+
+	if (plan_weight(l, &m->tok_embd, "token_embd.weight", 0, hp->n_vocab,
+			hp->n_embd, true, LOOM_OP_EMBED))
+		return -1;
+	/* A tied table serves both embed and the output GEMM. */
+	if (tied && !l->plan[l->n_plan - 1].dequant &&
+	    !be->ops->supports(be->ctx, LOOM_OP_GEMM, m->tok_embd.type)) {
+		l->total -= (l->plan[--l->n_plan].bytes + 63) & ~(size_t)63;
+		if (plan_weight(l, &m->tok_embd, "token_embd.weight", 0, hp->n_vocab,
+				hp->n_embd, true, LOOM_OP_COUNT))
+			return -1;
+		l->plan[l->n_plan - 1].dequant = true;
+	}
+	if (!tied && plan_weight(l, &m->output, "output.weight", 0, hp->n_vocab,
+				 hp->n_embd, true, LOOM_OP_GEMM))
+		return -1;
+	if (plan_weight(l, &m->output_norm, "output_norm.weight", 0, 0, hp->n_embd, true, 0) ||
+	    plan_weight(l, &m->rope_freqs, "rope_freqs.weight", 0, 0, hp->n_rot / 2, false, 0))
+		return -1;
+	return plan_layers(l);
+}
+
+static void progress(bool on, size_t done, size_t total)
+{
+	int width = 40, filled;
+
+	if (!on || !total)
+		return;
+	filled = (int)((double)done / (double)total * width);
+	fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled,
+		"========================================", width - filled, "",
+		(int)(100.0 * (double)done / (double)total));
+	if (done == total)
+		fputc('\n', stderr);
+}
+
+/* Converts a tensor to f32 on the host and uploads it. */
+static int upload_dequant(struct loader *l, const struct weight_plan *p, void *dst)
+{
+	const struct loom_quant_format *fmt = loom_format_get(p->t->type);
+	struct loom_backend *be = l->m->be;
+	int64_t n = (int64_t)(p->bytes / sizeof(float));
+	float *tmp = malloc(p->bytes);
+	int rc;
+
+	if (!tmp) {
+		set_err(l->err, l->errlen, "out of memory converting '%.*s'",
+			(int)p->t->name.len, p->t->name.ptr);
+		return -1;
+	}
+	rc = fmt->to_float(p->t->data, tmp, n);
+	if (!rc)
+		rc = be->ops->upload(be->ctx, dst, tmp, p->bytes);
+	free(tmp);
+	if (rc)
+		set_err(l->err, l->errlen, "tensor '%.*s': conversion or upload failed (%d)",
+			(int)p->t->name.len, p->t->name.ptr, rc);
+	return rc ? -1 : 0;
+}
+
+static int upload_all(struct loader *l, bool show)
+{
+	struct loom_backend *be = l->m->be;
+	char *base;
+	size_t done = 0;
+	int i, n_deq = 0;
+
+	if (be->ops->buffer_alloc(be->ctx, l->total, &l->m->weights_buf)) {
+		set_err(l->err, l->errlen, "cannot allocate %zu MiB for weights on backend %s",
+			l->total >> 20, be->ops->name);
+		return -1;
+	}
+	base = be->ops->buffer_addr(be->ctx, l->m->weights_buf);
+	for (i = 0; i < l->n_plan; i++) {
+		const struct weight_plan *p = &l->plan[i];
+		void *dst = base + p->offset;
+
+		if (p->dequant) {
+			if (upload_dequant(l, p, dst))
+				return -1;
+			n_deq += p->t->type != LOOM_TYPE_F32;
+		} else if (be->ops->upload(be->ctx, dst, p->t->data, p->bytes)) {
+			set_err(l->err, l->errlen, "upload of '%.*s' failed",
+				(int)p->t->name.len, p->t->name.ptr);
+			return -1;
+		}
+		p->w->data = dst;
+		done += p->bytes;
+		progress(show, done, l->total);
+	}
+	if (n_deq)
+		fprintf(stderr, "loom: %d tensors converted to f32 at load: backend %s has no native kernel for their type\n",
+			n_deq, be->ops->name);
+	return 0;
+}
+
+struct loom_model *loom_model_load(const struct gguf_file *f,
+				   const struct loom_model_params *p,
+				   char *err, size_t errlen)
+{
+	struct loom_backend_config cfg = { .struct_size = sizeof(cfg),
+		.n_threads = p->n_threads };
+	struct loom_model *m = calloc(1, sizeof(*m));
+	struct loader l = { .f = f, .m = m, .err = err, .errlen = errlen };
+
+	if (!m) {
+		set_err(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (loom_formats_init(err, errlen) || read_hparams(f, &m->hp, err, errlen))
+		goto out_free;
+	m->be = loom_backend_open(p->backend, &cfg, err, errlen);
+	if (!m->be)
+		goto out_free;
+	m->layers = calloc((size_t)m->hp.n_layer, sizeof(*m->layers));
+	if (!m->layers) {
+		set_err(err, errlen, "out of memory");
+		goto out_free;
+	}
+	if (plan_all(&l) || upload_all(&l, p->progress && isatty(2)))
+		goto out_free;
+	if (!m->output.data)
+		m->output = m->tok_embd;
+	if (loom_graph_build(m, err, errlen))
+		goto out_free;
+	free(l.plan);
+	return m;
+
+out_free:
+	free(l.plan);
+	loom_model_free(m);
+	return NULL;
+}
+
+void loom_model_free(struct loom_model *m)
+{
+	if (!m)
+		return;
+	if (m->be && m->weights_buf)
+		m->be->ops->buffer_free(m->be->ctx, m->weights_buf);
+	loom_backend_close(m->be);
+	free(m->layers);
+	free(m->nodes);
+	free(m);
+}

@@ -1,0 +1,121 @@
+/* Models: hyperparameters and weights from GGUF, the per-model graph, and
+ * the executor that runs it for one step over a flattened batch (internal).
+ */
+#ifndef LOOM_MODEL_H
+#define LOOM_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend_loader.h"
+#include "gguf.h"
+#include "kv.h"
+
+enum loom_arch { LOOM_ARCH_LLAMA, LOOM_ARCH_QWEN2 };
+
+struct loom_hparams {
+	enum loom_arch arch;
+	char arch_name[32];
+	int64_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
+	int64_t head_dim, n_ff, n_rot;
+	float norm_eps, rope_base, rope_scale;
+	uint32_t rope_mode;
+};
+
+/* A weight on the device: [rows][cols] in `type`, rows row_bytes apart. */
+struct loom_weight {
+	uint32_t type;
+	int64_t rows, cols;
+	size_t row_bytes;
+	void *data; /* device address, NULL when the tensor is absent */
+};
+
+struct loom_layer {
+	struct loom_weight attn_norm, wq, wk, wv, wo, bq, bk, bv;
+	struct loom_weight ffn_norm, w_gate, w_up, w_down;
+};
+
+/* Activation tensors of the graph: each is [rows][width] f32. */
+enum loom_act {
+	ACT_X,      /* residual stream          [tokens][n_embd] */
+	ACT_XN,     /* normalized input         [tokens][n_embd] */
+	ACT_Q,      /* queries                  [tokens][n_head * head_dim] */
+	ACT_K,      /* new keys                 [tokens][kv_dim] */
+	ACT_V,      /* new values               [tokens][kv_dim] */
+	ACT_ATT,    /* attention output         [tokens][n_head * head_dim] */
+	ACT_PROJ,   /* projection output        [tokens][n_embd] */
+	ACT_GATE,   /* ffn gate, then glu       [tokens][n_ff] */
+	ACT_UP,     /* ffn up                   [tokens][n_ff] */
+	ACT_OUT,    /* rows that need logits    [outputs][n_embd] */
+	ACT_LOGITS, /* logits                   [outputs][n_vocab] */
+	ACT_COUNT
+};
+
+enum loom_node_op {
+	NODE_EMBED, NODE_RMSNORM, NODE_GEMM, NODE_ADD, NODE_ROPE, NODE_KV_WRITE,
+	NODE_ATTENTION, NODE_GLU, NODE_GATHER,
+};
+
+/* One step of the graph. Row counts are bound at run time: nodes before
+ * NODE_GATHER run over all tokens of the step, nodes after it over the
+ * rows whose logits were asked for. */
+struct loom_node {
+	enum loom_node_op op;
+	enum loom_act dst, a, b;
+	const struct loom_weight *w;
+	int32_t layer;
+	bool on_outputs;
+};
+
+struct loom_model {
+	struct loom_hparams hp;
+	struct loom_backend *be;
+	struct loom_buffer *weights_buf;
+	struct loom_weight tok_embd, output, output_norm, rope_freqs;
+	struct loom_layer *layers;
+	struct loom_node *nodes; /* the graph, built once at load */
+	int n_nodes;
+};
+
+struct loom_model_params {
+	const char *backend; /* name or path */
+	int n_threads;
+	bool progress;       /* progress bar on stderr */
+};
+
+/* Loads hyperparameters and weights from an open GGUF file onto the backend
+ * and builds the graph. NULL with the reason in err. */
+struct loom_model *loom_model_load(const struct gguf_file *f,
+				   const struct loom_model_params *p,
+				   char *err, size_t errlen);
+void loom_model_free(struct loom_model *m);
+
+/* ---- executor ---- */
+
+/* Per-step input: a flattened batch of tokens from several sequences.
+ * Sequence s contributes tokens [q_start[s], q_start[s+1]) at positions
+ * seqs[s]->n_tokens onwards (its cache must have room: loom_kv_reserve);
+ * out_rows lists the token rows that need logits. After a successful step
+ * each sequence's n_tokens has grown by its token count. */
+struct loom_batch {
+	int32_t n_tokens;
+	const int32_t *tokens;
+	int32_t n_seqs;
+	const int32_t *q_start;  /* n_seqs + 1 */
+	struct loom_kv_seq **seqs; /* n_seqs; cache space must be reserved */
+	int32_t n_out;
+	const int32_t *out_rows;
+};
+
+struct loom_exec;
+struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
+				int32_t max_tokens, int32_t max_seqs,
+				int32_t max_outputs, char *err, size_t errlen);
+void loom_exec_free(struct loom_exec *e);
+/* Runs one step; logits (host, n_out x n_vocab) are written to `logits`.
+ * 0, or a negative loom_status with err set. */
+int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		   char *err, size_t errlen);
+
+#endif /* LOOM_MODEL_H */

