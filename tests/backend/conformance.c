@@ -1,0 +1,888 @@
+/*
+ * Backend conformance: every operator of a backend against ref.so over
+ * many shapes and formats.
+ *
+ * Each case builds its inputs on the host, runs the operator on ref and on
+ * the backend under test (outputs pre-filled with a NaN poison, so an
+ * element a backend forgets to write fails the comparison), and compares
+ * with the normalized error nmse = sum((a-b)^2) / sum(b^2). Row padding
+ * must come back untouched. Tolerances, per op:
+ *
+ *   embed, add, scale          1e-10 / 1e-12  dequantization and one rounding
+ *   kv_write                   exact          a copy
+ *   rmsnorm                    1e-9           a backend may sum squares in f32
+ *   glu                        1e-7           a backend may use its own exp/tanh
+ *   rope                       1e-5           a backend may compute angles in f32
+ *   attention                  1e-6           f32 sums in any order
+ *   gemm f32 / f16 / bf16      1e-6 / 1e-5 / 1e-4
+ *                                             a backend may round activations to
+ *                                             the weight's type and reorder sums
+ *   gemm q8_0, q4_*, q5_*      5e-4           a backend may quantize activations
+ *                                             to 8 bits (as GGML's q8 dot does)
+ */
+#include "tb.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F (sizeof(float))
+
+static const uint32_t weight_types[] = {
+	LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+	LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+};
+#define N_WEIGHT_TYPES (sizeof(weight_types) / sizeof(weight_types[0]))
+
+/* Block geometry of a weight type; f32 works without a plugin. */
+static bool geometry(uint32_t type, uint32_t *be, uint32_t *bb)
+{
+	const struct loom_quant_format *qf = loom_format_get(type);
+
+	if (qf) {
+		*be = qf->block_elems;
+		*bb = qf->block_bytes;
+		return true;
+	}
+	*be = 1;
+	*bb = F;
+	return type == LOOM_TYPE_F32;
+}
+
+static double gemm_tolerance(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32: return 1e-6;
+	case LOOM_TYPE_F16: return 1e-5;
+	case LOOM_TYPE_BF16: return 1e-4;
+	default: return 5e-4;
+	}
+}
+
+/* n_rows rows of k random values in `type`, row stride `stride` bytes. The
+ * quant plugin's from_float makes them, as `loom quantize` would. */
+static void *make_weights(uint32_t type, int64_t n_rows, int64_t k, size_t stride)
+{
+	const struct loom_quant_format *qf = loom_format_get(type);
+	unsigned char *w = tb_xmalloc((size_t)n_rows * stride);
+	float *row = tb_xmalloc((size_t)k * F);
+
+	memset(w, 0xab, (size_t)n_rows * stride);
+	for (int64_t j = 0; j < n_rows; j++) {
+		tb_fill(row, k, 1.0f);
+		if (!qf)
+			memcpy(w + j * stride, row, (size_t)k * F);
+		else if (qf->from_float(row, w + j * stride, k) != LOOM_OK)
+			fprintf(stderr, "tb: from_float(%s) failed\n", qf->name);
+	}
+	free(row);
+	return w;
+}
+
+/* ---- gemm ---- */
+
+struct gemm_case {
+	uint32_t type;
+	int64_t m, n, k, x_stride, y_stride;
+	size_t w_stride;
+};
+
+/* Runs one gemm on d; y holds the initial output and receives the result. */
+static int gemm_on(struct dev *d, const struct gemm_case *c, const void *w,
+		   const float *x, float *y)
+{
+	size_t y_bytes = (size_t)(c->m * c->y_stride) * F;
+	struct loom_gemm_args a = {
+		.struct_size = sizeof(a), .w_type = c->type,
+		.m = c->m, .n = c->n, .k = c->k,
+		.w = dev_put(d, w, (size_t)c->n * c->w_stride), .w_stride = c->w_stride,
+		.x = dev_put(d, x, (size_t)(c->m * c->x_stride) * F), .x_stride = c->x_stride,
+		.y = dev_put(d, y, y_bytes), .y_stride = c->y_stride,
+	};
+	int rc = LOOM_ERR_NOMEM;
+
+	if (a.w && a.x && a.y) {
+		rc = d->ops->gemm(d->ctx, &a);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, y, a.y, y_bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void gemm_case(struct dev *ref, struct dev *d, const struct gemm_case *c)
+{
+	const char *fmt = tb_type_name(c->type);
+	int64_t y_n = c->m * c->y_stride;
+	void *w = make_weights(c->type, c->n, c->k, c->w_stride);
+	float *x = tb_xmalloc((size_t)(c->m * c->x_stride) * F);
+	float *want = tb_poison(y_n), *got = tb_poison(y_n), *orig = tb_poison(y_n);
+	bool sup = d->ops->supports(d->ctx, LOOM_OP_GEMM, c->type);
+	char desc[160];
+	int rc;
+
+	snprintf(desc, sizeof(desc), "m %lld n %lld k %lld strides x %lld y %lld w %zu",
+		 (long long)c->m, (long long)c->n, (long long)c->k,
+		 (long long)c->x_stride, (long long)c->y_stride, c->w_stride);
+	tb_fill(x, c->m * c->x_stride, 1.0f);
+	rc = gemm_on(ref, c, w, x, want);
+	if (rc != LOOM_OK) {
+		tb_fail(d, "gemm", fmt, "%s: ref returned %s", desc, tb_status_name(rc));
+	} else {
+		rc = gemm_on(d, c, w, x, got);
+		if (tb_status_ok(d, "gemm", fmt, sup, rc, desc)) {
+			tb_result(d, "gemm", fmt, gemm_tolerance(c->type),
+				  tb_nmse(got, want, c->m, c->n, c->y_stride), desc);
+			if (!tb_padding_same(got, orig, c->m, c->n, c->y_stride))
+				tb_fail(d, "gemm", fmt, "%s: wrote into y's row padding", desc);
+		}
+	}
+	free(w);
+	free(x);
+	free(want);
+	free(got);
+	free(orig);
+}
+
+static void test_gemm_type(struct dev *ref, struct dev *d, uint32_t type)
+{
+	static const int64_t ms[] = { 1, 2, 7, 32, 65 };
+	static const int64_t ns[] = { 1, 3, 16, 33, 100 };
+	static const int64_t plain_ks[] = { 1, 7, 32, 33, 96, 288 };
+	static const int64_t block_ks[] = { 32, 64, 96, 288 };
+	uint32_t be, bb;
+	const int64_t *ks;
+	size_t n_ks;
+
+	if (!geometry(type, &be, &bb)) {
+		printf("  skip gemm/embed %s: no quantization plugin registers it\n",
+		       tb_type_name(type));
+		return;
+	}
+	ks = be == 1 ? plain_ks : block_ks;
+	n_ks = be == 1 ? 6 : 4;
+	for (size_t mi = 0; mi < 5; mi++) {
+		for (size_t ni = 0; ni < 5; ni++) {
+			for (size_t ki = 0; ki < n_ks; ki++) {
+				int64_t k = ks[ki];
+				struct gemm_case c = {
+					.type = type, .m = ms[mi], .n = ns[ni], .k = k,
+					.x_stride = k, .y_stride = ns[ni],
+					.w_stride = (size_t)(k / be) * bb,
+				};
+
+				gemm_case(ref, d, &c);
+			}
+		}
+		/* Padded strides: x and y rows inside wider arrays, weight
+		 * rows two blocks apart more than needed. */
+		struct gemm_case c = {
+			.type = type, .m = ms[mi], .n = 33, .k = 96,
+			.x_stride = 96 + 5, .y_stride = 33 + 3,
+			.w_stride = (size_t)(96 / be + 2) * bb,
+		};
+		gemm_case(ref, d, &c);
+	}
+	/* One larger product, where a backend may switch to a blocked or BLAS
+	 * path. */
+	struct gemm_case big = {
+		.type = type, .m = 100, .n = 300, .k = 512, .x_stride = 512,
+		.y_stride = 300, .w_stride = (size_t)(512 / be) * bb,
+	};
+	gemm_case(ref, d, &big);
+}
+
+/* ---- embed ---- */
+
+static int embed_on(struct dev *d, uint32_t type, const void *table, size_t row_bytes,
+		    int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids,
+		    float *out)
+{
+	size_t out_bytes = (size_t)(n_ids * dim) * F;
+	float *dout = dev_put(d, out, out_bytes);
+	const void *dt = dev_put(d, table, (size_t)n_rows * row_bytes);
+	const int32_t *dids = dev_put(d, ids, (size_t)n_ids * sizeof(*ids));
+	int rc = LOOM_ERR_NOMEM;
+
+	if (dout && dt && dids) {
+		rc = d->ops->embed(d->ctx, dout, dt, type, row_bytes, n_rows, dim, dids, n_ids);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, out, dout, out_bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_embed_type(struct dev *ref, struct dev *d, uint32_t type)
+{
+	static const int32_t ids[] = { 0, 39, 5, 5, 17, 22, 1 };
+	static const int64_t dims[] = { 32, 288, 7 };
+	const int64_t n_rows = 40, n_ids = 7;
+	const char *fmt = tb_type_name(type);
+	bool sup = d->ops->supports(d->ctx, LOOM_OP_EMBED, type);
+	uint32_t be, bb;
+
+	if (!geometry(type, &be, &bb))
+		return;
+	for (int di = 0; di < (be == 1 ? 3 : 2); di++) {
+		for (int pad = 0; pad < 2; pad++) {
+			int64_t dim = dims[di];
+			size_t row_bytes = (size_t)(dim / be + pad) * bb;
+			void *table = make_weights(type, n_rows, dim, row_bytes);
+			float *want = tb_poison(n_ids * dim), *got = tb_poison(n_ids * dim);
+			char desc[96];
+			int rc;
+
+			snprintf(desc, sizeof(desc), "dim %lld row_bytes %zu", (long long)dim,
+				 row_bytes);
+			rc = embed_on(ref, type, table, row_bytes, n_rows, dim, ids, n_ids, want);
+			if (rc != LOOM_OK)
+				tb_fail(d, "embed", fmt, "%s: ref returned %s", desc,
+					tb_status_name(rc));
+			else if (tb_status_ok(d, "embed", fmt, sup,
+					      embed_on(d, type, table, row_bytes, n_rows, dim,
+						       ids, n_ids, got), desc))
+				tb_result(d, "embed", fmt, 1e-10,
+					  tb_nmse(got, want, n_ids, dim, dim), desc);
+			free(table);
+			free(want);
+			free(got);
+		}
+	}
+}
+
+/* ---- float operators: a case is a set of host arrays and one call ---- */
+
+/*
+ * The result of one row operator on one backend: `io` is the array the
+ * operator writes (rows x stride floats), copied to the device, operated
+ * on and copied back. The other inputs are uploaded by the caller's
+ * closure-like struct below.
+ */
+struct rowop {
+	enum loom_op op;
+	const char *name;
+	int64_t rows, n, stride; /* the written array */
+	double tol;
+	char desc[128];
+};
+
+/* Compares `got` (from d) with `want` (from ref) and checks padding. */
+static void rowop_compare(struct dev *d, const struct rowop *r, int rc_ref, int rc,
+			  const float *got, const float *want, const float *orig)
+{
+	bool sup = d->ops->supports(d->ctx, r->op, LOOM_TYPE_F32);
+
+	if (rc_ref != LOOM_OK) {
+		tb_fail(d, r->name, "f32", "%s: ref returned %s", r->desc,
+			tb_status_name(rc_ref));
+		return;
+	}
+	if (!tb_status_ok(d, r->name, "f32", sup, rc, r->desc))
+		return;
+	tb_result(d, r->name, "f32", r->tol, tb_nmse(got, want, r->rows, r->n, r->stride),
+		  r->desc);
+	if (!tb_padding_same(got, orig, r->rows, r->n, r->stride))
+		tb_fail(d, r->name, "f32", "%s: wrote into row padding", r->desc);
+}
+
+/* ---- rmsnorm ---- */
+
+static int rmsnorm_on(struct dev *d, const float *x, const float *w, float *y,
+		      int64_t rows, int64_t n, int64_t stride, float eps, bool in_place)
+{
+	size_t bytes = (size_t)(rows * stride) * F;
+	float *dx = dev_put(d, x, bytes);
+	float *dy = in_place ? dx : dev_put(d, y, bytes);
+	const float *dw = dev_put(d, w, (size_t)n * F);
+	int rc = LOOM_ERR_NOMEM;
+
+	if (dx && dy && dw) {
+		rc = d->ops->rmsnorm(d->ctx, dy, stride, dx, stride, dw, rows, n, eps);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, y, dy, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_rmsnorm(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 3, 17 }, ns[] = { 1, 7, 64, 288, 1000 };
+
+	for (int ri = 0; ri < 3; ri++) {
+		for (int ni = 0; ni < 5; ni++) {
+			for (int v = 0; v < 2; v++) {
+				struct rowop r = {
+					.op = LOOM_OP_RMSNORM, .name = "rmsnorm", .tol = 1e-9,
+					.rows = rows_list[ri], .n = ns[ni],
+					.stride = ns[ni] + (v ? 3 : 0),
+				};
+				int64_t len = r.rows * r.stride;
+				float *x = tb_xmalloc((size_t)len * F), *w = tb_xmalloc((size_t)r.n * F);
+				float *want = tb_poison(len), *got = tb_poison(len);
+				float *orig = v ? x : want; /* in place: padding stays x's */
+				float eps = v ? 1e-6f : 1e-5f;
+				int rc_ref, rc;
+
+				tb_fill(x, len, 2.0f);
+				for (int64_t i = 0; i < r.n; i++)
+					w[i] = 1.0f + 0.5f * tb_rand();
+				snprintf(r.desc, sizeof(r.desc), "rows %lld n %lld stride %lld%s",
+					 (long long)r.rows, (long long)r.n,
+					 (long long)r.stride, v ? " in place" : "");
+				if (v) {
+					memcpy(want, x, (size_t)len * F);
+					memcpy(got, x, (size_t)len * F);
+				}
+				rc_ref = rmsnorm_on(ref, x, w, want, r.rows, r.n, r.stride, eps, v);
+				rc = rmsnorm_on(d, x, w, got, r.rows, r.n, r.stride, eps, v);
+				if (!v) {
+					orig = tb_poison(len);
+					rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+					free(orig);
+				} else {
+					rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+				}
+				free(x);
+				free(w);
+				free(want);
+				free(got);
+			}
+		}
+	}
+}
+
+/* ---- rope ---- */
+
+struct rope_case {
+	uint32_t mode;
+	int64_t n_tokens, n_heads, head_dim, n_rot, row_stride;
+	float base, fscale;
+	bool factors;
+};
+
+static int rope_on(struct dev *d, const struct rope_case *c, float *x,
+		   const int32_t *pos, const float *ff)
+{
+	size_t bytes = (size_t)(c->n_tokens * c->row_stride) * F;
+	struct loom_rope_args a = {
+		.struct_size = sizeof(a), .mode = c->mode, .x = dev_put(d, x, bytes),
+		.n_tokens = c->n_tokens, .n_heads = c->n_heads, .head_dim = c->head_dim,
+		.n_rot = c->n_rot, .row_stride = c->row_stride,
+		.pos = dev_put(d, pos, (size_t)c->n_tokens * sizeof(*pos)),
+		.freq_base = c->base, .freq_scale = c->fscale,
+		.freq_factors = ff ? dev_put(d, ff, (size_t)c->n_rot / 2 * F) : NULL,
+	};
+	int rc = LOOM_ERR_NOMEM;
+
+	if (a.x && a.pos && (!ff || a.freq_factors)) {
+		rc = d->ops->rope(d->ctx, &a);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, x, a.x, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void rope_case(struct dev *ref, struct dev *d, const struct rope_case *c)
+{
+	struct rowop r = {
+		.op = LOOM_OP_ROPE, .name = "rope", .tol = 1e-5, .rows = c->n_tokens,
+		.n = c->n_heads * c->head_dim, .stride = c->row_stride,
+	};
+	int64_t len = c->n_tokens * c->row_stride;
+	float *x = tb_xmalloc((size_t)len * F), *want = tb_xmalloc((size_t)len * F);
+	float *got = tb_xmalloc((size_t)len * F), *ff = NULL;
+	int32_t *pos = tb_xmalloc((size_t)c->n_tokens * sizeof(*pos));
+	int rc_ref, rc;
+
+	tb_fill(x, len, 1.0f);
+	for (int64_t t = 0; t < c->n_tokens; t++)
+		pos[t] = t == 0 ? 0 : (int32_t)tb_rand_int(4096);
+	if (c->factors) {
+		ff = tb_xmalloc((size_t)c->n_rot / 2 * F);
+		for (int64_t i = 0; i < c->n_rot / 2; i++)
+			ff[i] = 1.0f + 3.5f * (tb_rand() + 1.0f);
+	}
+	snprintf(r.desc, sizeof(r.desc),
+		 "%s tokens %lld heads %lld head_dim %lld n_rot %lld stride %lld base %g scale %g%s",
+		 c->mode == LOOM_ROPE_NORM ? "norm" : "neox", (long long)c->n_tokens,
+		 (long long)c->n_heads, (long long)c->head_dim, (long long)c->n_rot,
+		 (long long)c->row_stride, c->base, c->fscale, ff ? " freq_factors" : "");
+	memcpy(want, x, (size_t)len * F);
+	memcpy(got, x, (size_t)len * F);
+	rc_ref = rope_on(ref, c, want, pos, ff);
+	rc = rope_on(d, c, got, pos, ff);
+	rowop_compare(d, &r, rc_ref, rc, got, want, x);
+	free(x);
+	free(want);
+	free(got);
+	free(ff);
+	free(pos);
+}
+
+static void test_rope(struct dev *ref, struct dev *d)
+{
+	/* heads, head_dim, n_rot: full rotation, partial (n_rot < head_dim),
+	 * odd head counts and a head_dim that is no power of two. */
+	static const int64_t shapes[][3] = {
+		{ 4, 64, 64 }, { 3, 128, 128 }, { 2, 64, 32 }, { 5, 80, 64 }, { 1, 6, 2 },
+	};
+	static const int64_t tokens[] = { 1, 5, 19 };
+	static const uint32_t modes[] = { LOOM_ROPE_NORM, LOOM_ROPE_NEOX };
+
+	for (int mi = 0; mi < 2; mi++)
+		for (int si = 0; si < 5; si++)
+			for (int ti = 0; ti < 3; ti++)
+				for (int v = 0; v < 3; v++) {
+					int64_t width = shapes[si][0] * shapes[si][1];
+					struct rope_case c = {
+						.mode = modes[mi], .n_tokens = tokens[ti],
+						.n_heads = shapes[si][0],
+						.head_dim = shapes[si][1],
+						.n_rot = shapes[si][2],
+						/* v 1: q inside a wider fused qkv row */
+						.row_stride = width + (v == 1 ? 2 * width + 8 : 0),
+						.base = v == 2 ? 1e6f : 10000.0f,
+						.fscale = v == 1 ? 0.25f : 1.0f,
+						.factors = v == 2,
+					};
+					rope_case(ref, d, &c);
+				}
+}
+
+/* ---- glu, add, scale ---- */
+
+/* alias: 0 separate output, 1 out == first input, 2 out == second input. */
+static int glu_on(struct dev *d, enum loom_glu_kind kind, const float *gate,
+		  const float *up, float *out, int64_t rows, int64_t n, int64_t stride,
+		  int alias)
+{
+	size_t bytes = (size_t)(rows * stride) * F;
+	float *dg = dev_put(d, gate, bytes), *du = dev_put(d, up, bytes);
+	float *dout = alias == 1 ? dg : alias == 2 ? du : dev_put(d, out, bytes);
+	int rc = LOOM_ERR_NOMEM;
+
+	if (dg && du && dout) {
+		rc = d->ops->glu(d->ctx, kind, dout, stride, dg, stride, du, stride, rows, n);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, out, dout, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_glu(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 4, 9 }, ns[] = { 1, 17, 64, 1000 };
+
+	for (int kind = 0; kind < 2; kind++)
+		for (int ri = 0; ri < 3; ri++)
+			for (int ni = 0; ni < 4; ni++)
+				for (int alias = 0; alias < 3; alias++) {
+					struct rowop r = {
+						.op = LOOM_OP_GLU, .name = "glu", .tol = 1e-7,
+						.rows = rows_list[ri], .n = ns[ni],
+						.stride = ns[ni] + (alias ? 0 : 5),
+					};
+					int64_t len = r.rows * r.stride;
+					float *g = tb_xmalloc((size_t)len * F), *u = tb_xmalloc((size_t)len * F);
+					float *want = tb_poison(len), *got = tb_poison(len);
+					float *orig = tb_poison(len);
+					int rc_ref, rc;
+
+					/* gate over [-8, 8): both tails of the activations */
+					tb_fill(g, len, 8.0f);
+					tb_fill(u, len, 1.0f);
+					if (alias)
+						memcpy(orig, alias == 1 ? g : u, (size_t)len * F);
+					snprintf(r.desc, sizeof(r.desc), "%s rows %lld n %lld stride %lld%s",
+						 kind ? "gelu_tanh" : "silu", (long long)r.rows,
+						 (long long)r.n, (long long)r.stride,
+						 alias == 1 ? " out=gate" : alias == 2 ? " out=up" : "");
+					rc_ref = glu_on(ref, kind, g, u, want, r.rows, r.n, r.stride, alias);
+					rc = glu_on(d, kind, g, u, got, r.rows, r.n, r.stride, alias);
+					rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+					free(g);
+					free(u);
+					free(want);
+					free(got);
+					free(orig);
+				}
+}
+
+static int add_on(struct dev *d, const float *a, const float *b, float *out,
+		  int64_t rows, int64_t b_rows, int64_t n, int64_t stride,
+		  int64_t b_stride, bool in_place)
+{
+	size_t bytes = (size_t)(rows * stride) * F;
+	float *da = dev_put(d, a, bytes);
+	const float *db = dev_put(d, b, (size_t)(b_rows * b_stride) * F);
+	float *dout = in_place ? da : dev_put(d, out, bytes);
+	int rc = LOOM_ERR_NOMEM;
+
+	if (da && db && dout) {
+		rc = d->ops->add(d->ctx, dout, stride, da, stride, db, b_stride, b_rows, rows, n);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, out, dout, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_add(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 5, 16 }, ns[] = { 1, 33, 256 };
+
+	for (int ri = 0; ri < 3; ri++)
+		for (int ni = 0; ni < 3; ni++)
+			for (int v = 0; v < 4; v++) {
+				bool bcast = v & 1, in_place = v & 2;
+				int64_t b_rows = bcast ? 1 : rows_list[ri];
+				int64_t b_stride = ns[ni] + (bcast ? 0 : 2);
+				struct rowop r = {
+					.op = LOOM_OP_ADD, .name = "add", .tol = 1e-12,
+					.rows = rows_list[ri], .n = ns[ni], .stride = ns[ni] + 4,
+				};
+				int64_t len = r.rows * r.stride;
+				float *a = tb_xmalloc((size_t)len * F);
+				float *b = tb_xmalloc((size_t)(b_rows * b_stride) * F);
+				float *want = tb_poison(len), *got = tb_poison(len);
+				float *orig = tb_poison(len);
+				int rc_ref, rc;
+
+				tb_fill(a, len, 1.0f);
+				tb_fill(b, b_rows * b_stride, 1.0f);
+				if (in_place)
+					memcpy(orig, a, (size_t)len * F);
+				snprintf(r.desc, sizeof(r.desc), "rows %lld b_rows %lld n %lld%s",
+					 (long long)r.rows, (long long)b_rows, (long long)r.n,
+					 in_place ? " in place" : "");
+				rc_ref = add_on(ref, a, b, want, r.rows, b_rows, r.n, r.stride,
+						b_stride, in_place);
+				rc = add_on(d, a, b, got, r.rows, b_rows, r.n, r.stride, b_stride,
+					    in_place);
+				rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+				free(a);
+				free(b);
+				free(want);
+				free(got);
+				free(orig);
+			}
+}
+
+static int scale_on(struct dev *d, float *x, int64_t rows, int64_t n, int64_t stride,
+		    float s)
+{
+	size_t bytes = (size_t)(rows * stride) * F;
+	float *dx = dev_put(d, x, bytes);
+	int rc = LOOM_ERR_NOMEM;
+
+	if (dx) {
+		rc = d->ops->scale(d->ctx, dx, stride, rows, n, s);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, x, dx, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_scale(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 7 }, ns[] = { 1, 100, 1023 };
+	static const float factors[] = { 0.5f, -3.25f };
+
+	for (int ri = 0; ri < 2; ri++)
+		for (int ni = 0; ni < 3; ni++)
+			for (int si = 0; si < 2; si++) {
+				struct rowop r = {
+					.op = LOOM_OP_SCALE, .name = "scale", .tol = 1e-12,
+					.rows = rows_list[ri], .n = ns[ni],
+					.stride = ns[ni] + 3 * si,
+				};
+				int64_t len = r.rows * r.stride;
+				float *x = tb_xmalloc((size_t)len * F), *want = tb_xmalloc((size_t)len * F);
+				float *got = tb_xmalloc((size_t)len * F);
+				int rc_ref, rc;
+
+				tb_fill(x, len, 1.0f);
+				memcpy(want, x, (size_t)len * F);
+				memcpy(got, x, (size_t)len * F);
+				snprintf(r.desc, sizeof(r.desc), "rows %lld n %lld stride %lld by %g",
+					 (long long)r.rows, (long long)r.n, (long long)r.stride,
+					 factors[si]);
+				rc_ref = scale_on(ref, want, r.rows, r.n, r.stride, factors[si]);
+				rc = scale_on(d, got, r.rows, r.n, r.stride, factors[si]);
+				rowop_compare(d, &r, rc_ref, rc, got, want, x);
+				free(x);
+				free(want);
+				free(got);
+			}
+}
+
+/* ---- kv_write ---- */
+
+struct kv_case {
+	int64_t n_slots, n_tokens, kv_dim, stride;
+};
+
+/* Writes into a copy of `cache` (k and v halves of 2 x n_slots x kv_dim). */
+static int kv_write_on(struct dev *d, const struct kv_case *c, float *cache,
+		       const float *k, const float *v, const int32_t *slots)
+{
+	size_t half = (size_t)(c->n_slots * c->kv_dim) * F;
+	size_t in_bytes = (size_t)(c->n_tokens * c->stride) * F;
+	struct loom_kv_write_args a = {
+		.struct_size = sizeof(a),
+		.kcache = dev_put(d, cache, half),
+		.vcache = dev_put(d, cache + c->n_slots * c->kv_dim, half),
+		.k = dev_put(d, k, in_bytes), .v = dev_put(d, v, in_bytes),
+		.k_stride = c->stride, .v_stride = c->stride,
+		.n_tokens = c->n_tokens, .kv_dim = c->kv_dim,
+		.slots = dev_put(d, slots, (size_t)c->n_tokens * sizeof(*slots)),
+	};
+	int rc = LOOM_ERR_NOMEM;
+
+	if (a.kcache && a.vcache && a.k && a.v && a.slots) {
+		rc = d->ops->kv_write(d->ctx, &a);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, cache, a.kcache, half);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, cache + c->n_slots * c->kv_dim, a.vcache, half);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void test_kv_write(struct dev *ref, struct dev *d)
+{
+	static const int64_t dims[] = { 64, 128, 640 }, tokens[] = { 1, 7, 40 };
+
+	for (int di = 0; di < 3; di++)
+		for (int ti = 0; ti < 3; ti++)
+			for (int v = 0; v < 2; v++) {
+				struct kv_case c = {
+					.n_slots = 8 * 16, .n_tokens = tokens[ti], .kv_dim = dims[di],
+					/* v 1: k and v are slices of a fused qkv row */
+					.stride = dims[di] * (v ? 3 : 1),
+				};
+				struct rowop r = {
+					.op = LOOM_OP_KV_WRITE, .name = "kv_write", .tol = 0,
+					.rows = 1, .n = 2 * c.n_slots * c.kv_dim, .stride = 2 * c.n_slots * c.kv_dim,
+				};
+				int64_t len = 2 * c.n_slots * c.kv_dim, in = c.n_tokens * c.stride;
+				float *cache = tb_xmalloc((size_t)len * F);
+				float *want = tb_xmalloc((size_t)len * F), *got = tb_xmalloc((size_t)len * F);
+				float *k = tb_xmalloc((size_t)in * F), *vv = tb_xmalloc((size_t)in * F);
+				int32_t *slots = tb_xmalloc((size_t)c.n_slots * sizeof(*slots));
+				int rc_ref, rc;
+
+				tb_fill(cache, len, 1.0f);
+				tb_fill(k, in, 1.0f);
+				tb_fill(vv, in, 1.0f);
+				/* distinct slots in random order: a shuffled prefix */
+				for (int64_t i = 0; i < c.n_slots; i++)
+					slots[i] = (int32_t)i;
+				for (int64_t i = c.n_slots - 1; i > 0; i--) {
+					int64_t j = tb_rand_int(i + 1);
+					int32_t t = slots[i];
+
+					slots[i] = slots[j];
+					slots[j] = t;
+				}
+				memcpy(want, cache, (size_t)len * F);
+				memcpy(got, cache, (size_t)len * F);
+				snprintf(r.desc, sizeof(r.desc), "tokens %lld kv_dim %lld stride %lld",
+					 (long long)c.n_tokens, (long long)c.kv_dim,
+					 (long long)c.stride);
+				rc_ref = kv_write_on(ref, &c, want, k, vv, slots);
+				rc = kv_write_on(d, &c, got, k, vv, slots);
+				rowop_compare(d, &r, rc_ref, rc, got, want, cache);
+				free(cache);
+				free(want);
+				free(got);
+				free(k);
+				free(vv);
+				free(slots);
+			}
+}
+
+/* ---- attention ---- */
+
+#define MAX_SEQS 8
+
+struct attn_case {
+	int64_t n_heads, n_kv_heads, head_dim, block_size;
+	int32_t window;
+	float softcap;
+	bool pad;
+	/* filled by attn_build */
+	int64_t n_seqs, max_blocks, pool, rows, q_stride, out_stride;
+	int32_t q_start[MAX_SEQS + 1], kv_len[MAX_SEQS];
+	int32_t *block_table;
+	float *kcache, *vcache, *q;
+};
+
+/* A mixed batch: a prefill from scratch, decodes (first token, at a block
+ * boundary, long), chunked prefills continuing earlier chunks. Blocks come
+ * from a shuffled pool larger than needed; table entries past a sequence's
+ * blocks point at valid but wrong blocks, so reading them shows. */
+static void attn_build(struct attn_case *c)
+{
+	const int32_t bs = (int32_t)c->block_size;
+	const int32_t q_lens[] = { 37, 1, 9, 1, 1, 1, 5 };
+	const int32_t kv_lens[] = { 37, 50, 70, 1, bs, 300, 2 * bs };
+	int64_t kv_dim = c->n_kv_heads * c->head_dim, width = c->n_heads * c->head_dim;
+	int64_t used = 0, longest = 0, next = 0;
+	int32_t *perm;
+
+	c->n_seqs = 7;
+	c->q_start[0] = 0;
+	for (int s = 0; s < c->n_seqs; s++) {
+		int64_t nb = (kv_lens[s] + bs - 1) / bs;
+
+		c->kv_len[s] = kv_lens[s];
+		c->q_start[s + 1] = c->q_start[s] + q_lens[s];
+		used += nb;
+		if (nb > longest)
+			longest = nb;
+	}
+	c->rows = c->q_start[c->n_seqs];
+	c->max_blocks = longest + 2;
+	c->pool = used + 7;
+	perm = tb_xmalloc((size_t)c->pool * sizeof(*perm));
+	for (int64_t i = 0; i < c->pool; i++)
+		perm[i] = (int32_t)i;
+	for (int64_t i = c->pool - 1; i > 0; i--) {
+		int64_t j = tb_rand_int(i + 1);
+		int32_t t = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	c->block_table = tb_xmalloc((size_t)(c->n_seqs * c->max_blocks) * sizeof(int32_t));
+	for (int s = 0; s < c->n_seqs; s++) {
+		int64_t nb = (c->kv_len[s] + bs - 1) / bs;
+
+		for (int64_t j = 0; j < c->max_blocks; j++)
+			c->block_table[s * c->max_blocks + j] =
+				j < nb ? perm[next++] : (int32_t)tb_rand_int(c->pool);
+	}
+	free(perm);
+	c->q_stride = width + (c->pad ? 8 : 0);
+	c->out_stride = width + (c->pad ? 4 : 0);
+	c->kcache = tb_xmalloc((size_t)(c->pool * bs * kv_dim) * F);
+	c->vcache = tb_xmalloc((size_t)(c->pool * bs * kv_dim) * F);
+	c->q = tb_xmalloc((size_t)(c->rows * c->q_stride) * F);
+	tb_fill(c->kcache, c->pool * bs * kv_dim, 1.0f);
+	tb_fill(c->vcache, c->pool * bs * kv_dim, 1.0f);
+	/* amplitude 4: scores of order 1, so the softmax is far from flat */
+	tb_fill(c->q, c->rows * c->q_stride, 4.0f);
+}
+
+static int attn_on(struct dev *d, const struct attn_case *c, float *out)
+{
+	size_t cache_bytes = (size_t)(c->pool * c->block_size * c->n_kv_heads * c->head_dim) * F;
+	size_t out_bytes = (size_t)(c->rows * c->out_stride) * F;
+	struct loom_attention_args a = {
+		.struct_size = sizeof(a),
+		.out = dev_put(d, out, out_bytes),
+		.q = dev_put(d, c->q, (size_t)(c->rows * c->q_stride) * F),
+		.q_stride = c->q_stride, .out_stride = c->out_stride,
+		.kcache = dev_put(d, c->kcache, cache_bytes),
+		.vcache = dev_put(d, c->vcache, cache_bytes),
+		.n_seqs = c->n_seqs, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+		.head_dim = c->head_dim, .block_size = c->block_size,
+		.max_blocks = c->max_blocks,
+		.q_start = dev_put(d, c->q_start, (size_t)(c->n_seqs + 1) * sizeof(int32_t)),
+		.kv_len = dev_put(d, c->kv_len, (size_t)c->n_seqs * sizeof(int32_t)),
+		.block_table = dev_put(d, c->block_table,
+				       (size_t)(c->n_seqs * c->max_blocks) * sizeof(int32_t)),
+		.scale = 1.0f / sqrtf((float)c->head_dim),
+		.window = c->window, .softcap = c->softcap,
+	};
+	int rc = LOOM_ERR_NOMEM;
+
+	if (a.out && a.q && a.kcache && a.vcache && a.q_start && a.kv_len && a.block_table) {
+		rc = d->ops->attention(d->ctx, &a);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, out, a.out, out_bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
+{
+	struct rowop r = {
+		.op = LOOM_OP_ATTENTION, .name = "attention", .tol = 1e-6,
+	};
+	float *want, *got, *orig;
+	int rc_ref, rc;
+
+	attn_build(c);
+	r.rows = c->rows;
+	r.n = c->n_heads * c->head_dim;
+	r.stride = c->out_stride;
+	want = tb_poison(c->rows * c->out_stride);
+	got = tb_poison(c->rows * c->out_stride);
+	orig = tb_poison(c->rows * c->out_stride);
+	snprintf(r.desc, sizeof(r.desc),
+		 "heads %lld/%lld head_dim %lld block %lld window %d softcap %g%s",
+		 (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim,
+		 (long long)c->block_size, c->window, c->softcap, c->pad ? " padded" : "");
+	rc_ref = attn_on(ref, c, want);
+	rc = attn_on(d, c, got);
+	rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+	free(want);
+	free(got);
+	free(orig);
+	free(c->block_table);
+	free(c->kcache);
+	free(c->vcache);
+	free(c->q);
+}
+
+static void test_attention(struct dev *ref, struct dev *d)
+{
+	static const int64_t ratios[] = { 1, 3, 4 }, dims[] = { 64, 128 }, blocks[] = { 16, 32 };
+	static const int32_t windows[] = { 0, 20 };
+	int i = 0;
+
+	for (int ri = 0; ri < 3; ri++)
+		for (int di = 0; di < 2; di++)
+			for (int bi = 0; bi < 2; bi++)
+				for (int wi = 0; wi < 2; wi++)
+					for (int cap = 0; cap < (di == 0 ? 2 : 1); cap++) {
+						struct attn_case c = {
+							.n_kv_heads = 2, .n_heads = 2 * ratios[ri],
+							.head_dim = dims[di], .block_size = blocks[bi],
+							.window = windows[wi], .softcap = cap ? 2.0f : 0.0f,
+							.pad = i++ % 2,
+						};
+						attn_case(ref, d, &c);
+					}
+	/* multi-query: every query head shares one KV head */
+	struct attn_case mqa = {
+		.n_kv_heads = 1, .n_heads = 4, .head_dim = 64, .block_size = 16,
+	};
+	attn_case(ref, d, &mqa);
+}
+
+void tb_run_conformance(struct dev *ref, struct dev *d)
+{
+	tb_seed(42);
+	for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+		test_gemm_type(ref, d, weight_types[i]);
+		test_embed_type(ref, d, weight_types[i]);
+	}
+	test_rmsnorm(ref, d);
+	test_rope(ref, d);
+	test_glu(ref, d);
+	test_add(ref, d);
+	test_scale(ref, d);
+	test_kv_write(ref, d);
+	test_attention(ref, d);
+}

@@ -1,0 +1,86 @@
+/*
+ * Backend conformance suite: shared harness (tb = test bench).
+ *
+ * A struct dev is one loaded backend with a list of the device buffers the
+ * current case allocated. Test code builds its inputs in host memory,
+ * copies them to each backend with dev_put(), runs the operator there, and
+ * reads the result back with dev_get(), so the same code drives host
+ * backends (ref, cpu) and device backends (cuda, rocm).
+ */
+#ifndef LOOM_TB_H
+#define LOOM_TB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend_loader.h"
+
+#define TB_MAX_BUFS 64
+
+struct dev {
+	const char *name;          /* "ref", "cpu", ... */
+	struct loom_backend *b;
+	const struct loom_backend_ops *ops;
+	struct loom_backend_ctx *ctx;
+	struct loom_buffer *bufs[TB_MAX_BUFS];
+	int n_bufs;
+};
+
+/* ---- devices ---- */
+int dev_open(struct dev *d, const char *name, char *err, size_t errlen);
+void dev_close(struct dev *d);
+/* A device copy of n bytes of src (src NULL: uninitialized); NULL on failure. */
+void *dev_put(struct dev *d, const void *src, size_t n);
+/* Synchronizes, then copies n bytes of device memory at src to dst. */
+int dev_get(struct dev *d, void *dst, const void *src, size_t n);
+/* Frees every buffer of the current case. */
+void dev_reset(struct dev *d);
+
+/* ---- data ---- */
+void tb_seed(uint64_t seed);
+float tb_rand(void);                      /* uniform in [-1, 1) */
+int64_t tb_rand_int(int64_t n);           /* uniform in [0, n) */
+void tb_fill(float *x, int64_t n, float amp);
+/* A float array of n elements, every element the poison NaN. */
+float *tb_poison(int64_t n);
+void *tb_xmalloc(size_t n);
+
+/* ---- comparison and reporting ---- */
+/* sum((a-b)^2) / sum(b^2) over rows x n elements with row stride `stride`
+ * (sum((a-b)^2) when b is all zeros); +inf when a holds a NaN or inf. */
+double tb_nmse(const float *a, const float *b, int64_t rows, int64_t n, int64_t stride);
+/* Whether a and orig agree bit for bit outside the logical rows x n elements
+ * of a buffer of rows x stride floats (the padding between rows). */
+bool tb_padding_same(const float *a, const float *orig, int64_t rows, int64_t n,
+		     int64_t stride);
+
+/* Records one comparison of backend d against ref for op/fmt. */
+void tb_result(const struct dev *d, const char *op, const char *fmt, double tol,
+	       double nmse, const char *desc);
+/* Records a failure that is not a numeric mismatch. */
+void tb_fail(const struct dev *d, const char *op, const char *fmt, const char *fmt_msg, ...)
+	__attribute__((format(printf, 4, 5)));
+/* Records that a case was skipped (unsupported, with a reason). */
+void tb_skip(const struct dev *d, const char *op, const char *fmt);
+/* Prints the per-op/format summary; returns the number of failures. */
+int tb_summary(void);
+int tb_failures(void);
+
+/*
+ * Judges an operator's status against what supports() announced.
+ * Returns true when the outputs should be compared; otherwise records a
+ * skip (unsupported and said so) or a failure (any other mismatch).
+ */
+bool tb_status_ok(const struct dev *d, const char *op, const char *fmt,
+		  bool supported, int rc, const char *desc);
+
+const char *tb_type_name(uint32_t type);
+const char *tb_status_name(int rc);
+
+/* ---- the checks ---- */
+int tb_check_ref_by_hand(struct dev *ref);             /* hand_checks.c */
+void tb_run_conformance(struct dev *ref, struct dev *d); /* conformance.c */
+void tb_run_invalid(struct dev *d);                    /* invalid.c */
+
+#endif /* LOOM_TB_H */
