@@ -41,6 +41,18 @@ static const struct {
 	{ "expert_used_count", "experts used" },
 };
 
+/* general.file_type: llama.cpp's llama_ftype ids (the "mostly" type). */
+static const char *const ftype_names[] = {
+	[0] = "all f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1", [7] = "q8_0",
+	[8] = "q5_0", [9] = "q5_1", [10] = "q2_K", [11] = "q3_K_S", [12] = "q3_K_M",
+	[13] = "q3_K_L", [14] = "q4_K_S", [15] = "q4_K_M", [16] = "q5_K_S",
+	[17] = "q5_K_M", [18] = "q6_K", [19] = "iq2_xxs", [20] = "iq2_xs",
+	[21] = "q2_K_S", [22] = "iq3_xs", [23] = "iq3_xxs", [24] = "iq1_s",
+	[25] = "iq4_nl", [26] = "iq3_s", [27] = "iq3_m", [28] = "iq2_s",
+	[29] = "iq2_m", [30] = "iq4_xs", [31] = "iq1_m", [32] = "bf16",
+	[36] = "tq1_0", [37] = "tq2_0", [38] = "mxfp4_moe",
+};
+
 #define LABEL_FMT "  %-24s "
 #define TOP_FMT "%-26s "
 
@@ -105,6 +117,18 @@ static void print_top(FILE *out, const struct gguf_file *f, const char *key,
 		      const char *label)
 {
 	print_key_at(out, f, key, label, true);
+}
+
+static void print_file_type(FILE *out, const struct gguf_file *f)
+{
+	const char *name = NULL;
+	uint32_t ft;
+
+	if (gguf_get_u32(f, "general.file_type", &ft, NULL, 0) != 0)
+		return;
+	if (ft < sizeof(ftype_names) / sizeof(ftype_names[0]))
+		name = ftype_names[ft];
+	fprintf(out, TOP_FMT "%" PRIu32 " (%s)\n", "file type:", ft, name ? name : "?");
 }
 
 static void print_arch(FILE *out, const struct gguf_file *f)
@@ -185,7 +209,7 @@ int loom_info_print(const char *path, FILE *out, char *err, size_t errlen)
 	print_top(out, f, "general.architecture", "architecture:");
 	print_top(out, f, "general.name", "name:");
 	print_top(out, f, "general.size_label", "size label:");
-	print_top(out, f, "general.file_type", "file type:");
+	print_file_type(out, f);
 	print_top(out, f, "general.quantization_version", "quantization version:");
 	fprintf(out, TOP_FMT "%" PRIu64 "\n", "alignment:", f->alignment);
 	print_arch(out, f);

@@ -493,6 +493,66 @@ START_TEST(test_alignment_ok)
 }
 END_TEST
 
+/* `loom info` on a small file of another architecture: keys are found
+ * under the architecture's prefix and absent ones are left out. */
+static char *info_text(const struct wbuf *w)
+{
+	char path[] = "/tmp/loom_gguf_infoXXXXXX", err[512] = "", *text = NULL;
+	size_t len;
+	int fd = mkstemp(path);
+	FILE *out;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, w->p, w->n), (ssize_t)w->n);
+	close(fd);
+	out = open_memstream(&text, &len);
+	ck_assert_ptr_nonnull(out);
+	ck_assert_msg(loom_info_print(path, out, err, sizeof(err)) == 0, "%s", err);
+	fclose(out);
+	unlink(path);
+	return text;
+}
+
+START_TEST(test_info_arch)
+{
+	struct wbuf w = { 0 };
+	const uint64_t ne[] = { 32, 2 };
+	char *text;
+
+	w_header(&w, 3, 1, 6);
+	kv_str(&w, "general.architecture", "gemma3");
+	kv_u32(&w, "gemma3.block_count", 26);
+	kv_u32(&w, "gemma3.attention.sliding_window", 512);
+	kv_u32(&w, "llama.block_count", 99);
+	w_str(&w, "gemma3.rope.freq_base");
+	w_u32(&w, GGUF_F32);
+	w_f32(&w, 1000000.0f);
+	kv_u32(&w, "general.file_type", 7);
+	tensor_info(&w, "t", 2, ne, 8, 0);
+	finish(&w, 32, 2 * 34);
+	text = info_text(&w);
+	ck_assert_msg(strstr(text, "gemma3"), "%s", text);
+	ck_assert_msg(strstr(text, "  layers                   26\n"), "%s", text);
+	ck_assert_msg(strstr(text, "  sliding window           512\n"), "%s", text);
+	ck_assert_msg(strstr(text, "  RoPE base                1e+06\n"), "%s", text);
+	ck_assert_msg(strstr(text, "(q8_0)"), "%s", text);
+	ck_assert_msg(!strstr(text, "99"), "%s", text);
+	ck_assert_msg(!strstr(text, "KV heads"), "%s", text);
+	ck_assert_msg(strstr(text, "tensors: 1 (64 parameters, 68 bytes"), "%s", text);
+	free(text);
+	free(w.p);
+}
+END_TEST
+
+START_TEST(test_info_error)
+{
+	char err[256] = "";
+
+	ck_assert_int_eq(loom_info_print("/nonexistent/x.gguf", stdout, err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, "/nonexistent/x.gguf"), "%s", err);
+}
+END_TEST
+
 /* ---- rejected files ---- */
 
 START_TEST(test_bad_magic)
@@ -1136,6 +1196,8 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_arr_mismatch_tokens);
 	tcase_add_test(tc, test_type_geometry);
 	tcase_add_test(tc, test_alignment_ok);
+	tcase_add_test(tc, test_info_arch);
+	tcase_add_test(tc, test_info_error);
 	tcase_add_test(tc, test_bad_magic);
 	tcase_add_loop_test(tc, test_bad_version, 0, 4);
 	tcase_add_loop_test(tc, test_huge_counts, 0, 4);
