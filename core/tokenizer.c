@@ -1,1 +1,1541 @@
-/* tokenizer.c: in progress */
+/* tokenizer.c: tokenizers built from GGUF metadata.
+ *
+ * Two models share one vocabulary layer (texts, types, scores, a hash map
+ * text -> id) and one special-token splitter:
+ *
+ *  - "llama": SentencePiece BPE. The text (spaces escaped to U+2581, an
+ *    optional leading space) is cut into UTF-8 characters; adjacent pairs
+ *    whose concatenation is a vocabulary entry are merged, highest score
+ *    first (leftmost on ties), until no pair merges. Pieces that are not in
+ *    the vocabulary fall back to <0xXX> byte tokens, else to <unk>.
+ *
+ *  - "gpt2": byte-level BPE. A list of pre-tokenizer regexes (chosen by
+ *    tokenizer.ggml.pre) cuts the text into words; each regex further splits
+ *    every piece the previous ones produced, keeping matches and the gaps
+ *    between them. Each word's bytes are mapped to printable code points
+ *    (the GPT-2 bytes_to_unicode table), then adjacent symbols are merged by
+ *    the rank of "left right" in tokenizer.ggml.merges, lowest rank first.
+ *
+ * The tokenizer is immutable after construction; loom_tokenize allocates its
+ * scratch per call, so one tokenizer may be used from several threads.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+
+#include "tokenizer.h"
+
+#include <pcre2.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* tokenizer.ggml.token_type values (llama.cpp / gguf-py numbering). */
+enum tok_type {
+	TT_UNDEFINED = 0,
+	TT_NORMAL = 1,
+	TT_UNKNOWN = 2,
+	TT_CONTROL = 3,
+	TT_USER_DEFINED = 4,
+	TT_UNUSED = 5,
+	TT_BYTE = 6,
+};
+
+enum tok_model { MODEL_SPM, MODEL_BPE };
+
+#define MAX_REGEX 8
+#define SPACE_ESC "\xe2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK */
+
+/* Open-addressing hash map from byte strings (kept alive by the owner) to
+ * int32 values. */
+struct strmap_slot {
+	uint64_t hash;
+	const char *key; /* NULL: empty slot */
+	uint32_t len;
+	int32_t val;
+};
+
+struct strmap {
+	struct strmap_slot *slots;
+	size_t mask;
+};
+
+struct loom_tokenizer {
+	enum tok_model model;
+	int32_t n_vocab;
+
+	char *text_blob;     /* token texts, each NUL-terminated */
+	size_t *text_off;    /* n_vocab offsets into text_blob */
+	uint32_t *text_len;
+	char *piece_blob;    /* bytes each token detokenizes to */
+	size_t *piece_off;
+	uint32_t *piece_len;
+	float *scores;       /* spm merge priorities (0 when absent) */
+	uint8_t *type;       /* enum tok_type */
+	bool *eog;
+
+	struct strmap vocab;  /* text -> id */
+	struct strmap merges; /* "left right" -> rank (gpt2) */
+	char *merge_blob;
+
+	int32_t byte_tok[256]; /* byte -> token, -1 if none */
+	int32_t bos, eos, unk, eot, eom;
+	bool add_bos, add_eos, add_space_prefix, ignore_merges;
+
+	/* Special tokens sorted by first byte, then longest first;
+	 * special_start[b] .. special_start[b + 1] holds those starting with b. */
+	int32_t *special;
+	uint32_t special_start[257];
+
+	pcre2_code *re[MAX_REGEX];
+	int n_re;
+
+	/* GPT-2 bytes_to_unicode: byte -> UTF-8 of its code point, and back. */
+	char b2u[256][2];
+	uint8_t b2u_len[256];
+	int16_t u2b[512];
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- hash map ---------------------------------------------------------- */
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a, then a final mix */
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)s[i];
+		h *= 1099511628211ull;
+	}
+	h ^= h >> 32;
+	h *= 0xd6e8feb86659fd93ull;
+	h ^= h >> 32;
+	return h;
+}
+
+static int strmap_init(struct strmap *m, size_t n)
+{
+	size_t cap = 16;
+
+	while (cap < 2 * n) {
+		if (cap > SIZE_MAX / 4 / sizeof(*m->slots))
+			return -1;
+		cap *= 2;
+	}
+	m->slots = calloc(cap, sizeof(*m->slots));
+	if (!m->slots)
+		return -1;
+	m->mask = cap - 1;
+	return 0;
+}
+
+static struct strmap_slot *strmap_slot(const struct strmap *m, const char *key,
+				       size_t len, uint64_t h)
+{
+	size_t i = h & m->mask;
+
+	for (;;) {
+		struct strmap_slot *s = &m->slots[i];
+
+		if (!s->key)
+			return s;
+		if (s->hash == h && s->len == len && !memcmp(s->key, key, len))
+			return s;
+		i = (i + 1) & m->mask;
+	}
+}
+
+/* -1 when absent. */
+static int32_t strmap_get(const struct strmap *m, const char *key, size_t len)
+{
+	const struct strmap_slot *s;
+
+	if (!m->slots)
+		return -1;
+	s = strmap_slot(m, key, len, hash_bytes(key, len));
+	return s->key ? s->val : -1;
+}
+
+/* The map never holds more than half its slots, so there is always room.
+ * Returns the slot; a new one has key set and val = -1. */
+static struct strmap_slot *strmap_put(struct strmap *m, const char *key, uint32_t len)
+{
+	uint64_t h = hash_bytes(key, len);
+	struct strmap_slot *s = strmap_slot(m, key, len, h);
+
+	if (!s->key) {
+		s->hash = h;
+		s->key = key;
+		s->len = len;
+		s->val = -1;
+	}
+	return s;
+}
+
+/* ---- small helpers ----------------------------------------------------- */
+
+/* Length of the UTF-8 sequence a lead byte announces (1 for stray bytes). */
+static size_t utf8_len(unsigned char c)
+{
+	if (c < 0xc0)
+		return 1;
+	if (c < 0xe0)
+		return 2;
+	if (c < 0xf0)
+		return 3;
+	if (c < 0xf8)
+		return 4;
+	return 1;
+}
+
+/* Decodes one UTF-8 character of s[0..n) (n > 0) into *cp; returns its
+ * length, or 1 with *cp = -1 when the bytes are not valid UTF-8. */
+static size_t utf8_decode(const unsigned char *s, size_t n, int32_t *cp)
+{
+	size_t len = utf8_len(s[0]);
+	int32_t v;
+
+	*cp = -1;
+	if (len == 1) {
+		if (s[0] < 0x80)
+			*cp = s[0];
+		return 1;
+	}
+	if (len > n)
+		return 1;
+	v = s[0] & (0x7f >> len);
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 1;
+		v = (v << 6) | (s[i] & 0x3f);
+	}
+	*cp = v;
+	return len;
+}
+
+static bool is_text_type(uint8_t type)
+{
+	return type == TT_NORMAL || type == TT_USER_DEFINED || type == TT_UNUSED ||
+	       type == TT_UNDEFINED;
+}
+
+struct outbuf {
+	int32_t *ids;
+	int64_t cap;
+	int64_t n;
+};
+
+static void out_push(struct outbuf *o, int32_t id)
+{
+	if (o->n < o->cap)
+		o->ids[o->n] = id;
+	o->n++;
+}
+
+/* ---- merge queue (shared by both models) ------------------------------- */
+
+/* A candidate merge of two adjacent symbols. Higher pri first; on ties the
+ * leftmost pair. The lengths detect stale entries: a symbol only grows to
+ * the right, so unchanged lengths mean unchanged texts. */
+struct bigram {
+	double pri;
+	int32_t left, right;
+	uint32_t left_len, right_len;
+};
+
+struct symbol {
+	uint32_t start, len; /* len 0: merged away */
+	int32_t prev, next;
+};
+
+struct heap {
+	struct bigram *v;
+	size_t n, cap;
+};
+
+static bool bigram_before(const struct bigram *a, const struct bigram *b)
+{
+	if (a->pri != b->pri)
+		return a->pri > b->pri;
+	return a->left < b->left;
+}
+
+static int heap_push(struct heap *h, struct bigram b)
+{
+	size_t i;
+
+	if (h->n == h->cap) {
+		size_t cap = h->cap ? h->cap * 2 : 64;
+		struct bigram *v;
+
+		if (cap > SIZE_MAX / sizeof(*v))
+			return -1;
+		v = realloc(h->v, cap * sizeof(*v));
+		if (!v)
+			return -1;
+		h->v = v;
+		h->cap = cap;
+	}
+	i = h->n++;
+	while (i > 0 && bigram_before(&b, &h->v[(i - 1) / 2])) {
+		h->v[i] = h->v[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	h->v[i] = b;
+	return 0;
+}
+
+static struct bigram heap_pop(struct heap *h)
+{
+	struct bigram top = h->v[0], last = h->v[--h->n];
+	size_t i = 0;
+
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= h->n)
+			break;
+		if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c]))
+			c++;
+		if (!bigram_before(&h->v[c], &last))
+			break;
+		h->v[i] = h->v[c];
+		i = c;
+	}
+	if (h->n)
+		h->v[i] = last;
+	return top;
+}
+
+/* Per-call state of one merge run over text[0..n). */
+struct merger {
+	const struct loom_tokenizer *t;
+	const char *text;
+	struct symbol *sym;
+	int32_t n_sym;
+	struct heap heap;
+	char *key; /* gpt2: scratch for "left right" */
+};
+
+/* Priority of merging symbols l and r, false if they do not merge. */
+static bool pair_priority(struct merger *m, int32_t l, int32_t r, double *pri)
+{
+	const struct loom_tokenizer *t = m->t;
+	const struct symbol *a = &m->sym[l], *b = &m->sym[r];
+	int32_t id;
+
+	if (t->model == MODEL_SPM) {
+		/* The pair is contiguous in the text. */
+		id = strmap_get(&t->vocab, m->text + a->start, a->len + b->len);
+		if (id < 0 || !is_text_type(t->type[id]))
+			return false;
+		*pri = t->scores[id];
+		return true;
+	}
+	memcpy(m->key, m->text + a->start, a->len);
+	m->key[a->len] = ' ';
+	memcpy(m->key + a->len + 1, m->text + b->start, b->len);
+	id = strmap_get(&t->merges, m->key, (size_t)a->len + 1 + b->len);
+	if (id < 0)
+		return false;
+	*pri = -(double)id;
+	return true;
+}
+
+static int try_pair(struct merger *m, int32_t l, int32_t r)
+{
+	struct bigram b;
+
+	if (l < 0 || r < 0)
+		return 0;
+	if (!pair_priority(m, l, r, &b.pri))
+		return 0;
+	b.left = l;
+	b.right = r;
+	b.left_len = m->sym[l].len;
+	b.right_len = m->sym[r].len;
+	return heap_push(&m->heap, b);
+}
+
+/* Splits text[0..n) into UTF-8 characters and merges them; the surviving
+ * symbols are those with len > 0, in index order. */
+static int merge_run(struct merger *m, size_t n)
+{
+	size_t off = 0;
+	int32_t k = 0;
+
+	while (off < n) {
+		size_t len = utf8_len((unsigned char)m->text[off]);
+
+		if (len > n - off)
+			len = n - off;
+		m->sym[k] = (struct symbol){ (uint32_t)off, (uint32_t)len, k - 1, -1 };
+		if (k > 0)
+			m->sym[k - 1].next = k;
+		off += len;
+		k++;
+	}
+	m->n_sym = k;
+	m->heap.n = 0;
+	for (int32_t i = 1; i < k; i++)
+		if (try_pair(m, i - 1, i))
+			return -1;
+	while (m->heap.n) {
+		struct bigram b = heap_pop(&m->heap);
+		struct symbol *l = &m->sym[b.left], *r = &m->sym[b.right];
+
+		if (l->len != b.left_len || r->len != b.right_len || l->next != b.right)
+			continue;
+		l->len += r->len;
+		r->len = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			m->sym[r->next].prev = b.left;
+		if (try_pair(m, l->prev, b.left) || try_pair(m, b.left, l->next))
+			return -1;
+	}
+	return 0;
+}
+
+static int merger_init(struct merger *m, const struct loom_tokenizer *t,
+		       const char *text, size_t n)
+{
+	memset(m, 0, sizeof(*m));
+	m->t = t;
+	m->text = text;
+	if (n > UINT32_MAX || n > SIZE_MAX / sizeof(*m->sym) - 1)
+		return -1;
+	m->sym = malloc((n + 1) * sizeof(*m->sym));
+	if (!m->sym)
+		return -1;
+	if (t->model == MODEL_BPE) {
+		m->key = malloc(n + 2);
+		if (!m->key)
+			return -1;
+	}
+	return 0;
+}
+
+static void merger_free(struct merger *m)
+{
+	free(m->sym);
+	free(m->key);
+	free(m->heap.v);
+}
+
+/* ---- SentencePiece (llama) --------------------------------------------- */
+
+static void spm_emit_bytes(const struct loom_tokenizer *t, const char *s, size_t n,
+			   struct outbuf *o)
+{
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = t->byte_tok[(unsigned char)s[i]];
+
+		if (id < 0)
+			id = t->unk;
+		if (id >= 0)
+			out_push(o, id);
+	}
+}
+
+/* Tokenizes one run of plain text (no special tokens inside). */
+static int spm_encode(const struct loom_tokenizer *t, const char *s, size_t n,
+		      bool prefix, struct outbuf *o)
+{
+	struct merger m;
+	size_t cap, len = 0;
+	char *esc;
+	int rc = -1;
+
+	/* Every byte may become the 3-byte U+2581, plus the prefix. */
+	if (n > (SIZE_MAX - 3) / 3)
+		return -1;
+	cap = 3 * n + 3;
+	esc = malloc(cap);
+	if (!esc)
+		return -1;
+	if (prefix) {
+		memcpy(esc, SPACE_ESC, 3);
+		len = 3;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] == ' ') {
+			memcpy(esc + len, SPACE_ESC, 3);
+			len += 3;
+		} else {
+			esc[len++] = s[i];
+		}
+	}
+	if (merger_init(&m, t, esc, len) || merge_run(&m, len))
+		goto out;
+	for (int32_t i = 0; i < m.n_sym; i++) {
+		const struct symbol *y = &m.sym[i];
+		int32_t id;
+
+		if (!y->len)
+			continue;
+		id = strmap_get(&t->vocab, esc + y->start, y->len);
+		if (id >= 0 && is_text_type(t->type[id]))
+			out_push(o, id);
+		else
+			spm_emit_bytes(t, esc + y->start, y->len, o);
+	}
+	rc = 0;
+out:
+	merger_free(&m);
+	free(esc);
+	return rc;
+}
+
+/* ---- byte-level BPE (gpt2) --------------------------------------------- */
+
+/* Pre-tokenizer regex families. The lists are the published ones (HF
+ * tokenizer.json files, as collected in llama.cpp's llama-vocab.cpp). */
+#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define RE_LLAMA3_HEAD "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+#define RE_LLAMA3_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_LLAMA3 RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL
+#define RE_QWEN2 RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL
+#define RE_BLOOM " ?[^(\\s|.,!?\xe2\x80\xa6\xe3\x80\x82\xef\xbc\x8c\xe3\x80\x81\xe0\xa5\xa4\xdb\x94\xd8\x8c)]+"
+
+static const char *const re_default[] = {
+	"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]", NULL
+};
+static const char *const re_gpt2[] = { RE_GPT2, NULL };
+static const char *const re_llama3[] = { RE_LLAMA3, NULL };
+static const char *const re_qwen2[] = { RE_QWEN2, NULL };
+static const char *const re_starcoder[] = { "\\p{N}", RE_GPT2, NULL };
+static const char *const re_falcon[] = {
+	"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]", NULL
+};
+static const char *const re_deepseek_llm[] = {
+	"[\r\n]",
+	"\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+	"\\s?[!-/:-~！-／：-～‘-‟　-。]+",
+	"\\s+$",
+	"[一-龥ࠀ-一가-퟿]+",
+	"\\p{N}+",
+	NULL
+};
+static const char *const re_deepseek_coder[] = {
+	"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}", NULL
+};
+static const char *const re_deepseek3[] = {
+	"\\p{N}{1,3}",
+	"[一-龥぀-ゟ゠-ヿ]+",
+	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+	NULL
+};
+static const char *const re_bloom[] = { RE_BLOOM, NULL };
+static const char *const re_viking[] = { RE_BLOOM, "\\p{N}", NULL };
+static const char *const re_tekken[] = {
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+	NULL
+};
+
+struct pre_family {
+	const char *names; /* space-separated tokenizer.ggml.pre values */
+	const char *const *re;
+	bool ignore_merges; /* a word that is itself a token is not merged */
+	bool add_bos;       /* default when add_bos_token is absent */
+};
+
+static const struct pre_family pre_families[] = {
+	{ "default", re_default, false, false },
+	{ "gpt-2 gpt2 phi-2 jina-es jina-de gigachat jina-v1-en jina-v2-es "
+	  "jina-v2-de jina-v2-code roberta-bpe mpt olmo jais trillion", re_gpt2, false, false },
+	{ "llama3 llama-v3 llama-bpe falcon3", re_llama3, true, true },
+	{ "dbrx smaug-bpe chatglm-bpe", re_llama3, false, false },
+	{ "qwen2 qwen2.5 qwen-2.5 deepseek-r1-qwen stablelm2 hunyuan", re_qwen2, false, false },
+	{ "starcoder refact command-r smollm codeshell exaone minerva-7b", re_starcoder, false, false },
+	{ "falcon", re_falcon, false, false },
+	{ "deepseek-llm", re_deepseek_llm, false, false },
+	{ "deepseek-coder", re_deepseek_coder, false, false },
+	{ "deepseek-v3", re_deepseek3, false, false },
+	{ "poro-chat bloom gpt3-finnish", re_bloom, false, false },
+	{ "viking", re_viking, false, false },
+	{ "tekken", re_tekken, true, false },
+};
+
+static bool name_in_list(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+
+	while (*list) {
+		size_t w = strcspn(list, " ");
+
+		if (w == n && !memcmp(list, name, n))
+			return true;
+		list += w;
+		list += strspn(list, " ");
+	}
+	return false;
+}
+
+static const struct pre_family *pre_find(const char *name)
+{
+	for (size_t i = 0; i < sizeof(pre_families) / sizeof(pre_families[0]); i++)
+		if (name_in_list(pre_families[i].names, name))
+			return &pre_families[i];
+	return NULL;
+}
+
+static int compile_regexes(struct loom_tokenizer *t, const char *const *re,
+			   char *err, size_t errlen)
+{
+	uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY;
+
+#ifdef PCRE2_MATCH_INVALID_UTF
+	opts |= PCRE2_MATCH_INVALID_UTF; /* invalid bytes never match, no error */
+#endif
+	for (t->n_re = 0; re[t->n_re]; t->n_re++) {
+		int code;
+		PCRE2_SIZE at;
+		pcre2_code *c = pcre2_compile((PCRE2_SPTR)re[t->n_re], PCRE2_ZERO_TERMINATED,
+					      opts, &code, &at, NULL);
+
+		if (!c) {
+			PCRE2_UCHAR msg[256];
+
+			pcre2_get_error_message(code, msg, sizeof(msg));
+			seterr(err, errlen, "pre-tokenizer regex %d: %s at offset %zu",
+			       t->n_re, (const char *)msg, (size_t)at);
+			return -1;
+		}
+		pcre2_jit_compile(c, PCRE2_JIT_COMPLETE); /* optional speed-up */
+		t->re[t->n_re] = c;
+	}
+	return 0;
+}
+
+struct span {
+	size_t off, len;
+};
+
+struct spans {
+	struct span *v;
+	size_t n, cap;
+};
+
+static int spans_push(struct spans *s, size_t off, size_t len)
+{
+	if (!len)
+		return 0;
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 64;
+		struct span *v;
+
+		if (cap > SIZE_MAX / sizeof(*v))
+			return -1;
+		v = realloc(s->v, cap * sizeof(*v));
+		if (!v)
+			return -1;
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = (struct span){ off, len };
+	return 0;
+}
+
+/* Splits piece p of text by regex re: matches and the gaps between them
+ * are all kept, in order. The regex sees only the piece, so look-aheads
+ * stop at its end (as in llama.cpp and HF's sequence of splits). */
+static int split_piece(const pcre2_code *re, pcre2_match_data *md, const char *text,
+		       struct span p, struct spans *out)
+{
+	PCRE2_SPTR s = (PCRE2_SPTR)(text + p.off);
+	size_t pos = 0, gap = 0;
+
+	while (pos < p.len) {
+		int rc = pcre2_match(re, s, p.len, pos, 0, md, NULL);
+		PCRE2_SIZE *ov;
+
+		if (rc == PCRE2_ERROR_NOMATCH)
+			break;
+		if (rc < 0)
+			return -1;
+		ov = pcre2_get_ovector_pointer(md);
+		if (ov[1] <= ov[0]) { /* empty match: step one character */
+			pos = ov[0] + utf8_len(s[ov[0]]);
+			continue;
+		}
+		if (spans_push(out, p.off + gap, ov[0] - gap) ||
+		    spans_push(out, p.off + ov[0], ov[1] - ov[0]))
+			return -1;
+		pos = gap = ov[1];
+	}
+	return spans_push(out, p.off + gap, p.len - gap);
+}
+
+static int pre_split(const struct loom_tokenizer *t, const char *text, size_t n,
+		     struct spans *words)
+{
+	struct spans cur = { 0 }, next = { 0 };
+	int rc = -1;
+
+	if (spans_push(&cur, 0, n))
+		goto out;
+	for (int r = 0; r < t->n_re; r++) {
+		pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re[r], NULL);
+
+		if (!md)
+			goto out;
+		next.n = 0;
+		for (size_t i = 0; i < cur.n; i++) {
+			if (split_piece(t->re[r], md, text, cur.v[i], &next)) {
+				pcre2_match_data_free(md);
+				goto out;
+			}
+		}
+		pcre2_match_data_free(md);
+		struct spans tmp = cur;
+		cur = next;
+		next = tmp;
+	}
+	*words = cur;
+	cur.v = NULL;
+	rc = 0;
+out:
+	free(cur.v);
+	free(next.v);
+	return rc;
+}
+
+/* Emits the tokens of one merged symbol, falling back to its characters. */
+static void bpe_emit(const struct loom_tokenizer *t, const char *s, size_t n,
+		     struct outbuf *o)
+{
+	int32_t id = strmap_get(&t->vocab, s, n);
+
+	if (id >= 0) {
+		out_push(o, id);
+		return;
+	}
+	for (size_t i = 0; i < n;) {
+		size_t len = utf8_len((unsigned char)s[i]);
+
+		if (len > n - i)
+			len = n - i;
+		id = strmap_get(&t->vocab, s + i, len);
+		if (id < 0)
+			id = t->unk;
+		if (id >= 0)
+			out_push(o, id);
+		i += len;
+	}
+}
+
+static int bpe_word(const struct loom_tokenizer *t, struct merger *m, const char *w,
+		    size_t n, struct outbuf *o)
+{
+	if (t->ignore_merges) {
+		int32_t id = strmap_get(&t->vocab, w, n);
+
+		if (id >= 0) {
+			out_push(o, id);
+			return 0;
+		}
+	}
+	m->text = w;
+	if (merge_run(m, n))
+		return -1;
+	for (int32_t i = 0; i < m->n_sym; i++)
+		if (m->sym[i].len)
+			bpe_emit(t, w + m->sym[i].start, m->sym[i].len, o);
+	return 0;
+}
+
+static int bpe_encode(const struct loom_tokenizer *t, const char *s, size_t n,
+		      struct outbuf *o)
+{
+	struct spans words = { 0 };
+	struct merger m;
+	char *enc = NULL;
+	int rc = -1;
+
+	if (n > SIZE_MAX / 2)
+		return -1;
+	if (pre_split(t, s, n, &words))
+		return -1;
+	/* A mapped byte takes at most 2 bytes; the longest word bounds scratch. */
+	size_t longest = 0;
+	for (size_t i = 0; i < words.n; i++)
+		if (words.v[i].len > longest)
+			longest = words.v[i].len;
+	enc = malloc(2 * longest + 1);
+	if (!enc || merger_init(&m, t, enc, 2 * longest))
+		goto out_words;
+	for (size_t i = 0; i < words.n; i++) {
+		const unsigned char *w = (const unsigned char *)s + words.v[i].off;
+		size_t len = 0;
+
+		for (size_t j = 0; j < words.v[i].len; j++) {
+			memcpy(enc + len, t->b2u[w[j]], t->b2u_len[w[j]]);
+			len += t->b2u_len[w[j]];
+		}
+		if (bpe_word(t, &m, enc, len, o))
+			goto out;
+	}
+	rc = 0;
+out:
+	merger_free(&m);
+out_words:
+	free(enc);
+	free(words.v);
+	return rc;
+}
+
+/* ---- tokenize ---------------------------------------------------------- */
+
+/* Longest special token starting at s[0..n), -1 if none. User-defined
+ * tokens always match (as added tokens do in HF tokenizers); control and
+ * unknown tokens only with parse_special. */
+static int32_t match_special(const struct loom_tokenizer *t, const char *s, size_t n,
+			     bool parse_special, size_t *mlen)
+{
+	unsigned char b = (unsigned char)s[0];
+
+	for (uint32_t i = t->special_start[b]; i < t->special_start[b + 1]; i++) {
+		int32_t id = t->special[i];
+		uint32_t len = t->text_len[id];
+
+		if (!parse_special && t->type[id] != TT_USER_DEFINED)
+			continue;
+		if (len <= n && !memcmp(s, t->text_blob + t->text_off[id], len)) {
+			*mlen = len;
+			return id;
+		}
+	}
+	return -1;
+}
+
+static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
+		       bool after_special, struct outbuf *o)
+{
+	if (t->model == MODEL_SPM)
+		return spm_encode(t, s, n, t->add_space_prefix && after_special, o);
+	return bpe_encode(t, s, n, o);
+}
+
+int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
+		      bool add_special, bool parse_special, int32_t *out, int64_t cap)
+{
+	struct outbuf o = { out, cap, 0 };
+	bool after_special = true; /* spm: the first text run gets the prefix */
+	size_t pos = 0, seg = 0;
+
+	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
+		return -1;
+	if (add_special && t->add_bos && t->bos >= 0)
+		out_push(&o, t->bos);
+	while (pos < len) {
+		size_t mlen = 0;
+		int32_t id = match_special(t, text + pos, len - pos, parse_special, &mlen);
+
+		if (id < 0) {
+			pos++;
+			continue;
+		}
+		if (pos > seg && encode_text(t, text + seg, pos - seg, after_special, &o))
+			return -1;
+		out_push(&o, id);
+		after_special = true;
+		pos += mlen;
+		seg = pos;
+	}
+	if (len > seg && encode_text(t, text + seg, len - seg, after_special, &o))
+		return -1;
+	if (add_special && t->add_eos && t->eos >= 0)
+		out_push(&o, t->eos);
+	return o.n;
+}
+
+/* ---- detokenize -------------------------------------------------------- */
+
+/* Bytes held back at the end of buf[0..n): a UTF-8 sequence that has begun
+ * but lacks continuation bytes (0 if the end is complete or invalid). */
+static size_t incomplete_tail(const unsigned char *buf, size_t n)
+{
+	for (size_t k = 1; k <= 3 && k <= n; k++) {
+		unsigned char c = buf[n - k];
+		size_t need;
+
+		if ((c & 0xc0) == 0x80)
+			continue; /* continuation byte: look further back */
+		need = utf8_len(c);
+		return need > k ? k : 0;
+	}
+	return 0;
+}
+
+int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
+		    int32_t token, char *out, size_t cap)
+{
+	unsigned char last[3], tmp[3];
+	const char *piece;
+	size_t plen, have, total, nl, tail, emit;
+	bool first;
+
+	if (!t || !st || !out || !cap || token < 0 || token >= t->n_vocab)
+		return -1;
+	if (st->n_pending < 0 || st->n_pending > 3)
+		return -1;
+	piece = t->piece_blob + t->piece_off[token];
+	plen = t->piece_len[token];
+	first = st->first;
+	if (first && plen) {
+		if (t->model == MODEL_SPM && t->add_space_prefix && piece[0] == ' ') {
+			piece++;
+			plen--;
+		}
+		first = false;
+	}
+	/* Stream = pending + piece; only its last 3 bytes can be held back. */
+	have = (size_t)st->n_pending;
+	total = have + plen;
+	nl = total < 3 ? total : 3;
+	for (size_t i = 0; i < nl; i++) {
+		size_t at = total - nl + i;
+
+		last[i] = at < have ? st->pending[at] : (unsigned char)piece[at - have];
+	}
+	tail = incomplete_tail(last, nl);
+	emit = total - tail;
+	if (emit + 1 > cap)
+		return -1;
+	if (emit <= have) {
+		memcpy(out, st->pending, emit);
+	} else {
+		memcpy(out, st->pending, have);
+		memcpy(out + have, piece, emit - have);
+	}
+	out[emit] = 0;
+	memcpy(tmp, last + nl - tail, tail);
+	memcpy(st->pending, tmp, tail);
+	st->n_pending = (int)tail;
+	st->first = first;
+	return (int)emit;
+}
+
+const char *loom_token_text(const struct loom_tokenizer *t, int32_t token)
+{
+	if (!t || token < 0 || token >= t->n_vocab)
+		return NULL;
+	return t->text_blob + t->text_off[token];
+}
+
+int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t)
+{
+	return t ? t->n_vocab : 0;
+}
+
+int32_t loom_tokenizer_bos(const struct loom_tokenizer *t)
+{
+	return t ? t->bos : -1;
+}
+
+int32_t loom_tokenizer_eos(const struct loom_tokenizer *t)
+{
+	return t ? t->eos : -1;
+}
+
+bool loom_tokenizer_is_eog(const struct loom_tokenizer *t, int32_t token)
+{
+	return t && token >= 0 && token < t->n_vocab && t->eog[token];
+}
+
+/* ---- construction ------------------------------------------------------ */
+
+void loom_tokenizer_free(struct loom_tokenizer *t)
+{
+	if (!t)
+		return;
+	for (int i = 0; i < t->n_re; i++)
+		pcre2_code_free(t->re[i]);
+	free(t->text_blob);
+	free(t->text_off);
+	free(t->text_len);
+	free(t->piece_blob);
+	free(t->piece_off);
+	free(t->piece_len);
+	free(t->scores);
+	free(t->type);
+	free(t->eog);
+	free(t->vocab.slots);
+	free(t->merges.slots);
+	free(t->merge_blob);
+	free(t->special);
+	free(t);
+}
+
+static void init_byte_map(struct loom_tokenizer *t)
+{
+	int extra = 0;
+
+	for (int i = 0; i < 512; i++)
+		t->u2b[i] = -1;
+	for (int b = 0; b < 256; b++) {
+		bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) ||
+				 (b >= 174 && b <= 255);
+		int cp = printable ? b : 256 + extra++;
+
+		if (cp < 0x80) {
+			t->b2u[b][0] = (char)cp;
+			t->b2u_len[b] = 1;
+		} else {
+			t->b2u[b][0] = (char)(0xc0 | (cp >> 6));
+			t->b2u[b][1] = (char)(0x80 | (cp & 0x3f));
+			t->b2u_len[b] = 2;
+		}
+		t->u2b[cp] = (int16_t)b;
+	}
+}
+
+/* Element i of an integer array of any width, as int64. */
+static int64_t arr_int(const struct gguf_kv *kv, uint64_t i)
+{
+	const unsigned char *p = kv->arr_data;
+
+	switch (kv->arr_type) {
+	case GGUF_U8: return p[i];
+	case GGUF_I8: return (int8_t)p[i];
+	case GGUF_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
+	case GGUF_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
+	case GGUF_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
+	case GGUF_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
+	case GGUF_U64: { uint64_t v; memcpy(&v, p + 8 * i, 8); return (int64_t)v; }
+	case GGUF_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); return v; }
+	default: return 0;
+	}
+}
+
+static bool is_int_vtype(uint32_t t)
+{
+	return t == GGUF_U8 || t == GGUF_I8 || t == GGUF_U16 || t == GGUF_I16 ||
+	       t == GGUF_U32 || t == GGUF_I32 || t == GGUF_U64 || t == GGUF_I64;
+}
+
+static int load_texts(struct loom_tokenizer *t, const struct gguf_file *f,
+		      char *err, size_t errlen)
+{
+	const struct gguf_kv *kv;
+	size_t total = 0, off = 0;
+	int rc = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &kv, err, errlen);
+
+	if (rc < 0)
+		return -1;
+	if (rc > 0 || kv->arr_n == 0) {
+		seterr(err, errlen, "tokenizer.ggml.tokens: missing or empty");
+		return -1;
+	}
+	if (kv->arr_n > INT32_MAX) {
+		seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens is too many",
+		       (unsigned long long)kv->arr_n);
+		return -1;
+	}
+	t->n_vocab = (int32_t)kv->arr_n;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		uint64_t len = kv->arr_str[i].len;
+
+		if (len > UINT32_MAX - 1 || len + 1 > SIZE_MAX - total) {
+			seterr(err, errlen, "tokenizer.ggml.tokens[%d]: too long", i);
+			return -1;
+		}
+		total += (size_t)len + 1;
+	}
+	t->text_blob = malloc(total);
+	t->text_off = malloc((size_t)t->n_vocab * sizeof(*t->text_off));
+	t->text_len = malloc((size_t)t->n_vocab * sizeof(*t->text_len));
+	t->type = malloc((size_t)t->n_vocab);
+	t->scores = calloc((size_t)t->n_vocab, sizeof(*t->scores));
+	t->eog = calloc((size_t)t->n_vocab, sizeof(*t->eog));
+	if (!t->text_blob || !t->text_off || !t->text_len || !t->type || !t->scores ||
+	    !t->eog || strmap_init(&t->vocab, (size_t)t->n_vocab))
+		goto out_nomem;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		size_t len = (size_t)kv->arr_str[i].len;
+
+		memcpy(t->text_blob + off, kv->arr_str[i].ptr, len);
+		t->text_blob[off + len] = 0;
+		t->text_off[i] = off;
+		t->text_len[i] = (uint32_t)len;
+		t->type[i] = TT_NORMAL;
+		off += len + 1;
+	}
+	return 0;
+out_nomem:
+	seterr(err, errlen, "tokenizer: out of memory for %d tokens", t->n_vocab);
+	return -1;
+}
+
+static int load_types_scores(struct loom_tokenizer *t, const struct gguf_file *f,
+			     char *err, size_t errlen)
+{
+	const struct gguf_kv *kv = gguf_find(f, "tokenizer.ggml.token_type");
+	int rc;
+
+	if (kv) {
+		if (kv->type != GGUF_ARRAY || !is_int_vtype(kv->arr_type) ||
+		    kv->arr_n != (uint64_t)t->n_vocab) {
+			seterr(err, errlen, "tokenizer.ggml.token_type: expected an integer array of %d entries",
+			       t->n_vocab);
+			return -1;
+		}
+		for (int32_t i = 0; i < t->n_vocab; i++) {
+			int64_t v = arr_int(kv, (uint64_t)i);
+
+			t->type[i] = (v >= 0 && v <= TT_BYTE) ? (uint8_t)v : TT_UNDEFINED;
+		}
+	}
+	rc = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_F32, &kv, err, errlen);
+	if (rc < 0)
+		return -1;
+	if (rc == 0) {
+		if (kv->arr_n != (uint64_t)t->n_vocab) {
+			seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %d tokens",
+			       (unsigned long long)kv->arr_n, t->n_vocab);
+			return -1;
+		}
+		memcpy(t->scores, kv->arr_data, (size_t)t->n_vocab * sizeof(float));
+	}
+	return 0;
+}
+
+/* text -> id. On duplicate texts the first wins, except that a normal
+ * token replaces an earlier non-normal one. Empty texts are not mapped. */
+static void build_vocab_map(struct loom_tokenizer *t)
+{
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		struct strmap_slot *s;
+
+		if (!t->text_len[i])
+			continue;
+		s = strmap_put(&t->vocab, t->text_blob + t->text_off[i], t->text_len[i]);
+		if (s->val < 0 || (t->type[s->val] != TT_NORMAL && t->type[i] == TT_NORMAL))
+			s->val = i;
+	}
+}
+
+static int load_merges(struct loom_tokenizer *t, const struct gguf_file *f,
+		       char *err, size_t errlen)
+{
+	const struct gguf_kv *kv;
+	size_t total = 0, off = 0;
+	int rc = gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_STRING, &kv, err, errlen);
+
+	if (rc < 0)
+		return -1;
+	if (rc > 0) {
+		seterr(err, errlen, "tokenizer.ggml.merges: missing (required for gpt2)");
+		return -1;
+	}
+	if (kv->arr_n > INT32_MAX) {
+		seterr(err, errlen, "tokenizer.ggml.merges: too many entries");
+		return -1;
+	}
+	for (uint64_t i = 0; i < kv->arr_n; i++) {
+		uint64_t len = kv->arr_str[i].len;
+
+		if (len > UINT32_MAX || len > SIZE_MAX - total) {
+			seterr(err, errlen, "tokenizer.ggml.merges[%llu]: too long",
+			       (unsigned long long)i);
+			return -1;
+		}
+		total += (size_t)len;
+	}
+	t->merge_blob = malloc(total ? total : 1);
+	if (!t->merge_blob || strmap_init(&t->merges, (size_t)kv->arr_n)) {
+		seterr(err, errlen, "tokenizer: out of memory for merges");
+		return -1;
+	}
+	for (uint64_t i = 0; i < kv->arr_n; i++) {
+		size_t len = (size_t)kv->arr_str[i].len;
+		const char *sp = len > 1 ? memchr(kv->arr_str[i].ptr + 1, ' ', len - 1) : NULL;
+		struct strmap_slot *s;
+
+		if (!sp) {
+			seterr(err, errlen, "tokenizer.ggml.merges[%llu]: not of the form \"left right\"",
+			       (unsigned long long)i);
+			return -1;
+		}
+		memcpy(t->merge_blob + off, kv->arr_str[i].ptr, len);
+		s = strmap_put(&t->merges, t->merge_blob + off, (uint32_t)len);
+		if (s->val < 0)
+			s->val = (int32_t)i; /* the first (best) rank wins */
+		off += len;
+	}
+	return 0;
+}
+
+/* Optional token id key: -1 when absent or out of range (with a warning). */
+static int load_id(const struct loom_tokenizer *t, const struct gguf_file *f,
+		   const char *key, int32_t *id, char *err, size_t errlen)
+{
+	uint32_t v;
+	int rc = gguf_get_u32(f, key, &v, err, errlen);
+
+	if (rc < 0)
+		return -1;
+	if (rc > 0)
+		return 0;
+	if (v >= (uint32_t)t->n_vocab) {
+		fprintf(stderr, "loom: tokenizer: %s = %u is outside the vocabulary (%d tokens), ignored\n",
+			key, v, t->n_vocab);
+		*id = -1;
+		return 0;
+	}
+	*id = (int32_t)v;
+	return 0;
+}
+
+static int load_flag(const struct gguf_file *f, const char *key, bool *out,
+		     char *err, size_t errlen)
+{
+	return gguf_get_bool(f, key, out, err, errlen) < 0 ? -1 : 0;
+}
+
+static int load_special_ids(struct loom_tokenizer *t, const struct gguf_file *f,
+			    char *err, size_t errlen)
+{
+	t->bos = t->eos = t->unk = t->eot = t->eom = -1;
+	if (load_id(t, f, "tokenizer.ggml.bos_token_id", &t->bos, err, errlen) ||
+	    load_id(t, f, "tokenizer.ggml.eos_token_id", &t->eos, err, errlen) ||
+	    load_id(t, f, "tokenizer.ggml.unknown_token_id", &t->unk, err, errlen) ||
+	    load_id(t, f, "tokenizer.ggml.eot_token_id", &t->eot, err, errlen) ||
+	    load_id(t, f, "tokenizer.ggml.eom_token_id", &t->eom, err, errlen))
+		return -1;
+	if (t->unk < 0) {
+		for (int32_t i = 0; i < t->n_vocab && t->unk < 0; i++)
+			if (t->type[i] == TT_UNKNOWN)
+				t->unk = i;
+	}
+	if (load_flag(f, "tokenizer.ggml.add_bos_token", &t->add_bos, err, errlen) ||
+	    load_flag(f, "tokenizer.ggml.add_eos_token", &t->add_eos, err, errlen) ||
+	    load_flag(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err, errlen))
+		return -1;
+	return 0;
+}
+
+static void mark_eog(struct loom_tokenizer *t)
+{
+	static const char *const names[] = {
+		"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>", "<|end|>",
+		"<|eom_id|>", NULL
+	};
+
+	if (t->eos >= 0)
+		t->eog[t->eos] = true;
+	if (t->eot >= 0)
+		t->eog[t->eot] = true;
+	if (t->eom >= 0)
+		t->eog[t->eom] = true;
+	for (int k = 0; names[k]; k++) {
+		int32_t id = strmap_get(&t->vocab, names[k], strlen(names[k]));
+
+		if (id >= 0 && t->type[id] == TT_CONTROL)
+			t->eog[id] = true;
+	}
+}
+
+static bool is_special_type(uint8_t type)
+{
+	return type == TT_CONTROL || type == TT_USER_DEFINED || type == TT_UNKNOWN;
+}
+
+struct special_key {
+	unsigned char first;
+	uint32_t len;
+	int32_t id;
+};
+
+/* First byte ascending, then longest first, then lowest id. */
+static int cmp_special(const void *a, const void *b)
+{
+	const struct special_key *x = a, *y = b;
+
+	if (x->first != y->first)
+		return x->first < y->first ? -1 : 1;
+	if (x->len != y->len)
+		return x->len > y->len ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
+}
+
+static int index_specials(struct loom_tokenizer *t)
+{
+	struct special_key *keys;
+	size_t n = 0;
+
+	for (int32_t i = 0; i < t->n_vocab; i++)
+		if (is_special_type(t->type[i]) && t->text_len[i])
+			n++;
+	keys = malloc((n ? n : 1) * sizeof(*keys));
+	t->special = malloc((n ? n : 1) * sizeof(*t->special));
+	if (!keys || !t->special) {
+		free(keys);
+		return -1;
+	}
+	n = 0;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		if (!is_special_type(t->type[i]) || !t->text_len[i])
+			continue;
+		keys[n].first = (unsigned char)t->text_blob[t->text_off[i]];
+		keys[n].len = t->text_len[i];
+		keys[n].id = i;
+		n++;
+	}
+	qsort(keys, n, sizeof(*keys), cmp_special);
+	memset(t->special_start, 0, sizeof(t->special_start));
+	for (size_t i = 0; i < n; i++) {
+		t->special[i] = keys[i].id;
+		t->special_start[keys[i].first + 1]++;
+	}
+	for (int b = 0; b < 256; b++)
+		t->special_start[b + 1] += t->special_start[b];
+	free(keys);
+	return 0;
+}
+
+/* "<0xXX>" -> XX, or -1. */
+static int parse_byte_token(const char *s, uint32_t len)
+{
+	unsigned v = 0;
+
+	if (len != 6 || memcmp(s, "<0x", 3) || s[5] != '>')
+		return -1;
+	for (int i = 3; i < 5; i++) {
+		char c = s[i];
+
+		v <<= 4;
+		if (c >= '0' && c <= '9')
+			v |= (unsigned)(c - '0');
+		else if (c >= 'A' && c <= 'F')
+			v |= (unsigned)(c - 'A' + 10);
+		else if (c >= 'a' && c <= 'f')
+			v |= (unsigned)(c - 'a' + 10);
+		else
+			return -1;
+	}
+	return (int)v;
+}
+
+static void map_byte_tokens(struct loom_tokenizer *t)
+{
+	for (int b = 0; b < 256; b++)
+		t->byte_tok[b] = -1;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		const char *s = t->text_blob + t->text_off[i];
+		int b;
+
+		if (t->model == MODEL_SPM && t->type[i] == TT_BYTE) {
+			b = parse_byte_token(s, t->text_len[i]);
+			if (b >= 0 && t->byte_tok[b] < 0)
+				t->byte_tok[b] = i;
+		}
+	}
+	if (t->model == MODEL_BPE)
+		for (int b = 0; b < 256; b++)
+			t->byte_tok[b] = strmap_get(&t->vocab, t->b2u[b], t->b2u_len[b]);
+}
+
+/* spm: "▁" -> ' ' */
+static size_t spm_piece(const char *s, size_t n, char *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n;) {
+		if (n - i >= 3 && !memcmp(s + i, SPACE_ESC, 3)) {
+			out[k++] = ' ';
+			i += 3;
+		} else {
+			out[k++] = s[i++];
+		}
+	}
+	return k;
+}
+
+/* gpt2: mapped code points -> bytes; anything else is kept as is. */
+static size_t bpe_piece(const struct loom_tokenizer *t, const char *s, size_t n, char *out)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n;) {
+		int32_t cp;
+		size_t len = utf8_decode((const unsigned char *)s + i, n - i, &cp);
+
+		if (cp >= 0 && cp < 512 && t->u2b[cp] >= 0) {
+			out[k++] = (char)t->u2b[cp];
+		} else {
+			memcpy(out + k, s + i, len);
+			k += len;
+		}
+		i += len;
+	}
+	return k;
+}
+
+/* The bytes a token stands for when detokenized. Never longer than
+ * max(text, 3). */
+static size_t token_piece(const struct loom_tokenizer *t, int32_t id, char *out)
+{
+	const char *s = t->text_blob + t->text_off[id];
+	uint32_t n = t->text_len[id];
+	int b;
+
+	switch (t->type[id]) {
+	case TT_CONTROL:
+	case TT_UNUSED:
+		return 0;
+	case TT_USER_DEFINED:
+		memcpy(out, s, n);
+		return n;
+	case TT_UNKNOWN:
+		if (t->model == MODEL_BPE)
+			return 0;
+		memcpy(out, "\xe2\x96\x85", 3); /* U+2585, as llama.cpp prints <unk> */
+		return 3;
+	case TT_BYTE:
+		b = parse_byte_token(s, n);
+		if (t->model == MODEL_SPM && b >= 0) {
+			out[0] = (char)b;
+			return 1;
+		}
+		break;
+	default:
+		break;
+	}
+	return t->model == MODEL_SPM ? spm_piece(s, n, out) : bpe_piece(t, s, n, out);
+}
+
+static int build_pieces(struct loom_tokenizer *t)
+{
+	size_t total = 0, off = 0;
+
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		size_t n = t->text_len[i] < 3 ? 3 : t->text_len[i];
+
+		if (n > SIZE_MAX - total)
+			return -1;
+		total += n;
+	}
+	t->piece_blob = malloc(total ? total : 1);
+	t->piece_off = malloc((size_t)t->n_vocab * sizeof(*t->piece_off));
+	t->piece_len = malloc((size_t)t->n_vocab * sizeof(*t->piece_len));
+	if (!t->piece_blob || !t->piece_off || !t->piece_len)
+		return -1;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		size_t n = token_piece(t, i, t->piece_blob + off);
+
+		t->piece_off[i] = off;
+		t->piece_len[i] = (uint32_t)n;
+		off += n;
+	}
+	return 0;
+}
+
+static int setup_bpe(struct loom_tokenizer *t, const struct gguf_file *f,
+		     char *err, size_t errlen)
+{
+	const struct pre_family *fam;
+	char *pre = NULL;
+	int rc = gguf_get_str(f, "tokenizer.ggml.pre", &pre, err, errlen);
+
+	if (rc < 0)
+		return -1;
+	fam = pre_find(rc == 0 ? pre : "default");
+	if (!fam) {
+		fprintf(stderr, "loom: tokenizer: unknown tokenizer.ggml.pre '%s', using the default pre-tokenizer\n",
+			pre);
+		fam = pre_find("default");
+	}
+	free(pre);
+	t->ignore_merges = fam->ignore_merges;
+	t->add_bos = fam->add_bos;
+	if (load_merges(t, f, err, errlen))
+		return -1;
+	return compile_regexes(t, fam->re, err, errlen);
+}
+
+static int setup_model(struct loom_tokenizer *t, const struct gguf_file *f,
+		       char *err, size_t errlen)
+{
+	char *model = NULL;
+	int rc = gguf_get_str(f, "tokenizer.ggml.model", &model, err, errlen);
+
+	if (rc < 0)
+		return -1;
+	if (rc > 0) {
+		seterr(err, errlen, "tokenizer.ggml.model: missing");
+		return -1;
+	}
+	if (!strcmp(model, "llama")) {
+		t->model = MODEL_SPM;
+	} else if (!strcmp(model, "gpt2")) {
+		t->model = MODEL_BPE;
+	} else {
+		seterr(err, errlen, "tokenizer.ggml.model: '%s' is not supported (llama, gpt2)",
+		       model);
+		free(model);
+		return -1;
+	}
+	free(model);
+	return 0;
+}
+
+/* spm files written without the id keys use <s> and </s>. */
+static void spm_default_ids(struct loom_tokenizer *t, const struct gguf_file *f)
+{
+	if (!gguf_find(f, "tokenizer.ggml.bos_token_id"))
+		t->bos = strmap_get(&t->vocab, "<s>", 3);
+	if (!gguf_find(f, "tokenizer.ggml.eos_token_id"))
+		t->eos = strmap_get(&t->vocab, "</s>", 4);
+}
+
+struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
+						char *err, size_t errlen)
+{
+	struct loom_tokenizer *t;
+
+	if (!f) {
+		seterr(err, errlen, "tokenizer: no GGUF file");
+		return NULL;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t) {
+		seterr(err, errlen, "tokenizer: out of memory");
+		return NULL;
+	}
+	init_byte_map(t);
+	if (setup_model(t, f, err, errlen) || load_texts(t, f, err, errlen) ||
+	    load_types_scores(t, f, err, errlen))
+		goto out_free;
+	build_vocab_map(t);
+	if (t->model == MODEL_SPM) {
+		t->add_bos = true;
+		t->add_space_prefix = true;
+	} else if (setup_bpe(t, f, err, errlen)) {
+		goto out_free;
+	}
+	if (load_special_ids(t, f, err, errlen))
+		goto out_free;
+	if (t->model == MODEL_SPM)
+		spm_default_ids(t, f);
+	map_byte_tokens(t);
+	mark_eog(t);
+	if (build_pieces(t) || index_specials(t)) {
+		seterr(err, errlen, "tokenizer: out of memory");
+		goto out_free;
+	}
+	return t;
+out_free:
+	loom_tokenizer_free(t);
+	return NULL;
+}

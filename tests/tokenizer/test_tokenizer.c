@@ -1,0 +1,606 @@
+/* test_tokenizer.c: core/tokenizer.c against independent references.
+ *
+ * usage: test_tokenizer vectors
+ *        test_tokenizer model PYTHON3 vocab_ids.py
+ *
+ * vectors: every *.gguf under $LOOM_SHARED_DIR/data/tokenizer with its .inp
+ * (inputs, each followed by "\n__ggml_vocab_test__\n") and .out (one line
+ * of ids per input, produced by the reference HF tokenizers: no BOS,
+ * special-token text not parsed). Also round trips, streaming UTF-8 and
+ * special-token handling on those vocabularies.
+ * model: the real model ($LOOM_MODEL, gpt2 model with smollm pre); the ids
+ * of <|im_start|> / <|im_end|> come from the gguf Python package.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "gguf.h"
+#include "tokenizer.h"
+
+#define SEP "\n__ggml_vocab_test__\n"
+#define MAX_IDS 4096
+
+static char *data_dir;     /* $LOOM_SHARED_DIR/data/tokenizer */
+static const char *model_path;
+static const char *python3, *ids_script;
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static char *read_all(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET))
+		goto out;
+	buf = malloc((size_t)n + 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		buf = NULL;
+		goto out;
+	}
+	if (buf) {
+		buf[n] = 0;
+		*len = (size_t)n;
+	}
+out:
+	fclose(f);
+	return buf;
+}
+
+/* Printable form of s for failure messages (static buffer). */
+static const char *esc(const char *s, size_t n)
+{
+	static char out[4096];
+	size_t k = 0;
+
+	for (size_t i = 0; i < n && k + 8 < sizeof(out); i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (c == '\n')
+			k += (size_t)sprintf(out + k, "\\n");
+		else if (c == '\t')
+			k += (size_t)sprintf(out + k, "\\t");
+		else if (c < 0x20 || c == 0x7f)
+			k += (size_t)sprintf(out + k, "\\x%02x", c);
+		else
+			out[k++] = (char)c;
+	}
+	out[k] = 0;
+	return out;
+}
+
+static void ids_str(const int32_t *ids, int64_t n, char *out, size_t cap)
+{
+	size_t k = 0;
+
+	out[0] = 0;
+	for (int64_t i = 0; i < n && k + 16 < cap; i++)
+		k += (size_t)snprintf(out + k, cap - k, " %d", ids[i]);
+}
+
+static struct loom_tokenizer *open_tok(const char *path)
+{
+	char err[256] = "";
+	struct gguf_file *f = gguf_open(path, err, sizeof(err));
+	struct loom_tokenizer *t;
+
+	ck_assert_msg(f != NULL, "gguf_open %s: %s", path, err);
+	t = loom_tokenizer_from_gguf(f, err, sizeof(err));
+	ck_assert_msg(t != NULL, "tokenizer from %s: %s", path, err);
+	gguf_close(f);
+	return t;
+}
+
+static int64_t tok(const struct loom_tokenizer *t, const char *s, size_t n, bool add,
+		   bool special, int32_t *ids)
+{
+	int64_t r = loom_tokenize(t, s, n, add, special, ids, MAX_IDS);
+
+	ck_assert_msg(r >= 0 && r <= MAX_IDS, "tokenize '%s' returned %lld", esc(s, n),
+		      (long long)r);
+	return r;
+}
+
+/* Streaming detokenization of ids; also checks that no chunk ends inside a
+ * UTF-8 sequence when the whole text is valid UTF-8. */
+static size_t detok_all(const struct loom_tokenizer *t, const int32_t *ids, int64_t n,
+			char *out, size_t cap)
+{
+	struct loom_detok st = { .n_pending = 0, .first = true };
+	size_t k = 0;
+
+	for (int64_t i = 0; i < n; i++) {
+		int r = loom_detokenize(t, &st, ids[i], out + k, cap - k);
+
+		ck_assert_msg(r >= 0, "detokenize id %d failed", ids[i]);
+		ck_assert_uint_eq(strlen(out + k), (size_t)r);
+		k += (size_t)r;
+	}
+	return k;
+}
+
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		size_t len = s[i] < 0x80 ? 1 : s[i] < 0xc2 ? 0 : s[i] < 0xe0 ? 2 :
+			     s[i] < 0xf0 ? 3 : s[i] < 0xf5 ? 4 : 0;
+
+		if (!len || len > n - i)
+			return false;
+		for (size_t j = 1; j < len; j++)
+			if ((s[i + j] & 0xc0) != 0x80)
+				return false;
+		i += len;
+	}
+	return true;
+}
+
+/* Parses " 1 2 3" into ids. */
+static int64_t parse_ids(const char *line, size_t n, int32_t *ids)
+{
+	int64_t k = 0;
+	size_t i = 0;
+
+	while (i < n) {
+		while (i < n && line[i] == ' ')
+			i++;
+		if (i == n)
+			break;
+		ck_assert_msg(line[i] >= '0' && line[i] <= '9', "bad .out line '%s'",
+			      esc(line, n));
+		long v = 0;
+		while (i < n && line[i] >= '0' && line[i] <= '9')
+			v = v * 10 + (line[i++] - '0');
+		ck_assert_int_lt(k, MAX_IDS);
+		ids[k++] = (int32_t)v;
+	}
+	return k;
+}
+
+/* ---- the shared vectors ------------------------------------------------ */
+
+struct vcase {
+	const char *in;
+	size_t in_len;
+	const char *out;
+	size_t out_len;
+};
+
+struct vfile {
+	char *inp, *outp;
+	struct vcase c[256];
+	int n;
+};
+
+/* Splits .inp on SEP (every input is followed by one, nothing after the
+ * last) and .out on newlines (one line per input). */
+static void load_vectors(const char *gguf_path, struct vfile *v)
+{
+	char path[4096];
+	size_t ni, no;
+	const char *p, *end;
+	int k;
+
+	snprintf(path, sizeof(path), "%s.inp", gguf_path);
+	v->inp = read_all(path, &ni);
+	ck_assert_msg(v->inp != NULL, "cannot read %s", path);
+	snprintf(path, sizeof(path), "%s.out", gguf_path);
+	v->outp = read_all(path, &no);
+	ck_assert_msg(v->outp != NULL, "cannot read %s", path);
+	v->n = 0;
+	p = v->inp;
+	end = v->inp + ni;
+	while (p < end) {
+		const char *s = memmem(p, (size_t)(end - p), SEP, strlen(SEP));
+
+		ck_assert_msg(s != NULL, "%s.inp: text after the last separator", gguf_path);
+		ck_assert_int_lt(v->n, 256);
+		v->c[v->n].in = p;
+		v->c[v->n].in_len = (size_t)(s - p);
+		v->n++;
+		p = s + strlen(SEP);
+	}
+	p = v->outp;
+	end = v->outp + no;
+	for (k = 0; p < end; k++) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+
+		ck_assert_msg(nl != NULL, "%s.out: last line lacks a newline", gguf_path);
+		ck_assert_msg(k < v->n, "%s.out: more lines than inputs", gguf_path);
+		v->c[k].out = p;
+		v->c[k].out_len = (size_t)(nl - p);
+		p = nl + 1;
+	}
+	ck_assert_msg(k == v->n, "%s: %d inputs but %d output lines", gguf_path, v->n, k);
+}
+
+static void free_vectors(struct vfile *v)
+{
+	free(v->inp);
+	free(v->outp);
+}
+
+/* Calls fn for every *.gguf in the data dir; returns how many. */
+static int for_each_vocab(void (*fn)(const char *path))
+{
+	DIR *d = opendir(data_dir);
+	struct dirent *e;
+	int n = 0;
+
+	ck_assert_msg(d != NULL, "cannot open %s", data_dir);
+	while ((e = readdir(d))) {
+		size_t l = strlen(e->d_name);
+		char path[4096];
+
+		if (l < 5 || strcmp(e->d_name + l - 5, ".gguf"))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", data_dir, e->d_name);
+		fn(path);
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static void check_vectors(const char *path)
+{
+	static int32_t got[MAX_IDS], want[MAX_IDS];
+	struct loom_tokenizer *t = open_tok(path);
+	struct vfile v;
+
+	load_vectors(path, &v);
+	for (int i = 0; i < v.n; i++) {
+		int64_t ng = tok(t, v.c[i].in, v.c[i].in_len, false, false, got);
+		int64_t nw = parse_ids(v.c[i].out, v.c[i].out_len, want);
+		char sw[8192], sg[8192];
+
+		if (ng == nw && !memcmp(got, want, (size_t)ng * sizeof(*got)))
+			continue;
+		ids_str(want, nw, sw, sizeof(sw));
+		ids_str(got, ng, sg, sizeof(sg));
+		ck_abort_msg("%s: input %d '%s'\n expected:%s\n got:     %s", path, i,
+			     esc(v.c[i].in, v.c[i].in_len), sw, sg);
+	}
+	fprintf(stderr, "%s: %d vectors match\n", path, v.n);
+	free_vectors(&v);
+	loom_tokenizer_free(t);
+}
+
+START_TEST(test_vectors)
+{
+	ck_assert_int_gt(for_each_vocab(check_vectors), 0);
+}
+END_TEST
+
+/* detokenize(tokenize(x)) == x for every input; all current vocabularies
+ * represent any byte string (spm: <0xXX> byte fallback, gpt2: byte level),
+ * so there are no exceptions. Every streamed chunk must be valid UTF-8. */
+static void check_roundtrip(const char *path)
+{
+	static int32_t ids[MAX_IDS];
+	static char out[1 << 16];
+	struct loom_tokenizer *t = open_tok(path);
+	struct vfile v;
+
+	load_vectors(path, &v);
+	for (int i = 0; i < v.n; i++) {
+		int64_t n = tok(t, v.c[i].in, v.c[i].in_len, false, false, ids);
+		struct loom_detok st = { .n_pending = 0, .first = true };
+		size_t k = 0;
+
+		for (int64_t j = 0; j < n; j++) {
+			int r = loom_detokenize(t, &st, ids[j], out + k, sizeof(out) - k);
+
+			ck_assert_int_ge(r, 0);
+			ck_assert_msg(valid_utf8((unsigned char *)out + k, (size_t)r),
+				      "%s: input %d: chunk %lld is not complete UTF-8", path, i,
+				      (long long)j);
+			k += (size_t)r;
+		}
+		ck_assert_int_eq(st.n_pending, 0);
+		ck_assert_msg(k == v.c[i].in_len && !memcmp(out, v.c[i].in, k),
+			      "%s: round trip of input %d '%s' gave '%s'", path, i,
+			      esc(v.c[i].in, v.c[i].in_len), esc(out, k));
+	}
+	free_vectors(&v);
+	loom_tokenizer_free(t);
+}
+
+START_TEST(test_roundtrip)
+{
+	ck_assert_int_gt(for_each_vocab(check_roundtrip), 0);
+}
+END_TEST
+
+static char *vocab_path(const char *name)
+{
+	static char path[4096];
+	struct stat sb;
+
+	snprintf(path, sizeof(path), "%s/%s", data_dir, name);
+	ck_assert_msg(stat(path, &sb) == 0, "missing %s", path);
+	return path;
+}
+
+/* Id of the token whose stored text is s (a plain scan of the vocabulary,
+ * independent of the tokenizing code). */
+static int32_t find_text(const struct loom_tokenizer *t, const char *s)
+{
+	for (int32_t i = 0; i < loom_tokenizer_n_vocab(t); i++)
+		if (!strcmp(loom_token_text(t, i), s))
+			return i;
+	ck_abort_msg("no token with text '%s'", s);
+	return -1;
+}
+
+/* Streaming: a 4-byte character delivered as four spm byte tokens and a
+ * 2-byte one as two gpt2 byte-level tokens come out only when complete. */
+START_TEST(test_stream_utf8)
+{
+	struct loom_tokenizer *t = open_tok(vocab_path("ggml-vocab-llama-spm.gguf"));
+	static const char *bytes[] = { "<0xF0>", "<0x9F>", "<0xA6>", "<0x99>" };
+	struct loom_detok st = { .n_pending = 0, .first = true };
+	char out[64];
+
+	/* "▁Hi" first: the leading space of the first piece is dropped. */
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "\xe2\x96\x81Hi"), out, sizeof(out)), 2);
+	ck_assert_str_eq(out, "Hi");
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, bytes[i]), out, sizeof(out)), 0);
+		ck_assert_str_eq(out, "");
+		ck_assert_int_eq(st.n_pending, i + 1);
+	}
+	/* Too small a buffer fails and leaves the state alone. */
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, bytes[3]), out, 4), -1);
+	ck_assert_int_eq(st.n_pending, 3);
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, bytes[3]), out, sizeof(out)), 4);
+	ck_assert_str_eq(out, "\xf0\x9f\xa6\x99");
+	ck_assert_int_eq(st.n_pending, 0);
+	/* Later pieces keep their space; control tokens give nothing. */
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "\xe2\x96\x81Hi"), out, sizeof(out)), 3);
+	ck_assert_str_eq(out, " Hi");
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "</s>"), out, sizeof(out)), 0);
+	ck_assert_int_eq(loom_detokenize(t, &st, -1, out, sizeof(out)), -1);
+	ck_assert_int_eq(loom_detokenize(t, &st, loom_tokenizer_n_vocab(t), out, sizeof(out)), -1);
+	loom_tokenizer_free(t);
+
+	/* gpt2: bytes_to_unicode maps 0xC3 to U+00C3 and 0xA9 to U+00A9. */
+	t = open_tok(vocab_path("ggml-vocab-gpt-2.gguf"));
+	st = (struct loom_detok){ .n_pending = 0, .first = true };
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "\xc3\x83"), out, sizeof(out)), 0);
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "\xc2\xa9"), out, sizeof(out)), 2);
+	ck_assert_str_eq(out, "\xc3\xa9");
+	/* gpt2 keeps a first leading space ("Ġ" is U+0120, byte 0x20). */
+	st.first = true;
+	ck_assert_int_eq(loom_detokenize(t, &st, find_text(t, "\xc4\xa0the"), out, sizeof(out)), 4);
+	ck_assert_str_eq(out, " the");
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_special_and_flags)
+{
+	struct loom_tokenizer *t = open_tok(vocab_path("ggml-vocab-gpt-2.gguf"));
+	static int32_t ids[MAX_IDS];
+	const char *s = "a<|endoftext|>b";
+	int32_t eot = find_text(t, "<|endoftext|>");
+	int64_t n;
+
+	/* parse_special: the control token is one id, text around it normal. */
+	n = tok(t, s, strlen(s), false, true, ids);
+	ck_assert_int_eq(n, 3);
+	ck_assert_int_eq(ids[0], find_text(t, "a"));
+	ck_assert_int_eq(ids[1], eot);
+	ck_assert_int_eq(ids[2], find_text(t, "b"));
+	n = tok(t, s, strlen(s), false, false, ids);
+	ck_assert_int_gt(n, 3);
+	for (int64_t i = 0; i < n; i++)
+		ck_assert_int_ne(ids[i], eot);
+	/* gpt2 file has no add_bos_token: no BOS even with add_special. */
+	ck_assert_int_eq(tok(t, "a", 1, true, false, ids), 1);
+	ck_assert(loom_tokenizer_is_eog(t, eot));
+	ck_assert(!loom_tokenizer_is_eog(t, ids[0]));
+	/* Too small an output buffer: the needed count, first ids written. */
+	int32_t small[2] = { -7, -7 };
+	ck_assert_int_eq(loom_tokenize(t, "Hello world again", 17, false, false, small, 1), 3);
+	ck_assert_int_eq(small[0], find_text(t, "Hello"));
+	ck_assert_int_eq(small[1], -7);
+	ck_assert_int_eq(loom_tokenize(t, NULL, 3, false, false, ids, MAX_IDS), -1);
+	ck_assert_int_eq(loom_tokenize(t, "", 0, false, false, NULL, 0), 0);
+	loom_tokenizer_free(t);
+
+	/* spm: add_bos_token true, BOS id 1 in the file; EOS </s> is eog. */
+	t = open_tok(vocab_path("ggml-vocab-llama-spm.gguf"));
+	ck_assert_int_eq(loom_tokenizer_bos(t), find_text(t, "<s>"));
+	ck_assert_int_eq(loom_tokenizer_eos(t), find_text(t, "</s>"));
+	n = tok(t, "Hello", 5, true, false, ids);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(ids[0], loom_tokenizer_bos(t));
+	ck_assert_int_eq(ids[1], find_text(t, "\xe2\x96\x81Hello"));
+	ck_assert(loom_tokenizer_is_eog(t, loom_tokenizer_eos(t)));
+	/* After a special token the text gets the space prefix again. */
+	s = "<s>Hello";
+	n = tok(t, s, strlen(s), false, true, ids);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(ids[0], find_text(t, "<s>"));
+	ck_assert_int_eq(ids[1], find_text(t, "\xe2\x96\x81Hello"));
+	/* Invalid UTF-8 goes through byte fallback and comes back intact. */
+	static char out[256];
+	const char *bad = "x\xff\xc3(";
+	n = tok(t, bad, 4, false, false, ids);
+	ck_assert_uint_eq(detok_all(t, ids, n, out, sizeof(out)), 4);
+	ck_assert_mem_eq(out, bad, 4);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+/* ---- the real model ---------------------------------------------------- */
+
+/* Ids of texts looked up by vocab_ids.py (gguf package). */
+static void python_ids(const char *const *texts, int n, int32_t *ids, int32_t *types)
+{
+	char cmd[8192];
+	size_t k;
+	FILE *p;
+
+	k = (size_t)snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s'", python3, ids_script,
+			     model_path);
+	for (int i = 0; i < n; i++)
+		k += (size_t)snprintf(cmd + k, sizeof(cmd) - k, " '%s'", texts[i]);
+	p = popen(cmd, "r");
+	ck_assert_msg(p != NULL, "cannot run %s", cmd);
+	for (int i = 0; i < n; i++)
+		ck_assert_msg(fscanf(p, "%d %d", &ids[i], &types[i]) == 2,
+			      "vocab_ids.py gave no answer for '%s'", texts[i]);
+	ck_assert_int_eq(pclose(p), 0);
+}
+
+START_TEST(test_model_special)
+{
+	static const char *const texts[] = { "<|im_start|>", "<|im_end|>", "<|endoftext|>" };
+	struct loom_tokenizer *t = open_tok(model_path);
+	static int32_t ids[MAX_IDS];
+	static char out[256];
+	const char *s = "<|im_start|>user\nHi<|im_end|>";
+	int32_t want[3], types[3];
+	int64_t n;
+
+	python_ids(texts, 3, want, types);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_ge(want[i], 0);
+		ck_assert_int_eq(types[i], 3); /* CONTROL */
+	}
+	/* add_special: the file says add_bos_token = false. */
+	n = tok(t, s, strlen(s), true, true, ids);
+	ck_assert_int_ge(n, 3);
+	ck_assert_int_eq(ids[0], want[0]);
+	ck_assert_int_eq(ids[n - 1], want[1]);
+	for (int64_t i = 1; i < n - 1; i++)
+		ck_assert(ids[i] != want[0] && ids[i] != want[1]);
+	ck_assert_uint_eq(detok_all(t, ids + 1, n - 2, out, sizeof(out)), 7);
+	ck_assert_str_eq(out, "user\nHi");
+	/* Control tokens detokenize to nothing. */
+	ck_assert_uint_eq(detok_all(t, ids, n, out, sizeof(out)), 7);
+	/* Without parse_special the markers are plain text. */
+	n = tok(t, s, strlen(s), false, false, ids);
+	for (int64_t i = 0; i < n; i++)
+		ck_assert(ids[i] != want[0] && ids[i] != want[1]);
+	ck_assert_uint_eq(detok_all(t, ids, n, out, sizeof(out)), strlen(s));
+	ck_assert_str_eq(out, s);
+	/* End of generation: <|im_end|> and <|endoftext|>, not <|im_start|>. */
+	ck_assert(loom_tokenizer_is_eog(t, want[1]));
+	ck_assert(loom_tokenizer_is_eog(t, want[2]));
+	ck_assert(!loom_tokenizer_is_eog(t, want[0]));
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* 10 KB of prose and 10 KB with no pre-token boundary, on the 49k vocab. */
+START_TEST(test_model_speed)
+{
+	struct loom_tokenizer *t = open_tok(model_path);
+	static const char *words[] = { "the ", "quick ", "brown ", "fox ", "jumps ", "over ",
+				       "lazy ", "dogs, ", "and ", "42 ", "\xc3\xa9t\xc3\xa9 ", "\n" };
+	static char text[10240 + 16], out[1 << 15];
+	static int32_t ids[1 << 14];
+	size_t len = 0;
+	double t0;
+	int64_t n;
+
+	for (int i = 0; len < 10240; i++) {
+		const char *w = words[(i * 7) % 12];
+
+		memcpy(text + len, w, strlen(w));
+		len += strlen(w);
+	}
+	t0 = now();
+	n = loom_tokenize(t, text, len, false, false, ids, 1 << 14);
+	double dt = now() - t0;
+	ck_assert_int_gt(n, 0);
+	ck_assert_uint_eq(detok_all(t, ids, n, out, sizeof(out)), len);
+	ck_assert_mem_eq(out, text, len);
+	fprintf(stderr, "10 KB prose: %lld tokens in %.2f ms\n", (long long)n, dt * 1e3);
+	ck_assert_msg(dt < 0.5, "tokenizing 10 KB took %.3f s", dt);
+
+	memset(text, 'a', 10240);
+	t0 = now();
+	n = loom_tokenize(t, text, 10240, false, false, ids, 1 << 14);
+	dt = now() - t0;
+	ck_assert_int_gt(n, 0);
+	fprintf(stderr, "10 KB one word: %lld tokens in %.2f ms\n", (long long)n, dt * 1e3);
+	ck_assert_msg(dt < 0.5, "tokenizing a 10 KB word took %.3f s", dt);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+/* ---- main -------------------------------------------------------------- */
+
+static bool exists(const char *path)
+{
+	struct stat sb;
+
+	return path && stat(path, &sb) == 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "vectors";
+	const char *shared = getenv("LOOM_SHARED_DIR");
+	Suite *s = suite_create("tokenizer");
+	TCase *tc = tcase_create(mode);
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 60);
+	if (!strcmp(mode, "model")) {
+		model_path = getenv("LOOM_MODEL");
+		if (!exists(model_path)) {
+			printf("model not found (LOOM_MODEL=%s), skipping\n",
+			       model_path ? model_path : "unset");
+			return 77;
+		}
+		if (argc < 4) {
+			fprintf(stderr, "usage: %s model PYTHON3 vocab_ids.py\n", argv[0]);
+			return 2;
+		}
+		python3 = argv[2];
+		ids_script = argv[3];
+		tcase_add_test(tc, test_model_special);
+		tcase_add_test(tc, test_model_speed);
+	} else {
+		if (!shared || asprintf(&data_dir, "%s/data/tokenizer", shared) < 0 ||
+		    !exists(data_dir)) {
+			printf("shared tokenizer data not found (LOOM_SHARED_DIR=%s), skipping\n",
+			       shared ? shared : "unset");
+			return 77;
+		}
+		tcase_add_test(tc, test_vectors);
+		tcase_add_test(tc, test_roundtrip);
+		tcase_add_test(tc, test_stream_utf8);
+		tcase_add_test(tc, test_special_and_flags);
+	}
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	free(data_dir);
+	return failed ? 1 : 0;
+}
