@@ -24,7 +24,7 @@ struct want_format {
 struct want_plugin {
 	const char *file, *family;
 	uint32_t n;
-	struct want_format f[3];
+	struct want_format f[5];
 };
 
 /* Type ids and block sizes as GGUF defines them (ggml_type, GGML_QUANT_SIZES). */
@@ -34,6 +34,9 @@ static const struct want_plugin want[] = {
 	{ "q8", "q8", 1, { { "q8_0", 8, 32, 34 } } },
 	{ "q4", "q4", 2, { { "q4_0", 2, 32, 18 }, { "q4_1", 3, 32, 20 } } },
 	{ "q5", "q5", 2, { { "q5_0", 6, 32, 22 }, { "q5_1", 7, 32, 24 } } },
+	{ "kquant", "kquant", 5, { { "q2_K", 10, 256, 84 }, { "q3_K", 11, 256, 110 },
+				   { "q4_K", 12, 256, 144 }, { "q5_K", 13, 256, 176 },
+				   { "q6_K", 14, 256, 210 } } },
 };
 
 #define N_WANT (sizeof(want) / sizeof(want[0]))
@@ -146,10 +149,11 @@ END_TEST
 START_TEST(test_bad_args)
 {
 	static const char *const names[] = { "f32", "f16", "bf16", "q8_0", "q4_0",
-					      "q4_1", "q5_0", "q5_1" };
+					      "q4_1", "q5_0", "q5_1", "q2_K", "q3_K",
+					      "q4_K", "q5_K", "q6_K" };
 	const struct loom_quant_format *f = fmt(names[_i]);
-	uint8_t blk[64 * 4];
-	float x[64] = { 0 };
+	uint8_t blk[256 * 4];
+	float x[256] = { 0 };
 
 	ck_assert_int_eq(f->to_float(blk, x, -32), LOOM_ERR_INVALID);
 	ck_assert_int_eq(f->from_float(x, blk, -32), LOOM_ERR_INVALID);
@@ -159,8 +163,10 @@ START_TEST(test_bad_args)
 	ck_assert_int_eq(f->from_float(x, blk, 0), LOOM_OK);
 	ck_assert_int_eq(f->to_float(blk, x, INT64_MAX - 31), LOOM_ERR_INVALID);
 	if (f->block_elems > 1) {
-		ck_assert_int_eq(f->to_float(blk, x, 33), LOOM_ERR_INVALID);
-		ck_assert_int_eq(f->from_float(x, blk, 31), LOOM_ERR_INVALID);
+		ck_assert_int_eq(f->to_float(blk, x, f->block_elems + 1),
+				 LOOM_ERR_INVALID);
+		ck_assert_int_eq(f->from_float(x, blk, f->block_elems - 1),
+				 LOOM_ERR_INVALID);
 	}
 }
 END_TEST
@@ -507,6 +513,118 @@ START_TEST(test_nonfinite_input)
 }
 END_TEST
 
+/*
+ * k-quant from_float (the simple scheme documented in kquant.c) round-trip
+ * bounds, per super-block of 256 split in groups of G. With u = 2^-11 and
+ * a slack s = 2^-18 * max|x| for float rounding:
+ *
+ *   scale-and-min (q2_K: G 16, L 3 levels, 4-bit scales, S = 15;
+ *                  q4_K: G 32, L 15, S = 63; q5_K: G 32, L 31, S = 63):
+ *     lo = min(0, min x), range = max x - lo per group; M = max(-lo) and
+ *     R = max(range) over the super-block. The min grid adds at most one
+ *     dmin = M/S to a group's span, the scale grid one d <= (R + M/S)/(L S),
+ *     so a step is at most (range + M/S)/L + d, and err <= step/2 * (1 + 8u).
+ *   signed scale (q3_K: G 16, L 4, S = 31; q6_K: G 16, L 32, S = 127):
+ *     a = max|x| of the group, A = max a; step <= a/L + A/(L S); err <=
+ *     step/2 * (1 + 8u), or step * (1 + 8u) for values of sign opposite
+ *     to the group's extreme with |x| > (L - 1/2) a / L (clipped to L - 1).
+ */
+struct k_case {
+	const char *name;
+	int group, levels, smax, sign;
+};
+
+static const struct k_case k_cases[] = {
+	{ "q2_K", 16, 3, 15, 0 },  { "q3_K", 16, 4, 31, 1 },
+	{ "q4_K", 32, 15, 63, 0 }, { "q5_K", 32, 31, 63, 0 },
+	{ "q6_K", 16, 32, 127, 1 },
+};
+
+static void k_check(const struct k_case *c, const float *x, const float *y)
+{
+	int ng = 256 / c->group;
+	double lo[16], hi[16], a[16], mx[16], M = 0, R = 0, A = 0, all = 0;
+	const double slack = 1 + 8 * 0x1p-11;
+
+	for (int g = 0; g < ng; g++) {
+		lo[g] = 0;
+		hi[g] = -INFINITY;
+		a[g] = mx[g] = 0;
+		for (int j = g * c->group; j < (g + 1) * c->group; j++) {
+			lo[g] = fmin(lo[g], x[j]);
+			hi[g] = fmax(hi[g], x[j]);
+			if (fabs(x[j]) > a[g]) {
+				a[g] = fabs(x[j]);
+				mx[g] = x[j];
+			}
+		}
+		M = fmax(M, -lo[g]);
+		R = fmax(R, hi[g] - lo[g]);
+		A = fmax(A, a[g]);
+	}
+	all = A;
+	for (int e = 0; e < 256; e++) {
+		int g = e / c->group;
+		double err = fabs((double)x[e] - y[e]), step, bound;
+
+		if (!c->sign) {
+			step = (hi[g] - lo[g] + M / c->smax) / c->levels +
+			       (R + M / c->smax) / ((double)c->levels * c->smax);
+			bound = step / 2;
+		} else {
+			step = a[g] / c->levels + A / ((double)c->levels * c->smax);
+			bound = (x[e] * mx[g] < 0 &&
+				 fabs(x[e]) > (c->levels - 0.5) * a[g] / c->levels) ?
+					step : step / 2;
+		}
+		bound = bound * slack + 0x1p-18 * all;
+		ck_assert_msg(err <= bound, "%s: element %d x=%a y=%a err %g > bound %g",
+			      c->name, e, x[e], y[e], err, bound);
+	}
+}
+
+START_TEST(test_k_round_trip)
+{
+	const struct k_case *c = &k_cases[_i];
+	const struct loom_quant_format *f = fmt(c->name);
+	enum { NS = 64 };
+	static float x[NS * 256], y[NS * 256];
+	static uint8_t b[NS * 210];
+
+	for (int k = 0; k < NS * 8; k++)
+		fill_block(x + 32 * k, k % 8 < 5 ? k % 8 : 0);
+	/* Whole super-blocks too: all positive, all negative, all zero. */
+	for (int j = 0; j < 256; j++) {
+		x[256 * 5 + j] = fabsf(x[256 * 5 + j]) + 1.0f;
+		x[256 * 6 + j] = -fabsf(x[256 * 6 + j]);
+		x[256 * 7 + j] = 0.0f;
+	}
+	ck_assert_int_eq(f->from_float(x, b, NS * 256), LOOM_OK);
+	ck_assert_int_eq(f->to_float(b, y, NS * 256), LOOM_OK);
+	for (int k = 0; k < NS; k++)
+		k_check(c, x + 256 * k, y + 256 * k);
+	for (int j = 0; j < 256; j++)
+		ck_assert(y[256 * 7 + j] == 0.0f);
+}
+END_TEST
+
+START_TEST(test_k_nonfinite)
+{
+	const struct loom_quant_format *f = fmt(k_cases[_i].name);
+	float x[512], y[512];
+	uint8_t b[2 * 210];
+
+	for (int j = 0; j < 512; j++)
+		x[j] = rnd();
+	x[3] = NAN;
+	x[300] = INFINITY;
+	x[301] = -INFINITY;
+	x[400] = FLT_MAX;
+	ck_assert_int_eq(f->from_float(x, b, 512), LOOM_OK);
+	ck_assert_int_eq(f->to_float(b, y, 512), LOOM_OK);
+}
+END_TEST
+
 static Suite *quant_suite(void)
 {
 	Suite *s = suite_create("quant");
@@ -514,7 +632,7 @@ static Suite *quant_suite(void)
 
 	tcase_add_loop_test(tc, test_descriptors, 0, N_WANT);
 	tcase_add_loop_test(tc, test_hidden_symbols, 0, N_WANT);
-	tcase_add_loop_test(tc, test_bad_args, 0, 8);
+	tcase_add_loop_test(tc, test_bad_args, 0, 13);
 	tcase_add_test(tc, test_f16_cases);
 	tcase_add_test(tc, test_f16_exhaustive);
 	tcase_add_test(tc, test_bf16);
@@ -525,6 +643,10 @@ static Suite *quant_suite(void)
 			    sizeof(rt_cases) / sizeof(rt_cases[0]));
 	tcase_add_loop_test(tc, test_nonfinite_input, 0,
 			    sizeof(rt_cases) / sizeof(rt_cases[0]));
+	tcase_add_loop_test(tc, test_k_round_trip, 0,
+			    sizeof(k_cases) / sizeof(k_cases[0]));
+	tcase_add_loop_test(tc, test_k_nonfinite, 0,
+			    sizeof(k_cases) / sizeof(k_cases[0]));
 	suite_add_tcase(s, tc);
 	return s;
 }
