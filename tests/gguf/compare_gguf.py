@@ -33,7 +33,7 @@ def fail(msg):
 
 def dump(exe, arg):
     out = subprocess.run([exe, arg], check=True, capture_output=True).stdout
-    return [line.split(b"\t") for line in out.decode("ascii").encode().splitlines()]
+    return [line.split(b"\t") for line in out.splitlines()]
 
 
 def unhex(s):

@@ -1160,11 +1160,14 @@ static int run_real(void)
 
 	snprintf(vocab_dir, sizeof(vocab_dir), "%s/data/tokenizer", shared ? shared : "");
 	have_vocab = shared && stat(vocab_dir, &st) == 0;
+	/* One line saying what is missing. */
 	if (!model_path())
-		printf("model not found (LOOM_MODEL=%s); skipping model checks\n",
-		       getenv("LOOM_MODEL") ? getenv("LOOM_MODEL") : "");
-	if (!have_vocab)
-		printf("shared data not found (%s)\n", vocab_dir);
+		printf("model not found (LOOM_MODEL=%s)%s%s\n",
+		       getenv("LOOM_MODEL") ? getenv("LOOM_MODEL") : "",
+		       have_vocab ? "" : " and shared data not found in ",
+		       have_vocab ? "" : vocab_dir);
+	else if (!have_vocab)
+		printf("shared data not found in '%s'\n", vocab_dir);
 	if (!model_path() && !have_vocab)
 		return 77;
 	s = suite_create("gguf_real");
