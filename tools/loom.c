@@ -207,11 +207,17 @@ static int32_t *tokenize_all(const struct loom_tokenizer *tok, const char *text,
 
 static int cmd_info(int argc, char **argv, char *err)
 {
+	char why[ERRLEN - 256];
+
 	if (argc < 3) {
 		snprintf(err, ERRLEN, "usage: loom info FILE");
 		return -1;
 	}
-	return loom_info_print(argv[2], stdout, err, ERRLEN);
+	if (loom_info_print(argv[2], stdout, why, sizeof(why))) {
+		snprintf(err, ERRLEN, "%s: %s", argv[2], why);
+		return -1;
+	}
+	return 0;
 }
 
 static struct gguf_file *open_model(const char *path, char *err)

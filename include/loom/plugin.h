@@ -37,8 +37,10 @@ struct loom_quant_format {
 	 * n must be a multiple of block_elems (else LOOM_ERR_INVALID). */
 	int (*to_float)(const void *src, float *dst, int64_t n);
 	/* Required. Quantizes n values (a multiple of block_elems) into
-	 * n / block_elems blocks at dst, rounding as GGUF's reference
-	 * quantizer does. */
+	 * n / block_elems blocks at dst. Formats whose GGUF reference
+	 * quantizer is a plain rounding (q8_0, q4_0, ...) must match it byte
+	 * for byte; for formats with an iterative reference (k-quants) the
+	 * plugin documents its own method and bytes may differ. */
 	int (*from_float)(const float *src, void *dst, int64_t n);
 };
 
