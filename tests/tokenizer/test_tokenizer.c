@@ -1,8 +1,12 @@
 /* test_tokenizer.c: core/tokenizer.c against independent references.
  *
- * usage: test_tokenizer vectors
+ * usage: test_tokenizer unit
+ *        test_tokenizer vectors
  *        test_tokenizer model PYTHON3 vocab_ids.py
  *
+ * unit: synthetic vocabularies written as GGUF in memory, expected ids
+ * computed by hand (merge order, <unk>, special kinds, every pre-tokenizer
+ * family, malformed metadata).
  * vectors: every *.gguf under $LOOM_SHARED_DIR/data/tokenizer with its .inp
  * (inputs, each followed by "\n__ggml_vocab_test__\n") and .out (one line
  * of ids per input, produced by the reference HF tokenizers: no BOS,
@@ -550,6 +554,341 @@ START_TEST(test_model_speed)
 }
 END_TEST
 
+/* ---- synthetic vocabularies (GGUF built in memory) --------------------- */
+
+/* A tiny GGUF v3 writer: key/value pairs only, no tensors. */
+struct gb {
+	unsigned char *p;
+	size_t n, cap;
+	uint64_t n_kv;
+};
+
+static void gb_raw(struct gb *b, const void *d, size_t n)
+{
+	if (b->n + n > b->cap) {
+		b->cap = (b->n + n) * 2 + 256;
+		b->p = realloc(b->p, b->cap);
+		ck_assert_ptr_nonnull(b->p);
+	}
+	memcpy(b->p + b->n, d, n);
+	b->n += n;
+}
+
+static void gb_u32(struct gb *b, uint32_t v) { gb_raw(b, &v, 4); }
+static void gb_u64(struct gb *b, uint64_t v) { gb_raw(b, &v, 8); }
+
+static void gb_str(struct gb *b, const char *s)
+{
+	gb_u64(b, strlen(s));
+	gb_raw(b, s, strlen(s));
+}
+
+static void kv_key(struct gb *b, const char *key, uint32_t type)
+{
+	gb_str(b, key);
+	gb_u32(b, type);
+	b->n_kv++;
+}
+
+static void kv_str(struct gb *b, const char *key, const char *v)
+{
+	kv_key(b, key, GGUF_STRING);
+	gb_str(b, v);
+}
+
+static void kv_u32(struct gb *b, const char *key, uint32_t v)
+{
+	kv_key(b, key, GGUF_U32);
+	gb_u32(b, v);
+}
+
+static void kv_bool(struct gb *b, const char *key, bool v)
+{
+	unsigned char c = v;
+
+	kv_key(b, key, GGUF_BOOL);
+	gb_raw(b, &c, 1);
+}
+
+static void kv_strs(struct gb *b, const char *key, const char *const *v, size_t n)
+{
+	kv_key(b, key, GGUF_ARRAY);
+	gb_u32(b, GGUF_STRING);
+	gb_u64(b, n);
+	for (size_t i = 0; i < n; i++)
+		gb_str(b, v[i]);
+}
+
+static void kv_arr(struct gb *b, const char *key, uint32_t type, const void *v, size_t n)
+{
+	kv_key(b, key, GGUF_ARRAY);
+	gb_u32(b, type);
+	gb_u64(b, n);
+	gb_raw(b, v, 4 * n);
+}
+
+/* Header + body, opened from memory; *mem must outlive the file. */
+static struct gguf_file *gb_open(struct gb *b, unsigned char **mem)
+{
+	struct gb h = { 0 };
+	char err[256] = "";
+	struct gguf_file *f;
+
+	gb_raw(&h, "GGUF", 4);
+	gb_u32(&h, 3);
+	gb_u64(&h, 0);
+	gb_u64(&h, b->n_kv);
+	gb_raw(&h, b->p, b->n);
+	f = gguf_open_memory(h.p, h.n, err, sizeof(err));
+	ck_assert_msg(f != NULL, "synthetic gguf: %s", err);
+	free(b->p);
+	*mem = h.p;
+	return f;
+}
+
+static struct loom_tokenizer *gb_tok(struct gb *b, char *err, size_t errlen)
+{
+	unsigned char *mem;
+	struct gguf_file *f = gb_open(b, &mem);
+	struct loom_tokenizer *t = loom_tokenizer_from_gguf(f, err, errlen);
+
+	gguf_close(f);
+	free(mem); /* the tokenizer keeps its own copies */
+	return t;
+}
+
+/* spm vocab: <unk> <s> </s> ▁ a b ab ba ▁a z? with chosen scores. */
+static struct loom_tokenizer *spm_synth(float ba_score, int space_prefix)
+{
+	static const char *toks[] = { "<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
+				      "ab", "ba", "\xe2\x96\x81" "a" };
+	int32_t types[] = { 2, 3, 3, 1, 1, 1, 1, 1, 1 };
+	float scores[] = { 0, 0, 0, -5, -3, -3, -1, ba_score, -0.1f };
+	struct gb b = { 0 };
+	char err[256] = "";
+	struct loom_tokenizer *t;
+
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 9);
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, 9);
+	kv_arr(&b, "tokenizer.ggml.scores", GGUF_F32, scores, 9);
+	if (space_prefix >= 0)
+		kv_bool(&b, "tokenizer.ggml.add_space_prefix", space_prefix);
+	t = gb_tok(&b, err, sizeof(err));
+	ck_assert_msg(t != NULL, "%s", err);
+	return t;
+}
+
+static void expect_ids(const struct loom_tokenizer *t, const char *s, const int32_t *want,
+		       int64_t n)
+{
+	static int32_t ids[MAX_IDS];
+	int64_t got = tok(t, s, strlen(s), false, true, ids);
+	char sw[512], sg[512];
+
+	ids_str(want, n, sw, sizeof(sw));
+	ids_str(ids, got, sg, sizeof(sg));
+	ck_assert_msg(got == n && !memcmp(ids, want, (size_t)n * 4),
+		      "'%s': expected%s got%s", esc(s, strlen(s)), sw, sg);
+}
+
+/* Hand-computed merges: best score first, leftmost on ties; unknown
+ * characters without byte tokens become <unk>. */
+START_TEST(test_spm_merge_order)
+{
+	struct loom_tokenizer *t = spm_synth(-1, 0);
+
+	/* "aba": ab(-1) and ba(-1) tie, the left pair wins -> ab a */
+	expect_ids(t, "aba", (int32_t[]){ 6, 4 }, 2);
+	loom_tokenizer_free(t);
+	t = spm_synth(-0.5f, 0);
+	/* ba(-0.5) beats ab(-1) -> a ba */
+	expect_ids(t, "aba", (int32_t[]){ 4, 7 }, 2);
+	/* no 'z' and no byte tokens -> <unk> */
+	expect_ids(t, "az", (int32_t[]){ 4, 0 }, 2);
+	/* control text is matched only with parse_special (expect_ids uses it) */
+	expect_ids(t, "a</s>", (int32_t[]){ 4, 2 }, 2);
+	loom_tokenizer_free(t);
+	/* default add_space_prefix (true): "a" -> "▁a"; after <s> again. */
+	t = spm_synth(-1, -1);
+	expect_ids(t, "a", (int32_t[]){ 8 }, 1);
+	expect_ids(t, "<s>a", (int32_t[]){ 1, 8 }, 2);
+	expect_ids(t, "", (int32_t[]){ 0 }, 0);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+/* GPT-2 bytes_to_unicode, written out independently for the test. */
+static void byte_char(int byte, char out[3])
+{
+	int n = 0, cp = byte;
+
+	if (!((byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || byte >= 174)) {
+		for (int b = 0; b < byte; b++)
+			if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174))
+				n++;
+		cp = 256 + n;
+	}
+	if (cp < 0x80) {
+		out[0] = (char)cp;
+		out[1] = 0;
+	} else {
+		out[0] = (char)(0xc0 | (cp >> 6));
+		out[1] = (char)(0x80 | (cp & 0x3f));
+		out[2] = 0;
+	}
+}
+
+/* Byte-level vocab: the 256 byte symbols, "he", "Ġt", "Ġthe" (merges
+ * "h e", "Ġ t", "Ġt he"), a user-defined <tool> and a control <ctl>. */
+static struct loom_tokenizer *bpe_synth(const char *pre, char *err, size_t errlen)
+{
+	static char bytes[256][3];
+	const char *toks[261];
+	int32_t types[261];
+	static const char *merges[] = { "h e", "\xc4\xa0 t", "\xc4\xa0t he" };
+	struct gb b = { 0 };
+
+	for (int i = 0; i < 256; i++) {
+		byte_char(i, bytes[i]);
+		toks[i] = bytes[i];
+		types[i] = 1;
+	}
+	toks[256] = "he";
+	toks[257] = "\xc4\xa0t";
+	toks[258] = "\xc4\xa0the";
+	toks[259] = "<tool>";
+	toks[260] = "<ctl>";
+	types[256] = types[257] = types[258] = 1;
+	types[259] = 4;
+	types[260] = 3;
+	kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	if (pre)
+		kv_str(&b, "tokenizer.ggml.pre", pre);
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 261);
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, 261);
+	kv_strs(&b, "tokenizer.ggml.merges", merges, 3);
+	kv_u32(&b, "tokenizer.ggml.eos_token_id", 260);
+	return gb_tok(&b, err, errlen);
+}
+
+/* Every supported pre-tokenizer name builds, and round-trips mixed text. */
+START_TEST(test_bpe_families)
+{
+	static const char *pres[] = {
+		"default", "gpt-2", "mpt", "llama-bpe", "llama3", "dbrx", "qwen2",
+		"stablelm2", "starcoder", "smollm", "refact", "command-r", "falcon",
+		"deepseek-llm", "deepseek-coder", "deepseek-v3", "bloom", "poro-chat",
+		"viking", "tekken", "chatglm-bpe", "olmo", NULL
+	};
+	const char *s = "Hello the world!  3333 x\n\n\tK\xce\xa9 \xe6\x88\x91\xe6\x83\xb3 "
+			"caf\xc3\xa9 \xf0\x9f\xa6\x99 I've 'LL don't\r\n";
+	static int32_t ids[MAX_IDS];
+	static char out[1024];
+	char err[256];
+
+	for (int i = 0; pres[i]; i++) {
+		struct loom_tokenizer *t = bpe_synth(pres[i], err, sizeof(err));
+		int64_t n;
+
+		ck_assert_msg(t != NULL, "pre '%s': %s", pres[i], err);
+		n = tok(t, s, strlen(s), false, false, ids);
+		ck_assert_uint_eq(detok_all(t, ids, n, out, sizeof(out)), strlen(s));
+		ck_assert_msg(!strcmp(out, s), "pre '%s': round trip gave '%s'", pres[i],
+			      esc(out, strlen(out)));
+		/* " the" is merged Ġ t -> Ġt, h e -> he, Ġt he -> Ġthe */
+		expect_ids(t, "x the", (int32_t[]){ 'x', 258 }, 2);
+		loom_tokenizer_free(t);
+	}
+}
+END_TEST
+
+/* User-defined tokens always match (HF added tokens); control tokens only
+ * with parse_special. Unknown pre falls back with a warning. */
+START_TEST(test_bpe_special_kinds)
+{
+	char err[256];
+	struct loom_tokenizer *t = bpe_synth("no-such-pre", err, sizeof(err));
+	static int32_t ids[MAX_IDS];
+	int64_t n;
+	bool has_tool = false, has_ctl = false;
+
+	ck_assert_msg(t != NULL, "%s", err);
+	n = tok(t, "a<tool>b<ctl>", 13, false, false, ids);
+	for (int64_t i = 0; i < n; i++) {
+		has_tool |= ids[i] == 259;
+		has_ctl |= ids[i] == 260;
+	}
+	ck_assert(has_tool && !has_ctl);
+	expect_ids(t, "a<tool>b<ctl>", (int32_t[]){ 'a', 259, 'b', 260 }, 4);
+	ck_assert(loom_tokenizer_is_eog(t, 260));
+	ck_assert_int_eq(loom_tokenizer_bos(t), -1);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+/* Malformed metadata gives NULL and an error naming the key. */
+START_TEST(test_bad_metadata)
+{
+	static const char *toks[] = { "a", "b" };
+	static const char *bad_merge[] = { "ab" };
+	int32_t types1[] = { 1 };
+	float scores1[] = { 0 };
+	char err[256];
+	struct gb b;
+
+#define EXPECT_FAIL(key_text) do { \
+		err[0] = 0; \
+		ck_assert_ptr_null(gb_tok(&b, err, sizeof(err))); \
+		ck_assert_msg(strstr(err, key_text), "error '%s' lacks '%s'", err, key_text); \
+	} while (0)
+
+	b = (struct gb){ 0 };
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	EXPECT_FAIL("tokenizer.ggml.model");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "bert");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	EXPECT_FAIL("bert");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	EXPECT_FAIL("tokenizer.ggml.tokens");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types1, 1);
+	EXPECT_FAIL("tokenizer.ggml.token_type");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	kv_arr(&b, "tokenizer.ggml.scores", GGUF_F32, scores1, 1);
+	EXPECT_FAIL("tokenizer.ggml.scores");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	EXPECT_FAIL("tokenizer.ggml.merges");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	kv_strs(&b, "tokenizer.ggml.merges", bad_merge, 1);
+	EXPECT_FAIL("tokenizer.ggml.merges[0]");
+
+	b = (struct gb){ 0 };
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 2);
+	kv_str(&b, "tokenizer.ggml.bos_token_id", "one");
+	EXPECT_FAIL("tokenizer.ggml.bos_token_id");
+#undef EXPECT_FAIL
+	ck_assert_ptr_null(loom_tokenizer_from_gguf(NULL, err, sizeof(err)));
+}
+END_TEST
+
 /* ---- main -------------------------------------------------------------- */
 
 static bool exists(const char *path)
@@ -584,6 +923,11 @@ int main(int argc, char **argv)
 		ids_script = argv[3];
 		tcase_add_test(tc, test_model_special);
 		tcase_add_test(tc, test_model_speed);
+	} else if (!strcmp(mode, "unit")) {
+		tcase_add_test(tc, test_spm_merge_order);
+		tcase_add_test(tc, test_bpe_families);
+		tcase_add_test(tc, test_bpe_special_kinds);
+		tcase_add_test(tc, test_bad_metadata);
 	} else {
 		if (!shared || asprintf(&data_dir, "%s/data/tokenizer", shared) < 0 ||
 		    !exists(data_dir)) {
