@@ -1,15 +1,16 @@
 /* Token sampler: penalties, greedy, top-k, temperature, top-p, min-p and a
  * seeded draw. See sampler.h for the order of application.
  *
- * Cost for a vocabulary of n tokens:
+ * Cost for a vocabulary of n tokens (nothing sorts the whole vocabulary):
  *   - penalties: O(window), through a per-token count array;
- *   - greedy or plain temperature sampling: O(n), no sort;
- *   - top-k: O(n log k) with a bounded heap, then O(k log k) to order it;
- *   - top-p / min-p without top-k: O(n) passes that keep only the tokens
- *     above a probability threshold, then a heap sort of those alone. The
- *     threshold starts at 1/64 of the top probability and is lowered until
- *     the kept tokens hold at least top_p of the mass, so a peaked
- *     distribution sorts a handful of tokens and a flat one may sort all.
+ *   - greedy, plain temperature and min-p: O(n), no sort (min-p is a
+ *     threshold on the weight relative to the top token);
+ *   - top-k: O(n log k) with a bounded heap, then O(k log k) to order the k;
+ *   - top-p without top-k: O(n) expected, by a quickselect on probability
+ *     mass (partition around a pivot, keep the side that holds the cut), so
+ *     the kept set is found without ordering it.
+ * Candidates are drawn from in a deterministic order (rank order, or the
+ * order the partitioning left them in), so a seed fixes the result.
  *
  * Logits that are NaN count as -inf. When the largest logit is not finite
  * (+inf, or every logit -inf/NaN) the sampler returns the greedy choice.
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 
 struct cand {
+	double w; /* exp((logit - max) / temp): 1 for the top token */
 	float logit;
 	int32_t id;
 };
@@ -32,7 +34,6 @@ struct loom_sampler {
 	uint64_t rng[4];   /* xoshiro256** state */
 	int32_t *counts;   /* [n_vocab], all zero between calls */
 	struct cand *cand; /* [n_vocab] candidate scratch */
-	double *w;         /* [n_vocab] unnormalized probabilities */
 };
 
 void loom_sampler_defaults(struct loom_sampler_params *p)
@@ -140,8 +141,7 @@ struct loom_sampler *loom_sampler_new(const struct loom_sampler_params *p,
 	rng_seed(s->rng, p->seed);
 	s->counts = calloc((size_t)n_vocab, sizeof(*s->counts));
 	s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
-	s->w = malloc((size_t)n_vocab * sizeof(*s->w));
-	if (!s->counts || !s->cand || !s->w)
+	if (!s->counts || !s->cand)
 		goto out_free;
 	return s;
 
@@ -160,7 +160,6 @@ void loom_sampler_free(struct loom_sampler *s)
 		return;
 	free(s->counts);
 	free(s->cand);
-	free(s->w);
 	free(s);
 }
 
@@ -276,10 +275,10 @@ static int32_t select_top_k(struct loom_sampler *s, const float *logits,
 	struct cand *h = s->cand;
 
 	for (int32_t i = 0; i < k; i++)
-		h[i] = (struct cand){ key(logits[i]), i };
+		h[i] = (struct cand){ 0.0, key(logits[i]), i };
 	heapify(h, k);
 	for (int32_t i = k; i < s->n_vocab; i++) {
-		struct cand c = { key(logits[i]), i };
+		struct cand c = { 0.0, key(logits[i]), i };
 
 		if (before(&c, &h[0])) {
 			h[0] = c;
@@ -290,70 +289,110 @@ static int32_t select_top_k(struct loom_sampler *s, const float *logits,
 	return k;
 }
 
-/* w[i] = exp((logit - max) / temp) for every token; returns their sum. */
-static double weigh_all(struct loom_sampler *s, const float *logits, float max)
+/* Every token whose weight is at least floor_w into s->cand, in id order;
+ * *z gets the weight of the whole vocabulary. Returns the count. */
+static int32_t gather(struct loom_sampler *s, const float *logits, float max,
+		      double inv_t, double floor_w, double *z)
 {
-	double inv_t = 1.0 / s->p.temp, z = 0.0;
+	int32_t n = 0;
 
+	*z = 0.0;
 	for (int32_t i = 0; i < s->n_vocab; i++) {
 		float l = key(logits[i]);
+		double w = exp(((double)l - max) * inv_t);
 
-		s->w[i] = exp(((double)l - max) * inv_t);
-		z += s->w[i];
+		*z += w;
+		if (w >= floor_w)
+			s->cand[n++] = (struct cand){ w, l, i };
 	}
-	return z;
-}
-
-/*
- * Without top-k: collects the tokens whose weight is at least a threshold,
- * in rank order. The threshold is min_p (weights are relative to the top
- * token's, which is 1) and, for top-p, low enough that the collected mass
- * reaches top_p * z, so the top-p prefix lies inside the collected set.
- */
-static int32_t select_threshold(struct loom_sampler *s, const float *logits,
-				double z)
-{
-	double floor_w = s->p.min_p > 0.0f ? s->p.min_p : 0.0;
-	double t = s->p.top_p < 1.0f ? 1.0 / 64 : floor_w;
-	double need = (double)s->p.top_p * z;
-	int32_t n;
-
-	for (;;) {
-		double mass = 0.0;
-
-		if (t < floor_w || t < 1e-300)
-			t = floor_w;
-		n = 0;
-		for (int32_t i = 0; i < s->n_vocab; i++) {
-			if (s->w[i] >= t) {
-				s->cand[n++] = (struct cand){ key(logits[i]), i };
-				mass += s->w[i];
-			}
-		}
-		if (t <= floor_w || mass >= need)
-			break;
-		t /= 256;
-	}
-	heapify(s->cand, n);
-	heap_sort(s->cand, n);
 	return n;
 }
 
-/* ---- drawing ---- */
+static void swap(struct cand *a, struct cand *b)
+{
+	struct cand t = *a;
 
-/* Draws index j < n with probability w[j] / sum(w[0..n)). */
-static int32_t draw(uint64_t rng[4], const double *w, int32_t n)
+	*a = *b;
+	*b = t;
+}
+
+static void insertion_sort(struct cand *c, int32_t n)
+{
+	for (int32_t i = 1; i < n; i++)
+		for (int32_t j = i; j > 0 && before(&c[j], &c[j - 1]); j--)
+			swap(&c[j], &c[j - 1]);
+}
+
+/* Moves the median of c[lo], c[mid], c[hi-1] to c[hi-1] and partitions
+ * c[lo..hi) around it: better ones first. Returns the pivot's index and
+ * the weight of the better ones in *mass. */
+static int32_t partition(struct cand *c, int32_t lo, int32_t hi, double *mass)
+{
+	int32_t mid = lo + (hi - lo) / 2, last = hi - 1, store = lo;
+
+	if (before(&c[mid], &c[lo]))
+		swap(&c[mid], &c[lo]);
+	if (before(&c[last], &c[lo]))
+		swap(&c[last], &c[lo]);
+	if (before(&c[mid], &c[last]))
+		swap(&c[mid], &c[last]);
+	*mass = 0.0;
+	for (int32_t i = lo; i < last; i++) {
+		if (before(&c[i], &c[last])) {
+			*mass += c[i].w;
+			swap(&c[i], &c[store++]);
+		}
+	}
+	swap(&c[store], &c[last]);
+	return store;
+}
+
+/*
+ * Top-p without ordering: reorders c[0..n) so that its first `keep`
+ * entries are the smallest rank-order prefix whose weight reaches `need`
+ * (all n if the total falls short), and returns keep. Everything left of
+ * lo is kept; the cut lies in c[lo..hi).
+ */
+static int32_t select_mass(struct cand *c, int32_t n, double need)
+{
+	int32_t lo = 0, hi = n;
+
+	while (hi - lo > 16) {
+		double better;
+		int32_t p = partition(c, lo, hi, &better);
+
+		if (better >= need) {
+			hi = p;
+			continue;
+		}
+		need -= better;
+		if (c[p].w >= need)
+			return p + 1;
+		need -= c[p].w;
+		lo = p + 1;
+	}
+	insertion_sort(c + lo, hi - lo);
+	for (int32_t i = lo; i < hi; i++) {
+		need -= c[i].w;
+		if (need <= 0.0)
+			return i + 1;
+	}
+	return hi; /* only rounding gets here */
+}
+
+/* Draws j < n with probability c[j].w / sum of c[0..n).w. */
+static int32_t draw(uint64_t rng[4], const struct cand *c, int32_t n)
 {
 	double total = 0.0, target, cum = 0.0;
 	int32_t last = 0;
 
 	for (int32_t j = 0; j < n; j++)
-		total += w[j];
+		total += c[j].w;
 	target = rng_uniform(rng) * total;
 	for (int32_t j = 0; j < n; j++) {
-		if (w[j] <= 0.0)
+		if (c[j].w <= 0.0)
 			continue;
-		cum += w[j];
+		cum += c[j].w;
 		last = j;
 		if (target < cum)
 			return j;
@@ -361,29 +400,27 @@ static int32_t draw(uint64_t rng[4], const double *w, int32_t n)
 	return last; /* rounding left target at the very top */
 }
 
-/* Top-p and min-p over rank-ordered candidates with weights w[0..n), the
- * first being the largest (1.0 when from max); z normalizes. New count. */
-static int32_t cut_candidates(const struct loom_sampler *s, const double *w,
-			      int32_t n, double z)
+/* Top-p, then min-p, over the top-k candidates in rank order (c[0].w is
+ * 1); z is their total weight. Returns how many stay. */
+static int32_t cut_ranked(const struct loom_sampler_params *p,
+			  const struct cand *c, int32_t n, double z)
 {
-	int32_t keep = n;
+	int32_t keep = n, j = 1;
 
-	if (s->p.top_p < 1.0f) {
-		double need = (double)s->p.top_p * z, cum = 0.0;
+	if (p->top_p < 1.0f) {
+		double need = (double)p->top_p * z, cum = 0.0;
 
-		for (int32_t j = 0; j < n; j++) {
-			cum += w[j];
+		for (j = 0; j < n; j++) {
+			cum += c[j].w;
 			if (cum >= need) {
 				keep = j + 1;
 				break;
 			}
 		}
 	}
-	if (s->p.min_p > 0.0f) {
-		double floor_w = s->p.min_p * w[0];
-		int32_t j = 1;
-
-		while (j < keep && w[j] >= floor_w)
+	if (p->min_p > 0.0f) {
+		j = 1;
+		while (j < keep && c[j].w >= (double)p->min_p)
 			j++;
 		keep = j;
 	}
@@ -394,9 +431,9 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 			    const int32_t *history, int64_t n_history)
 {
 	const struct loom_sampler_params *p;
-	int32_t greedy, n, j;
+	int32_t greedy, n;
 	float max;
-	double z, inv_t;
+	double z = 0.0, inv_t;
 
 	if (!s || !logits)
 		return -1;
@@ -410,20 +447,19 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 
 	if (p->top_k > 0 && p->top_k < s->n_vocab) {
 		n = select_top_k(s, logits, p->top_k);
-		z = 0.0;
-		for (j = 0; j < n; j++) {
-			s->w[j] = exp(((double)s->cand[j].logit - max) * inv_t);
-			z += s->w[j];
+		for (int32_t j = 0; j < n; j++) {
+			s->cand[j].w = exp(((double)s->cand[j].logit - max) * inv_t);
+			z += s->cand[j].w;
 		}
+		n = cut_ranked(p, s->cand, n, z);
 	} else {
-		z = weigh_all(s, logits, max);
-		if (p->top_p >= 1.0f && p->min_p <= 0.0f)
-			return draw(s->rng, s->w, s->n_vocab);
-		n = select_threshold(s, logits, z);
-		/* Reuse w for the candidates' weights, in rank order. */
-		for (j = 0; j < n; j++)
-			s->w[j] = exp(((double)s->cand[j].logit - max) * inv_t);
+		/* min-p is the floor: the top-p prefix of the whole
+		 * distribution, cut to the floor, is the prefix of the
+		 * tokens above the floor that reaches top_p * z. */
+		n = gather(s, logits, max, inv_t,
+			   p->min_p > 0.0f ? p->min_p : 0.0, &z);
+		if (p->top_p < 1.0f)
+			n = select_mass(s->cand, n, (double)p->top_p * z);
 	}
-	n = cut_candidates(s, s->w, n, z);
-	return s->cand[draw(s->rng, s->w, n)].id;
+	return s->cand[draw(s->rng, s->cand, n)].id;
 }

@@ -3,6 +3,7 @@
  * sampler itself. */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -383,7 +384,9 @@ static void reference_set(const float *l, int32_t n, float temp, int32_t k,
 	free(r);
 }
 
-static void large_case(int32_t k, float top_p, float min_p, float scale)
+/* spike: token 1234 sits this far above the rest (0: none). */
+static void large_case(int32_t k, float top_p, float min_p, float scale,
+		       float spike)
 {
 	enum { N = 150000, DRAWS = 400 };
 	float *l = malloc(N * sizeof(*l)), *t = malloc(N * sizeof(*t));
@@ -395,6 +398,7 @@ static void large_case(int32_t k, float top_p, float min_p, float scale)
 	ck_assert(l && t && allowed);
 	for (int32_t i = 0; i < N; i++)
 		l[i] = rand_logit(&x, scale);
+	l[1234] += spike;
 	p.top_k = k;
 	p.top_p = top_p;
 	p.min_p = min_p;
@@ -421,12 +425,82 @@ static void large_case(int32_t k, float top_p, float min_p, float scale)
 
 START_TEST(large_vocab_matches_reference)
 {
-	large_case(50, 1.0f, 0.0f, 8.0f);
-	large_case(0, 0.9f, 0.0f, 30.0f);  /* peaked: few tokens sorted */
-	large_case(0, 0.5f, 0.0f, 2.0f);   /* flat: threshold must fall */
-	large_case(0, 1.0f, 0.05f, 30.0f);
-	large_case(0, 0.9f, 0.1f, 30.0f);
-	large_case(40, 0.95f, 0.05f, 20.0f);
+	large_case(50, 1.0f, 0.0f, 8.0f, 0.0f);
+	large_case(0, 0.9f, 0.0f, 30.0f, 0.0f); /* peaked: few tokens sorted */
+	large_case(0, 0.5f, 0.0f, 2.0f, 0.0f);
+	/* One token far above a flat bulk that holds most of the mass: the
+	 * top-p threshold must be lowered well below the spike's weight. */
+	large_case(0, 0.5f, 0.0f, 0.5f, 6.0f);
+	large_case(0, 0.99f, 0.0f, 0.5f, 6.0f);
+	large_case(0, 1.0f, 0.05f, 30.0f, 0.0f);
+	large_case(0, 0.9f, 0.1f, 30.0f, 0.0f);
+	large_case(40, 0.95f, 0.05f, 20.0f, 0.0f);
+}
+END_TEST
+
+/*
+ * Exact sets with ties: TIED tokens scattered over the vocabulary share
+ * logit 0 (weight 1), the rest sit at -1000 (weight 0 after exp), so
+ * z = TIED exactly. Ties rank by id, so top-p (k - 0.5) / TIED and top-k k
+ * both keep exactly the k lowest tied ids, each with probability 1/k; every
+ * one of them must be drawn and nothing else.
+ */
+static void tied_case(const float *l, int32_t n, const int32_t *tied,
+		      int32_t n_tied, int32_t k, bool use_top_k)
+{
+	struct loom_sampler_params p = params(0.8f, 1000 + k);
+	float *t = malloc(n * sizeof(*t));
+	long *count = calloc(n, sizeof(*count));
+	int draws = 30 * k + 50;
+
+	ck_assert(t && count);
+	if (use_top_k)
+		p.top_k = k;
+	else
+		p.top_p = (k - 0.5f) / n_tied;
+	struct loom_sampler *s = make(&p, n);
+	for (int d = 0; d < draws; d++) {
+		memcpy(t, l, n * sizeof(*t));
+		int32_t tok = loom_sampler_sample(s, t, NULL, 0);
+
+		ck_assert(tok >= 0 && tok < n);
+		count[tok]++;
+	}
+	for (int32_t j = 0; j < n_tied; j++) {
+		if (j < k)
+			ck_assert_msg(count[tied[j]] > 0, "%s k=%d: token %d never drawn",
+				      use_top_k ? "top-k" : "top-p", k, tied[j]);
+		else
+			ck_assert_msg(count[tied[j]] == 0, "%s k=%d: token %d drawn",
+				      use_top_k ? "top-k" : "top-p", k, tied[j]);
+	}
+	loom_sampler_free(s);
+	free(t);
+	free(count);
+}
+
+START_TEST(exact_sets_with_ties)
+{
+	enum { N = 20000 };
+	static const int32_t ks[] = { 1, 2, 3, 5, 8, 13, 16, 17, 21, 34, 55, 89 };
+	float *l = malloc(N * sizeof(*l));
+	int32_t *tied = malloc(N * sizeof(*tied)), n_tied = 0;
+	uint32_t x = 4242;
+
+	ck_assert(l && tied);
+	for (int32_t i = 0; i < N; i++) {
+		bool t = lcg(&x) % 4 == 0;
+
+		l[i] = t ? 0.0f : -1000.0f;
+		if (t)
+			tied[n_tied++] = i; /* ascending ids */
+	}
+	for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++) {
+		tied_case(l, N, tied, n_tied, ks[i], false);
+		tied_case(l, N, tied, n_tied, ks[i], true);
+	}
+	free(l);
+	free(tied);
 }
 END_TEST
 
@@ -601,6 +675,7 @@ static Suite *sampler_suite(void)
 	tcase_add_test(tc, min_p_relative);
 	tcase_add_test(tc, top_k_then_softmax);
 	tcase_add_test(tc, large_vocab_matches_reference);
+	tcase_add_test(tc, exact_sets_with_ties);
 	tcase_add_test(tc, repeat_penalty_window);
 	tcase_add_test(tc, penalty_changes_choice);
 	tcase_add_test(tc, presence_frequency);
