@@ -374,10 +374,11 @@ static int merge_run(struct merger *m, size_t n)
 	int32_t k = 0;
 
 	while (off < n) {
-		size_t len = utf8_len((unsigned char)m->text[off]);
+		int32_t cp;
+		/* Invalid bytes stand alone, so a bad lead byte never swallows
+		 * the escaped space after it. */
+		size_t len = utf8_decode((const unsigned char *)m->text + off, n - off, &cp);
 
-		if (len > n - off)
-			len = n - off;
 		m->sym[k] = (struct symbol){ (uint32_t)off, (uint32_t)len, k - 1, -1 };
 		if (k > 0)
 			m->sym[k - 1].next = k;
