@@ -36,6 +36,12 @@ static void create_log_reset(void)
 	ck_assert_int_eq(setenv("LOOM_TEST_CREATE_LOG", create_log, 1), 0);
 }
 
+static void create_log_remove(void)
+{
+	if (create_log[0])
+		unlink(create_log);
+}
+
 /* Whether create() of the backend tagged `tag` ran since the reset. */
 static bool create_called(const char *tag)
 {
@@ -391,6 +397,7 @@ static Suite *loader_suite(void)
 	TCase *tc = tcase_create("backend");
 	TCase *tq = tcase_create("quant");
 
+	tcase_add_checked_fixture(tc, NULL, create_log_remove);
 	tcase_add_test(tc, refuses_missing_entry);
 	tcase_add_test(tc, refuses_null_table);
 	tcase_add_test(tc, refuses_abi_major);
