@@ -20,7 +20,7 @@
 struct loom_sampler_params {
 	float temp;           /* <= 0: greedy */
 	int32_t top_k;        /* <= 0: off */
-	float top_p;          /* >= 1: off */
+	float top_p;          /* in (0, 1]; 1: off */
 	float min_p;          /* <= 0: off */
 	float repeat_penalty; /* 1: off */
 	float presence_penalty;  /* 0: off */

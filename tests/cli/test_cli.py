@@ -82,6 +82,12 @@ def generation():
     check("the continuation names Paris", "Paris" in cpu_out, cpu_out)
     rc, again, err = run("run", "--backend=cpu.so", "--model", MODEL, *prompt)
     check("greedy is repeatable", again == cpu_out, f"{again!r} vs {cpu_out!r}")
+    # Prefill in chunks of 2 tokens: same cache contents, same text.
+    rc, chunked, err = run("run", "--backend=cpu.so", "--model", MODEL, *prompt, "-b", "2")
+    check("chunked prefill gives the same text", chunked == cpu_out, f"{chunked!r} {err}")
+    # A context too small for prompt + n_predict is refused, not truncated.
+    rc, _, err = run("run", "--model", MODEL, *prompt, "-c", "8")
+    check("context overflow refused", rc != 0 and "context" in err, err)
 
     sampled = ["-p", "Once upon a time", "-n", "16", "--temp", "0.9", "--top-p", "0.95",
                "--no-progress"]
