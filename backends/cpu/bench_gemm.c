@@ -1,0 +1,159 @@
+/*
+ * bench_gemm: weight bandwidth of cpu.so's GEMV (decode) path.
+ *
+ * Usage: bench_gemm [path/to/cpu.so] [seconds per case]
+ *
+ * Loads cpu.so through its ABI entry, like the host does, and times
+ * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1 and
+ * Q8_0 at 1 and 2 threads. Reports GB/s of weight bytes streamed.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "loom/backend.h"
+
+#ifndef CPU_SO_PATH
+#define CPU_SO_PATH "cpu.so"
+#endif
+
+struct shape {
+	const char *what;
+	int64_t k, n; /* W is [n][k] */
+	uint32_t type;
+};
+
+static void host_log(void *host, enum loom_log_level level, const char *msg)
+{
+	if (level >= LOOM_LOG_INFO)
+		fprintf(stderr, "%s\n", msg);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)rng;
+}
+
+/* Random quantized rows whose scales are small normal halves. */
+static void fill_weights(uint8_t *w, size_t bytes, uint32_t type)
+{
+	size_t bb = type == LOOM_TYPE_Q8_0 ? 34 : 20;
+
+	for (size_t i = 0; i < bytes; i++)
+		w[i] = (uint8_t)rnd();
+	for (size_t b = 0; b + bb <= bytes; b += bb) {
+		uint16_t d = 0x2000 | (rnd() & 0x3ff); /* about 0.008 */
+
+		memcpy(w + b, &d, 2);
+		if (type == LOOM_TYPE_Q4_1)
+			memcpy(w + b + 2, &d, 2);
+	}
+}
+
+static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx *ctx,
+		     const struct shape *s, int threads, double secs)
+{
+	size_t row = (size_t)(s->k / 32) * (s->type == LOOM_TYPE_Q8_0 ? 34 : 20);
+	size_t wbytes = row * (size_t)s->n;
+	struct loom_buffer *bw, *bx, *by;
+	struct loom_gemm_args a;
+	double t0, t;
+	long iters = 0;
+	float *x;
+	int rc;
+
+	if (ops->buffer_alloc(ctx, wbytes, &bw))
+		return -1;
+	ops->buffer_alloc(ctx, (size_t)s->k * 4, &bx);
+	ops->buffer_alloc(ctx, (size_t)s->n * 4, &by);
+	fill_weights(ops->buffer_addr(ctx, bw), wbytes, s->type);
+	x = ops->buffer_addr(ctx, bx);
+	for (int64_t i = 0; i < s->k; i++)
+		x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+	a = (struct loom_gemm_args){
+		.struct_size = sizeof(a), .w_type = s->type, .m = 1, .n = s->n, .k = s->k,
+		.w = ops->buffer_addr(ctx, bw), .w_stride = row, .x = x, .x_stride = s->k,
+		.y = ops->buffer_addr(ctx, by), .y_stride = s->n,
+	};
+	for (int i = 0; i < 3; i++)
+		rc = ops->gemm(ctx, &a);
+	if (rc) {
+		fprintf(stderr, "gemm failed: %d\n", rc);
+		return -1;
+	}
+	t0 = now();
+	do {
+		for (int i = 0; i < 16; i++)
+			ops->gemm(ctx, &a);
+		iters += 16;
+		t = now() - t0;
+	} while (t < secs);
+	printf("%-22s %-5s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
+	       s->type == LOOM_TYPE_Q8_0 ? "q8_0" : "q4_1", (long long)s->k, (long long)s->n,
+	       threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
+	ops->buffer_free(ctx, bw);
+	ops->buffer_free(ctx, bx);
+	ops->buffer_free(ctx, by);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct shape shapes[] = {
+		{ "ffn up/gate 576x1536", 576, 1536, LOOM_TYPE_Q4_1 },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q4_1 },
+		{ "ffn up/gate 576x1536", 576, 1536, LOOM_TYPE_Q8_0 },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q8_0 },
+		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q8_0 },
+		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q4_1 },
+	};
+	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
+	double secs = argc > 2 ? atof(argv[2]) : 0.5;
+	struct loom_backend_host host = {
+		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
+		.log = host_log,
+	};
+	const struct loom_backend_ops *ops;
+	loom_backend_entry_fn entry;
+	void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+
+	if (!dl) {
+		fprintf(stderr, "bench_gemm: %s\n", dlerror());
+		return 1;
+	}
+	entry = (loom_backend_entry_fn)dlsym(dl, LOOM_BACKEND_ENTRY);
+	if (!entry || !(ops = entry()) || ops->abi_major != LOOM_BACKEND_ABI_MAJOR) {
+		fprintf(stderr, "bench_gemm: %s is not a loom backend of ABI %d\n", path,
+			LOOM_BACKEND_ABI_MAJOR);
+		return 1;
+	}
+	for (int threads = 1; threads <= 2; threads++) {
+		struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = threads };
+		struct loom_backend_ctx *ctx;
+
+		if (ops->create(&host, &cfg, &ctx)) {
+			fprintf(stderr, "bench_gemm: create failed\n");
+			return 1;
+		}
+		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+			if (bench_one(ops, ctx, &shapes[i], threads, secs))
+				return 1;
+		ops->destroy(ctx);
+	}
+	return 0;
+}

@@ -1,0 +1,276 @@
+/*
+ * cpu.so: the fast CPU backend. Host memory buffers, a persistent thread
+ * pool, SIMD GEMV kernels for decode, OpenBLAS sgemm on dequantized panels
+ * for prefill, and straightforward vectorized elementwise ops and paged
+ * attention. Arguments are validated like the reference backend: a bad
+ * shape, stride or index returns LOOM_ERR_INVALID before anything runs.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+#define MAX_THREADS 256
+
+struct loom_buffer {
+	void *ptr;
+	size_t size;
+};
+
+void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	if (!ctx || !ctx->host || !ctx->host->log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	ctx->host->log(ctx->host->host, lvl, msg);
+}
+
+/* Makes every thread's scratch hold at least n floats. */
+int cpu_scratch_reserve(struct loom_backend_ctx *ctx, size_t n)
+{
+	if (n > SIZE_MAX / sizeof(float) - 16)
+		return LOOM_ERR_NOMEM;
+	for (int i = 0; i < ctx->n_threads; i++) {
+		float *p;
+
+		if (ctx->scratch_cap[i] >= n)
+			continue;
+		p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		free(ctx->scratch[i]);
+		ctx->scratch[i] = p;
+		ctx->scratch_cap[i] = n;
+	}
+	return LOOM_OK;
+}
+
+/* ---- context ---- */
+
+static void cpu_destroy(struct loom_backend_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	cpu_pool_fini(&ctx->pool);
+	if (ctx->scratch)
+		for (int i = 0; i < ctx->n_threads; i++)
+			free(ctx->scratch[i]);
+	free(ctx->scratch);
+	free(ctx->scratch_cap);
+	free(ctx);
+}
+
+static int cpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
+		      struct loom_backend_ctx **out)
+{
+	struct loom_backend_ctx *ctx;
+	long n = 0;
+
+	if (!out)
+		return LOOM_ERR_INVALID;
+	*out = NULL;
+	if (cfg && cfg->struct_size >= sizeof(*cfg) && cfg->device != 0) {
+		if (host && host->log)
+			host->log(host->host, LOOM_LOG_ERROR, "cpu: only device 0 exists");
+		return LOOM_ERR_DEVICE;
+	}
+	if (cfg && cfg->struct_size >= sizeof(*cfg))
+		n = cfg->n_threads;
+	if (n <= 0)
+		n = sysconf(_SC_NPROCESSORS_ONLN);
+	if (n <= 0)
+		n = 1;
+	if (n > MAX_THREADS)
+		n = MAX_THREADS;
+
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return LOOM_ERR_NOMEM;
+	ctx->host = host;
+	ctx->isa = cpu_detect_isa();
+	ctx->n_threads = (int)n;
+	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
+	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
+	if (!ctx->scratch || !ctx->scratch_cap)
+		goto out_free_ctx;
+	if (cpu_pool_init(&ctx->pool, (int)n))
+		goto out_free_ctx;
+	/* each pool thread calls sgemm on its own panel; OpenBLAS must not
+	 * start threads of its own on top */
+	openblas_set_num_threads(1);
+	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels", ctx->n_threads,
+		cpu_isa_name(ctx->isa));
+	*out = ctx;
+	return LOOM_OK;
+
+out_free_ctx:
+	free(ctx->scratch);
+	free(ctx->scratch_cap);
+	free(ctx);
+	return LOOM_ERR_NOMEM;
+}
+
+static int cpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info *out)
+{
+	long pages, avail, psize;
+
+	if (!ctx || !out)
+		return LOOM_ERR_INVALID;
+	memset(out, 0, sizeof(*out));
+	snprintf(out->name, sizeof(out->name), "cpu (%s, %d threads)", cpu_isa_name(ctx->isa),
+		 ctx->n_threads);
+	pages = sysconf(_SC_PHYS_PAGES);
+	avail = sysconf(_SC_AVPHYS_PAGES);
+	psize = sysconf(_SC_PAGESIZE);
+	if (pages > 0 && psize > 0)
+		out->mem_total = (uint64_t)pages * (uint64_t)psize;
+	if (avail > 0 && psize > 0)
+		out->mem_free = (uint64_t)avail * (uint64_t)psize;
+	return LOOM_OK;
+}
+
+static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
+{
+	switch (op) {
+	case LOOM_OP_GEMM:
+	case LOOM_OP_EMBED:
+		return cpu_format_known(type);
+	case LOOM_OP_RMSNORM:
+	case LOOM_OP_ROPE:
+	case LOOM_OP_GLU:
+	case LOOM_OP_ADD:
+	case LOOM_OP_SCALE:
+	case LOOM_OP_KV_WRITE:
+	case LOOM_OP_ATTENTION:
+	case LOOM_OP_COPY:
+		return type == LOOM_TYPE_F32;
+	default:
+		return false;
+	}
+}
+
+/* ---- memory ---- */
+
+static int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
+{
+	struct loom_buffer *buf;
+	size_t rounded;
+
+	if (!ctx || !out)
+		return LOOM_ERR_INVALID;
+	*out = NULL;
+	if (size > SIZE_MAX - 64)
+		return LOOM_ERR_NOMEM;
+	rounded = size ? (size + 63) & ~(size_t)63 : 64;
+	buf = malloc(sizeof(*buf));
+	if (!buf)
+		return LOOM_ERR_NOMEM;
+	buf->ptr = aligned_alloc(64, rounded);
+	if (!buf->ptr) {
+		free(buf);
+		return LOOM_ERR_NOMEM;
+	}
+	buf->size = size;
+	*out = buf;
+	return LOOM_OK;
+}
+
+static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
+{
+	if (!buf)
+		return;
+	free(buf->ptr);
+	free(buf);
+}
+
+static void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
+{
+	return buf ? buf->ptr : NULL;
+}
+
+static int cpu_memcpy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
+{
+	if (!ctx || (n && (!dst || !src)))
+		return LOOM_ERR_INVALID;
+	if (n)
+		memmove(dst, src, n);
+	return LOOM_OK;
+}
+
+static int cpu_synchronize(struct loom_backend_ctx *ctx)
+{
+	return ctx ? LOOM_OK : LOOM_ERR_INVALID;
+}
+
+/* ---- row-parallel helper for the elementwise ops ---- */
+
+struct rows_task {
+	struct loom_backend_ctx *ctx;
+	cpu_rows_fn fn;
+	const void *args;
+	int64_t rows;
+};
+
+static void rows_task_run(void *arg, int ith, int nth)
+{
+	const struct rows_task *t = arg;
+	int64_t r0 = t->rows * ith / nth, r1 = t->rows * (ith + 1) / nth;
+
+	if (r0 < r1)
+		t->fn(t->ctx, t->args, r0, r1);
+}
+
+void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args, int64_t rows,
+		  double work)
+{
+	struct rows_task t = { ctx, fn, args, rows };
+	int nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
+
+	if (rows <= 0)
+		return;
+	if (nth > rows)
+		nth = (int)rows;
+	cpu_pool_run(&ctx->pool, rows_task_run, &t, nth);
+}
+
+static const struct loom_backend_ops cpu_ops = {
+	.abi_major = LOOM_BACKEND_ABI_MAJOR,
+	.abi_minor = LOOM_BACKEND_ABI_MINOR,
+	.struct_size = sizeof(struct loom_backend_ops),
+	.name = "cpu",
+	.create = cpu_create,
+	.destroy = cpu_destroy,
+	.device_info = cpu_device_info,
+	.supports = cpu_supports,
+	.buffer_alloc = cpu_buffer_alloc,
+	.buffer_free = cpu_buffer_free,
+	.buffer_addr = cpu_buffer_addr,
+	.upload = cpu_memcpy,
+	.download = cpu_memcpy,
+	.copy = cpu_memcpy,
+	.synchronize = cpu_synchronize,
+	.gemm = cpu_gemm,
+	.embed = cpu_embed,
+	.rmsnorm = cpu_rmsnorm,
+	.rope = cpu_rope,
+	.glu = cpu_glu,
+	.add = cpu_add,
+	.scale = cpu_scale,
+	.kv_write = cpu_kv_write,
+	.attention = cpu_attention,
+};
+
+LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
+{
+	return &cpu_ops;
+}

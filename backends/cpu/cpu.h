@@ -1,0 +1,141 @@
+/*
+ * Internals of the cpu backend (cpu.so). Nothing here is part of the ABI;
+ * only loom_backend_entry is exported.
+ */
+#ifndef LOOM_CPU_H
+#define LOOM_CPU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/backend.h"
+
+/* ---- thread pool (pool.c) ---- */
+
+/* A task runs on every pool thread at once; ith is 0 (the caller) .. nth-1. */
+typedef void (*cpu_task_fn)(void *arg, int ith, int nth);
+
+struct cpu_pool {
+	int n_threads; /* including the calling thread */
+	pthread_t *threads;
+	int n_started;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	atomic_uint gen;      /* bumped once per posted task */
+	atomic_int pending;   /* workers still running the current task */
+	atomic_int sleepers;  /* workers blocked on cv */
+	atomic_bool stop;
+	cpu_task_fn fn;
+	void *arg;
+	int nth; /* threads taking part in the current task */
+};
+
+int cpu_pool_init(struct cpu_pool *p, int n_threads);
+void cpu_pool_fini(struct cpu_pool *p);
+/* Runs fn on min(nth, n_threads) threads (the caller is thread 0) and
+ * returns when all are done. */
+void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int nth);
+
+/* ---- kernels (kernels.c) ---- */
+
+enum cpu_isa { CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512 };
+
+/* Plain-C block geometry of the formats gemm/embed run natively. */
+bool cpu_format_known(uint32_t type);
+uint32_t cpu_block_elems(uint32_t type);
+uint32_t cpu_block_bytes(uint32_t type);
+
+enum cpu_isa cpu_detect_isa(void);
+const char *cpu_isa_name(enum cpu_isa isa);
+
+/* y[i][j] = x[i] . W[j] for i < m, j0 <= j < j1 (small m: GEMV). */
+struct cpu_gemv {
+	uint32_t type;
+	const uint8_t *w;
+	size_t w_stride;
+	const float *x;
+	int64_t x_stride;
+	float *y;
+	int64_t y_stride;
+	int64_t m, k;
+};
+
+void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64_t j1);
+/* Dequantizes k values (whole blocks; any k for plain types) of one row. */
+void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *dst,
+		     int64_t k);
+float cpu_dot_f32(enum cpu_isa isa, const float *a, const float *b, int64_t n);
+/* y += s * x */
+void cpu_axpy_f32(enum cpu_isa isa, float *y, const float *x, float s, int64_t n);
+
+float cpu_fp16_to_f32(uint16_t h);
+
+/* ---- context (cpu.c) ---- */
+
+/* Below this many multiply-adds an op runs on the calling thread only. */
+#define CPU_PAR_MIN_WORK (1 << 15)
+
+struct loom_backend_ctx {
+	const struct loom_backend_host *host;
+	struct cpu_pool pool;
+	enum cpu_isa isa;
+	int n_threads;
+	float **scratch; /* per thread, grown by cpu_scratch_reserve() */
+	size_t *scratch_cap;
+};
+
+void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Makes every thread's scratch hold at least n floats. */
+int cpu_scratch_reserve(struct loom_backend_ctx *ctx, size_t n);
+
+/* fn(ctx, args, r0, r1) over [0, rows) split across the pool when work
+ * (about the number of flops) is worth it. */
+typedef void (*cpu_rows_fn)(struct loom_backend_ctx *ctx, const void *args, int64_t r0,
+			    int64_t r1);
+void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args, int64_t rows,
+		  double work);
+
+/*
+ * Argument rules shared with the reference backend: rows rows of n floats
+ * `stride` floats apart must not overlap, and the furthest offset must fit
+ * comfortably in int64 (also counted in bytes).
+ */
+static inline bool cpu_shape_ok(int64_t rows, int64_t n, int64_t stride)
+{
+	if (rows < 0 || n < 0 || stride < n)
+		return false;
+	if (rows <= 1 || stride == 0)
+		return true;
+	return rows - 1 <= (INT64_MAX / 16 - n) / stride;
+}
+
+/* A cache slot, of row_floats floats per slot, whose offset is representable. */
+static inline bool cpu_slot_ok(int64_t slot, int64_t row_floats)
+{
+	return slot >= 0 && (row_floats == 0 || slot < INT64_MAX / 16 / row_floats);
+}
+
+/* ---- operators (gemm.c, ops.c, attention.c) ---- */
+
+int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
+int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+	      size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids);
+int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+		int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
+int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a);
+int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+	    int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+	    int64_t up_stride, int64_t rows, int64_t n);
+int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+	    int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
+	    int64_t n);
+int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows, int64_t n,
+	      float s);
+int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
+int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
+
+#endif /* LOOM_CPU_H */

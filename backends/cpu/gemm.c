@@ -1,0 +1,180 @@
+/*
+ * gemm: y = x . W^T.
+ *
+ * Decode (m < BLAS_MIN_M) is a memory-bound GEMV: the n weight rows are split
+ * evenly over the pool and each thread streams its rows once through the
+ * SIMD kernels of kernels.c.
+ *
+ * Prefill (m >= BLAS_MIN_M) is compute-bound: each thread dequantizes panels
+ * of its weight rows to f32 in its scratch and multiplies them with
+ * single-threaded OpenBLAS sgemm (OpenBLAS's own threads are switched off in
+ * create(), so nothing oversubscribes the pool).
+ */
+#include <cblas.h>
+#include <stdlib.h>
+
+#include "cpu.h"
+
+#define BLAS_MIN_M 16
+/* A dequantized panel takes about this many bytes of a thread's scratch. */
+#define PANEL_BYTES (512 * 1024)
+
+struct gemm_task {
+	struct loom_backend_ctx *ctx;
+	struct cpu_gemv g;
+	int64_t n;
+	int64_t panel; /* rows per panel (BLAS path) */
+};
+
+/* Splits n rows into nth contiguous ranges, multiples of 4 where possible. */
+static void split_rows(int64_t n, int ith, int nth, int64_t *j0, int64_t *j1)
+{
+	int64_t quads = (n + 3) / 4;
+
+	*j0 = quads * ith / nth * 4;
+	*j1 = quads * (ith + 1) / nth * 4;
+	if (*j1 > n)
+		*j1 = n;
+	if (*j0 > n)
+		*j0 = n;
+}
+
+static void gemv_task(void *arg, int ith, int nth)
+{
+	const struct gemm_task *t = arg;
+	int64_t j0, j1;
+
+	split_rows(t->n, ith, nth, &j0, &j1);
+	if (j0 < j1)
+		cpu_gemv_rows(t->ctx->isa, &t->g, j0, j1);
+}
+
+static void blas_task(void *arg, int ith, int nth)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	float *panel = t->ctx->scratch[ith];
+	int64_t j0, j1;
+
+	split_rows(t->n, ith, nth, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += t->panel) {
+		int64_t np = j1 - j < t->panel ? j1 - j : t->panel;
+
+		for (int64_t r = 0; r < np; r++)
+			cpu_dequant_row(t->ctx->isa, g->type, g->w + (size_t)(j + r) * g->w_stride,
+					panel + r * g->k, g->k);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)np,
+			    (int)g->k, 1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f,
+			    g->y + j, (int)g->y_stride);
+	}
+}
+
+/* F32 weights with a float-multiple stride go to sgemm as they are. */
+static void blas_f32_task(void *arg, int ith, int nth)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	int64_t j0, j1;
+
+	split_rows(t->n, ith, nth, &j0, &j1);
+	if (j0 >= j1)
+		return;
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j0), (int)g->k,
+		    1.0f, g->x, (int)g->x_stride,
+		    (const float *)(g->w + (size_t)j0 * g->w_stride), (int)(g->w_stride / 4), 0.0f,
+		    g->y + j0, (int)g->y_stride);
+}
+
+static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+	uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+
+	return a0 < b0 + blen && b0 < a0 + alen;
+}
+
+/* Byte span of `rows` rows of `width` bytes, `stride` apart (validated). */
+static size_t span_bytes(int64_t rows, size_t stride, size_t width)
+{
+	return rows > 0 ? (size_t)(rows - 1) * stride + width : 0;
+}
+
+/* The reference backend's rules, in its order, plus the header's no-alias
+ * rule. */
+static int gemm_check(const struct loom_gemm_args *a)
+{
+	uint64_t blocks;
+	size_t w_row;
+
+	if (!a || a->struct_size < sizeof(*a) || a->m < 0 || a->n < 0 || a->k < 0)
+		return LOOM_ERR_INVALID;
+	if (!cpu_format_known(a->w_type))
+		return LOOM_ERR_UNSUPPORTED;
+	if (a->k % cpu_block_elems(a->w_type))
+		return LOOM_ERR_INVALID;
+	blocks = (uint64_t)a->k / cpu_block_elems(a->w_type);
+	if (blocks > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(a->w_type))
+		return LOOM_ERR_INVALID;
+	w_row = (size_t)blocks * cpu_block_bytes(a->w_type);
+	if (a->w_stride < w_row || !cpu_shape_ok(a->m, a->k, a->x_stride) ||
+	    !cpu_shape_ok(a->m, a->n, a->y_stride))
+		return LOOM_ERR_INVALID;
+	if (a->n > 1 &&
+	    (uint64_t)(a->n - 1) > (INT64_MAX / 16 - w_row) / (a->w_stride ? a->w_stride : 1))
+		return LOOM_ERR_INVALID;
+	if (a->m == 0 || a->n == 0)
+		return LOOM_OK;
+	if (!a->x || !a->y || (!a->w && a->k > 0))
+		return LOOM_ERR_INVALID;
+	if (ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
+			   a->x, span_bytes(a->m, (size_t)a->x_stride * 4, (size_t)a->k * 4)) ||
+	    (a->w && ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
+				    a->w, span_bytes(a->n, a->w_stride, w_row))))
+		return LOOM_ERR_INVALID;
+	return LOOM_OK;
+}
+
+/* sgemm takes int sizes and strides. */
+static bool blas_fits(const struct loom_gemm_args *a)
+{
+	return a->k <= INT32_MAX && a->x_stride <= INT32_MAX && a->y_stride <= INT32_MAX &&
+	       a->m <= INT32_MAX && a->n <= INT32_MAX;
+}
+
+int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	struct gemm_task t;
+	double work;
+	int nth, err;
+
+	if (!ctx)
+		return LOOM_ERR_INVALID;
+	err = gemm_check(a);
+	if (err)
+		return err;
+	if (a->m == 0 || a->n == 0)
+		return LOOM_OK;
+
+	t.ctx = ctx;
+	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = a->w_stride,
+				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
+				 .y_stride = a->y_stride, .m = a->m, .k = a->k };
+	t.n = a->n;
+	work = (double)a->m * (double)a->n * (double)a->k;
+	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
+
+	if (a->m < BLAS_MIN_M || a->k == 0 || !blas_fits(a)) {
+		cpu_pool_run(&ctx->pool, gemv_task, &t, nth);
+		return LOOM_OK;
+	}
+	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&
+	    (uintptr_t)a->w % 4 == 0 && a->w_stride / 4 <= INT32_MAX) {
+		cpu_pool_run(&ctx->pool, blas_f32_task, &t, nth);
+		return LOOM_OK;
+	}
+	t.panel = PANEL_BYTES / 4 / a->k;
+	t.panel = t.panel < 16 ? 16 : t.panel > 256 ? 256 : t.panel & ~(int64_t)15;
+	if (cpu_scratch_reserve(ctx, (size_t)t.panel * (size_t)a->k))
+		return LOOM_ERR_NOMEM;
+	cpu_pool_run(&ctx->pool, blas_task, &t, nth);
+	return LOOM_OK;
+}

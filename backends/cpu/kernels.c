@@ -1,0 +1,796 @@
+/*
+ * GEMV and dequantization kernels of the cpu backend.
+ *
+ * Every weight format is handled as a sequence of 32-value blocks: the
+ * GGUF block for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, and 32 consecutive values for
+ * F32/F16/BF16 (whose row tail, k % 32, goes through scalar code). A block
+ * is dequantized in registers and multiplied with f32 activations, so the
+ * results differ from the scalar reference only by summation order.
+ *
+ * One body per instruction set, written once and specialized by constant
+ * format and row count through always_inline; runtime dispatch picks the
+ * AVX-512, AVX2 or portable version (no -march flags, so cpu.so runs on any
+ * x86-64 and builds elsewhere).
+ *
+ * Block layouts (GGUF): d and m are IEEE half floats.
+ *   Q8_0  d, int8 q[32]                       x = d*q
+ *   Q4_0  d, u8 qs[16]                        x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8)
+ *   Q4_1  d, m, u8 qs[16]                     x = d*q + m, q as for Q4_0 without -8
+ *   Q5_0  d, u32 qh, u8 qs[16]                fifth bit of value e is bit e of qh; x = d*(q-16)
+ *   Q5_1  d, m, u32 qh, u8 qs[16]             x = d*q + m
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+bool cpu_format_known(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32:
+	case LOOM_TYPE_F16:
+	case LOOM_TYPE_BF16:
+	case LOOM_TYPE_Q8_0:
+	case LOOM_TYPE_Q4_0:
+	case LOOM_TYPE_Q4_1:
+	case LOOM_TYPE_Q5_0:
+	case LOOM_TYPE_Q5_1:
+		return true;
+	default:
+		return false;
+	}
+}
+
+uint32_t cpu_block_elems(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32:
+	case LOOM_TYPE_F16:
+	case LOOM_TYPE_BF16:
+		return 1;
+	default:
+		return 32;
+	}
+}
+
+uint32_t cpu_block_bytes(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32: return 4;
+	case LOOM_TYPE_F16: return 2;
+	case LOOM_TYPE_BF16: return 2;
+	case LOOM_TYPE_Q8_0: return 34;
+	case LOOM_TYPE_Q4_0: return 18;
+	case LOOM_TYPE_Q4_1: return 20;
+	case LOOM_TYPE_Q5_0: return 22;
+	case LOOM_TYPE_Q5_1: return 24;
+	default: return 0;
+	}
+}
+
+/* Bytes of one 32-value group (a block, or 32 plain values). */
+static inline size_t group_bytes(uint32_t type)
+{
+	return cpu_block_elems(type) == 1 ? 32 * (size_t)cpu_block_bytes(type)
+					  : cpu_block_bytes(type);
+}
+
+enum cpu_isa cpu_detect_isa(void)
+{
+#if defined(__x86_64__)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("f16c"))
+		return CPU_ISA_AVX512;
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("f16c"))
+		return CPU_ISA_AVX2;
+#endif
+	return CPU_ISA_SCALAR;
+}
+
+const char *cpu_isa_name(enum cpu_isa isa)
+{
+	switch (isa) {
+	case CPU_ISA_AVX512: return "avx512";
+	case CPU_ISA_AVX2: return "avx2";
+	default: return "scalar";
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* portable scalar code                                                */
+
+float cpu_fp16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t exp = (h >> 10) & 0x1f;
+	uint32_t man = h & 0x3ff;
+	uint32_t bits;
+	float f;
+
+	if (exp == 0) {
+		f = (float)man * 5.9604644775390625e-8f; /* man * 2^-24 */
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		bits = sign | 0x7f800000u | (man << 13);
+	else
+		bits = sign | ((exp + 112) << 23) | (man << 13);
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* Value e of a row of a plain type. */
+static inline float plain_get(uint32_t t, const uint8_t *row, int64_t e)
+{
+	switch (t) {
+	case LOOM_TYPE_F32: {
+		float f;
+
+		memcpy(&f, row + 4 * e, 4);
+		return f;
+	}
+	case LOOM_TYPE_F16:
+		return cpu_fp16_to_f32(rd16(row + 2 * e));
+	default:
+		return bf16_to_f32(rd16(row + 2 * e));
+	}
+}
+
+/* 32 values of group p into out. */
+static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
+{
+	float d = 0.0f, m = 0.0f;
+	uint32_t qh;
+
+	switch (t) {
+	case LOOM_TYPE_F32:
+	case LOOM_TYPE_F16:
+	case LOOM_TYPE_BF16:
+		for (int e = 0; e < 32; e++)
+			out[e] = plain_get(t, p, e);
+		return;
+	case LOOM_TYPE_Q8_0:
+		d = cpu_fp16_to_f32(rd16(p));
+		for (int e = 0; e < 32; e++)
+			out[e] = (float)(int8_t)p[2 + e] * d;
+		return;
+	case LOOM_TYPE_Q4_0:
+		d = cpu_fp16_to_f32(rd16(p));
+		for (int j = 0; j < 16; j++) {
+			out[j] = (float)((p[2 + j] & 15) - 8) * d;
+			out[j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
+		}
+		return;
+	case LOOM_TYPE_Q4_1:
+		d = cpu_fp16_to_f32(rd16(p));
+		m = cpu_fp16_to_f32(rd16(p + 2));
+		for (int j = 0; j < 16; j++) {
+			out[j] = (float)(p[4 + j] & 15) * d + m;
+			out[j + 16] = (float)(p[4 + j] >> 4) * d + m;
+		}
+		return;
+	case LOOM_TYPE_Q5_0:
+		d = cpu_fp16_to_f32(rd16(p));
+		qh = rd32(p + 2);
+		for (int j = 0; j < 16; j++) {
+			int lo = (p[6 + j] & 15) | (int)(((qh >> j) & 1) << 4);
+			int hi = (p[6 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+
+			out[j] = (float)(lo - 16) * d;
+			out[j + 16] = (float)(hi - 16) * d;
+		}
+		return;
+	case LOOM_TYPE_Q5_1:
+		d = cpu_fp16_to_f32(rd16(p));
+		m = cpu_fp16_to_f32(rd16(p + 2));
+		qh = rd32(p + 4);
+		for (int j = 0; j < 16; j++) {
+			int lo = (p[8 + j] & 15) | (int)(((qh >> j) & 1) << 4);
+			int hi = (p[8 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+
+			out[j] = (float)lo * d + m;
+			out[j + 16] = (float)hi * d + m;
+		}
+		return;
+	}
+}
+
+static float tail_dot(uint32_t t, const uint8_t *row, const float *x, int64_t from,
+		      int64_t k)
+{
+	float s = 0.0f;
+
+	for (int64_t e = from; e < k; e++)
+		s += plain_get(t, row, e) * x[e];
+	return s;
+}
+
+static void scalar_gemv(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	const int64_t nb = g->k / 32;
+	const size_t gb = group_bytes(g->type);
+	float w[32];
+
+	for (int64_t j = j0; j < j1; j++) {
+		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
+
+		for (int64_t i = 0; i < g->m; i++) {
+			const float *x = g->x + i * g->x_stride;
+			float acc[8] = { 0 };
+
+			for (int64_t b = 0; b < nb; b++) {
+				scalar_deq(g->type, wr + b * gb, w);
+				for (int e = 0; e < 32; e++)
+					acc[e & 7] += w[e] * x[b * 32 + e];
+			}
+			float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+				  ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+			if (nb * 32 < g->k)
+				s += tail_dot(g->type, wr, x, nb * 32, g->k);
+			g->y[i * g->y_stride + j] = s;
+		}
+	}
+}
+
+static void scalar_deq_row(uint32_t t, const uint8_t *src, float *dst, int64_t k)
+{
+	const int64_t nb = k / 32;
+	const size_t gb = group_bytes(t);
+
+	for (int64_t b = 0; b < nb; b++)
+		scalar_deq(t, src + b * gb, dst + b * 32);
+	for (int64_t e = nb * 32; e < k; e++)
+		dst[e] = plain_get(t, src, e);
+}
+
+static float scalar_dot(const float *a, const float *b, int64_t n)
+{
+	float acc[8] = { 0 };
+	int64_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		for (int l = 0; l < 8; l++)
+			acc[l] += a[i + l] * b[i + l];
+	for (; i < n; i++)
+		acc[0] += a[i] * b[i];
+	return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void scalar_axpy(float *y, const float *x, float s, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] += s * x[i];
+}
+
+#if defined(__x86_64__)
+/* ------------------------------------------------------------------ */
+/* AVX2 + FMA + F16C                                                   */
+
+#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
+{
+	return _cvtsh_ss(rd16(p));
+}
+
+TGT_AVX2 ALWAYS __m256 avx2_nib32(__m128i bytes, int hi_half)
+{
+	if (hi_half)
+		bytes = _mm_srli_si128(bytes, 8);
+	return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+/* Integer fifth bits of 8 values (bits of `b`), as 0 or 16 per lane. */
+TGT_AVX2 ALWAYS __m256i avx2_hibits(uint32_t b)
+{
+	const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+	__m256i v = _mm256_and_si256(_mm256_set1_epi32((int)(b & 0xff)), sel);
+
+	v = _mm256_cmpeq_epi32(v, sel);
+	return _mm256_and_si256(v, _mm256_set1_epi32(16));
+}
+
+/* 4 x 8 values of q5: nibbles (unsigned) | fifth bit, as floats. */
+TGT_AVX2 ALWAYS void avx2_q5(const uint8_t *qs, uint32_t qh, __m256 q[4])
+{
+	__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+	__m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+	__m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+	__m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+
+	for (int s = 0; s < 4; s++) {
+		__m256i v = _mm256_cvtepu8_epi32(parts[s]);
+
+		v = _mm256_or_si256(v, avx2_hibits(qh >> (8 * s)));
+		q[s] = _mm256_cvtepi32_ps(v);
+	}
+}
+
+TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
+{
+	__m256 d, m;
+	__m128i raw, lo, hi;
+
+	switch (t) {
+	case LOOM_TYPE_F32:
+		for (int s = 0; s < 4; s++)
+			w[s] = _mm256_loadu_ps((const float *)p + 8 * s);
+		break;
+	case LOOM_TYPE_F16:
+		for (int s = 0; s < 4; s++)
+			w[s] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * s)));
+		break;
+	case LOOM_TYPE_BF16:
+		for (int s = 0; s < 4; s++) {
+			__m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * s)));
+
+			w[s] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+		}
+		break;
+	case LOOM_TYPE_Q8_0:
+		d = _mm256_set1_ps(avx2_h(p));
+		for (int s = 0; s < 4; s++) {
+			__m128i q = _mm_loadl_epi64((const __m128i *)(p + 2 + 8 * s));
+
+			w[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+		}
+		break;
+	case LOOM_TYPE_Q4_0:
+		d = _mm256_set1_ps(avx2_h(p));
+		raw = _mm_loadu_si128((const __m128i *)(p + 2));
+		lo = _mm_sub_epi8(_mm_and_si128(raw, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+		hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)),
+				  _mm_set1_epi8(8));
+		w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+		w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+		w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+		w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+		break;
+	case LOOM_TYPE_Q4_1:
+		d = _mm256_set1_ps(avx2_h(p));
+		m = _mm256_set1_ps(avx2_h(p + 2));
+		raw = _mm_loadu_si128((const __m128i *)(p + 4));
+		lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+		hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+		w[0] = _mm256_fmadd_ps(avx2_nib32(lo, 0), d, m);
+		w[1] = _mm256_fmadd_ps(avx2_nib32(lo, 1), d, m);
+		w[2] = _mm256_fmadd_ps(avx2_nib32(hi, 0), d, m);
+		w[3] = _mm256_fmadd_ps(avx2_nib32(hi, 1), d, m);
+		break;
+	case LOOM_TYPE_Q5_0:
+		d = _mm256_set1_ps(avx2_h(p));
+		avx2_q5(p + 6, rd32(p + 2), w);
+		for (int s = 0; s < 4; s++)
+			w[s] = _mm256_mul_ps(_mm256_sub_ps(w[s], _mm256_set1_ps(16.0f)), d);
+		break;
+	case LOOM_TYPE_Q5_1:
+		d = _mm256_set1_ps(avx2_h(p));
+		m = _mm256_set1_ps(avx2_h(p + 2));
+		avx2_q5(p + 8, rd32(p + 4), w);
+		for (int s = 0; s < 4; s++)
+			w[s] = _mm256_fmadd_ps(w[s], d, m);
+		break;
+	default: /* never reached: types are checked before */
+		for (int s = 0; s < 4; s++)
+			w[s] = _mm256_setzero_ps();
+		break;
+	}
+}
+
+TGT_AVX2 ALWAYS float avx2_hsum(__m256 v)
+{
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+	return _mm_cvtss_f32(x);
+}
+
+/* R activation rows (i..i+R-1) against weight row j. One accumulator per
+ * 8-lane slice for R == 1 (latency), two per row otherwise (registers). */
+TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const int R,
+			       const uint8_t *wr, int64_t i, int64_t j)
+{
+	const int A = R == 1 ? 4 : 2;
+	const int64_t nb = g->k / 32;
+	const size_t gb = group_bytes(t);
+	const float *x = g->x + i * g->x_stride;
+	__m256 acc[4][4];
+
+	for (int r = 0; r < R; r++)
+		for (int a = 0; a < A; a++)
+			acc[r][a] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		__m256 w[4];
+
+		avx2_deq(t, wr + b * gb, w);
+		for (int r = 0; r < R; r++) {
+			const float *xp = x + r * g->x_stride + b * 32;
+
+			for (int s = 0; s < 4; s++)
+				acc[r][s % A] = _mm256_fmadd_ps(w[s], _mm256_loadu_ps(xp + 8 * s),
+								acc[r][s % A]);
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		__m256 v = _mm256_add_ps(acc[r][0], acc[r][1]);
+
+		if (A == 4)
+			v = _mm256_add_ps(v, _mm256_add_ps(acc[r][2], acc[r][3]));
+		float s = avx2_hsum(v);
+		if (nb * 32 < g->k)
+			s += tail_dot(t, wr, x + r * g->x_stride, nb * 32, g->k);
+		g->y[(i + r) * g->y_stride + j] = s;
+	}
+}
+
+TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
+			       int64_t j1)
+{
+	for (int64_t j = j0; j < j1; j++) {
+		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
+		int64_t i = 0;
+
+		for (; i + 4 <= g->m; i += 4)
+			avx2_rows(g, t, 4, wr, i, j);
+		switch (g->m - i) {
+		case 3: avx2_rows(g, t, 3, wr, i, j); break;
+		case 2: avx2_rows(g, t, 2, wr, i, j); break;
+		case 1: avx2_rows(g, t, 1, wr, i, j); break;
+		}
+	}
+}
+
+TGT_AVX2 static void avx2_deq_row(const uint32_t t, const uint8_t *src, float *dst, int64_t k)
+{
+	const int64_t nb = k / 32;
+	const size_t gb = group_bytes(t);
+
+	for (int64_t b = 0; b < nb; b++) {
+		__m256 w[4];
+
+		avx2_deq(t, src + b * gb, w);
+		for (int s = 0; s < 4; s++)
+			_mm256_storeu_ps(dst + b * 32 + 8 * s, w[s]);
+	}
+	for (int64_t e = nb * 32; e < k; e++)
+		dst[e] = plain_get(t, src, e);
+}
+
+TGT_AVX2 static float avx2_dot(const float *a, const float *b, int64_t n)
+{
+	__m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+	int64_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+		s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+	}
+	for (; i + 8 <= n; i += 8)
+		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+	float s = avx2_hsum(_mm256_add_ps(s0, s1));
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+TGT_AVX2 static void avx2_axpy(float *y, const float *x, float s, int64_t n)
+{
+	__m256 vs = _mm256_set1_ps(s);
+	int64_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(x + i),
+							_mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] += s * x[i];
+}
+
+#define AVX2_GEMV(name, T)                                                          \
+	TGT_AVX2 static void avx2_gemv_##name(const struct cpu_gemv *g, int64_t j0, \
+					      int64_t j1)                           \
+	{                                                                           \
+		avx2_gemv(g, T, j0, j1);                                            \
+	}
+AVX2_GEMV(f32, LOOM_TYPE_F32)
+AVX2_GEMV(f16, LOOM_TYPE_F16)
+AVX2_GEMV(bf16, LOOM_TYPE_BF16)
+AVX2_GEMV(q8_0, LOOM_TYPE_Q8_0)
+AVX2_GEMV(q4_0, LOOM_TYPE_Q4_0)
+AVX2_GEMV(q4_1, LOOM_TYPE_Q4_1)
+AVX2_GEMV(q5_0, LOOM_TYPE_Q5_0)
+AVX2_GEMV(q5_1, LOOM_TYPE_Q5_1)
+
+/* ------------------------------------------------------------------ */
+/* AVX-512 (F, BW, VL)                                                 */
+
+#define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+TGT_AVX512 ALWAYS __m512 avx512_nib(__m128i nibbles)
+{
+	return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles));
+}
+
+/* 2 x 16 values of q5 (unsigned, fifth bit included), as floats. */
+TGT_AVX512 ALWAYS void avx512_q5(const uint8_t *qs, uint32_t qh, __m512 q[2])
+{
+	__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+	__m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+	__m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+	__m512i sixteen = _mm512_set1_epi32(16);
+	__m512i a = _mm512_cvtepu8_epi32(lo), b = _mm512_cvtepu8_epi32(hi);
+
+	a = _mm512_mask_or_epi32(a, (__mmask16)(qh & 0xffff), a, sixteen);
+	b = _mm512_mask_or_epi32(b, (__mmask16)(qh >> 16), b, sixteen);
+	q[0] = _mm512_cvtepi32_ps(a);
+	q[1] = _mm512_cvtepi32_ps(b);
+}
+
+TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2])
+{
+	__m512 d, m;
+	__m128i raw, lo, hi;
+
+	switch (t) {
+	case LOOM_TYPE_F32:
+		for (int s = 0; s < 2; s++)
+			w[s] = _mm512_loadu_ps((const float *)p + 16 * s);
+		break;
+	case LOOM_TYPE_F16:
+		for (int s = 0; s < 2; s++)
+			w[s] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * s)));
+		break;
+	case LOOM_TYPE_BF16:
+		for (int s = 0; s < 2; s++) {
+			__m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32 * s)));
+
+			w[s] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+		}
+		break;
+	case LOOM_TYPE_Q8_0:
+		d = _mm512_set1_ps(avx2_h(p));
+		for (int s = 0; s < 2; s++) {
+			__m128i q = _mm_loadu_si128((const __m128i *)(p + 2 + 16 * s));
+
+			w[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+		}
+		break;
+	case LOOM_TYPE_Q4_0:
+		d = _mm512_set1_ps(avx2_h(p));
+		raw = _mm_loadu_si128((const __m128i *)(p + 2));
+		lo = _mm_sub_epi8(_mm_and_si128(raw, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+		hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)),
+				  _mm_set1_epi8(8));
+		w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+		w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
+		break;
+	case LOOM_TYPE_Q4_1:
+		d = _mm512_set1_ps(avx2_h(p));
+		m = _mm512_set1_ps(avx2_h(p + 2));
+		raw = _mm_loadu_si128((const __m128i *)(p + 4));
+		lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+		hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+		w[0] = _mm512_fmadd_ps(avx512_nib(lo), d, m);
+		w[1] = _mm512_fmadd_ps(avx512_nib(hi), d, m);
+		break;
+	case LOOM_TYPE_Q5_0:
+		d = _mm512_set1_ps(avx2_h(p));
+		avx512_q5(p + 6, rd32(p + 2), w);
+		for (int s = 0; s < 2; s++)
+			w[s] = _mm512_mul_ps(_mm512_sub_ps(w[s], _mm512_set1_ps(16.0f)), d);
+		break;
+	case LOOM_TYPE_Q5_1:
+		d = _mm512_set1_ps(avx2_h(p));
+		m = _mm512_set1_ps(avx2_h(p + 2));
+		avx512_q5(p + 8, rd32(p + 4), w);
+		for (int s = 0; s < 2; s++)
+			w[s] = _mm512_fmadd_ps(w[s], d, m);
+		break;
+	default: /* never reached: types are checked before */
+		w[0] = w[1] = _mm512_setzero_ps();
+		break;
+	}
+}
+
+/* One block for R rows; `phase` alternates accumulators for R == 1. */
+TGT_AVX512 ALWAYS void avx512_block(const struct cpu_gemv *g, const uint32_t t, const int R,
+				    const uint8_t *wr, const float *x, int64_t b, const int phase,
+				    __m512 acc[4][4])
+{
+	const int A = R == 1 ? 4 : 2;
+	__m512 w[2];
+
+	avx512_deq(t, wr + b * group_bytes(t), w);
+	for (int r = 0; r < R; r++) {
+		const float *xp = x + r * g->x_stride + b * 32;
+
+		for (int s = 0; s < 2; s++) {
+			int a = (s + 2 * phase) % A;
+
+			acc[r][a] = _mm512_fmadd_ps(w[s], _mm512_loadu_ps(xp + 16 * s), acc[r][a]);
+		}
+	}
+}
+
+TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, const int R,
+				   const uint8_t *wr, int64_t i, int64_t j)
+{
+	const int A = R == 1 ? 4 : 2;
+	const int64_t nb = g->k / 32;
+	const float *x = g->x + i * g->x_stride;
+	__m512 acc[4][4];
+	int64_t b = 0;
+
+	for (int r = 0; r < R; r++)
+		for (int a = 0; a < A; a++)
+			acc[r][a] = _mm512_setzero_ps();
+	for (; b + 2 <= nb; b += 2) {
+		avx512_block(g, t, R, wr, x, b, 0, acc);
+		avx512_block(g, t, R, wr, x, b + 1, 1, acc);
+	}
+	if (b < nb)
+		avx512_block(g, t, R, wr, x, b, 0, acc);
+	for (int r = 0; r < R; r++) {
+		__m512 v = _mm512_add_ps(acc[r][0], acc[r][1]);
+
+		if (A == 4)
+			v = _mm512_add_ps(v, _mm512_add_ps(acc[r][2], acc[r][3]));
+		float s = _mm512_reduce_add_ps(v);
+		if (nb * 32 < g->k)
+			s += tail_dot(t, wr, x + r * g->x_stride, nb * 32, g->k);
+		g->y[(i + r) * g->y_stride + j] = s;
+	}
+}
+
+TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
+				   int64_t j1)
+{
+	for (int64_t j = j0; j < j1; j++) {
+		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
+		int64_t i = 0;
+
+		for (; i + 4 <= g->m; i += 4)
+			avx512_rows(g, t, 4, wr, i, j);
+		switch (g->m - i) {
+		case 3: avx512_rows(g, t, 3, wr, i, j); break;
+		case 2: avx512_rows(g, t, 2, wr, i, j); break;
+		case 1: avx512_rows(g, t, 1, wr, i, j); break;
+		}
+	}
+}
+
+TGT_AVX512 static void avx512_deq_row(const uint32_t t, const uint8_t *src, float *dst,
+				      int64_t k)
+{
+	const int64_t nb = k / 32;
+	const size_t gb = group_bytes(t);
+
+	for (int64_t b = 0; b < nb; b++) {
+		__m512 w[2];
+
+		avx512_deq(t, src + b * gb, w);
+		_mm512_storeu_ps(dst + b * 32, w[0]);
+		_mm512_storeu_ps(dst + b * 32 + 16, w[1]);
+	}
+	for (int64_t e = nb * 32; e < k; e++)
+		dst[e] = plain_get(t, src, e);
+}
+
+#define AVX512_GEMV(name, T)                                                          \
+	TGT_AVX512 static void avx512_gemv_##name(const struct cpu_gemv *g, int64_t j0, \
+						  int64_t j1)                           \
+	{                                                                             \
+		avx512_gemv(g, T, j0, j1);                                            \
+	}
+AVX512_GEMV(f32, LOOM_TYPE_F32)
+AVX512_GEMV(f16, LOOM_TYPE_F16)
+AVX512_GEMV(bf16, LOOM_TYPE_BF16)
+AVX512_GEMV(q8_0, LOOM_TYPE_Q8_0)
+AVX512_GEMV(q4_0, LOOM_TYPE_Q4_0)
+AVX512_GEMV(q4_1, LOOM_TYPE_Q4_1)
+AVX512_GEMV(q5_0, LOOM_TYPE_Q5_0)
+AVX512_GEMV(q5_1, LOOM_TYPE_Q5_1)
+
+#define DISPATCH_GEMV(prefix, g, j0, j1)                                       \
+	switch ((g)->type) {                                                   \
+	case LOOM_TYPE_F32: prefix##_f32(g, j0, j1); return;                   \
+	case LOOM_TYPE_F16: prefix##_f16(g, j0, j1); return;                   \
+	case LOOM_TYPE_BF16: prefix##_bf16(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q8_0: prefix##_q8_0(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q4_0: prefix##_q4_0(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q4_1: prefix##_q4_1(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q5_0: prefix##_q5_0(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q5_1: prefix##_q5_1(g, j0, j1); return;                 \
+	}
+#endif /* __x86_64__ */
+
+void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+#if defined(__x86_64__)
+	if (isa == CPU_ISA_AVX512) {
+		DISPATCH_GEMV(avx512_gemv, g, j0, j1);
+	} else if (isa == CPU_ISA_AVX2) {
+		DISPATCH_GEMV(avx2_gemv, g, j0, j1);
+	}
+#endif
+	scalar_gemv(g, j0, j1);
+}
+
+void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *dst, int64_t k)
+{
+#if defined(__x86_64__)
+	/* a switch on a constant type lets each call inline its format */
+#define DEQ_CASES(fn)                                                       \
+	switch (type) {                                                     \
+	case LOOM_TYPE_F32: fn(LOOM_TYPE_F32, src, dst, k); return;        \
+	case LOOM_TYPE_F16: fn(LOOM_TYPE_F16, src, dst, k); return;        \
+	case LOOM_TYPE_BF16: fn(LOOM_TYPE_BF16, src, dst, k); return;      \
+	case LOOM_TYPE_Q8_0: fn(LOOM_TYPE_Q8_0, src, dst, k); return;      \
+	case LOOM_TYPE_Q4_0: fn(LOOM_TYPE_Q4_0, src, dst, k); return;      \
+	case LOOM_TYPE_Q4_1: fn(LOOM_TYPE_Q4_1, src, dst, k); return;      \
+	case LOOM_TYPE_Q5_0: fn(LOOM_TYPE_Q5_0, src, dst, k); return;      \
+	case LOOM_TYPE_Q5_1: fn(LOOM_TYPE_Q5_1, src, dst, k); return;      \
+	}
+	if (isa == CPU_ISA_AVX512) {
+		DEQ_CASES(avx512_deq_row);
+	} else if (isa == CPU_ISA_AVX2) {
+		DEQ_CASES(avx2_deq_row);
+	}
+#undef DEQ_CASES
+#endif
+	scalar_deq_row(type, src, dst, k);
+}
+
+float cpu_dot_f32(enum cpu_isa isa, const float *a, const float *b, int64_t n)
+{
+#if defined(__x86_64__)
+	if (isa != CPU_ISA_SCALAR)
+		return avx2_dot(a, b, n);
+#endif
+	return scalar_dot(a, b, n);
+}
+
+void cpu_axpy_f32(enum cpu_isa isa, float *y, const float *x, float s, int64_t n)
+{
+#if defined(__x86_64__)
+	if (isa != CPU_ISA_SCALAR) {
+		avx2_axpy(y, x, s, n);
+		return;
+	}
+#endif
+	scalar_axpy(y, x, s, n);
+}

@@ -1,0 +1,335 @@
+/*
+ * Row-wise operators of the cpu backend: embed, rmsnorm, rope, glu, add,
+ * scale and kv_write. Each validates its arguments, then runs over rows,
+ * split across the pool only when the op is large (prefill).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* ---- embed ---- */
+
+struct embed_args {
+	float *out;
+	const uint8_t *table;
+	uint32_t type;
+	size_t row_bytes;
+	int64_t dim;
+	const int32_t *ids;
+};
+
+static void embed_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct embed_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++)
+		cpu_dequant_row(ctx->isa, a->type, a->table + (size_t)a->ids[r] * a->row_bytes,
+				a->out + r * a->dim, a->dim);
+}
+
+int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+	      size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids)
+{
+	struct embed_args a = { out, table, type, row_bytes, dim, ids };
+	size_t need;
+
+	if (!ctx || n_rows < 0 || dim < 0 || n_ids < 0)
+		return LOOM_ERR_INVALID;
+	if (!cpu_format_known(type))
+		return LOOM_ERR_UNSUPPORTED;
+	if (dim % cpu_block_elems(type) ||
+	    (uint64_t)(dim / cpu_block_elems(type)) > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(type))
+		return LOOM_ERR_INVALID;
+	need = (size_t)(dim / cpu_block_elems(type)) * cpu_block_bytes(type);
+	if (row_bytes < need || !cpu_shape_ok(n_ids, dim, dim))
+		return LOOM_ERR_INVALID;
+	if (row_bytes > 0 && (uint64_t)n_rows > (uint64_t)(INT64_MAX / 16) / row_bytes)
+		return LOOM_ERR_INVALID;
+	if (n_ids == 0)
+		return LOOM_OK;
+	if (!out || !ids || (!table && dim > 0))
+		return LOOM_ERR_INVALID;
+	for (int64_t i = 0; i < n_ids; i++)
+		if (ids[i] < 0 || ids[i] >= n_rows)
+			return LOOM_ERR_INVALID;
+	if (dim == 0)
+		return LOOM_OK;
+	cpu_run_rows(ctx, embed_rows, &a, n_ids, (double)n_ids * dim);
+	return LOOM_OK;
+}
+
+/* ---- rmsnorm ---- */
+
+struct rmsnorm_args {
+	float *y;
+	int64_t y_stride;
+	const float *x;
+	int64_t x_stride;
+	const float *w;
+	int64_t n;
+	float eps;
+};
+
+static void rmsnorm_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct rmsnorm_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++) {
+		const float *x = a->x + r * a->x_stride;
+		float *y = a->y + r * a->y_stride;
+		double ss = 0.0; /* in double, as the reference does */
+		float scale;
+
+		for (int64_t i = 0; i < a->n; i++)
+			ss += (double)x[i] * x[i];
+		scale = (float)(1.0 / sqrt(ss / a->n + a->eps));
+
+		for (int64_t i = 0; i < a->n; i++)
+			y[i] = x[i] * scale * a->w[i];
+	}
+}
+
+int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+		int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
+{
+	struct rmsnorm_args a = { y, y_stride, x, x_stride, w, n, eps };
+
+	if (!ctx || !cpu_shape_ok(rows, n, x_stride) || !cpu_shape_ok(rows, n, y_stride))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!y || !x || !w)
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, rmsnorm_rows, &a, rows, (double)rows * n);
+	return LOOM_OK;
+}
+
+/* ---- rope ---- */
+
+/* Pairs per chunk whose cos/sin are computed once per token. */
+#define ROPE_CHUNK 64
+
+static void rope_rows(struct loom_backend_ctx *ctx, const void *p, int64_t t0, int64_t t1)
+{
+	const struct loom_rope_args *a = p;
+	const int64_t half = a->n_rot / 2;
+	float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+
+	for (int64_t t = t0; t < t1; t++) {
+		float *row = a->x + t * a->row_stride;
+
+		for (int64_t c0 = 0; c0 < half; c0 += ROPE_CHUNK) {
+			int64_t c1 = c0 + ROPE_CHUNK < half ? c0 + ROPE_CHUNK : half;
+
+			for (int64_t i = c0; i < c1; i++) {
+				/* the angle in double, exactly as the reference */
+				double theta = (double)a->pos[t] * a->freq_scale *
+					       pow(a->freq_base, -2.0 * (double)i / (double)a->n_rot);
+
+				if (a->freq_factors)
+					theta /= a->freq_factors[i];
+				cs[i - c0] = (float)cos(theta);
+				sn[i - c0] = (float)sin(theta);
+			}
+			for (int64_t h = 0; h < a->n_heads; h++) {
+				float *x = row + h * a->head_dim;
+
+				for (int64_t i = c0; i < c1; i++) {
+					int64_t i0 = a->mode == LOOM_ROPE_NEOX ? i : 2 * i;
+					int64_t i1 = a->mode == LOOM_ROPE_NEOX ? i + half : 2 * i + 1;
+					float x0 = x[i0], x1 = x[i1];
+
+					x[i0] = x0 * cs[i - c0] - x1 * sn[i - c0];
+					x[i1] = x0 * sn[i - c0] + x1 * cs[i - c0];
+				}
+			}
+		}
+	}
+}
+
+int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	if (!ctx || !a || a->struct_size < sizeof(*a))
+		return LOOM_ERR_INVALID;
+	if (a->mode != LOOM_ROPE_NORM && a->mode != LOOM_ROPE_NEOX)
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens < 0 || a->n_heads < 0 || a->head_dim < 0 || a->n_rot < 0 ||
+	    a->n_rot % 2 || a->n_rot > a->head_dim)
+		return LOOM_ERR_INVALID;
+	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
+		return LOOM_ERR_INVALID;
+	if (!cpu_shape_ok(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
+		return LOOM_OK;
+	if (!a->x || !a->pos || !(a->freq_base > 0.0f))
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, rope_rows, a, a->n_tokens,
+		     (double)a->n_tokens * a->n_heads * a->n_rot * 4);
+	return LOOM_OK;
+}
+
+/* ---- glu ---- */
+
+struct glu_args {
+	enum loom_glu_kind kind;
+	float *out;
+	int64_t out_stride;
+	const float *gate;
+	int64_t gate_stride;
+	const float *up;
+	int64_t up_stride;
+	int64_t n;
+};
+
+static inline float silu(float g)
+{
+	return g / (1.0f + expf(-g));
+}
+
+static inline float gelu_tanh(float g)
+{
+	const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+
+	return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+static void glu_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct glu_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++) {
+		const float *g = a->gate + r * a->gate_stride;
+		const float *u = a->up + r * a->up_stride;
+		float *o = a->out + r * a->out_stride;
+
+		if (a->kind == LOOM_GLU_SILU)
+			for (int64_t i = 0; i < a->n; i++)
+				o[i] = silu(g[i]) * u[i];
+		else
+			for (int64_t i = 0; i < a->n; i++)
+				o[i] = gelu_tanh(g[i]) * u[i];
+	}
+}
+
+int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+	    int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+	    int64_t up_stride, int64_t rows, int64_t n)
+{
+	struct glu_args a = { kind, out, out_stride, gate, gate_stride, up, up_stride, n };
+
+	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
+		return LOOM_ERR_INVALID;
+	if (!cpu_shape_ok(rows, n, out_stride) || !cpu_shape_ok(rows, n, gate_stride) ||
+	    !cpu_shape_ok(rows, n, up_stride))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!out || !gate || !up)
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, glu_rows, &a, rows, (double)rows * n * 16);
+	return LOOM_OK;
+}
+
+/* ---- add, scale ---- */
+
+struct add_args {
+	float *out;
+	int64_t out_stride;
+	const float *a;
+	int64_t a_stride;
+	const float *b;
+	int64_t b_stride, b_rows, n;
+};
+
+static void add_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct add_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++) {
+		const float *x = a->a + r * a->a_stride;
+		const float *y = a->b + (a->b_rows == 1 ? 0 : r) * a->b_stride;
+		float *o = a->out + r * a->out_stride;
+
+		for (int64_t i = 0; i < a->n; i++)
+			o[i] = x[i] + y[i];
+	}
+}
+
+int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+	    int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
+	    int64_t n)
+{
+	struct add_args args = { out, out_stride, a, a_stride, b, b_stride, b_rows, n };
+
+	if (!ctx || (b_rows != 1 && b_rows != rows))
+		return LOOM_ERR_INVALID;
+	if (!cpu_shape_ok(rows, n, out_stride) || !cpu_shape_ok(rows, n, a_stride) ||
+	    !cpu_shape_ok(b_rows, n, b_stride))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!out || !a || !b)
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, add_rows, &args, rows, (double)rows * n);
+	return LOOM_OK;
+}
+
+struct scale_args {
+	float *x;
+	int64_t stride, n;
+	float s;
+};
+
+static void scale_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct scale_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++) {
+		float *x = a->x + r * a->stride;
+
+		for (int64_t i = 0; i < a->n; i++)
+			x[i] *= a->s;
+	}
+}
+
+int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows, int64_t n,
+	      float s)
+{
+	struct scale_args a = { x, stride, n, s };
+
+	if (!ctx || !cpu_shape_ok(rows, n, stride))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!x)
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, scale_rows, &a, rows, (double)rows * n);
+	return LOOM_OK;
+}
+
+/* ---- kv_write ---- */
+
+int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+{
+	if (!ctx || !a || a->struct_size < sizeof(*a))
+		return LOOM_ERR_INVALID;
+	if (!cpu_shape_ok(a->n_tokens, a->kv_dim, a->k_stride) ||
+	    !cpu_shape_ok(a->n_tokens, a->kv_dim, a->v_stride))
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens == 0 || a->kv_dim == 0)
+		return LOOM_OK;
+	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
+		return LOOM_ERR_INVALID;
+	for (int64_t t = 0; t < a->n_tokens; t++)
+		if (!cpu_slot_ok(a->slots[t], a->kv_dim))
+			return LOOM_ERR_INVALID;
+	for (int64_t t = 0; t < a->n_tokens; t++) {
+		size_t off = (size_t)a->slots[t] * (size_t)a->kv_dim;
+
+		memcpy(a->kcache + off, a->k + t * a->k_stride, (size_t)a->kv_dim * sizeof(float));
+		memcpy(a->vcache + off, a->v + t * a->v_stride, (size_t)a->kv_dim * sizeof(float));
+	}
+	return LOOM_OK;
+}
