@@ -98,6 +98,12 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		return LOOM_ERR_NOMEM;
 	ctx->host = host;
 	ctx->isa = cpu_detect_isa();
+	/* LOOM_CPU_ISA=scalar|avx2 selects a lesser kernel set (for tests) */
+	const char *want = getenv("LOOM_CPU_ISA");
+	if (want && !strcmp(want, "scalar"))
+		ctx->isa = CPU_ISA_SCALAR;
+	else if (want && !strcmp(want, "avx2") && ctx->isa == CPU_ISA_AVX512)
+		ctx->isa = CPU_ISA_AVX2;
 	ctx->n_threads = (int)n;
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
