@@ -130,6 +130,7 @@ static void gemm_case(struct dev *ref, struct dev *d, const struct gemm_case *c)
 	if (rc != LOOM_OK) {
 		tb_fail(d, "gemm", fmt, "%s: ref returned %s", desc, tb_status_name(rc));
 	} else {
+		tb_current(d, "gemm", fmt, desc);
 		rc = gemm_on(d, c, w, x, got);
 		if (tb_status_ok(d, "gemm", fmt, sup, rc, desc)) {
 			tb_result(d, "gemm", fmt, gemm_tolerance(c->type),
@@ -237,14 +238,16 @@ static void test_embed_type(struct dev *ref, struct dev *d, uint32_t type)
 			snprintf(desc, sizeof(desc), "dim %lld row_bytes %zu", (long long)dim,
 				 row_bytes);
 			rc = embed_on(ref, type, table, row_bytes, n_rows, dim, ids, n_ids, want);
-			if (rc != LOOM_OK)
+			tb_current(d, "embed", fmt, desc);
+			if (rc != LOOM_OK) {
 				tb_fail(d, "embed", fmt, "%s: ref returned %s", desc,
 					tb_status_name(rc));
-			else if (tb_status_ok(d, "embed", fmt, sup,
-					      embed_on(d, type, table, row_bytes, n_rows, dim,
-						       ids, n_ids, got), desc))
-				tb_result(d, "embed", fmt, 1e-10,
-					  tb_nmse(got, want, n_ids, dim, dim), desc);
+			} else {
+				rc = embed_on(d, type, table, row_bytes, n_rows, dim, ids, n_ids, got);
+				if (tb_status_ok(d, "embed", fmt, sup, rc, desc))
+					tb_result(d, "embed", fmt, 1e-10,
+						  tb_nmse(got, want, n_ids, dim, dim), desc);
+			}
 			free(table);
 			free(want);
 			free(got);
@@ -337,6 +340,7 @@ static void test_rmsnorm(struct dev *ref, struct dev *d)
 					memcpy(got, x, (size_t)len * F);
 				}
 				rc_ref = rmsnorm_on(ref, x, w, want, r.rows, r.n, r.stride, eps, v);
+				tb_current(d, "rmsnorm", "f32", r.desc);
 				rc = rmsnorm_on(d, x, w, got, r.rows, r.n, r.stride, eps, v);
 				if (!v) {
 					orig = tb_poison(len);
@@ -414,6 +418,7 @@ static void rope_case(struct dev *ref, struct dev *d, const struct rope_case *c)
 	memcpy(want, x, (size_t)len * F);
 	memcpy(got, x, (size_t)len * F);
 	rc_ref = rope_on(ref, c, want, pos, ff);
+	tb_current(d, "rope", "f32", r.desc);
 	rc = rope_on(d, c, got, pos, ff);
 	rowop_compare(d, &r, rc_ref, rc, got, want, x);
 	free(x);
@@ -503,6 +508,7 @@ static void test_glu(struct dev *ref, struct dev *d)
 						 (long long)r.n, (long long)r.stride,
 						 alias == 1 ? " out=gate" : alias == 2 ? " out=up" : "");
 					rc_ref = glu_on(ref, kind, g, u, want, r.rows, r.n, r.stride, alias);
+					tb_current(d, "glu", "f32", r.desc);
 					rc = glu_on(d, kind, g, u, got, r.rows, r.n, r.stride, alias);
 					rowop_compare(d, &r, rc_ref, rc, got, want, orig);
 					free(g);
@@ -562,6 +568,7 @@ static void test_add(struct dev *ref, struct dev *d)
 					 in_place ? " in place" : "");
 				rc_ref = add_on(ref, a, b, want, r.rows, b_rows, r.n, r.stride,
 						b_stride, in_place);
+				tb_current(d, "add", "f32", r.desc);
 				rc = add_on(d, a, b, got, r.rows, b_rows, r.n, r.stride, b_stride,
 					    in_place);
 				rowop_compare(d, &r, rc_ref, rc, got, want, orig);
@@ -614,6 +621,7 @@ static void test_scale(struct dev *ref, struct dev *d)
 					 (long long)r.rows, (long long)r.n, (long long)r.stride,
 					 factors[si]);
 				rc_ref = scale_on(ref, want, r.rows, r.n, r.stride, factors[si]);
+				tb_current(d, "scale", "f32", r.desc);
 				rc = scale_on(d, got, r.rows, r.n, r.stride, factors[si]);
 				rowop_compare(d, &r, rc_ref, rc, got, want, x);
 				free(x);
@@ -698,6 +706,7 @@ static void test_kv_write(struct dev *ref, struct dev *d)
 					 (long long)c.n_tokens, (long long)c.kv_dim,
 					 (long long)c.stride);
 				rc_ref = kv_write_on(ref, &c, want, k, vv, slots);
+				tb_current(d, "kv_write", "f32", r.desc);
 				rc = kv_write_on(d, &c, got, k, vv, slots);
 				rowop_compare(d, &r, rc_ref, rc, got, want, cache);
 				free(cache);
@@ -834,6 +843,7 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 		 (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim,
 		 (long long)c->block_size, c->window, c->softcap, c->pad ? " padded" : "");
 	rc_ref = attn_on(ref, c, want);
+	tb_current(d, "attention", "f32", r.desc);
 	rc = attn_on(d, c, got);
 	rowop_compare(d, &r, rc_ref, rc, got, want, orig);
 	free(want);

@@ -1,9 +1,13 @@
 /*
  * Backend conformance suite: harness and main.
  *
- * Usage: backend_conformance [backend.so ...]
+ * Usage: backend_conformance [backend.so[:KEY=VALUE] ...]
  * Without arguments it tests ref.so by hand-computed cases, then compares
- * ref.so, cpu.so, cuda.so and rocm.so (whichever load) against ref.so.
+ * ref.so, cpu.so, cuda.so and rocm.so (whichever load) against ref.so; cpu.so
+ * also with 3 threads (uneven splits) and with its lesser kernel sets
+ * (LOOM_CPU_ISA=avx2, scalar). A suffix :threads=N sets the config's
+ * n_threads; any other :KEY=VALUE is set in the environment before the
+ * backend is created.
  * ref.so failing to load is a failure; any other backend that does not load
  * (not built, no device, incomplete table) is reported as a skip. Each
  * backend runs in its own child process, so a crash in one is reported as
@@ -16,15 +20,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Seconds one backend's run may take before it counts as hung. */
+#ifndef TB_WATCHDOG_S
+#define TB_WATCHDOG_S 300
+#endif
+
 /* ---- devices ---- */
 
-int dev_open(struct dev *d, const char *name, char *err, size_t errlen)
+int dev_open(struct dev *d, const char *name, int n_threads, char *err, size_t errlen)
 {
 	struct loom_backend_config cfg = {
-		.struct_size = sizeof(cfg), .device = 0, .n_threads = 0,
+		.struct_size = sizeof(cfg), .device = 0, .n_threads = n_threads,
 	};
 
 	memset(d, 0, sizeof(*d));
@@ -161,6 +171,24 @@ bool tb_padding_same(const float *a, const float *orig, int64_t rows, int64_t n,
 	return true;
 }
 
+/* ---- the watchdog: a hung backend fails with the case it hung in ---- */
+
+static char current[256] = "startup\n";
+
+void tb_current(const struct dev *d, const char *op, const char *fmt, const char *desc)
+{
+	snprintf(current, sizeof(current), "FAIL %s %s %s: %s: timed out after %d s\n",
+		 d->name, op, fmt, desc, TB_WATCHDOG_S);
+}
+
+static void on_alarm(int sig)
+{
+	ssize_t unused = write(STDOUT_FILENO, current, strlen(current));
+
+	(void)unused;
+	_exit(1);
+}
+
 /* ---- reporting: one tally per backend, op and format ---- */
 
 struct tally {
@@ -288,30 +316,55 @@ const char *tb_status_name(int rc)
 
 /* ---- main ---- */
 
-/* Runs in a child: compares backend `name` with ref. Exit status: 0 pass,
+/* Splits "cpu.so:KEY=VALUE" into the name and its setting: threads=N goes
+ * to *n_threads, anything else into the environment. */
+static void apply_variant(const char *spec, char *name, size_t cap, int *n_threads)
+{
+	const char *colon = strchr(spec, ':');
+	char setting[256];
+	char *eq;
+
+	*n_threads = 0;
+	snprintf(name, cap, "%.*s", colon ? (int)(colon - spec) : (int)strlen(spec), spec);
+	if (!colon)
+		return;
+	snprintf(setting, sizeof(setting), "%s", colon + 1);
+	eq = strchr(setting, '=');
+	if (!eq)
+		return;
+	*eq = '\0';
+	if (!strcmp(setting, "threads"))
+		*n_threads = atoi(eq + 1);
+	else
+		setenv(setting, eq + 1, 1);
+}
+
+/* Runs in a child: compares backend `spec` with ref. Exit status: 0 pass,
  * 1 failures, 77 backend did not load. */
-static int test_backend(const char *name)
+static int test_backend(const char *spec)
 {
 	struct dev ref, d;
 	struct loom_device_info info;
-	char err[4096];
+	char err[4096], name[256];
+	int n_threads;
 
-	if (dev_open(&ref, "ref.so", err, sizeof(err))) {
+	if (dev_open(&ref, "ref.so", 0, err, sizeof(err))) {
 		printf("FAIL ref.so does not load: %s\n", err);
 		return 1;
 	}
-	if (dev_open(&d, name, err, sizeof(err))) {
-		printf("SKIP %s: %s\n", name, err);
+	apply_variant(spec, name, sizeof(name), &n_threads);
+	if (dev_open(&d, name, n_threads, err, sizeof(err))) {
+		printf("SKIP %s: %s\n", spec, err);
 		dev_close(&ref);
 		return 77;
 	}
 	if (d.ops->device_info(d.ctx, &info) == LOOM_OK)
-		printf("== %s (%.*s) against ref\n", name, (int)sizeof(info.name), info.name);
+		printf("== %s (%.*s) against ref\n", spec, (int)sizeof(info.name), info.name);
 	else
 		tb_fail(&d, "device_info", "-", "device_info failed");
 	tb_run_conformance(&ref, &d);
 	tb_run_invalid(&d);
-	printf("-- %s summary\n", name);
+	printf("-- %s summary\n", spec);
 	tb_summary();
 	dev_close(&d);
 	dev_close(&ref);
@@ -331,7 +384,11 @@ static int run_child(const char *name, int (*fn)(const char *))
 		return 1;
 	}
 	if (pid == 0) {
-		int rc = fn(name);
+		int rc;
+
+		signal(SIGALRM, on_alarm);
+		alarm(TB_WATCHDOG_S);
+		rc = fn(name);
 
 		fflush(stdout);
 		_exit(rc);
@@ -353,7 +410,7 @@ static int hand_checks(const char *unused)
 	char err[4096];
 	int fails;
 
-	if (dev_open(&ref, "ref.so", err, sizeof(err))) {
+	if (dev_open(&ref, "ref.so", 0, err, sizeof(err))) {
 		printf("FAIL ref.so does not load: %s\n", err);
 		return 1;
 	}
@@ -364,9 +421,12 @@ static int hand_checks(const char *unused)
 
 int main(int argc, char **argv)
 {
-	static const char *const all[] = { "ref.so", "cpu.so", "cuda.so", "rocm.so" };
+	static const char *const all[] = {
+		"ref.so", "cpu.so", "cpu.so:threads=3", "cpu.so:LOOM_CPU_ISA=avx2",
+		"cpu.so:LOOM_CPU_ISA=scalar", "cuda.so", "rocm.so",
+	};
 	const char *const *names = all;
-	int n = 4, failed = 0, tested = 0;
+	int n = sizeof(all) / sizeof(all[0]), failed = 0, tested = 0;
 	char err[4096];
 
 	setvbuf(stdout, NULL, _IOLBF, 0);

@@ -28,7 +28,8 @@ struct dev {
 };
 
 /* ---- devices ---- */
-int dev_open(struct dev *d, const char *name, char *err, size_t errlen);
+/* Loads and creates backend `name` (n_threads 0: its choice). */
+int dev_open(struct dev *d, const char *name, int n_threads, char *err, size_t errlen);
 void dev_close(struct dev *d);
 /* A device copy of n bytes of src (src NULL: uninitialized); NULL on failure. */
 void *dev_put(struct dev *d, const void *src, size_t n);
@@ -61,6 +62,8 @@ void tb_result(const struct dev *d, const char *op, const char *fmt, double tol,
 /* Records a failure that is not a numeric mismatch. */
 void tb_fail(const struct dev *d, const char *op, const char *fmt, const char *fmt_msg, ...)
 	__attribute__((format(printf, 4, 5)));
+/* Names the case about to run, for the watchdog's message if it hangs. */
+void tb_current(const struct dev *d, const char *op, const char *fmt, const char *desc);
 /* Records that a case was skipped (unsupported, with a reason). */
 void tb_skip(const struct dev *d, const char *op, const char *fmt);
 /* Prints the per-op/format summary; returns the number of failures. */
