@@ -21,12 +21,16 @@ itself in float64 by 2e-6). 1e-3 leaves two orders of magnitude for that
 while still catching any real mistake (a wrong rope pair, a missing bias, a
 wrong GQA mapping or norm epsilon moves logits by whole units).
 
-Greedy tokens: a backend may differ from the reference by up to
-2 * TOL * max|ref| on the gap between two logits, so where the reference's
-top two logits are closer than that (a near tie) the backends may pick the
-other token and the paths then legitimately part. The test accepts that
-and says so; any other difference fails. If the model ends its answer (EOS)
-within the 32 tokens, loom may stop there.
+Greedy tokens must match exactly, with one narrow exemption: where the
+reference's top two logits are within 2 * TIE_TOL * max|ref| of each other
+(a near tie), float32 rounding alone could pick the other token, and the
+paths then legitimately part; the test accepts that and says so. TIE_TOL is
+1e-4, ten times tighter than TOL but still 30x above the errors measured on
+cpu.so and ref.so (<= 3e-6), so that the exemption cannot hide a real bug:
+with it, the two fixed prompts (smallest reference gaps 0.05 and 0.02
+against an allowance of about 0.004) must match all their tokens. If the
+model ends its answer (EOS) within the 32 tokens, loom may stop there
+("The capital of France is" does, after 29 tokens).
 """
 
 import os
@@ -35,6 +39,7 @@ import sys
 import tempfile
 
 TOL = 1e-3
+TIE_TOL = 1e-4
 N_GEN = 32
 BACKENDS = ("cpu.so", "ref.so")
 PROMPTS = (
@@ -153,7 +158,7 @@ def one_prompt(np, ref, loom, model_path, prompt, tmp, fails):
     gaps = [float(np.sort(s)[-1] - np.sort(s)[-2]) for s in steps]
     print("reference: %r; smallest top-2 gap %.4g at step %d" %
           (ref.detokenize(out), min(gaps), int(np.argmin(gaps))))
-    abs_tol = TOL * float(np.max(np.abs(first)))
+    abs_tol = TIE_TOL * float(np.max(np.abs(first)))
     got_tokens = {}
     for be in BACKENDS:
         tag = "%s [%d tokens]" % (be, len(ids))
