@@ -28,6 +28,19 @@ static bool shape_ok(int64_t rows, int64_t n, int64_t stride)
 	return rows - 1 <= (INT64_MAX / 16 - n) / stride;
 }
 
+/* rows rows of row_bytes bytes, `stride` bytes apart (stride >= row_bytes):
+ * the furthest byte offset must fit comfortably in int64. */
+static bool bytes_ok(int64_t rows, size_t row_bytes, size_t stride)
+{
+	const uint64_t limit = INT64_MAX / 16;
+
+	if (row_bytes > limit)
+		return false;
+	if (rows <= 1 || stride == 0)
+		return true;
+	return (uint64_t)(rows - 1) <= (limit - row_bytes) / stride;
+}
+
 /* Block geometry of a weight type. f32 is built in; every other format
  * comes from the host's registry (a quantization plugin). */
 static bool format_of(struct loom_backend_ctx *ctx, uint32_t type,
@@ -118,10 +131,8 @@ int ref_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!format_of(ctx, a->w_type, &be, &bb))
 		return LOOM_ERR_UNSUPPORTED;
 	w_row = row_size(a->k, be, bb, &ok);
-	if (!ok || a->w_stride < w_row || !shape_ok(a->m, a->k, a->x_stride) ||
-	    !shape_ok(a->m, a->n, a->y_stride))
-		return LOOM_ERR_INVALID;
-	if (a->n > 1 && (uint64_t)(a->n - 1) > (INT64_MAX / 16 - w_row) / (a->w_stride ? a->w_stride : 1))
+	if (!ok || a->w_stride < w_row || !bytes_ok(a->n, w_row, a->w_stride) ||
+	    !shape_ok(a->m, a->k, a->x_stride) || !shape_ok(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
@@ -157,9 +168,8 @@ int ref_embed(struct loom_backend_ctx *ctx, float *out, const void *table,
 	if (!format_of(ctx, type, &be, &bb))
 		return LOOM_ERR_UNSUPPORTED;
 	need = row_size(dim, be, bb, &ok);
-	if (!ok || row_bytes < need || !shape_ok(n_ids, dim, dim))
-		return LOOM_ERR_INVALID;
-	if (row_bytes > 0 && (uint64_t)n_rows > (uint64_t)(INT64_MAX / 16) / row_bytes)
+	if (!ok || row_bytes < need || !bytes_ok(n_rows, need, row_bytes) ||
+	    !shape_ok(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
 	if (n_ids == 0)
 		return LOOM_OK;
@@ -401,7 +411,8 @@ static bool attention_args_ok(const struct loom_attention_args *a)
 {
 	if (a->n_seqs < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 ||
 	    a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0 ||
-	    a->block_size <= 0 || a->max_blocks < 0 || a->window < 0 ||
+	    a->block_size <= 0 || a->block_size > INT32_MAX || a->max_blocks < 0 ||
+	    a->window < 0 ||
 	    !(a->softcap >= 0.0f))
 		return false;
 	if (a->head_dim > INT64_MAX / 16 / a->n_heads)
