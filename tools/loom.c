@@ -3,16 +3,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "bench.h"
+#include "loom.h"
 #include "gguf.h"
 #include "info.h"
 #include "loom_config.h"
 #include "options.h"
-#include "sampler.h"
-#include "session.h"
 #include "tokenizer.h"
 
 #define ERRLEN 4096
@@ -289,163 +286,119 @@ static int write_file(const char *path, const void *data, size_t n, char *err)
 	return fclose(fp) ? -1 : 0;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-struct run_state {
-	struct loom_options *o;
-	struct gguf_file *f;
-	struct loom_tokenizer *tok;
-	struct loom_model *m;
-	struct loom_session *s;
-	struct loom_sampler *smp;
-	int32_t *hist;
-	int64_t n_hist;
+struct run_out {
+	FILE *tokens; /* --dump-tokens, or NULL */
+	int64_t n;
 };
 
-static int load_everything(struct run_state *st, char *err)
+static int on_token(void *user, int32_t token, const char *text, size_t len)
 {
-	struct loom_options *o = st->o;
-	struct loom_model_params mp = { .backend = o->backend, .n_threads = o->n_threads,
-		.progress = o->progress };
+	struct run_out *ro = user;
 
-	if (!(st->f = open_model(o->model, err)))
-		return -1;
-	if (!(st->tok = loom_tokenizer_from_gguf(st->f, err, ERRLEN)))
-		return -1;
-	if (!(st->m = loom_model_load(st->f, &mp, err, ERRLEN)))
-		return -1;
-	if (o->n_ctx > st->m->hp.n_ctx_train)
-		o->n_ctx = (int)st->m->hp.n_ctx_train;
-	if (!(st->s = loom_session_new(st->m, o->n_ctx, o->n_batch, err, ERRLEN)))
-		return -1;
-	st->smp = loom_sampler_new(&o->sp, (int32_t)st->m->hp.n_vocab, err, ERRLEN);
-	return st->smp ? 0 : -1;
-}
-
-static void unload_everything(struct run_state *st)
-{
-	loom_sampler_free(st->smp);
-	loom_session_free(st->s);
-	loom_model_free(st->m);
-	loom_tokenizer_free(st->tok);
-	gguf_close(st->f);
-	free(st->hist);
-}
-
-static int prompt_tokens(struct run_state *st, char *err)
-{
-	struct loom_options *o = st->o;
-	char *text = NULL;
-	size_t len;
-	int64_t n = 0;
-
-	if (o->prompt_file[0])
-		text = read_file(o->prompt_file, &len, err);
-	else if (o->prompt)
-		text = strdup(o->prompt), len = strlen(o->prompt);
-	else
-		snprintf(err, ERRLEN, "no prompt given (-p TEXT or -f FILE)");
-	if (!text)
-		return -1;
-	st->hist = tokenize_all(st->tok, text, len, !o->no_bos, &n, err);
-	free(text);
-	if (!st->hist)
-		return -1;
-	if (n == 0) {
-		snprintf(err, ERRLEN, "the prompt is empty after tokenization");
-		return -1;
-	}
-	if (n + (o->n_predict > 0 ? o->n_predict : 0) > o->n_ctx) {
-		snprintf(err, ERRLEN, "prompt (%lld tokens) + n_predict (%d) exceeds the context (%d)",
-			 (long long)n, o->n_predict, o->n_ctx);
-		return -1;
-	}
-	st->n_hist = n;
-	/* room for generated tokens */
-	{
-		int32_t *h = realloc(st->hist, sizeof(int32_t) * (size_t)(n + o->n_predict + 1));
-
-		if (!h)
-			return -1;
-		st->hist = h;
+	if (ro->tokens)
+		fprintf(ro->tokens, ro->n++ ? " %d" : "%d", token);
+	if (len) {
+		fwrite(text, 1, len, stdout);
+		fflush(stdout);
 	}
 	return 0;
 }
 
-/* Generates, streaming text to stdout. Returns tokens generated or -1. */
-static int generate(struct run_state *st, FILE *tok_out, char *err)
+static void generation_params(const struct loom_options *o, struct loom_generation_params *g)
 {
-	struct loom_detok dt = { .first = true };
-	char piece[256];
-	int i, n_gen = 0;
+	loom_generation_params_init(g);
+	g->n_predict = o->n_predict;
+	g->add_special = !o->no_bos;
+	g->temp = o->sp.temp;
+	g->top_k = o->sp.top_k;
+	g->top_p = o->sp.top_p;
+	g->min_p = o->sp.min_p;
+	g->repeat_penalty = o->sp.repeat_penalty;
+	g->presence_penalty = o->sp.presence_penalty;
+	g->frequency_penalty = o->sp.frequency_penalty;
+	g->repeat_last_n = o->sp.penalty_last_n;
+	g->seed = o->sp.seed;
+}
 
-	for (i = 0; i < st->o->n_predict; i++) {
-		int32_t t = loom_sampler_sample(st->smp, st->s->logits, st->hist, st->n_hist);
+static char *prompt_text(const struct loom_options *o, size_t *len, char *err)
+{
+	char *text = NULL;
 
-		if (loom_tokenizer_is_eog(st->tok, t))
-			break;
-		st->hist[st->n_hist++] = t;
-		n_gen++;
-		if (tok_out)
-			fprintf(tok_out, n_gen > 1 ? " %d" : "%d", t);
-		if (loom_detokenize(st->tok, &dt, t, piece, sizeof(piece)) > 0) {
-			fputs(piece, stdout);
-			fflush(stdout);
-		}
-		if (i + 1 < st->o->n_predict &&
-		    loom_session_eval(st->s, &t, 1, err, ERRLEN))
-			return -1;
-	}
-	return n_gen;
+	if (o->prompt_file[0])
+		return read_file(o->prompt_file, len, err);
+	if (o->prompt && (text = strdup(o->prompt)))
+		*len = strlen(text);
+	else
+		snprintf(err, ERRLEN, o->prompt ? "out of memory" : "no prompt given (-p TEXT or -f FILE)");
+	return text;
+}
+
+static int finish_run(struct loom_engine *e, const struct loom_options *o,
+		      const struct loom_generation_stats *st, const float *logits,
+		      char *err)
+{
+	printf("\n");
+	fflush(stdout);
+	fprintf(stderr, "loom: backend %s, prompt %lld tokens in %.3f s (%.1f t/s), generated %lld tokens in %.3f s (%.1f t/s)\n",
+		loom_engine_backend_name(e), (long long)st->n_prompt, st->prompt_seconds,
+		(double)st->n_prompt / st->prompt_seconds, (long long)st->n_generated,
+		st->generate_seconds,
+		st->n_generated > 0 ? (double)st->n_generated / st->generate_seconds : 0.0);
+	if (o->dump_logits[0])
+		return write_file(o->dump_logits, logits,
+				  sizeof(float) * (size_t)loom_engine_n_vocab(e), err);
+	return 0;
 }
 
 static int cmd_run(int argc, char **argv, char *err)
 {
 	struct loom_options o;
-	struct run_state st = { .o = &o };
-	FILE *tok_out = NULL;
-	double t0, t1, t2;
-	int n_gen, rc = -1;
-	int64_t n_prompt;
+	struct loom_engine_params ep;
+	struct loom_generation_params g;
+	struct loom_generation_stats st;
+	struct run_out ro = { 0 };
+	struct loom_engine *e = NULL;
+	float *logits = NULL;
+	char *text = NULL;
+	size_t len = 0;
+	int rc = -1;
 
 	loom_options_defaults(&o);
-	if (parse_args(argc, argv, &o, err) || load_everything(&st, err) ||
-	    prompt_tokens(&st, err))
+	if (parse_args(argc, argv, &o, err) || !(text = prompt_text(&o, &len, err)))
 		goto out;
-	n_prompt = st.n_hist;
-	t0 = now_s();
-	if (loom_session_eval(st.s, st.hist, (int32_t)n_prompt, err, ERRLEN))
+	if (!o.model[0]) {
+		snprintf(err, ERRLEN, "no model given (--model FILE)");
 		goto out;
-	t1 = now_s();
+	}
+	loom_engine_params_init(&ep);
+	ep.model = o.model;
+	ep.backend = o.backend;
+	ep.n_threads = o.n_threads;
+	ep.n_ctx = o.n_ctx;
+	ep.n_batch = o.n_batch;
+	ep.progress = o.progress;
+	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
+		goto out;
+	generation_params(&o, &g);
 	if (o.dump_logits[0] &&
-	    write_file(o.dump_logits, st.s->logits, sizeof(float) * (size_t)st.m->hp.n_vocab, err))
+	    !(g.prompt_logits = logits = malloc(sizeof(float) * (size_t)loom_engine_n_vocab(e)))) {
+		snprintf(err, ERRLEN, "out of memory");
 		goto out;
-	if (o.dump_tokens[0] && !(tok_out = fopen(o.dump_tokens, "w"))) {
+	}
+	if (o.dump_tokens[0] && !(ro.tokens = fopen(o.dump_tokens, "w"))) {
 		snprintf(err, ERRLEN, "%s: cannot write", o.dump_tokens);
 		goto out;
 	}
-	n_gen = generate(&st, tok_out, err);
-	t2 = now_s();
-	if (tok_out) {
-		fputc('\n', tok_out);
-		fclose(tok_out);
-	}
-	if (n_gen < 0)
-		goto out;
-	printf("\n");
-	fflush(stdout);
-	fprintf(stderr, "loom: backend %s, prompt %lld tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s)\n",
-		st.m->be->ops->name, (long long)n_prompt, t1 - t0, (double)n_prompt / (t1 - t0),
-		n_gen, t2 - t1, n_gen > 1 ? (double)(n_gen - 1) / (t2 - t1) : 0.0);
-	rc = 0;
+	if (loom_generate(e, text, len, &g, on_token, &ro, &st, err, ERRLEN) == 0)
+		rc = finish_run(e, &o, &st, logits, err);
 out:
-	unload_everything(&st);
+	if (ro.tokens) {
+		fputc('\n', ro.tokens);
+		fclose(ro.tokens);
+	}
+	loom_engine_close(e);
+	free(logits);
+	free(text);
 	return rc;
 }
 
