@@ -39,12 +39,17 @@ continuation (argmax, ties -> lowest id), space-separated.
 
 import argparse
 import math
+import os
 import sys
 import time
 
-import numpy as np
-import gguf
-from gguf.quants import dequantize
+# Matrix-vector products dominate and are memory-bound; one BLAS thread is as
+# fast and does not collapse when the machine is busy (OpenBLAS threads spin).
+# Only effective if numpy is not imported yet.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import gguf  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
 
 # Rope variants by architecture (llama.cpp's rope type per arch).
 ROPE_NORM = "norm"

@@ -193,11 +193,17 @@ def main():
     model_path = os.environ.get("LOOM_MODEL", "")
     if not model_path or not os.path.isfile(model_path):
         skip("model not found (LOOM_MODEL=%r)" % model_path)
+    # one BLAS thread for the reference (see ref_llama.py), but not for the
+    # loom processes started later, which inherit our environment
+    had = "OPENBLAS_NUM_THREADS" in os.environ
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         import numpy as np
         import gguf  # noqa: F401
     except ImportError as e:
         skip("python module missing: %s" % e)
+    if not had:
+        del os.environ["OPENBLAS_NUM_THREADS"]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import ref_llama
 
