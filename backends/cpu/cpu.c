@@ -67,6 +67,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 			free(ctx->scratch[i]);
 	free(ctx->scratch);
 	free(ctx->scratch_cap);
+	free(ctx->xsum);
 	free(ctx);
 }
 

@@ -61,7 +61,20 @@ struct cpu_gemv {
 	float *y;
 	int64_t y_stride;
 	int64_t m, k;
+	/* Q4_1/Q5_1: per activation row, xs[2b] = 0 and xs[2b + 1] = sum of
+	 * x over block b, plus 2 floats of padding (cpu_xsum_fill) */
+	const float *xs;
+	int64_t xs_stride;
 };
+
+/* Floats of xs per activation row for k values. */
+static inline int64_t cpu_xsum_stride(int64_t k)
+{
+	return 2 * (k / 32) + 2;
+}
+
+bool cpu_format_has_min(uint32_t type);
+void cpu_xsum_fill(const struct cpu_gemv *g, float *xs);
 
 void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64_t j1);
 /* Dequantizes k values (whole blocks; any k for plain types) of one row. */
@@ -85,6 +98,8 @@ struct loom_backend_ctx {
 	int n_threads;
 	float **scratch; /* per thread, grown by cpu_scratch_reserve() */
 	size_t *scratch_cap;
+	float *xsum; /* block sums of the activations (gemm.c) */
+	size_t xsum_cap;
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

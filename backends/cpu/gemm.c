@@ -133,6 +133,35 @@ static int gemm_check(const struct loom_gemm_args *a)
 	return LOOM_OK;
 }
 
+/*
+ * Formats with a per-block minimum (w = d*q + m) take sum(w*x) as
+ * d*sum(q*x) + m*sum(x); the block sums of x are made here once per call,
+ * so every thread reads the same values.
+ */
+static int xsum_prepare(struct loom_backend_ctx *ctx, struct cpu_gemv *g)
+{
+	size_t n;
+
+	if (!cpu_format_has_min(g->type) || ctx->isa == CPU_ISA_SCALAR)
+		return LOOM_OK;
+	g->xs_stride = cpu_xsum_stride(g->k);
+	if ((uint64_t)g->m > SIZE_MAX / sizeof(float) / (uint64_t)g->xs_stride)
+		return LOOM_ERR_NOMEM;
+	n = (size_t)g->m * (size_t)g->xs_stride;
+	if (ctx->xsum_cap < n) {
+		float *p = malloc(n * sizeof(float));
+
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		free(ctx->xsum);
+		ctx->xsum = p;
+		ctx->xsum_cap = n;
+	}
+	cpu_xsum_fill(g, ctx->xsum);
+	g->xs = ctx->xsum;
+	return LOOM_OK;
+}
+
 /* sgemm takes int sizes and strides. */
 static bool blas_fits(const struct loom_gemm_args *a)
 {
@@ -163,6 +192,9 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
 
 	if (a->m < BLAS_MIN_M || a->k == 0 || !blas_fits(a)) {
+		err = xsum_prepare(ctx, &t.g);
+		if (err)
+			return err;
 		cpu_pool_run(&ctx->pool, gemv_task, &t, nth);
 		return LOOM_OK;
 	}

@@ -74,6 +74,36 @@ uint32_t cpu_block_bytes(uint32_t type)
 	}
 }
 
+bool cpu_format_has_min(uint32_t type)
+{
+	return type == LOOM_TYPE_Q4_1 || type == LOOM_TYPE_Q5_1;
+}
+
+static inline bool format_quant(uint32_t type)
+{
+	return cpu_block_elems(type) == 32;
+}
+
+void cpu_xsum_fill(const struct cpu_gemv *g, float *xs)
+{
+	const int64_t nb = g->k / 32;
+
+	for (int64_t i = 0; i < g->m; i++) {
+		const float *x = g->x + i * g->x_stride;
+		float *o = xs + i * g->xs_stride;
+
+		for (int64_t b = 0; b < nb; b++) {
+			float s = 0.0f;
+
+			for (int e = 0; e < 32; e++)
+				s += x[b * 32 + e];
+			o[2 * b] = 0.0f;
+			o[2 * b + 1] = s;
+		}
+		o[2 * nb] = o[2 * nb + 1] = 0.0f;
+	}
+}
+
 /* Bytes of one 32-value group (a block, or 32 plain values). */
 static inline size_t group_bytes(uint32_t type)
 {
@@ -458,9 +488,164 @@ TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const
 	}
 }
 
+/*
+ * Quantized blocks with the scale factored out: per block the kernels form
+ * sum(q*x) from the unscaled integer quants, then add d*that (and m*sum(x)
+ * for formats with a minimum) to the row's accumulator.
+ *
+ * Quants of one block as floats, in x order 0-7, 8-15, 16-23, 24-31, the
+ * format's offset (-8, -16) already applied.
+ */
+TGT_AVX2 ALWAYS void avx2_quants(const uint32_t t, const uint8_t *p, __m256 q[4])
+{
+	const __m256i m15 = _mm256_set1_epi32(15);
+	__m256i a, b;
+
+	switch (t) {
+	case LOOM_TYPE_Q8_0:
+		for (int s = 0; s < 4; s++)
+			q[s] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+				_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * s))));
+		return;
+	case LOOM_TYPE_Q4_0:
+	case LOOM_TYPE_Q4_1: {
+		const uint8_t *qs = p + (t == LOOM_TYPE_Q4_0 ? 2 : 4);
+		const __m256i off = _mm256_set1_epi32(t == LOOM_TYPE_Q4_0 ? 8 : 0);
+
+		/* each lane holds one byte: low nibble value e, high value e+16 */
+		a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+		b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+		q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(a, m15), off));
+		q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, m15), off));
+		q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(a, 4), off));
+		q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), off));
+		return;
+	}
+	case LOOM_TYPE_Q5_0:
+		avx2_q5(p + 6, rd32(p + 2), q);
+		for (int s = 0; s < 4; s++)
+			q[s] = _mm256_sub_ps(q[s], _mm256_set1_ps(16.0f));
+		return;
+	default: /* Q5_1 */
+		avx2_q5(p + 8, rd32(p + 4), q);
+		return;
+	}
+}
+
+/* [d, m, 0, 0] of a block (lane 1 is junk for formats without m). */
+TGT_AVX2 ALWAYS __m128 avx2_dm(const uint8_t *p)
+{
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(p)));
+}
+
+/* sum(q*x) over one block. */
+TGT_AVX2 ALWAYS __m256 avx2_qdot(const __m256 q[4], const __m256 x[4])
+{
+	__m256 s = _mm256_mul_ps(q[0], x[0]);
+
+	s = _mm256_fmadd_ps(q[1], x[1], s);
+	s = _mm256_fmadd_ps(q[2], x[2], s);
+	return _mm256_fmadd_ps(q[3], x[3], s);
+}
+
+TGT_AVX2 ALWAYS void avx2_loadx(const float *xp, __m256 x[4])
+{
+	for (int s = 0; s < 4; s++)
+		x[s] = _mm256_loadu_ps(xp + 8 * s);
+}
+
+/*
+ * A tile of R activation rows (from i) by J weight rows (from j), R == 1 or
+ * J == 1. The m*sum(x) terms gather in lane 1 of macc.
+ */
+TGT_AVX2 ALWAYS void avx2_qtile(const struct cpu_gemv *g, const uint32_t t, const int R,
+				const int J, int64_t i, int64_t j)
+{
+	const int64_t nb = g->k / 32;
+	const size_t gb = cpu_block_bytes(t);
+	const bool has_m = cpu_format_has_min(t);
+	const uint8_t *w = g->w + (size_t)j * g->w_stride;
+	const float *x = g->x + i * g->x_stride;
+	const float *xs = has_m ? g->xs + i * g->xs_stride : NULL;
+	__m256 acc[4], q[4], xv[4];
+	__m128 macc[4];
+
+	for (int a = 0; a < 4; a++) {
+		acc[a] = _mm256_setzero_ps();
+		macc[a] = _mm_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = w + b * gb;
+
+		if (J == 1) {
+			__m128 dm = avx2_dm(p);
+			__m256 d = _mm256_broadcastss_ps(dm);
+
+			avx2_quants(t, p, q);
+			for (int r = 0; r < R; r++) {
+				avx2_loadx(x + r * g->x_stride + b * 32, xv);
+				acc[r] = _mm256_fmadd_ps(avx2_qdot(q, xv), d, acc[r]);
+				if (has_m)
+					macc[r] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + r * g->xs_stride + 2 * b),
+							       macc[r]);
+			}
+			continue;
+		}
+		avx2_loadx(x + b * 32, xv);
+		for (int c = 0; c < J; c++) {
+			const uint8_t *pc = p + (size_t)c * g->w_stride;
+			__m128 dm = avx2_dm(pc);
+
+			avx2_quants(t, pc, q);
+			acc[c] = _mm256_fmadd_ps(avx2_qdot(q, xv), _mm256_broadcastss_ps(dm), acc[c]);
+			if (has_m)
+				macc[c] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + 2 * b), macc[c]);
+		}
+	}
+	for (int a = 0; a < R * J; a++) {
+		float s = avx2_hsum(acc[a]);
+
+		if (has_m)
+			s += _mm_cvtss_f32(_mm_movehdup_ps(macc[a]));
+		if (J == 1)
+			g->y[(i + a) * g->y_stride + j] = s;
+		else
+			g->y[i * g->y_stride + j + a] = s;
+	}
+}
+
+TGT_AVX2 ALWAYS void avx2_qgemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
+				int64_t j1)
+{
+	int64_t j = j0;
+
+	if (g->m == 1) {
+		for (; j + 4 <= j1; j += 4)
+			avx2_qtile(g, t, 1, 4, 0, j);
+		for (; j < j1; j++)
+			avx2_qtile(g, t, 1, 1, 0, j);
+		return;
+	}
+	for (; j < j1; j++) {
+		int64_t i = 0;
+
+		for (; i + 4 <= g->m; i += 4)
+			avx2_qtile(g, t, 4, 1, i, j);
+		switch (g->m - i) {
+		case 3: avx2_qtile(g, t, 3, 1, i, j); break;
+		case 2: avx2_qtile(g, t, 2, 1, i, j); break;
+		case 1: avx2_qtile(g, t, 1, 1, i, j); break;
+		}
+	}
+}
+
 TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 			       int64_t j1)
 {
+	if (format_quant(t)) {
+		avx2_qgemv(g, t, j0, j1);
+		return;
+	}
 	for (int64_t j = j0; j < j1; j++) {
 		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
 		int64_t i = 0;
@@ -676,9 +861,136 @@ TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, c
 	}
 }
 
+/* Quants of one block as floats, values 0-15 and 16-31, offset applied. */
+TGT_AVX512 ALWAYS void avx512_quants(const uint32_t t, const uint8_t *p, __m512 q[2])
+{
+	switch (t) {
+	case LOOM_TYPE_Q8_0:
+		for (int s = 0; s < 2; s++)
+			q[s] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+				_mm_loadu_si128((const __m128i *)(p + 2 + 16 * s))));
+		return;
+	case LOOM_TYPE_Q4_0:
+	case LOOM_TYPE_Q4_1: {
+		const uint8_t *qs = p + (t == LOOM_TYPE_Q4_0 ? 2 : 4);
+		const __m512i off = _mm512_set1_epi32(t == LOOM_TYPE_Q4_0 ? 8 : 0);
+		/* lane e holds byte e: low nibble is value e, high value e+16 */
+		__m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+
+		q[0] = _mm512_cvtepi32_ps(
+			_mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), off));
+		q[1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), off));
+		return;
+	}
+	case LOOM_TYPE_Q5_0:
+		avx512_q5(p + 6, rd32(p + 2), q);
+		for (int s = 0; s < 2; s++)
+			q[s] = _mm512_sub_ps(q[s], _mm512_set1_ps(16.0f));
+		return;
+	default: /* Q5_1 */
+		avx512_q5(p + 8, rd32(p + 4), q);
+		return;
+	}
+}
+
+TGT_AVX512 ALWAYS __m512 avx512_qdot(const __m512 q[2], __m512 x0, __m512 x1)
+{
+	return _mm512_fmadd_ps(q[1], x1, _mm512_mul_ps(q[0], x0));
+}
+
+/* As avx2_qtile: R activation rows by J weight rows, R == 1 or J == 1. */
+TGT_AVX512 ALWAYS void avx512_qtile(const struct cpu_gemv *g, const uint32_t t, const int R,
+				    const int J, int64_t i, int64_t j)
+{
+	const int64_t nb = g->k / 32;
+	const size_t gb = cpu_block_bytes(t);
+	const bool has_m = cpu_format_has_min(t);
+	const uint8_t *w = g->w + (size_t)j * g->w_stride;
+	const float *x = g->x + i * g->x_stride;
+	const float *xs = has_m ? g->xs + i * g->xs_stride : NULL;
+	__m512 acc[4], q[2];
+	__m128 macc[4];
+
+	for (int a = 0; a < 4; a++) {
+		acc[a] = _mm512_setzero_ps();
+		macc[a] = _mm_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = w + b * gb;
+
+		if (J == 1) {
+			__m128 dm = avx2_dm(p);
+			__m512 d = _mm512_broadcastss_ps(dm);
+
+			avx512_quants(t, p, q);
+			for (int r = 0; r < R; r++) {
+				const float *xp = x + r * g->x_stride + b * 32;
+				__m512 s = avx512_qdot(q, _mm512_loadu_ps(xp), _mm512_loadu_ps(xp + 16));
+
+				acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
+				if (has_m)
+					macc[r] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + r * g->xs_stride + 2 * b),
+							       macc[r]);
+			}
+			continue;
+		}
+		__m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+
+		for (int c = 0; c < J; c++) {
+			const uint8_t *pc = p + (size_t)c * g->w_stride;
+			__m128 dm = avx2_dm(pc);
+
+			avx512_quants(t, pc, q);
+			acc[c] = _mm512_fmadd_ps(avx512_qdot(q, x0, x1), _mm512_broadcastss_ps(dm),
+						 acc[c]);
+			if (has_m)
+				macc[c] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + 2 * b), macc[c]);
+		}
+	}
+	for (int a = 0; a < R * J; a++) {
+		float s = _mm512_reduce_add_ps(acc[a]);
+
+		if (has_m)
+			s += _mm_cvtss_f32(_mm_movehdup_ps(macc[a]));
+		if (J == 1)
+			g->y[(i + a) * g->y_stride + j] = s;
+		else
+			g->y[i * g->y_stride + j + a] = s;
+	}
+}
+
+TGT_AVX512 ALWAYS void avx512_qgemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
+				    int64_t j1)
+{
+	int64_t j = j0;
+
+	if (g->m == 1) {
+		for (; j + 4 <= j1; j += 4)
+			avx512_qtile(g, t, 1, 4, 0, j);
+		for (; j < j1; j++)
+			avx512_qtile(g, t, 1, 1, 0, j);
+		return;
+	}
+	for (; j < j1; j++) {
+		int64_t i = 0;
+
+		for (; i + 4 <= g->m; i += 4)
+			avx512_qtile(g, t, 4, 1, i, j);
+		switch (g->m - i) {
+		case 3: avx512_qtile(g, t, 3, 1, i, j); break;
+		case 2: avx512_qtile(g, t, 2, 1, i, j); break;
+		case 1: avx512_qtile(g, t, 1, 1, i, j); break;
+		}
+	}
+}
+
 TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 				   int64_t j1)
 {
+	if (format_quant(t)) {
+		avx512_qgemv(g, t, j0, j1);
+		return;
+	}
 	for (int64_t j = j0; j < j1; j++) {
 		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
 		int64_t i = 0;
