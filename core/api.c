@@ -1,5 +1,6 @@
 /* The public API (include/loom.h) over the core's internals. */
 #include "loom.h"
+#include "util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,15 +20,6 @@ struct loom_engine {
 	struct loom_session *s;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 void loom_engine_params_init(struct loom_engine_params *p)
 {
 	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so" };
@@ -43,16 +35,16 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 	int32_t n_ctx;
 
 	if (!e) {
-		set_err(err, errlen, "out of memory");
+		loom_seterr(err, errlen, "out of memory");
 		return NULL;
 	}
 	if (p->struct_size < sizeof(*p) || !p->model) {
-		set_err(err, errlen, "engine parameters: struct_size or model missing");
+		loom_seterr(err, errlen, "engine parameters: struct_size or model missing");
 		goto out_free;
 	}
 	e->f = gguf_open(p->model, why, sizeof(why));
 	if (!e->f) {
-		set_err(err, errlen, "%s: %s", p->model, why);
+		loom_seterr(err, errlen, "%s: %s", p->model, why);
 		goto out_free;
 	}
 	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
@@ -137,21 +129,21 @@ static int32_t *prompt_history(struct loom_engine *e, const char *prompt, size_t
 	int32_t *hist;
 
 	if (need < 0) {
-		set_err(err, errlen, "the prompt could not be tokenized");
+		loom_seterr(err, errlen, "the prompt could not be tokenized");
 		return NULL;
 	}
 	if (need == 0) {
-		set_err(err, errlen, "the prompt is empty after tokenization");
+		loom_seterr(err, errlen, "the prompt is empty after tokenization");
 		return NULL;
 	}
 	if (g->n_predict < 0 || need + g->n_predict > e->s->n_ctx) {
-		set_err(err, errlen, "prompt (%lld tokens) + n_predict (%d) exceeds the context (%d)",
+		loom_seterr(err, errlen, "prompt (%lld tokens) + n_predict (%d) exceeds the context (%d)",
 			(long long)need, g->n_predict, e->s->n_ctx);
 		return NULL;
 	}
 	hist = malloc(sizeof(int32_t) * (size_t)(need + g->n_predict + 1));
 	if (!hist) {
-		set_err(err, errlen, "out of memory");
+		loom_seterr(err, errlen, "out of memory");
 		return NULL;
 	}
 	*n = loom_engine_tokenize(e, prompt, len, g->add_special, hist, need);
@@ -210,7 +202,7 @@ int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
 	int rc = -1;
 
 	if (!g || g->struct_size < sizeof(*g)) {
-		set_err(err, errlen, "generation parameters: struct_size missing");
+		loom_seterr(err, errlen, "generation parameters: struct_size missing");
 		return -1;
 	}
 	hist = prompt_history(e, prompt, len, g, &st.n_prompt, err, errlen);

@@ -1,5 +1,6 @@
 /* Backend and quantization-plugin loading (see backend_loader.h). */
 #include "backend_loader.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -14,17 +15,6 @@
 #include <unistd.h>
 
 #include "loom_config.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 static bool is_file(const char *path)
 {
@@ -41,11 +31,13 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *name)
 	return n > 0 && (size_t)n < cap;
 }
 
-/* Looks for name in each folder of a colon-separated list. */
-static bool search_list(const char *list, const char *name, char *out, size_t cap)
+/* Calls fn on each folder of a colon-separated list until fn returns
+ * non-zero; returns that value, or 0. Empty entries are skipped. */
+static int each_dir(const char *list, int (*fn)(const char *dir, void *ctx), void *ctx)
 {
 	char dir[4096];
 	const char *p = list;
+	int rc;
 
 	while (p && *p) {
 		const char *end = strchr(p, ':');
@@ -54,12 +46,33 @@ static bool search_list(const char *list, const char *name, char *out, size_t ca
 		if (len > 0 && len < sizeof(dir)) {
 			memcpy(dir, p, len);
 			dir[len] = '\0';
-			if (join_path(out, cap, dir, name) && is_file(out))
-				return true;
+			rc = fn(dir, ctx);
+			if (rc)
+				return rc;
 		}
 		p = end ? end + 1 : NULL;
 	}
-	return false;
+	return 0;
+}
+
+struct search {
+	const char *name;
+	char *out;
+	size_t cap;
+};
+
+static int search_dir(const char *dir, void *ctx)
+{
+	struct search *s = ctx;
+
+	return join_path(s->out, s->cap, dir, s->name) && is_file(s->out);
+}
+
+static bool search_list(const char *list, const char *name, char *out, size_t cap)
+{
+	struct search s = { name, out, cap };
+
+	return each_dir(list, search_dir, &s) == 1;
 }
 
 /* "cpu.so" -> "cpu": the build tree keeps each backend in its own folder. */
@@ -81,12 +94,12 @@ int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 	char dir[4096], stem[256];
 
 	if (!name || !*name) {
-		set_err(err, errlen, "backend: empty name");
+		loom_seterr(err, errlen, "backend: empty name");
 		return -1;
 	}
 	if (strchr(name, '/')) {
 		if (snprintf(path, cap, "%s", name) >= (int)cap) {
-			set_err(err, errlen, "backend %s: path too long", name);
+			loom_seterr(err, errlen, "backend %s: path too long", name);
 			return -1;
 		}
 		return 0;
@@ -99,7 +112,7 @@ int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 		return 0;
 	if (join_path(path, cap, LOOM_INSTALL_BACKENDS, name) && is_file(path))
 		return 0;
-	set_err(err, errlen,
+	loom_seterr(err, errlen,
 		"backend %s: not found in $LOOM_BACKEND_PATH, %s/backends/%s/ or %s/",
 		name, LOOM_BUILD_ROOT, stem, LOOM_INSTALL_BACKENDS);
 	return -1;
@@ -114,13 +127,13 @@ static int check_elf(const char *path, char *err, size_t errlen)
 	ssize_t n;
 
 	if (fd < 0) {
-		set_err(err, errlen, "%s: %s", path, strerror(errno));
+		loom_seterr(err, errlen, "%s: %s", path, strerror(errno));
 		return -1;
 	}
 	n = read(fd, magic, sizeof(magic));
 	close(fd);
 	if (n != 4 || memcmp(magic, "\177ELF", 4) != 0) {
-		set_err(err, errlen, "%s: not an ELF shared object", path);
+		loom_seterr(err, errlen, "%s: not an ELF shared object", path);
 		return -1;
 	}
 	return 0;
@@ -136,12 +149,12 @@ static void *open_entry(const char *path, const char *symbol, void **dl,
 		return NULL;
 	*dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!*dl) {
-		set_err(err, errlen, "%s: cannot load: %s", path, dlerror());
+		loom_seterr(err, errlen, "%s: cannot load: %s", path, dlerror());
 		return NULL;
 	}
 	sym = dlsym(*dl, symbol);
 	if (!sym) {
-		set_err(err, errlen, "%s: no entry symbol %s", path, symbol);
+		loom_seterr(err, errlen, "%s: no entry symbol %s", path, symbol);
 		dlclose(*dl);
 		*dl = NULL;
 	}
@@ -171,16 +184,16 @@ int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 	size_t i;
 
 	if (!ops) {
-		set_err(err, errlen, "backend %s: entry returned no ops table", path);
+		loom_seterr(err, errlen, "backend %s: entry returned no ops table", path);
 		return -1;
 	}
 	if (ops->abi_major != LOOM_BACKEND_ABI_MAJOR) {
-		set_err(err, errlen, "backend %s: ABI major %u, this loom needs %u",
+		loom_seterr(err, errlen, "backend %s: ABI major %u, this loom needs %u",
 			path, ops->abi_major, LOOM_BACKEND_ABI_MAJOR);
 		return -1;
 	}
 	if (ops->struct_size < OPS_V1_SIZE) {
-		set_err(err, errlen,
+		loom_seterr(err, errlen,
 			"backend %s: ops table of %u bytes, ABI 1.0 needs at least %zu",
 			path, ops->struct_size, (size_t)OPS_V1_SIZE);
 		return -1;
@@ -189,7 +202,7 @@ int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 		void *const *slot = (void *const *)((const char *)ops +
 						    required_slots[i].offset);
 		if (!*slot) {
-			set_err(err, errlen, "backend %s: required operation %s is missing",
+			loom_seterr(err, errlen, "backend %s: required operation %s is missing",
 				path, required_slots[i].name);
 			return -1;
 		}
@@ -207,7 +220,7 @@ struct loom_backend *loom_backend_open(const char *name,
 	int rc;
 
 	if (!b) {
-		set_err(err, errlen, "backend %s: out of memory", name);
+		loom_seterr(err, errlen, "backend %s: out of memory", name);
 		return NULL;
 	}
 	if (loom_backend_resolve(name, b->path, sizeof(b->path), err, errlen))
@@ -223,7 +236,7 @@ struct loom_backend *loom_backend_open(const char *name,
 		fprintf(stderr, "loom: warning: %s\n", ferr);
 	rc = b->ops->create(loom_host_services(), cfg, &b->ctx);
 	if (rc) {
-		set_err(err, errlen, "backend %s: initialization failed (%s)", b->path,
+		loom_seterr(err, errlen, "backend %s: initialization failed (%s)", b->path,
 			rc == LOOM_ERR_DEVICE ? "no usable device or driver found" :
 			rc == LOOM_ERR_NOMEM ? "out of memory" : "error");
 		goto out_close;
@@ -263,16 +276,16 @@ static int check_quant(const char *path, const struct loom_quant_plugin *p,
 	uint32_t i;
 
 	if (!p) {
-		set_err(err, errlen, "quant plugin %s: entry returned no descriptor", path);
+		loom_seterr(err, errlen, "quant plugin %s: entry returned no descriptor", path);
 		return -1;
 	}
 	if (p->abi_major != LOOM_PLUGIN_ABI_MAJOR) {
-		set_err(err, errlen, "quant plugin %s: ABI major %u, this loom needs %u",
+		loom_seterr(err, errlen, "quant plugin %s: ABI major %u, this loom needs %u",
 			path, p->abi_major, LOOM_PLUGIN_ABI_MAJOR);
 		return -1;
 	}
 	if (p->struct_size < QUANT_V1_SIZE || (p->n_formats && !p->formats)) {
-		set_err(err, errlen, "quant plugin %s: descriptor too small or empty", path);
+		loom_seterr(err, errlen, "quant plugin %s: descriptor too small or empty", path);
 		return -1;
 	}
 	for (i = 0; i < p->n_formats; i++) {
@@ -280,7 +293,7 @@ static int check_quant(const char *path, const struct loom_quant_plugin *p,
 
 		if (f->type >= LOOM_TYPE_COUNT || !f->to_float || !f->from_float ||
 		    !f->block_elems || !f->block_bytes || !f->name) {
-			set_err(err, errlen, "quant plugin %s: format %u is incomplete",
+			loom_seterr(err, errlen, "quant plugin %s: format %u is incomplete",
 				path, i);
 			return -1;
 		}
@@ -352,24 +365,24 @@ static int scan_dir(const char *dir, int *found, char *err, size_t errlen)
 	return rc;
 }
 
+struct scan {
+	int *found;
+	char *err;
+	size_t errlen;
+};
+
+static int scan_one(const char *dir, void *ctx)
+{
+	struct scan *s = ctx;
+
+	return scan_dir(dir, s->found, s->err, s->errlen);
+}
+
 static int scan_list(const char *list, int *found, char *err, size_t errlen)
 {
-	char dir[4096];
-	const char *p = list;
+	struct scan s = { found, err, errlen };
 
-	while (p && *p) {
-		const char *end = strchr(p, ':');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-
-		if (len > 0 && len < sizeof(dir)) {
-			memcpy(dir, p, len);
-			dir[len] = '\0';
-			if (scan_dir(dir, found, err, errlen))
-				return -1;
-		}
-		p = end ? end + 1 : NULL;
-	}
-	return 0;
+	return each_dir(list, scan_one, &s);
 }
 
 int loom_formats_init(char *err, size_t errlen)
@@ -387,7 +400,7 @@ int loom_formats_init(char *err, size_t errlen)
 	if (!rc)
 		rc = scan_list(getenv("LOOM_QUANT_PATH"), &found, err, errlen);
 	if (!rc && !found) {
-		set_err(err, errlen,
+		loom_seterr(err, errlen,
 			"no quantization plugins found in $LOOM_QUANT_PATH, %s/plugins/quant or %s",
 			LOOM_BUILD_ROOT, LOOM_INSTALL_QUANT);
 		rc = -1;

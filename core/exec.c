@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "util.h"
 
 /* Device int32 inputs of one step. */
 enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_QSTART, IN_KVLEN, IN_BLOCKS, IN_COUNT };
@@ -21,15 +22,6 @@ struct loom_exec {
 	int32_t *host_in[IN_COUNT];
 	size_t in_count[IN_COUNT];
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* Adds n bytes (rounded to 64) to *total; false on overflow. */
 static bool add_size(size_t *total, size_t count, size_t elem)
@@ -84,12 +76,12 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 			goto out_overflow;
 		e->host_in[i] = malloc(e->in_count[i] * sizeof(int32_t));
 		if (!e->host_in[i]) {
-			set_err(err, errlen, "executor: out of memory");
+			loom_seterr(err, errlen, "executor: out of memory");
 			return -1;
 		}
 	}
 	if (be->ops->buffer_alloc(be->ctx, total, &e->buf)) {
-		set_err(err, errlen, "executor: cannot allocate %zu MiB of activations",
+		loom_seterr(err, errlen, "executor: cannot allocate %zu MiB of activations",
 			total >> 20);
 		return -1;
 	}
@@ -100,7 +92,7 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 		e->in[i] = (int32_t *)(base + offs[ACT_COUNT + i]);
 	return 0;
 out_overflow:
-	set_err(err, errlen, "executor: activation size overflows (batch %d)", e->max_tokens);
+	loom_seterr(err, errlen, "executor: activation size overflows (batch %d)", e->max_tokens);
 	return -1;
 }
 
@@ -112,13 +104,13 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 
 	if (max_tokens <= 0 || max_seqs <= 0 || max_outputs <= 0 ||
 	    max_seqs > max_tokens) {
-		set_err(err, errlen, "executor: bad limits (tokens %d, sequences %d, outputs %d)",
+		loom_seterr(err, errlen, "executor: bad limits (tokens %d, sequences %d, outputs %d)",
 			max_tokens, max_seqs, max_outputs);
 		return NULL;
 	}
 	e = calloc(1, sizeof(*e));
 	if (!e) {
-		set_err(err, errlen, "executor: out of memory");
+		loom_seterr(err, errlen, "executor: out of memory");
 		return NULL;
 	}
 	e->m = m;
@@ -156,20 +148,20 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 	if (b->n_tokens <= 0 || b->n_tokens > e->max_tokens || b->n_seqs <= 0 ||
 	    b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
 	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens) {
-		set_err(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
+		loom_seterr(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
 			b->n_tokens, b->n_seqs, b->n_out);
 		return -1;
 	}
 	for (t = 0; t < b->n_tokens; t++) {
 		if (b->tokens[t] < 0 || b->tokens[t] >= e->m->hp.n_vocab) {
-			set_err(err, errlen, "batch: token id %d out of range (vocabulary %lld)",
+			loom_seterr(err, errlen, "batch: token id %d out of range (vocabulary %lld)",
 				b->tokens[t], (long long)e->m->hp.n_vocab);
 			return -1;
 		}
 	}
 	for (i = 0; i < b->n_out; i++) {
 		if (b->out_rows[i] < 0 || b->out_rows[i] >= b->n_tokens) {
-			set_err(err, errlen, "batch: output row %d out of range", b->out_rows[i]);
+			loom_seterr(err, errlen, "batch: output row %d out of range", b->out_rows[i]);
 			return -1;
 		}
 	}
@@ -180,7 +172,7 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		int64_t kv_len = (int64_t)seq->n_tokens + q_len;
 
 		if (q_len <= 0 || kv_len > (int64_t)seq->n_blocks * e->kv->block_size) {
-			set_err(err, errlen, "batch: sequence %d has %d new tokens and room for %lld",
+			loom_seterr(err, errlen, "batch: sequence %d has %d new tokens and room for %lld",
 				s, q_len, (long long)seq->n_blocks * e->kv->block_size - seq->n_tokens);
 			return -1;
 		}
@@ -359,7 +351,7 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 			break;
 		rc = run_node(e, nd, b);
 		if (rc)
-			set_err(err, errlen, "backend %s: %s (layer %d) failed with status %d",
+			loom_seterr(err, errlen, "backend %s: %s (layer %d) failed with status %d",
 				be->ops->name, node_names[nd->op], nd->layer, rc);
 	}
 	if (rc == 0 && b->n_out > 0)
@@ -369,7 +361,7 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 		rc = be->ops->synchronize(be->ctx);
 	if (rc) {
 		if (!err[0])
-			set_err(err, errlen, "backend %s: step failed with status %d",
+			loom_seterr(err, errlen, "backend %s: step failed with status %d",
 				be->ops->name, rc);
 		return rc;
 	}

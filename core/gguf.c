@@ -14,6 +14,7 @@
  * allocation, so allocations stay proportional to the file size.
  */
 #include "gguf.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -141,20 +142,6 @@ const char *gguf_vtype_name(uint32_t vtype)
 
 /* ---- errors ---- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 /* Writes "<ctx>: <message>". Always returns -1. */
 static int fail(struct rd *r, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -167,7 +154,7 @@ static int fail(struct rd *r, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	seterr(r->err, r->errlen, "%s: %s", r->ctx, msg);
+	loom_seterr(r->err, r->errlen, "%s: %s", r->ctx, msg);
 	return -1;
 }
 
@@ -661,7 +648,7 @@ static struct gguf_file *open_buffer(const uint8_t *base, uint64_t size, bool ma
 	struct rd r = { .p = base, .size = size, .err = err, .errlen = errlen };
 
 	if (!g) {
-		seterr(err, errlen, "out of memory");
+		loom_seterr(err, errlen, "out of memory");
 		return NULL;
 	}
 	g->f.base = base;
@@ -679,7 +666,7 @@ struct gguf_file *gguf_open_memory(const void *data, size_t size, char *err,
 				   size_t errlen)
 {
 	if (!data && size) {
-		seterr(err, errlen, "no data");
+		loom_seterr(err, errlen, "no data");
 		return NULL;
 	}
 	return open_buffer(data ? data : (const uint8_t *)"", size, false, err, errlen);
@@ -694,24 +681,24 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen)
 
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		loom_seterr(err, errlen, "%s: %s", path, strerror(errno));
 		return NULL;
 	}
 	if (fstat(fd, &st)) {
-		seterr(err, errlen, "%s: %s", path, strerror(errno));
+		loom_seterr(err, errlen, "%s: %s", path, strerror(errno));
 		goto out_close;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		seterr(err, errlen, "%s: not a regular file", path);
+		loom_seterr(err, errlen, "%s: not a regular file", path);
 		goto out_close;
 	}
 	if (st.st_size == 0) {
-		seterr(err, errlen, "%s: empty file", path);
+		loom_seterr(err, errlen, "%s: empty file", path);
 		goto out_close;
 	}
 	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (map == MAP_FAILED) {
-		seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
+		loom_seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
 		goto out_close;
 	}
 	f = open_buffer(map, (uint64_t)st.st_size, true, err, errlen);
@@ -797,7 +784,7 @@ static int wrong_type(const struct gguf_kv *kv, const char *key, const char *wan
 	char have[32];
 
 	type_desc(kv, have, sizeof(have));
-	seterr(err, errlen, "key '%s': %s, expected %s", key, have, want);
+	loom_seterr(err, errlen, "key '%s': %s, expected %s", key, have, want);
 	return -1;
 }
 
@@ -823,10 +810,10 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out,
 	return wrong_type(kv, key, "an integer", err, errlen);
 out_of_range:
 	if (is_signed(kv->type))
-		seterr(err, errlen, "key '%s': value %" PRId64 " is out of range for u32",
+		loom_seterr(err, errlen, "key '%s': value %" PRId64 " is out of range for u32",
 		       key, kv->v.i64);
 	else
-		seterr(err, errlen, "key '%s': value %" PRIu64 " is out of range for u32",
+		loom_seterr(err, errlen, "key '%s': value %" PRIu64 " is out of range for u32",
 		       key, kv->v.u64);
 	return -1;
 }
@@ -868,13 +855,13 @@ int gguf_get_str(const struct gguf_file *f, const char *key, char **out,
 	if (kv->type != GGUF_STRING)
 		return wrong_type(kv, key, "string", err, errlen);
 	if (memchr(kv->v.str.ptr, 0, kv->v.str.len)) {
-		seterr(err, errlen, "key '%s': string contains a NUL byte", key);
+		loom_seterr(err, errlen, "key '%s': string contains a NUL byte", key);
 		return -1;
 	}
 	/* len fits in size_t: the string lies inside the buffer. */
 	s = malloc((size_t)kv->v.str.len + 1);
 	if (!s) {
-		seterr(err, errlen, "key '%s': out of memory", key);
+		loom_seterr(err, errlen, "key '%s': out of memory", key);
 		return -1;
 	}
 	memcpy(s, kv->v.str.ptr, (size_t)kv->v.str.len);

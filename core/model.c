@@ -1,5 +1,6 @@
 /* Model loading: hyperparameters and weights from GGUF onto a backend. */
 #include "model.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -9,15 +10,6 @@
 #include <unistd.h>
 
 #include "graph.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* Reads "<arch>.<suffix>" as an integer; `def` < 0 means required. */
 static int get_arch_int(const struct gguf_file *f, const char *arch,
@@ -34,7 +26,7 @@ static int get_arch_int(const struct gguf_file *f, const char *arch,
 		return -1;
 	if (rc == 1) {
 		if (def < 0) {
-			set_err(err, errlen, "missing key '%s'", key);
+			loom_seterr(err, errlen, "missing key '%s'", key);
 			return -1;
 		}
 		*out = def;
@@ -74,7 +66,7 @@ static int read_rope_scaling(const struct gguf_file *f, struct loom_hparams *hp,
 		goto out_fail;
 	hp->rope_scale = 1.0f;
 	if (rc == 0 && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0) {
-		set_err(err, errlen, "key '%s': rope scaling '%s' is not supported yet",
+		loom_seterr(err, errlen, "key '%s': rope scaling '%s' is not supported yet",
 			key, type);
 		goto out_fail;
 	}
@@ -96,7 +88,7 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 
 	if (gguf_get_str(f, "general.architecture", &arch, err, errlen)) {
 		if (!arch)
-			set_err(err, errlen, "missing key 'general.architecture'");
+			loom_seterr(err, errlen, "missing key 'general.architecture'");
 		return -1;
 	}
 	snprintf(hp->arch_name, sizeof(hp->arch_name), "%s", arch);
@@ -109,7 +101,7 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 		hp->arch = LOOM_ARCH_QWEN2;
 		hp->rope_mode = LOOM_ROPE_NEOX;
 	} else {
-		set_err(err, errlen, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
+		loom_seterr(err, errlen, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
 		return -1;
 	}
 	if (get_arch_int(f, a, "context_length", 4096, &hp->n_ctx_train, err, errlen) ||
@@ -122,7 +114,7 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 	if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv ||
 	    hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 ||
 	    hp->n_embd % hp->n_head) {
-		set_err(err, errlen, "bad head geometry: %lld heads, %lld KV heads, embedding %lld",
+		loom_seterr(err, errlen, "bad head geometry: %lld heads, %lld KV heads, embedding %lld",
 			(long long)hp->n_head, (long long)hp->n_head_kv, (long long)hp->n_embd);
 		return -1;
 	}
@@ -135,7 +127,7 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 		return -1;
 	if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 ||
 	    hp->head_dim > 1024) {
-		set_err(err, errlen, "bad RoPE geometry: %lld rotated dims of head size %lld",
+		loom_seterr(err, errlen, "bad RoPE geometry: %lld rotated dims of head size %lld",
 			(long long)hp->n_rot, (long long)hp->head_dim);
 		return -1;
 	}
@@ -188,19 +180,19 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	snprintf(name, sizeof(name), fmt, layer);
 	if (!t) {
 		if (required)
-			set_err(l->err, l->errlen, "missing tensor '%s'", name);
+			loom_seterr(l->err, l->errlen, "missing tensor '%s'", name);
 		return required ? -1 : 0;
 	}
 	if (t->ne[0] != cols || t->ne[1] * t->ne[2] * t->ne[3] != want_rows ||
 	    (rows == 0 && t->n_dims != 1)) {
-		set_err(l->err, l->errlen,
+		loom_seterr(l->err, l->errlen,
 			"tensor '%s': shape [%lld, %lld], expected [%lld, %lld]", name,
 			(long long)t->ne[0], (long long)t->ne[1], (long long)cols,
 			(long long)want_rows);
 		return -1;
 	}
 	if (!loom_format_get(t->type)) {
-		set_err(l->err, l->errlen,
+		loom_seterr(l->err, l->errlen,
 			"tensor '%s': type %s has no quantization plugin loaded",
 			name, gguf_type_name(t->type));
 		return -1;
@@ -210,7 +202,7 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 		struct weight_plan *np = realloc(l->plan, sizeof(*np) * (size_t)cap);
 
 		if (!np) {
-			set_err(l->err, l->errlen, "out of memory");
+			loom_seterr(l->err, l->errlen, "out of memory");
 			return -1;
 		}
 		l->plan = np;
@@ -311,7 +303,7 @@ static int upload_dequant(struct loader *l, const struct weight_plan *p, void *d
 	int rc;
 
 	if (!tmp) {
-		set_err(l->err, l->errlen, "out of memory converting '%.*s'",
+		loom_seterr(l->err, l->errlen, "out of memory converting '%.*s'",
 			(int)p->t->name.len, p->t->name.ptr);
 		return -1;
 	}
@@ -320,7 +312,7 @@ static int upload_dequant(struct loader *l, const struct weight_plan *p, void *d
 		rc = be->ops->upload(be->ctx, dst, tmp, p->bytes);
 	free(tmp);
 	if (rc)
-		set_err(l->err, l->errlen, "tensor '%.*s': conversion or upload failed (%d)",
+		loom_seterr(l->err, l->errlen, "tensor '%.*s': conversion or upload failed (%d)",
 			(int)p->t->name.len, p->t->name.ptr, rc);
 	return rc ? -1 : 0;
 }
@@ -333,7 +325,7 @@ static int upload_all(struct loader *l, bool show)
 	int i, n_deq = 0;
 
 	if (be->ops->buffer_alloc(be->ctx, l->total, &l->m->weights_buf)) {
-		set_err(l->err, l->errlen, "cannot allocate %zu MiB for weights on backend %s",
+		loom_seterr(l->err, l->errlen, "cannot allocate %zu MiB for weights on backend %s",
 			l->total >> 20, be->ops->name);
 		return -1;
 	}
@@ -347,7 +339,7 @@ static int upload_all(struct loader *l, bool show)
 				return -1;
 			n_deq += p->t->type != LOOM_TYPE_F32;
 		} else if (be->ops->upload(be->ctx, dst, p->t->data, p->bytes)) {
-			set_err(l->err, l->errlen, "upload of '%.*s' failed",
+			loom_seterr(l->err, l->errlen, "upload of '%.*s' failed",
 				(int)p->t->name.len, p->t->name.ptr);
 			return -1;
 		}
@@ -371,7 +363,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 	struct loader l = { .f = f, .m = m, .err = err, .errlen = errlen };
 
 	if (!m) {
-		set_err(err, errlen, "out of memory");
+		loom_seterr(err, errlen, "out of memory");
 		return NULL;
 	}
 	if (loom_formats_init(err, errlen) || read_hparams(f, &m->hp, err, errlen))
@@ -381,7 +373,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		goto out_free;
 	m->layers = calloc((size_t)m->hp.n_layer, sizeof(*m->layers));
 	if (!m->layers) {
-		set_err(err, errlen, "out of memory");
+		loom_seterr(err, errlen, "out of memory");
 		goto out_free;
 	}
 	if (plan_all(&l) || upload_all(&l, p->progress && isatty(2)))

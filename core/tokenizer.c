@@ -22,6 +22,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 
 #include "tokenizer.h"
+#include "util.h"
 
 #include <pcre2.h>
 #include <stdarg.h>
@@ -94,17 +95,6 @@ struct loom_tokenizer {
 	uint8_t b2u_len[256];
 	int16_t u2b[512];
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* ---- hash map ---------------------------------------------------------- */
 
@@ -634,7 +624,7 @@ static int compile_regexes(struct loom_tokenizer *t, const char *const *re,
 			PCRE2_UCHAR msg[256];
 
 			pcre2_get_error_message(code, msg, sizeof(msg));
-			seterr(err, errlen, "pre-tokenizer regex %d: %s at offset %zu",
+			loom_seterr(err, errlen, "pre-tokenizer regex %d: %s at offset %zu",
 			       t->n_re, (const char *)msg, (size_t)at);
 			return -1;
 		}
@@ -1061,11 +1051,11 @@ static int load_texts(struct loom_tokenizer *t, const struct gguf_file *f,
 	if (rc < 0)
 		return -1;
 	if (rc > 0 || kv->arr_n == 0) {
-		seterr(err, errlen, "tokenizer.ggml.tokens: missing or empty");
+		loom_seterr(err, errlen, "tokenizer.ggml.tokens: missing or empty");
 		return -1;
 	}
 	if (kv->arr_n > INT32_MAX) {
-		seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens is too many",
+		loom_seterr(err, errlen, "tokenizer.ggml.tokens: %llu tokens is too many",
 		       (unsigned long long)kv->arr_n);
 		return -1;
 	}
@@ -1074,7 +1064,7 @@ static int load_texts(struct loom_tokenizer *t, const struct gguf_file *f,
 		uint64_t len = kv->arr_str[i].len;
 
 		if (len > UINT32_MAX - 1 || len + 1 > SIZE_MAX - total) {
-			seterr(err, errlen, "tokenizer.ggml.tokens[%d]: too long", i);
+			loom_seterr(err, errlen, "tokenizer.ggml.tokens[%d]: too long", i);
 			return -1;
 		}
 		total += (size_t)len + 1;
@@ -1100,7 +1090,7 @@ static int load_texts(struct loom_tokenizer *t, const struct gguf_file *f,
 	}
 	return 0;
 out_nomem:
-	seterr(err, errlen, "tokenizer: out of memory for %d tokens", t->n_vocab);
+	loom_seterr(err, errlen, "tokenizer: out of memory for %d tokens", t->n_vocab);
 	return -1;
 }
 
@@ -1113,7 +1103,7 @@ static int load_types_scores(struct loom_tokenizer *t, const struct gguf_file *f
 	if (kv) {
 		if (kv->type != GGUF_ARRAY || !is_int_vtype(kv->arr_type) ||
 		    kv->arr_n != (uint64_t)t->n_vocab) {
-			seterr(err, errlen, "tokenizer.ggml.token_type: expected an integer array of %d entries",
+			loom_seterr(err, errlen, "tokenizer.ggml.token_type: expected an integer array of %d entries",
 			       t->n_vocab);
 			return -1;
 		}
@@ -1128,7 +1118,7 @@ static int load_types_scores(struct loom_tokenizer *t, const struct gguf_file *f
 		return -1;
 	if (rc == 0) {
 		if (kv->arr_n != (uint64_t)t->n_vocab) {
-			seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %d tokens",
+			loom_seterr(err, errlen, "tokenizer.ggml.scores: %llu entries for %d tokens",
 			       (unsigned long long)kv->arr_n, t->n_vocab);
 			return -1;
 		}
@@ -1162,18 +1152,18 @@ static int load_merges(struct loom_tokenizer *t, const struct gguf_file *f,
 	if (rc < 0)
 		return -1;
 	if (rc > 0) {
-		seterr(err, errlen, "tokenizer.ggml.merges: missing (required for gpt2)");
+		loom_seterr(err, errlen, "tokenizer.ggml.merges: missing (required for gpt2)");
 		return -1;
 	}
 	if (kv->arr_n > INT32_MAX) {
-		seterr(err, errlen, "tokenizer.ggml.merges: too many entries");
+		loom_seterr(err, errlen, "tokenizer.ggml.merges: too many entries");
 		return -1;
 	}
 	for (uint64_t i = 0; i < kv->arr_n; i++) {
 		uint64_t len = kv->arr_str[i].len;
 
 		if (len > UINT32_MAX || len > SIZE_MAX - total) {
-			seterr(err, errlen, "tokenizer.ggml.merges[%llu]: too long",
+			loom_seterr(err, errlen, "tokenizer.ggml.merges[%llu]: too long",
 			       (unsigned long long)i);
 			return -1;
 		}
@@ -1181,7 +1171,7 @@ static int load_merges(struct loom_tokenizer *t, const struct gguf_file *f,
 	}
 	t->merge_blob = malloc(total ? total : 1);
 	if (!t->merge_blob || strmap_init(&t->merges, (size_t)kv->arr_n)) {
-		seterr(err, errlen, "tokenizer: out of memory for merges");
+		loom_seterr(err, errlen, "tokenizer: out of memory for merges");
 		return -1;
 	}
 	for (uint64_t i = 0; i < kv->arr_n; i++) {
@@ -1190,7 +1180,7 @@ static int load_merges(struct loom_tokenizer *t, const struct gguf_file *f,
 		struct strmap_slot *s;
 
 		if (!sp) {
-			seterr(err, errlen, "tokenizer.ggml.merges[%llu]: not of the form \"left right\"",
+			loom_seterr(err, errlen, "tokenizer.ggml.merges[%llu]: not of the form \"left right\"",
 			       (unsigned long long)i);
 			return -1;
 		}
@@ -1500,7 +1490,7 @@ static int setup_model(struct loom_tokenizer *t, const struct gguf_file *f,
 	if (rc < 0)
 		return -1;
 	if (rc > 0) {
-		seterr(err, errlen, "tokenizer.ggml.model: missing");
+		loom_seterr(err, errlen, "tokenizer.ggml.model: missing");
 		return -1;
 	}
 	if (!strcmp(model, "llama")) {
@@ -1508,7 +1498,7 @@ static int setup_model(struct loom_tokenizer *t, const struct gguf_file *f,
 	} else if (!strcmp(model, "gpt2")) {
 		t->model = MODEL_BPE;
 	} else {
-		seterr(err, errlen, "tokenizer.ggml.model: '%s' is not supported (llama, gpt2)",
+		loom_seterr(err, errlen, "tokenizer.ggml.model: '%s' is not supported (llama, gpt2)",
 		       model);
 		free(model);
 		return -1;
@@ -1532,12 +1522,12 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 	struct loom_tokenizer *t;
 
 	if (!f) {
-		seterr(err, errlen, "tokenizer: no GGUF file");
+		loom_seterr(err, errlen, "tokenizer: no GGUF file");
 		return NULL;
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
-		seterr(err, errlen, "tokenizer: out of memory");
+		loom_seterr(err, errlen, "tokenizer: out of memory");
 		return NULL;
 	}
 	init_byte_map(t);
@@ -1558,7 +1548,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 	map_byte_tokens(t);
 	mark_eog(t);
 	if (build_pieces(t) || index_specials(t)) {
-		seterr(err, errlen, "tokenizer: out of memory");
+		loom_seterr(err, errlen, "tokenizer: out of memory");
 		goto out_free;
 	}
 	return t;
