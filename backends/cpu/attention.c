@@ -13,13 +13,15 @@
 #include "cpu.h"
 
 #define ROWS_PER_UNIT 16
+/* units are grouped into at most this many pool chunks */
+#define ATTN_MAX_CHUNKS ((int64_t)1 << 16)
 
 struct attn_task {
 	struct loom_backend_ctx *ctx;
 	const struct loom_attention_args *a;
 	const int64_t *chunk_start; /* [n_seqs + 1]: first unit chunk of each sequence */
 	int64_t n_units;
-	atomic_llong next;
+	int64_t n_chunks;
 };
 
 /* Cache row of position t of sequence s, head kvh. */
@@ -93,13 +95,17 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 		attn_row(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
 }
 
-static void attn_task_run(void *arg, int ith, int nth)
+/* Pool chunk c of n_chunks: units [n_units*c/n_chunks, n_units*(c+1)/n_chunks). */
+static void attn_task_run(void *arg, int64_t c, int ith)
 {
 	struct attn_task *tk = arg;
 	float *scratch = tk->ctx->scratch[ith];
-	long long u;
+	int64_t u0 = (int64_t)((double)tk->n_units * c / tk->n_chunks);
+	int64_t u1 = (int64_t)((double)tk->n_units * (c + 1) / tk->n_chunks);
 
-	while ((u = atomic_fetch_add(&tk->next, 1)) < tk->n_units)
+	if (c + 1 == tk->n_chunks)
+		u1 = tk->n_units;
+	for (int64_t u = u0; u < u1; u++)
 		attn_unit(tk, scratch, u);
 }
 
@@ -196,9 +202,9 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.a = a;
 	tk.chunk_start = chunks;
 	tk.n_units = chunks[a->n_seqs] * a->n_heads;
-	atomic_init(&tk.next, 0);
+	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;
 	work *= (double)a->n_heads * (double)a->head_dim * 2;
-	cpu_pool_run(&ctx->pool, attn_task_run, &tk,
+	cpu_pool_run(&ctx->pool, attn_task_run, &tk, tk.n_chunks,
 		     work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	free(chunks);
 	return LOOM_OK;

@@ -226,13 +226,16 @@ struct rows_task {
 	cpu_rows_fn fn;
 	const void *args;
 	int64_t rows;
+	int64_t n_chunks;
 };
 
-static void rows_task_run(void *arg, int ith, int nth)
+/* Chunk c of n covers rows [rows*c/n, rows*(c+1)/n). */
+static void rows_task_run(void *arg, int64_t c, int ith)
 {
 	const struct rows_task *t = arg;
-	int64_t r0 = t->rows * ith / nth, r1 = t->rows * (ith + 1) / nth;
+	int64_t r0 = t->rows * c / t->n_chunks, r1 = t->rows * (c + 1) / t->n_chunks;
 
+	(void)ith;
 	if (r0 < r1)
 		t->fn(t->ctx, t->args, r0, r1);
 }
@@ -240,14 +243,20 @@ static void rows_task_run(void *arg, int ith, int nth)
 void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args, int64_t rows,
 		  double work)
 {
-	struct rows_task t = { ctx, fn, args, rows };
+	struct rows_task t = { ctx, fn, args, rows, 1 };
 	int nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
 
 	if (rows <= 0)
 		return;
-	if (nth > rows)
-		nth = (int)rows;
-	cpu_pool_run(&ctx->pool, rows_task_run, &t, nth);
+	if (nth > 1) {
+		/* a few chunks per thread, each worth the claim */
+		t.n_chunks = (int64_t)nth * 4;
+		if (t.n_chunks > rows)
+			t.n_chunks = rows;
+		if (t.n_chunks > work / (CPU_PAR_MIN_WORK / 4))
+			t.n_chunks = (int64_t)(work / (CPU_PAR_MIN_WORK / 4)) + 1;
+	}
+	cpu_pool_run(&ctx->pool, rows_task_run, &t, t.n_chunks, nth);
 }
 
 static const struct loom_backend_ops cpu_ops = {

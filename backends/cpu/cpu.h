@@ -15,8 +15,16 @@
 
 /* ---- thread pool (pool.c) ---- */
 
-/* A task runs on every pool thread at once; ith is 0 (the caller) .. nth-1. */
-typedef void (*cpu_task_fn)(void *arg, int ith, int nth);
+/*
+ * A task is n_chunks independent chunks; pool threads (the caller is thread
+ * 0) claim them one at a time, so a thread that the OS delays holds up at
+ * most the chunk it has claimed. ith names the thread running the chunk (for
+ * per-thread scratch); what a chunk computes must not depend on it.
+ */
+typedef void (*cpu_task_fn)(void *arg, int64_t chunk, int ith);
+
+/* Largest chunk count of one task. */
+#define CPU_POOL_MAX_CHUNKS ((int64_t)1 << 30)
 
 struct cpu_pool {
 	int n_threads; /* including the calling thread */
@@ -25,19 +33,23 @@ struct cpu_pool {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	atomic_uint gen;      /* bumped once per posted task */
-	atomic_int pending;   /* workers still running the current task */
 	atomic_int sleepers;  /* workers blocked on cv */
 	atomic_bool stop;
-	cpu_task_fn fn;
-	void *arg;
-	int nth; /* threads taking part in the current task */
+	/* task number << 32 | next unclaimed chunk; the chunk half is
+	 * UINT32_MAX while no task is open */
+	_Atomic uint64_t next;
+	atomic_llong done; /* chunks finished in the current task */
+	_Atomic(cpu_task_fn) fn;
+	_Atomic(void *) arg;
+	_Atomic int64_t n_chunks;
 };
 
 int cpu_pool_init(struct cpu_pool *p, int n_threads);
 void cpu_pool_fini(struct cpu_pool *p);
-/* Runs fn on min(nth, n_threads) threads (the caller is thread 0) and
- * returns when all are done. */
-void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int nth);
+/* Runs fn on chunks 0 .. n_chunks-1 (at most CPU_POOL_MAX_CHUNKS) and
+ * returns when all are done: on the calling thread alone when nth <= 1 or
+ * there is one chunk, else on the whole pool. */
+void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunks, int nth);
 
 /* ---- kernels (kernels.c) ---- */
 

@@ -18,67 +18,76 @@
 #define BLAS_MIN_M 16
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
 #define PANEL_BYTES (512 * 1024)
+#define GEMV_CHUNKS_PER_THREAD 4
 
 struct gemm_task {
 	struct loom_backend_ctx *ctx;
 	struct cpu_gemv g;
 	int64_t n;
-	int64_t panel; /* rows per panel (BLAS path) */
+	int64_t chunk; /* weight rows per pool chunk (a panel on the BLAS path) */
 };
 
-/* Splits n rows into nth contiguous ranges, multiples of 4 where possible. */
-static void split_rows(int64_t n, int ith, int nth, int64_t *j0, int64_t *j1)
+/* Rows [*j0, *j1) of chunk c. */
+static void chunk_rows(const struct gemm_task *t, int64_t c, int64_t *j0, int64_t *j1)
 {
-	int64_t quads = (n + 3) / 4;
-
-	*j0 = quads * ith / nth * 4;
-	*j1 = quads * (ith + 1) / nth * 4;
-	if (*j1 > n)
-		*j1 = n;
-	if (*j0 > n)
-		*j0 = n;
+	*j0 = c * t->chunk;
+	*j1 = *j0 + t->chunk < t->n ? *j0 + t->chunk : t->n;
 }
 
-static void gemv_task(void *arg, int ith, int nth)
+static int64_t n_chunks(const struct gemm_task *t)
+{
+	return (t->n + t->chunk - 1) / t->chunk;
+}
+
+/*
+ * Rows per chunk: about GEMV_CHUNKS_PER_THREAD chunks per thread, so a
+ * delayed thread leaves little behind, in multiples of `unit`, between lo
+ * and hi rows.
+ */
+static int64_t pick_chunk(int64_t n, int nth, int64_t unit, int64_t lo, int64_t hi)
+{
+	int64_t c = n / ((int64_t)nth * GEMV_CHUNKS_PER_THREAD);
+
+	c = c < lo ? lo : c > hi ? hi : c;
+	return (c + unit - 1) / unit * unit;
+}
+
+static void gemv_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	int64_t j0, j1;
 
-	split_rows(t->n, ith, nth, &j0, &j1);
-	if (j0 < j1)
-		cpu_gemv_rows(t->ctx->isa, &t->g, j0, j1);
+	(void)ith;
+	chunk_rows(t, c, &j0, &j1);
+	cpu_gemv_rows(t->ctx->isa, &t->g, j0, j1);
 }
 
-static void blas_task(void *arg, int ith, int nth)
+/* One panel of t->chunk weight rows, dequantized into the thread's scratch. */
+static void blas_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
 	float *panel = t->ctx->scratch[ith];
-	int64_t j0, j1;
+	int64_t j, j1;
 
-	split_rows(t->n, ith, nth, &j0, &j1);
-	for (int64_t j = j0; j < j1; j += t->panel) {
-		int64_t np = j1 - j < t->panel ? j1 - j : t->panel;
-
-		for (int64_t r = 0; r < np; r++)
-			cpu_dequant_row(t->ctx->isa, g->type, g->w + (size_t)(j + r) * g->w_stride,
-					panel + r * g->k, g->k);
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)np,
-			    (int)g->k, 1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f,
-			    g->y + j, (int)g->y_stride);
-	}
+	chunk_rows(t, c, &j, &j1);
+	for (int64_t r = 0; r < j1 - j; r++)
+		cpu_dequant_row(t->ctx->isa, g->type, g->w + (size_t)(j + r) * g->w_stride,
+				panel + r * g->k, g->k);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j), (int)g->k,
+		    1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f, g->y + j,
+		    (int)g->y_stride);
 }
 
 /* F32 weights with a float-multiple stride go to sgemm as they are. */
-static void blas_f32_task(void *arg, int ith, int nth)
+static void blas_f32_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
 	int64_t j0, j1;
 
-	split_rows(t->n, ith, nth, &j0, &j1);
-	if (j0 >= j1)
-		return;
+	(void)ith;
+	chunk_rows(t, c, &j0, &j1);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j0), (int)g->k,
 		    1.0f, g->x, (int)g->x_stride,
 		    (const float *)(g->w + (size_t)j0 * g->w_stride), (int)(g->w_stride / 4), 0.0f,
@@ -195,18 +204,20 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		err = xsum_prepare(ctx, &t.g);
 		if (err)
 			return err;
-		cpu_pool_run(&ctx->pool, gemv_task, &t, nth);
+		t.chunk = pick_chunk(a->n, nth, 4, 32, 256);
+		cpu_pool_run(&ctx->pool, gemv_task, &t, n_chunks(&t), nth);
 		return LOOM_OK;
 	}
 	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&
 	    (uintptr_t)a->w % 4 == 0 && a->w_stride / 4 <= INT32_MAX) {
-		cpu_pool_run(&ctx->pool, blas_f32_task, &t, nth);
+		t.chunk = pick_chunk(a->n, nth, 16, 16, 1024);
+		cpu_pool_run(&ctx->pool, blas_f32_task, &t, n_chunks(&t), nth);
 		return LOOM_OK;
 	}
-	t.panel = PANEL_BYTES / 4 / a->k;
-	t.panel = t.panel < 16 ? 16 : t.panel > 256 ? 256 : t.panel & ~(int64_t)15;
-	if (cpu_scratch_reserve(ctx, (size_t)t.panel * (size_t)a->k))
+	t.chunk = PANEL_BYTES / 4 / a->k;
+	t.chunk = t.chunk < 16 ? 16 : t.chunk > 256 ? 256 : t.chunk & ~(int64_t)15;
+	if (cpu_scratch_reserve(ctx, (size_t)t.chunk * (size_t)a->k))
 		return LOOM_ERR_NOMEM;
-	cpu_pool_run(&ctx->pool, blas_task, &t, nth);
+	cpu_pool_run(&ctx->pool, blas_task, &t, n_chunks(&t), nth);
 	return LOOM_OK;
 }

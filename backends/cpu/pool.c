@@ -1,8 +1,18 @@
 /*
- * Persistent worker pool. The caller posts a task by bumping `gen`; workers
- * spin on it for a short while (ops come back to back during a forward pass)
- * and then sleep on a condition variable. The caller runs share 0 itself and
- * spins until `pending` drops to zero.
+ * Persistent worker pool with chunk claiming. The caller posts a task by
+ * filling the task slot, opening `next` and bumping `gen`; workers spin on
+ * `gen` for a short while (ops come back to back during a forward pass) and
+ * then sleep on a condition variable. Every thread, the caller included,
+ * claims chunks with a compare-and-swap on `next` until none is left; the
+ * caller returns once `done` counts them all. It never waits for a worker
+ * that has not claimed anything, so on a loaded machine a descheduled worker
+ * costs at most the chunk it holds.
+ *
+ * A worker may wake long after its task ended. `next` carries the task
+ * number, so a stale worker's claim fails: the caller closes `next`
+ * (chunk half UINT32_MAX) before it rewrites the slot, and a claim succeeds
+ * only if `next` still holds the value the worker read before it read the
+ * slot.
  *
  * Wake-up without a lost signal: a worker increments `sleepers` and re-reads
  * `gen` under the mutex before waiting; the caller bumps `gen` and then reads
@@ -15,6 +25,10 @@
 #include "cpu.h"
 
 #define SPIN_ROUNDS (1 << 12)
+/* The caller waits for claimed chunks, which are short, so it yields soon:
+ * on a loaded machine the chunk's thread may share its core. */
+#define DONE_SPIN_ROUNDS 64
+#define CLOSED 0xffffffffu
 
 static inline void cpu_relax(void)
 {
@@ -42,6 +56,28 @@ static unsigned wait_for_task(struct cpu_pool *p, unsigned seen)
 	return g;
 }
 
+/* Claims and runs chunks of the open task until none is left. */
+static void run_chunks(struct cpu_pool *p, int ith)
+{
+	uint64_t v = atomic_load(&p->next);
+
+	for (;;) {
+		uint32_t c = (uint32_t)v;
+		cpu_task_fn fn = atomic_load(&p->fn);
+		void *arg = atomic_load(&p->arg);
+		int64_t n = atomic_load(&p->n_chunks);
+
+		if (c == CLOSED || c >= n)
+			return;
+		/* fails (and reloads v) if the task moved on since v was read */
+		if (!atomic_compare_exchange_weak(&p->next, &v, v + 1))
+			continue;
+		fn(arg, c, ith);
+		atomic_fetch_add(&p->done, 1);
+		v = atomic_load(&p->next);
+	}
+}
+
 struct worker_arg {
 	struct cpu_pool *p;
 	int ith;
@@ -58,9 +94,7 @@ static void *worker_main(void *arg)
 		seen = wait_for_task(p, seen);
 		if (atomic_load(&p->stop))
 			break;
-		if (ith < p->nth)
-			p->fn(p->arg, ith, p->nth);
-		atomic_fetch_sub(&p->pending, 1);
+		run_chunks(p, ith);
 	}
 	return NULL;
 }
@@ -80,12 +114,13 @@ int cpu_pool_init(struct cpu_pool *p, int n_threads)
 	p->n_started = 0;
 	p->threads = NULL;
 	atomic_init(&p->gen, 0);
-	atomic_init(&p->pending, 0);
 	atomic_init(&p->sleepers, 0);
 	atomic_init(&p->stop, false);
-	p->fn = NULL;
-	p->arg = NULL;
-	p->nth = 1;
+	atomic_init(&p->next, CLOSED);
+	atomic_init(&p->done, 0);
+	atomic_init(&p->fn, NULL);
+	atomic_init(&p->arg, NULL);
+	atomic_init(&p->n_chunks, 0);
 	if (pthread_mutex_init(&p->mu, NULL))
 		return LOOM_ERR_NOMEM;
 	if (pthread_cond_init(&p->cv, NULL)) {
@@ -132,26 +167,34 @@ void cpu_pool_fini(struct cpu_pool *p)
 	pthread_mutex_destroy(&p->mu);
 }
 
-void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int nth)
+void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunks, int nth)
 {
-	if (nth > p->n_threads)
-		nth = p->n_threads;
-	if (nth <= 1) {
-		fn(arg, 0, 1);
+	unsigned g;
+
+	if (n_chunks <= 0)
+		return;
+	if (nth <= 1 || p->n_threads <= 1 || n_chunks == 1 || n_chunks > CPU_POOL_MAX_CHUNKS) {
+		for (int64_t c = 0; c < n_chunks; c++)
+			fn(arg, c, 0);
 		return;
 	}
-	p->fn = fn;
-	p->arg = arg;
-	p->nth = nth;
-	/* every worker checks in, even those without a share */
-	atomic_store(&p->pending, p->n_threads - 1);
-	atomic_fetch_add(&p->gen, 1);
+	/* the previous task is closed (all its chunks claimed and done) */
+	atomic_store(&p->fn, fn);
+	atomic_store(&p->arg, arg);
+	atomic_store(&p->n_chunks, n_chunks);
+	atomic_store(&p->done, 0);
+	/* open before bumping gen, so a woken worker finds chunks to claim
+	 * (only this thread writes gen) */
+	g = atomic_load(&p->gen) + 1;
+	atomic_store(&p->next, (uint64_t)g << 32);
+	atomic_store(&p->gen, g);
 	wake_all(p);
-	fn(arg, 0, nth);
-	for (int i = 0; atomic_load(&p->pending) > 0; i++) {
-		if (i < SPIN_ROUNDS)
+	run_chunks(p, 0);
+	for (int i = 0; atomic_load(&p->done) < n_chunks; i++) {
+		if (i < DONE_SPIN_ROUNDS)
 			cpu_relax();
 		else
 			sched_yield();
 	}
+	atomic_store(&p->next, (uint64_t)g << 32 | CLOSED);
 }
