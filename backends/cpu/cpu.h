@@ -42,6 +42,7 @@ struct cpu_pool {
 	_Atomic(cpu_task_fn) fn;
 	_Atomic(void *) arg;
 	_Atomic int64_t n_chunks;
+	int solo; /* tasks left to run on the caller alone (caller-only) */
 };
 
 int cpu_pool_init(struct cpu_pool *p, int n_threads);

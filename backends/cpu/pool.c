@@ -21,13 +21,23 @@
  */
 #include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cpu.h"
 
 #define SPIN_ROUNDS (1 << 12)
 /* The caller waits for claimed chunks, which are short, so it yields soon:
  * on a loaded machine the chunk's thread may share its core. */
-#define DONE_SPIN_ROUNDS 64
+#define DONE_SPIN_ROUNDS 256
+/*
+ * A worker that holds a chunk this long (or that the caller has to yield to)
+ * after the caller ran out of work has most likely lost its core to another
+ * process; each such wait costs a context switch or a scheduler time slice, so the next SOLO_TASKS tasks (about one decode step)
+ * run on the caller alone, then the pool is tried again. Results do not
+ * depend on the thread count, so this changes only speed.
+ */
+#define SLOW_WAIT_NS 50000
+#define SOLO_TASKS 512
 #define CLOSED 0xffffffffu
 
 static inline void cpu_relax(void)
@@ -45,7 +55,13 @@ static unsigned wait_for_task(struct cpu_pool *p, unsigned seen)
 		g = atomic_load(&p->gen);
 		if (g != seen || atomic_load(&p->stop))
 			return g;
-		cpu_relax();
+		/* a spinning worker that shares a core with the caller (other
+		 * processes hold the rest) would take the caller's time; the
+		 * yield costs little when nobody else wants the core */
+		if (i % 64 == 63)
+			sched_yield();
+		else
+			cpu_relax();
 	}
 	pthread_mutex_lock(&p->mu);
 	atomic_fetch_add(&p->sleepers, 1);
@@ -121,6 +137,7 @@ int cpu_pool_init(struct cpu_pool *p, int n_threads)
 	atomic_init(&p->fn, NULL);
 	atomic_init(&p->arg, NULL);
 	atomic_init(&p->n_chunks, 0);
+	p->solo = 0;
 	if (pthread_mutex_init(&p->mu, NULL))
 		return LOOM_ERR_NOMEM;
 	if (pthread_cond_init(&p->cv, NULL)) {
@@ -167,12 +184,45 @@ void cpu_pool_fini(struct cpu_pool *p)
 	pthread_mutex_destroy(&p->mu);
 }
 
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Waits until every chunk is done; notes a wait that shows contention. */
+static void wait_done(struct cpu_pool *p, int64_t n_chunks)
+{
+	bool yielded = false;
+	int64_t t0;
+
+	if (atomic_load(&p->done) >= n_chunks)
+		return;
+	t0 = now_ns();
+	for (int i = 0; atomic_load(&p->done) < n_chunks; i++) {
+		if (i < DONE_SPIN_ROUNDS) {
+			cpu_relax();
+		} else {
+			sched_yield();
+			yielded = true;
+		}
+	}
+	if (yielded || now_ns() - t0 > SLOW_WAIT_NS)
+		p->solo = SOLO_TASKS;
+}
+
 void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunks, int nth)
 {
 	unsigned g;
 
 	if (n_chunks <= 0)
 		return;
+	if (p->solo > 0 && nth > 1) {
+		p->solo--;
+		nth = 1;
+	}
 	if (nth <= 1 || p->n_threads <= 1 || n_chunks == 1 || n_chunks > CPU_POOL_MAX_CHUNKS) {
 		for (int64_t c = 0; c < n_chunks; c++)
 			fn(arg, c, 0);
@@ -190,11 +240,6 @@ void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunk
 	atomic_store(&p->gen, g);
 	wake_all(p);
 	run_chunks(p, 0);
-	for (int i = 0; atomic_load(&p->done) < n_chunks; i++) {
-		if (i < DONE_SPIN_ROUNDS)
-			cpu_relax();
-		else
-			sched_yield();
-	}
+	wait_done(p, n_chunks);
 	atomic_store(&p->next, (uint64_t)g << 32 | CLOSED);
 }
