@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Synthetic-model test: loom against the NumPy reference on the variants
+of the llama family that the real test model (SmolLM2) does not exercise.
+
+Usage: test_synth.py LOOM_BINARY MKGGUF_PY
+
+For each case below, tools/mkgguf.py writes a small random model (2 layers,
+GQA 4 query / 2 KV heads) into a temporary folder, and for each backend
+(cpu.so, ref.so):
+  - `loom tokenize --no-bos` must give ids that spell the prompt back
+    (checked with the GGUF vocabulary, not with loom);
+  - the logits of the last prompt position must match the reference
+    (tests/e2e/ref_llama.py, float64, weights dequantized by the gguf
+    package): max|loom - ref| / max|ref| < TOL and the same top-1 token;
+  - the greedy continuation of N_GEN tokens must equal the reference's,
+    except after a near tie (see below) or where loom stops at EOS.
+Cases: qwen2 (attention biases, NEOX rope), llama with linear rope scaling,
+llama with rope_freqs, llama with an untied output, a tied one, and the
+weight formats f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1 spread over them.
+
+The reference also has to show that each case is worth running: its logits
+must not be flat (their standard deviation is at least MIN_SPREAD), and the
+feature under test must matter: the reference run without it (rope in the
+other mode, biases dropped, scaling or frequency factors off, output tied
+instead of untied) must move the logits by more than 100 * TOL, so an
+engine that ignored it would fail.
+
+TOL = 1e-3, as in tests/e2e: the reference's own error is negligible
+(float64 from the same dequantized weights); loom's float32 accumulation
+differs by ~1e-6 relative on these short dot products (64..256 terms, 2
+layers); any real mistake (wrong rope pairing, missing bias, scaling not
+applied, wrong GQA head mapping) moves logits by whole units.
+Near ties: a backend may move the gap between two logits by up to
+2 * TOL * max|ref|, so where the reference's top two are closer than that,
+a different choice is accepted (and said); any other difference fails.
+
+Exit 77 (skip) when numpy or gguf are missing.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+TOL = 1e-3
+N_GEN = 16
+MIN_SPREAD = 0.5
+RUN_TIMEOUT = 60
+BACKENDS = ("cpu.so", "ref.so")
+PROMPT = ("the quick brown fox jumps over the lazy dog and then it runs "
+          "back home to eat")
+
+SMALL = ["--layers", "2", "--heads", "4", "--kv-heads", "2", "--ctx", "256"]
+# (name, mkgguf arguments, feature the reference must depend on)
+CASES = (
+    ("qwen2-bias-neox-f32", ["--arch", "qwen2", "--embd", "64", "--ff",
+                             "128", "--vocab", "320", "--type", "f32"],
+     ("neox", "bias")),
+    ("qwen2-bias-neox-q5_0", ["--arch", "qwen2", "--embd", "128", "--ff",
+                              "256", "--vocab", "400", "--type", "q5_0",
+                              "--tied"], ("neox", "bias")),
+    ("llama-rope-linear-q8_0", ["--embd", "128", "--ff", "256", "--vocab",
+                                "512", "--type", "q8_0", "--rope-scale",
+                                "4.0"], ("norm", "scale")),
+    ("llama-rope-freqs-q4_1", ["--embd", "64", "--ff", "192", "--vocab",
+                               "300", "--type", "q4_1", "--rope-freqs"],
+     ("norm", "freqs")),
+    ("llama-untied-q4_0", ["--embd", "128", "--ff", "256", "--vocab", "512",
+                           "--type", "q4_0"], ("norm", "untied")),
+    ("llama-tied-f16", ["--embd", "64", "--ff", "128", "--vocab", "300",
+                        "--type", "f16", "--tied"], ("norm",)),
+    ("llama-scale-freqs-q5_1", ["--embd", "128", "--ff", "256", "--vocab",
+                                "400", "--type", "q5_1", "--rope-scale",
+                                "2.0", "--rope-freqs"],
+     ("norm", "scale", "freqs")),
+)
+
+
+def skip(msg):
+    print("SKIP: " + msg)
+    sys.exit(77)
+
+
+class Failures:
+    def __init__(self):
+        self.list = []
+
+    def check(self, ok, msg):
+        print(("ok:   " if ok else "FAIL: ") + msg)
+        if not ok:
+            self.list.append(msg)
+        return ok
+
+
+def run(cmd, timeout=RUN_TIMEOUT):
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("%s did not finish in %d s (hung?)" %
+                           (" ".join(cmd), timeout))
+    if p.returncode != 0:
+        err = p.stderr.decode(errors="replace").strip()
+        raise RuntimeError("%s exited %d: %s" %
+                           (" ".join(cmd), p.returncode, err[-2000:]))
+    return p.stdout.decode(errors="replace")
+
+
+def parse_ids(text):
+    return [int(t) for t in text.split()]
+
+
+def loom_generate(np, loom, model, backend, tmp):
+    lpath = os.path.join(tmp, "logits.f32")
+    tpath = os.path.join(tmp, "tokens.txt")
+    for p in (lpath, tpath):
+        if os.path.exists(p):
+            os.unlink(p)
+    run([loom, "run", "--backend=" + backend, "--model", model,
+         "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
+         "--dump-logits", lpath, "--dump-tokens", tpath])
+    logits = np.fromfile(lpath, dtype="<f4")
+    with open(tpath) as f:
+        return logits, parse_ids(f.read())
+
+
+def compare_tokens(ref_out, steps, eos, got, abs_tol):
+    """(ok, message) for a backend's greedy ids against the reference."""
+    for i, w in enumerate(ref_out):
+        if i == len(got):
+            # loom stops after EOS without listing it, or right at it
+            if w == eos:
+                return True, "matched %d tokens, then EOS" % i
+            return False, "got %d tokens, want %d" % (len(got), len(ref_out))
+        g = got[i]
+        if g == w:
+            if w == eos:
+                return True, "matched %d tokens up to EOS" % (i + 1)
+            continue
+        if not 0 <= g < len(steps[i]):
+            return False, "token %d: id %d out of range" % (i, g)
+        gap = float(steps[i][w] - steps[i][g])
+        if gap <= 2 * abs_tol:
+            return True, ("matched %d tokens, then a near tie (gap %.3g <= "
+                          "%.3g): took %d for %d" % (i, gap, 2 * abs_tol,
+                                                     g, w))
+        return False, ("token %d differs: got %d, reference %d (gap %.3g > "
+                       "%.3g)" % (i, g, w, gap, 2 * abs_tol))
+    if len(got) != len(ref_out):
+        return False, "got %d tokens, want %d" % (len(got), len(ref_out))
+    return True, "matched all %d tokens" % len(got)
+
+
+def check_logits(np, fails, tag, ref, got):
+    if not fails.check(got.shape == ref.shape,
+                       "%s: %d logits (want %d)" % (tag, got.size, ref.size)):
+        return
+    if not fails.check(bool(np.all(np.isfinite(got))),
+                       "%s: logits finite" % tag):
+        return
+    err = float(np.max(np.abs(got.astype(np.float64) - ref)))
+    scale = float(np.max(np.abs(ref)))
+    fails.check(err / scale < TOL,
+                "%s: logits max|diff| %.3g / max|ref| %.3g = %.3g < %g" %
+                (tag, err, scale, err / scale, TOL))
+    fails.check(int(np.argmax(got)) == int(np.argmax(ref)),
+                "%s: top-1 %d (ref %d)" %
+                (tag, int(np.argmax(got)), int(np.argmax(ref))))
+
+
+def variant_logits(np, ref_llama, path, feature, ids):
+    """Reference logits with `feature` switched off (or flipped)."""
+    m = ref_llama.Model(path, np.float64)
+    if feature == "neox":
+        m.rope_mode = ref_llama.ROPE_NORM
+    elif feature == "norm":
+        m.rope_mode = ref_llama.ROPE_NEOX
+    elif feature == "bias":
+        for L in m.layers:
+            for n in ("attn_q", "attn_k", "attn_v"):
+                L[n + ".bias"] = None
+    elif feature == "scale":
+        m.rope_factor = 1.0
+    elif feature == "freqs":
+        m.rope_freqs = None
+    elif feature == "untied":
+        m.output = m.tok_embd
+    return m.forward(ids, 0, m.new_cache())[-1]
+
+
+def one_case(np, ref_llama, loom, mkgguf, tmp, name, args, features,
+             fails):
+    print("== %s: mkgguf %s" % (name, " ".join(args)))
+    path = os.path.join(tmp, name + ".gguf")
+    run([sys.executable, mkgguf, path, "-q", "--seed", str(len(name))] +
+        SMALL + args)
+    ref = ref_llama.Model(path, np.float64)
+    ids = parse_ids(run([loom, "tokenize", "--model", path, "--no-bos",
+                         PROMPT]))
+    fails.check(len(ids) > 0 and ref.detokenize(ids) == PROMPT,
+                "%s: tokenize: %d ids spell the prompt back" %
+                (name, len(ids)))
+    if ref.meta("tokenizer.ggml.add_bos_token", False):
+        ids = [int(ref.meta("tokenizer.ggml.bos_token_id"))] + ids
+    eos = int(ref.meta("tokenizer.ggml.eos_token_id", -1))
+    first, out, steps = ref.generate(ids, N_GEN)
+    spread = float(np.std(first))
+    fails.check(spread >= MIN_SPREAD, "%s: reference logits spread (std "
+                "%.3g >= %g)" % (name, spread, MIN_SPREAD))
+    scale = float(np.max(np.abs(first)))
+    for feat in features:
+        alt = variant_logits(np, ref_llama, path, feat, ids)
+        moved = float(np.max(np.abs(alt - first))) / scale
+        fails.check(moved > 100 * TOL, "%s: reference without '%s' moves "
+                    "logits by %.3g > %g" % (name, feat, moved, 100 * TOL))
+    abs_tol = TOL * scale
+    got = {}
+    for be in BACKENDS:
+        tag = "%s %s [%d tokens]" % (name, be, len(ids))
+        try:
+            logits, toks = loom_generate(np, loom, path, be, tmp)
+        except (RuntimeError, OSError) as e:
+            fails.check(False, "%s: loom run: %s" % (tag, e))
+            continue
+        check_logits(np, fails, tag, first, logits)
+        ok, msg = compare_tokens(out, steps, eos, toks, abs_tol)
+        fails.check(ok, "%s: greedy tokens: %s" % (tag, msg))
+        got[be] = toks
+    if len(got) == 2 and got[BACKENDS[0]] != got[BACKENDS[1]]:
+        print("note: %s and %s took different paths (both accepted above)"
+              % BACKENDS)
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: test_synth.py LOOM_BINARY MKGGUF_PY")
+        return 2
+    loom, mkgguf = sys.argv[1], sys.argv[2]
+    try:
+        import numpy as np
+        import gguf  # noqa: F401
+    except ImportError as e:
+        skip("python module missing: %s" % e)
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "e2e"))
+    import ref_llama
+
+    t0 = time.time()
+    fails = Failures()
+    with tempfile.TemporaryDirectory(prefix="loom-synth-") as tmp:
+        for name, args, features in CASES:
+            try:
+                one_case(np, ref_llama, loom, mkgguf, tmp, name, args,
+                         features, fails)
+            except (RuntimeError, OSError, ValueError, KeyError) as e:
+                fails.check(False, "%s: %s" % (name, e))
+    print("%.1f s" % (time.time() - t0))
+    if fails.list:
+        print("%d check(s) failed" % len(fails.list))
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Write a llama-shaped GGUF with random weights, for tests and benchmarks.
+
+    mkgguf.py OUT.gguf [--arch llama|qwen2] [--layers L] [--embd E] [--ff F]
+        [--heads H] [--kv-heads K] [--vocab V] [--ctx C] [--type q4_0]
+        [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
+    mkgguf.py OUT.gguf --preset 1b|8b [--type q4_0]     (sizes for speed runs)
+
+The file is what a converter would write for a llama / qwen2 model:
+general.* and <arch>.* hyperparameters, a byte-level BPE tokenizer
+(tokenizer.ggml.model "gpt2", pre "default") and the tensors
+token_embd, output_norm, output (absent with --tied), rope_freqs (with
+--rope-freqs), and per layer attn_norm, attn_q/k/v (+ .bias for qwen2),
+attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down.
+
+Weights: 2-D matrices are normal * gain / sqrt(fan_in), so every projection
+keeps activations of order one; q/k get gain 2 so attention is not uniform
+and the output matrix gets gain 4 so logits are spread by a few units (a
+random model whose logits are nearly flat would make greedy decoding a
+string of near ties). Norm weights are 1 + 0.1 * normal, biases 0.5 * normal,
+rope_freqs factors uniform in [1, 8]. 2-D weights are stored in --type
+(quantized with gguf.quants.quantize); norms, biases and rope_freqs in f32.
+
+Memory stays bounded: all tensor infos are declared first, then each
+tensor is generated, quantized and written on its own, so the largest
+buffer is one tensor (the 8B preset's token_embd: 128256 x 4096 f32 = 2 GiB;
+it is generated in row chunks, so less than that in practice).
+"""
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+import gguf
+from gguf.quants import quantize
+
+TYPES = {
+    "f32": gguf.GGMLQuantizationType.F32,
+    "f16": gguf.GGMLQuantizationType.F16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
+}
+
+# llama.cpp's llama_ftype numbers for general.file_type
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7,
+              "q5_0": 8, "q5_1": 9}
+
+PRESETS = {
+    # Llama-3.2-1B-like
+    "1b": dict(embd=2048, layers=16, ff=8192, heads=32, kv_heads=8,
+               vocab=128256, ctx=8192, tied=True),
+    # Llama-3-8B-like
+    "8b": dict(embd=4096, layers=32, ff=14336, heads=32, kv_heads=8,
+               vocab=128256, ctx=8192, tied=False),
+}
+
+BOS = "<|begin_of_text|>"
+EOS = "<|end_of_text|>"
+CHUNK_ELEMS = 1 << 24   # generate/quantize at most this many floats at once
+
+
+def byte_unicode_map():
+    """GPT-2's byte -> printable character table (bytes_to_unicode)."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + \
+        list(range(0xAE, 0x100))
+    m, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            m[b] = chr(b)
+        else:
+            m[b] = chr(256 + extra)
+            extra += 1
+    return m
+
+
+def make_vocab(n_vocab):
+    """(tokens, token_types, merges, bos_id, eos_id) of a byte-level BPE.
+
+    Ids 0..255 are the bytes (id = byte value, shown by GPT-2's mapping),
+    the last two ids are BOS and EOS (control tokens), and the ids between
+    are merged tokens: breadth-first, every token made so far followed by
+    one letter of "etaoinshrdlucmfwypvbgkjqxz" (a space, shown as U+0120,
+    may only lead a token, as the "default" pre-tokenizer keeps a space in
+    front of its word). Each merged token's merge "left right" is listed
+    in the order the tokens are made, so both halves always exist first
+    and a merge's rank is its token's creation order.
+    """
+    if n_vocab < 258:
+        raise ValueError("vocab must hold 256 bytes + BOS + EOS (>= 258)")
+    bmap = byte_unicode_map()
+    tokens = [bmap[b] for b in range(256)]
+    seen = set(tokens)
+    merges = []
+    letters = [bmap[ord(c)] for c in "etaoinshrdlucmfwypvbgkjqxz"]
+    space = bmap[ord(" ")]
+    n_merged = n_vocab - 258
+    queue = [space] + letters
+    qi = 0
+    while len(merges) < n_merged:
+        left = queue[qi]
+        qi += 1
+        for c in letters:
+            if len(merges) == n_merged:
+                break
+            new = left + c
+            if new in seen:
+                continue
+            seen.add(new)
+            tokens.append(new)
+            merges.append(left + " " + c)
+            queue.append(new)
+    tokens += [BOS, EOS]
+    types = [gguf.TokenType.NORMAL] * (n_vocab - 2) + \
+        [gguf.TokenType.CONTROL] * 2
+    return tokens, [int(t) for t in types], merges, n_vocab - 2, n_vocab - 1
+
+
+class Spec:
+    """One tensor: name, numpy shape (rows, cols), storage type, init."""
+
+    def __init__(self, name, shape, qtype, init, scale):
+        self.name, self.shape, self.qtype = name, tuple(shape), qtype
+        self.init, self.scale = init, scale
+
+    def nbytes(self):
+        rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
+        bs, ts = gguf.GGML_QUANT_SIZES[self.qtype]
+        return rows * (self.shape[-1] // bs) * ts
+
+    def byte_shape(self):
+        bs, ts = gguf.GGML_QUANT_SIZES[self.qtype]
+        return self.shape[:-1] + (self.shape[-1] // bs * ts,)
+
+
+def tensor_specs(a):
+    """The model's tensors in file order."""
+    E, F, V = a.embd, a.ff, a.vocab
+    hd = E // a.heads
+    Dq, Dkv = a.heads * hd, a.kv_heads * hd
+    q = TYPES[a.type]
+    f32 = gguf.GGMLQuantizationType.F32
+
+    def mat(name, rows, cols, gain=1.0):
+        return Spec(name, (rows, cols), q, "normal", gain / math.sqrt(cols))
+
+    def vec(name, n, init="norm", scale=0.1):
+        return Spec(name, (n,), f32, init, scale)
+
+    # token embeddings: unit scale rows (rmsnorm follows); when tied they
+    # are also the output matrix, whose logits are then ~sqrt(E) wide.
+    specs = [Spec("token_embd.weight", (V, E), q, "normal",
+                  4.0 / math.sqrt(E) if a.tied else 1.0)]
+    specs.append(vec("output_norm.weight", E))
+    if not a.tied:
+        specs.append(mat("output.weight", V, E, 4.0))
+    if a.rope_freqs:
+        specs.append(vec("rope_freqs.weight", hd // 2, "freqs", 0))
+    for i in range(a.layers):
+        p = "blk.%d." % i
+        specs.append(vec(p + "attn_norm.weight", E))
+        specs.append(mat(p + "attn_q.weight", Dq, E, 2.0))
+        specs.append(mat(p + "attn_k.weight", Dkv, E, 2.0))
+        specs.append(mat(p + "attn_v.weight", Dkv, E))
+        if a.arch == "qwen2":
+            specs.append(vec(p + "attn_q.bias", Dq, "normal", 0.5))
+            specs.append(vec(p + "attn_k.bias", Dkv, "normal", 0.5))
+            specs.append(vec(p + "attn_v.bias", Dkv, "normal", 0.5))
+        specs.append(mat(p + "attn_output.weight", E, Dq))
+        specs.append(vec(p + "ffn_norm.weight", E))
+        specs.append(mat(p + "ffn_gate.weight", F, E))
+        specs.append(mat(p + "ffn_up.weight", F, E))
+        specs.append(mat(p + "ffn_down.weight", E, F))
+    return specs
+
+
+def tensor_data(spec, rng):
+    """Yields the stored bytes of spec in row chunks (bounded memory)."""
+    if spec.init == "norm":
+        x = 1.0 + spec.scale * rng.standard_normal(spec.shape,
+                                                   dtype=np.float32)
+        yield np.ascontiguousarray(x, dtype=np.float32)
+        return
+    if spec.init == "freqs":
+        yield rng.uniform(1.0, 8.0, spec.shape).astype(np.float32)
+        return
+    if len(spec.shape) == 1:
+        yield (spec.scale * rng.standard_normal(spec.shape,
+                                                dtype=np.float32))
+        return
+    rows, cols = spec.shape
+    step = max(1, CHUNK_ELEMS // cols)
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        x *= np.float32(spec.scale)
+        if spec.qtype == gguf.GGMLQuantizationType.F32:
+            yield x
+        else:
+            yield quantize(x, spec.qtype)
+
+
+def add_metadata(w, a, tok):
+    arch = a.arch
+    hd = a.embd // a.heads
+    w.add_name("loom synthetic %s %dL %dE %s" % (arch, a.layers, a.embd,
+                                                 a.type))
+    w.add_file_type(FILE_TYPES[a.type])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_uint32(arch + ".context_length", a.ctx)
+    w.add_uint32(arch + ".embedding_length", a.embd)
+    w.add_uint32(arch + ".block_count", a.layers)
+    w.add_uint32(arch + ".feed_forward_length", a.ff)
+    w.add_uint32(arch + ".attention.head_count", a.heads)
+    w.add_uint32(arch + ".attention.head_count_kv", a.kv_heads)
+    w.add_float32(arch + ".attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32(arch + ".rope.freq_base", a.rope_base)
+    w.add_uint32(arch + ".rope.dimension_count", hd)
+    w.add_uint32(arch + ".vocab_size", a.vocab)
+    if a.rope_scale:
+        w.add_string(arch + ".rope.scaling.type", "linear")
+        w.add_float32(arch + ".rope.scaling.factor", a.rope_scale)
+    tokens, types, merges, bos, eos = tok
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "default")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", bos)
+    w.add_uint32("tokenizer.ggml.eos_token_id", eos)
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_bool("tokenizer.ggml.add_eos_token", False)
+
+
+def check_args(ap, a):
+    if a.arch not in ("llama", "qwen2"):
+        ap.error("--arch must be llama or qwen2")
+    for k in ("layers", "embd", "ff", "heads", "kv_heads", "vocab", "ctx"):
+        if getattr(a, k) <= 0:
+            ap.error("--%s must be positive" % k.replace("_", "-"))
+    if a.embd % a.heads or a.heads % a.kv_heads:
+        ap.error("need embd %% heads == 0 and heads %% kv-heads == 0")
+    if (a.embd // a.heads) % 2:
+        ap.error("head size must be even (RoPE)")
+    bs = gguf.GGML_QUANT_SIZES[TYPES[a.type]][0]
+    if a.embd % bs or a.ff % bs:
+        ap.error("embd and ff must be multiples of %d for %s" % (bs, a.type))
+    if a.vocab < 258:
+        ap.error("--vocab must be at least 258")
+    if a.rope_scale is not None and a.rope_scale <= 0:
+        ap.error("--rope-scale must be positive")
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--preset", choices=sorted(PRESETS))
+    ap.add_argument("--arch", default="llama")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--embd", type=int, default=128)
+    ap.add_argument("--ff", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--type", choices=sorted(TYPES), default="q4_0")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tied", action="store_true",
+                    help="no output.weight: the output reuses token_embd")
+    ap.add_argument("--rope-scale", type=float, default=None,
+                    help="linear RoPE scaling factor (positions / factor)")
+    ap.add_argument("--rope-freqs", action="store_true",
+                    help="write rope_freqs.weight (frequency divisors)")
+    ap.add_argument("--rope-base", type=float, default=10000.0)
+    ap.add_argument("-q", "--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    if a.preset:
+        for k, v in PRESETS[a.preset].items():
+            setattr(a, k, v)
+        a.rope_base = 500000.0
+    check_args(ap, a)
+    return a
+
+
+def main(argv=None):
+    a = parse(argv)
+    t0 = time.time()
+    rng = np.random.default_rng(a.seed)
+    tok = make_vocab(a.vocab)
+    specs = tensor_specs(a)
+    w = gguf.GGUFWriter(a.out, a.arch)
+    add_metadata(w, a, tok)
+    for s in specs:
+        w.add_tensor_info(s.name, s.byte_shape(), np.dtype(np.uint8),
+                          s.nbytes(), raw_dtype=s.qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    total = sum(s.nbytes() for s in specs)
+    done = 0
+    for s in specs:
+        parts = [np.ascontiguousarray(p).view(np.uint8).reshape(-1)
+                 for p in tensor_data(s, rng)]
+        # one tensor's stored bytes (quantized) are small next to its f32
+        data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        del parts
+        w.write_tensor_data(data)
+        done += s.nbytes()
+        if not a.quiet and sys.stderr.isatty():
+            sys.stderr.write("\r%5.1f%% %s" % (100.0 * done / total,
+                                               s.name.ljust(32)))
+    w.close()
+    if not a.quiet:
+        n_params = sum(int(np.prod(s.shape)) for s in specs)
+        sys.stderr.write("\rwrote %s: %s, %d tensors, %.3g params, "
+                         "%.1f MiB in %.1fs\n" %
+                         (a.out, a.type, len(specs), n_params,
+                          total / 2**20, time.time() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
