@@ -94,16 +94,17 @@ class Failures:
 
 
 def run(cmd, timeout=RUN_TIMEOUT):
+    what = " ".join(os.path.basename(c) for c in cmd[:2])
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError("%s did not finish in %d s (hung?)" %
-                           (" ".join(cmd), timeout))
+                           (what, timeout))
     if p.returncode != 0:
         err = p.stderr.decode(errors="replace").strip()
         raise RuntimeError("%s exited %d: %s" %
-                           (" ".join(cmd), p.returncode, err[-2000:]))
+                           (what, p.returncode, err[-2000:]))
     return p.stdout.decode(errors="replace")
 
 
