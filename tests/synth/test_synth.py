@@ -190,11 +190,11 @@ def variant_logits(np, ref_llama, path, feature, ids):
     return m.forward(ids, 0, m.new_cache())[-1]
 
 
-def one_case(np, ref_llama, loom, mkgguf, tmp, name, args, features,
+def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
              fails):
     print("== %s: mkgguf %s" % (name, " ".join(args)))
     path = os.path.join(tmp, name + ".gguf")
-    run([sys.executable, mkgguf, path, "-q", "--seed", str(len(name))] +
+    run([sys.executable, mkgguf, path, "-q", "--seed", str(seed)] +
         SMALL + args)
     ref = ref_llama.Model(path, np.float64)
     ids = parse_ids(run([loom, "tokenize", "--model", path, "--no-bos",
@@ -250,9 +250,9 @@ def main():
     t0 = time.time()
     fails = Failures()
     with tempfile.TemporaryDirectory(prefix="loom-synth-") as tmp:
-        for name, args, features in CASES:
+        for seed, (name, args, features) in enumerate(CASES):
             try:
-                one_case(np, ref_llama, loom, mkgguf, tmp, name, args,
+                one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args,
                          features, fails)
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (name, e))
