@@ -98,10 +98,10 @@ static int bench_threads(struct loom_options *o, const struct gguf_file *f, int 
 		if (bench_once(s, prompt, o->n_prompt, o->n_gen, &pp[i], &tg[i], err, errlen))
 			goto out;
 	mean_std(pp, o->reps, &mean, &sd);
-	printf("| %-24s | %-8s | %7d | pp%-5d | %10.2f ± %-8.2f |\n", model_name,
+	printf("| %-32.32s | %-8s | %7d | pp%-5d | %10.2f ± %-8.2f |\n", model_name,
 	       m->be->ops->name, threads, o->n_prompt, mean, sd);
 	mean_std(tg, o->reps, &mean, &sd);
-	printf("| %-24s | %-8s | %7d | tg%-5d | %10.2f ± %-8.2f |\n", model_name,
+	printf("| %-32.32s | %-8s | %7d | tg%-5d | %10.2f ± %-8.2f |\n", model_name,
 	       m->be->ops->name, threads, o->n_gen, mean, sd);
 	fflush(stdout);
 	rc = 0;
@@ -131,8 +131,8 @@ int loom_bench(struct loom_options *o, char *err, size_t errlen)
 	if (gguf_get_str(f, "general.name", &tmp, err, errlen) == 0)
 		snprintf(name, sizeof(name), "%s", tmp);
 	free(tmp);
-	printf("| %-24s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
-	printf("| %.24s | %.8s | %.7s | %.7s | %.21s |\n", "------------------------",
+	printf("| %-32s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
+	printf("| %.32s | %.8s | %.7s | %.7s | %.21s |\n", "--------------------------------",
 	       "--------", "-------", "-------", "---------------------");
 	while (rc == 0 && *list) {
 		int threads = atoi(list);
