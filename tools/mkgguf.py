@@ -249,7 +249,7 @@ def check_args(ap, a):
         if getattr(a, k) <= 0:
             ap.error("--%s must be positive" % k.replace("_", "-"))
     if a.embd % a.heads or a.heads % a.kv_heads:
-        ap.error("need embd %% heads == 0 and heads %% kv-heads == 0")
+        ap.error("need embd % heads == 0 and heads % kv-heads == 0")
     if (a.embd // a.heads) % 2:
         ap.error("head size must be even (RoPE)")
     bs = gguf.GGML_QUANT_SIZES[TYPES[a.type]][0]
