@@ -312,7 +312,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 		return run_gemm(e, nd, rows);
 	case NODE_ADD:
 		if (nd->w)
-			return be->ops->add(ctx, dst, wd, a, wa, nd->w->data, 0, 1, rows, wd);
+			return be->ops->add(ctx, dst, wd, a, wa, nd->w->data, wd, 1, rows, wd);
 		return be->ops->add(ctx, dst, wd, a, wa, e->act[nd->b], e->width[nd->b],
 				    rows, rows, wd);
 	case NODE_ROPE:
