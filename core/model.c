@@ -358,7 +358,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 				   char *err, size_t errlen)
 {
 	struct loom_backend_config cfg = { .struct_size = sizeof(cfg),
-		.n_threads = p->n_threads };
+		.n_threads = p->n_threads, .flags = p->backend_flags };
 	struct loom_model *m = calloc(1, sizeof(*m));
 	struct loader l = { .f = f, .m = m, .err = err, .errlen = errlen };
 

@@ -82,6 +82,7 @@ struct loom_model_params {
 	const char *backend; /* name or path */
 	int n_threads;
 	bool progress;       /* progress bar on stderr */
+	uint32_t backend_flags; /* LOOM_BACKEND_* (e.g. batch invariance) */
 };
 
 /* Loads hyperparameters and weights from an open GGUF file onto the backend

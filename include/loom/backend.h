@@ -117,10 +117,19 @@ struct loom_backend_host {
 	int (*to_float)(void *host, uint32_t type, const void *src, float *dst, int64_t n);
 };
 
+/* loom_backend_config.flags */
+#define LOOM_BACKEND_BATCH_INVARIANT (1u << 0)
+/* Every row an operator produces (gemm, attention, norms, ...) must be
+ * bitwise the same whatever else is in the batch: the result for one
+ * sequence may not depend on which other sequences share the step or on
+ * how its prompt was chunked. Servers ask for this so a request's output
+ * does not change with load; a backend may be slower for it. */
+
 struct loom_backend_config {
 	uint32_t struct_size;
 	int32_t device;    /* device index, 0 for the first */
 	int32_t n_threads; /* <= 0: the backend chooses */
+	uint32_t flags;    /* LOOM_BACKEND_*; unknown bits are ignored */
 };
 
 struct loom_device_info {

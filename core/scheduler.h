@@ -1,0 +1,117 @@
+/* Continuous-batching scheduler over the paged KV cache (internal).
+ *
+ * One scheduler owns a model's KV cache and executor. Requests are
+ * submitted from any thread; a single engine thread calls loom_sched_step()
+ * in a loop (or loom_sched_run()). Each step:
+ *   1. running sequences that are decoding each contribute one token;
+ *      a sequence that needs a new block and finds none preempts the newest
+ *      running sequence (its blocks are freed; it goes back to the front of
+ *      the waiting queue and its prompt + generated tokens are recomputed
+ *      later, so its output is unchanged);
+ *   2. waiting requests are admitted in arrival order while free blocks and
+ *      the per-step token budget allow; long prompts are split into chunks
+ *      that share steps with decodes;
+ *   3. one executor step runs the flattened batch; each sequence that
+ *      finished its prompt or decoded a token samples its next token with
+ *      its own seeded sampler and reports it through its callback.
+ * Full KV blocks are keyed by a chained xxHash of their tokens (prefix
+ * cache); a new request reuses cached blocks for its longest cached
+ * prefix, and unreferenced cached blocks are evicted LRU.
+ *
+ * Thread safety: submit, cancel and stats may be called from any thread;
+ * callbacks run on the engine thread and must not block for long.
+ */
+#ifndef LOOM_SCHEDULER_H
+#define LOOM_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sampler.h"
+
+struct loom_sched_config {
+	int32_t block_size;     /* tokens per KV block (default 16) */
+	int64_t n_blocks;       /* total KV blocks (see loom_sched_plan_blocks) */
+	int32_t max_batch_tokens; /* token budget per step (default 512) */
+	int32_t max_seqs;       /* running sequences at most (default 64) */
+	int32_t max_waiting;    /* waiting queue bound; beyond it submit fails */
+	int32_t max_ctx;        /* prompt + generated tokens per sequence */
+	bool prefix_cache;      /* default true */
+};
+
+void loom_sched_config_defaults(struct loom_sched_config *c);
+
+/* Number of blocks that fit in kv_bytes for model m; 0 if not even one. */
+int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
+			       uint64_t kv_bytes);
+
+enum loom_finish {
+	LOOM_FINISH_NONE = 0,   /* more tokens follow */
+	LOOM_FINISH_LENGTH,     /* n_predict reached */
+	LOOM_FINISH_EOG,        /* end-of-generation token (not reported as text) */
+	LOOM_FINISH_CANCELLED,  /* loom_sched_cancel */
+	LOOM_FINISH_ERROR,      /* backend failure; message in the event */
+};
+
+/* One event for a request: a new token (token >= 0, finish NONE or
+ * LENGTH) or the end (finish != NONE). Exactly one event with finish !=
+ * NONE is delivered per accepted request, after which the scheduler
+ * forgets `user`. */
+struct loom_sched_event {
+	uint64_t id;
+	int32_t token; /* -1 when the event carries no token */
+	enum loom_finish finish;
+	int32_t n_prompt, n_generated;
+	int32_t n_cached; /* prompt tokens served from the prefix cache */
+	const char *error;
+};
+
+typedef void (*loom_sched_cb)(void *user, const struct loom_sched_event *ev);
+
+struct loom_sched_request {
+	const int32_t *prompt; /* copied by submit */
+	int32_t n_prompt;
+	int32_t n_predict;
+	struct loom_sampler_params sampling;
+	loom_sched_cb cb;
+	void *user;
+};
+
+struct loom_sched;
+
+struct loom_sched *loom_sched_new(struct loom_model *m, const struct loom_sched_config *c,
+				  char *err, size_t errlen);
+/* Cancels everything still queued or running (callbacks get CANCELLED). */
+void loom_sched_free(struct loom_sched *s);
+
+/* Queues a request. Returns 0 and its id in *id; -1 with err set for a bad
+ * request (empty prompt, prompt + n_predict > max_ctx, bad sampling
+ * params); -2 when the waiting queue is full (HTTP 503). */
+int loom_sched_submit(struct loom_sched *s, const struct loom_sched_request *r,
+		      uint64_t *id, char *err, size_t errlen);
+/* Asks to abort a request; its blocks are freed within the next step and
+ * its callback gets a CANCELLED event (unless it finished already). */
+void loom_sched_cancel(struct loom_sched *s, uint64_t id);
+
+/* Runs one step. Returns the number of sequences that ran (0 when idle),
+ * or -1 on a backend failure (affected requests get ERROR events). */
+int loom_sched_step(struct loom_sched *s);
+/* Blocks until there is work, then steps, until loom_sched_stop(). */
+void loom_sched_run(struct loom_sched *s);
+void loom_sched_stop(struct loom_sched *s);
+/* Wakes a loom_sched_run loop that waits for work (after submit/cancel). */
+
+struct loom_sched_stats {
+	int32_t running, waiting;
+	int64_t blocks_total, blocks_used, blocks_cached; /* cached: free but reusable */
+	uint64_t prefix_hits, prefix_lookups; /* blocks reused / blocks looked up */
+	uint64_t preemptions, rejected;
+	uint64_t prompt_tokens, generated_tokens; /* cumulative */
+	uint64_t steps;
+};
+
+void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);
+
+#endif /* LOOM_SCHEDULER_H */
