@@ -13,7 +13,8 @@ sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
-      check libinih-dev python3 python3-pip)
+      check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
+      python3 python3-pip)
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()
 	for p in "${debs[@]}"; do
