@@ -1,0 +1,377 @@
+"""The chat page of `loom serve`, in a real browser.
+
+argv[1] is the loom binary; the model comes from $LOOM_MODEL. Starts
+`loom serve`, opens its page (GET /) in headless Chromium driven over the
+DevTools protocol, types prompts, clicks Send and watches the reply stream
+in: it must be non-empty and grow over several samples, not land at once.
+Also stops a long reply with the Stop button and checks the server still
+answers. A screenshot goes to $LOOM_BUILD_ROOT/tests/chat_page/.
+
+Then the page's client logic is checked against fake_server.py, a scripted
+test double (SSE cut at every byte boundary, error bodies, HTML in the model
+output, what the page sends). Exits 77 when the model or Chromium is absent.
+"""
+import base64
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import cdp  # noqa: E402
+import fake_server  # noqa: E402
+
+PAGE_SRC = os.path.join(HERE, "..", "..", "web", "index.html")
+failures = []
+passed = 0
+
+
+def check(name, cond, detail=""):
+    global passed
+    if cond:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+        print(f"FAIL {name}: {detail}", flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_get(port, path, timeout=5):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.getheader("Content-Type", ""), r.read()
+    finally:
+        c.close()
+
+
+# ---- page helpers (everything through CDP, like a user would) ----
+
+def open_page(page, url):
+    page.call("Page.enable")
+    page.call("Runtime.enable")
+    page.call("Page.navigate", url=url)
+    end = time.time() + 30
+    while time.time() < end:
+        if page.eval("document.readyState === 'complete' && "
+                     "!!document.getElementById('prompt')"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def set_number(page, elem_id, value):
+    page.eval(f"(() => {{ const e = document.getElementById('{elem_id}');"
+              f" e.value = '{value}';"
+              " e.dispatchEvent(new Event('input')); })()")
+
+
+def type_prompt(page, text):
+    """Focus the message box, clear it, and type text as key input."""
+    page.eval("(() => { const p = document.getElementById('prompt');"
+              " p.focus(); p.select(); })()")
+    page.call("Input.insertText", text=text)
+
+
+def click(page, elem_id):
+    r = page.eval(f"(() => {{ const b = document.getElementById('{elem_id}')"
+                  ".getBoundingClientRect(); return [b.x + b.width / 2,"
+                  " b.y + b.height / 2]; })()")
+    for kind in ("mousePressed", "mouseReleased"):
+        page.call("Input.dispatchMouseEvent", type=kind, x=r[0], y=r[1],
+                  button="left", clickCount=1)
+
+
+def press_enter(page):
+    page.call("Input.dispatchKeyEvent", type="keyDown", key="Enter",
+              code="Enter", windowsVirtualKeyCode=13, text="\r")
+    page.call("Input.dispatchKeyEvent", type="keyUp", key="Enter",
+              code="Enter", windowsVirtualKeyCode=13)
+
+
+REPLY_JS = """(() => {
+  const all = document.querySelectorAll('#log .msg.assistant');
+  const m = all[all.length - 1];
+  if (!m) return {count: 0};
+  return {count: all.length, state: m.dataset.state,
+          text: m.querySelector('.text').textContent,
+          note: m.querySelector('.note').textContent,
+          role: m.getAttribute('role'),
+          send: document.getElementById('send').disabled,
+          stop: document.getElementById('stop').disabled,
+          status: document.getElementById('status').textContent,
+          body: document.body.innerText};
+})()"""
+
+
+def wait_reply(page, count, timeout=120, until=None):
+    """Poll the newest reply until it is no longer streaming (or until()
+    holds). Returns (final snapshot, [(seconds, length)] samples)."""
+    t0 = time.time()
+    samples = []
+    snap = {}
+    while time.time() - t0 < timeout:
+        snap = page.eval(REPLY_JS)
+        if snap.get("count", 0) >= count:
+            samples.append((time.time() - t0, len(snap["text"]),
+                            snap["state"]))
+            if until and until(snap):
+                break
+            if snap["state"] != "streaming":
+                break
+        time.sleep(0.01)
+    return snap, samples
+
+
+def growth(samples):
+    """Distinct non-zero lengths seen while the reply was streaming."""
+    return sorted({n for _, n, st in samples if st == "streaming" and n > 0})
+
+
+def screenshot(page, name):
+    root = os.environ.get("LOOM_BUILD_ROOT") or os.getcwd()
+    outdir = os.path.join(root, "tests", "chat_page")
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, name)
+    png = page.call("Page.captureScreenshot", format="png")["data"]
+    with open(path, "wb") as f:
+        f.write(base64.b64decode(png))
+    print(f"screenshot: {path}", flush=True)
+    return path
+
+
+# ---- the real server ----
+
+def start_serve(loom, model, port, logf):
+    proc = subprocess.Popen([loom, "serve", "--model", model,
+                             "--port", str(port)],
+                            stdout=logf, stderr=subprocess.STDOUT)
+    end = time.time() + 120
+    while time.time() < end:
+        if proc.poll() is not None:
+            return proc, f"loom serve exited with {proc.returncode}"
+        try:
+            if http_get(port, "/health")[0] == 200:
+                return proc, None
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return proc, "loom serve did not answer /health within 120 s"
+
+
+def real_server(browser, loom, model, tmp):
+    port = free_port()
+    logpath = os.path.join(tmp, "serve.log")
+    with open(logpath, "w") as logf:
+        proc, err = start_serve(loom, model, port, logf)
+    try:
+        if err:
+            with open(logpath) as f:
+                check("loom serve starts", False, err + ": " + f.read()[-2000:])
+            return
+        real_checks(browser, port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            check("loom serve exits on SIGTERM", False, "killed after 20 s")
+
+
+def real_checks(browser, port):
+    status, ctype, body = http_get(port, "/")
+    with open(PAGE_SRC, "rb") as f:
+        src = f.read()
+    check("GET / is the page", status == 200 and "text/html" in ctype
+          and body == src, f"{status} {ctype} {len(body)} bytes, "
+          f"source has {len(src)}")
+
+    page = browser.page()
+    check("page loads", open_page(page, f"http://127.0.0.1:{port}/"))
+    set_number(page, "temperature", "0")
+    set_number(page, "max-tokens", "48")
+
+    type_prompt(page, "Write a short poem about the sea.")
+    click(page, "send")
+    snap, samples = wait_reply(page, 1)
+    grew = growth(samples)
+    print(f"reply 1: {len(snap.get('text', ''))} chars, {len(samples)} "
+          f"samples, {len(grew)} distinct lengths while streaming",
+          flush=True)
+    check("reply 1 done", snap.get("state") == "done", str(snap)[:500])
+    check("reply 1 non-empty", snap.get("text", "").strip() != "", str(snap))
+    check("reply 1 streamed (grew over >= 3 samples)", len(grew) >= 3,
+          f"lengths seen {grew}")
+    check("reply 1 in the document text",
+          snap.get("text", "").strip()[:40] in snap.get("body", ""))
+    check("status names tokens", "tokens" in snap.get("status", ""),
+          snap.get("status"))
+    check("buttons idle after reply", snap.get("send") is False
+          and snap.get("stop") is True, str(snap)[:300])
+
+    type_prompt(page, "Now say it in one line.")
+    click(page, "send")
+    snap, samples = wait_reply(page, 2)
+    check("reply 2 (with history) done", snap.get("state") == "done"
+          and snap.get("text", "").strip() != "", str(snap)[:500])
+    screenshot(page, "chat_page.png")
+
+    # Stop a long reply half way; the server must stay usable.
+    set_number(page, "max-tokens", "2000")
+    type_prompt(page, "Tell me a very long story about a dragon.")
+    click(page, "send")
+    snap, _ = wait_reply(page, 3, until=lambda s: len(s["text"]) > 20)
+    if snap.get("state") != "streaming":
+        print(f"note: reply ended ({snap.get('state')}) before Stop",
+              flush=True)
+    else:
+        click(page, "stop")
+        snap, _ = wait_reply(page, 3, timeout=10)
+        n = len(snap.get("text", ""))
+        time.sleep(0.5)
+        later = page.eval(REPLY_JS)
+        check("stop ends the reply", snap.get("state") == "stopped",
+              str(snap)[:300])
+        check("nothing arrives after stop", len(later["text"]) == n,
+              f"{n} -> {len(later['text'])}")
+    try:
+        st = http_get(port, "/health")[0]
+    except OSError as e:
+        st = str(e)
+    check("server healthy after stop", st == 200, str(st))
+    set_number(page, "max-tokens", "16")
+    type_prompt(page, "Hello!")
+    click(page, "send")
+    snap, _ = wait_reply(page, 4)
+    check("reply after stop done", snap.get("state") == "done"
+          and snap.get("text", "") != "", str(snap)[:300])
+    screenshot(page, "chat_page_after_stop.png")
+    page.ws.close()
+
+
+# ---- client logic against the test double ----
+
+def fake_checks(browser):
+    srv = fake_server.start(PAGE_SRC)
+    port = srv.server_address[1]
+    page = browser.page()
+    try:
+        fake_turns(page, srv, port)
+    finally:
+        page.ws.close()
+        srv.shutdown()
+
+
+def fake_turns(page, srv, port):
+    check("double: page loads", open_page(page, f"http://127.0.0.1:{port}/"))
+    time.sleep(0.2)
+    check("double: model name shown",
+          page.eval("document.getElementById('model').textContent")
+          == "fake-model")
+    set_number(page, "temperature", "0.3")
+    set_number(page, "max-tokens", "17")
+    type_prompt(page, "hi")
+    click(page, "send")
+    snap, _ = wait_reply(page, 1, timeout=20)
+    want = "".join(fake_server.REPLY)
+    check("double: split SSE reassembled exactly", snap.get("text") == want,
+          f"{snap.get('text')!r} != {want!r}")
+    check("double: state done", snap.get("state") == "done", str(snap)[:300])
+    check("double: usage used for the count",
+          "6 tokens" in snap.get("status", ""), snap.get("status"))
+    tags = page.eval("document.querySelectorAll('#log b, #log img').length")
+    check("double: model output is not parsed as HTML",
+          tags == 0 and page.eval("window.pwned === undefined"),
+          f"{tags} elements")
+    req = srv.requests[-1]
+    check("double: request fields", req.get("stream") is True
+          and req.get("temperature") == 0.3 and req.get("max_tokens") == 17
+          and req.get("messages") == [{"role": "user", "content": "hi"}],
+          json.dumps(req))
+
+    type_prompt(page, "error")
+    click(page, "send")
+    snap, _ = wait_reply(page, 2, timeout=20)
+    check("double: HTTP error shown", snap.get("state") == "error"
+          and fake_server.ERROR_MSG in snap.get("note", "")
+          and snap.get("role") == "alert", str(snap)[:300])
+    check("double: failed prompt given back",
+          page.eval("document.getElementById('prompt').value") == "error")
+
+    type_prompt(page, "midway")
+    click(page, "send")
+    snap, _ = wait_reply(page, 3, timeout=20)
+    check("double: in-stream error shown", snap.get("state") == "error"
+          and "engine failed" in snap.get("note", "")
+          and snap.get("text") == "partial", str(snap)[:300])
+
+    type_prompt(page, "second")
+    press_enter(page)
+    snap, _ = wait_reply(page, 4, timeout=20)
+    roles = [m["role"] for m in srv.requests[-1]["messages"]]
+    check("double: Enter sends, history kept, failed turn left out",
+          snap.get("state") == "done" and roles == ["user", "assistant"] * 2
+          + ["user"] and srv.requests[-1]["messages"][1]["content"] == want,
+          json.dumps(srv.requests[-1]["messages"])[:400])
+
+    aborted = srv.aborted  # earlier replies may be cut after [DONE]
+    type_prompt(page, "slow")
+    click(page, "send")
+    snap, _ = wait_reply(page, 5, timeout=20,
+                         until=lambda s: len(s["text"]) > 8)
+    check("double: buttons busy while streaming", snap.get("send") is True
+          and snap.get("stop") is False, str(snap)[:300])
+    click(page, "stop")
+    snap, _ = wait_reply(page, 5, timeout=10)
+    n = len(snap.get("text", ""))
+    time.sleep(0.4)
+    check("double: stop", snap.get("state") == "stopped"
+          and len(page.eval(REPLY_JS)["text"]) == n, str(snap)[:300])
+    end = time.time() + 3
+    while srv.aborted == aborted and time.time() < end:
+        time.sleep(0.05)
+    check("double: stop closes the connection", srv.aborted == aborted + 1,
+          f"aborted {aborted} -> {srv.aborted}")
+
+
+def main():
+    if len(sys.argv) < 2:
+        print("usage: test_chat_page.py LOOM_BINARY")
+        return 2
+    loom = sys.argv[1]
+    model = os.environ.get("LOOM_MODEL", "")
+    chromium = cdp.find_chromium()
+    if not chromium:
+        print("skip: no chromium binary installed (Debian package: chromium)")
+        return 77
+    if not model or not os.path.isfile(model):
+        print(f"skip: model not found: {model or '$LOOM_MODEL unset'}")
+        return 77
+    with tempfile.TemporaryDirectory(prefix="loom-chat-page-") as tmp:
+        browser = cdp.Browser(chromium, tmp)
+        try:
+            real_server(browser, loom, model, tmp)
+            fake_checks(browser)
+        finally:
+            browser.close()
+    print(f"{passed} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
