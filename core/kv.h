@@ -3,11 +3,22 @@
  * Every layer's K and V cache is an f32 array [n_blocks][block_size][kv_dim]
  * on the backend. A sequence owns a block table: logical block j of the
  * sequence lives in physical block blocks[j]. Blocks are reference-counted
- * so that later work (prefix caching, copy-on-write) can share them.
+ * and shared: a fork shares all of a sequence's written blocks, and a write
+ * into a shared (or prefix-cached) partially used block first gives the
+ * writer a private copy (copy-on-write, done by loom_kv_reserve).
+ *
+ * Prefix cache: a full block can be registered under a chained hash of its
+ * tokens (loom_kv_block_hash, seeded with the parent block's hash). A
+ * registered block is immutable. When its last reference goes, it is not
+ * freed but parked on an LRU list; it can be found again by its hash
+ * (loom_kv_cache_lookup) and shared (loom_kv_seq_append_cached), and it is
+ * evicted, least recently released first, only when the free list is
+ * empty. Blocks never registered behave exactly as before (free list).
  */
 #ifndef LOOM_KV_H
 #define LOOM_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +33,21 @@ struct loom_kv {
 	int32_t *free_list; /* stack of free physical blocks */
 	int32_t n_free;
 	int32_t *refs;      /* per physical block */
+	/* ---- appended: prefix cache (all per physical block) ---- */
+	struct loom_kv_block *meta;
+	int32_t *tokens;    /* [n_blocks][block_size] ids of registered blocks */
+	int32_t *buckets;   /* hash table heads, n_buckets (a power of two) */
+	uint32_t n_buckets;
+	int32_t lru_head, lru_tail; /* unreferenced registered blocks, oldest first */
+	int32_t n_lru;
+	uint64_t n_copies;  /* blocks copied on write, cumulative */
+};
+
+struct loom_kv_block {
+	uint64_t hash, parent; /* chain hash and the parent's, while cached */
+	int32_t hnext;         /* next block in the same hash bucket */
+	int32_t prev, next;    /* LRU links while unreferenced and cached */
+	bool cached;           /* registered in the hash table */
 };
 
 struct loom_kv_seq {
@@ -39,12 +65,47 @@ struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 void loom_kv_free(struct loom_kv *kv);
 
 /* Makes room for n_new more tokens in seq. 0, or -1 if blocks ran out
- * (nothing is allocated then). */
+ * (nothing is allocated then). When n_new > 0 and the block that position
+ * n_tokens falls in is partially used and shared or cached, the sequence
+ * first gets a private copy of it (one more block); -2 if that backend
+ * copy fails (the sequence is unchanged). Free blocks are used first, then
+ * unreferenced cached blocks are evicted, least recently used first. */
 int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new);
 /* Drops the sequence's tokens from `keep` on, freeing whole blocks past it. */
 void loom_kv_truncate(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t keep);
 /* Releases every block and the table. */
 void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq);
+
+/* ---- appended: sharing, copy-on-write, prefix cache ---- */
+
+/* Blocks that reserve can still hand out: free plus evictable cached. */
+int64_t loom_kv_n_available(const struct loom_kv *kv);
+/* dst (empty) shares every written block of src (refcount + 1 each) and
+ * gets src's n_tokens. 0, or -1 on allocation failure (dst unchanged). */
+int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
+		 const struct loom_kv_seq *src);
+/* Copies physical block src to dst in every layer's K and V cache with the
+ * backend's copy op. 0 or a negative loom_status. */
+int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src);
+
+/* Chain hash of a block: XXH3-64 of its n token ids seeded with the
+ * parent block's hash (LOOM_KV_ROOT_HASH for the first block). */
+#define LOOM_KV_ROOT_HASH 0x6c6f6f6d6b76ULL
+uint64_t loom_kv_block_hash(uint64_t parent, const int32_t *tokens, int64_t n);
+/* The cached block with this hash, parent hash and block_size tokens, or
+ * -1. Token ids are compared, so a hash collision is never a hit. */
+int32_t loom_kv_cache_lookup(const struct loom_kv *kv, uint64_t hash,
+			     uint64_t parent, const int32_t *tokens);
+/* Registers full block `block` (referenced, holding `tokens`) under hash.
+ * True if registered; false if that hash is cached already (by another
+ * block) or the block is already registered. */
+bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
+			    uint64_t parent, const int32_t *tokens);
+/* Appends cached block `block` to seq, whose n_tokens must equal
+ * n_blocks * block_size: refcount + 1 (leaving the LRU list if it was on
+ * it), n_tokens += block_size. 0, or -1 on allocation failure. */
+int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
+			      int32_t block);
 
 static inline void *loom_kv_k(const struct loom_kv *kv, int64_t layer)
 {

@@ -30,6 +30,7 @@
 
 #include "model.h"
 #include "sampler.h"
+#include "tokenizer.h"
 
 struct loom_sched_config {
 	int32_t block_size;     /* tokens per KV block (default 16) */
@@ -39,7 +40,15 @@ struct loom_sched_config {
 	int32_t max_waiting;    /* waiting queue bound; beyond it submit fails */
 	int32_t max_ctx;        /* prompt + generated tokens per sequence */
 	bool prefix_cache;      /* default true */
+	/* ---- appended (sched) ---- */
+	/* EOG tokens end a request (LOOM_FINISH_EOG); NULL: only n_predict
+	 * ends one. Borrowed: must outlive the scheduler. */
+	const struct loom_tokenizer *tokenizer;
 };
+/* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
+ * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs
+ * 64, max_waiting 256, max_ctx 0 (= the model's training context),
+ * prefix_cache true, tokenizer NULL. */
 
 void loom_sched_config_defaults(struct loom_sched_config *c);
 
@@ -70,10 +79,13 @@ struct loom_sched_event {
 
 typedef void (*loom_sched_cb)(void *user, const struct loom_sched_event *ev);
 
+/* n_generated counts the tokens reported so far (an EOG token is not
+ * reported and not counted). */
+
 struct loom_sched_request {
 	const int32_t *prompt; /* copied by submit */
 	int32_t n_prompt;
-	int32_t n_predict;
+	int32_t n_predict;     /* <= 0: up to max_ctx - n_prompt */
 	struct loom_sampler_params sampling;
 	loom_sched_cb cb;
 	void *user;
@@ -88,7 +100,8 @@ void loom_sched_free(struct loom_sched *s);
 
 /* Queues a request. Returns 0 and its id in *id; -1 with err set for a bad
  * request (empty prompt, prompt + n_predict > max_ctx, bad sampling
- * params); -2 when the waiting queue is full (HTTP 503). */
+ * params, token id out of range, more KV blocks than the cache holds);
+ * -2 when the waiting queue is full (HTTP 503). */
 int loom_sched_submit(struct loom_sched *s, const struct loom_sched_request *r,
 		      uint64_t *id, char *err, size_t errlen);
 /* Asks to abort a request; its blocks are freed within the next step and
@@ -100,6 +113,7 @@ void loom_sched_cancel(struct loom_sched *s, uint64_t id);
 int loom_sched_step(struct loom_sched *s);
 /* Blocks until there is work, then steps, until loom_sched_stop(). */
 void loom_sched_run(struct loom_sched *s);
+/* Makes loom_sched_run return (sticky: a later run returns at once). */
 void loom_sched_stop(struct loom_sched *s);
 /* Wakes a loom_sched_run loop that waits for work (after submit/cancel). */
 
@@ -110,6 +124,8 @@ struct loom_sched_stats {
 	uint64_t preemptions, rejected;
 	uint64_t prompt_tokens, generated_tokens; /* cumulative */
 	uint64_t steps;
+	/* ---- appended (sched) ---- */
+	uint64_t cow_copies; /* KV blocks copied on write */
 };
 
 void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);

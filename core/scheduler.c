@@ -1,0 +1,819 @@
+/* Continuous-batching scheduler: iteration-level batching over the paged
+ * KV cache, chunked prefill, prefix caching and preemption by recompute.
+ *
+ * Threads: submit/cancel/stats touch only what the mutex guards (the
+ * pending list, the cancel list, the published stats). Everything else
+ * (waiting queue, running set, KV cache, executor) belongs to the engine
+ * thread that calls loom_sched_step; callbacks run there, with no lock
+ * held, so they may call submit or cancel.
+ */
+#include "scheduler.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define DEFAULT_KV_BYTES (256ull << 20)
+
+struct req {
+	uint64_t id;
+	struct req *prev, *next;  /* pending or waiting list */
+	int32_t *tokens;          /* prompt, then generated tokens */
+	int32_t n_tokens, n_prompt, n_predict, n_generated;
+	int32_t n_cached;         /* prompt tokens reused at first admission */
+	bool admitted;            /* admitted at least once */
+	uint64_t preempted_step;  /* step of the last preemption + 1; 0: never */
+	uint64_t *hashes;         /* chain hashes of the first n_hashed full blocks */
+	int32_t n_hashed;
+	int32_t n_registered;     /* leading blocks already in the prefix cache */
+	struct loom_sampler *smp; /* lives across preemption: draws continue */
+	loom_sched_cb cb;
+	void *user;
+	struct loom_kv_seq seq;
+};
+
+struct req_list {
+	struct req *head, *tail;
+	int32_t n;
+};
+
+/* One sequence's share of a step: n tokens from seq.n_tokens on. */
+struct entry {
+	struct req *r;
+	int32_t n;
+};
+
+struct loom_sched {
+	struct loom_model *m;
+	struct loom_sched_config cfg;
+	struct loom_kv *kv;
+	struct loom_exec *exec;
+	int32_t n_vocab;
+
+	/* engine thread only */
+	struct req_list waiting;
+	struct req **running; /* admission order, newest last */
+	int32_t n_running;
+	struct entry *plan;
+	int32_t n_plan;
+	int32_t *tok_buf, *q_start, *out_rows, *out_entry;
+	struct loom_kv_seq **seqs;
+	float *logits;
+	struct loom_sched_stats eng; /* counters kept by the engine */
+	uint64_t *cancel_buf;
+	int32_t cancel_cap;
+
+	/* guarded by mu */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct req_list pending;
+	uint64_t *cancels;
+	int32_t n_cancels, cap_cancels;
+	uint64_t next_id, rejected;
+	int32_t n_active;            /* waiting + running after the last step */
+	bool stop;
+	struct loom_sched_stats pub; /* published after each step */
+};
+
+void loom_sched_config_defaults(struct loom_sched_config *c)
+{
+	*c = (struct loom_sched_config){
+		.block_size = 16, .n_blocks = 0, .max_batch_tokens = 512,
+		.max_seqs = 64, .max_waiting = 256, .max_ctx = 0,
+		.prefix_cache = true, .tokenizer = NULL,
+	};
+}
+
+int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
+			       uint64_t kv_bytes)
+{
+	const struct loom_hparams *hp = &m->hp;
+	size_t per_block;
+	uint64_t n;
+
+	if (block_size <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
+	    hp->n_head_kv > INT64_MAX / hp->head_dim)
+		return 0;
+	/* 2 (K and V) * n_layer * block_size * kv_dim * sizeof(float) */
+	per_block = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, block_size, 1);
+	if (!per_block)
+		return 0;
+	n = kv_bytes / per_block;
+	if (n > (uint64_t)(INT32_MAX / block_size))
+		n = (uint64_t)(INT32_MAX / block_size); /* slots are int32 */
+	return (int64_t)n;
+}
+
+/* ---- lists ---- */
+
+static void list_push_back(struct req_list *l, struct req *r)
+{
+	r->next = NULL;
+	r->prev = l->tail;
+	if (l->tail)
+		l->tail->next = r;
+	else
+		l->head = r;
+	l->tail = r;
+	l->n++;
+}
+
+static void list_push_front(struct req_list *l, struct req *r)
+{
+	r->prev = NULL;
+	r->next = l->head;
+	if (l->head)
+		l->head->prev = r;
+	else
+		l->tail = r;
+	l->head = r;
+	l->n++;
+}
+
+static void list_remove(struct req_list *l, struct req *r)
+{
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		l->head = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	else
+		l->tail = r->prev;
+	r->prev = r->next = NULL;
+	l->n--;
+}
+
+/* Appends all of src to dst (src becomes empty). */
+static void list_splice(struct req_list *dst, struct req_list *src)
+{
+	if (!src->head)
+		return;
+	if (dst->tail) {
+		dst->tail->next = src->head;
+		src->head->prev = dst->tail;
+	} else {
+		dst->head = src->head;
+	}
+	dst->tail = src->tail;
+	dst->n += src->n;
+	*src = (struct req_list){ 0 };
+}
+
+/* ---- requests ---- */
+
+static void req_free(struct loom_sched *s, struct req *r)
+{
+	loom_kv_seq_release(s->kv, &r->seq);
+	loom_sampler_free(r->smp);
+	free(r->tokens);
+	free(r->hashes);
+	free(r);
+}
+
+static void emit(struct req *r, int32_t token, enum loom_finish fin, const char *error)
+{
+	struct loom_sched_event ev = {
+		.id = r->id, .token = token, .finish = fin, .n_prompt = r->n_prompt,
+		.n_generated = r->n_generated, .n_cached = r->n_cached, .error = error,
+	};
+
+	if (r->cb)
+		r->cb(r->user, &ev);
+}
+
+/* Delivers the final event and forgets the request (not in any list). */
+static void finish(struct loom_sched *s, struct req *r, enum loom_finish fin,
+		   const char *error)
+{
+	emit(r, -1, fin, error);
+	req_free(s, r);
+}
+
+static int running_index(const struct loom_sched *s, const struct req *r)
+{
+	int32_t i;
+
+	for (i = 0; i < s->n_running; i++)
+		if (s->running[i] == r)
+			return i;
+	return -1;
+}
+
+static void running_remove(struct loom_sched *s, struct req *r)
+{
+	int i = running_index(s, r);
+
+	if (i < 0)
+		return;
+	memmove(s->running + i, s->running + i + 1,
+		sizeof(*s->running) * (size_t)(s->n_running - i - 1));
+	s->n_running--;
+}
+
+/* Drops r's entry from this step's plan; returns the tokens it had. */
+static int32_t plan_remove(struct loom_sched *s, const struct req *r)
+{
+	int32_t i, n;
+
+	for (i = 0; i < s->n_plan; i++) {
+		if (s->plan[i].r != r)
+			continue;
+		n = s->plan[i].n;
+		memmove(s->plan + i, s->plan + i + 1,
+			sizeof(*s->plan) * (size_t)(s->n_plan - i - 1));
+		s->n_plan--;
+		return n;
+	}
+	return 0;
+}
+
+/* ---- submit / cancel / stats (any thread) ---- */
+
+static int check_request(struct loom_sched *s, const struct loom_sched_request *rq,
+			 int32_t *n_predict, char *err, size_t errlen)
+{
+	int64_t total, blocks, i;
+
+	if (!rq->prompt || rq->n_prompt <= 0) {
+		loom_seterr(err, errlen, "request: empty prompt");
+		return -1;
+	}
+	for (i = 0; i < rq->n_prompt; i++) {
+		if (rq->prompt[i] < 0 || rq->prompt[i] >= s->n_vocab) {
+			loom_seterr(err, errlen, "request: token id %d out of range (vocabulary %d)",
+				rq->prompt[i], s->n_vocab);
+			return -1;
+		}
+	}
+	*n_predict = rq->n_predict > 0 ? rq->n_predict : s->cfg.max_ctx - rq->n_prompt;
+	total = (int64_t)rq->n_prompt + *n_predict;
+	if (*n_predict <= 0 || total > s->cfg.max_ctx) {
+		loom_seterr(err, errlen, "request: %d prompt + %d predicted tokens exceed the context of %d",
+			rq->n_prompt, rq->n_predict, s->cfg.max_ctx);
+		return -1;
+	}
+	/* one spare block for a copy-on-write */
+	blocks = (total + s->cfg.block_size - 1) / s->cfg.block_size + 1;
+	if (blocks > s->kv->n_blocks) {
+		loom_seterr(err, errlen, "request: needs %lld KV blocks, the cache has %lld",
+			(long long)blocks, (long long)s->kv->n_blocks);
+		return -1;
+	}
+	return 0;
+}
+
+static struct req *req_new(struct loom_sched *s, const struct loom_sched_request *rq,
+			   int32_t n_predict, char *err, size_t errlen)
+{
+	int32_t cap = rq->n_prompt + n_predict; /* <= max_ctx, checked */
+	struct req *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		goto out_nomem;
+	r->tokens = malloc(sizeof(int32_t) * (size_t)cap);
+	r->hashes = malloc(sizeof(uint64_t) * ((size_t)cap / (size_t)s->cfg.block_size + 1));
+	if (!r->tokens || !r->hashes)
+		goto out_free;
+	r->smp = loom_sampler_new(&rq->sampling, s->n_vocab, err, errlen);
+	if (!r->smp)
+		goto out_free_quiet;
+	memcpy(r->tokens, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
+	r->n_tokens = r->n_prompt = rq->n_prompt;
+	r->n_predict = n_predict;
+	r->cb = rq->cb;
+	r->user = rq->user;
+	return r;
+
+out_free:
+	loom_seterr(err, errlen, "request: out of memory");
+out_free_quiet:
+	free(r->tokens);
+	free(r->hashes);
+	free(r);
+	return NULL;
+out_nomem:
+	loom_seterr(err, errlen, "request: out of memory");
+	return NULL;
+}
+
+int loom_sched_submit(struct loom_sched *s, const struct loom_sched_request *rq,
+		      uint64_t *id, char *err, size_t errlen)
+{
+	int32_t n_predict;
+	struct req *r;
+
+	if (check_request(s, rq, &n_predict, err, errlen))
+		return -1;
+	r = req_new(s, rq, n_predict, err, errlen);
+	if (!r)
+		return -1;
+	pthread_mutex_lock(&s->mu);
+	if (s->pending.n + s->pub.waiting >= s->cfg.max_waiting) {
+		s->rejected++;
+		pthread_mutex_unlock(&s->mu);
+		loom_seterr(err, errlen, "request: waiting queue full (%d)", s->cfg.max_waiting);
+		req_free(s, r);
+		return -2;
+	}
+	r->id = ++s->next_id;
+	*id = r->id;
+	list_push_back(&s->pending, r);
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return 0;
+}
+
+void loom_sched_cancel(struct loom_sched *s, uint64_t id)
+{
+	pthread_mutex_lock(&s->mu);
+	if (s->n_cancels == s->cap_cancels) {
+		int32_t cap = s->cap_cancels ? 2 * s->cap_cancels : 16;
+		uint64_t *p = realloc(s->cancels, sizeof(uint64_t) * (size_t)cap);
+
+		if (!p) {
+			/* out of memory: the request simply runs to its end */
+			pthread_mutex_unlock(&s->mu);
+			return;
+		}
+		s->cancels = p;
+		s->cap_cancels = cap;
+	}
+	s->cancels[s->n_cancels++] = id;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st)
+{
+	pthread_mutex_lock(&s->mu);
+	*st = s->pub;
+	st->waiting += s->pending.n;
+	st->rejected = s->rejected;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* Publishes the engine's view (engine thread). */
+static void publish(struct loom_sched *s)
+{
+	struct loom_sched_stats st = s->eng;
+
+	st.running = s->n_running;
+	st.waiting = s->waiting.n;
+	st.blocks_total = s->kv->n_blocks;
+	st.blocks_cached = s->kv->n_lru;
+	st.blocks_used = s->kv->n_blocks - s->kv->n_free - s->kv->n_lru;
+	st.cow_copies = s->kv->n_copies;
+	pthread_mutex_lock(&s->mu);
+	s->pub = st;
+	s->n_active = s->n_running + s->waiting.n;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- the engine ---- */
+
+/* Moves new submissions to the waiting queue and takes the cancel list. */
+static int32_t take_inputs(struct loom_sched *s)
+{
+	int32_t n;
+
+	pthread_mutex_lock(&s->mu);
+	list_splice(&s->waiting, &s->pending);
+	n = s->n_cancels;
+	if (n > s->cancel_cap) {
+		uint64_t *p = realloc(s->cancel_buf, sizeof(uint64_t) * (size_t)n);
+
+		if (!p)
+			n = s->cancel_cap; /* the rest wait for the next step */
+		else
+			s->cancel_buf = p, s->cancel_cap = n;
+	}
+	if (n > 0) {
+		memcpy(s->cancel_buf, s->cancels, sizeof(uint64_t) * (size_t)n);
+		memmove(s->cancels, s->cancels + n,
+			sizeof(uint64_t) * (size_t)(s->n_cancels - n));
+		s->n_cancels -= n;
+	}
+	pthread_mutex_unlock(&s->mu);
+	return n;
+}
+
+static void apply_cancel(struct loom_sched *s, uint64_t id)
+{
+	struct req *r;
+	int32_t i;
+
+	for (r = s->waiting.head; r; r = r->next) {
+		if (r->id == id) {
+			list_remove(&s->waiting, r);
+			finish(s, r, LOOM_FINISH_CANCELLED, NULL);
+			return;
+		}
+	}
+	for (i = 0; i < s->n_running; i++) {
+		r = s->running[i];
+		if (r->id == id) {
+			running_remove(s, r);
+			finish(s, r, LOOM_FINISH_CANCELLED, NULL);
+			return;
+		}
+	}
+}
+
+/* Frees r's blocks and puts it at the front of the waiting queue; its
+ * prompt and generated tokens are recomputed when it is admitted again. */
+static void preempt(struct loom_sched *s, struct req *r, int32_t *budget)
+{
+	running_remove(s, r);
+	*budget += plan_remove(s, r);
+	loom_kv_seq_release(s->kv, &r->seq);
+	r->n_registered = 0;
+	r->preempted_step = s->eng.steps + 1;
+	list_push_front(&s->waiting, r);
+	s->eng.preemptions++;
+}
+
+/* Reserves n tokens for running request r, preempting the newest running
+ * sequences while blocks run short. 0, or -1 when r itself was preempted
+ * or failed. */
+static int reserve_running(struct loom_sched *s, struct req *r, int32_t n,
+			   int32_t *budget)
+{
+	for (;;) {
+		int rc = loom_kv_reserve(s->kv, &r->seq, n);
+		struct req *victim;
+
+		if (rc == 0)
+			return 0;
+		if (rc == -2) {
+			running_remove(s, r);
+			finish(s, r, LOOM_FINISH_ERROR, "kv cache: block copy failed");
+			return -1;
+		}
+		victim = s->running[s->n_running - 1];
+		preempt(s, victim, budget);
+		if (victim == r)
+			return -1;
+	}
+}
+
+/* Plans the running sequences: decodes first (one token each), then
+ * prompt chunks (prefill or recompute), oldest first. */
+static void plan_running(struct loom_sched *s, int32_t *budget)
+{
+	int pass;
+	int32_t i;
+
+	for (pass = 0; pass < 2; pass++) {
+		for (i = 0; i < s->n_running && *budget > 0; i++) {
+			struct req *r = s->running[i];
+			int32_t rem = r->n_tokens - r->seq.n_tokens, n;
+
+			if ((pass == 0) != (rem == 1))
+				continue;
+			n = rem < *budget ? rem : *budget;
+			if (reserve_running(s, r, n, budget)) {
+				i--; /* r left the running set; i now names the next */
+				continue;
+			}
+			s->plan[s->n_plan++] = (struct entry){ r, n };
+			*budget -= n;
+		}
+	}
+}
+
+/* Chain hash of full block j of r (computed once). */
+static uint64_t block_hash(struct loom_sched *s, struct req *r, int32_t j)
+{
+	int32_t bs = s->cfg.block_size;
+
+	while (r->n_hashed <= j) {
+		int32_t k = r->n_hashed;
+		uint64_t parent = k ? r->hashes[k - 1] : LOOM_KV_ROOT_HASH;
+
+		r->hashes[k] = loom_kv_block_hash(parent, r->tokens + (size_t)k * bs, bs);
+		r->n_hashed++;
+	}
+	return r->hashes[j];
+}
+
+/* Shares the longest run of cached full blocks that starts r's tokens.
+ * Leaves at least one token to compute so that there are logits. */
+static void match_prefix(struct loom_sched *s, struct req *r)
+{
+	int32_t bs = s->cfg.block_size, full = r->n_tokens / bs, j;
+
+	for (j = 0; j < full; j++) {
+		uint64_t parent = j ? r->hashes[j - 1] : LOOM_KV_ROOT_HASH;
+		uint64_t h = block_hash(s, r, j);
+		int32_t b = loom_kv_cache_lookup(s->kv, h, parent, r->tokens + (size_t)j * bs);
+
+		if (b < 0 || loom_kv_seq_append_cached(s->kv, &r->seq, b))
+			break;
+	}
+	r->n_registered = j;
+	if (r->seq.n_tokens == r->n_tokens)
+		r->seq.n_tokens--; /* recompute the last one (copy-on-write) */
+}
+
+/* Admits r with its first chunk of at most budget tokens. 0; -1 when the
+ * blocks do not allow (r unchanged); -2 on a copy failure. */
+static int admit(struct loom_sched *s, struct req *r, int32_t budget)
+{
+	int32_t n, rc;
+
+	if (s->cfg.prefix_cache)
+		match_prefix(s, r);
+	n = r->n_tokens - r->seq.n_tokens;
+	if (n > budget)
+		n = budget;
+	rc = loom_kv_reserve(s->kv, &r->seq, n);
+	if (rc) {
+		loom_kv_seq_release(s->kv, &r->seq);
+		r->n_registered = 0;
+		return rc;
+	}
+	if (s->cfg.prefix_cache) {
+		s->eng.prefix_lookups += (uint64_t)(r->n_tokens / s->cfg.block_size);
+		s->eng.prefix_hits += (uint64_t)r->n_registered; /* matched blocks */
+	}
+	if (!r->admitted) {
+		r->admitted = true;
+		r->n_cached = r->seq.n_tokens < r->n_prompt ? r->seq.n_tokens : r->n_prompt;
+		s->eng.prompt_tokens += (uint64_t)r->n_prompt;
+	}
+	s->running[s->n_running++] = r;
+	s->plan[s->n_plan++] = (struct entry){ r, n };
+	return 0;
+}
+
+/* Admits waiting requests in arrival order while blocks, the token budget
+ * and the sequence limit allow. */
+static void plan_admissions(struct loom_sched *s, int32_t *budget)
+{
+	while (s->waiting.head && *budget > 0 && s->n_running < s->cfg.max_seqs) {
+		struct req *r = s->waiting.head;
+		int rc;
+
+		if (r->preempted_step == s->eng.steps + 1)
+			break; /* just preempted: the blocks are not there */
+		rc = admit(s, r, *budget);
+		if (rc == -1)
+			break;
+		list_remove(&s->waiting, r);
+		if (rc) {
+			finish(s, r, LOOM_FINISH_ERROR, "kv cache: block copy failed");
+			continue;
+		}
+		*budget -= s->plan[s->n_plan - 1].n;
+	}
+}
+
+/* Registers r's newly filled blocks in the prefix cache. */
+static void register_blocks(struct loom_sched *s, struct req *r)
+{
+	int32_t bs = s->cfg.block_size, full = r->seq.n_tokens / bs;
+
+	while (r->n_registered < full) {
+		int32_t j = r->n_registered++;
+		uint64_t h = block_hash(s, r, j);
+		uint64_t parent = j ? r->hashes[j - 1] : LOOM_KV_ROOT_HASH;
+
+		loom_kv_cache_register(s->kv, r->seq.blocks[j], h, parent,
+				       r->tokens + (size_t)j * bs);
+	}
+}
+
+/* Samples r's next token from its logits row and reports it. */
+static void sample_one(struct loom_sched *s, struct req *r, float *row)
+{
+	int32_t t = loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens);
+
+	if (loom_tokenizer_is_eog(s->cfg.tokenizer, t)) {
+		running_remove(s, r);
+		finish(s, r, LOOM_FINISH_EOG, NULL);
+		return;
+	}
+	r->tokens[r->n_tokens++] = t;
+	r->n_generated++;
+	s->eng.generated_tokens++;
+	if (r->n_generated < r->n_predict) {
+		emit(r, t, LOOM_FINISH_NONE, NULL);
+		return;
+	}
+	running_remove(s, r);
+	emit(r, t, LOOM_FINISH_LENGTH, NULL);
+	req_free(s, r);
+}
+
+/* Flattens the plan into a batch, runs it and samples. */
+static int run_plan(struct loom_sched *s)
+{
+	struct loom_batch b = { .tokens = s->tok_buf, .n_seqs = s->n_plan,
+		.q_start = s->q_start, .seqs = s->seqs, .out_rows = s->out_rows };
+	char err[512];
+	int32_t i;
+
+	for (i = 0; i < s->n_plan; i++) {
+		struct req *r = s->plan[i].r;
+		int32_t n = s->plan[i].n;
+
+		s->q_start[i] = b.n_tokens;
+		memcpy(s->tok_buf + b.n_tokens, r->tokens + r->seq.n_tokens,
+		       sizeof(int32_t) * (size_t)n);
+		b.n_tokens += n;
+		s->seqs[i] = &r->seq;
+		if (r->seq.n_tokens + n == r->n_tokens) {
+			s->out_entry[b.n_out] = i;
+			s->out_rows[b.n_out++] = b.n_tokens - 1;
+		}
+	}
+	s->q_start[s->n_plan] = b.n_tokens;
+	if (loom_exec_step(s->exec, &b, s->logits, err, sizeof(err))) {
+		for (i = 0; i < s->n_plan; i++) {
+			running_remove(s, s->plan[i].r);
+			finish(s, s->plan[i].r, LOOM_FINISH_ERROR, err);
+		}
+		return -1;
+	}
+	if (s->cfg.prefix_cache)
+		for (i = 0; i < s->n_plan; i++)
+			register_blocks(s, s->plan[i].r);
+	for (i = 0; i < b.n_out; i++)
+		sample_one(s, s->plan[s->out_entry[i]].r,
+			   s->logits + (size_t)i * (size_t)s->n_vocab);
+	return 0;
+}
+
+int loom_sched_step(struct loom_sched *s)
+{
+	int32_t budget = s->cfg.max_batch_tokens, n_cancel, i, n;
+	int rc = 0;
+
+	n_cancel = take_inputs(s);
+	for (i = 0; i < n_cancel; i++)
+		apply_cancel(s, s->cancel_buf[i]);
+	s->n_plan = 0;
+	plan_running(s, &budget);
+	plan_admissions(s, &budget);
+	n = s->n_plan;
+	if (n > 0) {
+		s->eng.steps++;
+		rc = run_plan(s);
+	}
+	s->n_plan = 0;
+	publish(s);
+	return rc ? -1 : n;
+}
+
+static bool has_work(struct loom_sched *s)
+{
+	return s->pending.n > 0 || s->n_cancels > 0 || s->n_active > 0;
+}
+
+void loom_sched_run(struct loom_sched *s)
+{
+	for (;;) {
+		pthread_mutex_lock(&s->mu);
+		while (!s->stop && !has_work(s))
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (s->stop) {
+			pthread_mutex_unlock(&s->mu);
+			return;
+		}
+		pthread_mutex_unlock(&s->mu);
+		loom_sched_step(s);
+	}
+}
+
+void loom_sched_stop(struct loom_sched *s)
+{
+	pthread_mutex_lock(&s->mu);
+	s->stop = true;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- construction ---- */
+
+static int check_config(struct loom_sched *s, char *err, size_t errlen)
+{
+	struct loom_sched_config *c = &s->cfg;
+	int64_t min_blocks;
+
+	if (c->max_ctx <= 0)
+		c->max_ctx = s->m->hp.n_ctx_train > INT32_MAX / 2 ? INT32_MAX / 2 :
+			     (int32_t)s->m->hp.n_ctx_train;
+	if (c->block_size <= 0 || c->block_size > 1 << 16 || c->max_batch_tokens <= 0 ||
+	    c->max_seqs <= 0 || c->max_seqs > c->max_batch_tokens || c->max_waiting <= 0 ||
+	    c->max_ctx <= 0) {
+		loom_seterr(err, errlen, "scheduler: bad config (block %d, batch %d, sequences %d, waiting %d, context %d)",
+			c->block_size, c->max_batch_tokens, c->max_seqs, c->max_waiting, c->max_ctx);
+		return -1;
+	}
+	min_blocks = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size + 1;
+	if (c->n_blocks <= 0) {
+		c->n_blocks = loom_sched_plan_blocks(s->m, c->block_size, DEFAULT_KV_BYTES);
+		if (c->n_blocks < min_blocks)
+			c->n_blocks = min_blocks;
+	}
+	if (c->n_blocks < 2) {
+		loom_seterr(err, errlen, "scheduler: %lld KV blocks are too few", (long long)c->n_blocks);
+		return -1;
+	}
+	return 0;
+}
+
+static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
+{
+	const struct loom_hparams *hp = &s->m->hp;
+	size_t seqs = (size_t)s->cfg.max_seqs;
+
+	s->kv = loom_kv_new(s->m->be, hp->n_layer, hp->n_head_kv * hp->head_dim,
+			    s->cfg.block_size, s->cfg.n_blocks, err, errlen);
+	if (!s->kv)
+		return -1;
+	s->exec = loom_exec_new(s->m, s->kv, s->cfg.max_batch_tokens, s->cfg.max_seqs,
+				s->cfg.max_seqs, err, errlen);
+	if (!s->exec)
+		return -1;
+	s->running = calloc(seqs, sizeof(*s->running));
+	s->plan = calloc(seqs, sizeof(*s->plan));
+	s->q_start = calloc(seqs + 1, sizeof(int32_t));
+	s->out_rows = calloc(seqs, sizeof(int32_t));
+	s->out_entry = calloc(seqs, sizeof(int32_t));
+	s->seqs = calloc(seqs, sizeof(*s->seqs));
+	s->tok_buf = calloc((size_t)s->cfg.max_batch_tokens, sizeof(int32_t));
+	s->logits = calloc(seqs * (size_t)s->n_vocab, sizeof(float));
+	if (!s->running || !s->plan || !s->q_start || !s->out_rows || !s->out_entry ||
+	    !s->seqs || !s->tok_buf || !s->logits) {
+		loom_seterr(err, errlen, "scheduler: out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+static void free_engine(struct loom_sched *s)
+{
+	loom_exec_free(s->exec);
+	loom_kv_free(s->kv);
+	free(s->running);
+	free(s->plan);
+	free(s->q_start);
+	free(s->out_rows);
+	free(s->out_entry);
+	free(s->seqs);
+	free(s->tok_buf);
+	free(s->logits);
+	free(s->cancels);
+	free(s->cancel_buf);
+}
+
+struct loom_sched *loom_sched_new(struct loom_model *m, const struct loom_sched_config *c,
+				  char *err, size_t errlen)
+{
+	struct loom_sched *s = calloc(1, sizeof(*s));
+
+	if (!s) {
+		loom_seterr(err, errlen, "scheduler: out of memory");
+		return NULL;
+	}
+	s->m = m;
+	s->cfg = *c;
+	s->n_vocab = (int32_t)m->hp.n_vocab;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (check_config(s, err, errlen) || alloc_engine(s, err, errlen)) {
+		free_engine(s);
+		pthread_mutex_destroy(&s->mu);
+		pthread_cond_destroy(&s->cv);
+		free(s);
+		return NULL;
+	}
+	publish(s);
+	return s;
+}
+
+void loom_sched_free(struct loom_sched *s)
+{
+	struct req *r;
+
+	if (!s)
+		return;
+	list_splice(&s->waiting, &s->pending);
+	while ((r = s->waiting.head)) {
+		list_remove(&s->waiting, r);
+		finish(s, r, LOOM_FINISH_CANCELLED, NULL);
+	}
+	while (s->n_running > 0) {
+		r = s->running[--s->n_running];
+		finish(s, r, LOOM_FINISH_CANCELLED, NULL);
+	}
+	free_engine(s);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s);
+}
