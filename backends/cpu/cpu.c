@@ -106,6 +106,13 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	else if (want && !strcmp(want, "avx2") && ctx->isa == CPU_ISA_AVX512)
 		ctx->isa = CPU_ISA_AVX2;
 	ctx->n_threads = (int)n;
+	if (cfg && cfg->struct_size >= sizeof(*cfg))
+		ctx->invariant = (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT) != 0;
+	/* LOOM_CPU_INVARIANT=1 forces batch invariance on, =0 off (benchmarks,
+	 * tests) */
+	const char *inv = getenv("LOOM_CPU_INVARIANT");
+	if (inv && (!strcmp(inv, "1") || !strcmp(inv, "0")))
+		ctx->invariant = inv[0] == '1';
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
 	if (!ctx->scratch || !ctx->scratch_cap)
@@ -115,8 +122,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	/* each pool thread calls sgemm on its own panel; OpenBLAS must not
 	 * start threads of its own on top */
 	openblas_set_num_threads(1);
-	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels", ctx->n_threads,
-		cpu_isa_name(ctx->isa));
+	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels%s", ctx->n_threads,
+		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "");
 	*out = ctx;
 	return LOOM_OK;
 

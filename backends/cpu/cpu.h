@@ -78,6 +78,9 @@ struct cpu_gemv {
 	 * x over block b, plus 2 floats of padding (cpu_xsum_fill) */
 	const float *xs;
 	int64_t xs_stride;
+	/* batch invariant: plain-type rows use the same accumulator layout
+	 * whatever m is (the m == 1 kernel otherwise uses more, for latency) */
+	bool inv;
 };
 
 /* Floats of xs per activation row for k values. */
@@ -113,6 +116,9 @@ struct loom_backend_ctx {
 	size_t *scratch_cap;
 	float *xsum; /* block sums of the activations (gemm.c) */
 	size_t xsum_cap;
+	/* LOOM_BACKEND_BATCH_INVARIANT (or LOOM_CPU_INVARIANT=1): every output
+	 * row is computed by the same operations whatever the batch holds */
+	bool invariant;
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

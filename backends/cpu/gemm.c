@@ -9,6 +9,11 @@
  * of its weight rows to f32 in its scratch and multiplies them with
  * single-threaded OpenBLAS sgemm (OpenBLAS's own threads are switched off in
  * create(), so nothing oversubscribes the pool).
+ *
+ * Batch invariant contexts (LOOM_BACKEND_BATCH_INVARIANT) never use BLAS:
+ * every m goes through the GEMV kernels, whose arithmetic for y[i][j] is the
+ * same whatever m is and wherever row i sits, and whichever thread or chunk
+ * computes it (weight rows are split over threads, never k).
  */
 #include <cblas.h>
 #include <stdlib.h>
@@ -60,6 +65,37 @@ static void gemv_task(void *arg, int64_t c, int ith)
 	(void)ith;
 	chunk_rows(t, c, &j0, &j1);
 	cpu_gemv_rows(t->ctx->isa, &t->g, j0, j1);
+}
+
+/*
+ * Batch-invariant prefill: the GEMV kernels on groups of `rows` activation
+ * rows (about INV_X_BYTES of them, so they stay in L1 while the chunk's
+ * weight rows stream past). The kernels give every element the same
+ * operations whatever m is and wherever its row sits (kernels.c), so this
+ * only changes the order in which elements are produced.
+ */
+#define INV_X_BYTES (24 * 1024)
+
+static void inv_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	int64_t rows = INV_X_BYTES / 4 / (t->g.k ? t->g.k : 1) / 4 * 4;
+	int64_t j0, j1;
+
+	(void)ith;
+	if (rows < 4)
+		rows = 4;
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t i = 0; i < t->g.m; i += rows) {
+		struct cpu_gemv g = t->g;
+
+		g.x += i * g.x_stride;
+		g.y += i * g.y_stride;
+		if (g.xs)
+			g.xs += i * g.xs_stride;
+		g.m = g.m - i < rows ? g.m - i : rows;
+		cpu_gemv_rows(t->ctx->isa, &g, j0, j1);
+	}
 }
 
 /* One panel of t->chunk weight rows, dequantized into the thread's scratch. */
@@ -196,10 +232,20 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = a->w_stride,
 				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
 				 .y_stride = a->y_stride, .m = a->m, .k = a->k };
+	t.g.inv = ctx->invariant;
 	t.n = a->n;
 	work = (double)a->m * (double)a->n * (double)a->k;
 	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
 
+	if (ctx->invariant) {
+		/* no BLAS: its blocking, hence its rounding, depends on m */
+		err = xsum_prepare(ctx, &t.g);
+		if (err)
+			return err;
+		t.chunk = pick_chunk(a->n, nth, 4, 32, 256);
+		cpu_pool_run(&ctx->pool, inv_task, &t, n_chunks(&t), nth);
+		return LOOM_OK;
+	}
 	if (a->m < BLAS_MIN_M || a->k == 0 || !blas_fits(a)) {
 		err = xsum_prepare(ctx, &t.g);
 		if (err)

@@ -450,12 +450,12 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 v)
 	return _mm_cvtss_f32(x);
 }
 
-/* R activation rows (i..i+R-1) against weight row j. One accumulator per
- * 8-lane slice for R == 1 (latency), two per row otherwise (registers). */
+/* R activation rows (i..i+R-1) against weight row j with A accumulators
+ * per row: 4 for a lone row (latency), 2 otherwise (registers). A row's
+ * result depends on A, not on R. */
 TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const int R,
-			       const uint8_t *wr, int64_t i, int64_t j)
+			       const int A, const uint8_t *wr, int64_t i, int64_t j)
 {
-	const int A = R == 1 ? 4 : 2;
 	const int64_t nb = g->k / 32;
 	const size_t gb = group_bytes(t);
 	const float *x = g->x + i * g->x_stride;
@@ -650,12 +650,16 @@ TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64
 		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
 		int64_t i = 0;
 
+		if (g->m == 1 && !g->inv) {
+			avx2_rows(g, t, 1, 4, wr, 0, j);
+			continue;
+		}
 		for (; i + 4 <= g->m; i += 4)
-			avx2_rows(g, t, 4, wr, i, j);
+			avx2_rows(g, t, 4, 2, wr, i, j);
 		switch (g->m - i) {
-		case 3: avx2_rows(g, t, 3, wr, i, j); break;
-		case 2: avx2_rows(g, t, 2, wr, i, j); break;
-		case 1: avx2_rows(g, t, 1, wr, i, j); break;
+		case 3: avx2_rows(g, t, 3, 2, wr, i, j); break;
+		case 2: avx2_rows(g, t, 2, 2, wr, i, j); break;
+		case 1: avx2_rows(g, t, 1, 2, wr, i, j); break;
 		}
 	}
 }
@@ -811,12 +815,11 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 	}
 }
 
-/* One block for R rows; `phase` alternates accumulators for R == 1. */
+/* One block for R rows; `phase` alternates accumulators when A == 4. */
 TGT_AVX512 ALWAYS void avx512_block(const struct cpu_gemv *g, const uint32_t t, const int R,
-				    const uint8_t *wr, const float *x, int64_t b, const int phase,
-				    __m512 acc[4][4])
+				    const int A, const uint8_t *wr, const float *x, int64_t b,
+				    const int phase, __m512 acc[4][4])
 {
-	const int A = R == 1 ? 4 : 2;
 	__m512 w[2];
 
 	avx512_deq(t, wr + b * group_bytes(t), w);
@@ -831,10 +834,10 @@ TGT_AVX512 ALWAYS void avx512_block(const struct cpu_gemv *g, const uint32_t t, 
 	}
 }
 
+/* As avx2_rows: A accumulators per row, 4 for a lone row, else 2. */
 TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, const int R,
-				   const uint8_t *wr, int64_t i, int64_t j)
+				   const int A, const uint8_t *wr, int64_t i, int64_t j)
 {
-	const int A = R == 1 ? 4 : 2;
 	const int64_t nb = g->k / 32;
 	const float *x = g->x + i * g->x_stride;
 	__m512 acc[4][4];
@@ -844,11 +847,11 @@ TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, c
 		for (int a = 0; a < A; a++)
 			acc[r][a] = _mm512_setzero_ps();
 	for (; b + 2 <= nb; b += 2) {
-		avx512_block(g, t, R, wr, x, b, 0, acc);
-		avx512_block(g, t, R, wr, x, b + 1, 1, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, acc);
+		avx512_block(g, t, R, A, wr, x, b + 1, 1, acc);
 	}
 	if (b < nb)
-		avx512_block(g, t, R, wr, x, b, 0, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, acc);
 	for (int r = 0; r < R; r++) {
 		__m512 v = _mm512_add_ps(acc[r][0], acc[r][1]);
 
@@ -995,12 +998,16 @@ TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, i
 		const uint8_t *wr = g->w + (size_t)j * g->w_stride;
 		int64_t i = 0;
 
+		if (g->m == 1 && !g->inv) {
+			avx512_rows(g, t, 1, 4, wr, 0, j);
+			continue;
+		}
 		for (; i + 4 <= g->m; i += 4)
-			avx512_rows(g, t, 4, wr, i, j);
+			avx512_rows(g, t, 4, 2, wr, i, j);
 		switch (g->m - i) {
-		case 3: avx512_rows(g, t, 3, wr, i, j); break;
-		case 2: avx512_rows(g, t, 2, wr, i, j); break;
-		case 1: avx512_rows(g, t, 1, wr, i, j); break;
+		case 3: avx512_rows(g, t, 3, 2, wr, i, j); break;
+		case 2: avx512_rows(g, t, 2, 2, wr, i, j); break;
+		case 1: avx512_rows(g, t, 1, 2, wr, i, j); break;
 		}
 	}
 }
