@@ -348,6 +348,23 @@ def fake_turns(page, srv, port):
     check("double: stop closes the connection", srv.aborted == aborted + 1,
           f"aborted {aborted} -> {srv.aborted}")
 
+    # "New chat" while a reply streams: the late reply must not leak into
+    # the new conversation.
+    type_prompt(page, "slow")
+    click(page, "send")
+    wait_reply(page, 6, timeout=20, until=lambda s: len(s["text"]) > 4)
+    click(page, "clear")
+    time.sleep(0.3)
+    check("double: new chat empties the log",
+          page.eval("document.querySelectorAll('#log .msg').length") == 0)
+    type_prompt(page, "hi")
+    click(page, "send")
+    snap, _ = wait_reply(page, 1, timeout=20)
+    check("double: new chat starts a fresh history",
+          snap.get("state") == "done" and srv.requests[-1]["messages"]
+          == [{"role": "user", "content": "hi"}],
+          json.dumps(srv.requests[-1]["messages"])[:300])
+
 
 def main():
     if len(sys.argv) < 2:
