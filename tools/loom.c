@@ -10,6 +10,7 @@
 #include "info.h"
 #include "loom_config.h"
 #include "options.h"
+#include "serve.h"
 #include "tokenizer.h"
 
 #define ERRLEN 4096
@@ -26,6 +27,7 @@ static void usage(FILE *out)
 	      "  info      FILE\n"
 	      "  tokenize  --model FILE [--no-bos] [-f FILE | TEXT]\n"
 	      "  bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
+	      "  serve     --model FILE [--host H] [--port 8080] [--parallel 16] [--kv-mem 512M] (loom serve --help)\n"
 	      "  version\n", out);
 }
 
@@ -426,6 +428,7 @@ int main(int argc, char **argv)
 		rc = cmd_tokenize(argc, argv, err);
 	else if (!strcmp(cmd, "bench"))
 		rc = cmd_bench(argc, argv, err);
+	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);
 		return 0;

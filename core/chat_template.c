@@ -1,0 +1,253 @@
+/* Chat templates: family detection and rendering (see chat_template.h). */
+#include "chat_template.h"
+#include "util.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const family_names[] = {
+	[LOOM_CHAT_UNKNOWN] = "unknown", [LOOM_CHAT_CHATML] = "chatml",
+	[LOOM_CHAT_LLAMA2] = "llama2",   [LOOM_CHAT_LLAMA3] = "llama3",
+	[LOOM_CHAT_GEMMA] = "gemma",     [LOOM_CHAT_MISTRAL] = "mistral",
+	[LOOM_CHAT_PHI3] = "phi3",       [LOOM_CHAT_ZEPHYR] = "zephyr",
+};
+
+const char *loom_chat_family_name(enum loom_chat_family f)
+{
+	if ((unsigned)f >= sizeof(family_names) / sizeof(family_names[0]))
+		return "unknown";
+	return family_names[f];
+}
+
+/* A chatml template that inserts a fixed system turn when the conversation
+ * has none writes it as a literal: '<|im_start|>system\nTEXT<|im_end|>'
+ * after a test of messages[0]['role'] != 'system'. The literal is taken
+ * only when it holds no Jinja (no quote, brace or plus). */
+static void find_default_system(const char *tmpl, struct loom_chat_template *t)
+{
+	static const char head[] = "<|im_start|>system\\n";
+	const char *test = strstr(tmpl, "!= 'system'");
+	const char *p, *end;
+	size_t n;
+
+	if (!test)
+		test = strstr(tmpl, "!= \"system\"");
+	if (!test || !(p = strstr(test, head)))
+		return;
+	p += strlen(head);
+	end = strstr(p, "<|im_end|>");
+	if (!end)
+		return;
+	n = (size_t)(end - p);
+	if (n >= sizeof(t->default_system) || memchr(p, '\'', n) || memchr(p, '"', n) ||
+	    memchr(p, '{', n) || memchr(p, '+', n) || memchr(p, '\\', n))
+		return;
+	memcpy(t->default_system, p, n);
+	t->default_system[n] = '\0';
+}
+
+int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
+			      char *err, size_t errlen)
+{
+	memset(t, 0, sizeof(*t));
+	if (!tmpl || !tmpl[0])
+		t->family = LOOM_CHAT_CHATML;
+	else if (strstr(tmpl, "<|im_start|>"))
+		t->family = LOOM_CHAT_CHATML;
+	else if (strstr(tmpl, "<|start_header_id|>"))
+		t->family = LOOM_CHAT_LLAMA3;
+	else if (strstr(tmpl, "<start_of_turn>"))
+		t->family = LOOM_CHAT_GEMMA;
+	else if (strstr(tmpl, "<|user|>"))
+		t->family = strstr(tmpl, "<|end|>") ? LOOM_CHAT_PHI3 : LOOM_CHAT_ZEPHYR;
+	else if (strstr(tmpl, "[INST]"))
+		t->family = strstr(tmpl, "<<SYS>>") ? LOOM_CHAT_LLAMA2 : LOOM_CHAT_MISTRAL;
+	if (t->family == LOOM_CHAT_UNKNOWN) {
+		loom_seterr(err, errlen, "unsupported chat template (known families: chatml, llama2, llama3, gemma, mistral, phi3, zephyr)");
+		return -1;
+	}
+	if (t->family == LOOM_CHAT_CHATML && tmpl)
+		find_default_system(tmpl, t);
+	return 0;
+}
+
+/* ---- a growing string ---- */
+
+struct sbuf {
+	char *s;
+	size_t len, cap;
+	bool failed;
+};
+
+static void put(struct sbuf *b, const char *s)
+{
+	size_t n = strlen(s);
+
+	if (b->failed)
+		return;
+	if (n > SIZE_MAX / 2 - b->len) {
+		b->failed = true;
+		return;
+	}
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->len + n + 1) * 2;
+		char *ns = realloc(b->s, cap);
+
+		if (!ns) {
+			b->failed = true;
+			return;
+		}
+		b->s = ns;
+		b->cap = cap;
+	}
+	memcpy(b->s + b->len, s, n + 1);
+	b->len += n;
+}
+
+static void put3(struct sbuf *b, const char *x, const char *y, const char *z)
+{
+	put(b, x);
+	put(b, y);
+	put(b, z);
+}
+
+/* ---- families where every role has its own turn ---- */
+
+struct turn_fmt {
+	const char *pre, *mid, *post; /* pre ROLE mid CONTENT post */
+	const char *gen;              /* assistant header */
+};
+
+static const struct turn_fmt turn_fmts[] = {
+	[LOOM_CHAT_CHATML] = { "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n" },
+	[LOOM_CHAT_LLAMA3] = { "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
+			       "<|start_header_id|>assistant<|end_header_id|>\n\n" },
+	[LOOM_CHAT_PHI3] = { "<|", "|>\n", "<|end|>\n", "<|assistant|>\n" },
+	[LOOM_CHAT_ZEPHYR] = { "<|", "|>\n", "</s>\n", "<|assistant|>\n" },
+};
+
+static void render_turns(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
+			 size_t n, bool gen, struct sbuf *b)
+{
+	const struct turn_fmt *f = &turn_fmts[t->family];
+	size_t i;
+
+	if (t->default_system[0] && (n == 0 || strcmp(msgs[0].role, "system")))
+		put3(b, "<|im_start|>system\n", t->default_system, "<|im_end|>\n");
+	for (i = 0; i < n; i++) {
+		put3(b, f->pre, msgs[i].role, f->mid);
+		put(b, msgs[i].content);
+		put(b, f->post);
+	}
+	if (gen)
+		put(b, f->gen);
+}
+
+/* ---- families that fold the system message into the first user turn ---- */
+
+static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char *sys,
+			 bool gen, struct sbuf *b)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		bool user = !strcmp(msgs[i].role, "user");
+
+		put3(b, "<start_of_turn>", user ? "user" : "model", "\n");
+		if (sys && user)
+			put3(b, sys, "\n\n", "");
+		sys = NULL;
+		put3(b, msgs[i].content, "<end_of_turn>\n", "");
+	}
+	if (gen)
+		put(b, "<start_of_turn>model\n");
+}
+
+static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *sys,
+			bool llama2, struct sbuf *b)
+{
+	bool first = true;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		if (strcmp(msgs[i].role, "user")) {
+			put3(b, llama2 ? " " : "", msgs[i].content, llama2 ? " </s>" : "</s>");
+			continue;
+		}
+		put(b, first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "));
+		if (sys && llama2)
+			put3(b, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
+		else if (sys)
+			put3(b, sys, "\n\n", "");
+		sys = NULL;
+		first = false;
+		put3(b, msgs[i].content, " [/INST]", "");
+	}
+}
+
+static int check_roles(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
+		       size_t n, char *err, size_t errlen)
+{
+	bool folds = t->family == LOOM_CHAT_GEMMA || t->family == LOOM_CHAT_LLAMA2 ||
+		     t->family == LOOM_CHAT_MISTRAL;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		const char *r = msgs[i].role;
+
+		if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+			loom_seterr(err, errlen, "messages[%zu]: unknown role (system, user or assistant)", i);
+			return -1;
+		}
+		if (folds && i > 0 && !strcmp(r, "system")) {
+			loom_seterr(err, errlen, "messages[%zu]: the %s format takes a system message only first",
+				    i, loom_chat_family_name(t->family));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+char *loom_chat_render(const struct loom_chat_template *t,
+		       const struct loom_chat_msg *msgs, size_t n,
+		       bool add_generation_prompt, char *err, size_t errlen)
+{
+	struct sbuf b = { 0 };
+	const char *sys = NULL;
+
+	if (t->family == LOOM_CHAT_UNKNOWN) {
+		loom_seterr(err, errlen, "unsupported chat template");
+		return NULL;
+	}
+	if (check_roles(t, msgs, n, err, errlen))
+		return NULL;
+	put(&b, ""); /* an empty conversation still renders a string */
+	if (n > 0 && !strcmp(msgs[0].role, "system")) {
+		sys = msgs[0].content;
+	}
+	switch (t->family) {
+	case LOOM_CHAT_GEMMA:
+		render_gemma(msgs + (sys != NULL), n - (sys != NULL), sys, add_generation_prompt, &b);
+		break;
+	case LOOM_CHAT_LLAMA2:
+	case LOOM_CHAT_MISTRAL:
+		if (sys && n == 1) {
+			static const struct loom_chat_msg empty = { "user", "" };
+
+			render_inst(&empty, 1, sys, t->family == LOOM_CHAT_LLAMA2, &b);
+		} else {
+			render_inst(msgs + (sys != NULL), n - (sys != NULL), sys,
+				    t->family == LOOM_CHAT_LLAMA2, &b);
+		}
+		break;
+	default:
+		render_turns(t, msgs, n, add_generation_prompt, &b);
+	}
+	if (b.failed) {
+		free(b.s);
+		loom_seterr(err, errlen, "out of memory rendering the chat");
+		return NULL;
+	}
+	return b.s;
+}

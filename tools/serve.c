@@ -1,0 +1,485 @@
+/* `loom serve`: options, start-up, the engine thread and shutdown. */
+#include "serve.h"
+#include "serve_int.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <ini.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "util.h"
+
+/* ---- options ---- */
+
+static void opts_defaults(struct srv_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	loom_options_defaults(&o->base);
+	o->base.progress = false;
+	snprintf(o->host, sizeof(o->host), "127.0.0.1");
+	o->port = 8080;
+	o->parallel = 16;
+	o->block_size = 16;
+	o->max_batch_tokens = 512;
+	o->max_waiting = 64;
+	o->max_body = 1 << 20;
+	o->shutdown_timeout = 10;
+	o->prefix_cache = true;
+}
+
+static int parse_long(const char *key, const char *v, long lo, long hi, int *out,
+		      char *err, size_t errlen)
+{
+	char *end;
+	long x;
+
+	errno = 0;
+	x = strtol(v, &end, 10);
+	if (errno || end == v || *end || x < lo || x > hi) {
+		loom_seterr(err, errlen, "%s: '%s' is not an integer in [%ld, %ld]", key, v, lo, hi);
+		return -1;
+	}
+	*out = (int)x;
+	return 0;
+}
+
+/* Bytes with an optional binary suffix: 512M, 2G, 64KiB, 1048576. */
+static int parse_size(const char *key, const char *v, uint64_t *out, char *err,
+		      size_t errlen)
+{
+	static const char units[] = "KMGT";
+	unsigned long long x;
+	const char *u;
+	char *end;
+	int shift = 0;
+
+	errno = 0;
+	x = strtoull(v, &end, 10);
+	if (errno || end == v || v[0] == '-')
+		goto bad;
+	if (*end && (u = strchr(units, *end & ~0x20)) && *end != '\0') {
+		shift = 10 * (int)(u - units + 1);
+		end++;
+		if (!strcasecmp(end, "iB") || !strcasecmp(end, "B"))
+			end += strlen(end);
+	} else if (!strcasecmp(end, "B")) {
+		end++;
+	}
+	if (*end || (shift && x > (ULLONG_MAX >> shift)))
+		goto bad;
+	*out = (uint64_t)x << shift;
+	return 0;
+bad:
+	loom_seterr(err, errlen, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", key, v);
+	return -1;
+}
+
+static int parse_flag(const char *key, const char *v, bool *out, char *err, size_t errlen)
+{
+	if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"))
+		*out = true;
+	else if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off"))
+		*out = false;
+	else {
+		loom_seterr(err, errlen, "%s: '%s' is not true or false", key, v);
+		return -1;
+	}
+	return 0;
+}
+
+/* One option by its INI name; server keys here, the rest shared. */
+static int opt_set(struct srv_opts *o, const char *key, const char *v, char *err,
+		   size_t errlen)
+{
+	if (!strcmp(key, "host")) {
+		if (strlen(v) >= sizeof(o->host)) {
+			loom_seterr(err, errlen, "host: value too long");
+			return -1;
+		}
+		strcpy(o->host, v);
+		return 0;
+	}
+	if (!strcmp(key, "port"))
+		return parse_long(key, v, 0, 65535, &o->port, err, errlen);
+	if (!strcmp(key, "kv_mem"))
+		return parse_size(key, v, &o->kv_mem, err, errlen);
+	if (!strcmp(key, "parallel"))
+		return parse_long(key, v, 1, 4096, &o->parallel, err, errlen);
+	if (!strcmp(key, "block_size"))
+		return parse_long(key, v, 1, 4096, &o->block_size, err, errlen);
+	if (!strcmp(key, "max_batch_tokens"))
+		return parse_long(key, v, 1, 1 << 20, &o->max_batch_tokens, err, errlen);
+	if (!strcmp(key, "max_waiting"))
+		return parse_long(key, v, 0, 1 << 20, &o->max_waiting, err, errlen);
+	if (!strcmp(key, "max_body"))
+		return parse_size(key, v, &o->max_body, err, errlen);
+	if (!strcmp(key, "shutdown_timeout"))
+		return parse_long(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
+	if (!strcmp(key, "prefix_cache"))
+		return parse_flag(key, v, &o->prefix_cache, err, errlen);
+	if (!strcmp(key, "ctx_size"))
+		o->ctx_given = true;
+	return loom_options_set(&o->base, key, v, err, errlen);
+}
+
+struct ini_state {
+	struct srv_opts *o;
+	char why[512];
+	bool failed;
+};
+
+static int on_ini(void *user, const char *section, const char *key, const char *value)
+{
+	struct ini_state *st = user;
+
+	if (st->failed)
+		return 0;
+	if (section[0] && strcmp(section, "loom") && strcmp(section, "serve")) {
+		snprintf(st->why, sizeof(st->why), "key '%s' in unknown section [%s]", key, section);
+		st->failed = true;
+		return 0;
+	}
+	if (opt_set(st->o, key, value, st->why, sizeof(st->why))) {
+		st->failed = true;
+		return 0;
+	}
+	return 1;
+}
+
+static int load_ini(struct srv_opts *o, const char *path, char *err, size_t errlen)
+{
+	struct ini_state st = { .o = o };
+	int rc = ini_parse(path, on_ini, &st);
+
+	if (rc == -1)
+		loom_seterr(err, errlen, "%s: cannot open config file: %s", path, strerror(errno));
+	else if (st.failed)
+		loom_seterr(err, errlen, "%s:%d: %s", path, rc, st.why);
+	else if (rc)
+		loom_seterr(err, errlen, "%s:%d: syntax error", path, rc);
+	return rc ? -1 : 0;
+}
+
+static const struct option serve_opts[] = {
+	{ "model", required_argument, 0, 'm' },
+	{ "backend", required_argument, 0, 'B' },
+	{ "host", required_argument, 0, 'H' },
+	{ "port", required_argument, 0, 'P' },
+	{ "threads", required_argument, 0, 't' },
+	{ "kv-mem", required_argument, 0, 'K' },
+	{ "ctx-size", required_argument, 0, 'c' },
+	{ "parallel", required_argument, 0, 'N' },
+	{ "block-size", required_argument, 0, 1000 },
+	{ "max-batch-tokens", required_argument, 0, 1001 },
+	{ "max-waiting", required_argument, 0, 1002 },
+	{ "max-body", required_argument, 0, 1003 },
+	{ "shutdown-timeout", required_argument, 0, 1004 },
+	{ "no-prefix-cache", no_argument, 0, 1005 },
+	{ "config", required_argument, 0, 'C' },
+	{ "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 },
+};
+
+static const char *opt_key(int c)
+{
+	switch (c) {
+	case 'm': return "model";
+	case 'B': return "backend";
+	case 'H': return "host";
+	case 'P': return "port";
+	case 't': return "threads";
+	case 'K': return "kv_mem";
+	case 'c': return "ctx_size";
+	case 'N': return "parallel";
+	case 1000: return "block_size";
+	case 1001: return "max_batch_tokens";
+	case 1002: return "max_waiting";
+	case 1003: return "max_body";
+	case 1004: return "shutdown_timeout";
+	default: return NULL;
+	}
+}
+
+static void serve_usage(FILE *out)
+{
+	fputs("usage: loom serve --model FILE [--backend cpu.so] [--host 127.0.0.1] [--port 8080]\n"
+	      "       [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
+	      "       [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
+	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n", out);
+}
+
+static int parse_args(int argc, char **argv, struct srv_opts *o, char *err, size_t errlen)
+{
+	int i, c;
+
+	for (i = 2; i < argc; i++) { /* the config first, so flags override it */
+		const char *path = NULL;
+
+		if (!strcmp(argv[i], "--config") && i + 1 < argc)
+			path = argv[i + 1];
+		else if (!strncmp(argv[i], "--config=", 9))
+			path = argv[i] + 9;
+		if (path && load_ini(o, path, err, errlen))
+			return -1;
+	}
+	optind = 2;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "m:B:t:c:C:h", serve_opts, NULL)) != -1) {
+		if (c == 'h') {
+			serve_usage(stdout);
+			exit(0);
+		}
+		if (c == '?' || c == ':') {
+			loom_seterr(err, errlen, "bad or incomplete option '%s'", argv[optind - 1]);
+			return -1;
+		}
+		if (c == 'C')
+			continue;
+		if (c == 1005) {
+			o->prefix_cache = false;
+			continue;
+		}
+		if (opt_set(o, opt_key(c), optarg, err, errlen))
+			return -1;
+	}
+	if (optind < argc) {
+		loom_seterr(err, errlen, "unexpected argument '%s'", argv[optind]);
+		return -1;
+	}
+	if (!o->base.model[0]) {
+		loom_seterr(err, errlen, "no model given (--model FILE)");
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- start-up ---- */
+
+static int load_tokenizer(struct server *srv, char *err, size_t errlen)
+{
+	char *tmpl = NULL;
+	int32_t ids[4];
+	int rc;
+
+	srv->tok = loom_tokenizer_from_gguf(srv->f, err, errlen);
+	if (!srv->tok)
+		return -1;
+	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
+		       ids[0] == loom_tokenizer_bos(srv->tok);
+	rc = gguf_get_str(srv->f, "tokenizer.chat_template", &tmpl, err, errlen);
+	if (rc < 0)
+		return -1;
+	srv->chat_ok = !loom_chat_template_detect(tmpl, &srv->chat, srv->chat_err,
+						  sizeof(srv->chat_err));
+	fprintf(stderr, "loom serve: chat template: %s%s\n",
+		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
+		tmpl ? "" : " (the model has none; chatml assumed)");
+	free(tmpl);
+	return 0;
+}
+
+static int load_model(struct server *srv, char *err, size_t errlen)
+{
+	struct loom_model_params mp = {
+		.backend = srv->o.base.backend, .n_threads = srv->o.base.n_threads,
+		.backend_flags = LOOM_BACKEND_BATCH_INVARIANT,
+	};
+	char why[2048];
+	int64_t train;
+
+	srv->f = gguf_open(srv->o.base.model, why, sizeof(why));
+	if (!srv->f) {
+		loom_seterr(err, errlen, "%s: %s", srv->o.base.model, why);
+		return -1;
+	}
+	if (load_tokenizer(srv, err, errlen))
+		return -1;
+	srv->m = loom_model_load(srv->f, &mp, err, errlen);
+	if (!srv->m)
+		return -1;
+	train = srv->m->hp.n_ctx_train > 0 ? srv->m->hp.n_ctx_train : 4096;
+	srv->n_ctx = srv->o.ctx_given ? srv->o.base.n_ctx : 4096;
+	if (srv->n_ctx > train) {
+		if (srv->o.ctx_given)
+			fprintf(stderr, "loom serve: --ctx-size %d is above the trained context; using %lld\n",
+				srv->n_ctx, (long long)train);
+		srv->n_ctx = (int32_t)train;
+	}
+	return 0;
+}
+
+static int start_sched(struct server *srv, char *err, size_t errlen)
+{
+	const struct loom_hparams *hp = &srv->m->hp;
+	struct loom_sched_config c;
+	int64_t per_seq = (srv->n_ctx + srv->o.block_size - 1) / srv->o.block_size;
+	uint64_t bytes = srv->o.kv_mem;
+
+	if (!bytes)
+		bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, srv->o.block_size,
+				      per_seq * srv->o.parallel);
+	loom_sched_config_defaults(&c);
+	c.block_size = srv->o.block_size;
+	c.n_blocks = loom_sched_plan_blocks(srv->m, srv->o.block_size, bytes);
+	c.max_batch_tokens = srv->o.max_batch_tokens;
+	c.max_seqs = srv->o.parallel;
+	c.max_waiting = srv->o.max_waiting;
+	c.max_ctx = srv->n_ctx;
+	c.prefix_cache = srv->o.prefix_cache;
+	c.tokenizer = srv->tok;
+	if (c.n_blocks <= 0) {
+		loom_seterr(err, errlen, "--kv-mem %llu bytes holds not even one KV block",
+			    (unsigned long long)bytes);
+		return -1;
+	}
+	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB "
+		"(%lld bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+		(long long)c.n_blocks, c.block_size, (long long)c.n_blocks * c.block_size,
+		(double)loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, c.block_size,
+				      c.n_blocks) / 1048576.0,
+		(long long)loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, c.block_size,
+					 c.n_blocks),
+		srv->n_ctx, c.max_seqs, c.prefix_cache ? "on" : "off");
+	srv->sched = loom_sched_new(srv->m, &c, err, errlen);
+	return srv->sched ? 0 : -1;
+}
+
+static void *engine_main(void *arg)
+{
+	struct server *srv = arg;
+
+	loom_sched_run(srv->sched);
+	return NULL;
+}
+
+static const char *base_name(const char *path)
+{
+	const char *s = strrchr(path, '/');
+
+	return s ? s + 1 : path;
+}
+
+static int server_init(struct server *srv)
+{
+	srv->created = (int64_t)time(NULL);
+	atomic_init(&srv->state, SRV_LOADING);
+	atomic_init(&srv->hard_stop, false);
+	metrics_init(&srv->metrics);
+	pthread_mutex_init(&srv->lock, NULL);
+	pthread_cond_init(&srv->idle, NULL);
+	snprintf(srv->model_name, sizeof(srv->model_name), "%s", base_name(srv->o.base.model));
+	return 0;
+}
+
+/* ---- shutdown ---- */
+
+/* Waits until no scheduler request is outstanding or `seconds` pass. */
+static bool wait_idle(struct server *srv, double seconds)
+{
+	struct timespec ts;
+	bool idle;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)seconds;
+	ts.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&srv->lock);
+	while (srv->n_gens_active > 0)
+		if (pthread_cond_timedwait(&srv->idle, &srv->lock, &ts))
+			break;
+	idle = srv->n_gens_active == 0;
+	pthread_mutex_unlock(&srv->lock);
+	return idle;
+}
+
+static void drain(struct server *srv)
+{
+	atomic_store(&srv->state, SRV_DRAINING);
+	fprintf(stderr, "loom serve: draining (up to %d s)\n", srv->o.shutdown_timeout);
+	if (!wait_idle(srv, srv->o.shutdown_timeout)) {
+		fprintf(stderr, "loom serve: cancelling the requests still running\n");
+		server_cancel_all(srv);
+		if (!wait_idle(srv, 5.0))
+			atomic_store(&srv->hard_stop, true);
+	}
+	/* let the last responses reach their clients before MHD closes them */
+	{
+		struct timespec ts = { 0, 200 * 1000000L };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int wait_signal(const sigset_t *set)
+{
+	int sig = 0;
+
+	while (sigwait(set, &sig))
+		;
+	return sig;
+}
+
+int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
+{
+	struct server *srv = calloc(1, sizeof(*srv));
+	struct MHD_Daemon *d = NULL;
+	pthread_t engine;
+	bool engine_started = false;
+	sigset_t set;
+	int rc = -1;
+
+	if (!srv) {
+		loom_seterr(err, errlen, "out of memory");
+		return -1;
+	}
+	opts_defaults(&srv->o);
+	if (parse_args(argc, argv, &srv->o, err, errlen))
+		goto out;
+	server_init(srv);
+	/* signals go to sigwait below, never to a worker thread */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	d = http_start(srv, err, errlen);
+	if (!d || load_model(srv, err, errlen) || start_sched(srv, err, errlen))
+		goto out;
+	if (pthread_create(&engine, NULL, engine_main, srv)) {
+		loom_seterr(err, errlen, "cannot start the engine thread");
+		goto out;
+	}
+	engine_started = true;
+	atomic_store(&srv->state, SRV_READY);
+	fprintf(stderr, "loom serve: %s on %s, listening on http://%s:%d\n", srv->model_name,
+		srv->m->be->ops->name, srv->o.host, srv->o.port);
+	fprintf(stderr, "loom serve: signal %d, shutting down\n", wait_signal(&set));
+	drain(srv);
+	rc = 0;
+out:
+	if (d)
+		MHD_stop_daemon(d);
+	if (engine_started) {
+		loom_sched_stop(srv->sched);
+		pthread_join(engine, NULL);
+	}
+	loom_sched_free(srv->sched);
+	loom_model_free(srv->m);
+	loom_tokenizer_free(srv->tok);
+	if (srv->f)
+		gguf_close(srv->f);
+	free(srv);
+	if (rc == 0)
+		fprintf(stderr, "loom serve: stopped\n");
+	return rc;
+}

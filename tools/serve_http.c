@@ -1,0 +1,655 @@
+/* `loom serve`: the HTTP side (libmicrohttpd, one thread per connection). */
+#include "serve_json.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "serve_index_html.h"
+
+#define WAIT_MS 100
+
+/* Per-connection state, from the first call of the handler to
+ * MHD_OPTION_NOTIFY_COMPLETED. */
+struct conn {
+	struct sbuf body;
+	bool too_big;
+	struct job *job; /* a non-streaming request in progress */
+};
+
+/* The content-reader state of a streaming response. */
+struct stream {
+	struct job *job;
+	int fd;
+};
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_bytes(struct MHD_Connection *c, unsigned status,
+				  const char *type, const char *data, size_t len,
+				  bool retry_after, struct server *srv)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data,
+								 MHD_RESPMEM_MUST_COPY);
+	enum MHD_Result rc;
+
+	if (!r)
+		return MHD_NO;
+	MHD_add_response_header(r, "Content-Type", type);
+	if (retry_after)
+		MHD_add_response_header(r, "Retry-After", "1");
+	rc = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	metrics_count_status(&srv->metrics, status);
+	return rc;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *o,
+				 struct server *srv)
+{
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	enum MHD_Result rc;
+
+	json_decref(o);
+	if (!s)
+		return send_bytes(c, 500, "application/json",
+				  "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}",
+				  86, false, srv);
+	rc = send_bytes(c, status, "application/json", s, strlen(s), status == 503, srv);
+	free(s);
+	return rc;
+}
+
+static const char *error_type(int status)
+{
+	if (status == 503)
+		return "service_unavailable";
+	if (status >= 500)
+		return "server_error";
+	if (status == 404)
+		return "not_found_error";
+	return "invalid_request_error";
+}
+
+static json_t *error_body(const struct perr *e)
+{
+	return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->msg,
+			 "type", error_type(e->status),
+			 "param", e->param[0] ? json_string(e->param) : json_null(),
+			 "code", e->code ? json_string(e->code) : json_null());
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, struct server *srv,
+				  const struct perr *e)
+{
+	if (e->status == 503)
+		metrics_count_rejected(&srv->metrics);
+	return send_json(c, (unsigned)e->status, error_body(e), srv);
+}
+
+static enum MHD_Result fail(struct MHD_Connection *c, struct server *srv, int status,
+			    const char *code, const char *msg)
+{
+	struct perr e;
+
+	perr_set(&e, status, NULL, code, "%s", msg);
+	return send_error(c, srv, &e);
+}
+
+/* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the
+ * detokenizer releases only whole characters, so this is a safety net). */
+static json_t *text_json(const char *s, size_t n)
+{
+	json_t *v = json_stringn(s, n);
+	struct sbuf b = { 0 };
+	size_t i;
+
+	if (v)
+		return v;
+	for (i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch < 0x80)
+			sb_putn(&b, s + i, 1);
+		else
+			sb_puts(&b, "\xef\xbf\xbd");
+	}
+	v = json_stringn(b.s ? b.s : "", b.len);
+	sb_free(&b);
+	return v;
+}
+
+/* ---- client liveness ---- */
+
+static int conn_fd(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+
+	return ci ? ci->connect_fd : -1;
+}
+
+/* True once the peer has closed (or reset) its side. */
+static bool client_gone(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+
+	if (fd < 0)
+		return false;
+	if (poll(&p, 1, 0) <= 0)
+		return false;
+	return p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL);
+}
+
+/* ---- OpenAI response shapes ---- */
+
+static json_t *usage_json(const struct job *j)
+{
+	int i, out = 0;
+
+	for (i = 0; i < j->n; i++)
+		out += j->gens[i].n_out;
+	return json_pack("{s:i,s:i,s:i}", "prompt_tokens", j->n_prompt,
+			 "completion_tokens", out, "total_tokens", j->n_prompt + out);
+}
+
+static json_t *envelope(const struct job *j, const char *object, json_t *choices)
+{
+	return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", j->id, "object", object,
+			 "created", (json_int_t)j->created, "model", j->srv->model_name,
+			 "choices", choices);
+}
+
+static json_t *final_choice(const struct job *j, const struct gen *g, const struct sbuf *text)
+{
+	json_t *t = text_json(text->s ? text->s : "", text->len);
+
+	if (j->chat)
+		return json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", g->index,
+				 "message", "role", "assistant", "content", t,
+				 "logprobs", "finish_reason", g->finish_reason);
+	return json_pack("{s:i,s:o,s:n,s:s}", "index", g->index, "text", t, "logprobs",
+			 "finish_reason", g->finish_reason);
+}
+
+/* ---- non-streaming ---- */
+
+static void collect(struct job *j, struct gen *g, const char *text, size_t len,
+		    bool finished, void *user)
+{
+	struct sbuf *texts = user;
+
+	(void)j;
+	(void)finished;
+	sb_putn(&texts[g->index], text, len);
+}
+
+static enum MHD_Result answer_whole(struct MHD_Connection *c, struct job *j)
+{
+	struct sbuf texts[SRV_MAX_N] = { { 0 } };
+	struct server *srv = j->srv;
+	enum MHD_Result rc = MHD_NO;
+	json_t *choices;
+	int fd = conn_fd(c), i;
+
+	while (!job_advance(j, WAIT_MS, collect, texts)) {
+		if (client_gone(fd)) {
+			job_cancel(j);
+			goto out;
+		}
+	}
+	for (i = 0; i < j->n; i++) {
+		if (j->gens[i].failed) {
+			rc = fail(c, srv, 500, "backend_error",
+				  j->gens[i].error[0] ? j->gens[i].error : "generation failed");
+			goto out;
+		}
+	}
+	choices = json_array();
+	for (i = 0; i < j->n; i++)
+		json_array_append_new(choices, final_choice(j, &j->gens[i], &texts[i]));
+	{
+		json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion", choices);
+
+		if (o)
+			json_object_set_new(o, "usage", usage_json(j));
+		rc = send_json(c, 200, o, srv);
+	}
+out:
+	for (i = 0; i < SRV_MAX_N; i++)
+		sb_free(&texts[i]);
+	return rc;
+}
+
+/* ---- streaming (SSE) ---- */
+
+static void sse_put(struct job *j, json_t *o)
+{
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+	json_decref(o);
+	if (!s) {
+		j->out.failed = true;
+		return;
+	}
+	sb_puts(&j->out, "data: ");
+	sb_puts(&j->out, s);
+	sb_puts(&j->out, "\n\n");
+	free(s);
+}
+
+static json_t *delta_choice(const struct job *j, const struct gen *g, json_t *text,
+			    bool role, const char *finish)
+{
+	json_t *fr = finish ? json_string(finish) : json_null();
+
+	if (!j->chat)
+		return json_pack("{s:i,s:o,s:n,s:o}", "index", g->index, "text", text,
+				 "logprobs", "finish_reason", fr);
+	if (!text)
+		return json_pack("{s:i,s:{},s:n,s:o}", "index", g->index, "delta",
+				 "logprobs", "finish_reason", fr);
+	if (role)
+		return json_pack("{s:i,s:{s:s,s:o},s:n,s:o}", "index", g->index, "delta",
+				 "role", "assistant", "content", text, "logprobs", "finish_reason", fr);
+	return json_pack("{s:i,s:{s:o},s:n,s:o}", "index", g->index, "delta",
+			 "content", text, "logprobs", "finish_reason", fr);
+}
+
+static void sse_choice(struct job *j, json_t *choice)
+{
+	const char *object = j->chat ? "chat.completion.chunk" : "text_completion";
+
+	sse_put(j, envelope(j, object, json_pack("[o]", choice)));
+}
+
+static void stream_emit(struct job *j, struct gen *g, const char *text, size_t len,
+			bool finished, void *user)
+{
+	(void)user;
+	if (len)
+		sse_choice(j, delta_choice(j, g, text_json(text, len), false, NULL));
+	if (!finished)
+		return;
+	if (g->failed) {
+		struct perr e;
+
+		perr_set(&e, 500, NULL, "backend_error", "%s",
+			 g->error[0] ? g->error : "generation failed");
+		sse_put(j, error_body(&e));
+		return;
+	}
+	sse_choice(j, delta_choice(j, g, j->chat ? NULL : json_string(""), false,
+				   g->finish_reason));
+}
+
+static void stream_start(struct job *j)
+{
+	int i;
+
+	if (!j->chat)
+		return;
+	for (i = 0; i < j->n; i++)
+		sse_choice(j, delta_choice(j, &j->gens[i], json_string(""), true, NULL));
+}
+
+static void stream_finish(struct job *j)
+{
+	if (j->include_usage) {
+		json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion",
+				     json_array());
+
+		if (o)
+			json_object_set_new(o, "usage", usage_json(j));
+		sse_put(j, o);
+	}
+	sb_puts(&j->out, "data: [DONE]\n\n");
+	j->stream_end = true;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct stream *st = cls;
+	struct job *j = st->job;
+
+	(void)pos;
+	for (;;) {
+		if (j->out.failed)
+			return MHD_CONTENT_READER_END_WITH_ERROR;
+		if (j->out_pos < j->out.len) {
+			size_t n = j->out.len - j->out_pos;
+
+			if (n > max)
+				n = max;
+			memcpy(buf, j->out.s + j->out_pos, n);
+			j->out_pos += n;
+			if (j->out_pos == j->out.len)
+				j->out_pos = j->out.len = 0;
+			return (ssize_t)n;
+		}
+		if (j->stream_end)
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		if (client_gone(st->fd)) {
+			job_cancel(j);
+			return MHD_CONTENT_READER_END_WITH_ERROR;
+		}
+		if (job_advance(j, WAIT_MS, stream_emit, NULL))
+			stream_finish(j);
+	}
+}
+
+/* MHD is done with the response: the client finished or went away. */
+static void stream_free(void *cls)
+{
+	struct stream *st = cls;
+
+	job_cancel(st->job);
+	job_put(st->job);
+	free(st);
+}
+
+static enum MHD_Result answer_stream(struct MHD_Connection *c, struct job *j)
+{
+	struct stream *st = malloc(sizeof(*st));
+	struct MHD_Response *r;
+	enum MHD_Result rc;
+
+	if (!st) {
+		job_cancel(j);
+		return fail(c, j->srv, 500, NULL, "out of memory");
+	}
+	st->job = j;
+	st->fd = conn_fd(c);
+	pthread_mutex_lock(&j->mu);
+	j->refs++;
+	pthread_mutex_unlock(&j->mu);
+	stream_start(j);
+	r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st,
+					      stream_free);
+	if (!r) {
+		stream_free(st);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	rc = MHD_queue_response(c, 200, r);
+	MHD_destroy_response(r);
+	metrics_count_status(&j->srv->metrics, 200);
+	return rc;
+}
+
+/* ---- endpoints ---- */
+
+static void make_id(struct job *j)
+{
+	static _Atomic uint64_t counter;
+	uint64_t x = (uint64_t)now_s() * 1000003ULL ^ (counter++ * 0x9e3779b97f4a7c15ULL);
+
+	snprintf(j->id, sizeof(j->id), "%s-%016llx", j->chat ? "chatcmpl" : "cmpl",
+		 (unsigned long long)x);
+	j->created = (int64_t)time(NULL);
+}
+
+static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
+				   struct conn *cn, bool chat)
+{
+	struct perr e;
+	struct job *j;
+	char why[512];
+	int rc;
+
+	if (atomic_load(&srv->state) != SRV_READY)
+		return fail(c, srv, 503, "unavailable", "the server is shutting down");
+	j = job_new(srv);
+	if (!j)
+		return fail(c, srv, 500, NULL, "out of memory");
+	if (parse_request(j, cn->body.s ? cn->body.s : "", cn->body.len, chat, &e)) {
+		job_put(j);
+		return send_error(c, srv, &e);
+	}
+	make_id(j);
+	rc = job_submit(j, why, sizeof(why));
+	if (rc) {
+		job_put(j);
+		if (rc == -2)
+			return fail(c, srv, 503, "queue_full", "the request queue is full; retry later");
+		return fail(c, srv, 400, "invalid_value", why);
+	}
+	if (j->stream) {
+		enum MHD_Result r = answer_stream(c, j);
+
+		job_put(j);
+		return r;
+	}
+	cn->job = j; /* dropped in on_completed */
+	return answer_whole(c, j);
+}
+
+static enum MHD_Result models(struct MHD_Connection *c, struct server *srv)
+{
+	return send_json(c, 200,
+			 json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data",
+				   "id", srv->model_name, "object", "model",
+				   "created", (json_int_t)srv->created, "owned_by", "loom",
+				   "max_model_len", srv->n_ctx), srv);
+}
+
+static void hist_text(struct sbuf *b, const char *name, const struct hist *h)
+{
+	uint64_t cum = 0;
+	int i;
+
+	sb_printf(b, "# TYPE %s histogram\n", name);
+	for (i = 0; i < h->n; i++) {
+		cum += h->counts[i];
+		sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+	}
+	cum += h->counts[h->n];
+	sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+	sb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->total);
+}
+
+static void gauge(struct sbuf *b, const char *name, const char *type, double v)
+{
+	sb_printf(b, "# TYPE %s %s\n%s %.17g\n", name, type, name, v);
+}
+
+static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv)
+{
+	struct loom_sched_stats st;
+	struct metrics *m = &srv->metrics;
+	struct sbuf b = { 0 };
+	enum MHD_Result rc;
+	unsigned s;
+
+	loom_sched_get_stats(srv->sched, &st);
+	gauge(&b, "loom_requests_running", "gauge", st.running);
+	gauge(&b, "loom_requests_waiting", "gauge", st.waiting);
+	gauge(&b, "loom_kv_blocks_used", "gauge", (double)st.blocks_used);
+	gauge(&b, "loom_kv_blocks_free", "gauge", (double)(st.blocks_total - st.blocks_used));
+	gauge(&b, "loom_kv_blocks_cached", "gauge", (double)st.blocks_cached);
+	gauge(&b, "loom_kv_blocks_total", "gauge", (double)st.blocks_total);
+	gauge(&b, "loom_prefix_cache_hit_rate", "gauge",
+	      st.prefix_lookups ? (double)st.prefix_hits / (double)st.prefix_lookups : 0.0);
+	gauge(&b, "loom_prefix_cache_hits_total", "counter", (double)st.prefix_hits);
+	gauge(&b, "loom_prefix_cache_lookups_total", "counter", (double)st.prefix_lookups);
+	gauge(&b, "loom_preemptions_total", "counter", (double)st.preemptions);
+	gauge(&b, "loom_prompt_tokens_total", "counter", (double)st.prompt_tokens);
+	gauge(&b, "loom_generation_tokens_total", "counter", (double)st.generated_tokens);
+	gauge(&b, "loom_steps_total", "counter", (double)st.steps);
+	pthread_mutex_lock(&m->mu);
+	gauge(&b, "loom_requests_rejected_total", "counter", (double)(m->rejected + st.rejected));
+	hist_text(&b, "loom_time_to_first_token_seconds", &m->ttft);
+	hist_text(&b, "loom_inter_token_latency_seconds", &m->itl);
+	sb_puts(&b, "# TYPE loom_requests_total counter\n");
+	for (s = 100; s < 600; s++)
+		if (m->by_status[s])
+			sb_printf(&b, "loom_requests_total{status=\"%u\"} %llu\n", s,
+				  (unsigned long long)m->by_status[s]);
+	pthread_mutex_unlock(&m->mu);
+	if (b.failed) {
+		sb_free(&b);
+		return fail(c, srv, 500, NULL, "out of memory");
+	}
+	rc = send_bytes(c, 200, "text/plain; version=0.0.4", b.s, b.len, false, srv);
+	sb_free(&b);
+	return rc;
+}
+
+static enum MHD_Result route_get(struct MHD_Connection *c, struct server *srv, const char *url)
+{
+	if (!strcmp(url, "/health"))
+		return send_json(c, 200, json_pack("{s:s}", "status", "ok"), srv);
+	if (!strcmp(url, "/ready")) {
+		bool ready = atomic_load(&srv->state) == SRV_READY;
+
+		return send_json(c, ready ? 200 : 503,
+				 json_pack("{s:s}", "status", ready ? "ready" :
+					   atomic_load(&srv->state) == SRV_LOADING ? "loading" : "draining"),
+				 srv);
+	}
+	if (!strcmp(url, "/metrics"))
+		return metrics_page(c, srv);
+	if (!strcmp(url, "/v1/models"))
+		return models(c, srv);
+	if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
+		return send_bytes(c, 200, "text/html; charset=utf-8", loom_index_html,
+				  loom_index_html_len, false, srv);
+	return fail(c, srv, 404, "not_found", "no such endpoint");
+}
+
+static bool is_post_route(const char *url)
+{
+	return !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
+}
+
+static bool is_get_route(const char *url)
+{
+	return !strcmp(url, "/health") || !strcmp(url, "/ready") || !strcmp(url, "/metrics") ||
+	       !strcmp(url, "/v1/models") || !strcmp(url, "/") || !strcmp(url, "/index.html");
+}
+
+static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struct conn *cn,
+			     const char *url, const char *method)
+{
+	bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+
+	if (post && is_post_route(url)) {
+		if (cn->too_big)
+			return fail(c, srv, 413, "request_too_large", "the request body is too large");
+		return completions(c, srv, cn, !strcmp(url, "/v1/chat/completions"));
+	}
+	if (get && is_get_route(url))
+		return route_get(c, srv, url);
+	if (is_post_route(url) || is_get_route(url))
+		return fail(c, srv, 405, "method_not_allowed", "method not allowed on this endpoint");
+	return fail(c, srv, 404, "not_found", "no such endpoint");
+}
+
+/* First call: checks the declared body size (a 413 before the upload). */
+static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *srv,
+				     void **con_cls)
+{
+	const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+	struct conn *cn = calloc(1, sizeof(*cn));
+
+	if (!cn)
+		return MHD_NO;
+	*con_cls = cn;
+	if (cl && strtoull(cl, NULL, 10) > srv->o.max_body) {
+		cn->too_big = true;
+		return fail(c, srv, 413, "request_too_large", "the request body is too large");
+	}
+	return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+				  const char *method, const char *version,
+				  const char *upload, size_t *upload_size, void **con_cls)
+{
+	struct server *srv = cls;
+	struct conn *cn = *con_cls;
+
+	(void)version;
+	if (!cn)
+		return on_first_call(c, srv, con_cls);
+	if (*upload_size) {
+		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.max_body)
+			sb_putn(&cn->body, upload, *upload_size);
+		else
+			cn->too_big = true;
+		if (cn->body.failed)
+			cn->too_big = true;
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	return route(c, srv, cn, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	struct conn *cn = *con_cls;
+
+	(void)cls;
+	(void)c;
+	(void)toe;
+	if (!cn)
+		return;
+	if (cn->job) {
+		job_cancel(cn->job); /* no-op unless the client left early */
+		job_put(cn->job);
+	}
+	sb_free(&cn->body);
+	free(cn);
+	*con_cls = NULL;
+}
+
+static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *flags,
+		     char *err, size_t errlen)
+{
+	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+
+	memset(ss, 0, sizeof(*ss));
+	if (inet_pton(AF_INET, srv->o.host, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons((uint16_t)srv->o.port);
+		return 0;
+	}
+	if (inet_pton(AF_INET6, srv->o.host, &a6->sin6_addr) == 1) {
+		a6->sin6_family = AF_INET6;
+		a6->sin6_port = htons((uint16_t)srv->o.port);
+		*flags |= MHD_USE_IPv6;
+		return 0;
+	}
+	snprintf(err, errlen, "--host: '%s' is not an IPv4 or IPv6 address", srv->o.host);
+	return -1;
+}
+
+struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
+{
+	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+			 MHD_USE_POLL | MHD_USE_ERROR_LOG;
+	struct sockaddr_storage ss;
+	struct MHD_Daemon *d;
+
+	if (bind_addr(srv, &ss, &flags, err, errlen))
+		return NULL;
+	d = MHD_start_daemon(flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv,
+			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+			     MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
+			     MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+			     MHD_OPTION_END);
+	if (!d)
+		snprintf(err, errlen, "cannot listen on %s port %d (in use, or no permission)",
+			 srv->o.host, srv->o.port);
+	return d;
+}

@@ -1,0 +1,184 @@
+/* Internals of `loom serve` shared by its source files.
+ *
+ * Threads: MHD runs one thread per connection; one engine thread runs
+ * loom_sched_run. A request (struct job) holds one struct gen per choice
+ * (n); each gen is one scheduler request. The scheduler callback (engine
+ * thread) appends tokens to the gen under the job's mutex and signals the
+ * job's condition; the connection thread waits on it (100 ms at a time, so
+ * client disconnects and shutdown are noticed), detokenizes, matches stop
+ * strings and writes the response.
+ */
+#ifndef LOOM_SERVE_INT_H
+#define LOOM_SERVE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat_template.h"
+#include "gguf.h"
+#include "model.h"
+#include "options.h"
+#include "sampler.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+#define SRV_MAX_N 8     /* choices per request */
+#define SRV_MAX_STOP 4  /* stop strings per request */
+
+/* ---- a growing byte string ---- */
+
+struct sbuf {
+	char *s;
+	size_t len, cap;
+	bool failed; /* an allocation failed; the content is incomplete */
+};
+
+void sb_putn(struct sbuf *b, const char *s, size_t n);
+void sb_puts(struct sbuf *b, const char *s);
+void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_free(struct sbuf *b);
+
+/* ---- metrics ---- */
+
+#define HIST_MAX 16
+
+struct hist {
+	int n;
+	double bounds[HIST_MAX];
+	uint64_t counts[HIST_MAX + 1]; /* the last is +Inf */
+	double sum;
+	uint64_t total;
+};
+
+struct metrics {
+	pthread_mutex_t mu;
+	struct hist ttft, itl;
+	uint64_t by_status[600];
+	uint64_t rejected; /* 503s: queue full or draining */
+};
+
+void metrics_init(struct metrics *m);
+void metrics_observe(struct metrics *m, struct hist *h, double v);
+void metrics_count_status(struct metrics *m, unsigned status);
+void metrics_count_rejected(struct metrics *m);
+
+/* ---- the server ---- */
+
+enum srv_state { SRV_LOADING, SRV_READY, SRV_DRAINING };
+
+struct srv_opts {
+	struct loom_options base; /* model, backend, threads, ctx_size */
+	bool ctx_given;
+	char host[256];
+	int port;
+	uint64_t kv_mem; /* 0: enough for ctx * parallel */
+	int parallel, block_size, max_batch_tokens, max_waiting;
+	uint64_t max_body;
+	int shutdown_timeout;
+	bool prefix_cache;
+};
+
+struct job;
+
+struct server {
+	struct srv_opts o;
+	struct gguf_file *f;
+	struct loom_tokenizer *tok;
+	struct loom_model *m;
+	struct loom_sched *sched;
+	struct loom_chat_template chat;
+	bool chat_ok;
+	char chat_err[256];
+	bool add_bos; /* the tokenizer prepends BOS to plain text */
+	char model_name[256];
+	int32_t n_ctx;
+	int64_t created;
+	_Atomic int state;        /* enum srv_state */
+	atomic_bool hard_stop;    /* the engine is gone: waits end at once */
+	struct metrics metrics;
+
+	pthread_mutex_t lock;     /* guards jobs and n_gens_active */
+	struct job *jobs;         /* jobs with scheduler requests outstanding */
+	int64_t n_gens_active;
+	pthread_cond_t idle;      /* n_gens_active reached 0 */
+};
+
+/* ---- requests ---- */
+
+/* One choice: a scheduler request and its output state. */
+struct gen {
+	struct job *job;
+	int index;
+	/* shared with the engine thread, under job->mu */
+	uint64_t id;
+	bool submitted, sched_done; /* sched_done: its final event arrived */
+	enum loom_finish finish;
+	char error[256];
+	int32_t *toks;
+	size_t n_toks, cap_toks;
+	double t_last;
+	/* connection thread only */
+	size_t n_read;
+	struct loom_detok dt;
+	struct sbuf pending;   /* decoded text not yet released (stop matching) */
+	int n_out;             /* tokens consumed (completion_tokens) */
+	bool out_done;         /* finish_reason decided */
+	const char *finish_reason;
+	bool failed;           /* backend error */
+	bool sent_role;        /* chat streaming: role delta sent */
+};
+
+struct job {
+	struct server *srv;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int refs;              /* under mu: 1 per live scheduler request + holders */
+	double t_start;
+	/* request */
+	bool chat, stream, include_usage;
+	int n;
+	int max_tokens;
+	struct loom_sampler_params sp;
+	char *stop[SRV_MAX_STOP];
+	int n_stop;
+	int32_t *prompt;
+	int32_t n_prompt;
+	char id[48];
+	int64_t created;
+	/* output */
+	struct gen gens[SRV_MAX_N];
+	struct sbuf out;       /* streaming: SSE bytes not yet handed to MHD */
+	size_t out_pos;
+	bool stream_end;       /* [DONE] queued */
+	struct job *next, *prev; /* server->jobs */
+	bool listed;
+};
+
+struct job *job_new(struct server *srv);
+void job_put(struct job *j);
+/* Submits the n scheduler requests. 0; -1 with err (bad request, HTTP
+ * 400); -2 when the queue is full (HTTP 503). */
+int job_submit(struct job *j, char *err, size_t errlen);
+/* Cancels every choice still running. */
+void job_cancel(struct job *j);
+/* Waits up to timeout_ms for news, then moves every choice's new tokens
+ * through detokenization and stop matching, calling emit for released
+ * text (len may be 0 when a choice finishes without text). Returns true
+ * once every choice has its finish_reason. */
+typedef void (*job_emit_fn)(struct job *j, struct gen *g, const char *text,
+			    size_t len, bool finished, void *user);
+bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user);
+/* Cancels every outstanding request of every job (shutdown). */
+void server_cancel_all(struct server *srv);
+
+/* ---- HTTP ---- */
+
+struct MHD_Daemon;
+struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen);
+
+double now_s(void);
+
+#endif /* LOOM_SERVE_INT_H */
