@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "sampler.h"
 #include "session.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 struct loom_engine {
@@ -18,11 +19,39 @@ struct loom_engine {
 	struct loom_tokenizer *tok;
 	struct loom_model *m;
 	struct loom_session *s;
+	struct loom_spec *spec; /* NULL: plain decoding */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p)
 {
 	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so" };
+}
+
+/* The speculative strategy the parameters name, if any. */
+static int open_spec(struct loom_engine *e, const struct loom_engine_params *p,
+		     const struct loom_model_params *mp, char *err, size_t errlen)
+{
+	struct loom_spec_config c;
+	bool off;
+
+	loom_spec_config_defaults(&c);
+	c.plugin = p->spec;
+	if (p->spec_min_draft > 0)
+		c.min_draft = p->spec_min_draft;
+	if (p->spec_max_draft > 0)
+		c.max_draft = p->spec_max_draft;
+	if (c.min_draft > c.max_draft && p->spec_max_draft <= 0)
+		c.max_draft = c.min_draft;
+	if (p->spec_ngram_min > 0)
+		c.ngram_min = p->spec_ngram_min;
+	if (p->spec_ngram_max > 0)
+		c.ngram_max = p->spec_ngram_max;
+	if (c.ngram_min > c.ngram_max && p->spec_ngram_max <= 0)
+		c.ngram_max = c.ngram_min;
+	c.draft_model = p->spec_draft_model;
+	c.layers = p->spec_layers > 0 ? p->spec_layers : 0;
+	e->spec = loom_spec_open(&c, e->s, e->tok, mp, &off, err, errlen);
+	return e->spec || off ? 0 : -1;
 }
 
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
@@ -57,7 +86,7 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 	if (n_ctx > e->m->hp.n_ctx_train)
 		n_ctx = (int32_t)e->m->hp.n_ctx_train;
 	e->s = loom_session_new(e->m, n_ctx, p->n_batch > 0 ? p->n_batch : 256, err, errlen);
-	if (!e->s)
+	if (!e->s || open_spec(e, p, &mp, err, errlen))
 		goto out_free;
 	return e;
 out_free:
@@ -69,6 +98,7 @@ void loom_engine_close(struct loom_engine *e)
 {
 	if (!e)
 		return;
+	loom_spec_free(e->spec);
 	loom_session_free(e->s);
 	loom_model_free(e->m);
 	loom_tokenizer_free(e->tok);
@@ -89,6 +119,11 @@ int32_t loom_engine_n_ctx(const struct loom_engine *e)
 const char *loom_engine_backend_name(const struct loom_engine *e)
 {
 	return e->m->be->ops->name;
+}
+
+const char *loom_engine_spec_name(const struct loom_engine *e)
+{
+	return e->spec ? loom_spec_name(e->spec) : "none";
 }
 
 int64_t loom_engine_tokenize(const struct loom_engine *e, const char *text,
@@ -164,6 +199,48 @@ static struct loom_sampler *make_sampler(const struct loom_engine *e,
 	return loom_sampler_new(&sp, (int32_t)e->m->hp.n_vocab, err, errlen);
 }
 
+struct emitter {
+	struct loom_engine *e;
+	struct loom_detok dt;
+	loom_token_fn on_token;
+	void *user;
+};
+
+/* Speculative loop's emit: 1 at end of generation (not reported), 2 when
+ * the caller asks to stop, 0 to go on. */
+static int emit_token(void *user, int32_t t)
+{
+	struct emitter *em = user;
+	char piece[512];
+	int len;
+
+	if (loom_tokenizer_is_eog(em->e->tok, t))
+		return 1;
+	len = loom_detokenize(em->e->tok, &em->dt, t, piece, sizeof(piece));
+	if (em->on_token && em->on_token(em->user, t, piece, len > 0 ? (size_t)len : 0))
+		return 2;
+	return 0;
+}
+
+static int64_t decode_spec(struct loom_engine *e, struct loom_sampler *smp,
+			   const struct loom_generation_params *g, int32_t *hist,
+			   int64_t n_hist, loom_token_fn on_token, void *user,
+			   struct loom_generation_stats *st, char *err, size_t errlen)
+{
+	struct emitter em = { .e = e, .dt = { .first = true }, .on_token = on_token,
+		.user = user };
+	struct loom_spec_stats ss;
+	int64_t made;
+
+	made = loom_spec_decode(e->spec, smp, g->temp <= 0.0f, g->seed, hist, n_hist,
+				n_hist + g->n_predict + 1, g->n_predict, emit_token, &em, &ss,
+				err, errlen);
+	st->spec_steps = ss.n_steps;
+	st->spec_drafted = ss.n_drafted;
+	st->spec_accepted = ss.n_accepted;
+	return made;
+}
+
 /* The decode loop: sample, report, feed back. Returns tokens made or -1. */
 static int64_t decode(struct loom_engine *e, struct loom_sampler *smp, int32_t *hist,
 		      int64_t n_hist, int32_t n_predict, loom_token_fn on_token,
@@ -219,8 +296,12 @@ int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
 	st.prompt_seconds = t1 - t0;
 	if (g->prompt_logits)
 		memcpy(g->prompt_logits, e->s->logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
-	st.n_generated = decode(e, smp, hist, st.n_prompt, g->n_predict, on_token, user,
-				err, errlen);
+	if (e->spec)
+		st.n_generated = decode_spec(e, smp, g, hist, st.n_prompt, on_token, user, &st,
+					     err, errlen);
+	else
+		st.n_generated = decode(e, smp, hist, st.n_prompt, g->n_predict, on_token,
+					user, err, errlen);
 	st.generate_seconds = now_s() - t1;
 	if (st.n_generated >= 0)
 		rc = 0;

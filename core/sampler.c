@@ -463,3 +463,46 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 	}
 	return s->cand[draw(s->rng, s->cand, n)].id;
 }
+
+/* ---- the final distribution, for speculative decoding ---- */
+
+int loom_sampler_probs(struct loom_sampler *s, float *logits,
+		       const int32_t *history, int64_t n_history, float *probs)
+{
+	const struct loom_sampler_params *p;
+	int32_t greedy, n;
+	float max;
+	double z = 0.0, inv_t, total = 0.0;
+
+	if (!s || !logits || !probs)
+		return -1;
+	p = &s->p;
+	apply_penalties(s, logits, history, n_history);
+	greedy = argmax(logits, s->n_vocab);
+	max = key(logits[greedy]);
+	for (int32_t i = 0; i < s->n_vocab; i++)
+		probs[i] = 0.0f;
+	if (p->temp <= 0.0f || !isfinite(max)) {
+		probs[greedy] = 1.0f;
+		return 0;
+	}
+	inv_t = 1.0 / p->temp;
+	/* the same candidate set as loom_sampler_sample */
+	if (p->top_k > 0 && p->top_k < s->n_vocab) {
+		n = select_top_k(s, logits, p->top_k);
+		for (int32_t j = 0; j < n; j++) {
+			s->cand[j].w = exp(((double)s->cand[j].logit - max) * inv_t);
+			z += s->cand[j].w;
+		}
+		n = cut_ranked(p, s->cand, n, z);
+	} else {
+		n = gather(s, logits, max, inv_t, p->min_p > 0.0f ? p->min_p : 0.0, &z);
+		if (p->top_p < 1.0f)
+			n = select_mass(s->cand, n, (double)p->top_p * z);
+	}
+	for (int32_t j = 0; j < n; j++)
+		total += s->cand[j].w;
+	for (int32_t j = 0; j < n; j++)
+		probs[s->cand[j].id] = (float)(s->cand[j].w / total);
+	return 0;
+}

@@ -42,4 +42,13 @@ void loom_sampler_free(struct loom_sampler *s);
 int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 			    const int32_t *history, int64_t n_history);
 
+/* Appended for speculative decoding: the distribution loom_sampler_sample
+ * draws from, as a dense vector. Applies the penalties to logits (in place,
+ * as sample does) and writes probs[0..n_vocab): one-hot at the greedy
+ * choice when temp <= 0 (or the top logit is not finite), else the
+ * renormalized weights of the tokens that survive top-k/top-p/min-p and 0
+ * elsewhere. Does not touch the random state. 0, or -1 on bad arguments. */
+int loom_sampler_probs(struct loom_sampler *s, float *logits,
+		       const int32_t *history, int64_t n_history, float *probs);
+
 #endif /* LOOM_SAMPLER_H */

@@ -28,6 +28,13 @@ struct loom_engine_params {
 	int32_t n_ctx;       /* context in tokens; <= 0: min(4096, trained) */
 	int32_t n_batch;     /* prompt chunk size; <= 0: 256 */
 	bool progress;       /* progress bar on stderr while loading (if a tty) */
+	/* ---- appended: speculative decoding (docs/SPECULATIVE.md) ---- */
+	const char *spec;    /* strategy plugin, name ("ngram.so") or path;
+				NULL, "" or "none": plain decoding */
+	int32_t spec_min_draft, spec_max_draft; /* <= 0: 1 and 8 */
+	int32_t spec_ngram_min, spec_ngram_max; /* <= 0: 1 and 4 */
+	const char *spec_draft_model; /* GGUF sharing the vocabulary, or NULL */
+	int32_t spec_layers;  /* early-exit layers; <= 0: half the model's */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -71,6 +78,10 @@ typedef int (*loom_token_fn)(void *user, int32_t token, const char *text, size_t
 struct loom_generation_stats {
 	int64_t n_prompt, n_generated;
 	double prompt_seconds, generate_seconds;
+	/* ---- appended: speculative decoding (all 0 without it) ---- */
+	int64_t spec_steps;    /* target forward passes while generating */
+	int64_t spec_drafted;  /* draft tokens verified */
+	int64_t spec_accepted; /* of those, accepted */
 };
 
 /* Generates a continuation of prompt, from an empty context each call.
@@ -80,6 +91,9 @@ int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
 		  const struct loom_generation_params *g, loom_token_fn on_token,
 		  void *user, struct loom_generation_stats *stats, char *err,
 		  size_t errlen);
+
+/* Appended: the speculative strategy's name, or "none". */
+const char *loom_engine_spec_name(const struct loom_engine *e);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,9 @@ static void usage(FILE *out)
 	      "            [--presence-penalty P] [--frequency-penalty F] [--repeat-last-n N]\n"
 	      "            [-t THREADS] [-c CTX] [-b BATCH] [-f PROMPT_FILE] [--config FILE]\n"
 	      "            [--dump-logits FILE] [--dump-tokens FILE]\n"
+	      "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
+	      "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
+	      "            [--spec-draft-model FILE] [--spec-layers N]\n"
 	      "  info      FILE\n"
 	      "  tokenize  --model FILE [--no-bos] [-f FILE | TEXT]\n"
 	      "  bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
@@ -55,6 +58,13 @@ static const struct option long_opts[] = {
 	{ "dump-tokens", required_argument, 0, 1010 },
 	{ "no-bos", no_argument, 0, 1011 },
 	{ "no-progress", no_argument, 0, 1012 },
+	{ "spec", required_argument, 0, 1100 },
+	{ "spec-max-draft", required_argument, 0, 1101 },
+	{ "spec-min-draft", required_argument, 0, 1102 },
+	{ "spec-ngram-min", required_argument, 0, 1103 },
+	{ "spec-ngram-max", required_argument, 0, 1104 },
+	{ "spec-draft-model", required_argument, 0, 1105 },
+	{ "spec-layers", required_argument, 0, 1106 },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -62,6 +72,12 @@ static const struct option long_opts[] = {
 static const char *const long_keys[] = {
 	[1000 - 1000] = "temp", "seed", "top_k", "top_p", "min_p", "repeat_penalty",
 	"presence_penalty", "frequency_penalty", "repeat_last_n",
+};
+
+/* --spec* flags: the INI keys of the same names (docs/SPECULATIVE.md). */
+static const char *const spec_keys[] = {
+	"spec", "spec_max_draft", "spec_min_draft", "spec_ngram_min",
+	"spec_ngram_max", "spec_draft_model", "spec_layers",
 };
 
 /* The config file is read before the other flags so flags override it. */
@@ -124,6 +140,8 @@ static int parse_opt(struct loom_options *o, int c, const char *arg, char *err)
 	default:
 		if (c >= 1000 && c <= 1008)
 			return loom_options_set(o, long_keys[c - 1000], arg, err, ERRLEN);
+		if (c >= 1100 && c <= 1106)
+			return loom_options_set(o, spec_keys[c - 1100], arg, err, ERRLEN);
 		snprintf(err, ERRLEN, "unknown option (see loom --help)");
 		return -1;
 	}
@@ -335,6 +353,20 @@ static char *prompt_text(const struct loom_options *o, size_t *len, char *err)
 	return text;
 }
 
+/* The speculative strategy's line: acceptance and tokens per target pass. */
+static void print_spec_stats(const struct loom_engine *e, const struct loom_generation_stats *st)
+{
+	if (!strcmp(loom_engine_spec_name(e), "none"))
+		return;
+	fprintf(stderr, "loom: spec %s: acceptance %.1f%% (%lld of %lld drafts), mean accepted length %.2f per step, %.2f tokens per target pass, %.1f t/s\n",
+		loom_engine_spec_name(e),
+		st->spec_drafted ? 100.0 * (double)st->spec_accepted / (double)st->spec_drafted : 0.0,
+		(long long)st->spec_accepted, (long long)st->spec_drafted,
+		st->spec_steps ? (double)st->spec_accepted / (double)st->spec_steps : 0.0,
+		st->spec_steps ? (double)(st->n_generated - 1) / (double)st->spec_steps : 0.0,
+		st->generate_seconds > 0 ? (double)st->n_generated / st->generate_seconds : 0.0);
+}
+
 static int finish_run(struct loom_engine *e, const struct loom_options *o,
 		      const struct loom_generation_stats *st, const float *logits,
 		      char *err)
@@ -346,6 +378,7 @@ static int finish_run(struct loom_engine *e, const struct loom_options *o,
 		(double)st->n_prompt / st->prompt_seconds, (long long)st->n_generated,
 		st->generate_seconds,
 		st->n_generated > 0 ? (double)st->n_generated / st->generate_seconds : 0.0);
+	print_spec_stats(e, st);
 	if (o->dump_logits[0])
 		return write_file(o->dump_logits, logits,
 				  sizeof(float) * (size_t)loom_engine_n_vocab(e), err);
@@ -379,6 +412,13 @@ static int cmd_run(int argc, char **argv, char *err)
 	ep.n_ctx = o.n_ctx;
 	ep.n_batch = o.n_batch;
 	ep.progress = o.progress;
+	ep.spec = o.spec;
+	ep.spec_min_draft = o.spec_min_draft;
+	ep.spec_max_draft = o.spec_max_draft;
+	ep.spec_ngram_min = o.spec_ngram_min;
+	ep.spec_ngram_max = o.spec_ngram_max;
+	ep.spec_draft_model = o.spec_draft_model[0] ? o.spec_draft_model : NULL;
+	ep.spec_layers = o.spec_layers;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
 	generation_params(&o, &g);

@@ -83,6 +83,29 @@ static int copy_str(const char *key, const char *v, char *dst, size_t cap,
 	return 0;
 }
 
+/* spec, spec_max_draft, ...: speculative decoding. */
+static int set_spec(struct loom_options *o, const char *key, const char *v,
+		    char *err, size_t errlen)
+{
+	if (!strcmp(key, "spec"))
+		return copy_str(key, v, o->spec, sizeof(o->spec), err, errlen);
+	if (!strcmp(key, "spec_draft_model"))
+		return copy_str(key, v, o->spec_draft_model, sizeof(o->spec_draft_model),
+				err, errlen);
+	if (!strcmp(key, "spec_max_draft"))
+		return parse_int(key, v, 1, 64, &o->spec_max_draft, err, errlen);
+	if (!strcmp(key, "spec_min_draft"))
+		return parse_int(key, v, 1, 64, &o->spec_min_draft, err, errlen);
+	if (!strcmp(key, "spec_ngram_min"))
+		return parse_int(key, v, 1, 64, &o->spec_ngram_min, err, errlen);
+	if (!strcmp(key, "spec_ngram_max"))
+		return parse_int(key, v, 1, 64, &o->spec_ngram_max, err, errlen);
+	if (!strcmp(key, "spec_layers"))
+		return parse_int(key, v, 1, 4096, &o->spec_layers, err, errlen);
+	snprintf(err, errlen, "unknown key '%s'", key);
+	return -1;
+}
+
 int loom_options_set(struct loom_options *o, const char *key, const char *v,
 		     char *err, size_t errlen)
 {
@@ -118,6 +141,8 @@ int loom_options_set(struct loom_options *o, const char *key, const char *v,
 		return parse_int(key, v, 0, INT_MAX, &sp->penalty_last_n, err, errlen);
 	if (!strcmp(key, "seed"))
 		return parse_u64(key, v, &sp->seed, err, errlen);
+	if (!strncmp(key, "spec", 4))
+		return set_spec(o, key, v, err, errlen);
 	snprintf(err, errlen, "unknown key '%s'", key);
 	return -1;
 }

@@ -26,6 +26,12 @@ struct loom_options {
 	int n_gen;
 	int reps;
 	char threads_list[256];
+	/* speculative decoding (docs/SPECULATIVE.md); 0: the engine's default */
+	char spec[4096];             /* plugin name or path; "" or "none": off */
+	char spec_draft_model[4096];
+	int spec_min_draft, spec_max_draft;
+	int spec_ngram_min, spec_ngram_max;
+	int spec_layers;
 };
 
 void loom_options_defaults(struct loom_options *o);
