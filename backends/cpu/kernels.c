@@ -901,7 +901,10 @@ TGT_AVX512 ALWAYS __m512 avx512_qdot(const __m512 q[2], __m512 x0, __m512 x1)
 	return _mm512_fmadd_ps(q[1], x1, _mm512_mul_ps(q[0], x0));
 }
 
-/* As avx2_qtile: R activation rows by J weight rows, R == 1 or J == 1. */
+/*
+ * As avx2_qtile, but any R x J tile with R * J <= 8 (32 registers). Each
+ * element gets the same operations, in the same order, whatever the tile.
+ */
 TGT_AVX512 ALWAYS void avx512_qtile(const struct cpu_gemv *g, const uint32_t t, const int R,
 				    const int J, int64_t i, int64_t j)
 {
@@ -911,54 +914,58 @@ TGT_AVX512 ALWAYS void avx512_qtile(const struct cpu_gemv *g, const uint32_t t, 
 	const uint8_t *w = g->w + (size_t)j * g->w_stride;
 	const float *x = g->x + i * g->x_stride;
 	const float *xs = has_m ? g->xs + i * g->xs_stride : NULL;
-	__m512 acc[4], q[2];
-	__m128 macc[4];
+	__m512 acc[8], q[4][2], d[4];
+	__m128 macc[8], dm[4];
 
-	for (int a = 0; a < 4; a++) {
+	for (int a = 0; a < R * J; a++) {
 		acc[a] = _mm512_setzero_ps();
 		macc[a] = _mm_setzero_ps();
 	}
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *p = w + b * gb;
-
-		if (J == 1) {
-			__m128 dm = avx2_dm(p);
-			__m512 d = _mm512_broadcastss_ps(dm);
-
-			avx512_quants(t, p, q);
-			for (int r = 0; r < R; r++) {
-				const float *xp = x + r * g->x_stride + b * 32;
-				__m512 s = avx512_qdot(q, _mm512_loadu_ps(xp), _mm512_loadu_ps(xp + 16));
-
-				acc[r] = _mm512_fmadd_ps(s, d, acc[r]);
-				if (has_m)
-					macc[r] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + r * g->xs_stride + 2 * b),
-							       macc[r]);
-			}
-			continue;
-		}
-		__m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
-
 		for (int c = 0; c < J; c++) {
-			const uint8_t *pc = p + (size_t)c * g->w_stride;
-			__m128 dm = avx2_dm(pc);
+			const uint8_t *pc = w + (size_t)c * g->w_stride + b * gb;
 
-			avx512_quants(t, pc, q);
-			acc[c] = _mm512_fmadd_ps(avx512_qdot(q, x0, x1), _mm512_broadcastss_ps(dm),
-						 acc[c]);
-			if (has_m)
-				macc[c] = _mm_fmadd_ps(dm, _mm_loadu_ps(xs + 2 * b), macc[c]);
+			dm[c] = avx2_dm(pc);
+			d[c] = _mm512_broadcastss_ps(dm[c]);
+			avx512_quants(t, pc, q[c]);
+		}
+		for (int r = 0; r < R; r++) {
+			const float *xp = x + r * g->x_stride + b * 32;
+			__m512 x0 = _mm512_loadu_ps(xp), x1 = _mm512_loadu_ps(xp + 16);
+			__m128 sx = has_m ? _mm_loadu_ps(xs + r * g->xs_stride + 2 * b)
+					  : _mm_setzero_ps();
+
+			for (int c = 0; c < J; c++) {
+				int a = r * J + c;
+
+				acc[a] = _mm512_fmadd_ps(avx512_qdot(q[c], x0, x1), d[c], acc[a]);
+				if (has_m)
+					macc[a] = _mm_fmadd_ps(dm[c], sx, macc[a]);
+			}
 		}
 	}
-	for (int a = 0; a < R * J; a++) {
-		float s = _mm512_reduce_add_ps(acc[a]);
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < J; c++) {
+			float s = _mm512_reduce_add_ps(acc[r * J + c]);
 
-		if (has_m)
-			s += _mm_cvtss_f32(_mm_movehdup_ps(macc[a]));
-		if (J == 1)
-			g->y[(i + a) * g->y_stride + j] = s;
-		else
-			g->y[i * g->y_stride + j + a] = s;
+			if (has_m)
+				s += _mm_cvtss_f32(_mm_movehdup_ps(macc[r * J + c]));
+			g->y[(i + r) * g->y_stride + j + c] = s;
+		}
+}
+
+/* Rows i.. of weight rows j.. (J of them) in tiles of up to 4 rows. */
+TGT_AVX512 ALWAYS void avx512_qcols(const struct cpu_gemv *g, const uint32_t t, const int J,
+				    int64_t j)
+{
+	int64_t i = 0;
+
+	for (; i + 4 <= g->m; i += 4)
+		avx512_qtile(g, t, 4, J, i, j);
+	switch (g->m - i) {
+	case 3: avx512_qtile(g, t, 3, J, i, j); break;
+	case 2: avx512_qtile(g, t, 2, J, i, j); break;
+	case 1: avx512_qtile(g, t, 1, J, i, j); break;
 	}
 }
 
@@ -974,17 +981,10 @@ TGT_AVX512 ALWAYS void avx512_qgemv(const struct cpu_gemv *g, const uint32_t t, 
 			avx512_qtile(g, t, 1, 1, 0, j);
 		return;
 	}
-	for (; j < j1; j++) {
-		int64_t i = 0;
-
-		for (; i + 4 <= g->m; i += 4)
-			avx512_qtile(g, t, 4, 1, i, j);
-		switch (g->m - i) {
-		case 3: avx512_qtile(g, t, 3, 1, i, j); break;
-		case 2: avx512_qtile(g, t, 2, 1, i, j); break;
-		case 1: avx512_qtile(g, t, 1, 1, i, j); break;
-		}
-	}
+	for (; j + 2 <= j1; j += 2)
+		avx512_qcols(g, t, 2, j);
+	if (j < j1)
+		avx512_qcols(g, t, 1, j);
 }
 
 TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
