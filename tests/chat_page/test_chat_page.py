@@ -164,12 +164,14 @@ def start_serve(loom, model, port, logf):
         if proc.poll() is not None:
             return proc, f"loom serve exited with {proc.returncode}"
         try:
-            if http_get(port, "/health")[0] == 200:
+            # /health answers while the model loads; /ready once it can
+            # take requests.
+            if http_get(port, "/ready")[0] == 200:
                 return proc, None
         except OSError:
             pass
         time.sleep(0.2)
-    return proc, "loom serve did not answer /health within 120 s"
+    return proc, "loom serve was not ready (GET /ready) within 120 s"
 
 
 def real_server(browser, loom, model, tmp):
@@ -182,7 +184,11 @@ def real_server(browser, loom, model, tmp):
             with open(logpath) as f:
                 check("loom serve starts", False, err + ": " + f.read()[-2000:])
             return
+        before = len(failures)
         real_checks(browser, port)
+        if len(failures) > before:
+            with open(logpath, errors="replace") as f:
+                print("loom serve log (tail):\n" + f.read()[-3000:])
     finally:
         proc.terminate()
         try:
@@ -250,7 +256,7 @@ def real_checks(browser, port):
         check("nothing arrives after stop", len(later["text"]) == n,
               f"{n} -> {len(later['text'])}")
     try:
-        st = http_get(port, "/health")[0]
+        st = http_get(port, "/ready")[0]
     except OSError as e:
         st = str(e)
     check("server healthy after stop", st == 200, str(st))
