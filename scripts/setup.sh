@@ -14,7 +14,7 @@ sudo=""
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
-      python3 python3-pip)
+      chromium python3 python3-pip)
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()
 	for p in "${debs[@]}"; do
