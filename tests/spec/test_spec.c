@@ -15,8 +15,9 @@
 #include <string.h>
 
 #include "loom.h"
+#include "sampler.h"
 
-static const char *model, *fake_dir;
+static const char *model, *fake_dir, *other_vocab;
 #define PROMPT "abcabcabcabcabc abc abc abcabcabc"
 #define N_SEEDS 3000
 #define N_TOK 4
@@ -262,6 +263,99 @@ START_TEST(sampling_distribution_is_preserved)
 }
 END_TEST
 
+START_TEST(draft_vocabulary_and_layers_are_checked)
+{
+	struct loom_engine_params p;
+	struct loom_engine *e;
+	struct loom_generation_params g;
+	char err[4096] = "";
+
+	loom_engine_params_init(&p);
+	p.model = model;
+	p.n_ctx = 64;
+	p.spec = "draft.so";
+	p.spec_draft_model = other_vocab;
+	ck_assert_ptr_null(loom_engine_open(&p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, other_vocab) && strstr(err, "vocabulary"), "%s", err);
+	p.spec = "layerskip.so";
+	p.spec_draft_model = NULL;
+	p.spec_layers = 3; /* the model has 2 */
+	ck_assert_ptr_null(loom_engine_open(&p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "spec_layers"), "%s", err);
+	/* draft.so without a draft model: the request fails, naming why */
+	p.spec = "draft.so";
+	p.spec_layers = 0;
+	e = loom_engine_open(&p, err, sizeof(err));
+	ck_assert_msg(e != NULL, "%s", err);
+	loom_generation_params_init(&g);
+	g.n_predict = 4;
+	g.temp = 0.0f;
+	ck_assert_int_ne(loom_generate(e, PROMPT, strlen(PROMPT), &g, NULL, NULL, NULL, err,
+				       sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "draft.so") && strstr(err, "no draft model"), "%s", err);
+	loom_engine_close(e);
+}
+END_TEST
+
+/* loom_sampler_probs against loom_sampler_sample's own draws. */
+static void probs_match_draws(const struct loom_sampler_params *sp)
+{
+	enum { V = 40, N = 40000 };
+	float logits[V], work[V], probs[V];
+	int32_t hist[3] = { 3, 3, 7 };
+	int counts[V] = { 0 };
+	double total = 0, stat = 0;
+	int df = -1;
+	struct loom_sampler *s;
+	char err[256];
+
+	for (int i = 0; i < V; i++)
+		logits[i] = (float)((i * 37) % 11) * 0.4f - 2.0f + 0.01f * (float)i;
+	s = loom_sampler_new(sp, V, err, sizeof(err));
+	ck_assert_msg(s != NULL, "%s", err);
+	memcpy(work, logits, sizeof(work));
+	ck_assert_int_eq(loom_sampler_probs(s, work, hist, 3, probs), 0);
+	for (int i = 0; i < V; i++)
+		total += probs[i];
+	ck_assert_msg(fabs(total - 1.0) < 1e-5, "probs sum to %f", total);
+	for (int n = 0; n < N; n++) {
+		memcpy(work, logits, sizeof(work));
+		counts[loom_sampler_sample(s, work, hist, 3)]++;
+	}
+	for (int i = 0; i < V; i++) {
+		double ex = probs[i] * N;
+
+		if (probs[i] == 0.0f) {
+			ck_assert_msg(counts[i] == 0, "token %d drawn but has probability 0", i);
+			continue;
+		}
+		stat += (counts[i] - ex) * (counts[i] - ex) / ex;
+		df++;
+	}
+	if (df > 0)
+		ck_assert_msg(stat < chi2_crit(df, 3.09), "chi-square %.1f, %d df", stat, df);
+	loom_sampler_free(s);
+}
+
+START_TEST(sampler_probs_is_what_sample_draws)
+{
+	struct loom_sampler_params sp;
+
+	loom_sampler_defaults(&sp);
+	sp.repeat_penalty = 1.3f;
+	sp.seed = 11;
+	probs_match_draws(&sp); /* top-k 40, top-p .95, min-p .05 */
+	sp.top_k = 0;
+	sp.min_p = 0.0f;
+	sp.top_p = 0.8f;
+	probs_match_draws(&sp);
+	sp.top_k = 5;
+	sp.top_p = 1.0f;
+	sp.temp = 1.5f;
+	probs_match_draws(&sp);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	Suite *s = suite_create("spec");
@@ -269,15 +363,18 @@ int main(int argc, char **argv)
 	SRunner *sr;
 	int failed;
 
-	if (argc < 3) {
-		fprintf(stderr, "usage: test_spec MODEL.gguf FAKE_PLUGIN_DIR\n");
+	if (argc < 4) {
+		fprintf(stderr, "usage: test_spec MODEL.gguf FAKE_PLUGIN_DIR OTHER_VOCAB.gguf\n");
 		return 2;
 	}
 	model = argv[1];
 	fake_dir = argv[2];
+	other_vocab = argv[3];
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, broken_plugins_are_refused);
 	tcase_add_test(tc, greedy_matches_plain);
+	tcase_add_test(tc, draft_vocabulary_and_layers_are_checked);
+	tcase_add_test(tc, sampler_probs_is_what_sample_draws);
 	tcase_add_test(tc, sampling_distribution_is_preserved);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
