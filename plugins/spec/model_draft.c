@@ -8,17 +8,25 @@
  * Each draft is the argmax of the drafting model's logits, so the proposal
  * is deterministic (has_probs = 0): the host's acceptance is exact for it
  * under greedy and sampled decoding alike. The draft length adapts to the
- * acceptance rate (spec_common.h).
+ * acceptance rate (spec_common.h). Drafting with a model is not free, so
+ * when the running acceptance rate falls below RATE_FLOOR the plugin sits
+ * out a number of steps (proposing nothing: plain decoding), doubling the
+ * pause each time a probe fails, up to MAX_PAUSE steps.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "spec_common.h"
 
+#define RATE_FLOOR 0.35f
+#define MAX_PAUSE 64
+
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
 	struct loom_spec_params p;
 	int32_t k;
+	float rate;          /* running acceptance rate */
+	int32_t pause, wait; /* steps to sit out after a poor run; left of it */
 	float *logits; /* [n_vocab] */
 };
 
@@ -46,6 +54,8 @@ static int md_create(const struct loom_spec_host *host, const struct loom_spec_p
 	c->host = host;
 	c->p = *params;
 	c->k = (params->min_draft + params->max_draft + 1) / 2;
+	c->rate = 1.0f;
+	c->pause = 1;
 	*out = c;
 	return 0;
 }
@@ -60,6 +70,10 @@ static int md_propose(struct loom_spec_ctx *c, struct loom_spec_draft *d)
 {
 	int32_t want = c->k < d->max ? c->k : d->max;
 
+	if (c->wait > 0) {
+		c->wait--;
+		return 0;
+	}
 	for (int32_t i = 0; i < want; i++) {
 		int rc = c->host->next_logits(c->host->host, SPEC_WHICH, d->tokens, i, c->logits);
 
@@ -73,7 +87,17 @@ static int md_propose(struct loom_spec_ctx *c, struct loom_spec_draft *d)
 
 static void md_observe(struct loom_spec_ctx *c, const struct loom_spec_outcome *o)
 {
+	if (o->n_proposed <= 0)
+		return;
 	c->k = spec_adapt(c->k, &c->p, o);
+	c->rate = 0.7f * c->rate + 0.3f * (float)o->n_accepted / (float)o->n_proposed;
+	if (c->rate >= RATE_FLOOR) {
+		c->pause = 1;
+		return;
+	}
+	c->wait = c->pause;
+	c->pause = c->pause * 2 < MAX_PAUSE ? c->pause * 2 : MAX_PAUSE;
+	c->rate = RATE_FLOOR; /* the next probe decides afresh */
 }
 
 static const struct loom_spec_plugin md_plugin = {
