@@ -25,7 +25,7 @@ struct req {
 	int32_t n_tokens, n_prompt, n_predict, n_generated;
 	int32_t n_cached;         /* prompt tokens reused at first admission */
 	bool admitted;            /* admitted at least once */
-	uint64_t preempted_step;  /* step of the last preemption + 1; 0: never */
+	uint64_t preempted_tick;  /* tick of the last preemption; 0: never */
 	uint64_t *hashes;         /* chain hashes of the first n_hashed full blocks */
 	int32_t n_hashed;
 	int32_t n_registered;     /* leading blocks already in the prefix cache */
@@ -65,6 +65,7 @@ struct loom_sched {
 	struct loom_sched_stats eng; /* counters kept by the engine */
 	uint64_t *cancel_buf;
 	int32_t cancel_cap;
+	uint64_t tick; /* loom_sched_step calls, from 1 */
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -431,7 +432,7 @@ static void preempt(struct loom_sched *s, struct req *r, int32_t *budget)
 	*budget += plan_remove(s, r);
 	loom_kv_seq_release(s->kv, &r->seq);
 	r->n_registered = 0;
-	r->preempted_step = s->eng.steps + 1;
+	r->preempted_tick = s->tick;
 	list_push_front(&s->waiting, r);
 	s->eng.preemptions++;
 }
@@ -558,7 +559,7 @@ static void plan_admissions(struct loom_sched *s, int32_t *budget)
 		struct req *r = s->waiting.head;
 		int rc;
 
-		if (r->preempted_step == s->eng.steps + 1)
+		if (r->preempted_tick == s->tick)
 			break; /* just preempted: the blocks are not there */
 		rc = admit(s, r, *budget);
 		if (rc == -1)
@@ -653,6 +654,7 @@ int loom_sched_step(struct loom_sched *s)
 	int32_t budget = s->cfg.max_batch_tokens, n_cancel, i, n;
 	int rc = 0;
 
+	s->tick++;
 	n_cancel = take_inputs(s);
 	for (i = 0; i < n_cancel; i++)
 		apply_cancel(s, s->cancel_buf[i]);
