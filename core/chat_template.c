@@ -26,16 +26,18 @@ const char *loom_chat_family_name(enum loom_chat_family f)
  * only when it holds no Jinja (no quote, brace or plus). */
 static void find_default_system(const char *tmpl, struct loom_chat_template *t)
 {
-	static const char head[] = "<|im_start|>system\\n";
+	static const char *const heads[] = { "<|im_start|>system\n", "<|im_start|>system\\n" };
 	const char *test = strstr(tmpl, "!= 'system'");
-	const char *p, *end;
-	size_t n;
+	const char *p = NULL, *end;
+	size_t n, i;
 
 	if (!test)
 		test = strstr(tmpl, "!= \"system\"");
-	if (!test || !(p = strstr(test, head)))
+	for (i = 0; test && !p && i < 2; i++)
+		if ((p = strstr(test, heads[i])))
+			p += strlen(heads[i]);
+	if (!p)
 		return;
-	p += strlen(head);
 	end = strstr(p, "<|im_end|>");
 	if (!end)
 		return;
