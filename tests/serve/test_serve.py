@@ -483,6 +483,35 @@ def preemption():
         srv.stop()
 
 
+def queue_full():
+    srv = Server("--ctx-size", "256", "--parallel", "1", "--max-waiting", "1")
+    try:
+        res = {}
+
+        def worker(i):
+            try:
+                res[i] = srv.post("/v1/completions", {"prompt": f"Count to {i + 5}:",
+                                                      "max_tokens": 24, "temperature": 0})
+            except Exception as e:  # noqa: BLE001
+                res[i] = (f"error {e}", {}, b"")
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = sorted(r[0] for r in res.values() if isinstance(r[0], int))
+        full = [r for r in res.values() if r[0] == 503]
+        check("queue full gives 503", len(codes) == 6 and 503 in codes and 200 in codes and
+              set(codes) <= {200, 503}, codes)
+        check("503 has Retry-After and an error body",
+              all("Retry-After" in r[1] and b'"error"' in r[2] for r in full), full[:1])
+        m = srv.metrics()
+        check("rejected counted", m.get("loom_requests_rejected_total", 0) >= len(full), m)
+    finally:
+        srv.stop()
+
+
 def shutdown():
     srv = Server("--ctx-size", "1024", "--shutdown-timeout", "2")
     result = {}
@@ -558,7 +587,7 @@ def main():
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
-    for test in (preemption, shutdown):
+    for test in (preemption, queue_full, shutdown):
         t0 = time.time()
         try:
             test()
