@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "serve_index_html.h"
 
@@ -87,8 +88,6 @@ static json_t *error_body(const struct perr *e)
 static enum MHD_Result send_error(struct MHD_Connection *c, struct server *srv,
 				  const struct perr *e)
 {
-	if (e->status == 503)
-		metrics_count_rejected(&srv->metrics);
 	return send_json(c, (unsigned)e->status, error_body(e), srv);
 }
 
@@ -388,7 +387,12 @@ static enum MHD_Result answer_stream(struct MHD_Connection *c, struct job *j)
 static void make_id(struct job *j)
 {
 	static _Atomic uint64_t counter;
-	uint64_t x = (uint64_t)now_s() * 1000003ULL ^ (counter++ * 0x9e3779b97f4a7c15ULL);
+	struct timespec ts;
+	uint64_t x;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	x = ((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) * 0x9e3779b97f4a7c15ULL;
+	x ^= (x >> 29) ^ (++counter * 0xbf58476d1ce4e5b9ULL);
 
 	snprintf(j->id, sizeof(j->id), "%s-%016llx", j->chat ? "chatcmpl" : "cmpl",
 		 (unsigned long long)x);
@@ -403,8 +407,11 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 	char why[512];
 	int rc;
 
-	if (atomic_load(&srv->state) != SRV_READY)
+	if (atomic_load(&srv->state) != SRV_READY) {
+		/* queue-full rejections are counted by the scheduler */
+		metrics_count_rejected(&srv->metrics);
 		return fail(c, srv, 503, "unavailable", "the server is shutting down");
+	}
 	j = job_new(srv);
 	if (!j)
 		return fail(c, srv, 500, NULL, "out of memory");
