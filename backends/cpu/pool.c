@@ -28,7 +28,7 @@
 #define SPIN_ROUNDS (1 << 12)
 /* The caller waits for claimed chunks, which are short, so it yields soon:
  * on a loaded machine the chunk's thread may share its core. */
-#define DONE_SPIN_ROUNDS 256
+#define DONE_SPIN_ROUNDS (1 << 14)
 /*
  * A worker that holds a chunk this long (or that the caller has to yield to)
  * after the caller ran out of work has most likely lost its core to another
@@ -36,7 +36,7 @@
  * run on the caller alone, then the pool is tried again. Results do not
  * depend on the thread count, so this changes only speed.
  */
-#define SLOW_WAIT_NS 50000
+#define SLOW_WAIT_NS 2000000
 #define SOLO_TASKS 512
 #define CLOSED 0xffffffffu
 
@@ -209,7 +209,7 @@ static void wait_done(struct cpu_pool *p, int64_t n_chunks)
 			yielded = true;
 		}
 	}
-	if (yielded || now_ns() - t0 > SLOW_WAIT_NS)
+	if (yielded && now_ns() - t0 > SLOW_WAIT_NS)
 		p->solo = SOLO_TASKS;
 }
 
