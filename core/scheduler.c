@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec.h"
 #include "util.h"
 
 #define DEFAULT_KV_BYTES (256ull << 20)
@@ -33,6 +34,13 @@ struct req {
 	loom_sched_cb cb;
 	void *user;
 	struct loom_kv_seq seq;
+	/* speculation (NULL kind: none); the context is made on the engine
+	 * thread at the first decode and lives until the request ends */
+	struct loom_spec_kind *spec;
+	struct loom_spec_seq *sq;
+	int32_t spec_max_draft;
+	bool greedy;
+	uint64_t seed;
 };
 
 struct req_list {
@@ -44,6 +52,9 @@ struct req_list {
 struct entry {
 	struct req *r;
 	int32_t n;
+	bool spec;   /* a speculating decode: 1 token + n - 1 drafts, n rows */
+	bool asked;  /* its strategy proposed (and so gets observe) */
+	int32_t row; /* first logits row of this entry, -1 for none */
 };
 
 struct loom_sched {
@@ -59,13 +70,15 @@ struct loom_sched {
 	int32_t n_running;
 	struct entry *plan;
 	int32_t n_plan;
-	int32_t *tok_buf, *q_start, *out_rows, *out_entry;
+	int32_t *tok_buf, *q_start, *out_rows;
 	struct loom_kv_seq **seqs;
 	float *logits;
 	struct loom_sched_stats eng; /* counters kept by the engine */
 	uint64_t *cancel_buf;
 	int32_t cancel_cap;
 	uint64_t tick; /* loom_sched_step calls, from 1 */
+	int32_t max_out;   /* logits rows per step: max_seqs + spec_rows */
+	int32_t rows_left; /* spare rows for drafts in the step being planned */
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -84,7 +97,7 @@ void loom_sched_config_defaults(struct loom_sched_config *c)
 	*c = (struct loom_sched_config){
 		.block_size = 16, .n_blocks = 0, .max_batch_tokens = 512,
 		.max_seqs = 64, .max_waiting = 256, .max_ctx = 0,
-		.prefix_cache = true, .tokenizer = NULL,
+		.prefix_cache = true, .tokenizer = NULL, .spec_rows = 64,
 	};
 }
 
@@ -169,6 +182,7 @@ static void list_splice(struct req_list *dst, struct req_list *src)
 static void req_free(struct loom_sched *s, struct req *r)
 {
 	loom_kv_seq_release(s->kv, &r->seq);
+	loom_spec_seq_free(r->sq);
 	loom_sampler_free(r->smp);
 	free(r->tokens);
 	free(r->hashes);
@@ -250,6 +264,10 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 			return -1;
 		}
 	}
+	if (rq->spec_max_draft > 64) {
+		loom_seterr(err, errlen, "request: spec_max_draft %d is above 64", rq->spec_max_draft);
+		return -1;
+	}
 	*n_predict = rq->n_predict > 0 ? rq->n_predict : s->cfg.max_ctx - rq->n_prompt;
 	total = (int64_t)rq->n_prompt + *n_predict;
 	if (*n_predict <= 0 || total > s->cfg.max_ctx) {
@@ -287,6 +305,10 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	r->n_predict = n_predict;
 	r->cb = rq->cb;
 	r->user = rq->user;
+	r->spec = rq->spec;
+	r->spec_max_draft = rq->spec_max_draft;
+	r->greedy = rq->sampling.temp <= 0.0f;
+	r->seed = rq->sampling.seed;
 	return r;
 
 out_free:
@@ -461,13 +483,95 @@ static int reserve_running(struct loom_sched *s, struct req *r, int32_t n,
 	}
 }
 
-/* Plans the running sequences: decodes first (one token each), then
- * prompt chunks (prefill or recompute), oldest first. */
+/* Drafts r may add this step: the budget minus one token for each of the
+ * n_dec decodes still to plan (r's included), the spare logits rows, and
+ * what r may still generate after the target's own token. */
+static int32_t draft_room(const struct loom_sched *s, const struct req *r, int32_t budget,
+			  int32_t n_dec)
+{
+	int32_t k = budget - n_dec;
+
+	if (k > s->rows_left)
+		k = s->rows_left;
+	if (k > r->n_predict - r->n_generated - 1)
+		k = r->n_predict - r->n_generated - 1;
+	return k > 0 ? k : 0;
+}
+
+/* Ends running request r with an error. */
+static void fail_running(struct loom_sched *s, struct req *r, const char *why)
+{
+	running_remove(s, r);
+	finish(s, r, LOOM_FINISH_ERROR, why);
+}
+
+/* Gets r's drafts (written after its last token, r->tokens has room) and
+ * reserves their blocks. Returns how many (0 when blocks are short), or
+ * -1 when r failed. *asked: the strategy was asked. */
+static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool *asked)
+{
+	char err[512];
+	int32_t k;
+	int rc;
+
+	*asked = false;
+	if (!r->sq) {
+		r->sq = loom_spec_seq_new(r->spec, r->spec_max_draft, r->seed, err, sizeof(err));
+		if (!r->sq) {
+			fail_running(s, r, err);
+			return -1;
+		}
+	}
+	if (max <= 0)
+		return 0;
+	*asked = true;
+	k = loom_spec_seq_propose(r->sq, r->tokens, r->n_tokens, max, r->tokens + r->n_tokens,
+				  err, sizeof(err));
+	if (k < 0) {
+		fail_running(s, r, err);
+		return -1;
+	}
+	if (k == 0)
+		return 0;
+	rc = loom_kv_reserve(s->kv, &r->seq, 1 + k);
+	if (rc == -2) {
+		fail_running(s, r, "kv cache: block copy failed");
+		return -1;
+	}
+	return rc ? 0 : k; /* short of blocks: decode plainly (may preempt) */
+}
+
+/* Plans decoding request r: its last token, and its drafts when it
+ * speculates. 0, or -1 when r left the running set. */
+static int plan_decode(struct loom_sched *s, struct req *r, int32_t *budget, int32_t n_dec)
+{
+	bool asked = false;
+	int32_t k = 0;
+
+	if (r->spec) {
+		k = get_drafts(s, r, draft_room(s, r, *budget, n_dec), &asked);
+		if (k < 0)
+			return -1;
+	}
+	if (k == 0 && reserve_running(s, r, 1, budget))
+		return -1;
+	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = 1 + k, .spec = r->spec != NULL,
+		.asked = asked, .row = -1 };
+	*budget -= 1 + k;
+	s->rows_left -= k;
+	return 0;
+}
+
+/* Plans the running sequences: decodes first (one token each, plus drafts
+ * for speculating ones), then prompt chunks (prefill or recompute),
+ * oldest first. */
 static void plan_running(struct loom_sched *s, int32_t *budget)
 {
+	int32_t i, n_dec = 0;
 	int pass;
-	int32_t i;
 
+	for (i = 0; i < s->n_running; i++)
+		n_dec += s->running[i]->n_tokens - s->running[i]->seq.n_tokens == 1;
 	for (pass = 0; pass < 2; pass++) {
 		for (i = 0; i < s->n_running && *budget > 0; i++) {
 			struct req *r = s->running[i];
@@ -475,12 +579,17 @@ static void plan_running(struct loom_sched *s, int32_t *budget)
 
 			if ((pass == 0) != (rem == 1))
 				continue;
+			if (pass == 0) {
+				if (plan_decode(s, r, budget, n_dec--))
+					i--; /* r left the running set */
+				continue;
+			}
 			n = rem < *budget ? rem : *budget;
 			if (reserve_running(s, r, n, budget)) {
 				i--; /* r left the running set; i now names the next */
 				continue;
 			}
-			s->plan[s->n_plan++] = (struct entry){ r, n };
+			s->plan[s->n_plan++] = (struct entry){ .r = r, .n = n, .row = -1 };
 			*budget -= n;
 		}
 	}
@@ -547,7 +656,7 @@ static int admit(struct loom_sched *s, struct req *r, int32_t budget)
 		s->eng.prompt_tokens += (uint64_t)r->n_prompt;
 	}
 	s->running[s->n_running++] = r;
-	s->plan[s->n_plan++] = (struct entry){ r, n };
+	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = n, .row = -1 };
 	return 0;
 }
 
@@ -588,26 +697,82 @@ static void register_blocks(struct loom_sched *s, struct req *r)
 	}
 }
 
-/* Samples r's next token from its logits row and reports it. */
-static void sample_one(struct loom_sched *s, struct req *r, float *row)
+/* Appends t to r and reports it, or ends r at an EOG token or n_predict.
+ * True when r is gone. */
+static bool deliver(struct loom_sched *s, struct req *r, int32_t t)
 {
-	int32_t t = loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens);
-
 	if (loom_tokenizer_is_eog(s->cfg.tokenizer, t)) {
 		running_remove(s, r);
 		finish(s, r, LOOM_FINISH_EOG, NULL);
-		return;
+		return true;
 	}
 	r->tokens[r->n_tokens++] = t;
 	r->n_generated++;
 	s->eng.generated_tokens++;
 	if (r->n_generated < r->n_predict) {
 		emit(r, t, LOOM_FINISH_NONE, NULL);
-		return;
+		return false;
 	}
 	running_remove(s, r);
 	emit(r, t, LOOM_FINISH_LENGTH, NULL);
 	req_free(s, r);
+	return true;
+}
+
+/* Samples r's next token from its logits row and reports it. */
+static void sample_one(struct loom_sched *s, struct req *r, float *row)
+{
+	deliver(s, r, loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens));
+}
+
+/*
+ * After a speculating decode of r's last token and k drafts (rows: k + 1
+ * rows of logits): keeps the accepted drafts in the cache and drops the
+ * rest, registers the blocks now final, and reports the accepted drafts
+ * and the target's token in order, as plain decoding would have.
+ */
+static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_t k,
+			bool asked)
+{
+	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i;
+
+	n_acc = loom_spec_seq_accept(r->sq, r->smp, r->greedy, rows, r->tokens, r->n_tokens,
+				     k, &next);
+	loom_kv_truncate(s->kv, &r->seq, n_kv + 1 + n_acc);
+	/* the cache now holds r->tokens[0 .. n_tokens + n_acc): all final */
+	if (s->cfg.prefix_cache)
+		register_blocks(s, r);
+	r->tokens[r->n_tokens + n_acc] = next; /* room: k < n_predict - n_generated */
+	if (asked)
+		loom_spec_seq_observe(r->sq, k, n_acc, r->tokens + r->n_tokens, n_acc + 1);
+	s->eng.spec_steps++;
+	s->eng.spec_drafted += (uint64_t)k;
+	s->eng.spec_accepted += (uint64_t)n_acc;
+	s->eng.spec_tokens += (uint64_t)n_acc + 1;
+	loom_spec_kind_count(r->spec, k, n_acc, n_acc + 1);
+	if (next < 0) {
+		fail_running(s, r, "speculation: the target distribution is empty");
+		return;
+	}
+	for (i = 0; i <= n_acc; i++)
+		if (deliver(s, r, r->tokens[r->n_tokens]))
+			return;
+}
+
+/* Output rows of entry e (the last token, or every token of a
+ * speculating decode), appended to the batch. */
+static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *e)
+{
+	int32_t j;
+
+	if (e->spec) {
+		e->row = b->n_out;
+		for (j = 0; j < e->n; j++)
+			s->out_rows[b->n_out++] = b->n_tokens - e->n + j;
+	} else if (e->r->seq.n_tokens + e->n == e->r->n_tokens) {
+		e->row = b->n_out;
+		s->out_rows[b->n_out++] = b->n_tokens - 1;
+	}
 }
 
 /* Flattens the plan into a batch, runs it and samples. */
@@ -615,6 +780,7 @@ static int run_plan(struct loom_sched *s)
 {
 	struct loom_batch b = { .tokens = s->tok_buf, .n_seqs = s->n_plan,
 		.q_start = s->q_start, .seqs = s->seqs, .out_rows = s->out_rows };
+	size_t V = (size_t)s->n_vocab;
 	char err[512];
 	int32_t i;
 
@@ -627,25 +793,29 @@ static int run_plan(struct loom_sched *s)
 		       sizeof(int32_t) * (size_t)n);
 		b.n_tokens += n;
 		s->seqs[i] = &r->seq;
-		if (r->seq.n_tokens + n == r->n_tokens) {
-			s->out_entry[b.n_out] = i;
-			s->out_rows[b.n_out++] = b.n_tokens - 1;
-		}
+		plan_rows(s, &b, &s->plan[i]);
 	}
 	s->q_start[s->n_plan] = b.n_tokens;
 	if (loom_exec_step(s->exec, &b, s->logits, err, sizeof(err))) {
-		for (i = 0; i < s->n_plan; i++) {
-			running_remove(s, s->plan[i].r);
-			finish(s, s->plan[i].r, LOOM_FINISH_ERROR, err);
-		}
+		for (i = 0; i < s->n_plan; i++)
+			fail_running(s, s->plan[i].r, err);
 		return -1;
 	}
+	/* a speculating sequence registers once its drafts are settled */
 	if (s->cfg.prefix_cache)
 		for (i = 0; i < s->n_plan; i++)
-			register_blocks(s, s->plan[i].r);
-	for (i = 0; i < b.n_out; i++)
-		sample_one(s, s->plan[s->out_entry[i]].r,
-			   s->logits + (size_t)i * (size_t)s->n_vocab);
+			if (!s->plan[i].spec)
+				register_blocks(s, s->plan[i].r);
+	for (i = 0; i < s->n_plan; i++) {
+		struct entry *e = &s->plan[i];
+
+		if (e->row < 0)
+			continue;
+		if (e->spec)
+			spec_finish(s, e->r, s->logits + (size_t)e->row * V, e->n - 1, e->asked);
+		else
+			sample_one(s, e->r, s->logits + (size_t)e->row * V);
+	}
 	return 0;
 }
 
@@ -659,6 +829,7 @@ int loom_sched_step(struct loom_sched *s)
 	for (i = 0; i < n_cancel; i++)
 		apply_cancel(s, s->cancel_buf[i]);
 	s->n_plan = 0;
+	s->rows_left = s->max_out - s->cfg.max_seqs;
 	plan_running(s, &budget);
 	plan_admissions(s, &budget);
 	n = s->n_plan;
@@ -711,9 +882,10 @@ static int check_config(struct loom_sched *s, char *err, size_t errlen)
 			     (int32_t)s->m->hp.n_ctx_train;
 	if (c->block_size <= 0 || c->block_size > 1 << 16 || c->max_batch_tokens <= 0 ||
 	    c->max_seqs <= 0 || c->max_seqs > c->max_batch_tokens || c->max_waiting <= 0 ||
-	    c->max_ctx <= 0) {
-		loom_seterr(err, errlen, "scheduler: bad config (block %d, batch %d, sequences %d, waiting %d, context %d)",
-			c->block_size, c->max_batch_tokens, c->max_seqs, c->max_waiting, c->max_ctx);
+	    c->max_ctx <= 0 || c->spec_rows < 0 || c->spec_rows > c->max_batch_tokens) {
+		loom_seterr(err, errlen, "scheduler: bad config (block %d, batch %d, sequences %d, waiting %d, context %d, spec rows %d)",
+			c->block_size, c->max_batch_tokens, c->max_seqs, c->max_waiting, c->max_ctx,
+			c->spec_rows);
 		return -1;
 	}
 	min_blocks = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size + 1;
@@ -738,19 +910,19 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 			    s->cfg.block_size, s->cfg.n_blocks, err, errlen);
 	if (!s->kv)
 		return -1;
+	s->max_out = s->cfg.max_seqs + s->cfg.spec_rows;
 	s->exec = loom_exec_new(s->m, s->kv, s->cfg.max_batch_tokens, s->cfg.max_seqs,
-				s->cfg.max_seqs, err, errlen);
+				s->max_out, err, errlen);
 	if (!s->exec)
 		return -1;
 	s->running = calloc(seqs, sizeof(*s->running));
 	s->plan = calloc(seqs, sizeof(*s->plan));
 	s->q_start = calloc(seqs + 1, sizeof(int32_t));
-	s->out_rows = calloc(seqs, sizeof(int32_t));
-	s->out_entry = calloc(seqs, sizeof(int32_t));
+	s->out_rows = calloc((size_t)s->max_out, sizeof(int32_t));
 	s->seqs = calloc(seqs, sizeof(*s->seqs));
 	s->tok_buf = calloc((size_t)s->cfg.max_batch_tokens, sizeof(int32_t));
-	s->logits = calloc(seqs * (size_t)s->n_vocab, sizeof(float));
-	if (!s->running || !s->plan || !s->q_start || !s->out_rows || !s->out_entry ||
+	s->logits = calloc((size_t)s->max_out * (size_t)s->n_vocab, sizeof(float));
+	if (!s->running || !s->plan || !s->q_start || !s->out_rows ||
 	    !s->seqs || !s->tok_buf || !s->logits) {
 		loom_seterr(err, errlen, "scheduler: out of memory");
 		return -1;
@@ -766,7 +938,6 @@ static void free_engine(struct loom_sched *s)
 	free(s->plan);
 	free(s->q_start);
 	free(s->out_rows);
-	free(s->out_entry);
 	free(s->seqs);
 	free(s->tok_buf);
 	free(s->logits);

@@ -11,6 +11,9 @@
  *   2. waiting requests are admitted in arrival order while free blocks and
  *      the per-step token budget allow; long prompts are split into chunks
  *      that share steps with decodes;
+ *      (in step 1, a decoding sequence with a speculation strategy gives its
+ *      last token and the strategy's drafts as one chunk (fewer drafts
+ *      when the budget, the logits rows or the blocks are short));
  *   3. one executor step runs the flattened batch; each sequence that
  *      finished its prompt or decoded a token samples its next token with
  *      its own seeded sampler and reports it through its callback.
@@ -32,6 +35,8 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
+struct loom_spec_kind; /* core/spec.h */
+
 struct loom_sched_config {
 	int32_t block_size;     /* tokens per KV block (default 16) */
 	int64_t n_blocks;       /* total KV blocks (see loom_sched_plan_blocks) */
@@ -44,11 +49,16 @@ struct loom_sched_config {
 	/* EOG tokens end a request (LOOM_FINISH_EOG); NULL: only n_predict
 	 * ends one. Borrowed: must outlive the scheduler. */
 	const struct loom_tokenizer *tokenizer;
+	/* ---- appended (specserve) ---- */
+	/* Logits rows per step for drafts beyond one per sequence: a
+	 * speculating sequence verifies k drafts with k + 1 rows, and drafts
+	 * are cut when the step's rows run out. 0: no drafts at all. */
+	int32_t spec_rows;
 };
 /* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
  * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs
  * 64, max_waiting 256, max_ctx 0 (= the model's training context),
- * prefix_cache true, tokenizer NULL. */
+ * prefix_cache true, tokenizer NULL, spec_rows 64. */
 
 void loom_sched_config_defaults(struct loom_sched_config *c);
 
@@ -89,6 +99,14 @@ struct loom_sched_request {
 	struct loom_sampler_params sampling;
 	loom_sched_cb cb;
 	void *user;
+	/* ---- appended (specserve) ---- */
+	/* Speculative decoding with this strategy (core/spec.h), NULL: none.
+	 * Borrowed: must outlive the request. Greedy output is token for token
+	 * the plain output (bitwise logits with a batch-invariant backend);
+	 * sampled output has the plain distribution, from its own random
+	 * streams (seeded by sampling.seed). */
+	struct loom_spec_kind *spec;
+	int32_t spec_max_draft; /* <= 0: the strategy's default */
 };
 
 struct loom_sched;
@@ -126,6 +144,11 @@ struct loom_sched_stats {
 	uint64_t steps;
 	/* ---- appended (sched) ---- */
 	uint64_t cow_copies; /* KV blocks copied on write */
+	/* ---- appended (specserve): all strategies together ---- */
+	uint64_t spec_steps;    /* verification steps of speculating sequences */
+	uint64_t spec_drafted;  /* drafts verified */
+	uint64_t spec_accepted; /* of those, accepted */
+	uint64_t spec_tokens;   /* tokens those steps produced */
 };
 
 void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);

@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,38 +256,46 @@ int loom_spec_check(const char *path, const struct loom_spec_plugin *p, char *er
 	return 0;
 }
 
-static int load_plugin(struct loom_spec *sp, const char *name, char *err, size_t errlen)
+/* dlopens the plugin `name` resolves to and checks its descriptor; path
+ * (cap bytes) gets the file. */
+static int open_plugin(const char *name, char *path, size_t cap, void **dl,
+		       const struct loom_spec_plugin **p, char *err, size_t errlen)
 {
 	unsigned char magic[4];
 	loom_spec_entry_fn entry;
 	ssize_t n = 0;
 	int fd;
 
-	if (loom_spec_resolve(name, sp->path, sizeof(sp->path), err, errlen))
+	if (loom_spec_resolve(name, path, cap, err, errlen))
 		return -1;
-	fd = open(sp->path, O_RDONLY | O_CLOEXEC);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
 		n = read(fd, magic, sizeof(magic));
 		close(fd);
 	}
 	if (fd < 0 || n != 4 || memcmp(magic, "\177ELF", 4) != 0) {
-		loom_seterr(err, errlen, "spec plugin %s: %s", sp->path,
+		loom_seterr(err, errlen, "spec plugin %s: %s", path,
 			fd < 0 ? strerror(errno) : "not an ELF shared object");
 		return -1;
 	}
-	sp->dl = dlopen(sp->path, RTLD_NOW | RTLD_LOCAL);
-	if (!sp->dl) {
-		loom_seterr(err, errlen, "spec plugin %s: cannot load: %s", sp->path, dlerror());
+	*dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!*dl) {
+		loom_seterr(err, errlen, "spec plugin %s: cannot load: %s", path, dlerror());
 		return -1;
 	}
-	entry = (loom_spec_entry_fn)dlsym(sp->dl, LOOM_SPEC_ENTRY);
+	entry = (loom_spec_entry_fn)dlsym(*dl, LOOM_SPEC_ENTRY);
 	if (!entry) {
-		loom_seterr(err, errlen, "spec plugin %s: no entry symbol %s", sp->path,
+		loom_seterr(err, errlen, "spec plugin %s: no entry symbol %s", path,
 			LOOM_SPEC_ENTRY);
 		return -1;
 	}
-	sp->p = entry();
-	return loom_spec_check(sp->path, sp->p, err, errlen);
+	*p = entry();
+	return loom_spec_check(path, *p, err, errlen);
+}
+
+static int load_plugin(struct loom_spec *sp, const char *name, char *err, size_t errlen)
+{
+	return open_plugin(name, sp->path, sizeof(sp->path), &sp->dl, &sp->p, err, errlen);
 }
 
 /* ---- models the plugin may run ---- */
@@ -632,6 +641,29 @@ static int normalize(float *w, int32_t n)
 	return 0;
 }
 
+/* Replays the host draws of a plugin that reported distributions: a draft
+ * that is not what its own distribution gives here is replaced by the
+ * replayed draw and the rest dropped. Returns the drafts kept; rng
+ * advances as the plugin's draws did. */
+static int32_t replay_drafts(uint64_t rng[4], int32_t *dtok, float *dprobs, int32_t V,
+			     int32_t k)
+{
+	for (int32_t i = 0; i < k; i++) {
+		int32_t t;
+
+		if (normalize(dprobs + (size_t)i * V, V))
+			return i;
+		t = draw_from(rng, dprobs + (size_t)i * V, V);
+		if (t != dtok[i]) {
+			if (t < 0)
+				return i;
+			dtok[i] = t;
+			return i + 1;
+		}
+	}
+	return k;
+}
+
 /* Asks the plugin for up to max drafts; returns how many survive the
  * checks (ids in range, distributions replayed), or -1 with err set. */
 static int32_t get_drafts(struct loom_spec *sp, struct loom_spec_ctx *ctx, int32_t max,
@@ -669,25 +701,7 @@ static int32_t get_drafts(struct loom_spec *sp, struct loom_spec_ctx *ctx, int32
 	*has_probs = d.has_probs != 0;
 	if (!*has_probs)
 		return k;
-	/* Replay the host draws: a draft that is not what the plugin's own
-	 * distribution gives here is replaced by the replayed draw. */
-	for (int32_t i = 0; i < k; i++) {
-		int32_t t;
-
-		if (normalize(sp->dprobs + (size_t)i * sp->n_vocab, sp->n_vocab)) {
-			k = i;
-			break;
-		}
-		t = draw_from(replay, sp->dprobs + (size_t)i * sp->n_vocab, sp->n_vocab);
-
-		if (t != sp->dtok[i]) {
-			if (t < 0)
-				k = i;
-			else
-				sp->dtok[i] = t, k = i + 1;
-			break;
-		}
-	}
+	k = replay_drafts(replay, sp->dtok, sp->dprobs, sp->n_vocab, k);
 	memcpy(sp->draft_rng, replay, sizeof(replay));
 	return k;
 }
@@ -710,50 +724,71 @@ static int verify_pass(struct loom_spec *sp, int32_t k, char *err, size_t errlen
 	return loom_exec_step(sp->verify, &b, sp->rows, err, errlen) ? -1 : 0;
 }
 
+/* The buffers one acceptance works on. */
+struct verify_buf {
+	int32_t n_vocab;
+	float *rows;         /* [k + 1][n_vocab] target logits (penalties applied in place) */
+	const int32_t *dtok; /* [k] drafts */
+	const float *dprobs; /* [k][n_vocab] their distributions, or NULL (point masses) */
+	float *ptgt, *resid; /* [n_vocab] scratch */
+	uint64_t *rng;       /* [4] the acceptance stream */
+};
+
 /*
  * Checks the drafts against the rows. hist[n_hist..n_hist+k) already holds
  * the drafts (the history each row's penalties see). Returns the number
  * accepted; *next gets the target's own token that follows them.
  */
-static int32_t accept(struct loom_spec *sp, struct loom_sampler *smp, bool greedy,
-		      int32_t k, bool has_probs, int32_t *next)
+static int32_t accept_rows(const struct verify_buf *vb, struct loom_sampler *smp,
+			   bool greedy, const int32_t *hist, int64_t n_hist, int32_t k,
+			   int32_t *next)
 {
-	const int32_t V = sp->n_vocab;
+	const int32_t V = vb->n_vocab;
 	int32_t i;
 
 	for (i = 0; i <= k; i++) {
-		float *row = sp->rows + (size_t)i * V;
-		const float *q = has_probs && i < k ? sp->dprobs + (size_t)i * V : NULL;
-		int32_t d = i < k ? sp->dtok[i] : -1, t;
+		float *row = vb->rows + (size_t)i * V;
+		const float *q = vb->dprobs && i < k ? vb->dprobs + (size_t)i * V : NULL;
+		int32_t d = i < k ? vb->dtok[i] : -1, t;
 		double pd, qd;
 
 		if (greedy) {
-			t = loom_sampler_sample(smp, row, sp->hist, sp->n_hist + i);
+			t = loom_sampler_sample(smp, row, hist, n_hist + i);
 			if (t == d)
 				continue;
 			*next = t;
 			return i;
 		}
-		loom_sampler_probs(smp, row, sp->hist, sp->n_hist + i, sp->ptgt);
+		loom_sampler_probs(smp, row, hist, n_hist + i, vb->ptgt);
 		if (i == k) { /* every draft accepted: a bonus token from p */
-			*next = draw_from(sp->rng, sp->ptgt, V);
+			*next = draw_from(vb->rng, vb->ptgt, V);
 			return k;
 		}
-		pd = sp->ptgt[d];
+		pd = vb->ptgt[d];
 		qd = q ? q[d] : 1.0;
-		if (uniform(sp->rng) * qd < pd)
+		if (uniform(vb->rng) * qd < pd)
 			continue;
 		/* rejected: draw from normalize(max(0, p - q)) */
 		for (int32_t x = 0; x < V; x++) {
-			float r = sp->ptgt[x] - (q ? q[x] : (x == d ? 1.0f : 0.0f));
+			float r = vb->ptgt[x] - (q ? q[x] : (x == d ? 1.0f : 0.0f));
 
-			sp->resid[x] = r > 0.0f ? r : 0.0f;
+			vb->resid[x] = r > 0.0f ? r : 0.0f;
 		}
-		t = draw_from(sp->rng, sp->resid, V);
-		*next = t >= 0 ? t : draw_from(sp->rng, sp->ptgt, V);
+		t = draw_from(vb->rng, vb->resid, V);
+		*next = t >= 0 ? t : draw_from(vb->rng, vb->ptgt, V);
 		return i;
 	}
 	return k; /* not reached */
+}
+
+static int32_t accept(struct loom_spec *sp, struct loom_sampler *smp, bool greedy,
+		      int32_t k, bool has_probs, int32_t *next)
+{
+	struct verify_buf vb = { .n_vocab = sp->n_vocab, .rows = sp->rows, .dtok = sp->dtok,
+		.dprobs = has_probs ? sp->dprobs : NULL, .ptgt = sp->ptgt, .resid = sp->resid,
+		.rng = sp->rng };
+
+	return accept_rows(&vb, smp, greedy, sp->hist, sp->n_hist, k, next);
 }
 
 /* Appends and emits t; returns 1 to stop (end of generation or caller). */
@@ -858,4 +893,265 @@ int64_t loom_spec_decode(struct loom_spec *sp, struct loom_sampler *smp, bool gr
 	while (rc == 0);
 	sp->p->destroy(ctx);
 	return rc < 0 ? -1 : made;
+}
+
+/* ---- per-sequence speculation (the scheduler) ----
+ *
+ * A kind is a strategy loaded once and shared by every sequence that asks
+ * for it; each sequence gets its own plugin context and its own host
+ * table (tokens, draw, log; no next_logits). The kind's counters are
+ * atomics: the engine thread adds, any thread reads. */
+
+struct loom_spec_kind {
+	void *dl;
+	const struct loom_spec_plugin *p;
+	char path[4096];
+	struct loom_spec_config cfg;
+	int32_t n_vocab;
+	_Atomic uint64_t n_steps, n_drafted, n_accepted, n_tokens;
+};
+
+struct loom_spec_seq {
+	struct loom_spec_kind *k;
+	struct loom_spec_ctx *ctx;
+	struct loom_spec_host host;
+	struct loom_spec_params params;
+	const int32_t *hist;
+	int64_t n_hist;
+	int32_t max_draft;
+	int32_t *dtok;   /* [max_draft] */
+	float *dprobs;   /* [max_draft][n_vocab] */
+	bool has_probs;
+	float *ptgt, *resid;
+	uint64_t rng[4], draft_rng[4];
+};
+
+static void seq_log(void *host, enum loom_log_level level, const char *msg)
+{
+	struct loom_spec_seq *q = host;
+
+	if (level >= LOOM_LOG_WARN || getenv("LOOM_DEBUG"))
+		fprintf(stderr, "loom: spec %s: %s\n", loom_spec_kind_name(q->k), msg);
+}
+
+static const int32_t *seq_tokens(void *host, int64_t *n)
+{
+	struct loom_spec_seq *q = host;
+
+	*n = q->n_hist;
+	return q->hist;
+}
+
+static int32_t seq_draw(void *host, const float *probs)
+{
+	struct loom_spec_seq *q = host;
+
+	return probs ? draw_from(q->draft_rng, probs, q->k->n_vocab) : -1;
+}
+
+const char *loom_spec_kind_name(const struct loom_spec_kind *k)
+{
+	return k->p->name && k->p->name[0] ? k->p->name : k->path;
+}
+
+const char *loom_spec_kind_path(const struct loom_spec_kind *k)
+{
+	return k->path;
+}
+
+int32_t loom_spec_kind_max_draft(const struct loom_spec_kind *k)
+{
+	return k->cfg.max_draft;
+}
+
+void loom_spec_kind_stats(const struct loom_spec_kind *k, struct loom_spec_kind_stats *st)
+{
+	st->n_steps = atomic_load(&k->n_steps);
+	st->n_drafted = atomic_load(&k->n_drafted);
+	st->n_accepted = atomic_load(&k->n_accepted);
+	st->n_tokens = atomic_load(&k->n_tokens);
+}
+
+void loom_spec_kind_count(struct loom_spec_kind *k, int32_t drafted, int32_t accepted,
+			  int32_t tokens)
+{
+	atomic_fetch_add(&k->n_steps, 1);
+	atomic_fetch_add(&k->n_drafted, (uint64_t)drafted);
+	atomic_fetch_add(&k->n_accepted, (uint64_t)accepted);
+	atomic_fetch_add(&k->n_tokens, (uint64_t)tokens);
+}
+
+/* Creates and destroys one context on a one-token history, so that a
+ * strategy the scheduler cannot serve is refused at start-up. */
+static int kind_probe(struct loom_spec_kind *k, char *err, size_t errlen)
+{
+	struct loom_spec_seq *q;
+	char why[512];
+
+	q = loom_spec_seq_new(k, 0, 1, why, sizeof(why));
+	if (!q) {
+		loom_seterr(err, errlen, "%s", why);
+		return -1;
+	}
+	loom_spec_seq_free(q);
+	return 0;
+}
+
+struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_spec_config *c,
+					   int32_t n_vocab, char *err, size_t errlen)
+{
+	struct loom_spec_kind *k;
+
+	if (check_config(c, err, errlen))
+		return NULL;
+	if (n_vocab <= 0) {
+		loom_seterr(err, errlen, "speculation: vocabulary of %d tokens", n_vocab);
+		return NULL;
+	}
+	k = calloc(1, sizeof(*k));
+	if (!k) {
+		loom_seterr(err, errlen, "speculation: out of memory");
+		return NULL;
+	}
+	k->cfg = *c;
+	k->n_vocab = n_vocab;
+	if (open_plugin(name, k->path, sizeof(k->path), &k->dl, &k->p, err, errlen) ||
+	    kind_probe(k, err, errlen)) {
+		free(k); /* never dlclose (see backend_loader.c) */
+		return NULL;
+	}
+	return k;
+}
+
+void loom_spec_kind_free(struct loom_spec_kind *k)
+{
+	free(k); /* the plugin stays mapped */
+}
+
+static int seq_alloc(struct loom_spec_seq *q)
+{
+	size_t d = (size_t)q->max_draft, v = (size_t)q->k->n_vocab;
+
+	q->dtok = malloc(sizeof(int32_t) * d);
+	q->dprobs = malloc(sizeof(float) * d * v);
+	q->ptgt = malloc(sizeof(float) * v);
+	q->resid = malloc(sizeof(float) * v);
+	return q->dtok && q->dprobs && q->ptgt && q->resid ? 0 : -1;
+}
+
+struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
+					uint64_t seed, char *err, size_t errlen)
+{
+	struct loom_spec_seq *q = calloc(1, sizeof(*q));
+	char msg[512] = "";
+	int rc;
+
+	if (!q)
+		goto out_nomem;
+	q->k = k;
+	q->max_draft = max_draft > 0 && max_draft <= SPEC_MAX_DRAFT_LIMIT ? max_draft :
+		       k->cfg.max_draft;
+	if (seq_alloc(q))
+		goto out_free_nomem;
+	seed_rng(q->rng, seed ^ 0x5bec5bec5bec5becull);
+	seed_rng(q->draft_rng, seed ^ 0xd4af7d4af7d4af7dull);
+	q->host = (struct loom_spec_host){
+		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
+		.struct_size = sizeof(struct loom_spec_host), .host = q,
+		.log = seq_log, .tokens = seq_tokens, .next_logits = NULL, .draw = seq_draw,
+	};
+	q->params = (struct loom_spec_params){
+		.struct_size = sizeof(struct loom_spec_params), .n_vocab = k->n_vocab,
+		.min_draft = k->cfg.min_draft < q->max_draft ? k->cfg.min_draft : q->max_draft,
+		.max_draft = q->max_draft, .ngram_min = k->cfg.ngram_min,
+		.ngram_max = k->cfg.ngram_max,
+	};
+	rc = k->p->create(&q->host, &q->params, &q->ctx, msg, sizeof(msg));
+	if (rc) {
+		loom_seterr(err, errlen, "spec plugin %s: create failed (status %d)%s%s", k->path,
+			rc, msg[0] ? ": " : "", msg);
+		q->ctx = NULL;
+		loom_spec_seq_free(q);
+		return NULL;
+	}
+	return q;
+out_free_nomem:
+	loom_spec_seq_free(q);
+out_nomem:
+	loom_seterr(err, errlen, "speculation: out of memory");
+	return NULL;
+}
+
+void loom_spec_seq_free(struct loom_spec_seq *q)
+{
+	if (!q)
+		return;
+	if (q->ctx)
+		q->k->p->destroy(q->ctx);
+	free(q->dtok);
+	free(q->dprobs);
+	free(q->ptgt);
+	free(q->resid);
+	free(q);
+}
+
+int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int64_t n_hist,
+			      int32_t max, int32_t *out, char *err, size_t errlen)
+{
+	struct loom_spec_draft d = { .tokens = q->dtok, .probs = q->dprobs };
+	uint64_t replay[4];
+	int32_t k;
+
+	q->has_probs = false;
+	if (max > q->max_draft)
+		max = q->max_draft;
+	if (max <= 0)
+		return 0;
+	d.max = max;
+	q->hist = hist;
+	q->n_hist = n_hist;
+	memcpy(replay, q->draft_rng, sizeof(replay));
+	k = q->k->p->propose(q->ctx, &d);
+	if (k < 0) {
+		loom_seterr(err, errlen, "spec plugin %s: propose failed with status %d",
+			q->k->path, k);
+		return -1;
+	}
+	if (k > max)
+		k = max;
+	for (int32_t i = 0; i < k; i++) {
+		if (q->dtok[i] < 0 || q->dtok[i] >= q->k->n_vocab) {
+			k = i;
+			break;
+		}
+	}
+	if (d.has_probs) {
+		k = replay_drafts(replay, q->dtok, q->dprobs, q->k->n_vocab, k);
+		memcpy(q->draft_rng, replay, sizeof(replay));
+		q->has_probs = true;
+	}
+	memcpy(out, q->dtok, sizeof(int32_t) * (size_t)k);
+	return k;
+}
+
+int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,
+			     float *rows, const int32_t *hist, int64_t n_hist, int32_t k,
+			     int32_t *next)
+{
+	struct verify_buf vb = { .n_vocab = q->k->n_vocab, .rows = rows, .dtok = q->dtok,
+		.dprobs = q->has_probs ? q->dprobs : NULL, .ptgt = q->ptgt, .resid = q->resid,
+		.rng = q->rng };
+
+	*next = -1;
+	return accept_rows(&vb, smp, greedy, hist, n_hist, k, next);
+}
+
+void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
+			   const int32_t *new_tokens, int32_t n_new)
+{
+	struct loom_spec_outcome o = { .n_proposed = k, .n_accepted = n_acc, .n_new = n_new,
+		.new_tokens = new_tokens };
+
+	if (q->k->p->observe)
+		q->k->p->observe(q->ctx, &o);
 }

@@ -74,4 +74,56 @@ int64_t loom_spec_decode(struct loom_spec *sp, struct loom_sampler *smp, bool gr
 			 int32_t n_predict, loom_spec_emit_fn emit, void *user,
 			 struct loom_spec_stats *st, char *err, size_t errlen);
 
+/* ---- per-sequence speculation (the scheduler, `loom serve`) ----
+ *
+ * A *kind* is a strategy loaded once and shared; each sequence that asks
+ * for it gets its own plugin context (struct loom_spec_seq), created and
+ * used on one thread. Sequences get the model-free services only (tokens,
+ * draw, log; next_logits is NULL), so a strategy that needs a model
+ * (layerskip, draft) is refused by loom_spec_kind_load: it creates and
+ * destroys one context there to find out. */
+struct loom_spec_kind;
+struct loom_spec_seq;
+
+/* Loads and checks a strategy; c gives its defaults (draft lengths,
+ * n-gram sizes). NULL with err naming the file and the reason. */
+struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_spec_config *c,
+					   int32_t n_vocab, char *err, size_t errlen);
+/* After every sequence using k is freed. */
+void loom_spec_kind_free(struct loom_spec_kind *k);
+const char *loom_spec_kind_name(const struct loom_spec_kind *k);
+const char *loom_spec_kind_path(const struct loom_spec_kind *k);
+int32_t loom_spec_kind_max_draft(const struct loom_spec_kind *k);
+
+/* Cumulative counters of every sequence of a kind (any thread). */
+struct loom_spec_kind_stats {
+	uint64_t n_steps;    /* verification steps */
+	uint64_t n_drafted;  /* drafts verified */
+	uint64_t n_accepted; /* of those, accepted */
+	uint64_t n_tokens;   /* tokens those steps produced (accepted + target's) */
+};
+void loom_spec_kind_stats(const struct loom_spec_kind *k, struct loom_spec_kind_stats *st);
+void loom_spec_kind_count(struct loom_spec_kind *k, int32_t drafted, int32_t accepted,
+			  int32_t tokens);
+
+/* A context for one sequence: at most max_draft drafts per step (<= 0:
+ * the kind's), acceptance random streams from seed. NULL with err set. */
+struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
+					uint64_t seed, char *err, size_t errlen);
+void loom_spec_seq_free(struct loom_spec_seq *q);
+/* Up to max drafts to follow hist[0..n_hist) (the last token included),
+ * written to out[]. Returns how many, or -1 with err set. */
+int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int64_t n_hist,
+			      int32_t max, int32_t *out, char *err, size_t errlen);
+/* Checks the last proposal's first k drafts against rows [k + 1][n_vocab]
+ * (row i follows draft i; penalties are applied in place); hist[n_hist ..
+ * n_hist + k) must hold the drafts. Returns the drafts accepted; *next
+ * gets the target's token after them (-1 if none could be drawn). */
+int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,
+			     float *rows, const int32_t *hist, int64_t n_hist, int32_t k,
+			     int32_t *next);
+/* Tells the plugin what its last proposal came to. */
+void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
+			   const int32_t *new_tokens, int32_t n_new);
+
 #endif /* LOOM_SPEC_CORE_H */

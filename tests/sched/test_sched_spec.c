@@ -1,0 +1,396 @@
+/* Speculative decoding inside the scheduler, on the real model
+ * ($LOOM_MODEL): greedy requests that speculate with ngram.so give exactly
+ * the tokens of the same requests decoded plainly and alone, batched with
+ * plain ones, under preemption and cancellation, and drafts really get
+ * accepted. The backend is opened batch-invariant, so every row's logits
+ * are bitwise independent of the rest of the batch; the oracle is plain
+ * greedy decoding of each request alone (no speculation, no prefix cache).
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "scheduler.h"
+#include "spec.h"
+
+#define MAX_GEN 160
+
+static struct gguf_file *gf;
+static struct loom_model *model;
+static struct loom_tokenizer *tok;
+static struct loom_spec_kind *ngram;
+
+struct col {
+	int32_t toks[MAX_GEN];
+	int n, n_final;
+	enum loom_finish fin;
+	uint64_t id;
+};
+
+static void collect(void *user, const struct loom_sched_event *ev)
+{
+	struct col *c = user;
+
+	ck_assert_uint_eq(ev->id, c->id);
+	ck_assert_int_eq(c->n_final, 0);
+	if (ev->token >= 0) {
+		ck_assert_int_lt(c->n, MAX_GEN);
+		c->toks[c->n++] = ev->token;
+		ck_assert_int_eq(ev->n_generated, c->n);
+	}
+	if (ev->finish != LOOM_FINISH_NONE) {
+		c->fin = ev->finish;
+		c->n_final++;
+	}
+}
+
+/* Copy-heavy paragraphs: the model repeats them, so prompt lookup hits. */
+static const char *const texts[] = {
+	"The quick brown fox jumps over the lazy dog near the river bank, while the farmer watches from the old wooden fence and counts his sheep.",
+	"Paris is the capital of France. It is known for the Eiffel Tower, the Louvre museum, wide boulevards and cafes along the Seine.",
+	"To bake bread, mix flour, water, salt and yeast, knead the dough for ten minutes, let it rise for an hour, then bake it at two hundred degrees.",
+	"The train leaves the station at seven in the morning, stops at every village along the coast, and arrives in the city just before noon.",
+	"Water boils at one hundred degrees Celsius at sea level; on a high mountain it boils at a lower temperature because the air pressure is lower.",
+	"Our meeting on Monday covers the budget, the hiring plan for the spring, the new office in Berlin and the schedule for the product launch.",
+	"A binary search halves the interval at every step: compare the middle element with the key, then continue in the left or the right half.",
+	"The library opens at nine, closes at six on weekdays and at noon on Saturdays; books may be borrowed for three weeks and renewed twice.",
+};
+#define N_TEXTS ((int)(sizeof(texts) / sizeof(texts[0])))
+
+struct job {
+	int32_t prompt[512];
+	int n_prompt, n_predict;
+	struct loom_sampler_params sp;
+	struct loom_spec_kind *spec;
+	struct col c;
+};
+
+static void make_job(struct job *j, int i, int n_predict)
+{
+	char text[1024];
+	int64_t n;
+
+	snprintf(text, sizeof(text),
+		 "<|im_start|>user\nRepeat the following text exactly, word for word:\n%s<|im_end|>\n<|im_start|>assistant\n",
+		 texts[i % N_TEXTS]);
+	n = loom_tokenize(tok, text, strlen(text), false, true, j->prompt, 512);
+	ck_assert(n > 0 && n <= 512);
+	j->n_prompt = (int)n;
+	j->n_predict = n_predict;
+	loom_sampler_defaults(&j->sp);
+	j->sp.temp = 0;
+}
+
+static struct loom_sched *new_sched(int64_t n_blocks, bool prefix)
+{
+	struct loom_sched_config cfg;
+	struct loom_sched *s;
+	char err[512];
+
+	loom_sched_config_defaults(&cfg);
+	cfg.n_blocks = n_blocks;
+	cfg.prefix_cache = prefix;
+	cfg.max_ctx = 512;
+	cfg.tokenizer = tok;
+	s = loom_sched_new(model, &cfg, err, sizeof(err));
+	ck_assert_msg(s != NULL, "%s", err);
+	return s;
+}
+
+static void submit(struct loom_sched *s, struct job *j, bool spec)
+{
+	struct loom_sched_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt,
+		.n_predict = j->n_predict, .sampling = j->sp, .cb = collect, .user = &j->c,
+		.spec = spec ? j->spec : NULL };
+	char err[512];
+
+	memset(&j->c, 0, sizeof(j->c));
+	ck_assert_msg(loom_sched_submit(s, &rq, &j->c.id, err, sizeof(err)) == 0, "%s", err);
+}
+
+static void drain(struct loom_sched *s)
+{
+	struct loom_sched_stats st;
+	int guard = 0;
+
+	do {
+		ck_assert_int_ge(loom_sched_step(s), 0);
+		loom_sched_get_stats(s, &st);
+		ck_assert_int_lt(++guard, 100000);
+	} while (st.running + st.waiting > 0);
+}
+
+/* The oracle: each job decoded plainly, alone. */
+static void run_alone(struct job *jobs, int n, struct col *ref)
+{
+	struct loom_sched *s = new_sched(0, false);
+
+	for (int i = 0; i < n; i++) {
+		submit(s, &jobs[i], false);
+		drain(s);
+		ref[i] = jobs[i].c;
+		ck_assert_int_eq(ref[i].n_final, 1);
+		ck_assert_int_gt(ref[i].n, 8);
+	}
+	loom_sched_free(s);
+}
+
+static void assert_same(const struct col *got, const struct col *want, int i)
+{
+	ck_assert_int_eq(got->n_final, 1);
+	ck_assert_msg(got->fin == want->fin, "request %d: finish %d, alone %d", i, got->fin,
+		      want->fin);
+	ck_assert_msg(got->n == want->n, "request %d: %d tokens, alone %d", i, got->n, want->n);
+	for (int k = 0; k < got->n; k++)
+		ck_assert_msg(got->toks[k] == want->toks[k],
+			      "request %d token %d: %d, alone %d", i, k, got->toks[k],
+			      want->toks[k]);
+}
+
+static struct job *make_jobs(int n, int n_predict, bool all_spec)
+{
+	struct job *jobs = calloc((size_t)n, sizeof(*jobs));
+
+	ck_assert_ptr_nonnull(jobs);
+	for (int i = 0; i < n; i++) {
+		make_job(&jobs[i], i, n_predict - (i % 3) * 5);
+		jobs[i].spec = all_spec || i % 2 == 0 ? ngram : NULL;
+	}
+	return jobs;
+}
+
+START_TEST(greedy_spec_equals_plain)
+{
+	enum { N = 8 };
+	struct job *jobs = make_jobs(N, 96, false);
+	struct col ref[N];
+	struct loom_spec_kind_stats ks0, ks1;
+	struct loom_sched_stats st;
+	struct loom_sched *s;
+
+	run_alone(jobs, N, ref);
+	loom_spec_kind_stats(ngram, &ks0);
+	s = new_sched(0, true);
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_uint_gt(st.spec_steps, 0);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	ck_assert_uint_le(st.spec_accepted, st.spec_drafted);
+	/* fewer target passes than tokens: the point of it all */
+	ck_assert_uint_lt(st.spec_steps, st.spec_tokens);
+	ck_assert_uint_eq(st.spec_tokens, st.spec_steps + st.spec_accepted);
+	loom_spec_kind_stats(ngram, &ks1);
+	ck_assert_uint_eq(ks1.n_accepted - ks0.n_accepted, st.spec_accepted);
+	ck_assert_uint_eq(ks1.n_steps - ks0.n_steps, st.spec_steps);
+	fprintf(stderr, "spec: %llu steps, %llu drafted, %llu accepted, %llu tokens\n",
+		(unsigned long long)st.spec_steps, (unsigned long long)st.spec_drafted,
+		(unsigned long long)st.spec_accepted, (unsigned long long)st.spec_tokens);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+START_TEST(short_budget_and_rows)
+{
+	enum { N = 4 };
+	struct job *jobs = make_jobs(N, 64, true);
+	struct loom_sched_config cfg;
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+	char err[512];
+
+	run_alone(jobs, N, ref);
+	loom_sched_config_defaults(&cfg);
+	cfg.max_ctx = 512;
+	cfg.tokenizer = tok;
+	cfg.max_batch_tokens = 10; /* 4 decodes leave 6 drafts to share */
+	cfg.max_seqs = 4;
+	cfg.spec_rows = 3;
+	s = loom_sched_new(model, &cfg, err, sizeof(err));
+	ck_assert_msg(s != NULL, "%s", err);
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+START_TEST(preemption_with_spec)
+{
+	enum { N = 8 };
+	struct job *jobs = make_jobs(N, 96, true);
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+
+	run_alone(jobs, N, ref);
+	s = new_sched(20, true); /* ~2 requests at a time */
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	ck_assert_uint_gt(st.preemptions, 0);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+START_TEST(cancel_speculating_frees)
+{
+	enum { N = 4 };
+	struct job *jobs = make_jobs(N, 96, true);
+	struct loom_sched_stats st;
+	struct loom_sched *s = new_sched(0, false);
+	int steps = 0;
+
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	/* until every request decodes (and speculates) */
+	do {
+		ck_assert_int_ge(loom_sched_step(s), 0);
+		loom_sched_get_stats(s, &st);
+	} while (st.spec_steps < 2 * N && ++steps < 1000);
+	ck_assert_uint_ge(st.spec_steps, 2 * N);
+	for (int i = 0; i < N; i++)
+		loom_sched_cancel(s, jobs[i].c.id);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(jobs[i].c.n_final, 1);
+		ck_assert_int_eq(jobs[i].c.fin, LOOM_FINISH_CANCELLED);
+	}
+	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.blocks_cached, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+START_TEST(sampled_spec_runs)
+{
+	struct job j = { 0 };
+	struct loom_sched_stats st;
+	struct loom_sched *s = new_sched(0, true);
+
+	make_job(&j, 3, 48);
+	j.spec = ngram;
+	j.sp.temp = 0.7f;
+	j.sp.seed = 11;
+	submit(s, &j, true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	ck_assert_int_eq(j.c.n_final, 1);
+	ck_assert(j.c.fin == LOOM_FINISH_LENGTH || j.c.fin == LOOM_FINISH_EOG);
+	ck_assert(j.c.fin != LOOM_FINISH_LENGTH || j.c.n == 48);
+	ck_assert_uint_gt(st.spec_steps, 0);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+}
+END_TEST
+
+START_TEST(model_strategies_refused)
+{
+	struct loom_spec_config c;
+	struct loom_spec_kind *k;
+	char err[1024], path[4096];
+
+	loom_spec_config_defaults(&c);
+	k = loom_spec_kind_load("layerskip", &c, 49152, err, sizeof(err));
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(err, "layerskip.so") && strstr(err, "model"), "%s", err);
+	k = loom_spec_kind_load("no-such-strategy", &c, 49152, err, sizeof(err));
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(err, "no-such-strategy.so") && strstr(err, "not found"), "%s", err);
+	/* a file that is not a shared object */
+	snprintf(path, sizeof(path), "/tmp/loom_sched_spec_XXXXXX");
+	{
+		int fd = mkstemp(path);
+
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(write(fd, "hello", 5), 5);
+		close(fd);
+	}
+	k = loom_spec_kind_load(path, &c, 49152, err, sizeof(err));
+	unlink(path);
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(err, path) && strstr(err, "not an ELF"), "%s", err);
+}
+END_TEST
+
+static void load_model(void)
+{
+	const char *path = getenv("LOOM_MODEL");
+	const char *backend = getenv("LOOM_SCHED_BACKEND");
+	struct loom_model_params p = { .backend = backend && *backend ? backend : "cpu.so",
+		.backend_flags = LOOM_BACKEND_BATCH_INVARIANT };
+	struct loom_spec_config c;
+	char err[1024];
+
+	gf = gguf_open(path, err, sizeof(err));
+	ck_assert_msg(gf != NULL, "%s", err);
+	tok = loom_tokenizer_from_gguf(gf, err, sizeof(err));
+	ck_assert_msg(tok != NULL, "%s", err);
+	model = loom_model_load(gf, &p, err, sizeof(err));
+	ck_assert_msg(model != NULL, "%s", err);
+	loom_spec_config_defaults(&c);
+	c.max_draft = 6;
+	ngram = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, err, sizeof(err));
+	ck_assert_msg(ngram != NULL, "%s", err);
+	ck_assert_str_eq(loom_spec_kind_name(ngram), "ngram");
+}
+
+static void unload_model(void)
+{
+	loom_spec_kind_free(ngram);
+	loom_model_free(model);
+	loom_tokenizer_free(tok);
+	gguf_close(gf);
+}
+
+int main(void)
+{
+	const char *path = getenv("LOOM_MODEL");
+	Suite *s = suite_create("sched_spec");
+	TCase *tc = tcase_create("model");
+	SRunner *sr;
+	int failed;
+
+	if (!path || access(path, R_OK) != 0) {
+		printf("skip: LOOM_MODEL (%s) not found\n", path ? path : "unset");
+		return 77;
+	}
+	tcase_add_unchecked_fixture(tc, load_model, unload_model);
+	tcase_set_timeout(tc, 900);
+	tcase_add_test(tc, model_strategies_refused);
+	tcase_add_test(tc, greedy_spec_equals_plain);
+	tcase_add_test(tc, short_budget_and_rows);
+	tcase_add_test(tc, preemption_with_spec);
+	tcase_add_test(tc, cancel_speculating_frees);
+	tcase_add_test(tc, sampled_spec_runs);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
