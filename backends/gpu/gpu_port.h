@@ -1,0 +1,90 @@
+/*
+ * gpu_port.h: the few runtime names kernels.cu uses, mapped to CUDA or HIP.
+ *
+ * kernels.cu is compiled twice: by nvcc for cuda.so and by hipcc for
+ * rocm.so (hipcc defines __HIPCC__). Everything vendor-specific lives here.
+ *
+ * Warp width: 32 on NVIDIA and on RDNA (gfx1100, wave32 by default), 64 on
+ * CDNA (gfx90a, gfx942). GPU_WARP is a compile-time constant of the device
+ * pass (clang defines __AMDGCN_WAVEFRONT_SIZE per offload target), so each
+ * target's reductions are unrolled for its own width. Launch sizes used by
+ * kernels.cu are multiples of 64, so they hold whole warps on every target
+ * and the host never needs to know the width.
+ */
+#ifndef LOOM_GPU_PORT_H
+#define LOOM_GPU_PORT_H
+
+#if defined(__HIPCC__)
+
+#include <hip/hip_runtime.h>
+
+#define GPU_VENDOR "ROCm/HIP"
+typedef hipError_t gpuError_t;
+typedef hipStream_t gpuStream_t;
+typedef hipDeviceProp_t gpuDeviceProp;
+#define gpuSuccess hipSuccess
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuSetDevice hipSetDevice
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuStreamCreateWithFlags hipStreamCreateWithFlags
+#define gpuStreamNonBlocking hipStreamNonBlocking
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
+#define GPU_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define GPU_WARP 64 /* host pass: only used for sizing, never for launches */
+#endif
+
+/* HIP's shuffles act on the whole wavefront; there is no mask. */
+#define gpu_shfl_xor(v, m) __shfl_xor((v), (m), GPU_WARP)
+
+#else /* CUDA */
+
+#include <cuda_runtime.h>
+
+#define GPU_VENDOR "CUDA"
+typedef cudaError_t gpuError_t;
+typedef cudaStream_t gpuStream_t;
+typedef cudaDeviceProp gpuDeviceProp;
+#define gpuSuccess cudaSuccess
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define gpuStreamNonBlocking cudaStreamNonBlocking
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+
+#define GPU_WARP 32
+#define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), GPU_WARP)
+
+/* cuBLAS runs prefill GEMM; HIP builds use the tiled kernel instead
+ * (Debian ships no hipBLAS). */
+#define GPU_HAVE_BLAS 1
+#include <cublas_v2.h>
+
+#endif
+
+#endif /* LOOM_GPU_PORT_H */

@@ -1,0 +1,110 @@
+/*
+ * gpu_rt.h: the seam between the host-side backend (gpu.c, plain C11, no
+ * vendor header) and the device side (kernels.cu, built by nvcc or hipcc).
+ *
+ * Every gpurt_* call returns a loom_status: LOOM_OK, LOOM_ERR_DEVICE when a
+ * runtime call failed (gpurt_error() then says which and why), or
+ * LOOM_ERR_NOMEM when a device allocation failed. Arguments arrive already
+ * validated by gpu.c; these functions only check what the device limits
+ * (grid sizes, int ranges of the BLAS interface).
+ *
+ * All work is queued on the context's one stream, in call order.
+ */
+#ifndef LOOM_GPU_RT_H
+#define LOOM_GPU_RT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gpurt;
+
+/* Largest head_dim the attention kernels take. */
+#define GPU_ATTN_MAX_HEAD_DIM 256
+/* Largest head_dim of the tiled prefill kernel (larger ones use split-K). */
+#define GPU_ATTN_PREFILL_MAX_HEAD_DIM 128
+/* Query rows per prefill tile; keys per split of the split-K kernel. */
+#define GPU_ATTN_TILE_Q 16
+#define GPU_ATTN_SPLIT 256
+
+/* "CUDA" or "ROCm/HIP". */
+const char *gpurt_vendor(void);
+/* Number of devices; on failure err holds the runtime's reason. */
+int gpurt_device_count(int *n, char *err, size_t errlen);
+int gpurt_open(int device, struct gpurt **out, char *err, size_t errlen);
+void gpurt_close(struct gpurt *rt);
+/* Text of the last failure (never NULL). */
+const char *gpurt_error(const struct gpurt *rt);
+int gpurt_info(struct gpurt *rt, char *name, size_t cap, uint64_t *total, uint64_t *avail);
+/* Whether prefill GEMM goes through a vendor BLAS (cuBLAS) or the tiled kernel. */
+bool gpurt_has_blas(void);
+
+int gpurt_alloc(struct gpurt *rt, size_t size, void **out);
+/* Waits for queued work first, so nothing still uses the memory. */
+void gpurt_free(struct gpurt *rt, void *p);
+/* upload and download return once the copy is complete. */
+int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n);
+int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n);
+int gpurt_copy(struct gpurt *rt, void *dst, const void *src, size_t n);
+int gpurt_sync(struct gpurt *rt);
+
+/* Weight formats the kernels decode (f32, f16, bf16, q8_0, q4_0, q4_1,
+ * q5_0, q5_1), with their block geometry. */
+bool gpurt_format_known(uint32_t type);
+uint32_t gpurt_block_elems(uint32_t type);
+uint32_t gpurt_block_bytes(uint32_t type);
+
+/* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The
+ * arithmetic for y[i][j] does not depend on m or on i's place in x. */
+int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
+/* dst[r][0..k) = row r of W (rows rows from w, w_stride bytes apart),
+ * dst rows dst_stride floats apart. With ids, row r is ids[r] (device). */
+int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
+		  int64_t k, int64_t rows, const int32_t *ids, float *dst, int64_t dst_stride);
+/* y[i][j] = x[i] . p[j] for i < m, j < n; p is f32 [n][k] (k floats apart). */
+int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
+		int64_t x_stride, const float *p, float *y, int64_t y_stride);
+
+int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const float *x,
+		  int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
+int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a);
+int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out, int64_t out_stride,
+	      const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
+	      int64_t rows, int64_t n);
+int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const float *a,
+	      int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows,
+	      int64_t rows, int64_t n);
+int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t rows, int64_t n, float s);
+int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a);
+
+/* Work items of the attention kernels, built and uploaded by gpu.c.
+ * A row item is one query row at position pos attending to [lo, pos];
+ * a tile item is n (<= GPU_ATTN_TILE_Q) consecutive rows of one sequence,
+ * the first at position pos. */
+struct gpu_attn_row {
+	int32_t seq, row, pos, lo;
+};
+struct gpu_attn_tile {
+	int32_t seq, row, pos, n;
+};
+/* Tiled (flash-style) prefill over n_tiles tiles; head_dim must be at most
+ * GPU_ATTN_PREFILL_MAX_HEAD_DIM. */
+int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_args *a,
+		       const struct gpu_attn_tile *tiles, int64_t n_tiles);
+/* Split-K over n_items rows: n_splits splits of GPU_ATTN_SPLIT keys each,
+ * partial results in `partial` (n_items * n_heads * n_splits * (head_dim
+ * + 2) floats), then one combine pass. */
+int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_args *a,
+		     const struct gpu_attn_row *items, int64_t n_items, int64_t n_splits,
+		     float *partial);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_GPU_RT_H */

@@ -1,0 +1,1099 @@
+/*
+ * kernels.cu: device side of cuda.so and rocm.so, one source for both
+ * (gpu_port.h maps the runtime names). Host-side checks live in gpu.c;
+ * this file launches kernels on validated arguments and maps every runtime
+ * failure to LOOM_ERR_DEVICE with a message kept in the context.
+ *
+ * Kernels use fixed block sizes that are multiples of 64, so every block
+ * holds whole warps on 32- and 64-wide targets; reductions use GPU_WARP,
+ * the width of the target being compiled.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_port.h"
+#include "gpu_rt.h"
+
+#define THREADS 256
+#define MAX_GRID 65535 /* blocks per grid-stride launch */
+#define GEMV_ROWS 8    /* weight rows per GEMV block */
+#define GEMV_MB 4      /* activation rows per GEMV pass */
+#define ATTN_THREADS 128
+#define TILE_KV 16     /* keys per prefill tile */
+
+struct gpurt {
+	int device;
+	gpuStream_t stream;
+#ifdef GPU_HAVE_BLAS
+	cublasHandle_t blas;
+#endif
+	char err[256];
+};
+
+/* ---- errors ---- */
+
+static int fail(struct gpurt *rt, const char *what, gpuError_t e)
+{
+	snprintf(rt->err, sizeof(rt->err), "%s: %s: %s", GPU_VENDOR, what, gpuGetErrorString(e));
+	return e == gpuErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE;
+}
+
+/* Status of the launch just queued. */
+static int launched(struct gpurt *rt, const char *kernel)
+{
+	gpuError_t e = gpuGetLastError();
+
+	return e == gpuSuccess ? LOOM_OK : fail(rt, kernel, e);
+}
+
+/*
+ * Makes rt's device current for this thread. The host may call a context
+ * from different threads over time, and the current device is per thread.
+ */
+static int bind(struct gpurt *rt)
+{
+	gpuError_t e = gpuSetDevice(rt->device);
+
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "set device", e);
+}
+
+#define BIND(rt)                               \
+	do {                                   \
+		int bind_rc_ = bind(rt);       \
+		if (bind_rc_)                  \
+			return bind_rc_;       \
+	} while (0)
+
+static unsigned grid_of(int64_t items)
+{
+	return items < MAX_GRID ? (unsigned)(items > 0 ? items : 1) : MAX_GRID;
+}
+
+extern "C" const char *gpurt_vendor(void)
+{
+	return GPU_VENDOR;
+}
+
+extern "C" const char *gpurt_error(const struct gpurt *rt)
+{
+	return rt ? rt->err : "no context";
+}
+
+extern "C" bool gpurt_has_blas(void)
+{
+#ifdef GPU_HAVE_BLAS
+	return true;
+#else
+	return false;
+#endif
+}
+
+/* ---- context and memory ---- */
+
+extern "C" int gpurt_device_count(int *n, char *err, size_t errlen)
+{
+	gpuError_t e = gpuGetDeviceCount(n);
+
+	if (e != gpuSuccess) {
+		*n = 0;
+		snprintf(err, errlen, "%s", gpuGetErrorString(e));
+		return LOOM_ERR_DEVICE;
+	}
+	return LOOM_OK;
+}
+
+extern "C" int gpurt_open(int device, struct gpurt **out, char *err, size_t errlen)
+{
+	struct gpurt *rt = (struct gpurt *)calloc(1, sizeof(*rt));
+	gpuError_t e;
+
+	*out = NULL;
+	if (!rt)
+		return LOOM_ERR_NOMEM;
+	rt->device = device;
+	e = gpuSetDevice(device);
+	if (e == gpuSuccess)
+		e = gpuStreamCreateWithFlags(&rt->stream, gpuStreamNonBlocking);
+	if (e != gpuSuccess) {
+		snprintf(err, errlen, "%s device %d: %s", GPU_VENDOR, device, gpuGetErrorString(e));
+		free(rt);
+		return LOOM_ERR_DEVICE;
+	}
+#ifdef GPU_HAVE_BLAS
+	if (cublasCreate(&rt->blas) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetStream(rt->blas, rt->stream) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetMathMode(rt->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+		snprintf(err, errlen, "CUDA device %d: cuBLAS initialization failed", device);
+		if (rt->blas)
+			(void)cublasDestroy(rt->blas);
+		(void)gpuStreamDestroy(rt->stream);
+		free(rt);
+		return LOOM_ERR_DEVICE;
+	}
+#endif
+	*out = rt;
+	return LOOM_OK;
+}
+
+extern "C" void gpurt_close(struct gpurt *rt)
+{
+	if (!rt)
+		return;
+	/* teardown: failures here leave nothing to undo */
+	(void)gpuSetDevice(rt->device);
+	(void)gpuStreamSynchronize(rt->stream);
+#ifdef GPU_HAVE_BLAS
+	(void)cublasDestroy(rt->blas);
+#endif
+	(void)gpuStreamDestroy(rt->stream);
+	free(rt);
+}
+
+extern "C" int gpurt_info(struct gpurt *rt, char *name, size_t cap, uint64_t *total,
+			  uint64_t *avail)
+{
+	gpuDeviceProp prop;
+	size_t f = 0, t = 0;
+	gpuError_t e;
+
+	BIND(rt);
+
+	e = gpuGetDeviceProperties(&prop, rt->device);
+	if (e != gpuSuccess)
+		return fail(rt, "device properties", e);
+	e = gpuMemGetInfo(&f, &t);
+	if (e != gpuSuccess)
+		return fail(rt, "memory info", e);
+	snprintf(name, cap, "%s %d: %s (warp %d)", GPU_VENDOR, rt->device, prop.name,
+		 prop.warpSize);
+	*total = t;
+	*avail = f;
+	return LOOM_OK;
+}
+
+extern "C" int gpurt_alloc(struct gpurt *rt, size_t size, void **out)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMalloc(out, size);
+
+	if (e != gpuSuccess) {
+		*out = NULL;
+		(void)gpuGetLastError(); /* clear a non-sticky allocation error */
+		return fail(rt, "allocation", e);
+	}
+	return LOOM_OK;
+}
+
+extern "C" void gpurt_free(struct gpurt *rt, void *p)
+{
+	if (!p)
+		return;
+	(void)gpuSetDevice(rt->device);
+	(void)gpuStreamSynchronize(rt->stream);
+	(void)gpuFree(p);
+}
+
+extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyHostToDevice, rt->stream);
+
+	if (e == gpuSuccess)
+		e = gpuStreamSynchronize(rt->stream);
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "upload", e);
+}
+
+extern "C" int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyDeviceToHost, rt->stream);
+
+	if (e == gpuSuccess)
+		e = gpuStreamSynchronize(rt->stream);
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "download", e);
+}
+
+extern "C" int gpurt_copy(struct gpurt *rt, void *dst, const void *src, size_t n)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyDeviceToDevice, rt->stream);
+
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "device copy", e);
+}
+
+extern "C" int gpurt_sync(struct gpurt *rt)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuStreamSynchronize(rt->stream);
+
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "synchronize", e);
+}
+
+/* ---- weight formats ---- */
+
+extern "C" bool gpurt_format_known(uint32_t type)
+{
+	return gpurt_block_bytes(type) != 0;
+}
+
+extern "C" uint32_t gpurt_block_elems(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32:
+	case LOOM_TYPE_F16:
+	case LOOM_TYPE_BF16:
+		return 1;
+	default:
+		return gpurt_block_bytes(type) ? 32 : 0;
+	}
+}
+
+extern "C" uint32_t gpurt_block_bytes(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_F32: return 4;
+	case LOOM_TYPE_F16: return 2;
+	case LOOM_TYPE_BF16: return 2;
+	case LOOM_TYPE_Q8_0: return 34;
+	case LOOM_TYPE_Q4_0: return 18;
+	case LOOM_TYPE_Q4_1: return 20;
+	case LOOM_TYPE_Q5_0: return 22;
+	case LOOM_TYPE_Q5_1: return 24;
+	default: return 0;
+	}
+}
+
+/* Loads that work at any alignment (GGUF blocks are 2-byte aligned at best). */
+__device__ __forceinline__ uint32_t ld16(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p)
+{
+	if (((uintptr_t)p & 3) == 0)
+		return *(const uint32_t *)p;
+	return ld16(p) | ld16(p + 2) << 16;
+}
+
+/* IEEE half to float, exactly (subnormals included). */
+__device__ __forceinline__ float half_to_f32(uint32_t h)
+{
+	uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 31, mant = h & 0x3ff;
+	float f;
+
+	if (exp == 0) {
+		f = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24 */
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		return __uint_as_float(sign | 0x7f800000u | mant << 13);
+	return __uint_as_float(sign | (exp + 112) << 23 | mant << 13);
+}
+
+/*
+ * A row is read in parts of 8 values. Part q of a plain row (f32, f16,
+ * bf16) or of a q8_0 row is values 8q .. 8q+7. Part q of a 4- or 5-bit
+ * row is, in block b = q/4 with j = 4 (q%4): values j .. j+3 (low nibbles
+ * of bytes j .. j+3) and j+16 .. j+19 (their high nibbles).
+ */
+__device__ __forceinline__ int64_t part_index(uint32_t t, int64_t q, int e)
+{
+	if (t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
+	    t == LOOM_TYPE_Q5_1)
+		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
+	return q * 8 + e;
+}
+
+/* Values of part q of `row` (k values in all) into v; past k, zeros. */
+__device__ void deq_part(uint32_t t, const uint8_t *row, int64_t q, int64_t k, float v[8])
+{
+	const int j = (int)(q & 3) * 4;
+	const uint8_t *b;
+	float d, m;
+	uint32_t qh;
+
+	switch (t) {
+	case LOOM_TYPE_F32:
+	case LOOM_TYPE_F16:
+	case LOOM_TYPE_BF16:
+		for (int e = 0; e < 8; e++) {
+			int64_t i = q * 8 + e;
+
+			if (i >= k)
+				v[e] = 0.0f;
+			else if (t == LOOM_TYPE_F32)
+				v[e] = __uint_as_float(ld32(row + 4 * i));
+			else if (t == LOOM_TYPE_F16)
+				v[e] = half_to_f32(ld16(row + 2 * i));
+			else
+				v[e] = __uint_as_float(ld16(row + 2 * i) << 16);
+		}
+		return;
+	case LOOM_TYPE_Q8_0:
+		b = row + (q >> 2) * 34;
+		d = half_to_f32(ld16(b));
+		for (int e = 0; e < 8; e++)
+			v[e] = (float)(int8_t)b[2 + (q & 3) * 8 + e] * d;
+		return;
+	case LOOM_TYPE_Q4_0:
+		b = row + (q >> 2) * 18;
+		d = half_to_f32(ld16(b));
+		for (int e = 0; e < 4; e++) {
+			v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
+			v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
+		}
+		return;
+	case LOOM_TYPE_Q4_1:
+		b = row + (q >> 2) * 20;
+		d = half_to_f32(ld16(b));
+		m = half_to_f32(ld16(b + 2));
+		for (int e = 0; e < 4; e++) {
+			v[e] = (float)(b[4 + j + e] & 15) * d + m;
+			v[e + 4] = (float)(b[4 + j + e] >> 4) * d + m;
+		}
+		return;
+	case LOOM_TYPE_Q5_0:
+		b = row + (q >> 2) * 22;
+		d = half_to_f32(ld16(b));
+		qh = ld32(b + 2);
+		for (int e = 0; e < 4; e++) {
+			int lo = (b[6 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+			int hi = (b[6 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+			v[e] = (float)(lo - 16) * d;
+			v[e + 4] = (float)(hi - 16) * d;
+		}
+		return;
+	default: /* LOOM_TYPE_Q5_1 */
+		b = row + (q >> 2) * 24;
+		d = half_to_f32(ld16(b));
+		m = half_to_f32(ld16(b + 2));
+		qh = ld32(b + 4);
+		for (int e = 0; e < 4; e++) {
+			int lo = (b[8 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+			int hi = (b[8 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+			v[e] = (float)lo * d + m;
+			v[e + 4] = (float)hi * d + m;
+		}
+		return;
+	}
+}
+
+/* Parts in a row of k values (k a whole number of blocks for block types). */
+static int64_t parts_of(uint32_t t, int64_t k)
+{
+	return gpurt_block_elems(t) == 1 ? (k + 7) / 8 : k / 8;
+}
+
+/* ---- reductions ---- */
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v)
+{
+	for (int off = GPU_WARP / 2; off > 0; off /= 2)
+		v += gpu_shfl_xor(v, off);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+	for (int off = GPU_WARP / 2; off > 0; off /= 2)
+		v = fmaxf(v, gpu_shfl_xor(v, off));
+	return v;
+}
+
+/*
+ * Block-wide sum or max: each warp reduces, then every thread combines the
+ * warp results in the same order, so all threads get the same value. red
+ * is shared scratch of at least blockDim.x / GPU_WARP entries.
+ */
+template <typename T> __device__ T block_sum(T v, T *red)
+{
+	const int nw = blockDim.x / GPU_WARP;
+
+	v = warp_sum(v);
+	__syncthreads(); /* red may still be read by a previous call */
+	if (threadIdx.x % GPU_WARP == 0)
+		red[threadIdx.x / GPU_WARP] = v;
+	__syncthreads();
+	v = red[0];
+	for (int w = 1; w < nw; w++)
+		v += red[w];
+	return v;
+}
+
+__device__ float block_max(float v, float *red)
+{
+	const int nw = blockDim.x / GPU_WARP;
+
+	v = warp_max(v);
+	__syncthreads();
+	if (threadIdx.x % GPU_WARP == 0)
+		red[threadIdx.x / GPU_WARP] = v;
+	__syncthreads();
+	v = red[0];
+	for (int w = 1; w < nw; w++)
+		v = fmaxf(v, red[w]);
+	return v;
+}
+
+/* ---- gemm ---- */
+
+struct gemv_p {
+	uint32_t type;
+	const uint8_t *w;
+	size_t w_stride;
+	const float *x;
+	float *y;
+	int64_t x_stride, y_stride, m, n, k, parts;
+};
+
+/*
+ * One warp per weight row j: lane l dequantizes parts l, l + GPU_WARP, ...
+ * in registers and multiplies them with up to GEMV_MB activation rows at
+ * once; the lane sums meet in a fixed shuffle tree. Every y[i][j] is
+ * computed the same way whatever m is (batch invariance).
+ */
+__global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
+		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+		const uint8_t *row;
+
+		if (j >= p.n)
+			return; /* later r only go further */
+		row = p.w + j * p.w_stride;
+		for (int64_t i0 = 0; i0 < p.m; i0 += GEMV_MB) {
+			const int mb = p.m - i0 < GEMV_MB ? (int)(p.m - i0) : GEMV_MB;
+			float acc[GEMV_MB] = { 0.0f };
+
+			for (int64_t q = lane; q < p.parts; q += GPU_WARP) {
+				float v[8];
+
+				deq_part(p.type, row, q, p.k, v);
+				for (int ii = 0; ii < GEMV_MB; ii++) {
+					const float *x = p.x + (i0 + ii) * p.x_stride;
+
+					if (ii >= mb)
+						break;
+					for (int e = 0; e < 8; e++) {
+						int64_t idx = part_index(p.type, q, e);
+
+						if (idx < p.k)
+							acc[ii] += v[e] * x[idx];
+					}
+				}
+			}
+			for (int ii = 0; ii < GEMV_MB; ii++) {
+				float s = warp_sum(acc[ii]);
+
+				if (lane == 0 && ii < mb)
+					p.y[(i0 + ii) * p.y_stride + j] = s;
+			}
+		}
+	}
+}
+
+extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
+{
+	struct gemv_p p = {
+		a->w_type, (const uint8_t *)a->w, a->w_stride, a->x, a->y,
+		a->x_stride, a->y_stride, a->m, a->n, a->k, parts_of(a->w_type, a->k),
+	};
+	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+
+	BIND(rt);
+
+	if (blocks > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	k_gemv<<<(unsigned)blocks, THREADS, 0, rt->stream>>>(p);
+	return launched(rt, "gemv kernel");
+}
+
+/* Row r of a weight (or table) to f32; rows grid-strided over blocks. */
+__global__ void __launch_bounds__(THREADS)
+k_dequant(uint32_t type, const uint8_t *w, size_t w_stride, int64_t k, int64_t parts,
+	  int64_t rows, const int32_t *ids, float *dst, int64_t dst_stride)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const uint8_t *row = w + (ids ? (int64_t)ids[r] : r) * w_stride;
+		float *out = dst + r * dst_stride;
+
+		for (int64_t q = threadIdx.x; q < parts; q += blockDim.x) {
+			float v[8];
+
+			deq_part(type, row, q, k, v);
+			for (int e = 0; e < 8; e++) {
+				int64_t idx = part_index(type, q, e);
+
+				if (idx < k)
+					out[idx] = v[e];
+			}
+		}
+	}
+}
+
+extern "C" int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
+			     int64_t k, int64_t rows, const int32_t *ids, float *dst,
+			     int64_t dst_stride)
+{
+	BIND(rt);
+	k_dequant<<<grid_of(rows), THREADS, 0, rt->stream>>>(type, (const uint8_t *)w, w_stride,
+		k, parts_of(type, k), rows, ids, dst, dst_stride);
+	return launched(rt, "dequantize kernel");
+}
+
+#ifdef GPU_HAVE_BLAS
+
+/* cuBLAS is column-major: y^T (n x m, ld y_stride) = p (k x n, ld k)^T .
+ * x^T (k x m, ld x_stride). Default math mode: no TF32. */
+extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
+			   int64_t x_stride, const float *p, float *y, int64_t y_stride)
+{
+	const float one = 1.0f, zero = 0.0f;
+	cublasStatus_t st;
+
+	BIND(rt);
+
+	if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || x_stride > INT32_MAX ||
+	    y_stride > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for cuBLAS");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	st = cublasSgemm(rt->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, p,
+			 (int)k, x, (int)x_stride, &zero, y, (int)y_stride);
+	if (st != CUBLAS_STATUS_SUCCESS) {
+		snprintf(rt->err, sizeof(rt->err), "CUDA: cublasSgemm failed (status %d)", (int)st);
+		return LOOM_ERR_DEVICE;
+	}
+	return LOOM_OK;
+}
+
+#else
+
+#define SG_TILE 64
+#define SG_K 16
+
+/*
+ * y = x . p^T in 64 x 64 tiles of y, 256 threads of 4 x 4 outputs each,
+ * k in steps of 16 through shared memory. Used where no vendor BLAS is
+ * available (Debian's ROCm has no hipBLAS).
+ */
+__global__ void __launch_bounds__(THREADS)
+k_sgemm(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_stride, const float *p,
+	float *y, int64_t y_stride)
+{
+	__shared__ float xs[SG_K][SG_TILE + 1], ps[SG_K][SG_TILE + 1];
+	const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+	const int64_t i0 = (int64_t)blockIdx.y * SG_TILE, j0 = (int64_t)blockIdx.x * SG_TILE;
+	float acc[4][4] = { { 0.0f } };
+
+	for (int64_t k0 = 0; k0 < k; k0 += SG_K) {
+		for (int l = threadIdx.x; l < SG_K * SG_TILE; l += blockDim.x) {
+			int r = l / SG_K, c = l % SG_K;
+			int64_t kk = k0 + c;
+
+			xs[c][r] = i0 + r < m && kk < k ? x[(i0 + r) * x_stride + kk] : 0.0f;
+			ps[c][r] = j0 + r < n && kk < k ? p[(j0 + r) * k + kk] : 0.0f;
+		}
+		__syncthreads();
+		for (int c = 0; c < SG_K; c++)
+			for (int a = 0; a < 4; a++)
+				for (int b = 0; b < 4; b++)
+					acc[a][b] += xs[c][ty * 4 + a] * ps[c][tx * 4 + b];
+		__syncthreads();
+	}
+	for (int a = 0; a < 4; a++)
+		for (int b = 0; b < 4; b++) {
+			int64_t i = i0 + ty * 4 + a, j = j0 + tx * 4 + b;
+
+			if (i < m && j < n)
+				y[i * y_stride + j] = acc[a][b];
+		}
+}
+
+extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
+			   int64_t x_stride, const float *p, float *y, int64_t y_stride)
+{
+	int64_t gx = (n + SG_TILE - 1) / SG_TILE, gy = (m + SG_TILE - 1) / SG_TILE;
+
+	BIND(rt);
+
+	if (gx > INT32_MAX || gy > MAX_GRID) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for the tiled kernel");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	k_sgemm<<<dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream>>>(m, n, k, x,
+		x_stride, p, y, y_stride);
+	return launched(rt, "sgemm kernel");
+}
+
+#endif
+
+/* ---- row and elementwise operators ---- */
+
+/* Sum of squares in double, like the reference. */
+__global__ void __launch_bounds__(THREADS)
+k_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+	  int64_t rows, int64_t n, float eps)
+{
+	__shared__ double red[THREADS / 32];
+
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *xr = x + r * x_stride;
+		float *yr = y + r * y_stride;
+		double ss = 0.0;
+		float inv;
+
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+			ss += (double)xr[i] * xr[i];
+		ss = block_sum(ss, red);
+		inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+			yr[i] = xr[i] * inv * w[i];
+	}
+}
+
+extern "C" int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const float *x,
+			     int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
+{
+	BIND(rt);
+	k_rmsnorm<<<grid_of(rows), THREADS, 0, rt->stream>>>(y, y_stride, x, x_stride, w, rows,
+		n, eps);
+	return launched(rt, "rmsnorm kernel");
+}
+
+struct rope_p {
+	uint32_t mode;
+	float *x;
+	int64_t n_tokens, n_heads, head_dim, n_rot, row_stride;
+	const int32_t *pos;
+	float freq_base, freq_scale;
+	const float *freq_factors;
+};
+
+/* One thread per (token, head, pair); the angle in double as in ref. */
+__global__ void __launch_bounds__(THREADS) k_rope(const struct rope_p p)
+{
+	const int64_t half = p.n_rot / 2, total = p.n_tokens * p.n_heads * half;
+
+	for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+	     g += (int64_t)gridDim.x * blockDim.x) {
+		int64_t i = g % half, h = g / half % p.n_heads, t = g / half / p.n_heads;
+		float *x = p.x + t * p.row_stride + h * p.head_dim;
+		double theta = (double)p.pos[t] * p.freq_scale *
+			       pow((double)p.freq_base, -2.0 * (double)i / (double)p.n_rot);
+		int64_t ia = p.mode == LOOM_ROPE_NORM ? 2 * i : i;
+		int64_t ib = p.mode == LOOM_ROPE_NORM ? 2 * i + 1 : i + half;
+		float c, s, x0, x1;
+
+		if (p.freq_factors)
+			theta /= p.freq_factors[i];
+		c = (float)cos(theta);
+		s = (float)sin(theta);
+		x0 = x[ia];
+		x1 = x[ib];
+		x[ia] = x0 * c - x1 * s;
+		x[ib] = x0 * s + x1 * c;
+	}
+}
+
+extern "C" int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a)
+{
+	struct rope_p p = {
+		a->mode, a->x, a->n_tokens, a->n_heads, a->head_dim, a->n_rot, a->row_stride,
+		a->pos, a->freq_base, a->freq_scale, a->freq_factors,
+	};
+	int64_t total = a->n_tokens * a->n_heads * (a->n_rot / 2);
+
+	BIND(rt);
+
+	k_rope<<<grid_of((total + THREADS - 1) / THREADS), THREADS, 0, rt->stream>>>(p);
+	return launched(rt, "rope kernel");
+}
+
+__device__ __forceinline__ float act_silu(float g)
+{
+	return g / (1.0f + expf(-g));
+}
+
+__device__ __forceinline__ float act_gelu_tanh(float g)
+{
+	const float sqrt_2_over_pi = 0.79788456080286535588f;
+
+	return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g)));
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_glu(int kind, float *out, int64_t out_stride, const float *gate, int64_t gate_stride,
+      const float *up, int64_t up_stride, int64_t rows, int64_t n)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+			float g = gate[r * gate_stride + i];
+			float act = kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
+
+			out[r * out_stride + i] = act * up[r * up_stride + i];
+		}
+}
+
+extern "C" int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out,
+			 int64_t out_stride, const float *gate, int64_t gate_stride,
+			 const float *up, int64_t up_stride, int64_t rows, int64_t n)
+{
+	BIND(rt);
+	k_glu<<<grid_of(rows), THREADS, 0, rt->stream>>>((int)kind, out, out_stride, gate,
+		gate_stride, up, up_stride, rows, n);
+	return launched(rt, "glu kernel");
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_add(float *out, int64_t out_stride, const float *a, int64_t a_stride, const float *b,
+      int64_t b_stride, int64_t b_rows, int64_t rows, int64_t n)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *br = b + (b_rows == 1 ? 0 : r * b_stride);
+
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+			out[r * out_stride + i] = a[r * a_stride + i] + br[i];
+	}
+}
+
+extern "C" int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const float *a,
+			 int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows,
+			 int64_t rows, int64_t n)
+{
+	BIND(rt);
+	k_add<<<grid_of(rows), THREADS, 0, rt->stream>>>(out, out_stride, a, a_stride, b,
+		b_stride, b_rows, rows, n);
+	return launched(rt, "add kernel");
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_scale(float *x, int64_t stride, int64_t rows, int64_t n, float s)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+			x[r * stride + i] *= s;
+}
+
+extern "C" int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t rows,
+			   int64_t n, float s)
+{
+	BIND(rt);
+	k_scale<<<grid_of(rows), THREADS, 0, rt->stream>>>(x, stride, rows, n, s);
+	return launched(rt, "scale kernel");
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t k_stride,
+	   int64_t v_stride, int64_t n_tokens, int64_t kv_dim, const int32_t *slots)
+{
+	for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+		int64_t dst = (int64_t)slots[t] * kv_dim;
+
+		for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+			kc[dst + i] = k[t * k_stride + i];
+			vc[dst + i] = v[t * v_stride + i];
+		}
+	}
+}
+
+extern "C" int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a)
+{
+	BIND(rt);
+	k_kv_write<<<grid_of(a->n_tokens), THREADS, 0, rt->stream>>>(a->kcache, a->vcache, a->k,
+		a->v, a->k_stride, a->v_stride, a->n_tokens, a->kv_dim, a->slots);
+	return launched(rt, "kv_write kernel");
+}
+
+/* ---- paged attention ---- */
+
+struct attn_p {
+	float *out;
+	const float *q, *kc, *vc;
+	int64_t q_stride, out_stride, n_heads, head_dim, block_size, max_blocks, kv_dim, group;
+	const int32_t *block_table;
+	float scale, softcap;
+	int32_t window;
+};
+
+static struct attn_p attn_params(const struct loom_attention_args *a)
+{
+	struct attn_p p = {
+		a->out, a->q, a->kcache, a->vcache, a->q_stride, a->out_stride, a->n_heads,
+		a->head_dim, a->block_size, a->max_blocks, a->n_kv_heads * a->head_dim,
+		a->n_heads / a->n_kv_heads, a->block_table, a->scale, a->softcap, a->window,
+	};
+	return p;
+}
+
+/* Offset (in floats) of token t of sequence seq, KV head kvh, in a cache. */
+__device__ __forceinline__ int64_t cache_off(const struct attn_p &p, int64_t seq, int64_t t,
+					     int64_t kvh)
+{
+	int64_t block = p.block_table[seq * p.max_blocks + t / p.block_size];
+
+	return (block * p.block_size + t % p.block_size) * p.kv_dim + kvh * p.head_dim;
+}
+
+__device__ __forceinline__ float cap(const struct attn_p &p, float s)
+{
+	return p.softcap > 0.0f ? p.softcap * tanhf(s / p.softcap) : s;
+}
+
+/*
+ * Flash-style prefill: one block per (tile of up to GPU_ATTN_TILE_Q query
+ * rows of one sequence, head). Key/value tiles of TILE_KV tokens stream
+ * through shared memory via the block table; each row keeps a running
+ * maximum m, denominator l and output accumulator, rescaled by exp(m_old -
+ * m_new) whenever a tile raises the maximum (online softmax). Keys outside
+ * a row's causal window are masked to weight 0.
+ */
+__global__ void __launch_bounds__(ATTN_THREADS)
+k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
+{
+	extern __shared__ float sm[];
+	const struct gpu_attn_tile tile = tiles[blockIdx.x];
+	const int64_t h = blockIdx.y, kvh = h / p.group, hd = p.head_dim, pitch = hd + 1;
+	const int TQ = GPU_ATTN_TILE_Q;
+	float *qs = sm, *ks = qs + TQ * pitch, *vs = ks + TILE_KV * pitch;
+	float *acc = vs + TILE_KV * pitch, *s = acc + TQ * pitch;
+	float *mrow = s + TQ * TILE_KV, *lrow = mrow + TQ, *corr = lrow + TQ;
+	const int64_t last = (int64_t)tile.pos + tile.n - 1;
+	int64_t first = p.window > 0 ? (int64_t)tile.pos - p.window + 1 : 0;
+
+	if (first < 0)
+		first = 0;
+	for (int64_t l = threadIdx.x; l < TQ * hd; l += blockDim.x) {
+		int64_t i = l / hd, d = l % hd;
+
+		qs[i * pitch + d] = i < tile.n ?
+			p.q[(tile.row + i) * p.q_stride + h * hd + d] : 0.0f;
+		acc[i * pitch + d] = 0.0f;
+	}
+	if (threadIdx.x < TQ) {
+		mrow[threadIdx.x] = -INFINITY;
+		lrow[threadIdx.x] = 0.0f;
+	}
+	for (int64_t t0 = first; t0 <= last; t0 += TILE_KV) {
+		__syncthreads(); /* previous tile fully consumed */
+		for (int64_t l = threadIdx.x; l < TILE_KV * hd; l += blockDim.x) {
+			int64_t j = l / hd, d = l % hd, t = t0 + j;
+			bool in = t <= last;
+
+			ks[j * pitch + d] = in ? p.kc[cache_off(p, tile.seq, t, kvh) + d] : 0.0f;
+			vs[j * pitch + d] = in ? p.vc[cache_off(p, tile.seq, t, kvh) + d] : 0.0f;
+		}
+		__syncthreads();
+		for (int l = threadIdx.x; l < TQ * TILE_KV; l += blockDim.x) {
+			int i = l / TILE_KV, j = l % TILE_KV;
+			int64_t t = t0 + j, pos = (int64_t)tile.pos + i;
+			int64_t lo = p.window > 0 ? pos - p.window + 1 : 0;
+			float dot = 0.0f;
+
+			if (i >= tile.n || t > pos || t < lo) {
+				s[l] = -INFINITY;
+				continue;
+			}
+			for (int64_t d = 0; d < hd; d++)
+				dot += qs[i * pitch + d] * ks[j * pitch + d];
+			s[l] = cap(p, p.scale * dot);
+		}
+		__syncthreads();
+		if (threadIdx.x < TQ) {
+			int i = threadIdx.x;
+			float mt = -INFINITY, mnew, sum = 0.0f;
+
+			for (int j = 0; j < TILE_KV; j++)
+				mt = fmaxf(mt, s[i * TILE_KV + j]);
+			mnew = fmaxf(mrow[i], mt);
+			if (mnew == -INFINITY) { /* nothing visible yet */
+				corr[i] = 1.0f;
+				for (int j = 0; j < TILE_KV; j++)
+					s[i * TILE_KV + j] = 0.0f;
+			} else {
+				corr[i] = expf(mrow[i] - mnew);
+				for (int j = 0; j < TILE_KV; j++) {
+					float e = expf(s[i * TILE_KV + j] - mnew);
+
+					s[i * TILE_KV + j] = e;
+					sum += e;
+				}
+				lrow[i] = lrow[i] * corr[i] + sum;
+				mrow[i] = mnew;
+			}
+		}
+		__syncthreads();
+		for (int64_t l = threadIdx.x; l < TQ * hd; l += blockDim.x) {
+			int64_t i = l / hd, d = l % hd;
+			float a = acc[i * pitch + d] * corr[i];
+
+			for (int j = 0; j < TILE_KV; j++)
+				a += s[i * TILE_KV + j] * vs[j * pitch + d];
+			acc[i * pitch + d] = a;
+		}
+	}
+	__syncthreads();
+	for (int64_t l = threadIdx.x; l < TQ * hd; l += blockDim.x) {
+		int64_t i = l / hd, d = l % hd;
+
+		if (i < tile.n)
+			p.out[(tile.row + i) * p.out_stride + h * hd + d] =
+				acc[i * pitch + d] / lrow[i];
+	}
+}
+
+extern "C" int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_args *a,
+				  const struct gpu_attn_tile *tiles, int64_t n_tiles)
+{
+	const int64_t pitch = a->head_dim + 1;
+	size_t smem = ((size_t)(2 * GPU_ATTN_TILE_Q + 2 * TILE_KV) * pitch +
+		       GPU_ATTN_TILE_Q * TILE_KV + 3 * GPU_ATTN_TILE_Q) * sizeof(float);
+
+	BIND(rt);
+
+	if (n_tiles > INT32_MAX || a->n_heads > MAX_GRID ||
+	    a->head_dim > GPU_ATTN_PREFILL_MAX_HEAD_DIM) {
+		snprintf(rt->err, sizeof(rt->err), "attention: prefill shape beyond grid limits");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if (n_tiles == 0)
+		return LOOM_OK;
+	k_attn_prefill<<<dim3((unsigned)n_tiles, (unsigned)a->n_heads), ATTN_THREADS, smem,
+		rt->stream>>>(attn_params(a), tiles);
+	return launched(rt, "attention prefill kernel");
+}
+
+/*
+ * Split-K: block (item, head, split) takes the split's GPU_ATTN_SPLIT keys
+ * of one query row: scores (one warp per key), their maximum m, weights
+ * exp(score - m), their sum l and the weighted sum of values, written as
+ * partial [m, l, acc[head_dim]]. A split past the row's last key writes
+ * m = -inf, l = 0. The split boundaries depend only on the row's own key
+ * range, so a row's result never depends on the rest of the batch.
+ */
+__global__ void __launch_bounds__(ATTN_THREADS)
+k_attn_split(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_splits,
+	     float *partial)
+{
+	__shared__ float qs[GPU_ATTN_MAX_HEAD_DIM], sc[GPU_ATTN_SPLIT], red[ATTN_THREADS / 32];
+	const struct gpu_attn_row it = items[blockIdx.x];
+	const int64_t h = blockIdx.y, kvh = h / p.group, hd = p.head_dim;
+	const int64_t t0 = (int64_t)it.lo + (int64_t)blockIdx.z * GPU_ATTN_SPLIT;
+	const int64_t t1 = t0 + GPU_ATTN_SPLIT < (int64_t)it.pos + 1 ? t0 + GPU_ATTN_SPLIT :
+								       (int64_t)it.pos + 1;
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	float *po = partial + (((int64_t)blockIdx.x * p.n_heads + h) * n_splits + blockIdx.z) *
+			      (hd + 2);
+	float mx, sum = 0.0f;
+
+	if (t0 >= t1) { /* the same for the whole block */
+		for (int64_t d = threadIdx.x; d < hd + 2; d += blockDim.x)
+			po[d] = d == 0 ? -INFINITY : 0.0f;
+		return;
+	}
+	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
+		qs[d] = p.q[(int64_t)it.row * p.q_stride + h * hd + d];
+	__syncthreads();
+	for (int64_t t = t0 + threadIdx.x / GPU_WARP; t < t1; t += nw) {
+		const float *k = p.kc + cache_off(p, it.seq, t, kvh);
+		float dot = 0.0f;
+
+		for (int64_t d = lane; d < hd; d += GPU_WARP)
+			dot += qs[d] * k[d];
+		dot = warp_sum(dot);
+		if (lane == 0)
+			sc[t - t0] = cap(p, p.scale * dot);
+	}
+	__syncthreads();
+	mx = -INFINITY;
+	for (int64_t t = threadIdx.x; t < t1 - t0; t += blockDim.x)
+		mx = fmaxf(mx, sc[t]);
+	mx = block_max(mx, red);
+	__syncthreads(); /* every thread has read the maximum before sc changes */
+	for (int64_t t = threadIdx.x; t < t1 - t0; t += blockDim.x) {
+		sc[t] = expf(sc[t] - mx);
+		sum += sc[t];
+	}
+	sum = block_sum(sum, red); /* also orders the sc writes before the reads below */
+	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+		float a = 0.0f;
+
+		for (int64_t t = t0; t < t1; t++)
+			a += sc[t - t0] * p.vc[cache_off(p, it.seq, t, kvh) + d];
+		po[2 + d] = a;
+	}
+	if (threadIdx.x == 0) {
+		po[0] = mx;
+		po[1] = sum;
+	}
+}
+
+/* out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s. */
+__global__ void __launch_bounds__(ATTN_THREADS)
+k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_splits,
+	       const float *partial)
+{
+	const struct gpu_attn_row it = items[blockIdx.x];
+	const int64_t h = blockIdx.y, hd = p.head_dim;
+	const float *pi = partial + ((int64_t)blockIdx.x * p.n_heads + h) * n_splits * (hd + 2);
+	float big = -INFINITY, den = 0.0f;
+
+	for (int64_t s = 0; s < n_splits; s++)
+		big = fmaxf(big, pi[s * (hd + 2)]);
+	for (int64_t s = 0; s < n_splits; s++)
+		if (pi[s * (hd + 2)] != -INFINITY)
+			den += expf(pi[s * (hd + 2)] - big) * pi[s * (hd + 2) + 1];
+	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+		float num = 0.0f;
+
+		for (int64_t s = 0; s < n_splits; s++)
+			if (pi[s * (hd + 2)] != -INFINITY)
+				num += expf(pi[s * (hd + 2)] - big) * pi[s * (hd + 2) + 2 + d];
+		p.out[(int64_t)it.row * p.out_stride + h * hd + d] = num / den;
+	}
+}
+
+extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_args *a,
+				const struct gpu_attn_row *items, int64_t n_items,
+				int64_t n_splits, float *partial)
+{
+	struct attn_p p = attn_params(a);
+	int rc;
+
+	BIND(rt);
+
+	if (n_items > INT32_MAX || a->n_heads > MAX_GRID || n_splits > MAX_GRID ||
+	    a->head_dim > GPU_ATTN_MAX_HEAD_DIM) {
+		snprintf(rt->err, sizeof(rt->err), "attention: split shape beyond grid limits");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if (n_items == 0)
+		return LOOM_OK;
+	k_attn_split<<<dim3((unsigned)n_items, (unsigned)a->n_heads, (unsigned)n_splits),
+		ATTN_THREADS, 0, rt->stream>>>(p, items, n_splits, partial);
+	rc = launched(rt, "attention split kernel");
+	if (rc)
+		return rc;
+	k_attn_combine<<<dim3((unsigned)n_items, (unsigned)a->n_heads), ATTN_THREADS, 0,
+		rt->stream>>>(p, items, n_splits, partial);
+	return launched(rt, "attention combine kernel");
+}
