@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""cuda.so / rocm.so on a machine without the device.
+
+usage: test_gpu_load.py BACKEND LOOM_EXE CONFORMANCE_EXE
+
+1. The entry symbol, called through ctypes, returns an ABI 1 table named
+   after the backend; create() with a fake host answers LOOM_ERR_DEVICE and
+   logs "no <vendor> device or driver found: <runtime reason>".
+2. `loom run --backend=BACKEND` exits non-zero saying no device or driver
+   was found (the loader's wording) and does not crash.
+3. The conformance suite finds the backend in the build tree by name and
+   reports it as a skip for want of a device, not as missing.
+
+On a machine that has the device (/dev/nvidia0 for cuda, /dev/kfd for
+rocm) steps 1-2 instead require create() to succeed and loom run to work.
+Exit 77 when the backend was not built or the model is missing.
+"""
+import ctypes
+import os
+import subprocess
+import sys
+
+LOOM_ERR_DEVICE = -4
+
+
+class Host(ctypes.Structure):
+    _fields_ = [("abi_major", ctypes.c_uint32), ("struct_size", ctypes.c_uint32),
+                ("host", ctypes.c_void_p), ("log", ctypes.c_void_p),
+                ("format_info", ctypes.c_void_p), ("to_float", ctypes.c_void_p)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("device", ctypes.c_int32),
+                ("n_threads", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+
+
+class OpsHead(ctypes.Structure):
+    _fields_ = [("abi_major", ctypes.c_uint32), ("abi_minor", ctypes.c_uint32),
+                ("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p),
+                ("create", ctypes.c_void_p), ("destroy", ctypes.c_void_p)]
+
+
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+CREATE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Host), ctypes.POINTER(Config),
+                             ctypes.POINTER(ctypes.c_void_p))
+DESTROY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def check_abi(path, stem, has_device):
+    lib = ctypes.CDLL(path)
+    entry = lib.loom_backend_entry
+    entry.restype = ctypes.POINTER(OpsHead)
+    ops = entry().contents
+    check(ops.abi_major == 1, f"{stem}: abi_major {ops.abi_major} == 1")
+    # ABI 1.0: 3 x uint32 (+ padding) and the name, then 20 function slots
+    check(ops.struct_size >= 24 + 20 * 8, f"{stem}: ops table of {ops.struct_size} bytes")
+    check(ops.name == stem.encode(), f"{stem}: table name {ops.name!r}")
+    logs = []
+    log = LOG_FN(lambda h, lvl, msg: logs.append(msg.decode()))
+    host = Host(1, ctypes.sizeof(Host), None, ctypes.cast(log, ctypes.c_void_p), None, None)
+    cfg = Config(ctypes.sizeof(Config), 0, 0, 0)
+    ctx = ctypes.c_void_p(12345)
+    rc = CREATE_FN(ops.create)(ctypes.byref(host), ctypes.byref(cfg), ctypes.byref(ctx))
+    if has_device:
+        check(rc == 0 and ctx.value, f"{stem}: create() on device 0 succeeds (rc {rc})")
+        if rc == 0:
+            DESTROY_FN(ops.destroy)(ctx)
+        return
+    vendor = "CUDA" if stem == "cuda" else "ROCm/HIP"
+    check(rc == LOOM_ERR_DEVICE, f"{stem}: create() without a device returns LOOM_ERR_DEVICE (got {rc})")
+    check(ctx.value is None, f"{stem}: create() leaves *out NULL on failure")
+    want = f"{stem}: no {vendor} device or driver found: "
+    check(any(m.startswith(want) and len(m) > len(want) for m in logs),
+          f"{stem}: create() logs '{want}<reason>' (logged: {logs})")
+
+
+def check_run(loom, stem, model, has_device):
+    p = subprocess.run([loom, "run", f"--backend={stem}.so", "--model", model, "-p", "Hi",
+                        "-n", "4"], capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    check(p.returncode >= 0, f"loom run --backend={stem}.so did not crash (rc {p.returncode})")
+    if has_device:
+        check(p.returncode == 0, f"loom run --backend={stem}.so works on a device:\n{out}")
+        return
+    check(p.returncode != 0, f"loom run --backend={stem}.so exits non-zero without a device")
+    check("no usable device or driver found" in out,
+          f"loom run --backend={stem}.so says no device or driver was found:\n{out}")
+
+
+def check_conformance(conf, stem, has_device):
+    p = subprocess.run([conf, f"{stem}.so"], capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if has_device:
+        check(p.returncode == 0, f"conformance of {stem}.so passes:\n{out[-4000:]}")
+        return
+    skip = [l for l in out.splitlines() if l.startswith(f"SKIP {stem}.so")]
+    check(len(skip) == 1 and "no usable device or driver found" in skip[0] and
+          f"/backends/{stem}/{stem}.so" in skip[0],
+          f"conformance finds {stem}.so in the build tree and skips it for want of a device: {skip}")
+    check(p.returncode == 0, f"conformance run with only {stem}.so exits 0 (rc {p.returncode})")
+
+
+def main():
+    stem, loom, conf = sys.argv[1], sys.argv[2], sys.argv[3]
+    root = os.environ.get("LOOM_BUILD_ROOT", "")
+    path = os.path.join(root, "backends", stem, f"{stem}.so")
+    if not os.path.isfile(path):
+        print(f"{path} was not built (no toolkit): skipping")
+        return 77
+    model = os.environ.get("LOOM_MODEL", "")
+    if not os.path.isfile(model):
+        print(f"model {model!r} missing: skipping")
+        return 77
+    has_device = os.path.exists("/dev/nvidia0" if stem == "cuda" else "/dev/kfd")
+    print(f"{stem}.so: {'a device node exists' if has_device else 'no device node'}")
+    check_abi(path, stem, has_device)
+    check_run(loom, stem, model, has_device)
+    check_conformance(conf, stem, has_device)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
