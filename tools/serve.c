@@ -124,6 +124,14 @@ static int opt_set(struct srv_opts *o, const char *key, const char *v, char *err
 		return parse_long(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
 	if (!strcmp(key, "prefix_cache"))
 		return parse_flag(key, v, &o->prefix_cache, err, errlen);
+	if (!strcmp(key, "spec_default")) {
+		if (strlen(v) >= sizeof(o->spec_default)) {
+			loom_seterr(err, errlen, "spec_default: value too long");
+			return -1;
+		}
+		strcpy(o->spec_default, v);
+		return 0;
+	}
 	if (!strcmp(key, "ctx_size"))
 		o->ctx_given = true;
 	return loom_options_set(&o->base, key, v, err, errlen);
@@ -182,6 +190,12 @@ static const struct option serve_opts[] = {
 	{ "max-body", required_argument, 0, 1003 },
 	{ "shutdown-timeout", required_argument, 0, 1004 },
 	{ "no-prefix-cache", no_argument, 0, 1005 },
+	{ "spec", required_argument, 0, 1006 },
+	{ "spec-default", required_argument, 0, 1007 },
+	{ "spec-max-draft", required_argument, 0, 1008 },
+	{ "spec-min-draft", required_argument, 0, 1009 },
+	{ "spec-ngram-min", required_argument, 0, 1010 },
+	{ "spec-ngram-max", required_argument, 0, 1011 },
 	{ "config", required_argument, 0, 'C' },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -203,6 +217,12 @@ static const char *opt_key(int c)
 	case 1002: return "max_waiting";
 	case 1003: return "max_body";
 	case 1004: return "shutdown_timeout";
+	case 1006: return "spec";
+	case 1007: return "spec_default";
+	case 1008: return "spec_max_draft";
+	case 1009: return "spec_min_draft";
+	case 1010: return "spec_ngram_min";
+	case 1011: return "spec_ngram_max";
 	default: return NULL;
 	}
 }
@@ -212,7 +232,9 @@ static void serve_usage(FILE *out)
 	fputs("usage: loom serve --model FILE [--backend cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	      "       [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
 	      "       [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
-	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n", out);
+	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
+	      "       [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
+	      "       [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n", out);
 }
 
 static int parse_args(int argc, char **argv, struct srv_opts *o, char *err, size_t errlen)
@@ -315,6 +337,82 @@ static int load_model(struct server *srv, char *err, size_t errlen)
 	return 0;
 }
 
+/* Finds an offered strategy by name ("ngram", "ngram.so"); NULL if none. */
+struct loom_spec_kind *server_find_spec(const struct server *srv, const char *name)
+{
+	size_t len = strlen(name);
+	int i;
+
+	if (len > 3 && !strcmp(name + len - 3, ".so"))
+		len -= 3;
+	for (i = 0; i < srv->n_spec; i++) {
+		const char *k = loom_spec_kind_name(srv->spec[i]);
+
+		if (strlen(k) == len && !strncmp(k, name, len))
+			return srv->spec[i];
+	}
+	return NULL;
+}
+
+/* Loads one strategy of the --spec list. */
+static int load_one_spec(struct server *srv, const char *name, const struct loom_spec_config *c,
+			 char *err, size_t errlen)
+{
+	struct loom_spec_kind *k;
+
+	if (srv->n_spec == SRV_MAX_SPEC) {
+		loom_seterr(err, errlen, "--spec: at most %d strategies", SRV_MAX_SPEC);
+		return -1;
+	}
+	k = loom_spec_kind_load(name, c, (int32_t)srv->m->hp.n_vocab, err, errlen);
+	if (!k)
+		return -1;
+	if (server_find_spec(srv, loom_spec_kind_name(k))) {
+		loom_seterr(err, errlen, "--spec: strategy '%s' (%s) is listed twice",
+			    loom_spec_kind_name(k), loom_spec_kind_path(k));
+		loom_spec_kind_free(k);
+		return -1;
+	}
+	srv->spec[srv->n_spec++] = k;
+	fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
+		loom_spec_kind_name(k), loom_spec_kind_path(k), loom_spec_kind_max_draft(k));
+	return 0;
+}
+
+/* Loads the strategies of --spec (comma-separated) and checks the default. */
+static int load_specs(struct server *srv, char *err, size_t errlen)
+{
+	const struct loom_options *b = &srv->o.base;
+	struct loom_spec_config c;
+	char list[sizeof(b->spec)], *save = NULL, *name;
+	const char *def = srv->o.spec_default;
+
+	loom_spec_config_defaults(&c);
+	if (b->spec_min_draft)
+		c.min_draft = b->spec_min_draft;
+	if (b->spec_max_draft)
+		c.max_draft = b->spec_max_draft;
+	if (b->spec_ngram_min)
+		c.ngram_min = b->spec_ngram_min;
+	if (b->spec_ngram_max)
+		c.ngram_max = b->spec_ngram_max;
+	snprintf(list, sizeof(list), "%s", b->spec);
+	for (name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		if (!name[0] || !strcmp(name, "none"))
+			continue;
+		if (load_one_spec(srv, name, &c, err, errlen))
+			return -1;
+	}
+	if (!def[0] || !strcmp(def, "none"))
+		return 0;
+	srv->spec_default = server_find_spec(srv, def);
+	if (!srv->spec_default) {
+		loom_seterr(err, errlen, "--spec-default %s: not among the strategies of --spec", def);
+		return -1;
+	}
+	return 0;
+}
+
 static int start_sched(struct server *srv, char *err, size_t errlen)
 {
 	const struct loom_hparams *hp = &srv->m->hp;
@@ -334,6 +432,13 @@ static int start_sched(struct server *srv, char *err, size_t errlen)
 	c.max_ctx = srv->n_ctx;
 	c.prefix_cache = srv->o.prefix_cache;
 	c.tokenizer = srv->tok;
+	c.spec_rows = 0;
+	for (int i = 0; i < srv->n_spec; i++) {
+		int64_t rows = (int64_t)c.max_seqs * loom_spec_kind_max_draft(srv->spec[i]);
+
+		if (rows > c.spec_rows)
+			c.spec_rows = rows > c.max_batch_tokens ? c.max_batch_tokens : (int32_t)rows;
+	}
 	if (c.n_blocks <= 0) {
 		loom_seterr(err, errlen, "--kv-mem %llu bytes holds not even one KV block",
 			    (unsigned long long)bytes);
@@ -453,7 +558,8 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d = http_start(srv, err, errlen);
-	if (!d || load_model(srv, err, errlen) || start_sched(srv, err, errlen))
+	if (!d || load_model(srv, err, errlen) || load_specs(srv, err, errlen) ||
+	    start_sched(srv, err, errlen))
 		goto out;
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
 		loom_seterr(err, errlen, "cannot start the engine thread");
@@ -474,6 +580,8 @@ out:
 		pthread_join(engine, NULL);
 	}
 	loom_sched_free(srv->sched);
+	for (int i = 0; i < srv->n_spec; i++)
+		loom_spec_kind_free(srv->spec[i]);
 	loom_model_free(srv->m);
 	loom_tokenizer_free(srv->tok);
 	if (srv->f)

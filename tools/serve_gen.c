@@ -271,6 +271,7 @@ int job_submit(struct job *j, char *err, size_t errlen)
 			.prompt = j->prompt, .n_prompt = j->n_prompt,
 			.n_predict = j->max_tokens, .sampling = j->sp,
 			.cb = on_event, .user = g,
+			.spec = j->spec, .spec_max_draft = j->spec_max_draft,
 		};
 		uint64_t id;
 

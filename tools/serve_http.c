@@ -466,6 +466,45 @@ static void gauge(struct sbuf *b, const char *name, const char *type, double v)
 	sb_printf(b, "# TYPE %s %s\n%s %.17g\n", name, type, name, v);
 }
 
+/* One labelled sample per offered strategy. */
+static void spec_family(struct sbuf *b, const struct server *srv, const char *name,
+			const char *type, int what)
+{
+	int i;
+
+	sb_printf(b, "# TYPE %s %s\n", name, type);
+	for (i = 0; i < srv->n_spec; i++) {
+		struct loom_spec_kind_stats ks;
+		double v;
+
+		loom_spec_kind_stats(srv->spec[i], &ks);
+		switch (what) {
+		case 0: v = (double)ks.n_steps; break;
+		case 1: v = (double)ks.n_drafted; break;
+		case 2: v = (double)ks.n_accepted; break;
+		case 3: v = (double)ks.n_tokens; break;
+		case 4: v = ks.n_drafted ? (double)ks.n_accepted / (double)ks.n_drafted : 0.0; break;
+		default: v = ks.n_steps ? (double)ks.n_accepted / (double)ks.n_steps : 0.0; break;
+		}
+		sb_printf(b, "%s{strategy=\"%s\"} %.17g\n", name,
+			  loom_spec_kind_name(srv->spec[i]), v);
+	}
+}
+
+/* Speculative decoding: steps, drafts verified and accepted, tokens made,
+ * acceptance rate and mean accepted drafts per step, per strategy. */
+static void spec_metrics(struct sbuf *b, const struct server *srv)
+{
+	if (!srv->n_spec)
+		return;
+	spec_family(b, srv, "loom_spec_steps_total", "counter", 0);
+	spec_family(b, srv, "loom_spec_drafted_tokens_total", "counter", 1);
+	spec_family(b, srv, "loom_spec_accepted_tokens_total", "counter", 2);
+	spec_family(b, srv, "loom_spec_generated_tokens_total", "counter", 3);
+	spec_family(b, srv, "loom_spec_acceptance_rate", "gauge", 4);
+	spec_family(b, srv, "loom_spec_mean_accepted_length", "gauge", 5);
+}
+
 static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv)
 {
 	struct loom_sched_stats st;
@@ -489,6 +528,7 @@ static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv
 	gauge(&b, "loom_prompt_tokens_total", "counter", (double)st.prompt_tokens);
 	gauge(&b, "loom_generation_tokens_total", "counter", (double)st.generated_tokens);
 	gauge(&b, "loom_steps_total", "counter", (double)st.steps);
+	spec_metrics(&b, srv);
 	pthread_mutex_lock(&m->mu);
 	gauge(&b, "loom_requests_rejected_total", "counter", (double)(m->rejected + st.rejected));
 	hist_text(&b, "loom_time_to_first_token_seconds", &m->ttft);

@@ -23,10 +23,12 @@
 #include "options.h"
 #include "sampler.h"
 #include "scheduler.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 #define SRV_MAX_N 8     /* choices per request */
 #define SRV_MAX_STOP 4  /* stop strings per request */
+#define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
 
 /* ---- a growing byte string ---- */
 
@@ -79,6 +81,7 @@ struct srv_opts {
 	uint64_t max_body;
 	int shutdown_timeout;
 	bool prefix_cache;
+	char spec_default[256]; /* strategy for requests that name none */
 };
 
 struct job;
@@ -89,6 +92,10 @@ struct server {
 	struct loom_tokenizer *tok;
 	struct loom_model *m;
 	struct loom_sched *sched;
+	/* speculative strategies offered (--spec=a.so,b.so), loaded at start */
+	struct loom_spec_kind *spec[SRV_MAX_SPEC];
+	int n_spec;
+	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
 	struct loom_chat_template chat;
 	bool chat_ok;
 	char chat_err[256];
@@ -142,6 +149,8 @@ struct job {
 	int n;
 	int max_tokens;
 	struct loom_sampler_params sp;
+	struct loom_spec_kind *spec; /* NULL: plain decoding */
+	int spec_max_draft;          /* 0: the strategy's */
 	char *stop[SRV_MAX_STOP];
 	int n_stop;
 	int32_t *prompt;
@@ -171,6 +180,9 @@ void job_cancel(struct job *j);
 typedef void (*job_emit_fn)(struct job *j, struct gen *g, const char *text,
 			    size_t len, bool finished, void *user);
 bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user);
+/* The offered speculative strategy called name ("ngram" or "ngram.so"),
+ * or NULL. */
+struct loom_spec_kind *server_find_spec(const struct server *srv, const char *name);
 /* Cancels every outstanding request of every job (shutdown). */
 void server_cancel_all(struct server *srv);
 

@@ -157,6 +157,53 @@ static int get_sampling(json_t *o, struct job *j, struct perr *e)
 	return 0;
 }
 
+/* "none", or the names of the offered strategies, for error messages. */
+static void spec_names(const struct server *srv, char *out, size_t cap)
+{
+	size_t len = 0;
+	int i;
+
+	snprintf(out, cap, "none");
+	len = strlen(out);
+	for (i = 0; i < srv->n_spec && len < cap; i++) {
+		snprintf(out + len, cap - len, ", %s", loom_spec_kind_name(srv->spec[i]));
+		len += strlen(out + len);
+	}
+}
+
+/* "speculative" (or "spec"): a strategy name, or {"name": ..., "max_draft": n}. */
+static int get_spec(json_t *o, struct job *j, struct perr *e)
+{
+	const char *key = member(o, "speculative") ? "speculative" : "spec";
+	json_t *v = member(o, key), *name = v;
+	long long max_draft = 0;
+	char names[512];
+
+	j->spec = j->srv->spec_default;
+	if (!v)
+		return 0;
+	if (json_is_object(v)) {
+		name = member(v, "name");
+		if (get_int(v, "max_draft", 1, 64, &max_draft, e))
+			return -1;
+	}
+	if (!name || !json_is_string(name))
+		return perr_set(e, 400, key, "invalid_type",
+				"'%s' must be a strategy name or an object with a string 'name'", key);
+	j->spec_max_draft = (int)max_draft;
+	if (!strcmp(json_string_value(name), "none")) {
+		j->spec = NULL;
+		return 0;
+	}
+	j->spec = server_find_spec(j->srv, json_string_value(name));
+	if (j->spec)
+		return 0;
+	spec_names(j->srv, names, sizeof(names));
+	return perr_set(e, 400, key, "invalid_value",
+			"unknown speculative strategy '%.64s'; this server offers: %s%s", json_string_value(name),
+			names, j->srv->n_spec ? "" : " (start it with --spec=ngram.so)");
+}
+
 static int get_stream(json_t *o, struct job *j, struct perr *e)
 {
 	json_t *so = member(o, "stream_options");
@@ -363,7 +410,7 @@ int parse_request(struct job *j, const char *body, size_t len, bool chat, struct
 		goto out;
 	}
 	if (get_bool(o, "echo", &echo, e) || get_sampling(o, j, e) || get_stop(o, j, e) ||
-	    get_stream(o, j, e))
+	    get_stream(o, j, e) || get_spec(o, j, e))
 		goto out;
 	if (echo) {
 		perr_set(e, 400, "echo", "unsupported", "'echo' is not supported");
