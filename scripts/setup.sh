@@ -14,7 +14,8 @@ sudo=""
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
-      chromium python3 python3-pip)
+      chromium python3 python3-pip
+      hipcc) # hipcc: builds rocm.so (about 660 MB with clang-15/llvm-15)
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()
 	for p in "${debs[@]}"; do
