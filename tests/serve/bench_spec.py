@@ -25,7 +25,7 @@ def one_pass(srv, clients, rounds, spec):
     def client(c):
         for r in range(rounds):
             extra = {"speculative": "ngram"} if spec else {}
-            out = srv.chat(**tss.copy_req(c + r, **extra), max_tokens=128)
+            out = srv.chat(**dict(tss.copy_req(c + r, **extra), max_tokens=128))
             with lock:
                 toks[0] += out["usage"]["completion_tokens"]
 
