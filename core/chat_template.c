@@ -74,44 +74,11 @@ int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
 	return 0;
 }
 
-/* ---- a growing string ---- */
-
-struct sbuf {
-	char *s;
-	size_t len, cap;
-	bool failed;
-};
-
-static void put(struct sbuf *b, const char *s)
+static void put3(struct loom_sbuf *b, const char *x, const char *y, const char *z)
 {
-	size_t n = strlen(s);
-
-	if (b->failed)
-		return;
-	if (n > SIZE_MAX / 2 - b->len) {
-		b->failed = true;
-		return;
-	}
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = (b->len + n + 1) * 2;
-		char *ns = realloc(b->s, cap);
-
-		if (!ns) {
-			b->failed = true;
-			return;
-		}
-		b->s = ns;
-		b->cap = cap;
-	}
-	memcpy(b->s + b->len, s, n + 1);
-	b->len += n;
-}
-
-static void put3(struct sbuf *b, const char *x, const char *y, const char *z)
-{
-	put(b, x);
-	put(b, y);
-	put(b, z);
+	loom_sb_puts(b, x);
+	loom_sb_puts(b, y);
+	loom_sb_puts(b, z);
 }
 
 /* ---- families where every role has its own turn ---- */
@@ -130,7 +97,7 @@ static const struct turn_fmt turn_fmts[] = {
 };
 
 static void render_turns(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
-			 size_t n, bool gen, struct sbuf *b)
+			 size_t n, bool gen, struct loom_sbuf *b)
 {
 	const struct turn_fmt *f = &turn_fmts[t->family];
 	size_t i;
@@ -139,17 +106,17 @@ static void render_turns(const struct loom_chat_template *t, const struct loom_c
 		put3(b, "<|im_start|>system\n", t->default_system, "<|im_end|>\n");
 	for (i = 0; i < n; i++) {
 		put3(b, f->pre, msgs[i].role, f->mid);
-		put(b, msgs[i].content);
-		put(b, f->post);
+		loom_sb_puts(b, msgs[i].content);
+		loom_sb_puts(b, f->post);
 	}
 	if (gen)
-		put(b, f->gen);
+		loom_sb_puts(b, f->gen);
 }
 
 /* ---- families that fold the system message into the first user turn ---- */
 
 static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			 bool gen, struct sbuf *b)
+			 bool gen, struct loom_sbuf *b)
 {
 	size_t i;
 
@@ -163,11 +130,11 @@ static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char 
 		put3(b, msgs[i].content, "<end_of_turn>\n", "");
 	}
 	if (gen)
-		put(b, "<start_of_turn>model\n");
+		loom_sb_puts(b, "<start_of_turn>model\n");
 }
 
 static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			bool llama2, struct sbuf *b)
+			bool llama2, struct loom_sbuf *b)
 {
 	bool first = true;
 	size_t i;
@@ -177,7 +144,7 @@ static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *
 			put3(b, llama2 ? " " : "", msgs[i].content, llama2 ? " </s>" : "</s>");
 			continue;
 		}
-		put(b, first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "));
+		loom_sb_puts(b, first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "));
 		if (sys && llama2)
 			put3(b, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
 		else if (sys)
@@ -215,7 +182,7 @@ char *loom_chat_render(const struct loom_chat_template *t,
 		       const struct loom_chat_msg *msgs, size_t n,
 		       bool add_generation_prompt, char *err, size_t errlen)
 {
-	struct sbuf b = { 0 };
+	struct loom_sbuf b = { 0 };
 	const char *sys = NULL;
 
 	if (t->family == LOOM_CHAT_UNKNOWN) {
@@ -224,7 +191,7 @@ char *loom_chat_render(const struct loom_chat_template *t,
 	}
 	if (check_roles(t, msgs, n, err, errlen))
 		return NULL;
-	put(&b, ""); /* an empty conversation still renders a string */
+	loom_sb_puts(&b, ""); /* an empty conversation still renders a string */
 	if (n > 0 && !strcmp(msgs[0].role, "system")) {
 		sys = msgs[0].content;
 	}

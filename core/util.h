@@ -2,10 +2,25 @@
 #ifndef LOOM_UTIL_H
 #define LOOM_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Formats a one-line error into err (if err and errlen are non-zero). */
 void loom_seterr(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* A growing NUL-terminated byte string. Zero-initialize; an allocation
+ * failure sets `failed`, after which appends do nothing. */
+struct loom_sbuf {
+	char *s;
+	size_t len, cap;
+	bool failed;
+};
+
+void loom_sb_putn(struct loom_sbuf *b, const char *s, size_t n);
+void loom_sb_puts(struct loom_sbuf *b, const char *s);
+void loom_sb_printf(struct loom_sbuf *b, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+void loom_sb_free(struct loom_sbuf *b);
 
 #endif

@@ -24,8 +24,8 @@ void loom_options_defaults(struct loom_options *o)
 	o->reps = 3;
 }
 
-static int parse_int(const char *key, const char *v, long lo, long hi, int *out,
-		     char *err, size_t errlen)
+int loom_options_parse_int(const char *key, const char *v, long lo, long hi,
+			    int *out, char *err, size_t errlen)
 {
 	char *end;
 	long x;
@@ -93,15 +93,15 @@ static int set_spec(struct loom_options *o, const char *key, const char *v,
 		return copy_str(key, v, o->spec_draft_model, sizeof(o->spec_draft_model),
 				err, errlen);
 	if (!strcmp(key, "spec_max_draft"))
-		return parse_int(key, v, 1, 64, &o->spec_max_draft, err, errlen);
+		return loom_options_parse_int(key, v, 1, 64, &o->spec_max_draft, err, errlen);
 	if (!strcmp(key, "spec_min_draft"))
-		return parse_int(key, v, 1, 64, &o->spec_min_draft, err, errlen);
+		return loom_options_parse_int(key, v, 1, 64, &o->spec_min_draft, err, errlen);
 	if (!strcmp(key, "spec_ngram_min"))
-		return parse_int(key, v, 1, 64, &o->spec_ngram_min, err, errlen);
+		return loom_options_parse_int(key, v, 1, 64, &o->spec_ngram_min, err, errlen);
 	if (!strcmp(key, "spec_ngram_max"))
-		return parse_int(key, v, 1, 64, &o->spec_ngram_max, err, errlen);
+		return loom_options_parse_int(key, v, 1, 64, &o->spec_ngram_max, err, errlen);
 	if (!strcmp(key, "spec_layers"))
-		return parse_int(key, v, 1, 4096, &o->spec_layers, err, errlen);
+		return loom_options_parse_int(key, v, 1, 4096, &o->spec_layers, err, errlen);
 	snprintf(err, errlen, "unknown key '%s'", key);
 	return -1;
 }
@@ -116,17 +116,17 @@ int loom_options_set(struct loom_options *o, const char *key, const char *v,
 	if (!strcmp(key, "model"))
 		return copy_str(key, v, o->model, sizeof(o->model), err, errlen);
 	if (!strcmp(key, "threads"))
-		return parse_int(key, v, 0, 1024, &o->n_threads, err, errlen);
+		return loom_options_parse_int(key, v, 0, 1024, &o->n_threads, err, errlen);
 	if (!strcmp(key, "n_predict"))
-		return parse_int(key, v, -1, INT_MAX, &o->n_predict, err, errlen);
+		return loom_options_parse_int(key, v, -1, INT_MAX, &o->n_predict, err, errlen);
 	if (!strcmp(key, "ctx_size"))
-		return parse_int(key, v, 1, 1 << 24, &o->n_ctx, err, errlen);
+		return loom_options_parse_int(key, v, 1, 1 << 24, &o->n_ctx, err, errlen);
 	if (!strcmp(key, "batch_size"))
-		return parse_int(key, v, 1, 1 << 16, &o->n_batch, err, errlen);
+		return loom_options_parse_int(key, v, 1, 1 << 16, &o->n_batch, err, errlen);
 	if (!strcmp(key, "temp"))
 		return parse_float(key, v, 0.0f, 100.0f, &sp->temp, err, errlen);
 	if (!strcmp(key, "top_k"))
-		return parse_int(key, v, 0, INT_MAX, &sp->top_k, err, errlen);
+		return loom_options_parse_int(key, v, 0, INT_MAX, &sp->top_k, err, errlen);
 	if (!strcmp(key, "top_p"))
 		return parse_float(key, v, 0.0f, 1.0f, &sp->top_p, err, errlen);
 	if (!strcmp(key, "min_p"))
@@ -138,7 +138,7 @@ int loom_options_set(struct loom_options *o, const char *key, const char *v,
 	if (!strcmp(key, "frequency_penalty"))
 		return parse_float(key, v, -100.0f, 100.0f, &sp->frequency_penalty, err, errlen);
 	if (!strcmp(key, "repeat_last_n"))
-		return parse_int(key, v, 0, INT_MAX, &sp->penalty_last_n, err, errlen);
+		return loom_options_parse_int(key, v, 0, INT_MAX, &sp->penalty_last_n, err, errlen);
 	if (!strcmp(key, "seed"))
 		return parse_u64(key, v, &sp->seed, err, errlen);
 	if (!strncmp(key, "spec", 4))

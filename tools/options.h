@@ -44,4 +44,9 @@ int loom_options_load_ini(struct loom_options *o, const char *path, char *err,
 int loom_options_set(struct loom_options *o, const char *key, const char *value,
 		     char *err, size_t errlen);
 
+/* Parses a decimal integer in [lo, hi] for option `key`; 0, or -1 with a
+ * message naming the key and the range. */
+int loom_options_parse_int(const char *key, const char *v, long lo, long hi,
+			   int *out, char *err, size_t errlen);
+
 #endif

@@ -34,22 +34,6 @@ static void opts_defaults(struct srv_opts *o)
 	o->prefix_cache = true;
 }
 
-static int parse_long(const char *key, const char *v, long lo, long hi, int *out,
-		      char *err, size_t errlen)
-{
-	char *end;
-	long x;
-
-	errno = 0;
-	x = strtol(v, &end, 10);
-	if (errno || end == v || *end || x < lo || x > hi) {
-		loom_seterr(err, errlen, "%s: '%s' is not an integer in [%ld, %ld]", key, v, lo, hi);
-		return -1;
-	}
-	*out = (int)x;
-	return 0;
-}
-
 /* Bytes with an optional binary suffix: 512M, 2G, 64KiB, 1048576. */
 static int parse_size(const char *key, const char *v, uint64_t *out, char *err,
 		      size_t errlen)
@@ -107,21 +91,21 @@ static int opt_set(struct srv_opts *o, const char *key, const char *v, char *err
 		return 0;
 	}
 	if (!strcmp(key, "port"))
-		return parse_long(key, v, 0, 65535, &o->port, err, errlen);
+		return loom_options_parse_int(key, v, 0, 65535, &o->port, err, errlen);
 	if (!strcmp(key, "kv_mem"))
 		return parse_size(key, v, &o->kv_mem, err, errlen);
 	if (!strcmp(key, "parallel"))
-		return parse_long(key, v, 1, 4096, &o->parallel, err, errlen);
+		return loom_options_parse_int(key, v, 1, 4096, &o->parallel, err, errlen);
 	if (!strcmp(key, "block_size"))
-		return parse_long(key, v, 1, 4096, &o->block_size, err, errlen);
+		return loom_options_parse_int(key, v, 1, 4096, &o->block_size, err, errlen);
 	if (!strcmp(key, "max_batch_tokens"))
-		return parse_long(key, v, 1, 1 << 20, &o->max_batch_tokens, err, errlen);
+		return loom_options_parse_int(key, v, 1, 1 << 20, &o->max_batch_tokens, err, errlen);
 	if (!strcmp(key, "max_waiting"))
-		return parse_long(key, v, 0, 1 << 20, &o->max_waiting, err, errlen);
+		return loom_options_parse_int(key, v, 0, 1 << 20, &o->max_waiting, err, errlen);
 	if (!strcmp(key, "max_body"))
 		return parse_size(key, v, &o->max_body, err, errlen);
 	if (!strcmp(key, "shutdown_timeout"))
-		return parse_long(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
+		return loom_options_parse_int(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
 	if (!strcmp(key, "prefix_cache"))
 		return parse_flag(key, v, &o->prefix_cache, err, errlen);
 	if (!strcmp(key, "spec_default")) {

@@ -16,59 +16,6 @@ double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- sbuf ---- */
-
-void sb_putn(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->failed)
-		return;
-	if (n > SIZE_MAX / 4 - b->len) {
-		b->failed = true;
-		return;
-	}
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = (b->len + n + 1) * 2;
-		char *ns = realloc(b->s, cap);
-
-		if (!ns) {
-			b->failed = true;
-			return;
-		}
-		b->s = ns;
-		b->cap = cap;
-	}
-	memcpy(b->s + b->len, s, n);
-	b->len += n;
-	b->s[b->len] = '\0';
-}
-
-void sb_puts(struct sbuf *b, const char *s)
-{
-	sb_putn(b, s, strlen(s));
-}
-
-void sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-	char tmp[512];
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(tmp)) {
-		b->failed = true;
-		return;
-	}
-	sb_putn(b, tmp, (size_t)n);
-}
-
-void sb_free(struct sbuf *b)
-{
-	free(b->s);
-	memset(b, 0, sizeof(*b));
-}
-
 /* ---- metrics ---- */
 
 static void hist_init(struct hist *h, const double *bounds, int n)
@@ -146,12 +93,12 @@ static void job_free(struct job *j)
 
 	for (i = 0; i < SRV_MAX_N; i++) {
 		free(j->gens[i].toks);
-		sb_free(&j->gens[i].pending);
+		loom_sb_free(&j->gens[i].pending);
 	}
 	for (i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	free(j->prompt);
-	sb_free(&j->out);
+	loom_sb_free(&j->out);
 	pthread_mutex_destroy(&j->mu);
 	pthread_cond_destroy(&j->cv);
 	free(j);
@@ -404,7 +351,7 @@ static size_t held_len(const struct job *j, const char *s, size_t n)
 
 static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void *user)
 {
-	struct sbuf *p = &g->pending;
+	struct loom_sbuf *p = &g->pending;
 
 	g->out_done = true;
 	g->finish_reason = reason;
@@ -416,7 +363,7 @@ static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void
 static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 {
 	struct job *j = g->job;
-	struct sbuf *p = &g->pending;
+	struct loom_sbuf *p = &g->pending;
 	char piece[512];
 	size_t keep;
 	long at;
@@ -429,7 +376,7 @@ static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 	g->n_out++;
 	len = loom_detokenize(j->srv->tok, &g->dt, tok, piece, sizeof(piece));
 	if (len > 0)
-		sb_putn(p, piece, (size_t)len);
+		loom_sb_putn(p, piece, (size_t)len);
 	at = find_stop(j, p->s ? p->s : "", p->len);
 	if (at >= 0) {
 		p->len = (size_t)at;

@@ -17,12 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+
 #include "chat_template.h"
 #include "gguf.h"
 #include "model.h"
 #include "options.h"
 #include "sampler.h"
 #include "scheduler.h"
+#include "util.h"
 #include "spec.h"
 #include "tokenizer.h"
 
@@ -32,16 +34,7 @@
 
 /* ---- a growing byte string ---- */
 
-struct sbuf {
-	char *s;
-	size_t len, cap;
-	bool failed; /* an allocation failed; the content is incomplete */
-};
-
-void sb_putn(struct sbuf *b, const char *s, size_t n);
-void sb_puts(struct sbuf *b, const char *s);
-void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_free(struct sbuf *b);
+/* struct loom_sbuf and loom_sb_* come from core/util.h */
 
 /* ---- metrics ---- */
 
@@ -130,7 +123,7 @@ struct gen {
 	/* connection thread only */
 	size_t n_read;
 	struct loom_detok dt;
-	struct sbuf pending;   /* decoded text not yet released (stop matching) */
+	struct loom_sbuf pending;   /* decoded text not yet released (stop matching) */
 	int n_out;             /* tokens consumed (completion_tokens) */
 	bool out_done;         /* finish_reason decided */
 	const char *finish_reason;
@@ -159,7 +152,7 @@ struct job {
 	int64_t created;
 	/* output */
 	struct gen gens[SRV_MAX_N];
-	struct sbuf out;       /* streaming: SSE bytes not yet handed to MHD */
+	struct loom_sbuf out;       /* streaming: SSE bytes not yet handed to MHD */
 	size_t out_pos;
 	bool stream_end;       /* [DONE] queued */
 	struct job *next, *prev; /* server->jobs */

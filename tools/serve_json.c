@@ -287,7 +287,7 @@ static int get_prompt(json_t *o, struct job *j, struct perr *e)
  * the text goes into *out (malloc'd). */
 static int message_text(json_t *c, size_t i, char **out, struct perr *e)
 {
-	struct sbuf b = { 0 };
+	struct loom_sbuf b = { 0 };
 	json_t *part;
 	size_t k;
 
@@ -296,18 +296,18 @@ static int message_text(json_t *c, size_t i, char **out, struct perr *e)
 	} else if (json_is_string(c)) {
 		*out = strdup(json_string_value(c));
 	} else if (json_is_array(c)) {
-		sb_puts(&b, "");
+		loom_sb_puts(&b, "");
 		json_array_foreach(c, k, part) {
 			json_t *t = json_object_get(part, "text");
 
 			if (!json_is_object(part) || !json_is_string(json_object_get(part, "type")) ||
 			    strcmp(json_string_value(json_object_get(part, "type")), "text") ||
 			    !json_is_string(t)) {
-				sb_free(&b);
+				loom_sb_free(&b);
 				return perr_set(e, 400, "messages", "invalid_value",
 						"messages[%zu].content[%zu]: only text parts are supported", i, k);
 			}
-			sb_putn(&b, json_string_value(t), json_string_length(t));
+			loom_sb_putn(&b, json_string_value(t), json_string_length(t));
 		}
 		*out = b.failed ? NULL : b.s;
 		if (b.failed)
