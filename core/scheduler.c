@@ -18,8 +18,11 @@
 #include "util.h"
 
 #define DEFAULT_KV_BYTES (256ull << 20)
+/* An early-exit pass runs the pending token and at most 64 drafts. */
+#define EE_MAX_TOKENS 65
 
 struct req {
+	struct loom_sched *s;     /* for the model service (spec) */
 	uint64_t id;
 	struct req *prev, *next;  /* pending or waiting list */
 	int32_t *tokens;          /* prompt, then generated tokens */
@@ -79,6 +82,17 @@ struct loom_sched {
 	uint64_t tick; /* loom_sched_step calls, from 1 */
 	int32_t max_out;   /* logits rows per step: max_seqs + spec_rows */
 	int32_t rows_left; /* spare rows for drafts in the step being planned */
+	/* batch-aware drafting (spec_step_rows): drafts left to share in the
+	 * step being planned, and the speculating decodes still to plan */
+	int32_t step_drafts, step_spec;
+	/* early exit for one sequence at a time (layerskip): the target's
+	 * first ee_layers layers and its head, on the shared cache */
+	struct loom_model ee_view;
+	struct loom_node *ee_nodes;
+	struct loom_exec *ee_exec;
+	int32_t ee_layers;
+	int32_t ee_tok[EE_MAX_TOKENS]; /* tokens at the positions it wrote */
+	int32_t ee_buf[EE_MAX_TOKENS];
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -303,6 +317,7 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	memcpy(r->tokens, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
 	r->n_tokens = r->n_prompt = rq->n_prompt;
 	r->n_predict = n_predict;
+	r->s = s;
 	r->cb = rq->cb;
 	r->user = rq->user;
 	r->spec = rq->spec;
@@ -493,9 +508,109 @@ static int32_t draft_room(const struct loom_sched *s, const struct req *r, int32
 
 	if (k > s->rows_left)
 		k = s->rows_left;
+	if (s->cfg.spec_step_rows > 0 && s->step_spec > 0 && k > s->step_drafts / s->step_spec)
+		k = s->step_drafts / s->step_spec; /* a fair share of what the step spares */
 	if (k > r->n_predict - r->n_generated - 1)
 		k = r->n_predict - r->n_generated - 1;
 	return k > 0 ? k : 0;
+}
+
+/* ---- early exit (layerskip) for one sequence ---- */
+
+/* Builds the layer-filtered view and its executor for `layers` layers
+ * (once; again only if another strategy asks for another depth). */
+static int ee_ready(struct loom_sched *s, int32_t layers)
+{
+	const struct loom_model *m = s->m;
+	char err[256];
+	int32_t n = 0;
+
+	if (s->ee_exec && s->ee_layers == layers)
+		return 0;
+	loom_exec_free(s->ee_exec);
+	s->ee_exec = NULL;
+	if (!s->ee_nodes)
+		s->ee_nodes = calloc((size_t)m->n_nodes, sizeof(*s->ee_nodes));
+	if (!s->ee_nodes)
+		return LOOM_ERR_NOMEM;
+	for (int i = 0; i < m->n_nodes; i++)
+		if (m->nodes[i].layer < layers)
+			s->ee_nodes[n++] = m->nodes[i];
+	s->ee_view = *m;
+	s->ee_view.nodes = s->ee_nodes;
+	s->ee_view.n_nodes = n;
+	s->ee_exec = loom_exec_new(&s->ee_view, s->kv, EE_MAX_TOKENS, 1, 1, err, sizeof(err));
+	if (!s->ee_exec) {
+		fprintf(stderr, "loom: scheduler: early exit: %s\n", err);
+		return LOOM_ERR_NOMEM;
+	}
+	s->ee_layers = layers;
+	return 0;
+}
+
+/* Token at position p of hist + draft. */
+static int32_t ee_token(const int32_t *hist, int64_t n_hist, const int32_t *draft, int64_t p)
+{
+	return p < n_hist ? hist[p] : draft[p - n_hist];
+}
+
+/*
+ * loom_spec_model_fn for request r (engine thread, inside its propose):
+ * runs the target's first `layers` layers and head over r's positions from
+ * its last token on, in r's own blocks. Positions already written by this
+ * propose with the same tokens are reused. The caller (get_drafts) drops
+ * every written position before the step is planned, and blocks are
+ * registered only after verification, so no cached block ever holds
+ * early-exit K/V. No free blocks: LOOM_ERR_NOMEM (no drafts this step).
+ */
+static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
+		     const int32_t *hist, int64_t n_hist, const int32_t *draft,
+		     int32_t n_draft, float *logits)
+{
+	struct req *r = user;
+	struct loom_sched *s = r->s;
+	int32_t n_kv0 = r->n_tokens - 1, c = n_kv0, n, out_row;
+	int64_t len = n_hist + n_draft;
+	char err[256];
+	int rc;
+
+	if (which != LOOM_SPEC_MODEL_EARLY_EXIT || layers <= 0)
+		return LOOM_ERR_UNSUPPORTED;
+	if (hist != r->tokens || n_hist != r->n_tokens || r->seq.n_tokens < n_kv0 ||
+	    len - n_kv0 > EE_MAX_TOKENS || len > s->cfg.max_ctx)
+		return LOOM_ERR_INVALID;
+	rc = ee_ready(s, layers);
+	if (rc)
+		return rc;
+	while (c < r->seq.n_tokens && c < len &&
+	       s->ee_tok[c - n_kv0] == ee_token(hist, n_hist, draft, c))
+		c++;
+	if (c == len)
+		c--; /* the last token must run to give logits */
+	if (c < r->seq.n_tokens)
+		loom_kv_truncate(s->kv, &r->seq, c);
+	n = (int32_t)(len - c);
+	for (int32_t i = 0; i < n; i++)
+		s->ee_buf[i] = ee_token(hist, n_hist, draft, c + i);
+	rc = loom_kv_reserve(s->kv, &r->seq, n);
+	if (rc)
+		return rc == -1 ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE;
+	{
+		int32_t q_start[2] = { 0, n };
+		struct loom_kv_seq *seqs[1] = { &r->seq };
+		struct loom_batch b = { .n_tokens = n, .tokens = s->ee_buf, .n_seqs = 1,
+			.q_start = q_start, .seqs = seqs, .n_out = 1, .out_rows = &out_row };
+
+		out_row = n - 1;
+		rc = loom_exec_step(s->ee_exec, &b, logits, err, sizeof(err));
+	}
+	if (rc) {
+		fprintf(stderr, "loom: scheduler: early exit: %s\n", err);
+		loom_kv_truncate(s->kv, &r->seq, n_kv0);
+		return rc;
+	}
+	memcpy(s->ee_tok + (c - n_kv0), s->ee_buf, sizeof(int32_t) * (size_t)n);
+	return 0;
 }
 
 /* Ends running request r with an error. */
@@ -516,7 +631,8 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 
 	*asked = false;
 	if (!r->sq) {
-		r->sq = loom_spec_seq_new(r->spec, r->spec_max_draft, r->seed, err, sizeof(err));
+		r->sq = loom_spec_seq_new_svc(r->spec, r->spec_max_draft, r->seed, ee_logits, r,
+					      err, sizeof(err));
 		if (!r->sq) {
 			fail_running(s, r, err);
 			return -1;
@@ -527,6 +643,10 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	*asked = true;
 	k = loom_spec_seq_propose(r->sq, r->tokens, r->n_tokens, max, r->tokens + r->n_tokens,
 				  err, sizeof(err));
+	/* an early-exit pass wrote the first layers past the last token:
+	 * drop them, the verification pass writes every layer again */
+	if (r->seq.n_tokens > r->n_tokens - 1)
+		loom_kv_truncate(s->kv, &r->seq, r->n_tokens - 1);
 	if (k < 0) {
 		fail_running(s, r, err);
 		return -1;
@@ -559,6 +679,10 @@ static int plan_decode(struct loom_sched *s, struct req *r, int32_t *budget, int
 		.asked = asked, .row = -1 };
 	*budget -= 1 + k;
 	s->rows_left -= k;
+	if (r->spec) {
+		s->step_drafts -= k;
+		s->step_spec--;
+	}
 	return 0;
 }
 
@@ -570,8 +694,16 @@ static void plan_running(struct loom_sched *s, int32_t *budget)
 	int32_t i, n_dec = 0;
 	int pass;
 
-	for (i = 0; i < s->n_running; i++)
-		n_dec += s->running[i]->n_tokens - s->running[i]->seq.n_tokens == 1;
+	s->step_spec = 0;
+	for (i = 0; i < s->n_running; i++) {
+		bool dec = s->running[i]->n_tokens - s->running[i]->seq.n_tokens == 1;
+
+		n_dec += dec;
+		s->step_spec += dec && s->running[i]->spec;
+	}
+	s->step_drafts = s->cfg.spec_step_rows - n_dec;
+	if (s->step_drafts < 0)
+		s->step_drafts = 0;
 	for (pass = 0; pass < 2; pass++) {
 		for (i = 0; i < s->n_running && *budget > 0; i++) {
 			struct req *r = s->running[i];
@@ -932,6 +1064,8 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 
 static void free_engine(struct loom_sched *s)
 {
+	loom_exec_free(s->ee_exec);
+	free(s->ee_nodes);
 	loom_exec_free(s->exec);
 	loom_kv_free(s->kv);
 	free(s->running);

@@ -54,6 +54,14 @@ struct loom_sched_config {
 	 * speculating sequence verifies k drafts with k + 1 rows, and drafts
 	 * are cut when the step's rows run out. 0: no drafts at all. */
 	int32_t spec_rows;
+	/* ---- appended (ls): batch-aware drafting ----
+	 * Rows (tokens) a step's decodes may take together before drafts stop
+	 * paying: a step with n decoding sequences shares at most
+	 * spec_step_rows - n drafts among its speculating ones (none when
+	 * n >= spec_step_rows), so a full batch decodes plainly and a lone
+	 * request drafts freely. Only k changes, never the output. 0: no cap
+	 * (drafts limited by the budget and spec_rows only; the default). */
+	int32_t spec_step_rows;
 };
 /* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
  * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs

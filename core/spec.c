@@ -908,6 +908,7 @@ struct loom_spec_kind {
 	char path[4096];
 	struct loom_spec_config cfg;
 	int32_t n_vocab;
+	int32_t ee_layers; /* early-exit layers offered to sequences; 0: none */
 	_Atomic uint64_t n_steps, n_drafted, n_accepted, n_tokens;
 };
 
@@ -924,6 +925,11 @@ struct loom_spec_seq {
 	bool has_probs;
 	float *ptgt, *resid;
 	uint64_t rng[4], draft_rng[4];
+	/* the scheduler's model service (NULL: none) */
+	loom_spec_model_fn model_fn;
+	void *model_user;
+	int32_t room;      /* drafts next_logits may take now (propose's max) */
+	bool soft_fail;    /* the service ran out of blocks this propose */
 };
 
 static void seq_log(void *host, enum loom_log_level level, const char *msg)
@@ -947,6 +953,37 @@ static int32_t seq_draw(void *host, const float *probs)
 	struct loom_spec_seq *q = host;
 
 	return probs ? draw_from(q->draft_rng, probs, q->k->n_vocab) : -1;
+}
+
+/* next_logits for a sequence: checks the call, then asks the scheduler. */
+static int seq_next_logits(void *host, enum loom_spec_model which, const int32_t *draft,
+			   int32_t n_draft, float *logits)
+{
+	struct loom_spec_seq *q = host;
+	int rc;
+
+	if (which != LOOM_SPEC_MODEL_EARLY_EXIT || !q->k->ee_layers || !q->model_fn)
+		return LOOM_ERR_UNSUPPORTED;
+	if (n_draft < 0 || (n_draft && !draft) || !logits || n_draft > q->room)
+		return LOOM_ERR_INVALID;
+	for (int32_t i = 0; i < n_draft; i++)
+		if (draft[i] < 0 || draft[i] >= q->k->n_vocab)
+			return LOOM_ERR_INVALID;
+	rc = q->model_fn(q->model_user, which, q->k->ee_layers, q->hist, q->n_hist, draft,
+			 n_draft, logits);
+	if (rc == LOOM_ERR_NOMEM)
+		q->soft_fail = true;
+	return rc;
+}
+
+/* Stands in for the scheduler's service while a kind is probed. */
+static int probe_model_fn(void *user, enum loom_spec_model which, int32_t layers,
+			  const int32_t *hist, int64_t n_hist, const int32_t *draft,
+			  int32_t n_draft, float *logits)
+{
+	(void)user, (void)which, (void)layers, (void)hist, (void)n_hist, (void)draft;
+	(void)n_draft, (void)logits;
+	return LOOM_ERR_UNSUPPORTED;
 }
 
 const char *loom_spec_kind_name(const struct loom_spec_kind *k)
@@ -988,7 +1025,8 @@ static int kind_probe(struct loom_spec_kind *k, char *err, size_t errlen)
 	struct loom_spec_seq *q;
 	char why[512];
 
-	q = loom_spec_seq_new(k, 0, 1, why, sizeof(why));
+	q = loom_spec_seq_new_svc(k, 0, 1, k->ee_layers ? probe_model_fn : NULL, NULL, why,
+				  sizeof(why));
 	if (!q) {
 		loom_seterr(err, errlen, "%s", why);
 		return -1;
@@ -1000,7 +1038,15 @@ static int kind_probe(struct loom_spec_kind *k, char *err, size_t errlen)
 struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_spec_config *c,
 					   int32_t n_vocab, char *err, size_t errlen)
 {
+	return loom_spec_kind_load_ee(name, c, n_vocab, 0, err, errlen);
+}
+
+struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loom_spec_config *c,
+					      int32_t n_vocab, int64_t n_layer, char *err,
+					      size_t errlen)
+{
 	struct loom_spec_kind *k;
+	int64_t layers = c->layers > 0 ? c->layers : n_layer / 2 > 0 ? n_layer / 2 : 1;
 
 	if (check_config(c, err, errlen))
 		return NULL;
@@ -1015,6 +1061,13 @@ struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_s
 	}
 	k->cfg = *c;
 	k->n_vocab = n_vocab;
+	if (n_layer > 0 && layers > n_layer) {
+		loom_seterr(err, errlen, "spec_layers: %lld, but the model has %lld layers",
+			(long long)layers, (long long)n_layer);
+		free(k);
+		return NULL;
+	}
+	k->ee_layers = n_layer > 0 ? (int32_t)layers : 0;
 	if (open_plugin(name, k->path, sizeof(k->path), &k->dl, &k->p, err, errlen) ||
 	    kind_probe(k, err, errlen)) {
 		free(k); /* never dlclose (see backend_loader.c) */
@@ -1042,6 +1095,13 @@ static int seq_alloc(struct loom_spec_seq *q)
 struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
 					uint64_t seed, char *err, size_t errlen)
 {
+	return loom_spec_seq_new_svc(k, max_draft, seed, NULL, NULL, err, errlen);
+}
+
+struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t max_draft,
+					    uint64_t seed, loom_spec_model_fn fn, void *user,
+					    char *err, size_t errlen)
+{
 	struct loom_spec_seq *q = calloc(1, sizeof(*q));
 	char msg[512] = "";
 	int rc;
@@ -1049,6 +1109,8 @@ struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_dr
 	if (!q)
 		goto out_nomem;
 	q->k = k;
+	q->model_fn = fn;
+	q->model_user = user;
 	q->max_draft = max_draft > 0 && max_draft <= SPEC_MAX_DRAFT_LIMIT ? max_draft :
 		       k->cfg.max_draft;
 	if (seq_alloc(q))
@@ -1058,13 +1120,14 @@ struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_dr
 	q->host = (struct loom_spec_host){
 		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
 		.struct_size = sizeof(struct loom_spec_host), .host = q,
-		.log = seq_log, .tokens = seq_tokens, .next_logits = NULL, .draw = seq_draw,
+		.log = seq_log, .tokens = seq_tokens, .draw = seq_draw,
+		.next_logits = fn && k->ee_layers ? seq_next_logits : NULL,
 	};
 	q->params = (struct loom_spec_params){
 		.struct_size = sizeof(struct loom_spec_params), .n_vocab = k->n_vocab,
 		.min_draft = k->cfg.min_draft < q->max_draft ? k->cfg.min_draft : q->max_draft,
 		.max_draft = q->max_draft, .ngram_min = k->cfg.ngram_min,
-		.ngram_max = k->cfg.ngram_max,
+		.ngram_max = k->cfg.ngram_max, .layers = fn ? k->ee_layers : 0,
 	};
 	rc = k->p->create(&q->host, &q->params, &q->ctx, msg, sizeof(msg));
 	if (rc) {
@@ -1111,7 +1174,12 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int6
 	q->hist = hist;
 	q->n_hist = n_hist;
 	memcpy(replay, q->draft_rng, sizeof(replay));
+	q->room = max;
+	q->soft_fail = false;
 	k = q->k->p->propose(q->ctx, &d);
+	q->room = 0;
+	if (k < 0 && q->soft_fail)
+		return 0; /* the scheduler had no blocks to draft in: no drafts */
 	if (k < 0) {
 		loom_seterr(err, errlen, "spec plugin %s: propose failed with status %d",
 			q->k->path, k);

@@ -122,6 +122,32 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int6
 int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,
 			     float *rows, const int32_t *hist, int64_t n_hist, int32_t k,
 			     int32_t *next);
+/* ---- model services lent by the scheduler (appended) ----
+ *
+ * A scheduler that can run the early-exit model for one sequence passes
+ * this function when it makes the sequence's context; the sequence's
+ * plugin then sees host->next_logits. Called on the engine thread, from
+ * inside loom_spec_seq_propose only: logits (n_vocab floats) for the token
+ * after hist[0..n_hist) + draft[0..n_draft) under the target's first
+ * `layers` layers. Returns 0, or a negative loom_status: LOOM_ERR_NOMEM
+ * means "no KV blocks to draft in now", and the proposal that fails with
+ * it is taken as no drafts (plain decoding this step), not as an error. */
+typedef int (*loom_spec_model_fn)(void *user, enum loom_spec_model which, int32_t layers,
+				  const int32_t *hist, int64_t n_hist, const int32_t *draft,
+				  int32_t n_draft, float *logits);
+
+/* As loom_spec_kind_load, but sequences are offered the early-exit model
+ * of a target with n_layer layers (c->layers of them; 0: half), so
+ * layerskip.so loads. n_layer 0: no model (as loom_spec_kind_load). */
+struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loom_spec_config *c,
+					      int32_t n_vocab, int64_t n_layer, char *err,
+					      size_t errlen);
+/* As loom_spec_seq_new, with the scheduler's model service (fn NULL:
+ * none; then a kind that needs a model fails here). */
+struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t max_draft,
+					    uint64_t seed, loom_spec_model_fn fn, void *user,
+					    char *err, size_t errlen);
+
 /* Tells the plugin what its last proposal came to. */
 void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
 			   const int32_t *new_tokens, int32_t n_new);

@@ -28,6 +28,7 @@ static void opts_defaults(struct srv_opts *o)
 	o->parallel = 16;
 	o->block_size = 16;
 	o->max_batch_tokens = 512;
+	o->spec_step_rows = SRV_SPEC_STEP_ROWS;
 	o->max_waiting = 64;
 	o->max_body = 1 << 20;
 	o->shutdown_timeout = 10;
@@ -108,6 +109,8 @@ static int opt_set(struct srv_opts *o, const char *key, const char *v, char *err
 		return loom_options_parse_int(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
 	if (!strcmp(key, "prefix_cache"))
 		return parse_flag(key, v, &o->prefix_cache, err, errlen);
+	if (!strcmp(key, "spec_step_rows"))
+		return loom_options_parse_int(key, v, 0, 1 << 20, &o->spec_step_rows, err, errlen);
 	if (!strcmp(key, "spec_default")) {
 		if (strlen(v) >= sizeof(o->spec_default)) {
 			loom_seterr(err, errlen, "spec_default: value too long");
@@ -180,6 +183,9 @@ static const struct option serve_opts[] = {
 	{ "spec-min-draft", required_argument, 0, 1009 },
 	{ "spec-ngram-min", required_argument, 0, 1010 },
 	{ "spec-ngram-max", required_argument, 0, 1011 },
+	{ "spec-layers", required_argument, 0, 1012 },
+	{ "spec-step-rows", required_argument, 0, 1013 },
+	{ "spec-draft-model", required_argument, 0, 1014 },
 	{ "config", required_argument, 0, 'C' },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -207,6 +213,9 @@ static const char *opt_key(int c)
 	case 1009: return "spec_min_draft";
 	case 1010: return "spec_ngram_min";
 	case 1011: return "spec_ngram_max";
+	case 1012: return "spec_layers";
+	case 1013: return "spec_step_rows";
+	case 1014: return "spec_draft_model";
 	default: return NULL;
 	}
 }
@@ -218,7 +227,8 @@ static void serve_usage(FILE *out)
 	      "       [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
 	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
 	      "       [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
-	      "       [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n", out);
+	      "       [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
+	      "       [--spec-layers N] [--spec-step-rows 8]\n", out);
 }
 
 static int parse_args(int argc, char **argv, struct srv_opts *o, char *err, size_t errlen)
@@ -348,7 +358,9 @@ static int load_one_spec(struct server *srv, const char *name, const struct loom
 		loom_seterr(err, errlen, "--spec: at most %d strategies", SRV_MAX_SPEC);
 		return -1;
 	}
-	k = loom_spec_kind_load(name, c, (int32_t)srv->m->hp.n_vocab, err, errlen);
+	/* the scheduler runs the early-exit model (layerskip), not a draft model */
+	k = loom_spec_kind_load_ee(name, c, (int32_t)srv->m->hp.n_vocab, srv->m->hp.n_layer, err,
+				   errlen);
 	if (!k)
 		return -1;
 	if (server_find_spec(srv, loom_spec_kind_name(k))) {
@@ -380,6 +392,12 @@ static int load_specs(struct server *srv, char *err, size_t errlen)
 		c.ngram_min = b->spec_ngram_min;
 	if (b->spec_ngram_max)
 		c.ngram_max = b->spec_ngram_max;
+	c.layers = b->spec_layers;
+	if (b->spec_draft_model[0]) {
+		loom_seterr(err, errlen, "--spec-draft-model %s: loom serve does not run draft models yet (draft.so); use ngram or layerskip, or loom run",
+			    b->spec_draft_model);
+		return -1;
+	}
 	snprintf(list, sizeof(list), "%s", b->spec);
 	for (name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
 		if (!name[0] || !strcmp(name, "none"))
@@ -416,6 +434,7 @@ static int start_sched(struct server *srv, char *err, size_t errlen)
 	c.max_ctx = srv->n_ctx;
 	c.prefix_cache = srv->o.prefix_cache;
 	c.tokenizer = srv->tok;
+	c.spec_step_rows = srv->o.spec_step_rows;
 	c.spec_rows = 0;
 	for (int i = 0; i < srv->n_spec; i++) {
 		int64_t rows = (int64_t)c.max_seqs * loom_spec_kind_max_draft(srv->spec[i]);

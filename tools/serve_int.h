@@ -31,6 +31,9 @@
 #define SRV_MAX_N 8     /* choices per request */
 #define SRV_MAX_STOP 4  /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
+/* Decode rows per step beyond which speculating sequences stop drafting
+ * (scheduler spec_step_rows; measured on cpu.so, docs/SPECULATIVE.md). */
+#define SRV_SPEC_STEP_ROWS 8
 
 /* ---- a growing byte string ---- */
 
@@ -75,6 +78,7 @@ struct srv_opts {
 	int shutdown_timeout;
 	bool prefix_cache;
 	char spec_default[256]; /* strategy for requests that name none */
+	int spec_step_rows; /* decode rows per step before drafts stop (0: no cap) */
 };
 
 struct job;

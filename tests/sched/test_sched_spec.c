@@ -22,6 +22,7 @@ static struct gguf_file *gf;
 static struct loom_model *model;
 static struct loom_tokenizer *tok;
 static struct loom_spec_kind *ngram;
+static struct loom_spec_kind *layerskip; /* early exit served by the scheduler */
 
 struct col {
 	int32_t toks[MAX_GEN];
@@ -317,6 +318,15 @@ START_TEST(model_strategies_refused)
 	k = loom_spec_kind_load("layerskip", &c, 49152, err, sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "layerskip.so") && strstr(err, "model"), "%s", err);
+	/* the scheduler serves early exit, not a draft model */
+	k = loom_spec_kind_load_ee("draft", &c, 49152, 30, err, sizeof(err));
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(err, "draft.so") && strstr(err, "draft model"), "%s", err);
+	c.layers = 31;
+	k = loom_spec_kind_load_ee("layerskip", &c, 49152, 30, err, sizeof(err));
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(err, "31") && strstr(err, "30 layers"), "%s", err);
+	c.layers = 0;
 	k = loom_spec_kind_load("no-such-strategy", &c, 49152, err, sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "no-such-strategy.so") && strstr(err, "not found"), "%s", err);
@@ -333,6 +343,134 @@ START_TEST(model_strategies_refused)
 	unlink(path);
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, path) && strstr(err, "not an ELF"), "%s", err);
+}
+END_TEST
+
+/* Greedy layerskip requests (drafts from the target's first layers, run by
+ * the scheduler in each sequence's own blocks) equal plain ones alone,
+ * all drafting in the same steps; then a plain request whose prompt runs
+ * on into the generated text reuses the blocks they registered and still
+ * equals its plain run alone, so no cached block holds early-exit K/V. */
+START_TEST(layerskip_equals_plain)
+{
+	enum { N = 6 };
+	struct job *jobs = make_jobs(N, 80, true);
+	struct loom_sched_stats st, st2;
+	struct col ref[N], ref2;
+	struct job *cont = calloc(1, sizeof(*cont));
+	struct loom_sched *s;
+	int longest = 0, g;
+
+	ck_assert_ptr_nonnull(cont);
+	for (int i = 0; i < N; i++)
+		jobs[i].spec = layerskip;
+	run_alone(jobs, N, ref);
+	s = new_sched(0, true);
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_uint_gt(st.spec_drafted, 0);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	ck_assert_uint_eq(st.spec_tokens, st.spec_steps + st.spec_accepted);
+	ck_assert_int_eq(st.blocks_used, 0);
+	fprintf(stderr, "layerskip: %llu steps, %llu drafted, %llu accepted\n",
+		(unsigned long long)st.spec_steps, (unsigned long long)st.spec_drafted,
+		(unsigned long long)st.spec_accepted);
+	/* the longest answer's prompt + its first half, decoded plainly */
+	for (int i = 1; i < N; i++)
+		if (jobs[i].c.n > jobs[longest].c.n)
+			longest = i;
+	g = jobs[longest].c.n / 2;
+	ck_assert_int_ge(g, 12);
+	*cont = jobs[longest];
+	memcpy(cont->prompt + cont->n_prompt, jobs[longest].c.toks, sizeof(int32_t) * (size_t)g);
+	cont->n_prompt += g;
+	cont->n_predict = 16;
+	cont->spec = NULL;
+	run_alone(cont, 1, &ref2);
+	submit(s, cont, false);
+	drain(s);
+	loom_sched_get_stats(s, &st2);
+	/* its prompt's full blocks, generated tokens included, came cached */
+	ck_assert_uint_ge(st2.prefix_hits - st.prefix_hits, (uint64_t)(cont->n_prompt / 16));
+	assert_same(&cont->c, &ref2, 0);
+	loom_sched_free(s);
+	free(cont);
+	free(jobs);
+}
+END_TEST
+
+/* A cache too small for the batch: preemption, and early-exit passes that
+ * find no blocks (no drafts that step), never change the output. */
+START_TEST(layerskip_short_blocks)
+{
+	enum { N = 6 };
+	struct job *jobs = make_jobs(N, 80, true);
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+
+	for (int i = 0; i < N; i++)
+		jobs[i].spec = layerskip;
+	run_alone(jobs, N, ref);
+	s = new_sched(16, true);
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_uint_gt(st.preemptions, 0);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+/* spec_step_rows: a lone request drafts at most rows - 1 per step; a full
+ * batch at most rows - n in all; outputs never change. */
+START_TEST(step_rows_cap)
+{
+	enum { N = 8 };
+	struct job *jobs = make_jobs(N, 64, true);
+	struct loom_sched_config cfg;
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+	char err[512];
+
+	run_alone(jobs, N, ref);
+	loom_sched_config_defaults(&cfg);
+	cfg.max_ctx = 512;
+	cfg.tokenizer = tok;
+	cfg.spec_step_rows = 3;
+	s = loom_sched_new(model, &cfg, err, sizeof(err));
+	ck_assert_msg(s != NULL, "%s", err);
+	submit(s, &jobs[0], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	assert_same(&jobs[0].c, &ref[0], 0);
+	ck_assert_uint_gt(st.spec_accepted, 0);
+	ck_assert_uint_le(st.spec_drafted, 2 * st.spec_steps);
+	loom_sched_free(s);
+	/* 8 at once with 8 rows: whenever all decode, nobody drafts */
+	cfg.spec_step_rows = 8;
+	s = loom_sched_new(model, &cfg, err, sizeof(err));
+	ck_assert_msg(s != NULL, "%s", err);
+	for (int i = 0; i < N; i++)
+		submit(s, &jobs[i], true);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < N; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_uint_lt(st.spec_drafted, st.spec_steps);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
 }
 END_TEST
 
@@ -356,11 +494,16 @@ static void load_model(void)
 	ngram = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, err, sizeof(err));
 	ck_assert_msg(ngram != NULL, "%s", err);
 	ck_assert_str_eq(loom_spec_kind_name(ngram), "ngram");
+	c.layers = 28; /* of 30: shallower drafts of SmolLM2 are never accepted */
+	layerskip = loom_spec_kind_load_ee("layerskip", &c, (int32_t)model->hp.n_vocab,
+					   model->hp.n_layer, err, sizeof(err));
+	ck_assert_msg(layerskip != NULL, "%s", err);
 }
 
 static void unload_model(void)
 {
 	loom_spec_kind_free(ngram);
+	loom_spec_kind_free(layerskip);
 	loom_model_free(model);
 	loom_tokenizer_free(tok);
 	gguf_close(gf);
@@ -386,6 +529,9 @@ int main(void)
 	tcase_add_test(tc, preemption_with_spec);
 	tcase_add_test(tc, cancel_speculating_frees);
 	tcase_add_test(tc, sampled_spec_runs);
+	tcase_add_test(tc, layerskip_equals_plain);
+	tcase_add_test(tc, layerskip_short_blocks);
+	tcase_add_test(tc, step_rows_cap);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

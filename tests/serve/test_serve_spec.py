@@ -4,9 +4,10 @@ argv[1] is the loom binary; the model is $LOOM_MODEL (skip, exit 77, when
 absent). The oracle is the same server's plain greedy answer: the server
 runs its backend batch-invariant, so a speculating greedy request must give
 exactly the plain text, streamed or not, alone or among others. Also:
-unknown strategy names are a 400 that lists the offered ones, strategies
-that need a model (layerskip) are refused at start-up naming the file, and
-/metrics counts drafts per strategy.
+unknown strategy names are a 400 that lists the offered ones, draft.so
+(a second model) is refused at start-up naming the file, layerskip.so
+(early exit, run by the scheduler per sequence) gives the plain text alone
+and concurrently, and /metrics counts drafts per strategy.
 """
 import json
 import os
@@ -142,8 +143,50 @@ def default_server():
         os.unlink(ini)
 
 
+def layerskip_server():
+    """--spec=layerskip.so: the same greedy text as plain, alone, streamed and
+    4 at once (--spec-step-rows 0: all of them draft in the same steps)."""
+    srv = Server("--ctx-size", "1024", "--parallel", "4", "--spec=ngram.so,layerskip.so",
+                 "--spec-layers", "28", "--spec-step-rows", "0")
+    try:
+        want = [text_of(srv.chat(**copy_req(i))) for i in range(len(PARAS))]
+        a = spec_metrics(srv, "layerskip")
+        one = text_of(srv.chat(**copy_req(0, speculative="layerskip")))
+        check("layerskip alone: == plain", one == want[0], f"{one!r} vs {want[0]!r}")
+        txt, _, _, _ = stream_text(srv, "/v1/chat/completions",
+                                   copy_req(1, speculative="layerskip"))
+        check("layerskip streamed: == plain", txt == want[1], (txt, want[1]))
+        got, errs = [None] * 4, []
+
+        def one_req(k):
+            try:
+                got[k] = text_of(srv.chat(**copy_req(k, speculative="layerskip")))
+            except Exception as e:  # noqa: BLE001
+                errs.append(repr(e))
+
+        th = [threading.Thread(target=one_req, args=(k,)) for k in range(4)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        check("layerskip concurrent: no errors", not errs, errs)
+        for k in range(4):
+            check(f"layerskip concurrent {k}: == plain", got[k] == want[k],
+                  f"{got[k]!r} vs {want[k]!r}")
+        b = spec_metrics(srv, "layerskip")
+        check("layerskip: drafts verified", b["drafted_tokens_total"] > a["drafted_tokens_total"], b)
+        check("layerskip: drafts accepted", b["accepted_tokens_total"] > a["accepted_tokens_total"], b)
+        check("layerskip: server exits 0", srv.stop() == 0, srv.stderr()[-500:])
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
 def refused_at_start():
-    for args, words in ((["--spec=layerskip.so"], ["layerskip.so", "model"]),
+    for args, words in ((["--spec=draft.so"], ["draft.so", "draft model"]),
+                        (["--spec=ngram.so", "--spec-draft-model", MODEL],
+                         ["--spec-draft-model", "does not run draft models"]),
+                        (["--spec=layerskip.so", "--spec-layers", "31"], ["spec_layers", "31"]),
                         (["--spec=ngram.so,nosuch.so"], ["nosuch.so", "not found"]),
                         (["--spec=ngram.so,ngram"], ["twice"]),
                         (["--spec=ngram.so", "--spec-default=other"], ["other"])):
@@ -170,7 +213,7 @@ def main():
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
-    for test in (no_spec_server, default_server, refused_at_start):
+    for test in (no_spec_server, default_server, layerskip_server, refused_at_start):
         t0 = time.time()
         try:
             test()
