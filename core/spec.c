@@ -45,6 +45,7 @@
 #include "loom_config.h"
 
 #define SPEC_MAX_DRAFT_LIMIT 64
+#define DRAFT_POOL_CHUNK 256 /* tokens per draft-model pass in the pool */
 
 /* A model the host runs for the plugin. */
 struct spec_model {
@@ -909,6 +910,7 @@ struct loom_spec_kind {
 	struct loom_spec_config cfg;
 	int32_t n_vocab;
 	int32_t ee_layers; /* early-exit layers offered to sequences; 0: none */
+	struct loom_spec_draft_pool *pool; /* draft model offered; NULL: none */
 	_Atomic uint64_t n_steps, n_drafted, n_accepted, n_tokens;
 };
 
@@ -930,6 +932,25 @@ struct loom_spec_seq {
 	void *model_user;
 	int32_t room;      /* drafts next_logits may take now (propose's max) */
 	bool soft_fail;    /* the service ran out of blocks this propose */
+	/* this sequence's cache in the draft pool (k->pool) */
+	struct loom_kv_seq dseq;
+	int32_t *dcached;  /* tokens whose K/V are in dseq, pool->n_ctx room */
+	int64_t n_dcached;
+};
+
+/* ---- the draft model of `loom serve` (one, shared by the sequences) ----
+ *
+ * Loaded once; each sequence keeps its own block table in the pool's KV
+ * cache and mirrors its tokens there, like the single-session draft model
+ * above (longest shared prefix kept, the rest run). Engine thread only. */
+struct loom_spec_draft_pool {
+	struct gguf_file *f;
+	struct loom_tokenizer *tok;
+	struct loom_model *m;
+	struct loom_kv *kv;
+	struct loom_exec *exec;
+	int32_t n_ctx, max_chunk;
+	int32_t buf[DRAFT_POOL_CHUNK];
 };
 
 static void seq_log(void *host, enum loom_log_level level, const char *msg)
@@ -955,25 +976,147 @@ static int32_t seq_draw(void *host, const float *probs)
 	return probs ? draw_from(q->draft_rng, probs, q->k->n_vocab) : -1;
 }
 
-/* next_logits for a sequence: checks the call, then asks the scheduler. */
+static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_draft,
+		       float *logits);
+
+/* next_logits for a sequence: checks the call, then runs the draft model
+ * (pool) or asks the scheduler (early exit). */
 static int seq_next_logits(void *host, enum loom_spec_model which, const int32_t *draft,
 			   int32_t n_draft, float *logits)
 {
 	struct loom_spec_seq *q = host;
 	int rc;
 
-	if (which != LOOM_SPEC_MODEL_EARLY_EXIT || !q->k->ee_layers || !q->model_fn)
+	if (which == LOOM_SPEC_MODEL_DRAFT ? !q->k->pool :
+	    which != LOOM_SPEC_MODEL_EARLY_EXIT || !q->k->ee_layers || !q->model_fn)
 		return LOOM_ERR_UNSUPPORTED;
 	if (n_draft < 0 || (n_draft && !draft) || !logits || n_draft > q->room)
 		return LOOM_ERR_INVALID;
 	for (int32_t i = 0; i < n_draft; i++)
 		if (draft[i] < 0 || draft[i] >= q->k->n_vocab)
 			return LOOM_ERR_INVALID;
+	if (which == LOOM_SPEC_MODEL_DRAFT) {
+		rc = pool_logits(q, draft, n_draft, logits);
+		if (rc == LOOM_ERR_NOMEM)
+			q->soft_fail = true;
+		return rc;
+	}
 	rc = q->model_fn(q->model_user, which, q->k->ee_layers, q->hist, q->n_hist, draft,
 			 n_draft, logits);
 	if (rc == LOOM_ERR_NOMEM)
 		q->soft_fail = true;
 	return rc;
+}
+
+void loom_spec_draft_pool_free(struct loom_spec_draft_pool *p)
+{
+	if (!p)
+		return;
+	loom_exec_free(p->exec);
+	loom_kv_free(p->kv);
+	loom_model_free(p->m);
+	loom_tokenizer_free(p->tok);
+	if (p->f)
+		gguf_close(p->f);
+	free(p);
+}
+
+struct loom_spec_draft_pool *loom_spec_draft_pool_open(const char *path,
+							const struct loom_tokenizer *tok,
+							const struct loom_model_params *mp,
+							int32_t n_ctx, int64_t n_blocks,
+							char *err, size_t errlen)
+{
+	struct loom_spec_draft_pool *p = calloc(1, sizeof(*p));
+	char why[2048];
+
+	if (!p || n_ctx <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX / 16) {
+		loom_seterr(err, errlen, "draft model %s: %s", path,
+			!p ? "out of memory" : "bad context or sequence count");
+		free(p);
+		return NULL;
+	}
+	p->n_ctx = n_ctx;
+	p->max_chunk = DRAFT_POOL_CHUNK;
+	p->f = gguf_open(path, why, sizeof(why));
+	if (p->f)
+		p->tok = loom_tokenizer_from_gguf(p->f, why, sizeof(why));
+	if (!p->f || !p->tok) {
+		loom_seterr(err, errlen, "draft model %s: %s", path, why);
+		goto out_free;
+	}
+	if (check_vocab(tok, p->tok, path, err, errlen))
+		goto out_free;
+	p->m = loom_model_load(p->f, mp, why, sizeof(why));
+	if (!p->m) {
+		loom_seterr(err, errlen, "draft model %s: %s", path, why);
+		goto out_free;
+	}
+	if (p->m->hp.n_vocab != loom_tokenizer_n_vocab(tok)) {
+		loom_seterr(err, errlen, "draft model %s: output of %lld tokens, the target has %d",
+			path, (long long)p->m->hp.n_vocab, loom_tokenizer_n_vocab(tok));
+		goto out_free;
+	}
+	p->kv = loom_kv_new(p->m->be, p->m->hp.n_layer, p->m->hp.n_head_kv * p->m->hp.head_dim,
+			    16, n_blocks, err, errlen);
+	if (!p->kv)
+		goto out_free;
+	p->exec = loom_exec_new(p->m, p->kv, p->max_chunk, 1, 1, err, errlen);
+	if (!p->exec)
+		goto out_free;
+	return p;
+out_free:
+	loom_spec_draft_pool_free(p);
+	return NULL;
+}
+
+/* Logits of the draft model after hist + draft, in q's own cache. */
+static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_draft,
+		       float *logits)
+{
+	struct loom_spec_draft_pool *p = q->k->pool;
+	int64_t len = q->n_hist + n_draft, c = 0;
+	char err[256];
+
+	if (len > p->n_ctx || q->n_hist <= 0)
+		return LOOM_ERR_INVALID;
+	if (!q->dcached) {
+		q->dcached = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
+		if (!q->dcached)
+			return LOOM_ERR_NOMEM;
+	}
+#define TOK_AT(i) ((i) < q->n_hist ? q->hist[i] : draft[(i) - q->n_hist])
+	while (c < q->n_dcached && c < len && q->dcached[c] == TOK_AT(c))
+		c++;
+	if (c == len)
+		c--; /* the last token must run to give logits */
+	loom_kv_truncate(p->kv, &q->dseq, (int32_t)c);
+	q->n_dcached = c;
+	while (c < len) {
+		int32_t n = len - c < p->max_chunk ? (int32_t)(len - c) : p->max_chunk;
+		int32_t q_start[2] = { 0, n }, out_row = n - 1;
+		struct loom_kv_seq *seqs[1] = { &q->dseq };
+		struct loom_batch b = { .n_tokens = n, .tokens = p->buf, .n_seqs = 1,
+			.q_start = q_start, .seqs = seqs, .n_out = c + n == len,
+			.out_rows = &out_row };
+		int rc;
+
+		for (int32_t i = 0; i < n; i++)
+			p->buf[i] = TOK_AT(c + i);
+		if (loom_kv_reserve(p->kv, &q->dseq, n))
+			return LOOM_ERR_NOMEM; /* no drafts this step */
+		rc = loom_exec_step(p->exec, &b, logits, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "loom: spec: draft model: %s\n", err);
+			loom_kv_truncate(p->kv, &q->dseq, (int32_t)q->n_dcached);
+			return rc;
+		}
+		memcpy(q->dcached + c, p->buf, sizeof(int32_t) * (size_t)n);
+		c += n;
+		q->n_dcached = c;
+	}
+#undef TOK_AT
+	return 0;
 }
 
 /* Stands in for the scheduler's service while a kind is probed. */
@@ -1045,6 +1188,15 @@ struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loo
 					      int32_t n_vocab, int64_t n_layer, char *err,
 					      size_t errlen)
 {
+	return loom_spec_kind_load_models(name, c, n_vocab, n_layer, NULL, err, errlen);
+}
+
+struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
+						  const struct loom_spec_config *c,
+						  int32_t n_vocab, int64_t n_layer,
+						  struct loom_spec_draft_pool *pool, char *err,
+						  size_t errlen)
+{
 	struct loom_spec_kind *k;
 	int64_t layers = c->layers > 0 ? c->layers : n_layer / 2 > 0 ? n_layer / 2 : 1;
 
@@ -1068,6 +1220,7 @@ struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loo
 		return NULL;
 	}
 	k->ee_layers = n_layer > 0 ? (int32_t)layers : 0;
+	k->pool = pool;
 	if (open_plugin(name, k->path, sizeof(k->path), &k->dl, &k->p, err, errlen) ||
 	    kind_probe(k, err, errlen)) {
 		free(k); /* never dlclose (see backend_loader.c) */
@@ -1121,13 +1274,14 @@ struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t ma
 		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
 		.struct_size = sizeof(struct loom_spec_host), .host = q,
 		.log = seq_log, .tokens = seq_tokens, .draw = seq_draw,
-		.next_logits = fn && k->ee_layers ? seq_next_logits : NULL,
+		.next_logits = (fn && k->ee_layers) || k->pool ? seq_next_logits : NULL,
 	};
 	q->params = (struct loom_spec_params){
 		.struct_size = sizeof(struct loom_spec_params), .n_vocab = k->n_vocab,
 		.min_draft = k->cfg.min_draft < q->max_draft ? k->cfg.min_draft : q->max_draft,
 		.max_draft = q->max_draft, .ngram_min = k->cfg.ngram_min,
 		.ngram_max = k->cfg.ngram_max, .layers = fn ? k->ee_layers : 0,
+		.has_draft_model = k->pool != NULL,
 	};
 	rc = k->p->create(&q->host, &q->params, &q->ctx, msg, sizeof(msg));
 	if (rc) {
@@ -1151,6 +1305,9 @@ void loom_spec_seq_free(struct loom_spec_seq *q)
 		return;
 	if (q->ctx)
 		q->k->p->destroy(q->ctx);
+	if (q->k->pool)
+		loom_kv_seq_release(q->k->pool->kv, &q->dseq);
+	free(q->dcached);
 	free(q->dtok);
 	free(q->dprobs);
 	free(q->ptgt);

@@ -148,6 +148,28 @@ struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t ma
 					    uint64_t seed, loom_spec_model_fn fn, void *user,
 					    char *err, size_t errlen);
 
+/* A draft model for the scheduler's sequences (draft.so in `loom serve`):
+ * loaded once from path with model params mp, its vocabulary checked
+ * against tok token for token; its own KV cache has n_blocks blocks of
+ * 16 tokens, each sequence (of at most n_ctx tokens) keeping its own block
+ * table there (freed with the sequence). Used on the engine thread only. NULL
+ * with err naming the file. Free after every kind using it. */
+struct loom_spec_draft_pool;
+struct loom_spec_draft_pool *loom_spec_draft_pool_open(const char *path,
+							const struct loom_tokenizer *tok,
+							const struct loom_model_params *mp,
+							int32_t n_ctx, int64_t n_blocks,
+							char *err, size_t errlen);
+void loom_spec_draft_pool_free(struct loom_spec_draft_pool *p);
+/* loom_spec_kind_load_ee that also offers the draft model of pool
+ * (NULL: none) as LOOM_SPEC_MODEL_DRAFT; short of draft blocks, a
+ * sequence drafts nothing that step. */
+struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
+						  const struct loom_spec_config *c,
+						  int32_t n_vocab, int64_t n_layer,
+						  struct loom_spec_draft_pool *pool, char *err,
+						  size_t errlen);
+
 /* Tells the plugin what its last proposal came to. */
 void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
 			   const int32_t *new_tokens, int32_t n_new);

@@ -228,7 +228,7 @@ static void serve_usage(FILE *out)
 	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
 	      "       [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
 	      "       [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
-	      "       [--spec-layers N] [--spec-step-rows 8]\n", out);
+	      "       [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n", out);
 }
 
 static int parse_args(int argc, char **argv, struct srv_opts *o, char *err, size_t errlen)
@@ -358,9 +358,10 @@ static int load_one_spec(struct server *srv, const char *name, const struct loom
 		loom_seterr(err, errlen, "--spec: at most %d strategies", SRV_MAX_SPEC);
 		return -1;
 	}
-	/* the scheduler runs the early-exit model (layerskip), not a draft model */
-	k = loom_spec_kind_load_ee(name, c, (int32_t)srv->m->hp.n_vocab, srv->m->hp.n_layer, err,
-				   errlen);
+	/* the scheduler runs the early-exit model (layerskip); spec.c the draft
+	 * model of --spec-draft-model (draft.so) */
+	k = loom_spec_kind_load_models(name, c, (int32_t)srv->m->hp.n_vocab, srv->m->hp.n_layer,
+				       srv->draft_pool, err, errlen);
 	if (!k)
 		return -1;
 	if (server_find_spec(srv, loom_spec_kind_name(k))) {
@@ -394,9 +395,22 @@ static int load_specs(struct server *srv, char *err, size_t errlen)
 		c.ngram_max = b->spec_ngram_max;
 	c.layers = b->spec_layers;
 	if (b->spec_draft_model[0]) {
-		loom_seterr(err, errlen, "--spec-draft-model %s: loom serve does not run draft models yet (draft.so); use ngram or layerskip, or loom run",
-			    b->spec_draft_model);
-		return -1;
+		struct loom_model_params mp = {
+			.backend = b->backend, .n_threads = b->n_threads,
+			.backend_flags = LOOM_BACKEND_BATCH_INVARIANT,
+		};
+
+		/* as many tokens as the target's cache (start_sched), 16 per block */
+		int64_t blocks = ((int64_t)srv->n_ctx + 15) / 16 * srv->o.parallel;
+
+		if (srv->o.kv_mem)
+			blocks = loom_sched_plan_blocks(srv->m, 16, srv->o.kv_mem);
+		srv->draft_pool = loom_spec_draft_pool_open(b->spec_draft_model, srv->tok, &mp,
+							    srv->n_ctx, blocks, err, errlen);
+		if (!srv->draft_pool)
+			return -1;
+		fprintf(stderr, "loom serve: draft model %s, a cache of %lld tokens\n",
+			b->spec_draft_model, (long long)blocks * 16);
 	}
 	snprintf(list, sizeof(list), "%s", b->spec);
 	for (name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
@@ -585,6 +599,7 @@ out:
 	loom_sched_free(srv->sched);
 	for (int i = 0; i < srv->n_spec; i++)
 		loom_spec_kind_free(srv->spec[i]);
+	loom_spec_draft_pool_free(srv->draft_pool);
 	loom_model_free(srv->m);
 	loom_tokenizer_free(srv->tok);
 	if (srv->f)

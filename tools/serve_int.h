@@ -93,6 +93,7 @@ struct server {
 	struct loom_spec_kind *spec[SRV_MAX_SPEC];
 	int n_spec;
 	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
+	struct loom_spec_draft_pool *draft_pool; /* --spec-draft-model, or NULL */
 	struct loom_chat_template chat;
 	bool chat_ok;
 	char chat_err[256];

@@ -474,6 +474,73 @@ START_TEST(step_rows_cap)
 }
 END_TEST
 
+/* draft.so with the target itself as the draft model (a plumbing check:
+ * its greedy drafts are the target's choices, so nearly all are
+ * accepted): 4 concurrent requests, each in its own block table of the
+ * pool, equal plain runs alone; a pool of 2 blocks (drafts have no room:
+ * none that step) changes nothing either. */
+START_TEST(draft_pool_equals_plain)
+{
+	enum { N = 4 };
+	struct loom_model_params mp = { .backend = "cpu.so",
+		.backend_flags = LOOM_BACKEND_BATCH_INVARIANT };
+	const char *env = getenv("LOOM_SCHED_BACKEND");
+	struct job *jobs = make_jobs(N, 64, true);
+	struct loom_spec_draft_pool *pool;
+	struct loom_spec_kind *draft;
+	struct loom_spec_config c;
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+	char err[1024], other[4096];
+	const char *root = getenv("LOOM_BUILD_ROOT");
+
+	if (env && *env)
+		mp.backend = env;
+	loom_spec_config_defaults(&c);
+	c.max_draft = 6;
+	run_alone(jobs, N, ref);
+	for (int blocks = 200; blocks >= 2; blocks -= 198) {
+		pool = loom_spec_draft_pool_open(getenv("LOOM_MODEL"), tok, &mp, 512, blocks, err,
+						 sizeof(err));
+		ck_assert_msg(pool != NULL, "%s", err);
+		draft = loom_spec_kind_load_models("draft", &c, (int32_t)model->hp.n_vocab, 0, pool,
+						   err, sizeof(err));
+		ck_assert_msg(draft != NULL, "%s", err);
+		for (int i = 0; i < N; i++)
+			jobs[i].spec = draft;
+		s = new_sched(0, true);
+		for (int i = 0; i < N; i++)
+			submit(s, &jobs[i], true);
+		drain(s);
+		loom_sched_get_stats(s, &st);
+		for (int i = 0; i < N; i++)
+			assert_same(&jobs[i].c, &ref[i], i);
+		fprintf(stderr, "draft (%d blocks): %llu steps, %llu drafted, %llu accepted\n", blocks,
+			(unsigned long long)st.spec_steps, (unsigned long long)st.spec_drafted,
+			(unsigned long long)st.spec_accepted);
+		if (blocks > 2) {
+			ck_assert_uint_gt(st.spec_drafted, 0);
+			ck_assert_uint_ge(st.spec_accepted * 10, st.spec_drafted * 9);
+		}
+		ck_assert_int_eq(st.blocks_used, 0);
+		loom_sched_free(s);
+		loom_spec_kind_free(draft);
+		loom_spec_draft_pool_free(pool);
+	}
+	/* another vocabulary is refused, naming the file */
+	if (root) {
+		snprintf(other, sizeof(other), "%s/tests/spec/other_vocab.gguf", root);
+		if (access(other, R_OK) == 0) {
+			pool = loom_spec_draft_pool_open(other, tok, &mp, 512, 10, err, sizeof(err));
+			ck_assert_ptr_null(pool);
+			ck_assert_msg(strstr(err, other) && strstr(err, "vocabulary"), "%s", err);
+		}
+	}
+	free(jobs);
+}
+END_TEST
+
 static void load_model(void)
 {
 	const char *path = getenv("LOOM_MODEL");
@@ -532,6 +599,7 @@ int main(void)
 	tcase_add_test(tc, layerskip_equals_plain);
 	tcase_add_test(tc, layerskip_short_blocks);
 	tcase_add_test(tc, step_rows_cap);
+	tcase_add_test(tc, draft_pool_equals_plain);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

@@ -5,7 +5,8 @@ absent). The oracle is the same server's plain greedy answer: the server
 runs its backend batch-invariant, so a speculating greedy request must give
 exactly the plain text, streamed or not, alone or among others. Also:
 unknown strategy names are a 400 that lists the offered ones, draft.so
-(a second model) is refused at start-up naming the file, layerskip.so
+without --spec-draft-model is refused at start-up naming the file, draft.so
+with the target as its own draft model gives the plain text, layerskip.so
 (early exit, run by the scheduler per sequence) gives the plain text alone
 and concurrently, and /metrics counts drafts per strategy.
 """
@@ -182,10 +183,44 @@ def layerskip_server():
             srv.proc.kill()
 
 
+def draft_server():
+    """draft.so with the target as its own draft model (every draft is the
+    target's choice): the plain text, alone and 4 at once, drafts accepted."""
+    srv = Server("--ctx-size", "1024", "--parallel", "4", "--spec=draft.so",
+                 "--spec-draft-model", MODEL, "--spec-step-rows", "0")
+    try:
+        want = [text_of(srv.chat(**copy_req(i))) for i in range(len(PARAS))]
+        got, errs = [None] * 4, []
+
+        def one_req(k):
+            try:
+                got[k] = text_of(srv.chat(**copy_req(k, speculative="draft")))
+            except Exception as e:  # noqa: BLE001
+                errs.append(repr(e))
+
+        one_req(0)
+        check("draft alone: == plain", got[0] == want[0], f"{got[0]!r} vs {want[0]!r}")
+        th = [threading.Thread(target=one_req, args=(k,)) for k in range(4)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        check("draft concurrent: no errors", not errs, errs)
+        for k in range(4):
+            check(f"draft concurrent {k}: == plain", got[k] == want[k],
+                  f"{got[k]!r} vs {want[k]!r}")
+        m = spec_metrics(srv, "draft")
+        check("draft: drafts accepted", m["accepted_tokens_total"] > 0, m)
+        check("draft: server exits 0", srv.stop() == 0, srv.stderr()[-500:])
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
 def refused_at_start():
     for args, words in ((["--spec=draft.so"], ["draft.so", "draft model"]),
-                        (["--spec=ngram.so", "--spec-draft-model", MODEL],
-                         ["--spec-draft-model", "does not run draft models"]),
+                        (["--spec=draft.so", "--spec-draft-model", "/nonexistent.gguf"],
+                         ["/nonexistent.gguf"]),
                         (["--spec=layerskip.so", "--spec-layers", "31"], ["spec_layers", "31"]),
                         (["--spec=ngram.so,nosuch.so"], ["nosuch.so", "not found"]),
                         (["--spec=ngram.so,ngram"], ["twice"]),
@@ -213,7 +248,8 @@ def main():
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
-    for test in (no_spec_server, default_server, layerskip_server, refused_at_start):
+    for test in (no_spec_server, default_server, layerskip_server, draft_server,
+                 refused_at_start):
         t0 = time.time()
         try:
             test()
