@@ -78,10 +78,12 @@ int64_t loom_spec_decode(struct loom_spec *sp, struct loom_sampler *smp, bool gr
  *
  * A *kind* is a strategy loaded once and shared; each sequence that asks
  * for it gets its own plugin context (struct loom_spec_seq), created and
- * used on one thread. Sequences get the model-free services only (tokens,
- * draw, log; next_logits is NULL), so a strategy that needs a model
- * (layerskip, draft) is refused by loom_spec_kind_load: it creates and
- * destroys one context there to find out. */
+ * used on one thread. Through loom_spec_kind_load sequences get the
+ * model-free services only (tokens, draw, log; next_logits is NULL), so a
+ * strategy that needs a model (layerskip, draft) is refused there: it
+ * creates and destroys one context to find out. loom_spec_kind_load_ee /
+ * _models (below) also offer the early-exit model, run by the scheduler
+ * (loom_spec_seq_new_svc), and a draft model (loom_spec_draft_pool). */
 struct loom_spec_kind;
 struct loom_spec_seq;
 
