@@ -109,63 +109,20 @@ static void attn_task_run(void *arg, int64_t c, int ith)
 		attn_unit(tk, scratch, u);
 }
 
-static bool attn_args_ok(const struct loom_attention_args *a)
-{
-	if (a->n_seqs < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0 || a->block_size <= 0 ||
-	    a->max_blocks < 0 || a->window < 0 || !(a->softcap >= 0.0f))
-		return false;
-	if (a->head_dim > INT64_MAX / 16 / a->n_heads)
-		return false;
-	if (a->max_blocks > 0 && a->n_seqs > INT64_MAX / 16 / a->max_blocks)
-		return false;
-	return true;
-}
-
-/* Per-sequence tables (device int32 arrays): query ranges ascending, every
- * query row backed by a cached token, block tables long enough, block ids
- * usable. Sets *rows (query rows in all) and *longest (largest kv_len). */
-static bool attn_seqs_ok(const struct loom_attention_args *a, int64_t *rows, int64_t *longest)
-{
-	int64_t kv_dim = a->n_kv_heads * a->head_dim;
-
-	*rows = 0;
-	*longest = 0;
-	if (a->q_start[0] < 0)
-		return false;
-	for (int64_t s = 0; s < a->n_seqs; s++) {
-		int64_t q_len = (int64_t)a->q_start[s + 1] - a->q_start[s];
-		int64_t kv_len = a->kv_len[s];
-		int64_t n_blocks = (kv_len + a->block_size - 1) / a->block_size;
-
-		if (q_len < 0 || kv_len < q_len || n_blocks > a->max_blocks)
-			return false;
-		for (int64_t j = 0; j < n_blocks; j++) {
-			int64_t block = a->block_table[s * a->max_blocks + j];
-
-			if (block < 0 || !cpu_slot_ok((block + 1) * a->block_size, kv_dim))
-				return false;
-		}
-		if (kv_len > *longest)
-			*longest = kv_len;
-	}
-	*rows = a->q_start[a->n_seqs];
-	return true;
-}
 
 /* The reference backend's rules, in its order. 1: nothing to do. */
 static int attn_check(const struct loom_attention_args *a, int64_t *longest)
 {
 	int64_t rows, width;
 
-	if (!a || a->struct_size < sizeof(*a) || !attn_args_ok(a))
+	if (!a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return 1;
-	if (!a->q_start || !a->kv_len || !a->block_table || !attn_seqs_ok(a, &rows, longest))
+	if (!a->q_start || !a->kv_len || !a->block_table || !loom_check_attention_tables(a, a->q_start, a->kv_len, a->block_table, &rows, longest))
 		return LOOM_ERR_INVALID;
 	width = a->n_heads * a->head_dim;
-	if (!cpu_shape_ok(rows, width, a->q_stride) || !cpu_shape_ok(rows, width, a->out_stride))
+	if (!loom_check_shape(rows, width, a->q_stride) || !loom_check_shape(rows, width, a->out_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0)
 		return 1;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "loom/backend.h"
+#include "loom/backend_check.h"
 
 /* ---- thread pool (pool.c) ---- */
 
@@ -132,26 +133,6 @@ typedef void (*cpu_rows_fn)(struct loom_backend_ctx *ctx, const void *args, int6
 			    int64_t r1);
 void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args, int64_t rows,
 		  double work);
-
-/*
- * Argument rules shared with the reference backend: rows rows of n floats
- * `stride` floats apart must not overlap, and the furthest offset must fit
- * comfortably in int64 (also counted in bytes).
- */
-static inline bool cpu_shape_ok(int64_t rows, int64_t n, int64_t stride)
-{
-	if (rows < 0 || n < 0 || stride < n)
-		return false;
-	if (rows <= 1 || stride == 0)
-		return true;
-	return rows - 1 <= (INT64_MAX / 16 - n) / stride;
-}
-
-/* A cache slot, of row_floats floats per slot, whose offset is representable. */
-static inline bool cpu_slot_ok(int64_t slot, int64_t row_floats)
-{
-	return slot >= 0 && (row_floats == 0 || slot < INT64_MAX / 16 / row_floats);
-}
 
 /* ---- operators (gemm.c, ops.c, attention.c) ---- */
 

@@ -160,8 +160,8 @@ static int gemm_check(const struct loom_gemm_args *a)
 	if (blocks > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(a->w_type))
 		return LOOM_ERR_INVALID;
 	w_row = (size_t)blocks * cpu_block_bytes(a->w_type);
-	if (a->w_stride < w_row || !cpu_shape_ok(a->m, a->k, a->x_stride) ||
-	    !cpu_shape_ok(a->m, a->n, a->y_stride))
+	if (a->w_stride < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
+	    !loom_check_shape(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n > 1 &&
 	    (uint64_t)(a->n - 1) > (INT64_MAX / 16 - w_row) / (a->w_stride ? a->w_stride : 1))

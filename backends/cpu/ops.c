@@ -42,7 +42,7 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 	    (uint64_t)(dim / cpu_block_elems(type)) > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(type))
 		return LOOM_ERR_INVALID;
 	need = (size_t)(dim / cpu_block_elems(type)) * cpu_block_bytes(type);
-	if (row_bytes < need || !cpu_shape_ok(n_ids, dim, dim))
+	if (row_bytes < need || !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
 	if (row_bytes > 0 && (uint64_t)n_rows > (uint64_t)(INT64_MAX / 16) / row_bytes)
 		return LOOM_ERR_INVALID;
@@ -95,7 +95,7 @@ int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const 
 {
 	struct rmsnorm_args a = { y, y_stride, x, x_stride, w, n, eps };
 
-	if (!ctx || !cpu_shape_ok(rows, n, x_stride) || !cpu_shape_ok(rows, n, y_stride))
+	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -159,7 +159,7 @@ int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 		return LOOM_ERR_INVALID;
 	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
 		return LOOM_ERR_INVALID;
-	if (!cpu_shape_ok(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
+	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
 		return LOOM_OK;
@@ -221,8 +221,8 @@ int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 
 	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
 		return LOOM_ERR_INVALID;
-	if (!cpu_shape_ok(rows, n, out_stride) || !cpu_shape_ok(rows, n, gate_stride) ||
-	    !cpu_shape_ok(rows, n, up_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
+	    !loom_check_shape(rows, n, up_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -265,8 +265,8 @@ int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const 
 
 	if (!ctx || (b_rows != 1 && b_rows != rows))
 		return LOOM_ERR_INVALID;
-	if (!cpu_shape_ok(rows, n, out_stride) || !cpu_shape_ok(rows, n, a_stride) ||
-	    !cpu_shape_ok(b_rows, n, b_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, a_stride) ||
+	    !loom_check_shape(b_rows, n, b_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -299,7 +299,7 @@ int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t ro
 {
 	struct scale_args a = { x, stride, n, s };
 
-	if (!ctx || !cpu_shape_ok(rows, n, stride))
+	if (!ctx || !loom_check_shape(rows, n, stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -315,15 +315,15 @@ int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *
 {
 	if (!ctx || !a || a->struct_size < sizeof(*a))
 		return LOOM_ERR_INVALID;
-	if (!cpu_shape_ok(a->n_tokens, a->kv_dim, a->k_stride) ||
-	    !cpu_shape_ok(a->n_tokens, a->kv_dim, a->v_stride))
+	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
+	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->kv_dim == 0)
 		return LOOM_OK;
 	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
 		return LOOM_ERR_INVALID;
 	for (int64_t t = 0; t < a->n_tokens; t++)
-		if (!cpu_slot_ok(a->slots[t], a->kv_dim))
+		if (!loom_check_slot(a->slots[t], a->kv_dim))
 			return LOOM_ERR_INVALID;
 	for (int64_t t = 0; t < a->n_tokens; t++) {
 		size_t off = (size_t)a->slots[t] * (size_t)a->kv_dim;

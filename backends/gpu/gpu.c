@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "gpu_rt.h"
+#include "loom/backend_check.h"
 
 #ifndef GPU_BACKEND_NAME
 #error "GPU_BACKEND_NAME must name the backend (\"cuda\" or \"rocm\")"
@@ -80,25 +81,7 @@ static int rt_failed(struct loom_backend_ctx *ctx, int rc)
 
 /* ---- argument checks (the same rules as ref_ops.c) ---- */
 
-static bool shape_ok(int64_t rows, int64_t n, int64_t stride)
-{
-	if (rows < 0 || n < 0 || stride < n)
-		return false;
-	if (rows <= 1 || stride == 0)
-		return true;
-	return rows - 1 <= (INT64_MAX / 16 - n) / stride;
-}
 
-static bool bytes_ok(int64_t rows, size_t row_bytes, size_t stride)
-{
-	const uint64_t limit = INT64_MAX / 16;
-
-	if (row_bytes > limit)
-		return false;
-	if (rows <= 1 || stride == 0)
-		return true;
-	return (uint64_t)(rows - 1) <= (limit - row_bytes) / stride;
-}
 
 static size_t row_size(int64_t n, uint32_t type, bool *ok)
 {
@@ -113,10 +96,6 @@ static size_t row_size(int64_t n, uint32_t type, bool *ok)
 	return *ok ? (size_t)(blocks * bb) : 0;
 }
 
-static bool slot_ok(int64_t slot, int64_t row_floats)
-{
-	return slot >= 0 && (row_floats == 0 || slot < INT64_MAX / 16 / row_floats);
-}
 
 /* ---- scratch ---- */
 
@@ -347,8 +326,8 @@ static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a
 	if (!gpurt_format_known(a->w_type))
 		return LOOM_ERR_UNSUPPORTED;
 	w_row = row_size(a->k, a->w_type, &ok);
-	if (!ok || a->w_stride < w_row || !bytes_ok(a->n, w_row, a->w_stride) ||
-	    !shape_ok(a->m, a->k, a->x_stride) || !shape_ok(a->m, a->n, a->y_stride))
+	if (!ok || a->w_stride < w_row || !loom_check_bytes(a->n, w_row, a->w_stride) ||
+	    !loom_check_shape(a->m, a->k, a->x_stride) || !loom_check_shape(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
@@ -373,8 +352,8 @@ static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table
 	if (!gpurt_format_known(type))
 		return LOOM_ERR_UNSUPPORTED;
 	need = row_size(dim, type, &ok);
-	if (!ok || row_bytes < need || !bytes_ok(n_rows, need, row_bytes) ||
-	    !shape_ok(n_ids, dim, dim))
+	if (!ok || row_bytes < need || !loom_check_bytes(n_rows, need, row_bytes) ||
+	    !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
 	if (n_ids == 0)
 		return LOOM_OK;
@@ -397,7 +376,7 @@ static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table
 static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
 		       int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
-	if (!ctx || !shape_ok(rows, n, x_stride) || !shape_ok(rows, n, y_stride))
+	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -417,7 +396,7 @@ static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a
 		return LOOM_ERR_INVALID;
 	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
+	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
 		return LOOM_OK;
@@ -432,8 +411,8 @@ static int gpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float 
 {
 	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(rows, n, out_stride) || !shape_ok(rows, n, gate_stride) ||
-	    !shape_ok(rows, n, up_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
+	    !loom_check_shape(rows, n, up_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -449,8 +428,8 @@ static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 {
 	if (!ctx || (b_rows != 1 && b_rows != rows))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(rows, n, out_stride) || !shape_ok(rows, n, a_stride) ||
-	    !shape_ok(b_rows, n, b_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, a_stride) ||
+	    !loom_check_shape(b_rows, n, b_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -463,7 +442,7 @@ static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
 		     int64_t n, float s)
 {
-	if (!ctx || !shape_ok(rows, n, stride))
+	if (!ctx || !loom_check_shape(rows, n, stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -479,8 +458,8 @@ static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write
 
 	if (!ctx || !a || a->struct_size < sizeof(*a))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(a->n_tokens, a->kv_dim, a->k_stride) ||
-	    !shape_ok(a->n_tokens, a->kv_dim, a->v_stride))
+	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
+	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->kv_dim == 0)
 		return LOOM_OK;
@@ -490,26 +469,13 @@ static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write
 	if (!h)
 		return rc;
 	for (int64_t t = 0; t < a->n_tokens; t++)
-		if (!slot_ok(h[t], a->kv_dim))
+		if (!loom_check_slot(h[t], a->kv_dim))
 			return LOOM_ERR_INVALID;
 	return rt_failed(ctx, gpurt_kv_write(ctx->rt, a));
 }
 
 /* ---- attention ---- */
 
-static bool attention_args_ok(const struct loom_attention_args *a)
-{
-	if (a->n_seqs < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0 || a->block_size <= 0 ||
-	    a->block_size > INT32_MAX || a->max_blocks < 0 || a->window < 0 ||
-	    !(a->softcap >= 0.0f))
-		return false;
-	if (a->head_dim > INT64_MAX / 16 / a->n_heads)
-		return false;
-	if (a->max_blocks > 0 && a->n_seqs > INT64_MAX / 16 / a->max_blocks)
-		return false;
-	return true;
-}
 
 /* Host copies of the three device tables, checked like ref's seqs_ok. */
 struct attn_tables {
@@ -520,7 +486,7 @@ struct attn_tables {
 static int fetch_tables(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
 			struct attn_tables *t)
 {
-	int64_t n_table = a->n_seqs * a->max_blocks, kv_dim = a->n_kv_heads * a->head_dim;
+	int64_t n_table = a->n_seqs * a->max_blocks, longest;
 	int64_t total = 2 * a->n_seqs + 1 + n_table;
 	int32_t *h;
 	int rc;
@@ -542,23 +508,9 @@ static int fetch_tables(struct loom_backend_ctx *ctx, const struct loom_attentio
 	t->q_start = h;
 	t->kv_len = h + a->n_seqs + 1;
 	t->block_table = h + 2 * a->n_seqs + 1;
-	if (t->q_start[0] < 0)
+	if (!loom_check_attention_tables(a, t->q_start, t->kv_len, t->block_table,
+					 &t->rows, &longest))
 		return LOOM_ERR_INVALID;
-	for (int64_t s = 0; s < a->n_seqs; s++) {
-		int64_t q_len = (int64_t)t->q_start[s + 1] - t->q_start[s];
-		int64_t kv_len = t->kv_len[s];
-		int64_t n_blocks = (kv_len + a->block_size - 1) / a->block_size;
-
-		if (q_len < 0 || kv_len < q_len || n_blocks > a->max_blocks)
-			return LOOM_ERR_INVALID;
-		for (int64_t j = 0; j < n_blocks; j++) {
-			int64_t block = t->block_table[s * a->max_blocks + j];
-
-			if (block < 0 || !slot_ok((block + 1) * a->block_size, kv_dim))
-				return LOOM_ERR_INVALID;
-		}
-	}
-	t->rows = t->q_start[a->n_seqs];
 	return LOOM_OK;
 }
 
@@ -658,7 +610,7 @@ static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attenti
 	int64_t width;
 	int rc;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || !attention_args_ok(a))
+	if (!ctx || !a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return LOOM_OK;
@@ -668,7 +620,7 @@ static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attenti
 	if (rc)
 		return rc;
 	width = a->n_heads * a->head_dim;
-	if (!shape_ok(t.rows, width, a->q_stride) || !shape_ok(t.rows, width, a->out_stride))
+	if (!loom_check_shape(t.rows, width, a->q_stride) || !loom_check_shape(t.rows, width, a->out_stride))
 		return LOOM_ERR_INVALID;
 	if (t.rows == 0)
 		return LOOM_OK;

@@ -14,6 +14,7 @@
 #define LOOM_REF_H
 
 #include "loom/backend.h"
+#include "loom/backend_check.h"
 
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;

@@ -14,33 +14,6 @@
 
 /* ---- argument checks ---- */
 
-/*
- * rows rows of n floats, `stride` floats apart: strides must not overlap
- * rows, and the furthest element offset must fit comfortably in int64 (so
- * every pointer offset below is representable, also in bytes).
- */
-static bool shape_ok(int64_t rows, int64_t n, int64_t stride)
-{
-	if (rows < 0 || n < 0 || stride < n)
-		return false;
-	if (rows <= 1 || stride == 0)
-		return true;
-	return rows - 1 <= (INT64_MAX / 16 - n) / stride;
-}
-
-/* rows rows of row_bytes bytes, `stride` bytes apart (stride >= row_bytes):
- * the furthest byte offset must fit comfortably in int64. */
-static bool bytes_ok(int64_t rows, size_t row_bytes, size_t stride)
-{
-	const uint64_t limit = INT64_MAX / 16;
-
-	if (row_bytes > limit)
-		return false;
-	if (rows <= 1 || stride == 0)
-		return true;
-	return (uint64_t)(rows - 1) <= (limit - row_bytes) / stride;
-}
-
 /* Block geometry of a weight type. f32 is built in; every other format
  * comes from the host's registry (a quantization plugin). */
 static bool format_of(struct loom_backend_ctx *ctx, uint32_t type,
@@ -131,8 +104,8 @@ int ref_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!format_of(ctx, a->w_type, &be, &bb))
 		return LOOM_ERR_UNSUPPORTED;
 	w_row = row_size(a->k, be, bb, &ok);
-	if (!ok || a->w_stride < w_row || !bytes_ok(a->n, w_row, a->w_stride) ||
-	    !shape_ok(a->m, a->k, a->x_stride) || !shape_ok(a->m, a->n, a->y_stride))
+	if (!ok || a->w_stride < w_row || !loom_check_bytes(a->n, w_row, a->w_stride) ||
+	    !loom_check_shape(a->m, a->k, a->x_stride) || !loom_check_shape(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
@@ -168,8 +141,8 @@ int ref_embed(struct loom_backend_ctx *ctx, float *out, const void *table,
 	if (!format_of(ctx, type, &be, &bb))
 		return LOOM_ERR_UNSUPPORTED;
 	need = row_size(dim, be, bb, &ok);
-	if (!ok || row_bytes < need || !bytes_ok(n_rows, need, row_bytes) ||
-	    !shape_ok(n_ids, dim, dim))
+	if (!ok || row_bytes < need || !loom_check_bytes(n_rows, need, row_bytes) ||
+	    !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
 	if (n_ids == 0)
 		return LOOM_OK;
@@ -193,7 +166,7 @@ int ref_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride,
 		const float *x, int64_t x_stride, const float *w,
 		int64_t rows, int64_t n, float eps)
 {
-	if (!ctx || !shape_ok(rows, n, x_stride) || !shape_ok(rows, n, y_stride))
+	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -256,7 +229,7 @@ int ref_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 		return LOOM_ERR_INVALID;
 	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
+	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
 		return LOOM_OK;
@@ -287,8 +260,8 @@ int ref_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 {
 	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(rows, n, out_stride) || !shape_ok(rows, n, gate_stride) ||
-	    !shape_ok(rows, n, up_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
+	    !loom_check_shape(rows, n, up_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -311,8 +284,8 @@ int ref_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 {
 	if (!ctx || (b_rows != 1 && b_rows != rows))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(rows, n, out_stride) || !shape_ok(rows, n, a_stride) ||
-	    !shape_ok(b_rows, n, b_stride))
+	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, a_stride) ||
+	    !loom_check_shape(b_rows, n, b_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -330,7 +303,7 @@ int ref_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 int ref_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 	      int64_t rows, int64_t n, float s)
 {
-	if (!ctx || !shape_ok(rows, n, stride))
+	if (!ctx || !loom_check_shape(rows, n, stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0 || n == 0)
 		return LOOM_OK;
@@ -344,26 +317,19 @@ int ref_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 
 /* ---- paged KV cache ---- */
 
-/* The args carry no cache size, so a slot can only be checked for being
- * non-negative and small enough that its offset is representable. */
-static bool slot_ok(int64_t slot, int64_t row_floats)
-{
-	return slot >= 0 && (row_floats == 0 || slot < INT64_MAX / 16 / row_floats);
-}
-
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
 	if (!ctx || !a || a->struct_size < sizeof(*a))
 		return LOOM_ERR_INVALID;
-	if (!shape_ok(a->n_tokens, a->kv_dim, a->k_stride) ||
-	    !shape_ok(a->n_tokens, a->kv_dim, a->v_stride))
+	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
+	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
 		return LOOM_ERR_INVALID;
 	if (a->n_tokens == 0 || a->kv_dim == 0)
 		return LOOM_OK;
 	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
 		return LOOM_ERR_INVALID;
 	for (int64_t t = 0; t < a->n_tokens; t++)
-		if (!slot_ok(a->slots[t], a->kv_dim))
+		if (!loom_check_slot(a->slots[t], a->kv_dim))
 			return LOOM_ERR_INVALID;
 	for (int64_t t = 0; t < a->n_tokens; t++) {
 		int64_t dst = (int64_t)a->slots[t] * a->kv_dim;
@@ -376,51 +342,6 @@ int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *
 
 /* ---- attention ---- */
 
-/* Checks the per-sequence tables: query ranges ascending, every query row
- * backed by a cached token, block tables long enough, block ids usable.
- * Sets *rows (query rows in all) and *longest (largest kv_len). */
-static bool seqs_ok(const struct loom_attention_args *a, int64_t *rows, int64_t *longest)
-{
-	int64_t kv_dim = a->n_kv_heads * a->head_dim;
-
-	*rows = 0;
-	*longest = 0;
-	if (a->q_start[0] < 0)
-		return false;
-	for (int64_t s = 0; s < a->n_seqs; s++) {
-		int64_t q_len = (int64_t)a->q_start[s + 1] - a->q_start[s];
-		int64_t kv_len = a->kv_len[s];
-		int64_t n_blocks = (kv_len + a->block_size - 1) / a->block_size;
-
-		if (q_len < 0 || kv_len < q_len || n_blocks > a->max_blocks)
-			return false;
-		for (int64_t j = 0; j < n_blocks; j++) {
-			int64_t block = a->block_table[s * a->max_blocks + j];
-
-			if (block < 0 || !slot_ok((block + 1) * a->block_size, kv_dim))
-				return false;
-		}
-		if (kv_len > *longest)
-			*longest = kv_len;
-	}
-	*rows = a->q_start[a->n_seqs];
-	return true;
-}
-
-static bool attention_args_ok(const struct loom_attention_args *a)
-{
-	if (a->n_seqs < 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0 ||
-	    a->block_size <= 0 || a->block_size > INT32_MAX || a->max_blocks < 0 ||
-	    a->window < 0 ||
-	    !(a->softcap >= 0.0f))
-		return false;
-	if (a->head_dim > INT64_MAX / 16 / a->n_heads)
-		return false;
-	if (a->max_blocks > 0 && a->n_seqs > INT64_MAX / 16 / a->max_blocks)
-		return false;
-	return true;
-}
 
 /* Address of the cached key (or value) of token t of sequence s, KV head kvh. */
 static const float *cache_at(const struct loom_attention_args *a, const float *cache,
@@ -474,14 +395,14 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	int64_t rows, longest, width, group;
 	float *p;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || !attention_args_ok(a))
+	if (!ctx || !a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return LOOM_OK;
-	if (!a->q_start || !a->kv_len || !a->block_table || !seqs_ok(a, &rows, &longest))
+	if (!a->q_start || !a->kv_len || !a->block_table || !loom_check_attention_tables(a, a->q_start, a->kv_len, a->block_table, &rows, &longest))
 		return LOOM_ERR_INVALID;
 	width = a->n_heads * a->head_dim;
-	if (!shape_ok(rows, width, a->q_stride) || !shape_ok(rows, width, a->out_stride))
+	if (!loom_check_shape(rows, width, a->q_stride) || !loom_check_shape(rows, width, a->out_stride))
 		return LOOM_ERR_INVALID;
 	if (rows == 0)
 		return LOOM_OK;
