@@ -80,6 +80,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
             self.server.aborted += 1
+            self.server.aborted_prompts.append(last)
 
     def _stream(self, last):
         if last == "slow":
@@ -119,6 +120,7 @@ def start(page_path):
         srv.page = f.read()
     srv.requests = []
     srv.aborted = 0
+    srv.aborted_prompts = []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
