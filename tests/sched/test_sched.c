@@ -16,38 +16,12 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "harness.h"
 #include "scheduler.h"
 
-#define MAX_GEN 128
 
 static struct gguf_file *gf;
 static struct loom_model *model;
-
-struct col {
-	int32_t toks[MAX_GEN];
-	int n, n_final;
-	enum loom_finish fin;
-	int32_t n_cached;
-	uint64_t id;
-};
-
-static void collect(void *user, const struct loom_sched_event *ev)
-{
-	struct col *c = user;
-
-	ck_assert_uint_eq(ev->id, c->id);
-	ck_assert_int_eq(c->n_final, 0); /* nothing after the final event */
-	if (ev->token >= 0) {
-		ck_assert_int_lt(c->n, MAX_GEN);
-		c->toks[c->n++] = ev->token;
-		ck_assert_int_eq(ev->n_generated, c->n);
-	}
-	c->n_cached = ev->n_cached;
-	if (ev->finish != LOOM_FINISH_NONE) {
-		c->fin = ev->finish;
-		c->n_final++;
-	}
-}
 
 /* Deterministic pseudo-random prompt of n token ids (plain vocabulary). */
 static void make_prompt(int32_t *p, int n, uint32_t seed)
@@ -57,13 +31,6 @@ static void make_prompt(int32_t *p, int n, uint32_t seed)
 		p[i] = 200 + (int32_t)((seed >> 8) % 40000);
 	}
 }
-
-struct job {
-	int32_t prompt[512];
-	int n_prompt, n_predict;
-	struct loom_sampler_params sp;
-	struct col c;
-};
 
 static struct loom_sched *new_sched(int64_t n_blocks, bool prefix, int32_t max_batch)
 {
@@ -82,51 +49,18 @@ static struct loom_sched *new_sched(int64_t n_blocks, bool prefix, int32_t max_b
 	return s;
 }
 
-static void submit(struct loom_sched *s, struct job *j)
-{
-	struct loom_sched_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt,
-		.n_predict = j->n_predict, .sampling = j->sp, .cb = collect, .user = &j->c };
-	char err[512];
-
-	memset(&j->c, 0, sizeof(j->c));
-	ck_assert_msg(loom_sched_submit(s, &rq, &j->c.id, err, sizeof(err)) == 0, "%s", err);
-}
-
-static void drain(struct loom_sched *s)
-{
-	struct loom_sched_stats st;
-	int guard = 0;
-
-	do {
-		ck_assert_int_ge(loom_sched_step(s), 0);
-		loom_sched_get_stats(s, &st);
-		ck_assert_int_lt(++guard, 100000);
-	} while (st.running + st.waiting > 0);
-}
-
 /* Each job alone on a fresh cache-less scheduler: the oracle. */
 static void run_alone(struct job *jobs, int n, struct col *ref)
 {
 	struct loom_sched *s = new_sched(0, false, 0);
 
 	for (int i = 0; i < n; i++) {
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 		drain(s);
 		ref[i] = jobs[i].c;
 		ck_assert_int_eq(ref[i].n_final, 1);
 	}
 	loom_sched_free(s);
-}
-
-static void assert_same(const struct col *got, const struct col *want, int i)
-{
-	ck_assert_int_eq(got->n_final, 1);
-	ck_assert_int_eq(got->fin, want->fin);
-	ck_assert_msg(got->n == want->n, "request %d: %d tokens, alone %d", i, got->n, want->n);
-	for (int k = 0; k < got->n; k++)
-		ck_assert_msg(got->toks[k] == want->toks[k],
-			      "request %d token %d: %d, alone %d", i, k, got->toks[k],
-			      want->toks[k]);
 }
 
 static struct job *make_jobs(int n, int n_predict, bool some_sampled)
@@ -160,7 +94,7 @@ START_TEST(batched_equals_alone)
 	run_alone(jobs, N, ref);
 	s = new_sched(0, false, 64); /* small budget: chunked prefills share steps */
 	for (int i = 0; i < N; i++)
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 	drain(s);
 	loom_sched_get_stats(s, &st);
 	ck_assert_int_eq(st.preemptions, 0);
@@ -184,7 +118,7 @@ START_TEST(preemption_keeps_outputs)
 	/* 24 blocks of 16 tokens: ~3 of these requests at a time */
 	s = new_sched(24, true, 0);
 	for (int i = 0; i < N; i++)
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 	drain(s);
 	loom_sched_get_stats(s, &st);
 	ck_assert_uint_gt(st.preemptions, 0);
@@ -217,16 +151,16 @@ START_TEST(prefix_cache_reuses_blocks)
 	run_alone(jobs, 3, ref);
 
 	s = new_sched(0, true, 0);
-	submit(s, &jobs[0]);
+	submit(s, &jobs[0], false);
 	drain(s);
 	ck_assert_int_eq(jobs[0].c.n_cached, 0);
-	submit(s, &jobs[1]);
+	submit(s, &jobs[1], false);
 	drain(s);
 	loom_sched_get_stats(s, &st);
 	ck_assert_uint_eq(st.prefix_hits, 6); /* 96 of the 100 shared tokens */
 	ck_assert_int_eq(jobs[1].c.n_cached, 96);
 	ck_assert_int_gt(st.blocks_cached, 0);
-	submit(s, &jobs[2]);
+	submit(s, &jobs[2], false);
 	drain(s);
 	loom_sched_get_stats(s, &st);
 	ck_assert_int_eq(jobs[2].c.n_cached, 111);
@@ -251,7 +185,7 @@ START_TEST(cancel_half_frees_blocks)
 	run_alone(jobs, N, ref);
 	s = new_sched(0, true, 128);
 	for (int i = 0; i < N; i++)
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 	for (int k = 0; k < 12; k++)
 		ck_assert_int_ge(loom_sched_step(s), 0);
 	loom_sched_get_stats(s, &st);
@@ -426,12 +360,12 @@ START_TEST(throughput)
 		jobs[i].n_predict = 64;
 	t0 = now();
 	for (int i = 0; i < N; i++) {
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 		drain(s);
 	}
 	t1 = now();
 	for (int i = 0; i < N; i++)
-		submit(s, &jobs[i]);
+		submit(s, &jobs[i], false);
 	drain(s);
 	t2 = now();
 	printf("throughput: one at a time %.1f tok/s, 16 concurrent %.1f tok/s\n",

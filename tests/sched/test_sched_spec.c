@@ -13,40 +13,16 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "harness.h"
 #include "scheduler.h"
 #include "spec.h"
 
-#define MAX_GEN 160
 
 static struct gguf_file *gf;
 static struct loom_model *model;
 static struct loom_tokenizer *tok;
 static struct loom_spec_kind *ngram;
 static struct loom_spec_kind *layerskip; /* early exit served by the scheduler */
-
-struct col {
-	int32_t toks[MAX_GEN];
-	int n, n_final;
-	enum loom_finish fin;
-	uint64_t id;
-};
-
-static void collect(void *user, const struct loom_sched_event *ev)
-{
-	struct col *c = user;
-
-	ck_assert_uint_eq(ev->id, c->id);
-	ck_assert_int_eq(c->n_final, 0);
-	if (ev->token >= 0) {
-		ck_assert_int_lt(c->n, MAX_GEN);
-		c->toks[c->n++] = ev->token;
-		ck_assert_int_eq(ev->n_generated, c->n);
-	}
-	if (ev->finish != LOOM_FINISH_NONE) {
-		c->fin = ev->finish;
-		c->n_final++;
-	}
-}
 
 /* Copy-heavy paragraphs: the model repeats them, so prompt lookup hits. */
 static const char *const texts[] = {
@@ -60,14 +36,6 @@ static const char *const texts[] = {
 	"The library opens at nine, closes at six on weekdays and at noon on Saturdays; books may be borrowed for three weeks and renewed twice.",
 };
 #define N_TEXTS ((int)(sizeof(texts) / sizeof(texts[0])))
-
-struct job {
-	int32_t prompt[512];
-	int n_prompt, n_predict;
-	struct loom_sampler_params sp;
-	struct loom_spec_kind *spec;
-	struct col c;
-};
 
 static void make_job(struct job *j, int i, int n_predict)
 {
@@ -101,29 +69,6 @@ static struct loom_sched *new_sched(int64_t n_blocks, bool prefix)
 	return s;
 }
 
-static void submit(struct loom_sched *s, struct job *j, bool spec)
-{
-	struct loom_sched_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt,
-		.n_predict = j->n_predict, .sampling = j->sp, .cb = collect, .user = &j->c,
-		.spec = spec ? j->spec : NULL };
-	char err[512];
-
-	memset(&j->c, 0, sizeof(j->c));
-	ck_assert_msg(loom_sched_submit(s, &rq, &j->c.id, err, sizeof(err)) == 0, "%s", err);
-}
-
-static void drain(struct loom_sched *s)
-{
-	struct loom_sched_stats st;
-	int guard = 0;
-
-	do {
-		ck_assert_int_ge(loom_sched_step(s), 0);
-		loom_sched_get_stats(s, &st);
-		ck_assert_int_lt(++guard, 100000);
-	} while (st.running + st.waiting > 0);
-}
-
 /* The oracle: each job decoded plainly, alone. */
 static void run_alone(struct job *jobs, int n, struct col *ref)
 {
@@ -137,18 +82,6 @@ static void run_alone(struct job *jobs, int n, struct col *ref)
 		ck_assert_int_gt(ref[i].n, 8);
 	}
 	loom_sched_free(s);
-}
-
-static void assert_same(const struct col *got, const struct col *want, int i)
-{
-	ck_assert_int_eq(got->n_final, 1);
-	ck_assert_msg(got->fin == want->fin, "request %d: finish %d, alone %d", i, got->fin,
-		      want->fin);
-	ck_assert_msg(got->n == want->n, "request %d: %d tokens, alone %d", i, got->n, want->n);
-	for (int k = 0; k < got->n; k++)
-		ck_assert_msg(got->toks[k] == want->toks[k],
-			      "request %d token %d: %d, alone %d", i, k, got->toks[k],
-			      want->toks[k]);
 }
 
 static struct job *make_jobs(int n, int n_predict, bool all_spec)

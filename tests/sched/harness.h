@@ -1,0 +1,39 @@
+/* Shared by the scheduler tests: collecting a request's events, submitting
+ * jobs, stepping until idle, comparing with a request run alone. */
+#ifndef LOOM_TEST_SCHED_HARNESS_H
+#define LOOM_TEST_SCHED_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "scheduler.h"
+
+#define MAX_GEN 160
+
+/* Everything one request reported. */
+struct col {
+	int32_t toks[MAX_GEN];
+	int n, n_final;
+	enum loom_finish fin;
+	int32_t n_cached;
+	uint64_t id;
+};
+
+struct job {
+	int32_t prompt[512];
+	int n_prompt, n_predict;
+	struct loom_sampler_params sp;
+	struct loom_spec_kind *spec; /* used when submitted with spec = true */
+	struct col c;
+};
+
+/* The loom_sched_cb for a struct col; asserts the event protocol. */
+void collect(void *user, const struct loom_sched_event *ev);
+/* Submits j (with its strategy when spec), resetting j->c; asserts success. */
+void submit(struct loom_sched *s, struct job *j, bool spec);
+/* Steps until nothing runs or waits. */
+void drain(struct loom_sched *s);
+/* Request i's tokens and finish equal those it got alone. */
+void assert_same(const struct col *got, const struct col *want, int i);
+
+#endif
