@@ -387,21 +387,10 @@ static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride,
 
 static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 {
-	if (!ctx || !a || a->struct_size < sizeof(*a))
-		return LOOM_ERR_INVALID;
-	if (a->mode != LOOM_ROPE_NORM && a->mode != LOOM_ROPE_NEOX)
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens < 0 || a->n_heads < 0 || a->head_dim < 0 || a->n_rot < 0 ||
-	    a->n_rot % 2 != 0 || a->n_rot > a->head_dim)
-		return LOOM_ERR_INVALID;
-	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
-		return LOOM_ERR_INVALID;
-	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
-		return LOOM_OK;
-	if (!a->x || !a->pos || !(a->freq_base > 0.0f))
-		return LOOM_ERR_INVALID;
+	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
+
+	if (rc != LOOM_CHECK_RUN)
+		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
 	return rt_failed(ctx, gpurt_rope(ctx->rt, a));
 }
 
@@ -456,21 +445,14 @@ static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write
 	const int32_t *h;
 	int rc;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a))
-		return LOOM_ERR_INVALID;
-	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
-	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens == 0 || a->kv_dim == 0)
-		return LOOM_OK;
-	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
-		return LOOM_ERR_INVALID;
+	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
+	if (rc != LOOM_CHECK_RUN)
+		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
 	h = fetch_i32(ctx, a->slots, a->n_tokens, &rc);
 	if (!h)
 		return rc;
-	for (int64_t t = 0; t < a->n_tokens; t++)
-		if (!loom_check_slot(h[t], a->kv_dim))
-			return LOOM_ERR_INVALID;
+	if (!loom_check_slots(h, a->n_tokens, a->kv_dim))
+		return LOOM_ERR_INVALID;
 	return rt_failed(ctx, gpurt_kv_write(ctx->rt, a));
 }
 

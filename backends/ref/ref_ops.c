@@ -220,21 +220,10 @@ static void rope_head(const struct loom_rope_args *a, float *x, int32_t pos)
 
 int ref_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 {
-	if (!ctx || !a || a->struct_size < sizeof(*a))
-		return LOOM_ERR_INVALID;
-	if (a->mode != LOOM_ROPE_NORM && a->mode != LOOM_ROPE_NEOX)
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens < 0 || a->n_heads < 0 || a->head_dim < 0 || a->n_rot < 0 ||
-	    a->n_rot % 2 != 0 || a->n_rot > a->head_dim)
-		return LOOM_ERR_INVALID;
-	if (a->n_heads > 0 && a->head_dim > INT64_MAX / 16 / a->n_heads)
-		return LOOM_ERR_INVALID;
-	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
-		return LOOM_OK;
-	if (!a->x || !a->pos || !(a->freq_base > 0.0f))
-		return LOOM_ERR_INVALID;
+	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
+
+	if (rc != LOOM_CHECK_RUN)
+		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
 	for (int64_t t = 0; t < a->n_tokens; t++)
 		for (int64_t h = 0; h < a->n_heads; h++)
 			rope_head(a, a->x + t * a->row_stride + h * a->head_dim, a->pos[t]);
@@ -319,18 +308,13 @@ int ref_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
-	if (!ctx || !a || a->struct_size < sizeof(*a))
+	int rc;
+
+	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
+	if (rc != LOOM_CHECK_RUN)
+		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	if (!loom_check_slots(a->slots, a->n_tokens, a->kv_dim))
 		return LOOM_ERR_INVALID;
-	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
-	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
-		return LOOM_ERR_INVALID;
-	if (a->n_tokens == 0 || a->kv_dim == 0)
-		return LOOM_OK;
-	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
-		return LOOM_ERR_INVALID;
-	for (int64_t t = 0; t < a->n_tokens; t++)
-		if (!loom_check_slot(a->slots[t], a->kv_dim))
-			return LOOM_ERR_INVALID;
 	for (int64_t t = 0; t < a->n_tokens; t++) {
 		int64_t dst = (int64_t)a->slots[t] * a->kv_dim;
 

@@ -100,4 +100,53 @@ static inline bool loom_check_attention_tables(const struct loom_attention_args 
 	return true;
 }
 
+/* Outcome of the whole-call checks below. */
+#define LOOM_CHECK_RUN 0     /* valid: do the work */
+#define LOOM_CHECK_NOTHING 1 /* valid and empty: return LOOM_OK */
+
+/* A rope call: LOOM_CHECK_RUN, LOOM_CHECK_NOTHING or LOOM_ERR_INVALID. */
+static inline int loom_check_rope(const struct loom_rope_args *a)
+{
+	if (!a || a->struct_size < sizeof(*a))
+		return LOOM_ERR_INVALID;
+	if (a->mode != LOOM_ROPE_NORM && a->mode != LOOM_ROPE_NEOX)
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens < 0 || a->n_heads < 0 || a->head_dim < 0 || a->n_rot < 0 ||
+	    a->n_rot % 2 != 0 || a->n_rot > a->head_dim)
+		return LOOM_ERR_INVALID;
+	if (a->n_heads > 0 && a->head_dim > LOOM_CHECK_LIMIT / a->n_heads)
+		return LOOM_ERR_INVALID;
+	if (!loom_check_shape(a->n_tokens, a->n_heads * a->head_dim, a->row_stride))
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens == 0 || a->n_heads == 0 || a->n_rot == 0)
+		return LOOM_CHECK_NOTHING;
+	if (!a->x || !a->pos || !(a->freq_base > 0.0f))
+		return LOOM_ERR_INVALID;
+	return LOOM_CHECK_RUN;
+}
+
+/* A kv_write call, all but the slot values (which live in device memory:
+ * check a host-readable copy with loom_check_slots). */
+static inline int loom_check_kv_write(const struct loom_kv_write_args *a)
+{
+	if (!a || a->struct_size < sizeof(*a))
+		return LOOM_ERR_INVALID;
+	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
+	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
+		return LOOM_ERR_INVALID;
+	if (a->n_tokens == 0 || a->kv_dim == 0)
+		return LOOM_CHECK_NOTHING;
+	if (!a->kcache || !a->vcache || !a->k || !a->v || !a->slots)
+		return LOOM_ERR_INVALID;
+	return LOOM_CHECK_RUN;
+}
+
+static inline bool loom_check_slots(const int32_t *slots, int64_t n, int64_t row_floats)
+{
+	for (int64_t t = 0; t < n; t++)
+		if (!loom_check_slot(slots[t], row_floats))
+			return false;
+	return true;
+}
+
 #endif /* LOOM_BACKEND_CHECK_H */
