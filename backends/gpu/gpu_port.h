@@ -10,11 +10,33 @@
  * target's reductions are unrolled for its own width. Launch sizes used by
  * kernels.cu are multiples of 64, so they hold whole warps on every target
  * and the host never needs to know the width.
+ *
+ * A third build, GPU_EMU, compiles the same kernels as plain C++ for the
+ * host-side emulator of gpu_emu.h (the test backends gpuemu.so and
+ * gpuemu64.so), so their arithmetic can be checked without a GPU.
+ *
+ * Launches are written GPU_LAUNCH(kernel, grid, block, shared, stream,
+ * args...) and dynamic shared memory GPU_DYNAMIC_SHARED(type, name), the
+ * two constructs plain C++ cannot spell.
  */
 #ifndef LOOM_GPU_PORT_H
 #define LOOM_GPU_PORT_H
 
-#if defined(__HIPCC__)
+#if defined(GPU_EMU)
+
+#include "gpu_emu.h"
+
+#else
+
+#define GPU_LAUNCH(k, grid, block, shared, stream, ...) \
+	k<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
+#define GPU_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+
+#endif
+
+#if defined(GPU_EMU)
+/* every name comes from gpu_emu.h */
+#elif defined(__HIPCC__)
 
 #include <hip/hip_runtime.h>
 

@@ -500,9 +500,12 @@ __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 				}
 			}
 			for (int ii = 0; ii < GEMV_MB; ii++) {
-				float s = warp_sum(acc[ii]);
+				float s;
 
-				if (lane == 0 && ii < mb)
+				if (ii >= mb) /* the same for the whole warp */
+					break;
+				s = warp_sum(acc[ii]);
+				if (lane == 0)
 					p.y[(i0 + ii) * p.y_stride + j] = s;
 			}
 		}
@@ -523,7 +526,7 @@ extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	k_gemv<<<(unsigned)blocks, THREADS, 0, rt->stream>>>(p);
+	GPU_LAUNCH(k_gemv, (unsigned)blocks, THREADS, 0, rt->stream, p);
 	return launched(rt, "gemv kernel");
 }
 
@@ -555,7 +558,7 @@ extern "C" int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, siz
 			     int64_t dst_stride)
 {
 	BIND(rt);
-	k_dequant<<<grid_of(rows), THREADS, 0, rt->stream>>>(type, (const uint8_t *)w, w_stride,
+	GPU_LAUNCH(k_dequant, grid_of(rows), THREADS, 0, rt->stream, type, (const uint8_t *)w, w_stride,
 		k, parts_of(type, k), rows, ids, dst, dst_stride);
 	return launched(rt, "dequantize kernel");
 }
@@ -640,7 +643,7 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for the tiled kernel");
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	k_sgemm<<<dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream>>>(m, n, k, x,
+	GPU_LAUNCH(k_sgemm, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, m, n, k, x,
 		x_stride, p, y, y_stride);
 	return launched(rt, "sgemm kernel");
 }
@@ -675,7 +678,7 @@ extern "C" int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const
 			     int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
 	BIND(rt);
-	k_rmsnorm<<<grid_of(rows), THREADS, 0, rt->stream>>>(y, y_stride, x, x_stride, w, rows,
+	GPU_LAUNCH(k_rmsnorm, grid_of(rows), THREADS, 0, rt->stream, y, y_stride, x, x_stride, w, rows,
 		n, eps);
 	return launched(rt, "rmsnorm kernel");
 }
@@ -725,7 +728,7 @@ extern "C" int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a)
 
 	BIND(rt);
 
-	k_rope<<<grid_of((total + THREADS - 1) / THREADS), THREADS, 0, rt->stream>>>(p);
+	GPU_LAUNCH(k_rope, grid_of((total + THREADS - 1) / THREADS), THREADS, 0, rt->stream, p);
 	return launched(rt, "rope kernel");
 }
 
@@ -759,7 +762,7 @@ extern "C" int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out,
 			 const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
 	BIND(rt);
-	k_glu<<<grid_of(rows), THREADS, 0, rt->stream>>>((int)kind, out, out_stride, gate,
+	GPU_LAUNCH(k_glu, grid_of(rows), THREADS, 0, rt->stream, (int)kind, out, out_stride, gate,
 		gate_stride, up, up_stride, rows, n);
 	return launched(rt, "glu kernel");
 }
@@ -781,7 +784,7 @@ extern "C" int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const
 			 int64_t rows, int64_t n)
 {
 	BIND(rt);
-	k_add<<<grid_of(rows), THREADS, 0, rt->stream>>>(out, out_stride, a, a_stride, b,
+	GPU_LAUNCH(k_add, grid_of(rows), THREADS, 0, rt->stream, out, out_stride, a, a_stride, b,
 		b_stride, b_rows, rows, n);
 	return launched(rt, "add kernel");
 }
@@ -798,7 +801,7 @@ extern "C" int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t r
 			   int64_t n, float s)
 {
 	BIND(rt);
-	k_scale<<<grid_of(rows), THREADS, 0, rt->stream>>>(x, stride, rows, n, s);
+	GPU_LAUNCH(k_scale, grid_of(rows), THREADS, 0, rt->stream, x, stride, rows, n, s);
 	return launched(rt, "scale kernel");
 }
 
@@ -819,7 +822,7 @@ k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t k_strid
 extern "C" int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a)
 {
 	BIND(rt);
-	k_kv_write<<<grid_of(a->n_tokens), THREADS, 0, rt->stream>>>(a->kcache, a->vcache, a->k,
+	GPU_LAUNCH(k_kv_write, grid_of(a->n_tokens), THREADS, 0, rt->stream, a->kcache, a->vcache, a->k,
 		a->v, a->k_stride, a->v_stride, a->n_tokens, a->kv_dim, a->slots);
 	return launched(rt, "kv_write kernel");
 }
@@ -870,7 +873,7 @@ __device__ __forceinline__ float cap(const struct attn_p &p, float s)
 __global__ void __launch_bounds__(ATTN_THREADS)
 k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
 {
-	extern __shared__ float sm[];
+	GPU_DYNAMIC_SHARED(float, sm);
 	const struct gpu_attn_tile tile = tiles[blockIdx.x];
 	const int64_t h = blockIdx.y, kvh = h / p.group, hd = p.head_dim, pitch = hd + 1;
 	const int TQ = GPU_ATTN_TILE_Q;
@@ -977,8 +980,8 @@ extern "C" int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_
 	}
 	if (n_tiles == 0)
 		return LOOM_OK;
-	k_attn_prefill<<<dim3((unsigned)n_tiles, (unsigned)a->n_heads), ATTN_THREADS, smem,
-		rt->stream>>>(attn_params(a), tiles);
+	GPU_LAUNCH(k_attn_prefill, dim3((unsigned)n_tiles, (unsigned)a->n_heads), ATTN_THREADS, smem,
+		rt->stream, attn_params(a), tiles);
 	return launched(rt, "attention prefill kernel");
 }
 
@@ -1088,12 +1091,12 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 	}
 	if (n_items == 0)
 		return LOOM_OK;
-	k_attn_split<<<dim3((unsigned)n_items, (unsigned)a->n_heads, (unsigned)n_splits),
-		ATTN_THREADS, 0, rt->stream>>>(p, items, n_splits, partial);
+	GPU_LAUNCH(k_attn_split, dim3((unsigned)n_items, (unsigned)a->n_heads, (unsigned)n_splits),
+		ATTN_THREADS, 0, rt->stream, p, items, n_splits, partial);
 	rc = launched(rt, "attention split kernel");
 	if (rc)
 		return rc;
-	k_attn_combine<<<dim3((unsigned)n_items, (unsigned)a->n_heads), ATTN_THREADS, 0,
-		rt->stream>>>(p, items, n_splits, partial);
+	GPU_LAUNCH(k_attn_combine, dim3((unsigned)n_items, (unsigned)a->n_heads), ATTN_THREADS, 0,
+		rt->stream, p, items, n_splits, partial);
 	return launched(rt, "attention combine kernel");
 }

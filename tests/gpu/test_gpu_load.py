@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""cuda.so / rocm.so on a machine without the device.
+"""cuda.so / rocm.so (and the emulated gpuemu.so / gpuemu64.so) with and
+without a device.
 
 usage: test_gpu_load.py BACKEND LOOM_EXE CONFORMANCE_EXE
 
@@ -12,7 +13,10 @@ usage: test_gpu_load.py BACKEND LOOM_EXE CONFORMANCE_EXE
    reports it as a skip for want of a device, not as missing.
 
 On a machine that has the device (/dev/nvidia0 for cuda, /dev/kfd for
-rocm) steps 1-2 instead require create() to succeed and loom run to work.
+rocm) steps 1-2 instead require create() to succeed and loom run to work,
+and step 3 requires the conformance suite to pass. The emulated backends
+have a device unless LOOM_GPUEMU_DEVICES=0, which the meson file uses to
+run the no-device steps on them for real.
 Exit 77 when the backend was not built or the model is missing.
 """
 import ctypes
@@ -74,7 +78,7 @@ def check_abi(path, stem, has_device):
         if rc == 0:
             DESTROY_FN(ops.destroy)(ctx)
         return
-    vendor = "CUDA" if stem == "cuda" else "ROCm/HIP"
+    vendor = {"cuda": "CUDA", "rocm": "ROCm/HIP"}.get(stem, "emulator")
     check(rc == LOOM_ERR_DEVICE, f"{stem}: create() without a device returns LOOM_ERR_DEVICE (got {rc})")
     check(ctx.value is None, f"{stem}: create() leaves *out NULL on failure")
     want = f"{stem}: no {vendor} device or driver found: "
@@ -119,7 +123,10 @@ def main():
     if not os.path.isfile(model):
         print(f"model {model!r} missing: skipping")
         return 77
-    has_device = os.path.exists("/dev/nvidia0" if stem == "cuda" else "/dev/kfd")
+    if stem.startswith("gpuemu"):
+        has_device = os.environ.get("LOOM_GPUEMU_DEVICES", "1") != "0"
+    else:
+        has_device = os.path.exists("/dev/nvidia0" if stem == "cuda" else "/dev/kfd")
     print(f"{stem}.so: {'a device node exists' if has_device else 'no device node'}")
     check_abi(path, stem, has_device)
     check_run(loom, stem, model, has_device)

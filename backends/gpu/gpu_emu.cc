@@ -1,0 +1,745 @@
+/*
+ * gpu_emu.cc: the engine behind gpu_emu.h. Blocks of a launch are claimed
+ * by a few OS threads ("workers"); a worker runs one block at a time as
+ * blockDim fibers on its own stacks, switching between them only where a
+ * thread waits at a barrier or a shuffle. Fibers are resumed in thread
+ * order, so a launch computes the same values on every run.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "gpu_emu.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+thread_local emu_thread_regs *emu_cur;
+thread_local emu_block_regs *emu_blk;
+
+namespace {
+
+const size_t STACK_BYTES = 256 << 10; /* per fiber, with a guard page below */
+const unsigned MAX_BLOCK = 1024;
+const unsigned MAX_GRID_X = 0x7fffffffu, MAX_GRID_YZ = 65535;
+const size_t MAX_SHARED = 228 << 10; /* dynamic shared memory per block */
+
+enum fiber_state { READY, WAIT_BLOCK, WAIT_WARP, DONE };
+
+struct fiber {
+	emu_thread_regs regs;
+	int lin;      /* linear thread index in the block */
+	int state;
+	int parity;   /* which of the warp's two shuffle buffers is next */
+	uint64_t got; /* value a shuffle hands back to this lane */
+	char *stack;  /* top of the fiber's stack */
+#if defined(__x86_64__)
+	void *sp;
+#else
+	ucontext_t uc;
+#endif
+};
+
+/* One OS thread's state: its fibers, the block it runs, the barriers. */
+struct worker {
+	fiber *fibers;
+	char *stack_map;
+	size_t map_bytes;
+	unsigned n;           /* threads in the block */
+	unsigned warp, n_warps;
+	unsigned live;        /* threads not finished */
+	unsigned block_waiting;
+	unsigned *warp_waiting, *warp_live;
+	uint64_t *slots;      /* [warp][2][lane] shuffle buffers */
+	unsigned char *shared;
+	size_t shared_cap;
+	emu_block_regs blk;
+	void (*fn)(void *);
+	void *ctx;
+	bool deadlock;
+#if defined(__x86_64__)
+	void *sched_sp;
+#else
+	ucontext_t sched_uc;
+#endif
+};
+
+thread_local worker *self;
+
+/* ---- context switch ---- */
+
+#if defined(__x86_64__)
+/* Saves the callee-saved registers and the FP control words on the current
+ * stack, stores the stack pointer in *from, and resumes the stack `to`. */
+extern "C" void emu_switch(void **from, void *to);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".hidden emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "	pushq %rbp\n"
+    "	pushq %rbx\n"
+    "	pushq %r12\n"
+    "	pushq %r13\n"
+    "	pushq %r14\n"
+    "	pushq %r15\n"
+    "	subq $8, %rsp\n"
+    "	stmxcsr (%rsp)\n"
+    "	fnstcw 4(%rsp)\n"
+    "	movq %rsp, (%rdi)\n"
+    "	movq %rsi, %rsp\n"
+    "	ldmxcsr (%rsp)\n"
+    "	fldcw 4(%rsp)\n"
+    "	addq $8, %rsp\n"
+    "	popq %r15\n"
+    "	popq %r14\n"
+    "	popq %r13\n"
+    "	popq %r12\n"
+    "	popq %rbx\n"
+    "	popq %rbp\n"
+    "	ret\n"
+    ".size emu_switch, .-emu_switch\n");
+#endif
+
+void fiber_main();
+
+#if !defined(__x86_64__)
+void fiber_main_uc()
+{
+	fiber_main();
+}
+#endif
+
+void to_scheduler(fiber *f)
+{
+#if defined(__x86_64__)
+	emu_switch(&f->sp, self->sched_sp);
+#else
+	swapcontext(&f->uc, &self->sched_uc);
+#endif
+}
+
+void resume(worker *w, fiber *f)
+{
+	emu_cur = &f->regs;
+#if defined(__x86_64__)
+	emu_switch(&w->sched_sp, f->sp);
+#else
+	swapcontext(&w->sched_uc, &f->uc);
+#endif
+}
+
+/* Prepares f to start at fiber_main on its own stack. */
+void fiber_start(fiber *f)
+{
+#if defined(__x86_64__)
+	uint64_t *sp = (uint64_t *)f->stack; /* 16-byte aligned top */
+
+	*--sp = 0;                                  /* fiber_main's return slot */
+	*--sp = (uint64_t)(uintptr_t)&fiber_main;   /* where emu_switch returns */
+	for (int i = 0; i < 6; i++)
+		*--sp = 0;                          /* rbp rbx r12 r13 r14 r15 */
+	*--sp = 0x1f80u | (uint64_t)0x037fu << 32;  /* default MXCSR, x87 CW */
+	f->sp = sp;
+#else
+	getcontext(&f->uc);
+	f->uc.uc_stack.ss_sp = f->stack - STACK_BYTES;
+	f->uc.uc_stack.ss_size = STACK_BYTES;
+	f->uc.uc_link = NULL;
+	makecontext(&f->uc, fiber_main_uc, 0);
+#endif
+}
+
+/* ---- barriers ---- */
+
+/* Makes the threads waiting in `state` ready: all of the block's, or those
+ * of one warp (warp_index >= 0). */
+void release(worker *w, int state, int warp_index)
+{
+	unsigned lo = 0, hi = w->n;
+
+	if (warp_index >= 0) {
+		lo = (unsigned)warp_index * w->warp;
+		hi = lo + w->warp < w->n ? lo + w->warp : w->n;
+	}
+	for (unsigned i = lo; i < hi; i++)
+		if (w->fibers[i].state == state)
+			w->fibers[i].state = READY;
+}
+
+/* Opens every barrier that all its live threads have reached. */
+void check_barriers(worker *w, unsigned warp_index)
+{
+	if (w->block_waiting && w->block_waiting == w->live) {
+		w->block_waiting = 0;
+		release(w, WAIT_BLOCK, -1);
+	}
+	if (w->warp_waiting[warp_index] &&
+	    w->warp_waiting[warp_index] == w->warp_live[warp_index]) {
+		unsigned base = warp_index * 2 * w->warp;
+		/* hand each waiting lane its partner's value now, so the
+		 * buffers can be reused by the next shuffle */
+		for (unsigned i = warp_index * w->warp; i < (warp_index + 1) * w->warp && i < w->n;
+		     i++) {
+			fiber *f = &w->fibers[i];
+
+			if (f->state == WAIT_WARP) {
+				unsigned lane = f->lin % w->warp, src = lane ^ (unsigned)(f->got);
+				uint64_t *buf = w->slots + base + (unsigned)f->parity * w->warp;
+
+				f->got = src < w->warp ? buf[src] : buf[lane];
+			}
+		}
+		w->warp_waiting[warp_index] = 0;
+		release(w, WAIT_WARP, (int)warp_index);
+	}
+}
+
+void fiber_main()
+{
+	worker *w = self;
+	fiber *f = (fiber *)((char *)emu_cur - offsetof(fiber, regs));
+	unsigned wi = (unsigned)f->lin / w->warp;
+
+	w->fn(w->ctx);
+	f->state = DONE;
+	w->live--;
+	w->warp_live[wi]--;
+	check_barriers(w, wi);
+	to_scheduler(f);
+	abort(); /* a finished fiber is never resumed */
+}
+
+fiber *current()
+{
+	return (fiber *)((char *)emu_cur - offsetof(fiber, regs));
+}
+
+/* ---- workers ---- */
+
+/*
+ * Each OS thread that runs blocks keeps one worker for its lifetime:
+ * fiber stacks for MAX_BLOCK threads are mapped once (lazily committed,
+ * with a guard page below each) and the per-block arrays grow as needed.
+ */
+bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
+{
+	size_t per = STACK_BYTES + (size_t)getpagesize();
+	unsigned n_warps = (n + warp - 1) / warp;
+
+	if (!w->stack_map) {
+		w->map_bytes = per * MAX_BLOCK;
+		w->stack_map = (char *)mmap(NULL, w->map_bytes, PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (w->stack_map == MAP_FAILED) {
+			w->stack_map = NULL;
+			return false;
+		}
+		w->fibers = (fiber *)calloc(MAX_BLOCK, sizeof(fiber));
+		w->warp_waiting = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
+		w->warp_live = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
+		w->slots = (uint64_t *)calloc((size_t)MAX_BLOCK * 2 * 64, sizeof(uint64_t));
+		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots)
+			return false;
+		for (unsigned i = 0; i < MAX_BLOCK; i++) {
+			char *lo = w->stack_map + per * i;
+
+			mprotect(lo, (size_t)getpagesize(), PROT_NONE); /* overflow faults */
+			w->fibers[i].stack = lo + per;
+		}
+	}
+	if (w->shared_cap < shared || !w->shared) {
+		free(w->shared);
+		w->shared = (unsigned char *)calloc(1, shared ? shared : 1);
+		w->shared_cap = w->shared ? shared : 0;
+		if (!w->shared)
+			return false;
+	}
+	w->n = n;
+	w->warp = warp;
+	w->n_warps = n_warps;
+	return warp <= 64;
+}
+
+/* Runs block `bid` to the end; false on a deadlock. */
+bool run_block(worker *w, dim3 bid)
+{
+	w->blk.bid = bid;
+	w->live = w->n;
+	w->block_waiting = 0;
+	for (unsigned i = 0; i < w->n_warps; i++) {
+		w->warp_waiting[i] = 0;
+		w->warp_live[i] = (i + 1) * w->warp <= w->n ? w->warp : w->n - i * w->warp;
+	}
+	for (unsigned i = 0; i < w->n; i++) {
+		fiber *f = &w->fibers[i];
+		const dim3 &bd = w->blk.bdim;
+
+		f->lin = (int)i;
+		f->regs.tid = dim3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
+		f->state = READY;
+		f->parity = 0;
+		fiber_start(f);
+	}
+	while (w->live) {
+		bool ran = false;
+
+		for (unsigned i = 0; i < w->n; i++)
+			if (w->fibers[i].state == READY) {
+				resume(w, &w->fibers[i]);
+				ran = true;
+			}
+		if (!ran)
+			return false;
+	}
+	return true;
+}
+
+struct launch {
+	dim3 grid, block;
+	size_t shared;
+	unsigned warp;
+	void (*fn)(void *);
+	void *ctx;
+	uint64_t n_blocks;
+	std::atomic<uint64_t> next;
+	std::atomic<bool> failed;
+	int error; /* errno-style setup failure or deadlock */
+};
+
+thread_local worker *own;
+
+/* Claims and runs blocks of l until none are left. */
+void run_launch(launch *l)
+{
+	unsigned n = l->block.x * l->block.y * l->block.z;
+
+	if (!own)
+		own = (worker *)calloc(1, sizeof(worker));
+	if (!own || !worker_prepare(own, n, l->warp, l->shared)) {
+		l->error = ENOMEM;
+		l->failed = true;
+		return;
+	}
+	self = own;
+	emu_blk = &own->blk;
+	own->blk.bdim = l->block;
+	own->blk.gdim = l->grid;
+	own->fn = l->fn;
+	own->ctx = l->ctx;
+	while (!l->failed) {
+		uint64_t b = l->next.fetch_add(1);
+		dim3 bid;
+
+		if (b >= l->n_blocks)
+			break;
+		bid = dim3((unsigned)(b % l->grid.x), (unsigned)(b / l->grid.x % l->grid.y),
+			   (unsigned)(b / ((uint64_t)l->grid.x * l->grid.y)));
+		if (!run_block(own, bid)) {
+			l->error = EDEADLK;
+			l->failed = true;
+		}
+	}
+}
+
+/*
+ * Pool of OS threads that help run launches, started on first use. One
+ * launch at a time (launch_mu); the launching thread takes part. After a
+ * fork the child starts with no helpers and makes new ones.
+ */
+pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t pool_go = PTHREAD_COND_INITIALIZER, pool_done = PTHREAD_COND_INITIALIZER;
+launch *pool_job;
+uint64_t pool_gen;
+unsigned pool_size, pool_busy;
+bool pool_atfork;
+
+void *pool_main(void *arg)
+{
+	uint64_t seen = (uint64_t)(uintptr_t)arg;
+
+	for (;;) {
+		launch *l;
+
+		pthread_mutex_lock(&pool_mu);
+		while (pool_gen == seen)
+			pthread_cond_wait(&pool_go, &pool_mu);
+		seen = pool_gen;
+		l = pool_job;
+		pthread_mutex_unlock(&pool_mu);
+		run_launch(l);
+		pthread_mutex_lock(&pool_mu);
+		if (--pool_busy == 0)
+			pthread_cond_signal(&pool_done);
+		pthread_mutex_unlock(&pool_mu);
+	}
+	return NULL;
+}
+
+void pool_after_fork(void)
+{
+	pthread_mutex_init(&launch_mu, NULL);
+	pthread_mutex_init(&pool_mu, NULL);
+	pthread_cond_init(&pool_go, NULL);
+	pthread_cond_init(&pool_done, NULL);
+	pool_size = 0;
+	pool_busy = 0;
+	pool_job = NULL;
+}
+
+/* Grows the pool towards want helpers (best effort). */
+void pool_grow(unsigned want)
+{
+	pthread_attr_t attr;
+
+	if (!pool_atfork) {
+		pthread_atfork(NULL, NULL, pool_after_fork);
+		pool_atfork = true;
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	while (pool_size < want) {
+		pthread_t t;
+
+		if (pthread_create(&t, &attr, pool_main, (void *)(uintptr_t)pool_gen))
+			break;
+		pool_size++;
+	}
+	pthread_attr_destroy(&attr);
+}
+
+void run_on_pool(launch *l, unsigned helpers)
+{
+	pthread_mutex_lock(&launch_mu);
+	pthread_mutex_lock(&pool_mu);
+	pool_grow(helpers);
+	pool_job = l;
+	pool_busy = pool_size;
+	pool_gen++;
+	pthread_cond_broadcast(&pool_go);
+	pthread_mutex_unlock(&pool_mu);
+	run_launch(l);
+	pthread_mutex_lock(&pool_mu);
+	while (pool_busy)
+		pthread_cond_wait(&pool_done, &pool_mu);
+	pool_job = NULL;
+	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&launch_mu);
+}
+
+/* ---- runtime state ---- */
+
+thread_local gpuError_t last_error = emuSuccess;
+std::atomic<size_t> mem_used{0};
+char launch_msg[160];
+
+void set_error(gpuError_t e)
+{
+	if (last_error == emuSuccess)
+		last_error = e;
+}
+
+long env_long(const char *name, long dflt)
+{
+	const char *v = getenv(name);
+	char *end;
+	long r;
+
+	if (!v || !*v)
+		return dflt;
+	r = strtol(v, &end, 10);
+	return *end ? dflt : r;
+}
+
+unsigned n_workers(uint64_t n_blocks)
+{
+	long n = env_long("LOOM_GPUEMU_THREADS", sysconf(_SC_NPROCESSORS_ONLN));
+
+	if (n < 1)
+		n = 1;
+	if (n > 64)
+		n = 64;
+	return (uint64_t)n > n_blocks ? (unsigned)n_blocks : (unsigned)n;
+}
+
+size_t mem_total()
+{
+	long mb = env_long("LOOM_GPUEMU_MEM_MB", 0);
+
+	if (mb > 0)
+		return (size_t)mb << 20;
+	return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+} /* namespace */
+
+/* ---- device side ---- */
+
+void emu_syncthreads(void)
+{
+	worker *w = self;
+	fiber *f = current();
+
+	w->block_waiting++;
+	f->state = WAIT_BLOCK;
+	check_barriers(w, (unsigned)f->lin / w->warp);
+	if (f->state != READY)
+		to_scheduler(f);
+	f->state = READY;
+}
+
+uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
+{
+	worker *w = self;
+	fiber *f = current();
+	unsigned wi = (unsigned)f->lin / w->warp, lane = (unsigned)f->lin % w->warp;
+
+	w->slots[(wi * 2 + (unsigned)f->parity) * w->warp + lane] = v;
+	f->got = (uint64_t)(unsigned)mask;
+	f->state = WAIT_WARP;
+	w->warp_waiting[wi]++;
+	check_barriers(w, wi);
+	if (f->state != READY)
+		to_scheduler(f);
+	f->state = READY;
+	f->parity ^= 1;
+	return f->got;
+}
+
+void *emu_dynamic_shared(void)
+{
+	return self->shared;
+}
+
+void emu_launch_raw(dim3 grid, dim3 block, size_t shared, gpuStream_t s, int warp,
+		    void (*fn)(void *), void *ctx)
+{
+	launch l;
+	unsigned n = block.x * block.y * block.z, nw;
+
+	(void)s;
+	if (!grid.x || !grid.y || !grid.z || grid.x > MAX_GRID_X || grid.y > MAX_GRID_YZ ||
+	    grid.z > MAX_GRID_YZ || !block.x || !block.y || !block.z || block.x > MAX_BLOCK ||
+	    block.y > MAX_BLOCK || block.z > 64 || n > MAX_BLOCK || shared > MAX_SHARED) {
+		set_error(emuErrorInvalidValue);
+		return;
+	}
+	l.grid = grid;
+	l.block = block;
+	l.shared = shared;
+	l.warp = (unsigned)warp;
+	l.fn = fn;
+	l.ctx = ctx;
+	l.n_blocks = (uint64_t)grid.x * grid.y * grid.z;
+	l.next = 0;
+	l.failed = false;
+	l.error = 0;
+	nw = n_workers(l.n_blocks);
+	if (nw > 1)
+		run_on_pool(&l, nw - 1);
+	else
+		run_launch(&l);
+	if (l.failed) {
+		snprintf(launch_msg, sizeof(launch_msg), "%s",
+			 l.error == EDEADLK ? "barrier deadlock: threads of a block or warp wait "
+					      "at different barriers" :
+					      "emulator out of memory for fibers");
+		set_error(emuErrorLaunchFailure);
+	}
+}
+
+/* ---- runtime API ---- */
+
+const char *gpuGetErrorString(gpuError_t e)
+{
+	switch (e) {
+	case emuSuccess: return "no error";
+	case emuErrorInvalidValue: return "invalid argument";
+	case emuErrorMemoryAllocation: return "out of memory";
+	case emuErrorNoDevice: return "no emulated device (LOOM_GPUEMU_DEVICES=0)";
+	case emuErrorInvalidDevice: return "invalid device ordinal";
+	case emuErrorLaunchFailure: return launch_msg[0] ? launch_msg : "launch failure";
+	}
+	return "unknown error";
+}
+
+gpuError_t gpuGetLastError(void)
+{
+	gpuError_t e = last_error;
+
+	last_error = emuSuccess;
+	return e;
+}
+
+gpuError_t gpuGetDeviceCount(int *n)
+{
+	long d = env_long("LOOM_GPUEMU_DEVICES", 1);
+
+	*n = d > 0 ? (int)d : 0;
+	return d > 0 ? emuSuccess : emuErrorNoDevice;
+}
+
+gpuError_t gpuSetDevice(int d)
+{
+	int n = 0;
+
+	if (gpuGetDeviceCount(&n) != emuSuccess)
+		return emuErrorNoDevice;
+	return d >= 0 && d < n ? emuSuccess : emuErrorInvalidDevice;
+}
+
+gpuError_t gpuGetDeviceProperties(gpuDeviceProp *p, int d)
+{
+	gpuError_t e = gpuSetDevice(d);
+
+	if (e != emuSuccess)
+		return e;
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "host emulator, %u-wide warps", (unsigned)GPU_WARP);
+	p->warpSize = GPU_WARP;
+	p->totalGlobalMem = mem_total();
+	return emuSuccess;
+}
+
+gpuError_t gpuMemGetInfo(size_t *avail, size_t *total)
+{
+	size_t t = mem_total(), u = mem_used;
+
+	*total = t;
+	*avail = u < t ? t - u : 0;
+	return emuSuccess;
+}
+
+/* Each allocation carries its size in a 256-byte header, so the used
+ * total can be kept; the pointer handed out stays 256-byte aligned. */
+gpuError_t gpuMalloc(void **p, size_t n)
+{
+	void *raw = NULL;
+	size_t t = mem_total();
+
+	*p = NULL;
+	if (n > t - 256 || mem_used + n + 256 > t || posix_memalign(&raw, 256, n + 256)) {
+		set_error(emuErrorMemoryAllocation);
+		return emuErrorMemoryAllocation;
+	}
+	*(size_t *)raw = n;
+	mem_used += n + 256;
+	*p = (char *)raw + 256;
+	return emuSuccess;
+}
+
+gpuError_t gpuFree(void *p)
+{
+	char *raw;
+
+	if (!p)
+		return emuSuccess;
+	raw = (char *)p - 256;
+	mem_used -= *(size_t *)raw + 256;
+	free(raw);
+	return emuSuccess;
+}
+
+gpuError_t gpuMemcpyAsync(void *dst, const void *src, size_t n, enum emu_copy_kind kind,
+			  gpuStream_t s)
+{
+	(void)kind;
+	(void)s;
+	if (n)
+		memmove(dst, src, n);
+	return emuSuccess;
+}
+
+struct emu_stream {
+	int unused;
+};
+
+gpuError_t gpuStreamCreateWithFlags(gpuStream_t *s, unsigned flags)
+{
+	(void)flags;
+	*s = (gpuStream_t)calloc(1, sizeof(struct emu_stream));
+	return *s ? emuSuccess : emuErrorMemoryAllocation;
+}
+
+gpuError_t gpuStreamDestroy(gpuStream_t s)
+{
+	free(s);
+	return emuSuccess;
+}
+
+gpuError_t gpuStreamSynchronize(gpuStream_t s)
+{
+	(void)s;
+	return emuSuccess;
+}
+
+/* ---- cuBLAS ---- */
+
+#ifdef GPU_EMU_BLAS
+
+struct emu_blas {
+	gpuStream_t stream;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+	*h = (cublasHandle_t)calloc(1, sizeof(struct emu_blas));
+	return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+	free(h);
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, gpuStream_t s)
+{
+	h->stream = s;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
+{
+	(void)h;
+	(void)m;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Column-major, as documented: C (m x n, ld ldc) = alpha op(A) op(B) +
+ * beta C, op(A) m x k, op(B) k x n; A stored k x m (lda >= k) when
+ * transposed, m x k (lda >= m) otherwise. */
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			   int n, int k, const float *alpha, const float *a, int lda,
+			   const float *b, int ldb, const float *beta, float *c, int ldc)
+{
+	(void)h;
+	if (m < 0 || n < 0 || k < 0 || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 ||
+	    ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	for (int j = 0; j < n; j++)
+		for (int i = 0; i < m; i++) {
+			double s = 0.0;
+
+			for (int l = 0; l < k; l++) {
+				float av = ta == CUBLAS_OP_N ? a[i + (int64_t)l * lda] :
+							       a[l + (int64_t)i * lda];
+				float bv = tb == CUBLAS_OP_N ? b[l + (int64_t)j * ldb] :
+							       b[j + (int64_t)l * ldb];
+
+				s += (double)av * bv;
+			}
+			float *cv = &c[i + (int64_t)j * ldc];
+			*cv = (float)(*alpha * s + (*beta != 0.0f ? *beta * *cv : 0.0f));
+		}
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+#endif

@@ -1,0 +1,176 @@
+/*
+ * gpu_emu.h: a host-side stand-in for the CUDA/HIP device model, so that
+ * kernels.cu runs unchanged (as C++) on the CPU. It exists to test the GPU
+ * kernels where no GPU is available: tests load the resulting gpuemu.so and
+ * gpuemu64.so like any backend and hold them to the conformance suite. It
+ * is not a product backend and is never installed.
+ *
+ * What is emulated:
+ *  - a block is blockDim threads, each a fiber with its own stack; the
+ *    blocks of a launch are spread over a few OS threads;
+ *  - __shared__ is per OS thread (static thread_local), which is per block
+ *    since one OS thread runs one block at a time;
+ *  - __syncthreads() waits for every live thread of the block; a warp
+ *    shuffle waits for every live lane of the warp (GPU_WARP wide, set at
+ *    compile time to 32 or 64 as on the real targets). A barrier no thread
+ *    can pass (threads of a block or a warp waiting at different barriers)
+ *    is reported as a launch error instead of hanging;
+ *  - the runtime API (devices, memory, streams) over host memory; launches
+ *    run to completion before GPU_LAUNCH returns, so a stream is trivially
+ *    in order;
+ *  - with GPU_EMU_BLAS, the few cuBLAS calls kernels.cu makes, computed
+ *    from their documented column-major definition, so the argument
+ *    mapping of the CUDA build is exercised too.
+ *
+ * Not emulated: timing, memory-model races between threads that a missing
+ * barrier would expose on hardware (threads switch only at barriers here),
+ * device limits other than the grid and block sizes.
+ *
+ * Environment: LOOM_GPUEMU_DEVICES=0 makes the runtime report no device
+ * (to test refusal at load); LOOM_GPUEMU_MEM_MB caps device memory;
+ * LOOM_GPUEMU_THREADS sets the number of OS threads running blocks.
+ */
+#ifndef LOOM_GPU_EMU_H
+#define LOOM_GPU_EMU_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GPU_VENDOR "emulator"
+
+#ifndef GPU_WARP
+#define GPU_WARP 32
+#endif
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static thread_local
+
+struct dim3 {
+	unsigned x, y, z;
+	constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+/* The thread and block being run on this OS thread. */
+struct emu_thread_regs {
+	dim3 tid;
+};
+struct emu_block_regs {
+	dim3 bid, bdim, gdim;
+};
+extern thread_local emu_thread_regs *emu_cur;
+extern thread_local emu_block_regs *emu_blk;
+
+#define threadIdx (emu_cur->tid)
+#define blockIdx (emu_blk->bid)
+#define blockDim (emu_blk->bdim)
+#define gridDim (emu_blk->gdim)
+
+void emu_syncthreads(void);
+uint64_t emu_shfl_xor_u64(uint64_t v, int mask);
+void *emu_dynamic_shared(void);
+
+#define __syncthreads() emu_syncthreads()
+
+template <typename T> inline T emu_shfl_xor(T v, int mask)
+{
+	static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of at most 8 bytes");
+	uint64_t in = 0, out;
+	T r;
+
+	memcpy(&in, &v, sizeof(v));
+	out = emu_shfl_xor_u64(in, mask);
+	memcpy(&r, &out, sizeof(r));
+	return r;
+}
+#define gpu_shfl_xor(v, m) emu_shfl_xor((v), (m))
+
+inline float __uint_as_float(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* ---- runtime ---- */
+
+enum emu_error {
+	emuSuccess = 0,
+	emuErrorInvalidValue = 1,
+	emuErrorMemoryAllocation = 2,
+	emuErrorNoDevice = 100,
+	emuErrorInvalidDevice = 101,
+	emuErrorLaunchFailure = 719,
+};
+typedef enum emu_error gpuError_t;
+typedef struct emu_stream *gpuStream_t;
+struct emu_device_prop {
+	char name[256];
+	int warpSize;
+	size_t totalGlobalMem;
+};
+typedef struct emu_device_prop gpuDeviceProp;
+enum emu_copy_kind { emuHostToDevice, emuDeviceToHost, emuDeviceToDevice };
+
+#define gpuSuccess emuSuccess
+#define gpuErrorMemoryAllocation emuErrorMemoryAllocation
+#define gpuMemcpyHostToDevice emuHostToDevice
+#define gpuMemcpyDeviceToHost emuDeviceToHost
+#define gpuMemcpyDeviceToDevice emuDeviceToDevice
+#define gpuStreamNonBlocking 1u
+
+const char *gpuGetErrorString(gpuError_t e);
+gpuError_t gpuGetLastError(void);
+gpuError_t gpuGetDeviceCount(int *n);
+gpuError_t gpuSetDevice(int d);
+gpuError_t gpuGetDeviceProperties(gpuDeviceProp *p, int d);
+gpuError_t gpuMemGetInfo(size_t *avail, size_t *total);
+gpuError_t gpuMalloc(void **p, size_t n);
+gpuError_t gpuFree(void *p);
+gpuError_t gpuMemcpyAsync(void *dst, const void *src, size_t n, enum emu_copy_kind kind,
+			  gpuStream_t s);
+gpuError_t gpuStreamCreateWithFlags(gpuStream_t *s, unsigned flags);
+gpuError_t gpuStreamDestroy(gpuStream_t s);
+gpuError_t gpuStreamSynchronize(gpuStream_t s);
+
+/* Runs fn(ctx) as every thread of every block of the grid; returns when
+ * all are done. Errors (bad sizes, a barrier deadlock) are kept for
+ * gpuGetLastError. */
+void emu_launch_raw(dim3 grid, dim3 block, size_t shared, gpuStream_t s, int warp,
+		    void (*fn)(void *), void *ctx);
+
+template <class F>
+void emu_launch(dim3 grid, dim3 block, size_t shared, gpuStream_t s, F f)
+{
+	emu_launch_raw(grid, block, shared, s, GPU_WARP, [](void *c) { (*(F *)c)(); }, &f);
+}
+
+#define GPU_LAUNCH(k, grid, block, shared, stream, ...) \
+	emu_launch(dim3(grid), dim3(block), (shared), (stream), [=]() { k(__VA_ARGS__); })
+#define GPU_DYNAMIC_SHARED(type, name) type *name = (type *)emu_dynamic_shared()
+
+/* ---- cuBLAS, as far as kernels.cu uses it ---- */
+
+#ifdef GPU_EMU_BLAS
+#define GPU_HAVE_BLAS 1
+typedef struct emu_blas *cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
+
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, gpuStream_t s);
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			   int n, int k, const float *alpha, const float *a, int lda,
+			   const float *b, int ldb, const float *beta, float *c, int ldc);
+#endif
+
+#endif /* LOOM_GPU_EMU_H */

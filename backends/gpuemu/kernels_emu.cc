@@ -1,0 +1,2 @@
+/* kernels.cu compiled as plain C++ for the host emulator (gpu_emu.h). */
+#include "kernels.cu"
