@@ -15,7 +15,8 @@ sudo=""
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
       chromium python3 python3-pip
-      hipcc) # hipcc: builds rocm.so (about 660 MB with clang-15/llvm-15)
+      hipcc    # HIP headers, runtime and hipcc (clang 15): rocm.so for gfx90a
+      clang-19 llvm-19) # rocm.so for gfx942 and gfx1100 too (clang 15 predates them)
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()
 	for p in "${debs[@]}"; do
