@@ -11,9 +11,11 @@
  * letting a bad index reach a kernel.
  *
  * Decode GEMM (m < BLAS_MIN_M) runs the GEMV kernel straight on the
- * quantized weights; prefill dequantizes panels of weight rows to f32 and
- * multiplies them with cuBLAS (or a tiled kernel where the vendor has no
- * BLAS). Attention runs sequences with at least PREFILL_MIN_Q new rows
+ * quantized weights. Prefill with cuBLAS converts the activations to f16
+ * and dequantizes panels of f16 or quantized weight rows to f16 for
+ * cublasGemmEx (tensor cores, f32 accumulation); f32 and bf16 weights, and
+ * every weight with LOOM_GPU_GEMM=f32, go through f32 panels and
+ * cublasSgemm (TF32 off). Without a vendor BLAS a tiled f32 kernel runs. Attention runs sequences with at least PREFILL_MIN_Q new rows
  * through the tiled prefill kernel and the rest through split-K.
  *
  * LOOM_BACKEND_BATCH_INVARIANT: every GEMM goes through GEMV and every
@@ -41,6 +43,7 @@ struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct gpurt *rt;
 	bool invariant;
+	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	void *scratch; /* device: weight panels, split-K partials */
 	size_t scratch_cap;
 	void *items; /* device: attention work items */
@@ -191,14 +194,19 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->host = host;
 	ctx->invariant = cfg && cfg->struct_size >= sizeof(*cfg) &&
 			 (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT);
+	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
+	ctx->half_gemm = gpurt_has_blas() && !(getenv("LOOM_GPU_GEMM") &&
+					       !strcmp(getenv("LOOM_GPU_GEMM"), "f32"));
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s", why);
 		free(ctx);
 		return rc;
 	}
-	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s", gpurt_vendor(), device,
-		ctx->invariant ? ", batch invariant" : "");
+	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, prefill GEMM %s",
+		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
+		!gpurt_has_blas() ? "tiled f32 kernel" :
+		ctx->half_gemm ? "f16 tensor cores (f32 for f32/bf16 weights)" : "f32 BLAS");
 	*out = ctx;
 	return LOOM_OK;
 }
@@ -316,6 +324,45 @@ static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args
 	return rc;
 }
 
+/*
+ * Prefill on tensor cores: the activations converted to f16 once, then
+ * panels of weight rows dequantized to f16 and multiplied with f32
+ * accumulation. Scratch: [x as f16, m x k][panel, rows x k].
+ */
+static int gemm_panels_half(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	const size_t h = sizeof(uint16_t), x_bytes = (size_t)a->m * (size_t)a->k * h;
+	int64_t rows = (int64_t)(PANEL_BYTES / h) / a->k;
+	uint16_t *xh, *panel;
+	int rc;
+
+	if (rows < 1)
+		rows = 1;
+	if (rows > a->n)
+		rows = a->n;
+	if ((uint64_t)a->m > SIZE_MAX / h / (uint64_t)a->k ||
+	    x_bytes > SIZE_MAX - (size_t)rows * (size_t)a->k * h)
+		return LOOM_ERR_NOMEM;
+	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap,
+			 x_bytes + (size_t)rows * (size_t)a->k * h);
+	if (rc)
+		return rc;
+	xh = ctx->scratch;
+	panel = (uint16_t *)((char *)ctx->scratch + x_bytes);
+	rc = rt_failed(ctx, gpurt_to_half(ctx->rt, a->x, a->x_stride, a->m, a->k, xh));
+	for (int64_t j0 = 0; j0 < a->n && !rc; j0 += rows) {
+		int64_t r = a->n - j0 < rows ? a->n - j0 : rows;
+
+		rc = gpurt_dequant_half(ctx->rt, a->w_type,
+					(const char *)a->w + (size_t)j0 * a->w_stride, a->w_stride,
+					a->k, r, panel, a->k);
+		if (!rc)
+			rc = gpurt_hgemm(ctx->rt, a->m, r, a->k, xh, panel, a->y + j0, a->y_stride);
+		rt_failed(ctx, rc);
+	}
+	return rc;
+}
+
 static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	size_t w_row;
@@ -335,6 +382,8 @@ static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a
 		return LOOM_ERR_INVALID;
 	if (ctx->invariant || a->m < BLAS_MIN_M || a->k == 0)
 		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
+	if (ctx->half_gemm && a->w_type != LOOM_TYPE_F32 && a->w_type != LOOM_TYPE_BF16)
+		return gemm_panels_half(ctx, a);
 	return gemm_panels(ctx, a);
 }
 

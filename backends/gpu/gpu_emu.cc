@@ -713,6 +713,71 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
 	return CUBLAS_STATUS_SUCCESS;
 }
 
+namespace {
+
+float half_bits_to_float(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31, mant = h & 0x3ffu, u;
+	float f;
+
+	if (exp == 0) {
+		f = ldexpf((float)mant, -24);
+		return sign ? -f : f;
+	}
+	u = exp == 31 ? sign | 0x7f800000u | mant << 13 : sign | (exp + 112) << 23 | mant << 13;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Element (i, l) of op(A) for a column-major A of type t. */
+float elem(const void *a, cudaDataType_t t, cublasOperation_t op, int lda, int i, int l)
+{
+	int64_t off = op == CUBLAS_OP_N ? i + (int64_t)l * lda : l + (int64_t)i * lda;
+
+	return t == CUDA_R_16F ? half_bits_to_float(((const uint16_t *)a)[off]) :
+				 ((const float *)a)[off];
+}
+
+/* C = alpha op(A) op(B) + beta C, column-major, f32 accumulation (here in
+ * double), any of the emulated element types. */
+cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+		    float alpha, const void *a, cudaDataType_t at, int lda, const void *b,
+		    cudaDataType_t bt, int ldb, float beta, float *c, int ldc)
+{
+	if (m < 0 || n < 0 || k < 0 || lda < 1 || lda < (ta == CUBLAS_OP_N ? m : k) || ldb < 1 ||
+	    ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < 1 || ldc < m)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	for (int j = 0; j < n; j++)
+		for (int i = 0; i < m; i++) {
+			float *cv = &c[i + (int64_t)j * ldc];
+			double s = 0.0;
+
+			for (int l = 0; l < k; l++)
+				s += (double)elem(a, at, ta, lda, i, l) *
+				     elem(b, bt, tb == CUBLAS_OP_N ? CUBLAS_OP_T : CUBLAS_OP_N,
+					  ldb, j, l);
+			*cv = (float)(alpha * s + (beta != 0.0f ? beta * *cv : 0.0f));
+		}
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+} /* namespace */
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			    int n, int k, const void *alpha, const void *a, cudaDataType_t at,
+			    int lda, const void *b, cudaDataType_t bt, int ldb, const void *beta,
+			    void *c, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
+			    cublasGemmAlgo_t algo)
+{
+	(void)h;
+	(void)algo;
+	if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
+	    (at != CUDA_R_16F && at != CUDA_R_32F) || (bt != CUDA_R_16F && bt != CUDA_R_32F))
+		return CUBLAS_STATUS_INVALID_VALUE;
+	return gemm(ta, tb, m, n, k, *(const float *)alpha, a, at, lda, b, bt, ldb,
+		    *(const float *)beta, (float *)c, ldc);
+}
+
 /* Column-major, as documented: C (m x n, ld ldc) = alpha op(A) op(B) +
  * beta C, op(A) m x k, op(B) k x n; A stored k x m (lda >= k) when
  * transposed, m x k (lda >= m) otherwise. */
@@ -721,25 +786,8 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 			   const float *b, int ldb, const float *beta, float *c, int ldc)
 {
 	(void)h;
-	if (m < 0 || n < 0 || k < 0 || lda < (ta == CUBLAS_OP_N ? m : k) || lda < 1 ||
-	    ldb < (tb == CUBLAS_OP_N ? k : n) || ldb < 1 || ldc < m || ldc < 1)
-		return CUBLAS_STATUS_INVALID_VALUE;
-	for (int j = 0; j < n; j++)
-		for (int i = 0; i < m; i++) {
-			double s = 0.0;
-
-			for (int l = 0; l < k; l++) {
-				float av = ta == CUBLAS_OP_N ? a[i + (int64_t)l * lda] :
-							       a[l + (int64_t)i * lda];
-				float bv = tb == CUBLAS_OP_N ? b[l + (int64_t)j * ldb] :
-							       b[j + (int64_t)l * ldb];
-
-				s += (double)av * bv;
-			}
-			float *cv = &c[i + (int64_t)j * ldc];
-			*cv = (float)(*alpha * s + (*beta != 0.0f ? *beta * *cv : 0.0f));
-		}
-	return CUBLAS_STATUS_SUCCESS;
+	return gemm(ta, tb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, *beta, c,
+		    ldc);
 }
 
 #endif

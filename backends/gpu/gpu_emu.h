@@ -18,7 +18,8 @@
  *  - the runtime API (devices, memory, streams) over host memory; launches
  *    run to completion before GPU_LAUNCH returns, so a stream is trivially
  *    in order;
- *  - with GPU_EMU_BLAS, the few cuBLAS calls kernels.cu makes, computed
+ *  - with GPU_EMU_BLAS, the cuBLAS calls kernels.cu makes (Sgemm; GemmEx
+ *    on f16 inputs with f32 output), computed
  *    from their documented column-major definition, so the argument
  *    mapping of the CUDA build is exercised too.
  *
@@ -168,6 +169,14 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, gpuStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2 } cudaDataType_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			    int n, int k, const void *alpha, const void *a, cudaDataType_t at,
+			    int lda, const void *b, cudaDataType_t bt, int ldb, const void *beta,
+			    void *c, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
+			    cublasGemmAlgo_t algo);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
 			   int n, int k, const float *alpha, const float *a, int lda,
 			   const float *b, int ldb, const float *beta, float *c, int ldc);

@@ -303,6 +303,41 @@ __device__ __forceinline__ float half_to_f32(uint32_t h)
 	return __uint_as_float(sign | (exp + 112) << 23 | mant << 13);
 }
 
+/* float to IEEE half, rounding to nearest even; overflow gives infinity. */
+__device__ __forceinline__ uint16_t f32_to_half(float f)
+{
+	uint32_t x, sign, mant;
+	int exp;
+
+	memcpy(&x, &f, sizeof(x));
+	sign = (x >> 16) & 0x8000u;
+	exp = (int)((x >> 23) & 0xff) - 127 + 15;
+	mant = x & 0x7fffffu;
+	if (((x >> 23) & 0xff) == 0xff) /* inf or NaN (kept quiet) */
+		return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+	if (exp >= 31)
+		return (uint16_t)(sign | 0x7c00u);
+	if (exp <= 0) { /* subnormal half, or zero */
+		uint32_t m = mant | 0x800000u, shift = (uint32_t)(14 - exp), h, rest, halfway;
+
+		if (exp < -10)
+			return (uint16_t)sign;
+		h = m >> shift;
+		rest = m & ((1u << shift) - 1);
+		halfway = 1u << (shift - 1);
+		if (rest > halfway || (rest == halfway && (h & 1)))
+			h++;
+		return (uint16_t)(sign | h);
+	}
+	{
+		uint32_t h = (uint32_t)exp << 10 | mant >> 13, rest = mant & 0x1fffu;
+
+		if (rest > 0x1000u || (rest == 0x1000u && (h & 1)))
+			h++; /* may carry into the exponent, up to infinity: correct */
+		return (uint16_t)(sign | h);
+	}
+}
+
 /*
  * A row is read in parts of 8 values. Part q of a plain row (f32, f16,
  * bf16) or of a q8_0 row is values 8q .. 8q+7. Part q of a 4- or 5-bit
@@ -530,14 +565,26 @@ extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 	return launched(rt, "gemv kernel");
 }
 
-/* Row r of a weight (or table) to f32; rows grid-strided over blocks. */
+__device__ __forceinline__ void store(float *p, float v)
+{
+	*p = v;
+}
+
+__device__ __forceinline__ void store(uint16_t *p, float v)
+{
+	*p = f32_to_half(v);
+}
+
+/* Row r of a weight (or table) to f32 or f16; rows grid-strided over
+ * blocks. */
+template <typename O>
 __global__ void __launch_bounds__(THREADS)
 k_dequant(uint32_t type, const uint8_t *w, size_t w_stride, int64_t k, int64_t parts,
-	  int64_t rows, const int32_t *ids, float *dst, int64_t dst_stride)
+	  int64_t rows, const int32_t *ids, O *dst, int64_t dst_stride)
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const uint8_t *row = w + (ids ? (int64_t)ids[r] : r) * w_stride;
-		float *out = dst + r * dst_stride;
+		O *out = dst + r * dst_stride;
 
 		for (int64_t q = threadIdx.x; q < parts; q += blockDim.x) {
 			float v[8];
@@ -547,7 +594,7 @@ k_dequant(uint32_t type, const uint8_t *w, size_t w_stride, int64_t k, int64_t p
 				int64_t idx = part_index(type, q, e);
 
 				if (idx < k)
-					out[idx] = v[e];
+					store(&out[idx], v[e]);
 			}
 		}
 	}
@@ -558,9 +605,36 @@ extern "C" int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, siz
 			     int64_t dst_stride)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_dequant, grid_of(rows), THREADS, 0, rt->stream, type, (const uint8_t *)w, w_stride,
-		k, parts_of(type, k), rows, ids, dst, dst_stride);
+	GPU_LAUNCH(k_dequant<float>, grid_of(rows), THREADS, 0, rt->stream, type,
+		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, ids, dst, dst_stride);
 	return launched(rt, "dequantize kernel");
+}
+
+extern "C" int gpurt_dequant_half(struct gpurt *rt, uint32_t type, const void *w,
+				  size_t w_stride, int64_t k, int64_t rows, uint16_t *dst,
+				  int64_t dst_stride)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_dequant<uint16_t>, grid_of(rows), THREADS, 0, rt->stream, type,
+		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows,
+		   (const int32_t *)NULL, dst, dst_stride);
+	return launched(rt, "dequantize (f16) kernel");
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_to_half(const float *x, int64_t x_stride, int64_t rows, int64_t k, uint16_t *dst)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
+			dst[r * k + i] = f32_to_half(x[r * x_stride + i]);
+}
+
+extern "C" int gpurt_to_half(struct gpurt *rt, const float *x, int64_t x_stride, int64_t rows,
+			     int64_t k, uint16_t *dst)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_to_half, grid_of(rows), THREADS, 0, rt->stream, x, x_stride, rows, k, dst);
+	return launched(rt, "f16 conversion kernel");
 }
 
 #ifdef GPU_HAVE_BLAS
@@ -589,9 +663,42 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 	return LOOM_OK;
 }
 
+/* The same product on f16 inputs (x rows and p rows both k apart), f32
+ * accumulation and output: tensor cores. */
+extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_t *x,
+			   const uint16_t *p, float *y, int64_t y_stride)
+{
+	const float one = 1.0f, zero = 0.0f;
+	cublasStatus_t st;
+
+	BIND(rt);
+
+	if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || y_stride > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for cuBLAS");
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	st = cublasGemmEx(rt->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, p,
+			  CUDA_R_16F, (int)k, x, CUDA_R_16F, (int)k, &zero, y, CUDA_R_32F,
+			  (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (st != CUBLAS_STATUS_SUCCESS) {
+		snprintf(rt->err, sizeof(rt->err), "CUDA: cublasGemmEx failed (status %d)", (int)st);
+		return LOOM_ERR_DEVICE;
+	}
+	return LOOM_OK;
+}
+
 #else
 
+extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_t *x,
+			   const uint16_t *p, float *y, int64_t y_stride)
+{
+	(void)m, (void)n, (void)k, (void)x, (void)p, (void)y, (void)y_stride;
+	snprintf(rt->err, sizeof(rt->err), "gemm: no f16 BLAS in this build");
+	return LOOM_ERR_UNSUPPORTED;
+}
+
 #define SG_TILE 64
+
 #define SG_K 16
 
 /*
