@@ -15,8 +15,9 @@
  * and dequantizes panels of f16 or quantized weight rows to f16 for
  * cublasGemmEx (tensor cores, f32 accumulation); f32 and bf16 weights, and
  * every weight with LOOM_GPU_GEMM=f32, go through f32 panels and
- * cublasSgemm (TF32 off). Without a vendor BLAS a tiled f32 kernel runs. Attention runs sequences with at least PREFILL_MIN_Q new rows
- * through the tiled prefill kernel and the rest through split-K.
+ * cublasSgemm (TF32 off). Without a vendor BLAS a tiled f32 kernel runs.
+ * Attention runs sequences with at least PREFILL_MIN_Q new rows through
+ * the tiled prefill kernel and the rest through split-K.
  *
  * LOOM_BACKEND_BATCH_INVARIANT: every GEMM goes through GEMV and every
  * attention row through split-K, whose arithmetic for one output row does
