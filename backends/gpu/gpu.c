@@ -168,6 +168,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 {
 	struct loom_backend_ctx *ctx;
 	char why[256] = "";
+	const char *gemm_env;
 	int n = 0, device = 0, rc;
 
 	if (!out)
@@ -196,8 +197,8 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->invariant = cfg && cfg->struct_size >= sizeof(*cfg) &&
 			 (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT);
 	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
-	ctx->half_gemm = gpurt_has_blas() && !(getenv("LOOM_GPU_GEMM") &&
-					       !strcmp(getenv("LOOM_GPU_GEMM"), "f32"));
+	gemm_env = getenv("LOOM_GPU_GEMM");
+	ctx->half_gemm = gpurt_has_blas() && !(gemm_env && !strcmp(gemm_env, "f32"));
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s", why);
@@ -300,65 +301,55 @@ static int gpu_synchronize(struct loom_backend_ctx *ctx)
 
 /* ---- gemm and embed ---- */
 
-/* Prefill: panels of weight rows dequantized to f32, then one sgemm each. */
-static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
-{
-	int64_t rows = (int64_t)(PANEL_BYTES / sizeof(float)) / a->k;
-	int rc;
-
-	if (rows < 1)
-		rows = 1;
-	if (rows > a->n)
-		rows = a->n;
-	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap,
-			 (size_t)rows * (size_t)a->k * sizeof(float));
-	for (int64_t j0 = 0; j0 < a->n && !rc; j0 += rows) {
-		int64_t r = a->n - j0 < rows ? a->n - j0 : rows;
-
-		rc = gpurt_dequant(ctx->rt, a->w_type, (const char *)a->w + (size_t)j0 * a->w_stride,
-				   a->w_stride, a->k, r, NULL, ctx->scratch, a->k);
-		if (!rc)
-			rc = gpurt_sgemm(ctx->rt, a->m, r, a->k, a->x, a->x_stride, ctx->scratch,
-					 a->y + j0, a->y_stride);
-		rt_failed(ctx, rc);
-	}
-	return rc;
-}
-
 /*
- * Prefill on tensor cores: the activations converted to f16 once, then
- * panels of weight rows dequantized to f16 and multiplied with f32
- * accumulation. Scratch: [x as f16, m x k][panel, rows x k].
+ * Prefill: panels of weight rows dequantized on the device, one GEMM per
+ * panel. In f32 (half false): cublasSgemm or the tiled kernel on the f32
+ * activations. In f16 (half true, tensor cores): the activations are
+ * converted to f16 once, panels are f16, cublasGemmEx accumulates in f32.
+ * Scratch: [activations as f16, m x k, when half][panel, rows x k].
  */
-static int gemm_panels_half(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool half)
 {
-	const size_t h = sizeof(uint16_t), x_bytes = (size_t)a->m * (size_t)a->k * h;
-	int64_t rows = (int64_t)(PANEL_BYTES / h) / a->k;
-	uint16_t *xh, *panel;
-	int rc;
+	const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+	int64_t rows = (int64_t)(PANEL_BYTES / es) / a->k;
+	size_t x_bytes, panel_bytes;
+	void *panel;
+	int rc = LOOM_OK;
 
 	if (rows < 1)
 		rows = 1;
 	if (rows > a->n)
 		rows = a->n;
-	if ((uint64_t)a->m > SIZE_MAX / h / (uint64_t)a->k ||
-	    x_bytes > SIZE_MAX - (size_t)rows * (size_t)a->k * h)
+	/* m x k floats already exist as the caller's activations, so m x k
+	 * halves fit in size_t; only the sum needs a check */
+	x_bytes = half ? (size_t)a->m * (size_t)a->k * es : 0;
+	panel_bytes = (size_t)rows * (size_t)a->k * es;
+	if (x_bytes > SIZE_MAX - panel_bytes)
 		return LOOM_ERR_NOMEM;
-	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap,
-			 x_bytes + (size_t)rows * (size_t)a->k * h);
+	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, x_bytes + panel_bytes);
 	if (rc)
 		return rc;
-	xh = ctx->scratch;
-	panel = (uint16_t *)((char *)ctx->scratch + x_bytes);
-	rc = rt_failed(ctx, gpurt_to_half(ctx->rt, a->x, a->x_stride, a->m, a->k, xh));
+	panel = (char *)ctx->scratch + x_bytes;
+	if (half)
+		rc = rt_failed(ctx, gpurt_to_half(ctx->rt, a->x, a->x_stride, a->m, a->k,
+						  ctx->scratch));
 	for (int64_t j0 = 0; j0 < a->n && !rc; j0 += rows) {
 		int64_t r = a->n - j0 < rows ? a->n - j0 : rows;
+		const char *w = (const char *)a->w + (size_t)j0 * a->w_stride;
 
-		rc = gpurt_dequant_half(ctx->rt, a->w_type,
-					(const char *)a->w + (size_t)j0 * a->w_stride, a->w_stride,
-					a->k, r, panel, a->k);
-		if (!rc)
-			rc = gpurt_hgemm(ctx->rt, a->m, r, a->k, xh, panel, a->y + j0, a->y_stride);
+		if (half) {
+			rc = gpurt_dequant_half(ctx->rt, a->w_type, w, a->w_stride, a->k, r, panel,
+						a->k);
+			if (!rc)
+				rc = gpurt_hgemm(ctx->rt, a->m, r, a->k, ctx->scratch, panel,
+						 a->y + j0, a->y_stride);
+		} else {
+			rc = gpurt_dequant(ctx->rt, a->w_type, w, a->w_stride, a->k, r, NULL, panel,
+					   a->k);
+			if (!rc)
+				rc = gpurt_sgemm(ctx->rt, a->m, r, a->k, a->x, a->x_stride, panel,
+						 a->y + j0, a->y_stride);
+		}
 		rt_failed(ctx, rc);
 	}
 	return rc;
@@ -383,9 +374,10 @@ static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a
 		return LOOM_ERR_INVALID;
 	if (ctx->invariant || a->m < BLAS_MIN_M || a->k == 0)
 		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
-	if (ctx->half_gemm && a->w_type != LOOM_TYPE_F32 && a->w_type != LOOM_TYPE_BF16)
-		return gemm_panels_half(ctx, a);
-	return gemm_panels(ctx, a);
+	/* f16 panels for f16 and quantized weights; f32 and bf16 (whose range
+	 * f16 lacks) keep f32 */
+	return gemm_panels(ctx, a, ctx->half_gemm && a->w_type != LOOM_TYPE_F32 &&
+					   a->w_type != LOOM_TYPE_BF16);
 }
 
 static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,

@@ -36,8 +36,7 @@ struct fiber {
 	emu_thread_regs regs;
 	int lin;      /* linear thread index in the block */
 	int state;
-	int parity;   /* which of the warp's two shuffle buffers is next */
-	uint64_t got; /* value a shuffle hands back to this lane */
+	uint64_t got; /* shuffle: the xor mask, then the partner's value */
 	char *stack;  /* top of the fiber's stack */
 #if defined(__x86_64__)
 	void *sp;
@@ -56,7 +55,7 @@ struct worker {
 	unsigned live;        /* threads not finished */
 	unsigned block_waiting;
 	unsigned *warp_waiting, *warp_live;
-	uint64_t *slots;      /* [warp][2][lane] shuffle buffers */
+	uint64_t *slots;      /* shuffle values, by linear thread index */
 	unsigned char *shared;
 	size_t shared_cap;
 	emu_block_regs blk;
@@ -182,18 +181,16 @@ void check_barriers(worker *w, unsigned warp_index)
 	}
 	if (w->warp_waiting[warp_index] &&
 	    w->warp_waiting[warp_index] == w->warp_live[warp_index]) {
-		unsigned base = warp_index * 2 * w->warp;
-		/* hand each waiting lane its partner's value now, so the
-		 * buffers can be reused by the next shuffle */
-		for (unsigned i = warp_index * w->warp; i < (warp_index + 1) * w->warp && i < w->n;
-		     i++) {
+		unsigned base = warp_index * w->warp;
+		/* hand each waiting lane its partner's value now, so the slots
+		 * are free for the next shuffle */
+		for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
 			fiber *f = &w->fibers[i];
 
 			if (f->state == WAIT_WARP) {
-				unsigned lane = f->lin % w->warp, src = lane ^ (unsigned)(f->got);
-				uint64_t *buf = w->slots + base + (unsigned)f->parity * w->warp;
+				unsigned lane = i - base, src = lane ^ (unsigned)f->got;
 
-				f->got = src < w->warp ? buf[src] : buf[lane];
+				f->got = w->slots[base + (src < w->warp ? src : lane)];
 			}
 		}
 		w->warp_waiting[warp_index] = 0;
@@ -244,7 +241,7 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 		w->fibers = (fiber *)calloc(MAX_BLOCK, sizeof(fiber));
 		w->warp_waiting = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
 		w->warp_live = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
-		w->slots = (uint64_t *)calloc((size_t)MAX_BLOCK * 2 * 64, sizeof(uint64_t));
+		w->slots = (uint64_t *)calloc(MAX_BLOCK, sizeof(uint64_t));
 		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots)
 			return false;
 		for (unsigned i = 0; i < MAX_BLOCK; i++) {
@@ -284,7 +281,6 @@ bool run_block(worker *w, dim3 bid)
 		f->lin = (int)i;
 		f->regs.tid = dim3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
 		f->state = READY;
-		f->parity = 0;
 		fiber_start(f);
 	}
 	while (w->live) {
@@ -499,9 +495,9 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 {
 	worker *w = self;
 	fiber *f = current();
-	unsigned wi = (unsigned)f->lin / w->warp, lane = (unsigned)f->lin % w->warp;
+	unsigned wi = (unsigned)f->lin / w->warp;
 
-	w->slots[(wi * 2 + (unsigned)f->parity) * w->warp + lane] = v;
+	w->slots[f->lin] = v;
 	f->got = (uint64_t)(unsigned)mask;
 	f->state = WAIT_WARP;
 	w->warp_waiting[wi]++;
@@ -509,7 +505,6 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 	if (f->state != READY)
 		to_scheduler(f);
 	f->state = READY;
-	f->parity ^= 1;
 	return f->got;
 }
 
@@ -715,6 +710,8 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
 
 namespace {
 
+/* Written apart from kernels.cu's half_to_f32 on purpose: the emulated
+ * cuBLAS is a reference for the f16 path, not a copy of it. */
 float half_bits_to_float(uint16_t h)
 {
 	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31, mant = h & 0x3ffu, u;

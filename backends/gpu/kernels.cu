@@ -698,7 +698,6 @@ extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 }
 
 #define SG_TILE 64
-
 #define SG_K 16
 
 /*
