@@ -177,6 +177,8 @@ static const struct {
 
 /* Size of the generation-1.0 table: everything up to `attention`. */
 #define OPS_V1_SIZE (offsetof(struct loom_backend_ops, attention) + sizeof(void *))
+/* Generation 1.1 adds graph_begin and graph_end. */
+#define OPS_V1_1_SIZE (offsetof(struct loom_backend_ops, graph_end) + sizeof(void *))
 
 int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 			   char *err, size_t errlen)
@@ -207,7 +209,18 @@ int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 			return -1;
 		}
 	}
+	if (ops->struct_size >= OPS_V1_1_SIZE && !ops->graph_begin != !ops->graph_end) {
+		loom_seterr(err, errlen, "backend %s: has %s but not %s", path,
+			ops->graph_begin ? "graph_begin" : "graph_end",
+			ops->graph_begin ? "graph_end" : "graph_begin");
+		return -1;
+	}
 	return 0;
+}
+
+bool loom_backend_has_graphs(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= OPS_V1_1_SIZE && b->ops->graph_begin && b->ops->graph_end;
 }
 
 struct loom_backend *loom_backend_open(const char *name,

@@ -14,6 +14,7 @@
 #ifndef LOOM_BACKEND_LOADER_H
 #define LOOM_BACKEND_LOADER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "loom/backend.h"
@@ -37,6 +38,9 @@ struct loom_backend *loom_backend_open(const char *name,
 int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 			   char *err, size_t errlen);
 void loom_backend_close(struct loom_backend *b);
+/* Whether the backend has step regions (generation 1.1 graph_begin and
+ * graph_end; the loader refuses a table with only one of them). */
+bool loom_backend_has_graphs(const struct loom_backend *b);
 
 /* The host services table the core lends every backend. */
 const struct loom_backend_host *loom_host_services(void);

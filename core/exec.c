@@ -334,16 +334,12 @@ static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
 };
 
-int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		   char *err, size_t errlen)
+/* Runs the graph's nodes; err names the node that failed. */
+static int run_nodes(struct loom_exec *e, const struct loom_batch *b, char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
-	int i, rc;
+	int i, rc = 0;
 
-	err[0] = '\0';
-	if (prepare(e, b, err, errlen))
-		return LOOM_ERR_INVALID;
-	rc = upload_inputs(e, b);
 	for (i = 0; rc == 0 && i < e->m->n_nodes; i++) {
 		const struct loom_node *nd = &e->m->nodes[i];
 
@@ -354,6 +350,48 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 			loom_seterr(err, errlen, "backend %s: %s (layer %d) failed with status %d",
 				be->ops->name, node_names[nd->op], nd->layer, rc);
 	}
+	return rc;
+}
+
+/*
+ * One step's node calls, as a step region where the backend has them
+ * (ABI 1.1): it may then capture the calls once and replay them on later
+ * steps of the same shape. Every address and size the calls carry comes
+ * from the batch's shape (rows, sequences, output rows), never from where
+ * sequences sit in the cache, so a decode step repeats its predecessor's
+ * calls exactly; positions, slots and block tables reach the kernels
+ * through the input arrays uploaded before the region opens.
+ */
+static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, size_t errlen)
+{
+	const struct loom_backend *be = e->m->be;
+	int rc, end_rc;
+
+	if (!loom_backend_has_graphs(be))
+		return run_nodes(e, b, err, errlen);
+	rc = be->ops->graph_begin(be->ctx);
+	if (rc)
+		return rc;
+	rc = run_nodes(e, b, err, errlen);
+	end_rc = be->ops->graph_end(be->ctx);
+	if (end_rc && !rc)
+		loom_seterr(err, errlen, "backend %s: step failed with status %d", be->ops->name,
+			end_rc);
+	return rc ? rc : end_rc;
+}
+
+int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		   char *err, size_t errlen)
+{
+	const struct loom_backend *be = e->m->be;
+	int i, rc;
+
+	err[0] = '\0';
+	if (prepare(e, b, err, errlen))
+		return LOOM_ERR_INVALID;
+	rc = upload_inputs(e, b);
+	if (rc == 0)
+		rc = run_step(e, b, err, errlen);
 	if (rc == 0 && b->n_out > 0)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
 				       (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float));

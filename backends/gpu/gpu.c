@@ -40,17 +40,100 @@
 #define PARTIAL_BYTES ((size_t)64 << 20) /* split-K partial results per launch */
 #define PREFILL_MIN_Q 8
 
+/* One operator call deferred in a step region, its arguments by value.
+ * Calls are zeroed before their fields are set, so two calls with the
+ * same arguments compare equal with memcmp (no stray padding bytes). */
+enum call_kind {
+	CALL_GEMM, CALL_EMBED, CALL_RMSNORM, CALL_ROPE, CALL_GLU, CALL_ADD,
+	CALL_SCALE, CALL_KV_WRITE, CALL_ATTENTION, CALL_COPY,
+};
+
+struct embed_call {
+	float *out;
+	const void *table;
+	const int32_t *ids;
+	size_t row_bytes;
+	int64_t n_rows, dim, n_ids;
+	uint32_t type;
+};
+
+/* rmsnorm (x, w, eps), glu (x = gate, w = up, kind), add (x = a, w = b,
+ * b_rows), scale (s) */
+struct rows_call {
+	float *y;
+	const float *x, *w;
+	int64_t y_stride, x_stride, w_stride, b_rows, rows, n;
+	float eps, s;
+	int32_t kind;
+};
+
+struct copy_call {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+struct call {
+	int64_t kind;
+	union {
+		struct loom_gemm_args gemm;
+		struct embed_call embed;
+		struct rows_call rows;
+		struct loom_rope_args rope;
+		struct loom_kv_write_args kv;
+		struct loom_attention_args attn;
+		struct copy_call copy;
+	} u;
+};
+
+/* Where an attention call's work items sit in the items buffer (in
+ * 16-byte records): tiles first, then split-K rows. Part of what a
+ * replay must match, with the calls. */
+struct attn_plan {
+	int64_t tiles, n_tiles, rows, n_rows, n_splits;
+};
+
+/* A captured step: the calls and plans it was captured from. */
+struct graph_entry {
+	struct gpurt_graph *graph;
+	uint64_t hash, last_use, epoch;
+	struct call *calls;
+	struct attn_plan *plans;
+	int64_t n_calls;
+};
+
+#define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
+#define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
+
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct gpurt *rt;
 	bool invariant;
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
+	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
 	void *scratch; /* device: weight panels, split-K partials */
 	size_t scratch_cap;
 	void *items; /* device: attention work items */
 	size_t items_cap;
-	void *hbuf; /* host: downloaded index tables, attention items */
+	uint64_t mem_epoch; /* bumped whenever scratch or items move */
+	void *hbuf; /* host: downloaded ids and slots */
 	size_t hbuf_cap;
+	void *tabs; /* host: downloaded attention tables */
+	size_t tabs_cap;
+	void *hitems; /* host: work items (16-byte records) of the calls being run */
+	size_t hitems_cap;
+	int64_t n_hitems;
+	/* the step region being recorded */
+	bool in_region;
+	int region_rc;
+	struct call *calls;
+	struct attn_plan *plans;
+	int64_t n_calls, calls_cap;
+	/* captured steps */
+	struct graph_entry graphs[GRAPH_SLOTS];
+	uint64_t seen[SEEN_SLOTS];
+	int seen_next;
+	uint64_t tick, n_captured, n_replayed, n_direct;
 };
 
 struct loom_buffer {
@@ -103,7 +186,8 @@ static size_t row_size(int64_t n, uint32_t type, bool *ok)
 
 /* ---- scratch ---- */
 
-/* Makes the device buffer *buf hold at least n bytes. */
+/* Makes the device buffer *buf hold at least n bytes. A new buffer moves
+ * the scratch addresses that captured graphs hold, so it retires them. */
 static int reserve_dev(struct loom_backend_ctx *ctx, void **buf, size_t *cap, size_t n)
 {
 	int rc;
@@ -113,6 +197,7 @@ static int reserve_dev(struct loom_backend_ctx *ctx, void **buf, size_t *cap, si
 	gpurt_free(ctx->rt, *buf); /* waits for the kernels still using it */
 	*buf = NULL;
 	*cap = 0;
+	ctx->mem_epoch++;
 	rc = gpurt_alloc(ctx->rt, n ? n : 64, buf);
 	if (rc)
 		return rt_failed(ctx, rc);
@@ -120,17 +205,18 @@ static int reserve_dev(struct loom_backend_ctx *ctx, void **buf, size_t *cap, si
 	return LOOM_OK;
 }
 
-static void *reserve_host(struct loom_backend_ctx *ctx, size_t n)
+/* Makes *buf (host) hold at least n bytes. */
+static void *reserve_host(void **buf, size_t *cap, size_t n)
 {
 	void *p;
 
-	if (ctx->hbuf_cap >= n)
-		return ctx->hbuf;
-	p = realloc(ctx->hbuf, n ? n : 64);
+	if (*cap >= n)
+		return *buf;
+	p = realloc(*buf, n ? n : 64);
 	if (!p)
 		return NULL;
-	ctx->hbuf = p;
-	ctx->hbuf_cap = n;
+	*buf = p;
+	*cap = n;
 	return p;
 }
 
@@ -142,7 +228,7 @@ static int32_t *fetch_i32(struct loom_backend_ctx *ctx, const int32_t *dev, int6
 	*rc = LOOM_ERR_NOMEM;
 	if (n < 0 || (uint64_t)n > SIZE_MAX / 8)
 		return NULL;
-	h = reserve_host(ctx, (size_t)n * sizeof(int32_t));
+	h = reserve_host(&ctx->hbuf, &ctx->hbuf_cap, (size_t)n * sizeof(int32_t));
 	if (!h)
 		return NULL;
 	*rc = n ? rt_failed(ctx, gpurt_download(ctx->rt, h, dev, (size_t)n * sizeof(int32_t))) :
@@ -152,15 +238,45 @@ static int32_t *fetch_i32(struct loom_backend_ctx *ctx, const int32_t *dev, int6
 
 /* ---- context ---- */
 
+static void graphs_clear(struct loom_backend_ctx *ctx)
+{
+	for (int i = 0; i < GRAPH_SLOTS; i++) {
+		struct graph_entry *e = &ctx->graphs[i];
+
+		gpurt_graph_free(e->graph);
+		free(e->calls);
+		free(e->plans);
+		memset(e, 0, sizeof(*e));
+	}
+}
+
 static void gpu_destroy(struct loom_backend_ctx *ctx)
 {
 	if (!ctx)
 		return;
+	if (ctx->n_captured || ctx->n_replayed || ctx->n_direct)
+		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": step graphs: %llu captured, %llu replays, "
+			"%llu steps run directly",
+			(unsigned long long)ctx->n_captured, (unsigned long long)ctx->n_replayed,
+			(unsigned long long)ctx->n_direct);
+	graphs_clear(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
 	gpurt_free(ctx->rt, ctx->items);
 	gpurt_close(ctx->rt);
 	free(ctx->hbuf);
+	free(ctx->tabs);
+	free(ctx->hitems);
+	free(ctx->calls);
+	free(ctx->plans);
 	free(ctx);
+}
+
+static bool env_is(const char *name, const char *value)
+{
+	const char *v = getenv(name);
+
+	return v && !strcmp(v, value);
 }
 
 static int gpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
@@ -168,7 +284,6 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 {
 	struct loom_backend_ctx *ctx;
 	char why[256] = "";
-	const char *gemm_env;
 	int n = 0, device = 0, rc;
 
 	if (!out)
@@ -197,18 +312,19 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->invariant = cfg && cfg->struct_size >= sizeof(*cfg) &&
 			 (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT);
 	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
-	gemm_env = getenv("LOOM_GPU_GEMM");
-	ctx->half_gemm = gpurt_has_blas() && !(gemm_env && !strcmp(gemm_env, "f32"));
+	ctx->half_gemm = gpurt_has_blas() && !env_is("LOOM_GPU_GEMM", "f32");
+	ctx->graphs_on = !env_is("LOOM_GPU_GRAPHS", "0");
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s", why);
 		free(ctx);
 		return rc;
 	}
-	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, prefill GEMM %s",
+	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, prefill GEMM %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
-		ctx->half_gemm ? "f16 tensor cores (f32 for f32/bf16 weights)" : "f32 BLAS");
+		ctx->half_gemm ? "f16 tensor cores (f32 for f32/bf16 weights)" : "f32 BLAS",
+		ctx->graphs_on ? "step graphs on" : "step graphs off");
 	*out = ctx;
 	return LOOM_OK;
 }
@@ -231,6 +347,141 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	return type == LOOM_TYPE_F32;
 }
 
+/* ---- step regions: recording ---- */
+
+/* A call that a region may not contain: it fails, and fails the region. */
+static int refused_in_region(struct loom_backend_ctx *ctx, const char *what)
+{
+	gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s inside a step region", what);
+	if (!ctx->region_rc)
+		ctx->region_rc = LOOM_ERR_INVALID;
+	return LOOM_ERR_INVALID;
+}
+
+/* A zeroed call appended to the region, or NULL (the region then fails). */
+static struct call *region_add(struct loom_backend_ctx *ctx, enum call_kind kind)
+{
+	struct call *c;
+
+	if (ctx->n_calls == ctx->calls_cap) {
+		int64_t cap = ctx->calls_cap ? 2 * ctx->calls_cap : 256;
+		struct call *calls = realloc(ctx->calls, (size_t)cap * sizeof(*calls));
+		struct attn_plan *plans = calls ? realloc(ctx->plans, (size_t)cap * sizeof(*plans)) :
+						  NULL;
+
+		if (calls)
+			ctx->calls = calls;
+		if (!plans) {
+			ctx->region_rc = LOOM_ERR_NOMEM;
+			return NULL;
+		}
+		ctx->plans = plans;
+		ctx->calls_cap = cap;
+	}
+	c = &ctx->calls[ctx->n_calls];
+	memset(c, 0, sizeof(*c));
+	memset(&ctx->plans[ctx->n_calls], 0, sizeof(ctx->plans[0]));
+	ctx->n_calls++;
+	c->kind = kind;
+	return c;
+}
+
+/* Whether an operator call is to be recorded rather than run: inside a
+ * region. (Calls after a failed one are still recorded, never run.) */
+static bool recording(struct loom_backend_ctx *ctx)
+{
+	return ctx->in_region;
+}
+
+static int record_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	struct call *c = region_add(ctx, CALL_GEMM);
+	struct loom_gemm_args *g;
+
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	g = &c->u.gemm;
+	g->struct_size = sizeof(*g);
+	g->w_type = a->w_type;
+	g->m = a->m, g->n = a->n, g->k = a->k;
+	g->w = a->w, g->w_stride = a->w_stride;
+	g->x = a->x, g->x_stride = a->x_stride;
+	g->y = a->y, g->y_stride = a->y_stride;
+	return LOOM_OK;
+}
+
+static int record_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	struct call *c = region_add(ctx, CALL_ROPE);
+	struct loom_rope_args *r;
+
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	r = &c->u.rope;
+	r->struct_size = sizeof(*r);
+	r->mode = a->mode;
+	r->x = a->x;
+	r->n_tokens = a->n_tokens, r->n_heads = a->n_heads, r->head_dim = a->head_dim;
+	r->n_rot = a->n_rot, r->row_stride = a->row_stride;
+	r->pos = a->pos;
+	r->freq_base = a->freq_base, r->freq_scale = a->freq_scale;
+	r->freq_factors = a->freq_factors;
+	return LOOM_OK;
+}
+
+static int record_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+{
+	struct call *c = region_add(ctx, CALL_KV_WRITE);
+	struct loom_kv_write_args *k;
+
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	k = &c->u.kv;
+	k->struct_size = sizeof(*k);
+	k->kcache = a->kcache, k->vcache = a->vcache;
+	k->k = a->k, k->v = a->v;
+	k->k_stride = a->k_stride, k->v_stride = a->v_stride;
+	k->n_tokens = a->n_tokens, k->kv_dim = a->kv_dim;
+	k->slots = a->slots;
+	return LOOM_OK;
+}
+
+static int record_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+	struct call *c = region_add(ctx, CALL_ATTENTION);
+	struct loom_attention_args *t;
+
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	t = &c->u.attn;
+	t->struct_size = sizeof(*t);
+	t->out = a->out, t->q = a->q;
+	t->q_stride = a->q_stride, t->out_stride = a->out_stride;
+	t->kcache = a->kcache, t->vcache = a->vcache;
+	t->n_seqs = a->n_seqs, t->n_heads = a->n_heads, t->n_kv_heads = a->n_kv_heads;
+	t->head_dim = a->head_dim, t->block_size = a->block_size, t->max_blocks = a->max_blocks;
+	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
+	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
+	return LOOM_OK;
+}
+
+/* rmsnorm, glu, add and scale share one record (see struct rows_call). */
+static int record_rows(struct loom_backend_ctx *ctx, enum call_kind kind,
+		       const struct rows_call *r)
+{
+	struct call *c = region_add(ctx, kind);
+	struct rows_call *d;
+
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	d = &c->u.rows;
+	d->y = r->y, d->x = r->x, d->w = r->w;
+	d->y_stride = r->y_stride, d->x_stride = r->x_stride, d->w_stride = r->w_stride;
+	d->b_rows = r->b_rows, d->rows = r->rows, d->n = r->n;
+	d->eps = r->eps, d->s = r->s, d->kind = r->kind;
+	return LOOM_OK;
+}
+
 /* ---- memory ---- */
 
 static int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
@@ -241,6 +492,8 @@ static int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct lo
 	if (!ctx || !out)
 		return LOOM_ERR_INVALID;
 	*out = NULL;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "buffer_alloc");
 	if (size > SIZE_MAX - 64)
 		return LOOM_ERR_NOMEM;
 	buf = malloc(sizeof(*buf));
@@ -262,6 +515,11 @@ static void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 {
 	if (!ctx || !buf)
 		return;
+	if (ctx->in_region) {
+		/* kept: the region's calls may use it; the host leaks it */
+		refused_in_region(ctx, "buffer_free");
+		return;
+	}
 	gpurt_free(ctx->rt, buf->ptr);
 	free(buf);
 }
@@ -275,6 +533,8 @@ static int gpu_upload(struct loom_backend_ctx *ctx, void *dst, const void *src, 
 {
 	if (!ctx || (n && (!dst || !src)))
 		return LOOM_ERR_INVALID;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "upload");
 	return n ? rt_failed(ctx, gpurt_upload(ctx->rt, dst, src, n)) : LOOM_OK;
 }
 
@@ -282,54 +542,94 @@ static int gpu_download(struct loom_backend_ctx *ctx, void *dst, const void *src
 {
 	if (!ctx || (n && (!dst || !src)))
 		return LOOM_ERR_INVALID;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "download");
 	return n ? rt_failed(ctx, gpurt_download(ctx->rt, dst, src, n)) : LOOM_OK;
 }
 
 static int gpu_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
 {
+	struct call *c;
+
 	if (!ctx || (n && (!dst || !src)))
 		return LOOM_ERR_INVALID;
-	return n ? rt_failed(ctx, gpurt_copy(ctx->rt, dst, src, n)) : LOOM_OK;
+	if (n == 0)
+		return LOOM_OK;
+	if (!recording(ctx))
+		return rt_failed(ctx, gpurt_copy(ctx->rt, dst, src, n));
+	c = region_add(ctx, CALL_COPY);
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	c->u.copy.dst = dst;
+	c->u.copy.src = src;
+	c->u.copy.n = n;
+	return LOOM_OK;
 }
 
 static int gpu_synchronize(struct loom_backend_ctx *ctx)
 {
 	if (!ctx)
 		return LOOM_ERR_INVALID;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "synchronize");
 	return rt_failed(ctx, gpurt_sync(ctx->rt));
 }
 
 /* ---- gemm and embed ---- */
+
+/* Whether prefill GEMM of this weight goes through f16 panels: f16 and
+ * quantized weights; f32 and bf16 (whose range f16 lacks) keep f32. */
+static bool gemm_half(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return ctx->half_gemm && a->w_type != LOOM_TYPE_F32 && a->w_type != LOOM_TYPE_BF16;
+}
+
+static bool gemm_is_gemv(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return ctx->invariant || a->m < BLAS_MIN_M || a->k == 0;
+}
+
+/* Weight rows per panel and the scratch a panel GEMM needs:
+ * [activations as f16, m x k, when half][panel, rows x k]. 0 on overflow. */
+static size_t panel_scratch(const struct loom_gemm_args *a, bool half, int64_t *rows_out)
+{
+	const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+	int64_t rows = (int64_t)(PANEL_BYTES / es) / a->k;
+	size_t x_bytes, panel_bytes;
+
+	if (rows < 1)
+		rows = 1;
+	if (rows > a->n)
+		rows = a->n;
+	*rows_out = rows;
+	/* m x k floats already exist as the caller's activations, so m x k
+	 * halves fit in size_t; only the sum needs a check */
+	x_bytes = half ? (size_t)a->m * (size_t)a->k * es : 0;
+	panel_bytes = (size_t)rows * (size_t)a->k * es;
+	if (x_bytes > SIZE_MAX - panel_bytes)
+		return 0;
+	return x_bytes + panel_bytes;
+}
 
 /*
  * Prefill: panels of weight rows dequantized on the device, one GEMM per
  * panel. In f32 (half false): cublasSgemm or the tiled kernel on the f32
  * activations. In f16 (half true, tensor cores): the activations are
  * converted to f16 once, panels are f16, cublasGemmEx accumulates in f32.
- * Scratch: [activations as f16, m x k, when half][panel, rows x k].
  */
 static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool half)
 {
-	const size_t es = half ? sizeof(uint16_t) : sizeof(float);
-	int64_t rows = (int64_t)(PANEL_BYTES / es) / a->k;
-	size_t x_bytes, panel_bytes;
+	int64_t rows;
+	size_t need = panel_scratch(a, half, &rows);
 	void *panel;
-	int rc = LOOM_OK;
+	int rc;
 
-	if (rows < 1)
-		rows = 1;
-	if (rows > a->n)
-		rows = a->n;
-	/* m x k floats already exist as the caller's activations, so m x k
-	 * halves fit in size_t; only the sum needs a check */
-	x_bytes = half ? (size_t)a->m * (size_t)a->k * es : 0;
-	panel_bytes = (size_t)rows * (size_t)a->k * es;
-	if (x_bytes > SIZE_MAX - panel_bytes)
+	if (!need)
 		return LOOM_ERR_NOMEM;
-	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, x_bytes + panel_bytes);
+	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
 	if (rc)
 		return rc;
-	panel = (char *)ctx->scratch + x_bytes;
+	panel = (char *)ctx->scratch + (half ? (size_t)a->m * (size_t)a->k * sizeof(uint16_t) : 0);
 	if (half)
 		rc = rt_failed(ctx, gpurt_to_half(ctx->rt, a->x, a->x_stride, a->m, a->k,
 						  ctx->scratch));
@@ -355,6 +655,13 @@ static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args
 	return rc;
 }
 
+static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	if (gemm_is_gemv(ctx, a))
+		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
+	return gemm_panels(ctx, a, gemm_half(ctx, a));
+}
+
 static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	size_t w_row;
@@ -372,19 +679,38 @@ static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a
 		return LOOM_OK;
 	if (!a->x || !a->y || (!a->w && a->k > 0))
 		return LOOM_ERR_INVALID;
-	if (ctx->invariant || a->m < BLAS_MIN_M || a->k == 0)
-		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
-	/* f16 panels for f16 and quantized weights; f32 and bf16 (whose range
-	 * f16 lacks) keep f32 */
-	return gemm_panels(ctx, a, ctx->half_gemm && a->w_type != LOOM_TYPE_F32 &&
-					   a->w_type != LOOM_TYPE_BF16);
+	return recording(ctx) ? record_gemm(ctx, a) : exec_gemm(ctx, a);
+}
+
+/* The ids of an embed call, downloaded and checked against n_rows. */
+static int check_ids(struct loom_backend_ctx *ctx, const struct embed_call *e)
+{
+	const int32_t *h;
+	int rc;
+
+	h = fetch_i32(ctx, e->ids, e->n_ids, &rc);
+	if (!h)
+		return rc;
+	for (int64_t i = 0; i < e->n_ids; i++)
+		if (h[i] < 0 || h[i] >= e->n_rows)
+			return LOOM_ERR_INVALID;
+	return LOOM_OK;
+}
+
+static int exec_embed(struct loom_backend_ctx *ctx, const struct embed_call *e)
+{
+	if (e->dim == 0)
+		return LOOM_OK;
+	return rt_failed(ctx, gpurt_dequant(ctx->rt, e->type, e->table, e->row_bytes, e->dim,
+					    e->n_ids, e->ids, e->out, e->dim));
 }
 
 static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
 		     size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
 		     int64_t n_ids)
 {
-	const int32_t *h;
+	struct embed_call e;
+	struct call *c;
 	size_t need;
 	bool ok;
 	int rc;
@@ -401,19 +727,47 @@ static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table
 		return LOOM_OK;
 	if (!out || !ids || (!table && dim > 0))
 		return LOOM_ERR_INVALID;
-	h = fetch_i32(ctx, ids, n_ids, &rc);
-	if (!h)
-		return rc;
-	for (int64_t i = 0; i < n_ids; i++)
-		if (h[i] < 0 || h[i] >= n_rows)
-			return LOOM_ERR_INVALID;
-	if (dim == 0)
+	memset(&e, 0, sizeof(e));
+	e.out = out, e.table = table, e.ids = ids, e.row_bytes = row_bytes;
+	e.n_rows = n_rows, e.dim = dim, e.n_ids = n_ids, e.type = type;
+	if (recording(ctx)) {
+		c = region_add(ctx, CALL_EMBED);
+		if (!c)
+			return LOOM_ERR_NOMEM;
+		memcpy(&c->u.embed, &e, sizeof(e)); /* e was zeroed first, padding too */
 		return LOOM_OK;
-	return rt_failed(ctx, gpurt_dequant(ctx->rt, type, table, row_bytes, dim, n_ids, ids, out,
-					    dim));
+	}
+	rc = check_ids(ctx, &e);
+	return rc ? rc : exec_embed(ctx, &e);
 }
 
 /* ---- row and elementwise operators ---- */
+
+static int exec_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const struct rows_call *r)
+{
+	switch (kind) {
+	case CALL_RMSNORM:
+		return rt_failed(ctx, gpurt_rmsnorm(ctx->rt, r->y, r->y_stride, r->x, r->x_stride,
+						    r->w, r->rows, r->n, r->eps));
+	case CALL_GLU:
+		return rt_failed(ctx, gpurt_glu(ctx->rt, (enum loom_glu_kind)r->kind, r->y,
+						r->y_stride, r->x, r->x_stride, r->w, r->w_stride,
+						r->rows, r->n));
+	case CALL_ADD:
+		return rt_failed(ctx, gpurt_add(ctx->rt, r->y, r->y_stride, r->x, r->x_stride, r->w,
+						r->w_stride, r->b_rows, r->rows, r->n));
+	case CALL_SCALE:
+		return rt_failed(ctx, gpurt_scale(ctx->rt, r->y, r->y_stride, r->rows, r->n, r->s));
+	default:
+		return LOOM_ERR_INVALID;
+	}
+}
+
+/* Runs or records a checked rows_call. */
+static int run_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const struct rows_call *r)
+{
+	return recording(ctx) ? record_rows(ctx, kind, r) : exec_rows(ctx, kind, r);
+}
 
 static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
 		       int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
@@ -424,7 +778,9 @@ static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride,
 		return LOOM_OK;
 	if (!y || !x || !w)
 		return LOOM_ERR_INVALID;
-	return rt_failed(ctx, gpurt_rmsnorm(ctx->rt, y, y_stride, x, x_stride, w, rows, n, eps));
+	return run_rows(ctx, CALL_RMSNORM, &(struct rows_call){
+		.y = y, .y_stride = y_stride, .x = x, .x_stride = x_stride, .w = w,
+		.rows = rows, .n = n, .eps = eps });
 }
 
 static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
@@ -433,6 +789,8 @@ static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a
 
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	if (recording(ctx))
+		return record_rope(ctx, a);
 	return rt_failed(ctx, gpurt_rope(ctx->rt, a));
 }
 
@@ -449,8 +807,9 @@ static int gpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float 
 		return LOOM_OK;
 	if (!out || !gate || !up)
 		return LOOM_ERR_INVALID;
-	return rt_failed(ctx, gpurt_glu(ctx->rt, kind, out, out_stride, gate, gate_stride, up,
-					up_stride, rows, n));
+	return run_rows(ctx, CALL_GLU, &(struct rows_call){
+		.y = out, .y_stride = out_stride, .x = gate, .x_stride = gate_stride, .w = up,
+		.w_stride = up_stride, .rows = rows, .n = n, .kind = (int32_t)kind });
 }
 
 static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
@@ -466,8 +825,9 @@ static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 		return LOOM_OK;
 	if (!out || !a || !b)
 		return LOOM_ERR_INVALID;
-	return rt_failed(ctx, gpurt_add(ctx->rt, out, out_stride, a, a_stride, b, b_stride, b_rows,
-					rows, n));
+	return run_rows(ctx, CALL_ADD, &(struct rows_call){
+		.y = out, .y_stride = out_stride, .x = a, .x_stride = a_stride, .w = b,
+		.w_stride = b_stride, .b_rows = b_rows, .rows = rows, .n = n });
 }
 
 static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
@@ -479,54 +839,67 @@ static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int
 		return LOOM_OK;
 	if (!x)
 		return LOOM_ERR_INVALID;
-	return rt_failed(ctx, gpurt_scale(ctx->rt, x, stride, rows, n, s));
+	return run_rows(ctx, CALL_SCALE, &(struct rows_call){
+		.y = x, .y_stride = stride, .rows = rows, .n = n, .s = s });
+}
+
+static int check_slots(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+{
+	const int32_t *h;
+	int rc;
+
+	h = fetch_i32(ctx, a->slots, a->n_tokens, &rc);
+	if (!h)
+		return rc;
+	return loom_check_slots(h, a->n_tokens, a->kv_dim) ? LOOM_OK : LOOM_ERR_INVALID;
 }
 
 static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
-	const int32_t *h;
 	int rc;
 
 	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
-	h = fetch_i32(ctx, a->slots, a->n_tokens, &rc);
-	if (!h)
-		return rc;
-	if (!loom_check_slots(h, a->n_tokens, a->kv_dim))
-		return LOOM_ERR_INVALID;
-	return rt_failed(ctx, gpurt_kv_write(ctx->rt, a));
+	if (recording(ctx))
+		return record_kv_write(ctx, a);
+	rc = check_slots(ctx, a);
+	return rc ? rc : rt_failed(ctx, gpurt_kv_write(ctx->rt, a));
 }
 
 /* ---- attention ---- */
 
-
-/* Host copies of the three device tables, checked like ref's seqs_ok. */
+/* Host copies of the three device tables. */
 struct attn_tables {
 	const int32_t *q_start, *kv_len, *block_table;
 	int64_t rows;
 };
 
+/* Downloads the tables of a (unless the last download was of the same
+ * tables) and checks them like ref does, then the shapes they imply. */
 static int fetch_tables(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
-			struct attn_tables *t)
+			bool reuse, struct attn_tables *t)
 {
-	int64_t n_table = a->n_seqs * a->max_blocks, longest;
+	int64_t n_table = a->n_seqs * a->max_blocks, longest, width;
 	int64_t total = 2 * a->n_seqs + 1 + n_table;
 	int32_t *h;
-	int rc;
+	int rc = LOOM_OK;
 
 	if ((uint64_t)total > SIZE_MAX / 8)
 		return LOOM_ERR_NOMEM;
-	h = reserve_host(ctx, (size_t)total * sizeof(int32_t));
+	h = reserve_host(&ctx->tabs, &ctx->tabs_cap, (size_t)total * sizeof(int32_t));
 	if (!h)
 		return LOOM_ERR_NOMEM;
-	rc = gpurt_download(ctx->rt, h, a->q_start, (size_t)(a->n_seqs + 1) * sizeof(int32_t));
-	if (!rc)
-		rc = gpurt_download(ctx->rt, h + a->n_seqs + 1, a->kv_len,
-				    (size_t)a->n_seqs * sizeof(int32_t));
-	if (!rc && n_table)
-		rc = gpurt_download(ctx->rt, h + 2 * a->n_seqs + 1, a->block_table,
-				    (size_t)n_table * sizeof(int32_t));
+	if (!reuse) {
+		rc = gpurt_download(ctx->rt, h, a->q_start,
+				    (size_t)(a->n_seqs + 1) * sizeof(int32_t));
+		if (!rc)
+			rc = gpurt_download(ctx->rt, h + a->n_seqs + 1, a->kv_len,
+					    (size_t)a->n_seqs * sizeof(int32_t));
+		if (!rc && n_table)
+			rc = gpurt_download(ctx->rt, h + 2 * a->n_seqs + 1, a->block_table,
+					    (size_t)n_table * sizeof(int32_t));
+	}
 	if (rc)
 		return rt_failed(ctx, rc);
 	t->q_start = h;
@@ -535,47 +908,76 @@ static int fetch_tables(struct loom_backend_ctx *ctx, const struct loom_attentio
 	if (!loom_check_attention_tables(a, t->q_start, t->kv_len, t->block_table,
 					 &t->rows, &longest))
 		return LOOM_ERR_INVALID;
+	width = a->n_heads * a->head_dim;
+	if (!loom_check_shape(t->rows, width, a->q_stride) ||
+	    !loom_check_shape(t->rows, width, a->out_stride))
+		return LOOM_ERR_INVALID;
+	if (t->rows > 0 && (!a->out || !a->q || !a->kcache || !a->vcache))
+		return LOOM_ERR_INVALID;
 	return LOOM_OK;
 }
 
-/* Work items: prefill tiles first, then single rows for split-K. */
-struct attn_plan {
-	struct gpu_attn_tile *tiles;
-	struct gpu_attn_row *rows;
-	int64_t n_tiles, n_rows, n_splits;
-};
+/* Whether two attention calls read the same tables. */
+static bool same_tables(const struct loom_attention_args *a, const struct loom_attention_args *b)
+{
+	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
+	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
+	       a->max_blocks == b->max_blocks;
+}
 
+/* Appends n 16-byte work items to ctx->hitems; NULL when out of memory. */
+static unsigned char *add_items(struct loom_backend_ctx *ctx, int64_t n)
+{
+	size_t bytes = ((size_t)ctx->n_hitems + (size_t)n) * sizeof(struct gpu_attn_row);
+	unsigned char *p = reserve_host(&ctx->hitems, &ctx->hitems_cap, bytes);
+
+	if (!p)
+		return NULL;
+	p += (size_t)ctx->n_hitems * sizeof(struct gpu_attn_row);
+	ctx->n_hitems += n;
+	return p;
+}
+
+/* Work items of one call, appended to ctx->hitems: prefill tiles, then
+ * single rows for split-K. At most one item per query row. */
 static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
 			  const struct attn_tables *t, struct attn_plan *pl)
 {
 	bool tiled_ok = !ctx->invariant && a->head_dim <= GPU_ATTN_PREFILL_MAX_HEAD_DIM;
+	unsigned char *tiles, *rows;
 
+	_Static_assert(sizeof(struct gpu_attn_tile) == sizeof(struct gpu_attn_row),
+		       "attention work items share one 16-byte record");
 	memset(pl, 0, sizeof(*pl));
-	/* at most one item per query row */
-	pl->tiles = malloc((size_t)t->rows * sizeof(*pl->tiles) + 1);
-	pl->rows = malloc((size_t)t->rows * sizeof(*pl->rows) + 1);
-	if (!pl->tiles || !pl->rows)
+	pl->tiles = ctx->n_hitems;
+	pl->rows = ctx->n_hitems + t->rows;
+	tiles = add_items(ctx, 2 * t->rows);
+	if (!tiles)
 		return LOOM_ERR_NOMEM;
+	rows = tiles + (size_t)t->rows * sizeof(struct gpu_attn_row);
 	for (int64_t s = 0; s < a->n_seqs; s++) {
 		int32_t q0 = t->q_start[s], q_len = t->q_start[s + 1] - q0;
 		int32_t pos0 = t->kv_len[s] - q_len;
 
 		if (tiled_ok && q_len >= PREFILL_MIN_Q) {
-			for (int32_t i = 0; i < q_len; i += GPU_ATTN_TILE_Q)
-				pl->tiles[pl->n_tiles++] = (struct gpu_attn_tile){
+			for (int32_t i = 0; i < q_len; i += GPU_ATTN_TILE_Q) {
+				struct gpu_attn_tile it = {
 					.seq = (int32_t)s, .row = q0 + i, .pos = pos0 + i,
 					.n = q_len - i < GPU_ATTN_TILE_Q ? q_len - i : GPU_ATTN_TILE_Q,
 				};
+				memcpy(tiles + (size_t)pl->n_tiles++ * sizeof(it), &it, sizeof(it));
+			}
 			continue;
 		}
 		for (int32_t i = 0; i < q_len; i++) {
 			int32_t pos = pos0 + i;
 			int32_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
 			int64_t splits = ((int64_t)pos - lo + GPU_ATTN_SPLIT) / GPU_ATTN_SPLIT;
-
-			pl->rows[pl->n_rows++] = (struct gpu_attn_row){
+			struct gpu_attn_row it = {
 				.seq = (int32_t)s, .row = q0 + i, .pos = pos, .lo = lo,
 			};
+
+			memcpy(rows + (size_t)pl->n_rows++ * sizeof(it), &it, sizeof(it));
 			if (splits > pl->n_splits)
 				pl->n_splits = splits;
 		}
@@ -583,41 +985,39 @@ static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 	return LOOM_OK;
 }
 
-/* Uploads the plan and runs it: the tiles in one launch, the rows in as
- * many split-K launches as keep the partials within PARTIAL_BYTES. */
-static int run_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
-			 const struct attn_plan *pl)
+/* Split-K partials for one row, and rows per launch so a launch's
+ * partials stay within PARTIAL_BYTES. */
+static size_t split_scratch(const struct loom_attention_args *a, const struct attn_plan *pl,
+			    int64_t *batch_out)
 {
-	size_t tile_bytes = (size_t)pl->n_tiles * sizeof(*pl->tiles);
-	size_t row_bytes = (size_t)pl->n_rows * sizeof(*pl->rows);
 	size_t per_row = (size_t)a->n_heads * (size_t)pl->n_splits * (size_t)(a->head_dim + 2) *
 			 sizeof(float);
 	int64_t batch = per_row ? (int64_t)(PARTIAL_BYTES / per_row) : 1;
-	struct gpu_attn_tile *dtiles;
-	struct gpu_attn_row *drows;
-	int rc;
 
-	/* rows start 16-aligned after the tiles (both are 16-byte records) */
-	rc = reserve_dev(ctx, &ctx->items, &ctx->items_cap, tile_bytes + row_bytes);
-	if (rc)
-		return rc;
-	dtiles = ctx->items;
-	drows = (struct gpu_attn_row *)((char *)ctx->items + tile_bytes);
-	if (tile_bytes)
-		rc = gpurt_upload(ctx->rt, dtiles, pl->tiles, tile_bytes);
-	if (!rc && row_bytes)
-		rc = gpurt_upload(ctx->rt, drows, pl->rows, row_bytes);
-	if (!rc)
-		rc = gpurt_attn_prefill(ctx->rt, a, dtiles, pl->n_tiles);
-	if (rc)
-		return rt_failed(ctx, rc);
-	if (pl->n_rows == 0)
-		return LOOM_OK;
 	if (batch < 1)
 		batch = 1;
 	if (batch > pl->n_rows)
 		batch = pl->n_rows;
-	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, (size_t)batch * per_row);
+	*batch_out = batch;
+	return (size_t)batch * per_row;
+}
+
+/* Runs a plan whose items are already in the device items buffer: the
+ * tiles in one launch, the rows in as many split-K launches as keep the
+ * partials within PARTIAL_BYTES. */
+static int exec_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
+			  const struct attn_plan *pl)
+{
+	const struct gpu_attn_tile *dtiles = (const struct gpu_attn_tile *)ctx->items + pl->tiles;
+	const struct gpu_attn_row *drows = (const struct gpu_attn_row *)ctx->items + pl->rows;
+	int64_t batch;
+	size_t need = split_scratch(a, pl, &batch);
+	int rc;
+
+	rc = rt_failed(ctx, gpurt_attn_prefill(ctx->rt, a, dtiles, pl->n_tiles));
+	if (rc || pl->n_rows == 0)
+		return rc;
+	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
 	for (int64_t r0 = 0; r0 < pl->n_rows && !rc; r0 += batch) {
 		int64_t n = pl->n_rows - r0 < batch ? pl->n_rows - r0 : batch;
 
@@ -627,39 +1027,303 @@ static int run_attention(struct loom_backend_ctx *ctx, const struct loom_attenti
 	return rc;
 }
 
-static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+/* Copies ctx->hitems to the device items buffer. */
+static int upload_items(struct loom_backend_ctx *ctx)
 {
-	struct attn_tables t;
-	struct attn_plan pl;
-	int64_t width;
-	int rc;
+	size_t bytes = (size_t)ctx->n_hitems * sizeof(struct gpu_attn_row);
+	int rc = reserve_dev(ctx, &ctx->items, &ctx->items_cap, bytes);
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
+	if (!rc && bytes)
+		rc = rt_failed(ctx, gpurt_upload(ctx->rt, ctx->items, ctx->hitems, bytes));
+	return rc;
+}
+
+static int attention_args_ok(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+	if (!loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
-	if (a->n_seqs == 0)
-		return LOOM_OK;
-	if (!a->q_start || !a->kv_len || !a->block_table)
-		return LOOM_ERR_INVALID;
-	rc = fetch_tables(ctx, a, &t);
-	if (rc)
-		return rc;
-	width = a->n_heads * a->head_dim;
-	if (!loom_check_shape(t.rows, width, a->q_stride) || !loom_check_shape(t.rows, width, a->out_stride))
-		return LOOM_ERR_INVALID;
-	if (t.rows == 0)
-		return LOOM_OK;
-	if (!a->out || !a->q || !a->kcache || !a->vcache)
+	if (a->n_seqs > 0 && (!a->q_start || !a->kv_len || !a->block_table))
 		return LOOM_ERR_INVALID;
 	if (a->head_dim > GPU_ATTN_MAX_HEAD_DIM) {
 		gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": attention head_dim %lld > %d",
 			(long long)a->head_dim, GPU_ATTN_MAX_HEAD_DIM);
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	return LOOM_OK;
+}
+
+static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+	struct attn_tables t;
+	struct attn_plan pl;
+	int rc;
+
+	if (!ctx || !a || a->struct_size < sizeof(*a))
+		return LOOM_ERR_INVALID;
+	rc = attention_args_ok(ctx, a);
+	if (rc || a->n_seqs == 0)
+		return rc;
+	if (recording(ctx))
+		return record_attention(ctx, a);
+	rc = fetch_tables(ctx, a, false, &t);
+	if (rc || t.rows == 0)
+		return rc;
+	ctx->n_hitems = 0;
 	rc = plan_attention(ctx, a, &t, &pl);
 	if (!rc)
-		rc = run_attention(ctx, a, &pl);
-	free(pl.tiles);
-	free(pl.rows);
+		rc = upload_items(ctx);
+	return rc ? rc : exec_attention(ctx, a, &pl);
+}
+
+/* ---- step regions: checking, capturing, replaying ---- */
+
+static int gpu_graph_begin(struct loom_backend_ctx *ctx)
+{
+	if (!ctx)
+		return LOOM_ERR_INVALID;
+	if (ctx->in_region) {
+		gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": graph_begin inside a region");
+		return LOOM_ERR_INVALID;
+	}
+	ctx->in_region = true;
+	ctx->region_rc = LOOM_OK;
+	ctx->n_calls = 0;
+	return LOOM_OK;
+}
+
+/*
+ * Everything a region's calls read from device tables, checked once
+ * before anything runs (the host wrote the tables before graph_begin);
+ * attention calls get their plans, the items go to the device, and the
+ * scratch the calls need is reserved now, since a capture cannot
+ * allocate.
+ */
+static int region_prepare(struct loom_backend_ctx *ctx)
+{
+	const struct loom_attention_args *last = NULL;
+	size_t need = 0;
+	int rc = LOOM_OK;
+
+	ctx->n_hitems = 0;
+	for (int64_t i = 0; i < ctx->n_calls && !rc; i++) {
+		const struct call *c = &ctx->calls[i];
+		struct attn_tables t;
+		int64_t rows;
+		size_t n = 0;
+
+		switch (c->kind) {
+		case CALL_EMBED:
+			rc = check_ids(ctx, &c->u.embed);
+			break;
+		case CALL_KV_WRITE:
+			rc = check_slots(ctx, &c->u.kv);
+			break;
+		case CALL_GEMM:
+			if (!gemm_is_gemv(ctx, &c->u.gemm)) {
+				n = panel_scratch(&c->u.gemm, gemm_half(ctx, &c->u.gemm), &rows);
+				rc = n ? LOOM_OK : LOOM_ERR_NOMEM;
+			}
+			break;
+		case CALL_ATTENTION:
+			rc = fetch_tables(ctx, &c->u.attn, last && same_tables(last, &c->u.attn), &t);
+			last = &c->u.attn;
+			if (!rc)
+				rc = plan_attention(ctx, &c->u.attn, &t, &ctx->plans[i]);
+			if (!rc && ctx->plans[i].n_rows)
+				n = split_scratch(&c->u.attn, &ctx->plans[i], &rows);
+			break;
+		default:
+			break;
+		}
+		if (n > need)
+			need = n;
+	}
+	if (!rc)
+		rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
+	return rc ? rc : upload_items(ctx);
+}
+
+static int exec_call(struct loom_backend_ctx *ctx, const struct call *c, const struct attn_plan *pl)
+{
+	switch (c->kind) {
+	case CALL_GEMM:
+		return exec_gemm(ctx, &c->u.gemm);
+	case CALL_EMBED:
+		return exec_embed(ctx, &c->u.embed);
+	case CALL_ROPE:
+		return rt_failed(ctx, gpurt_rope(ctx->rt, &c->u.rope));
+	case CALL_KV_WRITE:
+		return rt_failed(ctx, gpurt_kv_write(ctx->rt, &c->u.kv));
+	case CALL_ATTENTION:
+		return exec_attention(ctx, &c->u.attn, pl);
+	case CALL_COPY:
+		return rt_failed(ctx, gpurt_copy(ctx->rt, c->u.copy.dst, c->u.copy.src, c->u.copy.n));
+	default:
+		return exec_rows(ctx, (enum call_kind)c->kind, &c->u.rows);
+	}
+}
+
+static int exec_region(struct loom_backend_ctx *ctx)
+{
+	int rc = LOOM_OK;
+
+	for (int64_t i = 0; i < ctx->n_calls && !rc; i++)
+		rc = exec_call(ctx, &ctx->calls[i], &ctx->plans[i]);
+	return rc;
+}
+
+/* FNV-1a over n bytes, continuing from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static uint64_t region_hash(const struct loom_backend_ctx *ctx)
+{
+	uint64_t h = fnv1a(0xcbf29ce484222325ull, ctx->calls,
+			   (size_t)ctx->n_calls * sizeof(*ctx->calls));
+
+	return fnv1a(h, ctx->plans, (size_t)ctx->n_calls * sizeof(*ctx->plans));
+}
+
+/* The captured graph of exactly this region's calls and plans, or NULL. */
+static struct graph_entry *graph_find(struct loom_backend_ctx *ctx, uint64_t hash)
+{
+	for (int i = 0; i < GRAPH_SLOTS; i++) {
+		struct graph_entry *e = &ctx->graphs[i];
+
+		if (!e->graph || e->hash != hash || e->n_calls != ctx->n_calls ||
+		    e->epoch != ctx->mem_epoch)
+			continue;
+		if (!memcmp(e->calls, ctx->calls, (size_t)e->n_calls * sizeof(*e->calls)) &&
+		    !memcmp(e->plans, ctx->plans, (size_t)e->n_calls * sizeof(*e->plans)))
+			return e;
+	}
+	return NULL;
+}
+
+/* Whether this region was seen before (and remembers it if not). */
+static bool seen_before(struct loom_backend_ctx *ctx, uint64_t hash)
+{
+	for (int i = 0; i < SEEN_SLOTS; i++)
+		if (ctx->seen[i] == hash)
+			return true;
+	ctx->seen[ctx->seen_next] = hash;
+	ctx->seen_next = (ctx->seen_next + 1) % SEEN_SLOTS;
+	return false;
+}
+
+/* The slot for a new graph: an empty one, else the least recently used
+ * (a graph whose scratch has moved counts as never used). */
+static struct graph_entry *graph_slot(struct loom_backend_ctx *ctx)
+{
+	struct graph_entry *best = NULL;
+	uint64_t best_use = UINT64_MAX;
+
+	for (int i = 0; i < GRAPH_SLOTS; i++) {
+		struct graph_entry *x = &ctx->graphs[i];
+		uint64_t use = !x->graph ? 0 : x->epoch == ctx->mem_epoch ? x->last_use : 1;
+
+		if (use < best_use) {
+			best = x;
+			best_use = use;
+		}
+	}
+	return best;
+}
+
+/* Keeps graph g as the capture of this region's calls and plans. */
+static void graph_keep(struct loom_backend_ctx *ctx, uint64_t hash, struct gpurt_graph *g)
+{
+	struct graph_entry *e = graph_slot(ctx);
+	size_t cb = (size_t)ctx->n_calls * sizeof(*ctx->calls);
+	size_t pb = (size_t)ctx->n_calls * sizeof(*ctx->plans);
+
+	gpurt_graph_free(e->graph);
+	free(e->calls);
+	free(e->plans);
+	memset(e, 0, sizeof(*e));
+	e->calls = malloc(cb);
+	e->plans = malloc(pb);
+	if (!e->calls || !e->plans) { /* not kept: the step has run all the same */
+		gpurt_graph_free(g);
+		free(e->calls);
+		free(e->plans);
+		memset(e, 0, sizeof(*e));
+		return;
+	}
+	memcpy(e->calls, ctx->calls, cb);
+	memcpy(e->plans, ctx->plans, pb);
+	e->graph = g;
+	e->hash = hash;
+	e->n_calls = ctx->n_calls;
+	e->epoch = ctx->mem_epoch;
+	e->last_use = ++ctx->tick;
+}
+
+/* Captures the region's calls into a graph and runs it. A capture the
+ * runtime refuses turns graphs off for this context (logged once) and
+ * the region runs directly: graphs are a speed-up, never a failure. */
+static int capture_and_run(struct loom_backend_ctx *ctx, uint64_t hash)
+{
+	struct gpurt_graph *g = NULL;
+	int rc = rt_failed(ctx, gpurt_capture_begin(ctx->rt));
+
+	if (!rc) {
+		rc = exec_region(ctx);
+		rc = rt_failed(ctx, gpurt_capture_end(ctx->rt, rc == LOOM_OK, &g)) ? LOOM_ERR_DEVICE :
+										     rc;
+	}
+	if (rc || !g) {
+		gpu_log(ctx->host, LOOM_LOG_WARN,
+			GPU_BACKEND_NAME ": step capture failed; running steps without graphs");
+		ctx->graphs_on = false;
+		ctx->n_direct++;
+		return exec_region(ctx);
+	}
+	rc = rt_failed(ctx, gpurt_graph_launch(ctx->rt, g));
+	if (rc) {
+		gpurt_graph_free(g);
+		return rc;
+	}
+	ctx->n_captured++;
+	graph_keep(ctx, hash, g);
+	return LOOM_OK;
+}
+
+static int region_run(struct loom_backend_ctx *ctx)
+{
+	uint64_t hash = region_hash(ctx);
+	struct graph_entry *e = ctx->graphs_on ? graph_find(ctx, hash) : NULL;
+
+	if (e) {
+		e->last_use = ++ctx->tick;
+		ctx->n_replayed++;
+		return rt_failed(ctx, gpurt_graph_launch(ctx->rt, e->graph));
+	}
+	if (ctx->graphs_on && seen_before(ctx, hash))
+		return capture_and_run(ctx, hash);
+	ctx->n_direct++;
+	return exec_region(ctx);
+}
+
+static int gpu_graph_end(struct loom_backend_ctx *ctx)
+{
+	int rc;
+
+	if (!ctx || !ctx->in_region)
+		return LOOM_ERR_INVALID;
+	ctx->in_region = false;
+	rc = ctx->region_rc;
+	if (!rc && ctx->n_calls)
+		rc = region_prepare(ctx);
+	if (!rc && ctx->n_calls)
+		rc = region_run(ctx);
+	ctx->n_calls = 0;
 	return rc;
 }
 
@@ -688,6 +1352,8 @@ static const struct loom_backend_ops gpu_ops = {
 	.scale = gpu_scale,
 	.kv_write = gpu_kv_write,
 	.attention = gpu_attention,
+	.graph_begin = gpu_graph_begin,
+	.graph_end = gpu_graph_end,
 };
 
 /* Returns the table only: no runtime call, so probing has no side effects. */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <vector>
 
 #include "gpu_emu.h"
 
@@ -561,6 +562,8 @@ const char *gpuGetErrorString(gpuError_t e)
 	case emuErrorNoDevice: return "no emulated device (LOOM_GPUEMU_DEVICES=0)";
 	case emuErrorInvalidDevice: return "invalid device ordinal";
 	case emuErrorLaunchFailure: return launch_msg[0] ? launch_msg : "launch failure";
+	case emuErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+	case emuErrorStreamCaptureInvalidated: return "capture invalidated by an earlier error";
 	}
 	return "unknown error";
 }
@@ -614,12 +617,51 @@ gpuError_t gpuMemGetInfo(size_t *avail, size_t *total)
 
 /* Each allocation carries its size in a 256-byte header, so the used
  * total can be kept; the pointer handed out stays 256-byte aligned. */
+struct emu_stream {
+	bool capturing;
+	bool invalidated; /* something the capture may not hold was asked for */
+	std::vector<std::function<void()>> work;
+};
+
+struct emu_graph {
+	std::vector<std::function<void()>> work;
+};
+
+namespace {
+
+/* Streams capturing on this thread: allocation, freeing and device-wide
+ * waits are refused meanwhile, as in CUDA's thread-local capture mode. */
+thread_local int captures_here;
+
+/* Refuses an operation a capture may not contain. */
+gpuError_t refuse_in_capture(gpuStream_t s)
+{
+	if (s)
+		s->invalidated = true;
+	set_error(emuErrorStreamCaptureUnsupported);
+	return emuErrorStreamCaptureUnsupported;
+}
+
+} /* namespace */
+
+bool emu_capturing(gpuStream_t s)
+{
+	return s && s->capturing;
+}
+
+void emu_record(gpuStream_t s, std::function<void()> work)
+{
+	s->work.push_back(std::move(work));
+}
+
 gpuError_t gpuMalloc(void **p, size_t n)
 {
 	void *raw = NULL;
 	size_t t = mem_total();
 
 	*p = NULL;
+	if (captures_here)
+		return refuse_in_capture(NULL);
 	if (n > t - 256 || mem_used + n + 256 > t || posix_memalign(&raw, 256, n + 256)) {
 		set_error(emuErrorMemoryAllocation);
 		return emuErrorMemoryAllocation;
@@ -636,42 +678,114 @@ gpuError_t gpuFree(void *p)
 
 	if (!p)
 		return emuSuccess;
+	if (captures_here)
+		return refuse_in_capture(NULL);
 	raw = (char *)p - 256;
 	mem_used -= *(size_t *)raw + 256;
 	free(raw);
 	return emuSuccess;
 }
 
+/* Copies between device memory are captured; a capture holding host
+ * memory is refused (CUDA refuses pageable host memory there). */
 gpuError_t gpuMemcpyAsync(void *dst, const void *src, size_t n, enum emu_copy_kind kind,
 			  gpuStream_t s)
 {
-	(void)kind;
-	(void)s;
+	if (emu_capturing(s)) {
+		if (kind != emuDeviceToDevice)
+			return refuse_in_capture(s);
+		if (n)
+			emu_record(s, [=]() { memmove(dst, src, n); });
+		return emuSuccess;
+	}
 	if (n)
 		memmove(dst, src, n);
 	return emuSuccess;
 }
 
-struct emu_stream {
-	int unused;
-};
-
 gpuError_t gpuStreamCreateWithFlags(gpuStream_t *s, unsigned flags)
 {
 	(void)flags;
-	*s = (gpuStream_t)calloc(1, sizeof(struct emu_stream));
+	*s = new (std::nothrow) emu_stream();
 	return *s ? emuSuccess : emuErrorMemoryAllocation;
 }
 
 gpuError_t gpuStreamDestroy(gpuStream_t s)
 {
-	free(s);
+	if (s && s->capturing)
+		captures_here--;
+	delete s;
 	return emuSuccess;
 }
 
 gpuError_t gpuStreamSynchronize(gpuStream_t s)
 {
-	(void)s;
+	if (emu_capturing(s))
+		return refuse_in_capture(s);
+	return emuSuccess;
+}
+
+/* ---- graphs ---- */
+
+gpuError_t gpuStreamBeginCapture(gpuStream_t s)
+{
+	if (!s || s->capturing)
+		return emuErrorInvalidValue;
+	s->capturing = true;
+	s->invalidated = false;
+	s->work.clear();
+	captures_here++;
+	return emuSuccess;
+}
+
+/* Ends the capture whatever happened in it; an invalidated one yields no
+ * graph. */
+gpuError_t gpuStreamEndCapture(gpuStream_t s, gpuGraph_t *g)
+{
+	*g = NULL;
+	if (!s || !s->capturing)
+		return emuErrorInvalidValue;
+	s->capturing = false;
+	captures_here--;
+	if (s->invalidated) {
+		s->work.clear();
+		return emuErrorStreamCaptureInvalidated;
+	}
+	*g = new (std::nothrow) emu_graph();
+	if (!*g)
+		return emuErrorMemoryAllocation;
+	(*g)->work.swap(s->work);
+	return emuSuccess;
+}
+
+gpuError_t gpuGraphInstantiate(gpuGraphExec_t *e, gpuGraph_t g)
+{
+	*e = g ? new (std::nothrow) emu_graph(*g) : NULL;
+	return *e ? emuSuccess : g ? emuErrorMemoryAllocation : emuErrorInvalidValue;
+}
+
+/* Runs the recorded work in order; a failing launch leaves its error for
+ * gpuGetLastError, as it would on the device. */
+gpuError_t gpuGraphLaunch(gpuGraphExec_t e, gpuStream_t s)
+{
+	if (!e)
+		return emuErrorInvalidValue;
+	if (emu_capturing(s))
+		return refuse_in_capture(s);
+	for (auto &w : e->work)
+		w();
+	return emuSuccess;
+}
+
+gpuError_t gpuGraphExecDestroy(gpuGraphExec_t e)
+{
+	delete e;
+	return emuSuccess;
+}
+
+gpuError_t gpuGraphDestroy(gpuGraph_t g)
+{
+	delete g;
 	return emuSuccess;
 }
 
@@ -708,6 +822,12 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m)
 	return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t n)
+{
+	(void)h;
+	return w || !n ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
 namespace {
 
 /* Written apart from kernels.cu's half_to_f32 on purpose: the emulated
@@ -736,14 +856,11 @@ float elem(const void *a, cudaDataType_t t, cublasOperation_t op, int lda, int i
 }
 
 /* C = alpha op(A) op(B) + beta C, column-major, f32 accumulation (here in
- * double), any of the emulated element types. */
+ * double), any of the emulated element types; sizes checked by the caller. */
 cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
 		    float alpha, const void *a, cudaDataType_t at, int lda, const void *b,
 		    cudaDataType_t bt, int ldb, float beta, float *c, int ldc)
 {
-	if (m < 0 || n < 0 || k < 0 || lda < 1 || lda < (ta == CUBLAS_OP_N ? m : k) || ldb < 1 ||
-	    ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < 1 || ldc < m)
-		return CUBLAS_STATUS_INVALID_VALUE;
 	for (int j = 0; j < n; j++)
 		for (int i = 0; i < m; i++) {
 			float *cv = &c[i + (int64_t)j * ldc];
@@ -758,6 +875,23 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
 	return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Runs gemm now, or records it (host scalars by value, as cuBLAS's host
+ * pointer mode bakes them into a capture) on a capturing stream. */
+cublasStatus_t queue_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			  int n, int k, float alpha, const void *a, cudaDataType_t at, int lda,
+			  const void *b, cudaDataType_t bt, int ldb, float beta, float *c, int ldc)
+{
+	if (m < 0 || n < 0 || k < 0 || lda < 1 || lda < (ta == CUBLAS_OP_N ? m : k) || ldb < 1 ||
+	    ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < 1 || ldc < m)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	if (!emu_capturing(h->stream))
+		return gemm(ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ldc);
+	emu_record(h->stream, [=]() {
+		(void)gemm(ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ldc);
+	});
+	return CUBLAS_STATUS_SUCCESS;
+}
+
 } /* namespace */
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -766,13 +900,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 			    void *c, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
 			    cublasGemmAlgo_t algo)
 {
-	(void)h;
 	(void)algo;
 	if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
 	    (at != CUDA_R_16F && at != CUDA_R_32F) || (bt != CUDA_R_16F && bt != CUDA_R_32F))
 		return CUBLAS_STATUS_INVALID_VALUE;
-	return gemm(ta, tb, m, n, k, *(const float *)alpha, a, at, lda, b, bt, ldb,
-		    *(const float *)beta, (float *)c, ldc);
+	return queue_gemm(h, ta, tb, m, n, k, *(const float *)alpha, a, at, lda, b, bt, ldb,
+			  *(const float *)beta, (float *)c, ldc);
 }
 
 /* Column-major, as documented: C (m x n, ld ldc) = alpha op(A) op(B) +
@@ -782,9 +915,8 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 			   int n, int k, const float *alpha, const float *a, int lda,
 			   const float *b, int ldb, const float *beta, float *c, int ldc)
 {
-	(void)h;
-	return gemm(ta, tb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, *beta, c,
-		    ldc);
+	return queue_gemm(h, ta, tb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb,
+			  *beta, c, ldc);
 }
 
 #endif

@@ -18,6 +18,12 @@
  *  - the runtime API (devices, memory, streams) over host memory; launches
  *    run to completion before GPU_LAUNCH returns, so a stream is trivially
  *    in order;
+ *  - stream capture and graphs: while a stream captures, launches, device
+ *    to device copies and cuBLAS calls on it are recorded (arguments by
+ *    value, as a real capture bakes them in) and run again by each
+ *    gpuGraphLaunch. What a capture may not contain fails as on the
+ *    hardware and invalidates the capture: synchronizing, copies to or
+ *    from host memory, allocating or freeing while capturing;
  *  - with GPU_EMU_BLAS, the cuBLAS calls kernels.cu makes (Sgemm; GemmEx
  *    on f16 inputs with f32 output), computed
  *    from their documented column-major definition, so the argument
@@ -38,6 +44,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <functional>
 
 #define GPU_VENDOR "emulator"
 
@@ -108,6 +116,8 @@ enum emu_error {
 	emuErrorNoDevice = 100,
 	emuErrorInvalidDevice = 101,
 	emuErrorLaunchFailure = 719,
+	emuErrorStreamCaptureUnsupported = 900,
+	emuErrorStreamCaptureInvalidated = 901,
 };
 typedef enum emu_error gpuError_t;
 typedef struct emu_stream *gpuStream_t;
@@ -140,6 +150,19 @@ gpuError_t gpuStreamCreateWithFlags(gpuStream_t *s, unsigned flags);
 gpuError_t gpuStreamDestroy(gpuStream_t s);
 gpuError_t gpuStreamSynchronize(gpuStream_t s);
 
+/* Graphs: a capture is the list of work recorded on a stream. */
+typedef struct emu_graph *gpuGraph_t;
+typedef struct emu_graph *gpuGraphExec_t;
+gpuError_t gpuStreamBeginCapture(gpuStream_t s);
+gpuError_t gpuStreamEndCapture(gpuStream_t s, gpuGraph_t *g);
+gpuError_t gpuGraphInstantiate(gpuGraphExec_t *e, gpuGraph_t g);
+gpuError_t gpuGraphLaunch(gpuGraphExec_t e, gpuStream_t s);
+gpuError_t gpuGraphExecDestroy(gpuGraphExec_t e);
+gpuError_t gpuGraphDestroy(gpuGraph_t g);
+/* Whether s is capturing; emu_record appends work to its capture. */
+bool emu_capturing(gpuStream_t s);
+void emu_record(gpuStream_t s, std::function<void()> work);
+
 /* Runs fn(ctx) as every thread of every block of the grid; returns when
  * all are done. Errors (bad sizes, a barrier deadlock) are kept for
  * gpuGetLastError. */
@@ -149,6 +172,13 @@ void emu_launch_raw(dim3 grid, dim3 block, size_t shared, gpuStream_t s, int war
 template <class F>
 void emu_launch(dim3 grid, dim3 block, size_t shared, gpuStream_t s, F f)
 {
+	if (emu_capturing(s)) {
+		emu_record(s, [=]() mutable {
+			emu_launch_raw(grid, block, shared, s, GPU_WARP,
+				       [](void *c) { (*(F *)c)(); }, &f);
+		});
+		return;
+	}
 	emu_launch_raw(grid, block, shared, s, GPU_WARP, [](void *c) { (*(F *)c)(); }, &f);
 }
 
@@ -169,6 +199,7 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, gpuStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t n);
 typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2 } cudaDataType_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;

@@ -62,6 +62,14 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuStreamNonBlocking hipStreamNonBlocking
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
+typedef hipGraph_t gpuGraph_t;
+typedef hipGraphExec_t gpuGraphExec_t;
+#define gpuStreamBeginCapture(s) hipStreamBeginCapture((s), hipStreamCaptureModeThreadLocal)
+#define gpuStreamEndCapture hipStreamEndCapture
+#define gpuGraphInstantiate(e, g) hipGraphInstantiate((e), (g), NULL, NULL, 0)
+#define gpuGraphLaunch hipGraphLaunch
+#define gpuGraphExecDestroy hipGraphExecDestroy
+#define gpuGraphDestroy hipGraphDestroy
 
 #if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
 #define GPU_WARP __AMDGCN_WAVEFRONT_SIZE
@@ -98,6 +106,14 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuStreamNonBlocking cudaStreamNonBlocking
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
+typedef cudaGraph_t gpuGraph_t;
+typedef cudaGraphExec_t gpuGraphExec_t;
+#define gpuStreamBeginCapture(s) cudaStreamBeginCapture((s), cudaStreamCaptureModeThreadLocal)
+#define gpuStreamEndCapture cudaStreamEndCapture
+#define gpuGraphInstantiate(e, g) cudaGraphInstantiate((e), (g), 0)
+#define gpuGraphLaunch cudaGraphLaunch
+#define gpuGraphExecDestroy cudaGraphExecDestroy
+#define gpuGraphDestroy cudaGraphDestroy
 
 #define GPU_WARP 32
 #define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), GPU_WARP)

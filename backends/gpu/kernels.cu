@@ -28,9 +28,17 @@ struct gpurt {
 	gpuStream_t stream;
 #ifdef GPU_HAVE_BLAS
 	cublasHandle_t blas;
+	void *blas_ws; /* cuBLAS workspace, set once so captures never allocate */
 #endif
 	char err[256];
 };
+
+struct gpurt_graph {
+	gpuGraphExec_t exec;
+};
+
+/* cuBLAS's recommended workspace on Hopper (4 MiB suffices before). */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
 
 /* ---- errors ---- */
 
@@ -122,12 +130,15 @@ extern "C" int gpurt_open(int device, struct gpurt **out, char *err, size_t errl
 		return LOOM_ERR_DEVICE;
 	}
 #ifdef GPU_HAVE_BLAS
-	if (cublasCreate(&rt->blas) != CUBLAS_STATUS_SUCCESS ||
+	if (gpuMalloc(&rt->blas_ws, BLAS_WORKSPACE) != gpuSuccess ||
+	    cublasCreate(&rt->blas) != CUBLAS_STATUS_SUCCESS ||
 	    cublasSetStream(rt->blas, rt->stream) != CUBLAS_STATUS_SUCCESS ||
-	    cublasSetMathMode(rt->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+	    cublasSetMathMode(rt->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetWorkspace(rt->blas, rt->blas_ws, BLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
 		snprintf(err, errlen, "CUDA device %d: cuBLAS initialization failed", device);
 		if (rt->blas)
 			(void)cublasDestroy(rt->blas);
+		(void)gpuFree(rt->blas_ws);
 		(void)gpuStreamDestroy(rt->stream);
 		free(rt);
 		return LOOM_ERR_DEVICE;
@@ -146,6 +157,7 @@ extern "C" void gpurt_close(struct gpurt *rt)
 	(void)gpuStreamSynchronize(rt->stream);
 #ifdef GPU_HAVE_BLAS
 	(void)cublasDestroy(rt->blas);
+	(void)gpuFree(rt->blas_ws);
 #endif
 	(void)gpuStreamDestroy(rt->stream);
 	free(rt);
@@ -239,6 +251,58 @@ extern "C" int gpurt_sync(struct gpurt *rt)
 	e = gpuStreamSynchronize(rt->stream);
 
 	return e == gpuSuccess ? LOOM_OK : fail(rt, "synchronize", e);
+}
+
+/* ---- graphs ---- */
+
+extern "C" int gpurt_capture_begin(struct gpurt *rt)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuStreamBeginCapture(rt->stream);
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "begin capture", e);
+}
+
+extern "C" int gpurt_capture_end(struct gpurt *rt, bool keep, struct gpurt_graph **out)
+{
+	gpuGraph_t graph = NULL;
+	gpuError_t e = gpuStreamEndCapture(rt->stream, &graph);
+	struct gpurt_graph *g = NULL;
+
+	*out = NULL;
+	if (e == gpuSuccess && keep) {
+		g = (struct gpurt_graph *)calloc(1, sizeof(*g));
+		e = g ? gpuGraphInstantiate(&g->exec, graph) : gpuErrorMemoryAllocation;
+	}
+	if (graph)
+		(void)gpuGraphDestroy(graph);
+	(void)gpuGetLastError(); /* a failed capture leaves nothing sticky */
+	if (e != gpuSuccess) {
+		free(g);
+		return keep ? fail(rt, "end capture", e) : LOOM_OK;
+	}
+	*out = g;
+	return LOOM_OK;
+}
+
+extern "C" int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuGraphLaunch(g->exec, rt->stream);
+	if (e != gpuSuccess)
+		return fail(rt, "graph launch", e);
+	return launched(rt, "graph");
+}
+
+extern "C" void gpurt_graph_free(struct gpurt_graph *g)
+{
+	if (!g)
+		return;
+	(void)gpuGraphExecDestroy(g->exec);
+	free(g);
 }
 
 /* ---- weight formats ---- */

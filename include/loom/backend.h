@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 0
+#define LOOM_BACKEND_ABI_MINOR 1
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 enum loom_status {
@@ -291,7 +291,38 @@ struct loom_backend_ops {
 		     int64_t rows, int64_t n, float s);
 	int (*kv_write)(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
 	int (*attention)(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
-	/* ---- end of generation 1.0; append new slots below ---- */
+	/* ---- end of generation 1.0 ---- */
+
+	/* ---- generation 1.1 ---- */
+	/*
+	 * Optional, both or neither: step regions, which let a device backend
+	 * capture the operator calls of a step once and replay them (CUDA
+	 * graphs) when a later step makes the same calls.
+	 *
+	 * graph_begin opens a region; graph_end closes it. Between them the
+	 * backend may defer every operator call and copy(): the call checks
+	 * its arguments and returns, and the work is queued by graph_end,
+	 * which returns the region's status. Errors the backend can only see
+	 * in device memory (embed ids, kv_write slots, attention tables) are
+	 * reported by graph_end, before any of the region's work runs. Once
+	 * a call in the region has failed, graph_end runs nothing and returns
+	 * that failure. The host calls graph_end after every successful
+	 * graph_begin.
+	 *
+	 * Calls that repeat byte for byte (the same addresses, shapes and
+	 * scalars) may be replayed from a capture; only the contents of
+	 * device memory differ between replays. So inside a region the host:
+	 *  - makes only operator calls and copy() (upload, download,
+	 *    synchronize, buffer_alloc and buffer_free fail with
+	 *    LOOM_ERR_INVALID and fail the region);
+	 *  - has already written the device int32 tables the calls read
+	 *    (ids, slots, q_start, kv_len, block_table) before graph_begin,
+	 *    and no call of the region writes them.
+	 * Results are bitwise the same as the calls made outside a region.
+	 */
+	int (*graph_begin)(struct loom_backend_ctx *ctx);
+	int (*graph_end)(struct loom_backend_ctx *ctx);
+	/* ---- end of generation 1.1; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

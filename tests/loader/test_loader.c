@@ -299,6 +299,12 @@ static const struct {
 	SLOT(glu), SLOT(add), SLOT(scale), SLOT(kv_write), SLOT(attention),
 };
 
+static int fake_graph_begin(struct loom_backend_ctx *ctx)
+{
+	(void)ctx;
+	return LOOM_OK;
+}
+
 START_TEST(check_ops_names_each_slot)
 {
 	char p[4096], err[4096] = "";
@@ -327,6 +333,16 @@ START_TEST(check_ops_names_each_slot)
 	ops.abi_minor = 7;
 	ops.struct_size = sizeof(ops) + 64;
 	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), 0);
+	/* Generation 1.1's step regions come as a pair. */
+	ops.struct_size = sizeof(ops);
+	ops.graph_begin = fake_graph_begin;
+	ops.graph_end = NULL;
+	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, "graph_end"), "'%s'", err);
+	/* a 1.0-sized table never has its slots read */
+	ops.struct_size = offsetof(struct loom_backend_ops, graph_begin);
+	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), 0);
+	ops.graph_begin = NULL;
 	ops.struct_size = 8;
 	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), -1);
 	ck_assert_int_eq(loom_backend_check_ops("t.so", NULL, err, sizeof(err)), -1);
