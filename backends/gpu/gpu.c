@@ -547,7 +547,7 @@ static int gpu_download(struct loom_backend_ctx *ctx, void *dst, const void *src
 	return n ? rt_failed(ctx, gpurt_download(ctx->rt, dst, src, n)) : LOOM_OK;
 }
 
-static int gpu_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
+static int do_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
 {
 	struct call *c;
 
@@ -662,7 +662,7 @@ static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *
 	return gemm_panels(ctx, a, gemm_half(ctx, a));
 }
 
-static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	size_t w_row;
 	bool ok;
@@ -705,7 +705,7 @@ static int exec_embed(struct loom_backend_ctx *ctx, const struct embed_call *e)
 					    e->n_ids, e->ids, e->out, e->dim));
 }
 
-static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
 		     size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
 		     int64_t n_ids)
 {
@@ -769,7 +769,7 @@ static int run_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const str
 	return recording(ctx) ? record_rows(ctx, kind, r) : exec_rows(ctx, kind, r);
 }
 
-static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+static int do_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
 		       int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
 	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
@@ -783,7 +783,7 @@ static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride,
 		.rows = rows, .n = n, .eps = eps });
 }
 
-static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+static int do_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 {
 	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
 
@@ -794,7 +794,7 @@ static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a
 	return rt_failed(ctx, gpurt_rope(ctx->rt, a));
 }
 
-static int gpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+static int do_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 		   int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
 		   int64_t up_stride, int64_t rows, int64_t n)
 {
@@ -812,7 +812,7 @@ static int gpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float 
 		.w_stride = up_stride, .rows = rows, .n = n, .kind = (int32_t)kind });
 }
 
-static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+static int do_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
 		   int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
 		   int64_t n)
 {
@@ -830,7 +830,7 @@ static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 		.w_stride = b_stride, .b_rows = b_rows, .rows = rows, .n = n });
 }
 
-static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+static int do_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
 		     int64_t n, float s)
 {
 	if (!ctx || !loom_check_shape(rows, n, stride))
@@ -854,7 +854,7 @@ static int check_slots(struct loom_backend_ctx *ctx, const struct loom_kv_write_
 	return loom_check_slots(h, a->n_tokens, a->kv_dim) ? LOOM_OK : LOOM_ERR_INVALID;
 }
 
-static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+static int do_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
 	int rc;
 
@@ -1052,7 +1052,7 @@ static int attention_args_ok(struct loom_backend_ctx *ctx, const struct loom_att
 	return LOOM_OK;
 }
 
-static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	struct attn_tables t;
 	struct attn_plan pl;
@@ -1325,6 +1325,75 @@ static int gpu_graph_end(struct loom_backend_ctx *ctx)
 		rc = region_run(ctx);
 	ctx->n_calls = 0;
 	return rc;
+}
+
+/* ---- the operators as the host calls them ---- */
+
+/* A failing call inside a region fails the region (ABI 1.1). */
+static int noted(struct loom_backend_ctx *ctx, int rc)
+{
+	if (rc && ctx && ctx->in_region && !ctx->region_rc)
+		ctx->region_rc = rc;
+	return rc;
+}
+
+static int gpu_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
+{
+	return noted(ctx, do_copy(ctx, dst, src, n));
+}
+
+static int gpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return noted(ctx, do_gemm(ctx, a));
+}
+
+static int gpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+		     size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
+		     int64_t n_ids)
+{
+	return noted(ctx, do_embed(ctx, out, table, type, row_bytes, n_rows, dim, ids, n_ids));
+}
+
+static int gpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+		       int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
+{
+	return noted(ctx, do_rmsnorm(ctx, y, y_stride, x, x_stride, w, rows, n, eps));
+}
+
+static int gpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	return noted(ctx, do_rope(ctx, a));
+}
+
+static int gpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+		   int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+		   int64_t up_stride, int64_t rows, int64_t n)
+{
+	return noted(ctx, do_glu(ctx, kind, out, out_stride, gate, gate_stride, up, up_stride,
+				 rows, n));
+}
+
+static int gpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+		   int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
+		   int64_t n)
+{
+	return noted(ctx, do_add(ctx, out, out_stride, a, a_stride, b, b_stride, b_rows, rows, n));
+}
+
+static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		     int64_t n, float s)
+{
+	return noted(ctx, do_scale(ctx, x, stride, rows, n, s));
+}
+
+static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+{
+	return noted(ctx, do_kv_write(ctx, a));
+}
+
+static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+	return noted(ctx, do_attention(ctx, a));
 }
 
 static const struct loom_backend_ops gpu_ops = {

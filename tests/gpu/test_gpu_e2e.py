@@ -12,6 +12,7 @@ device (cuda: /dev/nvidia0, rocm: /dev/kfd; the emulators always have one)
 or the model is missing.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,14 +24,19 @@ PROMPTS = [
 
 
 def run(loom, backend, model, prompt, n, out):
+    """Token ids, the speed line and the backend's step-graph counts (or None)."""
+    env = dict(os.environ, LOOM_DEBUG="1")  # the backend's info lines on stderr
     p = subprocess.run([loom, "run", f"--backend={backend}", "--model", model, "-p", prompt,
                         "-n", str(n), "--temp", "0", "--no-progress", "--dump-tokens", out],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"loom run --backend={backend} failed (rc {p.returncode}):\n"
                            f"{p.stdout}{p.stderr}")
+    graphs = re.search(r"step graphs: (\d+) captured, (\d+) replays", p.stderr)
+    speed = [l for l in p.stderr.splitlines() if "generated" in l][-1:]
     with open(out) as f:
-        return [int(t) for t in f.read().split()], p.stderr.strip().splitlines()[-1:]
+        return ([int(t) for t in f.read().split()], speed,
+                tuple(int(g) for g in graphs.groups()) if graphs else None)
 
 
 def main():
@@ -53,8 +59,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tokens")
         for prompt in prompts:
-            want, _ = run(loom, "cpu.so", model, prompt, n, out)
-            got, stats = run(loom, f"{stem}.so", model, prompt, n, out)
+            want, _, _ = run(loom, "cpu.so", model, prompt, n, out)
+            got, stats, graphs = run(loom, f"{stem}.so", model, prompt, n, out)
             same = got == want and len(got) >= min(n, 32)
             print(f"{'ok  ' if same else 'FAIL'} {stem}.so {len(got)} tokens "
                   f"{'equal' if same else 'differ from'} cpu.so's for {prompt[:30]!r} {stats}")
@@ -63,6 +69,14 @@ def main():
                              min(len(got), len(want)))
                 print(f"     first difference at token {first}:\n     cpu: {want}\n     {stem}: {got}")
                 failed += 1
+            # decode steps repeat their calls, so all but the first few replay
+            # a captured graph (prefill, first decode step, the capture)
+            if not graphs or graphs[1] < n - 4:
+                print(f"FAIL {stem}.so: step graphs (captured, replays) = {graphs}, "
+                      f"want at least {n - 4} replays over {n} decode steps")
+                failed += 1
+            else:
+                print(f"ok   {stem}.so step graphs: {graphs[0]} captured, {graphs[1]} replays")
     return 1 if failed else 0
 
 
