@@ -1,14 +1,15 @@
 /*
  * gpu.c: host side of cuda.so and rocm.so (built once per vendor, with
  * GPU_BACKEND_NAME "cuda" or "rocm"). Plain C: the device work goes
- * through gpu_rt.h to kernels.cu.
+ * through gpu_rt.h to kernels.cu; step regions live in gpu_region.c.
  *
  * Arguments are validated exactly like the reference backend (ref_ops.c),
- * before anything is queued. Operators whose validity depends on device
- * int32 tables (embed ids, kv_write slots, attention's q_start / kv_len /
- * block_table) download those tables first and check them on the host;
- * that costs one synchronization per such call, the price of never
- * letting a bad index reach a kernel.
+ * before anything is queued. Each operator call becomes a struct call
+ * (gpu_ctx.h). Calls whose validity depends on device int32 tables (embed
+ * ids, kv_write slots, attention's q_start / kv_len / block_table) have
+ * those tables downloaded and checked on the host before anything of
+ * theirs runs, so no bad index ever reaches a kernel. A direct call pays
+ * one synchronization for that; a step region pays one for all its calls.
  *
  * Decode GEMM (m < BLAS_MIN_M) runs the GEMV kernel straight on the
  * quantized weights. Prefill with cuBLAS converts the activations to f16
@@ -28,124 +29,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_rt.h"
+#include "gpu_ctx.h"
 #include "loom/backend_check.h"
-
-#ifndef GPU_BACKEND_NAME
-#error "GPU_BACKEND_NAME must name the backend (\"cuda\" or \"rocm\")"
-#endif
 
 #define BLAS_MIN_M 16
 #define PANEL_BYTES ((size_t)64 << 20)   /* dequantized weight panel */
 #define PARTIAL_BYTES ((size_t)64 << 20) /* split-K partial results per launch */
 #define PREFILL_MIN_Q 8
 
-/* One operator call deferred in a step region, its arguments by value.
- * Calls are zeroed before their fields are set, so two calls with the
- * same arguments compare equal with memcmp (no stray padding bytes). */
-enum call_kind {
-	CALL_GEMM, CALL_EMBED, CALL_RMSNORM, CALL_ROPE, CALL_GLU, CALL_ADD,
-	CALL_SCALE, CALL_KV_WRITE, CALL_ATTENTION, CALL_COPY,
-};
-
-struct embed_call {
-	float *out;
-	const void *table;
-	const int32_t *ids;
-	size_t row_bytes;
-	int64_t n_rows, dim, n_ids;
-	uint32_t type;
-};
-
-/* rmsnorm (x, w, eps), glu (x = gate, w = up, kind), add (x = a, w = b,
- * b_rows), scale (s) */
-struct rows_call {
-	float *y;
-	const float *x, *w;
-	int64_t y_stride, x_stride, w_stride, b_rows, rows, n;
-	float eps, s;
-	int32_t kind;
-};
-
-struct copy_call {
-	void *dst;
-	const void *src;
-	size_t n;
-};
-
-struct call {
-	int64_t kind;
-	union {
-		struct loom_gemm_args gemm;
-		struct embed_call embed;
-		struct rows_call rows;
-		struct loom_rope_args rope;
-		struct loom_kv_write_args kv;
-		struct loom_attention_args attn;
-		struct copy_call copy;
-	} u;
-};
-
-/* Where an attention call's work items sit in the items buffer (in
- * 16-byte records): tiles first, then split-K rows. Part of what a
- * replay must match, with the calls. */
-struct attn_plan {
-	int64_t tiles, n_tiles, rows, n_rows, n_splits;
-};
-
-/* A captured step: the calls and plans it was captured from. */
-struct graph_entry {
-	struct gpurt_graph *graph;
-	uint64_t hash, last_use, epoch;
-	struct call *calls;
-	struct attn_plan *plans;
-	int64_t n_calls;
-};
-
-#define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
-#define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
-
-struct loom_backend_ctx {
-	const struct loom_backend_host *host;
-	struct gpurt *rt;
-	bool invariant;
-	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
-	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
-	void *scratch; /* device: weight panels, split-K partials */
-	size_t scratch_cap;
-	void *items; /* device: attention work items */
-	size_t items_cap;
-	uint64_t mem_epoch; /* bumped whenever scratch or items move */
-	void *hbuf; /* host: downloaded ids and slots */
-	size_t hbuf_cap;
-	void *tabs; /* host: downloaded attention tables */
-	size_t tabs_cap;
-	void *hitems; /* host: work items (16-byte records) of the calls being run */
-	size_t hitems_cap;
-	int64_t n_hitems;
-	/* the step region being recorded */
-	bool in_region;
-	int region_rc;
-	struct call *calls;
-	struct attn_plan *plans;
-	int64_t n_calls, calls_cap;
-	/* captured steps */
-	struct graph_entry graphs[GRAPH_SLOTS];
-	uint64_t seen[SEEN_SLOTS];
-	int seen_next;
-	uint64_t tick, n_captured, n_replayed, n_direct;
-};
-
 struct loom_buffer {
 	void *ptr;
 	size_t size;
 };
 
-static void gpu_log(const struct loom_backend_host *host, enum loom_log_level lvl,
-		    const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void gpu_log(const struct loom_backend_host *host, enum loom_log_level lvl,
-		    const char *fmt, ...)
+void gpu_log(const struct loom_backend_host *host, enum loom_log_level lvl, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -158,17 +55,12 @@ static void gpu_log(const struct loom_backend_host *host, enum loom_log_level lv
 	host->log(host->host, lvl, msg);
 }
 
-/* A failed gpurt call: log its reason, pass its status on. */
-static int rt_failed(struct loom_backend_ctx *ctx, int rc)
+int rt_failed(struct loom_backend_ctx *ctx, int rc)
 {
 	if (rc)
 		gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s", gpurt_error(ctx->rt));
 	return rc;
 }
-
-/* ---- argument checks (the same rules as ref_ops.c) ---- */
-
-
 
 static size_t row_size(int64_t n, uint32_t type, bool *ok)
 {
@@ -182,7 +74,6 @@ static size_t row_size(int64_t n, uint32_t type, bool *ok)
 	*ok = blocks <= (uint64_t)(INT64_MAX / 16) / bb;
 	return *ok ? (size_t)(blocks * bb) : 0;
 }
-
 
 /* ---- scratch ---- */
 
@@ -220,35 +111,79 @@ static void *reserve_host(void **buf, size_t *cap, size_t n)
 	return p;
 }
 
-/* A host copy of n device int32 values (in ctx->hbuf), or NULL with *rc set. */
-static int32_t *fetch_i32(struct loom_backend_ctx *ctx, const int32_t *dev, int64_t n, int *rc)
-{
-	int32_t *h;
+/* ---- device tables, staged on the host ---- */
 
-	*rc = LOOM_ERR_NOMEM;
-	if (n < 0 || (uint64_t)n > SIZE_MAX / 8)
-		return NULL;
-	h = reserve_host(&ctx->hbuf, &ctx->hbuf_cap, (size_t)n * sizeof(int32_t));
-	if (!h)
-		return NULL;
-	*rc = n ? rt_failed(ctx, gpurt_download(ctx->rt, h, dev, (size_t)n * sizeof(int32_t))) :
-		  LOOM_OK;
-	return *rc ? NULL : h;
+/* Asks for n int32 values at dev to be staged (once, however often asked). */
+static int want_table(struct loom_backend_ctx *ctx, const int32_t *dev, int64_t n)
+{
+	size_t bytes = (size_t)n * sizeof(int32_t), off = 0;
+	struct fetch *f;
+
+	if (n <= 0)
+		return LOOM_OK;
+	for (int64_t i = 0; i < ctx->n_fetches; i++) {
+		f = &ctx->fetches[i];
+		if (f->dev == dev && f->bytes == bytes)
+			return LOOM_OK;
+		off = f->off + ((f->bytes + 15) & ~(size_t)15);
+	}
+	/* n was bounded by the argument checks (LOOM_CHECK_LIMIT), the sum
+	 * of a step's tables is not */
+	if ((uint64_t)n > SIZE_MAX / 8 || off > SIZE_MAX / 2 - bytes)
+		return LOOM_ERR_NOMEM;
+	if (ctx->n_fetches == ctx->fetches_cap) {
+		int64_t cap = ctx->fetches_cap ? 2 * ctx->fetches_cap : 8;
+
+		f = realloc(ctx->fetches, (size_t)cap * sizeof(*f));
+		if (!f)
+			return LOOM_ERR_NOMEM;
+		ctx->fetches = f;
+		ctx->fetches_cap = cap;
+	}
+	ctx->fetches[ctx->n_fetches++] = (struct fetch){ .dev = dev, .bytes = bytes, .off = off };
+	return LOOM_OK;
+}
+
+/* Downloads every wanted table into pinned memory: one synchronization. */
+static int fetch_tables(struct loom_backend_ctx *ctx)
+{
+	const struct fetch *last = ctx->n_fetches ? &ctx->fetches[ctx->n_fetches - 1] : NULL;
+	size_t total = last ? last->off + last->bytes : 0;
+	int rc = LOOM_OK;
+
+	if (!total)
+		return LOOM_OK;
+	if (ctx->stage_cap < total) {
+		gpurt_host_free(ctx->rt, ctx->stage);
+		ctx->stage = NULL;
+		ctx->stage_cap = 0;
+		rc = rt_failed(ctx, gpurt_host_alloc(ctx->rt, total, &ctx->stage));
+		if (rc)
+			return rc;
+		ctx->stage_cap = total;
+	}
+	for (int64_t i = 0; i < ctx->n_fetches && !rc; i++) {
+		const struct fetch *f = &ctx->fetches[i];
+
+		rc = gpurt_download_async(ctx->rt, (char *)ctx->stage + f->off, f->dev, f->bytes);
+	}
+	if (!rc)
+		rc = gpurt_sync(ctx->rt);
+	return rt_failed(ctx, rc);
+}
+
+/* The staged copy of a table fetch_tables downloaded. */
+static const int32_t *staged(const struct loom_backend_ctx *ctx, const int32_t *dev, int64_t n)
+{
+	size_t bytes = (size_t)n * sizeof(int32_t);
+
+	for (int64_t i = 0; i < ctx->n_fetches; i++)
+		if (ctx->fetches[i].dev == dev && ctx->fetches[i].bytes == bytes)
+			return (const int32_t *)((const char *)ctx->stage + ctx->fetches[i].off);
+	return NULL; /* only for n == 0: nothing to read */
 }
 
 /* ---- context ---- */
-
-static void graphs_clear(struct loom_backend_ctx *ctx)
-{
-	for (int i = 0; i < GRAPH_SLOTS; i++) {
-		struct graph_entry *e = &ctx->graphs[i];
-
-		gpurt_graph_free(e->graph);
-		free(e->calls);
-		free(e->plans);
-		memset(e, 0, sizeof(*e));
-	}
-}
 
 static void gpu_destroy(struct loom_backend_ctx *ctx)
 {
@@ -260,15 +195,13 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			"%llu steps run directly",
 			(unsigned long long)ctx->n_captured, (unsigned long long)ctx->n_replayed,
 			(unsigned long long)ctx->n_direct);
-	graphs_clear(ctx);
+	regions_free(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
 	gpurt_free(ctx->rt, ctx->items);
+	gpurt_host_free(ctx->rt, ctx->stage);
 	gpurt_close(ctx->rt);
-	free(ctx->hbuf);
-	free(ctx->tabs);
 	free(ctx->hitems);
-	free(ctx->calls);
-	free(ctx->plans);
+	free(ctx->fetches);
 	free(ctx);
 }
 
@@ -347,141 +280,6 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	return type == LOOM_TYPE_F32;
 }
 
-/* ---- step regions: recording ---- */
-
-/* A call that a region may not contain: it fails, and fails the region. */
-static int refused_in_region(struct loom_backend_ctx *ctx, const char *what)
-{
-	gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s inside a step region", what);
-	if (!ctx->region_rc)
-		ctx->region_rc = LOOM_ERR_INVALID;
-	return LOOM_ERR_INVALID;
-}
-
-/* A zeroed call appended to the region, or NULL (the region then fails). */
-static struct call *region_add(struct loom_backend_ctx *ctx, enum call_kind kind)
-{
-	struct call *c;
-
-	if (ctx->n_calls == ctx->calls_cap) {
-		int64_t cap = ctx->calls_cap ? 2 * ctx->calls_cap : 256;
-		struct call *calls = realloc(ctx->calls, (size_t)cap * sizeof(*calls));
-		struct attn_plan *plans = calls ? realloc(ctx->plans, (size_t)cap * sizeof(*plans)) :
-						  NULL;
-
-		if (calls)
-			ctx->calls = calls;
-		if (!plans) {
-			ctx->region_rc = LOOM_ERR_NOMEM;
-			return NULL;
-		}
-		ctx->plans = plans;
-		ctx->calls_cap = cap;
-	}
-	c = &ctx->calls[ctx->n_calls];
-	memset(c, 0, sizeof(*c));
-	memset(&ctx->plans[ctx->n_calls], 0, sizeof(ctx->plans[0]));
-	ctx->n_calls++;
-	c->kind = kind;
-	return c;
-}
-
-/* Whether an operator call is to be recorded rather than run: inside a
- * region. (Calls after a failed one are still recorded, never run.) */
-static bool recording(struct loom_backend_ctx *ctx)
-{
-	return ctx->in_region;
-}
-
-static int record_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
-{
-	struct call *c = region_add(ctx, CALL_GEMM);
-	struct loom_gemm_args *g;
-
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	g = &c->u.gemm;
-	g->struct_size = sizeof(*g);
-	g->w_type = a->w_type;
-	g->m = a->m, g->n = a->n, g->k = a->k;
-	g->w = a->w, g->w_stride = a->w_stride;
-	g->x = a->x, g->x_stride = a->x_stride;
-	g->y = a->y, g->y_stride = a->y_stride;
-	return LOOM_OK;
-}
-
-static int record_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
-{
-	struct call *c = region_add(ctx, CALL_ROPE);
-	struct loom_rope_args *r;
-
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	r = &c->u.rope;
-	r->struct_size = sizeof(*r);
-	r->mode = a->mode;
-	r->x = a->x;
-	r->n_tokens = a->n_tokens, r->n_heads = a->n_heads, r->head_dim = a->head_dim;
-	r->n_rot = a->n_rot, r->row_stride = a->row_stride;
-	r->pos = a->pos;
-	r->freq_base = a->freq_base, r->freq_scale = a->freq_scale;
-	r->freq_factors = a->freq_factors;
-	return LOOM_OK;
-}
-
-static int record_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
-{
-	struct call *c = region_add(ctx, CALL_KV_WRITE);
-	struct loom_kv_write_args *k;
-
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	k = &c->u.kv;
-	k->struct_size = sizeof(*k);
-	k->kcache = a->kcache, k->vcache = a->vcache;
-	k->k = a->k, k->v = a->v;
-	k->k_stride = a->k_stride, k->v_stride = a->v_stride;
-	k->n_tokens = a->n_tokens, k->kv_dim = a->kv_dim;
-	k->slots = a->slots;
-	return LOOM_OK;
-}
-
-static int record_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
-{
-	struct call *c = region_add(ctx, CALL_ATTENTION);
-	struct loom_attention_args *t;
-
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	t = &c->u.attn;
-	t->struct_size = sizeof(*t);
-	t->out = a->out, t->q = a->q;
-	t->q_stride = a->q_stride, t->out_stride = a->out_stride;
-	t->kcache = a->kcache, t->vcache = a->vcache;
-	t->n_seqs = a->n_seqs, t->n_heads = a->n_heads, t->n_kv_heads = a->n_kv_heads;
-	t->head_dim = a->head_dim, t->block_size = a->block_size, t->max_blocks = a->max_blocks;
-	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
-	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
-	return LOOM_OK;
-}
-
-/* rmsnorm, glu, add and scale share one record (see struct rows_call). */
-static int record_rows(struct loom_backend_ctx *ctx, enum call_kind kind,
-		       const struct rows_call *r)
-{
-	struct call *c = region_add(ctx, kind);
-	struct rows_call *d;
-
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	d = &c->u.rows;
-	d->y = r->y, d->x = r->x, d->w = r->w;
-	d->y_stride = r->y_stride, d->x_stride = r->x_stride, d->w_stride = r->w_stride;
-	d->b_rows = r->b_rows, d->rows = r->rows, d->n = r->n;
-	d->eps = r->eps, d->s = r->s, d->kind = r->kind;
-	return LOOM_OK;
-}
-
 /* ---- memory ---- */
 
 static int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
@@ -547,25 +345,6 @@ static int gpu_download(struct loom_backend_ctx *ctx, void *dst, const void *src
 	return n ? rt_failed(ctx, gpurt_download(ctx->rt, dst, src, n)) : LOOM_OK;
 }
 
-static int do_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
-{
-	struct call *c;
-
-	if (!ctx || (n && (!dst || !src)))
-		return LOOM_ERR_INVALID;
-	if (n == 0)
-		return LOOM_OK;
-	if (!recording(ctx))
-		return rt_failed(ctx, gpurt_copy(ctx->rt, dst, src, n));
-	c = region_add(ctx, CALL_COPY);
-	if (!c)
-		return LOOM_ERR_NOMEM;
-	c->u.copy.dst = dst;
-	c->u.copy.src = src;
-	c->u.copy.n = n;
-	return LOOM_OK;
-}
-
 static int gpu_synchronize(struct loom_backend_ctx *ctx)
 {
 	if (!ctx)
@@ -573,6 +352,45 @@ static int gpu_synchronize(struct loom_backend_ctx *ctx)
 	if (ctx->in_region)
 		return refused_in_region(ctx, "synchronize");
 	return rt_failed(ctx, gpurt_sync(ctx->rt));
+}
+
+/* ---- running a call ---- */
+
+/* Inside a region: records the call. Outside: prepares and runs it now. */
+static int submit(struct loom_backend_ctx *ctx, const struct call *c)
+{
+	struct attn_plan plan;
+	int rc;
+
+	if (ctx->in_region)
+		return region_add(ctx, c);
+	memset(&plan, 0, sizeof(plan));
+	rc = prepare_calls(ctx, c, &plan, 1);
+	return rc ? rc : exec_calls(ctx, c, &plan, 1);
+}
+
+/* A zeroed call of the given kind (see struct call on padding). */
+static struct call new_call(enum call_kind kind)
+{
+	struct call c;
+
+	memset(&c, 0, sizeof(c));
+	c.kind = kind;
+	return c;
+}
+
+static int do_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
+{
+	struct call c = new_call(CALL_COPY);
+
+	if (!ctx || (n && (!dst || !src)))
+		return LOOM_ERR_INVALID;
+	if (n == 0)
+		return LOOM_OK;
+	c.u.copy.dst = dst;
+	c.u.copy.src = src;
+	c.u.copy.n = n;
+	return submit(ctx, &c);
 }
 
 /* ---- gemm and embed ---- */
@@ -664,6 +482,8 @@ static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *
 
 static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
+	struct call c = new_call(CALL_GEMM);
+	struct loom_gemm_args *g = &c.u.gemm;
 	size_t w_row;
 	bool ok;
 
@@ -679,22 +499,13 @@ static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		return LOOM_OK;
 	if (!a->x || !a->y || (!a->w && a->k > 0))
 		return LOOM_ERR_INVALID;
-	return recording(ctx) ? record_gemm(ctx, a) : exec_gemm(ctx, a);
-}
-
-/* The ids of an embed call, downloaded and checked against n_rows. */
-static int check_ids(struct loom_backend_ctx *ctx, const struct embed_call *e)
-{
-	const int32_t *h;
-	int rc;
-
-	h = fetch_i32(ctx, e->ids, e->n_ids, &rc);
-	if (!h)
-		return rc;
-	for (int64_t i = 0; i < e->n_ids; i++)
-		if (h[i] < 0 || h[i] >= e->n_rows)
-			return LOOM_ERR_INVALID;
-	return LOOM_OK;
+	g->struct_size = sizeof(*g);
+	g->w_type = a->w_type;
+	g->m = a->m, g->n = a->n, g->k = a->k;
+	g->w = a->w, g->w_stride = a->w_stride;
+	g->x = a->x, g->x_stride = a->x_stride;
+	g->y = a->y, g->y_stride = a->y_stride;
+	return submit(ctx, &c);
 }
 
 static int exec_embed(struct loom_backend_ctx *ctx, const struct embed_call *e)
@@ -705,15 +516,24 @@ static int exec_embed(struct loom_backend_ctx *ctx, const struct embed_call *e)
 					    e->n_ids, e->ids, e->out, e->dim));
 }
 
-static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
-		     size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
-		     int64_t n_ids)
+static int check_ids(const struct loom_backend_ctx *ctx, const struct embed_call *e)
 {
-	struct embed_call e;
-	struct call *c;
+	const int32_t *h = staged(ctx, e->ids, e->n_ids);
+
+	for (int64_t i = 0; i < e->n_ids; i++)
+		if (h[i] < 0 || h[i] >= e->n_rows)
+			return LOOM_ERR_INVALID;
+	return LOOM_OK;
+}
+
+static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+		    size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
+		    int64_t n_ids)
+{
+	struct call c = new_call(CALL_EMBED);
+	struct embed_call *e = &c.u.embed;
 	size_t need;
 	bool ok;
-	int rc;
 
 	if (!ctx || n_rows < 0 || dim < 0 || n_ids < 0)
 		return LOOM_ERR_INVALID;
@@ -727,18 +547,9 @@ static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table,
 		return LOOM_OK;
 	if (!out || !ids || (!table && dim > 0))
 		return LOOM_ERR_INVALID;
-	memset(&e, 0, sizeof(e));
-	e.out = out, e.table = table, e.ids = ids, e.row_bytes = row_bytes;
-	e.n_rows = n_rows, e.dim = dim, e.n_ids = n_ids, e.type = type;
-	if (recording(ctx)) {
-		c = region_add(ctx, CALL_EMBED);
-		if (!c)
-			return LOOM_ERR_NOMEM;
-		memcpy(&c->u.embed, &e, sizeof(e)); /* e was zeroed first, padding too */
-		return LOOM_OK;
-	}
-	rc = check_ids(ctx, &e);
-	return rc ? rc : exec_embed(ctx, &e);
+	e->out = out, e->table = table, e->ids = ids, e->row_bytes = row_bytes;
+	e->n_rows = n_rows, e->dim = dim, e->n_ids = n_ids, e->type = type;
+	return submit(ctx, &c);
 }
 
 /* ---- row and elementwise operators ---- */
@@ -763,14 +574,21 @@ static int exec_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const st
 	}
 }
 
-/* Runs or records a checked rows_call. */
-static int run_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const struct rows_call *r)
+/* Submits a checked rows_call, copied field by field into a zeroed call. */
+static int submit_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const struct rows_call *r)
 {
-	return recording(ctx) ? record_rows(ctx, kind, r) : exec_rows(ctx, kind, r);
+	struct call c = new_call(kind);
+	struct rows_call *d = &c.u.rows;
+
+	d->y = r->y, d->x = r->x, d->w = r->w;
+	d->y_stride = r->y_stride, d->x_stride = r->x_stride, d->w_stride = r->w_stride;
+	d->b_rows = r->b_rows, d->rows = r->rows, d->n = r->n;
+	d->eps = r->eps, d->s = r->s, d->kind = r->kind;
+	return submit(ctx, &c);
 }
 
 static int do_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
-		       int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
+		      int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
 	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
 		return LOOM_ERR_INVALID;
@@ -778,25 +596,14 @@ static int do_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, 
 		return LOOM_OK;
 	if (!y || !x || !w)
 		return LOOM_ERR_INVALID;
-	return run_rows(ctx, CALL_RMSNORM, &(struct rows_call){
+	return submit_rows(ctx, CALL_RMSNORM, &(struct rows_call){
 		.y = y, .y_stride = y_stride, .x = x, .x_stride = x_stride, .w = w,
 		.rows = rows, .n = n, .eps = eps });
 }
 
-static int do_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
-{
-	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
-
-	if (rc != LOOM_CHECK_RUN)
-		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
-	if (recording(ctx))
-		return record_rope(ctx, a);
-	return rt_failed(ctx, gpurt_rope(ctx->rt, a));
-}
-
 static int do_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
-		   int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
-		   int64_t up_stride, int64_t rows, int64_t n)
+		  int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+		  int64_t up_stride, int64_t rows, int64_t n)
 {
 	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
 		return LOOM_ERR_INVALID;
@@ -807,14 +614,14 @@ static int do_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *
 		return LOOM_OK;
 	if (!out || !gate || !up)
 		return LOOM_ERR_INVALID;
-	return run_rows(ctx, CALL_GLU, &(struct rows_call){
+	return submit_rows(ctx, CALL_GLU, &(struct rows_call){
 		.y = out, .y_stride = out_stride, .x = gate, .x_stride = gate_stride, .w = up,
 		.w_stride = up_stride, .rows = rows, .n = n, .kind = (int32_t)kind });
 }
 
 static int do_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
-		   int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
-		   int64_t n)
+		  int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
+		  int64_t n)
 {
 	if (!ctx || (b_rows != 1 && b_rows != rows))
 		return LOOM_ERR_INVALID;
@@ -825,13 +632,13 @@ static int do_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, 
 		return LOOM_OK;
 	if (!out || !a || !b)
 		return LOOM_ERR_INVALID;
-	return run_rows(ctx, CALL_ADD, &(struct rows_call){
+	return submit_rows(ctx, CALL_ADD, &(struct rows_call){
 		.y = out, .y_stride = out_stride, .x = a, .x_stride = a_stride, .w = b,
 		.w_stride = b_stride, .b_rows = b_rows, .rows = rows, .n = n });
 }
 
 static int do_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
-		     int64_t n, float s)
+		    int64_t n, float s)
 {
 	if (!ctx || !loom_check_shape(rows, n, stride))
 		return LOOM_ERR_INVALID;
@@ -839,32 +646,44 @@ static int do_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int6
 		return LOOM_OK;
 	if (!x)
 		return LOOM_ERR_INVALID;
-	return run_rows(ctx, CALL_SCALE, &(struct rows_call){
+	return submit_rows(ctx, CALL_SCALE, &(struct rows_call){
 		.y = x, .y_stride = stride, .rows = rows, .n = n, .s = s });
 }
 
-static int check_slots(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+static int do_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 {
-	const int32_t *h;
-	int rc;
+	struct call c = new_call(CALL_ROPE);
+	struct loom_rope_args *r = &c.u.rope;
+	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
 
-	h = fetch_i32(ctx, a->slots, a->n_tokens, &rc);
-	if (!h)
-		return rc;
-	return loom_check_slots(h, a->n_tokens, a->kv_dim) ? LOOM_OK : LOOM_ERR_INVALID;
+	if (rc != LOOM_CHECK_RUN)
+		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	r->struct_size = sizeof(*r);
+	r->mode = a->mode;
+	r->x = a->x;
+	r->n_tokens = a->n_tokens, r->n_heads = a->n_heads, r->head_dim = a->head_dim;
+	r->n_rot = a->n_rot, r->row_stride = a->row_stride;
+	r->pos = a->pos;
+	r->freq_base = a->freq_base, r->freq_scale = a->freq_scale;
+	r->freq_factors = a->freq_factors;
+	return submit(ctx, &c);
 }
 
 static int do_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
-	int rc;
+	struct call c = new_call(CALL_KV_WRITE);
+	struct loom_kv_write_args *k = &c.u.kv;
+	int rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
 
-	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
-	if (recording(ctx))
-		return record_kv_write(ctx, a);
-	rc = check_slots(ctx, a);
-	return rc ? rc : rt_failed(ctx, gpurt_kv_write(ctx->rt, a));
+	k->struct_size = sizeof(*k);
+	k->kcache = a->kcache, k->vcache = a->vcache;
+	k->k = a->k, k->v = a->v;
+	k->k_stride = a->k_stride, k->v_stride = a->v_stride;
+	k->n_tokens = a->n_tokens, k->kv_dim = a->kv_dim;
+	k->slots = a->slots;
+	return submit(ctx, &c);
 }
 
 /* ---- attention ---- */
@@ -875,54 +694,36 @@ struct attn_tables {
 	int64_t rows;
 };
 
-/* Downloads the tables of a (unless the last download was of the same
- * tables) and checks them like ref does, then the shapes they imply. */
-static int fetch_tables(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
-			bool reuse, struct attn_tables *t)
+static void want_attn_tables(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
+			     int *rc)
 {
-	int64_t n_table = a->n_seqs * a->max_blocks, longest, width;
-	int64_t total = 2 * a->n_seqs + 1 + n_table;
-	int32_t *h;
-	int rc = LOOM_OK;
+	if (!*rc)
+		*rc = want_table(ctx, a->q_start, a->n_seqs + 1);
+	if (!*rc)
+		*rc = want_table(ctx, a->kv_len, a->n_seqs);
+	if (!*rc)
+		*rc = want_table(ctx, a->block_table, a->n_seqs * a->max_blocks);
+}
 
-	if ((uint64_t)total > SIZE_MAX / 8)
-		return LOOM_ERR_NOMEM;
-	h = reserve_host(&ctx->tabs, &ctx->tabs_cap, (size_t)total * sizeof(int32_t));
-	if (!h)
-		return LOOM_ERR_NOMEM;
-	if (!reuse) {
-		rc = gpurt_download(ctx->rt, h, a->q_start,
-				    (size_t)(a->n_seqs + 1) * sizeof(int32_t));
-		if (!rc)
-			rc = gpurt_download(ctx->rt, h + a->n_seqs + 1, a->kv_len,
-					    (size_t)a->n_seqs * sizeof(int32_t));
-		if (!rc && n_table)
-			rc = gpurt_download(ctx->rt, h + 2 * a->n_seqs + 1, a->block_table,
-					    (size_t)n_table * sizeof(int32_t));
-	}
-	if (rc)
-		return rt_failed(ctx, rc);
-	t->q_start = h;
-	t->kv_len = h + a->n_seqs + 1;
-	t->block_table = h + 2 * a->n_seqs + 1;
+/* The staged tables of a, checked like ref does, then the shapes they
+ * imply. */
+static int check_attn_tables(const struct loom_backend_ctx *ctx,
+			     const struct loom_attention_args *a, struct attn_tables *t)
+{
+	int64_t longest, width = a->n_heads * a->head_dim;
+
+	t->q_start = staged(ctx, a->q_start, a->n_seqs + 1);
+	t->kv_len = staged(ctx, a->kv_len, a->n_seqs);
+	t->block_table = staged(ctx, a->block_table, a->n_seqs * a->max_blocks);
 	if (!loom_check_attention_tables(a, t->q_start, t->kv_len, t->block_table,
 					 &t->rows, &longest))
 		return LOOM_ERR_INVALID;
-	width = a->n_heads * a->head_dim;
 	if (!loom_check_shape(t->rows, width, a->q_stride) ||
 	    !loom_check_shape(t->rows, width, a->out_stride))
 		return LOOM_ERR_INVALID;
 	if (t->rows > 0 && (!a->out || !a->q || !a->kcache || !a->vcache))
 		return LOOM_ERR_INVALID;
 	return LOOM_OK;
-}
-
-/* Whether two attention calls read the same tables. */
-static bool same_tables(const struct loom_attention_args *a, const struct loom_attention_args *b)
-{
-	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
-	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
-	       a->max_blocks == b->max_blocks;
 }
 
 /* Appends n 16-byte work items to ctx->hitems; NULL when out of memory. */
@@ -1027,17 +828,6 @@ static int exec_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 	return rc;
 }
 
-/* Copies ctx->hitems to the device items buffer. */
-static int upload_items(struct loom_backend_ctx *ctx)
-{
-	size_t bytes = (size_t)ctx->n_hitems * sizeof(struct gpu_attn_row);
-	int rc = reserve_dev(ctx, &ctx->items, &ctx->items_cap, bytes);
-
-	if (!rc && bytes)
-		rc = rt_failed(ctx, gpurt_upload(ctx->rt, ctx->items, ctx->hitems, bytes));
-	return rc;
-}
-
 static int attention_args_ok(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	if (!loom_check_attention_args(a))
@@ -1054,8 +844,8 @@ static int attention_args_ok(struct loom_backend_ctx *ctx, const struct loom_att
 
 static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
-	struct attn_tables t;
-	struct attn_plan pl;
+	struct call c = new_call(CALL_ATTENTION);
+	struct loom_attention_args *t = &c.u.attn;
 	int rc;
 
 	if (!ctx || !a || a->struct_size < sizeof(*a))
@@ -1063,84 +853,87 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	rc = attention_args_ok(ctx, a);
 	if (rc || a->n_seqs == 0)
 		return rc;
-	if (recording(ctx))
-		return record_attention(ctx, a);
-	rc = fetch_tables(ctx, a, false, &t);
-	if (rc || t.rows == 0)
-		return rc;
-	ctx->n_hitems = 0;
-	rc = plan_attention(ctx, a, &t, &pl);
-	if (!rc)
-		rc = upload_items(ctx);
-	return rc ? rc : exec_attention(ctx, a, &pl);
+	t->struct_size = sizeof(*t);
+	t->out = a->out, t->q = a->q;
+	t->q_stride = a->q_stride, t->out_stride = a->out_stride;
+	t->kcache = a->kcache, t->vcache = a->vcache;
+	t->n_seqs = a->n_seqs, t->n_heads = a->n_heads, t->n_kv_heads = a->n_kv_heads;
+	t->head_dim = a->head_dim, t->block_size = a->block_size, t->max_blocks = a->max_blocks;
+	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
+	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
+	return submit(ctx, &c);
 }
 
-/* ---- step regions: checking, capturing, replaying ---- */
+/* ---- preparing and running calls ---- */
 
-static int gpu_graph_begin(struct loom_backend_ctx *ctx)
+/* Checks what call c read from the staged tables; plans its attention;
+ * raises *need to the scratch it will use. */
+static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct attn_plan *pl,
+		      size_t *need)
 {
-	if (!ctx)
-		return LOOM_ERR_INVALID;
-	if (ctx->in_region) {
-		gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": graph_begin inside a region");
-		return LOOM_ERR_INVALID;
-	}
-	ctx->in_region = true;
-	ctx->region_rc = LOOM_OK;
-	ctx->n_calls = 0;
-	return LOOM_OK;
-}
-
-/*
- * Everything a region's calls read from device tables, checked once
- * before anything runs (the host wrote the tables before graph_begin);
- * attention calls get their plans, the items go to the device, and the
- * scratch the calls need is reserved now, since a capture cannot
- * allocate.
- */
-static int region_prepare(struct loom_backend_ctx *ctx)
-{
-	const struct loom_attention_args *last = NULL;
-	size_t need = 0;
+	struct attn_tables t;
+	int64_t rows;
+	size_t n = 0;
 	int rc = LOOM_OK;
 
-	ctx->n_hitems = 0;
-	for (int64_t i = 0; i < ctx->n_calls && !rc; i++) {
-		const struct call *c = &ctx->calls[i];
-		struct attn_tables t;
-		int64_t rows;
-		size_t n = 0;
-
-		switch (c->kind) {
-		case CALL_EMBED:
-			rc = check_ids(ctx, &c->u.embed);
-			break;
-		case CALL_KV_WRITE:
-			rc = check_slots(ctx, &c->u.kv);
-			break;
-		case CALL_GEMM:
-			if (!gemm_is_gemv(ctx, &c->u.gemm)) {
-				n = panel_scratch(&c->u.gemm, gemm_half(ctx, &c->u.gemm), &rows);
-				rc = n ? LOOM_OK : LOOM_ERR_NOMEM;
-			}
-			break;
-		case CALL_ATTENTION:
-			rc = fetch_tables(ctx, &c->u.attn, last && same_tables(last, &c->u.attn), &t);
-			last = &c->u.attn;
-			if (!rc)
-				rc = plan_attention(ctx, &c->u.attn, &t, &ctx->plans[i]);
-			if (!rc && ctx->plans[i].n_rows)
-				n = split_scratch(&c->u.attn, &ctx->plans[i], &rows);
-			break;
-		default:
-			break;
+	switch (c->kind) {
+	case CALL_EMBED:
+		return check_ids(ctx, &c->u.embed);
+	case CALL_KV_WRITE:
+		return loom_check_slots(staged(ctx, c->u.kv.slots, c->u.kv.n_tokens),
+					c->u.kv.n_tokens, c->u.kv.kv_dim) ?
+			       LOOM_OK : LOOM_ERR_INVALID;
+	case CALL_GEMM:
+		if (!gemm_is_gemv(ctx, &c->u.gemm)) {
+			n = panel_scratch(&c->u.gemm, gemm_half(ctx, &c->u.gemm), &rows);
+			rc = n ? LOOM_OK : LOOM_ERR_NOMEM;
 		}
-		if (n > need)
-			need = n;
+		break;
+	case CALL_ATTENTION:
+		rc = check_attn_tables(ctx, &c->u.attn, &t);
+		if (!rc)
+			rc = plan_attention(ctx, &c->u.attn, &t, pl);
+		if (!rc && pl->n_rows)
+			n = split_scratch(&c->u.attn, pl, &rows);
+		break;
+	default:
+		break;
+	}
+	if (n > *need)
+		*need = n;
+	return rc;
+}
+
+int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
+		  struct attn_plan *plans, int64_t n)
+{
+	size_t need = 0, bytes;
+	int rc = LOOM_OK;
+
+	ctx->n_fetches = 0;
+	for (int64_t i = 0; i < n && !rc; i++) {
+		const struct call *c = &calls[i];
+
+		if (c->kind == CALL_EMBED)
+			rc = want_table(ctx, c->u.embed.ids, c->u.embed.n_ids);
+		else if (c->kind == CALL_KV_WRITE)
+			rc = want_table(ctx, c->u.kv.slots, c->u.kv.n_tokens);
+		else if (c->kind == CALL_ATTENTION)
+			want_attn_tables(ctx, &c->u.attn, &rc);
 	}
 	if (!rc)
+		rc = fetch_tables(ctx);
+	ctx->n_hitems = 0;
+	for (int64_t i = 0; i < n && !rc; i++)
+		rc = check_call(ctx, &calls[i], &plans[i], &need);
+	if (!rc)
 		rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
-	return rc ? rc : upload_items(ctx);
+	bytes = (size_t)ctx->n_hitems * sizeof(struct gpu_attn_row);
+	if (!rc)
+		rc = reserve_dev(ctx, &ctx->items, &ctx->items_cap, bytes);
+	if (!rc && bytes)
+		rc = rt_failed(ctx, gpurt_upload(ctx->rt, ctx->items, ctx->hitems, bytes));
+	return rc;
 }
 
 static int exec_call(struct loom_backend_ctx *ctx, const struct call *c, const struct attn_plan *pl)
@@ -1163,167 +956,13 @@ static int exec_call(struct loom_backend_ctx *ctx, const struct call *c, const s
 	}
 }
 
-static int exec_region(struct loom_backend_ctx *ctx)
+int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
+	       const struct attn_plan *plans, int64_t n)
 {
 	int rc = LOOM_OK;
 
-	for (int64_t i = 0; i < ctx->n_calls && !rc; i++)
-		rc = exec_call(ctx, &ctx->calls[i], &ctx->plans[i]);
-	return rc;
-}
-
-/* FNV-1a over n bytes, continuing from h. */
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
-	return h;
-}
-
-static uint64_t region_hash(const struct loom_backend_ctx *ctx)
-{
-	uint64_t h = fnv1a(0xcbf29ce484222325ull, ctx->calls,
-			   (size_t)ctx->n_calls * sizeof(*ctx->calls));
-
-	return fnv1a(h, ctx->plans, (size_t)ctx->n_calls * sizeof(*ctx->plans));
-}
-
-/* The captured graph of exactly this region's calls and plans, or NULL. */
-static struct graph_entry *graph_find(struct loom_backend_ctx *ctx, uint64_t hash)
-{
-	for (int i = 0; i < GRAPH_SLOTS; i++) {
-		struct graph_entry *e = &ctx->graphs[i];
-
-		if (!e->graph || e->hash != hash || e->n_calls != ctx->n_calls ||
-		    e->epoch != ctx->mem_epoch)
-			continue;
-		if (!memcmp(e->calls, ctx->calls, (size_t)e->n_calls * sizeof(*e->calls)) &&
-		    !memcmp(e->plans, ctx->plans, (size_t)e->n_calls * sizeof(*e->plans)))
-			return e;
-	}
-	return NULL;
-}
-
-/* Whether this region was seen before (and remembers it if not). */
-static bool seen_before(struct loom_backend_ctx *ctx, uint64_t hash)
-{
-	for (int i = 0; i < SEEN_SLOTS; i++)
-		if (ctx->seen[i] == hash)
-			return true;
-	ctx->seen[ctx->seen_next] = hash;
-	ctx->seen_next = (ctx->seen_next + 1) % SEEN_SLOTS;
-	return false;
-}
-
-/* The slot for a new graph: an empty one, else the least recently used
- * (a graph whose scratch has moved counts as never used). */
-static struct graph_entry *graph_slot(struct loom_backend_ctx *ctx)
-{
-	struct graph_entry *best = NULL;
-	uint64_t best_use = UINT64_MAX;
-
-	for (int i = 0; i < GRAPH_SLOTS; i++) {
-		struct graph_entry *x = &ctx->graphs[i];
-		uint64_t use = !x->graph ? 0 : x->epoch == ctx->mem_epoch ? x->last_use : 1;
-
-		if (use < best_use) {
-			best = x;
-			best_use = use;
-		}
-	}
-	return best;
-}
-
-/* Keeps graph g as the capture of this region's calls and plans. */
-static void graph_keep(struct loom_backend_ctx *ctx, uint64_t hash, struct gpurt_graph *g)
-{
-	struct graph_entry *e = graph_slot(ctx);
-	size_t cb = (size_t)ctx->n_calls * sizeof(*ctx->calls);
-	size_t pb = (size_t)ctx->n_calls * sizeof(*ctx->plans);
-
-	gpurt_graph_free(e->graph);
-	free(e->calls);
-	free(e->plans);
-	memset(e, 0, sizeof(*e));
-	e->calls = malloc(cb);
-	e->plans = malloc(pb);
-	if (!e->calls || !e->plans) { /* not kept: the step has run all the same */
-		gpurt_graph_free(g);
-		free(e->calls);
-		free(e->plans);
-		memset(e, 0, sizeof(*e));
-		return;
-	}
-	memcpy(e->calls, ctx->calls, cb);
-	memcpy(e->plans, ctx->plans, pb);
-	e->graph = g;
-	e->hash = hash;
-	e->n_calls = ctx->n_calls;
-	e->epoch = ctx->mem_epoch;
-	e->last_use = ++ctx->tick;
-}
-
-/* Captures the region's calls into a graph and runs it. A capture the
- * runtime refuses turns graphs off for this context (logged once) and
- * the region runs directly: graphs are a speed-up, never a failure. */
-static int capture_and_run(struct loom_backend_ctx *ctx, uint64_t hash)
-{
-	struct gpurt_graph *g = NULL;
-	int rc = rt_failed(ctx, gpurt_capture_begin(ctx->rt));
-
-	if (!rc) {
-		rc = exec_region(ctx);
-		rc = rt_failed(ctx, gpurt_capture_end(ctx->rt, rc == LOOM_OK, &g)) ? LOOM_ERR_DEVICE :
-										     rc;
-	}
-	if (rc || !g) {
-		gpu_log(ctx->host, LOOM_LOG_WARN,
-			GPU_BACKEND_NAME ": step capture failed; running steps without graphs");
-		ctx->graphs_on = false;
-		ctx->n_direct++;
-		return exec_region(ctx);
-	}
-	rc = rt_failed(ctx, gpurt_graph_launch(ctx->rt, g));
-	if (rc) {
-		gpurt_graph_free(g);
-		return rc;
-	}
-	ctx->n_captured++;
-	graph_keep(ctx, hash, g);
-	return LOOM_OK;
-}
-
-static int region_run(struct loom_backend_ctx *ctx)
-{
-	uint64_t hash = region_hash(ctx);
-	struct graph_entry *e = ctx->graphs_on ? graph_find(ctx, hash) : NULL;
-
-	if (e) {
-		e->last_use = ++ctx->tick;
-		ctx->n_replayed++;
-		return rt_failed(ctx, gpurt_graph_launch(ctx->rt, e->graph));
-	}
-	if (ctx->graphs_on && seen_before(ctx, hash))
-		return capture_and_run(ctx, hash);
-	ctx->n_direct++;
-	return exec_region(ctx);
-}
-
-static int gpu_graph_end(struct loom_backend_ctx *ctx)
-{
-	int rc;
-
-	if (!ctx || !ctx->in_region)
-		return LOOM_ERR_INVALID;
-	ctx->in_region = false;
-	rc = ctx->region_rc;
-	if (!rc && ctx->n_calls)
-		rc = region_prepare(ctx);
-	if (!rc && ctx->n_calls)
-		rc = region_run(ctx);
-	ctx->n_calls = 0;
+	for (int64_t i = 0; i < n && !rc; i++)
+		rc = exec_call(ctx, &calls[i], &plans[i]);
 	return rc;
 }
 

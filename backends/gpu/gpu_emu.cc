@@ -686,6 +686,25 @@ gpuError_t gpuFree(void *p)
 	return emuSuccess;
 }
 
+/* Host memory is host memory; allocating it is refused while capturing,
+ * as cudaMallocHost is. */
+gpuError_t gpuMallocHost(void **p, size_t n)
+{
+	*p = NULL;
+	if (captures_here)
+		return refuse_in_capture(NULL);
+	*p = malloc(n ? n : 1);
+	return *p ? emuSuccess : emuErrorMemoryAllocation;
+}
+
+gpuError_t gpuFreeHost(void *p)
+{
+	if (captures_here)
+		return refuse_in_capture(NULL);
+	free(p);
+	return emuSuccess;
+}
+
 /* Copies between device memory are captured; a capture holding host
  * memory is refused (CUDA refuses pageable host memory there). */
 gpuError_t gpuMemcpyAsync(void *dst, const void *src, size_t n, enum emu_copy_kind kind,

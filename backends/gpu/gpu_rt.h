@@ -48,9 +48,16 @@ bool gpurt_has_blas(void);
 int gpurt_alloc(struct gpurt *rt, size_t size, void **out);
 /* Waits for queued work first, so nothing still uses the memory. */
 void gpurt_free(struct gpurt *rt, void *p);
-/* upload and download return once the copy is complete. */
+/* upload returns once src may be reused (the copy itself may still be
+ * queued); download returns once the copy is complete. */
 int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n);
 int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n);
+/* Queues a copy to pinned host memory (from gpurt_host_alloc); the data
+ * is there after the next gpurt_sync. */
+int gpurt_download_async(struct gpurt *rt, void *dst, const void *src, size_t n);
+/* Pinned (page-locked) host memory; host_free waits for queued work. */
+int gpurt_host_alloc(struct gpurt *rt, size_t size, void **out);
+void gpurt_host_free(struct gpurt *rt, void *p);
 int gpurt_copy(struct gpurt *rt, void *dst, const void *src, size_t n);
 int gpurt_sync(struct gpurt *rt);
 

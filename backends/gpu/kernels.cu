@@ -209,6 +209,9 @@ extern "C" void gpurt_free(struct gpurt *rt, void *p)
 	(void)gpuFree(p);
 }
 
+/* CUDA copies pageable host memory to a staging buffer before
+ * cudaMemcpyAsync returns, so src is free to change at once; HIP makes no
+ * such promise, so the HIP build waits for the copy. */
 extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n)
 {
 	gpuError_t e;
@@ -216,9 +219,45 @@ extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t
 	BIND(rt);
 	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyHostToDevice, rt->stream);
 
+#if GPU_UPLOAD_WAITS
 	if (e == gpuSuccess)
 		e = gpuStreamSynchronize(rt->stream);
+#endif
 	return e == gpuSuccess ? LOOM_OK : fail(rt, "upload", e);
+}
+
+extern "C" int gpurt_download_async(struct gpurt *rt, void *dst, const void *src, size_t n)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyDeviceToHost, rt->stream);
+
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "download", e);
+}
+
+extern "C" int gpurt_host_alloc(struct gpurt *rt, size_t size, void **out)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMallocHost(out, size);
+
+	if (e != gpuSuccess) {
+		*out = NULL;
+		(void)gpuGetLastError();
+		return fail(rt, "pinned host allocation", e);
+	}
+	return LOOM_OK;
+}
+
+extern "C" void gpurt_host_free(struct gpurt *rt, void *p)
+{
+	if (!p)
+		return;
+	(void)gpuSetDevice(rt->device);
+	(void)gpuStreamSynchronize(rt->stream);
+	(void)gpuFreeHost(p);
 }
 
 extern "C" int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n)

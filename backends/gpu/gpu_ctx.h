@@ -1,0 +1,151 @@
+/*
+ * gpu_ctx.h: what gpu.c (the operators) and gpu_region.c (step regions
+ * and their graphs) share inside the GPU backends: the context, the record
+ * of one operator call, and the functions each file lends the other.
+ *
+ * Every operator call becomes a `struct call` holding its arguments by
+ * value. Outside a region the call is prepared and run at once; inside a
+ * region it is kept, and graph_end prepares and runs (or replays) all of
+ * the region's calls together. Preparing is where the device tables the
+ * calls read (embed ids, kv_write slots, attention tables) are downloaded
+ * (all in one batch), checked on the host, and attention is planned.
+ */
+#ifndef LOOM_GPU_CTX_H
+#define LOOM_GPU_CTX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu_rt.h"
+
+#ifndef GPU_BACKEND_NAME
+#error "GPU_BACKEND_NAME must name the backend (\"cuda\" or \"rocm\")"
+#endif
+
+enum call_kind {
+	CALL_GEMM, CALL_EMBED, CALL_RMSNORM, CALL_ROPE, CALL_GLU, CALL_ADD,
+	CALL_SCALE, CALL_KV_WRITE, CALL_ATTENTION, CALL_COPY,
+};
+
+struct embed_call {
+	float *out;
+	const void *table;
+	const int32_t *ids;
+	size_t row_bytes;
+	int64_t n_rows, dim, n_ids;
+	uint32_t type;
+};
+
+/* rmsnorm (x, w, eps), glu (x = gate, w = up, kind), add (x = a, w = b,
+ * b_rows), scale (y in place, s) */
+struct rows_call {
+	float *y;
+	const float *x, *w;
+	int64_t y_stride, x_stride, w_stride, b_rows, rows, n;
+	float eps, s;
+	int32_t kind;
+};
+
+struct copy_call {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+/* One operator call. Calls are zeroed before their fields are set one by
+ * one, so two calls with the same arguments compare equal with memcmp
+ * (no stray padding bytes). */
+struct call {
+	int64_t kind;
+	union {
+		struct loom_gemm_args gemm;
+		struct embed_call embed;
+		struct rows_call rows;
+		struct loom_rope_args rope;
+		struct loom_kv_write_args kv;
+		struct loom_attention_args attn;
+		struct copy_call copy;
+	} u;
+};
+
+/* Where an attention call's work items sit in the device items buffer
+ * (16-byte records): tiles first, then split-K rows. A replay must match
+ * the plans as well as the calls. */
+struct attn_plan {
+	int64_t tiles, n_tiles, rows, n_rows, n_splits;
+};
+
+/* A device table some call reads, staged in pinned host memory. */
+struct fetch {
+	const void *dev;
+	size_t bytes, off;
+};
+
+/* A captured step: the calls and plans it was captured from. */
+struct graph_entry {
+	struct gpurt_graph *graph;
+	uint64_t hash, last_use, epoch;
+	struct call *calls;
+	struct attn_plan *plans;
+	int64_t n_calls;
+};
+
+#define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
+#define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
+
+struct loom_backend_ctx {
+	const struct loom_backend_host *host;
+	struct gpurt *rt;
+	bool invariant;
+	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
+	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
+	void *scratch;  /* device: weight panels, split-K partials */
+	size_t scratch_cap;
+	void *items; /* device: attention work items */
+	size_t items_cap;
+	uint64_t mem_epoch; /* bumped whenever scratch or items move */
+	void *hitems;       /* host: work items of the calls being prepared */
+	size_t hitems_cap;
+	int64_t n_hitems;
+	struct fetch *fetches; /* tables the calls being prepared read */
+	int64_t n_fetches, fetches_cap;
+	void *stage; /* pinned host memory the tables are downloaded to */
+	size_t stage_cap;
+	/* the step region being recorded */
+	bool in_region;
+	int region_rc;
+	struct call *calls;
+	struct attn_plan *plans;
+	int64_t n_calls, calls_cap;
+	/* captured steps */
+	struct graph_entry graphs[GRAPH_SLOTS];
+	uint64_t seen[SEEN_SLOTS];
+	int seen_next;
+	uint64_t tick, n_captured, n_replayed, n_direct;
+};
+
+/* ---- gpu.c ---- */
+void gpu_log(const struct loom_backend_host *host, enum loom_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* A failed gpurt call: logs its reason, passes its status on. */
+int rt_failed(struct loom_backend_ctx *ctx, int rc);
+/* Checks what n calls read from device tables, plans their attention
+ * (plans[i] for call i), uploads the work items and reserves the scratch
+ * they need: after it, exec_calls queues only kernels and BLAS calls. */
+int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
+		  struct attn_plan *plans, int64_t n);
+int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
+	       const struct attn_plan *plans, int64_t n);
+
+/* ---- gpu_region.c ---- */
+/* Appends a call to the open region (which fails if memory runs out). */
+int region_add(struct loom_backend_ctx *ctx, const struct call *c);
+/* A call a region may not contain: it fails, and fails the region. */
+int refused_in_region(struct loom_backend_ctx *ctx, const char *what);
+int gpu_graph_begin(struct loom_backend_ctx *ctx);
+int gpu_graph_end(struct loom_backend_ctx *ctx);
+/* Frees every captured graph and the region's storage. */
+void regions_free(struct loom_backend_ctx *ctx);
+
+#endif /* LOOM_GPU_CTX_H */
