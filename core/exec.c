@@ -19,7 +19,8 @@ struct loom_exec {
 	float *act[ACT_COUNT];    /* device addresses */
 	int64_t width[ACT_COUNT]; /* floats per row */
 	int32_t *in[IN_COUNT];    /* device addresses */
-	int32_t *host_in[IN_COUNT];
+	int32_t *host_in[IN_COUNT]; /* within host_inputs, laid out as on the device */
+	int32_t *host_inputs;
 	size_t in_count[IN_COUNT];
 };
 
@@ -74,12 +75,17 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 		offs[ACT_COUNT + i] = total;
 		if (!add_size(&total, e->in_count[i], sizeof(int32_t)))
 			goto out_overflow;
-		e->host_in[i] = malloc(e->in_count[i] * sizeof(int32_t));
-		if (!e->host_in[i]) {
-			loom_seterr(err, errlen, "executor: out of memory");
-			return -1;
-		}
 	}
+	/* one host block with the device layout, so a step's inputs go up in
+	 * one upload */
+	e->host_inputs = calloc(1, total - offs[ACT_COUNT]);
+	if (!e->host_inputs) {
+		loom_seterr(err, errlen, "executor: out of memory");
+		return -1;
+	}
+	for (i = 0; i < IN_COUNT; i++)
+		e->host_in[i] = (int32_t *)((char *)e->host_inputs +
+					    (offs[ACT_COUNT + i] - offs[ACT_COUNT]));
 	if (be->ops->buffer_alloc(be->ctx, total, &e->buf)) {
 		loom_seterr(err, errlen, "executor: cannot allocate %zu MiB of activations",
 			total >> 20);
@@ -128,14 +134,11 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 
 void loom_exec_free(struct loom_exec *e)
 {
-	int i;
-
 	if (!e)
 		return;
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
-	for (i = 0; i < IN_COUNT; i++)
-		free(e->host_in[i]);
+	free(e->host_inputs);
 	free(e);
 }
 
@@ -190,23 +193,15 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 	return 0;
 }
 
+/* The step's inputs in one upload: every array up to the used part of
+ * the block table, the last one (unused tails of the others ride along). */
 static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 {
 	const struct loom_backend *be = e->m->be;
-	size_t n[IN_COUNT] = {
-		[IN_TOKENS] = (size_t)b->n_tokens, [IN_POS] = (size_t)b->n_tokens,
-		[IN_SLOTS] = (size_t)b->n_tokens, [IN_QSTART] = (size_t)b->n_seqs + 1,
-		[IN_KVLEN] = (size_t)b->n_seqs,
-		[IN_BLOCKS] = (size_t)b->n_seqs * (size_t)e->kv->n_blocks,
-	};
-	int i, rc;
+	size_t blocks = (size_t)b->n_seqs * (size_t)e->kv->n_blocks * sizeof(int32_t);
+	size_t bytes = (size_t)((char *)e->host_in[IN_BLOCKS] - (char *)e->host_inputs) + blocks;
 
-	for (i = 0; i < IN_COUNT; i++) {
-		rc = be->ops->upload(be->ctx, e->in[i], e->host_in[i], n[i] * sizeof(int32_t));
-		if (rc)
-			return rc;
-	}
-	return 0;
+	return be->ops->upload(be->ctx, e->in[0], e->host_inputs, bytes);
 }
 
 static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)

@@ -146,8 +146,6 @@ gpuError_t gpuMalloc(void **p, size_t n);
 gpuError_t gpuFree(void *p);
 gpuError_t gpuMallocHost(void **p, size_t n);
 gpuError_t gpuFreeHost(void *p);
-/* Copies run at once here; waiting changes nothing. */
-#define GPU_UPLOAD_WAITS 0
 gpuError_t gpuMemcpyAsync(void *dst, const void *src, size_t n, enum emu_copy_kind kind,
 			  gpuStream_t s);
 gpuError_t gpuStreamCreateWithFlags(gpuStream_t *s, unsigned flags);

@@ -64,7 +64,6 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuMallocHost(p, n) hipHostMalloc((p), (n), 0)
 #define gpuFreeHost hipHostFree
-#define GPU_UPLOAD_WAITS 1
 typedef hipGraph_t gpuGraph_t;
 typedef hipGraphExec_t gpuGraphExec_t;
 #define gpuStreamBeginCapture(s) hipStreamBeginCapture((s), hipStreamCaptureModeThreadLocal)
@@ -111,7 +110,6 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuMallocHost cudaMallocHost
 #define gpuFreeHost cudaFreeHost
-#define GPU_UPLOAD_WAITS 0
 typedef cudaGraph_t gpuGraph_t;
 typedef cudaGraphExec_t gpuGraphExec_t;
 #define gpuStreamBeginCapture(s) cudaStreamBeginCapture((s), cudaStreamCaptureModeThreadLocal)

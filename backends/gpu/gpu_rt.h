@@ -48,8 +48,7 @@ bool gpurt_has_blas(void);
 int gpurt_alloc(struct gpurt *rt, size_t size, void **out);
 /* Waits for queued work first, so nothing still uses the memory. */
 void gpurt_free(struct gpurt *rt, void *p);
-/* upload returns once src may be reused (the copy itself may still be
- * queued); download returns once the copy is complete. */
+/* upload and download return once the copy is complete. */
 int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n);
 int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n);
 /* Queues a copy to pinned host memory (from gpurt_host_alloc); the data

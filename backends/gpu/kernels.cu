@@ -209,9 +209,8 @@ extern "C" void gpurt_free(struct gpurt *rt, void *p)
 	(void)gpuFree(p);
 }
 
-/* CUDA copies pageable host memory to a staging buffer before
- * cudaMemcpyAsync returns, so src is free to change at once; HIP makes no
- * such promise, so the HIP build waits for the copy. */
+/* Waits for the copy: an async copy from pageable memory is documented
+ * as "might be synchronous", not as done with src when it returns. */
 extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n)
 {
 	gpuError_t e;
@@ -219,10 +218,8 @@ extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t
 	BIND(rt);
 	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyHostToDevice, rt->stream);
 
-#if GPU_UPLOAD_WAITS
 	if (e == gpuSuccess)
 		e = gpuStreamSynchronize(rt->stream);
-#endif
 	return e == gpuSuccess ? LOOM_OK : fail(rt, "upload", e);
 }
 
