@@ -395,11 +395,33 @@ static int do_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, siz
 
 /* ---- gemm and embed ---- */
 
-/* Whether prefill GEMM of this weight goes through f16 panels: f16 and
- * quantized weights; f32 and bf16 (whose range f16 lacks) keep f32. */
-static bool gemm_half(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+/* Element type of a prefill GEMM. */
+enum gemm_elem { ELEM_F32, ELEM_F16, ELEM_BF16 };
+
+/* f32 weights, LOOM_GPU_GEMM=f32 and builds without BLAS: f32; bf16
+ * weights: bf16 tensor cores; f16 and quantized weights: f16 tensor
+ * cores (a quantized block's scale times a small integer fits f16). */
+static enum gemm_elem gemm_elem(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
-	return ctx->half_gemm && a->w_type != LOOM_TYPE_F32 && a->w_type != LOOM_TYPE_BF16;
+	if (!ctx->half_gemm || a->w_type == LOOM_TYPE_F32)
+		return ELEM_F32;
+	return a->w_type == LOOM_TYPE_BF16 ? ELEM_BF16 : ELEM_F16;
+}
+
+static size_t elem_size(enum gemm_elem e)
+{
+	return e == ELEM_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Whether the weights already are the GEMM's element type, rows a whole
+ * number of elements apart: then the BLAS reads them in place. */
+static bool gemm_in_place(const struct loom_gemm_args *a, enum gemm_elem e)
+{
+	const uint32_t same = e == ELEM_F32 ? LOOM_TYPE_F32 :
+			      e == ELEM_F16 ? LOOM_TYPE_F16 : LOOM_TYPE_BF16;
+
+	return a->w_type == same && a->w_stride % elem_size(e) == 0 &&
+	       (uintptr_t)a->w % elem_size(e) == 0;
 }
 
 static bool gemm_is_gemv(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
@@ -407,11 +429,13 @@ static bool gemm_is_gemv(const struct loom_backend_ctx *ctx, const struct loom_g
 	return ctx->invariant || a->m < BLAS_MIN_M || a->k == 0;
 }
 
-/* Weight rows per panel and the scratch a panel GEMM needs:
- * [activations as f16, m x k, when half][panel, rows x k]. 0 on overflow. */
-static size_t panel_scratch(const struct loom_gemm_args *a, bool half, int64_t *rows_out)
+/* Weight rows per panel and the scratch a prefill GEMM needs:
+ * [activations as f16/bf16, m x k, unless f32][panel, rows x k, unless
+ * the weights are read in place]. False on overflow. */
+static bool gemm_scratch(const struct loom_gemm_args *a, enum gemm_elem e, int64_t *rows_out,
+			 size_t *bytes)
 {
-	const size_t es = half ? sizeof(uint16_t) : sizeof(float);
+	const size_t es = elem_size(e);
 	int64_t rows = (int64_t)(PANEL_BYTES / es) / a->k;
 	size_t x_bytes, panel_bytes;
 
@@ -422,52 +446,62 @@ static size_t panel_scratch(const struct loom_gemm_args *a, bool half, int64_t *
 	*rows_out = rows;
 	/* m x k floats already exist as the caller's activations, so m x k
 	 * halves fit in size_t; only the sum needs a check */
-	x_bytes = half ? (size_t)a->m * (size_t)a->k * es : 0;
-	panel_bytes = (size_t)rows * (size_t)a->k * es;
-	if (x_bytes > SIZE_MAX - panel_bytes)
-		return 0;
-	return x_bytes + panel_bytes;
+	x_bytes = e != ELEM_F32 ? (size_t)a->m * (size_t)a->k * es : 0;
+	panel_bytes = gemm_in_place(a, e) ? 0 : (size_t)rows * (size_t)a->k * es;
+	*bytes = x_bytes + panel_bytes;
+	return x_bytes <= SIZE_MAX - panel_bytes;
+}
+
+/* y[:, j0 .. j0 + n) from weight rows p (ldp elements apart) of type e. */
+static int gemm_blas(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a,
+		     enum gemm_elem e, int64_t j0, int64_t n, const void *p, int64_t ldp)
+{
+	if (e == ELEM_F32)
+		return gpurt_sgemm(ctx->rt, a->m, n, a->k, a->x, a->x_stride, p, ldp, a->y + j0,
+				   a->y_stride);
+	return gpurt_hgemm(ctx->rt, a->m, n, a->k, ctx->scratch, p, ldp, e == ELEM_BF16,
+			   a->y + j0, a->y_stride);
 }
 
 /*
- * Prefill: panels of weight rows dequantized on the device, one GEMM per
- * panel. In f32 (half false): cublasSgemm or the tiled kernel on the f32
- * activations. In f16 (half true, tensor cores): the activations are
- * converted to f16 once, panels are f16, cublasGemmEx accumulates in f32.
+ * Prefill through the vendor BLAS (or the tiled kernel): activations are
+ * converted to f16/bf16 once unless the GEMM is f32; weights that already
+ * have the element type are read in place, others are dequantized on the
+ * device in panels of rows, one GEMM per panel.
  */
-static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool half)
+static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
+	const enum gemm_elem e = gemm_elem(ctx, a);
+	const size_t es = elem_size(e);
 	int64_t rows;
-	size_t need = panel_scratch(a, half, &rows);
+	size_t need;
 	void *panel;
 	int rc;
 
-	if (!need)
+	if (!gemm_scratch(a, e, &rows, &need))
 		return LOOM_ERR_NOMEM;
 	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
 	if (rc)
 		return rc;
-	panel = (char *)ctx->scratch + (half ? (size_t)a->m * (size_t)a->k * sizeof(uint16_t) : 0);
-	if (half)
+	if (e != ELEM_F32)
 		rc = rt_failed(ctx, gpurt_to_half(ctx->rt, a->x, a->x_stride, a->m, a->k,
-						  ctx->scratch));
+						  e == ELEM_BF16, ctx->scratch));
+	if (!rc && gemm_in_place(a, e))
+		return rt_failed(ctx, gemm_blas(ctx, a, e, 0, a->n, a->w,
+						(int64_t)(a->w_stride / es)));
+	panel = (char *)ctx->scratch + (e != ELEM_F32 ? (size_t)a->m * (size_t)a->k * es : 0);
 	for (int64_t j0 = 0; j0 < a->n && !rc; j0 += rows) {
 		int64_t r = a->n - j0 < rows ? a->n - j0 : rows;
 		const char *w = (const char *)a->w + (size_t)j0 * a->w_stride;
 
-		if (half) {
-			rc = gpurt_dequant_half(ctx->rt, a->w_type, w, a->w_stride, a->k, r, panel,
-						a->k);
-			if (!rc)
-				rc = gpurt_hgemm(ctx->rt, a->m, r, a->k, ctx->scratch, panel,
-						 a->y + j0, a->y_stride);
-		} else {
+		if (e == ELEM_F32)
 			rc = gpurt_dequant(ctx->rt, a->w_type, w, a->w_stride, a->k, r, NULL, panel,
 					   a->k);
-			if (!rc)
-				rc = gpurt_sgemm(ctx->rt, a->m, r, a->k, a->x, a->x_stride, panel,
-						 a->y + j0, a->y_stride);
-		}
+		else
+			rc = gpurt_dequant_half(ctx->rt, a->w_type, w, a->w_stride, a->k, r, panel,
+						a->k);
+		if (!rc)
+			rc = gemm_blas(ctx, a, e, j0, r, panel, a->k);
 		rt_failed(ctx, rc);
 	}
 	return rc;
@@ -477,7 +511,7 @@ static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *
 {
 	if (gemm_is_gemv(ctx, a))
 		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
-	return gemm_panels(ctx, a, gemm_half(ctx, a));
+	return gemm_panels(ctx, a);
 }
 
 static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
@@ -885,8 +919,8 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 			       LOOM_OK : LOOM_ERR_INVALID;
 	case CALL_GEMM:
 		if (!gemm_is_gemv(ctx, &c->u.gemm)) {
-			n = panel_scratch(&c->u.gemm, gemm_half(ctx, &c->u.gemm), &rows);
-			rc = n ? LOOM_OK : LOOM_ERR_NOMEM;
+			if (!gemm_scratch(&c->u.gemm, gemm_elem(ctx, &c->u.gemm), &rows, &n))
+				rc = LOOM_ERR_NOMEM;
 		}
 		break;
 	case CALL_ATTENTION:

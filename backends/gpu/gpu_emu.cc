@@ -870,8 +870,16 @@ float elem(const void *a, cudaDataType_t t, cublasOperation_t op, int lda, int i
 {
 	int64_t off = op == CUBLAS_OP_N ? i + (int64_t)l * lda : l + (int64_t)i * lda;
 
-	return t == CUDA_R_16F ? half_bits_to_float(((const uint16_t *)a)[off]) :
-				 ((const float *)a)[off];
+	if (t == CUDA_R_16F)
+		return half_bits_to_float(((const uint16_t *)a)[off]);
+	if (t == CUDA_R_16BF) { /* the high half of a float */
+		uint32_t u = (uint32_t)((const uint16_t *)a)[off] << 16;
+		float f;
+
+		memcpy(&f, &u, sizeof(f));
+		return f;
+	}
+	return ((const float *)a)[off];
 }
 
 /* C = alpha op(A) op(B) + beta C, column-major, f32 accumulation (here in
@@ -920,8 +928,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 			    cublasGemmAlgo_t algo)
 {
 	(void)algo;
-	if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
-	    (at != CUDA_R_16F && at != CUDA_R_32F) || (bt != CUDA_R_16F && bt != CUDA_R_32F))
+	/* as on the hardware's f32-compute list: A and B of one type */
+	if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || at != bt ||
+	    (at != CUDA_R_16F && at != CUDA_R_16BF && at != CUDA_R_32F))
 		return CUBLAS_STATUS_INVALID_VALUE;
 	return queue_gemm(h, ta, tb, m, n, k, *(const float *)alpha, a, at, lda, b, bt, ldb,
 			  *(const float *)beta, (float *)c, ldc);

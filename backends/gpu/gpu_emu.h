@@ -202,7 +202,7 @@ cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, gpuStream_t s);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m);
 cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t n);
-typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2 } cudaDataType_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,

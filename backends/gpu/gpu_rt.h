@@ -84,20 +84,22 @@ int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
  * dst rows dst_stride floats apart. With ids, row r is ids[r] (device). */
 int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
 		  int64_t k, int64_t rows, const int32_t *ids, float *dst, int64_t dst_stride);
-/* y[i][j] = x[i] . p[j] for i < m, j < n; p is f32 [n][k] (k floats apart). */
+/* y[i][j] = x[i] . p[j] for i < m, j < n; p is f32 [n][k], rows ldp
+ * floats apart. */
 int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
-		int64_t x_stride, const float *p, float *y, int64_t y_stride);
+		int64_t x_stride, const float *p, int64_t ldp, float *y, int64_t y_stride);
 
-/* The f16 prefill path (vendor BLAS builds only; gpurt_has_blas()):
+/* The tensor-core prefill path (vendor BLAS builds only; gpurt_has_blas()):
  * weight rows dequantized to f16 (dst rows dst_stride halves apart),
- * activation rows converted to f16 (dst rows k apart), then
- * y[i][j] = x[i] . p[j] on tensor cores with f32 accumulation. */
+ * activation rows converted to f16 or bf16 (dst rows k apart), then
+ * y[i][j] = x[i] . p[j] with f32 accumulation, x and p both f16 or both
+ * bf16, p's rows ldp elements apart. */
 int gpurt_dequant_half(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
 		       int64_t k, int64_t rows, uint16_t *dst, int64_t dst_stride);
 int gpurt_to_half(struct gpurt *rt, const float *x, int64_t x_stride, int64_t rows, int64_t k,
-		  uint16_t *dst);
+		  bool bf16, uint16_t *dst);
 int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_t *x,
-		const uint16_t *p, float *y, int64_t y_stride);
+		const uint16_t *p, int64_t ldp, bool bf16, float *y, int64_t y_stride);
 
 int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const float *x,
 		  int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);

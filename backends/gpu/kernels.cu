@@ -721,28 +721,47 @@ extern "C" int gpurt_dequant_half(struct gpurt *rt, uint32_t type, const void *w
 	return launched(rt, "dequantize (f16) kernel");
 }
 
+/* float to bfloat16, rounding to nearest even; NaN stays a quiet NaN. */
+__device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+	uint32_t x;
+
+	memcpy(&x, &f, sizeof(x));
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)(x >> 16 | 0x40u);
+	return (uint16_t)((x + 0x7fffu + (x >> 16 & 1u)) >> 16);
+}
+
+template <bool BF16>
 __global__ void __launch_bounds__(THREADS)
-k_to_half(const float *x, int64_t x_stride, int64_t rows, int64_t k, uint16_t *dst)
+k_to_16(const float *x, int64_t x_stride, int64_t rows, int64_t k, uint16_t *dst)
 {
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
 		for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
-			dst[r * k + i] = f32_to_half(x[r * x_stride + i]);
+			dst[r * k + i] = BF16 ? f32_to_bf16(x[r * x_stride + i]) :
+						f32_to_half(x[r * x_stride + i]);
 }
 
 extern "C" int gpurt_to_half(struct gpurt *rt, const float *x, int64_t x_stride, int64_t rows,
-			     int64_t k, uint16_t *dst)
+			     int64_t k, bool bf16, uint16_t *dst)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_to_half, grid_of(rows), THREADS, 0, rt->stream, x, x_stride, rows, k, dst);
+	if (bf16)
+		GPU_LAUNCH(k_to_16<true>, grid_of(rows), THREADS, 0, rt->stream, x, x_stride, rows,
+			k, dst);
+	else
+		GPU_LAUNCH(k_to_16<false>, grid_of(rows), THREADS, 0, rt->stream, x, x_stride,
+			rows, k, dst);
 	return launched(rt, "f16 conversion kernel");
 }
 
 #ifdef GPU_HAVE_BLAS
 
-/* cuBLAS is column-major: y^T (n x m, ld y_stride) = p (k x n, ld k)^T .
+/* cuBLAS is column-major: y^T (n x m, ld y_stride) = p (k x n, ld ldp)^T .
  * x^T (k x m, ld x_stride). Default math mode: no TF32. */
 extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
-			   int64_t x_stride, const float *p, float *y, int64_t y_stride)
+			   int64_t x_stride, const float *p, int64_t ldp, float *y,
+			   int64_t y_stride)
 {
 	const float one = 1.0f, zero = 0.0f;
 	cublasStatus_t st;
@@ -750,12 +769,12 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 	BIND(rt);
 
 	if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || x_stride > INT32_MAX ||
-	    y_stride > INT32_MAX) {
+	    ldp > INT32_MAX || y_stride > INT32_MAX) {
 		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for cuBLAS");
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	st = cublasSgemm(rt->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, p,
-			 (int)k, x, (int)x_stride, &zero, y, (int)y_stride);
+			 (int)ldp, x, (int)x_stride, &zero, y, (int)y_stride);
 	if (st != CUBLAS_STATUS_SUCCESS) {
 		snprintf(rt->err, sizeof(rt->err), "CUDA: cublasSgemm failed (status %d)", (int)st);
 		return LOOM_ERR_DEVICE;
@@ -763,23 +782,25 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 	return LOOM_OK;
 }
 
-/* The same product on f16 inputs (x rows and p rows both k apart), f32
- * accumulation and output: tensor cores. */
+/* The same product on f16 or bf16 inputs (x rows k apart, p rows ldp
+ * apart), f32 accumulation and output: tensor cores. */
 extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_t *x,
-			   const uint16_t *p, float *y, int64_t y_stride)
+			   const uint16_t *p, int64_t ldp, bool bf16, float *y, int64_t y_stride)
 {
 	const float one = 1.0f, zero = 0.0f;
+	const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
 	cublasStatus_t st;
 
 	BIND(rt);
 
-	if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || y_stride > INT32_MAX) {
+	if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || ldp > INT32_MAX ||
+	    y_stride > INT32_MAX) {
 		snprintf(rt->err, sizeof(rt->err), "gemm: shape too large for cuBLAS");
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	st = cublasGemmEx(rt->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, p,
-			  CUDA_R_16F, (int)k, x, CUDA_R_16F, (int)k, &zero, y, CUDA_R_32F,
-			  (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	st = cublasGemmEx(rt->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, p, t,
+			  (int)ldp, x, t, (int)k, &zero, y, CUDA_R_32F, (int)y_stride,
+			  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	if (st != CUBLAS_STATUS_SUCCESS) {
 		snprintf(rt->err, sizeof(rt->err), "CUDA: cublasGemmEx failed (status %d)", (int)st);
 		return LOOM_ERR_DEVICE;
@@ -790,9 +811,9 @@ extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 #else
 
 extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_t *x,
-			   const uint16_t *p, float *y, int64_t y_stride)
+			   const uint16_t *p, int64_t ldp, bool bf16, float *y, int64_t y_stride)
 {
-	(void)m, (void)n, (void)k, (void)x, (void)p, (void)y, (void)y_stride;
+	(void)m, (void)n, (void)k, (void)x, (void)p, (void)ldp, (void)bf16, (void)y, (void)y_stride;
 	snprintf(rt->err, sizeof(rt->err), "gemm: no f16 BLAS in this build");
 	return LOOM_ERR_UNSUPPORTED;
 }
@@ -807,7 +828,7 @@ extern "C" int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
  */
 __global__ void __launch_bounds__(THREADS)
 k_sgemm(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_stride, const float *p,
-	float *y, int64_t y_stride)
+	int64_t ldp, float *y, int64_t y_stride)
 {
 	__shared__ float xs[SG_K][SG_TILE + 1], ps[SG_K][SG_TILE + 1];
 	const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -820,7 +841,7 @@ k_sgemm(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_stride, const
 			int64_t kk = k0 + c;
 
 			xs[c][r] = i0 + r < m && kk < k ? x[(i0 + r) * x_stride + kk] : 0.0f;
-			ps[c][r] = j0 + r < n && kk < k ? p[(j0 + r) * k + kk] : 0.0f;
+			ps[c][r] = j0 + r < n && kk < k ? p[(j0 + r) * ldp + kk] : 0.0f;
 		}
 		__syncthreads();
 		for (int c = 0; c < SG_K; c++)
@@ -839,7 +860,8 @@ k_sgemm(int64_t m, int64_t n, int64_t k, const float *x, int64_t x_stride, const
 }
 
 extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const float *x,
-			   int64_t x_stride, const float *p, float *y, int64_t y_stride)
+			   int64_t x_stride, const float *p, int64_t ldp, float *y,
+			   int64_t y_stride)
 {
 	int64_t gx = (n + SG_TILE - 1) / SG_TILE, gy = (m + SG_TILE - 1) / SG_TILE;
 
@@ -850,7 +872,7 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	GPU_LAUNCH(k_sgemm, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, m, n, k, x,
-		x_stride, p, y, y_stride);
+		x_stride, p, ldp, y, y_stride);
 	return launched(rt, "sgemm kernel");
 }
 
