@@ -89,27 +89,40 @@ static void *carve(struct ctx *x, size_t bytes)
 	return p;
 }
 
-static int ctx_open(struct ctx *x, const struct loom_backend_ops *ops, size_t bytes)
-{
-	struct loom_backend_config cfg = { .struct_size = sizeof(cfg) };
-
-	memset(x, 0, sizeof(*x));
-	x->ops = ops;
-	if (ops->create(&host, &cfg, &x->c))
-		return -1;
-	if (ops->buffer_alloc(x->c, bytes, &x->buf)) {
-		ops->destroy(x->c);
-		return -1;
-	}
-	x->base = ops->buffer_addr(x->c, x->buf);
-	return 0;
-}
-
 static void ctx_close(struct ctx *x)
 {
 	x->ops->buffer_free(x->c, x->buf);
 	x->ops->destroy(x->c);
 }
+
+/* A context with one zeroed buffer of `bytes` (zeroed, so the two
+ * contexts' snapshots agree outside the rows a step writes too). */
+static int ctx_open(struct ctx *x, const struct loom_backend_ops *ops, size_t bytes)
+{
+	struct loom_backend_config cfg = { .struct_size = sizeof(cfg) };
+	void *zero = calloc(1, bytes);
+
+	memset(x, 0, sizeof(*x));
+	x->ops = ops;
+	if (!zero || ops->create(&host, &cfg, &x->c)) {
+		free(zero);
+		return -1;
+	}
+	if (ops->buffer_alloc(x->c, bytes, &x->buf)) {
+		ops->destroy(x->c);
+		free(zero);
+		return -1;
+	}
+	x->base = ops->buffer_addr(x->c, x->buf);
+	if (ops->upload(x->c, x->base, zero, bytes)) {
+		free(zero);
+		ctx_close(x);
+		return -1;
+	}
+	free(zero);
+	return 0;
+}
+
 
 /* ---- the model and one step ---- */
 
@@ -151,7 +164,6 @@ static int dev_setup(struct ctx *x, const struct model *m, struct dev *d)
 	const struct loom_backend_ops *o = x->ops;
 	size_t kv_bytes = (size_t)NBLOCKS * BS * KVD * sizeof(float);
 	size_t row = MAXROWS * sizeof(float);
-	float *zero = calloc(1, kv_bytes);
 	int rc = 0;
 
 	d->emb = carve(x, sizeof(m->emb)), d->norm = carve(x, sizeof(m->norm));
@@ -170,9 +182,6 @@ static int dev_setup(struct ctx *x, const struct model *m, struct dev *d)
 	rc |= o->upload(x->c, d->wk, m->wk, sizeof(m->wk));
 	rc |= o->upload(x->c, d->wv, m->wv, sizeof(m->wv));
 	rc |= o->upload(x->c, d->wo, m->wo, sizeof(m->wo));
-	rc |= zero ? o->upload(x->c, d->kc, zero, kv_bytes) : -1;
-	rc |= zero ? o->upload(x->c, d->vc, zero, kv_bytes) : -1;
-	free(zero);
 	return rc;
 }
 
