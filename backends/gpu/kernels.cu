@@ -185,6 +185,24 @@ extern "C" int gpurt_info(struct gpurt *rt, char *name, size_t cap, uint64_t *to
 	return LOOM_OK;
 }
 
+/* Status of an allocation; a failure clears its (non-sticky) error. */
+static int allocated(struct gpurt *rt, const char *what, gpuError_t e, void **out)
+{
+	if (e == gpuSuccess)
+		return LOOM_OK;
+	*out = NULL;
+	(void)gpuGetLastError();
+	return fail(rt, what, e);
+}
+
+/* Waits until nothing queued can still use memory about to be freed
+ * (teardown path: a failure leaves nothing to undo). */
+static void drain(struct gpurt *rt)
+{
+	(void)gpuSetDevice(rt->device);
+	(void)gpuStreamSynchronize(rt->stream);
+}
+
 extern "C" int gpurt_alloc(struct gpurt *rt, size_t size, void **out)
 {
 	gpuError_t e;
@@ -192,20 +210,14 @@ extern "C" int gpurt_alloc(struct gpurt *rt, size_t size, void **out)
 	BIND(rt);
 	e = gpuMalloc(out, size);
 
-	if (e != gpuSuccess) {
-		*out = NULL;
-		(void)gpuGetLastError(); /* clear a non-sticky allocation error */
-		return fail(rt, "allocation", e);
-	}
-	return LOOM_OK;
+	return allocated(rt, "allocation", e, out);
 }
 
 extern "C" void gpurt_free(struct gpurt *rt, void *p)
 {
 	if (!p)
 		return;
-	(void)gpuSetDevice(rt->device);
-	(void)gpuStreamSynchronize(rt->stream);
+	drain(rt);
 	(void)gpuFree(p);
 }
 
@@ -240,20 +252,14 @@ extern "C" int gpurt_host_alloc(struct gpurt *rt, size_t size, void **out)
 	BIND(rt);
 	e = gpuMallocHost(out, size);
 
-	if (e != gpuSuccess) {
-		*out = NULL;
-		(void)gpuGetLastError();
-		return fail(rt, "pinned host allocation", e);
-	}
-	return LOOM_OK;
+	return allocated(rt, "pinned host allocation", e, out);
 }
 
 extern "C" void gpurt_host_free(struct gpurt *rt, void *p)
 {
 	if (!p)
 		return;
-	(void)gpuSetDevice(rt->device);
-	(void)gpuStreamSynchronize(rt->stream);
+	drain(rt);
 	(void)gpuFreeHost(p);
 }
 
