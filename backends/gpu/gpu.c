@@ -938,9 +938,28 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 	return rc;
 }
 
+/* Whether attention call b checks and plans exactly as a does: the same
+ * tables and every field the checks and the plan read (out, q and the
+ * caches only for being non-NULL). The layers of a step are such calls,
+ * so a step checks and plans its attention once and shares the items. */
+static bool same_attn_plan(const struct loom_attention_args *a,
+			   const struct loom_attention_args *b)
+{
+	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
+	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
+	       a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
+	       a->head_dim == b->head_dim && a->block_size == b->block_size &&
+	       a->max_blocks == b->max_blocks && a->window == b->window &&
+	       a->q_stride == b->q_stride && a->out_stride == b->out_stride && !a->out == !b->out &&
+	       !a->q == !b->q && !a->kcache == !b->kcache && !a->vcache == !b->vcache;
+}
+
 int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 		  struct attn_plan *plans, int64_t n)
 {
+	const struct loom_attention_args *last_attn = NULL;
+	const struct loom_kv_write_args *last_kv = NULL;
+	const struct attn_plan *last_plan = NULL;
 	size_t need = 0, bytes;
 	int rc = LOOM_OK;
 
@@ -958,8 +977,24 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	if (!rc)
 		rc = fetch_tables(ctx);
 	ctx->n_hitems = 0;
-	for (int64_t i = 0; i < n && !rc; i++)
-		rc = check_call(ctx, &calls[i], &plans[i], &need);
+	for (int64_t i = 0; i < n && !rc; i++) {
+		const struct call *c = &calls[i];
+
+		if (c->kind == CALL_ATTENTION && last_attn && same_attn_plan(last_attn, &c->u.attn)) {
+			plans[i] = *last_plan; /* its items and scratch are there already */
+			continue;
+		}
+		if (c->kind == CALL_KV_WRITE && last_kv && last_kv->slots == c->u.kv.slots &&
+		    last_kv->n_tokens == c->u.kv.n_tokens && last_kv->kv_dim == c->u.kv.kv_dim)
+			continue;
+		rc = check_call(ctx, c, &plans[i], &need);
+		if (c->kind == CALL_ATTENTION) {
+			last_attn = &c->u.attn;
+			last_plan = &plans[i];
+		} else if (c->kind == CALL_KV_WRITE) {
+			last_kv = &c->u.kv;
+		}
+	}
 	if (!rc)
 		rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need);
 	bytes = (size_t)ctx->n_hitems * sizeof(struct gpu_attn_row);

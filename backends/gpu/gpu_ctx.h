@@ -85,7 +85,7 @@ struct fetch {
 /* A captured step: the calls and plans it was captured from. */
 struct graph_entry {
 	struct gpurt_graph *graph;
-	uint64_t hash, last_use, epoch;
+	uint64_t last_use, epoch;
 	struct call *calls;
 	struct attn_plan *plans;
 	int64_t n_calls;
@@ -120,6 +120,7 @@ struct loom_backend_ctx {
 	int64_t n_calls, calls_cap;
 	/* captured steps */
 	struct graph_entry graphs[GRAPH_SLOTS];
+	struct graph_entry *last; /* the graph replayed or captured last */
 	uint64_t seen[SEEN_SLOTS];
 	int seen_next;
 	uint64_t tick, n_captured, n_replayed, n_direct;

@@ -52,8 +52,10 @@ int region_add(struct loom_backend_ctx *ctx, const struct call *c)
 
 /* ---- captured graphs ---- */
 
-static void entry_clear(struct graph_entry *e)
+static void entry_clear(struct loom_backend_ctx *ctx, struct graph_entry *e)
 {
+	if (ctx->last == e)
+		ctx->last = NULL;
 	gpurt_graph_free(e->graph);
 	free(e->calls);
 	free(e->plans);
@@ -63,7 +65,7 @@ static void entry_clear(struct graph_entry *e)
 void regions_free(struct loom_backend_ctx *ctx)
 {
 	for (int i = 0; i < GRAPH_SLOTS; i++)
-		entry_clear(&ctx->graphs[i]);
+		entry_clear(ctx, &ctx->graphs[i]);
 	free(ctx->calls);
 	free(ctx->plans);
 	ctx->calls = NULL;
@@ -71,38 +73,51 @@ void regions_free(struct loom_backend_ctx *ctx)
 	ctx->n_calls = ctx->calls_cap = 0;
 }
 
-/* FNV-1a over n bytes, continuing from h. */
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+/* A 64-bit hash of n bytes (a multiple of 8), word by word. */
+static uint64_t hash_words(uint64_t h, const void *p, size_t n)
 {
 	const unsigned char *b = p;
 
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
+	for (size_t i = 0; i + 8 <= n; i += 8) {
+		uint64_t w;
+
+		memcpy(&w, b + i, sizeof(w));
+		h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
 	return h;
 }
 
+/* Identifies a region for the second-sighting rule only (a collision
+ * just captures a step early; replays compare the calls in full). */
 static uint64_t region_hash(const struct loom_backend_ctx *ctx)
 {
-	uint64_t h = fnv1a(0xcbf29ce484222325ull, ctx->calls,
-			   (size_t)ctx->n_calls * sizeof(*ctx->calls));
+	uint64_t h = hash_words((uint64_t)ctx->n_calls, ctx->calls,
+				(size_t)ctx->n_calls * sizeof(*ctx->calls));
 
-	return fnv1a(h, ctx->plans, (size_t)ctx->n_calls * sizeof(*ctx->plans));
+	return hash_words(h, ctx->plans, (size_t)ctx->n_calls * sizeof(*ctx->plans));
 }
 
-/* The captured graph of exactly this region's calls and plans, or NULL.
- * A graph from before the scratch buffers moved holds stale addresses. */
-static struct graph_entry *graph_find(struct loom_backend_ctx *ctx, uint64_t hash)
+/* Whether e was captured from exactly this region's calls and plans. A
+ * graph from before the scratch buffers moved holds stale addresses. The
+ * plans go first: steps of other shapes differ there early. */
+static bool graph_matches(const struct loom_backend_ctx *ctx, const struct graph_entry *e)
 {
-	for (int i = 0; i < GRAPH_SLOTS; i++) {
-		struct graph_entry *e = &ctx->graphs[i];
+	return e->graph && e->n_calls == ctx->n_calls && e->epoch == ctx->mem_epoch &&
+	       !memcmp(e->plans, ctx->plans, (size_t)e->n_calls * sizeof(*e->plans)) &&
+	       !memcmp(e->calls, ctx->calls, (size_t)e->n_calls * sizeof(*e->calls));
+}
 
-		if (!e->graph || e->hash != hash || e->n_calls != ctx->n_calls ||
-		    e->epoch != ctx->mem_epoch)
-			continue;
-		if (!memcmp(e->calls, ctx->calls, (size_t)e->n_calls * sizeof(*e->calls)) &&
-		    !memcmp(e->plans, ctx->plans, (size_t)e->n_calls * sizeof(*e->plans)))
-			return e;
-	}
+/* The graph for this region, or NULL. No hashing on this path (it runs
+ * every decode step): the last graph used is tried first, and a step that
+ * repeats its predecessor matches it. */
+static struct graph_entry *graph_find(struct loom_backend_ctx *ctx)
+{
+	if (ctx->last && graph_matches(ctx, ctx->last))
+		return ctx->last;
+	for (int i = 0; i < GRAPH_SLOTS; i++)
+		if (&ctx->graphs[i] != ctx->last && graph_matches(ctx, &ctx->graphs[i]))
+			return &ctx->graphs[i];
 	return NULL;
 }
 
@@ -137,27 +152,27 @@ static struct graph_entry *graph_slot(struct loom_backend_ctx *ctx)
 }
 
 /* Keeps graph g as the capture of this region's calls and plans. */
-static void graph_keep(struct loom_backend_ctx *ctx, uint64_t hash, struct gpurt_graph *g)
+static void graph_keep(struct loom_backend_ctx *ctx, struct gpurt_graph *g)
 {
 	struct graph_entry *e = graph_slot(ctx);
 	size_t cb = (size_t)ctx->n_calls * sizeof(*ctx->calls);
 	size_t pb = (size_t)ctx->n_calls * sizeof(*ctx->plans);
 
-	entry_clear(e);
+	entry_clear(ctx, e);
 	e->calls = malloc(cb);
 	e->plans = malloc(pb);
 	if (!e->calls || !e->plans) { /* not kept: the step has run all the same */
 		gpurt_graph_free(g);
-		entry_clear(e);
+		entry_clear(ctx, e);
 		return;
 	}
 	memcpy(e->calls, ctx->calls, cb);
 	memcpy(e->plans, ctx->plans, pb);
 	e->graph = g;
-	e->hash = hash;
 	e->n_calls = ctx->n_calls;
 	e->epoch = ctx->mem_epoch;
 	e->last_use = ++ctx->tick;
+	ctx->last = e;
 }
 
 static int run_direct(struct loom_backend_ctx *ctx)
@@ -167,7 +182,7 @@ static int run_direct(struct loom_backend_ctx *ctx)
 }
 
 /* Captures the region's calls into a graph, runs it and keeps it. */
-static int capture_and_run(struct loom_backend_ctx *ctx, uint64_t hash)
+static int capture_and_run(struct loom_backend_ctx *ctx)
 {
 	struct gpurt_graph *g = NULL;
 	int rc = rt_failed(ctx, gpurt_capture_begin(ctx->rt));
@@ -189,26 +204,25 @@ static int capture_and_run(struct loom_backend_ctx *ctx, uint64_t hash)
 		return rc;
 	}
 	ctx->n_captured++;
-	graph_keep(ctx, hash, g);
+	graph_keep(ctx, g);
 	return LOOM_OK;
 }
 
 static int region_run(struct loom_backend_ctx *ctx)
 {
-	uint64_t hash;
 	struct graph_entry *e;
 
 	if (!ctx->graphs_on)
 		return run_direct(ctx);
-	hash = region_hash(ctx);
-	e = graph_find(ctx, hash);
+	e = graph_find(ctx);
 	if (e) {
 		e->last_use = ++ctx->tick;
+		ctx->last = e;
 		ctx->n_replayed++;
 		return rt_failed(ctx, gpurt_graph_launch(ctx->rt, e->graph));
 	}
-	if (seen_before(ctx, hash))
-		return capture_and_run(ctx, hash);
+	if (seen_before(ctx, region_hash(ctx)))
+		return capture_and_run(ctx);
 	return run_direct(ctx);
 }
 
