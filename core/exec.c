@@ -22,7 +22,14 @@ struct loom_exec {
 	int32_t *host_in[IN_COUNT]; /* within host_inputs, laid out as on the device */
 	int32_t *host_inputs;
 	size_t in_count[IN_COUNT];
+	int64_t table_stride; /* this step's block-table row length */
 };
+
+/* Block-table rows are this many blocks long or a multiple of it: short
+ * enough to keep a step's table small, long enough that the row length
+ * (an attention argument) changes rarely, since a backend that captures
+ * steps as graphs recaptures when any argument changes. */
+#define TABLE_STRIDE_STEP 64
 
 /* Adds n bytes (rounded to 64) to *total; false on overflow. */
 static bool add_size(size_t *total, size_t count, size_t elem)
@@ -142,6 +149,19 @@ void loom_exec_free(struct loom_exec *e)
 	free(e);
 }
 
+/* The longest block list in the batch, rounded up to TABLE_STRIDE_STEP
+ * and at most the cache's block count (a sequence never holds more). */
+static int64_t table_stride(const struct loom_exec *e, const struct loom_batch *b)
+{
+	int64_t longest = 1, stride;
+
+	for (int32_t s = 0; s < b->n_seqs; s++)
+		if (b->seqs[s]->n_blocks > longest)
+			longest = b->seqs[s]->n_blocks;
+	stride = (longest + TABLE_STRIDE_STEP - 1) / TABLE_STRIDE_STEP * TABLE_STRIDE_STEP;
+	return stride < e->kv->n_blocks ? stride : e->kv->n_blocks;
+}
+
 /* Checks the batch against the limits and the cache; fills host inputs. */
 static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		   size_t errlen)
@@ -169,11 +189,17 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		}
 	}
 	memcpy(e->host_in[IN_TOKENS], b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
+	e->table_stride = table_stride(e, b);
 	for (s = 0; s < b->n_seqs; s++) {
 		const struct loom_kv_seq *seq = b->seqs[s];
 		int32_t q_len = b->q_start[s + 1] - b->q_start[s];
 		int64_t kv_len = (int64_t)seq->n_tokens + q_len;
 
+		if (seq->n_blocks > e->table_stride) {
+			loom_seterr(err, errlen, "batch: sequence %d holds %d blocks of a %lld-block cache",
+				s, seq->n_blocks, (long long)e->kv->n_blocks);
+			return -1;
+		}
 		if (q_len <= 0 || kv_len > (int64_t)seq->n_blocks * e->kv->block_size) {
 			loom_seterr(err, errlen, "batch: sequence %d has %d new tokens and room for %lld",
 				s, q_len, (long long)seq->n_blocks * e->kv->block_size - seq->n_tokens);
@@ -186,7 +212,7 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		}
 		e->host_in[IN_QSTART][s] = b->q_start[s];
 		e->host_in[IN_KVLEN][s] = (int32_t)kv_len;
-		memcpy(e->host_in[IN_BLOCKS] + (size_t)s * (size_t)e->kv->n_blocks,
+		memcpy(e->host_in[IN_BLOCKS] + (size_t)s * (size_t)e->table_stride,
 		       seq->blocks, sizeof(int32_t) * (size_t)seq->n_blocks);
 	}
 	e->host_in[IN_QSTART][b->n_seqs] = b->n_tokens;
@@ -198,7 +224,7 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 {
 	const struct loom_backend *be = e->m->be;
-	size_t blocks = (size_t)b->n_seqs * (size_t)e->kv->n_blocks * sizeof(int32_t);
+	size_t blocks = (size_t)b->n_seqs * (size_t)e->table_stride * sizeof(int32_t);
 	size_t bytes = (size_t)((char *)e->host_in[IN_BLOCKS] - (char *)e->host_inputs) + blocks;
 
 	return be->ops->upload(be->ctx, e->in[0], e->host_inputs, bytes);
@@ -260,7 +286,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.kcache = loom_kv_k(e->kv, nd->layer), .vcache = loom_kv_v(e->kv, nd->layer),
 		.n_seqs = b->n_seqs, .n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv,
 		.head_dim = hp->head_dim, .block_size = e->kv->block_size,
-		.max_blocks = e->kv->n_blocks,
+		.max_blocks = e->table_stride,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[IN_BLOCKS],
 		.scale = 1.0f / sqrtf((float)hp->head_dim),
