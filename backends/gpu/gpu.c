@@ -400,7 +400,10 @@ enum gemm_elem { ELEM_F32, ELEM_F16, ELEM_BF16 };
 
 /* f32 weights, LOOM_GPU_GEMM=f32 and builds without BLAS: f32; bf16
  * weights: bf16 tensor cores; f16 and quantized weights: f16 tensor
- * cores (a quantized block's scale times a small integer fits f16). */
+ * cores. A dequantized weight (scale x quant, + min) is rounded to f16
+ * (about 2^-11 relative), like the activations: within the conformance
+ * tolerances (1e-5 f16, 5e-4 quantized), and the reason LOOM_GPU_GEMM=f32
+ * exists. */
 static enum gemm_elem gemm_elem(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	if (!ctx->half_gemm || a->w_type == LOOM_TYPE_F32)

@@ -6,7 +6,7 @@
  *
  * Warp width: 32 on NVIDIA and on RDNA (gfx1100, wave32 by default), 64 on
  * CDNA (gfx90a, gfx942). GPU_WARP is a compile-time constant of the device
- * pass (clang defines __AMDGCN_WAVEFRONT_SIZE per offload target), so each
+ * pass (from the offload target's family macro, see below), so each
  * target's reductions are unrolled for its own width. Launch sizes used by
  * kernels.cu are multiples of 64, so they hold whole warps on every target
  * and the host never needs to know the width.
@@ -73,8 +73,22 @@ typedef hipGraphExec_t gpuGraphExec_t;
 #define gpuGraphExecDestroy hipGraphExecDestroy
 #define gpuGraphDestroy hipGraphDestroy
 
-#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
-#define GPU_WARP __AMDGCN_WAVEFRONT_SIZE
+/* The width follows the offload target: RDNA (gfx10, gfx11, gfx12) runs
+ * wave32 by default, GCN/CDNA (gfx9: gfx90a, gfx942) wave64. Read from the
+ * target's family macro because clang 20 deprecates, and clang 22 drops,
+ * __AMDGCN_WAVEFRONT_SIZE; where that macro is still quiet (clang < 20) it
+ * must agree. */
+#if defined(__HIP_DEVICE_COMPILE__)
+#if defined(__GFX10__) || defined(__GFX11__) || defined(__GFX12__)
+#define GPU_WARP 32
+#else
+#define GPU_WARP 64
+#endif
+#if __clang_major__ < 20 /* nested: clang 20 warns on defined() of it too */
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+static_assert(GPU_WARP == __AMDGCN_WAVEFRONT_SIZE, "GPU_WARP disagrees with the target");
+#endif
+#endif
 #else
 #define GPU_WARP 64 /* host pass: only used for sizing, never for launches */
 #endif

@@ -56,7 +56,7 @@ static void entry_clear(struct loom_backend_ctx *ctx, struct graph_entry *e)
 {
 	if (ctx->last == e)
 		ctx->last = NULL;
-	gpurt_graph_free(e->graph);
+	gpurt_graph_free(ctx->rt, e->graph);
 	free(e->calls);
 	free(e->plans);
 	memset(e, 0, sizeof(*e));
@@ -162,7 +162,7 @@ static void graph_keep(struct loom_backend_ctx *ctx, struct gpurt_graph *g)
 	e->calls = malloc(cb);
 	e->plans = malloc(pb);
 	if (!e->calls || !e->plans) { /* not kept: the step has run all the same */
-		gpurt_graph_free(g);
+		gpurt_graph_free(ctx->rt, g);
 		entry_clear(ctx, e);
 		return;
 	}
@@ -200,7 +200,7 @@ static int capture_and_run(struct loom_backend_ctx *ctx)
 	}
 	rc = rt_failed(ctx, gpurt_graph_launch(ctx->rt, g));
 	if (rc) {
-		gpurt_graph_free(g);
+		gpurt_graph_free(ctx->rt, g);
 		return rc;
 	}
 	ctx->n_captured++;

@@ -64,12 +64,12 @@ int gpurt_sync(struct gpurt *rt);
  * the stream is recorded, not run. capture_end always ends the capture;
  * with keep it yields the recorded graph (an error if the capture failed),
  * without it discards whatever was recorded. graph_launch queues one run
- * of a graph. */
+ * of a graph; graph_free waits for queued work first. */
 struct gpurt_graph;
 int gpurt_capture_begin(struct gpurt *rt);
 int gpurt_capture_end(struct gpurt *rt, bool keep, struct gpurt_graph **out);
 int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g);
-void gpurt_graph_free(struct gpurt_graph *g);
+void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g);
 
 /* Weight formats the kernels decode (f32, f16, bf16, q8_0, q4_0, q4_1,
  * q5_0, q5_1), with their block geometry. */

@@ -339,10 +339,13 @@ extern "C" int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g)
 	return launched(rt, "graph");
 }
 
-extern "C" void gpurt_graph_free(struct gpurt_graph *g)
+/* Waits first: CUDA defers destroying a graph still running, older HIP
+ * documents no such promise. */
+extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 {
 	if (!g)
 		return;
+	drain(rt);
 	(void)gpuGraphExecDestroy(g->exec);
 	free(g);
 }

@@ -189,6 +189,9 @@ struct loom_rope_args {
  *
  * kv_write: for t < n_tokens, copy k[t] (row stride k_stride floats) to
  * kcache slot slots[t], and v[t] likewise. slots is a device int32 array.
+ * Slots are meant to be distinct: where one repeats, that slot ends up
+ * holding one of its rows, unspecified which (device backends write the
+ * rows in parallel).
  */
 struct loom_kv_write_args {
 	uint32_t struct_size;
