@@ -23,12 +23,15 @@
 static struct gguf_file *gf;
 static struct loom_model *model;
 
-/* Deterministic pseudo-random prompt of n token ids (plain vocabulary). */
+/* Deterministic pseudo-random prompt of n token ids (plain vocabulary:
+ * from id 200, at most 40000 ids, fewer for a small synthetic model). */
 static void make_prompt(int32_t *p, int n, uint32_t seed)
 {
+	uint32_t span = model->hp.n_vocab > 40200 ? 40000 : (uint32_t)(model->hp.n_vocab - 200);
+
 	for (int i = 0; i < n; i++) {
 		seed = seed * 1664525u + 1013904223u;
-		p[i] = 200 + (int32_t)((seed >> 8) % 40000);
+		p[i] = 200 + (int32_t)((seed >> 8) % span);
 	}
 }
 
