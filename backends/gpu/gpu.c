@@ -256,7 +256,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, prefill GEMM %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
-		ctx->half_gemm ? "f16 tensor cores (f32 for f32/bf16 weights)" : "f32 BLAS",
+		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off");
 	*out = ctx;
 	return LOOM_OK;

@@ -193,10 +193,15 @@ static int capture_and_run(struct loom_backend_ctx *ctx)
 			rc = LOOM_ERR_DEVICE;
 	}
 	if (rc || !g) {
-		gpu_log(ctx->host, LOOM_LOG_WARN,
-			GPU_BACKEND_NAME ": step capture failed; running steps without graphs");
-		ctx->graphs_on = false;
-		return run_direct(ctx);
+		/* a call that fails directly too failed the capture by itself;
+		 * otherwise the runtime refused the capture: no more graphs */
+		rc = run_direct(ctx);
+		if (!rc) {
+			gpu_log(ctx->host, LOOM_LOG_WARN, GPU_BACKEND_NAME
+				": step capture failed; running steps without graphs");
+			ctx->graphs_on = false;
+		}
+		return rc;
 	}
 	rc = rt_failed(ctx, gpurt_graph_launch(ctx->rt, g));
 	if (rc) {
