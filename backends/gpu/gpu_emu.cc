@@ -746,10 +746,14 @@ gpuError_t gpuStreamSynchronize(gpuStream_t s)
 
 /* ---- graphs ---- */
 
+/* LOOM_GPUEMU_CAPTURE=0 refuses every capture, so that a backend's path
+ * for a runtime that cannot capture can be tested. */
 gpuError_t gpuStreamBeginCapture(gpuStream_t s)
 {
 	if (!s || s->capturing)
 		return emuErrorInvalidValue;
+	if (env_long("LOOM_GPUEMU_CAPTURE", 1) == 0)
+		return emuErrorStreamCaptureUnsupported;
 	s->capturing = true;
 	s->invalidated = false;
 	s->work.clear();

@@ -35,7 +35,8 @@
  *
  * Environment: LOOM_GPUEMU_DEVICES=0 makes the runtime report no device
  * (to test refusal at load); LOOM_GPUEMU_MEM_MB caps device memory;
- * LOOM_GPUEMU_THREADS sets the number of OS threads running blocks.
+ * LOOM_GPUEMU_THREADS sets the number of OS threads running blocks;
+ * LOOM_GPUEMU_CAPTURE=0 refuses stream capture.
  */
 #ifndef LOOM_GPU_EMU_H
 #define LOOM_GPU_EMU_H
