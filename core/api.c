@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "gguf.h"
-#include "sampler.h"
-#include "session.h"
-#include "spec.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "engine/spec.h"
+#include "text/tokenizer.h"
 
 struct loom_engine {
 	struct gguf_file *f;

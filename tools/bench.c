@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "gguf.h"
-#include "session.h"
+#include "format/gguf.h"
+#include "engine/session.h"
 
 static double now_s(void)
 {

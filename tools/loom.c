@@ -6,12 +6,12 @@
 
 #include "bench.h"
 #include "loom.h"
-#include "gguf.h"
-#include "info.h"
+#include "format/gguf.h"
+#include "format/info.h"
 #include "loom_config.h"
 #include "options.h"
 #include "serve.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #define ERRLEN 4096
 

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "sampler.h"
+#include "engine/sampler.h"
 
 struct loom_options {
 	char backend[4096];

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_loader.h"
+#include "plugin/backend_loader.h"
 
 #define VOCAB 50
 #define D 64        /* model width */

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend_loader.h"
+#include "plugin/backend_loader.h"
 
 #define TB_MAX_BUFS 64
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-checks core/gguf.c (through gguf_dump) against the gguf Python
+"""Cross-checks core/format/gguf.c (through gguf_dump) against the gguf Python
 package's GGUFReader on the real model and the vocab-only files: header,
 every key (type, element type, count, scalar value, every array element)
 and every tensor (name, type, shape, offset, byte size). Also compares the

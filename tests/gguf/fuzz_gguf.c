@@ -1,7 +1,7 @@
 /* libFuzzer target for gguf_open_memory (not built by meson):
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iinclude \
- *         tests/gguf/fuzz_gguf.c core/gguf.c -o fuzz_gguf
+ *         tests/gguf/fuzz_gguf.c core/format/gguf.c -o fuzz_gguf
  *   ./fuzz_gguf -max_total_time=60 CORPUS_DIR
  *
  * An accepted file has every key, string, array and tensor touched so a
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 
 static unsigned touch(const struct gguf_file *f)
 {

@@ -1,4 +1,4 @@
-/* gguf_dump: prints what core/gguf.c reads from a GGUF file, one record a
+/* gguf_dump: prints what core/format/gguf.c reads from a GGUF file, one record a
  * line, for compare_gguf.py to check against the gguf Python package.
  *
  *   gguf_dump FILE    H version n_kv n_tensors data_offset alignment
@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 
 static void hex(const struct gguf_str *s)
 {

@@ -1,4 +1,4 @@
-/* Tests for core/gguf.c and core/info.c.
+/* Tests for core/format/gguf.c and core/format/info.c.
  *
  *   test_gguf          unit tests over GGUF files built in memory
  *   test_gguf model    checks against the real model ($LOOM_MODEL) and the
@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "info.h"
+#include "format/gguf.h"
+#include "format/info.h"
 
 /* ---- a small GGUF writer ---- */
 

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_loader.h"
-#include "kv.h"
+#include "plugin/backend_loader.h"
+#include "engine/kv.h"
 
 static struct loom_backend *be;
 

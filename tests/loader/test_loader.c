@@ -1,4 +1,4 @@
-/* Tests for core/backend_loader.c: every refusal names the file and the
+/* Tests for core/plugin/backend_loader.c: every refusal names the file and the
  * reason, refused backends never get create() called, a good one loads,
  * bare names resolve through $LOOM_BACKEND_PATH, and quant plugins are
  * checked the same way. The shared objects come from fake_backend.c and
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend_loader.h"
+#include "plugin/backend_loader.h"
 
 static const char *mod_dir;
 

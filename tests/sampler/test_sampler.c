@@ -1,4 +1,4 @@
-/* Unit tests for core/sampler.c. Expected values are hand-computed or come
+/* Unit tests for core/engine/sampler.c. Expected values are hand-computed or come
  * from a plain reference (softmax + qsort) written here, never from the
  * sampler itself. */
 #include <check.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sampler.h"
+#include "engine/sampler.h"
 
 static struct loom_sampler_params params(float temp, uint64_t seed)
 {

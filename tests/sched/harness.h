@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "scheduler.h"
+#include "engine/scheduler.h"
 
 #define MAX_GEN 160
 

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_loader.h"
-#include "kv.h"
+#include "plugin/backend_loader.h"
+#include "engine/kv.h"
 
 #define LAYERS 2
 #define KV_DIM 4

@@ -15,9 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 #include "harness.h"
-#include "scheduler.h"
+#include "engine/scheduler.h"
 
 
 static struct gguf_file *gf;

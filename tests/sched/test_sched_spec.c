@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 #include "harness.h"
-#include "scheduler.h"
-#include "spec.h"
+#include "engine/scheduler.h"
+#include "engine/spec.h"
 
 
 static struct gguf_file *gf;

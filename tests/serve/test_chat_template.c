@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat_template.h"
+#include "text/chat_template.h"
 
 static const struct loom_chat_msg conv[] = {
 	{ "system", "Be brief." },

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "loom.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 static const char *model, *fake_dir, *other_vocab;
 #define PROMPT "abcabcabcabcabc abc abc abcabcabc"

@@ -1,4 +1,4 @@
-/* test_tokenizer.c: core/tokenizer.c against independent references.
+/* test_tokenizer.c: core/text/tokenizer.c against independent references.
  *
  * usage: test_tokenizer unit
  *        test_tokenizer vectors
@@ -23,8 +23,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 #define SEP "\n__ggml_vocab_test__\n"
 #define MAX_IDS 4096

@@ -18,15 +18,15 @@
 #include <stdint.h>
 
 
-#include "chat_template.h"
-#include "gguf.h"
-#include "model.h"
+#include "text/chat_template.h"
+#include "format/gguf.h"
+#include "model/model.h"
 #include "options.h"
-#include "sampler.h"
-#include "scheduler.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "util.h"
-#include "spec.h"
-#include "tokenizer.h"
+#include "engine/spec.h"
+#include "text/tokenizer.h"
 
 #define SRV_MAX_N 8     /* choices per request */
 #define SRV_MAX_STOP 4  /* stop strings per request */

@@ -13,7 +13,7 @@
  * the buffer. Counts are checked against the bytes that remain before any
  * allocation, so allocations stay proportional to the file size.
  */
-#include "gguf.h"
+#include "format/gguf.h"
 #include "util.h"
 
 #include <errno.h>

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../graph.h"
+#include "model/graph.h"
 
 struct builder {
 	struct loom_node *nodes;

@@ -1,5 +1,5 @@
 /* Chat templates: family detection and rendering (see chat_template.h). */
-#include "chat_template.h"
+#include "text/chat_template.h"
 #include "util.h"
 
 #include <stdint.h>

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend_loader.h"
+#include "plugin/backend_loader.h"
 
 struct loom_kv {
 	struct loom_backend *be;

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 
 struct loom_tokenizer;
 

@@ -1,5 +1,5 @@
 /* Model loading: hyperparameters and weights from GGUF onto a backend. */
-#include "model.h"
+#include "model/model.h"
 #include "util.h"
 
 #include <math.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "graph.h"
+#include "model/graph.h"
 
 /* Reads "<arch>.<suffix>" as an integer; `def` < 0 means required. */
 static int get_arch_int(const struct gguf_file *f, const char *arch,

@@ -7,14 +7,14 @@
  * thread that calls loom_sched_step; callbacks run there, with no lock
  * held, so they may call submit or cancel.
  */
-#include "scheduler.h"
+#include "engine/scheduler.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec.h"
+#include "engine/spec.h"
 #include "util.h"
 
 #define DEFAULT_KV_BYTES (256ull << 20)

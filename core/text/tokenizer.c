@@ -21,7 +21,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 #include "util.h"
 
 #include <pcre2.h>

@@ -1,6 +1,6 @@
 /* Paged KV cache: block pool, per-sequence block tables, copy-on-write
  * and the prefix cache (hash table + LRU list of unreferenced blocks). */
-#include "kv.h"
+#include "engine/kv.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -27,7 +27,7 @@
  * the tokens in its cache and, per request, rolls it back to the longest
  * prefix it shares with the sequence asked for.
  */
-#include "spec.h"
+#include "engine/spec.h"
 #include "util.h"
 
 #include <dlfcn.h>
@@ -41,7 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 #include "loom_config.h"
 
 #define SPEC_MAX_DRAFT_LIMIT 64

@@ -8,9 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend_loader.h"
-#include "gguf.h"
-#include "kv.h"
+#include "plugin/backend_loader.h"
+#include "format/gguf.h"
+#include "engine/kv.h"
 
 enum loom_arch { LOOM_ARCH_LLAMA, LOOM_ARCH_QWEN2 };
 

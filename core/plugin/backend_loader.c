@@ -1,5 +1,5 @@
 /* Backend and quantization-plugin loading (see backend_loader.h). */
-#include "backend_loader.h"
+#include "plugin/backend_loader.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -75,24 +75,30 @@ static bool search_list(const char *list, const char *name, char *out, size_t ca
 	return each_dir(list, search_dir, &s) == 1;
 }
 
-/* "cpu.so" -> "cpu": the build tree keeps each backend in its own folder. */
-static void name_stem(const char *name, char *stem, size_t cap)
+/* The build tree keeps each backend in a folder of build/backends/
+ * (cpu.so in cpu/, gpuemu64.so beside gpuemu.so in gpuemu/): look in each. */
+static bool search_build_tree(const char *name, char *out, size_t cap)
 {
-	size_t len = strlen(name);
+	char dir[4096];
+	struct dirent *de;
+	DIR *d = opendir(LOOM_BUILD_ROOT "/backends");
+	bool found = false;
 
-	if (len > 3 && strcmp(name + len - 3, ".so") == 0)
-		len -= 3;
-	if (len >= cap)
-		len = cap - 1;
-	memcpy(stem, name, len);
-	stem[len] = '\0';
+	if (!d)
+		return false;
+	while (!found && (de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(dir, sizeof(dir), "%s/backends/%s", LOOM_BUILD_ROOT, de->d_name);
+		found = join_path(out, cap, dir, name) && is_file(out);
+	}
+	closedir(d);
+	return found;
 }
 
 int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 			 size_t errlen)
 {
-	char dir[4096], stem[256];
-
 	if (!name || !*name) {
 		loom_seterr(err, errlen, "backend: empty name");
 		return -1;
@@ -106,15 +112,13 @@ int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 	}
 	if (search_list(getenv("LOOM_BACKEND_PATH"), name, path, cap))
 		return 0;
-	name_stem(name, stem, sizeof(stem));
-	snprintf(dir, sizeof(dir), "%s/backends/%s", LOOM_BUILD_ROOT, stem);
-	if (join_path(path, cap, dir, name) && is_file(path))
+	if (search_build_tree(name, path, cap))
 		return 0;
 	if (join_path(path, cap, LOOM_INSTALL_BACKENDS, name) && is_file(path))
 		return 0;
 	loom_seterr(err, errlen,
-		"backend %s: not found in $LOOM_BACKEND_PATH, %s/backends/%s/ or %s/",
-		name, LOOM_BUILD_ROOT, stem, LOOM_INSTALL_BACKENDS);
+		"backend %s: not found in $LOOM_BACKEND_PATH, %s/backends/*/ or %s/",
+		name, LOOM_BUILD_ROOT, LOOM_INSTALL_BACKENDS);
 	return -1;
 }
 

@@ -15,10 +15,10 @@
 #include <stdint.h>
 
 #include "loom/spec.h"
-#include "model.h"
-#include "sampler.h"
-#include "session.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "text/tokenizer.h"
 
 struct loom_spec_config {
 	const char *plugin;      /* name or path; NULL/""/"none": off */

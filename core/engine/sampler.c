@@ -15,7 +15,7 @@
  * Logits that are NaN count as -inf. When the largest logit is not finite
  * (+inf, or every logit -inf/NaN) the sampler returns the greedy choice.
  */
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "model/model.h"
 
 /* Builds m->nodes for m->hp.arch once, after the weights are loaded. */
 int loom_graph_build(struct loom_model *m, char *err, size_t errlen);

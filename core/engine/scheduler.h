@@ -31,11 +31,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "engine/sampler.h"
+#include "text/tokenizer.h"
 
-struct loom_spec_kind; /* core/spec.h */
+struct loom_spec_kind; /* core/engine/spec.h */
 
 struct loom_sched_config {
 	int32_t block_size;     /* tokens per KV block (default 16) */
@@ -108,7 +108,7 @@ struct loom_sched_request {
 	loom_sched_cb cb;
 	void *user;
 	/* ---- appended (specserve) ---- */
-	/* Speculative decoding with this strategy (core/spec.h), NULL: none.
+	/* Speculative decoding with this strategy (core/engine/spec.h), NULL: none.
 	 * Borrowed: must outlive the request. Greedy output is token for token
 	 * the plain output (bitwise logits with a batch-invariant backend);
 	 * sampled output has the plain distribution, from its own random

@@ -1,5 +1,5 @@
 /* Single-sequence session over the paged KV cache. */
-#include "session.h"
+#include "engine/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * ...). Each is printed with whatever type the file uses; missing keys are
  * left out, so vocab-only files and unknown architectures still print.
  */
-#include "info.h"
+#include "format/info.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 
 /* Architecture-relative hyperparameter keys and their labels. */
 static const struct {
