@@ -20,6 +20,30 @@ extern "C" {
 
 struct loom_engine;
 
+/*
+ * Sampling, the same for every entry point (loom run, loom serve, this
+ * API). Applied in this order: repetition / presence / frequency penalties
+ * over the last penalty_last_n tokens; temp <= 0: greedy argmax (ties to
+ * the lowest id), done; top-k; softmax at temp; top-p; min-p; a draw from
+ * the seeded generator. The same seed, logits and history give the same
+ * token.
+ */
+struct loom_sampler_params {
+	float temp;              /* <= 0: greedy */
+	int32_t top_k;           /* <= 0: off */
+	float top_p;             /* in (0, 1]; 1: off */
+	float min_p;             /* <= 0: off */
+	float repeat_penalty;    /* 1: off */
+	float presence_penalty;  /* 0: off */
+	float frequency_penalty; /* 0: off */
+	int32_t penalty_last_n;  /* history window for the penalties; 0: off */
+	uint64_t seed;
+};
+
+/* The defaults everywhere: temp 0.8, top_k 40, top_p 0.95, min_p 0.05,
+ * penalties off (window 64), seed 0. */
+void loom_sampler_defaults(struct loom_sampler_params *p);
+
 struct loom_engine_params {
 	uint32_t struct_size;
 	const char *model;   /* GGUF file */

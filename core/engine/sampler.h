@@ -17,19 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct loom_sampler_params {
-	float temp;           /* <= 0: greedy */
-	int32_t top_k;        /* <= 0: off */
-	float top_p;          /* in (0, 1]; 1: off */
-	float min_p;          /* <= 0: off */
-	float repeat_penalty; /* 1: off */
-	float presence_penalty;  /* 0: off */
-	float frequency_penalty; /* 0: off */
-	int32_t penalty_last_n;  /* window of history for penalties; 0: off */
-	uint64_t seed;
-};
+#include "loom.h"
 
-void loom_sampler_defaults(struct loom_sampler_params *p);
+/* struct loom_sampler_params and loom_sampler_defaults are public (loom.h). */
 
 struct loom_sampler;
 /* NULL on allocation failure or invalid params (err gets the reason). */
