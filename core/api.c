@@ -1,135 +1,75 @@
-/* The public API (include/loom.h) over the core's internals. */
+/* The public API (include/loom.h) over the core's internals.
+ *
+ * An engine is a model, its tokenizer, the speculative strategies it
+ * offers and one continuous-batching scheduler. Every generation is a
+ * scheduler request: loom_generate submits one and steps the scheduler on
+ * the caller's thread; a server submits from many threads and runs
+ * loom_engine_run on one engine thread.
+ */
 #include "loom.h"
 #include "util.h"
 
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "format/gguf.h"
-#include "engine/sampler.h"
-#include "engine/session.h"
+#include "engine/scheduler.h"
 #include "engine/spec.h"
+#include "format/gguf.h"
 #include "text/tokenizer.h"
+
+#define MAX_SPEC 8      /* strategies an engine offers */
+#define PIECE_MAX 2048  /* bytes of text one token can decode to */
 
 struct loom_engine {
 	struct gguf_file *f;
 	struct loom_tokenizer *tok;
 	struct loom_model *m;
-	struct loom_session *s;
-	struct loom_spec *spec; /* NULL: plain decoding */
+	struct loom_sched *sched;
+	struct loom_spec_kind *spec[MAX_SPEC];
+	int n_spec;
+	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
+	struct loom_spec_draft_pool *draft_pool;
+	struct loom_sched_config cfg;        /* as the scheduler runs it */
+	char model_name[256];
 };
+
+/* The size of each struct's first generation: anything smaller is refused. */
+#define ENGINE_PARAMS_V1 offsetof(struct loom_engine_params, spec)
+#define GENERATION_PARAMS_V1 sizeof(struct loom_generation_params)
+#define REQUEST_V1 sizeof(struct loom_request)
+
+/*
+ * Copies a caller's parameter struct over defaults: the caller's
+ * struct_size says which fields it knows (an older, smaller struct leaves
+ * the rest at their defaults). 0, or LOOM_ERR_INVALID when it is smaller
+ * than the struct's first generation.
+ */
+static int take_params(void *dst, size_t dst_size, const void *src, size_t v1,
+		       const char *what, char *err, size_t errlen)
+{
+	uint32_t size;
+
+	if (!src) {
+		loom_seterr(err, errlen, "%s: missing", what);
+		return LOOM_ERR_INVALID;
+	}
+	memcpy(&size, src, sizeof(size));
+	if (size < v1) {
+		loom_seterr(err, errlen, "%s: struct_size %u is smaller than any version of the struct (%zu); call its _init function",
+			what, size, v1);
+		return LOOM_ERR_INVALID;
+	}
+	memcpy(dst, src, size < dst_size ? size : dst_size);
+	memcpy(dst, &(uint32_t){ (uint32_t)dst_size }, sizeof(uint32_t));
+	return 0;
+}
 
 void loom_engine_params_init(struct loom_engine_params *p)
 {
 	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so" };
-}
-
-/* The speculative strategy the parameters name, if any. */
-static int open_spec(struct loom_engine *e, const struct loom_engine_params *p,
-		     const struct loom_model_params *mp, char *err, size_t errlen)
-{
-	struct loom_spec_config c;
-	bool off;
-
-	loom_spec_config_defaults(&c);
-	c.plugin = p->spec;
-	if (p->spec_min_draft > 0)
-		c.min_draft = p->spec_min_draft;
-	if (p->spec_max_draft > 0)
-		c.max_draft = p->spec_max_draft;
-	if (c.min_draft > c.max_draft && p->spec_max_draft <= 0)
-		c.max_draft = c.min_draft;
-	if (p->spec_ngram_min > 0)
-		c.ngram_min = p->spec_ngram_min;
-	if (p->spec_ngram_max > 0)
-		c.ngram_max = p->spec_ngram_max;
-	if (c.ngram_min > c.ngram_max && p->spec_ngram_max <= 0)
-		c.ngram_max = c.ngram_min;
-	c.draft_model = p->spec_draft_model;
-	c.layers = p->spec_layers > 0 ? p->spec_layers : 0;
-	e->spec = loom_spec_open(&c, e->s, e->tok, mp, &off, err, errlen);
-	return e->spec || off ? 0 : -1;
-}
-
-struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
-				     char *err, size_t errlen)
-{
-	struct loom_model_params mp = { .backend = p->backend ? p->backend : "cpu.so",
-		.n_threads = p->n_threads, .progress = p->progress };
-	struct loom_engine *e = calloc(1, sizeof(*e));
-	char why[2048];
-	int32_t n_ctx;
-
-	if (!e) {
-		loom_seterr(err, errlen, "out of memory");
-		return NULL;
-	}
-	if (p->struct_size < sizeof(*p) || !p->model) {
-		loom_seterr(err, errlen, "engine parameters: struct_size or model missing");
-		goto out_free;
-	}
-	e->f = gguf_open(p->model, why, sizeof(why));
-	if (!e->f) {
-		loom_seterr(err, errlen, "%s: %s", p->model, why);
-		goto out_free;
-	}
-	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
-	if (!e->tok)
-		goto out_free;
-	e->m = loom_model_load(e->f, &mp, err, errlen);
-	if (!e->m)
-		goto out_free;
-	n_ctx = p->n_ctx > 0 ? p->n_ctx : 4096;
-	if (n_ctx > e->m->hp.n_ctx_train)
-		n_ctx = (int32_t)e->m->hp.n_ctx_train;
-	e->s = loom_session_new(e->m, n_ctx, p->n_batch > 0 ? p->n_batch : 256, err, errlen);
-	if (!e->s || open_spec(e, p, &mp, err, errlen))
-		goto out_free;
-	return e;
-out_free:
-	loom_engine_close(e);
-	return NULL;
-}
-
-void loom_engine_close(struct loom_engine *e)
-{
-	if (!e)
-		return;
-	loom_spec_free(e->spec);
-	loom_session_free(e->s);
-	loom_model_free(e->m);
-	loom_tokenizer_free(e->tok);
-	gguf_close(e->f);
-	free(e);
-}
-
-int32_t loom_engine_n_vocab(const struct loom_engine *e)
-{
-	return (int32_t)e->m->hp.n_vocab;
-}
-
-int32_t loom_engine_n_ctx(const struct loom_engine *e)
-{
-	return e->s->n_ctx;
-}
-
-const char *loom_engine_backend_name(const struct loom_engine *e)
-{
-	return e->m->be->ops->name;
-}
-
-const char *loom_engine_spec_name(const struct loom_engine *e)
-{
-	return e->spec ? loom_spec_name(e->spec) : "none";
-}
-
-int64_t loom_engine_tokenize(const struct loom_engine *e, const char *text,
-			     size_t len, bool add_special, int32_t *out, int64_t cap)
-{
-	return loom_tokenize(e->tok, text, len, add_special, add_special, out, cap);
 }
 
 void loom_generation_params_init(struct loom_generation_params *g)
@@ -147,6 +87,373 @@ void loom_generation_params_init(struct loom_generation_params *g)
 	};
 }
 
+void loom_request_init(struct loom_request *r)
+{
+	*r = (struct loom_request){ .struct_size = sizeof(*r) };
+	loom_sampler_defaults(&r->sampling);
+}
+
+/* ---- opening ---- */
+
+/* Strategy defaults from the engine parameters. */
+static void spec_config(const struct loom_engine_params *p, struct loom_spec_config *c)
+{
+	loom_spec_config_defaults(c);
+	if (p->spec_min_draft > 0)
+		c->min_draft = p->spec_min_draft;
+	if (p->spec_max_draft > 0)
+		c->max_draft = p->spec_max_draft;
+	if (c->min_draft > c->max_draft && p->spec_max_draft <= 0)
+		c->max_draft = c->min_draft;
+	if (p->spec_ngram_min > 0)
+		c->ngram_min = p->spec_ngram_min;
+	if (p->spec_ngram_max > 0)
+		c->ngram_max = p->spec_ngram_max;
+	if (c->ngram_min > c->ngram_max && p->spec_ngram_max <= 0)
+		c->ngram_max = c->ngram_min;
+	c->draft_model = p->spec_draft_model;
+	c->layers = p->spec_layers > 0 ? p->spec_layers : 0;
+}
+
+static struct loom_spec_kind *find_spec(const struct loom_engine *e, const char *name)
+{
+	size_t len = strlen(name);
+
+	if (len > 3 && !strcmp(name + len - 3, ".so"))
+		len -= 3;
+	for (int i = 0; i < e->n_spec; i++) {
+		const char *k = loom_spec_kind_name(e->spec[i]);
+
+		if (strlen(k) == len && !strncmp(k, name, len))
+			return e->spec[i];
+	}
+	return NULL;
+}
+
+static int load_one_spec(struct loom_engine *e, const char *name,
+			 const struct loom_spec_config *c, char *err, size_t errlen)
+{
+	struct loom_spec_kind *k;
+
+	if (e->n_spec == MAX_SPEC) {
+		loom_seterr(err, errlen, "spec: at most %d strategies", MAX_SPEC);
+		return LOOM_ERR_INVALID;
+	}
+	/* the scheduler runs the early-exit model (layerskip), spec.c the
+	 * draft model (draft.so) */
+	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab, e->m->hp.n_layer,
+				       e->draft_pool, err, errlen);
+	if (!k)
+		return LOOM_ERR_INVALID;
+	if (find_spec(e, loom_spec_kind_name(k))) {
+		loom_seterr(err, errlen, "spec: strategy '%s' (%s) is listed twice",
+			    loom_spec_kind_name(k), loom_spec_kind_path(k));
+		loom_spec_kind_free(k);
+		return LOOM_ERR_INVALID;
+	}
+	e->spec[e->n_spec++] = k;
+	return 0;
+}
+
+/* The draft model of p->spec_draft_model, with as many cache tokens as
+ * the target's sequences can hold. */
+static int open_draft_pool(struct loom_engine *e, const struct loom_engine_params *p,
+			   const struct loom_model_params *mp, char *err, size_t errlen)
+{
+	int64_t blocks = ((int64_t)e->cfg.max_ctx + 15) / 16 * e->cfg.max_seqs;
+
+	if (p->kv_bytes > 0)
+		blocks = loom_sched_plan_blocks(e->m, 16, (uint64_t)p->kv_bytes);
+	e->draft_pool = loom_spec_draft_pool_open(p->spec_draft_model, e->tok, mp,
+						  e->cfg.max_ctx, blocks, err, errlen);
+	return e->draft_pool ? 0 : LOOM_ERR_INVALID;
+}
+
+/* Loads the strategies of p->spec (comma-separated) and picks the default. */
+static int load_specs(struct loom_engine *e, const struct loom_engine_params *p,
+		      const struct loom_model_params *mp, char *err, size_t errlen)
+{
+	const char *def = p->spec_default;
+	struct loom_spec_config c;
+	char *list, *save = NULL, *name;
+	int rc = 0;
+
+	if (!p->spec || !p->spec[0] || !strcmp(p->spec, "none"))
+		return 0;
+	spec_config(p, &c);
+	if (p->spec_draft_model && (rc = open_draft_pool(e, p, mp, err, errlen)))
+		return rc;
+	list = strdup(p->spec);
+	if (!list) {
+		loom_seterr(err, errlen, "out of memory");
+		return LOOM_ERR_NOMEM;
+	}
+	for (name = strtok_r(list, ",", &save); name && !rc; name = strtok_r(NULL, ",", &save))
+		if (name[0] && strcmp(name, "none"))
+			rc = load_one_spec(e, name, &c, err, errlen);
+	free(list);
+	if (rc || (def && !strcmp(def, "none")))
+		return rc;
+	e->spec_default = def ? find_spec(e, def) : e->n_spec ? e->spec[0] : NULL;
+	if (def && !e->spec_default) {
+		loom_seterr(err, errlen, "spec default %s: not among the strategies loaded (%s)",
+			    def, p->spec);
+		return LOOM_ERR_INVALID;
+	}
+	return 0;
+}
+
+/* Context per sequence: n_ctx, or min(4096, trained). */
+static int32_t context_size(const struct loom_model *m, int32_t n_ctx)
+{
+	int64_t train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 4096;
+
+	if (n_ctx <= 0)
+		n_ctx = 4096;
+	return n_ctx > train ? (int32_t)train : n_ctx;
+}
+
+/* The scheduler's configuration from the engine parameters. */
+static void sched_config(struct loom_engine *e, const struct loom_engine_params *p)
+{
+	struct loom_sched_config *c = &e->cfg;
+	int64_t per_seq;
+
+	loom_sched_config_defaults(c);
+	c->block_size = p->block_size > 0 ? p->block_size : 16;
+	c->max_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
+	c->max_ctx = context_size(e->m, p->n_ctx);
+	c->max_batch_tokens = p->n_batch > 0 ? p->n_batch : 256;
+	if (c->max_batch_tokens > c->max_ctx)
+		c->max_batch_tokens = c->max_ctx;
+	if (c->max_batch_tokens < c->max_seqs)
+		c->max_batch_tokens = c->max_seqs;
+	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
+	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
+	c->tokenizer = e->tok;
+	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
+	/* each sequence a whole context, and one spare block for a copy */
+	per_seq = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size;
+	c->n_blocks = per_seq * c->max_seqs + 1;
+	if (p->kv_bytes > 0)
+		c->n_blocks = loom_sched_plan_blocks(e->m, c->block_size, (uint64_t)p->kv_bytes);
+}
+
+/* Logits rows for drafts: every sequence drafting its strategy's most. */
+static void spec_rows(struct loom_engine *e)
+{
+	struct loom_sched_config *c = &e->cfg;
+
+	c->spec_rows = 0;
+	for (int i = 0; i < e->n_spec; i++) {
+		int64_t rows = (int64_t)c->max_seqs * loom_spec_kind_max_draft(e->spec[i]);
+
+		if (rows > c->spec_rows)
+			c->spec_rows = rows > c->max_batch_tokens ? c->max_batch_tokens : (int32_t)rows;
+	}
+}
+
+static void set_model_name(struct loom_engine *e, const char *path)
+{
+	char *name = NULL, why[64];
+	const char *base = strrchr(path, '/');
+
+	if (gguf_get_str(e->f, "general.name", &name, why, sizeof(why)) == 0 && name && name[0])
+		snprintf(e->model_name, sizeof(e->model_name), "%s", name);
+	else
+		snprintf(e->model_name, sizeof(e->model_name), "%s", base ? base + 1 : path);
+	free(name);
+}
+
+static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
+		      const struct loom_model_params *mp, char *err, size_t errlen)
+{
+	char why[2048];
+
+	e->f = gguf_open(p->model, why, sizeof(why));
+	if (!e->f) {
+		loom_seterr(err, errlen, "%s: %s", p->model, why);
+		return LOOM_ERR_FORMAT;
+	}
+	set_model_name(e, p->model);
+	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
+	if (!e->tok)
+		return LOOM_ERR_FORMAT;
+	e->m = loom_model_load(e->f, mp, err, errlen);
+	return e->m ? 0 : LOOM_ERR_INVALID;
+}
+
+struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
+				     char *err, size_t errlen)
+{
+	struct loom_engine_params p;
+	struct loom_model_params mp;
+	struct loom_engine *e;
+
+	loom_engine_params_init(&p);
+	if (take_params(&p, sizeof(p), params, ENGINE_PARAMS_V1, "engine parameters", err, errlen))
+		return NULL;
+	if (!p.model) {
+		loom_seterr(err, errlen, "engine parameters: no model given");
+		return NULL;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e) {
+		loom_seterr(err, errlen, "out of memory");
+		return NULL;
+	}
+	mp = (struct loom_model_params){ .backend = p.backend ? p.backend : "cpu.so",
+		.n_threads = p.n_threads, .progress = p.progress,
+		.backend_flags = p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0 };
+	if (open_model(e, &p, &mp, err, errlen))
+		goto out_close;
+	sched_config(e, &p);
+	if (load_specs(e, &p, &mp, err, errlen))
+		goto out_close;
+	spec_rows(e);
+	e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);
+	if (!e->sched)
+		goto out_close;
+	return e;
+out_close:
+	loom_engine_close(e);
+	return NULL;
+}
+
+void loom_engine_close(struct loom_engine *e)
+{
+	if (!e)
+		return;
+	loom_sched_free(e->sched); /* requests still queued end CANCELLED */
+	for (int i = 0; i < e->n_spec; i++)
+		loom_spec_kind_free(e->spec[i]);
+	loom_spec_draft_pool_free(e->draft_pool);
+	loom_model_free(e->m);
+	loom_tokenizer_free(e->tok);
+	gguf_close(e->f);
+	free(e);
+}
+
+/* ---- queries ---- */
+
+int32_t loom_engine_n_vocab(const struct loom_engine *e)
+{
+	return (int32_t)e->m->hp.n_vocab;
+}
+
+int32_t loom_engine_n_ctx(const struct loom_engine *e)
+{
+	return e->cfg.max_ctx;
+}
+
+const char *loom_engine_backend_name(const struct loom_engine *e)
+{
+	return e->m->be->ops->name;
+}
+
+const char *loom_engine_model_name(const struct loom_engine *e)
+{
+	return e->model_name;
+}
+
+const char *loom_engine_spec_name(const struct loom_engine *e)
+{
+	return e->spec_default ? loom_spec_kind_name(e->spec_default) : "none";
+}
+
+const char *loom_engine_find_spec(const struct loom_engine *e, const char *name)
+{
+	struct loom_spec_kind *k = find_spec(e, name);
+
+	return k ? loom_spec_kind_name(k) : NULL;
+}
+
+const char *loom_engine_spec_at(const struct loom_engine *e, int i)
+{
+	return i >= 0 && i < e->n_spec ? loom_spec_kind_name(e->spec[i]) : NULL;
+}
+
+int64_t loom_engine_tokenize(const struct loom_engine *e, const char *text,
+			     size_t len, bool add_special, int32_t *out, int64_t cap)
+{
+	return loom_tokenize(e->tok, text, len, add_special, add_special, out, cap);
+}
+
+void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
+{
+	const struct loom_hparams *hp = &e->m->hp;
+	struct loom_sched_stats s;
+
+	loom_sched_get_stats(e->sched, &s);
+	*st = (struct loom_engine_stats){
+		.running = s.running, .waiting = s.waiting, .blocks_total = s.blocks_total,
+		.blocks_used = s.blocks_used, .blocks_cached = s.blocks_cached,
+		.block_size = e->cfg.block_size,
+		.kv_bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim,
+					  e->cfg.block_size, e->cfg.n_blocks),
+		.n_ctx = e->cfg.max_ctx, .n_parallel = e->cfg.max_seqs,
+		.prefix_cache = e->cfg.prefix_cache, .prefix_hits = s.prefix_hits,
+		.prefix_lookups = s.prefix_lookups, .preemptions = s.preemptions,
+		.rejected = s.rejected, .cow_copies = s.cow_copies,
+		.prompt_tokens = s.prompt_tokens, .generated_tokens = s.generated_tokens,
+		.steps = s.steps, .spec_steps = s.spec_steps, .spec_drafted = s.spec_drafted,
+		.spec_accepted = s.spec_accepted, .spec_tokens = s.spec_tokens,
+	};
+}
+
+/* ---- requests ---- */
+
+int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t *id,
+		char *err, size_t errlen)
+{
+	struct loom_sched_request sr;
+	struct loom_request r;
+	struct loom_spec_kind *spec = e->spec_default;
+	int rc;
+
+	loom_request_init(&r);
+	rc = take_params(&r, sizeof(r), req, REQUEST_V1, "request", err, errlen);
+	if (rc)
+		return rc;
+	if (r.spec && !strcmp(r.spec, "none"))
+		spec = NULL;
+	else if (r.spec && !(spec = find_spec(e, r.spec))) {
+		loom_seterr(err, errlen, "request: speculative strategy '%s' is not loaded", r.spec);
+		return LOOM_ERR_INVALID;
+	}
+	sr = (struct loom_sched_request){
+		.prompt = r.prompt, .n_prompt = r.n_prompt, .n_predict = r.n_predict,
+		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
+		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
+		.first_logits = r.prompt_logits,
+	};
+	return loom_sched_submit(e->sched, &sr, id, err, errlen);
+}
+
+void loom_cancel(struct loom_engine *e, uint64_t id)
+{
+	loom_sched_cancel(e->sched, id);
+}
+
+int loom_engine_step(struct loom_engine *e)
+{
+	int n = loom_sched_step(e->sched);
+
+	return n < 0 ? LOOM_ERR_DEVICE : n;
+}
+
+void loom_engine_run(struct loom_engine *e)
+{
+	loom_sched_run(e->sched);
+}
+
+void loom_engine_stop(struct loom_engine *e)
+{
+	loom_sched_stop(e->sched);
+}
+
+/* ---- loom_generate: one request, stepped on the caller's thread ---- */
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -155,13 +462,61 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Tokenizes the prompt into a history buffer with room for n_predict more. */
-static int32_t *prompt_history(struct loom_engine *e, const char *prompt, size_t len,
-			       const struct loom_generation_params *g, int64_t *n,
-			       char *err, size_t errlen)
+struct gen {
+	struct loom_engine *e;
+	struct loom_detok dt;
+	loom_token_fn on_token;
+	void *user;
+	int32_t n_predict;     /* the caller's: 0 reports no token */
+	int64_t made;
+	bool stopping;         /* the caller asked to stop: later tokens dropped */
+	bool done;
+	enum loom_finish finish;
+	char error[256];
+	double t_first;        /* when the first token came */
+};
+
+static void gen_token(struct gen *g, const struct loom_event *ev)
+{
+	char piece[PIECE_MAX];
+	int len;
+
+	if (g->made == 0)
+		g->t_first = now_s();
+	if (g->n_predict == 0) { /* only the prompt was wanted */
+		g->stopping = true;
+		loom_cancel(g->e, ev->id);
+		return;
+	}
+	g->made++;
+	len = loom_detokenize(g->e->tok, &g->dt, ev->token, piece, sizeof(piece));
+	if (g->on_token && g->on_token(g->user, ev->token, piece, len > 0 ? (size_t)len : 0)) {
+		g->stopping = true;
+		loom_cancel(g->e, ev->id);
+	}
+}
+
+static void gen_event(void *user, const struct loom_event *ev)
+{
+	struct gen *g = user;
+
+	if (ev->token >= 0 && !g->stopping)
+		gen_token(g, ev);
+	if (ev->finish == LOOM_FINISH_NONE)
+		return;
+	g->done = true;
+	g->finish = ev->finish;
+	if (ev->error)
+		snprintf(g->error, sizeof(g->error), "%s", ev->error);
+}
+
+/* Tokenizes the prompt; checks that it and n_predict fit the context. */
+static int32_t *prompt_tokens(struct loom_engine *e, const char *prompt, size_t len,
+			      const struct loom_generation_params *g, int64_t *n,
+			      char *err, size_t errlen)
 {
 	int64_t need = loom_engine_tokenize(e, prompt, len, g->add_special, NULL, 0);
-	int32_t *hist;
+	int32_t *ids;
 
 	if (need < 0) {
 		loom_seterr(err, errlen, "the prompt could not be tokenized");
@@ -171,144 +526,100 @@ static int32_t *prompt_history(struct loom_engine *e, const char *prompt, size_t
 		loom_seterr(err, errlen, "the prompt is empty after tokenization");
 		return NULL;
 	}
-	if (g->n_predict < 0 || need + g->n_predict > e->s->n_ctx) {
+	if (g->n_predict < 0 || need + g->n_predict > e->cfg.max_ctx) {
 		loom_seterr(err, errlen, "prompt (%lld tokens) + n_predict (%d) exceeds the context (%d)",
-			(long long)need, g->n_predict, e->s->n_ctx);
+			(long long)need, g->n_predict, e->cfg.max_ctx);
 		return NULL;
 	}
-	hist = malloc(sizeof(int32_t) * (size_t)(need + g->n_predict + 1));
-	if (!hist) {
+	ids = malloc(sizeof(int32_t) * (size_t)need);
+	if (!ids) {
 		loom_seterr(err, errlen, "out of memory");
 		return NULL;
 	}
-	*n = loom_engine_tokenize(e, prompt, len, g->add_special, hist, need);
-	return hist;
+	*n = loom_engine_tokenize(e, prompt, len, g->add_special, ids, need);
+	return ids;
 }
 
-static struct loom_sampler *make_sampler(const struct loom_engine *e,
-					 const struct loom_generation_params *g,
-					 char *err, size_t errlen)
+static void generation_request(const struct loom_generation_params *g, const int32_t *ids,
+			       int64_t n, struct gen *st, struct loom_request *r)
 {
-	struct loom_sampler_params sp = {
+	loom_request_init(r);
+	r->prompt = ids;
+	r->n_prompt = (int32_t)n;
+	r->n_predict = g->n_predict > 0 ? g->n_predict : 1;
+	r->sampling = (struct loom_sampler_params){
 		.temp = g->temp, .top_k = g->top_k, .top_p = g->top_p, .min_p = g->min_p,
 		.repeat_penalty = g->repeat_penalty, .presence_penalty = g->presence_penalty,
 		.frequency_penalty = g->frequency_penalty, .penalty_last_n = g->repeat_last_n,
 		.seed = g->seed,
 	};
-
-	return loom_sampler_new(&sp, (int32_t)e->m->hp.n_vocab, err, errlen);
+	r->prompt_logits = g->prompt_logits;
+	r->on_event = gen_event;
+	r->user = st;
 }
 
-struct emitter {
-	struct loom_engine *e;
-	struct loom_detok dt;
-	loom_token_fn on_token;
-	void *user;
-};
-
-/* Speculative loop's emit: 1 at end of generation (not reported), 2 when
- * the caller asks to stop, 0 to go on. */
-static int emit_token(void *user, int32_t t)
+/* Steps the scheduler until the request has ended. */
+static int run_to_end(struct loom_engine *e, struct gen *st, char *err, size_t errlen)
 {
-	struct emitter *em = user;
-	char piece[512];
-	int len;
+	while (!st->done) {
+		int n = loom_engine_step(e);
 
-	if (loom_tokenizer_is_eog(em->e->tok, t))
-		return 1;
-	len = loom_detokenize(em->e->tok, &em->dt, t, piece, sizeof(piece));
-	if (em->on_token && em->on_token(em->user, t, piece, len > 0 ? (size_t)len : 0))
-		return 2;
+		if (n == 0 && !st->done) {
+			loom_seterr(err, errlen, "engine: the request is neither running nor finished (is loom_engine_run active on another thread?)");
+			return LOOM_ERR_INVALID;
+		}
+	}
+	if (st->finish == LOOM_FINISH_ERROR) {
+		loom_seterr(err, errlen, "%s", st->error[0] ? st->error : "backend failure");
+		return LOOM_ERR_DEVICE;
+	}
 	return 0;
 }
 
-static int64_t decode_spec(struct loom_engine *e, struct loom_sampler *smp,
-			   const struct loom_generation_params *g, int32_t *hist,
-			   int64_t n_hist, loom_token_fn on_token, void *user,
-			   struct loom_generation_stats *st, char *err, size_t errlen)
-{
-	struct emitter em = { .e = e, .dt = { .first = true }, .on_token = on_token,
-		.user = user };
-	struct loom_spec_stats ss;
-	int64_t made;
-
-	made = loom_spec_decode(e->spec, smp, g->temp <= 0.0f, g->seed, hist, n_hist,
-				n_hist + g->n_predict + 1, g->n_predict, emit_token, &em, &ss,
-				err, errlen);
-	st->spec_steps = ss.n_steps;
-	st->spec_drafted = ss.n_drafted;
-	st->spec_accepted = ss.n_accepted;
-	return made;
-}
-
-/* The decode loop: sample, report, feed back. Returns tokens made or -1. */
-static int64_t decode(struct loom_engine *e, struct loom_sampler *smp, int32_t *hist,
-		      int64_t n_hist, int32_t n_predict, loom_token_fn on_token,
-		      void *user, char *err, size_t errlen)
-{
-	struct loom_detok dt = { .first = true };
-	char piece[512];
-	int64_t made = 0;
-
-	while (made < n_predict) {
-		int32_t t = loom_sampler_sample(smp, e->s->logits, hist, n_hist);
-		int len;
-
-		if (t < 0 || loom_tokenizer_is_eog(e->tok, t))
-			break;
-		hist[n_hist++] = t;
-		made++;
-		len = loom_detokenize(e->tok, &dt, t, piece, sizeof(piece));
-		if (on_token && on_token(user, t, piece, len > 0 ? (size_t)len : 0))
-			break;
-		if (made < n_predict && loom_session_eval(e->s, &t, 1, err, errlen))
-			return -1;
-	}
-	return made;
-}
-
 int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
-		  const struct loom_generation_params *g, loom_token_fn on_token,
+		  const struct loom_generation_params *params, loom_token_fn on_token,
 		  void *user, struct loom_generation_stats *stats, char *err,
 		  size_t errlen)
 {
-	struct loom_generation_stats st = { 0 };
-	struct loom_sampler *smp = NULL;
-	int32_t *hist;
-	double t0, t1;
-	int rc = -1;
+	struct loom_generation_params g;
+	struct loom_generation_stats out = { 0 };
+	struct gen st = { .e = e, .dt = { .first = true }, .on_token = on_token, .user = user };
+	struct loom_sched_stats s0, s1;
+	struct loom_request r;
+	uint64_t id;
+	int32_t *ids;
+	double t0;
+	int rc;
 
-	if (!g || g->struct_size < sizeof(*g)) {
-		loom_seterr(err, errlen, "generation parameters: struct_size missing");
-		return -1;
-	}
-	hist = prompt_history(e, prompt, len, g, &st.n_prompt, err, errlen);
-	if (!hist)
-		return -1;
-	smp = make_sampler(e, g, err, errlen);
-	if (!smp)
-		goto out;
-	loom_session_reset(e->s);
+	loom_generation_params_init(&g);
+	rc = take_params(&g, sizeof(g), params, GENERATION_PARAMS_V1, "generation parameters",
+			 err, errlen);
+	if (rc)
+		return rc;
+	ids = prompt_tokens(e, prompt, len, &g, &out.n_prompt, err, errlen);
+	if (!ids)
+		return LOOM_ERR_INVALID;
+	st.n_predict = g.n_predict;
+	generation_request(&g, ids, out.n_prompt, &st, &r);
+	loom_sched_get_stats(e->sched, &s0);
 	t0 = now_s();
-	if (loom_session_eval(e->s, hist, (int32_t)st.n_prompt, err, errlen))
-		goto out;
-	t1 = now_s();
-	st.prompt_seconds = t1 - t0;
-	if (g->prompt_logits)
-		memcpy(g->prompt_logits, e->s->logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
-	if (e->spec)
-		st.n_generated = decode_spec(e, smp, g, hist, st.n_prompt, on_token, user, &st,
-					     err, errlen);
-	else
-		st.n_generated = decode(e, smp, hist, st.n_prompt, g->n_predict, on_token,
-					user, err, errlen);
-	st.generate_seconds = now_s() - t1;
-	if (st.n_generated >= 0)
-		rc = 0;
+	rc = loom_submit(e, &r, &id, err, errlen);
+	free(ids);
+	if (rc)
+		return rc;
+	rc = run_to_end(e, &st, err, errlen);
+	if (rc)
+		return rc;
+	loom_sched_get_stats(e->sched, &s1);
+	if (!st.t_first)
+		st.t_first = now_s();
+	out.n_generated = st.made;
+	out.prompt_seconds = st.t_first - t0;
+	out.generate_seconds = now_s() - st.t_first;
+	out.spec_steps = (int64_t)(s1.spec_steps - s0.spec_steps);
+	out.spec_drafted = (int64_t)(s1.spec_drafted - s0.spec_drafted);
+	out.spec_accepted = (int64_t)(s1.spec_accepted - s0.spec_accepted);
 	if (stats)
-		*stats = st;
-out:
-	loom_sampler_free(smp);
-	free(hist);
-	return rc;
+		*stats = out;
+	return 0;
 }

@@ -2,10 +2,19 @@
  * loom public API: load a model onto a backend and generate text.
  *
  * Handles are opaque. Every function that can fail returns 0 (or a valid
- * pointer) on success and -1 (or NULL) on failure with a one-line reason in
- * the caller's err buffer. Parameter structs start with struct_size so
- * fields can be appended without breaking callers: set it to sizeof().
- * An engine is used from one thread at a time.
+ * pointer) on success and a negative enum loom_status (or NULL) on failure
+ * with a one-line reason in the caller's err buffer.
+ *
+ * Parameter structs start with struct_size: fill them with their _init()
+ * function, which sets it to sizeof(). Fields are only ever appended, so a
+ * program built against an older loom.h passes a smaller struct_size and
+ * the fields it does not know keep their defaults; a struct_size smaller
+ * than the first generation of the struct is refused.
+ *
+ * One engine path: every generation (loom_generate, loom run, loom bench,
+ * loom serve) is a request to the engine's continuous-batching scheduler.
+ * loom_generate steps it on the caller's thread; a server submits requests
+ * from many threads and runs loom_engine_run on one engine thread.
  */
 #ifndef LOOM_H
 #define LOOM_H
@@ -13,6 +22,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "loom/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,7 +61,7 @@ struct loom_engine_params {
 	const char *backend; /* "cpu.so", "ref.so" or a path; NULL: cpu.so */
 	int32_t n_threads;   /* <= 0: the backend chooses */
 	int32_t n_ctx;       /* context in tokens; <= 0: min(4096, trained) */
-	int32_t n_batch;     /* prompt chunk size; <= 0: 256 */
+	int32_t n_batch;     /* tokens per step (prompt chunk size); <= 0: 256 */
 	bool progress;       /* progress bar on stderr while loading (if a tty) */
 	/* ---- appended: speculative decoding (docs/SPECULATIVE.md) ---- */
 	const char *spec;    /* strategy plugin, name ("ngram.so") or path;
@@ -59,6 +70,20 @@ struct loom_engine_params {
 	int32_t spec_ngram_min, spec_ngram_max; /* <= 0: 1 and 4 */
 	const char *spec_draft_model; /* GGUF sharing the vocabulary, or NULL */
 	int32_t spec_layers;  /* early-exit layers; <= 0: half the model's */
+	/* ---- appended (0.2): serving several requests ---- */
+	/* spec may list several strategies, comma-separated; requests pick
+	 * one by name. spec_default: the one a request that names none gets
+	 * (NULL: the first listed; "none": plain decoding). */
+	const char *spec_default;
+	int32_t n_parallel;    /* sequences decoded together; <= 0: 1 */
+	int64_t kv_bytes;      /* KV cache; <= 0: n_ctx tokens per sequence */
+	int32_t block_size;    /* tokens per KV block; <= 0: 16 */
+	int32_t max_waiting;   /* queued requests at most; <= 0: 256 */
+	int32_t prefix_cache;  /* 1 on, -1 off, 0: on when batch_invariant */
+	bool batch_invariant;  /* a request's tokens do not depend on what
+				  shares its steps (what a server wants) */
+	int32_t spec_step_rows; /* decode rows per step beyond which drafts
+				   stop (docs/SPECULATIVE.md); 0: no cap */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -118,6 +143,94 @@ int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
 
 /* Appended: the speculative strategy's name, or "none". */
 const char *loom_engine_spec_name(const struct loom_engine *e);
+
+/* ======== appended (0.2): requests, the one engine path ======== */
+
+/* The model's general.name, or its file name. */
+const char *loom_engine_model_name(const struct loom_engine *e);
+
+/* How a request ended. */
+enum loom_finish {
+	LOOM_FINISH_NONE = 0,   /* more tokens follow */
+	LOOM_FINISH_LENGTH,     /* n_predict reached */
+	LOOM_FINISH_EOG,        /* end-of-generation token (not reported as a token) */
+	LOOM_FINISH_CANCELLED,  /* loom_cancel, or the engine closed */
+	LOOM_FINISH_ERROR,      /* backend failure; message in the event */
+};
+
+/* One event of a request: a new token (token >= 0; finish NONE, or LENGTH
+ * with the last token) or the end alone (token -1, finish != NONE).
+ * Exactly one event with finish != NONE arrives per accepted request;
+ * after it the engine forgets `user`. */
+struct loom_event {
+	uint64_t id;
+	int32_t token;
+	enum loom_finish finish;
+	int32_t n_prompt, n_generated; /* n_generated counts reported tokens */
+	int32_t n_cached;              /* prompt tokens served from the prefix cache */
+	const char *error;             /* LOOM_FINISH_ERROR: why; else NULL */
+};
+
+/* Called on the thread that steps the engine; must not block for long.
+ * It may call loom_submit and loom_cancel. */
+typedef void (*loom_event_fn)(void *user, const struct loom_event *ev);
+
+struct loom_request {
+	uint32_t struct_size;
+	const int32_t *prompt;  /* token ids, copied by loom_submit */
+	int32_t n_prompt;
+	int32_t n_predict;      /* <= 0: up to the context */
+	struct loom_sampler_params sampling; /* loom_sampler_defaults by _init */
+	/* a speculative strategy loaded by the engine, by name ("ngram" or
+	 * "ngram.so"); NULL: the engine's default; "none": plain decoding */
+	const char *spec;
+	int32_t spec_max_draft; /* <= 0: the strategy's */
+	bool ignore_eog;        /* end-of-generation tokens are generated like
+				   any other (benchmarks) */
+	float *prompt_logits;   /* optional: n_vocab floats, the logits the
+				   first token is drawn from */
+	loom_event_fn on_event;
+	void *user;
+};
+
+void loom_request_init(struct loom_request *r);
+
+/* Queues a request (any thread). 0 and its id in *id; LOOM_ERR_INVALID
+ * (or LOOM_ERR_CONTEXT) with err set for a bad request; LOOM_ERR_FULL when
+ * the waiting queue is full; LOOM_ERR_NOMEM. */
+int loom_submit(struct loom_engine *e, const struct loom_request *r, uint64_t *id,
+		char *err, size_t errlen);
+/* Asks to end a request (any thread); its final event says CANCELLED
+ * unless it finished first. Unknown or finished ids are ignored. */
+void loom_cancel(struct loom_engine *e, uint64_t id);
+/* Runs one scheduler step on this thread: the number of sequences that
+ * ran (0: idle), or a negative loom_status after a backend failure (the
+ * requests it hit get ERROR events). */
+int loom_engine_step(struct loom_engine *e);
+/* Steps whenever there is work, until loom_engine_stop (another thread). */
+void loom_engine_run(struct loom_engine *e);
+void loom_engine_stop(struct loom_engine *e);
+
+/* The speculative strategy called name ("ngram", "ngram.so"), among those
+ * the engine loaded: its name and path, or NULL. */
+const char *loom_engine_find_spec(const struct loom_engine *e, const char *name);
+/* The i-th loaded strategy's name (i from 0), or NULL past the last. */
+const char *loom_engine_spec_at(const struct loom_engine *e, int i);
+
+struct loom_engine_stats {
+	int32_t running, waiting;
+	int64_t blocks_total, blocks_used, blocks_cached; /* cached: free but reusable */
+	int32_t block_size;
+	uint64_t kv_bytes;    /* the whole KV cache */
+	int32_t n_ctx;        /* tokens per sequence at most */
+	int32_t n_parallel;   /* sequences at most */
+	bool prefix_cache;
+	uint64_t prefix_hits, prefix_lookups; /* blocks reused / looked up */
+	uint64_t preemptions, rejected, cow_copies;
+	uint64_t prompt_tokens, generated_tokens, steps;
+	uint64_t spec_steps, spec_drafted, spec_accepted, spec_tokens;
+};
+void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 
 #ifdef __cplusplus
 }

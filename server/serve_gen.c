@@ -161,7 +161,7 @@ static void gen_push(struct gen *g, int32_t tok)
 }
 
 /* Engine thread: one scheduler event. */
-static void on_event(void *user, const struct loom_sched_event *ev)
+static void on_event(void *user, const struct loom_event *ev)
 {
 	struct gen *g = user;
 	struct job *j = g->job;

@@ -423,8 +423,10 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 	rc = job_submit(j, why, sizeof(why));
 	if (rc) {
 		job_put(j);
-		if (rc == -2)
+		if (rc == LOOM_ERR_FULL)
 			return fail(c, srv, 503, "queue_full", "the request queue is full; retry later");
+		if (rc == LOOM_ERR_NOMEM)
+			return fail(c, srv, 500, "out_of_memory", why);
 		return fail(c, srv, 400, "invalid_value", why);
 	}
 	if (j->stream) {

@@ -166,8 +166,8 @@ struct job {
 
 struct job *job_new(struct server *srv);
 void job_put(struct job *j);
-/* Submits the n scheduler requests. 0; -1 with err (bad request, HTTP
- * 400); -2 when the queue is full (HTTP 503). */
+/* Submits the n scheduler requests. 0, or loom_sched_submit's status with
+ * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */
 int job_submit(struct job *j, char *err, size_t errlen);
 /* Cancels every choice still running. */
 void job_cancel(struct job *j);

@@ -1,7 +1,9 @@
 /* `loom bench`: for each thread count, `reps` runs of a prefill of n_prompt
  * tokens (pp) and a greedy decode of n_gen tokens (tg), reported as mean and
  * standard deviation of tokens per second. Prompt tokens are pseudo-random
- * ids from a fixed seed, as llama-bench does, so runs are comparable. */
+ * ids from a fixed seed, as llama-bench does, so runs are comparable. Each
+ * run is one request through the engine's scheduler, the path every
+ * generation takes (public API only). */
 #include "bench.h"
 
 #include <math.h>
@@ -10,8 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "format/gguf.h"
-#include "engine/session.h"
+#include "loom.h"
 
 static double now_s(void)
 {
@@ -19,16 +20,6 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int32_t argmax(const float *x, int64_t n)
-{
-	int64_t i, best = 0;
-
-	for (i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return (int32_t)best;
 }
 
 static void mean_std(const double *v, int n, double *mean, double *sd)
@@ -44,105 +35,144 @@ static void mean_std(const double *v, int n, double *mean, double *sd)
 	*sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
 }
 
-/* One repetition: returns pp and tg tokens/s. */
-static int bench_once(struct loom_session *s, const int32_t *prompt, int n_prompt,
+/* Times one request: the prefill ends at its first token, the decode at
+ * its last. */
+struct timing {
+	int32_t n_tokens;
+	double t_first, t_last;
+	bool done, failed;
+};
+
+static void on_event(void *user, const struct loom_event *ev)
+{
+	struct timing *t = user;
+
+	if (ev->token >= 0 && t->n_tokens++ == 0)
+		t->t_first = now_s();
+	if (ev->token >= 0)
+		t->t_last = now_s();
+	if (ev->finish != LOOM_FINISH_NONE) {
+		t->done = true;
+		t->failed = ev->finish != LOOM_FINISH_LENGTH;
+	}
+}
+
+/* One repetition: a greedy request of n_gen + 1 tokens that ignores
+ * end-of-generation (the first token closes the prefill, the other n_gen
+ * are the decode); returns pp and tg tokens/s. */
+static int bench_once(struct loom_engine *e, const int32_t *prompt, int n_prompt,
 		      int n_gen, double *pp, double *tg, char *err, size_t errlen)
 {
-	double t0, t1, t2;
-	int32_t t;
-	int i;
+	struct timing t = { 0 };
+	struct loom_request r;
+	uint64_t id;
+	double t0;
+	int rc;
 
-	loom_session_reset(s);
+	loom_request_init(&r);
+	r.prompt = prompt;
+	r.n_prompt = n_prompt;
+	r.n_predict = n_gen + 1;
+	r.sampling.temp = 0;
+	r.ignore_eog = true;
+	r.on_event = on_event;
+	r.user = &t;
 	t0 = now_s();
-	if (loom_session_eval(s, prompt, n_prompt, err, errlen))
+	rc = loom_submit(e, &r, &id, err, errlen);
+	while (!rc && !t.done)
+		rc = loom_engine_step(e) < 0 ? -1 : 0;
+	if (rc || t.failed) {
+		if (!rc)
+			snprintf(err, errlen, "bench: the request failed");
 		return -1;
-	t1 = now_s();
-	for (i = 0; i < n_gen; i++) {
-		t = argmax(s->logits, s->m->hp.n_vocab);
-		if (loom_session_eval(s, &t, 1, err, errlen))
-			return -1;
 	}
-	t2 = now_s();
-	*pp = n_prompt / (t1 - t0);
-	*tg = n_gen > 0 ? n_gen / (t2 - t1) : 0.0;
+	*pp = n_prompt / (t.t_first - t0);
+	*tg = n_gen > 0 ? n_gen / (t.t_last - t.t_first) : 0.0;
 	return 0;
 }
 
-static int bench_threads(struct loom_options *o, const struct gguf_file *f, int threads,
-			 const char *model_name, char *err, size_t errlen)
+static struct loom_engine *bench_engine(const struct loom_options *o, int threads,
+					char *err, size_t errlen)
 {
-	struct loom_model_params mp = { .backend = o->backend, .n_threads = threads };
-	struct loom_model *m = loom_model_load(f, &mp, err, errlen);
-	struct loom_session *s = NULL;
+	struct loom_engine_params p;
+
+	loom_engine_params_init(&p);
+	p.model = o->model;
+	p.backend = o->backend;
+	p.n_threads = threads;
+	p.n_ctx = o->n_prompt + o->n_gen + 1;
+	p.n_batch = o->n_batch;
+	p.prefix_cache = -1; /* every repetition computes its prefill */
+	return loom_engine_open(&p, err, errlen);
+}
+
+static int bench_threads(struct loom_options *o, int threads, char *err, size_t errlen)
+{
+	struct loom_engine *e = bench_engine(o, threads, err, errlen);
 	double *pp = NULL, *tg = NULL, mean, sd;
 	int32_t *prompt = NULL;
 	uint64_t x = 0x9e3779b97f4a7c15ull;
 	int i, rc = -1;
 
-	if (!m)
+	if (!e)
 		return -1;
-	s = loom_session_new(m, o->n_prompt + o->n_gen + 1, o->n_batch, err, errlen);
 	prompt = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
-	if (!s || !prompt || !pp || !tg)
+	if (!prompt || !pp || !tg) {
+		snprintf(err, errlen, "bench: out of memory");
 		goto out;
+	}
 	for (i = 0; i < o->n_prompt; i++) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		prompt[i] = (int32_t)(x % (uint64_t)m->hp.n_vocab);
+		prompt[i] = (int32_t)(x % (uint64_t)loom_engine_n_vocab(e));
 	}
 	/* warm-up run, not counted */
-	if (bench_once(s, prompt, o->n_prompt, o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd, err, errlen))
+	if (bench_once(e, prompt, o->n_prompt, o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd, err, errlen))
 		goto out;
 	for (i = 0; i < o->reps; i++)
-		if (bench_once(s, prompt, o->n_prompt, o->n_gen, &pp[i], &tg[i], err, errlen))
+		if (bench_once(e, prompt, o->n_prompt, o->n_gen, &pp[i], &tg[i], err, errlen))
 			goto out;
 	mean_std(pp, o->reps, &mean, &sd);
-	printf("| %-32.32s | %-8s | %7d | pp%-5d | %10.2f ± %-8.2f |\n", model_name,
-	       m->be->ops->name, threads, o->n_prompt, mean, sd);
+	printf("| %-32.32s | %-8s | %7d | pp%-5d | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
+	       loom_engine_backend_name(e), threads, o->n_prompt, mean, sd);
 	mean_std(tg, o->reps, &mean, &sd);
-	printf("| %-32.32s | %-8s | %7d | tg%-5d | %10.2f ± %-8.2f |\n", model_name,
-	       m->be->ops->name, threads, o->n_gen, mean, sd);
+	printf("| %-32.32s | %-8s | %7d | tg%-5d | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
+	       loom_engine_backend_name(e), threads, o->n_gen, mean, sd);
 	fflush(stdout);
 	rc = 0;
 out:
 	free(pp);
 	free(tg);
 	free(prompt);
-	loom_session_free(s);
-	loom_model_free(m);
+	loom_engine_close(e);
 	return rc;
 }
 
 int loom_bench(struct loom_options *o, char *err, size_t errlen)
 {
 	const char *list = o->threads_list[0] ? o->threads_list : "0";
-	char name[64] = "?", *tmp = NULL;
-	struct gguf_file *f;
 	int rc = 0;
 
 	if (o->n_prompt <= 0 || o->n_gen < 0) {
 		snprintf(err, errlen, "bench: -p must be > 0 and -n >= 0");
 		return -1;
 	}
-	f = gguf_open(o->model, err, errlen);
-	if (!f)
+	if (!o->model[0]) {
+		snprintf(err, errlen, "no model given (--model FILE)");
 		return -1;
-	if (gguf_get_str(f, "general.name", &tmp, err, errlen) == 0)
-		snprintf(name, sizeof(name), "%s", tmp);
-	free(tmp);
+	}
 	printf("| %-32s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
 	printf("| %.32s | %.8s | %.7s | %.7s | %.21s |\n", "--------------------------------",
 	       "--------", "-------", "-------", "---------------------");
 	while (rc == 0 && *list) {
 		int threads = atoi(list);
 
-		rc = bench_threads(o, f, threads, name, err, errlen);
+		rc = bench_threads(o, threads, err, errlen);
 		list = strchr(list, ',');
 		if (!list)
 			break;
 		list++;
 	}
-	gguf_close(f);
 	return rc;
 }

@@ -34,6 +34,8 @@ struct req {
 	int32_t n_hashed;
 	int32_t n_registered;     /* leading blocks already in the prefix cache */
 	struct loom_sampler *smp; /* lives across preemption: draws continue */
+	bool ignore_eog;
+	float *first_logits;      /* copy of the first sampled row, or NULL */
 	loom_sched_cb cb;
 	void *user;
 	struct loom_kv_seq seq;
@@ -205,7 +207,7 @@ static void req_free(struct loom_sched *s, struct req *r)
 
 static void emit(struct req *r, int32_t token, enum loom_finish fin, const char *error)
 {
-	struct loom_sched_event ev = {
+	struct loom_event ev = {
 		.id = r->id, .token = token, .finish = fin, .n_prompt = r->n_prompt,
 		.n_generated = r->n_generated, .n_cached = r->n_cached, .error = error,
 	};
@@ -269,32 +271,32 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 
 	if (!rq->prompt || rq->n_prompt <= 0) {
 		loom_seterr(err, errlen, "request: empty prompt");
-		return -1;
+		return LOOM_ERR_INVALID;
 	}
 	for (i = 0; i < rq->n_prompt; i++) {
 		if (rq->prompt[i] < 0 || rq->prompt[i] >= s->n_vocab) {
 			loom_seterr(err, errlen, "request: token id %d out of range (vocabulary %d)",
 				rq->prompt[i], s->n_vocab);
-			return -1;
+			return LOOM_ERR_INVALID;
 		}
 	}
 	if (rq->spec_max_draft > 64) {
 		loom_seterr(err, errlen, "request: spec_max_draft %d is above 64", rq->spec_max_draft);
-		return -1;
+		return LOOM_ERR_INVALID;
 	}
 	*n_predict = rq->n_predict > 0 ? rq->n_predict : s->cfg.max_ctx - rq->n_prompt;
 	total = (int64_t)rq->n_prompt + *n_predict;
 	if (*n_predict <= 0 || total > s->cfg.max_ctx) {
 		loom_seterr(err, errlen, "request: %d prompt + %d predicted tokens exceed the context of %d",
 			rq->n_prompt, rq->n_predict, s->cfg.max_ctx);
-		return -1;
+		return LOOM_ERR_CONTEXT;
 	}
 	/* one spare block for a copy-on-write */
 	blocks = (total + s->cfg.block_size - 1) / s->cfg.block_size + 1;
 	if (blocks > s->kv->n_blocks) {
 		loom_seterr(err, errlen, "request: needs %lld KV blocks, the cache has %lld",
 			(long long)blocks, (long long)s->kv->n_blocks);
-		return -1;
+		return LOOM_ERR_INVALID;
 	}
 	return 0;
 }
@@ -323,6 +325,8 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	r->spec = rq->spec;
 	r->spec_max_draft = rq->spec_max_draft;
 	r->greedy = rq->sampling.temp <= 0.0f;
+	r->ignore_eog = rq->ignore_eog;
+	r->first_logits = rq->first_logits;
 	r->seed = rq->sampling.seed;
 	return r;
 
@@ -343,19 +347,20 @@ int loom_sched_submit(struct loom_sched *s, const struct loom_sched_request *rq,
 {
 	int32_t n_predict;
 	struct req *r;
+	int rc = check_request(s, rq, &n_predict, err, errlen);
 
-	if (check_request(s, rq, &n_predict, err, errlen))
-		return -1;
+	if (rc)
+		return rc;
 	r = req_new(s, rq, n_predict, err, errlen);
 	if (!r)
-		return -1;
+		return LOOM_ERR_NOMEM;
 	pthread_mutex_lock(&s->mu);
 	if (s->pending.n + s->pub.waiting >= s->cfg.max_waiting) {
 		s->rejected++;
 		pthread_mutex_unlock(&s->mu);
 		loom_seterr(err, errlen, "request: waiting queue full (%d)", s->cfg.max_waiting);
 		req_free(s, r);
-		return -2;
+		return LOOM_ERR_FULL;
 	}
 	r->id = ++s->next_id;
 	*id = r->id;
@@ -833,7 +838,11 @@ static void register_blocks(struct loom_sched *s, struct req *r)
  * True when r is gone. */
 static bool deliver(struct loom_sched *s, struct req *r, int32_t t)
 {
-	if (loom_tokenizer_is_eog(s->cfg.tokenizer, t)) {
+	if (t < 0) {
+		fail_running(s, r, "sampling: no token could be drawn");
+		return true;
+	}
+	if (!r->ignore_eog && loom_tokenizer_is_eog(s->cfg.tokenizer, t)) {
 		running_remove(s, r);
 		finish(s, r, LOOM_FINISH_EOG, NULL);
 		return true;
@@ -854,6 +863,10 @@ static bool deliver(struct loom_sched *s, struct req *r, int32_t t)
 /* Samples r's next token from its logits row and reports it. */
 static void sample_one(struct loom_sched *s, struct req *r, float *row)
 {
+	if (r->first_logits && r->n_generated == 0) {
+		memcpy(r->first_logits, row, sizeof(float) * (size_t)s->n_vocab);
+		r->first_logits = NULL;
+	}
 	deliver(s, r, loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens));
 }
 

@@ -74,28 +74,9 @@ void loom_sched_config_defaults(struct loom_sched_config *c);
 int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 			       uint64_t kv_bytes);
 
-enum loom_finish {
-	LOOM_FINISH_NONE = 0,   /* more tokens follow */
-	LOOM_FINISH_LENGTH,     /* n_predict reached */
-	LOOM_FINISH_EOG,        /* end-of-generation token (not reported as text) */
-	LOOM_FINISH_CANCELLED,  /* loom_sched_cancel */
-	LOOM_FINISH_ERROR,      /* backend failure; message in the event */
-};
+/* enum loom_finish and struct loom_event are public (loom.h). */
 
-/* One event for a request: a new token (token >= 0, finish NONE or
- * LENGTH) or the end (finish != NONE). Exactly one event with finish !=
- * NONE is delivered per accepted request, after which the scheduler
- * forgets `user`. */
-struct loom_sched_event {
-	uint64_t id;
-	int32_t token; /* -1 when the event carries no token */
-	enum loom_finish finish;
-	int32_t n_prompt, n_generated;
-	int32_t n_cached; /* prompt tokens served from the prefix cache */
-	const char *error;
-};
-
-typedef void (*loom_sched_cb)(void *user, const struct loom_sched_event *ev);
+typedef void (*loom_sched_cb)(void *user, const struct loom_event *ev);
 
 /* n_generated counts the tokens reported so far (an EOG token is not
  * reported and not counted). */
@@ -115,6 +96,10 @@ struct loom_sched_request {
 	 * streams (seeded by sampling.seed). */
 	struct loom_spec_kind *spec;
 	int32_t spec_max_draft; /* <= 0: the strategy's default */
+	/* ---- appended (one engine path) ---- */
+	bool ignore_eog;      /* EOG tokens are generated like any other */
+	float *first_logits;  /* optional: n_vocab floats, gets the logits the
+				 first token is drawn from (before penalties) */
 };
 
 struct loom_sched;
@@ -124,10 +109,11 @@ struct loom_sched *loom_sched_new(struct loom_model *m, const struct loom_sched_
 /* Cancels everything still queued or running (callbacks get CANCELLED). */
 void loom_sched_free(struct loom_sched *s);
 
-/* Queues a request. Returns 0 and its id in *id; -1 with err set for a bad
- * request (empty prompt, prompt + n_predict > max_ctx, bad sampling
- * params, token id out of range, more KV blocks than the cache holds);
- * -2 when the waiting queue is full (HTTP 503). */
+/* Queues a request. Returns 0 and its id in *id; LOOM_ERR_INVALID with
+ * err set for a bad request (empty prompt, bad sampling params, token id
+ * out of range, more KV blocks than the cache holds); LOOM_ERR_CONTEXT
+ * when prompt + n_predict exceed max_ctx; LOOM_ERR_NOMEM; LOOM_ERR_FULL
+ * when the waiting queue is full (HTTP 503). */
 int loom_sched_submit(struct loom_sched *s, const struct loom_sched_request *r,
 		      uint64_t *id, char *err, size_t errlen);
 /* Asks to abort a request; its blocks are freed within the next step and

@@ -47,59 +47,10 @@
 #define SPEC_MAX_DRAFT_LIMIT 64
 #define DRAFT_POOL_CHUNK 256 /* tokens per draft-model pass in the pool */
 
-/* A model the host runs for the plugin. */
-struct spec_model {
-	bool available;
-	struct loom_model *m;     /* the early-exit view, or the draft model */
-	struct loom_kv *kv;       /* the target's (early exit) or its own */
-	struct loom_kv_seq *seq;  /* the target's (early exit) or &own_seq */
-	struct loom_kv_seq own_seq;
-	struct loom_exec *exec;
-	int32_t max_chunk;
-	int32_t *cached;          /* tokens whose K/V are in seq, n_ctx room */
-	int64_t n_cached;
-	/* owned by the draft model only */
-	struct gguf_file *f;
-	struct loom_tokenizer *tok;
-};
-
-struct loom_spec {
-	void *dl;
-	const struct loom_spec_plugin *p;
-	char path[4096];
-	struct loom_spec_config cfg;
-	struct loom_session *s;
-	int32_t n_vocab, n_ctx;
-	struct loom_exec *verify;
-	float *rows;   /* [max_draft + 1][n_vocab] target logits */
-	float *ptgt;   /* [n_vocab] target distribution */
-	float *resid;  /* [n_vocab] residual distribution */
-	int32_t *dtok; /* [max_draft] */
-	float *dprobs; /* [max_draft][n_vocab] */
-	int32_t *chunk; /* [max_draft + 1] */
-	int32_t *out_rows;
-	struct spec_model ee, draft;
-	struct loom_model ee_view;
-	struct loom_node *ee_nodes;
-	struct loom_spec_host host;
-	struct loom_spec_params params;
-	/* the current decode */
-	int32_t *hist;
-	int64_t n_hist;
-	int32_t draft_room; /* drafts next_logits may take now (propose's max) */
-	uint64_t rng[4], draft_rng[4];
-	char err[1024];
-};
-
 void loom_spec_config_defaults(struct loom_spec_config *c)
 {
 	*c = (struct loom_spec_config){ .min_draft = 1, .max_draft = 8, .ngram_min = 1,
 		.ngram_max = 4 };
-}
-
-const char *loom_spec_name(const struct loom_spec *sp)
-{
-	return sp->p->name ? sp->p->name : sp->path;
 }
 
 /* ---- random numbers (xoshiro256**, seeded by splitmix64) ---- */
@@ -294,59 +245,6 @@ static int open_plugin(const char *name, char *path, size_t cap, void **dl,
 	return loom_spec_check(path, *p, err, errlen);
 }
 
-static int load_plugin(struct loom_spec *sp, const char *name, char *err, size_t errlen)
-{
-	return open_plugin(name, sp->path, sizeof(sp->path), &sp->dl, &sp->p, err, errlen);
-}
-
-/* ---- models the plugin may run ---- */
-
-static int model_seq_init(struct spec_model *sm, int32_t n_ctx, char *err, size_t errlen)
-{
-	sm->cached = malloc(sizeof(int32_t) * (size_t)n_ctx);
-	if (!sm->cached) {
-		loom_seterr(err, errlen, "speculation: out of memory");
-		return -1;
-	}
-	return 0;
-}
-
-/* The target's first `layers` layers and its output nodes, on its cache. */
-static int open_early_exit(struct loom_spec *sp, char *err, size_t errlen)
-{
-	struct loom_model *m = sp->s->m;
-	int32_t layers = sp->cfg.layers, n = 0;
-
-	if (layers <= 0)
-		layers = (int32_t)(m->hp.n_layer / 2 > 0 ? m->hp.n_layer / 2 : 1);
-	if (layers > m->hp.n_layer) {
-		loom_seterr(err, errlen, "spec_layers: %d, but the model has %lld layers",
-			layers, (long long)m->hp.n_layer);
-		return -1;
-	}
-	sp->params.layers = layers;
-	sp->ee_nodes = calloc((size_t)m->n_nodes, sizeof(*sp->ee_nodes));
-	if (!sp->ee_nodes) {
-		loom_seterr(err, errlen, "speculation: out of memory");
-		return -1;
-	}
-	for (int i = 0; i < m->n_nodes; i++)
-		if (m->nodes[i].layer < layers)
-			sp->ee_nodes[n++] = m->nodes[i];
-	sp->ee_view = *m;
-	sp->ee_view.nodes = sp->ee_nodes;
-	sp->ee_view.n_nodes = n;
-	sp->ee.m = &sp->ee_view;
-	sp->ee.kv = sp->s->kv;
-	sp->ee.seq = &sp->s->seq;
-	sp->ee.max_chunk = sp->cfg.max_draft + 1;
-	sp->ee.exec = loom_exec_new(sp->ee.m, sp->ee.kv, sp->ee.max_chunk, 1, 1, err, errlen);
-	if (!sp->ee.exec || model_seq_init(&sp->ee, sp->n_ctx, err, errlen))
-		return -1;
-	sp->ee.available = true;
-	return 0;
-}
-
 /* The draft's vocabulary must be the target's, token for token. */
 static int check_vocab(const struct loom_tokenizer *a, const struct loom_tokenizer *b,
 		       const char *path, char *err, size_t errlen)
@@ -370,172 +268,6 @@ static int check_vocab(const struct loom_tokenizer *a, const struct loom_tokeniz
 	return 0;
 }
 
-static int open_draft(struct loom_spec *sp, const struct loom_tokenizer *tok,
-		      const struct loom_model_params *mp, char *err, size_t errlen)
-{
-	struct spec_model *d = &sp->draft;
-	const char *path = sp->cfg.draft_model;
-	char why[2048];
-	int64_t n_blocks = ((int64_t)sp->n_ctx + 15) / 16;
-
-	d->f = gguf_open(path, why, sizeof(why));
-	if (!d->f) {
-		loom_seterr(err, errlen, "draft model %s: %s", path, why);
-		return -1;
-	}
-	d->tok = loom_tokenizer_from_gguf(d->f, why, sizeof(why));
-	if (!d->tok) {
-		loom_seterr(err, errlen, "draft model %s: %s", path, why);
-		return -1;
-	}
-	if (check_vocab(tok, d->tok, path, err, errlen))
-		return -1;
-	d->m = loom_model_load(d->f, mp, why, sizeof(why));
-	if (!d->m) {
-		loom_seterr(err, errlen, "draft model %s: %s", path, why);
-		return -1;
-	}
-	if (d->m->hp.n_vocab != sp->n_vocab) {
-		loom_seterr(err, errlen, "draft model %s: output of %lld tokens, the target has %d",
-			path, (long long)d->m->hp.n_vocab, sp->n_vocab);
-		return -1;
-	}
-	d->kv = loom_kv_new(d->m->be, d->m->hp.n_layer, d->m->hp.n_head_kv * d->m->hp.head_dim,
-			    16, n_blocks, err, errlen);
-	if (!d->kv)
-		return -1;
-	d->seq = &d->own_seq;
-	d->max_chunk = sp->s->n_batch;
-	d->exec = loom_exec_new(d->m, d->kv, d->max_chunk, 1, 1, err, errlen);
-	if (!d->exec || model_seq_init(d, sp->n_ctx, err, errlen))
-		return -1;
-	d->available = true;
-	sp->params.has_draft_model = 1;
-	return 0;
-}
-
-static void close_model(struct spec_model *sm, bool owned)
-{
-	loom_exec_free(sm->exec);
-	free(sm->cached);
-	if (!owned)
-		return;
-	if (sm->kv) {
-		loom_kv_seq_release(sm->kv, &sm->own_seq);
-		loom_kv_free(sm->kv);
-	}
-	loom_model_free(sm->m);
-	loom_tokenizer_free(sm->tok);
-	gguf_close(sm->f);
-}
-
-/* Evaluates seq[from..len) on sm and leaves the last row's logits. */
-static int model_eval(struct spec_model *sm, const int32_t *seq, int64_t from, int64_t len,
-		      float *logits, char *err, size_t errlen)
-{
-	while (from < len) {
-		int32_t n = len - from < sm->max_chunk ? (int32_t)(len - from) : sm->max_chunk;
-		int32_t q_start[2] = { 0, n }, out_row = n - 1;
-		struct loom_kv_seq *seqs[1] = { sm->seq };
-		struct loom_batch b = { .n_tokens = n, .tokens = seq + from, .n_seqs = 1,
-			.q_start = q_start, .seqs = seqs, .n_out = from + n == len,
-			.out_rows = &out_row };
-		int rc;
-
-		if (loom_kv_reserve(sm->kv, sm->seq, n)) {
-			loom_seterr(err, errlen, "speculation: cache out of blocks");
-			return LOOM_ERR_NOMEM;
-		}
-		rc = loom_exec_step(sm->exec, &b, logits, err, errlen);
-		if (rc)
-			return rc;
-		memcpy(sm->cached + from, seq + from, sizeof(int32_t) * (size_t)n);
-		from += n;
-		sm->n_cached = from;
-	}
-	return 0;
-}
-
-/* ---- host services ---- */
-
-static void host_log(void *host, enum loom_log_level level, const char *msg)
-{
-	struct loom_spec *sp = host;
-
-	if (level >= LOOM_LOG_WARN || getenv("LOOM_DEBUG"))
-		fprintf(stderr, "loom: spec %s: %s\n", loom_spec_name(sp), msg);
-}
-
-static const int32_t *host_tokens(void *host, int64_t *n)
-{
-	struct loom_spec *sp = host;
-
-	*n = sp->n_hist;
-	return sp->hist;
-}
-
-static int host_next_logits(void *host, enum loom_spec_model which,
-			    const int32_t *draft, int32_t n_draft, float *logits)
-{
-	struct loom_spec *sp = host;
-	struct spec_model *sm = which == LOOM_SPEC_MODEL_EARLY_EXIT ? &sp->ee :
-				which == LOOM_SPEC_MODEL_DRAFT ? &sp->draft : NULL;
-	int64_t len, c = 0;
-	int32_t *seq;
-
-	if (!sm || !sm->available)
-		return LOOM_ERR_UNSUPPORTED;
-	if (n_draft < 0 || (n_draft && !draft) || !logits ||
-	    n_draft > sp->draft_room)
-		return LOOM_ERR_INVALID;
-	for (int32_t i = 0; i < n_draft; i++)
-		if (draft[i] < 0 || draft[i] >= sp->n_vocab)
-			return LOOM_ERR_INVALID;
-	/* hist has room for the drafts past n_hist (the caller made sure) */
-	seq = sp->hist;
-	memcpy(seq + sp->n_hist, draft, sizeof(int32_t) * (size_t)n_draft);
-	len = sp->n_hist + n_draft;
-	while (c < sm->n_cached && c < len && sm->cached[c] == seq[c])
-		c++;
-	if (c == len)
-		c--; /* the last token must run to give logits */
-	loom_kv_truncate(sm->kv, sm->seq, (int32_t)c);
-	sm->n_cached = c;
-	return model_eval(sm, seq, c, len, logits, sp->err, sizeof(sp->err));
-}
-
-static int32_t host_draw(void *host, const float *probs)
-{
-	struct loom_spec *sp = host;
-
-	return probs ? draw_from(sp->draft_rng, probs, sp->n_vocab) : -1;
-}
-
-/* ---- open / free ---- */
-
-static int alloc_buffers(struct loom_spec *sp, char *err, size_t errlen)
-{
-	size_t k = (size_t)sp->cfg.max_draft, v = (size_t)sp->n_vocab;
-
-	sp->rows = malloc(sizeof(float) * (k + 1) * v);
-	sp->ptgt = malloc(sizeof(float) * v);
-	sp->resid = malloc(sizeof(float) * v);
-	sp->dtok = malloc(sizeof(int32_t) * k);
-	sp->dprobs = malloc(sizeof(float) * k * v);
-	sp->chunk = malloc(sizeof(int32_t) * (k + 1));
-	sp->out_rows = malloc(sizeof(int32_t) * (k + 1));
-	if (!sp->rows || !sp->ptgt || !sp->resid || !sp->dtok || !sp->dprobs || !sp->chunk ||
-	    !sp->out_rows) {
-		loom_seterr(err, errlen, "speculation: out of memory");
-		return -1;
-	}
-	for (size_t i = 0; i <= k; i++)
-		sp->out_rows[i] = (int32_t)i;
-	sp->verify = loom_exec_new(sp->s->m, sp->s->kv, (int32_t)k + 1, 1, (int32_t)k + 1,
-				   err, errlen);
-	return sp->verify ? 0 : -1;
-}
-
 static int check_config(const struct loom_spec_config *c, char *err, size_t errlen)
 {
 	if (c->min_draft < 1 || c->max_draft < c->min_draft || c->max_draft > SPEC_MAX_DRAFT_LIMIT) {
@@ -551,78 +283,7 @@ static int check_config(const struct loom_spec_config *c, char *err, size_t errl
 	return 0;
 }
 
-static void init_host(struct loom_spec *sp)
-{
-	sp->host = (struct loom_spec_host){
-		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
-		.struct_size = sizeof(struct loom_spec_host), .host = sp,
-		.log = host_log, .tokens = host_tokens, .next_logits = host_next_logits,
-		.draw = host_draw,
-	};
-	sp->params = (struct loom_spec_params){
-		.struct_size = sizeof(struct loom_spec_params), .n_vocab = sp->n_vocab,
-		.min_draft = sp->cfg.min_draft, .max_draft = sp->cfg.max_draft,
-		.ngram_min = sp->cfg.ngram_min, .ngram_max = sp->cfg.ngram_max,
-	};
-}
-
-struct loom_spec *loom_spec_open(const struct loom_spec_config *c,
-				 struct loom_session *target,
-				 const struct loom_tokenizer *tok,
-				 const struct loom_model_params *mp, bool *off,
-				 char *err, size_t errlen)
-{
-	struct loom_spec *sp;
-
-	*off = !c->plugin || !c->plugin[0] || !strcmp(c->plugin, "none");
-	if (*off) {
-		if (errlen)
-			err[0] = '\0';
-		return NULL;
-	}
-	if (check_config(c, err, errlen))
-		return NULL;
-	sp = calloc(1, sizeof(*sp));
-	if (!sp) {
-		loom_seterr(err, errlen, "speculation: out of memory");
-		return NULL;
-	}
-	sp->cfg = *c;
-	sp->s = target;
-	sp->n_vocab = (int32_t)target->m->hp.n_vocab;
-	sp->n_ctx = target->n_ctx;
-	init_host(sp);
-	if (load_plugin(sp, c->plugin, err, errlen) || alloc_buffers(sp, err, errlen) ||
-	    open_early_exit(sp, err, errlen))
-		goto out_free;
-	if (c->draft_model && c->draft_model[0] && open_draft(sp, tok, mp, err, errlen))
-		goto out_free;
-	return sp;
-out_free:
-	loom_spec_free(sp);
-	return NULL;
-}
-
-void loom_spec_free(struct loom_spec *sp)
-{
-	if (!sp)
-		return;
-	close_model(&sp->ee, false);
-	close_model(&sp->draft, true);
-	loom_exec_free(sp->verify);
-	free(sp->ee_nodes);
-	free(sp->rows);
-	free(sp->ptgt);
-	free(sp->resid);
-	free(sp->dtok);
-	free(sp->dprobs);
-	free(sp->chunk);
-	free(sp->out_rows);
-	/* never dlclose: see backend_loader.c */
-	free(sp);
-}
-
-/* ---- the decode loop ---- */
+/* ---- verification ---- */
 
 /* Makes w a distribution (negative and NaN weights become 0); -1 if no
  * weight is left. */
@@ -663,66 +324,6 @@ static int32_t replay_drafts(uint64_t rng[4], int32_t *dtok, float *dprobs, int3
 		}
 	}
 	return k;
-}
-
-/* Asks the plugin for up to max drafts; returns how many survive the
- * checks (ids in range, distributions replayed), or -1 with err set. */
-static int32_t get_drafts(struct loom_spec *sp, struct loom_spec_ctx *ctx, int32_t max,
-			  bool *has_probs, char *err, size_t errlen)
-{
-	struct loom_spec_draft d = { .max = max, .tokens = sp->dtok, .probs = sp->dprobs };
-	uint64_t replay[4];
-	int32_t k;
-
-	memcpy(replay, sp->draft_rng, sizeof(replay));
-	if (sp->ee.available) {
-		memcpy(sp->ee.cached, sp->hist, sizeof(int32_t) * (size_t)sp->s->seq.n_tokens);
-		sp->ee.n_cached = sp->s->seq.n_tokens;
-	}
-	sp->draft_room = max;
-	sp->err[0] = '\0';
-	k = sp->p->propose(ctx, &d);
-	sp->draft_room = 0;
-	/* early exit wrote the first layers past n_kv: verification redoes them */
-	if (sp->ee.available && sp->s->seq.n_tokens > sp->n_hist - 1)
-		loom_kv_truncate(sp->s->kv, &sp->s->seq, (int32_t)(sp->n_hist - 1));
-	if (k < 0) {
-		loom_seterr(err, errlen, "spec plugin %s: propose failed with status %d%s%s",
-			sp->path, k, sp->err[0] ? ": " : "", sp->err);
-		return -1;
-	}
-	if (k > max)
-		k = max;
-	for (int32_t i = 0; i < k; i++) {
-		if (sp->dtok[i] < 0 || sp->dtok[i] >= sp->n_vocab) {
-			k = i;
-			break;
-		}
-	}
-	*has_probs = d.has_probs != 0;
-	if (!*has_probs)
-		return k;
-	k = replay_drafts(replay, sp->dtok, sp->dprobs, sp->n_vocab, k);
-	memcpy(sp->draft_rng, replay, sizeof(replay));
-	return k;
-}
-
-/* Runs [t, d1..dk] on the target; rows get k + 1 rows of logits. */
-static int verify_pass(struct loom_spec *sp, int32_t k, char *err, size_t errlen)
-{
-	struct loom_session *s = sp->s;
-	int32_t q_start[2] = { 0, k + 1 };
-	struct loom_kv_seq *seqs[1] = { &s->seq };
-	struct loom_batch b = { .n_tokens = k + 1, .tokens = sp->chunk, .n_seqs = 1,
-		.q_start = q_start, .seqs = seqs, .n_out = k + 1, .out_rows = sp->out_rows };
-
-	sp->chunk[0] = sp->hist[sp->n_hist - 1];
-	memcpy(sp->chunk + 1, sp->dtok, sizeof(int32_t) * (size_t)k);
-	if (loom_kv_reserve(s->kv, &s->seq, k + 1)) {
-		loom_seterr(err, errlen, "kv cache: out of blocks");
-		return -1;
-	}
-	return loom_exec_step(sp->verify, &b, sp->rows, err, errlen) ? -1 : 0;
 }
 
 /* The buffers one acceptance works on. */
@@ -782,120 +383,6 @@ static int32_t accept_rows(const struct verify_buf *vb, struct loom_sampler *smp
 	return k; /* not reached */
 }
 
-static int32_t accept(struct loom_spec *sp, struct loom_sampler *smp, bool greedy,
-		      int32_t k, bool has_probs, int32_t *next)
-{
-	struct verify_buf vb = { .n_vocab = sp->n_vocab, .rows = sp->rows, .dtok = sp->dtok,
-		.dprobs = has_probs ? sp->dprobs : NULL, .ptgt = sp->ptgt, .resid = sp->resid,
-		.rng = sp->rng };
-
-	return accept_rows(&vb, smp, greedy, sp->hist, sp->n_hist, k, next);
-}
-
-/* Appends and emits t; returns 1 to stop (end of generation or caller). */
-static int push(struct loom_spec *sp, int32_t t, int64_t *made, loom_spec_emit_fn emit,
-		void *user)
-{
-	int r;
-
-	if (t < 0)
-		return 1;
-	r = emit(user, t);
-	if (r == 1) /* end of generation: not counted, as in the plain loop */
-		return 1;
-	sp->hist[sp->n_hist++] = t;
-	(*made)++;
-	return r != 0;
-}
-
-static int32_t draft_cap(const struct loom_spec *sp, int64_t hist_cap, int32_t room)
-{
-	int64_t k = sp->cfg.max_draft;
-
-	if (k > room - 1)
-		k = room - 1;
-	if (k > hist_cap - sp->n_hist)
-		k = hist_cap - sp->n_hist;
-	if (k > sp->n_ctx - sp->n_hist)
-		k = sp->n_ctx - sp->n_hist;
-	return k > 0 ? (int32_t)k : 0;
-}
-
-/* One propose / verify / accept round. Returns 1 when generation is over,
- * 0 to go on, -1 on error. */
-static int spec_step(struct loom_spec *sp, struct loom_spec_ctx *ctx,
-		     struct loom_sampler *smp, bool greedy, int64_t hist_cap,
-		     int32_t n_predict, int64_t *made, loom_spec_emit_fn emit, void *user,
-		     struct loom_spec_stats *st, char *err, size_t errlen)
-{
-	int32_t max = draft_cap(sp, hist_cap, (int32_t)(n_predict - *made));
-	int32_t k = 0, n_acc, next = -1, i;
-	int64_t n_kv = sp->n_hist - 1, first = sp->n_hist;
-	bool has_probs = false;
-	int stop = 0;
-
-	if (max > 0)
-		k = get_drafts(sp, ctx, max, &has_probs, err, errlen);
-	if (k < 0 || verify_pass(sp, k, err, errlen))
-		return -1;
-	memcpy(sp->hist + sp->n_hist, sp->dtok, sizeof(int32_t) * (size_t)k);
-	n_acc = accept(sp, smp, greedy, k, has_probs, &next);
-	loom_kv_truncate(sp->s->kv, &sp->s->seq, (int32_t)(n_kv + 1 + n_acc));
-	st->n_steps++;
-	st->n_drafted += k;
-	st->n_accepted += n_acc;
-	for (i = 0; i < n_acc && !stop; i++)
-		stop = push(sp, sp->dtok[i], made, emit, user);
-	if (!stop)
-		stop = push(sp, next, made, emit, user);
-	if (sp->p->observe) {
-		struct loom_spec_outcome o = { .n_proposed = k, .n_accepted = n_acc,
-			.n_new = (int32_t)(sp->n_hist - first), .new_tokens = sp->hist + first };
-
-		sp->p->observe(ctx, &o);
-	}
-	return stop || *made >= n_predict;
-}
-
-int64_t loom_spec_decode(struct loom_spec *sp, struct loom_sampler *smp, bool greedy,
-			 uint64_t seed, int32_t *hist, int64_t n_hist, int64_t hist_cap,
-			 int32_t n_predict, loom_spec_emit_fn emit, void *user,
-			 struct loom_spec_stats *st, char *err, size_t errlen)
-{
-	struct loom_spec_ctx *ctx = NULL;
-	char msg[512] = "";
-	int64_t made = 0;
-	int rc;
-
-	*st = (struct loom_spec_stats){ 0 };
-	sp->hist = hist;
-	sp->n_hist = n_hist;
-	seed_rng(sp->rng, seed ^ 0x5bec5bec5bec5becull);
-	seed_rng(sp->draft_rng, seed ^ 0xd4af7d4af7d4af7dull);
-	if (sp->draft.available) {
-		loom_kv_truncate(sp->draft.kv, sp->draft.seq, 0);
-		sp->draft.n_cached = 0;
-	}
-	if (n_predict <= 0)
-		return 0;
-	/* the first token comes from the prompt's logits, as in the plain loop */
-	if (push(sp, loom_sampler_sample(smp, sp->s->logits, hist, n_hist), &made, emit, user) ||
-	    made >= n_predict)
-		return made;
-	rc = sp->p->create(&sp->host, &sp->params, &ctx, msg, sizeof(msg));
-	if (rc) {
-		loom_seterr(err, errlen, "spec plugin %s: create failed (status %d)%s%s", sp->path,
-			rc, msg[0] ? ": " : "", msg);
-		return -1;
-	}
-	do
-		rc = spec_step(sp, ctx, smp, greedy, hist_cap, n_predict, &made, emit, user, st,
-			       err, errlen);
-	while (rc == 0);
-	sp->p->destroy(ctx);
-	return rc < 0 ? -1 : made;
-}
-
 /* ---- per-sequence speculation (the scheduler) ----
  *
  * A kind is a strategy loaded once and shared by every sequence that asks
@@ -938,11 +425,11 @@ struct loom_spec_seq {
 	int64_t n_dcached;
 };
 
-/* ---- the draft model of `loom serve` (one, shared by the sequences) ----
+/* ---- the draft model (one, shared by the sequences) ----
  *
  * Loaded once; each sequence keeps its own block table in the pool's KV
- * cache and mirrors its tokens there, like the single-session draft model
- * above (longest shared prefix kept, the rest run). Engine thread only. */
+ * cache and mirrors its tokens there (the longest prefix shared with what
+ * it holds is kept, the rest run). Engine thread only. */
 struct loom_spec_draft_pool {
 	struct gguf_file *f;
 	struct loom_tokenizer *tok;

@@ -35,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -43,15 +45,7 @@ extern "C" {
 #define LOOM_BACKEND_ABI_MINOR 1
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
-enum loom_status {
-	LOOM_OK = 0,
-	LOOM_ERR_INVALID = -1,     /* bad argument, shape or stride */
-	LOOM_ERR_NOMEM = -2,       /* host or device allocation failed */
-	LOOM_ERR_UNSUPPORTED = -3, /* op/format/variant not implemented */
-	LOOM_ERR_DEVICE = -4,      /* device or driver failure, or none found */
-	LOOM_ERR_IO = -5,          /* file or stream error (host side) */
-	LOOM_ERR_FORMAT = -6,      /* malformed input data (host side) */
-};
+/* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
 
 /* Weight and activation element types. Values are GGUF's ggml_type ids, so
  * a tensor's type read from a GGUF file is passed through unchanged. */

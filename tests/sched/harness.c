@@ -3,7 +3,7 @@
 #include <check.h>
 #include <string.h>
 
-void collect(void *user, const struct loom_sched_event *ev)
+void collect(void *user, const struct loom_event *ev)
 {
 	struct col *c = user;
 

@@ -28,7 +28,7 @@ struct job {
 };
 
 /* The loom_sched_cb for a struct col; asserts the event protocol. */
-void collect(void *user, const struct loom_sched_event *ev);
+void collect(void *user, const struct loom_event *ev);
 /* Submits j (with its strategy when spec), resetting j->c; asserts success. */
 void submit(struct loom_sched *s, struct job *j, bool spec);
 /* Steps until nothing runs or waits. */

@@ -242,20 +242,20 @@ START_TEST(queue_bound_and_bad_requests)
 		ck_assert_int_eq(loom_sched_submit(s, &rq, &c[i].id, err, sizeof(err)), 0);
 	}
 	rq.user = &c[3];
-	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), -2);
+	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), LOOM_ERR_FULL);
 	loom_sched_get_stats(s, &st);
 	ck_assert_uint_eq(st.rejected, 1);
 	ck_assert_int_eq(st.waiting, 3);
 	rq.n_predict = 61; /* 4 + 61 > 64 */
-	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), -1);
+	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), LOOM_ERR_CONTEXT);
 	rq.n_predict = 2;
 	rq.n_prompt = 0;
-	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), -1);
+	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), LOOM_ERR_INVALID);
 	rq.n_prompt = 4;
 	prompt[2] = (int32_t)model->hp.n_vocab;
-	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), -1);
+	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), LOOM_ERR_INVALID);
 	prompt[2] = -5;
-	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), -1);
+	ck_assert_int_eq(loom_sched_submit(s, &rq, &id, err, sizeof(err)), LOOM_ERR_INVALID);
 	/* freeing cancels what is queued: one final event each */
 	loom_sched_free(s);
 	for (int i = 0; i < 3; i++) {
@@ -289,7 +289,7 @@ struct waiter {
 
 static struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
 
-static void on_event(void *user, const struct loom_sched_event *ev)
+static void on_event(void *user, const struct loom_event *ev)
 {
 	pthread_mutex_lock(&w.mu);
 	collect(user, ev);
