@@ -623,3 +623,56 @@ int loom_generate(struct loom_engine *e, const char *prompt, size_t len,
 		*stats = out;
 	return 0;
 }
+
+/* ---- text ---- */
+
+struct loom_tokenizer *loom_tokenizer_open(const char *gguf_path, char *err, size_t errlen)
+{
+	struct loom_tokenizer *t;
+	struct gguf_file *f;
+	char why[2048];
+
+	f = gguf_open(gguf_path, why, sizeof(why));
+	if (!f) {
+		loom_seterr(err, errlen, "%s: %s", gguf_path, why);
+		return NULL;
+	}
+	t = loom_tokenizer_from_gguf(f, err, errlen);
+	gguf_close(f); /* the tokenizer keeps copies */
+	return t;
+}
+
+const struct loom_tokenizer *loom_engine_tokenizer(const struct loom_engine *e)
+{
+	return e->tok;
+}
+
+int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_template *t,
+			      bool *had_one, char *err, size_t errlen)
+{
+	char *tmpl = NULL;
+	int rc;
+
+	if (gguf_get_str(e->f, "tokenizer.chat_template", &tmpl, err, errlen) < 0)
+		return LOOM_ERR_FORMAT;
+	if (had_one)
+		*had_one = tmpl != NULL;
+	rc = loom_chat_template_detect(tmpl, t, err, errlen);
+	free(tmpl);
+	return rc ? LOOM_ERR_UNSUPPORTED : 0;
+}
+
+bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strategy_info *out)
+{
+	struct loom_spec_kind_stats ks;
+
+	if (i < 0 || i >= e->n_spec)
+		return false;
+	loom_spec_kind_stats(e->spec[i], &ks);
+	*out = (struct loom_strategy_info){
+		.name = loom_spec_kind_name(e->spec[i]), .path = loom_spec_kind_path(e->spec[i]),
+		.max_draft = loom_spec_kind_max_draft(e->spec[i]), .n_steps = ks.n_steps,
+		.n_drafted = ks.n_drafted, .n_accepted = ks.n_accepted, .n_tokens = ks.n_tokens,
+	};
+	return true;
+}

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "loom/status.h"
 
@@ -214,8 +215,6 @@ void loom_engine_stop(struct loom_engine *e);
 /* The speculative strategy called name ("ngram", "ngram.so"), among those
  * the engine loaded: its name and path, or NULL. */
 const char *loom_engine_find_spec(const struct loom_engine *e, const char *name);
-/* The i-th loaded strategy's name (i from 0), or NULL past the last. */
-const char *loom_engine_spec_at(const struct loom_engine *e, int i);
 
 struct loom_engine_stats {
 	int32_t running, waiting;
@@ -231,6 +230,123 @@ struct loom_engine_stats {
 	uint64_t spec_steps, spec_drafted, spec_accepted, spec_tokens;
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
+
+
+/* ======== appended (0.2): text, and files without an engine ======== */
+
+/*
+ * Tokenizers, built from a GGUF file's tokenizer.* keys: SentencePiece
+ * ("llama") and byte-level BPE ("gpt2", pre-tokenizer by tokenizer.ggml.pre).
+ * An engine's tokenizer lives as long as the engine; one opened alone
+ * (loom_tokenizer_open, which also reads vocabulary-only files) until
+ * loom_tokenizer_free. Read-only after creation: any thread may use it.
+ */
+struct loom_tokenizer;
+
+struct loom_tokenizer *loom_tokenizer_open(const char *gguf_path, char *err, size_t errlen);
+void loom_tokenizer_free(struct loom_tokenizer *t);
+const struct loom_tokenizer *loom_engine_tokenizer(const struct loom_engine *e);
+
+/*
+ * Encodes text[0..len). add_special: prepend BOS (and append EOS) as the
+ * model's metadata asks (tokenizer.ggml.add_bos_token / add_eos_token).
+ * parse_special: text such as "<|im_start|>" matching a control/user-defined
+ * token becomes that token instead of being split (never for text a user
+ * wrote: that is how chat turns get forged).
+ * Writes at most cap ids to out and returns the total number of ids the
+ * text needs (call again with a larger buffer if > cap), or -1 on error.
+ */
+int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
+		      bool add_special, bool parse_special, int32_t *out, int64_t cap);
+
+/*
+ * Streaming detokenizer: appends the bytes of `token` to a per-stream
+ * pending buffer and returns in out (NUL-terminated, at most cap-1 bytes)
+ * only complete UTF-8 text, holding back a trailing incomplete sequence
+ * until the bytes that finish it arrive. Returns the number of bytes
+ * written, or -1 if cap is too small or the id is out of range.
+ * Control tokens (BOS/EOS...) produce no text.
+ */
+struct loom_detok {
+	unsigned char pending[8];
+	int n_pending;
+	bool first; /* set true before the first token: spm strips a leading space */
+};
+int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
+		    int32_t token, char *out, size_t cap);
+/* Text of one token as stored (for debugging), NUL-terminated copy. */
+const char *loom_token_text(const struct loom_tokenizer *t, int32_t token);
+
+int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t);
+int32_t loom_tokenizer_bos(const struct loom_tokenizer *t); /* -1 if none */
+int32_t loom_tokenizer_eos(const struct loom_tokenizer *t); /* -1 if none */
+/* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...). */
+bool loom_tokenizer_is_eog(const struct loom_tokenizer *t, int32_t token);
+
+/*
+ * Chat templates. GGUF files carry tokenizer.chat_template as a Jinja
+ * program. loom does not run Jinja; it recognizes the family a template
+ * belongs to by its marker tokens and renders that family's format in C.
+ * The rendered text contains special-token text ("<|im_start|>") and must
+ * be tokenized with parse_special; it never contains BOS (the tokenizer
+ * adds it when the model's metadata asks).
+ */
+enum loom_chat_family {
+	LOOM_CHAT_UNKNOWN = 0,
+	LOOM_CHAT_CHATML,  /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen) */
+	LOOM_CHAT_LLAMA2,  /* [INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] */
+	LOOM_CHAT_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+	LOOM_CHAT_GEMMA,   /* <start_of_turn>user\n...<end_of_turn>\n */
+	LOOM_CHAT_MISTRAL, /* [INST] ... [/INST]...</s> (no <<SYS>> block) */
+	LOOM_CHAT_PHI3,    /* <|user|>\n...<|end|>\n */
+	LOOM_CHAT_ZEPHYR,  /* <|user|>\n...</s>\n */
+};
+
+struct loom_chat_template {
+	enum loom_chat_family family;
+	/* chatml only: the system message the template inserts when the
+	 * conversation has none (SmolLM2 does this), or "" */
+	char default_system[512];
+};
+
+/* A message; role is "system", "user" or "assistant". */
+struct loom_chat_msg {
+	const char *role;
+	const char *content;
+};
+
+/* Recognizes tmpl (the Jinja source; NULL when the model has none, which
+ * means chatml). Returns 0, or -1 with err naming what was not recognized. */
+int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
+			      char *err, size_t errlen);
+/* The engine's model's template: as detect, on its tokenizer.chat_template;
+ * *had_one (may be NULL) says whether the model carries one. */
+int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_template *t,
+			      bool *had_one, char *err, size_t errlen);
+const char *loom_chat_family_name(enum loom_chat_family f);
+
+/* Renders msgs[0..n) into a malloc'd NUL-terminated string, adding the
+ * assistant header when add_generation_prompt. NULL with err set for an
+ * unknown role, a misplaced system message, or out of memory. */
+char *loom_chat_render(const struct loom_chat_template *t,
+		       const struct loom_chat_msg *msgs, size_t n,
+		       bool add_generation_prompt, char *err, size_t errlen);
+
+/* A speculative strategy the engine loaded (i from 0): false past the last. */
+struct loom_strategy_info {
+	const char *name, *path;
+	int32_t max_draft;
+	uint64_t n_steps;    /* verification steps */
+	uint64_t n_drafted;  /* drafts verified */
+	uint64_t n_accepted; /* of those, accepted */
+	uint64_t n_tokens;   /* tokens those steps produced */
+};
+bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strategy_info *out);
+
+/* `loom info`: GGUF version, architecture and hyperparameters, tokenizer,
+ * tensor counts and bytes by type, printed to out. Works on vocabulary-only
+ * files. 0, or a negative loom_status with the reason in err. */
+int loom_info_print(const char *path, FILE *out, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -6,12 +6,9 @@
 
 #include "bench.h"
 #include "loom.h"
-#include "format/gguf.h"
-#include "format/info.h"
 #include "loom_config.h"
 #include "options.h"
 #include "serve.h"
-#include "text/tokenizer.h"
 
 #define ERRLEN 4096
 
@@ -237,26 +234,10 @@ static int cmd_info(int argc, char **argv, char *err)
 	return 0;
 }
 
-static struct gguf_file *open_model(const char *path, char *err)
-{
-	struct gguf_file *f;
-	char why[ERRLEN - 256];
-
-	if (!path[0]) {
-		snprintf(err, ERRLEN, "no model given (--model FILE)");
-		return NULL;
-	}
-	f = gguf_open(path, why, sizeof(why));
-	if (!f)
-		snprintf(err, ERRLEN, "%s: %s", path, why);
-	return f;
-}
-
 static int cmd_tokenize(int argc, char **argv, char *err)
 {
 	struct loom_options o;
 	struct loom_tokenizer *tok = NULL;
-	struct gguf_file *f;
 	char *text = NULL;
 	size_t len = 0;
 	int32_t *ids = NULL;
@@ -264,11 +245,15 @@ static int cmd_tokenize(int argc, char **argv, char *err)
 	int rc = -1;
 
 	loom_options_defaults(&o);
-	if (parse_args(argc, argv, &o, err) || !(f = open_model(o.model, err)))
+	if (parse_args(argc, argv, &o, err))
 		return -1;
-	tok = loom_tokenizer_from_gguf(f, err, ERRLEN);
+	if (!o.model[0]) {
+		snprintf(err, ERRLEN, "no model given (--model FILE)");
+		return -1;
+	}
+	tok = loom_tokenizer_open(o.model, err, ERRLEN);
 	if (!tok)
-		goto out_close;
+		return -1;
 	if (o.prompt_file[0])
 		text = read_file(o.prompt_file, &len, err);
 	else if (optind < argc)
@@ -288,8 +273,6 @@ out_free:
 	free(ids);
 	free(text);
 	loom_tokenizer_free(tok);
-out_close:
-	gguf_close(f);
 	return rc;
 }
 

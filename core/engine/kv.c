@@ -120,14 +120,14 @@ static int grow_table(struct loom_kv_seq *seq, int32_t need)
 
 	while (cap < need) {
 		if (cap > INT32_MAX / 2)
-			return -1;
+			return LOOM_ERR_INVALID;
 		cap *= 2;
 	}
 	if (cap == seq->cap)
 		return 0;
 	blocks = realloc(seq->blocks, sizeof(int32_t) * (size_t)cap);
 	if (!blocks)
-		return -1;
+		return LOOM_ERR_NOMEM;
 	seq->blocks = blocks;
 	seq->cap = cap;
 	return 0;
@@ -248,19 +248,23 @@ int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new)
 	int64_t total = (int64_t)seq->n_tokens + n_new;
 	int64_t need = (total + kv->block_size - 1) / kv->block_size;
 	bool copy;
+	int rc;
 
 	if (n_new < 0 || need > INT32_MAX)
-		return -1;
+		return LOOM_ERR_INVALID;
 	copy = n_new > 0 && needs_cow(kv, seq);
 	if (need <= seq->n_blocks && !copy)
 		return 0;
 	if (need < seq->n_blocks)
 		need = seq->n_blocks;
-	if (need - seq->n_blocks + copy > loom_kv_n_available(kv) ||
-	    grow_table(seq, (int32_t)need))
-		return -1;
-	if (copy && cow(kv, seq))
-		return -2;
+	if (need - seq->n_blocks + copy > loom_kv_n_available(kv))
+		return LOOM_ERR_FULL;
+	rc = grow_table(seq, (int32_t)need);
+	if (rc)
+		return rc;
+	rc = copy ? cow(kv, seq) : 0;
+	if (rc)
+		return rc;
 	while (seq->n_blocks < need)
 		seq->blocks[seq->n_blocks++] = take_block(kv);
 	return 0;
@@ -292,8 +296,13 @@ int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 	int32_t n = (int32_t)((src->n_tokens + kv->block_size - 1) / kv->block_size);
 	int32_t j;
 
-	if (dst->n_blocks || n > src->n_blocks || (n && grow_table(dst, n)))
-		return -1;
+	int rc;
+
+	if (dst->n_blocks || n > src->n_blocks)
+		return LOOM_ERR_INVALID;
+	rc = n ? grow_table(dst, n) : 0;
+	if (rc)
+		return rc;
 	for (j = 0; j < n; j++) {
 		dst->blocks[j] = src->blocks[j];
 		kv->refs[src->blocks[j]]++;
@@ -377,10 +386,15 @@ bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
 int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
 			      int32_t block)
 {
+	int rc;
+
 	if (block < 0 || block >= kv->n_blocks || !kv->meta[block].cached ||
 	    (int64_t)seq->n_tokens != (int64_t)seq->n_blocks * kv->block_size ||
-	    seq->n_blocks == INT32_MAX || grow_table(seq, seq->n_blocks + 1))
-		return -1;
+	    seq->n_blocks == INT32_MAX)
+		return LOOM_ERR_INVALID;
+	rc = grow_table(seq, seq->n_blocks + 1);
+	if (rc)
+		return rc;
 	if (kv->refs[block]++ == 0)
 		lru_unlink(kv, block);
 	seq->blocks[seq->n_blocks++] = block;

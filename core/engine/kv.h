@@ -64,11 +64,12 @@ struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 			    char *err, size_t errlen);
 void loom_kv_free(struct loom_kv *kv);
 
-/* Makes room for n_new more tokens in seq. 0, or -1 if blocks ran out
- * (nothing is allocated then). When n_new > 0 and the block that position
- * n_tokens falls in is partially used and shared or cached, the sequence
- * first gets a private copy of it (one more block); -2 if that backend
- * copy fails (the sequence is unchanged). Free blocks are used first, then
+/* Makes room for n_new more tokens in seq. 0, or LOOM_ERR_FULL if blocks
+ * ran out (nothing is allocated then), LOOM_ERR_NOMEM if the block table
+ * could not grow. When n_new > 0 and the block that position n_tokens
+ * falls in is partially used and shared or cached, the sequence first gets
+ * a private copy of it (one more block); the backend's status if that copy
+ * fails (the sequence is unchanged). Free blocks are used first, then
  * unreferenced cached blocks are evicted, least recently used first. */
 int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new);
 /* Drops the sequence's tokens from `keep` on, freeing whole blocks past it. */
@@ -81,7 +82,7 @@ void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq);
 /* Blocks that reserve can still hand out: free plus evictable cached. */
 int64_t loom_kv_n_available(const struct loom_kv *kv);
 /* dst (empty) shares every written block of src (refcount + 1 each) and
- * gets src's n_tokens. 0, or -1 on allocation failure (dst unchanged). */
+ * gets src's n_tokens. 0, or LOOM_ERR_NOMEM (dst unchanged). */
 int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 		 const struct loom_kv_seq *src);
 /* Copies physical block src to dst in every layer's K and V cache with the
@@ -103,7 +104,8 @@ bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
 			    uint64_t parent, const int32_t *tokens);
 /* Appends cached block `block` to seq, whose n_tokens must equal
  * n_blocks * block_size: refcount + 1 (leaving the LRU list if it was on
- * it), n_tokens += block_size. 0, or -1 on allocation failure. */
+ * it), n_tokens += block_size. 0, LOOM_ERR_INVALID (not a cached block,
+ * seq not block-aligned), or LOOM_ERR_NOMEM. */
 int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
 			      int32_t block);
 

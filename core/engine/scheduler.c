@@ -479,6 +479,14 @@ static void preempt(struct loom_sched *s, struct req *r, int32_t *budget)
 	s->eng.preemptions++;
 }
 
+/* What a KV cache failure other than "no blocks" means, for an event. */
+static const char *kv_failure(int rc)
+{
+	return rc == LOOM_ERR_NOMEM ? "kv cache: out of memory" : "kv cache: block copy failed";
+}
+
+static void fail_running(struct loom_sched *s, struct req *r, const char *why);
+
 /* Reserves n tokens for running request r, preempting the newest running
  * sequences while blocks run short. 0, or -1 when r itself was preempted
  * or failed. */
@@ -491,9 +499,8 @@ static int reserve_running(struct loom_sched *s, struct req *r, int32_t n,
 
 		if (rc == 0)
 			return 0;
-		if (rc == -2) {
-			running_remove(s, r);
-			finish(s, r, LOOM_FINISH_ERROR, "kv cache: block copy failed");
+		if (rc != LOOM_ERR_FULL) {
+			fail_running(s, r, kv_failure(rc));
 			return -1;
 		}
 		victim = s->running[s->n_running - 1];
@@ -598,8 +605,8 @@ static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
 	for (int32_t i = 0; i < n; i++)
 		s->ee_buf[i] = ee_token(hist, n_hist, draft, c + i);
 	rc = loom_kv_reserve(s->kv, &r->seq, n);
-	if (rc)
-		return rc == -1 ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE;
+	if (rc) /* the service's contract: LOOM_ERR_NOMEM is "no blocks now" */
+		return rc == LOOM_ERR_FULL ? LOOM_ERR_NOMEM : rc;
 	{
 		int32_t q_start[2] = { 0, n };
 		struct loom_kv_seq *seqs[1] = { &r->seq };
@@ -659,8 +666,8 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	if (k == 0)
 		return 0;
 	rc = loom_kv_reserve(s->kv, &r->seq, 1 + k);
-	if (rc == -2) {
-		fail_running(s, r, "kv cache: block copy failed");
+	if (rc && rc != LOOM_ERR_FULL) {
+		fail_running(s, r, kv_failure(rc));
 		return -1;
 	}
 	return rc ? 0 : k; /* short of blocks: decode plainly (may preempt) */
@@ -766,8 +773,9 @@ static void match_prefix(struct loom_sched *s, struct req *r)
 		r->seq.n_tokens--; /* recompute the last one (copy-on-write) */
 }
 
-/* Admits r with its first chunk of at most budget tokens. 0; -1 when the
- * blocks do not allow (r unchanged); -2 on a copy failure. */
+/* Admits r with its first chunk of at most budget tokens. 0;
+ * LOOM_ERR_FULL when the blocks do not allow (r unchanged); another
+ * loom_status when the KV cache failed. */
 static int admit(struct loom_sched *s, struct req *r, int32_t budget)
 {
 	int32_t n, rc;
@@ -808,11 +816,11 @@ static void plan_admissions(struct loom_sched *s, int32_t *budget)
 		if (r->preempted_tick == s->tick)
 			break; /* just preempted: the blocks are not there */
 		rc = admit(s, r, *budget);
-		if (rc == -1)
+		if (rc == LOOM_ERR_FULL)
 			break;
 		list_remove(&s->waiting, r);
 		if (rc) {
-			finish(s, r, LOOM_FINISH_ERROR, "kv cache: block copy failed");
+			finish(s, r, LOOM_FINISH_ERROR, kv_failure(rc));
 			continue;
 		}
 		*budget -= s->plan[s->n_plan - 1].n;

@@ -5,11 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-/* Prints GGUF version, architecture, the architecture's hyperparameters
- * (context length, embedding length, layers, heads, KV heads, FFN length,
- * RoPE base/dims/scaling, norm eps, vocab size), tokenizer model and vocab
- * size, and tensor counts and bytes by type. Works on vocab-only files.
- * 0, or -1 with the reason in err. */
-int loom_info_print(const char *path, FILE *out, char *err, size_t errlen);
+/* loom_info_print is public: see loom.h. */
+#include "loom.h"
 
 #endif

@@ -36,9 +36,12 @@ START_TEST(reserve_and_release)
 	a.n_tokens = 17;
 	ck_assert_int_eq(loom_kv_reserve(kv, &a, 15), 0); /* 32 fits in 2 */
 	ck_assert_int_eq(a.n_blocks, 2);
-	ck_assert_int_eq(loom_kv_reserve(kv, &b, 33), -1); /* needs 3, 2 free */
+	ck_assert_int_eq(loom_kv_reserve(kv, &b, 33), LOOM_ERR_FULL); /* needs 3, 2 free */
 	ck_assert_int_eq(b.n_blocks, 0);
 	ck_assert_int_eq(kv->n_free, 2);
+	/* a bad argument is not "out of blocks" */
+	ck_assert_int_eq(loom_kv_reserve(kv, &b, -1), LOOM_ERR_INVALID);
+	ck_assert_int_eq(loom_kv_seq_append_cached(kv, &b, 0), LOOM_ERR_INVALID);
 	ck_assert_int_eq(loom_kv_reserve(kv, &b, 32), 0);
 	ck_assert_int_eq(kv->n_free, 0);
 	/* distinct physical blocks */

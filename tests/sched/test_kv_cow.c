@@ -176,7 +176,7 @@ START_TEST(cow_out_of_blocks_changes_nothing)
 	a.n_tokens = 6;
 	a1 = a.blocks[1];
 	ck_assert_int_eq(loom_kv_fork(kv, &b, &a), 0);
-	ck_assert_int_eq(loom_kv_reserve(kv, &b, 1), -1); /* the copy needs a block */
+	ck_assert_int_eq(loom_kv_reserve(kv, &b, 1), LOOM_ERR_FULL); /* the copy needs a block */
 	ck_assert_int_eq(b.blocks[1], a1);
 	ck_assert_int_eq(kv->refs[a1], 2);
 	loom_kv_seq_release(kv, &b);
@@ -277,7 +277,7 @@ START_TEST(unreferenced_cached_blocks_evict_lru)
 	ck_assert_int_eq(z.blocks[2], y0);
 	ck_assert_int_eq(loom_kv_n_available(kv), 1);
 	z.n_tokens = 3 * BS;
-	ck_assert_int_eq(loom_kv_reserve(kv, &z, 2 * BS), -1); /* needs 2, 1 is left */
+	ck_assert_int_eq(loom_kv_reserve(kv, &z, 2 * BS), LOOM_ERR_FULL); /* needs 2, 1 is left */
 	ck_assert_int_eq(z.n_blocks, 3);
 	ck_assert_int_eq(lookup(kv, tx, 0), x0);
 	loom_kv_seq_release(kv, &z); /* private blocks go to the free list */
