@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +40,8 @@
 /* The public struct plus the lookup indexes, which callers never see. */
 struct gguf_priv {
 	struct gguf_file f;
-	const struct gguf_kv **kv_sorted;         /* by key */
-	const struct gguf_tensor **tensor_sorted; /* by name */
+	const void **kv_sorted;     /* struct gguf_kv *, by key */
+	const void **tensor_sorted; /* struct gguf_tensor *, by name */
 };
 
 struct rd {
@@ -368,81 +369,87 @@ static int str_cmp(struct gguf_str a, struct gguf_str b)
 	return a.len < b.len ? -1 : a.len > b.len;
 }
 
-static int kv_ptr_cmp(const void *a, const void *b)
+/* qsort_r comparator of pointers to elements whose name is the struct
+ * gguf_str at byte offset *(size_t *)off. */
+static int name_cmp(const void *a, const void *b, void *off)
 {
-	const struct gguf_kv *x = *(const struct gguf_kv *const *)a;
-	const struct gguf_kv *y = *(const struct gguf_kv *const *)b;
+	size_t o = *(const size_t *)off;
+	const char *x = *(const char *const *)a, *y = *(const char *const *)b;
 
-	return str_cmp(x->key, y->key);
+	return str_cmp(*(const struct gguf_str *)(x + o), *(const struct gguf_str *)(y + o));
 }
 
-static int tensor_ptr_cmp(const void *a, const void *b)
+/* Points v[0..n) at the n elements of base (stride bytes apart) in the
+ * order of their names (the struct gguf_str at name_off) and refuses a
+ * name that repeats: the error says "<what> '<name>': <dup>". */
+static int index_by_name(struct rd *r, const void **v, const void *base, size_t stride,
+			 size_t name_off, uint64_t n, const char *what, const char *dup)
 {
-	const struct gguf_tensor *x = *(const struct gguf_tensor *const *)a;
-	const struct gguf_tensor *y = *(const struct gguf_tensor *const *)b;
-
-	return str_cmp(x->name, y->name);
-}
-
-static int index_kvs(struct rd *r, struct gguf_priv *g)
-{
-	struct gguf_file *f = &g->f;
 	char shown[96];
 
-	g->kv_sorted = malloc((f->n_kv ? f->n_kv : 1) * sizeof(*g->kv_sorted));
-	if (!g->kv_sorted)
-		return fail(r, "out of memory");
-	for (uint64_t i = 0; i < f->n_kv; i++)
-		g->kv_sorted[i] = &f->kv[i];
-	qsort(g->kv_sorted, f->n_kv, sizeof(*g->kv_sorted), kv_ptr_cmp);
-	for (uint64_t i = 1; i < f->n_kv; i++) {
-		if (str_cmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key) == 0) {
-			show_str(g->kv_sorted[i]->key, shown, sizeof(shown));
-			setctx(r, "key '%s'", shown);
-			return fail(r, "duplicate key");
+	for (uint64_t i = 0; i < n; i++)
+		v[i] = (const char *)base + i * stride;
+	qsort_r(v, n, sizeof(*v), name_cmp, &name_off);
+	for (uint64_t i = 1; i < n; i++) {
+		const struct gguf_str *prev = (const void *)((const char *)v[i - 1] + name_off);
+		const struct gguf_str *cur = (const void *)((const char *)v[i] + name_off);
+
+		if (str_cmp(*prev, *cur) == 0) {
+			show_str(*cur, shown, sizeof(shown));
+			setctx(r, "%s '%s'", what, shown);
+			return fail(r, dup);
 		}
 	}
 	return 0;
+}
+
+/* The sorted indexes hold element addresses as const void * (what
+ * qsort_r and index_by_name handle) and are read back through the typed
+ * accessors below. */
+static int index_kvs(struct rd *r, struct gguf_priv *g)
+{
+	g->kv_sorted = malloc((g->f.n_kv ? g->f.n_kv : 1) * sizeof(*g->kv_sorted));
+	if (!g->kv_sorted)
+		return fail(r, "out of memory");
+	return index_by_name(r, g->kv_sorted, g->f.kv, sizeof(*g->f.kv),
+			     offsetof(struct gguf_kv, key), g->f.n_kv, "key", "duplicate key");
 }
 
 static int index_tensors(struct rd *r, struct gguf_priv *g)
 {
-	struct gguf_file *f = &g->f;
-	char shown[96];
-
-	g->tensor_sorted = malloc((f->n_tensors ? f->n_tensors : 1) *
+	g->tensor_sorted = malloc((g->f.n_tensors ? g->f.n_tensors : 1) *
 				  sizeof(*g->tensor_sorted));
 	if (!g->tensor_sorted)
 		return fail(r, "out of memory");
-	for (uint64_t i = 0; i < f->n_tensors; i++)
-		g->tensor_sorted[i] = &f->tensors[i];
-	qsort(g->tensor_sorted, f->n_tensors, sizeof(*g->tensor_sorted), tensor_ptr_cmp);
-	for (uint64_t i = 1; i < f->n_tensors; i++) {
-		if (str_cmp(g->tensor_sorted[i - 1]->name, g->tensor_sorted[i]->name) == 0) {
-			show_str(g->tensor_sorted[i]->name, shown, sizeof(shown));
-			setctx(r, "tensor '%s'", shown);
-			return fail(r, "duplicate tensor name");
-		}
-	}
-	return 0;
+	return index_by_name(r, g->tensor_sorted, g->f.tensors, sizeof(*g->f.tensors),
+			     offsetof(struct gguf_tensor, name), g->f.n_tensors, "tensor",
+			     "duplicate tensor name");
 }
 
-static const struct gguf_kv *find_key(const struct gguf_priv *g, const char *key)
+/* Binary search of a name index (see index_by_name): the element, or NULL. */
+static const void *find_by_name(const void *const *v, uint64_t n, size_t name_off,
+				const char *name)
 {
-	struct gguf_str k = { strlen(key), key };
-	uint64_t lo = 0, hi = g->f.n_kv;
+	struct gguf_str k = { strlen(name), name };
+	uint64_t lo = 0, hi = n;
 
 	while (lo < hi) {
 		uint64_t mid = lo + (hi - lo) / 2;
-		int c = str_cmp(g->kv_sorted[mid]->key, k);
+		int c = str_cmp(*(const struct gguf_str *)((const char *)v[mid] + name_off), k);
+
 		if (c == 0)
-			return g->kv_sorted[mid];
+			return v[mid];
 		if (c < 0)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
 	return NULL;
+}
+
+static const struct gguf_kv *find_key(const struct gguf_priv *g, const char *key)
+{
+	return find_by_name(g->kv_sorted, g->f.n_kv, offsetof(struct gguf_kv, key), key);
 }
 
 /* ---- alignment and tensors ---- */
@@ -739,24 +746,11 @@ const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key)
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
 {
 	const struct gguf_priv *g = (const struct gguf_priv *)f;
-	struct gguf_str k;
-	uint64_t lo = 0, hi;
 
 	if (!f || !name)
 		return NULL;
-	k = (struct gguf_str){ strlen(name), name };
-	hi = f->n_tensors;
-	while (lo < hi) {
-		uint64_t mid = lo + (hi - lo) / 2;
-		int c = str_cmp(g->tensor_sorted[mid]->name, k);
-		if (c == 0)
-			return g->tensor_sorted[mid];
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	return find_by_name(g->tensor_sorted, f->n_tensors, offsetof(struct gguf_tensor, name),
+			    name);
 }
 
 static bool is_unsigned(uint32_t t)

@@ -259,21 +259,31 @@ static bool bigram_before(const struct bigram *a, const struct bigram *b)
 	return a->left < b->left;
 }
 
+/* Doubles the capacity (from 64) of array v of elem-byte elements: the
+ * moved array, or NULL on overflow or allocation failure (v unchanged). */
+static void *grow_array(void *v, size_t *cap, size_t elem)
+{
+	size_t n = *cap ? *cap * 2 : 64;
+	void *p;
+
+	if (n > SIZE_MAX / elem)
+		return NULL;
+	p = realloc(v, n * elem);
+	if (p)
+		*cap = n;
+	return p;
+}
+
 static int heap_push(struct heap *h, struct bigram b)
 {
 	size_t i;
 
 	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 64;
-		struct bigram *v;
+		struct bigram *v = grow_array(h->v, &h->cap, sizeof(*v));
 
-		if (cap > SIZE_MAX / sizeof(*v))
-			return -1;
-		v = realloc(h->v, cap * sizeof(*v));
 		if (!v)
 			return -1;
 		h->v = v;
-		h->cap = cap;
 	}
 	i = h->n++;
 	while (i > 0 && bigram_before(&b, &h->v[(i - 1) / 2])) {
@@ -648,16 +658,11 @@ static int spans_push(struct spans *s, size_t off, size_t len)
 	if (!len)
 		return 0;
 	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 64;
-		struct span *v;
+		struct span *v = grow_array(s->v, &s->cap, sizeof(*v));
 
-		if (cap > SIZE_MAX / sizeof(*v))
-			return -1;
-		v = realloc(s->v, cap * sizeof(*v));
 		if (!v)
 			return -1;
 		s->v = v;
-		s->cap = cap;
 	}
 	s->v[s->n++] = (struct span){ off, len };
 	return 0;
