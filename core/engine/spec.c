@@ -957,8 +957,7 @@ static void seq_log(void *host, enum loom_log_level level, const char *msg)
 {
 	struct loom_spec_seq *q = host;
 
-	if (level >= LOOM_LOG_WARN || getenv("LOOM_DEBUG"))
-		fprintf(stderr, "loom: spec %s: %s\n", loom_spec_kind_name(q->k), msg);
+	loom_log(level, "spec %s: %s", loom_spec_kind_name(q->k), msg);
 }
 
 static const int32_t *seq_tokens(void *host, int64_t *n)
@@ -1107,7 +1106,7 @@ static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_
 			return LOOM_ERR_NOMEM; /* no drafts this step */
 		rc = loom_exec_step(p->exec, &b, logits, err, sizeof(err));
 		if (rc) {
-			fprintf(stderr, "loom: spec: draft model: %s\n", err);
+			loom_log(LOOM_LOG_ERROR, "spec: draft model: %s", err);
 			loom_kv_truncate(p->kv, &q->dseq, (int32_t)q->n_dcached);
 			return rc;
 		}

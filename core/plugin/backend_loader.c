@@ -250,7 +250,7 @@ struct loom_backend *loom_backend_open(const char *name,
 	if (loom_backend_check_ops(b->path, b->ops, err, errlen))
 		goto out_close;
 	if (loom_formats_init(ferr, sizeof(ferr)))
-		fprintf(stderr, "loom: warning: %s\n", ferr);
+		loom_log(LOOM_LOG_WARN, "%s", ferr);
 	rc = b->ops->create(loom_host_services(), cfg, &b->ctx);
 	if (rc) {
 		loom_seterr(err, errlen, "backend %s: initialization failed (%s)", b->path,
@@ -437,10 +437,7 @@ const struct loom_quant_format *loom_format_get(uint32_t type)
 
 static void host_log(void *host, enum loom_log_level level, const char *msg)
 {
-	static const char *const names[] = { "debug", "info", "warning", "error" };
-
-	if (level >= LOOM_LOG_WARN || getenv("LOOM_DEBUG"))
-		fprintf(stderr, "loom: %s: %s\n", names[level & 3], msg);
+	loom_log(level, "%s", msg);
 }
 
 static const struct loom_format_info *host_format_info(void *host, uint32_t type)
