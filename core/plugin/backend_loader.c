@@ -233,7 +233,6 @@ struct loom_backend *loom_backend_open(const char *name,
 {
 	struct loom_backend *b = calloc(1, sizeof(*b));
 	loom_backend_entry_fn entry;
-	char ferr[4096];
 	int rc;
 
 	if (!b) {
@@ -249,8 +248,6 @@ struct loom_backend *loom_backend_open(const char *name,
 	b->ops = entry();
 	if (loom_backend_check_ops(b->path, b->ops, err, errlen))
 		goto out_close;
-	if (loom_formats_init(ferr, sizeof(ferr)))
-		loom_log(LOOM_LOG_WARN, "%s", ferr);
 	rc = b->ops->create(loom_host_services(), cfg, &b->ctx);
 	if (rc) {
 		loom_seterr(err, errlen, "backend %s: initialization failed (%s)", b->path,

@@ -10,6 +10,8 @@
  * produce one line naming the file and the reason, e.g.
  *   backend /x/old.so: ABI major 0, this loom needs 1
  * The checks happen before any backend function with side effects runs.
+ * Opening a backend loads nothing else: the format registry is filled by
+ * whoever needs formats (loading a model calls loom_formats_init).
  */
 #ifndef LOOM_BACKEND_LOADER_H
 #define LOOM_BACKEND_LOADER_H
