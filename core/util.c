@@ -17,6 +17,21 @@ void loom_seterr(char *err, size_t errlen, const char *fmt, ...)
 	va_end(ap);
 }
 
+void loom_log(enum loom_log_level level, const char *fmt, ...)
+{
+	static const char *const names[] = { "debug", "info", "warning", "error" };
+	char msg[2048];
+	va_list ap;
+
+	if (level < LOOM_LOG_WARN && !getenv("LOOM_DEBUG"))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	/* one write per line, so lines from several threads do not interleave */
+	fprintf(stderr, "loom: %s: %s\n", names[level & 3], msg);
+}
+
 void loom_sb_putn(struct loom_sbuf *b, const char *s, size_t n)
 {
 	if (b->failed)

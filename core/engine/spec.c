@@ -30,18 +30,14 @@
 #include "engine/spec.h"
 #include "util.h"
 
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "format/gguf.h"
+#include "plugin/loader.h"
 #include "loom_config.h"
 
 #define SPEC_MAX_DRAFT_LIMIT 64
@@ -112,137 +108,45 @@ static int32_t draw_from(uint64_t rng[4], const float *w, int32_t n)
 	return last;
 }
 
-/* ---- finding and loading plugins ---- */
+/* ---- finding and loading plugins (the one loader, plugin/loader.h) ---- */
 
-static bool is_file(const char *path)
-{
-	struct stat st;
+#define SPEC_V1_SIZE (offsetof(struct loom_spec_plugin, destroy) + sizeof(void *))
 
-	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
+static const struct loom_plugin_slot spec_required[] = {
+	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, create),
+	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, propose),
+	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, destroy),
+};
 
-static bool try_dir(const char *dir, size_t dir_len, const char *name, char *path,
-		    size_t cap)
-{
-	int n = snprintf(path, cap, "%.*s/%s", (int)dir_len, dir, name);
-
-	return n > 0 && (size_t)n < cap && is_file(path);
-}
-
-/* <libdir>/loom/spec, derived from the backends folder the build knows. */
-static void install_dir(char *out, size_t cap)
-{
-	const char *b = LOOM_INSTALL_BACKENDS;
-	const char *slash = strrchr(b, '/');
-	size_t len = slash ? (size_t)(slash - b) : strlen(b);
-
-	snprintf(out, cap, "%.*s/spec", (int)len, b);
-}
+/* Only the common checks: ABI, size and the three required slots. */
+static const struct loom_plugin_kind spec_kind = {
+	.what = "spec plugin", .desc_name = "descriptor", .entry = LOOM_SPEC_ENTRY,
+	.env = "LOOM_SPEC_PATH", .build_dir = LOOM_BUILD_ROOT "/plugins/spec",
+	.install_dir = LOOM_INSTALL_SPEC, .add_suffix = true, /* "ngram" names ngram.so */
+	.abi_major = LOOM_SPEC_ABI_MAJOR, .min_size = SPEC_V1_SIZE,
+	.required = spec_required,
+	.n_required = sizeof(spec_required) / sizeof(spec_required[0]),
+};
 
 int loom_spec_resolve(const char *name, char *path, size_t cap, char *err,
 		      size_t errlen)
 {
-	const char *list = getenv("LOOM_SPEC_PATH"), *p;
-	char file[256], inst[4096];
-
-	if (strchr(name, '/')) {
-		if (snprintf(path, cap, "%s", name) >= (int)cap) {
-			loom_seterr(err, errlen, "spec plugin %s: path too long", name);
-			return -1;
-		}
-		if (is_file(path))
-			return 0;
-		loom_seterr(err, errlen, "spec plugin %s: no such file", name);
-		return -1;
-	}
-	/* "ngram" and "ngram.so" both name ngram.so */
-	if (snprintf(file, sizeof(file), "%s%s", name,
-		     strlen(name) > 3 && !strcmp(name + strlen(name) - 3, ".so") ? "" : ".so") >=
-	    (int)sizeof(file)) {
-		loom_seterr(err, errlen, "spec plugin %s: name too long", name);
-		return -1;
-	}
-	for (p = list; p && *p;) {
-		const char *end = strchr(p, ':');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-
-		if (len && try_dir(p, len, file, path, cap))
-			return 0;
-		p = end ? end + 1 : NULL;
-	}
-	if (try_dir(LOOM_BUILD_ROOT "/plugins/spec", strlen(LOOM_BUILD_ROOT "/plugins/spec"),
-		    file, path, cap))
-		return 0;
-	install_dir(inst, sizeof(inst));
-	if (try_dir(inst, strlen(inst), file, path, cap))
-		return 0;
-	loom_seterr(err, errlen, "spec plugin %s: not found in $LOOM_SPEC_PATH, %s/plugins/spec/ or %s/",
-		file, LOOM_BUILD_ROOT, inst);
-	return -1;
+	return loom_plugin_resolve(&spec_kind, name, path, cap, err, errlen);
 }
-
-#define SPEC_V1_SIZE (offsetof(struct loom_spec_plugin, destroy) + sizeof(void *))
 
 int loom_spec_check(const char *path, const struct loom_spec_plugin *p, char *err,
 		    size_t errlen)
 {
-	if (!p) {
-		loom_seterr(err, errlen, "spec plugin %s: entry returned no descriptor", path);
-		return -1;
-	}
-	if (p->abi_major != LOOM_SPEC_ABI_MAJOR) {
-		loom_seterr(err, errlen, "spec plugin %s: ABI major %u, this loom needs %u",
-			path, p->abi_major, LOOM_SPEC_ABI_MAJOR);
-		return -1;
-	}
-	if (p->struct_size < SPEC_V1_SIZE) {
-		loom_seterr(err, errlen, "spec plugin %s: descriptor of %u bytes, ABI 1.0 needs at least %zu",
-			path, p->struct_size, (size_t)SPEC_V1_SIZE);
-		return -1;
-	}
-	if (!p->create || !p->propose || !p->destroy) {
-		loom_seterr(err, errlen, "spec plugin %s: required slot %s is missing", path,
-			!p->create ? "create" : !p->propose ? "propose" : "destroy");
-		return -1;
-	}
-	return 0;
+	return loom_plugin_check(&spec_kind, path, p, err, errlen);
 }
 
 /* dlopens the plugin `name` resolves to and checks its descriptor; path
- * (cap bytes) gets the file. */
+ * (cap bytes) gets the file. Never dlclose'd once it loads (loader.h). */
 static int open_plugin(const char *name, char *path, size_t cap, void **dl,
 		       const struct loom_spec_plugin **p, char *err, size_t errlen)
 {
-	unsigned char magic[4];
-	loom_spec_entry_fn entry;
-	ssize_t n = 0;
-	int fd;
-
-	if (loom_spec_resolve(name, path, cap, err, errlen))
-		return -1;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd >= 0) {
-		n = read(fd, magic, sizeof(magic));
-		close(fd);
-	}
-	if (fd < 0 || n != 4 || memcmp(magic, "\177ELF", 4) != 0) {
-		loom_seterr(err, errlen, "spec plugin %s: %s", path,
-			fd < 0 ? strerror(errno) : "not an ELF shared object");
-		return -1;
-	}
-	*dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!*dl) {
-		loom_seterr(err, errlen, "spec plugin %s: cannot load: %s", path, dlerror());
-		return -1;
-	}
-	entry = (loom_spec_entry_fn)dlsym(*dl, LOOM_SPEC_ENTRY);
-	if (!entry) {
-		loom_seterr(err, errlen, "spec plugin %s: no entry symbol %s", path,
-			LOOM_SPEC_ENTRY);
-		return -1;
-	}
-	*p = entry();
-	return loom_spec_check(path, *p, err, errlen);
+	*p = loom_plugin_open(&spec_kind, name, path, cap, dl, err, errlen);
+	return *p ? 0 : -1;
 }
 
 /* The draft's vocabulary must be the target's, token for token. */
@@ -444,8 +348,7 @@ static void seq_log(void *host, enum loom_log_level level, const char *msg)
 {
 	struct loom_spec_seq *q = host;
 
-	if (level >= LOOM_LOG_WARN || getenv("LOOM_DEBUG"))
-		fprintf(stderr, "loom: spec %s: %s\n", loom_spec_kind_name(q->k), msg);
+	loom_log(level, "spec %s: %s", loom_spec_kind_name(q->k), msg);
 }
 
 static const int32_t *seq_tokens(void *host, int64_t *n)
@@ -594,7 +497,7 @@ static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_
 			return LOOM_ERR_NOMEM; /* no drafts this step */
 		rc = loom_exec_step(p->exec, &b, logits, err, sizeof(err));
 		if (rc) {
-			fprintf(stderr, "loom: spec: draft model: %s\n", err);
+			loom_log(LOOM_LOG_ERROR, "spec: draft model: %s", err);
 			loom_kv_truncate(p->kv, &q->dseq, (int32_t)q->n_dcached);
 			return rc;
 		}
@@ -710,7 +613,7 @@ struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
 	k->pool = pool;
 	if (open_plugin(name, k->path, sizeof(k->path), &k->dl, &k->p, err, errlen) ||
 	    kind_probe(k, err, errlen)) {
-		free(k); /* never dlclose (see backend_loader.c) */
+		free(k); /* never dlclose (plugin/loader.h) */
 		return NULL;
 	}
 	return k;

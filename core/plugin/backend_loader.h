@@ -1,4 +1,6 @@
-/* Loading backends and quantization plugins with dlopen (internal).
+/* Loading backends with dlopen (internal), through the one plugin loader
+ * (loader.h), which also says when plugins are unloaded (never, once
+ * anything of theirs has run).
  *
  * A bare name ("cpu.so") is looked up, in order, in each folder of the
  * LOOM_BACKEND_PATH environment variable (colon-separated), in the build
@@ -10,6 +12,8 @@
  * produce one line naming the file and the reason, e.g.
  *   backend /x/old.so: ABI major 0, this loom needs 1
  * The checks happen before any backend function with side effects runs.
+ * Opening a backend loads nothing else: the format registry (host.h) is
+ * filled by whoever needs formats (loading a model calls loom_formats_init).
  */
 #ifndef LOOM_BACKEND_LOADER_H
 #define LOOM_BACKEND_LOADER_H
@@ -19,6 +23,7 @@
 
 #include "loom/backend.h"
 #include "loom/plugin.h"
+#include "plugin/host.h"
 
 struct loom_backend {
 	void *dl;
@@ -38,22 +43,12 @@ struct loom_backend *loom_backend_open(const char *name,
 int loom_backend_check_ops(const char *path, const struct loom_backend_ops *ops,
 			   char *err, size_t errlen);
 void loom_backend_close(struct loom_backend *b);
+/* Resolves and loads a backend and checks its table, creating nothing
+ * (for tests that drive the table themselves). NULL with err set. */
+const struct loom_backend_ops *loom_backend_load_ops(const char *name, char *path, size_t cap,
+						     char *err, size_t errlen);
 /* Whether the backend has step regions (generation 1.1 graph_begin and
  * graph_end; the loader refuses a table with only one of them). */
 bool loom_backend_has_graphs(const struct loom_backend *b);
-
-/* The host services table the core lends every backend. */
-const struct loom_backend_host *loom_host_services(void);
-
-/* ---- quantization format registry ---- */
-
-/* Loads every quantization plugin (*.so) from LOOM_QUANT_PATH folders,
- * the build tree's plugins/quant/ and <libdir>/loom/quant/. Idempotent.
- * 0, or -1 with err naming the file and reason. */
-int loom_formats_init(char *err, size_t errlen);
-/* Loads one plugin file explicitly. 0 or -1 with err. */
-int loom_formats_load_plugin(const char *path, char *err, size_t errlen);
-/* The registered format for a GGUF type id, or NULL. */
-const struct loom_quant_format *loom_format_get(uint32_t type);
 
 #endif /* LOOM_BACKEND_LOADER_H */

@@ -19,7 +19,6 @@
  * itself and the region; upload/synchronize inside a region fail; nesting
  * and an unmatched graph_end are refused; a region after all that works.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -448,23 +447,6 @@ static void check_failures(const struct loom_backend_ops *ops, const struct mode
 		       "which runs nothing\n", n);
 }
 
-static const struct loom_backend_ops *load(const char *name, char *err, size_t errlen)
-{
-	char path[4096];
-	loom_backend_entry_fn entry;
-	void *dl;
-
-	if (loom_backend_resolve(name, path, sizeof(path), err, errlen))
-		return NULL;
-	dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!dl) {
-		snprintf(err, errlen, "%s", dlerror());
-		return NULL;
-	}
-	entry = (loom_backend_entry_fn)dlsym(dl, LOOM_BACKEND_ENTRY);
-	return entry ? entry() : NULL;
-}
-
 int main(int argc, char **argv)
 {
 	static struct model m;
@@ -479,11 +461,13 @@ int main(int argc, char **argv)
 	fill(m.wv, sizeof(m.wv) / 4, 0.3f);
 	fill(m.wo, sizeof(m.wo) / 4, 0.3f);
 	for (int i = 1; i < argc; i++) {
-		const struct loom_backend_ops *ops = load(argv[i], err, sizeof(err));
+		char path[4096];
+		const struct loom_backend_ops *ops = loom_backend_load_ops(argv[i], path, sizeof(path),
+									   err, sizeof(err));
 		struct loom_backend_config cfg = { .struct_size = sizeof(cfg) };
 		struct loom_backend_ctx *c = NULL;
 
-		if (!ops || loom_backend_check_ops(argv[i], ops, err, sizeof(err))) {
+		if (!ops) {
 			printf("SKIP %s: not loadable (%s)\n", argv[i], err);
 			continue;
 		}

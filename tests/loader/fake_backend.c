@@ -8,8 +8,9 @@
  *   FAKE_NO_ENTRY      exports a misspelled entry symbol instead
  *   FAKE_NULL_TABLE    the entry returns NULL
  *
- * create() appends the backend's file tag to the file named by
- * $LOOM_TEST_CREATE_LOG, so the test can tell whether the loader called it.
+ * create() appends a line starting with the backend's file tag to the file
+ * named by $LOOM_TEST_CREATE_LOG, so the test can tell whether the loader
+ * called it and with which host context (see fake_note_create).
  * Only the two buffer and device_info slots do anything; the operators
  * answer LOOM_ERR_UNSUPPORTED.
  */
@@ -22,6 +23,9 @@
 #ifndef FAKE_ABI_MAJOR
 #define FAKE_ABI_MAJOR LOOM_BACKEND_ABI_MAJOR
 #endif
+/* the type fake_quant.c registers */
+#define FAKE_FORMAT_TYPE 39
+
 #ifndef FAKE_TAG
 #define FAKE_TAG "fake"
 #endif
@@ -31,9 +35,12 @@ struct loom_backend_ctx {
 	int32_t device;
 };
 
-static void fake_note_create(void)
+/* Appends a line: the tag, the host context create() was lent, and the
+ * name that context gives format FAKE_FORMAT_TYPE ("-": none). */
+static void fake_note_create(const struct loom_backend_host *host)
 {
 	const char *log = getenv("LOOM_TEST_CREATE_LOG");
+	const struct loom_format_info *fi = NULL;
 	FILE *f;
 
 	if (!log || !*log)
@@ -41,7 +48,10 @@ static void fake_note_create(void)
 	f = fopen(log, "a");
 	if (!f)
 		return;
-	fprintf(f, "%s\n", FAKE_TAG);
+	if (host && host->host && host->format_info)
+		fi = host->format_info(host->host, FAKE_FORMAT_TYPE);
+	fprintf(f, "%s host=%p format=%s\n", FAKE_TAG,
+		host ? host->host : NULL, fi && fi->name ? fi->name : "-");
 	fclose(f);
 }
 
@@ -51,7 +61,7 @@ static int fake_create(const struct loom_backend_host *host,
 {
 	struct loom_backend_ctx *ctx;
 
-	fake_note_create();
+	fake_note_create(host);
 #ifdef FAKE_NO_DEVICE
 	if (host && host->log)
 		host->log(host->host, LOOM_LOG_ERROR, "fake: no device found");

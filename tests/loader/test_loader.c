@@ -1,7 +1,9 @@
-/* Tests for core/plugin/backend_loader.c: every refusal names the file and the
- * reason, refused backends never get create() called, a good one loads,
- * bare names resolve through $LOOM_BACKEND_PATH, and quant plugins are
- * checked the same way. The shared objects come from fake_backend.c and
+/* Tests for the one plugin loader (core/plugin/loader.c) through its three
+ * kinds: every refusal names the file and the reason, refused backends
+ * never get create() called, a good one loads and is lent the host's
+ * context, bare names resolve in the same order for every kind (the
+ * kind's environment folders, then the build tree), and quant and spec
+ * plugins are checked the same way. The shared objects come from fake_backend.c and
  * fake_quant.c, built by meson.build in this folder; argv[1] is that
  * build folder. */
 #include <check.h>
@@ -9,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/spec.h"
+#include "loom_config.h"
 #include "plugin/backend_loader.h"
 
 static const char *mod_dir;
@@ -42,21 +47,33 @@ static void create_log_remove(void)
 		unlink(create_log);
 }
 
-/* Whether create() of the backend tagged `tag` ran since the reset. */
-static bool create_called(const char *tag)
+/* The last line fake_note_create wrote for `tag` ("tag host=..."). */
+static bool create_note(const char *tag, char *line, size_t cap)
 {
-	char line[256];
+	char buf[512];
+	size_t n = strlen(tag);
 	bool found = false;
 	FILE *f = fopen(create_log, "r");
 
 	if (!f)
 		return false;
-	while (fgets(line, sizeof(line), f)) {
-		line[strcspn(line, "\n")] = '\0';
-		found |= strcmp(line, tag) == 0;
+	while (fgets(buf, sizeof(buf), f)) {
+		buf[strcspn(buf, "\n")] = '\0';
+		if (strncmp(buf, tag, n) == 0 && buf[n] == ' ') {
+			snprintf(line, cap, "%s", buf);
+			found = true;
+		}
 	}
 	fclose(f);
 	return found;
+}
+
+/* Whether create() of the backend tagged `tag` ran since the reset. */
+static bool create_called(const char *tag)
+{
+	char line[512];
+
+	return create_note(tag, line, sizeof(line));
 }
 
 static void write_file(const char *path, const void *data, size_t n)
@@ -355,6 +372,36 @@ END_TEST
 
 #define FAKE_QUANT_TYPE 39
 
+/* A non-ELF file at p (mod_dir/name) for the refusal tests. */
+static void write_not_elf(char *p, size_t cap, const char *name)
+{
+	static const char text[] = "this is a text file, not a plugin\n";
+
+	mod_path(p, cap, name);
+	write_file(p, text, sizeof(text) - 1);
+}
+
+START_TEST(quant_and_spec_refuse_non_elf)
+{
+	char p[4096], err[4096] = "";
+	struct loom_spec_config c;
+
+	write_not_elf(p, sizeof(p), "not_elf_quant.so");
+	ck_assert_int_eq(loom_formats_load_plugin(p, err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, "quant plugin") && strstr(err, p) &&
+		      strstr(err, "not an ELF shared object"), "'%s'", err);
+	unlink(p);
+
+	loom_spec_config_defaults(&c);
+	write_not_elf(p, sizeof(p), "not_elf_spec.so");
+	err[0] = '\0';
+	ck_assert_ptr_null(loom_spec_kind_load(p, &c, 300, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "spec plugin") && strstr(err, p) &&
+		      strstr(err, "not an ELF shared object"), "'%s'", err);
+	unlink(p);
+}
+END_TEST
+
 START_TEST(quant_plugin_refusals)
 {
 	char p[4096], err[4096];
@@ -407,11 +454,154 @@ START_TEST(quant_plugin_loads)
 }
 END_TEST
 
+/* ---- the host lent to backends ---- */
+
+/* Opens good.so, closes it, and checks its create() note. */
+static void expect_create_note(const char *want)
+{
+	char p[4096], err[4096] = "", line[512];
+	struct loom_backend *b;
+
+	create_log_reset();
+	mod_path(p, sizeof(p), "good.so");
+	b = loom_backend_open(p, &cfg0, err, sizeof(err));
+	ck_assert_msg(b != NULL, "%s", err);
+	loom_backend_close(b);
+	ck_assert(create_note("good", line, sizeof(line)));
+	ck_assert_str_eq(line, want);
+}
+
+START_TEST(backend_gets_host_context)
+{
+	const struct loom_backend_host *h = loom_host_services();
+	char p[4096], err[4096] = "", want[512];
+
+	ck_assert_ptr_nonnull(h->host);
+	/* Opening a backend loads no format plugin (fresh process: Check
+	 * forks each test), and the backend is lent the host's context. */
+	snprintf(want, sizeof(want), "good host=%p format=-", h->host);
+	expect_create_note(want);
+	ck_assert_ptr_null(loom_format_get(LOOM_TYPE_Q8_0));
+	/* Through that context, the backend reaches the host's registry. */
+	mod_path(p, sizeof(p), "quant_good.so");
+	ck_assert_msg(loom_formats_load_plugin(p, err, sizeof(err)) == 0, "%s", err);
+	snprintf(want, sizeof(want), "good host=%p format=fake32", h->host);
+	expect_create_note(want);
+}
+END_TEST
+
+/* ---- one resolve order for every kind ---- */
+
+/* Makes folder mod_dir/name (out) holding a copy of src, or an empty
+ * file, named file. */
+static void folder_with(char *out, size_t cap, const char *name, const char *file,
+			const char *src)
+{
+	char p[8192], buf[1 << 16];
+	size_t n;
+	FILE *in, *f;
+
+	mod_path(out, cap, name);
+	mkdir(out, 0755);
+	snprintf(p, sizeof(p), "%s/%s", out, file);
+	f = fopen(p, "wb");
+	ck_assert_msg(f != NULL, "cannot write %s", p);
+	in = src ? fopen(src, "rb") : NULL;
+	ck_assert(!src || in);
+	while (in && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+		ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+	if (in)
+		fclose(in);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+typedef int (*resolve_fn)(const char *name, char *path, size_t cap, char *err,
+			  size_t errlen);
+
+/* name resolves to `file` in the folders of $env in their order, then
+ * to build_file under the build tree; a path is taken as it is. */
+static void check_order(const char *env, resolve_fn resolve, const char *name,
+			const char *file, const char *build_file)
+{
+	char a[4096], b[4096], list[8192], got[4096], want[8192], err[4096] = "";
+
+	folder_with(a, sizeof(a), "order_a", file, NULL);
+	folder_with(b, sizeof(b), "order_b", file, NULL);
+	snprintf(list, sizeof(list), "/nonexistent-loom-dir:%s:%s", a, b);
+	ck_assert_int_eq(setenv(env, list, 1), 0);
+	ck_assert_msg(resolve(name, got, sizeof(got), err, sizeof(err)) == 0, "%s", err);
+	snprintf(want, sizeof(want), "%s/%s", a, file);
+	ck_assert_str_eq(got, want);
+	snprintf(list, sizeof(list), "%s:%s", b, a);
+	ck_assert_int_eq(setenv(env, list, 1), 0);
+	ck_assert_int_eq(resolve(name, got, sizeof(got), err, sizeof(err)), 0);
+	snprintf(want, sizeof(want), "%s/%s", b, file);
+	ck_assert_str_eq(got, want);
+
+	ck_assert_int_eq(setenv(env, "", 1), 0);
+	ck_assert_msg(resolve(name, got, sizeof(got), err, sizeof(err)) == 0, "%s", err);
+	snprintf(want, sizeof(want), "%s%s", LOOM_BUILD_ROOT, build_file);
+	ck_assert_str_eq(got, want);
+	ck_assert_int_eq(resolve("no-such-plugin.so", got, sizeof(got), err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, "no-such-plugin.so") && strstr(err, env) &&
+		      strstr(err, "not found"), "'%s'", err);
+
+	snprintf(want, sizeof(want), "%s/%s", a, file);
+	ck_assert_int_eq(resolve(want, got, sizeof(got), err, sizeof(err)), 0);
+	ck_assert_str_eq(got, want);
+	snprintf(want, sizeof(want), "%s/none.so", a);
+	ck_assert_int_eq(resolve(want, got, sizeof(got), err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, want) && strstr(err, "No such file"), "'%s'", err);
+}
+
+START_TEST(backend_resolve_order)
+{
+	check_order("LOOM_BACKEND_PATH", loom_backend_resolve, "ref.so", "ref.so",
+		    "/backends/ref/ref.so");
+}
+END_TEST
+
+START_TEST(spec_resolve_order)
+{
+	/* a bare strategy name gets ".so" */
+	check_order("LOOM_SPEC_PATH", loom_spec_resolve, "ngram", "ngram.so",
+		    "/plugins/spec/ngram.so");
+}
+END_TEST
+
+START_TEST(quant_scan_adds_env_folders)
+{
+	char src[4096], dir[4096], err[4096] = "";
+
+	/* The build tree's formats, then those of each $LOOM_QUANT_PATH folder. */
+	mod_path(src, sizeof(src), "quant_good.so");
+	folder_with(dir, sizeof(dir), "quant_env", "fake.so", src);
+	ck_assert_int_eq(setenv("LOOM_QUANT_PATH", dir, 1), 0);
+	ck_assert_msg(loom_formats_init(err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ptr_nonnull(loom_format_get(LOOM_TYPE_Q8_0));
+	ck_assert_ptr_nonnull(loom_format_get(FAKE_QUANT_TYPE));
+	ck_assert_str_eq(loom_format_get(FAKE_QUANT_TYPE)->name, "fake32");
+}
+END_TEST
+
+START_TEST(quant_scan_refuses_bad_plugin)
+{
+	char dir[4096], err[4096] = "";
+
+	folder_with(dir, sizeof(dir), "quant_bad", "bad.so", NULL);
+	ck_assert_int_eq(setenv("LOOM_QUANT_PATH", dir, 1), 0);
+	ck_assert_int_eq(loom_formats_init(err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, dir) && strstr(err, "bad.so") &&
+		      strstr(err, "not an ELF shared object"), "'%s'", err);
+}
+END_TEST
+
 static Suite *loader_suite(void)
 {
 	Suite *s = suite_create("loader");
 	TCase *tc = tcase_create("backend");
 	TCase *tq = tcase_create("quant");
+	TCase *th = tcase_create("host");
 
 	tcase_add_checked_fixture(tc, NULL, create_log_remove);
 	tcase_add_test(tc, refuses_missing_entry);
@@ -431,6 +621,14 @@ static Suite *loader_suite(void)
 	 * global format registry starts empty in both quant tests. */
 	tcase_add_test(tq, quant_plugin_refusals);
 	tcase_add_test(tq, quant_plugin_loads);
+	tcase_add_test(tq, quant_and_spec_refuse_non_elf);
+	tcase_add_test(tq, quant_scan_adds_env_folders);
+	tcase_add_test(tq, quant_scan_refuses_bad_plugin);
+	tcase_add_checked_fixture(th, NULL, create_log_remove);
+	tcase_add_test(th, backend_gets_host_context);
+	tcase_add_test(th, backend_resolve_order);
+	tcase_add_test(th, spec_resolve_order);
+	suite_add_tcase(s, th);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, tq);
 	return s;

@@ -1,0 +1,153 @@
+/* The host lent to plugins: the format registry and the services table
+ * (see host.h). Quantization plugins load through the one loader
+ * (loader.h); this file holds only what is theirs. */
+#include "plugin/host.h"
+#include "plugin/loader.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "loom_config.h"
+
+struct loom_host {
+	struct loom_backend_host services; /* lent to backends; .host is this */
+	pthread_mutex_t lock;              /* held while plugins register */
+	bool formats_scanned;
+	/* the registry: entries point into plugins, which stay loaded */
+	const struct loom_quant_format *formats[LOOM_TYPE_COUNT];
+	struct loom_format_info format_infos[LOOM_TYPE_COUNT];
+};
+
+/* ---- the services table's callbacks; `host` is the struct loom_host ---- */
+
+static void host_log(void *host, enum loom_log_level level, const char *msg)
+{
+	(void)host;
+	loom_log(level, "%s", msg);
+}
+
+static const struct loom_format_info *host_format_info(void *host, uint32_t type)
+{
+	struct loom_host *h = host;
+
+	return type < LOOM_TYPE_COUNT && h->formats[type] ? &h->format_infos[type] : NULL;
+}
+
+static int host_to_float(void *host, uint32_t type, const void *src, float *dst, int64_t n)
+{
+	struct loom_host *h = host;
+
+	if (type >= LOOM_TYPE_COUNT || !h->formats[type])
+		return LOOM_ERR_UNSUPPORTED;
+	return h->formats[type]->to_float(src, dst, n);
+}
+
+static struct loom_host default_host = {
+	.services = {
+		.abi_major = LOOM_BACKEND_ABI_MAJOR,
+		.struct_size = sizeof(struct loom_backend_host),
+		.host = &default_host,
+		.log = host_log,
+		.format_info = host_format_info,
+		.to_float = host_to_float,
+	},
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+struct loom_host *loom_host_default(void)
+{
+	return &default_host;
+}
+
+const struct loom_backend_host *loom_host_services(void)
+{
+	return &default_host.services;
+}
+
+/* ---- quantization plugins ---- */
+
+#define QUANT_V1_SIZE (offsetof(struct loom_quant_plugin, formats) + sizeof(void *))
+
+static int check_quant(const char *path, const void *desc, char *err, size_t errlen)
+{
+	const struct loom_quant_plugin *p = desc;
+
+	if (p->n_formats && !p->formats) {
+		loom_seterr(err, errlen, "quant plugin %s: %u formats but no format table", path,
+			    p->n_formats);
+		return -1;
+	}
+	for (uint32_t i = 0; i < p->n_formats; i++) {
+		const struct loom_quant_format *f = &p->formats[i];
+
+		if (f->type >= LOOM_TYPE_COUNT || !f->to_float || !f->from_float ||
+		    !f->block_elems || !f->block_bytes || !f->name) {
+			loom_seterr(err, errlen, "quant plugin %s: format %u is incomplete", path, i);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* No required slots: a format's own are checked by check_quant. */
+static const struct loom_plugin_kind quant_kind = {
+	.what = "quant plugin", .desc_name = "descriptor", .entry = LOOM_QUANT_ENTRY,
+	.env = "LOOM_QUANT_PATH", .build_dir = LOOM_BUILD_ROOT "/plugins/quant",
+	.install_dir = LOOM_INSTALL_QUANT,
+	.abi_major = LOOM_PLUGIN_ABI_MAJOR, .min_size = QUANT_V1_SIZE, .check = check_quant,
+};
+
+/* Loads one quant plugin into host h's registry (h->lock held). A later
+ * plugin's format replaces an earlier one's of the same type. */
+static int register_plugin(const char *path, void *ctx, char *err, size_t errlen)
+{
+	struct loom_host *h = ctx;
+	const struct loom_quant_plugin *p;
+	void *dl;
+
+	p = loom_plugin_load(&quant_kind, path, &dl, err, errlen);
+	if (!p)
+		return -1;
+	for (uint32_t i = 0; i < p->n_formats; i++) {
+		const struct loom_quant_format *f = &p->formats[i];
+
+		h->formats[f->type] = f;
+		h->format_infos[f->type] = (struct loom_format_info){
+			.type = f->type, .block_elems = f->block_elems,
+			.block_bytes = f->block_bytes, .name = f->name,
+		};
+	}
+	return 0; /* never dlclose: the registry points into the plugin */
+}
+
+int loom_formats_load_plugin(const char *path, char *err, size_t errlen)
+{
+	struct loom_host *h = &default_host;
+	int rc;
+
+	pthread_mutex_lock(&h->lock);
+	rc = register_plugin(path, h, err, errlen);
+	pthread_mutex_unlock(&h->lock);
+	return rc;
+}
+
+int loom_formats_init(char *err, size_t errlen)
+{
+	struct loom_host *h = &default_host;
+	int rc = 0;
+
+	pthread_mutex_lock(&h->lock);
+	if (!h->formats_scanned) {
+		rc = loom_plugin_scan(&quant_kind, register_plugin, h, err, errlen);
+		h->formats_scanned = rc == 0;
+	}
+	pthread_mutex_unlock(&h->lock);
+	return rc;
+}
+
+const struct loom_quant_format *loom_format_get(uint32_t type)
+{
+	return type < LOOM_TYPE_COUNT ? default_host.formats[type] : NULL;
+}

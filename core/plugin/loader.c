@@ -1,0 +1,346 @@
+/* The one plugin loader (see loader.h). */
+#include "plugin/loader.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loom/backend.h"
+#include "loom/plugin.h"
+#include "loom/spec.h"
+
+/* Every descriptor starts with these three fields, whatever its kind, so
+ * the common checks read them through this view. */
+struct plugin_head {
+	uint32_t abi_major;
+	uint32_t abi_minor;
+	uint32_t struct_size;
+};
+
+#define HEAD_MATCHES(type)                                                    \
+	_Static_assert(offsetof(type, abi_major) == 0 &&                      \
+		       offsetof(type, abi_minor) == 4 &&                      \
+		       offsetof(type, struct_size) == 8,                      \
+		       #type " does not start as every plugin descriptor does")
+HEAD_MATCHES(struct loom_backend_ops);
+HEAD_MATCHES(struct loom_quant_plugin);
+HEAD_MATCHES(struct loom_spec_plugin);
+
+/* ---- folders ---- */
+
+enum { IN_ENV = 1, IN_BUILD = 2, IN_INSTALL = 4, IN_ALL = 7 };
+
+/* Called on one folder; non-zero stops the walk and is returned. */
+typedef int (*folder_fn)(const char *dir, void *ctx);
+
+static bool is_file(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool has_so_suffix(const char *name)
+{
+	size_t len = strlen(name);
+
+	return len > 3 && strcmp(name + len - 3, ".so") == 0;
+}
+
+/* Joins dir and name into out; false if it does not fit. */
+static bool join_path(char *out, size_t cap, const char *dir, const char *name)
+{
+	int n = snprintf(out, cap, "%s/%s", dir, name);
+
+	return n > 0 && (size_t)n < cap;
+}
+
+/* Each folder of a colon-separated list; empty entries are skipped. */
+static int each_listed(const char *list, folder_fn fn, void *ctx)
+{
+	char dir[4096];
+	const char *p = list;
+	int rc;
+
+	while (p && *p) {
+		const char *end = strchr(p, ':');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (len > 0 && len < sizeof(dir)) {
+			memcpy(dir, p, len);
+			dir[len] = '\0';
+			rc = fn(dir, ctx);
+			if (rc)
+				return rc;
+		}
+		p = end ? end + 1 : NULL;
+	}
+	return 0;
+}
+
+/* Each subfolder of dir (build/backends/cpu/, build/backends/gpuemu/...). */
+static int each_subdir(const char *dir, folder_fn fn, void *ctx)
+{
+	char sub[4096];
+	struct dirent *de;
+	DIR *d = opendir(dir);
+	int rc = 0;
+
+	if (!d)
+		return 0;
+	while (!rc && (de = readdir(d))) {
+		if (de->d_name[0] != '.' && join_path(sub, sizeof(sub), dir, de->d_name))
+			rc = fn(sub, ctx);
+	}
+	closedir(d);
+	return rc;
+}
+
+/* The kind's folders named by `where`, in search order. */
+static int each_folder(const struct loom_plugin_kind *k, unsigned where, folder_fn fn,
+		       void *ctx)
+{
+	int rc = 0;
+
+	if (where & IN_ENV)
+		rc = each_listed(getenv(k->env), fn, ctx);
+	if (!rc && (where & IN_BUILD))
+		rc = k->build_subdirs ? each_subdir(k->build_dir, fn, ctx) : fn(k->build_dir, ctx);
+	if (!rc && (where & IN_INSTALL))
+		rc = fn(k->install_dir, ctx);
+	return rc;
+}
+
+/* "$LOOM_X_PATH, <build>/x/ or <install>/", for messages. */
+static const char *folders_text(const struct loom_plugin_kind *k, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "$%s, %s/%s or %s/", k->env, k->build_dir,
+		 k->build_subdirs ? "*/" : "", k->install_dir);
+	return buf;
+}
+
+/* ---- resolve ---- */
+
+struct lookup {
+	const char *file;
+	char *path;
+	size_t cap;
+};
+
+static int try_folder(const char *dir, void *ctx)
+{
+	struct lookup *l = ctx;
+
+	return join_path(l->path, l->cap, dir, l->file) && is_file(l->path);
+}
+
+static int explicit_path(const struct loom_plugin_kind *k, const char *name, char *path,
+			 size_t cap, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (snprintf(path, cap, "%s", name) >= (int)cap) {
+		loom_seterr(err, errlen, "%s %s: path too long", k->what, name);
+		return -1;
+	}
+	if (stat(path, &st)) {
+		loom_seterr(err, errlen, "%s %s: %s", k->what, path, strerror(errno));
+		return -1;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		loom_seterr(err, errlen, "%s %s: not a regular file", k->what, path);
+		return -1;
+	}
+	return 0;
+}
+
+int loom_plugin_resolve(const struct loom_plugin_kind *k, const char *name, char *path,
+			size_t cap, char *err, size_t errlen)
+{
+	char file[1024], where[8192];
+	struct lookup l = { .file = file, .path = path, .cap = cap };
+	bool add;
+
+	if (!name || !*name) {
+		loom_seterr(err, errlen, "%s: empty name", k->what);
+		return -1;
+	}
+	if (strchr(name, '/'))
+		return explicit_path(k, name, path, cap, err, errlen);
+	/* "ngram" and "ngram.so" both name ngram.so where the kind says so */
+	add = k->add_suffix && !has_so_suffix(name);
+	if (snprintf(file, sizeof(file), "%s%s", name, add ? ".so" : "") >= (int)sizeof(file)) {
+		loom_seterr(err, errlen, "%s %s: name too long", k->what, name);
+		return -1;
+	}
+	if (each_folder(k, IN_ALL, try_folder, &l) == 1)
+		return 0;
+	loom_seterr(err, errlen, "%s %s: not found in %s", k->what, file,
+		    folders_text(k, where, sizeof(where)));
+	return -1;
+}
+
+/* ---- load ---- */
+
+/* Tells "not a shared object" apart from dlopen's other failures, so the
+ * message says what is wrong with the file rather than only dlerror(). */
+static int check_elf(const struct loom_plugin_kind *k, const char *path, char *err,
+		     size_t errlen)
+{
+	unsigned char h[EI_NIDENT + 2];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	unsigned type;
+	ssize_t n;
+
+	if (fd < 0) {
+		loom_seterr(err, errlen, "%s %s: %s", k->what, path, strerror(errno));
+		return -1;
+	}
+	n = read(fd, h, sizeof(h));
+	close(fd);
+	/* e_type follows e_ident in both classes, in the file's byte order */
+	type = n == (ssize_t)sizeof(h) && h[EI_DATA] == ELFDATA2MSB ?
+	       (unsigned)h[EI_NIDENT] << 8 | h[EI_NIDENT + 1] :
+	       (unsigned)h[EI_NIDENT + 1] << 8 | h[EI_NIDENT];
+	if (n != (ssize_t)sizeof(h) || memcmp(h, ELFMAG, SELFMAG) != 0 || type != ET_DYN) {
+		loom_seterr(err, errlen, "%s %s: not an ELF shared object", k->what, path);
+		return -1;
+	}
+	return 0;
+}
+
+int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const void *desc,
+		      char *err, size_t errlen)
+{
+	const struct plugin_head *h = desc;
+
+	if (!h) {
+		loom_seterr(err, errlen, "%s %s: entry returned no %s", k->what, path, k->desc_name);
+		return -1;
+	}
+	if (h->abi_major != k->abi_major) {
+		loom_seterr(err, errlen, "%s %s: ABI major %u, this loom needs %u", k->what, path,
+			    h->abi_major, k->abi_major);
+		return -1;
+	}
+	if (h->struct_size < k->min_size) {
+		loom_seterr(err, errlen, "%s %s: %s of %u bytes, ABI 1.0 needs at least %zu",
+			    k->what, path, k->desc_name, h->struct_size, k->min_size);
+		return -1;
+	}
+	for (size_t i = 0; i < k->n_required; i++) {
+		void *const *slot = (void *const *)((const char *)desc + k->required[i].offset);
+
+		if (!*slot) {
+			loom_seterr(err, errlen, "%s %s: required slot %s is missing", k->what,
+				    path, k->required[i].name);
+			return -1;
+		}
+	}
+	return k->check ? k->check(path, desc, err, errlen) : 0;
+}
+
+/* Every entry is `const struct <kind> *(*)(void)`; a pointer to a struct
+ * and a pointer to void share their representation on every ABI loom
+ * builds for, so one type calls them all. */
+typedef const void *(*entry_fn)(void);
+
+const void *loom_plugin_load(const struct loom_plugin_kind *k, const char *path, void **dl,
+			     char *err, size_t errlen)
+{
+	void *handle;
+	entry_fn entry;
+	const void *desc;
+
+	*dl = NULL;
+	if (check_elf(k, path, err, errlen))
+		return NULL;
+	handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!handle) {
+		loom_seterr(err, errlen, "%s %s: cannot load: %s", k->what, path, dlerror());
+		return NULL;
+	}
+	entry = (entry_fn)dlsym(handle, k->entry);
+	if (!entry) {
+		loom_seterr(err, errlen, "%s %s: no entry symbol %s", k->what, path, k->entry);
+		goto out_close;
+	}
+	desc = entry();
+	if (loom_plugin_check(k, path, desc, err, errlen))
+		goto out_close;
+	*dl = handle;
+	return desc;
+
+out_close:
+	dlclose(handle); /* only the pure entry ran: nothing of it lives */
+	return NULL;
+}
+
+const void *loom_plugin_open(const struct loom_plugin_kind *k, const char *name, char *path,
+			     size_t cap, void **dl, char *err, size_t errlen)
+{
+	*dl = NULL;
+	if (loom_plugin_resolve(k, name, path, cap, err, errlen))
+		return NULL;
+	return loom_plugin_load(k, path, dl, err, errlen);
+}
+
+/* ---- scan ---- */
+
+struct scan {
+	loom_plugin_found_fn fn;
+	void *ctx;
+	char *err;
+	size_t errlen;
+	int found;
+};
+
+/* Hands every *.so in dir to the scan's fn; stops at its first refusal. */
+static int scan_folder(const char *dir, void *ctx)
+{
+	struct scan *s = ctx;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[4096];
+	int rc = 0;
+
+	if (!d)
+		return 0;
+	while (rc == 0 && (e = readdir(d))) {
+		if (!has_so_suffix(e->d_name) || !join_path(path, sizeof(path), dir, e->d_name))
+			continue;
+		rc = s->fn(path, s->ctx, s->err, s->errlen);
+		s->found++;
+	}
+	closedir(d);
+	return rc;
+}
+
+int loom_plugin_scan(const struct loom_plugin_kind *k, loom_plugin_found_fn fn, void *ctx,
+		     char *err, size_t errlen)
+{
+	struct scan s = { .fn = fn, .ctx = ctx, .err = err, .errlen = errlen };
+	char where[8192];
+	int rc;
+
+	/* built-ins from the build tree, else from the installed folder */
+	rc = each_folder(k, IN_BUILD, scan_folder, &s);
+	if (!rc && !s.found)
+		rc = each_folder(k, IN_INSTALL, scan_folder, &s);
+	if (!rc)
+		rc = each_folder(k, IN_ENV, scan_folder, &s);
+	if (!rc && !s.found) {
+		loom_seterr(err, errlen, "%s: none found in %s", k->what,
+			    folders_text(k, where, sizeof(where)));
+		rc = -1;
+	}
+	return rc;
+}

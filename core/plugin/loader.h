@@ -1,0 +1,89 @@
+/* The one plugin loader (internal): backends, quantization formats and
+ * speculative strategies are found, checked and dlopen'ed here.
+ *
+ * What differs between the kinds is a table, struct loom_plugin_kind:
+ * where to look, which entry symbol, the ABI major and the smallest
+ * descriptor it accepts, the required slots and one optional check of its
+ * own. Everything else is this file's:
+ *
+ *   resolve  a name with '/' is a path; a bare name ("cpu.so"; "ngram"
+ *            when the kind adds ".so") is looked up in each folder of the
+ *            kind's environment variable (colon-separated), then in the
+ *            build tree, then in the installed folder; first hit wins.
+ *   load     refuse a file that is not ELF, dlopen it, find the entry
+ *            symbol, call it (entries are pure: they return a const
+ *            descriptor), then check abi_major, struct_size (it must
+ *            cover every field the host reads) and the required slots,
+ *            all before the caller runs anything with side effects.
+ *
+ * Every refusal is one line that starts with the kind ("backend",
+ * "quant plugin", "spec plugin") and names the file and the reason.
+ *
+ * Unloading: a refused plugin is dlclose'd at once (only its pure entry
+ * ran). A plugin that loads is never dlclose'd, not even when its owner
+ * (struct loom_backend, a spec kind) is closed: threads, atexit handlers
+ * and TLS destructors a plugin starts may outlive every object the host
+ * made with it (unloading under them crashes at exit), and the format
+ * registry points into quant plugins for the life of the process. The
+ * owners keep the handle only to say which object they came from.
+ */
+#ifndef LOOM_PLUGIN_LOADER_H
+#define LOOM_PLUGIN_LOADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A slot the host requires non-NULL, by name and offset. */
+struct loom_plugin_slot {
+	const char *name;
+	size_t offset;
+};
+
+#define LOOM_PLUGIN_SLOT(type, slot) { #slot, offsetof(type, slot) }
+
+struct loom_plugin_kind {
+	const char *what;        /* "backend": starts every message */
+	const char *desc_name;   /* "ops table", "descriptor" */
+	const char *env;         /* "LOOM_BACKEND_PATH": searched first */
+	const char *build_dir;   /* the kind's folder in the build tree */
+	bool build_subdirs;      /* the build keeps one subfolder a plugin */
+	const char *install_dir; /* the installed folder */
+	bool add_suffix;         /* a bare name without ".so" gets it */
+	const char *entry;       /* the entry symbol */
+	uint32_t abi_major;
+	size_t min_size;         /* generation 1.0's struct_size */
+	const struct loom_plugin_slot *required;
+	size_t n_required;
+	/* Optional. The kind's own checks of a descriptor that passed the
+	 * common ones; 0, or -1 with err naming path. Pure. */
+	int (*check)(const char *path, const void *desc, char *err, size_t errlen);
+};
+
+/* Resolves name to an existing file (path, cap bytes). 0, or -1 with err. */
+int loom_plugin_resolve(const struct loom_plugin_kind *k, const char *name, char *path,
+			size_t cap, char *err, size_t errlen);
+/* Checks a descriptor as load does (exposed for the per-kind checks
+ * that tests call on tables they build). 0, or -1 with err. */
+int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const void *desc,
+		      char *err, size_t errlen);
+/* Loads the file at path: ELF check, dlopen, entry, loom_plugin_check.
+ * The checked descriptor with *dl set, or NULL with err (and nothing
+ * left open). */
+const void *loom_plugin_load(const struct loom_plugin_kind *k, const char *path, void **dl,
+			     char *err, size_t errlen);
+/* Resolves name into path (cap bytes), then loads it. */
+const void *loom_plugin_open(const struct loom_plugin_kind *k, const char *name, char *path,
+			     size_t cap, void **dl, char *err, size_t errlen);
+
+/* Called on each file a scan finds; 0 to go on, -1 (err set) to stop. */
+typedef int (*loom_plugin_found_fn)(const char *path, void *ctx, char *err, size_t errlen);
+
+/* Calls fn on every *.so of the kind's folders: the build tree's, or the
+ * installed folder if the build tree has none, then each folder of the
+ * environment variable, so that later ones may override built-ins.
+ * 0, or -1 with err (fn's refusal, or none found anywhere). */
+int loom_plugin_scan(const struct loom_plugin_kind *k, loom_plugin_found_fn fn, void *ctx,
+		     char *err, size_t errlen);
+
+#endif /* LOOM_PLUGIN_LOADER_H */
