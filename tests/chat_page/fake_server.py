@@ -127,6 +127,6 @@ def start(page_path):
 
 if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
-    s = start(os.path.join(here, "..", "..", "web", "index.html"))
+    s = start(os.path.join(here, "..", "..", "server", "web", "index.html"))
     print(f"test double on http://127.0.0.1:{s.server_address[1]}/")
     threading.Event().wait()

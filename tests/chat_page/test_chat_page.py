@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 import cdp  # noqa: E402
 import fake_server  # noqa: E402
 
-PAGE_SRC = os.path.join(HERE, "..", "..", "web", "index.html")
+PAGE_SRC = os.path.join(HERE, "..", "..", "server", "web", "index.html")
 failures = []
 passed = 0
 

@@ -11,6 +11,7 @@ GEMV and split-K kernels. Exit 77 when the backend was not built, has no
 device (cuda: /dev/nvidia0, rocm: /dev/kfd; the emulators always have one)
 or the model is missing.
 """
+import glob
 import os
 import re
 import subprocess
@@ -43,7 +44,7 @@ def main():
     stem, loom = sys.argv[1], sys.argv[2]
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 32
     root = os.environ.get("LOOM_BUILD_ROOT", "")
-    if not os.path.isfile(os.path.join(root, "backends", stem, f"{stem}.so")):
+    if not glob.glob(os.path.join(root, "backends", "*", f"{stem}.so")):
         print(f"{stem}.so was not built: skipping")
         return 77
     if not stem.startswith("gpuemu") and not os.path.exists(
