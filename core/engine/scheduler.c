@@ -553,7 +553,7 @@ static int ee_ready(struct loom_sched *s, int32_t layers)
 	s->ee_view.n_nodes = n;
 	s->ee_exec = loom_exec_new(&s->ee_view, s->kv, EE_MAX_TOKENS, 1, 1, err, sizeof(err));
 	if (!s->ee_exec) {
-		fprintf(stderr, "loom: scheduler: early exit: %s\n", err);
+		loom_log(LOOM_LOG_ERROR, "scheduler: early exit: %s", err);
 		return LOOM_ERR_NOMEM;
 	}
 	s->ee_layers = layers;
@@ -617,7 +617,7 @@ static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
 		rc = loom_exec_step(s->ee_exec, &b, logits, err, sizeof(err));
 	}
 	if (rc) {
-		fprintf(stderr, "loom: scheduler: early exit: %s\n", err);
+		loom_log(LOOM_LOG_ERROR, "scheduler: early exit: %s", err);
 		loom_kv_truncate(s->kv, &r->seq, n_kv0);
 		return rc;
 	}

@@ -348,7 +348,7 @@ static int upload_all(struct loader *l, bool show)
 		progress(show, done, l->total);
 	}
 	if (n_deq)
-		fprintf(stderr, "loom: %d tensors converted to f32 at load: backend %s has no native kernel for their type\n",
+		loom_log(LOOM_LOG_WARN, "%d tensors converted to f32 at load: backend %s has no native kernel for their type",
 			n_deq, be->ops->name);
 	return 0;
 }

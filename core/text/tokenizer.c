@@ -1210,7 +1210,7 @@ static int load_id(const struct loom_tokenizer *t, const struct gguf_file *f,
 	if (rc > 0)
 		return 0;
 	if (v >= (uint32_t)t->n_vocab) {
-		fprintf(stderr, "loom: tokenizer: %s = %u is outside the vocabulary (%d tokens), ignored\n",
+		loom_log(LOOM_LOG_WARN, "tokenizer: %s = %u is outside the vocabulary (%d tokens), ignored",
 			key, v, t->n_vocab);
 		*id = -1;
 		return 0;
@@ -1474,7 +1474,7 @@ static int setup_bpe(struct loom_tokenizer *t, const struct gguf_file *f,
 		return -1;
 	fam = pre_find(rc == 0 ? pre : "default");
 	if (!fam) {
-		fprintf(stderr, "loom: tokenizer: unknown tokenizer.ggml.pre '%s', using the default pre-tokenizer\n",
+		loom_log(LOOM_LOG_WARN, "tokenizer: unknown tokenizer.ggml.pre '%s', using the default pre-tokenizer",
 			pre);
 		fam = pre_find("default");
 	}
