@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *const family_names[] = {
@@ -74,11 +75,11 @@ int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
 	return 0;
 }
 
-static void put3(struct loom_sbuf *b, const char *x, const char *y, const char *z)
+static void put3(FILE *b, const char *x, const char *y, const char *z)
 {
-	loom_sb_puts(b, x);
-	loom_sb_puts(b, y);
-	loom_sb_puts(b, z);
+	fputs(x, b);
+	fputs(y, b);
+	fputs(z, b);
 }
 
 /* ---- families where every role has its own turn ---- */
@@ -97,7 +98,7 @@ static const struct turn_fmt turn_fmts[] = {
 };
 
 static void render_turns(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
-			 size_t n, bool gen, struct loom_sbuf *b)
+			 size_t n, bool gen, FILE *b)
 {
 	const struct turn_fmt *f = &turn_fmts[t->family];
 	size_t i;
@@ -106,17 +107,17 @@ static void render_turns(const struct loom_chat_template *t, const struct loom_c
 		put3(b, "<|im_start|>system\n", t->default_system, "<|im_end|>\n");
 	for (i = 0; i < n; i++) {
 		put3(b, f->pre, msgs[i].role, f->mid);
-		loom_sb_puts(b, msgs[i].content);
-		loom_sb_puts(b, f->post);
+		fputs(msgs[i].content, b);
+		fputs(f->post, b);
 	}
 	if (gen)
-		loom_sb_puts(b, f->gen);
+		fputs(f->gen, b);
 }
 
 /* ---- families that fold the system message into the first user turn ---- */
 
 static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			 bool gen, struct loom_sbuf *b)
+			 bool gen, FILE *b)
 {
 	size_t i;
 
@@ -130,11 +131,11 @@ static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char 
 		put3(b, msgs[i].content, "<end_of_turn>\n", "");
 	}
 	if (gen)
-		loom_sb_puts(b, "<start_of_turn>model\n");
+		fputs("<start_of_turn>model\n", b);
 }
 
 static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			bool llama2, struct loom_sbuf *b)
+			bool llama2, FILE *b)
 {
 	bool first = true;
 	size_t i;
@@ -144,7 +145,7 @@ static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *
 			put3(b, llama2 ? " " : "", msgs[i].content, llama2 ? " </s>" : "</s>");
 			continue;
 		}
-		loom_sb_puts(b, first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "));
+		fputs(first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "), b);
 		if (sys && llama2)
 			put3(b, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
 		else if (sys)
@@ -182,8 +183,10 @@ char *loom_chat_render(const struct loom_chat_template *t,
 		       const struct loom_chat_msg *msgs, size_t n,
 		       bool add_generation_prompt, char *err, size_t errlen)
 {
-	struct loom_sbuf b = { 0 };
 	const char *sys = NULL;
+	char *text = NULL;
+	size_t len;
+	FILE *b;
 
 	if (t->family == LOOM_CHAT_UNKNOWN) {
 		loom_seterr(err, errlen, "unsupported chat template");
@@ -191,32 +194,36 @@ char *loom_chat_render(const struct loom_chat_template *t,
 	}
 	if (check_roles(t, msgs, n, err, errlen))
 		return NULL;
-	loom_sb_puts(&b, ""); /* an empty conversation still renders a string */
+	b = open_memstream(&text, &len); /* "" even for an empty conversation */
+	if (!b) {
+		loom_seterr(err, errlen, "out of memory rendering the chat");
+		return NULL;
+	}
 	if (n > 0 && !strcmp(msgs[0].role, "system")) {
 		sys = msgs[0].content;
 	}
 	switch (t->family) {
 	case LOOM_CHAT_GEMMA:
-		render_gemma(msgs + (sys != NULL), n - (sys != NULL), sys, add_generation_prompt, &b);
+		render_gemma(msgs + (sys != NULL), n - (sys != NULL), sys, add_generation_prompt, b);
 		break;
 	case LOOM_CHAT_LLAMA2:
 	case LOOM_CHAT_MISTRAL:
 		if (sys && n == 1) {
 			static const struct loom_chat_msg empty = { "user", "" };
 
-			render_inst(&empty, 1, sys, t->family == LOOM_CHAT_LLAMA2, &b);
+			render_inst(&empty, 1, sys, t->family == LOOM_CHAT_LLAMA2, b);
 		} else {
 			render_inst(msgs + (sys != NULL), n - (sys != NULL), sys,
-				    t->family == LOOM_CHAT_LLAMA2, &b);
+				    t->family == LOOM_CHAT_LLAMA2, b);
 		}
 		break;
 	default:
-		render_turns(t, msgs, n, add_generation_prompt, &b);
+		render_turns(t, msgs, n, add_generation_prompt, b);
 	}
-	if (b.failed) {
-		free(b.s);
+	if (ferror(b) | fclose(b)) {
+		free(text);
 		loom_seterr(err, errlen, "out of memory rendering the chat");
 		return NULL;
 	}
-	return b.s;
+	return text;
 }
