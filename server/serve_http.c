@@ -608,7 +608,7 @@ static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *sr
 	if (!cn)
 		return MHD_NO;
 	*con_cls = cn;
-	if (cl && strtoull(cl, NULL, 10) > srv->o.max_body) {
+	if (cl && strtoull(cl, NULL, 10) > srv->o.serve.max_body) {
 		cn->too_big = true;
 		return fail(c, srv, 413, "request_too_large", "the request body is too large");
 	}
@@ -626,7 +626,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (!cn)
 		return on_first_call(c, srv, con_cls);
 	if (*upload_size) {
-		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.max_body)
+		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
 			loom_sb_putn(&cn->body, upload, *upload_size);
 		else
 			cn->too_big = true;
@@ -664,18 +664,18 @@ static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *
 	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
 
 	memset(ss, 0, sizeof(*ss));
-	if (inet_pton(AF_INET, srv->o.host, &a4->sin_addr) == 1) {
+	if (inet_pton(AF_INET, srv->o.serve.host, &a4->sin_addr) == 1) {
 		a4->sin_family = AF_INET;
-		a4->sin_port = htons((uint16_t)srv->o.port);
+		a4->sin_port = htons((uint16_t)srv->o.serve.port);
 		return 0;
 	}
-	if (inet_pton(AF_INET6, srv->o.host, &a6->sin6_addr) == 1) {
+	if (inet_pton(AF_INET6, srv->o.serve.host, &a6->sin6_addr) == 1) {
 		a6->sin6_family = AF_INET6;
-		a6->sin6_port = htons((uint16_t)srv->o.port);
+		a6->sin6_port = htons((uint16_t)srv->o.serve.port);
 		*flags |= MHD_USE_IPv6;
 		return 0;
 	}
-	snprintf(err, errlen, "--host: '%s' is not an IPv4 or IPv6 address", srv->o.host);
+	snprintf(err, errlen, "--host: '%s' is not an IPv4 or IPv6 address", srv->o.serve.host);
 	return -1;
 }
 
@@ -688,7 +688,7 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 
 	if (bind_addr(srv, &ss, &flags, err, errlen))
 		return NULL;
-	d = MHD_start_daemon(flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv,
+	d = MHD_start_daemon(flags, (uint16_t)srv->o.serve.port, NULL, NULL, on_request, srv,
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
@@ -697,6 +697,6 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 			     MHD_OPTION_END);
 	if (!d)
 		snprintf(err, errlen, "cannot listen on %s port %d (in use, or no permission)",
-			 srv->o.host, srv->o.port);
+			 srv->o.serve.host, srv->o.serve.port);
 	return d;
 }

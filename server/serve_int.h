@@ -31,9 +31,6 @@
 #define SRV_MAX_N 8     /* choices per request */
 #define SRV_MAX_STOP 4  /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
-/* Decode rows per step beyond which speculating sequences stop drafting
- * (scheduler spec_step_rows; measured on cpu.so, docs/SPECULATIVE.md). */
-#define SRV_SPEC_STEP_ROWS 8
 
 /* ---- a growing byte string ---- */
 
@@ -67,24 +64,10 @@ void metrics_count_rejected(struct metrics *m);
 
 enum srv_state { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
-struct srv_opts {
-	struct loom_options base; /* model, backend, threads, ctx_size */
-	bool ctx_given;
-	char host[256];
-	int port;
-	uint64_t kv_mem; /* 0: enough for ctx * parallel */
-	int parallel, block_size, max_batch_tokens, max_waiting;
-	uint64_t max_body;
-	int shutdown_timeout;
-	bool prefix_cache;
-	char spec_default[256]; /* strategy for requests that name none */
-	int spec_step_rows; /* decode rows per step before drafts stop (0: no cap) */
-};
-
 struct job;
 
 struct server {
-	struct srv_opts o;
+	struct loom_options o;   /* tools/options.h: o.serve holds the server's own */
 	struct gguf_file *f;
 	struct loom_tokenizer *tok;
 	struct loom_model *m;
