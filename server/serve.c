@@ -185,6 +185,59 @@ static int load_specs(struct server *srv, char *err, size_t errlen)
 	return 0;
 }
 
+/* ---- what request parsing sees (serve_request.h) ---- */
+
+static int64_t req_tokenize(void *user, const char *text, size_t len, bool add_special,
+			    int32_t *ids, int64_t cap)
+{
+	const struct server *srv = user;
+
+	return loom_tokenize(srv->tok, text, len, add_special, true, ids, cap);
+}
+
+static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char *why,
+			size_t whylen)
+{
+	const struct server *srv = user;
+	struct loom_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	char *text;
+	size_t i;
+
+	if (!cm) {
+		snprintf(why, whylen, "out of memory");
+		return NULL;
+	}
+	for (i = 0; i < n; i++)
+		cm[i] = (struct loom_chat_msg){ .role = msgs[i].role, .content = msgs[i].content };
+	text = loom_chat_render(&srv->chat, cm, n, true, why, whylen);
+	free(cm);
+	return text;
+}
+
+static void req_ctx_init(struct server *srv)
+{
+	int i;
+
+	for (i = 0; i < srv->n_spec; i++)
+		srv->spec_names[i] = loom_spec_kind_name(srv->spec[i]);
+	srv->req_ctx = (struct serve_req_ctx){
+		.n_vocab = loom_tokenizer_n_vocab(srv->tok),
+		.n_ctx = srv->n_ctx,
+		.max_n = SRV_MAX_N,
+		.max_stop = SRV_MAX_STOP,
+		.tokenize = req_tokenize,
+		.render = srv->chat_ok ? req_render : NULL,
+		.chat_err = srv->chat_err,
+		/* a rendered chat is tokenized without BOS; add it where plain
+		 * text would get one */
+		.chat_bos = srv->add_bos ? loom_tokenizer_bos(srv->tok) : -1,
+		.user = srv,
+		.spec_names = srv->spec_names,
+		.n_spec = srv->n_spec,
+		.spec_default = srv->spec_default ? loom_spec_kind_name(srv->spec_default) : NULL,
+	};
+}
+
 static int start_sched(struct server *srv, char *err, size_t errlen)
 {
 	const struct loom_hparams *hp = &srv->m->hp;
@@ -334,6 +387,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	if (!d || load_model(srv, err, errlen) || load_specs(srv, err, errlen) ||
 	    start_sched(srv, err, errlen))
 		goto out;
+	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
 		loom_seterr(err, errlen, "cannot start the engine thread");
 		goto out;

@@ -1,5 +1,7 @@
 /* `loom serve`: the HTTP side (libmicrohttpd, one thread per connection). */
-#include "serve_json.h"
+#include "serve_int.h"
+
+#include <jansson.h>
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -402,6 +404,7 @@ static void make_id(struct job *j)
 static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 				   struct conn *cn, bool chat)
 {
+	struct serve_req r;
 	struct perr e;
 	struct job *j;
 	char why[512];
@@ -412,13 +415,15 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 		metrics_count_rejected(&srv->metrics);
 		return fail(c, srv, 503, "unavailable", "the server is shutting down");
 	}
-	j = job_new(srv);
-	if (!j)
-		return fail(c, srv, 500, NULL, "out of memory");
-	if (parse_request(j, cn->body.s ? cn->body.s : "", cn->body.len, chat, &e)) {
-		job_put(j);
+	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
+			    &r, &e))
 		return send_error(c, srv, &e);
+	j = job_new(srv);
+	if (!j) {
+		serve_req_free(&r);
+		return fail(c, srv, 500, NULL, "out of memory");
 	}
+	job_take_req(j, &r);
 	make_id(j);
 	rc = job_submit(j, why, sizeof(why));
 	if (rc) {

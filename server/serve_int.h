@@ -22,14 +22,15 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "options.h"
+#include "serve_request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "util.h"
 #include "engine/spec.h"
 #include "text/tokenizer.h"
 
-#define SRV_MAX_N 8     /* choices per request */
-#define SRV_MAX_STOP 4  /* stop strings per request */
+#define SRV_MAX_N SERVE_REQ_MAX_N       /* choices per request */
+#define SRV_MAX_STOP SERVE_REQ_MAX_STOP /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
 
 /* ---- a growing byte string ---- */
@@ -77,6 +78,8 @@ struct server {
 	int n_spec;
 	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
 	struct loom_spec_draft_pool *draft_pool; /* --spec-draft-model, or NULL */
+	const char *spec_names[SRV_MAX_SPEC];    /* spec[i]'s name */
+	struct serve_req_ctx req_ctx; /* what request parsing needs, set at start */
 	struct loom_chat_template chat;
 	bool chat_ok;
 	char chat_err[256];
@@ -148,6 +151,8 @@ struct job {
 };
 
 struct job *job_new(struct server *srv);
+/* Moves a parsed request into j (r is left empty). */
+void job_take_req(struct job *j, struct serve_req *r);
 void job_put(struct job *j);
 /* Submits the n scheduler requests. 0; -1 with err (bad request, HTTP
  * 400); -2 when the queue is full (HTTP 503). */
