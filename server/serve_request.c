@@ -117,23 +117,13 @@ static int get_stop(const struct serve_req_ctx *ctx, json_t *o, struct serve_req
 	return 0;
 }
 
-/* Fields the request omits keep their values here. */
-static void sampling_defaults(struct loom_sampler_params *sp)
-{
-	loom_sampler_defaults(sp);
-	sp->temp = 1.0f;
-	sp->top_k = 0;
-	sp->top_p = 1.0f;
-	sp->min_p = 0.0f;
-}
-
 static int get_sampling(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			struct perr *e)
 {
 	struct loom_sampler_params *sp = &r->sp;
 	long long top_k, seed = 0, n = 1;
 
-	sampling_defaults(sp);
+	loom_sampler_defaults(sp); /* what a field the request omits gets, as in loom run */
 	top_k = sp->top_k;
 	if (get_num(o, "temperature", 0, 2, false, &sp->temp, e) ||
 	    get_num(o, "top_p", 0, 1, true, &sp->top_p, e) ||

@@ -137,12 +137,16 @@ START_TEST(completion_defaults)
 
 	parse_ok(&ctx, "{\"prompt\": \"hi\", \"temperature\": null, \"stop\": \"!\", \"spec\": \"ngram\"}",
 		 false, &r);
+	/* omitted sampling fields: the same defaults as loom run */
 	loom_sampler_defaults(&want);
-	ck_assert_float_eq(r.sp.temp, 1.0f);
-	ck_assert_int_eq(r.sp.top_k, 0);
-	ck_assert_float_eq(r.sp.top_p, 1.0f);
-	ck_assert_float_eq(r.sp.min_p, 0.0f);
+	ck_assert_float_eq(r.sp.temp, want.temp);
+	ck_assert_int_eq(r.sp.top_k, want.top_k);
+	ck_assert_float_eq(r.sp.top_p, want.top_p);
+	ck_assert_float_eq(r.sp.min_p, want.min_p);
 	ck_assert_float_eq(r.sp.repeat_penalty, want.repeat_penalty);
+	ck_assert_float_eq(r.sp.presence_penalty, want.presence_penalty);
+	ck_assert_float_eq(r.sp.frequency_penalty, want.frequency_penalty);
+	ck_assert_int_eq(r.sp.penalty_last_n, want.penalty_last_n);
 	ck_assert(!r.seed_given);
 	ck_assert_int_eq(r.n, 1);
 	ck_assert_int_eq(r.max_tokens, 16);
