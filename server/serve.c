@@ -3,8 +3,6 @@
 #include "serve_int.h"
 
 #include <errno.h>
-#include <getopt.h>
-#include <ini.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -18,258 +16,16 @@
 
 /* ---- options ---- */
 
-static void opts_defaults(struct srv_opts *o)
+/* The options are tools/options.c's, the server's among them. */
+static int parse_args(int argc, char **argv, struct loom_options *o, char *err, size_t errlen)
 {
-	memset(o, 0, sizeof(*o));
-	loom_options_defaults(&o->base);
-	o->base.progress = false;
-	snprintf(o->host, sizeof(o->host), "127.0.0.1");
-	o->port = 8080;
-	o->parallel = 16;
-	o->block_size = 16;
-	o->max_batch_tokens = 512;
-	o->spec_step_rows = SRV_SPEC_STEP_ROWS;
-	o->max_waiting = 64;
-	o->max_body = 1 << 20;
-	o->shutdown_timeout = 10;
-	o->prefix_cache = true;
-}
+	int rc = loom_options_parse(o, argc, argv, err, errlen);
 
-/* Bytes with an optional binary suffix: 512M, 2G, 64KiB, 1048576. */
-static int parse_size(const char *key, const char *v, uint64_t *out, char *err,
-		      size_t errlen)
-{
-	static const char units[] = "KMGT";
-	unsigned long long x;
-	const char *u;
-	char *end;
-	int shift = 0;
-
-	errno = 0;
-	x = strtoull(v, &end, 10);
-	if (errno || end == v || v[0] == '-')
-		goto bad;
-	if (*end && (u = strchr(units, *end & ~0x20)) && *end != '\0') {
-		shift = 10 * (int)(u - units + 1);
-		end++;
-		if (!strcasecmp(end, "iB") || !strcasecmp(end, "B"))
-			end += strlen(end);
-	} else if (!strcasecmp(end, "B")) {
-		end++;
-	}
-	if (*end || (shift && x > (ULLONG_MAX >> shift)))
-		goto bad;
-	*out = (uint64_t)x << shift;
-	return 0;
-bad:
-	loom_seterr(err, errlen, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", key, v);
-	return -1;
-}
-
-static int parse_flag(const char *key, const char *v, bool *out, char *err, size_t errlen)
-{
-	if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"))
-		*out = true;
-	else if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off"))
-		*out = false;
-	else {
-		loom_seterr(err, errlen, "%s: '%s' is not true or false", key, v);
+	if (rc > 0) /* --help */
+		exit(0);
+	if (rc)
 		return -1;
-	}
-	return 0;
-}
-
-/* One option by its INI name; server keys here, the rest shared. */
-static int opt_set(struct srv_opts *o, const char *key, const char *v, char *err,
-		   size_t errlen)
-{
-	if (!strcmp(key, "host")) {
-		if (strlen(v) >= sizeof(o->host)) {
-			loom_seterr(err, errlen, "host: value too long");
-			return -1;
-		}
-		strcpy(o->host, v);
-		return 0;
-	}
-	if (!strcmp(key, "port"))
-		return loom_options_parse_int(key, v, 0, 65535, &o->port, err, errlen);
-	if (!strcmp(key, "kv_mem"))
-		return parse_size(key, v, &o->kv_mem, err, errlen);
-	if (!strcmp(key, "parallel"))
-		return loom_options_parse_int(key, v, 1, 4096, &o->parallel, err, errlen);
-	if (!strcmp(key, "block_size"))
-		return loom_options_parse_int(key, v, 1, 4096, &o->block_size, err, errlen);
-	if (!strcmp(key, "max_batch_tokens"))
-		return loom_options_parse_int(key, v, 1, 1 << 20, &o->max_batch_tokens, err, errlen);
-	if (!strcmp(key, "max_waiting"))
-		return loom_options_parse_int(key, v, 0, 1 << 20, &o->max_waiting, err, errlen);
-	if (!strcmp(key, "max_body"))
-		return parse_size(key, v, &o->max_body, err, errlen);
-	if (!strcmp(key, "shutdown_timeout"))
-		return loom_options_parse_int(key, v, 0, 86400, &o->shutdown_timeout, err, errlen);
-	if (!strcmp(key, "prefix_cache"))
-		return parse_flag(key, v, &o->prefix_cache, err, errlen);
-	if (!strcmp(key, "spec_step_rows"))
-		return loom_options_parse_int(key, v, 0, 1 << 20, &o->spec_step_rows, err, errlen);
-	if (!strcmp(key, "spec_default")) {
-		if (strlen(v) >= sizeof(o->spec_default)) {
-			loom_seterr(err, errlen, "spec_default: value too long");
-			return -1;
-		}
-		strcpy(o->spec_default, v);
-		return 0;
-	}
-	if (!strcmp(key, "ctx_size"))
-		o->ctx_given = true;
-	return loom_options_set(&o->base, key, v, err, errlen);
-}
-
-struct ini_state {
-	struct srv_opts *o;
-	char why[512];
-	bool failed;
-};
-
-static int on_ini(void *user, const char *section, const char *key, const char *value)
-{
-	struct ini_state *st = user;
-
-	if (st->failed)
-		return 0;
-	if (section[0] && strcmp(section, "loom") && strcmp(section, "serve")) {
-		snprintf(st->why, sizeof(st->why), "key '%s' in unknown section [%s]", key, section);
-		st->failed = true;
-		return 0;
-	}
-	if (opt_set(st->o, key, value, st->why, sizeof(st->why))) {
-		st->failed = true;
-		return 0;
-	}
-	return 1;
-}
-
-static int load_ini(struct srv_opts *o, const char *path, char *err, size_t errlen)
-{
-	struct ini_state st = { .o = o };
-	int rc = ini_parse(path, on_ini, &st);
-
-	if (rc == -1)
-		loom_seterr(err, errlen, "%s: cannot open config file: %s", path, strerror(errno));
-	else if (st.failed)
-		loom_seterr(err, errlen, "%s:%d: %s", path, rc, st.why);
-	else if (rc)
-		loom_seterr(err, errlen, "%s:%d: syntax error", path, rc);
-	return rc ? -1 : 0;
-}
-
-static const struct option serve_opts[] = {
-	{ "model", required_argument, 0, 'm' },
-	{ "backend", required_argument, 0, 'B' },
-	{ "host", required_argument, 0, 'H' },
-	{ "port", required_argument, 0, 'P' },
-	{ "threads", required_argument, 0, 't' },
-	{ "kv-mem", required_argument, 0, 'K' },
-	{ "ctx-size", required_argument, 0, 'c' },
-	{ "parallel", required_argument, 0, 'N' },
-	{ "block-size", required_argument, 0, 1000 },
-	{ "max-batch-tokens", required_argument, 0, 1001 },
-	{ "max-waiting", required_argument, 0, 1002 },
-	{ "max-body", required_argument, 0, 1003 },
-	{ "shutdown-timeout", required_argument, 0, 1004 },
-	{ "no-prefix-cache", no_argument, 0, 1005 },
-	{ "spec", required_argument, 0, 1006 },
-	{ "spec-default", required_argument, 0, 1007 },
-	{ "spec-max-draft", required_argument, 0, 1008 },
-	{ "spec-min-draft", required_argument, 0, 1009 },
-	{ "spec-ngram-min", required_argument, 0, 1010 },
-	{ "spec-ngram-max", required_argument, 0, 1011 },
-	{ "spec-layers", required_argument, 0, 1012 },
-	{ "spec-step-rows", required_argument, 0, 1013 },
-	{ "spec-draft-model", required_argument, 0, 1014 },
-	{ "config", required_argument, 0, 'C' },
-	{ "help", no_argument, 0, 'h' },
-	{ 0, 0, 0, 0 },
-};
-
-static const char *opt_key(int c)
-{
-	switch (c) {
-	case 'm': return "model";
-	case 'B': return "backend";
-	case 'H': return "host";
-	case 'P': return "port";
-	case 't': return "threads";
-	case 'K': return "kv_mem";
-	case 'c': return "ctx_size";
-	case 'N': return "parallel";
-	case 1000: return "block_size";
-	case 1001: return "max_batch_tokens";
-	case 1002: return "max_waiting";
-	case 1003: return "max_body";
-	case 1004: return "shutdown_timeout";
-	case 1006: return "spec";
-	case 1007: return "spec_default";
-	case 1008: return "spec_max_draft";
-	case 1009: return "spec_min_draft";
-	case 1010: return "spec_ngram_min";
-	case 1011: return "spec_ngram_max";
-	case 1012: return "spec_layers";
-	case 1013: return "spec_step_rows";
-	case 1014: return "spec_draft_model";
-	default: return NULL;
-	}
-}
-
-static void serve_usage(FILE *out)
-{
-	fputs("usage: loom serve --model FILE [--backend cpu.so] [--host 127.0.0.1] [--port 8080]\n"
-	      "       [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
-	      "       [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
-	      "       [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
-	      "       [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
-	      "       [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
-	      "       [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n", out);
-}
-
-static int parse_args(int argc, char **argv, struct srv_opts *o, char *err, size_t errlen)
-{
-	int i, c;
-
-	for (i = 2; i < argc; i++) { /* the config first, so flags override it */
-		const char *path = NULL;
-
-		if (!strcmp(argv[i], "--config") && i + 1 < argc)
-			path = argv[i + 1];
-		else if (!strncmp(argv[i], "--config=", 9))
-			path = argv[i] + 9;
-		if (path && load_ini(o, path, err, errlen))
-			return -1;
-	}
-	optind = 2;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, "m:B:t:c:C:h", serve_opts, NULL)) != -1) {
-		if (c == 'h') {
-			serve_usage(stdout);
-			exit(0);
-		}
-		if (c == '?' || c == ':') {
-			loom_seterr(err, errlen, "bad or incomplete option '%s'", argv[optind - 1]);
-			return -1;
-		}
-		if (c == 'C')
-			continue;
-		if (c == 1005) {
-			o->prefix_cache = false;
-			continue;
-		}
-		if (opt_set(o, opt_key(c), optarg, err, errlen))
-			return -1;
-	}
-	if (optind < argc) {
-		loom_seterr(err, errlen, "unexpected argument '%s'", argv[optind]);
-		return -1;
-	}
-	if (!o->base.model[0]) {
+	if (!o->model[0]) {
 		loom_seterr(err, errlen, "no model given (--model FILE)");
 		return -1;
 	}
@@ -304,15 +60,15 @@ static int load_tokenizer(struct server *srv, char *err, size_t errlen)
 static int load_model(struct server *srv, char *err, size_t errlen)
 {
 	struct loom_model_params mp = {
-		.backend = srv->o.base.backend, .n_threads = srv->o.base.n_threads,
+		.backend = srv->o.backend, .n_threads = srv->o.n_threads,
 		.backend_flags = LOOM_BACKEND_BATCH_INVARIANT,
 	};
 	char why[2048];
 	int64_t train;
 
-	srv->f = gguf_open(srv->o.base.model, why, sizeof(why));
+	srv->f = gguf_open(srv->o.model, why, sizeof(why));
 	if (!srv->f) {
-		loom_seterr(err, errlen, "%s: %s", srv->o.base.model, why);
+		loom_seterr(err, errlen, "%s: %s", srv->o.model, why);
 		return -1;
 	}
 	if (load_tokenizer(srv, err, errlen))
@@ -321,7 +77,7 @@ static int load_model(struct server *srv, char *err, size_t errlen)
 	if (!srv->m)
 		return -1;
 	train = srv->m->hp.n_ctx_train > 0 ? srv->m->hp.n_ctx_train : 4096;
-	srv->n_ctx = srv->o.ctx_given ? srv->o.base.n_ctx : 4096;
+	srv->n_ctx = srv->o.ctx_given ? srv->o.n_ctx : 4096;
 	if (srv->n_ctx > train) {
 		if (srv->o.ctx_given)
 			fprintf(stderr, "loom serve: --ctx-size %d is above the trained context; using %lld\n",
@@ -379,10 +135,10 @@ static int load_one_spec(struct server *srv, const char *name, const struct loom
 /* Loads the strategies of --spec (comma-separated) and checks the default. */
 static int load_specs(struct server *srv, char *err, size_t errlen)
 {
-	const struct loom_options *b = &srv->o.base;
+	const struct loom_options *b = &srv->o;
 	struct loom_spec_config c;
 	char list[sizeof(b->spec)], *save = NULL, *name;
-	const char *def = srv->o.spec_default;
+	const char *def = srv->o.serve.spec_default;
 
 	loom_spec_config_defaults(&c);
 	if (b->spec_min_draft)
@@ -401,10 +157,10 @@ static int load_specs(struct server *srv, char *err, size_t errlen)
 		};
 
 		/* as many tokens as the target's cache (start_sched), 16 per block */
-		int64_t blocks = ((int64_t)srv->n_ctx + 15) / 16 * srv->o.parallel;
+		int64_t blocks = ((int64_t)srv->n_ctx + 15) / 16 * srv->o.serve.parallel;
 
-		if (srv->o.kv_mem)
-			blocks = loom_sched_plan_blocks(srv->m, 16, srv->o.kv_mem);
+		if (srv->o.serve.kv_mem)
+			blocks = loom_sched_plan_blocks(srv->m, 16, srv->o.serve.kv_mem);
 		srv->draft_pool = loom_spec_draft_pool_open(b->spec_draft_model, srv->tok, &mp,
 							    srv->n_ctx, blocks, err, errlen);
 		if (!srv->draft_pool)
@@ -429,26 +185,79 @@ static int load_specs(struct server *srv, char *err, size_t errlen)
 	return 0;
 }
 
+/* ---- what request parsing sees (serve_request.h) ---- */
+
+static int64_t req_tokenize(void *user, const char *text, size_t len, bool add_special,
+			    int32_t *ids, int64_t cap)
+{
+	const struct server *srv = user;
+
+	return loom_tokenize(srv->tok, text, len, add_special, true, ids, cap);
+}
+
+static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char *why,
+			size_t whylen)
+{
+	const struct server *srv = user;
+	struct loom_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	char *text;
+	size_t i;
+
+	if (!cm) {
+		snprintf(why, whylen, "out of memory");
+		return NULL;
+	}
+	for (i = 0; i < n; i++)
+		cm[i] = (struct loom_chat_msg){ .role = msgs[i].role, .content = msgs[i].content };
+	text = loom_chat_render(&srv->chat, cm, n, true, why, whylen);
+	free(cm);
+	return text;
+}
+
+static void req_ctx_init(struct server *srv)
+{
+	int i;
+
+	for (i = 0; i < srv->n_spec; i++)
+		srv->spec_names[i] = loom_spec_kind_name(srv->spec[i]);
+	srv->req_ctx = (struct serve_req_ctx){
+		.n_vocab = loom_tokenizer_n_vocab(srv->tok),
+		.n_ctx = srv->n_ctx,
+		.max_n = SRV_MAX_N,
+		.max_stop = SRV_MAX_STOP,
+		.tokenize = req_tokenize,
+		.render = srv->chat_ok ? req_render : NULL,
+		.chat_err = srv->chat_err,
+		/* a rendered chat is tokenized without BOS; add it where plain
+		 * text would get one */
+		.chat_bos = srv->add_bos ? loom_tokenizer_bos(srv->tok) : -1,
+		.user = srv,
+		.spec_names = srv->spec_names,
+		.n_spec = srv->n_spec,
+		.spec_default = srv->spec_default ? loom_spec_kind_name(srv->spec_default) : NULL,
+	};
+}
+
 static int start_sched(struct server *srv, char *err, size_t errlen)
 {
 	const struct loom_hparams *hp = &srv->m->hp;
 	struct loom_sched_config c;
-	int64_t per_seq = (srv->n_ctx + srv->o.block_size - 1) / srv->o.block_size;
-	uint64_t bytes = srv->o.kv_mem;
+	int64_t per_seq = (srv->n_ctx + srv->o.serve.block_size - 1) / srv->o.serve.block_size;
+	uint64_t bytes = srv->o.serve.kv_mem;
 
 	if (!bytes)
-		bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, srv->o.block_size,
-				      per_seq * srv->o.parallel);
+		bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, srv->o.serve.block_size,
+				      per_seq * srv->o.serve.parallel);
 	loom_sched_config_defaults(&c);
-	c.block_size = srv->o.block_size;
-	c.n_blocks = loom_sched_plan_blocks(srv->m, srv->o.block_size, bytes);
-	c.max_batch_tokens = srv->o.max_batch_tokens;
-	c.max_seqs = srv->o.parallel;
-	c.max_waiting = srv->o.max_waiting;
+	c.block_size = srv->o.serve.block_size;
+	c.n_blocks = loom_sched_plan_blocks(srv->m, srv->o.serve.block_size, bytes);
+	c.max_batch_tokens = srv->o.serve.max_batch_tokens;
+	c.max_seqs = srv->o.serve.parallel;
+	c.max_waiting = srv->o.serve.max_waiting;
 	c.max_ctx = srv->n_ctx;
-	c.prefix_cache = srv->o.prefix_cache;
+	c.prefix_cache = srv->o.serve.prefix_cache;
 	c.tokenizer = srv->tok;
-	c.spec_step_rows = srv->o.spec_step_rows;
+	c.spec_step_rows = srv->o.serve.spec_step_rows;
 	c.spec_rows = 0;
 	for (int i = 0; i < srv->n_spec; i++) {
 		int64_t rows = (int64_t)c.max_seqs * loom_spec_kind_max_draft(srv->spec[i]);
@@ -496,7 +305,7 @@ static int server_init(struct server *srv)
 	metrics_init(&srv->metrics);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->idle, NULL);
-	snprintf(srv->model_name, sizeof(srv->model_name), "%s", base_name(srv->o.base.model));
+	snprintf(srv->model_name, sizeof(srv->model_name), "%s", base_name(srv->o.model));
 	return 0;
 }
 
@@ -527,8 +336,8 @@ static bool wait_idle(struct server *srv, double seconds)
 static void drain(struct server *srv)
 {
 	atomic_store(&srv->state, SRV_DRAINING);
-	fprintf(stderr, "loom serve: draining (up to %d s)\n", srv->o.shutdown_timeout);
-	if (!wait_idle(srv, srv->o.shutdown_timeout)) {
+	fprintf(stderr, "loom serve: draining (up to %d s)\n", srv->o.serve.shutdown_timeout);
+	if (!wait_idle(srv, srv->o.serve.shutdown_timeout)) {
 		fprintf(stderr, "loom serve: cancelling the requests still running\n");
 		server_cancel_all(srv);
 		if (!wait_idle(srv, 5.0))
@@ -564,7 +373,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 		loom_seterr(err, errlen, "out of memory");
 		return -1;
 	}
-	opts_defaults(&srv->o);
+	loom_options_defaults(&srv->o);
 	if (parse_args(argc, argv, &srv->o, err, errlen))
 		goto out;
 	server_init(srv);
@@ -578,6 +387,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	if (!d || load_model(srv, err, errlen) || load_specs(srv, err, errlen) ||
 	    start_sched(srv, err, errlen))
 		goto out;
+	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
 		loom_seterr(err, errlen, "cannot start the engine thread");
 		goto out;
@@ -585,7 +395,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	engine_started = true;
 	atomic_store(&srv->state, SRV_READY);
 	fprintf(stderr, "loom serve: %s on %s, listening on http://%s:%d\n", srv->model_name,
-		srv->m->be->ops->name, srv->o.host, srv->o.port);
+		srv->m->be->ops->name, srv->o.serve.host, srv->o.serve.port);
 	fprintf(stderr, "loom serve: signal %d, shutting down\n", wait_signal(&set));
 	drain(srv);
 	rc = 0;

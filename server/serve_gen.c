@@ -87,6 +87,36 @@ struct job *job_new(struct server *srv)
 	return j;
 }
 
+/* A seed for a request that names none: different every time. */
+static uint64_t fresh_seed(void)
+{
+	static _Atomic uint64_t counter;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ULL ^ (uint64_t)ts.tv_sec ^
+	       (counter++ << 32);
+}
+
+void job_take_req(struct job *j, struct serve_req *r)
+{
+	j->chat = r->chat;
+	j->stream = r->stream;
+	j->include_usage = r->include_usage;
+	j->n = r->n;
+	j->max_tokens = r->max_tokens;
+	j->sp = r->sp;
+	if (!r->seed_given)
+		j->sp.seed = fresh_seed();
+	j->spec = r->spec ? server_find_spec(j->srv, r->spec) : NULL;
+	j->spec_max_draft = r->spec_max_draft;
+	memcpy(j->stop, r->stop, sizeof(j->stop));
+	j->n_stop = r->n_stop;
+	j->prompt = r->prompt;
+	j->n_prompt = r->n_prompt;
+	memset(r, 0, sizeof(*r));
+}
+
 static void job_free(struct job *j)
 {
 	int i;

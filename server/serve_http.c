@@ -1,5 +1,7 @@
 /* `loom serve`: the HTTP side (libmicrohttpd, one thread per connection). */
-#include "serve_json.h"
+#include "serve_int.h"
+
+#include <jansson.h>
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -402,6 +404,7 @@ static void make_id(struct job *j)
 static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 				   struct conn *cn, bool chat)
 {
+	struct serve_req r;
 	struct perr e;
 	struct job *j;
 	char why[512];
@@ -412,13 +415,15 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 		metrics_count_rejected(&srv->metrics);
 		return fail(c, srv, 503, "unavailable", "the server is shutting down");
 	}
-	j = job_new(srv);
-	if (!j)
-		return fail(c, srv, 500, NULL, "out of memory");
-	if (parse_request(j, cn->body.s ? cn->body.s : "", cn->body.len, chat, &e)) {
-		job_put(j);
+	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
+			    &r, &e))
 		return send_error(c, srv, &e);
+	j = job_new(srv);
+	if (!j) {
+		serve_req_free(&r);
+		return fail(c, srv, 500, NULL, "out of memory");
 	}
+	job_take_req(j, &r);
 	make_id(j);
 	rc = job_submit(j, why, sizeof(why));
 	if (rc) {
@@ -610,7 +615,7 @@ static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *sr
 	if (!cn)
 		return MHD_NO;
 	*con_cls = cn;
-	if (cl && strtoull(cl, NULL, 10) > srv->o.max_body) {
+	if (cl && strtoull(cl, NULL, 10) > srv->o.serve.max_body) {
 		cn->too_big = true;
 		return fail(c, srv, 413, "request_too_large", "the request body is too large");
 	}
@@ -628,7 +633,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (!cn)
 		return on_first_call(c, srv, con_cls);
 	if (*upload_size) {
-		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.max_body)
+		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
 			loom_sb_putn(&cn->body, upload, *upload_size);
 		else
 			cn->too_big = true;
@@ -666,18 +671,18 @@ static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *
 	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
 
 	memset(ss, 0, sizeof(*ss));
-	if (inet_pton(AF_INET, srv->o.host, &a4->sin_addr) == 1) {
+	if (inet_pton(AF_INET, srv->o.serve.host, &a4->sin_addr) == 1) {
 		a4->sin_family = AF_INET;
-		a4->sin_port = htons((uint16_t)srv->o.port);
+		a4->sin_port = htons((uint16_t)srv->o.serve.port);
 		return 0;
 	}
-	if (inet_pton(AF_INET6, srv->o.host, &a6->sin6_addr) == 1) {
+	if (inet_pton(AF_INET6, srv->o.serve.host, &a6->sin6_addr) == 1) {
 		a6->sin6_family = AF_INET6;
-		a6->sin6_port = htons((uint16_t)srv->o.port);
+		a6->sin6_port = htons((uint16_t)srv->o.serve.port);
 		*flags |= MHD_USE_IPv6;
 		return 0;
 	}
-	snprintf(err, errlen, "--host: '%s' is not an IPv4 or IPv6 address", srv->o.host);
+	snprintf(err, errlen, "--host: '%s' is not an IPv4 or IPv6 address", srv->o.serve.host);
 	return -1;
 }
 
@@ -690,7 +695,7 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 
 	if (bind_addr(srv, &ss, &flags, err, errlen))
 		return NULL;
-	d = MHD_start_daemon(flags, (uint16_t)srv->o.port, NULL, NULL, on_request, srv,
+	d = MHD_start_daemon(flags, (uint16_t)srv->o.serve.port, NULL, NULL, on_request, srv,
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
@@ -699,6 +704,6 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 			     MHD_OPTION_END);
 	if (!d)
 		snprintf(err, errlen, "cannot listen on %s port %d (in use, or no permission)",
-			 srv->o.host, srv->o.port);
+			 srv->o.serve.host, srv->o.serve.port);
 	return d;
 }

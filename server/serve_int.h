@@ -22,18 +22,16 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "options.h"
+#include "serve_request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "util.h"
 #include "engine/spec.h"
 #include "text/tokenizer.h"
 
-#define SRV_MAX_N 8     /* choices per request */
-#define SRV_MAX_STOP 4  /* stop strings per request */
+#define SRV_MAX_N SERVE_REQ_MAX_N       /* choices per request */
+#define SRV_MAX_STOP SERVE_REQ_MAX_STOP /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
-/* Decode rows per step beyond which speculating sequences stop drafting
- * (scheduler spec_step_rows; measured on cpu.so, docs/SPECULATIVE.md). */
-#define SRV_SPEC_STEP_ROWS 8
 
 /* ---- a growing byte string ---- */
 
@@ -67,24 +65,10 @@ void metrics_count_rejected(struct metrics *m);
 
 enum srv_state { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
-struct srv_opts {
-	struct loom_options base; /* model, backend, threads, ctx_size */
-	bool ctx_given;
-	char host[256];
-	int port;
-	uint64_t kv_mem; /* 0: enough for ctx * parallel */
-	int parallel, block_size, max_batch_tokens, max_waiting;
-	uint64_t max_body;
-	int shutdown_timeout;
-	bool prefix_cache;
-	char spec_default[256]; /* strategy for requests that name none */
-	int spec_step_rows; /* decode rows per step before drafts stop (0: no cap) */
-};
-
 struct job;
 
 struct server {
-	struct srv_opts o;
+	struct loom_options o;   /* tools/options.h: o.serve holds the server's own */
 	struct gguf_file *f;
 	struct loom_tokenizer *tok;
 	struct loom_model *m;
@@ -94,6 +78,8 @@ struct server {
 	int n_spec;
 	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
 	struct loom_spec_draft_pool *draft_pool; /* --spec-draft-model, or NULL */
+	const char *spec_names[SRV_MAX_SPEC];    /* spec[i]'s name */
+	struct serve_req_ctx req_ctx; /* what request parsing needs, set at start */
 	struct loom_chat_template chat;
 	bool chat_ok;
 	char chat_err[256];
@@ -165,6 +151,8 @@ struct job {
 };
 
 struct job *job_new(struct server *srv);
+/* Moves a parsed request into j (r is left empty). */
+void job_take_req(struct job *j, struct serve_req *r);
 void job_put(struct job *j);
 /* Submits the n scheduler requests. 0, or loom_sched_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */

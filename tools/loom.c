@@ -1,5 +1,4 @@
 /* loom: run, info, tokenize and bench. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,157 +13,17 @@
 
 static void usage(FILE *out)
 {
-	fputs("usage: loom COMMAND [options]\n"
-	      "commands:\n"
-	      "  run       --model FILE -p PROMPT [-n N] [--backend=cpu.so] [--temp T] [--seed S]\n"
-	      "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
-	      "            [--presence-penalty P] [--frequency-penalty F] [--repeat-last-n N]\n"
-	      "            [-t THREADS] [-c CTX] [-b BATCH] [-f PROMPT_FILE] [--config FILE]\n"
-	      "            [--dump-logits FILE] [--dump-tokens FILE]\n"
-	      "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
-	      "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
-	      "            [--spec-draft-model FILE] [--spec-layers N]\n"
-	      "  info      FILE\n"
-	      "  tokenize  --model FILE [--no-bos] [-f FILE | TEXT]\n"
-	      "  bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
-	      "  serve     --model FILE [--host H] [--port 8080] [--parallel 16] [--kv-mem 512M] (loom serve --help)\n"
-	      "  version\n", out);
+	loom_options_usage(out, 0);
 }
 
-static const struct option long_opts[] = {
-	{ "backend", required_argument, 0, 'B' },
-	{ "model", required_argument, 0, 'm' },
-	{ "prompt", required_argument, 0, 'p' },
-	{ "file", required_argument, 0, 'f' },
-	{ "n-predict", required_argument, 0, 'n' },
-	{ "threads", required_argument, 0, 't' },
-	{ "ctx-size", required_argument, 0, 'c' },
-	{ "batch-size", required_argument, 0, 'b' },
-	{ "reps", required_argument, 0, 'r' },
-	{ "config", required_argument, 0, 'C' },
-	{ "temp", required_argument, 0, 1000 },
-	{ "seed", required_argument, 0, 1001 },
-	{ "top-k", required_argument, 0, 1002 },
-	{ "top-p", required_argument, 0, 1003 },
-	{ "min-p", required_argument, 0, 1004 },
-	{ "repeat-penalty", required_argument, 0, 1005 },
-	{ "presence-penalty", required_argument, 0, 1006 },
-	{ "frequency-penalty", required_argument, 0, 1007 },
-	{ "repeat-last-n", required_argument, 0, 1008 },
-	{ "dump-logits", required_argument, 0, 1009 },
-	{ "dump-tokens", required_argument, 0, 1010 },
-	{ "no-bos", no_argument, 0, 1011 },
-	{ "no-progress", no_argument, 0, 1012 },
-	{ "spec", required_argument, 0, 1100 },
-	{ "spec-max-draft", required_argument, 0, 1101 },
-	{ "spec-min-draft", required_argument, 0, 1102 },
-	{ "spec-ngram-min", required_argument, 0, 1103 },
-	{ "spec-ngram-max", required_argument, 0, 1104 },
-	{ "spec-draft-model", required_argument, 0, 1105 },
-	{ "spec-layers", required_argument, 0, 1106 },
-	{ "help", no_argument, 0, 'h' },
-	{ 0, 0, 0, 0 },
-};
-
-static const char *const long_keys[] = {
-	[1000 - 1000] = "temp", "seed", "top_k", "top_p", "min_p", "repeat_penalty",
-	"presence_penalty", "frequency_penalty", "repeat_last_n",
-};
-
-/* --spec* flags: the INI keys of the same names (docs/SPECULATIVE.md). */
-static const char *const spec_keys[] = {
-	"spec", "spec_max_draft", "spec_min_draft", "spec_ngram_min",
-	"spec_ngram_max", "spec_draft_model", "spec_layers",
-};
-
-/* The config file is read before the other flags so flags override it. */
-static int load_config_first(int argc, char **argv, struct loom_options *o,
-			     char *err)
-{
-	int i;
-
-	for (i = 1; i < argc; i++) {
-		const char *path = NULL;
-
-		if (!strcmp(argv[i], "--config") && i + 1 < argc)
-			path = argv[i + 1];
-		else if (!strncmp(argv[i], "--config=", 9))
-			path = argv[i] + 9;
-		if (path && loom_options_load_ini(o, path, err, ERRLEN))
-			return -1;
-	}
-	return 0;
-}
-
-static int copy_arg(char *dst, size_t cap, const char *v, const char *what, char *err)
-{
-	if (strlen(v) >= cap) {
-		snprintf(err, ERRLEN, "%s: path too long", what);
-		return -1;
-	}
-	strcpy(dst, v);
-	return 0;
-}
-
-static int parse_opt(struct loom_options *o, int c, const char *arg, char *err)
-{
-	char bench_n[32];
-
-	switch (c) {
-	case 'B': return loom_options_set(o, "backend", arg, err, ERRLEN);
-	case 'm': return loom_options_set(o, "model", arg, err, ERRLEN);
-	case 'p':
-		o->prompt = arg;
-		snprintf(bench_n, sizeof(bench_n), "%s", arg);
-		o->n_prompt = atoi(bench_n);
-		return 0;
-	case 'f': return copy_arg(o->prompt_file, sizeof(o->prompt_file), arg, "-f", err);
-	case 'n':
-		o->n_gen = atoi(arg);
-		return loom_options_set(o, "n_predict", arg, err, ERRLEN);
-	case 't':
-		if (copy_arg(o->threads_list, sizeof(o->threads_list), arg, "-t", err))
-			return -1;
-		return strchr(arg, ',') ? 0 : loom_options_set(o, "threads", arg, err, ERRLEN);
-	case 'c': return loom_options_set(o, "ctx_size", arg, err, ERRLEN);
-	case 'b': return loom_options_set(o, "batch_size", arg, err, ERRLEN);
-	case 'r': o->reps = atoi(arg); return o->reps > 0 ? 0 : (snprintf(err, ERRLEN, "-r: must be positive"), -1);
-	case 'C': return 0; /* already read */
-	case 1009: return copy_arg(o->dump_logits, sizeof(o->dump_logits), arg, "--dump-logits", err);
-	case 1010: return copy_arg(o->dump_tokens, sizeof(o->dump_tokens), arg, "--dump-tokens", err);
-	case 1011: o->no_bos = true; return 0;
-	case 1012: o->progress = false; return 0;
-	default:
-		if (c >= 1000 && c <= 1008)
-			return loom_options_set(o, long_keys[c - 1000], arg, err, ERRLEN);
-		if (c >= 1100 && c <= 1106)
-			return loom_options_set(o, spec_keys[c - 1100], arg, err, ERRLEN);
-		snprintf(err, ERRLEN, "unknown option (see loom --help)");
-		return -1;
-	}
-}
-
+/* argv[1] is the command; its options, config file first (tools/options.c). */
 static int parse_args(int argc, char **argv, struct loom_options *o, char *err)
 {
-	int c;
+	int rc = loom_options_parse(o, argc, argv, err, ERRLEN);
 
-	if (load_config_first(argc, argv, o, err))
-		return -1;
-	optind = 2; /* argv[1] is the command */
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, "B:m:p:f:n:t:c:b:r:C:h", long_opts, NULL)) != -1) {
-		if (c == 'h') {
-			usage(stdout);
-			exit(0);
-		}
-		if (c == '?' || c == ':') {
-			snprintf(err, ERRLEN, "bad or incomplete option '%s'", argv[optind - 1]);
-			return -1;
-		}
-		if (parse_opt(o, c, optarg, err))
-			return -1;
-	}
-	return 0;
+	if (rc > 0) /* --help */
+		exit(0);
+	return rc;
 }
 
 /* Reads a whole file as a NUL-terminated string. */
@@ -221,14 +80,20 @@ static int32_t *tokenize_all(const struct loom_tokenizer *tok, const char *text,
 
 static int cmd_info(int argc, char **argv, char *err)
 {
+	struct loom_options o;
 	char why[ERRLEN - 256];
+	const char *path;
 
-	if (argc < 3) {
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	path = o.n_args ? o.args[0] : o.model;
+	if (!path[0]) {
 		snprintf(err, ERRLEN, "usage: loom info FILE");
 		return -1;
 	}
-	if (loom_info_print(argv[2], stdout, why, sizeof(why))) {
-		snprintf(err, ERRLEN, "%s: %s", argv[2], why);
+	if (loom_info_print(path, stdout, why, sizeof(why))) {
+		snprintf(err, ERRLEN, "%s: %s", path, why);
 		return -1;
 	}
 	return 0;
@@ -256,8 +121,8 @@ static int cmd_tokenize(int argc, char **argv, char *err)
 		return -1;
 	if (o.prompt_file[0])
 		text = read_file(o.prompt_file, &len, err);
-	else if (optind < argc)
-		text = strdup(argv[optind]), len = text ? strlen(text) : 0;
+	else if (o.n_args)
+		text = strdup(o.args[0]), len = text ? strlen(text) : 0;
 	else
 		text = read_file("/dev/stdin", &len, err);
 	if (!text)

@@ -1,13 +1,178 @@
-/* Options shared by the command line and the INI config file. */
+/* Options of every `loom` subcommand: one table for the command line and
+ * the INI config file. */
 #include "options.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <ini.h>
 #include <limits.h>
-#include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#define RUN LOOM_CMD_RUN
+#define INFO LOOM_CMD_INFO
+#define TOKENIZE LOOM_CMD_TOKENIZE
+#define BENCH LOOM_CMD_BENCH
+#define SERVE LOOM_CMD_SERVE
+#define ENGINE (RUN | BENCH | SERVE) /* the subcommands that load a backend */
+
+enum opt_type {
+	OPT_STR,     /* a char array, the value copied in */
+	OPT_ARG,     /* a const char * into argv: command line only */
+	OPT_INT,     /* an int in [lo, hi] */
+	OPT_FLOAT,   /* a float in [lo, hi] */
+	OPT_U64,     /* a uint64_t */
+	OPT_SIZE,    /* bytes, with an optional K, M, G or T suffix */
+	OPT_BOOL,    /* true/false, yes/no, on/off, 1/0; a bare --flag is true */
+	OPT_NOT,     /* OPT_BOOL stored negated: --no-progress clears progress */
+	OPT_THREADS, /* an int; for bench also a list such as 1,2,4 */
+};
+
+struct opt_def {
+	const char *name; /* --name; the config key is the name with '_' for '-' */
+	char short_name;  /* -x, or 0 */
+	enum opt_type type;
+	size_t off, size; /* the field of struct loom_options */
+	double lo, hi;    /* OPT_INT, OPT_FLOAT */
+	unsigned cmds;    /* enum loom_cmd bits: the subcommands that take it */
+	bool flag_only;   /* not a config key */
+};
+
+#define FIELD(f) .off = offsetof(struct loom_options, f), \
+		 .size = sizeof(((struct loom_options *)0)->f)
+
+static const struct opt_def opts[] = {
+	{ .name = "backend", .type = OPT_STR, FIELD(backend), .cmds = ENGINE },
+	{ .name = "model", .short_name = 'm', .type = OPT_STR, FIELD(model),
+	  .cmds = ENGINE | INFO | TOKENIZE },
+	{ .name = "prompt", .short_name = 'p', .type = OPT_ARG, FIELD(prompt), .cmds = RUN,
+	  .flag_only = true },
+	{ .name = "file", .short_name = 'f', .type = OPT_STR, FIELD(prompt_file),
+	  .cmds = RUN | TOKENIZE },
+	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
+	  .lo = -1, .hi = INT_MAX, .cmds = RUN },
+	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
+	  .lo = 0, .hi = 1024, .cmds = ENGINE },
+	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
+	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE },
+	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
+	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
+	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
+	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
+	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
+	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
+	/* sampling */
+	{ .name = "temp", .type = OPT_FLOAT, FIELD(sp.temp), .lo = 0, .hi = 100, .cmds = RUN },
+	{ .name = "top-k", .type = OPT_INT, FIELD(sp.top_k), .lo = 0, .hi = INT_MAX, .cmds = RUN },
+	{ .name = "top-p", .type = OPT_FLOAT, FIELD(sp.top_p), .lo = 0, .hi = 1, .cmds = RUN },
+	{ .name = "min-p", .type = OPT_FLOAT, FIELD(sp.min_p), .lo = 0, .hi = 1, .cmds = RUN },
+	{ .name = "repeat-penalty", .type = OPT_FLOAT, FIELD(sp.repeat_penalty),
+	  .lo = 0, .hi = 100, .cmds = RUN },
+	{ .name = "presence-penalty", .type = OPT_FLOAT, FIELD(sp.presence_penalty),
+	  .lo = -100, .hi = 100, .cmds = RUN },
+	{ .name = "frequency-penalty", .type = OPT_FLOAT, FIELD(sp.frequency_penalty),
+	  .lo = -100, .hi = 100, .cmds = RUN },
+	{ .name = "repeat-last-n", .type = OPT_INT, FIELD(sp.penalty_last_n),
+	  .lo = 0, .hi = INT_MAX, .cmds = RUN },
+	{ .name = "seed", .type = OPT_U64, FIELD(sp.seed), .cmds = RUN },
+	/* bench: -p and -n count tokens there */
+	{ .name = "n-prompt", .short_name = 'p', .type = OPT_INT, FIELD(n_prompt),
+	  .lo = 1, .hi = 1 << 24, .cmds = BENCH },
+	{ .name = "n-gen", .short_name = 'n', .type = OPT_INT, FIELD(n_gen),
+	  .lo = 0, .hi = 1 << 24, .cmds = BENCH },
+	{ .name = "reps", .short_name = 'r', .type = OPT_INT, FIELD(reps),
+	  .lo = 1, .hi = 1 << 20, .cmds = BENCH },
+	/* speculative decoding (docs/SPECULATIVE.md) */
+	{ .name = "spec", .type = OPT_STR, FIELD(spec), .cmds = RUN | SERVE },
+	{ .name = "spec-draft-model", .type = OPT_STR, FIELD(spec_draft_model),
+	  .cmds = RUN | SERVE },
+	{ .name = "spec-max-draft", .type = OPT_INT, FIELD(spec_max_draft),
+	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	{ .name = "spec-min-draft", .type = OPT_INT, FIELD(spec_min_draft),
+	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	{ .name = "spec-ngram-min", .type = OPT_INT, FIELD(spec_ngram_min),
+	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	{ .name = "spec-ngram-max", .type = OPT_INT, FIELD(spec_ngram_max),
+	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	{ .name = "spec-layers", .type = OPT_INT, FIELD(spec_layers),
+	  .lo = 1, .hi = 4096, .cmds = RUN | SERVE },
+	/* serve */
+	{ .name = "host", .type = OPT_STR, FIELD(serve.host), .cmds = SERVE },
+	{ .name = "port", .type = OPT_INT, FIELD(serve.port), .lo = 0, .hi = 65535,
+	  .cmds = SERVE },
+	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = SERVE },
+	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
+	  .cmds = SERVE },
+	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
+	  .cmds = SERVE },
+	{ .name = "max-batch-tokens", .type = OPT_INT, FIELD(serve.max_batch_tokens),
+	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
+	{ .name = "max-waiting", .type = OPT_INT, FIELD(serve.max_waiting),
+	  .lo = 0, .hi = 1 << 20, .cmds = SERVE },
+	{ .name = "max-body", .type = OPT_SIZE, FIELD(serve.max_body), .cmds = SERVE },
+	{ .name = "shutdown-timeout", .type = OPT_INT, FIELD(serve.shutdown_timeout),
+	  .lo = 0, .hi = 86400, .cmds = SERVE },
+	{ .name = "prefix-cache", .type = OPT_BOOL, FIELD(serve.prefix_cache), .cmds = SERVE },
+	{ .name = "no-prefix-cache", .type = OPT_NOT, FIELD(serve.prefix_cache), .cmds = SERVE },
+	{ .name = "spec-default", .type = OPT_STR, FIELD(serve.spec_default), .cmds = SERVE },
+	{ .name = "spec-step-rows", .type = OPT_INT, FIELD(serve.spec_step_rows),
+	  .lo = 0, .hi = 1 << 20, .cmds = SERVE },
+};
+
+#define N_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+static const struct cmd_def {
+	const char *name;
+	enum loom_cmd cmd;
+	int max_args; /* operands after the flags */
+	const char *usage;
+} cmds[] = {
+	{ .name = "run", .cmd = RUN, .usage =
+	  "run       --model FILE -p PROMPT [-n N] [--backend=cpu.so] [--temp T] [--seed S]\n"
+	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+	  "            [--presence-penalty P] [--frequency-penalty F] [--repeat-last-n N]\n"
+	  "            [-t THREADS] [-c CTX] [-b BATCH] [-f PROMPT_FILE] [--no-bos]\n"
+	  "            [--no-progress] [--dump-logits FILE] [--dump-tokens FILE]\n"
+	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
+	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
+	  "            [--spec-draft-model FILE] [--spec-layers N] [--config FILE]\n" },
+	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
+	  "info      FILE | --model FILE [--config FILE]\n" },
+	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
+	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
+	{ .name = "bench", .cmd = BENCH, .usage =
+	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
+	  "            [-b 256] [--config FILE]\n" },
+	{ .name = "serve", .cmd = SERVE, .usage =
+	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
+	  "            [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
+	  "            [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
+	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
+	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
+	  "            [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
+	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n" },
+};
+
+#define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
+
+void loom_options_usage(FILE *out, enum loom_cmd cmd)
+{
+	size_t i;
+
+	if (!cmd)
+		fputs("usage: loom COMMAND [options]\ncommands:\n", out);
+	for (i = 0; i < N_CMDS; i++) {
+		if (!cmd)
+			fprintf(out, "  %s", cmds[i].usage);
+		else if (cmds[i].cmd == cmd)
+			fprintf(out, "usage: loom %s", cmds[i].usage);
+	}
+	if (!cmd)
+		fputs("  version\n", out);
+	fputs("Each --flag VALUE is also a config-file key, flag_name = VALUE (at top level,\n"
+	      "in [loom], or for serve in [serve]); flags override the config file.\n", out);
+}
 
 void loom_options_defaults(struct loom_options *o)
 {
@@ -22,10 +187,24 @@ void loom_options_defaults(struct loom_options *o)
 	o->n_prompt = 128;
 	o->n_gen = 64;
 	o->reps = 3;
+	o->serve = (struct loom_serve_options){
+		.host = "127.0.0.1",
+		.port = 8080,
+		.parallel = 16,
+		.block_size = 16,
+		.max_batch_tokens = 512,
+		.max_waiting = 64,
+		.max_body = 1 << 20,
+		.shutdown_timeout = 10,
+		.prefix_cache = true,
+		.spec_step_rows = LOOM_SPEC_STEP_ROWS,
+	};
 }
 
-int loom_options_parse_int(const char *key, const char *v, long lo, long hi,
-			    int *out, char *err, size_t errlen)
+/* ---- values ---- */
+
+static int parse_int(const char *key, const char *v, long lo, long hi,
+		     int *out, char *err, size_t errlen)
 {
 	char *end;
 	long x;
@@ -72,6 +251,50 @@ static int parse_u64(const char *key, const char *v, uint64_t *out, char *err,
 	return 0;
 }
 
+/* Bytes with an optional binary suffix: 512M, 2G, 64KiB, 1048576. */
+static int parse_size(const char *key, const char *v, uint64_t *out, char *err,
+		      size_t errlen)
+{
+	static const char units[] = "KMGT";
+	unsigned long long x;
+	const char *u;
+	char *end;
+	int shift = 0;
+
+	errno = 0;
+	x = strtoull(v, &end, 10);
+	if (errno || end == v || v[0] == '-')
+		goto bad;
+	if (*end && (u = strchr(units, *end & ~0x20))) {
+		shift = 10 * (int)(u - units + 1);
+		end++;
+		if (!strcasecmp(end, "iB") || !strcasecmp(end, "B"))
+			end += strlen(end);
+	} else if (!strcasecmp(end, "B")) {
+		end++;
+	}
+	if (*end || (shift && x > (ULLONG_MAX >> shift)))
+		goto bad;
+	*out = (uint64_t)x << shift;
+	return 0;
+bad:
+	snprintf(err, errlen, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", key, v);
+	return -1;
+}
+
+static int parse_bool(const char *key, const char *v, bool *out, char *err, size_t errlen)
+{
+	if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"))
+		*out = true;
+	else if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off"))
+		*out = false;
+	else {
+		snprintf(err, errlen, "%s: '%s' is not true or false", key, v);
+		return -1;
+	}
+	return 0;
+}
+
 static int copy_str(const char *key, const char *v, char *dst, size_t cap,
 		    char *err, size_t errlen)
 {
@@ -83,75 +306,100 @@ static int copy_str(const char *key, const char *v, char *dst, size_t cap,
 	return 0;
 }
 
-/* spec, spec_max_draft, ...: speculative decoding. */
-static int set_spec(struct loom_options *o, const char *key, const char *v,
-		    char *err, size_t errlen)
+/* -t/threads: a thread count; bench also takes a list (1,2,4) to sweep. */
+static int set_threads(struct loom_options *o, const char *key, const char *v,
+		       char *err, size_t errlen)
 {
-	if (!strcmp(key, "spec"))
-		return copy_str(key, v, o->spec, sizeof(o->spec), err, errlen);
-	if (!strcmp(key, "spec_draft_model"))
-		return copy_str(key, v, o->spec_draft_model, sizeof(o->spec_draft_model),
-				err, errlen);
-	if (!strcmp(key, "spec_max_draft"))
-		return loom_options_parse_int(key, v, 1, 64, &o->spec_max_draft, err, errlen);
-	if (!strcmp(key, "spec_min_draft"))
-		return loom_options_parse_int(key, v, 1, 64, &o->spec_min_draft, err, errlen);
-	if (!strcmp(key, "spec_ngram_min"))
-		return loom_options_parse_int(key, v, 1, 64, &o->spec_ngram_min, err, errlen);
-	if (!strcmp(key, "spec_ngram_max"))
-		return loom_options_parse_int(key, v, 1, 64, &o->spec_ngram_max, err, errlen);
-	if (!strcmp(key, "spec_layers"))
-		return loom_options_parse_int(key, v, 1, 4096, &o->spec_layers, err, errlen);
-	snprintf(err, errlen, "unknown key '%s'", key);
+	bool list = strchr(v, ',') && (o->cmd == BENCH || !o->cmd);
+
+	if (!list && parse_int(key, v, 0, 1024, &o->n_threads, err, errlen))
+		return -1;
+	return copy_str(key, v, o->threads_list, sizeof(o->threads_list), err, errlen);
+}
+
+/* Parses v into d's field of o. */
+static int opt_apply(struct loom_options *o, const struct opt_def *d, const char *key,
+		     const char *v, char *err, size_t errlen)
+{
+	void *dst = (char *)o + d->off;
+	bool b;
+
+	switch (d->type) {
+	case OPT_STR: return copy_str(key, v, dst, d->size, err, errlen);
+	case OPT_ARG: *(const char **)dst = v; return 0;
+	case OPT_INT: return parse_int(key, v, (long)d->lo, (long)d->hi, dst, err, errlen);
+	case OPT_FLOAT: return parse_float(key, v, (float)d->lo, (float)d->hi, dst, err, errlen);
+	case OPT_U64: return parse_u64(key, v, dst, err, errlen);
+	case OPT_SIZE: return parse_size(key, v, dst, err, errlen);
+	case OPT_BOOL: return parse_bool(key, v, dst, err, errlen);
+	case OPT_NOT:
+		if (parse_bool(key, v, &b, err, errlen))
+			return -1;
+		*(bool *)dst = !b;
+		return 0;
+	case OPT_THREADS: return set_threads(o, key, v, err, errlen);
+	}
 	return -1;
+}
+
+/* Does the config key name this option ("ctx_size" for --ctx-size)? */
+static bool key_is(const struct opt_def *d, const char *key)
+{
+	const char *n = d->name;
+
+	for (; *n && *key; n++, key++)
+		if (*key != (*n == '-' ? '_' : *n))
+			return false;
+	return !*n && !*key && !d->flag_only;
+}
+
+static const struct opt_def *find_key(const char *key)
+{
+	size_t i;
+
+	for (i = 0; i < N_OPTS; i++)
+		if (key_is(&opts[i], key))
+			return &opts[i];
+	return NULL;
+}
+
+/* Checks an option this subcommand does not take, leaving o as it is. */
+static int opt_check(const struct opt_def *d, const char *key, const char *v,
+		     char *err, size_t errlen)
+{
+	struct loom_options *scratch = malloc(sizeof(*scratch));
+	int rc;
+
+	if (!scratch) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	loom_options_defaults(scratch);
+	rc = opt_apply(scratch, d, key, v, err, errlen);
+	free(scratch);
+	return rc;
 }
 
 int loom_options_set(struct loom_options *o, const char *key, const char *v,
 		     char *err, size_t errlen)
 {
-	struct loom_sampler_params *sp = &o->sp;
+	const struct opt_def *d = find_key(key);
 
-	if (!strcmp(key, "backend"))
-		return copy_str(key, v, o->backend, sizeof(o->backend), err, errlen);
-	if (!strcmp(key, "model"))
-		return copy_str(key, v, o->model, sizeof(o->model), err, errlen);
-	if (!strcmp(key, "threads"))
-		return loom_options_parse_int(key, v, 0, 1024, &o->n_threads, err, errlen);
-	if (!strcmp(key, "n_predict"))
-		return loom_options_parse_int(key, v, -1, INT_MAX, &o->n_predict, err, errlen);
-	if (!strcmp(key, "ctx_size"))
-		return loom_options_parse_int(key, v, 1, 1 << 24, &o->n_ctx, err, errlen);
-	if (!strcmp(key, "batch_size"))
-		return loom_options_parse_int(key, v, 1, 1 << 16, &o->n_batch, err, errlen);
-	if (!strcmp(key, "temp"))
-		return parse_float(key, v, 0.0f, 100.0f, &sp->temp, err, errlen);
-	if (!strcmp(key, "top_k"))
-		return loom_options_parse_int(key, v, 0, INT_MAX, &sp->top_k, err, errlen);
-	if (!strcmp(key, "top_p"))
-		return parse_float(key, v, 0.0f, 1.0f, &sp->top_p, err, errlen);
-	if (!strcmp(key, "min_p"))
-		return parse_float(key, v, 0.0f, 1.0f, &sp->min_p, err, errlen);
-	if (!strcmp(key, "repeat_penalty"))
-		return parse_float(key, v, 0.0f, 100.0f, &sp->repeat_penalty, err, errlen);
-	if (!strcmp(key, "presence_penalty"))
-		return parse_float(key, v, -100.0f, 100.0f, &sp->presence_penalty, err, errlen);
-	if (!strcmp(key, "frequency_penalty"))
-		return parse_float(key, v, -100.0f, 100.0f, &sp->frequency_penalty, err, errlen);
-	if (!strcmp(key, "repeat_last_n"))
-		return loom_options_parse_int(key, v, 0, INT_MAX, &sp->penalty_last_n, err, errlen);
-	if (!strcmp(key, "seed"))
-		return parse_u64(key, v, &sp->seed, err, errlen);
-	if (!strncmp(key, "spec", 4))
-		return set_spec(o, key, v, err, errlen);
-	snprintf(err, errlen, "unknown key '%s'", key);
-	return -1;
+	if (!d) {
+		snprintf(err, errlen, "unknown key '%s'", key);
+		return -1;
+	}
+	if (o->cmd && !(d->cmds & o->cmd))
+		return opt_check(d, key, v, err, errlen);
+	if (d->off == offsetof(struct loom_options, n_ctx))
+		o->ctx_given = true;
+	return opt_apply(o, d, key, v, err, errlen);
 }
+
+/* ---- the config file ---- */
 
 struct ini_state {
 	struct loom_options *o;
-	const char *path;
-	char *err;
-	size_t errlen;
 	char why[512];
 	bool failed;
 };
@@ -160,29 +408,34 @@ struct ini_state {
  * the line of the first handler failure instead, so the message is kept
  * here and the line added afterwards. */
 static int on_ini_entry(void *user, const char *section, const char *key,
-		       const char *value)
+			const char *value)
 {
 	struct ini_state *st = user;
+	const struct opt_def *d;
+	int rc;
 
 	if (st->failed)
 		return 0;
-	if (section[0] && strcmp(section, "loom") != 0) {
+	if (section[0] && strcmp(section, "loom") && strcmp(section, "serve")) {
 		snprintf(st->why, sizeof(st->why), "key '%s' in unknown section [%s]",
 			 key, section);
 		st->failed = true;
 		return 0;
 	}
-	if (loom_options_set(st->o, key, value, st->why, sizeof(st->why))) {
-		st->failed = true;
-		return 0;
-	}
-	return 1;
+	/* [serve] holds the server's settings: another subcommand only checks them */
+	if (!strcmp(section, "serve") && st->o->cmd && st->o->cmd != SERVE &&
+	    (d = find_key(key)))
+		rc = opt_check(d, key, value, st->why, sizeof(st->why));
+	else
+		rc = loom_options_set(st->o, key, value, st->why, sizeof(st->why));
+	st->failed = rc != 0;
+	return !st->failed;
 }
 
 int loom_options_load_ini(struct loom_options *o, const char *path, char *err,
 			  size_t errlen)
 {
-	struct ini_state st = { .o = o, .path = path, .err = err, .errlen = errlen };
+	struct ini_state st = { .o = o };
 	int rc = ini_parse(path, on_ini_entry, &st);
 
 	if (rc == -1) {
@@ -195,6 +448,154 @@ int loom_options_load_ini(struct loom_options *o, const char *path, char *err,
 	}
 	if (rc) {
 		snprintf(err, errlen, "%s:%d: syntax error", path, rc);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- the command line ---- */
+
+enum { VAL_HELP = 'h', VAL_CONFIG = 1, VAL_FIRST_OPT = 256 };
+
+struct cmdline {
+	struct option longs[N_OPTS + 3];
+	char shorts[2 * N_OPTS + 4];
+};
+
+/* The getopt tables: every option of every subcommand, so one that the
+ * subcommand does not take is named in a refusal, not called unknown. */
+static void cmdline_init(struct cmdline *cl)
+{
+	size_t i, k = 0;
+
+	cl->shorts[k++] = ':'; /* a missing argument returns ':' */
+	cl->shorts[k++] = 'h';
+	for (i = 0; i < N_OPTS; i++) {
+		bool flag = opts[i].type == OPT_BOOL || opts[i].type == OPT_NOT;
+
+		cl->longs[i] = (struct option){
+			.name = opts[i].name,
+			.has_arg = flag ? optional_argument : required_argument,
+			.val = VAL_FIRST_OPT + (int)i,
+		};
+		if (opts[i].short_name && !memchr(cl->shorts, opts[i].short_name, k)) {
+			cl->shorts[k++] = opts[i].short_name;
+			cl->shorts[k++] = ':';
+		}
+	}
+	cl->shorts[k] = '\0';
+	cl->longs[N_OPTS] = (struct option){ .name = "config", .has_arg = required_argument,
+					     .val = VAL_CONFIG };
+	cl->longs[N_OPTS + 1] = (struct option){ .name = "help", .val = VAL_HELP };
+	cl->longs[N_OPTS + 2] = (struct option){ 0 };
+}
+
+/* The option getopt returned: -p is --prompt for run, --n-prompt for bench. */
+static const struct opt_def *find_flag(int c, enum loom_cmd cmd)
+{
+	const struct opt_def *any = NULL;
+	size_t i;
+
+	if (c >= VAL_FIRST_OPT)
+		return &opts[c - VAL_FIRST_OPT];
+	for (i = 0; i < N_OPTS; i++) {
+		if (opts[i].short_name != c)
+			continue;
+		if (opts[i].cmds & cmd)
+			return &opts[i];
+		if (!any)
+			any = &opts[i];
+	}
+	return any;
+}
+
+static const struct cmd_def *find_cmd(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < N_CMDS; i++)
+		if (!strcmp(cmds[i].name, name))
+			return &cmds[i];
+	return NULL;
+}
+
+/* One flag of the second pass. */
+static int on_flag(struct loom_options *o, const struct cmd_def *cd, int c,
+		   const char *arg, char *err, size_t errlen)
+{
+	const struct opt_def *d = find_flag(c, cd->cmd);
+	char flag[64];
+
+	if (!(d->cmds & cd->cmd)) {
+		if (c < VAL_FIRST_OPT)
+			snprintf(err, errlen, "-%c is not an option of 'loom %s' (see loom %s --help)", c, cd->name, cd->name);
+		else
+			snprintf(err, errlen, "--%s is not an option of 'loom %s' (see loom %s --help)", d->name, cd->name, cd->name);
+		return -1;
+	}
+	if (!arg && (d->type == OPT_BOOL || d->type == OPT_NOT))
+		arg = "true";
+	/* messages name the flag as it was typed */
+	if (c < VAL_FIRST_OPT)
+		snprintf(flag, sizeof(flag), "-%c", c);
+	else
+		snprintf(flag, sizeof(flag), "--%s", d->name);
+	if (d->off == offsetof(struct loom_options, n_ctx))
+		o->ctx_given = true;
+	return opt_apply(o, d, flag, arg, err, errlen);
+}
+
+/* Runs getopt over argv[2..]: pass 0 reads the config files, pass 1 the
+ * other flags, so flags override the config whatever their order. */
+static int scan(struct loom_options *o, const struct cmd_def *cd, int argc, char **argv,
+		int pass, char *err, size_t errlen)
+{
+	struct cmdline cl;
+	int c;
+
+	cmdline_init(&cl);
+	optind = 0; /* a fresh scan; argv[1], the subcommand, stands as argv[0] */
+	opterr = 0;
+	while ((c = getopt_long(argc - 1, argv + 1, cl.shorts, cl.longs, NULL)) != -1) {
+		if (c == '?' || c == ':') {
+			if (pass == 0)
+				continue;
+			snprintf(err, errlen, "bad or incomplete option '%s'", argv[optind]);
+			return -1;
+		}
+		if (c == VAL_CONFIG) {
+			if (pass == 0 && loom_options_load_ini(o, optarg, err, errlen))
+				return -1;
+		} else if (pass == 1 && c == VAL_HELP) {
+			loom_options_usage(stdout, cd->cmd);
+			return 1;
+		} else if (pass == 1 && on_flag(o, cd, c, optarg, err, errlen)) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
+		       size_t errlen)
+{
+	const struct cmd_def *cd = argc > 1 ? find_cmd(argv[1]) : NULL;
+	int rc;
+
+	if (!cd) {
+		snprintf(err, errlen, "unknown command '%s'", argc > 1 ? argv[1] : "");
+		return -1;
+	}
+	o->cmd = cd->cmd;
+	rc = scan(o, cd, argc, argv, 0, err, errlen);
+	if (!rc)
+		rc = scan(o, cd, argc, argv, 1, err, errlen);
+	if (rc)
+		return rc;
+	o->args = argv + 1 + optind;
+	o->n_args = argc - 1 - optind;
+	if (o->n_args > cd->max_args) {
+		snprintf(err, errlen, "unexpected argument '%s'", o->args[cd->max_args]);
 		return -1;
 	}
 	return 0;

@@ -1,22 +1,58 @@
-/* Command-line and config-file options of the `loom` tool. */
+/* Command-line and config-file options of every `loom` subcommand.
+ *
+ * One table (tools/options.c) lists every option once: its long flag, its
+ * config-file key (the flag with '_' for '-'), its type and range, and the
+ * subcommands it applies to. The config file (--config) is read first, so
+ * flags override it.
+ */
 #ifndef LOOM_OPTIONS_H
 #define LOOM_OPTIONS_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
-#include "engine/sampler.h"
+#include "loom.h"
+
+/* The subcommands, as bits so an option can name every one it applies to. */
+enum loom_cmd {
+	LOOM_CMD_RUN = 1 << 0,
+	LOOM_CMD_INFO = 1 << 1,
+	LOOM_CMD_TOKENIZE = 1 << 2,
+	LOOM_CMD_BENCH = 1 << 3,
+	LOOM_CMD_SERVE = 1 << 4,
+};
+
+/* Decode rows per step beyond which speculating sequences stop drafting
+ * (scheduler spec_step_rows; measured on cpu.so, docs/SPECULATIVE.md). */
+#define LOOM_SPEC_STEP_ROWS 8
+
+/* `loom serve` only; in a config file also under [serve]. */
+struct loom_serve_options {
+	char host[256];
+	int port;
+	uint64_t kv_mem;        /* 0: enough for ctx * parallel */
+	int parallel, block_size, max_batch_tokens, max_waiting;
+	uint64_t max_body;
+	int shutdown_timeout;
+	bool prefix_cache;
+	char spec_default[256]; /* strategy for requests that name none */
+	int spec_step_rows;     /* decode rows per step before drafts stop (0: no cap) */
+};
 
 struct loom_options {
+	enum loom_cmd cmd;      /* set by loom_options_parse; 0: every option applies */
 	char backend[4096];
 	char model[4096];
 	char prompt_file[4096];
 	char dump_logits[4096];
 	char dump_tokens[4096];
-	const char *prompt;
+	const char *prompt;     /* points into argv */
 	int n_predict;
 	int n_threads;
 	int n_ctx;
+	bool ctx_given;         /* ctx_size came from a flag or the config file */
 	int n_batch;
 	bool no_bos;
 	bool progress;
@@ -32,15 +68,33 @@ struct loom_options {
 	int spec_min_draft, spec_max_draft;
 	int spec_ngram_min, spec_ngram_max;
 	int spec_layers;
+	struct loom_serve_options serve;
+	/* what the command line leaves after the flags (FILE, TEXT) */
+	char **args;
+	int n_args;
 };
 
+/* Every subcommand's defaults (the server's too: they touch no other). */
 void loom_options_defaults(struct loom_options *o);
-/* Reads an INI file (keys in [loom] or no section). 0, or -1 with a message
- * naming the file, line and key in err. */
+
+/* Parses `loom CMD [options] [operands]` (argv[1] is CMD): the config files
+ * of --config first, then the flags. A flag that CMD does not take is
+ * refused. 0; 1 after printing CMD's usage for --help; -1 with the reason
+ * in err. */
+int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
+		       size_t errlen);
+
+/* Prints the usage of cmd, or of every subcommand for 0. */
+void loom_options_usage(FILE *out, enum loom_cmd cmd);
+
+/* Reads an INI file: keys at top level or in [loom]; [serve] keys count
+ * for `loom serve` only. A key another subcommand takes is checked and
+ * skipped. 0, or -1 with a message naming the file, line and key in err. */
 int loom_options_load_ini(struct loom_options *o, const char *path, char *err,
 			  size_t errlen);
-/* Applies one option by name (shared by the INI reader and the command
- * line). 0, or -1 with the reason in err. */
+
+/* Applies one option by its config key (shared by the INI reader and the
+ * command line). 0, or -1 with the reason in err. */
 int loom_options_set(struct loom_options *o, const char *key, const char *value,
 		     char *err, size_t errlen);
 

@@ -53,6 +53,30 @@ def config_errors(tmp):
     check("missing config", rc != 0 and "missing.ini" in err, err)
 
 
+def option_table(tmp):
+    """One option table: every subcommand takes --config; a flag another
+    subcommand takes is refused by name; [serve] keys count for serve only."""
+    for cmd, flag in (("run", "--port"), ("serve", "--temp"), ("info", "-p"),
+                      ("bench", "--spec"), ("tokenize", "--kv-mem")):
+        rc, _, err = run(cmd, flag, "1", "--model", "/nonexistent")
+        check(f"{cmd} refuses {flag}", rc != 0 and flag in err and f"loom {cmd}" in err, err)
+    for cmd in ("info", "tokenize", "bench", "serve"):
+        rc, _, err = run(cmd, "--config", os.path.join(tmp, "missing.ini"))
+        check(f"{cmd} reads --config", rc != 0 and "missing.ini" in err, err)
+    cfg = write(tmp, "serve.ini", "[serve]\nport = 99999\n")
+    rc, _, err = run("tokenize", "--config", cfg, "--model", "/nonexistent", "x")
+    check("[serve] keys are checked everywhere", rc != 0 and f"{cfg}:2" in err and "port" in err, err)
+    cfg = write(tmp, "shared.ini", "model = /nonexistent/a.gguf\nport = 9\n[serve]\nmodel = /nonexistent/b.gguf\n")
+    rc, _, err = run("run", "--config", cfg, "-p", "x")
+    check("[serve] is skipped by run", rc != 0 and "a.gguf" in err and "port" not in err, err)
+    rc, _, err = run("serve", "--config", cfg)
+    check("[serve] is read by serve", rc != 0 and "b.gguf" in err, err)
+    rc, _, err = run("bench", "-p", "abc", "--model", "/nonexistent")
+    check("bench -p is a count", rc != 0 and "'abc'" in err, err)
+    rc, out, err = run("serve", "--help")
+    check("serve --help", rc == 0 and "--kv-mem" in out and "--temp" not in out, out + err)
+
+
 def model_errors(tmp):
     junk = write(tmp, "junk.gguf", "this is not a gguf file at all")
     rc, _, err = run("run", "--model", junk, "-p", "x")
@@ -112,6 +136,7 @@ def generation():
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         config_errors(tmp)
+        option_table(tmp)
         model_errors(tmp)
     vocab_only_info()
     if os.path.exists(MODEL):

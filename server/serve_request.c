@@ -1,0 +1,455 @@
+/* `loom serve`: OpenAI request bodies into struct serve_req (validation,
+ * chat rendering and tokenization through the context's callbacks). */
+#include "serve_request.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int perr_set(struct perr *e, int status, const char *param, const char *code,
+	     const char *fmt, ...)
+{
+	va_list ap;
+
+	e->status = status;
+	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+	e->code = code;
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* A present, non-null member, or NULL (OpenAI clients send nulls for
+ * unset options). */
+static json_t *member(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return v && !json_is_null(v) ? v : NULL;
+}
+
+static int get_int(json_t *o, const char *key, long long lo, long long hi,
+		   long long *out, struct perr *e)
+{
+	json_t *v = member(o, key);
+
+	if (!v)
+		return 0;
+	if (!json_is_integer(v))
+		return perr_set(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+	if (json_integer_value(v) < lo || json_integer_value(v) > hi)
+		return perr_set(e, 400, key, "invalid_value", "'%s' must be between %lld and %lld",
+				key, lo, hi);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+static int get_num(json_t *o, const char *key, double lo, double hi, bool lo_open,
+		   float *out, struct perr *e)
+{
+	json_t *v = member(o, key);
+	double x;
+
+	if (!v)
+		return 0;
+	if (!json_is_number(v))
+		return perr_set(e, 400, key, "invalid_type", "'%s' must be a number", key);
+	x = json_number_value(v);
+	if (!(x >= lo && x <= hi) || (lo_open && x == lo))
+		return perr_set(e, 400, key, "invalid_value", "'%s' must be in %s%g, %g]",
+				key, lo_open ? "(" : "[", lo, hi);
+	*out = (float)x;
+	return 0;
+}
+
+static int get_bool(json_t *o, const char *key, bool *out, struct perr *e)
+{
+	json_t *v = member(o, key);
+
+	if (!v)
+		return 0;
+	if (!json_is_boolean(v))
+		return perr_set(e, 400, key, "invalid_type", "'%s' must be a boolean", key);
+	*out = json_is_true(v);
+	return 0;
+}
+
+static int add_stop(const struct serve_req_ctx *ctx, struct serve_req *r, json_t *v,
+		    struct perr *e)
+{
+	if (!json_is_string(v))
+		return perr_set(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings");
+	if (json_string_length(v) == 0)
+		return 0; /* an empty stop string would end every request at once */
+	if (r->n_stop == ctx->max_stop)
+		return perr_set(e, 400, "stop", "invalid_value", "at most %d stop strings", ctx->max_stop);
+	if (json_string_length(v) > SERVE_REQ_MAX_STOP_LEN)
+		return perr_set(e, 400, "stop", "invalid_value", "a stop string is longer than %d bytes",
+				SERVE_REQ_MAX_STOP_LEN);
+	if (memchr(json_string_value(v), '\0', json_string_length(v)))
+		return perr_set(e, 400, "stop", "invalid_value", "a stop string contains NUL");
+	r->stop[r->n_stop] = strdup(json_string_value(v));
+	if (!r->stop[r->n_stop])
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	r->n_stop++;
+	return 0;
+}
+
+static int get_stop(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+		    struct perr *e)
+{
+	json_t *v = member(o, "stop"), *x;
+	size_t i;
+
+	if (!v)
+		return 0;
+	if (!json_is_array(v))
+		return add_stop(ctx, r, v, e);
+	if (json_array_size(v) > (size_t)ctx->max_stop)
+		return perr_set(e, 400, "stop", "invalid_value", "at most %d stop strings", ctx->max_stop);
+	json_array_foreach(v, i, x)
+		if (add_stop(ctx, r, x, e))
+			return -1;
+	return 0;
+}
+
+static int get_sampling(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+			struct perr *e)
+{
+	struct loom_sampler_params *sp = &r->sp;
+	long long top_k, seed = 0, n = 1;
+
+	loom_sampler_defaults(sp); /* what a field the request omits gets, as in loom run */
+	top_k = sp->top_k;
+	if (get_num(o, "temperature", 0, 2, false, &sp->temp, e) ||
+	    get_num(o, "top_p", 0, 1, true, &sp->top_p, e) ||
+	    get_num(o, "min_p", 0, 1, false, &sp->min_p, e) ||
+	    get_num(o, "presence_penalty", -2, 2, false, &sp->presence_penalty, e) ||
+	    get_num(o, "frequency_penalty", -2, 2, false, &sp->frequency_penalty, e) ||
+	    get_num(o, "repetition_penalty", 0, 10, true, &sp->repeat_penalty, e) ||
+	    get_int(o, "top_k", 0, ctx->n_vocab, &top_k, e) ||
+	    get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, e) ||
+	    get_int(o, "n", 1, ctx->max_n, &n, e))
+		return -1;
+	sp->top_k = (int32_t)top_k;
+	r->seed_given = member(o, "seed") != NULL;
+	if (r->seed_given)
+		sp->seed = (uint64_t)seed;
+	r->n = (int)n;
+	return 0;
+}
+
+/* "none", or the names of the offered strategies, for error messages. */
+static void spec_names(const struct serve_req_ctx *ctx, char *out, size_t cap)
+{
+	size_t len;
+	int i;
+
+	snprintf(out, cap, "none");
+	len = strlen(out);
+	for (i = 0; i < ctx->n_spec && len < cap; i++) {
+		snprintf(out + len, cap - len, ", %s", ctx->spec_names[i]);
+		len += strlen(out + len);
+	}
+}
+
+/* The offered strategy called name ("ngram" or "ngram.so"), or NULL. */
+static const char *find_spec(const struct serve_req_ctx *ctx, const char *name)
+{
+	size_t len = strlen(name);
+	int i;
+
+	if (len > 3 && !strcmp(name + len - 3, ".so"))
+		len -= 3;
+	for (i = 0; i < ctx->n_spec; i++)
+		if (strlen(ctx->spec_names[i]) == len && !strncmp(ctx->spec_names[i], name, len))
+			return ctx->spec_names[i];
+	return NULL;
+}
+
+/* "speculative" (or "spec"): a strategy name, or {"name": ..., "max_draft": n}. */
+static int get_spec(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+		    struct perr *e)
+{
+	const char *key = member(o, "speculative") ? "speculative" : "spec";
+	json_t *v = member(o, key), *name = v;
+	long long max_draft = 0;
+	char names[512];
+
+	r->spec = ctx->spec_default;
+	if (!v)
+		return 0;
+	if (json_is_object(v)) {
+		name = member(v, "name");
+		if (get_int(v, "max_draft", 1, 64, &max_draft, e))
+			return -1;
+	}
+	if (!name || !json_is_string(name))
+		return perr_set(e, 400, key, "invalid_type",
+				"'%s' must be a strategy name or an object with a string 'name'", key);
+	r->spec_max_draft = (int)max_draft;
+	if (!strcmp(json_string_value(name), "none")) {
+		r->spec = NULL;
+		return 0;
+	}
+	r->spec = find_spec(ctx, json_string_value(name));
+	if (r->spec)
+		return 0;
+	spec_names(ctx, names, sizeof(names));
+	return perr_set(e, 400, key, "invalid_value",
+			"unknown speculative strategy '%.64s'; this server offers: %s%s", json_string_value(name),
+			names, ctx->n_spec ? "" : " (start it with --spec=ngram.so)");
+}
+
+static int get_stream(json_t *o, struct serve_req *r, struct perr *e)
+{
+	json_t *so = member(o, "stream_options");
+
+	if (get_bool(o, "stream", &r->stream, e))
+		return -1;
+	if (!so)
+		return 0;
+	if (!json_is_object(so))
+		return perr_set(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+	return get_bool(so, "include_usage", &r->include_usage, e);
+}
+
+/* Tokenizes into r->prompt; bos (>= 0) goes first. */
+static int tokenize(const struct serve_req_ctx *ctx, struct serve_req *r, const char *text,
+		    size_t len, bool add_special, int32_t bos, const char *param, struct perr *e)
+{
+	int64_t need = ctx->tokenize(ctx->user, text, len, add_special, NULL, 0);
+	int64_t extra = bos >= 0 ? 1 : 0;
+
+	if (need < 0)
+		return perr_set(e, 400, param, "invalid_value", "the prompt could not be tokenized");
+	if (need + extra == 0)
+		return perr_set(e, 400, param, "invalid_value", "the prompt is empty");
+	if (need + extra > ctx->n_ctx)
+		return perr_set(e, 400, param, "context_length_exceeded",
+				"the prompt is %lld tokens; the context is %d", (long long)(need + extra),
+				ctx->n_ctx);
+	r->prompt = malloc(sizeof(int32_t) * (size_t)(need + extra + 1));
+	if (!r->prompt)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	if (extra)
+		r->prompt[0] = bos;
+	if (ctx->tokenize(ctx->user, text, len, add_special, r->prompt + extra, need) != need)
+		return perr_set(e, 500, NULL, NULL, "the prompt could not be tokenized");
+	r->n_prompt = (int32_t)(need + extra);
+	return 0;
+}
+
+static int prompt_ids(const struct serve_req_ctx *ctx, struct serve_req *r, json_t *v,
+		      struct perr *e)
+{
+	size_t i, n = json_array_size(v);
+	json_t *x;
+
+	if (n > (size_t)ctx->n_ctx)
+		return perr_set(e, 400, "prompt", "context_length_exceeded",
+				"the prompt is %zu tokens; the context is %d", n, ctx->n_ctx);
+	r->prompt = malloc(sizeof(int32_t) * (n + 1));
+	if (!r->prompt)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	json_array_foreach(v, i, x) {
+		if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+		    json_integer_value(x) >= ctx->n_vocab)
+			return perr_set(e, 400, "prompt", "invalid_value",
+					"prompt[%zu] is not a token id in [0, %d)", i, ctx->n_vocab);
+		r->prompt[i] = (int32_t)json_integer_value(x);
+	}
+	r->n_prompt = (int32_t)n;
+	return 0;
+}
+
+/* prompt: a string, an array of one string, or an array of token ids. */
+static int get_prompt(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+		      struct perr *e)
+{
+	json_t *v = member(o, "prompt");
+
+	if (!v)
+		return perr_set(e, 400, "prompt", "missing", "'prompt' is required");
+	if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+		v = json_array_get(v, 0);
+	if (json_is_string(v))
+		return tokenize(ctx, r, json_string_value(v), json_string_length(v), true, -1,
+				"prompt", e);
+	if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0)))
+		return prompt_ids(ctx, r, v, e);
+	return perr_set(e, 400, "prompt", "invalid_type",
+			"'prompt' must be a string or an array of token ids");
+}
+
+/* Joins an array of {"type":"text","text":...} parts into *out (malloc'd). */
+static int join_parts(json_t *c, size_t i, char **out, struct perr *e)
+{
+	json_t *part;
+	size_t k, len = 0;
+
+	json_array_foreach(c, k, part) {
+		json_t *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
+
+		if (!json_is_object(part) || !json_is_string(type) ||
+		    strcmp(json_string_value(type), "text") || !json_is_string(t))
+			return perr_set(e, 400, "messages", "invalid_value",
+					"messages[%zu].content[%zu]: only text parts are supported", i, k);
+		len += json_string_length(t);
+	}
+	*out = malloc(len + 1);
+	if (!*out)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	len = 0;
+	json_array_foreach(c, k, part) {
+		json_t *t = json_object_get(part, "text");
+
+		memcpy(*out + len, json_string_value(t), json_string_length(t));
+		len += json_string_length(t);
+	}
+	(*out)[len] = '\0';
+	return 0;
+}
+
+/* content: a string, null, or an array of text parts; the text goes into
+ * *out (malloc'd). */
+static int message_text(json_t *c, size_t i, char **out, struct perr *e)
+{
+	if (json_is_array(c))
+		return join_parts(c, i, out, e);
+	if (c && !json_is_null(c) && !json_is_string(c))
+		return perr_set(e, 400, "messages", "invalid_type",
+				"messages[%zu].content must be a string or an array of text parts", i);
+	*out = strdup(json_is_string(c) ? json_string_value(c) : "");
+	return *out ? 0 : perr_set(e, 500, NULL, NULL, "out of memory");
+}
+
+static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
+		       const struct serve_msg *msgs, size_t n, struct perr *e)
+{
+	char why[256];
+	char *text;
+	int rc;
+
+	if (!ctx->render)
+		return perr_set(e, 500, NULL, "unsupported_chat_template", "%s",
+				ctx->chat_err ? ctx->chat_err : "no chat template");
+	why[0] = '\0';
+	text = ctx->render(ctx->user, msgs, n, why, sizeof(why));
+	if (!text)
+		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
+	rc = tokenize(ctx, r, text, strlen(text), false, ctx->chat_bos, "messages", e);
+	free(text);
+	return rc;
+}
+
+static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+			struct perr *e)
+{
+	json_t *v = member(o, "messages"), *m;
+	struct serve_msg *msgs;
+	size_t i, n;
+	int rc = -1;
+
+	if (!v)
+		return perr_set(e, 400, "messages", "missing", "'messages' is required");
+	if (!json_is_array(v) || json_array_size(v) == 0)
+		return perr_set(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
+	n = json_array_size(v);
+	msgs = calloc(n, sizeof(*msgs));
+	if (!msgs)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	json_array_foreach(v, i, m) {
+		json_t *role = json_object_get(m, "role");
+		char *text = NULL;
+
+		if (!json_is_object(m) || !json_is_string(role)) {
+			perr_set(e, 400, "messages", "invalid_type",
+				 "messages[%zu] must be an object with a string 'role'", i);
+			goto out;
+		}
+		if (message_text(json_object_get(m, "content"), i, &text, e))
+			goto out;
+		msgs[i].role = json_string_value(role);
+		msgs[i].content = text;
+	}
+	rc = render_chat(ctx, r, msgs, n, e);
+out:
+	for (i = 0; i < n; i++)
+		free((char *)msgs[i].content);
+	free(msgs);
+	return rc;
+}
+
+static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+			  struct perr *e)
+{
+	int32_t room = ctx->n_ctx - r->n_prompt;
+	const char *key = "max_tokens";
+	long long mt = r->chat ? room : 16;
+
+	if (r->chat && member(o, "max_completion_tokens"))
+		key = "max_completion_tokens";
+	if (get_int(o, key, 1, INT_MAX, &mt, e))
+		return -1;
+	if (room < 1 || mt > room)
+		return perr_set(e, 400, key, "context_length_exceeded",
+				"the prompt (%d tokens) + %s (%lld) exceeds the context (%d)",
+				r->n_prompt, key, mt, ctx->n_ctx);
+	r->max_tokens = (int)mt;
+	return 0;
+}
+
+void serve_req_free(struct serve_req *r)
+{
+	int i;
+
+	for (i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	free(r->prompt);
+	memset(r, 0, sizeof(*r));
+}
+
+/* The members of the body object, in the order their errors are reported. */
+static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
+			struct perr *e)
+{
+	bool echo = false;
+
+	if (!json_is_object(o))
+		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
+	if (member(o, "model") && !json_is_string(member(o, "model")))
+		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
+	if (get_bool(o, "echo", &echo, e) || get_sampling(ctx, o, r, e) ||
+	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
+		return -1;
+	if (echo)
+		return perr_set(e, 400, "echo", "unsupported", "'echo' is not supported");
+	if (r->chat ? get_messages(ctx, o, r, e) : get_prompt(ctx, o, r, e))
+		return -1;
+	return get_max_tokens(ctx, o, r, e);
+}
+
+int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
+		    bool chat, struct serve_req *r, struct perr *e)
+{
+	json_error_t jerr;
+	json_t *o;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	r->chat = chat;
+	o = json_loadb(body, len, 0, &jerr);
+	if (!o)
+		return perr_set(e, 400, NULL, "invalid_json", "invalid JSON at line %d column %d: %s",
+				jerr.line, jerr.column, jerr.text);
+	rc = parse_object(ctx, o, r, e);
+	json_decref(o);
+	if (rc)
+		serve_req_free(r);
+	return rc;
+}

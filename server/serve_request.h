@@ -1,0 +1,87 @@
+/* `loom serve`: an OpenAI request body, parsed and checked.
+ *
+ * A pure function of its inputs: what it needs from the model comes in a
+ * read-only struct serve_req_ctx (sizes, limits, callbacks to render chat
+ * messages and to tokenize), what it finds goes out in a plain struct
+ * serve_req. It sees no server, job or engine, so tests/serve/test_request.c
+ * drives it with fake callbacks. The server turns a serve_req into a job.
+ */
+#ifndef LOOM_SERVE_REQUEST_H
+#define LOOM_SERVE_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+#define SERVE_REQ_MAX_N 8         /* choices per request */
+#define SERVE_REQ_MAX_STOP 4      /* stop strings per request */
+#define SERVE_REQ_MAX_STOP_LEN 256
+
+/* An HTTP error in OpenAI's shape: status, message, param, code. */
+struct perr {
+	int status;
+	char msg[512];
+	char param[64];   /* "" for none */
+	const char *code; /* NULL for none */
+};
+
+/* Fills e; returns -1 so callers can `return perr_set(...)`. */
+int perr_set(struct perr *e, int status, const char *param, const char *code,
+	     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* One chat message, as the render callback sees it. */
+struct serve_msg {
+	const char *role;
+	const char *content;
+};
+
+struct serve_req_ctx {
+	int32_t n_vocab;   /* token ids in a prompt lie in [0, n_vocab) */
+	int32_t n_ctx;     /* prompt + max_tokens must fit in it */
+	int max_n;         /* choices per request, <= SERVE_REQ_MAX_N */
+	int max_stop;      /* stop strings per request, <= SERVE_REQ_MAX_STOP */
+	/* Tokenizes text, special-token text included; add_special adds BOS/EOS
+	 * as the model asks. Returns how many ids the text needs (writes at most
+	 * cap), or -1. */
+	int64_t (*tokenize)(void *user, const char *text, size_t len, bool add_special,
+			    int32_t *ids, int64_t cap);
+	/* Renders chat messages into prompt text ending in the assistant's turn:
+	 * malloc'd text the parser frees, or NULL with why filled (a 400).
+	 * NULL: the model has no usable chat template, and chat requests fail
+	 * with a 500 that quotes chat_err. */
+	char *(*render)(void *user, const struct serve_msg *msgs, size_t n, char *why,
+			size_t whylen);
+	const char *chat_err;
+	int32_t chat_bos;  /* prepended to a rendered chat prompt; -1: none */
+	void *user;        /* for the callbacks */
+	/* the speculative strategies offered, and the one for requests that
+	 * name none (one of spec_names, or NULL: plain decoding) */
+	const char *const *spec_names;
+	int n_spec;
+	const char *spec_default;
+};
+
+struct serve_req {
+	bool chat, stream, include_usage;
+	int n;                          /* choices */
+	int max_tokens;
+	struct loom_sampler_params sp;  /* loom_sampler_defaults for fields not given */
+	bool seed_given;                /* false: sp.seed is 0; pick a fresh one */
+	const char *spec;               /* one of ctx->spec_names; NULL: plain decoding */
+	int spec_max_draft;             /* 0: the strategy's */
+	char *stop[SERVE_REQ_MAX_STOP]; /* malloc'd, non-empty */
+	int n_stop;
+	int32_t *prompt;                /* malloc'd token ids */
+	int32_t n_prompt;
+};
+
+/* Parses a /v1/completions (chat false) or /v1/chat/completions body into
+ * r. 0; or -1 with e filled, r freed and zeroed. On success the caller owns
+ * r's strings and prompt: serve_req_free, or take them. */
+int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
+		    bool chat, struct serve_req *r, struct perr *e);
+void serve_req_free(struct serve_req *r);
+
+#endif

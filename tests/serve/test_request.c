@@ -1,0 +1,379 @@
+/* Request parsing (server/serve_request.c) alone, with a fake model: one
+ * token per byte, a chat template that writes "role:content\n", and two
+ * offered strategies. Valid bodies must come out field for field; bad ones
+ * must fail with the HTTP status, param and code the OpenAI API uses. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_request.h"
+
+#define FAKE_BOS 1
+
+/* One token per byte (the byte mod 100); add_special puts BOS first. Text
+ * starting with "FAIL" cannot be tokenized. */
+static int64_t fake_tokenize(void *user, const char *text, size_t len, bool add_special,
+			     int32_t *ids, int64_t cap)
+{
+	int64_t n = 0;
+	size_t i;
+
+	if (len >= 4 && !memcmp(text, "FAIL", 4))
+		return -1;
+	if (add_special && n++ < cap)
+		ids[0] = FAKE_BOS;
+	for (i = 0; i < len; i++, n++)
+		if (n < cap)
+			ids[n] = (unsigned char)text[i] % 100;
+	return n;
+}
+
+/* "role:content\n" per message; the role "bogus" is refused. */
+static char *fake_render(void *user, const struct serve_msg *msgs, size_t n, char *why,
+			 size_t whylen)
+{
+	size_t i, len = 1;
+	char *s;
+
+	for (i = 0; i < n; i++) {
+		if (!strcmp(msgs[i].role, "bogus")) {
+			snprintf(why, whylen, "unknown role 'bogus'");
+			return NULL;
+		}
+		len += strlen(msgs[i].role) + strlen(msgs[i].content) + 2;
+	}
+	s = malloc(len);
+	s[0] = '\0';
+	for (i = 0; i < n; i++) {
+		strcat(s, msgs[i].role);
+		strcat(s, ":");
+		strcat(s, msgs[i].content);
+		strcat(s, "\n");
+	}
+	return s;
+}
+
+static const char *const spec_names[] = { "ngram", "layerskip" };
+
+static struct serve_req_ctx fake_ctx(void)
+{
+	return (struct serve_req_ctx){
+		.n_vocab = 100,
+		.n_ctx = 64,
+		.max_n = SERVE_REQ_MAX_N,
+		.max_stop = SERVE_REQ_MAX_STOP,
+		.tokenize = fake_tokenize,
+		.render = fake_render,
+		.chat_err = "no template",
+		.chat_bos = FAKE_BOS,
+		.spec_names = spec_names,
+		.n_spec = 2,
+	};
+}
+
+static void parse_ok(const struct serve_req_ctx *ctx, const char *body, bool chat,
+		     struct serve_req *r)
+{
+	struct perr e = { 0 };
+
+	ck_assert_msg(serve_req_parse(ctx, body, strlen(body), chat, r, &e) == 0,
+		      "%s: %d %s", body, e.status, e.msg);
+}
+
+/* The prompt as the fake tokenizer writes text. */
+static void assert_prompt(const struct serve_req *r, bool bos, const char *text)
+{
+	size_t i, off = bos ? 1 : 0;
+
+	ck_assert_int_eq(r->n_prompt, (int32_t)(strlen(text) + off));
+	if (bos)
+		ck_assert_int_eq(r->prompt[0], FAKE_BOS);
+	for (i = 0; text[i]; i++)
+		ck_assert_int_eq(r->prompt[i + off], (unsigned char)text[i] % 100);
+}
+
+START_TEST(completion_every_field)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+
+	parse_ok(&ctx, "{\"model\": \"m\", \"prompt\": \"abc\", \"temperature\": 0.5,"
+		 " \"top_p\": 0.9, \"min_p\": 0.1, \"presence_penalty\": 0.5,"
+		 " \"frequency_penalty\": -0.5, \"repetition_penalty\": 1.25, \"top_k\": 20,"
+		 " \"seed\": 42, \"n\": 3, \"stop\": [\"x\", \"\", \"yz\"], \"stream\": true,"
+		 " \"stream_options\": {\"include_usage\": true},"
+		 " \"speculative\": {\"name\": \"layerskip.so\", \"max_draft\": 4},"
+		 " \"max_tokens\": 10, \"echo\": false, \"logprobs\": null}", false, &r);
+	ck_assert(!r.chat);
+	ck_assert_float_eq(r.sp.temp, 0.5f);
+	ck_assert_float_eq(r.sp.top_p, 0.9f);
+	ck_assert_float_eq(r.sp.min_p, 0.1f);
+	ck_assert_float_eq(r.sp.presence_penalty, 0.5f);
+	ck_assert_float_eq(r.sp.frequency_penalty, -0.5f);
+	ck_assert_float_eq(r.sp.repeat_penalty, 1.25f);
+	ck_assert_int_eq(r.sp.top_k, 20);
+	ck_assert(r.seed_given);
+	ck_assert_uint_eq(r.sp.seed, 42);
+	ck_assert_int_eq(r.n, 3);
+	ck_assert_int_eq(r.n_stop, 2); /* the empty one is dropped */
+	ck_assert_str_eq(r.stop[0], "x");
+	ck_assert_str_eq(r.stop[1], "yz");
+	ck_assert(r.stream && r.include_usage);
+	ck_assert_ptr_eq(r.spec, spec_names[1]);
+	ck_assert_int_eq(r.spec_max_draft, 4);
+	ck_assert_int_eq(r.max_tokens, 10);
+	assert_prompt(&r, true, "abc");
+	serve_req_free(&r);
+	ck_assert_ptr_null(r.prompt);
+}
+END_TEST
+
+START_TEST(completion_defaults)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct loom_sampler_params want;
+	struct serve_req r;
+
+	parse_ok(&ctx, "{\"prompt\": \"hi\", \"temperature\": null, \"stop\": \"!\", \"spec\": \"ngram\"}",
+		 false, &r);
+	/* omitted sampling fields: the same defaults as loom run */
+	loom_sampler_defaults(&want);
+	ck_assert_float_eq(r.sp.temp, want.temp);
+	ck_assert_int_eq(r.sp.top_k, want.top_k);
+	ck_assert_float_eq(r.sp.top_p, want.top_p);
+	ck_assert_float_eq(r.sp.min_p, want.min_p);
+	ck_assert_float_eq(r.sp.repeat_penalty, want.repeat_penalty);
+	ck_assert_float_eq(r.sp.presence_penalty, want.presence_penalty);
+	ck_assert_float_eq(r.sp.frequency_penalty, want.frequency_penalty);
+	ck_assert_int_eq(r.sp.penalty_last_n, want.penalty_last_n);
+	ck_assert(!r.seed_given);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_int_eq(r.max_tokens, 16);
+	ck_assert(!r.stream && !r.include_usage);
+	ck_assert_int_eq(r.n_stop, 1);
+	ck_assert_str_eq(r.stop[0], "!");
+	ck_assert_ptr_eq(r.spec, spec_names[0]);
+	ck_assert_int_eq(r.spec_max_draft, 0);
+	assert_prompt(&r, true, "hi");
+	serve_req_free(&r);
+}
+END_TEST
+
+START_TEST(completion_token_ids)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+
+	parse_ok(&ctx, "{\"prompt\": [5, 0, 99], \"max_tokens\": 61}", false, &r);
+	ck_assert_int_eq(r.n_prompt, 3);
+	ck_assert_int_eq(r.prompt[0], 5);
+	ck_assert_int_eq(r.prompt[1], 0);
+	ck_assert_int_eq(r.prompt[2], 99);
+	ck_assert_int_eq(r.max_tokens, 61); /* exactly fills the context */
+	serve_req_free(&r);
+	parse_ok(&ctx, "{\"prompt\": [\"one string\"]}", false, &r);
+	assert_prompt(&r, true, "one string");
+	serve_req_free(&r);
+}
+END_TEST
+
+START_TEST(chat_messages)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+
+	parse_ok(&ctx, "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"},"
+		 " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"h\"},"
+		 " {\"type\": \"text\", \"text\": \"i\"}]}, {\"role\": \"assistant\", \"content\": null}],"
+		 " \"max_completion_tokens\": 5}", true, &r);
+	ck_assert(r.chat);
+	assert_prompt(&r, true, "system:s\nuser:hi\nassistant:\n");
+	ck_assert_int_eq(r.max_tokens, 5);
+	serve_req_free(&r);
+	/* no max_tokens: the rest of the context; no BOS where the model adds none */
+	ctx.chat_bos = -1;
+	parse_ok(&ctx, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", true, &r);
+	assert_prompt(&r, false, "user:x\n");
+	ck_assert_int_eq(r.max_tokens, 64 - 7);
+	serve_req_free(&r);
+}
+END_TEST
+
+START_TEST(spec_default)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+
+	ctx.spec_default = spec_names[0];
+	parse_ok(&ctx, "{\"prompt\": \"a\"}", false, &r);
+	ck_assert_ptr_eq(r.spec, spec_names[0]);
+	serve_req_free(&r);
+	parse_ok(&ctx, "{\"prompt\": \"a\", \"speculative\": \"none\"}", false, &r);
+	ck_assert_ptr_null(r.spec);
+	serve_req_free(&r);
+}
+END_TEST
+
+static const struct bad {
+	bool chat;
+	const char *body;
+	int status;
+	const char *param; /* "" for none */
+	const char *code;  /* NULL for none */
+} bad[] = {
+	{ false, "{\"prompt\": ", 400, "", "invalid_json" },
+	{ false, "[1, 2]", 400, "", "invalid_json" },
+	{ false, "{\"prompt\": \"a\", \"model\": 3}", 400, "model", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"temperature\": 2.5}", 400, "temperature", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"min_p\": -0.1}", 400, "min_p", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"presence_penalty\": 3}", 400, "presence_penalty", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"frequency_penalty\": -3}", 400, "frequency_penalty", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"repetition_penalty\": 0}", 400, "repetition_penalty", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"top_k\": -5}", 400, "top_k", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"top_k\": 101}", 400, "top_k", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"top_k\": 1.5}", 400, "top_k", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"seed\": 1.5}", 400, "seed", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"n\": 0}", 400, "n", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"n\": 9}", 400, "n", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"stop\": 3}", 400, "stop", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"stop\": [\"a\", 3]}", 400, "stop", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", 400, "stop", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"stream_options\": 1}", 400, "stream_options", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"stream_options\": {\"include_usage\": 1}}", 400, "include_usage", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"speculative\": \"nosuch\"}", 400, "speculative", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"spec\": 3}", 400, "spec", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"speculative\": {\"max_draft\": 2}}", 400, "speculative", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"speculative\": {\"name\": \"ngram\", \"max_draft\": 0}}", 400, "max_draft", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"echo\": true}", 400, "echo", "unsupported" },
+	{ false, "{\"prompt\": \"a\", \"echo\": 1}", 400, "echo", "invalid_type" },
+	{ false, "{}", 400, "prompt", "missing" },
+	{ false, "{\"prompt\": 3}", 400, "prompt", "invalid_type" },
+	{ false, "{\"prompt\": []}", 400, "prompt", "invalid_type" },
+	{ false, "{\"prompt\": [1, 100]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": [1, -1]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": [1, \"a\"]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": \"FAIL\"}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": \"0123456789012345678901234567890123456789012345678901234567890123456789\"}",
+	  400, "prompt", "context_length_exceeded" },
+	{ false, "{\"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"max_tokens\": \"5\"}", 400, "max_tokens", "invalid_type" },
+	{ false, "{\"prompt\": \"a\", \"max_tokens\": 63}", 400, "max_tokens", "context_length_exceeded" },
+	{ true, "{}", 400, "messages", "missing" },
+	{ true, "{\"messages\": []}", 400, "messages", "invalid_type" },
+	{ true, "{\"messages\": {\"role\": \"user\"}}", 400, "messages", "invalid_type" },
+	{ true, "{\"messages\": [1]}", 400, "messages", "invalid_type" },
+	{ true, "{\"messages\": [{\"content\": \"x\"}]}", 400, "messages", "invalid_type" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages", "invalid_type" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+	  400, "messages", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"bogus\", \"content\": \"x\"}]}", 400, "messages", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 100}",
+	  400, "max_completion_tokens", "context_length_exceeded" },
+};
+
+START_TEST(malformed)
+{
+	const struct bad *b = &bad[_i];
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e = { 0 };
+
+	ck_assert_msg(serve_req_parse(&ctx, b->body, strlen(b->body), b->chat, &r, &e) == -1,
+		      "accepted: %s", b->body);
+	ck_assert_msg(e.status == b->status, "%s: status %d", b->body, e.status);
+	ck_assert_msg(!strcmp(e.param, b->param), "%s: param '%s'", b->body, e.param);
+	ck_assert_msg(b->code ? e.code && !strcmp(e.code, b->code) : !e.code,
+		      "%s: code %s", b->body, e.code ? e.code : "(none)");
+	ck_assert_msg(e.msg[0], "%s: no message", b->body);
+	/* nothing is left for the caller to free */
+	ck_assert_ptr_null(r.prompt);
+	ck_assert_int_eq(r.n_stop, 0);
+}
+END_TEST
+
+START_TEST(messages_name_the_offer)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e;
+	const char *body = "{\"prompt\": \"a\", \"speculative\": \"nosuch\"}";
+
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), false, &r, &e), -1);
+	ck_assert_ptr_nonnull(strstr(e.msg, "none, ngram, layerskip"));
+	ctx.n_spec = 0;
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), false, &r, &e), -1);
+	ck_assert_ptr_nonnull(strstr(e.msg, "--spec"));
+}
+END_TEST
+
+START_TEST(no_chat_template)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e;
+	const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
+
+	ctx.render = NULL;
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), true, &r, &e), -1);
+	ck_assert_int_eq(e.status, 500);
+	ck_assert_str_eq(e.code, "unsupported_chat_template");
+	ck_assert_str_eq(e.msg, "no template");
+	/* plain completions still work */
+	body = "{\"prompt\": \"x\"}";
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), false, &r, &e), 0);
+	serve_req_free(&r);
+}
+END_TEST
+
+START_TEST(limits_from_the_context)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e;
+	const char *body = "{\"prompt\": \"a\", \"n\": 3, \"stop\": [\"1\", \"2\"]}";
+
+	ctx.max_n = 2;
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), false, &r, &e), -1);
+	ck_assert_str_eq(e.param, "n");
+	ctx.max_n = 3;
+	ctx.max_stop = 1;
+	ck_assert_int_eq(serve_req_parse(&ctx, body, strlen(body), false, &r, &e), -1);
+	ck_assert_str_eq(e.param, "stop");
+	ctx.max_stop = 2;
+	parse_ok(&ctx, body, false, &r);
+	serve_req_free(&r);
+}
+END_TEST
+
+static Suite *request_suite(void)
+{
+	Suite *s = suite_create("serve_request");
+	TCase *tc = tcase_create("parse");
+
+	tcase_add_test(tc, completion_every_field);
+	tcase_add_test(tc, completion_defaults);
+	tcase_add_test(tc, completion_token_ids);
+	tcase_add_test(tc, chat_messages);
+	tcase_add_test(tc, spec_default);
+	tcase_add_loop_test(tc, malformed, 0, (int)(sizeof(bad) / sizeof(bad[0])));
+	tcase_add_test(tc, messages_name_the_offer);
+	tcase_add_test(tc, no_chat_template);
+	tcase_add_test(tc, limits_from_the_context);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(request_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
