@@ -203,18 +203,23 @@ static int load_specs(struct loom_engine *e, const struct loom_engine_params *p,
 	return 0;
 }
 
-/* Context per sequence: n_ctx, or min(4096, trained). */
+/* Context per sequence: n_ctx, or 4096; never above the trained context. */
 static int32_t context_size(const struct loom_model *m, int32_t n_ctx)
 {
 	int64_t train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 4096;
 
+	if (n_ctx > train)
+		loom_log(LOOM_LOG_WARN, "context %d is above the model's trained context; using %lld",
+			 n_ctx, (long long)train);
 	if (n_ctx <= 0)
 		n_ctx = 4096;
 	return n_ctx > train ? (int32_t)train : n_ctx;
 }
 
-/* The scheduler's configuration from the engine parameters. */
-static void sched_config(struct loom_engine *e, const struct loom_engine_params *p)
+/* The scheduler's configuration from the engine parameters (the
+ * scheduler checks the rest). 0, or LOOM_ERR_INVALID with err set. */
+static int sched_config(struct loom_engine *e, const struct loom_engine_params *p,
+			char *err, size_t errlen)
 {
 	struct loom_sched_config *c = &e->cfg;
 	int64_t per_seq;
@@ -225,9 +230,7 @@ static void sched_config(struct loom_engine *e, const struct loom_engine_params 
 	c->max_ctx = context_size(e->m, p->n_ctx);
 	c->max_batch_tokens = p->n_batch > 0 ? p->n_batch : 256;
 	if (c->max_batch_tokens > c->max_ctx)
-		c->max_batch_tokens = c->max_ctx;
-	if (c->max_batch_tokens < c->max_seqs)
-		c->max_batch_tokens = c->max_seqs;
+		c->max_batch_tokens = c->max_ctx; /* no step needs more */
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;
@@ -235,8 +238,15 @@ static void sched_config(struct loom_engine *e, const struct loom_engine_params 
 	/* each sequence a whole context, and one spare block for a copy */
 	per_seq = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size;
 	c->n_blocks = per_seq * c->max_seqs + 1;
-	if (p->kv_bytes > 0)
-		c->n_blocks = loom_sched_plan_blocks(e->m, c->block_size, (uint64_t)p->kv_bytes);
+	if (p->kv_bytes <= 0)
+		return 0;
+	c->n_blocks = loom_sched_plan_blocks(e->m, c->block_size, (uint64_t)p->kv_bytes);
+	if (c->n_blocks <= 0) {
+		loom_seterr(err, errlen, "a KV cache of %lld bytes holds not even one block of %d tokens",
+			    (long long)p->kv_bytes, c->block_size);
+		return LOOM_ERR_INVALID;
+	}
+	return 0;
 }
 
 /* Logits rows for drafts: every sequence drafting its strategy's most. */
@@ -307,8 +317,7 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 		.backend_flags = p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0 };
 	if (open_model(e, &p, &mp, err, errlen))
 		goto out_close;
-	sched_config(e, &p);
-	if (load_specs(e, &p, &mp, err, errlen))
+	if (sched_config(e, &p, err, errlen) || load_specs(e, &p, &mp, err, errlen))
 		goto out_close;
 	spec_rows(e);
 	e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);

@@ -17,18 +17,5 @@ void loom_seterr(char *err, size_t errlen, const char *fmt, ...)
 void loom_log(enum loom_log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* A growing NUL-terminated byte string. Zero-initialize; an allocation
- * failure sets `failed`, after which appends do nothing. */
-struct loom_sbuf {
-	char *s;
-	size_t len, cap;
-	bool failed;
-};
-
-void loom_sb_putn(struct loom_sbuf *b, const char *s, size_t n);
-void loom_sb_puts(struct loom_sbuf *b, const char *s);
-void loom_sb_printf(struct loom_sbuf *b, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-void loom_sb_free(struct loom_sbuf *b);
 
 #endif

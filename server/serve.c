@@ -12,7 +12,6 @@
 #include <strings.h>
 #include <time.h>
 
-#include "util.h"
 
 /* ---- options ---- */
 
@@ -26,7 +25,7 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err, 
 	if (rc)
 		return -1;
 	if (!o->model[0]) {
-		loom_seterr(err, errlen, "no model given (--model FILE)");
+		srv_seterr(err, errlen, "no model given (--model FILE)");
 		return -1;
 	}
 	return 0;
@@ -34,154 +33,77 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err, 
 
 /* ---- start-up ---- */
 
-static int load_tokenizer(struct server *srv, char *err, size_t errlen)
+/* The engine the options ask for: batch-invariant (a request's tokens do
+ * not depend on what shares its steps), many sequences, a paged KV cache
+ * of ctx x parallel tokens unless --kv-mem says otherwise. */
+static void engine_params(const struct loom_options *o, struct loom_engine_params *p)
 {
-	char *tmpl = NULL;
-	int32_t ids[4];
-	int rc;
+	loom_engine_params_init(p);
+	p->model = o->model;
+	p->backend = o->backend;
+	p->n_threads = o->n_threads;
+	p->n_ctx = o->ctx_given ? o->n_ctx : 0;
+	p->n_batch = o->serve.max_batch_tokens;
+	p->spec = o->spec[0] ? o->spec : NULL;
+	p->spec_default = o->serve.spec_default[0] ? o->serve.spec_default : "none";
+	p->spec_min_draft = o->spec_min_draft;
+	p->spec_max_draft = o->spec_max_draft;
+	p->spec_ngram_min = o->spec_ngram_min;
+	p->spec_ngram_max = o->spec_ngram_max;
+	p->spec_draft_model = o->spec_draft_model[0] ? o->spec_draft_model : NULL;
+	p->spec_layers = o->spec_layers;
+	p->n_parallel = o->serve.parallel;
+	p->kv_bytes = (int64_t)o->serve.kv_mem;
+	p->block_size = o->serve.block_size;
+	p->max_waiting = o->serve.max_waiting;
+	p->prefix_cache = o->serve.prefix_cache ? 1 : -1;
+	p->batch_invariant = true;
+	p->spec_step_rows = o->serve.spec_step_rows;
+}
 
-	srv->tok = loom_tokenizer_from_gguf(srv->f, err, errlen);
-	if (!srv->tok)
-		return -1;
-	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
-		       ids[0] == loom_tokenizer_bos(srv->tok);
-	rc = gguf_get_str(srv->f, "tokenizer.chat_template", &tmpl, err, errlen);
-	if (rc < 0)
-		return -1;
-	srv->chat_ok = !loom_chat_template_detect(tmpl, &srv->chat, srv->chat_err,
-						  sizeof(srv->chat_err));
+/* What start-up tells the operator: the chat template, the strategies, the
+ * KV memory plan. */
+static void print_plan(struct server *srv)
+{
+	struct loom_strategy_info si;
+	struct loom_engine_stats st;
+
 	fprintf(stderr, "loom serve: chat template: %s%s\n",
 		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
-		tmpl ? "" : " (the model has none; chatml assumed)");
-	free(tmpl);
-	return 0;
+		srv->chat_given ? "" : " (the model has none; chatml assumed)");
+	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++)
+		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
+			si.name, si.path, si.max_draft);
+	loom_engine_get_stats(srv->engine, &st);
+	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+		(long long)st.blocks_total, st.block_size,
+		(long long)st.blocks_total * st.block_size, (double)st.kv_bytes / 1048576.0,
+		(unsigned long long)st.kv_bytes, st.n_ctx, st.n_parallel,
+		st.prefix_cache ? "on" : "off");
 }
 
-static int load_model(struct server *srv, char *err, size_t errlen)
+static int open_engine(struct server *srv, char *err, size_t errlen)
 {
-	struct loom_model_params mp = {
-		.backend = srv->o.backend, .n_threads = srv->o.n_threads,
-		.backend_flags = LOOM_BACKEND_BATCH_INVARIANT,
-	};
-	char why[2048];
-	int64_t train;
+	struct loom_engine_params p;
+	struct loom_strategy_info si;
+	int32_t ids[4];
 
-	srv->f = gguf_open(srv->o.model, why, sizeof(why));
-	if (!srv->f) {
-		loom_seterr(err, errlen, "%s: %s", srv->o.model, why);
+	engine_params(&srv->o, &p);
+	srv->engine = loom_engine_open(&p, err, errlen);
+	if (!srv->engine)
 		return -1;
-	}
-	if (load_tokenizer(srv, err, errlen))
-		return -1;
-	srv->m = loom_model_load(srv->f, &mp, err, errlen);
-	if (!srv->m)
-		return -1;
-	train = srv->m->hp.n_ctx_train > 0 ? srv->m->hp.n_ctx_train : 4096;
-	srv->n_ctx = srv->o.ctx_given ? srv->o.n_ctx : 4096;
-	if (srv->n_ctx > train) {
-		if (srv->o.ctx_given)
-			fprintf(stderr, "loom serve: --ctx-size %d is above the trained context; using %lld\n",
-				srv->n_ctx, (long long)train);
-		srv->n_ctx = (int32_t)train;
-	}
-	return 0;
-}
-
-/* Finds an offered strategy by name ("ngram", "ngram.so"); NULL if none. */
-struct loom_spec_kind *server_find_spec(const struct server *srv, const char *name)
-{
-	size_t len = strlen(name);
-	int i;
-
-	if (len > 3 && !strcmp(name + len - 3, ".so"))
-		len -= 3;
-	for (i = 0; i < srv->n_spec; i++) {
-		const char *k = loom_spec_kind_name(srv->spec[i]);
-
-		if (strlen(k) == len && !strncmp(k, name, len))
-			return srv->spec[i];
-	}
-	return NULL;
-}
-
-/* Loads one strategy of the --spec list. */
-static int load_one_spec(struct server *srv, const char *name, const struct loom_spec_config *c,
-			 char *err, size_t errlen)
-{
-	struct loom_spec_kind *k;
-
-	if (srv->n_spec == SRV_MAX_SPEC) {
-		loom_seterr(err, errlen, "--spec: at most %d strategies", SRV_MAX_SPEC);
-		return -1;
-	}
-	/* the scheduler runs the early-exit model (layerskip); spec.c the draft
-	 * model of --spec-draft-model (draft.so) */
-	k = loom_spec_kind_load_models(name, c, (int32_t)srv->m->hp.n_vocab, srv->m->hp.n_layer,
-				       srv->draft_pool, err, errlen);
-	if (!k)
-		return -1;
-	if (server_find_spec(srv, loom_spec_kind_name(k))) {
-		loom_seterr(err, errlen, "--spec: strategy '%s' (%s) is listed twice",
-			    loom_spec_kind_name(k), loom_spec_kind_path(k));
-		loom_spec_kind_free(k);
-		return -1;
-	}
-	srv->spec[srv->n_spec++] = k;
-	fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
-		loom_spec_kind_name(k), loom_spec_kind_path(k), loom_spec_kind_max_draft(k));
-	return 0;
-}
-
-/* Loads the strategies of --spec (comma-separated) and checks the default. */
-static int load_specs(struct server *srv, char *err, size_t errlen)
-{
-	const struct loom_options *b = &srv->o;
-	struct loom_spec_config c;
-	char list[sizeof(b->spec)], *save = NULL, *name;
-	const char *def = srv->o.serve.spec_default;
-
-	loom_spec_config_defaults(&c);
-	if (b->spec_min_draft)
-		c.min_draft = b->spec_min_draft;
-	if (b->spec_max_draft)
-		c.max_draft = b->spec_max_draft;
-	if (b->spec_ngram_min)
-		c.ngram_min = b->spec_ngram_min;
-	if (b->spec_ngram_max)
-		c.ngram_max = b->spec_ngram_max;
-	c.layers = b->spec_layers;
-	if (b->spec_draft_model[0]) {
-		struct loom_model_params mp = {
-			.backend = b->backend, .n_threads = b->n_threads,
-			.backend_flags = LOOM_BACKEND_BATCH_INVARIANT,
-		};
-
-		/* as many tokens as the target's cache (start_sched), 16 per block */
-		int64_t blocks = ((int64_t)srv->n_ctx + 15) / 16 * srv->o.serve.parallel;
-
-		if (srv->o.serve.kv_mem)
-			blocks = loom_sched_plan_blocks(srv->m, 16, srv->o.serve.kv_mem);
-		srv->draft_pool = loom_spec_draft_pool_open(b->spec_draft_model, srv->tok, &mp,
-							    srv->n_ctx, blocks, err, errlen);
-		if (!srv->draft_pool)
-			return -1;
-		fprintf(stderr, "loom serve: draft model %s, a cache of %lld tokens\n",
-			b->spec_draft_model, (long long)blocks * 16);
-	}
-	snprintf(list, sizeof(list), "%s", b->spec);
-	for (name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-		if (!name[0] || !strcmp(name, "none"))
-			continue;
-		if (load_one_spec(srv, name, &c, err, errlen))
-			return -1;
-	}
-	if (!def[0] || !strcmp(def, "none"))
-		return 0;
-	srv->spec_default = server_find_spec(srv, def);
-	if (!srv->spec_default) {
-		loom_seterr(err, errlen, "--spec-default %s: not among the strategies of --spec", def);
-		return -1;
-	}
+	srv->tok = loom_engine_tokenizer(srv->engine);
+	srv->n_ctx = loom_engine_n_ctx(srv->engine);
+	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
+		       ids[0] == loom_tokenizer_bos(srv->tok);
+	srv->chat_ok = !loom_engine_chat_template(srv->engine, &srv->chat, &srv->chat_given,
+						  srv->chat_err, sizeof(srv->chat_err));
+	for (srv->n_spec = 0; srv->n_spec < SRV_MAX_SPEC &&
+	     loom_engine_strategy(srv->engine, srv->n_spec, &si); srv->n_spec++)
+		srv->spec_names[srv->n_spec] = si.name;
+	if (strcmp(loom_engine_spec_name(srv->engine), "none"))
+		srv->spec_default = loom_engine_spec_name(srv->engine);
+	print_plan(srv);
 	return 0;
 }
 
@@ -216,10 +138,6 @@ static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char
 
 static void req_ctx_init(struct server *srv)
 {
-	int i;
-
-	for (i = 0; i < srv->n_spec; i++)
-		srv->spec_names[i] = loom_spec_kind_name(srv->spec[i]);
 	srv->req_ctx = (struct serve_req_ctx){
 		.n_vocab = loom_tokenizer_n_vocab(srv->tok),
 		.n_ctx = srv->n_ctx,
@@ -234,59 +152,15 @@ static void req_ctx_init(struct server *srv)
 		.user = srv,
 		.spec_names = srv->spec_names,
 		.n_spec = srv->n_spec,
-		.spec_default = srv->spec_default ? loom_spec_kind_name(srv->spec_default) : NULL,
+		.spec_default = srv->spec_default,
 	};
-}
-
-static int start_sched(struct server *srv, char *err, size_t errlen)
-{
-	const struct loom_hparams *hp = &srv->m->hp;
-	struct loom_sched_config c;
-	int64_t per_seq = (srv->n_ctx + srv->o.serve.block_size - 1) / srv->o.serve.block_size;
-	uint64_t bytes = srv->o.serve.kv_mem;
-
-	if (!bytes)
-		bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, srv->o.serve.block_size,
-				      per_seq * srv->o.serve.parallel);
-	loom_sched_config_defaults(&c);
-	c.block_size = srv->o.serve.block_size;
-	c.n_blocks = loom_sched_plan_blocks(srv->m, srv->o.serve.block_size, bytes);
-	c.max_batch_tokens = srv->o.serve.max_batch_tokens;
-	c.max_seqs = srv->o.serve.parallel;
-	c.max_waiting = srv->o.serve.max_waiting;
-	c.max_ctx = srv->n_ctx;
-	c.prefix_cache = srv->o.serve.prefix_cache;
-	c.tokenizer = srv->tok;
-	c.spec_step_rows = srv->o.serve.spec_step_rows;
-	c.spec_rows = 0;
-	for (int i = 0; i < srv->n_spec; i++) {
-		int64_t rows = (int64_t)c.max_seqs * loom_spec_kind_max_draft(srv->spec[i]);
-
-		if (rows > c.spec_rows)
-			c.spec_rows = rows > c.max_batch_tokens ? c.max_batch_tokens : (int32_t)rows;
-	}
-	if (c.n_blocks <= 0) {
-		loom_seterr(err, errlen, "--kv-mem %llu bytes holds not even one KV block",
-			    (unsigned long long)bytes);
-		return -1;
-	}
-	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB "
-		"(%lld bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
-		(long long)c.n_blocks, c.block_size, (long long)c.n_blocks * c.block_size,
-		(double)loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, c.block_size,
-				      c.n_blocks) / 1048576.0,
-		(long long)loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, c.block_size,
-					 c.n_blocks),
-		srv->n_ctx, c.max_seqs, c.prefix_cache ? "on" : "off");
-	srv->sched = loom_sched_new(srv->m, &c, err, errlen);
-	return srv->sched ? 0 : -1;
 }
 
 static void *engine_main(void *arg)
 {
 	struct server *srv = arg;
 
-	loom_sched_run(srv->sched);
+	loom_engine_run(srv->engine);
 	return NULL;
 }
 
@@ -370,7 +244,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	int rc = -1;
 
 	if (!srv) {
-		loom_seterr(err, errlen, "out of memory");
+		srv_seterr(err, errlen, "out of memory");
 		return -1;
 	}
 	loom_options_defaults(&srv->o);
@@ -384,18 +258,17 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d = http_start(srv, err, errlen);
-	if (!d || load_model(srv, err, errlen) || load_specs(srv, err, errlen) ||
-	    start_sched(srv, err, errlen))
+	if (!d || open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
-		loom_seterr(err, errlen, "cannot start the engine thread");
+		srv_seterr(err, errlen, "cannot start the engine thread");
 		goto out;
 	}
 	engine_started = true;
 	atomic_store(&srv->state, SRV_READY);
 	fprintf(stderr, "loom serve: %s on %s, listening on http://%s:%d\n", srv->model_name,
-		srv->m->be->ops->name, srv->o.serve.host, srv->o.serve.port);
+		loom_engine_backend_name(srv->engine), srv->o.serve.host, srv->o.serve.port);
 	fprintf(stderr, "loom serve: signal %d, shutting down\n", wait_signal(&set));
 	drain(srv);
 	rc = 0;
@@ -403,17 +276,10 @@ out:
 	if (d)
 		MHD_stop_daemon(d);
 	if (engine_started) {
-		loom_sched_stop(srv->sched);
+		loom_engine_stop(srv->engine);
 		pthread_join(engine, NULL);
 	}
-	loom_sched_free(srv->sched);
-	for (int i = 0; i < srv->n_spec; i++)
-		loom_spec_kind_free(srv->spec[i]);
-	loom_spec_draft_pool_free(srv->draft_pool);
-	loom_model_free(srv->m);
-	loom_tokenizer_free(srv->tok);
-	if (srv->f)
-		gguf_close(srv->f);
+	loom_engine_close(srv->engine);
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");

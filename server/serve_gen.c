@@ -108,7 +108,7 @@ void job_take_req(struct job *j, struct serve_req *r)
 	j->sp = r->sp;
 	if (!r->seed_given)
 		j->sp.seed = fresh_seed();
-	j->spec = r->spec ? server_find_spec(j->srv, r->spec) : NULL;
+	j->spec = r->spec; /* one of the server's spec_names, or NULL */
 	j->spec_max_draft = r->spec_max_draft;
 	memcpy(j->stop, r->stop, sizeof(j->stop));
 	j->n_stop = r->n_stop;
@@ -123,12 +123,12 @@ static void job_free(struct job *j)
 
 	for (i = 0; i < SRV_MAX_N; i++) {
 		free(j->gens[i].toks);
-		loom_sb_free(&j->gens[i].pending);
+		sb_free(&j->gens[i].pending);
 	}
 	for (i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	free(j->prompt);
-	loom_sb_free(&j->out);
+	sb_free(&j->out);
 	pthread_mutex_destroy(&j->mu);
 	pthread_cond_destroy(&j->cv);
 	free(j);
@@ -190,7 +190,7 @@ static void gen_push(struct gen *g, int32_t tok)
 	g->toks[g->n_toks++] = tok;
 }
 
-/* Engine thread: one scheduler event. */
+/* Engine thread: one event of a request. */
 static void on_event(void *user, const struct loom_event *ev)
 {
 	struct gen *g = user;
@@ -233,7 +233,7 @@ static void on_event(void *user, const struct loom_event *ev)
 	}
 	pthread_mutex_unlock(&j->mu);
 	pthread_mutex_unlock(&srv->lock);
-	job_put(j); /* the scheduler's reference */
+	job_put(j); /* the engine request's reference */
 }
 
 int job_submit(struct job *j, char *err, size_t errlen)
@@ -244,22 +244,26 @@ int job_submit(struct job *j, char *err, size_t errlen)
 	list_add(srv, j);
 	for (i = 0; i < j->n && rc == 0; i++) {
 		struct gen *g = &j->gens[i];
-		struct loom_sched_request r = {
-			.prompt = j->prompt, .n_prompt = j->n_prompt,
-			.n_predict = j->max_tokens, .sampling = j->sp,
-			.cb = on_event, .user = g,
-			.spec = j->spec, .spec_max_draft = j->spec_max_draft,
-		};
+		struct loom_request r;
 		uint64_t id;
 
+		loom_request_init(&r);
+		r.prompt = j->prompt;
+		r.n_prompt = j->n_prompt;
+		r.n_predict = j->max_tokens;
+		r.sampling = j->sp;
 		r.sampling.seed = j->sp.seed + (uint64_t)i;
+		r.spec = j->spec ? j->spec : "none";
+		r.spec_max_draft = j->spec_max_draft;
+		r.on_event = on_event;
+		r.user = g;
 		pthread_mutex_lock(&srv->lock);
 		srv->n_gens_active++;
 		pthread_mutex_unlock(&srv->lock);
 		pthread_mutex_lock(&j->mu);
 		j->refs++;
 		pthread_mutex_unlock(&j->mu);
-		rc = loom_sched_submit(srv->sched, &r, &id, err, errlen);
+		rc = loom_submit(srv->engine, &r, &id, err, errlen);
 		pthread_mutex_lock(&j->mu);
 		if (rc == 0) {
 			g->id = id;
@@ -301,7 +305,7 @@ void job_cancel(struct job *j)
 			ids[n++] = j->gens[i].id;
 	pthread_mutex_unlock(&j->mu);
 	for (i = 0; i < n; i++)
-		loom_sched_cancel(j->srv->sched, ids[i]);
+		loom_cancel(j->srv->engine, ids[i]);
 }
 
 void server_cancel_all(struct server *srv)
@@ -333,7 +337,7 @@ void server_cancel_all(struct server *srv)
 	}
 	pthread_mutex_unlock(&srv->lock);
 	for (i = 0; i < n; i++)
-		loom_sched_cancel(srv->sched, ids[i]);
+		loom_cancel(srv->engine, ids[i]);
 	free(ids);
 }
 
@@ -381,7 +385,7 @@ static size_t held_len(const struct job *j, const char *s, size_t n)
 
 static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void *user)
 {
-	struct loom_sbuf *p = &g->pending;
+	struct sbuf *p = &g->pending;
 
 	g->out_done = true;
 	g->finish_reason = reason;
@@ -393,7 +397,7 @@ static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void
 static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 {
 	struct job *j = g->job;
-	struct loom_sbuf *p = &g->pending;
+	struct sbuf *p = &g->pending;
 	char piece[512];
 	size_t keep;
 	long at;
@@ -406,7 +410,7 @@ static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 	g->n_out++;
 	len = loom_detokenize(j->srv->tok, &g->dt, tok, piece, sizeof(piece));
 	if (len > 0)
-		loom_sb_putn(p, piece, (size_t)len);
+		sb_putn(p, piece, (size_t)len);
 	at = find_stop(j, p->s ? p->s : "", p->len);
 	if (at >= 0) {
 		p->len = (size_t)at;
@@ -471,7 +475,7 @@ static void gen_advance(struct gen *g, job_emit_fn emit, void *user)
 	free(t);
 	if (g->out_done) {
 		if (!done)
-			loom_sched_cancel(j->srv->sched, g->id);
+			loom_cancel(j->srv->engine, g->id);
 		return;
 	}
 	if (!done)

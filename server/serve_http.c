@@ -20,7 +20,7 @@
 /* Per-connection state, from the first call of the handler to
  * MHD_OPTION_NOTIFY_COMPLETED. */
 struct conn {
-	struct loom_sbuf body;
+	struct sbuf body;
 	bool too_big;
 	struct job *job; /* a non-streaming request in progress */
 };
@@ -107,7 +107,7 @@ static enum MHD_Result fail(struct MHD_Connection *c, struct server *srv, int st
 static json_t *text_json(const char *s, size_t n)
 {
 	json_t *v = json_stringn(s, n);
-	struct loom_sbuf b = { 0 };
+	struct sbuf b = { 0 };
 	size_t i;
 
 	if (v)
@@ -116,12 +116,12 @@ static json_t *text_json(const char *s, size_t n)
 		unsigned char ch = (unsigned char)s[i];
 
 		if (ch < 0x80)
-			loom_sb_putn(&b, s + i, 1);
+			sb_putn(&b, s + i, 1);
 		else
-			loom_sb_puts(&b, "\xef\xbf\xbd");
+			sb_puts(&b, "\xef\xbf\xbd");
 	}
 	v = json_stringn(b.s ? b.s : "", b.len);
-	loom_sb_free(&b);
+	sb_free(&b);
 	return v;
 }
 
@@ -166,7 +166,7 @@ static json_t *envelope(const struct job *j, const char *object, json_t *choices
 			 "choices", choices);
 }
 
-static json_t *final_choice(const struct job *j, const struct gen *g, const struct loom_sbuf *text)
+static json_t *final_choice(const struct job *j, const struct gen *g, const struct sbuf *text)
 {
 	json_t *t = text_json(text->s ? text->s : "", text->len);
 
@@ -183,16 +183,16 @@ static json_t *final_choice(const struct job *j, const struct gen *g, const stru
 static void collect(struct job *j, struct gen *g, const char *text, size_t len,
 		    bool finished, void *user)
 {
-	struct loom_sbuf *texts = user;
+	struct sbuf *texts = user;
 
 	(void)j;
 	(void)finished;
-	loom_sb_putn(&texts[g->index], text, len);
+	sb_putn(&texts[g->index], text, len);
 }
 
 static enum MHD_Result answer_whole(struct MHD_Connection *c, struct job *j)
 {
-	struct loom_sbuf texts[SRV_MAX_N] = { { 0 } };
+	struct sbuf texts[SRV_MAX_N] = { { 0 } };
 	struct server *srv = j->srv;
 	enum MHD_Result rc = MHD_NO;
 	json_t *choices;
@@ -223,7 +223,7 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct job *j)
 	}
 out:
 	for (i = 0; i < SRV_MAX_N; i++)
-		loom_sb_free(&texts[i]);
+		sb_free(&texts[i]);
 	return rc;
 }
 
@@ -238,9 +238,9 @@ static void sse_put(struct job *j, json_t *o)
 		j->out.failed = true;
 		return;
 	}
-	loom_sb_puts(&j->out, "data: ");
-	loom_sb_puts(&j->out, s);
-	loom_sb_puts(&j->out, "\n\n");
+	sb_puts(&j->out, "data: ");
+	sb_puts(&j->out, s);
+	sb_puts(&j->out, "\n\n");
 	free(s);
 }
 
@@ -309,7 +309,7 @@ static void stream_finish(struct job *j)
 			json_object_set_new(o, "usage", usage_json(j));
 		sse_put(j, o);
 	}
-	loom_sb_puts(&j->out, "data: [DONE]\n\n");
+	sb_puts(&j->out, "data: [DONE]\n\n");
 	j->stream_end = true;
 }
 
@@ -453,54 +453,51 @@ static enum MHD_Result models(struct MHD_Connection *c, struct server *srv)
 				   "max_model_len", srv->n_ctx), srv);
 }
 
-static void hist_text(struct loom_sbuf *b, const char *name, const struct hist *h)
+static void hist_text(struct sbuf *b, const char *name, const struct hist *h)
 {
 	uint64_t cum = 0;
 	int i;
 
-	loom_sb_printf(b, "# TYPE %s histogram\n", name);
+	sb_printf(b, "# TYPE %s histogram\n", name);
 	for (i = 0; i < h->n; i++) {
 		cum += h->counts[i];
-		loom_sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+		sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
 	}
 	cum += h->counts[h->n];
-	loom_sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-	loom_sb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->total);
+	sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+	sb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->total);
 }
 
-static void gauge(struct loom_sbuf *b, const char *name, const char *type, double v)
+static void gauge(struct sbuf *b, const char *name, const char *type, double v)
 {
-	loom_sb_printf(b, "# TYPE %s %s\n%s %.17g\n", name, type, name, v);
+	sb_printf(b, "# TYPE %s %s\n%s %.17g\n", name, type, name, v);
 }
 
 /* One labelled sample per offered strategy. */
-static void spec_family(struct loom_sbuf *b, const struct server *srv, const char *name,
+static void spec_family(struct sbuf *b, const struct server *srv, const char *name,
 			const char *type, int what)
 {
-	int i;
+	struct loom_strategy_info si;
 
-	loom_sb_printf(b, "# TYPE %s %s\n", name, type);
-	for (i = 0; i < srv->n_spec; i++) {
-		struct loom_spec_kind_stats ks;
+	sb_printf(b, "# TYPE %s %s\n", name, type);
+	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++) {
 		double v;
 
-		loom_spec_kind_stats(srv->spec[i], &ks);
 		switch (what) {
-		case 0: v = (double)ks.n_steps; break;
-		case 1: v = (double)ks.n_drafted; break;
-		case 2: v = (double)ks.n_accepted; break;
-		case 3: v = (double)ks.n_tokens; break;
-		case 4: v = ks.n_drafted ? (double)ks.n_accepted / (double)ks.n_drafted : 0.0; break;
-		default: v = ks.n_steps ? (double)ks.n_accepted / (double)ks.n_steps : 0.0; break;
+		case 0: v = (double)si.n_steps; break;
+		case 1: v = (double)si.n_drafted; break;
+		case 2: v = (double)si.n_accepted; break;
+		case 3: v = (double)si.n_tokens; break;
+		case 4: v = si.n_drafted ? (double)si.n_accepted / (double)si.n_drafted : 0.0; break;
+		default: v = si.n_steps ? (double)si.n_accepted / (double)si.n_steps : 0.0; break;
 		}
-		loom_sb_printf(b, "%s{strategy=\"%s\"} %.17g\n", name,
-			  loom_spec_kind_name(srv->spec[i]), v);
+		sb_printf(b, "%s{strategy=\"%s\"} %.17g\n", name, si.name, v);
 	}
 }
 
 /* Speculative decoding: steps, drafts verified and accepted, tokens made,
  * acceptance rate and mean accepted drafts per step, per strategy. */
-static void spec_metrics(struct loom_sbuf *b, const struct server *srv)
+static void spec_metrics(struct sbuf *b, const struct server *srv)
 {
 	if (!srv->n_spec)
 		return;
@@ -514,13 +511,13 @@ static void spec_metrics(struct loom_sbuf *b, const struct server *srv)
 
 static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv)
 {
-	struct loom_sched_stats st;
+	struct loom_engine_stats st;
 	struct metrics *m = &srv->metrics;
-	struct loom_sbuf b = { 0 };
+	struct sbuf b = { 0 };
 	enum MHD_Result rc;
 	unsigned s;
 
-	loom_sched_get_stats(srv->sched, &st);
+	loom_engine_get_stats(srv->engine, &st);
 	gauge(&b, "loom_requests_running", "gauge", st.running);
 	gauge(&b, "loom_requests_waiting", "gauge", st.waiting);
 	gauge(&b, "loom_kv_blocks_used", "gauge", (double)st.blocks_used);
@@ -540,18 +537,18 @@ static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv
 	gauge(&b, "loom_requests_rejected_total", "counter", (double)(m->rejected + st.rejected));
 	hist_text(&b, "loom_time_to_first_token_seconds", &m->ttft);
 	hist_text(&b, "loom_inter_token_latency_seconds", &m->itl);
-	loom_sb_puts(&b, "# TYPE loom_requests_total counter\n");
+	sb_puts(&b, "# TYPE loom_requests_total counter\n");
 	for (s = 100; s < 600; s++)
 		if (m->by_status[s])
-			loom_sb_printf(&b, "loom_requests_total{status=\"%u\"} %llu\n", s,
+			sb_printf(&b, "loom_requests_total{status=\"%u\"} %llu\n", s,
 				  (unsigned long long)m->by_status[s]);
 	pthread_mutex_unlock(&m->mu);
 	if (b.failed) {
-		loom_sb_free(&b);
+		sb_free(&b);
 		return fail(c, srv, 500, NULL, "out of memory");
 	}
 	rc = send_bytes(c, 200, "text/plain; version=0.0.4", b.s, b.len, false, srv);
-	loom_sb_free(&b);
+	sb_free(&b);
 	return rc;
 }
 
@@ -634,7 +631,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return on_first_call(c, srv, con_cls);
 	if (*upload_size) {
 		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
-			loom_sb_putn(&cn->body, upload, *upload_size);
+			sb_putn(&cn->body, upload, *upload_size);
 		else
 			cn->too_big = true;
 		if (cn->body.failed)
@@ -659,7 +656,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 		job_cancel(cn->job); /* no-op unless the client left early */
 		job_put(cn->job);
 	}
-	loom_sb_free(&cn->body);
+	sb_free(&cn->body);
 	free(cn);
 	*con_cls = NULL;
 }

@@ -1,8 +1,10 @@
 /* Internals of `loom serve` shared by its source files.
  *
+ * The server is a client of the public API (include/loom.h) only.
+ *
  * Threads: MHD runs one thread per connection; one engine thread runs
- * loom_sched_run. A request (struct job) holds one struct gen per choice
- * (n); each gen is one scheduler request. The scheduler callback (engine
+ * loom_engine_run. A request (struct job) holds one struct gen per choice
+ * (n); each gen is one engine request. The event callback (engine
  * thread) appends tokens to the gen under the job's mutex and signals the
  * job's condition; the connection thread waits on it (100 ms at a time, so
  * client disconnects and shutdown are noticed), detokenizes, matches stop
@@ -17,25 +19,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-
-#include "text/chat_template.h"
-#include "format/gguf.h"
-#include "model/model.h"
+#include "loom.h"
 #include "options.h"
 #include "serve_request.h"
-#include "engine/sampler.h"
-#include "engine/scheduler.h"
-#include "util.h"
-#include "engine/spec.h"
-#include "text/tokenizer.h"
+#include "srv_util.h"
 
 #define SRV_MAX_N SERVE_REQ_MAX_N       /* choices per request */
 #define SRV_MAX_STOP SERVE_REQ_MAX_STOP /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
-
-/* ---- a growing byte string ---- */
-
-/* struct loom_sbuf and loom_sb_* come from core/util.h */
 
 /* ---- metrics ---- */
 
@@ -69,19 +60,17 @@ struct job;
 
 struct server {
 	struct loom_options o;   /* tools/options.h: o.serve holds the server's own */
-	struct gguf_file *f;
-	struct loom_tokenizer *tok;
-	struct loom_model *m;
-	struct loom_sched *sched;
-	/* speculative strategies offered (--spec=a.so,b.so), loaded at start */
-	struct loom_spec_kind *spec[SRV_MAX_SPEC];
+	struct loom_engine *engine;
+	const struct loom_tokenizer *tok; /* the engine's */
+	/* speculative strategies offered (--spec=a.so,b.so), loaded with
+	 * the engine; names live as long as it does */
+	const char *spec_names[SRV_MAX_SPEC];
 	int n_spec;
-	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
-	struct loom_spec_draft_pool *draft_pool; /* --spec-draft-model, or NULL */
-	const char *spec_names[SRV_MAX_SPEC];    /* spec[i]'s name */
+	const char *spec_default; /* NULL: plain decoding */
 	struct serve_req_ctx req_ctx; /* what request parsing needs, set at start */
 	struct loom_chat_template chat;
 	bool chat_ok;
+	bool chat_given; /* the model carries a template */
 	char chat_err[256];
 	bool add_bos; /* the tokenizer prepends BOS to plain text */
 	char model_name[256];
@@ -114,7 +103,7 @@ struct gen {
 	/* connection thread only */
 	size_t n_read;
 	struct loom_detok dt;
-	struct loom_sbuf pending;   /* decoded text not yet released (stop matching) */
+	struct sbuf pending;   /* decoded text not yet released (stop matching) */
 	int n_out;             /* tokens consumed (completion_tokens) */
 	bool out_done;         /* finish_reason decided */
 	const char *finish_reason;
@@ -133,7 +122,7 @@ struct job {
 	int n;
 	int max_tokens;
 	struct loom_sampler_params sp;
-	struct loom_spec_kind *spec; /* NULL: plain decoding */
+	const char *spec;            /* strategy name; NULL: plain decoding */
 	int spec_max_draft;          /* 0: the strategy's */
 	char *stop[SRV_MAX_STOP];
 	int n_stop;
@@ -143,7 +132,7 @@ struct job {
 	int64_t created;
 	/* output */
 	struct gen gens[SRV_MAX_N];
-	struct loom_sbuf out;       /* streaming: SSE bytes not yet handed to MHD */
+	struct sbuf out;       /* streaming: SSE bytes not yet handed to MHD */
 	size_t out_pos;
 	bool stream_end;       /* [DONE] queued */
 	struct job *next, *prev; /* server->jobs */
@@ -154,7 +143,7 @@ struct job *job_new(struct server *srv);
 /* Moves a parsed request into j (r is left empty). */
 void job_take_req(struct job *j, struct serve_req *r);
 void job_put(struct job *j);
-/* Submits the n scheduler requests. 0, or loom_sched_submit's status with
+/* Submits the n engine requests. 0, or loom_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */
 int job_submit(struct job *j, char *err, size_t errlen);
 /* Cancels every choice still running. */
@@ -166,9 +155,6 @@ void job_cancel(struct job *j);
 typedef void (*job_emit_fn)(struct job *j, struct gen *g, const char *text,
 			    size_t len, bool finished, void *user);
 bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user);
-/* The offered speculative strategy called name ("ngram" or "ngram.so"),
- * or NULL. */
-struct loom_spec_kind *server_find_spec(const struct server *srv, const char *name);
 /* Cancels every outstanding request of every job (shutdown). */
 void server_cancel_all(struct server *srv);
 
