@@ -16,6 +16,7 @@
  * (+inf, or every logit -inf/NaN) the sampler returns the greedy choice.
  */
 #include "engine/sampler.h"
+#include "engine/rng.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -47,48 +48,6 @@ void loom_sampler_defaults(struct loom_sampler_params *p)
 	p->frequency_penalty = 0.0f;
 	p->penalty_last_n = 64;
 	p->seed = 0;
-}
-
-/* ---- random numbers: splitmix64 seeds xoshiro256** ---- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-	return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(uint64_t s[4])
-{
-	uint64_t out = rotl(s[1] * 5, 7) * 9;
-	uint64_t t = s[1] << 17;
-
-	s[2] ^= s[0];
-	s[3] ^= s[1];
-	s[1] ^= s[2];
-	s[0] ^= s[3];
-	s[2] ^= t;
-	s[3] = rotl(s[3], 45);
-	return out;
-}
-
-/* Uniform double in [0, 1) from the top 53 bits. */
-static double rng_uniform(uint64_t s[4])
-{
-	return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-static void rng_seed(uint64_t s[4], uint64_t seed)
-{
-	for (int i = 0; i < 4; i++)
-		s[i] = splitmix64(&seed);
 }
 
 /* ---- construction ---- */
@@ -138,7 +97,7 @@ struct loom_sampler *loom_sampler_new(const struct loom_sampler_params *p,
 		goto out_nomem;
 	s->p = *p;
 	s->n_vocab = n_vocab;
-	rng_seed(s->rng, p->seed);
+	loom_rng_seed(s->rng, p->seed);
 	s->counts = calloc((size_t)n_vocab, sizeof(*s->counts));
 	s->cand = malloc((size_t)n_vocab * sizeof(*s->cand));
 	if (!s->counts || !s->cand)
@@ -388,7 +347,7 @@ static int32_t draw(uint64_t rng[4], const struct cand *c, int32_t n)
 
 	for (int32_t j = 0; j < n; j++)
 		total += c[j].w;
-	target = rng_uniform(rng) * total;
+	target = loom_rng_uniform(rng) * total;
 	for (int32_t j = 0; j < n; j++) {
 		if (c[j].w <= 0.0)
 			continue;

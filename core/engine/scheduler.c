@@ -581,7 +581,7 @@ static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
 {
 	struct req *r = user;
 	struct loom_sched *s = r->s;
-	int32_t n_kv0 = r->n_tokens - 1, c = n_kv0, n, out_row;
+	int32_t n_kv0 = r->n_tokens - 1, c = n_kv0, n;
 	int64_t len = n_hist + n_draft;
 	char err[256];
 	int rc;
@@ -607,15 +607,7 @@ static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
 	rc = loom_kv_reserve(s->kv, &r->seq, n);
 	if (rc) /* the service's contract: LOOM_ERR_NOMEM is "no blocks now" */
 		return rc == LOOM_ERR_FULL ? LOOM_ERR_NOMEM : rc;
-	{
-		int32_t q_start[2] = { 0, n };
-		struct loom_kv_seq *seqs[1] = { &r->seq };
-		struct loom_batch b = { .n_tokens = n, .tokens = s->ee_buf, .n_seqs = 1,
-			.q_start = q_start, .seqs = seqs, .n_out = 1, .out_rows = &out_row };
-
-		out_row = n - 1;
-		rc = loom_exec_step(s->ee_exec, &b, logits, err, sizeof(err));
-	}
+	rc = loom_exec_one(s->ee_exec, &r->seq, s->ee_buf, n, true, logits, err, sizeof(err));
 	if (rc) {
 		loom_log(LOOM_LOG_ERROR, "scheduler: early exit: %s", err);
 		loom_kv_truncate(s->kv, &r->seq, n_kv0);

@@ -28,6 +28,7 @@
  * prefix it shares with the sequence asked for.
  */
 #include "engine/spec.h"
+#include "engine/rng.h"
 #include "util.h"
 
 #include <math.h>
@@ -49,41 +50,6 @@ void loom_spec_config_defaults(struct loom_spec_config *c)
 		.ngram_max = 4 };
 }
 
-/* ---- random numbers (xoshiro256**, seeded by splitmix64) ---- */
-
-static uint64_t mix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint64_t rot(uint64_t x, int k)
-{
-	return (x << k) | (x >> (64 - k));
-}
-
-static double uniform(uint64_t s[4])
-{
-	uint64_t out = rot(s[1] * 5, 7) * 9, t = s[1] << 17;
-
-	s[2] ^= s[0];
-	s[3] ^= s[1];
-	s[1] ^= s[2];
-	s[0] ^= s[3];
-	s[2] ^= t;
-	s[3] = rot(s[3], 45);
-	return (double)(out >> 11) * 0x1.0p-53;
-}
-
-static void seed_rng(uint64_t s[4], uint64_t seed)
-{
-	for (int i = 0; i < 4; i++)
-		s[i] = mix64(&seed);
-}
-
 /* Draws i with probability w[i] / sum(w) (negative and NaN weights count
  * as 0); -1 if nothing has weight. */
 static int32_t draw_from(uint64_t rng[4], const float *w, int32_t n)
@@ -96,7 +62,7 @@ static int32_t draw_from(uint64_t rng[4], const float *w, int32_t n)
 			total += w[i];
 	if (!(total > 0.0) || !isfinite(total))
 		return -1;
-	target = uniform(rng) * total;
+	target = loom_rng_uniform(rng) * total;
 	for (int32_t i = 0; i < n; i++) {
 		if (!(w[i] > 0.0f))
 			continue;
@@ -272,7 +238,7 @@ static int32_t accept_rows(const struct verify_buf *vb, struct loom_sampler *smp
 		}
 		pd = vb->ptgt[d];
 		qd = q ? q[d] : 1.0;
-		if (uniform(vb->rng) * qd < pd)
+		if (loom_rng_uniform(vb->rng) * qd < pd)
 			continue;
 		/* rejected: draw from normalize(max(0, p - q)) */
 		for (int32_t x = 0; x < V; x++) {
@@ -484,18 +450,14 @@ static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_
 	q->n_dcached = c;
 	while (c < len) {
 		int32_t n = len - c < p->max_chunk ? (int32_t)(len - c) : p->max_chunk;
-		int32_t q_start[2] = { 0, n }, out_row = n - 1;
-		struct loom_kv_seq *seqs[1] = { &q->dseq };
-		struct loom_batch b = { .n_tokens = n, .tokens = p->buf, .n_seqs = 1,
-			.q_start = q_start, .seqs = seqs, .n_out = c + n == len,
-			.out_rows = &out_row };
 		int rc;
 
 		for (int32_t i = 0; i < n; i++)
 			p->buf[i] = TOK_AT(c + i);
 		if (loom_kv_reserve(p->kv, &q->dseq, n))
 			return LOOM_ERR_NOMEM; /* no drafts this step */
-		rc = loom_exec_step(p->exec, &b, logits, err, sizeof(err));
+		rc = loom_exec_one(p->exec, &q->dseq, p->buf, n, c + n == len, logits, err,
+				   sizeof(err));
 		if (rc) {
 			loom_log(LOOM_LOG_ERROR, "spec: draft model: %s", err);
 			loom_kv_truncate(p->kv, &q->dseq, (int32_t)q->n_dcached);
@@ -658,8 +620,8 @@ struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t ma
 		       k->cfg.max_draft;
 	if (seq_alloc(q))
 		goto out_free_nomem;
-	seed_rng(q->rng, seed ^ 0x5bec5bec5bec5becull);
-	seed_rng(q->draft_rng, seed ^ 0xd4af7d4af7d4af7dull);
+	loom_rng_seed(q->rng, seed ^ 0x5bec5bec5bec5becull);
+	loom_rng_seed(q->draft_rng, seed ^ 0xd4af7d4af7d4af7dull);
 	q->host = (struct loom_spec_host){
 		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
 		.struct_size = sizeof(struct loom_spec_host), .host = q,

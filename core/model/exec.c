@@ -428,3 +428,15 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;
 }
+
+int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *tokens,
+		  int32_t n, bool want_logits, float *logits, char *err, size_t errlen)
+{
+	int32_t q_start[2] = { 0, n }, out_row = n - 1;
+	struct loom_kv_seq *seqs[1] = { seq };
+	struct loom_batch b = { .n_tokens = n, .tokens = tokens, .n_seqs = 1,
+		.q_start = q_start, .seqs = seqs, .n_out = want_logits ? 1 : 0,
+		.out_rows = &out_row };
+
+	return loom_exec_step(e, &b, logits, err, errlen);
+}

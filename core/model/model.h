@@ -118,5 +118,10 @@ void loom_exec_free(struct loom_exec *e);
  * 0, or a negative loom_status with err set. */
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen);
+/* One sequence's tokens[0..n) at its next positions (reserved in its
+ * cache), as one step; with want_logits, the last token's logits go to
+ * `logits` (n_vocab floats). 0, or a negative loom_status with err set. */
+int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *tokens,
+		  int32_t n, bool want_logits, float *logits, char *err, size_t errlen);
 
 #endif /* LOOM_MODEL_H */

@@ -72,7 +72,7 @@ def main():
                   % (i, len(plain), len(CONFIGS)))
         expect_error(loom, model, ["--spec=nosuch.so"], ["nosuch.so", "not found"],
                      "missing plugin")
-        expect_error(loom, model, ["--spec-max-draft", "0"], ["spec_max_draft"],
+        expect_error(loom, model, ["--spec-max-draft", "0"], ["--spec-max-draft"],
                      "bad flag value")
         ini = os.path.join(tmp, "loom.ini")
         with open(ini, "w") as f:
