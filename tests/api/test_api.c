@@ -1,5 +1,6 @@
 /* The public API (include/loom.h) as an embedding program uses it. */
 #include <check.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,110 @@ START_TEST(context_overflow_is_refused)
 }
 END_TEST
 
+/* A caller built against an older loom.h passes a smaller struct: the
+ * fields it does not know keep their defaults. Below the first generation
+ * the struct is refused, naming struct_size. */
+START_TEST(older_structs_are_accepted)
+{
+	struct loom_engine_params p;
+	struct loom_generation_params g;
+	struct collected a = { .n = 0 };
+	struct loom_engine *e;
+	char err[1024] = "";
+
+	loom_engine_params_init(&p);
+	p.model = model;
+	p.n_ctx = 64;
+	p.spec = "no-such-strategy.so"; /* beyond the old size: must be ignored */
+	p.struct_size = (uint32_t)offsetof(struct loom_engine_params, spec);
+	e = loom_engine_open(&p, err, sizeof(err));
+	ck_assert_msg(e != NULL, "%s", err);
+	ck_assert_str_eq(loom_engine_spec_name(e), "none");
+	loom_generation_params_init(&g);
+	g.temp = 0;
+	g.n_predict = 4;
+	ck_assert_msg(loom_generate(e, "Hello", 5, &g, collect, &a, NULL, err, sizeof(err)) == 0,
+		      "%s", err);
+	ck_assert_int_gt(a.n, 0);
+	loom_engine_close(e);
+	p.struct_size = (uint32_t)offsetof(struct loom_engine_params, n_ctx);
+	ck_assert_ptr_null(loom_engine_open(&p, err, sizeof(err)));
+	ck_assert_ptr_nonnull(strstr(err, "struct_size"));
+	g.struct_size = 4;
+	ck_assert_int_eq(loom_generate(engine, "Hello", 5, &g, NULL, NULL, NULL, err, sizeof(err)),
+			 LOOM_ERR_INVALID);
+	ck_assert_ptr_nonnull(strstr(err, "struct_size"));
+}
+END_TEST
+
+/* A request through the same engine path as a server's: events in order,
+ * one final event, the same tokens as loom_generate, prompt logits. */
+struct events {
+	int32_t ids[64];
+	int n, n_final;
+	enum loom_finish finish;
+};
+
+static void on_event(void *user, const struct loom_event *ev)
+{
+	struct events *c = user;
+
+	if (ev->token >= 0 && c->n < 64)
+		c->ids[c->n++] = ev->token;
+	if (ev->finish != LOOM_FINISH_NONE) {
+		c->n_final++;
+		c->finish = ev->finish;
+	}
+}
+
+START_TEST(requests_match_generate)
+{
+	struct loom_generation_params g;
+	struct collected a = { .n = 0 };
+	struct events ev = { .n = 0 };
+	struct loom_request r;
+	int32_t ids[16];
+	int64_t n = loom_engine_tokenize(engine, "The capital of France is", 24, true, ids, 16);
+	float *logits = malloc(sizeof(float) * (size_t)loom_engine_n_vocab(engine));
+	char err[1024];
+	uint64_t id;
+	int steps = 0;
+
+	ck_assert_ptr_nonnull(logits);
+	loom_generation_params_init(&g);
+	g.temp = 0;
+	g.n_predict = 8;
+	ck_assert_int_eq(loom_generate(engine, "The capital of France is", 24, &g, collect, &a,
+				       NULL, err, sizeof(err)), 0);
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = (int32_t)n;
+	r.n_predict = 8;
+	r.sampling.temp = 0;
+	r.prompt_logits = logits;
+	r.on_event = on_event;
+	r.user = &ev;
+	ck_assert_msg(loom_submit(engine, &r, &id, err, sizeof(err)) == 0, "%s", err);
+	while (ev.n_final == 0 && steps++ < 100)
+		ck_assert_int_ge(loom_engine_step(engine), 0);
+	ck_assert_int_eq(ev.n_final, 1);
+	ck_assert_int_eq(ev.n, a.n);
+	ck_assert_mem_eq(ev.ids, a.ids, sizeof(int32_t) * (size_t)a.n);
+	/* greedy: the first token is the argmax of the prompt logits */
+	for (int32_t i = 0; i < loom_engine_n_vocab(engine); i++)
+		ck_assert(logits[i] <= logits[ev.ids[0]]);
+	/* a strategy the engine did not load is refused by name */
+	r.spec = "nosuch";
+	ck_assert_int_eq(loom_submit(engine, &r, &id, err, sizeof(err)), LOOM_ERR_INVALID);
+	ck_assert_ptr_nonnull(strstr(err, "nosuch"));
+	/* a request longer than the context is refused as such */
+	r.spec = NULL;
+	r.n_predict = 1000;
+	ck_assert_int_eq(loom_submit(engine, &r, &id, err, sizeof(err)), LOOM_ERR_CONTEXT);
+	free(logits);
+}
+END_TEST
+
 START_TEST(tokenize_counts)
 {
 	int32_t ids[16];
@@ -120,6 +225,8 @@ int main(void)
 		tcase_add_test(with_model, greedy_is_repeatable_and_stoppable);
 		tcase_add_test(with_model, context_overflow_is_refused);
 		tcase_add_test(with_model, tokenize_counts);
+		tcase_add_test(with_model, older_structs_are_accepted);
+		tcase_add_test(with_model, requests_match_generate);
 		suite_add_tcase(s, with_model);
 	} else {
 		printf("skip model checks: LOOM_MODEL (%s) not found\n", model ? model : "unset");
