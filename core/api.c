@@ -314,7 +314,8 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 	}
 	mp = (struct loom_model_params){ .backend = p.backend ? p.backend : "cpu.so",
 		.n_threads = p.n_threads, .progress = p.progress,
-		.backend_flags = p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0 };
+		.backend_flags = (p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0) |
+				 (p.exact ? LOOM_BACKEND_EXACT : 0) };
 	if (open_model(e, &p, &mp, err, errlen))
 		goto out_close;
 	if (sched_config(e, &p, err, errlen) || load_specs(e, &p, &mp, err, errlen))

@@ -85,6 +85,10 @@ struct loom_engine_params {
 				  shares its steps (what a server wants) */
 	int32_t spec_step_rows; /* decode rows per step beyond which drafts
 				   stop (docs/SPECULATIVE.md); 0: no cap */
+	/* ---- appended (0.3): exact mode ---- */
+	bool exact;            /* f32 activations, ref.so's arithmetic
+				  (LOOM_BACKEND_EXACT); false: the backend's
+				  fast mode, deterministic but not bitwise ref.so's */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);

@@ -59,6 +59,7 @@ static void engine_params(const struct loom_options *o, struct loom_engine_param
 	p->prefix_cache = o->serve.prefix_cache ? 1 : -1;
 	p->batch_invariant = true;
 	p->spec_step_rows = o->serve.spec_step_rows;
+	p->exact = o->exact;
 }
 
 /* What start-up tells the operator: the chat template, the strategies, the

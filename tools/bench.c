@@ -103,6 +103,7 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 	p.n_ctx = o->n_prompt + o->n_gen + 1;
 	p.n_batch = o->n_batch;
 	p.prefix_cache = -1; /* every repetition computes its prefill */
+	p.exact = o->exact;
 	return loom_engine_open(&p, err, errlen);
 }
 

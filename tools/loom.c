@@ -267,6 +267,7 @@ static int cmd_run(int argc, char **argv, char *err)
 	ep.spec_ngram_max = o.spec_ngram_max;
 	ep.spec_draft_model = o.spec_draft_model[0] ? o.spec_draft_model : NULL;
 	ep.spec_layers = o.spec_layers;
+	ep.exact = o.exact;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
 	generation_params(&o, &g);

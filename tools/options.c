@@ -60,6 +60,7 @@ static const struct opt_def opts[] = {
 	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
 	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
+	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* sampling */
@@ -136,19 +137,19 @@ static const struct cmd_def {
 	  "            [--no-progress] [--dump-logits FILE] [--dump-tokens FILE]\n"
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
-	  "            [--spec-draft-model FILE] [--spec-layers N] [--config FILE]\n" },
+	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE]\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
 	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
-	  "            [-b 256] [--config FILE]\n" },
+	  "            [-b 256] [--exact] [--config FILE]\n" },
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
 	  "            [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
-	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--config FILE]\n"
+	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--exact] [--config FILE]\n"
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
 	  "            [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
 	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n" },

@@ -56,6 +56,7 @@ struct loom_options {
 	int n_batch;
 	bool no_bos;
 	bool progress;
+	bool exact; /* --exact: f32 activations, ref.so's arithmetic */
 	struct loom_sampler_params sp;
 	/* bench */
 	int n_prompt;

@@ -106,8 +106,14 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	else if (want && !strcmp(want, "avx2") && ctx->isa == CPU_ISA_AVX512)
 		ctx->isa = CPU_ISA_AVX2;
 	ctx->n_threads = (int)n;
-	if (cfg && cfg->struct_size >= sizeof(*cfg))
+	if (cfg && cfg->struct_size >= sizeof(*cfg)) {
 		ctx->invariant = (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT) != 0;
+		ctx->exact = (cfg->flags & LOOM_BACKEND_EXACT) != 0;
+	}
+	/* LOOM_CPU_EXACT=1 forces exact mode on, =0 off (tests) */
+	const char *exact = getenv("LOOM_CPU_EXACT");
+	if (exact && (!strcmp(exact, "1") || !strcmp(exact, "0")))
+		ctx->exact = exact[0] == '1';
 	/* LOOM_CPU_INVARIANT=1 forces batch invariance on, =0 off (benchmarks,
 	 * tests) */
 	const char *inv = getenv("LOOM_CPU_INVARIANT");
@@ -122,8 +128,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	/* each pool thread calls sgemm on its own panel; OpenBLAS must not
 	 * start threads of its own on top */
 	openblas_set_num_threads(1);
-	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels%s", ctx->n_threads,
-		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "");
+	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels%s%s", ctx->n_threads,
+		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "",
+		ctx->exact ? ", exact" : "");
 	*out = ctx;
 	return LOOM_OK;
 

@@ -120,6 +120,8 @@ struct loom_backend_ctx {
 	/* LOOM_BACKEND_BATCH_INVARIANT (or LOOM_CPU_INVARIANT=1): every output
 	 * row is computed by the same operations whatever the batch holds */
 	bool invariant;
+	/* LOOM_BACKEND_EXACT (or LOOM_CPU_EXACT=1): f32 activations only */
+	bool exact;
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

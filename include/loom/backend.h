@@ -118,6 +118,15 @@ struct loom_backend_host {
  * sequence may not depend on which other sequences share the step or on
  * how its prompt was chunked. Servers ask for this so a request's output
  * does not change with load; a backend may be slower for it. */
+#define LOOM_BACKEND_EXACT (1u << 1)
+/* Exact mode: operators keep activations in f32
+ * and compute what ref.so computes, up to the order of float sums; no
+ * quantization of activations for integer dot products. Without it a
+ * backend may run a fast mode whose results differ from ref.so within a
+ * measured bound, but must still be deterministic (the same for any thread
+ * count) and honour LOOM_BACKEND_BATCH_INVARIANT. A backend with no fast
+ * mode ignores the flag (as backends built before it ignore every unknown
+ * bit, which is right for them: they have no fast mode). */
 
 struct loom_backend_config {
 	uint32_t struct_size;
