@@ -386,13 +386,39 @@ static int32_t cut_ranked(const struct loom_sampler_params *p,
 	return keep;
 }
 
+/* After the penalties, with max the top logit: the candidates the draw is
+ * made from (top-k, softmax at temperature, top-p, min-p), their weights
+ * in cand[].w. Returns how many. Shared by sample and probs, so both see
+ * the same set. */
+static int32_t candidates(struct loom_sampler *s, const float *logits, float max)
+{
+	const struct loom_sampler_params *p = &s->p;
+	double z = 0.0, inv_t = 1.0 / p->temp;
+	int32_t n;
+
+	if (p->top_k > 0 && p->top_k < s->n_vocab) {
+		n = select_top_k(s, logits, p->top_k);
+		for (int32_t j = 0; j < n; j++) {
+			s->cand[j].w = exp(((double)s->cand[j].logit - max) * inv_t);
+			z += s->cand[j].w;
+		}
+		return cut_ranked(p, s->cand, n, z);
+	}
+	/* min-p is the floor: the top-p prefix of the whole distribution,
+	 * cut to the floor, is the prefix of the tokens above the floor that
+	 * reaches top_p * z. */
+	n = gather(s, logits, max, inv_t, p->min_p > 0.0f ? p->min_p : 0.0, &z);
+	if (p->top_p < 1.0f)
+		n = select_mass(s->cand, n, (double)p->top_p * z);
+	return n;
+}
+
 int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 			    const int32_t *history, int64_t n_history)
 {
 	const struct loom_sampler_params *p;
 	int32_t greedy, n;
 	float max;
-	double z = 0.0, inv_t;
 
 	if (!s || !logits)
 		return -1;
@@ -402,24 +428,7 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 	max = key(logits[greedy]);
 	if (p->temp <= 0.0f || !isfinite(max))
 		return greedy;
-	inv_t = 1.0 / p->temp;
-
-	if (p->top_k > 0 && p->top_k < s->n_vocab) {
-		n = select_top_k(s, logits, p->top_k);
-		for (int32_t j = 0; j < n; j++) {
-			s->cand[j].w = exp(((double)s->cand[j].logit - max) * inv_t);
-			z += s->cand[j].w;
-		}
-		n = cut_ranked(p, s->cand, n, z);
-	} else {
-		/* min-p is the floor: the top-p prefix of the whole
-		 * distribution, cut to the floor, is the prefix of the
-		 * tokens above the floor that reaches top_p * z. */
-		n = gather(s, logits, max, inv_t,
-			   p->min_p > 0.0f ? p->min_p : 0.0, &z);
-		if (p->top_p < 1.0f)
-			n = select_mass(s->cand, n, (double)p->top_p * z);
-	}
+	n = candidates(s, logits, max);
 	return s->cand[draw(s->rng, s->cand, n)].id;
 }
 
@@ -431,7 +440,7 @@ int loom_sampler_probs(struct loom_sampler *s, float *logits,
 	const struct loom_sampler_params *p;
 	int32_t greedy, n;
 	float max;
-	double z = 0.0, inv_t, total = 0.0;
+	double total = 0.0;
 
 	if (!s || !logits || !probs)
 		return -1;
@@ -445,20 +454,7 @@ int loom_sampler_probs(struct loom_sampler *s, float *logits,
 		probs[greedy] = 1.0f;
 		return 0;
 	}
-	inv_t = 1.0 / p->temp;
-	/* the same candidate set as loom_sampler_sample */
-	if (p->top_k > 0 && p->top_k < s->n_vocab) {
-		n = select_top_k(s, logits, p->top_k);
-		for (int32_t j = 0; j < n; j++) {
-			s->cand[j].w = exp(((double)s->cand[j].logit - max) * inv_t);
-			z += s->cand[j].w;
-		}
-		n = cut_ranked(p, s->cand, n, z);
-	} else {
-		n = gather(s, logits, max, inv_t, p->min_p > 0.0f ? p->min_p : 0.0, &z);
-		if (p->top_p < 1.0f)
-			n = select_mass(s->cand, n, (double)p->top_p * z);
-	}
+	n = candidates(s, logits, max); /* the set loom_sampler_sample draws from */
 	for (int32_t j = 0; j < n; j++)
 		total += s->cand[j].w;
 	for (int32_t j = 0; j < n; j++)
