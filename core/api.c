@@ -39,7 +39,7 @@ struct loom_engine {
 /* The size of each struct's first generation: anything smaller is refused. */
 #define ENGINE_PARAMS_V1 offsetof(struct loom_engine_params, spec)
 #define GENERATION_PARAMS_V1 sizeof(struct loom_generation_params)
-#define REQUEST_V1 sizeof(struct loom_request)
+#define REQUEST_V1 offsetof(struct loom_request, all_logits)
 
 /*
  * Copies a caller's parameter struct over defaults: the caller's
@@ -235,6 +235,7 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;
 	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
+	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs : 0;
 	/* each sequence a whole context, and one spare block for a copy */
 	per_seq = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size;
 	c->n_blocks = per_seq * c->max_seqs + 1;
@@ -431,11 +432,15 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		loom_seterr(err, errlen, "request: speculative strategy '%s' is not loaded", r.spec);
 		return LOOM_ERR_INVALID;
 	}
+	if (r.all_logits && !e->cfg.logits_rows) {
+		loom_seterr(err, errlen, "request: all_logits needs an engine opened with all_logits");
+		return LOOM_ERR_UNSUPPORTED;
+	}
 	sr = (struct loom_sched_request){
 		.prompt = r.prompt, .n_prompt = r.n_prompt, .n_predict = r.n_predict,
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
-		.first_logits = r.prompt_logits,
+		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }

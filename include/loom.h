@@ -89,6 +89,9 @@ struct loom_engine_params {
 	bool exact;            /* f32 activations, ref.so's arithmetic
 				  (LOOM_BACKEND_EXACT); false: the backend's
 				  fast mode, deterministic but not bitwise ref.so's */
+	bool all_logits;       /* room for a logits row per prompt token of a
+				  step (n_batch x n_vocab floats), so requests
+				  may ask for all_logits */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -196,6 +199,12 @@ struct loom_request {
 				   first token is drawn from */
 	loom_event_fn on_event;
 	void *user;
+	/* ---- appended (0.3) ---- */
+	/* optional: n_prompt x n_vocab floats; row i gets the logits after
+	 * prompt token i (what predicts token i + 1), for perplexity. Needs an
+	 * engine opened with all_logits; such a request shares no cached
+	 * prefix (every position runs). */
+	float *all_logits;
 };
 
 void loom_request_init(struct loom_request *r);

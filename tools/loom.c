@@ -1,9 +1,10 @@
-/* loom: run, info, tokenize and bench. */
+/* loom: run, info, tokenize, bench, perplexity (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "perplexity.h"
 #include "loom.h"
 #include "loom_config.h"
 #include "options.h"
@@ -293,6 +294,28 @@ out:
 	return rc;
 }
 
+static int cmd_perplexity(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	char *text;
+	size_t len = 0;
+	int rc;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	if (!o.model[0] || !o.prompt_file[0]) {
+		snprintf(err, ERRLEN, "perplexity needs --model FILE and -f TEXT_FILE");
+		return -1;
+	}
+	text = read_file(o.prompt_file, &len, err);
+	if (!text)
+		return -1;
+	rc = loom_perplexity(&o, text, len, err, ERRLEN);
+	free(text);
+	return rc;
+}
+
 static int cmd_bench(int argc, char **argv, char *err)
 {
 	struct loom_options o;
@@ -317,6 +340,8 @@ int main(int argc, char **argv)
 		rc = cmd_tokenize(argc, argv, err);
 	else if (!strcmp(cmd, "bench"))
 		rc = cmd_bench(argc, argv, err);
+	else if (!strcmp(cmd, "perplexity"))
+		rc = cmd_perplexity(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

@@ -15,7 +15,8 @@
 #define TOKENIZE LOOM_CMD_TOKENIZE
 #define BENCH LOOM_CMD_BENCH
 #define SERVE LOOM_CMD_SERVE
-#define ENGINE (RUN | BENCH | SERVE) /* the subcommands that load a backend */
+#define PPL LOOM_CMD_PERPLEXITY
+#define ENGINE (RUN | BENCH | SERVE | PPL) /* the subcommands that load a backend */
 
 enum opt_type {
 	OPT_STR,     /* a char array, the value copied in */
@@ -49,13 +50,13 @@ static const struct opt_def opts[] = {
 	{ .name = "prompt", .short_name = 'p', .type = OPT_ARG, FIELD(prompt), .cmds = RUN,
 	  .flag_only = true },
 	{ .name = "file", .short_name = 'f', .type = OPT_STR, FIELD(prompt_file),
-	  .cmds = RUN | TOKENIZE },
+	  .cmds = RUN | TOKENIZE | PPL },
 	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
 	  .lo = -1, .hi = INT_MAX, .cmds = RUN },
 	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
 	  .lo = 0, .hi = 1024, .cmds = ENGINE },
 	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
-	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL },
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
 	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
@@ -63,6 +64,11 @@ static const struct opt_def opts[] = {
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
+	/* perplexity */
+	{ .name = "save-logits", .type = OPT_STR, FIELD(save_logits), .cmds = PPL },
+	{ .name = "kl-base", .type = OPT_STR, FIELD(kl_base), .cmds = PPL },
+	{ .name = "chunks", .type = OPT_INT, FIELD(n_chunks), .lo = 0, .hi = INT_MAX,
+	  .cmds = PPL },
 	/* sampling */
 	{ .name = "temp", .type = OPT_FLOAT, FIELD(sp.temp), .lo = 0, .hi = 100, .cmds = RUN },
 	{ .name = "top-k", .type = OPT_INT, FIELD(sp.top_k), .lo = 0, .hi = INT_MAX, .cmds = RUN },
@@ -145,6 +151,9 @@ static const struct cmd_def {
 	{ .name = "bench", .cmd = BENCH, .usage =
 	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
 	  "            [-b 256] [--exact] [--config FILE]\n" },
+	{ .name = "perplexity", .cmd = PPL, .usage =
+	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
+	  "            [--exact] [--save-logits FILE | --kl-base FILE] [--config FILE]\n" },
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"

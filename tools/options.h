@@ -22,6 +22,7 @@ enum loom_cmd {
 	LOOM_CMD_TOKENIZE = 1 << 2,
 	LOOM_CMD_BENCH = 1 << 3,
 	LOOM_CMD_SERVE = 1 << 4,
+	LOOM_CMD_PERPLEXITY = 1 << 5,
 };
 
 /* Decode rows per step beyond which speculating sequences stop drafting
@@ -57,6 +58,10 @@ struct loom_options {
 	bool no_bos;
 	bool progress;
 	bool exact; /* --exact: f32 activations, ref.so's arithmetic */
+	/* perplexity */
+	char save_logits[4096]; /* --save-logits: the base run's log-probs */
+	char kl_base[4096];     /* --kl-base: compare with a saved base run */
+	int n_chunks;           /* --chunks: at most this many (0: all) */
 	struct loom_sampler_params sp;
 	/* bench */
 	int n_prompt;

@@ -36,6 +36,7 @@ struct req {
 	struct loom_sampler *smp; /* lives across preemption: draws continue */
 	bool ignore_eog;
 	float *first_logits;      /* copy of the first sampled row, or NULL */
+	float *all_logits;        /* n_prompt rows, or NULL */
 	loom_sched_cb cb;
 	void *user;
 	struct loom_kv_seq seq;
@@ -59,7 +60,10 @@ struct entry {
 	int32_t n;
 	bool spec;   /* a speculating decode: 1 token + n - 1 drafts, n rows */
 	bool asked;  /* its strategy proposed (and so gets observe) */
+	bool all;    /* a prompt chunk of an all_logits request: n rows */
+	bool last;   /* its last token is the sequence's last: sample after */
 	int32_t row; /* first logits row of this entry, -1 for none */
+	int32_t pos; /* position of its first token (set when it runs) */
 };
 
 struct loom_sched {
@@ -327,6 +331,7 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	r->greedy = rq->sampling.temp <= 0.0f;
 	r->ignore_eog = rq->ignore_eog;
 	r->first_logits = rq->first_logits;
+	r->all_logits = rq->all_logits;
 	r->seed = rq->sampling.seed;
 	return r;
 
@@ -665,6 +670,25 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	return rc ? 0 : k; /* short of blocks: decode plainly (may preempt) */
 }
 
+/* A prompt chunk of at most n tokens for r: an all_logits request needs
+ * a logits row per token, so its chunk is cut to the rows left. */
+static int32_t chunk_cap(const struct loom_sched *s, const struct req *r, int32_t n)
+{
+	if (r->all_logits && n > s->rows_left + 1)
+		n = s->rows_left + 1;
+	return n;
+}
+
+/* Adds a prompt chunk of n tokens of r to the plan. */
+static void plan_chunk(struct loom_sched *s, struct req *r, int32_t n)
+{
+	bool all = r->all_logits != NULL;
+
+	if (all)
+		s->rows_left -= n - 1; /* one row per entry is always there */
+	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = n, .all = all, .row = -1 };
+}
+
 /* Plans decoding request r: its last token, and its drafts when it
  * speculates. 0, or -1 when r left the running set. */
 static int plan_decode(struct loom_sched *s, struct req *r, int32_t *budget, int32_t n_dec)
@@ -720,12 +744,12 @@ static void plan_running(struct loom_sched *s, int32_t *budget)
 					i--; /* r left the running set */
 				continue;
 			}
-			n = rem < *budget ? rem : *budget;
+			n = chunk_cap(s, r, rem < *budget ? rem : *budget);
 			if (reserve_running(s, r, n, budget)) {
 				i--; /* r left the running set; i now names the next */
 				continue;
 			}
-			s->plan[s->n_plan++] = (struct entry){ .r = r, .n = n, .row = -1 };
+			plan_chunk(s, r, n);
 			*budget -= n;
 		}
 	}
@@ -772,11 +796,10 @@ static int admit(struct loom_sched *s, struct req *r, int32_t budget)
 {
 	int32_t n, rc;
 
-	if (s->cfg.prefix_cache)
+	if (s->cfg.prefix_cache && !r->all_logits)
 		match_prefix(s, r);
 	n = r->n_tokens - r->seq.n_tokens;
-	if (n > budget)
-		n = budget;
+	n = chunk_cap(s, r, n > budget ? budget : n);
 	rc = loom_kv_reserve(s->kv, &r->seq, n);
 	if (rc) {
 		loom_kv_seq_release(s->kv, &r->seq);
@@ -793,7 +816,7 @@ static int admit(struct loom_sched *s, struct req *r, int32_t budget)
 		s->eng.prompt_tokens += (uint64_t)r->n_prompt;
 	}
 	s->running[s->n_running++] = r;
-	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = n, .row = -1 };
+	plan_chunk(s, r, n);
 	return 0;
 }
 
@@ -904,17 +927,30 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 			return;
 }
 
-/* Output rows of entry e (the last token, or every token of a
- * speculating decode), appended to the batch. */
+/* Copies an all_logits chunk's rows to the request (prompt positions
+ * only: a recompute after preemption runs generated tokens too). */
+static void save_all_logits(struct loom_sched *s, const struct entry *e)
+{
+	size_t V = (size_t)s->n_vocab;
+
+	for (int32_t j = 0; j < e->n && e->pos + j < e->r->n_prompt; j++)
+		memcpy(e->r->all_logits + (size_t)(e->pos + j) * V,
+		       s->logits + (size_t)(e->row + j) * V, sizeof(float) * V);
+}
+
+/* Output rows of entry e (the last token; every token of a speculating
+ * decode or of an all_logits chunk), appended to the batch. */
 static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *e)
 {
 	int32_t j;
 
-	if (e->spec) {
+	e->pos = e->r->seq.n_tokens;
+	e->last = e->pos + e->n == e->r->n_tokens;
+	if (e->spec || e->all) {
 		e->row = b->n_out;
 		for (j = 0; j < e->n; j++)
 			s->out_rows[b->n_out++] = b->n_tokens - e->n + j;
-	} else if (e->r->seq.n_tokens + e->n == e->r->n_tokens) {
+	} else if (e->last) {
 		e->row = b->n_out;
 		s->out_rows[b->n_out++] = b->n_tokens - 1;
 	}
@@ -956,10 +992,14 @@ static int run_plan(struct loom_sched *s)
 
 		if (e->row < 0)
 			continue;
-		if (e->spec)
+		if (e->spec) {
 			spec_finish(s, e->r, s->logits + (size_t)e->row * V, e->n - 1, e->asked);
-		else
-			sample_one(s, e->r, s->logits + (size_t)e->row * V);
+			continue;
+		}
+		if (e->all)
+			save_all_logits(s, e);
+		if (e->last)
+			sample_one(s, e->r, s->logits + (size_t)(e->row + (e->all ? e->n - 1 : 0)) * V);
 	}
 	return 0;
 }
@@ -1027,7 +1067,8 @@ static int check_config(struct loom_sched *s, char *err, size_t errlen)
 			     (int32_t)s->m->hp.n_ctx_train;
 	if (c->block_size <= 0 || c->block_size > 1 << 16 || c->max_batch_tokens <= 0 ||
 	    c->max_seqs <= 0 || c->max_seqs > c->max_batch_tokens || c->max_waiting <= 0 ||
-	    c->max_ctx <= 0 || c->spec_rows < 0 || c->spec_rows > c->max_batch_tokens) {
+	    c->max_ctx <= 0 || c->spec_rows < 0 || c->spec_rows > c->max_batch_tokens ||
+	    c->logits_rows < 0 || c->logits_rows > c->max_batch_tokens + c->max_seqs) {
 		loom_seterr(err, errlen, "scheduler: bad config (block %d, batch %d, sequences %d, waiting %d, context %d, spec rows %d)",
 			c->block_size, c->max_batch_tokens, c->max_seqs, c->max_waiting, c->max_ctx,
 			c->spec_rows);
@@ -1056,6 +1097,8 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	if (!s->kv)
 		return -1;
 	s->max_out = s->cfg.max_seqs + s->cfg.spec_rows;
+	if (s->max_out < s->cfg.logits_rows)
+		s->max_out = s->cfg.logits_rows;
 	s->exec = loom_exec_new(s->m, s->kv, s->cfg.max_batch_tokens, s->cfg.max_seqs,
 				s->max_out, err, errlen);
 	if (!s->exec)

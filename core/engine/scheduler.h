@@ -62,6 +62,11 @@ struct loom_sched_config {
 	 * request drafts freely. Only k changes, never the output. 0: no cap
 	 * (drafts limited by the budget and spec_rows only; the default). */
 	int32_t spec_step_rows;
+	/* ---- appended (perplexity): logits for every prompt token ----
+	 * Logits rows per step at least, so a request with all_logits gets
+	 * rows for a whole prompt chunk (its chunks are cut to the rows
+	 * left). 0: max_seqs + spec_rows, enough for sampling and drafts. */
+	int32_t logits_rows;
 };
 /* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
  * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs
@@ -100,6 +105,10 @@ struct loom_sched_request {
 	bool ignore_eog;      /* EOG tokens are generated like any other */
 	float *first_logits;  /* optional: n_vocab floats, gets the logits the
 				 first token is drawn from (before penalties) */
+	/* optional: n_prompt x n_vocab floats; row i gets the logits after
+	 * prompt token i (what predicts token i + 1). Such a request shares
+	 * no prefix-cache blocks (every position must run). */
+	float *all_logits;
 };
 
 struct loom_sched;

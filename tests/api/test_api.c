@@ -1,5 +1,6 @@
 /* The public API (include/loom.h) as an embedding program uses it. */
 #include <check.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +199,78 @@ START_TEST(requests_match_generate)
 }
 END_TEST
 
+/* all_logits: row i is what predicts token i + 1; the last row is the one
+ * the first token is drawn from; chunking the prompt (n_batch 4) moves
+ * values only by float rounding. */
+static float *all_rows(int32_t n_batch, const int32_t *ids, int32_t n, float *first)
+{
+	struct loom_engine_params p;
+	struct events ev = { .n = 0 };
+	struct loom_request r;
+	struct loom_engine *e;
+	char err[1024];
+	uint64_t id;
+	float *rows;
+
+	loom_engine_params_init(&p);
+	p.model = model;
+	p.n_ctx = 64;
+	p.n_batch = n_batch;
+	p.all_logits = true;
+	e = loom_engine_open(&p, err, sizeof(err));
+	ck_assert_msg(e != NULL, "%s", err);
+	rows = malloc(sizeof(float) * (size_t)n * (size_t)loom_engine_n_vocab(e));
+	ck_assert_ptr_nonnull(rows);
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = n;
+	r.n_predict = 1;
+	r.sampling.temp = 0;
+	r.all_logits = rows;
+	r.prompt_logits = first;
+	r.on_event = on_event;
+	r.user = &ev;
+	ck_assert_msg(loom_submit(e, &r, &id, err, sizeof(err)) == 0, "%s", err);
+	while (ev.n_final == 0)
+		ck_assert_int_ge(loom_engine_step(e), 0);
+	loom_engine_close(e);
+	return rows;
+}
+
+START_TEST(all_logits_rows)
+{
+	const char *text = "The quick brown fox jumps over the lazy dog because it";
+	int32_t ids[32], V = loom_engine_n_vocab(engine);
+	int32_t n = (int32_t)loom_engine_tokenize(engine, text, strlen(text), true, ids, 32);
+	float *first = malloc(sizeof(float) * (size_t)V);
+	float *a, *b;
+	double worst = 0.0;
+	struct loom_request r;
+	char err[256];
+	uint64_t id;
+
+	ck_assert_int_gt(n, 8);
+	a = all_rows(64, ids, n, first);
+	ck_assert_mem_eq(a + (size_t)(n - 1) * (size_t)V, first, sizeof(float) * (size_t)V);
+	b = all_rows(4, ids, n, first);
+	for (size_t i = 0; i < (size_t)n * (size_t)V; i++) {
+		double d = fabs((double)a[i] - (double)b[i]);
+
+		worst = d > worst ? d : worst;
+	}
+	ck_assert_msg(worst < 1e-3, "chunked rows differ by %g", worst);
+	/* an engine opened without all_logits refuses such a request */
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = n;
+	r.all_logits = a;
+	ck_assert_int_eq(loom_submit(engine, &r, &id, err, sizeof(err)), LOOM_ERR_UNSUPPORTED);
+	free(a);
+	free(b);
+	free(first);
+}
+END_TEST
+
 START_TEST(tokenize_counts)
 {
 	int32_t ids[16];
@@ -227,6 +300,7 @@ int main(void)
 		tcase_add_test(with_model, tokenize_counts);
 		tcase_add_test(with_model, older_structs_are_accepted);
 		tcase_add_test(with_model, requests_match_generate);
+		tcase_add_test(with_model, all_logits_rows);
 		suite_add_tcase(s, with_model);
 	} else {
 		printf("skip model checks: LOOM_MODEL (%s) not found\n", model ? model : "unset");

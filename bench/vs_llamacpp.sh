@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# loom vs llama.cpp, side by side on the same GGUF files (issue 12).
+#
+#   bench/vs_llamacpp.sh              build the anchor if needed, then measure
+#   bench/vs_llamacpp.sh --setup      only build llama.cpp and prepare the models
+#
+# The anchor is llama.cpp as vendored in the PyPI sdist llama-cpp-python==0.3.36,
+# built once (CPU only, -DGGML_NATIVE=ON) into a cache outside the repo, together
+# with Q4_K_M and Q8_0 requantizations of the default SmolLM2-135M Q4_1 model
+# (made with its llama-quantize --allow-requantize). A re-run finds them there.
+#
+# For each model and thread count it runs `loom bench` then `llama-bench`
+# (same -p/-n/-t/-r), ROUNDS times over, interleaved, and prints medians over
+# the rounds, the loom/llama.cpp ratios and the decode weight stream
+# (weight bytes x tg t/s) as a fraction of the streaming-read bandwidth it
+# measures with a small C program at the same thread count.
+#
+# Environment:
+#   LOOM          loom binary                 (default ./build/tools/loom)
+#   LOOM_FLAGS    extra flags for loom bench  (e.g. "--exact")
+#   LOOM_CACHE    model cache                 (default ~/.cache/loom)
+#   CACHE         anchor cache                (default $LOOM_CACHE/llama.cpp-0.3.36)
+#   MODEL         base GGUF                   (default $LOOM_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   QUANTS        formats to compare          (default "Q4_1 Q4_K_M Q8_0"; Q4_1 = MODEL as is)
+#   THREADS       thread counts               (default "1 2")
+#   ROUNDS        interleaved rounds          (default 3)
+#   PP, TG, REPS  -p, -n and -r of both tools (default 128, 64, 3)
+#   JOBS          parallel build jobs         (default nproc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "vs_llamacpp: error: $*" >&2; exit 1; }
+log() { echo "vs_llamacpp: $*" >&2; }
+
+VERSION=0.3.36
+LOOM_CACHE=${LOOM_CACHE:-$HOME/.cache/loom}
+CACHE=${CACHE:-$LOOM_CACHE/llama.cpp-$VERSION}
+LOOM=${LOOM:-./build/tools/loom}
+LOOM_FLAGS=${LOOM_FLAGS:-}
+MODEL=${MODEL:-$LOOM_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf}
+QUANTS=${QUANTS:-Q4_1 Q4_K_M Q8_0}
+THREADS=${THREADS:-1 2}
+ROUNDS=${ROUNDS:-3}
+PP=${PP:-128}
+TG=${TG:-64}
+REPS=${REPS:-3}
+JOBS=${JOBS:-$(nproc)}
+SETUP_ONLY=0
+case "${1:-}" in
+	--setup) SETUP_ONLY=1 ;;
+	"") ;;
+	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+	*) die "unknown argument '$1' (try --help)" ;;
+esac
+
+BIN=$CACHE/build/bin
+TOOLS=(llama-bench llama-perplexity llama-quantize)
+
+# ---------------------------------------------------------------- 1. anchor
+have_tools() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
+
+build_anchor() {
+	mkdir -p "$CACHE/pkg" || die "cannot create $CACHE"
+	local sdist
+	sdist=$(ls "$CACHE"/pkg/llama_cpp_python-$VERSION.tar.gz 2>/dev/null || true)
+	if [ -z "$sdist" ]; then
+		log "downloading the llama-cpp-python==$VERSION sdist into $CACHE/pkg"
+		python3 -m pip download -q --no-deps --no-binary :all: \
+			"llama-cpp-python==$VERSION" -d "$CACHE/pkg" ||
+			die "pip download of llama-cpp-python==$VERSION failed"
+		sdist=$CACHE/pkg/llama_cpp_python-$VERSION.tar.gz
+		[ -s "$sdist" ] || die "pip download did not leave $sdist"
+	fi
+	local src=$CACHE/src/llama_cpp_python-$VERSION/vendor/llama.cpp
+	if [ ! -f "$src/CMakeLists.txt" ]; then
+		log "extracting $sdist"
+		rm -rf "$CACHE/src" && mkdir -p "$CACHE/src"
+		tar -xzf "$sdist" -C "$CACHE/src" || die "cannot extract $sdist"
+		[ -f "$src/CMakeLists.txt" ] || die "no vendor/llama.cpp in $sdist"
+	fi
+	command -v cmake >/dev/null || die "cmake not found (apt-get install cmake)"
+	log "configuring llama.cpp (CPU only, native) in $CACHE/build"
+	# LLAMA_CURL is deprecated in this llama.cpp (a warning, no effect); kept
+	# as asked by issue 12. Static libraries: the binaries stand alone.
+	cmake -S "$src" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release \
+		-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+		-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \
+		>"$CACHE/cmake-configure.log" 2>&1 ||
+		die "cmake configure failed, see $CACHE/cmake-configure.log"
+	log "building ${TOOLS[*]} with $JOBS jobs (several minutes on 2 cores)"
+	cmake --build "$CACHE/build" -j "$JOBS" --target "${TOOLS[@]}" \
+		>"$CACHE/cmake-build.log" 2>&1 ||
+		die "cmake build failed, see $CACHE/cmake-build.log"
+	have_tools || die "build finished but ${TOOLS[*]} are not all in $BIN"
+}
+
+if have_tools; then
+	log "llama.cpp $VERSION tools found in $BIN"
+else
+	build_anchor
+fi
+
+# ---------------------------------------------------------------- 2. models
+[ -s "$MODEL" ] || die "no model at $MODEL (run scripts/setup.sh first)"
+base=$(basename "$MODEL" .gguf)      # SmolLM2-135M-Instruct.Q4_1
+stem=${base%.*}                      # SmolLM2-135M-Instruct
+declare -A FILE
+for q in $QUANTS; do
+	if [ "$base" = "$stem.$q" ]; then
+		FILE[$q]=$MODEL
+		continue
+	fi
+	out=$CACHE/models/$stem.$q.gguf
+	if [ ! -s "$out" ]; then
+		mkdir -p "$CACHE/models"
+		log "making $out with llama-quantize --allow-requantize"
+		"$BIN/llama-quantize" --allow-requantize "$MODEL" "$out.tmp" "$q" \
+			>"$CACHE/models/$stem.$q.log" 2>&1 ||
+			die "llama-quantize to $q failed, see $CACHE/models/$stem.$q.log"
+		mv "$out.tmp" "$out"
+	fi
+	FILE[$q]=$out
+done
+
+# ---------------------------------------------------------------- 3. bandwidth
+# Streaming read of a 1 GiB buffer (AVX-512/AVX2 loads where the compiler has
+# them, -march=native), each thread summing its own contiguous slice; the best
+# of 5 passes after a first pass that faults the pages in.
+STREAM=$CACHE/streamread
+if [ ! -x "$STREAM" ] || [ "$STREAM.c" -ot "$0" ]; then
+	mkdir -p "$CACHE"
+	cat >"$STREAM.c" <<'C'
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef uint64_t v8 __attribute__((vector_size(64)));
+static v8 *buf; static size_t nvec; static int nthr;
+static pthread_barrier_t bar;
+static volatile uint64_t sink;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double best = 1e30;
+static void *worker(void *arg) {
+	long id = (long)arg;
+	size_t lo = nvec * id / nthr, hi = nvec * (id + 1) / nthr;
+	for (int pass = 0; pass < 6; pass++) {
+		pthread_barrier_wait(&bar);
+		double t0 = now();
+		v8 a = {0}, b = {0}, c = {0}, d = {0};
+		for (size_t i = lo; i + 4 <= hi; i += 4) { a += buf[i]; b += buf[i+1]; c += buf[i+2]; d += buf[i+3]; }
+		v8 s = a + b + c + d; uint64_t r = 0; for (int j = 0; j < 8; j++) r += s[j];
+		sink += r;
+		pthread_barrier_wait(&bar);
+		double dt = now() - t0;
+		if (id == 0 && pass > 0 && dt < best) best = dt;
+	}
+	return NULL;
+}
+int main(int argc, char **argv) {
+	nthr = argc > 1 ? atoi(argv[1]) : 1;
+	size_t bytes = (size_t)1 << 30; nvec = bytes / sizeof(v8);
+	if (posix_memalign((void **)&buf, 4096, bytes)) return 1;
+	memset(buf, 1, bytes);
+	pthread_barrier_init(&bar, NULL, nthr);
+	pthread_t th[64];
+	for (long i = 1; i < nthr; i++) pthread_create(&th[i], NULL, worker, (void *)i);
+	worker((void *)0);
+	for (long i = 1; i < nthr; i++) pthread_join(th[i], NULL);
+	printf("%.3f\n", bytes / best / 1e9);   /* GB/s, 1e9 bytes */
+	return 0;
+}
+C
+	cc -O2 -march=native -pthread -o "$STREAM" "$STREAM.c" ||
+		die "cannot compile $STREAM.c"
+fi
+[ "$SETUP_ONLY" = 1 ] && { log "setup done: tools in $BIN, models ${FILE[*]}"; exit 0; }
+
+# ---------------------------------------------------------------- 4. runs
+[ -x "$LOOM" ] || die "no loom binary at $LOOM (build with meson first, or set LOOM)"
+OUTDIR=$(mktemp -d "${TMPDIR:-/tmp}/vs_llamacpp.XXXXXX")
+log "raw outputs in $OUTDIR"
+
+declare -A BW
+for t in $THREADS; do
+	BW[$t]=$("$STREAM" "$t") || die "bandwidth probe failed"
+	log "streaming read, $t thread(s): ${BW[$t]} GB/s"
+done
+
+# loom bench / llama-bench both print a markdown table; the t/s column is
+# "mean ± sd". Print "pp tg" means.
+parse_loom() {
+	awk -F'|' -v pp="pp$PP" -v tg="tg$TG" '
+		{ for (i = 2; i < NF; i++) { f = $i; gsub(/^ +| +$/, "", f); if (f == pp) p = $(NF-1); if (f == tg) g = $(NF-1) } }
+		END { split(p, a, " "); split(g, b, " "); if (a[1] == "" || b[1] == "") exit 1; print a[1], b[1] }' "$1"
+}
+parse_llama() { parse_loom "$1"; }
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
+
+declare -A R
+for r in $(seq 1 "$ROUNDS"); do
+	for q in $QUANTS; do
+		for t in $THREADS; do
+			f=$OUTDIR/loom.$q.t$t.r$r
+			# shellcheck disable=SC2086
+			"$LOOM" bench --model "${FILE[$q]}" -p "$PP" -n "$TG" -t "$t" -r "$REPS" $LOOM_FLAGS >"$f" 2>&1 ||
+				die "loom bench failed on $q -t $t, see $f"
+			read -r lp lt < <(parse_loom "$f") || die "cannot parse $f"
+			f=$OUTDIR/llama.$q.t$t.r$r
+			"$BIN/llama-bench" -m "${FILE[$q]}" -p "$PP" -n "$TG" -t "$t" -r "$REPS" >"$f" 2>&1 ||
+				die "llama-bench failed on $q -t $t, see $f"
+			read -r cp ct < <(parse_llama "$f") || die "cannot parse $f"
+			R[$q,$t,lp]+=" $lp"; R[$q,$t,lt]+=" $lt"; R[$q,$t,cp]+=" $cp"; R[$q,$t,ct]+=" $ct"
+			log "round $r $q -t $t: loom pp$PP $lp tg$TG $lt | llama.cpp pp$PP $cp tg$TG $ct"
+		done
+	done
+done
+
+# Weight bytes streamed per decode token: the tensor data of the file (file
+# size less the GGUF header and metadata is within a fraction of a percent).
+wbytes() { python3 - "$1" <<'PY'
+import sys
+try:
+    import gguf
+    r = gguf.GGUFReader(sys.argv[1])
+    print(sum(int(t.n_bytes) for t in r.tensors))
+except Exception:
+    import os
+    print(os.path.getsize(sys.argv[1]))
+PY
+}
+
+echo
+echo "loom: $LOOM bench ${LOOM_FLAGS:-(default flags)}; llama.cpp $VERSION (PyPI llama-cpp-python sdist); $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+echo "t/s, medians of $ROUNDS interleaved rounds (each the mean of -r $REPS); ratio = loom / llama.cpp;"
+echo "tg GB/s = weight bytes x tg t/s, and as a fraction of the streaming-read bandwidth at that thread count"
+for t in $THREADS; do echo "  streaming read, $t thread(s): ${BW[$t]} GB/s"; done
+echo
+echo "| model (SmolLM2-135M) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for q in $QUANTS; do
+	wb=$(wbytes "${FILE[$q]}")
+	for t in $THREADS; do
+		# shellcheck disable=SC2086
+		lp=$(median ${R[$q,$t,lp]}); lt=$(median ${R[$q,$t,lt]})
+		# shellcheck disable=SC2086
+		cp=$(median ${R[$q,$t,cp]}); ct=$(median ${R[$q,$t,ct]})
+		awk -v q="$q" -v t="$t" -v wb="$wb" -v bw="${BW[$t]}" -v lp="$lp" -v lt="$lt" -v cp="$cp" -v ct="$ct" 'BEGIN {
+			lg = wb * lt / 1e9; cg = wb * ct / 1e9
+			printf "| %s | %.1f | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.2f | %.1f (%.0f %%) | %.1f (%.0f %%) |\n",
+				q, wb / 1e6, t, lp, cp, lp / cp, lt, ct, lt / ct, lg, 100 * lg / bw, cg, 100 * cg / bw }'
+	done
+done
