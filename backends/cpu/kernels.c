@@ -370,6 +370,18 @@ static inline void k_scales(uint32_t t, const uint8_t *b, int g, float d, float 
 	}
 }
 
+/* The 16 scales of a super-block, decoded once for its 8 groups. */
+struct ksb {
+	float dl[16], ml[16];
+};
+
+static inline void k_sb_scales(uint32_t t, const uint8_t *b, float d, float dmin,
+			       struct ksb *sb)
+{
+	for (int g = 0; g < 8; g++)
+		k_scales(t, b, g, d, dmin, sb->dl + 2 * g, sb->ml + 2 * g);
+}
+
 /*
  * Where the quants of group g live: q[i] = (lo[i] >> lo_shift & lo_mask |
  * (hi[i] >> hi_shift & hi_mask) << hi_pos) + bias for i < 32, no hi when
@@ -637,17 +649,15 @@ TGT_AVX2 ALWAYS __m256i avx2_kquants(const struct kgroup *q)
 	return v;
 }
 
-/* Group g of K super-block b into w (x order). */
-TGT_AVX2 ALWAYS void avx2_kdeq(const uint32_t t, const uint8_t *b, int g, __m256 w[4])
+/* Group g of K super-block b into w (x order), dl and ml its two scales. */
+TGT_AVX2 ALWAYS void avx2_kdeq(const uint32_t t, const uint8_t *b, int g, const float *dl,
+			       const float *ml, __m256 w[4])
 {
 	struct kgroup q = k_group(t, b, g);
-	float dmin = k_has_min(t) ? avx2_h(b + k_d_off(t) + 2) : 0.0f;
-	float dl[2], ml[2];
 	__m256i v = avx2_kquants(&q);
 	__m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
 	__m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
 
-	k_scales(t, b, g, avx2_h(b + k_d_off(t)), dmin, dl, ml);
 	for (int s = 0; s < 4; s++) {
 		__m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[s]));
 		__m256 d = _mm256_set1_ps(dl[s / 2]), m = _mm256_set1_ps(ml[s / 2]);
@@ -656,13 +666,29 @@ TGT_AVX2 ALWAYS void avx2_kdeq(const uint32_t t, const uint8_t *b, int g, __m256
 	}
 }
 
-/* 32-value group gi of a row, any format. */
-TGT_AVX2 ALWAYS void avx2_group(const uint32_t t, const uint8_t *row, int64_t gi, __m256 w[4])
+/* The scales of K super-block b into sb. */
+TGT_AVX2 ALWAYS void avx2_ksb(const uint32_t t, const uint8_t *b, struct ksb *sb)
 {
-	if (format_k(t))
-		avx2_kdeq(t, row + (size_t)(gi / 8) * cpu_block_bytes(t), (int)(gi % 8), w);
-	else
+	float dmin = k_has_min(t) ? avx2_h(b + k_d_off(t) + 2) : 0.0f;
+
+	k_sb_scales(t, b, avx2_h(b + k_d_off(t)), dmin, sb);
+}
+
+/* 32-value group gi of a row, any format. Groups come in order from 0:
+ * a K super-block's scales are decoded into sb at its first group. */
+TGT_AVX2 ALWAYS void avx2_group(const uint32_t t, const uint8_t *row, int64_t gi,
+				struct ksb *sb, __m256 w[4])
+{
+	const uint8_t *p = row + (size_t)(gi / 8) * cpu_block_bytes(t);
+	int g = (int)(gi % 8);
+
+	if (!format_k(t)) {
 		avx2_deq(t, row + gi * group_bytes(t), w);
+		return;
+	}
+	if (g == 0)
+		avx2_ksb(t, p, sb);
+	avx2_kdeq(t, p, g, sb->dl + 2 * g, sb->ml + 2 * g, w);
 }
 
 TGT_AVX2 ALWAYS float avx2_hsum(__m256 v)
@@ -683,6 +709,7 @@ TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const
 	const int64_t nb = g->k / 32;
 	const float *x = g->x + i * g->x_stride;
 	__m256 acc[4][4];
+	struct ksb sb;
 
 	for (int r = 0; r < R; r++)
 		for (int a = 0; a < A; a++)
@@ -690,7 +717,7 @@ TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const
 	for (int64_t b = 0; b < nb; b++) {
 		__m256 w[4];
 
-		avx2_group(t, wr, b, w);
+		avx2_group(t, wr, b, &sb, w);
 		for (int r = 0; r < R; r++) {
 			const float *xp = x + r * g->x_stride + b * 32;
 
@@ -890,11 +917,12 @@ TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64
 TGT_AVX2 static void avx2_deq_row(const uint32_t t, const uint8_t *src, float *dst, int64_t k)
 {
 	const int64_t nb = k / 32;
+	struct ksb sb;
 
 	for (int64_t b = 0; b < nb; b++) {
 		__m256 w[4];
 
-		avx2_group(t, src, b, w);
+		avx2_group(t, src, b, &sb, w);
 		for (int s = 0; s < 4; s++)
 			_mm256_storeu_ps(dst + b * 32 + 8 * s, w[s]);
 	}
@@ -1043,15 +1071,13 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 }
 
 /* As avx2_kdeq: values 0-15 and 16-31 of group g. */
-TGT_AVX512 ALWAYS void avx512_kdeq(const uint32_t t, const uint8_t *b, int g, __m512 w[2])
+TGT_AVX512 ALWAYS void avx512_kdeq(const uint32_t t, const uint8_t *b, int g, const float *dl,
+				   const float *ml, __m512 w[2])
 {
 	struct kgroup q = k_group(t, b, g);
-	float dmin = k_has_min(t) ? avx2_h(b + k_d_off(t) + 2) : 0.0f;
-	float dl[2], ml[2];
 	__m256i v = avx2_kquants(&q);
 	__m128i parts[2] = { _mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1) };
 
-	k_scales(t, b, g, avx2_h(b + k_d_off(t)), dmin, dl, ml);
 	for (int s = 0; s < 2; s++) {
 		__m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(parts[s]));
 		__m512 d = _mm512_set1_ps(dl[s]), m = _mm512_set1_ps(ml[s]);
@@ -1060,23 +1086,30 @@ TGT_AVX512 ALWAYS void avx512_kdeq(const uint32_t t, const uint8_t *b, int g, __
 	}
 }
 
+/* As avx2_group. */
 TGT_AVX512 ALWAYS void avx512_group(const uint32_t t, const uint8_t *row, int64_t gi,
-				    __m512 w[2])
+				    struct ksb *sb, __m512 w[2])
 {
-	if (format_k(t))
-		avx512_kdeq(t, row + (size_t)(gi / 8) * cpu_block_bytes(t), (int)(gi % 8), w);
-	else
+	const uint8_t *p = row + (size_t)(gi / 8) * cpu_block_bytes(t);
+	int g = (int)(gi % 8);
+
+	if (!format_k(t)) {
 		avx512_deq(t, row + gi * group_bytes(t), w);
+		return;
+	}
+	if (g == 0)
+		avx2_ksb(t, p, sb);
+	avx512_kdeq(t, p, g, sb->dl + 2 * g, sb->ml + 2 * g, w);
 }
 
 /* One block for R rows; `phase` alternates accumulators when A == 4. */
 TGT_AVX512 ALWAYS void avx512_block(const struct cpu_gemv *g, const uint32_t t, const int R,
 				    const int A, const uint8_t *wr, const float *x, int64_t b,
-				    const int phase, __m512 acc[4][4])
+				    const int phase, struct ksb *sb, __m512 acc[4][4])
 {
 	__m512 w[2];
 
-	avx512_group(t, wr, b, w);
+	avx512_group(t, wr, b, sb, w);
 	for (int r = 0; r < R; r++) {
 		const float *xp = x + r * g->x_stride + b * 32;
 
@@ -1095,17 +1128,18 @@ TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, c
 	const int64_t nb = g->k / 32;
 	const float *x = g->x + i * g->x_stride;
 	__m512 acc[4][4];
+	struct ksb sb;
 	int64_t b = 0;
 
 	for (int r = 0; r < R; r++)
 		for (int a = 0; a < A; a++)
 			acc[r][a] = _mm512_setzero_ps();
 	for (; b + 2 <= nb; b += 2) {
-		avx512_block(g, t, R, A, wr, x, b, 0, acc);
-		avx512_block(g, t, R, A, wr, x, b + 1, 1, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, &sb, acc);
+		avx512_block(g, t, R, A, wr, x, b + 1, 1, &sb, acc);
 	}
 	if (b < nb)
-		avx512_block(g, t, R, A, wr, x, b, 0, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, &sb, acc);
 	for (int r = 0; r < R; r++) {
 		__m512 v = _mm512_add_ps(acc[r][0], acc[r][1]);
 
@@ -1270,11 +1304,12 @@ TGT_AVX512 static void avx512_deq_row(const uint32_t t, const uint8_t *src, floa
 				      int64_t k)
 {
 	const int64_t nb = k / 32;
+	struct ksb sb;
 
 	for (int64_t b = 0; b < nb; b++) {
 		__m512 w[2];
 
-		avx512_group(t, src, b, w);
+		avx512_group(t, src, b, &sb, w);
 		_mm512_storeu_ps(dst + b * 32, w[0]);
 		_mm512_storeu_ps(dst + b * 32 + 16, w[1]);
 	}
