@@ -4,8 +4,9 @@
  * Usage: bench_gemm [path/to/cpu.so] [seconds per case]
  *
  * Loads cpu.so through its ABI entry, like the host does, and times
- * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1 and
- * Q8_0 at 1 and 2 threads. Reports GB/s of weight bytes streamed.
+ * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1, Q8_0,
+ * the K-quants and F32 (what a K-quant tensor streamed when the core had to
+ * convert it) at 1 and 2 threads. Reports GB/s of weight bytes streamed.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -49,26 +50,58 @@ static uint32_t rnd(void)
 	return (uint32_t)rng;
 }
 
-/* Random quantized rows whose scales are small normal halves. */
-static void fill_weights(uint8_t *w, size_t bytes, uint32_t type)
-{
-	size_t bb = type == LOOM_TYPE_Q8_0 ? 34 : 20;
+/* Block geometry and where the f16 scales sit (-1: none). */
+static const struct format {
+	uint32_t type;
+	const char *name;
+	int elems, bytes, d_off[2];
+} formats[] = {
+	{ LOOM_TYPE_F32, "f32", 1, 4, { -1, -1 } },
+	{ LOOM_TYPE_Q8_0, "q8_0", 32, 34, { 0, -1 } },
+	{ LOOM_TYPE_Q4_1, "q4_1", 32, 20, { 0, 2 } },
+	{ LOOM_TYPE_Q2_K, "q2_K", 256, 84, { 80, 82 } },
+	{ LOOM_TYPE_Q3_K, "q3_K", 256, 110, { 108, -1 } },
+	{ LOOM_TYPE_Q4_K, "q4_K", 256, 144, { 0, 2 } },
+	{ LOOM_TYPE_Q5_K, "q5_K", 256, 176, { 0, 2 } },
+	{ LOOM_TYPE_Q6_K, "q6_K", 256, 210, { 208, -1 } },
+};
 
+static const struct format *format_of(uint32_t type)
+{
+	for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
+		if (formats[i].type == type)
+			return &formats[i];
+	return &formats[0];
+}
+
+/* Random rows whose scales are small normal halves (f32: small floats). */
+static void fill_weights(uint8_t *w, size_t bytes, const struct format *f)
+{
 	for (size_t i = 0; i < bytes; i++)
 		w[i] = (uint8_t)rnd();
-	for (size_t b = 0; b + bb <= bytes; b += bb) {
-		uint16_t d = 0x2000 | (rnd() & 0x3ff); /* about 0.008 */
+	if (f->type == LOOM_TYPE_F32) {
+		for (size_t i = 0; i + 4 <= bytes; i += 4) {
+			float v = (float)(rnd() % 2001) / 1000.0f - 1.0f;
 
-		memcpy(w + b, &d, 2);
-		if (type == LOOM_TYPE_Q4_1)
-			memcpy(w + b + 2, &d, 2);
+			memcpy(w + i, &v, 4);
+		}
+		return;
+	}
+	for (size_t b = 0; b + f->bytes <= bytes; b += f->bytes) {
+		for (int h = 0; h < 2; h++) {
+			uint16_t d = 0x2000 | (rnd() & 0x3ff); /* about 0.008 */
+
+			if (f->d_off[h] >= 0)
+				memcpy(w + b + f->d_off[h], &d, 2);
+		}
 	}
 }
 
 static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx *ctx,
 		     const struct shape *s, int threads, double secs)
 {
-	size_t row = (size_t)(s->k / 32) * (s->type == LOOM_TYPE_Q8_0 ? 34 : 20);
+	const struct format *f = format_of(s->type);
+	size_t row = (size_t)(s->k / f->elems) * f->bytes;
 	size_t wbytes = row * (size_t)s->n;
 	struct loom_buffer *bw, *bx, *by;
 	struct loom_gemm_args a;
@@ -81,7 +114,7 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		return -1;
 	ops->buffer_alloc(ctx, (size_t)s->k * 4, &bx);
 	ops->buffer_alloc(ctx, (size_t)s->n * 4, &by);
-	fill_weights(ops->buffer_addr(ctx, bw), wbytes, s->type);
+	fill_weights(ops->buffer_addr(ctx, bw), wbytes, f);
 	x = ops->buffer_addr(ctx, bx);
 	for (int64_t i = 0; i < s->k; i++)
 		x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
@@ -104,7 +137,7 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		t = now() - t0;
 	} while (t < secs);
 	printf("%-22s %-5s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
-	       s->type == LOOM_TYPE_Q8_0 ? "q8_0" : "q4_1", (long long)s->k, (long long)s->n,
+	       f->name, (long long)s->k, (long long)s->n,
 	       threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
 	ops->buffer_free(ctx, bw);
 	ops->buffer_free(ctx, bx);
@@ -121,6 +154,12 @@ int main(int argc, char **argv)
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q8_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q8_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q4_1 },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_F32 },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q2_K },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q3_K },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q4_K },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q5_K },
+		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q6_K },
 	};
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;

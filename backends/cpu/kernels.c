@@ -18,6 +18,16 @@
  *   Q4_1  d, m, u8 qs[16]                     x = d*q + m, q as for Q4_0 without -8
  *   Q5_0  d, u32 qh, u8 qs[16]                fifth bit of value e is bit e of qh; x = d*(q-16)
  *   Q5_1  d, m, u32 qh, u8 qs[16]             x = d*q + m
+ *
+ * K-quants (super-blocks of 256 values, k a multiple of 256) are walked as
+ * eight 32-value groups too: group g of a super-block takes its two
+ * 16-value scales (k_scales), then 32 quants that sit in 32 consecutive
+ * bytes at a bit offset, plus, for q3_K/q5_K/q6_K, high bits from another
+ * 32 bytes (struct kgroup). Value = dl*q - ml with dl = d*sc, ml = dmin*m,
+ * as plugins/quant/kquant.c's to_float computes it. Every product there is
+ * exact in f32 (an f16 mantissa of 11 bits times a 6-bit scale times a
+ * 6-bit quant fits in 24 bits), so the one rounding is the subtraction and
+ * an FMA gives the same bits: dequantization is bit for bit the plugin's.
  */
 #include <math.h>
 #include <string.h>
@@ -41,6 +51,11 @@ bool cpu_format_known(uint32_t type)
 	case LOOM_TYPE_Q4_1:
 	case LOOM_TYPE_Q5_0:
 	case LOOM_TYPE_Q5_1:
+	case LOOM_TYPE_Q2_K:
+	case LOOM_TYPE_Q3_K:
+	case LOOM_TYPE_Q4_K:
+	case LOOM_TYPE_Q5_K:
+	case LOOM_TYPE_Q6_K:
 		return true;
 	default:
 		return false;
@@ -54,6 +69,12 @@ uint32_t cpu_block_elems(uint32_t type)
 	case LOOM_TYPE_F16:
 	case LOOM_TYPE_BF16:
 		return 1;
+	case LOOM_TYPE_Q2_K:
+	case LOOM_TYPE_Q3_K:
+	case LOOM_TYPE_Q4_K:
+	case LOOM_TYPE_Q5_K:
+	case LOOM_TYPE_Q6_K:
+		return 256;
 	default:
 		return 32;
 	}
@@ -70,6 +91,11 @@ uint32_t cpu_block_bytes(uint32_t type)
 	case LOOM_TYPE_Q4_1: return 20;
 	case LOOM_TYPE_Q5_0: return 22;
 	case LOOM_TYPE_Q5_1: return 24;
+	case LOOM_TYPE_Q2_K: return 84;
+	case LOOM_TYPE_Q3_K: return 110;
+	case LOOM_TYPE_Q4_K: return 144;
+	case LOOM_TYPE_Q5_K: return 176;
+	case LOOM_TYPE_Q6_K: return 210;
 	default: return 0;
 	}
 }
@@ -82,6 +108,11 @@ bool cpu_format_has_min(uint32_t type)
 static inline bool format_quant(uint32_t type)
 {
 	return cpu_block_elems(type) == 32;
+}
+
+static inline bool format_k(uint32_t type)
+{
+	return cpu_block_elems(type) == 256;
 }
 
 void cpu_xsum_fill(const struct cpu_gemv *g, float *xs)
@@ -104,7 +135,7 @@ void cpu_xsum_fill(const struct cpu_gemv *g, float *xs)
 	}
 }
 
-/* Bytes of one 32-value group (a block, or 32 plain values). */
+/* Bytes of one 32-value group (a block, or 32 plain values; not K-quants). */
 static inline size_t group_bytes(uint32_t type)
 {
 	return cpu_block_elems(type) == 1 ? 32 * (size_t)cpu_block_bytes(type)
@@ -259,6 +290,161 @@ static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 	}
 }
 
+/* ---- K-quants: group g (values 32g .. 32g+31) of super-block b ---- */
+
+/* Byte offsets of the f16 d and dmin in a super-block (dmin: -1 if none). */
+static inline int k_d_off(uint32_t t)
+{
+	switch (t) {
+	case LOOM_TYPE_Q2_K: return 80;
+	case LOOM_TYPE_Q3_K: return 108;
+	case LOOM_TYPE_Q6_K: return 208;
+	default: return 0; /* Q4_K, Q5_K */
+	}
+}
+
+static inline bool k_has_min(uint32_t t)
+{
+	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K;
+}
+
+static inline float k_dmin_scalar(uint32_t t, const uint8_t *b)
+{
+	return k_has_min(t) ? cpu_fp16_to_f32(rd16(b + k_d_off(t) + 2)) : 0.0f;
+}
+
+/* q3_K's 6-bit scale i (biased by 32): low nibble in byte i % 8 (high half
+ * if i >= 8), top 2 bits in byte 8 + i % 4 at bit 2 * (i / 4). */
+static inline int k3_scale(const uint8_t *s, int i)
+{
+	int lo = (s[i % 8] >> (4 * (i / 8))) & 15;
+	int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+
+	return (lo | hi << 4) - 32;
+}
+
+/* q4_K/q5_K's 6-bit scale and min of group g from their 12 bytes. */
+static inline void k4_scale_min(const uint8_t *s, int g, int *sc, int *m)
+{
+	if (g < 4) {
+		*sc = s[g] & 63;
+		*m = s[g + 4] & 63;
+	} else {
+		*sc = (s[g + 4] & 15) | (s[g - 4] >> 6) << 4;
+		*m = (s[g + 4] >> 4) | (s[g] >> 6) << 4;
+	}
+}
+
+/*
+ * Values 32g+16h .. +15 (h = 0, 1) are dl[h] * q - ml[h], given the
+ * super-block's d and dmin (converted by the caller's instruction set;
+ * dmin 0 for formats without one).
+ */
+static inline void k_scales(uint32_t t, const uint8_t *b, int g, float d, float dmin,
+			    float dl[2], float ml[2])
+{
+	int sc, m;
+
+	for (int h = 0; h < 2; h++) {
+		int i = 2 * g + h;
+
+		switch (t) {
+		case LOOM_TYPE_Q2_K:
+			dl[h] = d * (float)(b[i] & 15);
+			ml[h] = dmin * (float)(b[i] >> 4);
+			break;
+		case LOOM_TYPE_Q3_K:
+			dl[h] = d * (float)k3_scale(b + 96, i);
+			ml[h] = 0.0f;
+			break;
+		case LOOM_TYPE_Q6_K:
+			dl[h] = d * (float)(int8_t)b[192 + i];
+			ml[h] = 0.0f;
+			break;
+		default: /* Q4_K, Q5_K: one scale and min for the 32 values */
+			k4_scale_min(b + 4, g, &sc, &m);
+			dl[h] = d * (float)sc;
+			ml[h] = dmin * (float)m;
+			break;
+		}
+	}
+}
+
+/* The 16 scales of a super-block, decoded once for its 8 groups. */
+struct ksb {
+	float dl[16], ml[16];
+};
+
+static inline void k_sb_scales(uint32_t t, const uint8_t *b, float d, float dmin,
+			       struct ksb *sb)
+{
+	for (int g = 0; g < 8; g++)
+		k_scales(t, b, g, d, dmin, sb->dl + 2 * g, sb->ml + 2 * g);
+}
+
+/*
+ * Where the quants of group g live: q[i] = (lo[i] >> lo_shift & lo_mask |
+ * (hi[i] >> hi_shift & hi_mask) << hi_pos) + bias for i < 32, no hi when
+ * hi_mask is 0. (q3_K's set high bit means "no -4": bias -4, hi_pos 2.)
+ */
+struct kgroup {
+	const uint8_t *lo, *hi;
+	int lo_shift, lo_mask, hi_shift, hi_mask, hi_pos, bias;
+};
+
+static inline struct kgroup k_group(uint32_t t, const uint8_t *b, int g)
+{
+	switch (t) {
+	case LOOM_TYPE_Q2_K:
+		return (struct kgroup){ .lo = b + 16 + 32 * (g / 4), .lo_shift = 2 * (g % 4),
+					.lo_mask = 3, .hi = b };
+	case LOOM_TYPE_Q3_K:
+		return (struct kgroup){ .lo = b + 32 + 32 * (g / 4), .lo_shift = 2 * (g % 4),
+					.lo_mask = 3, .hi = b, .hi_shift = g, .hi_mask = 1,
+					.hi_pos = 2, .bias = -4 };
+	case LOOM_TYPE_Q4_K:
+		return (struct kgroup){ .lo = b + 16 + 32 * (g / 2), .lo_shift = 4 * (g % 2),
+					.lo_mask = 15, .hi = b };
+	case LOOM_TYPE_Q5_K:
+		return (struct kgroup){ .lo = b + 48 + 32 * (g / 2), .lo_shift = 4 * (g % 2),
+					.lo_mask = 15, .hi = b + 16, .hi_shift = g, .hi_mask = 1,
+					.hi_pos = 4 };
+	default: /* Q6_K: low nibbles in ql[128], top 2 bits in qh[64] */
+		return (struct kgroup){ .lo = b + 64 * (g / 4) + 32 * (g % 2),
+					.lo_shift = 4 * (g / 2 % 2), .lo_mask = 15,
+					.hi = b + 128 + 32 * (g / 4), .hi_shift = 2 * (g % 4),
+					.hi_mask = 3, .hi_pos = 4, .bias = -32 };
+	}
+}
+
+static inline int k_quant(const struct kgroup *q, int i)
+{
+	int v = (q->lo[i] >> q->lo_shift) & q->lo_mask;
+
+	v |= ((q->hi[i] >> q->hi_shift) & q->hi_mask) << q->hi_pos;
+	return v + q->bias;
+}
+
+/* 32 values of group g of super-block b, as to_float computes them. */
+static void scalar_kdeq(uint32_t t, const uint8_t *b, int g, float *out)
+{
+	struct kgroup q = k_group(t, b, g);
+	float dl[2], ml[2];
+
+	k_scales(t, b, g, cpu_fp16_to_f32(rd16(b + k_d_off(t))), k_dmin_scalar(t, b), dl, ml);
+	for (int i = 0; i < 32; i++)
+		out[i] = dl[i / 16] * (float)k_quant(&q, i) - ml[i / 16];
+}
+
+/* 32-value group gi of a row, any format. */
+static void scalar_group(uint32_t t, const uint8_t *row, int64_t gi, float *out)
+{
+	if (format_k(t))
+		scalar_kdeq(t, row + (size_t)(gi / 8) * cpu_block_bytes(t), (int)(gi % 8), out);
+	else
+		scalar_deq(t, row + gi * group_bytes(t), out);
+}
+
 static float tail_dot(uint32_t t, const uint8_t *row, const float *x, int64_t from,
 		      int64_t k)
 {
@@ -272,7 +458,6 @@ static float tail_dot(uint32_t t, const uint8_t *row, const float *x, int64_t fr
 static void scalar_gemv(const struct cpu_gemv *g, int64_t j0, int64_t j1)
 {
 	const int64_t nb = g->k / 32;
-	const size_t gb = group_bytes(g->type);
 	float w[32];
 
 	for (int64_t j = j0; j < j1; j++) {
@@ -283,7 +468,7 @@ static void scalar_gemv(const struct cpu_gemv *g, int64_t j0, int64_t j1)
 			float acc[8] = { 0 };
 
 			for (int64_t b = 0; b < nb; b++) {
-				scalar_deq(g->type, wr + b * gb, w);
+				scalar_group(g->type, wr, b, w);
 				for (int e = 0; e < 32; e++)
 					acc[e & 7] += w[e] * x[b * 32 + e];
 			}
@@ -299,10 +484,9 @@ static void scalar_gemv(const struct cpu_gemv *g, int64_t j0, int64_t j1)
 static void scalar_deq_row(uint32_t t, const uint8_t *src, float *dst, int64_t k)
 {
 	const int64_t nb = k / 32;
-	const size_t gb = group_bytes(t);
 
 	for (int64_t b = 0; b < nb; b++)
-		scalar_deq(t, src + b * gb, dst + b * 32);
+		scalar_group(t, src, b, dst + b * 32);
 	for (int64_t e = nb * 32; e < k; e++)
 		dst[e] = plain_get(t, src, e);
 }
@@ -441,6 +625,72 @@ TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
 	}
 }
 
+/* 32 bit fields (mask at shift) of 32 consecutive bytes, one per byte. */
+TGT_AVX2 ALWAYS __m256i avx2_kbits(const uint8_t *p, int shift, int mask)
+{
+	__m256i v = _mm256_loadu_si256((const __m256i *)p);
+
+	v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
+	return _mm256_and_si256(v, _mm256_set1_epi8((char)mask));
+}
+
+/* The 32 quants of a K group as signed bytes. */
+TGT_AVX2 ALWAYS __m256i avx2_kquants(const struct kgroup *q)
+{
+	__m256i v = avx2_kbits(q->lo, q->lo_shift, q->lo_mask);
+
+	if (q->hi_mask) {
+		__m256i h = avx2_kbits(q->hi, q->hi_shift, q->hi_mask);
+
+		v = _mm256_or_si256(v, _mm256_sll_epi16(h, _mm_cvtsi32_si128(q->hi_pos)));
+	}
+	if (q->bias)
+		v = _mm256_add_epi8(v, _mm256_set1_epi8((char)q->bias));
+	return v;
+}
+
+/* Group g of K super-block b into w (x order), dl and ml its two scales. */
+TGT_AVX2 ALWAYS void avx2_kdeq(const uint32_t t, const uint8_t *b, int g, const float *dl,
+			       const float *ml, __m256 w[4])
+{
+	struct kgroup q = k_group(t, b, g);
+	__m256i v = avx2_kquants(&q);
+	__m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+	__m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+
+	for (int s = 0; s < 4; s++) {
+		__m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[s]));
+		__m256 d = _mm256_set1_ps(dl[s / 2]), m = _mm256_set1_ps(ml[s / 2]);
+
+		w[s] = k_has_min(t) ? _mm256_fmsub_ps(f, d, m) : _mm256_mul_ps(f, d);
+	}
+}
+
+/* The scales of K super-block b into sb. */
+TGT_AVX2 ALWAYS void avx2_ksb(const uint32_t t, const uint8_t *b, struct ksb *sb)
+{
+	float dmin = k_has_min(t) ? avx2_h(b + k_d_off(t) + 2) : 0.0f;
+
+	k_sb_scales(t, b, avx2_h(b + k_d_off(t)), dmin, sb);
+}
+
+/* 32-value group gi of a row, any format. Groups come in order from 0:
+ * a K super-block's scales are decoded into sb at its first group. */
+TGT_AVX2 ALWAYS void avx2_group(const uint32_t t, const uint8_t *row, int64_t gi,
+				struct ksb *sb, __m256 w[4])
+{
+	const uint8_t *p = row + (size_t)(gi / 8) * cpu_block_bytes(t);
+	int g = (int)(gi % 8);
+
+	if (!format_k(t)) {
+		avx2_deq(t, row + gi * group_bytes(t), w);
+		return;
+	}
+	if (g == 0)
+		avx2_ksb(t, p, sb);
+	avx2_kdeq(t, p, g, sb->dl + 2 * g, sb->ml + 2 * g, w);
+}
+
 TGT_AVX2 ALWAYS float avx2_hsum(__m256 v)
 {
 	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -457,9 +707,9 @@ TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const
 			       const int A, const uint8_t *wr, int64_t i, int64_t j)
 {
 	const int64_t nb = g->k / 32;
-	const size_t gb = group_bytes(t);
 	const float *x = g->x + i * g->x_stride;
 	__m256 acc[4][4];
+	struct ksb sb;
 
 	for (int r = 0; r < R; r++)
 		for (int a = 0; a < A; a++)
@@ -467,7 +717,7 @@ TGT_AVX2 ALWAYS void avx2_rows(const struct cpu_gemv *g, const uint32_t t, const
 	for (int64_t b = 0; b < nb; b++) {
 		__m256 w[4];
 
-		avx2_deq(t, wr + b * gb, w);
+		avx2_group(t, wr, b, &sb, w);
 		for (int r = 0; r < R; r++) {
 			const float *xp = x + r * g->x_stride + b * 32;
 
@@ -667,12 +917,12 @@ TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64
 TGT_AVX2 static void avx2_deq_row(const uint32_t t, const uint8_t *src, float *dst, int64_t k)
 {
 	const int64_t nb = k / 32;
-	const size_t gb = group_bytes(t);
+	struct ksb sb;
 
 	for (int64_t b = 0; b < nb; b++) {
 		__m256 w[4];
 
-		avx2_deq(t, src + b * gb, w);
+		avx2_group(t, src, b, &sb, w);
 		for (int s = 0; s < 4; s++)
 			_mm256_storeu_ps(dst + b * 32 + 8 * s, w[s]);
 	}
@@ -723,6 +973,11 @@ AVX2_GEMV(q4_0, LOOM_TYPE_Q4_0)
 AVX2_GEMV(q4_1, LOOM_TYPE_Q4_1)
 AVX2_GEMV(q5_0, LOOM_TYPE_Q5_0)
 AVX2_GEMV(q5_1, LOOM_TYPE_Q5_1)
+AVX2_GEMV(q2_K, LOOM_TYPE_Q2_K)
+AVX2_GEMV(q3_K, LOOM_TYPE_Q3_K)
+AVX2_GEMV(q4_K, LOOM_TYPE_Q4_K)
+AVX2_GEMV(q5_K, LOOM_TYPE_Q5_K)
+AVX2_GEMV(q6_K, LOOM_TYPE_Q6_K)
 
 /* ------------------------------------------------------------------ */
 /* AVX-512 (F, BW, VL)                                                 */
@@ -815,14 +1070,46 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 	}
 }
 
+/* As avx2_kdeq: values 0-15 and 16-31 of group g. */
+TGT_AVX512 ALWAYS void avx512_kdeq(const uint32_t t, const uint8_t *b, int g, const float *dl,
+				   const float *ml, __m512 w[2])
+{
+	struct kgroup q = k_group(t, b, g);
+	__m256i v = avx2_kquants(&q);
+	__m128i parts[2] = { _mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1) };
+
+	for (int s = 0; s < 2; s++) {
+		__m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(parts[s]));
+		__m512 d = _mm512_set1_ps(dl[s]), m = _mm512_set1_ps(ml[s]);
+
+		w[s] = k_has_min(t) ? _mm512_fmsub_ps(f, d, m) : _mm512_mul_ps(f, d);
+	}
+}
+
+/* As avx2_group. */
+TGT_AVX512 ALWAYS void avx512_group(const uint32_t t, const uint8_t *row, int64_t gi,
+				    struct ksb *sb, __m512 w[2])
+{
+	const uint8_t *p = row + (size_t)(gi / 8) * cpu_block_bytes(t);
+	int g = (int)(gi % 8);
+
+	if (!format_k(t)) {
+		avx512_deq(t, row + gi * group_bytes(t), w);
+		return;
+	}
+	if (g == 0)
+		avx2_ksb(t, p, sb);
+	avx512_kdeq(t, p, g, sb->dl + 2 * g, sb->ml + 2 * g, w);
+}
+
 /* One block for R rows; `phase` alternates accumulators when A == 4. */
 TGT_AVX512 ALWAYS void avx512_block(const struct cpu_gemv *g, const uint32_t t, const int R,
 				    const int A, const uint8_t *wr, const float *x, int64_t b,
-				    const int phase, __m512 acc[4][4])
+				    const int phase, struct ksb *sb, __m512 acc[4][4])
 {
 	__m512 w[2];
 
-	avx512_deq(t, wr + b * group_bytes(t), w);
+	avx512_group(t, wr, b, sb, w);
 	for (int r = 0; r < R; r++) {
 		const float *xp = x + r * g->x_stride + b * 32;
 
@@ -841,17 +1128,18 @@ TGT_AVX512 ALWAYS void avx512_rows(const struct cpu_gemv *g, const uint32_t t, c
 	const int64_t nb = g->k / 32;
 	const float *x = g->x + i * g->x_stride;
 	__m512 acc[4][4];
+	struct ksb sb;
 	int64_t b = 0;
 
 	for (int r = 0; r < R; r++)
 		for (int a = 0; a < A; a++)
 			acc[r][a] = _mm512_setzero_ps();
 	for (; b + 2 <= nb; b += 2) {
-		avx512_block(g, t, R, A, wr, x, b, 0, acc);
-		avx512_block(g, t, R, A, wr, x, b + 1, 1, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, &sb, acc);
+		avx512_block(g, t, R, A, wr, x, b + 1, 1, &sb, acc);
 	}
 	if (b < nb)
-		avx512_block(g, t, R, A, wr, x, b, 0, acc);
+		avx512_block(g, t, R, A, wr, x, b, 0, &sb, acc);
 	for (int r = 0; r < R; r++) {
 		__m512 v = _mm512_add_ps(acc[r][0], acc[r][1]);
 
@@ -1016,12 +1304,12 @@ TGT_AVX512 static void avx512_deq_row(const uint32_t t, const uint8_t *src, floa
 				      int64_t k)
 {
 	const int64_t nb = k / 32;
-	const size_t gb = group_bytes(t);
+	struct ksb sb;
 
 	for (int64_t b = 0; b < nb; b++) {
 		__m512 w[2];
 
-		avx512_deq(t, src + b * gb, w);
+		avx512_group(t, src, b, &sb, w);
 		_mm512_storeu_ps(dst + b * 32, w[0]);
 		_mm512_storeu_ps(dst + b * 32 + 16, w[1]);
 	}
@@ -1043,6 +1331,11 @@ AVX512_GEMV(q4_0, LOOM_TYPE_Q4_0)
 AVX512_GEMV(q4_1, LOOM_TYPE_Q4_1)
 AVX512_GEMV(q5_0, LOOM_TYPE_Q5_0)
 AVX512_GEMV(q5_1, LOOM_TYPE_Q5_1)
+AVX512_GEMV(q2_K, LOOM_TYPE_Q2_K)
+AVX512_GEMV(q3_K, LOOM_TYPE_Q3_K)
+AVX512_GEMV(q4_K, LOOM_TYPE_Q4_K)
+AVX512_GEMV(q5_K, LOOM_TYPE_Q5_K)
+AVX512_GEMV(q6_K, LOOM_TYPE_Q6_K)
 
 #define DISPATCH_GEMV(prefix, g, j0, j1)                                       \
 	switch ((g)->type) {                                                   \
@@ -1054,6 +1347,11 @@ AVX512_GEMV(q5_1, LOOM_TYPE_Q5_1)
 	case LOOM_TYPE_Q4_1: prefix##_q4_1(g, j0, j1); return;                 \
 	case LOOM_TYPE_Q5_0: prefix##_q5_0(g, j0, j1); return;                 \
 	case LOOM_TYPE_Q5_1: prefix##_q5_1(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q2_K: prefix##_q2_K(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q3_K: prefix##_q3_K(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q4_K: prefix##_q4_K(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q5_K: prefix##_q5_K(g, j0, j1); return;                 \
+	case LOOM_TYPE_Q6_K: prefix##_q6_K(g, j0, j1); return;                 \
 	}
 #endif /* __x86_64__ */
 
@@ -1083,6 +1381,11 @@ void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *ds
 	case LOOM_TYPE_Q4_1: fn(LOOM_TYPE_Q4_1, src, dst, k); return;      \
 	case LOOM_TYPE_Q5_0: fn(LOOM_TYPE_Q5_0, src, dst, k); return;      \
 	case LOOM_TYPE_Q5_1: fn(LOOM_TYPE_Q5_1, src, dst, k); return;      \
+	case LOOM_TYPE_Q2_K: fn(LOOM_TYPE_Q2_K, src, dst, k); return;      \
+	case LOOM_TYPE_Q3_K: fn(LOOM_TYPE_Q3_K, src, dst, k); return;      \
+	case LOOM_TYPE_Q4_K: fn(LOOM_TYPE_Q4_K, src, dst, k); return;      \
+	case LOOM_TYPE_Q5_K: fn(LOOM_TYPE_Q5_K, src, dst, k); return;      \
+	case LOOM_TYPE_Q6_K: fn(LOOM_TYPE_Q6_K, src, dst, k); return;      \
 	}
 	if (isa == CPU_ISA_AVX512) {
 		DEQ_CASES(avx512_deq_row);

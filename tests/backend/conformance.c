@@ -17,7 +17,8 @@
  *   gemm f32 / f16 / bf16      1e-6 / 1e-5 / 1e-4
  *                                             a backend may round activations to
  *                                             the weight's type and reorder sums
- *   gemm q8_0, q4_*, q5_*      5e-4           a backend may quantize activations
+ *   gemm q8_0, q4_*, q5_*,     5e-4           a backend may quantize activations
+ *   q2_K .. q6_K
  *                                             to 8 bits (as GGML's q8 dot does)
  */
 #include "tb.h"
@@ -32,6 +33,7 @@
 static const uint32_t weight_types[] = {
 	LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
 	LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+	LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
 };
 #define N_WEIGHT_TYPES (sizeof(weight_types) / sizeof(weight_types[0]))
 
@@ -152,17 +154,20 @@ static void test_gemm_type(struct dev *ref, struct dev *d, uint32_t type)
 	static const int64_t ns[] = { 1, 3, 16, 33, 100 };
 	static const int64_t plain_ks[] = { 1, 7, 32, 33, 96, 288 };
 	static const int64_t block_ks[] = { 32, 64, 96, 288 };
+	static const int64_t superblock_ks[] = { 256, 512, 768 };
 	uint32_t be, bb;
 	const int64_t *ks;
 	size_t n_ks;
+	int64_t pad_k;
 
 	if (!geometry(type, &be, &bb)) {
 		printf("  skip gemm/embed %s: no quantization plugin registers it\n",
 		       tb_type_name(type));
 		return;
 	}
-	ks = be == 1 ? plain_ks : block_ks;
-	n_ks = be == 1 ? 6 : 4;
+	ks = be == 1 ? plain_ks : be == 32 ? block_ks : superblock_ks;
+	n_ks = be == 1 ? 6 : be == 32 ? 4 : 3;
+	pad_k = be > 96 ? be : 96;
 	for (size_t mi = 0; mi < 5; mi++) {
 		for (size_t ni = 0; ni < 5; ni++) {
 			for (size_t ki = 0; ki < n_ks; ki++) {
@@ -179,9 +184,9 @@ static void test_gemm_type(struct dev *ref, struct dev *d, uint32_t type)
 		/* Padded strides: x and y rows inside wider arrays, weight
 		 * rows two blocks apart more than needed. */
 		struct gemm_case c = {
-			.type = type, .m = ms[mi], .n = 33, .k = 96,
-			.x_stride = 96 + 5, .y_stride = 33 + 3,
-			.w_stride = (size_t)(96 / be + 2) * bb,
+			.type = type, .m = ms[mi], .n = 33, .k = pad_k,
+			.x_stride = pad_k + 5, .y_stride = 33 + 3,
+			.w_stride = (size_t)(pad_k / be + 2) * bb,
 		};
 		gemm_case(ref, d, &c);
 	}
@@ -218,7 +223,7 @@ static int embed_on(struct dev *d, uint32_t type, const void *table, size_t row_
 static void test_embed_type(struct dev *ref, struct dev *d, uint32_t type)
 {
 	static const int32_t ids[] = { 0, 39, 5, 5, 17, 22, 1 };
-	static const int64_t dims[] = { 32, 288, 7 };
+	static const int64_t dims[] = { 32, 288, 7 }, k_dims[] = { 256, 768 };
 	const int64_t n_rows = 40, n_ids = 7;
 	const char *fmt = tb_type_name(type);
 	bool sup = d->ops->supports(d->ctx, LOOM_OP_EMBED, type);
@@ -228,7 +233,7 @@ static void test_embed_type(struct dev *ref, struct dev *d, uint32_t type)
 		return;
 	for (int di = 0; di < (be == 1 ? 3 : 2); di++) {
 		for (int pad = 0; pad < 2; pad++) {
-			int64_t dim = dims[di];
+			int64_t dim = be == 256 ? k_dims[di] : dims[di];
 			size_t row_bytes = (size_t)(dim / be + pad) * bb;
 			void *table = make_weights(type, n_rows, dim, row_bytes);
 			float *want = tb_poison(n_ids * dim), *got = tb_poison(n_ids * dim);

@@ -298,6 +298,11 @@ const char *tb_type_name(uint32_t type)
 	case LOOM_TYPE_Q4_1: return "q4_1";
 	case LOOM_TYPE_Q5_0: return "q5_0";
 	case LOOM_TYPE_Q5_1: return "q5_1";
+	case LOOM_TYPE_Q2_K: return "q2_K";
+	case LOOM_TYPE_Q3_K: return "q3_K";
+	case LOOM_TYPE_Q4_K: return "q4_K";
+	case LOOM_TYPE_Q5_K: return "q5_K";
+	case LOOM_TYPE_Q6_K: return "q6_K";
 	default: return "?";
 	}
 }
