@@ -72,6 +72,23 @@ const char *qdot_isa_name(enum qdot_isa isa)
 	return isa < QDOT_N_ISA ? names[isa] : "?";
 }
 
+/* Local twins of kernels.c's geometry, so they fold into the kernels. */
+static inline size_t block_bytes(uint32_t t)
+{
+	switch (t) {
+	case LOOM_TYPE_Q8_0: return 34;
+	case LOOM_TYPE_Q4_0: return 18;
+	case LOOM_TYPE_Q4_1: return 20;
+	case LOOM_TYPE_Q5_0: return 22;
+	default: return 24; /* Q5_1 */
+	}
+}
+
+static inline bool has_min(uint32_t t)
+{
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
+}
+
 /* ---- activation quantization ---- */
 
 void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
@@ -183,7 +200,7 @@ static inline float reduce8(const float a[8])
 /* 8 lanes, one block at a time (QDOT_SCALAR, QDOT_AVX2). */
 ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
 {
-	const size_t bb = cpu_block_bytes(t);
+	const size_t bb = block_bytes(t);
 	float acc[8] = { 0 }, accm = 0.0f, d, m;
 	int8_t q[32];
 	int32_t s[8];
@@ -194,7 +211,7 @@ ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int6
 		d = d * x[b].d;
 		for (int l = 0; l < 8; l++)
 			acc[l] = fmaf((float)s[l], d, acc[l]);
-		if (cpu_format_has_min(t))
+		if (has_min(t))
 			accm = fmaf(m, x[b].s, accm);
 	}
 	return reduce8(acc) + accm;
@@ -207,7 +224,7 @@ ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int6
  */
 ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
 {
-	const size_t bb = cpu_block_bytes(t);
+	const size_t bb = block_bytes(t);
 	float acc[16] = { 0 }, r[8], accm = 0.0f, d, m;
 	int8_t q[32];
 	int32_t s[8];
@@ -220,7 +237,7 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 				unpack(t, w + (b + h) * bb, q, &d, &m);
 				lane_sums(q, x[b + h].q, s);
 				d = d * x[b + h].d;
-				if (cpu_format_has_min(t))
+				if (has_min(t))
 					accm = fmaf(m, x[b + h].s, accm);
 			}
 			for (int l = 0; l < 8; l++)
@@ -240,27 +257,40 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 	return ref8(type, w, x, nb);
 }
 
-/* One function per format, so the block body is specialized for it. */
-#define QDOT_SET(attr, prefix, body)                                                         \
-	static attr float prefix##_q8_0(const uint8_t *w, const struct qdot_block *x,     \
-					int64_t nb)                                       \
-	{ return body(LOOM_TYPE_Q8_0, w, x, nb); }                                        \
-	static attr float prefix##_q4_0(const uint8_t *w, const struct qdot_block *x,     \
-					int64_t nb)                                       \
-	{ return body(LOOM_TYPE_Q4_0, w, x, nb); }                                        \
-	static attr float prefix##_q4_1(const uint8_t *w, const struct qdot_block *x,     \
-					int64_t nb)                                       \
-	{ return body(LOOM_TYPE_Q4_1, w, x, nb); }                                        \
-	static attr float prefix##_q5_0(const uint8_t *w, const struct qdot_block *x,     \
-					int64_t nb)                                       \
-	{ return body(LOOM_TYPE_Q5_0, w, x, nb); }                                        \
-	static attr float prefix##_q5_1(const uint8_t *w, const struct qdot_block *x,     \
-					int64_t nb)                                       \
-	{ return body(LOOM_TYPE_Q5_1, w, x, nb); }                                        \
+/*
+ * One function per format, so the block body is specialized for it. The
+ * body takes R weight rows w_stride apart at once (R = 4, then 1 for the
+ * rest): independent accumulators that overlap their latencies; each row's
+ * arithmetic is the same whatever R is.
+ */
+#define QDOT_ONE(attr, prefix, name, T, body)                                             \
+	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
+					 const struct qdot_block *x, int64_t nb, float *y, \
+					 int rows)                                         \
+	{                                                                                  \
+		int r = 0;                                                                 \
+		for (; r + 4 <= rows; r += 4)                                              \
+			body(T, w + r * ws, ws, x, nb, y + r, 4);                           \
+		for (; r < rows; r++)                                                      \
+			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
+	}
+#define QDOT_SET(attr, prefix, body)                                                       \
+	QDOT_ONE(attr, prefix, q8_0, LOOM_TYPE_Q8_0, body)                                 \
+	QDOT_ONE(attr, prefix, q4_0, LOOM_TYPE_Q4_0, body)                                 \
+	QDOT_ONE(attr, prefix, q4_1, LOOM_TYPE_Q4_1, body)                                 \
+	QDOT_ONE(attr, prefix, q5_0, LOOM_TYPE_Q5_0, body)                                 \
+	QDOT_ONE(attr, prefix, q5_1, LOOM_TYPE_Q5_1, body)                                 \
 	static const qdot_fn prefix##_set[] = { prefix##_q8_0, prefix##_q4_0, prefix##_q4_1, \
 						prefix##_q5_0, prefix##_q5_1 }
 
-QDOT_SET(, scalar, ref8);
+ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
+			int64_t nb, float *y, int R)
+{
+	for (int r = 0; r < R; r++)
+		y[r] = ref8(t, w + r * ws, x, nb);
+}
+
+QDOT_SET(, scalar, scalar_rows);
 
 #if defined(__x86_64__)
 
@@ -343,27 +373,34 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
 	return _mm_cvtss_f32(v);
 }
 
-TGT_AVX2 ALWAYS float avx2_dot(uint32_t t, const uint8_t *w, const struct qdot_block *x,
-			       int64_t nb)
+TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
+			       const struct qdot_block *x, int64_t nb, float *y, int R)
 {
-	const size_t bb = cpu_block_bytes(t);
+	const size_t bb = block_bytes(t);
 	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc = _mm256_setzero_ps();
-	float accm = 0.0f, d, m;
+	__m256 acc[4];
+	float accm[4], d, m;
 
-	for (int64_t b = 0; b < nb; b++) {
-		__m256i u, s, l;
-
-		avx2_operands(t, w + b * bb, x + b, &u, &s, &d, &m);
-		l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc);
-		if (cpu_format_has_min(t))
-			accm = fmaf(m, x[b].s, accm);
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm256_setzero_ps();
+		accm[r] = 0.0f;
 	}
-	return avx2_hsum(acc) + accm;
+	for (int64_t b = 0; b < nb; b++) {
+		for (int r = 0; r < R; r++) {
+			__m256i u, s, l;
+
+			avx2_operands(t, w + r * ws + b * bb, x + b, &u, &s, &d, &m);
+			l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc[r]);
+			if (has_min(t))
+				accm[r] = fmaf(m, x[b].s, accm[r]);
+		}
+	}
+	for (int r = 0; r < R; r++)
+		y[r] = avx2_hsum(acc[r]) + accm[r];
 }
 
-QDOT_SET(TGT_AVX2, avx2, avx2_dot);
+QDOT_SET(TGT_AVX2, avx2, avx2_rows);
 
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
 
@@ -383,16 +420,16 @@ TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qd
 				   int64_t b, int64_t nb, __m512i *u, __m512i *s, __m512 *d,
 				   float *accm)
 {
-	const size_t bb = cpu_block_bytes(t);
+	const size_t bb = block_bytes(t);
 	__m256i u0, s0, u1 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 	float d0, d1 = 0.0f, m0, m1;
 
 	avx2_operands(t, w + b * bb, x + b, &u0, &s0, &d0, &m0);
-	if (cpu_format_has_min(t))
+	if (has_min(t))
 		*accm = fmaf(m0, x[b].s, *accm);
 	if (b + 1 < nb) {
 		avx2_operands(t, w + (b + 1) * bb, x + b + 1, &u1, &s1, &d1, &m1);
-		if (cpu_format_has_min(t))
+		if (has_min(t))
 			*accm = fmaf(m1, x[b + 1].s, *accm);
 	}
 	*u = join_i(u0, u1);
@@ -409,41 +446,45 @@ TGT_AVX512 ALWAYS float avx512_hsum(__m512 a)
 	return avx2_hsum(_mm256_add_ps(lo, hi));
 }
 
-/* Without VNNI: maddubs + madd, as AVX2 does, 64 bytes at a time. */
-TGT_AVX512 ALWAYS float avx512_dot(uint32_t t, const uint8_t *w, const struct qdot_block *x,
-				   int64_t nb)
+/* Byte products summed per int32 lane: without VNNI maddubs + madd, as
+ * AVX2 does; with it, one vpdpbusd. */
+TGT_AVX512 ALWAYS __m512i bw_lanes(__m512i u, __m512i s)
 {
-	const __m512i ones = _mm512_set1_epi16(1);
-	__m512 acc = _mm512_setzero_ps(), d;
-	float accm = 0.0f;
-	__m512i u, s, l;
-
-	for (int64_t b = 0; b < nb; b += 2) {
-		avx512_pair(t, w, x, b, nb, &u, &s, &d, &accm);
-		l = _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), ones);
-		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, acc);
-	}
-	return avx512_hsum(acc) + accm;
+	return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
 }
 
-/* VNNI: vpdpbusd sums each lane's four byte products in one instruction. */
-TGT_VNNI ALWAYS float vnni_dot(uint32_t t, const uint8_t *w, const struct qdot_block *x,
-			       int64_t nb)
+TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 {
-	__m512 acc = _mm512_setzero_ps(), d;
-	float accm = 0.0f;
-	__m512i u, s, l;
-
-	for (int64_t b = 0; b < nb; b += 2) {
-		avx512_pair(t, w, x, b, nb, &u, &s, &d, &accm);
-		l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, acc);
-	}
-	return avx512_hsum(acc) + accm;
+	return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
 }
 
-QDOT_SET(TGT_AVX512, avx512, avx512_dot);
-QDOT_SET(TGT_VNNI, vnni, vnni_dot);
+#define AVX512_ROWS(attr, name, LANES)                                                   \
+	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                    \
+			      const struct qdot_block *x, int64_t nb, float *y, int R)      \
+	{                                                                                  \
+		__m512 acc[4], d;                                                          \
+		float accm[4];                                                             \
+		__m512i u, s;                                                              \
+                                                                                           \
+		for (int r = 0; r < R; r++) {                                              \
+			acc[r] = _mm512_setzero_ps();                                      \
+			accm[r] = 0.0f;                                                    \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b += 2)                                        \
+			for (int r = 0; r < R; r++) {                                      \
+				avx512_pair(t, w + r * ws, x, b, nb, &u, &s, &d, &accm[r]); \
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(LANES(u, s)), d, \
+							 acc[r]);                          \
+			}                                                                  \
+		for (int r = 0; r < R; r++)                                                \
+			y[r] = avx512_hsum(acc[r]) + accm[r];                              \
+	}
+
+AVX512_ROWS(TGT_AVX512, avx512_rows, bw_lanes)
+AVX512_ROWS(TGT_VNNI, vnni_rows, vnni_lanes)
+
+QDOT_SET(TGT_AVX512, avx512, avx512_rows);
+QDOT_SET(TGT_VNNI, vnni, vnni_rows);
 
 #endif /* __x86_64__ */
 

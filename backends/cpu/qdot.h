@@ -38,8 +38,10 @@ struct qdot_block {
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
 
-/* sum over the row of w . x, nb blocks */
-typedef float (*qdot_fn)(const uint8_t *w, const struct qdot_block *x, int64_t nb);
+/* y[r] = w_r . x for `rows` weight rows w_r = w + r * w_stride, nb blocks
+ * each; y[r] is the same whatever `rows` is. */
+typedef void (*qdot_fn)(const uint8_t *w, size_t w_stride, const struct qdot_block *x,
+			int64_t nb, float *y, int rows);
 
 /* Formats with an integer kernel. */
 bool qdot_format(uint32_t type);
