@@ -68,7 +68,24 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->scratch);
 	free(ctx->scratch_cap);
 	free(ctx->xsum);
+	free(ctx->qx);
 	free(ctx);
+}
+
+/* The integer dot set that goes with kernel set isa: VNNI where the CPU
+ * has it, unless LOOM_CPU_ISA asked for plain avx512. */
+static enum qdot_isa pick_qdot_isa(enum cpu_isa isa, const char *want)
+{
+	switch (isa) {
+	case CPU_ISA_AVX512:
+		if ((!want || strcmp(want, "avx512")) && qdot_isa_supported(QDOT_VNNI))
+			return QDOT_VNNI;
+		return QDOT_AVX512;
+	case CPU_ISA_AVX2:
+		return QDOT_AVX2;
+	default:
+		return QDOT_SCALAR;
+	}
 }
 
 static int cpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
@@ -99,12 +116,14 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		return LOOM_ERR_NOMEM;
 	ctx->host = host;
 	ctx->isa = cpu_detect_isa();
-	/* LOOM_CPU_ISA=scalar|avx2 selects a lesser kernel set (for tests) */
+	/* LOOM_CPU_ISA=scalar|avx2|avx512 selects a lesser kernel set (for
+	 * tests); avx512 is AVX-512 without VNNI for the integer dots */
 	const char *want = getenv("LOOM_CPU_ISA");
 	if (want && !strcmp(want, "scalar"))
 		ctx->isa = CPU_ISA_SCALAR;
 	else if (want && !strcmp(want, "avx2") && ctx->isa == CPU_ISA_AVX512)
 		ctx->isa = CPU_ISA_AVX2;
+	ctx->qisa = pick_qdot_isa(ctx->isa, want);
 	ctx->n_threads = (int)n;
 	if (cfg && cfg->struct_size >= sizeof(*cfg)) {
 		ctx->invariant = (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT) != 0;
@@ -128,9 +147,10 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	/* each pool thread calls sgemm on its own panel; OpenBLAS must not
 	 * start threads of its own on top */
 	openblas_set_num_threads(1);
-	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels%s%s", ctx->n_threads,
+	cpu_log(ctx, LOOM_LOG_INFO, "cpu: %d threads, %s kernels%s%s%s", ctx->n_threads,
 		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "",
-		ctx->exact ? ", exact" : "");
+		ctx->exact ? ", exact" : ", integer dots ",
+		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	*out = ctx;
 	return LOOM_OK;
 

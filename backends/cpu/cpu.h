@@ -13,6 +13,7 @@
 
 #include "loom/backend.h"
 #include "loom/backend_check.h"
+#include "qdot.h"
 
 /* ---- thread pool (pool.c) ---- */
 
@@ -122,6 +123,11 @@ struct loom_backend_ctx {
 	bool invariant;
 	/* LOOM_BACKEND_EXACT (or LOOM_CPU_EXACT=1): f32 activations only */
 	bool exact;
+	/* fast mode: integer dot kernels and the activation rows quantized
+	 * for them (gemm.c) */
+	enum qdot_isa qisa;
+	struct qdot_block *qx;
+	size_t qx_cap; /* blocks */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

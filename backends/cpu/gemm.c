@@ -10,6 +10,13 @@
  * single-threaded OpenBLAS sgemm (OpenBLAS's own threads are switched off in
  * create(), so nothing oversubscribes the pool).
  *
+ * Fast mode (the default; not LOOM_BACKEND_EXACT) runs the GEMV path of
+ * the formats qdot.c knows as integer dot products: each activation row is
+ * quantized once to 8-bit blocks (by one function, whichever thread runs
+ * it), then each thread streams its weight rows against the quantized rows.
+ * A row's result depends only on that row and the weights, so batch
+ * invariance and thread-count independence hold as they do in exact mode.
+ *
  * Batch invariant contexts (LOOM_BACKEND_BATCH_INVARIANT) never use BLAS:
  * every m goes through the GEMV kernels, whose arithmetic for y[i][j] is the
  * same whatever m is and wherever row i sits, and whichever thread or chunk
@@ -30,6 +37,9 @@ struct gemm_task {
 	struct cpu_gemv g;
 	int64_t n;
 	int64_t chunk; /* weight rows per pool chunk (a panel on the BLAS path) */
+	/* fast mode: m rows of k / 32 quantized blocks, and the kernel */
+	const struct qdot_block *qx;
+	qdot_fn dot;
 };
 
 /* Rows [*j0, *j1) of chunk c. */
@@ -207,6 +217,71 @@ static int xsum_prepare(struct loom_backend_ctx *ctx, struct cpu_gemv *g)
 	return LOOM_OK;
 }
 
+/* ---- fast mode: integer dot products ---- */
+
+/* Chunk c is activation row c. */
+static void quant_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	int64_t nb = t->g.k / 32;
+
+	(void)ith;
+	qdot_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qx + c * nb, t->g.k);
+}
+
+static void qdot_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	int64_t j0, j1, nb = g->k / 32;
+
+	(void)ith;
+	chunk_rows(t, c, &j0, &j1);
+	/* 8 weight rows at a time stay in L1 while each x row passes */
+	for (int64_t j = j0; j < j1; j += 8) {
+		const uint8_t *w = g->w + (size_t)j * g->w_stride;
+		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
+
+		for (int64_t i = 0; i < g->m; i++)
+			t->dot(w, g->w_stride, t->qx + i * nb, nb, g->y + i * g->y_stride + j,
+			       rows);
+	}
+}
+
+static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
+{
+	struct qdot_block *p;
+
+	if ((uint64_t)m > SIZE_MAX / sizeof(*p) / (uint64_t)nb)
+		return LOOM_ERR_NOMEM;
+	if (ctx->qx_cap >= (size_t)(m * nb))
+		return LOOM_OK;
+	p = malloc((size_t)(m * nb) * sizeof(*p));
+	if (!p)
+		return LOOM_ERR_NOMEM;
+	free(ctx->qx);
+	ctx->qx = p;
+	ctx->qx_cap = (size_t)(m * nb);
+	return LOOM_OK;
+}
+
+/* t->g set up, k > 0; nth threads for the weight rows. */
+static int qdot_gemm(struct gemm_task *t, int nth)
+{
+	struct loom_backend_ctx *ctx = t->ctx;
+	int64_t m = t->g.m, k = t->g.k;
+
+	if (qx_reserve(ctx, m, k / 32))
+		return LOOM_ERR_NOMEM;
+	t->qx = ctx->qx;
+	t->dot = qdot_kernel(ctx->qisa, t->g.type);
+	cpu_pool_run(&ctx->pool, quant_task, t, m,
+		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	t->chunk = pick_chunk(t->n, nth, 4, 32, 256);
+	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
+	return LOOM_OK;
+}
+
 /* sgemm takes int sizes and strides. */
 static bool blas_fits(const struct loom_gemm_args *a)
 {
@@ -237,6 +312,9 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	work = (double)a->m * (double)a->n * (double)a->k;
 	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
 
+	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
+	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
+		return qdot_gemm(&t, nth);
 	if (ctx->invariant) {
 		/* no BLAS: its blocking, hence its rounding, depends on m */
 		err = xsum_prepare(ctx, &t.g);

@@ -20,6 +20,10 @@
  *   gemm q8_0, q4_*, q5_*,     5e-4           a backend may quantize activations
  *   q2_K .. q6_K
  *                                             to 8 bits (as GGML's q8 dot does)
+ *     in cpu.so's fast mode    3e-2           it does: measured max 1.0e-2 (q4_1,
+ *                                             n = 1, where the nmse is one output's
+ *                                             squared relative error, and a sum
+ *                                             that cancels makes it large)
  */
 #include "tb.h"
 
@@ -58,7 +62,7 @@ static double gemm_tolerance(uint32_t type)
 	case LOOM_TYPE_F32: return 1e-6;
 	case LOOM_TYPE_F16: return 1e-5;
 	case LOOM_TYPE_BF16: return 1e-4;
-	default: return 5e-4;
+	default: return tb_fast ? 3e-2 : 5e-4;
 	}
 }
 

@@ -2,7 +2,10 @@
  * Batch invariance (LOOM_BACKEND_BATCH_INVARIANT): with the flag, every row
  * an operator produces must be bitwise the same whatever else shares the
  * call. For ref.so and cpu.so (each of its kernel sets: native, avx2,
- * scalar, chosen with LOOM_CPU_ISA) this checks, bit for bit:
+ * scalar, chosen with LOOM_CPU_ISA; in exact mode, LOOM_BACKEND_EXACT, and
+ * in its default fast mode with 8-bit activations and integer dots, there
+ * also with LOOM_CPU_ISA=avx512, AVX-512 without VNNI) this checks, bit
+ * for bit:
  *
  *   gemm      every row of batches of m = 2, 3, 5, 16, 17, 64 random rows
  *             against the same row alone (m = 1), for every weight format
@@ -590,8 +593,9 @@ static void check_rows(struct be *e)
 
 /* ---- driver ---- */
 
-static void run_invariant(const char *so, const char *isa)
+static void run_invariant(const char *so, const char *isa, bool exact)
 {
+	uint32_t flags = LOOM_BACKEND_BATCH_INVARIANT | (exact ? LOOM_BACKEND_EXACT : 0);
 	char label[128];
 	struct be e, other;
 	bool have_other;
@@ -600,12 +604,13 @@ static void run_invariant(const char *so, const char *isa)
 		setenv("LOOM_CPU_ISA", isa, 1);
 	else
 		unsetenv("LOOM_CPU_ISA");
-	snprintf(label, sizeof(label), "%s%s%s", so, isa ? ":" : "", isa ? isa : "");
-	if (be_open(&e, so, label, 2, LOOM_BACKEND_BATCH_INVARIANT))
+	snprintf(label, sizeof(label), "%s%s%s%s", so, isa ? ":" : "", isa ? isa : "",
+		 exact ? " exact" : " fast");
+	if (be_open(&e, so, label, 2, flags))
 		return;
 	printf("== %s, batch invariant\n", label);
 	/* the same results from another thread count */
-	have_other = be_open(&other, so, "3 threads", 3, LOOM_BACKEND_BATCH_INVARIANT) == 0;
+	have_other = be_open(&other, so, "3 threads", 3, flags) == 0;
 	check_gemm(&e, have_other ? &other : NULL, true);
 	check_attention(&e);
 	check_rows(&e);
@@ -626,21 +631,27 @@ int main(int argc, char **argv)
 		names = (const char *const *)argv + 1;
 		n = argc - 1;
 	}
-	unsetenv("LOOM_CPU_INVARIANT"); /* the test sets the flag itself */
+	/* the test sets the flags itself */
+	unsetenv("LOOM_CPU_INVARIANT");
+	unsetenv("LOOM_CPU_EXACT");
 	if (loom_formats_init(err, sizeof(err)))
 		printf("note: %s (plain weight types only)\n", err);
 	for (int i = 0; i < n; i++) {
 		before = failures;
-		run_invariant(names[i], NULL);
-		if (strstr(names[i], "cpu")) {
-			run_invariant(names[i], "avx2");
-			run_invariant(names[i], "scalar");
+		for (int exact = 1; exact >= 0; exact--) {
+			run_invariant(names[i], NULL, exact);
+			if (!strstr(names[i], "cpu"))
+				continue;
+			if (!exact)
+				run_invariant(names[i], "avx512", exact);
+			run_invariant(names[i], "avx2", exact);
+			run_invariant(names[i], "scalar", exact);
 		}
 		printf("%s: %s\n", names[i], failures == before ? "bitwise invariant" : "FAILED");
 	}
 	/* control: without the flag cpu.so takes other kernels for m >= 16 */
 	unsetenv("LOOM_CPU_ISA");
-	if (be_open(&e, "cpu.so", "cpu.so (no flag)", 2, 0) == 0) {
+	if (be_open(&e, "cpu.so", "cpu.so (no flag)", 2, LOOM_BACKEND_EXACT) == 0) {
 		int d = check_gemm(&e, NULL, false);
 
 		printf("control: cpu.so without the flag: %d gemm rows differ from the same row alone%s\n",

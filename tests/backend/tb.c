@@ -4,10 +4,11 @@
  * Usage: backend_conformance [backend.so[:KEY=VALUE] ...]
  * Without arguments it tests ref.so by hand-computed cases, then compares
  * ref.so, cpu.so, cuda.so and rocm.so (whichever load) against ref.so; cpu.so
- * also with 3 threads (uneven splits) and with its lesser kernel sets
- * (LOOM_CPU_ISA=avx2, scalar). A suffix :threads=N sets the config's
- * n_threads; any other :KEY=VALUE is set in the environment before the
- * backend is created.
+ * in exact mode and in fast mode (LOOM_CPU_EXACT=1, 0), each also with 3
+ * threads (uneven splits) and with its lesser kernel sets (LOOM_CPU_ISA=
+ * avx512 (fast mode: no VNNI), avx2, scalar). Suffixes :threads=N set the
+ * config's n_threads; any other :KEY=VALUE is set in the environment
+ * before the backend is created.
  * ref.so failing to load is a failure; any other backend that does not load
  * (not built, no device, incomplete table) is reported as a skip. Each
  * backend runs in its own child process, so a crash in one is reported as
@@ -23,6 +24,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+bool tb_fast;
 
 /* Seconds one backend's run may take before it counts as hung. */
 #ifndef TB_WATCHDOG_S
@@ -321,27 +324,30 @@ const char *tb_status_name(int rc)
 
 /* ---- main ---- */
 
-/* Splits "cpu.so:KEY=VALUE" into the name and its setting: threads=N goes
- * to *n_threads, anything else into the environment. */
+/* Splits "cpu.so:KEY=VALUE[:KEY=VALUE...]" into the name and its settings:
+ * threads=N goes to *n_threads, anything else into the environment. */
 static void apply_variant(const char *spec, char *name, size_t cap, int *n_threads)
 {
 	const char *colon = strchr(spec, ':');
-	char setting[256];
-	char *eq;
+	char settings[256];
+	char *setting, *save, *eq;
 
 	*n_threads = 0;
 	snprintf(name, cap, "%.*s", colon ? (int)(colon - spec) : (int)strlen(spec), spec);
 	if (!colon)
 		return;
-	snprintf(setting, sizeof(setting), "%s", colon + 1);
-	eq = strchr(setting, '=');
-	if (!eq)
-		return;
-	*eq = '\0';
-	if (!strcmp(setting, "threads"))
-		*n_threads = atoi(eq + 1);
-	else
-		setenv(setting, eq + 1, 1);
+	snprintf(settings, sizeof(settings), "%s", colon + 1);
+	for (setting = strtok_r(settings, ":", &save); setting;
+	     setting = strtok_r(NULL, ":", &save)) {
+		eq = strchr(setting, '=');
+		if (!eq)
+			continue;
+		*eq = '\0';
+		if (!strcmp(setting, "threads"))
+			*n_threads = atoi(eq + 1);
+		else
+			setenv(setting, eq + 1, 1);
+	}
 }
 
 /* Runs in a child: compares backend `spec` with ref. Exit status: 0 pass,
@@ -358,6 +364,7 @@ static int test_backend(const char *spec)
 		return 1;
 	}
 	apply_variant(spec, name, sizeof(name), &n_threads);
+	tb_fast = getenv("LOOM_CPU_EXACT") && !strcmp(getenv("LOOM_CPU_EXACT"), "0");
 	if (dev_open(&d, name, n_threads, err, sizeof(err))) {
 		printf("SKIP %s: %s\n", spec, err);
 		dev_close(&ref);
@@ -427,8 +434,17 @@ static int hand_checks(const char *unused)
 int main(int argc, char **argv)
 {
 	static const char *const all[] = {
-		"ref.so", "cpu.so", "cpu.so:threads=3", "cpu.so:LOOM_CPU_ISA=avx2",
-		"cpu.so:LOOM_CPU_ISA=scalar", "cuda.so", "rocm.so",
+		"ref.so",
+		/* cpu.so in exact mode (f32 activations) */
+		"cpu.so:LOOM_CPU_EXACT=1", "cpu.so:LOOM_CPU_EXACT=1:threads=3",
+		"cpu.so:LOOM_CPU_EXACT=1:LOOM_CPU_ISA=avx2",
+		"cpu.so:LOOM_CPU_EXACT=1:LOOM_CPU_ISA=scalar",
+		/* and in fast mode (8-bit activations, integer dots) */
+		"cpu.so:LOOM_CPU_EXACT=0", "cpu.so:LOOM_CPU_EXACT=0:threads=3",
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx512",
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx2",
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=scalar",
+		"cuda.so", "rocm.so",
 	};
 	const char *const *names = all;
 	int n = sizeof(all) / sizeof(all[0]), failed = 0, tested = 0;

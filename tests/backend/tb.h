@@ -40,6 +40,9 @@ void dev_reset(struct dev *d);
 
 /* ---- data ---- */
 void tb_seed(uint64_t seed);
+/* The backend under test runs cpu.so's fast mode (LOOM_CPU_EXACT=0):
+ * 8-bit activations in gemm, judged with a looser tolerance. */
+extern bool tb_fast;
 float tb_rand(void);                      /* uniform in [-1, 1) */
 int64_t tb_rand_int(int64_t n);           /* uniform in [0, n) */
 void tb_fill(float *x, int64_t n, float amp);

@@ -193,6 +193,9 @@ def main():
     model_path = os.environ.get("LOOM_MODEL", "")
     if not model_path or not os.path.isfile(model_path):
         skip("model not found (LOOM_MODEL=%r)" % model_path)
+    # the tolerances above are for f32 activations: cpu.so's exact mode
+    # (its default fast mode quantizes activations to 8 bits)
+    os.environ["LOOM_CPU_EXACT"] = "1"
     # one BLAS thread for the reference (see ref_llama.py), but not for the
     # loom processes started later, which inherit our environment
     had = "OPENBLAS_NUM_THREADS" in os.environ

@@ -26,7 +26,9 @@ PROMPTS = [
 
 def run(loom, backend, model, prompt, n, out):
     """Token ids, the speed line and the backend's step-graph counts (or None)."""
-    env = dict(os.environ, LOOM_DEBUG="1")  # the backend's info lines on stderr
+    # the backend's info lines on stderr; cpu.so in exact mode (f32
+    # activations), the path GPU backends are held to
+    env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1")
     p = subprocess.run([loom, "run", f"--backend={backend}", "--model", model, "-p", prompt,
                         "-n", str(n), "--temp", "0", "--no-progress", "--dump-tokens", out],
                        capture_output=True, text=True, timeout=900, env=env)

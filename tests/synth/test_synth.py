@@ -238,6 +238,9 @@ def main():
         print("usage: test_synth.py LOOM_BINARY MKGGUF_PY")
         return 2
     loom, mkgguf = sys.argv[1], sys.argv[2]
+    # the tolerances are for f32 activations: cpu.so's exact mode (its
+    # default fast mode quantizes activations to 8 bits)
+    os.environ["LOOM_CPU_EXACT"] = "1"
     try:
         import numpy as np
         import gguf  # noqa: F401

@@ -1,0 +1,519 @@
+/*
+ * Integer dot products: a weight row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) times
+ * an activation row quantized to 8 bits (struct qdot_block), block by block.
+ *
+ * For weight block b with integers wq[e] and scale dw (and minimum mw for
+ * the offset formats), and activation block x[b]:
+ *
+ *   w . x  =  sum_b  dw * x[b].d * sum_e wq[e] * x[b].q[e]  +  mw * x[b].s
+ *
+ * The inner sums are exact in int32, so the only roundings are the float
+ * lanes' fused multiply-adds and their final reduction. Those are fixed per
+ * kernel set (qdot.h) and written out in plain C in ref8() and ref16(),
+ * which the SIMD kernels match bit for bit.
+ *
+ * Signed weights (Q8_0, Q4_0, Q5_0) enter the unsigned x signed byte
+ * products (maddubs, vpdpbusd) as |wq| times x with wq's sign; the offset
+ * formats' wq are unsigned already. No int16 pair sum can saturate:
+ * 2 * 128 * 127 < 32768.
+ *
+ * Compiled without -march flags; each SIMD function carries its target.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "qdot.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+bool qdot_format(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_Q8_0:
+	case LOOM_TYPE_Q4_0:
+	case LOOM_TYPE_Q4_1:
+	case LOOM_TYPE_Q5_0:
+	case LOOM_TYPE_Q5_1:
+		return true;
+	default:
+		return false;
+	}
+}
+
+bool qdot_isa_supported(enum qdot_isa isa)
+{
+	enum cpu_isa best = cpu_detect_isa();
+
+	switch (isa) {
+	case QDOT_SCALAR:
+		return true;
+	case QDOT_AVX2:
+		return best >= CPU_ISA_AVX2;
+	case QDOT_AVX512:
+		return best >= CPU_ISA_AVX512;
+	case QDOT_VNNI:
+#if defined(__x86_64__)
+		return best >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+#endif
+	default:
+		return false;
+	}
+}
+
+const char *qdot_isa_name(enum qdot_isa isa)
+{
+	static const char *const names[] = { "scalar", "avx2", "avx512", "avx512-vnni" };
+
+	return isa < QDOT_N_ISA ? names[isa] : "?";
+}
+
+/* Local twins of kernels.c's geometry, so they fold into the kernels. */
+static inline size_t block_bytes(uint32_t t)
+{
+	switch (t) {
+	case LOOM_TYPE_Q8_0: return 34;
+	case LOOM_TYPE_Q4_0: return 18;
+	case LOOM_TYPE_Q4_1: return 20;
+	case LOOM_TYPE_Q5_0: return 22;
+	default: return 24; /* Q5_1 */
+	}
+}
+
+static inline bool has_min(uint32_t t)
+{
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
+}
+
+/* ---- activation quantization ---- */
+
+void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
+{
+	for (int64_t b = 0; b < k / 32; b++) {
+		const float *v = x + 32 * b;
+		float amax = 0.0f, id;
+		bool finite = true;
+		int sum = 0;
+
+		for (int e = 0; e < 32; e++) {
+			float a = fabsf(v[e]);
+
+			finite &= isfinite(a);
+			amax = a > amax ? a : amax;
+		}
+		id = amax > 0.0f ? 127.0f / amax : 0.0f;
+		for (int e = 0; e < 32; e++) {
+			long q = finite ? lrintf(v[e] * id) : 0;
+
+			q = q > 127 ? 127 : q < -127 ? -127 : q;
+			out[b].q[e] = (int8_t)q;
+			sum += (int)q;
+		}
+		/* a NaN or inf in the block makes its every product NaN */
+		out[b].d = finite ? amax / 127.0f : NAN;
+		out[b].s = out[b].d * (float)sum;
+	}
+}
+
+/* ---- plain C: the references, and the scalar kernels ---- */
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+}
+
+/* Weight block p of type t: its 32 integers, scale and minimum (0 if none). */
+ALWAYS void unpack(uint32_t t, const uint8_t *p, int8_t q[32], float *d, float *m)
+{
+	uint32_t qh;
+
+	*d = cpu_fp16_to_f32(rd16(p));
+	*m = 0.0f;
+	switch (t) {
+	case LOOM_TYPE_Q8_0:
+		memcpy(q, p + 2, 32);
+		break;
+	case LOOM_TYPE_Q4_0:
+		for (int j = 0; j < 16; j++) {
+			q[j] = (int8_t)((p[2 + j] & 15) - 8);
+			q[j + 16] = (int8_t)((p[2 + j] >> 4) - 8);
+		}
+		break;
+	case LOOM_TYPE_Q4_1:
+		*m = cpu_fp16_to_f32(rd16(p + 2));
+		for (int j = 0; j < 16; j++) {
+			q[j] = (int8_t)(p[4 + j] & 15);
+			q[j + 16] = (int8_t)(p[4 + j] >> 4);
+		}
+		break;
+	case LOOM_TYPE_Q5_0:
+		qh = rd32(p + 2);
+		for (int j = 0; j < 16; j++) {
+			q[j] = (int8_t)(((p[6 + j] & 15) | ((qh >> j & 1) << 4)) - 16);
+			q[j + 16] = (int8_t)(((p[6 + j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16);
+		}
+		break;
+	default: /* Q5_1 */
+		*m = cpu_fp16_to_f32(rd16(p + 2));
+		qh = rd32(p + 4);
+		for (int j = 0; j < 16; j++) {
+			q[j] = (int8_t)((p[8 + j] & 15) | ((qh >> j & 1) << 4));
+			q[j + 16] = (int8_t)((p[8 + j] >> 4) | ((qh >> (j + 16) & 1) << 4));
+		}
+		break;
+	}
+}
+
+/* Exact integer sums of elements 4l .. 4l+3, l < 8: one float lane each. */
+ALWAYS void lane_sums(const int8_t *w, const int8_t *x, int32_t s[8])
+{
+	for (int l = 0; l < 8; l++)
+		s[l] = w[4 * l] * x[4 * l] + w[4 * l + 1] * x[4 * l + 1] +
+		       w[4 * l + 2] * x[4 * l + 2] + w[4 * l + 3] * x[4 * l + 3];
+}
+
+/* (a0+a4 + a2+a6) + (a1+a5 + a3+a7), as the SIMD horizontal sum goes. */
+static inline float reduce8(const float a[8])
+{
+	float v[4];
+
+	for (int i = 0; i < 4; i++)
+		v[i] = a[i] + a[i + 4];
+	return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+/* 8 lanes, one block at a time (QDOT_SCALAR, QDOT_AVX2). */
+ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
+{
+	const size_t bb = block_bytes(t);
+	float acc[8] = { 0 }, accm = 0.0f, d, m;
+	int8_t q[32];
+	int32_t s[8];
+
+	for (int64_t b = 0; b < nb; b++) {
+		unpack(t, w + b * bb, q, &d, &m);
+		lane_sums(q, x[b].q, s);
+		d = d * x[b].d;
+		for (int l = 0; l < 8; l++)
+			acc[l] = fmaf((float)s[l], d, acc[l]);
+		if (has_min(t))
+			accm = fmaf(m, x[b].s, accm);
+	}
+	return reduce8(acc) + accm;
+}
+
+/*
+ * 16 lanes, blocks in pairs (QDOT_AVX512, QDOT_VNNI): the even block in
+ * lanes 0-7, the odd in 8-15; a last unpaired block leaves lanes 8-15 an
+ * fma of zeros. The minimum terms go through one scalar in block order.
+ */
+ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
+{
+	const size_t bb = block_bytes(t);
+	float acc[16] = { 0 }, r[8], accm = 0.0f, d, m;
+	int8_t q[32];
+	int32_t s[8];
+
+	for (int64_t b = 0; b < nb; b += 2) {
+		for (int h = 0; h < 2; h++) {
+			memset(s, 0, sizeof(s));
+			d = 0.0f;
+			if (b + h < nb) {
+				unpack(t, w + (b + h) * bb, q, &d, &m);
+				lane_sums(q, x[b + h].q, s);
+				d = d * x[b + h].d;
+				if (has_min(t))
+					accm = fmaf(m, x[b + h].s, accm);
+			}
+			for (int l = 0; l < 8; l++)
+				acc[8 * h + l] = fmaf((float)s[l], d, acc[8 * h + l]);
+		}
+	}
+	for (int i = 0; i < 8; i++)
+		r[i] = acc[i] + acc[i + 8];
+	return reduce8(r) + accm;
+}
+
+float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
+	       int64_t nb)
+{
+	if (isa == QDOT_AVX512 || isa == QDOT_VNNI)
+		return ref16(type, w, x, nb);
+	return ref8(type, w, x, nb);
+}
+
+/*
+ * One function per format, so the block body is specialized for it. The
+ * body takes R weight rows w_stride apart at once (R = 4, then 1 for the
+ * rest): independent accumulators that overlap their latencies; each row's
+ * arithmetic is the same whatever R is.
+ */
+#define QDOT_ONE(attr, prefix, name, T, body)                                             \
+	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
+					 const struct qdot_block *x, int64_t nb, float *y, \
+					 int rows)                                         \
+	{                                                                                  \
+		int r = 0;                                                                 \
+		for (; r + 4 <= rows; r += 4)                                              \
+			body(T, w + r * ws, ws, x, nb, y + r, 4);                           \
+		for (; r < rows; r++)                                                      \
+			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
+	}
+#define QDOT_SET(attr, prefix, body)                                                       \
+	QDOT_ONE(attr, prefix, q8_0, LOOM_TYPE_Q8_0, body)                                 \
+	QDOT_ONE(attr, prefix, q4_0, LOOM_TYPE_Q4_0, body)                                 \
+	QDOT_ONE(attr, prefix, q4_1, LOOM_TYPE_Q4_1, body)                                 \
+	QDOT_ONE(attr, prefix, q5_0, LOOM_TYPE_Q5_0, body)                                 \
+	QDOT_ONE(attr, prefix, q5_1, LOOM_TYPE_Q5_1, body)                                 \
+	static const qdot_fn prefix##_set[] = { prefix##_q8_0, prefix##_q4_0, prefix##_q4_1, \
+						prefix##_q5_0, prefix##_q5_1 }
+
+ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
+			int64_t nb, float *y, int R)
+{
+	for (int r = 0; r < R; r++)
+		y[r] = ref8(t, w + r * ws, x, nb);
+}
+
+QDOT_SET(, scalar, scalar_rows);
+
+#if defined(__x86_64__)
+
+/* ---- AVX2: 8 lanes, maddubs + madd ---- */
+
+#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
+{
+	return _cvtsh_ss(rd16(p));
+}
+
+/* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles. */
+TGT_AVX2 ALWAYS __m256i avx2_nibbles(const uint8_t *qs)
+{
+	__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+	__m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+	__m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* Byte e is 16 where bit e of qh is set, else 0. */
+TGT_AVX2 ALWAYS __m256i avx2_fifth_bits(uint32_t qh)
+{
+	const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+					      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+	__m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+
+	v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+	return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+
+/*
+ * Operands of weight block p and activation block x: unsigned bytes *u
+ * and signed bytes *s whose products are wq[e] * x.q[e]; *d the block's
+ * combined scale, *m its minimum.
+ */
+TGT_AVX2 ALWAYS void avx2_operands(uint32_t t, const uint8_t *p, const struct qdot_block *x,
+				   __m256i *u, __m256i *s, float *d, float *m)
+{
+	__m256i xq = _mm256_loadu_si256((const __m256i *)x->q), w;
+
+	*d = avx2_h(p) * x->d;
+	*m = 0.0f;
+	switch (t) {
+	case LOOM_TYPE_Q8_0:
+		w = _mm256_loadu_si256((const __m256i *)(p + 2));
+		break;
+	case LOOM_TYPE_Q4_0:
+		w = _mm256_sub_epi8(avx2_nibbles(p + 2), _mm256_set1_epi8(8));
+		break;
+	case LOOM_TYPE_Q4_1:
+		*m = avx2_h(p + 2);
+		*u = avx2_nibbles(p + 4);
+		*s = xq;
+		return;
+	case LOOM_TYPE_Q5_0:
+		w = _mm256_or_si256(avx2_nibbles(p + 6), avx2_fifth_bits(rd32(p + 2)));
+		w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+		break;
+	default: /* Q5_1 */
+		*m = avx2_h(p + 2);
+		*u = _mm256_or_si256(avx2_nibbles(p + 8), avx2_fifth_bits(rd32(p + 4)));
+		*s = xq;
+		return;
+	}
+	*u = _mm256_abs_epi8(w);
+	*s = _mm256_sign_epi8(xq, w);
+}
+
+/* reduce8()'s order. */
+TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
+{
+	__m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+
+	v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+	v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(v);
+}
+
+TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
+			       const struct qdot_block *x, int64_t nb, float *y, int R)
+{
+	const size_t bb = block_bytes(t);
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc[4];
+	float accm[4], d, m;
+
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm256_setzero_ps();
+		accm[r] = 0.0f;
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		for (int r = 0; r < R; r++) {
+			__m256i u, s, l;
+
+			avx2_operands(t, w + r * ws + b * bb, x + b, &u, &s, &d, &m);
+			l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
+			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc[r]);
+			if (has_min(t))
+				accm[r] = fmaf(m, x[b].s, accm[r]);
+		}
+	}
+	for (int r = 0; r < R; r++)
+		y[r] = avx2_hsum(acc[r]) + accm[r];
+}
+
+QDOT_SET(TGT_AVX2, avx2, avx2_rows);
+
+/* ---- AVX-512: 16 lanes, two blocks per step ---- */
+
+#define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+TGT_AVX512 ALWAYS __m512i join_i(__m256i lo, __m256i hi)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/*
+ * Operands of blocks b and b+1 (zeros for b+1 == nb) in the low and high
+ * halves; accm takes the minimum terms in block order.
+ */
+TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qdot_block *x,
+				   int64_t b, int64_t nb, __m512i *u, __m512i *s, __m512 *d,
+				   float *accm)
+{
+	const size_t bb = block_bytes(t);
+	__m256i u0, s0, u1 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+	float d0, d1 = 0.0f, m0, m1;
+
+	avx2_operands(t, w + b * bb, x + b, &u0, &s0, &d0, &m0);
+	if (has_min(t))
+		*accm = fmaf(m0, x[b].s, *accm);
+	if (b + 1 < nb) {
+		avx2_operands(t, w + (b + 1) * bb, x + b + 1, &u1, &s1, &d1, &m1);
+		if (has_min(t))
+			*accm = fmaf(m1, x[b + 1].s, *accm);
+	}
+	*u = join_i(u0, u1);
+	*s = join_i(s0, s1);
+	*d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
+}
+
+/* ref16()'s order. */
+TGT_AVX512 ALWAYS float avx512_hsum(__m512 a)
+{
+	__m256 lo = _mm512_castps512_ps256(a);
+	__m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+
+	return avx2_hsum(_mm256_add_ps(lo, hi));
+}
+
+/* Byte products summed per int32 lane: without VNNI maddubs + madd, as
+ * AVX2 does; with it, one vpdpbusd. */
+TGT_AVX512 ALWAYS __m512i bw_lanes(__m512i u, __m512i s)
+{
+	return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+}
+
+TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
+{
+	return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+}
+
+#define AVX512_ROWS(attr, name, LANES)                                                   \
+	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                    \
+			      const struct qdot_block *x, int64_t nb, float *y, int R)      \
+	{                                                                                  \
+		__m512 acc[4], d;                                                          \
+		float accm[4];                                                             \
+		__m512i u, s;                                                              \
+                                                                                           \
+		for (int r = 0; r < R; r++) {                                              \
+			acc[r] = _mm512_setzero_ps();                                      \
+			accm[r] = 0.0f;                                                    \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b += 2)                                        \
+			for (int r = 0; r < R; r++) {                                      \
+				avx512_pair(t, w + r * ws, x, b, nb, &u, &s, &d, &accm[r]); \
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(LANES(u, s)), d, \
+							 acc[r]);                          \
+			}                                                                  \
+		for (int r = 0; r < R; r++)                                                \
+			y[r] = avx512_hsum(acc[r]) + accm[r];                              \
+	}
+
+AVX512_ROWS(TGT_AVX512, avx512_rows, bw_lanes)
+AVX512_ROWS(TGT_VNNI, vnni_rows, vnni_lanes)
+
+QDOT_SET(TGT_AVX512, avx512, avx512_rows);
+QDOT_SET(TGT_VNNI, vnni, vnni_rows);
+
+#endif /* __x86_64__ */
+
+/* Index of a qdot format in the QDOT_SET tables. */
+static int format_index(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return 0;
+	case LOOM_TYPE_Q4_0: return 1;
+	case LOOM_TYPE_Q4_1: return 2;
+	case LOOM_TYPE_Q5_0: return 3;
+	case LOOM_TYPE_Q5_1: return 4;
+	default: return -1;
+	}
+}
+
+qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type)
+{
+	int f = format_index(type);
+
+	if (f < 0 || !qdot_isa_supported(isa))
+		return NULL;
+	switch (isa) {
+#if defined(__x86_64__)
+	case QDOT_AVX2: return avx2_set[f];
+	case QDOT_AVX512: return avx512_set[f];
+	case QDOT_VNNI: return vnni_set[f];
+#endif
+	case QDOT_SCALAR: return scalar_set[f];
+	default: return NULL;
+	}
+}

@@ -1,0 +1,60 @@
+/*
+ * Integer dot products of the cpu backend's fast (non-exact) mode.
+ *
+ * An activation row is quantized once per GEMM into blocks of 32 values
+ * that line up with the weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); a
+ * weight row times such a row is then a sum of integer block dot products,
+ * each scaled by the two blocks' float scales.
+ *
+ * Every kernel has a plain C twin of the same arithmetic (qdot_ref): the
+ * same exact integer sums per float lane, the same fused multiply-adds in
+ * the same order and the same final reduction, so a kernel's result is
+ * bitwise its reference's (tests/backend/qdot.c checks this).
+ */
+#ifndef LOOM_CPU_QDOT_H
+#define LOOM_CPU_QDOT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/*
+ * One quantized activation block: x[e] ~ d * q[e], |q[e]| <= 127, q
+ * rounded to nearest. s = d * sum(q), the block sum the offset formats
+ * (Q4_1, Q5_1: w = dw*q + m) need for their m * sum(x) term.
+ */
+struct qdot_block {
+	float d;
+	float s;
+	int8_t q[32];
+};
+
+/*
+ * Kernel sets. The lane layout decides the result's rounding:
+ *   QDOT_SCALAR, QDOT_AVX2  8 float lanes, lane l of every block holds the
+ *                           integer sum of elements 4l..4l+3
+ *   QDOT_AVX512, QDOT_VNNI  16 float lanes: blocks in pairs, the even block
+ *                           in lanes 0-7 and the odd one in lanes 8-15
+ * so scalar and AVX2 agree bitwise, and so do AVX-512 with and without VNNI.
+ */
+enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
+
+/* y[r] = w_r . x for `rows` weight rows w_r = w + r * w_stride, nb blocks
+ * each; y[r] is the same whatever `rows` is. */
+typedef void (*qdot_fn)(const uint8_t *w, size_t w_stride, const struct qdot_block *x,
+			int64_t nb, float *y, int rows);
+
+/* Formats with an integer kernel. */
+bool qdot_format(uint32_t type);
+/* Whether the CPU runs the set (QDOT_VNNI: AVX-512 VNNI). */
+bool qdot_isa_supported(enum qdot_isa isa);
+const char *qdot_isa_name(enum qdot_isa isa);
+/* The kernel of `type` for `isa` (NULL if either is unsupported). */
+qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
+/* The plain C reference of isa's arithmetic (never NULL for a qdot format). */
+float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
+	       int64_t nb);
+
+/* Quantizes k values (a multiple of 32) into k / 32 blocks. */
+void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k);
+
+#endif /* LOOM_CPU_QDOT_H */

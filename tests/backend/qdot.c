@@ -1,0 +1,263 @@
+/*
+ * cpu.so's integer dot products (backends/cpu/qdot.c), every kernel set
+ * this machine runs, every format, k of 1 to 37 blocks (odd counts too):
+ *
+ *   bitwise   kernel == qdot_ref() of its set (the same arithmetic in C);
+ *   exact     |kernel - f64 dot of the dequantized weights and the
+ *             dequantized 8-bit activations| <= 1e-5 * sum |w * xq|
+ *             (float rounding only);
+ *   quantized |kernel - f64 dot with the original f32 activations|
+ *             <= sum_b amax_b / 254 * sum_e |w_e|  +  1e-5 * sum |w * x|
+ *             (round to nearest moves x by at most half a step, amax/127/2).
+ *
+ * Plus the activation quantizer's own contract: |q| <= 127, x within half a
+ * step of d*q, s = d * sum(q).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "qdot.h"
+
+static const uint32_t formats[] = {
+	LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+};
+#define N_FORMATS (int)(sizeof(formats) / sizeof(formats[0]))
+
+static const int64_t block_counts[] = { 1, 2, 3, 5, 8, 9, 18, 37 };
+#define N_COUNTS (int)(sizeof(block_counts) / sizeof(block_counts[0]))
+#define MAX_NB 37
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint32_t rnd32(void)
+{
+	rng ^= rng >> 12;
+	rng ^= rng << 25;
+	rng ^= rng >> 27;
+	return (uint32_t)((rng * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+static float rndf(void)
+{
+	return (float)rnd32() / 2147483648.0f - 1.0f; /* [-1, 1) */
+}
+
+/* Normal half floats only: exponent in range, mantissa truncated. */
+static uint16_t to_f16(float f)
+{
+	uint32_t b;
+
+	memcpy(&b, &f, 4);
+	return (uint16_t)(((b >> 16) & 0x8000) | ((((b >> 23) & 0xff) - 112) << 10) |
+			  ((b >> 13) & 0x3ff));
+}
+
+/* The block's fp16 fields: d at 0, m at 2 for the offset formats. */
+static void fill_weights(uint32_t t, uint8_t *w, int64_t nb)
+{
+	const size_t bb = cpu_block_bytes(t);
+
+	for (size_t i = 0; i < nb * bb; i++)
+		w[i] = (uint8_t)rnd32();
+	for (int64_t b = 0; b < nb; b++) {
+		uint16_t d = to_f16(0.002f + 0.05f * (rndf() + 1.0f));
+		uint16_t m = to_f16(-0.3f * (rndf() + 1.5f) / 2.0f);
+
+		memcpy(w + b * bb, &d, 2);
+		if (cpu_format_has_min(t))
+			memcpy(w + b * bb + 2, &m, 2);
+	}
+}
+
+/* Activations as a model has them: mostly small, a few outliers, and
+ * now and then an all-zero block. */
+static void fill_acts(float *x, int64_t k)
+{
+	for (int64_t i = 0; i < k; i++)
+		x[i] = rndf() * (rnd32() % 16 == 0 ? 8.0f : 1.0f);
+	if (k >= 64 && rnd32() % 2)
+		memset(x + 32, 0, 32 * sizeof(float));
+}
+
+/* Weight element e of block p, from the GGUF layouts, in double. */
+static double weight(uint32_t t, const uint8_t *p, int e)
+{
+	double d = cpu_fp16_to_f32((uint16_t)(p[0] | p[1] << 8)), m = 0.0;
+	const uint8_t *qs;
+	uint32_t qh = 0;
+	int q;
+
+	if (t == LOOM_TYPE_Q8_0)
+		return d * (int8_t)p[2 + e];
+	if (cpu_format_has_min(t))
+		m = cpu_fp16_to_f32((uint16_t)(p[2] | p[3] << 8));
+	qs = p + (t == LOOM_TYPE_Q4_0 ? 2 : t == LOOM_TYPE_Q4_1 ? 4 :
+		  t == LOOM_TYPE_Q5_0 ? 6 : 8);
+	if (t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1)
+		memcpy(&qh, qs - 4, 4);
+	q = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
+	q |= (int)((qh >> e) & 1) << 4;
+	if (t == LOOM_TYPE_Q4_0)
+		q -= 8;
+	if (t == LOOM_TYPE_Q5_0)
+		q -= 16;
+	return d * q + m;
+}
+
+START_TEST(quantize_contract)
+{
+	float x[MAX_NB * 32];
+	struct qdot_block q[MAX_NB];
+
+	for (int rep = 0; rep < 50; rep++) {
+		fill_acts(x, MAX_NB * 32);
+		qdot_quantize_row(x, q, MAX_NB * 32);
+		for (int b = 0; b < MAX_NB; b++) {
+			int sum = 0;
+
+			for (int e = 0; e < 32; e++) {
+				ck_assert_int_le(abs(q[b].q[e]), 127);
+				ck_assert_float_le(fabsf(x[32 * b + e] - q[b].d * q[b].q[e]),
+						   q[b].d * 0.5001f + 1e-30f);
+				sum += q[b].q[e];
+			}
+			ck_assert_float_eq(q[b].s, q[b].d * (float)sum);
+		}
+	}
+	/* a NaN poisons its block, not its neighbours */
+	x[40] = NAN;
+	qdot_quantize_row(x, q, 96);
+	ck_assert(isnan(q[1].d));
+	ck_assert(!isnan(q[0].d) && !isnan(q[2].d));
+}
+END_TEST
+
+/* Row r of `w` against f64: returns whether the kernel's y is in bounds. */
+static bool near_f64(uint32_t t, const uint8_t *w, const float *x, const struct qdot_block *q,
+		     int64_t nb, float got)
+{
+	const size_t bb = cpu_block_bytes(t);
+	double exact = 0, quant = 0, mag = 0, magq = 0, qerr = 0;
+
+	for (int64_t b = 0; b < nb; b++) {
+		double wabs = 0;
+
+		for (int e = 0; e < 32; e++) {
+			double we = weight(t, w + b * bb, e);
+			double xq = (double)q[b].d * q[b].q[e];
+
+			exact += we * x[32 * b + e];
+			quant += we * xq;
+			mag += fabs(we * x[32 * b + e]);
+			magq += fabs(we * xq);
+			wabs += fabs(we);
+		}
+		qerr += wabs * (double)q[b].d / 2.0;
+	}
+	if (fabs(got - quant) <= 1e-5 * magq && fabs(got - exact) <= qerr * 1.0001 + 1e-5 * mag)
+		return true;
+	printf("type %u nb=%lld: %.9g, f64 %.9g (quantized x: %.9g)\n", t, (long long)nb, got,
+	       exact, quant);
+	return false;
+}
+
+/*
+ * One format and block count on one kernel set: ROWS weight rows in one
+ * call (a group of 4 and a rest), and row 0 alone. Returns mismatches.
+ */
+#define ROWS 5
+static int check_case(enum qdot_isa isa, uint32_t t, int64_t nb)
+{
+	static uint8_t w[ROWS * MAX_NB * 34];
+	const size_t ws = nb * cpu_block_bytes(t);
+	qdot_fn fn = qdot_kernel(isa, t);
+	struct qdot_block q[MAX_NB];
+	float x[MAX_NB * 32], y[ROWS], y0;
+	int bad = 0;
+
+	fill_weights(t, w, ROWS * nb);
+	fill_acts(x, nb * 32);
+	qdot_quantize_row(x, q, nb * 32);
+	fn(w, ws, q, nb, y, ROWS);
+	fn(w, ws, q, nb, &y0, 1);
+	for (int r = 0; r < ROWS; r++) {
+		float want = qdot_ref(isa, t, w + r * ws, q, nb);
+
+		if (memcmp(&y[r], &want, sizeof(want)) || (r == 0 && memcmp(&y0, &want, 4))) {
+			printf("%s type %u nb=%lld row %d: kernel %.9g (alone %.9g), reference %.9g\n",
+			       qdot_isa_name(isa), t, (long long)nb, r, y[r], y0, want);
+			bad++;
+		} else if (!near_f64(t, w + r * ws, x, q, nb, y[r])) {
+			bad++;
+		}
+	}
+	return bad;
+}
+
+START_TEST(kernels_match_reference)
+{
+	enum qdot_isa isa = (enum qdot_isa)_i;
+	int bad = 0, cases = 0;
+
+	if (!qdot_isa_supported(isa)) {
+		printf("qdot %s: not supported here, skipped\n", qdot_isa_name(isa));
+		return;
+	}
+	for (int f = 0; f < N_FORMATS; f++)
+		for (int c = 0; c < N_COUNTS; c++)
+			for (int rep = 0; rep < 20; rep++, cases++)
+				bad += check_case(isa, formats[f], block_counts[c]) != 0;
+	printf("qdot %s: %d cases, %d off\n", qdot_isa_name(isa), cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
+/* Sets with the same lane layout give the same bits. */
+START_TEST(layouts_agree)
+{
+	static uint8_t w[MAX_NB * 34];
+	float x[MAX_NB * 32], y8[QDOT_N_ISA], y16;
+	struct qdot_block q[MAX_NB];
+
+	for (int f = 0; f < N_FORMATS; f++) {
+		fill_weights(formats[f], w, MAX_NB);
+		fill_acts(x, MAX_NB * 32);
+		qdot_quantize_row(x, q, MAX_NB * 32);
+		for (int i = 0; i < QDOT_N_ISA; i++)
+			if (qdot_isa_supported(i))
+				qdot_kernel(i, formats[f])(w, 0, q, MAX_NB, &y8[i], 1);
+		if (qdot_isa_supported(QDOT_AVX2))
+			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVX2], 4));
+		if (qdot_isa_supported(QDOT_VNNI))
+			ck_assert(!memcmp(&y8[QDOT_AVX512], &y8[QDOT_VNNI], 4));
+		/* and the two layouts round differently, or the bitwise test
+		 * above could not tell them apart */
+		y16 = qdot_ref(QDOT_AVX512, formats[f], w, q, MAX_NB);
+		if (memcmp(&y16, &y8[QDOT_SCALAR], 4))
+			continue;
+		printf("note: layouts agree on format %u\n", formats[f]);
+	}
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("qdot");
+	TCase *tc = tcase_create("kernels");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, quantize_contract);
+	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
+	tcase_add_test(tc, layouts_agree);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
