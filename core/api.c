@@ -672,7 +672,8 @@ int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_temp
 		return LOOM_ERR_FORMAT;
 	if (had_one)
 		*had_one = tmpl != NULL;
-	rc = loom_chat_template_detect(tmpl, t, err, errlen);
+	/* a file without a template: its family's (Gemma 3 GGUFs have none) */
+	rc = loom_chat_template_detect(tmpl ? tmpl : e->m->hp.arch->chat_marker, t, err, errlen);
 	free(tmpl);
 	return rc ? LOOM_ERR_UNSUPPORTED : 0;
 }

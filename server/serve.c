@@ -71,7 +71,7 @@ static void print_plan(struct server *srv)
 
 	fprintf(stderr, "loom serve: chat template: %s%s\n",
 		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
-		srv->chat_given ? "" : " (the model has none; chatml assumed)");
+		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)");
 	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++)
 		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
 			si.name, si.path, si.max_draft);

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Write a llama-shaped GGUF with random weights, for tests and benchmarks.
 
-    mkgguf.py OUT.gguf [--arch llama|qwen2] [--layers L] [--embd E] [--ff F]
-        [--heads H] [--kv-heads K] [--vocab V] [--ctx C] [--type q4_0]
-        [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
+    mkgguf.py OUT.gguf [--arch llama|qwen2|gemma3] [--layers L] [--embd E]
+        [--ff F] [--heads H] [--kv-heads K] [--vocab V] [--ctx C]
+        [--type q4_0] [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
+        [--window W] [--swa-pattern P]            (gemma3)
     mkgguf.py OUT.gguf --preset 1b|8b [--type q4_0]     (sizes for speed runs)
 
 The file is what a converter would write for a llama / qwen2 model:
@@ -11,7 +12,11 @@ general.* and <arch>.* hyperparameters, a byte-level BPE tokenizer
 (tokenizer.ggml.model "gpt2", pre "default") and the tensors
 token_embd, output_norm, output (absent with --tied), rope_freqs (with
 --rope-freqs), and per layer attn_norm, attn_q/k/v (+ .bias for qwen2),
-attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down.
+attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down. For gemma3 also
+attn_q_norm and attn_k_norm ([head size]), post_attention_norm and
+post_ffw_norm, and gemma3.attention.sliding_window (--window, default 8;
+its RoPE base defaults to 1e6, the local layers' being 10000) and, with
+--swa-pattern, gemma3.attention.sliding_window_pattern.
 
 Weights: 2-D matrices are normal * gain / sqrt(fan_in), so every projection
 keeps activations of order one; q/k get gain 2 so attention is not uniform
@@ -176,11 +181,18 @@ def tensor_specs(a):
             specs.append(vec(p + "attn_q.bias", Dq, "normal", 0.5))
             specs.append(vec(p + "attn_k.bias", Dkv, "normal", 0.5))
             specs.append(vec(p + "attn_v.bias", Dkv, "normal", 0.5))
+        if a.arch == "gemma3":
+            specs.append(vec(p + "attn_q_norm.weight", hd))
+            specs.append(vec(p + "attn_k_norm.weight", hd))
         specs.append(mat(p + "attn_output.weight", E, Dq))
+        if a.arch == "gemma3":
+            specs.append(vec(p + "post_attention_norm.weight", E))
         specs.append(vec(p + "ffn_norm.weight", E))
         specs.append(mat(p + "ffn_gate.weight", F, E))
         specs.append(mat(p + "ffn_up.weight", F, E))
         specs.append(mat(p + "ffn_down.weight", E, F))
+        if a.arch == "gemma3":
+            specs.append(vec(p + "post_ffw_norm.weight", E))
     return specs
 
 
@@ -227,6 +239,11 @@ def add_metadata(w, a, tok):
     w.add_float32(arch + ".rope.freq_base", a.rope_base)
     w.add_uint32(arch + ".rope.dimension_count", hd)
     w.add_uint32(arch + ".vocab_size", a.vocab)
+    if arch == "gemma3":
+        w.add_uint32(arch + ".attention.sliding_window", a.window)
+        if a.swa_pattern:
+            w.add_uint32(arch + ".attention.sliding_window_pattern",
+                         a.swa_pattern)
     if a.rope_scale:
         w.add_string(arch + ".rope.scaling.type", "linear")
         w.add_float32(arch + ".rope.scaling.factor", a.rope_scale)
@@ -243,8 +260,10 @@ def add_metadata(w, a, tok):
 
 
 def check_args(ap, a):
-    if a.arch not in ("llama", "qwen2"):
-        ap.error("--arch must be llama or qwen2")
+    if a.arch not in ("llama", "qwen2", "gemma3"):
+        ap.error("--arch must be llama, qwen2 or gemma3")
+    if a.window < 0 or (a.swa_pattern is not None and a.swa_pattern <= 0):
+        ap.error("--window must be >= 0 and --swa-pattern positive")
     for k in ("layers", "embd", "ff", "heads", "kv_heads", "vocab", "ctx"):
         if getattr(a, k) <= 0:
             ap.error("--%s must be positive" % k.replace("_", "-"))
@@ -281,13 +300,20 @@ def parse(argv):
                     help="linear RoPE scaling factor (positions / factor)")
     ap.add_argument("--rope-freqs", action="store_true",
                     help="write rope_freqs.weight (frequency divisors)")
-    ap.add_argument("--rope-base", type=float, default=10000.0)
+    ap.add_argument("--rope-base", type=float, default=None,
+                    help="default 10000 (gemma3: 1e6)")
+    ap.add_argument("--window", type=int, default=8,
+                    help="gemma3: sliding window of the local layers")
+    ap.add_argument("--swa-pattern", type=int, default=None,
+                    help="gemma3: every P-th layer is global (metadata)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.preset:
         for k, v in PRESETS[a.preset].items():
             setattr(a, k, v)
         a.rope_base = 500000.0
+    if a.rope_base is None:
+        a.rope_base = 1e6 if a.arch == "gemma3" else 10000.0
     check_args(ap, a)
     return a
 

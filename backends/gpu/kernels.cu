@@ -1210,13 +1210,15 @@ extern "C" int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_
 
 	BIND(rt);
 
+	/* no tiles: every row goes to split-K (heads wider than the tiled
+	 * kernel takes, such as Gemma 3's 256, always do) */
+	if (n_tiles == 0)
+		return LOOM_OK;
 	if (n_tiles > INT32_MAX || a->n_heads > MAX_GRID ||
 	    a->head_dim > GPU_ATTN_PREFILL_MAX_HEAD_DIM) {
 		snprintf(rt->err, sizeof(rt->err), "attention: prefill shape beyond grid limits");
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	if (n_tiles == 0)
-		return LOOM_OK;
 	GPU_LAUNCH(k_attn_prefill, dim3((unsigned)n_tiles, (unsigned)a->n_heads), ATTN_THREADS, smem,
 		rt->stream, attn_params(a), tiles);
 	return launched(rt, "attention prefill kernel");

@@ -248,13 +248,14 @@ static int run_rope(struct loom_exec *e, const struct loom_node *nd, int64_t row
 {
 	const struct loom_backend *be = e->m->be;
 	const struct loom_hparams *hp = &e->m->hp;
+	const struct loom_layer *L = &e->m->layers[nd->layer];
 	struct loom_rope_args a = {
-		.struct_size = sizeof(a), .mode = hp->rope_mode,
+		.struct_size = sizeof(a), .mode = hp->arch->rope_mode,
 		.x = e->act[nd->dst], .n_tokens = rows,
 		.n_heads = e->width[nd->dst] / hp->head_dim, .head_dim = hp->head_dim,
 		.n_rot = hp->n_rot, .row_stride = e->width[nd->dst],
-		.pos = e->in[IN_POS], .freq_base = hp->rope_base,
-		.freq_scale = hp->rope_scale, .freq_factors = e->m->rope_freqs.data,
+		.pos = e->in[IN_POS], .freq_base = L->rope_base,
+		.freq_scale = L->rope_scale, .freq_factors = e->m->rope_freqs.data,
 	};
 
 	return be->ops->rope(be->ctx, &a);
@@ -289,7 +290,8 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.max_blocks = e->table_stride,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[IN_BLOCKS],
-		.scale = 1.0f / sqrtf((float)hp->head_dim),
+		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
+		.softcap = hp->attn_softcap,
 	};
 
 	return be->ops->attention(be->ctx, &a);
@@ -329,6 +331,11 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 	case NODE_RMSNORM:
 		return be->ops->rmsnorm(ctx, dst, wd, a, wa, nd->w->data, rows, wd,
 					e->m->hp.norm_eps);
+	case NODE_HEADNORM: /* rows of heads: [rows * wd / head_dim][head_dim] */
+		return be->ops->rmsnorm(ctx, dst, nd->w->cols, a, nd->w->cols, nd->w->data,
+					rows * (wd / nd->w->cols), nd->w->cols, e->m->hp.norm_eps);
+	case NODE_SCALE:
+		return be->ops->scale(ctx, dst, wd, rows, wd, nd->value);
 	case NODE_GEMM:
 		return run_gemm(e, nd, rows);
 	case NODE_ADD:
@@ -343,7 +350,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 	case NODE_ATTENTION:
 		return run_attention(e, nd, b);
 	case NODE_GLU:
-		return be->ops->glu(ctx, LOOM_GLU_SILU, dst, wd, a, wa, e->act[nd->b],
+		return be->ops->glu(ctx, e->m->hp.arch->glu, dst, wd, a, wa, e->act[nd->b],
 				    e->width[nd->b], rows, wd);
 	case NODE_GATHER:
 		return run_gather(e, nd, b);
@@ -353,6 +360,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 
 static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
+	"headnorm", "scale",
 };
 
 /* Runs the graph's nodes; err names the node that failed. */

@@ -79,12 +79,10 @@ out_fail:
 	return -1;
 }
 
-static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
-			char *err, size_t errlen)
+static int read_arch(const struct gguf_file *f, struct loom_hparams *hp,
+		     char *err, size_t errlen)
 {
-	const struct gguf_kv *tokens;
-	char *arch = NULL;
-	const char *a;
+	char *arch = NULL, names[256];
 
 	if (gguf_get_str(f, "general.architecture", &arch, err, errlen)) {
 		if (!arch)
@@ -93,17 +91,55 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 	}
 	snprintf(hp->arch_name, sizeof(hp->arch_name), "%s", arch);
 	free(arch);
-	a = hp->arch_name;
-	if (strcmp(a, "llama") == 0 || strcmp(a, "mistral") == 0) {
-		hp->arch = LOOM_ARCH_LLAMA;
-		hp->rope_mode = LOOM_ROPE_NORM;
-	} else if (strcmp(a, "qwen2") == 0) {
-		hp->arch = LOOM_ARCH_QWEN2;
-		hp->rope_mode = LOOM_ROPE_NEOX;
-	} else {
-		loom_seterr(err, errlen, "architecture '%s' is not supported (llama, mistral, qwen2)", a);
+	hp->arch = loom_arch_find(hp->arch_name);
+	if (!hp->arch) {
+		loom_arch_names(names, sizeof(names));
+		loom_seterr(err, errlen, "architecture '%s' is not supported (%s)",
+			hp->arch_name, names);
 		return -1;
 	}
+	return 0;
+}
+
+/* Attention scale, soft-capping and the local layers' window. */
+static int read_attention(const struct gguf_file *f, struct loom_hparams *hp,
+			  char *err, size_t errlen)
+{
+	const char *a = hp->arch_name;
+	float final_cap = 0.0f;
+	int64_t window = 0;
+
+	if (get_arch_float(f, a, "attention.scale", 1.0f / sqrtf((float)hp->head_dim),
+			   &hp->attn_scale, err, errlen) ||
+	    get_arch_float(f, a, "attn_logit_softcapping", 0.0f, &hp->attn_softcap,
+			   err, errlen) ||
+	    get_arch_float(f, a, "final_logit_softcapping", 0.0f, &final_cap, err, errlen) ||
+	    (hp->arch->swa_period > 0 &&
+	     get_arch_int(f, a, "attention.sliding_window", 0, &window, err, errlen)))
+		return -1;
+	if (final_cap > 0.0f) {
+		loom_seterr(err, errlen, "key '%s.final_logit_softcapping': final-logit soft-capping is not supported yet",
+			a);
+		return -1;
+	}
+	if (window > INT32_MAX) {
+		loom_seterr(err, errlen, "key '%s.attention.sliding_window': %lld is too large",
+			a, (long long)window);
+		return -1;
+	}
+	hp->window = (int32_t)window;
+	return 0;
+}
+
+static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
+			char *err, size_t errlen)
+{
+	const struct gguf_kv *tokens;
+	const char *a;
+
+	if (read_arch(f, hp, err, errlen))
+		return -1;
+	a = hp->arch_name;
 	if (get_arch_int(f, a, "context_length", 4096, &hp->n_ctx_train, err, errlen) ||
 	    get_arch_int(f, a, "embedding_length", -1, &hp->n_embd, err, errlen) ||
 	    get_arch_int(f, a, "block_count", -1, &hp->n_layer, err, errlen) ||
@@ -131,9 +167,40 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 			(long long)hp->n_rot, (long long)hp->head_dim);
 		return -1;
 	}
-	if (gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &tokens, err, errlen))
+	if (read_attention(f, hp, err, errlen) ||
+	    gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &tokens, err, errlen))
 		return -1;
 	hp->n_vocab = (int64_t)tokens->arr_n;
+	return 0;
+}
+
+/*
+ * Each layer's attention kind: global layers take the file's RoPE (base
+ * and scaling) and see the whole context; with a sliding window, the
+ * family's pattern makes the others local (see struct loom_arch).
+ */
+static int set_layer_kinds(const struct gguf_file *f, struct loom_model *m,
+			   char *err, size_t errlen)
+{
+	const struct loom_hparams *hp = &m->hp;
+	const struct loom_arch *arch = hp->arch;
+	int64_t period = arch->swa_period;
+	float local_base = arch->swa_rope_base > 0.0f ? arch->swa_rope_base : hp->rope_base;
+
+	if (hp->window > 0 &&
+	    (get_arch_int(f, hp->arch_name, "attention.sliding_window_pattern", period,
+			  &period, err, errlen) ||
+	     get_arch_float(f, hp->arch_name, "rope.freq_base_swa", local_base,
+			    &local_base, err, errlen)))
+		return -1;
+	for (int64_t i = 0; i < hp->n_layer; i++) {
+		struct loom_layer *L = &m->layers[i];
+		bool local = hp->window > 0 && period > 0 && (i + 1) % period != 0;
+
+		L->rope_base = local ? local_base : hp->rope_base;
+		L->rope_scale = local ? 1.0f : hp->rope_scale;
+		L->window = local ? hp->window : 0;
+	}
 	return 0;
 }
 
@@ -223,30 +290,43 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	return 0;
 }
 
+static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
+{
+	switch (d) {
+	case LOOM_DIM_1:
+		return 0;
+	case LOOM_DIM_EMBD:
+		return hp->n_embd;
+	case LOOM_DIM_Q:
+		return hp->n_head * hp->head_dim;
+	case LOOM_DIM_KV:
+		return hp->n_head_kv * hp->head_dim;
+	case LOOM_DIM_FF:
+		return hp->n_ff;
+	case LOOM_DIM_HEAD:
+		return hp->head_dim;
+	}
+	return 0;
+}
+
+/* Every layer's tensors, as the family's table lists them. */
 static int plan_layers(struct loader *l)
 {
 	const struct loom_hparams *hp = &l->m->hp;
-	int64_t E = hp->n_embd, Dq = hp->n_head * hp->head_dim;
-	int64_t Dkv = hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-	bool bias = hp->arch == LOOM_ARCH_QWEN2;
+	const struct loom_arch_tensor *t;
 	int i;
 
 	for (i = 0; i < hp->n_layer; i++) {
-		struct loom_layer *L = &l->m->layers[i];
+		char *L = (char *)&l->m->layers[i];
 
-		if (plan_weight(l, &L->attn_norm, "blk.%d.attn_norm.weight", i, 0, E, true, 0) ||
-		    plan_weight(l, &L->wq, "blk.%d.attn_q.weight", i, Dq, E, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->wk, "blk.%d.attn_k.weight", i, Dkv, E, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->wv, "blk.%d.attn_v.weight", i, Dkv, E, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->wo, "blk.%d.attn_output.weight", i, E, Dq, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->bq, "blk.%d.attn_q.bias", i, 0, Dq, bias, 0) ||
-		    plan_weight(l, &L->bk, "blk.%d.attn_k.bias", i, 0, Dkv, bias, 0) ||
-		    plan_weight(l, &L->bv, "blk.%d.attn_v.bias", i, 0, Dkv, bias, 0) ||
-		    plan_weight(l, &L->ffn_norm, "blk.%d.ffn_norm.weight", i, 0, E, true, 0) ||
-		    plan_weight(l, &L->w_gate, "blk.%d.ffn_gate.weight", i, F, E, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->w_up, "blk.%d.ffn_up.weight", i, F, E, true, LOOM_OP_GEMM) ||
-		    plan_weight(l, &L->w_down, "blk.%d.ffn_down.weight", i, E, F, true, LOOM_OP_GEMM))
-			return -1;
+		for (t = hp->arch->tensors; t->name; t++) {
+			int64_t rows = dim_size(hp, t->rows);
+
+			if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i, rows,
+					dim_size(hp, t->cols), !t->optional,
+					rows ? LOOM_OP_GEMM : 0))
+				return -1;
+		}
 	}
 	return 0;
 }
@@ -376,7 +456,8 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		loom_seterr(err, errlen, "out of memory");
 		goto out_free;
 	}
-	if (plan_all(&l) || upload_all(&l, p->progress && isatty(2)))
+	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) ||
+	    upload_all(&l, p->progress && isatty(2)))
 		goto out_free;
 	if (!m->output.data)
 		m->output = m->tok_embd;

@@ -11,16 +11,17 @@
 #include "plugin/backend_loader.h"
 #include "format/gguf.h"
 #include "engine/kv.h"
-
-enum loom_arch { LOOM_ARCH_LLAMA, LOOM_ARCH_QWEN2 };
+#include "model/arch.h"
 
 struct loom_hparams {
-	enum loom_arch arch;
+	const struct loom_arch *arch;
 	char arch_name[32];
 	int64_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
 	int64_t head_dim, n_ff, n_rot;
-	float norm_eps, rope_base, rope_scale;
-	uint32_t rope_mode;
+	float norm_eps, rope_base, rope_scale; /* global layers' RoPE */
+	float attn_scale;   /* scores = attn_scale * q.k */
+	float attn_softcap; /* > 0: scores = c * tanh(scores / c) */
+	int32_t window;     /* local layers' sliding window, 0: none */
 };
 
 /* A weight on the device: [rows][cols] in `type`, rows row_bytes apart. */
@@ -31,9 +32,23 @@ struct loom_weight {
 	void *data; /* device address, NULL when the tensor is absent */
 };
 
+/* One layer's weights ([rows][cols]; "opt." ones have data NULL when the
+ * family or the file has none) and its attention kind. */
 struct loom_layer {
-	struct loom_weight attn_norm, wq, wk, wv, wo, bq, bk, bv;
-	struct loom_weight ffn_norm, w_gate, w_up, w_down;
+	struct loom_weight attn_norm;      /* [n_embd] */
+	struct loom_weight wq;             /* [n_head * head_dim][n_embd] */
+	struct loom_weight wk, wv;         /* [n_head_kv * head_dim][n_embd] */
+	struct loom_weight bq;             /* [n_head * head_dim], opt. */
+	struct loom_weight bk, bv;         /* [n_head_kv * head_dim], opt. */
+	struct loom_weight q_norm, k_norm; /* [head_dim], per-head QK-norm, opt. */
+	struct loom_weight wo;             /* [n_embd][n_head * head_dim] */
+	struct loom_weight post_attn_norm; /* [n_embd], opt. */
+	struct loom_weight ffn_norm;       /* [n_embd] */
+	struct loom_weight w_gate, w_up;   /* [n_ff][n_embd] */
+	struct loom_weight w_down;         /* [n_embd][n_ff] */
+	struct loom_weight post_ffn_norm;  /* [n_embd], opt. */
+	float rope_base, rope_scale;       /* this layer's RoPE */
+	int32_t window;                    /* sliding window in tokens, 0: none */
 };
 
 /* Activation tensors of the graph: each is [rows][width] f32. */
@@ -55,6 +70,8 @@ enum loom_act {
 enum loom_node_op {
 	NODE_EMBED, NODE_RMSNORM, NODE_GEMM, NODE_ADD, NODE_ROPE, NODE_KV_WRITE,
 	NODE_ATTENTION, NODE_GLU, NODE_GATHER,
+	NODE_HEADNORM, /* rmsnorm of each head_dim slice of a row */
+	NODE_SCALE,    /* dst *= value, in place */
 };
 
 /* One step of the graph. Row counts are bound at run time: nodes before
@@ -66,6 +83,7 @@ struct loom_node {
 	const struct loom_weight *w;
 	int32_t layer;
 	bool on_outputs;
+	float value; /* NODE_SCALE */
 };
 
 struct loom_model {

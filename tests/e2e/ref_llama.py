@@ -30,6 +30,25 @@ Model (llama family, as llama.cpp defines it for GGUF):
 A GGUF tensor of shape [ne0, ne1] is a NumPy array (ne1, ne0): ne1 rows of
 ne0, so y = x @ W.T for a weight of gguf shape [n_in, n_out].
 
+Gemma 3 (arch "gemma3"), as llama.cpp runs it (its converter stores Gemma's
+(1 + w) norm weights as 1 + w already, so every norm is rmsnorm(x) * w):
+  x = token_embd[ids] * sqrt(n_embd)
+  per layer:
+    h = rmsnorm(x) * attn_norm
+    q, k, v = h Wq^T, h Wk^T, h Wv^T
+    q = rmsnorm(q per head) * attn_q_norm, k likewise with attn_k_norm
+    rope(q), rope(k) on halves; local layers base 10000 (or
+        gemma3.rope.freq_base_swa) and no scaling, global layers the file's
+    softmax(q k^T * scale) v, scale = gemma3.attention.scale or
+        1/sqrt(head_dim); a local layer's query at p sees keys in
+        (p - window, p], window = gemma3.attention.sliding_window
+    layer i is global when (i + 1) % pattern == 0 (pattern from
+        gemma3.attention.sliding_window_pattern, else 6)
+    x += rmsnorm(attn_output(o)) * post_attention_norm
+    h = rmsnorm(x) * ffn_norm
+    x += rmsnorm(ffn_down(gelu_tanh(ffn_gate h) * ffn_up h)) * post_ffw_norm
+  logits = rmsnorm(x) * output_norm @ W_out^T
+
 CLI:
   ref_llama.py MODEL --tokens "1 2 3" -n 32 --logits-out F.npy \
       --tokens-out F.txt
@@ -54,7 +73,7 @@ from gguf.quants import dequantize  # noqa: E402
 # Rope variants by architecture (llama.cpp's rope type per arch).
 ROPE_NORM = "norm"
 ROPE_NEOX = "neox"
-ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX}
+ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "gemma3": ROPE_NEOX}
 
 
 def field_value(field):
@@ -112,6 +131,18 @@ class Model:
         if stype not in ("none", "linear"):
             raise ValueError("rope scaling %r not supported" % stype)
         self.rope_factor = factor if stype == "linear" and factor > 0 else 1.0
+        self.scale = float(self.meta(a + ".attention.scale",
+                                     1.0 / math.sqrt(self.head_dim)))
+        gemma = a == "gemma3"
+        # Gemma 3 switches, each a plain attribute so a test can turn one off
+        self.embd_scale = math.sqrt(self.n_embd) if gemma else 1.0
+        self.act = "gelu_tanh" if gemma else "silu"
+        self.window = int(self.meta(a + ".attention.sliding_window", 0)) \
+            if gemma else 0
+        self.pattern = int(self.meta(a + ".attention.sliding_window_pattern",
+                                     6))
+        self.local_base = float(self.meta(a + ".rope.freq_base_swa",
+                                          10000.0))
         if self.n_head % self.n_head_kv or self.n_rot % 2 or \
            self.n_rot > self.head_dim:
             raise ValueError("inconsistent attention hyperparameters")
@@ -144,6 +175,9 @@ class Model:
                 L[n] = w(p + n + ".weight")
             for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 L[n + ".bias"] = w(p + n + ".bias", False)
+            for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm",
+                      "post_ffw_norm"):
+                L[n] = w(p + n + ".weight", self.arch == "gemma3")
             self.layers.append(L)
         self.n_vocab = self.output.shape[0]
 
@@ -153,14 +187,20 @@ class Model:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.eps) * w
 
-    def rope(self, x, pos):
+    def is_local(self, il):
+        """Whether layer il attends to a sliding window only."""
+        return self.window > 0 and (il + 1) % self.pattern != 0
+
+    def rope(self, x, pos, local=False):
         """x: (T, heads, head_dim); rotates the first n_rot dims."""
         n_rot = self.n_rot
         i = np.arange(0, n_rot, 2, dtype=np.float64)
-        freq = self.rope_base ** (-i / n_rot)
+        base = self.local_base if local else self.rope_base
+        freq = base ** (-i / n_rot)
         if self.rope_freqs is not None:
             freq = freq / self.rope_freqs.astype(np.float64)
-        p = np.asarray(pos, dtype=np.float64) / self.rope_factor
+        factor = 1.0 if local else self.rope_factor
+        p = np.asarray(pos, dtype=np.float64) / factor
         theta = p[:, None] * freq[None, :]           # (T, n_rot/2)
         c = np.cos(theta)[:, None, :].astype(self.dtype)
         s = np.sin(theta)[:, None, :].astype(self.dtype)
@@ -181,15 +221,19 @@ class Model:
         y = x @ w.T
         return y if b is None else y + b
 
-    def attention(self, L, h, pos, cache):
+    def attention(self, L, h, pos, cache, il=0):
         T = h.shape[0]
         hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
         g = nh // nkv
+        local = self.is_local(il)
         q = self.linear(h, L["attn_q"], L["attn_q.bias"]).reshape(T, nh, hd)
         k = self.linear(h, L["attn_k"], L["attn_k.bias"]).reshape(T, nkv, hd)
         v = self.linear(h, L["attn_v"], L["attn_v.bias"]).reshape(T, nkv, hd)
-        q = self.rope(q, pos)
-        k = self.rope(k, pos)
+        if L["attn_q_norm"] is not None:           # QK-norm, per head
+            q = self.rmsnorm(q, L["attn_q_norm"])
+            k = self.rmsnorm(k, L["attn_k_norm"])
+        q = self.rope(q, pos, local)
+        k = self.rope(k, pos, local)
         cache["k"] = k if cache["k"] is None else \
             np.concatenate([cache["k"], k])
         cache["v"] = v if cache["v"] is None else \
@@ -198,21 +242,35 @@ class Model:
         S = K.shape[0]
         # query head h = kv * g + j uses kv head kv = h // g
         qg = q.reshape(T, nkv, g, hd)
-        sc = np.einsum("tkjd,skd->kjts", qg, K) * (1.0 / math.sqrt(hd))
+        sc = np.einsum("tkjd,skd->kjts", qg, K) * self.scale
         key_pos = np.arange(S)
-        mask = key_pos[None, :] > np.asarray(pos)[:, None]   # (T, S)
+        qpos = np.asarray(pos)[:, None]
+        mask = key_pos[None, :] > qpos                       # (T, S)
+        if local:
+            mask |= key_pos[None, :] <= qpos - self.window
         sc = np.where(mask[None, None], -np.inf, sc)
         sc = sc - sc.max(axis=-1, keepdims=True)
         p = np.exp(sc)
         p = p / p.sum(axis=-1, keepdims=True)
         o = np.einsum("kjts,skd->tkjd", p, V).reshape(T, nh * hd)
-        return self.linear(o, L["attn_output"], L["attn_output.bias"])
+        o = self.linear(o, L["attn_output"], L["attn_output.bias"])
+        if L["post_attention_norm"] is not None:
+            o = self.rmsnorm(o, L["post_attention_norm"])
+        return o
 
     def ffn(self, L, h):
         gate = self.linear(h, L["ffn_gate"])
         up = self.linear(h, L["ffn_up"])
-        act = gate / (1.0 + np.exp(-gate)) * up      # silu(gate) * up
-        return self.linear(act, L["ffn_down"])
+        if self.act == "gelu_tanh":
+            c = math.sqrt(2.0 / math.pi)
+            act = 0.5 * gate * (1.0 + np.tanh(c * (gate + 0.044715 *
+                                                   gate ** 3))) * up
+        else:
+            act = gate / (1.0 + np.exp(-gate)) * up  # silu(gate) * up
+        y = self.linear(act, L["ffn_down"])
+        if L["post_ffw_norm"] is not None:
+            y = self.rmsnorm(y, L["post_ffw_norm"])
+        return y
 
     def new_cache(self):
         return [{"k": None, "v": None} for _ in range(self.n_layer)]
@@ -223,10 +281,10 @@ class Model:
         if ids.min() < 0 or ids.max() >= self.tok_embd.shape[0]:
             raise ValueError("token id out of range")
         pos = np.arange(start, start + len(ids))
-        x = self.tok_embd[ids]
-        for L, c in zip(self.layers, cache):
+        x = self.tok_embd[ids] * self.embd_scale
+        for il, (L, c) in enumerate(zip(self.layers, cache)):
             x = x + self.attention(L, self.rmsnorm(x, L["attn_norm"]),
-                                   pos, c)
+                                   pos, c, il)
             x = x + self.ffn(L, self.rmsnorm(x, L["ffn_norm"]))
         return self.rmsnorm(x, self.out_norm) @ self.output.T
 

@@ -1,0 +1,122 @@
+/* The architecture descriptors: one table per model family (see arch.h).
+ *
+ * Tensor names are llama.cpp's GGUF names. Families differ in:
+ *   llama, mistral: RoPE on adjacent pairs (the converter permutes Q/K),
+ *                   SiLU-gated FFN, attention biases if the file has them;
+ *   qwen2:          RoPE on halves (NeoX), Q/K/V biases;
+ *   gemma3:         RoPE on halves, GELU(tanh)-gated FFN, embeddings
+ *                   scaled by sqrt(n_embd), per-head QK-norm, norms after
+ *                   attention and FFN as well as before, and five local
+ *                   (sliding-window, RoPE base 10000) layers per global one.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* A per-layer tensor: GGUF name, struct loom_layer member, [rows][cols]. */
+#define TENSOR(nm, member, r, c, opt) \
+	{ .name = "blk.%d." nm, .slot = offsetof(struct loom_layer, member), \
+	  .rows = LOOM_DIM_##r, .cols = LOOM_DIM_##c, .optional = opt }
+#define END { .name = NULL }
+
+/* The tensors every family here shares, in file order. */
+#define ATTN_TENSORS \
+	TENSOR("attn_norm.weight", attn_norm, 1, EMBD, false), \
+	TENSOR("attn_q.weight", wq, Q, EMBD, false), \
+	TENSOR("attn_k.weight", wk, KV, EMBD, false), \
+	TENSOR("attn_v.weight", wv, KV, EMBD, false), \
+	TENSOR("attn_output.weight", wo, EMBD, Q, false)
+
+#define FFN_TENSORS \
+	TENSOR("ffn_norm.weight", ffn_norm, 1, EMBD, false), \
+	TENSOR("ffn_gate.weight", w_gate, FF, EMBD, false), \
+	TENSOR("ffn_up.weight", w_up, FF, EMBD, false), \
+	TENSOR("ffn_down.weight", w_down, EMBD, FF, false)
+
+#define QKV_BIASES(opt) \
+	TENSOR("attn_q.bias", bq, 1, Q, opt), \
+	TENSOR("attn_k.bias", bk, 1, KV, opt), \
+	TENSOR("attn_v.bias", bv, 1, KV, opt)
+
+static const struct loom_arch_tensor llama_tensors[] = {
+	ATTN_TENSORS, QKV_BIASES(true), FFN_TENSORS, END,
+};
+
+static const struct loom_arch_tensor qwen2_tensors[] = {
+	ATTN_TENSORS, QKV_BIASES(false), FFN_TENSORS, END,
+};
+
+static const struct loom_arch_tensor gemma3_tensors[] = {
+	ATTN_TENSORS,
+	TENSOR("attn_q_norm.weight", q_norm, 1, HEAD, false),
+	TENSOR("attn_k_norm.weight", k_norm, 1, HEAD, false),
+	TENSOR("post_attention_norm.weight", post_attn_norm, 1, EMBD, false),
+	FFN_TENSORS,
+	TENSOR("post_ffw_norm.weight", post_ffn_norm, 1, EMBD, false),
+	END,
+};
+
+static const struct loom_arch arch_llama = {
+	.name = "llama",
+	.aliases = (const char *const[]){ "mistral", NULL },
+	.tensors = llama_tensors,
+	.rope_mode = LOOM_ROPE_NORM,
+	.glu = LOOM_GLU_SILU,
+};
+
+static const struct loom_arch arch_qwen2 = {
+	.name = "qwen2",
+	.tensors = qwen2_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SILU,
+};
+
+static const struct loom_arch arch_gemma3 = {
+	.name = "gemma3",
+	.tensors = gemma3_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_GELU_TANH,
+	.embd_scale = true,
+	.swa_period = 6,
+	.swa_rope_base = 10000.0f,
+	.chat_marker = "<start_of_turn>",
+};
+
+static const struct loom_arch *const archs[] = {
+	&arch_llama, &arch_qwen2, &arch_gemma3,
+};
+
+#define N_ARCHS (sizeof(archs) / sizeof(archs[0]))
+
+static bool arch_matches(const struct loom_arch *a, const char *name)
+{
+	if (strcmp(a->name, name) == 0)
+		return true;
+	for (const char *const *p = a->aliases; p && *p; p++)
+		if (strcmp(*p, name) == 0)
+			return true;
+	return false;
+}
+
+const struct loom_arch *loom_arch_find(const char *name)
+{
+	for (size_t i = 0; i < N_ARCHS; i++)
+		if (arch_matches(archs[i], name))
+			return archs[i];
+	return NULL;
+}
+
+void loom_arch_names(char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < N_ARCHS && n < len; i++) {
+		const struct loom_arch *a = archs[i];
+
+		n += (size_t)snprintf(buf + n, len - n, "%s%s", i ? ", " : "", a->name);
+		for (const char *const *p = a->aliases; p && *p && n < len; p++)
+			n += (size_t)snprintf(buf + n, len - n, ", %s", *p);
+	}
+}

@@ -1,0 +1,130 @@
+/* The decoder graph, built from the model's architecture descriptor
+ * (arch.c): Llama 2/3, Mistral, SmolLM2, Qwen2, Gemma 3.
+ *
+ * Over every token of the step:
+ *   x = embd[tokens]                              (* sqrt(n_embd): gemma3)
+ * per layer i, with the layer's RoPE base/scaling and window (0: global):
+ *   xn  = rmsnorm(x) * attn_norm
+ *   q,k,v = xn . Wq/Wk/Wv (+ bq/bk/bv where the layer has them)
+ *   q,k = rmsnorm(each head of q, k) * q_norm/k_norm   (QK-norm: gemma3)
+ *   rope(q), rope(k)          (adjacent pairs or NeoX halves: descriptor)
+ *   cache <- k, v
+ *   att = softmax(attn_scale * q.k over the causal window) . v
+ *   p   = att . Wo;  p = rmsnorm(p) * post_attn_norm  (gemma3)
+ *   x  += p
+ *   xn  = rmsnorm(x) * ffn_norm
+ *   p   = (act(xn . Wgate) * (xn . Wup)) . Wdown      (act: SiLU or GELU-tanh)
+ *   p   = rmsnorm(p) * post_ffn_norm                  (gemma3)
+ *   x  += p
+ * then, over the rows that need logits only:
+ *   logits = rmsnorm(x) * output_norm . Wout          (Wout = embd when tied)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/graph.h"
+
+struct builder {
+	struct loom_node *nodes;
+	int n;
+	int cap;
+};
+
+static void emit(struct builder *b, struct loom_node node)
+{
+	if (b->n < b->cap)
+		b->nodes[b->n] = node;
+	b->n++;
+}
+
+/* dst = op(a) with weight w, in layer i. */
+static void emit_w(struct builder *b, enum loom_node_op op, enum loom_act dst,
+		   enum loom_act a, const struct loom_weight *w, int i)
+{
+	emit(b, (struct loom_node){ .op = op, .dst = dst, .a = a, .w = w, .layer = i });
+}
+
+/* x += p, in layer i. */
+static void emit_residual(struct builder *b, int i)
+{
+	emit(b, (struct loom_node){ .op = NODE_ADD, .dst = ACT_X, .a = ACT_X, .b = ACT_PROJ,
+				    .layer = i });
+}
+
+static void emit_attention(struct builder *b, const struct loom_layer *L, int i)
+{
+	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->attn_norm, i);
+	emit_w(b, NODE_GEMM, ACT_Q, ACT_XN, &L->wq, i);
+	emit_w(b, NODE_GEMM, ACT_K, ACT_XN, &L->wk, i);
+	emit_w(b, NODE_GEMM, ACT_V, ACT_XN, &L->wv, i);
+	if (L->bq.data) {
+		emit_w(b, NODE_ADD, ACT_Q, ACT_Q, &L->bq, i);
+		emit_w(b, NODE_ADD, ACT_K, ACT_K, &L->bk, i);
+		emit_w(b, NODE_ADD, ACT_V, ACT_V, &L->bv, i);
+	}
+	if (L->q_norm.data) {
+		emit_w(b, NODE_HEADNORM, ACT_Q, ACT_Q, &L->q_norm, i);
+		emit_w(b, NODE_HEADNORM, ACT_K, ACT_K, &L->k_norm, i);
+	}
+	emit_w(b, NODE_ROPE, ACT_Q, ACT_Q, NULL, i);
+	emit_w(b, NODE_ROPE, ACT_K, ACT_K, NULL, i);
+	emit(b, (struct loom_node){ .op = NODE_KV_WRITE, .dst = ACT_K, .a = ACT_K, .b = ACT_V,
+				    .layer = i });
+	emit_w(b, NODE_ATTENTION, ACT_ATT, ACT_Q, NULL, i);
+	emit_w(b, NODE_GEMM, ACT_PROJ, ACT_ATT, &L->wo, i);
+	if (L->post_attn_norm.data)
+		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_attn_norm, i);
+	emit_residual(b, i);
+}
+
+static void emit_ffn(struct builder *b, const struct loom_layer *L, int i)
+{
+	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->ffn_norm, i);
+	emit_w(b, NODE_GEMM, ACT_GATE, ACT_XN, &L->w_gate, i);
+	emit_w(b, NODE_GEMM, ACT_UP, ACT_XN, &L->w_up, i);
+	emit(b, (struct loom_node){ .op = NODE_GLU, .dst = ACT_GATE, .a = ACT_GATE, .b = ACT_UP,
+				    .layer = i });
+	emit_w(b, NODE_GEMM, ACT_PROJ, ACT_GATE, &L->w_down, i);
+	if (L->post_ffn_norm.data)
+		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_ffn_norm, i);
+	emit_residual(b, i);
+}
+
+static void emit_model(struct builder *b, const struct loom_model *m)
+{
+	int i;
+
+	emit_w(b, NODE_EMBED, ACT_X, 0, &m->tok_embd, -1);
+	if (m->hp.arch->embd_scale)
+		emit(b, (struct loom_node){ .op = NODE_SCALE, .dst = ACT_X, .a = ACT_X,
+					    .layer = -1, .value = sqrtf((float)m->hp.n_embd) });
+	for (i = 0; i < m->hp.n_layer; i++) {
+		emit_attention(b, &m->layers[i], i);
+		emit_ffn(b, &m->layers[i], i);
+	}
+	emit(b, (struct loom_node){ .op = NODE_GATHER, .dst = ACT_OUT, .a = ACT_X, .layer = -1,
+				    .on_outputs = true });
+	emit(b, (struct loom_node){ .op = NODE_RMSNORM, .dst = ACT_OUT, .a = ACT_OUT,
+				    .w = &m->output_norm, .layer = -1, .on_outputs = true });
+	emit(b, (struct loom_node){ .op = NODE_GEMM, .dst = ACT_LOGITS, .a = ACT_OUT,
+				    .w = &m->output, .layer = -1, .on_outputs = true });
+}
+
+int loom_graph_build(struct loom_model *m, char *err, size_t errlen)
+{
+	struct builder b = { 0 };
+
+	emit_model(&b, m); /* first pass counts */
+	b.nodes = calloc((size_t)b.n, sizeof(*b.nodes));
+	if (!b.nodes) {
+		snprintf(err, errlen, "out of memory building the graph");
+		return -1;
+	}
+	b.cap = b.n;
+	b.n = 0;
+	emit_model(&b, m);
+	m->nodes = b.nodes;
+	m->n_nodes = b.n;
+	return 0;
+}
