@@ -217,15 +217,27 @@ ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int6
 	return reduce8(acc) + accm;
 }
 
+/* (a0+a8) .. (a7+a15) in reduce8()'s order, as avx512_hsum() goes. */
+static inline float reduce16(const float a[16])
+{
+	float r[8];
+
+	for (int i = 0; i < 8; i++)
+		r[i] = a[i] + a[i + 8];
+	return reduce8(r);
+}
+
 /*
  * 16 lanes, blocks in pairs (QDOT_AVX512, QDOT_VNNI): the even block in
  * lanes 0-7, the odd in 8-15; a last unpaired block leaves lanes 8-15 an
- * fma of zeros. The minimum terms go through one scalar in block order.
+ * fma of zeros. The minimum terms of block b go to lane b % 16 of their
+ * own accumulator (so 16 blocks' scales convert as one vector), reduced
+ * once at the end.
  */
 ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
 {
 	const size_t bb = block_bytes(t);
-	float acc[16] = { 0 }, r[8], accm = 0.0f, d, m;
+	float acc[16] = { 0 }, accm[16] = { 0 }, d, m;
 	int8_t q[32];
 	int32_t s[8];
 
@@ -238,15 +250,13 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 				lane_sums(q, x[b + h].q, s);
 				d = d * x[b + h].d;
 				if (has_min(t))
-					accm = fmaf(m, x[b + h].s, accm);
+					accm[(b + h) % 16] = fmaf(m, x[b + h].s, accm[(b + h) % 16]);
 			}
 			for (int l = 0; l < 8; l++)
 				acc[8 * h + l] = fmaf((float)s[l], d, acc[8 * h + l]);
 		}
 	}
-	for (int i = 0; i < 8; i++)
-		r[i] = acc[i] + acc[i + 8];
-	return reduce8(r) + accm;
+	return reduce16(acc) + reduce16(accm);
 }
 
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
@@ -412,13 +422,20 @@ TGT_AVX512 ALWAYS __m512i join_i(__m256i lo, __m256i hi)
 	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* Adds m * xs to lane b % 16 of *accm, as ref16() does. */
+TGT_AVX512 ALWAYS void avx512_min_lane(__m512 *accm, int64_t b, float m, float xs)
+{
+	*accm = _mm512_mask3_fmadd_ps(_mm512_set1_ps(m), _mm512_set1_ps(xs), *accm,
+				      (__mmask16)(1u << (b % 16)));
+}
+
 /*
  * Operands of blocks b and b+1 (zeros for b+1 == nb) in the low and high
- * halves; accm takes the minimum terms in block order.
+ * halves; accm takes the minimum terms in their lanes.
  */
 TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qdot_block *x,
 				   int64_t b, int64_t nb, __m512i *u, __m512i *s, __m512 *d,
-				   float *accm)
+				   __m512 *accm)
 {
 	const size_t bb = block_bytes(t);
 	__m256i u0, s0, u1 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -426,11 +443,11 @@ TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qd
 
 	avx2_operands(t, w + b * bb, x + b, &u0, &s0, &d0, &m0);
 	if (has_min(t))
-		*accm = fmaf(m0, x[b].s, *accm);
+		avx512_min_lane(accm, b, m0, x[b].s);
 	if (b + 1 < nb) {
 		avx2_operands(t, w + (b + 1) * bb, x + b + 1, &u1, &s1, &d1, &m1);
 		if (has_min(t))
-			*accm = fmaf(m1, x[b + 1].s, *accm);
+			avx512_min_lane(accm, b + 1, m1, x[b + 1].s);
 	}
 	*u = join_i(u0, u1);
 	*s = join_i(s0, s1);
@@ -462,13 +479,12 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                    \
 			      const struct qdot_block *x, int64_t nb, float *y, int R)      \
 	{                                                                                  \
-		__m512 acc[4], d;                                                          \
-		float accm[4];                                                             \
+		__m512 acc[4], accm[4], d;                                                 \
 		__m512i u, s;                                                              \
                                                                                            \
 		for (int r = 0; r < R; r++) {                                              \
 			acc[r] = _mm512_setzero_ps();                                      \
-			accm[r] = 0.0f;                                                    \
+			accm[r] = _mm512_setzero_ps();                                     \
 		}                                                                          \
 		for (int64_t b = 0; b < nb; b += 2)                                        \
 			for (int r = 0; r < R; r++) {                                      \
@@ -477,14 +493,168 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 							 acc[r]);                          \
 			}                                                                  \
 		for (int r = 0; r < R; r++)                                                \
-			y[r] = avx512_hsum(acc[r]) + accm[r];                              \
+			y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);                 \
 	}
 
 AVX512_ROWS(TGT_AVX512, avx512_rows, bw_lanes)
 AVX512_ROWS(TGT_VNNI, vnni_rows, vnni_lanes)
 
+/*
+ * VNNI kernels of Q8_0, Q4_0 and Q4_1, in ref16()'s arithmetic with the
+ * per-block scalar work taken out of the loop: the scales (and minima) of
+ * 16 blocks of a row come in one gather and convert as one vector; the
+ * pair's combined scale is a lane permute of that vector. The weights go
+ * in as unsigned bytes with a per-lane correction that the activation
+ * pair supplies once for all rows:
+ *   Q4_1  nibbles q,        no correction
+ *   Q4_0  nibbles q,        lane - 8 * sum(x.q of the lane)
+ *   Q8_0  q + 128 (q ^ 80h), lane - 128 * sum(x.q of the lane)
+ * which give the same exact int32 lane sums as the signed products.
+ */
+
+/* Unsigned operand of blocks p and p + bb (only p if !two). */
+TGT_VNNI ALWAYS __m512i vnni_weights(uint32_t t, const uint8_t *p, size_t bb, bool two)
+{
+	/* the high nibbles of each block's 16 bytes land in its lanes 4-7 */
+	const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+	size_t qs = t == LOOM_TYPE_Q4_1 ? 4 : 2;
+	__m512i v;
+
+	if (t == LOOM_TYPE_Q8_0) {
+		v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+		if (two)
+			v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(p + bb + 2)), 1);
+		return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+	}
+	v = _mm512_maskz_broadcast_i32x4(two ? 0xffff : 0x00ff,
+					 _mm_loadu_si128((const __m128i *)(p + qs)));
+	if (two)
+		v = _mm512_mask_broadcast_i32x4(v, 0xff00,
+						_mm_loadu_si128((const __m128i *)(p + bb + qs)));
+	return _mm512_and_si512(_mm512_srlv_epi64(v, nib_shift), _mm512_set1_epi8(15));
+}
+
+/* Activations of blocks b and b + 1 (only b if !two), and the lanes'
+ * correction for t's weight offset. */
+TGT_VNNI ALWAYS __m512i vnni_acts(uint32_t t, const struct qdot_block *x, bool two, __m512i *fix)
+{
+	__m512i xq = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[0].q));
+	int8_t off = t == LOOM_TYPE_Q8_0 ? -128 : -8;
+
+	if (two)
+		xq = _mm512_inserti64x4(xq, _mm256_loadu_si256((const __m256i *)x[1].q), 1);
+	else
+		xq = _mm512_zextsi256_si512(_mm512_castsi512_si256(xq));
+	*fix = _mm512_setzero_si512();
+	if (t != LOOM_TYPE_Q4_1) /* -off * x is at most 128 * 127: no overflow */
+		*fix = _mm512_sub_epi32(*fix, _mm512_dpbusd_epi32(*fix, _mm512_set1_epi8((char)-off), xq));
+	return xq;
+}
+
+/* One block pair (j, j + 1 of the 16 whose combined scales are in D[]) on
+ * R rows. */
+TGT_VNNI ALWAYS void vnni_pair(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
+			       bool two, __m512i didx, const __m512 *D, __m512 *acc, int R)
+{
+	const size_t bb = block_bytes(t);
+	__m512i fix, xq = vnni_acts(t, x, two, &fix);
+
+	for (int r = 0; r < R; r++) {
+		__m512i l = _mm512_dpbusd_epi32(fix, vnni_weights(t, w + r * ws, bb, two), xq);
+		__m512 d = _mm512_permutexvar_ps(didx, D[r]);
+
+		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, acc[r]);
+	}
+}
+
+/*
+ * The f16 scale words of n <= 16 consecutive blocks bb bytes apart at p
+ * (bb even): word b of the result is block b's first word (d), word
+ * 16 + b its second (m, for the offset formats). Instead of a gather,
+ * which is slow on Zen 4: the chunk's bytes in 64-byte loads (masked, so
+ * never past the n blocks), then word permutes over pairs of them.
+ */
+TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
+{
+	const int W = (int)block_bytes(t) / 2, tables = (W * 15 + has_min(t)) / 64 + 1;
+	const int64_t bytes = (int64_t)n * 2 * W;
+	__m512i res = _mm512_setzero_si512(), src, lo, hi;
+	uint16_t word[32];
+
+	/* the source word of each result word */
+	for (int e = 0; e < 32; e++)
+		word[e] = (uint16_t)(W * (e % 16) + e / 16);
+	src = _mm512_loadu_si512(word);
+	for (int i = 0; i < tables; i++) {
+		int64_t r0 = bytes - 128 * i, r1 = r0 - 64;
+		__mmask64 k0 = r0 >= 64 ? ~0ull : r0 <= 0 ? 0 : (1ull << r0) - 1;
+		__mmask64 k1 = r1 >= 64 ? ~0ull : r1 <= 0 ? 0 : (1ull << r1) - 1;
+		__mmask32 k = _mm512_cmpeq_epi16_mask(_mm512_srli_epi16(src, 6),
+						      _mm512_set1_epi16((short)i));
+
+		lo = _mm512_maskz_loadu_epi8(k0, p + 128 * i);
+		hi = _mm512_maskz_loadu_epi8(k1, p + 128 * i + 64);
+		res = _mm512_mask_mov_epi16(res, k, _mm512_permutex2var_epi16(lo, src, hi));
+	}
+	return res;
+}
+
+TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
+				    const struct qdot_block *x, int64_t nb, float *y, int R)
+{
+	const size_t bb = block_bytes(t);
+	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+					       15);
+	const __m512i x_off = _mm512_mullo_epi32(lane, _mm512_set1_epi32(sizeof(*x)));
+	const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	__m512 acc[4], accm[4], D[4];
+
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm512_setzero_ps();
+		accm[r] = _mm512_setzero_ps();
+	}
+	for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+		int n = nb - b0 < 16 ? (int)(nb - b0) : 16, j;
+		__mmask16 k = (__mmask16)((1u << n) - 1);
+		const uint8_t *wb = w + b0 * bb;
+		__m512 xd = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, x_off, &x[b0].d, 1);
+		__m512 xs = _mm512_setzero_ps();
+		__m512i didx = pair0;
+
+		if (has_min(t))
+			xs = _mm512_mask_i32gather_ps(xs, k, x_off, &x[b0].s, 1);
+		for (int r = 0; r < R; r++) {
+			__m512i dm = vnni_scale_words(t, wb + r * ws, n);
+
+			D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), xd);
+			if (has_min(t))
+				accm[r] = _mm512_mask3_fmadd_ps(
+					_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), xs,
+					accm[r], k);
+		}
+		for (j = 0; j + 2 <= n; j += 2) {
+			vnni_pair(t, wb + j * bb, ws, x + b0 + j, true, didx, D, acc, R);
+			didx = _mm512_add_epi32(didx, _mm512_set1_epi32(2));
+		}
+		if (j < n)
+			vnni_pair(t, wb + j * bb, ws, x + b0 + j, false, didx, D, acc, R);
+	}
+	for (int r = 0; r < R; r++)
+		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
+}
+
+/* The fast kernels where there is one, the pairwise ones elsewhere. */
+TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
+				   const struct qdot_block *x, int64_t nb, float *y, int R)
+{
+	if (t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1)
+		vnni_fast_rows(t, w, ws, x, nb, y, R);
+	else
+		vnni_rows(t, w, ws, x, nb, y, R);
+}
+
 QDOT_SET(TGT_AVX512, avx512, avx512_rows);
-QDOT_SET(TGT_VNNI, vnni, vnni_rows);
+QDOT_SET(TGT_VNNI, vnni, vnni_any_rows);
 
 #endif /* __x86_64__ */
 
