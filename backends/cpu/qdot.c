@@ -119,6 +119,15 @@ void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
 	}
 }
 
+void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc)
+{
+	memset(sc, 0, (size_t)qdot_scales_len(nb) * sizeof(*sc));
+	for (int64_t b = 0; b < nb; b++) {
+		sc[b / 16 * 32 + b % 16] = x[b].d;
+		sc[b / 16 * 32 + 16 + b % 16] = x[b].s;
+	}
+}
+
 /* ---- plain C: the references, and the scalar kernels ---- */
 
 static inline uint16_t rd16(const uint8_t *p)
@@ -275,14 +284,14 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
  */
 #define QDOT_ONE(attr, prefix, name, T, body)                                             \
 	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
-					 const struct qdot_block *x, int64_t nb, float *y, \
-					 int rows)                                         \
+					 const struct qdot_block *x, const float *xsc,      \
+					 int64_t nb, float *y, int rows)                    \
 	{                                                                                  \
 		int r = 0;                                                                 \
 		for (; r + 4 <= rows; r += 4)                                              \
-			body(T, w + r * ws, ws, x, nb, y + r, 4);                           \
+			body(T, w + r * ws, ws, x, xsc, nb, y + r, 4);                      \
 		for (; r < rows; r++)                                                      \
-			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
+			body(T, w + r * ws, ws, x, xsc, nb, y + r, 1);                      \
 	}
 #define QDOT_SET(attr, prefix, body)                                                       \
 	QDOT_ONE(attr, prefix, q8_0, LOOM_TYPE_Q8_0, body)                                 \
@@ -294,7 +303,7 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 						prefix##_q5_0, prefix##_q5_1 }
 
 ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
-			int64_t nb, float *y, int R)
+			const float *xsc, int64_t nb, float *y, int R)
 {
 	for (int r = 0; r < R; r++)
 		y[r] = ref8(t, w + r * ws, x, nb);
@@ -384,7 +393,8 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
 }
 
 TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
-			       const struct qdot_block *x, int64_t nb, float *y, int R)
+			       const struct qdot_block *x, const float *xsc, int64_t nb, float *y,
+			       int R)
 {
 	const size_t bb = block_bytes(t);
 	const __m256i ones = _mm256_set1_epi16(1);
@@ -477,7 +487,8 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 
 #define AVX512_ROWS(attr, name, LANES)                                                   \
 	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                    \
-			      const struct qdot_block *x, int64_t nb, float *y, int R)      \
+			      const struct qdot_block *x, const float *xsc, int64_t nb, \
+			      float *y, int R)                                           \
 	{                                                                                  \
 		__m512 acc[4], accm[4], d;                                                 \
 		__m512i u, s;                                                              \
@@ -600,12 +611,10 @@ TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
 }
 
 TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
-				    const struct qdot_block *x, int64_t nb, float *y, int R)
+				    const struct qdot_block *x, const float *xsc, int64_t nb,
+				    float *y, int R)
 {
 	const size_t bb = block_bytes(t);
-	const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-					       15);
-	const __m512i x_off = _mm512_mullo_epi32(lane, _mm512_set1_epi32(sizeof(*x)));
 	const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 	__m512 acc[4], accm[4], D[4];
 
@@ -617,12 +626,9 @@ TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
 		int n = nb - b0 < 16 ? (int)(nb - b0) : 16, j;
 		__mmask16 k = (__mmask16)((1u << n) - 1);
 		const uint8_t *wb = w + b0 * bb;
-		__m512 xd = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, x_off, &x[b0].d, 1);
-		__m512 xs = _mm512_setzero_ps();
+		__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16);
 		__m512i didx = pair0;
 
-		if (has_min(t))
-			xs = _mm512_mask_i32gather_ps(xs, k, x_off, &x[b0].s, 1);
 		for (int r = 0; r < R; r++) {
 			__m512i dm = vnni_scale_words(t, wb + r * ws, n);
 
@@ -645,12 +651,13 @@ TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
 
 /* The fast kernels where there is one, the pairwise ones elsewhere. */
 TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
-				   const struct qdot_block *x, int64_t nb, float *y, int R)
+				   const struct qdot_block *x, const float *xsc, int64_t nb,
+				   float *y, int R)
 {
 	if (t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1)
-		vnni_fast_rows(t, w, ws, x, nb, y, R);
+		vnni_fast_rows(t, w, ws, x, xsc, nb, y, R);
 	else
-		vnni_rows(t, w, ws, x, nb, y, R);
+		vnni_rows(t, w, ws, x, xsc, nb, y, R);
 }
 
 QDOT_SET(TGT_AVX512, avx512, avx512_rows);

@@ -38,10 +38,21 @@ struct qdot_block {
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
 
+/*
+ * An activation row's block scales as the 16-lane kernels load them: per
+ * group of 16 blocks, their 16 d then their 16 s, zeros past the last
+ * block; qdot_scales_len(nb) floats, filled by qdot_row_scales().
+ */
+static inline int64_t qdot_scales_len(int64_t nb)
+{
+	return (nb + 15) / 16 * 32;
+}
+
 /* y[r] = w_r . x for `rows` weight rows w_r = w + r * w_stride, nb blocks
- * each; y[r] is the same whatever `rows` is. */
+ * each; xsc is x's scales (qdot_row_scales); y[r] is the same whatever
+ * `rows` is. */
 typedef void (*qdot_fn)(const uint8_t *w, size_t w_stride, const struct qdot_block *x,
-			int64_t nb, float *y, int rows);
+			const float *xsc, int64_t nb, float *y, int rows);
 
 /* Formats with an integer kernel. */
 bool qdot_format(uint32_t type);
@@ -56,5 +67,7 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 
 /* Quantizes k values (a multiple of 32) into k / 32 blocks. */
 void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k);
+/* x's nb block scales into sc[qdot_scales_len(nb)]. */
+void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc);
 
 #endif /* LOOM_CPU_QDOT_H */
