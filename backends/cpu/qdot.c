@@ -425,7 +425,8 @@ QDOT_SET(TGT_AVX2, avx2, avx2_rows);
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
 
 #define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TGT_VNNI                                                                          \
+	__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
 
 TGT_AVX512 ALWAYS __m512i join_i(__m256i lo, __m256i hi)
 {
@@ -562,19 +563,18 @@ TGT_VNNI ALWAYS __m512i vnni_acts(uint32_t t, const struct qdot_block *x, bool t
 	return xq;
 }
 
-/* One block pair (j, j + 1 of the 16 whose combined scales are in D[]) on
- * R rows. */
+/* One block pair on R rows: d[r] its combined scales (the pair's first
+ * block in lanes 0-7, the second in 8-15, zeros if !two). */
 TGT_VNNI ALWAYS void vnni_pair(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
-			       bool two, __m512i didx, const __m512 *D, __m512 *acc, int R)
+			       bool two, const __m512 *d, __m512 *acc, int R)
 {
 	const size_t bb = block_bytes(t);
 	__m512i fix, xq = vnni_acts(t, x, two, &fix);
 
 	for (int r = 0; r < R; r++) {
 		__m512i l = _mm512_dpbusd_epi32(fix, vnni_weights(t, w + r * ws, bb, two), xq);
-		__m512 d = _mm512_permutexvar_ps(didx, D[r]);
 
-		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d, acc[r]);
+		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d[r], acc[r]);
 	}
 }
 
@@ -587,7 +587,8 @@ TGT_VNNI ALWAYS void vnni_pair(uint32_t t, const uint8_t *w, size_t ws, const st
  */
 TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
 {
-	const int W = (int)block_bytes(t) / 2, tables = (W * 15 + has_min(t)) / 64 + 1;
+	/* the 128-byte tables that hold the words of the n blocks */
+	const int W = (int)block_bytes(t) / 2, tables = (W * (n - 1) + has_min(t)) / 64 + 1;
 	const int64_t bytes = (int64_t)n * 2 * W;
 	__m512i res = _mm512_setzero_si512(), src, lo, hi;
 	uint16_t word[32];
@@ -598,8 +599,9 @@ TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
 	src = _mm512_loadu_si512(word);
 	for (int i = 0; i < tables; i++) {
 		int64_t r0 = bytes - 128 * i, r1 = r0 - 64;
-		__mmask64 k0 = r0 >= 64 ? ~0ull : r0 <= 0 ? 0 : (1ull << r0) - 1;
-		__mmask64 k1 = r1 >= 64 ? ~0ull : r1 <= 0 ? 0 : (1ull << r1) - 1;
+		/* bzhi keeps all 64 bits for a count of 64 */
+		__mmask64 k0 = _bzhi_u64(~0ull, (unsigned)(r0 < 0 ? 0 : r0 > 64 ? 64 : r0));
+		__mmask64 k1 = _bzhi_u64(~0ull, (unsigned)(r1 < 0 ? 0 : r1 > 64 ? 64 : r1));
 		__mmask32 k = _mm512_cmpeq_epi16_mask(_mm512_srli_epi16(src, 6),
 						      _mm512_set1_epi16((short)i));
 
@@ -610,40 +612,88 @@ TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
 	return res;
 }
 
+/* Blocks b0 .. b0 + n - 1 (n <= 16) of R rows into acc, accm. */
+TGT_VNNI ALWAYS void vnni_chunk(uint32_t t, const uint8_t *w, size_t ws,
+				const struct qdot_block *x, const float *xsc, int64_t b0, int n,
+				__m512 *acc, __m512 *accm, int R)
+{
+	const size_t bb = block_bytes(t);
+	const uint8_t *wb = w + b0 * bb;
+	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
+	__m512i didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	__m512 d[4];
+	int j;
+
+	for (int r = 0; r < R; r++) {
+		__m512i dm = vnni_scale_words(t, wb + r * ws, n);
+
+		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), xd);
+		if (has_min(t))
+			accm[r] = _mm512_mask3_fmadd_ps(
+				_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), xs, accm[r],
+				(__mmask16)((1u << n) - 1));
+	}
+	for (j = 0; j + 2 <= n; j += 2) {
+		for (int r = 0; r < R; r++)
+			d[r] = _mm512_permutexvar_ps(didx, D[r]);
+		vnni_pair(t, wb + j * bb, ws, x + b0 + j, true, d, acc, R);
+		didx = _mm512_add_epi32(didx, _mm512_set1_epi32(2));
+	}
+	if (j < n) {
+		for (int r = 0; r < R; r++)
+			d[r] = _mm512_permutexvar_ps(didx, D[r]);
+		vnni_pair(t, wb + j * bb, ws, x + b0 + j, false, d, acc, R);
+	}
+}
+
+/* Block b (and b + 1 if two) of R rows, scales one by one: for a short
+ * tail, where a chunk's setup costs more than it saves. */
+TGT_VNNI ALWAYS void vnni_tail_pair(uint32_t t, const uint8_t *w, size_t ws,
+				    const struct qdot_block *x, int64_t b, bool two, __m512 *acc,
+				    __m512 *accm, int R)
+{
+	const size_t bb = block_bytes(t);
+	const uint8_t *p;
+	__m512 d[4];
+
+	for (int r = 0; r < R; r++) {
+		float d1 = 0.0f;
+
+		p = w + r * ws + b * bb;
+		if (has_min(t))
+			avx512_min_lane(&accm[r], b, avx2_h(p + 2), x[b].s);
+		if (two) {
+			d1 = avx2_h(p + bb) * x[b + 1].d;
+			if (has_min(t))
+				avx512_min_lane(&accm[r], b + 1, avx2_h(p + bb + 2), x[b + 1].s);
+		}
+		d[r] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(avx2_h(p) * x[b].d),
+					    _mm512_set1_ps(d1));
+	}
+	vnni_pair(t, w + b * bb, ws, x + b, two, d, acc, R);
+}
+
 TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
 				    const struct qdot_block *x, const float *xsc, int64_t nb,
 				    float *y, int R)
 {
-	const size_t bb = block_bytes(t);
-	const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-	__m512 acc[4], accm[4], D[4];
+	__m512 acc[4], accm[4];
+	int64_t b0;
 
 	for (int r = 0; r < R; r++) {
 		acc[r] = _mm512_setzero_ps();
 		accm[r] = _mm512_setzero_ps();
 	}
-	for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-		int n = nb - b0 < 16 ? (int)(nb - b0) : 16, j;
-		__mmask16 k = (__mmask16)((1u << n) - 1);
-		const uint8_t *wb = w + b0 * bb;
-		__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16);
-		__m512i didx = pair0;
-
-		for (int r = 0; r < R; r++) {
-			__m512i dm = vnni_scale_words(t, wb + r * ws, n);
-
-			D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), xd);
-			if (has_min(t))
-				accm[r] = _mm512_mask3_fmadd_ps(
-					_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), xs,
-					accm[r], k);
-		}
-		for (j = 0; j + 2 <= n; j += 2) {
-			vnni_pair(t, wb + j * bb, ws, x + b0 + j, true, didx, D, acc, R);
-			didx = _mm512_add_epi32(didx, _mm512_set1_epi32(2));
-		}
-		if (j < n)
-			vnni_pair(t, wb + j * bb, ws, x + b0 + j, false, didx, D, acc, R);
+	/* n a constant 16 folds vnni_scale_words()'s load masks */
+	for (b0 = 0; b0 + 16 <= nb; b0 += 16)
+		vnni_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
+	if (nb - b0 > 4) {
+		vnni_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
+	} else {
+		for (; b0 + 2 <= nb; b0 += 2)
+			vnni_tail_pair(t, w, ws, x, b0, true, acc, accm, R);
+		if (b0 < nb)
+			vnni_tail_pair(t, w, ws, x, b0, false, acc, accm, R);
 	}
 	for (int r = 0; r < R; r++)
 		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
