@@ -322,14 +322,14 @@ TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 	return _cvtsh_ss(rd16(p));
 }
 
-/* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles. */
+/* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles (the
+ * bytes in both halves, the high half shifted). */
 TGT_AVX2 ALWAYS __m256i avx2_nibbles(const uint8_t *qs)
 {
-	__m128i raw = _mm_loadu_si128((const __m128i *)qs);
-	__m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
-	__m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+	__m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
 
-	return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+	raw = _mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4));
+	return _mm256_and_si256(raw, _mm256_set1_epi8(15));
 }
 
 /* Byte e is 16 where bit e of qh is set, else 0. */
@@ -406,10 +406,25 @@ TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
 		accm[r] = 0.0f;
 	}
 	for (int64_t b = 0; b < nb; b++) {
+		/* Q4_0: nibbles q as they are, less 8 * the lane's sum of x.q */
+		__m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), fix = _mm256_setzero_si256();
+
+		if (t == LOOM_TYPE_Q4_0)
+			fix = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones);
 		for (int r = 0; r < R; r++) {
+			const uint8_t *p = w + r * ws + b * bb;
 			__m256i u, s, l;
 
-			avx2_operands(t, w + r * ws + b * bb, x + b, &u, &s, &d, &m);
+			if (t == LOOM_TYPE_Q4_0) {
+				u = avx2_nibbles(p + 2);
+				d = avx2_h(p) * x[b].d;
+				l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+				l = _mm256_sub_epi32(l, fix);
+				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d),
+							 acc[r]);
+				continue;
+			}
+			avx2_operands(t, p, x + b, &u, &s, &d, &m);
 			l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
 			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc[r]);
 			if (has_min(t))
