@@ -33,7 +33,9 @@ struct qdot_block {
  *   QDOT_SCALAR, QDOT_AVX2  8 float lanes, lane l of every block holds the
  *                           integer sum of elements 4l..4l+3
  *   QDOT_AVX512, QDOT_VNNI  16 float lanes: blocks in pairs, the even block
- *                           in lanes 0-7 and the odd one in lanes 8-15
+ *                           in lanes 0-7 and the odd one in lanes 8-15; the
+ *                           offset formats' m * x.s of block b in lane
+ *                           b % 16 of a second accumulator
  * so scalar and AVX2 agree bitwise, and so do AVX-512 with and without VNNI.
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
