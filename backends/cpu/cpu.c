@@ -69,6 +69,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->scratch_cap);
 	free(ctx->xsum);
 	free(ctx->qx);
+	free(ctx->qsc);
 	free(ctx);
 }
 

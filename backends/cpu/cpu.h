@@ -128,6 +128,8 @@ struct loom_backend_ctx {
 	enum qdot_isa qisa;
 	struct qdot_block *qx;
 	size_t qx_cap; /* blocks */
+	float *qsc; /* their scales, qdot_scales_len() per row */
+	size_t qsc_cap; /* floats */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

@@ -39,6 +39,7 @@ struct gemm_task {
 	int64_t chunk; /* weight rows per pool chunk (a panel on the BLAS path) */
 	/* fast mode: m rows of k / 32 quantized blocks, and the kernel */
 	const struct qdot_block *qx;
+	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
 };
 
@@ -227,6 +228,7 @@ static void quant_task(void *arg, int64_t c, int ith)
 
 	(void)ith;
 	qdot_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qx + c * nb, t->g.k);
+	qdot_row_scales(t->ctx->qx + c * nb, nb, t->ctx->qsc + c * qdot_scales_len(nb));
 }
 
 static void qdot_task(void *arg, int64_t c, int ith)
@@ -243,25 +245,36 @@ static void qdot_task(void *arg, int64_t c, int ith)
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
 		for (int64_t i = 0; i < g->m; i++)
-			t->dot(w, g->w_stride, t->qx + i * nb, nb, g->y + i * g->y_stride + j,
-			       rows);
+			t->dot(w, g->w_stride, t->qx + i * nb, t->qsc + i * qdot_scales_len(nb),
+			       nb, g->y + i * g->y_stride + j, rows);
 	}
 }
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
 {
+	size_t ns = (size_t)qdot_scales_len(nb);
 	struct qdot_block *p;
+	float *sc;
 
 	if ((uint64_t)m > SIZE_MAX / sizeof(*p) / (uint64_t)nb)
 		return LOOM_ERR_NOMEM;
-	if (ctx->qx_cap >= (size_t)(m * nb))
-		return LOOM_OK;
-	p = malloc((size_t)(m * nb) * sizeof(*p));
-	if (!p)
-		return LOOM_ERR_NOMEM;
-	free(ctx->qx);
-	ctx->qx = p;
-	ctx->qx_cap = (size_t)(m * nb);
+	if (ctx->qx_cap < (size_t)(m * nb)) {
+		p = malloc((size_t)(m * nb) * sizeof(*p));
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		free(ctx->qx);
+		ctx->qx = p;
+		ctx->qx_cap = (size_t)(m * nb);
+	}
+	/* ns floats (128 bytes per 16 blocks) take less than 16 blocks do */
+	if (ctx->qsc_cap < (size_t)m * ns) {
+		sc = malloc((size_t)m * ns * sizeof(*sc));
+		if (!sc)
+			return LOOM_ERR_NOMEM;
+		free(ctx->qsc);
+		ctx->qsc = sc;
+		ctx->qsc_cap = (size_t)m * ns;
+	}
 	return LOOM_OK;
 }
 
@@ -274,6 +287,7 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, k / 32))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
+	t->qsc = ctx->qsc;
 	t->dot = qdot_kernel(ctx->qisa, t->g.type);
 	cpu_pool_run(&ctx->pool, quant_task, t, m,
 		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);

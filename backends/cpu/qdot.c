@@ -119,6 +119,15 @@ void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
 	}
 }
 
+void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc)
+{
+	memset(sc, 0, (size_t)qdot_scales_len(nb) * sizeof(*sc));
+	for (int64_t b = 0; b < nb; b++) {
+		sc[b / 16 * 32 + b % 16] = x[b].d;
+		sc[b / 16 * 32 + 16 + b % 16] = x[b].s;
+	}
+}
+
 /* ---- plain C: the references, and the scalar kernels ---- */
 
 static inline uint16_t rd16(const uint8_t *p)
@@ -217,15 +226,27 @@ ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int6
 	return reduce8(acc) + accm;
 }
 
+/* (a0+a8) .. (a7+a15) in reduce8()'s order, as avx512_hsum() goes. */
+static inline float reduce16(const float a[16])
+{
+	float r[8];
+
+	for (int i = 0; i < 8; i++)
+		r[i] = a[i] + a[i + 8];
+	return reduce8(r);
+}
+
 /*
  * 16 lanes, blocks in pairs (QDOT_AVX512, QDOT_VNNI): the even block in
  * lanes 0-7, the odd in 8-15; a last unpaired block leaves lanes 8-15 an
- * fma of zeros. The minimum terms go through one scalar in block order.
+ * fma of zeros. The minimum terms of block b go to lane b % 16 of their
+ * own accumulator (so 16 blocks' scales convert as one vector), reduced
+ * once at the end.
  */
 ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
 {
 	const size_t bb = block_bytes(t);
-	float acc[16] = { 0 }, r[8], accm = 0.0f, d, m;
+	float acc[16] = { 0 }, accm[16] = { 0 }, d, m;
 	int8_t q[32];
 	int32_t s[8];
 
@@ -238,15 +259,13 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 				lane_sums(q, x[b + h].q, s);
 				d = d * x[b + h].d;
 				if (has_min(t))
-					accm = fmaf(m, x[b + h].s, accm);
+					accm[(b + h) % 16] = fmaf(m, x[b + h].s, accm[(b + h) % 16]);
 			}
 			for (int l = 0; l < 8; l++)
 				acc[8 * h + l] = fmaf((float)s[l], d, acc[8 * h + l]);
 		}
 	}
-	for (int i = 0; i < 8; i++)
-		r[i] = acc[i] + acc[i + 8];
-	return reduce8(r) + accm;
+	return reduce16(acc) + reduce16(accm);
 }
 
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
@@ -265,14 +284,14 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
  */
 #define QDOT_ONE(attr, prefix, name, T, body)                                             \
 	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
-					 const struct qdot_block *x, int64_t nb, float *y, \
-					 int rows)                                         \
+					 const struct qdot_block *x, const float *xsc,      \
+					 int64_t nb, float *y, int rows)                    \
 	{                                                                                  \
 		int r = 0;                                                                 \
 		for (; r + 4 <= rows; r += 4)                                              \
-			body(T, w + r * ws, ws, x, nb, y + r, 4);                           \
+			body(T, w + r * ws, ws, x, xsc, nb, y + r, 4);                      \
 		for (; r < rows; r++)                                                      \
-			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
+			body(T, w + r * ws, ws, x, xsc, nb, y + r, 1);                      \
 	}
 #define QDOT_SET(attr, prefix, body)                                                       \
 	QDOT_ONE(attr, prefix, q8_0, LOOM_TYPE_Q8_0, body)                                 \
@@ -284,7 +303,7 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 						prefix##_q5_0, prefix##_q5_1 }
 
 ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
-			int64_t nb, float *y, int R)
+			const float *xsc, int64_t nb, float *y, int R)
 {
 	for (int r = 0; r < R; r++)
 		y[r] = ref8(t, w + r * ws, x, nb);
@@ -303,14 +322,14 @@ TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 	return _cvtsh_ss(rd16(p));
 }
 
-/* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles. */
+/* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles (the
+ * bytes in both halves, the high half shifted). */
 TGT_AVX2 ALWAYS __m256i avx2_nibbles(const uint8_t *qs)
 {
-	__m128i raw = _mm_loadu_si128((const __m128i *)qs);
-	__m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
-	__m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+	__m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
 
-	return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+	raw = _mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4));
+	return _mm256_and_si256(raw, _mm256_set1_epi8(15));
 }
 
 /* Byte e is 16 where bit e of qh is set, else 0. */
@@ -374,7 +393,8 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
 }
 
 TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
-			       const struct qdot_block *x, int64_t nb, float *y, int R)
+			       const struct qdot_block *x, const float *xsc, int64_t nb, float *y,
+			       int R)
 {
 	const size_t bb = block_bytes(t);
 	const __m256i ones = _mm256_set1_epi16(1);
@@ -386,10 +406,25 @@ TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
 		accm[r] = 0.0f;
 	}
 	for (int64_t b = 0; b < nb; b++) {
+		/* Q4_0: nibbles q as they are, less 8 * the lane's sum of x.q */
+		__m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), fix = _mm256_setzero_si256();
+
+		if (t == LOOM_TYPE_Q4_0)
+			fix = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones);
 		for (int r = 0; r < R; r++) {
+			const uint8_t *p = w + r * ws + b * bb;
 			__m256i u, s, l;
 
-			avx2_operands(t, w + r * ws + b * bb, x + b, &u, &s, &d, &m);
+			if (t == LOOM_TYPE_Q4_0) {
+				u = avx2_nibbles(p + 2);
+				d = avx2_h(p) * x[b].d;
+				l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
+				l = _mm256_sub_epi32(l, fix);
+				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d),
+							 acc[r]);
+				continue;
+			}
+			avx2_operands(t, p, x + b, &u, &s, &d, &m);
 			l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
 			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc[r]);
 			if (has_min(t))
@@ -405,20 +440,28 @@ QDOT_SET(TGT_AVX2, avx2, avx2_rows);
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
 
 #define TGT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TGT_VNNI                                                                          \
+	__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")))
 
 TGT_AVX512 ALWAYS __m512i join_i(__m256i lo, __m256i hi)
 {
 	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* Adds m * xs to lane b % 16 of *accm, as ref16() does. */
+TGT_AVX512 ALWAYS void avx512_min_lane(__m512 *accm, int64_t b, float m, float xs)
+{
+	*accm = _mm512_mask3_fmadd_ps(_mm512_set1_ps(m), _mm512_set1_ps(xs), *accm,
+				      (__mmask16)(1u << (b % 16)));
+}
+
 /*
  * Operands of blocks b and b+1 (zeros for b+1 == nb) in the low and high
- * halves; accm takes the minimum terms in block order.
+ * halves; accm takes the minimum terms in their lanes.
  */
 TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qdot_block *x,
 				   int64_t b, int64_t nb, __m512i *u, __m512i *s, __m512 *d,
-				   float *accm)
+				   __m512 *accm)
 {
 	const size_t bb = block_bytes(t);
 	__m256i u0, s0, u1 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -426,11 +469,11 @@ TGT_AVX512 ALWAYS void avx512_pair(uint32_t t, const uint8_t *w, const struct qd
 
 	avx2_operands(t, w + b * bb, x + b, &u0, &s0, &d0, &m0);
 	if (has_min(t))
-		*accm = fmaf(m0, x[b].s, *accm);
+		avx512_min_lane(accm, b, m0, x[b].s);
 	if (b + 1 < nb) {
 		avx2_operands(t, w + (b + 1) * bb, x + b + 1, &u1, &s1, &d1, &m1);
 		if (has_min(t))
-			*accm = fmaf(m1, x[b + 1].s, *accm);
+			avx512_min_lane(accm, b + 1, m1, x[b + 1].s);
 	}
 	*u = join_i(u0, u1);
 	*s = join_i(s0, s1);
@@ -460,15 +503,15 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 
 #define AVX512_ROWS(attr, name, LANES)                                                   \
 	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                    \
-			      const struct qdot_block *x, int64_t nb, float *y, int R)      \
+			      const struct qdot_block *x, const float *xsc, int64_t nb, \
+			      float *y, int R)                                           \
 	{                                                                                  \
-		__m512 acc[4], d;                                                          \
-		float accm[4];                                                             \
+		__m512 acc[4], accm[4], d;                                                 \
 		__m512i u, s;                                                              \
                                                                                            \
 		for (int r = 0; r < R; r++) {                                              \
 			acc[r] = _mm512_setzero_ps();                                      \
-			accm[r] = 0.0f;                                                    \
+			accm[r] = _mm512_setzero_ps();                                     \
 		}                                                                          \
 		for (int64_t b = 0; b < nb; b += 2)                                        \
 			for (int r = 0; r < R; r++) {                                      \
@@ -477,14 +520,213 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 							 acc[r]);                          \
 			}                                                                  \
 		for (int r = 0; r < R; r++)                                                \
-			y[r] = avx512_hsum(acc[r]) + accm[r];                              \
+			y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);                 \
 	}
 
 AVX512_ROWS(TGT_AVX512, avx512_rows, bw_lanes)
 AVX512_ROWS(TGT_VNNI, vnni_rows, vnni_lanes)
 
+/*
+ * VNNI kernels of Q8_0, Q4_0 and Q4_1, in ref16()'s arithmetic with the
+ * per-block scalar work taken out of the loop: the scales (and minima) of
+ * 16 blocks of a row come in one gather and convert as one vector; the
+ * pair's combined scale is a lane permute of that vector. The weights go
+ * in as unsigned bytes with a per-lane correction that the activation
+ * pair supplies once for all rows:
+ *   Q4_1  nibbles q,        no correction
+ *   Q4_0  nibbles q,        lane - 8 * sum(x.q of the lane)
+ *   Q8_0  q + 128 (q ^ 80h), lane - 128 * sum(x.q of the lane)
+ * which give the same exact int32 lane sums as the signed products.
+ */
+
+/* Unsigned operand of blocks p and p + bb (only p if !two). */
+TGT_VNNI ALWAYS __m512i vnni_weights(uint32_t t, const uint8_t *p, size_t bb, bool two)
+{
+	/* the high nibbles of each block's 16 bytes land in its lanes 4-7 */
+	const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+	size_t qs = t == LOOM_TYPE_Q4_1 ? 4 : 2;
+	__m512i v;
+
+	if (t == LOOM_TYPE_Q8_0) {
+		v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
+		if (two)
+			v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(p + bb + 2)), 1);
+		return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+	}
+	v = _mm512_maskz_broadcast_i32x4(two ? 0xffff : 0x00ff,
+					 _mm_loadu_si128((const __m128i *)(p + qs)));
+	if (two)
+		v = _mm512_mask_broadcast_i32x4(v, 0xff00,
+						_mm_loadu_si128((const __m128i *)(p + bb + qs)));
+	return _mm512_and_si512(_mm512_srlv_epi64(v, nib_shift), _mm512_set1_epi8(15));
+}
+
+/* Activations of blocks b and b + 1 (only b if !two), and the lanes'
+ * correction for t's weight offset. */
+TGT_VNNI ALWAYS __m512i vnni_acts(uint32_t t, const struct qdot_block *x, bool two, __m512i *fix)
+{
+	__m512i xq = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[0].q));
+	int8_t off = t == LOOM_TYPE_Q8_0 ? -128 : -8;
+
+	if (two)
+		xq = _mm512_inserti64x4(xq, _mm256_loadu_si256((const __m256i *)x[1].q), 1);
+	else
+		xq = _mm512_zextsi256_si512(_mm512_castsi512_si256(xq));
+	*fix = _mm512_setzero_si512();
+	if (t != LOOM_TYPE_Q4_1) /* -off * x is at most 128 * 127: no overflow */
+		*fix = _mm512_sub_epi32(*fix, _mm512_dpbusd_epi32(*fix, _mm512_set1_epi8((char)-off), xq));
+	return xq;
+}
+
+/* One block pair on R rows: d[r] its combined scales (the pair's first
+ * block in lanes 0-7, the second in 8-15, zeros if !two). */
+TGT_VNNI ALWAYS void vnni_pair(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
+			       bool two, const __m512 *d, __m512 *acc, int R)
+{
+	const size_t bb = block_bytes(t);
+	__m512i fix, xq = vnni_acts(t, x, two, &fix);
+
+	for (int r = 0; r < R; r++) {
+		__m512i l = _mm512_dpbusd_epi32(fix, vnni_weights(t, w + r * ws, bb, two), xq);
+
+		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d[r], acc[r]);
+	}
+}
+
+/*
+ * The f16 scale words of n <= 16 consecutive blocks bb bytes apart at p
+ * (bb even): word b of the result is block b's first word (d), word
+ * 16 + b its second (m, for the offset formats). Instead of a gather,
+ * which is slow on Zen 4: the chunk's bytes in 64-byte loads (masked, so
+ * never past the n blocks), then word permutes over pairs of them.
+ */
+TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
+{
+	/* the 128-byte tables that hold the words of the n blocks */
+	const int W = (int)block_bytes(t) / 2, tables = (W * (n - 1) + has_min(t)) / 64 + 1;
+	const int64_t bytes = (int64_t)n * 2 * W;
+	__m512i res = _mm512_setzero_si512(), src, lo, hi;
+	uint16_t word[32];
+
+	/* the source word of each result word */
+	for (int e = 0; e < 32; e++)
+		word[e] = (uint16_t)(W * (e % 16) + e / 16);
+	src = _mm512_loadu_si512(word);
+	for (int i = 0; i < tables; i++) {
+		int64_t r0 = bytes - 128 * i, r1 = r0 - 64;
+		/* bzhi keeps all 64 bits for a count of 64 */
+		__mmask64 k0 = _bzhi_u64(~0ull, (unsigned)(r0 < 0 ? 0 : r0 > 64 ? 64 : r0));
+		__mmask64 k1 = _bzhi_u64(~0ull, (unsigned)(r1 < 0 ? 0 : r1 > 64 ? 64 : r1));
+		__mmask32 k = _mm512_cmpeq_epi16_mask(_mm512_srli_epi16(src, 6),
+						      _mm512_set1_epi16((short)i));
+
+		lo = _mm512_maskz_loadu_epi8(k0, p + 128 * i);
+		hi = _mm512_maskz_loadu_epi8(k1, p + 128 * i + 64);
+		res = _mm512_mask_mov_epi16(res, k, _mm512_permutex2var_epi16(lo, src, hi));
+	}
+	return res;
+}
+
+/* Blocks b0 .. b0 + n - 1 (n <= 16) of R rows into acc, accm. */
+TGT_VNNI ALWAYS void vnni_chunk(uint32_t t, const uint8_t *w, size_t ws,
+				const struct qdot_block *x, const float *xsc, int64_t b0, int n,
+				__m512 *acc, __m512 *accm, int R)
+{
+	const size_t bb = block_bytes(t);
+	const uint8_t *wb = w + b0 * bb;
+	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
+	__m512i didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	__m512 d[4];
+	int j;
+
+	for (int r = 0; r < R; r++) {
+		__m512i dm = vnni_scale_words(t, wb + r * ws, n);
+
+		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), xd);
+		if (has_min(t))
+			accm[r] = _mm512_mask3_fmadd_ps(
+				_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), xs, accm[r],
+				(__mmask16)((1u << n) - 1));
+	}
+	for (j = 0; j + 2 <= n; j += 2) {
+		for (int r = 0; r < R; r++)
+			d[r] = _mm512_permutexvar_ps(didx, D[r]);
+		vnni_pair(t, wb + j * bb, ws, x + b0 + j, true, d, acc, R);
+		didx = _mm512_add_epi32(didx, _mm512_set1_epi32(2));
+	}
+	if (j < n) {
+		for (int r = 0; r < R; r++)
+			d[r] = _mm512_permutexvar_ps(didx, D[r]);
+		vnni_pair(t, wb + j * bb, ws, x + b0 + j, false, d, acc, R);
+	}
+}
+
+/* Block b (and b + 1 if two) of R rows, scales one by one: for a short
+ * tail, where a chunk's setup costs more than it saves. */
+TGT_VNNI ALWAYS void vnni_tail_pair(uint32_t t, const uint8_t *w, size_t ws,
+				    const struct qdot_block *x, int64_t b, bool two, __m512 *acc,
+				    __m512 *accm, int R)
+{
+	const size_t bb = block_bytes(t);
+	const uint8_t *p;
+	__m512 d[4];
+
+	for (int r = 0; r < R; r++) {
+		float d1 = 0.0f;
+
+		p = w + r * ws + b * bb;
+		if (has_min(t))
+			avx512_min_lane(&accm[r], b, avx2_h(p + 2), x[b].s);
+		if (two) {
+			d1 = avx2_h(p + bb) * x[b + 1].d;
+			if (has_min(t))
+				avx512_min_lane(&accm[r], b + 1, avx2_h(p + bb + 2), x[b + 1].s);
+		}
+		d[r] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(avx2_h(p) * x[b].d),
+					    _mm512_set1_ps(d1));
+	}
+	vnni_pair(t, w + b * bb, ws, x + b, two, d, acc, R);
+}
+
+TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
+				    const struct qdot_block *x, const float *xsc, int64_t nb,
+				    float *y, int R)
+{
+	__m512 acc[4], accm[4];
+	int64_t b0;
+
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm512_setzero_ps();
+		accm[r] = _mm512_setzero_ps();
+	}
+	/* n a constant 16 folds vnni_scale_words()'s load masks */
+	for (b0 = 0; b0 + 16 <= nb; b0 += 16)
+		vnni_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
+	if (nb - b0 > 4) {
+		vnni_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
+	} else {
+		for (; b0 + 2 <= nb; b0 += 2)
+			vnni_tail_pair(t, w, ws, x, b0, true, acc, accm, R);
+		if (b0 < nb)
+			vnni_tail_pair(t, w, ws, x, b0, false, acc, accm, R);
+	}
+	for (int r = 0; r < R; r++)
+		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
+}
+
+/* The fast kernels where there is one, the pairwise ones elsewhere. */
+TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
+				   const struct qdot_block *x, const float *xsc, int64_t nb,
+				   float *y, int R)
+{
+	if (t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1)
+		vnni_fast_rows(t, w, ws, x, xsc, nb, y, R);
+	else
+		vnni_rows(t, w, ws, x, xsc, nb, y, R);
+}
+
 QDOT_SET(TGT_AVX512, avx512, avx512_rows);
-QDOT_SET(TGT_VNNI, vnni, vnni_rows);
+QDOT_SET(TGT_VNNI, vnni, vnni_any_rows);
 
 #endif /* __x86_64__ */
 

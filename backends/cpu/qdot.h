@@ -33,15 +33,28 @@ struct qdot_block {
  *   QDOT_SCALAR, QDOT_AVX2  8 float lanes, lane l of every block holds the
  *                           integer sum of elements 4l..4l+3
  *   QDOT_AVX512, QDOT_VNNI  16 float lanes: blocks in pairs, the even block
- *                           in lanes 0-7 and the odd one in lanes 8-15
+ *                           in lanes 0-7 and the odd one in lanes 8-15; the
+ *                           offset formats' m * x.s of block b in lane
+ *                           b % 16 of a second accumulator
  * so scalar and AVX2 agree bitwise, and so do AVX-512 with and without VNNI.
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
 
+/*
+ * An activation row's block scales as the 16-lane kernels load them: per
+ * group of 16 blocks, their 16 d then their 16 s, zeros past the last
+ * block; qdot_scales_len(nb) floats, filled by qdot_row_scales().
+ */
+static inline int64_t qdot_scales_len(int64_t nb)
+{
+	return (nb + 15) / 16 * 32;
+}
+
 /* y[r] = w_r . x for `rows` weight rows w_r = w + r * w_stride, nb blocks
- * each; y[r] is the same whatever `rows` is. */
+ * each; xsc is x's scales (qdot_row_scales); y[r] is the same whatever
+ * `rows` is. */
 typedef void (*qdot_fn)(const uint8_t *w, size_t w_stride, const struct qdot_block *x,
-			int64_t nb, float *y, int rows);
+			const float *xsc, int64_t nb, float *y, int rows);
 
 /* Formats with an integer kernel. */
 bool qdot_format(uint32_t type);
@@ -56,5 +69,7 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 
 /* Quantizes k values (a multiple of 32) into k / 32 blocks. */
 void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k);
+/* x's nb block scales into sc[qdot_scales_len(nb)]. */
+void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc);
 
 #endif /* LOOM_CPU_QDOT_H */

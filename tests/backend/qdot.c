@@ -176,14 +176,15 @@ static int check_case(enum qdot_isa isa, uint32_t t, int64_t nb)
 	const size_t ws = nb * cpu_block_bytes(t);
 	qdot_fn fn = qdot_kernel(isa, t);
 	struct qdot_block q[MAX_NB];
-	float x[MAX_NB * 32], y[ROWS], y0;
+	float x[MAX_NB * 32], sc[(MAX_NB + 15) / 16 * 32], y[ROWS], y0;
 	int bad = 0;
 
 	fill_weights(t, w, ROWS * nb);
 	fill_acts(x, nb * 32);
 	qdot_quantize_row(x, q, nb * 32);
-	fn(w, ws, q, nb, y, ROWS);
-	fn(w, ws, q, nb, &y0, 1);
+	qdot_row_scales(q, nb, sc);
+	fn(w, ws, q, sc, nb, y, ROWS);
+	fn(w, ws, q, sc, nb, &y0, 1);
 	for (int r = 0; r < ROWS; r++) {
 		float want = qdot_ref(isa, t, w + r * ws, q, nb);
 
@@ -220,16 +221,17 @@ END_TEST
 START_TEST(layouts_agree)
 {
 	static uint8_t w[MAX_NB * 34];
-	float x[MAX_NB * 32], y8[QDOT_N_ISA], y16;
+	float x[MAX_NB * 32], sc[(MAX_NB + 15) / 16 * 32], y8[QDOT_N_ISA], y16;
 	struct qdot_block q[MAX_NB];
 
 	for (int f = 0; f < N_FORMATS; f++) {
 		fill_weights(formats[f], w, MAX_NB);
 		fill_acts(x, MAX_NB * 32);
 		qdot_quantize_row(x, q, MAX_NB * 32);
+		qdot_row_scales(q, MAX_NB, sc);
 		for (int i = 0; i < QDOT_N_ISA; i++)
 			if (qdot_isa_supported(i))
-				qdot_kernel(i, formats[f])(w, 0, q, MAX_NB, &y8[i], 1);
+				qdot_kernel(i, formats[f])(w, 0, q, sc, MAX_NB, &y8[i], 1);
 		if (qdot_isa_supported(QDOT_AVX2))
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVX2], 4));
 		if (qdot_isa_supported(QDOT_VNNI))

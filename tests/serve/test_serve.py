@@ -247,7 +247,9 @@ def sse_format(srv):
 
 
 def stop_strings(srv):
-    req = dict(prompt="Write a short story about a cat named Tom.", max_tokens=40, temperature=0)
+    # a continuation: after an instruction the first token is a near-tie
+    # between EOS and a newline that fast mode's arithmetic may tip to EOS
+    req = dict(prompt="Once upon a time, a cat named Tom", max_tokens=40, temperature=0)
     full, _, deltas, _ = stream_text(srv, "/v1/completions", req)
     # a stop string that starts inside one token's text and ends in a later one
     pos, cut = 0, None
