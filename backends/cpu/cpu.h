@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "loom/backend.h"
 #include "loom/backend_check.h"
@@ -53,6 +54,24 @@ void cpu_pool_fini(struct cpu_pool *p);
  * returns when all are done: on the calling thread alone when nth <= 1 or
  * there is one chunk, else on the whole pool. */
 void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunks, int nth);
+
+/* Little-endian loads from unaligned block bytes (GGUF is little-endian;
+ * so are the hosts cpu.so builds for). */
+static inline uint16_t cpu_rd16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return v;
+}
+
+static inline uint32_t cpu_rd32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return v;
+}
 
 /* ---- kernels (kernels.c) ---- */
 

@@ -189,22 +189,6 @@ float cpu_fp16_to_f32(uint16_t h)
 	return f;
 }
 
-static inline uint16_t rd16(const uint8_t *p)
-{
-	uint16_t v;
-
-	memcpy(&v, p, 2);
-	return v;
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return v;
-}
-
 static inline float bf16_to_f32(uint16_t h)
 {
 	uint32_t bits = (uint32_t)h << 16;
@@ -225,9 +209,9 @@ static inline float plain_get(uint32_t t, const uint8_t *row, int64_t e)
 		return f;
 	}
 	case LOOM_TYPE_F16:
-		return cpu_fp16_to_f32(rd16(row + 2 * e));
+		return cpu_fp16_to_f32(cpu_rd16(row + 2 * e));
 	default:
-		return bf16_to_f32(rd16(row + 2 * e));
+		return bf16_to_f32(cpu_rd16(row + 2 * e));
 	}
 }
 
@@ -245,28 +229,28 @@ static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 			out[e] = plain_get(t, p, e);
 		return;
 	case LOOM_TYPE_Q8_0:
-		d = cpu_fp16_to_f32(rd16(p));
+		d = cpu_fp16_to_f32(cpu_rd16(p));
 		for (int e = 0; e < 32; e++)
 			out[e] = (float)(int8_t)p[2 + e] * d;
 		return;
 	case LOOM_TYPE_Q4_0:
-		d = cpu_fp16_to_f32(rd16(p));
+		d = cpu_fp16_to_f32(cpu_rd16(p));
 		for (int j = 0; j < 16; j++) {
 			out[j] = (float)((p[2 + j] & 15) - 8) * d;
 			out[j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
 		}
 		return;
 	case LOOM_TYPE_Q4_1:
-		d = cpu_fp16_to_f32(rd16(p));
-		m = cpu_fp16_to_f32(rd16(p + 2));
+		d = cpu_fp16_to_f32(cpu_rd16(p));
+		m = cpu_fp16_to_f32(cpu_rd16(p + 2));
 		for (int j = 0; j < 16; j++) {
 			out[j] = (float)(p[4 + j] & 15) * d + m;
 			out[j + 16] = (float)(p[4 + j] >> 4) * d + m;
 		}
 		return;
 	case LOOM_TYPE_Q5_0:
-		d = cpu_fp16_to_f32(rd16(p));
-		qh = rd32(p + 2);
+		d = cpu_fp16_to_f32(cpu_rd16(p));
+		qh = cpu_rd32(p + 2);
 		for (int j = 0; j < 16; j++) {
 			int lo = (p[6 + j] & 15) | (int)(((qh >> j) & 1) << 4);
 			int hi = (p[6 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -276,9 +260,9 @@ static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 		}
 		return;
 	case LOOM_TYPE_Q5_1:
-		d = cpu_fp16_to_f32(rd16(p));
-		m = cpu_fp16_to_f32(rd16(p + 2));
-		qh = rd32(p + 4);
+		d = cpu_fp16_to_f32(cpu_rd16(p));
+		m = cpu_fp16_to_f32(cpu_rd16(p + 2));
+		qh = cpu_rd32(p + 4);
 		for (int j = 0; j < 16; j++) {
 			int lo = (p[8 + j] & 15) | (int)(((qh >> j) & 1) << 4);
 			int hi = (p[8 + j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
@@ -310,7 +294,7 @@ static inline bool k_has_min(uint32_t t)
 
 static inline float k_dmin_scalar(uint32_t t, const uint8_t *b)
 {
-	return k_has_min(t) ? cpu_fp16_to_f32(rd16(b + k_d_off(t) + 2)) : 0.0f;
+	return k_has_min(t) ? cpu_fp16_to_f32(cpu_rd16(b + k_d_off(t) + 2)) : 0.0f;
 }
 
 /* q3_K's 6-bit scale i (biased by 32): low nibble in byte i % 8 (high half
@@ -431,7 +415,7 @@ static void scalar_kdeq(uint32_t t, const uint8_t *b, int g, float *out)
 	struct kgroup q = k_group(t, b, g);
 	float dl[2], ml[2];
 
-	k_scales(t, b, g, cpu_fp16_to_f32(rd16(b + k_d_off(t))), k_dmin_scalar(t, b), dl, ml);
+	k_scales(t, b, g, cpu_fp16_to_f32(cpu_rd16(b + k_d_off(t))), k_dmin_scalar(t, b), dl, ml);
 	for (int i = 0; i < 32; i++)
 		out[i] = dl[i / 16] * (float)k_quant(&q, i) - ml[i / 16];
 }
@@ -518,7 +502,7 @@ static void scalar_axpy(float *y, const float *x, float s, int64_t n)
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 {
-	return _cvtsh_ss(rd16(p));
+	return _cvtsh_ss(cpu_rd16(p));
 }
 
 TGT_AVX2 ALWAYS __m256 avx2_nib32(__m128i bytes, int hi_half)
@@ -607,14 +591,14 @@ TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
 		break;
 	case LOOM_TYPE_Q5_0:
 		d = _mm256_set1_ps(avx2_h(p));
-		avx2_q5(p + 6, rd32(p + 2), w);
+		avx2_q5(p + 6, cpu_rd32(p + 2), w);
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_mul_ps(_mm256_sub_ps(w[s], _mm256_set1_ps(16.0f)), d);
 		break;
 	case LOOM_TYPE_Q5_1:
 		d = _mm256_set1_ps(avx2_h(p));
 		m = _mm256_set1_ps(avx2_h(p + 2));
-		avx2_q5(p + 8, rd32(p + 4), w);
+		avx2_q5(p + 8, cpu_rd32(p + 4), w);
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_fmadd_ps(w[s], d, m);
 		break;
@@ -772,12 +756,12 @@ TGT_AVX2 ALWAYS void avx2_quants(const uint32_t t, const uint8_t *p, __m256 q[4]
 		return;
 	}
 	case LOOM_TYPE_Q5_0:
-		avx2_q5(p + 6, rd32(p + 2), q);
+		avx2_q5(p + 6, cpu_rd32(p + 2), q);
 		for (int s = 0; s < 4; s++)
 			q[s] = _mm256_sub_ps(q[s], _mm256_set1_ps(16.0f));
 		return;
 	default: /* Q5_1 */
-		avx2_q5(p + 8, rd32(p + 4), q);
+		avx2_q5(p + 8, cpu_rd32(p + 4), q);
 		return;
 	}
 }
@@ -785,7 +769,7 @@ TGT_AVX2 ALWAYS void avx2_quants(const uint32_t t, const uint8_t *p, __m256 q[4]
 /* [d, m, 0, 0] of a block (lane 1 is junk for formats without m). */
 TGT_AVX2 ALWAYS __m128 avx2_dm(const uint8_t *p)
 {
-	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(p)));
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)cpu_rd32(p)));
 }
 
 /* sum(q*x) over one block. */
@@ -1053,14 +1037,14 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 		break;
 	case LOOM_TYPE_Q5_0:
 		d = _mm512_set1_ps(avx2_h(p));
-		avx512_q5(p + 6, rd32(p + 2), w);
+		avx512_q5(p + 6, cpu_rd32(p + 2), w);
 		for (int s = 0; s < 2; s++)
 			w[s] = _mm512_mul_ps(_mm512_sub_ps(w[s], _mm512_set1_ps(16.0f)), d);
 		break;
 	case LOOM_TYPE_Q5_1:
 		d = _mm512_set1_ps(avx2_h(p));
 		m = _mm512_set1_ps(avx2_h(p + 2));
-		avx512_q5(p + 8, rd32(p + 4), w);
+		avx512_q5(p + 8, cpu_rd32(p + 4), w);
 		for (int s = 0; s < 2; s++)
 			w[s] = _mm512_fmadd_ps(w[s], d, m);
 		break;
@@ -1174,12 +1158,12 @@ TGT_AVX512 ALWAYS void avx512_quants(const uint32_t t, const uint8_t *p, __m512 
 		return;
 	}
 	case LOOM_TYPE_Q5_0:
-		avx512_q5(p + 6, rd32(p + 2), q);
+		avx512_q5(p + 6, cpu_rd32(p + 2), q);
 		for (int s = 0; s < 2; s++)
 			q[s] = _mm512_sub_ps(q[s], _mm512_set1_ps(16.0f));
 		return;
 	default: /* Q5_1 */
-		avx512_q5(p + 8, rd32(p + 4), q);
+		avx512_q5(p + 8, cpu_rd32(p + 4), q);
 		return;
 	}
 }

@@ -130,28 +130,12 @@ void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc)
 
 /* ---- plain C: the references, and the scalar kernels ---- */
 
-static inline uint16_t rd16(const uint8_t *p)
-{
-	uint16_t v;
-
-	memcpy(&v, p, 2);
-	return v;
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return v;
-}
-
 /* Weight block p of type t: its 32 integers, scale and minimum (0 if none). */
 ALWAYS void unpack(uint32_t t, const uint8_t *p, int8_t q[32], float *d, float *m)
 {
 	uint32_t qh;
 
-	*d = cpu_fp16_to_f32(rd16(p));
+	*d = cpu_fp16_to_f32(cpu_rd16(p));
 	*m = 0.0f;
 	switch (t) {
 	case LOOM_TYPE_Q8_0:
@@ -164,22 +148,22 @@ ALWAYS void unpack(uint32_t t, const uint8_t *p, int8_t q[32], float *d, float *
 		}
 		break;
 	case LOOM_TYPE_Q4_1:
-		*m = cpu_fp16_to_f32(rd16(p + 2));
+		*m = cpu_fp16_to_f32(cpu_rd16(p + 2));
 		for (int j = 0; j < 16; j++) {
 			q[j] = (int8_t)(p[4 + j] & 15);
 			q[j + 16] = (int8_t)(p[4 + j] >> 4);
 		}
 		break;
 	case LOOM_TYPE_Q5_0:
-		qh = rd32(p + 2);
+		qh = cpu_rd32(p + 2);
 		for (int j = 0; j < 16; j++) {
 			q[j] = (int8_t)(((p[6 + j] & 15) | ((qh >> j & 1) << 4)) - 16);
 			q[j + 16] = (int8_t)(((p[6 + j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16);
 		}
 		break;
 	default: /* Q5_1 */
-		*m = cpu_fp16_to_f32(rd16(p + 2));
-		qh = rd32(p + 4);
+		*m = cpu_fp16_to_f32(cpu_rd16(p + 2));
+		qh = cpu_rd32(p + 4);
 		for (int j = 0; j < 16; j++) {
 			q[j] = (int8_t)((p[8 + j] & 15) | ((qh >> j & 1) << 4));
 			q[j + 16] = (int8_t)((p[8 + j] >> 4) | ((qh >> (j + 16) & 1) << 4));
@@ -319,7 +303,7 @@ QDOT_SET(, scalar, scalar_rows);
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 {
-	return _cvtsh_ss(rd16(p));
+	return _cvtsh_ss(cpu_rd16(p));
 }
 
 /* 16 bytes of nibbles as 32 bytes: low nibbles, then high nibbles (the
@@ -369,12 +353,12 @@ TGT_AVX2 ALWAYS void avx2_operands(uint32_t t, const uint8_t *p, const struct qd
 		*s = xq;
 		return;
 	case LOOM_TYPE_Q5_0:
-		w = _mm256_or_si256(avx2_nibbles(p + 6), avx2_fifth_bits(rd32(p + 2)));
+		w = _mm256_or_si256(avx2_nibbles(p + 6), avx2_fifth_bits(cpu_rd32(p + 2)));
 		w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
 		break;
 	default: /* Q5_1 */
 		*m = avx2_h(p + 2);
-		*u = _mm256_or_si256(avx2_nibbles(p + 8), avx2_fifth_bits(rd32(p + 4)));
+		*u = _mm256_or_si256(avx2_nibbles(p + 8), avx2_fifth_bits(cpu_rd32(p + 4)));
 		*s = xq;
 		return;
 	}
