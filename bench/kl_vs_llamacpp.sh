@@ -69,7 +69,7 @@ echo "== llama.cpp: F32 base, then the Q4_1 file"
 	die "llama-perplexity (kl) failed: see $work/llama.kl.log"
 grep -E "Mean +KLD|99\.0% +KLD|Same top p|Mean PPL\(Q\)" "$work/llama.kl.log" || tail -20 "$work/llama.kl.log"
 
-field() { echo "$1" | sed -n "s/.*$2 \([0-9.e+-]*\).*/\1/p" | head -1; }
+field() { echo "$1" | grep "^KL divergence" | sed -n "s/.*$2 \([0-9.e+-]*\).*/\1/p" | head -1; }
 echo
 echo "| engine, mode | mean KL vs own F32 exact | 99th pct KL | top-1 agreement |"
 echo "| --- | --- | --- | --- |"

@@ -9,7 +9,9 @@
  * adds one, and runs as one engine request with all_logits. Its second
  * half is scored: the logits after position i (n_ctx/2 <= i < n_ctx - 1)
  * predict token i + 1. Perplexity is exp of the mean negative
- * log-likelihood over every scored position.
+ * log-likelihood over every scored position. The engine runs batch
+ * invariant, so every position goes through the arithmetic of decoding
+ * (in cpu.so's fast mode: the 8-bit integer kernels), not a prefill GEMM.
  *
  * --save-logits FILE writes the tokens and, for every scored position, the
  * log-probabilities over the vocabulary as IEEE half floats:
@@ -351,6 +353,10 @@ static struct loom_engine *open_engine(const struct loom_options *o, int32_t n_c
 	ep.n_batch = n_ctx;
 	ep.all_logits = true;
 	ep.exact = o->exact;
+	/* every position through the kernels decode uses (a backend's fast
+	 * mode may keep f32 GEMM for prefill otherwise), so the figures are
+	 * those of generation */
+	ep.batch_invariant = true;
 	ep.prefix_cache = -1;
 	return loom_engine_open(&ep, err, errlen);
 }
