@@ -38,20 +38,10 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err, 
  * of ctx x parallel tokens unless --kv-mem says otherwise. */
 static void engine_params(const struct loom_options *o, struct loom_engine_params *p)
 {
-	loom_engine_params_init(p);
-	p->model = o->model;
-	p->backend = o->backend;
-	p->n_threads = o->n_threads;
+	loom_options_engine_params(o, p);
 	p->n_ctx = o->ctx_given ? o->n_ctx : 0;
 	p->n_batch = o->serve.max_batch_tokens;
-	p->spec = o->spec[0] ? o->spec : NULL;
 	p->spec_default = o->serve.spec_default[0] ? o->serve.spec_default : "none";
-	p->spec_min_draft = o->spec_min_draft;
-	p->spec_max_draft = o->spec_max_draft;
-	p->spec_ngram_min = o->spec_ngram_min;
-	p->spec_ngram_max = o->spec_ngram_max;
-	p->spec_draft_model = o->spec_draft_model[0] ? o->spec_draft_model : NULL;
-	p->spec_layers = o->spec_layers;
 	p->n_parallel = o->serve.parallel;
 	p->kv_bytes = (int64_t)o->serve.kv_mem;
 	p->block_size = o->serve.block_size;
@@ -59,7 +49,6 @@ static void engine_params(const struct loom_options *o, struct loom_engine_param
 	p->prefix_cache = o->serve.prefix_cache ? 1 : -1;
 	p->batch_invariant = true;
 	p->spec_step_rows = o->serve.spec_step_rows;
-	p->exact = o->exact;
 }
 
 /* What start-up tells the operator: the chat template, the strategies, the

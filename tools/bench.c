@@ -96,14 +96,11 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 {
 	struct loom_engine_params p;
 
-	loom_engine_params_init(&p);
-	p.model = o->model;
-	p.backend = o->backend;
+	loom_options_engine_params(o, &p);
 	p.n_threads = threads;
 	p.n_ctx = o->n_prompt + o->n_gen + 1;
 	p.n_batch = o->n_batch;
 	p.prefix_cache = -1; /* every repetition computes its prefill */
-	p.exact = o->exact;
 	return loom_engine_open(&p, err, errlen);
 }
 

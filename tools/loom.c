@@ -254,21 +254,10 @@ static int cmd_run(int argc, char **argv, char *err)
 		snprintf(err, ERRLEN, "no model given (--model FILE)");
 		goto out;
 	}
-	loom_engine_params_init(&ep);
-	ep.model = o.model;
-	ep.backend = o.backend;
-	ep.n_threads = o.n_threads;
+	loom_options_engine_params(&o, &ep);
 	ep.n_ctx = o.n_ctx;
 	ep.n_batch = o.n_batch;
 	ep.progress = o.progress;
-	ep.spec = o.spec;
-	ep.spec_min_draft = o.spec_min_draft;
-	ep.spec_max_draft = o.spec_max_draft;
-	ep.spec_ngram_min = o.spec_ngram_min;
-	ep.spec_ngram_max = o.spec_ngram_max;
-	ep.spec_draft_model = o.spec_draft_model[0] ? o.spec_draft_model : NULL;
-	ep.spec_layers = o.spec_layers;
-	ep.exact = o.exact;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
 	generation_params(&o, &g);

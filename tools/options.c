@@ -610,3 +610,19 @@ int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 	}
 	return 0;
 }
+
+void loom_options_engine_params(const struct loom_options *o, struct loom_engine_params *p)
+{
+	loom_engine_params_init(p);
+	p->model = o->model;
+	p->backend = o->backend;
+	p->n_threads = o->n_threads;
+	p->spec = o->spec[0] ? o->spec : NULL;
+	p->spec_min_draft = o->spec_min_draft;
+	p->spec_max_draft = o->spec_max_draft;
+	p->spec_ngram_min = o->spec_ngram_min;
+	p->spec_ngram_max = o->spec_ngram_max;
+	p->spec_draft_model = o->spec_draft_model[0] ? o->spec_draft_model : NULL;
+	p->spec_layers = o->spec_layers;
+	p->exact = o->exact;
+}

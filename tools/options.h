@@ -93,6 +93,11 @@ int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 /* Prints the usage of cmd, or of every subcommand for 0. */
 void loom_options_usage(FILE *out, enum loom_cmd cmd);
 
+/* Engine parameters every subcommand shares (model, backend, threads,
+ * speculation, exact mode); a subcommand then sets its own. The strings
+ * point into o. */
+void loom_options_engine_params(const struct loom_options *o, struct loom_engine_params *p);
+
 /* Reads an INI file: keys at top level or in [loom]; [serve] keys count
  * for `loom serve` only. A key another subcommand takes is checked and
  * skipped. 0, or -1 with a message naming the file, line and key in err. */

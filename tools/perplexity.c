@@ -146,8 +146,9 @@ static int compare_position(struct ppl *p, char *err, size_t errlen)
 			bmax = b, btop = i;
 	}
 	/* renormalize: half floats do not sum to exactly 1 */
+	z = log(z);
 	for (int32_t i = 0; i < V; i++) {
-		double b = (double)p->half[i] - log(z);
+		double b = (double)p->half[i] - z;
 
 		kl += exp(b) * (b - p->lp[i]);
 	}
@@ -345,14 +346,10 @@ static struct loom_engine *open_engine(const struct loom_options *o, int32_t n_c
 {
 	struct loom_engine_params ep;
 
-	loom_engine_params_init(&ep);
-	ep.model = o->model;
-	ep.backend = o->backend;
-	ep.n_threads = o->n_threads;
+	loom_options_engine_params(o, &ep);
 	ep.n_ctx = n_ctx + 1; /* the chunk and the one token each request draws */
 	ep.n_batch = n_ctx;
 	ep.all_logits = true;
-	ep.exact = o->exact;
 	/* every position through the kernels decode uses (a backend's fast
 	 * mode may keep f32 GEMM for prefill otherwise), so the figures are
 	 * those of generation */
