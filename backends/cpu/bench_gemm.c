@@ -9,6 +9,8 @@
  * convert it) at 1 and 2 threads. Reports GB/s of weight bytes streamed.
  */
 #include <dlfcn.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,9 +99,14 @@ static void fill_weights(uint8_t *w, size_t bytes, const struct format *f)
 	}
 }
 
+/* With `packed`, the weight goes through weight_pack first (1 if the
+ * backend keeps this format as it is: nothing to time). GB/s counts the
+ * GGUF bytes either way. */
 static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx *ctx,
-		     const struct shape *s, int threads, double secs)
+		     const struct shape *s, int threads, double secs, bool packed)
 {
+	struct loom_buffer *bp = NULL;
+	size_t pbytes;
 	const struct format *f = format_of(s->type);
 	size_t row = (size_t)(s->k / f->elems) * f->bytes;
 	size_t wbytes = row * (size_t)s->n;
@@ -123,6 +130,20 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		.w = ops->buffer_addr(ctx, bw), .w_stride = row, .x = x, .x_stride = s->k,
 		.y = ops->buffer_addr(ctx, by), .y_stride = s->n,
 	};
+	if (packed) {
+		struct loom_weight_pack_args pa = { .struct_size = sizeof(pa), .type = s->type,
+			.n = s->n, .k = s->k, .src = a.w, .src_stride = row };
+
+		if (ops->struct_size < offsetof(struct loom_backend_ops, weight_pack) + sizeof(void *) ||
+		    !ops->weight_pack || ops->weight_pack(ctx, &pa, &bp, &pbytes)) {
+			ops->buffer_free(ctx, bw);
+			ops->buffer_free(ctx, bx);
+			ops->buffer_free(ctx, by);
+			return 1;
+		}
+		a.w = ops->buffer_addr(ctx, bp);
+		a.w_packed = 1;
+	}
 	for (int i = 0; i < 3; i++)
 		rc = ops->gemm(ctx, &a);
 	if (rc) {
@@ -136,9 +157,11 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		iters += 16;
 		t = now() - t0;
 	} while (t < secs);
-	printf("%-22s %-5s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
-	       f->name, (long long)s->k, (long long)s->n,
+	printf("%-22s %-5s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
+	       f->name, packed ? "+pack" : "     ", (long long)s->k, (long long)s->n,
 	       threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
+	if (bp)
+		ops->buffer_free(ctx, bp);
 	ops->buffer_free(ctx, bw);
 	ops->buffer_free(ctx, bx);
 	ops->buffer_free(ctx, by);
@@ -190,8 +213,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-			if (bench_one(ops, ctx, &shapes[i], threads, secs))
-				return 1;
+			for (int packed = 0; packed < 2; packed++)
+				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed) < 0)
+					return 1;
 		ops->destroy(ctx);
 	}
 	return 0;

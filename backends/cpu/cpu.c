@@ -139,6 +139,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *inv = getenv("LOOM_CPU_INVARIANT");
 	if (inv && (!strcmp(inv, "1") || !strcmp(inv, "0")))
 		ctx->invariant = inv[0] == '1';
+	const char *pack = getenv("LOOM_CPU_PACK");
+	ctx->pack = !ctx->exact && qdot_packed_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
+		    !(pack && !strcmp(pack, "0"));
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
 	if (!ctx->scratch || !ctx->scratch_cap)
@@ -152,6 +155,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
+	if (ctx->pack)
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1 and q8_0 weights packed at load");
 	*out = ctx;
 	return LOOM_OK;
 
@@ -203,7 +208,7 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 
 /* ---- memory ---- */
 
-static int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
+int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
 {
 	struct loom_buffer *buf;
 	size_t rounded;
@@ -235,7 +240,7 @@ static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 	free(buf);
 }
 
-static void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
+void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
 	return buf ? buf->ptr : NULL;
 }
@@ -319,6 +324,7 @@ static const struct loom_backend_ops cpu_ops = {
 	.scale = cpu_scale,
 	.kv_write = cpu_kv_write,
 	.attention = cpu_attention,
+	.weight_pack = cpu_weight_pack,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

@@ -145,6 +145,9 @@ struct loom_backend_ctx {
 	/* fast mode: integer dot kernels and the activation rows quantized
 	 * for them (gemm.c) */
 	enum qdot_isa qisa;
+	/* weight_pack() packs the formats qpack.h knows (fast mode with VNNI
+	 * kernels only; LOOM_CPU_PACK=0 turns it off, for comparisons) */
+	bool pack;
 	struct qdot_block *qx;
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */
@@ -153,6 +156,12 @@ struct loom_backend_ctx {
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* The buffer_alloc and buffer_addr slots (cpu.c). */
+int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out);
+void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+/* ABI 1.2 weight_pack (gemm.c). */
+int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+		    struct loom_buffer **out, size_t *bytes);
 /* Makes every thread's scratch hold at least n floats. */
 int cpu_scratch_reserve(struct loom_backend_ctx *ctx, size_t n);
 

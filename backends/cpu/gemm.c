@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "qpack.h"
 
 #define BLAS_MIN_M 16
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
@@ -41,6 +42,7 @@ struct gemm_task {
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
+	bool packed; /* g.w is in qpack.h's layout */
 };
 
 /* Rows [*j0, *j1) of chunk c. */
@@ -118,9 +120,18 @@ static void blas_task(void *arg, int64_t c, int ith)
 	int64_t j, j1;
 
 	chunk_rows(t, c, &j, &j1);
-	for (int64_t r = 0; r < j1 - j; r++)
-		cpu_dequant_row(t->ctx->isa, g->type, g->w + (size_t)(j + r) * g->w_stride,
-				panel + r * g->k, g->k);
+	for (int64_t r = 0; r < j1 - j; r++) {
+		const uint8_t *row = g->w + (size_t)(j + r) * g->w_stride;
+
+		if (t->packed) {
+			/* back to the GGUF layout, after the panel in the scratch */
+			uint8_t *tmp = (uint8_t *)(panel + t->chunk * g->k);
+
+			qpack_unpack_row(g->type, row, g->k / 32, tmp);
+			row = tmp;
+		}
+		cpu_dequant_row(t->ctx->isa, g->type, row, panel + r * g->k, g->k);
+	}
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j), (int)g->k,
 		    1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f, g->y + j,
 		    (int)g->y_stride);
@@ -155,14 +166,18 @@ static size_t span_bytes(int64_t rows, size_t stride, size_t width)
 }
 
 /* The reference backend's rules, in its order, plus the header's no-alias
- * rule. */
-static int gemm_check(const struct loom_gemm_args *a)
+ * rule; *ws is the weight's row stride (the packed one for a packed
+ * weight, which only a context that packs can have made). */
+static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a,
+		      size_t *ws)
 {
 	uint64_t blocks;
 	size_t w_row;
+	bool packed;
 
-	if (!a || a->struct_size < sizeof(*a) || a->m < 0 || a->n < 0 || a->k < 0)
+	if (!a || a->struct_size < LOOM_GEMM_ARGS_MIN_SIZE || a->m < 0 || a->n < 0 || a->k < 0)
 		return LOOM_ERR_INVALID;
+	packed = LOOM_GEMM_PACKED(a);
 	if (!cpu_format_known(a->w_type))
 		return LOOM_ERR_UNSUPPORTED;
 	if (a->k % cpu_block_elems(a->w_type))
@@ -171,11 +186,16 @@ static int gemm_check(const struct loom_gemm_args *a)
 	if (blocks > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(a->w_type))
 		return LOOM_ERR_INVALID;
 	w_row = (size_t)blocks * cpu_block_bytes(a->w_type);
-	if (a->w_stride < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
+	*ws = a->w_stride;
+	if (packed) {
+		if (!ctx->pack || !qpack_format(a->w_type))
+			return LOOM_ERR_INVALID;
+		*ws = w_row = qpack_row_bytes(a->w_type, (int64_t)blocks);
+	}
+	if (*ws < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
 	    !loom_check_shape(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
-	if (a->n > 1 &&
-	    (uint64_t)(a->n - 1) > (INT64_MAX / 16 - w_row) / (a->w_stride ? a->w_stride : 1))
+	if (a->n > 1 && (uint64_t)(a->n - 1) > (INT64_MAX / 16 - w_row) / (*ws ? *ws : 1))
 		return LOOM_ERR_INVALID;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
@@ -184,7 +204,7 @@ static int gemm_check(const struct loom_gemm_args *a)
 	if (ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
 			   a->x, span_bytes(a->m, (size_t)a->x_stride * 4, (size_t)a->k * 4)) ||
 	    (a->w && ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
-				    a->w, span_bytes(a->n, a->w_stride, w_row))))
+				    a->w, span_bytes(a->n, *ws, w_row))))
 		return LOOM_ERR_INVALID;
 	return LOOM_OK;
 }
@@ -288,7 +308,8 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
-	t->dot = qdot_kernel(ctx->qisa, t->g.type);
+	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
+		qdot_kernel(ctx->qisa, t->g.type);
 	cpu_pool_run(&ctx->pool, quant_task, t, m,
 		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	t->chunk = pick_chunk(t->n, nth, 4, 32, 256);
@@ -307,18 +328,20 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	struct gemm_task t;
 	double work;
+	size_t ws;
 	int nth, err;
 
 	if (!ctx)
 		return LOOM_ERR_INVALID;
-	err = gemm_check(a);
+	err = gemm_check(ctx, a, &ws);
 	if (err)
 		return err;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
 
 	t.ctx = ctx;
-	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = a->w_stride,
+	t.packed = LOOM_GEMM_PACKED(a);
+	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws,
 				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
 				 .y_stride = a->y_stride, .m = a->m, .k = a->k };
 	t.g.inv = ctx->invariant;
@@ -329,6 +352,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
+	/* a packed weight is a qdot format in fast mode: only BLAS is left */
 	if (ctx->invariant) {
 		/* no BLAS: its blocking, hence its rounding, depends on m */
 		err = xsum_prepare(ctx, &t.g);
@@ -354,8 +378,56 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	}
 	t.chunk = PANEL_BYTES / 4 / a->k;
 	t.chunk = t.chunk < 16 ? 16 : t.chunk > 256 ? 256 : t.chunk & ~(int64_t)15;
-	if (cpu_scratch_reserve(ctx, (size_t)t.chunk * (size_t)a->k))
+	/* the panel, and a GGUF row to unpack a packed one into */
+	if (cpu_scratch_reserve(ctx, (size_t)t.chunk * (size_t)a->k +
+				(t.packed ? (size_t)(a->k / 32) * 34 / 4 + 1 : 0)))
 		return LOOM_ERR_NOMEM;
 	cpu_pool_run(&ctx->pool, blas_task, &t, n_chunks(&t), nth);
+	return LOOM_OK;
+}
+
+/* ---- the packed layout (ABI 1.2) ---- */
+
+struct pack_task {
+	const struct loom_weight_pack_args *a;
+	uint8_t *dst;
+	size_t stride;
+};
+
+/* Chunk c: rows [64c, 64c + 64). */
+static void pack_task_run(void *arg, int64_t c, int ith)
+{
+	const struct pack_task *t = arg;
+	const uint8_t *src = t->a->src;
+
+	(void)ith;
+	for (int64_t r = c * 64; r < t->a->n && r < c * 64 + 64; r++)
+		qpack_row(t->a->type, src + (size_t)r * t->a->src_stride, t->a->k / 32,
+			  t->dst + (size_t)r * t->stride);
+}
+
+int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+		    struct loom_buffer **out, size_t *bytes)
+{
+	struct pack_task t = { .a = a };
+	int rc;
+
+	if (!ctx || !a || !out || !bytes || a->struct_size < sizeof(*a) || a->n <= 0 ||
+	    a->k <= 0 || !a->src)
+		return LOOM_ERR_INVALID;
+	if (!ctx->pack || !qpack_format(a->type) || a->k % 32)
+		return LOOM_ERR_UNSUPPORTED;
+	/* every GGUF row of k / 32 blocks fits in src_stride bytes */
+	if (a->src_stride < (size_t)(a->k / 32) * cpu_block_bytes(a->type))
+		return LOOM_ERR_INVALID;
+	t.stride = qpack_row_bytes(a->type, a->k / 32);
+	if (!t.stride || (uint64_t)a->n > SIZE_MAX / t.stride)
+		return LOOM_ERR_NOMEM;
+	rc = cpu_buffer_alloc(ctx, (size_t)a->n * t.stride, out);
+	if (rc)
+		return rc;
+	t.dst = cpu_buffer_addr(ctx, *out);
+	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
+	*bytes = (size_t)a->n * t.stride;
 	return LOOM_OK;
 }

@@ -709,6 +709,127 @@ TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
 		vnni_rows(t, w, ws, x, xsc, nb, y, R);
 }
 
+/*
+ * VNNI kernels over the packed layout (qpack.h): the same lanes, the same
+ * fused multiply-adds in the same order as vnni_fast_rows(), hence ref16()
+ * bit for bit; what changes is how operands arrive. A Q4 quad of blocks
+ * is one 64-byte load whose low nibbles are the first pair and high
+ * nibbles the second; Q8_0 pairs are one load already offset by 128; the
+ * scales of 16 blocks are one masked load.
+ */
+
+/* Weights of the pair at block b of a packed Q4 row, if it is a pair unit
+ * (32 bytes), or of the single last block (16 bytes, GGUF order). */
+TGT_VNNI ALWAYS __m512i packed_q4_tail(const uint8_t *q, bool two)
+{
+	const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+	const __m256i m4 = _mm256_set1_epi8(15);
+
+	if (two) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)q);
+
+		return join_i(_mm256_and_si256(v, m4),
+			      _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+	}
+	return _mm512_and_si512(
+		_mm512_srlv_epi64(_mm512_maskz_broadcast_i32x4(0x00ff,
+							       _mm_loadu_si128((const __m128i *)q)),
+				  nib_shift),
+		_mm512_set1_epi8(15));
+}
+
+/* acc += lanes(fix + w . xq) * (the pair at j of D) */
+TGT_VNNI ALWAYS __m512 packed_step(__m512 acc, __m512i fix, __m512i wq, __m512i xq, __m512 D,
+				   int j)
+{
+	const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	__m512 d = _mm512_permutexvar_ps(_mm512_add_epi32(base, _mm512_set1_epi32(j)), D);
+
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, wq, xq)), d, acc);
+}
+
+/* Blocks b0 .. b0 + n - 1 (n <= 16) of R packed rows. */
+TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64_t nb,
+				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
+				  __m512 *acc, __m512 *accm, int R)
+{
+	const size_t qb = t == LOOM_TYPE_Q8_0 ? 32 : 16;
+	const __mmask16 k = (__mmask16)((1u << n) - 1);
+	const __m512i m4 = _mm512_set1_epi8(15);
+	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
+	__m512i fix, fix2, xq, xq2;
+	int j = 0;
+
+	for (int r = 0; r < R; r++) {
+		const uint16_t *sc = (const uint16_t *)(w + r * ws + (size_t)nb * qb) + b0;
+
+		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc)), xd);
+		if (has_min(t))
+			accm[r] = _mm512_mask3_fmadd_ps(
+				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + nb)), xs, accm[r], k);
+	}
+	if (t == LOOM_TYPE_Q8_0) {
+		for (; j < n; j += 2) {
+			bool two = j + 1 < n;
+
+			xq = vnni_acts(t, x + b0 + j, two, &fix);
+			for (int r = 0; r < R; r++) {
+				const uint8_t *q = w + r * ws + (size_t)(b0 + j) * 32;
+				__m512i wq = two ? _mm512_loadu_si512(q) :
+					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+
+				acc[r] = packed_step(acc[r], fix, wq, xq, D[r], j);
+			}
+		}
+		return;
+	}
+	for (; j + 4 <= n; j += 4) {
+		xq = vnni_acts(t, x + b0 + j, true, &fix);
+		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
+		for (int r = 0; r < R; r++) {
+			__m512i v = _mm512_loadu_si512(w + r * ws + (size_t)(b0 + j) * 16);
+
+			acc[r] = packed_step(acc[r], fix, _mm512_and_si512(v, m4), xq, D[r], j);
+			acc[r] = packed_step(acc[r], fix2,
+					     _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), xq2,
+					     D[r], j + 2);
+		}
+	}
+	for (; j < n; j += 2) {
+		bool two = j + 1 < n;
+
+		xq = vnni_acts(t, x + b0 + j, two, &fix);
+		for (int r = 0; r < R; r++)
+			acc[r] = packed_step(acc[r], fix,
+					     packed_q4_tail(w + r * ws + (size_t)(b0 + j) * 16, two),
+					     xq, D[r], j);
+	}
+}
+
+TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
+				      const struct qdot_block *x, const float *xsc, int64_t nb,
+				      float *y, int R)
+{
+	__m512 acc[4], accm[4];
+
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm512_setzero_ps();
+		accm[r] = _mm512_setzero_ps();
+	}
+	/* n a constant 16 folds the masks of full chunks */
+	int64_t b0 = 0;
+	for (; b0 + 16 <= nb; b0 += 16)
+		packed_chunk(t, w, ws, nb, x, xsc, b0, 16, acc, accm, R);
+	if (b0 < nb)
+		packed_chunk(t, w, ws, nb, x, xsc, b0, (int)(nb - b0), acc, accm, R);
+	for (int r = 0; r < R; r++)
+		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
+}
+
+QDOT_ONE(TGT_VNNI, vnni_packed, q8_0, LOOM_TYPE_Q8_0, vnni_packed_rows)
+QDOT_ONE(TGT_VNNI, vnni_packed, q4_0, LOOM_TYPE_Q4_0, vnni_packed_rows)
+QDOT_ONE(TGT_VNNI, vnni_packed, q4_1, LOOM_TYPE_Q4_1, vnni_packed_rows)
+
 QDOT_SET(TGT_AVX512, avx512, avx512_rows);
 QDOT_SET(TGT_VNNI, vnni, vnni_any_rows);
 
@@ -725,6 +846,20 @@ static int format_index(uint32_t type)
 	case LOOM_TYPE_Q5_1: return 4;
 	default: return -1;
 	}
+}
+
+qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type)
+{
+	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+		return NULL;
+#if defined(__x86_64__)
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return vnni_packed_q8_0;
+	case LOOM_TYPE_Q4_0: return vnni_packed_q4_0;
+	case LOOM_TYPE_Q4_1: return vnni_packed_q4_1;
+	}
+#endif
+	return NULL;
 }
 
 qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type)

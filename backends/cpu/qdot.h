@@ -63,6 +63,11 @@ bool qdot_isa_supported(enum qdot_isa isa);
 const char *qdot_isa_name(enum qdot_isa isa);
 /* The kernel of `type` for `isa` (NULL if either is unsupported). */
 qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
+/* The kernel of `type` over rows in the packed layout (qpack.h), whose
+ * results are qdot_kernel(isa, type)'s bit for bit; NULL unless isa is
+ * QDOT_VNNI (supported) and type qpack_format(). w_stride is the packed
+ * row stride. */
+qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type);
 /* The plain C reference of isa's arithmetic (never NULL for a qdot format). */
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb);

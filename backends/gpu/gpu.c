@@ -524,7 +524,9 @@ static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	size_t w_row;
 	bool ok;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || a->m < 0 || a->n < 0 || a->k < 0)
+	/* this backend packs no weight, so w_packed is never its own */
+	if (!ctx || !a || a->struct_size < LOOM_GEMM_ARGS_MIN_SIZE || LOOM_GEMM_PACKED(a) ||
+	    a->m < 0 || a->n < 0 || a->k < 0)
 		return LOOM_ERR_INVALID;
 	if (!gpurt_format_known(a->w_type))
 		return LOOM_ERR_UNSUPPORTED;

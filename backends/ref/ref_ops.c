@@ -99,7 +99,9 @@ int ref_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	bool ok;
 	int rc = LOOM_OK;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || a->m < 0 || a->n < 0 || a->k < 0)
+	/* this backend packs no weight, so w_packed is never its own */
+	if (!ctx || !a || a->struct_size < LOOM_GEMM_ARGS_MIN_SIZE || LOOM_GEMM_PACKED(a) ||
+	    a->m < 0 || a->n < 0 || a->k < 0)
 		return LOOM_ERR_INVALID;
 	if (!format_of(ctx, a->w_type, &be, &bb))
 		return LOOM_ERR_UNSUPPORTED;

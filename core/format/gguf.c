@@ -734,6 +734,19 @@ void gguf_close(struct gguf_file *f)
 	free(g);
 }
 
+void gguf_release(const struct gguf_file *f, const void *p, size_t n)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo, hi;
+
+	if (!f || !f->mapped || !p || page == 0 || page == (uintptr_t)-1)
+		return;
+	/* only the pages wholly inside [p, p + n) */
+	lo = ((uintptr_t)p + page - 1) / page * page;
+	hi = ((uintptr_t)p + n) / page * page;
+	if (lo < hi && lo >= (uintptr_t)f->base && hi <= (uintptr_t)f->base + f->size)
+		madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* ---- lookups and typed accessors ---- */
 
 const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key)

@@ -74,6 +74,10 @@ struct gguf_file *gguf_open(const char *path, char *err, size_t errlen);
 struct gguf_file *gguf_open_memory(const void *data, size_t size, char *err,
 				   size_t errlen);
 void gguf_close(struct gguf_file *f);
+/* Tells the system the n bytes at p (inside the mapping) will not be read
+ * soon, so their pages leave memory; they are read back from the file if
+ * they are. Nothing for files opened from memory. */
+void gguf_release(const struct gguf_file *f, const void *p, size_t n);
 
 /* Geometry of a ggml type known to the reader (independent of which
  * formats have plugins). Returns false for an unknown type id. */

@@ -239,6 +239,7 @@ static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t row
 		.w = nd->w->data, .w_stride = nd->w->row_bytes,
 		.x = e->act[nd->a], .x_stride = e->width[nd->a],
 		.y = e->act[nd->dst], .y_stride = e->width[nd->dst],
+		.w_packed = nd->w->packed,
 	};
 
 	return be->ops->gemm(be->ctx, &a);

@@ -210,6 +210,8 @@ struct weight_plan {
 	struct loom_weight *w;
 	const struct gguf_tensor *t;
 	bool dequant; /* convert to f32 at load (no native kernel) */
+	bool gemm_only; /* read by gemm and nothing else: the backend may pack it */
+	bool packed;  /* packed by the backend: nothing to upload */
 	size_t offset, bytes;
 };
 
@@ -280,6 +282,8 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	p->t = t;
 	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
 		!be->ops->supports(be->ctx, op, t->type);
+	p->gemm_only = rows > 0 && op == LOOM_OP_GEMM && !p->dequant;
+	p->packed = false;
 	p->bytes = p->dequant ? (size_t)(want_rows * cols) * sizeof(float) : t->nbytes;
 	p->offset = l->total;
 	l->total += (p->bytes + 63) & ~(size_t)63;
@@ -359,6 +363,58 @@ static int plan_all(struct loader *l)
 	return plan_layers(l);
 }
 
+/* Offers each gemm-only weight to the backend's weight_pack; what it packs
+ * leaves the upload plan, and its pages of the file leave memory. */
+static int pack_all(struct loader *l)
+{
+	struct loom_model *m = l->m;
+	struct loom_backend *be = m->be;
+	struct loom_buffer *buf;
+	size_t bytes;
+	int i, rc;
+
+	if (!loom_backend_has_pack(be))
+		return 0;
+	m->packs = calloc((size_t)l->n_plan, sizeof(*m->packs));
+	if (!m->packs) {
+		loom_seterr(l->err, l->errlen, "out of memory");
+		return -1;
+	}
+	for (i = 0; i < l->n_plan; i++) {
+		struct weight_plan *p = &l->plan[i];
+		struct loom_weight_pack_args a = { .struct_size = sizeof(a), .type = p->t->type,
+			.n = p->w->rows, .k = p->w->cols, .src = p->t->data,
+			.src_stride = p->w->row_bytes };
+
+		if (!p->gemm_only)
+			continue;
+		buf = NULL;
+		rc = be->ops->weight_pack(be->ctx, &a, &buf, &bytes);
+		if (rc == LOOM_ERR_UNSUPPORTED)
+			continue;
+		if (rc || !buf) {
+			loom_seterr(l->err, l->errlen, "backend %s: packing tensor '%.*s' failed (%d)",
+				    be->ops->name, (int)p->t->name.len, p->t->name.ptr, rc);
+			return -1;
+		}
+		m->packs[m->n_packs++] = buf;
+		m->packed_bytes += bytes;
+		p->packed = true;
+		p->w->packed = true;
+		p->w->data = be->ops->buffer_addr(be->ctx, buf);
+		gguf_release(l->f, p->t->data, p->t->nbytes);
+	}
+	/* the upload plan without the packed weights */
+	l->total = 0;
+	for (i = 0; i < l->n_plan; i++) {
+		if (l->plan[i].packed)
+			continue;
+		l->plan[i].offset = l->total;
+		l->total += (l->plan[i].bytes + 63) & ~(size_t)63;
+	}
+	return 0;
+}
+
 static void progress(bool on, size_t done, size_t total)
 {
 	int width = 40, filled;
@@ -414,6 +470,8 @@ static int upload_all(struct loader *l, bool show)
 		const struct weight_plan *p = &l->plan[i];
 		void *dst = base + p->offset;
 
+		if (p->packed)
+			continue;
 		if (p->dequant) {
 			if (upload_dequant(l, p, dst))
 				return -1;
@@ -427,6 +485,7 @@ static int upload_all(struct loader *l, bool show)
 		done += p->bytes;
 		progress(show, done, l->total);
 	}
+	l->m->weights_bytes = l->total;
 	if (n_deq)
 		loom_log(LOOM_LOG_WARN, "%d tensors converted to f32 at load: backend %s has no native kernel for their type",
 			n_deq, be->ops->name);
@@ -456,9 +515,13 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		loom_seterr(err, errlen, "out of memory");
 		goto out_free;
 	}
-	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) ||
+	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) || pack_all(&l) ||
 	    upload_all(&l, p->progress && isatty(2)))
 		goto out_free;
+	if (m->n_packs)
+		loom_log(LOOM_LOG_INFO, "weights: %.1f MiB as in the file, %.1f MiB in %d tensors packed by backend %s",
+			 (double)m->weights_bytes / 1048576.0, (double)m->packed_bytes / 1048576.0,
+			 m->n_packs, m->be->ops->name);
 	if (!m->output.data)
 		m->output = m->tok_embd;
 	if (loom_graph_build(m, err, errlen))
@@ -478,6 +541,9 @@ void loom_model_free(struct loom_model *m)
 		return;
 	if (m->be && m->weights_buf)
 		m->be->ops->buffer_free(m->be->ctx, m->weights_buf);
+	for (int i = 0; m->be && i < m->n_packs; i++)
+		m->be->ops->buffer_free(m->be->ctx, m->packs[i]);
+	free(m->packs);
 	loom_backend_close(m->be);
 	free(m->layers);
 	free(m->nodes);

@@ -30,6 +30,7 @@ struct loom_weight {
 	int64_t rows, cols;
 	size_t row_bytes;
 	void *data; /* device address, NULL when the tensor is absent */
+	bool packed; /* data is the backend's own layout (weight_pack) */
 };
 
 /* One layer's weights ([rows][cols]; "opt." ones have data NULL when the
@@ -90,6 +91,10 @@ struct loom_model {
 	struct loom_hparams hp;
 	struct loom_backend *be;
 	struct loom_buffer *weights_buf;
+	/* weights the backend packed into its own layout, one buffer each */
+	struct loom_buffer **packs;
+	int n_packs;
+	size_t weights_bytes, packed_bytes; /* in weights_buf, in packs */
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
 	struct loom_layer *layers;
 	struct loom_node *nodes; /* the graph, built once at load */

@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1.
+ * loom backend ABI, version 1 (minor 2).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 1
+#define LOOM_BACKEND_ABI_MINOR 2
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -150,6 +150,11 @@ struct loom_buffer;
  * in weight format w_type (row stride w_stride bytes, k a whole number of
  * blocks), y is f32 [m][n] (row stride y_stride floats). y must not alias
  * x or W.
+ *
+ * Generation 1.2 appends w_packed: non-zero when w is the address of a
+ * buffer this backend returned from weight_pack() for this weight (then
+ * w_stride is ignored). A backend reads it only when struct_size covers
+ * it (LOOM_ARGS_HAS), so arguments from a 1.0/1.1 host still work.
  */
 struct loom_gemm_args {
 	uint32_t struct_size;
@@ -161,6 +166,30 @@ struct loom_gemm_args {
 	int64_t x_stride;
 	float *y;
 	int64_t y_stride;
+	/* ---- generation 1.2 ---- */
+	uint32_t w_packed;
+};
+
+/* Whether an argument struct from the other side of the ABI has `field`
+ * (structs grow at the end; older ones are shorter). */
+#define LOOM_ARGS_HAS(a, type, field) \
+	((a)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
+/* The smallest loom_gemm_args a backend accepts (a 1.0 host's). */
+#define LOOM_GEMM_ARGS_MIN_SIZE offsetof(struct loom_gemm_args, w_packed)
+/* Whether a gemm call passes a packed weight. */
+#define LOOM_GEMM_PACKED(a) \
+	(LOOM_ARGS_HAS(a, struct loom_gemm_args, w_packed) && (a)->w_packed)
+
+/*
+ * A weight offered to weight_pack(): [n][k] in `type` (k a whole number of
+ * blocks), in the GGUF layout, in HOST memory, rows src_stride bytes apart.
+ */
+struct loom_weight_pack_args {
+	uint32_t struct_size;
+	uint32_t type;
+	int64_t n, k;
+	const void *src;
+	size_t src_stride;
 };
 
 enum loom_rope_mode {
@@ -328,7 +357,25 @@ struct loom_backend_ops {
 	 */
 	int (*graph_begin)(struct loom_backend_ctx *ctx);
 	int (*graph_end)(struct loom_backend_ctx *ctx);
-	/* ---- end of generation 1.1; append new slots below ---- */
+	/* ---- end of generation 1.1 ---- */
+
+	/* ---- generation 1.2 ---- */
+	/*
+	 * Optional: a weight layout of the backend's own. At load the host
+	 * offers each weight that only gemm reads (never a table embed also
+	 * reads), once, before it uploads anything of it. LOOM_ERR_UNSUPPORTED
+	 * (the backend keeps the GGUF layout for this type, shape or mode):
+	 * the host uploads the GGUF bytes as before. LOOM_OK: *out is a new
+	 * buffer of the backend's holding the weight in its layout, *bytes
+	 * its size; the host then uploads nothing of the weight, may release
+	 * the GGUF bytes, passes buffer_addr(*out) as gemm's w with w_packed
+	 * set, and frees *out with buffer_free. Any other status fails the
+	 * load. A gemm on a packed weight must give the same results, bit for
+	 * bit, as on the GGUF layout in the same context.
+	 */
+	int (*weight_pack)(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+			   struct loom_buffer **out, size_t *bytes);
+	/* ---- end of generation 1.2; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

@@ -371,6 +371,108 @@ static int check_gemm(struct be *e, struct be *other, bool must)
 	return differ;
 }
 
+/*
+ * ABI 1.2 weight_pack: where the backend packs a format, gemm on the packed
+ * weight equals gemm on the GGUF bytes bit for bit, for every m (the
+ * decode kernels and, without the invariance flag, the prefill path).
+ * Returns the formats packed.
+ */
+static int check_packed(struct be *e)
+{
+	static const int64_t ms[] = { 1, 2, 5, 17, 64 };
+	static const int64_t ks[] = { 320, 576 };
+	int packed = 0;
+
+	if (!loom_backend_has_pack(e->b))
+		return 0;
+	for (size_t t = 0; t < sizeof(gemm_types) / sizeof(gemm_types[0]); t++) {
+		uint32_t type = gemm_types[t];
+		const struct loom_format_info *fi;
+		bool any = false;
+
+		if (!loom_format_get(type) || !e->ops->supports(e->ctx, LOOM_OP_GEMM, type))
+			continue;
+		fi = loom_host_services()->format_info(loom_host_services()->host, type);
+		for (size_t ki = 0; fi && ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+			struct gemm_case c = { .type = type, .n = 37, .k = ks[ki] };
+			struct loom_weight_pack_args pa = { .struct_size = sizeof(pa), .type = type,
+				.n = c.n, .k = c.k };
+			struct loom_buffer *pb = NULL;
+			size_t pbytes = 0;
+			int rc;
+
+			if (c.k % fi->block_elems)
+				continue;
+			c.w_stride = (size_t)(c.k / fi->block_elems) * fi->block_bytes + 8;
+			c.w_host = xmalloc((size_t)c.n * c.w_stride);
+			make_weights(type, fi, c.w_host, c.n, c.k, c.w_stride);
+			pa.src = c.w_host;
+			pa.src_stride = c.w_stride;
+			rc = e->ops->weight_pack(e->ctx, &pa, &pb, &pbytes);
+			if (rc == LOOM_ERR_UNSUPPORTED) {
+				free(c.w_host);
+				continue;
+			}
+			checks++;
+			if (rc || !pb || !pbytes) {
+				printf("FAIL %s weight_pack %s: status %d\n", e->label,
+				       loom_format_get(type)->name, rc);
+				failures++;
+				free(c.w_host);
+				continue;
+			}
+			any = true;
+			for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+				int64_t m = ms[mi];
+				float *x = xmalloc((size_t)m * c.k * sizeof(float));
+				float *y = xmalloc((size_t)m * c.n * sizeof(float));
+				float *yp = xmalloc((size_t)m * c.n * sizeof(float));
+				void *w = put(e, c.w_host, (size_t)c.n * c.w_stride);
+				float *xd = put(e, NULL, (size_t)m * c.k * sizeof(float));
+				float *yd = put(e, NULL, (size_t)m * c.n * sizeof(float));
+				struct loom_gemm_args a = {
+					.struct_size = sizeof(a), .w_type = type, .m = m, .n = c.n,
+					.k = c.k, .w = w, .w_stride = c.w_stride, .x = xd,
+					.x_stride = c.k, .y = yd, .y_stride = c.n,
+				};
+				char what[128];
+
+				fill(x, (size_t)m * c.k, 1.0f);
+				e->ops->upload(e->ctx, xd, x, (size_t)m * c.k * sizeof(float));
+				rc = e->ops->gemm(e->ctx, &a);
+				if (!rc)
+					get(e, y, yd, (size_t)m * c.n * sizeof(float));
+				a.w = e->ops->buffer_addr(e->ctx, pb);
+				a.w_packed = 1;
+				if (!rc)
+					rc = e->ops->gemm(e->ctx, &a);
+				if (!rc)
+					get(e, yp, yd, (size_t)m * c.n * sizeof(float));
+				snprintf(what, sizeof(what), "gemm %s k=%" PRId64 " m=%" PRId64
+					 " packed vs GGUF layout", loom_format_get(type)->name, c.k, m);
+				if (rc) {
+					printf("FAIL %s %s: status %d\n", e->label, what, rc);
+					failures++;
+				} else {
+					same(e->label, what, y, yp, m * c.n, true);
+				}
+				be_reset(e);
+				free(x);
+				free(y);
+				free(yp);
+			}
+			e->ops->buffer_free(e->ctx, pb);
+			free(c.w_host);
+		}
+		if (any) {
+			printf("%s: %s packed, gemm bitwise the same\n", e->label,
+			       loom_format_get(type)->name);
+			packed++;
+		}
+	}
+	return packed;
+}
+
 /* ---- attention ---- */
 
 #define A_HEADS 4
@@ -612,6 +714,7 @@ static void run_invariant(const char *so, const char *isa, bool exact)
 	/* the same results from another thread count */
 	have_other = be_open(&other, so, "3 threads", 3, flags) == 0;
 	check_gemm(&e, have_other ? &other : NULL, true);
+	check_packed(&e);
 	check_attention(&e);
 	check_rows(&e);
 	be_close(&other);
@@ -648,6 +751,12 @@ int main(int argc, char **argv)
 			run_invariant(names[i], "scalar", exact);
 		}
 		printf("%s: %s\n", names[i], failures == before ? "bitwise invariant" : "FAILED");
+	}
+	/* packed weights without the flag: m >= 16 unpacks for BLAS */
+	unsetenv("LOOM_CPU_ISA");
+	if (be_open(&e, "cpu.so", "cpu.so fast (no flag)", 2, 0) == 0) {
+		check_packed(&e);
+		be_close(&e);
 	}
 	/* control: without the flag cpu.so takes other kernels for m >= 16 */
 	unsetenv("LOOM_CPU_ISA");

@@ -11,7 +11,9 @@
  *             (round to nearest moves x by at most half a step, amax/127/2).
  *
  * Plus the activation quantizer's own contract: |q| <= 127, x within half a
- * step of d*q, s = d * sum(q).
+ * step of d*q, s = d * sum(q); and the packed layout (qpack.h): unpacking
+ * gives back the GGUF bytes, and the packed kernels equal qdot_ref() of
+ * the VNNI set bit for bit, as the GGUF-layout kernels do.
  */
 #include <check.h>
 #include <math.h>
@@ -21,6 +23,7 @@
 
 #include "cpu.h"
 #include "qdot.h"
+#include "qpack.h"
 
 static const uint32_t formats[] = {
 	LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
@@ -29,7 +32,7 @@ static const uint32_t formats[] = {
 
 static const int64_t block_counts[] = { 1, 2, 3, 5, 8, 9, 18, 37 };
 #define N_COUNTS (int)(sizeof(block_counts) / sizeof(block_counts[0]))
-#define MAX_NB 37
+#define MAX_NB 48
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
@@ -246,6 +249,68 @@ START_TEST(layouts_agree)
 }
 END_TEST
 
+/* Packs ROWS rows of nb blocks, checks the round trip, and compares the
+ * packed kernel (ROWS rows at once, and row 0 alone) with the reference
+ * on the GGUF rows. Returns mismatches. */
+static int check_packed(uint32_t t, int64_t nb)
+{
+	static uint8_t w[ROWS * MAX_NB * 34], back[MAX_NB * 34];
+	static uint8_t pw[ROWS * MAX_NB * 36 + ROWS * 64] __attribute__((aligned(64)));
+	const size_t ws = nb * cpu_block_bytes(t), ps = qpack_row_bytes(t, nb);
+	qdot_fn fn = qdot_packed_kernel(QDOT_VNNI, t);
+	struct qdot_block q[MAX_NB];
+	float x[MAX_NB * 32], sc[(MAX_NB + 15) / 16 * 32], y[ROWS], y0;
+	int bad = 0;
+
+	ck_assert(fn != NULL);
+	ck_assert(ps % 64 == 0 && ps >= ws);
+	fill_weights(t, w, ROWS * nb);
+	fill_acts(x, nb * 32);
+	qdot_quantize_row(x, q, nb * 32);
+	qdot_row_scales(q, nb, sc);
+	for (int r = 0; r < ROWS; r++) {
+		qpack_row(t, w + r * ws, nb, pw + r * ps);
+		qpack_unpack_row(t, pw + r * ps, nb, back);
+		if (memcmp(back, w + r * ws, ws)) {
+			printf("type %u nb=%lld row %d: unpack(pack(row)) differs\n", t,
+			       (long long)nb, r);
+			bad++;
+		}
+	}
+	fn(pw, ps, q, sc, nb, y, ROWS);
+	fn(pw, ps, q, sc, nb, &y0, 1);
+	for (int r = 0; r < ROWS; r++) {
+		float want = qdot_ref(QDOT_VNNI, t, w + r * ws, q, nb);
+
+		if (memcmp(&y[r], &want, 4) || (r == 0 && memcmp(&y0, &want, 4))) {
+			printf("packed type %u nb=%lld row %d: kernel %.9g (alone %.9g), reference %.9g\n",
+			       t, (long long)nb, r, y[r], y0, want);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+START_TEST(packed_match_reference)
+{
+	static const uint32_t packed[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1 };
+	static const int64_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 20,
+					  21, 22, 23, 31, 32, 33, 37, 48 };
+	int bad = 0, cases = 0;
+
+	if (!qdot_isa_supported(QDOT_VNNI)) {
+		printf("packed kernels: no AVX-512 VNNI here, skipped\n");
+		return;
+	}
+	for (int f = 0; f < 3; f++)
+		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+			for (int rep = 0; rep < 10; rep++, cases++)
+				bad += check_packed(packed[f], counts[c]) != 0;
+	printf("packed kernels: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("qdot");
@@ -256,6 +321,7 @@ int main(void)
 	tcase_add_test(tc, quantize_contract);
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, layouts_agree);
+	tcase_add_test(tc, packed_match_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -356,6 +356,22 @@ START_TEST(check_ops_names_each_slot)
 	ops.graph_end = NULL;
 	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), -1);
 	ck_assert_msg(strstr(err, "graph_end"), "'%s'", err);
+	/* Generation 1.2's weight_pack is optional and read only where the
+	 * table has it. */
+	{
+		struct loom_backend nb = { .ops = &ops };
+
+		ops.graph_begin = ops.graph_end = NULL;
+		ops.weight_pack = (void *)fake_graph_begin; /* never called */
+		ops.struct_size = offsetof(struct loom_backend_ops, weight_pack);
+		ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), 0);
+		ck_assert(!loom_backend_has_pack(&nb));
+		ops.struct_size = sizeof(ops);
+		ck_assert(loom_backend_has_pack(&nb));
+		ops.weight_pack = NULL;
+		ck_assert(!loom_backend_has_pack(&nb));
+		ops.graph_begin = fake_graph_begin;
+	}
 	/* a 1.0-sized table never has its slots read */
 	ops.struct_size = offsetof(struct loom_backend_ops, graph_begin);
 	ck_assert_int_eq(loom_backend_check_ops("t.so", &ops, err, sizeof(err)), 0);
