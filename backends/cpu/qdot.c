@@ -91,7 +91,7 @@ static inline bool has_min(uint32_t t)
 
 /* ---- activation quantization ---- */
 
-void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
+void qdot_quantize_row_c(const float *x, struct qdot_block *out, int64_t k)
 {
 	for (int64_t b = 0; b < k / 32; b++) {
 		const float *v = x + 32 * b;
@@ -117,6 +117,54 @@ void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
 		out[b].d = finite ? amax / 127.0f : NAN;
 		out[b].s = out[b].d * (float)sum;
 	}
+}
+
+#if defined(__x86_64__)
+/*
+ * The same arithmetic on 16 lanes: max |x| is exact in any order, v * id
+ * is the same float product, and the conversion rounds to nearest even as
+ * lrintf() does in the default rounding mode; so the blocks are
+ * qdot_quantize_row_c()'s byte for byte (tests/backend/qdot.c).
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void quantize_row_avx512(const float *x, struct qdot_block *out, int64_t k)
+{
+	const __m512 inf = _mm512_set1_ps(INFINITY);
+	const __m512i lim = _mm512_set1_epi32(127);
+
+	for (int64_t b = 0; b < k / 32; b++) {
+		__m512 lo = _mm512_loadu_ps(x + 32 * b), hi = _mm512_loadu_ps(x + 32 * b + 16);
+		__m512 alo = _mm512_abs_ps(lo), ahi = _mm512_abs_ps(hi);
+		/* NaN compares false: not finite */
+		bool finite = (_mm512_cmp_ps_mask(alo, inf, _CMP_LT_OQ) &
+			       _mm512_cmp_ps_mask(ahi, inf, _CMP_LT_OQ)) == 0xffff;
+		float amax = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi));
+		float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+		__m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
+
+		if (finite) {
+			qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
+			qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
+			qlo = _mm512_max_epi32(_mm512_min_epi32(qlo, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+			qhi = _mm512_max_epi32(_mm512_min_epi32(qhi, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+		}
+		_mm_storeu_si128((__m128i *)out[b].q, _mm512_cvtepi32_epi8(qlo));
+		_mm_storeu_si128((__m128i *)(out[b].q + 16), _mm512_cvtepi32_epi8(qhi));
+		out[b].d = finite ? amax / 127.0f : NAN;
+		out[b].s = out[b].d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+	}
+}
+#endif
+
+void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
+{
+#if defined(__x86_64__)
+	if (cpu_detect_isa() >= CPU_ISA_AVX512) {
+		quantize_row_avx512(x, out, k);
+		return;
+	}
+#endif
+	qdot_quantize_row_c(x, out, k);
 }
 
 void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc)

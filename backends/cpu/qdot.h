@@ -72,8 +72,11 @@ qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type);
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb);
 
-/* Quantizes k values (a multiple of 32) into k / 32 blocks. */
+/* Quantizes k values (a multiple of 32) into k / 32 blocks, with the
+ * widest SIMD the CPU has; the blocks are qdot_quantize_row_c()'s, the
+ * plain C version, byte for byte. */
 void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k);
+void qdot_quantize_row_c(const float *x, struct qdot_block *out, int64_t k);
 /* x's nb block scales into sc[qdot_scales_len(nb)]. */
 void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc);
 

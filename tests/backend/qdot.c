@@ -131,11 +131,50 @@ START_TEST(quantize_contract)
 			ck_assert_float_eq(q[b].s, q[b].d * (float)sum);
 		}
 	}
-	/* a NaN poisons its block, not its neighbours */
+	/* a NaN or an inf poisons its block, not its neighbours */
 	x[40] = NAN;
-	qdot_quantize_row(x, q, 96);
-	ck_assert(isnan(q[1].d));
-	ck_assert(!isnan(q[0].d) && !isnan(q[2].d));
+	x[70] = -INFINITY;
+	qdot_quantize_row(x, q, 128);
+	ck_assert(isnan(q[1].d) && isnan(q[2].d));
+	ck_assert(!isnan(q[0].d) && !isnan(q[3].d));
+	for (int e = 0; e < 32; e++)
+		ck_assert(q[1].q[e] == 0 && q[2].q[e] == 0);
+}
+END_TEST
+
+/* The SIMD quantizer gives the plain C one's blocks byte for byte, also
+ * with zeros, ties at .5 steps, huge and tiny values and non-finite ones. */
+START_TEST(quantize_simd_matches_c)
+{
+	float x[MAX_NB * 32];
+	struct qdot_block a[MAX_NB], b[MAX_NB];
+	int bad = 0;
+
+	for (int rep = 0; rep < 200; rep++) {
+		fill_acts(x, MAX_NB * 32);
+		for (int i = 0; i < MAX_NB * 32; i++) {
+			uint32_t r = rnd32() % 64;
+
+			if (r == 0)
+				x[i] = 0.0f;
+			else if (r == 1)
+				x[i] = 127.5f / 127.0f * (float)(int)(rnd32() % 200 - 100) / 100.0f;
+			else if (r == 2)
+				x[i] *= 1e30f;
+			else if (r == 3)
+				x[i] *= 1e-30f;
+			else if (r == 4 && rep % 4 == 0)
+				x[i] = rnd32() % 2 ? NAN : INFINITY;
+		}
+		if (rep % 10 == 0)
+			memset(x, 0, 32 * sizeof(float)); /* an all-zero block */
+		qdot_quantize_row(x, a, MAX_NB * 32);
+		qdot_quantize_row_c(x, b, MAX_NB * 32);
+		for (int i = 0; i < MAX_NB; i++)
+			bad += memcmp(&a[i], &b[i], sizeof(a[i])) != 0 &&
+			       !(isnan(a[i].d) && isnan(b[i].d) && !memcmp(a[i].q, b[i].q, 32));
+	}
+	ck_assert_int_eq(bad, 0);
 }
 END_TEST
 
@@ -319,6 +358,7 @@ int main(void)
 	int failed;
 
 	tcase_add_test(tc, quantize_contract);
+	tcase_add_test(tc, quantize_simd_matches_c);
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, packed_match_reference);
