@@ -303,13 +303,17 @@ TGT_AVX2 ALWAYS void k_scales_v(uint32_t t, const uint8_t *b, __m128i *sc, __m12
 		*sc = _mm_sub_epi8(*sc, _mm_set1_epi8(32));
 		return;
 	default: /* Q4_K, Q5_K: per group of 32, so each byte twice */
-		a = cpu_rd32(b + 4);
-		c = cpu_rd32(b + 8);
-		e = cpu_rd32(b + 12);
-		raw = _mm_setr_epi32((int)(a & 0x3f3f3f3fu),
-				     (int)((e & lo4) | ((a >> 2) & b45)),
-				     (int)(c & 0x3f3f3f3fu),
-				     (int)(((e >> 4) & lo4) | ((c >> 2) & b45)));
+		/* dwords of b: d and dmin, then a, c, e; the scales are
+		 *   a & 3f3f3f3f, (e & lo4) | (a >> 2 & b45)
+		 * and the minima
+		 *   c & 3f3f3f3f, (e >> 4 & lo4) | (c >> 2 & b45) */
+		raw = _mm_loadu_si128((const __m128i *)b);
+		raw = _mm_or_si128(
+			_mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xed), /* a e c e */
+						     _mm_setr_epi32(0, 0, 0, 4)),
+				      _mm_setr_epi32(0x3f3f3f3f, (int)lo4, 0x3f3f3f3f, (int)lo4)),
+			_mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(raw, 0xa5), 2), /* a a c c */
+				      _mm_setr_epi32(0, (int)b45, 0, (int)b45)));
 		*sc = _mm_unpacklo_epi8(raw, raw);
 		*mn = _mm_unpackhi_epi8(raw, raw);
 		return;
@@ -327,21 +331,39 @@ TGT_AVX2 ALWAYS int32_t hsum_i32(__m256i v)
 
 /*
  * The parts every set shares: the offset correction -off * sum sc_i *
- * bsum_i as 8 int32 lanes (to add to the products), and msum. S is the
- * 16 scales as int16.
+ * bsum_i as 8 int32 lanes (to add to the products), and the minima's
+ * products mn_i * bsum_i in *mv (zeros if none). S is the 16 scales as
+ * int16.
  */
 TGT_AVX2 ALWAYS __m256i k_fix(uint32_t t, const struct qdot_kblock *x, __m256i S, __m128i mn,
-			      int32_t *msum)
+			      __m256i *mv)
 {
 	__m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums), fix = _mm256_setzero_si256();
 
-	*msum = 0;
+	*mv = fix;
 	if (k_min(t))
-		*msum = hsum_i32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(mn), bs));
+		*mv = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn), bs);
 	if (k_off(t)) /* off is 32 or 4 */
 		fix = _mm256_sub_epi32(fix, _mm256_slli_epi32(_mm256_madd_epi16(S, bs),
 							      k_off(t) == 32 ? 5 : 2));
 	return fix;
+}
+
+/* isum and msum: the lane sums of v and mv (both at once if t has minima). */
+TGT_AVX2 ALWAYS void k_sums(uint32_t t, __m256i v, __m256i mv, int32_t *isum, int32_t *msum)
+{
+	__m128i s;
+
+	*msum = 0;
+	if (!k_min(t)) {
+		*isum = hsum_i32(v);
+		return;
+	}
+	v = _mm256_hadd_epi32(v, mv); /* per half: v01 v23 m01 m23 */
+	s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_hadd_epi32(s, s);
+	*isum = _mm_cvtsi128_si32(s);
+	*msum = _mm_extract_epi32(s, 1);
 }
 
 /* The 32 unsigned quants of group g: lo (and hi) shifted per 16-bit lane. */
@@ -366,11 +388,11 @@ TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kbl
 	const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
 						2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
 	__m128i sc, mn;
-	__m256i S, acc;
+	__m256i S, acc, mv;
 
 	k_scales_v(t, p, &sc, &mn);
 	S = _mm256_cvtepi8_epi16(sc);
-	acc = k_fix(t, x, S, mn, msum);
+	acc = k_fix(t, x, S, mn, &mv);
 #pragma GCC unroll 8
 	for (int g = 0; g < 8; g++) {
 		__m256i prod = _mm256_maddubs_epi16(
@@ -380,7 +402,7 @@ TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kbl
 
 		acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, _mm256_shuffle_epi8(s, spread)));
 	}
-	*isum = hsum_i32(acc);
+	k_sums(t, acc, mv, isum, msum);
 }
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
@@ -465,12 +487,12 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 			      int32_t *isum, int32_t *msum)                                 \
 	{                                                                                  \
 		__m512i acc = _mm512_setzero_si512();                                       \
-		__m256i S, fix;                                                             \
+		__m256i S, fix, mv;                                                         \
 		__m128i sc, mn;                                                             \
                                                                                            \
 		k_scales_v(t, p, &sc, &mn);                                                 \
 		S = _mm256_cvtepi8_epi16(sc);                                               \
-		fix = k_fix(t, x, S, mn, msum);                                             \
+		fix = k_fix(t, x, S, mn, &mv);                                              \
 		_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                         \
 		{                                                                          \
 			__m512i prod = _mm512_maddubs_epi16(                                \
@@ -479,7 +501,8 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 			acc = SCALED(acc, prod, avx512_scales(S, j));                       \
 		}                                                                          \
 		fix = _mm256_add_epi32(fix, _mm512_castsi512_si256(acc));                   \
-		*isum = hsum_i32(_mm256_add_epi32(fix, _mm512_extracti64x4_epi64(acc, 1)));  \
+		k_sums(t, _mm256_add_epi32(fix, _mm512_extracti64x4_epi64(acc, 1)), mv, isum, \
+		       msum);                                                               \
 	}
 
 K_SB512(TGT_AVX512, avx512_sb, bw_scaled)
