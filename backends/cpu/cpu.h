@@ -152,6 +152,8 @@ struct loom_backend_ctx {
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */
 	size_t qsc_cap; /* floats */
+	struct qdot_kblock *qkx; /* the same for the K-quants */
+	size_t qkx_cap; /* super-blocks */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

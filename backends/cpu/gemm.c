@@ -11,9 +11,10 @@
  * create(), so nothing oversubscribes the pool).
  *
  * Fast mode (the default; not LOOM_BACKEND_EXACT) runs the GEMV path of
- * the formats qdot.c knows as integer dot products: each activation row is
- * quantized once to 8-bit blocks (by one function, whichever thread runs
- * it), then each thread streams its weight rows against the quantized rows.
+ * the formats qdot.c and qdot_k.c know as integer dot products: each
+ * activation row is quantized once to 8-bit blocks of 32, or super-blocks
+ * of 256 for the K-quants (by one function, whichever thread runs it),
+ * then each thread streams its weight rows against the quantized rows.
  * A row's result depends only on that row and the weights, so batch
  * invariance and thread-count independence hold as they do in exact mode.
  *
@@ -42,6 +43,9 @@ struct gemm_task {
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
+	/* the same for the K-quants: m rows of k / 256 super-blocks */
+	const struct qdot_kblock *qkx;
+	qdot_k_fn kdot;
 	bool packed; /* g.w is in qpack.h's layout */
 };
 
@@ -317,6 +321,68 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	return LOOM_OK;
 }
 
+/* ---- fast mode, K-quants: the same with super-blocks of 256 ---- */
+
+static void kquant_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	int64_t nb = t->g.k / 256;
+
+	(void)ith;
+	qdot_k_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qkx + c * nb, t->g.k);
+}
+
+static void qdot_k_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	int64_t j0, j1, nb = g->k / 256;
+
+	(void)ith;
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += 8) {
+		const uint8_t *w = g->w + (size_t)j * g->w_stride;
+		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
+
+		for (int64_t i = 0; i < g->m; i++)
+			t->kdot(w, g->w_stride, t->qkx + i * nb, nb, g->y + i * g->y_stride + j, rows);
+	}
+}
+
+static int qkx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
+{
+	struct qdot_kblock *p;
+
+	if ((uint64_t)m > SIZE_MAX / sizeof(*p) / (uint64_t)nb)
+		return LOOM_ERR_NOMEM;
+	if (ctx->qkx_cap < (size_t)(m * nb)) {
+		p = malloc((size_t)(m * nb) * sizeof(*p));
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		free(ctx->qkx);
+		ctx->qkx = p;
+		ctx->qkx_cap = (size_t)(m * nb);
+	}
+	return LOOM_OK;
+}
+
+/* t->g set up, k > 0 (a multiple of 256: gemm_check); nth threads. */
+static int qdot_k_gemm(struct gemm_task *t, int nth)
+{
+	struct loom_backend_ctx *ctx = t->ctx;
+	int64_t m = t->g.m, k = t->g.k;
+
+	if (qkx_reserve(ctx, m, k / 256))
+		return LOOM_ERR_NOMEM;
+	t->qkx = ctx->qkx;
+	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
+	cpu_pool_run(&ctx->pool, kquant_task, t, m,
+		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	t->chunk = pick_chunk(t->n, nth, 4, 32, 256);
+	cpu_pool_run(&ctx->pool, qdot_k_task, t, n_chunks(t), nth);
+	return LOOM_OK;
+}
+
 /* sgemm takes int sizes and strides. */
 static bool blas_fits(const struct loom_gemm_args *a)
 {
@@ -352,6 +418,9 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
+	if (!ctx->exact && qdot_k_format(a->w_type) && a->k > 0 &&
+	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
+		return qdot_k_gemm(&t, nth);
 	/* a packed weight is a qdot format in fast mode: only BLAS is left */
 	if (ctx->invariant) {
 		/* no BLAS: its blocking, hence its rounding, depends on m */

@@ -80,4 +80,47 @@ void qdot_quantize_row_c(const float *x, struct qdot_block *out, int64_t k);
 /* x's nb block scales into sc[qdot_scales_len(nb)]. */
 void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc);
 
+/* ---- K-quants (qdot_k.c): super-blocks of 256 values ---- */
+
+/*
+ * One quantized activation super-block: x[e] ~ d * q[e], |q[e]| <= 127, q
+ * rounded to nearest; bsums[i] = sum of q[16i .. 16i+15], what the K
+ * formats' per-sub-block minima and offsets need. A block holding a NaN
+ * or inf has d = NaN and q, bsums zero.
+ */
+struct qdot_kblock {
+	float d;
+	int16_t bsums[16];
+	int8_t q[256];
+};
+
+/*
+ * y[r] = w_r . x for `rows` weight rows w_r = w + r * w_stride of nb
+ * super-blocks each (Q2_K .. Q6_K).
+ *
+ * Layout of the arithmetic, the same for every kernel set: per super-block
+ * b, the weights as unsigned integers u (q plus the format's offset: 32 for
+ * Q6_K, 4 for Q3_K, 0 otherwise) give the exact int32
+ *   isum_b = sum_i sc_i * (sum_{e in i} u_e * x.q_e  -  off * x.bsums_i)
+ *   msum_b = sum_i mn_i * x.bsums_i              (Q2_K, Q4_K, Q5_K)
+ * over the 16 sub-blocks i of 16 values (sc, mn the sub-block's integer
+ * scale and minimum); then, super-block by super-block in order,
+ *   y = fmaf((float)isum_b, d_b * x_b.d, y)
+ *   y = fmaf((float)-msum_b, dmin_b * x_b.d, y)  (formats with a minimum)
+ * starting from y = 0. The lanes a SIMD kernel sums its integers in do not
+ * matter (the sums are exact), so every kernel set gives the same bits,
+ * and y[r] is the same whatever `rows` is.
+ */
+typedef void (*qdot_k_fn)(const uint8_t *w, size_t w_stride, const struct qdot_kblock *x,
+			  int64_t nb, float *y, int rows);
+
+/* K formats with an integer kernel. */
+bool qdot_k_format(uint32_t type);
+/* The kernel of `type` for `isa` (NULL if either is unsupported). */
+qdot_k_fn qdot_k_kernel(enum qdot_isa isa, uint32_t type);
+/* The plain C reference (the arithmetic above; the same for every set). */
+float qdot_k_ref(uint32_t type, const uint8_t *w, const struct qdot_kblock *x, int64_t nb);
+/* Quantizes k values (a multiple of 256) into k / 256 super-blocks. */
+void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k);
+
 #endif /* LOOM_CPU_QDOT_H */

@@ -1,0 +1,280 @@
+/*
+ * cpu.so's K-quant integer dot products (backends/cpu/qdot_k.c), every
+ * kernel set this machine runs, Q2_K .. Q6_K, 1 to 9 super-blocks, 5 rows
+ * in one call (a group of 4 and a rest) and row 0 alone:
+ *
+ *   bitwise   kernel == qdot_k_ref() (the same integer sums, the same
+ *             fused multiply-adds in the same order);
+ *   exact     |kernel - f64 dot of the dequantized weights (kernels.c's
+ *             scalar dequantization, itself checked against the kquant
+ *             plugin by backend_kdequant) and the dequantized 8-bit
+ *             activations| <= 1e-5 * sum_e |xq_e| * (|w_e| + max_b |w|)
+ *             (float rounding only: the scale products, the int -> float
+ *             conversion of sums that can exceed 2^24, the dequantized
+ *             weights' own rounding, which the max term covers for the
+ *             formats whose minimum cancels d * sc * q);
+ *   quantized |kernel - f64 dot with the original f32 activations|
+ *             <= sum_b xd_b / 2 * sum_e |w_e| + the exact bound
+ *             (round to nearest moves x by at most half a step).
+ *
+ * Plus the activation quantizer's own contract: |q| <= 127, x within half a
+ * step of d*q, bsums the sums of q over 16 values, NaN confined to its
+ * super-block. Prints the largest error relative to sum |w * x| seen.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "qdot.h"
+
+static const uint32_t formats[] = {
+	LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
+};
+#define N_FORMATS (int)(sizeof(formats) / sizeof(formats[0]))
+
+static const int64_t block_counts[] = { 1, 2, 3, 6, 9 };
+#define N_COUNTS (int)(sizeof(block_counts) / sizeof(block_counts[0]))
+#define MAX_NB 9
+#define ROWS 5
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd32(void)
+{
+	rng ^= rng >> 12;
+	rng ^= rng << 25;
+	rng ^= rng >> 27;
+	return (uint32_t)((rng * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+static float rndf(void)
+{
+	return (float)rnd32() / 2147483648.0f - 1.0f; /* [-1, 1) */
+}
+
+/* Normal half floats only: exponent in range, mantissa truncated. */
+static uint16_t to_f16(float f)
+{
+	uint32_t b;
+
+	memcpy(&b, &f, 4);
+	return (uint16_t)(((b >> 16) & 0x8000) | ((((b >> 23) & 0xff) - 112) << 10) |
+			  ((b >> 13) & 0x3ff));
+}
+
+/* Offset of the f16 d in a super-block; dmin follows it where there is one. */
+static int d_offset(uint32_t t)
+{
+	switch (t) {
+	case LOOM_TYPE_Q2_K: return 80;
+	case LOOM_TYPE_Q3_K: return 108;
+	case LOOM_TYPE_Q6_K: return 208;
+	default: return 0;
+	}
+}
+
+static bool has_dmin(uint32_t t)
+{
+	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K;
+}
+
+/* Random quants and scales; d and dmin small positive halves. */
+static void fill_weights(uint32_t t, uint8_t *w, int64_t nb)
+{
+	const size_t bb = cpu_block_bytes(t);
+
+	for (size_t i = 0; i < nb * bb; i++)
+		w[i] = (uint8_t)rnd32();
+	for (int64_t b = 0; b < nb; b++) {
+		uint16_t d = to_f16(0.0005f + 0.01f * (rndf() + 1.0f));
+		uint16_t m = to_f16(0.0005f + 0.005f * (rndf() + 1.0f));
+
+		memcpy(w + b * bb + d_offset(t), &d, 2);
+		if (has_dmin(t))
+			memcpy(w + b * bb + d_offset(t) + 2, &m, 2);
+	}
+}
+
+/* Activations as a model has them: mostly small, a few outliers, and
+ * now and then an all-zero super-block. */
+static void fill_acts(float *x, int64_t k)
+{
+	for (int64_t i = 0; i < k; i++)
+		x[i] = rndf() * (rnd32() % 16 == 0 ? 8.0f : 1.0f);
+	if (k >= 512 && rnd32() % 4 == 0)
+		memset(x + 256, 0, 256 * sizeof(float));
+}
+
+START_TEST(quantize_contract)
+{
+	static float x[MAX_NB * 256];
+	static struct qdot_kblock q[MAX_NB];
+
+	for (int rep = 0; rep < 50; rep++) {
+		fill_acts(x, MAX_NB * 256);
+		qdot_k_quantize_row(x, q, MAX_NB * 256);
+		for (int b = 0; b < MAX_NB; b++) {
+			for (int i = 0; i < 16; i++) {
+				int sum = 0;
+
+				for (int e = 16 * i; e < 16 * i + 16; e++) {
+					ck_assert_int_le(abs(q[b].q[e]), 127);
+					ck_assert_float_le(fabsf(x[256 * b + e] - q[b].d * q[b].q[e]),
+							   q[b].d * 0.5001f + 1e-30f);
+					sum += q[b].q[e];
+				}
+				ck_assert_int_eq(q[b].bsums[i], sum);
+			}
+		}
+	}
+	/* a NaN poisons its super-block, not its neighbours */
+	x[300] = NAN;
+	qdot_k_quantize_row(x, q, 768);
+	ck_assert(isnan(q[1].d));
+	ck_assert(!isnan(q[0].d) && !isnan(q[2].d));
+}
+END_TEST
+
+static double worst_rel; /* largest |kernel - f32 dot| / sum |w * x| */
+
+/* The kernel's y of weight row w against f64 dots: in bounds? */
+static bool near_f64(uint32_t t, const uint8_t *w, const float *x, const struct qdot_kblock *q,
+		     int64_t nb, float got)
+{
+	static float wf[MAX_NB * 256];
+	double exact = 0, quant = 0, tol = 0, qerr = 0, mag = 0;
+
+	cpu_dequant_row(CPU_ISA_SCALAR, t, w, wf, nb * 256);
+	for (int64_t b = 0; b < nb; b++) {
+		double wabs = 0, wmax = 0;
+
+		for (int e = 0; e < 256; e++)
+			wmax = fmax(wmax, fabs(wf[256 * b + e]));
+		for (int e = 0; e < 256; e++) {
+			double we = wf[256 * b + e], xe = x[256 * b + e];
+			double xq = (double)q[b].d * q[b].q[e];
+
+			exact += we * xe;
+			quant += we * xq;
+			tol += 1e-5 * fabs(xq) * (fabs(we) + wmax);
+			mag += fabs(we * xe);
+			wabs += fabs(we);
+		}
+		qerr += wabs * (double)q[b].d / 2.0;
+	}
+	if (mag > 0 && fabs(got - exact) / mag > worst_rel)
+		worst_rel = fabs(got - exact) / mag;
+	if (fabs(got - quant) <= tol && fabs(got - exact) <= qerr * 1.0001 + tol)
+		return true;
+	printf("type %u nb=%lld: %.9g, f64 %.9g (quantized x: %.9g, tol %.3g)\n", t,
+	       (long long)nb, got, exact, quant, tol);
+	return false;
+}
+
+static int check_case(enum qdot_isa isa, uint32_t t, int64_t nb)
+{
+	static uint8_t w[ROWS * MAX_NB * 210];
+	static float x[MAX_NB * 256];
+	static struct qdot_kblock q[MAX_NB];
+	const size_t ws = nb * cpu_block_bytes(t);
+	qdot_k_fn fn = qdot_k_kernel(isa, t);
+	float y[ROWS], y0;
+	int bad = 0;
+
+	fill_weights(t, w, ROWS * nb);
+	fill_acts(x, nb * 256);
+	qdot_k_quantize_row(x, q, nb * 256);
+	fn(w, ws, q, nb, y, ROWS);
+	fn(w, ws, q, nb, &y0, 1);
+	for (int r = 0; r < ROWS; r++) {
+		float want = qdot_k_ref(t, w + r * ws, q, nb);
+
+		if (memcmp(&y[r], &want, sizeof(want)) || (r == 0 && memcmp(&y0, &want, 4))) {
+			printf("%s type %u nb=%lld row %d: kernel %.9g (alone %.9g), reference %.9g\n",
+			       qdot_isa_name(isa), t, (long long)nb, r, y[r], y0, want);
+			bad++;
+		} else if (!near_f64(t, w + r * ws, x, q, nb, y[r])) {
+			bad++;
+		}
+	}
+	return bad;
+}
+
+START_TEST(kernels_match_reference)
+{
+	enum qdot_isa isa = (enum qdot_isa)_i;
+	int bad = 0, cases = 0;
+
+	if (!qdot_isa_supported(isa)) {
+		printf("qdot_k %s: not supported here, skipped\n", qdot_isa_name(isa));
+		return;
+	}
+	worst_rel = 0;
+	for (int f = 0; f < N_FORMATS; f++)
+		for (int c = 0; c < N_COUNTS; c++)
+			for (int rep = 0; rep < 20; rep++, cases++)
+				bad += check_case(isa, formats[f], block_counts[c]) != 0;
+	printf("qdot_k %s: %d cases, %d off; worst |y - f32 dot| / sum |w x| = %.2e\n",
+	       qdot_isa_name(isa), cases, bad, worst_rel);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
+/* A wrong bit anywhere in the weights must show: the reference is not a
+ * constant of the weights (guards the bitwise test against a kernel and
+ * reference that both ignore some field). */
+START_TEST(every_field_counts)
+{
+	static uint8_t w[210 * 2];
+	static float x[256 * 2];
+	static struct qdot_kblock q[2];
+
+	fill_acts(x, 512);
+	for (int i = 0; i < 512; i++)
+		x[i] = x[i] != 0.0f ? x[i] : 0.5f;
+	qdot_k_quantize_row(x, q, 512);
+	for (int f = 0; f < N_FORMATS; f++) {
+		uint32_t t = formats[f];
+		size_t bb = cpu_block_bytes(t);
+		int same = 0;
+
+		fill_weights(t, w, 2);
+		for (size_t i = 0; i < bb; i++) {
+			float a = qdot_k_ref(t, w, q, 2), b;
+
+			if ((int)i >= d_offset(t) && (int)i < d_offset(t) + 4)
+				continue; /* the f16 scales: flipping a bit may do little */
+			w[bb + i] ^= 0x5a;
+			b = qdot_k_ref(t, w, q, 2);
+			w[bb + i] ^= 0x5a;
+			same += a == b;
+		}
+		/* a few flips can cancel out (a scale and a quant moving
+		 * together), but not many */
+		ck_assert_msg(same < (int)bb / 20, "type %u: %d of %zu bytes change nothing", t,
+			      same, bb);
+	}
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("qdot_k");
+	TCase *tc = tcase_create("kernels");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, quantize_contract);
+	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
+	tcase_add_test(tc, every_field_counts);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
