@@ -94,6 +94,11 @@ static const struct loom_plugin_kind spec_kind = {
 	.n_required = sizeof(spec_required) / sizeof(spec_required[0]),
 };
 
+const struct loom_plugin_kind *loom_spec_plugin_kind(void)
+{
+	return &spec_kind;
+}
+
 int loom_spec_resolve(const char *name, char *path, size_t cap, char *err,
 		      size_t errlen)
 {

@@ -48,6 +48,11 @@ static const struct loom_plugin_kind backend_kind = {
 	.n_required = sizeof(required_slots) / sizeof(required_slots[0]),
 };
 
+const struct loom_plugin_kind *loom_backend_plugin_kind(void)
+{
+	return &backend_kind;
+}
+
 int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 			 size_t errlen)
 {

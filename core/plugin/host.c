@@ -99,6 +99,11 @@ static const struct loom_plugin_kind quant_kind = {
 	.abi_major = LOOM_PLUGIN_ABI_MAJOR, .min_size = QUANT_V1_SIZE, .check = check_quant,
 };
 
+const struct loom_plugin_kind *loom_quant_plugin_kind(void)
+{
+	return &quant_kind;
+}
+
 /* Loads one quant plugin into host h's registry (h->lock held). A later
  * plugin's format replaces an earlier one's of the same type. */
 static int register_plugin(const char *path, void *ctx, char *err, size_t errlen)

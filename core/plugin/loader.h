@@ -101,6 +101,11 @@ typedef int (*loom_plugin_folder_fn)(const char *dir, void *ctx);
  * do not exist included); stops at fn's first non-zero, which it returns. */
 int loom_plugin_each_folder(const struct loom_plugin_kind *k, loom_plugin_folder_fn fn,
 			    void *ctx);
+/* The three kinds (backend_loader.c, host.c, engine/spec.c), for listings. */
+const struct loom_plugin_kind *loom_backend_plugin_kind(void);
+const struct loom_plugin_kind *loom_quant_plugin_kind(void);
+const struct loom_plugin_kind *loom_spec_plugin_kind(void);
+
 /* Whether the running executable lives under the build tree. */
 bool loom_plugin_in_build_tree(void);
 
