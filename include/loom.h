@@ -405,6 +405,36 @@ typedef void (*loom_backend_list_fn)(void *user, const struct loom_backend_listi
  * when no file was found at all. */
 int loom_backends_list(loom_backend_list_fn fn, void *user, char *err, size_t errlen);
 
+/* ======== appended (0.4): the backend conformance suite ======== */
+
+struct loom_check_params {
+	uint32_t struct_size;
+	const char *backend;   /* the backend under test: name or path */
+	const char *reference; /* the oracle; NULL: "ref.so" */
+	const char *model;     /* GGUF for the end-to-end comparison, or NULL */
+	int32_t n_tokens;      /* greedy tokens compared with --model; <= 0: 16 */
+	int32_t n_threads;     /* for the backend under test; <= 0: its choice */
+	bool json;             /* the report as JSON on out (FAIL lines on stderr) */
+	FILE *out;             /* the report; NULL: stdout */
+};
+
+void loom_check_params_init(struct loom_check_params *p);
+
+/*
+ * `loom check-backend` (docs/BACKENDS.md): every operator and weight
+ * format the backend claims against the reference with normalized-error
+ * tolerances, the invalid-argument contracts, batch invariance with
+ * LOOM_BACKEND_BATCH_INVARIANT, and with a model greedy generation in
+ * exact mode against the reference, token for token. Prints a FAIL line
+ * per failed case and a table per op and format. Runs in a child process
+ * so that a crash or a hang (300 s) in the backend is reported with the
+ * case it happened in.
+ * 0: every check passed; 1: some failed (err names the ops and formats);
+ * -1: the check could not run (err says why: the backend or the reference
+ * does not load, fork failed).
+ */
+int loom_check_backend(const struct loom_check_params *p, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

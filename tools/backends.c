@@ -1,5 +1,6 @@
 /* loom backends: the backend search path and every file on it, loaded or
- * refused with the loader's reason, through the public API (loom.h). */
+ * refused with the loader's reason; loom check-backend: the conformance
+ * suite. Both through the public API (loom.h). */
 #include "backends.h"
 
 #include <stdio.h>
@@ -140,4 +141,22 @@ int loom_backends_main(const struct loom_options *o, char *err, size_t errlen)
 	if (o->json)
 		printf("\n]}\n");
 	return rc;
+}
+
+int loom_check_main(const struct loom_options *o, char *err, size_t errlen)
+{
+	struct loom_check_params p;
+
+	if (o->n_args < 1) {
+		snprintf(err, errlen, "usage: loom check-backend BACKEND.so [--model FILE]");
+		return -1;
+	}
+	loom_check_params_init(&p);
+	p.backend = o->args[0];
+	p.reference = o->reference;
+	p.model = o->model[0] ? o->model : NULL;
+	p.n_tokens = o->n_predict;
+	p.n_threads = o->n_threads;
+	p.json = o->json;
+	return loom_check_backend(&p, err, errlen) ? -1 : 0;
 }

@@ -327,6 +327,17 @@ static int cmd_backends(int argc, char **argv, char *err)
 	return loom_backends_main(&o, err, ERRLEN);
 }
 
+static int cmd_check(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+
+	loom_options_defaults(&o);
+	o.n_predict = 16; /* greedy tokens compared with --model */
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	return loom_check_main(&o, err, ERRLEN);
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
@@ -343,6 +354,8 @@ int main(int argc, char **argv)
 		rc = cmd_bench(argc, argv, err);
 	else if (!strcmp(cmd, "perplexity"))
 		rc = cmd_perplexity(argc, argv, err);
+	else if (!strcmp(cmd, "check-backend"))
+		rc = cmd_check(argc, argv, err);
 	else if (!strcmp(cmd, "backends"))
 		rc = cmd_backends(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
