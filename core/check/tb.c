@@ -327,13 +327,24 @@ void tb_summary_json(FILE *out)
 	fprintf(out, "\n]");
 }
 
+/* Whether an earlier tally of the same op and format failed too. */
+static bool failed_before(int i)
+{
+	for (int j = 0; j < i; j++)
+		if (tallies[j].fails && !strcmp(tallies[j].op, tallies[i].op) &&
+		    !strcmp(tallies[j].fmt, tallies[i].fmt))
+			return true;
+	return false;
+}
+
 void tb_failed_ops(char *buf, size_t cap)
 {
 	size_t len;
 
 	buf[0] = '\0';
 	for (int i = 0; i < n_tallies; i++) {
-		if (!tallies[i].fails)
+		/* each pair once, though several modes may fail it */
+		if (!tallies[i].fails || failed_before(i))
 			continue;
 		len = strlen(buf);
 		snprintf(buf + len, cap - len, "%s%s %s", len ? ", " : "", tallies[i].op,

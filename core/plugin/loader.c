@@ -7,6 +7,7 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,9 +108,13 @@ bool loom_plugin_in_build_tree(void)
 static void installed_folder(const struct loom_plugin_kind *k, char *out, size_t cap)
 {
 	pthread_once(&where_once, find_where);
+	char beside[4096];
+
 	if (exe_dir[0] && LOOM_BINDIR_TO_LIBDIR[0]) {
-		snprintf(out, cap, "%s/%s/loom/%s", exe_dir, LOOM_BINDIR_TO_LIBDIR, k->dir);
-		if (is_dir(out))
+		snprintf(beside, sizeof(beside), "%s/%s/loom/%s", exe_dir, LOOM_BINDIR_TO_LIBDIR,
+			 k->dir);
+		/* canonical, so messages show <prefix>/lib/..., not bin/../lib */
+		if (is_dir(beside) && cap >= PATH_MAX && realpath(beside, out))
 			return;
 	}
 	snprintf(out, cap, "%s/loom/%s", LOOM_INSTALL_LIBDIR, k->dir);
