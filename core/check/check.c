@@ -125,8 +125,11 @@ static void print_header(const struct dev *d, const struct loom_check_params *p,
 
 static void print_json(const struct dev *d, const char *failed, FILE *out)
 {
-	fprintf(out, "{\"backend\": \"%s\", \"passed\": %s, \"failed\": \"%s\",\n \"results\": ",
-		d->name, failed[0] ? "false" : "true", failed);
+	fprintf(out, "{\"backend\": ");
+	tb_json_string(out, d->name);
+	fprintf(out, ", \"passed\": %s, \"failed\": ", failed[0] ? "false" : "true");
+	tb_json_string(out, failed);
+	fprintf(out, ",\n \"results\": ");
 	tb_summary_json(out);
 	fprintf(out, "}\n");
 }

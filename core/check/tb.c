@@ -307,16 +307,34 @@ int tb_summary(void)
 	return n_failures;
 }
 
+void tb_json_string(FILE *out, const char *s)
+{
+	fputc('"', out);
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\')
+			fprintf(out, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(out, "\\u%04x", c);
+		else
+			fputc(c, out);
+	}
+	fputc('"', out);
+}
+
 void tb_summary_json(FILE *out)
 {
 	fprintf(out, "[");
 	for (int i = 0; i < n_tallies; i++) {
 		const struct tally *t = &tallies[i];
 
-		/* every string here is a backend, op or format name: no escaping */
-		fprintf(out, "%s\n  {\"backend\": \"%s\", \"op\": \"%s\", \"format\": \"%s\", "
+		/* the backend's name comes from its table: escaped */
+		fprintf(out, "%s\n  {\"backend\": ", i ? "," : "");
+		tb_json_string(out, t->name);
+		fprintf(out, ", \"op\": \"%s\", \"format\": \"%s\", "
 			"\"cases\": %d, \"failed\": %d, \"skipped\": %d, ",
-			i ? "," : "", t->name, t->op, t->fmt, t->cases, t->fails, t->skips);
+			t->op, t->fmt, t->cases, t->fails, t->skips);
 		if (isfinite(t->worst))
 			fprintf(out, "\"max_nmse\": %.3g, ", t->worst);
 		else

@@ -87,6 +87,8 @@ void tb_current(const struct dev *d, const char *op, const char *fmt, const char
 void tb_skip(const struct dev *d, const char *op, const char *fmt);
 /* Prints the per-op/format summary; returns the number of failures. */
 int tb_summary(void);
+/* s as a JSON string literal. */
+void tb_json_string(FILE *out, const char *s);
 /* The same as a JSON array of {backend, op, format, cases, ...}. */
 void tb_summary_json(FILE *out);
 /* "rmsnorm f32, gemm f16": the op/format pairs that failed ("" if none). */
