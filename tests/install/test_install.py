@@ -95,8 +95,13 @@ def installed_run(loom, lib, build, env, tmp):
           "loom run loaded the installed cpu.so and quant plugins")
 
 
-def build_skeleton(src, tmp, pc_dir, env, meson):
+def build_skeleton(src, tmp, dest, pc_dir, env, meson):
     env = dict(env, PKG_CONFIG_PATH=pc_dir)
+    with open(os.path.join(pc_dir, "loom-backend.pc")) as f:
+        if "${pcfiledir}" not in f.read():
+            # a build dir configured before pkgconfig.relocatable became the
+            # default: its .pc names the real prefix, so point at the DESTDIR
+            env["PKG_CONFIG_SYSROOT_DIR"] = dest
     cflags = run(["pkg-config", "--cflags", "loom-backend"], env)
     check(cflags.returncode == 0 and tmp in cflags.stdout,
           "pkg-config finds the installed loom-backend.pc: %r" % cflags.stdout)
@@ -185,7 +190,7 @@ def main():
         check(not under(loom, build), "the DESTDIR is outside the build tree")
 
         installed_run(loom, lib, build, env, tmp)
-        good, bad = build_skeleton(src, tmp, pc_dir, env, meson)
+        good, bad = build_skeleton(src, tmp, dest, pc_dir, env, meson)
         check_backends(loom, good, bad, env, tmp, fakes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
