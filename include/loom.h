@@ -361,6 +361,80 @@ bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strate
  * files. 0, or a negative loom_status with the reason in err. */
 int loom_info_print(const char *path, FILE *out, char *err, size_t errlen);
 
+/* ======== appended (0.4): plugins on the search path ======== */
+
+/*
+ * Where plugins are found (docs/BACKENDS.md). A bare name is looked up in
+ * each folder of $LOOM_BACKEND_PATH (LOOM_QUANT_PATH, LOOM_SPEC_PATH),
+ * then ${XDG_DATA_HOME:-~/.local/share}/loom/<kind>, then the built-in
+ * folder: the build tree's for a program run from the build tree, else
+ * the installed <libdir>/loom/<kind>. A name with a '/' is a path.
+ *
+ * loom_plugin_path writes the search path of kind ("backends", "quant" or
+ * "spec"), folders joined by ':', into out. 0, or -1 for an unknown kind
+ * or an out of cap bytes too small.
+ */
+int loom_plugin_path(const char *kind, char *out, size_t cap);
+
+/* One file of the backend search path, as loom_backends_list found it. */
+struct loom_backend_listing {
+	const char *path;
+	const char *refused;     /* not loadable (not ELF, no entry symbol,
+				    ABI mismatch, slot missing): why; else NULL */
+	const char *shadowed_by; /* an earlier file of the same name wins a
+				    lookup by name; else NULL */
+	/* the rest only when refused is NULL */
+	const char *name;        /* the backend's own name */
+	uint32_t abi_major, abi_minor, struct_size;
+	const char *create_error; /* create() failed (no device, driver): why */
+	/* the rest only when create_error is NULL too */
+	char device[128];
+	uint64_t mem_total, mem_free; /* bytes; 0 if unknown */
+	char gemm_formats[256];  /* weight formats gemm runs, "f32 f16 q4_0" */
+	char embed_formats[256]; /* the same for embed */
+	char ops[256];           /* operators run on f32, "rmsnorm rope ..." */
+	char optional[128];      /* optional slots present, "graph_begin ..." */
+};
+
+typedef void (*loom_backend_list_fn)(void *user, const struct loom_backend_listing *l);
+
+/* Calls fn on every *.so of the backend search path, in search order
+ * (names in each folder sorted). Each file is loaded (only its pure entry
+ * runs when it is refused) and created on device 0 to ask what it
+ * supports, then destroyed; backends are never unloaded. 0, or -1 with err
+ * when no file was found at all. */
+int loom_backends_list(loom_backend_list_fn fn, void *user, char *err, size_t errlen);
+
+/* ======== appended (0.4): the backend conformance suite ======== */
+
+struct loom_check_params {
+	uint32_t struct_size;
+	const char *backend;   /* the backend under test: name or path */
+	const char *reference; /* the oracle; NULL: "ref.so" */
+	const char *model;     /* GGUF for the end-to-end comparison, or NULL */
+	int32_t n_tokens;      /* greedy tokens compared with --model; <= 0: 16 */
+	int32_t n_threads;     /* for the backend under test; <= 0: its choice */
+	bool json;             /* the report as JSON on out (FAIL lines on stderr) */
+	FILE *out;             /* the report; NULL: stdout */
+};
+
+void loom_check_params_init(struct loom_check_params *p);
+
+/*
+ * `loom check-backend` (docs/BACKENDS.md): every operator and weight
+ * format the backend claims against the reference with normalized-error
+ * tolerances, the invalid-argument contracts, batch invariance with
+ * LOOM_BACKEND_BATCH_INVARIANT, and with a model greedy generation in
+ * exact mode against the reference, token for token. Prints a FAIL line
+ * per failed case and a table per op and format. Runs in a child process
+ * so that a crash or a hang (300 s) in the backend is reported with the
+ * case it happened in.
+ * 0: every check passed; 1: some failed (err names the ops and formats);
+ * -1: the check could not run (err says why: the backend or the reference
+ * does not load, fork failed).
+ */
+int loom_check_backend(const struct loom_check_params *p, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,8 +1,10 @@
-/* loom: run, info, tokenize, bench, perplexity (serve is server/). */
+/* loom: run, info, tokenize, bench, perplexity, backends, check-backend
+ * (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "bench.h"
 #include "perplexity.h"
 #include "loom.h"
@@ -315,6 +317,27 @@ static int cmd_bench(int argc, char **argv, char *err)
 	return loom_bench(&o, err, ERRLEN);
 }
 
+static int cmd_backends(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	return loom_backends_main(&o, err, ERRLEN);
+}
+
+static int cmd_check(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+
+	loom_options_defaults(&o);
+	o.n_predict = 16; /* greedy tokens compared with --model */
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	return loom_check_main(&o, err, ERRLEN);
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
@@ -331,6 +354,10 @@ int main(int argc, char **argv)
 		rc = cmd_bench(argc, argv, err);
 	else if (!strcmp(cmd, "perplexity"))
 		rc = cmd_perplexity(argc, argv, err);
+	else if (!strcmp(cmd, "check-backend"))
+		rc = cmd_check(argc, argv, err);
+	else if (!strcmp(cmd, "backends"))
+		rc = cmd_backends(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

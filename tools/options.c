@@ -16,6 +16,8 @@
 #define BENCH LOOM_CMD_BENCH
 #define SERVE LOOM_CMD_SERVE
 #define PPL LOOM_CMD_PERPLEXITY
+#define BACKENDS LOOM_CMD_BACKENDS
+#define CHECK LOOM_CMD_CHECK
 #define ENGINE (RUN | BENCH | SERVE | PPL) /* the subcommands that load a backend */
 
 enum opt_type {
@@ -46,15 +48,15 @@ struct opt_def {
 static const struct opt_def opts[] = {
 	{ .name = "backend", .type = OPT_STR, FIELD(backend), .cmds = ENGINE },
 	{ .name = "model", .short_name = 'm', .type = OPT_STR, FIELD(model),
-	  .cmds = ENGINE | INFO | TOKENIZE },
+	  .cmds = ENGINE | INFO | TOKENIZE | CHECK },
 	{ .name = "prompt", .short_name = 'p', .type = OPT_ARG, FIELD(prompt), .cmds = RUN,
 	  .flag_only = true },
 	{ .name = "file", .short_name = 'f', .type = OPT_STR, FIELD(prompt_file),
 	  .cmds = RUN | TOKENIZE | PPL },
 	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
-	  .lo = -1, .hi = INT_MAX, .cmds = RUN },
+	  .lo = -1, .hi = INT_MAX, .cmds = RUN | CHECK },
 	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
-	  .lo = 0, .hi = 1024, .cmds = ENGINE },
+	  .lo = 0, .hi = 1024, .cmds = ENGINE | CHECK },
 	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
 	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL },
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
@@ -64,6 +66,9 @@ static const struct opt_def opts[] = {
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
+	{ .name = "json", .type = OPT_BOOL, FIELD(json), .cmds = BACKENDS | CHECK,
+	  .flag_only = true },
+	{ .name = "reference", .type = OPT_STR, FIELD(reference), .cmds = CHECK },
 	/* perplexity */
 	{ .name = "save-logits", .type = OPT_STR, FIELD(save_logits), .cmds = PPL },
 	{ .name = "kl-base", .type = OPT_STR, FIELD(kl_base), .cmds = PPL },
@@ -162,6 +167,11 @@ static const struct cmd_def {
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
 	  "            [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
 	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n" },
+	{ .name = "backends", .cmd = BACKENDS, .usage =
+	  "backends  [--json]   the backend search path, what loads and what is refused\n" },
+	{ .name = "check-backend", .cmd = CHECK, .max_args = 1, .usage =
+	  "check-backend BACKEND.so [--model FILE [-n 16]] [-t N] [--reference ref.so]\n"
+	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
 };
 
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
@@ -188,6 +198,7 @@ void loom_options_defaults(struct loom_options *o)
 {
 	memset(o, 0, sizeof(*o));
 	snprintf(o->backend, sizeof(o->backend), "cpu.so");
+	snprintf(o->reference, sizeof(o->reference), "ref.so");
 	o->n_predict = 128;
 	o->n_threads = 0;
 	o->n_ctx = 4096;

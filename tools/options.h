@@ -23,6 +23,8 @@ enum loom_cmd {
 	LOOM_CMD_BENCH = 1 << 3,
 	LOOM_CMD_SERVE = 1 << 4,
 	LOOM_CMD_PERPLEXITY = 1 << 5,
+	LOOM_CMD_BACKENDS = 1 << 6,
+	LOOM_CMD_CHECK = 1 << 7, /* check-backend */
 };
 
 /* Decode rows per step beyond which speculating sequences stop drafting
@@ -58,6 +60,8 @@ struct loom_options {
 	bool no_bos;
 	bool progress;
 	bool exact; /* --exact: f32 activations, ref.so's arithmetic */
+	bool json;  /* backends, check-backend: JSON on stdout */
+	char reference[4096]; /* check-backend: the oracle, ref.so */
 	/* perplexity */
 	char save_logits[4096]; /* --save-logits: the base run's log-probs */
 	char kl_base[4096];     /* --kl-base: compare with a saved base run */

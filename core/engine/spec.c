@@ -88,11 +88,16 @@ static const struct loom_plugin_slot spec_required[] = {
 static const struct loom_plugin_kind spec_kind = {
 	.what = "spec plugin", .desc_name = "descriptor", .entry = LOOM_SPEC_ENTRY,
 	.env = "LOOM_SPEC_PATH", .build_dir = LOOM_BUILD_ROOT "/plugins/spec",
-	.install_dir = LOOM_INSTALL_SPEC, .add_suffix = true, /* "ngram" names ngram.so */
+	.dir = "spec", .add_suffix = true, /* "ngram" names ngram.so */
 	.abi_major = LOOM_SPEC_ABI_MAJOR, .min_size = SPEC_V1_SIZE,
 	.required = spec_required,
 	.n_required = sizeof(spec_required) / sizeof(spec_required[0]),
 };
+
+const struct loom_plugin_kind *loom_spec_plugin_kind(void)
+{
+	return &spec_kind;
+}
 
 int loom_spec_resolve(const char *name, char *path, size_t cap, char *err,
 		      size_t errlen)

@@ -45,11 +45,16 @@ static const struct loom_plugin_kind backend_kind = {
 	.what = "backend", .desc_name = "ops table", .entry = LOOM_BACKEND_ENTRY,
 	/* cpu.so in build/backends/cpu/, gpuemu64.so beside gpuemu.so in gpuemu/ */
 	.env = "LOOM_BACKEND_PATH", .build_dir = LOOM_BUILD_ROOT "/backends", .build_subdirs = true,
-	.install_dir = LOOM_INSTALL_BACKENDS,
+	.dir = "backends",
 	.abi_major = LOOM_BACKEND_ABI_MAJOR, .min_size = OPS_V1_SIZE, .check = check_graph_pair,
 	.required = required_slots,
 	.n_required = sizeof(required_slots) / sizeof(required_slots[0]),
 };
+
+const struct loom_plugin_kind *loom_backend_plugin_kind(void)
+{
+	return &backend_kind;
+}
 
 int loom_backend_resolve(const char *name, char *path, size_t cap, char *err,
 			 size_t errlen)

@@ -2,10 +2,11 @@
  * (loader.h), which also says when plugins are unloaded (never, once
  * anything of theirs has run).
  *
- * A bare name ("cpu.so") is looked up, in order, in each folder of the
- * LOOM_BACKEND_PATH environment variable (colon-separated), in the build
- * tree (<build>/backends/<stem>/), and in the installed prefix
- * (<libdir>/loom/backends/). A name containing '/' is used as a path.
+ * A bare name ("cpu.so") is looked up in the search path of loader.h:
+ * each folder of LOOM_BACKEND_PATH (colon-separated), the user folder
+ * ${XDG_DATA_HOME:-~/.local/share}/loom/backends, then the build tree's
+ * <build>/backends/<stem>/ when the executable runs from it, else the
+ * installed <libdir>/loom/backends/. A name containing '/' is a path.
  *
  * Refusals (missing file, not an ELF shared object, no entry symbol, ABI
  * major mismatch, table too small, required slot missing, create() failing)

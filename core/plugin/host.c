@@ -95,9 +95,14 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 static const struct loom_plugin_kind quant_kind = {
 	.what = "quant plugin", .desc_name = "descriptor", .entry = LOOM_QUANT_ENTRY,
 	.env = "LOOM_QUANT_PATH", .build_dir = LOOM_BUILD_ROOT "/plugins/quant",
-	.install_dir = LOOM_INSTALL_QUANT,
+	.dir = "quant",
 	.abi_major = LOOM_PLUGIN_ABI_MAJOR, .min_size = QUANT_V1_SIZE, .check = check_quant,
 };
+
+const struct loom_plugin_kind *loom_quant_plugin_kind(void)
+{
+	return &quant_kind;
+}
 
 /* Loads one quant plugin into host h's registry (h->lock held). A later
  * plugin's format replaces an earlier one's of the same type. */

@@ -7,11 +7,15 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <pthread.h>
 #include <unistd.h>
+
+#include "loom_config.h"
 
 #include "loom/backend.h"
 #include "loom/plugin.h"
@@ -36,16 +40,18 @@ HEAD_MATCHES(struct loom_spec_plugin);
 
 /* ---- folders ---- */
 
-enum { IN_ENV = 1, IN_BUILD = 2, IN_INSTALL = 4, IN_ALL = 7 };
-
-/* Called on one folder; non-zero stops the walk and is returned. */
-typedef int (*folder_fn)(const char *dir, void *ctx);
-
 static bool is_file(const char *path)
 {
 	struct stat st;
 
 	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool is_dir(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 static bool has_so_suffix(const char *name)
@@ -63,67 +69,174 @@ static bool join_path(char *out, size_t cap, const char *dir, const char *name)
 	return n > 0 && (size_t)n < cap;
 }
 
-/* Each folder of a colon-separated list; empty entries are skipped. */
-static int each_listed(const char *list, folder_fn fn, void *ctx)
+/* Where the running executable and the build tree are, resolved once. */
+static char exe_dir[4096];
+static bool from_build_tree;
+static pthread_once_t where_once = PTHREAD_ONCE_INIT;
+
+static void find_where(void)
 {
-	char dir[4096];
+	char exe[4096], build[4096];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	char *slash;
+	size_t len;
+
+	if (n <= 0)
+		return;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	if (!slash)
+		return;
+	*slash = '\0';
+	snprintf(exe_dir, sizeof(exe_dir), "%s", exe[0] ? exe : "/");
+	/* /proc/self/exe is canonical; the configured build root may not be */
+	if (!realpath(LOOM_BUILD_ROOT, build))
+		return;
+	len = strlen(build);
+	from_build_tree = strncmp(exe_dir, build, len) == 0 &&
+			  (exe_dir[len] == '/' || exe_dir[len] == '\0');
+}
+
+bool loom_plugin_in_build_tree(void)
+{
+	pthread_once(&where_once, find_where);
+	return from_build_tree;
+}
+
+/* The installed folder: beside the executable's prefix when it exists
+ * there (a DESTDIR or moved install), else the configured one. */
+static void installed_folder(const struct loom_plugin_kind *k, char *out, size_t cap)
+{
+	pthread_once(&where_once, find_where);
+	char beside[4096];
+
+	if (exe_dir[0] && LOOM_BINDIR_TO_LIBDIR[0]) {
+		snprintf(beside, sizeof(beside), "%s/%s/loom/%s", exe_dir, LOOM_BINDIR_TO_LIBDIR,
+			 k->dir);
+		/* canonical, so messages show <prefix>/lib/..., not bin/../lib */
+		if (is_dir(beside) && cap >= PATH_MAX && realpath(beside, out))
+			return;
+	}
+	snprintf(out, cap, "%s/loom/%s", LOOM_INSTALL_LIBDIR, k->dir);
+}
+
+/* ${XDG_DATA_HOME:-$HOME/.local/share}/loom/<dir>; false without either
+ * (a relative XDG_DATA_HOME is ignored, as the XDG spec asks). */
+static bool user_folder(const struct loom_plugin_kind *k, char *out, size_t cap)
+{
+	const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+	int n;
+
+	if (xdg && xdg[0] == '/')
+		n = snprintf(out, cap, "%s/loom/%s", xdg, k->dir);
+	else if (home && home[0] == '/')
+		n = snprintf(out, cap, "%s/.local/share/loom/%s", home, k->dir);
+	else
+		return false;
+	return n > 0 && (size_t)n < cap;
+}
+
+/* The search path as a list of folders, in search order. */
+#define MAX_FOLDERS 64
+
+struct folders {
+	char dir[MAX_FOLDERS][1024];
+	int n;
+};
+
+static void add_folder(struct folders *f, const char *dir)
+{
+	if (f->n < MAX_FOLDERS && strlen(dir) < sizeof(f->dir[0]))
+		snprintf(f->dir[f->n++], sizeof(f->dir[0]), "%s", dir);
+}
+
+/* Each folder of a colon-separated list; empty entries are skipped. */
+static void add_listed(struct folders *f, const char *list)
+{
 	const char *p = list;
-	int rc;
 
 	while (p && *p) {
 		const char *end = strchr(p, ':');
 		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char dir[1024];
 
 		if (len > 0 && len < sizeof(dir)) {
 			memcpy(dir, p, len);
 			dir[len] = '\0';
-			rc = fn(dir, ctx);
-			if (rc)
-				return rc;
+			add_folder(f, dir);
 		}
 		p = end ? end + 1 : NULL;
 	}
-	return 0;
 }
 
-/* Each subfolder of dir (build/backends/cpu/, build/backends/gpuemu/...). */
-static int each_subdir(const char *dir, folder_fn fn, void *ctx)
+/* Each subfolder of dir (build/backends/cpu/, build/backends/gpuemu/...),
+ * in name order so that the search does not depend on the file system. */
+static void add_subdirs(struct folders *f, const char *dir)
 {
+	struct dirent **list;
 	char sub[4096];
-	struct dirent *de;
-	DIR *d = opendir(dir);
-	int rc = 0;
+	int n = scandir(dir, &list, NULL, alphasort);
 
-	if (!d)
-		return 0;
-	while (!rc && (de = readdir(d))) {
-		if (de->d_name[0] != '.' && join_path(sub, sizeof(sub), dir, de->d_name))
-			rc = fn(sub, ctx);
+	for (int i = 0; i < n; i++) {
+		if (list[i]->d_name[0] != '.' && join_path(sub, sizeof(sub), dir, list[i]->d_name) &&
+		    is_dir(sub))
+			add_folder(f, sub);
+		free(list[i]);
 	}
-	closedir(d);
-	return rc;
+	if (n >= 0)
+		free(list);
 }
 
-/* The kind's folders named by `where`, in search order. */
-static int each_folder(const struct loom_plugin_kind *k, unsigned where, folder_fn fn,
-		       void *ctx)
+/* The kind's search path (loader.h): malloc'd, NULL when out of memory. */
+static struct folders *search_path(const struct loom_plugin_kind *k)
 {
+	struct folders *f = calloc(1, sizeof(*f));
+	char dir[4096];
+
+	if (!f)
+		return NULL;
+	add_listed(f, getenv(k->env));
+	if (user_folder(k, dir, sizeof(dir)))
+		add_folder(f, dir);
+	if (!loom_plugin_in_build_tree()) {
+		installed_folder(k, dir, sizeof(dir));
+		add_folder(f, dir);
+	} else if (k->build_subdirs) {
+		add_subdirs(f, k->build_dir);
+	} else {
+		add_folder(f, k->build_dir);
+	}
+	return f;
+}
+
+int loom_plugin_each_folder(const struct loom_plugin_kind *k, loom_plugin_folder_fn fn,
+			    void *ctx)
+{
+	struct folders *f = search_path(k);
 	int rc = 0;
 
-	if (where & IN_ENV)
-		rc = each_listed(getenv(k->env), fn, ctx);
-	if (!rc && (where & IN_BUILD))
-		rc = k->build_subdirs ? each_subdir(k->build_dir, fn, ctx) : fn(k->build_dir, ctx);
-	if (!rc && (where & IN_INSTALL))
-		rc = fn(k->install_dir, ctx);
+	if (!f)
+		return -1;
+	for (int i = 0; i < f->n && !rc; i++)
+		rc = fn(f->dir[i], ctx);
+	free(f);
 	return rc;
 }
 
-/* "$LOOM_X_PATH, <build>/x/ or <install>/", for messages. */
+/* "$LOOM_X_PATH (a, b), c, d", for messages. */
 static const char *folders_text(const struct loom_plugin_kind *k, char *buf, size_t cap)
 {
-	snprintf(buf, cap, "$%s, %s/%s or %s/", k->env, k->build_dir,
-		 k->build_subdirs ? "*/" : "", k->install_dir);
+	struct folders *f = search_path(k);
+	size_t len;
+
+	snprintf(buf, cap, "$%s", k->env);
+	if (!f)
+		return buf;
+	for (int i = 0; i < f->n; i++) {
+		len = strlen(buf);
+		snprintf(buf + len, cap - len, "%s%s", i ? ", " : ": ", f->dir[i]);
+	}
+	free(f);
 	return buf;
 }
 
@@ -181,7 +294,7 @@ int loom_plugin_resolve(const struct loom_plugin_kind *k, const char *name, char
 		loom_seterr(err, errlen, "%s %s: name too long", k->what, name);
 		return -1;
 	}
-	if (each_folder(k, IN_ALL, try_folder, &l) == 1)
+	if (loom_plugin_each_folder(k, try_folder, &l) == 1)
 		return 0;
 	loom_seterr(err, errlen, "%s %s: not found in %s", k->what, file,
 		    folders_text(k, where, sizeof(where)));
@@ -328,15 +441,18 @@ int loom_plugin_scan(const struct loom_plugin_kind *k, loom_plugin_found_fn fn, 
 		     char *err, size_t errlen)
 {
 	struct scan s = { .fn = fn, .ctx = ctx, .err = err, .errlen = errlen };
+	struct folders *f = search_path(k);
 	char where[8192];
-	int rc;
+	int rc = 0;
 
-	/* built-ins from the build tree, else from the installed folder */
-	rc = each_folder(k, IN_BUILD, scan_folder, &s);
-	if (!rc && !s.found)
-		rc = each_folder(k, IN_INSTALL, scan_folder, &s);
-	if (!rc)
-		rc = each_folder(k, IN_ENV, scan_folder, &s);
+	if (!f) {
+		loom_seterr(err, errlen, "%s: out of memory", k->what);
+		return -1;
+	}
+	/* from the end, so that a folder earlier in the path overrides */
+	for (int i = f->n - 1; i >= 0 && !rc; i--)
+		rc = scan_folder(f->dir[i], &s);
+	free(f);
 	if (!rc && !s.found) {
 		loom_seterr(err, errlen, "%s: none found in %s", k->what,
 			    folders_text(k, where, sizeof(where)));

@@ -7,14 +7,23 @@
  * own. Everything else is this file's:
  *
  *   resolve  a name with '/' is a path; a bare name ("cpu.so"; "ngram"
- *            when the kind adds ".so") is looked up in each folder of the
- *            kind's environment variable (colon-separated), then in the
- *            build tree, then in the installed folder; first hit wins.
+ *            when the kind adds ".so") is looked up in the kind's search
+ *            path (below); first hit wins.
  *   load     refuse a file that is not ELF, dlopen it, find the entry
  *            symbol, call it (entries are pure: they return a const
  *            descriptor), then check abi_major, struct_size (it must
  *            cover every field the host reads) and the required slots,
  *            all before the caller runs anything with side effects.
+ *
+ * The search path of a kind, in order (docs/BACKENDS.md):
+ *   1. each folder of the kind's environment variable (colon-separated);
+ *   2. the per-user folder ${XDG_DATA_HOME:-$HOME/.local/share}/loom/<dir>;
+ *   3. the built-in folder: the build tree's when the running executable
+ *      lives under the build tree, else the installed <libdir>/loom/<dir>,
+ *      found relative to the executable (<bindir>/../<libdir>, so a moved
+ *      or DESTDIR prefix works) and else at the configured prefix.
+ * An installed binary never looks into the build tree, so a stale or
+ * deleted build cannot shadow or stand in for the installed plugins.
  *
  * Every refusal is one line that starts with the kind ("backend",
  * "quant plugin", "spec plugin") and names the file and the reason.
@@ -48,7 +57,7 @@ struct loom_plugin_kind {
 	const char *env;         /* "LOOM_BACKEND_PATH": searched first */
 	const char *build_dir;   /* the kind's folder in the build tree */
 	bool build_subdirs;      /* the build keeps one subfolder a plugin */
-	const char *install_dir; /* the installed folder */
+	const char *dir;         /* "backends": <libdir>/loom/<dir>, user folder */
 	bool add_suffix;         /* a bare name without ".so" gets it */
 	const char *entry;       /* the entry symbol */
 	uint32_t abi_major;
@@ -79,11 +88,25 @@ const void *loom_plugin_open(const struct loom_plugin_kind *k, const char *name,
 /* Called on each file a scan finds; 0 to go on, -1 (err set) to stop. */
 typedef int (*loom_plugin_found_fn)(const char *path, void *ctx, char *err, size_t errlen);
 
-/* Calls fn on every *.so of the kind's folders: the build tree's, or the
- * installed folder if the build tree has none, then each folder of the
- * environment variable, so that later ones may override built-ins.
+/* Calls fn on every *.so of the kind's folders, the search path from its
+ * end: the built-in folder, the user folder, then each folder of the
+ * environment variable from the last, so that earlier ones override.
  * 0, or -1 with err (fn's refusal, or none found anywhere). */
 int loom_plugin_scan(const struct loom_plugin_kind *k, loom_plugin_found_fn fn, void *ctx,
 		     char *err, size_t errlen);
+
+/* Called on each folder of the search path, in search order. */
+typedef int (*loom_plugin_folder_fn)(const char *dir, void *ctx);
+/* Calls fn on each folder of the kind's search path, in order (folders that
+ * do not exist included); stops at fn's first non-zero, which it returns. */
+int loom_plugin_each_folder(const struct loom_plugin_kind *k, loom_plugin_folder_fn fn,
+			    void *ctx);
+/* The three kinds (backend_loader.c, host.c, engine/spec.c), for listings. */
+const struct loom_plugin_kind *loom_backend_plugin_kind(void);
+const struct loom_plugin_kind *loom_quant_plugin_kind(void);
+const struct loom_plugin_kind *loom_spec_plugin_kind(void);
+
+/* Whether the running executable lives under the build tree. */
+bool loom_plugin_in_build_tree(void);
 
 #endif /* LOOM_PLUGIN_LOADER_H */

@@ -3,7 +3,7 @@
  * with libm from the formulas in loom/backend.h), so the oracle is not only
  * compared with itself.
  */
-#include "tb.h"
+#include "check/tb.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -17,6 +17,7 @@
 #include "engine/spec.h"
 #include "loom_config.h"
 #include "plugin/backend_loader.h"
+#include "plugin/loader.h"
 
 static const char *mod_dir;
 
@@ -534,12 +535,14 @@ static void folder_with(char *out, size_t cap, const char *name, const char *fil
 typedef int (*resolve_fn)(const char *name, char *path, size_t cap, char *err,
 			  size_t errlen);
 
-/* name resolves to `file` in the folders of $env in their order, then
- * to build_file under the build tree; a path is taken as it is. */
-static void check_order(const char *env, resolve_fn resolve, const char *name,
-			const char *file, const char *build_file)
+/* name resolves to `file` in the folders of $env in their order, then in
+ * the user folder $XDG_DATA_HOME/loom/<dir>, then to build_file under the
+ * build tree (this test runs from it); a path is taken as it is. */
+static void check_order(const char *env, const char *dir, resolve_fn resolve,
+			const char *name, const char *file, const char *build_file)
 {
 	char a[4096], b[4096], list[8192], got[4096], want[8192], err[4096] = "";
+	char xdg[4096], user[4096], sub[256];
 
 	folder_with(a, sizeof(a), "order_a", file, NULL);
 	folder_with(b, sizeof(b), "order_b", file, NULL);
@@ -554,7 +557,25 @@ static void check_order(const char *env, resolve_fn resolve, const char *name,
 	snprintf(want, sizeof(want), "%s/%s", b, file);
 	ck_assert_str_eq(got, want);
 
+	/* the user folder comes after $env and before the build tree */
+	snprintf(xdg, sizeof(xdg), "%s/order_xdg", mod_dir);
+	mkdir(xdg, 0755);
+	snprintf(user, sizeof(user), "%s/loom", xdg);
+	mkdir(user, 0755);
+	snprintf(sub, sizeof(sub), "order_xdg/loom/%s", dir);
+	folder_with(user, sizeof(user), sub, file, NULL);
+	ck_assert_int_eq(setenv("XDG_DATA_HOME", xdg, 1), 0);
+	ck_assert_int_eq(resolve(name, got, sizeof(got), err, sizeof(err)), 0);
+	snprintf(want, sizeof(want), "%s/%s", b, file);
+	ck_assert_str_eq(got, want);
 	ck_assert_int_eq(setenv(env, "", 1), 0);
+	ck_assert_msg(resolve(name, got, sizeof(got), err, sizeof(err)) == 0, "%s", err);
+	snprintf(want, sizeof(want), "%s/%s", user, file);
+	ck_assert_str_eq(got, want);
+
+	/* this test runs from the build tree: its folder is the built-in one */
+	ck_assert(loom_plugin_in_build_tree());
+	ck_assert_int_eq(setenv("XDG_DATA_HOME", "/nonexistent-loom-xdg", 1), 0);
 	ck_assert_msg(resolve(name, got, sizeof(got), err, sizeof(err)) == 0, "%s", err);
 	snprintf(want, sizeof(want), "%s%s", LOOM_BUILD_ROOT, build_file);
 	ck_assert_str_eq(got, want);
@@ -572,7 +593,7 @@ static void check_order(const char *env, resolve_fn resolve, const char *name,
 
 START_TEST(backend_resolve_order)
 {
-	check_order("LOOM_BACKEND_PATH", loom_backend_resolve, "ref.so", "ref.so",
+	check_order("LOOM_BACKEND_PATH", "backends", loom_backend_resolve, "ref.so", "ref.so",
 		    "/backends/ref/ref.so");
 }
 END_TEST
@@ -580,7 +601,7 @@ END_TEST
 START_TEST(spec_resolve_order)
 {
 	/* a bare strategy name gets ".so" */
-	check_order("LOOM_SPEC_PATH", loom_spec_resolve, "ngram", "ngram.so",
+	check_order("LOOM_SPEC_PATH", "spec", loom_spec_resolve, "ngram", "ngram.so",
 		    "/plugins/spec/ngram.so");
 }
 END_TEST

@@ -25,7 +25,7 @@
  *                                             squared relative error, and a sum
  *                                             that cancels makes it large)
  */
-#include "tb.h"
+#include "check/tb.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -165,7 +165,7 @@ static void test_gemm_type(struct dev *ref, struct dev *d, uint32_t type)
 	int64_t pad_k;
 
 	if (!geometry(type, &be, &bb)) {
-		printf("  skip gemm/embed %s: no quantization plugin registers it\n",
+		fprintf(tb_out(), "  skip gemm/embed %s: no quantization plugin registers it\n",
 		       tb_type_name(type));
 		return;
 	}

@@ -4,7 +4,7 @@
  * buffers passed are real device buffers, so a backend that skips a check
  * reads or writes garbage rather than faulting on a NULL.
  */
-#include "tb.h"
+#include "check/tb.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -21,7 +21,10 @@
  * fails on) how many rows differ, to show the comparison can see a
  * difference when there is one.
  *
- * Usage: backend_invariance [backend.so ...]   (default ref.so cpu.so)
+ * Each comparison is recorded in the harness's report (tb.h) as op
+ * inv-gemm, inv-attention, inv-rmsnorm, inv-rope or inv-glu. Run by
+ * `loom check-backend` on the backend under test, and by
+ * tests/backend/invariance_main.c on ref.so and cpu.so's kernel sets.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -29,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugin/backend_loader.h"
+#include "check/tb.h"
 
 #define MAX_BUFS 32
 
@@ -41,9 +44,6 @@ struct be {
 	struct loom_buffer *bufs[MAX_BUFS];
 	int n_bufs;
 };
-
-static int failures;
-static int checks;
 
 /* ---- helpers ---- */
 
@@ -81,19 +81,17 @@ static void fill(float *x, size_t n, float amp)
 }
 
 static int be_open(struct be *e, const char *name, const char *label, int n_threads,
-		   uint32_t flags)
+		   uint32_t flags, char *err, size_t errlen)
 {
 	struct loom_backend_config cfg = {
 		.struct_size = sizeof(cfg), .device = 0, .n_threads = n_threads,
 		.flags = flags,
 	};
-	char err[4096];
 
 	memset(e, 0, sizeof(*e));
 	e->label = label;
-	e->b = loom_backend_open(name, &cfg, err, sizeof(err));
+	e->b = loom_backend_open(name, &cfg, err, errlen);
 	if (!e->b) {
-		printf("SKIP %s: %s\n", label, err);
 		return -1;
 	}
 	e->ops = e->b->ops;
@@ -130,7 +128,7 @@ static void *put(struct be *e, const void *src, size_t n)
 	void *addr, *zero = NULL;
 
 	if (e->n_bufs == MAX_BUFS || e->ops->buffer_alloc(e->ctx, n ? n : 1, &buf)) {
-		printf("FAIL %s: buffer_alloc(%zu)\n", e->label, n);
+		fprintf(tb_out(), "FAIL %s: buffer_alloc(%zu)\n", e->label, n);
 		exit(1);
 	}
 	e->bufs[e->n_bufs++] = buf;
@@ -138,7 +136,7 @@ static void *put(struct be *e, const void *src, size_t n)
 	if (!src)
 		src = zero = xmalloc(n);
 	if (n && e->ops->upload(e->ctx, addr, src, n)) {
-		printf("FAIL %s: upload\n", e->label);
+		fprintf(tb_out(), "FAIL %s: upload\n", e->label);
 		exit(1);
 	}
 	free(zero);
@@ -148,28 +146,39 @@ static void *put(struct be *e, const void *src, size_t n)
 static void get(struct be *e, void *dst, const void *src, size_t n)
 {
 	if (e->ops->synchronize(e->ctx) || e->ops->download(e->ctx, dst, src, n)) {
-		printf("FAIL %s: download\n", e->label);
+		fprintf(tb_out(), "FAIL %s: download\n", e->label);
 		exit(1);
 	}
 }
 
-/* Reports one bitwise comparison of n floats; returns whether they agree. */
-static bool same(const char *label, const char *what, const float *a, const float *b,
-		 int64_t n, bool must)
+/* Reports one bitwise comparison of n floats as a case of op/fmt (when it
+ * must agree); returns whether they agree. */
+static bool same(const char *label, const char *op, const char *fmt, const char *what,
+		 const float *a, const float *b, int64_t n, bool must)
 {
-	checks += must;
-	if (!memcmp(a, b, (size_t)n * sizeof(float)))
+	struct dev as = { .name = label };
+	int64_t i;
+
+	if (!memcmp(a, b, (size_t)n * sizeof(float))) {
+		if (must)
+			tb_result(&as, op, fmt, 0, 0, what);
 		return true;
+	}
 	if (must) {
-		for (int64_t i = 0; i < n; i++)
-			if (memcmp(&a[i], &b[i], sizeof(float))) {
-				printf("FAIL %s %s: element %" PRId64 " %.9g vs %.9g\n", label,
-				       what, i, a[i], b[i]);
-				break;
-			}
-		failures++;
+		for (i = 0; i < n && !memcmp(&a[i], &b[i], sizeof(float)); i++)
+			;
+		tb_fail(&as, op, fmt, "%s: element %" PRId64 " %.9g vs %.9g", what, i, a[i], b[i]);
 	}
 	return false;
+}
+
+/* A call that failed where it must run. */
+static void status_fail(const char *label, const char *op, const char *fmt, const char *what,
+			int rc)
+{
+	struct dev as = { .name = label };
+
+	tb_fail(&as, op, fmt, "%s: status %d", what, rc);
 }
 
 /* ---- gemm ---- */
@@ -297,18 +306,18 @@ static int gemm_batches(struct be *e, struct be *other, const struct gemm_case *
 
 		fill(x, (size_t)m * xs, 1.0f);
 		if (gemm_run(e, c, w, x, m, xs, y)) {
-			printf("FAIL %s gemm %s m=%" PRId64 ": status\n", e->label, tn, m);
-			failures++;
+			snprintf(what, sizeof(what), "gemm m=%" PRId64, m);
+			status_fail(e->label, "inv-gemm", tn, what, 1);
 			goto next;
 		}
 		for (int64_t i = 0; i < m; i++) {
 			if (gemm_run(e, c, w, x + i * xs, 1, c->k, y1)) {
-				failures++;
+				status_fail(e->label, "inv-gemm", tn, "gemm m=1", 1);
 				break;
 			}
 			snprintf(what, sizeof(what), "gemm %s k=%" PRId64 " row %" PRId64
 				 " of m=%" PRId64 " vs alone", tn, c->k, i, m);
-			differ += !same(e->label, what, y + i * c->n, y1, c->n, must);
+			differ += !same(e->label, "inv-gemm", tn, what, y + i * c->n, y1, c->n, must);
 		}
 		if (other) {
 			float *y2 = xmalloc((size_t)m * c->n * sizeof(float));
@@ -317,7 +326,7 @@ static int gemm_batches(struct be *e, struct be *other, const struct gemm_case *
 			if (gemm_run(other, c, w2, x, m, xs, y2) == LOOM_OK) {
 				snprintf(what, sizeof(what), "gemm %s m=%" PRId64 " vs %s", tn,
 					 m, other->label);
-				same(e->label, what, y, y2, m * c->n, true);
+				same(e->label, "inv-gemm", tn, what, y, y2, m * c->n, true);
 			}
 			free(y2);
 			be_reset(other);
@@ -367,7 +376,7 @@ static int check_gemm(struct be *e, struct be *other, bool must)
 			free(c.w_host);
 		}
 	}
-	printf("%s gemm formats:%s\n", e->label, list);
+	fprintf(tb_out(), "%s gemm formats:%s\n", e->label, list);
 	return differ;
 }
 
@@ -413,11 +422,9 @@ static int check_packed(struct be *e)
 				free(c.w_host);
 				continue;
 			}
-			checks++;
 			if (rc || !pb || !pbytes) {
-				printf("FAIL %s weight_pack %s: status %d\n", e->label,
-				       loom_format_get(type)->name, rc);
-				failures++;
+				status_fail(e->label, "pack-gemm", loom_format_get(type)->name,
+					    "pack", rc ? rc : LOOM_ERR_INVALID);
 				free(c.w_host);
 				continue;
 			}
@@ -450,12 +457,12 @@ static int check_packed(struct be *e)
 					get(e, yp, yd, (size_t)m * c.n * sizeof(float));
 				snprintf(what, sizeof(what), "gemm %s k=%" PRId64 " m=%" PRId64
 					 " packed vs GGUF layout", loom_format_get(type)->name, c.k, m);
-				if (rc) {
-					printf("FAIL %s %s: status %d\n", e->label, what, rc);
-					failures++;
-				} else {
-					same(e->label, what, y, yp, m * c.n, true);
-				}
+				if (rc)
+					status_fail(e->label, "pack-gemm", loom_format_get(type)->name,
+						    what, rc);
+				else
+					same(e->label, "pack-gemm", loom_format_get(type)->name, what, y,
+					     yp, m * c.n, true);
 				be_reset(e);
 				free(x);
 				free(y);
@@ -464,11 +471,7 @@ static int check_packed(struct be *e)
 			e->ops->buffer_free(e->ctx, pb);
 			free(c.w_host);
 		}
-		if (any) {
-			printf("%s: %s packed, gemm bitwise the same\n", e->label,
-			       loom_format_get(type)->name);
-			packed++;
-		}
+		packed += any;
 	}
 	return packed;
 }
@@ -553,12 +556,11 @@ static void attn_cases(struct be *e, const struct attn_env *v, const char *var)
 		rc = attn_call(e, v, 1, seq + 1, ql + 1, kl + 1, alone);
 		rc = rc ? rc : attn_call(e, v, 3, seq, ql, kl, mix);
 		snprintf(what, sizeof(what), "attention%s decode alone vs with 2 others", var);
-		if (rc) {
-			printf("FAIL %s %s: status %d\n", e->label, what, rc);
-			failures++;
-		} else {
-			same(e->label, what, mix + A_WIDTH, alone, A_WIDTH, true);
-		}
+		if (rc)
+			status_fail(e->label, "inv-attention", "f32", what, rc);
+		else
+			same(e->label, "inv-attention", "f32", what, mix + A_WIDTH, alone, A_WIDTH,
+			     true);
 	}
 	/* prefill of all L rows: alone, among others, and in chunks */
 	{
@@ -571,11 +573,10 @@ static void attn_cases(struct be *e, const struct attn_env *v, const char *var)
 		snprintf(what, sizeof(what), "attention%s prefill %d rows alone vs with others",
 			 var, L);
 		if (rc) {
-			printf("FAIL %s %s: status %d\n", e->label, what, rc);
-			failures++;
+			status_fail(e->label, "inv-attention", "f32", what, rc);
 			goto out;
 		}
-		same(e->label, what, mix + 3 * A_WIDTH, alone, (int64_t)L * A_WIDTH, true);
+		same(e->label, "inv-attention", "f32", what, mix + 3 * A_WIDTH, alone, (int64_t)L * A_WIDTH, true);
 		for (size_t ci = 0; ci < sizeof(cuts) / sizeof(cuts[0]); ci++) {
 			int done = 0, zero = 0;
 
@@ -591,11 +592,10 @@ static void attn_cases(struct be *e, const struct attn_env *v, const char *var)
 
 				rc = attn_call(e, v, 1, &zero, &len, &end, mix);
 				if (rc) {
-					printf("FAIL %s %s: status %d\n", e->label, what, rc);
-					failures++;
+					status_fail(e->label, "inv-attention", "f32", what, rc);
 					goto out;
 				}
-				if (!same(e->label, what, mix, alone + (size_t)done * A_WIDTH,
+				if (!same(e->label, "inv-attention", "f32", what, mix, alone + (size_t)done * A_WIDTH,
 					  (int64_t)len * A_WIDTH, true))
 					break;
 				done = end;
@@ -647,7 +647,7 @@ static void check_rows(struct be *e)
 	enum { R = 7, N = 96 };
 	float x[R * N], w[N], up[R * N], y[R * N], y1[N];
 	int32_t pos[R] = { 3, 0, 17, 5, 100, 2, 9 };
-	char what[96];
+	char what[96], op_name[32];
 
 	fill(x, R * N, 3.0f);
 	fill(w, N, 1.0f);
@@ -681,92 +681,57 @@ static void check_rows(struct be *e)
 						 rows, N);
 			}
 			if (rc) {
-				printf("FAIL %s %s: status %d\n", e->label, names[op], rc);
-				failures++;
+				snprintf(what, sizeof(what), "inv-%s", names[op]);
+				status_fail(e->label, what, "f32", names[op], rc);
 				break;
 			}
 			get(e, rows == 1 ? y1 : y, yd, (size_t)rows * N * sizeof(float));
 			be_reset(e);
 		}
 		snprintf(what, sizeof(what), "%s row 4 of %d vs alone", names[op], R);
-		same(e->label, what, y + 4 * N, y1, N, true);
+		snprintf(op_name, sizeof(op_name), "inv-%s", names[op]);
+		same(e->label, op_name, "f32", what, y + 4 * N, y1, N, true);
 	}
 }
 
 /* ---- driver ---- */
 
-static void run_invariant(const char *so, const char *isa, bool exact)
+int tb_run_invariance(const char *name, const char *label, bool exact, char *err,
+		      size_t errlen)
 {
 	uint32_t flags = LOOM_BACKEND_BATCH_INVARIANT | (exact ? LOOM_BACKEND_EXACT : 0);
-	char label[128];
 	struct be e, other;
 	bool have_other;
+	char why[256];
 
-	if (isa)
-		setenv("LOOM_CPU_ISA", isa, 1);
-	else
-		unsetenv("LOOM_CPU_ISA");
-	snprintf(label, sizeof(label), "%s%s%s%s", so, isa ? ":" : "", isa ? isa : "",
-		 exact ? " exact" : " fast");
-	if (be_open(&e, so, label, 2, flags))
-		return;
-	printf("== %s, batch invariant\n", label);
+	if (be_open(&e, name, label, 2, flags, err, errlen))
+		return -1;
 	/* the same results from another thread count */
-	have_other = be_open(&other, so, "3 threads", 3, flags) == 0;
+	have_other = be_open(&other, name, "3 threads", 3, flags, why, sizeof(why)) == 0;
 	check_gemm(&e, have_other ? &other : NULL, true);
 	check_packed(&e);
 	check_attention(&e);
 	check_rows(&e);
 	be_close(&other);
 	be_close(&e);
-}
-
-int main(int argc, char **argv)
-{
-	static const char *const dflt[] = { "ref.so", "cpu.so" };
-	const char *const *names = dflt;
-	int n = 2, before;
-	char err[4096];
-	struct be e;
-
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc > 1) {
-		names = (const char *const *)argv + 1;
-		n = argc - 1;
-	}
-	/* the test sets the flags itself */
-	unsetenv("LOOM_CPU_INVARIANT");
-	unsetenv("LOOM_CPU_EXACT");
-	if (loom_formats_init(err, sizeof(err)))
-		printf("note: %s (plain weight types only)\n", err);
-	for (int i = 0; i < n; i++) {
-		before = failures;
-		for (int exact = 1; exact >= 0; exact--) {
-			run_invariant(names[i], NULL, exact);
-			if (!strstr(names[i], "cpu"))
-				continue;
-			if (!exact)
-				run_invariant(names[i], "avx512", exact);
-			run_invariant(names[i], "avx2", exact);
-			run_invariant(names[i], "scalar", exact);
-		}
-		printf("%s: %s\n", names[i], failures == before ? "bitwise invariant" : "FAILED");
-	}
-	/* packed weights without the flag: m >= 16 unpacks for BLAS */
-	unsetenv("LOOM_CPU_ISA");
-	if (be_open(&e, "cpu.so", "cpu.so fast (no flag)", 2, 0) == 0) {
+	/* packed weights without the flag too: there m >= 16 may take
+	 * another path (cpu.so unpacks for BLAS) */
+	if (!exact && be_open(&e, name, label, 2, 0, why, sizeof(why)) == 0) {
 		check_packed(&e);
 		be_close(&e);
 	}
-	/* control: without the flag cpu.so takes other kernels for m >= 16 */
-	unsetenv("LOOM_CPU_ISA");
-	if (be_open(&e, "cpu.so", "cpu.so (no flag)", 2, LOOM_BACKEND_EXACT) == 0) {
-		int d = check_gemm(&e, NULL, false);
+	return 0;
+}
 
-		printf("control: cpu.so without the flag: %d gemm rows differ from the same row alone%s\n",
-		       d, d ? "" : " (no difference seen)");
-		be_close(&e);
-	}
-	printf("%d bitwise checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+int tb_invariance_control(const char *name)
+{
+	struct be e;
+	char err[4096];
+	int differ;
+
+	if (be_open(&e, name, "control", 2, LOOM_BACKEND_EXACT, err, sizeof(err)))
+		return -1;
+	differ = check_gemm(&e, NULL, false);
+	be_close(&e);
+	return differ;
 }
