@@ -23,6 +23,8 @@ static const struct loom_plugin_slot required_slots[] = {
 #define OPS_V1_SIZE (offsetof(struct loom_backend_ops, attention) + sizeof(void *))
 /* Generation 1.1 adds graph_begin and graph_end. */
 #define OPS_V1_1_SIZE (offsetof(struct loom_backend_ops, graph_end) + sizeof(void *))
+/* Generation 1.2 adds softcap (optional). */
+#define OPS_V1_2_SIZE (offsetof(struct loom_backend_ops, softcap) + sizeof(void *))
 
 /* Step regions come as a pair (read only where the table has them). */
 static int check_graph_pair(const char *path, const void *desc, char *err, size_t errlen)
@@ -71,6 +73,11 @@ const struct loom_backend_ops *loom_backend_load_ops(const char *name, char *pat
 bool loom_backend_has_graphs(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= OPS_V1_1_SIZE && b->ops->graph_begin && b->ops->graph_end;
+}
+
+bool loom_backend_has_softcap(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= OPS_V1_2_SIZE && b->ops->softcap;
 }
 
 static const char *create_failure(int rc)

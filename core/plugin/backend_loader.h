@@ -50,5 +50,7 @@ const struct loom_backend_ops *loom_backend_load_ops(const char *name, char *pat
 /* Whether the backend has step regions (generation 1.1 graph_begin and
  * graph_end; the loader refuses a table with only one of them). */
 bool loom_backend_has_graphs(const struct loom_backend *b);
+/* Whether the backend has the optional softcap slot (ABI 1.2). */
+bool loom_backend_has_softcap(const struct loom_backend *b);
 
 #endif /* LOOM_BACKEND_LOADER_H */

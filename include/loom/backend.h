@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 1
+#define LOOM_BACKEND_ABI_MINOR 2
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -80,6 +80,7 @@ enum loom_op {
 	LOOM_OP_KV_WRITE,
 	LOOM_OP_ATTENTION,
 	LOOM_OP_COPY,
+	LOOM_OP_SOFTCAP, /* generation 1.2 */
 	LOOM_OP_COUNT,
 };
 
@@ -328,7 +329,15 @@ struct loom_backend_ops {
 	 */
 	int (*graph_begin)(struct loom_backend_ctx *ctx);
 	int (*graph_end)(struct loom_backend_ctx *ctx);
-	/* ---- end of generation 1.1; append new slots below ---- */
+	/* ---- end of generation 1.1 ---- */
+
+	/* ---- generation 1.2 ---- */
+	/* Optional. x[r][i] = cap * tanh(x[r][i] / cap), in place, cap > 0
+	 * (Gemma 2's final-logit soft-capping). Without it the host applies
+	 * the cap to the logits it downloads. */
+	int (*softcap)(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+		       int64_t rows, int64_t n, float cap);
+	/* ---- end of generation 1.2; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

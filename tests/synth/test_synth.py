@@ -55,7 +55,8 @@ import time
 TOL = 1e-3
 N_GEN = 16
 MIN_SPREAD = 0.5
-WEAK_FEATURES = {"gelu": 10, "localbase": 10}  # else 100 (see above)
+WEAK_FEATURES = {"gelu": 10, "localbase": 10,
+                 "default_caps": 10}  # else 100 (see above)
 RUN_TIMEOUT = 60
 BACKENDS = ("cpu.so", "ref.so")
 PROMPT = ("the quick brown fox jumps over the lazy dog and then it runs "
@@ -94,6 +95,35 @@ CASES = (
                                      "--vocab", "300", "--type", "f16",
                                      "--window", "3", "--swa-pattern", "3"],
      ("window", "pattern", "localbase")),
+    ("qwen3-qknorm-q8_0", ["--arch", "qwen3", "--embd", "128", "--ff", "256",
+                           "--vocab", "400", "--type", "q8_0"],
+     ("neox", "qknorm")),
+    ("phi3-fused-longrope-q8_0", ["--arch", "phi3", "--embd", "128", "--ff",
+                                  "256", "--vocab", "400", "--type", "q8_0",
+                                  "--rope-factors"],
+     ("neox", "freqs", "long", "attnfactor", "gateorder", "kvorder")),
+    ("phi3-fused-f32", ["--arch", "phi3", "--embd", "64", "--ff", "128",
+                        "--vocab", "300", "--type", "f32", "--tied"],
+     ("neox", "gateorder", "kvorder")),
+    ("gemma2-softcap-window6-q8_0", ["--arch", "gemma2", "--layers", "4",
+                                     "--embd", "128", "--ff", "256",
+                                     "--vocab", "400", "--type", "q8_0",
+                                     "--tied", "--window", "6",
+                                     "--attn-softcap", "4",
+                                     "--final-softcap", "6"],
+     ("neox", "window", "postnorm", "gelu", "embdscale", "attn_softcap",
+      "final_softcap")),
+    ("gemma2-default-caps-f16", ["--arch", "gemma2", "--embd", "64", "--ff",
+                                 "128", "--vocab", "300", "--type", "f16"],
+     ("default_caps",)),
+    ("mistral-window5-q4_0", ["--arch", "mistral", "--embd", "128", "--ff",
+                              "256", "--vocab", "512", "--type", "q4_0",
+                              "--window", "5"], ("norm", "window")),
+    ("llama31-rope-window4-f16", ["--embd", "64", "--ff", "128", "--vocab",
+                                  "300", "--type", "f16", "--rope-base",
+                                  "500000", "--rope-llama3", "32",
+                                  "--window", "4"],
+     ("norm", "freqs", "window")),
 )
 
 
@@ -223,6 +253,22 @@ def variant_logits(np, ref_llama, path, feature, ids):
         m.embd_scale = 1.0
     elif feature == "localbase":
         m.local_base = m.rope_base
+    elif feature == "attn_softcap":
+        m.attn_softcap = 0.0
+    elif feature == "final_softcap":
+        m.final_softcap = 0.0
+    elif feature == "default_caps":
+        m.attn_softcap = m.final_softcap = 0.0
+    elif feature == "long":       # the long LongRoPE factors instead
+        m.rope_freqs = m.weight("rope_factors_long.weight")
+    elif feature == "attnfactor":
+        m.rope_attn_factor = 1.0
+    elif feature == "gateorder":  # fused ffn_up read as [up; gate]
+        for L in m.layers:
+            L["ffn_gate"], L["ffn_up"] = L["ffn_up"], L["ffn_gate"]
+    elif feature == "kvorder":    # fused attn_qkv read as [Q; V; K]
+        for L in m.layers:
+            L["attn_k"], L["attn_v"] = L["attn_v"], L["attn_k"]
     return m.forward(ids, 0, m.new_cache())[-1]
 
 
