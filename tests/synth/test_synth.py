@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Synthetic-model test: loom against the NumPy reference on the variants
-of the llama family that the real test model (SmolLM2) does not exercise.
+"""Synthetic-model test: loom against the NumPy reference on the families
+and variants that the real test models (SmolLM2, Gemma 3 270M) do not
+exercise.
 
 Usage: test_synth.py LOOM_BINARY MKGGUF_PY
 
@@ -21,18 +22,32 @@ gemma3 (GELU-tanh, QK-norm, post-norms, sqrt(n_embd) embedding scale) with
 a sliding window of 8 or 3 tokens: the prompt (~50 tokens) and the
 continuation span many windows, so every local layer must see exactly its
 window, and the global layers (every 6th by default, every 3rd from the
-file's sliding_window_pattern) everything, with their own RoPE base.
+file's sliding_window_pattern) everything, with their own RoPE base;
+qwen3 (QK-norm, no biases); phi3 (fused attn_qkv and gate+up ffn_up, once
+with LongRoPE's short/long factors and attention factor, once without);
+gemma2 with small soft-caps (attention 4, logits 6) and a window of 6 on
+every other layer, and with the family's default caps (50, 30: no keys);
+mistral (general.architecture "mistral") with a 5-token window on every
+layer; llama with Llama 3.1's rope_freqs (the converter's rule) and a
+4-token window.
 
 The reference also has to show that each case is worth running: its logits
 must not be flat (their standard deviation is at least MIN_SPREAD), and the
 feature under test must matter: the reference run without it (rope in the
 other mode, biases dropped, scaling or frequency factors off, output tied
-instead of untied) must move the logits by more than 100 * TOL, so an
-engine that ignored it would fail. Two Gemma 3 features are subtler on a
+instead of untied, soft-caps off, the long LongRoPE factors instead of
+the short ones, no attention factor, a fused matrix split in the wrong
+order) must move the logits by more than 100 * TOL, so an engine that
+ignored it would fail. Two Gemma 3 features are subtler on a
 random model and need only 10 * TOL (still 10x what the logits check
 allows, and 1e4x loom's measured error of ~1e-7): GELU-tanh against SiLU
 (similar curves), and the local layers' RoPE base (a window of a few
-tokens leaves only small relative positions to rotate).
+tokens leaves only small relative positions to rotate). Gemma 2's default
+caps (50, 30) bend random-model logits of ~10 by ~5%: 10 * TOL as well.
+Soft-caps keep the argmax (tanh is monotonic), so the logits check, not
+the greedy tokens, is what catches a cap left out: measured, dropping
+the final cap moves loom's logits by 5.1 (relative), the attention cap
+by 0.62 (small caps) and 4e-3 (defaults), all far over TOL.
 
 TOL = 1e-3, as in tests/e2e: the reference's own error is negligible
 (float64 from the same dequantized weights); loom's float32 accumulation
