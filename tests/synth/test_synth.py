@@ -3,7 +3,7 @@
 and variants that the real test models (SmolLM2, Gemma 3 270M) do not
 exercise.
 
-Usage: test_synth.py LOOM_BINARY MKGGUF_PY
+Usage: test_synth.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND]
 
 For each case below, tools/mkgguf.py writes a small random model (2 layers,
 GQA 4 query / 2 KV heads) into a temporary folder, and for each backend
@@ -57,6 +57,10 @@ applied, wrong GQA head mapping) moves logits by whole units.
 Near ties: a backend may move the gap between two logits by up to
 2 * TOL * max|ref|, so where the reference's top two are closer than that,
 a different choice is accepted (and said); any other difference fails.
+
+OLD_ABI_BACKEND (ref_abi11.so: ref.so's operators behind a generation-1.1
+table, without the softcap slot) also runs the soft-capped cases, so the
+executor's host-side final-logit cap is held to the same checks.
 
 Exit 77 (skip) when numpy or gguf are missing.
 """
@@ -287,8 +291,11 @@ def variant_logits(np, ref_llama, path, feature, ids):
     return m.forward(ids, 0, m.new_cache())[-1]
 
 
+CAPPED = ("final_softcap", "default_caps")
+
+
 def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
-             fails):
+             fails, old_backend=None):
     print("== %s: mkgguf %s" % (name, " ".join(args)))
     path = os.path.join(tmp, name + ".gguf")
     run([sys.executable, mkgguf, path, "-q", "--seed", str(seed)] +
@@ -315,8 +322,11 @@ def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
                     "logits by %.3g > %g" % (name, feat, moved, need))
     abs_tol = TOL * scale
     got = {}
-    for be in BACKENDS:
-        tag = "%s %s [%d tokens]" % (name, be, len(ids))
+    backends = BACKENDS
+    if old_backend and any(f in CAPPED for f in features):
+        backends = BACKENDS + (old_backend,)
+    for be in backends:
+        tag = "%s %s [%d tokens]" % (name, os.path.basename(be), len(ids))
         try:
             logits, toks = loom_generate(np, loom, path, be, tmp)
         except (RuntimeError, OSError) as e:
@@ -326,16 +336,18 @@ def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
         ok, msg = compare_tokens(out, steps, eos, toks, abs_tol)
         fails.check(ok, "%s: greedy tokens: %s" % (tag, msg))
         got[be] = toks
-    if len(got) == 2 and got[BACKENDS[0]] != got[BACKENDS[1]]:
+    if BACKENDS[0] in got and BACKENDS[1] in got and \
+            got[BACKENDS[0]] != got[BACKENDS[1]]:
         print("note: %s and %s took different paths (both accepted above)"
               % BACKENDS)
 
 
 def main():
-    if len(sys.argv) != 3:
-        print("usage: test_synth.py LOOM_BINARY MKGGUF_PY")
+    if len(sys.argv) not in (3, 4):
+        print("usage: test_synth.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND]")
         return 2
     loom, mkgguf = sys.argv[1], sys.argv[2]
+    old_backend = sys.argv[3] if len(sys.argv) == 4 else None
     # the tolerances are for f32 activations: cpu.so's exact mode (its
     # default fast mode quantizes activations to 8 bits)
     os.environ["LOOM_CPU_EXACT"] = "1"
@@ -354,7 +366,7 @@ def main():
         for seed, (name, args, features) in enumerate(CASES):
             try:
                 one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args,
-                         features, fails)
+                         features, fails, old_backend)
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (name, e))
     print("%.1f s" % (time.time() - t0))
