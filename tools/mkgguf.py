@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Write a llama-shaped GGUF with random weights, for tests and benchmarks.
 
-    mkgguf.py OUT.gguf [--arch llama|qwen2|gemma3] [--layers L] [--embd E]
+    mkgguf.py OUT.gguf [--arch llama|mistral|qwen2|qwen3|phi3|gemma2|gemma3]
+        [--layers L] [--embd E]
         [--ff F] [--heads H] [--kv-heads K] [--vocab V] [--ctx C]
         [--type q4_0] [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
-        [--window W] [--swa-pattern P]            (gemma3)
+        [--rope-llama3 ORIG_CTX]
+        [--window W] [--swa-pattern P]       (gemma2/3; llama/mistral: all layers)
+        [--attn-softcap C] [--final-softcap C]    (gemma2)
+        [--rope-factors]                          (phi3: LongRoPE factors)
     mkgguf.py OUT.gguf --preset 1b|8b [--type q4_0]     (sizes for speed runs)
 
 The file is what a converter would write for a llama / qwen2 model:
@@ -17,6 +21,19 @@ attn_q_norm and attn_k_norm ([head size]), post_attention_norm and
 post_ffw_norm, and gemma3.attention.sliding_window (--window, default 8;
 its RoPE base defaults to 1e6, the local layers' being 10000) and, with
 --swa-pattern, gemma3.attention.sliding_window_pattern.
+Other families, as llama.cpp's converter writes them:
+  qwen3:  attn_q_norm / attn_k_norm, no biases;
+  phi3:   attn_qkv ([Q; K; V] rows) and ffn_up ([gate; up], 2 * ff rows)
+          instead of the separate matrices; with --rope-factors also
+          rope_factors_short / rope_factors_long and the keys
+          phi3.rope.scaling.attn_factor / original_context_length;
+  gemma2: gemma3's tensors without the QK-norms; the window key only with
+          --window > 0 (the family's default is 4096), the soft-cap keys
+          (gemma2.attn_logit_softcapping, .final_logit_softcapping) only
+          with --attn-softcap / --final-softcap;
+  llama / mistral: with --window > 0, <arch>.attention.sliding_window;
+  --rope-llama3 ORIG_CTX writes rope_freqs as the converter computes
+  Llama 3.1's scaling (factor 8, low 1, high 4, original context ORIG_CTX).
 
 Weights: 2-D matrices are normal * gain / sqrt(fan_in), so every projection
 keeps activations of order one; q/k get gain 2 so attention is not uniform
@@ -70,6 +87,7 @@ PRESETS = {
                vocab=128256, ctx=8192, tied=False),
 }
 
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
 CHUNK_ELEMS = 1 << 24   # generate/quantize at most this many floats at once
@@ -171,29 +189,61 @@ def tensor_specs(a):
         specs.append(mat("output.weight", V, E, 4.0))
     if a.rope_freqs:
         specs.append(vec("rope_freqs.weight", hd // 2, "freqs", 0))
+    if a.rope_llama3:
+        specs.append(vec("rope_freqs.weight", hd // 2, "llama3",
+                         (a.rope_base, a.rope_llama3)))
+    if a.rope_factors:
+        specs.append(vec("rope_factors_long.weight", hd // 2, "long", 0))
+        specs.append(vec("rope_factors_short.weight", hd // 2, "freqs", 0))
+    gemma = a.arch in ("gemma2", "gemma3")
     for i in range(a.layers):
         p = "blk.%d." % i
         specs.append(vec(p + "attn_norm.weight", E))
-        specs.append(mat(p + "attn_q.weight", Dq, E, 2.0))
-        specs.append(mat(p + "attn_k.weight", Dkv, E, 2.0))
-        specs.append(mat(p + "attn_v.weight", Dkv, E))
+        if a.arch == "phi3":
+            # q and k rows get gain 2 like the separate matrices below
+            specs.append(Spec(p + "attn_qkv.weight", (Dq + 2 * Dkv, E), q,
+                              "qkv", (Dq + Dkv, 2.0 / math.sqrt(E),
+                                      1.0 / math.sqrt(E))))
+        else:
+            specs.append(mat(p + "attn_q.weight", Dq, E, 2.0))
+            specs.append(mat(p + "attn_k.weight", Dkv, E, 2.0))
+            specs.append(mat(p + "attn_v.weight", Dkv, E))
         if a.arch == "qwen2":
             specs.append(vec(p + "attn_q.bias", Dq, "normal", 0.5))
             specs.append(vec(p + "attn_k.bias", Dkv, "normal", 0.5))
             specs.append(vec(p + "attn_v.bias", Dkv, "normal", 0.5))
-        if a.arch == "gemma3":
+        if a.arch in ("gemma3", "qwen3"):
             specs.append(vec(p + "attn_q_norm.weight", hd))
             specs.append(vec(p + "attn_k_norm.weight", hd))
         specs.append(mat(p + "attn_output.weight", E, Dq))
-        if a.arch == "gemma3":
+        if gemma:
             specs.append(vec(p + "post_attention_norm.weight", E))
         specs.append(vec(p + "ffn_norm.weight", E))
-        specs.append(mat(p + "ffn_gate.weight", F, E))
-        specs.append(mat(p + "ffn_up.weight", F, E))
+        if a.arch == "phi3":
+            specs.append(mat(p + "ffn_up.weight", 2 * F, E))
+        else:
+            specs.append(mat(p + "ffn_gate.weight", F, E))
+            specs.append(mat(p + "ffn_up.weight", F, E))
         specs.append(mat(p + "ffn_down.weight", E, F))
-        if a.arch == "gemma3":
+        if gemma:
             specs.append(vec(p + "post_ffw_norm.weight", E))
     return specs
+
+
+def llama3_factors(n, base, orig_ctx, factor=8.0, low=1.0, high=4.0):
+    """Llama 3.1's per-dimension RoPE divisors, from Meta's definition."""
+    out = []
+    for i in range(n):
+        freq = base ** (-2.0 * i / (2 * n))
+        wavelen = 2 * math.pi / freq
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def tensor_data(spec, rng):
@@ -205,6 +255,22 @@ def tensor_data(spec, rng):
         return
     if spec.init == "freqs":
         yield rng.uniform(1.0, 8.0, spec.shape).astype(np.float32)
+        return
+    if spec.init == "long":
+        yield rng.uniform(8.0, 40.0, spec.shape).astype(np.float32)
+        return
+    if spec.init == "llama3":
+        yield llama3_factors(spec.shape[0], *spec.scale)
+        return
+    if spec.init == "qkv":
+        # rows below the split get the first scale, the rest the second
+        split, s0, s1 = spec.scale
+        rows, cols = spec.shape
+        x = rng.standard_normal((rows, cols), dtype=np.float32)
+        x[:split] *= np.float32(s0)
+        x[split:] *= np.float32(s1)
+        yield x if spec.qtype == gguf.GGMLQuantizationType.F32 else \
+            quantize(x, spec.qtype)
         return
     if len(spec.shape) == 1:
         yield (spec.scale * rng.standard_normal(spec.shape,
@@ -239,11 +305,20 @@ def add_metadata(w, a, tok):
     w.add_float32(arch + ".rope.freq_base", a.rope_base)
     w.add_uint32(arch + ".rope.dimension_count", hd)
     w.add_uint32(arch + ".vocab_size", a.vocab)
-    if arch == "gemma3":
+    if arch == "gemma3" or (arch != "phi3" and a.window > 0):
         w.add_uint32(arch + ".attention.sliding_window", a.window)
-        if a.swa_pattern:
-            w.add_uint32(arch + ".attention.sliding_window_pattern",
-                         a.swa_pattern)
+    if arch in ("gemma2", "gemma3") and a.swa_pattern:
+        w.add_uint32(arch + ".attention.sliding_window_pattern",
+                     a.swa_pattern)
+    if a.attn_softcap is not None:
+        w.add_float32(arch + ".attn_logit_softcapping", a.attn_softcap)
+    if a.final_softcap is not None:
+        w.add_float32(arch + ".final_logit_softcapping", a.final_softcap)
+    if a.rope_factors:
+        orig = max(1, a.ctx // 32)
+        w.add_uint32(arch + ".rope.scaling.original_context_length", orig)
+        w.add_float32(arch + ".rope.scaling.attn_factor",
+                      math.sqrt(1 + math.log(a.ctx / orig) / math.log(orig)))
     if a.rope_scale:
         w.add_string(arch + ".rope.scaling.type", "linear")
         w.add_float32(arch + ".rope.scaling.factor", a.rope_scale)
@@ -260,8 +335,12 @@ def add_metadata(w, a, tok):
 
 
 def check_args(ap, a):
-    if a.arch not in ("llama", "qwen2", "gemma3"):
-        ap.error("--arch must be llama, qwen2 or gemma3")
+    if a.arch not in ARCHS:
+        ap.error("--arch must be one of " + ", ".join(ARCHS))
+    if a.rope_factors and a.arch != "phi3":
+        ap.error("--rope-factors is for phi3")
+    if a.rope_llama3 is not None and (a.rope_freqs or a.rope_llama3 <= 0):
+        ap.error("--rope-llama3 needs a positive context and no --rope-freqs")
     if a.window < 0 or (a.swa_pattern is not None and a.swa_pattern <= 0):
         ap.error("--window must be >= 0 and --swa-pattern positive")
     for k in ("layers", "embd", "ff", "heads", "kv_heads", "vocab", "ctx"):
@@ -302,8 +381,15 @@ def parse(argv):
                     help="write rope_freqs.weight (frequency divisors)")
     ap.add_argument("--rope-base", type=float, default=None,
                     help="default 10000 (gemma3: 1e6)")
-    ap.add_argument("--window", type=int, default=8,
-                    help="gemma3: sliding window of the local layers")
+    ap.add_argument("--window", type=int, default=None,
+                    help="sliding window (gemma3: default 8; others: none)")
+    ap.add_argument("--attn-softcap", type=float, default=None)
+    ap.add_argument("--final-softcap", type=float, default=None)
+    ap.add_argument("--rope-factors", action="store_true",
+                    help="phi3: rope_factors_short/long + LongRoPE keys")
+    ap.add_argument("--rope-llama3", type=int, default=None,
+                    metavar="ORIG_CTX",
+                    help="rope_freqs.weight from Llama 3.1's scaling rule")
     ap.add_argument("--swa-pattern", type=int, default=None,
                     help="gemma3: every P-th layer is global (metadata)")
     ap.add_argument("-q", "--quiet", action="store_true")
@@ -314,6 +400,8 @@ def parse(argv):
         a.rope_base = 500000.0
     if a.rope_base is None:
         a.rope_base = 1e6 if a.arch == "gemma3" else 10000.0
+    if a.window is None:
+        a.window = 8 if a.arch == "gemma3" else 0
     check_args(ap, a)
     return a
 

@@ -201,6 +201,7 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	case LOOM_OP_KV_WRITE:
 	case LOOM_OP_ATTENTION:
 	case LOOM_OP_COPY:
+	case LOOM_OP_SOFTCAP:
 		return type == LOOM_TYPE_F32;
 	default:
 		return false;
@@ -326,6 +327,7 @@ static const struct loom_backend_ops cpu_ops = {
 	.kv_write = cpu_kv_write,
 	.attention = cpu_attention,
 	.weight_pack = cpu_weight_pack,
+	.softcap = cpu_softcap,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

@@ -190,6 +190,8 @@ int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const 
 	    int64_t n);
 int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows, int64_t n,
 	      float s);
+int cpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		int64_t n, float cap);
 int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
 int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
 

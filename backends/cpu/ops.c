@@ -298,6 +298,34 @@ int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t ro
 	return LOOM_OK;
 }
 
+/* Soft-capping reuses scale's arguments: s is the cap. */
+static void softcap_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
+{
+	const struct scale_args *a = p;
+
+	for (int64_t r = r0; r < r1; r++) {
+		float *x = a->x + r * a->stride;
+
+		for (int64_t i = 0; i < a->n; i++)
+			x[i] = a->s * tanhf(x[i] / a->s);
+	}
+}
+
+int cpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		int64_t n, float cap)
+{
+	struct scale_args a = { x, stride, n, cap };
+
+	if (!ctx || !loom_check_shape(rows, n, stride) || !(cap > 0.0f) || isinf(cap))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!x)
+		return LOOM_ERR_INVALID;
+	cpu_run_rows(ctx, softcap_rows, &a, rows, (double)rows * n * 8);
+	return LOOM_OK;
+}
+
 /* ---- kv_write ---- */
 
 int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)

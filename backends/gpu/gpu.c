@@ -24,6 +24,7 @@
  * attention row through split-K, whose arithmetic for one output row does
  * not depend on the batch around it.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -608,6 +609,8 @@ static int exec_rows(struct loom_backend_ctx *ctx, enum call_kind kind, const st
 						r->w_stride, r->b_rows, r->rows, r->n));
 	case CALL_SCALE:
 		return rt_failed(ctx, gpurt_scale(ctx->rt, r->y, r->y_stride, r->rows, r->n, r->s));
+	case CALL_SOFTCAP:
+		return rt_failed(ctx, gpurt_softcap(ctx->rt, r->y, r->y_stride, r->rows, r->n, r->s));
 	default:
 		return LOOM_ERR_INVALID;
 	}
@@ -687,6 +690,20 @@ static int do_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int6
 		return LOOM_ERR_INVALID;
 	return submit_rows(ctx, CALL_SCALE, &(struct rows_call){
 		.y = x, .y_stride = stride, .rows = rows, .n = n, .s = s });
+}
+
+/* x = cap * tanh(x / cap) (ABI 1.2); the cap rides in scale's field. */
+static int do_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		      int64_t n, float cap)
+{
+	if (!ctx || !loom_check_shape(rows, n, stride) || !(cap > 0.0f) || isinf(cap))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!x)
+		return LOOM_ERR_INVALID;
+	return submit_rows(ctx, CALL_SOFTCAP, &(struct rows_call){
+		.y = x, .y_stride = stride, .rows = rows, .n = n, .s = cap });
 }
 
 static int do_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
@@ -1099,6 +1116,12 @@ static int gpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int
 	return noted(ctx, do_scale(ctx, x, stride, rows, n, s));
 }
 
+static int gpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		       int64_t n, float cap)
+{
+	return noted(ctx, do_softcap(ctx, x, stride, rows, n, cap));
+}
+
 static int gpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
 	return noted(ctx, do_kv_write(ctx, a));
@@ -1136,6 +1159,7 @@ static const struct loom_backend_ops gpu_ops = {
 	.attention = gpu_attention,
 	.graph_begin = gpu_graph_begin,
 	.graph_end = gpu_graph_end,
+	.softcap = gpu_softcap,
 };
 
 /* Returns the table only: no runtime call, so probing has no side effects. */

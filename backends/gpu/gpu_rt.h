@@ -111,6 +111,7 @@ int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const float *a,
 	      int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows,
 	      int64_t rows, int64_t n);
 int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t rows, int64_t n, float s);
+int gpurt_softcap(struct gpurt *rt, float *x, int64_t stride, int64_t rows, int64_t n, float cap);
 int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a);
 
 /* Work items of the attention kernels, built and uploaded by gpu.c.

@@ -1043,6 +1043,22 @@ extern "C" int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t r
 }
 
 __global__ void __launch_bounds__(THREADS)
+k_softcap(float *x, int64_t stride, int64_t rows, int64_t n, float cap)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+			x[r * stride + i] = cap * tanhf(x[r * stride + i] / cap);
+}
+
+extern "C" int gpurt_softcap(struct gpurt *rt, float *x, int64_t stride, int64_t rows,
+			     int64_t n, float cap)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_softcap, grid_of(rows), THREADS, 0, rt->stream, x, stride, rows, n, cap);
+	return launched(rt, "softcap kernel");
+}
+
+__global__ void __launch_bounds__(THREADS)
 k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t k_stride,
 	   int64_t v_stride, int64_t n_tokens, int64_t kv_dim, const int32_t *slots)
 {

@@ -152,6 +152,7 @@ static const struct loom_backend_ops ref_ops = {
 	.scale = ref_scale,
 	.kv_write = ref_kv_write,
 	.attention = ref_attention,
+	.softcap = ref_softcap,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

@@ -38,6 +38,9 @@ int ref_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
 	    int64_t b_rows, int64_t rows, int64_t n);
 int ref_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 	      int64_t rows, int64_t n, float s);
+/* x = cap * tanh(x / cap), in place (ABI 1.2). */
+int ref_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+		int64_t rows, int64_t n, float cap);
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
 int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
 

@@ -306,6 +306,21 @@ int ref_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 	return LOOM_OK;
 }
 
+int ref_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+		int64_t rows, int64_t n, float cap)
+{
+	if (!ctx || !loom_check_shape(rows, n, stride) || !(cap > 0.0f) || isinf(cap))
+		return LOOM_ERR_INVALID;
+	if (rows == 0 || n == 0)
+		return LOOM_OK;
+	if (!x)
+		return LOOM_ERR_INVALID;
+	for (int64_t r = 0; r < rows; r++)
+		for (int64_t i = 0; i < n; i++)
+			x[r * stride + i] = cap * tanhf(x[r * stride + i] / cap);
+	return LOOM_OK;
+}
+
 /* ---- paged KV cache ---- */
 
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)

@@ -9,6 +9,7 @@
  * must come back untouched. Tolerances, per op:
  *
  *   embed, add, scale          1e-10 / 1e-12  dequantization and one rounding
+ *   softcap (ABI 1.2, opt.)    1e-10          a backend may use its own tanh
  *   kv_write                   exact          a copy
  *   rmsnorm                    1e-9           a backend may sum squares in f32
  *   glu                        1e-7           a backend may use its own exp/tanh
@@ -639,6 +640,71 @@ static void test_scale(struct dev *ref, struct dev *d)
 			}
 }
 
+/* ---- softcap (optional, ABI 1.2) ---- */
+
+static bool has_softcap(const struct dev *d)
+{
+	return d->ops->struct_size >= offsetof(struct loom_backend_ops, softcap) + sizeof(void *) &&
+	       d->ops->softcap;
+}
+
+static int softcap_on(struct dev *d, float *x, int64_t rows, int64_t n, int64_t stride,
+		      float cap)
+{
+	size_t bytes = (size_t)(rows * stride) * F;
+	float *dx = dev_put(d, x, bytes);
+	int rc = LOOM_ERR_NOMEM;
+
+	if (dx) {
+		rc = d->ops->softcap(d->ctx, dx, stride, rows, n, cap);
+		if (rc == LOOM_OK)
+			rc = dev_get(d, x, dx, bytes);
+	}
+	dev_reset(d);
+	return rc;
+}
+
+/* Inputs spread to +-3 * cap, so the cap bends them well into tanh's tail. */
+static void test_softcap(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 5 }, ns[] = { 1, 257, 4096 };
+	static const float caps[] = { 30.0f, 0.5f };
+
+	if (!has_softcap(d)) {
+		if (d->ops->supports(d->ctx, LOOM_OP_SOFTCAP, LOOM_TYPE_F32))
+			tb_fail(d, "softcap", "f32", "supports() says yes but there is no slot");
+		else
+			tb_skip(d, "softcap", "f32");
+		return;
+	}
+	for (int ri = 0; ri < 2; ri++)
+		for (int ni = 0; ni < 3; ni++)
+			for (int ci = 0; ci < 2; ci++) {
+				struct rowop r = {
+					.op = LOOM_OP_SOFTCAP, .name = "softcap", .tol = 1e-10,
+					.rows = rows_list[ri], .n = ns[ni], .stride = ns[ni] + 2 * ci,
+				};
+				int64_t len = r.rows * r.stride;
+				float *x = tb_xmalloc((size_t)len * F), *want = tb_xmalloc((size_t)len * F);
+				float *got = tb_xmalloc((size_t)len * F);
+				int rc_ref, rc;
+
+				tb_fill(x, len, 3.0f * caps[ci]);
+				memcpy(want, x, (size_t)len * F);
+				memcpy(got, x, (size_t)len * F);
+				snprintf(r.desc, sizeof(r.desc), "rows %lld n %lld stride %lld cap %g",
+					 (long long)r.rows, (long long)r.n, (long long)r.stride,
+					 caps[ci]);
+				rc_ref = softcap_on(ref, want, r.rows, r.n, r.stride, caps[ci]);
+				tb_current(d, "softcap", "f32", r.desc);
+				rc = softcap_on(d, got, r.rows, r.n, r.stride, caps[ci]);
+				rowop_compare(d, &r, rc_ref, rc, got, want, x);
+				free(x);
+				free(want);
+				free(got);
+			}
+}
+
 /* ---- kv_write ---- */
 
 struct kv_case {
@@ -902,6 +968,7 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 	test_glu(ref, d);
 	test_add(ref, d);
 	test_scale(ref, d);
+	test_softcap(ref, d);
 	test_kv_write(ref, d);
 	test_attention(ref, d);
 }

@@ -6,6 +6,9 @@
  */
 #include "check/tb.h"
 
+#include <math.h>
+#include <stddef.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -102,6 +105,15 @@ static void invalid_rows(struct dev *d)
 				   2, 8), false);
 	expect_invalid(d, "scale with rows = -1",
 		       d->ops->scale(d->ctx, x, 8, -1, 8, 2.0f), false);
+	if (d->ops->struct_size >= offsetof(struct loom_backend_ops, softcap) + sizeof(void *) &&
+	    d->ops->softcap) {
+		expect_invalid(d, "softcap with cap 0",
+			       d->ops->softcap(d->ctx, x, 8, 2, 8, 0.0f), false);
+		expect_invalid(d, "softcap with cap NaN",
+			       d->ops->softcap(d->ctx, x, 8, 2, 8, NAN), false);
+		expect_invalid(d, "softcap with stride < n",
+			       d->ops->softcap(d->ctx, x, 4, 2, 8, 30.0f), false);
+	}
 	rb.n_rot = 7;
 	expect_invalid(d, "rope with odd n_rot", d->ops->rope(d->ctx, &rb), false);
 	rb = r;

@@ -1,13 +1,26 @@
-/* The architecture descriptors: one table per model family (see arch.h).
+/* The architecture descriptors: one table per model family (see arch.h);
+ * archs[] below is the one list of them.
  *
- * Tensor names are llama.cpp's GGUF names. Families differ in:
+ * Tensor and key names are llama.cpp's GGUF names. Families differ in:
  *   llama, mistral: RoPE on adjacent pairs (the converter permutes Q/K),
  *                   SiLU-gated FFN, attention biases if the file has them;
+ *                   Llama 3.1's RoPE scaling comes as rope_freqs.weight
+ *                   (per-dimension divisors the converter computes);
+ *                   a window key (<arch>.attention.sliding_window, which
+ *                   llama.cpp's converter never writes) makes every layer
+ *                   local, as in Mistral 7B v0.1;
  *   qwen2:          RoPE on halves (NeoX), Q/K/V biases;
- *   gemma3:         RoPE on halves, GELU(tanh)-gated FFN, embeddings
- *                   scaled by sqrt(n_embd), per-head QK-norm, norms after
- *                   attention and FFN as well as before, and five local
- *                   (sliding-window, RoPE base 10000) layers per global one.
+ *   qwen3:          RoPE on halves, per-head QK-norm, no biases;
+ *   phi3:           RoPE on halves, fused Q/K/V (attn_qkv) and fused
+ *                   gate/up (ffn_up, 2 * n_ff rows, gate first), LongRoPE's
+ *                   short factors (rope_factors_short) as the divisors;
+ *   gemma2:         RoPE on halves, GELU(tanh)-gated FFN, embeddings
+ *                   scaled by sqrt(n_embd), norms after attention and FFN
+ *                   as well as before, attention and final-logit
+ *                   soft-capping (50, 30), every other layer local
+ *                   (window 4096) starting with layer 0;
+ *   gemma3:         as gemma2 without soft-capping, plus per-head QK-norm,
+ *                   and five local (RoPE base 10000) layers per global one.
  */
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +32,16 @@
 	{ .name = "blk.%d." nm, .slot = offsetof(struct loom_layer, member), \
 	  .rows = LOOM_DIM_##r, .cols = LOOM_DIM_##c, .optional = opt }
 #define END { .name = NULL }
+/* A fused tensor of 2 or 3 row blocks: members and their row counts. */
+#define FUSED2(nm, m0, r0, m1, r1, c) \
+	{ .name = "blk.%d." nm, .cols = LOOM_DIM_##c, .n_parts = 2, \
+	  .part_slots = { offsetof(struct loom_layer, m0), offsetof(struct loom_layer, m1) }, \
+	  .part_rows = { LOOM_DIM_##r0, LOOM_DIM_##r1 } }
+#define FUSED3(nm, m0, r0, m1, r1, m2, r2, c) \
+	{ .name = "blk.%d." nm, .cols = LOOM_DIM_##c, .n_parts = 3, \
+	  .part_slots = { offsetof(struct loom_layer, m0), offsetof(struct loom_layer, m1), \
+			  offsetof(struct loom_layer, m2) }, \
+	  .part_rows = { LOOM_DIM_##r0, LOOM_DIM_##r1, LOOM_DIM_##r2 } }
 
 /* The tensors every family here shares, in file order. */
 #define ATTN_TENSORS \
@@ -47,10 +70,35 @@ static const struct loom_arch_tensor qwen2_tensors[] = {
 	ATTN_TENSORS, QKV_BIASES(false), FFN_TENSORS, END,
 };
 
+#define QK_NORMS \
+	TENSOR("attn_q_norm.weight", q_norm, 1, HEAD, false), \
+	TENSOR("attn_k_norm.weight", k_norm, 1, HEAD, false)
+
+static const struct loom_arch_tensor qwen3_tensors[] = {
+	ATTN_TENSORS, QK_NORMS, FFN_TENSORS, END,
+};
+
+static const struct loom_arch_tensor phi3_tensors[] = {
+	TENSOR("attn_norm.weight", attn_norm, 1, EMBD, false),
+	FUSED3("attn_qkv.weight", wq, Q, wk, KV, wv, KV, EMBD),
+	TENSOR("attn_output.weight", wo, EMBD, Q, false),
+	TENSOR("ffn_norm.weight", ffn_norm, 1, EMBD, false),
+	FUSED2("ffn_up.weight", w_gate, FF, w_up, FF, EMBD),
+	TENSOR("ffn_down.weight", w_down, EMBD, FF, false),
+	END,
+};
+
+static const struct loom_arch_tensor gemma2_tensors[] = {
+	ATTN_TENSORS,
+	TENSOR("post_attention_norm.weight", post_attn_norm, 1, EMBD, false),
+	FFN_TENSORS,
+	TENSOR("post_ffw_norm.weight", post_ffn_norm, 1, EMBD, false),
+	END,
+};
+
 static const struct loom_arch_tensor gemma3_tensors[] = {
 	ATTN_TENSORS,
-	TENSOR("attn_q_norm.weight", q_norm, 1, HEAD, false),
-	TENSOR("attn_k_norm.weight", k_norm, 1, HEAD, false),
+	QK_NORMS,
 	TENSOR("post_attention_norm.weight", post_attn_norm, 1, EMBD, false),
 	FFN_TENSORS,
 	TENSOR("post_ffw_norm.weight", post_ffn_norm, 1, EMBD, false),
@@ -63,6 +111,7 @@ static const struct loom_arch arch_llama = {
 	.tensors = llama_tensors,
 	.rope_mode = LOOM_ROPE_NORM,
 	.glu = LOOM_GLU_SILU,
+	.swa = LOOM_SWA_ALL,
 };
 
 static const struct loom_arch arch_qwen2 = {
@@ -72,19 +121,53 @@ static const struct loom_arch arch_qwen2 = {
 	.glu = LOOM_GLU_SILU,
 };
 
+static const struct loom_arch arch_qwen3 = {
+	.name = "qwen3",
+	.tensors = qwen3_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SILU,
+};
+
+static const struct loom_arch arch_phi3 = {
+	.name = "phi3",
+	.tensors = phi3_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SILU,
+	/* phi3.attention.sliding_window is ignored, as llama.cpp does: the
+	 * converter's value is not what the models were trained with */
+	.rope_factors = "rope_factors_short.weight",
+};
+
+static const struct loom_arch arch_gemma2 = {
+	.name = "gemma2",
+	.tensors = gemma2_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_GELU_TANH,
+	.embd_scale = true,
+	.swa = LOOM_SWA_PERIOD,
+	.swa_period = 2,
+	.swa_window = 4096,
+	.attn_softcap = 50.0f,
+	.final_softcap = 30.0f,
+	.attn_scale_embd_layers = 46,
+	.chat_marker = "<start_of_turn>",
+};
+
 static const struct loom_arch arch_gemma3 = {
 	.name = "gemma3",
 	.tensors = gemma3_tensors,
 	.rope_mode = LOOM_ROPE_NEOX,
 	.glu = LOOM_GLU_GELU_TANH,
 	.embd_scale = true,
+	.swa = LOOM_SWA_PERIOD,
 	.swa_period = 6,
 	.swa_rope_base = 10000.0f,
+	.attn_scale_embd_layers = 62,
 	.chat_marker = "<start_of_turn>",
 };
 
 static const struct loom_arch *const archs[] = {
-	&arch_llama, &arch_qwen2, &arch_gemma3,
+	&arch_llama, &arch_qwen2, &arch_qwen3, &arch_phi3, &arch_gemma2, &arch_gemma3,
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))

@@ -22,14 +22,32 @@ enum loom_dim {
 	LOOM_DIM_HEAD, /* head_dim (per-head norms) */
 };
 
+#define LOOM_ARCH_MAX_PARTS 3
+
 /* One per-layer tensor: its GGUF name (a format taking the layer index),
  * the struct loom_layer member it fills, and its shape [rows][cols]
- * (GGUF ne[0] = cols). Matrices with rows > 1 run through gemm. */
+ * (GGUF ne[0] = cols). Matrices with rows > 1 run through gemm.
+ *
+ * A fused tensor (n_parts > 0; slot and rows unused) is n_parts weights
+ * stacked by rows, as Phi-3's attn_qkv (Q, K, V) and ffn_up (gate, up):
+ * part i fills member part_slots[i] with the next part_rows[i] rows. It is
+ * loaded once and each part points into it, so the graph sees ordinary
+ * separate weights. */
 struct loom_arch_tensor {
 	const char *name;
 	size_t slot; /* offsetof(struct loom_layer, member) */
 	enum loom_dim rows, cols;
 	bool optional;
+	int n_parts;
+	size_t part_slots[LOOM_ARCH_MAX_PARTS];
+	enum loom_dim part_rows[LOOM_ARCH_MAX_PARTS];
+};
+
+/* Which layers a sliding window (when there is one) applies to. */
+enum loom_swa_layers {
+	LOOM_SWA_NONE,    /* none: the family ignores window keys */
+	LOOM_SWA_PERIOD,  /* layer i is local unless (i + 1) % period == 0 */
+	LOOM_SWA_ALL,     /* every layer (Mistral 7B v0.1) */
 };
 
 /*
@@ -39,11 +57,22 @@ struct loom_arch_tensor {
  * Gemma, whose norms compute x * (1 + w), llama.cpp's converter already
  * wrote 1 + w into the GGUF.
  *
- * Sliding window: with swa_period > 0 and a window in the file
- * (<arch>.attention.sliding_window), layer i is local (attends to the
- * window only, RoPE base swa_rope_base, no RoPE scaling) unless
- * (i + 1) % period == 0; <arch>.attention.sliding_window_pattern (u32)
- * overrides the period, <arch>.rope.freq_base_swa the local base.
+ * Sliding window: with swa != LOOM_SWA_NONE and a window (the file's
+ * <arch>.attention.sliding_window, else swa_window), the layers swa picks
+ * are local: they attend to the window only and, for LOOM_SWA_PERIOD, take
+ * RoPE base swa_rope_base and no RoPE scaling.
+ * <arch>.attention.sliding_window_pattern (u32) overrides swa_period,
+ * <arch>.rope.freq_base_swa the local base.
+ *
+ * Soft-capping (Gemma 2): scores = c * tanh(scores / c) in attention,
+ * logits likewise, c from <arch>.attn_logit_softcapping and
+ * <arch>.final_logit_softcapping, attn_softcap / final_softcap when the
+ * file has none (0: off).
+ *
+ * Attention scale: <arch>.attention.scale, else head_dim^-0.5, except
+ * with n_layer == attn_scale_embd_layers: (n_embd / n_head)^-0.5 (Gemma
+ * 27B's query_pre_attn_scalar, which GGUF does not record; llama.cpp
+ * tells that size by its layer count the same way).
  */
 struct loom_arch {
 	const char *name;             /* general.architecture */
@@ -52,8 +81,16 @@ struct loom_arch {
 	enum loom_rope_mode rope_mode;
 	enum loom_glu_kind glu;       /* FFN activation: act(gate) * up */
 	bool embd_scale;              /* x = embd * sqrt(n_embd) after the lookup */
-	int32_t swa_period;           /* 0: no sliding window */
+	enum loom_swa_layers swa;
+	int32_t swa_period;           /* LOOM_SWA_PERIOD */
+	int32_t swa_window;           /* window when the file has none, 0: none */
 	float swa_rope_base;          /* local layers' RoPE base, 0: the global one */
+	float attn_softcap;           /* defaults, 0: none */
+	float final_softcap;
+	int32_t attn_scale_embd_layers;
+	/* per-dimension RoPE frequency divisors ([n_rot / 2] f32, optional);
+	 * NULL: "rope_freqs.weight" (Llama 3.1's, written by the converter) */
+	const char *rope_factors;
 	const char *chat_marker;      /* chat template family when the file has none */
 };
 

@@ -355,13 +355,17 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 				    e->width[nd->b], rows, wd);
 	case NODE_GATHER:
 		return run_gather(e, nd, b);
+	case NODE_SOFTCAP:
+		if (!loom_backend_has_softcap(be))
+			return 0; /* loom_exec_step caps the downloaded logits */
+		return be->ops->softcap(ctx, dst, wd, rows, wd, nd->value);
 	}
 	return LOOM_ERR_INVALID;
 }
 
 static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
-	"headnorm", "scale",
+	"headnorm", "scale", "softcap",
 };
 
 /* Runs the graph's nodes; err names the node that failed. */
@@ -410,6 +414,19 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	return rc ? rc : end_rc;
 }
 
+/* Final-logit soft-capping on the host, for backends without the slot;
+ * tanhf as ref.so computes it. */
+static void host_softcap(const struct loom_exec *e, float *logits, int32_t n_out)
+{
+	float cap = e->m->hp.final_softcap;
+	size_t n = (size_t)n_out * (size_t)e->width[ACT_LOGITS];
+
+	if (cap <= 0.0f || loom_backend_has_softcap(e->m->be))
+		return;
+	for (size_t i = 0; i < n; i++)
+		logits[i] = cap * tanhf(logits[i] / cap);
+}
+
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen)
 {
@@ -433,6 +450,8 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 				be->ops->name, rc);
 		return rc;
 	}
+	if (b->n_out > 0)
+		host_softcap(e, logits, b->n_out);
 	for (i = 0; i < b->n_seqs; i++)
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;

@@ -1,23 +1,26 @@
 /* The decoder graph, built from the model's architecture descriptor
- * (arch.c): Llama 2/3, Mistral, SmolLM2, Qwen2, Gemma 3.
+ * (arch.c): Llama 2/3/3.1, Mistral, SmolLM2, Qwen2/3, Phi-3, Gemma 2/3.
  *
  * Over every token of the step:
- *   x = embd[tokens]                              (* sqrt(n_embd): gemma3)
+ *   x = embd[tokens]                              (* sqrt(n_embd): gemma)
  * per layer i, with the layer's RoPE base/scaling and window (0: global):
  *   xn  = rmsnorm(x) * attn_norm
- *   q,k,v = xn . Wq/Wk/Wv (+ bq/bk/bv where the layer has them)
- *   q,k = rmsnorm(each head of q, k) * q_norm/k_norm   (QK-norm: gemma3)
+ *   q,k,v = xn . Wq/Wk/Wv (+ bq/bk/bv where the layer has them; fused
+ *           weights arrive here split, see arch.h)
+ *   q,k = rmsnorm(each head of q, k) * q_norm/k_norm   (QK-norm: gemma3, qwen3)
  *   rope(q), rope(k)          (adjacent pairs or NeoX halves: descriptor)
  *   cache <- k, v
- *   att = softmax(attn_scale * q.k over the causal window) . v
- *   p   = att . Wo;  p = rmsnorm(p) * post_attn_norm  (gemma3)
+ *   s   = attn_scale * q.k;  s = c * tanh(s / c)       (attention softcap: gemma2)
+ *   att = softmax(s over the causal window) . v
+ *   p   = att . Wo;  p = rmsnorm(p) * post_attn_norm  (gemma)
  *   x  += p
  *   xn  = rmsnorm(x) * ffn_norm
  *   p   = (act(xn . Wgate) * (xn . Wup)) . Wdown      (act: SiLU or GELU-tanh)
- *   p   = rmsnorm(p) * post_ffn_norm                  (gemma3)
+ *   p   = rmsnorm(p) * post_ffn_norm                  (gemma)
  *   x  += p
  * then, over the rows that need logits only:
  *   logits = rmsnorm(x) * output_norm . Wout          (Wout = embd when tied)
+ *   logits = c * tanh(logits / c)                     (final softcap: gemma2)
  */
 #include <math.h>
 #include <stdio.h>
@@ -109,6 +112,10 @@ static void emit_model(struct builder *b, const struct loom_model *m)
 				    .w = &m->output_norm, .layer = -1, .on_outputs = true });
 	emit(b, (struct loom_node){ .op = NODE_GEMM, .dst = ACT_LOGITS, .a = ACT_OUT,
 				    .w = &m->output, .layer = -1, .on_outputs = true });
+	if (m->hp.final_softcap > 0.0f)
+		emit(b, (struct loom_node){ .op = NODE_SOFTCAP, .dst = ACT_LOGITS,
+					    .a = ACT_LOGITS, .layer = -1, .on_outputs = true,
+					    .value = m->hp.final_softcap });
 }
 
 int loom_graph_build(struct loom_model *m, char *err, size_t errlen)

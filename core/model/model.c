@@ -50,6 +50,11 @@ static int get_arch_float(const struct gguf_file *f, const char *arch,
 	return rc < 0 ? -1 : 0;
 }
 
+/*
+ * RoPE scaling: linear (positions / factor) from <arch>.rope.scaling.*.
+ * Llama 3.1's scaling needs no key: llama.cpp's converter writes it as
+ * per-dimension divisors (rope_freqs.weight), which plan_all loads.
+ */
 static int read_rope_scaling(const struct gguf_file *f, struct loom_hparams *hp,
 			     char *err, size_t errlen)
 {
@@ -101,27 +106,66 @@ static int read_arch(const struct gguf_file *f, struct loom_hparams *hp,
 	return 0;
 }
 
+/*
+ * RoPE's attention factor (<arch>.rope.scaling.attn_factor, Phi-3
+ * LongRoPE's sqrt(1 + ln(s) / ln(original context))): llama.cpp's rope
+ * multiplies the rotated q and k by it, so q.k grows by its square, which
+ * the attention scale takes when every dimension is rotated.
+ */
+static int read_rope_attn_factor(const struct gguf_file *f, struct loom_hparams *hp,
+				 char *err, size_t errlen)
+{
+	float af = 1.0f;
+
+	if (get_arch_float(f, hp->arch_name, "rope.scaling.attn_factor", 1.0f, &af, err, errlen))
+		return -1;
+	if (af == 1.0f)
+		return 0;
+	if (!(af > 0.0f && af < 100.0f) || hp->n_rot != hp->head_dim) {
+		loom_seterr(err, errlen, "key '%s.rope.scaling.attn_factor': %g with %lld of %lld dimensions rotated is not supported",
+			hp->arch_name, af, (long long)hp->n_rot, (long long)hp->head_dim);
+		return -1;
+	}
+	hp->attn_scale *= af * af;
+	return 0;
+}
+
+/* A soft-cap: the file's value or the family's default; 0 turns it off. */
+static int read_softcap(const struct gguf_file *f, const struct loom_hparams *hp,
+			const char *suffix, float def, float *out, char *err, size_t errlen)
+{
+	if (get_arch_float(f, hp->arch_name, suffix, def, out, err, errlen))
+		return -1;
+	if (!(*out >= 0.0f) || isinf(*out)) {
+		loom_seterr(err, errlen, "key '%s.%s': %g is not a soft-cap", hp->arch_name,
+			suffix, *out);
+		return -1;
+	}
+	return 0;
+}
+
 /* Attention scale, soft-capping and the local layers' window. */
 static int read_attention(const struct gguf_file *f, struct loom_hparams *hp,
 			  char *err, size_t errlen)
 {
+	const struct loom_arch *arch = hp->arch;
 	const char *a = hp->arch_name;
-	float final_cap = 0.0f;
+	float dim = (float)hp->head_dim;
 	int64_t window = 0;
 
-	if (get_arch_float(f, a, "attention.scale", 1.0f / sqrtf((float)hp->head_dim),
-			   &hp->attn_scale, err, errlen) ||
-	    get_arch_float(f, a, "attn_logit_softcapping", 0.0f, &hp->attn_softcap,
+	if (arch->attn_scale_embd_layers && hp->n_layer == arch->attn_scale_embd_layers)
+		dim = (float)(hp->n_embd / hp->n_head);
+	if (get_arch_float(f, a, "attention.scale", 1.0f / sqrtf(dim), &hp->attn_scale,
 			   err, errlen) ||
-	    get_arch_float(f, a, "final_logit_softcapping", 0.0f, &final_cap, err, errlen) ||
-	    (hp->arch->swa_period > 0 &&
-	     get_arch_int(f, a, "attention.sliding_window", 0, &window, err, errlen)))
+	    read_rope_attn_factor(f, hp, err, errlen) ||
+	    read_softcap(f, hp, "attn_logit_softcapping", arch->attn_softcap,
+			 &hp->attn_softcap, err, errlen) ||
+	    read_softcap(f, hp, "final_logit_softcapping", arch->final_softcap,
+			 &hp->final_softcap, err, errlen) ||
+	    (arch->swa != LOOM_SWA_NONE &&
+	     get_arch_int(f, a, "attention.sliding_window", arch->swa_window, &window, err,
+			  errlen)))
 		return -1;
-	if (final_cap > 0.0f) {
-		loom_seterr(err, errlen, "key '%s.final_logit_softcapping': final-logit soft-capping is not supported yet",
-			a);
-		return -1;
-	}
 	if (window > INT32_MAX) {
 		loom_seterr(err, errlen, "key '%s.attention.sliding_window': %lld is too large",
 			a, (long long)window);
@@ -177,7 +221,9 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 /*
  * Each layer's attention kind: global layers take the file's RoPE (base
  * and scaling) and see the whole context; with a sliding window, the
- * family's pattern makes the others local (see struct loom_arch).
+ * family's rule makes some or all local (see struct loom_arch). A
+ * periodic family's local layers have their own RoPE base and no scaling;
+ * where every layer is local (Mistral) RoPE stays the file's.
  */
 static int set_layer_kinds(const struct gguf_file *f, struct loom_model *m,
 			   char *err, size_t errlen)
@@ -187,7 +233,9 @@ static int set_layer_kinds(const struct gguf_file *f, struct loom_model *m,
 	int64_t period = arch->swa_period;
 	float local_base = arch->swa_rope_base > 0.0f ? arch->swa_rope_base : hp->rope_base;
 
-	if (hp->window > 0 &&
+	bool periodic = arch->swa == LOOM_SWA_PERIOD;
+
+	if (hp->window > 0 && periodic &&
 	    (get_arch_int(f, hp->arch_name, "attention.sliding_window_pattern", period,
 			  &period, err, errlen) ||
 	     get_arch_float(f, hp->arch_name, "rope.freq_base_swa", local_base,
@@ -195,10 +243,11 @@ static int set_layer_kinds(const struct gguf_file *f, struct loom_model *m,
 		return -1;
 	for (int64_t i = 0; i < hp->n_layer; i++) {
 		struct loom_layer *L = &m->layers[i];
-		bool local = hp->window > 0 && period > 0 && (i + 1) % period != 0;
+		bool local = hp->window > 0 &&
+			(arch->swa == LOOM_SWA_ALL || (periodic && period > 0 && (i + 1) % period != 0));
 
-		L->rope_base = local ? local_base : hp->rope_base;
-		L->rope_scale = local ? 1.0f : hp->rope_scale;
+		L->rope_base = local && periodic ? local_base : hp->rope_base;
+		L->rope_scale = local && periodic ? 1.0f : hp->rope_scale;
 		L->window = local ? hp->window : 0;
 	}
 	return 0;
@@ -213,6 +262,11 @@ struct weight_plan {
 	bool gemm_only; /* read by gemm and nothing else: the backend may pack it */
 	bool packed;  /* packed by the backend: nothing to upload */
 	size_t offset, bytes;
+	/* a fused tensor: w (the first part) is loaded whole, then split
+	 * into parts of part_rows rows each */
+	int n_parts;
+	struct loom_weight *parts[LOOM_ARCH_MAX_PARTS];
+	int64_t part_rows[LOOM_ARCH_MAX_PARTS];
 };
 
 struct loader {
@@ -278,6 +332,7 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 		l->cap_plan = cap;
 	}
 	p = &l->plan[l->n_plan++];
+	memset(p, 0, sizeof(*p));
 	p->w = w;
 	p->t = t;
 	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
@@ -313,6 +368,32 @@ static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
 	return 0;
 }
 
+/* A fused matrix: planned whole into its first part, split at upload. */
+static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tensor *t, int i)
+{
+	const struct loom_hparams *hp = &l->m->hp;
+	int64_t rows = 0, part[LOOM_ARCH_MAX_PARTS];
+	struct weight_plan *p;
+	int k;
+
+	for (k = 0; k < t->n_parts; k++) {
+		part[k] = dim_size(hp, t->part_rows[k]);
+		rows += part[k];
+	}
+	if (plan_weight(l, (struct loom_weight *)(layer + t->part_slots[0]), t->name, i, rows,
+			dim_size(hp, t->cols), !t->optional, LOOM_OP_GEMM))
+		return -1;
+	p = &l->plan[l->n_plan - 1];
+	if (p->w != (struct loom_weight *)(layer + t->part_slots[0]))
+		return 0; /* an optional tensor the file lacks */
+	p->n_parts = t->n_parts;
+	for (k = 0; k < t->n_parts; k++) {
+		p->parts[k] = (struct loom_weight *)(layer + t->part_slots[k]);
+		p->part_rows[k] = part[k];
+	}
+	return 0;
+}
+
 /* Every layer's tensors, as the family's table lists them. */
 static int plan_layers(struct loader *l)
 {
@@ -326,13 +407,33 @@ static int plan_layers(struct loader *l)
 		for (t = hp->arch->tensors; t->name; t++) {
 			int64_t rows = dim_size(hp, t->rows);
 
-			if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i, rows,
-					dim_size(hp, t->cols), !t->optional,
-					rows ? LOOM_OP_GEMM : 0))
+			if (t->n_parts > 0) {
+				if (plan_fused(l, L, t, i))
+					return -1;
+			} else if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i,
+					       rows, dim_size(hp, t->cols), !t->optional,
+					       rows ? LOOM_OP_GEMM : 0)) {
 				return -1;
+			}
 		}
 	}
 	return 0;
+}
+
+/* Points each part of an uploaded fused matrix at its rows. */
+static void split_fused(const struct weight_plan *p)
+{
+	struct loom_weight whole = *p->w;
+	int64_t row = 0;
+
+	for (int k = 0; k < p->n_parts; k++) {
+		struct loom_weight *w = p->parts[k];
+
+		*w = whole;
+		w->rows = p->part_rows[k];
+		w->data = (char *)whole.data + (size_t)row * whole.row_bytes;
+		row += p->part_rows[k];
+	}
 }
 
 static int plan_all(struct loader *l)
@@ -358,7 +459,9 @@ static int plan_all(struct loader *l)
 				 hp->n_embd, true, LOOM_OP_GEMM))
 		return -1;
 	if (plan_weight(l, &m->output_norm, "output_norm.weight", 0, 0, hp->n_embd, true, 0) ||
-	    plan_weight(l, &m->rope_freqs, "rope_freqs.weight", 0, 0, hp->n_rot / 2, false, 0))
+	    plan_weight(l, &m->rope_freqs,
+			hp->arch->rope_factors ? hp->arch->rope_factors : "rope_freqs.weight", 0, 0,
+			hp->n_rot / 2, false, 0))
 		return -1;
 	return plan_layers(l);
 }
@@ -482,6 +585,8 @@ static int upload_all(struct loader *l, bool show)
 			return -1;
 		}
 		p->w->data = dst;
+		if (p->n_parts)
+			split_fused(p);
 		done += p->bytes;
 		progress(show, done, l->total);
 	}

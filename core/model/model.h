@@ -21,6 +21,7 @@ struct loom_hparams {
 	float norm_eps, rope_base, rope_scale; /* global layers' RoPE */
 	float attn_scale;   /* scores = attn_scale * q.k */
 	float attn_softcap; /* > 0: scores = c * tanh(scores / c) */
+	float final_softcap; /* > 0: logits = c * tanh(logits / c) */
 	int32_t window;     /* local layers' sliding window, 0: none */
 };
 
@@ -73,6 +74,8 @@ enum loom_node_op {
 	NODE_ATTENTION, NODE_GLU, NODE_GATHER,
 	NODE_HEADNORM, /* rmsnorm of each head_dim slice of a row */
 	NODE_SCALE,    /* dst *= value, in place */
+	NODE_SOFTCAP,  /* dst = value * tanh(dst / value), in place; logits only
+			* (without the backend slot the host caps the download) */
 };
 
 /* One step of the graph. Row counts are bound at run time: nodes before
@@ -84,7 +87,7 @@ struct loom_node {
 	const struct loom_weight *w;
 	int32_t layer;
 	bool on_outputs;
-	float value; /* NODE_SCALE */
+	float value; /* NODE_SCALE, NODE_SOFTCAP */
 };
 
 struct loom_model {

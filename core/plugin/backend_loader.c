@@ -23,9 +23,9 @@ static const struct loom_plugin_slot required_slots[] = {
 #define OPS_V1_SIZE (offsetof(struct loom_backend_ops, attention) + sizeof(void *))
 /* Generation 1.1 adds graph_begin and graph_end. */
 #define OPS_V1_1_SIZE (offsetof(struct loom_backend_ops, graph_end) + sizeof(void *))
-
-/* Generation 1.2 adds weight_pack. */
-#define OPS_V1_2_SIZE (offsetof(struct loom_backend_ops, weight_pack) + sizeof(void *))
+/* Where a slot ends: a table at least this large has it. Generation 1.2
+ * adds weight_pack and softcap (both optional). */
+#define SLOT_END(slot) (offsetof(struct loom_backend_ops, slot) + sizeof(void *))
 
 /* Step regions come as a pair (read only where the table has them). */
 static int check_graph_pair(const char *path, const void *desc, char *err, size_t errlen)
@@ -83,7 +83,12 @@ bool loom_backend_has_graphs(const struct loom_backend *b)
 
 bool loom_backend_has_pack(const struct loom_backend *b)
 {
-	return b->ops->struct_size >= OPS_V1_2_SIZE && b->ops->weight_pack;
+	return b->ops->struct_size >= SLOT_END(weight_pack) && b->ops->weight_pack;
+}
+
+bool loom_backend_has_softcap(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(softcap) && b->ops->softcap;
 }
 
 static const char *create_failure(int rc)

@@ -53,5 +53,7 @@ const struct loom_backend_ops *loom_backend_load_ops(const char *name, char *pat
 bool loom_backend_has_graphs(const struct loom_backend *b);
 /* Whether the backend packs weights (generation 1.2 weight_pack). */
 bool loom_backend_has_pack(const struct loom_backend *b);
+/* Whether the backend has the optional softcap slot (ABI 1.2). */
+bool loom_backend_has_softcap(const struct loom_backend *b);
 
 #endif /* LOOM_BACKEND_LOADER_H */

@@ -80,6 +80,7 @@ enum loom_op {
 	LOOM_OP_KV_WRITE,
 	LOOM_OP_ATTENTION,
 	LOOM_OP_COPY,
+	LOOM_OP_SOFTCAP, /* generation 1.2 */
 	LOOM_OP_COUNT,
 };
 
@@ -375,6 +376,11 @@ struct loom_backend_ops {
 	 */
 	int (*weight_pack)(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
 			   struct loom_buffer **out, size_t *bytes);
+	/* Optional. x[r][i] = cap * tanh(x[r][i] / cap), in place, cap > 0
+	 * (Gemma 2's final-logit soft-capping). Without it the host applies
+	 * the cap to the logits it downloads. */
+	int (*softcap)(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+		       int64_t rows, int64_t n, float cap);
 	/* ---- end of generation 1.2; append new slots below ---- */
 };
 

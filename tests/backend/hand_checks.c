@@ -139,6 +139,27 @@ static void check_elementwise(struct dev *ref)
 	dev_reset(ref);
 }
 
+/* softcap (ABI 1.2): cap * tanh(x / cap), tanh from its definition. */
+static void check_softcap(struct dev *ref)
+{
+	const float x[4] = { 0, 2, -6, 1000 };
+	float want[4], got[4];
+	float *dx = dev_put(ref, x, sizeof(x));
+
+	for (int i = 0; i < 4; i++) {
+		double e = exp(2.0 * x[i] / 2.0);
+
+		want[i] = (float)(2.0 * (isinf(e) ? 1.0 : (e - 1.0) / (e + 1.0)));
+	}
+	expect_rc("softcap", ref->ops->softcap(ref->ctx, dx, 4, 1, 4, 2.0f), LOOM_OK);
+	dev_get(ref, got, dx, sizeof(x));
+	expect("softcap 2: 2 tanh(x / 2) of 0, 2, -6, 1000 (-> 0, 1.523, -1.990, 2)", got,
+	       want, 4);
+	expect_rc("softcap 0 is refused", ref->ops->softcap(ref->ctx, dx, 4, 1, 4, 0.0f),
+		  LOOM_ERR_INVALID);
+	dev_reset(ref);
+}
+
 static void check_kv_write(struct dev *ref)
 {
 	const float k[4] = { 1, 2, 3, 4 }, v[4] = { 5, 6, 7, 8 };
@@ -369,6 +390,7 @@ int tb_check_ref_by_hand(struct dev *ref)
 	check_rmsnorm(ref);
 	check_rope(ref);
 	check_elementwise(ref);
+	check_softcap(ref);
 	check_kv_write(ref);
 	check_attention_gqa(ref);
 	check_attention_softmax(ref);

@@ -49,6 +49,34 @@ Gemma 3 (arch "gemma3"), as llama.cpp runs it (its converter stores Gemma's
     x += rmsnorm(ffn_down(gelu_tanh(ffn_gate h) * ffn_up h)) * post_ffw_norm
   logits = rmsnorm(x) * output_norm @ W_out^T
 
+Qwen 3 (arch "qwen3"): the llama pass with rope on halves, no biases, and
+Gemma 3's QK-norm (q = rmsnorm(q per head) * attn_q_norm, k likewise,
+before rope).
+
+Gemma 2 (arch "gemma2"): Gemma 3 without QK-norm, plus soft-capping
+(Gemma 2 paper; HF Gemma2 modelling):
+    scores = c_a * tanh((q k^T * scale) / c_a), before the causal mask,
+        c_a = gemma2.attn_logit_softcapping (default 50)
+    logits = c_f * tanh(logits / c_f), c_f = gemma2.final_logit_softcapping
+        (default 30)
+  every other layer is local, layer 0 first (layer i global when
+  (i + 1) % 2 == 0), window gemma2.attention.sliding_window (default
+  4096); local layers keep the global RoPE base (Gemma 2 has one). The
+  scale is head_dim^-0.5 (query_pre_attn_scalar = head_dim for 2B and 9B;
+  27B, 46 layers, uses n_embd / n_head; GGUF records neither).
+
+Mistral (arch "llama" or "mistral" with <arch>.attention.sliding_window):
+every layer attends to the window only; RoPE unchanged.
+
+Phi-3 (arch "phi3", HF Phi3ForCausalLM): llama with rope on halves and
+fused weights: attn_qkv holds [Wq; Wk; Wv] by rows, ffn_up [Wgate; Wup]
+(gate first: HF's gate_up_proj output chunked in two, act on the first).
+LongRoPE: theta_i = pos * base^(-2i/n_rot) / short_factor[i] (the long
+factors apply past the original context only, which these tests never
+reach) and cos/sin multiplied by phi3.rope.scaling.attn_factor.
+
+Llama 3.1: rope_freqs.weight divisors, as for any llama file.
+
 CLI:
   ref_llama.py MODEL --tokens "1 2 3" -n 32 --logits-out F.npy \
       --tokens-out F.txt
@@ -73,7 +101,11 @@ from gguf.quants import dequantize  # noqa: E402
 # Rope variants by architecture (llama.cpp's rope type per arch).
 ROPE_NORM = "norm"
 ROPE_NEOX = "neox"
-ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "gemma3": ROPE_NEOX}
+ARCH_ROPE = {"llama": ROPE_NORM, "mistral": ROPE_NORM, "qwen2": ROPE_NEOX,
+             "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX, "gemma2": ROPE_NEOX,
+             "gemma3": ROPE_NEOX}
+GEMMA = ("gemma2", "gemma3")
+QK_NORM = ("gemma3", "qwen3")
 
 
 def field_value(field):
@@ -131,18 +163,36 @@ class Model:
         if stype not in ("none", "linear"):
             raise ValueError("rope scaling %r not supported" % stype)
         self.rope_factor = factor if stype == "linear" and factor > 0 else 1.0
+        qk_dim = self.head_dim
+        if a == "gemma2" and self.n_layer == 46:     # Gemma 2 27B
+            qk_dim = self.n_embd // self.n_head
         self.scale = float(self.meta(a + ".attention.scale",
-                                     1.0 / math.sqrt(self.head_dim)))
-        gemma = a == "gemma3"
-        # Gemma 3 switches, each a plain attribute so a test can turn one off
+                                     1.0 / math.sqrt(qk_dim)))
+        gemma = a in GEMMA
+        # family switches, each a plain attribute so a test can turn one off
         self.embd_scale = math.sqrt(self.n_embd) if gemma else 1.0
         self.act = "gelu_tanh" if gemma else "silu"
+        window_default = {"gemma2": 4096, "gemma3": 0, "llama": 0,
+                          "mistral": 0}
         self.window = int(self.meta(a + ".attention.sliding_window", 0)) \
-            if gemma else 0
+            if a in window_default else 0
+        if self.window == 0:
+            self.window = window_default.get(a, 0)
+        # None: every layer local (Mistral); else layer i global when
+        # (i + 1) % pattern == 0
         self.pattern = int(self.meta(a + ".attention.sliding_window_pattern",
-                                     6))
-        self.local_base = float(self.meta(a + ".rope.freq_base_swa",
-                                          10000.0))
+                                     2 if a == "gemma2" else 6)) \
+            if gemma else None
+        self.local_base = float(self.meta(
+            a + ".rope.freq_base_swa",
+            10000.0 if a == "gemma3" else self.rope_base))
+        caps = (50.0, 30.0) if a == "gemma2" else (0.0, 0.0)
+        self.attn_softcap = float(self.meta(a + ".attn_logit_softcapping",
+                                            caps[0]))
+        self.final_softcap = float(self.meta(a + ".final_logit_softcapping",
+                                             caps[1]))
+        self.rope_attn_factor = float(self.meta(
+            a + ".rope.scaling.attn_factor", 1.0))
         if self.n_head % self.n_head_kv or self.n_rot % 2 or \
            self.n_rot > self.head_dim:
             raise ValueError("inconsistent attention hyperparameters")
@@ -164,20 +214,35 @@ class Model:
         self.out_norm = w("output_norm.weight")
         out = w("output.weight", False)
         self.output = self.tok_embd if out is None else out
-        self.rope_freqs = w("rope_freqs.weight", False)
+        phi3 = self.arch == "phi3"
+        self.rope_freqs = w("rope_factors_short.weight" if phi3 else
+                            "rope_freqs.weight", False)
+        dq = self.n_head * self.head_dim
+        dkv = self.n_head_kv * self.head_dim
         self.layers = []
         for i in range(self.n_layer):
             p = "blk.%d." % i
             L = {}
-            for n in ("attn_norm", "attn_q", "attn_k", "attn_v",
-                      "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                      "ffn_down"):
+            names = ["attn_norm", "attn_output", "ffn_norm", "ffn_down"]
+            if phi3:
+                qkv = w(p + "attn_qkv.weight")
+                if qkv.shape[0] != dq + 2 * dkv:
+                    raise ValueError("attn_qkv has %d rows" % qkv.shape[0])
+                L["attn_q"], L["attn_k"], L["attn_v"] = \
+                    qkv[:dq], qkv[dq:dq + dkv], qkv[dq + dkv:]
+                up = w(p + "ffn_up.weight")
+                half = up.shape[0] // 2
+                L["ffn_gate"], L["ffn_up"] = up[:half], up[half:]
+            else:
+                names += ["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"]
+            for n in names:
                 L[n] = w(p + n + ".weight")
             for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 L[n + ".bias"] = w(p + n + ".bias", False)
-            for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm",
-                      "post_ffw_norm"):
-                L[n] = w(p + n + ".weight", self.arch == "gemma3")
+            for n in ("attn_q_norm", "attn_k_norm"):
+                L[n] = w(p + n + ".weight", self.arch in QK_NORM)
+            for n in ("post_attention_norm", "post_ffw_norm"):
+                L[n] = w(p + n + ".weight", self.arch in GEMMA)
             self.layers.append(L)
         self.n_vocab = self.output.shape[0]
 
@@ -189,21 +254,27 @@ class Model:
 
     def is_local(self, il):
         """Whether layer il attends to a sliding window only."""
-        return self.window > 0 and (il + 1) % self.pattern != 0
+        if self.window <= 0:
+            return False
+        return self.pattern is None or (il + 1) % self.pattern != 0
 
     def rope(self, x, pos, local=False):
         """x: (T, heads, head_dim); rotates the first n_rot dims."""
         n_rot = self.n_rot
         i = np.arange(0, n_rot, 2, dtype=np.float64)
-        base = self.local_base if local else self.rope_base
+        # a periodic family's local layers have their own base and no
+        # scaling; Mistral's all-local layers keep the global RoPE
+        own = local and self.pattern is not None
+        base = self.local_base if own else self.rope_base
         freq = base ** (-i / n_rot)
         if self.rope_freqs is not None:
             freq = freq / self.rope_freqs.astype(np.float64)
-        factor = 1.0 if local else self.rope_factor
+        factor = 1.0 if own else self.rope_factor
         p = np.asarray(pos, dtype=np.float64) / factor
         theta = p[:, None] * freq[None, :]           # (T, n_rot/2)
-        c = np.cos(theta)[:, None, :].astype(self.dtype)
-        s = np.sin(theta)[:, None, :].astype(self.dtype)
+        mscale = self.rope_attn_factor
+        c = (mscale * np.cos(theta))[:, None, :].astype(self.dtype)
+        s = (mscale * np.sin(theta))[:, None, :].astype(self.dtype)
         y = x.copy()
         if self.rope_mode == ROPE_NORM:
             a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
@@ -243,6 +314,8 @@ class Model:
         # query head h = kv * g + j uses kv head kv = h // g
         qg = q.reshape(T, nkv, g, hd)
         sc = np.einsum("tkjd,skd->kjts", qg, K) * self.scale
+        if self.attn_softcap > 0:
+            sc = self.attn_softcap * np.tanh(sc / self.attn_softcap)
         key_pos = np.arange(S)
         qpos = np.asarray(pos)[:, None]
         mask = key_pos[None, :] > qpos                       # (T, S)
@@ -286,7 +359,10 @@ class Model:
             x = x + self.attention(L, self.rmsnorm(x, L["attn_norm"]),
                                    pos, c, il)
             x = x + self.ffn(L, self.rmsnorm(x, L["ffn_norm"]))
-        return self.rmsnorm(x, self.out_norm) @ self.output.T
+        logits = self.rmsnorm(x, self.out_norm) @ self.output.T
+        if self.final_softcap > 0:
+            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
+        return logits
 
     def generate(self, prompt, n, forced=None):
         """Greedy decode n tokens after prompt.

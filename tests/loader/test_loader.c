@@ -323,6 +323,13 @@ static int fake_graph_begin(struct loom_backend_ctx *ctx)
 	return LOOM_OK;
 }
 
+static int fake_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+			int64_t rows, int64_t n, float cap)
+{
+	(void)ctx, (void)x, (void)stride, (void)rows, (void)n, (void)cap;
+	return LOOM_OK;
+}
+
 START_TEST(check_ops_names_each_slot)
 {
 	char p[4096], err[4096] = "";
@@ -372,6 +379,22 @@ START_TEST(check_ops_names_each_slot)
 		ops.weight_pack = NULL;
 		ck_assert(!loom_backend_has_pack(&nb));
 		ops.graph_begin = fake_graph_begin;
+	}
+	/* Generation 1.2's softcap is optional and read only where the
+	 * table is large enough to have it */
+	{
+		struct loom_backend nb = *b;
+		struct loom_backend_ops t = *b->ops;
+
+		nb.ops = &t;
+		t.softcap = fake_softcap;
+		ck_assert(loom_backend_has_softcap(&nb));
+		t.struct_size = offsetof(struct loom_backend_ops, softcap);
+		ck_assert(!loom_backend_has_softcap(&nb));
+		t.struct_size = sizeof(t);
+		t.softcap = NULL;
+		ck_assert(!loom_backend_has_softcap(&nb));
+		ck_assert_int_eq(loom_backend_check_ops("t.so", &t, err, sizeof(err)), 0);
 	}
 	/* a 1.0-sized table never has its slots read */
 	ops.struct_size = offsetof(struct loom_backend_ops, graph_begin);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Synthetic-model test: loom against the NumPy reference on the variants
-of the llama family that the real test model (SmolLM2) does not exercise.
+"""Synthetic-model test: loom against the NumPy reference on the families
+and variants that the real test models (SmolLM2, Gemma 3 270M) do not
+exercise.
 
-Usage: test_synth.py LOOM_BINARY MKGGUF_PY
+Usage: test_synth.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND]
 
 For each case below, tools/mkgguf.py writes a small random model (2 layers,
 GQA 4 query / 2 KV heads) into a temporary folder, and for each backend
@@ -21,18 +22,32 @@ gemma3 (GELU-tanh, QK-norm, post-norms, sqrt(n_embd) embedding scale) with
 a sliding window of 8 or 3 tokens: the prompt (~50 tokens) and the
 continuation span many windows, so every local layer must see exactly its
 window, and the global layers (every 6th by default, every 3rd from the
-file's sliding_window_pattern) everything, with their own RoPE base.
+file's sliding_window_pattern) everything, with their own RoPE base;
+qwen3 (QK-norm, no biases); phi3 (fused attn_qkv and gate+up ffn_up, once
+with LongRoPE's short/long factors and attention factor, once without);
+gemma2 with small soft-caps (attention 4, logits 6) and a window of 6 on
+every other layer, and with the family's default caps (50, 30: no keys);
+mistral (general.architecture "mistral") with a 5-token window on every
+layer; llama with Llama 3.1's rope_freqs (the converter's rule) and a
+4-token window.
 
 The reference also has to show that each case is worth running: its logits
 must not be flat (their standard deviation is at least MIN_SPREAD), and the
 feature under test must matter: the reference run without it (rope in the
 other mode, biases dropped, scaling or frequency factors off, output tied
-instead of untied) must move the logits by more than 100 * TOL, so an
-engine that ignored it would fail. Two Gemma 3 features are subtler on a
+instead of untied, soft-caps off, the long LongRoPE factors instead of
+the short ones, no attention factor, a fused matrix split in the wrong
+order) must move the logits by more than 100 * TOL, so an engine that
+ignored it would fail. Two Gemma 3 features are subtler on a
 random model and need only 10 * TOL (still 10x what the logits check
 allows, and 1e4x loom's measured error of ~1e-7): GELU-tanh against SiLU
 (similar curves), and the local layers' RoPE base (a window of a few
-tokens leaves only small relative positions to rotate).
+tokens leaves only small relative positions to rotate). Gemma 2's default
+caps (50, 30) bend random-model logits of ~10 by ~5%: 10 * TOL as well.
+Soft-caps keep the argmax (tanh is monotonic), so the logits check, not
+the greedy tokens, is what catches a cap left out: measured, dropping
+the final cap moves loom's logits by 5.1 (relative), the attention cap
+by 0.62 (small caps) and 4e-3 (defaults), all far over TOL.
 
 TOL = 1e-3, as in tests/e2e: the reference's own error is negligible
 (float64 from the same dequantized weights); loom's float32 accumulation
@@ -42,6 +57,10 @@ applied, wrong GQA head mapping) moves logits by whole units.
 Near ties: a backend may move the gap between two logits by up to
 2 * TOL * max|ref|, so where the reference's top two are closer than that,
 a different choice is accepted (and said); any other difference fails.
+
+OLD_ABI_BACKEND (ref_abi11.so: ref.so's operators behind a generation-1.1
+table, without the softcap slot) also runs the soft-capped cases, so the
+executor's host-side final-logit cap is held to the same checks.
 
 Exit 77 (skip) when numpy or gguf are missing.
 """
@@ -55,7 +74,8 @@ import time
 TOL = 1e-3
 N_GEN = 16
 MIN_SPREAD = 0.5
-WEAK_FEATURES = {"gelu": 10, "localbase": 10}  # else 100 (see above)
+WEAK_FEATURES = {"gelu": 10, "localbase": 10,
+                 "default_caps": 10}  # else 100 (see above)
 RUN_TIMEOUT = 60
 BACKENDS = ("cpu.so", "ref.so")
 PROMPT = ("the quick brown fox jumps over the lazy dog and then it runs "
@@ -94,6 +114,35 @@ CASES = (
                                      "--vocab", "300", "--type", "f16",
                                      "--window", "3", "--swa-pattern", "3"],
      ("window", "pattern", "localbase")),
+    ("qwen3-qknorm-q8_0", ["--arch", "qwen3", "--embd", "128", "--ff", "256",
+                           "--vocab", "400", "--type", "q8_0"],
+     ("neox", "qknorm")),
+    ("phi3-fused-longrope-q8_0", ["--arch", "phi3", "--embd", "128", "--ff",
+                                  "256", "--vocab", "400", "--type", "q8_0",
+                                  "--rope-factors"],
+     ("neox", "freqs", "long", "attnfactor", "gateorder", "kvorder")),
+    ("phi3-fused-f32", ["--arch", "phi3", "--embd", "64", "--ff", "128",
+                        "--vocab", "300", "--type", "f32", "--tied"],
+     ("neox", "gateorder", "kvorder")),
+    ("gemma2-softcap-window6-q8_0", ["--arch", "gemma2", "--layers", "4",
+                                     "--embd", "128", "--ff", "256",
+                                     "--vocab", "400", "--type", "q8_0",
+                                     "--tied", "--window", "6",
+                                     "--attn-softcap", "4",
+                                     "--final-softcap", "6"],
+     ("neox", "window", "postnorm", "gelu", "embdscale", "attn_softcap",
+      "final_softcap")),
+    ("gemma2-default-caps-f16", ["--arch", "gemma2", "--embd", "64", "--ff",
+                                 "128", "--vocab", "300", "--type", "f16"],
+     ("default_caps",)),
+    ("mistral-window5-q4_0", ["--arch", "mistral", "--embd", "128", "--ff",
+                              "256", "--vocab", "512", "--type", "q4_0",
+                              "--window", "5"], ("norm", "window")),
+    ("llama31-rope-window4-f16", ["--embd", "64", "--ff", "128", "--vocab",
+                                  "300", "--type", "f16", "--rope-base",
+                                  "500000", "--rope-llama3", "32",
+                                  "--window", "4"],
+     ("norm", "freqs", "window")),
 )
 
 
@@ -223,11 +272,30 @@ def variant_logits(np, ref_llama, path, feature, ids):
         m.embd_scale = 1.0
     elif feature == "localbase":
         m.local_base = m.rope_base
+    elif feature == "attn_softcap":
+        m.attn_softcap = 0.0
+    elif feature == "final_softcap":
+        m.final_softcap = 0.0
+    elif feature == "default_caps":
+        m.attn_softcap = m.final_softcap = 0.0
+    elif feature == "long":       # the long LongRoPE factors instead
+        m.rope_freqs = m.weight("rope_factors_long.weight")
+    elif feature == "attnfactor":
+        m.rope_attn_factor = 1.0
+    elif feature == "gateorder":  # fused ffn_up read as [up; gate]
+        for L in m.layers:
+            L["ffn_gate"], L["ffn_up"] = L["ffn_up"], L["ffn_gate"]
+    elif feature == "kvorder":    # fused attn_qkv read as [Q; V; K]
+        for L in m.layers:
+            L["attn_k"], L["attn_v"] = L["attn_v"], L["attn_k"]
     return m.forward(ids, 0, m.new_cache())[-1]
 
 
+CAPPED = ("final_softcap", "default_caps")
+
+
 def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
-             fails):
+             fails, old_backend=None):
     print("== %s: mkgguf %s" % (name, " ".join(args)))
     path = os.path.join(tmp, name + ".gguf")
     run([sys.executable, mkgguf, path, "-q", "--seed", str(seed)] +
@@ -254,8 +322,11 @@ def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
                     "logits by %.3g > %g" % (name, feat, moved, need))
     abs_tol = TOL * scale
     got = {}
-    for be in BACKENDS:
-        tag = "%s %s [%d tokens]" % (name, be, len(ids))
+    backends = BACKENDS
+    if old_backend and any(f in CAPPED for f in features):
+        backends = BACKENDS + (old_backend,)
+    for be in backends:
+        tag = "%s %s [%d tokens]" % (name, os.path.basename(be), len(ids))
         try:
             logits, toks = loom_generate(np, loom, path, be, tmp)
         except (RuntimeError, OSError) as e:
@@ -265,16 +336,18 @@ def one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args, features,
         ok, msg = compare_tokens(out, steps, eos, toks, abs_tol)
         fails.check(ok, "%s: greedy tokens: %s" % (tag, msg))
         got[be] = toks
-    if len(got) == 2 and got[BACKENDS[0]] != got[BACKENDS[1]]:
+    if BACKENDS[0] in got and BACKENDS[1] in got and \
+            got[BACKENDS[0]] != got[BACKENDS[1]]:
         print("note: %s and %s took different paths (both accepted above)"
               % BACKENDS)
 
 
 def main():
-    if len(sys.argv) != 3:
-        print("usage: test_synth.py LOOM_BINARY MKGGUF_PY")
+    if len(sys.argv) not in (3, 4):
+        print("usage: test_synth.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND]")
         return 2
     loom, mkgguf = sys.argv[1], sys.argv[2]
+    old_backend = sys.argv[3] if len(sys.argv) == 4 else None
     # the tolerances are for f32 activations: cpu.so's exact mode (its
     # default fast mode quantizes activations to 8 bits)
     os.environ["LOOM_CPU_EXACT"] = "1"
@@ -293,7 +366,7 @@ def main():
         for seed, (name, args, features) in enumerate(CASES):
             try:
                 one_case(np, ref_llama, loom, mkgguf, tmp, seed, name, args,
-                         features, fails)
+                         features, fails, old_backend)
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (name, e))
     print("%.1f s" % (time.time() - t0))
