@@ -70,6 +70,7 @@ static const char *const op_names[LOOM_OP_COUNT] = {
 	[LOOM_OP_ROPE] = "rope", [LOOM_OP_GLU] = "glu", [LOOM_OP_ADD] = "add",
 	[LOOM_OP_SCALE] = "scale", [LOOM_OP_KV_WRITE] = "kv_write",
 	[LOOM_OP_ATTENTION] = "attention", [LOOM_OP_COPY] = "copy",
+	[LOOM_OP_SOFTCAP] = "softcap",
 };
 
 /* The weight formats op runs, by the names the quant plugins give them. */
@@ -98,10 +99,14 @@ static void describe(const struct loom_backend *b, struct loom_backend_listing *
 	list_formats(b, LOOM_OP_GEMM, l->gemm_formats, sizeof(l->gemm_formats));
 	list_formats(b, LOOM_OP_EMBED, l->embed_formats, sizeof(l->embed_formats));
 	for (int op = LOOM_OP_RMSNORM; op < LOOM_OP_COUNT; op++)
-		if (b->ops->supports(b->ctx, op, LOOM_TYPE_F32))
+		if (op_names[op] && b->ops->supports(b->ctx, op, LOOM_TYPE_F32))
 			add_word(l->ops, sizeof(l->ops), op_names[op]);
 	if (loom_backend_has_graphs(b))
 		add_word(l->optional, sizeof(l->optional), "graph_begin graph_end");
+	if (loom_backend_has_pack(b))
+		add_word(l->optional, sizeof(l->optional), "weight_pack");
+	if (loom_backend_has_softcap(b))
+		add_word(l->optional, sizeof(l->optional), "softcap");
 }
 
 #define MAX_SEEN 256

@@ -89,9 +89,23 @@ static bool sk_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t 
 {
 	if (!ctx || (unsigned)op >= LOOM_OP_COUNT)
 		return false;
-	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
+	switch (op) {
+	case LOOM_OP_GEMM:
+	case LOOM_OP_EMBED:
 		return weight_type_ok(type);
-	return type == LOOM_TYPE_F32;
+	case LOOM_OP_RMSNORM:
+	case LOOM_OP_ROPE:
+	case LOOM_OP_GLU:
+	case LOOM_OP_ADD:
+	case LOOM_OP_SCALE:
+	case LOOM_OP_KV_WRITE:
+	case LOOM_OP_ATTENTION:
+	case LOOM_OP_COPY:
+		return type == LOOM_TYPE_F32;
+	default:
+		/* ops of later generations (softcap) need slots it lacks */
+		return false;
+	}
 }
 
 static int sk_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
