@@ -157,7 +157,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
-		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1 and q8_0 weights packed at load");
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1 and q8_0 weights packed at load");
 	*out = ctx;
 	return LOOM_OK;
 

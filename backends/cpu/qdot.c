@@ -598,14 +598,14 @@ TGT_VNNI ALWAYS __m512i vnni_weights(uint32_t t, const uint8_t *p, size_t bb, bo
 TGT_VNNI ALWAYS __m512i vnni_acts(uint32_t t, const struct qdot_block *x, bool two, __m512i *fix)
 {
 	__m512i xq = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[0].q));
-	int8_t off = t == LOOM_TYPE_Q8_0 ? -128 : -8;
+	int8_t off = t == LOOM_TYPE_Q8_0 ? -128 : t == LOOM_TYPE_Q5_0 ? -16 : -8;
 
 	if (two)
 		xq = _mm512_inserti64x4(xq, _mm256_loadu_si256((const __m256i *)x[1].q), 1);
 	else
 		xq = _mm512_zextsi256_si512(_mm512_castsi512_si256(xq));
 	*fix = _mm512_setzero_si512();
-	if (t != LOOM_TYPE_Q4_1) /* -off * x is at most 128 * 127: no overflow */
+	if (!has_min(t)) /* -off * x is at most 128 * 127: no overflow */
 		*fix = _mm512_sub_epi32(*fix, _mm512_dpbusd_epi32(*fix, _mm512_set1_epi8((char)-off), xq));
 	return xq;
 }
@@ -759,31 +759,54 @@ TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
 
 /*
  * VNNI kernels over the packed layout (qpack.h): the same lanes, the same
- * fused multiply-adds in the same order as vnni_fast_rows(), hence ref16()
- * bit for bit; what changes is how operands arrive. A Q4 quad of blocks
- * is one 64-byte load whose low nibbles are the first pair and high
- * nibbles the second; Q8_0 pairs are one load already offset by 128; the
- * scales of 16 blocks are one masked load.
+ * fused multiply-adds in the same order as ref16(), hence ref16() bit for
+ * bit; what changes is how operands arrive. A Q4/Q5 quad of blocks is one
+ * 64-byte load whose low nibbles are the first pair and high nibbles the
+ * second (Q5 adds 16 under a pair's 64-bit mask of fifth bits); Q8_0
+ * pairs are one load already offset by 128; the scales of 16 blocks are
+ * one masked load. Signed formats subtract their offset through the
+ * activations' lane sums (vnni_acts()), as the GGUF-layout kernels do.
  */
 
-/* Weights of the pair at block b of a packed Q4 row, if it is a pair unit
- * (32 bytes), or of the single last block (16 bytes, GGUF order). */
-TGT_VNNI ALWAYS __m512i packed_q4_tail(const uint8_t *q, bool two)
+/* Q5's fifth bits of the pair (or single block) at h: bit i for byte i
+ * of the operand. */
+TGT_VNNI ALWAYS __mmask64 packed_high(const uint8_t *h, bool two)
+{
+	uint64_t m = 0;
+
+	memcpy(&m, h, two ? 8 : 4);
+	return _cvtu64_mask64(m);
+}
+
+/* Adds Q5's fifth bits (16 where the mask has a bit) to the nibbles. */
+TGT_VNNI ALWAYS __m512i packed_add_high(uint32_t t, __m512i v, const uint8_t *h, bool two)
+{
+	if (t != LOOM_TYPE_Q5_0 && t != LOOM_TYPE_Q5_1)
+		return v;
+	return _mm512_mask_add_epi8(v, packed_high(h, two), v, _mm512_set1_epi8(16));
+}
+
+/* Weights of the pair at block b of a packed Q4/Q5 row, if it is a pair
+ * unit (32 bytes), or of the single last block (16 bytes, GGUF order);
+ * h the pair's high bits (Q5). */
+TGT_VNNI ALWAYS __m512i packed_q4_tail(uint32_t t, const uint8_t *q, const uint8_t *h, bool two)
 {
 	const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
 	const __m256i m4 = _mm256_set1_epi8(15);
+	__m512i v;
 
 	if (two) {
-		__m256i v = _mm256_loadu_si256((const __m256i *)q);
+		__m256i u = _mm256_loadu_si256((const __m256i *)q);
 
-		return join_i(_mm256_and_si256(v, m4),
-			      _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+		v = join_i(_mm256_and_si256(u, m4), _mm256_and_si256(_mm256_srli_epi16(u, 4), m4));
+	} else {
+		v = _mm512_and_si512(
+			_mm512_srlv_epi64(_mm512_maskz_broadcast_i32x4(
+						  0x00ff, _mm_loadu_si128((const __m128i *)q)),
+					  nib_shift),
+			_mm512_set1_epi8(15));
 	}
-	return _mm512_and_si512(
-		_mm512_srlv_epi64(_mm512_maskz_broadcast_i32x4(0x00ff,
-							       _mm_loadu_si128((const __m128i *)q)),
-				  nib_shift),
-		_mm512_set1_epi8(15));
+	return packed_add_high(t, v, h, two);
 }
 
 /* acc += lanes(fix + w . xq) * (the pair at j of D) */
@@ -801,7 +824,8 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
 				  __m512 *acc, __m512 *accm, int R)
 {
-	const size_t qb = t == LOOM_TYPE_Q8_0 ? 32 : 16;
+	const bool q5 = t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+	const size_t qb = t == LOOM_TYPE_Q8_0 ? 32 : q5 ? 20 : 16;
 	const __mmask16 k = (__mmask16)((1u << n) - 1);
 	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
@@ -835,12 +859,15 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 		xq = vnni_acts(t, x + b0 + j, true, &fix);
 		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
 		for (int r = 0; r < R; r++) {
-			__m512i v = _mm512_loadu_si512(w + r * ws + (size_t)(b0 + j) * 16);
+			const uint8_t *q = w + r * ws + (size_t)(b0 + j) * 16;
+			const uint8_t *h = w + r * ws + (size_t)nb * 16 + (size_t)(b0 + j) * 4;
+			__m512i v = _mm512_loadu_si512(q);
+			__m512i lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
+			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+						     h + 8, true);
 
-			acc[r] = packed_step(acc[r], fix, _mm512_and_si512(v, m4), xq, D[r], j);
-			acc[r] = packed_step(acc[r], fix2,
-					     _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), xq2,
-					     D[r], j + 2);
+			acc[r] = packed_step(acc[r], fix, lo, xq, D[r], j);
+			acc[r] = packed_step(acc[r], fix2, hi, xq2, D[r], j + 2);
 		}
 	}
 	for (; j < n; j += 2) {
@@ -848,9 +875,11 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 
 		xq = vnni_acts(t, x + b0 + j, two, &fix);
 		for (int r = 0; r < R; r++)
-			acc[r] = packed_step(acc[r], fix,
-					     packed_q4_tail(w + r * ws + (size_t)(b0 + j) * 16, two),
-					     xq, D[r], j);
+			acc[r] = packed_step(
+				acc[r], fix,
+				packed_q4_tail(t, w + r * ws + (size_t)(b0 + j) * 16,
+					       w + r * ws + (size_t)nb * 16 + (size_t)(b0 + j) * 4, two),
+				xq, D[r], j);
 	}
 }
 
@@ -877,6 +906,8 @@ TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
 QDOT_ONE(TGT_VNNI, vnni_packed, q8_0, LOOM_TYPE_Q8_0, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q4_0, LOOM_TYPE_Q4_0, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q4_1, LOOM_TYPE_Q4_1, vnni_packed_rows)
+QDOT_ONE(TGT_VNNI, vnni_packed, q5_0, LOOM_TYPE_Q5_0, vnni_packed_rows)
+QDOT_ONE(TGT_VNNI, vnni_packed, q5_1, LOOM_TYPE_Q5_1, vnni_packed_rows)
 
 QDOT_SET(TGT_AVX512, avx512, avx512_rows);
 QDOT_SET(TGT_VNNI, vnni, vnni_any_rows);
@@ -905,6 +936,8 @@ qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q8_0: return vnni_packed_q8_0;
 	case LOOM_TYPE_Q4_0: return vnni_packed_q4_0;
 	case LOOM_TYPE_Q4_1: return vnni_packed_q4_1;
+	case LOOM_TYPE_Q5_0: return vnni_packed_q5_0;
+	case LOOM_TYPE_Q5_1: return vnni_packed_q5_1;
 	}
 #endif
 	return NULL;

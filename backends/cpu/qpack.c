@@ -6,29 +6,61 @@
 
 bool qpack_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q4_1 || type == LOOM_TYPE_Q8_0;
+	switch (type) {
+	case LOOM_TYPE_Q4_0:
+	case LOOM_TYPE_Q4_1:
+	case LOOM_TYPE_Q5_0:
+	case LOOM_TYPE_Q5_1:
+	case LOOM_TYPE_Q8_0:
+		return true;
+	default:
+		return false;
+	}
 }
 
-/* GGUF geometry: block bytes, and where the quants start in a block. */
+static bool is_q5(uint32_t t)
+{
+	return t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+}
+
+/* GGUF geometry: block bytes, where the quants start in a block, and
+ * (Q5) where its 32 high bits are. */
 static size_t gguf_block(uint32_t t)
 {
-	return t == LOOM_TYPE_Q8_0 ? 34 : t == LOOM_TYPE_Q4_1 ? 20 : 18;
+	switch (t) {
+	case LOOM_TYPE_Q8_0: return 34;
+	case LOOM_TYPE_Q4_1: return 20;
+	case LOOM_TYPE_Q5_0: return 22;
+	case LOOM_TYPE_Q5_1: return 24;
+	default: return 18;
+	}
 }
 
 static size_t gguf_quants(uint32_t t)
 {
-	return t == LOOM_TYPE_Q4_1 ? 4 : 2;
+	switch (t) {
+	case LOOM_TYPE_Q4_1: return 4;
+	case LOOM_TYPE_Q5_0: return 6;
+	case LOOM_TYPE_Q5_1: return 8;
+	default: return 2;
+	}
 }
 
-/* Packed geometry: quant bytes a block, and scale words a block. */
+static size_t gguf_high(uint32_t t)
+{
+	return t == LOOM_TYPE_Q5_1 ? 4 : 2;
+}
+
+/* Packed geometry: quant bytes a block (with Q5's 4 bytes of high bits),
+ * and scale words a block. */
 static size_t packed_quants(uint32_t t)
 {
-	return t == LOOM_TYPE_Q8_0 ? 32 : 16;
+	return t == LOOM_TYPE_Q8_0 ? 32 : is_q5(t) ? 20 : 16;
 }
 
 static size_t scale_words(uint32_t t)
 {
-	return t == LOOM_TYPE_Q4_1 ? 2 : 1;
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1 ? 2 : 1;
 }
 
 size_t qpack_row_bytes(uint32_t type, int64_t nb)
@@ -116,6 +148,8 @@ void qpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *dst)
 	} else {
 		pack_q4(type, src, nb, dst);
 	}
+	for (int64_t b = 0; is_q5(type) && b < nb; b++)
+		memcpy(dst + (size_t)nb * 16 + 4 * (size_t)b, src + (size_t)b * bb + gguf_high(type), 4);
 	for (int64_t b = 0; b < nb; b++)
 		for (size_t w = 0; w < scale_words(type); w++)
 			memcpy(sc + 2 * ((size_t)nb * w + (size_t)b), src + (size_t)b * bb + 2 * w, 2);
@@ -133,6 +167,8 @@ void qpack_unpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *ds
 	} else {
 		unpack_q4(type, src, nb, dst);
 	}
+	for (int64_t b = 0; is_q5(type) && b < nb; b++)
+		memcpy(dst + (size_t)b * bb + gguf_high(type), src + (size_t)nb * 16 + 4 * (size_t)b, 4);
 	for (int64_t b = 0; b < nb; b++)
 		for (size_t w = 0; w < scale_words(type); w++)
 			memcpy(dst + (size_t)b * bb + 2 * w, sc + 2 * ((size_t)nb * w + (size_t)b), 2);

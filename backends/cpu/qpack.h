@@ -3,7 +3,7 @@
  * mode's AVX-512 VNNI kernels. A packed row holds what a GGUF row holds,
  * rearranged so the kernel loads each operand whole:
  *
- *   quants  Q4_0, Q4_1: 16 bytes a block. Blocks 4u .. 4u+3 in 64 bytes:
+ *   quants  Q4_0, Q4_1, Q5_0, Q5_1 (their low 4 bits): 16 bytes a block. Blocks 4u .. 4u+3 in 64 bytes:
  *             byte i's low nibble is element i % 32 of block 4u + i / 32,
  *             its high nibble element i % 32 of block 4u + 2 + i / 32, so
  *             one load and two masks give two block pairs. Then, if
@@ -11,8 +11,11 @@
  *             i: element i of b low, of b+1 high); then, if nb is odd,
  *             the last block's 16 bytes as GGUF stores them.
  *           Q8_0: 32 bytes a block, each q + 128 (the unsigned operand).
- *   scales  after the quants: the f16 scale word of every block, then
- *           (Q4_1) every block's f16 minimum word, as stored in the file.
+ *   high    Q5_0, Q5_1: after the quants, every block's 32 high bits as
+ *           the file stores them (bit e for element e), so two blocks'
+ *           are the 64-bit byte mask of a pair operand.
+ *   scales  then the f16 scale word of every block, then (Q4_1, Q5_1)
+ *           every block's f16 minimum word, as stored in the file.
  *
  * Block b's quants start at byte 16 * b (Q8_0: 32 * b). Rows are padded to
  * a multiple of 64 bytes, so in a 64-byte aligned buffer every row's quants

@@ -332,7 +332,8 @@ static int check_packed(uint32_t t, int64_t nb)
 
 START_TEST(packed_match_reference)
 {
-	static const uint32_t packed[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1 };
+	static const uint32_t packed[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
+					   LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1 };
 	static const int64_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 20,
 					  21, 22, 23, 31, 32, 33, 37, 48 };
 	int bad = 0, cases = 0;
@@ -341,7 +342,7 @@ START_TEST(packed_match_reference)
 		printf("packed kernels: no AVX-512 VNNI here, skipped\n");
 		return;
 	}
-	for (int f = 0; f < 3; f++)
+	for (size_t f = 0; f < sizeof(packed) / sizeof(packed[0]); f++)
 		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
 			for (int rep = 0; rep < 10; rep++, cases++)
 				bad += check_packed(packed[f], counts[c]) != 0;
