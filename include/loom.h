@@ -372,6 +372,11 @@ bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strate
  * tensor counts and bytes by type, printed to out. Works on vocabulary-only
  * files. 0, or a negative loom_status with the reason in err. */
 int loom_info_print(const char *path, FILE *out, char *err, size_t errlen);
+/* `loom info --archs`: Markdown tables of the architectures (with what
+ * each descriptor sets: RoPE ordering, FFN, attention features) and the
+ * tokenizer families loom reads, generated from the descriptors. 0, or
+ * -1 when writing failed. */
+int loom_info_print_supported(FILE *out);
 
 #ifdef __cplusplus
 }

@@ -89,9 +89,12 @@ static int cmd_info(int argc, char **argv, char *err)
 	if (parse_args(argc, argv, &o, err))
 		return -1;
 	path = o.n_args ? o.args[0] : o.model;
-	if (!path[0]) {
-		snprintf(err, ERRLEN, "usage: loom info FILE");
-		return -1;
+	if (o.archs || !path[0]) { /* no model: what loom can read */
+		if (loom_info_print_supported(stdout)) {
+			snprintf(err, ERRLEN, "cannot write the table");
+			return -1;
+		}
+		return 0;
 	}
 	if (loom_info_print(path, stdout, why, sizeof(why))) {
 		snprintf(err, ERRLEN, "%s: %s", path, why);

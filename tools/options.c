@@ -60,6 +60,7 @@ static const struct opt_def opts[] = {
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
 	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
+	{ .name = "archs", .type = OPT_BOOL, FIELD(archs), .cmds = INFO },
 	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
@@ -145,7 +146,7 @@ static const struct cmd_def {
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
 	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
-	  "info      FILE | --model FILE [--config FILE]\n" },
+	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
