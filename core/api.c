@@ -33,6 +33,7 @@ struct loom_engine {
 	struct loom_spec_kind *spec_default; /* NULL: plain decoding */
 	struct loom_spec_draft_pool *draft_pool;
 	struct loom_sched_config cfg;        /* as the scheduler runs it */
+	struct loom_kv_plan kv_plan;         /* the KV memory plan of cfg */
 	char model_name[256];
 };
 
@@ -222,7 +223,6 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 			char *err, size_t errlen)
 {
 	struct loom_sched_config *c = &e->cfg;
-	int64_t per_seq;
 
 	loom_sched_config_defaults(c);
 	c->block_size = p->block_size > 0 ? p->block_size : 16;
@@ -236,13 +236,13 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	c->tokenizer = e->tok;
 	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
 	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs : 0;
-	/* each sequence a whole context, and one spare block for a copy */
-	per_seq = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size;
-	c->n_blocks = per_seq * c->max_seqs + 1;
-	if (p->kv_bytes <= 0)
-		return 0;
-	c->n_blocks = loom_sched_plan_blocks(e->m, c->block_size, (uint64_t)p->kv_bytes);
-	if (c->n_blocks <= 0) {
+	/* no kv_bytes: each sequence a whole context (windowed layers: a
+	 * window), and one spare block for a copy; else kv_bytes split
+	 * between the full-context and the windowed layers */
+	loom_sched_plan_kv(e->m, c, p->kv_bytes > 0 ? (uint64_t)p->kv_bytes : 0, &e->kv_plan);
+	c->n_blocks = e->kv_plan.n_blocks;
+	c->n_local_blocks = e->kv_plan.n_local_blocks;
+	if (c->n_blocks <= 0 || (e->kv_plan.n_local_layers && c->n_local_blocks <= 0)) {
 		loom_seterr(err, errlen, "a KV cache of %lld bytes holds not even one block of %d tokens",
 			    (long long)p->kv_bytes, c->block_size);
 		return LOOM_ERR_INVALID;
@@ -392,7 +392,6 @@ int64_t loom_engine_tokenize(const struct loom_engine *e, const char *text,
 
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 {
-	const struct loom_hparams *hp = &e->m->hp;
 	struct loom_sched_stats s;
 
 	loom_sched_get_stats(e->sched, &s);
@@ -400,8 +399,7 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.running = s.running, .waiting = s.waiting, .blocks_total = s.blocks_total,
 		.blocks_used = s.blocks_used, .blocks_cached = s.blocks_cached,
 		.block_size = e->cfg.block_size,
-		.kv_bytes = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim,
-					  e->cfg.block_size, e->cfg.n_blocks),
+		.kv_bytes = e->kv_plan.bytes,
 		.n_ctx = e->cfg.max_ctx, .n_parallel = e->cfg.max_seqs,
 		.prefix_cache = e->cfg.prefix_cache, .prefix_hits = s.prefix_hits,
 		.prefix_lookups = s.prefix_lookups, .preemptions = s.preemptions,
@@ -409,6 +407,14 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.prompt_tokens = s.prompt_tokens, .generated_tokens = s.generated_tokens,
 		.steps = s.steps, .spec_steps = s.spec_steps, .spec_drafted = s.spec_drafted,
 		.spec_accepted = s.spec_accepted, .spec_tokens = s.spec_tokens,
+		.blocks_peak = s.blocks_peak, .local_window = s.local_window,
+		.local_blocks_total = s.local_blocks_total,
+		.local_blocks_used = s.local_blocks_used,
+		.local_blocks_cached = s.local_blocks_cached,
+		.local_blocks_peak = s.local_blocks_peak,
+		.seq_blocks = e->kv_plan.seq_blocks,
+		.seq_local_blocks = e->kv_plan.seq_local_blocks,
+		.local_layers = (int32_t)e->kv_plan.n_local_layers,
 	};
 }
 

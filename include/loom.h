@@ -241,6 +241,18 @@ struct loom_engine_stats {
 	uint64_t preemptions, rejected, cow_copies;
 	uint64_t prompt_tokens, generated_tokens, steps;
 	uint64_t spec_steps, spec_drafted, spec_accepted, spec_tokens;
+	/* ---- appended (swa): sliding-window layers ----
+	 * A model with both windowed and full-context layers keeps the
+	 * windowed ones in a pool of their own, holding only the blocks their
+	 * window reaches; blocks_* above are then the full-context pool and
+	 * kv_bytes both pools. */
+	int64_t blocks_peak;      /* most full-context blocks held at once */
+	int32_t local_window;     /* the windowed layers' window; 0: no such pool */
+	int32_t local_layers;     /* layers in it */
+	int64_t local_blocks_total, local_blocks_used, local_blocks_cached;
+	int64_t local_blocks_peak;
+	/* the plan: blocks one sequence at n_ctx needs in each pool */
+	int64_t seq_blocks, seq_local_blocks;
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 
@@ -360,6 +372,11 @@ bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strate
  * tensor counts and bytes by type, printed to out. Works on vocabulary-only
  * files. 0, or a negative loom_status with the reason in err. */
 int loom_info_print(const char *path, FILE *out, char *err, size_t errlen);
+/* `loom info --archs`: Markdown tables of the architectures (with what
+ * each descriptor sets: RoPE ordering, FFN, attention features) and the
+ * tokenizer families loom reads, generated from the descriptors. 0, or
+ * -1 when writing failed. */
+int loom_info_print_supported(FILE *out);
 
 /* ======== appended (0.4): plugins on the search path ======== */
 

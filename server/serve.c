@@ -70,6 +70,10 @@ static void print_plan(struct server *srv)
 		(long long)st.blocks_total * st.block_size, (double)st.kv_bytes / 1048576.0,
 		(unsigned long long)st.kv_bytes, st.n_ctx, st.n_parallel,
 		st.prefix_cache ? "on" : "off");
+	if (st.local_window > 0)
+		fprintf(stderr, "loom serve: KV cache: %d sliding-window layers (window %d) in a pool of their own: %lld blocks; a sequence at context %d holds %lld blocks of the full-context layers and at most %lld of the windowed ones\n",
+			st.local_layers, st.local_window, (long long)st.local_blocks_total,
+			st.n_ctx, (long long)st.seq_blocks, (long long)st.seq_local_blocks);
 }
 
 static int open_engine(struct server *srv, char *err, size_t errlen)

@@ -524,6 +524,10 @@ static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv
 	gauge(&b, "loom_kv_blocks_free", "gauge", (double)(st.blocks_total - st.blocks_used));
 	gauge(&b, "loom_kv_blocks_cached", "gauge", (double)st.blocks_cached);
 	gauge(&b, "loom_kv_blocks_total", "gauge", (double)st.blocks_total);
+	if (st.local_window > 0) { /* the sliding-window layers' own pool */
+		gauge(&b, "loom_kv_window_blocks_used", "gauge", (double)st.local_blocks_used);
+		gauge(&b, "loom_kv_window_blocks_total", "gauge", (double)st.local_blocks_total);
+	}
 	gauge(&b, "loom_prefix_cache_hit_rate", "gauge",
 	      st.prefix_lookups ? (double)st.prefix_hits / (double)st.prefix_lookups : 0.0);
 	gauge(&b, "loom_prefix_cache_hits_total", "counter", (double)st.prefix_hits);

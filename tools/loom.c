@@ -91,9 +91,12 @@ static int cmd_info(int argc, char **argv, char *err)
 	if (parse_args(argc, argv, &o, err))
 		return -1;
 	path = o.n_args ? o.args[0] : o.model;
-	if (!path[0]) {
-		snprintf(err, ERRLEN, "usage: loom info FILE");
-		return -1;
+	if (o.archs || !path[0]) { /* no model: what loom can read */
+		if (loom_info_print_supported(stdout)) {
+			snprintf(err, ERRLEN, "cannot write the table");
+			return -1;
+		}
+		return 0;
 	}
 	if (loom_info_print(path, stdout, why, sizeof(why))) {
 		snprintf(err, ERRLEN, "%s: %s", path, why);
@@ -218,6 +221,21 @@ static void print_spec_stats(const struct loom_engine *e, const struct loom_gene
 		st->generate_seconds > 0 ? (double)st->n_generated / st->generate_seconds : 0.0);
 }
 
+/* For a model with sliding-window layers: the KV blocks each pool held at
+ * most, beside the plan's blocks per sequence. */
+static void print_kv_stats(struct loom_engine *e)
+{
+	struct loom_engine_stats st;
+
+	loom_engine_get_stats(e, &st);
+	if (st.local_window <= 0)
+		return;
+	fprintf(stderr, "loom: KV blocks held at most: full-context layers %lld (plan %lld per sequence), %d windowed layers (window %d) %lld (plan %lld per sequence), blocks of %d tokens\n",
+		(long long)st.blocks_peak, (long long)st.seq_blocks, st.local_layers,
+		st.local_window, (long long)st.local_blocks_peak,
+		(long long)st.seq_local_blocks, st.block_size);
+}
+
 static int finish_run(struct loom_engine *e, const struct loom_options *o,
 		      const struct loom_generation_stats *st, const float *logits,
 		      char *err)
@@ -230,6 +248,7 @@ static int finish_run(struct loom_engine *e, const struct loom_options *o,
 		st->generate_seconds,
 		st->n_generated > 0 ? (double)st->n_generated / st->generate_seconds : 0.0);
 	print_spec_stats(e, st);
+	print_kv_stats(e);
 	if (o->dump_logits[0])
 		return write_file(o->dump_logits, logits,
 				  sizeof(float) * (size_t)loom_engine_n_vocab(e), err);
@@ -259,6 +278,7 @@ static int cmd_run(int argc, char **argv, char *err)
 	loom_options_engine_params(&o, &ep);
 	ep.n_ctx = o.n_ctx;
 	ep.n_batch = o.n_batch;
+	ep.block_size = o.serve.block_size;
 	ep.progress = o.progress;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;

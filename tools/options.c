@@ -62,6 +62,7 @@ static const struct opt_def opts[] = {
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
 	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
+	{ .name = "archs", .type = OPT_BOOL, FIELD(archs), .cmds = INFO },
 	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
@@ -117,7 +118,7 @@ static const struct opt_def opts[] = {
 	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
 	  .cmds = SERVE },
 	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
-	  .cmds = SERVE },
+	  .cmds = RUN | SERVE },
 	{ .name = "max-batch-tokens", .type = OPT_INT, FIELD(serve.max_batch_tokens),
 	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
 	{ .name = "max-waiting", .type = OPT_INT, FIELD(serve.max_waiting),
@@ -144,13 +145,13 @@ static const struct cmd_def {
 	  "run       --model FILE -p PROMPT [-n N] [--backend=cpu.so] [--temp T] [--seed S]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
 	  "            [--presence-penalty P] [--frequency-penalty F] [--repeat-last-n N]\n"
-	  "            [-t THREADS] [-c CTX] [-b BATCH] [-f PROMPT_FILE] [--no-bos]\n"
+	  "            [-t THREADS] [-c CTX] [-b BATCH] [--block-size 16] [-f PROMPT_FILE] [--no-bos]\n"
 	  "            [--no-progress] [--dump-logits FILE] [--dump-tokens FILE]\n"
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
 	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
-	  "info      FILE | --model FILE [--config FILE]\n" },
+	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =

@@ -58,6 +58,7 @@ struct loom_options {
 	bool ctx_given;         /* ctx_size came from a flag or the config file */
 	int n_batch;
 	bool no_bos;
+	bool archs;         /* info: the supported architectures and tokenizers */
 	bool progress;
 	bool exact; /* --exact: f32 activations, ref.so's arithmetic */
 	bool json;  /* backends, check-backend: JSON on stdout */

@@ -1,5 +1,9 @@
-/* Paged KV cache: block pool, per-sequence block tables, copy-on-write
- * and the prefix cache (hash table + LRU list of unreferenced blocks). */
+/* Paged KV cache: block pool, per-sequence block tables, copy-on-write,
+ * the prefix cache (hash table + LRU list of unreferenced blocks), and a
+ * second pool for sliding-window layers whose tables drop leading blocks.
+ *
+ * Functions named pool_* act on one pool (a struct loom_kv and one of its
+ * sequence tables); the public ones keep a sequence's two tables in step. */
 #include "engine/kv.h"
 
 #include <stdio.h>
@@ -106,6 +110,9 @@ void loom_kv_free(struct loom_kv *kv)
 {
 	if (!kv)
 		return;
+	loom_kv_free(kv->local);
+	free(kv->layer_pool);
+	free(kv->layer_index);
 	kv->be->ops->buffer_free(kv->be->ctx, kv->buf);
 	free_cache(kv);
 	free(kv->free_list);
@@ -180,6 +187,19 @@ static void unhash(struct loom_kv *kv, int32_t b)
 	kv->meta[b].cached = false;
 }
 
+int64_t loom_kv_n_held(const struct loom_kv *kv)
+{
+	return kv->n_blocks - kv->n_free - kv->n_lru;
+}
+
+static void note_held(struct loom_kv *kv)
+{
+	int64_t held = loom_kv_n_held(kv);
+
+	if (held > kv->n_held_peak)
+		kv->n_held_peak = held;
+}
+
 /* One block with refcount 1: a free one, else the least recently used
  * unreferenced cached one (evicted from the cache). The caller has checked
  * that one is available. */
@@ -195,6 +215,7 @@ static int32_t take_block(struct loom_kv *kv)
 		unhash(kv, b);
 	}
 	kv->refs[b] = 1;
+	note_held(kv);
 	return b;
 }
 
@@ -243,59 +264,161 @@ static int cow(struct loom_kv *kv, struct loom_kv_seq *seq)
 	return 0;
 }
 
-int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new)
+/* What reserving n_new tokens takes from kv's pool for seq: the table
+ * length *len and whether the block at n_tokens needs a copy first.
+ * Returns the blocks it takes, or -1 for a bad n_new. */
+static int64_t reserve_need(const struct loom_kv *kv, const struct loom_kv_seq *seq,
+			    int32_t n_new, int64_t *len, bool *copy)
 {
 	int64_t total = (int64_t)seq->n_tokens + n_new;
-	int64_t need = (total + kv->block_size - 1) / kv->block_size;
-	bool copy;
-	int rc;
 
-	if (n_new < 0 || need > INT32_MAX)
-		return LOOM_ERR_INVALID;
-	copy = n_new > 0 && needs_cow(kv, seq);
-	if (need <= seq->n_blocks && !copy)
-		return 0;
-	if (need < seq->n_blocks)
-		need = seq->n_blocks;
-	if (need - seq->n_blocks + copy > loom_kv_n_available(kv))
-		return LOOM_ERR_FULL;
-	rc = grow_table(seq, (int32_t)need);
+	*len = (total + kv->block_size - 1) / kv->block_size;
+	*copy = false;
+	if (n_new < 0 || *len > INT32_MAX)
+		return -1;
+	*copy = n_new > 0 && needs_cow(kv, seq);
+	if (*len < seq->n_blocks)
+		*len = seq->n_blocks;
+	return *len - seq->n_blocks + *copy;
+}
+
+/* Makes the reservation reserve_need measured (and the caller checked). */
+static int pool_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int64_t len,
+			bool copy)
+{
+	int rc = grow_table(seq, (int32_t)len);
+
+	if (!rc && copy)
+		rc = cow(kv, seq);
 	if (rc)
 		return rc;
-	rc = copy ? cow(kv, seq) : 0;
-	if (rc)
-		return rc;
-	while (seq->n_blocks < need)
+	while (seq->n_blocks < len)
 		seq->blocks[seq->n_blocks++] = take_block(kv);
 	return 0;
 }
 
-void loom_kv_truncate(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t keep)
+/* Drops table entries past n (the -1 of released windowed blocks too). */
+static void pool_shrink(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n)
 {
-	int32_t need;
+	while (seq->n_blocks > n) {
+		int32_t b = seq->blocks[--seq->n_blocks];
 
-	if (keep < 0)
-		keep = 0;
+		if (b >= 0)
+			unref_block(kv, b);
+	}
+	if (seq->n_dropped > seq->n_blocks)
+		seq->n_dropped = seq->n_blocks;
+}
+
+/* seq's table in the windowed pool, made on first use, its n_tokens
+ * set to seq's. NULL when kv has no windowed pool or out of memory. */
+static struct loom_kv_seq *local_seq(const struct loom_kv *kv, struct loom_kv_seq *seq)
+{
+	if (!kv->local)
+		return NULL;
+	if (!seq->local)
+		seq->local = calloc(1, sizeof(*seq->local));
+	if (seq->local)
+		seq->local->n_tokens = seq->n_tokens;
+	return seq->local;
+}
+
+int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new)
+{
+	struct loom_kv_seq *ls = local_seq(kv, seq);
+	int32_t old = seq->n_blocks;
+	int64_t take, ltake = 0, len, llen = 0;
+	bool copy = false, lcopy = false;
+	int rc;
+
+	if (kv->local && !ls)
+		return LOOM_ERR_NOMEM;
+	take = reserve_need(kv, seq, n_new, &len, &copy);
+	if (ls)
+		ltake = reserve_need(kv->local, ls, n_new, &llen, &lcopy);
+	if (take < 0 || ltake < 0)
+		return LOOM_ERR_INVALID;
+	if (take == 0 && ltake == 0)
+		return 0;
+	if (take > loom_kv_n_available(kv) ||
+	    (ls && ltake > loom_kv_n_available(kv->local)))
+		return LOOM_ERR_FULL;
+	rc = take ? pool_reserve(kv, seq, len, copy) : 0;
+	if (rc || !ltake)
+		return rc;
+	rc = pool_reserve(kv->local, ls, llen, lcopy);
+	if (rc)
+		pool_shrink(kv, seq, old); /* a copy made above stays: harmless */
+	return rc;
+}
+
+static void pool_truncate(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t keep)
+{
 	if (keep < seq->n_tokens)
 		seq->n_tokens = keep;
-	need = (int32_t)((keep + kv->block_size - 1) / kv->block_size);
-	while (seq->n_blocks > need)
-		unref_block(kv, seq->blocks[--seq->n_blocks]);
+	pool_shrink(kv, seq, (int32_t)((keep + kv->block_size - 1) / kv->block_size));
+}
+
+/* True when the windowed table ls still holds every block that queries
+ * at positions >= p read (and the block p falls in, for a copy). */
+static bool window_intact(const struct loom_kv *local, const struct loom_kv_seq *ls,
+			  int32_t p)
+{
+	int64_t lo = (int64_t)p - local->window + 1;
+
+	return ls->n_dropped == 0 || (lo > 0 && lo / local->block_size >= ls->n_dropped);
+}
+
+void loom_kv_truncate(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t keep)
+{
+	if (keep < 0)
+		keep = 0;
+	if (seq->local && !window_intact(kv->local, seq->local, keep))
+		keep = 0; /* what the positions from keep on read is gone */
+	pool_truncate(kv, seq, keep);
+	if (seq->local) {
+		seq->local->n_tokens = seq->n_tokens;
+		pool_truncate(kv->local, seq->local, keep);
+	}
+}
+
+void loom_kv_slide(struct loom_kv *kv, struct loom_kv_seq *seq)
+{
+	struct loom_kv_seq *ls = seq->local;
+	int64_t lo, upto;
+
+	if (!kv->local || !ls)
+		return;
+	lo = (int64_t)seq->n_tokens - kv->local->window + 1;
+	upto = lo > 0 ? lo / kv->block_size : 0;
+	if (upto > ls->n_blocks)
+		upto = ls->n_blocks;
+	for (; ls->n_dropped < upto; ls->n_dropped++) {
+		int32_t *b = &ls->blocks[ls->n_dropped];
+
+		if (*b >= 0)
+			unref_block(kv->local, *b);
+		*b = -1;
+	}
 }
 
 void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq)
 {
-	loom_kv_truncate(kv, seq, 0);
+	if (seq->local) {
+		pool_truncate(kv->local, seq->local, 0);
+		free(seq->local->blocks);
+		free(seq->local);
+	}
+	pool_truncate(kv, seq, 0);
 	free(seq->blocks);
 	*seq = (struct loom_kv_seq){ 0 };
 }
 
-int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
-		 const struct loom_kv_seq *src)
+/* dst (empty) shares src's blocks holding its first n_tokens. */
+static int pool_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
+		     const struct loom_kv_seq *src, int32_t n_tokens)
 {
-	int32_t n = (int32_t)((src->n_tokens + kv->block_size - 1) / kv->block_size);
-	int32_t j;
-
+	int32_t n = (int32_t)((n_tokens + kv->block_size - 1) / kv->block_size);
 	int rc;
 
 	if (dst->n_blocks || n > src->n_blocks)
@@ -303,13 +426,33 @@ int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 	rc = n ? grow_table(dst, n) : 0;
 	if (rc)
 		return rc;
-	for (j = 0; j < n; j++) {
+	for (int32_t j = 0; j < n; j++) {
 		dst->blocks[j] = src->blocks[j];
-		kv->refs[src->blocks[j]]++;
+		if (src->blocks[j] >= 0)
+			kv->refs[src->blocks[j]]++;
 	}
 	dst->n_blocks = n;
-	dst->n_tokens = src->n_tokens;
+	dst->n_tokens = n_tokens;
+	dst->n_dropped = src->n_dropped < n ? src->n_dropped : n;
 	return 0;
+}
+
+int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
+		 const struct loom_kv_seq *src)
+{
+	struct loom_kv_seq *ls;
+	int rc;
+
+	if (dst->n_blocks || (dst->local && dst->local->n_blocks))
+		return LOOM_ERR_INVALID;
+	rc = pool_fork(kv, dst, src, src->n_tokens);
+	if (rc || !kv->local || !src->local)
+		return rc;
+	ls = local_seq(kv, dst);
+	rc = ls ? pool_fork(kv->local, ls, src->local, src->n_tokens) : LOOM_ERR_NOMEM;
+	if (rc)
+		pool_truncate(kv, dst, 0);
+	return rc;
 }
 
 int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
@@ -322,7 +465,9 @@ int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
 	if (dst < 0 || src < 0 || dst >= kv->n_blocks || src >= kv->n_blocks)
 		return LOOM_ERR_INVALID;
 	for (l = 0; l < kv->n_layer; l++) {
-		char *k = loom_kv_k(kv, l), *v = loom_kv_v(kv, l);
+		/* this pool's own layers, whatever the model's numbering */
+		char *k = kv->base + (size_t)(2 * l) * kv->layer_bytes;
+		char *v = k + kv->layer_bytes;
 
 		rc = be->ops->copy(be->ctx, k + (size_t)dst * bytes, k + (size_t)src * bytes, bytes);
 		if (!rc)
@@ -383,8 +528,7 @@ bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
 	return true;
 }
 
-int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
-			      int32_t block)
+static int pool_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t block)
 {
 	int rc;
 
@@ -395,9 +539,206 @@ int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
 	rc = grow_table(seq, seq->n_blocks + 1);
 	if (rc)
 		return rc;
-	if (kv->refs[block]++ == 0)
+	if (kv->refs[block]++ == 0) {
 		lru_unlink(kv, block);
+		note_held(kv);
+	}
 	seq->blocks[seq->n_blocks++] = block;
 	seq->n_tokens += (int32_t)kv->block_size;
 	return 0;
+}
+
+int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
+			      int32_t block)
+{
+	if (kv->local)
+		return LOOM_ERR_INVALID;
+	return pool_append_cached(kv, seq, block);
+}
+
+/* ---- windowed layers: construction and sizes ---- */
+
+int64_t loom_kv_split(const int32_t *windows, int64_t n_layer, int32_t *window)
+{
+	int64_t n = 0;
+
+	*window = 0;
+	for (int64_t l = 0; windows && l < n_layer; l++) {
+		if (windows[l] <= 0)
+			continue;
+		n++;
+		if (windows[l] > *window)
+			*window = windows[l];
+	}
+	return n < n_layer ? n : 0;
+}
+
+int64_t loom_kv_window_blocks(int32_t window, int64_t block_size, int64_t n_new)
+{
+	if (window <= 0 || block_size <= 0 || n_new <= 0)
+		return 0;
+	/* positions max(0, p - window + 1) .. p + n_new - 1 span at most
+	 * window + n_new - 1 positions, so at most this many blocks */
+	return (window + n_new - 2) / block_size + 2;
+}
+
+size_t loom_kv_total_bytes(const struct loom_kv *kv)
+{
+	size_t local = kv->local ? loom_kv_total_bytes(kv->local) : 0;
+
+	return 2 * (size_t)kv->n_layer * kv->layer_bytes + local;
+}
+
+/* Maps each model layer to its pool and its index there. */
+static int map_layers(struct loom_kv *kv, const int32_t *windows, int64_t n_layer)
+{
+	int64_t n[2] = { 0, 0 };
+
+	kv->layer_pool = malloc(sizeof(int32_t) * (size_t)n_layer);
+	kv->layer_index = malloc(sizeof(int32_t) * (size_t)n_layer);
+	if (!kv->layer_pool || !kv->layer_index)
+		return -1;
+	for (int64_t l = 0; l < n_layer; l++) {
+		int p = windows[l] > 0;
+
+		kv->layer_pool[l] = p;
+		kv->layer_index[l] = (int32_t)n[p]++;
+	}
+	kv->n_model_layers = n_layer;
+	return 0;
+}
+
+struct loom_kv *loom_kv_new_config(struct loom_backend *be, const struct loom_kv_config *c,
+				   char *err, size_t errlen)
+{
+	int32_t window;
+	int64_t n_local = loom_kv_split(c->windows, c->n_layer, &window);
+	struct loom_kv *kv;
+
+	if (!n_local)
+		return loom_kv_new(be, c->n_layer, c->kv_dim, c->block_size, c->n_blocks,
+				   err, errlen);
+	kv = loom_kv_new(be, c->n_layer - n_local, c->kv_dim, c->block_size, c->n_blocks,
+			 err, errlen);
+	if (!kv)
+		return NULL;
+	kv->local = loom_kv_new(be, n_local, c->kv_dim, c->block_size, c->n_local_blocks,
+				err, errlen);
+	if (!kv->local)
+		goto out_free;
+	kv->local->window = window;
+	if (map_layers(kv, c->windows, c->n_layer)) {
+		snprintf(err, errlen, "kv cache: out of memory");
+		goto out_free;
+	}
+	return kv;
+out_free:
+	loom_kv_free(kv);
+	return NULL;
+}
+
+/* ---- the prefix cache over both pools ---- */
+
+static uint64_t parent_of(const uint64_t *hashes, int32_t j)
+{
+	return j ? hashes[j - 1] : LOOM_KV_ROOT_HASH;
+}
+
+/* The first windowed block a query at position p reads (blocks from it to
+ * the one holding p - 1 must be held to resume at p). */
+static int32_t first_needed(const struct loom_kv *local, int32_t p)
+{
+	int64_t lo = (int64_t)p - local->window + 1;
+
+	return lo > 0 ? (int32_t)(lo / local->block_size) : 0;
+}
+
+/* True when the windowed pool has cached every block needed to resume at
+ * position p of the token sequence. */
+static bool window_cached(const struct loom_kv *local, const uint64_t *hashes,
+			  const int32_t *tokens, int32_t p)
+{
+	int64_t bs = local->block_size;
+
+	for (int32_t j = first_needed(local, p); j < (int32_t)((p + bs - 1) / bs); j++)
+		if (loom_kv_cache_lookup(local, hashes[j], parent_of(hashes, j),
+					 tokens + (size_t)j * (size_t)bs) < 0)
+			return false;
+	return true;
+}
+
+/* Appends the windowed pool's cached blocks for a run of n blocks resumed
+ * at p: -1 below the first needed one. */
+static int share_window(struct loom_kv *local, struct loom_kv_seq *ls, const uint64_t *hashes,
+			const int32_t *tokens, int32_t n, int32_t p)
+{
+	int32_t first = first_needed(local, p);
+	int rc = grow_table(ls, n);
+
+	if (rc)
+		return rc;
+	for (int32_t j = 0; j < first; j++)
+		ls->blocks[j] = -1;
+	ls->n_blocks = ls->n_dropped = first;
+	ls->n_tokens = (int32_t)(first * local->block_size);
+	for (int32_t j = first; j < n; j++) {
+		int32_t b = loom_kv_cache_lookup(local, hashes[j], parent_of(hashes, j),
+						 tokens + (size_t)j * (size_t)local->block_size);
+
+		rc = b < 0 ? LOOM_ERR_INVALID : pool_append_cached(local, ls, b);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int32_t loom_kv_share_prefix(struct loom_kv *kv, struct loom_kv_seq *seq,
+			     const uint64_t *hashes, const int32_t *tokens,
+			     int32_t n_full, int32_t limit)
+{
+	int64_t bs = kv->block_size;
+	int32_t n = 0, p = 0;
+	struct loom_kv_seq *ls;
+
+	if (seq->n_blocks || limit < 0)
+		return 0;
+	while (n < n_full && loom_kv_cache_lookup(kv, hashes[n], parent_of(hashes, n),
+						  tokens + (size_t)n * (size_t)bs) >= 0)
+		n++;
+	/* the windowed pool may have dropped what the run's end needs:
+	 * shorten the run until it has not (a run of 0 needs nothing) */
+	for (; n > 0; n--) {
+		p = n * bs < limit ? (int32_t)(n * bs) : limit;
+		if (!kv->local || window_cached(kv->local, hashes, tokens, p))
+			break;
+	}
+	if (n == 0)
+		return 0;
+	for (int32_t j = 0; j < n; j++)
+		if (pool_append_cached(kv, seq, loom_kv_cache_lookup(kv, hashes[j],
+			parent_of(hashes, j), tokens + (size_t)j * (size_t)bs)))
+			goto out_release;
+	ls = local_seq(kv, seq);
+	if (kv->local && (!ls || share_window(kv->local, ls, hashes, tokens, n, p)))
+		goto out_release;
+	seq->n_tokens = p;
+	if (ls)
+		ls->n_tokens = p;
+	return n;
+out_release:
+	loom_kv_seq_release(kv, seq);
+	return 0;
+}
+
+void loom_kv_cache_register_seq(struct loom_kv *kv, const struct loom_kv_seq *seq,
+				int32_t j, uint64_t hash, uint64_t parent,
+				const int32_t *tokens)
+{
+	const struct loom_kv_seq *ls = seq->local;
+
+	if (j < 0 || j >= seq->n_blocks)
+		return;
+	loom_kv_cache_register(kv, seq->blocks[j], hash, parent, tokens);
+	if (kv->local && ls && j < ls->n_blocks && ls->blocks[j] >= 0)
+		loom_kv_cache_register(kv->local, ls->blocks[j], hash, parent, tokens);
 }

@@ -14,6 +14,17 @@
  * (loom_kv_cache_lookup) and shared (loom_kv_seq_append_cached), and it is
  * evicted, least recently released first, only when the free list is
  * empty. Blocks never registered behave exactly as before (free list).
+ *
+ * Windowed layers (loom_kv_new_config with per-layer windows, when some
+ * layers have a sliding window and some do not): the windowed layers get
+ * a pool of their own, kv->local, a struct loom_kv with window > 0, and
+ * each sequence a second block table, seq->local, with the same logical
+ * indexing (block j holds positions j * block_size ..). loom_kv_slide
+ * releases the leading blocks no later query can reach (entries become
+ * -1, seq->local->n_dropped of them), so a long sequence holds about
+ * window / block_size + 1 windowed blocks. The functions below keep both
+ * tables in step; the prefix cache keys both pools' blocks by the same
+ * chain hashes (loom_kv_share_prefix, loom_kv_cache_register_seq).
  */
 #ifndef LOOM_KV_H
 #define LOOM_KV_H
@@ -41,6 +52,13 @@ struct loom_kv {
 	int32_t lru_head, lru_tail; /* unreferenced registered blocks, oldest first */
 	int32_t n_lru;
 	uint64_t n_copies;  /* blocks copied on write, cumulative */
+	/* ---- appended: windowed layers ---- */
+	int32_t window;          /* > 0: a windowed pool (kv->local of another) */
+	struct loom_kv *local;   /* the windowed layers' pool, or NULL */
+	int64_t n_model_layers;  /* with local: the model's layers, both pools */
+	int32_t *layer_pool;     /* with local, per model layer: 1 in local, 0 here */
+	int32_t *layer_index;    /* with local, per model layer: index in its pool */
+	int64_t n_held_peak;     /* most blocks referenced by sequences at once */
 };
 
 struct loom_kv_block {
@@ -54,6 +72,17 @@ struct loom_kv_seq {
 	int32_t *blocks;
 	int32_t n_blocks, cap;
 	int32_t n_tokens; /* tokens whose K/V are in the cache */
+	/* ---- appended: windowed layers ---- */
+	int32_t n_dropped;         /* leading entries released (-1), windowed pool */
+	struct loom_kv_seq *local; /* the table in kv->local, made on first use */
+};
+
+/* A cache whose layers may differ in window (loom_kv_new_config). */
+struct loom_kv_config {
+	int64_t n_layer, kv_dim, block_size;
+	int64_t n_blocks;        /* blocks of the full-context layers' pool */
+	const int32_t *windows;  /* per layer: > 0 a sliding window; NULL: none */
+	int64_t n_local_blocks;  /* blocks of the windowed layers' pool */
 };
 
 /* Bytes needed for n_blocks blocks; 0 on overflow. */
@@ -63,6 +92,22 @@ struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 			    int64_t kv_dim, int64_t block_size, int64_t n_blocks,
 			    char *err, size_t errlen);
 void loom_kv_free(struct loom_kv *kv);
+/* Layers with a window get their own pool (kv->local, n_local_blocks
+ * blocks) when some layers have none; otherwise this is loom_kv_new
+ * (every layer full-context: correct, only no saving). */
+struct loom_kv *loom_kv_new_config(struct loom_backend *be, const struct loom_kv_config *c,
+				   char *err, size_t errlen);
+/* How many of n_layer layers go to a windowed pool: those with
+ * windows[i] > 0 when at least one layer has none, else 0. *window: the
+ * largest of their windows. */
+int64_t loom_kv_split(const int32_t *windows, int64_t n_layer, int32_t *window);
+/* Windowed blocks a sequence holds at most when it reserves n_new tokens
+ * after a loom_kv_slide: blocks (p - window + 1) / bs .. (p + n_new - 1) / bs. */
+int64_t loom_kv_window_blocks(int32_t window, int64_t block_size, int64_t n_new);
+/* Bytes of the whole cache, both pools. */
+size_t loom_kv_total_bytes(const struct loom_kv *kv);
+/* Blocks referenced by sequences now (this pool only). */
+int64_t loom_kv_n_held(const struct loom_kv *kv);
 
 /* Makes room for n_new more tokens in seq. 0, or LOOM_ERR_FULL if blocks
  * ran out (nothing is allocated then), LOOM_ERR_NOMEM if the block table
@@ -72,8 +117,16 @@ void loom_kv_free(struct loom_kv *kv);
  * fails (the sequence is unchanged). Free blocks are used first, then
  * unreferenced cached blocks are evicted, least recently used first. */
 int loom_kv_reserve(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t n_new);
-/* Drops the sequence's tokens from `keep` on, freeing whole blocks past it. */
+/* Drops the sequence's tokens from `keep` on, freeing whole blocks past it.
+ * If loom_kv_slide already released windowed blocks that a query at
+ * position keep reads, the whole sequence goes (n_tokens 0: the caller
+ * recomputes); the scheduler never truncates below a slid position. */
 void loom_kv_truncate(struct loom_kv *kv, struct loom_kv_seq *seq, int32_t keep);
+/* Declares the positions below seq->n_tokens final (no truncate below it
+ * follows) and releases the windowed blocks that no query at a position
+ * >= n_tokens reads: those wholly below n_tokens - window + 1. No-op
+ * without windowed layers. */
+void loom_kv_slide(struct loom_kv *kv, struct loom_kv_seq *seq);
 /* Releases every block and the table. */
 void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq);
 
@@ -81,12 +134,13 @@ void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq);
 
 /* Blocks that reserve can still hand out: free plus evictable cached. */
 int64_t loom_kv_n_available(const struct loom_kv *kv);
-/* dst (empty) shares every written block of src (refcount + 1 each) and
- * gets src's n_tokens. 0, or LOOM_ERR_NOMEM (dst unchanged). */
+/* dst (empty) shares every written block of src (refcount + 1 each; in
+ * the windowed pool the blocks src still holds) and gets src's n_tokens.
+ * 0, or LOOM_ERR_NOMEM (dst unchanged). */
 int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 		 const struct loom_kv_seq *src);
-/* Copies physical block src to dst in every layer's K and V cache with the
- * backend's copy op. 0 or a negative loom_status. */
+/* Copies physical block src to dst in every layer's K and V cache of
+ * this pool with the backend's copy op. 0 or a negative loom_status. */
 int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src);
 
 /* Chain hash of a block: XXH3-64 of its n token ids seeded with the
@@ -105,21 +159,60 @@ bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
 /* Appends cached block `block` to seq, whose n_tokens must equal
  * n_blocks * block_size: refcount + 1 (leaving the LRU list if it was on
  * it), n_tokens += block_size. 0, LOOM_ERR_INVALID (not a cached block,
- * seq not block-aligned), or LOOM_ERR_NOMEM. */
+ * seq not block-aligned, kv has windowed layers: use share_prefix), or
+ * LOOM_ERR_NOMEM. */
 int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
 			      int32_t block);
 
+/* ---- appended: the prefix cache over both pools ---- */
+
+/* Shares, into empty seq, the longest run of cached blocks among the first
+ * n_full blocks of a token sequence (chain hashes hashes[j], tokens
+ * tokens[j * block_size ..]) that the cache can resume from: every block
+ * of the run in the full-context pool, and in the windowed pool the
+ * blocks a query at the resume position reads. seq->n_tokens becomes
+ * min(run * block_size, limit). Returns the run's length in blocks (0
+ * when nothing is shared, or on an allocation failure: seq empty). */
+int32_t loom_kv_share_prefix(struct loom_kv *kv, struct loom_kv_seq *seq,
+			     const uint64_t *hashes, const int32_t *tokens,
+			     int32_t n_full, int32_t limit);
+/* Registers logical block j of seq (full, holding `tokens`) in both pools
+ * (the windowed one if seq still holds it there). */
+void loom_kv_cache_register_seq(struct loom_kv *kv, const struct loom_kv_seq *seq,
+				int32_t j, uint64_t hash, uint64_t parent,
+				const int32_t *tokens);
+
+/* The pool that holds model layer *layer; *layer becomes its index there. */
+static inline const struct loom_kv *loom_kv_pool(const struct loom_kv *kv, int64_t *layer)
+{
+	int64_t l = *layer;
+
+	if (!kv->layer_index)
+		return kv;
+	*layer = kv->layer_index[l];
+	return kv->layer_pool[l] ? kv->local : kv;
+}
+
+/* True when model layer `layer` lives in the windowed pool. */
+static inline bool loom_kv_windowed(const struct loom_kv *kv, int64_t layer)
+{
+	return kv->layer_pool && kv->layer_pool[layer];
+}
+
 static inline void *loom_kv_k(const struct loom_kv *kv, int64_t layer)
 {
+	kv = loom_kv_pool(kv, &layer);
 	return kv->base + (size_t)(2 * layer) * kv->layer_bytes;
 }
 
 static inline void *loom_kv_v(const struct loom_kv *kv, int64_t layer)
 {
+	kv = loom_kv_pool(kv, &layer);
 	return kv->base + (size_t)(2 * layer + 1) * kv->layer_bytes;
 }
 
-/* Cache slot of position pos of seq (which must be reserved). */
+/* Cache slot of position pos of seq (which must be reserved) in pool kv
+ * (for the windowed pool: loom_kv_slot(kv->local, seq->local, pos)). */
 static inline int32_t loom_kv_slot(const struct loom_kv *kv,
 				   const struct loom_kv_seq *seq, int32_t pos)
 {

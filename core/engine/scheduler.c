@@ -141,6 +141,58 @@ int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 	return (int64_t)n;
 }
 
+/* Each layer's window (0: full context), for the KV cache; NULL: no memory. */
+static int32_t *layer_windows(const struct loom_model *m)
+{
+	int32_t *w = malloc(sizeof(int32_t) * (size_t)(m->hp.n_layer > 0 ? m->hp.n_layer : 1));
+
+	for (int64_t l = 0; w && l < m->hp.n_layer; l++)
+		w[l] = m->layers[l].window;
+	return w;
+}
+
+void loom_sched_plan_kv(const struct loom_model *m, const struct loom_sched_config *c,
+			uint64_t kv_bytes, struct loom_kv_plan *p)
+{
+	const struct loom_hparams *hp = &m->hp;
+	int64_t bs = c->block_size, kv_dim = hp->n_head_kv * hp->head_dim, cap;
+	int32_t *w = layer_windows(m);
+	size_t pg, pl = 0;
+	unsigned __int128 d;
+
+	*p = (struct loom_kv_plan){ 0 };
+	if (bs <= 0 || !w)
+		goto out;
+	p->n_local_layers = loom_kv_split(w, hp->n_layer, &p->window);
+	p->seq_blocks = ((int64_t)c->max_ctx + bs - 1) / bs;
+	if (p->n_local_layers) {
+		p->seq_local_blocks = loom_kv_window_blocks(p->window, bs, c->max_batch_tokens);
+		if (p->seq_local_blocks > p->seq_blocks)
+			p->seq_local_blocks = p->seq_blocks;
+		pl = loom_kv_bytes(p->n_local_layers, kv_dim, bs, 1);
+	}
+	pg = loom_kv_bytes(hp->n_layer - p->n_local_layers, kv_dim, bs, 1);
+	if (!pg || (p->n_local_layers && !pl))
+		goto out;
+	if (!kv_bytes) {
+		p->n_blocks = p->seq_blocks * c->max_seqs + 1;
+		p->n_local_blocks = p->n_local_layers ? p->seq_local_blocks * c->max_seqs + 1 : 0;
+	} else { /* n * pg + n_local * pl <= kv_bytes, n : n_local = seq : seq_local */
+		d = (unsigned __int128)p->seq_blocks * pg +
+		    (unsigned __int128)p->seq_local_blocks * pl;
+		p->n_blocks = (int64_t)((unsigned __int128)kv_bytes * p->seq_blocks / d);
+		p->n_local_blocks = (int64_t)((unsigned __int128)kv_bytes * p->seq_local_blocks / d);
+	}
+	cap = INT32_MAX / bs; /* slots are int32 */
+	if (p->n_blocks > cap)
+		p->n_blocks = cap;
+	if (p->n_local_blocks > cap)
+		p->n_local_blocks = cap;
+	p->bytes = (uint64_t)p->n_blocks * pg + (uint64_t)p->n_local_blocks * pl;
+out:
+	free(w);
+}
+
 /* ---- lists ---- */
 
 static void list_push_back(struct req_list *l, struct req *r)
@@ -268,6 +320,18 @@ static int32_t plan_remove(struct loom_sched *s, const struct req *r)
 
 /* ---- submit / cancel / stats (any thread) ---- */
 
+/* Windowed-layer blocks a sequence of `total` tokens holds at most: all
+ * of its blocks when it is short, else a window and a step's reservation
+ * (a prompt chunk or a decode with drafts, at most the step budget). */
+static int64_t local_blocks(const struct loom_sched *s, int64_t total)
+{
+	int64_t all = (total + s->cfg.block_size - 1) / s->cfg.block_size;
+	int64_t win = loom_kv_window_blocks(s->kv->local->window, s->cfg.block_size,
+					    s->cfg.max_batch_tokens);
+
+	return win < all ? win : all;
+}
+
 static int check_request(struct loom_sched *s, const struct loom_sched_request *rq,
 			 int32_t *n_predict, char *err, size_t errlen)
 {
@@ -301,6 +365,15 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 		loom_seterr(err, errlen, "request: needs %lld KV blocks, the cache has %lld",
 			(long long)blocks, (long long)s->kv->n_blocks);
 		return LOOM_ERR_INVALID;
+	}
+	if (s->kv->local) {
+		int64_t w = local_blocks(s, total) + 1;
+
+		if (w > s->kv->local->n_blocks) {
+			loom_seterr(err, errlen, "request: needs %lld KV blocks for its windowed layers, the cache has %lld",
+				(long long)w, (long long)s->kv->local->n_blocks);
+			return LOOM_ERR_INVALID;
+		}
 	}
 	return 0;
 }
@@ -415,6 +488,17 @@ static void publish(struct loom_sched *s)
 	st.blocks_cached = s->kv->n_lru;
 	st.blocks_used = s->kv->n_blocks - s->kv->n_free - s->kv->n_lru;
 	st.cow_copies = s->kv->n_copies;
+	st.blocks_peak = s->kv->n_held_peak;
+	if (s->kv->local) {
+		const struct loom_kv *l = s->kv->local;
+
+		st.local_window = l->window;
+		st.local_blocks_total = l->n_blocks;
+		st.local_blocks_cached = l->n_lru;
+		st.local_blocks_used = loom_kv_n_held(l);
+		st.local_blocks_peak = l->n_held_peak;
+		st.cow_copies += l->n_copies;
+	}
 	pthread_mutex_lock(&s->mu);
 	s->pub = st;
 	s->n_active = s->n_running + s->waiting.n;
@@ -724,6 +808,11 @@ static void plan_running(struct loom_sched *s, int32_t *budget)
 
 	s->step_spec = 0;
 	for (i = 0; i < s->n_running; i++) {
+		/* what the cache holds is final here: release the windowed
+		 * blocks no later query reads, before reserving more */
+		loom_kv_slide(s->kv, &s->running[i]->seq);
+	}
+	for (i = 0; i < s->n_running; i++) {
 		bool dec = s->running[i]->n_tokens - s->running[i]->seq.n_tokens == 1;
 
 		n_dec += dec;
@@ -770,23 +859,18 @@ static uint64_t block_hash(struct loom_sched *s, struct req *r, int32_t j)
 	return r->hashes[j];
 }
 
-/* Shares the longest run of cached full blocks that starts r's tokens.
- * Leaves at least one token to compute so that there are logits. */
+/* Shares the longest run of cached full blocks that starts r's tokens
+ * (and that the windowed layers can resume from). Leaves at least one
+ * token to compute so that there are logits: when every token is cached,
+ * the last one is recomputed (copy-on-write). */
 static void match_prefix(struct loom_sched *s, struct req *r)
 {
-	int32_t bs = s->cfg.block_size, full = r->n_tokens / bs, j;
+	int32_t full = r->n_tokens / s->cfg.block_size;
 
-	for (j = 0; j < full; j++) {
-		uint64_t parent = j ? r->hashes[j - 1] : LOOM_KV_ROOT_HASH;
-		uint64_t h = block_hash(s, r, j);
-		int32_t b = loom_kv_cache_lookup(s->kv, h, parent, r->tokens + (size_t)j * bs);
-
-		if (b < 0 || loom_kv_seq_append_cached(s->kv, &r->seq, b))
-			break;
-	}
-	r->n_registered = j;
-	if (r->seq.n_tokens == r->n_tokens)
-		r->seq.n_tokens--; /* recompute the last one (copy-on-write) */
+	if (full > 0)
+		block_hash(s, r, full - 1); /* hashes every full block */
+	r->n_registered = loom_kv_share_prefix(s->kv, &r->seq, r->hashes, r->tokens, full,
+					       r->n_tokens - 1);
 }
 
 /* Admits r with its first chunk of at most budget tokens. 0;
@@ -852,8 +936,8 @@ static void register_blocks(struct loom_sched *s, struct req *r)
 		uint64_t h = block_hash(s, r, j);
 		uint64_t parent = j ? r->hashes[j - 1] : LOOM_KV_ROOT_HASH;
 
-		loom_kv_cache_register(s->kv, r->seq.blocks[j], h, parent,
-				       r->tokens + (size_t)j * bs);
+		loom_kv_cache_register_seq(s->kv, &r->seq, j, h, parent,
+					   r->tokens + (size_t)j * bs);
 	}
 }
 
@@ -1084,6 +1168,12 @@ static int check_config(struct loom_sched *s, char *err, size_t errlen)
 		loom_seterr(err, errlen, "scheduler: %lld KV blocks are too few", (long long)c->n_blocks);
 		return -1;
 	}
+	if (c->n_local_blocks <= 0) {
+		struct loom_kv_plan p;
+
+		loom_sched_plan_kv(s->m, c, 0, &p);
+		c->n_local_blocks = p.n_local_blocks < c->n_blocks ? p.n_local_blocks : c->n_blocks;
+	}
 	return 0;
 }
 
@@ -1092,8 +1182,20 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	const struct loom_hparams *hp = &s->m->hp;
 	size_t seqs = (size_t)s->cfg.max_seqs;
 
-	s->kv = loom_kv_new(s->m->be, hp->n_layer, hp->n_head_kv * hp->head_dim,
-			    s->cfg.block_size, s->cfg.n_blocks, err, errlen);
+	struct loom_kv_config kc = {
+		.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim,
+		.block_size = s->cfg.block_size, .n_blocks = s->cfg.n_blocks,
+		.n_local_blocks = s->cfg.n_local_blocks,
+	};
+	int32_t *windows = layer_windows(s->m);
+
+	if (!windows) {
+		loom_seterr(err, errlen, "scheduler: out of memory");
+		return -1;
+	}
+	kc.windows = windows;
+	s->kv = loom_kv_new_config(s->m->be, &kc, err, errlen);
+	free(windows);
 	if (!s->kv)
 		return -1;
 	s->max_out = s->cfg.max_seqs + s->cfg.spec_rows;

@@ -67,6 +67,23 @@ struct loom_sched_config {
 	 * rows for a whole prompt chunk (its chunks are cut to the rows
 	 * left). 0: max_seqs + spec_rows, enough for sampling and drafts. */
 	int32_t logits_rows;
+	/* ---- appended (swa): sliding-window layers ----
+	 * Blocks of the windowed layers' own pool (see engine/kv.h), used when
+	 * the model has both windowed and full-context layers. 0: enough for
+	 * max_seqs sequences at max_ctx (never more than n_blocks). */
+	int64_t n_local_blocks;
+};
+
+/* The KV memory plan for a model and a configuration (block_size,
+ * max_ctx, max_seqs, max_batch_tokens). */
+struct loom_kv_plan {
+	int64_t n_blocks;         /* full-context layers' pool */
+	int64_t n_local_blocks;   /* windowed layers' pool (0: none) */
+	int64_t seq_blocks;       /* one sequence at max_ctx: full-context */
+	int64_t seq_local_blocks; /* and windowed (window + a step's tokens) */
+	int64_t n_local_layers;   /* layers in the windowed pool */
+	int32_t window;           /* their window (the largest) */
+	uint64_t bytes;           /* both pools */
 };
 /* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
  * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs
@@ -78,6 +95,11 @@ void loom_sched_config_defaults(struct loom_sched_config *c);
 /* Number of blocks that fit in kv_bytes for model m; 0 if not even one. */
 int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 			       uint64_t kv_bytes);
+/* Splits kv_bytes between the two pools in the ratio one sequence at
+ * max_ctx needs (kv_bytes 0: max_seqs such sequences and a spare block
+ * each pool). p->n_blocks 0 when not one block fits. */
+void loom_sched_plan_kv(const struct loom_model *m, const struct loom_sched_config *c,
+			uint64_t kv_bytes, struct loom_kv_plan *p);
 
 /* enum loom_finish and struct loom_event are public (loom.h). */
 
@@ -152,6 +174,12 @@ struct loom_sched_stats {
 	uint64_t spec_drafted;  /* drafts verified */
 	uint64_t spec_accepted; /* of those, accepted */
 	uint64_t spec_tokens;   /* tokens those steps produced */
+	/* ---- appended (swa): blocks held, and the windowed layers' pool
+	 * (blocks_* above: the full-context layers' pool) ---- */
+	int64_t blocks_peak;       /* most blocks held at once */
+	int32_t local_window;      /* 0: no windowed pool */
+	int64_t local_blocks_total, local_blocks_used, local_blocks_cached;
+	int64_t local_blocks_peak;
 };
 
 void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);

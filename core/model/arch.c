@@ -203,3 +203,8 @@ void loom_arch_names(char *buf, size_t len)
 			n += (size_t)snprintf(buf + n, len - n, ", %s", *p);
 	}
 }
+
+const struct loom_arch *loom_arch_at(size_t i)
+{
+	return i < N_ARCHS ? archs[i] : NULL;
+}

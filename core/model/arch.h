@@ -98,5 +98,7 @@ struct loom_arch {
 const struct loom_arch *loom_arch_find(const char *name);
 /* "llama, mistral, ..." into buf, for messages. */
 void loom_arch_names(char *buf, size_t len);
+/* The i-th descriptor, NULL past the end (for `loom info --archs`). */
+const struct loom_arch *loom_arch_at(size_t i);
 
 #endif /* LOOM_ARCH_H */

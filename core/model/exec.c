@@ -8,8 +8,11 @@
 #include "model/model.h"
 #include "util.h"
 
-/* Device int32 inputs of one step. */
-enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_QSTART, IN_KVLEN, IN_BLOCKS, IN_COUNT };
+/* Device int32 inputs of one step. The windowed layers' slots and block
+ * table (IN_LSLOTS, IN_LBLOCKS) are empty when the cache has no windowed
+ * pool; IN_BLOCKS and IN_LBLOCKS stay last (uploaded up to their used part). */
+enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_LSLOTS, IN_QSTART, IN_KVLEN, IN_BLOCKS,
+       IN_LBLOCKS, IN_COUNT };
 
 struct loom_exec {
 	struct loom_model *m;
@@ -73,6 +76,10 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 	e->in_count[IN_QSTART] = (size_t)e->max_seqs + 1;
 	e->in_count[IN_KVLEN] = (size_t)e->max_seqs;
 	e->in_count[IN_BLOCKS] = (size_t)e->max_seqs * (size_t)e->kv->n_blocks;
+	if (e->kv->local) { /* same logical length as the full-context table */
+		e->in_count[IN_LSLOTS] = (size_t)e->max_tokens;
+		e->in_count[IN_LBLOCKS] = e->in_count[IN_BLOCKS];
+	}
 	for (i = 0; i < ACT_COUNT; i++) {
 		offs[i] = total;
 		if (!add_size(&total, act_rows(e, i) * (size_t)e->width[i], sizeof(float)))
@@ -162,6 +169,36 @@ static int64_t table_stride(const struct loom_exec *e, const struct loom_batch *
 	return stride < e->kv->n_blocks ? stride : e->kv->n_blocks;
 }
 
+/* The windowed layers' slots and block-table row of sequence s. Entries
+ * the pool released (-1, below every query's window, never read) are
+ * given the first held block, so the table holds only valid blocks. */
+static int prepare_local(struct loom_exec *e, const struct loom_batch *b, int32_t s,
+			 int64_t kv_len, char *err, size_t errlen)
+{
+	const struct loom_kv_seq *seq = b->seqs[s], *ls = seq->local;
+	int32_t *row = e->host_in[IN_LBLOCKS] + (size_t)s * (size_t)e->table_stride;
+	int32_t first;
+
+	if (!ls || ls->n_blocks != seq->n_blocks || ls->n_dropped >= ls->n_blocks) {
+		loom_seterr(err, errlen, "batch: sequence %d has no room in the windowed layers' cache", s);
+		return -1;
+	}
+	first = ls->blocks[ls->n_dropped];
+	for (int32_t j = 0; j < ls->n_blocks; j++)
+		row[j] = ls->blocks[j] >= 0 ? ls->blocks[j] : first;
+	for (int32_t t = b->q_start[s]; t < b->q_start[s + 1]; t++) {
+		int32_t pos = (int32_t)(kv_len - (b->q_start[s + 1] - t));
+
+		if (ls->blocks[pos / e->kv->block_size] < 0) {
+			loom_seterr(err, errlen, "batch: sequence %d position %d was released from the windowed layers' cache",
+				s, pos);
+			return -1;
+		}
+		e->host_in[IN_LSLOTS][t] = loom_kv_slot(e->kv->local, ls, pos);
+	}
+	return 0;
+}
+
 /* Checks the batch against the limits and the cache; fills host inputs. */
 static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		   size_t errlen)
@@ -214,6 +251,8 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		e->host_in[IN_KVLEN][s] = (int32_t)kv_len;
 		memcpy(e->host_in[IN_BLOCKS] + (size_t)s * (size_t)e->table_stride,
 		       seq->blocks, sizeof(int32_t) * (size_t)seq->n_blocks);
+		if (e->kv->local && prepare_local(e, b, s, kv_len, err, errlen))
+			return -1;
 	}
 	e->host_in[IN_QSTART][b->n_seqs] = b->n_tokens;
 	return 0;
@@ -226,8 +265,11 @@ static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 	const struct loom_backend *be = e->m->be;
 	size_t blocks = (size_t)b->n_seqs * (size_t)e->table_stride * sizeof(int32_t);
 	size_t bytes = (size_t)((char *)e->host_in[IN_BLOCKS] - (char *)e->host_inputs) + blocks;
+	int rc = be->ops->upload(be->ctx, e->in[0], e->host_inputs, bytes);
 
-	return be->ops->upload(be->ctx, e->in[0], e->host_inputs, bytes);
+	if (!rc && e->kv->local)
+		rc = be->ops->upload(be->ctx, e->in[IN_LBLOCKS], e->host_in[IN_LBLOCKS], blocks);
+	return rc;
 }
 
 static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
@@ -270,7 +312,8 @@ static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t
 		.kcache = loom_kv_k(e->kv, nd->layer), .vcache = loom_kv_v(e->kv, nd->layer),
 		.k = e->act[ACT_K], .v = e->act[ACT_V],
 		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
-		.n_tokens = rows, .kv_dim = e->width[ACT_K], .slots = e->in[IN_SLOTS],
+		.n_tokens = rows, .kv_dim = e->width[ACT_K],
+		.slots = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LSLOTS : IN_SLOTS],
 	};
 
 	return be->ops->kv_write(be->ctx, &a);
@@ -290,7 +333,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.head_dim = hp->head_dim, .block_size = e->kv->block_size,
 		.max_blocks = e->table_stride,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
-		.block_table = e->in[IN_BLOCKS],
+		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
 		.softcap = hp->attn_softcap,
 	};

@@ -1486,11 +1486,37 @@ static int setup_bpe(struct loom_tokenizer *t, const struct gguf_file *f,
 	return compile_regexes(t, fam->re, err, errlen);
 }
 
+/* tokenizer.ggml.model values loom reads. */
+static const struct {
+	const char *name;
+	enum tok_model model;
+	const char *kind; /* for `loom info --archs` */
+} tok_models[] = {
+	{ "llama", MODEL_SPM, "SentencePiece BPE (scores, byte fallback)" },
+	{ "gpt2", MODEL_BPE, "byte-level BPE (merges, pre-tokenizer regexes)" },
+};
+
+#define N_TOK_MODELS (sizeof(tok_models) / sizeof(tok_models[0]))
+
+const char *loom_tokenizer_model_name(size_t i, const char **kind)
+{
+	if (i >= N_TOK_MODELS)
+		return NULL;
+	*kind = tok_models[i].kind;
+	return tok_models[i].name;
+}
+
+const char *loom_tokenizer_pre_family(size_t i)
+{
+	return i < sizeof(pre_families) / sizeof(pre_families[0]) ? pre_families[i].names : NULL;
+}
+
 static int setup_model(struct loom_tokenizer *t, const struct gguf_file *f,
 		       char *err, size_t errlen)
 {
 	char *model = NULL;
 	int rc = gguf_get_str(f, "tokenizer.ggml.model", &model, err, errlen);
+	size_t i;
 
 	if (rc < 0)
 		return -1;
@@ -1498,16 +1524,15 @@ static int setup_model(struct loom_tokenizer *t, const struct gguf_file *f,
 		loom_seterr(err, errlen, "tokenizer.ggml.model: missing");
 		return -1;
 	}
-	if (!strcmp(model, "llama")) {
-		t->model = MODEL_SPM;
-	} else if (!strcmp(model, "gpt2")) {
-		t->model = MODEL_BPE;
-	} else {
+	for (i = 0; i < N_TOK_MODELS && strcmp(model, tok_models[i].name); i++)
+		;
+	if (i == N_TOK_MODELS) {
 		loom_seterr(err, errlen, "tokenizer.ggml.model: '%s' is not supported (llama, gpt2)",
 		       model);
 		free(model);
 		return -1;
 	}
+	t->model = tok_models[i].model;
 	free(model);
 	return 0;
 }

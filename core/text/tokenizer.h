@@ -24,4 +24,11 @@
 struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 						char *err, size_t errlen);
 
+/* For `loom info --archs`: the i-th tokenizer.ggml.model value loom reads
+ * and (*kind) what it is; NULL past the end. */
+const char *loom_tokenizer_model_name(size_t i, const char **kind);
+/* The i-th pre-tokenizer family: its tokenizer.ggml.pre values,
+ * space-separated (the first is "default"); NULL past the end. */
+const char *loom_tokenizer_pre_family(size_t i);
+
 #endif /* LOOM_TOKENIZER_H */

@@ -96,6 +96,30 @@ def vocab_only_info():
     check("info on vocab-only file", rc == 0 and "llama" in out, err)
 
 
+def supported_table():
+    """loom info --archs: the tables from the descriptors, also printed by
+    a bare `loom info`, and README's copy is the same text."""
+    rc, out, err = run("info", "--archs")
+    check("info --archs", rc == 0 and out.startswith("Architectures"), err)
+    rows = {line.split("|")[1].strip() for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| architecture")}
+    for name in ("llama", "qwen2", "gemma3", "gpt2", "default", "llama3"):
+        check(f"info --archs lists {name}", name in rows, out)
+    check("gemma3 row says sliding window", any(
+        line.startswith("| gemma3 |") and "sliding window" in line
+        for line in out.splitlines()), out)
+    rc2, out2, err2 = run("info")
+    check("bare info prints the tables", rc2 == 0 and out2 == out, err2)
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    with open(readme) as f:
+        text = f.read()
+    begin, end = "<!-- begin: loom info --archs -->\n", "<!-- end: loom info --archs -->"
+    i, j = text.find(begin), text.find(end)
+    check("README holds loom info --archs verbatim (run scripts/readme_archs.py "
+          "build/tools/loom)", 0 <= i < j and text[i + len(begin):j] == out,
+          "README block differs from the command's output")
+
+
 def generation():
     prompt = ["-p", "The capital of France is", "-n", "24", "--temp", "0", "--no-progress"]
     rc, ref_out, err = run("run", "--backend=ref.so", "--model", MODEL, *prompt)
@@ -141,6 +165,7 @@ def main():
         option_table(tmp)
         model_errors(tmp)
     vocab_only_info()
+    supported_table()
     if os.path.exists(MODEL):
         generation()
     else:

@@ -104,6 +104,7 @@ START_TEST(batched_equals_alone)
 	for (int i = 0; i < N; i++)
 		assert_same(&jobs[i].c, &ref[i], i);
 	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.local_blocks_used, 0);
 	loom_sched_free(s);
 	free(jobs);
 }
@@ -128,6 +129,7 @@ START_TEST(preemption_keeps_outputs)
 	for (int i = 0; i < N; i++)
 		assert_same(&jobs[i].c, &ref[i], i);
 	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.local_blocks_used, 0);
 	loom_sched_free(s);
 	free(jobs);
 }
@@ -172,6 +174,7 @@ START_TEST(prefix_cache_reuses_blocks)
 	for (int i = 0; i < 3; i++)
 		assert_same(&jobs[i].c, &ref[i], i);
 	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.local_blocks_used, 0);
 	loom_sched_free(s);
 	free(jobs);
 }
@@ -199,6 +202,7 @@ START_TEST(cancel_half_frees_blocks)
 	drain(s);
 	loom_sched_get_stats(s, &st);
 	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.local_blocks_used, 0);
 	ck_assert_int_eq(st.running, 0);
 	for (int i = 0; i < N; i++) {
 		if (i % 2 == 0) {
@@ -211,6 +215,48 @@ START_TEST(cancel_half_frees_blocks)
 			assert_same(&jobs[i].c, &ref[i], i);
 		}
 	}
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
+
+START_TEST(window_bounds_local_blocks)
+{
+	struct job *jobs = make_jobs(2, 96, false);
+	struct col ref[2];
+	struct loom_sched *s = new_sched(0, true, 64);
+	struct loom_sched_stats st;
+	int64_t bound;
+
+	loom_sched_get_stats(s, &st);
+	if (st.local_window <= 0) { /* the model has no sliding window */
+		loom_sched_free(s);
+		free(jobs);
+		return;
+	}
+	/* two long requests sharing a prefix, chunks of at most 64 tokens:
+	 * after a step at p, the local layers keep positions from
+	 * p - window + 1, so a sequence holds the blocks that a window and a
+	 * chunk touch; the global layers hold every position */
+	make_prompt(jobs[0].prompt, 400, 9);
+	jobs[0].n_prompt = 400;
+	memcpy(jobs[1].prompt, jobs[0].prompt, 400 * sizeof(int32_t));
+	jobs[1].prompt[399] = jobs[0].prompt[399] == 200 ? 201 : 200;
+	jobs[1].n_prompt = 400;
+	run_alone(jobs, 2, ref);
+	submit(s, &jobs[0], false);
+	drain(s);
+	submit(s, &jobs[1], false);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	bound = (st.local_window + 64 - 2) / 16 + 2;
+	ck_assert_int_le(st.local_blocks_peak, bound);
+	ck_assert_int_ge(st.blocks_peak, (400 + 96 - 1 + 15) / 16);
+	ck_assert_uint_ge(st.prefix_hits, 400 / 16 - 1); /* the window was still cached */
+	for (int i = 0; i < 2; i++)
+		assert_same(&jobs[i].c, &ref[i], i);
+	ck_assert_int_eq(st.blocks_used, 0);
+	ck_assert_int_eq(st.local_blocks_used, 0);
 	loom_sched_free(s);
 	free(jobs);
 }
@@ -422,6 +468,7 @@ int main(void)
 		tcase_add_test(tc, preemption_keeps_outputs);
 		tcase_add_test(tc, prefix_cache_reuses_blocks);
 		tcase_add_test(tc, cancel_half_frees_blocks);
+		tcase_add_test(tc, window_bounds_local_blocks);
 		tcase_add_test(tc, run_thread_serves_and_stops);
 	}
 	suite_add_tcase(s, tc);

@@ -1,0 +1,92 @@
+/* `loom info --archs`: the architectures and tokenizer families loom reads,
+ * as Markdown tables generated from the descriptors themselves (arch.c's
+ * table, the tokenizer's model and pre-tokenizer tables), so a family
+ * added there shows here without another edit. */
+#include <stdio.h>
+#include <string.h>
+
+#include "loom.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
+
+/* The descriptor's per-layer tensor called name, or NULL. */
+static const struct loom_arch_tensor *find_tensor(const struct loom_arch *a, const char *name)
+{
+	for (const struct loom_arch_tensor *t = a->tensors; t && t->name; t++)
+		if (!strcmp(t->name, name))
+			return t;
+	return NULL;
+}
+
+/* Appends "; what" (or "what" first) to buf. */
+static void add(char *buf, size_t len, const char *what)
+{
+	size_t n = strlen(buf);
+
+	snprintf(buf + n, len - n, "%s%s", n ? "; " : "", what);
+}
+
+static void print_arch(FILE *out, const struct loom_arch *a)
+{
+	const struct loom_arch_tensor *bias = find_tensor(a, "blk.%d.attn_q.bias");
+	char also[128] = "", attn[160] = "", other[160] = "", swa[64];
+
+	for (const char *const *p = a->aliases; p && *p; p++)
+		add(also, sizeof(also), *p);
+	if (bias)
+		add(attn, sizeof(attn), bias->optional ? "Q/K/V biases if present" : "Q/K/V biases");
+	if (find_tensor(a, "blk.%d.attn_q_norm.weight"))
+		add(attn, sizeof(attn), "QK-norm");
+	if (a->swa_period > 0) {
+		snprintf(swa, sizeof(swa), "sliding window on %d of %d layers",
+			 a->swa_period - 1, a->swa_period);
+		add(attn, sizeof(attn), swa);
+	}
+	if (find_tensor(a, "blk.%d.post_attention_norm.weight"))
+		add(other, sizeof(other), "norms after attention and FFN too");
+	if (a->embd_scale)
+		add(other, sizeof(other), "embeddings x sqrt(n_embd)");
+	if (a->chat_marker) {
+		snprintf(swa, sizeof(swa), "chat template by `%s`", a->chat_marker);
+		add(other, sizeof(other), swa);
+	}
+	fprintf(out, "| %s | %s | %s | %s | %s | %s |\n", a->name, also,
+		a->rope_mode == LOOM_ROPE_NEOX ? "halves (NeoX)" : "adjacent pairs",
+		a->glu == LOOM_GLU_GELU_TANH ? "GELU-tanh gated" : "SiLU gated", attn, other);
+}
+
+/* "a b c" as "a, b, c". */
+static void print_list(FILE *out, const char *names)
+{
+	for (bool first = true; *names; first = false) {
+		size_t w = strcspn(names, " ");
+
+		fprintf(out, "%s%.*s", first ? "" : ", ", (int)w, names);
+		names += w;
+		names += strspn(names, " ");
+	}
+}
+
+int loom_info_print_supported(FILE *out)
+{
+	const struct loom_arch *a;
+	const char *name, *kind, *pre;
+
+	fputs("Architectures (general.architecture):\n\n"
+	      "| architecture | also read as | RoPE | FFN | attention | other |\n"
+	      "|---|---|---|---|---|---|\n", out);
+	for (size_t i = 0; (a = loom_arch_at(i)); i++)
+		print_arch(out, a);
+	fputs("\nTokenizers (tokenizer.ggml.model):\n\n"
+	      "| tokenizer | kind |\n|---|---|\n", out);
+	for (size_t i = 0; (name = loom_tokenizer_model_name(i, &kind)); i++)
+		fprintf(out, "| %s | %s |\n", name, kind);
+	fputs("\nPre-tokenizer families of gpt2 (tokenizer.ggml.pre; unknown values use "
+	      "default):\n\n| family | tokenizer.ggml.pre values |\n|---|---|\n", out);
+	for (size_t i = 0; (pre = loom_tokenizer_pre_family(i)); i++) {
+		fprintf(out, "| %.*s | ", (int)strcspn(pre, " "), pre);
+		print_list(out, pre);
+		fputs(" |\n", out);
+	}
+	return ferror(out) ? -1 : 0;
+}
