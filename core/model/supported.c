@@ -29,7 +29,7 @@ static void add(char *buf, size_t len, const char *what)
 static void print_arch(FILE *out, const struct loom_arch *a)
 {
 	const struct loom_arch_tensor *bias = find_tensor(a, "blk.%d.attn_q.bias");
-	char also[128] = "", attn[160] = "", other[160] = "", swa[64];
+	char also[128] = "", attn[256] = "", other[320] = "", swa[96];
 
 	for (const char *const *p = a->aliases; p && *p; p++)
 		add(also, sizeof(also), *p);
@@ -42,6 +42,25 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 			 a->swa_period - 1, a->swa_period);
 		add(attn, sizeof(attn), swa);
 	}
+	if (a->swa == LOOM_SWA_ALL)
+		add(attn, sizeof(attn), "sliding window on every layer if the file has one");
+	if (a->attn_softcap > 0) {
+		snprintf(swa, sizeof(swa), "score soft-cap (default %g)", a->attn_softcap);
+		add(attn, sizeof(attn), swa);
+	}
+	if (find_tensor(a, "blk.%d.attn_qkv.weight"))
+		add(attn, sizeof(attn), "fused QKV");
+	if (find_tensor(a, "blk.%d.attn_qkv.weight") && find_tensor(a, "blk.%d.ffn_up.weight") &&
+	    find_tensor(a, "blk.%d.ffn_up.weight")->n_parts > 0)
+		add(other, sizeof(other), "fused gate+up");
+	if (a->final_softcap > 0) {
+		snprintf(swa, sizeof(swa), "final-logit soft-cap (default %g)", a->final_softcap);
+		add(other, sizeof(other), swa);
+	}
+	if (a->rope_factors)
+		add(other, sizeof(other), "LongRoPE (short) factors");
+	else
+		add(other, sizeof(other), "Llama 3.1 RoPE factors if present");
 	if (find_tensor(a, "blk.%d.post_attention_norm.weight"))
 		add(other, sizeof(other), "norms after attention and FFN too");
 	if (a->embd_scale)
