@@ -11,15 +11,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cpu.h"
 
 #define MAX_THREADS 256
 
+/*
+ * Packed weights (gemm.c) are carved one after another out of large
+ * chunks, in the order the host offers them, which is file order and so
+ * the order a forward pass reads them: the hardware prefetcher runs on from
+ * one matrix into the next, as it does over one buffer of GGUF-layout
+ * weights. A chunk is freed with the last buffer carved from it.
+ */
+struct cpu_arena {
+	uint8_t *base;
+	size_t cap, used;
+	int refs;
+};
+
+#define ARENA_CHUNK ((size_t)64 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
+
 struct loom_buffer {
 	void *ptr;
 	size_t size;
+	struct cpu_arena *arena; /* NULL: ptr is its own allocation */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
@@ -210,6 +228,21 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 
 /* ---- memory ---- */
 
+/* Large buffers ask for transparent huge pages (where the system gives
+ * them on request): weights stream through them every step, and 2 MiB
+ * pages take most TLB misses out of that. */
+static void *big_alloc(size_t size)
+{
+	size_t align = size >= HUGE_PAGE ? HUGE_PAGE : 64;
+	void *p = aligned_alloc(align, (size + align - 1) / align * align);
+
+#ifdef MADV_HUGEPAGE
+	if (p && align == HUGE_PAGE)
+		madvise(p, (size + align - 1) / align * align, MADV_HUGEPAGE);
+#endif
+	return p;
+}
+
 int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
 {
 	struct loom_buffer *buf;
@@ -224,7 +257,8 @@ int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buff
 	buf = malloc(sizeof(*buf));
 	if (!buf)
 		return LOOM_ERR_NOMEM;
-	buf->ptr = aligned_alloc(64, rounded);
+	buf->arena = NULL;
+	buf->ptr = big_alloc(rounded);
 	if (!buf->ptr) {
 		free(buf);
 		return LOOM_ERR_NOMEM;
@@ -234,11 +268,53 @@ int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buff
 	return LOOM_OK;
 }
 
+int cpu_buffer_alloc_packed(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
+{
+	struct cpu_arena *a = ctx->arena;
+	struct loom_buffer *buf;
+
+	if (size > SIZE_MAX - ARENA_CHUNK)
+		return LOOM_ERR_NOMEM;
+	size = (size + 63) & ~(size_t)63;
+	buf = malloc(sizeof(*buf));
+	if (!buf)
+		return LOOM_ERR_NOMEM;
+	if (!a || a->cap - a->used < size) {
+		a = calloc(1, sizeof(*a));
+		if (a) {
+			a->cap = size > ARENA_CHUNK ? size : ARENA_CHUNK;
+			a->base = big_alloc(a->cap);
+		}
+		if (!a || !a->base) {
+			free(a);
+			free(buf);
+			return LOOM_ERR_NOMEM;
+		}
+		ctx->arena = a;
+	}
+	buf->ptr = a->base + a->used;
+	buf->size = size;
+	buf->arena = a;
+	a->used += size;
+	a->refs++;
+	*out = buf;
+	return LOOM_OK;
+}
+
 static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
 	if (!buf)
 		return;
-	free(buf->ptr);
+	if (buf->arena) {
+		if (--buf->arena->refs == 0) {
+			if (ctx && ctx->arena == buf->arena)
+				ctx->arena = NULL;
+			free(buf->arena->base);
+			free(buf->arena);
+		}
+	} else {
+		free(buf->ptr);
+	}
 	free(buf);
 }
 

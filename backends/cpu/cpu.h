@@ -148,6 +148,7 @@ struct loom_backend_ctx {
 	/* weight_pack() packs the formats qpack.h knows (fast mode with VNNI
 	 * kernels only; LOOM_CPU_PACK=0 turns it off, for comparisons) */
 	bool pack;
+	struct cpu_arena *arena; /* where packed weights are carved (cpu.c) */
 	struct qdot_block *qx;
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */
@@ -161,6 +162,21 @@ void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *
 /* The buffer_alloc and buffer_addr slots (cpu.c). */
 int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out);
 void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+/* A buffer for a packed weight, carved after the previous one (cpu.c). */
+int cpu_buffer_alloc_packed(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out);
+/*
+ * Asks for every cache line of the weight rows a kernel is about to read,
+ * before it reads any. Decode streams the weights from memory, and a kernel
+ * that only loads as it goes keeps too few misses in flight: cold GEMVs
+ * (weights not in cache, as in decode) ran 1.2-2.8x faster with this
+ * (docs/BENCHMARKS.md). Prefetches change no result.
+ */
+static inline void cpu_prefetch(const void *p, size_t bytes)
+{
+	for (size_t o = 0; o < bytes; o += 64)
+		__builtin_prefetch((const char *)p + o, 0, 3);
+}
+
 /* ABI 1.2 weight_pack (gemm.c). */
 int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
 		    struct loom_buffer **out, size_t *bytes);

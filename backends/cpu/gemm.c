@@ -492,7 +492,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	t.stride = qpack_row_bytes(a->type, a->k / 32);
 	if (!t.stride || (uint64_t)a->n > SIZE_MAX / t.stride)
 		return LOOM_ERR_NOMEM;
-	rc = cpu_buffer_alloc(ctx, (size_t)a->n * t.stride, out);
+	rc = cpu_buffer_alloc_packed(ctx, (size_t)a->n * t.stride, out);
 	if (rc)
 		return rc;
 	t.dst = cpu_buffer_addr(ctx, *out);

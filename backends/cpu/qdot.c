@@ -24,6 +24,7 @@
 
 #include "cpu.h"
 #include "qdot.h"
+#include "qpack.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -320,8 +321,11 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 					 int64_t nb, float *y, int rows)                    \
 	{                                                                                  \
 		int r = 0;                                                                 \
-		for (; r + 4 <= rows; r += 4)                                              \
+		for (; r + 4 <= rows; r += 4) {                                            \
+			cpu_prefetch(w + r * ws, 4 * ws);                                  \
 			body(T, w + r * ws, ws, x, xsc, nb, y + r, 4);                      \
+		}                                                                          \
+		cpu_prefetch(w + r * ws, (size_t)(rows - r) * ws);                         \
 		for (; r < rows; r++)                                                      \
 			body(T, w + r * ws, ws, x, xsc, nb, y + r, 1);                      \
 	}
@@ -819,26 +823,26 @@ TGT_VNNI ALWAYS __m512 packed_step(__m512 acc, __m512i fix, __m512i wq, __m512i 
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, wq, xq)), d, acc);
 }
 
-/* Blocks b0 .. b0 + n - 1 (n <= 16) of R packed rows. */
-TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64_t nb,
+/* Chunk b0 / 16 (its n <= 16 blocks) of R packed rows. */
+TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
 				  __m512 *acc, __m512 *accm, int R)
 {
-	const bool q5 = t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
-	const size_t qb = t == LOOM_TYPE_Q8_0 ? 32 : q5 ? 20 : 16;
+	const size_t head = QPACK_HEAD(t), qb = QPACK_QB(t);
 	const __mmask16 k = (__mmask16)((1u << n) - 1);
 	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
 	__m512i fix, fix2, xq, xq2;
 	int j = 0;
 
+	w += (size_t)(b0 / 16) * QPACK_CHUNK_BYTES(t);
 	for (int r = 0; r < R; r++) {
-		const uint16_t *sc = (const uint16_t *)(w + r * ws + (size_t)nb * qb) + b0;
+		const uint16_t *sc = (const uint16_t *)(w + r * ws);
 
 		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc)), xd);
 		if (has_min(t))
 			accm[r] = _mm512_mask3_fmadd_ps(
-				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + nb)), xs, accm[r], k);
+				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + 16)), xs, accm[r], k);
 	}
 	if (t == LOOM_TYPE_Q8_0) {
 		for (; j < n; j += 2) {
@@ -846,7 +850,7 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 
 			xq = vnni_acts(t, x + b0 + j, two, &fix);
 			for (int r = 0; r < R; r++) {
-				const uint8_t *q = w + r * ws + (size_t)(b0 + j) * 32;
+				const uint8_t *q = w + r * ws + head + (size_t)j * qb;
 				__m512i wq = two ? _mm512_loadu_si512(q) :
 					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
 
@@ -859,8 +863,8 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 		xq = vnni_acts(t, x + b0 + j, true, &fix);
 		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
 		for (int r = 0; r < R; r++) {
-			const uint8_t *q = w + r * ws + (size_t)(b0 + j) * 16;
-			const uint8_t *h = w + r * ws + (size_t)nb * 16 + (size_t)(b0 + j) * 4;
+			const uint8_t *q = w + r * ws + head + (size_t)j * qb;
+			const uint8_t *h = w + r * ws + 64 + (size_t)j * 4;
 			__m512i v = _mm512_loadu_si512(q);
 			__m512i lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
 			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
@@ -875,11 +879,10 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws, int64
 
 		xq = vnni_acts(t, x + b0 + j, two, &fix);
 		for (int r = 0; r < R; r++)
-			acc[r] = packed_step(
-				acc[r], fix,
-				packed_q4_tail(t, w + r * ws + (size_t)(b0 + j) * 16,
-					       w + r * ws + (size_t)nb * 16 + (size_t)(b0 + j) * 4, two),
-				xq, D[r], j);
+			acc[r] = packed_step(acc[r], fix,
+					     packed_q4_tail(t, w + r * ws + head + (size_t)j * qb,
+							    w + r * ws + 64 + (size_t)j * 4, two),
+					     xq, D[r], j);
 	}
 }
 
@@ -896,9 +899,9 @@ TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
 	/* n a constant 16 folds the masks of full chunks */
 	int64_t b0 = 0;
 	for (; b0 + 16 <= nb; b0 += 16)
-		packed_chunk(t, w, ws, nb, x, xsc, b0, 16, acc, accm, R);
+		packed_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
 	if (b0 < nb)
-		packed_chunk(t, w, ws, nb, x, xsc, b0, (int)(nb - b0), acc, accm, R);
+		packed_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
 	for (int r = 0; r < R; r++)
 		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
 }

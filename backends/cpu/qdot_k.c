@@ -241,8 +241,11 @@ float qdot_k_ref(uint32_t t, const uint8_t *w, const struct qdot_kblock *x, int6
 					 int rows)                                          \
 	{                                                                                  \
 		int r = 0;                                                                 \
-		for (; r + 4 <= rows; r += 4)                                              \
+		for (; r + 4 <= rows; r += 4) {                                            \
+			cpu_prefetch(w + r * ws, 4 * ws);                                  \
 			body(T, w + r * ws, ws, x, nb, y + r, 4);                           \
+		}                                                                          \
+		cpu_prefetch(w + r * ws, (size_t)(rows - r) * ws);                         \
 		for (; r < rows; r++)                                                      \
 			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
 	}

@@ -1,26 +1,29 @@
 /*
  * The cpu backend's own weight layout (ABI 1.2 weight_pack), for the fast
  * mode's AVX-512 VNNI kernels. A packed row holds what a GGUF row holds,
- * rearranged so the kernel loads each operand whole:
+ * rearranged so that the kernel loads each operand whole and reads the row
+ * front to back (as the hardware prefetcher expects):
  *
- *   quants  Q4_0, Q4_1, Q5_0, Q5_1 (their low 4 bits): 16 bytes a block. Blocks 4u .. 4u+3 in 64 bytes:
- *             byte i's low nibble is element i % 32 of block 4u + i / 32,
- *             its high nibble element i % 32 of block 4u + 2 + i / 32, so
- *             one load and two masks give two block pairs. Then, if
- *             nb % 4 >= 2, the next two blocks b, b+1 in 32 bytes (byte
- *             i: element i of b low, of b+1 high); then, if nb is odd,
- *             the last block's 16 bytes as GGUF stores them.
+ * chunks of 16 blocks (the last may hold fewer), each a header then quants.
+ *   header  QPACK_HEAD bytes: the blocks' f16 scale words at 0, (Q4_1,
+ *           Q5_1) their f16 minimum words at 32, (Q5_0, Q5_1) their 32
+ *           high bits at 64, 4 bytes a block (bit e for element e, as the
+ *           file has them, so a pair's are the 64-bit byte mask of the
+ *           pair operand); zeros past the chunk's last block.
+ *   quants  Q4_0, Q4_1, Q5_0, Q5_1 (their low 4 bits): 16 bytes a block.
+ *           Blocks 4u .. 4u+3 in 64 bytes: byte i's low nibble is element
+ *           i % 32 of block 4u + i / 32, its high nibble element i % 32 of
+ *           block 4u + 2 + i / 32, so one load and two masks give two
+ *           block pairs. In a chunk of n blocks, if n % 4 >= 2, the two
+ *           blocks after the quads share 32 bytes (byte i: element i of the
+ *           first low, of the second high); if n is odd, the last block's 16
+ *           bytes are as GGUF stores them.
  *           Q8_0: 32 bytes a block, each q + 128 (the unsigned operand).
- *   high    Q5_0, Q5_1: after the quants, every block's 32 high bits as
- *           the file stores them (bit e for element e), so two blocks'
- *           are the 64-bit byte mask of a pair operand.
- *   scales  then the f16 scale word of every block, then (Q4_1, Q5_1)
- *           every block's f16 minimum word, as stored in the file.
  *
- * Block b's quants start at byte 16 * b (Q8_0: 32 * b). Rows are padded to
- * a multiple of 64 bytes, so in a 64-byte aligned buffer every row's quants
- * start on a cache line. The scales keep their f16 bits, so a packed
- * weight gives exactly the products of the GGUF one (tests/backend/qdot.c).
+ * Headers are 64 bytes (128 for Q5), so in a 64-byte aligned row every
+ * quad load is aligned; rows are padded to a multiple of 64 bytes. The
+ * scales keep their f16 bits, so a packed weight gives exactly the
+ * products of the GGUF one (tests/backend/qdot.c).
  */
 #ifndef LOOM_CPU_QPACK_H
 #define LOOM_CPU_QPACK_H
@@ -28,6 +31,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "loom/backend.h"
+
+/* Header bytes, quant bytes a block and bytes of a full chunk of type t. */
+#define QPACK_HEAD(t) ((t) == LOOM_TYPE_Q5_0 || (t) == LOOM_TYPE_Q5_1 ? 128u : 64u)
+#define QPACK_QB(t) ((t) == LOOM_TYPE_Q8_0 ? 32u : 16u)
+#define QPACK_CHUNK_BYTES(t) (QPACK_HEAD(t) + 16u * QPACK_QB(t))
 
 /* Formats with a packed layout. */
 bool qpack_format(uint32_t type);

@@ -505,7 +505,7 @@ static int pack_all(struct loader *l)
 		p->packed = true;
 		p->w->packed = true;
 		p->w->data = be->ops->buffer_addr(be->ctx, buf);
-		gguf_release(l->f, p->t->data, p->t->nbytes);
+		if (!getenv("NOREL")) gguf_release(l->f, p->t->data, p->t->nbytes);
 	}
 	/* the upload plan without the packed weights */
 	l->total = 0;
