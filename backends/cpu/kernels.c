@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -677,11 +678,7 @@ TGT_AVX2 ALWAYS void avx2_group(const uint32_t t, const uint8_t *row, int64_t gi
 
 TGT_AVX2 ALWAYS float avx2_hsum(__m256 v)
 {
-	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-
-	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-	x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-	return _mm_cvtss_f32(x);
+	return cpu_avx2_hsum(v);
 }
 
 /* R activation rows (i..i+R-1) against weight row j with A accumulators
@@ -916,19 +913,7 @@ TGT_AVX2 static void avx2_deq_row(const uint32_t t, const uint8_t *src, float *d
 
 TGT_AVX2 static float avx2_dot(const float *a, const float *b, int64_t n)
 {
-	__m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-	int64_t i = 0;
-
-	for (; i + 16 <= n; i += 16) {
-		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-		s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-	}
-	for (; i + 8 <= n; i += 8)
-		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-	float s = avx2_hsum(_mm256_add_ps(s0, s1));
-	for (; i < n; i++)
-		s += a[i] * b[i];
-	return s;
+	return cpu_avx2_dot(a, b, n);
 }
 
 TGT_AVX2 static void avx2_axpy(float *y, const float *x, float s, int64_t n)
