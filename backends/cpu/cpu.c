@@ -88,6 +88,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->xsum);
 	free(ctx->qx);
 	free(ctx->qsc);
+	free(ctx->qfix);
 	free(ctx->qkx);
 	free(ctx);
 }
@@ -158,6 +159,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *inv = getenv("LOOM_CPU_INVARIANT");
 	if (inv && (!strcmp(inv, "1") || !strcmp(inv, "0")))
 		ctx->invariant = inv[0] == '1';
+	const char *qg = getenv("LOOM_CPU_QGEMM");
+	ctx->qgemm = !(qg && !strcmp(qg, "0"));
 	const char *pack = getenv("LOOM_CPU_PACK");
 	ctx->pack = !ctx->exact && qdot_packed_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
 		    !(pack && !strcmp(pack, "0"));

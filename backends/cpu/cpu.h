@@ -149,10 +149,15 @@ struct loom_backend_ctx {
 	 * kernels only; LOOM_CPU_PACK=0 turns it off, for comparisons) */
 	bool pack;
 	struct cpu_arena *arena; /* where packed weights are carved (cpu.c) */
+	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
+	 * comparisons) */
+	bool qgemm;
 	struct qdot_block *qx;
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */
 	size_t qsc_cap; /* floats */
+	int32_t *qfix; /* prefill (qgemm.h): each block's offset correction */
+	size_t qfix_cap; /* int32s */
 	struct qdot_kblock *qkx; /* the same for the K-quants */
 	size_t qkx_cap; /* super-blocks */
 };

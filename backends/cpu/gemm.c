@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "qgemm.h"
 #include "qpack.h"
 
 #define BLAS_MIN_M 16
@@ -47,6 +48,7 @@ struct gemm_task {
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
 	bool packed; /* g.w is in qpack.h's layout */
+	int32_t *fix; /* prefill (qgemm.h): offset corrections, k / 32 per row */
 };
 
 /* Rows [*j0, *j1) of chunk c. */
@@ -253,6 +255,32 @@ static void quant_task(void *arg, int64_t c, int ith)
 	(void)ith;
 	qdot_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qx + c * nb, t->g.k);
 	qdot_row_scales(t->ctx->qx + c * nb, nb, t->ctx->qsc + c * qdot_scales_len(nb));
+	if (t->fix)
+		qgemm_row_fix(t->g.type, t->ctx->qx + c * nb, nb, t->fix + c * nb);
+}
+
+/* Prefill chunk c: a panel of 16 weight rows against every activation row. */
+static void qgemm_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	const int64_t nb = g->k / 32, j0 = c * QGEMM_ROWS;
+	const int rows = t->n - j0 < QGEMM_ROWS ? (int)(t->n - j0) : QGEMM_ROWS;
+	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
+
+	if (t->packed) {
+		/* back to the GGUF layout, after the panel */
+		const size_t gr = (size_t)nb * cpu_block_bytes(g->type);
+		uint8_t *tmp = panel + qgemm_panel_bytes(nb);
+
+		for (int r = 0; r < rows; r++)
+			qpack_unpack_row(g->type, g->w + (size_t)(j0 + r) * g->w_stride, nb,
+					 tmp + (size_t)r * gr);
+		qgemm_panel(g->type, tmp, gr, 0, rows, nb, panel);
+	} else {
+		qgemm_panel(g->type, g->w, g->w_stride, j0, rows, nb, panel);
+	}
+	qgemm_run(g->type, panel, rows, t->qx, t->fix, g->m, nb, g->y + j0, g->y_stride);
 }
 
 static void qdot_task(void *arg, int64_t c, int ith)
@@ -383,6 +411,36 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	return LOOM_OK;
 }
 
+/* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
+static int qgemm_gemm(struct gemm_task *t, int nth)
+{
+	struct loom_backend_ctx *ctx = t->ctx;
+	int64_t m = t->g.m, nb = t->g.k / 32;
+	size_t bytes;
+
+	if (qx_reserve(ctx, m, nb) || (uint64_t)m > SIZE_MAX / sizeof(int32_t) / (uint64_t)nb)
+		return LOOM_ERR_NOMEM;
+	if (ctx->qfix_cap < (size_t)(m * nb)) {
+		int32_t *p = malloc((size_t)(m * nb) * sizeof(*p));
+
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		free(ctx->qfix);
+		ctx->qfix = p;
+		ctx->qfix_cap = (size_t)(m * nb);
+	}
+	/* a panel, and for packed weights its 16 rows unpacked */
+	bytes = qgemm_panel_bytes(nb) + (t->packed ? QGEMM_ROWS * (size_t)nb * 34 : 0);
+	if (cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
+		return LOOM_ERR_NOMEM;
+	t->qx = ctx->qx;
+	t->qsc = ctx->qsc;
+	t->fix = ctx->qfix;
+	cpu_pool_run(&ctx->pool, quant_task, t, m, m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	cpu_pool_run(&ctx->pool, qgemm_task, t, (t->n + QGEMM_ROWS - 1) / QGEMM_ROWS, nth);
+	return LOOM_OK;
+}
+
 /* sgemm takes int sizes and strides. */
 static bool blas_fits(const struct loom_gemm_args *a)
 {
@@ -407,6 +465,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
+	t.fix = NULL;
 	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws,
 				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
 				 .y_stride = a->y_stride, .m = a->m, .k = a->k };
@@ -418,6 +477,8 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
+	if (!ctx->exact && ctx->qgemm && qgemm_supported(a->w_type) && a->k > 0)
+		return qgemm_gemm(&t, nth);
 	if (!ctx->exact && qdot_k_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_k_gemm(&t, nth);

@@ -301,6 +301,11 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 	return reduce16(acc) + reduce16(accm);
 }
 
+void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m)
+{
+	unpack(type, p, q, d, m);
+}
+
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb)
 {

@@ -68,6 +68,9 @@ qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
  * QDOT_VNNI (supported) and type qpack_format(). w_stride is the packed
  * row stride. */
 qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type);
+/* A GGUF block's 32 integers (signed, or 0..31 for the offset formats),
+ * scale and minimum (0 if none), as the references read them. */
+void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m);
 /* The plain C reference of isa's arithmetic (never NULL for a qdot format). */
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb);

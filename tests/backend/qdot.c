@@ -23,6 +23,7 @@
 
 #include "cpu.h"
 #include "qdot.h"
+#include "qgemm.h"
 #include "qpack.h"
 
 static const uint32_t formats[] = {
@@ -351,6 +352,68 @@ START_TEST(packed_match_reference)
 }
 END_TEST
 
+/*
+ * The prefill kernel (qgemm.h): panels of up to 16 rows (odd counts too)
+ * times m activation rows, against qgemm_ref() bit for bit, and against
+ * the f64 dot of the dequantized operands within float rounding.
+ */
+START_TEST(qgemm_match_reference)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
+					  LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1 };
+	static const int64_t counts[] = { 1, 2, 3, 17, 18, 48 };
+	enum { M = 7, N = 16 };
+	static uint8_t w[N * MAX_NB * 34], panel[MAX_NB * 1024] __attribute__((aligned(64)));
+	static struct qdot_block q[M * MAX_NB];
+	static float x[M * MAX_NB * 32], y[M * N];
+	static int32_t fix[M * MAX_NB];
+	int bad = 0, cases = 0;
+
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
+		uint32_t t = types[f];
+
+		if (!qgemm_supported(t)) {
+			printf("qgemm: no AVX-512 VNNI here, skipped\n");
+			return;
+		}
+		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+			int64_t nb = counts[c];
+			size_t ws = nb * cpu_block_bytes(t);
+
+			for (int rows = 1; rows <= N; rows += 5, cases++) {
+				fill_weights(t, w, N * nb);
+				fill_acts(x, M * nb * 32);
+				for (int i = 0; i < M; i++) {
+					qdot_quantize_row(x + i * nb * 32, q + i * nb, nb * 32);
+					qgemm_row_fix(t, q + i * nb, nb, fix + i * nb);
+				}
+				ck_assert(qgemm_panel_bytes(nb) <= sizeof(panel));
+				memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
+				qgemm_panel(t, w, ws, 0, rows, nb, panel);
+				qgemm_run(t, panel, rows, q, fix, M, nb, y, N);
+				for (int i = 0; i < M; i++)
+					for (int r = 0; r < N; r++) {
+						float want = qgemm_ref(t, w + r * ws, q + i * nb, nb);
+
+						if (r >= rows) {
+							bad += !isnan(y[i * N + r]); /* not written */
+						} else if (memcmp(&y[i * N + r], &want, 4)) {
+							printf("qgemm type %u nb=%lld rows=%d [%d][%d]: %.9g vs %.9g\n",
+							       t, (long long)nb, rows, i, r, y[i * N + r], want);
+							bad++;
+						} else if (!near_f64(t, w + r * ws, x + i * nb * 32,
+								     q + i * nb, nb, want)) {
+							bad++;
+						}
+					}
+			}
+		}
+	}
+	printf("qgemm: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("qdot");
@@ -363,6 +426,7 @@ int main(void)
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, packed_match_reference);
+	tcase_add_test(tc, qgemm_match_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,54 @@
+/*
+ * Fast-mode prefill GEMM (m >= 16, not batch invariant) for the formats
+ * with 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on AVX-512 VNNI.
+ *
+ * Weight rows are taken 16 at a time into a panel that interleaves them:
+ * for block b and group g of 4 values, 64 bytes holding those 4 values of
+ * each of the 16 rows, as unsigned bytes (q + 128 for the signed formats).
+ * One vpdpbusd of such a vector with 4 bytes of an activation row
+ * broadcast adds 4 products into each row's lane, so 8 of them give the
+ * 16 rows' exact integer dot products of the block, and the block's float
+ * work (scale, minimum) is done once for 16 rows instead of once per row.
+ *
+ * Arithmetic of y[i][j] (one row j of the panel, one activation row i),
+ * block after block, in float:
+ *   acc = fma((float)(isum_b - off * xsum_b), dw_b * xd_b, acc)
+ *   acc = fma(mw_b, xs_b, acc)                    (Q4_1, Q5_1)
+ * with isum_b the exact sum of (q + off) * xq over the block, off 128 for
+ * the signed formats and 0 for the offset ones, xsum_b the sum of the
+ * block's xq, xd_b and xs_b the activation block's scale and d * sum.
+ * qgemm_ref() is that in plain C; the kernel equals it bit for bit
+ * (tests/backend/qdot.c). It differs from the decode kernels' rounding,
+ * as the BLAS path it replaces did; batch-invariant contexts never use it.
+ */
+#ifndef LOOM_CPU_QGEMM_H
+#define LOOM_CPU_QGEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qdot.h"
+
+#define QGEMM_ROWS 16
+
+/* Whether the CPU runs the kernel (AVX-512 VNNI) and type has one. */
+bool qgemm_supported(uint32_t type);
+/* Bytes of a panel of k / 32 blocks (a multiple of 64). */
+size_t qgemm_panel_bytes(int64_t nb);
+/* Builds the panel of rows [j0, j0 + rows) (rows <= 16; missing rows are
+ * zeros) from GGUF rows w + j * ws of nb blocks. */
+void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t nb,
+		 void *panel);
+/* Per block of an activation row, -off * (sum of its q): nb values into
+ * fix (off: 128 for the signed formats, 0 for the offset ones). */
+void qgemm_row_fix(uint32_t type, const struct qdot_block *x, int64_t nb, int32_t *fix);
+/* y[i * ys + r] for i < m, r < rows: the panel's rows times activation rows
+ * x + i * nb (quantized by qdot_quantize_row; fix + i * nb their
+ * qgemm_row_fix()). */
+void qgemm_run(uint32_t type, const void *panel, int rows, const struct qdot_block *x,
+	       const int32_t *fix, int64_t m, int64_t nb, float *y, int64_t ys);
+/* The plain C reference of one element: GGUF row w, activation row x. */
+float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t nb);
+
+#endif /* LOOM_CPU_QGEMM_H */
