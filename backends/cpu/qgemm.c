@@ -27,6 +27,61 @@ bool qgemm_supported(uint32_t type)
 	return qdot_format(type) && qdot_isa_supported(QDOT_VNNI);
 }
 
+#if defined(__x86_64__)
+/* block_u8() with vector nibble splits (GGUF Q4/Q5: byte j holds element
+ * j low and j + 16 high; Q5's element e has its fifth bit at bit e). */
+__attribute__((target("avx2,f16c"))) static void block_u8_avx2(uint32_t t, const uint8_t *p,
+							      uint8_t u[32], float *d, float *m)
+{
+	const __m128i m4 = _mm_set1_epi8(15);
+	__m128i lo, hi, v;
+	uint32_t qh = 0;
+	int qs = 2;
+
+	*d = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
+	*m = 0.0f;
+	if (t == LOOM_TYPE_Q8_0) {
+		__m256i q = _mm256_loadu_si256((const __m256i *)(p + 2));
+
+		_mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+		return;
+	}
+	if (offset_format(t)) {
+		*m = _cvtsh_ss((uint16_t)(p[2] | p[3] << 8));
+		qs = 4;
+	}
+	if (t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1) {
+		memcpy(&qh, p + qs, 4);
+		qs += 4;
+	}
+	v = _mm_loadu_si128((const __m128i *)(p + qs));
+	lo = _mm_and_si128(v, m4);
+	hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+	if (qh) {
+		/* bit e of qh to byte e's bit 4 */
+		const __m256i pick = _mm256_setr_epi64x(0x8040201008040201ll, 0x8040201008040201ll,
+							0x8040201008040201ll, 0x8040201008040201ll);
+		__m256i bits = _mm256_shuffle_epi8(
+			_mm256_set1_epi32((int)qh),
+			_mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll,
+					   0x0303030303030303ll));
+		__m256i h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, pick), pick),
+					     _mm256_set1_epi8(16));
+
+		lo = _mm_or_si128(lo, _mm256_castsi256_si128(h));
+		hi = _mm_or_si128(hi, _mm256_extracti128_si256(h, 1));
+	}
+	if (!offset_format(t)) { /* + off - the format's zero point */
+		__m128i add = _mm_set1_epi8((char)(t == LOOM_TYPE_Q5_0 ? 112 : 120));
+
+		lo = _mm_add_epi8(lo, add);
+		hi = _mm_add_epi8(hi, add);
+	}
+	_mm_storeu_si128((__m128i *)u, lo);
+	_mm_storeu_si128((__m128i *)(u + 16), hi);
+}
+#endif
+
 /* Per block: the interleaved bytes, then 16 scales, then 16 minima. */
 size_t qgemm_panel_bytes(int64_t nb)
 {
@@ -38,25 +93,44 @@ static uint8_t *panel_block(void *panel, int64_t b)
 	return (uint8_t *)panel + (size_t)b * (BLOCK_BYTES + 2 * QGEMM_ROWS * sizeof(float));
 }
 
+/* GGUF block p of type t as 32 unsigned bytes q + off (element order),
+ * its scale and minimum. */
+static void block_u8(uint32_t t, const uint8_t *p, uint8_t u[32], float *d, float *m)
+{
+#if defined(__x86_64__)
+	if (qdot_isa_supported(QDOT_AVX2)) {
+		block_u8_avx2(t, p, u, d, m);
+		return;
+	}
+#endif
+	int8_t q[32];
+
+	qdot_unpack_block(t, p, q, d, m);
+	for (int e = 0; e < 32; e++)
+		u[e] = (uint8_t)(q[e] + weight_off(t));
+}
+
 void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t nb,
 		 void *panel)
 {
 	const size_t bb = cpu_block_bytes(type);
-	const int off = weight_off(type);
+	uint8_t u[QGEMM_ROWS][32];
 
-	memset(panel, 0, qgemm_panel_bytes(nb));
-	for (int r = 0; r < rows; r++) {
-		const uint8_t *row = w + (size_t)(j0 + r) * ws;
+	memset(u, 0, sizeof(u));
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *pb = panel_block(panel, b);
+		float *dw = (float *)(pb + BLOCK_BYTES), *mw = dw + QGEMM_ROWS;
 
-		for (int64_t b = 0; b < nb; b++) {
-			uint8_t *pb = panel_block(panel, b);
-			float *dw = (float *)(pb + BLOCK_BYTES), *mw = dw + QGEMM_ROWS;
-			int8_t q[32];
-
-			qdot_unpack_block(type, row + (size_t)b * bb, q, &dw[r], &mw[r]);
-			for (int e = 0; e < 32; e++)
-				pb[(e / 4) * GROUP_BYTES + r * 4 + e % 4] = (uint8_t)(q[e] + off);
+		for (int r = 0; r < QGEMM_ROWS; r++) {
+			dw[r] = mw[r] = 0.0f;
+			if (r < rows)
+				block_u8(type, w + (size_t)(j0 + r) * ws + (size_t)b * bb, u[r],
+					 &dw[r], &mw[r]);
 		}
+		/* group g of every row: 4 bytes each, row after row */
+		for (int g = 0; g < 8; g++)
+			for (int r = 0; r < QGEMM_ROWS; r++)
+				memcpy(pb + g * GROUP_BYTES + r * 4, u[r] + 4 * g, 4);
 	}
 }
 
