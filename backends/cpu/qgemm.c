@@ -169,7 +169,7 @@ float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int
 
 #if defined(__x86_64__)
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define QG_X 4 /* activation rows per pass over the panel */
+#define QG_X 8 /* activation rows per pass over the panel */
 
 /* X activation rows (X <= QG_X) against the panel; has_min a constant. */
 static inline __attribute__((always_inline)) TGT_VNNI void
