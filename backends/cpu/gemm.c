@@ -3,25 +3,28 @@
  *
  * Decode (m < BLAS_MIN_M) is a memory-bound GEMV: the n weight rows are split
  * evenly over the pool and each thread streams its rows once through the
- * SIMD kernels of kernels.c.
- *
- * Prefill (m >= BLAS_MIN_M) is compute-bound: each thread dequantizes panels
- * of its weight rows to f32 in its scratch and multiplies them with
- * single-threaded OpenBLAS sgemm (OpenBLAS's own threads are switched off in
- * create(), so nothing oversubscribes the pool).
+ * SIMD kernels (each group of 4 rows prefetched whole before it is read).
  *
  * Fast mode (the default; not LOOM_BACKEND_EXACT) runs the GEMV path of
  * the formats qdot.c and qdot_k.c know as integer dot products: each
- * activation row is quantized once to 8-bit blocks of 32, or super-blocks
- * of 256 for the K-quants (by one function, whichever thread runs it),
- * then each thread streams its weight rows against the quantized rows.
- * A row's result depends only on that row and the weights, so batch
- * invariance and thread-count independence hold as they do in exact mode.
+ * activation row is quantized once to 8-bit blocks (by one function,
+ * whichever thread runs it), then each thread streams its weight rows
+ * against the quantized rows; on AVX-512 VNNI the weights are in the
+ * packed layout (qpack.h) when the host let the backend pack them. A row's
+ * result depends only on that row and the weights, so batch invariance and
+ * thread-count independence hold as they do in exact mode. Fast-mode
+ * prefill (m >= BLAS_MIN_M, not batch invariant) of the 32-value block
+ * formats runs qgemm.h's integer GEMM over interleaved 16-row panels.
  *
- * Batch invariant contexts (LOOM_BACKEND_BATCH_INVARIANT) never use BLAS:
- * every m goes through the GEMV kernels, whose arithmetic for y[i][j] is the
- * same whatever m is and wherever row i sits, and whichever thread or chunk
- * computes it (weight rows are split over threads, never k).
+ * Otherwise prefill (m >= BLAS_MIN_M) is compute-bound: each thread
+ * dequantizes panels of its weight rows to f32 in its scratch and multiplies
+ * them with single-threaded OpenBLAS sgemm (OpenBLAS's own threads are
+ * switched off in create(), so nothing oversubscribes the pool).
+ *
+ * Batch invariant contexts (LOOM_BACKEND_BATCH_INVARIANT) never use BLAS or
+ * qgemm: every m goes through the GEMV kernels, whose arithmetic for
+ * y[i][j] is the same whatever m is and wherever row i sits, and whichever
+ * thread or chunk computes it (weight rows are split over threads, never k).
  */
 #include <cblas.h>
 #include <stdlib.h>
@@ -33,7 +36,7 @@
 #define BLAS_MIN_M 16
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
 #define PANEL_BYTES (512 * 1024)
-#define GEMV_CHUNKS_PER_THREAD 4
+#define GEMV_CHUNKS_PER_THREAD 2
 
 struct gemm_task {
 	struct loom_backend_ctx *ctx;
@@ -66,7 +69,9 @@ static int64_t n_chunks(const struct gemm_task *t)
 /*
  * Rows per chunk: about GEMV_CHUNKS_PER_THREAD chunks per thread, so a
  * delayed thread leaves little behind, in multiples of `unit`, between lo
- * and hi rows.
+ * and hi rows. Each chunk costs a claim and a completion on cache lines
+ * both threads write; decode's GEMVs are short, and 2 chunks a thread
+ * decoded 13% faster at 2 threads than 4 did (docs/BENCHMARKS.md).
  */
 static int64_t pick_chunk(int64_t n, int nth, int64_t unit, int64_t lo, int64_t hi)
 {
