@@ -88,7 +88,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->xsum);
 	free(ctx->qx);
 	free(ctx->qsc);
-	free(ctx->qfix);
+	free(ctx->qprep);
 	free(ctx->qkx);
 	free(ctx);
 }

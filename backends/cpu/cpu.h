@@ -156,8 +156,8 @@ struct loom_backend_ctx {
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */
 	size_t qsc_cap; /* floats */
-	int32_t *qfix; /* prefill (qgemm.h): each block's offset correction */
-	size_t qfix_cap; /* int32s */
+	struct qgemm_x *qprep; /* prefill (qgemm.h): activation blocks */
+	size_t qprep_cap;
 	struct qdot_kblock *qkx; /* the same for the K-quants */
 	size_t qkx_cap; /* super-blocks */
 };

@@ -51,7 +51,7 @@ struct gemm_task {
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
 	bool packed; /* g.w is in qpack.h's layout */
-	int32_t *fix; /* prefill (qgemm.h): offset corrections, k / 32 per row */
+	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
 /* Rows [*j0, *j1) of chunk c. */
@@ -260,8 +260,9 @@ static void quant_task(void *arg, int64_t c, int ith)
 	(void)ith;
 	qdot_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qx + c * nb, t->g.k);
 	qdot_row_scales(t->ctx->qx + c * nb, nb, t->ctx->qsc + c * qdot_scales_len(nb));
-	if (t->fix)
-		qgemm_row_fix(t->g.type, t->ctx->qx + c * nb, nb, t->fix + c * nb);
+	if (t->prep)
+		qgemm_row_prep(t->g.type, t->ctx->qx + c * nb, t->g.k,
+			       t->prep + c * (t->g.k / qgemm_block(t->g.type)));
 }
 
 /* Prefill chunk c: a panel of 16 weight rows against every activation row. */
@@ -276,16 +277,16 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	if (t->packed) {
 		/* back to the GGUF layout, after the panel */
 		const size_t gr = (size_t)nb * cpu_block_bytes(g->type);
-		uint8_t *tmp = panel + qgemm_panel_bytes(nb);
+		uint8_t *tmp = panel + qgemm_panel_bytes(g->type, g->k);
 
 		for (int r = 0; r < rows; r++)
 			qpack_unpack_row(g->type, g->w + (size_t)(j0 + r) * g->w_stride, nb,
 					 tmp + (size_t)r * gr);
-		qgemm_panel(g->type, tmp, gr, 0, rows, nb, panel);
+		qgemm_panel(g->type, tmp, gr, 0, rows, g->k, panel);
 	} else {
-		qgemm_panel(g->type, g->w, g->w_stride, j0, rows, nb, panel);
+		qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, panel);
 	}
-	qgemm_run(g->type, panel, rows, t->qx, t->fix, g->m, nb, g->y + j0, g->y_stride);
+	qgemm_run(g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0, g->y_stride);
 }
 
 static void qdot_task(void *arg, int64_t c, int ith)
@@ -420,27 +421,28 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 static int qgemm_gemm(struct gemm_task *t, int nth)
 {
 	struct loom_backend_ctx *ctx = t->ctx;
-	int64_t m = t->g.m, nb = t->g.k / 32;
+	int64_t m = t->g.m, nb = t->g.k / 32, nc = t->g.k / qgemm_block(t->g.type);
 	size_t bytes;
 
-	if (qx_reserve(ctx, m, nb) || (uint64_t)m > SIZE_MAX / sizeof(int32_t) / (uint64_t)nb)
+	if (qx_reserve(ctx, m, nb) || (uint64_t)m > SIZE_MAX / sizeof(struct qgemm_x) / (uint64_t)nc)
 		return LOOM_ERR_NOMEM;
-	if (ctx->qfix_cap < (size_t)(m * nb)) {
-		int32_t *p = malloc((size_t)(m * nb) * sizeof(*p));
+	if (ctx->qprep_cap < (size_t)(m * nc)) {
+		struct qgemm_x *p = malloc((size_t)(m * nc) * sizeof(*p));
 
 		if (!p)
 			return LOOM_ERR_NOMEM;
-		free(ctx->qfix);
-		ctx->qfix = p;
-		ctx->qfix_cap = (size_t)(m * nb);
+		free(ctx->qprep);
+		ctx->qprep = p;
+		ctx->qprep_cap = (size_t)(m * nc);
 	}
 	/* a panel, and for packed weights its 16 rows unpacked */
-	bytes = qgemm_panel_bytes(nb) + (t->packed ? QGEMM_ROWS * (size_t)nb * 34 : 0);
+	bytes = qgemm_panel_bytes(t->g.type, t->g.k) +
+		(t->packed ? QGEMM_ROWS * (size_t)nb * 34 : 0);
 	if (cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
-	t->fix = ctx->qfix;
+	t->prep = ctx->qprep;
 	cpu_pool_run(&ctx->pool, quant_task, t, m, m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	cpu_pool_run(&ctx->pool, qgemm_task, t, (t->n + QGEMM_ROWS - 1) / QGEMM_ROWS, nth);
 	return LOOM_OK;
@@ -470,7 +472,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
-	t.fix = NULL;
+	t.prep = NULL;
 	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws,
 				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
 				 .y_stride = a->y_stride, .m = a->m, .k = a->k };

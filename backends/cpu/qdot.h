@@ -121,6 +121,13 @@ typedef void (*qdot_k_fn)(const uint8_t *w, size_t w_stride, const struct qdot_k
 bool qdot_k_format(uint32_t type);
 /* The kernel of `type` for `isa` (NULL if either is unsupported). */
 qdot_k_fn qdot_k_kernel(enum qdot_isa isa, uint32_t type);
+/* Super-block p of K-quant t: its 256 unsigned values u (the value is
+ * u - qdot_k_offset(t)), per 16 values the integer scale and minimum (0 if
+ * none), and d, dmin (0 if none): value e = d * sc[e / 16] * (u[e] - off)
+ * - dmin * mn[e / 16]. */
+void qdot_k_unpack(uint32_t t, const uint8_t *p, uint8_t u[256], int sc[16], int mn[16],
+		   float *d, float *dmin);
+int qdot_k_offset(uint32_t t);
 /* The plain C reference (the arithmetic above; the same for every set). */
 float qdot_k_ref(uint32_t type, const uint8_t *w, const struct qdot_kblock *x, int64_t nb);
 /* Quantizes k values (a multiple of 256) into k / 256 super-blocks. */

@@ -193,6 +193,25 @@ ALWAYS int k_u(const struct kgrp *q, int e)
 	return v | ((q->hi[e] >> q->hi_shift) & q->hi_mask) << q->hi_pos;
 }
 
+void qdot_k_unpack(uint32_t t, const uint8_t *p, uint8_t u[256], int sc[16], int mn[16],
+		   float *d, float *dmin)
+{
+	for (int g = 0; g < 8; g++) {
+		struct kgrp q = k_grp(t, p, g);
+
+		for (int e = 0; e < 32; e++)
+			u[32 * g + e] = (uint8_t)k_u(&q, e);
+	}
+	ref_scales(t, p, sc, mn);
+	*d = cpu_fp16_to_f32(cpu_rd16(p + kd_off(t)));
+	*dmin = k_min(t) ? cpu_fp16_to_f32(cpu_rd16(p + kd_off(t) + 2)) : 0.0f;
+}
+
+int qdot_k_offset(uint32_t t)
+{
+	return k_off(t);
+}
+
 /* y plus a super-block's two terms, in qdot.h's order (d, dmin: the
  * weight block's scales, xd the activation block's). */
 ALWAYS float k_accumulate(uint32_t t, float xd, int32_t isum, int32_t msum, float y, float d,

@@ -10,11 +10,12 @@
 #endif
 
 #define GROUP_BYTES (4 * QGEMM_ROWS) /* 4 values of each of the 16 rows */
-#define BLOCK_BYTES (8 * GROUP_BYTES)
 
+/* Formats whose blocks have a minimum (their q are unsigned, off 0). */
 static bool offset_format(uint32_t t)
 {
-	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_Q2_K ||
+	       t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K;
 }
 
 static int weight_off(uint32_t t)
@@ -24,12 +25,30 @@ static int weight_off(uint32_t t)
 
 bool qgemm_supported(uint32_t type)
 {
-	return qdot_format(type) && qdot_isa_supported(QDOT_VNNI);
+	return (qdot_format(type) || qdot_k_format(type)) && qdot_isa_supported(QDOT_VNNI);
+}
+
+int qgemm_block(uint32_t type)
+{
+	/* Q4_K and Q5_K scale 32 values at a time, the other K-quants 16 */
+	return qdot_k_format(type) && type != LOOM_TYPE_Q4_K && type != LOOM_TYPE_Q5_K ? 16 : 32;
+}
+
+/* Per block: the interleaved bytes, then 16 scales, then 16 minima. */
+static size_t block_bytes(uint32_t t)
+{
+	return (size_t)qgemm_block(t) / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
+}
+
+size_t qgemm_panel_bytes(uint32_t type, int64_t k)
+{
+	return (size_t)(k / qgemm_block(type)) * block_bytes(type);
 }
 
 #if defined(__x86_64__)
-/* block_u8() with vector nibble splits (GGUF Q4/Q5: byte j holds element
- * j low and j + 16 high; Q5's element e has its fifth bit at bit e). */
+/* A GGUF 32-value block as unsigned bytes q + off with vector nibble
+ * splits (Q4/Q5: byte j holds element j low and j + 16 high; Q5's element
+ * e has its fifth bit at bit e of qh). */
 __attribute__((target("avx2,f16c"))) static void block_u8_avx2(uint32_t t, const uint8_t *p,
 							      uint8_t u[32], float *d, float *m)
 {
@@ -59,8 +78,7 @@ __attribute__((target("avx2,f16c"))) static void block_u8_avx2(uint32_t t, const
 	hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
 	if (qh) {
 		/* bit e of qh to byte e's bit 4 */
-		const __m256i pick = _mm256_setr_epi64x(0x8040201008040201ll, 0x8040201008040201ll,
-							0x8040201008040201ll, 0x8040201008040201ll);
+		const __m256i pick = _mm256_set1_epi64x((long long)0x8040201008040201ull);
 		__m256i bits = _mm256_shuffle_epi8(
 			_mm256_set1_epi32((int)qh),
 			_mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll,
@@ -82,161 +100,201 @@ __attribute__((target("avx2,f16c"))) static void block_u8_avx2(uint32_t t, const
 }
 #endif
 
-/* Per block: the interleaved bytes, then 16 scales, then 16 minima. */
-size_t qgemm_panel_bytes(int64_t nb)
-{
-	return (size_t)nb * (BLOCK_BYTES + 2 * QGEMM_ROWS * sizeof(float));
-}
+/*
+ * Values [c * B, c * B + B) of GGUF row `row` as unsigned bytes q + off,
+ * with the block's float scale and minimum. K-quants come a super-block at
+ * a time: *sb caches the last one unpacked (its index in *sb_at).
+ */
+struct kcache {
+	int64_t at;
+	uint8_t u[256];
+	int sc[16], mn[16];
+	float d, dmin;
+};
 
-static uint8_t *panel_block(void *panel, int64_t b)
+static void block_u8(uint32_t t, const uint8_t *row, int64_t c, struct kcache *kc, uint8_t *u,
+		     float *d, float *m)
 {
-	return (uint8_t *)panel + (size_t)b * (BLOCK_BYTES + 2 * QGEMM_ROWS * sizeof(float));
-}
+	if (qdot_k_format(t)) {
+		const int B = qgemm_block(t), per = 256 / B;
+		int64_t s = c / per;
+		int i = (int)(c % per), off = offset_format(t) ? 0 : 128 - qdot_k_offset(t);
 
-/* GGUF block p of type t as 32 unsigned bytes q + off (element order),
- * its scale and minimum. */
-static void block_u8(uint32_t t, const uint8_t *p, uint8_t u[32], float *d, float *m)
-{
+		if (kc->at != s) {
+			qdot_k_unpack(t, row + (size_t)s * cpu_block_bytes(t), kc->u, kc->sc, kc->mn,
+				      &kc->d, &kc->dmin);
+			kc->at = s;
+		}
+		for (int e = 0; e < B; e++)
+			u[e] = (uint8_t)(kc->u[B * i + e] + off);
+		/* the 16-value scale of the block's first half (Q4_K, Q5_K: both) */
+		*d = kc->d * (float)kc->sc[i * B / 16];
+		*m = -kc->dmin * (float)kc->mn[i * B / 16];
+		return;
+	}
+	row += (size_t)c * cpu_block_bytes(t);
 #if defined(__x86_64__)
 	if (qdot_isa_supported(QDOT_AVX2)) {
-		block_u8_avx2(t, p, u, d, m);
+		block_u8_avx2(t, row, u, d, m);
 		return;
 	}
 #endif
 	int8_t q[32];
 
-	qdot_unpack_block(t, p, q, d, m);
+	qdot_unpack_block(t, row, q, d, m);
 	for (int e = 0; e < 32; e++)
 		u[e] = (uint8_t)(q[e] + weight_off(t));
 }
 
-void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t nb,
+void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
 		 void *panel)
 {
-	const size_t bb = cpu_block_bytes(type);
+	const int B = qgemm_block(type);
+	const int64_t nc = k / B;
+	static __thread struct kcache kc[QGEMM_ROWS];
 	uint8_t u[QGEMM_ROWS][32];
 
 	memset(u, 0, sizeof(u));
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *pb = panel_block(panel, b);
-		float *dw = (float *)(pb + BLOCK_BYTES), *mw = dw + QGEMM_ROWS;
+	for (int r = 0; r < QGEMM_ROWS; r++)
+		kc[r].at = -1;
+	for (int64_t c = 0; c < nc; c++) {
+		uint8_t *pb = (uint8_t *)panel + (size_t)c * block_bytes(type);
+		float *dw = (float *)(pb + B / 4 * GROUP_BYTES), *mw = dw + QGEMM_ROWS;
 
 		for (int r = 0; r < QGEMM_ROWS; r++) {
 			dw[r] = mw[r] = 0.0f;
 			if (r < rows)
-				block_u8(type, w + (size_t)(j0 + r) * ws + (size_t)b * bb, u[r],
-					 &dw[r], &mw[r]);
+				block_u8(type, w + (size_t)(j0 + r) * ws, c, &kc[r], u[r], &dw[r],
+					 &mw[r]);
 		}
 		/* group g of every row: 4 bytes each, row after row */
-		for (int g = 0; g < 8; g++)
+		for (int g = 0; g < B / 4; g++)
 			for (int r = 0; r < QGEMM_ROWS; r++)
 				memcpy(pb + g * GROUP_BYTES + r * 4, u[r] + 4 * g, 4);
 	}
 }
 
-void qgemm_row_fix(uint32_t type, const struct qdot_block *x, int64_t nb, int32_t *fix)
+void qgemm_row_prep(uint32_t type, const struct qdot_block *x, int64_t k, struct qgemm_x *out)
 {
-	for (int64_t b = 0; b < nb; b++) {
+	const int B = qgemm_block(type);
+
+	for (int64_t c = 0; c < k / B; c++) {
+		const struct qdot_block *xb = x + c * B / 32;
 		int32_t sum = 0;
 
-		for (int e = 0; e < 32; e++)
-			sum += x[b].q[e];
-		fix[b] = -weight_off(type) * sum;
+		for (int e = 0; e < B; e++)
+			sum += xb->q[c * B % 32 + e];
+		out[c].d = xb->d;
+		out[c].s = xb->d * (float)sum;
+		out[c].fix = -weight_off(type) * sum;
 	}
 }
 
-float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t nb)
+float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t k)
 {
-	const int off = weight_off(type);
+	const int B = qgemm_block(type), off = weight_off(type);
+	struct kcache kc = { .at = -1 };
 	float acc = 0.0f;
 
-	for (int64_t b = 0; b < nb; b++) {
-		int8_t q[32];
+	for (int64_t c = 0; c < k / B; c++) {
+		const struct qdot_block *xb = x + c * B / 32;
+		const int8_t *xq = xb->q + c * B % 32;
+		uint8_t u[32];
 		float d, m;
 		int32_t isum = 0, xsum = 0;
 
-		qdot_unpack_block(type, w + (size_t)b * cpu_block_bytes(type), q, &d, &m);
-		for (int e = 0; e < 32; e++) {
-			isum += (int32_t)(uint8_t)(q[e] + off) * x[b].q[e];
-			xsum += x[b].q[e];
+		block_u8(type, w, c, &kc, u, &d, &m);
+		for (int e = 0; e < B; e++) {
+			isum += (int32_t)u[e] * xq[e];
+			xsum += xq[e];
 		}
-		acc = fmaf((float)(isum - off * xsum), d * x[b].d, acc);
+		acc = fmaf((float)(isum - off * xsum), d * xb->d, acc);
 		if (offset_format(type))
-			acc = fmaf(m, x[b].s, acc);
+			acc = fmaf(m, xb->d * (float)xsum, acc);
 	}
 	return acc;
 }
 
 #if defined(__x86_64__)
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define QG_X 8 /* activation rows per pass over the panel */
+#define QG_X 8 /* activation rows per pass over a panel block */
 
-/* X activation rows (X <= QG_X) against the panel; has_min a constant. */
+/* X activation rows (X <= QG_X) against the panel; B, has_min constants. */
 static inline __attribute__((always_inline)) TGT_VNNI void
-qgemm_rows(const uint8_t *panel, int rows, const struct qdot_block *x, const int32_t *fix,
-	   int64_t nb, float *y, int64_t ys, int X, bool has_min)
+qgemm_rows(const uint8_t *panel, int rows, const struct qdot_block *x,
+	   const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,
+	   bool has_min)
 {
 	const __mmask16 keep = (__mmask16)((1u << rows) - 1);
+	const int64_t nc = k / B, nx = k / 32;
+	const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
 	__m512 acc[QG_X];
 
 	for (int i = 0; i < X; i++)
 		acc[i] = _mm512_setzero_ps();
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = panel_block((void *)panel, b);
-		__m512 dw = _mm512_loadu_ps(pb + BLOCK_BYTES);
-		__m512 mw = _mm512_loadu_ps(pb + BLOCK_BYTES + QGEMM_ROWS * sizeof(float));
+	for (int64_t c = 0; c < nc; c++) {
+		const uint8_t *pb = panel + (size_t)c * bb;
+		__m512 dw = _mm512_loadu_ps(pb + B / 4 * GROUP_BYTES);
+		__m512 mw = _mm512_loadu_ps(pb + B / 4 * GROUP_BYTES + QGEMM_ROWS * sizeof(float));
 		__m512i wq[8];
 
-		for (int g = 0; g < 8; g++)
+		for (int g = 0; g < B / 4; g++)
 			wq[g] = _mm512_loadu_si512(pb + g * GROUP_BYTES);
 		for (int i = 0; i < X; i++) {
-			const struct qdot_block *xb = x + i * nb + b;
-			__m512i s = _mm512_set1_epi32(fix[i * nb + b]);
+			const struct qgemm_x *xp = prep + i * nc + c;
+			const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;
+			__m512i s = _mm512_set1_epi32(xp->fix);
 			int32_t x4;
 
-			for (int g = 0; g < 8; g++) {
-				memcpy(&x4, xb->q + 4 * g, 4);
+			for (int g = 0; g < B / 4; g++) {
+				memcpy(&x4, xq + 4 * g, 4);
 				s = _mm512_dpbusd_epi32(s, wq[g], _mm512_set1_epi32(x4));
 			}
 			acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
-						 _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[i]);
+						 _mm512_mul_ps(dw, _mm512_set1_ps(xp->d)), acc[i]);
 			if (has_min)
-				acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), acc[i]);
+				acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xp->s), acc[i]);
 		}
 	}
 	for (int i = 0; i < X; i++)
 		_mm512_mask_storeu_ps(y + i * ys, keep, acc[i]);
 }
 
-static TGT_VNNI void qgemm_run_vnni(uint32_t type, const void *panel, int rows,
-				    const struct qdot_block *x, const int32_t *fix, int64_t m,
-				    int64_t nb, float *y, int64_t ys)
-{
-	const bool mn = offset_format(type);
-	int64_t i = 0;
-
-	for (; i + QG_X <= m; i += QG_X) {
-		if (mn)
-			qgemm_rows(panel, rows, x + i * nb, fix + i * nb, nb, y + i * ys, ys, QG_X, true);
-		else
-			qgemm_rows(panel, rows, x + i * nb, fix + i * nb, nb, y + i * ys, ys, QG_X, false);
+/* One pass of X rows for a (B, has_min) kind. */
+#define QG_KIND(B, MN)                                                                     \
+	static TGT_VNNI void qgemm_##B##_##MN(const void *panel, int rows,               \
+					      const struct qdot_block *x,                \
+					      const struct qgemm_x *prep, int64_t m,     \
+					      int64_t k, float *y, int64_t ys)           \
+	{                                                                                  \
+		const int64_t nx = k / 32, nc = k / (B);                                  \
+		int64_t i = 0;                                                             \
+                                                                                           \
+		for (; i + QG_X <= m; i += QG_X)                                           \
+			qgemm_rows(panel, rows, x + i * nx, prep + i * nc, k, y + i * ys,  \
+				   ys, QG_X, B, MN);                                        \
+		for (; i < m; i++)                                                         \
+			qgemm_rows(panel, rows, x + i * nx, prep + i * nc, k, y + i * ys,  \
+				   ys, 1, B, MN);                                           \
 	}
-	for (; i < m; i++) {
-		if (mn)
-			qgemm_rows(panel, rows, x + i * nb, fix + i * nb, nb, y + i * ys, ys, 1, true);
-		else
-			qgemm_rows(panel, rows, x + i * nb, fix + i * nb, nb, y + i * ys, ys, 1, false);
-	}
-}
+QG_KIND(32, 0)
+QG_KIND(32, 1)
+QG_KIND(16, 0)
+QG_KIND(16, 1)
 #endif
 
 void qgemm_run(uint32_t type, const void *panel, int rows, const struct qdot_block *x,
-	       const int32_t *fix, int64_t m, int64_t nb, float *y, int64_t ys)
+	       const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys)
 {
 #if defined(__x86_64__)
-	qgemm_run_vnni(type, panel, rows, x, fix, m, nb, y, ys);
+	bool mn = offset_format(type);
+
+	if (qgemm_block(type) == 32)
+		(mn ? qgemm_32_1 : qgemm_32_0)(panel, rows, x, prep, m, k, y, ys);
+	else
+		(mn ? qgemm_16_1 : qgemm_16_0)(panel, rows, x, prep, m, k, y, ys);
 #else
-	(void)type; (void)panel; (void)rows; (void)x; (void)fix; (void)m; (void)nb; (void)y;
+	(void)type; (void)panel; (void)rows; (void)x; (void)prep; (void)m; (void)k; (void)y;
 	(void)ys;
 #endif
 }

@@ -1,6 +1,7 @@
 /*
  * Fast-mode prefill GEMM (m >= 16, not batch invariant) for the formats
- * with 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), on AVX-512 VNNI.
+ * with 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the K-quants (in
+ * blocks of their 16-value sub-blocks), on AVX-512 VNNI.
  *
  * Weight rows are taken 16 at a time into a panel that interleaves them:
  * for block b and group g of 4 values, 64 bytes holding those 4 values of
@@ -13,10 +14,12 @@
  * Arithmetic of y[i][j] (one row j of the panel, one activation row i),
  * block after block, in float:
  *   acc = fma((float)(isum_b - off * xsum_b), dw_b * xd_b, acc)
- *   acc = fma(mw_b, xs_b, acc)                    (Q4_1, Q5_1)
+ *   acc = fma(mw_b, xs_b, acc)             (formats with minima)
  * with isum_b the exact sum of (q + off) * xq over the block, off 128 for
  * the signed formats and 0 for the offset ones, xsum_b the sum of the
- * block's xq, xd_b and xs_b the activation block's scale and d * sum.
+ * block's xq, xd_b and xs_b the activation block's scale and d * xsum_b;
+ * dw_b is the block's scale (K-quants: d * sc as a float), mw_b its minimum
+ * (K-quants: -dmin * mn).
  * qgemm_ref() is that in plain C; the kernel equals it bit for bit
  * (tests/backend/qdot.c). It differs from the decode kernels' rounding,
  * as the BLAS path it replaces did; batch-invariant contexts never use it.
@@ -32,23 +35,31 @@
 
 #define QGEMM_ROWS 16
 
+/* One activation block as the kernel reads it (per qgemm_block() values):
+ * scale d, s = d * (sum of its q) and fix = -off * (sum of its q). */
+struct qgemm_x {
+	float d, s;
+	int32_t fix;
+};
+
 /* Whether the CPU runs the kernel (AVX-512 VNNI) and type has one. */
 bool qgemm_supported(uint32_t type);
-/* Bytes of a panel of k / 32 blocks (a multiple of 64). */
-size_t qgemm_panel_bytes(int64_t nb);
+/* Values per panel block: 32, or 16 for the K-quants (their sub-blocks). */
+int qgemm_block(uint32_t type);
+/* Bytes of a panel of k values (a multiple of 64). */
+size_t qgemm_panel_bytes(uint32_t type, int64_t k);
 /* Builds the panel of rows [j0, j0 + rows) (rows <= 16; missing rows are
- * zeros) from GGUF rows w + j * ws of nb blocks. */
-void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t nb,
+ * zeros) from GGUF rows w + j * ws of k values. */
+void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
 		 void *panel);
-/* Per block of an activation row, -off * (sum of its q): nb values into
- * fix (off: 128 for the signed formats, 0 for the offset ones). */
-void qgemm_row_fix(uint32_t type, const struct qdot_block *x, int64_t nb, int32_t *fix);
+/* An activation row's k / qgemm_block() blocks for the kernel, from its
+ * qdot_quantize_row() blocks x. */
+void qgemm_row_prep(uint32_t type, const struct qdot_block *x, int64_t k, struct qgemm_x *out);
 /* y[i * ys + r] for i < m, r < rows: the panel's rows times activation rows
- * x + i * nb (quantized by qdot_quantize_row; fix + i * nb their
- * qgemm_row_fix()). */
+ * x + i * (k / 32) with their prep + i * (k / qgemm_block()). */
 void qgemm_run(uint32_t type, const void *panel, int rows, const struct qdot_block *x,
-	       const int32_t *fix, int64_t m, int64_t nb, float *y, int64_t ys);
+	       const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys);
 /* The plain C reference of one element: GGUF row w, activation row x. */
-float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t nb);
+float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t k);
 
 #endif /* LOOM_CPU_QGEMM_H */

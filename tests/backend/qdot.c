@@ -352,57 +352,114 @@ START_TEST(packed_match_reference)
 }
 END_TEST
 
+/* Random K-quant super-blocks: random bytes with sane f16 d (and dmin). */
+static void fill_k(uint32_t t, uint8_t *w, int64_t n_sb)
+{
+	const size_t bb = cpu_block_bytes(t);
+	const int d_at = t == LOOM_TYPE_Q2_K ? 80 : t == LOOM_TYPE_Q3_K ? 108 :
+			 t == LOOM_TYPE_Q6_K ? 208 : 0;
+
+	for (int64_t b = 0; b < n_sb; b++) {
+		uint8_t *p = w + b * bb;
+
+		for (size_t i = 0; i < bb; i++)
+			p[i] = (uint8_t)rnd32();
+		for (int h = 0; h < 2; h++) {
+			uint16_t v = to_f16(0.001f + 0.01f * (rndf() + 1.0f));
+
+			if (h == 0 || t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q4_K ||
+			    t == LOOM_TYPE_Q5_K)
+				memcpy(p + d_at + 2 * h, &v, 2);
+		}
+	}
+}
+
+/* K-quants: the kernel's sum against the f64 dot of the weights as
+ * kernels.c dequantizes them (independent code) and the dequantized 8-bit
+ * activations, within float rounding of the terms. */
+static bool near_dequant(uint32_t t, const uint8_t *w, const struct qdot_block *q, int64_t k,
+			 float got)
+{
+	static float wf[1536];
+	double dot = 0, mag = 0;
+
+	cpu_dequant_row(CPU_ISA_SCALAR, t, w, wf, k);
+	for (int64_t e = 0; e < k; e++) {
+		double v = (double)wf[e] * q[e / 32].d * q[e / 32].q[e % 32];
+
+		dot += v;
+		mag += fabs(v);
+	}
+	if (fabs(got - dot) <= 1e-5 * mag + 1e-30)
+		return true;
+	printf("qgemm type %u k=%lld: %.9g, f64 dot of the dequantized operands %.9g\n", t,
+	       (long long)k, got, dot);
+	return false;
+}
+
 /*
  * The prefill kernel (qgemm.h): panels of up to 16 rows (odd counts too)
- * times m activation rows, against qgemm_ref() bit for bit, and against
- * the f64 dot of the dequantized operands within float rounding.
+ * times m activation rows, against qgemm_ref() bit for bit; for the
+ * 32-value formats also against the f64 dot of the dequantized operands
+ * within float rounding.
  */
 START_TEST(qgemm_match_reference)
 {
 	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
-					  LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1 };
-	static const int64_t counts[] = { 1, 2, 3, 17, 18, 48 };
-	enum { M = 7, N = 16 };
-	static uint8_t w[N * MAX_NB * 34], panel[MAX_NB * 1024] __attribute__((aligned(64)));
-	static struct qdot_block q[M * MAX_NB];
-	static float x[M * MAX_NB * 32], y[M * N];
-	static int32_t fix[M * MAX_NB];
+					  LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K,
+					  LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
+					  LOOM_TYPE_Q6_K };
+	static const int64_t ks[] = { 32, 64, 96, 544, 576, 1536 };
+	enum { M = 11, N = 16 };
+	static uint8_t w[N * 1536 / 32 * 34], panel[2 * 1536 / 16 * 384] __attribute__((aligned(64)));
+	static struct qdot_block q[M * 1536 / 32];
+	static struct qgemm_x prep[M * 1536 / 16];
+	static float x[M * 1536], y[M * N];
 	int bad = 0, cases = 0;
 
 	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
 		uint32_t t = types[f];
+		bool kq = t >= LOOM_TYPE_Q2_K && t <= LOOM_TYPE_Q6_K;
 
 		if (!qgemm_supported(t)) {
 			printf("qgemm: no AVX-512 VNNI here, skipped\n");
 			return;
 		}
-		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
-			int64_t nb = counts[c];
-			size_t ws = nb * cpu_block_bytes(t);
+		for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++) {
+			int64_t k = ks[c], nb = k / 32, nc = k / qgemm_block(t);
+			size_t ws = (size_t)(k / cpu_block_elems(t)) * cpu_block_bytes(t);
 
+			if (k % cpu_block_elems(t))
+				continue;
 			for (int rows = 1; rows <= N; rows += 5, cases++) {
-				fill_weights(t, w, N * nb);
-				fill_acts(x, M * nb * 32);
+				if (kq)
+					fill_k(t, w, N * k / 256);
+				else
+					fill_weights(t, w, N * nb);
+				fill_acts(x, M * k);
 				for (int i = 0; i < M; i++) {
-					qdot_quantize_row(x + i * nb * 32, q + i * nb, nb * 32);
-					qgemm_row_fix(t, q + i * nb, nb, fix + i * nb);
+					qdot_quantize_row(x + i * k, q + i * nb, k);
+					qgemm_row_prep(t, q + i * nb, k, prep + i * nc);
 				}
-				ck_assert(qgemm_panel_bytes(nb) <= sizeof(panel));
+				ck_assert(qgemm_panel_bytes(t, k) <= sizeof(panel));
 				memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
-				qgemm_panel(t, w, ws, 0, rows, nb, panel);
-				qgemm_run(t, panel, rows, q, fix, M, nb, y, N);
+				qgemm_panel(t, w, ws, 0, rows, k, panel);
+				qgemm_run(t, panel, rows, q, prep, M, k, y, N);
 				for (int i = 0; i < M; i++)
 					for (int r = 0; r < N; r++) {
-						float want = qgemm_ref(t, w + r * ws, q + i * nb, nb);
+						float want = qgemm_ref(t, w + r * ws, q + i * nb, k);
 
 						if (r >= rows) {
 							bad += !isnan(y[i * N + r]); /* not written */
 						} else if (memcmp(&y[i * N + r], &want, 4)) {
-							printf("qgemm type %u nb=%lld rows=%d [%d][%d]: %.9g vs %.9g\n",
-							       t, (long long)nb, rows, i, r, y[i * N + r], want);
+							printf("qgemm type %u k=%lld rows=%d [%d][%d]: %.9g vs %.9g\n",
+							       t, (long long)k, rows, i, r, y[i * N + r], want);
 							bad++;
-						} else if (!near_f64(t, w + r * ws, x + i * nb * 32,
-								     q + i * nb, nb, want)) {
+						} else if (!kq && !near_f64(t, w + r * ws, x + i * k,
+									    q + i * nb, nb, want)) {
+							bad++;
+						} else if (kq && !near_dequant(t, w + r * ws, q + i * nb, k,
+									       want)) {
 							bad++;
 						}
 					}
