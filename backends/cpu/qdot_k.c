@@ -193,9 +193,18 @@ ALWAYS int k_u(const struct kgrp *q, int e)
 	return v | ((q->hi[e] >> q->hi_shift) & q->hi_mask) << q->hi_pos;
 }
 
+#if defined(__x86_64__)
+static void unpack_u_avx2(uint32_t t, const uint8_t *p, uint8_t u[256]);
+#endif
+
 void qdot_k_unpack(uint32_t t, const uint8_t *p, uint8_t u[256], int sc[16], int mn[16],
 		   float *d, float *dmin)
 {
+#if defined(__x86_64__)
+	if (qdot_isa_supported(QDOT_AVX2))
+		unpack_u_avx2(t, p, u);
+	else
+#endif
 	for (int g = 0; g < 8; g++) {
 		struct kgrp q = k_grp(t, p, g);
 
@@ -400,6 +409,24 @@ TGT_AVX2 ALWAYS __m256i avx2_quants(uint32_t t, const uint8_t *p, int g)
 	h = _mm256_loadu_si256((const __m256i *)q.hi);
 	h = _mm256_and_si256(_mm256_srli_epi16(h, q.hi_shift), _mm256_set1_epi8((char)q.hi_mask));
 	return _mm256_or_si256(u, _mm256_slli_epi16(h, q.hi_pos));
+}
+
+/* qdot_k_unpack()'s values with the kernels' group decoding. */
+TGT_AVX2 static void unpack_u_avx2(uint32_t t, const uint8_t *p, uint8_t u[256])
+{
+	switch (t) {
+#define UNPACK_CASE(T)                                                                     \
+	case T:                                                                            \
+		for (int g = 0; g < 8; g++)                                                \
+			_mm256_storeu_si256((__m256i *)(u + 32 * g), avx2_quants(T, p, g)); \
+		break;
+	UNPACK_CASE(LOOM_TYPE_Q2_K)
+	UNPACK_CASE(LOOM_TYPE_Q3_K)
+	UNPACK_CASE(LOOM_TYPE_Q4_K)
+	UNPACK_CASE(LOOM_TYPE_Q5_K)
+	UNPACK_CASE(LOOM_TYPE_Q6_K)
+#undef UNPACK_CASE
+	}
 }
 
 /* isum and msum of super-block p with 8 int32 lanes (AVX2). */
