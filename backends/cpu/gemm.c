@@ -484,7 +484,8 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
-	if (!ctx->exact && ctx->qgemm && qgemm_supported(a->w_type) && a->k > 0)
+	if (!ctx->exact && ctx->qgemm && !ctx->invariant && a->m >= BLAS_MIN_M &&
+	    qgemm_supported(a->w_type) && a->k > 0)
 		return qgemm_gemm(&t, nth);
 	if (!ctx->exact && qdot_k_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
