@@ -1,7 +1,7 @@
 /*
  * bench_gemm: weight bandwidth of cpu.so's GEMV (decode) path.
  *
- * Usage: bench_gemm [path/to/cpu.so] [seconds per case]
+ * Usage: bench_gemm [path/to/cpu.so] [seconds per case] [cold]
  *
  * Loads cpu.so through its ABI entry, like the host does, and times
  * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1, Q8_0,
@@ -99,12 +99,21 @@ static void fill_weights(uint8_t *w, size_t bytes, const struct format *f)
 	}
 }
 
+/* Copies of the weight rotated through in cold mode: more bytes than any
+ * cache holds, so every call streams its weight from memory, as decode
+ * does (a step's weights are far larger than the cache). */
+#define COLD_BYTES ((size_t)256 << 20)
+#define MAX_COPIES 4096
+
 /* With `packed`, the weight goes through weight_pack first (1 if the
  * backend keeps this format as it is: nothing to time). GB/s counts the
- * GGUF bytes either way. */
+ * GGUF bytes either way. With `cold`, many copies are rotated through. */
 static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx *ctx,
-		     const struct shape *s, int threads, double secs, bool packed)
+		     const struct shape *s, int threads, double secs, bool packed, bool cold)
 {
+	static struct loom_buffer *copies[MAX_COPIES];
+	static const void *addr[MAX_COPIES];
+	int n_copies = 1;
 	struct loom_buffer *bp = NULL;
 	size_t pbytes;
 	const struct format *f = format_of(s->type);
@@ -144,6 +153,25 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		a.w = ops->buffer_addr(ctx, bp);
 		a.w_packed = 1;
 	}
+	addr[0] = a.w;
+	if (cold) {
+		struct loom_weight_pack_args pa = { .struct_size = sizeof(pa), .type = s->type,
+			.n = s->n, .k = s->k, .src = ops->buffer_addr(ctx, bw), .src_stride = row };
+
+		n_copies = (int)(COLD_BYTES / wbytes) + 1;
+		n_copies = n_copies > MAX_COPIES ? MAX_COPIES : n_copies;
+		for (int c = 1; c < n_copies; c++) {
+			if (packed ? ops->weight_pack(ctx, &pa, &copies[c], &pbytes) :
+				     ops->buffer_alloc(ctx, wbytes, &copies[c])) {
+				n_copies = c;
+				break;
+			}
+			if (!packed)
+				memcpy(ops->buffer_addr(ctx, copies[c]), ops->buffer_addr(ctx, bw),
+				       wbytes);
+			addr[c] = ops->buffer_addr(ctx, copies[c]);
+		}
+	}
 	for (int i = 0; i < 3; i++)
 		rc = ops->gemm(ctx, &a);
 	if (rc) {
@@ -152,14 +180,18 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 	}
 	t0 = now();
 	do {
-		for (int i = 0; i < 16; i++)
+		for (int i = 0; i < 16; i++) {
+			a.w = addr[iters % n_copies];
 			ops->gemm(ctx, &a);
-		iters += 16;
+			iters++;
+		}
 		t = now() - t0;
 	} while (t < secs);
-	printf("%-22s %-5s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
-	       f->name, packed ? "+pack" : "     ", (long long)s->k, (long long)s->n,
-	       threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
+	printf("%-22s %-5s%s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
+	       f->name, packed ? "+pack" : "     ", cold ? " cold" : "     ", (long long)s->k,
+	       (long long)s->n, threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
+	for (int c = 1; c < n_copies; c++)
+		ops->buffer_free(ctx, copies[c]);
 	if (bp)
 		ops->buffer_free(ctx, bp);
 	ops->buffer_free(ctx, bw);
@@ -186,6 +218,7 @@ int main(int argc, char **argv)
 	};
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;
+	bool cold = argc > 3 && !strcmp(argv[3], "cold");
 	struct loom_backend_host host = {
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
@@ -214,7 +247,7 @@ int main(int argc, char **argv)
 		}
 		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 			for (int packed = 0; packed < 2; packed++)
-				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed) < 0)
+				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed, cold) < 0)
 					return 1;
 		ops->destroy(ctx);
 	}
