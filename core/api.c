@@ -207,14 +207,12 @@ static int load_specs(struct loom_engine *e, const struct loom_engine_params *p,
 /* Context per sequence: n_ctx, or 4096; never above the trained context. */
 static int32_t context_size(const struct loom_model *m, int32_t n_ctx)
 {
-	int64_t train = m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 4096;
+	int32_t used = loom_model_context(&m->hp, n_ctx);
 
-	if (n_ctx > train)
-		loom_log(LOOM_LOG_WARN, "context %d is above the model's trained context; using %lld",
-			 n_ctx, (long long)train);
-	if (n_ctx <= 0)
-		n_ctx = 4096;
-	return n_ctx > train ? (int32_t)train : n_ctx;
+	if (n_ctx > used)
+		loom_log(LOOM_LOG_WARN, "context %d is above the model's trained context; using %d",
+			 n_ctx, used);
+	return used;
 }
 
 /* The scheduler's configuration from the engine parameters (the
@@ -316,7 +314,8 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 	mp = (struct loom_model_params){ .backend = p.backend ? p.backend : "cpu.so",
 		.n_threads = p.n_threads, .progress = p.progress,
 		.backend_flags = (p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0) |
-				 (p.exact ? LOOM_BACKEND_EXACT : 0) };
+				 (p.exact ? LOOM_BACKEND_EXACT : 0),
+		.n_ctx = p.n_ctx };
 	if (open_model(e, &p, &mp, err, errlen))
 		goto out_close;
 	if (sched_config(e, &p, err, errlen) || load_specs(e, &p, &mp, err, errlen))

@@ -13,7 +13,9 @@
  *   qwen3:          RoPE on halves, per-head QK-norm, no biases;
  *   phi3:           RoPE on halves, fused Q/K/V (attn_qkv) and fused
  *                   gate/up (ffn_up, 2 * n_ff rows, gate first), LongRoPE's
- *                   short factors (rope_factors_short) as the divisors;
+ *                   factors as the divisors: rope_factors_long when the
+ *                   context used exceeds the file's original context,
+ *                   rope_factors_short otherwise (llama.cpp's rule);
  *   gemma2:         RoPE on halves, GELU(tanh)-gated FFN, embeddings
  *                   scaled by sqrt(n_embd), norms after attention and FFN
  *                   as well as before, attention and final-logit
@@ -136,6 +138,7 @@ static const struct loom_arch arch_phi3 = {
 	/* phi3.attention.sliding_window is ignored, as llama.cpp does: the
 	 * converter's value is not what the models were trained with */
 	.rope_factors = "rope_factors_short.weight",
+	.rope_factors_long = "rope_factors_long.weight",
 };
 
 static const struct loom_arch arch_gemma2 = {

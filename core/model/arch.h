@@ -91,6 +91,10 @@ struct loom_arch {
 	/* per-dimension RoPE frequency divisors ([n_rot / 2] f32, optional);
 	 * NULL: "rope_freqs.weight" (Llama 3.1's, written by the converter) */
 	const char *rope_factors;
+	/* LongRoPE: the divisors for a context above the file's
+	 * <arch>.rope.scaling.original_context_length (NULL: rope_factors
+	 * whatever the context) */
+	const char *rope_factors_long;
 	const char *chat_marker;      /* chat template family when the file has none */
 };
 

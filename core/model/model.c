@@ -272,6 +272,7 @@ struct weight_plan {
 struct loader {
 	const struct gguf_file *f;
 	struct loom_model *m;
+	int32_t n_ctx; /* the context asked for (loom_model_params) */
 	struct weight_plan *plan;
 	int n_plan, cap_plan;
 	size_t total;
@@ -436,6 +437,37 @@ static void split_fused(const struct weight_plan *p)
 	}
 }
 
+int32_t loom_model_context(const struct loom_hparams *hp, int32_t n_ctx)
+{
+	int64_t train = hp->n_ctx_train > 0 ? hp->n_ctx_train : 4096;
+
+	if (n_ctx <= 0)
+		n_ctx = 4096;
+	return n_ctx > train ? (int32_t)train : n_ctx;
+}
+
+/*
+ * The RoPE divisors' tensor: Llama 3.1's rope_freqs, or the family's; for
+ * LongRoPE (Phi-3) the long factors when the context used goes past the
+ * file's original_context_length, as llama.cpp decides, else the short.
+ */
+static const char *rope_factors_name(const struct loader *l)
+{
+	const struct loom_hparams *hp = &l->m->hp;
+	int64_t orig = 0;
+	char why[256];
+
+	if (!hp->arch->rope_factors)
+		return "rope_freqs.weight";
+	if (hp->arch->rope_factors_long &&
+	    get_arch_int(l->f, hp->arch_name, "rope.scaling.original_context_length", 0, &orig,
+			 why, sizeof(why)) == 0 &&
+	    orig > 0 && loom_model_context(hp, l->n_ctx) > orig &&
+	    gguf_find_tensor(l->f, hp->arch->rope_factors_long))
+		return hp->arch->rope_factors_long;
+	return hp->arch->rope_factors;
+}
+
 static int plan_all(struct loader *l)
 {
 	struct loom_model *m = l->m;
@@ -459,9 +491,7 @@ static int plan_all(struct loader *l)
 				 hp->n_embd, true, LOOM_OP_GEMM))
 		return -1;
 	if (plan_weight(l, &m->output_norm, "output_norm.weight", 0, 0, hp->n_embd, true, 0) ||
-	    plan_weight(l, &m->rope_freqs,
-			hp->arch->rope_factors ? hp->arch->rope_factors : "rope_freqs.weight", 0, 0,
-			hp->n_rot / 2, false, 0))
+	    plan_weight(l, &m->rope_freqs, rope_factors_name(l), 0, 0, hp->n_rot / 2, false, 0))
 		return -1;
 	return plan_layers(l);
 }
@@ -604,7 +634,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 	struct loom_backend_config cfg = { .struct_size = sizeof(cfg),
 		.n_threads = p->n_threads, .flags = p->backend_flags };
 	struct loom_model *m = calloc(1, sizeof(*m));
-	struct loader l = { .f = f, .m = m, .err = err, .errlen = errlen };
+	struct loader l = { .f = f, .m = m, .n_ctx = p->n_ctx, .err = err, .errlen = errlen };
 
 	if (!m) {
 		loom_seterr(err, errlen, "out of memory");

@@ -109,7 +109,14 @@ struct loom_model_params {
 	int n_threads;
 	bool progress;       /* progress bar on stderr */
 	uint32_t backend_flags; /* LOOM_BACKEND_* (e.g. batch invariance) */
+	/* the context a sequence may reach, as asked (loom_model_context()
+	 * turns it into the one used); picks LongRoPE's factors */
+	int32_t n_ctx;
 };
+
+/* Context per sequence for an asked n_ctx: n_ctx, or 4096 when <= 0;
+ * never above the trained context. */
+int32_t loom_model_context(const struct loom_hparams *hp, int32_t n_ctx);
 
 /* Loads hyperparameters and weights from an open GGUF file onto the backend
  * and builds the graph. NULL with the reason in err. */

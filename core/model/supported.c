@@ -58,7 +58,7 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 		add(other, sizeof(other), swa);
 	}
 	if (a->rope_factors)
-		add(other, sizeof(other), "LongRoPE (short) factors");
+		add(other, sizeof(other), "LongRoPE factors (long ones past the original context)");
 	else
 		add(other, sizeof(other), "Llama 3.1 RoPE factors if present");
 	if (find_tensor(a, "blk.%d.post_attention_norm.weight"))

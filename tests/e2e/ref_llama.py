@@ -71,9 +71,12 @@ every layer attends to the window only; RoPE unchanged.
 Phi-3 (arch "phi3", HF Phi3ForCausalLM): llama with rope on halves and
 fused weights: attn_qkv holds [Wq; Wk; Wv] by rows, ffn_up [Wgate; Wup]
 (gate first: HF's gate_up_proj output chunked in two, act on the first).
-LongRoPE: theta_i = pos * base^(-2i/n_rot) / short_factor[i] (the long
-factors apply past the original context only, which these tests never
-reach) and cos/sin multiplied by phi3.rope.scaling.attn_factor.
+LongRoPE: theta_i = pos * base^(-2i/n_rot) / factor[i], with the long
+factors when the context the engine runs with (loom's default: 4096, or
+the trained context if smaller) is above
+phi3.rope.scaling.original_context_length and the short ones otherwise
+(llama.cpp's rule: it goes by the configured context, not the position),
+and cos/sin multiplied by phi3.rope.scaling.attn_factor.
 
 Llama 3.1: rope_freqs.weight divisors, as for any llama file.
 
@@ -215,8 +218,13 @@ class Model:
         out = w("output.weight", False)
         self.output = self.tok_embd if out is None else out
         phi3 = self.arch == "phi3"
-        self.rope_freqs = w("rope_factors_short.weight" if phi3 else
-                            "rope_freqs.weight", False)
+        self.rope_freqs = w("rope_freqs.weight", False)
+        if phi3:
+            ctx = min(4096, int(self.meta(self.arch + ".context_length", 4096)))
+            orig = int(self.meta(self.arch +
+                                 ".rope.scaling.original_context_length", 0))
+            self.rope_freqs = w("rope_factors_long.weight" if 0 < orig < ctx
+                                else "rope_factors_short.weight", False)
         dq = self.n_head * self.head_dim
         dkv = self.n_head_kv * self.head_dim
         self.layers = []

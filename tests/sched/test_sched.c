@@ -459,8 +459,15 @@ int main(void)
 	}
 	tcase_add_unchecked_fixture(tc, load_model, unload_model);
 	tcase_set_timeout(tc, 900);
+	const char *quick = getenv("LOOM_SCHED_QUICK");
+
 	if (bench && *bench == '1') {
 		tcase_add_test(tc, throughput);
+	} else if (quick && *quick == '1') {
+		/* the emulated GPU path of the windowed pool: batching and the
+		 * pool's bound (the rest runs on cpu.so in sched_swa) */
+		tcase_add_test(tc, batched_equals_alone);
+		tcase_add_test(tc, window_bounds_local_blocks);
 	} else {
 		tcase_add_test(tc, plan_blocks_is_exact);
 		tcase_add_test(tc, queue_bound_and_bad_requests);

@@ -35,8 +35,8 @@ The reference also has to show that each case is worth running: its logits
 must not be flat (their standard deviation is at least MIN_SPREAD), and the
 feature under test must matter: the reference run without it (rope in the
 other mode, biases dropped, scaling or frequency factors off, output tied
-instead of untied, soft-caps off, the long LongRoPE factors instead of
-the short ones, no attention factor, a fused matrix split in the wrong
+instead of untied, soft-caps off, the short LongRoPE factors instead of
+the long ones, no attention factor, a fused matrix split in the wrong
 order) must move the logits by more than 100 * TOL, so an engine that
 ignored it would fail. Two Gemma 3 features are subtler on a
 random model and need only 10 * TOL (still 10x what the logits check
@@ -120,7 +120,7 @@ CASES = (
     ("phi3-fused-longrope-q8_0", ["--arch", "phi3", "--embd", "128", "--ff",
                                   "256", "--vocab", "400", "--type", "q8_0",
                                   "--rope-factors"],
-     ("neox", "freqs", "long", "attnfactor", "gateorder", "kvorder")),
+     ("neox", "freqs", "short", "attnfactor", "gateorder", "kvorder")),
     ("phi3-fused-f32", ["--arch", "phi3", "--embd", "64", "--ff", "128",
                         "--vocab", "300", "--type", "f32", "--tied"],
      ("neox", "gateorder", "kvorder")),
@@ -278,8 +278,8 @@ def variant_logits(np, ref_llama, path, feature, ids):
         m.final_softcap = 0.0
     elif feature == "default_caps":
         m.attn_softcap = m.final_softcap = 0.0
-    elif feature == "long":       # the long LongRoPE factors instead
-        m.rope_freqs = m.weight("rope_factors_long.weight")
+    elif feature == "short":      # the short LongRoPE factors instead
+        m.rope_freqs = m.weight("rope_factors_short.weight")
     elif feature == "attnfactor":
         m.rope_attn_factor = 1.0
     elif feature == "gateorder":  # fused ffn_up read as [up; gate]
