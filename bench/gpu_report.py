@@ -4,7 +4,7 @@
     python3 bench/gpu_report.py [--backend cuda.so] [--models smollm2,1b,8b]
         [--reps 3] [--prompt 512] [--gen 128] [--peak-gbs GB/s] [--skip-tests]
 
-Run from the repository root after `bash scripts/setup.sh` (which builds
+Run from the repository root after `bash scripts/setup.sh --test` (which builds
 into build/). It:
 
 1. runs the backend's tests: `meson test -C build gpu_load_<stem>` (create,
@@ -61,7 +61,7 @@ def ensure_model(name):
     path = MODELS[name]
     if not os.path.isfile(path):
         if name == "smollm2":
-            raise SystemExit(f"{path} missing: run scripts/setup.sh first")
+            raise SystemExit(f"{path} missing: run scripts/setup.sh --test first")
         os.makedirs(CACHE, exist_ok=True)
         sh([sys.executable, "tools/mkgguf.py", path, "--preset", name, "--type", "q4_0"])
     return path
