@@ -1,0 +1,49 @@
+/*
+ * ABI layout: every member of every generation-1.0 struct sits at the same
+ * offset with the same size in today's headers as in the frozen 1.0 ones,
+ * and no struct shrank (later generations only append). Two translation
+ * units lay the same member list out, one against tests/abi/v1_0 and one
+ * against include/, so a member moved, resized or removed fails here by
+ * name. Static checks on today's headers guard the same in any build.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/backend.h"
+#include "abi_layout.h"
+
+/* A few pins at compile time too (LP64): the table heads and the slots
+ * each generation appended, in order. */
+_Static_assert(offsetof(struct loom_backend_ops, create) == 24, "create moved");
+_Static_assert(offsetof(struct loom_backend_ops, graph_begin) ==
+	       offsetof(struct loom_backend_ops, attention) + sizeof(void *),
+	       "generation 1.1 must follow 1.0");
+_Static_assert(offsetof(struct loom_backend_ops, weight_pack) ==
+	       offsetof(struct loom_backend_ops, graph_end) + sizeof(void *),
+	       "generation 1.2 must follow 1.1");
+_Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
+_Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
+
+int main(void)
+{
+	int bad = 0, n = 0;
+
+	for (int i = 0; abi_members_v1_0[i].s; i++, n++) {
+		const struct abi_member *a = &abi_members_v1_0[i], *b = &abi_members_now[i];
+
+		if (strcmp(a->s, b->s) || strcmp(a->m, b->m) || a->off != b->off ||
+		    a->size != b->size) {
+			printf("FAIL struct %s member %s: 1.0 at %zu (%zu bytes), now at %zu (%zu bytes)\n",
+			       a->s, a->m, a->off, a->size, b->off, b->size);
+			bad++;
+		}
+	}
+	for (int i = 0; abi_structs_v1_0[i].s; i++)
+		if (abi_structs_now[i].size < abi_structs_v1_0[i].size) {
+			printf("FAIL struct %s shrank: %zu bytes at 1.0, %zu now\n",
+			       abi_structs_v1_0[i].s, abi_structs_v1_0[i].size, abi_structs_now[i].size);
+			bad++;
+		}
+	printf("%d generation-1.0 members checked, %d moved\n", n, bad);
+	return bad ? 1 : 0;
+}

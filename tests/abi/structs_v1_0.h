@@ -1,0 +1,10 @@
+/* The ABI structs of generation 1.0. */
+S(loom_format_info)
+S(loom_backend_host)
+S(loom_backend_config)
+S(loom_device_info)
+S(loom_gemm_args)
+S(loom_rope_args)
+S(loom_kv_write_args)
+S(loom_attention_args)
+S(loom_backend_ops)

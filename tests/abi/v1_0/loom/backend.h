@@ -1,0 +1,309 @@
+/*
+ * loom backend ABI, version 1.
+ *
+ * This is the only header a backend author includes. A backend is a shared
+ * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
+ * ("loom_backend_entry"), returning a pointer to a `const struct
+ * loom_backend_ops`. The host checks abi_major and struct_size before it
+ * calls anything else, so probing a backend has no side effects.
+ *
+ * Versioning: abi_major changes only when an existing slot changes meaning.
+ * New slots are appended at the end (each generation marked below) and
+ * struct_size tells the host which slots exist; the host never reads past
+ * struct_size and treats a missing optional slot as NULL.
+ *
+ * Memory model: a backend owns its device memory. The host asks for buffers
+ * with buffer_alloc and receives an opaque buffer plus a *device address*
+ * (buffer_addr). Device addresses are `void *` values the host only offsets
+ * (base + byte offset) and passes back to operators; it never dereferences
+ * them. On host-memory backends (ref, cpu) they happen to be host pointers.
+ *
+ * Errors: every slot that can fail returns enum loom_status (0 on success,
+ * negative on failure) and never aborts or exits the process. On failure
+ * output buffers hold unspecified contents; inputs are unchanged. A backend
+ * may describe the last failure through host->log.
+ *
+ * Threading: the host calls a backend context from one thread at a time.
+ * A backend may use its own threads inside a call. Operators may be
+ * asynchronous on devices with queues; synchronize() and download() are the
+ * points where results become visible to the host.
+ */
+#ifndef LOOM_BACKEND_H
+#define LOOM_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_BACKEND_ABI_MAJOR 1
+#define LOOM_BACKEND_ABI_MINOR 0
+#define LOOM_BACKEND_ENTRY "loom_backend_entry"
+
+enum loom_status {
+	LOOM_OK = 0,
+	LOOM_ERR_INVALID = -1,     /* bad argument, shape or stride */
+	LOOM_ERR_NOMEM = -2,       /* host or device allocation failed */
+	LOOM_ERR_UNSUPPORTED = -3, /* op/format/variant not implemented */
+	LOOM_ERR_DEVICE = -4,      /* device or driver failure, or none found */
+	LOOM_ERR_IO = -5,          /* file or stream error (host side) */
+	LOOM_ERR_FORMAT = -6,      /* malformed input data (host side) */
+};
+
+/* Weight and activation element types. Values are GGUF's ggml_type ids, so
+ * a tensor's type read from a GGUF file is passed through unchanged. */
+enum loom_type {
+	LOOM_TYPE_F32 = 0,
+	LOOM_TYPE_F16 = 1,
+	LOOM_TYPE_Q4_0 = 2,
+	LOOM_TYPE_Q4_1 = 3,
+	LOOM_TYPE_Q5_0 = 6,
+	LOOM_TYPE_Q5_1 = 7,
+	LOOM_TYPE_Q8_0 = 8,
+	LOOM_TYPE_Q8_1 = 9,
+	LOOM_TYPE_Q2_K = 10,
+	LOOM_TYPE_Q3_K = 11,
+	LOOM_TYPE_Q4_K = 12,
+	LOOM_TYPE_Q5_K = 13,
+	LOOM_TYPE_Q6_K = 14,
+	LOOM_TYPE_Q8_K = 15,
+	LOOM_TYPE_BF16 = 30,
+	LOOM_TYPE_COUNT = 40, /* upper bound for tables indexed by type */
+};
+
+/* Operators, for supports(). */
+enum loom_op {
+	LOOM_OP_GEMM = 0,
+	LOOM_OP_EMBED,
+	LOOM_OP_RMSNORM,
+	LOOM_OP_ROPE,
+	LOOM_OP_GLU,
+	LOOM_OP_ADD,
+	LOOM_OP_SCALE,
+	LOOM_OP_KV_WRITE,
+	LOOM_OP_ATTENTION,
+	LOOM_OP_COPY,
+	LOOM_OP_COUNT,
+};
+
+enum loom_log_level { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR };
+
+/* Geometry of a block-quantized format: `block_elems` values are stored in
+ * `block_bytes` bytes. Plain types have block_elems == 1. */
+struct loom_format_info {
+	uint32_t type;
+	uint32_t block_elems;
+	uint32_t block_bytes;
+	const char *name;
+};
+
+/*
+ * Services the host lends a backend. Valid from create() until destroy()
+ * returns. A backend never links the core; everything it needs from the
+ * host comes through here.
+ */
+struct loom_backend_host {
+	uint32_t abi_major;
+	uint32_t struct_size;
+	void *host; /* first argument of every callback below */
+	void (*log)(void *host, enum loom_log_level level, const char *msg);
+	/* Geometry of a registered weight format, or NULL if none is registered. */
+	const struct loom_format_info *(*format_info)(void *host, uint32_t type);
+	/* Reference dequantization: n values (a whole number of blocks) of
+	 * `type` from host memory `src` into `dst`. Returns loom_status. */
+	int (*to_float)(void *host, uint32_t type, const void *src, float *dst, int64_t n);
+};
+
+/* loom_backend_config.flags */
+#define LOOM_BACKEND_BATCH_INVARIANT (1u << 0)
+/* Every row an operator produces (gemm, attention, norms, ...) must be
+ * bitwise the same whatever else is in the batch: the result for one
+ * sequence may not depend on which other sequences share the step or on
+ * how its prompt was chunked. Servers ask for this so a request's output
+ * does not change with load; a backend may be slower for it. */
+
+struct loom_backend_config {
+	uint32_t struct_size;
+	int32_t device;    /* device index, 0 for the first */
+	int32_t n_threads; /* <= 0: the backend chooses */
+	uint32_t flags;    /* LOOM_BACKEND_*; unknown bits are ignored */
+};
+
+struct loom_device_info {
+	char name[128];
+	uint64_t mem_total; /* bytes; 0 if unknown */
+	uint64_t mem_free;  /* bytes; 0 if unknown */
+};
+
+/* Opaque to the host. */
+struct loom_backend_ctx;
+struct loom_buffer;
+
+/*
+ * y = x . W^T : x is f32 [m][k] (row stride x_stride floats), W is [n][k]
+ * in weight format w_type (row stride w_stride bytes, k a whole number of
+ * blocks), y is f32 [m][n] (row stride y_stride floats). y must not alias
+ * x or W.
+ */
+struct loom_gemm_args {
+	uint32_t struct_size;
+	uint32_t w_type;
+	int64_t m, n, k;
+	const void *w;
+	size_t w_stride;
+	const float *x;
+	int64_t x_stride;
+	float *y;
+	int64_t y_stride;
+};
+
+enum loom_rope_mode {
+	LOOM_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): GGUF llama */
+	LOOM_ROPE_NEOX = 2, /* rotate halves (x[i], x[i + n_rot/2]): qwen2, gemma */
+};
+
+/*
+ * In-place rotary embedding of x: [n_tokens][n_heads][head_dim] f32, token
+ * rows row_stride floats apart. Token t sits at position pos[t] (device
+ * int32 array). The first n_rot dims of each head are rotated; for pair i,
+ * theta = pos * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i]
+ * (freq_factors: device f32 [n_rot/2] or NULL for all ones).
+ */
+struct loom_rope_args {
+	uint32_t struct_size;
+	uint32_t mode;
+	float *x;
+	int64_t n_tokens, n_heads, head_dim, n_rot, row_stride;
+	const int32_t *pos;
+	float freq_base, freq_scale;
+	const float *freq_factors;
+};
+
+/*
+ * Paged KV cache. One layer's K (and V) cache is a device f32 array
+ * [n_blocks][block_size][kv_dim], kv_dim = n_kv_heads * head_dim.
+ * A token's cache slot is block * block_size + offset.
+ *
+ * kv_write: for t < n_tokens, copy k[t] (row stride k_stride floats) to
+ * kcache slot slots[t], and v[t] likewise. slots is a device int32 array.
+ */
+struct loom_kv_write_args {
+	uint32_t struct_size;
+	float *kcache, *vcache;
+	const float *k, *v;
+	int64_t k_stride, v_stride;
+	int64_t n_tokens, kv_dim;
+	const int32_t *slots;
+};
+
+/*
+ * Attention over the paged cache for a flattened batch of n_seqs sequences.
+ * Sequence s owns query rows q_start[s] .. q_start[s+1]-1 (its newest
+ * q_len = q_start[s+1]-q_start[s] tokens, already written to the cache) and
+ * has kv_len[s] cached tokens in all, so its query row i sits at position
+ * kv_len[s] - q_len + i and attends causally to positions <= its own
+ * (and > its own - window when window > 0). Its cache blocks are
+ * block_table[s * max_blocks + j], j < ceil(kv_len[s] / block_size).
+ * q and out are [rows][n_heads * head_dim] f32 with row strides q_stride /
+ * out_stride floats; head h reads KV head h / (n_heads / n_kv_heads).
+ * softmax(scale * q.k) . v, computed in f32. q_start, kv_len and
+ * block_table are device int32 arrays.
+ */
+struct loom_attention_args {
+	uint32_t struct_size;
+	float *out;
+	const float *q;
+	int64_t q_stride, out_stride;
+	const float *kcache, *vcache;
+	int64_t n_seqs, n_heads, n_kv_heads, head_dim, block_size, max_blocks;
+	const int32_t *q_start;
+	const int32_t *kv_len;
+	const int32_t *block_table;
+	float scale;
+	int32_t window;
+	float softcap; /* > 0: scores = softcap * tanh(scores / softcap) */
+};
+
+enum loom_glu_kind { LOOM_GLU_SILU = 0, LOOM_GLU_GELU_TANH = 1 };
+
+/* Required slots must be non-NULL; the host checks once at load time. */
+struct loom_backend_ops {
+	/* ---- generation 1.0 ---- */
+	uint32_t abi_major;   /* LOOM_BACKEND_ABI_MAJOR the backend was built with */
+	uint32_t abi_minor;
+	uint32_t struct_size; /* sizeof(struct loom_backend_ops) when built */
+	const char *name;     /* short name, e.g. "cpu" */
+
+	/* Required. Creates a context on cfg->device. Returns LOOM_ERR_DEVICE
+	 * with a logged reason when no usable device or driver exists. On
+	 * success *out is valid until destroy(). On failure nothing leaks. */
+	int (*create)(const struct loom_backend_host *host,
+		      const struct loom_backend_config *cfg,
+		      struct loom_backend_ctx **out);
+	/* Required. Frees the context; every buffer must be freed before. */
+	void (*destroy)(struct loom_backend_ctx *ctx);
+	/* Required. */
+	int (*device_info)(struct loom_backend_ctx *ctx, struct loom_device_info *out);
+	/* Required. Whether `op` runs natively on data of `type` (the weight
+	 * type for GEMM and EMBED; LOOM_TYPE_F32 for the others). */
+	bool (*supports)(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type);
+
+	/* Required. Allocates `size` bytes (64-byte aligned address). The
+	 * buffer belongs to the backend; the host returns it with buffer_free. */
+	int (*buffer_alloc)(struct loom_backend_ctx *ctx, size_t size,
+			    struct loom_buffer **out);
+	void (*buffer_free)(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+	void *(*buffer_addr)(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+	/* Required. Host <-> device and device <-> device copies of n bytes. */
+	int (*upload)(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
+	int (*download)(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
+	int (*copy)(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
+	/* Required. Waits until all queued work is done. */
+	int (*synchronize)(struct loom_backend_ctx *ctx);
+
+	/* Required operators. Device addresses everywhere. */
+	int (*gemm)(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
+	/* out[i] = dequantized row ids[i] of table ([n_rows][dim] in `type`,
+	 * row stride `row_bytes`); out row stride is dim floats. ids are
+	 * device int32 and must be < n_rows (else LOOM_ERR_INVALID). */
+	int (*embed)(struct loom_backend_ctx *ctx, float *out, const void *table,
+		     uint32_t type, size_t row_bytes, int64_t n_rows, int64_t dim,
+		     const int32_t *ids, int64_t n_ids);
+	/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for r < rows; rows of
+	 * n floats, row strides in floats; w is f32 [n]; y may equal x. */
+	int (*rmsnorm)(struct loom_backend_ctx *ctx, float *y, int64_t y_stride,
+		       const float *x, int64_t x_stride, const float *w,
+		       int64_t rows, int64_t n, float eps);
+	int (*rope)(struct loom_backend_ctx *ctx, const struct loom_rope_args *a);
+	/* out[r][i] = act(gate[r][i]) * up[r][i]; out may equal gate or up. */
+	int (*glu)(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+		   int64_t out_stride, const float *gate, int64_t gate_stride,
+		   const float *up, int64_t up_stride, int64_t rows, int64_t n);
+	/* out[r][i] = a[r][i] + b[b_rows == 1 ? 0 : r][i]; out may equal a. */
+	int (*add)(struct loom_backend_ctx *ctx, float *out, int64_t out_stride,
+		   const float *a, int64_t a_stride, const float *b, int64_t b_stride,
+		   int64_t b_rows, int64_t rows, int64_t n);
+	/* x[r][i] *= s, in place. */
+	int (*scale)(struct loom_backend_ctx *ctx, float *x, int64_t stride,
+		     int64_t rows, int64_t n, float s);
+	int (*kv_write)(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
+	int (*attention)(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
+	/* ---- end of generation 1.0; append new slots below ---- */
+};
+
+/* The entry point every backend exports (as "loom_backend_entry"). */
+typedef const struct loom_backend_ops *(*loom_backend_entry_fn)(void);
+
+#if defined(__GNUC__)
+#define LOOM_EXPORT __attribute__((visibility("default")))
+#else
+#define LOOM_EXPORT
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_BACKEND_H */
