@@ -216,7 +216,7 @@ static int attn_check(const struct loom_attention_args *a, int64_t *longest)
 {
 	int64_t rows, width;
 
-	if (!a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
+	if (!a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap) || !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return 1;

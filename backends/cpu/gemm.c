@@ -550,7 +550,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	struct pack_task t = { .a = a };
 	int rc;
 
-	if (!ctx || !a || !out || !bytes || a->struct_size < sizeof(*a) || a->n <= 0 ||
+	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
 		return LOOM_ERR_INVALID;
 	if (!ctx->pack || !qpack_format(a->type) || a->k % 32)

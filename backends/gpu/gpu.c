@@ -223,7 +223,8 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	if (!out)
 		return LOOM_ERR_INVALID;
 	*out = NULL;
-	if (!host || host->abi_major != LOOM_BACKEND_ABI_MAJOR || host->struct_size < sizeof(*host)) {
+	if (!host || host->abi_major != LOOM_BACKEND_ABI_MAJOR ||
+	    !LOOM_ARGS_HAS(host, struct loom_backend_host, to_float)) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": incompatible host services table");
 		return LOOM_ERR_INVALID;
 	}
@@ -904,7 +905,7 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	struct loom_attention_args *t = &c.u.attn;
 	int rc;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a))
+	if (!ctx || !a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap))
 		return LOOM_ERR_INVALID;
 	rc = attention_args_ok(ctx, a);
 	if (rc || a->n_seqs == 0)

@@ -36,7 +36,7 @@ static int ref_create(const struct loom_backend_host *host,
 		return LOOM_ERR_INVALID;
 	*out = NULL;
 	if (!host || host->abi_major != LOOM_BACKEND_ABI_MAJOR ||
-	    host->struct_size < sizeof(*host) || !host->format_info ||
+	    !LOOM_ARGS_HAS(host, struct loom_backend_host, to_float) || !host->format_info ||
 	    !host->to_float) {
 		host_log(host, "ref: incompatible host services table");
 		return LOOM_ERR_INVALID;

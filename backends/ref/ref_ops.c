@@ -396,7 +396,8 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	int64_t rows, longest, width, group;
 	float *p;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
+	if (!ctx || !a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap) ||
+	    !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return LOOM_OK;

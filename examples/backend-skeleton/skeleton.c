@@ -16,6 +16,7 @@
  * see `loom check-backend` fail and name the op.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,12 @@
 
 #include <loom/backend.h>
 #include <loom/backend_check.h>
+
+/* Whether an argument struct from the host reaches `field`: structs grow at
+ * the end, so a plugin checks the fields it reads, never the whole struct's
+ * size (a newer host's struct is larger, an older one's may be smaller). */
+#define HAS(a, type, field) \
+	((a)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
 
 /* What create() makes: the host's services, kept for logging. */
 struct loom_backend_ctx {
@@ -52,7 +59,7 @@ static int sk_create(const struct loom_backend_host *host, const struct loom_bac
 	*out = NULL;
 	/* the host table may be newer (larger) than ours, never older */
 	if (!host || host->abi_major != LOOM_BACKEND_ABI_MAJOR ||
-	    host->struct_size < sizeof(*host))
+	    !HAS(host, struct loom_backend_host, to_float))
 		return LOOM_ERR_INVALID;
 	if (cfg && cfg->device != 0) {
 		sk_log(host, "skeleton: only device 0 (the host CPU) exists");
@@ -208,7 +215,8 @@ static int sk_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	float *w;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || a->m < 0 || a->n < 0 || a->k < 0)
+	if (!ctx || !a || !HAS(a, struct loom_gemm_args, y_stride) || a->m < 0 || a->n < 0 ||
+	    a->k < 0)
 		return LOOM_ERR_INVALID;
 	if (!weight_type_ok(a->w_type))
 		return LOOM_ERR_UNSUPPORTED;
@@ -453,7 +461,8 @@ static int sk_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	int64_t rows, longest, width;
 	float *w;
 
-	if (!ctx || !a || a->struct_size < sizeof(*a) || !loom_check_attention_args(a))
+	if (!ctx || !a || !HAS(a, struct loom_attention_args, softcap) ||
+	    !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
 	if (a->n_seqs == 0)
 		return LOOM_OK;

@@ -107,7 +107,7 @@ static inline bool loom_check_attention_tables(const struct loom_attention_args 
 /* A rope call: LOOM_CHECK_RUN, LOOM_CHECK_NOTHING or LOOM_ERR_INVALID. */
 static inline int loom_check_rope(const struct loom_rope_args *a)
 {
-	if (!a || a->struct_size < sizeof(*a))
+	if (!a || !LOOM_ARGS_HAS(a, struct loom_rope_args, freq_factors))
 		return LOOM_ERR_INVALID;
 	if (a->mode != LOOM_ROPE_NORM && a->mode != LOOM_ROPE_NEOX)
 		return LOOM_ERR_INVALID;
@@ -129,7 +129,7 @@ static inline int loom_check_rope(const struct loom_rope_args *a)
  * check a host-readable copy with loom_check_slots). */
 static inline int loom_check_kv_write(const struct loom_kv_write_args *a)
 {
-	if (!a || a->struct_size < sizeof(*a))
+	if (!a || !LOOM_ARGS_HAS(a, struct loom_kv_write_args, slots))
 		return LOOM_ERR_INVALID;
 	if (!loom_check_shape(a->n_tokens, a->kv_dim, a->k_stride) ||
 	    !loom_check_shape(a->n_tokens, a->kv_dim, a->v_stride))
