@@ -10,6 +10,8 @@
  *   LOOM_FAULT_SLOT=S   the first call of slot S fails instead
  *   LOOM_FAULT_COUNT=1  at destroy, print "faultshim: N calls" on stderr
  *
+ * Counting starts afresh at each create(), which reads the variables then.
+ *
  * Slots without a status (destroy, buffer_free, buffer_addr, supports)
  * always forward. Nothing here is used outside tests/fault.
  */
@@ -48,9 +50,29 @@ static int fault(const char *name)
 		return inner->slot args;                                                   \
 	}
 
-FORWARD(create, LOOM_ERR_DEVICE,
-	(const struct loom_backend_host *h, const struct loom_backend_config *c,
-	 struct loom_backend_ctx **out), (h, c, out))
+/* Each context counts afresh, with the environment as it is then, so one
+ * process can open engines with different faults (tests/fault's engine
+ * test). */
+static void read_env(void)
+{
+	const char *at = getenv("LOOM_FAULT_AT");
+
+	fail_at = at ? atol(at) : 0;
+	fail_slot = getenv("LOOM_FAULT_SLOT");
+	if (fail_slot && !*fail_slot)
+		fail_slot = NULL;
+	calls = 0;
+	slot_failed = 0;
+}
+
+static int shim_create(const struct loom_backend_host *h, const struct loom_backend_config *c,
+		       struct loom_backend_ctx **out)
+{
+	read_env();
+	if (fault("create"))
+		return LOOM_ERR_DEVICE;
+	return inner->create(h, c, out);
+}
 FORWARD(device_info, LOOM_ERR_DEVICE,
 	(struct loom_backend_ctx *ctx, struct loom_device_info *out), (ctx, out))
 FORWARD(buffer_alloc, LOOM_ERR_NOMEM,
@@ -103,7 +125,7 @@ static void shim_destroy(struct loom_backend_ctx *ctx)
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 {
 	const char *target = getenv("LOOM_FAULT_TARGET");
-	const char *at = getenv("LOOM_FAULT_AT");
+	const char *at = NULL;
 	loom_backend_entry_fn entry;
 	void *dl;
 
@@ -116,8 +138,7 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 			target ? target : "unset");
 		return NULL;
 	}
-	fail_at = at ? atol(at) : 0;
-	fail_slot = getenv("LOOM_FAULT_SLOT");
+	(void)at;
 	shim = *inner;
 	shim.name = "faultshim";
 	shim.create = shim_create;

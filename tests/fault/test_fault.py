@@ -2,7 +2,7 @@
 """Backend failures reach the user as a clear error, never a crash, hang or
 leak.
 
-Usage: test_fault.py LOOM_BINARY FAULTSHIM_SO TARGET_SO
+Usage: test_fault.py LOOM_BINARY FAULTSHIM_SO TARGET_SO [ENGINE_TEST]
 
 faultshim.so (tests/fault/fault_shim.c) forwards every slot to TARGET_SO
 (ref.so) and fails one call: the first call of a named slot
@@ -14,7 +14,10 @@ the host may tolerate, like device_info) or exit status 1 with one
 `error:` line. Where LeakSanitizer's runtime is found (gcc's liblsan), the
 slot cases and a sample of call numbers also run under it
 (LD_PRELOAD, LSAN_OPTIONS=exitcode=23): nothing the host allocated may be
-left behind on any error path. Exit 77 when the model is missing.
+left behind on any error path. ENGINE_TEST (test_fault_engine.c) then
+runs the engine-level cases through the public API (one final event per
+request, every KV block back, the next request served), under
+LeakSanitizer too where found. Exit 77 when the model is missing.
 """
 import glob
 import os
@@ -94,6 +97,22 @@ def main():
                       lsan if i % 3 == 0 else None)
         cases += 1
         f = judge("call %d of %d" % (n, total), rc, err)
+        if f:
+            failures.append(f)
+    if len(sys.argv) > 4:
+        env = dict(os.environ, LOOM_FAULT_TARGET=target)
+        if lsan:
+            env["LD_PRELOAD"] = lsan
+            env["LSAN_OPTIONS"] = "exitcode=%d" % LEAK_EXIT
+        try:
+            p = subprocess.run([sys.argv[4], shim], env=env, capture_output=True,
+                               text=True, timeout=300)
+            print(p.stdout[-4000:])
+            f = judge("engine cases", p.returncode, p.stdout + p.stderr, True)
+            if p.returncode not in (0,) and not f:
+                f = "engine cases: exit %d\n%s" % (p.returncode, p.stderr[-2000:])
+        except subprocess.TimeoutExpired:
+            f = "engine cases: timed out"
         if f:
             failures.append(f)
     print("%d fault cases (%d calls in a clean run; LeakSanitizer %s), %d failed"
