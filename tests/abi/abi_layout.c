@@ -24,6 +24,24 @@ _Static_assert(offsetof(struct loom_backend_ops, weight_pack) ==
 _Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
 _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
 
+/*
+ * Today's sizes (LP64), the generation 1.2 headers: a change here is a new
+ * generation (append, update the pin and say so in backend.h) or an ABI
+ * break (a major bump), never an accident.
+ */
+#if defined(__x86_64__) || defined(__aarch64__)
+_Static_assert(sizeof(struct loom_format_info) == 24, "struct loom_format_info changed size");
+_Static_assert(sizeof(struct loom_backend_host) == 40, "struct loom_backend_host changed size");
+_Static_assert(sizeof(struct loom_backend_config) == 16, "struct loom_backend_config changed size");
+_Static_assert(sizeof(struct loom_device_info) == 144, "struct loom_device_info changed size");
+_Static_assert(sizeof(struct loom_gemm_args) == 88, "struct loom_gemm_args changed size");
+_Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_pack_args changed size");
+_Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
+_Static_assert(sizeof(struct loom_kv_write_args) == 80, "struct loom_kv_write_args changed size");
+_Static_assert(sizeof(struct loom_attention_args) == 144, "struct loom_attention_args changed size");
+_Static_assert(sizeof(struct loom_backend_ops) == 216, "struct loom_backend_ops changed size");
+#endif
+
 int main(void)
 {
 	int bad = 0, n = 0;
