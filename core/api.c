@@ -414,6 +414,8 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.seq_blocks = e->kv_plan.seq_blocks,
 		.seq_local_blocks = e->kv_plan.seq_local_blocks,
 		.local_layers = (int32_t)e->kv_plan.n_local_layers,
+		.weights_bytes = e->m->weights_bytes, .packed_bytes = e->m->packed_bytes,
+		.packed_tensors = e->m->n_packs,
 	};
 }
 

@@ -253,6 +253,11 @@ struct loom_engine_stats {
 	int64_t local_blocks_peak;
 	/* the plan: blocks one sequence at n_ctx needs in each pool */
 	int64_t seq_blocks, seq_local_blocks;
+	/* ---- appended (0.4): weights on the backend ----
+	 * bytes in the GGUF layout (one buffer), and bytes and tensors the
+	 * backend keeps in a layout of its own (ABI 1.2 weight_pack) */
+	uint64_t weights_bytes, packed_bytes;
+	int32_t packed_tensors;
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 

@@ -65,6 +65,11 @@ static void print_plan(struct server *srv)
 		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
 			si.name, si.path, si.max_draft);
 	loom_engine_get_stats(srv->engine, &st);
+	fprintf(stderr, "loom serve: weights: %.1f MiB as in the file", (double)st.weights_bytes / 1048576.0);
+	if (st.packed_tensors)
+		fprintf(stderr, ", %.1f MiB in %d tensors in the backend's own layout",
+			(double)st.packed_bytes / 1048576.0, st.packed_tensors);
+	fprintf(stderr, "\n");
 	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
 		(long long)st.blocks_total, st.block_size,
 		(long long)st.blocks_total * st.block_size, (double)st.kv_bytes / 1048576.0,
