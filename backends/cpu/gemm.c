@@ -221,29 +221,39 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 }
 
 /*
+ * Makes *buf hold at least a * b elements of elem bytes (its capacity, in
+ * elements, in *cap); the old contents are not kept. LOOM_ERR_NOMEM when
+ * the size overflows or malloc fails (*buf and *cap then unchanged).
+ */
+static int grow(void **buf, size_t *cap, int64_t a, int64_t b, size_t elem)
+{
+	void *p;
+
+	if (a < 0 || b < 0 || (b && (uint64_t)a > SIZE_MAX / elem / (uint64_t)b))
+		return LOOM_ERR_NOMEM;
+	if (*cap >= (size_t)a * (size_t)b)
+		return LOOM_OK;
+	p = malloc((size_t)a * (size_t)b * elem);
+	if (!p)
+		return LOOM_ERR_NOMEM;
+	free(*buf);
+	*buf = p;
+	*cap = (size_t)a * (size_t)b;
+	return LOOM_OK;
+}
+
+/*
  * Formats with a per-block minimum (w = d*q + m) take sum(w*x) as
  * d*sum(q*x) + m*sum(x); the block sums of x are made here once per call,
  * so every thread reads the same values.
  */
 static int xsum_prepare(struct loom_backend_ctx *ctx, struct cpu_gemv *g)
 {
-	size_t n;
-
 	if (!cpu_format_has_min(g->type) || ctx->isa == CPU_ISA_SCALAR)
 		return LOOM_OK;
 	g->xs_stride = cpu_xsum_stride(g->k);
-	if ((uint64_t)g->m > SIZE_MAX / sizeof(float) / (uint64_t)g->xs_stride)
+	if (grow((void **)&ctx->xsum, &ctx->xsum_cap, g->m, g->xs_stride, sizeof(float)))
 		return LOOM_ERR_NOMEM;
-	n = (size_t)g->m * (size_t)g->xs_stride;
-	if (ctx->xsum_cap < n) {
-		float *p = malloc(n * sizeof(float));
-
-		if (!p)
-			return LOOM_ERR_NOMEM;
-		free(ctx->xsum);
-		ctx->xsum = p;
-		ctx->xsum_cap = n;
-	}
 	cpu_xsum_fill(g, ctx->xsum);
 	g->xs = ctx->xsum;
 	return LOOM_OK;
@@ -259,8 +269,9 @@ static void quant_task(void *arg, int64_t c, int ith)
 
 	(void)ith;
 	qdot_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qx + c * nb, t->g.k);
-	qdot_row_scales(t->ctx->qx + c * nb, nb, t->ctx->qsc + c * qdot_scales_len(nb));
-	if (t->prep)
+	if (!t->prep) /* the decode kernels' scale vectors */
+		qdot_row_scales(t->ctx->qx + c * nb, nb, t->ctx->qsc + c * qdot_scales_len(nb));
+	else /* the prefill GEMM's blocks */
 		qgemm_row_prep(t->g.type, t->ctx->qx + c * nb, t->g.k,
 			       t->prep + c * (t->g.k / qgemm_block(t->g.type)));
 }
@@ -310,30 +321,9 @@ static void qdot_task(void *arg, int64_t c, int ith)
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
 {
-	size_t ns = (size_t)qdot_scales_len(nb);
-	struct qdot_block *p;
-	float *sc;
-
-	if ((uint64_t)m > SIZE_MAX / sizeof(*p) / (uint64_t)nb)
-		return LOOM_ERR_NOMEM;
-	if (ctx->qx_cap < (size_t)(m * nb)) {
-		p = malloc((size_t)(m * nb) * sizeof(*p));
-		if (!p)
-			return LOOM_ERR_NOMEM;
-		free(ctx->qx);
-		ctx->qx = p;
-		ctx->qx_cap = (size_t)(m * nb);
-	}
-	/* ns floats (128 bytes per 16 blocks) take less than 16 blocks do */
-	if (ctx->qsc_cap < (size_t)m * ns) {
-		sc = malloc((size_t)m * ns * sizeof(*sc));
-		if (!sc)
-			return LOOM_ERR_NOMEM;
-		free(ctx->qsc);
-		ctx->qsc = sc;
-		ctx->qsc_cap = (size_t)m * ns;
-	}
-	return LOOM_OK;
+	return grow((void **)&ctx->qx, &ctx->qx_cap, m, nb, sizeof(*ctx->qx)) ||
+	       grow((void **)&ctx->qsc, &ctx->qsc_cap, m, qdot_scales_len(nb), sizeof(float)) ?
+		       LOOM_ERR_NOMEM : LOOM_OK;
 }
 
 /* t->g set up, k > 0; nth threads for the weight rows. */
@@ -383,30 +373,13 @@ static void qdot_k_task(void *arg, int64_t c, int ith)
 	}
 }
 
-static int qkx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
-{
-	struct qdot_kblock *p;
-
-	if ((uint64_t)m > SIZE_MAX / sizeof(*p) / (uint64_t)nb)
-		return LOOM_ERR_NOMEM;
-	if (ctx->qkx_cap < (size_t)(m * nb)) {
-		p = malloc((size_t)(m * nb) * sizeof(*p));
-		if (!p)
-			return LOOM_ERR_NOMEM;
-		free(ctx->qkx);
-		ctx->qkx = p;
-		ctx->qkx_cap = (size_t)(m * nb);
-	}
-	return LOOM_OK;
-}
-
 /* t->g set up, k > 0 (a multiple of 256: gemm_check); nth threads. */
 static int qdot_k_gemm(struct gemm_task *t, int nth)
 {
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	if (qkx_reserve(ctx, m, k / 256))
+	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 		return LOOM_ERR_NOMEM;
 	t->qkx = ctx->qkx;
 	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
@@ -424,17 +397,9 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	int64_t m = t->g.m, nb = t->g.k / 32, nc = t->g.k / qgemm_block(t->g.type);
 	size_t bytes;
 
-	if (qx_reserve(ctx, m, nb) || (uint64_t)m > SIZE_MAX / sizeof(struct qgemm_x) / (uint64_t)nc)
+	if (qx_reserve(ctx, m, nb) ||
+	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
-	if (ctx->qprep_cap < (size_t)(m * nc)) {
-		struct qgemm_x *p = malloc((size_t)(m * nc) * sizeof(*p));
-
-		if (!p)
-			return LOOM_ERR_NOMEM;
-		free(ctx->qprep);
-		ctx->qprep = p;
-		ctx->qprep_cap = (size_t)(m * nc);
-	}
 	/* a panel, and for packed weights its 16 rows unpacked */
 	bytes = qgemm_panel_bytes(t->g.type, t->g.k) +
 		(t->packed ? QGEMM_ROWS * (size_t)nb * 34 : 0);

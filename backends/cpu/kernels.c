@@ -143,7 +143,7 @@ static inline size_t group_bytes(uint32_t type)
 					  : cpu_block_bytes(type);
 }
 
-enum cpu_isa cpu_detect_isa(void)
+static enum cpu_isa detect_isa(void)
 {
 #if defined(__x86_64__)
 	__builtin_cpu_init();
@@ -156,6 +156,20 @@ enum cpu_isa cpu_detect_isa(void)
 		return CPU_ISA_AVX2;
 #endif
 	return CPU_ISA_SCALAR;
+}
+
+/* Asked per activation row and per panel block: detected once (every
+ * thread that races here stores the same value). */
+enum cpu_isa cpu_detect_isa(void)
+{
+	static _Atomic int isa = -1;
+	int v = atomic_load_explicit(&isa, memory_order_relaxed);
+
+	if (v < 0) {
+		v = (int)detect_isa();
+		atomic_store_explicit(&isa, v, memory_order_relaxed);
+	}
+	return (enum cpu_isa)v;
 }
 
 const char *cpu_isa_name(enum cpu_isa isa)
