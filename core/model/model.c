@@ -164,7 +164,10 @@ static int read_attention(const struct gguf_file *f, struct loom_hparams *hp,
 			 &hp->final_softcap, err, errlen) ||
 	    (arch->swa != LOOM_SWA_NONE &&
 	     get_arch_int(f, a, "attention.sliding_window", arch->swa_window, &window, err,
-			  errlen)))
+			  errlen)) ||
+	    (arch->rope_factors_long &&
+	     get_arch_int(f, a, "rope.scaling.original_context_length", 0, &hp->rope_orig_ctx,
+			  err, errlen)))
 		return -1;
 	if (window > INT32_MAX) {
 		loom_seterr(err, errlen, "key '%s.attention.sliding_window': %lld is too large",
@@ -454,15 +457,11 @@ int32_t loom_model_context(const struct loom_hparams *hp, int32_t n_ctx)
 static const char *rope_factors_name(const struct loader *l)
 {
 	const struct loom_hparams *hp = &l->m->hp;
-	int64_t orig = 0;
-	char why[256];
 
 	if (!hp->arch->rope_factors)
 		return "rope_freqs.weight";
-	if (hp->arch->rope_factors_long &&
-	    get_arch_int(l->f, hp->arch_name, "rope.scaling.original_context_length", 0, &orig,
-			 why, sizeof(why)) == 0 &&
-	    orig > 0 && loom_model_context(hp, l->n_ctx) > orig &&
+	if (hp->arch->rope_factors_long && hp->rope_orig_ctx > 0 &&
+	    loom_model_context(hp, l->n_ctx) > hp->rope_orig_ctx &&
 	    gguf_find_tensor(l->f, hp->arch->rope_factors_long))
 		return hp->arch->rope_factors_long;
 	return hp->arch->rope_factors;

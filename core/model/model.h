@@ -23,6 +23,7 @@ struct loom_hparams {
 	float attn_softcap; /* > 0: scores = c * tanh(scores / c) */
 	float final_softcap; /* > 0: logits = c * tanh(logits / c) */
 	int32_t window;     /* local layers' sliding window, 0: none */
+	int64_t rope_orig_ctx; /* LongRoPE's original context, 0: none */
 };
 
 /* A weight on the device: [rows][cols] in `type`, rows row_bytes apart. */
