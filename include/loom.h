@@ -457,6 +457,30 @@ void loom_check_params_init(struct loom_check_params *p);
  */
 int loom_check_backend(const struct loom_check_params *p, char *err, size_t errlen);
 
+/* ---- appended: `loom quantize` (docs/QUANTIZATION.md) ---- */
+struct loom_quantize_params {
+	uint32_t struct_size;
+	const char *input;    /* GGUF to read */
+	const char *output;   /* GGUF to write (through OUTPUT.part, renamed at the end) */
+	/* A plain format ("q4_0", "q4_K", "f16": every quantizable tensor) or
+	 * a llama.cpp mix ("Q4_K_M", "Q8_0": per-tensor rules). */
+	const char *type;
+	const char *strategy; /* quant strategy plugin, name or path; NULL: "rtn" */
+	int32_t n_threads;    /* threads over rows; <= 0: every core */
+	bool allow_requantize; /* accept a quantized source (dequantized first) */
+	bool dry_run;         /* print the plan, write nothing */
+	bool progress;        /* progress bar on stderr (if a tty) */
+	FILE *out;            /* the plan and the summary; NULL: stdout */
+};
+
+void loom_quantize_params_init(struct loom_quantize_params *p);
+
+/* Writes p->output: p->input's metadata (general.file_type set) and
+ * tensors, each quantized by the strategy to the type the plan gives it,
+ * one tensor in memory at a time. 0, or -1 with err naming what is wrong
+ * (the file, the type, the tensor and its shape). */
+int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,5 @@
-/* loom: run, info, tokenize, bench, perplexity, backends, check-backend
+/* loom: run, info, tokenize, bench, perplexity, backends, check-backend,
+ * quantize
  * (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,6 +359,29 @@ static int cmd_check(int argc, char **argv, char *err)
 	return loom_check_main(&o, err, ERRLEN);
 }
 
+static int cmd_quantize(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	struct loom_quantize_params q;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	if (o.n_args != 3) {
+		snprintf(err, ERRLEN, "quantize needs IN.gguf OUT.gguf TYPE (see loom quantize --help)");
+		return -1;
+	}
+	loom_quantize_params_init(&q);
+	q.input = o.args[0];
+	q.output = o.args[1];
+	q.type = o.args[2];
+	q.strategy = o.qstrategy[0] ? o.qstrategy : NULL;
+	q.n_threads = o.n_threads;
+	q.allow_requantize = o.allow_requantize;
+	q.dry_run = o.dry_run;
+	return loom_quantize(&q, err, ERRLEN);
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
@@ -378,6 +402,8 @@ int main(int argc, char **argv)
 		rc = cmd_check(argc, argv, err);
 	else if (!strcmp(cmd, "backends"))
 		rc = cmd_backends(argc, argv, err);
+	else if (!strcmp(cmd, "quantize"))
+		rc = cmd_quantize(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

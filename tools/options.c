@@ -18,6 +18,7 @@
 #define PPL LOOM_CMD_PERPLEXITY
 #define BACKENDS LOOM_CMD_BACKENDS
 #define CHECK LOOM_CMD_CHECK
+#define QUANTIZE LOOM_CMD_QUANTIZE
 #define ENGINE (RUN | BENCH | SERVE | PPL) /* the subcommands that load a backend */
 
 enum opt_type {
@@ -56,7 +57,7 @@ static const struct opt_def opts[] = {
 	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
 	  .lo = -1, .hi = INT_MAX, .cmds = RUN | CHECK },
 	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
-	  .lo = 0, .hi = 1024, .cmds = ENGINE | CHECK },
+	  .lo = 0, .hi = 1024, .cmds = ENGINE | CHECK | QUANTIZE },
 	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
 	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL },
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
@@ -131,6 +132,11 @@ static const struct opt_def opts[] = {
 	{ .name = "spec-default", .type = OPT_STR, FIELD(serve.spec_default), .cmds = SERVE },
 	{ .name = "spec-step-rows", .type = OPT_INT, FIELD(serve.spec_step_rows),
 	  .lo = 0, .hi = 1 << 20, .cmds = SERVE },
+	/* quantize (docs/QUANTIZATION.md) */
+	{ .name = "strategy", .type = OPT_STR, FIELD(qstrategy), .cmds = QUANTIZE },
+	{ .name = "allow-requantize", .type = OPT_BOOL, FIELD(allow_requantize),
+	  .cmds = QUANTIZE },
+	{ .name = "dry-run", .type = OPT_BOOL, FIELD(dry_run), .cmds = QUANTIZE },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -173,6 +179,11 @@ static const struct cmd_def {
 	{ .name = "check-backend", .cmd = CHECK, .max_args = 1, .usage =
 	  "check-backend BACKEND.so [--model FILE [-n 16]] [-t N] [--reference ref.so]\n"
 	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
+	{ .name = "quantize", .cmd = QUANTIZE, .max_args = 3, .usage =
+	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|NAME|PATH] [-t N]\n"
+	  "            [--allow-requantize] [--dry-run] [--config FILE]\n"
+	  "            TYPE: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K, or a llama.cpp\n"
+	  "            mix: Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q3_K_M Q3_K_S Q3_K_L Q2_K Q6_K Q8_0 Q4_0...\n" },
 };
 
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))

@@ -25,6 +25,7 @@ enum loom_cmd {
 	LOOM_CMD_PERPLEXITY = 1 << 5,
 	LOOM_CMD_BACKENDS = 1 << 6,
 	LOOM_CMD_CHECK = 1 << 7, /* check-backend */
+	LOOM_CMD_QUANTIZE = 1 << 8,
 };
 
 /* Decode rows per step beyond which speculating sequences stop drafting
@@ -80,6 +81,10 @@ struct loom_options {
 	int spec_ngram_min, spec_ngram_max;
 	int spec_layers;
 	struct loom_serve_options serve;
+	/* quantize (docs/QUANTIZATION.md) */
+	char qstrategy[4096];   /* --strategy: name or path; "": rtn */
+	bool allow_requantize;
+	bool dry_run;
 	/* what the command line leaves after the flags (FILE, TEXT) */
 	char **args;
 	int n_args;

@@ -1,0 +1,531 @@
+/* `loom quantize` (docs/QUANTIZATION.md): plans each tensor's type
+ * (mix.c), then streams the output: header first, then one tensor at a
+ * time, dequantized from the mapped input when needed, quantized by the
+ * strategy plugin on the host's threads, written, and its input pages
+ * released, so neither the model nor its copy is ever held whole. */
+#include "quant/quantize.h"
+#include "format/gguf_write.h"
+#include "plugin/host.h"
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loom.h"
+
+/* One tensor of the plan. */
+struct plan_tensor {
+	const struct gguf_tensor *src;
+	uint32_t type;      /* what it becomes */
+	int64_t rows, cols; /* cols = ne[0]; rows = the other dims' product */
+	uint64_t nbytes, offset;
+	bool convert;       /* type differs from the source's: quantize */
+};
+
+struct quant_run {
+	struct loom_quantize_params p;
+	FILE *out;
+	struct gguf_file *in;
+	struct quant_target target;
+	struct plan_tensor *t;
+	uint64_t n, n_convert;
+	uint64_t data_bytes, file_bytes;
+	const struct loom_qstrategy *strategy;
+	char strategy_path[4096];
+	int n_threads;
+	float *wbuf;
+	size_t wcap;
+	void *obuf;
+	size_t ocap;
+};
+
+void loom_quantize_params_init(struct loom_quantize_params *p)
+{
+	*p = (struct loom_quantize_params){ .struct_size = sizeof(*p), .progress = true };
+}
+
+static uint32_t block_elems(uint32_t type, uint32_t *bytes)
+{
+	uint32_t be = 0, bb = 0;
+
+	if (!gguf_type_geometry(type, &be, &bb))
+		return 0;
+	if (bytes)
+		*bytes = bb;
+	return be;
+}
+
+static int tensor_err(char *err, size_t errlen, const struct gguf_tensor *t, const char *fmt,
+		      const char *a, const char *b)
+{
+	char why[512];
+
+	snprintf(why, sizeof(why), fmt, a, b);
+	loom_seterr(err, errlen, "tensor '%.*s': %s", (int)t->name.len, t->name.ptr, why);
+	return -1;
+}
+
+/* A loom_status as words, for messages. */
+static const char *status_text(int rc)
+{
+	switch (rc) {
+	case LOOM_ERR_INVALID: return "invalid argument or shape";
+	case LOOM_ERR_NOMEM: return "out of memory";
+	case LOOM_ERR_UNSUPPORTED: return "unsupported";
+	case LOOM_ERR_FORMAT: return "malformed data";
+	default: return "failed";
+	}
+}
+
+/* ---- the plan ---- */
+
+/* Rows, columns and output bytes of tensor i; checks the shape divides
+ * into the type's blocks and that the formats it needs are loaded. */
+static int plan_one(struct quant_run *r, struct plan_tensor *pt, char *err, size_t errlen)
+{
+	const struct gguf_tensor *t = pt->src;
+	const struct loom_quant_format *src_f = loom_format_get(t->type);
+	const struct loom_quant_format *dst_f = loom_format_get(pt->type);
+	uint32_t be, bb;
+	uint64_t row_bytes;
+	char what[64];
+
+	pt->cols = t->ne[0];
+	pt->rows = 1;
+	for (uint32_t d = 1; d < t->n_dims; d++)
+		pt->rows *= t->ne[d]; /* the reader checked the element count */
+	pt->convert = pt->type != t->type;
+	if (!pt->convert) {
+		pt->nbytes = t->nbytes;
+		return 0;
+	}
+	be = block_elems(pt->type, &bb);
+	if (!be || pt->cols % be) {
+		snprintf(what, sizeof(what), "%lld", (long long)pt->cols);
+		return tensor_err(err, errlen, t, "rows of %s values do not divide into %s blocks",
+				  what, gguf_type_name(pt->type));
+	}
+	if (block_elems(t->type, NULL) > 1 && !r->p.allow_requantize)
+		return tensor_err(err, errlen, t,
+				  "the source is already quantized (%s); requantizing to %s loses accuracy: pass --allow-requantize to do it anyway",
+				  gguf_type_name(t->type), gguf_type_name(pt->type));
+	if (t->type != LOOM_TYPE_F32 && !src_f)
+		return tensor_err(err, errlen, t, "no format plugin reads %s%s",
+				  gguf_type_name(t->type), "");
+	if (!dst_f)
+		return tensor_err(err, errlen, t, "no format plugin writes %s%s",
+				  gguf_type_name(pt->type), "");
+	if (__builtin_mul_overflow((uint64_t)(pt->cols / be), bb, &row_bytes) ||
+	    __builtin_mul_overflow(row_bytes, (uint64_t)pt->rows, &pt->nbytes))
+		return tensor_err(err, errlen, t, "size overflows%s%s", "", "");
+	return 0;
+}
+
+static int make_plan(struct quant_run *r, char *err, size_t errlen)
+{
+	struct quant_rules rules;
+	uint64_t off = 0;
+
+	if (quant_rules_init(&rules, &r->target, r->in, err, errlen))
+		return -1;
+	r->n = r->in->n_tensors;
+	r->t = calloc(r->n ? r->n : 1, sizeof(*r->t));
+	if (!r->t) {
+		loom_seterr(err, errlen, "out of memory");
+		return -1;
+	}
+	for (uint64_t i = 0; i < r->n; i++) {
+		struct plan_tensor *pt = &r->t[i];
+
+		pt->src = &r->in->tensors[i];
+		pt->type = quant_tensor_type(&rules, pt->src);
+		if (plan_one(r, pt, err, errlen))
+			return -1;
+		pt->offset = off;
+		if (!gguf_next_offset(off, pt->nbytes, r->in->alignment, &off)) {
+			loom_seterr(err, errlen, "output too large");
+			return -1;
+		}
+		r->data_bytes += pt->nbytes;
+		r->n_convert += pt->convert;
+	}
+	return 0;
+}
+
+/* ---- the header ---- */
+
+static bool key_is(const struct gguf_kv *kv, const char *key)
+{
+	return kv->key.len == strlen(key) && !memcmp(kv->key.ptr, key, kv->key.len);
+}
+
+/* The keys loom sets itself; the input's values of them are dropped. */
+static bool replaced(const struct gguf_kv *kv)
+{
+	return key_is(kv, "general.file_type") || key_is(kv, "general.quantization_version");
+}
+
+static int write_header(struct quant_run *r, struct gguf_writer *w, char *err, size_t errlen)
+{
+	const struct gguf_file *in = r->in;
+	uint64_t n_kv = 2;
+
+	for (uint64_t i = 0; i < in->n_kv; i++)
+		n_kv += !replaced(&in->kv[i]);
+	if (gguf_write_header(w, r->n, n_kv, err, errlen))
+		return -1;
+	for (uint64_t i = 0; i < in->n_kv; i++)
+		if (!replaced(&in->kv[i]) && gguf_write_kv(w, &in->kv[i], err, errlen))
+			return -1;
+	if (gguf_write_kv_u32(w, "general.file_type", r->target.ftype, err, errlen) ||
+	    gguf_write_kv_u32(w, "general.quantization_version", 2, err, errlen))
+		return -1;
+	for (uint64_t i = 0; i < r->n; i++) {
+		const struct gguf_tensor *t = r->t[i].src;
+
+		if (gguf_write_tensor_info(w, &t->name, t->n_dims, t->ne, r->t[i].type,
+					   r->t[i].offset, err, errlen))
+			return -1;
+	}
+	return gguf_write_pad(w, err, errlen);
+}
+
+/* The size the output will have: the header counted, the data planned. */
+static int measure(struct quant_run *r, char *err, size_t errlen)
+{
+	struct gguf_writer *w = gguf_writer_open(NULL, r->in->alignment, err, errlen);
+	uint64_t end = 0;
+
+	if (!w)
+		return -1;
+	if (write_header(r, w, err, errlen)) {
+		gguf_writer_close(w, err, errlen);
+		return -1;
+	}
+	if (r->n)
+		end = r->t[r->n - 1].offset + r->t[r->n - 1].nbytes;
+	r->file_bytes = gguf_writer_pos(w) + end;
+	return gguf_writer_close(w, err, errlen);
+}
+
+/* ---- the plan, printed ---- */
+
+static void print_plan(const struct quant_run *r)
+{
+	uint64_t total_elems = 0;
+
+	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s\n", r->p.input,
+		r->p.dry_run ? "(dry run)" : r->p.output, r->target.name,
+		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy);
+	fprintf(r->out, "  %-6s %8s %14s %16s %12s\n", "type", "tensors", "weights", "bytes",
+		"bits/weight");
+	for (uint32_t type = 0; type < LOOM_TYPE_COUNT; type++) {
+		uint64_t n = 0, elems = 0, bytes = 0;
+
+		for (uint64_t i = 0; i < r->n; i++) {
+			if (r->t[i].type != type)
+				continue;
+			n++;
+			elems += (uint64_t)r->t[i].rows * (uint64_t)r->t[i].cols;
+			bytes += r->t[i].nbytes;
+		}
+		if (!n)
+			continue;
+		total_elems += elems;
+		fprintf(r->out, "  %-6s %8llu %14llu %16llu %12.3f\n", gguf_type_name(type),
+			(unsigned long long)n, (unsigned long long)elems,
+			(unsigned long long)bytes, 8.0 * (double)bytes / (double)elems);
+	}
+	fprintf(r->out, "  %-6s %8llu %14llu %16llu %12.3f\n", "total", (unsigned long long)r->n,
+		(unsigned long long)total_elems, (unsigned long long)r->data_bytes,
+		total_elems ? 8.0 * (double)r->data_bytes / (double)total_elems : 0.0);
+	fprintf(r->out, "  tensor data %llu bytes (%.2f MiB); file %llu bytes (%.2f MiB); input %llu bytes\n",
+		(unsigned long long)r->data_bytes, (double)r->data_bytes / 1048576.0,
+		(unsigned long long)r->file_bytes, (double)r->file_bytes / 1048576.0,
+		(unsigned long long)r->in->size);
+}
+
+static void print_tensors(const struct quant_run *r)
+{
+	for (uint64_t i = 0; i < r->n; i++) {
+		const struct plan_tensor *pt = &r->t[i];
+
+		fprintf(r->out, "  %-40.*s %6s -> %-6s %12llu bytes\n", (int)pt->src->name.len,
+			pt->src->name.ptr, gguf_type_name(pt->src->type), gguf_type_name(pt->type),
+			(unsigned long long)pt->nbytes);
+	}
+}
+
+/* ---- threads over rows (the strategy's for_rows) ---- */
+
+struct rows_part {
+	loom_qs_rows_fn fn;
+	void *arg;
+	int64_t begin, end;
+	int rc;
+};
+
+static void *rows_thread(void *p)
+{
+	struct rows_part *part = p;
+
+	part->rc = part->fn(part->arg, part->begin, part->end);
+	return NULL;
+}
+
+static int host_for_rows(const struct loom_qstrategy_tensor *t, loom_qs_rows_fn fn, void *arg)
+{
+	const struct quant_run *r = t->host;
+	struct rows_part parts[256];
+	pthread_t tid[256];
+	bool started[256] = { false };
+	int64_t n = r->n_threads < t->rows ? r->n_threads : t->rows;
+	int rc = 0;
+
+	if (n <= 1)
+		return fn(arg, 0, t->rows);
+	for (int64_t i = 0; i < n; i++)
+		parts[i] = (struct rows_part){ .fn = fn, .arg = arg, .begin = t->rows * i / n,
+					       .end = t->rows * (i + 1) / n };
+	for (int64_t i = 1; i < n; i++)
+		started[i] = pthread_create(&tid[i], NULL, rows_thread, &parts[i]) == 0;
+	rows_thread(&parts[0]);
+	for (int64_t i = 1; i < n; i++) {
+		if (started[i])
+			pthread_join(tid[i], NULL);
+		else
+			rows_thread(&parts[i]); /* no thread: this one does it */
+	}
+	for (int64_t i = 0; i < n && !rc; i++)
+		rc = parts[i].rc;
+	return rc;
+}
+
+/* ---- one tensor ---- */
+
+static void *grow(void **buf, size_t *cap, size_t need)
+{
+	void *nb;
+
+	if (need <= *cap)
+		return *buf;
+	nb = realloc(*buf, need);
+	if (!nb)
+		return NULL;
+	*buf = nb;
+	*cap = need;
+	return nb;
+}
+
+/* The tensor as f32: the mapping itself for an aligned f32 tensor, else
+ * the format plugin's dequantization into r->wbuf. */
+static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt, char *err,
+			       size_t errlen)
+{
+	const struct gguf_tensor *t = pt->src;
+	size_t n = (size_t)pt->rows * (size_t)pt->cols;
+	int rc;
+
+	if (t->type == LOOM_TYPE_F32 && (uintptr_t)t->data % sizeof(float) == 0)
+		return t->data;
+	if (!grow((void **)&r->wbuf, &r->wcap, n * sizeof(float))) {
+		tensor_err(err, errlen, t, "out of memory%s%s", "", "");
+		return NULL;
+	}
+	if (t->type == LOOM_TYPE_F32) {
+		memcpy(r->wbuf, t->data, n * sizeof(float));
+		return r->wbuf;
+	}
+	rc = loom_format_get(t->type)->to_float(t->data, r->wbuf, (int64_t)n);
+	if (rc) {
+		tensor_err(err, errlen, t, "cannot dequantize its %s data (%s)",
+			   gguf_type_name(t->type), status_text(rc));
+		return NULL;
+	}
+	return r->wbuf;
+}
+
+static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
+		       struct gguf_writer *w, char *err, size_t errlen)
+{
+	const struct gguf_tensor *t = pt->src;
+	struct loom_qstrategy_tensor qt;
+	char name[512], msg[512] = "";
+	const float *src = source_f32(r, pt, err, errlen);
+	int rc;
+
+	if (!src)
+		return -1;
+	if (!grow(&r->obuf, &r->ocap, (size_t)pt->nbytes)) {
+		return tensor_err(err, errlen, t, "out of memory%s%s", "", "");
+	}
+	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+	qt = (struct loom_qstrategy_tensor){
+		.struct_size = sizeof(qt), .type = pt->type, .name = name,
+		.rows = pt->rows, .cols = pt->cols, .w = src,
+		.format = loom_format_get(pt->type), .out = r->obuf,
+		.out_size = (size_t)pt->nbytes, .for_rows = host_for_rows, .host = r,
+	};
+	rc = r->strategy->quantize(&qt, msg, sizeof(msg));
+	if (rc)
+		return tensor_err(err, errlen, t, "strategy failed: %s%s",
+				  msg[0] ? msg : status_text(rc), "");
+	return gguf_write_bytes(w, r->obuf, (size_t)pt->nbytes, err, errlen);
+}
+
+static void progress(const struct quant_run *r, uint64_t i, const struct plan_tensor *pt)
+{
+	int width = 30, done = r->n ? (int)(width * i / r->n) : width;
+
+	if (!r->p.progress || !isatty(STDERR_FILENO))
+		return;
+	if (!pt) {
+		fprintf(stderr, "\r\033[K");
+		return;
+	}
+	fprintf(stderr, "\r\033[K[%.*s%*s] %llu/%llu %.*s -> %s", done,
+		"##############################", width - done, "",
+		(unsigned long long)i + 1, (unsigned long long)r->n, (int)pt->src->name.len,
+		pt->src->name.ptr, gguf_type_name(pt->type));
+}
+
+static int write_all(struct quant_run *r, const char *path, char *err, size_t errlen)
+{
+	struct gguf_writer *w = gguf_writer_open(path, r->in->alignment, err, errlen);
+	int rc;
+
+	if (!w)
+		return -1;
+	rc = write_header(r, w, err, errlen);
+	for (uint64_t i = 0; i < r->n && !rc; i++) {
+		const struct plan_tensor *pt = &r->t[i];
+
+		progress(r, i, pt);
+		if (pt->convert)
+			rc = convert_one(r, pt, w, err, errlen);
+		else
+			rc = gguf_write_bytes(w, pt->src->data, (size_t)pt->nbytes, err, errlen);
+		gguf_release(r->in, pt->src->data, (size_t)pt->src->nbytes);
+		if (!rc)
+			rc = gguf_write_pad(w, err, errlen);
+	}
+	progress(r, r->n, NULL);
+	if (gguf_writer_close(w, rc ? NULL : err, rc ? 0 : errlen))
+		rc = -1;
+	return rc;
+}
+
+/* ---- the command ---- */
+
+static int check_paths(const struct quant_run *r, char *err, size_t errlen)
+{
+	struct stat a, b;
+
+	if (!r->p.input || !r->p.output || !r->p.type || !r->p.input[0] || !r->p.output[0]) {
+		loom_seterr(err, errlen, "quantize needs IN.gguf OUT.gguf TYPE");
+		return -1;
+	}
+	if (stat(r->p.input, &a)) {
+		loom_seterr(err, errlen, "%s: %s", r->p.input, strerror(errno));
+		return -1;
+	}
+	if (!r->p.dry_run && stat(r->p.output, &b) == 0 && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino) {
+		loom_seterr(err, errlen, "%s: the output is the input file", r->p.output);
+		return -1;
+	}
+	return 0;
+}
+
+/* Loads the strategy and checks it has what it needs. */
+static int open_strategy(struct quant_run *r, char *err, size_t errlen)
+{
+	r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
+					  sizeof(r->strategy_path), err, errlen);
+	if (!r->strategy)
+		return -1;
+	if (r->strategy->needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) {
+		loom_seterr(err, errlen,
+			    "quant strategy %s (%s) needs calibration data (%s), which this loom quantize cannot give yet",
+			    r->strategy->name, r->strategy_path,
+			    r->strategy->needs & LOOM_QS_NEEDS_HESSIAN ? "a Hessian" :
+			    "an importance matrix");
+		return -1;
+	}
+	return 0;
+}
+
+static int run(struct quant_run *r, char *err, size_t errlen)
+{
+	char part[4200];
+	struct timespec t0, t1;
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
+	    loom_formats_init(err, errlen))
+		return -1;
+	r->in = gguf_open(r->p.input, err, errlen);
+	if (!r->in || make_plan(r, err, errlen) || measure(r, err, errlen))
+		return -1;
+	if (r->p.dry_run) {
+		print_plan(r);
+		print_tensors(r);
+		return 0;
+	}
+	if (open_strategy(r, err, errlen))
+		return -1;
+	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
+		loom_seterr(err, errlen, "%s: path too long", r->p.output);
+		return -1;
+	}
+	rc = write_all(r, part, err, errlen);
+	if (!rc && rename(part, r->p.output)) {
+		loom_seterr(err, errlen, "%s: cannot rename from %s: %s", r->p.output, part,
+			    strerror(errno));
+		rc = -1;
+	}
+	if (rc) {
+		unlink(part);
+		return -1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	print_plan(r);
+	fprintf(r->out, "loom quantize: wrote %s: %llu tensors (%llu quantized by %s), %.2f MiB, general.file_type %u, %.1f s\n",
+		r->p.output, (unsigned long long)r->n, (unsigned long long)r->n_convert,
+		r->strategy->name, (double)r->file_bytes / 1048576.0, r->target.ftype,
+		(double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+	return 0;
+}
+
+int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen)
+{
+	struct quant_run r = { 0 };
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int rc;
+
+	if (!p || p->struct_size < sizeof(*p)) {
+		loom_seterr(err, errlen, "loom_quantize: params not initialized (call loom_quantize_params_init)");
+		return -1;
+	}
+	r.p = *p;
+	if (!r.p.strategy || !r.p.strategy[0])
+		r.p.strategy = "rtn";
+	r.out = p->out ? p->out : stdout;
+	r.n_threads = p->n_threads > 0 ? p->n_threads : (int)(cores > 0 ? cores : 1);
+	if (r.n_threads > 256)
+		r.n_threads = 256;
+	rc = run(&r, err, errlen);
+	free(r.t);
+	free(r.wbuf);
+	free(r.obuf);
+	if (r.in)
+		gguf_close(r.in);
+	return rc;
+}
