@@ -305,15 +305,18 @@ static uint32_t shape_fallback(const struct gguf_tensor *t, uint32_t type)
 	return t->ne[0] % block_elems(type) == 0 ? type : LOOM_TYPE_F16;
 }
 
-uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t)
+uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t,
+			   uint32_t *wanted)
 {
 	uint32_t type = r->target->type;
 
+	*wanted = t->type;
 	if (!may_quantize(t))
 		return t->type;
+	*wanted = type;
 	if (block_elems(type) == 1) /* f32, f16, bf16: no rules */
 		return type;
 	if (r->target->mix)
-		type = mix_type(r, t, type);
+		*wanted = type = mix_type(r, t, type);
 	return shape_fallback(t, type);
 }

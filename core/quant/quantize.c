@@ -26,6 +26,7 @@ struct plan_tensor {
 	int64_t rows, cols; /* cols = ne[0]; rows = the other dims' product */
 	uint64_t nbytes, offset;
 	bool convert;       /* type differs from the source's: quantize */
+	uint32_t wanted;    /* the rules' choice, before the shape fallback */
 };
 
 struct quant_run {
@@ -127,6 +128,35 @@ static int plan_one(struct quant_run *r, struct plan_tensor *pt, char *err, size
 	return 0;
 }
 
+/* The layer of "blk.N....", or -1. */
+static long layer_of(const struct gguf_str *name)
+{
+	long n = 0;
+	uint64_t i = 4;
+
+	if (name->len < 5 || memcmp(name->ptr, "blk.", 4))
+		return -1;
+	for (; i < name->len && name->ptr[i] >= '0' && name->ptr[i] <= '9' && n < 1000000; i++)
+		n = n * 10 + (name->ptr[i] - '0');
+	return i > 4 ? n : -1;
+}
+
+/* llama.cpp's order: by layer (others first), then by name. The mix rules
+ * count attn_v and ffn_down tensors in this order, and the output is
+ * written in it, as llama-quantize writes its files. */
+static int tensor_order(const void *pa, const void *pb)
+{
+	const struct gguf_str *a = &((const struct plan_tensor *)pa)->src->name;
+	const struct gguf_str *b = &((const struct plan_tensor *)pb)->src->name;
+	long la = layer_of(a), lb = layer_of(b);
+	int c;
+
+	if (la != lb)
+		return la < lb ? -1 : 1;
+	c = memcmp(a->ptr, b->ptr, a->len < b->len ? a->len : b->len);
+	return c ? c : (a->len > b->len) - (a->len < b->len);
+}
+
 static int make_plan(struct quant_run *r, char *err, size_t errlen)
 {
 	struct quant_rules rules;
@@ -140,11 +170,13 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 		loom_seterr(err, errlen, "out of memory");
 		return -1;
 	}
+	for (uint64_t i = 0; i < r->n; i++)
+		r->t[i].src = &r->in->tensors[i];
+	qsort(r->t, r->n, sizeof(*r->t), tensor_order);
 	for (uint64_t i = 0; i < r->n; i++) {
 		struct plan_tensor *pt = &r->t[i];
 
-		pt->src = &r->in->tensors[i];
-		pt->type = quant_tensor_type(&rules, pt->src);
+		pt->type = quant_tensor_type(&rules, pt->src, &pt->wanted);
 		if (plan_one(r, pt, err, errlen))
 			return -1;
 		pt->offset = off;
@@ -216,6 +248,29 @@ static int measure(struct quant_run *r, char *err, size_t errlen)
 
 /* ---- the plan, printed ---- */
 
+/* Tensors whose rows do not divide into the chosen type's blocks got
+ * another type (llama.cpp's fallback): one line per pair of types. */
+static void print_fallbacks(const struct quant_run *r)
+{
+	for (uint64_t i = 0; i < r->n; i++) {
+		const struct plan_tensor *pt = &r->t[i];
+		uint64_t n = 0, j;
+
+		if (pt->wanted == pt->type)
+			continue;
+		for (j = 0; j < i; j++) /* printed already? */
+			if (r->t[j].wanted == pt->wanted && r->t[j].type == pt->type)
+				break;
+		if (j < i)
+			continue;
+		for (j = i; j < r->n; j++)
+			n += r->t[j].wanted == pt->wanted && r->t[j].type == pt->type;
+		fprintf(r->out, "  fallback: %llu tensors (e.g. %.*s, rows of %lld) do not divide into %s blocks: %s instead\n",
+			(unsigned long long)n, (int)pt->src->name.len, pt->src->name.ptr,
+			(long long)pt->cols, gguf_type_name(pt->wanted), gguf_type_name(pt->type));
+	}
+}
+
 static void print_plan(const struct quant_run *r)
 {
 	uint64_t total_elems = 0;
@@ -245,6 +300,7 @@ static void print_plan(const struct quant_run *r)
 	fprintf(r->out, "  %-6s %8llu %14llu %16llu %12.3f\n", "total", (unsigned long long)r->n,
 		(unsigned long long)total_elems, (unsigned long long)r->data_bytes,
 		total_elems ? 8.0 * (double)r->data_bytes / (double)total_elems : 0.0);
+	print_fallbacks(r);
 	fprintf(r->out, "  tensor data %llu bytes (%.2f MiB); file %llu bytes (%.2f MiB); input %llu bytes\n",
 		(unsigned long long)r->data_bytes, (double)r->data_bytes / 1048576.0,
 		(unsigned long long)r->file_bytes, (double)r->file_bytes / 1048576.0,

@@ -37,8 +37,12 @@ struct quant_rules {
 /* 0, or -1 with err naming a malformed metadata key. */
 int quant_rules_init(struct quant_rules *r, const struct quant_target *t,
 		     const struct gguf_file *f, char *err, size_t errlen);
-/* The type tensor t gets; call once per tensor, in file order. */
-uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t);
+/* The type tensor t gets; call once per tensor, in llama.cpp's order
+ * (by layer, then name: the counters of the rules depend on it). *wanted
+ * gets the rules' choice before the fallback for rows that do not divide
+ * into its blocks. */
+uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t,
+			   uint32_t *wanted);
 
 /* Loads a strategy by name ("rtn", "rtn.so") or path through the plugin
  * loader; path gets the file (cap bytes). NULL with err. */
