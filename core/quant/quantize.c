@@ -240,8 +240,13 @@ static int measure(struct quant_run *r, char *err, size_t errlen)
 		gguf_writer_close(w, err, errlen);
 		return -1;
 	}
-	if (r->n)
-		end = r->t[r->n - 1].offset + r->t[r->n - 1].nbytes;
+	/* every tensor is padded, the last one too (as llama.cpp writes) */
+	if (r->n && !gguf_next_offset(r->t[r->n - 1].offset, r->t[r->n - 1].nbytes,
+				      r->in->alignment, &end)) {
+		gguf_writer_close(w, NULL, 0);
+		loom_seterr(err, errlen, "output too large");
+		return -1;
+	}
 	r->file_bytes = gguf_writer_pos(w) + end;
 	return gguf_writer_close(w, err, errlen);
 }
