@@ -15,7 +15,11 @@
   - --dry-run writes nothing and its totals equal the written file's;
   - errors name what is wrong: missing input, unknown type, unknown or
     broken strategy (by flag and by config key).
-Usage: test_quantize.py LOOM_EXE
+  - broken strategy plugins are refused with the reason, one line each:
+    another ABI major, no quantize slot, no name, an unknown needs flag; a
+    strategy that fails names the tensor and its message; one that needs
+    an importance matrix is refused when none is given.
+Usage: test_quantize.py LOOM_EXE [qs_*.so ...] (the broken strategies)
 """
 import os
 import re
@@ -33,6 +37,15 @@ except ImportError as e:
     sys.exit(77)
 
 LOOM = sys.argv[1]
+BAD = {os.path.basename(p)[3:-3]: p for p in sys.argv[2:]}
+BAD_WANT = {
+    "bad_major": "ABI major 2, this loom needs 1",
+    "no_quantize": "required slot quantize is missing",
+    "no_name": "descriptor has no name",
+    "unknown_need": "needs flags 0x80 unknown",
+    "fails": "tensor 'output.weight': strategy failed: refusing output.weight on purpose",
+    "needs_imatrix": "needs calibration data",
+}
 failures = []
 
 # llama.cpp's llama_ftype numbers (general.file_type) for the plain types
@@ -237,6 +250,14 @@ def main():
     loom(src, out, "q8_0", "--config", cfg)
     check(open(out, "rb").read() == open(os.path.join(tmp, "q8_0.gguf"), "rb").read(),
           "strategy = rtn in a config file writes what the default does")
+
+    out = os.path.join(tmp, "bad.gguf")
+    for name, path in sorted(BAD.items()):
+        p = loom(src, out, "q8_0", "--strategy", path, ok=False)
+        check(p.returncode != 0 and BAD_WANT[name] in p.stderr and not os.path.exists(out)
+              and not os.path.exists(out + ".part"),
+              "strategy %s refused: %s" % (name, p.stderr.strip()))
+    check(len(BAD) in (0, len(BAD_WANT)), "all %d broken strategies given" % len(BAD_WANT))
 
     subprocess.run(["rm", "-rf", tmp])
     if failures:
