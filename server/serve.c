@@ -135,6 +135,27 @@ static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char
 	return text;
 }
 
+/* The chat's ids: message content tokenized as text, only the template's
+ * markup parsed for special tokens. */
+static int32_t *req_render_ids(void *user, const struct serve_msg *msgs, size_t n,
+			       int64_t *n_ids, char *why, size_t whylen)
+{
+	const struct server *srv = user;
+	struct loom_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	int32_t *ids = NULL;
+	size_t i;
+
+	if (!cm) {
+		snprintf(why, whylen, "out of memory");
+		return NULL;
+	}
+	for (i = 0; i < n; i++)
+		cm[i] = (struct loom_chat_msg){ .role = msgs[i].role, .content = msgs[i].content };
+	*n_ids = loom_chat_tokenize(srv->tok, &srv->chat, cm, n, true, &ids, why, whylen);
+	free(cm);
+	return *n_ids < 0 ? NULL : ids;
+}
+
 static void req_ctx_init(struct server *srv)
 {
 	srv->req_ctx = (struct serve_req_ctx){
@@ -152,6 +173,7 @@ static void req_ctx_init(struct server *srv)
 		.spec_names = srv->spec_names,
 		.n_spec = srv->n_spec,
 		.spec_default = srv->spec_default,
+		.render_ids = srv->chat_ok ? req_render_ids : NULL,
 	};
 }
 

@@ -328,6 +328,39 @@ static int message_text(json_t *c, size_t i, char **out, struct perr *e)
 	return *out ? 0 : perr_set(e, 500, NULL, NULL, "out of memory");
 }
 
+/* The chat's ids from ctx->render_ids, with chat_bos first where it is set. */
+static int render_chat_ids(const struct serve_req_ctx *ctx, struct serve_req *r,
+			   const struct serve_msg *msgs, size_t n, struct perr *e)
+{
+	int64_t n_ids = 0, extra = ctx->chat_bos >= 0 ? 1 : 0;
+	char why[256] = "";
+	int32_t *ids = ctx->render_ids(ctx->user, msgs, n, &n_ids, why, sizeof(why));
+
+	if (!ids)
+		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
+	if (n_ids + extra == 0) {
+		free(ids);
+		return perr_set(e, 400, "messages", "invalid_value", "the prompt is empty");
+	}
+	if (n_ids + extra > ctx->n_ctx) {
+		free(ids);
+		return perr_set(e, 400, "messages", "context_length_exceeded",
+				"the prompt is %lld tokens; the context is %d",
+				(long long)(n_ids + extra), ctx->n_ctx);
+	}
+	r->prompt = malloc(sizeof(int32_t) * (size_t)(n_ids + extra + 1));
+	if (!r->prompt) {
+		free(ids);
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	}
+	if (extra)
+		r->prompt[0] = ctx->chat_bos;
+	memcpy(r->prompt + extra, ids, sizeof(int32_t) * (size_t)n_ids);
+	free(ids);
+	r->n_prompt = (int32_t)(n_ids + extra);
+	return 0;
+}
+
 static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
 		       const struct serve_msg *msgs, size_t n, struct perr *e)
 {
@@ -339,6 +372,8 @@ static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
 		return perr_set(e, 500, NULL, "unsupported_chat_template", "%s",
 				ctx->chat_err ? ctx->chat_err : "no chat template");
 	why[0] = '\0';
+	if (ctx->render_ids)
+		return render_chat_ids(ctx, r, msgs, n, e);
 	text = ctx->render(ctx->user, msgs, n, why, sizeof(why));
 	if (!text)
 		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
