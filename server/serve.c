@@ -174,6 +174,8 @@ static void req_ctx_init(struct server *srv)
 		.n_spec = srv->n_spec,
 		.spec_default = srv->spec_default,
 		.render_ids = srv->chat_ok ? req_render_ids : NULL,
+		.model_names = srv->model_names,
+		.n_model_names = srv->n_model_names,
 	};
 }
 
@@ -192,6 +194,26 @@ static const char *base_name(const char *path)
 	return s ? s + 1 : path;
 }
 
+/* The API key (--api-key, else $LOOM_API_KEY) and the model names. */
+static int server_access(struct server *srv)
+{
+	const char *env = getenv("LOOM_API_KEY");
+	char *save = NULL, *name;
+
+	if (srv->o.serve.api_key[0])
+		snprintf(srv->api_key, sizeof(srv->api_key), "%s", srv->o.serve.api_key);
+	else if (env && strlen(env) < sizeof(srv->api_key))
+		snprintf(srv->api_key, sizeof(srv->api_key), "%s", env);
+	srv->model_names[srv->n_model_names++] = srv->model_name;
+	snprintf(srv->alias_buf, sizeof(srv->alias_buf), "%s", srv->o.serve.aliases);
+	for (name = strtok_r(srv->alias_buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		if (srv->n_model_names == SRV_MAX_NAMES)
+			return -1;
+		srv->model_names[srv->n_model_names++] = name;
+	}
+	return 0;
+}
+
 static int server_init(struct server *srv)
 {
 	srv->created = (int64_t)time(NULL);
@@ -201,7 +223,7 @@ static int server_init(struct server *srv)
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->idle, NULL);
 	snprintf(srv->model_name, sizeof(srv->model_name), "%s", base_name(srv->o.model));
-	return 0;
+	return server_access(srv);
 }
 
 /* ---- shutdown ---- */
@@ -271,7 +293,14 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	loom_options_defaults(&srv->o);
 	if (parse_args(argc, argv, &srv->o, err, errlen))
 		goto out;
-	server_init(srv);
+	if (server_init(srv)) {
+		srv_seterr(err, errlen, "--alias: at most 31 names");
+		goto out;
+	}
+	if (getenv("LOOM_API_KEY") && strlen(getenv("LOOM_API_KEY")) >= sizeof(srv->api_key)) {
+		srv_seterr(err, errlen, "LOOM_API_KEY: longer than 255 bytes");
+		goto out;
+	}
 	/* signals go to sigwait below, never to a worker thread */
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -295,7 +324,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	rc = 0;
 out:
 	if (d)
-		MHD_stop_daemon(d);
+		http_stop(srv, d);
 	if (engine_started) {
 		loom_engine_stop(srv->engine);
 		pthread_join(engine, NULL);

@@ -449,6 +449,22 @@ void serve_req_free(struct serve_req *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* model: absent, empty, or one of the names the server answers to (its
+ * file's name and --alias); another name is a 404 as OpenAI gives. */
+static int check_model(const struct serve_req_ctx *ctx, json_t *v, struct perr *e)
+{
+	const char *name = v ? json_string_value(v) : NULL;
+	int i;
+
+	if (!name || !name[0] || !ctx->n_model_names)
+		return 0;
+	for (i = 0; i < ctx->n_model_names; i++)
+		if (!strcmp(name, ctx->model_names[i]))
+			return 0;
+	return perr_set(e, 404, "model", "model_not_found",
+			"The model '%.200s' does not exist (GET /v1/models lists the names served)", name);
+}
+
 /* The members of the body object, in the order their errors are reported. */
 static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			struct perr *e)
@@ -459,6 +475,8 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
 	if (member(o, "model") && !json_is_string(member(o, "model")))
 		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
+	if (check_model(ctx, member(o, "model"), e))
+		return -1;
 	if (get_bool(o, "echo", &echo, e) || get_sampling(ctx, o, r, e) ||
 	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
 		return -1;
