@@ -268,6 +268,21 @@ static void drain(struct server *srv)
 	}
 }
 
+/* $LOOM_SERVE_LOAD_DELAY_MS (for tests: tests/serve/test_serve_edges.py)
+ * stretches the model load, so that requests arriving during it can be
+ * seen to wait or to get their 503. */
+static void test_load_delay(void)
+{
+	const char *v = getenv("LOOM_SERVE_LOAD_DELAY_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+
+	if (ms > 0 && ms <= 600000) {
+		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
 static int wait_signal(const sigset_t *set)
 {
 	int sig = 0;
@@ -308,7 +323,10 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d = http_start(srv, err, errlen);
-	if (!d || open_engine(srv, err, errlen))
+	if (!d)
+		goto out;
+	test_load_delay();
+	if (open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {

@@ -840,6 +840,26 @@ static void sock_phase(struct http *h, struct sock *sk, enum sock_phase ph)
 	pthread_mutex_unlock(&h->mu);
 }
 
+static enum MHD_Result add_arg_len(void *cls, enum MHD_ValueKind kind, const char *key,
+				   const char *value)
+{
+	size_t *n = cls;
+
+	(void)kind;
+	*n += strlen(key) + (value ? strlen(value) : 0) + 2; /* '?' or '&', '=' */
+	return MHD_YES;
+}
+
+/* The request target's length: the path MHD hands the handler plus its
+ * query arguments (decoded, so a little under what was sent). */
+static size_t uri_length(struct MHD_Connection *c, const char *url)
+{
+	size_t n = strlen(url);
+
+	MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_arg_len, &n);
+	return n;
+}
+
 /* First call, the headers read: a 414 or 431 for an oversized request
  * line or header block (as JSON; past MHD's own buffer, MHD answers
  * itself), a 413 for a declared body over --max-body. */
@@ -857,7 +877,7 @@ static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *sr
 	cn->pk = (struct parker){ .c = c, .h = srv->http };
 	cn->t_arrive = now_s();
 	sock_phase(srv->http, conn_sock(c), PH_BODY);
-	if (strlen(url) > MAX_URL) {
+	if (uri_length(c, url) > MAX_URL) {
 		cn->too_big = true;
 		return fail(c, srv, 414, "uri_too_long", "the request URI is too long");
 	}
