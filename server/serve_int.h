@@ -2,13 +2,14 @@
  *
  * The server is a client of the public API (include/loom.h) only.
  *
- * Threads: MHD runs one thread per connection; one engine thread runs
- * loom_engine_run. A request (struct job) holds one struct gen per choice
- * (n); each gen is one engine request. The event callback (engine
- * thread) appends tokens to the gen under the job's mutex and signals the
- * job's condition; the connection thread waits on it (100 ms at a time, so
- * client disconnects and shutdown are noticed), detokenizes, matches stop
- * strings and writes the response.
+ * Threads: MHD runs a few event-loop threads (--http-threads, epoll); one
+ * engine thread runs loom_engine_run; a deadline thread (serve_http.c)
+ * enforces header and body deadlines. A request (struct job) holds one
+ * struct gen per choice (n); each gen is one engine request. The event
+ * callback (engine thread) appends tokens to the gen under the job's mutex
+ * and resumes the connection parked on the job (job_park); the HTTP
+ * handler then detokenizes, matches stop strings and writes the response,
+ * or parks again. No handler blocks.
  */
 #ifndef LOOM_SERVE_INT_H
 #define LOOM_SERVE_INT_H

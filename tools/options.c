@@ -466,6 +466,8 @@ int loom_options_set(struct loom_options *o, const char *key, const char *v,
 		return opt_check(d, key, v, err, errlen);
 	if (d->off == offsetof(struct loom_options, n_ctx))
 		o->ctx_given = true;
+	if (d->off == offsetof(struct loom_options, sp.seed))
+		o->seed_given = true;
 	return opt_apply(o, d, key, v, err, errlen);
 }
 
@@ -615,6 +617,8 @@ static int on_flag(struct loom_options *o, const struct cmd_def *cd, int c,
 		snprintf(flag, sizeof(flag), "--%s", d->name);
 	if (d->off == offsetof(struct loom_options, n_ctx))
 		o->ctx_given = true;
+	if (d->off == offsetof(struct loom_options, sp.seed))
+		o->seed_given = true;
 	return opt_apply(o, d, flag, arg, err, errlen);
 }
 

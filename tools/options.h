@@ -68,6 +68,7 @@ struct loom_options {
 	int n_threads;
 	int n_ctx;
 	bool ctx_given;         /* ctx_size came from a flag or the config file */
+	bool seed_given;        /* seed likewise; run: else a seed from the clock */
 	int n_batch;
 	bool no_bos;
 	bool archs;         /* info: the supported architectures and tokenizers */
