@@ -21,9 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/gguf.h"
+#include "synth_vocab.h"
 #include "text/chat_template.h"
-#include "text/tokenizer.h"
 
 static const char *const controls[] = {
 	"<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -51,105 +50,14 @@ static const struct {
 };
 #define N_FAMILIES (sizeof(families) / sizeof(families[0]))
 
-/* ---- a synthetic vocabulary, written as GGUF in memory ---- */
-
-struct gb {
-	unsigned char *p;
-	size_t n, cap;
-	uint64_t n_kv;
-};
-
-static void gb_raw(struct gb *b, const void *d, size_t n)
-{
-	if (b->n + n > b->cap) {
-		b->cap = (b->n + n) * 2 + 256;
-		b->p = realloc(b->p, b->cap);
-		ck_assert_ptr_nonnull(b->p);
-	}
-	memcpy(b->p + b->n, d, n);
-	b->n += n;
-}
-
-static void gb_u32(struct gb *b, uint32_t v) { gb_raw(b, &v, 4); }
-static void gb_u64(struct gb *b, uint64_t v) { gb_raw(b, &v, 8); }
-
-static void gb_str(struct gb *b, const char *s)
-{
-	gb_u64(b, strlen(s));
-	gb_raw(b, s, strlen(s));
-}
-
-static void gb_key(struct gb *b, const char *key, uint32_t type)
-{
-	gb_str(b, key);
-	gb_u32(b, type);
-	b->n_kv++;
-}
-
-/* GPT-2's printable stand-in for a byte, written out for the test. */
-static void byte_char(int byte, char out[3])
-{
-	int n = 0, cp = byte;
-
-	if (!((byte >= 33 && byte <= 126) || (byte >= 161 && byte <= 172) || byte >= 174)) {
-		for (int b = 0; b < byte; b++)
-			if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174))
-				n++;
-		cp = 256 + n;
-	}
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		out[1] = 0;
-	} else {
-		out[0] = (char)(0xc0 | (cp >> 6));
-		out[1] = (char)(0x80 | (cp & 0x3f));
-		out[2] = 0;
-	}
-}
-
 /* Ids 0..255: the bytes; 256 + i: controls[i] (token type 3, control). */
 static struct loom_tokenizer *synth_tok(void)
 {
-	static char bytes[256][3];
-	size_t n = 256 + N_CONTROLS, i;
-	struct gb b = { 0 }, h = { 0 };
-	struct gguf_file *f;
-	struct loom_tokenizer *t;
-	char err[256] = "";
+	int32_t types[N_CONTROLS];
 
-	gb_str(&b, "tokenizer.ggml.model");
-	gb_u32(&b, GGUF_STRING);
-	gb_str(&b, "gpt2");
-	b.n_kv++;
-	gb_key(&b, "tokenizer.ggml.tokens", GGUF_ARRAY);
-	gb_u32(&b, GGUF_STRING);
-	gb_u64(&b, n);
-	for (i = 0; i < n; i++) {
-		if (i < 256)
-			byte_char((int)i, bytes[i]);
-		gb_str(&b, i < 256 ? bytes[i] : controls[i - 256]);
-	}
-	gb_key(&b, "tokenizer.ggml.token_type", GGUF_ARRAY);
-	gb_u32(&b, GGUF_I32);
-	gb_u64(&b, n);
-	for (i = 0; i < n; i++)
-		gb_u32(&b, i < 256 ? 1 : 3);
-	gb_key(&b, "tokenizer.ggml.merges", GGUF_ARRAY);
-	gb_u32(&b, GGUF_STRING);
-	gb_u64(&b, 0);
-	gb_raw(&h, "GGUF", 4);
-	gb_u32(&h, 3);
-	gb_u64(&h, 0);
-	gb_u64(&h, b.n_kv);
-	gb_raw(&h, b.p, b.n);
-	free(b.p);
-	f = gguf_open_memory(h.p, h.n, err, sizeof(err));
-	ck_assert_msg(f != NULL, "synthetic gguf: %s", err);
-	t = loom_tokenizer_from_gguf(f, err, sizeof(err));
-	ck_assert_msg(t != NULL, "synthetic tokenizer: %s", err);
-	gguf_close(f);
-	free(h.p);
-	return t;
+	for (size_t i = 0; i < N_CONTROLS; i++)
+		types[i] = 3;
+	return synth_vocab(controls, types, N_CONTROLS);
 }
 
 /* ---- helpers ---- */
