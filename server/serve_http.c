@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1060,6 +1061,42 @@ static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *
 	return -1;
 }
 
+/* MHD's error log, rate-limited: a flood of broken connections would
+ * otherwise write a line each. At most LOG_BURST lines per LOG_WINDOW
+ * seconds, then one line saying how many were dropped. */
+#define LOG_BURST 5
+#define LOG_WINDOW 10.0
+
+static void http_log(void *cls, const char *fmt, va_list ap)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static double window;
+	static int shown;
+	static unsigned long dropped;
+	double now = now_s();
+
+	(void)cls;
+	pthread_mutex_lock(&mu);
+	if (now - window > LOG_WINDOW) {
+		if (dropped)
+			fprintf(stderr, "loom serve: http: %lu more messages in %.0f s not shown\n",
+				dropped, LOG_WINDOW);
+		window = now;
+		shown = 0;
+		dropped = 0;
+	}
+	if (shown < LOG_BURST) {
+		shown++;
+		fputs("loom serve: http: ", stderr);
+		vfprintf(stderr, fmt, ap);
+		if (!strchr(fmt, '\n'))
+			fputc('\n', stderr);
+	} else {
+		dropped++;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
 static void http_free(struct http *h)
 {
 	if (!h)
@@ -1088,6 +1125,7 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 	pthread_mutex_init(&h->mu, NULL);
 	srv->http = h;
 	d = MHD_start_daemon(flags, (uint16_t)so->port, NULL, NULL, on_request, srv,
+			     MHD_OPTION_EXTERNAL_LOGGER, http_log, srv, /* first, as MHD asks */
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 			     MHD_OPTION_THREAD_POOL_SIZE, (unsigned)so->http_threads,
 			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,

@@ -188,7 +188,7 @@ static const struct cmd_def {
 	  "            [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
 	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n"
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
-	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 64]\n"
+	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
 	  "            [--load-wait 30]\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =
@@ -248,7 +248,7 @@ void loom_options_defaults(struct loom_options *o)
 		.body_timeout = 30,
 		.idle_timeout = 120,
 		.max_conns = 1024,
-		.max_conns_per_ip = 64,
+		.max_conns_per_ip = 256,
 		.load_wait = 30,
 	};
 }
