@@ -756,15 +756,23 @@ static bool is_get_route(const char *url)
 	       !strcmp(url, "/v1/models") || !strcmp(url, "/") || !strcmp(url, "/index.html");
 }
 
-/* --api-key: the /v1/ endpoints need "Authorization: Bearer KEY"; compared in time
- * that does not depend on where the first difference is. */
+/* Paths open without the API key: probes and the chat page's HTML. */
+static bool is_public(const char *url)
+{
+	return !strcmp(url, "/health") || !strcmp(url, "/ready") || !strcmp(url, "/") ||
+	       !strcmp(url, "/index.html");
+}
+
+/* --api-key: every other endpoint (the /v1/ ones, /metrics, any added later)
+ * needs "Authorization: Bearer KEY"; compared in time that does not depend
+ * on where the first difference is. */
 static bool authorized(struct MHD_Connection *c, const struct server *srv, const char *url)
 {
 	const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
 	size_t n = strlen(srv->api_key), i;
 	unsigned char diff = 0;
 
-	if (!srv->api_key[0] || strncmp(url, "/v1/", 4))
+	if (!srv->api_key[0] || is_public(url))
 		return true;
 	if (!h || strncasecmp(h, "Bearer ", 7))
 		return false;

@@ -232,8 +232,11 @@ def access():
         check("right key: 200", st == 200, (st, body[:200]))
         st, _, _ = srv.get("/health")
         check("/health needs no key", st == 200, st)
-        st, _, _ = srv.get("/v1/models")
-        check("/v1/models needs the key", st == 401, st)
+        st, _, _ = srv.get("/ready")
+        check("/ready needs no key", st == 200, st)
+        for path in ("/v1/models", "/metrics"):
+            st, _, _ = srv.get(path)
+            check(f"{path} needs the key", st == 401, st)
         auth = {"Authorization": "Bearer sekrit"}
         st, hdr, body = srv.get("/v1/models", auth)
         ids = [m["id"] for m in json.loads(body)["data"]] if st == 200 else []
