@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 
 
@@ -268,6 +269,23 @@ static void drain(struct server *srv)
 	}
 }
 
+/* Each connection holds a descriptor: raise the soft open-file limit to
+ * what --max-conns needs (plus room for models, plugins and logs), as far
+ * as the hard limit allows, and say so when it caps the connections. */
+static void fit_fd_limit(const struct loom_serve_options *so)
+{
+	rlim_t want = (rlim_t)so->max_conns + 128;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= want)
+		return;
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur < want)
+		fprintf(stderr, "loom serve: the open-file limit (%llu) allows fewer connections than --max-conns %d\n",
+			(unsigned long long)rl.rlim_cur, so->max_conns);
+}
+
 /* $LOOM_SERVE_LOAD_DELAY_MS (for tests: tests/serve/test_serve_edges.py)
  * stretches the model load, so that requests arriving during it can be
  * seen to wait or to get their 503. */
@@ -322,6 +340,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	sigaddset(&set, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	fit_fd_limit(&srv->o.serve);
 	d = http_start(srv, err, errlen);
 	if (!d)
 		goto out;
