@@ -286,6 +286,18 @@ static void fit_fd_limit(const struct loom_serve_options *so)
 			(unsigned long long)rl.rlim_cur, so->max_conns);
 }
 
+/* Who may call, and from which pages (docs/SERVING.md); never the key. */
+static void print_access(const struct server *srv)
+{
+	fprintf(stderr, "loom serve: API key %s; CORS %s%s; model names:",
+		srv->api_key[0] ? "required (all but /health, /ready and the chat page)" : "not required",
+		srv->o.serve.cors_origin[0] ? "allows " : "off",
+		srv->o.serve.cors_origin);
+	for (int i = 0; i < srv->n_model_names; i++)
+		fprintf(stderr, " %s", srv->model_names[i]);
+	fprintf(stderr, "\n");
+}
+
 /* $LOOM_SERVE_LOAD_DELAY_MS (for tests: tests/serve/test_serve_edges.py)
  * stretches the model load, so that requests arriving during it can be
  * seen to wait or to get their 503. */
@@ -356,6 +368,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	atomic_store(&srv->state, SRV_READY);
 	fprintf(stderr, "loom serve: %s on %s, listening on http://%s:%d\n", srv->model_name,
 		loom_engine_backend_name(srv->engine), srv->o.serve.host, srv->o.serve.port);
+	print_access(srv);
 	fprintf(stderr, "loom serve: signal %d, shutting down\n", wait_signal(&set));
 	drain(srv);
 	rc = 0;
