@@ -189,6 +189,37 @@ def idle_flood(srv):
     check("health after the flood", st == 200, st)
 
 
+def body_trickle(srv):
+    """Headers sent at once, then the body a byte every 0.3 s: closed at the
+    body deadline (3 s after the headers), not answered."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000\r\n\r\n")
+    t0 = time.time()
+    closed_at = None
+    while time.time() - t0 < 12:
+        try:
+            s.sendall(b" ")
+        except OSError:
+            closed_at = time.time() - t0
+            break
+        time.sleep(0.3)
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                closed_at = time.time() - t0
+                break
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed_at = time.time() - t0
+            break
+        s.setblocking(True)
+    s.close()
+    check("body trickle closed at the body deadline (3 s)",
+          closed_at is not None and 2.5 < closed_at < 5.5, closed_at)
+
+
 def half_closed(srv):
     for stream in (False, True):
         body = json.dumps({"prompt": "Hello", "max_tokens": 4, "stream": stream}).encode()
@@ -359,7 +390,7 @@ def main():
         return 77
     srv = Server("--max-conns-per-ip", "64", "--header-timeout", "3", "--body-timeout", "3")
     try:
-        for test in (idle_flood, half_closed, oversized, injection):
+        for test in (idle_flood, body_trickle, half_closed, oversized, injection):
             t0 = time.time()
             try:
                 test(srv)
