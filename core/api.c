@@ -48,6 +48,18 @@ struct loom_engine {
  * the rest at their defaults). 0, or LOOM_ERR_INVALID when it is smaller
  * than the struct's first generation.
  */
+/* "PATH: why", unless gguf_open's reason already begins with the path
+ * (it names the file when it cannot open or map it): printed once. */
+static void name_file(const char *path, const char *why, char *err, size_t errlen)
+{
+	size_t n = strlen(path);
+
+	if (!strncmp(why, path, n) && why[n] == ':')
+		loom_seterr(err, errlen, "%s", why);
+	else
+		loom_seterr(err, errlen, "%s: %s", path, why);
+}
+
 static int take_params(void *dst, size_t dst_size, const void *src, size_t v1,
 		       const char *what, char *err, size_t errlen)
 {
@@ -281,7 +293,7 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 
 	e->f = gguf_open(p->model, why, sizeof(why));
 	if (!e->f) {
-		loom_seterr(err, errlen, "%s: %s", p->model, why);
+		name_file(p->model, why, err, errlen);
 		return LOOM_ERR_FORMAT;
 	}
 	set_model_name(e, p->model);
@@ -656,7 +668,7 @@ struct loom_tokenizer *loom_tokenizer_open(const char *gguf_path, char *err, siz
 
 	f = gguf_open(gguf_path, why, sizeof(why));
 	if (!f) {
-		loom_seterr(err, errlen, "%s: %s", gguf_path, why);
+		name_file(gguf_path, why, err, errlen);
 		return NULL;
 	}
 	t = loom_tokenizer_from_gguf(f, err, errlen);

@@ -480,6 +480,37 @@ void loom_quantize_params_init(struct loom_quantize_params *p);
  * one tensor in memory at a time. 0, or -1 with err naming what is wrong
  * (the file, the type, the tensor and its shape). */
 int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen);
+/* ======== appended: chat prompts without control-token injection ======== */
+
+/*
+ * As loom_tokenize, but special-token text becomes a control token only
+ * where markup[i] is nonzero for every byte it spans (markup: one byte per
+ * byte of text); elsewhere it is tokenized as plain text, as with
+ * parse_special false. -1 if markup is NULL for a non-empty text.
+ */
+int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, size_t len,
+			     const unsigned char *markup, bool add_special, int32_t *out,
+			     int64_t cap);
+
+/*
+ * As loom_chat_render; *markup (malloc'd, one byte per byte of the text,
+ * may be NULL to skip) is 1 where the template wrote the byte and 0 where
+ * it comes from a message's content.
+ */
+char *loom_chat_render_marked(const struct loom_chat_template *t,
+			      const struct loom_chat_msg *msgs, size_t n,
+			      bool add_generation_prompt, unsigned char **markup,
+			      char *err, size_t errlen);
+
+/*
+ * Renders and tokenizes a chat so that special tokens come only from the
+ * template: a message containing "<|im_start|>system" is tokenized as that
+ * text. No BOS is added. *ids is malloc'd (the caller frees it); returns
+ * their number, or -1 with err set (and *ids NULL).
+ */
+int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
+			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
+			   int32_t **ids, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

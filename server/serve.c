@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 
 
@@ -135,6 +136,27 @@ static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char
 	return text;
 }
 
+/* The chat's ids: message content tokenized as text, only the template's
+ * markup parsed for special tokens. */
+static int32_t *req_render_ids(void *user, const struct serve_msg *msgs, size_t n,
+			       int64_t *n_ids, char *why, size_t whylen)
+{
+	const struct server *srv = user;
+	struct loom_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	int32_t *ids = NULL;
+	size_t i;
+
+	if (!cm) {
+		snprintf(why, whylen, "out of memory");
+		return NULL;
+	}
+	for (i = 0; i < n; i++)
+		cm[i] = (struct loom_chat_msg){ .role = msgs[i].role, .content = msgs[i].content };
+	*n_ids = loom_chat_tokenize(srv->tok, &srv->chat, cm, n, true, &ids, why, whylen);
+	free(cm);
+	return *n_ids < 0 ? NULL : ids;
+}
+
 static void req_ctx_init(struct server *srv)
 {
 	srv->req_ctx = (struct serve_req_ctx){
@@ -152,6 +174,9 @@ static void req_ctx_init(struct server *srv)
 		.spec_names = srv->spec_names,
 		.n_spec = srv->n_spec,
 		.spec_default = srv->spec_default,
+		.render_ids = srv->chat_ok ? req_render_ids : NULL,
+		.model_names = srv->model_names,
+		.n_model_names = srv->n_model_names,
 	};
 }
 
@@ -170,6 +195,26 @@ static const char *base_name(const char *path)
 	return s ? s + 1 : path;
 }
 
+/* The API key (--api-key, else $LOOM_API_KEY) and the model names. */
+static int server_access(struct server *srv)
+{
+	const char *env = getenv("LOOM_API_KEY");
+	char *save = NULL, *name;
+
+	if (srv->o.serve.api_key[0])
+		snprintf(srv->api_key, sizeof(srv->api_key), "%s", srv->o.serve.api_key);
+	else if (env && strlen(env) < sizeof(srv->api_key))
+		snprintf(srv->api_key, sizeof(srv->api_key), "%s", env);
+	srv->model_names[srv->n_model_names++] = srv->model_name;
+	snprintf(srv->alias_buf, sizeof(srv->alias_buf), "%s", srv->o.serve.aliases);
+	for (name = strtok_r(srv->alias_buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		if (srv->n_model_names == SRV_MAX_NAMES)
+			return -1;
+		srv->model_names[srv->n_model_names++] = name;
+	}
+	return 0;
+}
+
 static int server_init(struct server *srv)
 {
 	srv->created = (int64_t)time(NULL);
@@ -179,7 +224,7 @@ static int server_init(struct server *srv)
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->idle, NULL);
 	snprintf(srv->model_name, sizeof(srv->model_name), "%s", base_name(srv->o.model));
-	return 0;
+	return server_access(srv);
 }
 
 /* ---- shutdown ---- */
@@ -224,6 +269,50 @@ static void drain(struct server *srv)
 	}
 }
 
+/* Each connection holds a descriptor: raise the soft open-file limit to
+ * what --max-conns needs (plus room for models, plugins and logs), as far
+ * as the hard limit allows, and say so when it caps the connections. */
+static void fit_fd_limit(const struct loom_serve_options *so)
+{
+	rlim_t want = (rlim_t)so->max_conns + 128;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= want)
+		return;
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur < want)
+		fprintf(stderr, "loom serve: the open-file limit (%llu) allows fewer connections than --max-conns %d\n",
+			(unsigned long long)rl.rlim_cur, so->max_conns);
+}
+
+/* Who may call, and from which pages (docs/SERVING.md); never the key. */
+static void print_access(const struct server *srv)
+{
+	fprintf(stderr, "loom serve: API key %s; CORS %s%s; model names:",
+		srv->api_key[0] ? "required (all but /health, /ready and the chat page)" : "not required",
+		srv->o.serve.cors_origin[0] ? "allows " : "off",
+		srv->o.serve.cors_origin);
+	for (int i = 0; i < srv->n_model_names; i++)
+		fprintf(stderr, " %s", srv->model_names[i]);
+	fprintf(stderr, "\n");
+}
+
+/* $LOOM_SERVE_LOAD_DELAY_MS (for tests: tests/serve/test_serve_edges.py)
+ * stretches the model load, so that requests arriving during it can be
+ * seen to wait or to get their 503. */
+static void test_load_delay(void)
+{
+	const char *v = getenv("LOOM_SERVE_LOAD_DELAY_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+
+	if (ms > 0 && ms <= 600000) {
+		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
 static int wait_signal(const sigset_t *set)
 {
 	int sig = 0;
@@ -249,15 +338,26 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	loom_options_defaults(&srv->o);
 	if (parse_args(argc, argv, &srv->o, err, errlen))
 		goto out;
-	server_init(srv);
+	if (server_init(srv)) {
+		srv_seterr(err, errlen, "--alias: at most 31 names");
+		goto out;
+	}
+	if (getenv("LOOM_API_KEY") && strlen(getenv("LOOM_API_KEY")) >= sizeof(srv->api_key)) {
+		srv_seterr(err, errlen, "LOOM_API_KEY: longer than 255 bytes");
+		goto out;
+	}
 	/* signals go to sigwait below, never to a worker thread */
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	fit_fd_limit(&srv->o.serve);
 	d = http_start(srv, err, errlen);
-	if (!d || open_engine(srv, err, errlen))
+	if (!d)
+		goto out;
+	test_load_delay();
+	if (open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
@@ -268,12 +368,13 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	atomic_store(&srv->state, SRV_READY);
 	fprintf(stderr, "loom serve: %s on %s, listening on http://%s:%d\n", srv->model_name,
 		loom_engine_backend_name(srv->engine), srv->o.serve.host, srv->o.serve.port);
+	print_access(srv);
 	fprintf(stderr, "loom serve: signal %d, shutting down\n", wait_signal(&set));
 	drain(srv);
 	rc = 0;
 out:
 	if (d)
-		MHD_stop_daemon(d);
+		http_stop(srv, d);
 	if (engine_started) {
 		loom_engine_stop(srv->engine);
 		pthread_join(engine, NULL);

@@ -216,6 +216,10 @@ static void on_event(void *user, const struct loom_event *ev)
 			snprintf(g->error, sizeof(g->error), "%s", ev->error);
 	}
 	pthread_cond_broadcast(&j->cv);
+	if (j->parked) {
+		j->wake(j->parked);
+		j->parked = NULL;
+	}
 	pthread_mutex_unlock(&j->mu);
 	if (!final)
 		return;
@@ -393,6 +397,26 @@ static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void
 	p->len = 0;
 }
 
+/* A token whose text does not fit gen_token's buffer: retried with larger
+ * ones (loom_detokenize leaves its state alone when the buffer is short),
+ * so no token is dropped whatever its length. */
+static void detok_long(struct gen *g, int32_t tok)
+{
+	const struct loom_tokenizer *t = g->job->srv->tok;
+	size_t cap;
+
+	for (cap = 4096; cap <= ((size_t)1 << 24); cap *= 4) {
+		char *buf = malloc(cap);
+		int len = buf ? loom_detokenize(t, &g->dt, tok, buf, cap) : -1;
+
+		if (len > 0)
+			sb_putn(&g->pending, buf, (size_t)len);
+		free(buf);
+		if (len >= 0 || !buf)
+			return;
+	}
+}
+
 /* Moves one token through the detokenizer and stop matching. */
 static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 {
@@ -411,6 +435,8 @@ static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 	len = loom_detokenize(j->srv->tok, &g->dt, tok, piece, sizeof(piece));
 	if (len > 0)
 		sb_putn(p, piece, (size_t)len);
+	else if (len < 0)
+		detok_long(g, tok);
 	at = find_stop(j, p->s ? p->s : "", p->len);
 	if (at >= 0) {
 		p->len = (size_t)at;
@@ -482,6 +508,11 @@ static void gen_advance(struct gen *g, job_emit_fn emit, void *user)
 		return;
 	if (fin == LOOM_FINISH_ERROR)
 		g->failed = true;
+	if (fin == LOOM_FINISH_CANCELLED) { /* shutdown, or the client left */
+		g->failed = true;
+		snprintf(g->error, sizeof(g->error), "%s",
+			 "the request was cancelled before it finished (the server is shutting down)");
+	}
 	gen_finish(g, fin == LOOM_FINISH_LENGTH ? "length" : "stop", emit, user);
 }
 
@@ -506,6 +537,7 @@ bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user)
 
 		if (!g->out_done && atomic_load(&j->srv->hard_stop)) {
 			g->failed = true;
+			snprintf(g->error, sizeof(g->error), "%s", "the server stopped before the request finished");
 			gen_finish(g, "stop", emit, user);
 		}
 		if (!g->out_done)
@@ -513,4 +545,39 @@ bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user)
 		all = all && g->out_done;
 	}
 	return all;
+}
+
+bool job_park(struct job *j, void *conn, void (*suspend)(void *), void (*wake)(void *))
+{
+	bool park;
+
+	pthread_mutex_lock(&j->mu);
+	park = !job_has_news(j) && !atomic_load(&j->srv->hard_stop);
+	if (park) {
+		j->parked = conn;
+		j->wake = wake;
+		suspend(conn);
+	}
+	pthread_mutex_unlock(&j->mu);
+	return park;
+}
+
+void job_unpark(struct job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	if (j->parked) {
+		j->wake(j->parked);
+		j->parked = NULL;
+	}
+	pthread_mutex_unlock(&j->mu);
+}
+
+void server_unpark_all(struct server *srv)
+{
+	struct job *j;
+
+	pthread_mutex_lock(&srv->lock);
+	for (j = srv->jobs; j; j = j->next)
+		job_unpark(j);
+	pthread_mutex_unlock(&srv->lock);
 }

@@ -1,4 +1,13 @@
-/* `loom serve`: the HTTP side (libmicrohttpd, one thread per connection). */
+/* `loom serve`: the HTTP side (libmicrohttpd, event-driven).
+ *
+ * A few threads (--http-threads) run MHD's epoll loops; no handler blocks.
+ * A request waiting on the engine is parked: its connection is suspended
+ * (MHD_suspend_connection) and the engine thread resumes it when tokens or
+ * a finish arrive (job_park). A deadline thread closes connections that
+ * take too long to send their headers or body (MHD's own timeout restarts
+ * on every byte, so a trickle would hold a socket forever), resumes
+ * requests waiting for the model to load, and wakes parked requests now
+ * and then so that a vanished client is noticed. */
 #include "serve_int.h"
 
 #include <jansson.h>
@@ -7,31 +16,90 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "serve_index_html.h"
 
-#define WAIT_MS 100
+#define TICK_MS 100          /* the deadline thread's period */
+#define UNPARK_TICKS 5       /* parked requests are woken every 0.5 s */
+#define MAX_URL 8192         /* longer: 414 */
+#define MAX_HEADERS 16384    /* request line + headers beyond this: 431 */
+#define MHD_POOL 65536       /* MHD's per-connection memory (it answers past it) */
 
-/* Per-connection state, from the first call of the handler to
+/* A socket's deadline state, from MHD's connection-start notification to
+ * its close notification. */
+enum sock_phase {
+	PH_HEADERS, /* reading a request's headers: t0 + header_timeout */
+	PH_BODY,    /* reading its body: t0 + body_timeout */
+	PH_BUSY,    /* answering: no deadline */
+	PH_CLOSING, /* shut down for a missed deadline */
+};
+
+struct sock {
+	int fd;
+	double t0;
+	int phase;             /* enum sock_phase, under http->mu */
+	struct sock *next, *prev;
+};
+
+struct conn;
+
+/* What job_park holds of a connection: the connection, and the counter of
+ * suspended connections that http_stop waits to reach zero. */
+struct parker {
+	struct MHD_Connection *c;
+	struct http *h;
+};
+
+struct http {
+	struct server *srv;
+	pthread_mutex_t mu;    /* socks and loading */
+	struct sock *socks;
+	struct conn *loading;  /* suspended until the model is loaded */
+	_Atomic int n_suspended;
+	atomic_bool stopping;  /* no more parking: the daemon is stopping */
+	atomic_bool timer_quit;
+	pthread_t timer;
+	bool timer_started;
+};
+
+/* Per-request state, from the first call of the handler to
  * MHD_OPTION_NOTIFY_COMPLETED. */
 struct conn {
 	struct sbuf body;
 	bool too_big;
 	struct job *job; /* a non-streaming request in progress */
+	struct parker pk;
+	struct sbuf texts[SRV_MAX_N]; /* non-streaming: each choice's text */
+	double t_arrive;
+	struct conn *lnext; /* http->loading */
 };
 
 /* The content-reader state of a streaming response. */
 struct stream {
 	struct job *job;
 	int fd;
+	struct parker pk;
 };
 
 /* ---- responses ---- */
+
+/* --cors-origin: the headers every response carries. */
+static void add_cors(struct MHD_Response *r, const struct server *srv)
+{
+	if (!srv->o.serve.cors_origin[0])
+		return;
+	MHD_add_response_header(r, "Access-Control-Allow-Origin", srv->o.serve.cors_origin);
+	if (strcmp(srv->o.serve.cors_origin, "*"))
+		MHD_add_response_header(r, "Vary", "Origin");
+}
 
 static enum MHD_Result send_bytes(struct MHD_Connection *c, unsigned status,
 				  const char *type, const char *data, size_t len,
@@ -46,6 +114,9 @@ static enum MHD_Result send_bytes(struct MHD_Connection *c, unsigned status,
 	MHD_add_response_header(r, "Content-Type", type);
 	if (retry_after)
 		MHD_add_response_header(r, "Retry-After", "1");
+	add_cors(r, srv);
+	if (status == 401)
+		MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
 	rc = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	metrics_count_status(&srv->metrics, status);
@@ -76,6 +147,8 @@ static const char *error_type(int status)
 		return "server_error";
 	if (status == 404)
 		return "not_found_error";
+	if (status == 401)
+		return "authentication_error";
 	return "invalid_request_error";
 }
 
@@ -135,16 +208,46 @@ static int conn_fd(struct MHD_Connection *c)
 	return ci ? ci->connect_fd : -1;
 }
 
-/* True once the peer has closed (or reset) its side. */
+/* True once the connection is broken (reset, or shut in both directions).
+ * A peer that only shut its sending side (shutdown(SHUT_WR) after the
+ * request, POLLRDHUP) still reads, and is answered; one that closed for
+ * good is found out by the first write that meets its reset. */
 static bool client_gone(int fd)
 {
-	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	struct pollfd p = { .fd = fd, .events = 0 };
 
 	if (fd < 0)
 		return false;
 	if (poll(&p, 1, 0) <= 0)
 		return false;
-	return p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL);
+	return p.revents & (POLLHUP | POLLERR | POLLNVAL);
+}
+
+/* ---- parking (suspend / resume) ---- */
+
+static void park_suspend(void *arg)
+{
+	struct parker *pk = arg;
+
+	atomic_fetch_add(&pk->h->n_suspended, 1);
+	MHD_suspend_connection(pk->c);
+}
+
+static void park_wake(void *arg)
+{
+	struct parker *pk = arg;
+
+	MHD_resume_connection(pk->c);
+	atomic_fetch_sub(&pk->h->n_suspended, 1);
+}
+
+/* Parks j on its connection until news; false if news is already there
+ * or the daemon is stopping (the caller goes on at once). */
+static bool park(struct job *j, struct parker *pk)
+{
+	if (atomic_load(&pk->h->stopping))
+		return false;
+	return job_park(j, pk, park_suspend, park_wake);
 }
 
 /* ---- OpenAI response shapes ---- */
@@ -190,41 +293,38 @@ static void collect(struct job *j, struct gen *g, const char *text, size_t len,
 	sb_putn(&texts[g->index], text, len);
 }
 
-static enum MHD_Result answer_whole(struct MHD_Connection *c, struct job *j)
+/* Called again each time the parked request is woken: moves what arrived
+ * into cn->texts, parks again, or answers once every choice is done. */
+static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 {
-	struct sbuf texts[SRV_MAX_N] = { { 0 } };
+	struct job *j = cn->job;
 	struct server *srv = j->srv;
-	enum MHD_Result rc = MHD_NO;
-	json_t *choices;
-	int fd = conn_fd(c), i;
+	json_t *choices, *o;
+	int i;
 
-	while (!job_advance(j, WAIT_MS, collect, texts)) {
-		if (client_gone(fd)) {
+	while (!job_advance(j, 0, collect, cn->texts)) {
+		if (client_gone(conn_fd(c))) {
 			job_cancel(j);
-			goto out;
+			return MHD_NO;
 		}
-	}
-	for (i = 0; i < j->n; i++) {
-		if (j->gens[i].failed) {
-			rc = fail(c, srv, 500, "backend_error",
-				  j->gens[i].error[0] ? j->gens[i].error : "generation failed");
-			goto out;
+		if (atomic_load(&cn->pk.h->stopping)) {
+			job_cancel(j);
+			return fail(c, srv, 503, "unavailable", "the server is shutting down");
 		}
+		if (park(j, &cn->pk))
+			return MHD_YES;
 	}
+	for (i = 0; i < j->n; i++)
+		if (j->gens[i].failed)
+			return fail(c, srv, 500, "backend_error",
+				    j->gens[i].error[0] ? j->gens[i].error : "generation failed");
 	choices = json_array();
 	for (i = 0; i < j->n; i++)
-		json_array_append_new(choices, final_choice(j, &j->gens[i], &texts[i]));
-	{
-		json_t *o = envelope(j, j->chat ? "chat.completion" : "text_completion", choices);
-
-		if (o)
-			json_object_set_new(o, "usage", usage_json(j));
-		rc = send_json(c, 200, o, srv);
-	}
-out:
-	for (i = 0; i < SRV_MAX_N; i++)
-		sb_free(&texts[i]);
-	return rc;
+		json_array_append_new(choices, final_choice(j, &j->gens[i], &cn->texts[i]));
+	o = envelope(j, j->chat ? "chat.completion" : "text_completion", choices);
+	if (o)
+		json_object_set_new(o, "usage", usage_json(j));
+	return send_json(c, 200, o, srv);
 }
 
 /* ---- streaming (SSE) ---- */
@@ -299,8 +399,17 @@ static void stream_start(struct job *j)
 		sse_choice(j, delta_choice(j, &j->gens[i], json_string(""), true, NULL));
 }
 
+/* The end of a stream: the usage chunk and [DONE]; a stream whose choice
+ * failed (an error, a cancel at shutdown) ends with its error event
+ * instead, so no client takes it for a complete reply. */
 static void stream_finish(struct job *j)
 {
+	for (int i = 0; i < j->n; i++) {
+		if (j->gens[i].failed) {
+			j->stream_end = true;
+			return;
+		}
+	}
 	if (j->include_usage) {
 		json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion",
 				     json_array());
@@ -313,6 +422,8 @@ static void stream_finish(struct job *j)
 	j->stream_end = true;
 }
 
+/* MHD's content reader: never blocks. With nothing to send it parks the
+ * connection and returns 0; the engine's next event resumes it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct stream *st = cls;
@@ -335,12 +446,16 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		if (j->stream_end)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (client_gone(st->fd)) {
+		if (client_gone(st->fd) || atomic_load(&st->pk.h->stopping)) {
 			job_cancel(j);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
-		if (job_advance(j, WAIT_MS, stream_emit, NULL))
+		if (job_advance(j, 0, stream_emit, NULL)) {
 			stream_finish(j);
+			continue;
+		}
+		if (j->out_pos == j->out.len && park(j, &st->pk))
+			return 0;
 	}
 }
 
@@ -354,7 +469,7 @@ static void stream_free(void *cls)
 	free(st);
 }
 
-static enum MHD_Result answer_stream(struct MHD_Connection *c, struct job *j)
+static enum MHD_Result answer_stream(struct MHD_Connection *c, struct conn *cn, struct job *j)
 {
 	struct stream *st = malloc(sizeof(*st));
 	struct MHD_Response *r;
@@ -366,6 +481,7 @@ static enum MHD_Result answer_stream(struct MHD_Connection *c, struct job *j)
 	}
 	st->job = j;
 	st->fd = conn_fd(c);
+	st->pk = cn->pk;
 	pthread_mutex_lock(&j->mu);
 	j->refs++;
 	pthread_mutex_unlock(&j->mu);
@@ -378,6 +494,7 @@ static enum MHD_Result answer_stream(struct MHD_Connection *c, struct job *j)
 	}
 	MHD_add_response_header(r, "Content-Type", "text/event-stream");
 	MHD_add_response_header(r, "Cache-Control", "no-cache");
+	add_cors(r, j->srv);
 	rc = MHD_queue_response(c, 200, r);
 	MHD_destroy_response(r);
 	metrics_count_status(&j->srv->metrics, 200);
@@ -401,20 +518,50 @@ static void make_id(struct job *j)
 	j->created = (int64_t)time(NULL);
 }
 
+/* A request before the model is ready: parked on the loading list (the
+ * deadline thread wakes it every tick) while --load-wait allows, then a
+ * 503 that says the model is loading; while draining, a 503 that says so.
+ * True when it answered or parked, with *rc MHD's result. */
+static bool wait_ready(struct MHD_Connection *c, struct server *srv, struct conn *cn,
+		       enum MHD_Result *rc)
+{
+	int st = atomic_load(&srv->state);
+	struct http *h = srv->http;
+
+	if (st == SRV_READY)
+		return false;
+	if (st == SRV_LOADING && now_s() - cn->t_arrive < srv->o.serve.load_wait &&
+	    !atomic_load(&h->stopping)) {
+		pthread_mutex_lock(&h->mu);
+		cn->lnext = h->loading;
+		h->loading = cn;
+		atomic_fetch_add(&h->n_suspended, 1);
+		MHD_suspend_connection(c);
+		pthread_mutex_unlock(&h->mu);
+		*rc = MHD_YES;
+		return true;
+	}
+	/* queue-full rejections are counted by the scheduler */
+	metrics_count_rejected(&srv->metrics);
+	if (st == SRV_LOADING)
+		*rc = fail(c, srv, 503, "model_loading", "the model is still loading; retry later");
+	else
+		*rc = fail(c, srv, 503, "unavailable", "the server is shutting down");
+	return true;
+}
+
 static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 				   struct conn *cn, bool chat)
 {
+	enum MHD_Result rc_http;
 	struct serve_req r;
 	struct perr e;
 	struct job *j;
 	char why[512];
 	int rc;
 
-	if (atomic_load(&srv->state) != SRV_READY) {
-		/* queue-full rejections are counted by the scheduler */
-		metrics_count_rejected(&srv->metrics);
-		return fail(c, srv, 503, "unavailable", "the server is shutting down");
-	}
+	if (wait_ready(c, srv, cn, &rc_http))
+		return rc_http;
 	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
 			    &r, &e))
 		return send_error(c, srv, &e);
@@ -435,22 +582,26 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 		return fail(c, srv, 400, "invalid_value", why);
 	}
 	if (j->stream) {
-		enum MHD_Result r = answer_stream(c, j);
+		enum MHD_Result r = answer_stream(c, cn, j);
 
 		job_put(j);
 		return r;
 	}
 	cn->job = j; /* dropped in on_completed */
-	return answer_whole(c, j);
+	return answer_whole(c, cn);
 }
 
+/* One entry per name the server answers to: the file's, then each --alias. */
 static enum MHD_Result models(struct MHD_Connection *c, struct server *srv)
 {
-	return send_json(c, 200,
-			 json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data",
-				   "id", srv->model_name, "object", "model",
-				   "created", (json_int_t)srv->created, "owned_by", "loom",
-				   "max_model_len", srv->n_ctx), srv);
+	json_t *data = json_array();
+
+	for (int i = 0; i < srv->n_model_names; i++)
+		json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i}", "id",
+						      srv->model_names[i], "object", "model",
+						      "created", (json_int_t)srv->created,
+						      "owned_by", "loom", "max_model_len", srv->n_ctx));
+	return send_json(c, 200, json_pack("{s:s,s:o}", "object", "list", "data", data), srv);
 }
 
 static void hist_text(struct sbuf *b, const char *name, const struct hist *h)
@@ -556,10 +707,24 @@ static enum MHD_Result metrics_page(struct MHD_Connection *c, struct server *srv
 	return rc;
 }
 
+/* llama-server's convention: 200 {"status":"ok"} once the model is ready;
+ * 503 with an error object whose message is "Loading model" before. While
+ * draining at shutdown, 503 "Shutting down". */
+static enum MHD_Result health(struct MHD_Connection *c, struct server *srv)
+{
+	int st = atomic_load(&srv->state);
+
+	if (st == SRV_READY)
+		return send_json(c, 200, json_pack("{s:s}", "status", "ok"), srv);
+	return send_json(c, 503, json_pack("{s:{s:i,s:s,s:s}}", "error", "code", 503, "message",
+					   st == SRV_LOADING ? "Loading model" : "Shutting down",
+					   "type", "unavailable_error"), srv);
+}
+
 static enum MHD_Result route_get(struct MHD_Connection *c, struct server *srv, const char *url)
 {
 	if (!strcmp(url, "/health"))
-		return send_json(c, 200, json_pack("{s:s}", "status", "ok"), srv);
+		return health(c, srv);
 	if (!strcmp(url, "/ready")) {
 		bool ready = atomic_load(&srv->state) == SRV_READY;
 
@@ -568,6 +733,8 @@ static enum MHD_Result route_get(struct MHD_Connection *c, struct server *srv, c
 					   atomic_load(&srv->state) == SRV_LOADING ? "loading" : "draining"),
 				 srv);
 	}
+	if (!strcmp(url, "/metrics") && atomic_load(&srv->state) == SRV_LOADING)
+		return fail(c, srv, 503, "model_loading", "Loading model");
 	if (!strcmp(url, "/metrics"))
 		return metrics_page(c, srv);
 	if (!strcmp(url, "/v1/models"))
@@ -589,11 +756,66 @@ static bool is_get_route(const char *url)
 	       !strcmp(url, "/v1/models") || !strcmp(url, "/") || !strcmp(url, "/index.html");
 }
 
+/* Paths open without the API key: probes and the chat page's HTML. */
+static bool is_public(const char *url)
+{
+	return !strcmp(url, "/health") || !strcmp(url, "/ready") || !strcmp(url, "/") ||
+	       !strcmp(url, "/index.html");
+}
+
+/* --api-key: every other endpoint (the /v1/ ones, /metrics, any added later)
+ * needs "Authorization: Bearer KEY"; compared in time that does not depend
+ * on where the first difference is. */
+static bool authorized(struct MHD_Connection *c, const struct server *srv, const char *url)
+{
+	const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+	size_t n = strlen(srv->api_key), i;
+	unsigned char diff = 0;
+
+	if (!srv->api_key[0] || is_public(url))
+		return true;
+	if (!h || strncasecmp(h, "Bearer ", 7))
+		return false;
+	h += 7;
+	while (*h == ' ')
+		h++;
+	if (strlen(h) != n)
+		return false;
+	for (i = 0; i < n; i++)
+		diff |= (unsigned char)(h[i] ^ srv->api_key[i]);
+	return diff == 0;
+}
+
+/* --cors-origin: the answer to a browser's preflight OPTIONS request. */
+static enum MHD_Result preflight(struct MHD_Connection *c, struct server *srv)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"",
+								 MHD_RESPMEM_PERSISTENT);
+	enum MHD_Result rc;
+
+	if (!r)
+		return MHD_NO;
+	add_cors(r, srv);
+	MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+	MHD_add_response_header(r, "Access-Control-Allow-Headers",
+				"Authorization, Content-Type, Accept");
+	MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+	rc = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
+	MHD_destroy_response(r);
+	metrics_count_status(&srv->metrics, MHD_HTTP_NO_CONTENT);
+	return rc;
+}
+
 static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struct conn *cn,
 			     const char *url, const char *method)
 {
 	bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
 
+	if (!strcmp(method, "OPTIONS") && srv->o.serve.cors_origin[0])
+		return preflight(c, srv);
+	if (!authorized(c, srv, url))
+		return fail(c, srv, 401, "invalid_api_key",
+			    "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
 	if (post && is_post_route(url)) {
 		if (cn->too_big)
 			return fail(c, srv, 413, "request_too_large", "the request body is too large");
@@ -606,16 +828,72 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 	return fail(c, srv, 404, "not_found", "no such endpoint");
 }
 
-/* First call: checks the declared body size (a 413 before the upload). */
+static struct sock *conn_sock(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
+
+/* Moves the socket's deadline to the next phase (NULL-safe). */
+static void sock_phase(struct http *h, struct sock *sk, enum sock_phase ph)
+{
+	if (!sk)
+		return;
+	pthread_mutex_lock(&h->mu);
+	if (sk->phase != PH_CLOSING) {
+		sk->phase = ph;
+		sk->t0 = now_s();
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+static enum MHD_Result add_arg_len(void *cls, enum MHD_ValueKind kind, const char *key,
+				   const char *value)
+{
+	size_t *n = cls;
+
+	(void)kind;
+	*n += strlen(key) + (value ? strlen(value) : 0) + 2; /* '?' or '&', '=' */
+	return MHD_YES;
+}
+
+/* The request target's length: the path MHD hands the handler plus its
+ * query arguments (decoded, so a little under what was sent). */
+static size_t uri_length(struct MHD_Connection *c, const char *url)
+{
+	size_t n = strlen(url);
+
+	MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_arg_len, &n);
+	return n;
+}
+
+/* First call, the headers read: a 414 or 431 for an oversized request
+ * line or header block (as JSON; past MHD's own buffer, MHD answers
+ * itself), a 413 for a declared body over --max-body. */
 static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *srv,
-				     void **con_cls)
+				     const char *url, void **con_cls)
 {
 	const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+	const union MHD_ConnectionInfo *hs =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
 	struct conn *cn = calloc(1, sizeof(*cn));
 
 	if (!cn)
 		return MHD_NO;
 	*con_cls = cn;
+	cn->pk = (struct parker){ .c = c, .h = srv->http };
+	cn->t_arrive = now_s();
+	sock_phase(srv->http, conn_sock(c), PH_BODY);
+	if (uri_length(c, url) > MAX_URL) {
+		cn->too_big = true;
+		return fail(c, srv, 414, "uri_too_long", "the request URI is too long");
+	}
+	if (hs && hs->header_size > MAX_HEADERS) {
+		cn->too_big = true;
+		return fail(c, srv, 431, "headers_too_large", "the request headers are too large");
+	}
 	if (cl && strtoull(cl, NULL, 10) > srv->o.serve.max_body) {
 		cn->too_big = true;
 		return fail(c, srv, 413, "request_too_large", "the request body is too large");
@@ -632,7 +910,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 	(void)version;
 	if (!cn)
-		return on_first_call(c, srv, con_cls);
+		return on_first_call(c, srv, url, con_cls);
+	if (cn->job) /* woken from parking */
+		return answer_whole(c, cn);
 	if (*upload_size) {
 		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
 			sb_putn(&cn->body, upload, *upload_size);
@@ -643,26 +923,128 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		*upload_size = 0;
 		return MHD_YES;
 	}
+	sock_phase(srv->http, conn_sock(c), PH_BUSY);
 	return route(c, srv, cn, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 			 enum MHD_RequestTerminationCode toe)
 {
+	struct server *srv = cls;
 	struct conn *cn = *con_cls;
+	int i;
 
-	(void)cls;
-	(void)c;
 	(void)toe;
+	/* keep-alive: the next request's headers are due from now */
+	sock_phase(srv->http, conn_sock(c), PH_HEADERS);
 	if (!cn)
 		return;
 	if (cn->job) {
 		job_cancel(cn->job); /* no-op unless the client left early */
 		job_put(cn->job);
 	}
+	for (i = 0; i < SRV_MAX_N; i++)
+		sb_free(&cn->texts[i]);
 	sb_free(&cn->body);
 	free(cn);
 	*con_cls = NULL;
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a socket opens (its header deadline
+ * starts) or closes. MHD closes the descriptor only after this returns,
+ * so the deadline thread, which shuts sockets down under h->mu, never
+ * touches a reused descriptor. */
+static void on_socket(void *cls, struct MHD_Connection *c, void **socket_context,
+		      enum MHD_ConnectionNotificationCode code)
+{
+	struct server *srv = cls;
+	struct http *h = srv->http;
+	struct sock *sk = *socket_context;
+
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		sk = calloc(1, sizeof(*sk));
+		if (!sk)
+			return; /* no deadline for this one; MHD's idle timeout still applies */
+		sk->fd = conn_fd(c);
+		sk->t0 = now_s();
+		sk->phase = PH_HEADERS;
+		pthread_mutex_lock(&h->mu);
+		sk->next = h->socks;
+		if (h->socks)
+			h->socks->prev = sk;
+		h->socks = sk;
+		pthread_mutex_unlock(&h->mu);
+		*socket_context = sk;
+		return;
+	}
+	if (!sk)
+		return;
+	pthread_mutex_lock(&h->mu);
+	if (sk->prev)
+		sk->prev->next = sk->next;
+	else
+		h->socks = sk->next;
+	if (sk->next)
+		sk->next->prev = sk->prev;
+	pthread_mutex_unlock(&h->mu);
+	free(sk);
+	*socket_context = NULL;
+}
+
+/* ---- the deadline thread ---- */
+
+/* Shuts down the sockets past their header or body deadline; MHD then
+ * reads the end of the stream and closes them. */
+static void enforce_deadlines(struct http *h)
+{
+	const struct loom_serve_options *so = &h->srv->o.serve;
+	double now = now_s();
+	struct sock *sk;
+
+	pthread_mutex_lock(&h->mu);
+	for (sk = h->socks; sk; sk = sk->next) {
+		bool late = (sk->phase == PH_HEADERS && now - sk->t0 > so->header_timeout) ||
+			    (sk->phase == PH_BODY && now - sk->t0 > so->body_timeout);
+
+		if (late && sk->fd >= 0) {
+			shutdown(sk->fd, SHUT_RDWR);
+			sk->phase = PH_CLOSING;
+		}
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* Resumes the requests waiting for the model: each looks at the state
+ * again and parks anew, answers, or gives up at --load-wait. */
+static void wake_loading(struct http *h)
+{
+	struct conn *cn, *next;
+
+	pthread_mutex_lock(&h->mu);
+	for (cn = h->loading; cn; cn = next) {
+		next = cn->lnext;
+		cn->lnext = NULL;
+		MHD_resume_connection(cn->pk.c);
+		atomic_fetch_sub(&h->n_suspended, 1);
+	}
+	h->loading = NULL;
+	pthread_mutex_unlock(&h->mu);
+}
+
+static void *timer_main(void *arg)
+{
+	struct http *h = arg;
+	struct timespec ts = { 0, TICK_MS * 1000000L };
+	unsigned tick = 0;
+
+	while (!atomic_load(&h->timer_quit)) {
+		nanosleep(&ts, NULL);
+		enforce_deadlines(h);
+		wake_loading(h);
+		if (++tick % UNPARK_TICKS == 0 || atomic_load(&h->stopping))
+			server_unpark_all(h->srv);
+	}
+	return NULL;
 }
 
 static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *flags,
@@ -687,24 +1069,120 @@ static int bind_addr(struct server *srv, struct sockaddr_storage *ss, unsigned *
 	return -1;
 }
 
+/* MHD's error log, rate-limited: a flood of broken connections would
+ * otherwise write a line each. At most LOG_BURST lines per LOG_WINDOW
+ * seconds, then one line saying how many were dropped. */
+#define LOG_BURST 5
+#define LOG_WINDOW 10.0
+
+static void http_log(void *cls, const char *fmt, va_list ap)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static double window;
+	static int shown;
+	static unsigned long dropped;
+	double now = now_s();
+
+	(void)cls;
+	pthread_mutex_lock(&mu);
+	if (now - window > LOG_WINDOW) {
+		if (dropped)
+			fprintf(stderr, "loom serve: http: %lu more messages in %.0f s not shown\n",
+				dropped, LOG_WINDOW);
+		window = now;
+		shown = 0;
+		dropped = 0;
+	}
+	if (shown < LOG_BURST) {
+		shown++;
+		fputs("loom serve: http: ", stderr);
+		vfprintf(stderr, fmt, ap);
+		if (!strchr(fmt, '\n'))
+			fputc('\n', stderr);
+	} else {
+		dropped++;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+static void http_free(struct http *h)
+{
+	if (!h)
+		return;
+	pthread_mutex_destroy(&h->mu);
+	free(h);
+}
+
 struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 {
-	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-			 MHD_USE_POLL | MHD_USE_ERROR_LOG;
+	const struct loom_serve_options *so = &srv->o.serve;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
 	struct sockaddr_storage ss;
 	struct MHD_Daemon *d;
+	struct http *h;
 
 	if (bind_addr(srv, &ss, &flags, err, errlen))
 		return NULL;
-	d = MHD_start_daemon(flags, (uint16_t)srv->o.serve.port, NULL, NULL, on_request, srv,
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	h->srv = srv;
+	pthread_mutex_init(&h->mu, NULL);
+	srv->http = h;
+	d = MHD_start_daemon(flags, (uint16_t)so->port, NULL, NULL, on_request, srv,
+			     MHD_OPTION_EXTERNAL_LOGGER, http_log, srv, /* first, as MHD asks */
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+			     MHD_OPTION_THREAD_POOL_SIZE, (unsigned)so->http_threads,
 			     MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-			     MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
-			     MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+			     MHD_OPTION_NOTIFY_CONNECTION, on_socket, srv,
+			     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)so->idle_timeout,
+			     MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)MHD_POOL,
+			     MHD_OPTION_CONNECTION_LIMIT, (unsigned)so->max_conns,
+			     MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)so->max_conns_per_ip,
 			     MHD_OPTION_END);
-	if (!d)
+	if (!d) {
 		snprintf(err, errlen, "cannot listen on %s port %d (in use, or no permission)",
-			 srv->o.serve.host, srv->o.serve.port);
+			 so->host, so->port);
+		goto out_free;
+	}
+	if (pthread_create(&h->timer, NULL, timer_main, h)) {
+		snprintf(err, errlen, "cannot start the connection deadline thread");
+		MHD_stop_daemon(d);
+		goto out_free;
+	}
+	h->timer_started = true;
 	return d;
+out_free:
+	srv->http = NULL;
+	http_free(h);
+	return NULL;
+}
+
+void http_stop(struct server *srv, struct MHD_Daemon *d)
+{
+	struct http *h = srv->http;
+	double t0 = now_s();
+
+	atomic_store(&h->stopping, true);
+	/* the timer resumes parked and loading requests every tick; those
+	 * answer or end instead of parking again */
+	while (atomic_load(&h->n_suspended) > 0 && now_s() - t0 < 10.0) {
+		struct timespec ts = { 0, 20 * 1000000L };
+
+		server_unpark_all(srv);
+		wake_loading(h);
+		nanosleep(&ts, NULL);
+	}
+	if (atomic_load(&h->n_suspended) > 0)
+		fprintf(stderr, "loom serve: %d connections still suspended at exit\n",
+			atomic_load(&h->n_suspended));
+	MHD_stop_daemon(d);
+	atomic_store(&h->timer_quit, true);
+	if (h->timer_started)
+		pthread_join(h->timer, NULL);
+	srv->http = NULL;
+	http_free(h);
 }

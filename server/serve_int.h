@@ -2,13 +2,14 @@
  *
  * The server is a client of the public API (include/loom.h) only.
  *
- * Threads: MHD runs one thread per connection; one engine thread runs
- * loom_engine_run. A request (struct job) holds one struct gen per choice
- * (n); each gen is one engine request. The event callback (engine
- * thread) appends tokens to the gen under the job's mutex and signals the
- * job's condition; the connection thread waits on it (100 ms at a time, so
- * client disconnects and shutdown are noticed), detokenizes, matches stop
- * strings and writes the response.
+ * Threads: MHD runs a few event-loop threads (--http-threads, epoll); one
+ * engine thread runs loom_engine_run; a deadline thread (serve_http.c)
+ * enforces header and body deadlines. A request (struct job) holds one
+ * struct gen per choice (n); each gen is one engine request. The event
+ * callback (engine thread) appends tokens to the gen under the job's mutex
+ * and resumes the connection parked on the job (job_park); the HTTP
+ * handler then detokenizes, matches stop strings and writes the response,
+ * or parks again. No handler blocks.
  */
 #ifndef LOOM_SERVE_INT_H
 #define LOOM_SERVE_INT_H
@@ -27,6 +28,7 @@
 #define SRV_MAX_N SERVE_REQ_MAX_N       /* choices per request */
 #define SRV_MAX_STOP SERVE_REQ_MAX_STOP /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
+#define SRV_MAX_NAMES 32 /* model names: the file's and its aliases */
 
 /* ---- metrics ---- */
 
@@ -84,6 +86,12 @@ struct server {
 	struct job *jobs;         /* jobs with scheduler requests outstanding */
 	int64_t n_gens_active;
 	pthread_cond_t idle;      /* n_gens_active reached 0 */
+	struct http *http;        /* serve_http.c's connection state */
+	char api_key[256];        /* --api-key, else $LOOM_API_KEY; "": open */
+	/* the names requests may give as "model": the file's, then --alias */
+	const char *model_names[SRV_MAX_NAMES];
+	int n_model_names;
+	char alias_buf[1024];
 };
 
 /* ---- requests ---- */
@@ -137,6 +145,9 @@ struct job {
 	bool stream_end;       /* [DONE] queued */
 	struct job *next, *prev; /* server->jobs */
 	bool listed;
+	/* event-driven HTTP: the connection waiting for news (under mu) */
+	void *parked;
+	void (*wake)(void *parked);
 };
 
 struct job *job_new(struct server *srv);
@@ -157,11 +168,23 @@ typedef void (*job_emit_fn)(struct job *j, struct gen *g, const char *text,
 bool job_advance(struct job *j, int timeout_ms, job_emit_fn emit, void *user);
 /* Cancels every outstanding request of every job (shutdown). */
 void server_cancel_all(struct server *srv);
+/* Waiting without blocking a thread: under the job's lock, when no news
+ * (tokens, a finish) is pending, records conn as parked and calls
+ * suspend(conn); the engine thread calls wake(conn) with the next news.
+ * Returns false, parking nothing, when news is already pending. */
+bool job_park(struct job *j, void *conn, void (*suspend)(void *), void (*wake)(void *));
+/* Wakes the job's parked connection now, if it has one (timers, shutdown). */
+void job_unpark(struct job *j);
+/* Calls job_unpark on every job with requests outstanding. */
+void server_unpark_all(struct server *srv);
 
 /* ---- HTTP ---- */
 
 struct MHD_Daemon;
 struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen);
+/* Wakes every suspended connection, stops the deadline thread and the
+ * daemon (MHD must not be stopped with connections suspended). */
+void http_stop(struct server *srv, struct MHD_Daemon *d);
 
 double now_s(void);
 

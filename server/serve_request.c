@@ -328,6 +328,39 @@ static int message_text(json_t *c, size_t i, char **out, struct perr *e)
 	return *out ? 0 : perr_set(e, 500, NULL, NULL, "out of memory");
 }
 
+/* The chat's ids from ctx->render_ids, with chat_bos first where it is set. */
+static int render_chat_ids(const struct serve_req_ctx *ctx, struct serve_req *r,
+			   const struct serve_msg *msgs, size_t n, struct perr *e)
+{
+	int64_t n_ids = 0, extra = ctx->chat_bos >= 0 ? 1 : 0;
+	char why[256] = "";
+	int32_t *ids = ctx->render_ids(ctx->user, msgs, n, &n_ids, why, sizeof(why));
+
+	if (!ids)
+		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
+	if (n_ids + extra == 0) {
+		free(ids);
+		return perr_set(e, 400, "messages", "invalid_value", "the prompt is empty");
+	}
+	if (n_ids + extra > ctx->n_ctx) {
+		free(ids);
+		return perr_set(e, 400, "messages", "context_length_exceeded",
+				"the prompt is %lld tokens; the context is %d",
+				(long long)(n_ids + extra), ctx->n_ctx);
+	}
+	r->prompt = malloc(sizeof(int32_t) * (size_t)(n_ids + extra + 1));
+	if (!r->prompt) {
+		free(ids);
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	}
+	if (extra)
+		r->prompt[0] = ctx->chat_bos;
+	memcpy(r->prompt + extra, ids, sizeof(int32_t) * (size_t)n_ids);
+	free(ids);
+	r->n_prompt = (int32_t)(n_ids + extra);
+	return 0;
+}
+
 static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
 		       const struct serve_msg *msgs, size_t n, struct perr *e)
 {
@@ -339,6 +372,8 @@ static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
 		return perr_set(e, 500, NULL, "unsupported_chat_template", "%s",
 				ctx->chat_err ? ctx->chat_err : "no chat template");
 	why[0] = '\0';
+	if (ctx->render_ids)
+		return render_chat_ids(ctx, r, msgs, n, e);
 	text = ctx->render(ctx->user, msgs, n, why, sizeof(why));
 	if (!text)
 		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
@@ -414,6 +449,22 @@ void serve_req_free(struct serve_req *r)
 	memset(r, 0, sizeof(*r));
 }
 
+/* model: absent, empty, or one of the names the server answers to (its
+ * file's name and --alias); another name is a 404 as OpenAI gives. */
+static int check_model(const struct serve_req_ctx *ctx, json_t *v, struct perr *e)
+{
+	const char *name = v ? json_string_value(v) : NULL;
+	int i;
+
+	if (!name || !name[0] || !ctx->n_model_names)
+		return 0;
+	for (i = 0; i < ctx->n_model_names; i++)
+		if (!strcmp(name, ctx->model_names[i]))
+			return 0;
+	return perr_set(e, 404, "model", "model_not_found",
+			"The model '%.200s' does not exist (GET /v1/models lists the names served)", name);
+}
+
 /* The members of the body object, in the order their errors are reported. */
 static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			struct perr *e)
@@ -424,6 +475,8 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
 	if (member(o, "model") && !json_is_string(member(o, "model")))
 		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
+	if (check_model(ctx, member(o, "model"), e))
+		return -1;
 	if (get_bool(o, "echo", &echo, e) || get_sampling(ctx, o, r, e) ||
 	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
 		return -1;

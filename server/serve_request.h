@@ -61,6 +61,16 @@ struct serve_req_ctx {
 	const char *const *spec_names;
 	int n_spec;
 	const char *spec_default;
+	/* appended: renders and tokenizes chat messages so that only the
+	 * template's markup becomes special tokens (message text never does):
+	 * malloc'd ids the parser frees, their number in *n; NULL with why
+	 * filled (a 400). NULL callback: render + tokenize above. */
+	int32_t *(*render_ids)(void *user, const struct serve_msg *msgs, size_t n,
+			       int64_t *n_ids, char *why, size_t whylen);
+	/* appended: the names a request's "model" may give (another is a 404
+	 * model_not_found); n_model_names 0: any name */
+	const char *const *model_names;
+	int n_model_names;
 };
 
 struct serve_req {

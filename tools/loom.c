@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "backends.h"
 #include "bench.h"
@@ -179,6 +181,24 @@ static int on_token(void *user, int32_t token, const char *text, size_t len)
 	return 0;
 }
 
+/* A seed for a run without --seed: the clock's nanoseconds and the process
+ * id, mixed (splitmix64's finalizer) so that close times differ widely. */
+static uint64_t clock_seed(void)
+{
+	struct timespec ts;
+	uint64_t x;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	x = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+	x ^= (uint64_t)getpid() << 32;
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
 static void generation_params(const struct loom_options *o, struct loom_generation_params *g)
 {
 	loom_generation_params_init(g);
@@ -192,7 +212,9 @@ static void generation_params(const struct loom_options *o, struct loom_generati
 	g->presence_penalty = o->sp.presence_penalty;
 	g->frequency_penalty = o->sp.frequency_penalty;
 	g->repeat_last_n = o->sp.penalty_last_n;
-	g->seed = o->sp.seed;
+	g->seed = o->seed_given ? o->sp.seed : clock_seed();
+	/* printed so that --seed reproduces the run */
+	fprintf(stderr, "seed: %llu\n", (unsigned long long)g->seed);
 }
 
 static char *prompt_text(const struct loom_options *o, size_t *len, char *err)

@@ -31,6 +31,7 @@ enum opt_type {
 	OPT_BOOL,    /* true/false, yes/no, on/off, 1/0; a bare --flag is true */
 	OPT_NOT,     /* OPT_BOOL stored negated: --no-progress clears progress */
 	OPT_THREADS, /* an int; for bench also a list such as 1,2,4 */
+	OPT_LIST,    /* a char array; each use appends, comma-separated */
 };
 
 struct opt_def {
@@ -137,6 +138,24 @@ static const struct opt_def opts[] = {
 	{ .name = "allow-requantize", .type = OPT_BOOL, FIELD(allow_requantize),
 	  .cmds = QUANTIZE },
 	{ .name = "dry-run", .type = OPT_BOOL, FIELD(dry_run), .cmds = QUANTIZE },
+	/* serve: connections and access (docs/SERVING.md) */
+	{ .name = "http-threads", .type = OPT_INT, FIELD(serve.http_threads),
+	  .lo = 1, .hi = 256, .cmds = SERVE },
+	{ .name = "header-timeout", .type = OPT_INT, FIELD(serve.header_timeout),
+	  .lo = 1, .hi = 3600, .cmds = SERVE },
+	{ .name = "body-timeout", .type = OPT_INT, FIELD(serve.body_timeout),
+	  .lo = 1, .hi = 3600, .cmds = SERVE },
+	{ .name = "idle-timeout", .type = OPT_INT, FIELD(serve.idle_timeout),
+	  .lo = 1, .hi = 86400, .cmds = SERVE },
+	{ .name = "max-conns", .type = OPT_INT, FIELD(serve.max_conns),
+	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
+	{ .name = "max-conns-per-ip", .type = OPT_INT, FIELD(serve.max_conns_per_ip),
+	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
+	{ .name = "load-wait", .type = OPT_INT, FIELD(serve.load_wait),
+	  .lo = 0, .hi = 3600, .cmds = SERVE },
+	{ .name = "api-key", .type = OPT_STR, FIELD(serve.api_key), .cmds = SERVE },
+	{ .name = "cors-origin", .type = OPT_STR, FIELD(serve.cors_origin), .cmds = SERVE },
+	{ .name = "alias", .type = OPT_LIST, FIELD(serve.aliases), .cmds = SERVE },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
@@ -173,7 +192,11 @@ static const struct cmd_def {
 	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--exact] [--config FILE]\n"
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
 	  "            [--spec-min-draft 1] [--spec-ngram-min 1] [--spec-ngram-max 4]\n"
-	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n" },
+	  "            [--spec-layers N] [--spec-draft-model FILE] [--spec-step-rows 8]\n"
+	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
+	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
+	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
+	  "            [--load-wait 30]\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =
 	  "backends  [--json]   the backend search path, what loads and what is refused\n" },
 	{ .name = "check-backend", .cmd = CHECK, .max_args = 1, .usage =
@@ -231,6 +254,13 @@ void loom_options_defaults(struct loom_options *o)
 		.shutdown_timeout = 10,
 		.prefix_cache = true,
 		.spec_step_rows = LOOM_SPEC_STEP_ROWS,
+		.http_threads = 4,
+		.header_timeout = 10,
+		.body_timeout = 30,
+		.idle_timeout = 120,
+		.max_conns = 1024,
+		.max_conns_per_ip = 256,
+		.load_wait = 30,
 	};
 }
 
@@ -350,6 +380,26 @@ static int set_threads(struct loom_options *o, const char *key, const char *v,
 	return copy_str(key, v, o->threads_list, sizeof(o->threads_list), err, errlen);
 }
 
+/* A repeatable option: v joins what earlier uses gave, comma-separated. */
+static int append_list(const char *key, const char *v, char *dst, size_t cap,
+		       char *err, size_t errlen)
+{
+	size_t have = strlen(dst), need = have + (have ? 1 : 0) + strlen(v);
+
+	if (!v[0]) {
+		snprintf(err, errlen, "%s: empty value", key);
+		return -1;
+	}
+	if (need >= cap) {
+		snprintf(err, errlen, "%s: values too long (%zu bytes in all at most)", key, cap - 1);
+		return -1;
+	}
+	if (have)
+		dst[have++] = ',';
+	memcpy(dst + have, v, strlen(v) + 1);
+	return 0;
+}
+
 /* Parses v into d's field of o. */
 static int opt_apply(struct loom_options *o, const struct opt_def *d, const char *key,
 		     const char *v, char *err, size_t errlen)
@@ -371,6 +421,7 @@ static int opt_apply(struct loom_options *o, const struct opt_def *d, const char
 		*(bool *)dst = !b;
 		return 0;
 	case OPT_THREADS: return set_threads(o, key, v, err, errlen);
+	case OPT_LIST: return append_list(key, v, dst, d->size, err, errlen);
 	}
 	return -1;
 }
@@ -426,6 +477,8 @@ int loom_options_set(struct loom_options *o, const char *key, const char *v,
 		return opt_check(d, key, v, err, errlen);
 	if (d->off == offsetof(struct loom_options, n_ctx))
 		o->ctx_given = true;
+	if (d->off == offsetof(struct loom_options, sp.seed))
+		o->seed_given = true;
 	return opt_apply(o, d, key, v, err, errlen);
 }
 
@@ -575,6 +628,8 @@ static int on_flag(struct loom_options *o, const struct cmd_def *cd, int c,
 		snprintf(flag, sizeof(flag), "--%s", d->name);
 	if (d->off == offsetof(struct loom_options, n_ctx))
 		o->ctx_given = true;
+	if (d->off == offsetof(struct loom_options, sp.seed))
+		o->seed_given = true;
 	return opt_apply(o, d, flag, arg, err, errlen);
 }
 

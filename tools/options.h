@@ -43,6 +43,18 @@ struct loom_serve_options {
 	bool prefix_cache;
 	char spec_default[256]; /* strategy for requests that name none */
 	int spec_step_rows;     /* decode rows per step before drafts stop (0: no cap) */
+	/* connections (docs/SERVING.md) */
+	int http_threads;       /* event-loop threads serving the sockets */
+	int header_timeout;     /* s from accept (or the last response) to the headers' end */
+	int body_timeout;       /* s from the headers' end to the body's end */
+	int idle_timeout;       /* s without socket progress before a connection is closed */
+	int max_conns;          /* open connections, in all */
+	int max_conns_per_ip;   /* open connections from one client address */
+	int load_wait;          /* s a request waits for the model to load, then 503 */
+	/* access */
+	char api_key[256];      /* "" (and no LOOM_API_KEY): the API is open */
+	char cors_origin[256];  /* "": no CORS headers; an origin or "*" */
+	char aliases[1024];     /* model names accepted besides the file's, comma-separated */
 };
 
 struct loom_options {
@@ -57,6 +69,7 @@ struct loom_options {
 	int n_threads;
 	int n_ctx;
 	bool ctx_given;         /* ctx_size came from a flag or the config file */
+	bool seed_given;        /* seed likewise; run: else a seed from the clock */
 	int n_batch;
 	bool no_bos;
 	bool archs;         /* info: the supported architectures and tokenizers */

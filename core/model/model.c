@@ -178,6 +178,23 @@ static int read_attention(const struct gguf_file *f, struct loom_hparams *hp,
 	return 0;
 }
 
+/* Layer count, width and feed-forward size: each named by its own key
+ * when it is not positive (a file with block_count 0 has no layers, which
+ * is not a head-geometry problem). */
+static int check_sizes(const char *a, const struct loom_hparams *hp, char *err, size_t errlen)
+{
+	const char *key = hp->n_layer <= 0 ? "block_count" :
+			  hp->n_embd <= 0 ? "embedding_length" :
+			  hp->n_ff <= 0 ? "feed_forward_length" : NULL;
+	long long v = hp->n_layer <= 0 ? (long long)hp->n_layer :
+		      hp->n_embd <= 0 ? (long long)hp->n_embd : (long long)hp->n_ff;
+
+	if (!key)
+		return 0;
+	loom_seterr(err, errlen, "key '%s.%s' is %lld; it must be at least 1", a, key, v);
+	return -1;
+}
+
 static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 			char *err, size_t errlen)
 {
@@ -194,8 +211,9 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 	    get_arch_int(f, a, "attention.head_count", -1, &hp->n_head, err, errlen) ||
 	    get_arch_int(f, a, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err, errlen))
 		return -1;
+	if (check_sizes(a, hp, err, errlen))
+		return -1;
 	if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv ||
-	    hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 ||
 	    hp->n_embd % hp->n_head) {
 		loom_seterr(err, errlen, "bad head geometry: %lld heads, %lld KV heads, embedding %lld",
 			(long long)hp->n_head, (long long)hp->n_head_kv, (long long)hp->n_embd);

@@ -75,11 +75,52 @@ int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
 	return 0;
 }
 
-static void put3(FILE *b, const char *x, const char *y, const char *z)
+/* The rendered text and, per byte, whether the template wrote it (1) or
+ * it came from a message (0): only the template's own bytes may become
+ * special tokens. */
+struct rbuf {
+	char *s;
+	unsigned char *mark;
+	size_t len, cap;
+	bool failed;
+};
+
+static void put(struct rbuf *b, const char *s, bool markup)
 {
-	fputs(x, b);
-	fputs(y, b);
-	fputs(z, b);
+	size_t n = strlen(s);
+
+	if (b->failed)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = (b->len + n + 1) * 2;
+		char *ns = realloc(b->s, cap);
+		unsigned char *nm = ns ? realloc(b->mark, cap) : NULL;
+
+		if (ns)
+			b->s = ns;
+		if (!ns || !nm) {
+			b->failed = true;
+			return;
+		}
+		b->mark = nm;
+		b->cap = cap;
+	}
+	memcpy(b->s + b->len, s, n);
+	memset(b->mark + b->len, markup, n);
+	b->len += n;
+	b->s[b->len] = '\0';
+}
+
+/* markup */
+static void mk(struct rbuf *b, const char *s)
+{
+	put(b, s, true);
+}
+
+/* a message's text */
+static void text(struct rbuf *b, const char *s)
+{
+	put(b, s, false);
 }
 
 /* ---- families where every role has its own turn ---- */
@@ -97,62 +138,80 @@ static const struct turn_fmt turn_fmts[] = {
 	[LOOM_CHAT_ZEPHYR] = { "<|", "|>\n", "</s>\n", "<|assistant|>\n" },
 };
 
+/* Roles are markup: check_roles let through only system, user, assistant. */
 static void render_turns(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
-			 size_t n, bool gen, FILE *b)
+			 size_t n, bool gen, struct rbuf *b)
 {
 	const struct turn_fmt *f = &turn_fmts[t->family];
 	size_t i;
 
-	if (t->default_system[0] && (n == 0 || strcmp(msgs[0].role, "system")))
-		put3(b, "<|im_start|>system\n", t->default_system, "<|im_end|>\n");
+	if (t->default_system[0] && (n == 0 || strcmp(msgs[0].role, "system"))) {
+		mk(b, "<|im_start|>system\n");
+		mk(b, t->default_system); /* the template's own text */
+		mk(b, "<|im_end|>\n");
+	}
 	for (i = 0; i < n; i++) {
-		put3(b, f->pre, msgs[i].role, f->mid);
-		fputs(msgs[i].content, b);
-		fputs(f->post, b);
+		mk(b, f->pre);
+		mk(b, msgs[i].role);
+		mk(b, f->mid);
+		text(b, msgs[i].content);
+		mk(b, f->post);
 	}
 	if (gen)
-		fputs(f->gen, b);
+		mk(b, f->gen);
 }
 
 /* ---- families that fold the system message into the first user turn ---- */
 
 static void render_gemma(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			 bool gen, FILE *b)
+			 bool gen, struct rbuf *b)
 {
 	size_t i;
 
 	for (i = 0; i < n; i++) {
 		bool user = !strcmp(msgs[i].role, "user");
 
-		put3(b, "<start_of_turn>", user ? "user" : "model", "\n");
-		if (sys && user)
-			put3(b, sys, "\n\n", "");
+		mk(b, "<start_of_turn>");
+		mk(b, user ? "user" : "model");
+		mk(b, "\n");
+		if (sys && user) {
+			text(b, sys);
+			mk(b, "\n\n");
+		}
 		sys = NULL;
-		put3(b, msgs[i].content, "<end_of_turn>\n", "");
+		text(b, msgs[i].content);
+		mk(b, "<end_of_turn>\n");
 	}
 	if (gen)
-		fputs("<start_of_turn>model\n", b);
+		mk(b, "<start_of_turn>model\n");
 }
 
 static void render_inst(const struct loom_chat_msg *msgs, size_t n, const char *sys,
-			bool llama2, FILE *b)
+			bool llama2, struct rbuf *b)
 {
 	bool first = true;
 	size_t i;
 
 	for (i = 0; i < n; i++) {
 		if (strcmp(msgs[i].role, "user")) {
-			put3(b, llama2 ? " " : "", msgs[i].content, llama2 ? " </s>" : "</s>");
+			mk(b, llama2 ? " " : "");
+			text(b, msgs[i].content);
+			mk(b, llama2 ? " </s>" : "</s>");
 			continue;
 		}
-		fputs(first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "), b);
-		if (sys && llama2)
-			put3(b, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
-		else if (sys)
-			put3(b, sys, "\n\n", "");
+		mk(b, first ? "[INST] " : (llama2 ? "<s>[INST] " : "[INST] "));
+		if (sys && llama2) {
+			mk(b, "<<SYS>>\n");
+			text(b, sys);
+			mk(b, "\n<</SYS>>\n\n");
+		} else if (sys) {
+			text(b, sys);
+			mk(b, "\n\n");
+		}
 		sys = NULL;
 		first = false;
-		put3(b, msgs[i].content, " [/INST]", "");
+		text(b, msgs[i].content);
+		mk(b, " [/INST]");
 	}
 }
 
@@ -179,51 +238,88 @@ static int check_roles(const struct loom_chat_template *t, const struct loom_cha
 	return 0;
 }
 
-char *loom_chat_render(const struct loom_chat_template *t,
-		       const struct loom_chat_msg *msgs, size_t n,
-		       bool add_generation_prompt, char *err, size_t errlen)
+char *loom_chat_render_marked(const struct loom_chat_template *t,
+			      const struct loom_chat_msg *msgs, size_t n,
+			      bool add_generation_prompt, unsigned char **markup,
+			      char *err, size_t errlen)
 {
+	struct rbuf b = { 0 };
 	const char *sys = NULL;
-	char *text = NULL;
-	size_t len;
-	FILE *b;
 
+	if (markup)
+		*markup = NULL;
 	if (t->family == LOOM_CHAT_UNKNOWN) {
 		loom_seterr(err, errlen, "unsupported chat template");
 		return NULL;
 	}
 	if (check_roles(t, msgs, n, err, errlen))
 		return NULL;
-	b = open_memstream(&text, &len); /* "" even for an empty conversation */
-	if (!b) {
-		loom_seterr(err, errlen, "out of memory rendering the chat");
-		return NULL;
-	}
-	if (n > 0 && !strcmp(msgs[0].role, "system")) {
+	mk(&b, ""); /* "" even for an empty conversation */
+	if (n > 0 && !strcmp(msgs[0].role, "system"))
 		sys = msgs[0].content;
-	}
 	switch (t->family) {
 	case LOOM_CHAT_GEMMA:
-		render_gemma(msgs + (sys != NULL), n - (sys != NULL), sys, add_generation_prompt, b);
+		render_gemma(msgs + (sys != NULL), n - (sys != NULL), sys, add_generation_prompt, &b);
 		break;
 	case LOOM_CHAT_LLAMA2:
 	case LOOM_CHAT_MISTRAL:
 		if (sys && n == 1) {
 			static const struct loom_chat_msg empty = { "user", "" };
 
-			render_inst(&empty, 1, sys, t->family == LOOM_CHAT_LLAMA2, b);
+			render_inst(&empty, 1, sys, t->family == LOOM_CHAT_LLAMA2, &b);
 		} else {
 			render_inst(msgs + (sys != NULL), n - (sys != NULL), sys,
-				    t->family == LOOM_CHAT_LLAMA2, b);
+				    t->family == LOOM_CHAT_LLAMA2, &b);
 		}
 		break;
 	default:
-		render_turns(t, msgs, n, add_generation_prompt, b);
+		render_turns(t, msgs, n, add_generation_prompt, &b);
 	}
-	if (ferror(b) | fclose(b)) {
-		free(text);
+	if (b.failed) {
+		free(b.s);
+		free(b.mark);
 		loom_seterr(err, errlen, "out of memory rendering the chat");
 		return NULL;
 	}
-	return text;
+	if (markup)
+		*markup = b.mark;
+	else
+		free(b.mark);
+	return b.s;
+}
+
+char *loom_chat_render(const struct loom_chat_template *t,
+		       const struct loom_chat_msg *msgs, size_t n,
+		       bool add_generation_prompt, char *err, size_t errlen)
+{
+	return loom_chat_render_marked(t, msgs, n, add_generation_prompt, NULL, err, errlen);
+}
+
+int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
+			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
+			   int32_t **ids, char *err, size_t errlen)
+{
+	unsigned char *mark = NULL;
+	char *s = loom_chat_render_marked(t, msgs, n, add_generation_prompt, &mark, err, errlen);
+	size_t len = s ? strlen(s) : 0;
+	int64_t need = s ? loom_tokenize_marked(tok, s, len, mark, false, NULL, 0) : -1;
+
+	*ids = NULL;
+	if (s && need < 0)
+		loom_seterr(err, errlen, "the chat could not be tokenized");
+	if (need >= 0) {
+		*ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
+		if (!*ids) {
+			loom_seterr(err, errlen, "out of memory tokenizing the chat");
+			need = -1;
+		} else if (loom_tokenize_marked(tok, s, len, mark, false, *ids, need) != need) {
+			loom_seterr(err, errlen, "the chat could not be tokenized");
+			free(*ids);
+			*ids = NULL;
+			need = -1;
+		}
+	}
+	free(s);
+	free(mark);
+	return need;
 }

@@ -848,8 +848,25 @@ static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
 	return bpe_encode(t, s, n, o);
 }
 
-int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
-		      bool add_special, bool parse_special, int32_t *out, int64_t cap)
+/* Bytes from pos that a special token may span: with a markup mask, the
+ * run of bytes of pos's kind (markup or message text), so a match never
+ * straddles the two; else everything left. */
+static size_t special_room(const unsigned char *markup, size_t pos, size_t len)
+{
+	size_t end = pos;
+
+	if (!markup)
+		return len - pos;
+	while (end < len && !markup[end] == !markup[pos])
+		end++;
+	return end - pos;
+}
+
+/* markup NULL: parse_special decides for the whole text; else control
+ * tokens are parsed only where markup[i] is set. */
+static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
+			const unsigned char *markup, bool add_special, bool parse_special,
+			int32_t *out, int64_t cap)
 {
 	struct outbuf o = { out, cap, 0 };
 	bool after_special = true; /* spm: the first text run gets the prefix */
@@ -861,7 +878,8 @@ int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t l
 		out_push(&o, t->bos);
 	while (pos < len) {
 		size_t mlen = 0;
-		int32_t id = match_special(t, text + pos, len - pos, parse_special, &mlen);
+		bool ps = markup ? markup[pos] != 0 : parse_special;
+		int32_t id = match_special(t, text + pos, special_room(markup, pos, len), ps, &mlen);
 
 		if (id < 0) {
 			pos++;
@@ -879,6 +897,21 @@ int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t l
 	if (add_special && t->add_eos && t->eos >= 0)
 		out_push(&o, t->eos);
 	return o.n;
+}
+
+int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
+		      bool add_special, bool parse_special, int32_t *out, int64_t cap)
+{
+	return tokenize(t, text, len, NULL, add_special, parse_special, out, cap);
+}
+
+int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, size_t len,
+			     const unsigned char *markup, bool add_special, int32_t *out,
+			     int64_t cap)
+{
+	if (!markup && len)
+		return -1;
+	return tokenize(t, text, len, markup, add_special, false, out, cap);
 }
 
 /* ---- detokenize -------------------------------------------------------- */
