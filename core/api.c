@@ -448,6 +448,7 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
 		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
+		.grammar = r.grammar,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }

@@ -131,6 +131,10 @@ struct loom_sched_request {
 	 * prompt token i (what predicts token i + 1). Such a request shares
 	 * no prefix-cache blocks (every position must run). */
 	float *all_logits;
+	/* ---- appended (grammar) ---- */
+	/* optional: constrains the output (engine/grammar.h); the request
+	 * holds its own reference */
+	const struct loom_grammar *grammar;
 };
 
 struct loom_sched;
