@@ -480,9 +480,10 @@ int loom_check_backend(const struct loom_check_params *p, char *err, size_t errl
  *                 default, ...) are ignored, any other keyword is refused
  *   "tool_calls"  text is {"tools": [{"name", "parameters": schema}...],
  *                 "mode": "required" | "auto", "begin": marker, "end":
- *                 marker}: begin {"name": ..., "arguments": ...} end, one
- *                 to four times; "auto" also allows any text that does
- *                 not start with begin
+ *                 marker, "max_calls": n}: begin {"name": ...,
+ *                 "arguments": ...} end, one to n times (default 1, at
+ *                 most 16); "auto" also allows any text that does not
+ *                 start with begin
  * NULL with err naming what is wrong or unsupported. Immutable and
  * reference-counted: loom_grammar_free drops the caller's reference.
  */

@@ -22,7 +22,7 @@
 #define MAX_NEST 64       /* schema nesting */
 #define MAX_ITEMS 256     /* largest minItems / maxItems expanded */
 #define MAX_REFS 128
-#define MAX_CALLS 4       /* tool calls in one reply */
+#define MAX_CALLS 16      /* tool calls in one reply */
 
 struct jc {
 	struct gbuild *b;
@@ -776,8 +776,9 @@ static int32_t not_marker(struct jc *c, const char *m)
 
 /*
  * Tool calls: spec is {"tools": [{"name", "parameters"}...], "mode":
- * "required" | "auto", "begin": marker, "end": marker}. One call to
- * MAX_CALLS calls, each begin ws call ws end, separated by whitespace;
+ * "required" | "auto", "begin": marker, "end": marker, "max_calls": n}.
+ * One call to max_calls calls (default 1, at most MAX_CALLS), each begin
+ * ws call ws end, separated by whitespace;
  * without markers exactly one bare call. "auto" also allows any text that
  * does not start with the begin marker.
  */
@@ -788,9 +789,17 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 	const char *mode = json_string_value(json_object_get(spec, "mode"));
 	const char *begin = json_string_value(json_object_get(spec, "begin"));
 	const char *end = json_string_value(json_object_get(spec, "end"));
+	json_t *mc = json_object_get(spec, "max_calls");
 	int32_t ws = ws_rule(c), call = gbuild_rule(c->b), one, calls, r;
+	int max_calls = 1;
 	size_t i;
 	json_t *t;
+
+	if (mc && (!json_is_integer(mc) || json_integer_value(mc) < 1 ||
+		   json_integer_value(mc) > MAX_CALLS))
+		return fail(c, "tools: %s", "'max_calls' must be an integer in [1, 16]");
+	if (mc)
+		max_calls = (int)json_integer_value(mc);
 
 	if (!json_is_array(tools) || json_array_size(tools) == 0)
 		return fail(c, "tools: %s", "'tools' must be a non-empty array");
@@ -815,7 +824,7 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 	one = rule1(c, &s);
 	gseq_ref(&s, ws);
 	gseq_ref(&s, one);
-	calls = rep_rule(c, rule1(c, &s), 0, MAX_CALLS - 1);
+	calls = rep_rule(c, rule1(c, &s), 0, max_calls - 1);
 	r = gbuild_rule(c->b);
 	gseq_ref(&s, one);
 	gseq_ref(&s, calls);

@@ -145,13 +145,18 @@ expect('json_object', out == ['1', '1', '0', '0', '0', '0'], f'{out}')
 # tool calls: required and auto
 tools = {'tools': [{'name': 'get_weather', 'parameters': {
     'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']}},
-    {'name': 'noop'}], 'mode': 'required', 'begin': '<tool_call>', 'end': '</tool_call>'}
+    {'name': 'noop'}], 'mode': 'required', 'begin': '<tool_call>', 'end': '</tool_call>',
+    'max_calls': 2}
 call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 texts = [call, call + '\n' + '<tool_call>{"name":"noop","arguments":{}}</tool_call>',
          '<tool_call>{"name": "other", "arguments": {}}</tool_call>',
          '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', 'Hello']
+out = check('tool_calls', tools, texts + [call + call + call])
+expect('tools-required', out == ['1', '1', '0', '0', '0', '0'], f'{out}')
+tools['max_calls'] = 1
 out = check('tool_calls', tools, texts)
-expect('tools-required', out == ['1', '1', '0', '0', '0'], f'{out}')
+expect('tools-one', out == ['1', '0', '0', '0', '0'], f'{out}')
+tools['max_calls'] = 2
 tools['mode'] = 'auto'
 out = check('tool_calls', tools, texts + ['<tool_callx', '<tool', ' <tool_call>'])
 # text that only starts like the marker is text
