@@ -20,6 +20,9 @@ enum { E_END = 0, E_SET = 1, E_REF = 2 };
 #define EXPAND_BUDGET 4096 /* rule expansions for one stack (guards nullable loops) */
 #define MAX_LEVELS 65     /* current state + 64 drafts */
 #define CACHE_SIZE 16
+#define MAX_INTERNED 4096 /* states remembered with their moves; then forgotten */
+#define MOVE_UNKNOWN (-2)
+#define MOVE_DEAD (-1)
 
 struct loom_grammar {
 	int refs;            /* atomic */
@@ -590,12 +593,28 @@ struct mcache {
 	bool valid;
 };
 
+/*
+ * States met while walking the trie, interned with their moves: a trie
+ * node's byte takes state i to state move[i][byte]. Inside a JSON string
+ * every ordinary byte leads back to the same state, so after the first
+ * few nodes a walk is table lookups. Kept across steps (the same states
+ * recur), forgotten all at once when MAX_INTERNED is reached.
+ */
+struct interned {
+	struct gstate *st;
+	int32_t (*move)[256];
+	int32_t n, cap;
+	int32_t *table;    /* open addressing: state id + 1, 0 empty */
+	int32_t table_cap; /* a power of two, > 2 * cap */
+	struct gstate next;
+};
+
 struct loom_gmatch {
 	const struct loom_grammar *g;
 	const struct loom_gvocab *v;
 	struct gstate lv[MAX_LEVELS];
 	int32_t n_levels;       /* lookahead levels above 0 */
-	struct gstate *walk;    /* per trie depth, max_len + 1 */
+	struct interned in;
 	struct gstate tmp[2];
 	uint64_t *bits;         /* the mask being built */
 	int32_t n_allowed;
@@ -610,10 +629,12 @@ void loom_gmatch_free(struct loom_gmatch *m)
 		return;
 	for (int i = 0; i < MAX_LEVELS; i++)
 		free(m->lv[i].v);
-	if (m->walk)
-		for (int32_t i = 0; i <= m->v->max_len; i++)
-			free(m->walk[i].v);
-	free(m->walk);
+	for (int32_t i = 0; i < m->in.n; i++)
+		free(m->in.st[i].v);
+	free(m->in.st);
+	free(m->in.move);
+	free(m->in.table);
+	free(m->in.next.v);
 	free(m->tmp[0].v);
 	free(m->tmp[1].v);
 	free(m->bits);
@@ -639,9 +660,8 @@ struct loom_gmatch *loom_gmatch_new(const struct loom_grammar *g, const struct l
 	m->g = loom_grammar_ref(g);
 	m->v = v ? v : &no_vocab;
 	words = ((size_t)m->v->n_vocab + 63) / 64 + 1;
-	m->walk = calloc((size_t)m->v->max_len + 1, sizeof(*m->walk));
 	m->bits = malloc(words * sizeof(uint64_t));
-	if (!m->walk || !m->bits)
+	if (!m->bits)
 		goto out_free;
 	stk[0] = g->start;
 	expand(g, stk, 1, &m->lv[0], &budget);
@@ -662,22 +682,94 @@ static void mark_tokens(struct loom_gmatch *m, int32_t node)
 	}
 }
 
-/* Marks the tokens below node whose remaining bytes state walk[d] takes. */
-static void walk_trie(struct loom_gmatch *m, int32_t node, int32_t d)
+static bool state_equal(const struct gstate *a, const struct gstate *b);
+
+/* Forgets every interned state. */
+static void intern_reset(struct interned *in)
+{
+	for (int32_t i = 0; i < in->n; i++)
+		free(in->st[i].v);
+	in->n = 0;
+	if (in->table)
+		memset(in->table, 0, sizeof(int32_t) * (size_t)in->table_cap);
+}
+
+/* The id of a state equal to st, adding a copy when new; -1 when out of
+ * memory or full. */
+static int32_t intern(struct interned *in, const struct gstate *st)
+{
+	uint64_t h = state_hash(st);
+	uint32_t mask, k;
+
+	if (!in->table) {
+		in->cap = MAX_INTERNED;
+		in->table_cap = 4 * MAX_INTERNED;
+		in->st = calloc((size_t)in->cap, sizeof(*in->st));
+		in->move = malloc(sizeof(*in->move) * (size_t)in->cap);
+		in->table = calloc((size_t)in->table_cap, sizeof(int32_t));
+		if (!in->st || !in->move || !in->table) {
+			free(in->table);
+			in->table = NULL;
+			return -1;
+		}
+	}
+	mask = (uint32_t)in->table_cap - 1;
+	for (k = (uint32_t)h & mask; in->table[k]; k = (k + 1) & mask)
+		if (state_equal(&in->st[in->table[k] - 1], st))
+			return in->table[k] - 1;
+	if (in->n == in->cap)
+		return -1;
+	in->st[in->n] = (struct gstate){ 0 };
+	if (state_copy(&in->st[in->n], st))
+		return -1;
+	for (int b = 0; b < 256; b++)
+		in->move[in->n][b] = MOVE_UNKNOWN;
+	in->table[k] = in->n + 1;
+	return in->n++;
+}
+
+/* The state byte c takes interned state id to: its id, MOVE_DEAD when
+ * none, or -3 when out of room (the caller resets and starts over). */
+static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
+{
+	struct interned *in = &m->in;
+	int32_t to = in->move[id][c];
+
+	if (to != MOVE_UNKNOWN)
+		return to;
+	advance(m->g, &in->st[id], c, &in->next);
+	if (in->next.oom)
+		return -3;
+	if (state_empty(&in->next)) {
+		to = MOVE_DEAD;
+	} else {
+		to = intern(in, &in->next);
+		if (to < 0)
+			return -3;
+	}
+	in->move[id][c] = to;
+	return to;
+}
+
+/* Marks the tokens below node whose remaining bytes interned state id
+ * takes. -1 when the interned states ran out of room. */
+static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
 {
 	const struct loom_gvocab *v = m->v;
 
 	for (int32_t c = v->first[node]; c >= 0; c = v->next[c]) {
-		struct gstate *nx = &m->walk[d + 1];
+		int32_t to = move(m, id, v->byte[c]);
 
 		m->stats.nodes_visited++;
-		advance(m->g, &m->walk[d], v->byte[c], nx);
-		if (state_empty(nx))
+		if (to == MOVE_DEAD)
 			continue;
+		if (to < 0)
+			return -1;
 		mark_tokens(m, c);
-		if (nx->n_stacks > 0 && v->first[c] >= 0)
-			walk_trie(m, c, d + 1);
+		if (m->in.st[to].n_stacks > 0 && v->first[c] >= 0 && walk_trie(m, c, to))
+			return -1;
 	}
+	return 0;
 }
 
 /* Builds m->bits for state st. */
@@ -685,14 +777,19 @@ static int build_mask(struct loom_gmatch *m, const struct gstate *st)
 {
 	size_t words = ((size_t)m->v->n_vocab + 63) / 64;
 
-	memset(m->bits, 0, words * sizeof(uint64_t));
-	m->n_allowed = 0;
-	if (state_copy(&m->walk[0], st))
-		return -1;
-	walk_trie(m, 0, 0);
-	for (int32_t i = 0; i <= m->v->max_len; i++)
-		if (m->walk[i].oom)
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int32_t id = intern(&m->in, st);
+
+		memset(m->bits, 0, words * sizeof(uint64_t));
+		m->n_allowed = 0;
+		if (id >= 0 && walk_trie(m, 0, id) == 0)
+			goto done;
+		if (!m->in.table)
 			return -1;
+		intern_reset(&m->in); /* full: start afresh */
+	}
+	return -1;
+done:
 	if (st->accept) {
 		for (int32_t i = 0; i < m->v->n_eog; i++) {
 			int32_t t = m->v->eog[i];
