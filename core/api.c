@@ -39,7 +39,7 @@ struct loom_engine {
 
 /* The size of each struct's first generation: anything smaller is refused. */
 #define ENGINE_PARAMS_V1 offsetof(struct loom_engine_params, spec)
-#define GENERATION_PARAMS_V1 sizeof(struct loom_generation_params)
+#define GENERATION_PARAMS_V1 offsetof(struct loom_generation_params, grammar)
 #define REQUEST_V1 offsetof(struct loom_request, all_logits)
 
 /*
@@ -577,6 +577,7 @@ static void generation_request(const struct loom_generation_params *g, const int
 		.seed = g->seed,
 	};
 	r->prompt_logits = g->prompt_logits;
+	r->grammar = g->grammar;
 	r->on_event = gen_event;
 	r->user = st;
 }

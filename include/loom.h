@@ -123,6 +123,9 @@ struct loom_generation_params {
 	int32_t repeat_last_n;   /* penalty window */
 	uint64_t seed;
 	float *prompt_logits;    /* optional: n_vocab floats, logits after the prompt */
+	/* ---- appended (0.5) ---- */
+	const struct loom_grammar *grammar; /* optional: constrains the output
+					       (loom_grammar_new) */
 };
 
 void loom_generation_params_init(struct loom_generation_params *g);

@@ -208,6 +208,34 @@ def errors(srv):
     check("completions: tools refused", st == 400, body[:200])
 
 
+def cli():
+    """loom run --json-schema: the output validates, the same with ngram;
+    a bad schema or grammar kind is one error line naming it."""
+    import subprocess
+    import tempfile
+    schema = SCHEMAS[0][2]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(schema, f)
+        path = f.name
+    outs = []
+    for extra in ([], ["--spec", "ngram.so"]):
+        p = subprocess.run([ts.LOOM, "run", "--model", MODEL, "-p", "A JSON object describing a dog:",
+                            "-n", "80", "--temp", "0", "-t", "2", "--no-progress",
+                            "--json-schema", path, *extra], capture_output=True, text=True,
+                           timeout=120)
+        check(f"run --json-schema {extra}: exit 0", p.returncode == 0, p.stderr[-300:])
+        check(f"run --json-schema {extra}: validates", validates(p.stdout, schema), p.stdout)
+        outs.append(p.stdout)
+    check("run --json-schema: ngram == plain", outs[0] == outs[1], outs)
+    with open(path, "w") as f:
+        json.dump({"type": "string", "format": "email"}, f)
+    p = subprocess.run([ts.LOOM, "run", "--model", MODEL, "-p", "x", "--json-schema", path],
+                       capture_output=True, text=True, timeout=120)
+    check("run: unsupported schema named", p.returncode != 0 and "'format'" in p.stderr
+          and path in p.stderr, p.stderr)
+    os.unlink(path)
+
+
 def main():
     if not os.path.exists(MODEL):
         print(f"skip: model {MODEL} missing")
@@ -221,7 +249,7 @@ def main():
             check(f"{name}: greedy with ngram == without", fast[name] == plain[name],
                   f"{fast[name]!r} vs {plain[name]!r}")
         print(f"schemas: {time.time() - t0:.1f} s", flush=True)
-        for test in (json_object, tools, errors):
+        for test in (json_object, tools, errors, lambda srv: cli()):
             t0 = time.time()
             try:
                 test(srv)
