@@ -909,6 +909,11 @@ int32_t loom_gmatch_levels(const struct loom_gmatch *m)
 	return m->n_levels;
 }
 
+bool loom_gmatch_any_byte(const struct loom_gmatch *m)
+{
+	return m->lv[0].n_stacks > 0;
+}
+
 bool loom_gmatch_done(const struct loom_gmatch *m)
 {
 	return m->lv[0].accept;

@@ -95,6 +95,8 @@ void loom_gmatch_keep(struct loom_gmatch *m, int32_t level);
 int32_t loom_gmatch_levels(const struct loom_gmatch *m); /* levels above 0 */
 /* True when the text so far at level 0 is a complete sentence. */
 bool loom_gmatch_done(const struct loom_gmatch *m);
+/* True when some byte may follow at level 0. */
+bool loom_gmatch_any_byte(const struct loom_gmatch *m);
 /* Byte-level checks (tests, fuzzing): feeds text from level 0 without
  * tokens. 0 when every byte was accepted (the state advances), else -1
  * (state unchanged). */

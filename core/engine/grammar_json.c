@@ -837,6 +837,21 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 	return r;
 }
 
+/* False when no JSON document of g can start: after the longest leading
+ * whitespace, no byte fits (a schema whose $ref only refers to itself). */
+static bool document_can_start(const struct loom_grammar *g)
+{
+	struct loom_gmatch *m = loom_gmatch_new(g, NULL);
+	char ws[MAX_INDENT + 2];
+	bool ok;
+
+	ws[0] = '\n';
+	memset(ws + 1, ' ', MAX_INDENT);
+	ok = m && loom_gmatch_feed(m, ws, MAX_INDENT + 1) == 0 && loom_gmatch_any_byte(m);
+	loom_gmatch_free(m);
+	return ok;
+}
+
 struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t len,
 				      char *err, size_t errlen)
 {
@@ -891,6 +906,12 @@ struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t
 	else
 		gbuild_free(c.b);
 	c.b = NULL;
+	if (g && !strcmp(kind, "json_schema") && !document_can_start(g)) {
+		loom_seterr(err, errlen, "%s: nothing can match it (a $ref that only refers to itself?)",
+			    kind);
+		loom_grammar_free(g);
+		g = NULL;
+	}
 out:
 	gbuild_free(c.b);
 	json_decref(c.doc);

@@ -170,6 +170,10 @@ for schema, word in [({'type': 'string', 'pattern': 'a+'}, 'pattern'),
                      ({'$ref': '#/$defs/missing'}, 'missing'),
                      ({'type': 'object', 'required': ['a']}, "'a'"),
                      ({'anyOf': [{'type': 'string'}], 'type': 'string'}, 'anyOf'),
+                     ({'$defs': {'a': {'$ref': '#/$defs/a'}}, '$ref': '#/$defs/a'},
+                      'nothing can match'),
+                     ({'type': 'array', 'minItems': 3, 'maxItems': 2}, 'minItems'),
+                     ({'type': 'array', 'maxItems': 100000}, 'maxItems'),
                      (False, 'false')]:
     out = check('json_schema', schema, ['"x"'])
     expect('unsupported', isinstance(out, str) and out.startswith('error:') and word in out,
