@@ -301,11 +301,85 @@ static int32_t value_rule(struct jc *c)
 	return v;
 }
 
-/* The compact JSON text of v as a literal alternative of rule r. */
+/* Appends "\\u" and the 4 hex digits of u (either case) to s. */
+static void u_escape(struct jc *c, struct gseq *s, unsigned u)
+{
+	gseq_lit(c->b, s, "\\u", 2);
+	for (int sh = 12; sh >= 0; sh -= 4) {
+		unsigned v = (u >> sh) & 15;
+		char set[3] = { 0 };
+
+		set[0] = (char)(v < 10 ? '0' + v : 'a' + v - 10);
+		set[1] = (char)(v < 10 ? 0 : 'A' + v - 10);
+		gseq_chars(c->b, s, set);
+	}
+}
+
+/* A rule for one character (code point cp, UTF-8 bytes u[0..n)) of a
+ * JSON string, in every spelling: raw where allowed, its short escape,
+ * \uXXXX (a surrogate pair above U+FFFF). */
+static int32_t char_spellings(struct jc *c, unsigned cp, const char *u, size_t n)
+{
+	static const char shorts[] = "\"\\/\b\f\n\r\t", letters[] = "\"\\/bfnrt";
+	struct gseq s = { 0 };
+	int32_t r = gbuild_rule(c->b);
+	const char *e = cp && cp < 128 ? strchr(shorts, (int)cp) : NULL;
+
+	if (cp >= 0x20 && cp != '"' && cp != '\\') {
+		gseq_lit(c->b, &s, u, n);
+		gbuild_alt(c->b, r, &s);
+	}
+	if (e) {
+		gseq_byte(c->b, &s, '\\');
+		gseq_byte(c->b, &s, (unsigned char)letters[e - shorts]);
+		gbuild_alt(c->b, r, &s);
+	}
+	if (cp > 0xffff) {
+		u_escape(c, &s, 0xd800 + ((cp - 0x10000) >> 10));
+		u_escape(c, &s, 0xdc00 + ((cp - 0x10000) & 0x3ff));
+	} else {
+		u_escape(c, &s, cp);
+	}
+	gbuild_alt(c->b, r, &s);
+	return r;
+}
+
+/* A rule matching str[0..len) (UTF-8) as a JSON string, any spelling. */
+static int32_t string_lit_rule(struct jc *c, const char *str, size_t len)
+{
+	struct gseq s = { 0 };
+	size_t i = 0;
+
+	gseq_byte(c->b, &s, '"');
+	while (i < len) {
+		unsigned char b = (unsigned char)str[i];
+		size_t n = b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
+		unsigned cp = n == 1 ? b : b & (0x3f >> (n - 1));
+
+		if (i + n > len)
+			n = len - i; /* jansson's strings are valid UTF-8; a guard */
+		for (size_t k = 1; k < n; k++)
+			cp = cp << 6 | ((unsigned char)str[i + k] & 0x3f);
+		gseq_ref(&s, char_spellings(c, cp, str + i, n));
+		i += n;
+	}
+	gseq_byte(c->b, &s, '"');
+	return rule1(c, &s);
+}
+
+/* v as an alternative of rule r: a string in any spelling, anything else
+ * as its compact JSON text. */
 static void lit_alt(struct jc *c, int32_t r, json_t *v)
 {
 	struct gseq s = { 0 };
-	char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+	char *text;
+
+	if (json_is_string(v)) {
+		gseq_ref(&s, string_lit_rule(c, json_string_value(v), json_string_length(v)));
+		gbuild_alt(c->b, r, &s);
+		return;
+	}
+	text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
 
 	if (!text) {
 		fail(c, "json_schema: %s value cannot be written as JSON", "a const or enum");
@@ -373,14 +447,8 @@ static int32_t props_rule(struct jc *c, json_t *props, json_t *req)
 	k[0] = k[1] = rule1(c, &s);
 	for (i = n; i-- > 0 && !c->failed;) {
 		int32_t val = schema_rule(c, subs[i]), nk[2];
-		json_t *js = json_string(names[i]);
-		char *qname = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+		int32_t key = string_lit_rule(c, names[i], strlen(names[i]));
 
-		json_decref(js);
-		if (!qname) {
-			fail(c, "json_schema: %s", "out of memory");
-			break;
-		}
 		for (int f = 0; f < 2; f++) {
 			nk[f] = gbuild_rule(c->b);
 			if (!is_required(req, names[i])) {
@@ -391,7 +459,7 @@ static int32_t props_rule(struct jc *c, json_t *props, json_t *req)
 				gseq_byte(c->b, &s, ',');
 				gseq_ref(&s, ws);
 			}
-			gseq_lit(c->b, &s, qname, strlen(qname));
+			gseq_ref(&s, key);
 			gseq_ref(&s, ws);
 			gseq_byte(c->b, &s, ':');
 			gseq_ref(&s, ws);
@@ -400,7 +468,6 @@ static int32_t props_rule(struct jc *c, json_t *props, json_t *req)
 			gseq_ref(&s, k[1]);
 			gbuild_alt(c->b, nk[f], &s);
 		}
-		free(qname);
 		k[0] = nk[0];
 		k[1] = nk[1];
 	}
@@ -715,21 +782,17 @@ static int32_t call_rule(struct jc *c, json_t *tool)
 	struct gseq s = { 0 };
 	json_t *name = json_object_get(tool, "name"), *params = json_object_get(tool, "parameters");
 	int32_t ws = ws_rule(c), args;
-	char *qname;
 
 	if (!json_is_string(name) || !json_string_length(name))
 		return fail(c, "tools: %s", "each tool needs a non-empty string 'name'");
 	args = params ? schema_rule(c, params) : lit_rule(c, "{}");
-	qname = json_dumps(name, JSON_ENCODE_ANY);
-	if (!qname)
-		return fail(c, "tools: %s", "out of memory");
 	gseq_byte(c->b, &s, '{');
 	gseq_ref(&s, ws);
 	gseq_lit(c->b, &s, "\"name\"", 6);
 	gseq_ref(&s, ws);
 	gseq_byte(c->b, &s, ':');
 	gseq_ref(&s, ws);
-	gseq_lit(c->b, &s, qname, strlen(qname));
+	gseq_ref(&s, string_lit_rule(c, json_string_value(name), json_string_length(name)));
 	gseq_ref(&s, ws);
 	gseq_byte(c->b, &s, ',');
 	gseq_ref(&s, ws);
@@ -740,7 +803,6 @@ static int32_t call_rule(struct jc *c, json_t *tool)
 	gseq_ref(&s, args);
 	gseq_ref(&s, ws);
 	gseq_byte(c->b, &s, '}');
-	free(qname);
 	return rule1(c, &s);
 }
 

@@ -170,7 +170,8 @@ static int cmd_walk(const char *gguf, const char *kind, const char *path, uint64
 
 	if (!t || !g || !v || !logits || !cand) {
 		fprintf(stderr, "walk: %s\n", t ? "setup failed" : err);
-		return 2;
+		rc = 2;
+		goto out;
 	}
 	loom_rng_seed(rng, seed);
 	for (int w = 0; w < n && !rc; w++) {
@@ -251,6 +252,7 @@ static int cmd_walk(const char *gguf, const char *kind, const char *path, uint64
 		       V, steps, steps ? (double)allowed_sum / steps : 0.0,
 		       steps ? (double)nodes / steps : 0.0,
 		       steps ? 1e3 * t_cold / steps : 0.0, steps ? 1e3 * t_warm / steps : 0.0);
+out:
 	free(logits);
 	free(cand);
 	loom_gvocab_free(v);

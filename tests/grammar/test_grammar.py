@@ -12,6 +12,7 @@ first masks of each walk must agree with pushing every token alone.
 """
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -178,6 +179,83 @@ for schema, word in [({'type': 'string', 'pattern': 'a+'}, 'pattern'),
     out = check('json_schema', schema, ['"x"'])
     expect('unsupported', isinstance(out, str) and out.startswith('error:') and word in out,
            f'{schema}: {out}')
+
+# random schemas: instances generated from the schema (properties in
+# schema order) must be accepted; mutated texts accepted only if valid
+rng = random.Random(1234)
+
+
+def rand_schema(depth=0):
+    kinds = ['string', 'integer', 'number', 'boolean', 'null', 'enum']
+    if depth < 3:
+        kinds += ['object', 'object', 'array', 'anyOf']
+    k = rng.choice(kinds)
+    if k == 'enum':
+        return {'enum': rng.sample(['a', 'b c', 1, 2.5, None, True, '\u00e9'], rng.randint(1, 4))}
+    if k == 'object':
+        names = rng.sample(['id', 'name', 'x', 'y', 'tags', 'k"q'], rng.randint(0, 4))
+        props = {n: rand_schema(depth + 1) for n in names}
+        return {'type': 'object', 'properties': props,
+                'required': [n for n in names if rng.random() < 0.6],
+                'additionalProperties': False}
+    if k == 'array':
+        lo = rng.randint(0, 2)
+        return {'type': 'array', 'items': rand_schema(depth + 1), 'minItems': lo,
+                'maxItems': lo + rng.randint(0, 3)}
+    if k == 'anyOf':
+        return {'anyOf': [rand_schema(depth + 1) for _ in range(rng.randint(1, 3))]}
+    return {'type': k}
+
+
+def rand_instance(s):
+    if 'enum' in s:
+        return rng.choice(s['enum'])
+    if 'anyOf' in s:
+        return rand_instance(rng.choice(s['anyOf']))
+    t = s['type']
+    if t == 'object':
+        return {n: rand_instance(v) for n, v in s['properties'].items()
+                if n in s['required'] or rng.random() < 0.5}
+    if t == 'array':
+        return [rand_instance(s['items']) for _ in range(rng.randint(s['minItems'], s['maxItems']))]
+    return {'string': lambda: rng.choice(['', 'abc', 'a\nb', '\u4e2d\u6587', 'q"\\']),
+            'integer': lambda: rng.randint(-1000, 1000),
+            'number': lambda: rng.choice([0, -1.5, 3.25e-5, 12]),
+            'boolean': lambda: rng.random() < 0.5, 'null': lambda: None}[t]()
+
+
+def mutate(text):
+    i = rng.randrange(len(text) + 1)
+    op = rng.randrange(3)
+    if op == 0:
+        return text[:i] + rng.choice('{}[],:" 0a-.en') + text[i:]
+    if op == 1 and i < len(text):
+        return text[:i] + text[i + 1:]
+    return text[:i]
+
+
+n_fuzz = 0
+for _ in range(60):
+    schema = rand_schema()
+    valid = [rand_instance(schema) for _ in range(4)]
+    texts = [f for inst in valid for f in forms(inst)]
+    out = check('json_schema', schema, texts)
+    if isinstance(out, str):
+        expect('random', False, f'{schema}: {out}')
+        continue
+    for t, r in zip(texts, out):
+        expect('random', r == '1', f'{schema}: valid {t!r} not accepted ({r})')
+    muts = [mutate(t) for t in texts for _ in range(3)]
+    out = check('json_schema', schema, muts)
+    for t, r in zip(muts, out):
+        if r == '1':
+            try:
+                ok = jsonschema.Draft202012Validator(schema).is_valid(json.loads(t))
+            except ValueError:
+                ok = False
+            expect('random', ok, f'{schema}: accepted {t!r} is not valid')
+    n_fuzz += len(texts) + len(muts)
+print(f'random schemas: {n_fuzz} texts checked')
 
 # random walks over real vocabularies
 cache = os.path.expanduser('~/.cache/loom')
