@@ -476,27 +476,29 @@ struct loom_gvocab {
 	const struct loom_tokenizer *t;
 };
 
+/* Grows one per-node array to cap entries; false when out of memory. */
+static bool grow_nodes(void *p, int32_t cap, size_t sz)
+{
+	void **pp = p;
+	void *q = realloc(*pp, (size_t)cap * sz);
+
+	if (q)
+		*pp = q;
+	return q != NULL;
+}
+
 static int32_t trie_node(struct loom_gvocab *v, unsigned char c)
 {
 	int32_t n = v->n_nodes;
 
 	if (n == v->cap_nodes) {
 		int32_t cap = v->cap_nodes ? 2 * v->cap_nodes : 1024;
-		int32_t *f = realloc(v->first, sizeof(int32_t) * (size_t)cap);
 
-		if (!f)
+		if (!grow_nodes(&v->first, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->next, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->tok, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->byte, cap, 1))
 			return -1;
-		v->first = f;
-		if (!(f = realloc(v->next, sizeof(int32_t) * (size_t)cap)))
-			return -1;
-		v->next = f;
-		if (!(f = realloc(v->tok, sizeof(int32_t) * (size_t)cap)))
-			return -1;
-		v->tok = f;
-		unsigned char *bb = realloc(v->byte, (size_t)cap);
-		if (!bb)
-			return -1;
-		v->byte = bb;
 		v->cap_nodes = cap;
 	}
 	v->first[n] = v->next[n] = v->tok[n] = -1;

@@ -236,6 +236,56 @@ def cli():
     os.unlink(path)
 
 
+def openai_client(srv):
+    """The official openai client: tools (plain and streamed) and a
+    Pydantic model through chat.completions.parse (a strict schema with
+    $defs, titles and nested objects, as the client writes it)."""
+    try:
+        import openai
+        import pydantic
+    except ImportError as e:
+        print(f"openai client: skipped ({e})")
+        return
+    model = json.loads(srv.get("/v1/models")[2])["data"][0]["id"]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="none")
+    ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    r = client.chat.completions.create(model=model, messages=ask, tools=[WEATHER],
+                                       tool_choice="required", temperature=0, max_tokens=120)
+    ch = r.choices[0]
+    check("openai tools: finish", ch.finish_reason == "tool_calls", ch)
+    calls = ch.message.tool_calls or []
+    params = WEATHER["function"]["parameters"]
+    check("openai tools: a call that validates", len(calls) == 1 and
+          calls[0].function.name == "get_weather" and validates(calls[0].function.arguments, params),
+          ch.message)
+    args, name, finish = "", "", None
+    for chunk in client.chat.completions.create(model=model, messages=ask, tools=[WEATHER],
+                                                tool_choice="required", temperature=0,
+                                                max_tokens=120, stream=True):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                name += tc.function.name or "" if tc.function else ""
+                args += tc.function.arguments or "" if tc.function else ""
+            finish = c.finish_reason or finish
+    check("openai stream tools: same call", finish == "tool_calls" and name == "get_weather" and
+          args == (calls[0].function.arguments if calls else None), (name, args, finish))
+
+    class Pet(pydantic.BaseModel):
+        name: str
+        legs: int
+
+    class Owner(pydantic.BaseModel):
+        name: str
+        pets: list[Pet]
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    r = parse(model=model, messages=[{"role": "user", "content": "Describe an owner and a pet."}],
+              response_format=Owner, temperature=0, max_tokens=150)
+    ch = r.choices[0]
+    check("openai parse: a parsed Owner", ch.finish_reason == "length" or
+          isinstance(ch.message.parsed, Owner), ch)
+
+
 def main():
     if not os.path.exists(MODEL):
         print(f"skip: model {MODEL} missing")
@@ -249,7 +299,7 @@ def main():
             check(f"{name}: greedy with ngram == without", fast[name] == plain[name],
                   f"{fast[name]!r} vs {plain[name]!r}")
         print(f"schemas: {time.time() - t0:.1f} s", flush=True)
-        for test in (json_object, tools, errors, lambda srv: cli()):
+        for test in (json_object, tools, errors, openai_client, lambda srv: cli()):
             t0 = time.time()
             try:
                 test(srv)
