@@ -214,7 +214,7 @@ int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **too
 			   struct perr *e)
 {
 	json_t *tools = member(o, "tools"), *t;
-	const char *named;
+	const char *named, *rf_type;
 	int mode;
 	size_t i;
 
@@ -234,9 +234,8 @@ int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **too
 		return -1;
 	if (mode == SERVE_TOOLS_OFF)
 		return response_format(o, r, e);
-	if (member(o, "response_format") &&
-	    strcmp(json_string_value(json_object_get(member(o, "response_format"), "type")) ?: "",
-		   "text"))
+	rf_type = json_string_value(json_object_get(member(o, "response_format"), "type"));
+	if (member(o, "response_format") && (!rf_type || strcmp(rf_type, "text")))
 		return perr_set(e, 400, "response_format", "unsupported",
 				"'response_format' together with tools is supported only with tool_choice \"none\"");
 	r->tool_mode = mode;
