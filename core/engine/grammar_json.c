@@ -301,69 +301,21 @@ static int32_t value_rule(struct jc *c)
 	return v;
 }
 
-/* Appends "\\u" and the 4 hex digits of u (either case) to s. */
-static void u_escape(struct jc *c, struct gseq *s, unsigned u)
-{
-	gseq_lit(c->b, s, "\\u", 2);
-	for (int sh = 12; sh >= 0; sh -= 4) {
-		unsigned v = (u >> sh) & 15;
-		char set[3] = { 0 };
-
-		set[0] = (char)(v < 10 ? '0' + v : 'a' + v - 10);
-		set[1] = (char)(v < 10 ? 0 : 'A' + v - 10);
-		gseq_chars(c->b, s, set);
-	}
-}
-
-/* A rule for one character (code point cp, UTF-8 bytes u[0..n)) of a
- * JSON string, in every spelling: raw where allowed, its short escape,
- * \uXXXX (a surrogate pair above U+FFFF). */
-static int32_t char_spellings(struct jc *c, unsigned cp, const char *u, size_t n)
-{
-	static const char shorts[] = "\"\\/\b\f\n\r\t", letters[] = "\"\\/bfnrt";
-	struct gseq s = { 0 };
-	int32_t r = gbuild_rule(c->b);
-	const char *e = cp && cp < 128 ? strchr(shorts, (int)cp) : NULL;
-
-	if (cp >= 0x20 && cp != '"' && cp != '\\') {
-		gseq_lit(c->b, &s, u, n);
-		gbuild_alt(c->b, r, &s);
-	}
-	if (e) {
-		gseq_byte(c->b, &s, '\\');
-		gseq_byte(c->b, &s, (unsigned char)letters[e - shorts]);
-		gbuild_alt(c->b, r, &s);
-	}
-	if (cp > 0xffff) {
-		u_escape(c, &s, 0xd800 + ((cp - 0x10000) >> 10));
-		u_escape(c, &s, 0xdc00 + ((cp - 0x10000) & 0x3ff));
-	} else {
-		u_escape(c, &s, cp);
-	}
-	gbuild_alt(c->b, r, &s);
-	return r;
-}
-
-/* A rule matching str[0..len) (UTF-8) as a JSON string, any spelling. */
+/* A rule matching str[0..len) written as JSON writes it: UTF-8 as is,
+ * the short escapes where a character must be escaped. One spelling: a
+ * model offered every spelling of a property name (\u0063ity for city)
+ * sometimes wanders into the odd ones. */
 static int32_t string_lit_rule(struct jc *c, const char *str, size_t len)
 {
 	struct gseq s = { 0 };
-	size_t i = 0;
+	json_t *js = json_stringn(str, len);
+	char *text = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
 
-	gseq_byte(c->b, &s, '"');
-	while (i < len) {
-		unsigned char b = (unsigned char)str[i];
-		size_t n = b < 0x80 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
-		unsigned cp = n == 1 ? b : b & (0x3f >> (n - 1));
-
-		if (i + n > len)
-			n = len - i; /* jansson's strings are valid UTF-8; a guard */
-		for (size_t k = 1; k < n; k++)
-			cp = cp << 6 | ((unsigned char)str[i + k] & 0x3f);
-		gseq_ref(&s, char_spellings(c, cp, str + i, n));
-		i += n;
-	}
-	gseq_byte(c->b, &s, '"');
+	json_decref(js);
+	if (!text)
+		return fail(c, "json_schema: %s", "out of memory");
+	gseq_lit(c->b, &s, text, strlen(text));
+	free(text);
 	return rule1(c, &s);
 }
 

@@ -39,12 +39,19 @@ def check(kind, spec, texts):
 
 
 def forms(inst):
-    """The ways a model may write inst (property order kept)."""
-    return [json.dumps(inst, separators=(',', ':')),
-            json.dumps(inst),
-            json.dumps(inst, indent=2),
-            json.dumps(inst, indent='\t'),
-            ' ' + json.dumps(inst) + '\n']
+    """The ways a model may write inst (property order kept; names and
+    enum strings as JSON writes them, UTF-8 as is: the grammar offers
+    those one spelling, any spelling inside free strings)."""
+    return [json.dumps(inst, separators=(',', ':'), ensure_ascii=False),
+            json.dumps(inst, ensure_ascii=False),
+            json.dumps(inst, indent=2, ensure_ascii=False),
+            json.dumps(inst, indent='\t', ensure_ascii=False),
+            ' ' + json.dumps(inst, ensure_ascii=False) + '\n']
+
+
+def other_forms(inst):
+    """Spellings the grammar may refuse (\\u escapes everywhere)."""
+    return [json.dumps(inst), json.dumps(inst, indent=1)]
 
 
 def expect(name, ok, msg):
@@ -126,7 +133,7 @@ for name, schema, good, bad in SCHEMAS:
         for t, r in zip(texts, out):
             expect(name, r != '1', f'invalid {t!r} accepted')
     # soundness over everything tried: accepted => parses and validates
-    texts = MALFORMED + [f for inst in good + bad for f in forms(inst)]
+    texts = MALFORMED + [f for inst in good + bad for f in forms(inst) + other_forms(inst)]
     out = check('json_schema', schema, texts)
     for t, r in zip(texts, out):
         if r != '1':
@@ -246,6 +253,7 @@ for _ in range(60):
     for t, r in zip(texts, out):
         expect('random', r == '1', f'{schema}: valid {t!r} not accepted ({r})')
     muts = [mutate(t) for t in texts for _ in range(3)]
+    muts += [f for inst in valid for f in other_forms(inst)]
     out = check('json_schema', schema, muts)
     for t, r in zip(muts, out):
         if r == '1':
