@@ -39,7 +39,7 @@ struct loom_engine {
 
 /* The size of each struct's first generation: anything smaller is refused. */
 #define ENGINE_PARAMS_V1 offsetof(struct loom_engine_params, spec)
-#define GENERATION_PARAMS_V1 sizeof(struct loom_generation_params)
+#define GENERATION_PARAMS_V1 offsetof(struct loom_generation_params, grammar)
 #define REQUEST_V1 offsetof(struct loom_request, all_logits)
 
 /*
@@ -460,6 +460,7 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
 		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
+		.grammar = r.grammar,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }
@@ -588,6 +589,7 @@ static void generation_request(const struct loom_generation_params *g, const int
 		.seed = g->seed,
 	};
 	r->prompt_logits = g->prompt_logits;
+	r->grammar = g->grammar;
 	r->on_event = gen_event;
 	r->user = st;
 }

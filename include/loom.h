@@ -123,6 +123,9 @@ struct loom_generation_params {
 	int32_t repeat_last_n;   /* penalty window */
 	uint64_t seed;
 	float *prompt_logits;    /* optional: n_vocab floats, logits after the prompt */
+	/* ---- appended (0.5) ---- */
+	const struct loom_grammar *grammar; /* optional: constrains the output
+					       (loom_grammar_new) */
 };
 
 void loom_generation_params_init(struct loom_generation_params *g);
@@ -205,6 +208,11 @@ struct loom_request {
 	 * engine opened with all_logits; such a request shares no cached
 	 * prefix (every position runs). */
 	float *all_logits;
+	/* ---- appended (0.5): constrained decoding ---- */
+	/* optional: every generated token must continue a sentence of this
+	 * grammar (loom_grammar_new), and end-of-generation comes only where
+	 * the text is complete. loom_submit takes its own reference. */
+	const struct loom_grammar *grammar;
 };
 
 void loom_request_init(struct loom_request *r);
@@ -511,6 +519,35 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen);
+/* ======== appended (0.5): constrained decoding ======== */
+
+/*
+ * A grammar that constrains a request's output (loom_request.grammar):
+ * at each step the logits of every token whose bytes cannot continue a
+ * sentence of the grammar are set to -inf before penalties and sampling,
+ * and speculative drafts it rejects are rejected (docs/SERVING.md,
+ * "Structured output and tools"). kind:
+ *   "json"        any JSON value (text unused)
+ *   "json_object" any JSON object (text unused)
+ *   "json_schema" text[0..len) is a JSON Schema: type (object, array,
+ *                 string, number, integer, boolean, null, or a list),
+ *                 properties, required, additionalProperties, items,
+ *                 minItems, maxItems, enum, const, anyOf, oneOf (as
+ *                 anyOf), local $ref; annotations (title, description,
+ *                 default, ...) are ignored, any other keyword is refused
+ *   "tool_calls"  text is {"tools": [{"name", "parameters": schema}...],
+ *                 "mode": "required" | "auto", "begin": marker, "end":
+ *                 marker, "max_calls": n}: begin {"name": ...,
+ *                 "arguments": ...} end, one to n times (default 1, at
+ *                 most 16); "auto" also allows any text that does not
+ *                 start with begin
+ * NULL with err naming what is wrong or unsupported. Immutable and
+ * reference-counted: loom_grammar_free drops the caller's reference.
+ */
+struct loom_grammar;
+struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t len,
+				      char *err, size_t errlen);
+void loom_grammar_free(struct loom_grammar *g);
 
 #ifdef __cplusplus
 }

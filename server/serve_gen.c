@@ -114,6 +114,8 @@ void job_take_req(struct job *j, struct serve_req *r)
 	j->n_stop = r->n_stop;
 	j->prompt = r->prompt;
 	j->n_prompt = r->n_prompt;
+	j->grammar = r->grammar;
+	j->tool_mode = r->tool_mode;
 	memset(r, 0, sizeof(*r));
 }
 
@@ -124,10 +126,12 @@ static void job_free(struct job *j)
 	for (i = 0; i < SRV_MAX_N; i++) {
 		free(j->gens[i].toks);
 		sb_free(&j->gens[i].pending);
+		sb_free(&j->gens[i].tool_buf);
 	}
 	for (i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	free(j->prompt);
+	loom_grammar_free(j->grammar);
 	sb_free(&j->out);
 	pthread_mutex_destroy(&j->mu);
 	pthread_cond_destroy(&j->cv);
@@ -261,6 +265,7 @@ int job_submit(struct job *j, char *err, size_t errlen)
 		r.spec_max_draft = j->spec_max_draft;
 		r.on_event = on_event;
 		r.user = g;
+		r.grammar = j->grammar;
 		pthread_mutex_lock(&srv->lock);
 		srv->n_gens_active++;
 		pthread_mutex_unlock(&srv->lock);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "serve_index_html.h"
+#include "serve_tools.h"
 
 #define TICK_MS 100          /* the deadline thread's period */
 #define UNPARK_TICKS 5       /* parked requests are woken every 0.5 s */
@@ -269,9 +270,29 @@ static json_t *envelope(const struct job *j, const char *object, json_t *choices
 			 "choices", choices);
 }
 
+/* A chat choice whose text is complete tool calls (a tools request that
+ * stopped on its own), or NULL. */
+static json_t *tool_choice_json(const struct job *j, const struct gen *g, const struct sbuf *text)
+{
+	json_t *calls;
+
+	if (!j->chat || !j->tool_mode || strcmp(g->finish_reason, "stop") || !text->s)
+		return NULL;
+	calls = serve_tool_calls(text->s, text->len);
+	if (!calls)
+		return NULL;
+	return json_pack("{s:i,s:{s:s,s:n,s:o},s:n,s:s}", "index", g->index, "message",
+			 "role", "assistant", "content", "tool_calls", calls, "logprobs",
+			 "finish_reason", "tool_calls");
+}
+
 static json_t *final_choice(const struct job *j, const struct gen *g, const struct sbuf *text)
 {
-	json_t *t = text_json(text->s ? text->s : "", text->len);
+	json_t *t, *calls = tool_choice_json(j, g, text);
+
+	if (calls)
+		return calls;
+	t = text_json(text->s ? text->s : "", text->len);
 
 	if (j->chat)
 		return json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", g->index,
@@ -370,9 +391,69 @@ static void sse_choice(struct job *j, json_t *choice)
 }
 
 static void stream_emit(struct job *j, struct gen *g, const char *text, size_t len,
+			bool finished, void *user);
+
+/* Streams the tool calls in calls as OpenAI does: per call a delta with
+ * its id, type, name and empty arguments, then one with the arguments;
+ * then the finish. */
+static void stream_calls(struct job *j, struct gen *g, json_t *calls)
+{
+	size_t k;
+	json_t *c;
+
+	json_array_foreach(calls, k, c) {
+		json_t *fn = json_object_get(c, "function");
+
+		sse_choice(j, json_pack("{s:i,s:{s:[{s:i,s:O,s:s,s:{s:O,s:s}}]},s:n,s:n}",
+					"index", g->index, "delta", "tool_calls", "index", (int)k,
+					"id", json_object_get(c, "id"), "type", "function",
+					"function", "name", json_object_get(fn, "name"),
+					"arguments", "", "logprobs", "finish_reason"));
+		sse_choice(j, json_pack("{s:i,s:{s:[{s:i,s:{s:O}}]},s:n,s:n}", "index", g->index,
+					"delta", "tool_calls", "index", (int)k, "function",
+					"arguments", json_object_get(fn, "arguments"), "logprobs",
+					"finish_reason"));
+	}
+	g->finish_reason = "tool_calls";
+	sse_choice(j, delta_choice(j, g, NULL, false, g->finish_reason));
+}
+
+/* A tools request's stream: text is held while it may still become tool
+ * calls (a prefix of the begin marker, or calls not yet finished). True
+ * when this event was dealt with here. */
+static bool stream_tools(struct job *j, struct gen *g, const char *text, size_t len,
+			 bool finished)
+{
+	struct sbuf *b = &g->tool_buf, held;
+	json_t *calls = NULL;
+
+	if (g->tool_kind == 1)
+		return false; /* plain text: streamed as it comes */
+	sb_putn(b, text, len);
+	g->tool_kind = serve_tool_kind(b->s ? b->s : "", b->len);
+	if (finished && g->tool_kind == 2 && !g->failed && !strcmp(g->finish_reason, "stop"))
+		calls = serve_tool_calls(b->s, b->len);
+	if (calls) {
+		stream_calls(j, g, calls);
+		json_decref(calls);
+		return true;
+	}
+	if (g->tool_kind == 1 || finished) {
+		held = *b;
+		*b = (struct sbuf){ 0 };
+		g->tool_kind = 1;
+		stream_emit(j, g, held.s ? held.s : "", held.len, finished, NULL);
+		sb_free(&held);
+	}
+	return true;
+}
+
+static void stream_emit(struct job *j, struct gen *g, const char *text, size_t len,
 			bool finished, void *user)
 {
 	(void)user;
+	if (j->chat && j->tool_mode && stream_tools(j, g, text, len, finished))
+		return;
 	if (len)
 		sse_choice(j, delta_choice(j, g, text_json(text, len), false, NULL));
 	if (!finished)

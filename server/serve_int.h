@@ -117,6 +117,10 @@ struct gen {
 	const char *finish_reason;
 	bool failed;           /* backend error */
 	bool sent_role;        /* chat streaming: role delta sent */
+	/* ---- appended (gram): a tools request's stream holds text back
+	 * while it may still become tool calls (serve_tools.h) ---- */
+	int tool_kind;         /* serve_tool_kind of what came so far */
+	struct sbuf tool_buf;
 };
 
 struct job {
@@ -148,6 +152,9 @@ struct job {
 	/* event-driven HTTP: the connection waiting for news (under mu) */
 	void *parked;
 	void (*wake)(void *parked);
+	/* ---- appended (gram) ---- */
+	struct loom_grammar *grammar; /* owned; constrains every choice */
+	int tool_mode;                /* enum serve_tool_mode */
 };
 
 struct job *job_new(struct server *srv);

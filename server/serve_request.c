@@ -1,6 +1,7 @@
 /* `loom serve`: OpenAI request bodies into struct serve_req (validation,
  * chat rendering and tokenization through the context's callbacks). */
 #include "serve_request.h"
+#include "serve_tools.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -382,8 +383,37 @@ static int render_chat(const struct serve_req_ctx *ctx, struct serve_req *r,
 	return rc;
 }
 
+/* Puts the tools' section into the system message (first), or a new
+ * system message before the others. msgs has room for one more. */
+static int add_tools_text(struct serve_msg *msgs, size_t *n, const char *tools_text,
+			  struct perr *e)
+{
+	char *text;
+
+	if (*n > 0 && !strcmp(msgs[0].role, "system")) {
+		size_t a = strlen(msgs[0].content), b = strlen(tools_text);
+
+		text = malloc(a + b + 3);
+		if (!text)
+			return perr_set(e, 500, NULL, NULL, "out of memory");
+		memcpy(text, msgs[0].content, a);
+		memcpy(text + a, a ? "\n\n" : "", a ? 2 : 0);
+		memcpy(text + a + (a ? 2 : 0), tools_text, b + 1);
+		free((char *)msgs[0].content);
+		msgs[0].content = text;
+		return 0;
+	}
+	text = strdup(tools_text);
+	if (!text)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	memmove(msgs + 1, msgs, sizeof(*msgs) * *n);
+	msgs[0] = (struct serve_msg){ .role = "system", .content = text };
+	(*n)++;
+	return 0;
+}
+
 static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
-			struct perr *e)
+			const char *tools_text, struct perr *e)
 {
 	json_t *v = member(o, "messages"), *m;
 	struct serve_msg *msgs;
@@ -395,7 +425,7 @@ static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve
 	if (!json_is_array(v) || json_array_size(v) == 0)
 		return perr_set(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
 	n = json_array_size(v);
-	msgs = calloc(n, sizeof(*msgs));
+	msgs = calloc(n + 1, sizeof(*msgs)); /* + 1: a system message for the tools */
 	if (!msgs)
 		return perr_set(e, 500, NULL, NULL, "out of memory");
 	json_array_foreach(v, i, m) {
@@ -411,7 +441,11 @@ static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve
 			goto out;
 		msgs[i].role = json_string_value(role);
 		msgs[i].content = text;
+		if (serve_tool_history(m, i, &msgs[i].role, (char **)&msgs[i].content, e))
+			goto out;
 	}
+	if (tools_text && add_tools_text(msgs, &n, tools_text, e))
+		goto out;
 	rc = render_chat(ctx, r, msgs, n, e);
 out:
 	for (i = 0; i < n; i++)
@@ -446,6 +480,7 @@ void serve_req_free(struct serve_req *r)
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->prompt);
+	loom_grammar_free(r->grammar);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -470,6 +505,8 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 			struct perr *e)
 {
 	bool echo = false;
+	char *tools_text = NULL;
+	int rc;
 
 	if (!json_is_object(o))
 		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
@@ -482,7 +519,11 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		return -1;
 	if (echo)
 		return perr_set(e, 400, "echo", "unsupported", "'echo' is not supported");
-	if (r->chat ? get_messages(ctx, o, r, e) : get_prompt(ctx, o, r, e))
+	if (serve_structured_parse(o, r->chat, r, &tools_text, e))
+		return -1;
+	rc = r->chat ? get_messages(ctx, o, r, tools_text, e) : get_prompt(ctx, o, r, e);
+	free(tools_text);
+	if (rc)
 		return -1;
 	return get_max_tokens(ctx, o, r, e);
 }

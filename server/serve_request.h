@@ -85,6 +85,9 @@ struct serve_req {
 	int n_stop;
 	int32_t *prompt;                /* malloc'd token ids */
 	int32_t n_prompt;
+	/* ---- appended (gram): structured output and tools (serve_tools.h) ---- */
+	struct loom_grammar *grammar;   /* owned; NULL: unconstrained */
+	int tool_mode;                  /* enum serve_tool_mode */
 };
 
 /* Parses a /v1/completions (chat false) or /v1/chat/completions body into

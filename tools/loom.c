@@ -278,8 +278,42 @@ static int finish_run(struct loom_engine *e, const struct loom_options *o,
 	return 0;
 }
 
+/* The grammar --grammar or --json-schema asks for; NULL with *err empty
+ * when neither does, NULL with err set when it cannot be had. */
+static struct loom_grammar *run_grammar(const struct loom_options *o, char *err)
+{
+	struct loom_grammar *g;
+	char *schema;
+	size_t len = 0;
+
+	err[0] = '\0';
+	if (o->json_schema[0] && o->grammar[0] && strcmp(o->grammar, "none")) {
+		snprintf(err, ERRLEN, "--grammar and --json-schema exclude each other");
+		return NULL;
+	}
+	if (o->json_schema[0]) {
+		schema = read_file(o->json_schema, &len, err);
+		if (!schema)
+			return NULL;
+		g = loom_grammar_new("json_schema", schema, len, err, ERRLEN);
+		free(schema);
+		if (!g)
+			snprintf(err + strlen(err), ERRLEN - strlen(err), " (in %s)", o->json_schema);
+		return g;
+	}
+	if (!o->grammar[0] || !strcmp(o->grammar, "none"))
+		return NULL;
+	if (strcmp(o->grammar, "json") && strcmp(o->grammar, "json_object")) {
+		snprintf(err, ERRLEN, "--grammar: '%s' is not json or json_object (a schema: --json-schema FILE)",
+			 o->grammar);
+		return NULL;
+	}
+	return loom_grammar_new(o->grammar, NULL, 0, err, ERRLEN);
+}
+
 static int cmd_run(int argc, char **argv, char *err)
 {
+	struct loom_grammar *gram = NULL;
 	struct loom_options o;
 	struct loom_engine_params ep;
 	struct loom_generation_params g;
@@ -306,6 +340,8 @@ static int cmd_run(int argc, char **argv, char *err)
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
 	generation_params(&o, &g);
+	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])
+		goto out;
 	if (o.dump_logits[0] &&
 	    !(g.prompt_logits = logits = malloc(sizeof(float) * (size_t)loom_engine_n_vocab(e)))) {
 		snprintf(err, ERRLEN, "out of memory");
@@ -318,6 +354,7 @@ static int cmd_run(int argc, char **argv, char *err)
 	if (loom_generate(e, text, len, &g, on_token, &ro, &st, err, ERRLEN) == 0)
 		rc = finish_run(e, &o, &st, logits, err);
 out:
+	loom_grammar_free(gram);
 	if (ro.tokens) {
 		fputc('\n', ro.tokens);
 		fclose(ro.tokens);

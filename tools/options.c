@@ -69,6 +69,9 @@ static const struct opt_def opts[] = {
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
+	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
+	{ .name = "grammar", .type = OPT_STR, FIELD(grammar), .cmds = RUN },
+	{ .name = "json-schema", .type = OPT_STR, FIELD(json_schema), .cmds = RUN },
 	{ .name = "json", .type = OPT_BOOL, FIELD(json), .cmds = BACKENDS | CHECK,
 	  .flag_only = true },
 	{ .name = "reference", .type = OPT_STR, FIELD(reference), .cmds = CHECK },
@@ -174,7 +177,8 @@ static const struct cmd_def {
 	  "            [--no-progress] [--dump-logits FILE] [--dump-tokens FILE]\n"
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
-	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n" },
+	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n"
+	  "            [--grammar json|json_object] [--json-schema FILE]\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =

@@ -101,6 +101,10 @@ struct loom_options {
 	/* what the command line leaves after the flags (FILE, TEXT) */
 	char **args;
 	int n_args;
+	/* ---- appended (gram): constrained decoding for run (loom.h
+	 * loom_grammar_new) ---- */
+	char grammar[64];        /* "json", "json_object"; "" or "none": off */
+	char json_schema[4096];  /* a JSON Schema file: output follows it */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/grammar.h"
 #include "engine/spec.h"
 #include "util.h"
 
@@ -47,6 +48,10 @@ struct req {
 	int32_t spec_max_draft;
 	bool greedy;
 	uint64_t seed;
+	/* constrained decoding: the grammar (a reference) and its matcher,
+	 * made on the engine thread at the first sampled token */
+	struct loom_grammar *grammar;
+	struct loom_gmatch *gm;
 };
 
 struct req_list {
@@ -99,6 +104,7 @@ struct loom_sched {
 	int32_t ee_layers;
 	int32_t ee_tok[EE_MAX_TOKENS]; /* tokens at the positions it wrote */
 	int32_t ee_buf[EE_MAX_TOKENS];
+	struct loom_gvocab *gvocab; /* the vocabulary's trie, at the first grammar */
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -256,6 +262,8 @@ static void req_free(struct loom_sched *s, struct req *r)
 	loom_kv_seq_release(s->kv, &r->seq);
 	loom_spec_seq_free(r->sq);
 	loom_sampler_free(r->smp);
+	loom_gmatch_free(r->gm);
+	loom_grammar_free(r->grammar);
 	free(r->tokens);
 	free(r->hashes);
 	free(r);
@@ -406,6 +414,7 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	r->first_logits = rq->first_logits;
 	r->all_logits = rq->all_logits;
 	r->seed = rq->sampling.seed;
+	r->grammar = loom_grammar_ref(rq->grammar);
 	return r;
 
 out_free:
@@ -575,6 +584,7 @@ static const char *kv_failure(int rc)
 }
 
 static void fail_running(struct loom_sched *s, struct req *r, const char *why);
+static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k);
 
 /* Reserves n tokens for running request r, preempting the newest running
  * sequences while blocks run short. 0, or -1 when r itself was preempted
@@ -744,6 +754,9 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 		fail_running(s, r, err);
 		return -1;
 	}
+	/* a draft the grammar refuses is rejected before it costs a row */
+	if (k > 0 && r->grammar && (k = grammar_drafts(s, r, k)) < 0)
+		return -1;
 	if (k == 0)
 		return 0;
 	rc = loom_kv_reserve(s->kv, &r->seq, 1 + k);
@@ -967,14 +980,86 @@ static bool deliver(struct loom_sched *s, struct req *r, int32_t t)
 	return true;
 }
 
-/* Samples r's next token from its logits row and reports it. */
+/* r's grammar matcher, made at first use (engine thread); NULL when r
+ * has no grammar or r failed (out of memory). */
+static struct loom_gmatch *gmatch(struct loom_sched *s, struct req *r)
+{
+	if (!r->grammar || r->gm)
+		return r->gm;
+	if (!s->gvocab)
+		s->gvocab = loom_gvocab_new(s->cfg.tokenizer);
+	if (s->gvocab)
+		r->gm = loom_gmatch_new(r->grammar, s->gvocab);
+	if (!r->gm)
+		fail_running(s, r, "grammar: out of memory");
+	return r->gm;
+}
+
+/* Masks row with r's grammar at lookahead level `level`. 0, or -1 when r
+ * failed (nothing can follow: the output so far is a dead end). */
+static int grammar_mask(struct loom_sched *s, struct req *r, int32_t level, float *row)
+{
+	int32_t n = loom_gmatch_mask(r->gm, level, row, s->n_vocab);
+
+	if (n > 0)
+		return 0;
+	fail_running(s, r, n < 0 ? "grammar: out of memory" :
+		     "grammar: no token can continue the output");
+	return -1;
+}
+
+/* Moves r's grammar over its new token t (an EOG ends the request: no
+ * move). 0, or -1 when r failed. */
+static int grammar_take(struct loom_sched *s, struct req *r, int32_t t)
+{
+	if (t < 0 || loom_tokenizer_is_eog(s->cfg.tokenizer, t))
+		return 0;
+	if (loom_gmatch_push(r->gm, t)) {
+		fail_running(s, r, "grammar: the sampled token does not fit the grammar");
+		return -1;
+	}
+	loom_gmatch_keep(r->gm, loom_gmatch_levels(r->gm));
+	return 0;
+}
+
+/* Samples r's next token from its logits row and reports it. With a
+ * grammar, the tokens it refuses are masked first (before penalties and
+ * the sampling chain). */
 static void sample_one(struct loom_sched *s, struct req *r, float *row)
 {
+	int32_t t;
+
 	if (r->first_logits && r->n_generated == 0) {
 		memcpy(r->first_logits, row, sizeof(float) * (size_t)s->n_vocab);
 		r->first_logits = NULL;
 	}
-	deliver(s, r, loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens));
+	if (r->grammar) {
+		if (!gmatch(s, r))
+			return;
+		loom_gmatch_keep(r->gm, 0); /* drafts of a step that was preempted */
+		if (grammar_mask(s, r, 0, row))
+			return;
+	}
+	t = loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens);
+	if (r->grammar && grammar_take(s, r, t))
+		return;
+	deliver(s, r, t);
+}
+
+/* Cuts r's k drafts (after its last token) at the first one its grammar
+ * refuses, leaving a lookahead level per draft kept. Returns the drafts
+ * kept, or -1 when r failed. */
+static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k)
+{
+	int32_t j;
+
+	if (!gmatch(s, r))
+		return -1;
+	loom_gmatch_keep(r->gm, 0);
+	for (j = 0; j < k; j++)
+		if (loom_gmatch_push(r->gm, r->tokens[r->n_tokens + j]))
+			break;
+	return j;
 }
 
 /*
@@ -988,6 +1073,19 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 {
 	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i;
 
+	if (r->grammar) {
+		/* row i follows draft i - 1: masked at lookahead level i
+		 * (grammar_drafts pushed the k drafts) */
+		if (!gmatch(s, r))
+			return;
+		if (loom_gmatch_levels(r->gm) < k) {
+			fail_running(s, r, "grammar: lookahead out of step with the drafts");
+			return;
+		}
+		for (i = 0; i <= k; i++)
+			if (grammar_mask(s, r, i, rows + (size_t)i * (size_t)s->n_vocab))
+				return;
+	}
 	n_acc = loom_spec_seq_accept(r->sq, r->smp, r->greedy, rows, r->tokens, r->n_tokens,
 				     k, &next);
 	loom_kv_truncate(s->kv, &r->seq, n_kv + 1 + n_acc);
@@ -1005,6 +1103,11 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 	if (next < 0) {
 		fail_running(s, r, "speculation: the target distribution is empty");
 		return;
+	}
+	if (r->grammar) {
+		loom_gmatch_keep(r->gm, n_acc);
+		if (grammar_take(s, r, next))
+			return;
 	}
 	for (i = 0; i <= n_acc; i++)
 		if (deliver(s, r, r->tokens[r->n_tokens]))
@@ -1224,6 +1327,7 @@ static void free_engine(struct loom_sched *s)
 {
 	loom_exec_free(s->ee_exec);
 	free(s->ee_nodes);
+	loom_gvocab_free(s->gvocab);
 	loom_exec_free(s->exec);
 	loom_kv_free(s->kv);
 	free(s->running);

@@ -126,11 +126,16 @@ struct loom_sched_request {
 	/* ---- appended (one engine path) ---- */
 	bool ignore_eog;      /* EOG tokens are generated like any other */
 	float *first_logits;  /* optional: n_vocab floats, gets the logits the
-				 first token is drawn from (before penalties) */
+				 first token is drawn from (before penalties
+				 and before a grammar's mask) */
 	/* optional: n_prompt x n_vocab floats; row i gets the logits after
 	 * prompt token i (what predicts token i + 1). Such a request shares
 	 * no prefix-cache blocks (every position must run). */
 	float *all_logits;
+	/* ---- appended (grammar) ---- */
+	/* optional: constrains the output (engine/grammar.h); the request
+	 * holds its own reference */
+	const struct loom_grammar *grammar;
 };
 
 struct loom_sched;

@@ -1619,3 +1619,13 @@ out_free:
 	loom_tokenizer_free(t);
 	return NULL;
 }
+
+const char *loom_tokenizer_piece(const struct loom_tokenizer *t, int32_t id, size_t *len)
+{
+	if (!t || id < 0 || id >= t->n_vocab) {
+		*len = 0;
+		return NULL;
+	}
+	*len = t->piece_len[id];
+	return t->piece_blob + t->piece_off[id];
+}

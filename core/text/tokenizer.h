@@ -31,4 +31,10 @@ const char *loom_tokenizer_model_name(size_t i, const char **kind);
  * space-separated (the first is "default"); NULL past the end. */
 const char *loom_tokenizer_pre_family(size_t i);
 
+/* Appended (grammar): the bytes token id detokenizes to (not
+ * NUL-terminated; *len may be 0 for control tokens), or NULL for an id out
+ * of range. SentencePiece's leading-space strip at the start of a stream
+ * is not applied. */
+const char *loom_tokenizer_piece(const struct loom_tokenizer *t, int32_t id, size_t *len);
+
 #endif /* LOOM_TOKENIZER_H */

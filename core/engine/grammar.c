@@ -1,0 +1,936 @@
+/* Grammar-constrained decoding: grammars over bytes, run as a pushdown
+ * automaton whose states mask the vocabulary (see grammar.h). */
+#include "engine/grammar.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer.h"
+#include "util.h"
+
+/* An element is an int32: type in the low 2 bits, argument above. */
+enum { E_END = 0, E_SET = 1, E_REF = 2 };
+#define ELEM(type, arg) ((int32_t)(((uint32_t)(arg) << 2) | (type)))
+#define ETYPE(e) ((e) & 3)
+#define EARG(e) ((int32_t)((uint32_t)(e) >> 2))
+
+#define MAX_DEPTH 96      /* positions on one stack */
+#define MAX_STACKS 512    /* stacks in one state: more is dropped as too ambiguous */
+#define EXPAND_BUDGET 4096 /* rule expansions for one stack (guards nullable loops) */
+#define MAX_LEVELS 65     /* current state + 64 drafts */
+#define CACHE_SIZE 16
+#define MAX_INTERNED 4096 /* states remembered with their moves; then forgotten */
+#define MOVE_UNKNOWN (-2)
+#define MOVE_DEAD (-1)
+
+struct loom_grammar {
+	int refs;            /* atomic */
+	int32_t *elems;      /* alternatives, each ending in E_END */
+	int32_t n_elems;
+	uint64_t (*sets)[4]; /* 256-bit byte sets */
+	int32_t n_sets;
+	int32_t *alt0;       /* rule r's alternatives: alts[alt0[r] .. alt0[r + 1]) */
+	int32_t *alts;       /* each alternative's first element */
+	int32_t n_rules;
+	int32_t start;       /* position of the root's REF */
+};
+
+/* ---------------- building ---------------- */
+
+struct brule {
+	struct gseq *alt;
+	int32_t n, cap;
+};
+
+struct gbuild {
+	struct brule *rules;
+	int32_t n_rules, cap_rules;
+	uint64_t (*sets)[4];
+	int32_t n_sets, cap_sets;
+	int32_t single[256]; /* set index of each one-byte set, or -1 */
+	bool oom;
+};
+
+struct gbuild *gbuild_new(void)
+{
+	struct gbuild *b = calloc(1, sizeof(*b));
+
+	if (b)
+		memset(b->single, 0xff, sizeof(b->single));
+	return b;
+}
+
+void gseq_free(struct gseq *s)
+{
+	free(s->v);
+	*s = (struct gseq){ 0 };
+}
+
+void gbuild_free(struct gbuild *b)
+{
+	if (!b)
+		return;
+	for (int32_t r = 0; r < b->n_rules; r++) {
+		for (int32_t a = 0; a < b->rules[r].n; a++)
+			gseq_free(&b->rules[r].alt[a]);
+		free(b->rules[r].alt);
+	}
+	free(b->rules);
+	free(b->sets);
+	free(b);
+}
+
+/* Grows *p (of *cap items of size sz) to hold n items. */
+static bool grow(void *p, int32_t *cap, int32_t n, size_t sz)
+{
+	void **pp = p;
+	int32_t c = *cap ? *cap : 8;
+	void *q;
+
+	if (n <= *cap)
+		return true;
+	while (c < n)
+		c *= 2;
+	q = realloc(*pp, (size_t)c * sz);
+	if (!q)
+		return false;
+	*pp = q;
+	*cap = c;
+	return true;
+}
+
+int32_t gbuild_rule(struct gbuild *b)
+{
+	if (!grow(&b->rules, &b->cap_rules, b->n_rules + 1, sizeof(*b->rules))) {
+		b->oom = true;
+		return -1;
+	}
+	b->rules[b->n_rules] = (struct brule){ 0 };
+	return b->n_rules++;
+}
+
+void gbuild_alt(struct gbuild *b, int32_t r, struct gseq *s)
+{
+	struct brule *ru;
+
+	if (r < 0 || r >= b->n_rules || s->oom) {
+		b->oom = true;
+		gseq_free(s);
+		return;
+	}
+	ru = &b->rules[r];
+	if (!grow(&ru->alt, &ru->cap, ru->n + 1, sizeof(*ru->alt))) {
+		b->oom = true;
+		gseq_free(s);
+		return;
+	}
+	ru->alt[ru->n++] = *s;
+	*s = (struct gseq){ 0 };
+}
+
+static void seq_put(struct gseq *s, int32_t e)
+{
+	if (s->oom || !grow(&s->v, &s->cap, s->n + 1, sizeof(*s->v))) {
+		s->oom = true;
+		return;
+	}
+	s->v[s->n++] = e;
+}
+
+/* Index of byte set bits (deduplicated), or -1. */
+static int32_t set_index(struct gbuild *b, const uint64_t bits[4])
+{
+	for (int32_t i = 0; i < b->n_sets; i++)
+		if (!memcmp(b->sets[i], bits, sizeof(b->sets[i])))
+			return i;
+	if (!grow(&b->sets, &b->cap_sets, b->n_sets + 1, sizeof(*b->sets))) {
+		b->oom = true;
+		return -1;
+	}
+	memcpy(b->sets[b->n_sets], bits, sizeof(b->sets[0]));
+	return b->n_sets++;
+}
+
+void gseq_byte(struct gbuild *b, struct gseq *s, unsigned char c)
+{
+	if (b->single[c] < 0) {
+		uint64_t bits[4] = { 0 };
+
+		bits[c >> 6] |= 1ull << (c & 63);
+		b->single[c] = set_index(b, bits);
+	}
+	if (b->single[c] < 0) {
+		s->oom = true;
+		return;
+	}
+	seq_put(s, ELEM(E_SET, b->single[c]));
+}
+
+void gseq_lit(struct gbuild *b, struct gseq *s, const char *text, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		gseq_byte(b, s, (unsigned char)text[i]);
+}
+
+void gseq_range(struct gbuild *b, struct gseq *s, unsigned lo, unsigned hi,
+		const char *except)
+{
+	uint64_t bits[4] = { 0 };
+	int32_t i;
+
+	for (unsigned c = lo; c <= hi && c < 256; c++)
+		bits[c >> 6] |= 1ull << (c & 63);
+	for (; except && *except; except++) {
+		unsigned c = (unsigned char)*except;
+
+		bits[c >> 6] &= ~(1ull << (c & 63));
+	}
+	i = set_index(b, bits);
+	if (i < 0) {
+		s->oom = true;
+		return;
+	}
+	seq_put(s, ELEM(E_SET, i));
+}
+
+void gseq_chars(struct gbuild *b, struct gseq *s, const char *chars)
+{
+	uint64_t bits[4] = { 0 };
+	int32_t i;
+
+	for (; *chars; chars++) {
+		unsigned c = (unsigned char)*chars;
+
+		bits[c >> 6] |= 1ull << (c & 63);
+	}
+	i = set_index(b, bits);
+	if (i < 0) {
+		s->oom = true;
+		return;
+	}
+	seq_put(s, ELEM(E_SET, i));
+}
+
+void gseq_ref(struct gseq *s, int32_t rule)
+{
+	if (rule < 0) {
+		s->oom = true;
+		return;
+	}
+	seq_put(s, ELEM(E_REF, rule));
+}
+
+/* Flattens the rules into g's arrays. */
+static int flatten(struct gbuild *b, struct loom_grammar *g, int32_t root)
+{
+	int64_t n_elems = 2, n_alts = 0;
+	int32_t pos = 0, k = 0;
+
+	for (int32_t r = 0; r < b->n_rules; r++) {
+		n_alts += b->rules[r].n;
+		for (int32_t a = 0; a < b->rules[r].n; a++)
+			n_elems += b->rules[r].alt[a].n + 1;
+	}
+	if (n_elems > INT32_MAX / 8 || n_alts > INT32_MAX / 8)
+		return -1;
+	g->elems = malloc(sizeof(int32_t) * (size_t)n_elems);
+	g->alts = malloc(sizeof(int32_t) * (size_t)(n_alts + 1));
+	g->alt0 = malloc(sizeof(int32_t) * (size_t)(b->n_rules + 1));
+	if (!g->elems || !g->alts || !g->alt0)
+		return -1;
+	/* the start: a stack of one REF to the root */
+	g->elems[pos++] = ELEM(E_REF, root);
+	g->elems[pos++] = E_END;
+	g->start = 0;
+	for (int32_t r = 0; r < b->n_rules; r++) {
+		g->alt0[r] = k;
+		for (int32_t a = 0; a < b->rules[r].n; a++) {
+			struct gseq *s = &b->rules[r].alt[a];
+
+			g->alts[k++] = pos;
+			if (s->n)
+				memcpy(g->elems + pos, s->v, sizeof(int32_t) * (size_t)s->n);
+			pos += s->n;
+			g->elems[pos++] = E_END;
+		}
+	}
+	g->alt0[b->n_rules] = k;
+	g->n_elems = pos;
+	g->n_rules = b->n_rules;
+	return 0;
+}
+
+struct loom_grammar *gbuild_finish(struct gbuild *b, int32_t root, char *err, size_t errlen)
+{
+	struct loom_grammar *g = NULL;
+
+	if (!b || b->oom || root < 0 || root >= b->n_rules)
+		goto out_nomem;
+	for (int32_t r = 0; r < b->n_rules; r++) {
+		if (b->rules[r].n == 0) {
+			loom_seterr(err, errlen, "grammar: rule %d has no alternative", r);
+			gbuild_free(b);
+			return NULL;
+		}
+	}
+	g = calloc(1, sizeof(*g));
+	if (!g || flatten(b, g, root))
+		goto out_nomem;
+	g->sets = b->sets;
+	g->n_sets = b->n_sets;
+	b->sets = NULL;
+	g->refs = 1;
+	gbuild_free(b);
+	return g;
+
+out_nomem:
+	if (g) {
+		g->refs = 1;
+		loom_grammar_free(g);
+	}
+	gbuild_free(b);
+	loom_seterr(err, errlen, "grammar: out of memory");
+	return NULL;
+}
+
+struct loom_grammar *loom_grammar_ref(const struct loom_grammar *g)
+{
+	struct loom_grammar *w = (struct loom_grammar *)g;
+
+	if (w)
+		__atomic_add_fetch(&w->refs, 1, __ATOMIC_RELAXED);
+	return w;
+}
+
+void loom_grammar_free(struct loom_grammar *g)
+{
+	if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0)
+		return;
+	free(g->elems);
+	free(g->sets);
+	free(g->alt0);
+	free(g->alts);
+	free(g);
+}
+
+int32_t loom_grammar_n_rules(const struct loom_grammar *g)
+{
+	return g ? g->n_rules : 0;
+}
+
+/* ---------------- states ---------------- */
+
+/* A set of stacks, serialized as [depth, bottom .. top] each; stacks
+ * that are empty (a complete sentence) are not stored, only `accept`. */
+struct gstate {
+	int32_t *v;
+	int32_t n, cap;
+	int32_t n_stacks;
+	bool accept;
+	bool oom;
+};
+
+static void state_clear(struct gstate *st)
+{
+	st->n = 0;
+	st->n_stacks = 0;
+	st->accept = false;
+	st->oom = false;
+}
+
+static bool state_empty(const struct gstate *st)
+{
+	return st->n_stacks == 0 && !st->accept;
+}
+
+/* Adds stack stk[0..d) unless present. */
+static void state_add(struct gstate *st, const int32_t *stk, int32_t d)
+{
+	int32_t i = 0;
+
+	if (d == 0) {
+		st->accept = true;
+		return;
+	}
+	while (i < st->n) {
+		if (st->v[i] == d && !memcmp(st->v + i + 1, stk, sizeof(int32_t) * (size_t)d))
+			return;
+		i += st->v[i] + 1;
+	}
+	if (st->n_stacks >= MAX_STACKS)
+		return;
+	if (!grow(&st->v, &st->cap, st->n + d + 1, sizeof(int32_t))) {
+		st->oom = true;
+		return;
+	}
+	st->v[st->n] = d;
+	memcpy(st->v + st->n + 1, stk, sizeof(int32_t) * (size_t)d);
+	st->n += d + 1;
+	st->n_stacks++;
+}
+
+/*
+ * Brings stack stk[0..d) (positions; the top is stk[d - 1]) to stacks
+ * whose top is a byte set, added to out: an END pops, a REF is replaced by
+ * what follows it and each of the rule's alternatives is pushed in turn.
+ * *budget bounds the expansions (a rule that could loop without reading a
+ * byte ends there).
+ */
+static void expand(const struct loom_grammar *g, int32_t *stk, int32_t d,
+		   struct gstate *out, int32_t *budget)
+{
+	while (d > 0) {
+		int32_t p = stk[d - 1], e = g->elems[p], r;
+		int32_t cur[MAX_DEPTH];
+
+		if (ETYPE(e) == E_END) {
+			d--;
+			continue;
+		}
+		if (ETYPE(e) == E_SET) {
+			state_add(out, stk, d);
+			return;
+		}
+		if (--*budget < 0)
+			return;
+		r = EARG(e);
+		/* continue after the REF; nothing left of this alternative:
+		 * drop it at once (keeps recursive rules shallow) */
+		if (ETYPE(g->elems[p + 1]) == E_END)
+			d--;
+		else
+			stk[d - 1] = p + 1;
+		if (d >= MAX_DEPTH)
+			return;
+		for (int32_t a = g->alt0[r]; a < g->alt0[r + 1]; a++) {
+			memcpy(cur, stk, sizeof(int32_t) * (size_t)d);
+			cur[d] = g->alts[a];
+			expand(g, cur, d + 1, out, budget);
+		}
+		return;
+	}
+	state_add(out, stk, 0);
+}
+
+/* out = in after byte c. */
+static void advance(const struct loom_grammar *g, const struct gstate *in, unsigned char c,
+		    struct gstate *out)
+{
+	int32_t stk[MAX_DEPTH];
+
+	state_clear(out);
+	for (int32_t i = 0; i < in->n; i += in->v[i] + 1) {
+		int32_t d = in->v[i], p = in->v[i + d], budget = EXPAND_BUDGET;
+		const uint64_t *set = g->sets[EARG(g->elems[p])];
+
+		if (!(set[c >> 6] >> (c & 63) & 1))
+			continue;
+		memcpy(stk, in->v + i + 1, sizeof(int32_t) * (size_t)d);
+		stk[d - 1] = p + 1;
+		expand(g, stk, d, out, &budget);
+	}
+}
+
+static int state_copy(struct gstate *dst, const struct gstate *src)
+{
+	if (!grow(&dst->v, &dst->cap, src->n, sizeof(int32_t)))
+		return -1;
+	if (src->n)
+		memcpy(dst->v, src->v, sizeof(int32_t) * (size_t)src->n);
+	dst->n = src->n;
+	dst->n_stacks = src->n_stacks;
+	dst->accept = src->accept;
+	dst->oom = false;
+	return 0;
+}
+
+static void state_swap(struct gstate *a, struct gstate *b)
+{
+	struct gstate t = *a;
+
+	*a = *b;
+	*b = t;
+}
+
+static uint64_t state_hash(const struct gstate *st)
+{
+	uint64_t h = 1469598103934665603ull ^ (uint64_t)st->accept;
+
+	for (int32_t i = 0; i < st->n; i++)
+		h = (h ^ (uint32_t)st->v[i]) * 1099511628211ull;
+	return h;
+}
+
+/* ---------------- the vocabulary trie ---------------- */
+
+struct loom_gvocab {
+	int32_t n_vocab;
+	int32_t n_nodes, cap_nodes;
+	int32_t *first, *next, *tok; /* per node: first child, next sibling, first token */
+	unsigned char *byte;         /* per node: the byte that leads to it */
+	int32_t *tok_next;           /* per token: the next token of its node */
+	int32_t *eog;                /* end-of-generation tokens */
+	int32_t n_eog;
+	int32_t max_len;             /* longest token, bytes */
+	const struct loom_tokenizer *t;
+};
+
+/* Grows one per-node array to cap entries; false when out of memory. */
+static bool grow_nodes(void *p, int32_t cap, size_t sz)
+{
+	void **pp = p;
+	void *q = realloc(*pp, (size_t)cap * sz);
+
+	if (q)
+		*pp = q;
+	return q != NULL;
+}
+
+static int32_t trie_node(struct loom_gvocab *v, unsigned char c)
+{
+	int32_t n = v->n_nodes;
+
+	if (n == v->cap_nodes) {
+		int32_t cap = v->cap_nodes ? 2 * v->cap_nodes : 1024;
+
+		if (!grow_nodes(&v->first, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->next, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->tok, cap, sizeof(int32_t)) ||
+		    !grow_nodes(&v->byte, cap, 1))
+			return -1;
+		v->cap_nodes = cap;
+	}
+	v->first[n] = v->next[n] = v->tok[n] = -1;
+	v->byte[n] = c;
+	return v->n_nodes++;
+}
+
+/* The child of node under byte c, made when missing; -1 out of memory. */
+static int32_t trie_child(struct loom_gvocab *v, int32_t node, unsigned char c)
+{
+	int32_t k, n;
+
+	for (k = v->first[node]; k >= 0; k = v->next[k])
+		if (v->byte[k] == c)
+			return k;
+	n = trie_node(v, c);
+	if (n < 0)
+		return -1;
+	v->next[n] = v->first[node];
+	v->first[node] = n;
+	return n;
+}
+
+static int trie_insert(struct loom_gvocab *v, int32_t id, const char *s, size_t len)
+{
+	int32_t node = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		node = trie_child(v, node, (unsigned char)s[i]);
+		if (node < 0)
+			return -1;
+	}
+	v->tok_next[id] = v->tok[node];
+	v->tok[node] = id;
+	if ((int32_t)len > v->max_len)
+		v->max_len = (int32_t)len;
+	return 0;
+}
+
+void loom_gvocab_free(struct loom_gvocab *v)
+{
+	if (!v)
+		return;
+	free(v->first);
+	free(v->next);
+	free(v->tok);
+	free(v->byte);
+	free(v->tok_next);
+	free(v->eog);
+	free(v);
+}
+
+struct loom_gvocab *loom_gvocab_new(const struct loom_tokenizer *t)
+{
+	struct loom_gvocab *v = calloc(1, sizeof(*v));
+	int32_t n = loom_tokenizer_n_vocab(t);
+
+	if (!v || n <= 0)
+		goto out_free;
+	v->n_vocab = n;
+	v->t = t;
+	v->tok_next = malloc(sizeof(int32_t) * (size_t)n);
+	v->eog = malloc(sizeof(int32_t) * (size_t)n);
+	if (!v->tok_next || !v->eog || trie_node(v, 0) < 0)
+		goto out_free;
+	for (int32_t id = 0; id < n; id++) {
+		size_t len;
+		const char *s = loom_tokenizer_piece(t, id, &len);
+
+		v->tok_next[id] = -1;
+		if (loom_tokenizer_is_eog(t, id)) {
+			v->eog[v->n_eog++] = id;
+			continue;
+		}
+		/* tokens with no bytes (control, unused) never match */
+		if (s && len && trie_insert(v, id, s, len))
+			goto out_free;
+	}
+	return v;
+
+out_free:
+	loom_gvocab_free(v);
+	return NULL;
+}
+
+/* ---------------- matching ---------------- */
+
+struct mcache {
+	uint64_t hash;
+	struct gstate key;
+	uint64_t *bits;
+	int32_t n_allowed;
+	uint64_t used;
+	bool valid;
+};
+
+/*
+ * States met while walking the trie, interned with their moves: a trie
+ * node's byte takes state i to state move[i][byte]. Inside a JSON string
+ * every ordinary byte leads back to the same state, so after the first
+ * few nodes a walk is table lookups. Kept across steps (the same states
+ * recur), forgotten all at once when MAX_INTERNED is reached.
+ */
+struct interned {
+	struct gstate *st;
+	int32_t (*move)[256];
+	int32_t n, cap;
+	int32_t *table;    /* open addressing: state id + 1, 0 empty */
+	int32_t table_cap; /* a power of two, > 2 * cap */
+	struct gstate next;
+};
+
+struct loom_gmatch {
+	const struct loom_grammar *g;
+	const struct loom_gvocab *v;
+	struct gstate lv[MAX_LEVELS];
+	int32_t n_levels;       /* lookahead levels above 0 */
+	struct interned in;
+	struct gstate tmp[2];
+	uint64_t *bits;         /* the mask being built */
+	int32_t n_allowed;
+	struct mcache cache[CACHE_SIZE];
+	uint64_t tick;
+	struct loom_gmatch_stats stats;
+};
+
+void loom_gmatch_free(struct loom_gmatch *m)
+{
+	if (!m)
+		return;
+	for (int i = 0; i < MAX_LEVELS; i++)
+		free(m->lv[i].v);
+	for (int32_t i = 0; i < m->in.n; i++)
+		free(m->in.st[i].v);
+	free(m->in.st);
+	free(m->in.move);
+	free(m->in.table);
+	free(m->in.next.v);
+	free(m->tmp[0].v);
+	free(m->tmp[1].v);
+	free(m->bits);
+	for (int i = 0; i < CACHE_SIZE; i++) {
+		free(m->cache[i].key.v);
+		free(m->cache[i].bits);
+	}
+	loom_grammar_free((struct loom_grammar *)m->g);
+	free(m);
+}
+
+/* What a matcher made without a vocabulary sees (byte-level use only). */
+static const struct loom_gvocab no_vocab;
+
+struct loom_gmatch *loom_gmatch_new(const struct loom_grammar *g, const struct loom_gvocab *v)
+{
+	struct loom_gmatch *m = calloc(1, sizeof(*m));
+	int32_t stk[1] = { 0 }, budget = EXPAND_BUDGET;
+	size_t words;
+
+	if (!m)
+		return NULL;
+	m->g = loom_grammar_ref(g);
+	m->v = v ? v : &no_vocab;
+	words = ((size_t)m->v->n_vocab + 63) / 64 + 1;
+	m->bits = malloc(words * sizeof(uint64_t));
+	if (!m->bits)
+		goto out_free;
+	stk[0] = g->start;
+	expand(g, stk, 1, &m->lv[0], &budget);
+	if (m->lv[0].oom)
+		goto out_free;
+	return m;
+
+out_free:
+	loom_gmatch_free(m);
+	return NULL;
+}
+
+static void mark_tokens(struct loom_gmatch *m, int32_t node)
+{
+	for (int32_t t = m->v->tok[node]; t >= 0; t = m->v->tok_next[t]) {
+		m->bits[t >> 6] |= 1ull << (t & 63);
+		m->n_allowed++;
+	}
+}
+
+static bool state_equal(const struct gstate *a, const struct gstate *b);
+
+/* Forgets every interned state. */
+static void intern_reset(struct interned *in)
+{
+	for (int32_t i = 0; i < in->n; i++)
+		free(in->st[i].v);
+	in->n = 0;
+	if (in->table)
+		memset(in->table, 0, sizeof(int32_t) * (size_t)in->table_cap);
+}
+
+/* The id of a state equal to st, adding a copy when new; -1 when out of
+ * memory or full. */
+static int32_t intern(struct interned *in, const struct gstate *st)
+{
+	uint64_t h = state_hash(st);
+	uint32_t mask, k;
+
+	if (!in->table) {
+		in->cap = MAX_INTERNED;
+		in->table_cap = 4 * MAX_INTERNED;
+		in->st = calloc((size_t)in->cap, sizeof(*in->st));
+		in->move = malloc(sizeof(*in->move) * (size_t)in->cap);
+		in->table = calloc((size_t)in->table_cap, sizeof(int32_t));
+		if (!in->st || !in->move || !in->table) {
+			free(in->table);
+			in->table = NULL;
+			return -1;
+		}
+	}
+	mask = (uint32_t)in->table_cap - 1;
+	for (k = (uint32_t)h & mask; in->table[k]; k = (k + 1) & mask)
+		if (state_equal(&in->st[in->table[k] - 1], st))
+			return in->table[k] - 1;
+	if (in->n == in->cap)
+		return -1;
+	in->st[in->n] = (struct gstate){ 0 };
+	if (state_copy(&in->st[in->n], st))
+		return -1;
+	for (int b = 0; b < 256; b++)
+		in->move[in->n][b] = MOVE_UNKNOWN;
+	in->table[k] = in->n + 1;
+	return in->n++;
+}
+
+/* The state byte c takes interned state id to: its id, MOVE_DEAD when
+ * none, or -3 when out of room (the caller resets and starts over). */
+static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
+{
+	struct interned *in = &m->in;
+	int32_t to = in->move[id][c];
+
+	if (to != MOVE_UNKNOWN)
+		return to;
+	advance(m->g, &in->st[id], c, &in->next);
+	if (in->next.oom)
+		return -3;
+	if (state_empty(&in->next)) {
+		to = MOVE_DEAD;
+	} else {
+		to = intern(in, &in->next);
+		if (to < 0)
+			return -3;
+	}
+	in->move[id][c] = to;
+	return to;
+}
+
+/* Marks the tokens below node whose remaining bytes interned state id
+ * takes. -1 when the interned states ran out of room. */
+static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
+{
+	const struct loom_gvocab *v = m->v;
+
+	for (int32_t c = v->first[node]; c >= 0; c = v->next[c]) {
+		int32_t to = move(m, id, v->byte[c]);
+
+		m->stats.nodes_visited++;
+		if (to == MOVE_DEAD)
+			continue;
+		if (to < 0)
+			return -1;
+		mark_tokens(m, c);
+		if (m->in.st[to].n_stacks > 0 && v->first[c] >= 0 && walk_trie(m, c, to))
+			return -1;
+	}
+	return 0;
+}
+
+/* Builds m->bits for state st. */
+static int build_mask(struct loom_gmatch *m, const struct gstate *st)
+{
+	size_t words = ((size_t)m->v->n_vocab + 63) / 64;
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int32_t id = intern(&m->in, st);
+
+		memset(m->bits, 0, words * sizeof(uint64_t));
+		m->n_allowed = 0;
+		if (id >= 0 && walk_trie(m, 0, id) == 0)
+			goto done;
+		if (!m->in.table)
+			return -1;
+		intern_reset(&m->in); /* full: start afresh */
+	}
+	return -1;
+done:
+	if (st->accept) {
+		for (int32_t i = 0; i < m->v->n_eog; i++) {
+			int32_t t = m->v->eog[i];
+
+			m->bits[t >> 6] |= 1ull << (t & 63);
+			m->n_allowed++;
+		}
+	}
+	return 0;
+}
+
+static bool state_equal(const struct gstate *a, const struct gstate *b)
+{
+	return a->n == b->n && a->accept == b->accept &&
+	       !memcmp(a->v, b->v, sizeof(int32_t) * (size_t)a->n);
+}
+
+/* The cached mask of st, computing it (and evicting the least recently
+ * used entry) when missing. NULL when out of memory. */
+static struct mcache *mask_of(struct loom_gmatch *m, const struct gstate *st)
+{
+	size_t words = ((size_t)m->v->n_vocab + 63) / 64;
+	uint64_t h = state_hash(st);
+	struct mcache *c = &m->cache[0];
+
+	m->stats.masks++;
+	for (int i = 0; i < CACHE_SIZE; i++) {
+		struct mcache *e = &m->cache[i];
+
+		if (e->valid && e->hash == h && state_equal(&e->key, st)) {
+			e->used = ++m->tick;
+			m->stats.cache_hits++;
+			return e;
+		}
+		if (!e->valid || e->used < c->used)
+			c = e;
+	}
+	if (build_mask(m, st))
+		return NULL;
+	c->valid = false;
+	if (!c->bits && !(c->bits = malloc(words * sizeof(uint64_t))))
+		return NULL;
+	if (state_copy(&c->key, st))
+		return NULL;
+	memcpy(c->bits, m->bits, words * sizeof(uint64_t));
+	c->n_allowed = m->n_allowed;
+	c->hash = h;
+	c->used = ++m->tick;
+	c->valid = true;
+	return c;
+}
+
+int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits, int32_t n_logits)
+{
+	int32_t n;
+
+	struct mcache *c;
+
+	if (level < 0 || level > m->n_levels || m->v == &no_vocab)
+		return -1;
+	c = mask_of(m, &m->lv[level]);
+	if (!c)
+		return -1;
+	n = n_logits < m->v->n_vocab ? n_logits : m->v->n_vocab;
+	for (int32_t t = 0; t < n; t++)
+		if (!(c->bits[t >> 6] >> (t & 63) & 1))
+			logits[t] = -INFINITY;
+	for (int32_t t = n; t < n_logits; t++)
+		logits[t] = -INFINITY; /* rows the tokenizer has no token for */
+	return c->n_allowed;
+}
+
+/* dst = src after bytes s[0..n); -1 when a byte is refused. */
+static int advance_bytes(struct loom_gmatch *m, const struct gstate *src, const char *s,
+			 size_t n, struct gstate *dst)
+{
+	const struct gstate *cur = src;
+	int k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		advance(m->g, cur, (unsigned char)s[i], &m->tmp[k]);
+		if (m->tmp[k].oom || state_empty(&m->tmp[k]))
+			return -1;
+		cur = &m->tmp[k];
+		k ^= 1;
+	}
+	return state_copy(dst, cur);
+}
+
+int loom_gmatch_push(struct loom_gmatch *m, int32_t t)
+{
+	const char *s;
+	size_t len;
+
+	if (m->n_levels + 1 >= MAX_LEVELS || t < 0 || t >= m->v->n_vocab || !m->v->t)
+		return -1;
+	if (loom_tokenizer_is_eog(m->v->t, t))
+		return -1;
+	s = loom_tokenizer_piece(m->v->t, t, &len);
+	if (!s || !len)
+		return -1;
+	if (advance_bytes(m, &m->lv[m->n_levels], s, len, &m->lv[m->n_levels + 1]))
+		return -1;
+	m->n_levels++;
+	return 0;
+}
+
+void loom_gmatch_keep(struct loom_gmatch *m, int32_t level)
+{
+	if (level > 0 && level <= m->n_levels)
+		state_swap(&m->lv[0], &m->lv[level]);
+	m->n_levels = 0;
+}
+
+int32_t loom_gmatch_levels(const struct loom_gmatch *m)
+{
+	return m->n_levels;
+}
+
+bool loom_gmatch_any_byte(const struct loom_gmatch *m)
+{
+	return m->lv[0].n_stacks > 0;
+}
+
+bool loom_gmatch_done(const struct loom_gmatch *m)
+{
+	return m->lv[0].accept;
+}
+
+int loom_gmatch_feed(struct loom_gmatch *m, const char *text, size_t n)
+{
+	m->n_levels = 0;
+	if (advance_bytes(m, &m->lv[0], text, n, &m->lv[1]))
+		return -1;
+	state_swap(&m->lv[0], &m->lv[1]);
+	return 0;
+}
+
+void loom_gmatch_get_stats(const struct loom_gmatch *m, struct loom_gmatch_stats *st)
+{
+	*st = m->stats;
+}

@@ -1,0 +1,388 @@
+/* `loom serve`: response_format, tools and tool_choice into a grammar and a
+ * system-prompt section; the model's tool calls into OpenAI tool_calls. */
+#include "serve_tools.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "srv_util.h"
+
+static json_t *member(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return v && !json_is_null(v) ? v : NULL;
+}
+
+/* Compiles kind/spec into r->grammar; a refusal is a 400 on param. */
+static int compile(struct serve_req *r, const char *kind, json_t *spec, const char *param,
+		   struct perr *e)
+{
+	char err[400];
+	char *text = spec ? json_dumps(spec, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+
+	if (spec && !text)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	r->grammar = loom_grammar_new(kind, text, text ? strlen(text) : 0, err, sizeof(err));
+	free(text);
+	if (!r->grammar)
+		return perr_set(e, 400, param, "invalid_value", "%s", err);
+	return 0;
+}
+
+static int response_format(json_t *o, struct serve_req *r, struct perr *e)
+{
+	json_t *rf = member(o, "response_format"), *js, *schema;
+	const char *type;
+
+	if (!rf)
+		return 0;
+	type = json_string_value(json_object_get(rf, "type"));
+	if (!json_is_object(rf) || !type)
+		return perr_set(e, 400, "response_format", "invalid_type",
+				"'response_format' must be an object with a string 'type'");
+	if (!strcmp(type, "text"))
+		return 0;
+	if (!strcmp(type, "json_object"))
+		return compile(r, "json_object", NULL, "response_format", e);
+	if (strcmp(type, "json_schema"))
+		return perr_set(e, 400, "response_format", "invalid_value",
+				"response_format type '%.64s' is not one of text, json_object, json_schema",
+				type);
+	js = member(rf, "json_schema");
+	if (!json_is_object(js))
+		return perr_set(e, 400, "response_format", "invalid_type",
+				"response_format.json_schema must be an object");
+	if (!json_is_string(json_object_get(js, "name")))
+		return perr_set(e, 400, "response_format", "missing",
+				"response_format.json_schema.name must be a string");
+	if (member(js, "strict") && !json_is_boolean(member(js, "strict")))
+		return perr_set(e, 400, "response_format", "invalid_type",
+				"response_format.json_schema.strict must be a boolean");
+	schema = member(js, "schema");
+	if (!schema)
+		return compile(r, "json", NULL, "response_format", e);
+	return compile(r, "json_schema", schema, "response_format", e);
+}
+
+/* The function of tools[i] after checking its shape, or NULL with e set. */
+static json_t *tool_function(json_t *t, size_t i, struct perr *e)
+{
+	json_t *fn = json_object_get(t, "function");
+	const char *type = json_string_value(json_object_get(t, "type"));
+	json_t *name = json_object_get(fn, "name");
+
+	if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(fn)) {
+		perr_set(e, 400, "tools", "invalid_value",
+			 "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+		return NULL;
+	}
+	if (!json_is_string(name) || json_string_length(name) == 0) {
+		perr_set(e, 400, "tools", "invalid_value", "tools[%zu].function.name must be a non-empty string", i);
+		return NULL;
+	}
+	if (member(fn, "parameters") && !json_is_object(member(fn, "parameters"))) {
+		perr_set(e, 400, "tools", "invalid_value", "tools[%zu].function.parameters must be an object", i);
+		return NULL;
+	}
+	return fn;
+}
+
+/* tool_choice: "none" | "auto" | "required" | {"type": "function",
+ * "function": {"name": ...}}; *named gets the name of the last form. */
+static int tool_choice(json_t *o, json_t *tools, int *mode, const char **named, struct perr *e)
+{
+	json_t *tc = member(o, "tool_choice");
+	const char *s = json_string_value(tc), *name;
+	size_t i;
+	json_t *t;
+
+	*mode = tools ? SERVE_TOOLS_AUTO : SERVE_TOOLS_OFF;
+	*named = NULL;
+	if (!tc)
+		return 0;
+	if (s && !strcmp(s, "none")) {
+		*mode = SERVE_TOOLS_OFF;
+		return 0;
+	}
+	if (!tools)
+		return perr_set(e, 400, "tool_choice", "invalid_value",
+				"'tool_choice' needs 'tools'");
+	if (s && !strcmp(s, "auto"))
+		return 0;
+	if (s && !strcmp(s, "required")) {
+		*mode = SERVE_TOOLS_REQUIRED;
+		return 0;
+	}
+	name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+	if (s || !json_is_object(tc) || !name)
+		return perr_set(e, 400, "tool_choice", "invalid_value",
+				"'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+	json_array_foreach(tools, i, t) {
+		if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")),
+			    name)) {
+			*mode = SERVE_TOOLS_REQUIRED;
+			*named = name;
+			return 0;
+		}
+	}
+	return perr_set(e, 400, "tool_choice", "invalid_value",
+			"tool_choice names '%.64s', which is not among the tools", name);
+}
+
+/* The system-prompt section that presents the tools. */
+static char *tools_section(json_t *tools, int mode, const char *named)
+{
+	struct sbuf b = { 0 };
+	size_t i;
+	json_t *t;
+
+	sb_puts(&b, "# Tools\n\nYou may call one or more functions to help with the user's request. "
+		    "The functions are described with JSON Schema inside <tools></tools>:\n<tools>");
+	json_array_foreach(tools, i, t) {
+		char *s = json_dumps(t, JSON_COMPACT);
+
+		if (!s) {
+			sb_free(&b);
+			return NULL;
+		}
+		sb_puts(&b, "\n");
+		sb_puts(&b, s);
+		free(s);
+	}
+	sb_puts(&b, "\n</tools>\n\nTo call a function, reply with a JSON object holding its name "
+		    "and arguments inside <tool_call></tool_call> tags, one block per call:\n"
+		    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <arguments-object>}\n</tool_call>");
+	if (named) {
+		sb_puts(&b, "\n\nCall the function ");
+		sb_puts(&b, named);
+		sb_puts(&b, " now.");
+	} else if (mode == SERVE_TOOLS_REQUIRED) {
+		sb_puts(&b, "\n\nCall at least one function now.");
+	}
+	if (b.failed) {
+		sb_free(&b);
+		return NULL;
+	}
+	return b.s;
+}
+
+/* Calls in one reply: one per tool offered (at most 4) when parallel
+ * calls are allowed (OpenAI's default), else one. A small model that may
+ * call again tends to repeat its call until max_tokens. */
+static int max_calls(json_t *o, json_t *tools, const char *named)
+{
+	size_t n = json_array_size(tools);
+
+	if (named || json_is_false(member(o, "parallel_tool_calls")))
+		return 1;
+	return n < 4 ? (int)n : 4;
+}
+
+static int tools_grammar(json_t *tools, int mode, const char *named, int calls,
+			 struct serve_req *r, struct perr *e)
+{
+	json_t *spec = json_pack("{s:[],s:s,s:s,s:s,s:i}", "tools", "mode",
+				 mode == SERVE_TOOLS_AUTO ? "auto" : "required", "begin",
+				 SERVE_TOOL_BEGIN, "end", SERVE_TOOL_END, "max_calls", calls);
+	json_t *list = json_object_get(spec, "tools"), *t;
+	size_t i;
+	int rc;
+
+	if (!spec)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	json_array_foreach(tools, i, t) {
+		json_t *fn = json_object_get(t, "function"), *name = json_object_get(fn, "name");
+		json_t *one;
+
+		if (named && strcmp(json_string_value(name), named))
+			continue;
+		one = json_pack("{s:O}", "name", name);
+		if (one && member(fn, "parameters"))
+			json_object_set(one, "parameters", member(fn, "parameters"));
+		json_array_append_new(list, one);
+	}
+	rc = compile(r, "tool_calls", spec, "tools", e);
+	json_decref(spec);
+	return rc;
+}
+
+int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **tools_text,
+			   struct perr *e)
+{
+	json_t *tools = member(o, "tools"), *t;
+	const char *named, *rf_type;
+	int mode;
+	size_t i;
+
+	*tools_text = NULL;
+	if (tools && !chat)
+		return perr_set(e, 400, "tools", "unsupported",
+				"'tools' belongs to /v1/chat/completions");
+	if (tools && (!json_is_array(tools) || json_array_size(tools) == 0))
+		return perr_set(e, 400, "tools", "invalid_type", "'tools' must be a non-empty array");
+	json_array_foreach(tools, i, t)
+		if (!tool_function(t, i, e))
+			return -1;
+	if (member(o, "parallel_tool_calls") && !json_is_boolean(member(o, "parallel_tool_calls")))
+		return perr_set(e, 400, "parallel_tool_calls", "invalid_type",
+				"'parallel_tool_calls' must be a boolean");
+	if (tool_choice(o, tools, &mode, &named, e))
+		return -1;
+	if (mode == SERVE_TOOLS_OFF)
+		return response_format(o, r, e);
+	rf_type = json_string_value(json_object_get(member(o, "response_format"), "type"));
+	if (member(o, "response_format") && (!rf_type || strcmp(rf_type, "text")))
+		return perr_set(e, 400, "response_format", "unsupported",
+				"'response_format' together with tools is supported only with tool_choice \"none\"");
+	r->tool_mode = mode;
+	*tools_text = tools_section(tools, mode, named);
+	if (!*tools_text)
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	return tools_grammar(tools, mode, named, max_calls(o, tools, named), r, e);
+}
+
+int serve_tool_kind(const char *text, size_t len)
+{
+	size_t m = strlen(SERVE_TOOL_BEGIN);
+
+	if (len < m)
+		return memcmp(text, SERVE_TOOL_BEGIN, len) ? 1 : 0;
+	return memcmp(text, SERVE_TOOL_BEGIN, m) ? 1 : 2;
+}
+
+static void call_id(char *out, size_t cap)
+{
+	static _Atomic unsigned long long counter;
+	struct timespec ts;
+	unsigned long long x;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	x = ((unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec) *
+	    0x9e3779b97f4a7c15ULL;
+	x ^= (x >> 31) ^ (++counter * 0xbf58476d1ce4e5b9ULL);
+	snprintf(out, cap, "call_%016llx", x);
+}
+
+/* One call's JSON as an OpenAI tool call, or NULL. */
+static json_t *one_call(const char *s, size_t n)
+{
+	json_t *c = json_loadb(s, n, 0, NULL), *name, *args, *out = NULL;
+	char id[40], *a;
+
+	name = json_object_get(c, "name");
+	args = json_object_get(c, "arguments");
+	if (json_is_string(name) && args && (a = json_dumps(args, JSON_ENCODE_ANY | JSON_COMPACT))) {
+		call_id(id, sizeof(id));
+		out = json_pack("{s:s,s:s,s:{s:O,s:s}}", "id", id, "type", "function", "function",
+				"name", name, "arguments", a);
+		free(a);
+	}
+	json_decref(c);
+	return out;
+}
+
+json_t *serve_tool_calls(const char *text, size_t len)
+{
+	size_t bl = strlen(SERVE_TOOL_BEGIN), el = strlen(SERVE_TOOL_END), i = 0;
+	json_t *calls = json_array();
+
+	while (calls) {
+		const char *end;
+		json_t *c;
+
+		while (i < len && strchr(" \t\r\n", text[i]))
+			i++;
+		if (i == len)
+			break;
+		if (len - i < bl || memcmp(text + i, SERVE_TOOL_BEGIN, bl))
+			goto out_not;
+		i += bl;
+		end = memmem(text + i, len - i, SERVE_TOOL_END, el);
+		if (!end)
+			goto out_not;
+		c = one_call(text + i, (size_t)(end - (text + i)));
+		if (!c)
+			goto out_not;
+		json_array_append_new(calls, c);
+		i = (size_t)(end - text) + el;
+	}
+	if (calls && json_array_size(calls) > 0)
+		return calls;
+out_not:
+	json_decref(calls);
+	return NULL;
+}
+
+/* The history's tool calls as <tool_call> blocks after content. */
+static int assistant_calls(json_t *calls, size_t i, char **content, struct perr *e)
+{
+	struct sbuf b = { 0 };
+	size_t k;
+	json_t *c;
+
+	sb_puts(&b, *content);
+	json_array_foreach(calls, k, c) {
+		json_t *fn = json_object_get(c, "function");
+		const char *name = json_string_value(json_object_get(fn, "name"));
+		const char *args = json_string_value(json_object_get(fn, "arguments"));
+		json_t *parsed = args ? json_loads(args, JSON_DECODE_ANY, NULL) : NULL;
+		json_t *call;
+		char *s;
+
+		if (!name) {
+			json_decref(parsed);
+			sb_free(&b);
+			return perr_set(e, 400, "messages", "invalid_value",
+					"messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
+		}
+		call = json_pack("{s:s,s:o}", "name", name, "arguments",
+				 parsed ? parsed : json_string(args ? args : ""));
+		s = call ? json_dumps(call, JSON_ENCODE_ANY) : NULL;
+		json_decref(call);
+		if (b.len)
+			sb_puts(&b, "\n");
+		sb_puts(&b, SERVE_TOOL_BEGIN "\n");
+		sb_puts(&b, s ? s : "{}");
+		sb_puts(&b, "\n" SERVE_TOOL_END);
+		free(s);
+	}
+	if (b.failed || !b.s) {
+		sb_free(&b);
+		return perr_set(e, 500, NULL, NULL, "out of memory");
+	}
+	free(*content);
+	*content = b.s;
+	return 0;
+}
+
+int serve_tool_history(json_t *msg, size_t i, const char **role, char **content,
+		       struct perr *e)
+{
+	json_t *calls = member(msg, "tool_calls");
+
+	if (!strcmp(*role, "tool")) {
+		struct sbuf b = { 0 };
+
+		sb_puts(&b, "<tool_response>\n");
+		sb_puts(&b, *content);
+		sb_puts(&b, "\n</tool_response>");
+		if (b.failed || !b.s) {
+			sb_free(&b);
+			return perr_set(e, 500, NULL, NULL, "out of memory");
+		}
+		free(*content);
+		*content = b.s;
+		*role = "user";
+		return 0;
+	}
+	if (!calls || strcmp(*role, "assistant"))
+		return 0;
+	if (!json_is_array(calls))
+		return perr_set(e, 400, "messages", "invalid_type",
+				"messages[%zu].tool_calls must be an array", i);
+	return assistant_calls(calls, i, content, e);
+}
