@@ -92,9 +92,35 @@ struct loom_engine_params {
 	bool all_logits;       /* room for a logits row per prompt token of a
 				  step (n_batch x n_vocab floats), so requests
 				  may ask for all_logits */
+	/* ---- appended (0.5): the KV cache's type ----
+	 * n_ctx <= 0 now means the model's trained context, capped to what
+	 * the KV cache holds for one sequence: kv_bytes when > 0, else the
+	 * default reservation (loom_kv_default_bytes) shared by n_parallel
+	 * sequences, whose cache is then n_ctx tokens each as before. */
+	int32_t kv_type;       /* enum loom_kv_type; loom_engine_params_init
+				  sets LOOM_KV_DEFAULT */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
+
+/* KV cache element types (GGUF type ids; docs/QUANTIZATION.md, "KV cache").
+ * LOOM_KV_DEFAULT: f16 where the backend stores it, f32 in exact mode or
+ * on a backend of ABI < 1.3. */
+enum loom_kv_type {
+	LOOM_KV_DEFAULT = -1,
+	LOOM_KV_F32 = 0,
+	LOOM_KV_F16 = 1,
+	LOOM_KV_Q4_0 = 2,
+	LOOM_KV_Q8_0 = 8,
+};
+/* "f32", "f16", "q8_0" or "q4_0" (any case): 0 and *type set, else -1. */
+int loom_kv_type_parse(const char *name, int32_t *type);
+/* The name of a KV type, "default" for LOOM_KV_DEFAULT, or NULL. */
+const char *loom_kv_type_name(int32_t type);
+/* The KV reservation used when none is given: 1/8 of the memory the
+ * system has available (MemAvailable), clamped to [256 MiB, 4 GiB];
+ * 256 MiB when that cannot be read. */
+uint64_t loom_kv_default_bytes(void);
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 				     char *err, size_t errlen);
 void loom_engine_close(struct loom_engine *e);
@@ -266,6 +292,9 @@ struct loom_engine_stats {
 	 * backend keeps in a layout of its own (ABI 1.2 weight_pack) */
 	uint64_t weights_bytes, packed_bytes;
 	int32_t packed_tensors;
+	/* ---- appended (0.5): the KV cache's type ---- */
+	int32_t kv_type;          /* enum loom_kv_type, never DEFAULT */
+	uint64_t kv_token_bytes;  /* K and V of one token in every layer */
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 

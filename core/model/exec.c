@@ -314,6 +314,7 @@ static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t
 		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
 		.n_tokens = rows, .kv_dim = e->width[ACT_K],
 		.slots = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LSLOTS : IN_SLOTS],
+		.kv_type = e->kv->type,
 	};
 
 	return be->ops->kv_write(be->ctx, &a);
@@ -335,7 +336,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
-		.softcap = hp->attn_softcap,
+		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
 	};
 
 	return be->ops->attention(be->ctx, &a);
