@@ -348,6 +348,10 @@ int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
 const char *loom_token_text(const struct loom_tokenizer *t, int32_t token);
 
 int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t);
+/* Appended (api): the bytes token decodes to (not NUL-terminated, perhaps
+ * part of a UTF-8 character; *len 0 for control tokens), or NULL for an
+ * id out of range. */
+const char *loom_token_bytes(const struct loom_tokenizer *t, int32_t token, size_t *len);
 int32_t loom_tokenizer_bos(const struct loom_tokenizer *t); /* -1 if none */
 int32_t loom_tokenizer_eos(const struct loom_tokenizer *t); /* -1 if none */
 /* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...). */
