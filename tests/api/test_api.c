@@ -374,6 +374,17 @@ START_TEST(logprobs_are_the_model_distribution)
 	ck_assert_mem_eq(ev.ids, ev2.ids, sizeof(int32_t) * 4);
 	ck_assert_mem_eq(ev.lp, ev2.lp, sizeof(float) * 4);
 	ck_assert_int_eq(ev2.n_top, 0);
+	/* a struct from before logprobs: the fields past its size are not read */
+	r.top_logprobs = 5;
+	r.hidden = (float *)&r; /* would be written to if it were read */
+	r.struct_size = (uint32_t)offsetof(struct loom_request, logprobs);
+	run_request(engine, &r, &ev2);
+	ck_assert_int_eq(ev2.n, 4);
+	ck_assert_mem_eq(ev.ids, ev2.ids, sizeof(int32_t) * 4);
+	ck_assert_int_eq(ev2.n_top, 0);
+	ck_assert(ev2.lp[0] == 0.0f);
+	r.struct_size = sizeof(r);
+	r.hidden = NULL;
 	/* out of range */
 	r.top_logprobs = LOOM_MAX_TOP_LOGPROBS + 1;
 	ck_assert_int_eq(loom_submit(engine, &r, &id, err, sizeof(err)), LOOM_ERR_INVALID);
