@@ -3,10 +3,13 @@
  * offered strategies. Valid bodies must come out field for field; bad ones
  * must fail with the HTTP status, param and code the OpenAI API uses. */
 #include <check.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_api.h"
 #include "serve_request.h"
 
 #define FAKE_BOS 1
@@ -372,6 +375,37 @@ START_TEST(embedding_inputs)
 }
 END_TEST
 
+/* Pooling: mean, first or last row, normalized to length 1; a zero vector
+ * is refused. base64 is the floats' little-endian bytes. */
+START_TEST(pooling_and_base64)
+{
+	const float rows[3 * 2] = { 3, 0, 0, 4, 6, 8 };
+	const float zero[2] = { 0, 0 };
+	float v[2];
+	json_t *item;
+	const char *b64;
+
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_MEAN, v), 0);
+	ck_assert(fabsf(v[0] - 0.6f) < 1e-6f && fabsf(v[1] - 0.8f) < 1e-6f); /* (3, 4) / 5 */
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_CLS, v), 0);
+	ck_assert(v[0] == 1.0f && v[1] == 0.0f);
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_LAST, v), 0);
+	ck_assert(fabsf(v[0] - 0.6f) < 1e-6f && fabsf(v[1] - 0.8f) < 1e-6f);
+	ck_assert_int_eq(api_pool(zero, 1, 2, LOOM_POOLING_MEAN, v), -1);
+	ck_assert_int_eq(api_pool(rows, 0, 2, LOOM_POOLING_MEAN, v), -1);
+	v[0] = 1.0f; /* 00 00 80 3f */
+	v[1] = -2.0f; /* 00 00 00 c0 */
+	item = api_embedding_item(3, v, 2, true);
+	b64 = json_string_value(json_object_get(item, "embedding"));
+	ck_assert_str_eq(b64, "AACAPwAAAMA=");
+	ck_assert_int_eq(json_integer_value(json_object_get(item, "index")), 3);
+	json_decref(item);
+	item = api_embedding_item(0, v, 2, false);
+	ck_assert_int_eq(json_array_size(json_object_get(item, "embedding")), 2);
+	json_decref(item);
+}
+END_TEST
+
 START_TEST(malformed)
 {
 	const struct bad *b = &bad[_i];
@@ -456,6 +490,7 @@ static Suite *request_suite(void)
 	tcase_add_test(tc, completion_token_ids);
 	tcase_add_test(tc, prompt_arrays_and_logprobs);
 	tcase_add_test(tc, embedding_inputs);
+	tcase_add_test(tc, pooling_and_base64);
 	tcase_add_test(tc, chat_messages);
 	tcase_add_test(tc, spec_default);
 	tcase_add_loop_test(tc, malformed, 0, (int)(sizeof(bad) / sizeof(bad[0])));
