@@ -35,6 +35,7 @@ struct loom_engine {
 	struct loom_sched_config cfg;        /* as the scheduler runs it */
 	struct loom_kv_plan kv_plan;         /* the KV memory plan of cfg */
 	char model_name[256];
+	enum loom_pooling pooling;           /* <arch>.pooling_type */
 };
 
 /* The size of each struct's first generation: anything smaller is refused. */
@@ -325,7 +326,11 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;
 	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
-	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs : 0;
+	/* all_logits: a whole step's rows; else a few beyond one per sequence,
+	 * so that requests keeping a row per prompt token (prompt logprobs,
+	 * hidden states) prefill in chunks rather than a token a step */
+	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs :
+			 c->max_seqs + (c->max_batch_tokens < 64 ? c->max_batch_tokens : 64);
 	/* no kv_bytes: each sequence a whole context (windowed layers: a
 	 * window), and one spare block for a copy; else kv_bytes split
 	 * between the full-context and the windowed layers */
@@ -354,6 +359,23 @@ static void spec_rows(struct loom_engine *e)
 	}
 }
 
+/* <arch>.pooling_type (llama.cpp: 0 none, 1 mean, 2 cls, 3 last, 4 rank);
+ * mean unless cls or last. */
+static void read_pooling(struct loom_engine *e)
+{
+	char *arch = NULL, key[128], why[256];
+	uint32_t v = 0;
+
+	e->pooling = LOOM_POOLING_MEAN;
+	if (gguf_get_str(e->f, "general.architecture", &arch, why, sizeof(why)) || !arch)
+		return;
+	snprintf(key, sizeof(key), "%s.pooling_type", arch);
+	free(arch);
+	if (gguf_get_u32(e->f, key, &v, why, sizeof(why)) == 0 &&
+	    (v == LOOM_POOLING_CLS || v == LOOM_POOLING_LAST))
+		e->pooling = (enum loom_pooling)v;
+}
+
 static void set_model_name(struct loom_engine *e, const char *path)
 {
 	char *name = NULL, why[64];
@@ -377,6 +399,7 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 		return LOOM_ERR_FORMAT;
 	}
 	set_model_name(e, p->model);
+	read_pooling(e);
 	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
@@ -446,6 +469,16 @@ int32_t loom_engine_n_vocab(const struct loom_engine *e)
 int32_t loom_engine_n_ctx(const struct loom_engine *e)
 {
 	return e->cfg.max_ctx;
+}
+
+int32_t loom_engine_n_embd(const struct loom_engine *e)
+{
+	return (int32_t)e->m->hp.n_embd;
+}
+
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e)
+{
+	return e->pooling;
 }
 
 const char *loom_engine_backend_name(const struct loom_engine *e)
@@ -532,16 +565,19 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		loom_seterr(err, errlen, "request: speculative strategy '%s' is not loaded", r.spec);
 		return LOOM_ERR_INVALID;
 	}
-	if (r.all_logits && !e->cfg.logits_rows) {
+	if (r.all_logits && e->cfg.logits_rows < e->cfg.max_batch_tokens + e->cfg.max_seqs) {
 		loom_seterr(err, errlen, "request: all_logits needs an engine opened with all_logits");
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (r.logprobs || r.prompt_logprobs || r.hidden)
+		spec = NULL; /* a token at a time, each from its own row */
 	sr = (struct loom_sched_request){
 		.prompt = r.prompt, .n_prompt = r.n_prompt, .n_predict = r.n_predict,
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
 		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
-		.grammar = r.grammar,
+		.grammar = r.grammar, .logprobs = r.logprobs, .top_logprobs = r.top_logprobs,
+		.prompt_logprobs = r.prompt_logprobs, .hidden = r.hidden,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }

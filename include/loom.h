@@ -206,6 +206,21 @@ struct loom_event {
 	int32_t n_prompt, n_generated; /* n_generated counts reported tokens */
 	int32_t n_cached;              /* prompt tokens served from the prefix cache */
 	const char *error;             /* LOOM_FINISH_ERROR: why; else NULL */
+	/* ---- appended (api): a token's log-probabilities, for a request
+	 * with logprobs (else 0 and NULL). They are the log-softmax of the
+	 * model's logits, before a grammar's mask, penalties, temperature and
+	 * truncation: what the model itself gives the token. top: the
+	 * request's top_logprobs most likely tokens, most likely first (ties
+	 * to the lower id); valid during the callback only. */
+	float logprob;
+	const struct loom_token_logprob *top;
+	int32_t n_top;
+};
+
+/* A token and its log-probability (natural log). */
+struct loom_token_logprob {
+	int32_t token;
+	float logprob;
 };
 
 /* Called on the thread that steps the engine; must not block for long.
@@ -239,7 +254,24 @@ struct loom_request {
 	 * grammar (loom_grammar_new), and end-of-generation comes only where
 	 * the text is complete. loom_submit takes its own reference. */
 	const struct loom_grammar *grammar;
+	/* ---- appended (api): log-probabilities and hidden states ----
+	 * A request with logprobs, prompt_logprobs or hidden decodes without
+	 * speculation and shares no cached prefix. */
+	bool logprobs;          /* each token event carries its logprob */
+	int32_t top_logprobs;   /* and the most likely tokens, 0..20 */
+	/* optional: n_prompt x (1 + top_logprobs) entries. Row i: the prompt
+	 * token i and its logprob given the tokens before it (row 0, which has
+	 * none: NAN), then the top_logprobs most likely tokens at position i
+	 * (row 0: token -1, logprob NAN). */
+	struct loom_token_logprob *prompt_logprobs;
+	/* optional: n_prompt x loom_engine_n_embd floats; row i gets the
+	 * model's final normed hidden state at prompt token i (what its output
+	 * layer reads). Such a request ends after its prompt, with no token
+	 * (finish LENGTH, n_generated 0): it is for embeddings. */
+	float *hidden;
 };
+
+#define LOOM_MAX_TOP_LOGPROBS 20
 
 void loom_request_init(struct loom_request *r);
 
@@ -345,6 +377,10 @@ int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
 const char *loom_token_text(const struct loom_tokenizer *t, int32_t token);
 
 int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t);
+/* Appended (api): the bytes token decodes to (not NUL-terminated, perhaps
+ * part of a UTF-8 character; *len 0 for control tokens), or NULL for an
+ * id out of range. */
+const char *loom_token_bytes(const struct loom_tokenizer *t, int32_t token, size_t *len);
 int32_t loom_tokenizer_bos(const struct loom_tokenizer *t); /* -1 if none */
 int32_t loom_tokenizer_eos(const struct loom_tokenizer *t); /* -1 if none */
 /* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...). */
@@ -548,6 +584,21 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen);
+/* ======== appended (api): embeddings ======== */
+
+/* Width of the hidden state (loom_request.hidden rows). */
+int32_t loom_engine_n_embd(const struct loom_engine *e);
+
+/* How an embedding pools the rows of a prompt's hidden states, from the
+ * GGUF key <arch>.pooling_type (llama.cpp's values); mean when the file
+ * has none or names one loom does not offer (none, rank). */
+enum loom_pooling {
+	LOOM_POOLING_MEAN = 1,
+	LOOM_POOLING_CLS = 2,  /* the first token's row */
+	LOOM_POOLING_LAST = 3, /* the last token's row */
+};
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e);
+
 /* ======== appended (0.5): constrained decoding ======== */
 
 /*

@@ -501,6 +501,19 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 	return 0;
 }
 
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t w = (size_t)e->width[ACT_OUT];
+	int rc;
+
+	if (first < 0 || n <= 0)
+		return LOOM_ERR_INVALID;
+	rc = be->ops->download(be->ctx, out, e->act[ACT_OUT] + (size_t)first * w,
+			       (size_t)n * w * sizeof(float));
+	return rc ? rc : be->ops->synchronize(be->ctx);
+}
+
 int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *tokens,
 		  int32_t n, bool want_logits, float *logits, char *err, size_t errlen)
 {
