@@ -44,6 +44,11 @@ struct quant_run {
 	size_t wcap;
 	void *obuf;
 	size_t ocap;
+	/* input scales (fold.c): the groups, a member scaled, its imatrix
+	 * and Hessian rescaled */
+	struct quant_fold fold;
+	float *sbuf, *ibuf, *hbuf;
+	size_t scap, icap, hcap;
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p)
@@ -385,9 +390,9 @@ static void *grow(void **buf, size_t *cap, size_t need)
 }
 
 /* The tensor as f32: the mapping itself for an aligned f32 tensor, else
- * the format plugin's dequantization into r->wbuf. */
-static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt, char *err,
-			       size_t errlen)
+ * the format plugin's dequantization into *buf (grown to fit). */
+static const float *source_f32(const struct plan_tensor *pt, float **buf, size_t *cap,
+			       char *err, size_t errlen)
 {
 	const struct gguf_tensor *t = pt->src;
 	size_t n = (size_t)pt->rows * (size_t)pt->cols;
@@ -395,21 +400,178 @@ static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt
 
 	if (t->type == LOOM_TYPE_F32 && (uintptr_t)t->data % sizeof(float) == 0)
 		return t->data;
-	if (!grow((void **)&r->wbuf, &r->wcap, n * sizeof(float))) {
+	if (!grow((void **)buf, cap, n * sizeof(float))) {
 		tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 		return NULL;
 	}
 	if (t->type == LOOM_TYPE_F32) {
-		memcpy(r->wbuf, t->data, n * sizeof(float));
-		return r->wbuf;
+		memcpy(*buf, t->data, n * sizeof(float));
+		return *buf;
 	}
-	rc = loom_format_get(t->type)->to_float(t->data, r->wbuf, (int64_t)n);
+	rc = loom_format_get(t->type)->to_float(t->data, *buf, (int64_t)n);
 	if (rc) {
 		tensor_err(err, errlen, t, "cannot dequantize its %s data (%s)",
 			   gguf_type_name(t->type), status_text(rc));
 		return NULL;
 	}
-	return r->wbuf;
+	return *buf;
+}
+
+/* The calibration data of a tensor (loom imatrix's file), if any. */
+static void calib_of(const struct quant_run *r, const struct plan_tensor *pt,
+		     const float **imatrix, const float **hessian)
+{
+	(void)r;
+	(void)pt;
+	*imatrix = NULL;
+	*hessian = NULL;
+}
+
+/* The strategy's view of tensor pt with f32 weights w. */
+static struct loom_qstrategy_tensor describe(struct quant_run *r, const struct plan_tensor *pt,
+					     const char *name, const float *w, void *out)
+{
+	struct loom_qstrategy_tensor qt = {
+		.struct_size = sizeof(qt), .type = pt->type, .name = name,
+		.rows = pt->rows, .cols = pt->cols, .w = w,
+		.format = loom_format_get(pt->type), .out = out,
+		.out_size = out ? (size_t)pt->nbytes : 0, .for_rows = host_for_rows, .host = r,
+	};
+
+	calib_of(r, pt, &qt.imatrix, &qt.hessian);
+	return qt;
+}
+
+/* ---- input scales (fold.c) ---- */
+
+static bool has_input_scales(const struct loom_qstrategy *s)
+{
+	return s->struct_size >= offsetof(struct loom_qstrategy, input_scales) + sizeof(void *) &&
+	       s->input_scales;
+}
+
+static struct plan_tensor *plan_of(struct quant_run *r, const struct gguf_tensor *t)
+{
+	for (uint64_t i = 0; i < r->n; i++)
+		if (r->t[i].src == t)
+			return &r->t[i];
+	return NULL;
+}
+
+/* Keeps the groups whose members are all quantized, or stored as floats
+ * (then they are rewritten through the strategy in their own type); a
+ * member copied as a quantized block would not take the scales. */
+static int plan_fold(struct quant_run *r, char *err, size_t errlen)
+{
+	if (!has_input_scales(r->strategy))
+		return 0;
+	if (quant_fold_plan(&r->fold, r->in, err, errlen))
+		return -1;
+	for (size_t i = 0; i < r->fold.n; i++) {
+		struct fold_group *g = &r->fold.g[i];
+		bool ok = plan_of(r, g->norm) != NULL;
+
+		for (int m = 0; m < g->n && ok; m++) {
+			struct plan_tensor *pt = plan_of(r, g->member[m]);
+
+			ok = pt && (pt->convert || block_elems(pt->type, NULL) == 1) &&
+			     loom_format_get(pt->type);
+		}
+		for (int m = 0; m < g->n && ok; m++) {
+			struct plan_tensor *pt = plan_of(r, g->member[m]);
+
+			r->n_convert += !pt->convert;
+			pt->convert = true;
+		}
+		if (!ok)
+			g->n = 0;
+	}
+	return 0;
+}
+
+/* The group's scales, chosen by the strategy on first use. */
+static int group_scales(struct quant_run *r, struct fold_group *g, char *err, size_t errlen)
+{
+	struct loom_qstrategy_tensor qt[3];
+	const struct loom_qstrategy_tensor *ptr[3];
+	char names[3][256], msg[512] = "";
+	float *buf[3] = { NULL };
+	size_t cap[3] = { 0 };
+	int rc = 0;
+
+	if (g->scales)
+		return 0;
+	if (!(g->scales = malloc(sizeof(float) * (size_t)g->cols))) {
+		loom_seterr(err, errlen, "out of memory");
+		return -1;
+	}
+	for (int m = 0; m < g->n && !rc; m++) {
+		struct plan_tensor *pt = plan_of(r, g->member[m]);
+		const float *w = source_f32(pt, &buf[m], &cap[m], err, errlen);
+
+		snprintf(names[m], sizeof(names[m]), "%.*s", (int)pt->src->name.len,
+			 pt->src->name.ptr);
+		qt[m] = describe(r, pt, names[m], w, NULL);
+		ptr[m] = &qt[m];
+		rc = w ? 0 : -1;
+	}
+	if (!rc) {
+		rc = r->strategy->input_scales(ptr, g->n, g->scales, msg, sizeof(msg));
+		if (rc)
+			rc = tensor_err(err, errlen, g->member[0], "strategy's input scales failed: %s%s",
+					msg[0] ? msg : status_text(rc), "");
+		else
+			rc = quant_fold_check_scales(g, err, errlen);
+	}
+	for (int m = 0; m < 3; m++)
+		free(buf[m]);
+	return rc;
+}
+
+/* qt's weights times the group's scales per column, its imatrix divided
+ * by their squares and its Hessian by s_i s_j, in the run's buffers. */
+static int apply_scales(struct quant_run *r, const struct fold_group *g,
+			struct loom_qstrategy_tensor *qt, char *err, size_t errlen)
+{
+	size_t n = (size_t)qt->rows * (size_t)qt->cols, nc = (size_t)qt->cols;
+	const float *s = g->scales;
+
+	if (!grow((void **)&r->sbuf, &r->scap, n * sizeof(float)) ||
+	    !grow((void **)&r->ibuf, &r->icap, nc * sizeof(float)) ||
+	    (qt->hessian && !grow((void **)&r->hbuf, &r->hcap, nc * nc * sizeof(float)))) {
+		loom_seterr(err, errlen, "tensor '%s': out of memory", qt->name);
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++)
+		r->sbuf[i] = qt->w[i] * s[i % nc];
+	qt->w = r->sbuf;
+	if (qt->imatrix) {
+		for (size_t j = 0; j < nc; j++)
+			r->ibuf[j] = qt->imatrix[j] / (s[j] * s[j]);
+		qt->imatrix = r->ibuf;
+	}
+	if (qt->hessian) {
+		for (size_t i = 0; i < nc; i++)
+			for (size_t j = 0; j < nc; j++)
+				r->hbuf[i * nc + j] = qt->hessian[i * nc + j] / (s[i] * s[j]);
+		qt->hessian = r->hbuf;
+	}
+	return 0;
+}
+
+/* The norm of a group with its weight divided by the scales. */
+static int write_norm(struct quant_run *r, struct fold_group *g, struct gguf_writer *w,
+		      char *err, size_t errlen)
+{
+	const float *src = source_f32(plan_of(r, g->norm), &r->wbuf, &r->wcap, err, errlen);
+
+	if (!src || group_scales(r, g, err, errlen))
+		return -1;
+	if (!grow((void **)&r->sbuf, &r->scap, sizeof(float) * (size_t)g->cols))
+		return tensor_err(err, errlen, g->norm, "out of memory%s%s", "", "");
+	for (int64_t j = 0; j < g->cols; j++)
+		r->sbuf[j] = src[j] / g->scales[j];
+	return gguf_write_bytes(w, r->sbuf, sizeof(float) * (size_t)g->cols, err, errlen);
 }
 
 static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
@@ -417,8 +579,10 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 {
 	const struct gguf_tensor *t = pt->src;
 	struct loom_qstrategy_tensor qt;
+	struct fold_group *g;
 	char name[512], msg[512] = "";
-	const float *src = source_f32(r, pt, err, errlen);
+	const float *src = source_f32(pt, &r->wbuf, &r->wcap, err, errlen);
+	bool is_norm;
 	int rc;
 
 	if (!src)
@@ -427,12 +591,10 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 		return tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 	}
 	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-	qt = (struct loom_qstrategy_tensor){
-		.struct_size = sizeof(qt), .type = pt->type, .name = name,
-		.rows = pt->rows, .cols = pt->cols, .w = src,
-		.format = loom_format_get(pt->type), .out = r->obuf,
-		.out_size = (size_t)pt->nbytes, .for_rows = host_for_rows, .host = r,
-	};
+	qt = describe(r, pt, name, src, r->obuf);
+	g = quant_fold_find(&r->fold, t, &is_norm);
+	if (g && (group_scales(r, g, err, errlen) || apply_scales(r, g, &qt, err, errlen)))
+		return -1;
 	rc = r->strategy->quantize(&qt, msg, sizeof(msg));
 	if (rc)
 		return tensor_err(err, errlen, t, "strategy failed: %s%s",
@@ -467,8 +629,14 @@ static int write_all(struct quant_run *r, const char *path, char *err, size_t er
 	for (uint64_t i = 0; i < r->n && !rc; i++) {
 		const struct plan_tensor *pt = &r->t[i];
 
+		struct fold_group *g;
+		bool is_norm = false;
+
 		progress(r, i, pt);
-		if (pt->convert)
+		g = quant_fold_find(&r->fold, pt->src, &is_norm);
+		if (g && is_norm)
+			rc = write_norm(r, g, w, err, errlen);
+		else if (pt->convert)
 			rc = convert_one(r, pt, w, err, errlen);
 		else
 			rc = gguf_write_bytes(w, pt->src->data, (size_t)pt->nbytes, err, errlen);
@@ -540,7 +708,7 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		print_tensors(r);
 		return 0;
 	}
-	if (open_strategy(r, err, errlen))
+	if (open_strategy(r, err, errlen) || plan_fold(r, err, errlen))
 		return -1;
 	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
 		loom_seterr(err, errlen, "%s: path too long", r->p.output);
@@ -586,6 +754,10 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	free(r.t);
 	free(r.wbuf);
 	free(r.obuf);
+	free(r.sbuf);
+	free(r.ibuf);
+	free(r.hbuf);
+	quant_fold_free(&r.fold);
 	if (r.in)
 		gguf_close(r.in);
 	return rc;

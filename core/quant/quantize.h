@@ -49,4 +49,30 @@ uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t,
 const struct loom_qstrategy *quant_strategy_open(const char *name, char *path, size_t cap,
 						  char *err, size_t errlen);
 
+/* Input scales (fold.c): a group of tensors reading one RMSNorm's output
+ * (q/k/v, gate/up), whose scales a strategy with input_scales chooses and
+ * the host folds into the norm's weight. */
+struct fold_group {
+	const struct gguf_tensor *norm;
+	const struct gguf_tensor *member[3];
+	int n;           /* members; 0: the group was dropped */
+	int64_t cols;
+	float *scales;   /* [cols], NULL until chosen */
+};
+
+struct quant_fold {
+	struct fold_group *g;
+	size_t n;
+};
+
+/* The groups of a llama / mistral / qwen2 file (none for other families).
+ * 0, or -1 with err. */
+int quant_fold_plan(struct quant_fold *f, const struct gguf_file *in, char *err, size_t errlen);
+/* The group t is the norm or a member of, or NULL. */
+struct fold_group *quant_fold_find(struct quant_fold *f, const struct gguf_tensor *t,
+				   bool *is_norm);
+/* 0, or -1 with err when a scale is not finite and positive. */
+int quant_fold_check_scales(const struct fold_group *g, char *err, size_t errlen);
+void quant_fold_free(struct quant_fold *f);
+
 #endif /* LOOM_QUANT_QUANTIZE_H */
