@@ -44,6 +44,7 @@ struct quant_run {
 	size_t wcap;
 	void *obuf;
 	size_t ocap;
+	struct loom_imatrix *im; /* --imatrix, or NULL */
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p)
@@ -164,6 +165,7 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 
 	if (quant_rules_init(&rules, &r->target, r->in, err, errlen))
 		return -1;
+	rules.has_imatrix = r->im != NULL; /* llama-quantize's imatrix-only rules */
 	r->n = r->in->n_tensors;
 	r->t = calloc(r->n ? r->n : 1, sizeof(*r->t));
 	if (!r->t) {
@@ -280,9 +282,10 @@ static void print_plan(const struct quant_run *r)
 {
 	uint64_t total_elems = 0;
 
-	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s\n", r->p.input,
+	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s%s%s\n", r->p.input,
 		r->p.dry_run ? "(dry run)" : r->p.output, r->target.name,
-		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy);
+		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy,
+		r->im ? ", imatrix " : "", r->im ? r->p.imatrix : "");
 	fprintf(r->out, "  %-6s %8s %14s %16s %12s\n", "type", "tensors", "weights", "bytes",
 		"bits/weight");
 	for (uint32_t type = 0; type < LOOM_TYPE_COUNT; type++) {
@@ -412,6 +415,28 @@ static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt
 	return r->wbuf;
 }
 
+/* The calibration data of tensor `name` into q->imatrix and q->hessian
+ * (NULL when the file has none for it, or no file was given). An entry
+ * of another width is an imatrix of another model: refused. */
+static int calibration(const struct quant_run *r, const struct plan_tensor *pt,
+		       const char *name, struct loom_qstrategy_tensor *q, char *err, size_t errlen)
+{
+	const struct loom_imatrix_entry *e = loom_imatrix_lookup(r->im, name);
+
+	q->imatrix = NULL;
+	q->hessian = NULL;
+	if (!e)
+		return 0;
+	if (e->cols != pt->cols) {
+		loom_seterr(err, errlen, "tensor '%s': the imatrix %s has %lld columns for it, the tensor %lld (an imatrix of another model?)",
+			    name, r->p.imatrix, (long long)e->cols, (long long)pt->cols);
+		return -1;
+	}
+	q->imatrix = e->mean_sq;
+	q->hessian = e->hessian;
+	return 0;
+}
+
 static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 		       struct gguf_writer *w, char *err, size_t errlen)
 {
@@ -427,9 +452,12 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 		return tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 	}
 	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+	if (calibration(r, pt, name, &qt, err, errlen))
+		return -1;
 	qt = (struct loom_qstrategy_tensor){
 		.struct_size = sizeof(qt), .type = pt->type, .name = name,
 		.rows = pt->rows, .cols = pt->cols, .w = src,
+		.imatrix = qt.imatrix, .hessian = qt.hessian,
 		.format = loom_format_get(pt->type), .out = r->obuf,
 		.out_size = (size_t)pt->nbytes, .for_rows = host_for_rows, .host = r,
 	};
@@ -504,19 +532,38 @@ static int check_paths(const struct quant_run *r, char *err, size_t errlen)
 	return 0;
 }
 
-/* Loads the strategy and checks it has what it needs. */
+/* Loads the strategy (not for a dry run) and the --imatrix file, and
+ * checks the strategy gets what it needs. */
 static int open_strategy(struct quant_run *r, char *err, size_t errlen)
 {
-	r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
-					  sizeof(r->strategy_path), err, errlen);
-	if (!r->strategy)
-		return -1;
-	if (r->strategy->needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) {
+	uint32_t needs = 0;
+	bool hessian;
+
+	if (!r->p.dry_run) {
+		r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
+						  sizeof(r->strategy_path), err, errlen);
+		if (!r->strategy)
+			return -1;
+		needs = r->strategy->needs;
+	}
+	hessian = needs & LOOM_QS_NEEDS_HESSIAN;
+	if ((needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) && !r->p.imatrix) {
 		loom_seterr(err, errlen,
-			    "quant strategy %s (%s) needs calibration data (%s), which this loom quantize cannot give yet",
+			    "quant strategy %s (%s) needs calibration data (%s): pass --imatrix FILE (made by loom imatrix%s)",
 			    r->strategy->name, r->strategy_path,
-			    r->strategy->needs & LOOM_QS_NEEDS_HESSIAN ? "a Hessian" :
-			    "an importance matrix");
+			    hessian ? "a Hessian" : "an importance matrix",
+			    hessian ? " --hessian" : "");
+		return -1;
+	}
+	if (!r->p.imatrix)
+		return 0;
+	r->im = loom_imatrix_load(r->p.imatrix, hessian ? LOOM_IMATRIX_HESSIAN : 0, err, errlen);
+	if (!r->im)
+		return -1;
+	if (hessian && !loom_imatrix_has_hessian(r->im)) {
+		loom_seterr(err, errlen,
+			    "quant strategy %s needs Hessians, and %s has none: make it with loom imatrix --hessian",
+			    r->strategy->name, r->p.imatrix);
 		return -1;
 	}
 	return 0;
@@ -532,6 +579,8 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
 	    loom_formats_init(err, errlen))
 		return -1;
+	if (open_strategy(r, err, errlen))
+		return -1;
 	r->in = gguf_open(r->p.input, err, errlen);
 	if (!r->in || make_plan(r, err, errlen) || measure(r, err, errlen))
 		return -1;
@@ -540,8 +589,6 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		print_tensors(r);
 		return 0;
 	}
-	if (open_strategy(r, err, errlen))
-		return -1;
 	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
 		loom_seterr(err, errlen, "%s: path too long", r->p.output);
 		return -1;
@@ -571,11 +618,12 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	int rc;
 
-	if (!p || p->struct_size < sizeof(*p)) {
+	/* a caller built before the appended fields passes a smaller struct */
+	if (!p || p->struct_size < offsetof(struct loom_quantize_params, imatrix)) {
 		loom_seterr(err, errlen, "loom_quantize: params not initialized (call loom_quantize_params_init)");
 		return -1;
 	}
-	r.p = *p;
+	memcpy(&r.p, p, p->struct_size < sizeof(r.p) ? p->struct_size : sizeof(r.p));
 	if (!r.p.strategy || !r.p.strategy[0])
 		r.p.strategy = "rtn";
 	r.out = p->out ? p->out : stdout;
@@ -586,6 +634,7 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	free(r.t);
 	free(r.wbuf);
 	free(r.obuf);
+	loom_imatrix_free(r.im);
 	if (r.in)
 		gguf_close(r.in);
 	return rc;
