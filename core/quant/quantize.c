@@ -49,6 +49,7 @@ struct quant_run {
 	struct quant_fold fold;
 	float *sbuf, *ibuf, *hbuf;
 	size_t scap, icap, hcap;
+	struct loom_imatrix *im; /* --imatrix, or NULL */
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p)
@@ -169,6 +170,7 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 
 	if (quant_rules_init(&rules, &r->target, r->in, err, errlen))
 		return -1;
+	rules.has_imatrix = r->im != NULL; /* llama-quantize's imatrix-only rules */
 	r->n = r->in->n_tensors;
 	r->t = calloc(r->n ? r->n : 1, sizeof(*r->t));
 	if (!r->t) {
@@ -285,9 +287,10 @@ static void print_plan(const struct quant_run *r)
 {
 	uint64_t total_elems = 0;
 
-	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s\n", r->p.input,
+	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s%s%s\n", r->p.input,
 		r->p.dry_run ? "(dry run)" : r->p.output, r->target.name,
-		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy);
+		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy,
+		r->im ? ", imatrix " : "", r->im ? r->p.imatrix : "");
 	fprintf(r->out, "  %-6s %8s %14s %16s %12s\n", "type", "tensors", "weights", "bytes",
 		"bits/weight");
 	for (uint32_t type = 0; type < LOOM_TYPE_COUNT; type++) {
@@ -417,29 +420,41 @@ static const float *source_f32(const struct plan_tensor *pt, float **buf, size_t
 	return *buf;
 }
 
-/* The calibration data of a tensor (loom imatrix's file), if any. */
-static void calib_of(const struct quant_run *r, const struct plan_tensor *pt,
-		     const float **imatrix, const float **hessian)
+/* The calibration data of tensor `name` into q->imatrix and q->hessian
+ * (NULL when the file has none for it, or no file was given). An entry
+ * of another width is an imatrix of another model: refused. */
+static int calibration(const struct quant_run *r, const struct plan_tensor *pt,
+		       const char *name, struct loom_qstrategy_tensor *q, char *err, size_t errlen)
 {
-	(void)r;
-	(void)pt;
-	*imatrix = NULL;
-	*hessian = NULL;
+	const struct loom_imatrix_entry *e = loom_imatrix_lookup(r->im, name);
+
+	q->imatrix = NULL;
+	q->hessian = NULL;
+	if (!e)
+		return 0;
+	if (e->cols != pt->cols) {
+		loom_seterr(err, errlen, "tensor '%s': the imatrix %s has %lld columns for it, the tensor %lld (an imatrix of another model?)",
+			    name, r->p.imatrix, (long long)e->cols, (long long)pt->cols);
+		return -1;
+	}
+	q->imatrix = e->mean_sq;
+	q->hessian = e->hessian;
+	return 0;
 }
 
-/* The strategy's view of tensor pt with f32 weights w. */
-static struct loom_qstrategy_tensor describe(struct quant_run *r, const struct plan_tensor *pt,
-					     const char *name, const float *w, void *out)
+/* The strategy's view of tensor pt with f32 weights w, its calibration
+ * data included. 0, or -1 with err. */
+static int describe(struct quant_run *r, const struct plan_tensor *pt, const char *name,
+		    const float *w, void *out, struct loom_qstrategy_tensor *qt, char *err,
+		    size_t errlen)
 {
-	struct loom_qstrategy_tensor qt = {
-		.struct_size = sizeof(qt), .type = pt->type, .name = name,
+	*qt = (struct loom_qstrategy_tensor){
+		.struct_size = sizeof(*qt), .type = pt->type, .name = name,
 		.rows = pt->rows, .cols = pt->cols, .w = w,
 		.format = loom_format_get(pt->type), .out = out,
 		.out_size = out ? (size_t)pt->nbytes : 0, .for_rows = host_for_rows, .host = r,
 	};
-
-	calib_of(r, pt, &qt.imatrix, &qt.hessian);
-	return qt;
+	return calibration(r, pt, name, qt, err, errlen);
 }
 
 /* ---- input scales (fold.c) ---- */
@@ -511,9 +526,8 @@ static int group_scales(struct quant_run *r, struct fold_group *g, char *err, si
 
 		snprintf(names[m], sizeof(names[m]), "%.*s", (int)pt->src->name.len,
 			 pt->src->name.ptr);
-		qt[m] = describe(r, pt, names[m], w, NULL);
 		ptr[m] = &qt[m];
-		rc = w ? 0 : -1;
+		rc = w ? describe(r, pt, names[m], w, NULL, &qt[m], err, errlen) : -1;
 	}
 	if (!rc) {
 		rc = r->strategy->input_scales(ptr, g->n, g->scales, msg, sizeof(msg));
@@ -591,7 +605,8 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 		return tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 	}
 	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-	qt = describe(r, pt, name, src, r->obuf);
+	if (describe(r, pt, name, src, r->obuf, &qt, err, errlen))
+		return -1;
 	g = quant_fold_find(&r->fold, t, &is_norm);
 	if (g && (group_scales(r, g, err, errlen) || apply_scales(r, g, &qt, err, errlen)))
 		return -1;
@@ -672,19 +687,38 @@ static int check_paths(const struct quant_run *r, char *err, size_t errlen)
 	return 0;
 }
 
-/* Loads the strategy and checks it has what it needs. */
+/* Loads the strategy (not for a dry run) and the --imatrix file, and
+ * checks the strategy gets what it needs. */
 static int open_strategy(struct quant_run *r, char *err, size_t errlen)
 {
-	r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
-					  sizeof(r->strategy_path), err, errlen);
-	if (!r->strategy)
-		return -1;
-	if (r->strategy->needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) {
+	uint32_t needs = 0;
+	bool hessian;
+
+	if (!r->p.dry_run) {
+		r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
+						  sizeof(r->strategy_path), err, errlen);
+		if (!r->strategy)
+			return -1;
+		needs = r->strategy->needs;
+	}
+	hessian = needs & LOOM_QS_NEEDS_HESSIAN;
+	if ((needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) && !r->p.imatrix) {
 		loom_seterr(err, errlen,
-			    "quant strategy %s (%s) needs calibration data (%s), which this loom quantize cannot give yet",
+			    "quant strategy %s (%s) needs calibration data (%s): pass --imatrix FILE (made by loom imatrix%s)",
 			    r->strategy->name, r->strategy_path,
-			    r->strategy->needs & LOOM_QS_NEEDS_HESSIAN ? "a Hessian" :
-			    "an importance matrix");
+			    hessian ? "a Hessian" : "an importance matrix",
+			    hessian ? " --hessian" : "");
+		return -1;
+	}
+	if (!r->p.imatrix)
+		return 0;
+	r->im = loom_imatrix_load(r->p.imatrix, hessian ? LOOM_IMATRIX_HESSIAN : 0, err, errlen);
+	if (!r->im)
+		return -1;
+	if (hessian && !loom_imatrix_has_hessian(r->im)) {
+		loom_seterr(err, errlen,
+			    "quant strategy %s needs Hessians, and %s has none: make it with loom imatrix --hessian",
+			    r->strategy->name, r->p.imatrix);
 		return -1;
 	}
 	return 0;
@@ -700,6 +734,8 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
 	    loom_formats_init(err, errlen))
 		return -1;
+	if (open_strategy(r, err, errlen))
+		return -1;
 	r->in = gguf_open(r->p.input, err, errlen);
 	if (!r->in || make_plan(r, err, errlen) || measure(r, err, errlen))
 		return -1;
@@ -708,7 +744,7 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		print_tensors(r);
 		return 0;
 	}
-	if (open_strategy(r, err, errlen) || plan_fold(r, err, errlen))
+	if (plan_fold(r, err, errlen))
 		return -1;
 	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
 		loom_seterr(err, errlen, "%s: path too long", r->p.output);
@@ -739,11 +775,12 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	int rc;
 
-	if (!p || p->struct_size < sizeof(*p)) {
+	/* a caller built before the appended fields passes a smaller struct */
+	if (!p || p->struct_size < offsetof(struct loom_quantize_params, imatrix)) {
 		loom_seterr(err, errlen, "loom_quantize: params not initialized (call loom_quantize_params_init)");
 		return -1;
 	}
-	r.p = *p;
+	memcpy(&r.p, p, p->struct_size < sizeof(r.p) ? p->struct_size : sizeof(r.p));
 	if (!r.p.strategy || !r.p.strategy[0])
 		r.p.strategy = "rtn";
 	r.out = p->out ? p->out : stdout;
@@ -758,6 +795,7 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	free(r.ibuf);
 	free(r.hbuf);
 	quant_fold_free(&r.fold);
+	loom_imatrix_free(r.im);
 	if (r.in)
 		gguf_close(r.in);
 	return rc;
