@@ -473,6 +473,15 @@ static struct plan_tensor *plan_of(struct quant_run *r, const struct gguf_tensor
 	return NULL;
 }
 
+/* Whether t goes through the strategy, or can: quantized, or stored as
+ * floats (then rewritten in its own type). */
+static bool rewritable(struct quant_run *r, const struct gguf_tensor *t)
+{
+	struct plan_tensor *pt = plan_of(r, t);
+
+	return pt && (pt->convert || block_elems(pt->type, NULL) == 1) && loom_format_get(pt->type);
+}
+
 /* Keeps the groups whose members are all quantized, or stored as floats
  * (then they are rewritten through the strategy in their own type); a
  * member copied as a quantized block would not take the scales. */
@@ -484,16 +493,18 @@ static int plan_fold(struct quant_run *r, char *err, size_t errlen)
 		return -1;
 	for (size_t i = 0; i < r->fold.n; i++) {
 		struct fold_group *g = &r->fold.g[i];
-		bool ok = plan_of(r, g->norm) != NULL;
+		const struct gguf_tensor *t[4] = { g->member[0], g->member[1], g->member[2] };
+		int n = g->n;
+		bool ok = true;
 
-		for (int m = 0; m < g->n && ok; m++) {
-			struct plan_tensor *pt = plan_of(r, g->member[m]);
-
-			ok = pt && (pt->convert || block_elems(pt->type, NULL) == 1) &&
-			     loom_format_get(pt->type);
-		}
-		for (int m = 0; m < g->n && ok; m++) {
-			struct plan_tensor *pt = plan_of(r, g->member[m]);
+		if (g->prev->n_dims == 2) /* a matrix's rows take 1/s */
+			t[n++] = g->prev;
+		else
+			ok = plan_of(r, g->prev) != NULL;
+		for (int m = 0; m < n && ok; m++)
+			ok = rewritable(r, t[m]);
+		for (int m = 0; m < n && ok; m++) {
+			struct plan_tensor *pt = plan_of(r, t[m]);
 
 			r->n_convert += !pt->convert;
 			pt->convert = true;
@@ -573,16 +584,43 @@ static int apply_scales(struct quant_run *r, const struct fold_group *g,
 	return 0;
 }
 
-/* The norm of a group with its weight divided by the scales. */
+/* qt's row j divided by s_j (qt is the prev of g: its output is g's
+ * input), in r->sbuf. */
+static int apply_row_scales(struct quant_run *r, struct fold_group *g,
+			    struct loom_qstrategy_tensor *qt, char *err, size_t errlen)
+{
+	size_t nc = (size_t)qt->cols, n = (size_t)qt->rows * nc;
+
+	if (group_scales(r, g, err, errlen))
+		return -1;
+	if (qt->rows != g->cols) {
+		loom_seterr(err, errlen, "tensor '%s': %lld rows, the scales %lld", qt->name,
+			    (long long)qt->rows, (long long)g->cols);
+		return -1;
+	}
+	if (qt->w != r->sbuf) {
+		if (!grow((void **)&r->sbuf, &r->scap, n * sizeof(float))) {
+			loom_seterr(err, errlen, "tensor '%s': out of memory", qt->name);
+			return -1;
+		}
+		memcpy(r->sbuf, qt->w, n * sizeof(float));
+		qt->w = r->sbuf;
+	}
+	for (size_t i = 0; i < n; i++)
+		r->sbuf[i] /= g->scales[i / nc];
+	return 0;
+}
+
+/* The norm before a group, its weight divided by the scales. */
 static int write_norm(struct quant_run *r, struct fold_group *g, struct gguf_writer *w,
 		      char *err, size_t errlen)
 {
-	const float *src = source_f32(plan_of(r, g->norm), &r->wbuf, &r->wcap, err, errlen);
+	const float *src = source_f32(plan_of(r, g->prev), &r->wbuf, &r->wcap, err, errlen);
 
 	if (!src || group_scales(r, g, err, errlen))
 		return -1;
 	if (!grow((void **)&r->sbuf, &r->scap, sizeof(float) * (size_t)g->cols))
-		return tensor_err(err, errlen, g->norm, "out of memory%s%s", "", "");
+		return tensor_err(err, errlen, g->prev, "out of memory%s%s", "", "");
 	for (int64_t j = 0; j < g->cols; j++)
 		r->sbuf[j] = src[j] / g->scales[j];
 	return gguf_write_bytes(w, r->sbuf, sizeof(float) * (size_t)g->cols, err, errlen);
@@ -593,10 +631,9 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 {
 	const struct gguf_tensor *t = pt->src;
 	struct loom_qstrategy_tensor qt;
-	struct fold_group *g;
+	struct fold_group *g, *pg;
 	char name[512], msg[512] = "";
 	const float *src = source_f32(pt, &r->wbuf, &r->wcap, err, errlen);
-	bool is_norm;
 	int rc;
 
 	if (!src)
@@ -607,8 +644,11 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
 	if (describe(r, pt, name, src, r->obuf, &qt, err, errlen))
 		return -1;
-	g = quant_fold_find(&r->fold, t, &is_norm);
+	g = quant_fold_member(&r->fold, t);
 	if (g && (group_scales(r, g, err, errlen) || apply_scales(r, g, &qt, err, errlen)))
+		return -1;
+	pg = quant_fold_prev(&r->fold, t);
+	if (pg && apply_row_scales(r, pg, &qt, err, errlen))
 		return -1;
 	rc = r->strategy->quantize(&qt, msg, sizeof(msg));
 	if (rc)
@@ -644,12 +684,10 @@ static int write_all(struct quant_run *r, const char *path, char *err, size_t er
 	for (uint64_t i = 0; i < r->n && !rc; i++) {
 		const struct plan_tensor *pt = &r->t[i];
 
-		struct fold_group *g;
-		bool is_norm = false;
+		struct fold_group *g = quant_fold_prev(&r->fold, pt->src);
 
 		progress(r, i, pt);
-		g = quant_fold_find(&r->fold, pt->src, &is_norm);
-		if (g && is_norm)
+		if (g && g->prev->n_dims == 1)
 			rc = write_norm(r, g, w, err, errlen);
 		else if (pt->convert)
 			rc = convert_one(r, pt, w, err, errlen);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Input scales folded by `loom quantize` keep the model's function.
 
-For a random f32 llama (untied output) and a qwen2 (attention biases)
+For random f32 llamas (untied output) and a qwen2 (attention biases)
 from tools/mkgguf.py, `loom quantize IN OUT f32 --strategy qs_fold.so`
 (a strategy whose input_scales are fixed random powers of two in
 [2^-1.5, 2^1.5], and whose quantize copies f32) must
@@ -60,47 +60,58 @@ def logits_and_tokens(model, tmp, tag):
         return np.fromfile(lp, dtype="<f4"), f.read().split()
 
 
-def check_scales(a, b, layers):
-    """The per-column ratio of each group member equals the norm's."""
+def ratio_check(name, got, want):
+    err = float(np.max(np.abs(got - want) / want))
+    if err > 1e-5:
+        failures.append("%s: scaled by %g off the expected scales" % (name, err))
+
+
+def check_scales(a, b, layers, mha):
+    """Each member's columns are scaled as its prev's output is divided."""
     all_s = []
     for i in range(layers):
-        for norm, members in (("attn_norm", ("attn_q", "attn_k", "attn_v")),
-                              ("ffn_norm", ("ffn_gate", "ffn_up"))):
-            key = "blk.%d.%s.weight" % (i, norm)
-            s = a[key] / b[key]
-            all_s.append(s)
-            for m in members:
-                mk = "blk.%d.%s.weight" % (i, m)
-                ratio = b[mk] / a[mk]  # rows x cols: column j times s_j
-                err = np.max(np.abs(ratio - s[None, :]) / s[None, :])
-                if err > 1e-5:
-                    failures.append("%s: columns scaled by %g off the norm's scales" % (mk, err))
-        for same in ("attn_output", "ffn_down"):
-            k = "blk.%d.%s.weight" % (i, same)
-            if not np.array_equal(a[k], b[k]):
-                failures.append("%s changed; it has no norm to fold into" % k)
+        t = lambda f, n: f["blk.%d.%s.weight" % (i, n)]
+        s_attn = t(a, "attn_norm") / t(b, "attn_norm")
+        s_ffn = t(a, "ffn_norm") / t(b, "ffn_norm")
+        s_down = (t(b, "ffn_down") / t(a, "ffn_down"))[0]
+        s_o = (t(b, "attn_output") / t(a, "attn_output"))[0]
+        all_s += [s_attn, s_ffn, s_down]
+        if mha:
+            all_s.append(s_o)
+        elif not np.array_equal(t(a, "attn_output"), t(b, "attn_output")):
+            failures.append("layer %d: attn_output changed with grouped K/V heads" % i)
+        want = {
+            "attn_q": s_attn[None, :], "attn_k": s_attn[None, :],
+            "attn_v": s_attn[None, :] / (s_o[:, None] if mha else 1.0),
+            "attn_output": np.broadcast_to(s_o[None, :], t(a, "attn_output").shape),
+            "ffn_gate": s_ffn[None, :], "ffn_up": s_ffn[None, :] / s_down[:, None],
+            "ffn_down": np.broadcast_to(s_down[None, :], t(a, "ffn_down").shape),
+        }
+        for name, w in want.items():
+            ratio_check("blk.%d.%s" % (i, name), t(b, name) / t(a, name), w)
     s = np.concatenate(all_s)
     if s.min() > 0.6 or s.max() < 1.6:
         failures.append("scales %g..%g: folding did not happen" % (s.min(), s.max()))
 
 
-def one_model(tmp, arch, extra):
-    src, out = os.path.join(tmp, arch + ".gguf"), os.path.join(tmp, arch + "_fold.gguf")
+def one_model(tmp, arch, extra, mha=False):
+    tag = arch + ("_mha" if mha else "")
+    src, out = os.path.join(tmp, tag + ".gguf"), os.path.join(tmp, tag + "_fold.gguf")
     run([sys.executable, MKGGUF, src, "--arch", arch, "--type", "f32", "--layers", "2",
          "--seed", "3", "-q"] + extra)
     p = run([LOOM, "quantize", src, out, "f32", "--strategy", FOLD, "-t", "2"])
     a, b = tensors(src), tensors(out)
-    check_scales(a, b, 2)
+    check_scales(a, b, 2, mha)
     if not np.array_equal(a["token_embd.weight"], b["token_embd.weight"]):
         failures.append("%s: token_embd changed" % arch)
-    la, ta = logits_and_tokens(src, tmp, arch + "_a")
-    lb, tb = logits_and_tokens(out, tmp, arch + "_b")
+    la, ta = logits_and_tokens(src, tmp, tag + "_a")
+    lb, tb = logits_and_tokens(out, tmp, tag + "_b")
     rel = float(np.max(np.abs(la - lb)) / np.max(np.abs(la)))
-    print("%s: logits after folding differ by %.2e of max|logit| (tolerance %g)" % (arch, rel, TOL))
+    print("%s: logits after folding differ by %.2e of max|logit| (tolerance %g)" % (tag, rel, TOL))
     if not rel < TOL:
-        failures.append("%s: folded logits differ by %.3g relative" % (arch, rel))
+        failures.append("%s: folded logits differ by %.3g relative" % (tag, rel))
     if ta != tb:
-        failures.append("%s: greedy tokens differ: %s vs %s" % (arch, ta, tb))
+        failures.append("%s: greedy tokens differ: %s vs %s" % (tag, ta, tb))
 
 
 def bad_scale(tmp):
@@ -117,6 +128,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="loom_fold_")
     try:
         one_model(tmp, "llama", [])
+        one_model(tmp, "llama", ["--kv-heads", "4"], mha=True)
         one_model(tmp, "qwen2", [])
         bad_scale(tmp)
     finally:
