@@ -404,7 +404,11 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
 	e->m = loom_model_load(e->f, mp, err, errlen);
-	return e->m ? 0 : LOOM_ERR_INVALID;
+	if (!e->m)
+		return LOOM_ERR_INVALID;
+	e->m->gemm_input = p->gemm_input;
+	e->m->gemm_input_user = p->gemm_input_user;
+	return 0;
 }
 
 struct loom_engine *loom_engine_open(const struct loom_engine_params *params,

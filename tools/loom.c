@@ -1,5 +1,5 @@
 /* loom: run, info, tokenize, bench, perplexity, backends, check-backend,
- * quantize
+ * quantize, imatrix
  * (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 
 #include "backends.h"
 #include "bench.h"
+#include "imatrix.h"
 #include "perplexity.h"
 #include "loom.h"
 #include "loom_config.h"
@@ -452,7 +453,32 @@ static int cmd_quantize(int argc, char **argv, char *err)
 	q.n_threads = o.n_threads;
 	q.allow_requantize = o.allow_requantize;
 	q.dry_run = o.dry_run;
+	q.imatrix = o.imatrix[0] ? o.imatrix : NULL;
 	return loom_quantize(&q, err, ERRLEN);
+}
+
+static int cmd_imatrix(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	char *text;
+	size_t len = 0;
+	int rc;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	if (o.imatrix_show[0])
+		return loom_imatrix_show(o.imatrix_show, err, ERRLEN);
+	if (!o.model[0] || !o.prompt_file[0] || !o.imatrix_out[0]) {
+		snprintf(err, ERRLEN, "imatrix needs --model FILE, -f CALIB.txt and -o FILE (or --show FILE)");
+		return -1;
+	}
+	text = read_file(o.prompt_file, &len, err);
+	if (!text)
+		return -1;
+	rc = loom_imatrix_main(&o, text, len, err, ERRLEN);
+	free(text);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -477,6 +503,8 @@ int main(int argc, char **argv)
 		rc = cmd_backends(argc, argv, err);
 	else if (!strcmp(cmd, "quantize"))
 		rc = cmd_quantize(argc, argv, err);
+	else if (!strcmp(cmd, "imatrix"))
+		rc = cmd_imatrix(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

@@ -19,7 +19,8 @@
 #define BACKENDS LOOM_CMD_BACKENDS
 #define CHECK LOOM_CMD_CHECK
 #define QUANTIZE LOOM_CMD_QUANTIZE
-#define ENGINE (RUN | BENCH | SERVE | PPL) /* the subcommands that load a backend */
+#define IMATRIX LOOM_CMD_IMATRIX
+#define ENGINE (RUN | BENCH | SERVE | PPL | IMATRIX) /* the subcommands that load a backend */
 
 enum opt_type {
 	OPT_STR,     /* a char array, the value copied in */
@@ -55,13 +56,13 @@ static const struct opt_def opts[] = {
 	{ .name = "prompt", .short_name = 'p', .type = OPT_ARG, FIELD(prompt), .cmds = RUN,
 	  .flag_only = true },
 	{ .name = "file", .short_name = 'f', .type = OPT_STR, FIELD(prompt_file),
-	  .cmds = RUN | TOKENIZE | PPL },
+	  .cmds = RUN | TOKENIZE | PPL | IMATRIX },
 	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
 	  .lo = -1, .hi = INT_MAX, .cmds = RUN | CHECK },
 	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
 	  .lo = 0, .hi = 1024, .cmds = ENGINE | CHECK | QUANTIZE },
 	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
-	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL },
+	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL | IMATRIX },
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
 	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
@@ -81,7 +82,14 @@ static const struct opt_def opts[] = {
 	{ .name = "save-logits", .type = OPT_STR, FIELD(save_logits), .cmds = PPL },
 	{ .name = "kl-base", .type = OPT_STR, FIELD(kl_base), .cmds = PPL },
 	{ .name = "chunks", .type = OPT_INT, FIELD(n_chunks), .lo = 0, .hi = INT_MAX,
-	  .cmds = PPL },
+	  .cmds = PPL | IMATRIX },
+	/* imatrix, and quantize --imatrix (docs/QUANTIZATION.md) */
+	{ .name = "output", .short_name = 'o', .type = OPT_STR, FIELD(imatrix_out),
+	  .cmds = IMATRIX },
+	{ .name = "hessian", .type = OPT_BOOL, FIELD(hessian), .cmds = IMATRIX },
+	{ .name = "show", .type = OPT_STR, FIELD(imatrix_show), .cmds = IMATRIX,
+	  .flag_only = true },
+	{ .name = "imatrix", .type = OPT_STR, FIELD(imatrix), .cmds = QUANTIZE },
 	/* sampling */
 	{ .name = "temp", .type = OPT_FLOAT, FIELD(sp.temp), .lo = 0, .hi = 100, .cmds = RUN },
 	{ .name = "top-k", .type = OPT_INT, FIELD(sp.top_k), .lo = 0, .hi = INT_MAX, .cmds = RUN },
@@ -217,10 +225,14 @@ static const struct cmd_def {
 	  "check-backend BACKEND.so [--model FILE [-n 16]] [-t N] [--reference ref.so]\n"
 	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
 	{ .name = "quantize", .cmd = QUANTIZE, .max_args = 3, .usage =
-	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|NAME|PATH] [-t N]\n"
-	  "            [--allow-requantize] [--dry-run] [--config FILE]\n"
+	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|imatrix|NAME|PATH] [-t N]\n"
+	  "            [--imatrix FILE] [--allow-requantize] [--dry-run] [--config FILE]\n"
 	  "            TYPE: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K, or a llama.cpp\n"
 	  "            mix: Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q3_K_M Q3_K_S Q3_K_L Q2_K Q6_K Q8_0 Q4_0...\n" },
+	{ .name = "imatrix", .cmd = IMATRIX, .usage =
+	  "imatrix   --model FILE -f CALIB.txt -o FILE [-c 512] [--chunks N] [--hessian]\n"
+	  "            [--backend=cpu.so] [-t N] [--exact] [--config FILE]\n"
+	  "            | --show FILE   calibration statistics for quantize --imatrix\n" },
 };
 
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
