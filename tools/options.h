@@ -105,6 +105,8 @@ struct loom_options {
 	 * loom_grammar_new) ---- */
 	char grammar[64];        /* "json", "json_object"; "" or "none": off */
 	char json_schema[4096];  /* a JSON Schema file: output follows it */
+	/* ---- appended (mpi): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int tp, pp;              /* --tp, --pp: tensor ranks, pipeline stages */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */

@@ -59,6 +59,11 @@ struct loom_kv {
 	int32_t *layer_pool;     /* with local, per model layer: 1 in local, 0 here */
 	int32_t *layer_index;    /* with local, per model layer: index in its pool */
 	int64_t n_held_peak;     /* most blocks referenced by sequences at once */
+	/* ---- distributed jobs ---- */
+	bool log_copies;         /* record copies (rank 0 sends them on) */
+	int32_t *copy_log;       /* (dst, src) pairs since the last plan */
+	int32_t n_copy_log, cap_copy_log;
+	int64_t layer_lo, layer_hi; /* model layers with memory here (pp) */
 };
 
 struct loom_kv_block {
@@ -83,6 +88,10 @@ struct loom_kv_config {
 	int64_t n_blocks;        /* blocks of the full-context layers' pool */
 	const int32_t *windows;  /* per layer: > 0 a sliding window; NULL: none */
 	int64_t n_local_blocks;  /* blocks of the windowed layers' pool */
+	/* a pipeline stage's layers: only layers layer_lo .. layer_hi-1 get
+	 * memory (the pools and block counts stay the whole model's);
+	 * both 0: every layer */
+	int64_t layer_lo, layer_hi;
 };
 
 /* Bytes needed for n_blocks blocks; 0 on overflow. */
