@@ -404,6 +404,9 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 	if (build_engine(e, &p, &mp, err, errlen) || !dist_agree(e, err, errlen))
 		goto out_close;
 	e->dist_started = e->dist != NULL;
+	if (e->dist)
+		loom_log(LOOM_LOG_INFO, "distributed: rank %d of %d ready", e->dist->rank,
+			 e->dist->size);
 	return e;
 out_close:
 	loom_engine_close(e);

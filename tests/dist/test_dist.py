@@ -149,24 +149,27 @@ def test_serve():
 
 
 def fault_once(sig):
-    """A long generation; once rank 0 has printed tokens, rank 1 gets sig."""
+    """A long benchmark (it ignores end-of-generation); once both ranks
+    have loaded and rank 0 has had 3 s to start generating, rank 1 gets
+    sig."""
     env = dict(ENV, LOOM_DIST_TIMEOUT='5', LOOM_DEBUG='1')
-    cmd = mpirun(2) + [LOOM, 'run', '-m', SMOL, '-p', PROMPT, '-n', '100000', '--temp', '0',
-                       '-t', '1', '--no-progress', '--tp', '2']
+    cmd = mpirun(2) + [LOOM, 'bench', '-m', SMOL, '-p', '8', '-n', '3000', '-r', '1',
+                       '-t', '1', '--tp', '2']
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          start_new_session=True)
-    os.set_blocking(p.stdout.fileno(), False)
     os.set_blocking(p.stderr.fileno(), False)
     err = b''
     pid1 = None
+    loaded = None
     deadline = time.time() + 180
     try:
         while time.time() < deadline and pid1 is None:
             time.sleep(0.2)
             err += p.stderr.read() or b''
-            out = p.stdout.read() or b''
             m = re.search(rb'rank 1 of 2 \(pid (\d+)\)', err)
-            if m and out:
+            if loaded is None and len(re.findall(rb'of 2 ready', err)) >= 2:
+                loaded = time.time()
+            if m and loaded and time.time() - loaded > 3:
                 pid1 = int(m.group(1))
             if p.poll() is not None:
                 fail('the job ended before the fault: %s' % err.decode()[-2000:])
