@@ -11,6 +11,9 @@ usage: test_dist.py LOOM MODE [ARGS...]
                  single-process server's text
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
+  ref TINY       on ref.so and a small synthetic model, the prompt's logits
+                 (a 40-token prefill) and the greedy text with --tp 2,
+                 --pp 2 and both are bitwise the single process's
   refuse SKEL    bad combinations are refused with a message naming them
 Exits 77 (skip) when mpirun or this build's MPI is missing, or a model is.
 """
@@ -53,7 +56,8 @@ def mpirun(n):
 
 
 def run(cmd, timeout=240, env=ENV):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors='surrogateescape',
+                       timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -83,6 +87,28 @@ def same(model, extra, dist, ranks, label):
     if got != want:
         fail('%s: output differs\n single: %r\n %d ranks: %r' % (label, want, ranks, got))
     print('ok %s: %d ranks give the single process\'s %d bytes: %r' % (label, ranks, len(got), got))
+
+
+def test_ref(tiny):
+    prompt = ' '.join(['the robot paints the harbor at dawn'] * 6)
+    base = [LOOM, 'run', '-m', tiny, '--backend', 'ref.so', '-p', prompt, '-n', '12',
+            '--temp', '0', '--exact', '-t', '1', '--no-progress']
+    outs = []
+    for dist, ranks in (([], 0), (['--tp', '2'], 2), (['--pp', '2'], 2),
+                        (['--tp', '2', '--pp', '2'], 4)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
+        rc, out, err = run((mpirun(ranks) if ranks else []) + base + dist +
+                           ['--dump-logits', dump])
+        if rc != 0:
+            fail('%s: exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            outs.append((' '.join(dist) or 'single', out, f.read()))
+        os.unlink(dump)
+    for label, out, logits in outs[1:]:
+        if out != outs[0][1] or logits != outs[0][2]:
+            fail('ref.so %s: text or prompt logits differ from the single process' % label)
+        print('ok ref: %s: %d logits bytes and the text bitwise the single process\'s'
+              % (label, len(logits)))
 
 
 def free_port():
@@ -242,6 +268,8 @@ def main():
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
+    elif MODE == 'ref':
+        test_ref(sys.argv[3])
     elif MODE == 'refuse':
         test_refuse(sys.argv[3])
     else:
