@@ -294,7 +294,7 @@ static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t row
 		.struct_size = sizeof(a), .w_type = nd->w->type,
 		.m = rows, .n = nd->w->rows, .k = nd->w->cols,
 		.w = nd->w->data, .w_stride = nd->w->row_bytes,
-		.x = e->act[nd->a], .x_stride = e->width[nd->a],
+		.x = e->act[nd->a] + nd->a_col, .x_stride = e->width[nd->a],
 		.y = e->act[nd->dst] + nd->col, .y_stride = e->width[nd->dst],
 		.w_packed = nd->w->packed,
 	};
@@ -375,13 +375,15 @@ static int run_gather(struct loom_exec *e, const struct loom_node *nd,
 	return 0;
 }
 
-/* The tensor ranks' shares of dst's columns, to every one of them. */
-static int run_allgather(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+/* The tensor ranks' shares of dst's columns, to every one of them; or
+ * (all-reduce) their partial sums of dst added up. */
+static int run_collective(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
 {
 	const struct loom_backend *be = e->m->be;
 	const struct loom_shard *s = &e->m->shard;
 	struct loom_collective_args a = {
-		.struct_size = sizeof(a), .op = LOOM_COLL_ALLGATHER, .comm = s->tp_comm,
+		.struct_size = sizeof(a), .comm = s->tp_comm,
+		.op = nd->op == NODE_ALLREDUCE ? LOOM_COLL_ALLREDUCE_SUM : LOOM_COLL_ALLGATHER,
 		.n_ranks = s->tp, .rank = s->tp_rank, .x = e->act[nd->dst], .rows = rows,
 		.stride = e->width[nd->dst], .col_start = s->cols[nd->split],
 	};
@@ -453,7 +455,8 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 				    e->act[nd->b] + nd->col, e->width[nd->b], rows,
 				    nd->cols ? nd->cols : wd);
 	case NODE_ALLGATHER:
-		return run_allgather(e, nd, rows);
+	case NODE_ALLREDUCE:
+		return run_collective(e, nd, rows);
 	case NODE_RECV:
 	case NODE_SEND:
 		return run_pipe(e, nd, rows);
@@ -469,7 +472,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 
 static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
-	"headnorm", "scale", "softcap", "all-gather", "receive", "send",
+	"headnorm", "scale", "softcap", "all-gather", "all-reduce", "receive", "send",
 };
 
 /* Runs the graph's nodes; err names the node that failed. */

@@ -79,6 +79,26 @@ static void emit_gemm_at(struct builder *b, enum loom_act dst, enum loom_act a,
 				    .col = col });
 }
 
+/* p = a . W^T for a projection (wo, w_down) whose input a holds this
+ * rank's columns from a_col on: gathered first and multiplied by the
+ * rank's rows of W, then gathered (exact); or multiplied by the rank's
+ * columns of W and summed over the ranks (shard.h). */
+static void emit_projection(struct builder *b, const struct loom_shard *s, enum loom_act a,
+			    enum loom_split split, const struct loom_weight *w, int i,
+			    int64_t a_col)
+{
+	if (s->reduce) {
+		emit(b, (struct loom_node){ .op = NODE_GEMM, .dst = ACT_PROJ, .a = a, .w = w,
+					    .layer = i, .a_col = a_col });
+		emit(b, (struct loom_node){ .op = NODE_ALLREDUCE, .dst = ACT_PROJ, .a = ACT_PROJ,
+					    .layer = i, .split = SPLIT_SUM });
+		return;
+	}
+	emit_gather(b, s, a, split, i);
+	emit_gemm_at(b, ACT_PROJ, a, w, i, s->embd_lo);
+	emit_gather(b, s, ACT_PROJ, SPLIT_EMBD, i);
+}
+
 static void emit_attention(struct builder *b, const struct loom_shard *s,
 			   const struct loom_layer *L, int i, int64_t head_dim)
 {
@@ -101,9 +121,7 @@ static void emit_attention(struct builder *b, const struct loom_shard *s,
 				    .layer = i });
 	emit(b, (struct loom_node){ .op = NODE_ATTENTION, .dst = ACT_ATT, .a = ACT_Q,
 				    .layer = i, .col = s->q_lo * head_dim });
-	emit_gather(b, s, ACT_ATT, SPLIT_ATT, i);
-	emit_gemm_at(b, ACT_PROJ, ACT_ATT, &L->wo, i, s->embd_lo);
-	emit_gather(b, s, ACT_PROJ, SPLIT_EMBD, i);
+	emit_projection(b, s, ACT_ATT, SPLIT_ATT, &L->wo, i, s->q_lo * head_dim);
 	if (L->post_attn_norm.data)
 		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_attn_norm, i);
 	emit_residual(b, i);
@@ -117,9 +135,7 @@ static void emit_ffn(struct builder *b, const struct loom_shard *s,
 	emit_gemm_at(b, ACT_UP, ACT_XN, &L->w_up, i, s->ff_lo);
 	emit(b, (struct loom_node){ .op = NODE_GLU, .dst = ACT_GATE, .a = ACT_GATE, .b = ACT_UP,
 				    .layer = i, .col = s->ff_lo, .cols = s->ff_hi - s->ff_lo });
-	emit_gather(b, s, ACT_GATE, SPLIT_FF, i);
-	emit_gemm_at(b, ACT_PROJ, ACT_GATE, &L->w_down, i, s->embd_lo);
-	emit_gather(b, s, ACT_PROJ, SPLIT_EMBD, i);
+	emit_projection(b, s, ACT_GATE, SPLIT_FF, &L->w_down, i, s->ff_lo);
 	if (L->post_ffn_norm.data)
 		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_ffn_norm, i);
 	emit_residual(b, i);

@@ -288,6 +288,7 @@ struct weight_plan {
 	 * (a run of rows, or of a vector's values) */
 	const void *src;
 	size_t src_bytes;
+	void *owned; /* src when it is a copy (a column shard), freed after load */
 	/* a fused tensor: w (the first part) is loaded whole, then split
 	 * into parts of part_rows rows each */
 	int n_parts;
@@ -302,6 +303,7 @@ struct loader {
 	/* the shard of the next planned tensor: rows (values of a vector)
 	 * slice_lo .. slice_lo + slice_n - 1; slice_n 0: the whole tensor */
 	int64_t slice_lo, slice_n;
+	bool slice_cols; /* the slice is of columns (every row's), not rows */
 	struct weight_plan *plan;
 	int n_plan, cap_plan;
 	size_t total;
@@ -349,6 +351,36 @@ static int take_slice(struct loader *l, struct weight_plan *p, const char *name,
 	}
 	p->src = (const char *)p->t->data + (size_t)lo * unit;
 	p->src_bytes = (size_t)n * unit;
+	return 0;
+}
+
+/* Narrows plan p to columns slice_lo.. of every row, copied together
+ * (a row-parallel shard); the slice starts and ends on block boundaries. */
+static int take_cols(struct loader *l, struct weight_plan *p, const char *name, int64_t rows,
+		     int64_t *cols)
+{
+	const struct loom_quant_format *fmt = loom_format_get(p->t->type);
+	int64_t lo = l->slice_lo, n = l->slice_n, be = fmt->block_elems;
+	size_t row = p->t->nbytes / (size_t)rows, off, len, total;
+	char *copy;
+
+	if (lo < 0 || n <= 0 || lo + n > *cols || lo % be || n % be) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': columns %lld+%lld do not fall on its %lld-value blocks",
+			    name, (long long)lo, (long long)n, (long long)be);
+		return -1;
+	}
+	off = (size_t)(lo / be) * fmt->block_bytes;
+	len = (size_t)(n / be) * fmt->block_bytes;
+	if (__builtin_mul_overflow(len, (size_t)rows, &total) || !(copy = malloc(total))) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': out of memory for its shard", name);
+		return -1;
+	}
+	for (int64_t r = 0; r < rows; r++)
+		memcpy(copy + (size_t)r * len, (const char *)p->t->data + (size_t)r * row + off, len);
+	p->owned = copy;
+	p->src = copy;
+	p->src_bytes = total;
+	*cols = n;
 	return 0;
 }
 
@@ -401,7 +433,8 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	p->t = t;
 	p->src = t->data;
 	p->src_bytes = t->nbytes;
-	if (l->slice_n && take_slice(l, p, name, &want_rows, &cols, rows == 0))
+	if (l->slice_n && (l->slice_cols ? take_cols(l, p, name, want_rows, &cols) :
+			   take_slice(l, p, name, &want_rows, &cols, rows == 0)))
 		return -1;
 	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
 		!be->ops->supports(be->ctx, op, t->type);
@@ -469,6 +502,7 @@ static void set_slice(struct loader *l, size_t slot)
 	int64_t hd = l->m->hp.head_dim;
 
 	l->slice_lo = l->slice_n = 0;
+	l->slice_cols = false;
 	if (s->tp == 1)
 		return;
 	if (slot == offsetof(struct loom_layer, wq) || slot == offsetof(struct loom_layer, bq)) {
@@ -480,6 +514,14 @@ static void set_slice(struct loader *l, size_t slot)
 		l->slice_n = (s->kv_hi - s->kv_lo) * hd;
 	} else if (slot == offsetof(struct loom_layer, w_gate) ||
 		   slot == offsetof(struct loom_layer, w_up)) {
+		l->slice_lo = s->ff_lo;
+		l->slice_n = s->ff_hi - s->ff_lo;
+	} else if (s->reduce && slot == offsetof(struct loom_layer, wo)) {
+		l->slice_cols = true; /* row-parallel: this rank's heads' columns */
+		l->slice_lo = s->q_lo * hd;
+		l->slice_n = (s->q_hi - s->q_lo) * hd;
+	} else if (s->reduce && slot == offsetof(struct loom_layer, w_down)) {
+		l->slice_cols = true;
 		l->slice_lo = s->ff_lo;
 		l->slice_n = s->ff_hi - s->ff_lo;
 	} else if (slot == offsetof(struct loom_layer, wo) ||
@@ -520,6 +562,7 @@ static int plan_layers(struct loader *l)
 		}
 	}
 	l->slice_lo = l->slice_n = 0;
+	l->slice_cols = false;
 	return 0;
 }
 
@@ -640,7 +683,7 @@ static int pack_all(struct loader *l)
 		p->packed = true;
 		p->w->packed = true;
 		p->w->data = be->ops->buffer_addr(be->ctx, buf);
-		if (!getenv("NOREL")) gguf_release(l->f, p->src, p->src_bytes);
+		if (!getenv("NOREL") && !p->owned) gguf_release(l->f, p->src, p->src_bytes);
 	}
 	/* the upload plan without the packed weights */
 	l->total = 0;
@@ -732,8 +775,37 @@ static int upload_all(struct loader *l, bool show)
 	return 0;
 }
 
+/* Whether every held layer's wo and w_down split by columns on block
+ * boundaries (each rank's heads' and FFN columns' start and count). */
+static bool columns_fit(const struct gguf_file *f, const struct loom_model *m)
+{
+	const struct loom_shard *s = &m->shard;
+	int64_t hd = m->hp.head_dim;
+
+	for (int32_t i = s->layer_lo; i < s->layer_hi; i++) {
+		for (const struct loom_arch_tensor *t = m->hp.arch->tensors; t->name; t++) {
+			bool wo = t->slot == offsetof(struct loom_layer, wo);
+			const struct gguf_tensor *gt;
+			int64_t lo, n, be;
+
+			if (t->n_parts || (!wo && t->slot != offsetof(struct loom_layer, w_down)))
+				continue;
+			gt = find_tensor(f, t->name, i);
+			if (!gt || !loom_format_get(gt->type))
+				return false;
+			be = loom_format_get(gt->type)->block_elems;
+			lo = wo ? s->q_lo * hd : s->ff_lo;
+			n = wo ? (s->q_hi - s->q_lo) * hd : s->ff_hi - s->ff_lo;
+			if (lo % be || n % be)
+				return false;
+		}
+	}
+	return true;
+}
+
 /* This process's share of the model: all of it, or a rank's. */
-static int plan_shard(struct loom_model *m, struct loom_dist *d, char *err, size_t errlen)
+static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct loom_dist *d,
+		      uint32_t flags, char *err, size_t errlen)
 {
 	if (!d) {
 		loom_shard_single(&m->shard, &m->hp);
@@ -743,12 +815,28 @@ static int plan_shard(struct loom_model *m, struct loom_dist *d, char *err, size
 		return -1;
 	m->shard.dist = d;
 	m->shard.tp_comm = d->tp_comm;
+	/* exact mode keeps the single process's sums (all-gathers) */
+	m->shard.reduce = d->tp > 1 && !(flags & LOOM_BACKEND_EXACT) && columns_fit(f, m);
+	if (d->tp > 1 && !(flags & LOOM_BACKEND_EXACT) && !m->shard.reduce)
+		loom_log(LOOM_LOG_INFO, "--tp %d: the heads or FFN columns do not split on the weights' blocks; all-gathers as in exact mode",
+			 d->tp);
+	if (d->tp > 1)
+		loom_log(LOOM_LOG_INFO, "--tp %d: %s per layer", d->tp, m->shard.reduce ?
+			 "2 all-reduces (row-parallel wo, w_down)" :
+			 "4 all-gathers (the single process's sums)");
 	if (d->tp > 1 && !loom_backend_has_collective(m->be)) {
 		loom_seterr(err, errlen, "--tp %d: backend %s (ABI 1.%u) has no collective slot (ABI 1.4); use one that has, e.g. cpu.so or ref.so",
 			    d->tp, m->be->path, m->be->ops->abi_minor);
 		return -1;
 	}
 	return 0;
+}
+
+static void free_plan(struct loader *l)
+{
+	for (int i = 0; i < l->n_plan; i++)
+		free(l->plan[i].owned);
+	free(l->plan);
 }
 
 struct loom_model *loom_model_load(const struct gguf_file *f,
@@ -774,7 +862,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		loom_seterr(err, errlen, "out of memory");
 		goto out_free;
 	}
-	if (plan_shard(m, p->dist, err, errlen))
+	if (plan_shard(m, f, p->dist, p->backend_flags, err, errlen))
 		goto out_free;
 	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) || pack_all(&l) ||
 	    upload_all(&l, p->progress && isatty(2)))
@@ -787,11 +875,11 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		m->output = m->tok_embd;
 	if (loom_graph_build(m, err, errlen))
 		goto out_free;
-	free(l.plan);
+	free_plan(&l);
 	return m;
 
 out_free:
-	free(l.plan);
+	free_plan(&l);
 	loom_model_free(m);
 	return NULL;
 }

@@ -79,6 +79,7 @@ enum loom_node_op {
 	NODE_SOFTCAP,  /* dst = value * tanh(dst / value), in place; logits only
 			* (without the backend slot the host caps the download) */
 	NODE_ALLGATHER, /* dst's columns, split `split` between tensor ranks */
+	NODE_ALLREDUCE, /* dst summed over the tensor ranks */
 	NODE_RECV,      /* dst (the residual stream) from the previous stage */
 	NODE_SEND,      /* a (the residual stream) to the next stage */
 };
@@ -96,7 +97,8 @@ struct loom_node {
 	/* a tensor rank's share: gemm writes dst's columns from col on; glu
 	 * and attention work on columns col .. col + cols - 1 (0: all) */
 	int64_t col, cols;
-	enum loom_split split; /* NODE_ALLGATHER */
+	int64_t a_col;         /* gemm: the input's columns from a_col on */
+	enum loom_split split; /* NODE_ALLGATHER, NODE_ALLREDUCE */
 };
 
 struct loom_model {

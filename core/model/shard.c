@@ -103,6 +103,8 @@ int loom_shard_plan(struct loom_shard *s, const struct loom_hparams *hp, int tp,
 	att_cols(s, hp, tp);
 	split_cols(s->cols[SPLIT_EMBD], hp->n_embd, 1, tp);
 	split_cols(s->cols[SPLIT_FF], hp->n_ff, 1, tp);
+	for (int r = 0; r <= tp; r++)
+		s->cols[SPLIT_SUM][r] = r ? hp->n_embd : 0;
 	s->ff_lo = s->cols[SPLIT_FF][s->tp_rank];
 	s->ff_hi = s->cols[SPLIT_FF][s->tp_rank + 1];
 	s->embd_lo = s->cols[SPLIT_EMBD][s->tp_rank];

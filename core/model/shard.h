@@ -15,6 +15,13 @@
  * the backend's gemm does not depend on the matrix's row count (ref.so
  * always; cpu.so for decode; docs/DISTRIBUTED.md).
  *
+ * Outside exact mode (`reduce`), when every rank's heads and FFN columns
+ * start and end on the weights' block boundaries, wo and w_down are split
+ * by columns instead (row-parallel: each rank reads the columns of its
+ * heads, of its FFN columns) and each projection is summed over the
+ * ranks with one all-reduce: two collectives per layer, not four, with
+ * sums in another order than one process's (within float rounding).
+ *
  * Pipeline parallelism (pp stages) gives stage s layers layer_lo ..
  * layer_hi-1; stage 0 embeds, the last stage's tensor rank 0 computes the
  * logits.
@@ -29,7 +36,9 @@
 struct loom_hparams;
 
 /* The all-gathered activations' column splits. */
-enum loom_split { SPLIT_ATT, SPLIT_EMBD, SPLIT_FF, SPLIT_COUNT };
+enum loom_split { SPLIT_ATT, SPLIT_EMBD, SPLIT_FF,
+		  SPLIT_SUM, /* all-reduce: every rank holds all n_embd columns */
+		  SPLIT_COUNT };
 
 struct loom_shard {
 	int tp, tp_rank, pp, stage, rank;
@@ -40,6 +49,7 @@ struct loom_shard {
 	int32_t layer_lo, layer_hi;
 	bool first, last;         /* the stage embeds / holds the last layer */
 	bool logits;              /* this rank computes the logits */
+	bool reduce;              /* wo, w_down split by columns + all-reduce */
 	int logits_rank;          /* the world rank that does */
 	int prev_rank, next_rank; /* same tensor rank, stage -1 / +1; -1: none */
 	/* [tp + 1] column starts of each split, per tensor rank */

@@ -109,6 +109,28 @@ def test_ref(tiny):
             fail('ref.so %s: text or prompt logits differ from the single process' % label)
         print('ok ref: %s: %d logits bytes and the text bitwise the single process\'s'
               % (label, len(logits)))
+    # outside exact mode: row-parallel projections summed by all-reduce,
+    # the same math in another order
+    dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
+    cmd = [c for c in base if c != '--exact'] + ['--tp', '2', '--dump-logits', dump]
+    rc, out, err = run(mpirun(2) + cmd, env=dict(ENV, LOOM_DEBUG='1'))
+    if rc != 0 or '2 all-reduces' not in err:
+        fail('ref.so --tp 2 (all-reduce): exit %d\n%s' % (rc, err[-2000:]))
+    with open(dump, 'rb') as f:
+        got = f.read()
+    os.unlink(dump)
+    want, have = struct_floats(outs[0][2]), struct_floats(got)
+    worst = max(abs(a - b) for a, b in zip(want, have))
+    scale = max(abs(a) for a in want)
+    if len(want) != len(have) or worst > 1e-4 * max(scale, 1.0):
+        fail('ref.so --tp 2 all-reduce: logits differ by %g (largest %g)' % (worst, scale))
+    print('ok ref: --tp 2 with all-reduce: logits within %.3g of the single process (largest %.3g)'
+          % (worst, scale))
+
+
+def struct_floats(b):
+    import struct
+    return struct.unpack('<%df' % (len(b) // 4), b)
 
 
 def free_port():
