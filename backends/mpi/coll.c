@@ -1,8 +1,9 @@
-/* Host-memory collectives over MPI (see coll.h). Both operations move
+/* Host-memory collectives over MPI (see coll.h). The all-gather moves
  * each rank's columns as one contiguous block per rank: pack, one
- * MPI_Allgatherv, unpack. The all-reduce gathers every rank's block and
- * sums in rank order on each rank, so the result is bitwise the same on
- * all ranks and from run to run (MPI_Allreduce promises neither). */
+ * MPI_Allgatherv, unpack. The all-reduce is an all-to-all of pieces, a
+ * sum in rank order of each piece by the rank that owns it, and an
+ * all-gather (see allreduce), so the result is bitwise the same on all
+ * ranks and from run to run (MPI_Allreduce promises neither). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,8 @@
 
 #if LOOM_HAVE_MPI
 #include <mpi.h>
+
+#define LOOM_MPI_MAX_RANKS 4096
 
 static int fail(char *why, size_t len, int rc, const char *msg)
 {
@@ -98,34 +101,82 @@ out_free:
 	return rc;
 }
 
+/* Columns c0 .. c0+w-1 in n near-equal pieces: piece p is [lo(p), lo(p+1)). */
+static int64_t piece_lo(int64_t w, int n, int p)
+{
+	return w * p / n;
+}
+
+/*
+ * Sum over the ranks, added in rank order, at a ring all-reduce's cost:
+ * each rank owns one piece of the columns; an all-to-all brings it every
+ * rank's values of its piece, which it adds up in rank order; an
+ * all-gather then gives every rank every summed piece. Each rank receives
+ * 2 (n-1)/n of the array, and every element is summed by one rank only,
+ * so all ranks end up with the same bits.
+ */
 static int allreduce(const struct loom_collective_args *a, char *why, size_t len)
 {
-	int64_t c0 = a->col_start[0], w = a->col_start[a->n_ranks] - c0;
-	int count, all;
-	float *send, *recv;
-	int rc = 0;
+	int n = a->n_ranks, me = a->rank, *cnt = calloc((size_t)n * 4, sizeof(int));
+	int64_t c0 = a->col_start[0], w = a->col_start[n] - c0;
+	int64_t mine = piece_lo(w, n, me + 1) - piece_lo(w, n, me);
+	float *send = NULL, *recv = NULL;
+	int *sd, *rc_, *rd, total = 0, rc = LOOM_ERR_NOMEM;
 
-	if (!count_of(a->rows, w, &count) || !count_of(count, a->n_ranks, &all))
-		return fail(why, len, LOOM_ERR_INVALID, "all-reduce larger than MPI's int count");
-	send = malloc(sizeof(float) * ((size_t)count + 1));
-	recv = malloc(sizeof(float) * ((size_t)all + 1));
+	if (!cnt)
+		return fail(why, len, rc, "out of memory");
+	sd = cnt + n, rc_ = cnt + 2 * n, rd = cnt + 3 * n;
+	for (int p = 0; p < n; p++) {
+		int64_t pw = piece_lo(w, n, p + 1) - piece_lo(w, n, p);
+
+		if (!count_of(a->rows, pw, &cnt[p]) || !count_of(a->rows, mine, &rc_[p]) ||
+		    __builtin_add_overflow(total, cnt[p], &total)) {
+			rc = fail(why, len, LOOM_ERR_INVALID, "all-reduce larger than MPI's int count");
+			goto out_free;
+		}
+		sd[p] = total - cnt[p];
+		rd[p] = p * rc_[0];
+	}
+	send = calloc((size_t)total + 1, sizeof(float));
+	recv = malloc(sizeof(float) * ((size_t)rc_[0] * (size_t)n + 1));
 	if (!send || !recv) {
 		rc = fail(why, len, LOOM_ERR_NOMEM, "out of memory");
 		goto out_free;
 	}
-	pack(a, c0, w, send);
-	if (MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT,
+	for (int p = 0; p < n; p++) /* piece by piece, each [rows][piece width] */
+		for (int64_t i = 0; i < a->rows; i++) {
+			int64_t lo = piece_lo(w, n, p), pw = piece_lo(w, n, p + 1) - lo;
+
+			memcpy(send + sd[p] + i * pw, a->x + i * a->stride + c0 + lo,
+			       sizeof(float) * (size_t)pw);
+		}
+	if (MPI_Alltoallv(send, cnt, sd, MPI_FLOAT, recv, rc_, rd, MPI_FLOAT,
 			  (MPI_Comm)a->comm) != MPI_SUCCESS) {
-		rc = fail(why, len, LOOM_ERR_IO, "MPI_Allgather failed");
+		rc = fail(why, len, LOOM_ERR_IO, "MPI_Alltoallv failed");
 		goto out_free;
 	}
-	for (int r = 1; r < a->n_ranks; r++) /* rank order: ((x0 + x1) + x2) ... */
-		for (int i = 0; i < count; i++)
-			recv[i] += recv[(size_t)r * (size_t)count + (size_t)i];
-	unpack(a, c0, w, recv);
+	for (int r = 1; r < n; r++) /* rank order: ((x0 + x1) + x2) ... */
+		for (int i = 0; i < rc_[0]; i++)
+			recv[i] += recv[(size_t)r * (size_t)rc_[0] + (size_t)i];
+	for (int64_t i = 0; i < a->rows; i++)
+		memcpy(a->x + i * a->stride + c0 + piece_lo(w, n, me), recv + i * mine,
+		       sizeof(float) * (size_t)mine);
+	rc = 0;
 out_free:
 	free(recv);
 	free(send);
+	free(cnt);
+	if (rc == 0) { /* every rank's summed piece to every rank */
+		int64_t cols[LOOM_MPI_MAX_RANKS + 1];
+		struct loom_collective_args g = *a;
+
+		if (n > LOOM_MPI_MAX_RANKS)
+			return fail(why, len, LOOM_ERR_INVALID, "all-reduce: too many ranks");
+		for (int p = 0; p <= n; p++)
+			cols[p] = c0 + piece_lo(w, n, p);
+		g.col_start = cols;
+		rc = allgather(&g, why, len);
+	}
 	return rc;
 }
 
