@@ -49,9 +49,11 @@ int main(int argc, char **argv)
 
 				a.op = (uint32_t)op;
 				t = time_op(&a, reps);
+				/* all-reduce: an all-to-all and an all-gather of
+				 * (size - 1) / size of the array each */
 				in = op == LOOM_COLL_ALLGATHER ?
 					rows[r] * (widths[w] - (cols[rank + 1] - cols[rank])) * 4 :
-					rows[r] * widths[w] * 4 * (size - 1);
+					2 * rows[r] * widths[w] * 4 * (size - 1) / size;
 				if (rank == 0)
 					printf("| %s | %lld | %lld | %.1f | %lld |\n",
 					       op ? "all-reduce" : "all-gather", (long long)widths[w],
