@@ -25,6 +25,7 @@ sudo=""
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
+      libopenmpi-dev openmpi-bin  # --tp/--pp (docs/DISTRIBUTED.md); the build goes on without
       python3 python3-pip)
 if [ $test_setup = 1 ]; then
 	debs+=(chromium  # tests/chat_page drives the chat page in a headless browser

@@ -353,6 +353,10 @@ static int cmd_run(int argc, char **argv, char *err)
 	ep.progress = o.progress;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
+	if (loom_engine_is_follower(e)) { /* rank 0 generates; this rank helps */
+		rc = loom_engine_follow(e, err, ERRLEN) ? -1 : 0;
+		goto out;
+	}
 	print_kv_plan(e);
 	generation_params(&o, &g);
 	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])

@@ -70,6 +70,10 @@ static const struct opt_def opts[] = {
 	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "kv-type", .type = OPT_KVTYPE, FIELD(kv_type), .cmds = ENGINE },
+	/* distributed jobs under mpirun (docs/DISTRIBUTED.md) */
+	{ .name = "tp", .type = OPT_INT, FIELD(tp), .lo = 1, .hi = 64, .cmds = RUN | BENCH | SERVE },
+	{ .name = "pp", .type = OPT_INT, FIELD(pp), .lo = 1, .hi = 4096,
+	  .cmds = RUN | BENCH | SERVE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
@@ -736,4 +740,6 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->spec_layers = o->spec_layers;
 	p->exact = o->exact;
 	p->kv_type = o->kv_type;
+	p->tp = o->tp;
+	p->pp = o->pp;
 }

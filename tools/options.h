@@ -113,6 +113,8 @@ struct loom_options {
 	bool hessian;            /* imatrix --hessian: also the mean of x x^T */
 	char imatrix_show[4096]; /* imatrix --show FILE: print a file's entries */
 	char imatrix[4096];      /* quantize --imatrix FILE */
+	/* ---- appended (mpi): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int tp, pp;              /* --tp, --pp: tensor ranks, pipeline stages */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */
