@@ -36,9 +36,10 @@
  *
  * from_float_weighted: per group quant_search.h's weighted search (affine
  * with offset >= 0 for q2_K/q4_K/q5_K, symmetric for q3_K/q6_K), the group
- * scales (and mins) rounded to integers of d = max / smax (and dmin), q
- * rounded again for them; per super-block the better of that and the
- * one-pass block in weighted error.
+ * scales (and mins) as integers of an f16 d (and dmin) searched to keep
+ * the groups' weighted error small (qs_scale_ints), q rounded again for
+ * them; per super-block the better of that and the one-pass block in
+ * weighted error.
  */
 #include <math.h>
 
@@ -322,24 +323,21 @@ static void k_signed_quant(const float *x, struct k_signed *k)
 static void k_affine_search(const float *x, const float *w, struct k_affine *k)
 {
 	int n_groups = QK_K / k->group, G = k->group;
-	float s[16], off[16], max_s = 0.0f, max_off = 0.0f;
+	float s[16], off[16], ws[16], wo[16];
 
 	for (int g = 0; g < n_groups; g++) {
+		const float *wg = w ? w + g * G : NULL;
 		float m;
 
-		qs_affine(x + g * G, w ? w + g * G : NULL, G, k->levels, true, k->q + g * G,
-			  &s[g], &m);
+		qs_affine(x + g * G, wg, G, k->levels, true, k->q + g * G, &s[g], &m);
 		off[g] = -m;
-		max_s = fmaxf(max_s, s[g]);
-		max_off = fmaxf(max_off, off[g]);
+		qs_group_weights(wg, k->q + g * G, G, &ws[g], &wo[g]);
 	}
-	k->d = f16_round(max_s / (float)k->smax);
-	k->dmin = f16_round(max_off / (float)k->smax);
+	k->d = qs_scale_ints(s, ws, n_groups, 0, k->smax, k->sc);
+	k->dmin = qs_scale_ints(off, wo, n_groups, 0, k->smax, k->m);
 	for (int g = 0; g < n_groups; g++) {
 		float step, o;
 
-		k->sc[g] = k->d > 0.0f ? qs_round_clamp(s[g] / k->d, 0, k->smax) : 0;
-		k->m[g] = k->dmin > 0.0f ? qs_round_clamp(off[g] / k->dmin, 0, k->smax) : 0;
 		step = k->d * (float)k->sc[g];
 		o = k->dmin * (float)k->m[g];
 		for (int e = g * G; e < (g + 1) * G; e++)
@@ -350,18 +348,18 @@ static void k_affine_search(const float *x, const float *w, struct k_affine *k)
 /* As k_affine_search for the signed formats (groups of 16). */
 static void k_signed_search(const float *x, const float *w, struct k_signed *k)
 {
-	float s[16], max_s = 0.0f;
+	float s[16], ws[16], unused;
 
 	for (int g = 0; g < 16; g++) {
-		s[g] = qs_symmetric(x + 16 * g, w ? w + 16 * g : NULL, 16, -k->levels,
-				    k->levels - 1, k->q + 16 * g);
-		max_s = fmaxf(max_s, fabsf(s[g]));
+		const float *wg = w ? w + 16 * g : NULL;
+
+		s[g] = qs_symmetric(x + 16 * g, wg, 16, -k->levels, k->levels - 1, k->q + 16 * g);
+		qs_group_weights(wg, k->q + 16 * g, 16, &ws[g], &unused);
 	}
-	k->d = f16_round(max_s / (float)k->smax);
+	k->d = qs_scale_ints(s, ws, 16, -k->smax, k->smax, k->sc);
 	for (int g = 0; g < 16; g++) {
 		float step;
 
-		k->sc[g] = k->d > 0.0f ? qs_round_clamp(s[g] / k->d, -k->smax, k->smax) : 0;
 		step = k->d * (float)k->sc[g];
 		for (int e = 16 * g; e < 16 * g + 16; e++)
 			k->q[e] = step != 0.0f ?

@@ -220,6 +220,65 @@ static inline void qs_affine(const float *x, const float *wt, int n, int levels,
 	}
 }
 
+/*
+ * Integer scales of a super-block: s[0..n) (float, the groups' best
+ * scales or mins) become d * l[g], l in [lo, hi], d stored as f16. Each
+ * group's error grows by W[g] (s[g] - d l[g])^2 (W: its sum of w q^2, or
+ * of w for a min), so d is searched as qs_symmetric searches a block's
+ * scale: candidates (hi + k/10) / max|s|, the weighted least-squares d
+ * of each, the smallest error after rounding d to f16. Returns that d.
+ */
+static inline float qs_scale_ints(const float *s, const float *W, int n, int lo, int hi, int *l)
+{
+	float amax = 0.0f, best = INFINITY, best_d = 0.0f;
+
+	for (int g = 0; g < n; g++)
+		amax = fmaxf(amax, fabsf(s[g]));
+	memset(l, 0, sizeof(int) * (size_t)n);
+	if (amax == 0.0f)
+		return 0.0f;
+	for (int k = -QS_STEPS; k <= QS_STEPS; k++) {
+		float is = ((float)hi + 0.1f * (float)k) / amax, num = 0.0f, den = 0.0f, d, e = 0.0f;
+
+		for (int g = 0; g < n; g++) {
+			float q = (float)qs_round_clamp(s[g] * is, lo, hi);
+
+			num += W[g] * s[g] * q;
+			den += W[g] * q * q;
+		}
+		if (!(den > 0.0f))
+			continue;
+		d = qs_f16(num / den);
+		if (!(d > 0.0f))
+			continue;
+		for (int g = 0; g < n; g++) {
+			float r = s[g] - d * (float)qs_round_clamp(s[g] / d, lo, hi);
+
+			e += W[g] * r * r;
+		}
+		if (e < best) {
+			best = e;
+			best_d = d;
+		}
+	}
+	for (int g = 0; g < n && best_d > 0.0f; g++)
+		l[g] = qs_round_clamp(s[g] / best_d, lo, hi);
+	return best_d;
+}
+
+/* sum w q^2 and sum w over a group (the W of qs_scale_ints). */
+static inline void qs_group_weights(const float *wt, const int *q, int n, float *wqq, float *ww)
+{
+	*wqq = 0.0f;
+	*ww = 0.0f;
+	for (int i = 0; i < n; i++) {
+		float w = qs_w(wt, i);
+
+		*wqq += w * (float)q[i] * (float)q[i];
+		*ww += w;
+	}
+}
+
 /* ---- per block: the search's block or round-to-nearest's ---- */
 
 typedef int (*qs_decode_fn)(const void *src, float *dst, int64_t n);
