@@ -123,6 +123,16 @@ static inline float qs_symmetric(const float *x, const float *wt, int n, int qmi
 			}
 		}
 	}
+	/* refine: round for the best d, refit d, while that removes more */
+	for (int it = 0; it < 4 && best_d != 0.0f; it++) {
+		float d, gain = qs_sym_try(x, w, wx, n, qmin, qmax, 1.0f / best_d, &d);
+
+		if (!(gain > best))
+			break;
+		best = gain;
+		best_is = 1.0f / best_d;
+		best_d = d;
+	}
 	for (int i = 0; i < n; i++)
 		q[i] = qs_round_clamp(x[i] * best_is, qmin, qmax);
 	return best_d;
