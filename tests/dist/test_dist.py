@@ -7,14 +7,16 @@ usage: test_dist.py LOOM MODE [ARGS...]
   gemma          the same on Gemma 3 (one KV head: tensor ranks split the
                  query heads and both hold the KV head)
   spec           with --spec=ngram.so as well
-  serve          `loom serve --tp 2` answers a greedy completion with the
-                 single-process server's text
+  serve          `loom serve --tp 2` and `--pp 2` answer a greedy completion
+                 with the single-process server's text
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
                  (a 40-token prefill) and the greedy text with --tp 2,
                  --pp 2 and both are bitwise the single process's
   refuse SKEL    bad combinations are refused with a message naming them
+                 (heads that do not split, a wrong rank count, no mpirun, a
+                 1.0 backend SKEL without the collective slot, layerskip)
 Exits 77 (skip) when mpirun or this build's MPI is missing, or a model is.
 """
 import http.client
@@ -185,15 +187,17 @@ def complete(port):
 
 def test_serve():
     texts = []
-    for extra, ranks in (([], 0), (['--tp', '2'], 2)):
+    runs = (([], 0), (['--tp', '2'], 2), (['--pp', '2'], 2))
+    for extra, ranks in runs:
         p, port = start_server(extra, ranks)
         try:
             texts.append(complete(port))
         finally:
             stop(p)
-    if texts[0] != texts[1]:
-        fail('serve --tp 2 %r, single process %r' % (texts[1], texts[0]))
-    print('ok serve: --tp 2 answers %r as the single process does' % texts[1])
+    for (extra, _), text in zip(runs[1:], texts[1:]):
+        if text != texts[0]:
+            fail('serve %s %r, single process %r' % (' '.join(extra), text, texts[0]))
+        print('ok serve: %s answers %r as the single process does' % (' '.join(extra), text))
 
 
 def fault_once(sig):
@@ -264,6 +268,8 @@ def test_refuse(skeleton):
     refused(base + ['--tp', '2', '--pp', '2'], 2, 'needs 4 ranks, and mpirun started 2')
     refused(base + ['--tp', '2'], 0, 'needs 2 ranks, and mpirun started 1')
     refused(base + ['--tp', '2', '--backend', skeleton], 2, 'has no collective slot')
+    refused(base + ['--tp', '2', '--spec=layerskip.so'], 2,
+            'no strategy gets the early-exit model')
 
 
 def main():
