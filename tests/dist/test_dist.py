@@ -13,7 +13,8 @@ usage: test_dist.py LOOM MODE [ARGS...]
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
                  (a 40-token prefill) and the greedy text with --tp 2,
-                 --pp 2 and both are bitwise the single process's
+                 --pp 2 and both are bitwise the single process's; so is
+                 --pp 2 on the GPU emulator (gpuemu.so)
   refuse SKEL    bad combinations are refused with a message naming them
                  (heads that do not split, a wrong rank count, no mpirun, a
                  1.0 backend SKEL without the collective slot, layerskip)
@@ -111,6 +112,22 @@ def test_ref(tiny):
             fail('ref.so %s: text or prompt logits differ from the single process' % label)
         print('ok ref: %s: %d logits bytes and the text bitwise the single process\'s'
               % (label, len(logits)))
+    # a device backend (the GPU emulator, with step regions) hands stages
+    # over through download/upload: --pp 2 is bitwise there too
+    emu = [c if c != 'ref.so' else 'gpuemu.so' for c in base]
+    got = []
+    for dist, ranks in (([], 0), (['--pp', '2'], 2)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_emu_%d.bin' % os.getpid())
+        rc, out, err = run((mpirun(ranks) if ranks else []) + emu + dist +
+                           ['--dump-logits', dump])
+        if rc != 0:
+            fail('gpuemu.so %s: exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            got.append((out, f.read()))
+        os.unlink(dump)
+    if got[0] != got[1]:
+        fail('gpuemu.so --pp 2: text or prompt logits differ from the single process')
+    print('ok gpuemu: --pp 2 bitwise the single process')
     # outside exact mode: row-parallel projections summed by all-reduce,
     # the same math in another order
     dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
