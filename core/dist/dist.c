@@ -254,6 +254,15 @@ bool loom_dist_all_ok(struct loom_dist *d, bool ok)
 	return all == 1;
 }
 
+uint64_t loom_dist_min_u64(struct loom_dist *d, uint64_t v)
+{
+	uint64_t all = v;
+
+	if (MPI_Allreduce(&v, &all, 1, MPI_UINT64_T, MPI_MIN, world(d)) != MPI_SUCCESS)
+		return v;
+	return all;
+}
+
 bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const *names,
 		     int n, char *err, size_t errlen)
 {
@@ -380,6 +389,11 @@ void loom_dist_close(struct loom_dist *d)
 bool loom_dist_all_ok(struct loom_dist *d, bool ok)
 {
 	return ok;
+}
+
+uint64_t loom_dist_min_u64(struct loom_dist *d, uint64_t v)
+{
+	return v;
 }
 
 bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const *names,

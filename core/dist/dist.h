@@ -45,6 +45,10 @@ void loom_dist_close(struct loom_dist *d);
 /* All ranks: true when every rank passed ok == true (a collective; every
  * rank must call it at the same point). */
 bool loom_dist_all_ok(struct loom_dist *d, bool ok);
+/* All ranks: the smallest of every rank's v (a collective), for values
+ * each rank measures for itself but all must share, such as the default
+ * KV reservation from each host's free memory. v itself on failure. */
+uint64_t loom_dist_min_u64(struct loom_dist *d, uint64_t v);
 /* All ranks: rank 0's n values are compared with this rank's; false on
  * any rank (on all ranks) when one differs; err names value `names[i]`. */
 bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const *names,

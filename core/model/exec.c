@@ -28,6 +28,8 @@ struct loom_exec {
 	int32_t *host_inputs;
 	size_t in_count[IN_COUNT];
 	int64_t table_stride; /* this step's block-table row length */
+	float *gemm_x;        /* host copy of a GEMM's input (gemm_input) */
+	size_t gemm_x_cap;    /* floats */
 	float *host_x;        /* pipeline stages: the residual stream on the host */
 };
 
@@ -167,6 +169,7 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
 	free(e->host_inputs);
+	free(e->gemm_x);
 	free(e->host_x);
 	free(e);
 }
@@ -287,9 +290,40 @@ static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 	return rc;
 }
 
+/* Hands a weight GEMM's input to the model's gemm_input observer: the
+ * rows are downloaded (waiting for the ops before) and packed to cols. */
+static int observe_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	int64_t cols = nd->w->cols, width = e->width[nd->a];
+	size_t need = (size_t)rows * (size_t)width;
+	int rc;
+
+	if (!e->m->gemm_input || nd->w->part_tail || rows <= 0 || width < cols)
+		return 0;
+	if (need > e->gemm_x_cap) {
+		float *nb = realloc(e->gemm_x, need * sizeof(float));
+
+		if (!nb)
+			return LOOM_ERR_NOMEM;
+		e->gemm_x = nb;
+		e->gemm_x_cap = need;
+	}
+	rc = be->ops->download(be->ctx, e->gemm_x, e->act[nd->a], need * sizeof(float));
+	if (!rc)
+		rc = be->ops->synchronize(be->ctx);
+	if (rc)
+		return rc;
+	for (int64_t r = 1; width != cols && r < rows; r++)
+		memmove(e->gemm_x + r * cols, e->gemm_x + r * width, (size_t)cols * sizeof(float));
+	e->m->gemm_input(e->m->gemm_input_user, nd->w->name, e->gemm_x, rows, cols);
+	return 0;
+}
+
 static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
 {
 	const struct loom_backend *be = e->m->be;
+	int rc = observe_gemm(e, nd, rows);
 	struct loom_gemm_args a = {
 		.struct_size = sizeof(a), .w_type = nd->w->type,
 		.m = rows, .n = nd->w->rows, .k = nd->w->cols,
@@ -299,7 +333,7 @@ static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t row
 		.w_packed = nd->w->packed,
 	};
 
-	return be->ops->gemm(be->ctx, &a);
+	return rc ? rc : be->ops->gemm(be->ctx, &a);
 }
 
 static int run_rope(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
@@ -329,6 +363,7 @@ static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t
 		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
 		.n_tokens = rows, .kv_dim = e->width[ACT_K],
 		.slots = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LSLOTS : IN_SLOTS],
+		.kv_type = e->kv->type,
 	};
 
 	return be->ops->kv_write(be->ctx, &a);
@@ -351,7 +386,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
-		.softcap = hp->attn_softcap,
+		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
 	};
 
 	return be->ops->attention(be->ctx, &a);
@@ -508,9 +543,10 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	const struct loom_backend *be = e->m->be;
 	int rc, end_rc;
 
-	/* a distributed step's hand-overs and collectives are not operator
-	 * calls a region may defer, so such steps run outside regions */
-	if (!loom_backend_has_graphs(be) || e->m->shard.dist)
+	/* an observer downloads inside the step, and a distributed step's
+	 * hand-overs and collectives are not operator calls a region may
+	 * defer: such steps run outside regions */
+	if (!loom_backend_has_graphs(be) || e->m->gemm_input || e->m->shard.dist)
 		return run_nodes(e, b, err, errlen);
 	rc = be->ops->graph_begin(be->ctx);
 	if (rc)
@@ -586,6 +622,19 @@ int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits
 	for (i = 0; i < b->n_seqs; i++)
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;
+}
+
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t w = (size_t)e->width[ACT_OUT];
+	int rc;
+
+	if (first < 0 || n <= 0)
+		return LOOM_ERR_INVALID;
+	rc = be->ops->download(be->ctx, out, e->act[ACT_OUT] + (size_t)first * w,
+			       (size_t)n * w * sizeof(float));
+	return rc ? rc : be->ops->synchronize(be->ctx);
 }
 
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,

@@ -12,6 +12,7 @@
 #include "format/gguf.h"
 #include "engine/kv.h"
 #include "model/arch.h"
+#include "loom.h" /* loom_gemm_input_fn */
 #include "model/shard.h"
 
 struct loom_hparams {
@@ -34,6 +35,8 @@ struct loom_weight {
 	size_t row_bytes;
 	void *data; /* device address, NULL when the tensor is absent */
 	bool packed; /* data is the backend's own layout (weight_pack) */
+	char name[96]; /* the GGUF tensor's name (gemm_input) */
+	bool part_tail; /* a fused matrix's second or later part */
 };
 
 /* One layer's weights ([rows][cols]; "opt." ones have data NULL when the
@@ -114,6 +117,9 @@ struct loom_model {
 	struct loom_shard shard;   /* what this process holds (all of it alone) */
 	struct loom_node *nodes; /* the graph, built once at load */
 	int n_nodes;
+	/* loom_engine_params.gemm_input: sees each weight GEMM's input */
+	loom_gemm_input_fn gemm_input;
+	void *gemm_input_user;
 };
 
 struct loom_model_params {
@@ -166,6 +172,10 @@ void loom_exec_free(struct loom_exec *e);
  * 0, or a negative loom_status with err set. */
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen);
+/* After a successful step: the final normed hidden state (what the
+ * output layer reads) of output rows [first, first + n), n x n_embd
+ * floats to `out`. 0, or a negative loom_status. */
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
  * job first sends the step's plan to the others, which run it with this).
  * Only the rank that computes logits (and rank 0) fills `logits`. */

@@ -129,9 +129,11 @@ def test_ref(tiny):
         fail('gpuemu.so --pp 2: text or prompt logits differ from the single process')
     print('ok gpuemu: --pp 2 bitwise the single process')
     # outside exact mode: row-parallel projections summed by all-reduce,
-    # the same math in another order
+    # the same math in another order (an f32 cache like the exact run's,
+    # so that only the order of the sums differs)
     dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
-    cmd = [c for c in base if c != '--exact'] + ['--tp', '2', '--dump-logits', dump]
+    cmd = [c for c in base if c != '--exact'] + ['--tp', '2', '--kv-type', 'f32',
+                                                 '--dump-logits', dump]
     rc, out, err = run(mpirun(2) + cmd, env=dict(ENV, LOOM_DEBUG='1'))
     if rc != 0 or '2 all-reduces' not in err:
         fail('ref.so --tp 2 (all-reduce): exit %d\n%s' % (rc, err[-2000:]))
