@@ -36,6 +36,7 @@
 #   PER_CLIENT  requests per client at least        (default 2)
 #   MAX_TOKENS  max_tokens of every request         (default 64)
 #   ROUNDS      interleaved rounds                  (default 2; --long: 3)
+#   WARMUP      unmeasured requests first, each     (default 12: every prompt once)
 #   PORT        first of two ports                  (default 8391)
 #   OUTDIR      raw outputs                         (default a new /tmp dir)
 set -euo pipefail
@@ -73,6 +74,7 @@ fi
 PER_CLIENT=${PER_CLIENT:-2}
 MAX_TOKENS=${MAX_TOKENS:-64}
 PORT=${PORT:-8391}
+WARMUP=${WARMUP:-12}
 
 anchor_build llama-server
 [ "$SETUP_ONLY" = 1 ] && { log "setup done: $ANCHOR_BIN/llama-server"; exit 0; }
@@ -88,8 +90,16 @@ LOOM_PORT=$PORT
 LLAMA_PORT=$((PORT + 1))
 PIDS=()
 stop_servers() {
-	local p
+	local p _
+	[ -n "${LOADGEN:-}" ] && kill "$LOADGEN" 2>/dev/null
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	# llama-server finishes its running slots first: 10 s, then KILL
+	for _ in $(seq 1 50); do
+		for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; p=; done
+		[ -z "$p" ] && break
+		sleep 0.2
+	done
+	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 	PIDS=()
 }
@@ -140,18 +150,23 @@ wait_ready "llama-server" "$LLAMA_PORT" "${PIDS[-1]}" "$OUTDIR/llama.log"
 log "loom serve on :$LOOM_PORT, llama-server on :$LLAMA_PORT ($PARALLEL slots, $THREADS threads each)"
 
 # ---------------------------------------------------------------- runs
+# In the background, waited for, so that a signal stops the script at once.
 loadgen() { # loadgen PORT JSON ARGS...
-	local port=$1 json=$2
+	local port=$1 json=$2 rc=0
 	shift 2
 	python3 bench/loadgen.py --port "$port" --max-tokens "$MAX_TOKENS" \
-		--json "$json" "$@"
+		--json "$json" "$@" &
+	LOADGEN=$!
+	wait "$LOADGEN" || rc=$?
+	LOADGEN=
+	return "$rc"
 }
 
 # Warm both prompt caches with the workload's 12 prompts, one at a time.
 for s in loom llama; do
 	port=$LOOM_PORT; [ "$s" = llama ] && port=$LLAMA_PORT
 	loadgen "$port" "$OUTDIR/$s.warmup.json" --concurrency 1 --requests 1 \
-		--warmup 12 >"$OUTDIR/$s.warmup.out" 2>&1 ||
+		--warmup "$WARMUP" >"$OUTDIR/$s.warmup.out" 2>&1 ||
 		die "$s warm-up failed, see $OUTDIR/$s.warmup.out"
 done
 
