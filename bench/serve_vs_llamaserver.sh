@@ -188,7 +188,8 @@ for r in $(seq 1 "$ROUNDS"); do
 			log "round $r, $c clients x $m: $s $(python3 -c '
 import json, sys
 x = json.load(open(sys.argv[1]))[0]
-print(f"{x[\"tok_s\"]:.1f} tok/s, TTFT p50 {x[\"ttft_p50_ms\"]} p99 {x[\"ttft_p99_ms\"]} ms, {x[\"errors\"]} errors")' "$f.json")"
+print("%.1f tok/s, TTFT p50 %s p99 %s ms, %d errors" % (x["tok_s"],
+      x["ttft_p50_ms"], x["ttft_p99_ms"], x["errors"]))' "$f.json")"
 		done
 	done
 done
