@@ -39,6 +39,10 @@
 #   WARMUP      unmeasured requests first, each     (default 12: every prompt once)
 #   PORT        first of two ports                  (default 8391)
 #   OUTDIR      raw outputs                         (default a new /tmp dir)
+# The environment reaches both servers: LOOM_CPU_INVARIANT=0 runs loom
+# without batch invariance; on a machine loaded by other work,
+# OMP_WAIT_POLICY=PASSIVE keeps llama-server's OpenMP threads from spinning
+# at each barrier, without which it collapses (docs/BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -200,6 +204,7 @@ echo
 echo "loom serve ($LOOM ${LOOM_FLAGS:-default flags}) vs llama-server (llama.cpp $ANCHOR_VERSION, PyPI llama-cpp-python sdist${LLAMA_FLAGS:+, $LLAMA_FLAGS})"
 echo "model $(basename "$MODEL"), $THREADS threads, $PARALLEL slots each, max_tokens $MAX_TOKENS, temperature 0, streaming chat"
 echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1); load average before the runs: $LOAD0, after: $(cut -d' ' -f1-3 /proc/loadavg); $((T1 - T0)) s of runs"
+echo "environment: OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(unset)}, LOOM_CPU_INVARIANT=${LOOM_CPU_INVARIANT:-(unset)}"
 echo "tok/s: median over $ROUNDS interleaved rounds; TTFT: percentiles over every request of all rounds"
 echo
 # shellcheck disable=SC2086
