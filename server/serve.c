@@ -36,7 +36,8 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err, 
 
 /* The engine the options ask for: batch-invariant (a request's tokens do
  * not depend on what shares its steps), many sequences, a paged KV cache
- * of ctx x parallel tokens unless --kv-mem says otherwise. */
+ * of --kv-mem bytes (default loom_kv_default_bytes(): 1/8 of the memory
+ * available, 256 MiB to 4 GiB) in --kv-type (default f16; f32 --exact). */
 static void engine_params(const struct loom_options *o, struct loom_engine_params *p)
 {
 	loom_options_engine_params(o, p);
@@ -44,7 +45,7 @@ static void engine_params(const struct loom_options *o, struct loom_engine_param
 	p->n_batch = o->serve.max_batch_tokens;
 	p->spec_default = o->serve.spec_default[0] ? o->serve.spec_default : "none";
 	p->n_parallel = o->serve.parallel;
-	p->kv_bytes = (int64_t)o->serve.kv_mem;
+	p->kv_bytes = (int64_t)(o->serve.kv_mem ? o->serve.kv_mem : loom_kv_default_bytes());
 	p->block_size = o->serve.block_size;
 	p->max_waiting = o->serve.max_waiting;
 	p->prefix_cache = o->serve.prefix_cache ? 1 : -1;
@@ -71,7 +72,8 @@ static void print_plan(struct server *srv)
 		fprintf(stderr, ", %.1f MiB in %d tensors in the backend's own layout",
 			(double)st.packed_bytes / 1048576.0, st.packed_tensors);
 	fprintf(stderr, "\n");
-	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+	fprintf(stderr, "loom serve: KV cache: %s, %llu bytes/token, %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+		loom_kv_type_name(st.kv_type), (unsigned long long)st.kv_token_bytes,
 		(long long)st.blocks_total, st.block_size,
 		(long long)st.blocks_total * st.block_size, (double)st.kv_bytes / 1048576.0,
 		(unsigned long long)st.kv_bytes, st.n_ctx, st.n_parallel,
@@ -92,6 +94,8 @@ static int open_engine(struct server *srv, char *err, size_t errlen)
 	srv->engine = loom_engine_open(&p, err, errlen);
 	if (!srv->engine)
 		return -1;
+	if (loom_engine_is_follower(srv->engine))
+		return 0; /* a rank that only executes rank 0's steps */
 	srv->tok = loom_engine_tokenizer(srv->engine);
 	srv->n_ctx = loom_engine_n_ctx(srv->engine);
 	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
@@ -353,11 +357,19 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	fit_fd_limit(&srv->o.serve);
+	/* a distributed job: only rank 0 serves HTTP, known once the engine
+	 * has joined the job, so the engine opens first */
+	if ((srv->o.tp > 1 || srv->o.pp > 1) && open_engine(srv, err, errlen))
+		goto out;
+	if (srv->engine && loom_engine_is_follower(srv->engine)) {
+		rc = loom_engine_follow(srv->engine, err, errlen) ? -1 : 0;
+		goto out_follower;
+	}
 	d = http_start(srv, err, errlen);
 	if (!d)
 		goto out;
 	test_load_delay();
-	if (open_engine(srv, err, errlen))
+	if (!srv->engine && open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
@@ -383,5 +395,9 @@ out:
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");
+	return rc;
+out_follower:
+	loom_engine_close(srv->engine);
+	free(srv);
 	return rc;
 }

@@ -49,7 +49,9 @@ class Server:
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [LOOM, "serve", "--model", MODEL, "--port", str(self.port), "-t", "2", *extra],
+            # an f32 KV cache: --kv-mem below counts f32 blocks (BLOCK_BYTES)
+            [LOOM, "serve", "--model", MODEL, "--port", str(self.port), "-t", "2",
+             "--kv-type", "f32", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -397,7 +399,8 @@ def bad_input(srv):
         ("stop wrong type", "/v1/completions", {"prompt": "x", "stop": 7}, 400),
         ("too many stops", "/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400),
         ("stream not bool", "/v1/completions", {"prompt": "x", "stream": "yes"}, 400),
-        ("echo true", "/v1/completions", {"prompt": "x", "echo": True}, 400),
+        ("echo not bool", "/v1/completions", {"prompt": "x", "echo": 1}, 400),
+        ("logprobs above 20", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400),
         ("seed float", "/v1/completions", {"prompt": "x", "seed": 1.5}, 400),
         ("token id out of range", "/v1/completions", {"prompt": [1, 10 ** 8]}, 400),
         ("prompt too long", "/v1/completions", {"prompt": "hello " * 5000}, 400),
