@@ -150,6 +150,8 @@ static void drop_msgs(struct chat *c, size_t from, size_t k)
 {
 	size_t i;
 
+	if (!k) /* msgs may still be NULL: memmove must not see it */
+		return;
 	for (i = from; i < from + k; i++)
 		free((char *)c->msgs[i].content);
 	memmove(c->msgs + from, c->msgs + from + k, (c->n - from - k) * sizeof(*c->msgs));
