@@ -26,8 +26,8 @@ sudo=""
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
       libopenmpi-dev openmpi-bin  # --tp/--pp (docs/DISTRIBUTED.md); the build goes on without
-      libjs-marked libjs-highlight.js  # the chat page's Markdown and code highlighting (server/meson.build)
-      python3 python3-pip)
+      python3 python3-pip
+      libjs-marked libjs-highlight.js) # the chat page's Markdown and code highlighting (server/meson.build)
 if [ $test_setup = 1 ]; then
 	debs+=(chromium  # tests/chat_page drives the chat page in a headless browser
 	       hipcc     # HIP headers, runtime and hipcc (clang 15): rocm.so for gfx90a

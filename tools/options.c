@@ -140,7 +140,7 @@ static const struct opt_def opts[] = {
 	{ .name = "host", .type = OPT_STR, FIELD(serve.host), .cmds = SERVE },
 	{ .name = "port", .type = OPT_INT, FIELD(serve.port), .lo = 0, .hi = 65535,
 	  .cmds = SERVE },
-	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = GEN | SERVE },
+	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = RUN | SERVE },
 	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
 	  .cmds = SERVE },
 	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
@@ -219,18 +219,18 @@ static const struct cmd_def {
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
 	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n"
+	  "            the prompt: -p TEXT, -f FILE, -f - or piped on stdin\n"
 	  "            [--grammar json|json_object] [--json-schema FILE]\n"
 	  "            [--kv-type f16|f32|q8_0|q4_0] [--kv-mem SIZE]\n"
 	  "            -c: default the model's context, capped to what the KV reservation\n"
 	  "            holds (--kv-mem; default 1/8 of available memory, 256M..4G);\n"
-	  "            --kv-type: default f16, f32 with --exact\n"
-	  "            the prompt: -p TEXT, -f FILE, -f - or piped on stdin\n" },
+	  "            --kv-type: default f16, f32 with --exact\n" },
 	{ .name = "chat", .cmd = CHAT, .usage =
 	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
-	  "            [--spec=ngram.so] [--exact] [--config FILE]   a conversation in the\n"
-	  "            model's chat template; /reset, /exit; Ctrl-C stops a reply; turns are\n"
-	  "            read one a line from stdin when it is not a terminal\n" },
+	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--config FILE]   a conversation\n"
+	  "            in the model's chat template; /reset, /exit; Ctrl-C stops a reply; turns\n"
+	  "            are read one a line from stdin when it is not a terminal\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =

@@ -7,14 +7,17 @@ usage: test_dist.py LOOM MODE [ARGS...]
   gemma          the same on Gemma 3 (one KV head: tensor ranks split the
                  query heads and both hold the KV head)
   spec           with --spec=ngram.so as well
-  serve          `loom serve --tp 2` answers a greedy completion with the
-                 single-process server's text
+  serve          `loom serve --tp 2` and `--pp 2` answer a greedy completion
+                 with the single-process server's text
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
                  (a 40-token prefill) and the greedy text with --tp 2,
-                 --pp 2 and both are bitwise the single process's
+                 --pp 2 and both are bitwise the single process's; so is
+                 --pp 2 on the GPU emulator (gpuemu.so)
   refuse SKEL    bad combinations are refused with a message naming them
+                 (heads that do not split, a wrong rank count, no mpirun, a
+                 1.0 backend SKEL without the collective slot, layerskip)
 Exits 77 (skip) when mpirun or this build's MPI is missing, or a model is.
 """
 import http.client
@@ -109,6 +112,22 @@ def test_ref(tiny):
             fail('ref.so %s: text or prompt logits differ from the single process' % label)
         print('ok ref: %s: %d logits bytes and the text bitwise the single process\'s'
               % (label, len(logits)))
+    # a device backend (the GPU emulator, with step regions) hands stages
+    # over through download/upload: --pp 2 is bitwise there too
+    emu = [c if c != 'ref.so' else 'gpuemu.so' for c in base]
+    got = []
+    for dist, ranks in (([], 0), (['--pp', '2'], 2)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_emu_%d.bin' % os.getpid())
+        rc, out, err = run((mpirun(ranks) if ranks else []) + emu + dist +
+                           ['--dump-logits', dump])
+        if rc != 0:
+            fail('gpuemu.so %s: exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            got.append((out, f.read()))
+        os.unlink(dump)
+    if got[0] != got[1]:
+        fail('gpuemu.so --pp 2: text or prompt logits differ from the single process')
+    print('ok gpuemu: --pp 2 bitwise the single process')
     # outside exact mode: row-parallel projections summed by all-reduce,
     # the same math in another order (an f32 cache like the exact run's,
     # so that only the order of the sums differs)
@@ -187,15 +206,17 @@ def complete(port):
 
 def test_serve():
     texts = []
-    for extra, ranks in (([], 0), (['--tp', '2'], 2)):
+    runs = (([], 0), (['--tp', '2'], 2), (['--pp', '2'], 2))
+    for extra, ranks in runs:
         p, port = start_server(extra, ranks)
         try:
             texts.append(complete(port))
         finally:
             stop(p)
-    if texts[0] != texts[1]:
-        fail('serve --tp 2 %r, single process %r' % (texts[1], texts[0]))
-    print('ok serve: --tp 2 answers %r as the single process does' % texts[1])
+    for (extra, _), text in zip(runs[1:], texts[1:]):
+        if text != texts[0]:
+            fail('serve %s %r, single process %r' % (' '.join(extra), text, texts[0]))
+        print('ok serve: %s answers %r as the single process does' % (' '.join(extra), text))
 
 
 def fault_once(sig):
@@ -266,6 +287,8 @@ def test_refuse(skeleton):
     refused(base + ['--tp', '2', '--pp', '2'], 2, 'needs 4 ranks, and mpirun started 2')
     refused(base + ['--tp', '2'], 0, 'needs 2 ranks, and mpirun started 1')
     refused(base + ['--tp', '2', '--backend', skeleton], 2, 'has no collective slot')
+    refused(base + ['--tp', '2', '--spec=layerskip.so'], 2,
+            'no strategy gets the early-exit model')
 
 
 def main():
