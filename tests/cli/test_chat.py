@@ -76,7 +76,9 @@ def wait_for(pred, timeout=60):
 def ctrl_c():
     """SIGINT during a reply stops it; the chat goes on; two at the prompt
     end it."""
-    p = subprocess.Popen([LOOM, "chat", "-m", MODEL, "--temp", "0", "-n", "2000",
+    # -n 200: the first reply is still running a few tokens in, when the
+    # Ctrl-C comes; the second (greedy, it may loop) ends in bounded time
+    p = subprocess.Popen([LOOM, "chat", "-m", MODEL, "--temp", "0", "-n", "200",
                           "-c", "4096", "-t", "2", "--no-progress"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, bufsize=1)
