@@ -150,6 +150,8 @@ static void drop_msgs(struct chat *c, size_t from, size_t k)
 {
 	size_t i;
 
+	if (!k) /* msgs may still be NULL: memmove must not see it */
+		return;
 	for (i = from; i < from + k; i++)
 		free((char *)c->msgs[i].content);
 	memmove(c->msgs + from, c->msgs + from + k, (c->n - from - k) * sizeof(*c->msgs));
@@ -431,7 +433,10 @@ static int chat_open(struct chat *c, char *err, size_t errlen)
 	int32_t ids[4];
 
 	loom_options_engine_params(c->o, &ep);
-	ep.n_ctx = c->o->n_ctx;
+	/* as loom run: the model's context unless -c, capped to the KV
+	 * reservation (--kv-mem) */
+	ep.n_ctx = c->o->ctx_given ? c->o->n_ctx : 0;
+	ep.kv_bytes = (int64_t)c->o->serve.kv_mem;
 	ep.n_batch = c->o->n_batch;
 	ep.block_size = c->o->serve.block_size;
 	ep.progress = c->o->progress && c->tty;

@@ -140,7 +140,7 @@ static const struct opt_def opts[] = {
 	{ .name = "host", .type = OPT_STR, FIELD(serve.host), .cmds = SERVE },
 	{ .name = "port", .type = OPT_INT, FIELD(serve.port), .lo = 0, .hi = 65535,
 	  .cmds = SERVE },
-	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = RUN | SERVE },
+	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = GEN | SERVE },
 	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
 	  .cmds = SERVE },
 	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
@@ -228,9 +228,10 @@ static const struct cmd_def {
 	{ .name = "chat", .cmd = CHAT, .usage =
 	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
-	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--config FILE]   a conversation\n"
-	  "            in the model's chat template; /reset, /exit; Ctrl-C stops a reply; turns\n"
-	  "            are read one a line from stdin when it is not a terminal\n" },
+	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--kv-mem SIZE] [--config FILE]\n"
+	  "            a conversation in the model's chat template; /reset, /exit; Ctrl-C\n"
+	  "            stops a reply; turns are read one a line from stdin when it is not a\n"
+	  "            terminal; -c and --kv-mem as for run\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
