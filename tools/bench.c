@@ -120,6 +120,7 @@ static void print_header(const struct loom_options *o)
 static int bench_threads(struct loom_options *o, int threads, char *err, size_t errlen)
 {
 	struct loom_engine *e = bench_engine(o, threads, err, errlen);
+	struct loom_engine_stats st;
 	double *pp = NULL, *tg = NULL, mean, sd;
 	int32_t *prompt = NULL;
 	uint64_t x = 0x9e3779b97f4a7c15ull;
@@ -132,6 +133,9 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 		goto out;
 	}
 	print_header(o);
+	loom_engine_get_stats(e, &st);
+	fprintf(stderr, "bench: KV cache %s, %llu bytes/token\n", loom_kv_type_name(st.kv_type),
+		(unsigned long long)st.kv_token_bytes);
 	prompt = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));

@@ -26,7 +26,7 @@ struct attn_task {
 	int64_t n_chunks;
 	uint32_t type;    /* the cache's (ABI 1.3) */
 	size_t row_bytes; /* of one cache slot: kv_dim values of type */
-	int64_t buf_off;  /* floats into a thread's scratch of the row buffer */
+	int64_t max_kv;   /* the longest sequence: scores and staging sizes */
 };
 
 /*
@@ -90,61 +90,6 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 		out[i] = (float)(acc[i] / sum);
 }
 
-/* Head kvh of the cache row of position t of sequence s, as f32 in buf. */
-static inline const float *kv_head(const struct attn_task *tk, const float *cache, int64_t s,
-				   int64_t t, int64_t kvh, float *buf)
-{
-	const struct loom_attention_args *a = tk->a;
-	int64_t blk = a->block_table[s * a->max_blocks + t / a->block_size];
-	size_t slot = (size_t)(blk * a->block_size + t % a->block_size);
-	/* head_dim is a multiple of the block (checked), so a head's values
-	 * start on a block boundary: the head's bytes are kvh/n of the row's */
-	const char *row = (const char *)cache + slot * tk->row_bytes +
-			  tk->row_bytes / (size_t)a->n_kv_heads * (size_t)kvh;
-
-	cpu_dequant_row(tk->ctx->isa, tk->type, row, buf, a->head_dim);
-	return buf;
-}
-
-/* attn_row() over a cache of f16 or block-quantized values: each cached
- * head row is dequantized (exactly: a value is its scale times its
- * integer) into the thread's row buffer, then the same f32 arithmetic. */
-static void attn_row_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
-		       int64_t row, int64_t pos)
-{
-	const struct loom_attention_args *a = tk->a;
-	enum cpu_isa isa = tk->ctx->isa;
-	const int64_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads);
-	const float *q = a->q + row * a->q_stride + h * hd;
-	float *acc = scratch, *sc = scratch + hd, *buf = scratch + tk->buf_off;
-	float *out = a->out + row * a->out_stride + h * hd;
-	int64_t lo = 0;
-	float mx = -INFINITY;
-	double sum = 0.0;
-
-	if (a->window > 0 && pos - a->window + 1 > 0)
-		lo = pos - a->window + 1;
-	for (int64_t t = lo; t <= pos; t++) {
-		float v = cpu_dot_f32(isa, q, kv_head(tk, a->kcache, s, t, kvh, buf), hd) * a->scale;
-
-		if (a->softcap > 0.0f)
-			v = a->softcap * tanhf(v / a->softcap);
-		sc[t - lo] = v;
-		if (v > mx)
-			mx = v;
-	}
-	for (int64_t i = 0; i < hd; i++)
-		acc[i] = 0.0f;
-	for (int64_t t = lo; t <= pos; t++) {
-		float p = expf(sc[t - lo] - mx);
-
-		sum += p;
-		cpu_axpy_f32(isa, acc, kv_head(tk, a->vcache, s, t, kvh, buf), p, hd);
-	}
-	for (int64_t i = 0; i < hd; i++)
-		out[i] = (float)(acc[i] / sum);
-}
-
 #if defined(__x86_64__)
 /*
  * attn_row()'s arithmetic for head_dim a multiple of 8 on AVX2/AVX-512
@@ -155,12 +100,50 @@ static void attn_row_q(const struct attn_task *tk, float *scratch, int64_t s, in
  * cpu_axpy_f32() into memory, so the bits are attn_row()'s
  * (tests/backend: conformance and invariance; the greedy fixture).
  */
-CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratch, int64_t s,
-				       int64_t h, int64_t row, int64_t pos)
+/* 8 cache values at element i of p as f32: f16 widened (exactly). */
+CPU_TGT_AVX2 CPU_INLINE __m256 ld8(const void *p, int64_t i, bool half)
+{
+	return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+		    : _mm256_loadu_ps((const float *)p + i);
+}
+
+/* cpu_avx2_dot(q, k, n) for n a multiple of 8, k f32 or f16: the same
+ * fused multiply-adds in the same order on the same (exact) values. */
+CPU_TGT_AVX2 CPU_INLINE float dot8(const float *q, const void *k, int64_t n, bool half)
+{
+	__m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+	int64_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld8(k, i, half), s0);
+		s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld8(k, i + 8, half), s1);
+	}
+	for (; i + 8 <= n; i += 8)
+		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld8(k, i, half), s0);
+	return cpu_avx2_hsum(_mm256_add_ps(s0, s1));
+}
+
+/* Element offset of the cache row of position t (as kv_run), and in *n
+ * how many positions from t on (up to last) follow it in the block. */
+static inline int64_t kv_run_off(const struct loom_attention_args *a, int64_t s, int64_t t,
+				 int64_t kvh, int64_t last, int64_t *n)
+{
+	int64_t blk = a->block_table[s * a->max_blocks + t / a->block_size];
+	int64_t off = t % a->block_size;
+
+	*n = a->block_size - off < last + 1 - t ? a->block_size - off : last + 1 - t;
+	return ((blk * a->block_size + off) * a->n_kv_heads + kvh) * a->head_dim;
+}
+
+CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *scratch,
+					     int64_t s, int64_t h, int64_t row, int64_t pos,
+					     bool half)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
 	const int64_t kvh = h / (a->n_heads / a->n_kv_heads);
+	const size_t es = half ? 2 : 4; /* bytes per cached value */
+	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
 	const float *q = a->q + row * a->q_stride + h * hd;
 	float *acc = scratch, *sc = scratch + hd;
 	float *out = a->out + row * a->out_stride + h * hd;
@@ -173,19 +156,18 @@ CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratc
 	/* the rows stream from memory (a step's weights evict the cache):
 	 * ask for the whole window's K and V first, a run at a time */
 	for (int64_t t = lo; t <= pos; t += n) {
-		const float *k = kv_run(a, a->kcache, s, t, kvh, pos, &n);
-		const float *v = a->vcache + (k - a->kcache);
+		int64_t e = kv_run_off(a, s, t, kvh, pos, &n);
 
 		for (int64_t i = 0; i < n; i++) {
-			cpu_prefetch(k + i * stride, (size_t)hd * sizeof(float));
-			cpu_prefetch(v + i * stride, (size_t)hd * sizeof(float));
+			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
+			cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)hd * es);
 		}
 	}
 	for (int64_t t = lo; t <= pos;) {
-		const float *k = kv_run(a, a->kcache, s, t, kvh, pos, &n);
+		int64_t e = kv_run_off(a, s, t, kvh, pos, &n);
 
-		for (int64_t i = 0; i < n; i++, t++, k += stride) {
-			float v = cpu_avx2_dot(q, k, hd) * a->scale;
+		for (int64_t i = 0; i < n; i++, t++, e += stride) {
+			float v = dot8(q, kc + (size_t)e * es, hd, half) * a->scale;
 
 			if (a->softcap > 0.0f)
 				v = a->softcap * tanhf(v / a->softcap);
@@ -207,13 +189,14 @@ CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratc
 		for (int j = 0; j < 8; j++)
 			r[j] = _mm256_setzero_ps();
 		for (int64_t t = lo; t <= pos;) {
-			const float *v = kv_run(a, a->vcache, s, t, kvh, pos, &n) + d0;
+			int64_t e = kv_run_off(a, s, t, kvh, pos, &n) + d0;
 
-			for (int64_t i = 0; i < n; i++, t++, v += stride) {
+			for (int64_t i = 0; i < n; i++, t++, e += stride) {
 				__m256 p = _mm256_set1_ps(sc[t - lo]);
+				const void *v = vc + (size_t)e * es;
 
 				for (int j = 0; j < w; j++)
-					r[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), r[j]);
+					r[j] = _mm256_fmadd_ps(p, ld8(v, 8 * j, half), r[j]);
 			}
 		}
 		for (int j = 0; j < w; j++)
@@ -222,7 +205,78 @@ CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratc
 	for (int64_t i = 0; i < hd; i++)
 		out[i] = (float)(acc[i] / sum);
 }
+
+CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratch, int64_t s,
+				       int64_t h, int64_t row, int64_t pos)
+{
+	attn_row_avx2_t(tk, scratch, s, h, row, pos, false);
+}
+
+/* The same over an f16 cache, reading it in place (the values widened
+ * exactly, so the bits are those of an f32 cache holding them: what
+ * attn_rows_q() gives on machines without AVX2). */
+CPU_TGT_AVX2 static void attn_row_avx2_f16(const struct attn_task *tk, float *scratch, int64_t s,
+					   int64_t h, int64_t row, int64_t pos)
+{
+	attn_row_avx2_t(tk, scratch, s, h, row, pos, true);
+}
 #endif
+
+/* One query row of a unit: the AVX2 kernel where it applies, else the
+ * portable one (the same bits either way). */
+static void attn_one(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
+		     int64_t row, int64_t pos)
+{
+#if defined(__x86_64__)
+	if (tk->ctx->isa != CPU_ISA_SCALAR && tk->a->head_dim % 8 == 0) {
+		attn_row_avx2(tk, scratch, s, h, row, pos);
+		return;
+	}
+#endif
+	attn_row(tk, scratch, s, h, row, pos);
+}
+
+/*
+ * Rows r0 .. r1-1 of sequence s (query rows q0 + i at positions p0 + i),
+ * head h, over a cache of f16 or block-quantized values: head kvh's keys
+ * and values at the positions those rows read are decoded once (exactly:
+ * a value is its scale times its integer) into f32 staging in the
+ * thread's scratch, laid out as a one-block, one-KV-head cache, and the
+ * f32 kernels run over it. So a query row gets the arithmetic of an f32
+ * cache holding the decoded values, and a chunk of 16 prefill rows pays
+ * for one decode.
+ */
+static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
+			int64_t q0, int64_t p0, int64_t r0, int64_t r1)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads);
+	const size_t head_bytes = tk->row_bytes / (size_t)a->n_kv_heads;
+	float *sk = scratch + hd + tk->max_kv, *sv = sk + tk->max_kv * hd;
+	int64_t lo = 0, hi = p0 + r1 - 1;
+	static const int32_t block0 = 0;
+	struct loom_attention_args st = *a;
+	struct attn_task tk2 = *tk;
+
+	if (a->window > 0 && p0 + r0 - a->window + 1 > 0)
+		lo = p0 + r0 - a->window + 1;
+	for (int64_t t = lo; t <= hi; t++) {
+		int64_t blk = a->block_table[s * a->max_blocks + t / a->block_size];
+		size_t slot = (size_t)(blk * a->block_size + t % a->block_size);
+		size_t off = slot * tk->row_bytes + head_bytes * (size_t)kvh;
+
+		cpu_dequant_row(tk->ctx->isa, tk->type, (const char *)a->kcache + off, sk + t * hd, hd);
+		cpu_dequant_row(tk->ctx->isa, tk->type, (const char *)a->vcache + off, sv + t * hd, hd);
+	}
+	/* the staging as a cache: sequence 0, one block of every position,
+	 * one KV head (so every query head reads it) */
+	st.kcache = sk, st.vcache = sv;
+	st.n_kv_heads = 1, st.block_size = hi + 1, st.max_blocks = 1;
+	st.block_table = &block0;
+	tk2.a = &st;
+	for (int64_t i = r0; i < r1; i++)
+		attn_one(&tk2, scratch, 0, h, q0 + i, p0 + i);
+}
 
 static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 {
@@ -244,19 +298,19 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 	int64_t r0 = (c - tk->chunk_start[s]) * ROWS_PER_UNIT;
 	int64_t r1 = r0 + ROWS_PER_UNIT < q_len ? r0 + ROWS_PER_UNIT : q_len;
 
-	for (int64_t i = r0; i < r1; i++) {
-		if (tk->type != LOOM_TYPE_F32) {
-			attn_row_q(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
-			continue;
-		}
 #if defined(__x86_64__)
-		if (tk->ctx->isa != CPU_ISA_SCALAR && a->head_dim % 8 == 0) {
-			attn_row_avx2(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
-			continue;
-		}
-#endif
-		attn_row(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
+	if (tk->type == LOOM_TYPE_F16 && tk->ctx->isa != CPU_ISA_SCALAR && a->head_dim % 8 == 0) {
+		for (int64_t i = r0; i < r1; i++)
+			attn_row_avx2_f16(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
+		return;
 	}
+#endif
+	if (tk->type != LOOM_TYPE_F32) {
+		attn_rows_q(tk, scratch, s, h, q0, a->kv_len[s] - q_len, r0, r1);
+		return;
+	}
+	for (int64_t i = r0; i < r1; i++)
+		attn_one(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
 }
 
 /* Pool chunk c of n_chunks: units [n_units*c/n_chunks, n_units*(c+1)/n_chunks). */
@@ -303,7 +357,7 @@ static int attn_check(const struct loom_attention_args *a, int64_t *longest)
 int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	struct attn_task tk;
-	int64_t max_kv, *chunks;
+	int64_t max_kv, *chunks, need, stage = 0;
 	double work = 0;
 	int err;
 
@@ -312,9 +366,14 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	err = attn_check(a, &max_kv);
 	if (err)
 		return err < 0 ? err : LOOM_OK;
-	/* acc[head_dim], scores[max_kv], a dequantized row[head_dim] */
-	if (max_kv > LOOM_CHECK_LIMIT - 2 * a->head_dim ||
-	    cpu_scratch_reserve(ctx, (size_t)(max_kv + 2 * a->head_dim)))
+	/* acc[head_dim], scores[max_kv]; for a typed cache also f32 staging
+	 * of one KV head's keys and values, [max_kv][head_dim] each */
+	need = a->head_dim + max_kv;
+	if (LOOM_KV_TYPE(a, struct loom_attention_args) != LOOM_TYPE_F32 &&
+	    (__builtin_mul_overflow(max_kv, 2 * a->head_dim, &stage) ||
+	     __builtin_add_overflow(need, stage, &need)))
+		return LOOM_ERR_NOMEM;
+	if (need > LOOM_CHECK_LIMIT || cpu_scratch_reserve(ctx, (size_t)need))
 		return LOOM_ERR_NOMEM;
 	chunks = malloc((size_t)(a->n_seqs + 1) * sizeof(*chunks));
 	if (!chunks)
@@ -330,7 +389,7 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.a = a;
 	tk.type = LOOM_KV_TYPE(a, struct loom_attention_args);
 	tk.row_bytes = loom_kvq_row_bytes(tk.type, a->n_kv_heads * a->head_dim);
-	tk.buf_off = a->head_dim + max_kv;
+	tk.max_kv = max_kv;
 	tk.chunk_start = chunks;
 	tk.n_units = chunks[a->n_seqs] * a->n_heads;
 	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;

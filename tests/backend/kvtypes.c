@@ -12,6 +12,9 @@
  *  - attention over a paged, permuted block table (a decode-like sequence
  *    and a prefill-like one) against a reference that decodes the blocks
  *    with its own code and computes in double;
+ *  - attention over a typed cache equals, bit for bit, attention over an
+ *    f32 cache holding its decoded values (exact decoding, then the f32
+ *    arithmetic);
  *  - a 1.2 host's shorter argument structs mean f32 whatever follows
  *    them; an unknown type is LOOM_ERR_UNSUPPORTED, rows of partial
  *    blocks LOOM_ERR_INVALID.
@@ -347,6 +350,37 @@ static void check_attention(const char *name, const char *tn, uint32_t type,
 		       name, tn, worst);
 }
 
+/* Attention over a typed cache gives, bit for bit, what it gives over an
+ * f32 cache holding the decoded values: the backends decode exactly and
+ * then run their f32 arithmetic (cpu.so's staged and in-place f16 paths
+ * alike). Leaves the f32 cache in place of the typed one. */
+static void check_as_f32(struct dev *d, const char *name, int ti, const struct data *in,
+			 const uint8_t *kc, const uint8_t *vc, const float *typed)
+{
+	const struct loom_backend_ops *o = d->be->ops;
+	struct loom_kv_write_args w = write_args(d, LOOM_TYPE_F32);
+	struct loom_attention_args a = attn_args(d, LOOM_TYPE_F32);
+	static float dk[NTOK][KVD], dv[NTOK][KVD];
+	size_t row = loom_kvq_row_bytes(types[ti], KVD);
+	float *out = malloc(sizeof(in->q));
+
+	for (int t = 0; t < NTOK; t++)
+		for (int i = 0; i < KVD; i++) {
+			dk[t][i] = loom_kvq_value(types[ti], kc + (size_t)in->slots[t] * row, i);
+			dv[t][i] = loom_kvq_value(types[ti], vc + (size_t)in->slots[t] * row, i);
+		}
+	if (o->upload(d->be->ctx, d->k, dk, sizeof(dk)) || o->upload(d->be->ctx, d->v, dv, sizeof(dv)) ||
+	    o->kv_write(d->be->ctx, &w) || o->attention(d->be->ctx, &a) ||
+	    o->synchronize(d->be->ctx) || o->download(d->be->ctx, out, d->out, sizeof(in->q)))
+		fail("%s %s: the f32 comparison run failed", name, names[ti]);
+	else if (memcmp(out, typed, sizeof(in->q)))
+		fail("%s %s: attention differs from an f32 cache of the decoded values", name, names[ti]);
+	if (o->upload(d->be->ctx, d->k, in->k, sizeof(in->k)) ||
+	    o->upload(d->be->ctx, d->v, in->v, sizeof(in->v)))
+		fail("%s: cannot restore the inputs", name);
+	free(out);
+}
+
 static void check_type(struct dev *d, const char *name, int ti, const struct data *in)
 {
 	const struct loom_backend_ops *o = d->be->ops;
@@ -374,6 +408,8 @@ static void check_type(struct dev *d, const char *name, int ti, const struct dat
 	} else {
 		check_written(name, names[ti], types[ti], in, kc, vc);
 		check_attention(name, names[ti], types[ti], in, kc, vc, out);
+		if (types[ti] != LOOM_TYPE_F32)
+			check_as_f32(d, name, ti, in, kc, vc, out);
 	}
 	free(kc);
 	free(vc);
