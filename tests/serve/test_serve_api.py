@@ -241,7 +241,10 @@ def tokenize_roundtrip(srv):
     joined = b"".join(x["piece"].encode() if isinstance(x["piece"], str) else bytes(x["piece"])
                       for x in p)
     check("with_pieces: pieces spell the text", joined == text.encode(), joined)
-    check("tokenize: control-token text stays text", len(tokenize(srv, "<|im_start|>", False)) > 1)
+    one = tokenize(srv, "<|im_start|>", False)
+    check("tokenize: control-token text is the token, as in a completion prompt", len(one) == 1, one)
+    check("detokenize: a control token shows its text",
+          post_ok(srv, "/detokenize", {"tokens": one})["content"] == "<|im_start|>")
 
 
 def errors(srv):
@@ -258,6 +261,7 @@ def errors(srv):
     chat = {"messages": [{"role": "user", "content": "x"}]}
     err("/v1/chat/completions", dict(chat, logprobs=True, top_logprobs=21), "top_logprobs", "20")
     err("/v1/chat/completions", dict(chat, top_logprobs=2), "top_logprobs", "logprobs")
+    err("/v1/chat/completions", dict(chat, logprobs=1), "logprobs", "boolean")
     err("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs", "20")
     err("/v1/completions", {"prompt": [[1, 2], [3, 10 ** 9]]}, "prompt", "prompt[1][1]")
     err("/v1/completions", {"prompt": [5, -1]}, "prompt", "prompt[1]")
