@@ -83,7 +83,8 @@ static int take_params(void *dst, size_t dst_size, const void *src, size_t v1,
 
 void loom_engine_params_init(struct loom_engine_params *p)
 {
-	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so" };
+	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so",
+		.kv_type = LOOM_KV_DEFAULT };
 }
 
 void loom_generation_params_init(struct loom_generation_params *g)
@@ -217,15 +218,84 @@ static int load_specs(struct loom_engine *e, const struct loom_engine_params *p,
 	return 0;
 }
 
-/* Context per sequence: n_ctx, or 4096; never above the trained context. */
+/* Context per sequence: n_ctx, or (n_ctx <= 0) the trained context;
+ * never above the trained context. */
 static int32_t context_size(const struct loom_model *m, int32_t n_ctx)
 {
-	int32_t used = loom_model_context(&m->hp, n_ctx);
+	int32_t used = loom_model_context(&m->hp, n_ctx > 0 ? n_ctx : INT32_MAX);
 
 	if (n_ctx > used)
 		loom_log(LOOM_LOG_WARN, "context %d is above the model's trained context; using %d",
 			 n_ctx, used);
 	return used;
+}
+
+/* The KV type p asks for, resolved (the default: f16 where the backend
+ * stores it, f32 in exact mode) and checked against the backend and the
+ * model's head size. */
+static int kv_type(struct loom_engine *e, const struct loom_engine_params *p, char *err,
+		   size_t errlen)
+{
+	const struct loom_hparams *hp = &e->m->hp;
+	int32_t t = p->kv_type;
+	char why[256];
+
+	if (t == LOOM_KV_DEFAULT) {
+		t = p->exact ? LOOM_KV_F32 : LOOM_KV_F16;
+		if (!loom_kv_type_usable(e->m->be, (uint32_t)t, why, sizeof(why)))
+			t = LOOM_KV_F32;
+	}
+	if (t < 0 || !loom_kv_type_name(t)) {
+		loom_seterr(err, errlen, "kv_type %d: not a KV cache type (f32, f16, q8_0, q4_0)", t);
+		return LOOM_ERR_INVALID;
+	}
+	if (!loom_kv_type_usable(e->m->be, (uint32_t)t, why, sizeof(why))) {
+		loom_seterr(err, errlen, "--kv-type %s: %s", loom_kv_type_name(t), why);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if ((t == LOOM_KV_Q8_0 || t == LOOM_KV_Q4_0) && hp->head_dim % 32) {
+		loom_seterr(err, errlen, "--kv-type %s: the cache stores blocks of 32 values, and this model's heads have %lld",
+			    loom_kv_type_name(t), (long long)hp->head_dim);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	e->cfg.kv_type = (uint32_t)t;
+	return 0;
+}
+
+/* Whether one sequence at context ctx fits in kv_bytes (both pools). */
+static bool context_fits(struct loom_engine *e, int32_t ctx, uint64_t kv_bytes)
+{
+	struct loom_sched_config c = e->cfg;
+	struct loom_kv_plan pl;
+
+	c.max_ctx = ctx;
+	if (c.max_batch_tokens > ctx)
+		c.max_batch_tokens = ctx;
+	loom_sched_plan_kv(e->m, &c, kv_bytes, &pl);
+	return pl.n_blocks >= pl.seq_blocks && pl.n_blocks > 0 &&
+	       (!pl.n_local_layers || pl.n_local_blocks >= pl.seq_local_blocks);
+}
+
+/* The longest context up to c->max_ctx that one sequence can hold in
+ * kv_bytes (a block at least, so a cache too small still fails below
+ * with its own message). */
+static int32_t fitting_context(struct loom_engine *e, uint64_t kv_bytes)
+{
+	int32_t lo = e->cfg.block_size, hi = e->cfg.max_ctx;
+
+	if (context_fits(e, hi, kv_bytes))
+		return hi;
+	if (lo > hi)
+		lo = hi;
+	while (hi - lo > 1) { /* lo fits or is the floor; hi does not fit */
+		int32_t mid = lo + (hi - lo) / 2;
+
+		if (context_fits(e, mid, kv_bytes))
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
 }
 
 /* The scheduler's configuration from the engine parameters (the
@@ -234,12 +304,22 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 			char *err, size_t errlen)
 {
 	struct loom_sched_config *c = &e->cfg;
+	uint64_t kv_bytes = p->kv_bytes > 0 ? (uint64_t)p->kv_bytes : 0;
+	int rc;
 
 	loom_sched_config_defaults(c);
 	c->block_size = p->block_size > 0 ? p->block_size : 16;
 	c->max_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
 	c->max_ctx = context_size(e->m, p->n_ctx);
 	c->max_batch_tokens = p->n_batch > 0 ? p->n_batch : 256;
+	rc = kv_type(e, p, err, errlen);
+	if (rc)
+		return rc;
+	/* no context given: the trained one, capped to what the cache holds
+	 * (kv_bytes, else the default reservation shared by the sequences) */
+	if (p->n_ctx <= 0)
+		c->max_ctx = fitting_context(e, kv_bytes ? kv_bytes :
+					     loom_kv_default_bytes() / (uint64_t)c->max_seqs);
 	if (c->max_batch_tokens > c->max_ctx)
 		c->max_batch_tokens = c->max_ctx; /* no step needs more */
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
@@ -254,7 +334,7 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	/* no kv_bytes: each sequence a whole context (windowed layers: a
 	 * window), and one spare block for a copy; else kv_bytes split
 	 * between the full-context and the windowed layers */
-	loom_sched_plan_kv(e->m, c, p->kv_bytes > 0 ? (uint64_t)p->kv_bytes : 0, &e->kv_plan);
+	loom_sched_plan_kv(e->m, c, kv_bytes, &e->kv_plan);
 	c->n_blocks = e->kv_plan.n_blocks;
 	c->n_local_blocks = e->kv_plan.n_local_blocks;
 	if (c->n_blocks <= 0 || (e->kv_plan.n_local_layers && c->n_local_blocks <= 0)) {
@@ -324,7 +404,11 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
 	e->m = loom_model_load(e->f, mp, err, errlen);
-	return e->m ? 0 : LOOM_ERR_INVALID;
+	if (!e->m)
+		return LOOM_ERR_INVALID;
+	e->m->gemm_input = p->gemm_input;
+	e->m->gemm_input_user = p->gemm_input_user;
+	return 0;
 }
 
 struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
@@ -461,6 +545,7 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.local_layers = (int32_t)e->kv_plan.n_local_layers,
 		.weights_bytes = e->m->weights_bytes, .packed_bytes = e->m->packed_bytes,
 		.packed_tensors = e->m->n_packs,
+		.kv_type = (int32_t)e->cfg.kv_type, .kv_token_bytes = e->kv_plan.token_bytes,
 	};
 }
 

@@ -56,6 +56,16 @@ struct loom_sampler_params {
  * penalties off (window 64), seed 0. */
 void loom_sampler_defaults(struct loom_sampler_params *p);
 
+/* Appended (0.6), loom_engine_params.gemm_input: called during a step with
+ * the input of a weight GEMM, before the GEMM runs: `weight` is the GGUF
+ * tensor's name ("blk.3.attn_q.weight"; a fused matrix's name once, not
+ * per part), x its rows x cols input row-major in host memory (valid for
+ * the call only), rows the tokens of the step that reach it (after the
+ * logits gather, only the rows that need logits). Used for calibration
+ * (`loom imatrix`). */
+typedef void (*loom_gemm_input_fn)(void *user, const char *weight, const float *x,
+				   int64_t rows, int64_t cols);
+
 struct loom_engine_params {
 	uint32_t struct_size;
 	const char *model;   /* GGUF file */
@@ -92,9 +102,41 @@ struct loom_engine_params {
 	bool all_logits;       /* room for a logits row per prompt token of a
 				  step (n_batch x n_vocab floats), so requests
 				  may ask for all_logits */
+	/* ---- appended (0.5): the KV cache's type ----
+	 * n_ctx <= 0 now means the model's trained context, capped to what
+	 * the KV cache holds for one sequence: kv_bytes when > 0, else the
+	 * default reservation (loom_kv_default_bytes) shared by n_parallel
+	 * sequences, whose cache is then n_ctx tokens each as before. */
+	int32_t kv_type;       /* enum loom_kv_type; loom_engine_params_init
+				  sets LOOM_KV_DEFAULT */
+	/* ---- appended (0.6): calibration ---- */
+	/* optional: observes every weight GEMM's input (loom_gemm_input_fn).
+	 * Each step then runs op by op (no captured step graphs), with a
+	 * download and a synchronize per GEMM: for calibration, not serving. */
+	loom_gemm_input_fn gemm_input;
+	void *gemm_input_user;
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
+
+/* KV cache element types (GGUF type ids; docs/QUANTIZATION.md, "KV cache").
+ * LOOM_KV_DEFAULT: f16 where the backend stores it, f32 in exact mode or
+ * on a backend of ABI < 1.3. */
+enum loom_kv_type {
+	LOOM_KV_DEFAULT = -1,
+	LOOM_KV_F32 = 0,
+	LOOM_KV_F16 = 1,
+	LOOM_KV_Q4_0 = 2,
+	LOOM_KV_Q8_0 = 8,
+};
+/* "f32", "f16", "q8_0" or "q4_0" (any case): 0 and *type set, else -1. */
+int loom_kv_type_parse(const char *name, int32_t *type);
+/* The name of a KV type, "default" for LOOM_KV_DEFAULT, or NULL. */
+const char *loom_kv_type_name(int32_t type);
+/* The KV reservation used when none is given: 1/8 of the memory the
+ * system has available (MemAvailable), clamped to [256 MiB, 4 GiB];
+ * 256 MiB when that cannot be read. */
+uint64_t loom_kv_default_bytes(void);
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 				     char *err, size_t errlen);
 void loom_engine_close(struct loom_engine *e);
@@ -228,7 +270,7 @@ struct loom_request {
 	 * grammar (loom_grammar_new), and end-of-generation comes only where
 	 * the text is complete. loom_submit takes its own reference. */
 	const struct loom_grammar *grammar;
-	/* ---- appended (api): log-probabilities and hidden states ----
+	/* ---- appended (0.6): log-probabilities and hidden states ----
 	 * A request with logprobs, prompt_logprobs or hidden decodes without
 	 * speculation and shares no cached prefix. */
 	bool logprobs;          /* each token event carries its logprob */
@@ -298,6 +340,9 @@ struct loom_engine_stats {
 	 * backend keeps in a layout of its own (ABI 1.2 weight_pack) */
 	uint64_t weights_bytes, packed_bytes;
 	int32_t packed_tensors;
+	/* ---- appended (0.5): the KV cache's type ---- */
+	int32_t kv_type;          /* enum loom_kv_type, never DEFAULT */
+	uint64_t kv_token_bytes;  /* K and V of one token in every layer */
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 
@@ -515,6 +560,10 @@ struct loom_quantize_params {
 	bool dry_run;         /* print the plan, write nothing */
 	bool progress;        /* progress bar on stderr (if a tty) */
 	FILE *out;            /* the plan and the summary; NULL: stdout */
+	/* ---- appended (0.6) ---- */
+	/* calibration file (loom_imatrix_load) for strategies that need one,
+	 * and for the mixes' imatrix-only rules; NULL: none */
+	const char *imatrix;
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p);
@@ -599,6 +648,69 @@ struct loom_grammar;
 struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t len,
 				      char *err, size_t errlen);
 void loom_grammar_free(struct loom_grammar *g);
+
+/* ======== appended (0.6): calibration files (docs/QUANTIZATION.md) ======== */
+
+/*
+ * An importance matrix: per weight tensor, per input column j, the mean
+ * over calibration tokens of x_j^2 (x: the input the weight multiplies),
+ * and optionally (`loom imatrix --hessian`) the mean of x x^T.
+ *
+ * loom_imatrix_load reads llama.cpp's legacy .dat layout (what `loom
+ * imatrix` writes, followed by loom's Hessian section when there is one)
+ * and llama.cpp's GGUF imatrix files (general.type "imatrix", tensors
+ * NAME.in_sum2 and NAME.counts). flags: LOOM_IMATRIX_HESSIAN maps the
+ * Hessians too (else their pointers are NULL). NULL with err naming the
+ * file and what is wrong (truncated, a count out of range, a name too
+ * long, sizes that disagree). Read-only after loading: any thread may
+ * look up entries.
+ */
+struct loom_imatrix;
+
+enum { LOOM_IMATRIX_HESSIAN = 1u << 0 };
+
+struct loom_imatrix_entry {
+	const char *name;      /* the weight, "blk.0.attn_q.weight" */
+	int64_t cols;          /* the weight's input width: floats in mean_sq */
+	int64_t n_tokens;      /* tokens behind the Hessian; 0 when unknown */
+	const float *mean_sq;  /* [cols] mean of x_j^2 */
+	const float *hessian;  /* [cols][cols] mean of x x^T (symmetric), or NULL */
+};
+
+struct loom_imatrix *loom_imatrix_load(const char *path, uint32_t flags, char *err,
+				       size_t errlen);
+void loom_imatrix_free(struct loom_imatrix *im);
+size_t loom_imatrix_count(const struct loom_imatrix *im);
+/* Entry i (0 <= i < count), or NULL. */
+const struct loom_imatrix_entry *loom_imatrix_at(const struct loom_imatrix *im, size_t i);
+/* The entry of a weight tensor, or NULL when the file has none. */
+const struct loom_imatrix_entry *loom_imatrix_lookup(const struct loom_imatrix *im,
+						     const char *name);
+/* Chunks of calibration text behind the file (0 when unknown), the
+ * dataset's name ("" when unknown), whether Hessians were mapped. */
+int32_t loom_imatrix_chunks(const struct loom_imatrix *im);
+const char *loom_imatrix_dataset(const struct loom_imatrix *im);
+bool loom_imatrix_has_hessian(const struct loom_imatrix *im);
+
+/* One tensor's statistics for loom_imatrix_save. */
+struct loom_imatrix_stat {
+	const char *name;
+	int64_t cols;
+	int64_t n_tokens;      /* tokens averaged over */
+	const float *mean_sq;  /* [cols] */
+	const float *hessian;  /* [cols][cols], or NULL; the same pointer given
+				  for several tensors is stored once */
+};
+
+/*
+ * Writes stats[0..n) to path in llama.cpp's legacy imatrix layout (which
+ * llama-quantize --imatrix reads: per entry the name, ncall = n_chunks,
+ * and mean_sq * n_chunks), then, when any entry has a Hessian, loom's
+ * section "LOOMHES1" after llama.cpp's trailer (docs/QUANTIZATION.md).
+ * Written to PATH.part and renamed. 0, or -1 with err.
+ */
+int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, size_t n,
+		      int32_t n_chunks, const char *dataset, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* loom: run, info, tokenize, bench, perplexity, backends, check-backend,
- * quantize
+ * quantize, imatrix
  * (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 
 #include "backends.h"
 #include "bench.h"
+#include "imatrix.h"
 #include "perplexity.h"
 #include "loom.h"
 #include "loom_config.h"
@@ -311,6 +312,18 @@ static struct loom_grammar *run_grammar(const struct loom_options *o, char *err)
 	return loom_grammar_new(o->grammar, NULL, 0, err, ERRLEN);
 }
 
+/* The KV memory plan, on stderr: type, bytes per token, blocks, tokens. */
+static void print_kv_plan(struct loom_engine *e)
+{
+	struct loom_engine_stats st;
+
+	loom_engine_get_stats(e, &st);
+	fprintf(stderr, "loom: KV cache %s, %llu bytes/token: %lld blocks x %d = %lld tokens, %.1f MiB; context %d\n",
+		loom_kv_type_name(st.kv_type), (unsigned long long)st.kv_token_bytes,
+		(long long)st.blocks_total, st.block_size, (long long)st.blocks_total * st.block_size,
+		(double)st.kv_bytes / 1048576.0, st.n_ctx);
+}
+
 static int cmd_run(int argc, char **argv, char *err)
 {
 	struct loom_grammar *gram = NULL;
@@ -333,12 +346,14 @@ static int cmd_run(int argc, char **argv, char *err)
 		goto out;
 	}
 	loom_options_engine_params(&o, &ep);
-	ep.n_ctx = o.n_ctx;
+	ep.n_ctx = o.ctx_given ? o.n_ctx : 0;
+	ep.kv_bytes = (int64_t)o.serve.kv_mem;
 	ep.n_batch = o.n_batch;
 	ep.block_size = o.serve.block_size;
 	ep.progress = o.progress;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
+	print_kv_plan(e);
 	generation_params(&o, &g);
 	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])
 		goto out;
@@ -438,7 +453,32 @@ static int cmd_quantize(int argc, char **argv, char *err)
 	q.n_threads = o.n_threads;
 	q.allow_requantize = o.allow_requantize;
 	q.dry_run = o.dry_run;
+	q.imatrix = o.imatrix[0] ? o.imatrix : NULL;
 	return loom_quantize(&q, err, ERRLEN);
+}
+
+static int cmd_imatrix(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	char *text;
+	size_t len = 0;
+	int rc;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	if (o.imatrix_show[0])
+		return loom_imatrix_show(o.imatrix_show, err, ERRLEN);
+	if (!o.model[0] || !o.prompt_file[0] || !o.imatrix_out[0]) {
+		snprintf(err, ERRLEN, "imatrix needs --model FILE, -f CALIB.txt and -o FILE (or --show FILE)");
+		return -1;
+	}
+	text = read_file(o.prompt_file, &len, err);
+	if (!text)
+		return -1;
+	rc = loom_imatrix_main(&o, text, len, err, ERRLEN);
+	free(text);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -463,6 +503,8 @@ int main(int argc, char **argv)
 		rc = cmd_backends(argc, argv, err);
 	else if (!strcmp(cmd, "quantize"))
 		rc = cmd_quantize(argc, argv, err);
+	else if (!strcmp(cmd, "imatrix"))
+		rc = cmd_imatrix(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

@@ -139,8 +139,9 @@ void loom_sched_config_defaults(struct loom_sched_config *c)
 	};
 }
 
-int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
-			       uint64_t kv_bytes)
+/* Blocks of `type` that fit in kv_bytes for model m; 0 if not even one. */
+static int64_t plan_blocks(const struct loom_model *m, uint32_t type, int32_t block_size,
+			   uint64_t kv_bytes)
 {
 	const struct loom_hparams *hp = &m->hp;
 	size_t per_block;
@@ -149,14 +150,21 @@ int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 	if (block_size <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
 	    hp->n_head_kv > INT64_MAX / hp->head_dim)
 		return 0;
-	/* 2 (K and V) * n_layer * block_size * kv_dim * sizeof(float) */
-	per_block = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, block_size, 1);
+	/* 2 (K and V) * n_layer * block_size * kv_dim values of type */
+	per_block = loom_kv_type_bytes(type, hp->n_layer, hp->n_head_kv * hp->head_dim,
+				       block_size, 1);
 	if (!per_block)
 		return 0;
 	n = kv_bytes / per_block;
 	if (n > (uint64_t)(INT32_MAX / block_size))
 		n = (uint64_t)(INT32_MAX / block_size); /* slots are int32 */
 	return (int64_t)n;
+}
+
+int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
+			       uint64_t kv_bytes)
+{
+	return plan_blocks(m, LOOM_TYPE_F32, block_size, kv_bytes);
 }
 
 /* Each layer's window (0: full context), for the KV cache; NULL: no memory. */
@@ -187,9 +195,10 @@ void loom_sched_plan_kv(const struct loom_model *m, const struct loom_sched_conf
 		p->seq_local_blocks = loom_kv_window_blocks(p->window, bs, c->max_batch_tokens);
 		if (p->seq_local_blocks > p->seq_blocks)
 			p->seq_local_blocks = p->seq_blocks;
-		pl = loom_kv_bytes(p->n_local_layers, kv_dim, bs, 1);
+		pl = loom_kv_type_bytes(c->kv_type, p->n_local_layers, kv_dim, bs, 1);
 	}
-	pg = loom_kv_bytes(hp->n_layer - p->n_local_layers, kv_dim, bs, 1);
+	pg = loom_kv_type_bytes(c->kv_type, hp->n_layer - p->n_local_layers, kv_dim, bs, 1);
+	p->token_bytes = loom_kv_type_bytes(c->kv_type, hp->n_layer, kv_dim, 1, 1);
 	if (!pg || (p->n_local_layers && !pl))
 		goto out;
 	if (!kv_bytes) {
@@ -1400,7 +1409,7 @@ static int check_config(struct loom_sched *s, char *err, size_t errlen)
 	}
 	min_blocks = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size + 1;
 	if (c->n_blocks <= 0) {
-		c->n_blocks = loom_sched_plan_blocks(s->m, c->block_size, DEFAULT_KV_BYTES);
+		c->n_blocks = plan_blocks(s->m, c->kv_type, c->block_size, DEFAULT_KV_BYTES);
 		if (c->n_blocks < min_blocks)
 			c->n_blocks = min_blocks;
 	}
@@ -1425,7 +1434,7 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	struct loom_kv_config kc = {
 		.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim,
 		.block_size = s->cfg.block_size, .n_blocks = s->cfg.n_blocks,
-		.n_local_blocks = s->cfg.n_local_blocks,
+		.n_local_blocks = s->cfg.n_local_blocks, .type = s->cfg.kv_type,
 	};
 	int32_t *windows = layer_windows(s->m);
 

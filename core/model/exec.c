@@ -26,6 +26,8 @@ struct loom_exec {
 	int32_t *host_inputs;
 	size_t in_count[IN_COUNT];
 	int64_t table_stride; /* this step's block-table row length */
+	float *gemm_x;        /* host copy of a GEMM's input (gemm_input) */
+	size_t gemm_x_cap;    /* floats */
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -153,6 +155,7 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
 	free(e->host_inputs);
+	free(e->gemm_x);
 	free(e);
 }
 
@@ -272,9 +275,40 @@ static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 	return rc;
 }
 
+/* Hands a weight GEMM's input to the model's gemm_input observer: the
+ * rows are downloaded (waiting for the ops before) and packed to cols. */
+static int observe_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	int64_t cols = nd->w->cols, width = e->width[nd->a];
+	size_t need = (size_t)rows * (size_t)width;
+	int rc;
+
+	if (!e->m->gemm_input || nd->w->part_tail || rows <= 0 || width < cols)
+		return 0;
+	if (need > e->gemm_x_cap) {
+		float *nb = realloc(e->gemm_x, need * sizeof(float));
+
+		if (!nb)
+			return LOOM_ERR_NOMEM;
+		e->gemm_x = nb;
+		e->gemm_x_cap = need;
+	}
+	rc = be->ops->download(be->ctx, e->gemm_x, e->act[nd->a], need * sizeof(float));
+	if (!rc)
+		rc = be->ops->synchronize(be->ctx);
+	if (rc)
+		return rc;
+	for (int64_t r = 1; width != cols && r < rows; r++)
+		memmove(e->gemm_x + r * cols, e->gemm_x + r * width, (size_t)cols * sizeof(float));
+	e->m->gemm_input(e->m->gemm_input_user, nd->w->name, e->gemm_x, rows, cols);
+	return 0;
+}
+
 static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
 {
 	const struct loom_backend *be = e->m->be;
+	int rc = observe_gemm(e, nd, rows);
 	struct loom_gemm_args a = {
 		.struct_size = sizeof(a), .w_type = nd->w->type,
 		.m = rows, .n = nd->w->rows, .k = nd->w->cols,
@@ -284,7 +318,7 @@ static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t row
 		.w_packed = nd->w->packed,
 	};
 
-	return be->ops->gemm(be->ctx, &a);
+	return rc ? rc : be->ops->gemm(be->ctx, &a);
 }
 
 static int run_rope(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
@@ -314,6 +348,7 @@ static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t
 		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
 		.n_tokens = rows, .kv_dim = e->width[ACT_K],
 		.slots = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LSLOTS : IN_SLOTS],
+		.kv_type = e->kv->type,
 	};
 
 	return be->ops->kv_write(be->ctx, &a);
@@ -335,7 +370,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
-		.softcap = hp->attn_softcap,
+		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
 	};
 
 	return be->ops->attention(be->ctx, &a);
@@ -444,7 +479,8 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	const struct loom_backend *be = e->m->be;
 	int rc, end_rc;
 
-	if (!loom_backend_has_graphs(be))
+	/* an observer downloads inside the step: no captured graph then */
+	if (!loom_backend_has_graphs(be) || e->m->gemm_input)
 		return run_nodes(e, b, err, errlen);
 	rc = be->ops->graph_begin(be->ctx);
 	if (rc)

@@ -368,6 +368,7 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	w->rows = want_rows;
 	w->cols = cols;
 	w->row_bytes = p->dequant ? (size_t)cols * sizeof(float) : t->nbytes / (size_t)want_rows;
+	snprintf(w->name, sizeof(w->name), "%s", name);
 	return 0;
 }
 
@@ -454,6 +455,7 @@ static void split_fused(const struct weight_plan *p)
 		*w = whole;
 		w->rows = p->part_rows[k];
 		w->data = (char *)whole.data + (size_t)row * whole.row_bytes;
+		w->part_tail = k > 0; /* its input is the first part's */
 		row += p->part_rows[k];
 	}
 }

@@ -12,6 +12,7 @@
 #include "format/gguf.h"
 #include "engine/kv.h"
 #include "model/arch.h"
+#include "loom.h" /* loom_gemm_input_fn */
 
 struct loom_hparams {
 	const struct loom_arch *arch;
@@ -33,6 +34,8 @@ struct loom_weight {
 	size_t row_bytes;
 	void *data; /* device address, NULL when the tensor is absent */
 	bool packed; /* data is the backend's own layout (weight_pack) */
+	char name[96]; /* the GGUF tensor's name (gemm_input) */
+	bool part_tail; /* a fused matrix's second or later part */
 };
 
 /* One layer's weights ([rows][cols]; "opt." ones have data NULL when the
@@ -103,6 +106,9 @@ struct loom_model {
 	struct loom_layer *layers;
 	struct loom_node *nodes; /* the graph, built once at load */
 	int n_nodes;
+	/* loom_engine_params.gemm_input: sees each weight GEMM's input */
+	loom_gemm_input_fn gemm_input;
+	void *gemm_input_user;
 };
 
 struct loom_model_params {
