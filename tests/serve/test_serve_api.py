@@ -116,6 +116,13 @@ def logprobs_match_dump(srv):
     c = r["choices"][0]["logprobs"]["content"]
     check("chat logprobs, no tops", c[0]["top_logprobs"] == [] and
           abs(c[0]["logprob"] - content[0]["logprob"]) < 1e-9, c)
+    # a stop string: its tokens are not in the logprobs, as not in the text
+    r = post_ok(srv, "/v1/completions", {"prompt": "Count: 1, 2, 3,", "max_tokens": 10,
+                                         "temperature": 0, "logprobs": 1, "stop": [" 5"]})
+    ch = r["choices"][0]
+    lp = ch["logprobs"]
+    check("stop string: logprobs end with the text", ch["finish_reason"] == "stop" and
+          "".join(lp["tokens"]) == ch["text"] and max(lp["text_offset"]) < len(ch["text"]), ch)
     r = post_ok(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                               "max_tokens": 2})
     check("no logprobs asked: null", r["choices"][0]["logprobs"] is None, r)
