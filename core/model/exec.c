@@ -210,6 +210,7 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 
 	if (b->n_tokens <= 0 || b->n_tokens > e->max_tokens || b->n_seqs <= 0 ||
 	    b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
+	    b->n_hidden_only < 0 || b->n_hidden_only > b->n_out ||
 	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens) {
 		loom_seterr(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
 			b->n_tokens, b->n_seqs, b->n_out);
@@ -394,6 +395,12 @@ static int run_gather(struct loom_exec *e, const struct loom_node *nd,
 	return 0;
 }
 
+/* Output rows that need logits (the rest need the hidden state only). */
+static int32_t logit_rows(const struct loom_batch *b)
+{
+	return b->n_out - b->n_hidden_only;
+}
+
 static int run_node(struct loom_exec *e, const struct loom_node *nd,
 		    const struct loom_batch *b)
 {
@@ -401,6 +408,9 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 	struct loom_backend_ctx *ctx = be->ctx;
 	int64_t rows = nd->on_outputs ? b->n_out : b->n_tokens;
 	float *dst = e->act[nd->dst], *a = e->act[nd->a];
+
+	if (nd->on_outputs && nd->dst == ACT_LOGITS)
+		rows = logit_rows(b); /* the output layer and its soft-cap */
 	int64_t wd = e->width[nd->dst], wa = e->width[nd->a];
 
 	switch (nd->op) {
@@ -457,6 +467,8 @@ static int run_nodes(struct loom_exec *e, const struct loom_batch *b, char *err,
 
 		if (nd->on_outputs && b->n_out == 0)
 			break;
+		if (nd->on_outputs && nd->dst == ACT_LOGITS && logit_rows(b) == 0)
+			break; /* hidden states only: the output layer is the rest */
 		rc = run_node(e, nd, b);
 		if (rc)
 			loom_seterr(err, errlen, "backend %s: %s (layer %d) failed with status %d",
@@ -518,9 +530,9 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 	rc = upload_inputs(e, b);
 	if (rc == 0)
 		rc = run_step(e, b, err, errlen);
-	if (rc == 0 && b->n_out > 0)
+	if (rc == 0 && logit_rows(b) > 0)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
-				       (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float));
+				       (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float));
 	if (rc == 0)
 		rc = be->ops->synchronize(be->ctx);
 	if (rc) {
@@ -529,8 +541,8 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 				be->ops->name, rc);
 		return rc;
 	}
-	if (b->n_out > 0)
-		host_softcap(e, logits, b->n_out);
+	if (logit_rows(b) > 0)
+		host_softcap(e, logits, logit_rows(b));
 	for (i = 0; i < b->n_seqs; i++)
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;

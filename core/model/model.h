@@ -147,6 +147,10 @@ struct loom_batch {
 	struct loom_kv_seq **seqs; /* n_seqs; cache space must be reserved */
 	int32_t n_out;
 	const int32_t *out_rows;
+	/* appended: the last n_hidden_only of out_rows need only the final
+	 * normed hidden state (loom_exec_hidden), not logits: the output
+	 * layer runs on the first n_out - n_hidden_only rows alone */
+	int32_t n_hidden_only;
 };
 
 struct loom_exec;
@@ -160,7 +164,8 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 		   char *err, size_t errlen);
 /* After a successful step: the final normed hidden state (what the
  * output layer reads) of output rows [first, first + n), n x n_embd
- * floats to `out`. 0, or a negative loom_status. */
+ * floats to `out`. 0, or a negative loom_status. Logits, written by the
+ * step, cover the first n_out - n_hidden_only output rows. */
 int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* One sequence's tokens[0..n) at its next positions (reserved in its
  * cache), as one step; with want_logits, the last token's logits go to
