@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "dist/dist.h"
+#include "dist/follow.h"
 #include "engine/scheduler.h"
 #include "engine/spec.h"
 #include "format/gguf.h"
@@ -36,6 +38,9 @@ struct loom_engine {
 	struct loom_kv_plan kv_plan;         /* the KV memory plan of cfg */
 	char model_name[256];
 	enum loom_pooling pooling;           /* <arch>.pooling_type */
+	struct loom_dist *dist;              /* a rank of a distributed job */
+	bool dist_started;                   /* every rank opened: rank 0 sends
+						the stop plan at close */
 };
 
 /* The size of each struct's first generation: anything smaller is refused. */
@@ -300,6 +305,16 @@ static int32_t fitting_context(struct loom_engine *e, uint64_t kv_bytes)
 
 /* The scheduler's configuration from the engine parameters (the
  * scheduler checks the rest). 0, or LOOM_ERR_INVALID with err set. */
+/* The default KV reservation: from this host's free memory; in a
+ * distributed job the smallest of every rank's, since all ranks must run
+ * the same cache shapes. */
+static uint64_t default_kv_bytes(struct loom_engine *e)
+{
+	uint64_t b = loom_kv_default_bytes();
+
+	return e->dist ? loom_dist_min_u64(e->dist, b) : b;
+}
+
 static int sched_config(struct loom_engine *e, const struct loom_engine_params *p,
 			char *err, size_t errlen)
 {
@@ -315,11 +330,13 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	rc = kv_type(e, p, err, errlen);
 	if (rc)
 		return rc;
+	if (e->dist && kv_bytes) /* serve's default is each host's own */
+		kv_bytes = loom_dist_min_u64(e->dist, kv_bytes);
 	/* no context given: the trained one, capped to what the cache holds
 	 * (kv_bytes, else the default reservation shared by the sequences) */
 	if (p->n_ctx <= 0)
 		c->max_ctx = fitting_context(e, kv_bytes ? kv_bytes :
-					     loom_kv_default_bytes() / (uint64_t)c->max_seqs);
+					     default_kv_bytes(e) / (uint64_t)c->max_seqs);
 	if (c->max_batch_tokens > c->max_ctx)
 		c->max_batch_tokens = c->max_ctx; /* no step needs more */
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
@@ -411,6 +428,72 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 	return 0;
 }
 
+/* Model, strategies and scheduler; on a rank of a distributed job every
+ * rank learns whether all of them succeeded. */
+static int build_engine(struct loom_engine *e, const struct loom_engine_params *p,
+			struct loom_model_params *mp, char *err, size_t errlen)
+{
+	struct loom_model_params draft_mp = *mp;
+	int rc = open_model(e, p, mp, err, errlen);
+
+	draft_mp.dist = NULL; /* a draft model runs whole on rank 0 */
+	if (!rc && (sched_config(e, p, err, errlen) || load_specs(e, p, &draft_mp, err, errlen)))
+		rc = -1;
+	if (!rc) {
+		spec_rows(e);
+		e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);
+		rc = e->sched ? 0 : -1;
+	}
+	if (e->dist && !loom_dist_all_ok(e->dist, rc == 0)) {
+		if (!rc)
+			loom_seterr(err, errlen, "distributed: another rank failed to start (see its message)");
+		return -1;
+	}
+	return rc;
+}
+
+static int open_dist(struct loom_engine *e, const struct loom_engine_params *p,
+		     struct loom_model_params *mp, char *err, size_t errlen)
+{
+	e->dist = loom_dist_open(p->tp > 1 ? p->tp : 1, p->pp > 1 ? p->pp : 1, err, errlen);
+	if (!e->dist)
+		return -1;
+	mp->dist = e->dist;
+	if (e->dist->rank != 0)
+		mp->progress = false;
+	return 0;
+}
+
+/* Every rank must run the same scheduler shapes (block numbers and step
+ * sizes in rank 0's plans address the others' caches). */
+static bool dist_agree(struct loom_engine *e, char *err, size_t errlen)
+{
+	static const char *const names[] = { "KV blocks", "windowed KV blocks", "block size",
+		"tokens per step", "sequences", "context" };
+	int64_t v[] = { e->cfg.n_blocks, e->cfg.n_local_blocks, e->cfg.block_size,
+		e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_ctx };
+
+	return !e->dist || loom_dist_agree(e->dist, v, names, 6, err, errlen);
+}
+
+bool loom_engine_is_follower(const struct loom_engine *e)
+{
+	return e->dist && e->dist->rank != 0;
+}
+
+int loom_engine_follow(struct loom_engine *e, char *err, size_t errlen)
+{
+	if (!loom_engine_is_follower(e)) {
+		loom_seterr(err, errlen, "loom_engine_follow: not a follower rank of a distributed job");
+		return LOOM_ERR_INVALID;
+	}
+	if (loom_sched_follow(e->sched, err, errlen)) {
+		e->dist->broken = true;
+		return LOOM_ERR_IO;
+	}
+	return 0;
+}
+
 struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 				     char *err, size_t errlen)
 {
@@ -435,14 +518,14 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 		.backend_flags = (p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0) |
 				 (p.exact ? LOOM_BACKEND_EXACT : 0),
 		.n_ctx = p.n_ctx };
-	if (open_model(e, &p, &mp, err, errlen))
+	if ((p.tp > 1 || p.pp > 1) && open_dist(e, &p, &mp, err, errlen))
 		goto out_close;
-	if (sched_config(e, &p, err, errlen) || load_specs(e, &p, &mp, err, errlen))
+	if (build_engine(e, &p, &mp, err, errlen) || !dist_agree(e, err, errlen))
 		goto out_close;
-	spec_rows(e);
-	e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);
-	if (!e->sched)
-		goto out_close;
+	e->dist_started = e->dist != NULL;
+	if (e->dist)
+		loom_log(LOOM_LOG_INFO, "distributed: rank %d of %d ready", e->dist->rank,
+			 e->dist->size);
 	return e;
 out_close:
 	loom_engine_close(e);
@@ -453,6 +536,12 @@ void loom_engine_close(struct loom_engine *e)
 {
 	if (!e)
 		return;
+	if (e->dist_started && e->dist->rank == 0) {
+		char why[160];
+
+		if (loom_dist_plan_stop(e->dist, why, sizeof(why)))
+			loom_log(LOOM_LOG_ERROR, "%s", why);
+	}
 	loom_sched_free(e->sched); /* requests still queued end CANCELLED */
 	for (int i = 0; i < e->n_spec; i++)
 		loom_spec_kind_free(e->spec[i]);
@@ -460,6 +549,7 @@ void loom_engine_close(struct loom_engine *e)
 	loom_model_free(e->m);
 	loom_tokenizer_free(e->tok);
 	gguf_close(e->f);
+	loom_dist_close(e->dist);
 	free(e);
 }
 

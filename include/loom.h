@@ -115,6 +115,11 @@ struct loom_engine_params {
 	 * download and a synchronize per GEMM: for calibration, not serving. */
 	loom_gemm_input_fn gemm_input;
 	void *gemm_input_user;
+	/* ---- appended (0.6): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int32_t tp, pp;        /* tensor ranks per stage, pipeline stages;
+				  <= 1: none. Under mpirun with tp * pp ranks:
+				  rank 0 is the engine, the others follow it
+				  (loom_engine_follow) */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -140,6 +145,14 @@ uint64_t loom_kv_default_bytes(void);
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 				     char *err, size_t errlen);
 void loom_engine_close(struct loom_engine *e);
+
+/* Distributed jobs: true on every rank but 0, which must call
+ * loom_engine_follow and then loom_engine_close, and nothing else. */
+bool loom_engine_is_follower(const struct loom_engine *e);
+/* Executes rank 0's steps until rank 0 closes its engine: 0, or a negative
+ * loom_status with err set (the process should then exit non-zero, which
+ * ends the job). */
+int loom_engine_follow(struct loom_engine *e, char *err, size_t errlen);
 
 int32_t loom_engine_n_vocab(const struct loom_engine *e);
 int32_t loom_engine_n_ctx(const struct loom_engine *e);

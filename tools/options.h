@@ -27,6 +27,7 @@ enum loom_cmd {
 	LOOM_CMD_CHECK = 1 << 7, /* check-backend */
 	LOOM_CMD_QUANTIZE = 1 << 8,
 	LOOM_CMD_IMATRIX = 1 << 9,
+	LOOM_CMD_CHAT = 1 << 10,
 };
 
 /* Decode rows per step beyond which speculating sequences stop drafting
@@ -113,6 +114,11 @@ struct loom_options {
 	bool hessian;            /* imatrix --hessian: also the mean of x x^T */
 	char imatrix_show[4096]; /* imatrix --show FILE: print a file's entries */
 	char imatrix[4096];      /* quantize --imatrix FILE */
+	/* ---- appended (mpi): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int tp, pp;              /* --tp, --pp: tensor ranks, pipeline stages */
+	/* ---- appended (cli): loom chat ---- */
+	const char *system_prompt;      /* -sys TEXT: points into argv */
+	char system_prompt_file[4096];  /* -sysf FILE */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */
@@ -127,6 +133,9 @@ int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 
 /* Prints the usage of cmd, or of every subcommand for 0. */
 void loom_options_usage(FILE *out, enum loom_cmd cmd);
+
+/* The subcommands' names, comma-separated, for a refusal of an unknown one. */
+const char *loom_options_commands(void);
 
 /* Engine parameters every subcommand shares (model, backend, threads,
  * speculation, exact mode); a subcommand then sets its own. The strings

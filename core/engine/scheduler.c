@@ -8,6 +8,7 @@
  * held, so they may call submit or cancel.
  */
 #include "engine/scheduler.h"
+#include "dist/follow.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -388,6 +389,10 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 			rq->top_logprobs, LOOM_MAX_TOP_LOGPROBS);
 		return LOOM_ERR_INVALID;
 	}
+	if (rq->hidden && s->m->shard.dist) {
+		loom_seterr(err, errlen, "request: hidden states are not available in a distributed job (--tp, --pp)");
+		return LOOM_ERR_UNSUPPORTED;
+	}
 	if (rq->spec && (rq->logprobs || rq->prompt_logprobs || rq->hidden)) {
 		loom_seterr(err, errlen, "request: logprobs and hidden states need plain decoding");
 		return LOOM_ERR_INVALID;
@@ -691,6 +696,8 @@ static int ee_ready(struct loom_sched *s, int32_t layers)
 
 	if (s->ee_exec && s->ee_layers == layers)
 		return 0;
+	if (m->shard.dist) /* the view would run on rank 0 alone */
+		return LOOM_ERR_UNSUPPORTED;
 	loom_exec_free(s->ee_exec);
 	s->ee_exec = NULL;
 	if (!s->ee_nodes)
@@ -1447,10 +1454,13 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	const struct loom_hparams *hp = &s->m->hp;
 	size_t seqs = (size_t)s->cfg.max_seqs;
 
+	const struct loom_shard *sh = &s->m->shard;
+	/* a rank of a distributed job holds its heads of its layers */
 	struct loom_kv_config kc = {
-		.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim,
+		.n_layer = hp->n_layer, .kv_dim = (sh->kv_hi - sh->kv_lo) * hp->head_dim,
 		.block_size = s->cfg.block_size, .n_blocks = s->cfg.n_blocks,
 		.n_local_blocks = s->cfg.n_local_blocks, .type = s->cfg.kv_type,
+		.layer_lo = sh->layer_lo, .layer_hi = sh->layer_hi,
 	};
 	int32_t *windows = layer_windows(s->m);
 
@@ -1463,6 +1473,11 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	free(windows);
 	if (!s->kv)
 		return -1;
+	if (sh->dist) { /* rank 0 sends its copies on write to the others */
+		s->kv->log_copies = true;
+		if (s->kv->local)
+			s->kv->local->log_copies = true;
+	}
 	s->max_out = s->cfg.max_seqs + s->cfg.spec_rows;
 	if (s->max_out < s->cfg.logits_rows)
 		s->max_out = s->cfg.logits_rows;
@@ -1551,4 +1566,9 @@ void loom_sched_free(struct loom_sched *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s);
+}
+
+int loom_sched_follow(struct loom_sched *s, char *err, size_t errlen)
+{
+	return loom_dist_follow(s->m->shard.dist, s->exec, s->max_out, s->n_vocab, err, errlen);
 }

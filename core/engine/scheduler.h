@@ -203,4 +203,9 @@ struct loom_sched_stats {
 
 void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);
 
+/* A rank other than 0 of a distributed job: executes rank 0's step plans
+ * on this scheduler's cache and executor until rank 0 closes (0), or a
+ * failure (-1 with err set). */
+int loom_sched_follow(struct loom_sched *s, char *err, size_t errlen);
+
 #endif /* LOOM_SCHEDULER_H */

@@ -90,7 +90,7 @@ def loom_generate(loom, model, backend, prompt, tmp, np):
     lpath = os.path.join(tmp, "logits-%s.f32" % backend)
     tpath = os.path.join(tmp, "tokens-%s.txt" % backend)
     run([loom, "run", "--backend=" + backend, "--model", model,
-         "-p", prompt, "-n", str(N_GEN), "--temp", "0",
+         "-p", prompt, "-n", str(N_GEN), "--temp", "0", "--kv-type", "f32",
          "--dump-logits", lpath, "--dump-tokens", tpath])
     logits = np.fromfile(lpath, dtype="<f4")
     with open(tpath) as f:

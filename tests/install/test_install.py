@@ -183,7 +183,8 @@ def main():
         lib = os.path.join(root, libdir, "loom")
         for rel in ("backends/ref.so", "backends/cpu.so", "quant/q4.so", "spec/ngram.so"):
             check(os.path.isfile(os.path.join(lib, rel)), "installed " + rel)
-        for rel in ("loom.h", "loom/backend.h", "loom/backend_check.h", "loom/status.h"):
+        for rel in ("loom.h", "loom/backend.h", "loom/backend_check.h", "loom/kv_quant.h",
+                    "loom/status.h"):
             check(os.path.isfile(os.path.join(root, "include", rel)), "installed include/" + rel)
         pc_dir = os.path.join(root, libdir, "pkgconfig")
         check(os.path.isfile(os.path.join(pc_dir, "loom-backend.pc")), "installed loom-backend.pc")

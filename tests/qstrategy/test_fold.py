@@ -55,7 +55,7 @@ def tensors(path):
 def logits_and_tokens(model, tmp, tag):
     lp, tp = os.path.join(tmp, tag + ".f32"), os.path.join(tmp, tag + ".txt")
     run([LOOM, "run", "--backend=ref.so", "--model", model, "-p", PROMPT, "-n", "8",
-         "--temp", "0", "--dump-logits", lp, "--dump-tokens", tp])
+         "--temp", "0", "--exact", "--dump-logits", lp, "--dump-tokens", tp])
     with open(tp) as f:
         return np.fromfile(lp, dtype="<f4"), f.read().split()
 

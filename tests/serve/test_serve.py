@@ -49,7 +49,9 @@ class Server:
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [LOOM, "serve", "--model", MODEL, "--port", str(self.port), "-t", "2", *extra],
+            # an f32 KV cache: --kv-mem below counts f32 blocks (BLOCK_BYTES)
+            [LOOM, "serve", "--model", MODEL, "--port", str(self.port), "-t", "2",
+             "--kv-type", "f32", *extra],
             stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -64,7 +64,7 @@ def loom_run(st, loom, model, backend, prompt, tmp):
         if os.path.exists(p):
             os.unlink(p)
     cmd = [loom, "run", "--backend=" + backend, "--model", model,
-           "-p", prompt, "-n", str(N_GEN), "--temp", "0", "-c", "512",
+           "-p", prompt, "-n", str(N_GEN), "--temp", "0", "-c", "512", "--kv-type", "f32",
            "-b", str(CHUNK), "--block-size", str(BS), "--dump-logits", lpath,
            "--dump-tokens", tpath]
     import subprocess

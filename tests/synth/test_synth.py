@@ -187,8 +187,10 @@ def loom_generate(np, loom, model, backend, tmp):
     for p in (lpath, tpath):
         if os.path.exists(p):
             os.unlink(p)
+    # an f32 KV cache: the tolerances below are for f32 arithmetic against
+    # the float64 reference (the default f16 cache rounds K and V)
     run([loom, "run", "--backend=" + backend, "--model", model,
-         "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
+         "-p", PROMPT, "-n", str(N_GEN), "--temp", "0", "--kv-type", "f32",
          "--dump-logits", lpath, "--dump-tokens", tpath])
     logits = np.fromfile(lpath, dtype="<f4")
     with open(tpath) as f:
