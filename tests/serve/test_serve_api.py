@@ -63,12 +63,13 @@ def piece(srv, tok):
 
 def logprobs_match_dump(srv):
     """The first token's logprob and top_logprobs are the log softmax of the
-    logits `loom run` dumps for the same prompt; sampling settings (a
-    temperature, penalties) do not change them."""
+    logits `loom run` dumps for the same prompt (with the f32 KV cache the
+    test servers use); sampling settings (a temperature, penalties) do not
+    change them."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "logits.bin")
         subprocess.run([LOOM, "run", "--model", MODEL, "-p", PROMPT, "-n", "1", "--temp", "0",
-                        "-t", "2", "--no-progress", "--dump-logits", path],
+                        "-t", "2", "--no-progress", "--kv-type", "f32", "--dump-logits", path],
                        check=True, capture_output=True)
         ref = log_softmax(np.fromfile(path, dtype=np.float32))
     order = np.argsort(-ref, kind="stable")
