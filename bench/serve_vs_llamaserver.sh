@@ -36,8 +36,13 @@
 #   PER_CLIENT  requests per client at least        (default 2)
 #   MAX_TOKENS  max_tokens of every request         (default 64)
 #   ROUNDS      interleaved rounds                  (default 2; --long: 3)
+#   WARMUP      unmeasured requests first, each     (default 12: every prompt once)
 #   PORT        first of two ports                  (default 8391)
 #   OUTDIR      raw outputs                         (default a new /tmp dir)
+# The environment reaches both servers: LOOM_CPU_INVARIANT=0 runs loom
+# without batch invariance; on a machine loaded by other work,
+# OMP_WAIT_POLICY=PASSIVE keeps llama-server's OpenMP threads from spinning
+# at each barrier, without which it collapses (docs/BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +78,7 @@ fi
 PER_CLIENT=${PER_CLIENT:-2}
 MAX_TOKENS=${MAX_TOKENS:-64}
 PORT=${PORT:-8391}
+WARMUP=${WARMUP:-12}
 
 anchor_build llama-server
 [ "$SETUP_ONLY" = 1 ] && { log "setup done: $ANCHOR_BIN/llama-server"; exit 0; }
@@ -88,8 +94,16 @@ LOOM_PORT=$PORT
 LLAMA_PORT=$((PORT + 1))
 PIDS=()
 stop_servers() {
-	local p
+	local p _
+	[ -n "${LOADGEN:-}" ] && kill "$LOADGEN" 2>/dev/null
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	# llama-server finishes its running slots first: 10 s, then KILL
+	for _ in $(seq 1 50); do
+		for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; p=; done
+		[ -z "$p" ] && break
+		sleep 0.2
+	done
+	for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
 	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 	PIDS=()
 }
@@ -140,18 +154,23 @@ wait_ready "llama-server" "$LLAMA_PORT" "${PIDS[-1]}" "$OUTDIR/llama.log"
 log "loom serve on :$LOOM_PORT, llama-server on :$LLAMA_PORT ($PARALLEL slots, $THREADS threads each)"
 
 # ---------------------------------------------------------------- runs
+# In the background, waited for, so that a signal stops the script at once.
 loadgen() { # loadgen PORT JSON ARGS...
-	local port=$1 json=$2
+	local port=$1 json=$2 rc=0
 	shift 2
 	python3 bench/loadgen.py --port "$port" --max-tokens "$MAX_TOKENS" \
-		--json "$json" "$@"
+		--json "$json" "$@" &
+	LOADGEN=$!
+	wait "$LOADGEN" || rc=$?
+	LOADGEN=
+	return "$rc"
 }
 
 # Warm both prompt caches with the workload's 12 prompts, one at a time.
 for s in loom llama; do
 	port=$LOOM_PORT; [ "$s" = llama ] && port=$LLAMA_PORT
 	loadgen "$port" "$OUTDIR/$s.warmup.json" --concurrency 1 --requests 1 \
-		--warmup 12 >"$OUTDIR/$s.warmup.out" 2>&1 ||
+		--warmup "$WARMUP" >"$OUTDIR/$s.warmup.out" 2>&1 ||
 		die "$s warm-up failed, see $OUTDIR/$s.warmup.out"
 done
 
@@ -173,7 +192,8 @@ for r in $(seq 1 "$ROUNDS"); do
 			log "round $r, $c clients x $m: $s $(python3 -c '
 import json, sys
 x = json.load(open(sys.argv[1]))[0]
-print(f"{x[\"tok_s\"]:.1f} tok/s, TTFT p50 {x[\"ttft_p50_ms\"]} p99 {x[\"ttft_p99_ms\"]} ms, {x[\"errors\"]} errors")' "$f.json")"
+print("%.1f tok/s, TTFT p50 %s p99 %s ms, %d errors" % (x["tok_s"],
+      x["ttft_p50_ms"], x["ttft_p99_ms"], x["errors"]))' "$f.json")"
 		done
 	done
 done
@@ -184,6 +204,7 @@ echo
 echo "loom serve ($LOOM ${LOOM_FLAGS:-default flags}) vs llama-server (llama.cpp $ANCHOR_VERSION, PyPI llama-cpp-python sdist${LLAMA_FLAGS:+, $LLAMA_FLAGS})"
 echo "model $(basename "$MODEL"), $THREADS threads, $PARALLEL slots each, max_tokens $MAX_TOKENS, temperature 0, streaming chat"
 echo "$(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1); load average before the runs: $LOAD0, after: $(cut -d' ' -f1-3 /proc/loadavg); $((T1 - T0)) s of runs"
+echo "environment: OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-(unset)}, LOOM_CPU_INVARIANT=${LOOM_CPU_INVARIANT:-(unset)}"
 echo "tok/s: median over $ROUNDS interleaved rounds; TTFT: percentiles over every request of all rounds"
 echo
 # shellcheck disable=SC2086

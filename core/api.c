@@ -160,11 +160,16 @@ static int load_one_spec(struct loom_engine *e, const char *name,
 		return LOOM_ERR_INVALID;
 	}
 	/* the scheduler runs the early-exit model (layerskip), spec.c the
-	 * draft model (draft.so) */
-	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab, e->m->hp.n_layer,
-				       e->draft_pool, err, errlen);
-	if (!k)
+	 * draft model (draft.so); a distributed job offers no early exit (the
+	 * step plans carry whole passes only) */
+	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab,
+				       e->dist ? 0 : e->m->hp.n_layer, e->draft_pool, err, errlen);
+	if (!k) {
+		if (e->dist)
+			loom_seterr(err + strlen(err), errlen - strlen(err),
+				    " (under --tp/--pp no strategy gets the early-exit model)");
 		return LOOM_ERR_INVALID;
+	}
 	if (find_spec(e, loom_spec_kind_name(k))) {
 		loom_seterr(err, errlen, "spec: strategy '%s' (%s) is listed twice",
 			    loom_spec_kind_name(k), loom_spec_kind_path(k));

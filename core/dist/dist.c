@@ -237,6 +237,14 @@ void loom_dist_close(struct loom_dist *d)
 	free(d);
 }
 
+void loom_dist_abort(struct loom_dist *d, const char *why)
+{
+	fprintf(stderr, "loom: error: rank %d: %s; ending the job\n", d->rank, why);
+	fflush(stderr);
+	MPI_Abort(MPI_COMM_WORLD, 1);
+	_exit(1); /* MPI_Abort does not return; if it did, end this rank */
+}
+
 bool loom_dist_all_ok(struct loom_dist *d, bool ok)
 {
 	int mine = ok ? 1 : 0, all = 0;
@@ -396,6 +404,12 @@ bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const
 
 void loom_dist_busy(struct loom_dist *d, const char *what)
 {
+}
+
+void loom_dist_abort(struct loom_dist *d, const char *why)
+{
+	fprintf(stderr, "loom: error: %s\n", why);
+	_exit(1);
 }
 
 int loom_dist_plan_send(struct loom_dist *d, const int32_t *plan, int32_t n, char *err,

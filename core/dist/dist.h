@@ -54,6 +54,11 @@ uint64_t loom_dist_min_u64(struct loom_dist *d, uint64_t v);
 bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const *names,
 		     int n, char *err, size_t errlen);
 
+/* Ends the whole job now (MPI_Abort) after printing `why` with this
+ * rank's number: for a failure after which the ranks can no longer agree
+ * on what runs next (a step that failed on some ranks only). */
+void loom_dist_abort(struct loom_dist *d, const char *why) __attribute__((noreturn));
+
 /* Marks the start (what: "step 12") and end (NULL) of a stretch the
  * watchdog times. */
 void loom_dist_busy(struct loom_dist *d, const char *what);

@@ -258,7 +258,7 @@ int loom_dist_follow(struct loom_dist *d, struct loom_exec *e, int32_t max_out,
 			break;
 		loom_dist_busy(d, "a step");
 		if (loom_exec_run(e, &b, logits, err, errlen))
-			break;
+			loom_dist_abort(d, err); /* the others are inside this step */
 		loom_dist_busy(d, NULL);
 	}
 	loom_dist_busy(d, NULL);

@@ -556,8 +556,10 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	const struct loom_backend *be = e->m->be;
 	int rc, end_rc;
 
-	/* an observer downloads inside the step: no captured graph then */
-	if (!loom_backend_has_graphs(be) || e->m->gemm_input)
+	/* an observer downloads inside the step, and a distributed step's
+	 * hand-overs and collectives are not operator calls a region may
+	 * defer: such steps run outside regions */
+	if (!loom_backend_has_graphs(be) || e->m->gemm_input || e->m->shard.dist)
 		return run_nodes(e, b, err, errlen);
 	rc = be->ops->graph_begin(be->ctx);
 	if (rc)
@@ -658,10 +660,13 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 
 	if (!d)
 		return loom_exec_run(e, b, logits, err, errlen);
-	/* rank 0 of a distributed job: every rank runs this step */
+	/* rank 0 of a distributed job: every rank runs this step; one that
+	 * failed here leaves the others inside it, so the job ends */
 	loom_dist_busy(d, "a step");
 	rc = loom_dist_plan_step(d, e->kv, b, err, errlen) ? LOOM_ERR_IO :
 		loom_exec_run(e, b, logits, err, errlen);
+	if (rc)
+		loom_dist_abort(d, err[0] ? err : "a step failed");
 	loom_dist_busy(d, NULL);
 	return rc;
 }
