@@ -213,12 +213,23 @@ static int get_flag(json_t *o, const char *key, bool *out, struct perr *e)
 	return 0;
 }
 
+/* What /tokenize and /detokenize show of a token: its bytes, or for a
+ * control token (no bytes) its text, "<|im_start|>", as llama-server. */
+static const char *shown_piece(const struct loom_tokenizer *tok, int32_t id, size_t *n)
+{
+	const char *b = loom_token_bytes(tok, id, n);
+
+	if (b && *n == 0 && (b = loom_token_text(tok, id)))
+		*n = strlen(b);
+	return b ? b : (*n = 0, "");
+}
+
 /* A piece: its text when it is whole UTF-8, else its bytes. */
 static json_t *piece_json(const struct loom_tokenizer *tok, int32_t id)
 {
 	size_t n = 0;
-	const char *b = loom_token_bytes(tok, id, &n);
-	json_t *s = json_stringn(b ? b : "", b ? n : 0);
+	const char *b = shown_piece(tok, id, &n);
+	json_t *s = json_stringn(b, n);
 
 	return s ? s : bytes_json(b, n);
 }
@@ -259,11 +270,11 @@ json_t *api_tokenize(const struct loom_tokenizer *tok, const char *body, size_t 
 	}
 	if (get_flag(o, "add_special", &add_special, e) || get_flag(o, "with_pieces", &pieces, e))
 		goto out;
-	/* text from a client: special-token text stays text */
-	n = loom_tokenize(tok, json_string_value(c), json_string_length(c), add_special, false,
+	/* as a completion's prompt: special-token text becomes the token */
+	n = loom_tokenize(tok, json_string_value(c), json_string_length(c), add_special, true,
 			  NULL, 0);
 	if (n < 0 || !(ids = malloc(sizeof(int32_t) * (size_t)(n + 1))) ||
-	    loom_tokenize(tok, json_string_value(c), json_string_length(c), add_special, false,
+	    loom_tokenize(tok, json_string_value(c), json_string_length(c), add_special, true,
 			  ids, n) != n) {
 		perr_set(e, n < 0 ? 400 : 500, "content", NULL, "the content could not be tokenized");
 		goto out;
@@ -309,7 +320,12 @@ json_t *api_detokenize(const struct loom_tokenizer *tok, const char *body, size_
 		char *buf;
 		int got;
 
-		loom_token_bytes(tok, id, &n);
+		if (loom_token_bytes(tok, id, &n) && n == 0) { /* a control token */
+			const char *b = shown_piece(tok, id, &n);
+
+			sb_putn(&text, b, n);
+			continue;
+		}
 		buf = malloc(n + 16); /* the piece and a held-back character */
 		got = buf ? loom_detokenize(tok, &dt, id, buf, n + 16) : -1;
 		if (got > 0)

@@ -518,6 +518,17 @@ static void gen_lp_item(struct gen *g, const struct loom_token_logprob *e)
 		json_decref(item);
 }
 
+/* Drops the logprob items of tokens whose text starts at or after byte
+ * cut of the choice (a stop string's, which the reply leaves out). */
+static void drop_lp_items(struct gen *g, size_t cut)
+{
+	size_t n = json_array_size(g->lp_items);
+
+	while (n > 0 && (size_t)json_integer_value(json_object_get(
+				json_array_get(g->lp_items, n - 1), "text_offset")) >= cut)
+		json_array_remove(g->lp_items, --n);
+}
+
 /* echo: the prompt's text (and with logprobs its items, the first with
  * null logprobs) comes first in the choice, before any token. */
 static void gen_echo(struct gen *g, job_emit_fn emit, void *user)
@@ -601,6 +612,7 @@ static void gen_token(struct gen *g, int32_t tok, const struct loom_token_logpro
 	g->text_off += p->len - keep;
 	at = find_stop(j, p->s ? p->s : "", p->len);
 	if (at >= 0) {
+		drop_lp_items(g, g->text_off - p->len + (size_t)at);
 		p->len = (size_t)at;
 		gen_finish(g, "stop", emit, user);
 		return;

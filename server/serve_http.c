@@ -688,6 +688,26 @@ static enum endpoint post_endpoint(const char *url)
 static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 				 struct conn *cn, struct job *j);
 
+/* The hidden states an embeddings request holds until it is pooled: a
+ * row per input token. Bounded, so that a request cannot make the server
+ * hold gigabytes (32 inputs of a long context on a wide model). */
+#define EMBED_MAX_BYTES (256ull << 20)
+
+static bool embed_too_big(const struct server *srv, const struct serve_embed_req *r,
+			  struct perr *e)
+{
+	uint64_t tokens = 0, row = sizeof(float) * (uint64_t)loom_engine_n_embd(srv->engine);
+
+	for (int i = 0; i < r->n_inputs; i++)
+		tokens += (uint64_t)r->input_lens[i];
+	if (tokens * row <= EMBED_MAX_BYTES)
+		return false;
+	perr_set(e, 400, "input", "invalid_value",
+		 "the inputs are %llu tokens; one request may embed at most %llu with this model",
+		 (unsigned long long)tokens, (unsigned long long)(EMBED_MAX_BYTES / row));
+	return true;
+}
+
 static enum MHD_Result embeddings(struct MHD_Connection *c, struct server *srv,
 				  struct conn *cn)
 {
@@ -697,6 +717,10 @@ static enum MHD_Result embeddings(struct MHD_Connection *c, struct server *srv,
 
 	if (serve_embed_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, &r, &e))
 		return send_error(c, srv, &e);
+	if (embed_too_big(srv, &r, &e)) {
+		serve_embed_free(&r);
+		return send_error(c, srv, &e);
+	}
 	j = job_new(srv);
 	if (!j) {
 		serve_embed_free(&r);

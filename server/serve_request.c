@@ -357,7 +357,7 @@ static int get_logprobs(json_t *o, struct serve_req *r, struct perr *e)
 	if (get_bool(o, "logprobs", &r->logprobs, e) ||
 	    get_int(o, "top_logprobs", 0, LOOM_MAX_TOP_LOGPROBS, &top, e))
 		return -1;
-	if (member(o, "top_logprobs") && !r->logprobs)
+	if (top > 0 && !r->logprobs)
 		return perr_set(e, 400, "top_logprobs", "invalid_value",
 				"'top_logprobs' needs 'logprobs': true");
 	r->top_logprobs = (int)top;

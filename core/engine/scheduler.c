@@ -389,6 +389,10 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 			rq->top_logprobs, LOOM_MAX_TOP_LOGPROBS);
 		return LOOM_ERR_INVALID;
 	}
+	if (rq->hidden && s->m->shard.dist) {
+		loom_seterr(err, errlen, "request: hidden states are not available in a distributed job (--tp, --pp)");
+		return LOOM_ERR_UNSUPPORTED;
+	}
 	if (rq->spec && (rq->logprobs || rq->prompt_logprobs || rq->hidden)) {
 		loom_seterr(err, errlen, "request: logprobs and hidden states need plain decoding");
 		return LOOM_ERR_INVALID;
@@ -1269,21 +1273,26 @@ static int save_rows(struct loom_sched *s, const struct entry *e)
 	return 0;
 }
 
-/* Output rows of entry e (the last token; every token of a speculating
- * decode or of an all_logits chunk), appended to the batch. */
-static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *e)
+/* True for an entry that wants hidden states and no logits at all. */
+static bool hidden_only(const struct entry *e)
+{
+	return e->all && e->r->hidden && !e->r->all_logits && !e->r->prompt_lp;
+}
+
+/* Output rows of entry e, whose tokens start at row t0 of the batch (the
+ * last token; every token of a speculating decode or of a chunk that keeps
+ * every row), appended to the batch. */
+static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *e, int32_t t0)
 {
 	int32_t j;
 
-	e->pos = e->r->seq.n_tokens;
-	e->last = e->pos + e->n == e->r->n_tokens;
 	if (e->spec || e->all) {
 		e->row = b->n_out;
 		for (j = 0; j < e->n; j++)
-			s->out_rows[b->n_out++] = b->n_tokens - e->n + j;
+			s->out_rows[b->n_out++] = t0 + j;
 	} else if (e->last) {
 		e->row = b->n_out;
-		s->out_rows[b->n_out++] = b->n_tokens - 1;
+		s->out_rows[b->n_out++] = t0 + e->n - 1;
 	}
 }
 
@@ -1297,17 +1306,28 @@ static int run_plan(struct loom_sched *s)
 	int32_t i;
 
 	for (i = 0; i < s->n_plan; i++) {
-		struct req *r = s->plan[i].r;
-		int32_t n = s->plan[i].n;
+		struct entry *e = &s->plan[i];
+		struct req *r = e->r;
 
 		s->q_start[i] = b.n_tokens;
 		memcpy(s->tok_buf + b.n_tokens, r->tokens + r->seq.n_tokens,
-		       sizeof(int32_t) * (size_t)n);
-		b.n_tokens += n;
+		       sizeof(int32_t) * (size_t)e->n);
+		b.n_tokens += e->n;
 		s->seqs[i] = &r->seq;
-		plan_rows(s, &b, &s->plan[i]);
+		e->pos = r->seq.n_tokens;
+		e->last = e->pos + e->n == r->n_tokens;
 	}
 	s->q_start[s->n_plan] = b.n_tokens;
+	/* rows that need logits first; hidden-state-only rows last, where the
+	 * output layer does not run */
+	for (int pass = 0; pass < 2; pass++) {
+		for (i = 0; i < s->n_plan; i++)
+			if (hidden_only(&s->plan[i]) == (pass == 1))
+				plan_rows(s, &b, &s->plan[i], s->q_start[i]);
+		if (pass == 0)
+			b.n_hidden_only = b.n_out;
+	}
+	b.n_hidden_only = b.n_out - b.n_hidden_only;
 	if (loom_exec_step(s->exec, &b, s->logits, err, sizeof(err))) {
 		for (i = 0; i < s->n_plan; i++)
 			fail_running(s, s->plan[i].r, err);

@@ -225,6 +225,8 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 
 	if (b->n_tokens <= 0 || b->n_tokens > e->max_tokens || b->n_seqs <= 0 ||
 	    b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
+	    b->n_hidden_only < 0 || b->n_hidden_only > b->n_out ||
+	    (b->n_hidden_only && e->m->shard.dist) ||
 	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens) {
 		loom_seterr(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
 			b->n_tokens, b->n_seqs, b->n_out);
@@ -451,6 +453,12 @@ static int run_pipe(struct loom_exec *e, const struct loom_node *nd, int64_t row
 	return be->ops->upload(be->ctx, e->act[ACT_X], e->host_x, bytes);
 }
 
+/* Output rows that need logits (the rest need the hidden state only). */
+static int32_t logit_rows(const struct loom_batch *b)
+{
+	return b->n_out - b->n_hidden_only;
+}
+
 static int run_node(struct loom_exec *e, const struct loom_node *nd,
 		    const struct loom_batch *b)
 {
@@ -459,6 +467,9 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 	int64_t rows = nd->on_outputs ? b->n_out : b->n_tokens;
 	float *dst = e->act[nd->dst], *a = e->act[nd->a];
 	int64_t wd = e->width[nd->dst], wa = e->width[nd->a];
+
+	if (nd->on_outputs && nd->dst == ACT_LOGITS)
+		rows = logit_rows(b); /* the output layer and its soft-cap */
 
 	switch (nd->op) {
 	case NODE_EMBED:
@@ -521,6 +532,8 @@ static int run_nodes(struct loom_exec *e, const struct loom_batch *b, char *err,
 
 		if (nd->on_outputs && b->n_out == 0)
 			break;
+		if (nd->on_outputs && nd->dst == ACT_LOGITS && logit_rows(b) == 0)
+			break; /* hidden states only: the output layer is the rest */
 		rc = run_node(e, nd, b);
 		if (rc)
 			loom_seterr(err, errlen, "backend %s: %s (layer %d) failed with status %d",
@@ -578,9 +591,9 @@ static int pass_logits(struct loom_exec *e, const struct loom_batch *b, float *l
 		       char *err, size_t errlen)
 {
 	const struct loom_shard *s = &e->m->shard;
-	size_t bytes = (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float);
+	size_t bytes = (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float);
 
-	if (!s->dist || s->logits_rank == 0 || b->n_out == 0)
+	if (!s->dist || s->logits_rank == 0 || logit_rows(b) == 0)
 		return 0;
 	if (s->logits)
 		return loom_dist_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err, errlen) ?
@@ -604,13 +617,13 @@ int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits
 	rc = upload_inputs(e, b);
 	if (rc == 0)
 		rc = run_step(e, b, err, errlen);
-	if (rc == 0 && b->n_out > 0 && head)
+	if (rc == 0 && logit_rows(b) > 0 && head)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
-				       (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float));
+				       (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float));
 	if (rc == 0)
 		rc = be->ops->synchronize(be->ctx);
-	if (rc == 0 && head && b->n_out > 0)
-		host_softcap(e, logits, b->n_out);
+	if (rc == 0 && head && logit_rows(b) > 0)
+		host_softcap(e, logits, logit_rows(b));
 	if (rc == 0)
 		rc = pass_logits(e, b, logits, err, errlen);
 	if (rc) {
@@ -632,6 +645,8 @@ int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
 
 	if (first < 0 || n <= 0)
 		return LOOM_ERR_INVALID;
+	if (e->m->shard.dist) /* another rank may hold them */
+		return LOOM_ERR_UNSUPPORTED;
 	rc = be->ops->download(be->ctx, out, e->act[ACT_OUT] + (size_t)first * w,
 			       (size_t)n * w * sizeof(float));
 	return rc ? rc : be->ops->synchronize(be->ctx);

@@ -161,6 +161,10 @@ struct loom_batch {
 	struct loom_kv_seq **seqs; /* n_seqs; cache space must be reserved */
 	int32_t n_out;
 	const int32_t *out_rows;
+	/* appended: the last n_hidden_only of out_rows need only the final
+	 * normed hidden state (loom_exec_hidden), not logits: the output
+	 * layer runs on the first n_out - n_hidden_only rows alone */
+	int32_t n_hidden_only;
 };
 
 struct loom_exec;
@@ -174,7 +178,8 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 		   char *err, size_t errlen);
 /* After a successful step: the final normed hidden state (what the
  * output layer reads) of output rows [first, first + n), n x n_embd
- * floats to `out`. 0, or a negative loom_status. */
+ * floats to `out`. 0, or a negative loom_status. Logits, written by the
+ * step, cover the first n_out - n_hidden_only output rows. */
 int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
  * job first sends the step's plan to the others, which run it with this).

@@ -494,6 +494,47 @@ START_TEST(prompt_logprobs_match_all_logits)
 }
 END_TEST
 
+/* A hidden-state request sharing steps with a decoding one (its rows skip
+ * the output layer, the other's do not): both get what they get alone. */
+static void hidden_beside_decoding(const int32_t *ids, int32_t n, const float *want)
+{
+	int32_t D = loom_engine_n_embd(engine);
+	float *h = calloc((size_t)n * (size_t)D, sizeof(float));
+	struct lp_events alone, ev_dec, ev_hid;
+	struct loom_request dec, hid;
+	char err[256];
+	uint64_t id;
+	int steps = 0;
+
+	loom_request_init(&dec);
+	dec.prompt = ids;
+	dec.n_prompt = n;
+	dec.n_predict = 6;
+	dec.sampling.temp = 0;
+	run_request(engine, &dec, &alone);
+	memset(&ev_dec, 0, sizeof(ev_dec));
+	memset(&ev_hid, 0, sizeof(ev_hid));
+	dec.on_event = on_lp_event;
+	dec.user = &ev_dec;
+	loom_request_init(&hid);
+	hid.prompt = ids;
+	hid.n_prompt = n;
+	hid.hidden = h;
+	hid.on_event = on_lp_event;
+	hid.user = &ev_hid;
+	ck_assert_msg(loom_submit(engine, &dec, &id, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_ge(loom_engine_step(engine), 0); /* dec's prompt; it decodes next */
+	ck_assert_msg(loom_submit(engine, &hid, &id, err, sizeof(err)) == 0, "%s", err);
+	while ((ev_dec.n_final == 0 || ev_hid.n_final == 0) && steps++ < 200)
+		ck_assert_int_ge(loom_engine_step(engine), 0);
+	ck_assert_int_eq(ev_dec.n, alone.n);
+	ck_assert_mem_eq(ev_dec.ids, alone.ids, sizeof(int32_t) * (size_t)alone.n);
+	for (size_t i = 0; i < (size_t)n * (size_t)D; i++)
+		ck_assert_msg(fabsf(h[i] - want[i]) <= 1e-3f * (1.0f + fabsf(want[i])),
+			      "hidden %zu: %g vs %g", i, h[i], want[i]);
+	free(h);
+}
+
 /* hidden: the request ends after its prompt with no token; the rows are
  * finite, the same for the same prompt, and differ between positions. */
 START_TEST(hidden_rows)
@@ -524,6 +565,7 @@ START_TEST(hidden_rows)
 	ck_assert(memcmp(a, a + D, sizeof(float) * (size_t)D) != 0);
 	ck_assert(memcmp(a + (size_t)(n - 2) * D, a + (size_t)(n - 1) * D,
 			 sizeof(float) * (size_t)D) != 0);
+	hidden_beside_decoding(ids, n, a);
 	free(a);
 	free(b);
 }

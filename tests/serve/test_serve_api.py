@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -62,12 +63,13 @@ def piece(srv, tok):
 
 def logprobs_match_dump(srv):
     """The first token's logprob and top_logprobs are the log softmax of the
-    logits `loom run` dumps for the same prompt; sampling settings (a
-    temperature, penalties) do not change them."""
+    logits `loom run` dumps for the same prompt (with the f32 KV cache the
+    test servers use); sampling settings (a temperature, penalties) do not
+    change them."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "logits.bin")
         subprocess.run([LOOM, "run", "--model", MODEL, "-p", PROMPT, "-n", "1", "--temp", "0",
-                        "-t", "2", "--no-progress", "--dump-logits", path],
+                        "-t", "2", "--no-progress", "--kv-type", "f32", "--dump-logits", path],
                        check=True, capture_output=True)
         ref = log_softmax(np.fromfile(path, dtype=np.float32))
     order = np.argsort(-ref, kind="stable")
@@ -115,6 +117,13 @@ def logprobs_match_dump(srv):
     c = r["choices"][0]["logprobs"]["content"]
     check("chat logprobs, no tops", c[0]["top_logprobs"] == [] and
           abs(c[0]["logprob"] - content[0]["logprob"]) < 1e-9, c)
+    # a stop string: its tokens are not in the logprobs, as not in the text
+    r = post_ok(srv, "/v1/completions", {"prompt": "Count: 1, 2, 3,", "max_tokens": 10,
+                                         "temperature": 0, "logprobs": 1, "stop": [" 5"]})
+    ch = r["choices"][0]
+    lp = ch["logprobs"]
+    check("stop string: logprobs end with the text", ch["finish_reason"] == "stop" and
+          "".join(lp["tokens"]) == ch["text"] and max(lp["text_offset"]) < len(ch["text"]), ch)
     r = post_ok(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                               "max_tokens": 2})
     check("no logprobs asked: null", r["choices"][0]["logprobs"] is None, r)
@@ -223,11 +232,12 @@ def embeddings_reference(ids, fast):
         got = np.array(post_ok(srv, "/v1/embeddings", {"input": ids})["data"][0]["embedding"])
     finally:
         srv.stop()
-    m = ref_llama.Model(MODEL)
+    m = ref_llama.Model(MODEL, dtype=np.float32)  # float32: half the memory, error ~1e-7
     ref = m.hidden(ids, 0, m.new_cache()).mean(axis=0)
     ref /= np.linalg.norm(ref)
     err = float(np.abs(ref - got).max() / np.abs(ref).max())
     check("embeddings, exact: the NumPy reference's pooled hidden state", err < 1e-5, err)
+    print(f"embeddings: exact mode within {err:.1e} of the reference's largest entry")
     check("embeddings, fast: near the reference", cosine(ref, fast) > 0.999, cosine(ref, fast))
 
 
@@ -241,7 +251,10 @@ def tokenize_roundtrip(srv):
     joined = b"".join(x["piece"].encode() if isinstance(x["piece"], str) else bytes(x["piece"])
                       for x in p)
     check("with_pieces: pieces spell the text", joined == text.encode(), joined)
-    check("tokenize: control-token text stays text", len(tokenize(srv, "<|im_start|>", False)) > 1)
+    one = tokenize(srv, "<|im_start|>", False)
+    check("tokenize: control-token text is the token, as in a completion prompt", len(one) == 1, one)
+    check("detokenize: a control token shows its text",
+          post_ok(srv, "/detokenize", {"tokens": one})["content"] == "<|im_start|>")
 
 
 def errors(srv):
@@ -258,6 +271,7 @@ def errors(srv):
     chat = {"messages": [{"role": "user", "content": "x"}]}
     err("/v1/chat/completions", dict(chat, logprobs=True, top_logprobs=21), "top_logprobs", "20")
     err("/v1/chat/completions", dict(chat, top_logprobs=2), "top_logprobs", "logprobs")
+    err("/v1/chat/completions", dict(chat, logprobs=1), "logprobs", "boolean")
     err("/v1/completions", {"prompt": "a", "logprobs": 21}, "logprobs", "20")
     err("/v1/completions", {"prompt": [[1, 2], [3, 10 ** 9]]}, "prompt", "prompt[1][1]")
     err("/v1/completions", {"prompt": [5, -1]}, "prompt", "prompt[1]")
@@ -323,18 +337,22 @@ def main():
     try:
         for test in (logprobs_match_dump, echo, prompt_arrays, embeddings, tokenize_roundtrip,
                      errors, openai_client):
+            t0 = time.time()
             try:
                 out = test(srv)
                 if test is embeddings:
                     ref_input = out
             except Exception as e:  # noqa: BLE001
                 check(test.__name__, False, f"raised {e!r}")
+            print(f"{test.__name__}: {time.time() - t0:.1f} s", flush=True)
         check("server exits 0", srv.stop() == 0, srv.stderr()[-500:])
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
     if ref_input:
+        t0 = time.time()
         embeddings_reference(*ref_input)
+        print(f"embeddings_reference: {time.time() - t0:.1f} s", flush=True)
     print(f"{ts.passed} passed, {len(ts.failures)} failed")
     sys.exit(1 if ts.failures else 0)
 
