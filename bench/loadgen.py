@@ -173,6 +173,9 @@ def summarize(label, clients, results, wall):
         "itl_p50_ms": ms(percentile(gaps, 50)),
         "itl_p99_ms": ms(percentile(gaps, 99)),
         "lat_p50_s": s(percentile(lat, 50)),
+        # per request, for tools that pool several runs (JSON only)
+        "ttft_s_each": ttft,
+        "tokens_each": [r.tokens for r in ok],
     }
 
 

@@ -32,9 +32,8 @@ cd "$(dirname "$0")/.."
 die() { echo "vs_llamacpp: error: $*" >&2; exit 1; }
 log() { echo "vs_llamacpp: $*" >&2; }
 
-VERSION=0.3.36
-LOOM_CACHE=${LOOM_CACHE:-$HOME/.cache/loom}
-CACHE=${CACHE:-$LOOM_CACHE/llama.cpp-$VERSION}
+. bench/anchor.sh
+VERSION=$ANCHOR_VERSION
 LOOM=${LOOM:-./build/tools/loom}
 LOOM_FLAGS=${LOOM_FLAGS:-}
 MODEL=${MODEL:-$LOOM_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -44,7 +43,6 @@ ROUNDS=${ROUNDS:-3}
 PP=${PP:-128}
 TG=${TG:-64}
 REPS=${REPS:-3}
-JOBS=${JOBS:-$(nproc)}
 SETUP_ONLY=0
 case "${1:-}" in
 	--setup) SETUP_ONLY=1 ;;
@@ -53,54 +51,8 @@ case "${1:-}" in
 	*) die "unknown argument '$1' (try --help)" ;;
 esac
 
-BIN=$CACHE/build/bin
-TOOLS=(llama-bench llama-perplexity llama-quantize)
-
-# ---------------------------------------------------------------- 1. anchor
-have_tools() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
-
-build_anchor() {
-	mkdir -p "$CACHE/pkg" || die "cannot create $CACHE"
-	local sdist
-	sdist=$(ls "$CACHE"/pkg/llama_cpp_python-$VERSION.tar.gz 2>/dev/null || true)
-	if [ -z "$sdist" ]; then
-		log "downloading the llama-cpp-python==$VERSION sdist into $CACHE/pkg"
-		python3 -m pip download -q --no-deps --no-binary :all: \
-			"llama-cpp-python==$VERSION" -d "$CACHE/pkg" ||
-			die "pip download of llama-cpp-python==$VERSION failed"
-		sdist=$CACHE/pkg/llama_cpp_python-$VERSION.tar.gz
-		[ -s "$sdist" ] || die "pip download did not leave $sdist"
-	fi
-	local src=$CACHE/src/llama_cpp_python-$VERSION/vendor/llama.cpp
-	if [ ! -f "$src/CMakeLists.txt" ]; then
-		log "extracting $sdist"
-		rm -rf "$CACHE/src" && mkdir -p "$CACHE/src"
-		tar -xzf "$sdist" -C "$CACHE/src" || die "cannot extract $sdist"
-		[ -f "$src/CMakeLists.txt" ] || die "no vendor/llama.cpp in $sdist"
-	fi
-	command -v cmake >/dev/null || die "cmake not found (apt-get install cmake)"
-	log "configuring llama.cpp (CPU only, native) in $CACHE/build"
-	# LLAMA_CURL is deprecated in this llama.cpp (a warning, no effect); kept
-	# as asked by issue 12. Static libraries: the binaries stand alone.
-	cmake -S "$src" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release \
-		-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
-		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-		-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \
-		>"$CACHE/cmake-configure.log" 2>&1 ||
-		die "cmake configure failed, see $CACHE/cmake-configure.log"
-	log "building ${TOOLS[*]} with $JOBS jobs (several minutes on 2 cores)"
-	cmake --build "$CACHE/build" -j "$JOBS" --target "${TOOLS[@]}" \
-		>"$CACHE/cmake-build.log" 2>&1 ||
-		die "cmake build failed, see $CACHE/cmake-build.log"
-	have_tools || die "build finished but ${TOOLS[*]} are not all in $BIN"
-}
-
-if have_tools; then
-	log "llama.cpp $VERSION tools found in $BIN"
-else
-	build_anchor
-fi
+BIN=$ANCHOR_BIN
+anchor_build llama-bench llama-perplexity llama-quantize
 
 # ---------------------------------------------------------------- 2. models
 [ -s "$MODEL" ] || die "no model at $MODEL (run scripts/setup.sh first)"

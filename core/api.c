@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "dist/dist.h"
+#include "dist/follow.h"
 #include "engine/scheduler.h"
 #include "engine/spec.h"
 #include "format/gguf.h"
@@ -35,6 +37,10 @@ struct loom_engine {
 	struct loom_sched_config cfg;        /* as the scheduler runs it */
 	struct loom_kv_plan kv_plan;         /* the KV memory plan of cfg */
 	char model_name[256];
+	enum loom_pooling pooling;           /* <arch>.pooling_type */
+	struct loom_dist *dist;              /* a rank of a distributed job */
+	bool dist_started;                   /* every rank opened: rank 0 sends
+						the stop plan at close */
 };
 
 /* The size of each struct's first generation: anything smaller is refused. */
@@ -154,11 +160,16 @@ static int load_one_spec(struct loom_engine *e, const char *name,
 		return LOOM_ERR_INVALID;
 	}
 	/* the scheduler runs the early-exit model (layerskip), spec.c the
-	 * draft model (draft.so) */
-	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab, e->m->hp.n_layer,
-				       e->draft_pool, err, errlen);
-	if (!k)
+	 * draft model (draft.so); a distributed job offers no early exit (the
+	 * step plans carry whole passes only) */
+	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab,
+				       e->dist ? 0 : e->m->hp.n_layer, e->draft_pool, err, errlen);
+	if (!k) {
+		if (e->dist)
+			loom_seterr(err + strlen(err), errlen - strlen(err),
+				    " (under --tp/--pp no strategy gets the early-exit model)");
 		return LOOM_ERR_INVALID;
+	}
 	if (find_spec(e, loom_spec_kind_name(k))) {
 		loom_seterr(err, errlen, "spec: strategy '%s' (%s) is listed twice",
 			    loom_spec_kind_name(k), loom_spec_kind_path(k));
@@ -299,6 +310,16 @@ static int32_t fitting_context(struct loom_engine *e, uint64_t kv_bytes)
 
 /* The scheduler's configuration from the engine parameters (the
  * scheduler checks the rest). 0, or LOOM_ERR_INVALID with err set. */
+/* The default KV reservation: from this host's free memory; in a
+ * distributed job the smallest of every rank's, since all ranks must run
+ * the same cache shapes. */
+static uint64_t default_kv_bytes(struct loom_engine *e)
+{
+	uint64_t b = loom_kv_default_bytes();
+
+	return e->dist ? loom_dist_min_u64(e->dist, b) : b;
+}
+
 static int sched_config(struct loom_engine *e, const struct loom_engine_params *p,
 			char *err, size_t errlen)
 {
@@ -314,18 +335,24 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	rc = kv_type(e, p, err, errlen);
 	if (rc)
 		return rc;
+	if (e->dist && kv_bytes) /* serve's default is each host's own */
+		kv_bytes = loom_dist_min_u64(e->dist, kv_bytes);
 	/* no context given: the trained one, capped to what the cache holds
 	 * (kv_bytes, else the default reservation shared by the sequences) */
 	if (p->n_ctx <= 0)
 		c->max_ctx = fitting_context(e, kv_bytes ? kv_bytes :
-					     loom_kv_default_bytes() / (uint64_t)c->max_seqs);
+					     default_kv_bytes(e) / (uint64_t)c->max_seqs);
 	if (c->max_batch_tokens > c->max_ctx)
 		c->max_batch_tokens = c->max_ctx; /* no step needs more */
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;
 	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
-	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs : 0;
+	/* all_logits: a whole step's rows; else a few beyond one per sequence,
+	 * so that requests keeping a row per prompt token (prompt logprobs,
+	 * hidden states) prefill in chunks rather than a token a step */
+	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs :
+			 c->max_seqs + (c->max_batch_tokens < 64 ? c->max_batch_tokens : 64);
 	/* no kv_bytes: each sequence a whole context (windowed layers: a
 	 * window), and one spare block for a copy; else kv_bytes split
 	 * between the full-context and the windowed layers */
@@ -354,6 +381,23 @@ static void spec_rows(struct loom_engine *e)
 	}
 }
 
+/* <arch>.pooling_type (llama.cpp: 0 none, 1 mean, 2 cls, 3 last, 4 rank);
+ * mean unless cls or last. */
+static void read_pooling(struct loom_engine *e)
+{
+	char *arch = NULL, key[128], why[256];
+	uint32_t v = 0;
+
+	e->pooling = LOOM_POOLING_MEAN;
+	if (gguf_get_str(e->f, "general.architecture", &arch, why, sizeof(why)) || !arch)
+		return;
+	snprintf(key, sizeof(key), "%s.pooling_type", arch);
+	free(arch);
+	if (gguf_get_u32(e->f, key, &v, why, sizeof(why)) == 0 &&
+	    (v == LOOM_POOLING_CLS || v == LOOM_POOLING_LAST))
+		e->pooling = (enum loom_pooling)v;
+}
+
 static void set_model_name(struct loom_engine *e, const char *path)
 {
 	char *name = NULL, why[64];
@@ -377,11 +421,82 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 		return LOOM_ERR_FORMAT;
 	}
 	set_model_name(e, p->model);
+	read_pooling(e);
 	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
 	e->m = loom_model_load(e->f, mp, err, errlen);
-	return e->m ? 0 : LOOM_ERR_INVALID;
+	if (!e->m)
+		return LOOM_ERR_INVALID;
+	e->m->gemm_input = p->gemm_input;
+	e->m->gemm_input_user = p->gemm_input_user;
+	return 0;
+}
+
+/* Model, strategies and scheduler; on a rank of a distributed job every
+ * rank learns whether all of them succeeded. */
+static int build_engine(struct loom_engine *e, const struct loom_engine_params *p,
+			struct loom_model_params *mp, char *err, size_t errlen)
+{
+	struct loom_model_params draft_mp = *mp;
+	int rc = open_model(e, p, mp, err, errlen);
+
+	draft_mp.dist = NULL; /* a draft model runs whole on rank 0 */
+	if (!rc && (sched_config(e, p, err, errlen) || load_specs(e, p, &draft_mp, err, errlen)))
+		rc = -1;
+	if (!rc) {
+		spec_rows(e);
+		e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);
+		rc = e->sched ? 0 : -1;
+	}
+	if (e->dist && !loom_dist_all_ok(e->dist, rc == 0)) {
+		if (!rc)
+			loom_seterr(err, errlen, "distributed: another rank failed to start (see its message)");
+		return -1;
+	}
+	return rc;
+}
+
+static int open_dist(struct loom_engine *e, const struct loom_engine_params *p,
+		     struct loom_model_params *mp, char *err, size_t errlen)
+{
+	e->dist = loom_dist_open(p->tp > 1 ? p->tp : 1, p->pp > 1 ? p->pp : 1, err, errlen);
+	if (!e->dist)
+		return -1;
+	mp->dist = e->dist;
+	if (e->dist->rank != 0)
+		mp->progress = false;
+	return 0;
+}
+
+/* Every rank must run the same scheduler shapes (block numbers and step
+ * sizes in rank 0's plans address the others' caches). */
+static bool dist_agree(struct loom_engine *e, char *err, size_t errlen)
+{
+	static const char *const names[] = { "KV blocks", "windowed KV blocks", "block size",
+		"tokens per step", "sequences", "context" };
+	int64_t v[] = { e->cfg.n_blocks, e->cfg.n_local_blocks, e->cfg.block_size,
+		e->cfg.max_batch_tokens, e->cfg.max_seqs, e->cfg.max_ctx };
+
+	return !e->dist || loom_dist_agree(e->dist, v, names, 6, err, errlen);
+}
+
+bool loom_engine_is_follower(const struct loom_engine *e)
+{
+	return e->dist && e->dist->rank != 0;
+}
+
+int loom_engine_follow(struct loom_engine *e, char *err, size_t errlen)
+{
+	if (!loom_engine_is_follower(e)) {
+		loom_seterr(err, errlen, "loom_engine_follow: not a follower rank of a distributed job");
+		return LOOM_ERR_INVALID;
+	}
+	if (loom_sched_follow(e->sched, err, errlen)) {
+		e->dist->broken = true;
+		return LOOM_ERR_IO;
+	}
+	return 0;
 }
 
 struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
@@ -408,14 +523,14 @@ struct loom_engine *loom_engine_open(const struct loom_engine_params *params,
 		.backend_flags = (p.batch_invariant ? LOOM_BACKEND_BATCH_INVARIANT : 0) |
 				 (p.exact ? LOOM_BACKEND_EXACT : 0),
 		.n_ctx = p.n_ctx };
-	if (open_model(e, &p, &mp, err, errlen))
+	if ((p.tp > 1 || p.pp > 1) && open_dist(e, &p, &mp, err, errlen))
 		goto out_close;
-	if (sched_config(e, &p, err, errlen) || load_specs(e, &p, &mp, err, errlen))
+	if (build_engine(e, &p, &mp, err, errlen) || !dist_agree(e, err, errlen))
 		goto out_close;
-	spec_rows(e);
-	e->sched = loom_sched_new(e->m, &e->cfg, err, errlen);
-	if (!e->sched)
-		goto out_close;
+	e->dist_started = e->dist != NULL;
+	if (e->dist)
+		loom_log(LOOM_LOG_INFO, "distributed: rank %d of %d ready", e->dist->rank,
+			 e->dist->size);
 	return e;
 out_close:
 	loom_engine_close(e);
@@ -426,6 +541,12 @@ void loom_engine_close(struct loom_engine *e)
 {
 	if (!e)
 		return;
+	if (e->dist_started && e->dist->rank == 0) {
+		char why[160];
+
+		if (loom_dist_plan_stop(e->dist, why, sizeof(why)))
+			loom_log(LOOM_LOG_ERROR, "%s", why);
+	}
 	loom_sched_free(e->sched); /* requests still queued end CANCELLED */
 	for (int i = 0; i < e->n_spec; i++)
 		loom_spec_kind_free(e->spec[i]);
@@ -433,6 +554,7 @@ void loom_engine_close(struct loom_engine *e)
 	loom_model_free(e->m);
 	loom_tokenizer_free(e->tok);
 	gguf_close(e->f);
+	loom_dist_close(e->dist);
 	free(e);
 }
 
@@ -446,6 +568,16 @@ int32_t loom_engine_n_vocab(const struct loom_engine *e)
 int32_t loom_engine_n_ctx(const struct loom_engine *e)
 {
 	return e->cfg.max_ctx;
+}
+
+int32_t loom_engine_n_embd(const struct loom_engine *e)
+{
+	return (int32_t)e->m->hp.n_embd;
+}
+
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e)
+{
+	return e->pooling;
 }
 
 const char *loom_engine_backend_name(const struct loom_engine *e)
@@ -532,16 +664,19 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		loom_seterr(err, errlen, "request: speculative strategy '%s' is not loaded", r.spec);
 		return LOOM_ERR_INVALID;
 	}
-	if (r.all_logits && !e->cfg.logits_rows) {
+	if (r.all_logits && e->cfg.logits_rows < e->cfg.max_batch_tokens + e->cfg.max_seqs) {
 		loom_seterr(err, errlen, "request: all_logits needs an engine opened with all_logits");
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (r.logprobs || r.prompt_logprobs || r.hidden)
+		spec = NULL; /* a token at a time, each from its own row */
 	sr = (struct loom_sched_request){
 		.prompt = r.prompt, .n_prompt = r.n_prompt, .n_predict = r.n_predict,
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
 		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
-		.grammar = r.grammar,
+		.grammar = r.grammar, .logprobs = r.logprobs, .top_logprobs = r.top_logprobs,
+		.prompt_logprobs = r.prompt_logprobs, .hidden = r.hidden,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }

@@ -56,6 +56,16 @@ struct loom_sampler_params {
  * penalties off (window 64), seed 0. */
 void loom_sampler_defaults(struct loom_sampler_params *p);
 
+/* Appended (0.6), loom_engine_params.gemm_input: called during a step with
+ * the input of a weight GEMM, before the GEMM runs: `weight` is the GGUF
+ * tensor's name ("blk.3.attn_q.weight"; a fused matrix's name once, not
+ * per part), x its rows x cols input row-major in host memory (valid for
+ * the call only), rows the tokens of the step that reach it (after the
+ * logits gather, only the rows that need logits). Used for calibration
+ * (`loom imatrix`). */
+typedef void (*loom_gemm_input_fn)(void *user, const char *weight, const float *x,
+				   int64_t rows, int64_t cols);
+
 struct loom_engine_params {
 	uint32_t struct_size;
 	const char *model;   /* GGUF file */
@@ -99,6 +109,17 @@ struct loom_engine_params {
 	 * sequences, whose cache is then n_ctx tokens each as before. */
 	int32_t kv_type;       /* enum loom_kv_type; loom_engine_params_init
 				  sets LOOM_KV_DEFAULT */
+	/* ---- appended (0.6): calibration ---- */
+	/* optional: observes every weight GEMM's input (loom_gemm_input_fn).
+	 * Each step then runs op by op (no captured step graphs), with a
+	 * download and a synchronize per GEMM: for calibration, not serving. */
+	loom_gemm_input_fn gemm_input;
+	void *gemm_input_user;
+	/* ---- appended (0.6): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int32_t tp, pp;        /* tensor ranks per stage, pipeline stages;
+				  <= 1: none. Under mpirun with tp * pp ranks:
+				  rank 0 is the engine, the others follow it
+				  (loom_engine_follow) */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -124,6 +145,14 @@ uint64_t loom_kv_default_bytes(void);
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 				     char *err, size_t errlen);
 void loom_engine_close(struct loom_engine *e);
+
+/* Distributed jobs: true on every rank but 0, which must call
+ * loom_engine_follow and then loom_engine_close, and nothing else. */
+bool loom_engine_is_follower(const struct loom_engine *e);
+/* Executes rank 0's steps until rank 0 closes its engine: 0, or a negative
+ * loom_status with err set (the process should then exit non-zero, which
+ * ends the job). */
+int loom_engine_follow(struct loom_engine *e, char *err, size_t errlen);
 
 int32_t loom_engine_n_vocab(const struct loom_engine *e);
 int32_t loom_engine_n_ctx(const struct loom_engine *e);
@@ -206,6 +235,21 @@ struct loom_event {
 	int32_t n_prompt, n_generated; /* n_generated counts reported tokens */
 	int32_t n_cached;              /* prompt tokens served from the prefix cache */
 	const char *error;             /* LOOM_FINISH_ERROR: why; else NULL */
+	/* ---- appended (api): a token's log-probabilities, for a request
+	 * with logprobs (else 0 and NULL). They are the log-softmax of the
+	 * model's logits, before a grammar's mask, penalties, temperature and
+	 * truncation: what the model itself gives the token. top: the
+	 * request's top_logprobs most likely tokens, most likely first (ties
+	 * to the lower id); valid during the callback only. */
+	float logprob;
+	const struct loom_token_logprob *top;
+	int32_t n_top;
+};
+
+/* A token and its log-probability (natural log). */
+struct loom_token_logprob {
+	int32_t token;
+	float logprob;
 };
 
 /* Called on the thread that steps the engine; must not block for long.
@@ -239,7 +283,24 @@ struct loom_request {
 	 * grammar (loom_grammar_new), and end-of-generation comes only where
 	 * the text is complete. loom_submit takes its own reference. */
 	const struct loom_grammar *grammar;
+	/* ---- appended (0.6): log-probabilities and hidden states ----
+	 * A request with logprobs, prompt_logprobs or hidden decodes without
+	 * speculation and shares no cached prefix. */
+	bool logprobs;          /* each token event carries its logprob */
+	int32_t top_logprobs;   /* and the most likely tokens, 0..20 */
+	/* optional: n_prompt x (1 + top_logprobs) entries. Row i: the prompt
+	 * token i and its logprob given the tokens before it (row 0, which has
+	 * none: NAN), then the top_logprobs most likely tokens at position i
+	 * (row 0: token -1, logprob NAN). */
+	struct loom_token_logprob *prompt_logprobs;
+	/* optional: n_prompt x loom_engine_n_embd floats; row i gets the
+	 * model's final normed hidden state at prompt token i (what its output
+	 * layer reads). Such a request ends after its prompt, with no token
+	 * (finish LENGTH, n_generated 0): it is for embeddings. */
+	float *hidden;
 };
+
+#define LOOM_MAX_TOP_LOGPROBS 20
 
 void loom_request_init(struct loom_request *r);
 
@@ -345,6 +406,10 @@ int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
 const char *loom_token_text(const struct loom_tokenizer *t, int32_t token);
 
 int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t);
+/* Appended (api): the bytes token decodes to (not NUL-terminated, perhaps
+ * part of a UTF-8 character; *len 0 for control tokens), or NULL for an
+ * id out of range. */
+const char *loom_token_bytes(const struct loom_tokenizer *t, int32_t token, size_t *len);
 int32_t loom_tokenizer_bos(const struct loom_tokenizer *t); /* -1 if none */
 int32_t loom_tokenizer_eos(const struct loom_tokenizer *t); /* -1 if none */
 /* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...). */
@@ -508,6 +573,10 @@ struct loom_quantize_params {
 	bool dry_run;         /* print the plan, write nothing */
 	bool progress;        /* progress bar on stderr (if a tty) */
 	FILE *out;            /* the plan and the summary; NULL: stdout */
+	/* ---- appended (0.6) ---- */
+	/* calibration file (loom_imatrix_load) for strategies that need one,
+	 * and for the mixes' imatrix-only rules; NULL: none */
+	const char *imatrix;
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p);
@@ -548,6 +617,21 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen);
+/* ======== appended (api): embeddings ======== */
+
+/* Width of the hidden state (loom_request.hidden rows). */
+int32_t loom_engine_n_embd(const struct loom_engine *e);
+
+/* How an embedding pools the rows of a prompt's hidden states, from the
+ * GGUF key <arch>.pooling_type (llama.cpp's values); mean when the file
+ * has none or names one loom does not offer (none, rank). */
+enum loom_pooling {
+	LOOM_POOLING_MEAN = 1,
+	LOOM_POOLING_CLS = 2,  /* the first token's row */
+	LOOM_POOLING_LAST = 3, /* the last token's row */
+};
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e);
+
 /* ======== appended (0.5): constrained decoding ======== */
 
 /*
@@ -577,6 +661,69 @@ struct loom_grammar;
 struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t len,
 				      char *err, size_t errlen);
 void loom_grammar_free(struct loom_grammar *g);
+
+/* ======== appended (0.6): calibration files (docs/QUANTIZATION.md) ======== */
+
+/*
+ * An importance matrix: per weight tensor, per input column j, the mean
+ * over calibration tokens of x_j^2 (x: the input the weight multiplies),
+ * and optionally (`loom imatrix --hessian`) the mean of x x^T.
+ *
+ * loom_imatrix_load reads llama.cpp's legacy .dat layout (what `loom
+ * imatrix` writes, followed by loom's Hessian section when there is one)
+ * and llama.cpp's GGUF imatrix files (general.type "imatrix", tensors
+ * NAME.in_sum2 and NAME.counts). flags: LOOM_IMATRIX_HESSIAN maps the
+ * Hessians too (else their pointers are NULL). NULL with err naming the
+ * file and what is wrong (truncated, a count out of range, a name too
+ * long, sizes that disagree). Read-only after loading: any thread may
+ * look up entries.
+ */
+struct loom_imatrix;
+
+enum { LOOM_IMATRIX_HESSIAN = 1u << 0 };
+
+struct loom_imatrix_entry {
+	const char *name;      /* the weight, "blk.0.attn_q.weight" */
+	int64_t cols;          /* the weight's input width: floats in mean_sq */
+	int64_t n_tokens;      /* tokens behind the Hessian; 0 when unknown */
+	const float *mean_sq;  /* [cols] mean of x_j^2 */
+	const float *hessian;  /* [cols][cols] mean of x x^T (symmetric), or NULL */
+};
+
+struct loom_imatrix *loom_imatrix_load(const char *path, uint32_t flags, char *err,
+				       size_t errlen);
+void loom_imatrix_free(struct loom_imatrix *im);
+size_t loom_imatrix_count(const struct loom_imatrix *im);
+/* Entry i (0 <= i < count), or NULL. */
+const struct loom_imatrix_entry *loom_imatrix_at(const struct loom_imatrix *im, size_t i);
+/* The entry of a weight tensor, or NULL when the file has none. */
+const struct loom_imatrix_entry *loom_imatrix_lookup(const struct loom_imatrix *im,
+						     const char *name);
+/* Chunks of calibration text behind the file (0 when unknown), the
+ * dataset's name ("" when unknown), whether Hessians were mapped. */
+int32_t loom_imatrix_chunks(const struct loom_imatrix *im);
+const char *loom_imatrix_dataset(const struct loom_imatrix *im);
+bool loom_imatrix_has_hessian(const struct loom_imatrix *im);
+
+/* One tensor's statistics for loom_imatrix_save. */
+struct loom_imatrix_stat {
+	const char *name;
+	int64_t cols;
+	int64_t n_tokens;      /* tokens averaged over */
+	const float *mean_sq;  /* [cols] */
+	const float *hessian;  /* [cols][cols], or NULL; the same pointer given
+				  for several tensors is stored once */
+};
+
+/*
+ * Writes stats[0..n) to path in llama.cpp's legacy imatrix layout (which
+ * llama-quantize --imatrix reads: per entry the name, ncall = n_chunks,
+ * and mean_sq * n_chunks), then, when any entry has a Hessian, loom's
+ * section "LOOMHES1" after llama.cpp's trailer (docs/QUANTIZATION.md).
+ * Written to PATH.part and renamed. 0, or -1 with err.
+ */
+int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, size_t n,
+		      int32_t n_chunks, const char *dataset, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

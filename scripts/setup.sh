@@ -25,11 +25,14 @@ sudo=""
 
 debs=(build-essential meson ninja-build pkg-config libopenblas-dev libpcre2-dev
       check libinih-dev libmicrohttpd-dev libjansson-dev libxxhash-dev
-      python3 python3-pip)
+      libopenmpi-dev openmpi-bin  # --tp/--pp (docs/DISTRIBUTED.md); the build goes on without
+      python3 python3-pip
+      libjs-marked libjs-highlight.js) # the chat page's Markdown and code highlighting (server/meson.build)
 if [ $test_setup = 1 ]; then
 	debs+=(chromium  # tests/chat_page drives the chat page in a headless browser
 	       hipcc     # HIP headers, runtime and hipcc (clang 15): rocm.so for gfx90a
-	       clang-19 llvm-19) # rocm.so for gfx942 and gfx1100 too (clang 15 predates them)
+	       clang-19 llvm-19) # rocm.so for gfx942 and gfx1100 too (clang 15 predates them);
+	                         # the libFuzzer harnesses of tests/fuzz
 fi
 if [ "${LOOM_NO_APT:-0}" != 1 ]; then
 	missing=()

@@ -94,6 +94,8 @@ static int open_engine(struct server *srv, char *err, size_t errlen)
 	srv->engine = loom_engine_open(&p, err, errlen);
 	if (!srv->engine)
 		return -1;
+	if (loom_engine_is_follower(srv->engine))
+		return 0; /* a rank that only executes rank 0's steps */
 	srv->tok = loom_engine_tokenizer(srv->engine);
 	srv->n_ctx = loom_engine_n_ctx(srv->engine);
 	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
@@ -355,11 +357,19 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	fit_fd_limit(&srv->o.serve);
+	/* a distributed job: only rank 0 serves HTTP, known once the engine
+	 * has joined the job, so the engine opens first */
+	if ((srv->o.tp > 1 || srv->o.pp > 1) && open_engine(srv, err, errlen))
+		goto out;
+	if (srv->engine && loom_engine_is_follower(srv->engine)) {
+		rc = loom_engine_follow(srv->engine, err, errlen) ? -1 : 0;
+		goto out_follower;
+	}
 	d = http_start(srv, err, errlen);
 	if (!d)
 		goto out;
 	test_load_delay();
-	if (open_engine(srv, err, errlen))
+	if (!srv->engine && open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
@@ -385,5 +395,9 @@ out:
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");
+	return rc;
+out_follower:
+	loom_engine_close(srv->engine);
+	free(srv);
 	return rc;
 }

@@ -242,7 +242,12 @@ int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **too
 	*tools_text = tools_section(tools, mode, named);
 	if (!*tools_text)
 		return perr_set(e, 500, NULL, NULL, "out of memory");
-	return tools_grammar(tools, mode, named, max_calls(o, tools, named), r, e);
+	if (tools_grammar(tools, mode, named, max_calls(o, tools, named), r, e)) {
+		free(*tools_text); /* a refusal leaves the caller nothing to free */
+		*tools_text = NULL;
+		return -1;
+	}
+	return 0;
 }
 
 int serve_tool_kind(const char *text, size_t len)

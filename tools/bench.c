@@ -104,6 +104,19 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 	return loom_engine_open(&p, err, errlen);
 }
 
+/* The table's head, once (only rank 0 of a distributed job prints). */
+static void print_header(const struct loom_options *o)
+{
+	static bool printed;
+
+	if (printed)
+		return;
+	printed = true;
+	printf("| %-32s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
+	printf("| %.32s | %.8s | %.7s | %.7s | %.21s |\n", "--------------------------------",
+	       "--------", "-------", "-------", "---------------------");
+}
+
 static int bench_threads(struct loom_options *o, int threads, char *err, size_t errlen)
 {
 	struct loom_engine *e = bench_engine(o, threads, err, errlen);
@@ -115,9 +128,14 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 
 	if (!e)
 		return -1;
+	if (loom_engine_is_follower(e)) { /* rank 0 measures; this rank helps */
+		rc = loom_engine_follow(e, err, errlen) ? -1 : 1;
+		goto out;
+	}
 	loom_engine_get_stats(e, &st);
 	fprintf(stderr, "bench: KV cache %s, %llu bytes/token\n", loom_kv_type_name(st.kv_type),
 		(unsigned long long)st.kv_token_bytes);
+	print_header(o);
 	prompt = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
@@ -164,9 +182,10 @@ int loom_bench(struct loom_options *o, char *err, size_t errlen)
 		snprintf(err, errlen, "no model given (--model FILE)");
 		return -1;
 	}
-	printf("| %-32s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
-	printf("| %.32s | %.8s | %.7s | %.7s | %.21s |\n", "--------------------------------",
-	       "--------", "-------", "-------", "---------------------");
+	if ((o->tp > 1 || o->pp > 1) && strchr(list, ',')) {
+		snprintf(err, errlen, "bench: --tp/--pp take one thread count, not a list (each rank's MPI starts once)");
+		return -1;
+	}
 	while (rc == 0 && *list) {
 		int threads = atoi(list);
 
@@ -176,5 +195,5 @@ int loom_bench(struct loom_options *o, char *err, size_t errlen)
 			break;
 		list++;
 	}
-	return rc;
+	return rc > 0 ? 0 : rc; /* 1: a follower rank's job ended */
 }

@@ -1,5 +1,5 @@
-/* loom: run, info, tokenize, bench, perplexity, backends, check-backend,
- * quantize
+/* loom: run, chat (tools/chat.c), info, tokenize, bench, perplexity,
+ * backends, check-backend, quantize, imatrix
  * (serve is server/). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include "backends.h"
+#include "chat.h"
 #include "bench.h"
+#include "imatrix.h"
 #include "perplexity.h"
 #include "loom.h"
 #include "loom_config.h"
@@ -32,15 +34,16 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err)
 	return rc;
 }
 
-/* Reads a whole file as a NUL-terminated string. */
-static char *read_file(const char *path, size_t *len, char *err)
+/* Reads a whole file ("-": stdin) as a NUL-terminated string. */
+char *loom_read_text(const char *path, size_t *len, char *err, size_t errlen)
 {
-	FILE *fp = fopen(path, "rb");
+	bool std_in = !strcmp(path, "-");
+	FILE *fp = std_in ? stdin : fopen(path, "rb");
 	char *buf = NULL;
 	size_t cap = 0, n = 0, r;
 
 	if (!fp) {
-		snprintf(err, ERRLEN, "%s: cannot open", path);
+		snprintf(err, errlen, "%s: cannot open", path);
 		return NULL;
 	}
 	do {
@@ -49,8 +52,9 @@ static char *read_file(const char *path, size_t *len, char *err)
 
 			if (!nb) {
 				free(buf);
-				fclose(fp);
-				snprintf(err, ERRLEN, "%s: out of memory", path);
+				if (!std_in)
+					fclose(fp);
+				snprintf(err, errlen, "%s: out of memory", std_in ? "stdin" : path);
 				return NULL;
 			}
 			buf = nb;
@@ -58,7 +62,8 @@ static char *read_file(const char *path, size_t *len, char *err)
 		r = fread(buf + n, 1, 65536, fp);
 		n += r;
 	} while (r > 0);
-	fclose(fp);
+	if (!std_in)
+		fclose(fp);
 	buf[n] = '\0';
 	*len = n;
 	return buf;
@@ -129,11 +134,11 @@ static int cmd_tokenize(int argc, char **argv, char *err)
 	if (!tok)
 		return -1;
 	if (o.prompt_file[0])
-		text = read_file(o.prompt_file, &len, err);
+		text = loom_read_text(o.prompt_file, &len, err, ERRLEN);
 	else if (o.n_args)
 		text = strdup(o.args[0]), len = text ? strlen(text) : 0;
 	else
-		text = read_file("/dev/stdin", &len, err);
+		text = loom_read_text("-", &len, err, ERRLEN);
 	if (!text)
 		goto out_free;
 	ids = tokenize_all(tok, text, len, !o.no_bos, &n, err);
@@ -217,16 +222,24 @@ static void generation_params(const struct loom_options *o, struct loom_generati
 	fprintf(stderr, "seed: %llu\n", (unsigned long long)g->seed);
 }
 
+/* -p TEXT, -f FILE, -f - (stdin), or stdin when it is piped and neither is
+ * given. */
 static char *prompt_text(const struct loom_options *o, size_t *len, char *err)
 {
 	char *text = NULL;
 
+	if (o->prompt && o->prompt_file[0]) {
+		snprintf(err, ERRLEN, "-p and -f exclude each other");
+		return NULL;
+	}
 	if (o->prompt_file[0])
-		return read_file(o->prompt_file, len, err);
+		return loom_read_text(o->prompt_file, len, err, ERRLEN);
+	if (!o->prompt && !isatty(0))
+		return loom_read_text("-", len, err, ERRLEN);
 	if (o->prompt && (text = strdup(o->prompt)))
 		*len = strlen(text);
 	else
-		snprintf(err, ERRLEN, o->prompt ? "out of memory" : "no prompt given (-p TEXT or -f FILE)");
+		snprintf(err, ERRLEN, o->prompt ? "out of memory" : "no prompt given (-p TEXT, -f FILE, or text piped on stdin)");
 	return text;
 }
 
@@ -292,7 +305,7 @@ static struct loom_grammar *run_grammar(const struct loom_options *o, char *err)
 		return NULL;
 	}
 	if (o->json_schema[0]) {
-		schema = read_file(o->json_schema, &len, err);
+		schema = loom_read_text(o->json_schema, &len, err, ERRLEN);
 		if (!schema)
 			return NULL;
 		g = loom_grammar_new("json_schema", schema, len, err, ERRLEN);
@@ -352,6 +365,10 @@ static int cmd_run(int argc, char **argv, char *err)
 	ep.progress = o.progress;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
+	if (loom_engine_is_follower(e)) { /* rank 0 generates; this rank helps */
+		rc = loom_engine_follow(e, err, ERRLEN) ? -1 : 0;
+		goto out;
+	}
 	print_kv_plan(e);
 	generation_params(&o, &g);
 	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])
@@ -379,6 +396,20 @@ out:
 	return rc;
 }
 
+static int cmd_chat(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	uint64_t seed;
+
+	loom_options_defaults(&o);
+	o.n_predict = -1; /* a reply runs to its end-of-turn token */
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	seed = o.seed_given ? o.sp.seed : clock_seed();
+	fprintf(stderr, "seed: %llu\n", (unsigned long long)seed);
+	return loom_chat_main(&o, seed, err, ERRLEN);
+}
+
 static int cmd_perplexity(int argc, char **argv, char *err)
 {
 	struct loom_options o;
@@ -393,7 +424,7 @@ static int cmd_perplexity(int argc, char **argv, char *err)
 		snprintf(err, ERRLEN, "perplexity needs --model FILE and -f TEXT_FILE");
 		return -1;
 	}
-	text = read_file(o.prompt_file, &len, err);
+	text = loom_read_text(o.prompt_file, &len, err, ERRLEN);
 	if (!text)
 		return -1;
 	rc = loom_perplexity(&o, text, len, err, ERRLEN);
@@ -452,7 +483,32 @@ static int cmd_quantize(int argc, char **argv, char *err)
 	q.n_threads = o.n_threads;
 	q.allow_requantize = o.allow_requantize;
 	q.dry_run = o.dry_run;
+	q.imatrix = o.imatrix[0] ? o.imatrix : NULL;
 	return loom_quantize(&q, err, ERRLEN);
+}
+
+static int cmd_imatrix(int argc, char **argv, char *err)
+{
+	struct loom_options o;
+	char *text;
+	size_t len = 0;
+	int rc;
+
+	loom_options_defaults(&o);
+	if (parse_args(argc, argv, &o, err))
+		return -1;
+	if (o.imatrix_show[0])
+		return loom_imatrix_show(o.imatrix_show, err, ERRLEN);
+	if (!o.model[0] || !o.prompt_file[0] || !o.imatrix_out[0]) {
+		snprintf(err, ERRLEN, "imatrix needs --model FILE, -f CALIB.txt and -o FILE (or --show FILE)");
+		return -1;
+	}
+	text = loom_read_text(o.prompt_file, &len, err, ERRLEN);
+	if (!text)
+		return -1;
+	rc = loom_imatrix_main(&o, text, len, err, ERRLEN);
+	free(text);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -463,6 +519,8 @@ int main(int argc, char **argv)
 
 	if (!strcmp(cmd, "run"))
 		rc = cmd_run(argc, argv, err);
+	else if (!strcmp(cmd, "chat"))
+		rc = cmd_chat(argc, argv, err);
 	else if (!strcmp(cmd, "info"))
 		rc = cmd_info(argc, argv, err);
 	else if (!strcmp(cmd, "tokenize"))
@@ -477,6 +535,8 @@ int main(int argc, char **argv)
 		rc = cmd_backends(argc, argv, err);
 	else if (!strcmp(cmd, "quantize"))
 		rc = cmd_quantize(argc, argv, err);
+	else if (!strcmp(cmd, "imatrix"))
+		rc = cmd_imatrix(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);
@@ -484,8 +544,12 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
 		usage(stdout);
 		return 0;
-	} else {
+	} else if (!cmd[0]) {
 		usage(stderr);
+		return 2;
+	} else {
+		fprintf(stderr, "loom: unknown command '%s' (commands: %s; see loom --help)\n",
+			cmd, loom_options_commands());
 		return 2;
 	}
 	if (rc) {

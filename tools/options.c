@@ -19,7 +19,10 @@
 #define BACKENDS LOOM_CMD_BACKENDS
 #define CHECK LOOM_CMD_CHECK
 #define QUANTIZE LOOM_CMD_QUANTIZE
-#define ENGINE (RUN | BENCH | SERVE | PPL) /* the subcommands that load a backend */
+#define IMATRIX LOOM_CMD_IMATRIX
+#define CHAT LOOM_CMD_CHAT
+#define GEN (RUN | CHAT) /* the subcommands that sample text */
+#define ENGINE (RUN | CHAT | BENCH | SERVE | PPL | IMATRIX) /* the subcommands that load a backend */
 
 enum opt_type {
 	OPT_STR,     /* a char array, the value copied in */
@@ -55,25 +58,34 @@ static const struct opt_def opts[] = {
 	{ .name = "prompt", .short_name = 'p', .type = OPT_ARG, FIELD(prompt), .cmds = RUN,
 	  .flag_only = true },
 	{ .name = "file", .short_name = 'f', .type = OPT_STR, FIELD(prompt_file),
-	  .cmds = RUN | TOKENIZE | PPL },
+	  .cmds = RUN | TOKENIZE | PPL | IMATRIX },
 	{ .name = "n-predict", .short_name = 'n', .type = OPT_INT, FIELD(n_predict),
-	  .lo = -1, .hi = INT_MAX, .cmds = RUN | CHECK },
+	  .lo = -1, .hi = INT_MAX, .cmds = GEN | CHECK },
 	{ .name = "threads", .short_name = 't', .type = OPT_THREADS, FIELD(n_threads),
 	  .lo = 0, .hi = 1024, .cmds = ENGINE | CHECK | QUANTIZE },
 	{ .name = "ctx-size", .short_name = 'c', .type = OPT_INT, FIELD(n_ctx),
-	  .lo = 1, .hi = 1 << 24, .cmds = RUN | SERVE | PPL },
+	  .lo = 1, .hi = 1 << 24, .cmds = GEN | SERVE | PPL | IMATRIX },
 	{ .name = "batch-size", .short_name = 'b', .type = OPT_INT, FIELD(n_batch),
-	  .lo = 1, .hi = 1 << 16, .cmds = RUN | BENCH },
+	  .lo = 1, .hi = 1 << 16, .cmds = GEN | BENCH },
 	{ .name = "no-bos", .type = OPT_BOOL, FIELD(no_bos), .cmds = RUN | TOKENIZE },
 	{ .name = "archs", .type = OPT_BOOL, FIELD(archs), .cmds = INFO },
-	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
+	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = GEN },
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
 	{ .name = "kv-type", .type = OPT_KVTYPE, FIELD(kv_type), .cmds = ENGINE },
+	/* distributed jobs under mpirun (docs/DISTRIBUTED.md) */
+	{ .name = "tp", .type = OPT_INT, FIELD(tp), .lo = 1, .hi = 64, .cmds = RUN | BENCH | SERVE },
+	{ .name = "pp", .type = OPT_INT, FIELD(pp), .lo = 1, .hi = 4096,
+	  .cmds = RUN | BENCH | SERVE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
 	{ .name = "grammar", .type = OPT_STR, FIELD(grammar), .cmds = RUN },
 	{ .name = "json-schema", .type = OPT_STR, FIELD(json_schema), .cmds = RUN },
+	/* chat */
+	{ .name = "system-prompt", .type = OPT_ARG, FIELD(system_prompt), .cmds = CHAT,
+	  .flag_only = true },
+	{ .name = "system-prompt-file", .type = OPT_STR, FIELD(system_prompt_file),
+	  .cmds = CHAT },
 	{ .name = "json", .type = OPT_BOOL, FIELD(json), .cmds = BACKENDS | CHECK,
 	  .flag_only = true },
 	{ .name = "reference", .type = OPT_STR, FIELD(reference), .cmds = CHECK },
@@ -81,21 +93,28 @@ static const struct opt_def opts[] = {
 	{ .name = "save-logits", .type = OPT_STR, FIELD(save_logits), .cmds = PPL },
 	{ .name = "kl-base", .type = OPT_STR, FIELD(kl_base), .cmds = PPL },
 	{ .name = "chunks", .type = OPT_INT, FIELD(n_chunks), .lo = 0, .hi = INT_MAX,
-	  .cmds = PPL },
+	  .cmds = PPL | IMATRIX },
+	/* imatrix, and quantize --imatrix (docs/QUANTIZATION.md) */
+	{ .name = "output", .short_name = 'o', .type = OPT_STR, FIELD(imatrix_out),
+	  .cmds = IMATRIX },
+	{ .name = "hessian", .type = OPT_BOOL, FIELD(hessian), .cmds = IMATRIX },
+	{ .name = "show", .type = OPT_STR, FIELD(imatrix_show), .cmds = IMATRIX,
+	  .flag_only = true },
+	{ .name = "imatrix", .type = OPT_STR, FIELD(imatrix), .cmds = QUANTIZE },
 	/* sampling */
-	{ .name = "temp", .type = OPT_FLOAT, FIELD(sp.temp), .lo = 0, .hi = 100, .cmds = RUN },
-	{ .name = "top-k", .type = OPT_INT, FIELD(sp.top_k), .lo = 0, .hi = INT_MAX, .cmds = RUN },
-	{ .name = "top-p", .type = OPT_FLOAT, FIELD(sp.top_p), .lo = 0, .hi = 1, .cmds = RUN },
-	{ .name = "min-p", .type = OPT_FLOAT, FIELD(sp.min_p), .lo = 0, .hi = 1, .cmds = RUN },
+	{ .name = "temp", .type = OPT_FLOAT, FIELD(sp.temp), .lo = 0, .hi = 100, .cmds = GEN },
+	{ .name = "top-k", .type = OPT_INT, FIELD(sp.top_k), .lo = 0, .hi = INT_MAX, .cmds = GEN },
+	{ .name = "top-p", .type = OPT_FLOAT, FIELD(sp.top_p), .lo = 0, .hi = 1, .cmds = GEN },
+	{ .name = "min-p", .type = OPT_FLOAT, FIELD(sp.min_p), .lo = 0, .hi = 1, .cmds = GEN },
 	{ .name = "repeat-penalty", .type = OPT_FLOAT, FIELD(sp.repeat_penalty),
-	  .lo = 0, .hi = 100, .cmds = RUN },
+	  .lo = 0, .hi = 100, .cmds = GEN },
 	{ .name = "presence-penalty", .type = OPT_FLOAT, FIELD(sp.presence_penalty),
-	  .lo = -100, .hi = 100, .cmds = RUN },
+	  .lo = -100, .hi = 100, .cmds = GEN },
 	{ .name = "frequency-penalty", .type = OPT_FLOAT, FIELD(sp.frequency_penalty),
-	  .lo = -100, .hi = 100, .cmds = RUN },
+	  .lo = -100, .hi = 100, .cmds = GEN },
 	{ .name = "repeat-last-n", .type = OPT_INT, FIELD(sp.penalty_last_n),
-	  .lo = 0, .hi = INT_MAX, .cmds = RUN },
-	{ .name = "seed", .type = OPT_U64, FIELD(sp.seed), .cmds = RUN },
+	  .lo = 0, .hi = INT_MAX, .cmds = GEN },
+	{ .name = "seed", .short_name = 's', .type = OPT_U64, FIELD(sp.seed), .cmds = GEN },
 	/* bench: -p and -n count tokens there */
 	{ .name = "n-prompt", .short_name = 'p', .type = OPT_INT, FIELD(n_prompt),
 	  .lo = 1, .hi = 1 << 24, .cmds = BENCH },
@@ -104,19 +123,19 @@ static const struct opt_def opts[] = {
 	{ .name = "reps", .short_name = 'r', .type = OPT_INT, FIELD(reps),
 	  .lo = 1, .hi = 1 << 20, .cmds = BENCH },
 	/* speculative decoding (docs/SPECULATIVE.md) */
-	{ .name = "spec", .type = OPT_STR, FIELD(spec), .cmds = RUN | SERVE },
+	{ .name = "spec", .type = OPT_STR, FIELD(spec), .cmds = GEN | SERVE },
 	{ .name = "spec-draft-model", .type = OPT_STR, FIELD(spec_draft_model),
-	  .cmds = RUN | SERVE },
+	  .cmds = GEN | SERVE },
 	{ .name = "spec-max-draft", .type = OPT_INT, FIELD(spec_max_draft),
-	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 64, .cmds = GEN | SERVE },
 	{ .name = "spec-min-draft", .type = OPT_INT, FIELD(spec_min_draft),
-	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 64, .cmds = GEN | SERVE },
 	{ .name = "spec-ngram-min", .type = OPT_INT, FIELD(spec_ngram_min),
-	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 64, .cmds = GEN | SERVE },
 	{ .name = "spec-ngram-max", .type = OPT_INT, FIELD(spec_ngram_max),
-	  .lo = 1, .hi = 64, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 64, .cmds = GEN | SERVE },
 	{ .name = "spec-layers", .type = OPT_INT, FIELD(spec_layers),
-	  .lo = 1, .hi = 4096, .cmds = RUN | SERVE },
+	  .lo = 1, .hi = 4096, .cmds = GEN | SERVE },
 	/* serve */
 	{ .name = "host", .type = OPT_STR, FIELD(serve.host), .cmds = SERVE },
 	{ .name = "port", .type = OPT_INT, FIELD(serve.port), .lo = 0, .hi = 65535,
@@ -125,7 +144,7 @@ static const struct opt_def opts[] = {
 	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
 	  .cmds = SERVE },
 	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
-	  .cmds = RUN | SERVE },
+	  .cmds = GEN | SERVE },
 	{ .name = "max-batch-tokens", .type = OPT_INT, FIELD(serve.max_batch_tokens),
 	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
 	{ .name = "max-waiting", .type = OPT_INT, FIELD(serve.max_waiting),
@@ -160,10 +179,30 @@ static const struct opt_def opts[] = {
 	  .lo = 0, .hi = 3600, .cmds = SERVE },
 	{ .name = "api-key", .type = OPT_STR, FIELD(serve.api_key), .cmds = SERVE },
 	{ .name = "cors-origin", .type = OPT_STR, FIELD(serve.cors_origin), .cmds = SERVE },
-	{ .name = "alias", .type = OPT_LIST, FIELD(serve.aliases), .cmds = SERVE },
+	{ .name = "alias", .short_name = 'a', .type = OPT_LIST, FIELD(serve.aliases), .cmds = SERVE },
 };
 
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+/* llama.cpp's spellings where they mean the same as one of ours: multi-letter
+ * single-dash flags getopt cannot read, and other long names. */
+static const struct flag_alias {
+	const char *from, *to;
+} flag_aliases[] = {
+	{ "-sys", "--system-prompt" },
+	{ "--system", "--system-prompt" },
+	{ "-sysf", "--system-prompt-file" },
+	{ "--predict", "--n-predict" },
+	{ "-np", "--parallel" },
+	{ "-md", "--spec-draft-model" },
+	{ "--model-draft", "--spec-draft-model" },
+	{ "--draft-max", "--spec-max-draft" },
+	{ "--draft", "--spec-max-draft" },
+	{ "--draft-min", "--spec-min-draft" },
+	{ "-jf", "--json-schema" },
+	{ "--json-schema-file", "--json-schema" },
+	{ "--threads-http", "--http-threads" },
+};
 
 static const struct cmd_def {
 	const char *name;
@@ -180,11 +219,18 @@ static const struct cmd_def {
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
 	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n"
+	  "            the prompt: -p TEXT, -f FILE, -f - or piped on stdin\n"
 	  "            [--grammar json|json_object] [--json-schema FILE]\n"
 	  "            [--kv-type f16|f32|q8_0|q4_0] [--kv-mem SIZE]\n"
 	  "            -c: default the model's context, capped to what the KV reservation\n"
 	  "            holds (--kv-mem; default 1/8 of available memory, 256M..4G);\n"
 	  "            --kv-type: default f16, f32 with --exact\n" },
+	{ .name = "chat", .cmd = CHAT, .usage =
+	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
+	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
+	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--config FILE]   a conversation\n"
+	  "            in the model's chat template; /reset, /exit; Ctrl-C stops a reply; turns\n"
+	  "            are read one a line from stdin when it is not a terminal\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
@@ -217,10 +263,14 @@ static const struct cmd_def {
 	  "check-backend BACKEND.so [--model FILE [-n 16]] [-t N] [--reference ref.so]\n"
 	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
 	{ .name = "quantize", .cmd = QUANTIZE, .max_args = 3, .usage =
-	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|NAME|PATH] [-t N]\n"
-	  "            [--allow-requantize] [--dry-run] [--config FILE]\n"
+	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|imatrix|NAME|PATH] [-t N]\n"
+	  "            [--imatrix FILE] [--allow-requantize] [--dry-run] [--config FILE]\n"
 	  "            TYPE: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K, or a llama.cpp\n"
 	  "            mix: Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q3_K_M Q3_K_S Q3_K_L Q2_K Q6_K Q8_0 Q4_0...\n" },
+	{ .name = "imatrix", .cmd = IMATRIX, .usage =
+	  "imatrix   --model FILE -f CALIB.txt -o FILE [-c 512] [--chunks N] [--hessian]\n"
+	  "            [--backend=cpu.so] [-t N] [--exact] [--config FILE]\n"
+	  "            | --show FILE   calibration statistics for quantize --imatrix\n" },
 };
 
 #define N_CMDS (sizeof(cmds) / sizeof(cmds[0]))
@@ -343,7 +393,8 @@ static int parse_size(const char *key, const char *v, uint64_t *out, char *err,
 	x = strtoull(v, &end, 10);
 	if (errno || end == v || v[0] == '-')
 		goto bad;
-	if (*end && (u = strchr(units, *end & ~0x20))) {
+	/* a NUL from the case fold (a space) must not match the terminator */
+	if (*end && (*end & ~0x20) && (u = strchr(units, *end & ~0x20))) {
 		shift = 10 * (int)(u - units + 1);
 		end++;
 		if (!strcasecmp(end, "iB") || !strcasecmp(end, "B"))
@@ -653,6 +704,52 @@ static int on_flag(struct loom_options *o, const struct cmd_def *cd, int c,
 	return opt_apply(o, d, flag, arg, err, errlen);
 }
 
+/* One line for a flag getopt refused: unknown, ambiguous or missing its
+ * value. av is the argv getopt saw. */
+static void bad_flag(const struct cmd_def *cd, int c, char **av, char *err, size_t errlen)
+{
+	char flag[64];
+	const char *el = optind > 0 ? av[optind - 1] : "";
+	size_t n = strcspn(el, "=");
+
+	if (c == '?' && optopt > 0 && optopt < 128)
+		snprintf(flag, sizeof(flag), "-%c", optopt);
+	else
+		snprintf(flag, sizeof(flag), "%.*s", (int)(n < 60 ? n : 60), el);
+	if (c == ':')
+		snprintf(err, errlen, "option '%s' needs a value (see loom %s --help)", flag, cd->name);
+	else
+		snprintf(err, errlen, "unknown or ambiguous option '%s' (see loom %s --help)", flag, cd->name);
+}
+
+/* Rewrites llama.cpp's spellings (flag_aliases) to ours, in place. */
+static void rewrite_aliases(int argc, char **argv)
+{
+	size_t k;
+	int i;
+
+	for (i = 2; i < argc; i++) {
+		if (!strcmp(argv[i], "--"))
+			return;
+		for (k = 0; k < sizeof(flag_aliases) / sizeof(flag_aliases[0]); k++)
+			if (!strcmp(argv[i], flag_aliases[k].from))
+				argv[i] = (char *)flag_aliases[k].to;
+	}
+}
+
+const char *loom_options_commands(void)
+{
+	static char names[256];
+	size_t i, n = 0;
+
+	if (names[0])
+		return names;
+	for (i = 0; i < N_CMDS; i++)
+		n += (size_t)snprintf(names + n, sizeof(names) - n, "%s, ", cmds[i].name);
+	snprintf(names + n, sizeof(names) - n, "version, help");
+	return names;
+}
+
 /* Runs getopt over argv[2..]: pass 0 reads the config files, pass 1 the
  * other flags, so flags override the config whatever their order. */
 static int scan(struct loom_options *o, const struct cmd_def *cd, int argc, char **argv,
@@ -668,7 +765,7 @@ static int scan(struct loom_options *o, const struct cmd_def *cd, int argc, char
 		if (c == '?' || c == ':') {
 			if (pass == 0)
 				continue;
-			snprintf(err, errlen, "bad or incomplete option '%s'", argv[optind]);
+			bad_flag(cd, c, argv + 1, err, errlen);
 			return -1;
 		}
 		if (c == VAL_CONFIG) {
@@ -691,10 +788,12 @@ int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 	int rc;
 
 	if (!cd) {
-		snprintf(err, errlen, "unknown command '%s'", argc > 1 ? argv[1] : "");
+		snprintf(err, errlen, "unknown command '%s' (commands: %s)", argc > 1 ? argv[1] : "",
+			 loom_options_commands());
 		return -1;
 	}
 	o->cmd = cd->cmd;
+	rewrite_aliases(argc, argv);
 	rc = scan(o, cd, argc, argv, 0, err, errlen);
 	if (!rc)
 		rc = scan(o, cd, argc, argv, 1, err, errlen);
@@ -724,4 +823,6 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->spec_layers = o->spec_layers;
 	p->exact = o->exact;
 	p->kv_type = o->kv_type;
+	p->tp = o->tp;
+	p->pp = o->pp;
 }

@@ -26,6 +26,8 @@ enum loom_cmd {
 	LOOM_CMD_BACKENDS = 1 << 6,
 	LOOM_CMD_CHECK = 1 << 7, /* check-backend */
 	LOOM_CMD_QUANTIZE = 1 << 8,
+	LOOM_CMD_IMATRIX = 1 << 9,
+	LOOM_CMD_CHAT = 1 << 10,
 };
 
 /* Decode rows per step beyond which speculating sequences stop drafting
@@ -105,8 +107,18 @@ struct loom_options {
 	 * loom_grammar_new) ---- */
 	char grammar[64];        /* "json", "json_object"; "" or "none": off */
 	char json_schema[4096];  /* a JSON Schema file: output follows it */
-	/* ---- appended (kvq) ---- */
+	/* ---- appended: KV cache type ---- */
 	int32_t kv_type;         /* --kv-type: enum loom_kv_type; LOOM_KV_DEFAULT */
+	/* ---- appended (imat): calibration (docs/QUANTIZATION.md) ---- */
+	char imatrix_out[4096];  /* imatrix -o: the file to write */
+	bool hessian;            /* imatrix --hessian: also the mean of x x^T */
+	char imatrix_show[4096]; /* imatrix --show FILE: print a file's entries */
+	char imatrix[4096];      /* quantize --imatrix FILE */
+	/* ---- appended (mpi): distributed jobs (docs/DISTRIBUTED.md) ---- */
+	int tp, pp;              /* --tp, --pp: tensor ranks, pipeline stages */
+	/* ---- appended (cli): loom chat ---- */
+	const char *system_prompt;      /* -sys TEXT: points into argv */
+	char system_prompt_file[4096];  /* -sysf FILE */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */
@@ -121,6 +133,9 @@ int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 
 /* Prints the usage of cmd, or of every subcommand for 0. */
 void loom_options_usage(FILE *out, enum loom_cmd cmd);
+
+/* The subcommands' names, comma-separated, for a refusal of an unknown one. */
+const char *loom_options_commands(void);
 
 /* Engine parameters every subcommand shares (model, backend, threads,
  * speculation, exact mode); a subcommand then sets its own. The strings

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "../mpi/coll.h"
 
 #define MAX_THREADS 256
 
@@ -381,6 +382,18 @@ void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args
 	cpu_pool_run(&ctx->pool, rows_task_run, &t, t.n_chunks, nth);
 }
 
+/* Collectives on host memory through MPI (backends/mpi/coll.c); the
+ * pool is idle between operator calls, so nothing races the buffers. */
+static int cpu_collective(struct loom_backend_ctx *ctx, const struct loom_collective_args *a)
+{
+	char why[160];
+	int rc = loom_mpi_collective(a, why, sizeof(why));
+
+	if (rc && rc != LOOM_ERR_UNSUPPORTED)
+		cpu_log(ctx, LOOM_LOG_ERROR, "cpu: %s", why);
+	return rc;
+}
+
 static const struct loom_backend_ops cpu_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -408,6 +421,7 @@ static const struct loom_backend_ops cpu_ops = {
 	.attention = cpu_attention,
 	.weight_pack = cpu_weight_pack,
 	.softcap = cpu_softcap,
+	.collective = cpu_collective,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

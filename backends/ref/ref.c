@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ref.h"
+#include "../mpi/coll.h"
 
 /* A buffer is 64-byte aligned host memory. */
 struct loom_buffer {
@@ -127,6 +128,17 @@ static int ref_synchronize(struct loom_backend_ctx *ctx)
 	return ctx ? LOOM_OK : LOOM_ERR_INVALID;
 }
 
+/* Collectives on host memory through MPI (backends/mpi/coll.c). */
+static int ref_collective(struct loom_backend_ctx *ctx, const struct loom_collective_args *a)
+{
+	char why[160];
+	int rc = loom_mpi_collective(a, why, sizeof(why));
+
+	if (rc && rc != LOOM_ERR_UNSUPPORTED)
+		ref_log(ctx, why);
+	return rc;
+}
+
 static const struct loom_backend_ops ref_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -153,6 +165,7 @@ static const struct loom_backend_ops ref_ops = {
 	.kv_write = ref_kv_write,
 	.attention = ref_attention,
 	.softcap = ref_softcap,
+	.collective = ref_collective,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

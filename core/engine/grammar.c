@@ -805,8 +805,9 @@ done:
 
 static bool state_equal(const struct gstate *a, const struct gstate *b)
 {
+	/* an empty state may have no array: memcmp must not see NULL */
 	return a->n == b->n && a->accept == b->accept &&
-	       !memcmp(a->v, b->v, sizeof(int32_t) * (size_t)a->n);
+	       (a->n == 0 || !memcmp(a->v, b->v, sizeof(int32_t) * (size_t)a->n));
 }
 
 /* The cached mask of st, computing it (and evicting the least recently

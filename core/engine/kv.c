@@ -219,6 +219,7 @@ void loom_kv_free(struct loom_kv *kv)
 	loom_kv_free(kv->local);
 	free(kv->layer_pool);
 	free(kv->layer_index);
+	free(kv->copy_log);
 	kv->be->ops->buffer_free(kv->be->ctx, kv->buf);
 	free_cache(kv);
 	free(kv->free_list);
@@ -561,6 +562,24 @@ int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 	return rc;
 }
 
+/* Records a copy for the other ranks of a distributed job. */
+static int log_copy(struct loom_kv *kv, int32_t dst, int32_t src)
+{
+	if (kv->n_copy_log == kv->cap_copy_log) {
+		int32_t cap = kv->cap_copy_log ? 2 * kv->cap_copy_log : 64;
+		int32_t *nl = realloc(kv->copy_log, sizeof(int32_t) * 2 * (size_t)cap);
+
+		if (!nl)
+			return -1;
+		kv->copy_log = nl;
+		kv->cap_copy_log = cap;
+	}
+	kv->copy_log[2 * kv->n_copy_log] = dst;
+	kv->copy_log[2 * kv->n_copy_log + 1] = src;
+	kv->n_copy_log++;
+	return 0;
+}
+
 int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
 {
 	const struct loom_backend *be = kv->be;
@@ -570,6 +589,8 @@ int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
 
 	if (dst < 0 || src < 0 || dst >= kv->n_blocks || src >= kv->n_blocks)
 		return LOOM_ERR_INVALID;
+	if (kv->log_copies && log_copy(kv, dst, src))
+		return LOOM_ERR_NOMEM;
 	for (l = 0; l < kv->n_layer; l++) {
 		/* this pool's own layers, whatever the model's numbering */
 		char *k = kv->base + (size_t)(2 * l) * kv->layer_bytes;
@@ -695,23 +716,45 @@ size_t loom_kv_total_bytes(const struct loom_kv *kv)
 	return 2 * (size_t)kv->n_layer * kv->layer_bytes + local;
 }
 
-/* Maps each model layer to its pool and its index there. */
-static int map_layers(struct loom_kv *kv, const int32_t *windows, int64_t n_layer)
+/* Which pool model layer l of config c lives in (1: the windowed one). */
+static int pool_of(const struct loom_kv_config *c, bool split, int64_t l)
+{
+	return split && c->windows[l] > 0;
+}
+
+/* Maps each model layer to its pool and its index there; layers outside
+ * lo .. hi-1 have no memory here (index -1). */
+static int map_layers(struct loom_kv *kv, const struct loom_kv_config *c, bool split,
+		      int64_t lo, int64_t hi)
 {
 	int64_t n[2] = { 0, 0 };
 
-	kv->layer_pool = malloc(sizeof(int32_t) * (size_t)n_layer);
-	kv->layer_index = malloc(sizeof(int32_t) * (size_t)n_layer);
+	kv->layer_pool = malloc(sizeof(int32_t) * (size_t)c->n_layer);
+	kv->layer_index = malloc(sizeof(int32_t) * (size_t)c->n_layer);
 	if (!kv->layer_pool || !kv->layer_index)
 		return -1;
-	for (int64_t l = 0; l < n_layer; l++) {
-		int p = windows[l] > 0;
+	for (int64_t l = 0; l < c->n_layer; l++) {
+		int p = pool_of(c, split, l);
 
 		kv->layer_pool[l] = p;
-		kv->layer_index[l] = (int32_t)n[p]++;
+		kv->layer_index[l] = l >= lo && l < hi ? (int32_t)n[p]++ : -1;
 	}
-	kv->n_model_layers = n_layer;
+	kv->n_model_layers = c->n_layer;
+	kv->layer_lo = lo;
+	kv->layer_hi = hi;
 	return 0;
+}
+
+/* Layers of each pool with memory here; a pool with none still gets one
+ * (its block accounting must match the other ranks'). */
+static void held_layers(const struct loom_kv_config *c, bool split, int64_t lo, int64_t hi,
+			int64_t held[2])
+{
+	held[0] = held[1] = 0;
+	for (int64_t l = lo; l < hi; l++)
+		held[pool_of(c, split, l)]++;
+	held[0] += !held[0];
+	held[1] += !held[1];
 }
 
 struct loom_kv *loom_kv_new_config(struct loom_backend *be, const struct loom_kv_config *c,
@@ -719,21 +762,31 @@ struct loom_kv *loom_kv_new_config(struct loom_backend *be, const struct loom_kv
 {
 	int32_t window;
 	int64_t n_local = loom_kv_split(c->windows, c->n_layer, &window);
+	int64_t lo = c->layer_lo, hi = c->layer_hi > 0 ? c->layer_hi : c->n_layer, held[2];
+	bool part = lo > 0 || hi < c->n_layer;
 	struct loom_kv *kv;
 
-	if (!n_local)
+	if (lo < 0 || hi > c->n_layer || lo >= hi) {
+		snprintf(err, errlen, "kv cache: layers %lld..%lld outside the model's %lld",
+			 (long long)lo, (long long)hi - 1, (long long)c->n_layer);
+		return NULL;
+	}
+	if (!n_local && !part)
 		return loom_kv_new_type(be, c->type, c->n_layer, c->kv_dim, c->block_size,
 					c->n_blocks, err, errlen);
-	kv = loom_kv_new_type(be, c->type, c->n_layer - n_local, c->kv_dim, c->block_size,
-			      c->n_blocks, err, errlen);
+	held_layers(c, n_local > 0, lo, hi, held);
+	kv = loom_kv_new_type(be, c->type, held[0], c->kv_dim, c->block_size, c->n_blocks,
+			      err, errlen);
 	if (!kv)
 		return NULL;
-	kv->local = loom_kv_new_type(be, c->type, n_local, c->kv_dim, c->block_size,
-				     c->n_local_blocks, err, errlen);
-	if (!kv->local)
-		goto out_free;
-	kv->local->window = window;
-	if (map_layers(kv, c->windows, c->n_layer)) {
+	if (n_local) {
+		kv->local = loom_kv_new_type(be, c->type, held[1], c->kv_dim, c->block_size,
+					     c->n_local_blocks, err, errlen);
+		if (!kv->local)
+			goto out_free;
+		kv->local->window = window;
+	}
+	if (map_layers(kv, c, n_local > 0, lo, hi)) {
 		snprintf(err, errlen, "kv cache: out of memory");
 		goto out_free;
 	}

@@ -64,6 +64,11 @@ struct loom_kv {
 	/* ---- appended: quantized caches ---- */
 	uint32_t type;           /* enum loom_type of every K and V value */
 	size_t row_bytes;        /* one slot: kv_dim values of type */
+	/* ---- distributed jobs ---- */
+	bool log_copies;         /* record copies (rank 0 sends them on) */
+	int32_t *copy_log;       /* (dst, src) pairs since the last plan */
+	int32_t n_copy_log, cap_copy_log;
+	int64_t layer_lo, layer_hi; /* model layers with memory here (pp) */
 };
 
 struct loom_kv_block {
@@ -89,6 +94,10 @@ struct loom_kv_config {
 	const int32_t *windows;  /* per layer: > 0 a sliding window; NULL: none */
 	int64_t n_local_blocks;  /* blocks of the windowed layers' pool */
 	uint32_t type;           /* the cache's enum loom_type; 0 is F32 */
+	/* a pipeline stage's layers: only layers layer_lo .. layer_hi-1 get
+	 * memory (the pools and block counts stay the whole model's);
+	 * both 0: every layer */
+	int64_t layer_lo, layer_hi;
 };
 
 /* Bytes needed for n_blocks blocks of f32; 0 on overflow. */

@@ -142,6 +142,14 @@ struct loom_sched_request {
 	/* optional: constrains the output (engine/grammar.h); the request
 	 * holds its own reference */
 	const struct loom_grammar *grammar;
+	/* ---- appended (api): log-probabilities and hidden states ----
+	 * (loom.h's struct loom_request says what each holds). Requests with
+	 * any of them must not speculate (spec NULL); prompt_logprobs and
+	 * hidden take a row per prompt token, like all_logits. */
+	bool logprobs;
+	int32_t top_logprobs; /* 0..LOOM_MAX_TOP_LOGPROBS */
+	struct loom_token_logprob *prompt_logprobs;
+	float *hidden;        /* the request ends after its prompt */
 };
 
 struct loom_sched;
@@ -194,5 +202,10 @@ struct loom_sched_stats {
 };
 
 void loom_sched_get_stats(struct loom_sched *s, struct loom_sched_stats *st);
+
+/* A rank other than 0 of a distributed job: executes rank 0's step plans
+ * on this scheduler's cache and executor until rank 0 closes (0), or a
+ * failure (-1 with err set). */
+int loom_sched_follow(struct loom_sched *s, char *err, size_t errlen);
 
 #endif /* LOOM_SCHEDULER_H */

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "dist/dist.h"
+#include "dist/follow.h"
 #include "util.h"
 
 /* Device int32 inputs of one step. The windowed layers' slots and block
@@ -26,6 +28,9 @@ struct loom_exec {
 	int32_t *host_inputs;
 	size_t in_count[IN_COUNT];
 	int64_t table_stride; /* this step's block-table row length */
+	float *gemm_x;        /* host copy of a GEMM's input (gemm_input) */
+	size_t gemm_x_cap;    /* floats */
+	float *host_x;        /* pipeline stages: the residual stream on the host */
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -49,11 +54,14 @@ static bool add_size(size_t *total, size_t count, size_t elem)
 static void set_widths(struct loom_exec *e)
 {
 	const struct loom_hparams *hp = &e->m->hp;
+	const struct loom_shard *s = &e->m->shard;
 
 	e->width[ACT_X] = e->width[ACT_XN] = e->width[ACT_PROJ] = hp->n_embd;
 	e->width[ACT_OUT] = hp->n_embd;
-	e->width[ACT_Q] = e->width[ACT_ATT] = hp->n_head * hp->head_dim;
-	e->width[ACT_K] = e->width[ACT_V] = hp->n_head_kv * hp->head_dim;
+	/* this rank's heads; att and the ffn are whole (all-gathered) */
+	e->width[ACT_Q] = (s->q_hi - s->q_lo) * hp->head_dim;
+	e->width[ACT_ATT] = hp->n_head * hp->head_dim;
+	e->width[ACT_K] = e->width[ACT_V] = (s->kv_hi - s->kv_lo) * hp->head_dim;
 	e->width[ACT_GATE] = e->width[ACT_UP] = hp->n_ff;
 	e->width[ACT_LOGITS] = hp->n_vocab;
 }
@@ -139,6 +147,14 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 	e->max_seqs = max_seqs;
 	e->max_out = max_outputs;
 	set_widths(e);
+	if (m->shard.pp > 1) {
+		e->host_x = malloc(sizeof(float) * (size_t)max_tokens * (size_t)m->hp.n_embd);
+		if (!e->host_x) {
+			loom_seterr(err, errlen, "executor: out of memory");
+			loom_exec_free(e);
+			return NULL;
+		}
+	}
 	if (alloc_buffers(e, err, errlen)) {
 		loom_exec_free(e);
 		return NULL;
@@ -153,6 +169,8 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
 	free(e->host_inputs);
+	free(e->gemm_x);
+	free(e->host_x);
 	free(e);
 }
 
@@ -272,19 +290,50 @@ static int upload_inputs(struct loom_exec *e, const struct loom_batch *b)
 	return rc;
 }
 
+/* Hands a weight GEMM's input to the model's gemm_input observer: the
+ * rows are downloaded (waiting for the ops before) and packed to cols. */
+static int observe_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	int64_t cols = nd->w->cols, width = e->width[nd->a];
+	size_t need = (size_t)rows * (size_t)width;
+	int rc;
+
+	if (!e->m->gemm_input || nd->w->part_tail || rows <= 0 || width < cols)
+		return 0;
+	if (need > e->gemm_x_cap) {
+		float *nb = realloc(e->gemm_x, need * sizeof(float));
+
+		if (!nb)
+			return LOOM_ERR_NOMEM;
+		e->gemm_x = nb;
+		e->gemm_x_cap = need;
+	}
+	rc = be->ops->download(be->ctx, e->gemm_x, e->act[nd->a], need * sizeof(float));
+	if (!rc)
+		rc = be->ops->synchronize(be->ctx);
+	if (rc)
+		return rc;
+	for (int64_t r = 1; width != cols && r < rows; r++)
+		memmove(e->gemm_x + r * cols, e->gemm_x + r * width, (size_t)cols * sizeof(float));
+	e->m->gemm_input(e->m->gemm_input_user, nd->w->name, e->gemm_x, rows, cols);
+	return 0;
+}
+
 static int run_gemm(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
 {
 	const struct loom_backend *be = e->m->be;
+	int rc = observe_gemm(e, nd, rows);
 	struct loom_gemm_args a = {
 		.struct_size = sizeof(a), .w_type = nd->w->type,
 		.m = rows, .n = nd->w->rows, .k = nd->w->cols,
 		.w = nd->w->data, .w_stride = nd->w->row_bytes,
-		.x = e->act[nd->a], .x_stride = e->width[nd->a],
-		.y = e->act[nd->dst], .y_stride = e->width[nd->dst],
+		.x = e->act[nd->a] + nd->a_col, .x_stride = e->width[nd->a],
+		.y = e->act[nd->dst] + nd->col, .y_stride = e->width[nd->dst],
 		.w_packed = nd->w->packed,
 	};
 
-	return be->ops->gemm(be->ctx, &a);
+	return rc ? rc : be->ops->gemm(be->ctx, &a);
 }
 
 static int run_rope(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
@@ -327,10 +376,11 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 	const struct loom_hparams *hp = &e->m->hp;
 	struct loom_attention_args a = {
 		.struct_size = sizeof(a),
-		.out = e->act[ACT_ATT], .q = e->act[ACT_Q],
+		.out = e->act[ACT_ATT] + nd->col, .q = e->act[ACT_Q],
 		.q_stride = e->width[ACT_Q], .out_stride = e->width[ACT_ATT],
 		.kcache = loom_kv_k(e->kv, nd->layer), .vcache = loom_kv_v(e->kv, nd->layer),
-		.n_seqs = b->n_seqs, .n_heads = hp->n_head, .n_kv_heads = hp->n_head_kv,
+		.n_seqs = b->n_seqs, .n_heads = e->width[ACT_Q] / hp->head_dim,
+		.n_kv_heads = e->width[ACT_K] / hp->head_dim,
 		.head_dim = hp->head_dim, .block_size = e->kv->block_size,
 		.max_blocks = e->table_stride,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
@@ -358,6 +408,47 @@ static int run_gather(struct loom_exec *e, const struct loom_node *nd,
 			return rc;
 	}
 	return 0;
+}
+
+/* The tensor ranks' shares of dst's columns, to every one of them; or
+ * (all-reduce) their partial sums of dst added up. */
+static int run_collective(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	const struct loom_shard *s = &e->m->shard;
+	struct loom_collective_args a = {
+		.struct_size = sizeof(a), .comm = s->tp_comm,
+		.op = nd->op == NODE_ALLREDUCE ? LOOM_COLL_ALLREDUCE_SUM : LOOM_COLL_ALLGATHER,
+		.n_ranks = s->tp, .rank = s->tp_rank, .x = e->act[nd->dst], .rows = rows,
+		.stride = e->width[nd->dst], .col_start = s->cols[nd->split],
+	};
+
+	return be->ops->collective(be->ctx, &a);
+}
+
+/* The residual stream to (from) the same tensor rank of the next
+ * (previous) stage, through host memory. */
+static int run_pipe(struct loom_exec *e, const struct loom_node *nd, int64_t rows)
+{
+	const struct loom_backend *be = e->m->be;
+	const struct loom_shard *s = &e->m->shard;
+	size_t bytes = (size_t)rows * (size_t)e->width[ACT_X] * sizeof(float);
+	char why[160];
+	int rc;
+
+	if (nd->op == NODE_SEND) {
+		rc = be->ops->download(be->ctx, e->host_x, e->act[ACT_X], bytes);
+		if (!rc)
+			rc = be->ops->synchronize(be->ctx);
+		if (!rc && loom_dist_send(s->dist, e->host_x, bytes, s->next_rank,
+					  LOOM_DIST_TAG_X, why, sizeof(why)))
+			rc = LOOM_ERR_IO;
+		return rc;
+	}
+	if (loom_dist_recv(s->dist, e->host_x, bytes, s->prev_rank, LOOM_DIST_TAG_X, why,
+			   sizeof(why)))
+		return LOOM_ERR_IO;
+	return be->ops->upload(be->ctx, e->act[ACT_X], e->host_x, bytes);
 }
 
 static int run_node(struct loom_exec *e, const struct loom_node *nd,
@@ -394,9 +485,16 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 		return run_kv_write(e, nd, rows);
 	case NODE_ATTENTION:
 		return run_attention(e, nd, b);
-	case NODE_GLU:
-		return be->ops->glu(ctx, e->m->hp.arch->glu, dst, wd, a, wa, e->act[nd->b],
-				    e->width[nd->b], rows, wd);
+	case NODE_GLU: /* over this rank's columns when cols > 0 */
+		return be->ops->glu(ctx, e->m->hp.arch->glu, dst + nd->col, wd, a + nd->col, wa,
+				    e->act[nd->b] + nd->col, e->width[nd->b], rows,
+				    nd->cols ? nd->cols : wd);
+	case NODE_ALLGATHER:
+	case NODE_ALLREDUCE:
+		return run_collective(e, nd, rows);
+	case NODE_RECV:
+	case NODE_SEND:
+		return run_pipe(e, nd, rows);
 	case NODE_GATHER:
 		return run_gather(e, nd, b);
 	case NODE_SOFTCAP:
@@ -409,7 +507,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 
 static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
-	"headnorm", "scale", "softcap",
+	"headnorm", "scale", "softcap", "all-gather", "all-reduce", "receive", "send",
 };
 
 /* Runs the graph's nodes; err names the node that failed. */
@@ -445,7 +543,10 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	const struct loom_backend *be = e->m->be;
 	int rc, end_rc;
 
-	if (!loom_backend_has_graphs(be))
+	/* an observer downloads inside the step, and a distributed step's
+	 * hand-overs and collectives are not operator calls a region may
+	 * defer: such steps run outside regions */
+	if (!loom_backend_has_graphs(be) || e->m->gemm_input || e->m->shard.dist)
 		return run_nodes(e, b, err, errlen);
 	rc = be->ops->graph_begin(be->ctx);
 	if (rc)
@@ -471,10 +572,30 @@ static void host_softcap(const struct loom_exec *e, float *logits, int32_t n_out
 		logits[i] = cap * tanhf(logits[i] / cap);
 }
 
-int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		   char *err, size_t errlen)
+/* The logits to rank 0 of a distributed job when another rank computes
+ * them (the last stage's first tensor rank). */
+static int pass_logits(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		       char *err, size_t errlen)
+{
+	const struct loom_shard *s = &e->m->shard;
+	size_t bytes = (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float);
+
+	if (!s->dist || s->logits_rank == 0 || b->n_out == 0)
+		return 0;
+	if (s->logits)
+		return loom_dist_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err, errlen) ?
+			LOOM_ERR_IO : 0;
+	if (s->rank == 0)
+		return loom_dist_recv(s->dist, logits, bytes, s->logits_rank, LOOM_DIST_TAG_LOGITS,
+				      err, errlen) ? LOOM_ERR_IO : 0;
+	return 0;
+}
+
+int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		  char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
+	bool head = e->m->shard.logits;
 	int i, rc;
 
 	err[0] = '\0';
@@ -483,22 +604,56 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 	rc = upload_inputs(e, b);
 	if (rc == 0)
 		rc = run_step(e, b, err, errlen);
-	if (rc == 0 && b->n_out > 0)
+	if (rc == 0 && b->n_out > 0 && head)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
 				       (size_t)b->n_out * (size_t)e->width[ACT_LOGITS] * sizeof(float));
 	if (rc == 0)
 		rc = be->ops->synchronize(be->ctx);
+	if (rc == 0 && head && b->n_out > 0)
+		host_softcap(e, logits, b->n_out);
+	if (rc == 0)
+		rc = pass_logits(e, b, logits, err, errlen);
 	if (rc) {
 		if (!err[0])
 			loom_seterr(err, errlen, "backend %s: step failed with status %d",
 				be->ops->name, rc);
 		return rc;
 	}
-	if (b->n_out > 0)
-		host_softcap(e, logits, b->n_out);
 	for (i = 0; i < b->n_seqs; i++)
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;
+}
+
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t w = (size_t)e->width[ACT_OUT];
+	int rc;
+
+	if (first < 0 || n <= 0)
+		return LOOM_ERR_INVALID;
+	rc = be->ops->download(be->ctx, out, e->act[ACT_OUT] + (size_t)first * w,
+			       (size_t)n * w * sizeof(float));
+	return rc ? rc : be->ops->synchronize(be->ctx);
+}
+
+int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		   char *err, size_t errlen)
+{
+	struct loom_dist *d = e->m->shard.dist;
+	int rc;
+
+	if (!d)
+		return loom_exec_run(e, b, logits, err, errlen);
+	/* rank 0 of a distributed job: every rank runs this step; one that
+	 * failed here leaves the others inside it, so the job ends */
+	loom_dist_busy(d, "a step");
+	rc = loom_dist_plan_step(d, e->kv, b, err, errlen) ? LOOM_ERR_IO :
+		loom_exec_run(e, b, logits, err, errlen);
+	if (rc)
+		loom_dist_abort(d, err[0] ? err : "a step failed");
+	loom_dist_busy(d, NULL);
+	return rc;
 }
 
 int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *tokens,
@@ -511,4 +666,9 @@ int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *t
 		.out_rows = &out_row };
 
 	return loom_exec_step(e, &b, logits, err, errlen);
+}
+
+struct loom_kv *loom_exec_kv(struct loom_exec *e)
+{
+	return e->kv;
 }

@@ -21,6 +21,13 @@
  * then, over the rows that need logits only:
  *   logits = rmsnorm(x) * output_norm . Wout          (Wout = embd when tied)
  *   logits = c * tanh(logits / c)                     (final softcap: gemma2)
+ *
+ * A rank of a distributed job (model/shard.h) builds its share: its
+ * stage's layers (receiving x from the previous stage instead of
+ * embedding, sending it on instead of the head), and with tensor ranks
+ * q, k, v for its heads, att written into its heads' columns, gate/up
+ * into its FFN columns, each Wo/Wdown product into its rows of p; att,
+ * the gated activation and p are then all-gathered.
  */
 #include <math.h>
 #include <stdio.h>
@@ -55,7 +62,45 @@ static void emit_residual(struct builder *b, int i)
 				    .layer = i });
 }
 
-static void emit_attention(struct builder *b, const struct loom_layer *L, int i)
+/* All-gathers act's columns between the tensor ranks. */
+static void emit_gather(struct builder *b, const struct loom_shard *s, enum loom_act act,
+			enum loom_split split, int i)
+{
+	if (s->tp > 1)
+		emit(b, (struct loom_node){ .op = NODE_ALLGATHER, .dst = act, .a = act,
+					    .layer = i, .split = split });
+}
+
+/* dst = a . W^T into dst's columns from col on (the rank's share). */
+static void emit_gemm_at(struct builder *b, enum loom_act dst, enum loom_act a,
+			 const struct loom_weight *w, int i, int64_t col)
+{
+	emit(b, (struct loom_node){ .op = NODE_GEMM, .dst = dst, .a = a, .w = w, .layer = i,
+				    .col = col });
+}
+
+/* p = a . W^T for a projection (wo, w_down) whose input a holds this
+ * rank's columns from a_col on: gathered first and multiplied by the
+ * rank's rows of W, then gathered (exact); or multiplied by the rank's
+ * columns of W and summed over the ranks (shard.h). */
+static void emit_projection(struct builder *b, const struct loom_shard *s, enum loom_act a,
+			    enum loom_split split, const struct loom_weight *w, int i,
+			    int64_t a_col)
+{
+	if (s->reduce) {
+		emit(b, (struct loom_node){ .op = NODE_GEMM, .dst = ACT_PROJ, .a = a, .w = w,
+					    .layer = i, .a_col = a_col });
+		emit(b, (struct loom_node){ .op = NODE_ALLREDUCE, .dst = ACT_PROJ, .a = ACT_PROJ,
+					    .layer = i, .split = SPLIT_SUM });
+		return;
+	}
+	emit_gather(b, s, a, split, i);
+	emit_gemm_at(b, ACT_PROJ, a, w, i, s->embd_lo);
+	emit_gather(b, s, ACT_PROJ, SPLIT_EMBD, i);
+}
+
+static void emit_attention(struct builder *b, const struct loom_shard *s,
+			   const struct loom_layer *L, int i, int64_t head_dim)
 {
 	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->attn_norm, i);
 	emit_w(b, NODE_GEMM, ACT_Q, ACT_XN, &L->wq, i);
@@ -74,38 +119,58 @@ static void emit_attention(struct builder *b, const struct loom_layer *L, int i)
 	emit_w(b, NODE_ROPE, ACT_K, ACT_K, NULL, i);
 	emit(b, (struct loom_node){ .op = NODE_KV_WRITE, .dst = ACT_K, .a = ACT_K, .b = ACT_V,
 				    .layer = i });
-	emit_w(b, NODE_ATTENTION, ACT_ATT, ACT_Q, NULL, i);
-	emit_w(b, NODE_GEMM, ACT_PROJ, ACT_ATT, &L->wo, i);
+	emit(b, (struct loom_node){ .op = NODE_ATTENTION, .dst = ACT_ATT, .a = ACT_Q,
+				    .layer = i, .col = s->q_lo * head_dim });
+	emit_projection(b, s, ACT_ATT, SPLIT_ATT, &L->wo, i, s->q_lo * head_dim);
 	if (L->post_attn_norm.data)
 		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_attn_norm, i);
 	emit_residual(b, i);
 }
 
-static void emit_ffn(struct builder *b, const struct loom_layer *L, int i)
+static void emit_ffn(struct builder *b, const struct loom_shard *s,
+		     const struct loom_layer *L, int i)
 {
 	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->ffn_norm, i);
-	emit_w(b, NODE_GEMM, ACT_GATE, ACT_XN, &L->w_gate, i);
-	emit_w(b, NODE_GEMM, ACT_UP, ACT_XN, &L->w_up, i);
+	emit_gemm_at(b, ACT_GATE, ACT_XN, &L->w_gate, i, s->ff_lo);
+	emit_gemm_at(b, ACT_UP, ACT_XN, &L->w_up, i, s->ff_lo);
 	emit(b, (struct loom_node){ .op = NODE_GLU, .dst = ACT_GATE, .a = ACT_GATE, .b = ACT_UP,
-				    .layer = i });
-	emit_w(b, NODE_GEMM, ACT_PROJ, ACT_GATE, &L->w_down, i);
+				    .layer = i, .col = s->ff_lo, .cols = s->ff_hi - s->ff_lo });
+	emit_projection(b, s, ACT_GATE, SPLIT_FF, &L->w_down, i, s->ff_lo);
 	if (L->post_ffn_norm.data)
 		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_ffn_norm, i);
 	emit_residual(b, i);
 }
 
-static void emit_model(struct builder *b, const struct loom_model *m)
+static void emit_input(struct builder *b, const struct loom_model *m)
 {
-	int i;
-
+	if (!m->shard.first) {
+		emit(b, (struct loom_node){ .op = NODE_RECV, .dst = ACT_X, .a = ACT_X,
+					    .layer = -1 });
+		return;
+	}
 	emit_w(b, NODE_EMBED, ACT_X, 0, &m->tok_embd, -1);
 	if (m->hp.arch->embd_scale)
 		emit(b, (struct loom_node){ .op = NODE_SCALE, .dst = ACT_X, .a = ACT_X,
 					    .layer = -1, .value = sqrtf((float)m->hp.n_embd) });
-	for (i = 0; i < m->hp.n_layer; i++) {
-		emit_attention(b, &m->layers[i], i);
-		emit_ffn(b, &m->layers[i], i);
+}
+
+static void emit_model(struct builder *b, const struct loom_model *m)
+{
+	const struct loom_shard *s = &m->shard;
+	int i;
+
+	emit_input(b, m);
+	for (i = s->layer_lo; i < s->layer_hi; i++) {
+		emit_attention(b, s, &m->layers[i], i, m->hp.head_dim);
+		emit_ffn(b, s, &m->layers[i], i);
 	}
+	if (!s->last) {
+		emit(b, (struct loom_node){ .op = NODE_SEND, .dst = ACT_X, .a = ACT_X,
+					    .layer = -1 });
+		return;
+	}
+	if (!s->logits)
+		return;
 	emit(b, (struct loom_node){ .op = NODE_GATHER, .dst = ACT_OUT, .a = ACT_X, .layer = -1,
 				    .on_outputs = true });
 	emit(b, (struct loom_node){ .op = NODE_RMSNORM, .dst = ACT_OUT, .a = ACT_OUT,

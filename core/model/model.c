@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/graph.h"
+#include "dist/dist.h"
 
 /* Reads "<arch>.<suffix>" as an integer; `def` < 0 means required. */
 static int get_arch_int(const struct gguf_file *f, const char *arch,
@@ -283,6 +284,11 @@ struct weight_plan {
 	bool gemm_only; /* read by gemm and nothing else: the backend may pack it */
 	bool packed;  /* packed by the backend: nothing to upload */
 	size_t offset, bytes;
+	/* what this rank reads of the file: the whole tensor, or its shard
+	 * (a run of rows, or of a vector's values) */
+	const void *src;
+	size_t src_bytes;
+	void *owned; /* src when it is a copy (a column shard), freed after load */
 	/* a fused tensor: w (the first part) is loaded whole, then split
 	 * into parts of part_rows rows each */
 	int n_parts;
@@ -294,6 +300,10 @@ struct loader {
 	const struct gguf_file *f;
 	struct loom_model *m;
 	int32_t n_ctx; /* the context asked for (loom_model_params) */
+	/* the shard of the next planned tensor: rows (values of a vector)
+	 * slice_lo .. slice_lo + slice_n - 1; slice_n 0: the whole tensor */
+	int64_t slice_lo, slice_n;
+	bool slice_cols; /* the slice is of columns (every row's), not rows */
 	struct weight_plan *plan;
 	int n_plan, cap_plan;
 	size_t total;
@@ -308,6 +318,70 @@ static const struct gguf_tensor *find_tensor(const struct gguf_file *f,
 
 	snprintf(name, sizeof(name), fmt, layer);
 	return gguf_find_tensor(f, name);
+}
+
+/* Narrows plan p to the loader's slice: rows slice_lo.. of a matrix (whole
+ * rows, so whole quantized blocks), or values of a vector (which must be
+ * of a plain type). Only these bytes of the mapped file are read. */
+static int take_slice(struct loader *l, struct weight_plan *p, const char *name,
+		      int64_t *rows, int64_t *cols, bool vector)
+{
+	int64_t lo = l->slice_lo, n = l->slice_n, full = vector ? *cols : *rows;
+	size_t unit;
+
+	if (lo < 0 || n <= 0 || lo + n > full) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': shard %lld+%lld outside its %lld %s",
+			    name, (long long)lo, (long long)n, (long long)full,
+			    vector ? "values" : "rows");
+		return -1;
+	}
+	if (vector) {
+		const struct loom_quant_format *fmt = loom_format_get(p->t->type);
+
+		if (fmt->block_elems != 1) {
+			loom_seterr(l->err, l->errlen, "tensor '%s': a %s vector cannot be split between tensor ranks",
+				    name, gguf_type_name(p->t->type));
+			return -1;
+		}
+		unit = fmt->block_bytes;
+		*cols = n;
+	} else {
+		unit = p->t->nbytes / (size_t)full;
+		*rows = n;
+	}
+	p->src = (const char *)p->t->data + (size_t)lo * unit;
+	p->src_bytes = (size_t)n * unit;
+	return 0;
+}
+
+/* Narrows plan p to columns slice_lo.. of every row, copied together
+ * (a row-parallel shard); the slice starts and ends on block boundaries. */
+static int take_cols(struct loader *l, struct weight_plan *p, const char *name, int64_t rows,
+		     int64_t *cols)
+{
+	const struct loom_quant_format *fmt = loom_format_get(p->t->type);
+	int64_t lo = l->slice_lo, n = l->slice_n, be = fmt->block_elems;
+	size_t row = p->t->nbytes / (size_t)rows, off, len, total;
+	char *copy;
+
+	if (lo < 0 || n <= 0 || lo + n > *cols || lo % be || n % be) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': columns %lld+%lld do not fall on its %lld-value blocks",
+			    name, (long long)lo, (long long)n, (long long)be);
+		return -1;
+	}
+	off = (size_t)(lo / be) * fmt->block_bytes;
+	len = (size_t)(n / be) * fmt->block_bytes;
+	if (__builtin_mul_overflow(len, (size_t)rows, &total) || !(copy = malloc(total))) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': out of memory for its shard", name);
+		return -1;
+	}
+	for (int64_t r = 0; r < rows; r++)
+		memcpy(copy + (size_t)r * len, (const char *)p->t->data + (size_t)r * row + off, len);
+	p->owned = copy;
+	p->src = copy;
+	p->src_bytes = total;
+	*cols = n;
+	return 0;
 }
 
 /* Registers a tensor to load into w, checking its shape is [rows][cols]
@@ -357,17 +431,23 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	memset(p, 0, sizeof(*p));
 	p->w = w;
 	p->t = t;
+	p->src = t->data;
+	p->src_bytes = t->nbytes;
+	if (l->slice_n && (l->slice_cols ? take_cols(l, p, name, want_rows, &cols) :
+			   take_slice(l, p, name, &want_rows, &cols, rows == 0)))
+		return -1;
 	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
 		!be->ops->supports(be->ctx, op, t->type);
 	p->gemm_only = rows > 0 && op == LOOM_OP_GEMM && !p->dequant;
 	p->packed = false;
-	p->bytes = p->dequant ? (size_t)(want_rows * cols) * sizeof(float) : t->nbytes;
+	p->bytes = p->dequant ? (size_t)(want_rows * cols) * sizeof(float) : p->src_bytes;
 	p->offset = l->total;
 	l->total += (p->bytes + 63) & ~(size_t)63;
 	w->type = p->dequant ? LOOM_TYPE_F32 : t->type;
 	w->rows = want_rows;
 	w->cols = cols;
-	w->row_bytes = p->dequant ? (size_t)cols * sizeof(float) : t->nbytes / (size_t)want_rows;
+	w->row_bytes = p->dequant ? (size_t)cols * sizeof(float) : p->src_bytes / (size_t)want_rows;
+	snprintf(w->name, sizeof(w->name), "%s", name);
 	return 0;
 }
 
@@ -416,29 +496,74 @@ static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tens
 	return 0;
 }
 
-/* Every layer's tensors, as the family's table lists them. */
+/* This rank's rows (values) of the layer tensor in `slot` (shard.h). */
+static void set_slice(struct loader *l, size_t slot)
+{
+	const struct loom_shard *s = &l->m->shard;
+	int64_t hd = l->m->hp.head_dim;
+
+	l->slice_lo = l->slice_n = 0;
+	l->slice_cols = false;
+	if (s->tp == 1)
+		return;
+	if (slot == offsetof(struct loom_layer, wq) || slot == offsetof(struct loom_layer, bq)) {
+		l->slice_lo = s->q_lo * hd;
+		l->slice_n = (s->q_hi - s->q_lo) * hd;
+	} else if (slot == offsetof(struct loom_layer, wk) || slot == offsetof(struct loom_layer, wv) ||
+		   slot == offsetof(struct loom_layer, bk) || slot == offsetof(struct loom_layer, bv)) {
+		l->slice_lo = s->kv_lo * hd;
+		l->slice_n = (s->kv_hi - s->kv_lo) * hd;
+	} else if (slot == offsetof(struct loom_layer, w_gate) ||
+		   slot == offsetof(struct loom_layer, w_up)) {
+		l->slice_lo = s->ff_lo;
+		l->slice_n = s->ff_hi - s->ff_lo;
+	} else if (s->reduce && slot == offsetof(struct loom_layer, wo)) {
+		l->slice_cols = true; /* row-parallel: this rank's heads' columns */
+		l->slice_lo = s->q_lo * hd;
+		l->slice_n = (s->q_hi - s->q_lo) * hd;
+	} else if (s->reduce && slot == offsetof(struct loom_layer, w_down)) {
+		l->slice_cols = true;
+		l->slice_lo = s->ff_lo;
+		l->slice_n = s->ff_hi - s->ff_lo;
+	} else if (slot == offsetof(struct loom_layer, wo) ||
+		   slot == offsetof(struct loom_layer, w_down)) {
+		l->slice_lo = s->embd_lo;
+		l->slice_n = s->embd_hi - s->embd_lo;
+	}
+}
+
+/* The tensors of this rank's layers, as the family's table lists them. */
 static int plan_layers(struct loader *l)
 {
 	const struct loom_hparams *hp = &l->m->hp;
 	const struct loom_arch_tensor *t;
 	int i;
 
-	for (i = 0; i < hp->n_layer; i++) {
+	for (i = l->m->shard.layer_lo; i < l->m->shard.layer_hi; i++) {
 		char *L = (char *)&l->m->layers[i];
 
 		for (t = hp->arch->tensors; t->name; t++) {
 			int64_t rows = dim_size(hp, t->rows);
 
+			if (t->n_parts > 0 && l->m->shard.tp > 1) {
+				loom_seterr(l->err, l->errlen, "--tp: architecture %s stores fused tensors ('%s'), which are not split between tensor ranks yet",
+					    hp->arch_name, t->name);
+				return -1;
+			}
 			if (t->n_parts > 0) {
 				if (plan_fused(l, L, t, i))
 					return -1;
-			} else if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i,
-					       rows, dim_size(hp, t->cols), !t->optional,
-					       rows ? LOOM_OP_GEMM : 0)) {
-				return -1;
+				continue;
 			}
+			set_slice(l, t->slot);
+			if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i,
+					rows, dim_size(hp, t->cols), !t->optional,
+					rows ? LOOM_OP_GEMM : 0))
+				return -1;
 		}
 	}
+	l->slice_lo = l->slice_n = 0;
+	l->slice_cols = false;
 	return 0;
 }
 
@@ -454,6 +579,7 @@ static void split_fused(const struct weight_plan *p)
 		*w = whole;
 		w->rows = p->part_rows[k];
 		w->data = (char *)whole.data + (size_t)row * whole.row_bytes;
+		w->part_tail = k > 0; /* its input is the first part's */
 		row += p->part_rows[k];
 	}
 }
@@ -491,12 +617,16 @@ static int plan_all(struct loader *l)
 	const struct loom_hparams *hp = &m->hp;
 	struct loom_backend *be = m->be;
 	bool tied = !gguf_find_tensor(l->f, "output.weight");
+	bool head = m->shard.logits; /* this rank computes the logits */
 
+	/* the first stage embeds; a tied table is also the output head */
+	if (!m->shard.first && !(head && tied))
+		goto out_head;
 	if (plan_weight(l, &m->tok_embd, "token_embd.weight", 0, hp->n_vocab,
 			hp->n_embd, true, LOOM_OP_EMBED))
 		return -1;
 	/* A tied table serves both embed and the output GEMM. */
-	if (tied && !l->plan[l->n_plan - 1].dequant &&
+	if (tied && head && !l->plan[l->n_plan - 1].dequant &&
 	    !be->ops->supports(be->ctx, LOOM_OP_GEMM, m->tok_embd.type)) {
 		l->total -= (l->plan[--l->n_plan].bytes + 63) & ~(size_t)63;
 		if (plan_weight(l, &m->tok_embd, "token_embd.weight", 0, hp->n_vocab,
@@ -504,11 +634,14 @@ static int plan_all(struct loader *l)
 			return -1;
 		l->plan[l->n_plan - 1].dequant = true;
 	}
-	if (!tied && plan_weight(l, &m->output, "output.weight", 0, hp->n_vocab,
-				 hp->n_embd, true, LOOM_OP_GEMM))
+out_head:
+	if (head && !tied && plan_weight(l, &m->output, "output.weight", 0, hp->n_vocab,
+					 hp->n_embd, true, LOOM_OP_GEMM))
 		return -1;
-	if (plan_weight(l, &m->output_norm, "output_norm.weight", 0, 0, hp->n_embd, true, 0) ||
-	    plan_weight(l, &m->rope_freqs, rope_factors_name(l), 0, 0, hp->n_rot / 2, false, 0))
+	if (head && plan_weight(l, &m->output_norm, "output_norm.weight", 0, 0, hp->n_embd,
+				true, 0))
+		return -1;
+	if (plan_weight(l, &m->rope_freqs, rope_factors_name(l), 0, 0, hp->n_rot / 2, false, 0))
 		return -1;
 	return plan_layers(l);
 }
@@ -533,7 +666,7 @@ static int pack_all(struct loader *l)
 	for (i = 0; i < l->n_plan; i++) {
 		struct weight_plan *p = &l->plan[i];
 		struct loom_weight_pack_args a = { .struct_size = sizeof(a), .type = p->t->type,
-			.n = p->w->rows, .k = p->w->cols, .src = p->t->data,
+			.n = p->w->rows, .k = p->w->cols, .src = p->src,
 			.src_stride = p->w->row_bytes };
 
 		if (!p->gemm_only)
@@ -552,7 +685,7 @@ static int pack_all(struct loader *l)
 		p->packed = true;
 		p->w->packed = true;
 		p->w->data = be->ops->buffer_addr(be->ctx, buf);
-		if (!getenv("NOREL")) gguf_release(l->f, p->t->data, p->t->nbytes);
+		if (!getenv("NOREL") && !p->owned) gguf_release(l->f, p->src, p->src_bytes);
 	}
 	/* the upload plan without the packed weights */
 	l->total = 0;
@@ -593,7 +726,7 @@ static int upload_dequant(struct loader *l, const struct weight_plan *p, void *d
 			(int)p->t->name.len, p->t->name.ptr);
 		return -1;
 	}
-	rc = fmt->to_float(p->t->data, tmp, n);
+	rc = fmt->to_float(p->src, tmp, n);
 	if (!rc)
 		rc = be->ops->upload(be->ctx, dst, tmp, p->bytes);
 	free(tmp);
@@ -626,7 +759,7 @@ static int upload_all(struct loader *l, bool show)
 			if (upload_dequant(l, p, dst))
 				return -1;
 			n_deq += p->t->type != LOOM_TYPE_F32;
-		} else if (be->ops->upload(be->ctx, dst, p->t->data, p->bytes)) {
+		} else if (be->ops->upload(be->ctx, dst, p->src, p->bytes)) {
 			loom_seterr(l->err, l->errlen, "upload of '%.*s' failed",
 				(int)p->t->name.len, p->t->name.ptr);
 			return -1;
@@ -642,6 +775,70 @@ static int upload_all(struct loader *l, bool show)
 		loom_log(LOOM_LOG_WARN, "%d tensors converted to f32 at load: backend %s has no native kernel for their type",
 			n_deq, be->ops->name);
 	return 0;
+}
+
+/* Whether every held layer's wo and w_down split by columns on block
+ * boundaries (each rank's heads' and FFN columns' start and count). */
+static bool columns_fit(const struct gguf_file *f, const struct loom_model *m)
+{
+	const struct loom_shard *s = &m->shard;
+	int64_t hd = m->hp.head_dim;
+
+	for (int32_t i = s->layer_lo; i < s->layer_hi; i++) {
+		for (const struct loom_arch_tensor *t = m->hp.arch->tensors; t->name; t++) {
+			bool wo = t->slot == offsetof(struct loom_layer, wo);
+			const struct gguf_tensor *gt;
+			int64_t lo, n, be;
+
+			if (t->n_parts || (!wo && t->slot != offsetof(struct loom_layer, w_down)))
+				continue;
+			gt = find_tensor(f, t->name, i);
+			if (!gt || !loom_format_get(gt->type))
+				return false;
+			be = loom_format_get(gt->type)->block_elems;
+			lo = wo ? s->q_lo * hd : s->ff_lo;
+			n = wo ? (s->q_hi - s->q_lo) * hd : s->ff_hi - s->ff_lo;
+			if (lo % be || n % be)
+				return false;
+		}
+	}
+	return true;
+}
+
+/* This process's share of the model: all of it, or a rank's. */
+static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct loom_dist *d,
+		      uint32_t flags, char *err, size_t errlen)
+{
+	if (!d) {
+		loom_shard_single(&m->shard, &m->hp);
+		return 0;
+	}
+	if (loom_shard_plan(&m->shard, &m->hp, d->tp, d->pp, d->rank, err, errlen))
+		return -1;
+	m->shard.dist = d;
+	m->shard.tp_comm = d->tp_comm;
+	/* exact mode keeps the single process's sums (all-gathers) */
+	m->shard.reduce = d->tp > 1 && !(flags & LOOM_BACKEND_EXACT) && columns_fit(f, m);
+	if (d->tp > 1 && !(flags & LOOM_BACKEND_EXACT) && !m->shard.reduce)
+		loom_log(LOOM_LOG_INFO, "--tp %d: the heads or FFN columns do not split on the weights' blocks; all-gathers as in exact mode",
+			 d->tp);
+	if (d->tp > 1)
+		loom_log(LOOM_LOG_INFO, "--tp %d: %s per layer", d->tp, m->shard.reduce ?
+			 "2 all-reduces (row-parallel wo, w_down)" :
+			 "4 all-gathers (the single process's sums)");
+	if (d->tp > 1 && !loom_backend_has_collective(m->be)) {
+		loom_seterr(err, errlen, "--tp %d: backend %s (ABI 1.%u) has no collective slot (ABI 1.4); use one that has, e.g. cpu.so or ref.so",
+			    d->tp, m->be->path, m->be->ops->abi_minor);
+		return -1;
+	}
+	return 0;
+}
+
+static void free_plan(struct loader *l)
+{
+	for (int i = 0; i < l->n_plan; i++)
+		free(l->plan[i].owned);
+	free(l->plan);
 }
 
 struct loom_model *loom_model_load(const struct gguf_file *f,
@@ -667,6 +864,8 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		loom_seterr(err, errlen, "out of memory");
 		goto out_free;
 	}
+	if (plan_shard(m, f, p->dist, p->backend_flags, err, errlen))
+		goto out_free;
 	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) || pack_all(&l) ||
 	    upload_all(&l, p->progress && isatty(2)))
 		goto out_free;
@@ -678,11 +877,11 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 		m->output = m->tok_embd;
 	if (loom_graph_build(m, err, errlen))
 		goto out_free;
-	free(l.plan);
+	free_plan(&l);
 	return m;
 
 out_free:
-	free(l.plan);
+	free_plan(&l);
 	loom_model_free(m);
 	return NULL;
 }

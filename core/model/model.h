@@ -12,6 +12,8 @@
 #include "format/gguf.h"
 #include "engine/kv.h"
 #include "model/arch.h"
+#include "loom.h" /* loom_gemm_input_fn */
+#include "model/shard.h"
 
 struct loom_hparams {
 	const struct loom_arch *arch;
@@ -33,6 +35,8 @@ struct loom_weight {
 	size_t row_bytes;
 	void *data; /* device address, NULL when the tensor is absent */
 	bool packed; /* data is the backend's own layout (weight_pack) */
+	char name[96]; /* the GGUF tensor's name (gemm_input) */
+	bool part_tail; /* a fused matrix's second or later part */
 };
 
 /* One layer's weights ([rows][cols]; "opt." ones have data NULL when the
@@ -77,6 +81,10 @@ enum loom_node_op {
 	NODE_SCALE,    /* dst *= value, in place */
 	NODE_SOFTCAP,  /* dst = value * tanh(dst / value), in place; logits only
 			* (without the backend slot the host caps the download) */
+	NODE_ALLGATHER, /* dst's columns, split `split` between tensor ranks */
+	NODE_ALLREDUCE, /* dst summed over the tensor ranks */
+	NODE_RECV,      /* dst (the residual stream) from the previous stage */
+	NODE_SEND,      /* a (the residual stream) to the next stage */
 };
 
 /* One step of the graph. Row counts are bound at run time: nodes before
@@ -89,6 +97,11 @@ struct loom_node {
 	int32_t layer;
 	bool on_outputs;
 	float value; /* NODE_SCALE, NODE_SOFTCAP */
+	/* a tensor rank's share: gemm writes dst's columns from col on; glu
+	 * and attention work on columns col .. col + cols - 1 (0: all) */
+	int64_t col, cols;
+	int64_t a_col;         /* gemm: the input's columns from a_col on */
+	enum loom_split split; /* NODE_ALLGATHER, NODE_ALLREDUCE */
 };
 
 struct loom_model {
@@ -100,9 +113,13 @@ struct loom_model {
 	int n_packs;
 	size_t weights_bytes, packed_bytes; /* in weights_buf, in packs */
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
-	struct loom_layer *layers;
+	struct loom_layer *layers; /* n_layer; only shard's layers hold weights */
+	struct loom_shard shard;   /* what this process holds (all of it alone) */
 	struct loom_node *nodes; /* the graph, built once at load */
 	int n_nodes;
+	/* loom_engine_params.gemm_input: sees each weight GEMM's input */
+	loom_gemm_input_fn gemm_input;
+	void *gemm_input_user;
 };
 
 struct loom_model_params {
@@ -113,6 +130,9 @@ struct loom_model_params {
 	/* the context a sequence may reach, as asked (loom_model_context()
 	 * turns it into the one used); picks LongRoPE's factors */
 	int32_t n_ctx;
+	/* the distributed job this process is a rank of (its share of the
+	 * model: loom_shard_plan); NULL: the whole model */
+	struct loom_dist *dist;
 };
 
 /* Context per sequence for an asked n_ctx: n_ctx, or 4096 when <= 0;
@@ -152,6 +172,17 @@ void loom_exec_free(struct loom_exec *e);
  * 0, or a negative loom_status with err set. */
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen);
+/* After a successful step: the final normed hidden state (what the
+ * output layer reads) of output rows [first, first + n), n x n_embd
+ * floats to `out`. 0, or a negative loom_status. */
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
+/* The step on this rank only (loom_exec_step on rank 0 of a distributed
+ * job first sends the step's plan to the others, which run it with this).
+ * Only the rank that computes logits (and rank 0) fills `logits`. */
+int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		  char *err, size_t errlen);
+/* The executor's cache, for a follower rank. */
+struct loom_kv *loom_exec_kv(struct loom_exec *e);
 /* One sequence's tokens[0..n) at its next positions (reserved in its
  * cache), as one step; with want_logits, the last token's logits go to
  * `logits` (n_vocab floats). 0, or a negative loom_status with err set. */

@@ -91,6 +91,11 @@ bool loom_backend_has_softcap(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(softcap) && b->ops->softcap;
 }
 
+bool loom_backend_has_collective(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(collective) && b->ops->collective;
+}
+
 static const char *create_failure(int rc)
 {
 	return rc == LOOM_ERR_DEVICE ? "no usable device or driver found" :

@@ -55,5 +55,7 @@ bool loom_backend_has_graphs(const struct loom_backend *b);
 bool loom_backend_has_pack(const struct loom_backend *b);
 /* Whether the backend has the optional softcap slot (ABI 1.2). */
 bool loom_backend_has_softcap(const struct loom_backend *b);
+/* Whether the backend has the optional collective slot (ABI 1.4). */
+bool loom_backend_has_collective(const struct loom_backend *b);
 
 #endif /* LOOM_BACKEND_LOADER_H */

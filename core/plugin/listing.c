@@ -107,6 +107,8 @@ static void describe(const struct loom_backend *b, struct loom_backend_listing *
 		add_word(l->optional, sizeof(l->optional), "weight_pack");
 	if (loom_backend_has_softcap(b))
 		add_word(l->optional, sizeof(l->optional), "softcap");
+	if (loom_backend_has_collective(b))
+		add_word(l->optional, sizeof(l->optional), "collective");
 }
 
 #define MAX_SEEN 256

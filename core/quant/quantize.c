@@ -44,6 +44,12 @@ struct quant_run {
 	size_t wcap;
 	void *obuf;
 	size_t ocap;
+	/* input scales (fold.c): the groups, a member scaled, its imatrix
+	 * and Hessian rescaled */
+	struct quant_fold fold;
+	float *sbuf, *ibuf, *hbuf;
+	size_t scap, icap, hcap;
+	struct loom_imatrix *im; /* --imatrix, or NULL */
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p)
@@ -164,6 +170,7 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 
 	if (quant_rules_init(&rules, &r->target, r->in, err, errlen))
 		return -1;
+	rules.has_imatrix = r->im != NULL; /* llama-quantize's imatrix-only rules */
 	r->n = r->in->n_tensors;
 	r->t = calloc(r->n ? r->n : 1, sizeof(*r->t));
 	if (!r->t) {
@@ -280,9 +287,10 @@ static void print_plan(const struct quant_run *r)
 {
 	uint64_t total_elems = 0;
 
-	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s\n", r->p.input,
+	fprintf(r->out, "loom quantize: %s -> %s as %s (%s), strategy %s%s%s\n", r->p.input,
 		r->p.dry_run ? "(dry run)" : r->p.output, r->target.name,
-		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy);
+		r->target.mix ? "llama.cpp mix" : "plain", r->p.strategy,
+		r->im ? ", imatrix " : "", r->im ? r->p.imatrix : "");
 	fprintf(r->out, "  %-6s %8s %14s %16s %12s\n", "type", "tensors", "weights", "bytes",
 		"bits/weight");
 	for (uint32_t type = 0; type < LOOM_TYPE_COUNT; type++) {
@@ -385,9 +393,9 @@ static void *grow(void **buf, size_t *cap, size_t need)
 }
 
 /* The tensor as f32: the mapping itself for an aligned f32 tensor, else
- * the format plugin's dequantization into r->wbuf. */
-static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt, char *err,
-			       size_t errlen)
+ * the format plugin's dequantization into *buf (grown to fit). */
+static const float *source_f32(const struct plan_tensor *pt, float **buf, size_t *cap,
+			       char *err, size_t errlen)
 {
 	const struct gguf_tensor *t = pt->src;
 	size_t n = (size_t)pt->rows * (size_t)pt->cols;
@@ -395,21 +403,227 @@ static const float *source_f32(struct quant_run *r, const struct plan_tensor *pt
 
 	if (t->type == LOOM_TYPE_F32 && (uintptr_t)t->data % sizeof(float) == 0)
 		return t->data;
-	if (!grow((void **)&r->wbuf, &r->wcap, n * sizeof(float))) {
+	if (!grow((void **)buf, cap, n * sizeof(float))) {
 		tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 		return NULL;
 	}
 	if (t->type == LOOM_TYPE_F32) {
-		memcpy(r->wbuf, t->data, n * sizeof(float));
-		return r->wbuf;
+		memcpy(*buf, t->data, n * sizeof(float));
+		return *buf;
 	}
-	rc = loom_format_get(t->type)->to_float(t->data, r->wbuf, (int64_t)n);
+	rc = loom_format_get(t->type)->to_float(t->data, *buf, (int64_t)n);
 	if (rc) {
 		tensor_err(err, errlen, t, "cannot dequantize its %s data (%s)",
 			   gguf_type_name(t->type), status_text(rc));
 		return NULL;
 	}
-	return r->wbuf;
+	return *buf;
+}
+
+/* The calibration data of tensor `name` into q->imatrix and q->hessian
+ * (NULL when the file has none for it, or no file was given). An entry
+ * of another width is an imatrix of another model: refused. */
+static int calibration(const struct quant_run *r, const struct plan_tensor *pt,
+		       const char *name, struct loom_qstrategy_tensor *q, char *err, size_t errlen)
+{
+	const struct loom_imatrix_entry *e = loom_imatrix_lookup(r->im, name);
+
+	q->imatrix = NULL;
+	q->hessian = NULL;
+	if (!e)
+		return 0;
+	if (e->cols != pt->cols) {
+		loom_seterr(err, errlen, "tensor '%s': the imatrix %s has %lld columns for it, the tensor %lld (an imatrix of another model?)",
+			    name, r->p.imatrix, (long long)e->cols, (long long)pt->cols);
+		return -1;
+	}
+	q->imatrix = e->mean_sq;
+	q->hessian = e->hessian;
+	return 0;
+}
+
+/* The strategy's view of tensor pt with f32 weights w, its calibration
+ * data included. 0, or -1 with err. */
+static int describe(struct quant_run *r, const struct plan_tensor *pt, const char *name,
+		    const float *w, void *out, struct loom_qstrategy_tensor *qt, char *err,
+		    size_t errlen)
+{
+	*qt = (struct loom_qstrategy_tensor){
+		.struct_size = sizeof(*qt), .type = pt->type, .name = name,
+		.rows = pt->rows, .cols = pt->cols, .w = w,
+		.format = loom_format_get(pt->type), .out = out,
+		.out_size = out ? (size_t)pt->nbytes : 0, .for_rows = host_for_rows, .host = r,
+	};
+	return calibration(r, pt, name, qt, err, errlen);
+}
+
+/* ---- input scales (fold.c) ---- */
+
+static bool has_input_scales(const struct loom_qstrategy *s)
+{
+	return s->struct_size >= offsetof(struct loom_qstrategy, input_scales) + sizeof(void *) &&
+	       s->input_scales;
+}
+
+static struct plan_tensor *plan_of(struct quant_run *r, const struct gguf_tensor *t)
+{
+	for (uint64_t i = 0; i < r->n; i++)
+		if (r->t[i].src == t)
+			return &r->t[i];
+	return NULL;
+}
+
+/* Whether t goes through the strategy, or can: quantized, or stored as
+ * floats (then rewritten in its own type). */
+static bool rewritable(struct quant_run *r, const struct gguf_tensor *t)
+{
+	struct plan_tensor *pt = plan_of(r, t);
+
+	return pt && (pt->convert || block_elems(pt->type, NULL) == 1) && loom_format_get(pt->type);
+}
+
+/* Keeps the groups whose members are all quantized, or stored as floats
+ * (then they are rewritten through the strategy in their own type); a
+ * member copied as a quantized block would not take the scales. */
+static int plan_fold(struct quant_run *r, char *err, size_t errlen)
+{
+	if (!has_input_scales(r->strategy))
+		return 0;
+	if (quant_fold_plan(&r->fold, r->in, err, errlen))
+		return -1;
+	for (size_t i = 0; i < r->fold.n; i++) {
+		struct fold_group *g = &r->fold.g[i];
+		const struct gguf_tensor *t[4] = { g->member[0], g->member[1], g->member[2] };
+		int n = g->n;
+		bool ok = true;
+
+		if (g->prev->n_dims == 2) /* a matrix's rows take 1/s */
+			t[n++] = g->prev;
+		else
+			ok = plan_of(r, g->prev) != NULL;
+		for (int m = 0; m < n && ok; m++)
+			ok = rewritable(r, t[m]);
+		for (int m = 0; m < n && ok; m++) {
+			struct plan_tensor *pt = plan_of(r, t[m]);
+
+			r->n_convert += !pt->convert;
+			pt->convert = true;
+		}
+		if (!ok)
+			g->n = 0;
+	}
+	return 0;
+}
+
+/* The group's scales, chosen by the strategy on first use. */
+static int group_scales(struct quant_run *r, struct fold_group *g, char *err, size_t errlen)
+{
+	struct loom_qstrategy_tensor qt[3];
+	const struct loom_qstrategy_tensor *ptr[3];
+	char names[3][256], msg[512] = "";
+	float *buf[3] = { NULL };
+	size_t cap[3] = { 0 };
+	int rc = 0;
+
+	if (g->scales)
+		return 0;
+	if (!(g->scales = malloc(sizeof(float) * (size_t)g->cols))) {
+		loom_seterr(err, errlen, "out of memory");
+		return -1;
+	}
+	for (int m = 0; m < g->n && !rc; m++) {
+		struct plan_tensor *pt = plan_of(r, g->member[m]);
+		const float *w = source_f32(pt, &buf[m], &cap[m], err, errlen);
+
+		snprintf(names[m], sizeof(names[m]), "%.*s", (int)pt->src->name.len,
+			 pt->src->name.ptr);
+		ptr[m] = &qt[m];
+		rc = w ? describe(r, pt, names[m], w, NULL, &qt[m], err, errlen) : -1;
+	}
+	if (!rc) {
+		rc = r->strategy->input_scales(ptr, g->n, g->scales, msg, sizeof(msg));
+		if (rc)
+			rc = tensor_err(err, errlen, g->member[0], "strategy's input scales failed: %s%s",
+					msg[0] ? msg : status_text(rc), "");
+		else
+			rc = quant_fold_check_scales(g, err, errlen);
+	}
+	for (int m = 0; m < 3; m++)
+		free(buf[m]);
+	return rc;
+}
+
+/* qt's weights times the group's scales per column, its imatrix divided
+ * by their squares and its Hessian by s_i s_j, in the run's buffers. */
+static int apply_scales(struct quant_run *r, const struct fold_group *g,
+			struct loom_qstrategy_tensor *qt, char *err, size_t errlen)
+{
+	size_t n = (size_t)qt->rows * (size_t)qt->cols, nc = (size_t)qt->cols;
+	const float *s = g->scales;
+
+	if (!grow((void **)&r->sbuf, &r->scap, n * sizeof(float)) ||
+	    !grow((void **)&r->ibuf, &r->icap, nc * sizeof(float)) ||
+	    (qt->hessian && !grow((void **)&r->hbuf, &r->hcap, nc * nc * sizeof(float)))) {
+		loom_seterr(err, errlen, "tensor '%s': out of memory", qt->name);
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++)
+		r->sbuf[i] = qt->w[i] * s[i % nc];
+	qt->w = r->sbuf;
+	if (qt->imatrix) {
+		for (size_t j = 0; j < nc; j++)
+			r->ibuf[j] = qt->imatrix[j] / (s[j] * s[j]);
+		qt->imatrix = r->ibuf;
+	}
+	if (qt->hessian) {
+		for (size_t i = 0; i < nc; i++)
+			for (size_t j = 0; j < nc; j++)
+				r->hbuf[i * nc + j] = qt->hessian[i * nc + j] / (s[i] * s[j]);
+		qt->hessian = r->hbuf;
+	}
+	return 0;
+}
+
+/* qt's row j divided by s_j (qt is the prev of g: its output is g's
+ * input), in r->sbuf. */
+static int apply_row_scales(struct quant_run *r, struct fold_group *g,
+			    struct loom_qstrategy_tensor *qt, char *err, size_t errlen)
+{
+	size_t nc = (size_t)qt->cols, n = (size_t)qt->rows * nc;
+
+	if (group_scales(r, g, err, errlen))
+		return -1;
+	if (qt->rows != g->cols) {
+		loom_seterr(err, errlen, "tensor '%s': %lld rows, the scales %lld", qt->name,
+			    (long long)qt->rows, (long long)g->cols);
+		return -1;
+	}
+	if (qt->w != r->sbuf) {
+		if (!grow((void **)&r->sbuf, &r->scap, n * sizeof(float))) {
+			loom_seterr(err, errlen, "tensor '%s': out of memory", qt->name);
+			return -1;
+		}
+		memcpy(r->sbuf, qt->w, n * sizeof(float));
+		qt->w = r->sbuf;
+	}
+	for (size_t i = 0; i < n; i++)
+		r->sbuf[i] /= g->scales[i / nc];
+	return 0;
+}
+
+/* The norm before a group, its weight divided by the scales. */
+static int write_norm(struct quant_run *r, struct fold_group *g, struct gguf_writer *w,
+		      char *err, size_t errlen)
+{
+	const float *src = source_f32(plan_of(r, g->prev), &r->wbuf, &r->wcap, err, errlen);
+
+	if (!src || group_scales(r, g, err, errlen))
+		return -1;
+	if (!grow((void **)&r->sbuf, &r->scap, sizeof(float) * (size_t)g->cols))
+		return tensor_err(err, errlen, g->prev, "out of memory%s%s", "", "");
+	for (int64_t j = 0; j < g->cols; j++)
+		r->sbuf[j] = src[j] / g->scales[j];
+	return gguf_write_bytes(w, r->sbuf, sizeof(float) * (size_t)g->cols, err, errlen);
 }
 
 static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
@@ -417,8 +631,9 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 {
 	const struct gguf_tensor *t = pt->src;
 	struct loom_qstrategy_tensor qt;
+	struct fold_group *g, *pg;
 	char name[512], msg[512] = "";
-	const float *src = source_f32(r, pt, err, errlen);
+	const float *src = source_f32(pt, &r->wbuf, &r->wcap, err, errlen);
 	int rc;
 
 	if (!src)
@@ -427,12 +642,14 @@ static int convert_one(struct quant_run *r, const struct plan_tensor *pt,
 		return tensor_err(err, errlen, t, "out of memory%s%s", "", "");
 	}
 	snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-	qt = (struct loom_qstrategy_tensor){
-		.struct_size = sizeof(qt), .type = pt->type, .name = name,
-		.rows = pt->rows, .cols = pt->cols, .w = src,
-		.format = loom_format_get(pt->type), .out = r->obuf,
-		.out_size = (size_t)pt->nbytes, .for_rows = host_for_rows, .host = r,
-	};
+	if (describe(r, pt, name, src, r->obuf, &qt, err, errlen))
+		return -1;
+	g = quant_fold_member(&r->fold, t);
+	if (g && (group_scales(r, g, err, errlen) || apply_scales(r, g, &qt, err, errlen)))
+		return -1;
+	pg = quant_fold_prev(&r->fold, t);
+	if (pg && apply_row_scales(r, pg, &qt, err, errlen))
+		return -1;
 	rc = r->strategy->quantize(&qt, msg, sizeof(msg));
 	if (rc)
 		return tensor_err(err, errlen, t, "strategy failed: %s%s",
@@ -467,8 +684,12 @@ static int write_all(struct quant_run *r, const char *path, char *err, size_t er
 	for (uint64_t i = 0; i < r->n && !rc; i++) {
 		const struct plan_tensor *pt = &r->t[i];
 
+		struct fold_group *g = quant_fold_prev(&r->fold, pt->src);
+
 		progress(r, i, pt);
-		if (pt->convert)
+		if (g && g->prev->n_dims == 1)
+			rc = write_norm(r, g, w, err, errlen);
+		else if (pt->convert)
 			rc = convert_one(r, pt, w, err, errlen);
 		else
 			rc = gguf_write_bytes(w, pt->src->data, (size_t)pt->nbytes, err, errlen);
@@ -504,19 +725,38 @@ static int check_paths(const struct quant_run *r, char *err, size_t errlen)
 	return 0;
 }
 
-/* Loads the strategy and checks it has what it needs. */
+/* Loads the strategy (not for a dry run) and the --imatrix file, and
+ * checks the strategy gets what it needs. */
 static int open_strategy(struct quant_run *r, char *err, size_t errlen)
 {
-	r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
-					  sizeof(r->strategy_path), err, errlen);
-	if (!r->strategy)
-		return -1;
-	if (r->strategy->needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) {
+	uint32_t needs = 0;
+	bool hessian;
+
+	if (!r->p.dry_run) {
+		r->strategy = quant_strategy_open(r->p.strategy, r->strategy_path,
+						  sizeof(r->strategy_path), err, errlen);
+		if (!r->strategy)
+			return -1;
+		needs = r->strategy->needs;
+	}
+	hessian = needs & LOOM_QS_NEEDS_HESSIAN;
+	if ((needs & (LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN)) && !r->p.imatrix) {
 		loom_seterr(err, errlen,
-			    "quant strategy %s (%s) needs calibration data (%s), which this loom quantize cannot give yet",
+			    "quant strategy %s (%s) needs calibration data (%s): pass --imatrix FILE (made by loom imatrix%s)",
 			    r->strategy->name, r->strategy_path,
-			    r->strategy->needs & LOOM_QS_NEEDS_HESSIAN ? "a Hessian" :
-			    "an importance matrix");
+			    hessian ? "a Hessian" : "an importance matrix",
+			    hessian ? " --hessian" : "");
+		return -1;
+	}
+	if (!r->p.imatrix)
+		return 0;
+	r->im = loom_imatrix_load(r->p.imatrix, hessian ? LOOM_IMATRIX_HESSIAN : 0, err, errlen);
+	if (!r->im)
+		return -1;
+	if (hessian && !loom_imatrix_has_hessian(r->im)) {
+		loom_seterr(err, errlen,
+			    "quant strategy %s needs Hessians, and %s has none: make it with loom imatrix --hessian",
+			    r->strategy->name, r->p.imatrix);
 		return -1;
 	}
 	return 0;
@@ -532,6 +772,8 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
 	    loom_formats_init(err, errlen))
 		return -1;
+	if (open_strategy(r, err, errlen))
+		return -1;
 	r->in = gguf_open(r->p.input, err, errlen);
 	if (!r->in || make_plan(r, err, errlen) || measure(r, err, errlen))
 		return -1;
@@ -540,7 +782,7 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		print_tensors(r);
 		return 0;
 	}
-	if (open_strategy(r, err, errlen))
+	if (plan_fold(r, err, errlen))
 		return -1;
 	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
 		loom_seterr(err, errlen, "%s: path too long", r->p.output);
@@ -571,11 +813,12 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	int rc;
 
-	if (!p || p->struct_size < sizeof(*p)) {
+	/* a caller built before the appended fields passes a smaller struct */
+	if (!p || p->struct_size < offsetof(struct loom_quantize_params, imatrix)) {
 		loom_seterr(err, errlen, "loom_quantize: params not initialized (call loom_quantize_params_init)");
 		return -1;
 	}
-	r.p = *p;
+	memcpy(&r.p, p, p->struct_size < sizeof(r.p) ? p->struct_size : sizeof(r.p));
 	if (!r.p.strategy || !r.p.strategy[0])
 		r.p.strategy = "rtn";
 	r.out = p->out ? p->out : stdout;
@@ -586,6 +829,11 @@ int loom_quantize(const struct loom_quantize_params *p, char *err, size_t errlen
 	free(r.t);
 	free(r.wbuf);
 	free(r.obuf);
+	free(r.sbuf);
+	free(r.ibuf);
+	free(r.hbuf);
+	quant_fold_free(&r.fold);
+	loom_imatrix_free(r.im);
 	if (r.in)
 		gguf_close(r.in);
 	return rc;

@@ -49,4 +49,33 @@ uint32_t quant_tensor_type(struct quant_rules *r, const struct gguf_tensor *t,
 const struct loom_qstrategy *quant_strategy_open(const char *name, char *path, size_t cap,
 						  char *err, size_t errlen);
 
+/* Input scales (fold.c): a group of tensors reading one input, whose
+ * scales a strategy with input_scales chooses, and the tensor before that
+ * input takes 1/s: an RMSNorm weight (q/k/v after attn_norm, gate/up after
+ * ffn_norm) or the rows of a matrix whose output is the input (ffn_up
+ * before ffn_down; attn_v before attn_output when every head has its own
+ * K/V head). */
+struct fold_group {
+	const struct gguf_tensor *prev;  /* takes 1/s: a norm (1-D) or rows (2-D) */
+	const struct gguf_tensor *member[3];
+	int n;           /* members; 0: the group was dropped */
+	int64_t cols;
+	float *scales;   /* [cols], NULL until chosen */
+};
+
+struct quant_fold {
+	struct fold_group *g;
+	size_t n;
+};
+
+/* The groups of a llama / mistral / qwen2 file (none for other families).
+ * 0, or -1 with err. */
+int quant_fold_plan(struct quant_fold *f, const struct gguf_file *in, char *err, size_t errlen);
+/* The live group t is a member of, or the one it is the prev of; NULL if none. */
+struct fold_group *quant_fold_member(struct quant_fold *f, const struct gguf_tensor *t);
+struct fold_group *quant_fold_prev(struct quant_fold *f, const struct gguf_tensor *t);
+/* 0, or -1 with err when a scale is not finite and positive. */
+int quant_fold_check_scales(const struct fold_group *g, char *err, size_t errlen);
+void quant_fold_free(struct quant_fold *f);
+
 #endif /* LOOM_QUANT_QUANTIZE_H */

@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1 (minor 3).
+ * loom backend ABI, version 1 (minor 4).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 3
+#define LOOM_BACKEND_ABI_MINOR 4
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -292,6 +292,36 @@ struct loom_attention_args {
 
 enum loom_glu_kind { LOOM_GLU_SILU = 0, LOOM_GLU_GELU_TANH = 1 };
 
+/* Generation 1.4: collectives between the ranks of a distributed job. */
+enum loom_collective_op {
+	/* Rank r holds columns col_start[r] .. col_start[r+1]-1 of every row
+	 * of x; afterwards every rank holds all columns col_start[0] ..
+	 * col_start[n_ranks]-1 (the other columns are left alone). */
+	LOOM_COLL_ALLGATHER = 0,
+	/* Every rank holds columns col_start[0] .. col_start[n_ranks]-1 of
+	 * every row; afterwards each holds their sum over the ranks, added
+	 * in rank order (((x0 + x1) + x2) ...), bitwise the same on all. */
+	LOOM_COLL_ALLREDUCE_SUM = 1,
+};
+
+/*
+ * x is a device f32 array [rows][stride floats]. comm is the host's MPI
+ * communicator (an MPI_Comm of the MPI library the host runs under; in
+ * Open MPI a pointer), whose size is n_ranks and in which this process
+ * is rank `rank`. col_start is a HOST int64 array [n_ranks + 1],
+ * non-decreasing, col_start[n_ranks] <= stride. Every rank of comm makes
+ * the same call (same op, rows and col_start) in the same order.
+ */
+struct loom_collective_args {
+	uint32_t struct_size;
+	uint32_t op; /* enum loom_collective_op */
+	void *comm;
+	int32_t n_ranks, rank;
+	float *x;
+	int64_t rows, stride;
+	const int64_t *col_start;
+};
+
 /* Required slots must be non-NULL; the host checks once at load time. */
 struct loom_backend_ops {
 	/* ---- generation 1.0 ---- */
@@ -410,8 +440,20 @@ struct loom_backend_ops {
 	int (*softcap)(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 		       int64_t rows, int64_t n, float cap);
 	/* ---- end of generation 1.2 ---- */
-	/* generation 1.3 adds no slot: kv_type in the kv_write and attention
-	 * arguments (see the paged KV cache above). Append new slots below. */
+
+	/* Generation 1.3 changed no slot of this table (it added the KV
+	 * cache's element type to the cache arguments). */
+
+	/* ---- generation 1.4 ---- */
+	/* Optional: a collective over the host's MPI communicator (struct
+	 * loom_collective_args). Host-memory backends call MPI on the
+	 * buffers; a GPU backend may use NCCL. LOOM_ERR_UNSUPPORTED: the
+	 * backend was built without MPI (the host then refuses tensor
+	 * parallelism with a message naming the backend). Any other failure
+	 * leaves x unspecified and the job must end: the other ranks may
+	 * have completed the call. */
+	int (*collective)(struct loom_backend_ctx *ctx, const struct loom_collective_args *a);
+	/* ---- end of generation 1.4; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

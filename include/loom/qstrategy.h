@@ -12,7 +12,8 @@
  *
  * A strategy is a shared object exporting one symbol,
  * LOOM_QSTRATEGY_ENTRY ("loom_qstrategy_entry"), that returns a `const
- * struct loom_qstrategy`. The host checks abi_major, struct_size and the
+ * struct loom_qstrategy`. Generation 1.1 adds the optional input_scales
+ * slot (activation-aware scaling, folded into the layer before). The host checks abi_major, struct_size and the
  * required slot (quantize) before it calls anything. Strategies never link
  * the core; they see only this header, loom/plugin.h and loom/backend.h.
  *
@@ -36,7 +37,7 @@ extern "C" {
 #endif
 
 #define LOOM_QSTRATEGY_ABI_MAJOR 1
-#define LOOM_QSTRATEGY_ABI_MINOR 0
+#define LOOM_QSTRATEGY_ABI_MINOR 1
 #define LOOM_QSTRATEGY_ENTRY "loom_qstrategy_entry"
 
 /* What a strategy needs from calibration (struct loom_qstrategy.needs). */
@@ -100,7 +101,20 @@ struct loom_qstrategy {
 	 * e.g. LOOM_ERR_UNSUPPORTED for a format the strategy does not
 	 * handle; the host then names the tensor and stops. */
 	int (*quantize)(const struct loom_qstrategy_tensor *t, char *msg, size_t msg_len);
-	/* ---- end of generation 1.0; append new slots below ---- */
+	/* ---- generation 1.1 ---- */
+	/* Optional (NULL: none). Chooses one scale per input channel,
+	 * scales[cols], for a group of n tensors that multiply the same
+	 * input (a layer's q, k and v; its ffn gate and up). The host then
+	 * quantizes each member as W diag(s) (column j times s_j, with its
+	 * imatrix divided by s_j^2 and its hessian by s_i s_j) and divides
+	 * the input by s where it can fold that into the tensor before (the
+	 * RMSNorm weight), so the model computes the same function in exact
+	 * arithmetic. Called only for groups the host can fold; each
+	 * member's out is NULL (nothing is written here). scales must be
+	 * finite and > 0. 0, or a negative loom_status with msg. */
+	int (*input_scales)(const struct loom_qstrategy_tensor *const *group, int n,
+			    float *scales, char *msg, size_t msg_len);
+	/* ---- end of generation 1.1; append new slots below ---- */
 };
 
 typedef const struct loom_qstrategy *(*loom_qstrategy_entry_fn)(void);

@@ -7,6 +7,9 @@ Behaviour, chosen by the last user message:
   "error"   -> HTTP 400 with an OpenAI-shaped error body
   "midway"  -> a few deltas, then an error event inside the stream
   "slow"    -> one delta every 50 ms for 10 s (for the stop button)
+  "markdown"-> MARKDOWN: Markdown with code, a table and links, and hostile
+               HTML (<script>, <img onerror>, javascript: links) the page
+               must not run
   anything  -> REPLY, sent as SSE with \r\n line ends, a comment line, and
                the bytes cut into 1..7-byte writes (so lines and UTF-8
                sequences are split across network chunks)
@@ -15,12 +18,21 @@ Every request body is kept in `requests` for the test to inspect.
 import http.server
 import json
 import os
+import sys
 import threading
 import time
 
 REPLY = ["Héllo", " <b>bold</b>", " <img src=x onerror=\"window.pwned=1\">",
          " ✓ 🙂", " line\nbreak", " &amp; done."]
 ERROR_MSG = "max_tokens must be a positive integer (test double)"
+MARKDOWN = ["# Title\n\nSome **strong** and *em* text with `code`.\n\n",
+            "```python\ndef f(x):\n    return x + 1  # one more\n```\n\n",
+            "| a | b |\n|---|---|\n| 1 | 2 |\n\n",
+            "- [safe](https://example.com/x) and [bad](javascript:window.pwned=2)\n",
+            "- <script>window.pwned=3</script>\n",
+            "- <img src=x onerror=\"window.pwned=4\"> ![pic](x \"t\")\n\n",
+            "<div onclick=\"window.pwned=5\"><iframe src=\"javascript:window.pwned=6\"></iframe></div>\n",
+            "[ref][r]\n\n[r]: javascript:window.pwned=7\n"]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -38,6 +50,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
+        self.server.auth.append(self.headers.get("Authorization"))
         if self.path == "/":
             self._send(200, "text/html; charset=utf-8", self.server.page)
         elif self.path == "/v1/models":
@@ -65,6 +78,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", "0"))
         req = json.loads(self.rfile.read(n))
         self.server.requests.append(req)
+        self.server.auth.append(self.headers.get("Authorization"))
         last = req["messages"][-1]["content"]
         if last == "error":
             body = {"error": {"message": ERROR_MSG,
@@ -93,16 +107,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._chunk(self._event({"error": {"message": "engine failed "
                                                "(test double)"}}))
             return
+        pieces = MARKDOWN if last == "markdown" else REPLY
         data = b": keep-alive comment\r\n\r\n"
         data += self._event({"choices": [{"index": 0,
                                           "delta": {"role": "assistant"}}]})
-        for piece in REPLY:
+        for piece in pieces:
             data += self._delta(piece)
         data += self._event({"choices": [{"index": 0, "delta": {},
                                           "finish_reason": "stop"}],
                              "usage": {"prompt_tokens": 5,
-                                       "completion_tokens": len(REPLY),
-                                       "total_tokens": 5 + len(REPLY)}})
+                                       "completion_tokens": len(pieces),
+                                       "total_tokens": 5 + len(pieces)}})
         data += b"data: [DONE]\r\n\r\n"
         i, step = 0, 1
         while i < len(data):
@@ -119,6 +134,7 @@ def start(page_path):
     with open(page_path, "rb") as f:
         srv.page = f.read()
     srv.requests = []
+    srv.auth = []  # the Authorization header of each request (None: absent)
     srv.aborted = 0
     srv.aborted_prompts = []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -127,6 +143,8 @@ def start(page_path):
 
 if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
-    s = start(os.path.join(here, "..", "..", "server", "web", "index.html"))
+    page = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        here, "..", "..", "build", "server", "index.html")
+    s = start(page)
     print(f"test double on http://127.0.0.1:{s.server_address[1]}/")
     threading.Event().wait()

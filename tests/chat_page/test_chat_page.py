@@ -1,6 +1,7 @@
 """The chat page of `loom serve`, in a real browser.
 
-argv[1] is the loom binary; the model comes from $LOOM_MODEL. Starts
+argv[1] is the loom binary, argv[2] the page as built (server/web/index.html
+with marked and highlight.js put in); the model comes from $LOOM_MODEL. Starts
 `loom serve`, opens its page (GET /) in headless Chromium driven over the
 DevTools protocol, types prompts, clicks Send and watches the reply stream
 in: it must be non-empty and grow over several samples, not land at once.
@@ -9,7 +10,9 @@ answers. A screenshot goes to $LOOM_BUILD_ROOT/tests/chat_page/.
 
 Then the page's client logic is checked against fake_server.py, a scripted
 test double (SSE cut at every byte boundary, error bodies, HTML in the model
-output, what the page sends). Exits 77 when the model or Chromium is absent.
+output, what the page sends), and the Markdown rendering and its sanitizer
+(a reply with <script>, <img onerror>, javascript: links), history and the
+system prompt across a reload (localStorage), the API key field. Exits 77 when the model or Chromium is absent.
 """
 import base64
 import http.client
@@ -26,9 +29,10 @@ sys.path.insert(0, HERE)
 import cdp  # noqa: E402
 import fake_server  # noqa: E402
 
-PAGE_SRC = os.path.join(HERE, "..", "..", "server", "web", "index.html")
+PAGE_SRC = None  # the page as built (build/server/index.html): argv[2]
 failures = []
 passed = 0
+API_KEY = "page-test-key"
 
 
 def check(name, cond, detail=""):
@@ -77,6 +81,14 @@ def set_number(page, elem_id, value):
     page.eval(f"(() => {{ const e = document.getElementById('{elem_id}');"
               f" e.value = '{value}';"
               " e.dispatchEvent(new Event('input')); })()")
+
+
+def set_text(page, elem_id, value):
+    """Sets an input's value as typing would, firing input and change."""
+    page.eval(f"(() => {{ const e = document.getElementById('{elem_id}');"
+              f" e.value = {json.dumps(value)};"
+              " e.dispatchEvent(new Event('input'));"
+              " e.dispatchEvent(new Event('change')); })()")
 
 
 def type_prompt(page, text):
@@ -157,7 +169,7 @@ def screenshot(page, name):
 
 def start_serve(loom, model, port, logf):
     proc = subprocess.Popen([loom, "serve", "--model", model,
-                             "--port", str(port)],
+                             "--port", str(port), "--api-key", API_KEY],
                             stdout=logf, stderr=subprocess.STDOUT)
     end = time.time() + 120
     while time.time() < end:
@@ -209,6 +221,15 @@ def real_checks(browser, port):
 
     page = browser.page()
     check("page loads", open_page(page, f"http://127.0.0.1:{port}/"))
+    # without the key the server refuses, and the page says where to set it
+    type_prompt(page, "Hi")
+    click(page, "send")
+    snap, _ = wait_reply(page, 1, timeout=20)
+    check("missing API key explained", snap.get("state") == "error"
+          and "API key" in snap.get("note", ""), str(snap)[:300])
+    page.eval("localStorage.clear(); sessionStorage.clear()")
+    open_page(page, f"http://127.0.0.1:{port}/")
+    set_text(page, "api-key", API_KEY)
     set_number(page, "temperature", "0")
     set_number(page, "max-tokens", "48")
 
@@ -295,8 +316,12 @@ def fake_turns(page, srv, port):
     click(page, "send")
     snap, _ = wait_reply(page, 1, timeout=20)
     want = "".join(fake_server.REPLY)
-    check("double: split SSE reassembled exactly", snap.get("text") == want,
-          f"{snap.get('text')!r} != {want!r}")
+    kept = page.eval("JSON.parse(localStorage.getItem('loom-chat')).history")
+    check("double: split SSE reassembled exactly", kept and kept[-1]["content"] == want,
+          f"{kept!r} != {want!r}")
+    check("double: raw HTML in a reply is shown as text",
+          "<b>bold</b>" in snap.get("text", "") and "<img src=x" in snap.get("text", ""),
+          repr(snap.get("text")))
     check("double: state done", snap.get("state") == "done", str(snap)[:300])
     check("double: usage used for the count",
           "6 tokens" in snap.get("status", ""), snap.get("status"))
@@ -324,7 +349,7 @@ def fake_turns(page, srv, port):
     snap, _ = wait_reply(page, 3, timeout=20)
     check("double: in-stream error shown", snap.get("state") == "error"
           and "engine failed" in snap.get("note", "")
-          and snap.get("text") == "partial", str(snap)[:300])
+          and snap.get("text", "").strip() == "partial", str(snap)[:300])
 
     type_prompt(page, "second")
     press_enter(page)
@@ -372,13 +397,110 @@ def fake_turns(page, srv, port):
           snap.get("state") == "done" and srv.requests[-1]["messages"]
           == [{"role": "user", "content": "hi"}],
           json.dumps(srv.requests[-1]["messages"])[:300])
+    markdown_turn(page, srv)
+    reload_turns(page, srv, port)
+
+
+SANITIZED_JS = """(() => {
+  const all = document.querySelectorAll('#log .msg.assistant');
+  const m = all[all.length - 1].querySelector('.text');
+  const tags = (sel) => m.querySelectorAll(sel).length;
+  return {h1: tags('h1'), strong: tags('strong'), em: tags('em'),
+          table: tags('table td'), code: tags('pre > code.hljs'),
+          keyword: tags('pre span.hljs-keyword'),
+          script: tags('script'), img: tags('img'), iframe: tags('iframe'),
+          onattr: [...m.querySelectorAll('*')].filter(
+            (e) => [...e.attributes].some((a) => a.name.startsWith('on'))).length,
+          hrefs: [...m.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+          rels: [...m.querySelectorAll('a[href]')].map((a) => a.rel),
+          pwned: window.pwned === undefined ? null : window.pwned,
+          text: m.textContent};
+})()"""
+
+
+def markdown_turn(page, srv):
+    """Markdown renders (headings, emphasis, tables, highlighted code);
+    nothing the model writes runs or loads."""
+    n = page.eval("document.querySelectorAll('#log .msg.assistant').length")
+    type_prompt(page, "markdown")
+    click(page, "send")
+    snap, _ = wait_reply(page, n + 1, timeout=20)
+    time.sleep(0.2)
+    r = page.eval(SANITIZED_JS)
+    check("double: markdown rendered", snap.get("state") == "done" and r["h1"] == 1
+          and r["strong"] >= 1 and r["em"] >= 1 and r["table"] == 2, str(r)[:400])
+    check("double: code highlighted", r["code"] == 1 and r["keyword"] >= 1, str(r)[:400])
+    check("double: no script, img, iframe or on* attribute reaches the page",
+          r["script"] == 0 and r["img"] == 0 and r["iframe"] == 0 and r["onattr"] == 0,
+          str(r)[:400])
+    check("double: only http(s) links, opened safely",
+          [h for h in r["hrefs"] if h] == ["https://example.com/x"]
+          and r["rels"] == ["noopener noreferrer nofollow"], str(r["hrefs"]))
+    check("double: nothing of the reply ran", r["pwned"] is None, str(r["pwned"]))
+    check("double: hostile HTML shown as text", "<script>" in r["text"], r["text"][:400])
+    screenshot(page, "chat_page_markdown.png")
+    # the sanitizer alone, on HTML as hostile as a parser could hand it
+    out = page.eval("""(() => {
+      const doc = new DOMParser().parseFromString('<p onclick="window.pwned=8">a<img src=x onerror="window.pwned=9">'
+        + '<script>window.pwned=10</script><a href="javascript:window.pwned=11" onmouseover="x">l</a>'
+        + '<a href=" JaVaScRiPt:alert(1)">m</a><svg><script>window.pwned=12</script></svg>'
+        + '<span class="hljs-string evil" style="x">s</span><iframe srcdoc="<b>"></iframe>'
+        + '<form action="/x"><input name=q></form><b>kept</b></p>', 'text/html');
+      const host = document.createElement('div');
+      host.appendChild(sanitize(doc.body, document.createDocumentFragment()));
+      return host.innerHTML;
+    })()""")
+    time.sleep(0.2)
+    check("double: sanitize() keeps only the allowlist",
+          # (the HTML parser closes the <p> at <form>)
+          out == '<p>a<a>l</a><a>m</a><span class="hljs-string">s</span></p><b>kept</b><p></p>'
+          and page.eval("window.pwned === undefined"), out)
+
+
+def reload_turns(page, srv, port):
+    """History, the system prompt and the API key survive a reload; the
+    system prompt goes first; New chat forgets the history."""
+    page.eval("document.getElementById('prefs').open = true")
+    set_text(page, "system", "You are terse.")
+    set_text(page, "api-key", "sk-test")
+    n = page.eval("document.querySelectorAll('#log .msg.assistant').length")
+    type_prompt(page, "hi")
+    click(page, "send")
+    wait_reply(page, n + 1, timeout=20)
+    before = page.eval("document.querySelectorAll('#log .msg').length")
+    check("double: reload loads", open_page(page, f"http://127.0.0.1:{port}/"))
+    time.sleep(0.3)
+    after = page.eval("document.querySelectorAll('#log .msg').length")
+    check("double: messages restored after reload", before == after and after >= 4,
+          f"{before} -> {after}")
+    check("double: system prompt and key restored",
+          page.eval("document.getElementById('system').value") == "You are terse."
+          and page.eval("document.getElementById('api-key').value") == "sk-test")
+    type_prompt(page, "again")
+    click(page, "send")
+    wait_reply(page, after // 2 + 1, timeout=20)
+    msgs = srv.requests[-1]["messages"]
+    check("double: system prompt first, history kept across the reload",
+          msgs[0] == {"role": "system", "content": "You are terse."}
+          and [m["role"] for m in msgs[1:]] == ["user", "assistant"] * (after // 2) + ["user"]
+          and msgs[-1]["content"] == "again", json.dumps(msgs)[:400])
+    check("double: API key sent as a Bearer token", srv.auth[-1] == "Bearer sk-test",
+          str(srv.auth[-3:]))
+    click(page, "clear")
+    open_page(page, f"http://127.0.0.1:{port}/")
+    time.sleep(0.3)
+    check("double: New chat forgets the stored history",
+          page.eval("document.querySelectorAll('#log .msg').length") == 0
+          and page.eval("document.getElementById('system').value") == "You are terse.")
 
 
 def main():
-    if len(sys.argv) < 2:
-        print("usage: test_chat_page.py LOOM_BINARY")
+    if len(sys.argv) < 3:
+        print("usage: test_chat_page.py LOOM_BINARY PAGE")
         return 2
+    global PAGE_SRC
     loom = sys.argv[1]
+    PAGE_SRC = sys.argv[2]
     model = os.environ.get("LOOM_MODEL", "")
     chromium = cdp.find_chromium()
     if not chromium:

@@ -1,4 +1,5 @@
-/* libFuzzer target for gguf_open_memory (not built by meson):
+/* libFuzzer target for gguf_open_memory (tests/fuzz builds it with clang and
+ * runs it over tests/fuzz/corpus/gguf; by hand:
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Icore -Iinclude \
  *         tests/gguf/fuzz_gguf.c core/format/gguf.c -o fuzz_gguf

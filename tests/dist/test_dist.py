@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""Distributed jobs under mpirun (docs/DISTRIBUTED.md).
+
+usage: test_dist.py LOOM MODE [ARGS...]
+  tp, pp, tp_pp  greedy `loom run --exact` output with --tp 2 / --pp 2 /
+                 both (4 ranks) equals the single process's, byte for byte
+  gemma          the same on Gemma 3 (one KV head: tensor ranks split the
+                 query heads and both hold the KV head)
+  spec           with --spec=ngram.so as well
+  serve          `loom serve --tp 2` and `--pp 2` answer a greedy completion
+                 with the single-process server's text
+  fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
+                 job with an error on rank 0 within LOOM_DIST_TIMEOUT
+  ref TINY       on ref.so and a small synthetic model, the prompt's logits
+                 (a 40-token prefill) and the greedy text with --tp 2,
+                 --pp 2 and both are bitwise the single process's; so is
+                 --pp 2 on the GPU emulator (gpuemu.so)
+  refuse SKEL    bad combinations are refused with a message naming them
+                 (heads that do not split, a wrong rank count, no mpirun, a
+                 1.0 backend SKEL without the collective slot, layerskip)
+Exits 77 (skip) when mpirun or this build's MPI is missing, or a model is.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+LOOM = sys.argv[1]
+MODE = sys.argv[2]
+SMOL = os.environ.get('LOOM_MODEL', '')
+GEMMA = os.path.expanduser('~/.cache/loom/gemma-3-270m-q4_k_m.gguf')
+PROMPT = 'The capital of France is'
+N = '16'
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
+           OMPI_MCA_mpi_yield_when_idle='1',  # ranks share two loaded cores
+           OMPI_MCA_btl_vader_single_copy_mechanism='none',  # no ptrace in containers
+           OMPI_MCA_rmaps_base_oversubscribe='1')
+
+
+def skip(why):
+    print('SKIP: ' + why)
+    sys.exit(77)
+
+
+def fail(why):
+    print('FAIL: ' + why)
+    sys.exit(1)
+
+
+def mpirun(n):
+    return ['mpirun', '--oversubscribe', '-np', str(n)]
+
+
+def run(cmd, timeout=240, env=ENV):
+    p = subprocess.run(cmd, capture_output=True, text=True, errors='surrogateescape',
+                       timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def loom_run(model, extra, ranks=0):
+    cmd = [LOOM, 'run', '-m', model, '-p', PROMPT, '-n', N, '--temp', '0', '--exact',
+           '-t', '1', '--no-progress'] + extra
+    rc, out, err = run((mpirun(ranks) if ranks else []) + cmd)
+    if rc != 0:
+        fail('%s exited %d:\n%s' % (' '.join(cmd), rc, err[-3000:]))
+    return out
+
+
+def need(model):
+    if not shutil.which('mpirun'):
+        skip('mpirun not found (apt-get install openmpi-bin)')
+    rc, _, err = run([LOOM, 'run', '-m', model or '/nonexistent', '--tp', '2', '-n', '1', '-p', 'x'],
+                     timeout=60)
+    if 'built without MPI' in err:
+        skip('this loom was built without MPI')
+    if not model or not os.path.exists(model):
+        skip('model %s not found (scripts/setup.sh)' % model)
+
+
+def same(model, extra, dist, ranks, label):
+    want = loom_run(model, extra)
+    got = loom_run(model, extra + dist, ranks)
+    if got != want:
+        fail('%s: output differs\n single: %r\n %d ranks: %r' % (label, want, ranks, got))
+    print('ok %s: %d ranks give the single process\'s %d bytes: %r' % (label, ranks, len(got), got))
+
+
+def test_ref(tiny):
+    prompt = ' '.join(['the robot paints the harbor at dawn'] * 6)
+    base = [LOOM, 'run', '-m', tiny, '--backend', 'ref.so', '-p', prompt, '-n', '12',
+            '--temp', '0', '--exact', '-t', '1', '--no-progress']
+    outs = []
+    for dist, ranks in (([], 0), (['--tp', '2'], 2), (['--pp', '2'], 2),
+                        (['--tp', '2', '--pp', '2'], 4)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
+        rc, out, err = run((mpirun(ranks) if ranks else []) + base + dist +
+                           ['--dump-logits', dump])
+        if rc != 0:
+            fail('%s: exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            outs.append((' '.join(dist) or 'single', out, f.read()))
+        os.unlink(dump)
+    for label, out, logits in outs[1:]:
+        if out != outs[0][1] or logits != outs[0][2]:
+            fail('ref.so %s: text or prompt logits differ from the single process' % label)
+        print('ok ref: %s: %d logits bytes and the text bitwise the single process\'s'
+              % (label, len(logits)))
+    # a device backend (the GPU emulator, with step regions) hands stages
+    # over through download/upload: --pp 2 is bitwise there too
+    emu = [c if c != 'ref.so' else 'gpuemu.so' for c in base]
+    got = []
+    for dist, ranks in (([], 0), (['--pp', '2'], 2)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_emu_%d.bin' % os.getpid())
+        rc, out, err = run((mpirun(ranks) if ranks else []) + emu + dist +
+                           ['--dump-logits', dump])
+        if rc != 0:
+            fail('gpuemu.so %s: exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            got.append((out, f.read()))
+        os.unlink(dump)
+    if got[0] != got[1]:
+        fail('gpuemu.so --pp 2: text or prompt logits differ from the single process')
+    print('ok gpuemu: --pp 2 bitwise the single process')
+    # outside exact mode: row-parallel projections summed by all-reduce,
+    # the same math in another order (an f32 cache like the exact run's,
+    # so that only the order of the sums differs)
+    dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_ref_%d.bin' % os.getpid())
+    cmd = [c for c in base if c != '--exact'] + ['--tp', '2', '--kv-type', 'f32',
+                                                 '--dump-logits', dump]
+    rc, out, err = run(mpirun(2) + cmd, env=dict(ENV, LOOM_DEBUG='1'))
+    if rc != 0 or '2 all-reduces' not in err:
+        fail('ref.so --tp 2 (all-reduce): exit %d\n%s' % (rc, err[-2000:]))
+    with open(dump, 'rb') as f:
+        got = f.read()
+    os.unlink(dump)
+    want, have = struct_floats(outs[0][2]), struct_floats(got)
+    worst = max(abs(a - b) for a, b in zip(want, have))
+    scale = max(abs(a) for a in want)
+    if len(want) != len(have) or worst > 1e-4 * max(scale, 1.0):
+        fail('ref.so --tp 2 all-reduce: logits differ by %g (largest %g)' % (worst, scale))
+    print('ok ref: --tp 2 with all-reduce: logits within %.3g of the single process (largest %.3g)'
+          % (worst, scale))
+
+
+def struct_floats(b):
+    import struct
+    return struct.unpack('<%df' % (len(b) // 4), b)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_server(extra, ranks):
+    port = free_port()
+    cmd = [LOOM, 'serve', '-m', SMOL, '--port', str(port), '-t', '1', '--exact'] + extra
+    p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd, env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if p.poll() is not None:
+            fail('server exited %d: %s' % (p.returncode, p.stderr.read()[-2000:]))
+        try:
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
+            c.request('GET', '/health')
+            if c.getresponse().status == 200:
+                return p, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop(p)
+    fail('server did not come up')
+
+
+def stop(p):
+    try:
+        os.killpg(p.pid, signal.SIGINT)
+        p.wait(timeout=30)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def complete(port):
+    body = json.dumps({'prompt': PROMPT, 'max_tokens': int(N), 'temperature': 0})
+    c = http.client.HTTPConnection('127.0.0.1', port, timeout=180)
+    c.request('POST', '/v1/completions', body, {'Content-Type': 'application/json'})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 200:
+        fail('completion: HTTP %d %s' % (r.status, data[:500]))
+    return json.loads(data)['choices'][0]['text']
+
+
+def test_serve():
+    texts = []
+    runs = (([], 0), (['--tp', '2'], 2), (['--pp', '2'], 2))
+    for extra, ranks in runs:
+        p, port = start_server(extra, ranks)
+        try:
+            texts.append(complete(port))
+        finally:
+            stop(p)
+    for (extra, _), text in zip(runs[1:], texts[1:]):
+        if text != texts[0]:
+            fail('serve %s %r, single process %r' % (' '.join(extra), text, texts[0]))
+        print('ok serve: %s answers %r as the single process does' % (' '.join(extra), text))
+
+
+def fault_once(sig):
+    """A long benchmark (it ignores end-of-generation); once both ranks
+    have loaded and rank 0 has had 3 s to start generating, rank 1 gets
+    sig."""
+    env = dict(ENV, LOOM_DIST_TIMEOUT='5', LOOM_DEBUG='1')
+    cmd = mpirun(2) + [LOOM, 'bench', '-m', SMOL, '-p', '8', '-n', '3000', '-r', '1',
+                       '-t', '1', '--tp', '2']
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    os.set_blocking(p.stderr.fileno(), False)
+    err = b''
+    pid1 = None
+    loaded = None
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline and pid1 is None:
+            time.sleep(0.2)
+            err += p.stderr.read() or b''
+            m = re.search(rb'rank 1 of 2 \(pid (\d+)\)', err)
+            if loaded is None and len(re.findall(rb'of 2 ready', err)) >= 2:
+                loaded = time.time()
+            if m and loaded and time.time() - loaded > 3:
+                pid1 = int(m.group(1))
+            if p.poll() is not None:
+                fail('the job ended before the fault: %s' % err.decode()[-2000:])
+        if pid1 is None:
+            fail('no token or no rank 1 pid within 180 s')
+        t0 = time.time()
+        os.kill(pid1, sig)
+        while p.poll() is None and time.time() - t0 < 60:
+            time.sleep(0.2)
+            err += p.stderr.read() or b''
+        took = time.time() - t0
+        if p.poll() is None:
+            fail('the job still runs 60 s after rank 1 got signal %d' % sig)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        try:
+            os.kill(pid1, signal.SIGKILL)
+        except (TypeError, ProcessLookupError):
+            pass
+    err += p.stderr.read() or b''
+    text = err.decode(errors='replace')
+    m = re.search(r'loom: error: rank 0: [^\n]*', text)
+    if p.returncode == 0 or not m:
+        fail('signal %d: exit %d, no error from rank 0:\n%s' % (sig, p.returncode, text[-2000:]))
+    if took > 5 + 20:
+        fail('signal %d: the job took %.1f s to end (timeout 5 s)' % (sig, took))
+    print('ok fault: rank 1 got signal %d; the job ended in %.1f s with %r' % (sig, took, m.group(0)))
+
+
+def refused(cmd, ranks, want):
+    rc, out, err = run((mpirun(ranks) if ranks else []) + cmd, timeout=120)
+    if rc == 0 or want not in err:
+        fail('%s: exit %d, want a message with %r:\n%s' % (' '.join(cmd), rc, want, err[-2000:]))
+    line = next(l for l in err.splitlines() if want in l)
+    print('ok refused: %s' % line.strip())
+
+
+def test_refuse(skeleton):
+    base = [LOOM, 'run', '-m', SMOL, '-p', 'x', '-n', '1', '-t', '1', '--no-progress']
+    # SmolLM2: 9 query heads in 3 KV groups, 30 layers
+    refused(base + ['--tp', '4'], 4, 'does not split')
+    refused(base + ['--tp', '2', '--pp', '2'], 2, 'needs 4 ranks, and mpirun started 2')
+    refused(base + ['--tp', '2'], 0, 'needs 2 ranks, and mpirun started 1')
+    refused(base + ['--tp', '2', '--backend', skeleton], 2, 'has no collective slot')
+    refused(base + ['--tp', '2', '--spec=layerskip.so'], 2,
+            'no strategy gets the early-exit model')
+
+
+def main():
+    if MODE in ('gemma',):
+        need(GEMMA)
+    else:
+        need(SMOL)
+    if MODE == 'tp':
+        same(SMOL, [], ['--tp', '2'], 2, 'tp')
+    elif MODE == 'pp':
+        same(SMOL, [], ['--pp', '2'], 2, 'pp')
+    elif MODE == 'tp_pp':
+        same(SMOL, [], ['--tp', '2', '--pp', '2'], 4, 'tp_pp')
+    elif MODE == 'gemma':
+        same(GEMMA, [], ['--tp', '2'], 2, 'gemma tp')
+        same(GEMMA, [], ['--pp', '2'], 2, 'gemma pp')
+    elif MODE == 'spec':
+        plain = loom_run(SMOL, [])
+        same(SMOL, ['--spec=ngram.so'], ['--tp', '2'], 2, 'spec tp')
+        if loom_run(SMOL, ['--spec=ngram.so']) != plain:
+            fail('ngram changed the greedy output')
+    elif MODE == 'serve':
+        test_serve()
+    elif MODE == 'fault':
+        fault_once(signal.SIGSTOP)
+        fault_once(signal.SIGKILL)
+    elif MODE == 'ref':
+        test_ref(sys.argv[3])
+    elif MODE == 'refuse':
+        test_refuse(sys.argv[3])
+    else:
+        fail('unknown mode ' + MODE)
+
+
+main()
