@@ -132,10 +132,10 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 		rc = loom_engine_follow(e, err, errlen) ? -1 : 1;
 		goto out;
 	}
-	print_header(o);
 	loom_engine_get_stats(e, &st);
 	fprintf(stderr, "bench: KV cache %s, %llu bytes/token\n", loom_kv_type_name(st.kv_type),
 		(unsigned long long)st.kv_token_bytes);
+	print_header(o);
 	prompt = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
