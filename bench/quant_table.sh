@@ -24,7 +24,7 @@
 #   MODEL (the Q4_1 GGUF), WORK ($LOOM_CACHE/quant_table), TYPES
 #   ("Q4_K_M Q4_0 Q3_K_M"), STRATEGIES ("rtn imatrix awq gptq gptq_awq";
 #   one whose .so is not built is left out), CTX (256), CHUNKS (20),
-#   THREADS (2).
+#   THREADS (2), NO_LLAMA (set: loom's rows only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,20 +45,21 @@ CALIB_FILES="Apache-2.0 MPL-2.0 GFDL-1.3"
 EVAL_FILES="GPL-3 GPL-2"
 
 . bench/anchor.sh
-anchor_build llama-quantize llama-perplexity llama-imatrix
 [ -x "$LOOM" ] || die "$LOOM not built (bash scripts/setup.sh)"
 [ -s "$MODEL" ] || die "no model at $MODEL (bash scripts/setup.sh)"
 mkdir -p "$WORK"
 
 # ---------------------------------------------------------------- inputs
-texts() {
-	local f
-	: >"$WORK/calib.txt"
-	for f in $CALIB_FILES; do cat "$LICENSES/$f" >>"$WORK/calib.txt"; done
-	: >"$WORK/eval.txt"
-	for f in $EVAL_FILES; do cat "$LICENSES/$f" >>"$WORK/eval.txt"; done
+# text NAME FILES...: $WORK/NAME.txt, the licenses concatenated; replaced
+# (atomically) only when it differs, as another run may be reading it.
+text() {
+	local out=$WORK/$1.txt f
+	shift
+	for f in "$@"; do cat "$LICENSES/$f" || die "$LICENSES/$f missing"; done >"$out.$$"
+	if cmp -s "$out.$$" "$out"; then rm -f "$out.$$"; else mv "$out.$$" "$out"; fi
 }
-texts
+text calib $CALIB_FILES
+text eval $EVAL_FILES
 f32=$WORK/f32.gguf
 if [ ! -s "$f32" ]; then
 	log "F32 source from $MODEL"
@@ -70,13 +71,6 @@ if [ ! -s "$WORK/loom.imatrix" ]; then
 		-c "$CTX" --hessian -t "$THREADS" --exact >"$WORK/loom.imatrix.log" 2>&1 ||
 		die "loom imatrix failed (see $WORK/loom.imatrix.log)"
 	mv "$WORK/loom.imatrix.tmp" "$WORK/loom.imatrix"
-fi
-if [ ! -s "$WORK/llama.imatrix" ]; then
-	log "llama-imatrix on the calibration text"
-	"$ANCHOR_BIN/llama-imatrix" -m "$f32" -f "$WORK/calib.txt" -o "$WORK/llama.imatrix.dat" \
-		-c "$CTX" -t "$THREADS" >"$WORK/llama.imatrix.log" 2>&1 ||
-		die "llama-imatrix failed (see $WORK/llama.imatrix.log)"
-	mv "$WORK/llama.imatrix.dat" "$WORK/llama.imatrix"
 fi
 ppl() { # MODEL FLAGS...
 	"$LOOM" perplexity --model "$1" -f "$WORK/eval.txt" -c "$CTX" --chunks "$CHUNKS" \
@@ -90,6 +84,19 @@ if [ ! -s "$WORK/base.kld" ]; then
 fi
 
 # ---------------------------------------------------------------- the table
+# llama.cpp's tools and importance matrix, when its rows are first needed
+# (the build waits for bench/anchor.sh's lock; loom's rows need none of it).
+llama_ready() {
+	anchor_build llama-quantize llama-imatrix
+	if [ ! -s "$WORK/llama.imatrix" ]; then
+		log "llama-imatrix on the calibration text"
+		"$ANCHOR_BIN/llama-imatrix" -m "$f32" -f "$WORK/calib.txt" -o "$WORK/llama.imatrix.dat" \
+			-c "$CTX" -t "$THREADS" >"$WORK/llama.imatrix.log" 2>&1 ||
+			die "llama-imatrix failed (see $WORK/llama.imatrix.log)"
+		mv "$WORK/llama.imatrix.dat" "$WORK/llama.imatrix"
+	fi
+}
+
 # make_one NAME COMMAND...: runs COMMAND (which writes $WORK/NAME.gguf)
 # unless the file exists, then evaluates it once into $WORK/NAME.ppl.
 make_one() {
@@ -113,16 +120,12 @@ row() {
 	local mib ppl kl top
 	mib=$(stat -c %s "$f.gguf" | awk '{printf "%.2f", $1 / 1048576}')
 	ppl=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$f.ppl")
-	kl=$(sed -n 's/.*mean KL[^0-9]*\([0-9.]*\).*/\1/p' "$f.ppl" | head -1)
-	top=$(sed -n 's/.*same top[^0-9]*\([0-9.]*\).*/\1/p' "$f.ppl" | head -1)
+	kl=$(sed -n 's/^KL divergence: mean \([0-9.]*\).*/\1/p' "$f.ppl")
+	top=$(sed -n 's/^top-1 agreement: \([0-9.]*\)%.*/\1/p' "$f.ppl")
 	printf "| %s | %s | %s | %s | %s | %s |\n" "$1" "$2" "$mib" "$ppl" "$kl" "$top"
 }
 
-base_ppl=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$WORK/base.log")
-echo "F32 source: $(stat -c %s "$f32" | awk '{printf "%.2f", $1 / 1048576}') MiB, perplexity $base_ppl"
-echo
-echo "| type | method | MiB | perplexity | mean KL | same top token % |"
-echo "|---|---|---|---|---|---|"
+# Files first (loom's, then llama.cpp's), the table at the end.
 for type in $TYPES; do
 	for s in $STRATEGIES; do
 		if [ ! -f "build/plugins/qstrategy/$s.so" ]; then
@@ -133,11 +136,28 @@ for type in $TYPES; do
 		[ "$s" = rtn ] || im=(--imatrix "$WORK/loom.imatrix")
 		make_one "$type.loom_$s" "$LOOM" quantize "$f32" "$WORK/$type.loom_$s.gguf" "$type" \
 			--strategy "$s" "${im[@]}" -t "$THREADS"
-		row "$type" "loom $s" "$type.loom_$s"
 	done
-	make_one "$type.llama" "$ANCHOR_BIN/llama-quantize" "$f32" "$WORK/$type.llama.gguf" "$type" "$THREADS"
-	row "$type" "llama-quantize" "$type.llama"
+done
+[ -n "${NO_LLAMA:-}" ] || llama_ready
+for type in $TYPES; do
+	[ -z "${NO_LLAMA:-}" ] || break
+	make_one "$type.llama" "$ANCHOR_BIN/llama-quantize" "$f32" "$WORK/$type.llama.gguf" \
+		"$type" "$THREADS"
 	make_one "$type.llama_imat" "$ANCHOR_BIN/llama-quantize" --imatrix "$WORK/llama.imatrix" \
 		"$f32" "$WORK/$type.llama_imat.gguf" "$type" "$THREADS"
-	row "$type" "llama-quantize --imatrix" "$type.llama_imat"
+done
+
+base_ppl=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$WORK/base.log")
+echo "F32 source: $(stat -c %s "$f32" | awk '{printf "%.2f", $1 / 1048576}') MiB, perplexity $base_ppl"
+echo
+echo "| type | method | MiB | perplexity | mean KL | same top token % |"
+echo "|---|---|---|---|---|---|"
+for type in $TYPES; do
+	for s in $STRATEGIES; do
+		if [ -s "$WORK/$type.loom_$s.ppl" ]; then row "$type" "loom $s" "$type.loom_$s"; fi
+	done
+	if [ -s "$WORK/$type.llama.ppl" ]; then row "$type" "llama-quantize" "$type.llama"; fi
+	if [ -s "$WORK/$type.llama_imat.ppl" ]; then
+		row "$type" "llama-quantize --imatrix" "$type.llama_imat"
+	fi
 done
