@@ -69,6 +69,16 @@ const struct loom_backend_host *loom_host_services(void)
 /* ---- quantization plugins ---- */
 
 #define QUANT_V1_SIZE (offsetof(struct loom_quant_plugin, formats) + sizeof(void *))
+/* A format as ABI 1.0 defined it: up to from_float. */
+#define FORMAT_V1_SIZE (offsetof(struct loom_quant_format, from_float) + sizeof(void *))
+
+/* Format i of p's table: the table's stride is its formats' struct_size
+ * (a plugin built against an older header has smaller entries). */
+static const struct loom_quant_format *format_at(const struct loom_quant_plugin *p, uint32_t i)
+{
+	return (const struct loom_quant_format *)((const char *)p->formats +
+						  (size_t)i * p->formats[0].struct_size);
+}
 
 static int check_quant(const char *path, const void *desc, char *err, size_t errlen)
 {
@@ -79,9 +89,20 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 			    p->n_formats);
 		return -1;
 	}
+	if (p->n_formats && (p->formats[0].struct_size < FORMAT_V1_SIZE ||
+			     p->formats[0].struct_size % sizeof(void *))) {
+		loom_seterr(err, errlen, "quant plugin %s: format struct_size %u (at least %zu, a multiple of %zu)",
+			    path, p->formats[0].struct_size, FORMAT_V1_SIZE, sizeof(void *));
+		return -1;
+	}
 	for (uint32_t i = 0; i < p->n_formats; i++) {
-		const struct loom_quant_format *f = &p->formats[i];
+		const struct loom_quant_format *f = format_at(p, i);
 
+		if (f->struct_size != p->formats[0].struct_size) {
+			loom_seterr(err, errlen, "quant plugin %s: format %u has struct_size %u, format 0 %u",
+				    path, i, f->struct_size, p->formats[0].struct_size);
+			return -1;
+		}
 		if (f->type >= LOOM_TYPE_COUNT || !f->to_float || !f->from_float ||
 		    !f->block_elems || !f->block_bytes || !f->name) {
 			loom_seterr(err, errlen, "quant plugin %s: format %u is incomplete", path, i);
@@ -116,7 +137,7 @@ static int register_plugin(const char *path, void *ctx, char *err, size_t errlen
 	if (!p)
 		return -1;
 	for (uint32_t i = 0; i < p->n_formats; i++) {
-		const struct loom_quant_format *f = &p->formats[i];
+		const struct loom_quant_format *f = format_at(p, i);
 
 		h->formats[f->type] = f;
 		h->format_infos[f->type] = (struct loom_format_info){

@@ -311,7 +311,8 @@ static bool ends_with(const struct gguf_str *s, const char *suffix, size_t *stem
 }
 
 /* NAME.in_sum2 [nval, n_mat] and NAME.counts [1, n_mat]: mean = sum / count,
- * experts one after another (as llama.cpp's legacy layout has them). */
+ * experts one after another (as llama.cpp's legacy layout has them); an
+ * expert no token reached gets 1s, equal weights, as llama-quantize does. */
 static int gguf_entry(const struct gguf_file *g, const struct gguf_tensor *t, size_t stem,
 		      struct loom_imatrix_entry *e, const char *path, char *err, size_t errlen)
 {
@@ -342,7 +343,7 @@ static int gguf_entry(const struct gguf_file *g, const struct gguf_tensor *t, si
 	cnt = ct->data;
 	for (int64_t m = 0; m < n_mat; m++)
 		for (int64_t j = 0; j < nval; j++)
-			v[m * nval + j] = cnt[m] > 0.0f ? sum[m * nval + j] / cnt[m] : 0.0f;
+			v[m * nval + j] = cnt[m] > 0.0f ? sum[m * nval + j] / cnt[m] : 1.0f;
 	e->n_tokens = n_mat == 1 && cnt[0] > 0.0f ? (int64_t)cnt[0] : 0;
 	return 0;
 }

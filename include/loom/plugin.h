@@ -23,10 +23,15 @@ extern "C" {
 #endif
 
 #define LOOM_PLUGIN_ABI_MAJOR 1
-#define LOOM_PLUGIN_ABI_MINOR 0
+#define LOOM_PLUGIN_ABI_MINOR 1
 #define LOOM_QUANT_ENTRY "loom_quant_entry"
 
-/* One weight format. All functions are pure and thread-safe. */
+/* One weight format. All functions are pure and thread-safe.
+ *
+ * struct_size says which fields exist: a plugin built at ABI 1.0 has
+ * none of the appended ones. Every format of a plugin's table has the
+ * same struct_size, and the host steps through the table by it, so a
+ * table built against an older header still reads right. */
 struct loom_quant_format {
 	uint32_t struct_size;
 	uint32_t type;        /* GGUF ggml_type id (enum loom_type) */
@@ -42,7 +47,24 @@ struct loom_quant_format {
 	 * for byte; for formats with an iterative reference (k-quants) the
 	 * plugin documents its own method and bytes may differ. */
 	int (*from_float)(const float *src, void *dst, int64_t n);
+	/* ---- appended (ABI 1.1) ---- */
+	/* Optional (NULL: none). As from_float, but each block's scales (and
+	 * mins) are searched to minimize sum_i weights[i] * (src[i] -
+	 * value_i)^2, value_i being what to_float gives back; weights[0..n)
+	 * >= 0 (a weight tensor row's importance matrix, e.g. the mean of
+	 * x_j^2 over calibration inputs), or NULL for all 1. Per block the
+	 * result is never worse in that error than from_float's. Its bytes
+	 * are its own (no reference quantizer to match). */
+	int (*from_float_weighted)(const float *src, void *dst, int64_t n, const float *weights);
 };
+
+/* Whether f has a from_float_weighted (built at ABI 1.1 or later, and set). */
+static inline int loom_format_has_weighted(const struct loom_quant_format *f)
+{
+	return f && f->struct_size >= offsetof(struct loom_quant_format, from_float_weighted) +
+					     sizeof(f->from_float_weighted) &&
+	       f->from_float_weighted != NULL;
+}
 
 struct loom_quant_plugin {
 	/* ---- generation 1.0 ---- */

@@ -33,10 +33,18 @@
  *     q = round(x / (d * sc)) clamped to -L..L-1.
  * Error: at most half a step, d * |sc| / 2, except the values of sign
  * opposite to mx in q3_K/q6_K beyond (L - 1/2) steps, clipped to L - 1.
+ *
+ * from_float_weighted: per group quant_search.h's weighted search (affine
+ * with offset >= 0 for q2_K/q4_K/q5_K, symmetric for q3_K/q6_K), the group
+ * scales (and mins) as integers of an f16 d (and dmin) searched to keep
+ * the groups' weighted error small (qs_scale_ints), q rounded again for
+ * them; per super-block the better of that and the one-pass block in
+ * weighted error.
  */
 #include <math.h>
 
 #include "quant_common.h"
+#include "quant_search.h"
 
 #define QK_K 256
 #define Q2_K_BYTES 84
@@ -309,11 +317,60 @@ static void k_signed_quant(const float *x, struct k_signed *k)
 	}
 }
 
-static void q2_K_quant(const float *x, uint8_t *b)
+/* The weighted search (quant_search.h): per group the best step and
+ * offset for its weights, then the group scales and mins as integers of
+ * the f16 d and dmin (rounded), and q rounded again for the result. */
+static void k_affine_search(const float *x, const float *w, struct k_affine *k)
 {
-	struct k_affine k = { .group = 16, .levels = 3, .smax = 15 };
+	int n_groups = QK_K / k->group, G = k->group;
+	float s[16], off[16], ws[16], wo[16];
 
-	k_affine_quant(x, &k);
+	for (int g = 0; g < n_groups; g++) {
+		const float *wg = w ? w + g * G : NULL;
+		float m;
+
+		qs_affine(x + g * G, wg, G, k->levels, true, k->q + g * G, &s[g], &m);
+		off[g] = -m;
+		qs_group_weights(wg, k->q + g * G, G, &ws[g], &wo[g]);
+	}
+	k->d = qs_scale_ints(s, ws, n_groups, 0, k->smax, k->sc);
+	k->dmin = qs_scale_ints(off, wo, n_groups, 0, k->smax, k->m);
+	for (int g = 0; g < n_groups; g++) {
+		float step, o;
+
+		step = k->d * (float)k->sc[g];
+		o = k->dmin * (float)k->m[g];
+		for (int e = g * G; e < (g + 1) * G; e++)
+			k->q[e] = step > 0.0f ? qs_round_clamp((x[e] + o) / step, 0, k->levels) : 0;
+	}
+}
+
+/* As k_affine_search for the signed formats (groups of 16). */
+static void k_signed_search(const float *x, const float *w, struct k_signed *k)
+{
+	float s[16], ws[16], unused;
+
+	for (int g = 0; g < 16; g++) {
+		const float *wg = w ? w + 16 * g : NULL;
+
+		s[g] = qs_symmetric(x + 16 * g, wg, 16, -k->levels, k->levels - 1, k->q + 16 * g);
+		qs_group_weights(wg, k->q + 16 * g, 16, &ws[g], &unused);
+	}
+	k->d = qs_scale_ints(s, ws, 16, -k->smax, k->smax, k->sc);
+	for (int g = 0; g < 16; g++) {
+		float step;
+
+		step = k->d * (float)k->sc[g];
+		for (int e = 16 * g; e < 16 * g + 16; e++)
+			k->q[e] = step != 0.0f ?
+				qs_round_clamp(x[e] / step, -k->levels, k->levels - 1) : 0;
+	}
+}
+
+static void q2_K_pack(const struct k_affine *kp, uint8_t *b)
+{
+	const struct k_affine k = *kp;
+
 	memset(b, 0, Q2_K_BYTES);
 	for (int g = 0; g < 16; g++)
 		b[g] = (uint8_t)(k.sc[g] | k.m[g] << 4);
@@ -323,11 +380,26 @@ static void q2_K_quant(const float *x, uint8_t *b)
 	quant_st_f16(b + 82, k.dmin);
 }
 
-static void q3_K_quant(const float *x, uint8_t *b)
+static void q2_K_quant(const float *x, uint8_t *b)
 {
-	struct k_signed k = { .levels = 4, .smax = 31 };
+	struct k_affine k = { .group = 16, .levels = 3, .smax = 15 };
 
-	k_signed_quant(x, &k);
+	k_affine_quant(x, &k);
+	q2_K_pack(&k, b);
+}
+
+static void q2_K_search(const float *x, const float *w, uint8_t *b)
+{
+	struct k_affine k = { .group = 16, .levels = 3, .smax = 15 };
+
+	k_affine_search(x, w, &k);
+	q2_K_pack(&k, b);
+}
+
+static void q3_K_pack(const struct k_signed *kp, uint8_t *b)
+{
+	const struct k_signed k = *kp;
+
 	memset(b, 0, Q3_K_BYTES);
 	for (int e = 0; e < QK_K; e++) {
 		int u = k.q[e] + 4; /* 0..7: bit 2 is the hmask bit */
@@ -340,13 +412,33 @@ static void q3_K_quant(const float *x, uint8_t *b)
 	quant_st_f16(b + 108, k.d);
 }
 
-/* q4_K (qh NULL, 15 levels) and q5_K (31 levels). */
-static void k45_quant(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs,
-		      int levels)
+static void q3_K_quant(const float *x, uint8_t *b)
+{
+	struct k_signed k = { .levels = 4, .smax = 31 };
+
+	k_signed_quant(x, &k);
+	q3_K_pack(&k, b);
+}
+
+static void q3_K_search(const float *x, const float *w, uint8_t *b)
+{
+	struct k_signed k = { .levels = 4, .smax = 31 };
+
+	k_signed_search(x, w, &k);
+	q3_K_pack(&k, b);
+}
+
+/* q4_K (qh NULL, 15 levels) and q5_K (31 levels); search: the weighted
+ * search with importance w (NULL: all 1), else the one-pass method. */
+static void k45_quant(const float *x, bool search, const float *w, uint8_t *b, uint8_t *qh,
+		      uint8_t *qs, int levels)
 {
 	struct k_affine k = { .group = 32, .levels = levels, .smax = 63 };
 
-	k_affine_quant(x, &k);
+	if (search)
+		k_affine_search(x, w, &k);
+	else
+		k_affine_quant(x, &k);
 	quant_st_f16(b, k.d);
 	quant_st_f16(b + 2, k.dmin);
 	for (int j = 0; j < 8; j++)
@@ -361,20 +453,31 @@ static void k45_quant(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs,
 static void q4_K_quant(const float *x, uint8_t *b)
 {
 	memset(b, 0, Q4_K_BYTES);
-	k45_quant(x, b, NULL, b + 16, 15);
+	k45_quant(x, false, NULL, b, NULL, b + 16, 15);
+}
+
+static void q4_K_search(const float *x, const float *w, uint8_t *b)
+{
+	memset(b, 0, Q4_K_BYTES);
+	k45_quant(x, true, w, b, NULL, b + 16, 15);
 }
 
 static void q5_K_quant(const float *x, uint8_t *b)
 {
 	memset(b, 0, Q5_K_BYTES);
-	k45_quant(x, b, b + 16, b + 48, 31);
+	k45_quant(x, false, NULL, b, b + 16, b + 48, 31);
 }
 
-static void q6_K_quant(const float *x, uint8_t *b)
+static void q5_K_search(const float *x, const float *w, uint8_t *b)
 {
-	struct k_signed k = { .levels = 32, .smax = 127 };
+	memset(b, 0, Q5_K_BYTES);
+	k45_quant(x, true, w, b, b + 16, b + 48, 31);
+}
 
-	k_signed_quant(x, &k);
+static void q6_K_pack(const struct k_signed *kp, uint8_t *b)
+{
+	const struct k_signed k = *kp;
+
 	memset(b, 0, Q6_K_BYTES);
 	for (int e = 0; e < QK_K; e++) {
 		int u = k.q[e] + 32; /* 0..63 */
@@ -385,6 +488,22 @@ static void q6_K_quant(const float *x, uint8_t *b)
 	for (int g = 0; g < 16; g++)
 		b[192 + g] = (uint8_t)(int8_t)k.sc[g];
 	quant_st_f16(b + 208, k.d);
+}
+
+static void q6_K_quant(const float *x, uint8_t *b)
+{
+	struct k_signed k = { .levels = 32, .smax = 127 };
+
+	k_signed_quant(x, &k);
+	q6_K_pack(&k, b);
+}
+
+static void q6_K_search(const float *x, const float *w, uint8_t *b)
+{
+	struct k_signed k = { .levels = 32, .smax = 127 };
+
+	k_signed_search(x, w, &k);
+	q6_K_pack(&k, b);
 }
 
 static int k_from_float(const float *src, void *dst, int64_t n, size_t bytes,
@@ -410,6 +529,13 @@ static int k_from_float(const float *src, void *dst, int64_t n, size_t bytes,
 	static int lower##_from_float(const float *src, void *dst, int64_t n)  \
 	{                                                                      \
 		return k_from_float(src, dst, n, upper##_BYTES, lower##_quant); \
+	}                                                                      \
+	static int lower##_from_float_weighted(const float *src, void *dst,    \
+					       int64_t n, const float *w)      \
+	{                                                                      \
+		return qs_blocks(src, dst, n, w, QK_K, upper##_BYTES,          \
+				 lower##_from_float, lower##_search,           \
+				 lower##_to_float);                            \
 	}
 
 K_FORMAT(q2_K, Q2_K)
@@ -427,6 +553,7 @@ K_FORMAT(q6_K, Q6_K)
 		.block_bytes = upper##_BYTES,                                  \
 		.to_float = lower##_to_float,                                  \
 		.from_float = lower##_from_float,                              \
+		.from_float_weighted = lower##_from_float_weighted,            \
 	}
 
 static const struct loom_quant_format kquant_formats[] = {

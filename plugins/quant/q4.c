@@ -11,11 +11,15 @@
  *         d = max / -8, q = min(15, trunc(x * (1/d) + 8.5)).
  *   q4_1: d = (max - min) / 15, m = min,
  *         q = min(15, trunc((x - min) * (1/d) + 0.5)).
+ *
+ * from_float_weighted: quant_search.h's search (q4_0 symmetric on
+ * -8..7, q4_1 affine on 0..15), q rounded again for the f16 scales.
  */
 #include <float.h>
 #include <math.h>
 
 #include "quant_common.h"
+#include "quant_search.h"
 
 #define QK4 32
 #define Q4_0_BYTES 18
@@ -138,6 +142,46 @@ static int q4_1_from_float(const float *src, void *dst, int64_t n)
 	return LOOM_OK;
 }
 
+/* ---- from_float_weighted (quant_search.h) ---- */
+
+static void q4_0_search(const float *x, const float *w, uint8_t *b)
+{
+	int q[QK4];
+	float d = qs_f16(qs_symmetric(x, w, QK4, -8, 7, q));
+
+	qs_symmetric_round(x, QK4, -8, 7, d, q);
+	for (int j = 0; j < QK4; j++)
+		q[j] += 8;
+	quant_st_f16(b, d);
+	q4_pack(q, b + 2);
+}
+
+static int q4_0_from_float_weighted(const float *src, void *dst, int64_t n, const float *w)
+{
+	return qs_blocks(src, dst, n, w, QK4, Q4_0_BYTES, q4_0_from_float, q4_0_search,
+			 q4_0_to_float);
+}
+
+static void q4_1_search(const float *x, const float *w, uint8_t *b)
+{
+	int q[QK4];
+	float d, m;
+
+	qs_affine(x, w, QK4, 15, false, q, &d, &m);
+	d = qs_f16(d);
+	m = qs_f16(m);
+	qs_affine_round(x, QK4, 15, d, m, q);
+	quant_st_f16(b, d);
+	quant_st_f16(b + 2, m);
+	q4_pack(q, b + 4);
+}
+
+static int q4_1_from_float_weighted(const float *src, void *dst, int64_t n, const float *w)
+{
+	return qs_blocks(src, dst, n, w, QK4, Q4_1_BYTES, q4_1_from_float, q4_1_search,
+			 q4_1_to_float);
+}
+
 static const struct loom_quant_format q4_formats[] = {
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -147,6 +191,7 @@ static const struct loom_quant_format q4_formats[] = {
 		.block_bytes = Q4_0_BYTES,
 		.to_float = q4_0_to_float,
 		.from_float = q4_0_from_float,
+		.from_float_weighted = q4_0_from_float_weighted,
 	},
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -156,6 +201,7 @@ static const struct loom_quant_format q4_formats[] = {
 		.block_bytes = Q4_1_BYTES,
 		.to_float = q4_1_to_float,
 		.from_float = q4_1_from_float,
+		.from_float_weighted = q4_1_from_float_weighted,
 	},
 };
 

@@ -12,11 +12,15 @@
  *         d = max / -16, q = min(31, trunc(x * (1/d) + 16.5)).
  *   q5_1: d = (max - min) / 31, m = min,
  *         q = min(31, trunc((x - min) * (1/d) + 0.5)).
+ *
+ * from_float_weighted: quant_search.h's search (q5_0 symmetric on
+ * -16..15, q5_1 affine on 0..31), q rounded again for the f16 scales.
  */
 #include <float.h>
 #include <math.h>
 
 #include "quant_common.h"
+#include "quant_search.h"
 
 #define QK5 32
 #define Q5_0_BYTES 22
@@ -149,6 +153,46 @@ static int q5_1_from_float(const float *src, void *dst, int64_t n)
 	return LOOM_OK;
 }
 
+/* ---- from_float_weighted (quant_search.h) ---- */
+
+static void q5_0_search(const float *x, const float *w, uint8_t *b)
+{
+	int q[QK5];
+	float d = qs_f16(qs_symmetric(x, w, QK5, -16, 15, q));
+
+	qs_symmetric_round(x, QK5, -16, 15, d, q);
+	for (int j = 0; j < QK5; j++)
+		q[j] += 16;
+	quant_st_f16(b, d);
+	q5_pack(q, b + 2);
+}
+
+static int q5_0_from_float_weighted(const float *src, void *dst, int64_t n, const float *w)
+{
+	return qs_blocks(src, dst, n, w, QK5, Q5_0_BYTES, q5_0_from_float, q5_0_search,
+			 q5_0_to_float);
+}
+
+static void q5_1_search(const float *x, const float *w, uint8_t *b)
+{
+	int q[QK5];
+	float d, m;
+
+	qs_affine(x, w, QK5, 31, false, q, &d, &m);
+	d = qs_f16(d);
+	m = qs_f16(m);
+	qs_affine_round(x, QK5, 31, d, m, q);
+	quant_st_f16(b, d);
+	quant_st_f16(b + 2, m);
+	q5_pack(q, b + 4);
+}
+
+static int q5_1_from_float_weighted(const float *src, void *dst, int64_t n, const float *w)
+{
+	return qs_blocks(src, dst, n, w, QK5, Q5_1_BYTES, q5_1_from_float, q5_1_search,
+			 q5_1_to_float);
+}
+
 static const struct loom_quant_format q5_formats[] = {
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -158,6 +202,7 @@ static const struct loom_quant_format q5_formats[] = {
 		.block_bytes = Q5_0_BYTES,
 		.to_float = q5_0_to_float,
 		.from_float = q5_0_from_float,
+		.from_float_weighted = q5_0_from_float_weighted,
 	},
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -167,6 +212,7 @@ static const struct loom_quant_format q5_formats[] = {
 		.block_bytes = Q5_1_BYTES,
 		.to_float = q5_1_to_float,
 		.from_float = q5_1_from_float,
+		.from_float_weighted = q5_1_from_float_weighted,
 	},
 };
 

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "quant_common.h"
+#include "quant_search.h"
 
 #define Q8_0_ELEMS 32
 #define Q8_0_BYTES 34
@@ -62,6 +63,24 @@ static int q8_0_from_float(const float *src, void *dst, int64_t n)
 	return LOOM_OK;
 }
 
+/* from_float_weighted: quant_search.h's symmetric search on -127..127. */
+static void q8_0_search(const float *x, const float *w, uint8_t *b)
+{
+	int q[Q8_0_ELEMS];
+	float d = qs_f16(qs_symmetric(x, w, Q8_0_ELEMS, -127, 127, q));
+
+	qs_symmetric_round(x, Q8_0_ELEMS, -127, 127, d, q);
+	quant_st_f16(b, d);
+	for (int j = 0; j < Q8_0_ELEMS; j++)
+		b[2 + j] = (uint8_t)(int8_t)q[j];
+}
+
+static int q8_0_from_float_weighted(const float *src, void *dst, int64_t n, const float *w)
+{
+	return qs_blocks(src, dst, n, w, Q8_0_ELEMS, Q8_0_BYTES, q8_0_from_float, q8_0_search,
+			 q8_0_to_float);
+}
+
 static const struct loom_quant_format q8_formats[] = {
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -71,6 +90,7 @@ static const struct loom_quant_format q8_formats[] = {
 		.block_bytes = Q8_0_BYTES,
 		.to_float = q8_0_to_float,
 		.from_float = q8_0_from_float,
+		.from_float_weighted = q8_0_from_float_weighted,
 	},
 };
 

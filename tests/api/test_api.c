@@ -271,6 +271,66 @@ START_TEST(all_logits_rows)
 }
 END_TEST
 
+/* gemm_input (0.6): sees each weight GEMM's input by the weight's name,
+ * every token once, and changes nothing the model computes. */
+struct observed {
+	int64_t q_rows, q_cols, down_cols, calls;
+	bool bad_name;
+};
+
+static void observe(void *user, const char *weight, const float *x, int64_t rows, int64_t cols)
+{
+	struct observed *o = user;
+
+	o->calls++;
+	if (!strcmp(weight, "blk.0.attn_q.weight")) {
+		o->q_rows += rows;
+		o->q_cols = cols;
+		ck_assert(isfinite(x[rows * cols - 1]));
+	} else if (!strcmp(weight, "blk.0.ffn_down.weight")) {
+		o->down_cols = cols;
+	} else if (strncmp(weight, "blk.", 4) && strcmp(weight, "token_embd.weight") &&
+		   strcmp(weight, "output.weight")) {
+		o->bad_name = true;
+	}
+}
+
+START_TEST(gemm_input_observes)
+{
+	struct loom_engine_params p;
+	struct loom_generation_params g;
+	struct collected a = { .n = 0 }, b = { .n = 0 };
+	struct observed o = { 0 };
+	const char *prompt = "The capital of France is";
+	struct loom_engine *e;
+	char err[1024];
+
+	loom_engine_params_init(&p);
+	p.model = model;
+	p.n_ctx = 256;
+	p.gemm_input = observe;
+	p.gemm_input_user = &o;
+	e = loom_engine_open(&p, err, sizeof(err));
+	ck_assert_msg(e != NULL, "%s", err);
+	loom_generation_params_init(&g);
+	g.temp = 0;
+	g.n_predict = 8;
+	ck_assert_int_eq(loom_generate(engine, prompt, strlen(prompt), &g, collect, &a, NULL,
+				       err, sizeof(err)), 0);
+	ck_assert_int_eq(loom_generate(e, prompt, strlen(prompt), &g, collect, &b, NULL,
+				       err, sizeof(err)), 0);
+	loom_engine_close(e);
+	ck_assert_int_eq(a.n, b.n);
+	ck_assert_mem_eq(a.ids, b.ids, sizeof(int32_t) * (size_t)a.n);
+	/* the prompt and every generated token but the last ran */
+	ck_assert_int_eq(o.q_rows, 5 + b.n - 1);
+	ck_assert_int_eq(o.q_cols, 576);
+	ck_assert_int_eq(o.down_cols, 1536);
+	ck_assert(!o.bad_name);
+	ck_assert_int_gt(o.calls, 7 * 30);
+}
+END_TEST
+
 START_TEST(tokenize_counts)
 {
 	int32_t ids[16];
@@ -301,6 +361,7 @@ int main(void)
 		tcase_add_test(with_model, older_structs_are_accepted);
 		tcase_add_test(with_model, requests_match_generate);
 		tcase_add_test(with_model, all_logits_rows);
+		tcase_add_test(with_model, gemm_input_observes);
 		suite_add_tcase(s, with_model);
 	} else {
 		printf("skip model checks: LOOM_MODEL (%s) not found\n", model ? model : "unset");

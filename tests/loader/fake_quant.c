@@ -2,6 +2,10 @@
  * plain f32 under an otherwise unused type id (FAKE_QUANT_TYPE). Variants:
  *   FAKE_ABI_MAJOR=n   abi_major in the descriptor (default 1)
  *   FAKE_INCOMPLETE    from_float is NULL
+ *   FAKE_V1_0          built as at plugin ABI 1.0: format entries end at
+ *                      from_float (a struct of that layout, declared here),
+ *                      and a second format "fake32b" (type 38) follows, so
+ *                      the host must step the table by struct_size
  */
 #include <string.h>
 
@@ -33,6 +37,28 @@ static int fake32_from_float(const float *src, void *dst, int64_t n)
 #define FAKE_FROM_FLOAT NULL
 #endif
 
+#ifdef FAKE_V1_0
+/* struct loom_quant_format as plugin.h declared it at ABI 1.0. */
+struct format_v1_0 {
+	uint32_t struct_size;
+	uint32_t type;
+	const char *name;
+	uint32_t block_elems;
+	uint32_t block_bytes;
+	int (*to_float)(const void *src, float *dst, int64_t n);
+	int (*from_float)(const float *src, void *dst, int64_t n);
+};
+
+static const struct format_v1_0 fake32_formats_v1_0[] = {
+	{ sizeof(struct format_v1_0), FAKE_QUANT_TYPE, "fake32", 1, 4, fake32_to_float,
+	  FAKE_FROM_FLOAT },
+	{ sizeof(struct format_v1_0), FAKE_QUANT_TYPE - 1, "fake32b", 1, 4, fake32_to_float,
+	  FAKE_FROM_FLOAT },
+};
+#define FAKE_TABLE ((const struct loom_quant_format *)fake32_formats_v1_0)
+#define FAKE_N 2
+#define FAKE_MINOR 0
+#else
 static const struct loom_quant_format fake32_formats[] = {
 	{
 		.struct_size = sizeof(struct loom_quant_format),
@@ -44,14 +70,18 @@ static const struct loom_quant_format fake32_formats[] = {
 		.from_float = FAKE_FROM_FLOAT,
 	},
 };
+#define FAKE_TABLE fake32_formats
+#define FAKE_N 1
+#define FAKE_MINOR LOOM_PLUGIN_ABI_MINOR
+#endif
 
 static const struct loom_quant_plugin fake32_plugin = {
 	.abi_major = FAKE_ABI_MAJOR,
-	.abi_minor = LOOM_PLUGIN_ABI_MINOR,
+	.abi_minor = FAKE_MINOR,
 	.struct_size = sizeof(struct loom_quant_plugin),
 	.name = "fake32",
-	.n_formats = 1,
-	.formats = fake32_formats,
+	.n_formats = FAKE_N,
+	.formats = FAKE_TABLE,
 };
 
 LOOM_EXPORT const struct loom_quant_plugin *loom_quant_entry(void)

@@ -494,6 +494,34 @@ START_TEST(quant_plugin_loads)
 }
 END_TEST
 
+/* A plugin built at quant ABI 1.0 (smaller format entries, two of them)
+ * loads, each format read at its own stride, none weighted. */
+START_TEST(quant_plugin_abi_1_0_loads)
+{
+	char p[4096], err[4096] = "";
+	const struct loom_quant_format *f, *g;
+	const float src[2] = { 3.0f, -0.5f };
+	float dst[2];
+
+	mod_path(p, sizeof(p), "quant_v1_0.so");
+	ck_assert_msg(loom_formats_load_plugin(p, err, sizeof(err)) == 0, "%s", err);
+	f = loom_format_get(FAKE_QUANT_TYPE);
+	g = loom_format_get(FAKE_QUANT_TYPE - 1);
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(g);
+	ck_assert_str_eq(f->name, "fake32");
+	ck_assert_str_eq(g->name, "fake32b");
+	ck_assert_uint_lt(f->struct_size, sizeof(struct loom_quant_format));
+	ck_assert_int_eq(g->to_float(src, dst, 2), LOOM_OK);
+	ck_assert_mem_eq(src, dst, sizeof(src));
+	ck_assert_int_eq(loom_format_has_weighted(f), 0);
+	ck_assert_int_eq(loom_format_has_weighted(g), 0);
+	/* today's plugins offer the weighted search */
+	ck_assert_int_eq(loom_formats_init(err, sizeof(err)), 0);
+	ck_assert_int_ne(loom_format_has_weighted(loom_format_get(LOOM_TYPE_Q4_K)), 0);
+}
+END_TEST
+
 /* ---- the host lent to backends ---- */
 
 /* Opens good.so, closes it, and checks its create() note. */
@@ -681,6 +709,7 @@ static Suite *loader_suite(void)
 	 * global format registry starts empty in both quant tests. */
 	tcase_add_test(tq, quant_plugin_refusals);
 	tcase_add_test(tq, quant_plugin_loads);
+	tcase_add_test(tq, quant_plugin_abi_1_0_loads);
 	tcase_add_test(tq, quant_and_spec_refuse_non_elf);
 	tcase_add_test(tq, quant_scan_adds_env_folders);
 	tcase_add_test(tq, quant_scan_refuses_bad_plugin);

@@ -175,9 +175,9 @@ def test_gguf(tmp, rng):
         check(q and q[0] == 48 and q[1] == 10 and abs(q[2] - float(np.mean(s / 10))) < 1e-5,
               "GGUF imatrix: in_sum2 / counts (%s)" % (q,))
         x = ent.get("blk.0.ffn_up_exps.weight")
-        want = np.concatenate([e[0] / 2, np.zeros(16), e[2] / 4])
+        want = np.concatenate([e[0] / 2, np.ones(16), e[2] / 4])
         check(x and x[0] == 48 and abs(x[2] - float(np.mean(want))) < 1e-5,
-              "GGUF imatrix: experts one after another, a zero count gives 0 (%s)" % (x,))
+              "GGUF imatrix: experts one after another, a zero count gives 1s (%s)" % (x,))
 
 
 def small_model(path, rng):
