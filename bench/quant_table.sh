@@ -44,6 +44,9 @@ LICENSES=/usr/share/common-licenses
 CALIB_FILES="Apache-2.0 MPL-2.0 GFDL-1.3"
 EVAL_FILES="GPL-3 GPL-2"
 
+# llama.cpp's OpenMP threads spin while they wait; on a loaded machine
+# that costs llama-imatrix several times its run time.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 . bench/anchor.sh
 [ -x "$LOOM" ] || die "$LOOM not built (bash scripts/setup.sh)"
 [ -s "$MODEL" ] || die "no model at $MODEL (bash scripts/setup.sh)"
@@ -108,9 +111,9 @@ make_one() {
 	fi
 	if [ ! -s "$WORK/$name.ppl" ]; then
 		log "evaluating $name"
-		ppl "$out" --kl-base "$WORK/base.kld" >"$WORK/$name.ppl.tmp" 2>&1 ||
-			die "evaluating $name failed (see $WORK/$name.ppl.tmp)"
-		mv "$WORK/$name.ppl.tmp" "$WORK/$name.ppl"
+		ppl "$out" --kl-base "$WORK/base.kld" >"$WORK/$name.ppl.$$" 2>&1 ||
+			die "evaluating $name failed (see $WORK/$name.ppl.$$)"
+		mv "$WORK/$name.ppl.$$" "$WORK/$name.ppl"
 	fi
 }
 
