@@ -35,6 +35,7 @@ struct loom_engine {
 	struct loom_sched_config cfg;        /* as the scheduler runs it */
 	struct loom_kv_plan kv_plan;         /* the KV memory plan of cfg */
 	char model_name[256];
+	enum loom_pooling pooling;           /* <arch>.pooling_type */
 };
 
 /* The size of each struct's first generation: anything smaller is refused. */
@@ -82,7 +83,8 @@ static int take_params(void *dst, size_t dst_size, const void *src, size_t v1,
 
 void loom_engine_params_init(struct loom_engine_params *p)
 {
-	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so" };
+	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so",
+		.kv_type = LOOM_KV_DEFAULT };
 }
 
 void loom_generation_params_init(struct loom_generation_params *g)
@@ -216,15 +218,84 @@ static int load_specs(struct loom_engine *e, const struct loom_engine_params *p,
 	return 0;
 }
 
-/* Context per sequence: n_ctx, or 4096; never above the trained context. */
+/* Context per sequence: n_ctx, or (n_ctx <= 0) the trained context;
+ * never above the trained context. */
 static int32_t context_size(const struct loom_model *m, int32_t n_ctx)
 {
-	int32_t used = loom_model_context(&m->hp, n_ctx);
+	int32_t used = loom_model_context(&m->hp, n_ctx > 0 ? n_ctx : INT32_MAX);
 
 	if (n_ctx > used)
 		loom_log(LOOM_LOG_WARN, "context %d is above the model's trained context; using %d",
 			 n_ctx, used);
 	return used;
+}
+
+/* The KV type p asks for, resolved (the default: f16 where the backend
+ * stores it, f32 in exact mode) and checked against the backend and the
+ * model's head size. */
+static int kv_type(struct loom_engine *e, const struct loom_engine_params *p, char *err,
+		   size_t errlen)
+{
+	const struct loom_hparams *hp = &e->m->hp;
+	int32_t t = p->kv_type;
+	char why[256];
+
+	if (t == LOOM_KV_DEFAULT) {
+		t = p->exact ? LOOM_KV_F32 : LOOM_KV_F16;
+		if (!loom_kv_type_usable(e->m->be, (uint32_t)t, why, sizeof(why)))
+			t = LOOM_KV_F32;
+	}
+	if (t < 0 || !loom_kv_type_name(t)) {
+		loom_seterr(err, errlen, "kv_type %d: not a KV cache type (f32, f16, q8_0, q4_0)", t);
+		return LOOM_ERR_INVALID;
+	}
+	if (!loom_kv_type_usable(e->m->be, (uint32_t)t, why, sizeof(why))) {
+		loom_seterr(err, errlen, "--kv-type %s: %s", loom_kv_type_name(t), why);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	if ((t == LOOM_KV_Q8_0 || t == LOOM_KV_Q4_0) && hp->head_dim % 32) {
+		loom_seterr(err, errlen, "--kv-type %s: the cache stores blocks of 32 values, and this model's heads have %lld",
+			    loom_kv_type_name(t), (long long)hp->head_dim);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	e->cfg.kv_type = (uint32_t)t;
+	return 0;
+}
+
+/* Whether one sequence at context ctx fits in kv_bytes (both pools). */
+static bool context_fits(struct loom_engine *e, int32_t ctx, uint64_t kv_bytes)
+{
+	struct loom_sched_config c = e->cfg;
+	struct loom_kv_plan pl;
+
+	c.max_ctx = ctx;
+	if (c.max_batch_tokens > ctx)
+		c.max_batch_tokens = ctx;
+	loom_sched_plan_kv(e->m, &c, kv_bytes, &pl);
+	return pl.n_blocks >= pl.seq_blocks && pl.n_blocks > 0 &&
+	       (!pl.n_local_layers || pl.n_local_blocks >= pl.seq_local_blocks);
+}
+
+/* The longest context up to c->max_ctx that one sequence can hold in
+ * kv_bytes (a block at least, so a cache too small still fails below
+ * with its own message). */
+static int32_t fitting_context(struct loom_engine *e, uint64_t kv_bytes)
+{
+	int32_t lo = e->cfg.block_size, hi = e->cfg.max_ctx;
+
+	if (context_fits(e, hi, kv_bytes))
+		return hi;
+	if (lo > hi)
+		lo = hi;
+	while (hi - lo > 1) { /* lo fits or is the floor; hi does not fit */
+		int32_t mid = lo + (hi - lo) / 2;
+
+		if (context_fits(e, mid, kv_bytes))
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
 }
 
 /* The scheduler's configuration from the engine parameters (the
@@ -233,23 +304,37 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 			char *err, size_t errlen)
 {
 	struct loom_sched_config *c = &e->cfg;
+	uint64_t kv_bytes = p->kv_bytes > 0 ? (uint64_t)p->kv_bytes : 0;
+	int rc;
 
 	loom_sched_config_defaults(c);
 	c->block_size = p->block_size > 0 ? p->block_size : 16;
 	c->max_seqs = p->n_parallel > 0 ? p->n_parallel : 1;
 	c->max_ctx = context_size(e->m, p->n_ctx);
 	c->max_batch_tokens = p->n_batch > 0 ? p->n_batch : 256;
+	rc = kv_type(e, p, err, errlen);
+	if (rc)
+		return rc;
+	/* no context given: the trained one, capped to what the cache holds
+	 * (kv_bytes, else the default reservation shared by the sequences) */
+	if (p->n_ctx <= 0)
+		c->max_ctx = fitting_context(e, kv_bytes ? kv_bytes :
+					     loom_kv_default_bytes() / (uint64_t)c->max_seqs);
 	if (c->max_batch_tokens > c->max_ctx)
 		c->max_batch_tokens = c->max_ctx; /* no step needs more */
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;
 	c->spec_step_rows = p->spec_step_rows > 0 ? p->spec_step_rows : 0;
-	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs : 0;
+	/* all_logits: a whole step's rows; else a few beyond one per sequence,
+	 * so that requests keeping a row per prompt token (prompt logprobs,
+	 * hidden states) prefill in chunks rather than a token a step */
+	c->logits_rows = p->all_logits ? c->max_batch_tokens + c->max_seqs :
+			 c->max_seqs + (c->max_batch_tokens < 64 ? c->max_batch_tokens : 64);
 	/* no kv_bytes: each sequence a whole context (windowed layers: a
 	 * window), and one spare block for a copy; else kv_bytes split
 	 * between the full-context and the windowed layers */
-	loom_sched_plan_kv(e->m, c, p->kv_bytes > 0 ? (uint64_t)p->kv_bytes : 0, &e->kv_plan);
+	loom_sched_plan_kv(e->m, c, kv_bytes, &e->kv_plan);
 	c->n_blocks = e->kv_plan.n_blocks;
 	c->n_local_blocks = e->kv_plan.n_local_blocks;
 	if (c->n_blocks <= 0 || (e->kv_plan.n_local_layers && c->n_local_blocks <= 0)) {
@@ -272,6 +357,23 @@ static void spec_rows(struct loom_engine *e)
 		if (rows > c->spec_rows)
 			c->spec_rows = rows > c->max_batch_tokens ? c->max_batch_tokens : (int32_t)rows;
 	}
+}
+
+/* <arch>.pooling_type (llama.cpp: 0 none, 1 mean, 2 cls, 3 last, 4 rank);
+ * mean unless cls or last. */
+static void read_pooling(struct loom_engine *e)
+{
+	char *arch = NULL, key[128], why[256];
+	uint32_t v = 0;
+
+	e->pooling = LOOM_POOLING_MEAN;
+	if (gguf_get_str(e->f, "general.architecture", &arch, why, sizeof(why)) || !arch)
+		return;
+	snprintf(key, sizeof(key), "%s.pooling_type", arch);
+	free(arch);
+	if (gguf_get_u32(e->f, key, &v, why, sizeof(why)) == 0 &&
+	    (v == LOOM_POOLING_CLS || v == LOOM_POOLING_LAST))
+		e->pooling = (enum loom_pooling)v;
 }
 
 static void set_model_name(struct loom_engine *e, const char *path)
@@ -297,6 +399,7 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 		return LOOM_ERR_FORMAT;
 	}
 	set_model_name(e, p->model);
+	read_pooling(e);
 	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
@@ -372,6 +475,16 @@ int32_t loom_engine_n_ctx(const struct loom_engine *e)
 	return e->cfg.max_ctx;
 }
 
+int32_t loom_engine_n_embd(const struct loom_engine *e)
+{
+	return (int32_t)e->m->hp.n_embd;
+}
+
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e)
+{
+	return e->pooling;
+}
+
 const char *loom_engine_backend_name(const struct loom_engine *e)
 {
 	return e->m->be->ops->name;
@@ -432,6 +545,7 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.local_layers = (int32_t)e->kv_plan.n_local_layers,
 		.weights_bytes = e->m->weights_bytes, .packed_bytes = e->m->packed_bytes,
 		.packed_tensors = e->m->n_packs,
+		.kv_type = (int32_t)e->cfg.kv_type, .kv_token_bytes = e->kv_plan.token_bytes,
 	};
 }
 
@@ -455,16 +569,19 @@ int loom_submit(struct loom_engine *e, const struct loom_request *req, uint64_t 
 		loom_seterr(err, errlen, "request: speculative strategy '%s' is not loaded", r.spec);
 		return LOOM_ERR_INVALID;
 	}
-	if (r.all_logits && !e->cfg.logits_rows) {
+	if (r.all_logits && e->cfg.logits_rows < e->cfg.max_batch_tokens + e->cfg.max_seqs) {
 		loom_seterr(err, errlen, "request: all_logits needs an engine opened with all_logits");
 		return LOOM_ERR_UNSUPPORTED;
 	}
+	if (r.logprobs || r.prompt_logprobs || r.hidden)
+		spec = NULL; /* a token at a time, each from its own row */
 	sr = (struct loom_sched_request){
 		.prompt = r.prompt, .n_prompt = r.n_prompt, .n_predict = r.n_predict,
 		.sampling = r.sampling, .cb = r.on_event, .user = r.user, .spec = spec,
 		.spec_max_draft = r.spec_max_draft, .ignore_eog = r.ignore_eog,
 		.first_logits = r.prompt_logits, .all_logits = r.all_logits,
-		.grammar = r.grammar,
+		.grammar = r.grammar, .logprobs = r.logprobs, .top_logprobs = r.top_logprobs,
+		.prompt_logprobs = r.prompt_logprobs, .hidden = r.hidden,
 	};
 	return loom_sched_submit(e->sched, &sr, id, err, errlen);
 }

@@ -102,6 +102,13 @@ struct loom_engine_params {
 	bool all_logits;       /* room for a logits row per prompt token of a
 				  step (n_batch x n_vocab floats), so requests
 				  may ask for all_logits */
+	/* ---- appended (0.5): the KV cache's type ----
+	 * n_ctx <= 0 now means the model's trained context, capped to what
+	 * the KV cache holds for one sequence: kv_bytes when > 0, else the
+	 * default reservation (loom_kv_default_bytes) shared by n_parallel
+	 * sequences, whose cache is then n_ctx tokens each as before. */
+	int32_t kv_type;       /* enum loom_kv_type; loom_engine_params_init
+				  sets LOOM_KV_DEFAULT */
 	/* ---- appended (0.6): calibration ---- */
 	/* optional: observes every weight GEMM's input (loom_gemm_input_fn).
 	 * Each step then runs op by op (no captured step graphs), with a
@@ -111,6 +118,25 @@ struct loom_engine_params {
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
+
+/* KV cache element types (GGUF type ids; docs/QUANTIZATION.md, "KV cache").
+ * LOOM_KV_DEFAULT: f16 where the backend stores it, f32 in exact mode or
+ * on a backend of ABI < 1.3. */
+enum loom_kv_type {
+	LOOM_KV_DEFAULT = -1,
+	LOOM_KV_F32 = 0,
+	LOOM_KV_F16 = 1,
+	LOOM_KV_Q4_0 = 2,
+	LOOM_KV_Q8_0 = 8,
+};
+/* "f32", "f16", "q8_0" or "q4_0" (any case): 0 and *type set, else -1. */
+int loom_kv_type_parse(const char *name, int32_t *type);
+/* The name of a KV type, "default" for LOOM_KV_DEFAULT, or NULL. */
+const char *loom_kv_type_name(int32_t type);
+/* The KV reservation used when none is given: 1/8 of the memory the
+ * system has available (MemAvailable), clamped to [256 MiB, 4 GiB];
+ * 256 MiB when that cannot be read. */
+uint64_t loom_kv_default_bytes(void);
 struct loom_engine *loom_engine_open(const struct loom_engine_params *p,
 				     char *err, size_t errlen);
 void loom_engine_close(struct loom_engine *e);
@@ -196,6 +222,21 @@ struct loom_event {
 	int32_t n_prompt, n_generated; /* n_generated counts reported tokens */
 	int32_t n_cached;              /* prompt tokens served from the prefix cache */
 	const char *error;             /* LOOM_FINISH_ERROR: why; else NULL */
+	/* ---- appended (api): a token's log-probabilities, for a request
+	 * with logprobs (else 0 and NULL). They are the log-softmax of the
+	 * model's logits, before a grammar's mask, penalties, temperature and
+	 * truncation: what the model itself gives the token. top: the
+	 * request's top_logprobs most likely tokens, most likely first (ties
+	 * to the lower id); valid during the callback only. */
+	float logprob;
+	const struct loom_token_logprob *top;
+	int32_t n_top;
+};
+
+/* A token and its log-probability (natural log). */
+struct loom_token_logprob {
+	int32_t token;
+	float logprob;
 };
 
 /* Called on the thread that steps the engine; must not block for long.
@@ -229,7 +270,24 @@ struct loom_request {
 	 * grammar (loom_grammar_new), and end-of-generation comes only where
 	 * the text is complete. loom_submit takes its own reference. */
 	const struct loom_grammar *grammar;
+	/* ---- appended (0.6): log-probabilities and hidden states ----
+	 * A request with logprobs, prompt_logprobs or hidden decodes without
+	 * speculation and shares no cached prefix. */
+	bool logprobs;          /* each token event carries its logprob */
+	int32_t top_logprobs;   /* and the most likely tokens, 0..20 */
+	/* optional: n_prompt x (1 + top_logprobs) entries. Row i: the prompt
+	 * token i and its logprob given the tokens before it (row 0, which has
+	 * none: NAN), then the top_logprobs most likely tokens at position i
+	 * (row 0: token -1, logprob NAN). */
+	struct loom_token_logprob *prompt_logprobs;
+	/* optional: n_prompt x loom_engine_n_embd floats; row i gets the
+	 * model's final normed hidden state at prompt token i (what its output
+	 * layer reads). Such a request ends after its prompt, with no token
+	 * (finish LENGTH, n_generated 0): it is for embeddings. */
+	float *hidden;
 };
+
+#define LOOM_MAX_TOP_LOGPROBS 20
 
 void loom_request_init(struct loom_request *r);
 
@@ -282,6 +340,9 @@ struct loom_engine_stats {
 	 * backend keeps in a layout of its own (ABI 1.2 weight_pack) */
 	uint64_t weights_bytes, packed_bytes;
 	int32_t packed_tensors;
+	/* ---- appended (0.5): the KV cache's type ---- */
+	int32_t kv_type;          /* enum loom_kv_type, never DEFAULT */
+	uint64_t kv_token_bytes;  /* K and V of one token in every layer */
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 
@@ -332,6 +393,10 @@ int loom_detokenize(const struct loom_tokenizer *t, struct loom_detok *st,
 const char *loom_token_text(const struct loom_tokenizer *t, int32_t token);
 
 int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t);
+/* Appended (api): the bytes token decodes to (not NUL-terminated, perhaps
+ * part of a UTF-8 character; *len 0 for control tokens), or NULL for an
+ * id out of range. */
+const char *loom_token_bytes(const struct loom_tokenizer *t, int32_t token, size_t *len);
 int32_t loom_tokenizer_bos(const struct loom_tokenizer *t); /* -1 if none */
 int32_t loom_tokenizer_eos(const struct loom_tokenizer *t); /* -1 if none */
 /* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...). */
@@ -539,6 +604,21 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen);
+/* ======== appended (api): embeddings ======== */
+
+/* Width of the hidden state (loom_request.hidden rows). */
+int32_t loom_engine_n_embd(const struct loom_engine *e);
+
+/* How an embedding pools the rows of a prompt's hidden states, from the
+ * GGUF key <arch>.pooling_type (llama.cpp's values); mean when the file
+ * has none or names one loom does not offer (none, rank). */
+enum loom_pooling {
+	LOOM_POOLING_MEAN = 1,
+	LOOM_POOLING_CLS = 2,  /* the first token's row */
+	LOOM_POOLING_LAST = 3, /* the last token's row */
+};
+enum loom_pooling loom_engine_pooling(const struct loom_engine *e);
+
 /* ======== appended (0.5): constrained decoding ======== */
 
 /*

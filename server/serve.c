@@ -36,7 +36,8 @@ static int parse_args(int argc, char **argv, struct loom_options *o, char *err, 
 
 /* The engine the options ask for: batch-invariant (a request's tokens do
  * not depend on what shares its steps), many sequences, a paged KV cache
- * of ctx x parallel tokens unless --kv-mem says otherwise. */
+ * of --kv-mem bytes (default loom_kv_default_bytes(): 1/8 of the memory
+ * available, 256 MiB to 4 GiB) in --kv-type (default f16; f32 --exact). */
 static void engine_params(const struct loom_options *o, struct loom_engine_params *p)
 {
 	loom_options_engine_params(o, p);
@@ -44,7 +45,7 @@ static void engine_params(const struct loom_options *o, struct loom_engine_param
 	p->n_batch = o->serve.max_batch_tokens;
 	p->spec_default = o->serve.spec_default[0] ? o->serve.spec_default : "none";
 	p->n_parallel = o->serve.parallel;
-	p->kv_bytes = (int64_t)o->serve.kv_mem;
+	p->kv_bytes = (int64_t)(o->serve.kv_mem ? o->serve.kv_mem : loom_kv_default_bytes());
 	p->block_size = o->serve.block_size;
 	p->max_waiting = o->serve.max_waiting;
 	p->prefix_cache = o->serve.prefix_cache ? 1 : -1;
@@ -71,7 +72,8 @@ static void print_plan(struct server *srv)
 		fprintf(stderr, ", %.1f MiB in %d tensors in the backend's own layout",
 			(double)st.packed_bytes / 1048576.0, st.packed_tensors);
 	fprintf(stderr, "\n");
-	fprintf(stderr, "loom serve: KV cache: %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+	fprintf(stderr, "loom serve: KV cache: %s, %llu bytes/token, %lld blocks x %d tokens = %lld tokens, %.1f MiB (%llu bytes); context %d per sequence, %d sequences at most, prefix cache %s\n",
+		loom_kv_type_name(st.kv_type), (unsigned long long)st.kv_token_bytes,
 		(long long)st.blocks_total, st.block_size,
 		(long long)st.blocks_total * st.block_size, (double)st.kv_bytes / 1048576.0,
 		(unsigned long long)st.kv_bytes, st.n_ctx, st.n_parallel,

@@ -1,5 +1,9 @@
 /* `loom serve`: requests, their scheduler events, stop strings, metrics. */
 #include "serve_int.h"
+#include "serve_api.h"
+
+#include <jansson.h>
+#include <math.h>
 
 #include <errno.h>
 #include <stdarg.h>
@@ -98,6 +102,25 @@ static uint64_t fresh_seed(void)
 	       (counter++ << 32);
 }
 
+/* Moves n prompts into j: choice i is prompt i / per (n per prompt). */
+static void take_prompts(struct job *j, int32_t **prompts, const int32_t *lens, int n, int per)
+{
+	int i;
+
+	j->n_prompts = n;
+	j->n_per_prompt = per;
+	j->n = n * per;
+	j->n_prompt = 0;
+	for (i = 0; i < n; i++) {
+		j->prompts[i] = prompts[i];
+		j->prompt_lens[i] = lens[i];
+		j->n_prompt += lens[i];
+	}
+	j->prompt = j->prompts[0];
+	for (i = 0; i < j->n; i++)
+		j->gens[i].prompt = i / per;
+}
+
 void job_take_req(struct job *j, struct serve_req *r)
 {
 	j->chat = r->chat;
@@ -112,10 +135,23 @@ void job_take_req(struct job *j, struct serve_req *r)
 	j->spec_max_draft = r->spec_max_draft;
 	memcpy(j->stop, r->stop, sizeof(j->stop));
 	j->n_stop = r->n_stop;
-	j->prompt = r->prompt;
-	j->n_prompt = r->n_prompt;
 	j->grammar = r->grammar;
 	j->tool_mode = r->tool_mode;
+	j->logprobs = r->logprobs;
+	j->top_logprobs = r->top_logprobs;
+	j->echo = r->echo;
+	take_prompts(j, r->prompts, r->prompt_lens, r->n_prompts, r->n);
+	memset(r, 0, sizeof(*r));
+}
+
+void job_take_embed(struct job *j, struct serve_embed_req *r)
+{
+	j->embed = true;
+	j->embed_base64 = r->base64;
+	j->max_tokens = 1;
+	loom_sampler_defaults(&j->sp);
+	j->sp.temp = 0;
+	take_prompts(j, r->inputs, r->input_lens, r->n_inputs, 1);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -127,10 +163,15 @@ static void job_free(struct job *j)
 		free(j->gens[i].toks);
 		sb_free(&j->gens[i].pending);
 		sb_free(&j->gens[i].tool_buf);
+		free(j->gens[i].lps);
+		free(j->gens[i].prompt_lp);
+		free(j->gens[i].hidden);
+		json_decref(j->gens[i].lp_items);
 	}
 	for (i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
-	free(j->prompt);
+	for (i = 0; i < j->n_prompts; i++)
+		free(j->prompts[i]);
 	loom_grammar_free(j->grammar);
 	sb_free(&j->out);
 	pthread_mutex_destroy(&j->mu);
@@ -177,6 +218,35 @@ static void list_del(struct server *srv, struct job *j)
 	j->listed = false;
 }
 
+/* The logprob entries of a token event: 1 + top_logprobs per token, kept
+ * beside toks (a failed allocation fails the choice, as gen_push). */
+static void gen_push_lp(struct gen *g, const struct loom_event *ev)
+{
+	size_t w = 1 + (size_t)g->job->top_logprobs, at = (g->n_toks - 1) * w;
+	struct loom_token_logprob *e;
+
+	if (at + w > g->cap_lps) {
+		size_t cap = g->cap_lps ? g->cap_lps * 2 : 64 * w;
+		struct loom_token_logprob *n;
+
+		while (cap < at + w)
+			cap *= 2;
+		n = realloc(g->lps, cap * sizeof(*n));
+		if (!n) {
+			g->finish = LOOM_FINISH_ERROR;
+			snprintf(g->error, sizeof(g->error), "out of memory");
+			return;
+		}
+		g->lps = n;
+		g->cap_lps = cap;
+	}
+	e = g->lps + at;
+	e[0] = (struct loom_token_logprob){ ev->token, ev->logprob };
+	for (size_t k = 1; k < w; k++)
+		e[k] = (int32_t)k <= ev->n_top ? ev->top[k - 1] :
+		       (struct loom_token_logprob){ -1, NAN };
+}
+
 static void gen_push(struct gen *g, int32_t tok)
 {
 	if (g->n_toks == g->cap_toks) {
@@ -211,6 +281,8 @@ static void on_event(void *user, const struct loom_event *ev)
 			metrics_observe(&srv->metrics, &srv->metrics.itl, t - g->t_last);
 		g->t_last = t;
 		gen_push(g, ev->token);
+		if (j->logprobs && g->finish != LOOM_FINISH_ERROR)
+			gen_push_lp(g, ev);
 	}
 	if (final) {
 		g->sched_done = true;
@@ -244,6 +316,29 @@ static void on_event(void *user, const struct loom_event *ev)
 	job_put(j); /* the engine request's reference */
 }
 
+/* The engine's output buffers of choice g: prompt logprobs for echo,
+ * hidden states for embeddings. 0, or -1 out of memory. */
+static int gen_buffers(struct job *j, struct gen *g, struct loom_request *r)
+{
+	size_t n = (size_t)r->n_prompt;
+
+	r->logprobs = j->logprobs;
+	r->top_logprobs = j->top_logprobs;
+	if (j->echo && j->logprobs) {
+		g->prompt_lp = calloc(n * (1 + (size_t)j->top_logprobs), sizeof(*g->prompt_lp));
+		r->prompt_logprobs = g->prompt_lp;
+		if (!g->prompt_lp)
+			return -1;
+	}
+	if (j->embed) {
+		g->hidden = calloc(n * (size_t)loom_engine_n_embd(j->srv->engine), sizeof(float));
+		r->hidden = g->hidden;
+		if (!g->hidden)
+			return -1;
+	}
+	return 0;
+}
+
 int job_submit(struct job *j, char *err, size_t errlen)
 {
 	struct server *srv = j->srv;
@@ -256,9 +351,14 @@ int job_submit(struct job *j, char *err, size_t errlen)
 		uint64_t id;
 
 		loom_request_init(&r);
-		r.prompt = j->prompt;
-		r.n_prompt = j->n_prompt;
-		r.n_predict = j->max_tokens;
+		r.prompt = j->prompts[g->prompt];
+		r.n_prompt = j->prompt_lens[g->prompt];
+		r.n_predict = j->max_tokens > 0 ? j->max_tokens : 1; /* 0: echo only */
+		if (gen_buffers(j, g, &r)) {
+			snprintf(err, errlen, "out of memory");
+			rc = LOOM_ERR_NOMEM;
+			break;
+		}
 		r.sampling = j->sp;
 		r.sampling.seed = j->sp.seed + (uint64_t)i;
 		r.spec = j->spec ? j->spec : "none";
@@ -402,6 +502,54 @@ static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void
 	p->len = 0;
 }
 
+/* Appends a logprob item for entries e (a token and its top ones) whose
+ * text starts text_off bytes into the choice. */
+static void gen_lp_item(struct gen *g, const struct loom_token_logprob *e)
+{
+	struct job *j = g->job;
+	json_t *item;
+
+	if (!g->lp_items)
+		g->lp_items = json_array();
+	item = api_lp_item(j->srv->tok, e, j->top_logprobs, g->text_off);
+	if (g->lp_items && item)
+		json_array_append_new(g->lp_items, item);
+	else
+		json_decref(item);
+}
+
+/* echo: the prompt's text (and with logprobs its items, the first with
+ * null logprobs) comes first in the choice, before any token. */
+static void gen_echo(struct gen *g, job_emit_fn emit, void *user)
+{
+	struct job *j = g->job;
+	const int32_t *p = j->prompts[g->prompt];
+	int32_t n = j->prompt_lens[g->prompt], i;
+	size_t w = 1 + (size_t)j->top_logprobs;
+	struct loom_detok dt = { .first = true };
+	struct sbuf text = { 0 };
+
+	g->echoed = true;
+	for (i = 0; i < n; i++) {
+		size_t before = text.len, len = 0;
+		char *buf;
+		int got;
+
+		loom_token_bytes(j->srv->tok, p[i], &len);
+		buf = malloc(len + 16);
+		got = buf ? loom_detokenize(j->srv->tok, &dt, p[i], buf, len + 16) : -1;
+		if (got > 0)
+			sb_putn(&text, buf, (size_t)got);
+		free(buf);
+		if (g->prompt_lp)
+			gen_lp_item(g, g->prompt_lp + (size_t)i * w);
+		g->text_off += text.len - before;
+	}
+	if (text.len)
+		emit(j, g, text.s, text.len, false, user);
+	sb_free(&text);
+}
+
 /* A token whose text does not fit gen_token's buffer: retried with larger
  * ones (loom_detokenize leaves its state alone when the buffer is short),
  * so no token is dropped whatever its length. */
@@ -423,7 +571,8 @@ static void detok_long(struct gen *g, int32_t tok)
 }
 
 /* Moves one token through the detokenizer and stop matching. */
-static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
+static void gen_token(struct gen *g, int32_t tok, const struct loom_token_logprob *lp,
+		      job_emit_fn emit, void *user)
 {
 	struct job *j = g->job;
 	struct sbuf *p = &g->pending;
@@ -432,16 +581,24 @@ static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 	long at;
 	int len;
 
+	if (j->max_tokens == 0) { /* echo only: the token is not part of it */
+		gen_finish(g, "length", emit, user);
+		return;
+	}
 	if (loom_tokenizer_is_eog(j->srv->tok, tok)) {
 		gen_finish(g, "stop", emit, user);
 		return;
 	}
 	g->n_out++;
+	if (lp)
+		gen_lp_item(g, lp);
+	keep = p->len;
 	len = loom_detokenize(j->srv->tok, &g->dt, tok, piece, sizeof(piece));
 	if (len > 0)
 		sb_putn(p, piece, (size_t)len);
 	else if (len < 0)
 		detok_long(g, tok);
+	g->text_off += p->len - keep;
 	at = find_stop(j, p->s ? p->s : "", p->len);
 	if (at >= 0) {
 		p->len = (size_t)at;
@@ -461,21 +618,31 @@ static void gen_token(struct gen *g, int32_t tok, job_emit_fn emit, void *user)
 	}
 }
 
-/* Takes the tokens that arrived since the last call (under the lock). */
-static int32_t *gen_take(struct gen *g, size_t *n, bool *done, enum loom_finish *fin)
+/* Takes the tokens that arrived since the last call, and with logprobs
+ * their entries into *lps (under the lock). */
+static int32_t *gen_take(struct gen *g, size_t *n, bool *done, enum loom_finish *fin,
+			 struct loom_token_logprob **lps)
 {
+	size_t w = 1 + (size_t)g->job->top_logprobs;
 	int32_t *t = NULL;
 
 	*n = g->n_toks - g->n_read;
 	*done = g->sched_done;
 	*fin = g->finish;
+	*lps = NULL;
 	if (*n && (t = malloc(*n * sizeof(*t))))
 		memcpy(t, g->toks + g->n_read, *n * sizeof(*t));
-	if (!t)
+	if (t && g->job->logprobs && g->lps && (*lps = malloc(*n * w * sizeof(**lps))))
+		memcpy(*lps, g->lps + g->n_read * w, *n * w * sizeof(**lps));
+	if (!t || (g->job->logprobs && !*lps)) {
+		free(t);
+		t = NULL;
 		*n = 0;
+	}
 	g->n_read += *n;
 	return t;
 }
+
 
 static bool job_has_news(struct job *j)
 {
@@ -493,17 +660,22 @@ static bool job_has_news(struct job *j)
 static void gen_advance(struct gen *g, job_emit_fn emit, void *user)
 {
 	struct job *j = g->job;
+	struct loom_token_logprob *lps;
+	size_t n, i, w = 1 + (size_t)j->top_logprobs;
 	enum loom_finish fin;
-	size_t n, i;
 	bool done;
 	int32_t *t;
 
 	pthread_mutex_lock(&j->mu);
-	t = gen_take(g, &n, &done, &fin);
+	t = gen_take(g, &n, &done, &fin, &lps);
 	pthread_mutex_unlock(&j->mu);
+	if (j->echo && !g->echoed && (n || (done && fin != LOOM_FINISH_ERROR &&
+					    fin != LOOM_FINISH_CANCELLED)))
+		gen_echo(g, emit, user);
 	for (i = 0; i < n && !g->out_done; i++)
-		gen_token(g, t[i], emit, user);
+		gen_token(g, t[i], lps ? lps + i * w : NULL, emit, user);
 	free(t);
+	free(lps);
 	if (g->out_done) {
 		if (!done)
 			loom_cancel(j->srv->engine, g->id);

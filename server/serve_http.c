@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "serve_api.h"
 #include "serve_index_html.h"
 #include "serve_tools.h"
 
@@ -180,23 +181,23 @@ static enum MHD_Result fail(struct MHD_Connection *c, struct server *srv, int st
  * detokenizer releases only whole characters, so this is a safety net). */
 static json_t *text_json(const char *s, size_t n)
 {
-	json_t *v = json_stringn(s, n);
-	struct sbuf b = { 0 };
-	size_t i;
+	return api_text_json(s, n);
+}
 
-	if (v)
-		return v;
-	for (i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)s[i];
+/* A choice's "logprobs": null unless asked for; then the items of the
+ * tokens consumed (take: and forgets them, for the next stream chunk). */
+static json_t *choice_logprobs(const struct job *j, struct gen *g, bool take)
+{
+	json_t *items = g->lp_items ? g->lp_items : json_array(), *out;
 
-		if (ch < 0x80)
-			sb_putn(&b, s + i, 1);
-		else
-			sb_puts(&b, "\xef\xbf\xbd");
-	}
-	v = json_stringn(b.s ? b.s : "", b.len);
-	sb_free(&b);
-	return v;
+	if (!j->logprobs)
+		return json_null();
+	out = j->chat ? api_chat_logprobs(items) : api_completion_logprobs(items);
+	if (take || !g->lp_items)
+		json_decref(items);
+	if (take)
+		g->lp_items = NULL;
+	return out ? out : json_null();
 }
 
 /* ---- client liveness ---- */
@@ -286,7 +287,7 @@ static json_t *tool_choice_json(const struct job *j, const struct gen *g, const 
 			 "finish_reason", "tool_calls");
 }
 
-static json_t *final_choice(const struct job *j, const struct gen *g, const struct sbuf *text)
+static json_t *final_choice(const struct job *j, struct gen *g, const struct sbuf *text)
 {
 	json_t *t, *calls = tool_choice_json(j, g, text);
 
@@ -295,11 +296,12 @@ static json_t *final_choice(const struct job *j, const struct gen *g, const stru
 	t = text_json(text->s ? text->s : "", text->len);
 
 	if (j->chat)
-		return json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", g->index,
+		return json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", g->index,
 				 "message", "role", "assistant", "content", t,
-				 "logprobs", "finish_reason", g->finish_reason);
-	return json_pack("{s:i,s:o,s:n,s:s}", "index", g->index, "text", t, "logprobs",
-			 "finish_reason", g->finish_reason);
+				 "logprobs", choice_logprobs(j, g, false),
+				 "finish_reason", g->finish_reason);
+	return json_pack("{s:i,s:o,s:o,s:s}", "index", g->index, "text", t, "logprobs",
+			 choice_logprobs(j, g, false), "finish_reason", g->finish_reason);
 }
 
 /* ---- non-streaming ---- */
@@ -312,6 +314,32 @@ static void collect(struct job *j, struct gen *g, const char *text, size_t len,
 	(void)j;
 	(void)finished;
 	sb_putn(&texts[g->index], text, len);
+}
+
+/* /v1/embeddings: each input's hidden states pooled as the model says
+ * (mean by default) and normalized to length 1. */
+static enum MHD_Result send_embeddings(struct MHD_Connection *c, struct job *j)
+{
+	int32_t d = loom_engine_n_embd(j->srv->engine);
+	enum loom_pooling pooling = loom_engine_pooling(j->srv->engine);
+	float *v = malloc(sizeof(float) * (size_t)d);
+	json_t *data = json_array();
+	int i;
+
+	for (i = 0; v && data && i < j->n; i++) {
+		if (api_pool(j->gens[i].hidden, j->prompt_lens[i], d, pooling, v)) {
+			free(v);
+			json_decref(data);
+			return fail(c, j->srv, 500, "backend_error",
+				    "the hidden state has no length (not finite or zero)");
+		}
+		json_array_append_new(data, api_embedding_item(i, v, d, j->embed_base64));
+	}
+	free(v);
+	return send_json(c, 200, json_pack("{s:s,s:o,s:s,s:{s:i,s:i}}", "object", "list",
+					   "data", data, "model", j->srv->model_name, "usage",
+					   "prompt_tokens", j->n_prompt, "total_tokens",
+					   j->n_prompt), j->srv);
 }
 
 /* Called again each time the parked request is woken: moves what arrived
@@ -339,6 +367,8 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 		if (j->gens[i].failed)
 			return fail(c, srv, 500, "backend_error",
 				    j->gens[i].error[0] ? j->gens[i].error : "generation failed");
+	if (j->embed)
+		return send_embeddings(c, j);
 	choices = json_array();
 	for (i = 0; i < j->n; i++)
 		json_array_append_new(choices, final_choice(j, &j->gens[i], &cn->texts[i]));
@@ -365,22 +395,28 @@ static void sse_put(struct job *j, json_t *o)
 	free(s);
 }
 
-static json_t *delta_choice(const struct job *j, const struct gen *g, json_t *text,
+/* A stream chunk's choice; with logprobs, those of the tokens consumed
+ * since the last chunk (null in the role chunk and the finish). */
+static json_t *delta_choice(const struct job *j, struct gen *g, json_t *text,
 			    bool role, const char *finish)
 {
 	json_t *fr = finish ? json_string(finish) : json_null();
+	bool pending = g->lp_items && json_array_size(g->lp_items);
+	json_t *lp = !role && (pending || (text && !finish)) ? choice_logprobs(j, g, true) :
+		     json_null();
 
 	if (!j->chat)
-		return json_pack("{s:i,s:o,s:n,s:o}", "index", g->index, "text", text,
-				 "logprobs", "finish_reason", fr);
+		return json_pack("{s:i,s:o,s:o,s:o}", "index", g->index, "text", text,
+				 "logprobs", lp, "finish_reason", fr);
 	if (!text)
-		return json_pack("{s:i,s:{},s:n,s:o}", "index", g->index, "delta",
-				 "logprobs", "finish_reason", fr);
+		return json_pack("{s:i,s:{},s:o,s:o}", "index", g->index, "delta",
+				 "logprobs", lp, "finish_reason", fr);
 	if (role)
-		return json_pack("{s:i,s:{s:s,s:o},s:n,s:o}", "index", g->index, "delta",
-				 "role", "assistant", "content", text, "logprobs", "finish_reason", fr);
-	return json_pack("{s:i,s:{s:o},s:n,s:o}", "index", g->index, "delta",
-			 "content", text, "logprobs", "finish_reason", fr);
+		return json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", g->index, "delta",
+				 "role", "assistant", "content", text, "logprobs", lp,
+				 "finish_reason", fr);
+	return json_pack("{s:i,s:{s:o},s:o,s:o}", "index", g->index, "delta",
+			 "content", text, "logprobs", lp, "finish_reason", fr);
 }
 
 static void sse_choice(struct job *j, json_t *choice)
@@ -631,18 +667,71 @@ static bool wait_ready(struct MHD_Connection *c, struct server *srv, struct conn
 	return true;
 }
 
-static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
-				   struct conn *cn, bool chat)
+/* The POST endpoints. */
+enum endpoint { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_EMBED, EP_TOKENIZE, EP_DETOKENIZE };
+
+static enum endpoint post_endpoint(const char *url)
 {
+	if (!strcmp(url, "/v1/completions"))
+		return EP_COMPLETIONS;
+	if (!strcmp(url, "/v1/chat/completions"))
+		return EP_CHAT;
+	if (!strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings"))
+		return EP_EMBED;
+	if (!strcmp(url, "/tokenize"))
+		return EP_TOKENIZE;
+	if (!strcmp(url, "/detokenize"))
+		return EP_DETOKENIZE;
+	return EP_NONE;
+}
+
+static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
+				 struct conn *cn, struct job *j);
+
+static enum MHD_Result embeddings(struct MHD_Connection *c, struct server *srv,
+				  struct conn *cn)
+{
+	struct serve_embed_req r;
+	struct perr e;
+	struct job *j;
+
+	if (serve_embed_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, &r, &e))
+		return send_error(c, srv, &e);
+	j = job_new(srv);
+	if (!j) {
+		serve_embed_free(&r);
+		return fail(c, srv, 500, NULL, "out of memory");
+	}
+	job_take_embed(j, &r);
+	make_id(j);
+	return start_job(c, srv, cn, j);
+}
+
+/* /tokenize and /detokenize: the tokenizer alone, answered at once. */
+static enum MHD_Result tokens_endpoint(struct MHD_Connection *c, struct server *srv,
+				       struct conn *cn, enum endpoint kind)
+{
+	const char *body = cn->body.s ? cn->body.s : "";
+	struct perr e;
+	json_t *o = kind == EP_TOKENIZE ? api_tokenize(srv->tok, body, cn->body.len, &e) :
+		    api_detokenize(srv->tok, body, cn->body.len, &e);
+
+	return o ? send_json(c, 200, o, srv) : send_error(c, srv, &e);
+}
+
+static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
+				   struct conn *cn, enum endpoint kind)
+{
+	bool chat = kind == EP_CHAT;
 	enum MHD_Result rc_http;
 	struct serve_req r;
 	struct perr e;
 	struct job *j;
-	char why[512];
-	int rc;
 
 	if (wait_ready(c, srv, cn, &rc_http))
 		return rc_http;
+	if (kind == EP_EMBED)
+		return embeddings(c, srv, cn);
 	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
 			    &r, &e))
 		return send_error(c, srv, &e);
@@ -653,6 +742,16 @@ static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
 	}
 	job_take_req(j, &r);
 	make_id(j);
+	return start_job(c, srv, cn, j);
+}
+
+/* Submits j and answers: a stream, or a whole answer once it is done. */
+static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
+				 struct conn *cn, struct job *j)
+{
+	char why[512];
+	int rc;
+
 	rc = job_submit(j, why, sizeof(why));
 	if (rc) {
 		job_put(j);
@@ -828,7 +927,7 @@ static enum MHD_Result route_get(struct MHD_Connection *c, struct server *srv, c
 
 static bool is_post_route(const char *url)
 {
-	return !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
+	return post_endpoint(url) != EP_NONE;
 }
 
 static bool is_get_route(const char *url)
@@ -898,9 +997,16 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 		return fail(c, srv, 401, "invalid_api_key",
 			    "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
 	if (post && is_post_route(url)) {
+		enum endpoint ep = post_endpoint(url);
+		enum MHD_Result rc_http;
+
 		if (cn->too_big)
 			return fail(c, srv, 413, "request_too_large", "the request body is too large");
-		return completions(c, srv, cn, !strcmp(url, "/v1/chat/completions"));
+		if (ep != EP_TOKENIZE && ep != EP_DETOKENIZE)
+			return completions(c, srv, cn, ep);
+		if (wait_ready(c, srv, cn, &rc_http))
+			return rc_http;
+		return tokens_endpoint(c, srv, cn, ep);
 	}
 	if (get && is_get_route(url))
 		return route_get(c, srv, url);

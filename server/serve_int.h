@@ -25,7 +25,7 @@
 #include "serve_request.h"
 #include "srv_util.h"
 
-#define SRV_MAX_N SERVE_REQ_MAX_N       /* choices per request */
+#define SRV_MAX_N SERVE_REQ_MAX_CHOICES /* choices per request (prompts x n) */
 #define SRV_MAX_STOP SERVE_REQ_MAX_STOP /* stop strings per request */
 #define SRV_MAX_SPEC 8  /* speculative strategies a server offers */
 #define SRV_MAX_NAMES 32 /* model names: the file's and its aliases */
@@ -121,6 +121,19 @@ struct gen {
 	 * while it may still become tool calls (serve_tools.h) ---- */
 	int tool_kind;         /* serve_tool_kind of what came so far */
 	struct sbuf tool_buf;
+	/* ---- appended (api) ---- */
+	int prompt;            /* its prompt: job->prompts[prompt] */
+	/* logprobs: 1 + top entries per token, under job->mu */
+	struct loom_token_logprob *lps;
+	size_t cap_lps;
+	struct loom_token_logprob *prompt_lp; /* echo with logprobs: the engine's */
+	float *hidden;         /* embeddings: n_prompt x n_embd, the engine's */
+	/* connection thread only: logprob items of consumed tokens not yet
+	 * sent (streaming) or all of them (whole answers), and the byte
+	 * offset of the next token's text (completions' text_offset) */
+	struct json_t *lp_items;
+	size_t text_off;
+	bool echoed;
 };
 
 struct job {
@@ -138,8 +151,8 @@ struct job {
 	int spec_max_draft;          /* 0: the strategy's */
 	char *stop[SRV_MAX_STOP];
 	int n_stop;
-	int32_t *prompt;
-	int32_t n_prompt;
+	int32_t *prompt;       /* prompts[0] */
+	int32_t n_prompt;      /* prompt tokens, all prompts together (usage) */
 	char id[48];
 	int64_t created;
 	/* output */
@@ -155,11 +168,22 @@ struct job {
 	/* ---- appended (gram) ---- */
 	struct loom_grammar *grammar; /* owned; constrains every choice */
 	int tool_mode;                /* enum serve_tool_mode */
+	/* ---- appended (api) ---- */
+	bool logprobs, echo;
+	int top_logprobs;
+	int n_per_prompt;             /* n: choice i is prompt i / n_per_prompt */
+	int n_prompts;
+	int32_t *prompts[SERVE_REQ_MAX_PROMPTS]; /* owned */
+	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
+	bool embed;                   /* /v1/embeddings: hidden states, no tokens */
+	bool embed_base64;
 };
 
 struct job *job_new(struct server *srv);
 /* Moves a parsed request into j (r is left empty). */
 void job_take_req(struct job *j, struct serve_req *r);
+/* Moves a parsed embeddings request into j (r is left empty). */
+void job_take_embed(struct job *j, struct serve_embed_req *r);
 void job_put(struct job *j);
 /* Submits the n engine requests. 0, or loom_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */

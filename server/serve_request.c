@@ -245,46 +245,123 @@ static int tokenize(const struct serve_req_ctx *ctx, struct serve_req *r, const 
 	return 0;
 }
 
+/* Token ids from the array v into r->prompt; what names v in errors:
+ * "prompt" or "prompt[2]". */
 static int prompt_ids(const struct serve_req_ctx *ctx, struct serve_req *r, json_t *v,
-		      struct perr *e)
+		      const char *param, const char *what, struct perr *e)
 {
 	size_t i, n = json_array_size(v);
 	json_t *x;
 
+	if (n == 0)
+		return perr_set(e, 400, param, "invalid_value", "%s is empty", what);
 	if (n > (size_t)ctx->n_ctx)
-		return perr_set(e, 400, "prompt", "context_length_exceeded",
-				"the prompt is %zu tokens; the context is %d", n, ctx->n_ctx);
+		return perr_set(e, 400, param, "context_length_exceeded",
+				"%s is %zu tokens; the context is %d", what, n, ctx->n_ctx);
 	r->prompt = malloc(sizeof(int32_t) * (n + 1));
 	if (!r->prompt)
 		return perr_set(e, 500, NULL, NULL, "out of memory");
 	json_array_foreach(v, i, x) {
 		if (!json_is_integer(x) || json_integer_value(x) < 0 ||
 		    json_integer_value(x) >= ctx->n_vocab)
-			return perr_set(e, 400, "prompt", "invalid_value",
-					"prompt[%zu] is not a token id in [0, %d)", i, ctx->n_vocab);
+			return perr_set(e, 400, param, "invalid_value",
+					"%s[%zu] is not a token id in [0, %d)", what, i, ctx->n_vocab);
 		r->prompt[i] = (int32_t)json_integer_value(x);
 	}
 	r->n_prompt = (int32_t)n;
 	return 0;
 }
 
-/* prompt: a string, an array of one string, or an array of token ids. */
+/* One prompt: a string or an array of token ids, into r->prompt. */
+static int one_prompt(const struct serve_req_ctx *ctx, struct serve_req *r, json_t *v,
+		      const char *param, const char *what, struct perr *e)
+{
+	if (json_is_string(v))
+		return tokenize(ctx, r, json_string_value(v), json_string_length(v), true, -1,
+				param, e);
+	if (json_is_array(v))
+		return prompt_ids(ctx, r, v, param, what, e);
+	return perr_set(e, 400, param, "invalid_type",
+			"%s must be a string or an array of token ids", what);
+}
+
+/* True for an array whose elements are all strings or arrays: a batch of
+ * prompts (an array of integers is one prompt). */
+static bool is_prompt_list(json_t *v)
+{
+	json_t *x;
+	size_t i;
+
+	if (!json_is_array(v) || json_array_size(v) == 0)
+		return false;
+	json_array_foreach(v, i, x)
+		if (!json_is_string(x) && !json_is_array(x))
+			return false;
+	return true;
+}
+
+/* Moves r->prompt into the next slot of r->prompts. */
+static void keep_prompt(struct serve_req *r)
+{
+	r->prompts[r->n_prompts] = r->prompt;
+	r->prompt_lens[r->n_prompts++] = r->n_prompt;
+	r->prompt = NULL;
+	r->n_prompt = 0;
+}
+
+/* prompt: a string, an array of token ids, or an array of those (a batch:
+ * one choice each). */
 static int get_prompt(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 		      struct perr *e)
 {
-	json_t *v = member(o, "prompt");
+	json_t *v = member(o, "prompt"), *x;
+	char what[32];
+	size_t i;
 
 	if (!v)
 		return perr_set(e, 400, "prompt", "missing", "'prompt' is required");
-	if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
-		v = json_array_get(v, 0);
-	if (json_is_string(v))
-		return tokenize(ctx, r, json_string_value(v), json_string_length(v), true, -1,
-				"prompt", e);
-	if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0)))
-		return prompt_ids(ctx, r, v, e);
-	return perr_set(e, 400, "prompt", "invalid_type",
-			"'prompt' must be a string or an array of token ids");
+	if (!is_prompt_list(v)) {
+		if (!json_is_string(v) && !(json_is_array(v) && json_array_size(v) > 0))
+			return perr_set(e, 400, "prompt", "invalid_type",
+					"'prompt' must be a string, an array of token ids or an array of those");
+		if (one_prompt(ctx, r, v, "prompt", "prompt", e))
+			return -1;
+		keep_prompt(r);
+		return 0;
+	}
+	if (json_array_size(v) > SERVE_REQ_MAX_PROMPTS)
+		return perr_set(e, 400, "prompt", "invalid_value", "at most %d prompts per request",
+				SERVE_REQ_MAX_PROMPTS);
+	json_array_foreach(v, i, x) {
+		snprintf(what, sizeof(what), "prompt[%zu]", i);
+		if (one_prompt(ctx, r, x, "prompt", what, e))
+			return -1;
+		keep_prompt(r);
+	}
+	return 0;
+}
+
+/* logprobs and top_logprobs (chat), or logprobs N and echo (completions). */
+static int get_logprobs(json_t *o, struct serve_req *r, struct perr *e)
+{
+	long long top = 0;
+
+	if (!r->chat) {
+		if (get_bool(o, "echo", &r->echo, e) ||
+		    get_int(o, "logprobs", 0, LOOM_MAX_TOP_LOGPROBS, &top, e))
+			return -1;
+		r->logprobs = member(o, "logprobs") != NULL;
+		r->top_logprobs = (int)top;
+		return 0;
+	}
+	if (get_bool(o, "logprobs", &r->logprobs, e) ||
+	    get_int(o, "top_logprobs", 0, LOOM_MAX_TOP_LOGPROBS, &top, e))
+		return -1;
+	if (member(o, "top_logprobs") && !r->logprobs)
+		return perr_set(e, 400, "top_logprobs", "invalid_value",
+				"'top_logprobs' needs 'logprobs': true");
+	r->top_logprobs = (int)top;
+	return 0;
 }
 
 /* Joins an array of {"type":"text","text":...} parts into *out (malloc'd). */
@@ -457,18 +534,24 @@ out:
 static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			  struct perr *e)
 {
-	int32_t room = ctx->n_ctx - r->n_prompt;
+	int32_t longest = 0, room;
 	const char *key = "max_tokens";
-	long long mt = r->chat ? room : 16;
+	long long mt;
+	int i;
 
+	for (i = 0; i < r->n_prompts; i++)
+		longest = r->prompt_lens[i] > longest ? r->prompt_lens[i] : longest;
+	room = ctx->n_ctx - longest;
+	mt = r->chat ? room : 16;
 	if (r->chat && member(o, "max_completion_tokens"))
 		key = "max_completion_tokens";
-	if (get_int(o, key, 1, INT_MAX, &mt, e))
+	/* 0 with echo: the prompt and its logprobs only (scoring) */
+	if (get_int(o, key, r->echo ? 0 : 1, INT_MAX, &mt, e))
 		return -1;
 	if (room < 1 || mt > room)
 		return perr_set(e, 400, key, "context_length_exceeded",
 				"the prompt (%d tokens) + %s (%lld) exceeds the context (%d)",
-				r->n_prompt, key, mt, ctx->n_ctx);
+				longest, key, mt, ctx->n_ctx);
 	r->max_tokens = (int)mt;
 	return 0;
 }
@@ -479,7 +562,10 @@ void serve_req_free(struct serve_req *r)
 
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
-	free(r->prompt);
+	for (i = 0; i < r->n_prompts; i++)
+		free(r->prompts[i]);
+	if (r->prompt && (!r->n_prompts || r->prompt != r->prompts[0]))
+		free(r->prompt); /* not yet moved to prompts */
 	loom_grammar_free(r->grammar);
 	memset(r, 0, sizeof(*r));
 }
@@ -504,7 +590,6 @@ static int check_model(const struct serve_req_ctx *ctx, json_t *v, struct perr *
 static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			struct perr *e)
 {
-	bool echo = false;
 	char *tools_text = NULL;
 	int rc;
 
@@ -514,17 +599,27 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
 	if (check_model(ctx, member(o, "model"), e))
 		return -1;
-	if (get_bool(o, "echo", &echo, e) || get_sampling(ctx, o, r, e) ||
+	if (get_logprobs(o, r, e) || get_sampling(ctx, o, r, e) ||
 	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
 		return -1;
-	if (echo)
-		return perr_set(e, 400, "echo", "unsupported", "'echo' is not supported");
 	if (serve_structured_parse(o, r->chat, r, &tools_text, e))
 		return -1;
-	rc = r->chat ? get_messages(ctx, o, r, tools_text, e) : get_prompt(ctx, o, r, e);
+	if (r->chat) {
+		rc = get_messages(ctx, o, r, tools_text, e);
+		if (rc == 0)
+			keep_prompt(r);
+	} else {
+		rc = get_prompt(ctx, o, r, e);
+	}
 	free(tools_text);
 	if (rc)
 		return -1;
+	if (r->n_prompts * r->n > SERVE_REQ_MAX_CHOICES)
+		return perr_set(e, 400, "n", "invalid_value",
+				"%d prompts x n %d is more than %d choices", r->n_prompts, r->n,
+				SERVE_REQ_MAX_CHOICES);
+	r->prompt = r->prompts[0]; /* owned by prompts */
+	r->n_prompt = r->prompt_lens[0];
 	return get_max_tokens(ctx, o, r, e);
 }
 
@@ -545,5 +640,101 @@ int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t le
 	json_decref(o);
 	if (rc)
 		serve_req_free(r);
+	return rc;
+}
+
+/* ---- /v1/embeddings ---- */
+
+void serve_embed_free(struct serve_embed_req *r)
+{
+	for (int i = 0; i < r->n_inputs; i++)
+		free(r->inputs[i]);
+	memset(r, 0, sizeof(*r));
+}
+
+/* input: as a completion's prompt (without BOS rules of its own: the
+ * tokenizer adds what the model asks), into r's inputs. */
+static int embed_inputs(const struct serve_req_ctx *ctx, json_t *v, struct serve_embed_req *r,
+			struct perr *e)
+{
+	struct serve_req tmp = { 0 };
+	int rc, i;
+
+	if (!v)
+		return perr_set(e, 400, "input", "missing", "'input' is required");
+	tmp.n = 1;
+	if (!is_prompt_list(v) && !json_is_string(v) && !(json_is_array(v) && json_array_size(v)))
+		return perr_set(e, 400, "input", "invalid_type",
+				"'input' must be a string, an array of strings, an array of token ids or an array of those");
+	if (is_prompt_list(v)) {
+		json_t *x;
+		char what[32];
+		size_t k;
+
+		if (json_array_size(v) > SERVE_REQ_MAX_PROMPTS)
+			return perr_set(e, 400, "input", "invalid_value",
+					"at most %d inputs per request", SERVE_REQ_MAX_PROMPTS);
+		rc = 0;
+		json_array_foreach(v, k, x) {
+			snprintf(what, sizeof(what), "input[%zu]", k);
+			if ((rc = one_prompt(ctx, &tmp, x, "input", what, e)))
+				break;
+			keep_prompt(&tmp);
+		}
+	} else {
+		rc = one_prompt(ctx, &tmp, v, "input", "input", e);
+		if (rc == 0)
+			keep_prompt(&tmp);
+	}
+	for (i = 0; rc == 0 && i < tmp.n_prompts; i++) {
+		r->inputs[i] = tmp.prompts[i];
+		r->input_lens[i] = tmp.prompt_lens[i];
+		tmp.prompts[i] = NULL;
+	}
+	if (rc == 0)
+		r->n_inputs = tmp.n_prompts;
+	serve_req_free(&tmp);
+	return rc;
+}
+
+static int embed_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_embed_req *r,
+			struct perr *e)
+{
+	json_t *fmt;
+
+	if (!json_is_object(o))
+		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
+	if (member(o, "model") && !json_is_string(member(o, "model")))
+		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
+	if (check_model(ctx, member(o, "model"), e))
+		return -1;
+	fmt = member(o, "encoding_format");
+	if (fmt && (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "float") &&
+					     strcmp(json_string_value(fmt), "base64"))))
+		return perr_set(e, 400, "encoding_format", "invalid_value",
+				"'encoding_format' must be \"float\" or \"base64\"");
+	r->base64 = fmt && !strcmp(json_string_value(fmt), "base64");
+	if (member(o, "dimensions"))
+		return perr_set(e, 400, "dimensions", "unsupported",
+				"'dimensions' is not supported: the embeddings have the model's width");
+	return embed_inputs(ctx, member(o, "input"), r, e);
+}
+
+int serve_embed_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
+		      struct serve_embed_req *r, struct perr *e)
+{
+	json_error_t jerr;
+	json_t *o;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	o = json_loadb(body, len, 0, &jerr);
+	if (!o)
+		return perr_set(e, 400, NULL, "invalid_json", "invalid JSON at line %d column %d: %s",
+				jerr.line, jerr.column, jerr.text);
+	rc = embed_object(ctx, o, r, e);
+	json_decref(o);
+	if (rc)
+		serve_embed_free(r);
 	return rc;
 }

@@ -18,6 +18,8 @@
 #define SERVE_REQ_MAX_N 8         /* choices per request */
 #define SERVE_REQ_MAX_STOP 4      /* stop strings per request */
 #define SERVE_REQ_MAX_STOP_LEN 256
+#define SERVE_REQ_MAX_PROMPTS 32  /* prompts in a prompt array (or embeddings input) */
+#define SERVE_REQ_MAX_CHOICES 64  /* prompts x n */
 
 /* An HTTP error in OpenAI's shape: status, message, param, code. */
 struct perr {
@@ -83,12 +85,36 @@ struct serve_req {
 	int spec_max_draft;             /* 0: the strategy's */
 	char *stop[SERVE_REQ_MAX_STOP]; /* malloc'd, non-empty */
 	int n_stop;
-	int32_t *prompt;                /* malloc'd token ids */
+	int32_t *prompt;                /* prompts[0] (owned there once parsed) */
 	int32_t n_prompt;
 	/* ---- appended (gram): structured output and tools (serve_tools.h) ---- */
 	struct loom_grammar *grammar;   /* owned; NULL: unconstrained */
 	int tool_mode;                  /* enum serve_tool_mode */
+	/* ---- appended (api) ---- */
+	bool logprobs;                  /* chat: logprobs true; completions: logprobs N */
+	int top_logprobs;               /* 0..LOOM_MAX_TOP_LOGPROBS */
+	bool echo;                      /* completions: the prompt comes back first */
+	int n_prompts;                  /* a prompt array's prompts (else 1); choices
+					   are prompt-major: prompt i, sample k is
+					   choice i * n + k */
+	int32_t *prompts[SERVE_REQ_MAX_PROMPTS]; /* malloc'd token ids */
+	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
 };
+
+/* A /v1/embeddings body: its inputs as token ids. */
+struct serve_embed_req {
+	int n_inputs;
+	int32_t *inputs[SERVE_REQ_MAX_PROMPTS]; /* malloc'd */
+	int32_t input_lens[SERVE_REQ_MAX_PROMPTS];
+	bool base64;                    /* encoding_format "base64" */
+};
+
+/* Parses a /v1/embeddings body (input: a string, an array of strings, an
+ * array of token ids or an array of such arrays). 0; or -1 with e filled
+ * and r freed. */
+int serve_embed_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
+		      struct serve_embed_req *r, struct perr *e);
+void serve_embed_free(struct serve_embed_req *r);
 
 /* Parses a /v1/completions (chat false) or /v1/chat/completions body into
  * r. 0; or -1 with e filled, r freed and zeroed. On success the caller owns

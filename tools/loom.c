@@ -312,6 +312,18 @@ static struct loom_grammar *run_grammar(const struct loom_options *o, char *err)
 	return loom_grammar_new(o->grammar, NULL, 0, err, ERRLEN);
 }
 
+/* The KV memory plan, on stderr: type, bytes per token, blocks, tokens. */
+static void print_kv_plan(struct loom_engine *e)
+{
+	struct loom_engine_stats st;
+
+	loom_engine_get_stats(e, &st);
+	fprintf(stderr, "loom: KV cache %s, %llu bytes/token: %lld blocks x %d = %lld tokens, %.1f MiB; context %d\n",
+		loom_kv_type_name(st.kv_type), (unsigned long long)st.kv_token_bytes,
+		(long long)st.blocks_total, st.block_size, (long long)st.blocks_total * st.block_size,
+		(double)st.kv_bytes / 1048576.0, st.n_ctx);
+}
+
 static int cmd_run(int argc, char **argv, char *err)
 {
 	struct loom_grammar *gram = NULL;
@@ -334,12 +346,14 @@ static int cmd_run(int argc, char **argv, char *err)
 		goto out;
 	}
 	loom_options_engine_params(&o, &ep);
-	ep.n_ctx = o.n_ctx;
+	ep.n_ctx = o.ctx_given ? o.n_ctx : 0;
+	ep.kv_bytes = (int64_t)o.serve.kv_mem;
 	ep.n_batch = o.n_batch;
 	ep.block_size = o.serve.block_size;
 	ep.progress = o.progress;
 	if (!(e = loom_engine_open(&ep, err, ERRLEN)))
 		goto out;
+	print_kv_plan(e);
 	generation_params(&o, &g);
 	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])
 		goto out;

@@ -33,6 +33,7 @@ enum opt_type {
 	OPT_NOT,     /* OPT_BOOL stored negated: --no-progress clears progress */
 	OPT_THREADS, /* an int; for bench also a list such as 1,2,4 */
 	OPT_LIST,    /* a char array; each use appends, comma-separated */
+	OPT_KVTYPE,  /* an int32_t enum loom_kv_type, by name */
 };
 
 struct opt_def {
@@ -68,6 +69,7 @@ static const struct opt_def opts[] = {
 	{ .name = "archs", .type = OPT_BOOL, FIELD(archs), .cmds = INFO },
 	{ .name = "no-progress", .type = OPT_NOT, FIELD(progress), .cmds = RUN },
 	{ .name = "exact", .type = OPT_BOOL, FIELD(exact), .cmds = ENGINE },
+	{ .name = "kv-type", .type = OPT_KVTYPE, FIELD(kv_type), .cmds = ENGINE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
@@ -127,7 +129,7 @@ static const struct opt_def opts[] = {
 	{ .name = "host", .type = OPT_STR, FIELD(serve.host), .cmds = SERVE },
 	{ .name = "port", .type = OPT_INT, FIELD(serve.port), .lo = 0, .hi = 65535,
 	  .cmds = SERVE },
-	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = SERVE },
+	{ .name = "kv-mem", .type = OPT_SIZE, FIELD(serve.kv_mem), .cmds = RUN | SERVE },
 	{ .name = "parallel", .type = OPT_INT, FIELD(serve.parallel), .lo = 1, .hi = 4096,
 	  .cmds = SERVE },
 	{ .name = "block-size", .type = OPT_INT, FIELD(serve.block_size), .lo = 1, .hi = 4096,
@@ -186,20 +188,26 @@ static const struct cmd_def {
 	  "            [--spec=ngram.so|layerskip.so|draft.so|PATH] [--spec-max-draft N]\n"
 	  "            [--spec-min-draft N] [--spec-ngram-min N] [--spec-ngram-max N]\n"
 	  "            [--spec-draft-model FILE] [--spec-layers N] [--exact] [--config FILE]\n"
-	  "            [--grammar json|json_object] [--json-schema FILE]\n" },
+	  "            [--grammar json|json_object] [--json-schema FILE]\n"
+	  "            [--kv-type f16|f32|q8_0|q4_0] [--kv-mem SIZE]\n"
+	  "            -c: default the model's context, capped to what the KV reservation\n"
+	  "            holds (--kv-mem; default 1/8 of available memory, 256M..4G);\n"
+	  "            --kv-type: default f16, f32 with --exact\n" },
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
 	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
-	  "            [-b 256] [--exact] [--config FILE]\n" },
+	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [--config FILE]\n" },
 	{ .name = "perplexity", .cmd = PPL, .usage =
 	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
-	  "            [--exact] [--save-logits FILE | --kl-base FILE] [--config FILE]\n" },
+	  "            [--exact] [--kv-type f16|f32|q8_0|q4_0] [--save-logits FILE | --kl-base FILE]\n"
+	  "            [--config FILE]\n" },
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
-	  "            [-t THREADS] [--kv-mem 512M] [-c CTX] [--parallel 16] [--block-size 16]\n"
+	  "            [-t THREADS] [--kv-mem SIZE] [--kv-type f16|f32|q8_0|q4_0] [-c CTX]\n"
+	  "            [--parallel 16] [--block-size 16]\n"
 	  "            [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
 	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--exact] [--config FILE]\n"
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
@@ -208,7 +216,9 @@ static const struct cmd_def {
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
 	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
-	  "            [--load-wait 30]\n" },
+	  "            [--load-wait 30]\n"
+	  "            --kv-mem: default 1/8 of available memory, 256M..4G; --kv-type: default\n"
+	  "            f16, f32 with --exact; -c: default the model's context, capped to --kv-mem\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =
 	  "backends  [--json]   the backend search path, what loads and what is refused\n" },
 	{ .name = "check-backend", .cmd = CHECK, .max_args = 1, .usage =
@@ -252,7 +262,8 @@ void loom_options_defaults(struct loom_options *o)
 	snprintf(o->reference, sizeof(o->reference), "ref.so");
 	o->n_predict = 128;
 	o->n_threads = 0;
-	o->n_ctx = 4096;
+	o->n_ctx = 0; /* the model's context, capped to what the KV cache holds */
+	o->kv_type = LOOM_KV_DEFAULT;
 	o->n_batch = 256;
 	o->progress = true;
 	loom_sampler_defaults(&o->sp);
@@ -438,6 +449,11 @@ static int opt_apply(struct loom_options *o, const struct opt_def *d, const char
 		return 0;
 	case OPT_THREADS: return set_threads(o, key, v, err, errlen);
 	case OPT_LIST: return append_list(key, v, dst, d->size, err, errlen);
+	case OPT_KVTYPE:
+		if (!loom_kv_type_parse(v, dst))
+			return 0;
+		snprintf(err, errlen, "%s: '%s' is not a KV cache type (f32, f16, q8_0, q4_0)", key, v);
+		return -1;
 	}
 	return -1;
 }
@@ -719,4 +735,5 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->spec_draft_model = o->spec_draft_model[0] ? o->spec_draft_model : NULL;
 	p->spec_layers = o->spec_layers;
 	p->exact = o->exact;
+	p->kv_type = o->kv_type;
 }

@@ -37,7 +37,7 @@ enum loom_cmd {
 struct loom_serve_options {
 	char host[256];
 	int port;
-	uint64_t kv_mem;        /* 0: enough for ctx * parallel */
+	uint64_t kv_mem;        /* KV reservation (run, serve); 0: loom_kv_default_bytes() */
 	int parallel, block_size, max_batch_tokens, max_waiting;
 	uint64_t max_body;
 	int shutdown_timeout;
@@ -106,6 +106,8 @@ struct loom_options {
 	 * loom_grammar_new) ---- */
 	char grammar[64];        /* "json", "json_object"; "" or "none": off */
 	char json_schema[4096];  /* a JSON Schema file: output follows it */
+	/* ---- appended: KV cache type ---- */
+	int32_t kv_type;         /* --kv-type: enum loom_kv_type; LOOM_KV_DEFAULT */
 	/* ---- appended (imat): calibration (docs/QUANTIZATION.md) ---- */
 	char imatrix_out[4096];  /* imatrix -o: the file to write */
 	bool hessian;            /* imatrix --hessian: also the mean of x x^T */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "loom/kv_quant.h"
 #include "simd.h"
 
 #define ROWS_PER_UNIT 16
@@ -23,6 +24,9 @@ struct attn_task {
 	const int64_t *chunk_start; /* [n_seqs + 1]: first unit chunk of each sequence */
 	int64_t n_units;
 	int64_t n_chunks;
+	uint32_t type;    /* the cache's (ABI 1.3) */
+	size_t row_bytes; /* of one cache slot: kv_dim values of type */
+	int64_t buf_off;  /* floats into a thread's scratch of the row buffer */
 };
 
 /*
@@ -82,6 +86,61 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 		}
 	}
 	float *out = a->out + row * a->out_stride + h * hd;
+	for (int64_t i = 0; i < hd; i++)
+		out[i] = (float)(acc[i] / sum);
+}
+
+/* Head kvh of the cache row of position t of sequence s, as f32 in buf. */
+static inline const float *kv_head(const struct attn_task *tk, const float *cache, int64_t s,
+				   int64_t t, int64_t kvh, float *buf)
+{
+	const struct loom_attention_args *a = tk->a;
+	int64_t blk = a->block_table[s * a->max_blocks + t / a->block_size];
+	size_t slot = (size_t)(blk * a->block_size + t % a->block_size);
+	/* head_dim is a multiple of the block (checked), so a head's values
+	 * start on a block boundary: the head's bytes are kvh/n of the row's */
+	const char *row = (const char *)cache + slot * tk->row_bytes +
+			  tk->row_bytes / (size_t)a->n_kv_heads * (size_t)kvh;
+
+	cpu_dequant_row(tk->ctx->isa, tk->type, row, buf, a->head_dim);
+	return buf;
+}
+
+/* attn_row() over a cache of f16 or block-quantized values: each cached
+ * head row is dequantized (exactly: a value is its scale times its
+ * integer) into the thread's row buffer, then the same f32 arithmetic. */
+static void attn_row_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
+		       int64_t row, int64_t pos)
+{
+	const struct loom_attention_args *a = tk->a;
+	enum cpu_isa isa = tk->ctx->isa;
+	const int64_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads);
+	const float *q = a->q + row * a->q_stride + h * hd;
+	float *acc = scratch, *sc = scratch + hd, *buf = scratch + tk->buf_off;
+	float *out = a->out + row * a->out_stride + h * hd;
+	int64_t lo = 0;
+	float mx = -INFINITY;
+	double sum = 0.0;
+
+	if (a->window > 0 && pos - a->window + 1 > 0)
+		lo = pos - a->window + 1;
+	for (int64_t t = lo; t <= pos; t++) {
+		float v = cpu_dot_f32(isa, q, kv_head(tk, a->kcache, s, t, kvh, buf), hd) * a->scale;
+
+		if (a->softcap > 0.0f)
+			v = a->softcap * tanhf(v / a->softcap);
+		sc[t - lo] = v;
+		if (v > mx)
+			mx = v;
+	}
+	for (int64_t i = 0; i < hd; i++)
+		acc[i] = 0.0f;
+	for (int64_t t = lo; t <= pos; t++) {
+		float p = expf(sc[t - lo] - mx);
+
+		sum += p;
+		cpu_axpy_f32(isa, acc, kv_head(tk, a->vcache, s, t, kvh, buf), p, hd);
+	}
 	for (int64_t i = 0; i < hd; i++)
 		out[i] = (float)(acc[i] / sum);
 }
@@ -186,6 +245,10 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 	int64_t r1 = r0 + ROWS_PER_UNIT < q_len ? r0 + ROWS_PER_UNIT : q_len;
 
 	for (int64_t i = r0; i < r1; i++) {
+		if (tk->type != LOOM_TYPE_F32) {
+			attn_row_q(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
+			continue;
+		}
 #if defined(__x86_64__)
 		if (tk->ctx->isa != CPU_ISA_SCALAR && a->head_dim % 8 == 0) {
 			attn_row_avx2(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
@@ -216,8 +279,13 @@ static int attn_check(const struct loom_attention_args *a, int64_t *longest)
 {
 	int64_t rows, width;
 
+	int rc;
+
 	if (!a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap) || !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
+	rc = loom_check_kv_type(LOOM_KV_TYPE(a, struct loom_attention_args), a->head_dim);
+	if (rc)
+		return rc;
 	if (a->n_seqs == 0)
 		return 1;
 	if (!a->q_start || !a->kv_len || !a->block_table || !loom_check_attention_tables(a, a->q_start, a->kv_len, a->block_table, &rows, longest))
@@ -244,7 +312,9 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	err = attn_check(a, &max_kv);
 	if (err)
 		return err < 0 ? err : LOOM_OK;
-	if (cpu_scratch_reserve(ctx, (size_t)(max_kv + a->head_dim)))
+	/* acc[head_dim], scores[max_kv], a dequantized row[head_dim] */
+	if (max_kv > LOOM_CHECK_LIMIT - 2 * a->head_dim ||
+	    cpu_scratch_reserve(ctx, (size_t)(max_kv + 2 * a->head_dim)))
 		return LOOM_ERR_NOMEM;
 	chunks = malloc((size_t)(a->n_seqs + 1) * sizeof(*chunks));
 	if (!chunks)
@@ -258,6 +328,9 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	}
 	tk.ctx = ctx;
 	tk.a = a;
+	tk.type = LOOM_KV_TYPE(a, struct loom_attention_args);
+	tk.row_bytes = loom_kvq_row_bytes(tk.type, a->n_kv_heads * a->head_dim);
+	tk.buf_off = a->head_dim + max_kv;
 	tk.chunk_start = chunks;
 	tk.n_units = chunks[a->n_seqs] * a->n_heads;
 	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;

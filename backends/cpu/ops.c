@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "loom/kv_quant.h"
 
 /* ---- embed ---- */
 
@@ -330,18 +331,26 @@ int cpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t 
 
 int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
+	uint32_t type;
+	size_t row;
 	int rc;
 
 	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	type = LOOM_KV_TYPE(a, struct loom_kv_write_args);
+	rc = loom_check_kv_type(type, a->kv_dim);
+	if (rc)
+		return rc;
 	if (!loom_check_slots(a->slots, a->n_tokens, a->kv_dim))
 		return LOOM_ERR_INVALID;
+	/* the shared quantizers: the same bytes as ref.so writes */
+	row = loom_kvq_row_bytes(type, a->kv_dim);
 	for (int64_t t = 0; t < a->n_tokens; t++) {
-		size_t off = (size_t)a->slots[t] * (size_t)a->kv_dim;
+		size_t off = (size_t)a->slots[t] * row;
 
-		memcpy(a->kcache + off, a->k + t * a->k_stride, (size_t)a->kv_dim * sizeof(float));
-		memcpy(a->vcache + off, a->v + t * a->v_stride, (size_t)a->kv_dim * sizeof(float));
+		loom_kvq_quantize(type, (char *)a->kcache + off, a->k + t * a->k_stride, a->kv_dim);
+		loom_kvq_quantize(type, (char *)a->vcache + off, a->v + t * a->v_stride, a->kv_dim);
 	}
 	return LOOM_OK;
 }

@@ -279,6 +279,8 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
+	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION)
+		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
 	return type == LOOM_TYPE_F32;
 }
 
@@ -734,6 +736,10 @@ static int do_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_
 
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	k->kv_type = LOOM_KV_TYPE(a, struct loom_kv_write_args);
+	rc = loom_check_kv_type(k->kv_type, a->kv_dim);
+	if (rc)
+		return rc;
 	k->struct_size = sizeof(*k);
 	k->kcache = a->kcache, k->vcache = a->vcache;
 	k->k = a->k, k->v = a->v;
@@ -908,8 +914,11 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	if (!ctx || !a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap))
 		return LOOM_ERR_INVALID;
 	rc = attention_args_ok(ctx, a);
+	if (!rc)
+		rc = loom_check_kv_type(LOOM_KV_TYPE(a, struct loom_attention_args), a->head_dim);
 	if (rc || a->n_seqs == 0)
 		return rc;
+	t->kv_type = LOOM_KV_TYPE(a, struct loom_attention_args);
 	t->struct_size = sizeof(*t);
 	t->out = a->out, t->q = a->q;
 	t->q_stride = a->q_stride, t->out_stride = a->out_stride;

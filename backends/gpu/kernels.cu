@@ -15,6 +15,9 @@
 
 #include "gpu_port.h"
 #include "gpu_rt.h"
+/* the KV cache types' layouts and quantizers, on host and device alike */
+#define LOOM_KVQ_FN static __host__ __device__ __forceinline__
+#include "loom/kv_quant.h"
 
 #define THREADS 256
 #define MAX_GRID 65535 /* blocks per grid-stride launch */
@@ -1058,25 +1061,40 @@ extern "C" int gpurt_softcap(struct gpurt *rt, float *x, int64_t stride, int64_t
 	return launched(rt, "softcap kernel");
 }
 
+/*
+ * One block per token: thread i writes the cache's i-th unit of the row (a
+ * value for f32 and f16, a 32-value block for q8_0 and q4_0), quantized
+ * as loom/kv_quant.h does on the host, so every backend stores the same
+ * bytes.
+ */
 __global__ void __launch_bounds__(THREADS)
 k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t k_stride,
-	   int64_t v_stride, int64_t n_tokens, int64_t kv_dim, const int32_t *slots)
+	   int64_t v_stride, int64_t n_tokens, int64_t kv_dim, const int32_t *slots,
+	   uint32_t type, int64_t row_bytes)
 {
-	for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-		int64_t dst = (int64_t)slots[t] * kv_dim;
+	const int64_t per = loom_kvq_block_elems(type), units = kv_dim / per;
+	const int64_t unit_bytes = row_bytes / units;
 
-		for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-			kc[dst + i] = k[t * k_stride + i];
-			vc[dst + i] = v[t * v_stride + i];
+	for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+		int64_t dst = (int64_t)slots[t] * row_bytes;
+
+		for (int64_t i = threadIdx.x; i < units; i += blockDim.x) {
+			loom_kvq_quantize(type, (char *)kc + dst + i * unit_bytes,
+					  k + t * k_stride + i * per, per);
+			loom_kvq_quantize(type, (char *)vc + dst + i * unit_bytes,
+					  v + t * v_stride + i * per, per);
 		}
 	}
 }
 
 extern "C" int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a)
 {
+	uint32_t type = LOOM_KV_TYPE(a, struct loom_kv_write_args);
+
 	BIND(rt);
 	GPU_LAUNCH(k_kv_write, grid_of(a->n_tokens), THREADS, 0, rt->stream, a->kcache, a->vcache, a->k,
-		a->v, a->k_stride, a->v_stride, a->n_tokens, a->kv_dim, a->slots);
+		a->v, a->k_stride, a->v_stride, a->n_tokens, a->kv_dim, a->slots, type,
+		(int64_t)loom_kvq_row_bytes(type, a->kv_dim));
 	return launched(rt, "kv_write kernel");
 }
 
@@ -1089,6 +1107,8 @@ struct attn_p {
 	const int32_t *block_table;
 	float scale, softcap;
 	int32_t window;
+	uint32_t kv_type;  /* the cache's (ABI 1.3) */
+	int64_t row_bytes; /* of one cache slot */
 };
 
 static struct attn_p attn_params(const struct loom_attention_args *a)
@@ -1097,17 +1117,23 @@ static struct attn_p attn_params(const struct loom_attention_args *a)
 		a->out, a->q, a->kcache, a->vcache, a->q_stride, a->out_stride, a->n_heads,
 		a->head_dim, a->block_size, a->max_blocks, a->n_kv_heads * a->head_dim,
 		a->n_heads / a->n_kv_heads, a->block_table, a->scale, a->softcap, a->window,
+		LOOM_KV_TYPE(a, struct loom_attention_args), 0,
 	};
+	p.row_bytes = (int64_t)loom_kvq_row_bytes(p.kv_type, p.kv_dim);
 	return p;
 }
 
-/* Offset (in floats) of token t of sequence seq, KV head kvh, in a cache. */
-__device__ __forceinline__ int64_t cache_off(const struct attn_p &p, int64_t seq, int64_t t,
-					     int64_t kvh)
+/* Value d of head kvh of token t of sequence seq in a cache of any type. */
+__device__ __forceinline__ float kv_at(const struct attn_p &p, const float *cache, int64_t seq,
+				       int64_t t, int64_t kvh, int64_t d)
 {
 	int64_t block = p.block_table[seq * p.max_blocks + t / p.block_size];
+	int64_t slot = block * p.block_size + t % p.block_size;
 
-	return (block * p.block_size + t % p.block_size) * p.kv_dim + kvh * p.head_dim;
+	if (p.kv_type == LOOM_TYPE_F32)
+		return cache[slot * p.kv_dim + kvh * p.head_dim + d];
+	return loom_kvq_value(p.kv_type, (const char *)cache + slot * p.row_bytes,
+			      kvh * p.head_dim + d);
 }
 
 __device__ __forceinline__ float cap(const struct attn_p &p, float s)
@@ -1155,8 +1181,8 @@ k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
 			int64_t j = l / hd, d = l % hd, t = t0 + j;
 			bool in = t <= last;
 
-			ks[j * pitch + d] = in ? p.kc[cache_off(p, tile.seq, t, kvh) + d] : 0.0f;
-			vs[j * pitch + d] = in ? p.vc[cache_off(p, tile.seq, t, kvh) + d] : 0.0f;
+			ks[j * pitch + d] = in ? kv_at(p, p.kc, tile.seq, t, kvh, d) : 0.0f;
+			vs[j * pitch + d] = in ? kv_at(p, p.vc, tile.seq, t, kvh, d) : 0.0f;
 		}
 		__syncthreads();
 		for (int l = threadIdx.x; l < TQ * TILE_KV; l += blockDim.x) {
@@ -1272,11 +1298,10 @@ k_attn_split(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_
 		qs[d] = p.q[(int64_t)it.row * p.q_stride + h * hd + d];
 	__syncthreads();
 	for (int64_t t = t0 + threadIdx.x / GPU_WARP; t < t1; t += nw) {
-		const float *k = p.kc + cache_off(p, it.seq, t, kvh);
 		float dot = 0.0f;
 
 		for (int64_t d = lane; d < hd; d += GPU_WARP)
-			dot += qs[d] * k[d];
+			dot += qs[d] * kv_at(p, p.kc, it.seq, t, kvh, d);
 		dot = warp_sum(dot);
 		if (lane == 0)
 			sc[t - t0] = cap(p, p.scale * dot);
@@ -1296,7 +1321,7 @@ k_attn_split(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_
 		float a = 0.0f;
 
 		for (int64_t t = t0; t < t1; t++)
-			a += sc[t - t0] * p.vc[cache_off(p, it.seq, t, kvh) + d];
+			a += sc[t - t0] * kv_at(p, p.vc, it.seq, t, kvh, d);
 		po[2 + d] = a;
 	}
 	if (threadIdx.x == 0) {

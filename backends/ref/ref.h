@@ -15,6 +15,7 @@
 
 #include "loom/backend.h"
 #include "loom/backend_check.h"
+#include "loom/kv_quant.h"
 
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;

@@ -75,6 +75,8 @@ bool ref_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return format_of(ctx, type, &be, &bb);
+	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION)
+		return loom_kvq_known(type); /* the KV cache types of ABI 1.3 */
 	/* Everything else, copy included, works on f32 only. */
 	return type == LOOM_TYPE_F32;
 }
@@ -325,49 +327,62 @@ int ref_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
+	uint32_t type;
+	size_t row;
 	int rc;
 
 	rc = ctx ? loom_check_kv_write(a) : LOOM_ERR_INVALID;
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	type = LOOM_KV_TYPE(a, struct loom_kv_write_args);
+	rc = loom_check_kv_type(type, a->kv_dim);
+	if (rc)
+		return rc;
 	if (!loom_check_slots(a->slots, a->n_tokens, a->kv_dim))
 		return LOOM_ERR_INVALID;
+	row = loom_kvq_row_bytes(type, a->kv_dim);
 	for (int64_t t = 0; t < a->n_tokens; t++) {
-		int64_t dst = (int64_t)a->slots[t] * a->kv_dim;
+		size_t dst = (size_t)a->slots[t] * row;
 
-		memcpy(a->kcache + dst, a->k + t * a->k_stride, a->kv_dim * sizeof(float));
-		memcpy(a->vcache + dst, a->v + t * a->v_stride, a->kv_dim * sizeof(float));
+		loom_kvq_quantize(type, (char *)a->kcache + dst, a->k + t * a->k_stride, a->kv_dim);
+		loom_kvq_quantize(type, (char *)a->vcache + dst, a->v + t * a->v_stride, a->kv_dim);
 	}
 	return LOOM_OK;
 }
 
 /* ---- attention ---- */
 
-
-/* Address of the cached key (or value) of token t of sequence s, KV head kvh. */
-static const float *cache_at(const struct loom_attention_args *a, const float *cache,
-			     int64_t s, int64_t t, int64_t kvh)
+/* Cache row of token t of sequence s, KV head kvh, as f32 in buf (head_dim
+ * floats): the cache itself when it holds f32, else dequantized into buf. */
+static const float *cache_at(const struct loom_attention_args *a, uint32_t type,
+			     const float *cache, int64_t s, int64_t t, int64_t kvh, float *buf)
 {
 	int64_t block = a->block_table[s * a->max_blocks + t / a->block_size];
 	int64_t slot = block * a->block_size + t % a->block_size;
+	int64_t kv_dim = a->n_kv_heads * a->head_dim;
 
-	return cache + slot * (a->n_kv_heads * a->head_dim) + kvh * a->head_dim;
+	if (type == LOOM_TYPE_F32)
+		return cache + slot * kv_dim + kvh * a->head_dim;
+	loom_kvq_dequantize(type, buf, (const char *)cache + (size_t)slot * loom_kvq_row_bytes(type, kv_dim),
+			    kvh * a->head_dim, a->head_dim);
+	return buf;
 }
 
 /*
  * One query head attending to cached tokens lo..pos of sequence s:
  * out = softmax(scale * q.k) . v, the softmax shifted by its maximum so no
- * exp overflows. p[] is scratch for pos - lo + 1 weights.
+ * exp overflows. p[] is scratch for pos - lo + 1 weights, buf for one
+ * dequantized row of head_dim values.
  */
-static void attend(const struct loom_attention_args *a, int64_t s, int64_t lo,
-		   int64_t pos, int64_t kvh, const float *q, float *out, float *p)
+static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s, int64_t lo,
+		   int64_t pos, int64_t kvh, const float *q, float *out, float *p, float *buf)
 {
 	int64_t n = pos - lo + 1, hd = a->head_dim;
 	float max = -INFINITY;
 	double sum = 0.0; /* softmax denominator, in double */
 
 	for (int64_t t = 0; t < n; t++) {
-		float score = a->scale * dot(q, cache_at(a, a->kcache, s, lo + t, kvh), hd);
+		float score = a->scale * dot(q, cache_at(a, type, a->kcache, s, lo + t, kvh, buf), hd);
 
 		if (a->softcap > 0.0f)
 			score = a->softcap * tanhf(score / a->softcap);
@@ -382,7 +397,7 @@ static void attend(const struct loom_attention_args *a, int64_t s, int64_t lo,
 	for (int64_t d = 0; d < hd; d++)
 		out[d] = 0.0f;
 	for (int64_t t = 0; t < n; t++) {
-		const float *v = cache_at(a, a->vcache, s, lo + t, kvh);
+		const float *v = cache_at(a, type, a->vcache, s, lo + t, kvh, buf);
 
 		for (int64_t d = 0; d < hd; d++)
 			out[d] += p[t] * v[d];
@@ -396,9 +411,16 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	int64_t rows, longest, width, group;
 	float *p;
 
+	uint32_t type;
+	int rc;
+
 	if (!ctx || !a || !LOOM_ARGS_HAS(a, struct loom_attention_args, softcap) ||
 	    !loom_check_attention_args(a))
 		return LOOM_ERR_INVALID;
+	type = LOOM_KV_TYPE(a, struct loom_attention_args);
+	rc = loom_check_kv_type(type, a->head_dim);
+	if (rc)
+		return rc;
 	if (a->n_seqs == 0)
 		return LOOM_OK;
 	if (!a->q_start || !a->kv_len || !a->block_table || !loom_check_attention_tables(a, a->q_start, a->kv_len, a->block_table, &rows, &longest))
@@ -410,7 +432,8 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		return LOOM_OK;
 	if (!a->out || !a->q || !a->kcache || !a->vcache)
 		return LOOM_ERR_INVALID;
-	p = scratch(longest);
+	/* longest weights, then one dequantized row */
+	p = longest <= LOOM_CHECK_LIMIT - a->head_dim ? scratch(longest + a->head_dim) : NULL;
 	if (!p)
 		return LOOM_ERR_NOMEM;
 	group = a->n_heads / a->n_kv_heads; /* query heads per KV head */
@@ -425,9 +448,10 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 			if (lo < 0)
 				lo = 0;
 			for (int64_t h = 0; h < a->n_heads; h++)
-				attend(a, s, lo, pos, h / group,
+				attend(a, type, s, lo, pos, h / group,
 				       a->q + row * a->q_stride + h * a->head_dim,
-				       a->out + row * a->out_stride + h * a->head_dim, p);
+				       a->out + row * a->out_stride + h * a->head_dim, p,
+				       p + longest);
 		}
 	}
 	free(p);

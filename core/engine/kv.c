@@ -9,22 +9,108 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <xxhash.h>
 
-size_t loom_kv_bytes(int64_t n_layer, int64_t kv_dim, int64_t block_size,
-		     int64_t n_blocks)
-{
-	size_t bytes = sizeof(float);
+#include "loom/kv_quant.h"
 
-	if (n_layer <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
+size_t loom_kv_type_bytes(uint32_t type, int64_t n_layer, int64_t kv_dim,
+			  int64_t block_size, int64_t n_blocks)
+{
+	size_t bytes;
+
+	if (n_layer <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0 ||
+	    kv_dim > ((int64_t)1 << 40))
 		return 0;
-	if (__builtin_mul_overflow(bytes, (size_t)kv_dim, &bytes) ||
-	    __builtin_mul_overflow(bytes, (size_t)block_size, &bytes) ||
+	bytes = loom_kvq_row_bytes(type, kv_dim);
+	if (!bytes || __builtin_mul_overflow(bytes, (size_t)block_size, &bytes) ||
 	    __builtin_mul_overflow(bytes, (size_t)n_blocks, &bytes) ||
 	    __builtin_mul_overflow(bytes, (size_t)n_layer * 2, &bytes))
 		return 0;
 	return bytes;
+}
+
+size_t loom_kv_bytes(int64_t n_layer, int64_t kv_dim, int64_t block_size,
+		     int64_t n_blocks)
+{
+	return loom_kv_type_bytes(LOOM_TYPE_F32, n_layer, kv_dim, block_size, n_blocks);
+}
+
+static const struct {
+	uint32_t type;
+	const char *name;
+} kv_types[] = {
+	{ LOOM_TYPE_F32, "f32" },
+	{ LOOM_TYPE_F16, "f16" },
+	{ LOOM_TYPE_Q8_0, "q8_0" },
+	{ LOOM_TYPE_Q4_0, "q4_0" },
+};
+
+const char *loom_kv_type_name(int32_t type)
+{
+	if (type == LOOM_KV_DEFAULT)
+		return "default";
+	for (size_t i = 0; i < sizeof(kv_types) / sizeof(kv_types[0]); i++)
+		if ((int32_t)kv_types[i].type == type)
+			return kv_types[i].name;
+	return NULL;
+}
+
+int loom_kv_type_parse(const char *name, int32_t *type)
+{
+	for (size_t i = 0; name && i < sizeof(kv_types) / sizeof(kv_types[0]); i++)
+		if (!strcasecmp(kv_types[i].name, name)) {
+			*type = (int32_t)kv_types[i].type;
+			return 0;
+		}
+	return -1;
+}
+
+uint64_t loom_kv_default_bytes(void)
+{
+	const uint64_t lo = (uint64_t)256 << 20, hi = (uint64_t)4 << 30;
+	unsigned long long kb = 0;
+	char line[256];
+	uint64_t b;
+	FILE *f = fopen("/proc/meminfo", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	if (kb > (UINT64_MAX >> 10))
+		return hi;
+	b = (uint64_t)kb * 1024 / 8;
+	return b < lo ? lo : b > hi ? hi : b;
+}
+
+bool loom_kv_type_usable(const struct loom_backend *be, uint32_t type, char *why,
+			 size_t whylen)
+{
+	const struct loom_backend_ops *ops = be->ops;
+	const char *name = loom_kv_type_name((int32_t)type);
+
+	if (type == LOOM_TYPE_F32)
+		return true;
+	if (!loom_kvq_known(type)) {
+		snprintf(why, whylen, "type %u is not a KV cache type (f32, f16, q8_0, q4_0)",
+			 (unsigned)type);
+		return false;
+	}
+	/* a backend of ABI 1.0-1.2 reads f32 whatever the arguments say */
+	if (ops->abi_minor < 3) {
+		snprintf(why, whylen, "backend %s is of ABI 1.%u, which stores the KV cache as f32 only (a %s cache needs 1.3)",
+			 ops->name, (unsigned)ops->abi_minor, name);
+		return false;
+	}
+	if (!ops->supports(be->ctx, LOOM_OP_KV_WRITE, type) ||
+	    !ops->supports(be->ctx, LOOM_OP_ATTENTION, type)) {
+		snprintf(why, whylen, "backend %s does not store a %s KV cache", ops->name, name);
+		return false;
+	}
+	return true;
 }
 
 /* Prefix-cache tables: per-block metadata, token ids, hash buckets. */
@@ -62,10 +148,29 @@ struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 			    int64_t kv_dim, int64_t block_size, int64_t n_blocks,
 			    char *err, size_t errlen)
 {
-	size_t bytes = loom_kv_bytes(n_layer, kv_dim, block_size, n_blocks);
+	return loom_kv_new_type(be, LOOM_TYPE_F32, n_layer, kv_dim, block_size, n_blocks,
+				err, errlen);
+}
+
+struct loom_kv *loom_kv_new_type(struct loom_backend *be, uint32_t type, int64_t n_layer,
+				 int64_t kv_dim, int64_t block_size, int64_t n_blocks,
+				 char *err, size_t errlen)
+{
+	size_t bytes = loom_kv_type_bytes(type, n_layer, kv_dim, block_size, n_blocks);
 	struct loom_kv *kv;
+	char why[256];
 	int32_t i;
 
+	if (!loom_kv_type_usable(be, type, why, sizeof(why))) {
+		snprintf(err, errlen, "kv cache: %s", why);
+		return NULL;
+	}
+	if (type != LOOM_TYPE_F32 && kv_dim % LOOM_KVQ_BLOCK &&
+	    loom_kvq_block_elems(type) > 1) {
+		snprintf(err, errlen, "kv cache: a %s cache needs rows of whole blocks of %d values; this model's are %lld",
+			 loom_kv_type_name((int32_t)type), LOOM_KVQ_BLOCK, (long long)kv_dim);
+		return NULL;
+	}
 	if (!bytes || n_blocks > INT32_MAX / block_size) {
 		snprintf(err, errlen, "kv cache: size overflow (%lld blocks of %lld tokens)",
 			 (long long)n_blocks, (long long)block_size);
@@ -76,7 +181,8 @@ struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 		goto out_nomem;
 	*kv = (struct loom_kv){ .be = be, .n_layer = n_layer, .kv_dim = kv_dim,
 		.block_size = block_size, .n_blocks = n_blocks,
-		.layer_bytes = bytes / (size_t)(2 * n_layer) };
+		.layer_bytes = bytes / (size_t)(2 * n_layer), .type = type,
+		.row_bytes = loom_kvq_row_bytes(type, kv_dim) };
 	kv->free_list = malloc(sizeof(int32_t) * (size_t)n_blocks);
 	kv->refs = calloc((size_t)n_blocks, sizeof(int32_t));
 	if (!kv->free_list || !kv->refs || alloc_cache(kv))
@@ -458,7 +564,7 @@ int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
 int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
 {
 	const struct loom_backend *be = kv->be;
-	size_t bytes = (size_t)kv->block_size * (size_t)kv->kv_dim * sizeof(float);
+	size_t bytes = (size_t)kv->block_size * kv->row_bytes;
 	int64_t l;
 	int rc;
 
@@ -616,14 +722,14 @@ struct loom_kv *loom_kv_new_config(struct loom_backend *be, const struct loom_kv
 	struct loom_kv *kv;
 
 	if (!n_local)
-		return loom_kv_new(be, c->n_layer, c->kv_dim, c->block_size, c->n_blocks,
-				   err, errlen);
-	kv = loom_kv_new(be, c->n_layer - n_local, c->kv_dim, c->block_size, c->n_blocks,
-			 err, errlen);
+		return loom_kv_new_type(be, c->type, c->n_layer, c->kv_dim, c->block_size,
+					c->n_blocks, err, errlen);
+	kv = loom_kv_new_type(be, c->type, c->n_layer - n_local, c->kv_dim, c->block_size,
+			      c->n_blocks, err, errlen);
 	if (!kv)
 		return NULL;
-	kv->local = loom_kv_new(be, n_local, c->kv_dim, c->block_size, c->n_local_blocks,
-				err, errlen);
+	kv->local = loom_kv_new_type(be, c->type, n_local, c->kv_dim, c->block_size,
+				     c->n_local_blocks, err, errlen);
 	if (!kv->local)
 		goto out_free;
 	kv->local->window = window;

@@ -1,7 +1,8 @@
 /* Paged KV cache (internal).
  *
- * Every layer's K and V cache is an f32 array [n_blocks][block_size][kv_dim]
- * on the backend. A sequence owns a block table: logical block j of the
+ * Every layer's K and V cache is an array [n_blocks][block_size][kv_dim]
+ * of the cache's type (kv->type: f32, f16, q8_0 or q4_0, the layouts of
+ * loom/kv_quant.h; the backend quantizes on kv_write) on the backend. A sequence owns a block table: logical block j of the
  * sequence lives in physical block blocks[j]. Blocks are reference-counted
  * and shared: a fork shares all of a sequence's written blocks, and a write
  * into a shared (or prefix-cached) partially used block first gives the
@@ -33,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom.h"
 #include "plugin/backend_loader.h"
 
 struct loom_kv {
@@ -59,6 +61,9 @@ struct loom_kv {
 	int32_t *layer_pool;     /* with local, per model layer: 1 in local, 0 here */
 	int32_t *layer_index;    /* with local, per model layer: index in its pool */
 	int64_t n_held_peak;     /* most blocks referenced by sequences at once */
+	/* ---- appended: quantized caches ---- */
+	uint32_t type;           /* enum loom_type of every K and V value */
+	size_t row_bytes;        /* one slot: kv_dim values of type */
 };
 
 struct loom_kv_block {
@@ -83,14 +88,31 @@ struct loom_kv_config {
 	int64_t n_blocks;        /* blocks of the full-context layers' pool */
 	const int32_t *windows;  /* per layer: > 0 a sliding window; NULL: none */
 	int64_t n_local_blocks;  /* blocks of the windowed layers' pool */
+	uint32_t type;           /* the cache's enum loom_type; 0 is F32 */
 };
 
-/* Bytes needed for n_blocks blocks; 0 on overflow. */
+/* Bytes needed for n_blocks blocks of f32; 0 on overflow. */
 size_t loom_kv_bytes(int64_t n_layer, int64_t kv_dim, int64_t block_size,
 		     int64_t n_blocks);
+/* The same for a cache of `type`; 0 on overflow, or when kv_dim is not a
+ * whole number of the type's blocks or the type is no KV type. */
+size_t loom_kv_type_bytes(uint32_t type, int64_t n_layer, int64_t kv_dim,
+			  int64_t block_size, int64_t n_blocks);
+/* loom_kv_type_name() and loom_kv_type_parse() are public (loom.h). */
+/* An f32 cache (loom_kv_new_type with LOOM_TYPE_F32). */
 struct loom_kv *loom_kv_new(struct loom_backend *be, int64_t n_layer,
 			    int64_t kv_dim, int64_t block_size, int64_t n_blocks,
 			    char *err, size_t errlen);
+/* A cache of `type`: refused (NULL, err says why) when the type is no KV
+ * type, kv_dim is not a whole number of its blocks, or the backend does
+ * not store it (ABI minor < 3, or supports() says no). */
+struct loom_kv *loom_kv_new_type(struct loom_backend *be, uint32_t type, int64_t n_layer,
+				 int64_t kv_dim, int64_t block_size, int64_t n_blocks,
+				 char *err, size_t errlen);
+/* Whether backend be stores KV caches of `type` (f32: always). When not,
+ * *why says so in a sentence. */
+bool loom_kv_type_usable(const struct loom_backend *be, uint32_t type, char *why,
+			 size_t whylen);
 void loom_kv_free(struct loom_kv *kv);
 /* Layers with a window get their own pool (kv->local, n_local_blocks
  * blocks) when some layers have none; otherwise this is loom_kv_new

@@ -9,6 +9,7 @@
  */
 #include "engine/scheduler.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,14 @@ struct req {
 	 * made on the engine thread at the first sampled token */
 	struct loom_grammar *grammar;
 	struct loom_gmatch *gm;
+	/* log-probabilities (logprobs) and hidden states: see loom.h */
+	bool logprobs;
+	int32_t n_top;
+	struct loom_token_logprob *prompt_lp; /* n_prompt x (1 + n_top) */
+	float *hidden;                        /* n_prompt x n_embd */
+	/* the logprobs of the token being delivered, for its event */
+	float ev_logprob;
+	struct loom_token_logprob ev_top[LOOM_MAX_TOP_LOGPROBS];
 };
 
 struct req_list {
@@ -65,7 +74,8 @@ struct entry {
 	int32_t n;
 	bool spec;   /* a speculating decode: 1 token + n - 1 drafts, n rows */
 	bool asked;  /* its strategy proposed (and so gets observe) */
-	bool all;    /* a prompt chunk of an all_logits request: n rows */
+	bool all;    /* a prompt chunk of a request that keeps every row
+		      (all_logits, prompt_logprobs, hidden): n rows */
 	bool last;   /* its last token is the sequence's last: sample after */
 	int32_t row; /* first logits row of this entry, -1 for none */
 	int32_t pos; /* position of its first token (set when it runs) */
@@ -105,6 +115,8 @@ struct loom_sched {
 	int32_t ee_tok[EE_MAX_TOKENS]; /* tokens at the positions it wrote */
 	int32_t ee_buf[EE_MAX_TOKENS];
 	struct loom_gvocab *gvocab; /* the vocabulary's trie, at the first grammar */
+	float *raw_row;    /* a logits row before masks and penalties (logprobs) */
+	float *hidden_buf; /* a step's hidden rows, max_out x n_embd */
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -127,8 +139,9 @@ void loom_sched_config_defaults(struct loom_sched_config *c)
 	};
 }
 
-int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
-			       uint64_t kv_bytes)
+/* Blocks of `type` that fit in kv_bytes for model m; 0 if not even one. */
+static int64_t plan_blocks(const struct loom_model *m, uint32_t type, int32_t block_size,
+			   uint64_t kv_bytes)
 {
 	const struct loom_hparams *hp = &m->hp;
 	size_t per_block;
@@ -137,14 +150,21 @@ int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 	if (block_size <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
 	    hp->n_head_kv > INT64_MAX / hp->head_dim)
 		return 0;
-	/* 2 (K and V) * n_layer * block_size * kv_dim * sizeof(float) */
-	per_block = loom_kv_bytes(hp->n_layer, hp->n_head_kv * hp->head_dim, block_size, 1);
+	/* 2 (K and V) * n_layer * block_size * kv_dim values of type */
+	per_block = loom_kv_type_bytes(type, hp->n_layer, hp->n_head_kv * hp->head_dim,
+				       block_size, 1);
 	if (!per_block)
 		return 0;
 	n = kv_bytes / per_block;
 	if (n > (uint64_t)(INT32_MAX / block_size))
 		n = (uint64_t)(INT32_MAX / block_size); /* slots are int32 */
 	return (int64_t)n;
+}
+
+int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
+			       uint64_t kv_bytes)
+{
+	return plan_blocks(m, LOOM_TYPE_F32, block_size, kv_bytes);
 }
 
 /* Each layer's window (0: full context), for the KV cache; NULL: no memory. */
@@ -175,9 +195,10 @@ void loom_sched_plan_kv(const struct loom_model *m, const struct loom_sched_conf
 		p->seq_local_blocks = loom_kv_window_blocks(p->window, bs, c->max_batch_tokens);
 		if (p->seq_local_blocks > p->seq_blocks)
 			p->seq_local_blocks = p->seq_blocks;
-		pl = loom_kv_bytes(p->n_local_layers, kv_dim, bs, 1);
+		pl = loom_kv_type_bytes(c->kv_type, p->n_local_layers, kv_dim, bs, 1);
 	}
-	pg = loom_kv_bytes(hp->n_layer - p->n_local_layers, kv_dim, bs, 1);
+	pg = loom_kv_type_bytes(c->kv_type, hp->n_layer - p->n_local_layers, kv_dim, bs, 1);
+	p->token_bytes = loom_kv_type_bytes(c->kv_type, hp->n_layer, kv_dim, 1, 1);
 	if (!pg || (p->n_local_layers && !pl))
 		goto out;
 	if (!kv_bytes) {
@@ -276,6 +297,12 @@ static void emit(struct req *r, int32_t token, enum loom_finish fin, const char 
 		.n_generated = r->n_generated, .n_cached = r->n_cached, .error = error,
 	};
 
+	if (r->logprobs && token >= 0) {
+		ev.logprob = r->ev_logprob;
+		ev.top = r->ev_top;
+		ev.n_top = r->n_top;
+	}
+
 	if (r->cb)
 		r->cb(r->user, &ev);
 }
@@ -356,11 +383,22 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 			return LOOM_ERR_INVALID;
 		}
 	}
+	if (rq->top_logprobs < 0 || rq->top_logprobs > LOOM_MAX_TOP_LOGPROBS) {
+		loom_seterr(err, errlen, "request: top_logprobs %d is outside 0..%d",
+			rq->top_logprobs, LOOM_MAX_TOP_LOGPROBS);
+		return LOOM_ERR_INVALID;
+	}
+	if (rq->spec && (rq->logprobs || rq->prompt_logprobs || rq->hidden)) {
+		loom_seterr(err, errlen, "request: logprobs and hidden states need plain decoding");
+		return LOOM_ERR_INVALID;
+	}
 	if (rq->spec_max_draft > 64) {
 		loom_seterr(err, errlen, "request: spec_max_draft %d is above 64", rq->spec_max_draft);
 		return LOOM_ERR_INVALID;
 	}
 	*n_predict = rq->n_predict > 0 ? rq->n_predict : s->cfg.max_ctx - rq->n_prompt;
+	if (rq->hidden)
+		*n_predict = 1; /* ends after its prompt; room kept as for a token */
 	total = (int64_t)rq->n_prompt + *n_predict;
 	if (*n_predict <= 0 || total > s->cfg.max_ctx) {
 		loom_seterr(err, errlen, "request: %d prompt + %d predicted tokens exceed the context of %d",
@@ -384,6 +422,15 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
 		}
 	}
 	return 0;
+}
+
+/* Row 0 of prompt_logprobs: the first token has no context to be
+ * predicted from. */
+static void prompt_lp_first(struct req *r, int32_t n_top)
+{
+	r->prompt_lp[0] = (struct loom_token_logprob){ r->tokens[0], NAN };
+	for (int32_t k = 1; k <= n_top; k++)
+		r->prompt_lp[k] = (struct loom_token_logprob){ -1, NAN };
 }
 
 static struct req *req_new(struct loom_sched *s, const struct loom_sched_request *rq,
@@ -415,6 +462,12 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	r->all_logits = rq->all_logits;
 	r->seed = rq->sampling.seed;
 	r->grammar = loom_grammar_ref(rq->grammar);
+	r->logprobs = rq->logprobs;
+	r->n_top = rq->top_logprobs;
+	r->prompt_lp = rq->prompt_logprobs;
+	r->hidden = rq->hidden;
+	if (r->prompt_lp)
+		prompt_lp_first(r, rq->top_logprobs);
 	return r;
 
 out_free:
@@ -767,11 +820,17 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	return rc ? 0 : k; /* short of blocks: decode plainly (may preempt) */
 }
 
-/* A prompt chunk of at most n tokens for r: an all_logits request needs
- * a logits row per token, so its chunk is cut to the rows left. */
+/* True for a request that keeps a row per prompt token. */
+static bool all_rows(const struct req *r)
+{
+	return r->all_logits || r->prompt_lp || r->hidden;
+}
+
+/* A prompt chunk of at most n tokens for r: a request that keeps every
+ * row needs a logits row per token, so its chunk is cut to the rows left. */
 static int32_t chunk_cap(const struct loom_sched *s, const struct req *r, int32_t n)
 {
-	if (r->all_logits && n > s->rows_left + 1)
+	if (all_rows(r) && n > s->rows_left + 1)
 		n = s->rows_left + 1;
 	return n;
 }
@@ -779,7 +838,7 @@ static int32_t chunk_cap(const struct loom_sched *s, const struct req *r, int32_
 /* Adds a prompt chunk of n tokens of r to the plan. */
 static void plan_chunk(struct loom_sched *s, struct req *r, int32_t n)
 {
-	bool all = r->all_logits != NULL;
+	bool all = all_rows(r);
 
 	if (all)
 		s->rows_left -= n - 1; /* one row per entry is always there */
@@ -893,7 +952,7 @@ static int admit(struct loom_sched *s, struct req *r, int32_t budget)
 {
 	int32_t n, rc;
 
-	if (s->cfg.prefix_cache && !r->all_logits)
+	if (s->cfg.prefix_cache && !all_rows(r))
 		match_prefix(s, r);
 	n = r->n_tokens - r->seq.n_tokens;
 	n = chunk_cap(s, r, n > budget ? budget : n);
@@ -1022,16 +1081,61 @@ static int grammar_take(struct loom_sched *s, struct req *r, int32_t t)
 	return 0;
 }
 
+/* log(sum(exp(row))), in double, in index order (deterministic). */
+static double log_sum_exp(const float *row, int32_t n)
+{
+	double max = -INFINITY, sum = 0;
+	int32_t i;
+
+	for (i = 0; i < n; i++)
+		if (row[i] > max)
+			max = row[i];
+	if (!isfinite(max))
+		return max;
+	for (i = 0; i < n; i++)
+		sum += exp((double)row[i] - max);
+	return max + log(sum);
+}
+
+/* The k largest entries of row as logprobs (row - lse), largest first,
+ * ties to the lower id. */
+static void top_logprobs(const float *row, int32_t n, double lse, int32_t k,
+			 struct loom_token_logprob *out)
+{
+	int32_t have = 0, i, j;
+
+	for (i = 0; i < n && k > 0; i++) {
+		if (have == k && row[i] <= row[out[have - 1].token])
+			continue;
+		j = have < k ? have++ : k - 1;
+		while (j > 0 && row[i] > row[out[j - 1].token]) {
+			out[j] = out[j - 1];
+			j--;
+		}
+		out[j].token = i;
+	}
+	for (j = 0; j < have; j++)
+		out[j].logprob = (float)((double)row[out[j].token] - lse);
+	for (; j < k; j++)
+		out[j] = (struct loom_token_logprob){ -1, NAN };
+}
+
 /* Samples r's next token from its logits row and reports it. With a
  * grammar, the tokens it refuses are masked first (before penalties and
  * the sampling chain). */
 static void sample_one(struct loom_sched *s, struct req *r, float *row)
 {
+	double lse = 0;
 	int32_t t;
 
 	if (r->first_logits && r->n_generated == 0) {
 		memcpy(r->first_logits, row, sizeof(float) * (size_t)s->n_vocab);
 		r->first_logits = NULL;
+	}
+	if (r->logprobs) { /* the model's own distribution: before any mask */
+		memcpy(s->raw_row, row, sizeof(float) * (size_t)s->n_vocab);
+		lse = log_sum_exp(row, s->n_vocab);
+		top_logprobs(row, s->n_vocab, lse, r->n_top, r->ev_top);
 	}
 	if (r->grammar) {
 		if (!gmatch(s, r))
@@ -1043,6 +1147,8 @@ static void sample_one(struct loom_sched *s, struct req *r, float *row)
 	t = loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens);
 	if (r->grammar && grammar_take(s, r, t))
 		return;
+	if (r->logprobs && t >= 0)
+		r->ev_logprob = (float)((double)s->raw_row[t] - lse);
 	deliver(s, r, t);
 }
 
@@ -1114,15 +1220,50 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 			return;
 }
 
-/* Copies an all_logits chunk's rows to the request (prompt positions
- * only: a recompute after preemption runs generated tokens too). */
-static void save_all_logits(struct loom_sched *s, const struct entry *e)
+/* Row p + 1 of r's prompt_logprobs from the logits at prompt position p
+ * (what predicts prompt token p + 1). */
+static void save_prompt_lp(struct loom_sched *s, struct req *r, int32_t p, const float *row)
 {
-	size_t V = (size_t)s->n_vocab;
+	struct loom_token_logprob *out = r->prompt_lp + (size_t)(p + 1) * (size_t)(1 + r->n_top);
+	double lse = log_sum_exp(row, s->n_vocab);
+	int32_t t = r->tokens[p + 1];
 
-	for (int32_t j = 0; j < e->n && e->pos + j < e->r->n_prompt; j++)
-		memcpy(e->r->all_logits + (size_t)(e->pos + j) * V,
-		       s->logits + (size_t)(e->row + j) * V, sizeof(float) * V);
+	out[0] = (struct loom_token_logprob){ t, (float)((double)row[t] - lse) };
+	top_logprobs(row, s->n_vocab, lse, r->n_top, out + 1);
+}
+
+/* Keeps what a chunk of a request with every row asks for: logits,
+ * prompt logprobs, hidden states (prompt positions only: a recompute
+ * after preemption runs generated tokens too). 0, or -1 when the hidden
+ * states could not be read (r failed). */
+static int save_rows(struct loom_sched *s, const struct entry *e)
+{
+	size_t V = (size_t)s->n_vocab, D = (size_t)s->m->hp.n_embd;
+	struct req *r = e->r;
+	int32_t n = e->n, j;
+	int rc;
+
+	if (e->pos + n > r->n_prompt)
+		n = r->n_prompt - e->pos;
+	if (n <= 0)
+		return 0;
+	for (j = 0; j < n; j++) {
+		const float *row = s->logits + (size_t)(e->row + j) * V;
+
+		if (r->all_logits)
+			memcpy(r->all_logits + (size_t)(e->pos + j) * V, row, sizeof(float) * V);
+		if (r->prompt_lp && e->pos + j + 1 < r->n_prompt)
+			save_prompt_lp(s, r, e->pos + j, row);
+	}
+	if (!r->hidden)
+		return 0;
+	rc = loom_exec_hidden(s->exec, e->row, n, s->hidden_buf);
+	if (rc) {
+		fail_running(s, r, "backend: reading the hidden states failed");
+		return -1;
+	}
+	memcpy(r->hidden + (size_t)e->pos * D, s->hidden_buf, sizeof(float) * D * (size_t)n);
+	return 0;
 }
 
 /* Output rows of entry e (the last token; every token of a speculating
@@ -1183,8 +1324,13 @@ static int run_plan(struct loom_sched *s)
 			spec_finish(s, e->r, s->logits + (size_t)e->row * V, e->n - 1, e->asked);
 			continue;
 		}
-		if (e->all)
-			save_all_logits(s, e);
+		if (e->all && save_rows(s, e))
+			continue;
+		if (e->last && e->r->hidden) { /* embeddings: no token */
+			running_remove(s, e->r);
+			finish(s, e->r, LOOM_FINISH_LENGTH, NULL);
+			continue;
+		}
 		if (e->last)
 			sample_one(s, e->r, s->logits + (size_t)(e->row + (e->all ? e->n - 1 : 0)) * V);
 	}
@@ -1263,7 +1409,7 @@ static int check_config(struct loom_sched *s, char *err, size_t errlen)
 	}
 	min_blocks = ((int64_t)c->max_ctx + c->block_size - 1) / c->block_size + 1;
 	if (c->n_blocks <= 0) {
-		c->n_blocks = loom_sched_plan_blocks(s->m, c->block_size, DEFAULT_KV_BYTES);
+		c->n_blocks = plan_blocks(s->m, c->kv_type, c->block_size, DEFAULT_KV_BYTES);
 		if (c->n_blocks < min_blocks)
 			c->n_blocks = min_blocks;
 	}
@@ -1288,7 +1434,7 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	struct loom_kv_config kc = {
 		.n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim,
 		.block_size = s->cfg.block_size, .n_blocks = s->cfg.n_blocks,
-		.n_local_blocks = s->cfg.n_local_blocks,
+		.n_local_blocks = s->cfg.n_local_blocks, .type = s->cfg.kv_type,
 	};
 	int32_t *windows = layer_windows(s->m);
 
@@ -1315,8 +1461,10 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	s->seqs = calloc(seqs, sizeof(*s->seqs));
 	s->tok_buf = calloc((size_t)s->cfg.max_batch_tokens, sizeof(int32_t));
 	s->logits = calloc((size_t)s->max_out * (size_t)s->n_vocab, sizeof(float));
+	s->raw_row = calloc((size_t)s->n_vocab, sizeof(float));
+	s->hidden_buf = calloc((size_t)s->max_out * (size_t)hp->n_embd, sizeof(float));
 	if (!s->running || !s->plan || !s->q_start || !s->out_rows ||
-	    !s->seqs || !s->tok_buf || !s->logits) {
+	    !s->seqs || !s->tok_buf || !s->logits || !s->raw_row || !s->hidden_buf) {
 		loom_seterr(err, errlen, "scheduler: out of memory");
 		return -1;
 	}
@@ -1337,6 +1485,8 @@ static void free_engine(struct loom_sched *s)
 	free(s->seqs);
 	free(s->tok_buf);
 	free(s->logits);
+	free(s->raw_row);
+	free(s->hidden_buf);
 	free(s->cancels);
 	free(s->cancel_buf);
 }

@@ -72,6 +72,11 @@ struct loom_sched_config {
 	 * the model has both windowed and full-context layers. 0: enough for
 	 * max_seqs sequences at max_ctx (never more than n_blocks). */
 	int64_t n_local_blocks;
+	/* ---- appended (kvq): the KV cache's type ----
+	 * enum loom_type of every cached K and V value: F32 (0, the
+	 * default), F16, Q8_0 or Q4_0 (engine/kv.h); block counts and the
+	 * plan are in bytes of this type. */
+	uint32_t kv_type;
 };
 
 /* The KV memory plan for a model and a configuration (block_size,
@@ -84,6 +89,7 @@ struct loom_kv_plan {
 	int64_t n_local_layers;   /* layers in the windowed pool */
 	int32_t window;           /* their window (the largest) */
 	uint64_t bytes;           /* both pools */
+	uint64_t token_bytes;     /* K and V of one token in every layer */
 };
 /* Defaults: block_size 16, n_blocks 0 (= loom_sched_plan_blocks for
  * 256 MiB, at least one max_ctx sequence), max_batch_tokens 512, max_seqs
@@ -92,7 +98,7 @@ struct loom_kv_plan {
 
 void loom_sched_config_defaults(struct loom_sched_config *c);
 
-/* Number of blocks that fit in kv_bytes for model m; 0 if not even one. */
+/* Number of f32 blocks that fit in kv_bytes for model m; 0 if not even one. */
 int64_t loom_sched_plan_blocks(const struct loom_model *m, int32_t block_size,
 			       uint64_t kv_bytes);
 /* Splits kv_bytes between the two pools in the ratio one sequence at
@@ -136,6 +142,14 @@ struct loom_sched_request {
 	/* optional: constrains the output (engine/grammar.h); the request
 	 * holds its own reference */
 	const struct loom_grammar *grammar;
+	/* ---- appended (api): log-probabilities and hidden states ----
+	 * (loom.h's struct loom_request says what each holds). Requests with
+	 * any of them must not speculate (spec NULL); prompt_logprobs and
+	 * hidden take a row per prompt token, like all_logits. */
+	bool logprobs;
+	int32_t top_logprobs; /* 0..LOOM_MAX_TOP_LOGPROBS */
+	struct loom_token_logprob *prompt_logprobs;
+	float *hidden;        /* the request ends after its prompt */
 };
 
 struct loom_sched;

@@ -348,6 +348,7 @@ static int run_kv_write(struct loom_exec *e, const struct loom_node *nd, int64_t
 		.k_stride = e->width[ACT_K], .v_stride = e->width[ACT_V],
 		.n_tokens = rows, .kv_dim = e->width[ACT_K],
 		.slots = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LSLOTS : IN_SLOTS],
+		.kv_type = e->kv->type,
 	};
 
 	return be->ops->kv_write(be->ctx, &a);
@@ -369,7 +370,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.q_start = e->in[IN_QSTART], .kv_len = e->in[IN_KVLEN],
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
-		.softcap = hp->attn_softcap,
+		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
 	};
 
 	return be->ops->attention(be->ctx, &a);
@@ -533,6 +534,19 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 	for (i = 0; i < b->n_seqs; i++)
 		b->seqs[i]->n_tokens += b->q_start[i + 1] - b->q_start[i];
 	return 0;
+}
+
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t w = (size_t)e->width[ACT_OUT];
+	int rc;
+
+	if (first < 0 || n <= 0)
+		return LOOM_ERR_INVALID;
+	rc = be->ops->download(be->ctx, out, e->act[ACT_OUT] + (size_t)first * w,
+			       (size_t)n * w * sizeof(float));
+	return rc ? rc : be->ops->synchronize(be->ctx);
 }
 
 int loom_exec_one(struct loom_exec *e, struct loom_kv_seq *seq, const int32_t *tokens,

@@ -158,6 +158,10 @@ void loom_exec_free(struct loom_exec *e);
  * 0, or a negative loom_status with err set. */
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen);
+/* After a successful step: the final normed hidden state (what the
+ * output layer reads) of output rows [first, first + n), n x n_embd
+ * floats to `out`. 0, or a negative loom_status. */
+int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* One sequence's tokens[0..n) at its next positions (reserved in its
  * cache), as one step; with want_logits, the last token's logits go to
  * `logits` (n_vocab floats). 0, or a negative loom_status with err set. */

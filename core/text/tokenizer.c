@@ -988,6 +988,11 @@ const char *loom_token_text(const struct loom_tokenizer *t, int32_t token)
 	return t->text_blob + t->text_off[token];
 }
 
+const char *loom_token_bytes(const struct loom_tokenizer *t, int32_t token, size_t *len)
+{
+	return loom_tokenizer_piece(t, token, len);
+}
+
 int32_t loom_tokenizer_n_vocab(const struct loom_tokenizer *t)
 {
 	return t ? t->n_vocab : 0;

@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1 (minor 2).
+ * loom backend ABI, version 1 (minor 3).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 2
+#define LOOM_BACKEND_ABI_MINOR 3
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -216,9 +216,22 @@ struct loom_rope_args {
 };
 
 /*
- * Paged KV cache. One layer's K (and V) cache is a device f32 array
- * [n_blocks][block_size][kv_dim], kv_dim = n_kv_heads * head_dim.
- * A token's cache slot is block * block_size + offset.
+ * Paged KV cache. One layer's K (and V) cache is a device array
+ * [n_blocks][block_size][kv_dim] of kv_type values, kv_dim = n_kv_heads *
+ * head_dim. A token's cache slot is block * block_size + offset; slot s
+ * starts at byte s * row_bytes, row_bytes the size of kv_dim values.
+ *
+ * Generation 1.3 appends kv_type to both argument structs: LOOM_TYPE_F32
+ * (what a 1.0-1.2 host means: its structs end before kv_type), F16, Q8_0
+ * or Q4_0, the block layouts of GGUF (loom/kv_quant.h spells them out and
+ * has helpers). kcache and vcache keep their f32 pointer type for source
+ * compatibility; with another kv_type they are byte addresses. Quantized
+ * types need kv_dim (kv_write) and head_dim (attention) multiples of 32.
+ * kv_write rounds each row to the type (f16: to nearest even; q8_0/q4_0:
+ * GGUF's reference quantizers); attention reads the stored values exactly
+ * and computes in f32 as before. A backend answers supports(LOOM_OP_KV_WRITE
+ * or LOOM_OP_ATTENTION, kv_type) for the types it stores, and refuses an
+ * unknown or unsupported kv_type with LOOM_ERR_UNSUPPORTED.
  *
  * kv_write: for t < n_tokens, copy k[t] (row stride k_stride floats) to
  * kcache slot slots[t], and v[t] likewise. slots is a device int32 array.
@@ -233,6 +246,9 @@ struct loom_kv_write_args {
 	int64_t k_stride, v_stride;
 	int64_t n_tokens, kv_dim;
 	const int32_t *slots;
+	/* ---- generation 1.3 ---- */
+	uint32_t kv_type;  /* enum loom_type of the cache; F32 when absent */
+	uint32_t reserved; /* zero */
 };
 
 /*
@@ -261,7 +277,18 @@ struct loom_attention_args {
 	float scale;
 	int32_t window;
 	float softcap; /* > 0: scores = softcap * tanh(scores / softcap) */
+	/* the 1.2 struct's tail padding, named so that kv_type starts past
+	 * every 1.2 struct_size (a 1.2 host leaves it unset) */
+	uint32_t reserved_1_2;
+	/* ---- generation 1.3 ---- */
+	uint32_t kv_type;  /* enum loom_type of the cache; F32 when absent */
+	uint32_t reserved; /* zero */
 };
+
+/* The KV cache type of a kv_write or attention call: kv_type where the
+ * caller's struct has it, else F32 (a 1.0-1.2 host). */
+#define LOOM_KV_TYPE(a, type) \
+	(LOOM_ARGS_HAS(a, type, kv_type) ? (a)->kv_type : (uint32_t)LOOM_TYPE_F32)
 
 enum loom_glu_kind { LOOM_GLU_SILU = 0, LOOM_GLU_GELU_TANH = 1 };
 
@@ -284,7 +311,8 @@ struct loom_backend_ops {
 	/* Required. */
 	int (*device_info)(struct loom_backend_ctx *ctx, struct loom_device_info *out);
 	/* Required. Whether `op` runs natively on data of `type` (the weight
-	 * type for GEMM and EMBED; LOOM_TYPE_F32 for the others). */
+	 * type for GEMM and EMBED; the KV cache type for KV_WRITE and
+	 * ATTENTION, generation 1.3; LOOM_TYPE_F32 for the others). */
 	bool (*supports)(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type);
 
 	/* Required. Allocates `size` bytes (64-byte aligned address). The
@@ -381,7 +409,9 @@ struct loom_backend_ops {
 	 * the cap to the logits it downloads. */
 	int (*softcap)(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 		       int64_t rows, int64_t n, float cap);
-	/* ---- end of generation 1.2; append new slots below ---- */
+	/* ---- end of generation 1.2 ---- */
+	/* generation 1.3 adds no slot: kv_type in the kv_write and attention
+	 * arguments (see the paged KV cache above). Append new slots below. */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

@@ -141,6 +141,20 @@ static inline int loom_check_kv_write(const struct loom_kv_write_args *a)
 	return LOOM_CHECK_RUN;
 }
 
+/* The KV cache type of a call (LOOM_KV_TYPE) for rows of `dim` values
+ * (kv_dim for kv_write, head_dim for attention): LOOM_OK;
+ * LOOM_ERR_UNSUPPORTED for a type that is not a KV type of ABI 1.3;
+ * LOOM_ERR_INVALID when a block type's blocks would straddle rows. */
+static inline int loom_check_kv_type(uint32_t type, int64_t dim)
+{
+	if (type != LOOM_TYPE_F32 && type != LOOM_TYPE_F16 && type != LOOM_TYPE_Q8_0 &&
+	    type != LOOM_TYPE_Q4_0)
+		return LOOM_ERR_UNSUPPORTED;
+	if ((type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_0) && dim % 32 != 0)
+		return LOOM_ERR_INVALID;
+	return LOOM_OK;
+}
+
 static inline bool loom_check_slots(const int32_t *slots, int64_t n, int64_t row_floats)
 {
 	for (int64_t t = 0; t < n; t++)

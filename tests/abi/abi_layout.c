@@ -23,9 +23,13 @@ _Static_assert(offsetof(struct loom_backend_ops, weight_pack) ==
 	       "generation 1.2 must follow 1.1");
 _Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
 _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
+/* generation 1.3: kv_type past every 1.2 struct_size (80 and 144), so a
+ * backend never reads it from an older host's padding */
+_Static_assert(offsetof(struct loom_kv_write_args, kv_type) == 80, "kv_write kv_type moved");
+_Static_assert(offsetof(struct loom_attention_args, kv_type) == 144, "attention kv_type moved");
 
 /*
- * Today's sizes (LP64), the generation 1.2 headers: a change here is a new
+ * Today's sizes (LP64), the generation 1.3 headers: a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -37,8 +41,8 @@ _Static_assert(sizeof(struct loom_device_info) == 144, "struct loom_device_info 
 _Static_assert(sizeof(struct loom_gemm_args) == 88, "struct loom_gemm_args changed size");
 _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_pack_args changed size");
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
-_Static_assert(sizeof(struct loom_kv_write_args) == 80, "struct loom_kv_write_args changed size");
-_Static_assert(sizeof(struct loom_attention_args) == 144, "struct loom_attention_args changed size");
+_Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
+_Static_assert(sizeof(struct loom_attention_args) == 152, "struct loom_attention_args changed size");
 _Static_assert(sizeof(struct loom_backend_ops) == 216, "struct loom_backend_ops changed size");
 #endif
 

@@ -331,6 +331,204 @@ START_TEST(gemm_input_observes)
 }
 END_TEST
 
+/* ---- log-probabilities and hidden states ---- */
+
+struct lp_events {
+	int32_t ids[16];
+	float lp[16];
+	struct loom_token_logprob top[16][LOOM_MAX_TOP_LOGPROBS];
+	int n, n_top, n_final;
+	enum loom_finish finish;
+	int32_t n_generated;
+};
+
+static void on_lp_event(void *user, const struct loom_event *ev)
+{
+	struct lp_events *c = user;
+
+	if (ev->token >= 0 && c->n < 16) {
+		c->ids[c->n] = ev->token;
+		c->lp[c->n] = ev->logprob;
+		c->n_top = ev->n_top;
+		if (ev->n_top > 0)
+			memcpy(c->top[c->n], ev->top, sizeof(*ev->top) * (size_t)ev->n_top);
+		c->n++;
+	}
+	if (ev->finish != LOOM_FINISH_NONE) {
+		c->n_final++;
+		c->finish = ev->finish;
+		c->n_generated = ev->n_generated;
+	}
+}
+
+static void run_request(struct loom_engine *e, struct loom_request *r, struct lp_events *ev)
+{
+	char err[512];
+	uint64_t id;
+	int steps = 0;
+
+	memset(ev, 0, sizeof(*ev));
+	r->on_event = on_lp_event;
+	r->user = ev;
+	ck_assert_msg(loom_submit(e, r, &id, err, sizeof(err)) == 0, "%s", err);
+	while (ev->n_final == 0 && steps++ < 200)
+		ck_assert_int_ge(loom_engine_step(e), 0);
+	ck_assert_int_eq(ev->n_final, 1);
+}
+
+/* log softmax of row at t, in double */
+static double log_softmax_at(const float *row, int32_t n, int32_t t)
+{
+	double max = -INFINITY, sum = 0;
+
+	for (int32_t i = 0; i < n; i++)
+		max = row[i] > max ? row[i] : max;
+	for (int32_t i = 0; i < n; i++)
+		sum += exp((double)row[i] - max);
+	return (double)row[t] - max - log(sum);
+}
+
+/* The first token's logprob is the log softmax of the logits it was drawn
+ * from, before penalties and temperature; top_logprobs are sorted, start
+ * at the greedy token and agree with the same row. */
+START_TEST(logprobs_are_the_model_distribution)
+{
+	int32_t ids[16], V = loom_engine_n_vocab(engine);
+	int32_t n = (int32_t)loom_engine_tokenize(engine, "The capital of France is", 24, true,
+						  ids, 16);
+	float *logits = malloc(sizeof(float) * (size_t)V);
+	struct lp_events ev, ev2;
+	struct loom_request r;
+	char err[256];
+	uint64_t id;
+
+	ck_assert_ptr_nonnull(logits);
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = n;
+	r.n_predict = 4;
+	r.sampling.temp = 0;
+	r.sampling.repeat_penalty = 1.3f; /* changes sampling, not the logprobs */
+	r.logprobs = true;
+	r.top_logprobs = 5;
+	r.prompt_logits = logits;
+	run_request(engine, &r, &ev);
+	ck_assert_int_eq(ev.n, 4);
+	ck_assert_int_eq(ev.n_top, 5);
+	ck_assert_msg(fabs(ev.lp[0] - log_softmax_at(logits, V, ev.ids[0])) < 1e-5,
+		      "logprob %g, log softmax %g", ev.lp[0], log_softmax_at(logits, V, ev.ids[0]));
+	ck_assert_int_eq(ev.top[0][0].token, ev.ids[0]); /* greedy, no penalty yet */
+	for (int k = 0; k < 5; k++) {
+		ck_assert(fabs(ev.top[0][k].logprob -
+			       log_softmax_at(logits, V, ev.top[0][k].token)) < 1e-5);
+		if (k)
+			ck_assert(ev.top[0][k].logprob <= ev.top[0][k - 1].logprob);
+	}
+	for (int i = 0; i < ev.n; i++) {
+		ck_assert(ev.lp[i] <= 0 && isfinite(ev.lp[i]));
+		ck_assert(ev.lp[i] <= ev.top[i][0].logprob);
+	}
+	/* repeatable, and the same without asking for the top tokens */
+	r.top_logprobs = 0;
+	run_request(engine, &r, &ev2);
+	ck_assert_mem_eq(ev.ids, ev2.ids, sizeof(int32_t) * 4);
+	ck_assert_mem_eq(ev.lp, ev2.lp, sizeof(float) * 4);
+	ck_assert_int_eq(ev2.n_top, 0);
+	/* a struct from before logprobs: the fields past its size are not read */
+	r.top_logprobs = 5;
+	r.hidden = (float *)&r; /* would be written to if it were read */
+	r.struct_size = (uint32_t)offsetof(struct loom_request, logprobs);
+	run_request(engine, &r, &ev2);
+	ck_assert_int_eq(ev2.n, 4);
+	ck_assert_mem_eq(ev.ids, ev2.ids, sizeof(int32_t) * 4);
+	ck_assert_int_eq(ev2.n_top, 0);
+	ck_assert(ev2.lp[0] == 0.0f);
+	r.struct_size = sizeof(r);
+	r.hidden = NULL;
+	/* out of range */
+	r.top_logprobs = LOOM_MAX_TOP_LOGPROBS + 1;
+	ck_assert_int_eq(loom_submit(engine, &r, &id, err, sizeof(err)), LOOM_ERR_INVALID);
+	ck_assert_ptr_nonnull(strstr(err, "top_logprobs"));
+	free(logits);
+}
+END_TEST
+
+/* prompt_logprobs row i + 1 is the log softmax of all_logits row i at
+ * prompt token i + 1; row 0 is NAN. */
+START_TEST(prompt_logprobs_match_all_logits)
+{
+	const char *text = "The quick brown fox jumps over the lazy dog because it";
+	int32_t ids[32], V = loom_engine_n_vocab(engine);
+	int32_t n = (int32_t)loom_engine_tokenize(engine, text, strlen(text), true, ids, 32);
+	float *first = malloc(sizeof(float) * (size_t)V), *rows;
+	struct loom_token_logprob *plp = calloc((size_t)n * 4, sizeof(*plp));
+	struct lp_events ev;
+	struct loom_request r;
+
+	ck_assert_ptr_nonnull(plp);
+	rows = all_rows(64, ids, n, first);
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = n;
+	r.n_predict = 1;
+	r.sampling.temp = 0;
+	r.logprobs = true;
+	r.top_logprobs = 3;
+	r.prompt_logprobs = plp;
+	run_request(engine, &r, &ev);
+	ck_assert(isnan(plp[0].logprob));
+	ck_assert_int_eq(plp[0].token, ids[0]);
+	for (int32_t i = 1; i < n; i++) {
+		const struct loom_token_logprob *row = plp + (size_t)i * 4;
+		double want = log_softmax_at(rows + (size_t)(i - 1) * V, V, ids[i]);
+
+		ck_assert_int_eq(row[0].token, ids[i]);
+		ck_assert_msg(fabs(row[0].logprob - want) < 1e-3, "row %d: %g vs %g", i,
+			      row[0].logprob, want);
+		ck_assert(row[1].logprob >= row[2].logprob && row[2].logprob >= row[3].logprob);
+		ck_assert(row[0].logprob <= row[1].logprob + 1e-6);
+	}
+	free(rows);
+	free(first);
+	free(plp);
+}
+END_TEST
+
+/* hidden: the request ends after its prompt with no token; the rows are
+ * finite, the same for the same prompt, and differ between positions. */
+START_TEST(hidden_rows)
+{
+	int32_t ids[16], D = loom_engine_n_embd(engine);
+	int32_t n = (int32_t)loom_engine_tokenize(engine, "The capital of France is", 24, true,
+						  ids, 16);
+	float *a = calloc((size_t)n * (size_t)D, sizeof(float));
+	float *b = calloc((size_t)n * (size_t)D, sizeof(float));
+	struct lp_events ev;
+	struct loom_request r;
+
+	ck_assert_int_gt(D, 0);
+	ck_assert_int_eq(loom_engine_pooling(engine), LOOM_POOLING_MEAN);
+	loom_request_init(&r);
+	r.prompt = ids;
+	r.n_prompt = n;
+	r.hidden = a;
+	run_request(engine, &r, &ev);
+	ck_assert_int_eq(ev.finish, LOOM_FINISH_LENGTH);
+	ck_assert_int_eq(ev.n, 0);
+	ck_assert_int_eq(ev.n_generated, 0);
+	r.hidden = b;
+	run_request(engine, &r, &ev);
+	ck_assert_mem_eq(a, b, sizeof(float) * (size_t)n * (size_t)D);
+	for (size_t i = 0; i < (size_t)n * (size_t)D; i++)
+		ck_assert(isfinite(a[i]));
+	ck_assert(memcmp(a, a + D, sizeof(float) * (size_t)D) != 0);
+	ck_assert(memcmp(a + (size_t)(n - 2) * D, a + (size_t)(n - 1) * D,
+			 sizeof(float) * (size_t)D) != 0);
+	free(a);
+	free(b);
+}
+END_TEST
+
 START_TEST(tokenize_counts)
 {
 	int32_t ids[16];
@@ -362,6 +560,9 @@ int main(void)
 		tcase_add_test(with_model, requests_match_generate);
 		tcase_add_test(with_model, all_logits_rows);
 		tcase_add_test(with_model, gemm_input_observes);
+		tcase_add_test(with_model, logprobs_are_the_model_distribution);
+		tcase_add_test(with_model, prompt_logprobs_match_all_logits);
+		tcase_add_test(with_model, hidden_rows);
 		suite_add_tcase(s, with_model);
 	} else {
 		printf("skip model checks: LOOM_MODEL (%s) not found\n", model ? model : "unset");

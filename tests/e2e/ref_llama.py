@@ -358,6 +358,14 @@ class Model:
 
     def forward(self, ids, start, cache):
         """Logits (T, n_vocab) for tokens ids at positions start.."""
+        logits = self.hidden(ids, start, cache) @ self.output.T
+        if self.final_softcap > 0:
+            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
+        return logits
+
+    def hidden(self, ids, start, cache):
+        """The final normed hidden states (T, n_embd) for tokens ids at
+        positions start..: what the output layer reads (embeddings)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.min() < 0 or ids.max() >= self.tok_embd.shape[0]:
             raise ValueError("token id out of range")
@@ -367,10 +375,7 @@ class Model:
             x = x + self.attention(L, self.rmsnorm(x, L["attn_norm"]),
                                    pos, c, il)
             x = x + self.ffn(L, self.rmsnorm(x, L["ffn_norm"]))
-        logits = self.rmsnorm(x, self.out_norm) @ self.output.T
-        if self.final_softcap > 0:
-            logits = self.final_softcap * np.tanh(logits / self.final_softcap)
-        return logits
+        return self.rmsnorm(x, self.out_norm)
 
     def generate(self, prompt, n, forced=None):
         """Greedy decode n tokens after prompt.

@@ -7,6 +7,7 @@
 
 #include "plugin/backend_loader.h"
 #include "engine/kv.h"
+#include "loom/kv_quant.h"
 
 static struct loom_backend *be;
 
@@ -84,6 +85,119 @@ START_TEST(size_overflow_is_refused)
 	ck_assert_uint_eq(loom_kv_bytes(1 << 20, 1 << 20, 1 << 20, 1 << 20), 0);
 	ck_assert_ptr_null(loom_kv_new(be, 1 << 20, 1 << 20, 1 << 20, 1 << 20, err, sizeof(err)));
 	ck_assert_ptr_nonnull(strstr(err, "overflow"));
+}
+END_TEST
+
+/* ---- quantized caches: sizes, copy-on-write and the prefix cache ---- */
+
+START_TEST(quantized_sizes)
+{
+	char err[256] = "";
+
+	/* 2 layers x K,V x 16 tokens x a 64-value row */
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_F32, 2, 64, 16, 1), 4 * 16 * 256);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_F16, 2, 64, 16, 1), 4 * 16 * 128);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_Q8_0, 2, 64, 16, 1), 4 * 16 * 68);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_Q4_0, 2, 64, 16, 1), 4 * 16 * 36);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_Q8_0, 2, 48, 16, 1), 0);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_Q4_1, 2, 64, 16, 1), 0);
+	ck_assert_uint_eq(loom_kv_type_bytes(LOOM_TYPE_F16, 2, 48, 16, 1), 4 * 16 * 96);
+	ck_assert_ptr_null(loom_kv_new_type(be, LOOM_TYPE_Q8_0, 2, 48, 16, 4, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "blocks of 32") != NULL, "%s", err);
+	ck_assert_ptr_null(loom_kv_new_type(be, LOOM_TYPE_Q4_1, 2, 64, 16, 4, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "not a KV cache type") != NULL, "%s", err);
+}
+END_TEST
+
+#define QD 64 /* kv_dim of the quantized cases */
+
+/* Writes rows for positions [from, to) of seq into every layer of kv
+ * through the backend's kv_write (of kv's type). */
+static void write_rows(struct loom_kv *kv, const struct loom_kv_seq *seq, int from, int to)
+{
+	float k[16 * QD], v[16 * QD];
+	int32_t slots[16];
+	int n = to - from;
+
+	ck_assert_int_le(n, 16);
+	for (int i = 0; i < n * QD; i++) {
+		k[i] = (float)((i * 37 + from * 11) % 101) / 25.0f - 2.0f;
+		v[i] = (float)((i * 53 + from * 7) % 89) / 20.0f - 2.2f;
+	}
+	for (int t = 0; t < n; t++)
+		slots[t] = loom_kv_slot(kv, seq, from + t);
+	for (int64_t l = 0; l < kv->n_layer; l++) {
+		struct loom_kv_write_args a = { .struct_size = sizeof(a),
+			.kcache = loom_kv_k(kv, l), .vcache = loom_kv_v(kv, l), .k = k, .v = v,
+			.k_stride = QD, .v_stride = QD, .n_tokens = n, .kv_dim = QD,
+			.slots = slots, .kv_type = kv->type };
+
+		ck_assert_int_eq(be->ops->kv_write(be->ctx, &a), 0);
+	}
+}
+
+/* Whether physical blocks x and y hold the same bytes in every layer. */
+static bool same_block(const struct loom_kv *kv, int32_t x, int32_t y)
+{
+	size_t bytes = (size_t)kv->block_size * kv->row_bytes;
+
+	for (int64_t l = 0; l < 2 * kv->n_layer; l++) {
+		const char *base = kv->base + (size_t)l * kv->layer_bytes;
+
+		if (memcmp(base + (size_t)x * bytes, base + (size_t)y * bytes, bytes))
+			return false;
+	}
+	return true;
+}
+
+START_TEST(quantized_copy_on_write_and_prefix)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_F16 };
+	char err[256];
+
+	for (int ti = 0; ti < 3; ti++) {
+		struct loom_kv *kv = loom_kv_new_type(be, types[ti], 2, QD, 16, 6, err, sizeof(err));
+		struct loom_kv_seq a = { 0 }, b = { 0 }, c = { 0 };
+		int32_t toks[16];
+		uint64_t h;
+		int32_t first;
+
+		ck_assert_msg(kv != NULL, "%s", err);
+		ck_assert_uint_eq(kv->row_bytes, loom_kvq_row_bytes(types[ti], QD));
+		/* a: one full block and 10 tokens of a second */
+		ck_assert_int_eq(loom_kv_reserve(kv, &a, 26), 0);
+		write_rows(kv, &a, 0, 16);
+		write_rows(kv, &a, 16, 26);
+		a.n_tokens = 26;
+		/* b shares both; writing token 26 copies the partial block */
+		ck_assert_int_eq(loom_kv_fork(kv, &b, &a), 0);
+		ck_assert_int_eq(loom_kv_reserve(kv, &b, 1), 0);
+		ck_assert_uint_eq(kv->n_copies, 1);
+		ck_assert_int_eq(b.blocks[0], a.blocks[0]);
+		ck_assert_int_ne(b.blocks[1], a.blocks[1]);
+		ck_assert_msg(same_block(kv, a.blocks[1], b.blocks[1]),
+			      "%s: the copied block's bytes differ", loom_kv_type_name((int32_t)types[ti]));
+		write_rows(kv, &b, 26, 27); /* the copy diverges; the original not */
+		ck_assert(!same_block(kv, a.blocks[1], b.blocks[1]));
+		/* the full first block, cached, is found and shared unchanged */
+		for (int i = 0; i < 16; i++)
+			toks[i] = 100 + i;
+		h = loom_kv_block_hash(LOOM_KV_ROOT_HASH, toks, 16);
+		first = a.blocks[0];
+		ck_assert(loom_kv_cache_register(kv, first, h, LOOM_KV_ROOT_HASH, toks));
+		loom_kv_seq_release(kv, &a);
+		loom_kv_seq_release(kv, &b);
+		ck_assert_int_eq(loom_kv_cache_lookup(kv, h, LOOM_KV_ROOT_HASH, toks), first);
+		ck_assert_int_eq(loom_kv_seq_append_cached(kv, &c, first), 0);
+		ck_assert_int_eq(c.n_tokens, 16);
+		/* writing past the cached block leaves it as it was */
+		ck_assert_int_eq(loom_kv_reserve(kv, &c, 1), 0);
+		ck_assert_int_ne(c.blocks[1], first);
+		write_rows(kv, &c, 16, 17);
+		ck_assert_int_eq(loom_kv_cache_lookup(kv, h, LOOM_KV_ROOT_HASH, toks), first);
+		loom_kv_seq_release(kv, &c);
+		loom_kv_free(kv);
+	}
 }
 END_TEST
 
@@ -352,6 +466,8 @@ int main(void)
 	tcase_add_test(tc, reserve_and_release);
 	tcase_add_test(tc, layer_addresses_do_not_overlap);
 	tcase_add_test(tc, size_overflow_is_refused);
+	tcase_add_test(tc, quantized_sizes);
+	tcase_add_test(tc, quantized_copy_on_write_and_prefix);
 	tcase_add_test(tc, windowed_layers_have_their_own_pool);
 	tcase_add_test(tc, uniform_windows_make_one_pool);
 	tcase_add_test(tc, windowed_blocks_stay_bounded);

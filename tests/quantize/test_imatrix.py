@@ -16,7 +16,10 @@
     writes 7 entries a layer (output left out) with ncall 2; with
     --hessian the same means, and per weight a symmetric Hessian whose
     diagonal is the mean of x^2, 32 tokens, attn_q/k/v and ffn_gate/up
-    sharing one matrix.
+    sharing one matrix;
+  - where llama.cpp is built (LLAMA_CPP_BIN), llama-quantize --imatrix
+    reads a file of loom imatrix --hessian on a random 2-layer llama and
+    loads its 14 entries over 2 chunks.
 Usage: test_imatrix.py LOOM_EXE
 """
 import os
@@ -35,6 +38,9 @@ except ImportError as e:
 LOOM = sys.argv[1]
 MODEL = os.environ.get("LOOM_MODEL", "")
 TEXT = "/usr/share/common-licenses/GPL-3"
+MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "mkgguf.py")
+LLAMA_BIN = os.environ.get("LLAMA_CPP_BIN", os.path.expanduser(
+    "~/.cache/loom/llama.cpp-0.3.36/build/bin"))
 failures = []
 
 
@@ -304,6 +310,28 @@ def test_model(tmp):
           "--show reads the Hessian section")
 
 
+def test_llama_reads(tmp):
+    """llama-quantize (where built) reads loom's file, Hessian section and
+    all, with every entry."""
+    quant = os.path.join(LLAMA_BIN, "llama-quantize")
+    if not os.access(quant, os.X_OK):
+        print("skip: llama-quantize not built (%s)" % LLAMA_BIN)
+        return
+    src, dat = os.path.join(tmp, "tiny.gguf"), os.path.join(tmp, "tiny.dat")
+    subprocess.run([sys.executable, MKGGUF, src, "--layers", "2", "--type", "f32"],
+                   check=True, capture_output=True)
+    p = run("imatrix", "-m", src, "-f", TEXT, "-o", dat, "-c", "32", "--chunks", "2",
+            "--hessian")
+    check(p.returncode == 0, "loom imatrix on a random llama (%s)" % p.stderr.strip()[-200:])
+    q = subprocess.run([quant, "--imatrix", dat, src, os.path.join(tmp, "tiny_q.gguf"), "Q4_0"],
+                       capture_output=True, text=True, timeout=120)
+    out = q.stdout + q.stderr
+    check(q.returncode == 0 and "loaded 14 importance matrix entries" in out and
+          "computed on 2 chunks" in out,
+          "llama-quantize reads loom's imatrix with its Hessian section (%s)" %
+          (out.strip()[-300:] if q.returncode else "loaded"))
+
+
 def main():
     rng = np.random.default_rng(15)
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,6 +340,7 @@ def main():
         test_gguf(tmp, rng)
         test_quantize(tmp, rng)
         test_model(tmp)
+        test_llama_reads(tmp)
     if failures:
         sys.exit("FAILED: %d checks" % len(failures))
     print("all passed")

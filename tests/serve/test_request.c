@@ -3,10 +3,13 @@
  * offered strategies. Valid bodies must come out field for field; bad ones
  * must fail with the HTTP status, param and code the OpenAI API uses. */
 #include <check.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_api.h"
 #include "serve_request.h"
 
 #define FAKE_BOS 1
@@ -248,7 +251,18 @@ static const struct bad {
 	{ false, "{\"prompt\": \"a\", \"spec\": 3}", 400, "spec", "invalid_type" },
 	{ false, "{\"prompt\": \"a\", \"speculative\": {\"max_draft\": 2}}", 400, "speculative", "invalid_type" },
 	{ false, "{\"prompt\": \"a\", \"speculative\": {\"name\": \"ngram\", \"max_draft\": 0}}", 400, "max_draft", "invalid_value" },
-	{ false, "{\"prompt\": \"a\", \"echo\": true}", 400, "echo", "unsupported" },
+	{ false, "{\"prompt\": \"a\", \"logprobs\": 21}", 400, "logprobs", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logprobs\": true}", 400, "logprobs", "invalid_type" },
+	{ false, "{\"prompt\": [[1, 2], [3, 100]]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": [\"a\", 5]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": [\"a\", []]}", 400, "prompt", "invalid_value" },
+	{ false, "{\"prompt\": [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\"], \"n\": 8}",
+	  400, "n", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"max_tokens\": 0, \"echo\": false}", 400, "max_tokens", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+	  400, "top_logprobs", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 21}",
+	  400, "top_logprobs", "invalid_value" },
 	{ false, "{\"prompt\": \"a\", \"echo\": 1}", 400, "echo", "invalid_type" },
 	{ false, "{}", 400, "prompt", "missing" },
 	{ false, "{\"prompt\": 3}", 400, "prompt", "invalid_type" },
@@ -274,6 +288,123 @@ static const struct bad {
 	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 100}",
 	  400, "max_completion_tokens", "context_length_exceeded" },
 };
+
+/* Prompt arrays: one prompt per entry (strings or token ids), choices
+ * prompt-major; logprobs and echo; max_tokens 0 only with echo. */
+START_TEST(prompt_arrays_and_logprobs)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+
+	parse_ok(&ctx, "{\"prompt\": [\"ab\", [7, 8, 9]], \"n\": 2, \"logprobs\": 3, \"echo\": true,"
+		 " \"max_tokens\": 0}", false, &r);
+	ck_assert_int_eq(r.n_prompts, 2);
+	ck_assert_int_eq(r.n, 2);
+	ck_assert_int_eq(r.prompt_lens[1], 3);
+	ck_assert_int_eq(r.prompts[1][2], 9);
+	ck_assert_ptr_eq(r.prompt, r.prompts[0]);
+	ck_assert(r.logprobs && r.echo);
+	ck_assert_int_eq(r.top_logprobs, 3);
+	ck_assert_int_eq(r.max_tokens, 0);
+	serve_req_free(&r);
+	parse_ok(&ctx, "{\"prompt\": [[1], [2, 3]]}", false, &r);
+	ck_assert_int_eq(r.n_prompts, 2);
+	ck_assert(!r.logprobs && !r.echo);
+	serve_req_free(&r);
+	parse_ok(&ctx, "{\"prompt\": \"a\", \"logprobs\": 0}", false, &r);
+	ck_assert(r.logprobs);
+	ck_assert_int_eq(r.top_logprobs, 0);
+	serve_req_free(&r);
+	parse_ok(&ctx, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+		 " \"logprobs\": true, \"top_logprobs\": 20}", true, &r);
+	ck_assert(r.logprobs);
+	ck_assert_int_eq(r.top_logprobs, 20);
+	ck_assert_int_eq(r.n_prompts, 1);
+	serve_req_free(&r);
+}
+END_TEST
+
+/* /v1/embeddings bodies: every input shape, the format, and errors that
+ * name the input. */
+START_TEST(embedding_inputs)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_embed_req r;
+	struct perr e;
+	static const char *const bad_bodies[] = {
+		"{}", "{\"input\": 3}", "{\"input\": []}", "{\"input\": [1, 100]}",
+		"{\"input\": [\"a\", [1, -1]]}", "{\"input\": \"a\", \"encoding_format\": \"hex\"}",
+		"{\"input\": \"a\", \"model\": \"other\"}", "{\"input\": \"a\", \"dimensions\": 8}",
+		"{\"input\": \"FAIL\"}", "[\"a\"]",
+	};
+	static const char *const params[] = {
+		"input", "input", "input", "input", "input", "encoding_format", "model",
+		"dimensions", "input", "",
+	};
+
+	static const char *const names[] = { "m" };
+	const char *body;
+
+	ctx.model_names = names;
+	ctx.n_model_names = 1;
+	body = "{\"input\": \"ab\", \"model\": \"m\"}";
+	ck_assert_int_eq(serve_embed_parse(&ctx, body, strlen(body), &r, &e), 0);
+	ck_assert_int_eq(r.n_inputs, 1);
+	ck_assert(!r.base64);
+	serve_embed_free(&r);
+	body = "{\"input\": [\"a\", [5, 6]], \"encoding_format\": \"base64\"}";
+	ck_assert_int_eq(serve_embed_parse(&ctx, body, strlen(body), &r, &e), 0);
+	ck_assert_int_eq(r.n_inputs, 2);
+	ck_assert_int_eq(r.input_lens[1], 2);
+	ck_assert_int_eq(r.inputs[1][1], 6);
+	ck_assert(r.base64);
+	serve_embed_free(&r);
+	body = "{\"input\": [4, 5]}";
+	ck_assert_int_eq(serve_embed_parse(&ctx, body, strlen(body), &r, &e), 0);
+	ck_assert_int_eq(r.n_inputs, 1);
+	ck_assert_int_eq(r.input_lens[0], 2);
+	serve_embed_free(&r);
+	for (size_t i = 0; i < sizeof(bad_bodies) / sizeof(bad_bodies[0]); i++) {
+		memset(&e, 0, sizeof(e));
+		ck_assert_msg(serve_embed_parse(&ctx, bad_bodies[i], strlen(bad_bodies[i]), &r, &e) == -1,
+			      "accepted %s", bad_bodies[i]);
+		ck_assert_msg(e.status == 400 || e.status == 404, "%s: %d", bad_bodies[i], e.status);
+		ck_assert_msg(!strcmp(e.param, params[i]), "%s: param %s", bad_bodies[i], e.param);
+		ck_assert_int_eq(r.n_inputs, 0);
+	}
+}
+END_TEST
+
+/* Pooling: mean, first or last row, normalized to length 1; a zero vector
+ * is refused. base64 is the floats' little-endian bytes. */
+START_TEST(pooling_and_base64)
+{
+	const float rows[3 * 2] = { 3, 0, 0, 4, 6, 8 };
+	const float zero[2] = { 0, 0 };
+	float v[2];
+	json_t *item;
+	const char *b64;
+
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_MEAN, v), 0);
+	ck_assert(fabsf(v[0] - 0.6f) < 1e-6f && fabsf(v[1] - 0.8f) < 1e-6f); /* (3, 4) / 5 */
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_CLS, v), 0);
+	ck_assert(v[0] == 1.0f && v[1] == 0.0f);
+	ck_assert_int_eq(api_pool(rows, 3, 2, LOOM_POOLING_LAST, v), 0);
+	ck_assert(fabsf(v[0] - 0.6f) < 1e-6f && fabsf(v[1] - 0.8f) < 1e-6f);
+	ck_assert_int_eq(api_pool(zero, 1, 2, LOOM_POOLING_MEAN, v), -1);
+	ck_assert_int_eq(api_pool(rows, 0, 2, LOOM_POOLING_MEAN, v), -1);
+	v[0] = 1.0f; /* 00 00 80 3f */
+	v[1] = -2.0f; /* 00 00 00 c0 */
+	item = api_embedding_item(3, v, 2, true);
+	b64 = json_string_value(json_object_get(item, "embedding"));
+	ck_assert_str_eq(b64, "AACAPwAAAMA=");
+	ck_assert_int_eq(json_integer_value(json_object_get(item, "index")), 3);
+	json_decref(item);
+	item = api_embedding_item(0, v, 2, false);
+	ck_assert_int_eq(json_array_size(json_object_get(item, "embedding")), 2);
+	json_decref(item);
+}
+END_TEST
 
 START_TEST(malformed)
 {
@@ -357,6 +488,9 @@ static Suite *request_suite(void)
 	tcase_add_test(tc, completion_every_field);
 	tcase_add_test(tc, completion_defaults);
 	tcase_add_test(tc, completion_token_ids);
+	tcase_add_test(tc, prompt_arrays_and_logprobs);
+	tcase_add_test(tc, embedding_inputs);
+	tcase_add_test(tc, pooling_and_base64);
 	tcase_add_test(tc, chat_messages);
 	tcase_add_test(tc, spec_default);
 	tcase_add_loop_test(tc, malformed, 0, (int)(sizeof(bad) / sizeof(bad[0])));
