@@ -25,22 +25,36 @@
 
 /* In-place lower Cholesky factor of the n x n matrix a (row-major); the
  * upper triangle is left as it was. false when a pivot is not positive. */
+/* sum a[k] b[k], k < n, in four partial sums (the compiler may not
+ * reorder a floating-point sum itself). */
+static double dot(const double *a, const double *b, int64_t n)
+{
+	double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+	int64_t k = 0;
+
+	for (; k + 4 <= n; k += 4) {
+		s0 += a[k] * b[k];
+		s1 += a[k + 1] * b[k + 1];
+		s2 += a[k + 2] * b[k + 2];
+		s3 += a[k + 3] * b[k + 3];
+	}
+	for (; k < n; k++)
+		s0 += a[k] * b[k];
+	return (s0 + s1) + (s2 + s3);
+}
+
 static bool cholesky(double *a, int64_t n)
 {
 	for (int64_t j = 0; j < n; j++) {
-		double *rj = a + j * n, s = rj[j];
+		double *rj = a + j * n, s = rj[j] - dot(rj, rj, j);
 
-		for (int64_t k = 0; k < j; k++)
-			s -= rj[k] * rj[k];
 		if (!(s > 0.0))
 			return false;
 		rj[j] = sqrt(s);
 		for (int64_t i = j + 1; i < n; i++) {
-			double *ri = a + i * n, t = ri[j];
+			double *ri = a + i * n;
 
-			for (int64_t k = 0; k < j; k++)
-				t -= ri[k] * rj[k];
-			ri[j] = t / rj[j];
+			ri[j] = (ri[j] - dot(ri, rj, j)) / rj[j];
 		}
 	}
 	return true;
@@ -109,14 +123,17 @@ struct gptq_job {
 	const struct loom_qstrategy_tensor *t;
 	const float *u;     /* [cols][cols], upper, in processing order */
 	const int64_t *perm; /* processing order: k-th column taken is perm[k] */
+	const int64_t *iperm; /* its inverse: column c is taken iperm[c]-th */
 	float *imp;         /* [cols]: diag(H), the grid fit's importances */
 	size_t row_bytes;
 };
 
-/* One row: w (a copy, changed as errors are spread) into its blocks. A
- * block's grid is fitted when the first of its columns is taken. */
-static void gptq_row(const struct gptq_job *j, float *w, struct qgrid *g, bool *fitted,
-		     int *q, uint8_t *out)
+/* One row into its blocks. wp is the row in processing order (wp[k] =
+ * row[perm[k]]), changed as errors are spread, so the update is one
+ * contiguous loop; x gathers a block's current values in column order when
+ * its grid is fitted, at the first of its columns taken. */
+static void gptq_row(const struct gptq_job *j, float *wp, float *x, struct qgrid *g,
+		     bool *fitted, int *q, uint8_t *out)
 {
 	const struct loom_qstrategy_tensor *t = j->t;
 	int64_t n = t->cols, be = t->format->block_elems;
@@ -128,13 +145,15 @@ static void gptq_row(const struct gptq_job *j, float *w, struct qgrid *g, bool *
 		float err;
 
 		if (!fitted[b]) {
-			qgrid_fit(&g[b], t->type, w + b * be, j->imp + b * be);
+			for (int64_t e = 0; e < be; e++)
+				x[e] = wp[j->iperm[b * be + e]];
+			qgrid_fit(&g[b], t->type, x, j->imp + b * be);
 			fitted[b] = true;
 		}
-		q[c] = qgrid_q(&g[b], (int)(c - b * be), w[c]);
-		err = (w[c] - qgrid_value(&g[b], (int)(c - b * be), q[c])) / uk[k];
+		q[c] = qgrid_q(&g[b], (int)(c - b * be), wp[k]);
+		err = (wp[k] - qgrid_value(&g[b], (int)(c - b * be), q[c])) / uk[k];
 		for (int64_t i = k + 1; i < n; i++)
-			w[j->perm[i]] -= err * uk[i];
+			wp[i] -= err * uk[i];
 	}
 	for (int64_t b = 0; b < n / be; b++)
 		qgrid_pack(&g[b], q + b * be, out + (size_t)b * t->format->block_bytes);
@@ -144,18 +163,21 @@ static int gptq_rows(void *arg, int64_t begin, int64_t end)
 {
 	const struct gptq_job *j = arg;
 	const struct loom_qstrategy_tensor *t = j->t;
-	int64_t nb = t->cols / t->format->block_elems;
-	float *w = malloc(sizeof(float) * (size_t)t->cols);
-	int *q = malloc(sizeof(int) * (size_t)t->cols);
+	int64_t n = t->cols, nb = n / t->format->block_elems;
+	float *wp = malloc(sizeof(float) * (size_t)(n + QGRID_MAX));
+	int *q = malloc(sizeof(int) * (size_t)n);
 	struct qgrid *g = malloc(sizeof(*g) * (size_t)nb);
 	bool *fitted = malloc(sizeof(bool) * (size_t)nb);
-	int rc = w && q && g && fitted ? 0 : LOOM_ERR_NOMEM;
+	int rc = wp && q && g && fitted ? 0 : LOOM_ERR_NOMEM;
 
 	for (int64_t r = begin; r < end && !rc; r++) {
-		memcpy(w, t->w + r * t->cols, sizeof(float) * (size_t)t->cols);
-		gptq_row(j, w, g, fitted, q, (uint8_t *)t->out + (size_t)r * j->row_bytes);
+		const float *w = t->w + r * n;
+
+		for (int64_t k = 0; k < n; k++)
+			wp[k] = w[j->perm[k]];
+		gptq_row(j, wp, wp + n, g, fitted, q, (uint8_t *)t->out + (size_t)r * j->row_bytes);
 	}
-	free(w);
+	free(wp);
 	free(q);
 	free(g);
 	free(fitted);
@@ -179,9 +201,10 @@ static int by_importance(const void *pa, const void *pb)
 	return (a->col > b->col) - (a->col < b->col);
 }
 
-/* perm = the processing order, hp = H with rows and columns in it. */
+/* perm = the processing order, iperm its inverse, hp = H with rows and
+ * columns in it. */
 static int order_columns(const struct loom_qstrategy_tensor *t, const float *imp, int64_t *perm,
-			 float *hp)
+			 int64_t *iperm, float *hp)
 {
 	int64_t n = t->cols;
 	struct col_key *key = malloc(sizeof(*key) * (size_t)n);
@@ -191,8 +214,10 @@ static int order_columns(const struct loom_qstrategy_tensor *t, const float *imp
 	for (int64_t i = 0; i < n; i++)
 		key[i] = (struct col_key){ imp[i], i };
 	qsort(key, (size_t)n, sizeof(*key), by_importance);
-	for (int64_t i = 0; i < n; i++)
+	for (int64_t i = 0; i < n; i++) {
 		perm[i] = key[i].col;
+		iperm[perm[i]] = i;
+	}
 	free(key);
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t k = 0; k < n; k++)
@@ -220,7 +245,7 @@ int gptq_quantize(const struct loom_qstrategy_tensor *t, char *msg, size_t msg_l
 	struct gptq_job j = { .t = t };
 	size_t n2;
 	float *u, *hp;
-	int64_t *perm;
+	int64_t *perm, *iperm;
 	int rc = qs_check_tensor("gptq", t, msg, msg_len);
 
 	if (rc)
@@ -232,7 +257,7 @@ int gptq_quantize(const struct loom_qstrategy_tensor *t, char *msg, size_t msg_l
 	if (__builtin_mul_overflow((size_t)t->cols, (size_t)t->cols, &n2) ||
 	    n2 > SIZE_MAX / sizeof(double) / 2 ||
 	    !(u = malloc(sizeof(float) * (2 * n2 + (size_t)t->cols) +
-			 sizeof(int64_t) * (size_t)t->cols))) {
+			 2 * sizeof(int64_t) * (size_t)t->cols))) {
 		snprintf(msg, msg_len, "gptq: %s: no memory for a %lld x %lld Hessian", t->name,
 			 (long long)t->cols, (long long)t->cols);
 		return LOOM_ERR_NOMEM;
@@ -240,12 +265,14 @@ int gptq_quantize(const struct loom_qstrategy_tensor *t, char *msg, size_t msg_l
 	hp = u + n2;
 	j.imp = hp + n2;
 	perm = (int64_t *)(j.imp + t->cols);
+	iperm = perm + t->cols;
 	j.u = u;
 	j.perm = perm;
+	j.iperm = iperm;
 	j.row_bytes = (size_t)(t->cols / t->format->block_elems) * t->format->block_bytes;
 	for (int64_t c = 0; c < t->cols; c++)
 		j.imp[c] = fmaxf(t->hessian[c * t->cols + c], 0.0f);
-	rc = order_columns(t, j.imp, perm, hp);
+	rc = order_columns(t, j.imp, perm, iperm, hp);
 	if (!rc)
 		rc = hinv_factor(hp, t->cols, u);
 	if (rc == LOOM_ERR_NOMEM)

@@ -15,13 +15,15 @@ static float f16_round(float v)
 	return quant_f16_to_f32(quant_f32_to_f16(v));
 }
 
-static int round_clamp(float v, int lo, int hi)
+/* v rounded to nearest (halves away from zero) and clamped; NaN gives lo.
+ * Inline arithmetic: this runs for every candidate scale of every block. */
+static inline int round_clamp(float v, int lo, int hi)
 {
 	if (!(v > (float)lo))
 		return lo;
 	if (v >= (float)hi)
 		return hi;
-	return (int)lroundf(v);
+	return (int)(v + (v < 0.0f ? -0.5f : 0.5f));
 }
 
 static float weight(const float *w, int i)
@@ -44,8 +46,12 @@ static float fit_sym(const float *x, const float *w, int n, int lneg, int lpos)
 		}
 	if (amax == 0.0f)
 		return 0.0f;
+	/* with 64 or more levels a step is under 2 % of the range: a few
+	 * candidates around the extremes suffice */
+	int k_lo = lneg >= 32 ? -2 : -6, k_hi = lneg >= 32 ? 2 : 10;
+
 	for (int side = 0; side < 2; side++) {
-		for (int k = -6; k <= 10; k++) {
+		for (int k = k_lo; k <= k_hi; k++) {
 			float target = side ? (float)lpos + 0.1f * (float)k :
 				-((float)lneg + 0.1f * (float)k);
 			float is = target / mx, sxq = 0.0f, sqq = 0.0f;
