@@ -264,7 +264,7 @@ static const struct cmd_def {
 	  "check-backend BACKEND.so [--model FILE [-n 16]] [-t N] [--reference ref.so]\n"
 	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
 	{ .name = "quantize", .cmd = QUANTIZE, .max_args = 3, .usage =
-	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|imatrix|NAME|PATH] [-t N]\n"
+	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|imatrix|awq|gptq|gptq_awq|PATH] [-t N]\n"
 	  "            [--imatrix FILE] [--allow-requantize] [--dry-run] [--config FILE]\n"
 	  "            TYPE: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K, or a llama.cpp\n"
 	  "            mix: Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q3_K_M Q3_K_S Q3_K_L Q2_K Q6_K Q8_0 Q4_0...\n" },
