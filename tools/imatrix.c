@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chunk.h"
 #include "loom.h"
 
 struct stat_acc {
@@ -187,50 +188,6 @@ static void collector_free(struct collector *c)
 
 /* ---- running the chunks ---- */
 
-struct chunk_done {
-	bool done, failed;
-	char error[256];
-};
-
-static void on_event(void *user, const struct loom_event *ev)
-{
-	struct chunk_done *d = user;
-
-	if (ev->finish == LOOM_FINISH_NONE)
-		return;
-	d->done = true;
-	d->failed = ev->finish == LOOM_FINISH_ERROR;
-	if (ev->error)
-		snprintf(d->error, sizeof(d->error), "%s", ev->error);
-}
-
-/* One chunk as one request; n_predict 1: the token it draws never runs. */
-static int run_chunk(struct loom_engine *e, const int32_t *toks, int32_t n, char *err,
-		     size_t errlen)
-{
-	struct chunk_done d = { 0 };
-	struct loom_request r;
-	uint64_t id;
-	int rc;
-
-	loom_request_init(&r);
-	r.prompt = toks;
-	r.n_prompt = n;
-	r.n_predict = 1;
-	r.sampling.temp = 0;
-	r.ignore_eog = true;
-	r.on_event = on_event;
-	r.user = &d;
-	rc = loom_submit(e, &r, &id, err, errlen);
-	while (!rc && !d.done)
-		rc = loom_engine_step(e) < 0 && !d.done ? -1 : 0;
-	if (!rc && d.failed) {
-		snprintf(err, errlen, "%s", d.error[0] ? d.error : "backend failure");
-		rc = -1;
-	}
-	return rc;
-}
-
 static int32_t *tokenize_all(struct loom_engine *e, const char *text, size_t len,
 			     int64_t *n, int32_t *bos, char *err, size_t errlen)
 {
@@ -267,7 +224,7 @@ static int run_all(struct loom_engine *e, struct collector *c, const int32_t *id
 		memcpy(chunk, ids + (size_t)k * (size_t)n_ctx, sizeof(int32_t) * (size_t)n_ctx);
 		if (bos >= 0)
 			chunk[0] = bos;
-		rc = run_chunk(e, chunk, n_ctx, err, errlen);
+		rc = loom_tool_run_chunk(e, chunk, n_ctx, NULL, err, errlen);
 		if (!rc && c->error[0]) {
 			snprintf(err, errlen, "%s", c->error);
 			rc = -1;

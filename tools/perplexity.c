@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunk.h"
 #include "loom.h"
 
 #define MAGIC "LOOMKLD1"
@@ -159,49 +160,6 @@ static int compare_position(struct ppl *p, char *err, size_t errlen)
 
 /* ---- one chunk ---- */
 
-struct chunk_done {
-	bool done, failed;
-	char error[256];
-};
-
-static void on_event(void *user, const struct loom_event *ev)
-{
-	struct chunk_done *d = user;
-
-	if (ev->finish == LOOM_FINISH_NONE)
-		return;
-	d->done = true;
-	d->failed = ev->finish == LOOM_FINISH_ERROR;
-	if (ev->error)
-		snprintf(d->error, sizeof(d->error), "%s", ev->error);
-}
-
-static int run_chunk(struct ppl *p, const int32_t *toks, char *err, size_t errlen)
-{
-	struct chunk_done d = { 0 };
-	struct loom_request r;
-	uint64_t id;
-	int rc;
-
-	loom_request_init(&r);
-	r.prompt = toks;
-	r.n_prompt = p->n_ctx;
-	r.n_predict = 1;
-	r.sampling.temp = 0;
-	r.ignore_eog = true;
-	r.all_logits = p->logits;
-	r.on_event = on_event;
-	r.user = &d;
-	rc = loom_submit(p->e, &r, &id, err, errlen);
-	while (!rc && !d.done)
-		rc = loom_engine_step(p->e) < 0 && !d.done ? -1 : 0;
-	if (!rc && d.failed) {
-		snprintf(err, errlen, "%s", d.error[0] ? d.error : "backend failure");
-		rc = -1;
-	}
-	return rc;
-}
-
 /* Scores the second half of a chunk whose logits are in p->logits. */
 static int score_chunk(struct ppl *p, const int32_t *toks, char *err, size_t errlen)
 {
@@ -260,7 +218,7 @@ static int run_chunks(struct ppl *p, char *err, size_t errlen)
 		if (p->base && check_base_tokens(p, toks, err, errlen))
 			rc = -1;
 		if (!rc)
-			rc = run_chunk(p, toks, err, errlen);
+			rc = loom_tool_run_chunk(p->e, toks, p->n_ctx, p->logits, err, errlen);
 		if (!rc)
 			rc = score_chunk(p, toks, err, errlen);
 	}
