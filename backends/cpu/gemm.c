@@ -281,22 +281,11 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
-	const int64_t nb = g->k / 32, j0 = c * QGEMM_ROWS;
+	const int64_t j0 = c * QGEMM_ROWS;
 	const int rows = t->n - j0 < QGEMM_ROWS ? (int)(t->n - j0) : QGEMM_ROWS;
 	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
 
-	if (t->packed) {
-		/* back to the GGUF layout, after the panel */
-		const size_t gr = (size_t)nb * cpu_block_bytes(g->type);
-		uint8_t *tmp = panel + qgemm_panel_bytes(g->type, g->k);
-
-		for (int r = 0; r < rows; r++)
-			qpack_unpack_row(g->type, g->w + (size_t)(j0 + r) * g->w_stride, nb,
-					 tmp + (size_t)r * gr);
-		qgemm_panel(g->type, tmp, gr, 0, rows, g->k, panel);
-	} else {
-		qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, panel);
-	}
+	qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, t->packed, panel);
 	qgemm_run(g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0, g->y_stride);
 }
 
@@ -400,9 +389,7 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, nb) ||
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
-	/* a panel, and for packed weights its 16 rows unpacked */
-	bytes = qgemm_panel_bytes(t->g.type, t->g.k) +
-		(t->packed ? QGEMM_ROWS * (size_t)nb * 34 : 0);
+	bytes = qgemm_panel_bytes(t->g.type, t->g.k);
 	if (cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;

@@ -4,6 +4,7 @@
 
 #include "cpu.h"
 #include "qgemm.h"
+#include "qpack.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -146,8 +147,83 @@ static void block_u8(uint32_t t, const uint8_t *row, int64_t c, struct kcache *k
 		u[e] = (uint8_t)(q[e] + weight_off(t));
 }
 
+/* Block c's values of panel row r: 4 bytes into each group. */
+static void put_row(uint8_t *pb, int r, const uint8_t u[32], int groups)
+{
+	for (int g = 0; g < groups; g++)
+		memcpy(pb + g * GROUP_BYTES + r * 4, u + 4 * g, 4);
+}
+
+/* qgemm_panel() of packed rows (a 32-value format), a row at a time, a
+ * chunk of 16 blocks at a time. */
+static void panel_packed(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int rows,
+			 int64_t k, void *panel)
+{
+	const int64_t nb = k / 32;
+	const size_t bb = block_bytes(t);
+	uint8_t u[16][32];
+	float d[16], m[16];
+
+	for (int r = 0; r < QGEMM_ROWS; r++) {
+		const uint8_t *row = w + (size_t)(j0 + r) * ws;
+
+		for (int64_t c = 0; c * 16 < nb; c++) {
+			int n = r < rows ? qpack_chunk_u8(t, row, c, nb, u, d, m) :
+				(int)(nb - 16 * c < 16 ? nb - 16 * c : 16);
+
+			for (int i = 0; i < n; i++) {
+				uint8_t *pb = (uint8_t *)panel + (size_t)(16 * c + i) * bb;
+				float *dw = (float *)(pb + 8 * GROUP_BYTES);
+
+				if (r >= rows) { /* a missing row: zeros */
+					memset(u[i], 0, 32);
+					d[i] = m[i] = 0.0f;
+				}
+				put_row(pb, r, u[i], 8);
+				dw[r] = d[i];
+				dw[QGEMM_ROWS + r] = m[i];
+			}
+		}
+	}
+}
+
+/* qgemm_panel() of K-quant rows, a row and a super-block at a time. */
+static void panel_k(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
+		    void *panel)
+{
+	const int B = qgemm_block(t), per = 256 / B;
+	const int off = offset_format(t) ? 0 : 128 - qdot_k_offset(t);
+	const size_t bb = block_bytes(t);
+	static const uint8_t zero[32];
+	uint8_t u[256];
+	int sc[16], mn[16];
+	float d = 0.0f, dmin = 0.0f;
+
+	for (int r = 0; r < QGEMM_ROWS; r++) {
+		const uint8_t *row = w + (size_t)(j0 + r) * ws;
+
+		for (int64_t s = 0; s < k / 256; s++) {
+			if (r < rows) {
+				qdot_k_unpack(t, row + (size_t)s * cpu_block_bytes(t), u, sc, mn, &d,
+					      &dmin);
+				for (int e = 0; e < 256; e++)
+					u[e] = (uint8_t)(u[e] + off);
+			}
+			for (int i = 0; i < per; i++) {
+				uint8_t *pb = (uint8_t *)panel + (size_t)(s * per + i) * bb;
+				float *dw = (float *)(pb + B / 4 * GROUP_BYTES);
+
+				put_row(pb, r, r < rows ? u + B * i : zero, B / 4);
+				/* the 16-value scale of the block's first half */
+				dw[r] = r < rows ? d * (float)sc[i * B / 16] : 0.0f;
+				dw[QGEMM_ROWS + r] = r < rows ? -dmin * (float)mn[i * B / 16] : 0.0f;
+			}
+		}
+	}
+}
+
 void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
-		 void *panel)
+		 bool packed, void *panel)
 {
 	const int B = qgemm_block(type);
 	const int64_t nc = k / B;
@@ -155,6 +231,14 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
 	uint8_t u[QGEMM_ROWS][32];
 
 	memset(u, 0, sizeof(u));
+	if (packed) {
+		panel_packed(type, w, ws, j0, rows, k, panel);
+		return;
+	}
+	if (qdot_k_format(type)) {
+		panel_k(type, w, ws, j0, rows, k, panel);
+		return;
+	}
 	for (int r = 0; r < QGEMM_ROWS; r++)
 		kc[r].at = -1;
 	for (int64_t c = 0; c < nc; c++) {

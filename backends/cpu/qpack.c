@@ -4,6 +4,10 @@
 #include "cpu.h"
 #include "qpack.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 bool qpack_format(uint32_t type)
 {
 	switch (type) {
@@ -183,4 +187,111 @@ void qpack_unpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *ds
 		move_head(type, (uint8_t *)src, dst + (size_t)b * bb, b, nb, false);
 		move_quants(type, (uint8_t *)src, dst + (size_t)b * bb, b, nb, false);
 	}
+}
+
+#if defined(__x86_64__)
+/* Block i's 32 values as unsigned bytes with AVX2: q its quant bytes
+ * (where q4_place() puts them), qh its fifth bits, add the zero offset. */
+__attribute__((target("avx2"))) static void nibbles_u8_avx2(const uint8_t *q, bool lo,
+							    bool single, uint32_t qh, uint8_t add,
+							    uint8_t u[32])
+{
+	__m256i v;
+
+	if (single) { /* GGUF order: element j low, j + 16 high */
+		__m128i b = _mm_loadu_si128((const __m128i *)q);
+
+		v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+	} else {
+		v = _mm256_loadu_si256((const __m256i *)q);
+		if (!lo)
+			v = _mm256_srli_epi16(v, 4);
+	}
+	v = _mm256_and_si256(v, _mm256_set1_epi8(15));
+	if (qh) { /* bit e of qh to byte e's bit 4 */
+		const __m256i pick = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+		__m256i bits = _mm256_shuffle_epi8(
+			_mm256_set1_epi32((int)qh),
+			_mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll,
+					   0x0303030303030303ll));
+
+		bits = _mm256_cmpeq_epi8(_mm256_and_si256(bits, pick), pick);
+		v = _mm256_or_si256(v, _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+	}
+	_mm256_storeu_si256((__m256i *)u, _mm256_add_epi8(v, _mm256_set1_epi8((char)add)));
+}
+#endif
+
+/* The same in plain C. */
+static void nibbles_u8(const uint8_t *q, bool lo, bool single, uint32_t qh, uint8_t add,
+		       uint8_t u[32])
+{
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("avx2")) {
+		nibbles_u8_avx2(q, lo, single, qh, add, u);
+		return;
+	}
+#endif
+	for (int e = 0; e < 32; e++) {
+		uint8_t b = single ? (e < 16 ? q[e] & 15 : q[e - 16] >> 4) :
+				     lo ? q[e] & 15 : q[e] >> 4;
+
+		u[e] = (uint8_t)((b | ((qh >> e) & 1) << 4) + add);
+	}
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) static void heads_f16c(const uint8_t *h, bool minima,
+							   float d[16], float m[16])
+{
+	for (int i = 0; i < 16; i += 8) {
+		_mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 2 * i))));
+		_mm256_storeu_ps(m + i, minima ? _mm256_cvtph_ps(_mm_loadu_si128(
+							 (const __m128i *)(h + 32 + 2 * i))) :
+						 _mm256_setzero_ps());
+	}
+}
+#endif
+
+/* A chunk header's 16 scales and (minima) 16 minima as floats; zeros in
+ * the header past the chunk's last block give zeros. */
+static void heads_f32(const uint8_t *h, bool minima, float d[16], float m[16])
+{
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("f16c")) {
+		heads_f16c(h, minima, d, m);
+		return;
+	}
+#endif
+	for (int i = 0; i < 16; i++) {
+		d[i] = cpu_fp16_to_f32((uint16_t)(h[2 * i] | h[2 * i + 1] << 8));
+		m[i] = minima ? cpu_fp16_to_f32((uint16_t)(h[32 + 2 * i] | h[33 + 2 * i] << 8)) :
+				0.0f;
+	}
+}
+
+int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8_t u[16][32],
+		   float d[16], float m[16])
+{
+	int i, n;
+	const uint8_t *h = p + chunk_of(type, 16 * c, nb, &i, &n), *q = h + QPACK_HEAD(type);
+	const uint8_t add = type == LOOM_TYPE_Q4_0 ? 120 : type == LOOM_TYPE_Q5_0 ? 112 : 0;
+	const bool minima = type == LOOM_TYPE_Q4_1 || type == LOOM_TYPE_Q5_1;
+
+	heads_f32(h, minima, d, m);
+	for (i = 0; i < n; i++) {
+		uint32_t qh = 0;
+		bool lo = true, single = false;
+		size_t at;
+
+		if (type == LOOM_TYPE_Q8_0) {
+			memcpy(u[i], q + 32 * i, 32); /* stored as q + 128 already */
+			continue;
+		}
+		if (is_q5(type))
+			memcpy(&qh, h + 64 + 4 * i, 4);
+		at = q4_place(i, n, &lo, &single);
+		nibbles_u8(q + at, lo, single, qh, add, u[i]);
+	}
+	return n;
 }

@@ -403,6 +403,28 @@ static bool near_dequant(uint32_t t, const uint8_t *w, const struct qdot_block *
  * 32-value formats also against the f64 dot of the dequantized operands
  * within float rounding.
  */
+/* 1 if the panel built from the packed copies of rows w + r * ws (qpack.h)
+ * is not byte for byte `want`, the one built from the GGUF rows. */
+static int packed_panel_differs(uint32_t t, const uint8_t *w, size_t ws, int rows, int64_t k,
+				const uint8_t *want)
+{
+	static uint8_t packed[16 * 1536 / 32 * 48] __attribute__((aligned(64)));
+	static uint8_t got[2 * 1536 / 16 * 384] __attribute__((aligned(64)));
+	size_t ps = qpack_row_bytes(t, k / 32);
+
+	if (!qpack_format(t))
+		return 0;
+	ck_assert(ps * 16 <= sizeof(packed));
+	for (int r = 0; r < rows; r++)
+		qpack_row(t, w + r * ws, k / 32, packed + r * ps);
+	qgemm_panel(t, packed, ps, 0, rows, k, true, got);
+	if (!memcmp(got, want, qgemm_panel_bytes(t, k)))
+		return 0;
+	printf("qgemm panel from packed rows differs: type %u k=%lld rows=%d\n", t,
+	       (long long)k, rows);
+	return 1;
+}
+
 START_TEST(qgemm_match_reference)
 {
 	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
@@ -443,7 +465,8 @@ START_TEST(qgemm_match_reference)
 				}
 				ck_assert(qgemm_panel_bytes(t, k) <= sizeof(panel));
 				memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
-				qgemm_panel(t, w, ws, 0, rows, k, panel);
+				qgemm_panel(t, w, ws, 0, rows, k, false, panel);
+				bad += packed_panel_differs(t, w, ws, rows, k, panel);
 				qgemm_run(t, panel, rows, q, prep, M, k, y, N);
 				for (int i = 0; i < M; i++)
 					for (int r = 0; r < N; r++) {
