@@ -685,7 +685,8 @@ static int pack_all(struct loader *l)
 		p->packed = true;
 		p->w->packed = true;
 		p->w->data = be->ops->buffer_addr(be->ctx, buf);
-		if (!getenv("NOREL") && !p->owned) gguf_release(l->f, p->src, p->src_bytes);
+		if (!p->owned)
+			gguf_release(l->f, p->src, p->src_bytes);
 	}
 	/* the upload plan without the packed weights */
 	l->total = 0;
