@@ -23,6 +23,9 @@ usage: test_dist.py LOOM MODE [ARGS...]
                  --pp 2 too on ref.so; outside exact mode (all-reduce) the
                  logits stay within 1e-4 (relative) on ref.so, 1e-3 on
                  cpu.so; --tp 4 on 3 KV groups is refused
+  families MKGGUF  random qwen2 (biases), qwen3 (QK-norm) and gemma2
+                 (soft-caps, window) GGUFs: --tp 2 --exact text and logits
+                 bitwise on cpu.so and ref.so
   refuse SKEL    bad combinations are refused with a message naming them
                  (heads that do not split, a wrong rank count, no mpirun, a
                  1.0 backend SKEL without the collective slot, layerskip)
@@ -192,29 +195,31 @@ def max_diff(a, b):
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def phi3_exact(model, backend, prompt, tmp, label):
+def synth_exact(model, backend, prompt, tmp, label, pp=False):
+    """--tp 2 (and with pp --tp 2 --pp 2) --exact: the single process's
+    text and prompt logits, bit for bit."""
     base = [LOOM, 'run', '-m', model, '--backend', backend, '-p', prompt, '-n', N,
             '--temp', '0', '--exact', '-t', '1', '--no-progress', '--kv-type', 'f32']
     want = dump_run(base, 0, tmp)
-    dists = [(['--tp', '2'], 2)]
-    if backend == 'ref.so' and label == 'gqa':
-        dists.append((['--tp', '2', '--pp', '2'], 4))
+    dists = [(['--tp', '2'], 2)] + ([(['--tp', '2', '--pp', '2'], 4)] if pp else [])
     for dist, ranks in dists:
         got = dump_run(base + dist, ranks, tmp)
         if got[0] != want[0] or got[1] != want[1]:
-            fail('phi3 %s %s %s --exact: text %r / %r, logits differ by %g' %
+            fail('%s %s %s --exact: text %r / %r, logits differ by %g' %
                  (label, backend, ' '.join(dist), got[0], want[0], max_diff(got[1], want[1])))
-        print('ok phi3 %s %s %s --exact: text %r and %d logits bitwise the single process\'s'
+        print('ok %s %s %s --exact: text %r and %d logits bitwise the single process\'s'
               % (label, backend, ' '.join(dist), got[0], len(got[1])))
 
 
-def phi3_fast(model, backend, prompt, tmp, label):
+def synth_fast(model, backend, prompt, tmp, label):
+    """--tp 2 outside exact mode (row-parallel wo, w_down, all-reduced):
+    the logits close to the single process's."""
     base = [LOOM, 'run', '-m', model, '--backend', backend, '-p', prompt, '-n', N,
             '--temp', '0', '-t', '1', '--no-progress', '--kv-type', 'f32']
     single = dump_run(base, 0, tmp)
     got = dump_run(base + ['--tp', '2'], 2, tmp, env=dict(ENV, LOOM_DEBUG='1'))
     if '2 all-reduces' not in got[2]:
-        fail('phi3 %s %s --tp 2: not on the all-reduce path:\n%s' % (label, backend, got[2][-2000:]))
+        fail('%s %s --tp 2: not on the all-reduce path:\n%s' % (label, backend, got[2][-2000:]))
     scale = max(abs(x) for x in single[1])
     worst = max_diff(got[1], single[1])
     # ref.so: float rounding of the sums' other order (as dist_ref); cpu.so
@@ -223,11 +228,24 @@ def phi3_fast(model, backend, prompt, tmp, label):
     # tolerance; a head or row mixed up moves logits by whole units
     allow = (1e-4 if backend == 'ref.so' else 1e-3) * max(scale, 1.0)
     if worst > allow:
-        fail('phi3 %s %s --tp 2 (all-reduce): logits differ by %g > %g' %
+        fail('%s %s --tp 2 (all-reduce): logits differ by %g > %g' %
              (label, backend, worst, allow))
-    print('ok phi3 %s %s --tp 2 (all-reduce): logits within %.3g of the single process '
+    print('ok %s %s --tp 2 (all-reduce): logits within %.3g of the single process '
           '(allowed %.3g, largest %.3g); text %s' % (label, backend, worst, allow, scale,
                                                      'the same' if got[0] == single[0] else 'differs'))
+
+
+def mkgguf_model(mkgguf, tmp, name, arch, args):
+    model = os.path.join(tmp, name + '.gguf')
+    rc, _, err = run([sys.executable, mkgguf, model, '-q', '--seed', '7', '--arch', arch,
+                      '--layers', '2', '--vocab', '400', '--ctx', '256'] + args)
+    if rc != 0:
+        skip('mkgguf failed (numpy, gguf?): ' + err[-500:])
+    return model
+
+
+# cpu.so's prefill of 16 tokens or more is not row-count invariant
+SHORT = 'the fox is'
 
 
 def test_phi3(mkgguf):
@@ -237,21 +255,31 @@ def test_phi3(mkgguf):
               ('mqa', ['--heads', '4', '--kv-heads', '1', '--embd', '128', '--ff', '256',
                        '--type', 'f16', '--tied']))
     with tempfile.TemporaryDirectory() as tmp:
-        for label, args in models:
-            model = os.path.join(tmp, label + '.gguf')
-            rc, _, err = run([sys.executable, mkgguf, model, '-q', '--seed', '7', '--arch',
-                              'phi3', '--layers', '2', '--vocab', '400', '--ctx', '256'] + args)
-            if rc != 0:
-                skip('mkgguf failed (numpy, gguf?): ' + err[-500:])
-            # cpu.so prefill of 16 tokens or more is not row-count invariant
-            short = 'the fox is'
-            phi3_exact(model, 'cpu.so', short, tmp, label)
-            phi3_exact(model, 'ref.so', PROMPT, tmp, label)
-            phi3_fast(model, 'cpu.so', short, tmp, label)
-            if label == 'gqa':
-                phi3_fast(model, 'ref.so', PROMPT, tmp, label)
+        for name, args in models:
+            model = mkgguf_model(mkgguf, tmp, name, 'phi3', args)
+            label = 'phi3 ' + name
+            synth_exact(model, 'cpu.so', SHORT, tmp, label)
+            synth_exact(model, 'ref.so', PROMPT, tmp, label, pp=name == 'gqa')
+            synth_fast(model, 'cpu.so', SHORT, tmp, label)
+            if name == 'gqa':
+                synth_fast(model, 'ref.so', PROMPT, tmp, label)
                 refused([LOOM, 'run', '-m', model, '-p', 'x', '-n', '1', '-t', '1',
                          '--no-progress', '--tp', '4'], 4, 'does not split')
+
+
+def test_families(mkgguf):
+    """The families the real test models leave out: qwen2 (Q/K/V biases,
+    split as vectors), qwen3 (QK-norm, held whole), gemma2 (soft-caps,
+    post-norms, a sliding window)."""
+    import tempfile
+    shape = ['--heads', '4', '--kv-heads', '2', '--embd', '128', '--ff', '256',
+             '--type', 'q8_0']
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch, extra in (('qwen2', []), ('qwen3', []),
+                            ('gemma2', ['--window', '4', '--attn-softcap', '4'])):
+            model = mkgguf_model(mkgguf, tmp, arch, arch, shape + extra)
+            synth_exact(model, 'cpu.so', SHORT, tmp, arch)
+            synth_exact(model, 'ref.so', PROMPT, tmp, arch)
 
 
 def free_port():
@@ -395,7 +423,7 @@ def test_refuse(skeleton):
 def main():
     if MODE in ('gemma',):
         need(GEMMA)
-    elif MODE == 'phi3':
+    elif MODE in ('phi3', 'families'):
         need(sys.argv[3])
     else:
         need(SMOL)
@@ -420,6 +448,8 @@ def main():
         test_ref(sys.argv[3])
     elif MODE == 'phi3':
         test_phi3(sys.argv[3])
+    elif MODE == 'families':
+        test_families(sys.argv[3])
     elif MODE == 'refuse':
         test_refuse(sys.argv[3])
     else:
