@@ -30,8 +30,9 @@ enum loom_dim {
  *
  * A fused tensor (n_parts > 0; slot and rows unused) is n_parts weights
  * stacked by rows, as Phi-3's attn_qkv (Q, K, V) and ffn_up (gate, up):
- * part i fills member part_slots[i] with the next part_rows[i] rows. It is
- * loaded once and each part points into it, so the graph sees ordinary
+ * part i fills member part_slots[i] with the next part_rows[i] rows. Each
+ * part is loaded as a weight of its own, its rows read by offset (under
+ * --tp only the rank's rows of each part), so the graph sees ordinary
  * separate weights. */
 struct loom_arch_tensor {
 	const char *name;

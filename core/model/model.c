@@ -289,11 +289,6 @@ struct weight_plan {
 	const void *src;
 	size_t src_bytes;
 	void *owned; /* src when it is a copy (a column shard), freed after load */
-	/* a fused tensor: w (the first part) is loaded whole, then split
-	 * into parts of part_rows rows each */
-	int n_parts;
-	struct loom_weight *parts[LOOM_ARCH_MAX_PARTS];
-	int64_t part_rows[LOOM_ARCH_MAX_PARTS];
 };
 
 struct loader {
@@ -470,32 +465,6 @@ static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
 	return 0;
 }
 
-/* A fused matrix: planned whole into its first part, split at upload. */
-static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tensor *t, int i)
-{
-	const struct loom_hparams *hp = &l->m->hp;
-	int64_t rows = 0, part[LOOM_ARCH_MAX_PARTS];
-	struct weight_plan *p;
-	int k;
-
-	for (k = 0; k < t->n_parts; k++) {
-		part[k] = dim_size(hp, t->part_rows[k]);
-		rows += part[k];
-	}
-	if (plan_weight(l, (struct loom_weight *)(layer + t->part_slots[0]), t->name, i, rows,
-			dim_size(hp, t->cols), !t->optional, LOOM_OP_GEMM))
-		return -1;
-	p = &l->plan[l->n_plan - 1];
-	if (p->w != (struct loom_weight *)(layer + t->part_slots[0]))
-		return 0; /* an optional tensor the file lacks */
-	p->n_parts = t->n_parts;
-	for (k = 0; k < t->n_parts; k++) {
-		p->parts[k] = (struct loom_weight *)(layer + t->part_slots[k]);
-		p->part_rows[k] = part[k];
-	}
-	return 0;
-}
-
 /* This rank's rows (values) of the layer tensor in `slot` (shard.h). */
 static void set_slice(struct loader *l, size_t slot)
 {
@@ -532,6 +501,42 @@ static void set_slice(struct loader *l, size_t slot)
 	}
 }
 
+/*
+ * A fused matrix (Phi-3's attn_qkv, ffn_up): each part is planned as a
+ * weight of its own, the rows of it this rank holds (set_slice; all of
+ * them in one process) read by offset from the fused tensor. So the graph
+ * sees separate weights, a backend packs each part on its own, and tensor
+ * ranks hold [q_r], [k_r], [v_r] and [gate_r], [up_r] as they would of
+ * an unfused model.
+ */
+static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tensor *t, int i)
+{
+	const struct loom_hparams *hp = &l->m->hp;
+	int64_t rows = 0, start = 0, part[LOOM_ARCH_MAX_PARTS];
+	int k;
+
+	for (k = 0; k < t->n_parts; k++) {
+		part[k] = dim_size(hp, t->part_rows[k]);
+		rows += part[k];
+	}
+	if (t->optional && !find_tensor(l->f, t->name, i))
+		return 0;
+	for (k = 0; k < t->n_parts; k++) {
+		struct loom_weight *w = (struct loom_weight *)(layer + t->part_slots[k]);
+
+		set_slice(l, t->part_slots[k]);
+		if (!l->slice_n)
+			l->slice_n = part[k];
+		l->slice_lo += start;
+		if (plan_weight(l, w, t->name, i, rows, dim_size(hp, t->cols), true,
+				LOOM_OP_GEMM))
+			return -1;
+		w->part_tail = k > 0; /* its input is the first part's */
+		start += part[k];
+	}
+	return 0;
+}
+
 /* The tensors of this rank's layers, as the family's table lists them. */
 static int plan_layers(struct loader *l)
 {
@@ -545,11 +550,6 @@ static int plan_layers(struct loader *l)
 		for (t = hp->arch->tensors; t->name; t++) {
 			int64_t rows = dim_size(hp, t->rows);
 
-			if (t->n_parts > 0 && l->m->shard.tp > 1) {
-				loom_seterr(l->err, l->errlen, "--tp: architecture %s stores fused tensors ('%s'), which are not split between tensor ranks yet",
-					    hp->arch_name, t->name);
-				return -1;
-			}
 			if (t->n_parts > 0) {
 				if (plan_fused(l, L, t, i))
 					return -1;
@@ -565,23 +565,6 @@ static int plan_layers(struct loader *l)
 	l->slice_lo = l->slice_n = 0;
 	l->slice_cols = false;
 	return 0;
-}
-
-/* Points each part of an uploaded fused matrix at its rows. */
-static void split_fused(const struct weight_plan *p)
-{
-	struct loom_weight whole = *p->w;
-	int64_t row = 0;
-
-	for (int k = 0; k < p->n_parts; k++) {
-		struct loom_weight *w = p->parts[k];
-
-		*w = whole;
-		w->rows = p->part_rows[k];
-		w->data = (char *)whole.data + (size_t)row * whole.row_bytes;
-		w->part_tail = k > 0; /* its input is the first part's */
-		row += p->part_rows[k];
-	}
 }
 
 int32_t loom_model_context(const struct loom_hparams *hp, int32_t n_ctx)
@@ -766,8 +749,6 @@ static int upload_all(struct loader *l, bool show)
 			return -1;
 		}
 		p->w->data = dst;
-		if (p->n_parts)
-			split_fused(p);
 		done += p->bytes;
 		progress(show, done, l->total);
 	}

@@ -8,7 +8,8 @@
  *                   its KV heads; when tp > n_head_kv the KV heads repeat)
  *   w_gate, w_up    FFN columns ff_lo .. ff_hi-1
  *   wo, w_down      output rows embd_lo .. embd_hi-1
- * and norms whole. Each column-parallel result (the attention output, the
+ * and norms whole. A fused tensor (Phi-3's [q; k; v], [gate; up]) gives
+ * each part the rows above, read at the part's offset. Each column-parallel result (the attention output, the
  * gated FFN activation) and each row-split projection is all-gathered, so
  * every dot product a rank computes is one a single process computes, in
  * the same order: the output is bitwise the single-process output wherever
