@@ -833,7 +833,8 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
 				  __m512 *acc, __m512 *accm, int R)
 {
-	const size_t head = QPACK_HEAD(t), qb = QPACK_QB(t);
+	const struct qpack_at at = qpack_head(t, n);
+	const size_t head = at.quants, qb = QPACK_QB(t);
 	const __mmask16 k = (__mmask16)((1u << n) - 1);
 	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
@@ -847,7 +848,8 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc)), xd);
 		if (has_min(t))
 			accm[r] = _mm512_mask3_fmadd_ps(
-				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + 16)), xs, accm[r], k);
+				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)), xs,
+				accm[r], k);
 	}
 	if (t == LOOM_TYPE_Q8_0) {
 		for (; j < n; j += 2) {
@@ -869,7 +871,7 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
 		for (int r = 0; r < R; r++) {
 			const uint8_t *q = w + r * ws + head + (size_t)j * qb;
-			const uint8_t *h = w + r * ws + 64 + (size_t)j * 4;
+			const uint8_t *h = w + r * ws + at.high + (size_t)j * 4;
 			__m512i v = _mm512_loadu_si512(q);
 			__m512i lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
 			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
@@ -886,7 +888,7 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 		for (int r = 0; r < R; r++)
 			acc[r] = packed_step(acc[r], fix,
 					     packed_q4_tail(t, w + r * ws + head + (size_t)j * qb,
-							    w + r * ws + 64 + (size_t)j * 4, two),
+							    w + r * ws + at.high + (size_t)j * 4, two),
 					     xq, D[r], j);
 	}
 }

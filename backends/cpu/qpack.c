@@ -61,8 +61,9 @@ size_t qpack_row_bytes(uint32_t type, int64_t nb)
 
 	if (nb < 0 || (uint64_t)nb / 16 > (SIZE_MAX - 2 * cb) / cb)
 		return 0;
-	return ((size_t)(nb / 16) * cb + (tail ? QPACK_HEAD(type) + tail * QPACK_QB(type) : 0) +
-		63) & ~(size_t)63;
+	return ((size_t)(nb / 16) * cb +
+		(tail ? qpack_head(type, (int)tail).quants + tail * QPACK_QB(type) : 0) + 31) &
+	       ~(size_t)31;
 }
 
 /* Element e (0..31) of a GGUF Q4 block's 16 quant bytes. */
@@ -109,8 +110,10 @@ static void move_quants(uint32_t t, uint8_t *p, const uint8_t *g, int64_t b, int
 {
 	const size_t qo = gguf_quants(t);
 	int i, n;
-	uint8_t *q = p + chunk_of(t, b, nb, &i, &n) + QPACK_HEAD(t);
+	uint8_t *q = p + chunk_of(t, b, nb, &i, &n);
 	bool lo, single;
+
+	q += qpack_head(t, n).quants;
 
 	if (t == LOOM_TYPE_Q8_0) {
 		for (int e = 0; e < 32; e++) {
@@ -153,13 +156,14 @@ static void move_head(uint32_t t, uint8_t *p, uint8_t *g, int64_t b, int64_t nb,
 {
 	int i, n;
 	uint8_t *h = p + chunk_of(t, b, nb, &i, &n);
+	struct qpack_at at = qpack_head(t, n);
 	struct field f[3] = { { 2 * (size_t)i, 0, 2 } };
 	int nf = 1;
 
 	if (t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1)
-		f[nf++] = (struct field){ 32 + 2 * (size_t)i, 2, 2 };
+		f[nf++] = (struct field){ at.min + 2 * (size_t)i, 2, 2 };
 	if (is_q5(t))
-		f[nf++] = (struct field){ 64 + 4 * (size_t)i, gguf_high(t), 4 };
+		f[nf++] = (struct field){ at.high + 4 * (size_t)i, gguf_high(t), 4 };
 	for (int k = 0; k < nf; k++) {
 		if (pack)
 			memcpy(h + f[k].packed, g + f[k].gguf, f[k].len);
@@ -241,31 +245,31 @@ static void nibbles_u8(const uint8_t *q, bool lo, bool single, uint32_t qh, uint
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) static void heads_f16c(const uint8_t *h, bool minima,
-							   float d[16], float m[16])
+__attribute__((target("avx,f16c"))) static void heads_f16c(const uint8_t *h, size_t min,
+							   bool minima, float d[16], float m[16])
 {
 	for (int i = 0; i < 16; i += 8) {
 		_mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 2 * i))));
 		_mm256_storeu_ps(m + i, minima ? _mm256_cvtph_ps(_mm_loadu_si128(
-							 (const __m128i *)(h + 32 + 2 * i))) :
+							 (const __m128i *)(h + min + 2 * i))) :
 						 _mm256_setzero_ps());
 	}
 }
 #endif
 
-/* A chunk header's 16 scales and (minima) 16 minima as floats; zeros in
- * the header past the chunk's last block give zeros. */
-static void heads_f32(const uint8_t *h, bool minima, float d[16], float m[16])
+/* A chunk header's n scales and (minima) n minima, at min, as floats. */
+static void heads_f32(const uint8_t *h, size_t min, bool minima, int n, float d[16],
+		      float m[16])
 {
 #if defined(__x86_64__)
-	if (__builtin_cpu_supports("f16c")) {
-		heads_f16c(h, minima, d, m);
+	if (n == 16 && __builtin_cpu_supports("f16c")) {
+		heads_f16c(h, min, minima, d, m);
 		return;
 	}
 #endif
-	for (int i = 0; i < 16; i++) {
+	for (int i = 0; i < n; i++) {
 		d[i] = cpu_fp16_to_f32((uint16_t)(h[2 * i] | h[2 * i + 1] << 8));
-		m[i] = minima ? cpu_fp16_to_f32((uint16_t)(h[32 + 2 * i] | h[33 + 2 * i] << 8)) :
+		m[i] = minima ? cpu_fp16_to_f32((uint16_t)(h[min + 2 * i] | h[min + 2 * i + 1] << 8)) :
 				0.0f;
 	}
 }
@@ -274,24 +278,26 @@ int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8
 		   float d[16], float m[16])
 {
 	int i, n;
-	const uint8_t *h = p + chunk_of(type, 16 * c, nb, &i, &n), *q = h + QPACK_HEAD(type);
+	const uint8_t *h = p + chunk_of(type, 16 * c, nb, &i, &n);
+	const struct qpack_at at = qpack_head(type, n);
+	const uint8_t *q = h + at.quants;
 	const uint8_t add = type == LOOM_TYPE_Q4_0 ? 120 : type == LOOM_TYPE_Q5_0 ? 112 : 0;
 	const bool minima = type == LOOM_TYPE_Q4_1 || type == LOOM_TYPE_Q5_1;
 
-	heads_f32(h, minima, d, m);
+	heads_f32(h, at.min, minima, n, d, m);
 	for (i = 0; i < n; i++) {
 		uint32_t qh = 0;
 		bool lo = true, single = false;
-		size_t at;
+		size_t place;
 
 		if (type == LOOM_TYPE_Q8_0) {
 			memcpy(u[i], q + 32 * i, 32); /* stored as q + 128 already */
 			continue;
 		}
 		if (is_q5(type))
-			memcpy(&qh, h + 64 + 4 * i, 4);
-		at = q4_place(i, n, &lo, &single);
-		nibbles_u8(q + at, lo, single, qh, add, u[i]);
+			memcpy(&qh, h + at.high + 4 * i, 4);
+		place = q4_place(i, n, &lo, &single);
+		nibbles_u8(q + place, lo, single, qh, add, u[i]);
 	}
 	return n;
 }

@@ -303,7 +303,7 @@ static int check_packed(uint32_t t, int64_t nb)
 	int bad = 0;
 
 	ck_assert(fn != NULL);
-	ck_assert(ps % 64 == 0 && ps >= ws);
+	ck_assert(ps % 32 == 0 && ps >= ws && ps < ws + 32);
 	fill_weights(t, w, ROWS * nb);
 	fill_acts(x, nb * 32);
 	qdot_quantize_row(x, q, nb * 32);
