@@ -20,7 +20,9 @@
  *
  * A communicator is opened at the first call over a host communicator
  * and kept for the context's life: rank 0 makes an id, MPI_Bcast hands it
- * to the others, every rank joins with it.
+ * to the others, every rank joins with it. It is found again by the host
+ * communicator's handle, which loom keeps as long as the model (a handle
+ * freed and reused for another communicator would find the old one).
  */
 #include <stdio.h>
 #include <string.h>
