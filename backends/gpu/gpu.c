@@ -20,6 +20,9 @@
  * Attention runs sequences with at least PREFILL_MIN_Q new rows through
  * the tiled prefill kernel and the rest through split-K.
  *
+ * Collectives (ABI 1.4, gpu_coll.c) exist in builds with a collective
+ * library and MPI (GPU_COLL): cuda.so with NCCL, the emulators.
+ *
  * LOOM_BACKEND_BATCH_INVARIANT: every GEMM goes through GEMV and every
  * attention row through split-K, whose arithmetic for one output row does
  * not depend on the batch around it.
@@ -197,6 +200,7 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			(unsigned long long)ctx->n_captured, (unsigned long long)ctx->n_replayed,
 			(unsigned long long)ctx->n_direct);
 	regions_free(ctx);
+	colls_free(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
 	gpurt_free(ctx->rt, ctx->items);
 	gpurt_host_free(ctx->rt, ctx->stage);
@@ -1170,6 +1174,9 @@ static const struct loom_backend_ops gpu_ops = {
 	.graph_begin = gpu_graph_begin,
 	.graph_end = gpu_graph_end,
 	.softcap = gpu_softcap,
+#if GPU_COLL
+	.collective = gpu_collective,
+#endif
 };
 
 /* Returns the table only: no runtime call, so probing has no side effects. */

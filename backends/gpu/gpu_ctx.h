@@ -91,6 +91,14 @@ struct graph_entry {
 	int64_t n_calls;
 };
 
+/* An NCCL-shaped communicator opened over one host communicator. */
+struct comm_entry {
+	void *mpi_comm;
+	int n_ranks, rank;
+	struct gpurt_comm *comm;
+};
+
+#define COMM_SLOTS 4   /* host communicators one context serves */
 #define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
 #define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
 
@@ -124,6 +132,11 @@ struct loom_backend_ctx {
 	uint64_t seen[SEEN_SLOTS];
 	int seen_next;
 	uint64_t tick, n_captured, n_replayed, n_direct;
+	/* collectives (gpu_coll.c) */
+	struct comm_entry comms[COMM_SLOTS];
+	int n_comms;
+	void *coll_buf; /* device: the all-gather's send and receive blocks */
+	size_t coll_cap;
 };
 
 /* ---- gpu.c ---- */
@@ -148,5 +161,11 @@ int gpu_graph_begin(struct loom_backend_ctx *ctx);
 int gpu_graph_end(struct loom_backend_ctx *ctx);
 /* Frees every captured graph and the region's storage. */
 void regions_free(struct loom_backend_ctx *ctx);
+
+/* ---- gpu_coll.c ---- */
+/* The collective slot (ABI 1.4); built where GPU_COLL is set. */
+int gpu_collective(struct loom_backend_ctx *ctx, const struct loom_collective_args *a);
+/* Leaves every communicator and frees the collectives' buffer. */
+void colls_free(struct loom_backend_ctx *ctx);
 
 #endif /* LOOM_GPU_CTX_H */

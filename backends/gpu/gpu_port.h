@@ -141,6 +141,14 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 #define GPU_HAVE_BLAS 1
 #include <cublas_v2.h>
 
+/* NCCL for the collective slot, where meson found it (GPU_HAVE_NCCL). The
+ * host's MPI communicator is the emulator's transport; NCCL connects its
+ * ranks through the unique id alone. */
+#ifdef GPU_HAVE_NCCL
+#include <nccl.h>
+#define gpuCommInitRank(comm, n, id, rank, mpi_comm) ncclCommInitRank((comm), (n), (id), (rank))
+#endif
+
 #endif
 
 #endif /* LOOM_GPU_PORT_H */

@@ -135,6 +135,42 @@ int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_args *a,
 		     const struct gpu_attn_row *items, int64_t n_items, int64_t n_splits,
 		     float *partial);
 
+/*
+ * Collectives between the processes of a distributed job, each with its
+ * own device: an NCCL-shaped communicator (gpu_coll.c builds the slot on
+ * it). CUDA builds with GPU_HAVE_NCCL call NCCL; the emulator's
+ * (GPU_EMU_NCCL) runs the same calls over MPI on its host-memory device.
+ * In builds with neither (rocm.so: no RCCL) gpurt_has_comm() is false and
+ * the communicator calls return LOOM_ERR_UNSUPPORTED.
+ */
+#define GPURT_COMM_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+struct gpurt_comm;
+bool gpurt_has_comm(void);
+/* A new unique id (ncclGetUniqueId): one rank makes it, and every rank
+ * opens the communicator with the same bytes. */
+int gpurt_comm_id(struct gpurt *rt, unsigned char id[GPURT_COMM_ID_BYTES]);
+/* Joins n_ranks processes as rank `rank` (ncclCommInitRank), blocking
+ * until all have joined. mpi_comm is the host's communicator of these
+ * same ranks: NCCL ignores it (the id connects the ranks), the emulator
+ * moves its data over it. */
+int gpurt_comm_open(struct gpurt *rt, const unsigned char id[GPURT_COMM_ID_BYTES],
+		    int n_ranks, int rank, void *mpi_comm, struct gpurt_comm **out);
+/* Waits for queued work, then leaves the communicator. */
+void gpurt_comm_close(struct gpurt *rt, struct gpurt_comm *c);
+/* recv[r * count + i] = rank r's send[i] for i < count, on every rank
+ * (ncclAllGather of f32), queued on the stream; send and recv are apart. */
+int gpurt_all_gather(struct gpurt *rt, struct gpurt_comm *c, const float *send, float *recv,
+		     size_t count);
+/* dst[i][j] = src[i][j] for i < rows, j < cols; rows dst_stride and
+ * src_stride floats apart. */
+int gpurt_copy_cols(struct gpurt *rt, float *dst, int64_t dst_stride, const float *src,
+		    int64_t src_stride, int64_t rows, int64_t cols);
+/* y[i][j] = ((p_0[i][j] + p_1[i][j]) + p_2[i][j]) ... over n_parts parts,
+ * part k at p + k * part_floats, its rows p_stride floats apart. */
+int gpurt_sum_parts(struct gpurt *rt, float *y, int64_t y_stride, const float *p,
+		    int64_t p_stride, int64_t part_floats, int n_parts, int64_t rows,
+		    int64_t cols);
+
 #ifdef __cplusplus
 }
 #endif

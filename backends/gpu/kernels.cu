@@ -1380,3 +1380,170 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 		rt->stream, p, items, n_splits, partial);
 	return launched(rt, "attention combine kernel");
 }
+
+/* ---- collectives (gpu_coll.c) ---- */
+
+__global__ void __launch_bounds__(THREADS)
+k_copy_cols(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+	    int64_t cols)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+			dst[r * dst_stride + i] = src[r * src_stride + i];
+}
+
+extern "C" int gpurt_copy_cols(struct gpurt *rt, float *dst, int64_t dst_stride, const float *src,
+			       int64_t src_stride, int64_t rows, int64_t cols)
+{
+	BIND(rt);
+	if (rows == 0 || cols == 0)
+		return LOOM_OK;
+	GPU_LAUNCH(k_copy_cols, grid_of(rows), THREADS, 0, rt->stream, dst, dst_stride, src,
+		src_stride, rows, cols);
+	return launched(rt, "column copy kernel");
+}
+
+/* One thread per element adds the parts in rank order: the same sums,
+ * bit for bit, on every rank that runs it on the same parts. */
+__global__ void __launch_bounds__(THREADS)
+k_sum_parts(float *y, int64_t y_stride, const float *p, int64_t p_stride, int64_t part_floats,
+	    int n_parts, int64_t rows, int64_t cols)
+{
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+		for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+			const float *e = p + r * p_stride + i;
+			float s = e[0];
+
+			for (int k = 1; k < n_parts; k++)
+				s += e[k * part_floats];
+			y[r * y_stride + i] = s;
+		}
+}
+
+extern "C" int gpurt_sum_parts(struct gpurt *rt, float *y, int64_t y_stride, const float *p,
+			       int64_t p_stride, int64_t part_floats, int n_parts, int64_t rows,
+			       int64_t cols)
+{
+	BIND(rt);
+	if (rows == 0 || cols == 0)
+		return LOOM_OK;
+	GPU_LAUNCH(k_sum_parts, grid_of(rows), THREADS, 0, rt->stream, y, y_stride, p, p_stride,
+		part_floats, n_parts, rows, cols);
+	return launched(rt, "rank-order sum kernel");
+}
+
+#ifdef GPU_HAVE_NCCL
+
+struct gpurt_comm {
+	ncclComm_t nccl;
+};
+
+static_assert(sizeof(ncclUniqueId) == GPURT_COMM_ID_BYTES, "NCCL's unique id size");
+
+static int nccl_failed(struct gpurt *rt, const char *what, ncclResult_t r)
+{
+	snprintf(rt->err, sizeof(rt->err), "NCCL: %s: %s", what, ncclGetErrorString(r));
+	return LOOM_ERR_DEVICE;
+}
+
+extern "C" bool gpurt_has_comm(void)
+{
+	return true;
+}
+
+extern "C" int gpurt_comm_id(struct gpurt *rt, unsigned char id[GPURT_COMM_ID_BYTES])
+{
+	ncclUniqueId u;
+	ncclResult_t r;
+
+	BIND(rt);
+	r = ncclGetUniqueId(&u);
+	if (r != ncclSuccess)
+		return nccl_failed(rt, "unique id", r);
+	memcpy(id, &u, sizeof(u));
+	return LOOM_OK;
+}
+
+extern "C" int gpurt_comm_open(struct gpurt *rt, const unsigned char id[GPURT_COMM_ID_BYTES],
+			       int n_ranks, int rank, void *mpi_comm, struct gpurt_comm **out)
+{
+	struct gpurt_comm *c;
+	ncclUniqueId u;
+	ncclResult_t r;
+
+	*out = NULL;
+	BIND(rt);
+	c = (struct gpurt_comm *)calloc(1, sizeof(*c));
+	if (!c)
+		return LOOM_ERR_NOMEM;
+	memcpy(&u, id, sizeof(u));
+	(void)mpi_comm; /* NCCL (not the emulator) connects through the id alone */
+	r = gpuCommInitRank(&c->nccl, n_ranks, u, rank, mpi_comm);
+	if (r != ncclSuccess) {
+		free(c);
+		return nccl_failed(rt, "joining the communicator", r);
+	}
+	*out = c;
+	return LOOM_OK;
+}
+
+extern "C" void gpurt_comm_close(struct gpurt *rt, struct gpurt_comm *c)
+{
+	if (!c)
+		return;
+	drain(rt);
+	(void)ncclCommDestroy(c->nccl); /* teardown: nothing to undo */
+	free(c);
+}
+
+extern "C" int gpurt_all_gather(struct gpurt *rt, struct gpurt_comm *c, const float *send,
+				float *recv, size_t count)
+{
+	ncclResult_t r;
+
+	BIND(rt);
+	r = ncclAllGather(send, recv, count, ncclFloat32, c->nccl, rt->stream);
+	return r == ncclSuccess ? LOOM_OK : nccl_failed(rt, "all-gather", r);
+}
+
+#else /* no collective library: rocm.so (no RCCL), emulators without MPI */
+
+extern "C" bool gpurt_has_comm(void)
+{
+	return false;
+}
+
+static int no_comm(struct gpurt *rt)
+{
+	snprintf(rt->err, sizeof(rt->err), "%s: built without a collective library",
+		 GPU_VENDOR);
+	return LOOM_ERR_UNSUPPORTED;
+}
+
+extern "C" int gpurt_comm_id(struct gpurt *rt, unsigned char id[GPURT_COMM_ID_BYTES])
+{
+	(void)id;
+	return no_comm(rt);
+}
+
+extern "C" int gpurt_comm_open(struct gpurt *rt, const unsigned char id[GPURT_COMM_ID_BYTES],
+			       int n_ranks, int rank, void *mpi_comm, struct gpurt_comm **out)
+{
+	(void)id, (void)n_ranks, (void)rank, (void)mpi_comm;
+	*out = NULL;
+	return no_comm(rt);
+}
+
+extern "C" void gpurt_comm_close(struct gpurt *rt, struct gpurt_comm *c)
+{
+	(void)rt, (void)c;
+}
+
+extern "C" int gpurt_all_gather(struct gpurt *rt, struct gpurt_comm *c, const float *send,
+				float *recv, size_t count)
+{
+	(void)c, (void)send, (void)recv, (void)count;
+	return no_comm(rt);
+}
+
+#endif /* GPU_HAVE_NCCL */

@@ -952,3 +952,135 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
 }
 
 #endif
+
+/* ---- NCCL over MPI ---- */
+
+#ifdef GPU_EMU_NCCL
+
+#define OMPI_SKIP_MPICXX 1 /* the C interface only */
+#define MPICH_SKIP_MPICXX 1
+#include <limits.h>
+#include <mpi.h>
+#include <time.h>
+
+struct emu_nccl_comm {
+	MPI_Comm comm; /* a duplicate of the host's: its own message space */
+	int n, rank;
+};
+
+/* Unique enough: the process, the time and a counter. */
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+	static std::atomic<uint64_t> counter;
+	struct timespec ts;
+	uint64_t v[4];
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	v[0] = (uint64_t)getpid();
+	v[1] = (uint64_t)ts.tv_sec;
+	v[2] = (uint64_t)ts.tv_nsec;
+	v[3] = ++counter;
+	memset(id, 0, sizeof(*id));
+	memcpy(id->internal, v, sizeof(v));
+	return ncclSuccess;
+}
+
+namespace {
+
+/* Whether every rank of comm passed the same id. */
+bool same_id_everywhere(MPI_Comm comm, int n, const ncclUniqueId &id)
+{
+	std::vector<ncclUniqueId> all((size_t)n);
+	bool same = true;
+
+	if (MPI_Allgather(&id, (int)sizeof(id), MPI_BYTE, all.data(), (int)sizeof(id), MPI_BYTE,
+			  comm) != MPI_SUCCESS)
+		return false;
+	for (int r = 0; r < n; r++)
+		same = same && !memcmp(&all[(size_t)r], &id, sizeof(id));
+	return same;
+}
+
+} /* namespace */
+
+ncclResult_t emu_ncclCommInitRank(ncclComm_t *out, int n, ncclUniqueId id, int rank,
+				  void *mpi_comm)
+{
+	MPI_Comm host = (MPI_Comm)mpi_comm;
+	int size = 0, me = -1, ok, all_ok = 0;
+	emu_nccl_comm *c;
+
+	*out = NULL;
+	if (MPI_Comm_size(host, &size) != MPI_SUCCESS || MPI_Comm_rank(host, &me) != MPI_SUCCESS ||
+	    size != n || me != rank)
+		return ncclInvalidArgument;
+	c = new (std::nothrow) emu_nccl_comm();
+	if (!c)
+		return ncclSystemError;
+	if (MPI_Comm_dup(host, &c->comm) != MPI_SUCCESS) {
+		delete c;
+		return ncclSystemError;
+	}
+	c->n = n;
+	c->rank = rank;
+	ok = same_id_everywhere(c->comm, n, id);
+	if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->comm) != MPI_SUCCESS || !all_ok) {
+		MPI_Comm_free(&c->comm);
+		delete c;
+		return ncclInvalidUsage;
+	}
+	*out = c;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t c)
+{
+	int finalized = 1;
+
+	if (!c)
+		return ncclSuccess;
+	/* a job may end MPI before it frees its backend */
+	if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+		MPI_Comm_free(&c->comm);
+	delete c;
+	return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+			   ncclComm_t c, gpuStream_t s)
+{
+	const char *lo = (const char *)recv, *snd = (const char *)send, *in_place, *hi;
+
+	if (!c || type != ncclFloat32 || count > INT_MAX)
+		return ncclInvalidArgument;
+	in_place = lo + (size_t)c->rank * count * sizeof(float);
+	hi = lo + (size_t)c->n * count * sizeof(float);
+	if (emu_capturing(s))
+		return ncclInvalidUsage;
+	/* NCCL's rule: in place exactly, or apart */
+	if (snd != in_place && snd + count * sizeof(float) > lo && snd < hi)
+		return ncclInvalidArgument;
+	if (MPI_Allgather(snd == in_place ? MPI_IN_PLACE : send, (int)count, MPI_FLOAT, recv,
+			  (int)count, MPI_FLOAT, c->comm) != MPI_SUCCESS)
+		return ncclSystemError;
+	return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+	switch (r) {
+	case ncclSuccess:
+		return "no error";
+	case ncclSystemError:
+		return "system error (MPI under the emulator)";
+	case ncclInternalError:
+		return "internal error";
+	case ncclInvalidArgument:
+		return "invalid argument";
+	case ncclInvalidUsage:
+		return "invalid usage";
+	}
+	return "unknown result";
+}
+
+#endif /* GPU_EMU_NCCL */

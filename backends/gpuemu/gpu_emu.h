@@ -29,6 +29,10 @@
  *    from their documented column-major definition, so the argument
  *    mapping of the CUDA build is exercised too.
  *
+ *  - with GPU_EMU_NCCL (builds with MPI), the NCCL calls kernels.cu makes
+ *    (unique id, communicator, f32 all-gather), over the host's MPI
+ *    communicator, so gpu_coll.c's collectives run under mpirun.
+ *
  * Not emulated: timing, memory-model races between threads that a missing
  * barrier would expose on hardware (threads switch only at barriers here),
  * device limits other than the grid and block sizes.
@@ -214,6 +218,38 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
 			   int n, int k, const float *alpha, const float *a, int lda,
 			   const float *b, int ldb, const float *beta, float *c, int ldc);
+#endif
+
+/* ---- NCCL, as far as kernels.cu uses it (over MPI; see gpu_emu.cc) ---- */
+
+#ifdef GPU_EMU_NCCL
+#define GPU_HAVE_NCCL 1
+typedef struct emu_nccl_comm *ncclComm_t;
+typedef struct {
+	char internal[128];
+} ncclUniqueId;
+typedef enum {
+	ncclSuccess = 0,
+	ncclSystemError = 2,
+	ncclInternalError = 3,
+	ncclInvalidArgument = 4,
+	ncclInvalidUsage = 5,
+} ncclResult_t;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+/* ncclCommInitRank with the transport NCCL finds for itself made explicit:
+ * the host's MPI communicator (an MPI_Comm), of n ranks with this one at
+ * `rank`. Every rank must pass the same id, which is checked. */
+ncclResult_t emu_ncclCommInitRank(ncclComm_t *comm, int n, ncclUniqueId id, int rank,
+				  void *mpi_comm);
+#define gpuCommInitRank emu_ncclCommInitRank
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+/* Runs at once (launches do too, so the stream is in order); refused
+ * while the stream captures. */
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+			   ncclComm_t comm, gpuStream_t s);
+const char *ncclGetErrorString(ncclResult_t r);
 #endif
 
 #endif /* LOOM_GPU_EMU_H */

@@ -26,6 +26,11 @@ usage: test_dist.py LOOM MODE [ARGS...]
   families MKGGUF  random qwen2 (biases), qwen3 (QK-norm) and gemma2
                  (soft-caps, window) GGUFs: --tp 2 --exact text and logits
                  bitwise on cpu.so and ref.so
+  gpuemu         --tp on the GPU emulator (gpuemu.so: backends/gpu/gpu_coll.c
+                 over the emulated NCCL): with --exact, --tp 2 and --tp 2
+                 --pp 2 give the single process's greedy text byte for
+                 byte (all-gathers); without it, --tp 2's logits (rank-order
+                 all-reduces) are within 1e-5 of the largest
   refuse SKEL    bad combinations are refused with a message naming them
                  (heads that do not split, a wrong rank count, no mpirun, a
                  1.0 backend SKEL without the collective slot, layerskip)
@@ -76,8 +81,11 @@ def run(cmd, timeout=240, env=ENV):
 
 
 def loom_run(model, extra, ranks=0):
-    cmd = [LOOM, 'run', '-m', model, '-p', PROMPT, '-n', N, '--temp', '0', '--exact',
-           '-t', '1', '--no-progress'] + extra
+    return loom_run_cmd([LOOM, 'run', '-m', model, '-p', PROMPT, '-n', N, '--temp', '0',
+                         '--exact', '-t', '1', '--no-progress'] + extra, ranks)
+
+
+def loom_run_cmd(cmd, ranks):
     rc, out, err = run((mpirun(ranks) if ranks else []) + cmd)
     if rc != 0:
         fail('%s exited %d:\n%s' % (' '.join(cmd), rc, err[-3000:]))
@@ -169,6 +177,40 @@ def test_ref(tiny):
         fail('ref.so --tp 2 all-reduce: logits differ by %g (largest %g)' % (worst, scale))
     print('ok ref: --tp 2 with all-reduce: logits within %.3g of the single process (largest %.3g)'
           % (worst, scale))
+
+
+def test_gpuemu():
+    # few tokens: every step runs the kernels on the emulator
+    base = [LOOM, 'run', '-m', SMOL, '--backend', 'gpuemu.so', '-p', PROMPT, '--temp', '0',
+            '-t', '1', '--no-progress']
+    exact = base + ['-n', '2', '--exact']
+    want = loom_run_cmd(exact, 0)
+    for dist, ranks in ((['--tp', '2'], 2), (['--tp', '2', '--pp', '2'], 4)):
+        got = loom_run_cmd(exact + dist, ranks)
+        if got != want:
+            fail('gpuemu.so %s: output differs\n single: %r\n %d ranks: %r'
+                 % (' '.join(dist), want, ranks, got))
+        print('ok gpuemu: %s gives the single process\'s %d bytes: %r'
+              % (' '.join(dist), len(got), got))
+    # fast mode: row-parallel projections summed by the rank-order
+    # all-reduce (an f32 cache, so that only the order of the sums differs)
+    logits = []
+    for dist, ranks in (([], 0), (['--tp', '2'], 2)):
+        dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_gpuemu_%d.bin' % os.getpid())
+        cmd = base + ['-n', '1', '--kv-type', 'f32', '--dump-logits', dump] + dist
+        rc, out, err = run((mpirun(ranks) if ranks else []) + cmd, env=dict(ENV, LOOM_DEBUG='1'))
+        if rc != 0 or (ranks and '2 all-reduces' not in err):
+            fail('gpuemu.so %s (fast): exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        with open(dump, 'rb') as f:
+            logits.append(struct_floats(f.read()))
+        os.unlink(dump)
+    want, have = logits
+    worst = max(abs(a - b) for a, b in zip(want, have))
+    scale = max(abs(a) for a in want)
+    if len(want) != len(have) or worst > 1e-5 * max(scale, 1.0):
+        fail('gpuemu.so --tp 2 all-reduce: logits differ by %g (largest %g)' % (worst, scale))
+    print('ok gpuemu: --tp 2 with all-reduce: logits within %.3g of the single process '
+          '(largest %.3g)' % (worst, scale))
 
 
 def struct_floats(b):
@@ -444,6 +486,8 @@ def main():
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
+    elif MODE == 'gpuemu':
+        test_gpuemu()
     elif MODE == 'ref':
         test_ref(sys.argv[3])
     elif MODE == 'phi3':
