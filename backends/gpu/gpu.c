@@ -217,6 +217,33 @@ static bool env_is(const char *name, const char *value)
 	return v && !strcmp(v, value);
 }
 
+/*
+ * The device of this process when the host asked for the default (0):
+ * under a launcher that says which local rank this is (Open MPI, MPICH,
+ * Slurm), local rank % devices, so that the ranks of one host spread over
+ * its GPUs (NCCL refuses two ranks on one device) without a
+ * CUDA_VISIBLE_DEVICES per rank. n devices are visible.
+ */
+static int default_device(int n)
+{
+	static const char *const vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+					    "SLURM_LOCALID" };
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		char *end;
+		long r;
+
+		if (!v || !*v)
+			continue;
+		r = strtol(v, &end, 10);
+		if (*end || r < 0 || r > INT32_MAX)
+			return 0;
+		return (int)(r % n);
+	}
+	return 0;
+}
+
 static int gpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
 		      struct loom_backend_ctx **out)
 {
@@ -239,6 +266,8 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 			gpurt_vendor(), n <= 0 && !why[0] ? "no devices" : why);
 		return LOOM_ERR_DEVICE;
 	}
+	if (device == 0)
+		device = default_device(n);
 	if (device < 0 || device >= n) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": no %s device %d (%d found)",
 			gpurt_vendor(), device, n);

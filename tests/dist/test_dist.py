@@ -200,9 +200,13 @@ def test_gpuemu():
     for dist, ranks in (([], 0), (['--tp', '2'], 2)):
         dump = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'dist_gpuemu_%d.bin' % os.getpid())
         cmd = base + ['-n', '1', '--kv-type', 'f32', '--dump-logits', dump] + dist
-        rc, out, err = run((mpirun(ranks) if ranks else []) + cmd, env=dict(ENV, LOOM_DEBUG='1'))
+        # two emulated devices: each rank takes local rank % devices
+        rc, out, err = run((mpirun(ranks) if ranks else []) + cmd,
+                           env=dict(ENV, LOOM_DEBUG='1', LOOM_GPUEMU_DEVICES='2'))
         if rc != 0 or (ranks and '2 all-reduces' not in err):
             fail('gpuemu.so %s (fast): exit %d\n%s' % (' '.join(dist), rc, err[-2000:]))
+        if ranks and not ('emulator device 0' in err and 'emulator device 1' in err):
+            fail('gpuemu.so --tp 2: the ranks did not take devices 0 and 1\n%s' % err[-2000:])
         with open(dump, 'rb') as f:
             logits.append(struct_floats(f.read()))
         os.unlink(dump)
