@@ -6,7 +6,10 @@ Usage: test_gemma3.py LOOM_BINARY
         ~/.cache/loom/gemma-3-270m-q4_k_m.gguf; scripts/setup.sh fetches it)
 
 The checks are test_reference.py's, on this model: for each prompt and
-each backend (cpu.so, ref.so), `loom tokenize` ids spell the prompt back
+backend (cpu.so on both; ref.so, the slowest part of the test on this
+262k vocabulary, on the second only: unlike cpu.so's, its code path does
+not depend on the number of prompt rows), `loom tokenize` ids spell the
+prompt back
 (SentencePiece with Gemma's 262k vocabulary, checked with the GGUF
 vocabulary, not with loom); the last prompt position's logits match the
 float64 NumPy reference, max|loom - ref| / max|ref| < TOL = 1e-3, with
@@ -69,9 +72,11 @@ def main():
         tr.skip("%s is a %s model, not gemma3" % (model, ref.arch))
     fails = tr.Failures()
     with tempfile.TemporaryDirectory(prefix="loom-gemma3-") as tmp:
-        for prompt in PROMPTS:
+        for i, prompt in enumerate(PROMPTS):
+            backends = tr.BACKENDS if i == len(PROMPTS) - 1 else ("cpu.so",)
             try:
-                tr.one_prompt(np, ref, loom, model, prompt, tmp, fails)
+                tr.one_prompt(np, ref, loom, model, prompt, tmp, fails,
+                              backends)
             except (RuntimeError, OSError, ValueError,
                     subprocess.TimeoutExpired) as e:
                 fails.check(False, "prompt %r: %s" % (prompt, e))

@@ -144,7 +144,7 @@ def check_logits(np, fails, tag, ref, got):
                 (tag, int(np.argmax(got)), int(np.argmax(ref))))
 
 
-def one_prompt(np, ref, loom, model_path, prompt, tmp, fails):
+def one_prompt(np, ref, loom, model_path, prompt, tmp, fails, backends=BACKENDS):
     print("== prompt %r" % prompt)
     ids = loom_tokenize(loom, model_path, prompt)
     fails.check(len(ids) > 0 and ref.detokenize(ids) == prompt,
@@ -160,7 +160,7 @@ def one_prompt(np, ref, loom, model_path, prompt, tmp, fails):
           (ref.detokenize(out), min(gaps), int(np.argmin(gaps))))
     abs_tol = TIE_TOL * float(np.max(np.abs(first)))
     got_tokens = {}
-    for be in BACKENDS:
+    for be in backends:
         tag = "%s [%d tokens]" % (be, len(ids))
         try:
             logits, toks = loom_generate(loom, model_path, be, prompt, tmp,

@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include <check.h>
+#include <stdlib.h>
 #include <string.h>
 
 void collect(void *user, const struct loom_event *ev)
@@ -54,4 +55,71 @@ void assert_same(const struct col *got, const struct col *want, int i)
 		ck_assert_msg(got->toks[k] == want->toks[k],
 			      "request %d token %d: %d, alone %d", i, k, got->toks[k],
 			      want->toks[k]);
+}
+
+static struct job *kept;
+static int n_kept;
+
+static bool same_sampling(const struct loom_sampler_params *a,
+			  const struct loom_sampler_params *b)
+{
+	return a->temp == b->temp && a->top_k == b->top_k && a->top_p == b->top_p &&
+	       a->min_p == b->min_p && a->repeat_penalty == b->repeat_penalty &&
+	       a->presence_penalty == b->presence_penalty &&
+	       a->frequency_penalty == b->frequency_penalty &&
+	       a->penalty_last_n == b->penalty_last_n && a->seed == b->seed;
+}
+
+/* A run of the same request with a budget of at least n_predict fixes the
+ * run with n_predict when it went past n_predict tokens (the first
+ * n_predict of them, finishing on length) or met its end-of-generation
+ * token before n_predict. An end at exactly n_predict is left to a fresh
+ * run (the shorter one would stop on length there). */
+static bool derive(const struct job *k, const struct job *j, struct col *out)
+{
+	const struct col *c = &k->c;
+
+	if (k->n_prompt != j->n_prompt || k->n_predict < j->n_predict ||
+	    memcmp(k->prompt, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt) != 0 ||
+	    !same_sampling(&k->sp, &j->sp))
+		return false;
+	if (k->n_predict == j->n_predict) {
+		*out = *c;
+		return true;
+	}
+	if (c->n > j->n_predict) {
+		*out = *c;
+		out->n = j->n_predict;
+		out->fin = LOOM_FINISH_LENGTH;
+		return true;
+	}
+	if (c->n < j->n_predict && c->fin == LOOM_FINISH_EOG) {
+		*out = *c;
+		return true;
+	}
+	return false;
+}
+
+bool alone_find(const struct job *j, struct col *out)
+{
+	for (int i = 0; i < n_kept; i++)
+		if (derive(&kept[i], j, out))
+			return true;
+	return false;
+}
+
+void alone_keep(const struct job *j)
+{
+	struct job *grown = realloc(kept, sizeof(*kept) * (size_t)(n_kept + 1));
+
+	ck_assert_ptr_nonnull(grown);
+	kept = grown;
+	kept[n_kept++] = *j;
+}
+
+void alone_forget(void)
+{
+	free(kept);
+	kept = NULL;
+	n_kept = 0;
 }

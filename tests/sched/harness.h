@@ -36,4 +36,13 @@ void drain(struct loom_sched *s);
 /* Request i's tokens and finish equal those it got alone. */
 void assert_same(const struct col *got, const struct col *want, int i);
 
+/* The oracle: a request run alone is deterministic, so its result is kept
+ * and reused by later tests that hold the same request to it. alone_find
+ * gives j's result alone (prompt, sampling and n_predict as in j) when a
+ * kept run fixes it, else false; alone_keep keeps j->c, j's result alone;
+ * alone_forget drops them all (before the model goes). */
+bool alone_find(const struct job *j, struct col *out);
+void alone_keep(const struct job *j);
+void alone_forget(void);
+
 #endif

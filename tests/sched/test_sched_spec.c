@@ -69,15 +69,19 @@ static struct loom_sched *new_sched(int64_t n_blocks, bool prefix)
 	return s;
 }
 
-/* The oracle: each job decoded plainly, alone. */
+/* The oracle: each job decoded plainly, alone (kept across tests, see
+ * alone_find). */
 static void run_alone(struct job *jobs, int n, struct col *ref)
 {
 	struct loom_sched *s = new_sched(0, false);
 
 	for (int i = 0; i < n; i++) {
-		submit(s, &jobs[i], false);
-		drain(s);
-		ref[i] = jobs[i].c;
+		if (!alone_find(&jobs[i], &ref[i])) {
+			submit(s, &jobs[i], false);
+			drain(s);
+			ref[i] = jobs[i].c;
+			alone_keep(&jobs[i]);
+		}
 		ck_assert_int_eq(ref[i].n_final, 1);
 		ck_assert_int_gt(ref[i].n, 8);
 	}
@@ -504,6 +508,7 @@ static void load_model(void)
 
 static void unload_model(void)
 {
+	alone_forget();
 	loom_spec_kind_free(ngram);
 	loom_spec_kind_free(layerskip);
 	loom_model_free(model);
