@@ -45,6 +45,26 @@ static inline const float *kv_run(const struct loom_attention_args *a, const flo
 	return cache + ((blk * a->block_size + off) * a->n_kv_heads + kvh) * a->head_dim;
 }
 
+/*
+ * Softmax weights in place: sc[i] = exp(sc[i] - mx) for i < n, and their
+ * sum, added in order in double. Exact mode takes libm's expf (ref.so's
+ * arithmetic), fast mode vexp.c's rows.
+ */
+static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, float mx)
+{
+	double sum = 0.0;
+
+	if (tk->ctx->exact) {
+		for (int64_t i = 0; i < n; i++)
+			sc[i] = expf(sc[i] - mx);
+	} else {
+		cpu_exp_row(tk->ctx->isa, sc, sc, mx, n);
+	}
+	for (int64_t i = 0; i < n; i++)
+		sum += sc[i];
+	return sum;
+}
+
 static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
 		     int64_t row, int64_t pos)
 {
@@ -56,7 +76,7 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 	float *acc = scratch, *sc = scratch + hd;
 	int64_t lo = 0, n;
 	float mx = -INFINITY;
-	double sum = 0.0; /* softmax denominator in double, as the reference */
+	double sum; /* softmax denominator in double, as the reference */
 
 	if (a->window > 0 && pos - a->window + 1 > 0)
 		lo = pos - a->window + 1;
@@ -73,17 +93,14 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 				mx = v;
 		}
 	}
+	sum = softmax_weights(tk, sc, pos + 1 - lo, mx);
 	for (int64_t i = 0; i < hd; i++)
 		acc[i] = 0.0f;
 	for (int64_t t = lo; t <= pos;) {
 		const float *v = kv_run(a, a->vcache, s, t, kvh, pos, &n);
 
-		for (int64_t i = 0; i < n; i++, t++, v += stride) {
-			float p = expf(sc[t - lo] - mx);
-
-			sum += p;
-			cpu_axpy_f32(isa, acc, v, p, hd);
-		}
+		for (int64_t i = 0; i < n; i++, t++, v += stride)
+			cpu_axpy_f32(isa, acc, v, sc[t - lo], hd);
 	}
 	float *out = a->out + row * a->out_stride + h * hd;
 	for (int64_t i = 0; i < hd; i++)
@@ -149,7 +166,7 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 	float *out = a->out + row * a->out_stride + h * hd;
 	int64_t lo = 0, n;
 	float mx = -INFINITY;
-	double sum = 0.0;
+	double sum;
 
 	if (a->window > 0 && pos - a->window + 1 > 0)
 		lo = pos - a->window + 1;
@@ -176,12 +193,7 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 				mx = v;
 		}
 	}
-	for (int64_t t = lo; t <= pos; t++) {
-		float p = expf(sc[t - lo] - mx);
-
-		sum += p;
-		sc[t - lo] = p;
-	}
+	sum = softmax_weights(tk, sc, pos + 1 - lo, mx);
 	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
 		const int w = hd - d0 < 64 ? (int)(hd - d0) / 8 : 8;
 		__m256 r[8];

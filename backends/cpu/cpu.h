@@ -123,6 +123,19 @@ void cpu_axpy_f32(enum cpu_isa isa, float *y, const float *x, float s, int64_t n
 
 float cpu_fp16_to_f32(uint16_t h);
 
+/* ---- fast-mode exponentials (vexp.c) ---- */
+
+/* exp, SiLU and GELU-tanh in plain C: the arithmetic every kernel set of
+ * the row functions below gives bit for bit. */
+float cpu_exp_c(float x);
+float cpu_silu_c(float g);
+float cpu_gelu_c(float g);
+/* y[i] = exp(x[i] - shift) (y may be x) */
+void cpu_exp_row(enum cpu_isa isa, float *y, const float *x, float shift, int64_t n);
+/* o[i] = act(g[i]) * u[i], act SiLU or GELU-tanh */
+void cpu_glu_row_fast(enum cpu_isa isa, enum loom_glu_kind kind, float *o, const float *g,
+		      const float *u, int64_t n);
+
 /* ---- context (cpu.c) ---- */
 
 /* Below this many multiply-adds an op runs on the calling thread only. */
