@@ -76,6 +76,8 @@ static const struct opt_def opts[] = {
 	{ .name = "tp", .type = OPT_INT, FIELD(tp), .lo = 1, .hi = 64, .cmds = RUN | BENCH | SERVE },
 	{ .name = "pp", .type = OPT_INT, FIELD(pp), .lo = 1, .hi = 4096,
 	  .cmds = RUN | BENCH | SERVE },
+	{ .name = "pp-micro", .type = OPT_INT, FIELD(pp_micro), .lo = 1, .hi = 4096,
+	  .cmds = RUN | BENCH | SERVE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
@@ -826,4 +828,5 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->kv_type = o->kv_type;
 	p->tp = o->tp;
 	p->pp = o->pp;
+	p->pp_micro = o->pp_micro;
 }

@@ -201,6 +201,7 @@ struct loom_dist *loom_dist_open(int tp, int pp, char *err, size_t errlen)
 	d->pp = pp;
 	d->tp_rank = d->rank % tp;
 	d->stage = d->rank / tp;
+	d->micro = pp;
 	d->timeout = read_timeout();
 	if (MPI_Comm_split(MPI_COMM_WORLD, d->stage, d->tp_rank, &stage_comm) != MPI_SUCCESS) {
 		loom_seterr(err, errlen, "distributed: MPI_Comm_split failed");
@@ -231,6 +232,7 @@ void loom_dist_close(struct loom_dist *d)
 
 		MPI_Comm_free(&c);
 	}
+	free(d->posted);
 	MPI_Finalized(&finalized);
 	if (d->initialized_mpi && !finalized && !d->broken)
 		MPI_Finalize();
@@ -367,6 +369,47 @@ int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int t
 	return 0;
 }
 
+int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen)
+{
+	MPI_Request *reqs = d->posted;
+
+	if (bytes > INT_MAX) {
+		loom_seterr(err, errlen, "distributed: a posted receive of %zu bytes is too large", bytes);
+		return -1;
+	}
+	if (d->n_posted == d->cap_posted) {
+		int cap = d->cap_posted ? 2 * d->cap_posted : 16;
+
+		reqs = realloc(d->posted, sizeof(MPI_Request) * (size_t)cap);
+		if (!reqs) {
+			loom_seterr(err, errlen, "distributed: out of memory");
+			return -1;
+		}
+		d->posted = reqs;
+		d->cap_posted = cap;
+	}
+	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, from, tag, world(d), &reqs[d->n_posted]) !=
+	    MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: receiving %zu bytes from rank %d failed", bytes, from);
+		return -1;
+	}
+	d->n_posted++;
+	return 0;
+}
+
+int loom_dist_recv_wait(struct loom_dist *d, char *err, size_t errlen)
+{
+	int n = d->n_posted;
+
+	d->n_posted = 0;
+	if (n && MPI_Waitall(n, d->posted, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: waiting for %d posted receives failed", n);
+		return -1;
+	}
+	return 0;
+}
+
 #else /* no MPI in this build */
 
 bool loom_dist_available(void)
@@ -435,6 +478,19 @@ int loom_dist_send(struct loom_dist *d, const void *buf, size_t bytes, int to, i
 
 int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
 		   char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_recv_wait(struct loom_dist *d, char *err, size_t errlen)
 {
 	loom_seterr(err, errlen, "built without MPI");
 	return -1;

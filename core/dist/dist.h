@@ -31,7 +31,11 @@ struct loom_dist {
 	bool initialized_mpi; /* MPI_Init_thread was ours: finalize at close */
 	bool broken;          /* a step failed: close without MPI_Finalize (which
 				 would wait for the others); exiting ends the job */
+	int micro;            /* rank 0: micro-batches a pipelined step splits
+				 into at most (--pp-micro; 1: none) */
 	struct loom_dist_watch *watch;
+	void *posted;         /* MPI_Request[n_posted] (loom_dist_recv_post) */
+	int n_posted, cap_posted;
 };
 
 /* Whether this build has MPI. */
@@ -77,5 +81,15 @@ int loom_dist_send(struct loom_dist *d, const void *buf, size_t bytes, int to, i
 		   char *err, size_t errlen);
 int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
 		   char *err, size_t errlen);
+
+/* Starts receiving bytes (at most INT_MAX) from world rank `from` into
+ * buf, which must stay valid until loom_dist_recv_wait; receives posted
+ * with the same source and tag match that rank's sends in order. Rank 0
+ * posts a step's logits this way before running its micro-batches, so
+ * the last stage never waits on it to send them. 0 or -1 with err set. */
+int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen);
+/* Waits for every posted receive. 0 or -1 with err set. */
+int loom_dist_recv_wait(struct loom_dist *d, char *err, size_t errlen);
 
 #endif /* LOOM_DIST_H */

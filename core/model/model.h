@@ -182,10 +182,14 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
  * step, cover the first n_out - n_hidden_only output rows. */
 int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
- * job first sends the step's plan to the others, which run it with this).
- * Only the rank that computes logits (and rank 0) fills `logits`. */
-int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		  char *err, size_t errlen);
+ * job first sends the step's plan to the others, which run it with this),
+ * as n_micro micro-batches of whole sequences, micro-batch k holding
+ * sequences cuts[k] .. cuts[k+1]-1, run one after another (on pipeline
+ * stages they overlap: stage s runs micro-batch k while stage s+1 runs
+ * k-1). n_micro 1 (cuts 0, n_seqs): the step whole. Only the rank that
+ * computes logits (and rank 0) fills `logits`. */
+int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+			int32_t n_micro, float *logits, char *err, size_t errlen);
 /* The executor's cache, for a follower rank. */
 struct loom_kv *loom_exec_kv(struct loom_exec *e);
 /* One sequence's tokens[0..n) at its next positions (reserved in its

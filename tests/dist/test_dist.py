@@ -9,6 +9,9 @@ usage: test_dist.py LOOM MODE [ARGS...]
   spec           with --spec=ngram.so as well
   serve          `loom serve --tp 2` answers a greedy completion with the
                  single-process server's text
+  serve_pp       `loom serve --pp 2` with concurrent requests, its steps split
+                 into micro-batches (the default) and whole (--pp-micro 1),
+                 answers each with the single-process server's text
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
@@ -231,6 +234,85 @@ def test_serve():
         print('ok serve: %s answers %r as the single process does' % (' '.join(extra), text))
 
 
+PP_PROMPTS = ['The capital of France is', 'Once upon a time, there was a',
+              'The three primary colors are', 'def fibonacci(n):',
+              'My favourite food is', 'Water boils at']
+
+
+def start_logged(extra, ranks, log):
+    """start_server with stderr to the file log (LOOM_DEBUG fills a pipe)."""
+    port = free_port()
+    cmd = [LOOM, 'serve', '-m', SMOL, '--port', str(port), '-t', '1', '--exact'] + extra
+    p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd,
+                         env=dict(ENV, LOOM_DEBUG='1'), stdout=subprocess.DEVNULL,
+                         stderr=log, start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if p.poll() is not None:
+            log.seek(0)
+            fail('server exited %d: %s' % (p.returncode, log.read()[-2000:]))
+        try:
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
+            c.request('GET', '/health')
+            if c.getresponse().status == 200:
+                return p, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop(p)
+    fail('server did not come up')
+
+
+def complete_all(port, prompts):
+    """The prompts' greedy completions, sent at once (one thread each)."""
+    import threading
+    texts = [None] * len(prompts)
+
+    def one(i):
+        body = json.dumps({'prompt': prompts[i], 'max_tokens': int(N), 'temperature': 0})
+        c = http.client.HTTPConnection('127.0.0.1', port, timeout=180)
+        c.request('POST', '/v1/completions', body, {'Content-Type': 'application/json'})
+        r = c.getresponse()
+        data = r.read()
+        texts[i] = (json.loads(data)['choices'][0]['text'] if r.status == 200
+                    else 'HTTP %d %r' % (r.status, data[:300]))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return texts
+
+
+def test_serve_pp():
+    import tempfile
+    runs = (([], 0, None), (['--pp', '2'], 2, 'micro-batches'),
+            (['--pp', '2', '--pp-micro', '1'], 2, None))
+    results = []
+    for extra, ranks, want in runs:
+        with tempfile.TemporaryFile('w+') as log:
+            p, port = start_logged(extra, ranks, log)
+            try:
+                results.append(complete_all(port, PP_PROMPTS))
+            finally:
+                stop(p)
+            log.seek(0)
+            split = 'runs as' in log.read()
+        label = ' '.join(extra) or 'single process'
+        if want and not split:
+            fail('serve %s: no step ran as micro-batches' % label)
+        if not want and split:
+            fail('serve %s: a step ran as micro-batches' % label)
+    for (extra, _, _), texts in zip(runs[1:], results[1:]):
+        for prompt, text, base in zip(PP_PROMPTS, texts, results[0]):
+            if text != base:
+                fail('serve %s, %r: %r, single process %r' % (' '.join(extra), prompt, text, base))
+        print('ok serve %s: %d concurrent requests answered as the single process does'
+              % (' '.join(extra), len(PP_PROMPTS)))
+    print('texts: %r' % results[0])
+
+
 def fault_once(sig):
     """A long benchmark (it ignores end-of-generation); once both ranks
     have loaded and rank 0 has had 3 s to start generating, rank 1 gets
@@ -322,6 +404,8 @@ def main():
         same(SMOL, ['--spec=ngram.so'], ['--tp', '2'], 2, 'spec tp')
     elif MODE == 'serve':
         test_serve()
+    elif MODE == 'serve_pp':
+        test_serve_pp()
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
