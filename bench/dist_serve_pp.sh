@@ -129,7 +129,7 @@ echo "|---|---|---|---|"
 base=
 for m in "${VALUES[@]}"; do
 	# shellcheck disable=SC2086
-	med=$(printf '%s\n' ${TOKS[$m]} | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+	med=$(printf '%s\n' ${TOKS[$m]} | sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}')
 	[ -n "$base" ] || base=$med
 	echo "| $m |${TOKS[$m]} | $med | $(awk -v a="$med" -v b="$base" 'BEGIN {printf "%.2fx", a / b}') |"
 done

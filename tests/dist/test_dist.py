@@ -10,8 +10,9 @@ usage: test_dist.py LOOM MODE [ARGS...]
   serve          `loom serve --tp 2` answers a greedy completion with the
                  single-process server's text
   serve_pp       `loom serve --pp 2` with concurrent requests, its steps split
-                 into micro-batches (the default) and whole (--pp-micro 1),
-                 answers each with the single-process server's text
+                 into micro-batches (the default, and --pp-micro 4) and whole
+                 (--pp-micro 1), answers each with the single-process
+                 server's text; on Gemma 3 as well (its windowed KV pool)
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
@@ -239,10 +240,10 @@ PP_PROMPTS = ['The capital of France is', 'Once upon a time, there was a',
               'My favourite food is', 'Water boils at']
 
 
-def start_logged(extra, ranks, log):
+def start_logged(model, extra, ranks, log):
     """start_server with stderr to the file log (LOOM_DEBUG fills a pipe)."""
     port = free_port()
-    cmd = [LOOM, 'serve', '-m', SMOL, '--port', str(port), '-t', '1', '--exact'] + extra
+    cmd = [LOOM, 'serve', '-m', model, '--port', str(port), '-t', '1', '--exact'] + extra
     p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd,
                          env=dict(ENV, LOOM_DEBUG='1'), stdout=subprocess.DEVNULL,
                          stderr=log, start_new_session=True)
@@ -285,14 +286,14 @@ def complete_all(port, prompts):
     return texts
 
 
-def test_serve_pp():
+def serve_pp(model, runs):
+    """runs: (extra flags, ranks, whether a step must run as micro-batches);
+    the first is the single process, whose texts the others must give."""
     import tempfile
-    runs = (([], 0, None), (['--pp', '2'], 2, 'micro-batches'),
-            (['--pp', '2', '--pp-micro', '1'], 2, None))
     results = []
     for extra, ranks, want in runs:
         with tempfile.TemporaryFile('w+') as log:
-            p, port = start_logged(extra, ranks, log)
+            p, port = start_logged(model, extra, ranks, log)
             try:
                 results.append(complete_all(port, PP_PROMPTS))
             finally:
@@ -300,17 +301,28 @@ def test_serve_pp():
             log.seek(0)
             split = 'runs as' in log.read()
         label = ' '.join(extra) or 'single process'
-        if want and not split:
-            fail('serve %s: no step ran as micro-batches' % label)
-        if not want and split:
-            fail('serve %s: a step ran as micro-batches' % label)
+        if want != split:
+            fail('serve %s: a step %s as micro-batches' % (label, 'never ran' if want else 'ran'))
+    name = os.path.basename(model)
     for (extra, _, _), texts in zip(runs[1:], results[1:]):
         for prompt, text, base in zip(PP_PROMPTS, texts, results[0]):
             if text != base:
-                fail('serve %s, %r: %r, single process %r' % (' '.join(extra), prompt, text, base))
-        print('ok serve %s: %d concurrent requests answered as the single process does'
-              % (' '.join(extra), len(PP_PROMPTS)))
+                fail('%s, serve %s, %r: %r, single process %r'
+                     % (name, ' '.join(extra), prompt, text, base))
+        print('ok %s, serve %s: %d concurrent requests answered as the single process does'
+              % (name, ' '.join(extra), len(PP_PROMPTS)))
     print('texts: %r' % results[0])
+
+
+def test_serve_pp():
+    serve_pp(SMOL, (([], 0, False), (['--pp', '2'], 2, True),
+                    (['--pp', '2', '--pp-micro', '4'], 2, True),
+                    (['--pp', '2', '--pp-micro', '1'], 2, False)))
+    # both KV pools (Gemma 3's windowed layers) cut with the sequences
+    if os.path.exists(GEMMA):
+        serve_pp(GEMMA, (([], 0, False), (['--pp', '2'], 2, True)))
+    else:
+        print('(no %s: the windowed-pool half skipped)' % GEMMA)
 
 
 def fault_once(sig):
