@@ -77,7 +77,7 @@ static const struct opt_def opts[] = {
 	{ .name = "pp", .type = OPT_INT, FIELD(pp), .lo = 1, .hi = 4096,
 	  .cmds = RUN | BENCH | SERVE },
 	{ .name = "pp-micro", .type = OPT_INT, FIELD(pp_micro), .lo = 1, .hi = 4096,
-	  .cmds = RUN | BENCH | SERVE },
+	  .cmds = SERVE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
