@@ -201,7 +201,6 @@ struct loom_dist *loom_dist_open(int tp, int pp, char *err, size_t errlen)
 	d->pp = pp;
 	d->tp_rank = d->rank % tp;
 	d->stage = d->rank / tp;
-	d->micro = pp;
 	d->timeout = read_timeout();
 	if (MPI_Comm_split(MPI_COMM_WORLD, d->stage, d->tp_rank, &stage_comm) != MPI_SUCCESS) {
 		loom_seterr(err, errlen, "distributed: MPI_Comm_split failed");
@@ -369,14 +368,14 @@ int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int t
 	return 0;
 }
 
-int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
-			char *err, size_t errlen)
+/* Room for one more posted transfer; NULL with err set. */
+static MPI_Request *next_request(struct loom_dist *d, size_t bytes, char *err, size_t errlen)
 {
 	MPI_Request *reqs = d->posted;
 
 	if (bytes > INT_MAX) {
-		loom_seterr(err, errlen, "distributed: a posted receive of %zu bytes is too large", bytes);
-		return -1;
+		loom_seterr(err, errlen, "distributed: a posted transfer of %zu bytes is too large", bytes);
+		return NULL;
 	}
 	if (d->n_posted == d->cap_posted) {
 		int cap = d->cap_posted ? 2 * d->cap_posted : 16;
@@ -384,13 +383,22 @@ int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, 
 		reqs = realloc(d->posted, sizeof(MPI_Request) * (size_t)cap);
 		if (!reqs) {
 			loom_seterr(err, errlen, "distributed: out of memory");
-			return -1;
+			return NULL;
 		}
 		d->posted = reqs;
 		d->cap_posted = cap;
 	}
-	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, from, tag, world(d), &reqs[d->n_posted]) !=
-	    MPI_SUCCESS) {
+	return &reqs[d->n_posted];
+}
+
+int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen)
+{
+	MPI_Request *req = next_request(d, bytes, err, errlen);
+
+	if (!req)
+		return -1;
+	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, from, tag, world(d), req) != MPI_SUCCESS) {
 		loom_seterr(err, errlen, "distributed: receiving %zu bytes from rank %d failed", bytes, from);
 		return -1;
 	}
@@ -398,13 +406,28 @@ int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, 
 	return 0;
 }
 
-int loom_dist_recv_wait(struct loom_dist *d, char *err, size_t errlen)
+int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
+			char *err, size_t errlen)
+{
+	MPI_Request *req = next_request(d, bytes, err, errlen);
+
+	if (!req)
+		return -1;
+	if (MPI_Isend(buf, (int)bytes, MPI_BYTE, to, tag, world(d), req) != MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: sending %zu bytes to rank %d failed", bytes, to);
+		return -1;
+	}
+	d->n_posted++;
+	return 0;
+}
+
+int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
 {
 	int n = d->n_posted;
 
 	d->n_posted = 0;
 	if (n && MPI_Waitall(n, d->posted, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-		loom_seterr(err, errlen, "distributed: waiting for %d posted receives failed", n);
+		loom_seterr(err, errlen, "distributed: waiting for %d posted transfers failed", n);
 		return -1;
 	}
 	return 0;
@@ -483,14 +506,21 @@ int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int t
 	return -1;
 }
 
-int loom_dist_recv_post(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
 			char *err, size_t errlen)
 {
 	loom_seterr(err, errlen, "built without MPI");
 	return -1;
 }
 
-int loom_dist_recv_wait(struct loom_dist *d, char *err, size_t errlen)
+int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
+			char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
 {
 	loom_seterr(err, errlen, "built without MPI");
 	return -1;

@@ -597,27 +597,31 @@ static void host_softcap(const struct loom_exec *e, float *logits, int32_t n_out
 }
 
 /* The logits to rank 0 of a distributed job when another rank computes
- * them (the last stage's first tensor rank); rank 0 receives them unless
- * it posted the receive before the step (recv false). */
+ * them (the last stage's first tensor rank). posted: a micro-batch's,
+ * sent with a posted send (rank 0 posted its receive before the step);
+ * loom_exec_run_micro waits for both after the step's micro-batches. */
 static int pass_logits(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		       bool recv, char *err, size_t errlen)
+		       bool posted, char *err, size_t errlen)
 {
 	const struct loom_shard *s = &e->m->shard;
 	size_t bytes = (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float);
 
 	if (!s->dist || s->logits_rank == 0 || logit_rows(b) == 0)
 		return 0;
+	if (s->logits && posted)
+		return loom_dist_post_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err,
+					   errlen) ? LOOM_ERR_IO : 0;
 	if (s->logits)
 		return loom_dist_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err, errlen) ?
 			LOOM_ERR_IO : 0;
-	if (s->rank == 0 && recv)
+	if (s->rank == 0 && !posted)
 		return loom_dist_recv(s->dist, logits, bytes, s->logits_rank, LOOM_DIST_TAG_LOGITS,
 				      err, errlen) ? LOOM_ERR_IO : 0;
 	return 0;
 }
 
 static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		     bool recv, char *err, size_t errlen)
+		     bool posted, char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
 	bool head = e->m->shard.logits;
@@ -637,7 +641,7 @@ static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *log
 	if (rc == 0 && head && logit_rows(b) > 0)
 		host_softcap(e, logits, logit_rows(b));
 	if (rc == 0)
-		rc = pass_logits(e, b, logits, recv, err, errlen);
+		rc = pass_logits(e, b, logits, posted, err, errlen);
 	if (rc) {
 		if (!err[0])
 			loom_seterr(err, errlen, "backend %s: step failed with status %d",
@@ -722,7 +726,7 @@ static int post_logits(struct loom_exec *e, const struct loom_batch *b, const in
 
 	for (int32_t k = 0; k < n_micro; k++) {
 		micro_batch(e, b, cuts, k, &sub, &o0);
-		if (sub.n_out && loom_dist_recv_post(s->dist, (char *)logits + (size_t)o0 * row,
+		if (sub.n_out && loom_dist_post_recv(s->dist, (char *)logits + (size_t)o0 * row,
 						     (size_t)sub.n_out * row, s->logits_rank,
 						     LOOM_DIST_TAG_LOGITS, err, errlen))
 			return LOOM_ERR_IO;
@@ -741,7 +745,7 @@ int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const i
 	int rc;
 
 	if (n_micro == 1 && cuts[0] == 0 && cuts[1] == b->n_seqs)
-		return run_batch(e, b, logits, true, err, errlen);
+		return run_batch(e, b, logits, false, err, errlen);
 	if (n_micro < 1 || !e->sub_q || !cuts_ok(e, b, cuts, n_micro)) {
 		loom_seterr(err, errlen, "batch: bad micro-batches (%d of %d sequences)", n_micro,
 			b->n_seqs);
@@ -750,9 +754,9 @@ int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const i
 	rc = post ? post_logits(e, b, cuts, n_micro, logits, err, errlen) : 0;
 	for (int32_t k = 0; rc == 0 && k < n_micro; k++) {
 		micro_batch(e, b, cuts, k, &sub, &o0);
-		rc = run_batch(e, &sub, logits + (size_t)o0 * row, false, err, errlen);
+		rc = run_batch(e, &sub, logits + (size_t)o0 * row, true, err, errlen);
 	}
-	if (rc == 0 && post && loom_dist_recv_wait(s->dist, err, errlen))
+	if (rc == 0 && s->dist && loom_dist_wait_posted(s->dist, err, errlen))
 		rc = LOOM_ERR_IO;
 	return rc;
 }
@@ -767,15 +771,34 @@ static bool rows_sorted(const struct loom_batch *b)
 	return true;
 }
 
-/* Rank 0 of a pipeline: e->cuts of step b into at most d->micro
- * micro-batches of whole sequences with about equal token counts (cut k
- * at the first sequence boundary past k/m of the tokens, leaving a
- * sequence for each later micro-batch); their count. 1: the step runs
- * whole (one stage, one sequence, or logits too large to post). */
+/* Tokens per micro-batch at least, when --pp-micro is not given. Each
+ * micro-batch streams a stage's weights once more, which on cpu.so costs
+ * about as much as computing 1 to 2 rows (SmolLM2, one thread), and each
+ * costs a hand-over: with P = 2 stages, 2 micro-batches of 1 token each
+ * lost to the step run whole, 2 of 4 or more gained (docs/DISTRIBUTED.md). */
+#define MICRO_MIN_TOKENS 4
+
+/* How many micro-batches step b runs as: --pp-micro when given, else one
+ * per stage as long as each gets MICRO_MIN_TOKENS; never more than its
+ * sequences. */
+static int32_t micro_count(const struct loom_batch *b, const struct loom_dist *d)
+{
+	int32_t m = d->micro > 0 ? d->micro : d->pp;
+
+	if (d->micro <= 0 && m > b->n_tokens / MICRO_MIN_TOKENS)
+		m = b->n_tokens / MICRO_MIN_TOKENS;
+	return m < b->n_seqs ? m : b->n_seqs;
+}
+
+/* Rank 0 of a pipeline: e->cuts of step b into micro_count() micro-batches
+ * of whole sequences with about equal token counts (cut k at the first
+ * sequence boundary past k/m of the tokens, leaving a sequence for each
+ * later micro-batch); their count. 1: the step runs whole (one stage, too
+ * few tokens or sequences, or logits too large to post). */
 static int32_t split_step(struct loom_exec *e, const struct loom_batch *b,
 			  const struct loom_dist *d)
 {
-	int32_t m = d->micro < b->n_seqs ? d->micro : b->n_seqs, j;
+	int32_t m = micro_count(b, d), j;
 	int64_t total = b->n_tokens;
 	size_t row = (size_t)e->width[ACT_LOGITS] * sizeof(float);
 
@@ -802,12 +825,12 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
 	int rc;
 
 	if (!d)
-		return run_batch(e, b, logits, true, err, errlen);
+		return run_batch(e, b, logits, false, err, errlen);
 	n_micro = split_step(e, b, d);
 	cuts = n_micro > 1 ? e->cuts : whole;
 	if (n_micro > 1 && !e->told_split) {
-		loom_log(LOOM_LOG_DEBUG, "distributed: a step of %d sequences runs as %d micro-batches (--pp-micro %d)",
-			 b->n_seqs, n_micro, d->micro);
+		loom_log(LOOM_LOG_DEBUG, "distributed: a step of %d sequences runs as %d micro-batches",
+			 b->n_seqs, n_micro);
 		e->told_split = true;
 	}
 	/* rank 0 of a distributed job: every rank runs this step; one that
