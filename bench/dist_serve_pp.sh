@@ -5,7 +5,8 @@
 #
 #   bench/dist_serve_pp.sh
 #
-# For each --pp-micro value in MICRO, starts
+# For each --pp-micro value in MICRO ("auto": the flag left out, the default
+# rule), starts
 #   mpirun --oversubscribe -np PP loom serve --pp PP -t 1 --pp-micro M
 # and has bench/loadgen.py send CLIENTS concurrent clients REQUESTS streaming
 # chat requests each (temperature 0, max_tokens MAX_TOKENS), ROUNDS times
@@ -19,7 +20,7 @@
 #   LOOM_FLAGS  extra flags for loom serve    (e.g. "--exact")
 #   MODEL       GGUF      (default ~/.cache/loom/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   PP          pipeline stages (ranks)       (default 2)
-#   MICRO       --pp-micro values             (default "1 2 4"; 1 first: the baseline)
+#   MICRO       --pp-micro values             (default "1 auto 4"; the first is the baseline)
 #   CLIENTS     concurrent clients            (default 8)
 #   PARALLEL    server's parallel sequences   (default 16)
 #   REQUESTS    requests per client           (default 2)
@@ -45,7 +46,7 @@ LOOM=${LOOM:-./build/tools/loom}
 LOOM_FLAGS=${LOOM_FLAGS:-}
 MODEL=${MODEL:-$HOME/.cache/loom/SmolLM2-135M-Instruct.Q4_1.gguf}
 PP=${PP:-2}
-MICRO=${MICRO:-1 2 4}
+MICRO=${MICRO:-1 auto 4}
 CLIENTS=${CLIENTS:-8}
 PARALLEL=${PARALLEL:-16}
 REQUESTS=${REQUESTS:-2}
@@ -94,10 +95,11 @@ PY
 
 # measure M ROUND: one server, one loadgen level; its tokens/s on stdout.
 measure() {
-	local name="m$1.r$2"
+	local name="m$1.r$2" micro=(--pp-micro "$1")
+	[ "$1" = auto ] && micro=()
 	# shellcheck disable=SC2086
 	mpirun --oversubscribe -np "$PP" "$LOOM" serve -m "$MODEL" --pp "$PP" -t 1 \
-		--pp-micro "$1" --parallel "$PARALLEL" --port "$PORT" $LOOM_FLAGS \
+		"${micro[@]}" --parallel "$PARALLEL" --port "$PORT" $LOOM_FLAGS \
 		>"$OUTDIR/$name.server.log" 2>&1 &
 	SERVER=$!
 	wait_ready "$OUTDIR/$name.server.log"
