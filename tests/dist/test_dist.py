@@ -10,11 +10,12 @@ usage: test_dist.py LOOM MODE [ARGS...]
   serve          `loom serve --tp 2` answers a greedy completion with the
                  single-process server's text
   serve_pp       `loom serve --pp 2` with concurrent requests, its steps split
-                 into micro-batches (the default, and --pp-micro 4) and whole
-                 (--pp-micro 1), answers each with the single-process
-                 server's text; on Gemma 3 as well (its windowed KV pool)
+                 into micro-batches (the default) and whole (--pp-micro 1),
+                 answers each with the single-process server's text; so
+                 does Gemma 3 (its windowed KV pool) with --pp-micro 4
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
-                 job with an error on rank 0 within LOOM_DIST_TIMEOUT
+                 job with an error on rank 0 within LOOM_DIST_TIMEOUT; so
+                 does a rank stopped in serve --pp 2's micro-batched steps
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
                  (a 40-token prefill) and the greedy text with --tp 2,
                  --pp 2 and both are bitwise the single process's; so is
@@ -240,12 +241,16 @@ PP_PROMPTS = ['The capital of France is', 'Once upon a time, there was a',
               'My favourite food is', 'Water boils at']
 
 
-def start_logged(model, extra, ranks, log):
-    """start_server with stderr to the file log (LOOM_DEBUG fills a pipe)."""
+def start_logged(model, extra, ranks, log, timeout=None):
+    """start_server with stderr to the file log (LOOM_DEBUG fills a pipe);
+    timeout: LOOM_DIST_TIMEOUT."""
     port = free_port()
     cmd = [LOOM, 'serve', '-m', model, '--port', str(port), '-t', '1', '--exact'] + extra
+    env = dict(ENV, LOOM_DEBUG='1')
+    if timeout:
+        env['LOOM_DIST_TIMEOUT'] = timeout
     p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd,
-                         env=dict(ENV, LOOM_DEBUG='1'), stdout=subprocess.DEVNULL,
+                         env=env, stdout=subprocess.DEVNULL,
                          stderr=log, start_new_session=True)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -316,11 +321,11 @@ def serve_pp(model, runs):
 
 def test_serve_pp():
     serve_pp(SMOL, (([], 0, False), (['--pp', '2'], 2, True),
-                    (['--pp', '2', '--pp-micro', '4'], 2, True),
                     (['--pp', '2', '--pp-micro', '1'], 2, False)))
-    # both KV pools (Gemma 3's windowed layers) cut with the sequences
+    # uneven cuts (6 sequences in 4), decode steps cut too, and both KV
+    # pools (Gemma 3's windowed layers) cut with the sequences
     if os.path.exists(GEMMA):
-        serve_pp(GEMMA, (([], 0, False), (['--pp', '2'], 2, True)))
+        serve_pp(GEMMA, (([], 0, False), (['--pp', '2', '--pp-micro', '4'], 2, True)))
     else:
         print('(no %s: the windowed-pool half skipped)' % GEMMA)
 
@@ -378,6 +383,61 @@ def fault_once(sig):
     print('ok fault: rank 1 got signal %d; the job ended in %.1f s with %r' % (sig, took, m.group(0)))
 
 
+def fault_serve_pp():
+    """serve --pp 2 with six requests decoding in micro-batched steps:
+    rank 1 stopped (SIGSTOP) ends the job with rank 0's watchdog error."""
+    import tempfile
+    with tempfile.TemporaryFile('w+') as log:
+        p, port = start_logged(SMOL, ['--pp', '2', '--pp-micro', '2'], 2, log, timeout='5')
+        pid1 = None
+        try:
+            log.seek(0)
+            m = re.search(r'rank 1 of 2 \(pid (\d+)\)', log.read())
+            if not m:
+                fail('serve --pp 2: no rank 1 pid in the log')
+            pid1 = int(m.group(1))
+            import threading
+            body = json.dumps({'prompt': PROMPT, 'max_tokens': 3000, 'temperature': 0,
+                               'ignore_eos': True})
+
+            def one():
+                try:
+                    c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
+                    c.request('POST', '/v1/completions', body,
+                              {'Content-Type': 'application/json'})
+                    c.getresponse().read()
+                except OSError:
+                    pass  # the job ends under it
+            for _ in range(6):
+                threading.Thread(target=one, daemon=True).start()
+            time.sleep(3)
+            if p.poll() is not None:
+                fail('serve --pp 2 ended before the fault')
+            t0 = time.time()
+            os.kill(pid1, signal.SIGSTOP)
+            while p.poll() is None and time.time() - t0 < 60:
+                time.sleep(0.2)
+            took = time.time() - t0
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            if pid1:
+                try:
+                    os.kill(pid1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        log.seek(0)
+        text = log.read()
+    m = re.search(r'loom: error: rank 0: [^\n]*', text)
+    split = 'runs as' in text
+    if not m or not split or took > 5 + 20:
+        fail('serve --pp 2, rank 1 stopped: after %.1f s, split steps %s, rank 0 said %r:\n%s'
+             % (took, split, m and m.group(0), text[-2000:]))
+    print('ok fault: serve --pp 2 in micro-batches, rank 1 stopped; the job ended in %.1f s with %r'
+          % (took, m.group(0)))
+
+
 def refused(cmd, ranks, want):
     rc, out, err = run((mpirun(ranks) if ranks else []) + cmd, timeout=120)
     if rc == 0 or want not in err:
@@ -421,6 +481,7 @@ def main():
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
+        fault_serve_pp()
     elif MODE == 'ref':
         test_ref(sys.argv[3])
     elif MODE == 'refuse':
