@@ -1,5 +1,4 @@
 /* The executor: runs a model's graph for one step through the backend ops. */
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
