@@ -9,10 +9,11 @@ usage: test_dist.py LOOM MODE [ARGS...]
   spec           with --spec=ngram.so as well
   serve          `loom serve --tp 2` answers a greedy completion with the
                  single-process server's text
-  serve_pp       `loom serve --pp 2` with concurrent requests, its steps split
+  serve_pp TINY  `loom serve --pp 2` with concurrent requests, its steps split
                  into micro-batches (the default) and whole (--pp-micro 1),
                  answers each with the single-process server's text; so
-                 does Gemma 3 (its windowed KV pool) with --pp-micro 4
+                 does Gemma 3 (its windowed KV pool) with --pp-micro 4, and
+                 the GPU emulator on the synthetic model TINY
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
                  job with an error on rank 0 within LOOM_DIST_TIMEOUT; so
                  does a rank stopped in serve --pp 2's micro-batched steps
@@ -270,24 +271,34 @@ def start_logged(model, extra, ranks, log, timeout=None):
 
 
 def complete_all(port, prompts):
-    """The prompts' greedy completions, sent at once (one thread each)."""
+    """The prompts' greedy completions, sent at once (one thread each);
+    fails on any request that did not answer 200."""
     import threading
     texts = [None] * len(prompts)
+    errors = [None] * len(prompts)
 
     def one(i):
         body = json.dumps({'prompt': prompts[i], 'max_tokens': int(N), 'temperature': 0})
-        c = http.client.HTTPConnection('127.0.0.1', port, timeout=180)
-        c.request('POST', '/v1/completions', body, {'Content-Type': 'application/json'})
-        r = c.getresponse()
-        data = r.read()
-        texts[i] = (json.loads(data)['choices'][0]['text'] if r.status == 200
-                    else 'HTTP %d %r' % (r.status, data[:300]))
+        try:
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=180)
+            c.request('POST', '/v1/completions', body, {'Content-Type': 'application/json'})
+            r = c.getresponse()
+            data = r.read()
+            if r.status == 200:
+                texts[i] = json.loads(data)['choices'][0]['text']
+            else:
+                errors[i] = 'HTTP %d %r' % (r.status, data[:300])
+        except (OSError, ValueError, KeyError) as e:
+            errors[i] = repr(e)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    for prompt, text, error in zip(prompts, texts, errors):
+        if text is None:
+            fail('completion of %r: %s' % (prompt, error or 'no answer'))
     return texts
 
 
@@ -319,7 +330,10 @@ def serve_pp(model, runs):
     print('texts: %r' % results[0])
 
 
-def test_serve_pp():
+def test_serve_pp(tiny):
+    # a device backend: stages hand over through download and upload
+    serve_pp(tiny, ((['--backend', 'gpuemu.so'], 0, False),
+                    (['--backend', 'gpuemu.so', '--pp', '2', '--pp-micro', '3'], 2, True)))
     serve_pp(SMOL, (([], 0, False), (['--pp', '2'], 2, True),
                     (['--pp', '2', '--pp-micro', '1'], 2, False)))
     # uneven cuts (6 sequences in 4), decode steps cut too, and both KV
@@ -477,7 +491,7 @@ def main():
     elif MODE == 'serve':
         test_serve()
     elif MODE == 'serve_pp':
-        test_serve_pp()
+        test_serve_pp(sys.argv[3])
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
