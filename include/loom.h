@@ -124,8 +124,8 @@ struct loom_engine_params {
 	int32_t pp_micro;      /* with pp > 1, a step of several sequences runs
 				  as up to this many micro-batches of whole
 				  sequences, so stages overlap; 1: steps run
-				  whole; <= 0: pp micro-batches when each gets
-				  4 tokens or more (docs/DISTRIBUTED.md) */
+				  whole; <= 0: a count that grows with the
+				  step's tokens (docs/DISTRIBUTED.md) */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);

@@ -32,8 +32,8 @@ struct loom_dist {
 	bool broken;          /* a step failed: close without MPI_Finalize (which
 				 would wait for the others); exiting ends the job */
 	int micro;            /* rank 0: micro-batches a pipelined step splits
-				 into at most (--pp-micro; 1: none); 0: one
-				 per stage when the step has the tokens */
+				 into at most (--pp-micro; 1: none); 0: by
+				 the step's size */
 	struct loom_dist_watch *watch;
 	void *posted;         /* MPI_Request[n_posted] (loom_dist_post_*) */
 	int n_posted, cap_posted;

@@ -770,23 +770,27 @@ static bool rows_sorted(const struct loom_batch *b)
 	return true;
 }
 
-/* Tokens per micro-batch at least, when --pp-micro is not given. Each
- * micro-batch streams a stage's weights once more, which on cpu.so costs
- * about as much as computing 1 to 2 rows (SmolLM2, one thread), and each
- * costs a hand-over: with P = 2 stages, 2 micro-batches of 1 token each
- * lost to the step run whole, 2 of 4 or more gained (docs/DISTRIBUTED.md). */
-#define MICRO_MIN_TOKENS 4
+/* A micro-batch's own cost, in rows of compute: it streams a stage's
+ * weights once more and hands its rows over once more. On cpu.so
+ * (SmolLM2, one thread) a weight pass costs about one row's compute;
+ * this takes two, a margin for the hand-over (docs/DISTRIBUTED.md). */
+#define MICRO_COST_ROWS 2
 
-/* How many micro-batches step b runs as: --pp-micro when given, else one
- * per stage as long as each gets MICRO_MIN_TOKENS; never more than its
+/* How many micro-batches step b runs as: --pp-micro when given; else the
+ * N that minimizes the step's time (N + P - 1) * (F + R / N) for R tokens
+ * on P stages, F = MICRO_COST_ROWS: N = sqrt((P - 1) * R / F), so 1 below
+ * 8 tokens on 2 stages, 2 from 8, 4 from 32. Never more than its
  * sequences. */
 static int32_t micro_count(const struct loom_batch *b, const struct loom_dist *d)
 {
-	int32_t m = d->micro > 0 ? d->micro : d->pp;
+	int64_t work = (int64_t)(d->pp - 1) * b->n_tokens, m = 1;
 
-	if (d->micro <= 0 && m > b->n_tokens / MICRO_MIN_TOKENS)
-		m = b->n_tokens / MICRO_MIN_TOKENS;
-	return m < b->n_seqs ? m : b->n_seqs;
+	if (d->micro > 0)
+		m = d->micro;
+	else
+		while ((m + 1) * (m + 1) * MICRO_COST_ROWS <= work && m < b->n_seqs)
+			m++;
+	return m < b->n_seqs ? (int32_t)m : b->n_seqs;
 }
 
 /* Rank 0 of a pipeline: e->cuts of step b into micro_count() micro-batches
