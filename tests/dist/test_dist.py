@@ -185,15 +185,21 @@ def start_server(extra, ranks):
     p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd, env=ENV,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
+    wait_up(p, port, lambda: p.stderr.read())
+    return p, port
+
+
+def wait_up(p, port, stderr):
+    """Until the server p answers /health; stderr() reads its messages."""
     deadline = time.time() + 180
     while time.time() < deadline:
         if p.poll() is not None:
-            fail('server exited %d: %s' % (p.returncode, p.stderr.read()[-2000:]))
+            fail('server exited %d: %s' % (p.returncode, stderr()[-2000:]))
         try:
             c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
             c.request('GET', '/health')
             if c.getresponse().status == 200:
-                return p, port
+                return
         except OSError:
             pass
         time.sleep(0.5)
@@ -250,24 +256,14 @@ def start_logged(model, extra, ranks, log, timeout=None):
     env = dict(ENV, LOOM_DEBUG='1')
     if timeout:
         env['LOOM_DIST_TIMEOUT'] = timeout
-    p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd,
-                         env=env, stdout=subprocess.DEVNULL,
-                         stderr=log, start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if p.poll() is not None:
-            log.seek(0)
-            fail('server exited %d: %s' % (p.returncode, log.read()[-2000:]))
-        try:
-            c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
-            c.request('GET', '/health')
-            if c.getresponse().status == 200:
-                return p, port
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(p)
-    fail('server did not come up')
+    p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd, env=env,
+                         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+
+    def read_log():
+        log.seek(0)
+        return log.read()
+    wait_up(p, port, read_log)
+    return p, port
 
 
 def complete_all(port, prompts):
