@@ -394,7 +394,7 @@ def fault_once(sig):
 
 
 def fault_serve_pp():
-    """serve --pp 2 with six requests decoding in micro-batched steps:
+    """serve --pp 2 with six clients keeping micro-batched steps running:
     rank 1 stopped (SIGSTOP) ends the job with rank 0's watchdog error."""
     import tempfile
     with tempfile.TemporaryFile('w+') as log:
@@ -407,19 +407,19 @@ def fault_serve_pp():
                 fail('serve --pp 2: no rank 1 pid in the log')
             pid1 = int(m.group(1))
             import threading
-            body = json.dumps({'prompt': PROMPT, 'max_tokens': 3000, 'temperature': 0,
-                               'ignore_eos': True})
+            body = json.dumps({'prompt': PROMPT, 'max_tokens': 64, 'temperature': 0})
 
-            def one():
-                try:
-                    c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
-                    c.request('POST', '/v1/completions', body,
-                              {'Content-Type': 'application/json'})
-                    c.getresponse().read()
-                except OSError:
-                    pass  # the job ends under it
+            def client():  # requests back to back until the job ends
+                while True:
+                    try:
+                        c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
+                        c.request('POST', '/v1/completions', body,
+                                  {'Content-Type': 'application/json'})
+                        c.getresponse().read()
+                    except OSError:
+                        return
             for _ in range(6):
-                threading.Thread(target=one, daemon=True).start()
+                threading.Thread(target=client, daemon=True).start()
             time.sleep(3)
             if p.poll() is not None:
                 fail('serve --pp 2 ended before the fault')
