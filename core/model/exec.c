@@ -776,47 +776,53 @@ static bool rows_sorted(const struct loom_batch *b)
  * this takes two, a margin for the hand-over (docs/DISTRIBUTED.md). */
 #define MICRO_COST_ROWS 2
 
-/* How many micro-batches step b runs as: --pp-micro when given; else the
- * N that minimizes the step's time (N + P - 1) * (F + R / N) for R tokens
- * on P stages, F = MICRO_COST_ROWS: N = sqrt((P - 1) * R / F), so 1 below
- * 8 tokens on 2 stages, 2 from 8, 4 from 32. Never more than its
- * sequences. */
-static int32_t micro_count(const struct loom_batch *b, const struct loom_dist *d)
+/* How many micro-batches a step of n_tokens tokens in n_seqs sequences
+ * runs as: micro when given; else the N that minimizes the step's time
+ * (N + P - 1) * (F + R / N) for R tokens on P stages, F =
+ * MICRO_COST_ROWS: N = sqrt((P - 1) * R / F), so 1 below 8 tokens on 2
+ * stages, 2 from 8, 4 from 32. Never more than its sequences. */
+static int32_t micro_count(int pp, int micro, int32_t n_tokens, int32_t n_seqs)
 {
-	int64_t work = (int64_t)(d->pp - 1) * b->n_tokens, m = 1;
+	int64_t work = (int64_t)(pp - 1) * n_tokens, m = 1;
 
-	if (d->micro > 0)
-		m = d->micro;
+	if (micro > 0)
+		m = micro;
 	else
-		while ((m + 1) * (m + 1) * MICRO_COST_ROWS <= work && m < b->n_seqs)
+		while ((m + 1) * (m + 1) * MICRO_COST_ROWS <= work && m < n_seqs)
 			m++;
-	return m < b->n_seqs ? (int32_t)m : b->n_seqs;
+	return m < n_seqs ? (int32_t)m : n_seqs;
 }
 
-/* Rank 0 of a pipeline: e->cuts of step b into micro_count() micro-batches
- * of whole sequences with about equal token counts (cut k at the first
- * sequence boundary past k/m of the tokens, leaving a sequence for each
- * later micro-batch); their count. 1: the step runs whole (one stage, too
- * few tokens or sequences, or logits too large to post). */
+int32_t loom_micro_cuts(int pp, int micro, const int32_t *q_start, int32_t n_seqs,
+			int32_t *cuts)
+{
+	int32_t m = pp > 1 && n_seqs > 1 ? micro_count(pp, micro, q_start[n_seqs], n_seqs) : 1;
+	int64_t total = q_start[n_seqs];
+
+	cuts[0] = 0;
+	for (int32_t k = 1; k < m; k++) {
+		int32_t j = cuts[k - 1] + 1;
+
+		while (j < n_seqs - (m - k) && (int64_t)q_start[j] * m < total * k)
+			j++;
+		cuts[k] = j;
+	}
+	cuts[m] = n_seqs;
+	return m;
+}
+
+/* Rank 0 of a pipeline: e->cuts of step b (loom_micro_cuts); their count.
+ * 1: the step runs whole, also when its output rows are out of order or
+ * its logits too large to post. */
 static int32_t split_step(struct loom_exec *e, const struct loom_batch *b,
 			  const struct loom_dist *d)
 {
-	int32_t m = micro_count(b, d), j;
-	int64_t total = b->n_tokens;
 	size_t row = (size_t)e->width[ACT_LOGITS] * sizeof(float);
 
-	if (d->pp < 2 || m < 2 || !e->cuts || b->n_hidden_only || !rows_sorted(b) ||
+	if (!e->cuts || b->n_hidden_only || !rows_sorted(b) ||
 	    (size_t)b->n_out > (size_t)INT32_MAX / row)
 		return 1;
-	e->cuts[0] = 0;
-	for (int32_t k = 1; k < m; k++) {
-		j = e->cuts[k - 1] + 1;
-		while (j < b->n_seqs - (m - k) && (int64_t)b->q_start[j] * m < total * k)
-			j++;
-		e->cuts[k] = j;
-	}
-	e->cuts[m] = b->n_seqs;
-	return m;
+	return loom_micro_cuts(d->pp, d->micro, b->q_start, b->n_seqs, e->cuts);
 }
 
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,

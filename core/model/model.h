@@ -190,6 +190,14 @@ int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
  * computes logits (and rank 0) fills `logits`. */
 int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
 			int32_t n_micro, float *logits, char *err, size_t errlen);
+/* Rank 0's cuts of a step of n_seqs sequences (rows q_start[0..n_seqs])
+ * on pp stages: micro micro-batches when > 0, else as many as the step's
+ * size pays for (docs/DISTRIBUTED.md, "Pipeline overlap"); never more than
+ * n_seqs, 1 when pp or n_seqs is 1. Runs of whole sequences with about
+ * equal token counts: cuts[0..n] (n + 1 entries, n_seqs + 1 at most),
+ * cuts[0] = 0 < cuts[1] < ... < cuts[n] = n_seqs. Returns n. */
+int32_t loom_micro_cuts(int pp, int micro, const int32_t *q_start, int32_t n_seqs,
+			int32_t *cuts);
 /* The executor's cache, for a follower rank. */
 struct loom_kv *loom_exec_kv(struct loom_exec *e);
 /* One sequence's tokens[0..n) at its next positions (reserved in its
