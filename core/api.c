@@ -464,6 +464,8 @@ static int open_dist(struct loom_engine *e, const struct loom_engine_params *p,
 	if (!e->dist)
 		return -1;
 	mp->dist = e->dist;
+	if (p->pp_micro > 0)
+		e->dist->micro = p->pp_micro;
 	if (e->dist->rank != 0)
 		mp->progress = false;
 	return 0;

@@ -120,6 +120,12 @@ struct loom_engine_params {
 				  <= 1: none. Under mpirun with tp * pp ranks:
 				  rank 0 is the engine, the others follow it
 				  (loom_engine_follow) */
+	/* ---- appended (0.7): pipeline micro-batches ---- */
+	int32_t pp_micro;      /* with pp > 1, a step of several sequences runs
+				  as up to this many micro-batches of whole
+				  sequences, so stages overlap; 1: steps run
+				  whole; <= 0: a count that grows with the
+				  step's tokens (docs/DISTRIBUTED.md) */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);

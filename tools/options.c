@@ -76,6 +76,8 @@ static const struct opt_def opts[] = {
 	{ .name = "tp", .type = OPT_INT, FIELD(tp), .lo = 1, .hi = 64, .cmds = RUN | BENCH | SERVE },
 	{ .name = "pp", .type = OPT_INT, FIELD(pp), .lo = 1, .hi = 4096,
 	  .cmds = RUN | BENCH | SERVE },
+	{ .name = "pp-micro", .type = OPT_INT, FIELD(pp_micro), .lo = 1, .hi = 4096,
+	  .cmds = SERVE },
 	{ .name = "dump-logits", .type = OPT_STR, FIELD(dump_logits), .cmds = RUN },
 	{ .name = "dump-tokens", .type = OPT_STR, FIELD(dump_tokens), .cmds = RUN },
 	/* constrained decoding (docs/SERVING.md, "Structured output and tools") */
@@ -255,7 +257,7 @@ static const struct cmd_def {
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
 	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
-	  "            [--load-wait 30]\n"
+	  "            [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
 	  "            --kv-mem: default 1/8 of available memory, 256M..4G; --kv-type: default\n"
 	  "            f16, f32 with --exact; -c: default the model's context, capped to --kv-mem\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =
@@ -826,4 +828,5 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->kv_type = o->kv_type;
 	p->tp = o->tp;
 	p->pp = o->pp;
+	p->pp_micro = o->pp_micro;
 }

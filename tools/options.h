@@ -116,6 +116,7 @@ struct loom_options {
 	char imatrix[4096];      /* quantize --imatrix FILE */
 	/* ---- appended (mpi): distributed jobs (docs/DISTRIBUTED.md) ---- */
 	int tp, pp;              /* --tp, --pp: tensor ranks, pipeline stages */
+	int pp_micro;            /* --pp-micro: micro-batches per step (0: auto) */
 	/* ---- appended (cli): loom chat ---- */
 	const char *system_prompt;      /* -sys TEXT: points into argv */
 	char system_prompt_file[4096];  /* -sysf FILE */

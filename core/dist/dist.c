@@ -231,6 +231,7 @@ void loom_dist_close(struct loom_dist *d)
 
 		MPI_Comm_free(&c);
 	}
+	free(d->posted);
 	MPI_Finalized(&finalized);
 	if (d->initialized_mpi && !finalized && !d->broken)
 		MPI_Finalize();
@@ -367,6 +368,71 @@ int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int t
 	return 0;
 }
 
+/* Room for one more posted transfer; NULL with err set. */
+static MPI_Request *next_request(struct loom_dist *d, size_t bytes, char *err, size_t errlen)
+{
+	MPI_Request *reqs = d->posted;
+
+	if (bytes > INT_MAX) {
+		loom_seterr(err, errlen, "distributed: a posted transfer of %zu bytes is too large", bytes);
+		return NULL;
+	}
+	if (d->n_posted == d->cap_posted) {
+		int cap = d->cap_posted ? 2 * d->cap_posted : 16;
+
+		reqs = realloc(d->posted, sizeof(MPI_Request) * (size_t)cap);
+		if (!reqs) {
+			loom_seterr(err, errlen, "distributed: out of memory");
+			return NULL;
+		}
+		d->posted = reqs;
+		d->cap_posted = cap;
+	}
+	return &reqs[d->n_posted];
+}
+
+int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen)
+{
+	MPI_Request *req = next_request(d, bytes, err, errlen);
+
+	if (!req)
+		return -1;
+	if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, from, tag, world(d), req) != MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: receiving %zu bytes from rank %d failed", bytes, from);
+		return -1;
+	}
+	d->n_posted++;
+	return 0;
+}
+
+int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
+			char *err, size_t errlen)
+{
+	MPI_Request *req = next_request(d, bytes, err, errlen);
+
+	if (!req)
+		return -1;
+	if (MPI_Isend(buf, (int)bytes, MPI_BYTE, to, tag, world(d), req) != MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: sending %zu bytes to rank %d failed", bytes, to);
+		return -1;
+	}
+	d->n_posted++;
+	return 0;
+}
+
+int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
+{
+	int n = d->n_posted;
+
+	d->n_posted = 0;
+	if (n && MPI_Waitall(n, d->posted, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+		loom_seterr(err, errlen, "distributed: waiting for %d posted transfers failed", n);
+		return -1;
+	}
+	return 0;
+}
+
 #else /* no MPI in this build */
 
 bool loom_dist_available(void)
@@ -435,6 +501,26 @@ int loom_dist_send(struct loom_dist *d, const void *buf, size_t bytes, int to, i
 
 int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
 		   char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
+			char *err, size_t errlen)
+{
+	loom_seterr(err, errlen, "built without MPI");
+	return -1;
+}
+
+int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
 {
 	loom_seterr(err, errlen, "built without MPI");
 	return -1;

@@ -31,7 +31,12 @@ struct loom_dist {
 	bool initialized_mpi; /* MPI_Init_thread was ours: finalize at close */
 	bool broken;          /* a step failed: close without MPI_Finalize (which
 				 would wait for the others); exiting ends the job */
+	int micro;            /* rank 0: micro-batches a pipelined step splits
+				 into at most (--pp-micro; 1: none); 0: by
+				 the step's size */
 	struct loom_dist_watch *watch;
+	void *posted;         /* MPI_Request[n_posted] (loom_dist_post_*) */
+	int n_posted, cap_posted;
 };
 
 /* Whether this build has MPI. */
@@ -77,5 +82,19 @@ int loom_dist_send(struct loom_dist *d, const void *buf, size_t bytes, int to, i
 		   char *err, size_t errlen);
 int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
 		   char *err, size_t errlen);
+
+/* Non-blocking point-to-point bytes (at most INT_MAX): starts the transfer
+ * and returns; buf must stay as it is until loom_dist_wait_posted.
+ * Transfers posted between the same two ranks with the same tag match in
+ * the order they were posted. A pipeline step's micro-batches pass their
+ * logits this way: rank 0 posts every receive before its first
+ * micro-batch, and the last stage never waits on rank 0 to send them. 0
+ * or -1 with err set. */
+int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
+			char *err, size_t errlen);
+int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
+			char *err, size_t errlen);
+/* Waits for every posted transfer of this rank. 0 or -1 with err set. */
+int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen);
 
 #endif /* LOOM_DIST_H */

@@ -1,7 +1,8 @@
 /* Step plans (see follow.h). A plan is one int32 array:
  *   kind (PLAN_STEP or PLAN_STOP), n_tokens, n_seqs, n_out,
- *   n_copies (full-context pool), n_local_copies (windowed pool),
+ *   n_copies (full-context pool), n_local_copies (windowed pool), n_micro,
  *   tokens[n_tokens], q_start[n_seqs + 1], out_rows[n_out],
+ *   cuts[n_micro + 1] (the micro-batches' first sequences, then n_seqs),
  *   copies[2 * n_copies] and local copies (dst, src pairs),
  *   then per sequence: n_tokens, n_blocks, blocks[n_blocks], has_local,
  *   and with it n_tokens, n_dropped, n_blocks, blocks[n_blocks] of the
@@ -20,7 +21,7 @@
 #include "model/model.h"
 #include "util.h"
 
-enum { PLAN_STOP = 0, PLAN_STEP = 1, PLAN_HEAD = 6 };
+enum { PLAN_STOP = 0, PLAN_STEP = 1, PLAN_HEAD = 7 };
 
 struct plan_buf {
 	int32_t *v;
@@ -65,7 +66,7 @@ static void put_seq(struct plan_buf *p, const struct loom_kv_seq *q)
 }
 
 int loom_dist_plan_step(struct loom_dist *d, struct loom_kv *kv, const struct loom_batch *b,
-			char *err, size_t errlen)
+			const int32_t *cuts, int32_t n_micro, char *err, size_t errlen)
 {
 	static struct plan_buf p; /* rank 0's engine thread only */
 	struct loom_kv *lk = kv->local;
@@ -79,9 +80,11 @@ int loom_dist_plan_step(struct loom_dist *d, struct loom_kv *kv, const struct lo
 	put(&p, b->n_out);
 	put(&p, kv->n_copy_log);
 	put(&p, lk ? lk->n_copy_log : 0);
+	put(&p, n_micro);
 	put_n(&p, b->tokens, b->n_tokens);
 	put_n(&p, b->q_start, b->n_seqs + 1);
 	put_n(&p, b->out_rows, b->n_out);
+	put_n(&p, cuts, n_micro + 1);
 	put_n(&p, kv->copy_log, 2 * kv->n_copy_log);
 	if (lk)
 		put_n(&p, lk->copy_log, 2 * lk->n_copy_log);
@@ -166,10 +169,13 @@ static void read_seq(struct reader *r, const struct loom_kv *kv, struct loom_kv_
 	q->local = lq;
 }
 
-/* Storage for a decoded plan's sequences (grown to the largest plan). */
+/* Storage for a decoded plan's sequences (grown to the largest plan),
+ * and its micro-batches (cuts point into the plan). */
 struct follower {
 	struct loom_kv_seq *seqs, *locals, **ptrs;
 	int32_t cap;
+	const int32_t *cuts;
+	int32_t n_micro;
 };
 
 static int grow(struct follower *f, int32_t n)
@@ -202,10 +208,11 @@ static int copy_blocks(struct loom_kv *kv, const int32_t *pairs, int32_t n)
 static int read_step(struct reader *r, struct follower *f, struct loom_kv *kv,
 		     struct loom_batch *b, char *err, size_t errlen)
 {
-	/* the head after the kind: n_tokens, n_seqs, n_out, copies, local copies */
+	/* the head after the kind: n_tokens, n_seqs, n_out, copies, local
+	 * copies, micro-batches */
 	int32_t *h = take(r, PLAN_HEAD - 1), *copies, *lcopies;
 
-	if (!h || h[1] <= 0 || grow(f, h[1])) {
+	if (!h || h[1] <= 0 || h[5] <= 0 || grow(f, h[1])) {
 		loom_seterr(err, errlen, "distributed: a bad step plan (or out of memory)");
 		return -1;
 	}
@@ -213,6 +220,8 @@ static int read_step(struct reader *r, struct follower *f, struct loom_kv *kv,
 	b->tokens = take(r, h[0]);
 	b->q_start = take(r, (int64_t)h[1] + 1);
 	b->out_rows = take(r, h[2]);
+	f->cuts = take(r, (int64_t)h[5] + 1);
+	f->n_micro = h[5];
 	copies = take(r, 2 * (int64_t)h[3]);
 	lcopies = take(r, 2 * (int64_t)h[4]);
 	for (int32_t s = 0; s < b->n_seqs && !r->bad; s++) {
@@ -257,7 +266,7 @@ int loom_dist_follow(struct loom_dist *d, struct loom_exec *e, int32_t max_out,
 		if (take1(&r) != PLAN_STEP || read_step(&r, &f, loom_exec_kv(e), &b, err, errlen))
 			break;
 		loom_dist_busy(d, "a step");
-		if (loom_exec_run(e, &b, logits, err, errlen))
+		if (loom_exec_run_micro(e, &b, f.cuts, f.n_micro, logits, err, errlen))
 			loom_dist_abort(d, err); /* the others are inside this step */
 		loom_dist_busy(d, NULL);
 	}

@@ -15,10 +15,12 @@ struct loom_exec;
 enum { LOOM_DIST_TAG_X = 1, LOOM_DIST_TAG_LOGITS = 2 };
 
 /* Rank 0: sends step b's plan (tokens, sequences' block tables, output
- * rows, and the cache blocks copied on write since the last plan, which
- * the other ranks copy first). 0 or -1 with err set. */
+ * rows, the cache blocks copied on write since the last plan, which the
+ * other ranks copy first, and the step's micro-batches: cuts[n_micro + 1]
+ * sequence indices, micro-batch k holding sequences cuts[k] ..
+ * cuts[k+1]-1). 0 or -1 with err set. */
 int loom_dist_plan_step(struct loom_dist *d, struct loom_kv *kv, const struct loom_batch *b,
-			char *err, size_t errlen);
+			const int32_t *cuts, int32_t n_micro, char *err, size_t errlen);
 /* Rank 0: tells the other ranks the job is over. */
 int loom_dist_plan_stop(struct loom_dist *d, char *err, size_t errlen);
 /* Ranks other than 0: runs rank 0's plans on e until the stop plan (0),

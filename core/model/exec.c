@@ -31,6 +31,10 @@ struct loom_exec {
 	float *gemm_x;        /* host copy of a GEMM's input (gemm_input) */
 	size_t gemm_x_cap;    /* floats */
 	float *host_x;        /* pipeline stages: the residual stream on the host */
+	/* pipeline stages: a micro-batch's q_start and out_rows (rebased to
+	 * its first row), and rank 0's cuts of a step */
+	int32_t *sub_q, *sub_out, *cuts;
+	bool told_split; /* rank 0 logged its first split step */
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -149,7 +153,10 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 	set_widths(e);
 	if (m->shard.pp > 1) {
 		e->host_x = malloc(sizeof(float) * (size_t)max_tokens * (size_t)m->hp.n_embd);
-		if (!e->host_x) {
+		e->sub_q = malloc(sizeof(int32_t) * ((size_t)max_seqs + 1));
+		e->sub_out = malloc(sizeof(int32_t) * (size_t)max_outputs);
+		e->cuts = malloc(sizeof(int32_t) * ((size_t)max_seqs + 1));
+		if (!e->host_x || !e->sub_q || !e->sub_out || !e->cuts) {
 			loom_seterr(err, errlen, "executor: out of memory");
 			loom_exec_free(e);
 			return NULL;
@@ -171,6 +178,9 @@ void loom_exec_free(struct loom_exec *e)
 	free(e->host_inputs);
 	free(e->gemm_x);
 	free(e->host_x);
+	free(e->sub_q);
+	free(e->sub_out);
+	free(e->cuts);
 	free(e);
 }
 
@@ -586,26 +596,31 @@ static void host_softcap(const struct loom_exec *e, float *logits, int32_t n_out
 }
 
 /* The logits to rank 0 of a distributed job when another rank computes
- * them (the last stage's first tensor rank). */
+ * them (the last stage's first tensor rank). posted: a micro-batch's,
+ * sent with a posted send (rank 0 posted its receive before the step);
+ * loom_exec_run_micro waits for both after the step's micro-batches. */
 static int pass_logits(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		       char *err, size_t errlen)
+		       bool posted, char *err, size_t errlen)
 {
 	const struct loom_shard *s = &e->m->shard;
 	size_t bytes = (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float);
 
 	if (!s->dist || s->logits_rank == 0 || logit_rows(b) == 0)
 		return 0;
+	if (s->logits && posted)
+		return loom_dist_post_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err,
+					   errlen) ? LOOM_ERR_IO : 0;
 	if (s->logits)
 		return loom_dist_send(s->dist, logits, bytes, 0, LOOM_DIST_TAG_LOGITS, err, errlen) ?
 			LOOM_ERR_IO : 0;
-	if (s->rank == 0)
+	if (s->rank == 0 && !posted)
 		return loom_dist_recv(s->dist, logits, bytes, s->logits_rank, LOOM_DIST_TAG_LOGITS,
 				      err, errlen) ? LOOM_ERR_IO : 0;
 	return 0;
 }
 
-int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		  char *err, size_t errlen)
+static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *logits,
+		     bool posted, char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
 	bool head = e->m->shard.logits;
@@ -625,7 +640,7 @@ int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits
 	if (rc == 0 && head && logit_rows(b) > 0)
 		host_softcap(e, logits, logit_rows(b));
 	if (rc == 0)
-		rc = pass_logits(e, b, logits, err, errlen);
+		rc = pass_logits(e, b, logits, posted, err, errlen);
 	if (rc) {
 		if (!err[0])
 			loom_seterr(err, errlen, "backend %s: step failed with status %d",
@@ -652,19 +667,186 @@ int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out)
 	return rc ? rc : be->ops->synchronize(be->ctx);
 }
 
+/* Whether b splits at cuts into micro-batches: whole sequences in
+ * order, rows in order (so each micro-batch's output rows, and logits,
+ * are a run of b's), within the executor's limits. */
+static bool cuts_ok(const struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+		    int32_t n_micro)
+{
+	int32_t i;
+
+	if (b->n_seqs <= 0 || b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
+	    b->n_hidden_only || n_micro > b->n_seqs || cuts[0] != 0 ||
+	    cuts[n_micro] != b->n_seqs || b->q_start[0] != 0 ||
+	    b->q_start[b->n_seqs] != b->n_tokens)
+		return false;
+	for (i = 0; i < n_micro; i++)
+		if (cuts[i + 1] <= cuts[i])
+			return false;
+	for (i = 0; i < b->n_seqs; i++)
+		if (b->q_start[i + 1] < b->q_start[i])
+			return false;
+	for (i = 1; i < b->n_out; i++)
+		if (b->out_rows[i] < b->out_rows[i - 1])
+			return false;
+	return true;
+}
+
+/* Micro-batch k of b (sequences cuts[k] .. cuts[k+1]-1) into sub, its
+ * rows counted from its first; *out_lo: its first output row in b's. */
+static void micro_batch(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+			int32_t k, struct loom_batch *sub, int32_t *out_lo)
+{
+	int32_t s0 = cuts[k], s1 = cuts[k + 1], t0 = b->q_start[s0], t1 = b->q_start[s1];
+	int32_t o0 = 0, o1;
+
+	while (o0 < b->n_out && b->out_rows[o0] < t0)
+		o0++;
+	for (o1 = o0; o1 < b->n_out && b->out_rows[o1] < t1; o1++)
+		e->sub_out[o1 - o0] = b->out_rows[o1] - t0;
+	for (int32_t s = s0; s <= s1; s++)
+		e->sub_q[s - s0] = b->q_start[s] - t0;
+	*sub = (struct loom_batch){ .n_tokens = t1 - t0, .tokens = b->tokens + t0,
+		.n_seqs = s1 - s0, .q_start = e->sub_q, .seqs = b->seqs + s0,
+		.n_out = o1 - o0, .out_rows = e->sub_out };
+	*out_lo = o0;
+}
+
+/* Rank 0 of a pipeline posts the receives of every micro-batch's logits
+ * first: the last stage then sends each as soon as it has it, while rank
+ * 0 runs the next micro-batches. */
+static int post_logits(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+		       int32_t n_micro, float *logits, char *err, size_t errlen)
+{
+	const struct loom_shard *s = &e->m->shard;
+	size_t row = (size_t)e->width[ACT_LOGITS] * sizeof(float);
+	struct loom_batch sub;
+	int32_t o0;
+
+	for (int32_t k = 0; k < n_micro; k++) {
+		micro_batch(e, b, cuts, k, &sub, &o0);
+		if (sub.n_out && loom_dist_post_recv(s->dist, (char *)logits + (size_t)o0 * row,
+						     (size_t)sub.n_out * row, s->logits_rank,
+						     LOOM_DIST_TAG_LOGITS, err, errlen))
+			return LOOM_ERR_IO;
+	}
+	return 0;
+}
+
+int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+			int32_t n_micro, float *logits, char *err, size_t errlen)
+{
+	const struct loom_shard *s = &e->m->shard;
+	size_t row = (size_t)e->width[ACT_LOGITS];
+	bool post = s->dist && s->rank == 0 && s->logits_rank != 0;
+	struct loom_batch sub;
+	int32_t o0;
+	int rc;
+
+	if (n_micro == 1 && cuts[0] == 0 && cuts[1] == b->n_seqs)
+		return run_batch(e, b, logits, false, err, errlen);
+	if (n_micro < 1 || !e->sub_q || !cuts_ok(e, b, cuts, n_micro)) {
+		loom_seterr(err, errlen, "batch: bad micro-batches (%d of %d sequences)", n_micro,
+			b->n_seqs);
+		return LOOM_ERR_INVALID;
+	}
+	rc = post ? post_logits(e, b, cuts, n_micro, logits, err, errlen) : 0;
+	for (int32_t k = 0; rc == 0 && k < n_micro; k++) {
+		micro_batch(e, b, cuts, k, &sub, &o0);
+		rc = run_batch(e, &sub, logits + (size_t)o0 * row, true, err, errlen);
+	}
+	if (rc == 0 && s->dist && loom_dist_wait_posted(s->dist, err, errlen))
+		rc = LOOM_ERR_IO;
+	return rc;
+}
+
+/* Whether b's output rows are in order (each sequence's after the ones
+ * before it), as splitting needs. */
+static bool rows_sorted(const struct loom_batch *b)
+{
+	for (int32_t i = 1; i < b->n_out; i++)
+		if (b->out_rows[i] < b->out_rows[i - 1])
+			return false;
+	return true;
+}
+
+/* A micro-batch's own cost, in rows of compute: it streams a stage's
+ * weights once more and hands its rows over once more. On cpu.so
+ * (SmolLM2, one thread) a weight pass costs about one row's compute;
+ * this takes two, a margin for the hand-over (docs/DISTRIBUTED.md). */
+#define MICRO_COST_ROWS 2
+
+/* How many micro-batches a step of n_tokens tokens in n_seqs sequences
+ * runs as: micro when given; else the N that minimizes the step's time
+ * (N + P - 1) * (F + R / N) for R tokens on P stages, F =
+ * MICRO_COST_ROWS: N = sqrt((P - 1) * R / F), so 1 below 8 tokens on 2
+ * stages, 2 from 8, 4 from 32. Never more than its sequences. */
+static int32_t micro_count(int pp, int micro, int32_t n_tokens, int32_t n_seqs)
+{
+	int64_t work = (int64_t)(pp - 1) * n_tokens, m = 1;
+
+	if (micro > 0)
+		m = micro;
+	else
+		while ((m + 1) * (m + 1) * MICRO_COST_ROWS <= work && m < n_seqs)
+			m++;
+	return m < n_seqs ? (int32_t)m : n_seqs;
+}
+
+int32_t loom_micro_cuts(int pp, int micro, const int32_t *q_start, int32_t n_seqs,
+			int32_t *cuts)
+{
+	int32_t m = pp > 1 && n_seqs > 1 ? micro_count(pp, micro, q_start[n_seqs], n_seqs) : 1;
+	int64_t total = q_start[n_seqs];
+
+	cuts[0] = 0;
+	for (int32_t k = 1; k < m; k++) {
+		int32_t j = cuts[k - 1] + 1;
+
+		while (j < n_seqs - (m - k) && (int64_t)q_start[j] * m < total * k)
+			j++;
+		cuts[k] = j;
+	}
+	cuts[m] = n_seqs;
+	return m;
+}
+
+/* Rank 0 of a pipeline: e->cuts of step b (loom_micro_cuts); their count.
+ * 1: the step runs whole, also when its output rows are out of order or
+ * its logits too large to post. */
+static int32_t split_step(struct loom_exec *e, const struct loom_batch *b,
+			  const struct loom_dist *d)
+{
+	size_t row = (size_t)e->width[ACT_LOGITS] * sizeof(float);
+
+	if (!e->cuts || b->n_hidden_only || !rows_sorted(b) ||
+	    (size_t)b->n_out > (size_t)INT32_MAX / row)
+		return 1;
+	return loom_micro_cuts(d->pp, d->micro, b->q_start, b->n_seqs, e->cuts);
+}
+
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		   char *err, size_t errlen)
 {
 	struct loom_dist *d = e->m->shard.dist;
+	int32_t whole[2] = { 0, b->n_seqs }, n_micro;
+	const int32_t *cuts;
 	int rc;
 
 	if (!d)
-		return loom_exec_run(e, b, logits, err, errlen);
+		return run_batch(e, b, logits, false, err, errlen);
+	n_micro = split_step(e, b, d);
+	cuts = n_micro > 1 ? e->cuts : whole;
+	if (n_micro > 1 && !e->told_split) {
+		loom_log(LOOM_LOG_DEBUG, "distributed: a step of %d sequences runs as %d micro-batches",
+			 b->n_seqs, n_micro);
+		e->told_split = true;
+	}
 	/* rank 0 of a distributed job: every rank runs this step; one that
 	 * failed here leaves the others inside it, so the job ends */
 	loom_dist_busy(d, "a step");
-	rc = loom_dist_plan_step(d, e->kv, b, err, errlen) ? LOOM_ERR_IO :
-		loom_exec_run(e, b, logits, err, errlen);
+	rc = loom_dist_plan_step(d, e->kv, b, cuts, n_micro, err, errlen) ? LOOM_ERR_IO :
+		loom_exec_run_micro(e, b, cuts, n_micro, logits, err, errlen);
 	if (rc)
 		loom_dist_abort(d, err[0] ? err : "a step failed");
 	loom_dist_busy(d, NULL);

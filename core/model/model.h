@@ -182,10 +182,22 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
  * step, cover the first n_out - n_hidden_only output rows. */
 int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
- * job first sends the step's plan to the others, which run it with this).
- * Only the rank that computes logits (and rank 0) fills `logits`. */
-int loom_exec_run(struct loom_exec *e, const struct loom_batch *b, float *logits,
-		  char *err, size_t errlen);
+ * job first sends the step's plan to the others, which run it with this),
+ * as n_micro micro-batches of whole sequences, micro-batch k holding
+ * sequences cuts[k] .. cuts[k+1]-1, run one after another (on pipeline
+ * stages they overlap: stage s runs micro-batch k while stage s+1 runs
+ * k-1). n_micro 1 (cuts 0, n_seqs): the step whole. Only the rank that
+ * computes logits (and rank 0) fills `logits`. */
+int loom_exec_run_micro(struct loom_exec *e, const struct loom_batch *b, const int32_t *cuts,
+			int32_t n_micro, float *logits, char *err, size_t errlen);
+/* Rank 0's cuts of a step of n_seqs sequences (rows q_start[0..n_seqs])
+ * on pp stages: micro micro-batches when > 0, else as many as the step's
+ * size pays for (docs/DISTRIBUTED.md, "Pipeline overlap"); never more than
+ * n_seqs, 1 when pp or n_seqs is 1. Runs of whole sequences with about
+ * equal token counts: cuts[0..n] (n + 1 entries, n_seqs + 1 at most),
+ * cuts[0] = 0 < cuts[1] < ... < cuts[n] = n_seqs. Returns n. */
+int32_t loom_micro_cuts(int pp, int micro, const int32_t *q_start, int32_t n_seqs,
+			int32_t *cuts);
 /* The executor's cache, for a follower rank. */
 struct loom_kv *loom_exec_kv(struct loom_exec *e);
 /* One sequence's tokens[0..n) at its next positions (reserved in its

@@ -9,8 +9,14 @@ usage: test_dist.py LOOM MODE [ARGS...]
   spec           with --spec=ngram.so as well
   serve          `loom serve --tp 2` answers a greedy completion with the
                  single-process server's text
+  serve_pp TINY  `loom serve --pp 2` with concurrent requests, its steps split
+                 into micro-batches (the default) and whole (--pp-micro 1),
+                 answers each with the single-process server's text; so
+                 does Gemma 3 (its windowed KV pool) with --pp-micro 4, and
+                 the GPU emulator on the synthetic model TINY
   fault          a rank stopped (SIGSTOP) or killed mid-generation ends the
-                 job with an error on rank 0 within LOOM_DIST_TIMEOUT
+                 job with an error on rank 0 within LOOM_DIST_TIMEOUT; so
+                 does a rank stopped in serve --pp 2's micro-batched steps
   ref TINY       on ref.so and a small synthetic model, the prompt's logits
                  (a 40-token prefill) and the greedy text with --tp 2,
                  --pp 2 and both are bitwise the single process's; so is
@@ -324,15 +330,21 @@ def start_server(extra, ranks):
     p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd, env=ENV,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
+    wait_up(p, port, lambda: p.stderr.read())
+    return p, port
+
+
+def wait_up(p, port, stderr):
+    """Until the server p answers /health; stderr() reads its messages."""
     deadline = time.time() + 180
     while time.time() < deadline:
         if p.poll() is not None:
-            fail('server exited %d: %s' % (p.returncode, p.stderr.read()[-2000:]))
+            fail('server exited %d: %s' % (p.returncode, stderr()[-2000:]))
         try:
             c = http.client.HTTPConnection('127.0.0.1', port, timeout=5)
             c.request('GET', '/health')
             if c.getresponse().status == 200:
-                return p, port
+                return
         except OSError:
             pass
         time.sleep(0.5)
@@ -374,6 +386,103 @@ def test_serve():
         if text != texts[0]:
             fail('serve %s %r, single process %r' % (' '.join(extra), text, texts[0]))
         print('ok serve: %s answers %r as the single process does' % (' '.join(extra), text))
+
+
+PP_PROMPTS = ['The capital of France is', 'Once upon a time, there was a',
+              'The three primary colors are', 'def fibonacci(n):',
+              'My favourite food is', 'Water boils at']
+
+
+def start_logged(model, extra, ranks, log, timeout=None):
+    """start_server with stderr to the file log (LOOM_DEBUG fills a pipe);
+    timeout: LOOM_DIST_TIMEOUT."""
+    port = free_port()
+    cmd = [LOOM, 'serve', '-m', model, '--port', str(port), '-t', '1', '--exact'] + extra
+    env = dict(ENV, LOOM_DEBUG='1')
+    if timeout:
+        env['LOOM_DIST_TIMEOUT'] = timeout
+    p = subprocess.Popen((mpirun(ranks) if ranks else []) + cmd, env=env,
+                         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+
+    def read_log():
+        log.seek(0)
+        return log.read()
+    wait_up(p, port, read_log)
+    return p, port
+
+
+def complete_all(port, prompts):
+    """The prompts' greedy completions, sent at once (one thread each);
+    fails on any request that did not answer 200."""
+    import threading
+    texts = [None] * len(prompts)
+    errors = [None] * len(prompts)
+
+    def one(i):
+        body = json.dumps({'prompt': prompts[i], 'max_tokens': int(N), 'temperature': 0})
+        try:
+            c = http.client.HTTPConnection('127.0.0.1', port, timeout=180)
+            c.request('POST', '/v1/completions', body, {'Content-Type': 'application/json'})
+            r = c.getresponse()
+            data = r.read()
+            if r.status == 200:
+                texts[i] = json.loads(data)['choices'][0]['text']
+            else:
+                errors[i] = 'HTTP %d %r' % (r.status, data[:300])
+        except (OSError, ValueError, KeyError) as e:
+            errors[i] = repr(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for prompt, text, error in zip(prompts, texts, errors):
+        if text is None:
+            fail('completion of %r: %s' % (prompt, error or 'no answer'))
+    return texts
+
+
+def serve_pp(model, runs):
+    """runs: (extra flags, ranks, whether a step must run as micro-batches);
+    the first is the single process, whose texts the others must give."""
+    import tempfile
+    results = []
+    for extra, ranks, want in runs:
+        with tempfile.TemporaryFile('w+') as log:
+            p, port = start_logged(model, extra, ranks, log)
+            try:
+                results.append(complete_all(port, PP_PROMPTS))
+            finally:
+                stop(p)
+            log.seek(0)
+            split = 'runs as' in log.read()
+        label = ' '.join(extra) or 'single process'
+        if want != split:
+            fail('serve %s: a step %s as micro-batches' % (label, 'never ran' if want else 'ran'))
+    name = os.path.basename(model)
+    for (extra, _, _), texts in zip(runs[1:], results[1:]):
+        for prompt, text, base in zip(PP_PROMPTS, texts, results[0]):
+            if text != base:
+                fail('%s, serve %s, %r: %r, single process %r'
+                     % (name, ' '.join(extra), prompt, text, base))
+        print('ok %s, serve %s: %d concurrent requests answered as the single process does'
+              % (name, ' '.join(extra), len(PP_PROMPTS)))
+    print('texts: %r' % results[0])
+
+
+def test_serve_pp(tiny):
+    # a device backend: stages hand over through download and upload
+    serve_pp(tiny, ((['--backend', 'gpuemu.so'], 0, False),
+                    (['--backend', 'gpuemu.so', '--pp', '2', '--pp-micro', '3'], 2, True)))
+    serve_pp(SMOL, (([], 0, False), (['--pp', '2'], 2, True),
+                    (['--pp', '2', '--pp-micro', '1'], 2, False)))
+    # uneven cuts (6 sequences in 4), decode steps cut too, and both KV
+    # pools (Gemma 3's windowed layers) cut with the sequences
+    if os.path.exists(GEMMA):
+        serve_pp(GEMMA, (([], 0, False), (['--pp', '2', '--pp-micro', '4'], 2, True)))
+    else:
+        print('(no %s: the windowed-pool half skipped)' % GEMMA)
 
 
 def fault_once(sig):
@@ -429,6 +538,61 @@ def fault_once(sig):
     print('ok fault: rank 1 got signal %d; the job ended in %.1f s with %r' % (sig, took, m.group(0)))
 
 
+def fault_serve_pp():
+    """serve --pp 2 with six clients keeping micro-batched steps running:
+    rank 1 stopped (SIGSTOP) ends the job with rank 0's watchdog error."""
+    import tempfile
+    with tempfile.TemporaryFile('w+') as log:
+        p, port = start_logged(SMOL, ['--pp', '2', '--pp-micro', '2'], 2, log, timeout='5')
+        pid1 = None
+        try:
+            log.seek(0)
+            m = re.search(r'rank 1 of 2 \(pid (\d+)\)', log.read())
+            if not m:
+                fail('serve --pp 2: no rank 1 pid in the log')
+            pid1 = int(m.group(1))
+            import threading
+            body = json.dumps({'prompt': PROMPT, 'max_tokens': 64, 'temperature': 0})
+
+            def client():  # requests back to back until the job ends
+                while True:
+                    try:
+                        c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
+                        c.request('POST', '/v1/completions', body,
+                                  {'Content-Type': 'application/json'})
+                        c.getresponse().read()
+                    except OSError:
+                        return
+            for _ in range(6):
+                threading.Thread(target=client, daemon=True).start()
+            time.sleep(3)
+            if p.poll() is not None:
+                fail('serve --pp 2 ended before the fault')
+            t0 = time.time()
+            os.kill(pid1, signal.SIGSTOP)
+            while p.poll() is None and time.time() - t0 < 60:
+                time.sleep(0.2)
+            took = time.time() - t0
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            if pid1:
+                try:
+                    os.kill(pid1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        log.seek(0)
+        text = log.read()
+    m = re.search(r'loom: error: rank 0: [^\n]*', text)
+    split = 'runs as' in text
+    if not m or not split or took > 5 + 20:
+        fail('serve --pp 2, rank 1 stopped: after %.1f s, split steps %s, rank 0 said %r:\n%s'
+             % (took, split, m and m.group(0), text[-2000:]))
+    print('ok fault: serve --pp 2 in micro-batches, rank 1 stopped; the job ended in %.1f s with %r'
+          % (took, m.group(0)))
+
+
 def refused(cmd, ranks, want):
     rc, out, err = run((mpirun(ranks) if ranks else []) + cmd, timeout=120)
     if rc == 0 or want not in err:
@@ -469,9 +633,12 @@ def main():
         same(SMOL, ['--spec=ngram.so'], ['--tp', '2'], 2, 'spec tp')
     elif MODE == 'serve':
         test_serve()
+    elif MODE == 'serve_pp':
+        test_serve_pp(sys.argv[3])
     elif MODE == 'fault':
         fault_once(signal.SIGSTOP)
         fault_once(signal.SIGKILL)
+        fault_serve_pp()
     elif MODE == 'gpuemu':
         test_gpuemu(sys.argv[3])
     elif MODE == 'ref':
