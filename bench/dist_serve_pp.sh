@@ -34,6 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 die() { echo "dist_serve_pp: error: $*" >&2; exit 1; }
+. bench/serve_lib.sh
 log() { echo "dist_serve_pp: $*" >&2; }
 
 case "${1:-}" in
@@ -76,23 +77,6 @@ stop_server() {
 trap stop_server EXIT
 trap 'exit 130' INT TERM
 
-wait_ready() {
-	for _ in $(seq 1 600); do
-		kill -0 "$SERVER" 2>/dev/null || die "the server exited while starting, see $1"
-		if python3 - "$PORT" <<'PY' 2>/dev/null
-import http.client, sys
-c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=2)
-c.request("GET", "/health")
-sys.exit(0 if c.getresponse().status == 200 else 1)
-PY
-		then
-			return 0
-		fi
-		sleep 0.2
-	done
-	die "the server was not ready after 600 tries, see $1"
-}
-
 # measure M ROUND: one server, one loadgen level; its tokens/s on stdout.
 measure() {
 	local name="m$1.r$2" micro=(--pp-micro "$1")
@@ -102,7 +86,7 @@ measure() {
 		"${micro[@]}" --parallel "$PARALLEL" --port "$PORT" $LOOM_FLAGS \
 		>"$OUTDIR/$name.server.log" 2>&1 &
 	SERVER=$!
-	wait_ready "$OUTDIR/$name.server.log"
+	wait_ready "loom serve" "$PORT" "$SERVER" "$OUTDIR/$name.server.log"
 	python3 bench/loadgen.py --port "$PORT" --concurrency "$CLIENTS" \
 		--requests "$REQUESTS" --max-tokens "$MAX_TOKENS" --warmup 2 \
 		--json "$OUTDIR/$name.json" >"$OUTDIR/$name.loadgen.txt" \

@@ -50,6 +50,7 @@ die() { echo "serve_vs_llamaserver: error: $*" >&2; exit 1; }
 log() { echo "serve_vs_llamaserver: $*" >&2; }
 
 . bench/anchor.sh
+. bench/serve_lib.sh
 
 LONG=0 SETUP_ONLY=0
 case "${1:-}" in
@@ -111,26 +112,6 @@ trap stop_servers EXIT
 trap 'exit 130' INT TERM
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# wait_ready NAME PORT PID LOG: until GET /health answers 200 (both servers
-# answer 503 while the model loads).
-wait_ready() {
-	local _
-	for _ in $(seq 1 600); do
-		kill -0 "$3" 2>/dev/null || die "$1 exited while starting, see $4"
-		if python3 - "$2" <<'PY' 2>/dev/null
-import http.client, sys
-c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=2)
-c.request("GET", "/health")
-sys.exit(0 if c.getresponse().status == 200 else 1)
-PY
-		then
-			return 0
-		fi
-		sleep 0.2
-	done
-	die "$1 not ready after 600 tries, see $4"
-}
 
 for p in "$LOOM_PORT" "$LLAMA_PORT"; do
 	port_free "$p" || die "port $p is in use (set PORT)"
