@@ -194,25 +194,6 @@ json_t *api_embedding_item(int index, const float *v, int32_t d, bool base64)
 
 /* ---- /tokenize and /detokenize (llama-server's shapes) ---- */
 
-static json_t *member(json_t *o, const char *key)
-{
-	json_t *v = json_object_get(o, key);
-
-	return v && !json_is_null(v) ? v : NULL;
-}
-
-static int get_flag(json_t *o, const char *key, bool *out, struct perr *e)
-{
-	json_t *v = member(o, key);
-
-	if (!v)
-		return 0;
-	if (!json_is_boolean(v))
-		return perr_set(e, 400, key, "invalid_type", "'%s' must be a boolean", key);
-	*out = json_is_true(v);
-	return 0;
-}
-
 /* What /tokenize and /detokenize show of a token: its bytes, or for a
  * control token (no bytes) its text, "<|im_start|>", as llama-server. */
 static const char *shown_piece(const struct loom_tokenizer *tok, int32_t id, size_t *n)
@@ -262,13 +243,14 @@ json_t *api_tokenize(const struct loom_tokenizer *tok, const char *body, size_t 
 
 	if (!o)
 		return NULL;
-	c = member(o, "content");
+	c = req_member(o, "content");
 	if (!c || !json_is_string(c)) {
 		perr_set(e, 400, "content", c ? "invalid_type" : "missing",
 			 "'content' must be a string");
 		goto out;
 	}
-	if (get_flag(o, "add_special", &add_special, e) || get_flag(o, "with_pieces", &pieces, e))
+	if (req_get_bool(o, "add_special", &add_special, e) ||
+	    req_get_bool(o, "with_pieces", &pieces, e))
 		goto out;
 	/* as a completion's prompt: special-token text becomes the token */
 	n = loom_tokenize(tok, json_string_value(c), json_string_length(c), add_special, true,
@@ -302,7 +284,7 @@ json_t *api_detokenize(const struct loom_tokenizer *tok, const char *body, size_
 
 	if (!o)
 		return NULL;
-	t = member(o, "tokens");
+	t = req_member(o, "tokens");
 	if (!t || !json_is_array(t)) {
 		perr_set(e, 400, "tokens", t ? "invalid_type" : "missing",
 			 "'tokens' must be an array of token ids");

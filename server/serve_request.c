@@ -24,9 +24,7 @@ int perr_set(struct perr *e, int status, const char *param, const char *code,
 	return -1;
 }
 
-/* A present, non-null member, or NULL (OpenAI clients send nulls for
- * unset options). */
-static json_t *member(json_t *o, const char *key)
+json_t *req_member(json_t *o, const char *key)
 {
 	json_t *v = json_object_get(o, key);
 
@@ -36,7 +34,7 @@ static json_t *member(json_t *o, const char *key)
 static int get_int(json_t *o, const char *key, long long lo, long long hi,
 		   long long *out, struct perr *e)
 {
-	json_t *v = member(o, key);
+	json_t *v = req_member(o, key);
 
 	if (!v)
 		return 0;
@@ -52,7 +50,7 @@ static int get_int(json_t *o, const char *key, long long lo, long long hi,
 static int get_num(json_t *o, const char *key, double lo, double hi, bool lo_open,
 		   float *out, struct perr *e)
 {
-	json_t *v = member(o, key);
+	json_t *v = req_member(o, key);
 	double x;
 
 	if (!v)
@@ -67,9 +65,9 @@ static int get_num(json_t *o, const char *key, double lo, double hi, bool lo_ope
 	return 0;
 }
 
-static int get_bool(json_t *o, const char *key, bool *out, struct perr *e)
+int req_get_bool(json_t *o, const char *key, bool *out, struct perr *e)
 {
-	json_t *v = member(o, key);
+	json_t *v = req_member(o, key);
 
 	if (!v)
 		return 0;
@@ -103,7 +101,7 @@ static int add_stop(const struct serve_req_ctx *ctx, struct serve_req *r, json_t
 static int get_stop(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 		    struct perr *e)
 {
-	json_t *v = member(o, "stop"), *x;
+	json_t *v = req_member(o, "stop"), *x;
 	size_t i;
 
 	if (!v)
@@ -137,7 +135,7 @@ static int get_sampling(const struct serve_req_ctx *ctx, json_t *o, struct serve
 	    get_int(o, "n", 1, ctx->max_n, &n, e))
 		return -1;
 	sp->top_k = (int32_t)top_k;
-	r->seed_given = member(o, "seed") != NULL;
+	r->seed_given = req_member(o, "seed") != NULL;
 	if (r->seed_given)
 		sp->seed = (uint64_t)seed;
 	r->n = (int)n;
@@ -176,8 +174,8 @@ static const char *find_spec(const struct serve_req_ctx *ctx, const char *name)
 static int get_spec(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 		    struct perr *e)
 {
-	const char *key = member(o, "speculative") ? "speculative" : "spec";
-	json_t *v = member(o, key), *name = v;
+	const char *key = req_member(o, "speculative") ? "speculative" : "spec";
+	json_t *v = req_member(o, key), *name = v;
 	long long max_draft = 0;
 	char names[512];
 
@@ -185,7 +183,7 @@ static int get_spec(const struct serve_req_ctx *ctx, json_t *o, struct serve_req
 	if (!v)
 		return 0;
 	if (json_is_object(v)) {
-		name = member(v, "name");
+		name = req_member(v, "name");
 		if (get_int(v, "max_draft", 1, 64, &max_draft, e))
 			return -1;
 	}
@@ -208,15 +206,15 @@ static int get_spec(const struct serve_req_ctx *ctx, json_t *o, struct serve_req
 
 static int get_stream(json_t *o, struct serve_req *r, struct perr *e)
 {
-	json_t *so = member(o, "stream_options");
+	json_t *so = req_member(o, "stream_options");
 
-	if (get_bool(o, "stream", &r->stream, e))
+	if (req_get_bool(o, "stream", &r->stream, e))
 		return -1;
 	if (!so)
 		return 0;
 	if (!json_is_object(so))
 		return perr_set(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
-	return get_bool(so, "include_usage", &r->include_usage, e);
+	return req_get_bool(so, "include_usage", &r->include_usage, e);
 }
 
 /* Tokenizes into r->prompt; bos (>= 0) goes first. */
@@ -314,7 +312,7 @@ static void keep_prompt(struct serve_req *r)
 static int get_prompt(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 		      struct perr *e)
 {
-	json_t *v = member(o, "prompt"), *x;
+	json_t *v = req_member(o, "prompt"), *x;
 	char what[32];
 	size_t i;
 
@@ -347,14 +345,14 @@ static int get_logprobs(json_t *o, struct serve_req *r, struct perr *e)
 	long long top = 0;
 
 	if (!r->chat) {
-		if (get_bool(o, "echo", &r->echo, e) ||
+		if (req_get_bool(o, "echo", &r->echo, e) ||
 		    get_int(o, "logprobs", 0, LOOM_MAX_TOP_LOGPROBS, &top, e))
 			return -1;
-		r->logprobs = member(o, "logprobs") != NULL;
+		r->logprobs = req_member(o, "logprobs") != NULL;
 		r->top_logprobs = (int)top;
 		return 0;
 	}
-	if (get_bool(o, "logprobs", &r->logprobs, e) ||
+	if (req_get_bool(o, "logprobs", &r->logprobs, e) ||
 	    get_int(o, "top_logprobs", 0, LOOM_MAX_TOP_LOGPROBS, &top, e))
 		return -1;
 	if (top > 0 && !r->logprobs)
@@ -492,7 +490,7 @@ static int add_tools_text(struct serve_msg *msgs, size_t *n, const char *tools_t
 static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			const char *tools_text, struct perr *e)
 {
-	json_t *v = member(o, "messages"), *m;
+	json_t *v = req_member(o, "messages"), *m;
 	struct serve_msg *msgs;
 	size_t i, n;
 	int rc = -1;
@@ -543,7 +541,7 @@ static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct ser
 		longest = r->prompt_lens[i] > longest ? r->prompt_lens[i] : longest;
 	room = ctx->n_ctx - longest;
 	mt = r->chat ? room : 16;
-	if (r->chat && member(o, "max_completion_tokens"))
+	if (r->chat && req_member(o, "max_completion_tokens"))
 		key = "max_completion_tokens";
 	/* 0 with echo: the prompt and its logprobs only (scoring) */
 	if (get_int(o, key, r->echo ? 0 : 1, INT_MAX, &mt, e))
@@ -595,9 +593,9 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 
 	if (!json_is_object(o))
 		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
-	if (member(o, "model") && !json_is_string(member(o, "model")))
+	if (req_member(o, "model") && !json_is_string(req_member(o, "model")))
 		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
-	if (check_model(ctx, member(o, "model"), e))
+	if (check_model(ctx, req_member(o, "model"), e))
 		return -1;
 	if (get_logprobs(o, r, e) || get_sampling(ctx, o, r, e) ||
 	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
@@ -704,20 +702,20 @@ static int embed_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 
 	if (!json_is_object(o))
 		return perr_set(e, 400, NULL, "invalid_json", "the request body must be a JSON object");
-	if (member(o, "model") && !json_is_string(member(o, "model")))
+	if (req_member(o, "model") && !json_is_string(req_member(o, "model")))
 		return perr_set(e, 400, "model", "invalid_type", "'model' must be a string");
-	if (check_model(ctx, member(o, "model"), e))
+	if (check_model(ctx, req_member(o, "model"), e))
 		return -1;
-	fmt = member(o, "encoding_format");
+	fmt = req_member(o, "encoding_format");
 	if (fmt && (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "float") &&
 					     strcmp(json_string_value(fmt), "base64"))))
 		return perr_set(e, 400, "encoding_format", "invalid_value",
 				"'encoding_format' must be \"float\" or \"base64\"");
 	r->base64 = fmt && !strcmp(json_string_value(fmt), "base64");
-	if (member(o, "dimensions"))
+	if (req_member(o, "dimensions"))
 		return perr_set(e, 400, "dimensions", "unsupported",
 				"'dimensions' is not supported: the embeddings have the model's width");
-	return embed_inputs(ctx, member(o, "input"), r, e);
+	return embed_inputs(ctx, req_member(o, "input"), r, e);
 }
 
 int serve_embed_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "loom.h"
 
 #define SERVE_REQ_MAX_N 8         /* choices per request */
@@ -32,6 +34,11 @@ struct perr {
 /* Fills e; returns -1 so callers can `return perr_set(...)`. */
 int perr_set(struct perr *e, int status, const char *param, const char *code,
 	     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* A present, non-null member of o, or NULL (OpenAI clients send nulls for
+ * unset options). */
+json_t *req_member(json_t *o, const char *key);
+/* o's boolean `key` into *out when present; 400 "invalid_type" otherwise. */
+int req_get_bool(json_t *o, const char *key, bool *out, struct perr *e);
 
 /* One chat message, as the render callback sees it. */
 struct serve_msg {
