@@ -346,18 +346,8 @@ static void pack_k45(const struct qgrid *g, const int *q, uint8_t *b, bool five)
 	memset(b, 0, five ? 176 : 144);
 	quant_st_f16(b, g->d);
 	quant_st_f16(b + 2, g->dmin);
-	for (int j = 0; j < 8; j++) {
-		int sc = g->sc[j], m = g->m[j];
-
-		if (j < 4) {
-			s[j] |= (uint8_t)sc;
-			s[j + 4] |= (uint8_t)m;
-		} else {
-			s[j + 4] |= (uint8_t)((sc & 0x0f) | (m & 0x0f) << 4);
-			s[j - 4] |= (uint8_t)((sc >> 4) << 6);
-			s[j] |= (uint8_t)((m >> 4) << 6);
-		}
-	}
+	for (int j = 0; j < 8; j++)
+		quant_k4_set_scale_min(s, j, g->sc[j], g->m[j]);
 	for (int e = 0; e < 256; e++) {
 		qs[k4_byte(e)] |= (uint8_t)((q[e] & 0x0f) << k4_shift(e));
 		if (five)

@@ -119,18 +119,6 @@ static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m)
 	}
 }
 
-static void k4_set_scale_min(uint8_t *s, int j, int sc, int m)
-{
-	if (j < 4) {
-		s[j] |= (uint8_t)sc;
-		s[j + 4] |= (uint8_t)m;
-	} else {
-		s[j + 4] |= (uint8_t)((sc & 0x0f) | (m & 0x0f) << 4);
-		s[j - 4] |= (uint8_t)((sc >> 4) << 6);
-		s[j] |= (uint8_t)((m >> 4) << 6);
-	}
-}
-
 /* ---- to_float ---- */
 
 static void q2_K_block(const uint8_t *b, float *y)
@@ -442,7 +430,7 @@ static void k45_quant(const float *x, bool search, const float *w, uint8_t *b, u
 	quant_st_f16(b, k.d);
 	quant_st_f16(b + 2, k.dmin);
 	for (int j = 0; j < 8; j++)
-		k4_set_scale_min(b + 4, j, k.sc[j], k.m[j]);
+		quant_k4_set_scale_min(b + 4, j, k.sc[j], k.m[j]);
 	for (int e = 0; e < QK_K; e++) {
 		qs[k4_byte(e)] |= (uint8_t)((k.q[e] & 0x0f) << k4_shift(e));
 		if (qh)

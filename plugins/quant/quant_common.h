@@ -147,4 +147,18 @@ static inline int quant_check_args(const void *src, const void *dst, int64_t n,
 	return LOOM_OK;
 }
 
+/* Sets sub-block j's 6-bit scale and minimum in a Q4_K/Q5_K block's 12
+ * scale bytes s (zeroed before the first call). */
+static inline void quant_k4_set_scale_min(uint8_t *s, int j, int sc, int m)
+{
+	if (j < 4) {
+		s[j] |= (uint8_t)sc;
+		s[j + 4] |= (uint8_t)m;
+	} else {
+		s[j + 4] |= (uint8_t)((sc & 0x0f) | (m & 0x0f) << 4);
+		s[j - 4] |= (uint8_t)((sc >> 4) << 6);
+		s[j] |= (uint8_t)((m >> 4) << 6);
+	}
+}
+
 #endif /* LOOM_QUANT_COMMON_H */
