@@ -226,12 +226,13 @@ __attribute__((target("avx2"))) static void nibbles_u8_avx2(const uint8_t *q, bo
 }
 #endif
 
-/* The same in plain C. */
-static void nibbles_u8(const uint8_t *q, bool lo, bool single, uint32_t qh, uint8_t add,
-		       uint8_t u[32])
+/* The same, with AVX2 where `avx2` says the CPU has it, else in plain C. */
+static void nibbles_u8(bool avx2, const uint8_t *q, bool lo, bool single, uint32_t qh,
+		       uint8_t add, uint8_t u[32])
 {
+	(void)avx2; /* other architectures */
 #if defined(__x86_64__)
-	if (__builtin_cpu_supports("avx2")) {
+	if (avx2) {
 		nibbles_u8_avx2(q, lo, single, qh, add, u);
 		return;
 	}
@@ -283,6 +284,11 @@ int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8
 	const uint8_t *q = h + at.quants;
 	const uint8_t add = type == LOOM_TYPE_Q4_0 ? 120 : type == LOOM_TYPE_Q5_0 ? 112 : 0;
 	const bool minima = type == LOOM_TYPE_Q4_1 || type == LOOM_TYPE_Q5_1;
+#if defined(__x86_64__)
+	const bool avx2 = __builtin_cpu_supports("avx2"); /* once a chunk, not a block */
+#else
+	const bool avx2 = false;
+#endif
 
 	heads_f32(h, at.min, minima, n, d, m);
 	for (i = 0; i < n; i++) {
@@ -297,7 +303,7 @@ int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8
 		if (is_q5(type))
 			memcpy(&qh, h + at.high + 4 * i, 4);
 		place = q4_place(i, n, &lo, &single);
-		nibbles_u8(q + place, lo, single, qh, add, u[i]);
+		nibbles_u8(avx2, q + place, lo, single, qh, add, u[i]);
 	}
 	return n;
 }
