@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -164,8 +165,11 @@ class Browser:
             f"--window-size={width},{height}",
             "--remote-debugging-port=0",
             f"--user-data-dir={profile_dir}", "about:blank"]
+        # Its own session, so close() can stop the renderer and helper
+        # processes too: one left running keeps writing into the profile
+        # while the caller removes it.
         self.proc = subprocess.Popen(args, stdout=self.log,
-                         stderr=subprocess.STDOUT)
+                         stderr=subprocess.STDOUT, start_new_session=True)
         self.port = self._read_port()
 
     def _read_port(self, timeout=30):
@@ -206,10 +210,30 @@ class Browser:
         return CDP(WebSocket("127.0.0.1", self.port, path))
 
     def close(self):
-        self.proc.terminate()
+        self._signal_group(signal.SIGTERM)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            pass
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
         self.log.close()
+
+    def _signal_group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def remove_profile(self, tries=20):
+        """Remove the profile directory; helper processes that were
+        killed may still be flushing for a moment, so retry."""
+        for _ in range(tries - 1):
+            try:
+                shutil.rmtree(self.profile)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.25)
+        shutil.rmtree(self.profile, ignore_errors=True)

@@ -513,13 +513,14 @@ def main():
     if not model or not os.path.isfile(model):
         print(f"skip: model not found: {model or '$LOOM_MODEL unset'}")
         return 77
-    with tempfile.TemporaryDirectory(prefix="loom-chat-page-") as tmp:
-        browser = cdp.Browser(chromium, tmp)
-        try:
-            real_server(browser, loom, model, tmp)
-            fake_checks(browser)
-        finally:
-            browser.close()
+    tmp = tempfile.mkdtemp(prefix="loom-chat-page-")
+    browser = cdp.Browser(chromium, tmp)
+    try:
+        real_server(browser, loom, model, tmp)
+        fake_checks(browser)
+    finally:
+        browser.close()
+        browser.remove_profile()
     print(f"{passed} passed, {len(failures)} failed")
     return 1 if failures else 0
 
