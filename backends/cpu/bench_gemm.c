@@ -1,7 +1,9 @@
 /*
  * bench_gemm: weight bandwidth of cpu.so's GEMV (decode) path.
  *
- * Usage: bench_gemm [path/to/cpu.so] [seconds per case] [cold]
+ * Usage: bench_gemm [path/to/cpu.so] [seconds per case] [cold|hot] [type]
+ *
+ * With a type name (q8_0, q5_0, ...) only that format's shapes run.
  *
  * Loads cpu.so through its ABI entry, like the host does, and times
  * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1, Q8_0,
@@ -61,6 +63,7 @@ static const struct format {
 	{ LOOM_TYPE_F32, "f32", 1, 4, { -1, -1 } },
 	{ LOOM_TYPE_Q8_0, "q8_0", 32, 34, { 0, -1 } },
 	{ LOOM_TYPE_Q4_1, "q4_1", 32, 20, { 0, 2 } },
+	{ LOOM_TYPE_Q5_0, "q5_0", 32, 22, { 0, -1 } },
 	{ LOOM_TYPE_Q2_K, "q2_K", 256, 84, { 80, 82 } },
 	{ LOOM_TYPE_Q3_K, "q3_K", 256, 110, { 108, -1 } },
 	{ LOOM_TYPE_Q4_K, "q4_K", 256, 144, { 0, 2 } },
@@ -207,6 +210,7 @@ int main(int argc, char **argv)
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q4_1 },
 		{ "ffn up/gate 576x1536", 576, 1536, LOOM_TYPE_Q8_0 },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q8_0 },
+		{ "ffn up/gate 576x1536", 576, 1536, LOOM_TYPE_Q5_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q8_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q4_1 },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_F32 },
@@ -219,6 +223,7 @@ int main(int argc, char **argv)
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;
 	bool cold = argc > 3 && !strcmp(argv[3], "cold");
+	const char *only = argc > 4 ? argv[4] : NULL;
 	struct loom_backend_host host = {
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
@@ -246,7 +251,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-			for (int packed = 0; packed < 2; packed++)
+			for (int packed = 0; packed < 2 &&
+					     (!only || !strcmp(only, format_of(shapes[i].type)->name));
+			     packed++)
 				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed, cold) < 0)
 					return 1;
 		ops->destroy(ctx);

@@ -531,33 +531,103 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 	return _mm512_dpwssd_epi32(acc, prod, s);
 }
 
-#define K_SB512(attr, name, SCALED)                                                        \
+/*
+ * The int32 lanes of super-block p, not yet summed: *acc (16 lanes) adds
+ * up to isum, *mv (8 lanes) to msum (zeros if t has no minima).
+ */
+#define K_LANES512(attr, name, SCALED)                                                     \
 	attr ALWAYS void name(uint32_t t, const uint8_t *p, const struct qdot_kblock *x,     \
-			      int32_t *isum, int32_t *msum)                                 \
+			      __m256i *acc, __m256i *mv)                                    \
 	{                                                                                  \
-		__m512i acc = _mm512_setzero_si512();                                       \
-		__m256i S, fix, mv;                                                         \
+		__m512i a = _mm512_setzero_si512();                                         \
+		__m256i S, fix;                                                             \
 		__m128i sc, mn;                                                             \
                                                                                            \
 		k_scales_v(t, p, &sc, &mn);                                                 \
 		S = _mm256_cvtepi8_epi16(sc);                                               \
-		fix = k_fix(t, x, S, mn, &mv);                                              \
+		fix = k_fix(t, x, S, mn, mv);                                               \
 		_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                         \
 		{                                                                          \
 			__m512i prod = _mm512_maddubs_epi16(                                \
 				avx512_quants(t, p, j),                                     \
 				_mm512_loadu_si512((const void *)(x->q + 64 * j)));         \
-			acc = SCALED(acc, prod, avx512_scales(S, j));                       \
+			a = SCALED(a, prod, avx512_scales(S, j));                           \
 		}                                                                          \
-		fix = _mm256_add_epi32(fix, _mm512_castsi512_si256(acc));                   \
-		k_sums(t, _mm256_add_epi32(fix, _mm512_extracti64x4_epi64(acc, 1)), mv, isum, \
-		       msum);                                                               \
+		*acc = _mm256_add_epi32(_mm256_add_epi32(fix, _mm512_castsi512_si256(a)),   \
+					_mm512_extracti64x4_epi64(a, 1));                   \
 	}
 
-K_SB512(TGT_AVX512, avx512_sb, bw_scaled)
-K_SB512(TGT_VNNI, vnni_sb, vnni_scaled)
-K_ROWS(TGT_AVX512, avx512_rows, avx512_sb)
-K_ROWS(TGT_VNNI, vnni_rows, vnni_sb)
+K_LANES512(TGT_AVX512, avx512_lanes, bw_scaled)
+K_LANES512(TGT_VNNI, vnni_lanes, vnni_scaled)
+
+/* The lane sums of four rows' vectors, row r in lane r (exact in int32). */
+TGT_AVX2 ALWAYS __m128i sum4_i32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	__m256i v = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+
+	return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/* The f16 at byte off of four super-blocks ws apart, as floats. */
+TGT_AVX2 ALWAYS __m128 k_half4(const uint8_t *p, size_t ws, int off)
+{
+	return _mm_cvtph_ps(_mm_setr_epi16((short)cpu_rd16(p + off), (short)cpu_rd16(p + ws + off),
+					   (short)cpu_rd16(p + 2 * ws + off),
+					   (short)cpu_rd16(p + 3 * ws + off), 0, 0, 0, 0));
+}
+
+/*
+ * R rows, super-block by super-block. Four rows at a time share the work
+ * after the integer lanes: their lane sums in one reduction, and
+ * k_accumulate()'s two fused multiply-adds as one vector operation with
+ * row r in lane r (the same IEEE operations on the same values, so the
+ * bits of the one-row loop).
+ */
+#define K_ROWS512(attr, name, lanes)                                                       \
+	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                      \
+			      const struct qdot_kblock *x, int64_t nb, float *y, int R)     \
+	{                                                                                  \
+		const size_t bb = kb_bytes(t);                                              \
+		__m256i a[4], m[4];                                                         \
+		__m128 acc = _mm_setzero_ps();                                              \
+                                                                                           \
+		if (R != 4) {                                                               \
+			for (int r = 0; r < R; r++) {                                       \
+				float v = 0.0f;                                             \
+                                                                                           \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					const uint8_t *p = w + r * ws + b * bb;             \
+					int32_t isum, msum;                                 \
+                                                                                           \
+					lanes(t, p, x + b, &a[0], &m[0]);                   \
+					k_sums(t, a[0], m[0], &isum, &msum);                \
+					v = k_accumulate(t, x[b].d, isum, msum, v,          \
+							 avx2_h(p + kd_off(t)),             \
+							 k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
+				}                                                           \
+				y[r] = v;                                                   \
+			}                                                                   \
+			return;                                                             \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b++) {                                          \
+			const uint8_t *p = w + b * bb;                                      \
+			__m128 xd = _mm_set1_ps(x[b].d);                                    \
+                                                                                           \
+			for (int r = 0; r < 4; r++)                                         \
+				lanes(t, p + r * ws, x + b, &a[r], &m[r]);                  \
+			acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(a[0], a[1], a[2], a[3])), \
+					   _mm_mul_ps(k_half4(p, ws, kd_off(t)), xd), acc); \
+			if (k_min(t))                                                       \
+				acc = _mm_fmadd_ps(                                          \
+					_mm_cvtepi32_ps(_mm_sub_epi32(_mm_setzero_si128(),  \
+						sum4_i32(m[0], m[1], m[2], m[3]))),         \
+					_mm_mul_ps(k_half4(p, ws, kd_off(t) + 2), xd), acc); \
+		}                                                                          \
+		_mm_storeu_ps(y, acc);                                                      \
+	}
+
+K_ROWS512(TGT_AVX512, avx512_rows, avx512_lanes)
+K_ROWS512(TGT_VNNI, vnni_rows, vnni_lanes)
 QDOT_K_SET(TGT_AVX512, avx512, avx512_rows);
 QDOT_K_SET(TGT_VNNI, vnni, vnni_rows);
 
