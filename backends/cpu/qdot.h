@@ -132,5 +132,6 @@ int qdot_k_offset(uint32_t t);
 float qdot_k_ref(uint32_t type, const uint8_t *w, const struct qdot_kblock *x, int64_t nb);
 /* Quantizes k values (a multiple of 256) into k / 256 super-blocks. */
 void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k);
+void qdot_k_quantize_row_c(const float *x, struct qdot_kblock *out, int64_t k);
 
 #endif /* LOOM_CPU_QDOT_H */

@@ -117,7 +117,7 @@ ALWAYS struct kgrp k_grp(uint32_t t, const uint8_t *b, int g)
 
 /* ---- activation quantization ---- */
 
-void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k)
+void qdot_k_quantize_row_c(const float *x, struct qdot_kblock *out, int64_t k)
 {
 	for (int64_t b = 0; b < k / 256; b++) {
 		const float *v = x + 256 * b;
@@ -146,6 +146,59 @@ void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k)
 		/* a NaN or inf in the block makes its every product NaN */
 		out[b].d = finite ? amax / 127.0f : NAN;
 	}
+}
+
+#if defined(__x86_64__)
+/*
+ * qdot_k_quantize_row_c() on 16 lanes, byte for byte (tests/backend/
+ * qdot_k.c): max |x| is exact in any order, v * id the same product, the
+ * conversion rounds to nearest even as lrintf() does, and the sub-block
+ * sums are exact integers.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void k_quantize_row_avx512(const float *x, struct qdot_kblock *out, int64_t k)
+{
+	const __m512 inf = _mm512_set1_ps(INFINITY);
+	const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+
+	for (int64_t b = 0; b < k / 256; b++) {
+		const float *v = x + 256 * b;
+		__m512 amax = _mm512_setzero_ps();
+		__mmask16 finite = 0xffff;
+		float m, id;
+
+		for (int i = 0; i < 16; i++) {
+			__m512 a = _mm512_abs_ps(_mm512_loadu_ps(v + 16 * i));
+
+			/* NaN compares false: not finite */
+			finite &= _mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ);
+			amax = _mm512_max_ps(amax, a);
+		}
+		m = _mm512_reduce_max_ps(amax);
+		id = m > 0.0f ? 127.0f / m : 0.0f;
+		for (int i = 0; i < 16; i++) {
+			__m512i q = _mm512_setzero_si512();
+
+			if (finite == 0xffff)
+				q = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(
+					_mm512_loadu_ps(v + 16 * i), _mm512_set1_ps(id))), lim), nlim);
+			_mm_storeu_si128((__m128i *)(out[b].q + 16 * i), _mm512_cvtepi32_epi8(q));
+			out[b].bsums[i] = (int16_t)_mm512_reduce_add_epi32(q);
+		}
+		out[b].d = finite == 0xffff ? m / 127.0f : NAN;
+	}
+}
+#endif
+
+void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k)
+{
+#if defined(__x86_64__)
+	if (cpu_detect_isa() >= CPU_ISA_AVX512) {
+		k_quantize_row_avx512(x, out, k);
+		return;
+	}
+#endif
+	qdot_k_quantize_row_c(x, out, k);
 }
 
 /* ---- plain C: the reference, which is also the scalar kernel ---- */

@@ -138,6 +138,43 @@ START_TEST(quantize_contract)
 }
 END_TEST
 
+/* The SIMD quantizer gives the plain C one's super-blocks byte for byte,
+ * also with zeros, ties at .5 steps, huge and tiny values and non-finite
+ * ones (a non-finite block's d is a NaN of either sign bit). */
+START_TEST(quantize_simd_matches_c)
+{
+	static float x[MAX_NB * 256];
+	static struct qdot_kblock a[MAX_NB], b[MAX_NB];
+	int bad = 0;
+
+	for (int rep = 0; rep < 100; rep++) {
+		fill_acts(x, MAX_NB * 256);
+		for (int i = 0; i < MAX_NB * 256; i++) {
+			uint32_t r = rnd32() % 256;
+
+			if (r == 0)
+				x[i] = 0.0f;
+			else if (r == 1)
+				x[i] = 127.5f / 127.0f * (float)(int)(rnd32() % 200 - 100) / 100.0f;
+			else if (r == 2)
+				x[i] *= 1e30f;
+			else if (r == 3)
+				x[i] *= 1e-30f;
+			else if (r == 4 && rep % 4 == 0)
+				x[i] = rnd32() % 2 ? NAN : INFINITY;
+		}
+		qdot_k_quantize_row(x, a, MAX_NB * 256);
+		qdot_k_quantize_row_c(x, b, MAX_NB * 256);
+		for (int i = 0; i < MAX_NB; i++)
+			bad += memcmp(&a[i], &b[i], sizeof(a[i])) != 0 &&
+			       !(isnan(a[i].d) && isnan(b[i].d) &&
+				 !memcmp(a[i].q, b[i].q, sizeof(a[i].q)) &&
+				 !memcmp(a[i].bsums, b[i].bsums, sizeof(a[i].bsums)));
+	}
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 static double worst_rel; /* largest |kernel - f32 dot| / sum |w * x| */
 
 /* The kernel's y of weight row w against f64 dots: in bounds? */
@@ -269,6 +306,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, quantize_contract);
+	tcase_add_test(tc, quantize_simd_matches_c);
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, every_field_counts);
 	suite_add_tcase(s, tc);
