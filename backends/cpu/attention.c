@@ -27,7 +27,12 @@ struct attn_task {
 	uint32_t type;    /* the cache's (ABI 1.3) */
 	size_t row_bytes; /* of one cache slot: kv_dim values of type */
 	int64_t max_kv;   /* the longest sequence: scores and staging sizes */
+	int64_t group;    /* query heads per unit: consecutive, one KV head's */
 };
+
+/* At most this many query heads share a unit (their accumulators stay in
+ * registers). */
+#define GROUP_MAX 4
 
 /*
  * Cache row of position t of sequence s, head kvh, and in *n how many
@@ -232,6 +237,126 @@ CPU_TGT_AVX2 static void attn_row_avx2_f16(const struct attn_task *tk, float *sc
 {
 	attn_row_avx2_t(tk, scratch, s, h, row, pos, true);
 }
+
+/*
+ * attn_row_avx2_t() for n query heads h0 .. h0 + n - 1 (n <= GROUP_MAX)
+ * that read the same KV head, on AVX-512 machines, head_dim a multiple of
+ * 16: each cache row is loaded and widened once for all of them. Per head
+ * the arithmetic is attn_row_avx2_t()'s: a 16-lane accumulator is dot8()'s
+ * s0 (low half) and s1 (high half) stepping over the same 16 values, and
+ * lo + hi is its s0 + s1; the V sums are the same per-element fused
+ * multiply-adds in position order. So the bits are attn_row()'s.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE __m512
+ld16(const void *p, int64_t i, bool half)
+{
+	return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+		    : _mm512_loadu_ps((const float *)p + i);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
+attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
+		    int64_t row, int64_t pos, bool half)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
+	const int64_t kvh = h0 / (a->n_heads / a->n_kv_heads);
+	const size_t es = half ? 2 : 4;
+	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
+	const float *q = a->q + row * a->q_stride + h0 * hd;
+	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
+	int64_t lo = 0, len, e0;
+	float mx[GROUP_MAX];
+	double sum[GROUP_MAX];
+
+	if (a->window > 0 && pos - a->window + 1 > 0)
+		lo = pos - a->window + 1;
+	len = pos + 1 - lo;
+	for (int64_t t = lo, m; t <= pos; t += m) {
+		e0 = kv_run_off(a, s, t, kvh, pos, &m);
+		for (int64_t i = 0; i < m; i++) {
+			cpu_prefetch(kc + (size_t)(e0 + i * stride) * es, (size_t)hd * es);
+			cpu_prefetch(vc + (size_t)(e0 + i * stride) * es, (size_t)hd * es);
+		}
+	}
+	for (int g = 0; g < n; g++)
+		mx[g] = -INFINITY;
+	for (int64_t t = lo, m; t <= pos;) {
+		int64_t e = kv_run_off(a, s, t, kvh, pos, &m);
+
+		for (int64_t i = 0; i < m; i++, t++, e += stride) {
+			const void *k = kc + (size_t)e * es;
+			__m512 d[GROUP_MAX];
+
+			for (int g = 0; g < n; g++)
+				d[g] = _mm512_setzero_ps();
+			for (int64_t j = 0; j < hd; j += 16) {
+				__m512 kv = ld16(k, j, half);
+
+				for (int g = 0; g < n; g++)
+					d[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + j), kv, d[g]);
+			}
+			for (int g = 0; g < n; g++) {
+				float v = cpu_avx2_hsum(_mm256_add_ps(_mm512_castps512_ps256(d[g]),
+								      _mm256_castpd_ps(_mm512_extractf64x4_pd(
+									      _mm512_castps_pd(d[g]), 1)))) *
+					  a->scale;
+
+				if (a->softcap > 0.0f)
+					v = a->softcap * tanhf(v / a->softcap);
+				sc[g * tk->max_kv + t - lo] = v;
+				if (v > mx[g])
+					mx[g] = v;
+			}
+		}
+	}
+	for (int g = 0; g < n; g++)
+		sum[g] = softmax_weights(tk, sc + g * tk->max_kv, len, mx[g]);
+	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+		const int w = hd - d0 < 64 ? (int)(hd - d0) / 16 : 4;
+		__m512 r[GROUP_MAX][4];
+
+		for (int g = 0; g < n; g++)
+			for (int j = 0; j < 4; j++)
+				r[g][j] = _mm512_setzero_ps();
+		for (int64_t t = lo, m; t <= pos;) {
+			int64_t e = kv_run_off(a, s, t, kvh, pos, &m) + d0;
+
+			for (int64_t i = 0; i < m; i++, t++, e += stride) {
+				const void *v = vc + (size_t)e * es;
+				__m512 vv[4];
+
+				for (int j = 0; j < w; j++)
+					vv[j] = ld16(v, 16 * j, half);
+				for (int g = 0; g < n; g++) {
+					__m512 p = _mm512_set1_ps(sc[g * tk->max_kv + t - lo]);
+
+					for (int j = 0; j < w; j++)
+						r[g][j] = _mm512_fmadd_ps(p, vv[j], r[g][j]);
+				}
+			}
+		}
+		for (int g = 0; g < n; g++)
+			for (int j = 0; j < w; j++)
+				_mm512_storeu_ps(acc + g * hd + d0 + 16 * j, r[g][j]);
+	}
+	for (int g = 0; g < n; g++) {
+		float *out = a->out + row * a->out_stride + (h0 + g) * hd;
+
+		for (int64_t i = 0; i < hd; i++)
+			out[i] = (float)(acc[g * hd + i] / sum[g]);
+	}
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void
+attn_group_avx512(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
+		  int64_t row, int64_t pos, bool half)
+{
+	if (half)
+		attn_group_avx512_t(tk, scratch, s, h0, n, row, pos, true);
+	else
+		attn_group_avx512_t(tk, scratch, s, h0, n, row, pos, false);
+}
 #endif
 
 /* One query row of a unit: the AVX2 kernel where it applies, else the
@@ -248,23 +373,66 @@ static void attn_one(const struct attn_task *tk, float *scratch, int64_t s, int6
 	attn_row(tk, scratch, s, h, row, pos);
 }
 
+/* Whether attn_group_avx512() runs the groups. */
+static bool group_kernel(const struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+#if defined(__x86_64__)
+	return ctx->isa == CPU_ISA_AVX512 && a->head_dim % 16 == 0;
+#else
+	(void)ctx, (void)a;
+	return false;
+#endif
+}
+
+/* Whether the kernels read an f16 cache in place (else it is staged). */
+static bool reads_f16(const struct attn_task *tk)
+{
+#if defined(__x86_64__)
+	return tk->ctx->isa != CPU_ISA_SCALAR && tk->a->head_dim % 8 == 0;
+#else
+	(void)tk;
+	return false;
+#endif
+}
+
+/* Query row `row` at position pos for heads h0 .. h0 + tk->group - 1 over
+ * an f16 (half) or f32 cache. */
+static void attn_heads(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
+		       int64_t row, int64_t pos, bool half)
+{
+#if defined(__x86_64__)
+	if (group_kernel(tk->ctx, tk->a)) {
+		attn_group_avx512(tk, scratch, s, h0, (int)tk->group, row, pos, half);
+		return;
+	}
+	if (half) {
+		for (int64_t h = h0; h < h0 + tk->group; h++)
+			attn_row_avx2_f16(tk, scratch, s, h, row, pos);
+		return;
+	}
+#endif
+	(void)half;
+	for (int64_t h = h0; h < h0 + tk->group; h++)
+		attn_one(tk, scratch, s, h, row, pos);
+}
+
 /*
  * Rows r0 .. r1-1 of sequence s (query rows q0 + i at positions p0 + i),
- * head h, over a cache of f16 or block-quantized values: head kvh's keys
- * and values at the positions those rows read are decoded once (exactly:
- * a value is its scale times its integer) into f32 staging in the
- * thread's scratch, laid out as a one-block, one-KV-head cache, and the
- * f32 kernels run over it. So a query row gets the arithmetic of an f32
- * cache holding the decoded values, and a chunk of 16 prefill rows pays
- * for one decode.
+ * heads h0 .. h0 + group - 1, over a cache of block-quantized values:
+ * their KV head's keys and values at the positions those rows read are
+ * decoded once (exactly: a value is its scale times its integer) into f32
+ * staging in the thread's scratch, laid out as a one-block, one-KV-head
+ * cache, and the f32 kernels run over it. So a query row gets the
+ * arithmetic of an f32 cache holding the decoded values, and a chunk of
+ * 16 prefill rows and a group of heads pay for one decode.
  */
-static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
+static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
 			int64_t q0, int64_t p0, int64_t r0, int64_t r1)
 {
 	const struct loom_attention_args *a = tk->a;
-	const int64_t hd = a->head_dim, kvh = h / (a->n_heads / a->n_kv_heads);
+	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
 	const size_t head_bytes = tk->row_bytes / (size_t)a->n_kv_heads;
-	float *sk = scratch + hd + tk->max_kv, *sv = sk + tk->max_kv * hd;
+	float *sk = scratch + GROUP_MAX * (hd + tk->max_kv), *sv = sk + tk->max_kv * hd;
 	int64_t lo = 0, hi = p0 + r1 - 1;
 	static const int32_t block0 = 0;
 	struct loom_attention_args st = *a;
@@ -287,13 +455,14 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 	st.block_table = &block0;
 	tk2.a = &st;
 	for (int64_t i = r0; i < r1; i++)
-		attn_one(&tk2, scratch, 0, h, q0 + i, p0 + i);
+		attn_heads(&tk2, scratch, 0, h0, q0 + i, p0 + i, false);
 }
 
 static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 {
 	const struct loom_attention_args *a = tk->a;
-	int64_t h = u % a->n_heads, c = u / a->n_heads;
+	const int64_t n_groups = a->n_heads / tk->group;
+	int64_t h0 = u % n_groups * tk->group, c = u / n_groups;
 	int64_t lo = 0, hi = a->n_seqs;
 
 	/* the sequence whose chunks hold c */
@@ -310,19 +479,13 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 	int64_t r0 = (c - tk->chunk_start[s]) * ROWS_PER_UNIT;
 	int64_t r1 = r0 + ROWS_PER_UNIT < q_len ? r0 + ROWS_PER_UNIT : q_len;
 
-#if defined(__x86_64__)
-	if (tk->type == LOOM_TYPE_F16 && tk->ctx->isa != CPU_ISA_SCALAR && a->head_dim % 8 == 0) {
-		for (int64_t i = r0; i < r1; i++)
-			attn_row_avx2_f16(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
-		return;
-	}
-#endif
-	if (tk->type != LOOM_TYPE_F32) {
-		attn_rows_q(tk, scratch, s, h, q0, a->kv_len[s] - q_len, r0, r1);
+	if (tk->type != LOOM_TYPE_F32 && !(tk->type == LOOM_TYPE_F16 && reads_f16(tk))) {
+		attn_rows_q(tk, scratch, s, h0, q0, a->kv_len[s] - q_len, r0, r1);
 		return;
 	}
 	for (int64_t i = r0; i < r1; i++)
-		attn_one(tk, scratch, s, h, q0 + i, a->kv_len[s] - q_len + i);
+		attn_heads(tk, scratch, s, h0, q0 + i, a->kv_len[s] - q_len + i,
+			   tk->type == LOOM_TYPE_F16);
 }
 
 /* Pool chunk c of n_chunks: units [n_units*c/n_chunks, n_units*(c+1)/n_chunks). */
@@ -339,6 +502,23 @@ static void attn_task_run(void *arg, int64_t c, int ith)
 		attn_unit(tk, scratch, u);
 }
 
+/*
+ * Query heads per unit: the largest divisor of the heads per KV head up
+ * to GROUP_MAX where a group shares work (the grouped kernel, or one
+ * decode of a quantized cache), else 1 (more units to balance).
+ */
+static int64_t heads_per_unit(const struct loom_backend_ctx *ctx,
+			      const struct loom_attention_args *a, uint32_t type)
+{
+	int64_t per_kv = a->n_heads / a->n_kv_heads;
+
+	if (!group_kernel(ctx, a) && (type == LOOM_TYPE_F32 || type == LOOM_TYPE_F16))
+		return 1;
+	for (int64_t g = GROUP_MAX; g > 1; g--)
+		if (per_kv % g == 0)
+			return g;
+	return 1;
+}
 
 /* The reference backend's rules, in its order. 1: nothing to do. */
 static int attn_check(const struct loom_attention_args *a, int64_t *longest)
@@ -378,9 +558,12 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	err = attn_check(a, &max_kv);
 	if (err)
 		return err < 0 ? err : LOOM_OK;
-	/* acc[head_dim], scores[max_kv]; for a typed cache also f32 staging
-	 * of one KV head's keys and values, [max_kv][head_dim] each */
-	need = a->head_dim + max_kv;
+	/* acc[head_dim] and scores[max_kv] for each head of a group; for a
+	 * typed cache also f32 staging of one KV head's keys and values,
+	 * [max_kv][head_dim] each */
+	if (__builtin_add_overflow(a->head_dim, max_kv, &need) ||
+	    __builtin_mul_overflow(need, GROUP_MAX, &need))
+		return LOOM_ERR_NOMEM;
 	if (LOOM_KV_TYPE(a, struct loom_attention_args) != LOOM_TYPE_F32 &&
 	    (__builtin_mul_overflow(max_kv, 2 * a->head_dim, &stage) ||
 	     __builtin_add_overflow(need, stage, &need)))
@@ -403,7 +586,8 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.row_bytes = loom_kvq_row_bytes(tk.type, a->n_kv_heads * a->head_dim);
 	tk.max_kv = max_kv;
 	tk.chunk_start = chunks;
-	tk.n_units = chunks[a->n_seqs] * a->n_heads;
+	tk.group = heads_per_unit(ctx, a, tk.type);
+	tk.n_units = chunks[a->n_seqs] * (a->n_heads / tk.group);
 	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;
 	work *= (double)a->n_heads * (double)a->head_dim * 2;
 	cpu_pool_run(&ctx->pool, attn_task_run, &tk, tk.n_chunks,
