@@ -213,6 +213,7 @@ int main(int argc, char **argv)
 		{ "ffn up/gate 576x1536", 576, 1536, LOOM_TYPE_Q5_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q8_0 },
 		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q4_1 },
+		{ "lm head 576x49152", 576, 49152, LOOM_TYPE_Q5_0 },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_F32 },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q2_K },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q3_K },

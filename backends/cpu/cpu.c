@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "qpack.h"
 #include "../mpi/coll.h"
 
 #define MAX_THREADS 256
@@ -226,6 +227,14 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	case LOOM_OP_COPY:
 	case LOOM_OP_SOFTCAP:
 		return type == LOOM_TYPE_F32;
+	case LOOM_OP_EMBED_PACKED:
+		/* embed unpacks what weight_pack packs, but a tied table is
+		 * worth packing only where the packed GEMV streams a large
+		 * matrix faster: Q5_0 and Q5_1, whose GGUF-layout kernel is
+		 * the slow pairwise one (bench_gemm, lm head 576x49152 from
+		 * memory: Q5_0 1.8x faster packed; Q4_1 about even; Q8_0
+		 * 10-20 % slower) */
+		return ctx && ctx->pack && (type == LOOM_TYPE_Q5_0 || type == LOOM_TYPE_Q5_1);
 	default:
 		return false;
 	}

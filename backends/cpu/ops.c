@@ -4,9 +4,11 @@
  * split across the pool only when the op is large (prefill).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
+#include "qpack.h"
 #include "loom/kv_quant.h"
 
 /* ---- embed ---- */
@@ -29,10 +31,29 @@ static void embed_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, 
 				a->out + r * a->dim, a->dim);
 }
 
+/* Rows of a table weight_pack packed (ABI 1.5, row_bytes 0): each back to
+ * its GGUF bytes (qpack_unpack_row, byte for byte), then as above. */
+static int embed_packed(struct loom_backend_ctx *ctx, const struct embed_args *a, int64_t n_ids)
+{
+	const int64_t nb = a->dim / 32;
+	const size_t stride = qpack_row_bytes(a->type, nb);
+	uint8_t *row = malloc((size_t)nb * cpu_block_bytes(a->type));
+
+	if (!row)
+		return LOOM_ERR_NOMEM;
+	for (int64_t r = 0; r < n_ids; r++) {
+		qpack_unpack_row(a->type, a->table + (size_t)a->ids[r] * stride, nb, row);
+		cpu_dequant_row(ctx->isa, a->type, row, a->out + r * a->dim, a->dim);
+	}
+	free(row);
+	return LOOM_OK;
+}
+
 int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
 	      size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids)
 {
 	struct embed_args a = { out, table, type, row_bytes, dim, ids };
+	bool packed = row_bytes == 0 && dim > 0;
 	size_t need;
 
 	if (!ctx || n_rows < 0 || dim < 0 || n_ids < 0)
@@ -43,6 +64,13 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 	    (uint64_t)(dim / cpu_block_elems(type)) > (uint64_t)(INT64_MAX / 16) / cpu_block_bytes(type))
 		return LOOM_ERR_INVALID;
 	need = (size_t)(dim / cpu_block_elems(type)) * cpu_block_bytes(type);
+	if (packed) { /* a table of this backend's layout: its rows' size */
+		if (!ctx->pack || !qpack_format(type) || dim % 32)
+			return LOOM_ERR_INVALID;
+		row_bytes = qpack_row_bytes(type, dim / 32);
+		if (!row_bytes)
+			return LOOM_ERR_INVALID;
+	}
 	if (row_bytes < need || !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
 	if (row_bytes > 0 && (uint64_t)n_rows > (uint64_t)(INT64_MAX / 16) / row_bytes)
@@ -56,6 +84,8 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 			return LOOM_ERR_INVALID;
 	if (dim == 0)
 		return LOOM_OK;
+	if (packed)
+		return embed_packed(ctx, &a, n_ids);
 	cpu_run_rows(ctx, embed_rows, &a, n_ids, (double)n_ids * dim);
 	return LOOM_OK;
 }

@@ -308,7 +308,7 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT)
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);

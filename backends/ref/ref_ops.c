@@ -71,7 +71,7 @@ bool ref_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
 	uint32_t be, bb;
 
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT)
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return format_of(ctx, type, &be, &bb);

@@ -483,7 +483,9 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 
 	switch (nd->op) {
 	case NODE_EMBED:
-		return be->ops->embed(ctx, dst, nd->w->data, nd->w->type, nd->w->row_bytes,
+		/* row_bytes 0: the backend's packed table (ABI 1.5) */
+		return be->ops->embed(ctx, dst, nd->w->data, nd->w->type,
+				      nd->w->packed ? 0 : nd->w->row_bytes,
 				      nd->w->rows, nd->w->cols, e->in[IN_TOKENS], rows);
 	case NODE_RMSNORM:
 		return be->ops->rmsnorm(ctx, dst, wd, a, wa, nd->w->data, rows, wd,

@@ -282,6 +282,7 @@ struct weight_plan {
 	const struct gguf_tensor *t;
 	bool dequant; /* convert to f32 at load (no native kernel) */
 	bool gemm_only; /* read by gemm and nothing else: the backend may pack it */
+	bool tied;      /* the token table that is also the output head (ABI 1.5) */
 	bool packed;  /* packed by the backend: nothing to upload */
 	size_t offset, bytes;
 	/* what this rank reads of the file: the whole tensor, or its shard
@@ -617,6 +618,7 @@ static int plan_all(struct loader *l)
 			return -1;
 		l->plan[l->n_plan - 1].dequant = true;
 	}
+	l->plan[l->n_plan - 1].tied = tied && head;
 out_head:
 	if (head && !tied && plan_weight(l, &m->output, "output.weight", 0, hp->n_vocab,
 					 hp->n_embd, true, LOOM_OP_GEMM))
@@ -629,8 +631,10 @@ out_head:
 	return plan_layers(l);
 }
 
-/* Offers each gemm-only weight to the backend's weight_pack; what it packs
- * leaves the upload plan, and its pages of the file leave memory. */
+/* Offers each gemm-only weight to the backend's weight_pack, and a tied
+ * table when the backend's embed reads its layout too (the head streams
+ * the whole table every step, embed a few rows); what it packs leaves the
+ * upload plan, and its pages of the file leave memory. */
 static int pack_all(struct loader *l)
 {
 	struct loom_model *m = l->m;
@@ -652,7 +656,8 @@ static int pack_all(struct loader *l)
 			.n = p->w->rows, .k = p->w->cols, .src = p->src,
 			.src_stride = p->w->row_bytes };
 
-		if (!p->gemm_only)
+		if (!p->gemm_only &&
+		    !(p->tied && !p->dequant && loom_backend_embeds_packed(be, p->t->type)))
 			continue;
 		buf = NULL;
 		rc = be->ops->weight_pack(be->ctx, &a, &buf, &bytes);

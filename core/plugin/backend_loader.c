@@ -86,6 +86,12 @@ bool loom_backend_has_pack(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(weight_pack) && b->ops->weight_pack;
 }
 
+bool loom_backend_embeds_packed(const struct loom_backend *b, uint32_t type)
+{
+	return loom_backend_has_pack(b) && b->ops->abi_minor >= 5 &&
+	       b->ops->supports(b->ctx, LOOM_OP_EMBED_PACKED, type);
+}
+
 bool loom_backend_has_softcap(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(softcap) && b->ops->softcap;

@@ -53,6 +53,9 @@ const struct loom_backend_ops *loom_backend_load_ops(const char *name, char *pat
 bool loom_backend_has_graphs(const struct loom_backend *b);
 /* Whether the backend packs weights (generation 1.2 weight_pack). */
 bool loom_backend_has_pack(const struct loom_backend *b);
+/* Whether weight_pack may take a table embed reads too, of this type
+ * (ABI 1.5, LOOM_OP_EMBED_PACKED). */
+bool loom_backend_embeds_packed(const struct loom_backend *b, uint32_t type);
 /* Whether the backend has the optional softcap slot (ABI 1.2). */
 bool loom_backend_has_softcap(const struct loom_backend *b);
 /* Whether the backend has the optional collective slot (ABI 1.4). */

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 4
+#define LOOM_BACKEND_ABI_MINOR 5
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -81,6 +81,9 @@ enum loom_op {
 	LOOM_OP_ATTENTION,
 	LOOM_OP_COPY,
 	LOOM_OP_SOFTCAP, /* generation 1.2 */
+	/* generation 1.5: embed reads a table this backend packed
+	 * (weight_pack, below); asked only of backends of ABI 1.5 or later */
+	LOOM_OP_EMBED_PACKED,
 	LOOM_OP_COUNT,
 };
 
@@ -362,7 +365,9 @@ struct loom_backend_ops {
 	int (*gemm)(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
 	/* out[i] = dequantized row ids[i] of table ([n_rows][dim] in `type`,
 	 * row stride `row_bytes`); out row stride is dim floats. ids are
-	 * device int32 and must be < n_rows (else LOOM_ERR_INVALID). */
+	 * device int32 and must be < n_rows (else LOOM_ERR_INVALID).
+	 * Generation 1.5: row_bytes 0 means table is a buffer this backend
+	 * returned from weight_pack() for this table (see there). */
 	int (*embed)(struct loom_backend_ctx *ctx, float *out, const void *table,
 		     uint32_t type, size_t row_bytes, int64_t n_rows, int64_t dim,
 		     const int32_t *ids, int64_t n_ids);
@@ -431,6 +436,14 @@ struct loom_backend_ops {
 	 * set, and frees *out with buffer_free. Any other status fails the
 	 * load. A gemm on a packed weight must give the same results, bit for
 	 * bit, as on the GGUF layout in the same context.
+	 *
+	 * Generation 1.5: a table that embed reads too (a tied output head,
+	 * which gemm streams whole every step) is offered as well when the
+	 * backend's abi_minor is 5 or more and supports(ctx,
+	 * LOOM_OP_EMBED_PACKED, type) says its embed reads its own layout of
+	 * that type. If packed, the host also passes buffer_addr(*out) to
+	 * embed as the table, with row_bytes 0; embed must give the rows the
+	 * GGUF layout gives, bit for bit.
 	 */
 	int (*weight_pack)(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
 			   struct loom_buffer **out, size_t *bytes);
