@@ -25,6 +25,8 @@
 #   THREADS       thread counts               (default "1 2")
 #   ROUNDS        interleaved rounds          (default 3)
 #   PP, TG, REPS  -p, -n and -r of both tools (default 128, 64, 3)
+#   DEPTH         -d of both tools: tokens of context before the timed
+#                 decode (default 0, llama-bench's default)
 #   JOBS          parallel build jobs         (default nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,15 @@ THREADS=${THREADS:-1 2}
 ROUNDS=${ROUNDS:-3}
 PP=${PP:-128}
 TG=${TG:-64}
+DEPTH=${DEPTH:-0}
+# the decode test's name in both tools' tables
+# (loom bench's -d delays only the decode; llama-bench's also the
+# prefill, so with DEPTH > 0 only the tg columns compare like for like)
+if [ "$DEPTH" -gt 0 ]; then
+	TGLABEL="tg$TG @ d$DEPTH" LLAMA_PP="pp$PP @ d$DEPTH"
+else
+	TGLABEL="tg$TG" LLAMA_PP="pp$PP"
+fi
 REPS=${REPS:-3}
 SETUP_ONLY=0
 case "${1:-}" in
@@ -164,12 +175,12 @@ done
 
 # loom bench / llama-bench both print a markdown table; the t/s column is
 # "mean ± sd". Print "pp tg" means.
-parse_loom() {
-	awk -F'|' -v pp="pp$PP" -v tg="tg$TG" '
+parse_loom() { # FILE [PP_LABEL]
+	awk -F'|' -v pp="${2:-pp$PP}" -v tg="$TGLABEL" '
 		{ for (i = 2; i < NF; i++) { f = $i; gsub(/^ +| +$/, "", f); if (f == pp) p = $(NF-1); if (f == tg) g = $(NF-1) } }
 		END { split(p, a, " "); split(g, b, " "); if (a[1] == "" || b[1] == "") exit 1; print a[1], b[1] }' "$1"
 }
-parse_llama() { parse_loom "$1"; }
+parse_llama() { parse_loom "$1" "$LLAMA_PP"; }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2] + v[NR/2+1]) / 2 }'; }
 
@@ -179,11 +190,11 @@ for r in $(seq 1 "$ROUNDS"); do
 		for t in $THREADS; do
 			f=$OUTDIR/loom.$q.t$t.r$r
 			# shellcheck disable=SC2086
-			"$LOOM" bench --model "${FILE[$q]}" -p "$PP" -n "$TG" -t "$t" -r "$REPS" $LOOM_FLAGS >"$f" 2>&1 ||
+			"$LOOM" bench --model "${FILE[$q]}" -p "$PP" -n "$TG" -d "$DEPTH" -t "$t" -r "$REPS" $LOOM_FLAGS >"$f" 2>&1 ||
 				die "loom bench failed on $q -t $t, see $f"
 			read -r lp lt < <(parse_loom "$f") || die "cannot parse $f"
 			f=$OUTDIR/llama.$q.t$t.r$r
-			"$BIN/llama-bench" -m "${FILE[$q]}" -p "$PP" -n "$TG" -t "$t" -r "$REPS" >"$f" 2>&1 ||
+			"$BIN/llama-bench" -m "${FILE[$q]}" -p "$PP" -n "$TG" -d "$DEPTH" -t "$t" -r "$REPS" >"$f" 2>&1 ||
 				die "llama-bench failed on $q -t $t, see $f"
 			read -r cp ct < <(parse_llama "$f") || die "cannot parse $f"
 			R[$q,$t,lp]+=" $lp"; R[$q,$t,lt]+=" $lt"; R[$q,$t,cp]+=" $cp"; R[$q,$t,ct]+=" $ct"
@@ -212,6 +223,7 @@ echo "t/s, medians of $ROUNDS interleaved rounds (each the mean of -r $REPS); ra
 echo "tg GB/s = weight bytes x tg t/s, and as a fraction of the streaming-read bandwidth at that thread count"
 for t in $THREADS; do echo "  streaming read, $t thread(s): ${BW[$t]} GB/s best 64 MiB chunk (${BWPASS[$t]} GB/s best 1 GiB pass)"; done
 echo "  load average before the runs: $LOAD0; after: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ "$DEPTH" -gt 0 ] && echo "  tg after $DEPTH tokens of context; pp: loom on an empty cache, llama.cpp after $DEPTH tokens (compare tg only)"
 echo
 echo "| model (SmolLM2-135M) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"

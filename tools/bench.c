@@ -1,5 +1,6 @@
 /* `loom bench`: for each thread count, `reps` runs of a prefill of n_prompt
- * tokens (pp) and a greedy decode of n_gen tokens (tg), reported as mean and
+ * tokens (pp) and a greedy decode of n_gen tokens after n_depth tokens of
+ * context (tg), reported as mean and
  * standard deviation of tokens per second. Prompt tokens are pseudo-random
  * ids from a fixed seed, as llama-bench does, so runs are comparable. Each
  * run is one request through the engine's scheduler, the path every
@@ -57,11 +58,12 @@ static void on_event(void *user, const struct loom_event *ev)
 	}
 }
 
-/* One repetition: a greedy request of n_gen + 1 tokens that ignores
- * end-of-generation (the first token closes the prefill, the other n_gen
- * are the decode); returns pp and tg tokens/s. */
-static int bench_once(struct loom_engine *e, const int32_t *prompt, int n_prompt,
-		      int n_gen, double *pp, double *tg, char *err, size_t errlen)
+/* One greedy request that ignores end-of-generation: n_prompt tokens of
+ * prompt, then n_gen + 1 tokens (the first closes the prefill, the other
+ * n_gen are the decode). *t_pre: the prefill's seconds, *t_dec: the
+ * decode's. */
+static int run_request(struct loom_engine *e, const int32_t *prompt, int n_prompt, int n_gen,
+		       double *t_pre, double *t_dec, char *err, size_t errlen)
 {
 	struct timing t = { 0 };
 	struct loom_request r;
@@ -86,8 +88,32 @@ static int bench_once(struct loom_engine *e, const int32_t *prompt, int n_prompt
 			snprintf(err, errlen, "bench: the request failed");
 		return -1;
 	}
-	*pp = n_prompt / (t.t_first - t0);
-	*tg = n_gen > 0 ? n_gen / (t.t_last - t.t_first) : 0.0;
+	*t_pre = t.t_first - t0;
+	*t_dec = t.t_last - t.t_first;
+	return 0;
+}
+
+/*
+ * One repetition, as llama-bench measures: pp is a prefill of n_prompt
+ * tokens on an empty cache; tg is n_gen decode steps of one token after
+ * n_depth tokens of context (a request whose prompt is the first
+ * n_depth + 1 tokens: its prefill is not timed), so with -d 0 the decode
+ * starts on an empty cache, not after the pp prompt.
+ */
+static int bench_once(struct loom_engine *e, const int32_t *prompt, int n_prompt, int n_depth,
+		      int n_gen, double *pp, double *tg, char *err, size_t errlen)
+{
+	double pre, dec;
+
+	if (run_request(e, prompt, n_prompt, 0, &pre, &dec, err, errlen))
+		return -1;
+	*pp = n_prompt / pre;
+	*tg = 0.0;
+	if (n_gen == 0)
+		return 0;
+	if (run_request(e, prompt, n_depth + 1, n_gen, &pre, &dec, err, errlen))
+		return -1;
+	*tg = n_gen / dec;
 	return 0;
 }
 
@@ -98,7 +124,7 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 
 	loom_options_engine_params(o, &p);
 	p.n_threads = threads;
-	p.n_ctx = o->n_prompt + o->n_gen + 1;
+	p.n_ctx = (o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1) + o->n_gen + 1;
 	p.n_batch = o->n_batch;
 	p.prefix_cache = -1; /* every repetition computes its prefill */
 	return loom_engine_open(&p, err, errlen);
@@ -112,9 +138,9 @@ static void print_header(const struct loom_options *o)
 	if (printed)
 		return;
 	printed = true;
-	printf("| %-32s | %-8s | %7s | %-7s | %21s |\n", "model", "backend", "threads", "test", "t/s");
-	printf("| %.32s | %.8s | %.7s | %.7s | %.21s |\n", "--------------------------------",
-	       "--------", "-------", "-------", "---------------------");
+	printf("| %-32s | %-8s | %7s | %-13s | %21s |\n", "model", "backend", "threads", "test", "t/s");
+	printf("| %.32s | %.8s | %.7s | %.13s | %.21s |\n", "--------------------------------",
+	       "--------", "-------", "-------------", "---------------------");
 }
 
 static int bench_threads(struct loom_options *o, int threads, char *err, size_t errlen)
@@ -124,7 +150,8 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 	double *pp = NULL, *tg = NULL, mean, sd;
 	int32_t *prompt = NULL;
 	uint64_t x = 0x9e3779b97f4a7c15ull;
-	int i, rc = -1;
+	char test[32];
+	int i, n_tokens, rc = -1;
 
 	if (!e)
 		return -1;
@@ -136,29 +163,37 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 	fprintf(stderr, "bench: KV cache %s, %llu bytes/token\n", loom_kv_type_name(st.kv_type),
 		(unsigned long long)st.kv_token_bytes);
 	print_header(o);
-	prompt = malloc(sizeof(int32_t) * (size_t)o->n_prompt);
+	n_tokens = o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1;
+	prompt = malloc(sizeof(int32_t) * (size_t)n_tokens);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
 	if (!prompt || !pp || !tg) {
 		snprintf(err, errlen, "bench: out of memory");
 		goto out;
 	}
-	for (i = 0; i < o->n_prompt; i++) {
+	for (i = 0; i < n_tokens; i++) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		prompt[i] = (int32_t)(x % (uint64_t)loom_engine_n_vocab(e));
 	}
 	/* warm-up run, not counted */
-	if (bench_once(e, prompt, o->n_prompt, o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd, err, errlen))
+	if (bench_once(e, prompt, o->n_prompt, o->n_depth, o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd,
+		       err, errlen))
 		goto out;
 	for (i = 0; i < o->reps; i++)
-		if (bench_once(e, prompt, o->n_prompt, o->n_gen, &pp[i], &tg[i], err, errlen))
+		if (bench_once(e, prompt, o->n_prompt, o->n_depth, o->n_gen, &pp[i], &tg[i], err,
+			       errlen))
 			goto out;
 	mean_std(pp, o->reps, &mean, &sd);
-	printf("| %-32.32s | %-8s | %7d | pp%-5d | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
-	       loom_engine_backend_name(e), threads, o->n_prompt, mean, sd);
+	snprintf(test, sizeof(test), "pp%d", o->n_prompt);
+	printf("| %-32.32s | %-8s | %7d | %-13s | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
+	       loom_engine_backend_name(e), threads, test, mean, sd);
 	mean_std(tg, o->reps, &mean, &sd);
-	printf("| %-32.32s | %-8s | %7d | tg%-5d | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
-	       loom_engine_backend_name(e), threads, o->n_gen, mean, sd);
+	if (o->n_depth)
+		snprintf(test, sizeof(test), "tg%d @ d%d", o->n_gen, o->n_depth);
+	else
+		snprintf(test, sizeof(test), "tg%d", o->n_gen);
+	printf("| %-32.32s | %-8s | %7d | %-13s | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
+	       loom_engine_backend_name(e), threads, test, mean, sd);
 	fflush(stdout);
 	rc = 0;
 out:

@@ -124,6 +124,8 @@ static const struct opt_def opts[] = {
 	  .lo = 0, .hi = 1 << 24, .cmds = BENCH },
 	{ .name = "reps", .short_name = 'r', .type = OPT_INT, FIELD(reps),
 	  .lo = 1, .hi = 1 << 20, .cmds = BENCH },
+	{ .name = "n-depth", .short_name = 'd', .type = OPT_INT, FIELD(n_depth),
+	  .lo = 0, .hi = 1 << 24, .cmds = BENCH },
 	/* speculative decoding (docs/SPECULATIVE.md) */
 	{ .name = "spec", .type = OPT_STR, FIELD(spec), .cmds = GEN | SERVE },
 	{ .name = "spec-draft-model", .type = OPT_STR, FIELD(spec_draft_model),
@@ -239,8 +241,10 @@ static const struct cmd_def {
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
-	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-t 1,2] [-r 3]\n"
-	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [--config FILE]\n" },
+	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-d 0] [-t 1,2] [-r 3]\n"
+	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [--config FILE]\n"
+	  "            pp: a prefill of -p tokens; tg: -n decode steps after -d tokens\n"
+	  "            of context (as llama-bench's -p, -n and -d)\n" },
 	{ .name = "perplexity", .cmd = PPL, .usage =
 	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
 	  "            [--exact] [--kv-type f16|f32|q8_0|q4_0] [--save-logits FILE | --kl-base FILE]\n"

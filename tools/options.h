@@ -87,6 +87,7 @@ struct loom_options {
 	/* bench */
 	int n_prompt;
 	int n_gen;
+	int n_depth; /* bench: context tokens before the timed decode */
 	int reps;
 	char threads_list[256];
 	/* speculative decoding (docs/SPECULATIVE.md); 0: the engine's default */

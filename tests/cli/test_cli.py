@@ -158,6 +158,17 @@ def generation():
     rc, _, err = run("run", "--backend=nosuch.so", "--model", MODEL, "-p", "x")
     check("missing backend named", rc != 0 and "nosuch.so" in err, err)
 
+    # bench: the table has a row per test; -d puts context before the
+    # decode and names it as llama-bench does
+    rc, out, err = run("bench", "--model", MODEL, "-p", "8", "-n", "4", "-d", "40", "-t", "1",
+                       "-r", "1")
+    rows = {c[4].strip(): float(c[5].split()[0]) for c in
+            (line.split("|") for line in out.splitlines()) if len(c) == 7 and "±" in c[5]}
+    check("bench -d: pp8 and 'tg4 @ d40' rows with t/s > 0",
+          rc == 0 and rows.get("pp8", 0) > 0 and rows.get("tg4 @ d40", 0) > 0, f"{out!r} {err}")
+    rc, _, err = run("bench", "--model", MODEL, "-p", "8", "-n", "4", "-d", "1000000")
+    check("bench -d past the model's context refused", rc != 0 and "context" in err, err)
+
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
