@@ -33,6 +33,8 @@ struct attn_task {
 /* At most this many query heads share a unit (their accumulators stay in
  * registers). */
 #define GROUP_MAX 4
+/* cache rows the grouped kernel asks for ahead of the one it reads */
+#define PF_ROWS 8
 
 /*
  * Cache row of position t of sequence s, head kvh, and in *n how many
@@ -265,28 +267,30 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
 	const float *q = a->q + row * a->q_stride + h0 * hd;
 	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
-	int64_t lo = 0, len, e0;
+	int64_t lo = 0, len;
 	float mx[GROUP_MAX];
 	double sum[GROUP_MAX];
 
 	if (a->window > 0 && pos - a->window + 1 > 0)
 		lo = pos - a->window + 1;
 	len = pos + 1 - lo;
-	for (int64_t t = lo, m; t <= pos; t += m) {
-		e0 = kv_run_off(a, s, t, kvh, pos, &m);
-		for (int64_t i = 0; i < m; i++) {
-			cpu_prefetch(kc + (size_t)(e0 + i * stride) * es, (size_t)hd * es);
-			cpu_prefetch(vc + (size_t)(e0 + i * stride) * es, (size_t)hd * es);
-		}
-	}
 	for (int g = 0; g < n; g++)
 		mx[g] = -INFINITY;
 	for (int64_t t = lo, m; t <= pos;) {
 		int64_t e = kv_run_off(a, s, t, kvh, pos, &m);
 
+		/* a run's rows are `stride` apart: ask for them PF_ROWS ahead
+		 * of use (a burst for the whole window at once overflows the
+		 * core's outstanding misses) */
+		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *k = kc + (size_t)e * es;
 			__m512 d[GROUP_MAX];
+
+			if (i + PF_ROWS < m)
+				cpu_prefetch((const char *)k + (size_t)(PF_ROWS * stride) * es,
+					     (size_t)hd * es);
 
 			for (int g = 0; g < n; g++)
 				d[g] = _mm512_setzero_ps();
@@ -322,9 +326,15 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 		for (int64_t t = lo, m; t <= pos;) {
 			int64_t e = kv_run_off(a, s, t, kvh, pos, &m) + d0;
 
+			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 64);
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
 				__m512 vv[4];
+
+				if (i + PF_ROWS < m)
+					cpu_prefetch((const char *)v + (size_t)(PF_ROWS * stride) * es,
+						     (size_t)w * 64);
 
 				for (int j = 0; j < w; j++)
 					vv[j] = ld16(v, 16 * j, half);
@@ -348,14 +358,32 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	}
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void
-attn_group_avx512(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
-		  int64_t row, int64_t pos, bool half)
+/* One copy of the kernel per group size and cache type, so the heads'
+ * accumulators stay in registers and the loops over them unroll. */
+#define ATTN_GROUP_N(N)                                                                    \
+	__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void    \
+	attn_group_avx512_##N(const struct attn_task *tk, float *scratch, int64_t s,       \
+			      int64_t h0, int64_t row, int64_t pos, bool half)              \
+	{                                                                                  \
+		if (half)                                                                  \
+			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, true);        \
+		else                                                                       \
+			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, false);       \
+	}
+ATTN_GROUP_N(1)
+ATTN_GROUP_N(2)
+ATTN_GROUP_N(3)
+ATTN_GROUP_N(4)
+
+static void attn_group_avx512(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
+			      int n, int64_t row, int64_t pos, bool half)
 {
-	if (half)
-		attn_group_avx512_t(tk, scratch, s, h0, n, row, pos, true);
-	else
-		attn_group_avx512_t(tk, scratch, s, h0, n, row, pos, false);
+	switch (n) {
+	case 1: attn_group_avx512_1(tk, scratch, s, h0, row, pos, half); break;
+	case 2: attn_group_avx512_2(tk, scratch, s, h0, row, pos, half); break;
+	case 3: attn_group_avx512_3(tk, scratch, s, h0, row, pos, half); break;
+	default: attn_group_avx512_4(tk, scratch, s, h0, row, pos, half); break;
+	}
 }
 #endif
 
