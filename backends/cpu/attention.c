@@ -178,20 +178,18 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 	if (a->window > 0 && pos - a->window + 1 > 0)
 		lo = pos - a->window + 1;
 	/* the rows stream from memory (a step's weights evict the cache):
-	 * ask for the whole window's K and V first, a run at a time */
-	for (int64_t t = lo; t <= pos; t += n) {
-		int64_t e = kv_run_off(a, s, t, kvh, pos, &n);
-
-		for (int64_t i = 0; i < n; i++) {
-			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
-			cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)hd * es);
-		}
-	}
+	 * each is asked for PF_ROWS rows ahead of its use */
 	for (int64_t t = lo; t <= pos;) {
 		int64_t e = kv_run_off(a, s, t, kvh, pos, &n);
 
+		for (int64_t i = 0; i < n && i < PF_ROWS; i++)
+			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
 		for (int64_t i = 0; i < n; i++, t++, e += stride) {
-			float v = dot8(q, kc + (size_t)e * es, hd, half) * a->scale;
+			float v;
+
+			if (i + PF_ROWS < n)
+				cpu_prefetch(kc + (size_t)(e + PF_ROWS * stride) * es, (size_t)hd * es);
+			v = dot8(q, kc + (size_t)e * es, hd, half) * a->scale;
 
 			if (a->softcap > 0.0f)
 				v = a->softcap * tanhf(v / a->softcap);
@@ -210,9 +208,15 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 		for (int64_t t = lo; t <= pos;) {
 			int64_t e = kv_run_off(a, s, t, kvh, pos, &n) + d0;
 
+			for (int64_t i = 0; i < n && i < PF_ROWS; i++)
+				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 8 * es);
 			for (int64_t i = 0; i < n; i++, t++, e += stride) {
 				__m256 p = _mm256_set1_ps(sc[t - lo]);
 				const void *v = vc + (size_t)e * es;
+
+				if (i + PF_ROWS < n)
+					cpu_prefetch((const char *)v + (size_t)(PF_ROWS * stride) * es,
+						     (size_t)w * 8 * es);
 
 				for (int j = 0; j < w; j++)
 					r[j] = _mm256_fmadd_ps(p, ld8(v, 8 * j, half), r[j]);
@@ -327,14 +331,14 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 			int64_t e = kv_run_off(a, s, t, kvh, pos, &m) + d0;
 
 			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
-				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 64);
+				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 16 * es);
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
 				__m512 vv[4];
 
 				if (i + PF_ROWS < m)
 					cpu_prefetch((const char *)v + (size_t)(PF_ROWS * stride) * es,
-						     (size_t)w * 64);
+						     (size_t)w * 16 * es);
 
 				for (int j = 0; j < w; j++)
 					vv[j] = ld16(v, 16 * j, half);
