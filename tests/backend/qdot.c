@@ -23,6 +23,7 @@
 
 #include "cpu.h"
 #include "qdot.h"
+#include "hard_acts.h"
 #include "qgemm.h"
 #include "qpack.h"
 
@@ -153,20 +154,7 @@ START_TEST(quantize_simd_matches_c)
 
 	for (int rep = 0; rep < 200; rep++) {
 		fill_acts(x, MAX_NB * 32);
-		for (int i = 0; i < MAX_NB * 32; i++) {
-			uint32_t r = rnd32() % 64;
-
-			if (r == 0)
-				x[i] = 0.0f;
-			else if (r == 1)
-				x[i] = 127.5f / 127.0f * (float)(int)(rnd32() % 200 - 100) / 100.0f;
-			else if (r == 2)
-				x[i] *= 1e30f;
-			else if (r == 3)
-				x[i] *= 1e-30f;
-			else if (r == 4 && rep % 4 == 0)
-				x[i] = rnd32() % 2 ? NAN : INFINITY;
-		}
+		hard_acts(x, MAX_NB * 32, 64, rep % 4 == 0, rnd32);
 		if (rep % 10 == 0)
 			memset(x, 0, 32 * sizeof(float)); /* an all-zero block */
 		qdot_quantize_row(x, a, MAX_NB * 32);

@@ -29,6 +29,7 @@
 
 #include "cpu.h"
 #include "qdot.h"
+#include "hard_acts.h"
 
 static const uint32_t formats[] = {
 	LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
@@ -149,20 +150,7 @@ START_TEST(quantize_simd_matches_c)
 
 	for (int rep = 0; rep < 100; rep++) {
 		fill_acts(x, MAX_NB * 256);
-		for (int i = 0; i < MAX_NB * 256; i++) {
-			uint32_t r = rnd32() % 256;
-
-			if (r == 0)
-				x[i] = 0.0f;
-			else if (r == 1)
-				x[i] = 127.5f / 127.0f * (float)(int)(rnd32() % 200 - 100) / 100.0f;
-			else if (r == 2)
-				x[i] *= 1e30f;
-			else if (r == 3)
-				x[i] *= 1e-30f;
-			else if (r == 4 && rep % 4 == 0)
-				x[i] = rnd32() % 2 ? NAN : INFINITY;
-		}
+		hard_acts(x, MAX_NB * 256, 256, rep % 4 == 0, rnd32);
 		qdot_k_quantize_row(x, a, MAX_NB * 256);
 		qdot_k_quantize_row_c(x, b, MAX_NB * 256);
 		for (int i = 0; i < MAX_NB; i++)
