@@ -141,6 +141,9 @@ void cpu_glu_row_fast(enum cpu_isa isa, enum loom_glu_kind kind, float *o, const
 /* Below this many multiply-adds an op runs on the calling thread only. */
 #define CPU_PAR_MIN_WORK (1 << 15)
 
+/* Rotated pairs (n_rot / 2) the RoPE cache holds; more are not cached. */
+#define CPU_ROPE_CACHE_PAIRS 256
+
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct cpu_pool pool;
@@ -173,6 +176,18 @@ struct loom_backend_ctx {
 	size_t qprep_cap;
 	struct qdot_kblock *qkx; /* the same for the K-quants */
 	size_t qkx_cap; /* super-blocks */
+	/* one token's RoPE cos/sin (ops.c): a decode step rotates q and k of
+	 * every layer at the same position, so they are computed once; two
+	 * entries for models whose layers alternate two bases (Gemma) */
+	struct cpu_rope_cache {
+		bool valid;
+		int32_t pos;
+		float base, scale;
+		const float *factors;
+		int64_t n_rot;
+		float cs[CPU_ROPE_CACHE_PAIRS], sn[CPU_ROPE_CACHE_PAIRS];
+	} rope_cache[2];
+	int rope_next; /* the entry a miss overwrites */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

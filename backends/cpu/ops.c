@@ -141,42 +141,87 @@ int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const 
 /* Pairs per chunk whose cos/sin are computed once per token. */
 #define ROPE_CHUNK 64
 
+/* cos and sin of pair i's angle at position pos, in double exactly as
+ * the reference computes them. */
+static void rope_angle(const struct loom_rope_args *a, int32_t pos, int64_t i, float *c, float *s)
+{
+	double theta = (double)pos * a->freq_scale *
+		       pow(a->freq_base, -2.0 * (double)i / (double)a->n_rot);
+
+	if (a->freq_factors)
+		theta /= a->freq_factors[i];
+	*c = (float)cos(theta);
+	*s = (float)sin(theta);
+}
+
+/* Rotates pairs c0 .. c1 - 1 of every head of one token's row. */
+static void rope_apply(const struct loom_rope_args *a, float *row, int64_t c0, int64_t c1,
+		       const float *cs, const float *sn)
+{
+	const int64_t half = a->n_rot / 2;
+
+	for (int64_t h = 0; h < a->n_heads; h++) {
+		float *x = row + h * a->head_dim;
+
+		for (int64_t i = c0; i < c1; i++) {
+			int64_t i0 = a->mode == LOOM_ROPE_NEOX ? i : 2 * i;
+			int64_t i1 = a->mode == LOOM_ROPE_NEOX ? i + half : 2 * i + 1;
+			float x0 = x[i0], x1 = x[i1];
+
+			x[i0] = x0 * cs[i - c0] - x1 * sn[i - c0];
+			x[i1] = x0 * sn[i - c0] + x1 * cs[i - c0];
+		}
+	}
+}
+
 static void rope_rows(struct loom_backend_ctx *ctx, const void *p, int64_t t0, int64_t t1)
 {
 	const struct loom_rope_args *a = p;
 	const int64_t half = a->n_rot / 2;
 	float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
 
+	(void)ctx;
 	for (int64_t t = t0; t < t1; t++) {
 		float *row = a->x + t * a->row_stride;
 
 		for (int64_t c0 = 0; c0 < half; c0 += ROPE_CHUNK) {
 			int64_t c1 = c0 + ROPE_CHUNK < half ? c0 + ROPE_CHUNK : half;
 
-			for (int64_t i = c0; i < c1; i++) {
-				/* the angle in double, exactly as the reference */
-				double theta = (double)a->pos[t] * a->freq_scale *
-					       pow(a->freq_base, -2.0 * (double)i / (double)a->n_rot);
-
-				if (a->freq_factors)
-					theta /= a->freq_factors[i];
-				cs[i - c0] = (float)cos(theta);
-				sn[i - c0] = (float)sin(theta);
-			}
-			for (int64_t h = 0; h < a->n_heads; h++) {
-				float *x = row + h * a->head_dim;
-
-				for (int64_t i = c0; i < c1; i++) {
-					int64_t i0 = a->mode == LOOM_ROPE_NEOX ? i : 2 * i;
-					int64_t i1 = a->mode == LOOM_ROPE_NEOX ? i + half : 2 * i + 1;
-					float x0 = x[i0], x1 = x[i1];
-
-					x[i0] = x0 * cs[i - c0] - x1 * sn[i - c0];
-					x[i1] = x0 * sn[i - c0] + x1 * cs[i - c0];
-				}
-			}
+			for (int64_t i = c0; i < c1; i++)
+				rope_angle(a, a->pos[t], i, &cs[i - c0], &sn[i - c0]);
+			rope_apply(a, row, c0, c1, cs, sn);
 		}
 	}
+}
+
+/*
+ * One token (a decode step's row): its cos/sin from ctx->rope_cache when
+ * an earlier call had the same position and frequencies (the q and k of
+ * every layer share them). freq_factors is compared by address: it is a
+ * weight, which does not change while loaded.
+ */
+static void rope_one_cached(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	const int64_t half = a->n_rot / 2;
+	struct cpu_rope_cache *c = NULL;
+
+	for (int e = 0; e < 2; e++) {
+		struct cpu_rope_cache *k = &ctx->rope_cache[e];
+
+		if (k->valid && k->pos == a->pos[0] && k->n_rot == a->n_rot &&
+		    k->base == a->freq_base && k->scale == a->freq_scale &&
+		    k->factors == a->freq_factors)
+			c = k;
+	}
+	if (!c) {
+		c = &ctx->rope_cache[ctx->rope_next];
+		ctx->rope_next ^= 1;
+		*c = (struct cpu_rope_cache){ .valid = true, .pos = a->pos[0], .n_rot = a->n_rot,
+			.base = a->freq_base, .scale = a->freq_scale, .factors = a->freq_factors };
+		for (int64_t i = 0; i < half; i++)
+			rope_angle(a, a->pos[0], i, &c->cs[i], &c->sn[i]);
+	}
+	rope_apply(a, a->x, 0, half, c->cs, c->sn);
 }
 
 int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
@@ -185,6 +230,10 @@ int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	if (a->n_tokens == 1 && a->n_rot / 2 <= CPU_ROPE_CACHE_PAIRS) {
+		rope_one_cached(ctx, a);
+		return LOOM_OK;
+	}
 	cpu_run_rows(ctx, rope_rows, a, a->n_tokens,
 		     (double)a->n_tokens * a->n_heads * a->n_rot * 4);
 	return LOOM_OK;
