@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "gpu_ctx.h"
+#include "loom/backend_check.h"
 
 void colls_free(struct loom_backend_ctx *ctx)
 {
@@ -46,19 +47,6 @@ static int refuse(struct loom_backend_ctx *ctx, int rc, const char *why)
 {
 	gpu_log(ctx->host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": collective: %s", why);
 	return rc;
-}
-
-/* Columns col_start[0] .. col_start[n]-1, non-decreasing, inside a row. */
-static bool layout_ok(const struct loom_collective_args *a)
-{
-	if (a->n_ranks <= 0 || a->rank < 0 || a->rank >= a->n_ranks || a->rows < 0 ||
-	    a->stride < 0 || !a->col_start || !a->x || a->col_start[0] < 0 ||
-	    a->col_start[a->n_ranks] > a->stride)
-		return false;
-	for (int r = 0; r < a->n_ranks; r++)
-		if (a->col_start[r + 1] < a->col_start[r])
-			return false;
-	return true;
 }
 
 /* Rank 0's id, or its failure, to every rank of the host communicator. */
@@ -198,7 +186,8 @@ int gpu_collective(struct loom_backend_ctx *ctx, const struct loom_collective_ar
 
 	if (!ctx || !a)
 		return LOOM_ERR_INVALID;
-	if (!LOOM_ARGS_HAS(a, struct loom_collective_args, col_start) || !layout_ok(a))
+	if (!LOOM_ARGS_HAS(a, struct loom_collective_args, col_start) ||
+	    !loom_check_collective_layout(a))
 		return refuse(ctx, LOOM_ERR_INVALID, "bad arguments");
 	if (ctx->in_region) /* the host runs distributed steps outside regions */
 		return refused_in_region(ctx, "collective");

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "loom/backend_check.h"
 
 #if LOOM_HAVE_MPI
 #include <mpi.h>
@@ -21,19 +22,6 @@ static int fail(char *why, size_t len, int rc, const char *msg)
 	if (why && len)
 		snprintf(why, len, "%s", msg);
 	return rc;
-}
-
-/* Columns of x are col_start[0] .. col_start[n]-1; checks the layout. */
-static bool layout_ok(const struct loom_collective_args *a)
-{
-	if (a->n_ranks <= 0 || a->rank < 0 || a->rank >= a->n_ranks || a->rows < 0 ||
-	    !a->col_start || !a->x || a->col_start[0] < 0 ||
-	    a->col_start[a->n_ranks] > a->stride)
-		return false;
-	for (int r = 0; r < a->n_ranks; r++)
-		if (a->col_start[r + 1] < a->col_start[r])
-			return false;
-	return true;
 }
 
 /* rows x cols floats as an MPI count; false past INT_MAX. */
@@ -184,7 +172,7 @@ int loom_mpi_collective(const struct loom_collective_args *a, char *why, size_t 
 {
 	int size = 0, rank = -1;
 
-	if (!a || a->struct_size < sizeof(*a) || !layout_ok(a))
+	if (!a || a->struct_size < sizeof(*a) || !loom_check_collective_layout(a))
 		return fail(why, len, LOOM_ERR_INVALID, "collective: bad arguments");
 	if (MPI_Comm_size((MPI_Comm)a->comm, &size) != MPI_SUCCESS ||
 	    MPI_Comm_rank((MPI_Comm)a->comm, &rank) != MPI_SUCCESS || size != a->n_ranks ||

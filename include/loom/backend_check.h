@@ -163,4 +163,19 @@ static inline bool loom_check_slots(const int32_t *slots, int64_t n, int64_t row
 	return true;
 }
 
+/* A collective's layout (ABI 1.4): a rank among n_ranks, rows >= 0, and
+ * columns col_start[0] .. col_start[n_ranks] - 1, non-decreasing, inside
+ * a row of `stride` floats. */
+static inline bool loom_check_collective_layout(const struct loom_collective_args *a)
+{
+	if (a->n_ranks <= 0 || a->rank < 0 || a->rank >= a->n_ranks || a->rows < 0 ||
+	    a->stride < 0 || !a->col_start || !a->x || a->col_start[0] < 0 ||
+	    a->col_start[a->n_ranks] > a->stride)
+		return false;
+	for (int r = 0; r < a->n_ranks; r++)
+		if (a->col_start[r + 1] < a->col_start[r])
+			return false;
+	return true;
+}
+
 #endif /* LOOM_BACKEND_CHECK_H */
