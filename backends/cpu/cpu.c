@@ -87,6 +87,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 			free(ctx->scratch[i]);
 	free(ctx->scratch);
 	free(ctx->scratch_cap);
+	free(ctx->stamp);
 	free(ctx->xsum);
 	free(ctx->qx);
 	free(ctx->qsc);
@@ -168,8 +169,10 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		    !(pack && !strcmp(pack, "0"));
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
-	if (!ctx->scratch || !ctx->scratch_cap)
+	ctx->stamp = aligned_alloc(64, (size_t)n * sizeof(*ctx->stamp));
+	if (!ctx->scratch || !ctx->scratch_cap || !ctx->stamp)
 		goto out_free_ctx;
+	memset(ctx->stamp, 0, (size_t)n * sizeof(*ctx->stamp));
 	if (cpu_pool_init(&ctx->pool, (int)n))
 		goto out_free_ctx;
 	/* each pool thread calls sgemm on its own panel; OpenBLAS must not
@@ -187,6 +190,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 out_free_ctx:
 	free(ctx->scratch);
 	free(ctx->scratch_cap);
+	free(ctx->stamp);
 	free(ctx);
 	return LOOM_ERR_NOMEM;
 }

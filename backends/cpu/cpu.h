@@ -151,6 +151,12 @@ struct loom_backend_ctx {
 	int n_threads;
 	float **scratch; /* per thread, grown by cpu_scratch_reserve() */
 	size_t *scratch_cap;
+	/* per thread, a cache line apart: the gemm whose activation rows the
+	 * thread's scratch holds quantized (gemm.c, decode GEMVs) */
+	struct cpu_stamp {
+		_Alignas(64) uint64_t gemm;
+	} *stamp;
+	uint64_t gemm_seq; /* numbers the gemm calls (caller only) */
 	float *xsum; /* block sums of the activations (gemm.c) */
 	size_t xsum_cap;
 	/* LOOM_BACKEND_BATCH_INVARIANT (or LOOM_CPU_INVARIANT=1): every output

@@ -43,6 +43,9 @@ struct gemm_task {
 	struct cpu_gemv g;
 	int64_t n;
 	int64_t chunk; /* weight rows per pool chunk (a panel on the BLAS path) */
+	/* the first n_head chunks hold head_rows rows each, the rest chunk
+	 * rows (pick_split()); n_head 0 on every other path */
+	int64_t n_head, head_rows;
 	/* fast mode: m rows of k / 32 quantized blocks, and the kernel */
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
@@ -51,19 +54,28 @@ struct gemm_task {
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
 	bool packed; /* g.w is in qpack.h's layout */
+	/* decode: each thread quantizes the activation rows into its own
+	 * scratch (local_acts()); seq numbers this gemm for the stamps */
+	bool local;
+	uint64_t seq;
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
 /* Rows [*j0, *j1) of chunk c. */
 static void chunk_rows(const struct gemm_task *t, int64_t c, int64_t *j0, int64_t *j1)
 {
-	*j0 = c * t->chunk;
+	if (c < t->n_head) {
+		*j0 = c * t->head_rows;
+		*j1 = *j0 + t->head_rows;
+		return;
+	}
+	*j0 = t->n_head * t->head_rows + (c - t->n_head) * t->chunk;
 	*j1 = *j0 + t->chunk < t->n ? *j0 + t->chunk : t->n;
 }
 
 static int64_t n_chunks(const struct gemm_task *t)
 {
-	return (t->n + t->chunk - 1) / t->chunk;
+	return t->n_head + (t->n - t->n_head * t->head_rows + t->chunk - 1) / t->chunk;
 }
 
 /*
@@ -79,6 +91,33 @@ static int64_t pick_chunk(int64_t n, int nth, int64_t unit, int64_t lo, int64_t 
 
 	c = c < lo ? lo : c > hi ? hi : c;
 	return (c + unit - 1) / unit * unit;
+}
+
+/*
+ * A decode GEMV's split: one large chunk per thread first (about 3/4 of
+ * the rows between them), then small chunks for whoever is free. Equal
+ * chunks left the caller waiting for the other thread's last one, 2-3 us
+ * a GEMV at 2 threads, 8-10 % of a decode step: a thread that starts late
+ * (waking) or runs slower (the memory system is shared) now holds at most
+ * a small chunk when the other runs out. Large GEMVs (the output head)
+ * keep chunks of at most hi rows: the tail is small beside them.
+ */
+static void pick_split(struct gemm_task *t, int nth, int64_t unit, int64_t lo, int64_t hi)
+{
+	int64_t head = t->n * 3 / 4 / nth / unit * unit;
+	int64_t rest = t->n - head * nth;
+
+	t->n_head = 0;
+	t->head_rows = 0;
+	if (nth <= 1 || head < lo || head > 4 * hi) {
+		t->chunk = pick_chunk(t->n, nth, unit, lo, hi);
+		return;
+	}
+	t->n_head = nth;
+	t->head_rows = head;
+	t->chunk = (rest / (4 * nth) + unit - 1) / unit * unit;
+	if (t->chunk < 2 * unit)
+		t->chunk = 2 * unit;
 }
 
 static void gemv_task(void *arg, int64_t c, int ith)
@@ -289,13 +328,58 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	qgemm_run(g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0, g->y_stride);
 }
 
+/*
+ * Up to this many activation rows (decode, small serve batches), every
+ * thread quantizes them itself, at the first chunk it runs of a gemm,
+ * into its own scratch: the rows are short, so doing it twice costs less
+ * than a serial step on the caller before each GEMV (with the other
+ * threads idle) and a second hand-off; and the quantized rows are then in
+ * the cache of the core that reads them. Quantizing is deterministic, so
+ * every thread's copy is the same.
+ */
+#define LOCAL_MAX_M 4
+
+/* Scratch floats local_acts() needs for m rows of nb blocks (or, with
+ * kq, of nb K-quant super-blocks). */
+static size_t local_floats(int64_t m, int64_t nb, bool kq)
+{
+	size_t bytes = kq ? (size_t)(m * nb) * sizeof(struct qdot_kblock) :
+			    (size_t)(m * nb) * sizeof(struct qdot_block) +
+				    (size_t)(m * qdot_scales_len(nb)) * sizeof(float);
+
+	return (bytes + sizeof(float) - 1) / sizeof(float);
+}
+
+/* Thread ith's quantized rows of t's activations (qdot formats): made on
+ * its first chunk of this gemm. */
+static void local_acts(const struct gemm_task *t, int ith, const struct qdot_block **qx,
+		       const float **qsc)
+{
+	int64_t nb = t->g.k / 32;
+	struct qdot_block *bx = (struct qdot_block *)t->ctx->scratch[ith];
+	float *sc = (float *)(bx + t->g.m * nb);
+
+	if (t->ctx->stamp[ith].gemm != t->seq) {
+		for (int64_t i = 0; i < t->g.m; i++) {
+			qdot_quantize_row(t->g.x + i * t->g.x_stride, bx + i * nb, t->g.k);
+			qdot_row_scales(bx + i * nb, nb, sc + i * qdot_scales_len(nb));
+		}
+		t->ctx->stamp[ith].gemm = t->seq;
+	}
+	*qx = bx;
+	*qsc = sc;
+}
+
 static void qdot_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
 	int64_t j0, j1, nb = g->k / 32;
+	const struct qdot_block *qx = t->qx;
+	const float *qsc = t->qsc;
 
-	(void)ith;
+	if (t->local)
+		local_acts(t, ith, &qx, &qsc);
 	chunk_rows(t, c, &j0, &j1);
 	/* 8 weight rows at a time stay in L1 while each x row passes */
 	for (int64_t j = j0; j < j1; j += 8) {
@@ -303,8 +387,8 @@ static void qdot_task(void *arg, int64_t c, int ith)
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
 		for (int64_t i = 0; i < g->m; i++)
-			t->dot(w, g->w_stride, t->qx + i * nb, t->qsc + i * qdot_scales_len(nb),
-			       nb, g->y + i * g->y_stride + j, rows);
+			t->dot(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb), nb,
+			       g->y + i * g->y_stride + j, rows);
 	}
 }
 
@@ -321,15 +405,22 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	if (qx_reserve(ctx, m, k / 32))
-		return LOOM_ERR_NOMEM;
-	t->qx = ctx->qx;
-	t->qsc = ctx->qsc;
 	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
 		qdot_kernel(ctx->qisa, t->g.type);
-	cpu_pool_run(&ctx->pool, quant_task, t, m,
-		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	t->chunk = pick_chunk(t->n, nth, 4, 32, 256);
+	t->local = m <= LOCAL_MAX_M;
+	if (t->local) {
+		if (cpu_scratch_reserve(ctx, local_floats(m, k / 32, false)))
+			return LOOM_ERR_NOMEM;
+		t->seq = ++ctx->gemm_seq;
+	} else {
+		if (qx_reserve(ctx, m, k / 32))
+			return LOOM_ERR_NOMEM;
+		t->qx = ctx->qx;
+		t->qsc = ctx->qsc;
+		cpu_pool_run(&ctx->pool, quant_task, t, m,
+			     m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	}
+	pick_split(t, nth, 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -345,20 +436,34 @@ static void kquant_task(void *arg, int64_t c, int ith)
 	qdot_k_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qkx + c * nb, t->g.k);
 }
 
+/* local_acts() for the K-quants. */
+static const struct qdot_kblock *local_kacts(const struct gemm_task *t, int ith)
+{
+	int64_t nb = t->g.k / 256;
+	struct qdot_kblock *bx = (struct qdot_kblock *)t->ctx->scratch[ith];
+
+	if (t->ctx->stamp[ith].gemm != t->seq) {
+		for (int64_t i = 0; i < t->g.m; i++)
+			qdot_k_quantize_row(t->g.x + i * t->g.x_stride, bx + i * nb, t->g.k);
+		t->ctx->stamp[ith].gemm = t->seq;
+	}
+	return bx;
+}
+
 static void qdot_k_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
 	int64_t j0, j1, nb = g->k / 256;
+	const struct qdot_kblock *qkx = t->local ? local_kacts(t, ith) : t->qkx;
 
-	(void)ith;
 	chunk_rows(t, c, &j0, &j1);
 	for (int64_t j = j0; j < j1; j += 8) {
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
 		for (int64_t i = 0; i < g->m; i++)
-			t->kdot(w, g->w_stride, t->qkx + i * nb, nb, g->y + i * g->y_stride + j, rows);
+			t->kdot(w, g->w_stride, qkx + i * nb, nb, g->y + i * g->y_stride + j, rows);
 	}
 }
 
@@ -368,13 +473,20 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
-		return LOOM_ERR_NOMEM;
-	t->qkx = ctx->qkx;
 	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
-	cpu_pool_run(&ctx->pool, kquant_task, t, m,
-		     m > 1 && m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	t->chunk = pick_chunk(t->n, nth, 4, 32, 256);
+	t->local = m <= LOCAL_MAX_M;
+	if (t->local) {
+		if (cpu_scratch_reserve(ctx, local_floats(m, k / 256, true)))
+			return LOOM_ERR_NOMEM;
+		t->seq = ++ctx->gemm_seq;
+	} else {
+		if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
+			return LOOM_ERR_NOMEM;
+		t->qkx = ctx->qkx;
+		cpu_pool_run(&ctx->pool, kquant_task, t, m,
+			     m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	}
+	pick_split(t, nth, 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_k_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -425,6 +537,9 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
 	t.prep = NULL;
+	t.local = false;
+	t.n_head = 0;
+	t.head_rows = 0;
 	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws,
 				 .x = a->x, .x_stride = a->x_stride, .y = a->y,
 				 .y_stride = a->y_stride, .m = a->m, .k = a->k };
