@@ -20,6 +20,7 @@
 #
 # Environment:
 #   LOOM       loom binary                    (default ./build/tools/loom)
+#   LOOM_FLAGS extra flags for loom bench     (e.g. --backend=/tmp/old/cpu.so)
 #   LOOM_CACHE model and probe cache          (default ~/.cache/loom)
 #   MODELS     GGUF files to decode           (default the SmolLM2 Q4_1 file
 #              and the synthetic one; "synth" names the synthetic one)
@@ -34,6 +35,7 @@ die() { echo "thread_scaling: error: $*" >&2; exit 1; }
 log() { echo "thread_scaling: $*" >&2; }
 
 LOOM=${LOOM:-./build/tools/loom}
+LOOM_FLAGS=${LOOM_FLAGS:-}
 LOOM_CACHE=${LOOM_CACHE:-$HOME/.cache/loom}
 THREADS=${THREADS:-1 2}
 ROUNDS=${ROUNDS:-5}
@@ -82,7 +84,8 @@ for r in $(seq "$ROUNDS"); do
 	done
 	for f in "${files[@]}"; do
 		for t in $THREADS; do
-			v=$("$LOOM" bench -m "$f" -p 1 -n "$TG" -d "$DEPTH" -r "$REPS" -t "$t" 2>/dev/null |
+			# shellcheck disable=SC2086 # LOOM_FLAGS is a word list
+			v=$("$LOOM" bench $LOOM_FLAGS -m "$f" -p 1 -n "$TG" -d "$DEPTH" -r "$REPS" -t "$t" 2>/dev/null |
 				awk -F'|' -v l="$tg_label" '{ x = $5; gsub(/^ +| +$/, "", x) } x == l { split($6, a, " "); print a[1] }')
 			[ -n "$v" ] || die "loom bench gave no $tg_label row for $f at $t threads"
 			TS["$f $t"]+="$v "
