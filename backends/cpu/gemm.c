@@ -350,6 +350,19 @@ static size_t local_floats(int64_t m, int64_t nb, bool kq)
 	return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 
+/* Sets t->local; for local rows reserves every thread's scratch (nb
+ * blocks, or K-quant super-blocks with kq, a row) and numbers the gemm. */
+static int local_begin(struct gemm_task *t, int64_t nb, bool kq)
+{
+	t->local = t->g.m <= LOCAL_MAX_M;
+	if (!t->local)
+		return LOOM_OK;
+	if (cpu_scratch_reserve(t->ctx, local_floats(t->g.m, nb, kq)))
+		return LOOM_ERR_NOMEM;
+	t->seq = ++t->ctx->gemm_seq;
+	return LOOM_OK;
+}
+
 /* Thread ith's quantized rows of t's activations (qdot formats): made on
  * its first chunk of this gemm. */
 static void local_acts(const struct gemm_task *t, int ith, const struct qdot_block **qx,
@@ -407,12 +420,9 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 
 	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
 		qdot_kernel(ctx->qisa, t->g.type);
-	t->local = m <= LOCAL_MAX_M;
-	if (t->local) {
-		if (cpu_scratch_reserve(ctx, local_floats(m, k / 32, false)))
-			return LOOM_ERR_NOMEM;
-		t->seq = ++ctx->gemm_seq;
-	} else {
+	if (local_begin(t, k / 32, false))
+		return LOOM_ERR_NOMEM;
+	if (!t->local) {
 		if (qx_reserve(ctx, m, k / 32))
 			return LOOM_ERR_NOMEM;
 		t->qx = ctx->qx;
@@ -474,12 +484,9 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	int64_t m = t->g.m, k = t->g.k;
 
 	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
-	t->local = m <= LOCAL_MAX_M;
-	if (t->local) {
-		if (cpu_scratch_reserve(ctx, local_floats(m, k / 256, true)))
-			return LOOM_ERR_NOMEM;
-		t->seq = ++ctx->gemm_seq;
-	} else {
+	if (local_begin(t, k / 256, true))
+		return LOOM_ERR_NOMEM;
+	if (!t->local) {
 		if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 			return LOOM_ERR_NOMEM;
 		t->qkx = ctx->qkx;
