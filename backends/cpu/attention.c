@@ -5,10 +5,16 @@
  * a shared counter, so causal prefill (later rows cost more) balances
  * itself. Each query row is done in two passes over its visible cache
  * positions: scores (q.k, scaled, soft-capped) into the thread's scratch,
- * then softmax weights applied to V, all in f32.
+ * then softmax weights applied to V, all in f32. In fast mode a decode
+ * row with at least 2 * ATTN_PART visible positions is split into parts,
+ * each a unit of its own, merged by their maxima and sums (attn_part(),
+ * attn_merge()): its bits then differ from exact mode's in rounding, but
+ * not with the thread count or the batch.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "loom/kv_quant.h"
@@ -28,6 +34,31 @@ struct attn_task {
 	size_t row_bytes; /* of one cache slot: kv_dim values of type */
 	int64_t max_kv;   /* the longest sequence: scores and staging sizes */
 	int64_t group;    /* query heads per unit: consecutive, one KV head's */
+	/* decode rows split over their positions (fast mode, split_parts()):
+	 * per sequence its number of parts (0: not split); each part's
+	 * partial results, ATTN_PSTRIDE floats a head at (chunk, head); and
+	 * per (sequence, group) how many parts are done */
+	const int64_t *parts;
+	float *partial;
+	atomic_int *merged;
+};
+
+/*
+ * Fast mode splits a decode row's visible positions into parts of about
+ * ATTN_PART (when it has at least two), each a unit of its own, so that a
+ * long context spreads over the threads even when there are fewer KV
+ * heads than threads. The parts depend only on the row's own positions,
+ * never on the thread count or the batch; the part that finishes last
+ * merges them in part order.
+ */
+#define ATTN_PART 256
+/* a head's partial: acc[head_dim], max, (pad), sum as a double */
+#define ATTN_PSTRIDE(hd) ((hd) + 4)
+
+/* Positions t0 .. t1 of a row, and where its partial results go. */
+struct attn_span {
+	int64_t t0, t1;
+	float *part; /* head 0's slot */
 };
 
 /* At most this many query heads share a unit (their accumulators stay in
@@ -72,8 +103,42 @@ static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, 
 	return sum;
 }
 
+/* Visible positions [*lo, *hi] of the row at pos: its window, or sp's. */
+static void attn_range(const struct loom_attention_args *a, int64_t pos,
+		       const struct attn_span *sp, int64_t *lo, int64_t *hi)
+{
+	*lo = 0;
+	*hi = pos;
+	if (a->window > 0 && pos - a->window + 1 > 0)
+		*lo = pos - a->window + 1;
+	if (sp) {
+		*lo = sp->t0;
+		*hi = sp->t1;
+	}
+}
+
+/* Head h of query row `row`: acc / sum into the output, or (sp) acc, the
+ * scores' maximum and sum into the part's slot. */
+static void attn_put(const struct loom_attention_args *a, const struct attn_span *sp, int64_t row,
+		     int64_t h, const float *acc, float mx, double sum)
+{
+	const int64_t hd = a->head_dim;
+
+	if (sp) {
+		float *p = sp->part + h * ATTN_PSTRIDE(hd);
+
+		memcpy(p, acc, (size_t)hd * sizeof(float));
+		p[hd] = mx;
+		memcpy(p + hd + 2, &sum, sizeof(sum));
+		return;
+	}
+	float *out = a->out + row * a->out_stride + h * hd;
+	for (int64_t i = 0; i < hd; i++)
+		out[i] = (float)(acc[i] / sum);
+}
+
 static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
-		     int64_t row, int64_t pos)
+		     int64_t row, int64_t pos, const struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
 	enum cpu_isa isa = tk->ctx->isa;
@@ -81,14 +146,13 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 	const int64_t kvh = h / (a->n_heads / a->n_kv_heads);
 	const float *q = a->q + row * a->q_stride + h * hd;
 	float *acc = scratch, *sc = scratch + hd;
-	int64_t lo = 0, n;
+	int64_t lo, hi, n;
 	float mx = -INFINITY;
 	double sum; /* softmax denominator in double, as the reference */
 
-	if (a->window > 0 && pos - a->window + 1 > 0)
-		lo = pos - a->window + 1;
-	for (int64_t t = lo; t <= pos;) {
-		const float *k = kv_run(a, a->kcache, s, t, kvh, pos, &n);
+	attn_range(a, pos, sp, &lo, &hi);
+	for (int64_t t = lo; t <= hi;) {
+		const float *k = kv_run(a, a->kcache, s, t, kvh, hi, &n);
 
 		for (int64_t i = 0; i < n; i++, t++, k += stride) {
 			float v = cpu_dot_f32(isa, q, k, hd) * a->scale;
@@ -100,18 +164,16 @@ static void attn_row(const struct attn_task *tk, float *scratch, int64_t s, int6
 				mx = v;
 		}
 	}
-	sum = softmax_weights(tk, sc, pos + 1 - lo, mx);
+	sum = softmax_weights(tk, sc, hi + 1 - lo, mx);
 	for (int64_t i = 0; i < hd; i++)
 		acc[i] = 0.0f;
-	for (int64_t t = lo; t <= pos;) {
-		const float *v = kv_run(a, a->vcache, s, t, kvh, pos, &n);
+	for (int64_t t = lo; t <= hi;) {
+		const float *v = kv_run(a, a->vcache, s, t, kvh, hi, &n);
 
 		for (int64_t i = 0; i < n; i++, t++, v += stride)
 			cpu_axpy_f32(isa, acc, v, sc[t - lo], hd);
 	}
-	float *out = a->out + row * a->out_stride + h * hd;
-	for (int64_t i = 0; i < hd; i++)
-		out[i] = (float)(acc[i] / sum);
+	attn_put(a, sp, row, h, acc, mx, sum);
 }
 
 #if defined(__x86_64__)
@@ -161,7 +223,7 @@ static inline int64_t kv_run_off(const struct loom_attention_args *a, int64_t s,
 
 CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *scratch,
 					     int64_t s, int64_t h, int64_t row, int64_t pos,
-					     bool half)
+					     bool half, const struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
@@ -170,17 +232,15 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
 	const float *q = a->q + row * a->q_stride + h * hd;
 	float *acc = scratch, *sc = scratch + hd;
-	float *out = a->out + row * a->out_stride + h * hd;
-	int64_t lo = 0, n;
+	int64_t lo, hi, n;
 	float mx = -INFINITY;
 	double sum;
 
-	if (a->window > 0 && pos - a->window + 1 > 0)
-		lo = pos - a->window + 1;
+	attn_range(a, pos, sp, &lo, &hi);
 	/* the rows stream from memory (a step's weights evict the cache):
 	 * each is asked for PF_ROWS rows ahead of its use */
-	for (int64_t t = lo; t <= pos;) {
-		int64_t e = kv_run_off(a, s, t, kvh, pos, &n);
+	for (int64_t t = lo; t <= hi;) {
+		int64_t e = kv_run_off(a, s, t, kvh, hi, &n);
 
 		for (int64_t i = 0; i < n && i < PF_ROWS; i++)
 			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
@@ -198,15 +258,15 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 				mx = v;
 		}
 	}
-	sum = softmax_weights(tk, sc, pos + 1 - lo, mx);
+	sum = softmax_weights(tk, sc, hi + 1 - lo, mx);
 	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
 		const int w = hd - d0 < 64 ? (int)(hd - d0) / 8 : 8;
 		__m256 r[8];
 
 		for (int j = 0; j < 8; j++)
 			r[j] = _mm256_setzero_ps();
-		for (int64_t t = lo; t <= pos;) {
-			int64_t e = kv_run_off(a, s, t, kvh, pos, &n) + d0;
+		for (int64_t t = lo; t <= hi;) {
+			int64_t e = kv_run_off(a, s, t, kvh, hi, &n) + d0;
 
 			for (int64_t i = 0; i < n && i < PF_ROWS; i++)
 				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 8 * es);
@@ -225,23 +285,24 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 		for (int j = 0; j < w; j++)
 			_mm256_storeu_ps(acc + d0 + 8 * j, r[j]);
 	}
-	for (int64_t i = 0; i < hd; i++)
-		out[i] = (float)(acc[i] / sum);
+	attn_put(a, sp, row, h, acc, mx, sum);
 }
 
 CPU_TGT_AVX2 static void attn_row_avx2(const struct attn_task *tk, float *scratch, int64_t s,
-				       int64_t h, int64_t row, int64_t pos)
+				       int64_t h, int64_t row, int64_t pos,
+				       const struct attn_span *sp)
 {
-	attn_row_avx2_t(tk, scratch, s, h, row, pos, false);
+	attn_row_avx2_t(tk, scratch, s, h, row, pos, false, sp);
 }
 
 /* The same over an f16 cache, reading it in place (the values widened
  * exactly, so the bits are those of an f32 cache holding them: what
  * attn_rows_q() gives on machines without AVX2). */
 CPU_TGT_AVX2 static void attn_row_avx2_f16(const struct attn_task *tk, float *scratch, int64_t s,
-					   int64_t h, int64_t row, int64_t pos)
+					   int64_t h, int64_t row, int64_t pos,
+					   const struct attn_span *sp)
 {
-	attn_row_avx2_t(tk, scratch, s, h, row, pos, true);
+	attn_row_avx2_t(tk, scratch, s, h, row, pos, true, sp);
 }
 
 /*
@@ -262,7 +323,7 @@ ld16(const void *p, int64_t i, bool half)
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
 attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
-		    int64_t row, int64_t pos, bool half)
+		    int64_t row, int64_t pos, bool half, const struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
@@ -271,17 +332,16 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
 	const float *q = a->q + row * a->q_stride + h0 * hd;
 	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
-	int64_t lo = 0, len;
+	int64_t lo, hi, len;
 	float mx[GROUP_MAX];
 	double sum[GROUP_MAX];
 
-	if (a->window > 0 && pos - a->window + 1 > 0)
-		lo = pos - a->window + 1;
-	len = pos + 1 - lo;
+	attn_range(a, pos, sp, &lo, &hi);
+	len = hi + 1 - lo;
 	for (int g = 0; g < n; g++)
 		mx[g] = -INFINITY;
-	for (int64_t t = lo, m; t <= pos;) {
-		int64_t e = kv_run_off(a, s, t, kvh, pos, &m);
+	for (int64_t t = lo, m; t <= hi;) {
+		int64_t e = kv_run_off(a, s, t, kvh, hi, &m);
 
 		/* a run's rows are `stride` apart: ask for them PF_ROWS ahead
 		 * of use (a burst for the whole window at once overflows the
@@ -327,8 +387,8 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 		for (int g = 0; g < n; g++)
 			for (int j = 0; j < 4; j++)
 				r[g][j] = _mm512_setzero_ps();
-		for (int64_t t = lo, m; t <= pos;) {
-			int64_t e = kv_run_off(a, s, t, kvh, pos, &m) + d0;
+		for (int64_t t = lo, m; t <= hi;) {
+			int64_t e = kv_run_off(a, s, t, kvh, hi, &m) + d0;
 
 			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
 				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 16 * es);
@@ -354,12 +414,8 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 			for (int j = 0; j < w; j++)
 				_mm512_storeu_ps(acc + g * hd + d0 + 16 * j, r[g][j]);
 	}
-	for (int g = 0; g < n; g++) {
-		float *out = a->out + row * a->out_stride + (h0 + g) * hd;
-
-		for (int64_t i = 0; i < hd; i++)
-			out[i] = (float)(acc[g * hd + i] / sum[g]);
-	}
+	for (int g = 0; g < n; g++)
+		attn_put(a, sp, row, h0 + g, acc + g * hd, mx[g], sum[g]);
 }
 
 /* One copy of the kernel per group size and cache type, so the heads'
@@ -367,12 +423,13 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 #define ATTN_GROUP_N(N)                                                                    \
 	__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void    \
 	attn_group_avx512_##N(const struct attn_task *tk, float *scratch, int64_t s,       \
-			      int64_t h0, int64_t row, int64_t pos, bool half)              \
+			      int64_t h0, int64_t row, int64_t pos, bool half,              \
+			      const struct attn_span *sp)                                   \
 	{                                                                                  \
 		if (half)                                                                  \
-			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, true);        \
+			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, true, sp);    \
 		else                                                                       \
-			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, false);       \
+			attn_group_avx512_t(tk, scratch, s, h0, N, row, pos, false, sp);   \
 	}
 ATTN_GROUP_N(1)
 ATTN_GROUP_N(2)
@@ -380,13 +437,14 @@ ATTN_GROUP_N(3)
 ATTN_GROUP_N(4)
 
 static void attn_group_avx512(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
-			      int n, int64_t row, int64_t pos, bool half)
+			      int n, int64_t row, int64_t pos, bool half,
+			      const struct attn_span *sp)
 {
 	switch (n) {
-	case 1: attn_group_avx512_1(tk, scratch, s, h0, row, pos, half); break;
-	case 2: attn_group_avx512_2(tk, scratch, s, h0, row, pos, half); break;
-	case 3: attn_group_avx512_3(tk, scratch, s, h0, row, pos, half); break;
-	default: attn_group_avx512_4(tk, scratch, s, h0, row, pos, half); break;
+	case 1: attn_group_avx512_1(tk, scratch, s, h0, row, pos, half, sp); break;
+	case 2: attn_group_avx512_2(tk, scratch, s, h0, row, pos, half, sp); break;
+	case 3: attn_group_avx512_3(tk, scratch, s, h0, row, pos, half, sp); break;
+	default: attn_group_avx512_4(tk, scratch, s, h0, row, pos, half, sp); break;
 	}
 }
 #endif
@@ -394,15 +452,15 @@ static void attn_group_avx512(const struct attn_task *tk, float *scratch, int64_
 /* One query row of a unit: the AVX2 kernel where it applies, else the
  * portable one (the same bits either way). */
 static void attn_one(const struct attn_task *tk, float *scratch, int64_t s, int64_t h,
-		     int64_t row, int64_t pos)
+		     int64_t row, int64_t pos, const struct attn_span *sp)
 {
 #if defined(__x86_64__)
 	if (tk->ctx->isa != CPU_ISA_SCALAR && tk->a->head_dim % 8 == 0) {
-		attn_row_avx2(tk, scratch, s, h, row, pos);
+		attn_row_avx2(tk, scratch, s, h, row, pos, sp);
 		return;
 	}
 #endif
-	attn_row(tk, scratch, s, h, row, pos);
+	attn_row(tk, scratch, s, h, row, pos, sp);
 }
 
 /* Whether attn_group_avx512() runs the groups. */
@@ -430,22 +488,22 @@ static bool reads_f16(const struct attn_task *tk)
 /* Query row `row` at position pos for heads h0 .. h0 + tk->group - 1 over
  * an f16 (half) or f32 cache. */
 static void attn_heads(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
-		       int64_t row, int64_t pos, bool half)
+		       int64_t row, int64_t pos, bool half, const struct attn_span *sp)
 {
 #if defined(__x86_64__)
 	if (group_kernel(tk->ctx, tk->a)) {
-		attn_group_avx512(tk, scratch, s, h0, (int)tk->group, row, pos, half);
+		attn_group_avx512(tk, scratch, s, h0, (int)tk->group, row, pos, half, sp);
 		return;
 	}
 	if (half) {
 		for (int64_t h = h0; h < h0 + tk->group; h++)
-			attn_row_avx2_f16(tk, scratch, s, h, row, pos);
+			attn_row_avx2_f16(tk, scratch, s, h, row, pos, sp);
 		return;
 	}
 #endif
 	(void)half;
 	for (int64_t h = h0; h < h0 + tk->group; h++)
-		attn_one(tk, scratch, s, h, row, pos);
+		attn_one(tk, scratch, s, h, row, pos, sp);
 }
 
 /*
@@ -459,7 +517,7 @@ static void attn_heads(const struct attn_task *tk, float *scratch, int64_t s, in
  * 16 prefill rows and a group of heads pay for one decode.
  */
 static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
-			int64_t q0, int64_t p0, int64_t r0, int64_t r1)
+			int64_t q0, int64_t p0, int64_t r0, int64_t r1, const struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
@@ -472,6 +530,8 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 
 	if (a->window > 0 && p0 + r0 - a->window + 1 > 0)
 		lo = p0 + r0 - a->window + 1;
+	if (sp) /* one row's part: only its positions */
+		lo = sp->t0, hi = sp->t1;
 	for (int64_t t = lo; t <= hi; t++) {
 		int64_t blk = a->block_table[s * a->max_blocks + t / a->block_size];
 		size_t slot = (size_t)(blk * a->block_size + t % a->block_size);
@@ -487,7 +547,77 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 	st.block_table = &block0;
 	tk2.a = &st;
 	for (int64_t i = r0; i < r1; i++)
-		attn_heads(&tk2, scratch, 0, h0, q0 + i, p0 + i, false);
+		attn_heads(&tk2, scratch, 0, h0, q0 + i, p0 + i, false, sp);
+}
+
+/* Whether the cache is decoded into f32 staging first (attn_rows_q()). */
+static bool staged(const struct attn_task *tk)
+{
+	return tk->type != LOOM_TYPE_F32 && !(tk->type == LOOM_TYPE_F16 && reads_f16(tk));
+}
+
+/*
+ * Sequence s's decode row, heads h0 .. h0 + group - 1, from its parts'
+ * partial results, in part order: with M the largest part maximum and
+ * w_p = exp(max_p - M), out = sum_p w_p acc_p / sum_p w_p sum_p (in
+ * double; w in the thread's scratch).
+ */
+static void attn_merge(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, P = tk->parts[s], ps = ATTN_PSTRIDE(hd);
+	const int64_t row = a->q_start[s], step = a->n_heads * ps;
+	double *w = (double *)scratch;
+
+	for (int64_t h = h0; h < h0 + tk->group; h++) {
+		const float *p0 = tk->partial + tk->chunk_start[s] * step + h * ps;
+		float *out = a->out + row * a->out_stride + h * hd;
+		float mx = -INFINITY;
+		double total = 0.0;
+
+		for (int64_t p = 0; p < P; p++)
+			if (p0[p * step + hd] > mx)
+				mx = p0[p * step + hd];
+		for (int64_t p = 0; p < P; p++) {
+			double sum;
+
+			memcpy(&sum, p0 + p * step + hd + 2, sizeof(sum));
+			w[p] = exp((double)p0[p * step + hd] - (double)mx);
+			total += w[p] * sum;
+		}
+		for (int64_t i = 0; i < hd; i++) {
+			double v = 0.0;
+
+			for (int64_t p = 0; p < P; p++)
+				v += w[p] * (double)p0[p * step + i];
+			out[i] = (float)(v / total);
+		}
+	}
+}
+
+/* Part c - chunk_start[s] of sequence s's decode row, heads h0 ..; the
+ * group's last part to finish merges them. */
+static void attn_part(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int64_t c)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t P = tk->parts[s], p = c - tk->chunk_start[s];
+	const int64_t row = a->q_start[s], pos = a->kv_len[s] - 1;
+	int64_t lo, hi, len;
+	struct attn_span sp;
+
+	attn_range(a, pos, NULL, &lo, &hi);
+	len = hi + 1 - lo;
+	sp.t0 = lo + len * p / P;
+	sp.t1 = lo + len * (p + 1) / P - 1;
+	sp.part = tk->partial + c * a->n_heads * ATTN_PSTRIDE(a->head_dim);
+	if (staged(tk))
+		attn_rows_q(tk, scratch, s, h0, row, pos, 0, 1, &sp);
+	else
+		attn_heads(tk, scratch, s, h0, row, pos, tk->type == LOOM_TYPE_F16, &sp);
+	/* the fetch-add orders this part's stores before the merger's loads */
+	if (atomic_fetch_add(&tk->merged[s * (a->n_heads / tk->group) + h0 / tk->group], 1) + 1 ==
+	    P)
+		attn_merge(tk, scratch, s, h0);
 }
 
 static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
@@ -511,13 +641,17 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 	int64_t r0 = (c - tk->chunk_start[s]) * ROWS_PER_UNIT;
 	int64_t r1 = r0 + ROWS_PER_UNIT < q_len ? r0 + ROWS_PER_UNIT : q_len;
 
-	if (tk->type != LOOM_TYPE_F32 && !(tk->type == LOOM_TYPE_F16 && reads_f16(tk))) {
-		attn_rows_q(tk, scratch, s, h0, q0, a->kv_len[s] - q_len, r0, r1);
+	if (tk->parts && tk->parts[s]) {
+		attn_part(tk, scratch, s, h0, c);
+		return;
+	}
+	if (staged(tk)) {
+		attn_rows_q(tk, scratch, s, h0, q0, a->kv_len[s] - q_len, r0, r1, NULL);
 		return;
 	}
 	for (int64_t i = r0; i < r1; i++)
 		attn_heads(tk, scratch, s, h0, q0 + i, a->kv_len[s] - q_len + i,
-			   tk->type == LOOM_TYPE_F16);
+			   tk->type == LOOM_TYPE_F16, NULL);
 }
 
 /* Pool chunk c of n_chunks: units [n_units*c/n_chunks, n_units*(c+1)/n_chunks). */
@@ -578,10 +712,39 @@ static int attn_check(const struct loom_attention_args *a, int64_t *longest)
 	return LOOM_OK;
 }
 
+/* Parts of sequence s's row if it is a decode row (fast mode) with at
+ * least 2 * ATTN_PART visible positions, else 0. */
+static int64_t split_parts(const struct loom_backend_ctx *ctx,
+			   const struct loom_attention_args *a, int64_t s)
+{
+	int64_t lo, hi;
+
+	if (ctx->exact || a->q_start[s + 1] - a->q_start[s] != 1)
+		return 0;
+	attn_range(a, a->kv_len[s] - 1, NULL, &lo, &hi);
+	return (hi + 1 - lo) / ATTN_PART >= 2 ? (hi + 1 - lo) / ATTN_PART : 0;
+}
+
+/* The split's buffers (tk->parts set): partials for n_chunks chunks of
+ * every head, and the (sequence, group) counters, zeroed. */
+static int split_alloc(struct attn_task *tk, int64_t n_chunks)
+{
+	const struct loom_attention_args *a = tk->a;
+	int64_t n;
+
+	if (__builtin_mul_overflow(n_chunks, a->n_heads * ATTN_PSTRIDE(a->head_dim), &n) ||
+	    n > LOOM_CHECK_LIMIT)
+		return LOOM_ERR_NOMEM;
+	tk->partial = malloc((size_t)n * sizeof(float));
+	tk->merged = calloc((size_t)(a->n_seqs * (a->n_heads / tk->group)), sizeof(atomic_int));
+	return tk->partial && tk->merged ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
 int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	struct attn_task tk;
-	int64_t max_kv, *chunks, need, stage = 0;
+	int64_t max_kv, *chunks, *parts, need, stage = 0;
+	bool split = false;
 	double work = 0;
 	int err;
 
@@ -602,14 +765,19 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		return LOOM_ERR_NOMEM;
 	if (need > LOOM_CHECK_LIMIT || cpu_scratch_reserve(ctx, (size_t)need))
 		return LOOM_ERR_NOMEM;
-	chunks = malloc((size_t)(a->n_seqs + 1) * sizeof(*chunks));
+	chunks = malloc((size_t)(2 * a->n_seqs + 1) * sizeof(*chunks));
 	if (!chunks)
 		return LOOM_ERR_NOMEM;
+	parts = chunks + a->n_seqs + 1;
 	chunks[0] = 0;
 	for (int64_t s = 0; s < a->n_seqs; s++) {
 		int64_t q_len = a->q_start[s + 1] - a->q_start[s];
 
-		chunks[s + 1] = chunks[s] + (q_len + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+		/* a split decode row: a chunk per part */
+		parts[s] = split_parts(ctx, a, s);
+		split |= parts[s] > 0;
+		chunks[s + 1] = chunks[s] + (parts[s] ? parts[s] :
+					     (q_len + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT);
 		work += (double)q_len * a->kv_len[s];
 	}
 	tk.ctx = ctx;
@@ -621,9 +789,16 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.group = heads_per_unit(ctx, a, tk.type);
 	tk.n_units = chunks[a->n_seqs] * (a->n_heads / tk.group);
 	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;
+	tk.parts = split ? parts : NULL;
+	tk.partial = NULL;
+	tk.merged = NULL;
+	err = split ? split_alloc(&tk, chunks[a->n_seqs]) : LOOM_OK;
 	work *= (double)a->n_heads * (double)a->head_dim * 2;
-	cpu_pool_run(&ctx->pool, attn_task_run, &tk, tk.n_chunks,
-		     work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	if (err == LOOM_OK)
+		cpu_pool_run(&ctx->pool, attn_task_run, &tk, tk.n_chunks,
+			     work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	free(tk.partial);
+	free(tk.merged);
 	free(chunks);
-	return LOOM_OK;
+	return err;
 }
