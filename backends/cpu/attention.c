@@ -753,6 +753,12 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	err = attn_check(a, &max_kv);
 	if (err)
 		return err < 0 ? err : LOOM_OK;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_ATTENTION };
+
+		cpu_region_copy_args(&c.u.attention, sizeof(c.u.attention), a);
+		return cpu_region_record(ctx, &c);
+	}
 	/* acc[head_dim] and scores[max_kv] for each head of a group; for a
 	 * typed cache also f32 staging of one KV head's keys and values,
 	 * [max_kv][head_dim] each */

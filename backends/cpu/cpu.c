@@ -93,6 +93,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->qsc);
 	free(ctx->qprep);
 	free(ctx->qkx);
+	cpu_region_free(ctx);
 	free(ctx);
 }
 
@@ -167,6 +168,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *pack = getenv("LOOM_CPU_PACK");
 	ctx->pack = !ctx->exact && qdot_packed_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
 		    !(pack && !strcmp(pack, "0"));
+	/* LOOM_CPU_FUSE=0: step regions run every call on its own */
+	const char *fuse = getenv("LOOM_CPU_FUSE");
+	ctx->rg.fuse = !(fuse && !strcmp(fuse, "0"));
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
 	ctx->stamp = aligned_alloc(64, (size_t)n * sizeof(*ctx->stamp));
@@ -266,7 +270,7 @@ int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buff
 	struct loom_buffer *buf;
 	size_t rounded;
 
-	if (!ctx || !out)
+	if (!ctx || !out || cpu_region_refuses(ctx, "buffer_alloc"))
 		return LOOM_ERR_INVALID;
 	*out = NULL;
 	if (size > SIZE_MAX - 64)
@@ -321,7 +325,8 @@ int cpu_buffer_alloc_packed(struct loom_backend_ctx *ctx, size_t size, struct lo
 
 static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
-	if (!buf)
+	/* kept: the region's calls may use it */
+	if (!buf || cpu_region_refuses(ctx, "buffer_free"))
 		return;
 	if (buf->arena) {
 		if (--buf->arena->refs == 0) {
@@ -339,20 +344,6 @@ static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 void *cpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
 	return buf ? buf->ptr : NULL;
-}
-
-static int cpu_memcpy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
-{
-	if (!ctx || (n && (!dst || !src)))
-		return LOOM_ERR_INVALID;
-	if (n)
-		memmove(dst, src, n);
-	return LOOM_OK;
-}
-
-static int cpu_synchronize(struct loom_backend_ctx *ctx)
-{
-	return ctx ? LOOM_OK : LOOM_ERR_INVALID;
 }
 
 /* ---- row-parallel helper for the elementwise ops ---- */
@@ -400,7 +391,12 @@ void cpu_run_rows(struct loom_backend_ctx *ctx, cpu_rows_fn fn, const void *args
 static int cpu_collective(struct loom_backend_ctx *ctx, const struct loom_collective_args *a)
 {
 	char why[160];
-	int rc = loom_mpi_collective(a, why, sizeof(why));
+	int rc;
+
+	/* the host runs distributed steps outside regions */
+	if (cpu_region_refuses(ctx, "collective"))
+		return LOOM_ERR_INVALID;
+	rc = loom_mpi_collective(a, why, sizeof(why));
 
 	if (rc && rc != LOOM_ERR_UNSUPPORTED)
 		cpu_log(ctx, LOOM_LOG_ERROR, "cpu: %s", why);
@@ -419,21 +415,23 @@ static const struct loom_backend_ops cpu_ops = {
 	.buffer_alloc = cpu_buffer_alloc,
 	.buffer_free = cpu_buffer_free,
 	.buffer_addr = cpu_buffer_addr,
-	.upload = cpu_memcpy,
-	.download = cpu_memcpy,
-	.copy = cpu_memcpy,
-	.synchronize = cpu_synchronize,
-	.gemm = cpu_gemm,
-	.embed = cpu_embed,
-	.rmsnorm = cpu_rmsnorm,
-	.rope = cpu_rope,
-	.glu = cpu_glu,
-	.add = cpu_add,
-	.scale = cpu_scale,
-	.kv_write = cpu_kv_write,
-	.attention = cpu_attention,
+	.upload = cpu_rg_transfer,
+	.download = cpu_rg_transfer,
+	.copy = cpu_rg_copy,
+	.synchronize = cpu_rg_synchronize,
+	.gemm = cpu_rg_gemm,
+	.embed = cpu_rg_embed,
+	.rmsnorm = cpu_rg_rmsnorm,
+	.rope = cpu_rg_rope,
+	.glu = cpu_rg_glu,
+	.add = cpu_rg_add,
+	.scale = cpu_rg_scale,
+	.kv_write = cpu_rg_kv_write,
+	.attention = cpu_rg_attention,
+	.graph_begin = cpu_graph_begin,
+	.graph_end = cpu_graph_end,
 	.weight_pack = cpu_weight_pack,
-	.softcap = cpu_softcap,
+	.softcap = cpu_rg_softcap,
 	.collective = cpu_collective,
 };
 

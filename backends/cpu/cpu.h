@@ -136,6 +136,159 @@ void cpu_exp_row(enum cpu_isa isa, float *y, const float *x, float shift, int64_
 void cpu_glu_row_fast(enum cpu_isa isa, enum loom_glu_kind kind, float *o, const float *g,
 		      const float *u, int64_t n);
 
+/* ---- step regions (region.c) ---- */
+
+/* Arguments of the row-wise ops, as ops.c runs them and region.c keeps
+ * them for a region's replay. */
+struct cpu_add_args {
+	float *out;
+	int64_t out_stride;
+	const float *a;
+	int64_t a_stride;
+	const float *b;
+	int64_t b_stride, b_rows, rows, n;
+};
+
+struct cpu_glu_args {
+	enum loom_glu_kind kind;
+	float *out;
+	int64_t out_stride;
+	const float *gate;
+	int64_t gate_stride;
+	const float *up;
+	int64_t up_stride;
+	int64_t rows, n;
+};
+
+enum cpu_call_op {
+	CPU_CALL_GEMM,
+	CPU_CALL_EMBED,
+	CPU_CALL_RMSNORM,
+	CPU_CALL_ROPE,
+	CPU_CALL_GLU,
+	CPU_CALL_ADD,
+	CPU_CALL_SCALE,
+	CPU_CALL_SOFTCAP,
+	CPU_CALL_KV_WRITE,
+	CPU_CALL_ATTENTION,
+	CPU_CALL_COPY,
+};
+
+/* One operator call of an open region, checked and kept for graph_end. */
+struct cpu_call {
+	enum cpu_call_op op;
+	union {
+		struct loom_gemm_args gemm;
+		struct loom_rope_args rope;
+		struct loom_kv_write_args kv_write;
+		struct loom_attention_args attention;
+		struct cpu_add_args add;
+		struct cpu_glu_args glu;
+		struct {
+			float *out;
+			const void *table;
+			uint32_t type;
+			size_t row_bytes;
+			int64_t n_rows, dim;
+			const int32_t *ids;
+			int64_t n_ids;
+		} embed;
+		struct {
+			float *y;
+			int64_t y_stride;
+			const float *x;
+			int64_t x_stride;
+			const float *w;
+			int64_t rows, n;
+			float eps;
+		} rmsnorm;
+		struct { /* scale and softcap (s is the cap) */
+			float *x;
+			int64_t stride, rows, n;
+			float s;
+		} scale;
+		struct {
+			void *dst;
+			const void *src;
+			size_t n;
+		} copy;
+	} u;
+};
+
+struct cpu_region {
+	bool open;
+	int rc; /* the first failure inside the open region */
+	struct cpu_call *calls;
+	size_t n, cap;
+	/* fuse decode GEMVs with what follows them (LOOM_CPU_FUSE=0: no) */
+	bool fuse;
+	/* for the log at destroy */
+	unsigned long long regions, groups, group_calls;
+};
+
+/* Keeps a checked call of the open region; its status is the call's. */
+int cpu_region_record(struct loom_backend_ctx *ctx, const struct cpu_call *c);
+/* A struct argument as its own struct_size says (at most sizeof what we
+ * know, the rest zero), for a recorded call. */
+void cpu_region_copy_args(void *dst, size_t dst_size, const void *src);
+
+/*
+ * Decode GEMVs run as one pool task (gemm.c): up to CPU_GROUP_MAX gemm
+ * calls that read the same activation rows, each with the add that
+ * consumes its output, or with the GLU of the first two (gate and up).
+ * Every thread quantizes the rows once for the whole group, and the add
+ * or GLU runs on each chunk's columns as soon as they are computed, so a
+ * layer's Q/K/V, gate/up/GLU and each projection with its residual add
+ * cost one hand-off each. Results are those of the calls one by one.
+ */
+#define CPU_GROUP_MAX 4
+
+struct cpu_group {
+	int n;
+	const struct loom_gemm_args *gemm[CPU_GROUP_MAX];
+	const struct cpu_add_args *add[CPU_GROUP_MAX]; /* or NULL */
+	const struct cpu_glu_args *glu; /* gate: gemm[0]'s y, up: gemm[1]'s; or NULL */
+};
+
+/* Whether a checked gemm call may join a group (fast mode, decode rows,
+ * a format with a row kernel that needs no per-call preparation). */
+bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
+int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g);
+/* Columns [j0, j1) of every row of an add / a GLU (ops.c). */
+void cpu_add_cols(const struct cpu_add_args *a, int64_t j0, int64_t j1);
+void cpu_glu_cols(const struct loom_backend_ctx *ctx, const struct cpu_glu_args *a, int64_t j0,
+		  int64_t j1);
+
+/* The ops table's operator slots: the operators, with a failure inside
+ * an open region failing the region (region.c). */
+int cpu_graph_begin(struct loom_backend_ctx *ctx);
+int cpu_graph_end(struct loom_backend_ctx *ctx);
+int cpu_rg_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
+int cpu_rg_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+		 size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids);
+int cpu_rg_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+		   int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
+int cpu_rg_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a);
+int cpu_rg_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+	       int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+	       int64_t up_stride, int64_t rows, int64_t n);
+int cpu_rg_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+	       int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
+	       int64_t n);
+int cpu_rg_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		 int64_t n, float s);
+int cpu_rg_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		   int64_t n, float cap);
+int cpu_rg_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
+int cpu_rg_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
+/* copy: recorded in a region; upload, download, synchronize refused */
+int cpu_rg_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
+int cpu_rg_transfer(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
+int cpu_rg_synchronize(struct loom_backend_ctx *ctx);
+/* Whether buffer management is refused now (and the region failed). */
+bool cpu_region_refuses(struct loom_backend_ctx *ctx, const char *what);
+void cpu_region_free(struct loom_backend_ctx *ctx);
+
 /* ---- context (cpu.c) ---- */
 
 /* Below this many multiply-adds an op runs on the calling thread only. */
@@ -194,6 +347,7 @@ struct loom_backend_ctx {
 		float cs[CPU_ROPE_CACHE_PAIRS], sn[CPU_ROPE_CACHE_PAIRS];
 	} rope_cache[2];
 	int rope_next; /* the entry a miss overwrites */
+	struct cpu_region rg; /* step regions (region.c) */
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)

@@ -383,26 +383,35 @@ static void local_acts(const struct gemm_task *t, int ith, const struct qdot_blo
 	*qsc = sc;
 }
 
-static void qdot_task(void *arg, int64_t c, int ith)
+/* Weight rows [j0, j1) of t against the quantized rows qx, qsc. */
+static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, const float *qsc,
+		      int64_t j0, int64_t j1)
 {
-	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
-	int64_t j0, j1, nb = g->k / 32;
-	const struct qdot_block *qx = t->qx;
-	const float *qsc = t->qsc;
+	int64_t nb = g->k / 32;
 
-	if (t->local)
-		local_acts(t, ith, &qx, &qsc);
-	chunk_rows(t, c, &j0, &j1);
 	/* 8 weight rows at a time stay in L1 while each x row passes */
 	for (int64_t j = j0; j < j1; j += 8) {
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
 		for (int64_t i = 0; i < g->m; i++)
-			t->dot(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb), nb,
-			       g->y + i * g->y_stride + j, rows);
+			t->dot(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb),
+			       nb, g->y + i * g->y_stride + j, rows);
 	}
+}
+
+static void qdot_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct qdot_block *qx = t->qx;
+	const float *qsc = t->qsc;
+	int64_t j0, j1;
+
+	if (t->local)
+		local_acts(t, ith, &qx, &qsc);
+	chunk_rows(t, c, &j0, &j1);
+	qdot_rows(t, qx, qsc, j0, j1);
 }
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
@@ -460,14 +469,13 @@ static const struct qdot_kblock *local_kacts(const struct gemm_task *t, int ith)
 	return bx;
 }
 
-static void qdot_k_task(void *arg, int64_t c, int ith)
+/* Weight rows [j0, j1) of t against the quantized rows qkx. */
+static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx, int64_t j0,
+			int64_t j1)
 {
-	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
-	int64_t j0, j1, nb = g->k / 256;
-	const struct qdot_kblock *qkx = t->local ? local_kacts(t, ith) : t->qkx;
+	int64_t nb = g->k / 256;
 
-	chunk_rows(t, c, &j0, &j1);
 	for (int64_t j = j0; j < j1; j += 8) {
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
@@ -475,6 +483,16 @@ static void qdot_k_task(void *arg, int64_t c, int ith)
 		for (int64_t i = 0; i < g->m; i++)
 			t->kdot(w, g->w_stride, qkx + i * nb, nb, g->y + i * g->y_stride + j, rows);
 	}
+}
+
+static void qdot_k_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct qdot_kblock *qkx = t->local ? local_kacts(t, ith) : t->qkx;
+	int64_t j0, j1;
+
+	chunk_rows(t, c, &j0, &j1);
+	qdot_k_rows(t, qkx, j0, j1);
 }
 
 /* t->g set up, k > 0 (a multiple of 256: gemm_check); nth threads. */
@@ -540,6 +558,12 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		return err;
 	if (a->m == 0 || a->n == 0)
 		return LOOM_OK;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_GEMM };
+
+		cpu_region_copy_args(&c.u.gemm, sizeof(c.u.gemm), a);
+		return cpu_region_record(ctx, &c);
+	}
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
@@ -641,5 +665,197 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	t.dst = cpu_buffer_addr(ctx, *out);
 	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
 	*bytes = (size_t)a->n * t.stride;
+	return LOOM_OK;
+}
+
+/* ---- decode GEMVs as one task (step regions, region.c) ---- */
+
+/* The kind of row kernel a group member runs. */
+enum member_kind { MEMBER_PLAIN, MEMBER_QDOT, MEMBER_QDOT_K };
+
+struct group_member {
+	struct gemm_task t; /* g, n, the kernel and packed */
+	enum member_kind kind;
+	int64_t row0; /* its first row in the group's row space */
+	const struct cpu_add_args *add;
+};
+
+struct group_task {
+	struct loom_backend_ctx *ctx;
+	struct group_member mem[CPU_GROUP_MAX];
+	int n_mem;
+	const struct cpu_glu_args *glu;
+	struct gemm_task split; /* n, chunk, n_head, head_rows: the row space */
+	const float *x;
+	int64_t x_stride, m, k;
+	bool need_q, need_k; /* quantized rows of either kind */
+	size_t k_off;        /* scratch floats before the K-quant rows */
+	uint64_t seq;
+};
+
+static enum member_kind member_kind(const struct loom_backend_ctx *ctx, uint32_t type)
+{
+	if (qdot_format(type))
+		return MEMBER_QDOT;
+	if (qdot_k_format(type))
+		return MEMBER_QDOT_K;
+	(void)ctx;
+	return MEMBER_PLAIN;
+}
+
+bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	if (ctx->exact || a->m < 1 || a->m > LOCAL_MAX_M || a->n < 1 || a->k < 1)
+		return false;
+	if (qdot_format(a->w_type) || qdot_k_format(a->w_type))
+		return true;
+	/* the plain GEMV of a format without a minimum needs no block sums */
+	return !LOOM_GEMM_PACKED(a) && !cpu_format_has_min(a->w_type) &&
+	       (a->w_type == LOOM_TYPE_F32 || a->w_type == LOOM_TYPE_F16 ||
+		a->w_type == LOOM_TYPE_BF16);
+}
+
+/* Thread ith's quantized rows of the group's activations, made at its
+ * first chunk of the group (local_acts(), for both kinds at once). */
+static void group_acts(const struct group_task *gt, int ith, const struct qdot_block **qx,
+		       const float **qsc, const struct qdot_kblock **qkx)
+{
+	float *base = gt->ctx->scratch[ith];
+	int64_t nb = gt->k / 32, nkb = gt->k / 256;
+	struct qdot_block *bx = (struct qdot_block *)base;
+	float *sc = (float *)(bx + gt->m * nb);
+	struct qdot_kblock *kx = (struct qdot_kblock *)(base + gt->k_off);
+
+	if (gt->ctx->stamp[ith].gemm != gt->seq) {
+		for (int64_t i = 0; i < gt->m; i++) {
+			const float *x = gt->x + i * gt->x_stride;
+
+			if (gt->need_q) {
+				qdot_quantize_row(x, bx + i * nb, gt->k);
+				qdot_row_scales(bx + i * nb, nb, sc + i * qdot_scales_len(nb));
+			}
+			if (gt->need_k)
+				qdot_k_quantize_row(x, kx + i * nkb, gt->k);
+		}
+		gt->ctx->stamp[ith].gemm = gt->seq;
+	}
+	*qx = bx;
+	*qsc = sc;
+	*qkx = kx;
+}
+
+/* Rows [j0, j1) of member mb. */
+static void member_rows(const struct group_member *mb, const struct qdot_block *qx,
+			const float *qsc, const struct qdot_kblock *qkx, int64_t j0, int64_t j1)
+{
+	switch (mb->kind) {
+	case MEMBER_QDOT:
+		qdot_rows(&mb->t, qx, qsc, j0, j1);
+		break;
+	case MEMBER_QDOT_K:
+		qdot_k_rows(&mb->t, qkx, j0, j1);
+		break;
+	default:
+		cpu_gemv_rows(mb->t.ctx->isa, &mb->t.g, j0, j1);
+		break;
+	}
+}
+
+static void group_task_run(void *arg, int64_t c, int ith)
+{
+	const struct group_task *gt = arg;
+	const struct qdot_block *qx;
+	const struct qdot_kblock *qkx;
+	const float *qsc;
+	int64_t j0, j1;
+
+	group_acts(gt, ith, &qx, &qsc, &qkx);
+	chunk_rows(&gt->split, c, &j0, &j1);
+	if (gt->glu) { /* gate and up share the row space */
+		member_rows(&gt->mem[0], qx, qsc, qkx, j0, j1);
+		member_rows(&gt->mem[1], qx, qsc, qkx, j0, j1);
+		cpu_glu_cols(gt->ctx, gt->glu, j0, j1);
+		return;
+	}
+	for (int i = 0; i < gt->n_mem; i++) {
+		const struct group_member *mb = &gt->mem[i];
+		int64_t a = j0 > mb->row0 ? j0 - mb->row0 : 0;
+		int64_t b = j1 - mb->row0 < mb->t.n ? j1 - mb->row0 : mb->t.n;
+
+		if (a >= b)
+			continue;
+		member_rows(mb, qx, qsc, qkx, a, b);
+		if (mb->add)
+			cpu_add_cols(mb->add, a, b);
+	}
+}
+
+/* Member i of g, checked; its rows start at row0 of the row space. */
+static int member_setup(struct group_task *gt, const struct cpu_group *g, int i, int64_t row0)
+{
+	const struct loom_gemm_args *a = g->gemm[i];
+	struct group_member *mb = &gt->mem[i];
+	size_t ws;
+	int err = gemm_check(gt->ctx, a, &ws);
+
+	if (err)
+		return err;
+	if (!cpu_gemm_groupable(gt->ctx, a) || a->m != gt->m || a->k != gt->k ||
+	    a->x != gt->x || a->x_stride != gt->x_stride)
+		return LOOM_ERR_INVALID;
+	memset(mb, 0, sizeof(*mb));
+	mb->t.ctx = gt->ctx;
+	mb->t.packed = LOOM_GEMM_PACKED(a);
+	mb->t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws, .x = a->x,
+				     .x_stride = a->x_stride, .y = a->y, .y_stride = a->y_stride,
+				     .m = a->m, .k = a->k, .inv = gt->ctx->invariant };
+	mb->t.n = a->n;
+	mb->kind = member_kind(gt->ctx, a->w_type);
+	mb->row0 = row0;
+	mb->add = g->add[i];
+	if (mb->kind == MEMBER_QDOT) {
+		mb->t.dot = mb->t.packed ? qdot_packed_kernel(gt->ctx->qisa, a->w_type) :
+			qdot_kernel(gt->ctx->qisa, a->w_type);
+		gt->need_q = true;
+	} else if (mb->kind == MEMBER_QDOT_K) {
+		mb->t.kdot = qdot_k_kernel(gt->ctx->qisa, a->w_type);
+		gt->need_k = true;
+	}
+	return LOOM_OK;
+}
+
+int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
+{
+	struct group_task gt = { .ctx = ctx, .n_mem = g->n, .glu = g->glu };
+	int64_t rows = 0;
+	double work = 0;
+	size_t need;
+	int err;
+
+	if (g->n < 1 || g->n > CPU_GROUP_MAX || (g->glu && g->n != 2))
+		return LOOM_ERR_INVALID;
+	gt.x = g->gemm[0]->x;
+	gt.x_stride = g->gemm[0]->x_stride;
+	gt.m = g->gemm[0]->m;
+	gt.k = g->gemm[0]->k;
+	for (int i = 0; i < g->n; i++) {
+		/* members start on a multiple of 8 rows, as a chunk does */
+		err = member_setup(&gt, g, i, g->glu ? 0 : rows);
+		if (err)
+			return err;
+		rows = g->glu ? g->gemm[0]->n : (rows + g->gemm[i]->n + 7) / 8 * 8;
+		work += (double)gt.m * (double)g->gemm[i]->n * (double)gt.k;
+	}
+	if (g->glu && g->gemm[1]->n != rows)
+		return LOOM_ERR_INVALID;
+	gt.k_off = (local_floats(gt.m, gt.k / 32, false) + 15) / 16 * 16;
+	need = gt.k_off + (gt.need_k ? local_floats(gt.m, gt.k / 256, true) : 0);
+	if (cpu_scratch_reserve(ctx, need))
+		return LOOM_ERR_NOMEM;
+	gt.seq = ++ctx->gemm_seq;
+	gt.split.n = rows;
+	pick_split(&gt.split, work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1, 8, 32, 256);
+	cpu_pool_run(&ctx->pool, group_task_run, &gt, n_chunks(&gt.split),
+		     work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	return LOOM_OK;
 }

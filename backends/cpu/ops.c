@@ -84,6 +84,14 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 			return LOOM_ERR_INVALID;
 	if (dim == 0)
 		return LOOM_OK;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_EMBED };
+
+		c.u.embed.out = out, c.u.embed.table = table, c.u.embed.type = type;
+		c.u.embed.row_bytes = packed ? 0 : row_bytes, c.u.embed.n_rows = n_rows;
+		c.u.embed.dim = dim, c.u.embed.ids = ids, c.u.embed.n_ids = n_ids;
+		return cpu_region_record(ctx, &c);
+	}
 	if (packed)
 		return embed_packed(ctx, &a, n_ids);
 	cpu_run_rows(ctx, embed_rows, &a, n_ids, (double)n_ids * dim);
@@ -132,6 +140,14 @@ int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const 
 		return LOOM_OK;
 	if (!y || !x || !w)
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_RMSNORM };
+
+		c.u.rmsnorm.y = y, c.u.rmsnorm.y_stride = y_stride, c.u.rmsnorm.x = x;
+		c.u.rmsnorm.x_stride = x_stride, c.u.rmsnorm.w = w, c.u.rmsnorm.rows = rows;
+		c.u.rmsnorm.n = n, c.u.rmsnorm.eps = eps;
+		return cpu_region_record(ctx, &c);
+	}
 	cpu_run_rows(ctx, rmsnorm_rows, &a, rows, (double)rows * n);
 	return LOOM_OK;
 }
@@ -230,6 +246,12 @@ int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 
 	if (rc != LOOM_CHECK_RUN)
 		return rc == LOOM_CHECK_NOTHING ? LOOM_OK : rc;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_ROPE };
+
+		cpu_region_copy_args(&c.u.rope, sizeof(c.u.rope), a);
+		return cpu_region_record(ctx, &c);
+	}
 	if (a->n_tokens == 1 && a->n_rot / 2 <= CPU_ROPE_CACHE_PAIRS) {
 		rope_one_cached(ctx, a);
 		return LOOM_OK;
@@ -240,17 +262,6 @@ int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 }
 
 /* ---- glu ---- */
-
-struct glu_args {
-	enum loom_glu_kind kind;
-	float *out;
-	int64_t out_stride;
-	const float *gate;
-	int64_t gate_stride;
-	const float *up;
-	int64_t up_stride;
-	int64_t n;
-};
 
 /* exact mode's (ref.so's) arithmetic; fast mode runs vexp.c's */
 static inline float silu(float g)
@@ -265,31 +276,44 @@ static inline float gelu_tanh(float g)
 	return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
 }
 
+/* Columns [j0, j1) of row r. */
+static void glu_row(const struct loom_backend_ctx *ctx, const struct cpu_glu_args *a, int64_t r,
+		    int64_t j0, int64_t j1)
+{
+	const float *g = a->gate + r * a->gate_stride + j0;
+	const float *u = a->up + r * a->up_stride + j0;
+	float *o = a->out + r * a->out_stride + j0;
+
+	if (!ctx->exact)
+		cpu_glu_row_fast(ctx->isa, a->kind, o, g, u, j1 - j0);
+	else if (a->kind == LOOM_GLU_SILU)
+		for (int64_t i = 0; i < j1 - j0; i++)
+			o[i] = silu(g[i]) * u[i];
+	else
+		for (int64_t i = 0; i < j1 - j0; i++)
+			o[i] = gelu_tanh(g[i]) * u[i];
+}
+
 static void glu_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
 {
-	const struct glu_args *a = p;
+	const struct cpu_glu_args *a = p;
 
-	for (int64_t r = r0; r < r1; r++) {
-		const float *g = a->gate + r * a->gate_stride;
-		const float *u = a->up + r * a->up_stride;
-		float *o = a->out + r * a->out_stride;
+	for (int64_t r = r0; r < r1; r++)
+		glu_row(ctx, a, r, 0, a->n);
+}
 
-		if (!ctx->exact)
-			cpu_glu_row_fast(ctx->isa, a->kind, o, g, u, a->n);
-		else if (a->kind == LOOM_GLU_SILU)
-			for (int64_t i = 0; i < a->n; i++)
-				o[i] = silu(g[i]) * u[i];
-		else
-			for (int64_t i = 0; i < a->n; i++)
-				o[i] = gelu_tanh(g[i]) * u[i];
-	}
+void cpu_glu_cols(const struct loom_backend_ctx *ctx, const struct cpu_glu_args *a, int64_t j0,
+		  int64_t j1)
+{
+	for (int64_t r = 0; r < a->rows; r++)
+		glu_row(ctx, a, r, j0, j1);
 }
 
 int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 	    int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
 	    int64_t up_stride, int64_t rows, int64_t n)
 {
-	struct glu_args a = { kind, out, out_stride, gate, gate_stride, up, up_stride, n };
+	struct cpu_glu_args a = { kind, out, out_stride, gate, gate_stride, up, up_stride, rows, n };
 
 	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
 		return LOOM_ERR_INVALID;
@@ -300,40 +324,45 @@ int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 		return LOOM_OK;
 	if (!out || !gate || !up)
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open)
+		return cpu_region_record(ctx, &(struct cpu_call){ .op = CPU_CALL_GLU, .u.glu = a });
 	cpu_run_rows(ctx, glu_rows, &a, rows, (double)rows * n * 16);
 	return LOOM_OK;
 }
 
 /* ---- add, scale ---- */
 
-struct add_args {
-	float *out;
-	int64_t out_stride;
-	const float *a;
-	int64_t a_stride;
-	const float *b;
-	int64_t b_stride, b_rows, n;
-};
+/* Columns [j0, j1) of row r. */
+static void add_row(const struct cpu_add_args *a, int64_t r, int64_t j0, int64_t j1)
+{
+	const float *x = a->a + r * a->a_stride;
+	const float *y = a->b + (a->b_rows == 1 ? 0 : r) * a->b_stride;
+	float *o = a->out + r * a->out_stride;
+
+	for (int64_t i = j0; i < j1; i++)
+		o[i] = x[i] + y[i];
+}
 
 static void add_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
 {
-	const struct add_args *a = p;
+	const struct cpu_add_args *a = p;
 
-	for (int64_t r = r0; r < r1; r++) {
-		const float *x = a->a + r * a->a_stride;
-		const float *y = a->b + (a->b_rows == 1 ? 0 : r) * a->b_stride;
-		float *o = a->out + r * a->out_stride;
+	(void)ctx;
+	for (int64_t r = r0; r < r1; r++)
+		add_row(a, r, 0, a->n);
+}
 
-		for (int64_t i = 0; i < a->n; i++)
-			o[i] = x[i] + y[i];
-	}
+void cpu_add_cols(const struct cpu_add_args *a, int64_t j0, int64_t j1)
+{
+	for (int64_t r = 0; r < a->rows; r++)
+		add_row(a, r, j0, j1);
 }
 
 int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
 	    int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
 	    int64_t n)
 {
-	struct add_args args = { out, out_stride, a, a_stride, b, b_stride, b_rows, n };
+	struct cpu_add_args args = { out, out_stride, a, a_stride, b, b_stride, b_rows, rows, n };
 
 	if (!ctx || (b_rows != 1 && b_rows != rows))
 		return LOOM_ERR_INVALID;
@@ -344,6 +373,8 @@ int cpu_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const 
 		return LOOM_OK;
 	if (!out || !a || !b)
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open)
+		return cpu_region_record(ctx, &(struct cpu_call){ .op = CPU_CALL_ADD, .u.add = args });
 	cpu_run_rows(ctx, add_rows, &args, rows, (double)rows * n);
 	return LOOM_OK;
 }
@@ -366,6 +397,16 @@ static void scale_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, 
 	}
 }
 
+static int record_scale(struct loom_backend_ctx *ctx, enum cpu_call_op op, float *x,
+			int64_t stride, int64_t rows, int64_t n, float s)
+{
+	struct cpu_call c = { .op = op };
+
+	c.u.scale.x = x, c.u.scale.stride = stride, c.u.scale.rows = rows;
+	c.u.scale.n = n, c.u.scale.s = s;
+	return cpu_region_record(ctx, &c);
+}
+
 int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows, int64_t n,
 	      float s)
 {
@@ -377,6 +418,8 @@ int cpu_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t ro
 		return LOOM_OK;
 	if (!x)
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open)
+		return record_scale(ctx, CPU_CALL_SCALE, x, stride, rows, n, s);
 	cpu_run_rows(ctx, scale_rows, &a, rows, (double)rows * n);
 	return LOOM_OK;
 }
@@ -405,6 +448,8 @@ int cpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t 
 		return LOOM_OK;
 	if (!x)
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open)
+		return record_scale(ctx, CPU_CALL_SOFTCAP, x, stride, rows, n, cap);
 	cpu_run_rows(ctx, softcap_rows, &a, rows, (double)rows * n * 8);
 	return LOOM_OK;
 }
@@ -426,6 +471,12 @@ int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *
 		return rc;
 	if (!loom_check_slots(a->slots, a->n_tokens, a->kv_dim))
 		return LOOM_ERR_INVALID;
+	if (ctx->rg.open) {
+		struct cpu_call c = { .op = CPU_CALL_KV_WRITE };
+
+		cpu_region_copy_args(&c.u.kv_write, sizeof(c.u.kv_write), a);
+		return cpu_region_record(ctx, &c);
+	}
 	/* the shared quantizers: the same bytes as ref.so writes */
 	row = loom_kvq_row_bytes(type, a->kv_dim);
 	for (int64_t t = 0; t < a->n_tokens; t++) {

@@ -59,14 +59,21 @@ static void fail(const char *fmt, ...)
 
 static unsigned long long captured, replays;
 static bool capture_refused;
+/* cpu.so runs regions without capturing them, and logs how many it ran
+ * and how many runs of calls it fused (backends/cpu/region.c) */
+static unsigned long long regions_run, groups, group_calls;
 
 static void catch_log(void *host, enum loom_log_level level, const char *msg)
 {
 	const char *p = strstr(msg, "step graphs: ");
+	const char *q = strstr(msg, "step regions: ");
 
 	(void)host;
 	if (p)
 		sscanf(p, "step graphs: %llu captured, %llu replays", &captured, &replays);
+	if (q)
+		sscanf(q, "step regions: %llu run, %llu gemm groups of %llu calls", &regions_run,
+		       &groups, &group_calls);
 	if (level == LOOM_LOG_WARN && strstr(msg, "capture failed"))
 		capture_refused = true;
 }
@@ -366,8 +373,20 @@ static void check_replay(const struct loom_backend_ops *ops, const struct model 
 		}
 	}
 	ctx_close(&plain);
-	captured = replays = 0;
+	captured = replays = regions_run = groups = group_calls = 0;
 	ctx_close(&region); /* logs the graph counts */
+	if (regions_run) {
+		/* each decode step (2 rows) has Q/K/V as one group and the
+		 * output projection with its residual add as another */
+		if (regions_run != 14 || groups < 26 || group_calls < 5 * 13)
+			fail("%s: %llu regions, %llu groups of %llu calls; want 14 regions and "
+			     "at least 26 groups of 65 calls", ops->name, regions_run, groups,
+			     group_calls);
+		else
+			printf("ok   %s: 14 steps in regions equal direct calls bit for bit "
+			       "(%llu groups of %llu calls fused)\n", ops->name, groups, group_calls);
+		return;
+	}
 	/* steps 1..5 and 7..13 repeat (the split count changes at 257 keys) */
 	if (refuse && (captured || replays || !capture_refused))
 		fail("%s: captures refused: %llu captures, %llu replays, %s warning",

@@ -1,0 +1,396 @@
+/*
+ * cpu.so's step regions run runs of decode calls as one pool task
+ * (backends/cpu/region.c: gemms that read the same rows, each with the
+ * add that consumes its output, or a gate/up pair with its GLU). Here a
+ * transformer layer's calls run once directly and once inside a region,
+ * on two contexts with the same inputs, and every buffer must agree bit
+ * for bit: for each weight format a group takes (Q4_1 in GGUF layout and
+ * packed, Q8_0 and the K-quants mixed in one group, F16, F32), 1 and 3
+ * activation rows, 1 and 2 threads. cpu.so's log must count the groups
+ * the layer has (4, of 12 calls), so a region that quietly fused nothing
+ * fails. Then runs whose calls write what another of them reads: they
+ * must not be fused (or only as far as is safe), and still agree.
+ *
+ * Usage: backend_cpu_fuse [cpu.so]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plugin/backend_loader.h"
+#include "plugin/host.h"
+
+#define D 512   /* model width (K-quants need k % 256 == 0) */
+#define KVD 128 /* K and V rows */
+#define F 1024  /* FFN width */
+#define MAXM 3
+
+static int failures;
+static unsigned long long regions_run, groups, group_calls;
+
+static void catch_log(void *host, enum loom_log_level level, const char *msg)
+{
+	const char *q = strstr(msg, "step regions: ");
+
+	(void)host;
+	(void)level;
+	if (q)
+		sscanf(q, "step regions: %llu run, %llu gemm groups of %llu calls", &regions_run,
+		       &groups, &group_calls);
+}
+
+static uint64_t rng;
+
+static float frand(void)
+{
+	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+	return (float)((rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+/* ---- weights ---- */
+
+struct weight {
+	uint32_t type;
+	int64_t n, k;
+	bool pack;
+	void *bytes; /* GGUF layout */
+	size_t stride;
+};
+
+/* Random n x k weights of `type`, quantized by the format plugins. */
+static int make_weight(struct weight *w, uint32_t type, int64_t n, int64_t k, bool pack)
+{
+	float *f = malloc((size_t)(n * k) * sizeof(float));
+	const struct loom_quant_format *qf = loom_format_get(type);
+
+	*w = (struct weight){ .type = type, .n = n, .k = k, .pack = pack };
+	if (!f)
+		return -1;
+	for (int64_t i = 0; i < n * k; i++)
+		f[i] = 0.2f * frand();
+	if (type == LOOM_TYPE_F32) {
+		w->bytes = f;
+		w->stride = (size_t)k * 4;
+		return 0;
+	}
+	if (type == LOOM_TYPE_F16) {
+		_Float16 *h = malloc((size_t)(n * k) * sizeof(*h));
+
+		for (int64_t i = 0; h && i < n * k; i++)
+			h[i] = (_Float16)f[i];
+		free(f);
+		w->bytes = h;
+		w->stride = (size_t)k * 2;
+		return h ? 0 : -1;
+	}
+	if (!qf) {
+		free(f);
+		return -1;
+	}
+	w->stride = (size_t)(k / qf->block_elems) * qf->block_bytes;
+	w->bytes = malloc((size_t)n * w->stride);
+	for (int64_t r = 0; w->bytes && r < n; r++)
+		if (qf->from_float(f + r * k, (char *)w->bytes + (size_t)r * w->stride, k)) {
+			free(f);
+			return -1;
+		}
+	free(f);
+	return w->bytes ? 0 : -1;
+}
+
+/* ---- one context and its buffers ---- */
+
+struct bufs {
+	float *x, *xn, *q, *k, *v, *p, *g, *u, *bq, *bk, *norm;
+};
+
+struct ctx {
+	const struct loom_backend_ops *ops;
+	struct loom_backend_ctx *c;
+	struct loom_buffer *packed[8];
+	const void *w[8];
+	size_t ws[8];
+	int n_packed;
+	float *mem;
+	struct bufs b;
+};
+
+static size_t bufs_floats(void)
+{
+	return (size_t)MAXM * (3 * D + 512 + 2 * KVD + 2 * F) + 512 + KVD + D + 64;
+}
+
+/* Carves the buffers and fills them from the seed (the same in both
+ * contexts). */
+static void bufs_fill(struct ctx *x, uint64_t seed)
+{
+	float *p = x->mem;
+	size_t n = bufs_floats();
+
+	rng = seed;
+	for (size_t i = 0; i < n; i++)
+		p[i] = frand();
+	x->b.x = p, p += MAXM * D;
+	x->b.xn = p, p += MAXM * D;
+	x->b.q = p, p += MAXM * 512;
+	x->b.k = p, p += MAXM * KVD;
+	x->b.v = p, p += MAXM * KVD;
+	x->b.p = p, p += MAXM * D;
+	x->b.g = p, p += MAXM * F;
+	x->b.u = p, p += MAXM * F;
+	x->b.bq = p, p += 512;
+	x->b.bk = p, p += KVD;
+	x->b.norm = p;
+}
+
+static int ctx_open(struct ctx *x, const struct loom_backend_ops *ops,
+		    const struct loom_backend_host *host, int threads, const struct weight *w,
+		    int n_w)
+{
+	struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = threads };
+
+	memset(x, 0, sizeof(*x));
+	x->ops = ops;
+	x->mem = malloc(bufs_floats() * sizeof(float));
+	if (!x->mem || ops->create(host, &cfg, &x->c))
+		return -1;
+	for (int i = 0; i < n_w; i++) {
+		struct loom_weight_pack_args pa = { .struct_size = sizeof(pa), .type = w[i].type,
+						    .n = w[i].n, .k = w[i].k, .src = w[i].bytes,
+						    .src_stride = w[i].stride };
+		size_t bytes;
+
+		x->w[i] = w[i].bytes;
+		x->ws[i] = w[i].stride;
+		if (!w[i].pack)
+			continue;
+		if (ops->weight_pack(x->c, &pa, &x->packed[i], &bytes))
+			return -1;
+		x->w[i] = ops->buffer_addr(x->c, x->packed[i]);
+		x->ws[i] = 0;
+	}
+	x->n_packed = n_w;
+	return 0;
+}
+
+static void ctx_close(struct ctx *x)
+{
+	for (int i = 0; i < x->n_packed; i++)
+		if (x->packed[i])
+			x->ops->buffer_free(x->c, x->packed[i]);
+	if (x->c)
+		x->ops->destroy(x->c);
+}
+
+static int gemm(struct ctx *x, const struct weight *w, int i, const float *in, float *out,
+		int64_t m)
+{
+	struct loom_gemm_args a = {
+		.struct_size = sizeof(a), .w_type = w[i].type, .m = m, .n = w[i].n, .k = w[i].k,
+		.w = x->w[i], .w_stride = x->ws[i], .x = in, .x_stride = w[i].k, .y = out,
+		.y_stride = w[i].n, .w_packed = w[i].pack,
+	};
+
+	return x->ops->gemm(x->c, &a);
+}
+
+/* ---- the calls ---- */
+
+enum { WQ, WK, WV, WO, WG, WU, WD, N_W };
+
+/* A decode layer's calls after attention's: 4 groups of 12 calls. */
+static int layer(struct ctx *x, const struct weight *w, int64_t m)
+{
+	const struct loom_backend_ops *o = x->ops;
+	struct bufs *b = &x->b;
+	int rc = o->rmsnorm(x->c, b->xn, D, b->x, D, b->norm, m, D, 1e-5f);
+
+	rc = rc ? rc : gemm(x, w, WQ, b->xn, b->q, m);
+	rc = rc ? rc : o->add(x->c, b->q, 512, b->q, 512, b->bq, 512, 1, m, 512);
+	rc = rc ? rc : gemm(x, w, WK, b->xn, b->k, m);
+	rc = rc ? rc : o->add(x->c, b->k, KVD, b->k, KVD, b->bk, KVD, 1, m, KVD);
+	rc = rc ? rc : gemm(x, w, WV, b->xn, b->v, m);
+	rc = rc ? rc : gemm(x, w, WO, b->q, b->p, m);
+	rc = rc ? rc : o->add(x->c, b->x, D, b->x, D, b->p, D, m, m, D);
+	rc = rc ? rc : o->rmsnorm(x->c, b->xn, D, b->x, D, b->norm, m, D, 1e-5f);
+	rc = rc ? rc : gemm(x, w, WG, b->xn, b->g, m);
+	rc = rc ? rc : gemm(x, w, WU, b->xn, b->u, m);
+	rc = rc ? rc : o->glu(x->c, LOOM_GLU_SILU, b->g, F, b->g, F, b->u, F, m, F);
+	rc = rc ? rc : gemm(x, w, WD, b->g, b->p, m);
+	rc = rc ? rc : o->add(x->c, b->x, D, b->x, D, b->p, D, m, m, D);
+	return rc;
+}
+
+/* Runs whose calls write what another reads; how many groups each may
+ * make is `want` below. */
+static int hazards(struct ctx *x, const struct weight *w, int64_t m, int which)
+{
+	const struct loom_backend_ops *o = x->ops;
+	struct bufs *b = &x->b;
+	int rc;
+
+	switch (which) {
+	case 0: /* the second gemm's output overlaps the first's */
+		rc = gemm(x, w, WK, b->xn, b->q, m);
+		return rc ? rc : gemm(x, w, WV, b->xn, b->q + 64, m);
+	case 1: /* the add writes the gemm's input */
+		rc = gemm(x, w, WO, b->xn, b->p, m);
+		return rc ? rc : o->add(x->c, b->xn, D, b->xn, D, b->p, D, m, m, D);
+	case 2: /* the GLU writes the rows gate and up read: gate and up
+		 * only */
+		rc = gemm(x, w, WG, b->xn, b->g, m);
+		rc = rc ? rc : gemm(x, w, WU, b->xn, b->u, m);
+		return rc ? rc : o->glu(x->c, LOOM_GLU_SILU, b->xn, F, b->g, F, b->u, F, m, F);
+	case 3: /* the add reads what the next gemm writes: q and the add
+		 * group, k alone */
+		rc = gemm(x, w, WQ, b->xn, b->q, m);
+		rc = rc ? rc : o->add(x->c, b->q, 512, b->q, 512, b->p, D, m, m, 512);
+		return rc ? rc : gemm(x, w, WO, b->xn, b->p, m);
+	default: /* the add's output overlaps the gemm's output elsewhere */
+		rc = gemm(x, w, WK, b->xn, b->k, m);
+		return rc ? rc : o->add(x->c, b->k + 1, KVD, b->k, KVD, b->bk, KVD, 1, m, KVD);
+	}
+}
+
+/* Groups and grouped calls each case may make: in case 2 gate and up
+ * still share a task, without the GLU; in case 3 q takes its add. */
+static const unsigned long long hazard_groups[5] = { 0, 0, 1, 1, 0 };
+static const unsigned long long hazard_calls[5] = { 0, 0, 2, 2, 0 };
+
+/* ---- the checks ---- */
+
+static bool same(const struct ctx *a, const struct ctx *b)
+{
+	return !memcmp(a->mem, b->mem, bufs_floats() * sizeof(float));
+}
+
+/* which < 0: the layer; else hazard case `which`. */
+static void check(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
+		  const char *label, const struct weight *w, int64_t m, int threads, int which)
+{
+	struct ctx direct, region;
+	unsigned long long want = which < 0 ? 4 : hazard_groups[which];
+	unsigned long long want_calls = which < 0 ? 12 : hazard_calls[which];
+	int rd, rr;
+
+	if (ctx_open(&direct, ops, host, threads, w, N_W) ||
+	    ctx_open(&region, ops, host, threads, w, N_W)) {
+		printf("FAIL %s: cannot set up the contexts\n", label);
+		failures++;
+		ctx_close(&direct);
+		ctx_close(&region);
+		free(direct.mem);
+		free(region.mem);
+		return;
+	}
+	bufs_fill(&direct, 7);
+	bufs_fill(&region, 7);
+	rd = which < 0 ? layer(&direct, w, m) : hazards(&direct, w, m, which);
+	rr = region.ops->graph_begin(region.c);
+	if (!rr) {
+		int end;
+
+		rr = which < 0 ? layer(&region, w, m) : hazards(&region, w, m, which);
+		end = region.ops->graph_end(region.c);
+		rr = rr ? rr : end;
+	}
+	ctx_close(&direct);
+	regions_run = groups = group_calls = 0;
+	ctx_close(&region); /* logs the counts */
+	if (rd || rr) {
+		printf("FAIL %s m=%lld t=%d case %d: status %d directly, %d in a region\n", label,
+		       (long long)m, threads, which, rd, rr);
+		failures++;
+	} else if (!same(&direct, &region)) {
+		printf("FAIL %s m=%lld t=%d case %d: a region's results differ from direct calls\n",
+		       label, (long long)m, threads, which);
+		failures++;
+	} else if (regions_run != 1 || groups != want || group_calls != want_calls) {
+		printf("FAIL %s m=%lld t=%d case %d: %llu regions, %llu groups of %llu calls; "
+		       "want 1 region, %llu groups of %llu calls\n", label, (long long)m, threads,
+		       which, regions_run, groups, group_calls, want, want_calls);
+		failures++;
+	}
+	free(direct.mem);
+	free(region.mem);
+}
+
+struct config {
+	const char *label;
+	uint32_t type[N_W];
+	bool pack;
+};
+
+static const struct config configs[] = {
+	{ "q4_1", { LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1,
+		    LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1 }, false },
+	{ "q4_1 packed", { LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1,
+			   LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1 }, true },
+	/* 32-value blocks and K-quant super-blocks in one group */
+	{ "k-quants and q8_0/q5_0", { LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_Q6_K,
+				      LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
+				      LOOM_TYPE_Q6_K }, false },
+	{ "q2_k/q3_k", { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K,
+			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false },
+	{ "f16", { LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16,
+		   LOOM_TYPE_F16, LOOM_TYPE_F16 }, false },
+	{ "f32", { LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32,
+		   LOOM_TYPE_F32, LOOM_TYPE_F32 }, false },
+};
+
+/* Rows and columns of each weight (enum order). */
+static const int64_t w_n[N_W] = { 512, KVD, KVD, D, F, F, D };
+static const int64_t w_k[N_W] = { D, D, D, 512, D, D, F };
+
+int main(int argc, char **argv)
+{
+	const char *name = argc > 1 ? argv[1] : "cpu.so";
+	struct loom_backend_host host = *loom_host_services();
+	const struct loom_backend_ops *ops;
+	char err[4096], path[4096];
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* the test decides the mode: fast, fused */
+	unsetenv("LOOM_CPU_EXACT");
+	unsetenv("LOOM_CPU_FUSE");
+	host.log = catch_log;
+	if (loom_formats_init(err, sizeof(err))) {
+		printf("FAIL no format plugins: %s\n", err);
+		return 1;
+	}
+	ops = loom_backend_load_ops(name, path, sizeof(path), err, sizeof(err));
+	if (!ops || !ops->graph_begin || !ops->weight_pack) {
+		printf("FAIL %s: %s\n", name, ops ? "no step regions or weight_pack" : err);
+		return 1;
+	}
+	for (size_t c = 0; c < sizeof(configs) / sizeof(configs[0]); c++) {
+		const struct config *cf = &configs[c];
+		struct weight w[N_W];
+		bool ok = true;
+		int before = failures;
+
+		rng = 0x9e3779b97f4a7c15ull + c;
+		for (int i = 0; i < N_W; i++)
+			if (make_weight(&w[i], cf->type[i], w_n[i], w_k[i], cf->pack))
+				ok = false;
+		if (!ok) {
+			printf("FAIL %s: cannot make the weights\n", cf->label);
+			failures++;
+			continue;
+		}
+		for (int64_t m = 1; m <= MAXM; m += 2)
+			for (int t = 1; t <= 2; t++) {
+				check(ops, &host, cf->label, w, m, t, -1);
+				for (int h = 0; h < 5 && c == 0; h++)
+					check(ops, &host, cf->label, w, m, t, h);
+			}
+		if (failures == before)
+			printf("ok   %s: a layer in a region equals direct calls bit for bit "
+			       "(4 groups of 12 calls; m 1 and 3, 1 and 2 threads)%s\n", cf->label,
+			       c == 0 ? "; 5 unsafe runs left apart" : "");
+		for (int i = 0; i < N_W; i++)
+			free(w[i].bytes);
+	}
+	printf("%d failures\n", failures);
+	return failures ? 1 : 0;
+}
