@@ -830,7 +830,7 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	int64_t rows = 0;
 	double work = 0;
 	size_t need;
-	int err;
+	int err, nth;
 
 	if (g->n < 1 || g->n > CPU_GROUP_MAX || (g->glu && g->n != 2))
 		return LOOM_ERR_INVALID;
@@ -854,8 +854,15 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 		return LOOM_ERR_NOMEM;
 	gt.seq = ++ctx->gemm_seq;
 	gt.split.n = rows;
-	pick_split(&gt.split, work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1, 8, 32, 256);
-	cpu_pool_run(&ctx->pool, group_task_run, &gt, n_chunks(&gt.split),
-		     work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
+	if (nth > 1) {
+		pick_split(&gt.split, nth, 8, 32, 256);
+	} else {
+		/* one thread streams each weight whole, as the calls one by
+		 * one do: switching between gate and up every few hundred
+		 * rows cost 2-3 % */
+		gt.split.chunk = rows;
+	}
+	cpu_pool_run(&ctx->pool, group_task_run, &gt, n_chunks(&gt.split), nth);
 	return LOOM_OK;
 }
