@@ -149,6 +149,16 @@ struct cpu_add_args {
 	int64_t b_stride, b_rows, rows, n;
 };
 
+struct cpu_rmsnorm_args {
+	float *y;
+	int64_t y_stride;
+	const float *x;
+	int64_t x_stride;
+	const float *w;
+	int64_t rows, n;
+	float eps;
+};
+
 struct cpu_glu_args {
 	enum loom_glu_kind kind;
 	float *out;
@@ -193,15 +203,7 @@ struct cpu_call {
 			const int32_t *ids;
 			int64_t n_ids;
 		} embed;
-		struct {
-			float *y;
-			int64_t y_stride;
-			const float *x;
-			int64_t x_stride;
-			const float *w;
-			int64_t rows, n;
-			float eps;
-		} rmsnorm;
+		struct cpu_rmsnorm_args rmsnorm;
 		struct { /* scale and softcap (s is the cap) */
 			float *x;
 			int64_t stride, rows, n;
@@ -235,11 +237,14 @@ void cpu_region_copy_args(void *dst, size_t dst_size, const void *src);
 /*
  * Decode GEMVs run as one pool task (gemm.c): up to CPU_GROUP_MAX gemm
  * calls that read the same activation rows, each with the add that
- * consumes its output, or with the GLU of the first two (gate and up).
- * Every thread quantizes the rows once for the whole group, and the add
- * or GLU runs on each chunk's columns as soon as they are computed, so a
- * layer's Q/K/V, gate/up/GLU and each projection with its residual add
- * cost one hand-off each. Results are those of the calls one by one.
+ * consumes its output, or with the GLU of the first two (gate and up),
+ * and the rmsnorm that made the rows when one did. Every thread
+ * normalizes (when there is a norm) and quantizes the rows once for the
+ * whole group, the first chunk's thread also writes the norm's output,
+ * and the add or GLU runs on each chunk's columns as soon as they are
+ * computed, so a layer's norm and Q/K/V, norm and gate/up/GLU and each
+ * projection with its residual add cost one hand-off each. Results are
+ * those of the calls one by one.
  */
 #define CPU_GROUP_MAX 4
 
@@ -248,12 +253,15 @@ struct cpu_group {
 	const struct loom_gemm_args *gemm[CPU_GROUP_MAX];
 	const struct cpu_add_args *add[CPU_GROUP_MAX]; /* or NULL */
 	const struct cpu_glu_args *glu; /* gate: gemm[0]'s y, up: gemm[1]'s; or NULL */
+	const struct cpu_rmsnorm_args *norm; /* writes the gemms' x; or NULL */
 };
 
 /* Whether a checked gemm call may join a group (fast mode, decode rows,
  * a format with a row kernel that needs no per-call preparation). */
 bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
 int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g);
+/* Row r of an rmsnorm, into y (ops.c). */
+void cpu_rmsnorm_row(const struct cpu_rmsnorm_args *a, int64_t r, float *y);
 /* Columns [j0, j1) of every row of an add / a GLU (ops.c). */
 void cpu_add_cols(const struct cpu_add_args *a, int64_t j0, int64_t j1);
 void cpu_glu_cols(const struct loom_backend_ctx *ctx, const struct cpu_glu_args *a, int64_t j0,

@@ -685,12 +685,24 @@ struct group_task {
 	struct group_member mem[CPU_GROUP_MAX];
 	int n_mem;
 	const struct cpu_glu_args *glu;
+	const struct cpu_rmsnorm_args *norm; /* makes x, on every thread */
 	struct gemm_task split; /* n, chunk, n_head, head_rows: the row space */
 	const float *x;
 	int64_t x_stride, m, k;
 	bool need_q, need_k; /* quantized rows of either kind */
-	size_t k_off;        /* scratch floats before the K-quant rows */
+	/* scratch floats before the quantized rows and before the K-quant
+	 * ones (the normalized rows come first) */
+	size_t q_off, k_off;
 	uint64_t seq;
+};
+
+/* What one thread reads of the group's activations. */
+struct group_acts {
+	const float *x; /* its normalized rows (norm), else the group's */
+	int64_t x_stride;
+	const struct qdot_block *qx;
+	const float *qsc;
+	const struct qdot_kblock *qkx;
 };
 
 static enum member_kind member_kind(const struct loom_backend_ctx *ctx, uint32_t type)
@@ -715,48 +727,56 @@ bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_ge
 		a->w_type == LOOM_TYPE_BF16);
 }
 
-/* Thread ith's quantized rows of the group's activations, made at its
- * first chunk of the group (local_acts(), for both kinds at once). */
-static void group_acts(const struct group_task *gt, int ith, const struct qdot_block **qx,
-		       const float **qsc, const struct qdot_kblock **qkx)
+/* Thread ith's rows of the group's activations, made at its first chunk
+ * of the group (local_acts(), for both kinds at once, after the norm). */
+static void group_acts(const struct group_task *gt, int ith, struct group_acts *ga)
 {
 	float *base = gt->ctx->scratch[ith];
 	int64_t nb = gt->k / 32, nkb = gt->k / 256;
-	struct qdot_block *bx = (struct qdot_block *)base;
+	struct qdot_block *bx = (struct qdot_block *)(base + gt->q_off);
 	float *sc = (float *)(bx + gt->m * nb);
 	struct qdot_kblock *kx = (struct qdot_kblock *)(base + gt->k_off);
 
-	if (gt->ctx->stamp[ith].gemm != gt->seq) {
-		for (int64_t i = 0; i < gt->m; i++) {
-			const float *x = gt->x + i * gt->x_stride;
+	ga->x = gt->norm ? base : gt->x;
+	ga->x_stride = gt->norm ? gt->k : gt->x_stride;
+	ga->qx = bx;
+	ga->qsc = sc;
+	ga->qkx = kx;
+	if (gt->ctx->stamp[ith].gemm == gt->seq)
+		return;
+	for (int64_t i = 0; i < gt->m; i++) {
+		const float *x = ga->x + i * ga->x_stride;
 
-			if (gt->need_q) {
-				qdot_quantize_row(x, bx + i * nb, gt->k);
-				qdot_row_scales(bx + i * nb, nb, sc + i * qdot_scales_len(nb));
-			}
-			if (gt->need_k)
-				qdot_k_quantize_row(x, kx + i * nkb, gt->k);
+		if (gt->norm)
+			cpu_rmsnorm_row(gt->norm, i, base + i * gt->k);
+		if (gt->need_q) {
+			qdot_quantize_row(x, bx + i * nb, gt->k);
+			qdot_row_scales(bx + i * nb, nb, sc + i * qdot_scales_len(nb));
 		}
-		gt->ctx->stamp[ith].gemm = gt->seq;
+		if (gt->need_k)
+			qdot_k_quantize_row(x, kx + i * nkb, gt->k);
 	}
-	*qx = bx;
-	*qsc = sc;
-	*qkx = kx;
+	gt->ctx->stamp[ith].gemm = gt->seq;
 }
 
 /* Rows [j0, j1) of member mb. */
-static void member_rows(const struct group_member *mb, const struct qdot_block *qx,
-			const float *qsc, const struct qdot_kblock *qkx, int64_t j0, int64_t j1)
+static void member_rows(const struct group_member *mb, const struct group_acts *ga, int64_t j0,
+			int64_t j1)
 {
+	struct cpu_gemv g;
+
 	switch (mb->kind) {
 	case MEMBER_QDOT:
-		qdot_rows(&mb->t, qx, qsc, j0, j1);
+		qdot_rows(&mb->t, ga->qx, ga->qsc, j0, j1);
 		break;
 	case MEMBER_QDOT_K:
-		qdot_k_rows(&mb->t, qkx, j0, j1);
+		qdot_k_rows(&mb->t, ga->qkx, j0, j1);
 		break;
 	default:
-		cpu_gemv_rows(mb->t.ctx->isa, &mb->t.g, j0, j1);
+		g = mb->t.g;
+		g.x = ga->x;
+		g.x_stride = ga->x_stride;
+		cpu_gemv_rows(mb->t.ctx->isa, &g, j0, j1);
 		break;
 	}
 }
@@ -764,16 +784,20 @@ static void member_rows(const struct group_member *mb, const struct qdot_block *
 static void group_task_run(void *arg, int64_t c, int ith)
 {
 	const struct group_task *gt = arg;
-	const struct qdot_block *qx;
-	const struct qdot_kblock *qkx;
-	const float *qsc;
+	struct group_acts ga;
 	int64_t j0, j1;
 
-	group_acts(gt, ith, &qx, &qsc, &qkx);
+	group_acts(gt, ith, &ga);
+	/* the norm's output, for whatever reads it after the group (no
+	 * member does: each reads its thread's copy) */
+	if (c == 0 && gt->norm)
+		for (int64_t i = 0; i < gt->m; i++)
+			memcpy(gt->norm->y + i * gt->norm->y_stride, ga.x + i * gt->k,
+			       (size_t)gt->k * sizeof(float));
 	chunk_rows(&gt->split, c, &j0, &j1);
 	if (gt->glu) { /* gate and up share the row space */
-		member_rows(&gt->mem[0], qx, qsc, qkx, j0, j1);
-		member_rows(&gt->mem[1], qx, qsc, qkx, j0, j1);
+		member_rows(&gt->mem[0], &ga, j0, j1);
+		member_rows(&gt->mem[1], &ga, j0, j1);
 		cpu_glu_cols(gt->ctx, gt->glu, j0, j1);
 		return;
 	}
@@ -784,7 +808,7 @@ static void group_task_run(void *arg, int64_t c, int ith)
 
 		if (a >= b)
 			continue;
-		member_rows(mb, qx, qsc, qkx, a, b);
+		member_rows(mb, &ga, a, b);
 		if (mb->add)
 			cpu_add_cols(mb->add, a, b);
 	}
@@ -826,7 +850,7 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 
 int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 {
-	struct group_task gt = { .ctx = ctx, .n_mem = g->n, .glu = g->glu };
+	struct group_task gt = { .ctx = ctx, .n_mem = g->n, .glu = g->glu, .norm = g->norm };
 	int64_t rows = 0;
 	double work = 0;
 	size_t need;
@@ -848,7 +872,12 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	}
 	if (g->glu && g->gemm[1]->n != rows)
 		return LOOM_ERR_INVALID;
-	gt.k_off = (local_floats(gt.m, gt.k / 32, false) + 15) / 16 * 16;
+	if (g->norm && (g->norm->y != gt.x || g->norm->y_stride != gt.x_stride ||
+			g->norm->rows != gt.m || g->norm->n != gt.k))
+		return LOOM_ERR_INVALID;
+	/* 16 floats: the blocks start on a cache line, as the scratch does */
+	gt.q_off = g->norm ? (size_t)(gt.m * gt.k + 15) / 16 * 16 : 0;
+	gt.k_off = gt.q_off + (local_floats(gt.m, gt.k / 32, false) + 15) / 16 * 16;
 	need = gt.k_off + (gt.need_k ? local_floats(gt.m, gt.k / 256, true) : 0);
 	if (cpu_scratch_reserve(ctx, need))
 		return LOOM_ERR_NOMEM;

@@ -100,39 +100,33 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 
 /* ---- rmsnorm ---- */
 
-struct rmsnorm_args {
-	float *y;
-	int64_t y_stride;
-	const float *x;
-	int64_t x_stride;
-	const float *w;
-	int64_t n;
-	float eps;
-};
+void cpu_rmsnorm_row(const struct cpu_rmsnorm_args *a, int64_t r, float *y)
+{
+	const float *x = a->x + r * a->x_stride;
+	double ss = 0.0; /* in double, as the reference does */
+	float scale;
+
+	for (int64_t i = 0; i < a->n; i++)
+		ss += (double)x[i] * x[i];
+	scale = (float)(1.0 / sqrt(ss / a->n + a->eps));
+
+	for (int64_t i = 0; i < a->n; i++)
+		y[i] = x[i] * scale * a->w[i];
+}
 
 static void rmsnorm_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, int64_t r1)
 {
-	const struct rmsnorm_args *a = p;
+	const struct cpu_rmsnorm_args *a = p;
 
-	for (int64_t r = r0; r < r1; r++) {
-		const float *x = a->x + r * a->x_stride;
-		float *y = a->y + r * a->y_stride;
-		double ss = 0.0; /* in double, as the reference does */
-		float scale;
-
-		for (int64_t i = 0; i < a->n; i++)
-			ss += (double)x[i] * x[i];
-		scale = (float)(1.0 / sqrt(ss / a->n + a->eps));
-
-		for (int64_t i = 0; i < a->n; i++)
-			y[i] = x[i] * scale * a->w[i];
-	}
+	(void)ctx;
+	for (int64_t r = r0; r < r1; r++)
+		cpu_rmsnorm_row(a, r, a->y + r * a->y_stride);
 }
 
 int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
 		int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
-	struct rmsnorm_args a = { y, y_stride, x, x_stride, w, n, eps };
+	struct cpu_rmsnorm_args a = { y, y_stride, x, x_stride, w, rows, n, eps };
 
 	if (!ctx || !loom_check_shape(rows, n, x_stride) || !loom_check_shape(rows, n, y_stride))
 		return LOOM_ERR_INVALID;
@@ -140,14 +134,9 @@ int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const 
 		return LOOM_OK;
 	if (!y || !x || !w)
 		return LOOM_ERR_INVALID;
-	if (ctx->rg.open) {
-		struct cpu_call c = { .op = CPU_CALL_RMSNORM };
-
-		c.u.rmsnorm.y = y, c.u.rmsnorm.y_stride = y_stride, c.u.rmsnorm.x = x;
-		c.u.rmsnorm.x_stride = x_stride, c.u.rmsnorm.w = w, c.u.rmsnorm.rows = rows;
-		c.u.rmsnorm.n = n, c.u.rmsnorm.eps = eps;
-		return cpu_region_record(ctx, &c);
-	}
+	if (ctx->rg.open)
+		return cpu_region_record(ctx, &(struct cpu_call){ .op = CPU_CALL_RMSNORM,
+								  .u.rmsnorm = a });
 	cpu_run_rows(ctx, rmsnorm_rows, &a, rows, (double)rows * n);
 	return LOOM_OK;
 }

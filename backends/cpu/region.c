@@ -136,6 +136,7 @@ static bool same_rows(const float *a, int64_t as, const float *b, int64_t bs)
 /* What the group built so far reads and writes. */
 struct group_io {
 	struct span x;                        /* the shared activation rows */
+	struct span norm_x, norm_w;           /* what the norm that makes them reads */
 	struct span w[CPU_GROUP_MAX];         /* weights */
 	struct span y[CPU_GROUP_MAX];         /* gemm outputs */
 	struct span out[CPU_GROUP_MAX];       /* add outputs (or y again) */
@@ -153,7 +154,7 @@ static bool disjoint_from_writes(const struct group_io *io, struct span s, int s
 
 static bool disjoint_from_reads(const struct group_io *io, struct span s, int skip)
 {
-	if (overlap(s, io->x))
+	if (overlap(s, io->x) || overlap(s, io->norm_x) || overlap(s, io->norm_w))
 		return false;
 	for (int i = 0; i < io->n; i++)
 		if (overlap(s, io->w[i]) || (i != skip && overlap(s, io->other[i])))
@@ -258,6 +259,24 @@ static bool join_glu(struct group_io *io, struct cpu_group *g, const struct cpu_
 	return true;
 }
 
+/* Takes norm r into the group when it makes the rows gemm a reads, into
+ * rows apart from what it reads (every thread normalizes the rows itself
+ * while the first chunk's thread writes them out). */
+static bool join_norm(struct group_io *io, struct cpu_group *g, const struct cpu_rmsnorm_args *r,
+		      const struct loom_gemm_args *a)
+{
+	struct span y = rows_span(r->y, r->rows, r->y_stride, r->n);
+
+	if (a->x != r->y || a->x_stride != r->y_stride || a->m != r->rows || a->k != r->n)
+		return false;
+	io->norm_x = rows_span(r->x, r->rows, r->x_stride, r->n);
+	io->norm_w = rows_span(r->w, 1, r->n, r->n);
+	if (overlap(y, io->norm_x) || overlap(y, io->norm_w))
+		return false;
+	g->norm = r;
+	return true;
+}
+
 /* The calls from c on that run as one group: how many (0: none). */
 static size_t find_group(const struct loom_backend_ctx *ctx, const struct cpu_call *c, size_t n,
 			 struct cpu_group *g)
@@ -266,6 +285,9 @@ static size_t find_group(const struct loom_backend_ctx *ctx, const struct cpu_ca
 	size_t i = 0;
 
 	memset(g, 0, sizeof(*g));
+	if (n >= 2 && c[0].op == CPU_CALL_RMSNORM && c[1].op == CPU_CALL_GEMM &&
+	    join_norm(&io, g, &c[0].u.rmsnorm, &c[1].u.gemm))
+		i = 1;
 	while (i < n && c[i].op == CPU_CALL_GEMM && join_gemm(ctx, &io, g, &c[i].u.gemm)) {
 		i++;
 		if (i < n && c[i].op == CPU_CALL_ADD && join_add(&io, g, &c[i].u.add))
@@ -273,8 +295,9 @@ static size_t find_group(const struct loom_backend_ctx *ctx, const struct cpu_ca
 	}
 	if (i < n && c[i].op == CPU_CALL_GLU && join_glu(&io, g, &c[i].u.glu))
 		i++;
-	/* a lone gemm gains nothing from being a group */
-	return i >= 2 ? i : 0;
+	/* a lone gemm gains nothing from being a group, a norm without one
+	 * runs as it is */
+	return i >= 2 && g->n ? i : 0;
 }
 
 /* ---- running the calls ---- */

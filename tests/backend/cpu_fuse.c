@@ -7,7 +7,7 @@
  * for bit: for each weight format a group takes (Q4_1 in GGUF layout and
  * packed, Q8_0 and the K-quants mixed in one group, F16, F32), 1 and 3
  * activation rows, 1 and 2 threads. cpu.so's log must count the groups
- * the layer has (4, of 12 calls), so a region that quietly fused nothing
+ * the layer has (4, of 14 calls), so a region that quietly fused nothing
  * fails. Then runs whose calls write what another of them reads: they
  * must not be fused (or only as far as is safe), and still agree.
  *
@@ -198,7 +198,7 @@ static int gemm(struct ctx *x, const struct weight *w, int i, const float *in, f
 
 enum { WQ, WK, WV, WO, WG, WU, WD, N_W };
 
-/* A decode layer's calls after attention's: 4 groups of 12 calls. */
+/* A decode layer's calls but attention's: 4 groups of 14 calls. */
 static int layer(struct ctx *x, const struct weight *w, int64_t m)
 {
 	const struct loom_backend_ops *o = x->ops;
@@ -246,16 +246,27 @@ static int hazards(struct ctx *x, const struct weight *w, int64_t m, int which)
 		rc = gemm(x, w, WQ, b->xn, b->q, m);
 		rc = rc ? rc : o->add(x->c, b->q, 512, b->q, 512, b->p, D, m, m, 512);
 		return rc ? rc : gemm(x, w, WO, b->xn, b->p, m);
-	default: /* the add's output overlaps the gemm's output elsewhere */
+	case 4: /* the add's output overlaps the gemm's output elsewhere */
 		rc = gemm(x, w, WK, b->xn, b->k, m);
 		return rc ? rc : o->add(x->c, b->k + 1, KVD, b->k, KVD, b->bk, KVD, 1, m, KVD);
+	case 5: /* a norm in place: the gemms only */
+		rc = o->rmsnorm(x->c, b->xn, D, b->xn, D, b->norm, m, D, 1e-5f);
+		rc = rc ? rc : gemm(x, w, WQ, b->xn, b->q, m);
+		return rc ? rc : gemm(x, w, WK, b->xn, b->k, m);
+	default: /* the add writes what the norm reads: norm and gemm only */
+		rc = o->rmsnorm(x->c, b->xn, D, b->x, D, b->norm, m, D, 1e-5f);
+		rc = rc ? rc : gemm(x, w, WO, b->xn, b->p, m);
+		return rc ? rc : o->add(x->c, b->x, D, b->x, D, b->p, D, m, m, D);
 	}
 }
 
 /* Groups and grouped calls each case may make: in case 2 gate and up
- * still share a task, without the GLU; in case 3 q takes its add. */
-static const unsigned long long hazard_groups[5] = { 0, 0, 1, 1, 0 };
-static const unsigned long long hazard_calls[5] = { 0, 0, 2, 2, 0 };
+ * still share a task, without the GLU; in case 3 q takes its add; in
+ * case 5 the two gemms group without the norm, in case 6 the norm and
+ * the gemm without the add. */
+#define N_HAZARDS 7
+static const unsigned long long hazard_groups[N_HAZARDS] = { 0, 0, 1, 1, 0, 1, 1 };
+static const unsigned long long hazard_calls[N_HAZARDS] = { 0, 0, 2, 2, 0, 2, 2 };
 
 /* ---- the checks ---- */
 
@@ -270,7 +281,7 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 {
 	struct ctx direct, region;
 	unsigned long long want = which < 0 ? 4 : hazard_groups[which];
-	unsigned long long want_calls = which < 0 ? 12 : hazard_calls[which];
+	unsigned long long want_calls = which < 0 ? 14 : hazard_calls[which];
 	int rd, rr;
 
 	if (ctx_open(&direct, ops, host, threads, w, N_W) ||
@@ -381,13 +392,13 @@ int main(int argc, char **argv)
 		for (int64_t m = 1; m <= MAXM; m += 2)
 			for (int t = 1; t <= 2; t++) {
 				check(ops, &host, cf->label, w, m, t, -1);
-				for (int h = 0; h < 5 && c == 0; h++)
+				for (int h = 0; h < N_HAZARDS && c == 0; h++)
 					check(ops, &host, cf->label, w, m, t, h);
 			}
 		if (failures == before)
 			printf("ok   %s: a layer in a region equals direct calls bit for bit "
-			       "(4 groups of 12 calls; m 1 and 3, 1 and 2 threads)%s\n", cf->label,
-			       c == 0 ? "; 5 unsafe runs left apart" : "");
+			       "(4 groups of 14 calls; m 1 and 3, 1 and 2 threads)%s\n", cf->label,
+			       c == 0 ? "; 7 unsafe runs left apart" : "");
 		for (int i = 0; i < N_W; i++)
 			free(w[i].bytes);
 	}
