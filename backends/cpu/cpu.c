@@ -403,6 +403,70 @@ static int cpu_collective(struct loom_backend_ctx *ctx, const struct loom_collec
 	return rc;
 }
 
+/* ---- operator slots: a failure inside a step region fails it ---- */
+
+static int rg_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return cpu_region_noted(ctx, cpu_gemm(ctx, a));
+}
+
+static int rg_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
+		    size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids,
+		    int64_t n_ids)
+{
+	return cpu_region_noted(ctx, cpu_embed(ctx, out, table, type, row_bytes, n_rows, dim,
+					       ids, n_ids));
+}
+
+static int rg_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
+		      int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
+{
+	return cpu_region_noted(ctx, cpu_rmsnorm(ctx, y, y_stride, x, x_stride, w, rows, n, eps));
+}
+
+static int rg_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	return cpu_region_noted(ctx, cpu_rope(ctx, a));
+}
+
+static int rg_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
+		  int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
+		  int64_t up_stride, int64_t rows, int64_t n)
+{
+	return cpu_region_noted(ctx, cpu_glu(ctx, kind, out, out_stride, gate, gate_stride, up,
+					     up_stride, rows, n));
+}
+
+static int rg_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
+		  int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows,
+		  int64_t rows, int64_t n)
+{
+	return cpu_region_noted(ctx, cpu_add(ctx, out, out_stride, a, a_stride, b, b_stride,
+					     b_rows, rows, n));
+}
+
+static int rg_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		    int64_t n, float s)
+{
+	return cpu_region_noted(ctx, cpu_scale(ctx, x, stride, rows, n, s));
+}
+
+static int rg_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
+		      int64_t n, float cap)
+{
+	return cpu_region_noted(ctx, cpu_softcap(ctx, x, stride, rows, n, cap));
+}
+
+static int rg_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
+{
+	return cpu_region_noted(ctx, cpu_kv_write(ctx, a));
+}
+
+static int rg_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+	return cpu_region_noted(ctx, cpu_attention(ctx, a));
+}
+
 static const struct loom_backend_ops cpu_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -419,19 +483,19 @@ static const struct loom_backend_ops cpu_ops = {
 	.download = cpu_rg_transfer,
 	.copy = cpu_rg_copy,
 	.synchronize = cpu_rg_synchronize,
-	.gemm = cpu_rg_gemm,
-	.embed = cpu_rg_embed,
-	.rmsnorm = cpu_rg_rmsnorm,
-	.rope = cpu_rg_rope,
-	.glu = cpu_rg_glu,
-	.add = cpu_rg_add,
-	.scale = cpu_rg_scale,
-	.kv_write = cpu_rg_kv_write,
-	.attention = cpu_rg_attention,
+	.gemm = rg_gemm,
+	.embed = rg_embed,
+	.rmsnorm = rg_rmsnorm,
+	.rope = rg_rope,
+	.glu = rg_glu,
+	.add = rg_add,
+	.scale = rg_scale,
+	.kv_write = rg_kv_write,
+	.attention = rg_attention,
 	.graph_begin = cpu_graph_begin,
 	.graph_end = cpu_graph_end,
 	.weight_pack = cpu_weight_pack,
-	.softcap = cpu_rg_softcap,
+	.softcap = rg_softcap,
 	.collective = cpu_collective,
 };
 

@@ -267,28 +267,10 @@ void cpu_add_cols(const struct cpu_add_args *a, int64_t j0, int64_t j1);
 void cpu_glu_cols(const struct loom_backend_ctx *ctx, const struct cpu_glu_args *a, int64_t j0,
 		  int64_t j1);
 
-/* The ops table's operator slots: the operators, with a failure inside
- * an open region failing the region (region.c). */
+/* A status from an operator slot: inside a region, a failure fails it. */
+int cpu_region_noted(struct loom_backend_ctx *ctx, int rc);
 int cpu_graph_begin(struct loom_backend_ctx *ctx);
 int cpu_graph_end(struct loom_backend_ctx *ctx);
-int cpu_rg_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
-int cpu_rg_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
-		 size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids);
-int cpu_rg_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
-		   int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
-int cpu_rg_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a);
-int cpu_rg_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
-	       int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
-	       int64_t up_stride, int64_t rows, int64_t n);
-int cpu_rg_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
-	       int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
-	       int64_t n);
-int cpu_rg_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
-		 int64_t n, float s);
-int cpu_rg_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
-		   int64_t n, float cap);
-int cpu_rg_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
-int cpu_rg_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
 /* copy: recorded in a region; upload, download, synchronize refused */
 int cpu_rg_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);
 int cpu_rg_transfer(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n);

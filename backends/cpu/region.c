@@ -77,8 +77,7 @@ void cpu_region_free(struct loom_backend_ctx *ctx)
 	ctx->rg.n = ctx->rg.cap = 0;
 }
 
-/* A status from an operator: inside a region, a failure fails it. */
-static int noted(struct loom_backend_ctx *ctx, int rc)
+int cpu_region_noted(struct loom_backend_ctx *ctx, int rc)
 {
 	if (rc && ctx && ctx->rg.open && !ctx->rg.rc)
 		ctx->rg.rc = rc;
@@ -90,7 +89,7 @@ bool cpu_region_refuses(struct loom_backend_ctx *ctx, const char *what)
 	if (!ctx || !ctx->rg.open)
 		return false;
 	cpu_log(ctx, LOOM_LOG_ERROR, "cpu: %s inside a step region", what);
-	noted(ctx, LOOM_ERR_INVALID);
+	cpu_region_noted(ctx, LOOM_ERR_INVALID);
 	return true;
 }
 
@@ -370,73 +369,14 @@ int cpu_graph_end(struct loom_backend_ctx *ctx)
 	return rc;
 }
 
-/* ---- the ops table's slots ---- */
-
-int cpu_rg_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
-{
-	return noted(ctx, cpu_gemm(ctx, a));
-}
-
-int cpu_rg_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint32_t type,
-		 size_t row_bytes, int64_t n_rows, int64_t dim, const int32_t *ids, int64_t n_ids)
-{
-	return noted(ctx, cpu_embed(ctx, out, table, type, row_bytes, n_rows, dim, ids, n_ids));
-}
-
-int cpu_rg_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
-		   int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
-{
-	return noted(ctx, cpu_rmsnorm(ctx, y, y_stride, x, x_stride, w, rows, n, eps));
-}
-
-int cpu_rg_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
-{
-	return noted(ctx, cpu_rope(ctx, a));
-}
-
-int cpu_rg_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
-	       int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
-	       int64_t up_stride, int64_t rows, int64_t n)
-{
-	return noted(ctx, cpu_glu(ctx, kind, out, out_stride, gate, gate_stride, up, up_stride,
-				  rows, n));
-}
-
-int cpu_rg_add(struct loom_backend_ctx *ctx, float *out, int64_t out_stride, const float *a,
-	       int64_t a_stride, const float *b, int64_t b_stride, int64_t b_rows, int64_t rows,
-	       int64_t n)
-{
-	return noted(ctx, cpu_add(ctx, out, out_stride, a, a_stride, b, b_stride, b_rows, rows, n));
-}
-
-int cpu_rg_scale(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
-		 int64_t n, float s)
-{
-	return noted(ctx, cpu_scale(ctx, x, stride, rows, n, s));
-}
-
-int cpu_rg_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows,
-		   int64_t n, float cap)
-{
-	return noted(ctx, cpu_softcap(ctx, x, stride, rows, n, cap));
-}
-
-int cpu_rg_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
-{
-	return noted(ctx, cpu_kv_write(ctx, a));
-}
-
-int cpu_rg_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
-{
-	return noted(ctx, cpu_attention(ctx, a));
-}
+/* ---- the ops table's slots that are not operators ---- */
 
 int cpu_rg_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
 {
 	struct cpu_call c = { .op = CPU_CALL_COPY };
 
 	if (!ctx || (n && (!dst || !src)))
-		return noted(ctx, LOOM_ERR_INVALID);
+		return cpu_region_noted(ctx, LOOM_ERR_INVALID);
 	if (!n)
 		return LOOM_OK;
 	if (!ctx->rg.open) {
@@ -444,7 +384,7 @@ int cpu_rg_copy(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t
 		return LOOM_OK;
 	}
 	c.u.copy.dst = dst, c.u.copy.src = src, c.u.copy.n = n;
-	return noted(ctx, cpu_region_record(ctx, &c));
+	return cpu_region_noted(ctx, cpu_region_record(ctx, &c));
 }
 
 int cpu_rg_transfer(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
