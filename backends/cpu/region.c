@@ -187,7 +187,8 @@ static bool join_gemm(const struct loom_backend_ctx *ctx, struct group_io *io,
 	if (!g->n)
 		io->x = rows_span(a->x, a->m, a->x_stride, a->k);
 	if (overlap(y, io->x) || overlap(y, w) || !disjoint_from_writes(io, y, -1) ||
-	    !disjoint_from_reads(io, y, -1) || !disjoint_from_writes(io, w, -1))
+	    !disjoint_from_reads(io, y, -1) || !disjoint_from_writes(io, w, -1) ||
+	    (g->norm && overlap(w, io->x)))
 		return false;
 	io->w[i] = w;
 	io->y[i] = io->out[i] = y;
@@ -215,8 +216,10 @@ static bool join_add(struct group_io *io, struct cpu_group *g, const struct cpu_
 
 	if (g->glu || g->add[g->n - 1] || d->rows != m->m || d->n != m->n || (!y_is_a && !y_is_b))
 		return false;
-	/* the other operand: read, never written by another member */
-	if (!disjoint_from_writes(io, other, i) || overlap(other, io->y[i]))
+	/* the other operand: read, never written by another member, nor
+	 * the norm's output (written by one thread while others run) */
+	if (!disjoint_from_writes(io, other, i) || overlap(other, io->y[i]) ||
+	    (g->norm && overlap(other, io->x)))
 		return false;
 	/* the output: y itself, or rows that nothing else touches, or the
 	 * other operand exactly (x += p) */
