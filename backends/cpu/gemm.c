@@ -705,14 +705,11 @@ struct group_acts {
 	const struct qdot_kblock *qkx;
 };
 
-static enum member_kind member_kind(const struct loom_backend_ctx *ctx, uint32_t type)
+static enum member_kind member_kind(uint32_t type)
 {
 	if (qdot_format(type))
 		return MEMBER_QDOT;
-	if (qdot_k_format(type))
-		return MEMBER_QDOT_K;
-	(void)ctx;
-	return MEMBER_PLAIN;
+	return qdot_k_format(type) ? MEMBER_QDOT_K : MEMBER_PLAIN;
 }
 
 bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
@@ -834,7 +831,7 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 				     .x_stride = a->x_stride, .y = a->y, .y_stride = a->y_stride,
 				     .m = a->m, .k = a->k, .inv = gt->ctx->invariant };
 	mb->t.n = a->n;
-	mb->kind = member_kind(gt->ctx, a->w_type);
+	mb->kind = member_kind(a->w_type);
 	mb->row0 = row0;
 	mb->add = g->add[i];
 	if (mb->kind == MEMBER_QDOT) {
