@@ -18,7 +18,6 @@ import base64
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cdp  # noqa: E402
 import fake_server  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, ".."))
+from ports import free_port  # noqa: E402
 
 PAGE_SRC = None  # the page as built (build/server/index.html): argv[2]
 failures = []
@@ -42,14 +44,6 @@ def check(name, cond, detail=""):
     else:
         failures.append(f"{name}: {detail}")
         print(f"FAIL {name}: {detail}", flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(port, path, timeout=5):

@@ -49,10 +49,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
 
 LOOM = sys.argv[1]
 MODE = sys.argv[2]
@@ -314,14 +316,6 @@ def test_families(mkgguf):
             model = mkgguf_model(mkgguf, tmp, arch, arch, shape + extra)
             synth_exact(model, 'cpu.so', SHORT, tmp, arch)
             synth_exact(model, 'ref.so', PROMPT, tmp, arch)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(('127.0.0.1', 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_server(extra, ranks):

@@ -21,11 +21,13 @@ import http.client
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
 
 LOOM = sys.argv[1]
 MODEL = os.environ.get("LOOM_MODEL", "")
@@ -132,14 +134,6 @@ def test_greedy():
 
 
 # ---- serve ----
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 class Server:
     def __init__(self, *extra):

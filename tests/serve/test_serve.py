@@ -20,6 +20,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
+
 LOOM = sys.argv[1]
 MODEL = os.environ.get("LOOM_MODEL", "")
 failures = []
@@ -34,14 +37,6 @@ def check(name, cond, detail=""):
     else:
         failures.append(f"{name}: {detail}")
         print(f"FAIL {name}: {str(detail)[:600]}", flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Server:

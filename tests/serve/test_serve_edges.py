@@ -21,6 +21,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
+
 LOOM = sys.argv[1] if len(sys.argv) > 1 else "loom"
 MODEL = os.environ.get("LOOM_MODEL", "")
 failures = []
@@ -35,14 +38,6 @@ def check(name, cond, detail=""):
     else:
         failures.append(name)
         print(f"FAIL: {name}: {str(detail)[:600]}", flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Server:
