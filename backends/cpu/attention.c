@@ -66,6 +66,31 @@ struct attn_span {
 #define GROUP_MAX 4
 /* cache rows the grouped kernel asks for ahead of the one it reads */
 #define PF_ROWS 8
+/*
+ * A cache row holds every KV head of a position (n_kv_heads * head_dim
+ * values), and the units of the other KV heads walk the same positions,
+ * next on this core or at once on another. Up to this many bytes, the
+ * kernels ask for the whole row rather than their head's slice of it, so
+ * that one walk brings in the others' rows too: with SmolLM2's 3 KV heads
+ * (384-byte f16 rows) decode attention at depth 400 took 12-15 % less
+ * time at 1 and 2 threads (docs/BENCHMARKS.md). Prefetches change no
+ * result.
+ */
+#define PF_ROW_MAX 512
+
+/* Prefetches the cache row whose slice for head kvh, dims d0 on, starts
+ * at element e; `bytes` of the slice when the row is larger than
+ * PF_ROW_MAX. */
+static inline void pf_row(const struct loom_attention_args *a, const char *cache, size_t es,
+			  int64_t e, int64_t kvh, int64_t d0, size_t bytes)
+{
+	size_t row = (size_t)(a->n_kv_heads * a->head_dim) * es;
+
+	if (row <= PF_ROW_MAX)
+		cpu_prefetch(cache + (size_t)(e - kvh * a->head_dim - d0) * es, row);
+	else
+		cpu_prefetch(cache + (size_t)e * es, bytes);
+}
 
 /*
  * Cache row of position t of sequence s, head kvh, and in *n how many
@@ -243,12 +268,12 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 		int64_t e = kv_run_off(a, s, t, kvh, hi, &n);
 
 		for (int64_t i = 0; i < n && i < PF_ROWS; i++)
-			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
+			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < n; i++, t++, e += stride) {
 			float v;
 
 			if (i + PF_ROWS < n)
-				cpu_prefetch(kc + (size_t)(e + PF_ROWS * stride) * es, (size_t)hd * es);
+				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 			v = dot8(q, kc + (size_t)e * es, hd, half) * a->scale;
 
 			if (a->softcap > 0.0f)
@@ -269,14 +294,14 @@ CPU_TGT_AVX2 CPU_INLINE void attn_row_avx2_t(const struct attn_task *tk, float *
 			int64_t e = kv_run_off(a, s, t, kvh, hi, &n) + d0;
 
 			for (int64_t i = 0; i < n && i < PF_ROWS; i++)
-				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 8 * es);
+				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 8 * es);
 			for (int64_t i = 0; i < n; i++, t++, e += stride) {
 				__m256 p = _mm256_set1_ps(sc[t - lo]);
 				const void *v = vc + (size_t)e * es;
 
 				if (i + PF_ROWS < n)
-					cpu_prefetch((const char *)v + (size_t)(PF_ROWS * stride) * es,
-						     (size_t)w * 8 * es);
+					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
+					       (size_t)w * 8 * es);
 
 				for (int j = 0; j < w; j++)
 					r[j] = _mm256_fmadd_ps(p, ld8(v, 8 * j, half), r[j]);
@@ -347,14 +372,13 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 		 * of use (a burst for the whole window at once overflows the
 		 * core's outstanding misses) */
 		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
-			cpu_prefetch(kc + (size_t)(e + i * stride) * es, (size_t)hd * es);
+			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *k = kc + (size_t)e * es;
 			__m512 d[GROUP_MAX];
 
 			if (i + PF_ROWS < m)
-				cpu_prefetch((const char *)k + (size_t)(PF_ROWS * stride) * es,
-					     (size_t)hd * es);
+				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 
 			for (int g = 0; g < n; g++)
 				d[g] = _mm512_setzero_ps();
@@ -391,14 +415,14 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 			int64_t e = kv_run_off(a, s, t, kvh, hi, &m) + d0;
 
 			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
-				cpu_prefetch(vc + (size_t)(e + i * stride) * es, (size_t)w * 16 * es);
+				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
 				__m512 vv[4];
 
 				if (i + PF_ROWS < m)
-					cpu_prefetch((const char *)v + (size_t)(PF_ROWS * stride) * es,
-						     (size_t)w * 16 * es);
+					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
+					       (size_t)w * 16 * es);
 
 				for (int j = 0; j < w; j++)
 					vv[j] = ld16(v, 16 * j, half);
@@ -794,7 +818,13 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.chunk_start = chunks;
 	tk.group = heads_per_unit(ctx, a, tk.type);
 	tk.n_units = chunks[a->n_seqs] * (a->n_heads / tk.group);
-	tk.n_chunks = tk.n_units < ATTN_MAX_CHUNKS ? tk.n_units : ATTN_MAX_CHUNKS;
+	/* with split rows, a pool chunk takes every head group of a part
+	 * (units are part-major), so that the cache rows one group's walk
+	 * asks for whole (pf_row()) are read by the same core next; the
+	 * parts are enough work to spread */
+	tk.n_chunks = split ? chunks[a->n_seqs] : tk.n_units;
+	if (tk.n_chunks > ATTN_MAX_CHUNKS)
+		tk.n_chunks = ATTN_MAX_CHUNKS;
 	tk.parts = split ? parts : NULL;
 	tk.partial = NULL;
 	tk.merged = NULL;
