@@ -19,8 +19,12 @@
  *   - the add that consumes a gemm's output right after it (the residual
  *     add after the output and down projections, a bias add),
  *   - the GLU of a gate and up pair,
+ *   - the rmsnorm that made the shared rows (every thread normalizes them
+ *     itself; one also writes them out),
  * and runs each such run of calls as one pool task (cpu_gemm_group in
- * gemm.c). The grouped calls compute every element with the same function
+ * gemm.c). That is worth about 10 % where a model's GEMVs are short
+ * (weights in cache) and little where they stream from memory
+ * (docs/BENCHMARKS.md). The grouped calls compute every element with the same function
  * and operands as the calls one by one; only the order in which elements
  * are produced changes. So a region's results equal direct calls bit for
  * bit, which tests/backend/graphs.c and tests/backend/cpu_fuse.c check. A
