@@ -259,7 +259,11 @@ struct cpu_group {
 /* Whether a checked gemm call may join a group (fast mode, decode rows,
  * a format with a row kernel that needs no per-call preparation). */
 bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);
+/* Runs a group of gemm calls that gemm_check() passed (as the region's
+ * recorded calls did when they came). */
 int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g);
+/* A checked gemm call's weight row stride (the packed one when packed). */
+size_t cpu_gemm_w_stride(const struct loom_gemm_args *a);
 /* Row r of an rmsnorm, into y (ops.c). */
 void cpu_rmsnorm_row(const struct cpu_rmsnorm_args *a, int64_t r, float *y);
 /* Columns [j0, j1) of every row of an add / a GLU (ops.c). */

@@ -54,10 +54,6 @@ struct gemm_task {
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
 	bool packed; /* g.w is in qpack.h's layout */
-	/* decode: each thread quantizes the activation rows into its own
-	 * scratch (local_acts()); seq numbers this gemm for the stamps */
-	bool local;
-	uint64_t seq;
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -329,9 +325,10 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 }
 
 /*
- * Up to this many activation rows (decode, small serve batches), every
- * thread quantizes them itself, at the first chunk it runs of a gemm,
- * into its own scratch: the rows are short, so doing it twice costs less
+ * Up to this many activation rows (decode, small serve batches) a gemm
+ * runs as a group (cpu_gemm_group(), of one gemm outside step regions):
+ * every thread quantizes the rows itself, at the first chunk it runs,
+ * into its own scratch. The rows are short, so doing it twice costs less
  * than a serial step on the caller before each GEMV (with the other
  * threads idle) and a second hand-off; and the quantized rows are then in
  * the cache of the core that reads them. Quantizing is deterministic, so
@@ -339,7 +336,7 @@ static void qgemm_task(void *arg, int64_t c, int ith)
  */
 #define LOCAL_MAX_M 4
 
-/* Scratch floats local_acts() needs for m rows of nb blocks (or, with
+/* Scratch floats group_acts() needs for m rows of nb blocks (or, with
  * kq, of nb K-quant super-blocks). */
 static size_t local_floats(int64_t m, int64_t nb, bool kq)
 {
@@ -348,39 +345,6 @@ static size_t local_floats(int64_t m, int64_t nb, bool kq)
 				    (size_t)(m * qdot_scales_len(nb)) * sizeof(float);
 
 	return (bytes + sizeof(float) - 1) / sizeof(float);
-}
-
-/* Sets t->local; for local rows reserves every thread's scratch (nb
- * blocks, or K-quant super-blocks with kq, a row) and numbers the gemm. */
-static int local_begin(struct gemm_task *t, int64_t nb, bool kq)
-{
-	t->local = t->g.m <= LOCAL_MAX_M;
-	if (!t->local)
-		return LOOM_OK;
-	if (cpu_scratch_reserve(t->ctx, local_floats(t->g.m, nb, kq)))
-		return LOOM_ERR_NOMEM;
-	t->seq = ++t->ctx->gemm_seq;
-	return LOOM_OK;
-}
-
-/* Thread ith's quantized rows of t's activations (qdot formats): made on
- * its first chunk of this gemm. */
-static void local_acts(const struct gemm_task *t, int ith, const struct qdot_block **qx,
-		       const float **qsc)
-{
-	int64_t nb = t->g.k / 32;
-	struct qdot_block *bx = (struct qdot_block *)t->ctx->scratch[ith];
-	float *sc = (float *)(bx + t->g.m * nb);
-
-	if (t->ctx->stamp[ith].gemm != t->seq) {
-		for (int64_t i = 0; i < t->g.m; i++) {
-			qdot_quantize_row(t->g.x + i * t->g.x_stride, bx + i * nb, t->g.k);
-			qdot_row_scales(bx + i * nb, nb, sc + i * qdot_scales_len(nb));
-		}
-		t->ctx->stamp[ith].gemm = t->seq;
-	}
-	*qx = bx;
-	*qsc = sc;
 }
 
 /* Weight rows [j0, j1) of t against the quantized rows qx, qsc. */
@@ -404,14 +368,11 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 static void qdot_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
-	const struct qdot_block *qx = t->qx;
-	const float *qsc = t->qsc;
 	int64_t j0, j1;
 
-	if (t->local)
-		local_acts(t, ith, &qx, &qsc);
+	(void)ith;
 	chunk_rows(t, c, &j0, &j1);
-	qdot_rows(t, qx, qsc, j0, j1);
+	qdot_rows(t, t->qx, t->qsc, j0, j1);
 }
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
@@ -429,16 +390,11 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 
 	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
 		qdot_kernel(ctx->qisa, t->g.type);
-	if (local_begin(t, k / 32, false))
+	if (qx_reserve(ctx, m, k / 32))
 		return LOOM_ERR_NOMEM;
-	if (!t->local) {
-		if (qx_reserve(ctx, m, k / 32))
-			return LOOM_ERR_NOMEM;
-		t->qx = ctx->qx;
-		t->qsc = ctx->qsc;
-		cpu_pool_run(&ctx->pool, quant_task, t, m,
-			     m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	}
+	t->qx = ctx->qx;
+	t->qsc = ctx->qsc;
+	cpu_pool_run(&ctx->pool, quant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	pick_split(t, nth, 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
 	return LOOM_OK;
@@ -453,20 +409,6 @@ static void kquant_task(void *arg, int64_t c, int ith)
 
 	(void)ith;
 	qdot_k_quantize_row(t->g.x + c * t->g.x_stride, t->ctx->qkx + c * nb, t->g.k);
-}
-
-/* local_acts() for the K-quants. */
-static const struct qdot_kblock *local_kacts(const struct gemm_task *t, int ith)
-{
-	int64_t nb = t->g.k / 256;
-	struct qdot_kblock *bx = (struct qdot_kblock *)t->ctx->scratch[ith];
-
-	if (t->ctx->stamp[ith].gemm != t->seq) {
-		for (int64_t i = 0; i < t->g.m; i++)
-			qdot_k_quantize_row(t->g.x + i * t->g.x_stride, bx + i * nb, t->g.k);
-		t->ctx->stamp[ith].gemm = t->seq;
-	}
-	return bx;
 }
 
 /* Weight rows [j0, j1) of t against the quantized rows qkx. */
@@ -488,11 +430,11 @@ static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx
 static void qdot_k_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
-	const struct qdot_kblock *qkx = t->local ? local_kacts(t, ith) : t->qkx;
 	int64_t j0, j1;
 
+	(void)ith;
 	chunk_rows(t, c, &j0, &j1);
-	qdot_k_rows(t, qkx, j0, j1);
+	qdot_k_rows(t, t->qkx, j0, j1);
 }
 
 /* t->g set up, k > 0 (a multiple of 256: gemm_check); nth threads. */
@@ -502,15 +444,10 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	int64_t m = t->g.m, k = t->g.k;
 
 	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
-	if (local_begin(t, k / 256, true))
+	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 		return LOOM_ERR_NOMEM;
-	if (!t->local) {
-		if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
-			return LOOM_ERR_NOMEM;
-		t->qkx = ctx->qkx;
-		cpu_pool_run(&ctx->pool, kquant_task, t, m,
-			     m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	}
+	t->qkx = ctx->qkx;
+	cpu_pool_run(&ctx->pool, kquant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
 	pick_split(t, nth, 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_k_task, t, n_chunks(t), nth);
 	return LOOM_OK;
@@ -564,11 +501,13 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		cpu_region_copy_args(&c.u.gemm, sizeof(c.u.gemm), a);
 		return cpu_region_record(ctx, &c);
 	}
+	/* decode rows: a group of one (per-thread quantization) */
+	if (cpu_gemm_groupable(ctx, a))
+		return cpu_gemm_group(ctx, &(struct cpu_group){ .n = 1, .gemm = { a } });
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
 	t.prep = NULL;
-	t.local = false;
 	t.n_head = 0;
 	t.head_rows = 0;
 	t.g = (struct cpu_gemv){ .type = a->w_type, .w = a->w, .w_stride = ws,
@@ -725,7 +664,8 @@ bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_ge
 }
 
 /* Thread ith's rows of the group's activations, made at its first chunk
- * of the group (local_acts(), for both kinds at once, after the norm). */
+ * of the group, for both kinds of quantized rows the members need,
+ * after the norm when there is one. */
 static void group_acts(const struct group_task *gt, int ith, struct group_acts *ga)
 {
 	float *base = gt->ctx->scratch[ith];
@@ -811,16 +751,19 @@ static void group_task_run(void *arg, int64_t c, int ith)
 	}
 }
 
-/* Member i of g, checked; its rows start at row0 of the row space. */
+size_t cpu_gemm_w_stride(const struct loom_gemm_args *a)
+{
+	return LOOM_GEMM_PACKED(a) ? qpack_row_bytes(a->w_type, a->k / 32) : a->w_stride;
+}
+
+/* Member i of g (a call gemm_check() passed); its rows start at row0 of
+ * the row space. */
 static int member_setup(struct group_task *gt, const struct cpu_group *g, int i, int64_t row0)
 {
 	const struct loom_gemm_args *a = g->gemm[i];
 	struct group_member *mb = &gt->mem[i];
-	size_t ws;
-	int err = gemm_check(gt->ctx, a, &ws);
+	size_t ws = cpu_gemm_w_stride(a);
 
-	if (err)
-		return err;
 	if (!cpu_gemm_groupable(gt->ctx, a) || a->m != gt->m || a->k != gt->k ||
 	    a->x != gt->x || a->x_stride != gt->x_stride)
 		return LOOM_ERR_INVALID;
@@ -851,7 +794,7 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	int64_t rows = 0;
 	double work = 0;
 	size_t need;
-	int err, nth;
+	int nth;
 
 	if (g->n < 1 || g->n > CPU_GROUP_MAX || (g->glu && g->n != 2))
 		return LOOM_ERR_INVALID;
@@ -861,9 +804,8 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	gt.k = g->gemm[0]->k;
 	for (int i = 0; i < g->n; i++) {
 		/* members start on a multiple of 8 rows, as a chunk does */
-		err = member_setup(&gt, g, i, g->glu ? 0 : rows);
-		if (err)
-			return err;
+		if (member_setup(&gt, g, i, g->glu ? 0 : rows))
+			return LOOM_ERR_INVALID;
 		rows = g->glu ? g->gemm[0]->n : (rows + g->gemm[i]->n + 7) / 8 * 8;
 		work += (double)gt.m * (double)g->gemm[i]->n * (double)gt.k;
 	}

@@ -167,12 +167,10 @@ static bool disjoint_from_reads(const struct group_io *io, struct span s, int sk
 
 static struct span weight_span(const struct loom_gemm_args *a)
 {
-	/* an upper bound: the stride covers a packed row too (gemm_check) */
-	size_t row = a->w_stride;
 	struct span s = { (uintptr_t)a->w, (uintptr_t)a->w };
 
 	if (a->n > 0)
-		s.hi = s.lo + (size_t)a->n * row;
+		s.hi = s.lo + (size_t)a->n * cpu_gemm_w_stride(a);
 	return s;
 }
 
