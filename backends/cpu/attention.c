@@ -72,9 +72,9 @@ struct attn_span {
  * next on this core or at once on another. Up to this many bytes, the
  * kernels ask for the whole row rather than their head's slice of it, so
  * that one walk brings in the others' rows too: with SmolLM2's 3 KV heads
- * (384-byte f16 rows) decode attention at depth 400 took 12-15 % less
- * time at 1 and 2 threads (docs/BENCHMARKS.md). Prefetches change no
- * result.
+ * (384-byte f16 rows) decode attention took 15-27 % less time at depth
+ * 400 and 2048, 1 and 2 threads; with 2 KB rows it took longer
+ * (docs/BENCHMARKS.md). Prefetches change no result.
  */
 #define PF_ROW_MAX 512
 
