@@ -37,10 +37,11 @@ static void mean_std(const double *v, int n, double *mean, double *sd)
 }
 
 /* Times one request: the prefill ends at its first token, the decode at
- * its last. */
+ * its last; at[i] is when token i came (cap of them). */
 struct timing {
-	int32_t n_tokens;
+	int32_t n_tokens, cap;
 	double t_first, t_last;
+	double *at;
 	bool done, failed;
 };
 
@@ -48,73 +49,114 @@ static void on_event(void *user, const struct loom_event *ev)
 {
 	struct timing *t = user;
 
-	if (ev->token >= 0 && t->n_tokens++ == 0)
-		t->t_first = now_s();
-	if (ev->token >= 0)
-		t->t_last = now_s();
+	if (ev->token >= 0) {
+		double now = now_s();
+
+		if (t->n_tokens == 0)
+			t->t_first = now;
+		t->t_last = now;
+		if (t->n_tokens < t->cap)
+			t->at[t->n_tokens] = now;
+		t->n_tokens++;
+	}
 	if (ev->finish != LOOM_FINISH_NONE) {
 		t->done = true;
 		t->failed = ev->finish != LOOM_FINISH_LENGTH;
 	}
 }
 
-/* One greedy request that ignores end-of-generation: n_prompt tokens of
- * prompt, then n_gen + 1 tokens (the first closes the prefill, the other
- * n_gen are the decode). *t_pre: the prefill's seconds, *t_dec: the
- * decode's. */
-static int run_request(struct loom_engine *e, const int32_t *prompt, int n_prompt, int n_gen,
-		       double *t_pre, double *t_dec, char *err, size_t errlen)
+/*
+ * n_seq greedy requests that ignore end-of-generation, submitted together:
+ * request s has the n_prompt tokens at prompt + s * stride, then n_gen + 1
+ * tokens (the first closes its prefill, the other n_gen are its decode).
+ * *t_pre: the first request's prefill seconds. *tg: decode tokens per
+ * second from the moment every request has its first token (all prefills
+ * done) to the last token, as llama-batched-bench counts S_TG; with one
+ * request, n_gen / its decode time.
+ */
+static int run_requests(struct loom_engine *e, const int32_t *prompt, size_t stride, int n_seq,
+			int n_prompt, int n_gen, double *t_pre, double *tg, char *err,
+			size_t errlen)
 {
-	struct timing t = { 0 };
-	struct loom_request r;
-	uint64_t id;
-	double t0;
-	int rc;
+	struct timing *t = calloc((size_t)n_seq, sizeof(*t));
+	double *at = calloc((size_t)n_seq * (size_t)(n_gen + 1), sizeof(*at));
+	double t0 = now_s(), ta = 0.0, tb = 0.0;
+	int64_t n_in = 0;
+	int rc = 0, s, i;
 
-	loom_request_init(&r);
-	r.prompt = prompt;
-	r.n_prompt = n_prompt;
-	r.n_predict = n_gen + 1;
-	r.sampling.temp = 0;
-	r.ignore_eog = true;
-	r.on_event = on_event;
-	r.user = &t;
-	t0 = now_s();
-	rc = loom_submit(e, &r, &id, err, errlen);
-	while (!rc && !t.done)
-		rc = loom_engine_step(e) < 0 ? -1 : 0;
-	if (rc || t.failed) {
-		if (!rc)
-			snprintf(err, errlen, "bench: the request failed");
-		return -1;
+	if (!t || !at) {
+		snprintf(err, errlen, "bench: out of memory");
+		rc = -1;
+		goto out;
 	}
-	*t_pre = t.t_first - t0;
-	*t_dec = t.t_last - t.t_first;
-	return 0;
+	for (s = 0; s < n_seq && !rc; s++) {
+		struct loom_request r;
+		uint64_t id;
+
+		t[s].cap = n_gen + 1;
+		t[s].at = at + (size_t)s * (size_t)(n_gen + 1);
+		loom_request_init(&r);
+		r.prompt = prompt + (size_t)s * stride;
+		r.n_prompt = n_prompt;
+		r.n_predict = n_gen + 1;
+		r.sampling.temp = 0;
+		r.ignore_eog = true;
+		r.on_event = on_event;
+		r.user = &t[s];
+		rc = loom_submit(e, &r, &id, err, errlen);
+	}
+	for (s = 0; s < n_seq && !rc; s++)
+		while (!rc && !t[s].done)
+			rc = loom_engine_step(e) < 0 ? -1 : 0;
+	for (s = 0; s < n_seq && !rc; s++)
+		if (t[s].failed || t[s].n_tokens != n_gen + 1) {
+			snprintf(err, errlen, "bench: request %d of %d failed", s + 1, n_seq);
+			rc = -1;
+		}
+	if (rc)
+		goto out;
+	*t_pre = t[0].t_first - t0;
+	for (s = 0; s < n_seq; s++) {
+		ta = t[s].t_first > ta ? t[s].t_first : ta;
+		tb = t[s].t_last > tb ? t[s].t_last : tb;
+	}
+	for (s = 0; s < n_seq; s++)
+		for (i = 1; i <= n_gen; i++)
+			n_in += t[s].at[i] > ta;
+	*tg = 0.0;
+	if (n_gen > 0 && (n_in == 0 || tb <= ta)) {
+		snprintf(err, errlen, "bench: no decode step after the %d prefills; raise -n", n_seq);
+		rc = -1;
+	} else if (n_gen > 0) {
+		*tg = (double)n_in / (tb - ta);
+	}
+out:
+	free(at);
+	free(t);
+	return rc;
 }
 
 /*
  * One repetition, as llama-bench measures: pp is a prefill of n_prompt
  * tokens on an empty cache; tg is n_gen decode steps of one token after
- * n_depth tokens of context (a request whose prompt is the first
- * n_depth + 1 tokens: its prefill is not timed), so with -d 0 the decode
- * starts on an empty cache, not after the pp prompt.
+ * n_depth tokens of context (requests whose prompts are n_depth + 1
+ * tokens: their prefill is not timed), so with -d 0 the decode starts on
+ * an empty cache, not after the pp prompt. With n_seq > 1, n_seq such
+ * requests (distinct prompts, stride tokens apart) decode together.
  */
-static int bench_once(struct loom_engine *e, const int32_t *prompt, int n_prompt, int n_depth,
-		      int n_gen, double *pp, double *tg, char *err, size_t errlen)
+static int bench_once(struct loom_engine *e, const int32_t *prompt, size_t stride, int n_seq,
+		      int n_prompt, int n_depth, int n_gen, double *pp, double *tg, char *err,
+		      size_t errlen)
 {
-	double pre, dec;
+	double pre, unused;
 
-	if (run_request(e, prompt, n_prompt, 0, &pre, &dec, err, errlen))
+	if (run_requests(e, prompt, stride, 1, n_prompt, 0, &pre, &unused, err, errlen))
 		return -1;
 	*pp = n_prompt / pre;
 	*tg = 0.0;
 	if (n_gen == 0)
 		return 0;
-	if (run_request(e, prompt, n_depth + 1, n_gen, &pre, &dec, err, errlen))
-		return -1;
-	*tg = n_gen / dec;
-	return 0;
+	return run_requests(e, prompt, stride, n_seq, n_depth + 1, n_gen, &pre, tg, err, errlen);
 }
 
 static struct loom_engine *bench_engine(const struct loom_options *o, int threads,
@@ -127,6 +169,7 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 	p.n_ctx = (o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1) + o->n_gen + 1;
 	p.n_batch = o->n_batch;
 	p.prefix_cache = -1; /* every repetition computes its prefill */
+	p.n_parallel = o->n_parallel;
 	return loom_engine_open(&p, err, errlen);
 }
 
@@ -164,24 +207,24 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 		(unsigned long long)st.kv_token_bytes);
 	print_header(o);
 	n_tokens = o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1;
-	prompt = malloc(sizeof(int32_t) * (size_t)n_tokens);
+	prompt = malloc(sizeof(int32_t) * (size_t)n_tokens * (size_t)o->n_parallel);
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
 	if (!prompt || !pp || !tg) {
 		snprintf(err, errlen, "bench: out of memory");
 		goto out;
 	}
-	for (i = 0; i < n_tokens; i++) {
+	for (i = 0; i < n_tokens * o->n_parallel; i++) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		prompt[i] = (int32_t)(x % (uint64_t)loom_engine_n_vocab(e));
 	}
 	/* warm-up run, not counted */
-	if (bench_once(e, prompt, o->n_prompt, o->n_depth, o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd,
-		       err, errlen))
+	if (bench_once(e, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
+		       o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd, err, errlen))
 		goto out;
 	for (i = 0; i < o->reps; i++)
-		if (bench_once(e, prompt, o->n_prompt, o->n_depth, o->n_gen, &pp[i], &tg[i], err,
-			       errlen))
+		if (bench_once(e, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
+			       o->n_gen, &pp[i], &tg[i], err, errlen))
 			goto out;
 	mean_std(pp, o->reps, &mean, &sd);
 	snprintf(test, sizeof(test), "pp%d", o->n_prompt);
@@ -192,6 +235,8 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 		snprintf(test, sizeof(test), "tg%d @ d%d", o->n_gen, o->n_depth);
 	else
 		snprintf(test, sizeof(test), "tg%d", o->n_gen);
+	if (o->n_parallel > 1) /* the aggregate rate of n_parallel sequences */
+		snprintf(test + strlen(test), sizeof(test) - strlen(test), " np%d", o->n_parallel);
 	printf("| %-32.32s | %-8s | %7d | %-13s | %10.2f ± %-8.2f |\n", loom_engine_model_name(e),
 	       loom_engine_backend_name(e), threads, test, mean, sd);
 	fflush(stdout);

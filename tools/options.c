@@ -126,6 +126,8 @@ static const struct opt_def opts[] = {
 	  .lo = 1, .hi = 1 << 20, .cmds = BENCH },
 	{ .name = "n-depth", .short_name = 'd', .type = OPT_INT, FIELD(n_depth),
 	  .lo = 0, .hi = 1 << 24, .cmds = BENCH },
+	{ .name = "n-parallel", .type = OPT_INT, FIELD(n_parallel), .lo = 1, .hi = 256,
+	  .cmds = BENCH },
 	/* speculative decoding (docs/SPECULATIVE.md) */
 	{ .name = "spec", .type = OPT_STR, FIELD(spec), .cmds = GEN | SERVE },
 	{ .name = "spec-draft-model", .type = OPT_STR, FIELD(spec_draft_model),
@@ -198,6 +200,7 @@ static const struct flag_alias {
 	{ "-sysf", "--system-prompt-file" },
 	{ "--predict", "--n-predict" },
 	{ "-np", "--parallel" },
+	{ "-npl", "--n-parallel" },
 	{ "-md", "--spec-draft-model" },
 	{ "--model-draft", "--spec-draft-model" },
 	{ "--draft-max", "--spec-max-draft" },
@@ -242,9 +245,10 @@ static const struct cmd_def {
 	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
 	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-d 0] [-t 1,2] [-r 3]\n"
-	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [--config FILE]\n"
+	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [-npl 1] [--config FILE]\n"
 	  "            pp: a prefill of -p tokens; tg: -n decode steps after -d tokens\n"
-	  "            of context (as llama-bench's -p, -n and -d)\n" },
+	  "            of context (as llama-bench's -p, -n and -d); with -npl N, N\n"
+	  "            sequences decode together and tg is their tokens per second\n" },
 	{ .name = "perplexity", .cmd = PPL, .usage =
 	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
 	  "            [--exact] [--kv-type f16|f32|q8_0|q4_0] [--save-logits FILE | --kl-base FILE]\n"
@@ -315,6 +319,7 @@ void loom_options_defaults(struct loom_options *o)
 	o->n_prompt = 128;
 	o->n_gen = 64;
 	o->reps = 3;
+	o->n_parallel = 1;
 	o->serve = (struct loom_serve_options){
 		.host = "127.0.0.1",
 		.port = 8080,

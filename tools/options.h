@@ -89,6 +89,7 @@ struct loom_options {
 	int n_gen;
 	int n_depth; /* bench: context tokens before the timed decode */
 	int reps;
+	int n_parallel; /* bench: sequences decoding together in the tg test */
 	char threads_list[256];
 	/* speculative decoding (docs/SPECULATIVE.md); 0: the engine's default */
 	char spec[4096];             /* plugin name or path; "" or "none": off */

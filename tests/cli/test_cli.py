@@ -168,6 +168,17 @@ def generation():
           rc == 0 and rows.get("pp8", 0) > 0 and rows.get("tg4 @ d40", 0) > 0, f"{out!r} {err}")
     rc, _, err = run("bench", "--model", MODEL, "-p", "8", "-n", "4", "-d", "1000000")
     check("bench -d past the model's context refused", rc != 0 and "context" in err, err)
+    # -npl: sequences that decode together, their prefills spread over
+    # several steps by -b (3 x 41 tokens, 32 a step)
+    rc, out, err = run("bench", "--model", MODEL, "-p", "8", "-n", "6", "-d", "40", "-t", "1",
+                       "-r", "1", "-npl", "3", "-b", "32")
+    rows = {c[4].strip(): float(c[5].split()[0]) for c in
+            (line.split("|") for line in out.splitlines()) if len(c) == 7 and "±" in c[5]}
+    check("bench -npl 3: a 'tg6 @ d40 np3' row with t/s > 0",
+          rc == 0 and rows.get("tg6 @ d40 np3", 0) > 0, f"{out!r} {err}")
+    for bad in ("0", "257", "x"):
+        rc, _, err = run("bench", "--model", MODEL, "-npl", bad)
+        check(f"bench -npl {bad} refused", rc != 0 and "--n-parallel" in err, err)
 
 
 def main():
