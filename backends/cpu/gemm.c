@@ -50,6 +50,7 @@ struct gemm_task {
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
+	qdot_m_fn dot_m; /* QDOT_MAX_M rows at once, or NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
@@ -359,7 +360,13 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
-		for (int64_t i = 0; i < g->m; i++)
+		int64_t i = 0;
+
+		if (t->dot_m)
+			for (; i + QDOT_MAX_M <= g->m; i += QDOT_MAX_M)
+				t->dot_m(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb),
+					 nb, g->y + i * g->y_stride + j, (size_t)g->y_stride, rows);
+		for (; i < g->m; i++)
 			t->dot(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb),
 			       nb, g->y + i * g->y_stride + j, rows);
 	}
@@ -388,6 +395,7 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
+	t->dot_m = t->packed ? qdot_packed_kernel_m(ctx->qisa, t->g.type) : NULL;
 	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
 		qdot_kernel(ctx->qisa, t->g.type);
 	if (qx_reserve(ctx, m, k / 32))
@@ -778,6 +786,7 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 	mb->row0 = row0;
 	mb->add = g->add[i];
 	if (mb->kind == MEMBER_QDOT) {
+		mb->t.dot_m = mb->t.packed ? qdot_packed_kernel_m(gt->ctx->qisa, a->w_type) : NULL;
 		mb->t.dot = mb->t.packed ? qdot_packed_kernel(gt->ctx->qisa, a->w_type) :
 			qdot_kernel(gt->ctx->qisa, a->w_type);
 		gt->need_q = true;

@@ -828,47 +828,64 @@ TGT_VNNI ALWAYS __m512 packed_step(__m512 acc, __m512i fix, __m512i wq, __m512i 
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, wq, xq)), d, acc);
 }
 
-/* Chunk b0 / 16 (its n <= 16 blocks) of R packed rows. */
+/*
+ * Chunk b0 / 16 (its n <= 16 blocks) of R packed rows against M activation
+ * rows (row i: blocks x + i * nb, scales xsc + i * qdot_scales_len(nb)),
+ * into acc[r * M + i] and accm[r * M + i]. Each weight operand is loaded
+ * and unpacked once for the M rows; row i's arithmetic is the one-row
+ * kernel's (D is the same product of the same two vectors).
+ */
 TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
-				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
-				  __m512 *acc, __m512 *accm, int R)
+				  const struct qdot_block *x, const float *xsc, int64_t nb,
+				  int64_t b0, int n, __m512 *acc, __m512 *accm, int R, int M)
 {
 	const struct qpack_at at = qpack_head(t, n);
 	const size_t head = at.quants, qb = QPACK_QB(t);
+	const int64_t sl = qdot_scales_len(nb);
 	const __mmask16 k = (__mmask16)((1u << n) - 1);
 	const __m512i m4 = _mm512_set1_epi8(15);
-	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
-	__m512i fix, fix2, xq, xq2;
+	__m512 D[4 * QDOT_MAX_M];
+	__m512i fix[QDOT_MAX_M], fix2[QDOT_MAX_M], xq[QDOT_MAX_M], xq2[QDOT_MAX_M];
 	int j = 0;
 
 	w += (size_t)(b0 / 16) * QPACK_CHUNK_BYTES(t);
 	for (int r = 0; r < R; r++) {
 		const uint16_t *sc = (const uint16_t *)(w + r * ws);
+		const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc));
 
-		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc)), xd);
-		if (has_min(t))
-			accm[r] = _mm512_mask3_fmadd_ps(
-				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)), xs,
-				accm[r], k);
+		for (int i = 0; i < M; i++) {
+			const float *xi = xsc + i * sl + b0 * 2;
+
+			D[r * M + i] = _mm512_mul_ps(dw, _mm512_loadu_ps(xi));
+			if (has_min(t))
+				accm[r * M + i] = _mm512_mask3_fmadd_ps(
+					_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)),
+					_mm512_loadu_ps(xi + 16), accm[r * M + i], k);
+		}
 	}
 	if (t == LOOM_TYPE_Q8_0) {
 		for (; j < n; j += 2) {
 			bool two = j + 1 < n;
 
-			xq = vnni_acts(t, x + b0 + j, two, &fix);
+			for (int i = 0; i < M; i++)
+				xq[i] = vnni_acts(t, x + i * nb + b0 + j, two, &fix[i]);
 			for (int r = 0; r < R; r++) {
 				const uint8_t *q = w + r * ws + head + (size_t)j * qb;
 				__m512i wq = two ? _mm512_loadu_si512(q) :
 					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
 
-				acc[r] = packed_step(acc[r], fix, wq, xq, D[r], j);
+				for (int i = 0; i < M; i++)
+					acc[r * M + i] = packed_step(acc[r * M + i], fix[i], wq, xq[i],
+								     D[r * M + i], j);
 			}
 		}
 		return;
 	}
 	for (; j + 4 <= n; j += 4) {
-		xq = vnni_acts(t, x + b0 + j, true, &fix);
-		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
+		for (int i = 0; i < M; i++) {
+			xq[i] = vnni_acts(t, x + i * nb + b0 + j, true, &fix[i]);
+			xq2[i] = vnni_acts(t, x + i * nb + b0 + j + 2, true, &fix2[i]);
+		}
 		for (int r = 0; r < R; r++) {
 			const uint8_t *q = w + r * ws + head + (size_t)j * qb;
 			const uint8_t *h = w + r * ws + at.high + (size_t)j * 4;
@@ -877,41 +894,66 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
 						     h + 8, true);
 
-			acc[r] = packed_step(acc[r], fix, lo, xq, D[r], j);
-			acc[r] = packed_step(acc[r], fix2, hi, xq2, D[r], j + 2);
+			for (int i = 0; i < M; i++) {
+				acc[r * M + i] = packed_step(acc[r * M + i], fix[i], lo, xq[i],
+							     D[r * M + i], j);
+				acc[r * M + i] = packed_step(acc[r * M + i], fix2[i], hi, xq2[i],
+							     D[r * M + i], j + 2);
+			}
 		}
 	}
 	for (; j < n; j += 2) {
 		bool two = j + 1 < n;
 
-		xq = vnni_acts(t, x + b0 + j, two, &fix);
-		for (int r = 0; r < R; r++)
-			acc[r] = packed_step(acc[r], fix,
-					     packed_q4_tail(t, w + r * ws + head + (size_t)j * qb,
-							    w + r * ws + at.high + (size_t)j * 4, two),
-					     xq, D[r], j);
+		for (int i = 0; i < M; i++)
+			xq[i] = vnni_acts(t, x + i * nb + b0 + j, two, &fix[i]);
+		for (int r = 0; r < R; r++) {
+			__m512i wq = packed_q4_tail(t, w + r * ws + head + (size_t)j * qb,
+						    w + r * ws + at.high + (size_t)j * 4, two);
+
+			for (int i = 0; i < M; i++)
+				acc[r * M + i] = packed_step(acc[r * M + i], fix[i], wq, xq[i],
+							     D[r * M + i], j);
+		}
 	}
+}
+
+/* y[i * ys + r] for R packed rows and M activation rows (packed_chunk). */
+TGT_VNNI ALWAYS void vnni_packed_rows_m(uint32_t t, const uint8_t *w, size_t ws,
+					const struct qdot_block *x, const float *xsc, int64_t nb,
+					float *y, size_t ys, int R, int M)
+{
+	__m512 acc[4 * QDOT_MAX_M], accm[4 * QDOT_MAX_M];
+
+	for (int a = 0; a < R * M; a++) {
+		acc[a] = _mm512_setzero_ps();
+		accm[a] = _mm512_setzero_ps();
+	}
+	/* n a constant 16 folds the masks of full chunks */
+	int64_t b0 = 0;
+	for (; b0 + 16 <= nb; b0 += 16)
+		packed_chunk(t, w, ws, x, xsc, nb, b0, 16, acc, accm, R, M);
+	if (b0 < nb)
+		packed_chunk(t, w, ws, x, xsc, nb, b0, (int)(nb - b0), acc, accm, R, M);
+	for (int r = 0; r < R; r++)
+		for (int i = 0; i < M; i++)
+			y[i * ys + r] = avx512_hsum(acc[r * M + i]) + avx512_hsum(accm[r * M + i]);
 }
 
 TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
 				      const struct qdot_block *x, const float *xsc, int64_t nb,
 				      float *y, int R)
 {
-	__m512 acc[4], accm[4];
-
-	for (int r = 0; r < R; r++) {
-		acc[r] = _mm512_setzero_ps();
-		accm[r] = _mm512_setzero_ps();
-	}
-	/* n a constant 16 folds the masks of full chunks */
-	int64_t b0 = 0;
-	for (; b0 + 16 <= nb; b0 += 16)
-		packed_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
-	if (b0 < nb)
-		packed_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
-	for (int r = 0; r < R; r++)
-		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
+	vnni_packed_rows_m(t, w, ws, x, xsc, nb, y, 0, R, 1);
 }
+
+/* The QDOT_ONE loop for QDOT_MAX_M activation rows at once. */
+#define QDOT_M_ONE(attr, prefix, name, T)                                                  	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      					 const struct qdot_block *x, const float *xsc,      					 int64_t nb, float *y, size_t ys, int rows)         	{                                                                                  		int r = 0;                                                                 		for (; r + 4 <= rows; r += 4) {                                            			cpu_prefetch(w + r * ws, 4 * ws);                                  			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 4,    					   QDOT_MAX_M);                                    		}                                                                          		cpu_prefetch(w + r * ws, (size_t)(rows - r) * ws);                         		for (; r < rows; r++)                                                      			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 1,    					   QDOT_MAX_M);                                    	}
+QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q8_0, LOOM_TYPE_Q8_0)
+QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_0, LOOM_TYPE_Q4_0)
+QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_1, LOOM_TYPE_Q4_1)
+QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q5_0, LOOM_TYPE_Q5_0)
+QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q5_1, LOOM_TYPE_Q5_1)
 
 QDOT_ONE(TGT_VNNI, vnni_packed, q8_0, LOOM_TYPE_Q8_0, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q4_0, LOOM_TYPE_Q4_0, vnni_packed_rows)
@@ -948,6 +990,22 @@ qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_1: return vnni_packed_q4_1;
 	case LOOM_TYPE_Q5_0: return vnni_packed_q5_0;
 	case LOOM_TYPE_Q5_1: return vnni_packed_q5_1;
+	}
+#endif
+	return NULL;
+}
+
+qdot_m_fn qdot_packed_kernel_m(enum qdot_isa isa, uint32_t type)
+{
+	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+		return NULL;
+#if defined(__x86_64__)
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return vnni_packed_m_q8_0;
+	case LOOM_TYPE_Q4_0: return vnni_packed_m_q4_0;
+	case LOOM_TYPE_Q4_1: return vnni_packed_m_q4_1;
+	case LOOM_TYPE_Q5_0: return vnni_packed_m_q5_0;
+	case LOOM_TYPE_Q5_1: return vnni_packed_m_q5_1;
 	}
 #endif
 	return NULL;

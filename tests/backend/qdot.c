@@ -279,7 +279,42 @@ END_TEST
 
 /* Packs ROWS rows of nb blocks, checks the round trip, and compares the
  * packed kernel (ROWS rows at once, and row 0 alone) with the reference
- * on the GGUF rows. Returns mismatches. */
+ * on the GGUF rows; then the kernel for QDOT_MAX_M activation rows at once
+ * (into a y of odd stride), row i against the reference on x row i.
+ * Returns mismatches. */
+static int check_packed_m(uint32_t t, int64_t nb, const uint8_t *w, size_t ws,
+			  const uint8_t *pw, size_t ps)
+{
+	enum { M = QDOT_MAX_M, YS = ROWS + 3 };
+	static struct qdot_block q[M * MAX_NB];
+	static float x[MAX_NB * 32], sc[M * ((MAX_NB + 15) / 16 * 32)], y[M * YS];
+	const int64_t sl = qdot_scales_len(nb);
+	qdot_m_fn fm = qdot_packed_kernel_m(QDOT_VNNI, t);
+	int bad = 0;
+
+	ck_assert(fm != NULL);
+	for (int i = 0; i < M; i++) {
+		fill_acts(x, nb * 32);
+		qdot_quantize_row(x, q + i * nb, nb * 32);
+		qdot_row_scales(q + i * nb, nb, sc + i * sl);
+	}
+	/* ROWS rows, then the last row alone (the one-row path) */
+	fm(pw, ps, q, sc, nb, y, YS, ROWS);
+	fm(pw + (ROWS - 1) * ps, ps, q, sc, nb, y + ROWS, YS, 1);
+	for (int i = 0; i < M; i++)
+		for (int r = 0; r <= ROWS; r++) {
+			int wr = r < ROWS ? r : ROWS - 1;
+			float want = qdot_ref(QDOT_VNNI, t, w + wr * ws, q + i * nb, nb);
+
+			if (memcmp(&y[i * YS + r], &want, 4)) {
+				printf("packed x%d type %u nb=%lld act row %d row %d: %.9g, reference %.9g\n",
+				       M, t, (long long)nb, i, r, y[i * YS + r], want);
+				bad++;
+			}
+		}
+	return bad;
+}
+
 static int check_packed(uint32_t t, int64_t nb)
 {
 	static uint8_t w[ROWS * MAX_NB * 34], back[MAX_NB * 34];
@@ -305,6 +340,7 @@ static int check_packed(uint32_t t, int64_t nb)
 			bad++;
 		}
 	}
+	bad += check_packed_m(t, nb, w, ws, pw, ps);
 	fn(pw, ps, q, sc, nb, y, ROWS);
 	fn(pw, ps, q, sc, nb, &y0, 1);
 	for (int r = 0; r < ROWS; r++) {
