@@ -11,10 +11,11 @@
 #   - `loom bench` decode (-p 1 -n TG -r REPS) at each thread count, on the
 #     default SmolLM2-135M Q4_1 file (96.6 MB of weights) and on a synthetic
 #     model with SmolLM2's layer shapes but 8 layers and an 8192-token
-#     vocabulary (tools/mkgguf.py, Q4_1, ~20 MB): small enough to stay in
-#     the 32 MiB L3 cache, so its decode is not bound by DRAM and shows what
-#     threads give when the hardware has it to give (and whether per-op
-#     hand-offs eat it).
+#     vocabulary (tools/mkgguf.py, Q4_1, ~20 MB): small enough that much of
+#     it stays in the L3 cache (32 MiB, shared with other tenants here: about
+#     12-16 MB of it stays ours, docs/BENCHMARKS.md), so its decode is less
+#     bound by DRAM and shows what threads give when the hardware has more to
+#     give (and whether per-op hand-offs eat it).
 # ROUNDS rounds, each running every case once in turn; it prints medians over
 # the rounds and each thread count's ratio to the first (1 thread).
 #
