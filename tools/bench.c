@@ -65,6 +65,15 @@ static void on_event(void *user, const struct loom_event *ev)
 	}
 }
 
+/* Timing state of up to n requests of up to cap tokens each. The engine
+ * calls on_event until a request ends, and a failed run leaves requests
+ * that end only when the engine closes, so it lives as long as the engine. */
+struct timings {
+	struct timing *t;
+	double *at;
+	int n, cap;
+};
+
 /*
  * n_seq greedy requests that ignore end-of-generation, submitted together:
  * request s has the n_prompt tokens at prompt + s * stride, then n_gen + 1
@@ -74,27 +83,27 @@ static void on_event(void *user, const struct loom_event *ev)
  * done) to the last token, as llama-batched-bench counts S_TG; with one
  * request, n_gen / its decode time.
  */
-static int run_requests(struct loom_engine *e, const int32_t *prompt, size_t stride, int n_seq,
-			int n_prompt, int n_gen, double *t_pre, double *tg, char *err,
-			size_t errlen)
+static int run_requests(struct loom_engine *e, struct timings *tm, const int32_t *prompt,
+			size_t stride, int n_seq, int n_prompt, int n_gen, double *t_pre, double *tg,
+			char *err, size_t errlen)
 {
-	struct timing *t = calloc((size_t)n_seq, sizeof(*t));
-	double *at = calloc((size_t)n_seq * (size_t)(n_gen + 1), sizeof(*at));
+	struct timing *t = tm->t;
 	double t0 = now_s(), ta = 0.0, tb = 0.0;
 	int64_t n_in = 0;
 	int rc = 0, s, i;
 
-	if (!t || !at) {
-		snprintf(err, errlen, "bench: out of memory");
-		rc = -1;
-		goto out;
+	if (n_seq > tm->n || n_gen + 1 > tm->cap) {
+		snprintf(err, errlen, "bench: internal error: %d requests of %d tokens", n_seq,
+			 n_gen + 1);
+		return -1;
 	}
+	memset(t, 0, sizeof(*t) * (size_t)n_seq);
 	for (s = 0; s < n_seq && !rc; s++) {
 		struct loom_request r;
 		uint64_t id;
 
 		t[s].cap = n_gen + 1;
-		t[s].at = at + (size_t)s * (size_t)(n_gen + 1);
+		t[s].at = tm->at + (size_t)s * (size_t)tm->cap;
 		loom_request_init(&r);
 		r.prompt = prompt + (size_t)s * stride;
 		r.n_prompt = n_prompt;
@@ -114,7 +123,7 @@ static int run_requests(struct loom_engine *e, const int32_t *prompt, size_t str
 			rc = -1;
 		}
 	if (rc)
-		goto out;
+		return -1;
 	*t_pre = t[0].t_first - t0;
 	for (s = 0; s < n_seq; s++) {
 		ta = t[s].t_first > ta ? t[s].t_first : ta;
@@ -130,9 +139,6 @@ static int run_requests(struct loom_engine *e, const int32_t *prompt, size_t str
 	} else if (n_gen > 0) {
 		*tg = (double)n_in / (tb - ta);
 	}
-out:
-	free(at);
-	free(t);
 	return rc;
 }
 
@@ -144,19 +150,20 @@ out:
  * an empty cache, not after the pp prompt. With n_seq > 1, n_seq such
  * requests (distinct prompts, stride tokens apart) decode together.
  */
-static int bench_once(struct loom_engine *e, const int32_t *prompt, size_t stride, int n_seq,
-		      int n_prompt, int n_depth, int n_gen, double *pp, double *tg, char *err,
-		      size_t errlen)
+static int bench_once(struct loom_engine *e, struct timings *tm, const int32_t *prompt,
+		      size_t stride, int n_seq, int n_prompt, int n_depth, int n_gen, double *pp,
+		      double *tg, char *err, size_t errlen)
 {
 	double pre, unused;
 
-	if (run_requests(e, prompt, stride, 1, n_prompt, 0, &pre, &unused, err, errlen))
+	if (run_requests(e, tm, prompt, stride, 1, n_prompt, 0, &pre, &unused, err, errlen))
 		return -1;
 	*pp = n_prompt / pre;
 	*tg = 0.0;
 	if (n_gen == 0)
 		return 0;
-	return run_requests(e, prompt, stride, n_seq, n_depth + 1, n_gen, &pre, tg, err, errlen);
+	return run_requests(e, tm, prompt, stride, n_seq, n_depth + 1, n_gen, &pre, tg, err,
+			    errlen);
 }
 
 static struct loom_engine *bench_engine(const struct loom_options *o, int threads,
@@ -194,6 +201,7 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 	int32_t *prompt = NULL;
 	uint64_t x = 0x9e3779b97f4a7c15ull;
 	char test[32];
+	struct timings tm = { 0 };
 	int i, n_tokens, rc = -1;
 
 	if (!e)
@@ -208,9 +216,13 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 	print_header(o);
 	n_tokens = o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1;
 	prompt = malloc(sizeof(int32_t) * (size_t)n_tokens * (size_t)o->n_parallel);
+	tm.n = o->n_parallel;
+	tm.cap = o->n_gen + 1;
+	tm.t = calloc((size_t)tm.n, sizeof(*tm.t));
+	tm.at = calloc((size_t)tm.n * (size_t)tm.cap, sizeof(*tm.at));
 	pp = calloc((size_t)o->reps, sizeof(double));
 	tg = calloc((size_t)o->reps, sizeof(double));
-	if (!prompt || !pp || !tg) {
+	if (!prompt || !pp || !tg || !tm.t || !tm.at) {
 		snprintf(err, errlen, "bench: out of memory");
 		goto out;
 	}
@@ -219,11 +231,11 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 		prompt[i] = (int32_t)(x % (uint64_t)loom_engine_n_vocab(e));
 	}
 	/* warm-up run, not counted */
-	if (bench_once(e, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
+	if (bench_once(e, &tm, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
 		       o->n_gen > 4 ? 4 : o->n_gen, &mean, &sd, err, errlen))
 		goto out;
 	for (i = 0; i < o->reps; i++)
-		if (bench_once(e, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
+		if (bench_once(e, &tm, prompt, (size_t)n_tokens, o->n_parallel, o->n_prompt, o->n_depth,
 			       o->n_gen, &pp[i], &tg[i], err, errlen))
 			goto out;
 	mean_std(pp, o->reps, &mean, &sd);
@@ -245,7 +257,9 @@ out:
 	free(pp);
 	free(tg);
 	free(prompt);
-	loom_engine_close(e);
+	loom_engine_close(e); /* before tm: closing ends what a failure left */
+	free(tm.t);
+	free(tm.at);
 	return rc;
 }
 
