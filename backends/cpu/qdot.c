@@ -979,36 +979,42 @@ static int format_index(uint32_t type)
 	}
 }
 
+#if defined(__x86_64__)
+/* The packed kernels in format_index() order. */
+static const qdot_fn vnni_packed_set[] = { vnni_packed_q8_0, vnni_packed_q4_0, vnni_packed_q4_1,
+					   vnni_packed_q5_0, vnni_packed_q5_1 };
+static const qdot_m_fn vnni_packed_m_set[] = { vnni_packed_m_q8_0, vnni_packed_m_q4_0,
+					       vnni_packed_m_q4_1, vnni_packed_m_q5_0,
+					       vnni_packed_m_q5_1 };
+#else
+static const qdot_fn vnni_packed_set[5];
+static const qdot_m_fn vnni_packed_m_set[5];
+#endif
+
+/* format_index(type) if the packed kernels run here, else -1. */
+static int packed_index(enum qdot_isa isa, uint32_t type)
+{
+#if defined(__x86_64__)
+	if (isa == QDOT_VNNI && qdot_isa_supported(isa))
+		return format_index(type);
+#endif
+	(void)isa;
+	(void)type;
+	return -1;
+}
+
 qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type)
 {
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
-		return NULL;
-#if defined(__x86_64__)
-	switch (type) {
-	case LOOM_TYPE_Q8_0: return vnni_packed_q8_0;
-	case LOOM_TYPE_Q4_0: return vnni_packed_q4_0;
-	case LOOM_TYPE_Q4_1: return vnni_packed_q4_1;
-	case LOOM_TYPE_Q5_0: return vnni_packed_q5_0;
-	case LOOM_TYPE_Q5_1: return vnni_packed_q5_1;
-	}
-#endif
-	return NULL;
+	int f = packed_index(isa, type);
+
+	return f < 0 ? NULL : vnni_packed_set[f];
 }
 
 qdot_m_fn qdot_packed_kernel_m(enum qdot_isa isa, uint32_t type)
 {
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
-		return NULL;
-#if defined(__x86_64__)
-	switch (type) {
-	case LOOM_TYPE_Q8_0: return vnni_packed_m_q8_0;
-	case LOOM_TYPE_Q4_0: return vnni_packed_m_q4_0;
-	case LOOM_TYPE_Q4_1: return vnni_packed_m_q4_1;
-	case LOOM_TYPE_Q5_0: return vnni_packed_m_q5_0;
-	case LOOM_TYPE_Q5_1: return vnni_packed_m_q5_1;
-	}
-#endif
-	return NULL;
+	int f = packed_index(isa, type);
+
+	return f < 0 ? NULL : vnni_packed_m_set[f];
 }
 
 qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type)
