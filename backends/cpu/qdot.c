@@ -828,6 +828,104 @@ TGT_VNNI ALWAYS __m512 packed_step(__m512 acc, __m512i fix, __m512i wq, __m512i 
 	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(fix, wq, xq)), d, acc);
 }
 
+/* The two block pairs of the quad at block j of a packed Q4/Q5 chunk
+ * (at its header's offsets): lo the first pair's weights, hi the second's. */
+TGT_VNNI ALWAYS void packed_quad(uint32_t t, const uint8_t *w, struct qpack_at at, int j,
+				 __m512i *lo, __m512i *hi)
+{
+	const __m512i m4 = _mm512_set1_epi8(15);
+	const uint8_t *h = w + at.high + (size_t)j * 4;
+	__m512i v = _mm512_loadu_si512(w + at.quants + (size_t)j * QPACK_QB(t));
+
+	*lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
+	*hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), h + 8, true);
+}
+
+/* Chunk b0 / 16 (its n <= 16 blocks) of R packed rows. */
+TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
+				  const struct qdot_block *x, const float *xsc, int64_t b0, int n,
+				  __m512 *acc, __m512 *accm, int R)
+{
+	const struct qpack_at at = qpack_head(t, n);
+	const size_t head = at.quants, qb = QPACK_QB(t);
+	const __mmask16 k = (__mmask16)((1u << n) - 1);
+	const __m512i m4 = _mm512_set1_epi8(15);
+	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
+	__m512i fix, fix2, xq, xq2;
+	int j = 0;
+
+	w += (size_t)(b0 / 16) * QPACK_CHUNK_BYTES(t);
+	for (int r = 0; r < R; r++) {
+		const uint16_t *sc = (const uint16_t *)(w + r * ws);
+
+		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc)), xd);
+		if (has_min(t))
+			accm[r] = _mm512_mask3_fmadd_ps(
+				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)), xs,
+				accm[r], k);
+	}
+	if (t == LOOM_TYPE_Q8_0) {
+		for (; j < n; j += 2) {
+			bool two = j + 1 < n;
+
+			xq = vnni_acts(t, x + b0 + j, two, &fix);
+			for (int r = 0; r < R; r++) {
+				const uint8_t *q = w + r * ws + head + (size_t)j * qb;
+				__m512i wq = two ? _mm512_loadu_si512(q) :
+					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+
+				acc[r] = packed_step(acc[r], fix, wq, xq, D[r], j);
+			}
+		}
+		return;
+	}
+	for (; j + 4 <= n; j += 4) {
+		xq = vnni_acts(t, x + b0 + j, true, &fix);
+		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
+		for (int r = 0; r < R; r++) {
+			const uint8_t *q = w + r * ws + head + (size_t)j * qb;
+			const uint8_t *h = w + r * ws + at.high + (size_t)j * 4;
+			__m512i v = _mm512_loadu_si512(q);
+			__m512i lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
+			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+						     h + 8, true);
+
+			acc[r] = packed_step(acc[r], fix, lo, xq, D[r], j);
+			acc[r] = packed_step(acc[r], fix2, hi, xq2, D[r], j + 2);
+		}
+	}
+	for (; j < n; j += 2) {
+		bool two = j + 1 < n;
+
+		xq = vnni_acts(t, x + b0 + j, two, &fix);
+		for (int r = 0; r < R; r++)
+			acc[r] = packed_step(acc[r], fix,
+					     packed_q4_tail(t, w + r * ws + head + (size_t)j * qb,
+							    w + r * ws + at.high + (size_t)j * 4, two),
+					     xq, D[r], j);
+	}
+}
+
+TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
+				      const struct qdot_block *x, const float *xsc, int64_t nb,
+				      float *y, int R)
+{
+	__m512 acc[4], accm[4];
+
+	for (int r = 0; r < R; r++) {
+		acc[r] = _mm512_setzero_ps();
+		accm[r] = _mm512_setzero_ps();
+	}
+	/* n a constant 16 folds the masks of full chunks */
+	int64_t b0 = 0;
+	for (; b0 + 16 <= nb; b0 += 16)
+		packed_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
+	if (b0 < nb)
+		packed_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
+	for (int r = 0; r < R; r++)
+		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
+}
+
 /*
  * Chunk b0 / 16 (its n <= 16 blocks) of R packed rows against M activation
  * rows (row i: blocks x + i * nb, scales xsc + i * qdot_scales_len(nb)),
@@ -835,15 +933,14 @@ TGT_VNNI ALWAYS __m512 packed_step(__m512 acc, __m512i fix, __m512i wq, __m512i 
  * and unpacked once for the M rows; row i's arithmetic is the one-row
  * kernel's (D is the same product of the same two vectors).
  */
-TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
-				  const struct qdot_block *x, const float *xsc, int64_t nb,
+TGT_VNNI ALWAYS void packed_chunk_m(uint32_t t, const uint8_t *w, size_t ws,
+				    const struct qdot_block *x, const float *xsc, int64_t nb,
 				  int64_t b0, int n, __m512 *acc, __m512 *accm, int R, int M)
 {
 	const struct qpack_at at = qpack_head(t, n);
 	const size_t head = at.quants, qb = QPACK_QB(t);
 	const int64_t sl = qdot_scales_len(nb);
 	const __mmask16 k = (__mmask16)((1u << n) - 1);
-	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 D[4 * QDOT_MAX_M];
 	__m512i fix[QDOT_MAX_M], fix2[QDOT_MAX_M], xq[QDOT_MAX_M], xq2[QDOT_MAX_M];
 	int j = 0;
@@ -887,12 +984,9 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 			xq2[i] = vnni_acts(t, x + i * nb + b0 + j + 2, true, &fix2[i]);
 		}
 		for (int r = 0; r < R; r++) {
-			const uint8_t *q = w + r * ws + head + (size_t)j * qb;
-			const uint8_t *h = w + r * ws + at.high + (size_t)j * 4;
-			__m512i v = _mm512_loadu_si512(q);
-			__m512i lo = packed_add_high(t, _mm512_and_si512(v, m4), h, true);
-			__m512i hi = packed_add_high(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-						     h + 8, true);
+			__m512i lo, hi;
+
+			packed_quad(t, w + r * ws, at, j, &lo, &hi);
 
 			for (int i = 0; i < M; i++) {
 				acc[r * M + i] = packed_step(acc[r * M + i], fix[i], lo, xq[i],
@@ -918,7 +1012,7 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 	}
 }
 
-/* y[i * ys + r] for R packed rows and M activation rows (packed_chunk). */
+/* y[i * ys + r] for R packed rows and M activation rows (packed_chunk_m). */
 TGT_VNNI ALWAYS void vnni_packed_rows_m(uint32_t t, const uint8_t *w, size_t ws,
 					const struct qdot_block *x, const float *xsc, int64_t nb,
 					float *y, size_t ys, int R, int M)
@@ -932,19 +1026,12 @@ TGT_VNNI ALWAYS void vnni_packed_rows_m(uint32_t t, const uint8_t *w, size_t ws,
 	/* n a constant 16 folds the masks of full chunks */
 	int64_t b0 = 0;
 	for (; b0 + 16 <= nb; b0 += 16)
-		packed_chunk(t, w, ws, x, xsc, nb, b0, 16, acc, accm, R, M);
+		packed_chunk_m(t, w, ws, x, xsc, nb, b0, 16, acc, accm, R, M);
 	if (b0 < nb)
-		packed_chunk(t, w, ws, x, xsc, nb, b0, (int)(nb - b0), acc, accm, R, M);
+		packed_chunk_m(t, w, ws, x, xsc, nb, b0, (int)(nb - b0), acc, accm, R, M);
 	for (int r = 0; r < R; r++)
 		for (int i = 0; i < M; i++)
 			y[i * ys + r] = avx512_hsum(acc[r * M + i]) + avx512_hsum(accm[r * M + i]);
-}
-
-TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
-				      const struct qdot_block *x, const float *xsc, int64_t nb,
-				      float *y, int R)
-{
-	vnni_packed_rows_m(t, w, ws, x, xsc, nb, y, 0, R, 1);
 }
 
 /* The QDOT_ONE loop for QDOT_MAX_M activation rows at once. */
