@@ -935,7 +935,7 @@ TGT_VNNI ALWAYS void vnni_packed_rows(uint32_t t, const uint8_t *w, size_t ws,
  */
 TGT_VNNI ALWAYS void packed_chunk_m(uint32_t t, const uint8_t *w, size_t ws,
 				    const struct qdot_block *x, const float *xsc, int64_t nb,
-				  int64_t b0, int n, __m512 *acc, __m512 *accm, int R, int M)
+				    int64_t b0, int n, __m512 *acc, __m512 *accm, int R, int M)
 {
 	const struct qpack_at at = qpack_head(t, n);
 	const size_t head = at.quants, qb = QPACK_QB(t);
@@ -949,15 +949,17 @@ TGT_VNNI ALWAYS void packed_chunk_m(uint32_t t, const uint8_t *w, size_t ws,
 	for (int r = 0; r < R; r++) {
 		const uint16_t *sc = (const uint16_t *)(w + r * ws);
 		const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc));
+		const __m512 mw = has_min(t) ?
+			_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)) :
+			_mm512_setzero_ps();
 
 		for (int i = 0; i < M; i++) {
 			const float *xi = xsc + i * sl + b0 * 2;
 
 			D[r * M + i] = _mm512_mul_ps(dw, _mm512_loadu_ps(xi));
 			if (has_min(t))
-				accm[r * M + i] = _mm512_mask3_fmadd_ps(
-					_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)),
-					_mm512_loadu_ps(xi + 16), accm[r * M + i], k);
+				accm[r * M + i] = _mm512_mask3_fmadd_ps(mw, _mm512_loadu_ps(xi + 16),
+									accm[r * M + i], k);
 		}
 	}
 	if (t == LOOM_TYPE_Q8_0) {
@@ -987,7 +989,6 @@ TGT_VNNI ALWAYS void packed_chunk_m(uint32_t t, const uint8_t *w, size_t ws,
 			__m512i lo, hi;
 
 			packed_quad(t, w + r * ws, at, j, &lo, &hi);
-
 			for (int i = 0; i < M; i++) {
 				acc[r * M + i] = packed_step(acc[r * M + i], fix[i], lo, xq[i],
 							     D[r * M + i], j);
@@ -1035,7 +1036,22 @@ TGT_VNNI ALWAYS void vnni_packed_rows_m(uint32_t t, const uint8_t *w, size_t ws,
 }
 
 /* The QDOT_ONE loop for QDOT_MAX_M activation rows at once. */
-#define QDOT_M_ONE(attr, prefix, name, T)                                                  	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      					 const struct qdot_block *x, const float *xsc,      					 int64_t nb, float *y, size_t ys, int rows)         	{                                                                                  		int r = 0;                                                                 		for (; r + 4 <= rows; r += 4) {                                            			cpu_prefetch(w + r * ws, 4 * ws);                                  			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 4,    					   QDOT_MAX_M);                                    		}                                                                          		cpu_prefetch(w + r * ws, (size_t)(rows - r) * ws);                         		for (; r < rows; r++)                                                      			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 1,    					   QDOT_MAX_M);                                    	}
+#define QDOT_M_ONE(attr, prefix, name, T)                                                  \
+	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
+					 const struct qdot_block *x, const float *xsc,      \
+					 int64_t nb, float *y, size_t ys, int rows)         \
+	{                                                                                  \
+		int r = 0;                                                                 \
+		for (; r + 4 <= rows; r += 4) {                                            \
+			cpu_prefetch(w + r * ws, 4 * ws);                                  \
+			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 4,    \
+					   QDOT_MAX_M);                                    \
+		}                                                                          \
+		cpu_prefetch(w + r * ws, (size_t)(rows - r) * ws);                         \
+		for (; r < rows; r++)                                                      \
+			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 1,    \
+					   QDOT_MAX_M);                                    \
+	}
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q8_0, LOOM_TYPE_Q8_0)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_0, LOOM_TYPE_Q4_0)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_1, LOOM_TYPE_Q4_1)
