@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "kpack.h"
 #include "qpack.h"
 #include "../mpi/coll.h"
 
@@ -168,6 +169,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *pack = getenv("LOOM_CPU_PACK");
 	ctx->pack = !ctx->exact && qdot_packed_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
 		    !(pack && !strcmp(pack, "0"));
+	const char *kpack = getenv("LOOM_CPU_KPACK");
+	ctx->kpack = ctx->pack && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_K) &&
+		     !(kpack && !strcmp(kpack, "0"));
 	/* LOOM_CPU_FUSE=0: step regions run every call on its own */
 	const char *fuse = getenv("LOOM_CPU_FUSE");
 	ctx->rg.fuse = !(fuse && !strcmp(fuse, "0"));
@@ -187,7 +191,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
-		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1 and q8_0 weights packed at load");
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1, q8_0%s weights packed at load",
+			ctx->kpack ? " and q4_K" : "");
 	*out = ctx;
 	return LOOM_OK;
 

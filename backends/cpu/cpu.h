@@ -262,8 +262,11 @@ bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_ge
 /* Runs a group of gemm calls that gemm_check() passed (as the region's
  * recorded calls did when they came). */
 int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g);
-/* A checked gemm call's weight row stride (the packed one when packed). */
+/* A checked gemm call's weight row stride (the packed one when packed:
+ * for rows in lanes, the bytes a row counts for). */
 size_t cpu_gemm_w_stride(const struct loom_gemm_args *a);
+/* The bytes its weight spans. */
+size_t cpu_gemm_w_bytes(const struct loom_gemm_args *a);
 /* Row r of an rmsnorm, into y (ops.c). */
 void cpu_rmsnorm_row(const struct cpu_rmsnorm_args *a, int64_t r, float *y);
 /* Columns [j0, j1) of every row of an add / a GLU (ops.c). */
@@ -317,6 +320,8 @@ struct loom_backend_ctx {
 	/* weight_pack() packs the formats qpack.h knows (fast mode with VNNI
 	 * kernels only; LOOM_CPU_PACK=0 turns it off, for comparisons) */
 	bool pack;
+	/* and the K-quants kpack.h knows (LOOM_CPU_KPACK=0: not those) */
+	bool kpack;
 	struct cpu_arena *arena; /* where packed weights are carved (cpu.c) */
 	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
 	 * comparisons) */

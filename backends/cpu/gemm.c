@@ -30,6 +30,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "kpack.h"
 #include "qgemm.h"
 #include "qpack.h"
 
@@ -54,7 +55,8 @@ struct gemm_task {
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
 	qdot_k_fn kdot;
-	bool packed; /* g.w is in qpack.h's layout */
+	kpack_fn kp; /* instead of kdot, for a weight in kpack.h's layout */
+	bool packed; /* g.w is in qpack.h's layout, or kpack.h's (K-quants) */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -174,7 +176,10 @@ static void blas_task(void *arg, int64_t c, int ith)
 			/* back to the GGUF layout, after the panel in the scratch */
 			uint8_t *tmp = (uint8_t *)(panel + t->chunk * g->k);
 
-			qpack_unpack_row(g->type, row, g->k / 32, tmp);
+			if (kpack_format(g->type))
+				kpack_unpack_row(g->type, g->w, g->k / 256, j + r, tmp);
+			else
+				qpack_unpack_row(g->type, row, g->k / 32, tmp);
 			row = tmp;
 		}
 		cpu_dequant_row(t->ctx->isa, g->type, row, panel + r * g->k, g->k);
@@ -235,9 +240,12 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 	w_row = (size_t)blocks * cpu_block_bytes(a->w_type);
 	*ws = a->w_stride;
 	if (packed) {
-		if (!ctx->pack || !qpack_format(a->w_type))
+		if (!(ctx->pack && qpack_format(a->w_type)) &&
+		    !(ctx->kpack && kpack_format(a->w_type)))
 			return LOOM_ERR_INVALID;
-		*ws = w_row = qpack_row_bytes(a->w_type, (int64_t)blocks);
+		*ws = w_row = cpu_gemm_w_stride(a);
+		if (!w_row || (kpack_format(a->w_type) && !kpack_bytes(a->w_type, a->n, a->k / 256)))
+			return LOOM_ERR_INVALID;
 	}
 	if (*ws < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
 	    !loom_check_shape(a->m, a->n, a->y_stride))
@@ -251,7 +259,7 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 	if (ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
 			   a->x, span_bytes(a->m, (size_t)a->x_stride * 4, (size_t)a->k * 4)) ||
 	    (a->w && ranges_overlap(a->y, span_bytes(a->m, (size_t)a->y_stride * 4, (size_t)a->n * 4),
-				    a->w, span_bytes(a->n, *ws, w_row))))
+				    a->w, packed ? cpu_gemm_w_bytes(a) : span_bytes(a->n, *ws, w_row))))
 		return LOOM_ERR_INVALID;
 	return LOOM_OK;
 }
@@ -426,6 +434,16 @@ static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx
 	const struct cpu_gemv *g = &t->g;
 	int64_t nb = g->k / 256;
 
+	if (t->kp) {
+		/* a group of 16 rows stays in cache while each x row passes */
+		for (int64_t j = j0, e; j < j1; j = e) {
+			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
+			e = e < j1 ? e : j1;
+			for (int64_t i = 0; i < g->m; i++)
+				t->kp(g->w, qkx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
+		}
+		return;
+	}
 	for (int64_t j = j0; j < j1; j += 8) {
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
@@ -451,12 +469,13 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
+	t->kp = t->packed ? kpack_kernel(ctx->qisa, t->g.type) : NULL;
+	t->kdot = t->packed ? NULL : qdot_k_kernel(ctx->qisa, t->g.type);
 	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 		return LOOM_ERR_NOMEM;
 	t->qkx = ctx->qkx;
 	cpu_pool_run(&ctx->pool, kquant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	pick_split(t, nth, 4, 32, 256);
+	pick_split(t, nth, t->kp ? KPACK_ROWS : 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_k_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -515,6 +534,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
+	t.kp = NULL;
 	t.prep = NULL;
 	t.n_head = 0;
 	t.head_rows = 0;
@@ -577,41 +597,68 @@ struct pack_task {
 	size_t stride;
 };
 
-/* Chunk c: rows [64c, 64c + 64). */
+/* Chunk c: rows [64c, 64c + 64); for rows in lanes, 4 groups of 16. */
 static void pack_task_run(void *arg, int64_t c, int ith)
 {
 	const struct pack_task *t = arg;
 	const uint8_t *src = t->a->src;
+	const int64_t n = t->a->n;
 
 	(void)ith;
-	for (int64_t r = c * 64; r < t->a->n && r < c * 64 + 64; r++)
+	if (kpack_format(t->a->type)) {
+		for (int64_t r = c * 64; r < n && r < c * 64 + 64; r += KPACK_ROWS)
+			kpack_group(t->a->type, src + (size_t)r * t->a->src_stride,
+				    t->a->src_stride, n - r < KPACK_ROWS ? (int)(n - r) : KPACK_ROWS,
+				    t->a->k / 256, t->dst + (size_t)r * t->stride);
+		return;
+	}
+	for (int64_t r = c * 64; r < n && r < c * 64 + 64; r++)
 		qpack_row(t->a->type, src + (size_t)r * t->a->src_stride, t->a->k / 32,
 			  t->dst + (size_t)r * t->stride);
+}
+
+/* Bytes weight_pack makes of a (0 if it packs no such weight, or on
+ * overflow); t->stride the bytes a row counts for. */
+static size_t pack_size(const struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+			struct pack_task *t)
+{
+	if (ctx->kpack && kpack_format(a->type) && a->k % 256 == 0) {
+		t->stride = kpack_row_share(a->type, a->k / 256);
+		return kpack_bytes(a->type, a->n, a->k / 256);
+	}
+	if (!ctx->pack || !qpack_format(a->type) || a->k % 32)
+		return 0;
+	t->stride = qpack_row_bytes(a->type, a->k / 32);
+	if (!t->stride || (uint64_t)a->n > SIZE_MAX / t->stride)
+		return 0;
+	return (size_t)a->n * t->stride;
 }
 
 int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
 		    struct loom_buffer **out, size_t *bytes)
 {
 	struct pack_task t = { .a = a };
+	size_t size;
 	int rc;
 
 	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
 		return LOOM_ERR_INVALID;
-	if (!ctx->pack || !qpack_format(a->type) || a->k % 32)
+	if (!(ctx->pack && qpack_format(a->type) && a->k % 32 == 0) &&
+	    !(ctx->kpack && kpack_format(a->type) && a->k % 256 == 0))
 		return LOOM_ERR_UNSUPPORTED;
-	/* every GGUF row of k / 32 blocks fits in src_stride bytes */
-	if (a->src_stride < (size_t)(a->k / 32) * cpu_block_bytes(a->type))
+	/* every GGUF row of k values fits in src_stride bytes */
+	if (a->src_stride < (size_t)(a->k / cpu_block_elems(a->type)) * cpu_block_bytes(a->type))
 		return LOOM_ERR_INVALID;
-	t.stride = qpack_row_bytes(a->type, a->k / 32);
-	if (!t.stride || (uint64_t)a->n > SIZE_MAX / t.stride)
+	size = pack_size(ctx, a, &t);
+	if (!size)
 		return LOOM_ERR_NOMEM;
-	rc = cpu_buffer_alloc_packed(ctx, (size_t)a->n * t.stride, out);
+	rc = cpu_buffer_alloc_packed(ctx, size, out);
 	if (rc)
 		return rc;
 	t.dst = cpu_buffer_addr(ctx, *out);
 	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
-	*bytes = (size_t)a->n * t.stride;
+	*bytes = size;
 	return LOOM_OK;
 }
 
@@ -761,7 +808,19 @@ static void group_task_run(void *arg, int64_t c, int ith)
 
 size_t cpu_gemm_w_stride(const struct loom_gemm_args *a)
 {
-	return LOOM_GEMM_PACKED(a) ? qpack_row_bytes(a->w_type, a->k / 32) : a->w_stride;
+	if (!LOOM_GEMM_PACKED(a))
+		return a->w_stride;
+	return kpack_format(a->w_type) ? kpack_row_share(a->w_type, a->k / 256) :
+					 qpack_row_bytes(a->w_type, a->k / 32);
+}
+
+size_t cpu_gemm_w_bytes(const struct loom_gemm_args *a)
+{
+	if (a->n <= 0)
+		return 0;
+	if (LOOM_GEMM_PACKED(a) && kpack_format(a->w_type))
+		return kpack_bytes(a->w_type, a->n, a->k / 256);
+	return (size_t)a->n * cpu_gemm_w_stride(a);
 }
 
 /* Member i of g (a call gemm_check() passed); its rows start at row0 of
@@ -791,7 +850,8 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 			qdot_kernel(gt->ctx->qisa, a->w_type);
 		gt->need_q = true;
 	} else if (mb->kind == MEMBER_QDOT_K) {
-		mb->t.kdot = qdot_k_kernel(gt->ctx->qisa, a->w_type);
+		mb->t.kp = mb->t.packed ? kpack_kernel(gt->ctx->qisa, a->w_type) : NULL;
+		mb->t.kdot = mb->t.packed ? NULL : qdot_k_kernel(gt->ctx->qisa, a->w_type);
 		gt->need_k = true;
 	}
 	return LOOM_OK;
@@ -800,7 +860,7 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 {
 	struct group_task gt = { .ctx = ctx, .n_mem = g->n, .glu = g->glu, .norm = g->norm };
-	int64_t rows = 0;
+	int64_t rows = 0, unit = 8;
 	double work = 0;
 	size_t need;
 	int nth;
@@ -811,11 +871,15 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	gt.x_stride = g->gemm[0]->x_stride;
 	gt.m = g->gemm[0]->m;
 	gt.k = g->gemm[0]->k;
+	/* members start on a multiple of `unit` rows, as a chunk does: 16
+	 * where one is in rows-in-lanes groups (kpack.h), else 8 */
+	for (int i = 0; i < g->n; i++)
+		if (LOOM_GEMM_PACKED(g->gemm[i]) && kpack_format(g->gemm[i]->w_type))
+			unit = KPACK_ROWS;
 	for (int i = 0; i < g->n; i++) {
-		/* members start on a multiple of 8 rows, as a chunk does */
 		if (member_setup(&gt, g, i, g->glu ? 0 : rows))
 			return LOOM_ERR_INVALID;
-		rows = g->glu ? g->gemm[0]->n : (rows + g->gemm[i]->n + 7) / 8 * 8;
+		rows = g->glu ? g->gemm[0]->n : (rows + g->gemm[i]->n + unit - 1) / unit * unit;
 		work += (double)gt.m * (double)g->gemm[i]->n * (double)gt.k;
 	}
 	if (g->glu && g->gemm[1]->n != rows)
@@ -833,7 +897,7 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	gt.split.n = rows;
 	nth = work >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1;
 	if (nth > 1) {
-		pick_split(&gt.split, nth, 8, 32, 256);
+		pick_split(&gt.split, nth, unit, 32, 256);
 	} else {
 		/* one thread streams each weight whole, as the calls one by
 		 * one do: switching between gate and up every few hundred

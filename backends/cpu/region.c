@@ -170,7 +170,7 @@ static struct span weight_span(const struct loom_gemm_args *a)
 	struct span s = { (uintptr_t)a->w, (uintptr_t)a->w };
 
 	if (a->n > 0)
-		s.hi = s.lo + (size_t)a->n * cpu_gemm_w_stride(a);
+		s.hi = s.lo + cpu_gemm_w_bytes(a);
 	return s;
 }
 

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "kpack.h"
 #include "qdot.h"
 #include "hard_acts.h"
 
@@ -285,6 +286,77 @@ START_TEST(every_field_counts)
 }
 END_TEST
 
+/*
+ * The rows-in-lanes layout (kpack.h): every row packed then unpacked is
+ * its GGUF row byte for byte, and the kernel over any row range [j0, j1)
+ * gives qdot_k_ref() of each row bit for bit and writes nothing else.
+ * Row counts that fill no group, one group, and groups plus a rest.
+ */
+static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
+{
+	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+	uint8_t *w = malloc(n * ws), *back = malloc(ws);
+	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	float x[MAX_NB * 256], y[40 + 2];
+	struct qdot_kblock q[MAX_NB];
+	int bad = 0;
+
+	ck_assert(w && back && p && bytes && n <= 40);
+	fill_weights(t, w, n * nb);
+	for (int64_t g = 0; g * KPACK_ROWS < n; g++)
+		kpack_group(t, w + g * KPACK_ROWS * ws, ws,
+			    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
+			    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
+	for (int64_t j = 0; j < n; j++) {
+		kpack_unpack_row(t, p, nb, j, back);
+		if (memcmp(back, w + j * ws, ws)) {
+			printf("kpack type %u n=%lld nb=%lld: row %lld does not unpack to itself\n",
+			       t, (long long)n, (long long)nb, (long long)j);
+			bad++;
+		}
+	}
+	fill_acts(x, nb * 256);
+	qdot_k_quantize_row(x, q, nb * 256);
+	for (int rep = 0; fn && rep < 6; rep++) {
+		int64_t j0 = rep ? rnd32() % n : 0, j1 = rep ? j0 + 1 + rnd32() % (n - j0) : n;
+
+		for (int i = 0; i < 42; i++)
+			y[i] = -1234.5f;
+		fn(p, q, nb, y + 1, j0, j1);
+		for (int i = 0; i < 42; i++) { /* y[i] is row j0 - 1 + i */
+			int64_t j = j0 - 1 + i;
+			float want = j >= j0 && j < j1 ? qdot_k_ref(t, w + j * ws, q, nb) : -1234.5f;
+
+			if (memcmp(&y[i], &want, 4)) {
+				printf("kpack type %u n=%lld nb=%lld rows [%lld, %lld): row %lld gives "
+				       "%.9g, want %.9g\n", t, (long long)n, (long long)nb,
+				       (long long)j0, (long long)j1, (long long)j, y[i], want);
+				bad++;
+			}
+		}
+	}
+	free(w);
+	free(back);
+	free(p);
+	return bad;
+}
+
+START_TEST(kpack_matches_reference)
+{
+	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
+	kpack_fn fn = kpack_kernel(QDOT_VNNI, LOOM_TYPE_Q4_K);
+	int bad = 0, cases = 0;
+
+	if (!fn)
+		printf("kpack: no VNNI here, packing checked without the kernel\n");
+	for (int c = 0; c < N_COUNTS; c++)
+		for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++, cases++)
+			bad += check_kpack(LOOM_TYPE_Q4_K, ns[i], block_counts[c], fn) != 0;
+	printf("kpack q4_K: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("qdot_k");
@@ -297,6 +369,7 @@ int main(void)
 	tcase_add_test(tc, quantize_simd_matches_c);
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, every_field_counts);
+	tcase_add_test(tc, kpack_matches_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,223 @@
+/*
+ * Rows-in-lanes K-quant weights (kpack.h): packing, unpacking and the
+ * AVX-512 VNNI GEMV kernel.
+ *
+ * Compiled without -march flags; the kernel carries its target.
+ */
+#include <string.h>
+
+#include "cpu.h"
+#include "kpack.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Q4_K: GGUF super-block and packed super-block (per group of 16 rows). */
+#define Q4K_BYTES 144
+#define KP_Q4K 2368
+#define KP_D 0
+#define KP_DMIN 32
+#define KP_SC 64
+#define KP_MN 192
+#define KP_Q 320
+
+bool kpack_format(uint32_t type)
+{
+	return type == LOOM_TYPE_Q4_K;
+}
+
+size_t kpack_row_share(uint32_t type, int64_t nb)
+{
+	if (!kpack_format(type) || nb < 0 || (uint64_t)nb > SIZE_MAX / (KP_Q4K / KPACK_ROWS))
+		return 0;
+	return (size_t)nb * (KP_Q4K / KPACK_ROWS);
+}
+
+size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb)
+{
+	size_t share = kpack_row_share(type, nb);
+	uint64_t rows = n < 0 ? 0 : ((uint64_t)n + KPACK_ROWS - 1) / KPACK_ROWS * KPACK_ROWS;
+
+	if (!share || rows > SIZE_MAX / share)
+		return 0;
+	return (size_t)rows * share;
+}
+
+/* Q4_K's 12 scale bytes <-> 8 six-bit scales and minima (values 32j ..). */
+static void q4k_scales(const uint8_t s[12], uint8_t sc[8], uint8_t mn[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = s[j] & 63;
+		mn[j] = s[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
+		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+	}
+}
+
+static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[12])
+{
+	for (int j = 0; j < 4; j++) {
+		s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+		s[j + 4] = (uint8_t)((mn[j] & 63) | (mn[j + 4] >> 4) << 6);
+		s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+	}
+}
+
+/* Value e (0..255) of a GGUF Q4_K super-block's quants qs[128]. */
+static inline int q4k_u(const uint8_t *qs, int e)
+{
+	return qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 15;
+}
+
+/* Where byte k of (s, v) of row r lies in a packed super-block. */
+static inline size_t kp_qbyte(int s, int v, int r, int k)
+{
+	return KP_Q + (size_t)(((s * 4 + v) * KPACK_ROWS + r) * 4 + k);
+}
+
+static void pack_q4k_block(const uint8_t *b, int r, uint8_t *p)
+{
+	uint8_t sc[8], mn[8];
+
+	memcpy(p + KP_D + 2 * r, b, 2);
+	memcpy(p + KP_DMIN + 2 * r, b + 2, 2);
+	q4k_scales(b + 4, sc, mn);
+	for (int s = 0; s < 8; s++) {
+		p[KP_SC + 16 * s + r] = sc[s];
+		p[KP_MN + 16 * s + r] = mn[s];
+		for (int v = 0; v < 4; v++)
+			for (int k = 0; k < 4; k++)
+				p[kp_qbyte(s, v, r, k)] =
+					(uint8_t)(q4k_u(b + 16, 32 * s + 8 * v + k) |
+						  q4k_u(b + 16, 32 * s + 8 * v + 4 + k) << 4);
+	}
+}
+
+void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
+		 uint8_t *dst)
+{
+	(void)type; /* Q4_K, the one format so far */
+	memset(dst, 0, (size_t)nb * KP_Q4K);
+	for (int r = 0; r < rows; r++)
+		for (int64_t b = 0; b < nb; b++)
+			pack_q4k_block(src + r * src_stride + b * Q4K_BYTES, r,
+				       dst + b * KP_Q4K);
+}
+
+void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
+			uint8_t *o)
+{
+	const uint8_t *p = w + ((size_t)(j / KPACK_ROWS) * (size_t)nb + (size_t)b) * KP_Q4K;
+	const int r = (int)(j % KPACK_ROWS);
+	uint8_t sc[8], mn[8], u[256];
+
+	(void)type;
+	memcpy(o, p + KP_D + 2 * r, 2);
+	memcpy(o + 2, p + KP_DMIN + 2 * r, 2);
+	for (int s = 0; s < 8; s++) {
+		sc[s] = p[KP_SC + 16 * s + r];
+		mn[s] = p[KP_MN + 16 * s + r];
+		for (int v = 0; v < 4; v++)
+			for (int k = 0; k < 4; k++) {
+				uint8_t q = p[kp_qbyte(s, v, r, k)];
+
+				u[32 * s + 8 * v + k] = q & 15;
+				u[32 * s + 8 * v + 4 + k] = q >> 4;
+			}
+	}
+	q4k_scales_back(sc, mn, o + 4);
+	for (int e = 0; e < 128; e++)
+		o[16 + e] = (uint8_t)(u[64 * (e / 32) + e % 32] |
+				      u[64 * (e / 32) + 32 + e % 32] << 4);
+}
+
+void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
+{
+	for (int64_t b = 0; b < nb; b++)
+		kpack_unpack_block(type, w, nb, j, b, dst + b * Q4K_BYTES);
+}
+
+#if defined(__x86_64__)
+
+#define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+/*
+ * One packed Q4_K super-block of 16 rows against activation block x:
+ * acc + the two fused multiply-adds of qdot_k_ref(), lane r for row r.
+ * Per sub-block s the lanes sum u * x.q over its 32 values exactly (two
+ * chains of four vpdpbusd), then isum += sc * dot; msum sums mn * the
+ * sub-block's activation sum. The integers are the reference's, so the
+ * float steps round alike.
+ */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	const __m512i m4 = _mm512_set1_epi8(15);
+	__m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+	__m512 xd = _mm512_set1_ps(x->d);
+	int32_t bs[8];
+
+	/* the sub-blocks' activation sums: bsums of 16 values, in pairs */
+	_mm256_storeu_si256((__m256i *)bs, _mm256_cvtepi16_epi32(_mm_hadd_epi16(
+		_mm_loadu_si128((const __m128i *)x->bsums),
+		_mm_loadu_si128((const __m128i *)(x->bsums + 8)))));
+	for (int s = 0; s < 8; s++) {
+		const uint8_t *q = p + KP_Q + 256 * s;
+		const uint8_t *xq = (const uint8_t *)x->q + 32 * s;
+		__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+
+		for (int v = 0; v < 4; v++) {
+			__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
+
+			a0 = _mm512_dpbusd_epi32(a0, _mm512_and_si512(w, m4),
+						 _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
+			a1 = _mm512_dpbusd_epi32(a1, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+						 _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
+		}
+		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
+			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * s)))));
+		msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_set1_epi32(bs[s]),
+			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_MN + 16 * s)))));
+	}
+	acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+			      _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))), xd),
+			      acc);
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), msum)),
+			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), xd),
+			       acc);
+}
+
+TGT_VNNI static void q4k_vnni(const uint8_t *w, const struct qdot_kblock *x, int64_t nb,
+			      float *y, int64_t j0, int64_t j1)
+{
+	const size_t gb = (size_t)nb * KP_Q4K;
+
+	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
+		const uint8_t *p = w + (size_t)g * gb;
+		const int64_t r0 = g * KPACK_ROWS;
+		int64_t lo = j0 > r0 ? j0 - r0 : 0, hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
+		__m512 acc = _mm512_setzero_ps();
+		float lanes[KPACK_ROWS];
+
+		for (int64_t b = 0; b < nb; b++)
+			acc = q4k_block(p + b * KP_Q4K, x + b, acc);
+		/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */
+		_mm512_storeu_ps(lanes, acc);
+		memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
+	}
+}
+
+#endif /* __x86_64__ */
+
+kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
+{
+#if defined(__x86_64__)
+	if (isa == QDOT_VNNI && qdot_isa_supported(isa) && type == LOOM_TYPE_Q4_K)
+		return q4k_vnni;
+#else
+	(void)isa;
+	(void)type;
+#endif
+	return NULL;
+}

@@ -1,0 +1,65 @@
+/*
+ * The cpu backend's packed layout of K-quant weights (ABI 1.2 weight_pack),
+ * for the fast mode's AVX-512 VNNI GEMV: rows in lanes.
+ *
+ * The GGUF-layout K-quant kernels (qdot_k.c) decode each row's 6-bit
+ * sub-block scales, permute them across a vector and widen the products to
+ * apply them, about 45 vector operations a row and super-block: they run
+ * at 16-19 GB/s with the weights in cache, below what memory gives. Here
+ * 16 rows share every vector: a 64-byte load holds 4 bytes of each of 16
+ * rows, so one vpdpbusd against 4 activation bytes broadcast to every lane
+ * adds 4 products to each row's int32 lane, and a sub-block's scale is one
+ * vpmulld for 16 rows. A row and super-block then costs about 16.
+ *
+ * Q4_K. Rows go in groups of 16 (the last padded with zero rows); group G's
+ * super-blocks lie one after the other, each 2368 bytes (16 x 148, the
+ * GGUF 16 x 144 with the 12 packed scale bytes spread to 16):
+ *
+ *   0     d[16]      f16, row r's super-block scale (GGUF bits)
+ *   32    dmin[16]   f16
+ *   64    sc[8][16]  u8, sub-block s (values 32s .. 32s+31) of row r
+ *   192   mn[8][16]  u8, its minimum
+ *   320   q[8][4][16][4]  byte k of (s, v, r): value 32s + 8v + k of row r
+ *                    in the low nibble, value 32s + 8v + 4 + k in the high
+ *
+ * A row counts for nb * 148 bytes (kpack_row_share()), so a group's start
+ * is row 16G's at that stride, and the whole weight is kpack_bytes().
+ * Every field keeps the GGUF bits, so kpack_unpack_row() gives the GGUF
+ * row back byte for byte and the kernel's results are qdot_k_ref()'s bit
+ * for bit (tests/backend/qdot_k.c).
+ */
+#ifndef LOOM_CPU_KPACK_H
+#define LOOM_CPU_KPACK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qdot.h"
+
+#define KPACK_ROWS 16
+
+/* Formats with a rows-in-lanes layout. */
+bool kpack_format(uint32_t type);
+/* Bytes one row of nb super-blocks counts for; 0 on overflow. */
+size_t kpack_row_share(uint32_t type, int64_t nb);
+/* Bytes of n packed rows of nb super-blocks (whole groups); 0 on overflow. */
+size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb);
+/* GGUF rows src, src + src_stride, ... (rows <= KPACK_ROWS of them) into
+ * one group at dst (nb super-blocks; missing rows are zero). */
+void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
+		 uint8_t *dst);
+/* Super-block b of row j of the packed weight w (nb super-blocks a row)
+ * back to its GGUF bytes; kpack_unpack_row(): the whole row. */
+void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
+			uint8_t *dst);
+void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst);
+
+/* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
+ * super-blocks a row), bit for bit qdot_k_ref() of the GGUF row. */
+typedef void (*kpack_fn)(const uint8_t *w, const struct qdot_kblock *x, int64_t nb, float *y,
+			 int64_t j0, int64_t j1);
+/* The kernel (NULL unless isa is QDOT_VNNI, supported, and kpack_format). */
+kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
+
+#endif /* LOOM_CPU_KPACK_H */
