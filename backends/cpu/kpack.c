@@ -132,6 +132,42 @@ void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, 
 				      u[64 * (e / 32) + 32 + e % 32] << 4);
 }
 
+/*
+ * qgemm.h's panel block of 32 values of 16 rows: group g (values 4g ..
+ * 4g+3) as 16 x 4 bytes, then the 16 rows' d * sc and -dmin * mn. In the
+ * packed sub-block, vector v's low nibbles are group 2v and its high ones
+ * group 2v + 1, so a block is 4 loads, 8 masks and the float products.
+ */
+void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
+{
+	const uint8_t *g = w + (size_t)(j0 / KPACK_ROWS) * (size_t)nb * KP_Q4K;
+
+	(void)type;
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * KP_Q4K;
+		float d[KPACK_ROWS], dmin[KPACK_ROWS];
+
+		for (int r = 0; r < KPACK_ROWS; r++) {
+			d[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_D + 2 * r));
+			dmin[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_DMIN + 2 * r));
+		}
+		for (int s = 0; s < 8; s++, panel += KPACK_PANEL_BLOCK) {
+			const uint8_t *q = p + KP_Q + 256 * s;
+			float *dw = (float *)(panel + 512), *mw = dw + KPACK_ROWS;
+
+			for (int v = 0; v < 4; v++)
+				for (int i = 0; i < 64; i++) {
+					panel[128 * v + i] = q[64 * v + i] & 15;
+					panel[128 * v + 64 + i] = q[64 * v + i] >> 4;
+				}
+			for (int r = 0; r < KPACK_ROWS; r++) {
+				dw[r] = d[r] * (float)p[KP_SC + 16 * s + r];
+				mw[r] = -dmin[r] * (float)p[KP_MN + 16 * s + r];
+			}
+		}
+	}
+}
+
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
 {
 	for (int64_t b = 0; b < nb; b++)

@@ -30,6 +30,7 @@
 #include "cpu.h"
 #include "kpack.h"
 #include "qdot.h"
+#include "qgemm.h"
 #include "hard_acts.h"
 
 static const uint32_t formats[] = {
@@ -290,8 +291,46 @@ END_TEST
  * The rows-in-lanes layout (kpack.h): every row packed then unpacked is
  * its GGUF row byte for byte, and the kernel over any row range [j0, j1)
  * gives qdot_k_ref() of each row bit for bit and writes nothing else.
- * Row counts that fill no group, one group, and groups plus a rest.
+ * Row counts that fill no group, one group, and groups plus a rest. And
+ * the prefill panel made from a packed group is the GGUF rows' panel.
  */
+/* kpack_panel() of each group against qgemm_panel() of its GGUF rows:
+ * the same bytes and floats for every row the group holds. */
+static int check_kpanel(uint32_t t, const uint8_t *w, size_t ws, const uint8_t *p, int64_t n,
+			int64_t nb)
+{
+	const size_t bytes = qgemm_panel_bytes(t, nb * 256);
+	uint8_t *want = malloc(bytes), *got = malloc(bytes);
+	int bad = 0;
+
+	ck_assert(want && got && bytes == (size_t)nb * 8 * KPACK_PANEL_BLOCK);
+	for (int64_t j0 = 0; j0 < n; j0 += KPACK_ROWS) {
+		int rows = n - j0 < KPACK_ROWS ? (int)(n - j0) : KPACK_ROWS;
+
+		qgemm_panel(t, w, ws, j0, rows, nb * 256, false, want);
+		kpack_panel(t, p, nb, j0, got);
+		for (int64_t blk = 0; blk < nb * 8; blk++) {
+			const uint8_t *a = want + blk * KPACK_PANEL_BLOCK, *b = got + blk * KPACK_PANEL_BLOCK;
+
+			for (int r = 0; r < rows; r++) {
+				bool same = !memcmp(a + 512 + 4 * r, b + 512 + 4 * r, 4) &&
+					    !memcmp(a + 576 + 4 * r, b + 576 + 4 * r, 4);
+
+				for (int g = 0; g < 8; g++)
+					same &= !memcmp(a + 64 * g + 4 * r, b + 64 * g + 4 * r, 4);
+				if (!same) {
+					printf("kpack_panel type %u nb=%lld: row %lld, block %lld differs\n",
+					       t, (long long)nb, (long long)(j0 + r), (long long)blk);
+					bad++;
+				}
+			}
+		}
+	}
+	free(want);
+	free(got);
+	return bad;
+}
+
 static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
@@ -315,6 +354,7 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 			bad++;
 		}
 	}
+	bad += check_kpanel(t, w, ws, p, n, nb);
 	fill_acts(x, nb * 256);
 	qdot_k_quantize_row(x, q, nb * 256);
 	for (int rep = 0; fn && rep < 6; rep++) {
