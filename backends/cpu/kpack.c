@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-/* Q4_K: GGUF super-block and packed super-block (per group of 16 rows). */
+/* Q4_K's packed super-block of 16 rows (kpack.h) and its fields. */
 #define Q4K_BYTES 144
 #define KP_Q4K 2368
 #define KP_D 0
@@ -21,17 +21,36 @@
 #define KP_SC 64
 #define KP_MN 192
 #define KP_Q 320
+/* Q6_K's: d at KP_D, 32 bytes of padding, the scales at KP_SC, quants at
+ * KP_Q (192 bytes a sub-block of 16 values: two nibble vectors, then the
+ * vector of high bits). */
+#define Q6K_BYTES 210
+#define KP_Q6K 3392
+#define KP6_SUB 192
 
 bool kpack_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_K;
+	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q6_K;
+}
+
+/* Packed bytes of a super-block of 16 rows. */
+static size_t kp_bytes(uint32_t t)
+{
+	return t == LOOM_TYPE_Q6_K ? KP_Q6K : KP_Q4K;
+}
+
+static size_t gguf_bytes(uint32_t t)
+{
+	return t == LOOM_TYPE_Q6_K ? Q6K_BYTES : Q4K_BYTES;
 }
 
 size_t kpack_row_share(uint32_t type, int64_t nb)
 {
-	if (!kpack_format(type) || nb < 0 || (uint64_t)nb > SIZE_MAX / (KP_Q4K / KPACK_ROWS))
+	const size_t share = kp_bytes(type) / KPACK_ROWS;
+
+	if (!kpack_format(type) || nb < 0 || (uint64_t)nb > SIZE_MAX / share)
 		return 0;
-	return (size_t)nb * (KP_Q4K / KPACK_ROWS);
+	return (size_t)nb * share;
 }
 
 size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb)
@@ -94,25 +113,10 @@ static void pack_q4k_block(const uint8_t *b, int r, uint8_t *p)
 	}
 }
 
-void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
-		 uint8_t *dst)
+static void unpack_q4k_block(const uint8_t *p, int r, uint8_t *o)
 {
-	(void)type; /* Q4_K, the one format so far */
-	memset(dst, 0, (size_t)nb * KP_Q4K);
-	for (int r = 0; r < rows; r++)
-		for (int64_t b = 0; b < nb; b++)
-			pack_q4k_block(src + r * src_stride + b * Q4K_BYTES, r,
-				       dst + b * KP_Q4K);
-}
-
-void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
-			uint8_t *o)
-{
-	const uint8_t *p = w + ((size_t)(j / KPACK_ROWS) * (size_t)nb + (size_t)b) * KP_Q4K;
-	const int r = (int)(j % KPACK_ROWS);
 	uint8_t sc[8], mn[8], u[256];
 
-	(void)type;
 	memcpy(o, p + KP_D + 2 * r, 2);
 	memcpy(o + 2, p + KP_DMIN + 2 * r, 2);
 	for (int s = 0; s < 8; s++) {
@@ -138,11 +142,8 @@ void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, 
  * packed sub-block, vector v's low nibbles are group 2v and its high ones
  * group 2v + 1, so a block is 4 loads, 8 masks and the float products.
  */
-void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
+static void panel_q4k(const uint8_t *g, int64_t nb, uint8_t *panel)
 {
-	const uint8_t *g = w + (size_t)(j0 / KPACK_ROWS) * (size_t)nb * KP_Q4K;
-
-	(void)type;
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *p = g + b * KP_Q4K;
 		float d[KPACK_ROWS], dmin[KPACK_ROWS];
@@ -151,7 +152,7 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 			d[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_D + 2 * r));
 			dmin[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_DMIN + 2 * r));
 		}
-		for (int s = 0; s < 8; s++, panel += KPACK_PANEL_BLOCK) {
+		for (int s = 0; s < 8; s++, panel += 8 * 64 + 2 * KPACK_ROWS * 4) {
 			const uint8_t *q = p + KP_Q + 256 * s;
 			float *dw = (float *)(panel + 512), *mw = dw + KPACK_ROWS;
 
@@ -168,10 +169,144 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 	}
 }
 
+/* ---- Q6_K: u = q + 32 in 0..63, low 4 bits and high 2 ---- */
+
+/* GGUF Q6_K value e's low 4 bits and high 2 bits (qdot_k.c's k_grp()). */
+static inline int q6k_lo(const uint8_t *b, int e)
+{
+	const int g = e / 32;
+
+	return b[64 * (g / 4) + 32 * (g % 2) + e % 32] >> (4 * (g / 2 % 2)) & 15;
+}
+
+static inline int q6k_hi(const uint8_t *b, int e)
+{
+	const int g = e / 32;
+
+	return b[128 + 32 * (g / 4) + e % 32] >> (2 * (g % 4)) & 3;
+}
+
+/* Sub-block i of a packed Q6_K super-block: byte k of row r's lane in
+ * nibble vector v holds value 16i + 8v + k (low nibble) and 16i + 8v + 4
+ * + k (high); in the high-bit vector, bits 2c, 2c + 1 hold the top bits of
+ * value 16i + 4c + k. */
+static inline size_t kp6_byte(int i, int vec, int r, int k)
+{
+	return KP_Q + (size_t)(KP6_SUB * i + 64 * vec + 4 * r + k);
+}
+
+static void pack_q6k_block(const uint8_t *b, int r, uint8_t *p)
+{
+	memcpy(p + KP_D + 2 * r, b + 208, 2);
+	for (int i = 0; i < 16; i++) {
+		p[KP_SC + 16 * i + r] = b[192 + i];
+		for (int k = 0; k < 4; k++) {
+			int h = 0;
+
+			for (int v = 0; v < 2; v++)
+				p[kp6_byte(i, v, r, k)] = (uint8_t)(q6k_lo(b, 16 * i + 8 * v + k) |
+								    q6k_lo(b, 16 * i + 8 * v + 4 + k) << 4);
+			for (int c = 0; c < 4; c++)
+				h |= q6k_hi(b, 16 * i + 4 * c + k) << (2 * c);
+			p[kp6_byte(i, 2, r, k)] = (uint8_t)h;
+		}
+	}
+}
+
+/* Value e (0..255) of row r of a packed Q6_K super-block, as u. */
+static inline int kp6_u(const uint8_t *p, int r, int e)
+{
+	const int i = e / 16, c = e % 16 / 4, k = e % 4;
+	const int lo = p[kp6_byte(i, c / 2, r, k)] >> (4 * (c % 2)) & 15;
+
+	return lo | (p[kp6_byte(i, 2, r, k)] >> (2 * c) & 3) << 4;
+}
+
+static void unpack_q6k_block(const uint8_t *p, int r, uint8_t *o)
+{
+	memset(o, 0, 192);
+	for (int e = 0; e < 256; e++) {
+		const int g = e / 32, u = kp6_u(p, r, e);
+
+		o[64 * (g / 4) + 32 * (g % 2) + e % 32] |= (uint8_t)((u & 15) << (4 * (g / 2 % 2)));
+		o[128 + 32 * (g / 4) + e % 32] |= (uint8_t)((u >> 4) << (2 * (g % 4)));
+	}
+	for (int i = 0; i < 16; i++)
+		o[192 + i] = p[KP_SC + 16 * i + r];
+	memcpy(o + 208, p + KP_D + 2 * r, 2);
+}
+
+/* qgemm.h's panel blocks of 16 values: group c (values 4c .. 4c+3) as
+ * 16 x 4 bytes of u + 96 (q + 128), then d * sc and -dmin * mn (dmin 0). */
+static void panel_q6k(const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * KP_Q6K;
+		float d[KPACK_ROWS];
+
+		for (int r = 0; r < KPACK_ROWS; r++)
+			d[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_D + 2 * r));
+		for (int i = 0; i < 16; i++, panel += 4 * 64 + 2 * KPACK_ROWS * 4) {
+			const uint8_t *q = p + KP_Q + KP6_SUB * i;
+			float *dw = (float *)(panel + 256), *mw = dw + KPACK_ROWS;
+
+			for (int c = 0; c < 4; c++)
+				for (int n = 0; n < 64; n++)
+					panel[64 * c + n] = (uint8_t)(
+						(q[64 * (c / 2) + n] >> (4 * (c % 2)) & 15) +
+						(q[128 + n] >> (2 * c) & 3) * 16 + 96);
+			for (int r = 0; r < KPACK_ROWS; r++) {
+				dw[r] = d[r] * (float)(int8_t)p[KP_SC + 16 * i + r];
+				mw[r] = -0.0f * 0.0f; /* qgemm_panel()'s -dmin * mn */
+			}
+		}
+	}
+}
+
+/* ---- either format ---- */
+
+void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
+		 uint8_t *dst)
+{
+	const size_t pb = kp_bytes(type), gb = gguf_bytes(type);
+
+	memset(dst, 0, (size_t)nb * pb);
+	for (int r = 0; r < rows; r++)
+		for (int64_t b = 0; b < nb; b++) {
+			const uint8_t *s = src + r * src_stride + b * gb;
+
+			if (type == LOOM_TYPE_Q6_K)
+				pack_q6k_block(s, r, dst + b * pb);
+			else
+				pack_q4k_block(s, r, dst + b * pb);
+		}
+}
+
+void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
+			uint8_t *o)
+{
+	const uint8_t *p = w + ((size_t)(j / KPACK_ROWS) * (size_t)nb + (size_t)b) * kp_bytes(type);
+
+	if (type == LOOM_TYPE_Q6_K)
+		unpack_q6k_block(p, (int)(j % KPACK_ROWS), o);
+	else
+		unpack_q4k_block(p, (int)(j % KPACK_ROWS), o);
+}
+
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
 {
 	for (int64_t b = 0; b < nb; b++)
-		kpack_unpack_block(type, w, nb, j, b, dst + b * Q4K_BYTES);
+		kpack_unpack_block(type, w, nb, j, b, dst + b * gguf_bytes(type));
+}
+
+void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
+{
+	const uint8_t *g = w + (size_t)(j0 / KPACK_ROWS) * (size_t)nb * kp_bytes(type);
+
+	if (type == LOOM_TYPE_Q6_K)
+		panel_q6k(g, nb, panel);
+	else
+		panel_q4k(g, nb, panel);
 }
 
 #if defined(__x86_64__)
@@ -224,33 +359,85 @@ q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 			       acc);
 }
 
-TGT_VNNI static void q4k_vnni(const uint8_t *w, const struct qdot_kblock *x, int64_t nb,
-			      float *y, int64_t j0, int64_t j1)
+/*
+ * The same for Q6_K: per sub-block of 16 values, u = nibble | 2 high bits
+ * << 4 for the four groups of 4 values, one vpdpbusd each; then
+ * isum += sc * (dot - 32 * bsum), the reference's integers exactly.
+ */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q6k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
-	const size_t gb = (size_t)nb * KP_Q4K;
+	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
+	__m512i isum = _mm512_setzero_si512();
 
-	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
-		const uint8_t *p = w + (size_t)g * gb;
-		const int64_t r0 = g * KPACK_ROWS;
-		int64_t lo = j0 > r0 ? j0 - r0 : 0, hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
-		__m512 acc = _mm512_setzero_ps();
-		float lanes[KPACK_ROWS];
+	for (int i = 0; i < 16; i++) {
+		const uint8_t *q = p + KP_Q + KP6_SUB * i;
+		const uint8_t *xq = (const uint8_t *)x->q + 16 * i;
+		__m512i w0 = _mm512_load_si512((const void *)q);
+		__m512i w1 = _mm512_load_si512((const void *)(q + 64));
+		__m512i h = _mm512_load_si512((const void *)(q + 128));
+		__m512i u0 = _mm512_or_si512(_mm512_and_si512(w0, m4),
+					     _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
+		__m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
+					     _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
+		__m512i u2 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(h, m2));
+		__m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
+					     _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+		__m512i a0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * x->bsums[i]), u0,
+						 _mm512_set1_epi32((int)cpu_rd32(xq)));
+		__m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u2,
+						 _mm512_set1_epi32((int)cpu_rd32(xq + 8)));
 
-		for (int64_t b = 0; b < nb; b++)
-			acc = q4k_block(p + b * KP_Q4K, x + b, acc);
-		/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */
-		_mm512_storeu_ps(lanes, acc);
-		memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
+		a0 = _mm512_dpbusd_epi32(a0, u1, _mm512_set1_epi32((int)cpu_rd32(xq + 4)));
+		a1 = _mm512_dpbusd_epi32(a1, u3, _mm512_set1_epi32((int)cpu_rd32(xq + 12)));
+		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
+			_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * i)))));
 	}
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))),
+					     _mm512_set1_ps(x->d)),
+			       acc);
 }
+
+/* Rows [j0, j1) of packed weight w, group by group; block(p, x, acc) is
+ * one super-block of a group, bytes apart. */
+#define KP_ROWS(name, block, bytes)                                                        \
+	TGT_VNNI static void name(const uint8_t *w, const struct qdot_kblock *x, int64_t nb, \
+				  float *y, int64_t j0, int64_t j1)                          \
+	{                                                                                  \
+		const size_t gb = (size_t)nb * (bytes);                                     \
+                                                                                           \
+		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
+			const uint8_t *p = w + (size_t)g * gb;                              \
+			const int64_t r0 = g * KPACK_ROWS;                                  \
+			int64_t lo = j0 > r0 ? j0 - r0 : 0;                                 \
+			int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;           \
+			__m512 acc = _mm512_setzero_ps();                                   \
+			float lanes[KPACK_ROWS];                                            \
+                                                                                           \
+			for (int64_t b = 0; b < nb; b++)                                    \
+				acc = block(p + b * (bytes), x + b, acc);                   \
+			/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */              \
+			_mm512_storeu_ps(lanes, acc);                                       \
+			memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float)); \
+		}                                                                          \
+	}
+
+KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
+KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
+
 
 #endif /* __x86_64__ */
 
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (isa == QDOT_VNNI && qdot_isa_supported(isa) && type == LOOM_TYPE_Q4_K)
+	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+		return NULL;
+	if (type == LOOM_TYPE_Q4_K)
 		return q4k_vnni;
+	if (type == LOOM_TYPE_Q6_K)
+		return q6k_vnni;
 #else
 	(void)isa;
 	(void)type;

@@ -55,12 +55,9 @@ void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, 
 			uint8_t *dst);
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst);
 
-/* Bytes of one qgemm.h panel block (32 values of 16 rows and their float
- * scales and minima). */
-#define KPACK_PANEL_BLOCK (8 * 64 + 2 * KPACK_ROWS * 4)
 /* qgemm_panel() of the group that starts at row j0 (a multiple of 16) of
- * the packed weight w: k / 32 panel blocks, the GGUF rows' panel bit for
- * bit (missing rows zero). */
+ * the packed weight w: qgemm_panel_bytes(type, 256 nb) bytes, the GGUF
+ * rows' panel bit for bit in every row the group holds. */
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel);
 
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb

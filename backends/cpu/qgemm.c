@@ -238,8 +238,7 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
 	uint8_t u[QGEMM_ROWS][32];
 
 	memset(u, 0, sizeof(u));
-	if (packed && kpack_format(type) && j0 % KPACK_ROWS == 0 &&
-	    block_bytes(type) == KPACK_PANEL_BLOCK) {
+	if (packed && kpack_format(type) && j0 % KPACK_ROWS == 0) {
 		kpack_panel(type, w, k / 256, j0, panel);
 		return;
 	}

@@ -299,24 +299,26 @@ END_TEST
 static int check_kpanel(uint32_t t, const uint8_t *w, size_t ws, const uint8_t *p, int64_t n,
 			int64_t nb)
 {
-	const size_t bytes = qgemm_panel_bytes(t, nb * 256);
+	const int B = qgemm_block(t), groups = B / 4;
+	const size_t bytes = qgemm_panel_bytes(t, nb * 256), bb = qgemm_panel_bytes(t, B);
+	const size_t dw = (size_t)groups * 64, mw = dw + 64;
 	uint8_t *want = malloc(bytes), *got = malloc(bytes);
 	int bad = 0;
 
-	ck_assert(want && got && bytes == (size_t)nb * 8 * KPACK_PANEL_BLOCK);
+	ck_assert(want && got && bytes == (size_t)(nb * 256 / B) * bb);
 	for (int64_t j0 = 0; j0 < n; j0 += KPACK_ROWS) {
 		int rows = n - j0 < KPACK_ROWS ? (int)(n - j0) : KPACK_ROWS;
 
 		qgemm_panel(t, w, ws, j0, rows, nb * 256, false, want);
 		kpack_panel(t, p, nb, j0, got);
-		for (int64_t blk = 0; blk < nb * 8; blk++) {
-			const uint8_t *a = want + blk * KPACK_PANEL_BLOCK, *b = got + blk * KPACK_PANEL_BLOCK;
+		for (int64_t blk = 0; blk < nb * 256 / B; blk++) {
+			const uint8_t *a = want + blk * bb, *b = got + blk * bb;
 
 			for (int r = 0; r < rows; r++) {
-				bool same = !memcmp(a + 512 + 4 * r, b + 512 + 4 * r, 4) &&
-					    !memcmp(a + 576 + 4 * r, b + 576 + 4 * r, 4);
+				bool same = !memcmp(a + dw + 4 * r, b + dw + 4 * r, 4) &&
+					    !memcmp(a + mw + 4 * r, b + mw + 4 * r, 4);
 
-				for (int g = 0; g < 8; g++)
+				for (int g = 0; g < groups; g++)
 					same &= !memcmp(a + 64 * g + 4 * r, b + 64 * g + 4 * r, 4);
 				if (!same) {
 					printf("kpack_panel type %u nb=%lld: row %lld, block %lld differs\n",
@@ -384,16 +386,21 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 START_TEST(kpack_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
-	kpack_fn fn = kpack_kernel(QDOT_VNNI, LOOM_TYPE_Q4_K);
-	int bad = 0, cases = 0;
+	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K };
 
-	if (!fn)
-		printf("kpack: no VNNI here, packing checked without the kernel\n");
-	for (int c = 0; c < N_COUNTS; c++)
-		for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++, cases++)
-			bad += check_kpack(LOOM_TYPE_Q4_K, ns[i], block_counts[c], fn) != 0;
-	printf("kpack q4_K: %d cases, %d off\n", cases, bad);
-	ck_assert_int_eq(bad, 0);
+	for (int f = 0; f < 2; f++) {
+		kpack_fn fn = kpack_kernel(QDOT_VNNI, types[f]);
+		int bad = 0, cases = 0;
+
+		ck_assert(kpack_format(types[f]));
+		if (!fn)
+			printf("kpack: no VNNI here, packing checked without the kernel\n");
+		for (int c = 0; c < N_COUNTS; c++)
+			for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++, cases++)
+				bad += check_kpack(types[f], ns[i], block_counts[c], fn) != 0;
+		printf("kpack type %u: %d cases, %d off\n", types[f], cases, bad);
+		ck_assert_int_eq(bad, 0);
+	}
 }
 END_TEST
 
