@@ -246,8 +246,10 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		 * matrix faster: Q5_0 and Q5_1, whose GGUF-layout kernel is
 		 * the slow pairwise one (bench_gemm, lm head 576x49152 from
 		 * memory: Q5_0 1.8x faster packed; Q4_1 about even; Q8_0
-		 * 10-20 % slower) */
-		return ctx && ctx->pack && (type == LOOM_TYPE_Q5_0 || type == LOOM_TYPE_Q5_1);
+		 * 10-20 % slower); and the K-quants in 16-row groups, 1.7-2x
+		 * faster (kpack.h) */
+		return ctx && ((ctx->pack && (type == LOOM_TYPE_Q5_0 || type == LOOM_TYPE_Q5_1)) ||
+			       (ctx->kpack && kpack_format(type)));
 	default:
 		return false;
 	}

@@ -2,7 +2,9 @@
 """A tied token table packed for both embed and the output head (ABI 1.5).
 
 cpu.so packs a tied Q5_0 / Q5_1 table once and reads that copy for embed
-(unpacking the rows it needs) and for the output GEMM. For random tied
+(unpacking the rows it needs) and for the output GEMM, and a Q4_K / Q6_K
+one in its 16-row groups (kpack.h; the model quantized by loom quantize
+from f16, 256 wide so that rows hold whole super-blocks). For random tied
 llamas in those formats this checks that loom's fast mode gives the same
 logits, bit for bit, with packing on and off (LOOM_CPU_PACK=0): the
 perplexity run's every position (embed of each prompt token, the head on
@@ -22,7 +24,7 @@ import tempfile
 TEXT = "/usr/share/common-licenses/GPL-3"
 LAYERS = 2
 PER_LAYER = 7  # q, k, v, o, gate, up, down
-CASES = (("q5_0", True), ("q5_1", True), ("q8_0", False))
+CASES = (("q5_0", True), ("q5_1", True), ("q8_0", False), ("q4_K", True), ("q6_K", True))
 
 
 def run(cmd, env):
@@ -59,10 +61,15 @@ def main():
     with tempfile.TemporaryDirectory(prefix="loom-tied-pack-") as tmp:
         for seed, (qtype, packs_table) in enumerate(CASES):
             model = os.path.join(tmp, "tied-%s.gguf" % qtype)
-            run([sys.executable, mkgguf, model, "-q", "--seed", str(seed + 11),
-                 "--layers", str(LAYERS), "--embd", "128", "--ff", "256",
+            kquant = qtype.endswith("_K")
+            made = os.path.join(tmp, "tied-f16.gguf") if kquant else model
+            run([sys.executable, mkgguf, made, "-q", "--seed", str(seed + 11),
+                 "--layers", str(LAYERS), "--embd", "256" if kquant else "128",
+                 "--ff", "512" if kquant else "256",
                  "--heads", "4", "--kv-heads", "2", "--vocab", "512",
-                 "--ctx", "256", "--type", qtype, "--tied"], base)
+                 "--ctx", "256", "--type", "f16" if kquant else qtype, "--tied"], base)
+            if kquant:
+                run([loom, "quantize", made, model, qtype], base)
             got = {}
             for pack in ("1", "0"):
                 env = dict(base, LOOM_CPU_PACK=pack)
