@@ -192,7 +192,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
 		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1, q8_0%s weights packed at load",
-			ctx->kpack ? ", q4_K and q6_K" : "");
+			ctx->kpack ? ", q4_K, q5_K and q6_K" : "");
 	*out = ctx;
 	return LOOM_OK;
 

@@ -13,9 +13,13 @@
 #include <immintrin.h>
 #endif
 
-/* Q4_K's packed super-block of 16 rows (kpack.h) and its fields. */
+/* Q4_K's packed super-block of 16 rows (kpack.h) and its fields; Q5_K's
+ * is the same with a vector of fifth bits after each sub-block's four
+ * nibble vectors (320 bytes a sub-block: 2880, GGUF 16 x 176). */
 #define Q4K_BYTES 144
 #define KP_Q4K 2368
+#define Q5K_BYTES 176
+#define KP_Q5K 2880
 #define KP_D 0
 #define KP_DMIN 32
 #define KP_SC 64
@@ -30,18 +34,24 @@
 
 bool kpack_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q6_K;
+	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K || type == LOOM_TYPE_Q6_K;
 }
 
 /* Packed bytes of a super-block of 16 rows. */
 static size_t kp_bytes(uint32_t t)
 {
-	return t == LOOM_TYPE_Q6_K ? KP_Q6K : KP_Q4K;
+	return t == LOOM_TYPE_Q6_K ? KP_Q6K : t == LOOM_TYPE_Q5_K ? KP_Q5K : KP_Q4K;
 }
 
 static size_t gguf_bytes(uint32_t t)
 {
-	return t == LOOM_TYPE_Q6_K ? Q6K_BYTES : Q4K_BYTES;
+	return t == LOOM_TYPE_Q6_K ? Q6K_BYTES : t == LOOM_TYPE_Q5_K ? Q5K_BYTES : Q4K_BYTES;
+}
+
+/* Bytes of a packed Q4_K / Q5_K sub-block (32 values of 16 rows). */
+static inline int kp_sub(bool five)
+{
+	return five ? 320 : 256;
 }
 
 size_t kpack_row_share(uint32_t type, int64_t nb)
@@ -83,19 +93,26 @@ static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[
 	}
 }
 
-/* Value e (0..255) of a GGUF Q4_K super-block's quants qs[128]. */
-static inline int q4k_u(const uint8_t *qs, int e)
+/* Value e (0..255) of a GGUF Q4_K or (five) Q5_K super-block b, as u. */
+static inline int q4k_u(const uint8_t *b, bool five, int e)
 {
-	return qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 15;
+	const uint8_t *qs = b + (five ? 48 : 16);
+	int u = qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 15;
+
+	return five ? u | (b[16 + e % 32] >> (e / 32) & 1) << 4 : u;
 }
 
-/* Where byte k of (s, v) of row r lies in a packed super-block. */
-static inline size_t kp_qbyte(int s, int v, int r, int k)
+/* Where byte k of row r in nibble vector v (4: the fifth bits) of
+ * sub-block s lies in a packed super-block. */
+static inline size_t kp_qbyte(bool five, int s, int v, int r, int k)
 {
-	return KP_Q + (size_t)(((s * 4 + v) * KPACK_ROWS + r) * 4 + k);
+	return KP_Q + (size_t)(kp_sub(five) * s + 64 * v + 4 * r + k);
 }
 
-static void pack_q4k_block(const uint8_t *b, int r, uint8_t *p)
+/* A Q4_K / Q5_K sub-block's value 8v + k (low nibble) and 8v + 4 + k (high)
+ * in byte k of row r's lane in vector v; Q5_K's fifth bits of those two at
+ * bits 2v and 2v + 1 of byte k in vector 4. */
+static void pack_q4k_block(bool five, const uint8_t *b, int r, uint8_t *p)
 {
 	uint8_t sc[8], mn[8];
 
@@ -106,16 +123,22 @@ static void pack_q4k_block(const uint8_t *b, int r, uint8_t *p)
 		p[KP_SC + 16 * s + r] = sc[s];
 		p[KP_MN + 16 * s + r] = mn[s];
 		for (int v = 0; v < 4; v++)
-			for (int k = 0; k < 4; k++)
-				p[kp_qbyte(s, v, r, k)] =
-					(uint8_t)(q4k_u(b + 16, 32 * s + 8 * v + k) |
-						  q4k_u(b + 16, 32 * s + 8 * v + 4 + k) << 4);
+			for (int k = 0; k < 4; k++) {
+				int lo = q4k_u(b, five, 32 * s + 8 * v + k);
+				int hi = q4k_u(b, five, 32 * s + 8 * v + 4 + k);
+
+				p[kp_qbyte(five, s, v, r, k)] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+				if (five)
+					p[kp_qbyte(five, s, 4, r, k)] |=
+						(uint8_t)((lo >> 4) << (2 * v) | (hi >> 4) << (2 * v + 1));
+			}
 	}
 }
 
-static void unpack_q4k_block(const uint8_t *p, int r, uint8_t *o)
+static void unpack_q4k_block(bool five, const uint8_t *p, int r, uint8_t *o)
 {
 	uint8_t sc[8], mn[8], u[256];
+	uint8_t *qs = o + (five ? 48 : 16);
 
 	memcpy(o, p + KP_D + 2 * r, 2);
 	memcpy(o + 2, p + KP_DMIN + 2 * r, 2);
@@ -124,16 +147,23 @@ static void unpack_q4k_block(const uint8_t *p, int r, uint8_t *o)
 		mn[s] = p[KP_MN + 16 * s + r];
 		for (int v = 0; v < 4; v++)
 			for (int k = 0; k < 4; k++) {
-				uint8_t q = p[kp_qbyte(s, v, r, k)];
+				uint8_t q = p[kp_qbyte(five, s, v, r, k)];
+				uint8_t h = five ? p[kp_qbyte(five, s, 4, r, k)] : 0;
 
-				u[32 * s + 8 * v + k] = q & 15;
-				u[32 * s + 8 * v + 4 + k] = q >> 4;
+				u[32 * s + 8 * v + k] = (uint8_t)((q & 15) | (h >> (2 * v) & 1) << 4);
+				u[32 * s + 8 * v + 4 + k] =
+					(uint8_t)((q >> 4) | (h >> (2 * v + 1) & 1) << 4);
 			}
 	}
 	q4k_scales_back(sc, mn, o + 4);
 	for (int e = 0; e < 128; e++)
-		o[16 + e] = (uint8_t)(u[64 * (e / 32) + e % 32] |
-				      u[64 * (e / 32) + 32 + e % 32] << 4);
+		qs[e] = (uint8_t)((u[64 * (e / 32) + e % 32] & 15) |
+				  (u[64 * (e / 32) + 32 + e % 32] & 15) << 4);
+	if (five) {
+		memset(o + 16, 0, 32);
+		for (int e = 0; e < 256; e++)
+			o[16 + e % 32] |= (uint8_t)((u[e] >> 4) << (e / 32));
+	}
 }
 
 /*
@@ -142,10 +172,10 @@ static void unpack_q4k_block(const uint8_t *p, int r, uint8_t *o)
  * packed sub-block, vector v's low nibbles are group 2v and its high ones
  * group 2v + 1, so a block is 4 loads, 8 masks and the float products.
  */
-static void panel_q4k(const uint8_t *g, int64_t nb, uint8_t *panel)
+static void panel_q4k(bool five, const uint8_t *g, int64_t nb, uint8_t *panel)
 {
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *p = g + b * KP_Q4K;
+		const uint8_t *p = g + b * (five ? KP_Q5K : KP_Q4K);
 		float d[KPACK_ROWS], dmin[KPACK_ROWS];
 
 		for (int r = 0; r < KPACK_ROWS; r++) {
@@ -153,13 +183,16 @@ static void panel_q4k(const uint8_t *g, int64_t nb, uint8_t *panel)
 			dmin[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_DMIN + 2 * r));
 		}
 		for (int s = 0; s < 8; s++, panel += 8 * 64 + 2 * KPACK_ROWS * 4) {
-			const uint8_t *q = p + KP_Q + 256 * s;
+			const uint8_t *q = p + KP_Q + kp_sub(five) * s;
 			float *dw = (float *)(panel + 512), *mw = dw + KPACK_ROWS;
 
 			for (int v = 0; v < 4; v++)
 				for (int i = 0; i < 64; i++) {
-					panel[128 * v + i] = q[64 * v + i] & 15;
-					panel[128 * v + 64 + i] = q[64 * v + i] >> 4;
+					int h = five ? q[256 + i] >> (2 * v) : 0;
+
+					panel[128 * v + i] = (uint8_t)((q[64 * v + i] & 15) | (h & 1) << 4);
+					panel[128 * v + 64 + i] =
+						(uint8_t)((q[64 * v + i] >> 4) | (h & 2) << 3);
 				}
 			for (int r = 0; r < KPACK_ROWS; r++) {
 				dw[r] = d[r] * (float)p[KP_SC + 16 * s + r];
@@ -278,7 +311,7 @@ void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows,
 			if (type == LOOM_TYPE_Q6_K)
 				pack_q6k_block(s, r, dst + b * pb);
 			else
-				pack_q4k_block(s, r, dst + b * pb);
+				pack_q4k_block(type == LOOM_TYPE_Q5_K, s, r, dst + b * pb);
 		}
 }
 
@@ -290,7 +323,7 @@ void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, 
 	if (type == LOOM_TYPE_Q6_K)
 		unpack_q6k_block(p, (int)(j % KPACK_ROWS), o);
 	else
-		unpack_q4k_block(p, (int)(j % KPACK_ROWS), o);
+		unpack_q4k_block(type == LOOM_TYPE_Q5_K, p, (int)(j % KPACK_ROWS), o);
 }
 
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
@@ -306,7 +339,7 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 	if (type == LOOM_TYPE_Q6_K)
 		panel_q6k(g, nb, panel);
 	else
-		panel_q4k(g, nb, panel);
+		panel_q4k(type == LOOM_TYPE_Q5_K, g, nb, panel);
 }
 
 #if defined(__x86_64__)
@@ -322,8 +355,9 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
  * float steps round alike.
  */
 TGT_VNNI static inline __attribute__((always_inline)) __m512
-q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
+	const __m512i b4 = _mm512_set1_epi8(16);
 	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
 	__m512 xd = _mm512_set1_ps(x->d);
@@ -334,17 +368,24 @@ q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 		_mm_loadu_si128((const __m128i *)x->bsums),
 		_mm_loadu_si128((const __m128i *)(x->bsums + 8)))));
 	for (int s = 0; s < 8; s++) {
-		const uint8_t *q = p + KP_Q + 256 * s;
+		const uint8_t *q = p + KP_Q + kp_sub(five) * s;
 		const uint8_t *xq = (const uint8_t *)x->q + 32 * s;
-		__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+		__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), h;
 
+		h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
 		for (int v = 0; v < 4; v++) {
 			__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
+			__m512i lo = _mm512_and_si512(w, m4);
+			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 
-			a0 = _mm512_dpbusd_epi32(a0, _mm512_and_si512(w, m4),
-						 _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
-			a1 = _mm512_dpbusd_epi32(a1, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
-						 _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
+			if (five) { /* bit 2v to bit 4 of lo, bit 2v + 1 to bit 4 of hi */
+				lo = _mm512_or_si512(lo, _mm512_and_si512(v < 2 ?
+					_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
+				hi = _mm512_or_si512(hi, _mm512_and_si512(v < 2 ?
+					_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
+			}
+			a0 = _mm512_dpbusd_epi32(a0, lo, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
+			a1 = _mm512_dpbusd_epi32(a1, hi, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
 		}
 		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
 			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * s)))));
@@ -423,7 +464,20 @@ q6k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 		}                                                                          \
 	}
 
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	return q45k_block(false, p, x, acc);
+}
+
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q5k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	return q45k_block(true, p, x, acc);
+}
+
 KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
+KP_ROWS(q5k_vnni, q5k_block, KP_Q5K)
 KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
 
 
@@ -436,6 +490,8 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 		return NULL;
 	if (type == LOOM_TYPE_Q4_K)
 		return q4k_vnni;
+	if (type == LOOM_TYPE_Q5_K)
+		return q5k_vnni;
 	if (type == LOOM_TYPE_Q6_K)
 		return q6k_vnni;
 #else

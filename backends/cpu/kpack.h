@@ -22,8 +22,20 @@
  *   320   q[8][4][16][4]  byte k of (s, v, r): value 32s + 8v + k of row r
  *                    in the low nibble, value 32s + 8v + 4 + k in the high
  *
- * A row counts for nb * 148 bytes (kpack_row_share()), so a group's start
- * is row 16G's at that stride, and the whole weight is kpack_bytes().
+ * Q5_K: the same, and after each sub-block's four nibble vectors a fifth
+ * (64 bytes): bit 2v of byte k of row r is the fifth bit of value 32s + 8v
+ * + k, bit 2v + 1 that of value 32s + 8v + 4 + k. 2880 bytes (16 x 180).
+ *
+ * Q6_K (u = q + 32, 6 bits): d[16] at 0, 32 bytes of padding, sc[16][16]
+ * (int8, sub-blocks of 16 values) at 64, and from 320 per sub-block i 192
+ * bytes: two nibble vectors as above (byte k of row r: value 16i + 8v + k
+ * low, 16i + 8v + 4 + k high) and a vector whose bits 2c, 2c + 1 of byte
+ * k are the top two bits of value 16i + 4c + k. 3392 bytes (16 x 212; the
+ * padding keeps every super-block on a cache line).
+ *
+ * A row counts for nb * 148, 180 or 212 bytes (kpack_row_share()), so a
+ * group's start is row 16G's at that stride, and the whole weight is
+ * kpack_bytes().
  * Every field keeps the GGUF bits, so kpack_unpack_row() gives the GGUF
  * row back byte for byte and the kernel's results are qdot_k_ref()'s bit
  * for bit (tests/backend/qdot_k.c).

@@ -386,9 +386,9 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 START_TEST(kpack_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
-	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K };
+	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
 
-	for (int f = 0; f < 2; f++) {
+	for (int f = 0; f < 3; f++) {
 		kpack_fn fn = kpack_kernel(QDOT_VNNI, types[f]);
 		int bad = 0, cases = 0;
 

@@ -2,7 +2,7 @@
 """A tied token table packed for both embed and the output head (ABI 1.5).
 
 cpu.so packs a tied Q5_0 / Q5_1 table once and reads that copy for embed
-(unpacking the rows it needs) and for the output GEMM, and a Q4_K / Q6_K
+(unpacking the rows it needs) and for the output GEMM, and a Q4_K, Q5_K or Q6_K
 one in its 16-row groups (kpack.h; the model quantized by loom quantize
 from f16, 256 wide so that rows hold whole super-blocks). For random tied
 llamas in those formats this checks that loom's fast mode gives the same
@@ -24,7 +24,7 @@ import tempfile
 TEXT = "/usr/share/common-licenses/GPL-3"
 LAYERS = 2
 PER_LAYER = 7  # q, k, v, o, gate, up, down
-CASES = (("q5_0", True), ("q5_1", True), ("q8_0", False), ("q4_K", True), ("q6_K", True))
+CASES = (("q5_0", True), ("q5_1", True), ("q8_0", False), ("q4_K", True), ("q5_K", True), ("q6_K", True))
 
 
 def run(cmd, env):
