@@ -54,8 +54,10 @@ struct gemm_task {
 	qdot_m_fn dot_m; /* QDOT_MAX_M rows at once, or NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
-	qdot_k_fn kdot;
-	kpack_fn kp; /* instead of kdot, for a weight in kpack.h's layout */
+	union {
+		qdot_k_fn kdot;
+		kpack_fn kp; /* for a weight in kpack.h's layout (packed) */
+	};
 	bool packed; /* g.w is in qpack.h's layout, or kpack.h's (K-quants) */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
@@ -244,7 +246,9 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 		    !(ctx->kpack && kpack_format(a->w_type)))
 			return LOOM_ERR_INVALID;
 		*ws = w_row = cpu_gemm_w_stride(a);
-		if (!w_row || (kpack_format(a->w_type) && !kpack_bytes(a->w_type, a->n, a->k / 256)))
+		/* 0: an overflow (weight_pack made nothing of k = 0) */
+		if (!w_row ||
+		    (kpack_format(a->w_type) && a->n > 0 && !kpack_bytes(a->w_type, a->n, a->k / 256)))
 			return LOOM_ERR_INVALID;
 	}
 	if (*ws < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
@@ -434,7 +438,7 @@ static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx
 	const struct cpu_gemv *g = &t->g;
 	int64_t nb = g->k / 256;
 
-	if (t->kp) {
+	if (t->packed) {
 		/* a group of 16 rows stays in cache while each x row passes */
 		for (int64_t j = j0, e; j < j1; j = e) {
 			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
@@ -469,13 +473,15 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	t->kp = t->packed ? kpack_kernel(ctx->qisa, t->g.type) : NULL;
-	t->kdot = t->packed ? NULL : qdot_k_kernel(ctx->qisa, t->g.type);
+	if (t->packed)
+		t->kp = kpack_kernel(ctx->qisa, t->g.type);
+	else
+		t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
 	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 		return LOOM_ERR_NOMEM;
 	t->qkx = ctx->qkx;
 	cpu_pool_run(&ctx->pool, kquant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	pick_split(t, nth, t->kp ? KPACK_ROWS : 4, 32, 256);
+	pick_split(t, nth, t->packed ? KPACK_ROWS : 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_k_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -534,7 +540,6 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 
 	t.ctx = ctx;
 	t.packed = LOOM_GEMM_PACKED(a);
-	t.kp = NULL;
 	t.prep = NULL;
 	t.n_head = 0;
 	t.head_rows = 0;
@@ -850,8 +855,10 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 			qdot_kernel(gt->ctx->qisa, a->w_type);
 		gt->need_q = true;
 	} else if (mb->kind == MEMBER_QDOT_K) {
-		mb->t.kp = mb->t.packed ? kpack_kernel(gt->ctx->qisa, a->w_type) : NULL;
-		mb->t.kdot = mb->t.packed ? NULL : qdot_k_kernel(gt->ctx->qisa, a->w_type);
+		if (mb->t.packed)
+			mb->t.kp = kpack_kernel(gt->ctx->qisa, a->w_type);
+		else
+			mb->t.kdot = qdot_k_kernel(gt->ctx->qisa, a->w_type);
 		gt->need_k = true;
 	}
 	return LOOM_OK;
