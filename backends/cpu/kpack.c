@@ -347,8 +347,9 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /*
- * One packed Q4_K super-block of 16 rows against activation block x:
- * acc + the two fused multiply-adds of qdot_k_ref(), lane r for row r.
+ * One packed Q4_K (or, five, Q5_K) super-block of 16 rows against
+ * activation block x: acc + the two fused multiply-adds of qdot_k_ref(),
+ * lane r for row r; Q5_K's fifth bits are or-ed into bit 4 first.
  * Per sub-block s the lanes sum u * x.q over its 32 values exactly (two
  * chains of four vpdpbusd), then isum += sc * dot; msum sums mn * the
  * sub-block's activation sum. The integers are the reference's, so the
