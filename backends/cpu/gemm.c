@@ -622,17 +622,14 @@ static void pack_task_run(void *arg, int64_t c, int ith)
 			  t->dst + (size_t)r * t->stride);
 }
 
-/* Bytes weight_pack makes of a (0 if it packs no such weight, or on
- * overflow); t->stride the bytes a row counts for. */
-static size_t pack_size(const struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
-			struct pack_task *t)
+/* Bytes weight_pack makes of a weight it packs (0 on overflow); t->stride
+ * the bytes a row counts for. */
+static size_t pack_size(const struct loom_weight_pack_args *a, struct pack_task *t)
 {
-	if (ctx->kpack && kpack_format(a->type) && a->k % 256 == 0) {
+	if (kpack_format(a->type)) {
 		t->stride = kpack_row_share(a->type, a->k / 256);
 		return kpack_bytes(a->type, a->n, a->k / 256);
 	}
-	if (!ctx->pack || !qpack_format(a->type) || a->k % 32)
-		return 0;
 	t->stride = qpack_row_bytes(a->type, a->k / 32);
 	if (!t->stride || (uint64_t)a->n > SIZE_MAX / t->stride)
 		return 0;
@@ -655,7 +652,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	/* every GGUF row of k values fits in src_stride bytes */
 	if (a->src_stride < (size_t)(a->k / cpu_block_elems(a->type)) * cpu_block_bytes(a->type))
 		return LOOM_ERR_INVALID;
-	size = pack_size(ctx, a, &t);
+	size = pack_size(a, &t);
 	if (!size)
 		return LOOM_ERR_NOMEM;
 	rc = cpu_buffer_alloc_packed(ctx, size, out);

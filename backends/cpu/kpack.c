@@ -73,17 +73,8 @@ size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb)
 	return (size_t)rows * share;
 }
 
-/* Q4_K's 12 scale bytes <-> 8 six-bit scales and minima (values 32j ..). */
-static void q4k_scales(const uint8_t s[12], uint8_t sc[8], uint8_t mn[8])
-{
-	for (int j = 0; j < 4; j++) {
-		sc[j] = s[j] & 63;
-		mn[j] = s[j + 4] & 63;
-		sc[j + 4] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
-		mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
-	}
-}
-
+/* 8 six-bit scales and minima (values 32j ..) back to Q4_K's 12 scale
+ * bytes: the inverse of the decoding in qdot_k_unpack(). */
 static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[12])
 {
 	for (int j = 0; j < 4; j++) {
@@ -91,15 +82,6 @@ static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[
 		s[j + 4] = (uint8_t)((mn[j] & 63) | (mn[j + 4] >> 4) << 6);
 		s[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
 	}
-}
-
-/* Value e (0..255) of a GGUF Q4_K or (five) Q5_K super-block b, as u. */
-static inline int q4k_u(const uint8_t *b, bool five, int e)
-{
-	const uint8_t *qs = b + (five ? 48 : 16);
-	int u = qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2)) & 15;
-
-	return five ? u | (b[16 + e % 32] >> (e / 32) & 1) << 4 : u;
 }
 
 /* Where byte k of row r in nibble vector v (4: the fifth bits) of
@@ -111,21 +93,24 @@ static inline size_t kp_qbyte(bool five, int s, int v, int r, int k)
 
 /* A Q4_K / Q5_K sub-block's value 8v + k (low nibble) and 8v + 4 + k (high)
  * in byte k of row r's lane in vector v; Q5_K's fifth bits of those two at
- * bits 2v and 2v + 1 of byte k in vector 4. */
+ * bits 2v and 2v + 1 of byte k in vector 4. The values, scales and
+ * minima as qdot_k_unpack() decodes them (a scale per 16 values, each
+ * twice here); d and dmin keep their f16 bits. */
 static void pack_q4k_block(bool five, const uint8_t *b, int r, uint8_t *p)
 {
-	uint8_t sc[8], mn[8];
+	uint8_t u[256];
+	int sc[16], mn[16];
+	float d, dmin;
 
+	qdot_k_unpack(five ? LOOM_TYPE_Q5_K : LOOM_TYPE_Q4_K, b, u, sc, mn, &d, &dmin);
 	memcpy(p + KP_D + 2 * r, b, 2);
 	memcpy(p + KP_DMIN + 2 * r, b + 2, 2);
-	q4k_scales(b + 4, sc, mn);
 	for (int s = 0; s < 8; s++) {
-		p[KP_SC + 16 * s + r] = sc[s];
-		p[KP_MN + 16 * s + r] = mn[s];
+		p[KP_SC + 16 * s + r] = (uint8_t)sc[2 * s];
+		p[KP_MN + 16 * s + r] = (uint8_t)mn[2 * s];
 		for (int v = 0; v < 4; v++)
 			for (int k = 0; k < 4; k++) {
-				int lo = q4k_u(b, five, 32 * s + 8 * v + k);
-				int hi = q4k_u(b, five, 32 * s + 8 * v + 4 + k);
+				int lo = u[32 * s + 8 * v + k], hi = u[32 * s + 8 * v + 4 + k];
 
 				p[kp_qbyte(five, s, v, r, k)] = (uint8_t)((lo & 15) | (hi & 15) << 4);
 				if (five)
@@ -204,21 +189,6 @@ static void panel_q4k(bool five, const uint8_t *g, int64_t nb, uint8_t *panel)
 
 /* ---- Q6_K: u = q + 32 in 0..63, low 4 bits and high 2 ---- */
 
-/* GGUF Q6_K value e's low 4 bits and high 2 bits (qdot_k.c's k_grp()). */
-static inline int q6k_lo(const uint8_t *b, int e)
-{
-	const int g = e / 32;
-
-	return b[64 * (g / 4) + 32 * (g % 2) + e % 32] >> (4 * (g / 2 % 2)) & 15;
-}
-
-static inline int q6k_hi(const uint8_t *b, int e)
-{
-	const int g = e / 32;
-
-	return b[128 + 32 * (g / 4) + e % 32] >> (2 * (g % 4)) & 3;
-}
-
 /* Sub-block i of a packed Q6_K super-block: byte k of row r's lane in
  * nibble vector v holds value 16i + 8v + k (low nibble) and 16i + 8v + 4
  * + k (high); in the high-bit vector, bits 2c, 2c + 1 hold the top bits of
@@ -228,19 +198,27 @@ static inline size_t kp6_byte(int i, int vec, int r, int k)
 	return KP_Q + (size_t)(KP6_SUB * i + 64 * vec + 4 * r + k);
 }
 
+/* u from qdot_k_unpack(); the scales and d keep their GGUF bytes. */
 static void pack_q6k_block(const uint8_t *b, int r, uint8_t *p)
 {
+	const uint8_t *u;
+	uint8_t v256[256];
+	int sc[16], mn[16];
+	float d, dmin;
+
+	qdot_k_unpack(LOOM_TYPE_Q6_K, b, v256, sc, mn, &d, &dmin);
 	memcpy(p + KP_D + 2 * r, b + 208, 2);
 	for (int i = 0; i < 16; i++) {
+		u = v256 + 16 * i;
 		p[KP_SC + 16 * i + r] = b[192 + i];
 		for (int k = 0; k < 4; k++) {
 			int h = 0;
 
 			for (int v = 0; v < 2; v++)
-				p[kp6_byte(i, v, r, k)] = (uint8_t)(q6k_lo(b, 16 * i + 8 * v + k) |
-								    q6k_lo(b, 16 * i + 8 * v + 4 + k) << 4);
+				p[kp6_byte(i, v, r, k)] =
+					(uint8_t)((u[8 * v + k] & 15) | (u[8 * v + 4 + k] & 15) << 4);
 			for (int c = 0; c < 4; c++)
-				h |= q6k_hi(b, 16 * i + 4 * c + k) << (2 * c);
+				h |= (u[4 * c + k] >> 4) << (2 * c);
 			p[kp6_byte(i, 2, r, k)] = (uint8_t)h;
 		}
 	}
@@ -315,8 +293,8 @@ void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows,
 		}
 }
 
-void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
-			uint8_t *o)
+static void unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
+			 uint8_t *o)
 {
 	const uint8_t *p = w + ((size_t)(j / KPACK_ROWS) * (size_t)nb + (size_t)b) * kp_bytes(type);
 
@@ -329,7 +307,7 @@ void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, 
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
 {
 	for (int64_t b = 0; b < nb; b++)
-		kpack_unpack_block(type, w, nb, j, b, dst + b * gguf_bytes(type));
+		unpack_block(type, w, nb, j, b, dst + b * gguf_bytes(type));
 }
 
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)

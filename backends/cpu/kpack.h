@@ -61,10 +61,8 @@ size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb);
  * one group at dst (nb super-blocks; missing rows are zero). */
 void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
 		 uint8_t *dst);
-/* Super-block b of row j of the packed weight w (nb super-blocks a row)
- * back to its GGUF bytes; kpack_unpack_row(): the whole row. */
-void kpack_unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
-			uint8_t *dst);
+/* Row j of the packed weight w (nb super-blocks a row) back to its GGUF
+ * row, byte for byte. */
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst);
 
 /* qgemm_panel() of the group that starts at row j0 (a multiple of 16) of

@@ -7,6 +7,8 @@
 #include "qgemm.h"
 #include "qpack.h"
 
+_Static_assert(QGEMM_ROWS == KPACK_ROWS, "a packed K-quant group is one panel");
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -188,16 +190,15 @@ static void panel_packed(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, in
 	}
 }
 
-/* qgemm_panel() of K-quant rows, a row and a super-block at a time (of
- * GGUF rows, or of kpack.h's groups when packed). */
+/* qgemm_panel() of K-quant rows, a row and a super-block at a time. */
 static void panel_k(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
-		    bool packed, void *panel)
+		    void *panel)
 {
 	const int B = qgemm_block(t), per = 256 / B;
 	const int off = offset_format(t) ? 0 : 128 - qdot_k_offset(t);
 	const size_t bb = block_bytes(t);
 	static const uint8_t zero[32];
-	uint8_t u[256], gguf[256];
+	uint8_t u[256];
 	int sc[16], mn[16];
 	float d = 0.0f, dmin = 0.0f;
 
@@ -206,13 +207,8 @@ static void panel_k(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int row
 
 		for (int64_t s = 0; s < k / 256; s++) {
 			if (r < rows) {
-				const uint8_t *p = row + (size_t)s * cpu_block_bytes(t);
-
-				if (packed) {
-					kpack_unpack_block(t, w, k / 256, j0 + r, s, gguf);
-					p = gguf;
-				}
-				qdot_k_unpack(t, p, u, sc, mn, &d, &dmin);
+				qdot_k_unpack(t, row + (size_t)s * cpu_block_bytes(t), u, sc, mn, &d,
+					      &dmin);
 				for (int e = 0; e < 256; e++)
 					u[e] = (uint8_t)(u[e] + off);
 			}
@@ -238,12 +234,12 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
 	uint8_t u[QGEMM_ROWS][32];
 
 	memset(u, 0, sizeof(u));
-	if (packed && kpack_format(type) && j0 % KPACK_ROWS == 0) {
+	if (packed && kpack_format(type)) { /* a panel is one 16-row group */
 		kpack_panel(type, w, k / 256, j0, panel);
 		return;
 	}
 	if (qdot_k_format(type)) {
-		panel_k(type, w, ws, j0, rows, k, packed, panel);
+		panel_k(type, w, ws, j0, rows, k, panel);
 		return;
 	}
 	if (packed) {
