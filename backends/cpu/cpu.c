@@ -191,8 +191,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
-		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1, q8_0%s weights packed at load",
-			ctx->kpack ? ", q4_K, q5_K and q6_K" : "");
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1%s weights packed at load",
+			ctx->kpack ? ", q8_0, q4_K, q5_K and q6_K" : "");
 	*out = ctx;
 	return LOOM_OK;
 
@@ -245,9 +245,9 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		 * worth packing only where the packed GEMV streams a large
 		 * matrix faster: Q5_0 and Q5_1, whose GGUF-layout kernel is
 		 * the slow pairwise one (bench_gemm, lm head 576x49152 from
-		 * memory: Q5_0 1.8x faster packed; Q4_1 about even; Q8_0
-		 * 10-20 % slower); and the K-quants in 16-row groups, 1.7-2x
-		 * faster (kpack.h) */
+		 * memory: Q5_0 1.8x faster packed; Q4_1 about even); and
+		 * the formats in 16-row groups (kpack.h): K-quants 1.7-2x
+		 * faster, Q8_0 1.1-1.3x */
 		return ctx && ((ctx->pack && (type == LOOM_TYPE_Q5_0 || type == LOOM_TYPE_Q5_1)) ||
 			       (ctx->kpack && kpack_format(type)));
 	default:

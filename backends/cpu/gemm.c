@@ -52,13 +52,14 @@ struct gemm_task {
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
 	qdot_m_fn dot_m; /* QDOT_MAX_M rows at once, or NULL */
+	kpack8_fn kp8; /* Q8_0 in kpack.h's layout (packed); dot then NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
 	union {
 		qdot_k_fn kdot;
 		kpack_fn kp; /* for a weight in kpack.h's layout (packed) */
 	};
-	bool packed; /* g.w is in qpack.h's layout, or kpack.h's (K-quants) */
+	bool packed; /* g.w is in qpack.h's layout, or kpack.h's (Q8_0, K-quants) */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -179,7 +180,7 @@ static void blas_task(void *arg, int64_t c, int ith)
 			uint8_t *tmp = (uint8_t *)(panel + t->chunk * g->k);
 
 			if (kpack_format(g->type))
-				kpack_unpack_row(g->type, g->w, g->k / 256, j + r, tmp);
+				kpack_unpack_row(g->type, g->w, kpack_nb(g->type, g->k), j + r, tmp);
 			else
 				qpack_unpack_row(g->type, row, g->k / 32, tmp);
 			row = tmp;
@@ -248,7 +249,7 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 		*ws = w_row = cpu_gemm_w_stride(a);
 		/* 0: an overflow (weight_pack made nothing of k = 0) */
 		if (!w_row ||
-		    (kpack_format(a->w_type) && a->n > 0 && !kpack_bytes(a->w_type, a->n, a->k / 256)))
+		    (kpack_format(a->w_type) && a->n > 0 && !kpack_bytes(a->w_type, a->n, kpack_nb(a->w_type, a->k))))
 			return LOOM_ERR_INVALID;
 	}
 	if (*ws < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
@@ -367,6 +368,16 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 	const struct cpu_gemv *g = &t->g;
 	int64_t nb = g->k / 32;
 
+	if (t->kp8) {
+		/* a group of 16 rows stays in cache while each x row passes */
+		for (int64_t j = j0, e; j < j1; j = e) {
+			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
+			e = e < j1 ? e : j1;
+			for (int64_t i = 0; i < g->m; i++)
+				t->kp8(g->w, qx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
+		}
+		return;
+	}
 	/* 8 weight rows at a time stay in L1 while each x row passes */
 	for (int64_t j = j0; j < j1; j += 8) {
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
@@ -394,6 +405,17 @@ static void qdot_task(void *arg, int64_t c, int ith)
 	qdot_rows(t, t->qx, t->qsc, j0, j1);
 }
 
+/* t's kernels for its weight (packed or not), on isa. */
+static void qdot_pick(struct gemm_task *t, enum qdot_isa isa)
+{
+	const bool rows_in_lanes = t->packed && kpack_format(t->g.type);
+
+	t->kp8 = rows_in_lanes ? kpack_kernel_q8(isa) : NULL;
+	t->dot_m = t->packed && !rows_in_lanes ? qdot_packed_kernel_m(isa, t->g.type) : NULL;
+	t->dot = rows_in_lanes ? NULL : t->packed ? qdot_packed_kernel(isa, t->g.type) :
+						    qdot_kernel(isa, t->g.type);
+}
+
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
 {
 	return grow((void **)&ctx->qx, &ctx->qx_cap, m, nb, sizeof(*ctx->qx)) ||
@@ -407,15 +429,13 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	t->dot_m = t->packed ? qdot_packed_kernel_m(ctx->qisa, t->g.type) : NULL;
-	t->dot = t->packed ? qdot_packed_kernel(ctx->qisa, t->g.type) :
-		qdot_kernel(ctx->qisa, t->g.type);
+	qdot_pick(t, ctx->qisa);
 	if (qx_reserve(ctx, m, k / 32))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
 	cpu_pool_run(&ctx->pool, quant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	pick_split(t, nth, 4, 32, 256);
+	pick_split(t, nth, t->kp8 ? KPACK_ROWS : 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -614,7 +634,7 @@ static void pack_task_run(void *arg, int64_t c, int ith)
 		for (int64_t r = c * 64; r < n && r < c * 64 + 64; r += KPACK_ROWS)
 			kpack_group(t->a->type, src + (size_t)r * t->a->src_stride,
 				    t->a->src_stride, n - r < KPACK_ROWS ? (int)(n - r) : KPACK_ROWS,
-				    t->a->k / 256, t->dst + (size_t)r * t->stride);
+				    kpack_nb(t->a->type, t->a->k), t->dst + (size_t)r * t->stride);
 		return;
 	}
 	for (int64_t r = c * 64; r < n && r < c * 64 + 64; r++)
@@ -627,8 +647,8 @@ static void pack_task_run(void *arg, int64_t c, int ith)
 static size_t pack_size(const struct loom_weight_pack_args *a, struct pack_task *t)
 {
 	if (kpack_format(a->type)) {
-		t->stride = kpack_row_share(a->type, a->k / 256);
-		return kpack_bytes(a->type, a->n, a->k / 256);
+		t->stride = kpack_row_share(a->type, kpack_nb(a->type, a->k));
+		return kpack_bytes(a->type, a->n, kpack_nb(a->type, a->k));
 	}
 	t->stride = qpack_row_bytes(a->type, a->k / 32);
 	if (!t->stride || (uint64_t)a->n > SIZE_MAX / t->stride)
@@ -647,7 +667,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	    a->k <= 0 || !a->src)
 		return LOOM_ERR_INVALID;
 	if (!(ctx->pack && qpack_format(a->type) && a->k % 32 == 0) &&
-	    !(ctx->kpack && kpack_format(a->type) && a->k % 256 == 0))
+	    !(ctx->kpack && kpack_format(a->type) && a->k % kpack_block_elems(a->type) == 0))
 		return LOOM_ERR_UNSUPPORTED;
 	/* every GGUF row of k values fits in src_stride bytes */
 	if (a->src_stride < (size_t)(a->k / cpu_block_elems(a->type)) * cpu_block_bytes(a->type))
@@ -812,7 +832,7 @@ size_t cpu_gemm_w_stride(const struct loom_gemm_args *a)
 {
 	if (!LOOM_GEMM_PACKED(a))
 		return a->w_stride;
-	return kpack_format(a->w_type) ? kpack_row_share(a->w_type, a->k / 256) :
+	return kpack_format(a->w_type) ? kpack_row_share(a->w_type, kpack_nb(a->w_type, a->k)) :
 					 qpack_row_bytes(a->w_type, a->k / 32);
 }
 
@@ -821,7 +841,7 @@ size_t cpu_gemm_w_bytes(const struct loom_gemm_args *a)
 	if (a->n <= 0)
 		return 0;
 	if (LOOM_GEMM_PACKED(a) && kpack_format(a->w_type))
-		return kpack_bytes(a->w_type, a->n, a->k / 256);
+		return kpack_bytes(a->w_type, a->n, kpack_nb(a->w_type, a->k));
 	return (size_t)a->n * cpu_gemm_w_stride(a);
 }
 
@@ -847,9 +867,7 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 	mb->row0 = row0;
 	mb->add = g->add[i];
 	if (mb->kind == MEMBER_QDOT) {
-		mb->t.dot_m = mb->t.packed ? qdot_packed_kernel_m(gt->ctx->qisa, a->w_type) : NULL;
-		mb->t.dot = mb->t.packed ? qdot_packed_kernel(gt->ctx->qisa, a->w_type) :
-			qdot_kernel(gt->ctx->qisa, a->w_type);
+		qdot_pick(&mb->t, gt->ctx->qisa);
 		gt->need_q = true;
 	} else if (mb->kind == MEMBER_QDOT_K) {
 		if (mb->t.packed)

@@ -32,12 +32,21 @@
 #define KP_Q6K 3392
 #define KP6_SUB 192
 
+/* Q8_0's blocks of 16 rows, in pairs (kpack.h): the pair's d words, then
+ * each block's quants; a last unpaired block is padded to 576 bytes. */
+#define Q8_BYTES 34
+#define KP_Q8_PAIR 1088
+#define KP_Q8_ONE 576
+#define KP8_Q 64
+#define KP8_QBYTES 512
+
 bool kpack_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K || type == LOOM_TYPE_Q6_K;
+	return type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K ||
+	       type == LOOM_TYPE_Q6_K;
 }
 
-/* Packed bytes of a super-block of 16 rows. */
+/* Packed bytes of a K-quant super-block of 16 rows. */
 static size_t kp_bytes(uint32_t t)
 {
 	return t == LOOM_TYPE_Q6_K ? KP_Q6K : t == LOOM_TYPE_Q5_K ? KP_Q5K : KP_Q4K;
@@ -45,7 +54,24 @@ static size_t kp_bytes(uint32_t t)
 
 static size_t gguf_bytes(uint32_t t)
 {
-	return t == LOOM_TYPE_Q6_K ? Q6K_BYTES : t == LOOM_TYPE_Q5_K ? Q5K_BYTES : Q4K_BYTES;
+	return t == LOOM_TYPE_Q8_0 ? Q8_BYTES : t == LOOM_TYPE_Q6_K ? Q6K_BYTES :
+	       t == LOOM_TYPE_Q5_K ? Q5K_BYTES : Q4K_BYTES;
+}
+
+/* Where block b of a packed group starts (for Q8_0: its pair). */
+static size_t block_at(uint32_t t, int64_t b)
+{
+	return t == LOOM_TYPE_Q8_0 ? (size_t)(b / 2) * KP_Q8_PAIR : (size_t)b * kp_bytes(t);
+}
+
+/* A row's share of a group of nb blocks: the group's bytes / 16 (the
+ * callers check nb * 212 for overflow). */
+static size_t row_share(uint32_t t, int64_t nb)
+{
+	if (t == LOOM_TYPE_Q8_0)
+		return (size_t)(nb / 2) * (KP_Q8_PAIR / KPACK_ROWS) +
+		       (size_t)(nb % 2) * (KP_Q8_ONE / KPACK_ROWS);
+	return (size_t)nb * (kp_bytes(t) / KPACK_ROWS);
 }
 
 /* Bytes of a packed Q4_K / Q5_K sub-block (32 values of 16 rows). */
@@ -56,11 +82,12 @@ static inline int kp_sub(bool five)
 
 size_t kpack_row_share(uint32_t type, int64_t nb)
 {
-	const size_t share = kp_bytes(type) / KPACK_ROWS;
+	/* a row's share of the biggest packed block, a bound for all */
+	const size_t most = kp_bytes(LOOM_TYPE_Q6_K) / KPACK_ROWS;
 
-	if (!kpack_format(type) || nb < 0 || (uint64_t)nb > SIZE_MAX / share)
+	if (!kpack_format(type) || nb < 0 || (uint64_t)nb > SIZE_MAX / most)
 		return 0;
-	return (size_t)nb * share;
+	return row_share(type, nb);
 }
 
 size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb)
@@ -274,47 +301,97 @@ static void panel_q6k(const uint8_t *g, int64_t nb, uint8_t *panel)
 	}
 }
 
-/* ---- either format ---- */
+/* ---- Q8_0: quants stored as q + 128 (q ^ 80h), the unsigned operand ---- */
+
+/* Block b of GGUF row r into the group at g (nb blocks): its d word to
+ * the pair's header, byte 4v + k of its quants to byte 4r + k of vector v. */
+static void pack_q8_block(const uint8_t *blk, int r, int64_t b, uint8_t *g)
+{
+	uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
+
+	memcpy(p + 32 * (b % 2) + 2 * r, blk, 2);
+	p += KP8_Q + KP8_QBYTES * (b % 2);
+	for (int e = 0; e < 32; e++)
+		p[64 * (e / 4) + 4 * r + e % 4] = blk[2 + e] ^ 0x80;
+}
+
+static void unpack_q8_block(const uint8_t *g, int r, int64_t b, uint8_t *o)
+{
+	const uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
+
+	memcpy(o, p + 32 * (b % 2) + 2 * r, 2);
+	p += KP8_Q + KP8_QBYTES * (b % 2);
+	for (int e = 0; e < 32; e++)
+		o[2 + e] = p[64 * (e / 4) + 4 * r + e % 4] ^ 0x80;
+}
+
+/* qgemm.h's panel blocks: the quants' vectors are the panel's groups as
+ * they are; then d and the minimum 0. */
+static void panel_q8(const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	for (int64_t b = 0; b < nb; b++, panel += KP8_QBYTES + 2 * KPACK_ROWS * 4) {
+		const uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
+		float *dw = (float *)(panel + KP8_QBYTES);
+
+		memcpy(panel, p + KP8_Q + KP8_QBYTES * (b % 2), KP8_QBYTES);
+		for (int r = 0; r < KPACK_ROWS; r++) {
+			dw[r] = cpu_fp16_to_f32(cpu_rd16(p + 32 * (b % 2) + 2 * r));
+			dw[KPACK_ROWS + r] = 0.0f;
+		}
+	}
+}
+
+/* ---- any format ---- */
 
 void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
 		 uint8_t *dst)
 {
-	const size_t pb = kp_bytes(type), gb = gguf_bytes(type);
+	const size_t gb = gguf_bytes(type);
 
-	memset(dst, 0, (size_t)nb * pb);
+	memset(dst, 0, row_share(type, nb) * KPACK_ROWS);
 	for (int r = 0; r < rows; r++)
 		for (int64_t b = 0; b < nb; b++) {
 			const uint8_t *s = src + r * src_stride + b * gb;
 
-			if (type == LOOM_TYPE_Q6_K)
-				pack_q6k_block(s, r, dst + b * pb);
+			if (type == LOOM_TYPE_Q8_0)
+				pack_q8_block(s, r, b, dst);
+			else if (type == LOOM_TYPE_Q6_K)
+				pack_q6k_block(s, r, dst + block_at(type, b));
 			else
-				pack_q4k_block(type == LOOM_TYPE_Q5_K, s, r, dst + b * pb);
+				pack_q4k_block(type == LOOM_TYPE_Q5_K, s, r, dst + block_at(type, b));
 		}
 }
 
-static void unpack_block(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, int64_t b,
-			 uint8_t *o)
+/* The group that holds row j of w (nb blocks a row). */
+static const uint8_t *group_of(uint32_t type, const uint8_t *w, int64_t nb, int64_t j)
 {
-	const uint8_t *p = w + ((size_t)(j / KPACK_ROWS) * (size_t)nb + (size_t)b) * kp_bytes(type);
-
-	if (type == LOOM_TYPE_Q6_K)
-		unpack_q6k_block(p, (int)(j % KPACK_ROWS), o);
-	else
-		unpack_q4k_block(type == LOOM_TYPE_Q5_K, p, (int)(j % KPACK_ROWS), o);
+	return w + (size_t)(j / KPACK_ROWS) * row_share(type, nb) * KPACK_ROWS;
 }
 
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
 {
-	for (int64_t b = 0; b < nb; b++)
-		unpack_block(type, w, nb, j, b, dst + b * gguf_bytes(type));
+	const uint8_t *g = group_of(type, w, nb, j);
+	const int r = (int)(j % KPACK_ROWS);
+
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *o = dst + b * gguf_bytes(type);
+
+		if (type == LOOM_TYPE_Q8_0)
+			unpack_q8_block(g, r, b, o);
+		else if (type == LOOM_TYPE_Q6_K)
+			unpack_q6k_block(g + block_at(type, b), r, o);
+		else
+			unpack_q4k_block(type == LOOM_TYPE_Q5_K, g + block_at(type, b), r, o);
+	}
 }
 
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
 {
-	const uint8_t *g = w + (size_t)(j0 / KPACK_ROWS) * (size_t)nb * kp_bytes(type);
+	const uint8_t *g = group_of(type, w, nb, j0);
 
-	if (type == LOOM_TYPE_Q6_K)
+	if (type == LOOM_TYPE_Q8_0)
+		panel_q8(g, nb, panel);
+	else if (type == LOOM_TYPE_Q6_K)
 		panel_q6k(g, nb, panel);
 	else
 		panel_q4k(type == LOOM_TYPE_Q5_K, g, nb, panel);
@@ -455,6 +532,124 @@ q5k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 	return q45k_block(true, p, x, acc);
 }
 
+/*
+ * Q8_0: ref16()'s lanes with the rows in the vector lanes. Lane l of
+ * block b (values 4l .. 4l+3) is float accumulator 8 (b % 2) + l, one
+ * vector of 16 rows; vector l of the packed block holds those 4 values
+ * of every row, so one vpdpbusd makes the lane's exact sum for 16 rows
+ * and one fma adds it as ref16() does. The weights enter as q + 128: the
+ * lane starts from -128 * (sum of its 4 activation bytes), which the
+ * same for all rows, is made once per block and pass (q8_fixes()).
+ */
+
+/* Activation blocks a pass over a group takes: their fixes are 4 KiB on
+ * the stack. Even, so a pass holds whole pairs. */
+#define Q8_FIX_BLOCKS 128
+/* Bytes ahead of the pair in use that the kernel prefetches: 8 pairs. On
+ * this project's machines (one core streaming from memory) the hardware
+ * prefetcher alone left it at 75-80 % of the plain-load read rate; the
+ * prefetch runs on into the next group, which lies right after. */
+#define Q8_PREFETCH (8 * KP_Q8_PAIR)
+
+TGT_VNNI static inline __attribute__((always_inline)) void
+q8_fixes(const struct qdot_block *x, int64_t n, int32_t (*fix)[8])
+{
+	for (int64_t b = 0; b < n; b++) {
+		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+						_mm256_loadu_si256((const __m256i *)x[b].q));
+
+		_mm256_storeu_si256((__m256i *)fix[b], _mm256_sub_epi32(_mm256_setzero_si256(), s));
+	}
+}
+
+/* Block x (its fixes f) against the packed block whose 16 f16 scales are
+ * at d and quants at q, into acc[0 .. 7]. */
+TGT_VNNI static inline __attribute__((always_inline)) void
+q8_block(const uint8_t *d, const uint8_t *q, const struct qdot_block *x, const int32_t *f,
+	 __m512 *acc)
+{
+	const __m512 D = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)d)),
+				       _mm512_set1_ps(x->d));
+
+	for (int l = 0; l < 8; l++) {
+		__m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(f[l]),
+						_mm512_load_si512((const void *)(q + 64 * l)),
+						_mm512_set1_epi32((int)cpu_rd32((const uint8_t *)x->q + 4 * l)));
+
+		acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), D, acc[l]);
+	}
+}
+
+/* reduce16() over the 16 accumulators, lane by lane, then + 0 (ref16()'s
+ * empty minimum sum). */
+TGT_VNNI static inline __attribute__((always_inline)) __m512 q8_reduce(const __m512 *a)
+{
+	__m512 r[8], v[4];
+
+	for (int i = 0; i < 8; i++)
+		r[i] = _mm512_add_ps(a[i], a[i + 8]);
+	for (int i = 0; i < 4; i++)
+		v[i] = _mm512_add_ps(r[i], r[i + 4]);
+	return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3])),
+			     _mm512_setzero_ps());
+}
+
+/* Blocks [s0, s0 + n) of the group at p, fixes f, into acc (a last
+ * unpaired block leaves acc[8 ..] an addition of zero, as in ref16()). */
+TGT_VNNI static inline __attribute__((always_inline)) void
+q8_pass(const uint8_t *p, const struct qdot_block *x, int64_t s0, int64_t n,
+	const int32_t (*f)[8], __m512 *acc)
+{
+	int64_t b = s0;
+
+	for (; b + 2 <= s0 + n; b += 2) {
+		const uint8_t *pp = p + block_at(LOOM_TYPE_Q8_0, b);
+
+		for (int o = 0; o < KP_Q8_PAIR; o += 64)
+			_mm_prefetch((const char *)pp + Q8_PREFETCH + o, _MM_HINT_T0);
+		q8_block(pp, pp + KP8_Q, x + b, f[b - s0], acc);
+		q8_block(pp + 32, pp + KP8_Q + KP8_QBYTES, x + b + 1, f[b - s0 + 1], acc + 8);
+	}
+	if (b < s0 + n) {
+		const uint8_t *pp = p + block_at(LOOM_TYPE_Q8_0, b);
+
+		q8_block(pp, pp + KP8_Q, x + b, f[b - s0], acc);
+		for (int l = 8; l < 16; l++)
+			acc[l] = _mm512_add_ps(acc[l], _mm512_setzero_ps());
+	}
+}
+
+TGT_VNNI static void q8_vnni(const uint8_t *w, const struct qdot_block *x, int64_t nb,
+			     float *y, int64_t j0, int64_t j1)
+{
+	const size_t gb = row_share(LOOM_TYPE_Q8_0, nb) * KPACK_ROWS;
+	const bool once = nb <= Q8_FIX_BLOCKS;
+	int32_t fix[Q8_FIX_BLOCKS][8];
+
+	if (once)
+		q8_fixes(x, nb, fix);
+	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
+		const uint8_t *p = w + (size_t)g * gb;
+		const int64_t r0 = g * KPACK_ROWS;
+		int64_t lo = j0 > r0 ? j0 - r0 : 0;
+		int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
+		__m512 acc[16];
+		float lanes[KPACK_ROWS];
+
+		for (int l = 0; l < 16; l++)
+			acc[l] = _mm512_setzero_ps();
+		for (int64_t s0 = 0; s0 < nb; s0 += Q8_FIX_BLOCKS) {
+			int64_t n = nb - s0 < Q8_FIX_BLOCKS ? nb - s0 : Q8_FIX_BLOCKS;
+
+			if (!once)
+				q8_fixes(x + s0, n, fix);
+			q8_pass(p, x, s0, n, (const int32_t(*)[8])fix, acc);
+		}
+		_mm512_storeu_ps(lanes, q8_reduce(acc));
+		memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
+	}
+}
+
 KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
 KP_ROWS(q5k_vnni, q5k_block, KP_Q5K)
 KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
@@ -476,6 +671,17 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 #else
 	(void)isa;
 	(void)type;
+#endif
+	return NULL;
+}
+
+kpack8_fn kpack_kernel_q8(enum qdot_isa isa)
+{
+#if defined(__x86_64__)
+	if (isa == QDOT_VNNI && qdot_isa_supported(isa))
+		return q8_vnni;
+#else
+	(void)isa;
 #endif
 	return NULL;
 }

@@ -1,6 +1,6 @@
 /*
- * The cpu backend's packed layout of K-quant weights (ABI 1.2 weight_pack),
- * for the fast mode's AVX-512 VNNI GEMV: rows in lanes.
+ * The cpu backend's packed layout of Q8_0 and K-quant weights (ABI 1.2
+ * weight_pack), for the fast mode's AVX-512 VNNI GEMV: rows in lanes.
  *
  * The GGUF-layout K-quant kernels (qdot_k.c) decode each row's 6-bit
  * sub-block scales, permute them across a vector and widen the products to
@@ -33,12 +33,28 @@
  * k are the top two bits of value 16i + 4c + k. 3392 bytes (16 x 212; the
  * padding keeps every super-block on a cache line).
  *
- * A row counts for nb * 148, 180 or 212 bytes (kpack_row_share()), so a
- * group's start is row 16G's at that stride, and the whole weight is
- * kpack_bytes().
+ * Q8_0 (blocks of 32 values; the same 16-row groups). Blocks go in pairs,
+ * 1088 bytes (16 x 68, the GGUF bytes exactly):
+ *
+ *   0     d[2][16]   f16, the pair's first block's scale of row r, then
+ *                    its second's
+ *   64    q[8][16][4]   byte k of (v, r): value 4v + k of row r of the
+ *                    first block, stored as q + 128 (q ^ 80h: vpdpbusd's
+ *                    unsigned operand)
+ *   576   the second block's quants, the same way
+ *
+ * and a last unpaired block in 576 bytes (d[16], 32 bytes of padding,
+ * quants), so that every quant vector is on a cache line. The GGUF-layout
+ * kernel spends a permute and a convert on each pair of blocks of a row;
+ * here one vpdpbusd makes one float lane of 16 rows, and the arithmetic
+ * is still qdot.h's 16-lane one (ref16()) bit for bit.
+ *
+ * A row counts for nb * 148, 180 or 212 bytes (K-quants) or 34 nb (Q8_0;
+ * 34 nb + 2 for odd nb) (kpack_row_share()), so a group's start is row
+ * 16G's at that stride, and the whole weight is kpack_bytes().
  * Every field keeps the GGUF bits, so kpack_unpack_row() gives the GGUF
  * row back byte for byte and the kernel's results are qdot_k_ref()'s bit
- * for bit (tests/backend/qdot_k.c).
+ * for bit (tests/backend/qdot_k.c; Q8_0: qdot_ref(), tests/backend/qdot.c).
  */
 #ifndef LOOM_CPU_KPACK_H
 #define LOOM_CPU_KPACK_H
@@ -47,34 +63,54 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/backend.h"
 #include "qdot.h"
 
 #define KPACK_ROWS 16
 
 /* Formats with a rows-in-lanes layout. */
 bool kpack_format(uint32_t type);
-/* Bytes one row of nb super-blocks counts for; 0 on overflow. */
+/* Values of the blocks kpack counts in ("nb" below): 32 for Q8_0, 256
+ * (super-blocks) for the K-quants; kpack_nb() of a row of k values. */
+static inline int64_t kpack_block_elems(uint32_t type)
+{
+	return type == LOOM_TYPE_Q8_0 ? 32 : 256;
+}
+
+static inline int64_t kpack_nb(uint32_t type, int64_t k)
+{
+	return k / kpack_block_elems(type);
+}
+/* Bytes one row of nb blocks counts for; 0 on overflow. */
 size_t kpack_row_share(uint32_t type, int64_t nb);
-/* Bytes of n packed rows of nb super-blocks (whole groups); 0 on overflow. */
+/* Bytes of n packed rows of nb blocks (whole groups); 0 on overflow. */
 size_t kpack_bytes(uint32_t type, int64_t n, int64_t nb);
 /* GGUF rows src, src + src_stride, ... (rows <= KPACK_ROWS of them) into
- * one group at dst (nb super-blocks; missing rows are zero). */
+ * one group at dst (nb blocks; missing rows are zero). */
 void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows, int64_t nb,
 		 uint8_t *dst);
-/* Row j of the packed weight w (nb super-blocks a row) back to its GGUF
+/* Row j of the packed weight w (nb blocks a row) back to its GGUF
  * row, byte for byte. */
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst);
 
 /* qgemm_panel() of the group that starts at row j0 (a multiple of 16) of
- * the packed weight w: qgemm_panel_bytes(type, 256 nb) bytes, the GGUF
- * rows' panel bit for bit in every row the group holds. */
+ * the packed weight w: qgemm_panel_bytes(type, k) bytes for rows of k
+ * values, the GGUF rows' panel bit for bit in every row the group holds. */
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel);
 
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
  * super-blocks a row), bit for bit qdot_k_ref() of the GGUF row. */
 typedef void (*kpack_fn)(const uint8_t *w, const struct qdot_kblock *x, int64_t nb, float *y,
 			 int64_t j0, int64_t j1);
-/* The kernel (NULL unless isa is QDOT_VNNI, supported, and kpack_format). */
+/* The kernel (NULL unless isa is QDOT_VNNI, supported, and type a K-quant
+ * kpack_format). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
+
+/* Q8_0's: y[j - j0] = w_j . x for rows j0 <= j < j1 against activation
+ * blocks x (qdot.h), bit for bit qdot_ref(QDOT_VNNI) of the GGUF row. */
+typedef void (*kpack8_fn)(const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
+			  int64_t j0, int64_t j1);
+/* NULL unless isa is QDOT_VNNI and supported. */
+kpack8_fn kpack_kernel_q8(enum qdot_isa isa);
 
 #endif /* LOOM_CPU_KPACK_H */

@@ -72,7 +72,7 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 	need = (size_t)(dim / cpu_block_elems(type)) * cpu_block_bytes(type);
 	if (packed) { /* a table of this backend's layout: its rows' size */
 		if (ctx->kpack && kpack_format(type))
-			row_bytes = kpack_row_share(type, dim / 256);
+			row_bytes = kpack_row_share(type, kpack_nb(type, dim));
 		else if (ctx->pack && qpack_format(type) && dim % 32 == 0)
 			row_bytes = qpack_row_bytes(type, dim / 32);
 		else

@@ -771,9 +771,9 @@ TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
  * fused multiply-adds in the same order as ref16(), hence ref16() bit for
  * bit; what changes is how operands arrive. A Q4/Q5 quad of blocks is one
  * 64-byte load whose low nibbles are the first pair and high nibbles the
- * second (Q5 adds 16 under a pair's 64-bit mask of fifth bits); Q8_0
- * pairs are one load already offset by 128; the scales of 16 blocks are
- * one masked load. Signed formats subtract their offset through the
+ * second (Q5 adds 16 under a pair's 64-bit mask of fifth bits); the
+ * scales of 16 blocks are one masked load. (Q8_0 is packed in kpack.h's
+ * rows-in-lanes groups instead.) Signed formats subtract their offset through the
  * activations' lane sums (vnni_acts()), as the GGUF-layout kernels do.
  */
 
@@ -864,21 +864,6 @@ TGT_VNNI ALWAYS void packed_chunk(uint32_t t, const uint8_t *w, size_t ws,
 				_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + at.min / 2)), xs,
 				accm[r], k);
 	}
-	if (t == LOOM_TYPE_Q8_0) {
-		for (; j < n; j += 2) {
-			bool two = j + 1 < n;
-
-			xq = vnni_acts(t, x + b0 + j, two, &fix);
-			for (int r = 0; r < R; r++) {
-				const uint8_t *q = w + r * ws + head + (size_t)j * qb;
-				__m512i wq = two ? _mm512_loadu_si512(q) :
-					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
-
-				acc[r] = packed_step(acc[r], fix, wq, xq, D[r], j);
-			}
-		}
-		return;
-	}
 	for (; j + 4 <= n; j += 4) {
 		xq = vnni_acts(t, x + b0 + j, true, &fix);
 		xq2 = vnni_acts(t, x + b0 + j + 2, true, &fix2);
@@ -962,24 +947,6 @@ TGT_VNNI ALWAYS void packed_chunk_m(uint32_t t, const uint8_t *w, size_t ws,
 									accm[r * M + i], k);
 		}
 	}
-	if (t == LOOM_TYPE_Q8_0) {
-		for (; j < n; j += 2) {
-			bool two = j + 1 < n;
-
-			for (int i = 0; i < M; i++)
-				xq[i] = vnni_acts(t, x + i * nb + b0 + j, two, &fix[i]);
-			for (int r = 0; r < R; r++) {
-				const uint8_t *q = w + r * ws + head + (size_t)j * qb;
-				__m512i wq = two ? _mm512_loadu_si512(q) :
-					_mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
-
-				for (int i = 0; i < M; i++)
-					acc[r * M + i] = packed_step(acc[r * M + i], fix[i], wq, xq[i],
-								     D[r * M + i], j);
-			}
-		}
-		return;
-	}
 	for (; j + 4 <= n; j += 4) {
 		for (int i = 0; i < M; i++) {
 			xq[i] = vnni_acts(t, x + i * nb + b0 + j, true, &fix[i]);
@@ -1052,13 +1019,11 @@ TGT_VNNI ALWAYS void vnni_packed_rows_m(uint32_t t, const uint8_t *w, size_t ws,
 			vnni_packed_rows_m(T, w + r * ws, ws, x, xsc, nb, y + r, ys, 1,    \
 					   QDOT_MAX_M);                                    \
 	}
-QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q8_0, LOOM_TYPE_Q8_0)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_0, LOOM_TYPE_Q4_0)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q4_1, LOOM_TYPE_Q4_1)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q5_0, LOOM_TYPE_Q5_0)
 QDOT_M_ONE(TGT_VNNI, vnni_packed_m, q5_1, LOOM_TYPE_Q5_1)
 
-QDOT_ONE(TGT_VNNI, vnni_packed, q8_0, LOOM_TYPE_Q8_0, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q4_0, LOOM_TYPE_Q4_0, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q4_1, LOOM_TYPE_Q4_1, vnni_packed_rows)
 QDOT_ONE(TGT_VNNI, vnni_packed, q5_0, LOOM_TYPE_Q5_0, vnni_packed_rows)
@@ -1083,12 +1048,11 @@ static int format_index(uint32_t type)
 }
 
 #if defined(__x86_64__)
-/* The packed kernels in format_index() order. */
-static const qdot_fn vnni_packed_set[] = { vnni_packed_q8_0, vnni_packed_q4_0, vnni_packed_q4_1,
+/* The packed kernels in format_index() order (Q8_0 has kpack.h's). */
+static const qdot_fn vnni_packed_set[] = { NULL, vnni_packed_q4_0, vnni_packed_q4_1,
 					   vnni_packed_q5_0, vnni_packed_q5_1 };
-static const qdot_m_fn vnni_packed_m_set[] = { vnni_packed_m_q8_0, vnni_packed_m_q4_0,
-					       vnni_packed_m_q4_1, vnni_packed_m_q5_0,
-					       vnni_packed_m_q5_1 };
+static const qdot_m_fn vnni_packed_m_set[] = { NULL, vnni_packed_m_q4_0, vnni_packed_m_q4_1,
+					       vnni_packed_m_q5_0, vnni_packed_m_q5_1 };
 #else
 static const qdot_fn vnni_packed_set[5];
 static const qdot_m_fn vnni_packed_m_set[5];

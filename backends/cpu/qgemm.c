@@ -235,7 +235,7 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
 
 	memset(u, 0, sizeof(u));
 	if (packed && kpack_format(type)) { /* a panel is one 16-row group */
-		kpack_panel(type, w, k / 256, j0, panel);
+		kpack_panel(type, w, kpack_nb(type, k), j0, panel);
 		return;
 	}
 	if (qdot_k_format(type)) {

@@ -15,7 +15,6 @@ bool qpack_format(uint32_t type)
 	case LOOM_TYPE_Q4_1:
 	case LOOM_TYPE_Q5_0:
 	case LOOM_TYPE_Q5_1:
-	case LOOM_TYPE_Q8_0:
 		return true;
 	default:
 		return false;
@@ -32,7 +31,6 @@ static bool is_q5(uint32_t t)
 static size_t gguf_block(uint32_t t)
 {
 	switch (t) {
-	case LOOM_TYPE_Q8_0: return 34;
 	case LOOM_TYPE_Q4_1: return 20;
 	case LOOM_TYPE_Q5_0: return 22;
 	case LOOM_TYPE_Q5_1: return 24;
@@ -114,16 +112,6 @@ static void move_quants(uint32_t t, uint8_t *p, const uint8_t *g, int64_t b, int
 	bool lo, single;
 
 	q += qpack_head(t, n).quants;
-
-	if (t == LOOM_TYPE_Q8_0) {
-		for (int e = 0; e < 32; e++) {
-			if (pack)
-				q[32 * i + e] = g[qo + e] ^ 0x80;
-			else
-				((uint8_t *)g)[qo + e] = q[32 * i + e] ^ 0x80;
-		}
-		return;
-	}
 	q += q4_place(i, n, &lo, &single);
 	if (single) {
 		if (pack)
@@ -296,10 +284,6 @@ int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8
 		bool lo = true, single = false;
 		size_t place;
 
-		if (type == LOOM_TYPE_Q8_0) {
-			memcpy(u[i], q + 32 * i, 32); /* stored as q + 128 already */
-			continue;
-		}
 		if (is_q5(type))
 			memcpy(&qh, h + at.high + 4 * i, 4);
 		place = q4_place(i, n, &lo, &single);

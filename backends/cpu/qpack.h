@@ -4,6 +4,9 @@
  * rearranged so that the kernel loads each operand whole and reads the row
  * front to back (as the hardware prefetcher expects):
  *
+ * For Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 and the K-quants have kpack.h's
+ * rows-in-lanes layout instead):
+ *
  * chunks of 16 blocks (the last may hold fewer), each a header then quants.
  *   header  for a chunk of n blocks (qpack_head()): their f16 scale words
  *           at 0; (Q4_1, Q5_1) their f16 minimum words at 2n; (Q5_0, Q5_1)
@@ -21,7 +24,6 @@
  *           blocks after the quads share 32 bytes (byte i: element i of the
  *           first low, of the second high); if n is odd, the last block's 16
  *           bytes are as GGUF stores them.
- *           Q8_0: 32 bytes a block, each q + 128 (the unsigned operand).
  *
  * A full chunk's header is a multiple of 32 bytes (32, 64, 96 or 128) and
  * rows are padded to a multiple of 32 bytes, so in a 32-byte aligned row
@@ -43,7 +45,7 @@
 #define QPACK_HEAD(t)                                                                    \
 	((t) == LOOM_TYPE_Q5_1 ? 128u : (t) == LOOM_TYPE_Q5_0 ? 96u : (t) == LOOM_TYPE_Q4_1 ? 64u \
 												: 32u)
-#define QPACK_QB(t) ((t) == LOOM_TYPE_Q8_0 ? 32u : 16u)
+#define QPACK_QB(t) 16u
 #define QPACK_CHUNK_BYTES(t) (QPACK_HEAD(t) + 16u * QPACK_QB(t))
 
 /* Where a chunk of n blocks (16, or fewer for a row's last) keeps its
@@ -72,8 +74,8 @@ void qpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *dst);
 void qpack_unpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *dst);
 
 /* Chunk c (blocks 16c ..) of packed row p of nb blocks as the prefill GEMM
- * reads blocks (qgemm.h): u[i][e] = q[e] + 128 for the signed formats,
- * q[e] for the offset ones; d[i] the scale, m[i] the minimum (0 if none).
+ * reads blocks (qgemm.h): u[i][e] = q[e] + 8 or + 16 for Q4_0 and Q5_0,
+ * q[e] for the offset formats; d[i] the scale, m[i] the minimum (0 if none).
  * Returns how many blocks the chunk holds. */
 int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8_t u[16][32],
 		   float d[16], float m[16]);

@@ -389,7 +389,7 @@ static int check_gemm(struct be *e, struct be *other, bool must)
 static int check_packed(struct be *e)
 {
 	static const int64_t ms[] = { 1, 2, 5, 17, 64 };
-	static const int64_t ks[] = { 320, 512, 576 };
+	static const int64_t ks[] = { 320, 352, 512, 576 };
 	int packed = 0;
 
 	if (!loom_backend_has_pack(e->b))

@@ -24,6 +24,7 @@
 #include "cpu.h"
 #include "qdot.h"
 #include "hard_acts.h"
+#include "kpack.h"
 #include "qgemm.h"
 #include "qpack.h"
 
@@ -357,8 +358,8 @@ static int check_packed(uint32_t t, int64_t nb)
 
 START_TEST(packed_match_reference)
 {
-	static const uint32_t packed[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
-					   LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1 };
+	static const uint32_t packed[] = { LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0,
+					   LOOM_TYPE_Q5_1 };
 	static const int64_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 20,
 					  21, 22, 23, 31, 32, 33, 37, 48 };
 	int bad = 0, cases = 0;
@@ -449,6 +450,98 @@ static int packed_panel_differs(uint32_t t, const uint8_t *w, size_t ws, int row
 	return 1;
 }
 
+/*
+ * Q8_0 in rows-in-lanes groups (kpack.h): n rows of nb blocks packed then
+ * unpacked are the GGUF rows byte for byte; kpack_panel() of each group
+ * is qgemm_panel() of its GGUF rows; the kernel over random row ranges
+ * equals qdot_ref(QDOT_VNNI) of each row bit for bit and writes nothing
+ * outside the range. nb past 128 takes the kernel's passes of 128 blocks.
+ */
+static int check_kpack_q8(int64_t n, int64_t nb, kpack8_fn fn)
+{
+	const uint32_t t = LOOM_TYPE_Q8_0;
+	const size_t ws = nb * 34, bytes = kpack_bytes(t, n, nb);
+	const size_t pbytes = qgemm_panel_bytes(t, nb * 32);
+	uint8_t *w = malloc(n * ws), *back = malloc(ws);
+	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	uint8_t *want = aligned_alloc(64, pbytes), *got = aligned_alloc(64, pbytes);
+	float *x = malloc(nb * 32 * sizeof(float)), y[40 + 2];
+	struct qdot_block *q = malloc(nb * sizeof(*q));
+	int bad = 0;
+
+	ck_assert(w && back && p && want && got && x && q && bytes && n <= 40);
+	ck_assert_uint_eq(kpack_row_share(t, nb), nb % 2 ? 34 * nb + 2 : 34 * nb);
+	fill_weights(t, w, n * nb);
+	for (int64_t g = 0; g * KPACK_ROWS < n; g++) {
+		int rows = (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS);
+
+		kpack_group(t, w + g * KPACK_ROWS * ws, ws, rows, nb,
+			    p + g * KPACK_ROWS * kpack_row_share(t, nb));
+		qgemm_panel(t, w + g * KPACK_ROWS * ws, ws, 0, rows, nb * 32, false, want);
+		kpack_panel(t, p, nb, g * KPACK_ROWS, got);
+		if (memcmp(got, want, pbytes)) {
+			printf("kpack q8_0 n=%lld nb=%lld: panel of group %lld differs\n",
+			       (long long)n, (long long)nb, (long long)g);
+			bad++;
+		}
+	}
+	for (int64_t j = 0; j < n; j++) {
+		kpack_unpack_row(t, p, nb, j, back);
+		if (memcmp(back, w + j * ws, ws)) {
+			printf("kpack q8_0 n=%lld nb=%lld: row %lld does not unpack to itself\n",
+			       (long long)n, (long long)nb, (long long)j);
+			bad++;
+		}
+	}
+	fill_acts(x, nb * 32);
+	qdot_quantize_row(x, q, nb * 32);
+	for (int rep = 0; fn && rep < 6; rep++) {
+		int64_t j0 = rep ? rnd32() % n : 0, j1 = rep ? j0 + 1 + rnd32() % (n - j0) : n;
+
+		for (int i = 0; i < 42; i++)
+			y[i] = -1234.5f;
+		fn(p, q, nb, y + 1, j0, j1);
+		for (int i = 0; i < 42; i++) { /* y[i] is row j0 - 1 + i */
+			int64_t j = j0 - 1 + i;
+			float want_y = j >= j0 && j < j1 ? qdot_ref(QDOT_VNNI, t, w + j * ws, q, nb) :
+							   -1234.5f;
+
+			if (memcmp(&y[i], &want_y, 4)) {
+				printf("kpack q8_0 n=%lld nb=%lld rows [%lld, %lld): row %lld gives "
+				       "%.9g, want %.9g\n", (long long)n, (long long)nb,
+				       (long long)j0, (long long)j1, (long long)j, y[i], want_y);
+				bad++;
+			}
+		}
+	}
+	free(w);
+	free(back);
+	free(p);
+	free(want);
+	free(got);
+	free(x);
+	free(q);
+	return bad;
+}
+
+START_TEST(kpack_q8_matches_reference)
+{
+	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
+	static const int64_t nbs[] = { 1, 2, 3, 7, 18, 48, 127, 128, 129, 130, 259 };
+	kpack8_fn fn = kpack_kernel_q8(QDOT_VNNI);
+	int bad = 0, cases = 0;
+
+	ck_assert(kpack_format(LOOM_TYPE_Q8_0) && kpack_block_elems(LOOM_TYPE_Q8_0) == 32);
+	if (!fn)
+		printf("kpack q8_0: no VNNI here, packing checked without the kernel\n");
+	for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
+		for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++, cases++)
+			bad += check_kpack_q8(ns[i], nbs[c], fn) != 0;
+	printf("kpack q8_0: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 START_TEST(qgemm_match_reference)
 {
 	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
@@ -531,6 +624,7 @@ int main(void)
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, packed_match_reference);
 	tcase_add_test(tc, qgemm_match_reference);
+	tcase_add_test(tc, kpack_q8_matches_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
