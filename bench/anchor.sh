@@ -71,6 +71,14 @@ anchor_cmake() {
 		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
 		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
 		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF)
+	# On a CPU with AMX, -march=native lets ggml compile its AMX kernels,
+	# and this llama.cpp's llama-bench then dies of SIGILL (a tilezero on
+	# a thread that never asked the kernel for tile state; AMX itself
+	# works here). Built without AMX, as it is on the CPUs without it.
+	if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+		local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+		opts+=("-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx")
+	fi
 	local stamp=$CACHE/build/.loom-options
 	if [ ! -f "$CACHE/build/CMakeCache.txt" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${opts[*]}" ]; then
 		log "configuring llama.cpp (CPU only, native) in $CACHE/build"
