@@ -52,7 +52,7 @@ struct gemm_task {
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
 	qdot_m_fn dot_m; /* QDOT_MAX_M rows at once, or NULL */
-	kpack8_fn kp8; /* Q8_0 in kpack.h's layout (packed); dot then NULL */
+	kpack32_fn kp32; /* a 32-value format in kpack.h's layout; dot then NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
 	union {
@@ -368,13 +368,13 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 	const struct cpu_gemv *g = &t->g;
 	int64_t nb = g->k / 32;
 
-	if (t->kp8) {
+	if (t->kp32) {
 		/* a group of 16 rows stays in cache while each x row passes */
 		for (int64_t j = j0, e; j < j1; j = e) {
 			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
 			e = e < j1 ? e : j1;
 			for (int64_t i = 0; i < g->m; i++)
-				t->kp8(g->w, qx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
+				t->kp32(g->w, qx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
 		}
 		return;
 	}
@@ -410,7 +410,7 @@ static void qdot_pick(struct gemm_task *t, enum qdot_isa isa)
 {
 	const bool rows_in_lanes = t->packed && kpack_format(t->g.type);
 
-	t->kp8 = rows_in_lanes ? kpack_kernel_q8(isa) : NULL;
+	t->kp32 = rows_in_lanes ? kpack_kernel32(isa, t->g.type) : NULL;
 	t->dot_m = t->packed && !rows_in_lanes ? qdot_packed_kernel_m(isa, t->g.type) : NULL;
 	t->dot = rows_in_lanes ? NULL : t->packed ? qdot_packed_kernel(isa, t->g.type) :
 						    qdot_kernel(isa, t->g.type);
@@ -435,7 +435,7 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
 	cpu_pool_run(&ctx->pool, quant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	pick_split(t, nth, t->kp8 ? KPACK_ROWS : 4, 32, 256);
+	pick_split(t, nth, t->kp32 ? KPACK_ROWS : 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }

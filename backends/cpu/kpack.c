@@ -32,18 +32,70 @@
 #define KP_Q6K 3392
 #define KP6_SUB 192
 
-/* Q8_0's blocks of 16 rows, in pairs (kpack.h): the pair's d words, then
- * each block's quants; a last unpaired block is padded to 576 bytes. */
-#define Q8_BYTES 34
-#define KP_Q8_PAIR 1088
-#define KP_Q8_ONE 576
-#define KP8_Q 64
-#define KP8_QBYTES 512
+/* The formats with blocks of 32 values (kpack.h: 16 rows' blocks in
+ * pairs). */
+static bool b32(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 ||
+	       t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+}
 
 bool kpack_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K ||
+	return b32(type) || type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K ||
 	       type == LOOM_TYPE_Q6_K;
+}
+
+/* A 32-value format's fields: minima (Q4_1, Q5_1), fifth bits (Q5_0,
+ * Q5_1), quant bytes of a block of 16 rows, and the offset that makes its
+ * values unsigned (their sum times the activations is taken back out). */
+static bool b32_min(uint32_t t)
+{
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
+}
+
+static bool b32_q5(uint32_t t)
+{
+	return t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+}
+
+static size_t b32_qbytes(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 ? 512 : 256;
+}
+
+static int b32_offset(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 ? 128 : t == LOOM_TYPE_Q4_0 ? 8 : t == LOOM_TYPE_Q5_0 ? 16 : 0;
+}
+
+/* Bytes of a pair of blocks of 16 rows (the GGUF bytes), and of a last
+ * unpaired block (padded so that every field starts on a cache line). */
+static size_t b32_pair(uint32_t t)
+{
+	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 128 : 0) + 2 * b32_qbytes(t);
+}
+
+static size_t b32_single(uint32_t t)
+{
+	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 64 : 0) + b32_qbytes(t);
+}
+
+/* Where block b (of nb) of a group keeps its scales d, minima m, fifth
+ * bits h and quants q, from the group's start (kpack.h). */
+struct b32_at {
+	size_t d, m, h, q;
+};
+
+static inline struct b32_at b32_at(uint32_t t, int64_t b, int64_t nb)
+{
+	const size_t base = (size_t)(b / 2) * b32_pair(t), w = (size_t)(b % 2);
+	const size_t mn = b32_min(t) ? 64 : 0, h5 = b32_q5(t) ? 64 : 0;
+
+	if (b == nb - 1 && nb % 2) /* alone */
+		return (struct b32_at){ base, base + 64, base + 64 + mn, base + 64 + mn + h5 };
+	return (struct b32_at){ base + 32 * w, base + 64 + 32 * w, base + 64 + mn + 64 * w,
+				base + 64 + mn + 2 * h5 + b32_qbytes(t) * w };
 }
 
 /* Packed bytes of a K-quant super-block of 16 rows. */
@@ -54,23 +106,22 @@ static size_t kp_bytes(uint32_t t)
 
 static size_t gguf_bytes(uint32_t t)
 {
-	return t == LOOM_TYPE_Q8_0 ? Q8_BYTES : t == LOOM_TYPE_Q6_K ? Q6K_BYTES :
-	       t == LOOM_TYPE_Q5_K ? Q5K_BYTES : Q4K_BYTES;
+	return cpu_block_bytes(t);
 }
 
-/* Where block b of a packed group starts (for Q8_0: its pair). */
+/* Where K-quant super-block b of a packed group starts. */
 static size_t block_at(uint32_t t, int64_t b)
 {
-	return t == LOOM_TYPE_Q8_0 ? (size_t)(b / 2) * KP_Q8_PAIR : (size_t)b * kp_bytes(t);
+	return (size_t)b * kp_bytes(t);
 }
 
 /* A row's share of a group of nb blocks: the group's bytes / 16 (the
  * callers check nb * 212 for overflow). */
 static size_t row_share(uint32_t t, int64_t nb)
 {
-	if (t == LOOM_TYPE_Q8_0)
-		return (size_t)(nb / 2) * (KP_Q8_PAIR / KPACK_ROWS) +
-		       (size_t)(nb % 2) * (KP_Q8_ONE / KPACK_ROWS);
+	if (b32(t))
+		return (size_t)(nb / 2) * (b32_pair(t) / KPACK_ROWS) +
+		       (size_t)(nb % 2) * (b32_single(t) / KPACK_ROWS);
 	return (size_t)nb * (kp_bytes(t) / KPACK_ROWS);
 }
 
@@ -301,42 +352,110 @@ static void panel_q6k(const uint8_t *g, int64_t nb, uint8_t *panel)
 	}
 }
 
-/* ---- Q8_0: quants stored as q + 128 (q ^ 80h), the unsigned operand ---- */
+/* ---- 32-value blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 ---- */
 
-/* Block b of GGUF row r into the group at g (nb blocks): its d word to
- * the pair's header, byte 4v + k of its quants to byte 4r + k of vector v. */
-static void pack_q8_block(const uint8_t *blk, int r, int64_t b, uint8_t *g)
+/* Block p's values as the kernel's unsigned operand: q + 128 (Q8_0), the
+ * nibble with Q5's fifth bit (q + 8, q + 16 for Q4_0, Q5_0). */
+static void b32_values(uint32_t t, const uint8_t *p, uint8_t u[32])
 {
-	uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
+	int8_t q[32];
+	float d, m;
 
-	memcpy(p + 32 * (b % 2) + 2 * r, blk, 2);
-	p += KP8_Q + KP8_QBYTES * (b % 2);
+	qdot_unpack_block(t, p, q, &d, &m);
 	for (int e = 0; e < 32; e++)
-		p[64 * (e / 4) + 4 * r + e % 4] = blk[2 + e] ^ 0x80;
+		u[e] = (uint8_t)(q[e] + b32_offset(t));
 }
 
-static void unpack_q8_block(const uint8_t *g, int r, int64_t b, uint8_t *o)
+/* Block b of GGUF row r into the group at g (nb blocks, zeroed first):
+ * value e = 4l + k of the block goes to byte 4r + k of lane l's vector
+ * (Q8_0: vector l; Q4/Q5: vector l / 2, low nibble for even l, high for
+ * odd), its fifth bit (Q5) to bit l of byte 4r + k of the h vector. */
+static void pack_b32_block(uint32_t t, const uint8_t *blk, int r, int64_t b, int64_t nb,
+			   uint8_t *g)
 {
-	const uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
+	const struct b32_at at = b32_at(t, b, nb);
+	uint8_t u[32];
 
-	memcpy(o, p + 32 * (b % 2) + 2 * r, 2);
-	p += KP8_Q + KP8_QBYTES * (b % 2);
-	for (int e = 0; e < 32; e++)
-		o[2 + e] = p[64 * (e / 4) + 4 * r + e % 4] ^ 0x80;
+	b32_values(t, blk, u);
+	memcpy(g + at.d + 2 * r, blk, 2);
+	if (b32_min(t))
+		memcpy(g + at.m + 2 * r, blk + 2, 2);
+	for (int e = 0; e < 32; e++) {
+		const int l = e / 4, k = e % 4;
+
+		if (t == LOOM_TYPE_Q8_0) {
+			g[at.q + 64 * l + 4 * r + k] = u[e];
+			continue;
+		}
+		g[at.q + 64 * (l / 2) + 4 * r + k] |= (uint8_t)((u[e] & 15) << (4 * (l % 2)));
+		if (b32_q5(t))
+			g[at.h + 4 * r + k] |= (uint8_t)((u[e] >> 4) << l);
+	}
 }
 
-/* qgemm.h's panel blocks: the quants' vectors are the panel's groups as
- * they are; then d and the minimum 0. */
-static void panel_q8(const uint8_t *g, int64_t nb, uint8_t *panel)
+/* Value e of row r of block b, as the unsigned operand. */
+static inline int b32_u(uint32_t t, const uint8_t *g, struct b32_at at, int r, int e)
 {
-	for (int64_t b = 0; b < nb; b++, panel += KP8_QBYTES + 2 * KPACK_ROWS * 4) {
-		const uint8_t *p = g + block_at(LOOM_TYPE_Q8_0, b);
-		float *dw = (float *)(panel + KP8_QBYTES);
+	const int l = e / 4, k = e % 4;
 
-		memcpy(panel, p + KP8_Q + KP8_QBYTES * (b % 2), KP8_QBYTES);
+	if (t == LOOM_TYPE_Q8_0)
+		return g[at.q + 64 * l + 4 * r + k];
+	return (g[at.q + 64 * (l / 2) + 4 * r + k] >> (4 * (l % 2)) & 15) |
+	       (b32_q5(t) ? (g[at.h + 4 * r + k] >> l & 1) << 4 : 0);
+}
+
+static void unpack_b32_block(uint32_t t, const uint8_t *g, int r, int64_t b, int64_t nb,
+			     uint8_t *o)
+{
+	const struct b32_at at = b32_at(t, b, nb);
+	size_t qs = b32_min(t) ? 4 : 2;
+	uint8_t u[32];
+
+	for (int e = 0; e < 32; e++)
+		u[e] = (uint8_t)b32_u(t, g, at, r, e);
+	memcpy(o, g + at.d + 2 * r, 2);
+	if (b32_min(t))
+		memcpy(o + 2, g + at.m + 2 * r, 2);
+	if (t == LOOM_TYPE_Q8_0) {
+		for (int e = 0; e < 32; e++)
+			o[2 + e] = u[e] ^ 0x80;
+		return;
+	}
+	if (b32_q5(t)) {
+		uint32_t qh = 0;
+
+		for (int e = 0; e < 32; e++)
+			qh |= (uint32_t)(u[e] >> 4) << e;
+		for (int i = 0; i < 4; i++)
+			o[qs + i] = (uint8_t)(qh >> (8 * i));
+		qs += 4;
+	}
+	for (int j = 0; j < 16; j++)
+		o[qs + j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
+}
+
+/* qgemm.h's panel blocks: lane l's 16 x 4 bytes (q + 128 for the signed
+ * formats), then d and the minimum (0 if none). Q8_0's lanes are its
+ * quant vectors as they are. */
+static void panel_b32(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const int add = t == LOOM_TYPE_Q4_0 ? 120 : t == LOOM_TYPE_Q5_0 ? 112 : 0;
+
+	for (int64_t b = 0; b < nb; b++, panel += 512 + 2 * KPACK_ROWS * 4) {
+		const struct b32_at at = b32_at(t, b, nb);
+		float *dw = (float *)(panel + 512);
+
+		if (t == LOOM_TYPE_Q8_0)
+			memcpy(panel, g + at.q, 512);
+		else
+			for (int r = 0; r < KPACK_ROWS; r++)
+				for (int e = 0; e < 32; e++)
+					panel[64 * (e / 4) + 4 * r + e % 4] =
+						(uint8_t)(b32_u(t, g, at, r, e) + add);
 		for (int r = 0; r < KPACK_ROWS; r++) {
-			dw[r] = cpu_fp16_to_f32(cpu_rd16(p + 32 * (b % 2) + 2 * r));
-			dw[KPACK_ROWS + r] = 0.0f;
+			dw[r] = cpu_fp16_to_f32(cpu_rd16(g + at.d + 2 * r));
+			dw[KPACK_ROWS + r] =
+				b32_min(t) ? cpu_fp16_to_f32(cpu_rd16(g + at.m + 2 * r)) : 0.0f;
 		}
 	}
 }
@@ -353,8 +472,8 @@ void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows,
 		for (int64_t b = 0; b < nb; b++) {
 			const uint8_t *s = src + r * src_stride + b * gb;
 
-			if (type == LOOM_TYPE_Q8_0)
-				pack_q8_block(s, r, b, dst);
+			if (b32(type))
+				pack_b32_block(type, s, r, b, nb, dst);
 			else if (type == LOOM_TYPE_Q6_K)
 				pack_q6k_block(s, r, dst + block_at(type, b));
 			else
@@ -376,8 +495,8 @@ void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, ui
 	for (int64_t b = 0; b < nb; b++) {
 		uint8_t *o = dst + b * gguf_bytes(type);
 
-		if (type == LOOM_TYPE_Q8_0)
-			unpack_q8_block(g, r, b, o);
+		if (b32(type))
+			unpack_b32_block(type, g, r, b, nb, o);
 		else if (type == LOOM_TYPE_Q6_K)
 			unpack_q6k_block(g + block_at(type, b), r, o);
 		else
@@ -389,8 +508,8 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 {
 	const uint8_t *g = group_of(type, w, nb, j0);
 
-	if (type == LOOM_TYPE_Q8_0)
-		panel_q8(g, nb, panel);
+	if (b32(type))
+		panel_b32(type, g, nb, panel);
 	else if (type == LOOM_TYPE_Q6_K)
 		panel_q6k(g, nb, panel);
 	else
@@ -551,51 +670,95 @@ q5k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 }
 
 /*
- * Q8_0: ref16()'s lanes with the rows in the vector lanes. Lane l of
- * block b (values 4l .. 4l+3) is float accumulator 8 (b % 2) + l, one
- * vector of 16 rows; vector l of the packed block holds those 4 values
- * of every row, so one vpdpbusd makes the lane's exact sum for 16 rows
- * and one fma adds it as ref16() does. The weights enter as q + 128: the
- * lane starts from -128 * (sum of its 4 activation bytes), which the
- * same for all rows, is made once per block and pass (q8_fixes()).
+ * The 32-value formats: ref16()'s lanes with the rows in the vector
+ * lanes. Lane l of block b (values 4l .. 4l+3) is float accumulator
+ * 8 (b % 2) + l, one vector of 16 rows; one vpdpbusd of lane l's weight
+ * vector (Q4/Q5: one mask or shift of a nibble vector, and the fifth bits)
+ * against the 4 activation bytes makes the lane's exact sum for 16 rows,
+ * and one fma adds it as ref16() does. The signed formats' weights enter
+ * with their offset o (128, 8, 16): the lane starts from -o * (sum of its
+ * 4 activation bytes), the same for all rows, made once per block and
+ * pass (b32_fixes()). Q4_1 / Q5_1 add m * x.s of block b to minimum
+ * accumulator b % 16 (kept in memory: the 16 float lanes fill the
+ * registers).
  */
 
 /* Activation blocks a pass over a group takes: their fixes are 4 KiB on
  * the stack. Even, so a pass holds whole pairs. */
-#define Q8_FIX_BLOCKS 128
+#define B32_FIX_BLOCKS 128
 
 TGT_VNNI static inline __attribute__((always_inline)) void
-q8_fixes(const struct qdot_block *x, int64_t n, int32_t (*fix)[8])
+b32_fixes(uint32_t t, const struct qdot_block *x, int64_t n, int32_t (*fix)[8])
 {
 	for (int64_t b = 0; b < n; b++) {
-		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+						_mm256_set1_epi8((char)b32_offset(t)),
 						_mm256_loadu_si256((const __m256i *)x[b].q));
 
 		_mm256_storeu_si256((__m256i *)fix[b], _mm256_sub_epi32(_mm256_setzero_si256(), s));
 	}
 }
 
-/* Block x (its fixes f) against the packed block whose 16 f16 scales are
- * at d and quants at q, into acc[0 .. 7]. */
-TGT_VNNI static inline __attribute__((always_inline)) void
-q8_block(const uint8_t *d, const uint8_t *q, const struct qdot_block *x, const int32_t *f,
-	 __m512 *acc)
+/* acc += lane l's exact sum (from fix f) of weights u and x's bytes 4l ..
+ * 4l+3, times D. */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+b32_lane(__m512 acc, __m512i u, const struct qdot_block *x, int l, int32_t f, __m512 D)
 {
-	const __m512 D = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)d)),
+	__m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(f), u,
+					_mm512_set1_epi32((int)cpu_rd32((const uint8_t *)x->q + 4 * l)));
+
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), D, acc);
+}
+
+/* Bit l of each byte of h moved to bit 4 (a Q5 value's fifth bit). */
+TGT_VNNI static inline __attribute__((always_inline)) __m512i b32_fifth(__m512i h, int l)
+{
+	const __m512i b4 = _mm512_set1_epi8(16);
+
+	if (l < 4)
+		return _mm512_and_si512(_mm512_slli_epi16(h, 4 - l), b4);
+	return _mm512_and_si512(l > 4 ? _mm512_srli_epi16(h, l - 4) : h, b4);
+}
+
+/* Block x (fixes f) against the packed block at g + at, into acc[0 .. 7]
+ * and (Q4_1, Q5_1) the minimum accumulator *accm. */
+TGT_VNNI static inline __attribute__((always_inline)) void
+b32_block(uint32_t t, const uint8_t *g, struct b32_at at, const struct qdot_block *x,
+	  const int32_t *f, __m512 *acc, __m512 *accm)
+{
+	const __m512i m4 = _mm512_set1_epi8(15);
+	const __m512 D = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.d))),
 				       _mm512_set1_ps(x->d));
+	const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };
+	__m512i h = _mm512_setzero_si512();
 
-	for (int l = 0; l < 8; l++) {
-		__m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(f[l]),
-						_mm512_load_si512((const void *)(q + 64 * l)),
-						_mm512_set1_epi32((int)cpu_rd32((const uint8_t *)x->q + 4 * l)));
+	if (b32_min(t))
+		*accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.m))),
+					_mm512_set1_ps(x->s), *accm);
+	if (t == LOOM_TYPE_Q8_0) {
+		for (int l = 0; l < 8; l++)
+			acc[l] = b32_lane(acc[l], _mm512_load_si512((const void *)(g + at.q + 64 * l)),
+					  x, l, fx[l], D);
+		return;
+	}
+	if (b32_q5(t))
+		h = _mm512_load_si512((const void *)(g + at.h));
+	for (int v = 0; v < 4; v++) {
+		__m512i w = _mm512_load_si512((const void *)(g + at.q + 64 * v));
+		__m512i lo = _mm512_and_si512(w, m4);
+		__m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 
-		acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), D, acc[l]);
+		if (b32_q5(t)) {
+			lo = _mm512_or_si512(lo, b32_fifth(h, 2 * v));
+			hi = _mm512_or_si512(hi, b32_fifth(h, 2 * v + 1));
+		}
+		acc[2 * v] = b32_lane(acc[2 * v], lo, x, 2 * v, fx[2 * v], D);
+		acc[2 * v + 1] = b32_lane(acc[2 * v + 1], hi, x, 2 * v + 1, fx[2 * v + 1], D);
 	}
 }
 
-/* reduce16() over the 16 accumulators, lane by lane, then + 0 (ref16()'s
- * empty minimum sum). */
-TGT_VNNI static inline __attribute__((always_inline)) __m512 q8_reduce(const __m512 *a)
+/* reduce16() over 16 accumulators, lane by lane. */
+TGT_VNNI static inline __attribute__((always_inline)) __m512 b32_reduce(const __m512 *a)
 {
 	__m512 r[8], v[4];
 
@@ -603,64 +766,76 @@ TGT_VNNI static inline __attribute__((always_inline)) __m512 q8_reduce(const __m
 		r[i] = _mm512_add_ps(a[i], a[i + 8]);
 	for (int i = 0; i < 4; i++)
 		v[i] = _mm512_add_ps(r[i], r[i + 4]);
-	return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3])),
-			     _mm512_setzero_ps());
+	return _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
 }
 
-/* Blocks [s0, s0 + n) of the group at p, fixes f, into acc (a last
- * unpaired block leaves acc[8 ..] an addition of zero, as in ref16()). */
+/* Blocks [s0, s0 + n) of the group at g (nb blocks), fixes f, into acc
+ * and accm (a last unpaired block leaves acc[8 ..] an addition of zero,
+ * as in ref16()). */
 TGT_VNNI static inline __attribute__((always_inline)) void
-q8_pass(const uint8_t *p, const struct qdot_block *x, int64_t s0, int64_t n,
-	const int32_t (*f)[8], __m512 *acc)
+b32_pass(uint32_t t, const uint8_t *g, const struct qdot_block *x, int64_t nb, int64_t s0,
+	 int64_t n, const int32_t (*f)[8], __m512 *acc, __m512 *accm)
 {
 	int64_t b = s0;
 
 	for (; b + 2 <= s0 + n; b += 2) {
-		const uint8_t *pp = p + block_at(LOOM_TYPE_Q8_0, b);
+		const struct b32_at a0 = b32_at(t, b, nb), a1 = b32_at(t, b + 1, nb);
 
-		kp_prefetch(pp, KP_Q8_PAIR);
-		q8_block(pp, pp + KP8_Q, x + b, f[b - s0], acc);
-		q8_block(pp + 32, pp + KP8_Q + KP8_QBYTES, x + b + 1, f[b - s0 + 1], acc + 8);
+		kp_prefetch(g + a0.d, b32_pair(t));
+		b32_block(t, g, a0, x + b, f[b - s0], acc, &accm[b % 16]);
+		b32_block(t, g, a1, x + b + 1, f[b - s0 + 1], acc + 8, &accm[(b + 1) % 16]);
 	}
 	if (b < s0 + n) {
-		const uint8_t *pp = p + block_at(LOOM_TYPE_Q8_0, b);
-
-		q8_block(pp, pp + KP8_Q, x + b, f[b - s0], acc);
+		b32_block(t, g, b32_at(t, b, nb), x + b, f[b - s0], acc, &accm[b % 16]);
 		for (int l = 8; l < 16; l++)
 			acc[l] = _mm512_add_ps(acc[l], _mm512_setzero_ps());
 	}
 }
 
-TGT_VNNI static void q8_vnni(const uint8_t *w, const struct qdot_block *x, int64_t nb,
-			     float *y, int64_t j0, int64_t j1)
+TGT_VNNI static inline __attribute__((always_inline)) void
+b32_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
+	 int64_t j0, int64_t j1)
 {
-	const size_t gb = row_share(LOOM_TYPE_Q8_0, nb) * KPACK_ROWS;
-	const bool once = nb <= Q8_FIX_BLOCKS;
-	int32_t fix[Q8_FIX_BLOCKS][8];
+	const size_t gb = row_share(t, nb) * KPACK_ROWS;
+	const bool once = nb <= B32_FIX_BLOCKS;
+	int32_t fix[B32_FIX_BLOCKS][8];
 
-	if (once)
-		q8_fixes(x, nb, fix);
-	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
-		const uint8_t *p = w + (size_t)g * gb;
-		const int64_t r0 = g * KPACK_ROWS;
+	if (once && b32_offset(t))
+		b32_fixes(t, x, nb, fix);
+	for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
+		const uint8_t *g = w + (size_t)gi * gb;
+		const int64_t r0 = gi * KPACK_ROWS;
 		int64_t lo = j0 > r0 ? j0 - r0 : 0;
 		int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
-		__m512 acc[16];
+		__m512 acc[16], accm[16];
 		float lanes[KPACK_ROWS];
 
 		for (int l = 0; l < 16; l++)
-			acc[l] = _mm512_setzero_ps();
-		for (int64_t s0 = 0; s0 < nb; s0 += Q8_FIX_BLOCKS) {
-			int64_t n = nb - s0 < Q8_FIX_BLOCKS ? nb - s0 : Q8_FIX_BLOCKS;
+			acc[l] = accm[l] = _mm512_setzero_ps();
+		for (int64_t s0 = 0; s0 < nb; s0 += B32_FIX_BLOCKS) {
+			int64_t n = nb - s0 < B32_FIX_BLOCKS ? nb - s0 : B32_FIX_BLOCKS;
 
-			if (!once)
-				q8_fixes(x + s0, n, fix);
-			q8_pass(p, x, s0, n, (const int32_t(*)[8])fix, acc);
+			if (!once && b32_offset(t))
+				b32_fixes(t, x + s0, n, fix);
+			b32_pass(t, g, x, nb, s0, n, (const int32_t(*)[8])fix, acc, accm);
 		}
-		_mm512_storeu_ps(lanes, q8_reduce(acc));
+		/* reduce16(acc) + reduce16(accm), accm all zeros without minima */
+		_mm512_storeu_ps(lanes, _mm512_add_ps(b32_reduce(acc), b32_reduce(accm)));
 		memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
 	}
 }
+
+#define B32_KERNEL(name, T)                                                                \
+	TGT_VNNI static void name(const uint8_t *w, const struct qdot_block *x, int64_t nb,  \
+				  float *y, int64_t j0, int64_t j1)                          \
+	{                                                                                  \
+		b32_rows(T, w, x, nb, y, j0, j1);                                          \
+	}
+B32_KERNEL(q8_0_vnni, LOOM_TYPE_Q8_0)
+B32_KERNEL(q4_0_vnni, LOOM_TYPE_Q4_0)
+B32_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
+B32_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
+B32_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
 
 KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
 KP_ROWS(q5k_vnni, q5k_block, KP_Q5K)
@@ -687,13 +862,22 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 	return NULL;
 }
 
-kpack8_fn kpack_kernel_q8(enum qdot_isa isa)
+kpack32_fn kpack_kernel32(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (isa == QDOT_VNNI && qdot_isa_supported(isa))
-		return q8_vnni;
+	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+		return NULL;
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return q8_0_vnni;
+	case LOOM_TYPE_Q4_0: return q4_0_vnni;
+	case LOOM_TYPE_Q4_1: return q4_1_vnni;
+	case LOOM_TYPE_Q5_0: return q5_0_vnni;
+	case LOOM_TYPE_Q5_1: return q5_1_vnni;
+	default: return NULL;
+	}
 #else
 	(void)isa;
-#endif
+	(void)type;
 	return NULL;
+#endif
 }

@@ -74,7 +74,7 @@ bool kpack_format(uint32_t type);
  * (super-blocks) for the K-quants; kpack_nb() of a row of k values. */
 static inline int64_t kpack_block_elems(uint32_t type)
 {
-	return type == LOOM_TYPE_Q8_0 ? 32 : 256;
+	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K || type == LOOM_TYPE_Q6_K ? 256 : 32;
 }
 
 static inline int64_t kpack_nb(uint32_t type, int64_t k)
@@ -106,11 +106,12 @@ typedef void (*kpack_fn)(const uint8_t *w, const struct qdot_kblock *x, int64_t 
  * kpack_format). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
 
-/* Q8_0's: y[j - j0] = w_j . x for rows j0 <= j < j1 against activation
- * blocks x (qdot.h), bit for bit qdot_ref(QDOT_VNNI) of the GGUF row. */
-typedef void (*kpack8_fn)(const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
-			  int64_t j0, int64_t j1);
-/* NULL unless isa is QDOT_VNNI and supported. */
-kpack8_fn kpack_kernel_q8(enum qdot_isa isa);
+/* The 32-value formats' (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): y[j - j0] = w_j . x
+ * for rows j0 <= j < j1 against activation blocks x (qdot.h), bit for bit
+ * qdot_ref(QDOT_VNNI) of the GGUF row. */
+typedef void (*kpack32_fn)(const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
+			   int64_t j0, int64_t j1);
+/* NULL unless isa is QDOT_VNNI (supported) and type one of those. */
+kpack32_fn kpack_kernel32(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

@@ -74,8 +74,8 @@ void qpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *dst);
 void qpack_unpack_row(uint32_t type, const uint8_t *src, int64_t nb, uint8_t *dst);
 
 /* Chunk c (blocks 16c ..) of packed row p of nb blocks as the prefill GEMM
- * reads blocks (qgemm.h): u[i][e] = q[e] + 8 or + 16 for Q4_0 and Q5_0,
- * q[e] for the offset formats; d[i] the scale, m[i] the minimum (0 if none).
+ * reads blocks (qgemm.h): u[i][e] = q[e] + 128 for the signed formats,
+ * q[e] for the offset ones; d[i] the scale, m[i] the minimum (0 if none).
  * Returns how many blocks the chunk holds. */
 int qpack_chunk_u8(uint32_t type, const uint8_t *p, int64_t c, int64_t nb, uint8_t u[16][32],
 		   float d[16], float m[16]);
