@@ -16,7 +16,6 @@
 
 #include "cpu.h"
 #include "kpack.h"
-#include "qpack.h"
 #include "../mpi/coll.h"
 
 #define MAX_THREADS 256
@@ -167,11 +166,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *qg = getenv("LOOM_CPU_QGEMM");
 	ctx->qgemm = !(qg && !strcmp(qg, "0"));
 	const char *pack = getenv("LOOM_CPU_PACK");
-	ctx->pack = !ctx->exact && qdot_packed_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
-		    !(pack && !strcmp(pack, "0"));
-	const char *kpack = getenv("LOOM_CPU_KPACK");
-	ctx->kpack = ctx->pack && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_K) &&
-		     !(kpack && !strcmp(kpack, "0"));
+	ctx->pack = !ctx->exact && kpack_kernel32(ctx->qisa, LOOM_TYPE_Q4_1) &&
+		    kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_K) && !(pack && !strcmp(pack, "0"));
 	/* LOOM_CPU_FUSE=0: step regions run every call on its own */
 	const char *fuse = getenv("LOOM_CPU_FUSE");
 	ctx->rg.fuse = !(fuse && !strcmp(fuse, "0"));
@@ -191,8 +187,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
-		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q4_0, q4_1, q5_0, q5_1%s weights packed at load",
-			ctx->kpack ? ", q8_0, q4_K, q5_K and q6_K" : "");
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K "
+			"weights packed at load, 16 rows in the lanes");
 	*out = ctx;
 	return LOOM_OK;
 
@@ -241,15 +237,11 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	case LOOM_OP_SOFTCAP:
 		return type == LOOM_TYPE_F32;
 	case LOOM_OP_EMBED_PACKED:
-		/* embed unpacks what weight_pack packs, but a tied table is
-		 * worth packing only where the packed GEMV streams a large
-		 * matrix faster: Q5_0 and Q5_1, whose GGUF-layout kernel is
-		 * the slow pairwise one (bench_gemm, lm head 576x49152 from
-		 * memory: Q5_0 1.8x faster packed; Q4_1 about even); and
-		 * the formats in 16-row groups (kpack.h): K-quants 1.7-2x
-		 * faster, Q8_0 1.1-1.3x */
-		return ctx && ((ctx->pack && (type == LOOM_TYPE_Q5_0 || type == LOOM_TYPE_Q5_1)) ||
-			       (ctx->kpack && kpack_format(type)));
+		/* embed unpacks what weight_pack packs (its rows, as the GGUF
+		 * bytes); the head then streams the table in 16-row groups,
+		 * 1.1-2x faster than the GGUF-layout kernels (bench_gemm, lm
+		 * head 576x49152 from memory) */
+		return ctx && ctx->pack && kpack_format(type);
 	default:
 		return false;
 	}

@@ -317,11 +317,9 @@ struct loom_backend_ctx {
 	/* fast mode: integer dot kernels and the activation rows quantized
 	 * for them (gemm.c) */
 	enum qdot_isa qisa;
-	/* weight_pack() packs the formats qpack.h knows (fast mode with VNNI
+	/* weight_pack() packs the formats kpack.h knows (fast mode with VNNI
 	 * kernels only; LOOM_CPU_PACK=0 turns it off, for comparisons) */
 	bool pack;
-	/* and the K-quants kpack.h knows (LOOM_CPU_KPACK=0: not those) */
-	bool kpack;
 	struct cpu_arena *arena; /* where packed weights are carved (cpu.c) */
 	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
 	 * comparisons) */

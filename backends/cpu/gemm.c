@@ -10,7 +10,7 @@
  * activation row is quantized once to 8-bit blocks (by one function,
  * whichever thread runs it), then each thread streams its weight rows
  * against the quantized rows; on AVX-512 VNNI the weights are in the
- * packed layout (qpack.h) when the host let the backend pack them. A row's
+ * packed layout (kpack.h) when the host let the backend pack them. A row's
  * result depends only on that row and the weights, so batch invariance and
  * thread-count independence hold as they do in exact mode. Fast-mode
  * prefill (m >= BLAS_MIN_M, not batch invariant) of the 32-value block
@@ -32,7 +32,6 @@
 #include "cpu.h"
 #include "kpack.h"
 #include "qgemm.h"
-#include "qpack.h"
 
 #define BLAS_MIN_M 16
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
@@ -51,7 +50,6 @@ struct gemm_task {
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
-	qdot_m_fn dot_m; /* QDOT_MAX_M rows at once, or NULL */
 	kpack32_fn kp32; /* a 32-value format in kpack.h's layout; dot then NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
@@ -59,7 +57,7 @@ struct gemm_task {
 		qdot_k_fn kdot;
 		kpack_fn kp; /* for a weight in kpack.h's layout (packed) */
 	};
-	bool packed; /* g.w is in qpack.h's layout, or kpack.h's (Q8_0, K-quants) */
+	bool packed; /* g.w is in kpack.h's layout */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -179,10 +177,7 @@ static void blas_task(void *arg, int64_t c, int ith)
 			/* back to the GGUF layout, after the panel in the scratch */
 			uint8_t *tmp = (uint8_t *)(panel + t->chunk * g->k);
 
-			if (kpack_format(g->type))
-				kpack_unpack_row(g->type, g->w, kpack_nb(g->type, g->k), j + r, tmp);
-			else
-				qpack_unpack_row(g->type, row, g->k / 32, tmp);
+			kpack_unpack_row(g->type, g->w, kpack_nb(g->type, g->k), j + r, tmp);
 			row = tmp;
 		}
 		cpu_dequant_row(t->ctx->isa, g->type, row, panel + r * g->k, g->k);
@@ -243,13 +238,11 @@ static int gemm_check(const struct loom_backend_ctx *ctx, const struct loom_gemm
 	w_row = (size_t)blocks * cpu_block_bytes(a->w_type);
 	*ws = a->w_stride;
 	if (packed) {
-		if (!(ctx->pack && qpack_format(a->w_type)) &&
-		    !(ctx->kpack && kpack_format(a->w_type)))
+		if (!(ctx->pack && kpack_format(a->w_type)))
 			return LOOM_ERR_INVALID;
 		*ws = w_row = cpu_gemm_w_stride(a);
 		/* 0: an overflow (weight_pack made nothing of k = 0) */
-		if (!w_row ||
-		    (kpack_format(a->w_type) && a->n > 0 && !kpack_bytes(a->w_type, a->n, kpack_nb(a->w_type, a->k))))
+		if (!w_row || (a->n > 0 && !kpack_bytes(a->w_type, a->n, kpack_nb(a->w_type, a->k))))
 			return LOOM_ERR_INVALID;
 	}
 	if (*ws < w_row || !loom_check_shape(a->m, a->k, a->x_stride) ||
@@ -383,13 +376,7 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 		const uint8_t *w = g->w + (size_t)j * g->w_stride;
 		int rows = j1 - j < 8 ? (int)(j1 - j) : 8;
 
-		int64_t i = 0;
-
-		if (t->dot_m)
-			for (; i + QDOT_MAX_M <= g->m; i += QDOT_MAX_M)
-				t->dot_m(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb),
-					 nb, g->y + i * g->y_stride + j, (size_t)g->y_stride, rows);
-		for (; i < g->m; i++)
+		for (int64_t i = 0; i < g->m; i++)
 			t->dot(w, g->w_stride, qx + i * nb, qsc + i * qdot_scales_len(nb),
 			       nb, g->y + i * g->y_stride + j, rows);
 	}
@@ -408,12 +395,8 @@ static void qdot_task(void *arg, int64_t c, int ith)
 /* t's kernels for its weight (packed or not), on isa. */
 static void qdot_pick(struct gemm_task *t, enum qdot_isa isa)
 {
-	const bool rows_in_lanes = t->packed && kpack_format(t->g.type);
-
-	t->kp32 = rows_in_lanes ? kpack_kernel32(isa, t->g.type) : NULL;
-	t->dot_m = t->packed && !rows_in_lanes ? qdot_packed_kernel_m(isa, t->g.type) : NULL;
-	t->dot = rows_in_lanes ? NULL : t->packed ? qdot_packed_kernel(isa, t->g.type) :
-						    qdot_kernel(isa, t->g.type);
+	t->kp32 = t->packed ? kpack_kernel32(isa, t->g.type) : NULL;
+	t->dot = t->packed ? NULL : qdot_kernel(isa, t->g.type);
 }
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
@@ -630,30 +613,18 @@ static void pack_task_run(void *arg, int64_t c, int ith)
 	const int64_t n = t->a->n;
 
 	(void)ith;
-	if (kpack_format(t->a->type)) {
-		for (int64_t r = c * 64; r < n && r < c * 64 + 64; r += KPACK_ROWS)
-			kpack_group(t->a->type, src + (size_t)r * t->a->src_stride,
-				    t->a->src_stride, n - r < KPACK_ROWS ? (int)(n - r) : KPACK_ROWS,
-				    kpack_nb(t->a->type, t->a->k), t->dst + (size_t)r * t->stride);
-		return;
-	}
-	for (int64_t r = c * 64; r < n && r < c * 64 + 64; r++)
-		qpack_row(t->a->type, src + (size_t)r * t->a->src_stride, t->a->k / 32,
-			  t->dst + (size_t)r * t->stride);
+	for (int64_t r = c * 64; r < n && r < c * 64 + 64; r += KPACK_ROWS)
+		kpack_group(t->a->type, src + (size_t)r * t->a->src_stride, t->a->src_stride,
+			    n - r < KPACK_ROWS ? (int)(n - r) : KPACK_ROWS,
+			    kpack_nb(t->a->type, t->a->k), t->dst + (size_t)r * t->stride);
 }
 
 /* Bytes weight_pack makes of a weight it packs (0 on overflow); t->stride
  * the bytes a row counts for. */
 static size_t pack_size(const struct loom_weight_pack_args *a, struct pack_task *t)
 {
-	if (kpack_format(a->type)) {
-		t->stride = kpack_row_share(a->type, kpack_nb(a->type, a->k));
-		return kpack_bytes(a->type, a->n, kpack_nb(a->type, a->k));
-	}
-	t->stride = qpack_row_bytes(a->type, a->k / 32);
-	if (!t->stride || (uint64_t)a->n > SIZE_MAX / t->stride)
-		return 0;
-	return (size_t)a->n * t->stride;
+	t->stride = kpack_row_share(a->type, kpack_nb(a->type, a->k));
+	return kpack_bytes(a->type, a->n, kpack_nb(a->type, a->k));
 }
 
 int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
@@ -666,8 +637,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
 		return LOOM_ERR_INVALID;
-	if (!(ctx->pack && qpack_format(a->type) && a->k % 32 == 0) &&
-	    !(ctx->kpack && kpack_format(a->type) && a->k % kpack_block_elems(a->type) == 0))
+	if (!(ctx->pack && kpack_format(a->type) && a->k % kpack_block_elems(a->type) == 0))
 		return LOOM_ERR_UNSUPPORTED;
 	/* every GGUF row of k values fits in src_stride bytes */
 	if (a->src_stride < (size_t)(a->k / cpu_block_elems(a->type)) * cpu_block_bytes(a->type))
@@ -832,15 +802,14 @@ size_t cpu_gemm_w_stride(const struct loom_gemm_args *a)
 {
 	if (!LOOM_GEMM_PACKED(a))
 		return a->w_stride;
-	return kpack_format(a->w_type) ? kpack_row_share(a->w_type, kpack_nb(a->w_type, a->k)) :
-					 qpack_row_bytes(a->w_type, a->k / 32);
+	return kpack_row_share(a->w_type, kpack_nb(a->w_type, a->k));
 }
 
 size_t cpu_gemm_w_bytes(const struct loom_gemm_args *a)
 {
 	if (a->n <= 0)
 		return 0;
-	if (LOOM_GEMM_PACKED(a) && kpack_format(a->w_type))
+	if (LOOM_GEMM_PACKED(a))
 		return kpack_bytes(a->w_type, a->n, kpack_nb(a->w_type, a->k));
 	return (size_t)a->n * cpu_gemm_w_stride(a);
 }
@@ -896,7 +865,7 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	/* members start on a multiple of `unit` rows, as a chunk does: 16
 	 * where one is in rows-in-lanes groups (kpack.h), else 8 */
 	for (int i = 0; i < g->n; i++)
-		if (LOOM_GEMM_PACKED(g->gemm[i]) && kpack_format(g->gemm[i]->w_type))
+		if (LOOM_GEMM_PACKED(g->gemm[i]))
 			unit = KPACK_ROWS;
 	for (int i = 0; i < g->n; i++) {
 		if (member_setup(&gt, g, i, g->glu ? 0 : rows))

@@ -9,7 +9,6 @@
 
 #include "cpu.h"
 #include "kpack.h"
-#include "qpack.h"
 #include "loom/kv_quant.h"
 
 /* ---- embed ---- */
@@ -33,22 +32,16 @@ static void embed_rows(struct loom_backend_ctx *ctx, const void *p, int64_t r0, 
 }
 
 /* Rows of a table weight_pack packed (ABI 1.5, row_bytes 0): each back to
- * its GGUF bytes (qpack_unpack_row or kpack_unpack_row, byte for byte),
- * then as above. */
+ * its GGUF bytes (kpack_unpack_row, byte for byte), then as above. */
 static int embed_packed(struct loom_backend_ctx *ctx, const struct embed_args *a, int64_t n_ids)
 {
-	const bool k = kpack_format(a->type);
 	const int64_t nb = a->dim / cpu_block_elems(a->type);
-	const size_t stride = k ? 0 : qpack_row_bytes(a->type, nb);
 	uint8_t *row = malloc((size_t)nb * cpu_block_bytes(a->type));
 
 	if (!row)
 		return LOOM_ERR_NOMEM;
 	for (int64_t r = 0; r < n_ids; r++) {
-		if (k)
-			kpack_unpack_row(a->type, a->table, nb, a->ids[r], row);
-		else
-			qpack_unpack_row(a->type, a->table + (size_t)a->ids[r] * stride, nb, row);
+		kpack_unpack_row(a->type, a->table, nb, a->ids[r], row);
 		cpu_dequant_row(ctx->isa, a->type, row, a->out + r * a->dim, a->dim);
 	}
 	free(row);
@@ -71,12 +64,9 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 		return LOOM_ERR_INVALID;
 	need = (size_t)(dim / cpu_block_elems(type)) * cpu_block_bytes(type);
 	if (packed) { /* a table of this backend's layout: its rows' size */
-		if (ctx->kpack && kpack_format(type))
-			row_bytes = kpack_row_share(type, kpack_nb(type, dim));
-		else if (ctx->pack && qpack_format(type) && dim % 32 == 0)
-			row_bytes = qpack_row_bytes(type, dim / 32);
-		else
+		if (!ctx->pack || !kpack_format(type))
 			return LOOM_ERR_INVALID;
+		row_bytes = kpack_row_share(type, kpack_nb(type, dim));
 		if (!row_bytes)
 			return LOOM_ERR_INVALID;
 	}

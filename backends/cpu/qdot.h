@@ -63,22 +63,6 @@ bool qdot_isa_supported(enum qdot_isa isa);
 const char *qdot_isa_name(enum qdot_isa isa);
 /* The kernel of `type` for `isa` (NULL if either is unsupported). */
 qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
-/* The kernel of `type` over rows in the packed layout (qpack.h), whose
- * results are qdot_kernel(isa, type)'s bit for bit; NULL unless isa is
- * QDOT_VNNI (supported) and type qpack_format(). w_stride is the packed
- * row stride. */
-qdot_fn qdot_packed_kernel(enum qdot_isa isa, uint32_t type);
-
-/* Activation rows a qdot_m_fn takes at once. */
-#define QDOT_MAX_M 2
-/* y[i * y_stride + r] for activation rows i < QDOT_MAX_M, row i's blocks
- * at x + i * nb and scales at xsc + i * qdot_scales_len(nb): the packed
- * kernel's results bit for bit, with each weight operand loaded and
- * unpacked once for all the rows (batched decode, speculative checks). */
-typedef void (*qdot_m_fn)(const uint8_t *w, size_t w_stride, const struct qdot_block *x,
-			  const float *xsc, int64_t nb, float *y, size_t y_stride, int rows);
-/* qdot_packed_kernel()'s twin for QDOT_MAX_M rows (NULL where it is NULL). */
-qdot_m_fn qdot_packed_kernel_m(enum qdot_isa isa, uint32_t type);
 /* A GGUF block's 32 integers (signed, or 0..31 for the offset formats),
  * scale and minimum (0 if none), as the references read them. */
 void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m);

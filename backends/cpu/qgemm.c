@@ -5,7 +5,6 @@
 #include "cpu.h"
 #include "kpack.h"
 #include "qgemm.h"
-#include "qpack.h"
 
 _Static_assert(QGEMM_ROWS == KPACK_ROWS, "a packed K-quant group is one panel");
 
@@ -157,39 +156,6 @@ static void put_row(uint8_t *pb, int r, const uint8_t u[32], int groups)
 		memcpy(pb + g * GROUP_BYTES + r * 4, u + 4 * g, 4);
 }
 
-/* qgemm_panel() of packed rows (a 32-value format), a row at a time, a
- * chunk of 16 blocks at a time. */
-static void panel_packed(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int rows,
-			 int64_t k, void *panel)
-{
-	const int64_t nb = k / 32;
-	const size_t bb = block_bytes(t);
-	uint8_t u[16][32];
-	float d[16], m[16];
-
-	for (int r = 0; r < QGEMM_ROWS; r++) {
-		const uint8_t *row = w + (size_t)(j0 + r) * ws;
-
-		for (int64_t c = 0; c * 16 < nb; c++) {
-			int n = r < rows ? qpack_chunk_u8(t, row, c, nb, u, d, m) :
-				(int)(nb - 16 * c < 16 ? nb - 16 * c : 16);
-
-			for (int i = 0; i < n; i++) {
-				uint8_t *pb = (uint8_t *)panel + (size_t)(16 * c + i) * bb;
-				float *dw = (float *)(pb + 8 * GROUP_BYTES);
-
-				if (r >= rows) { /* a missing row: zeros */
-					memset(u[i], 0, 32);
-					d[i] = m[i] = 0.0f;
-				}
-				put_row(pb, r, u[i], 8);
-				dw[r] = d[i];
-				dw[QGEMM_ROWS + r] = m[i];
-			}
-		}
-	}
-}
-
 /* qgemm_panel() of K-quant rows, a row and a super-block at a time. */
 static void panel_k(uint32_t t, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
 		    void *panel)
@@ -234,16 +200,12 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
 	uint8_t u[QGEMM_ROWS][32];
 
 	memset(u, 0, sizeof(u));
-	if (packed && kpack_format(type)) { /* a panel is one 16-row group */
+	if (packed) { /* a panel is one 16-row group (kpack.h) */
 		kpack_panel(type, w, kpack_nb(type, k), j0, panel);
 		return;
 	}
 	if (qdot_k_format(type)) {
 		panel_k(type, w, ws, j0, rows, k, panel);
-		return;
-	}
-	if (packed) {
-		panel_packed(type, w, ws, j0, rows, k, panel);
 		return;
 	}
 	for (int r = 0; r < QGEMM_ROWS; r++)

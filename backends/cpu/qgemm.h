@@ -49,9 +49,8 @@ int qgemm_block(uint32_t type);
 /* Bytes of a panel of k values (a multiple of 64). */
 size_t qgemm_panel_bytes(uint32_t type, int64_t k);
 /* Builds the panel of rows [j0, j0 + rows) (rows <= 16; missing rows are
- * zeros) from rows w + j * ws of k values: GGUF rows, or with `packed`
- * rows in qpack.h's layout (a qpack_format() type) or, for a K-quant,
- * kpack.h's 16-row groups (j0 then a multiple of 16). */
+ * zeros in the GGUF case) from rows w + j * ws of k values: GGUF rows,
+ * or with `packed` kpack.h's 16-row groups (j0 then a multiple of 16). */
 void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int rows, int64_t k,
 		 bool packed, void *panel);
 /* An activation row's k / qgemm_block() blocks for the kernel, from its

@@ -11,9 +11,10 @@
  *             (round to nearest moves x by at most half a step, amax/127/2).
  *
  * Plus the activation quantizer's own contract: |q| <= 127, x within half a
- * step of d*q, s = d * sum(q); and the packed layout (qpack.h): unpacking
- * gives back the GGUF bytes, and the packed kernels equal qdot_ref() of
- * the VNNI set bit for bit, as the GGUF-layout kernels do.
+ * step of d*q, s = d * sum(q); and the packed layout (kpack.h): unpacking
+ * gives back the GGUF bytes, the packed kernels equal qdot_ref() of the
+ * VNNI set bit for bit, as the GGUF-layout kernels do, and a prefill panel
+ * built from a packed group is the GGUF rows' panel.
  */
 #include <check.h>
 #include <math.h>
@@ -26,7 +27,6 @@
 #include "hard_acts.h"
 #include "kpack.h"
 #include "qgemm.h"
-#include "qpack.h"
 
 static const uint32_t formats[] = {
 	LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
@@ -278,105 +278,6 @@ START_TEST(layouts_agree)
 }
 END_TEST
 
-/* Packs ROWS rows of nb blocks, checks the round trip, and compares the
- * packed kernel (ROWS rows at once, and row 0 alone) with the reference
- * on the GGUF rows; then the kernel for QDOT_MAX_M activation rows at once
- * (into a y of odd stride), row i against the reference on x row i.
- * Returns mismatches. */
-static int check_packed_m(uint32_t t, int64_t nb, const uint8_t *w, size_t ws,
-			  const uint8_t *pw, size_t ps)
-{
-	enum { M = QDOT_MAX_M, YS = ROWS + 3 };
-	static struct qdot_block q[M * MAX_NB];
-	static float x[MAX_NB * 32], sc[M * ((MAX_NB + 15) / 16 * 32)], y[M * YS];
-	const int64_t sl = qdot_scales_len(nb);
-	qdot_m_fn fm = qdot_packed_kernel_m(QDOT_VNNI, t);
-	int bad = 0;
-
-	ck_assert(fm != NULL);
-	for (int i = 0; i < M; i++) {
-		fill_acts(x, nb * 32);
-		qdot_quantize_row(x, q + i * nb, nb * 32);
-		qdot_row_scales(q + i * nb, nb, sc + i * sl);
-	}
-	/* ROWS rows, then the last row alone (the one-row path) */
-	fm(pw, ps, q, sc, nb, y, YS, ROWS);
-	fm(pw + (ROWS - 1) * ps, ps, q, sc, nb, y + ROWS, YS, 1);
-	for (int i = 0; i < M; i++)
-		for (int r = 0; r <= ROWS; r++) {
-			int wr = r < ROWS ? r : ROWS - 1;
-			float want = qdot_ref(QDOT_VNNI, t, w + wr * ws, q + i * nb, nb);
-
-			if (memcmp(&y[i * YS + r], &want, 4)) {
-				printf("packed x%d type %u nb=%lld act row %d row %d: %.9g, reference %.9g\n",
-				       M, t, (long long)nb, i, r, y[i * YS + r], want);
-				bad++;
-			}
-		}
-	return bad;
-}
-
-static int check_packed(uint32_t t, int64_t nb)
-{
-	static uint8_t w[ROWS * MAX_NB * 34], back[MAX_NB * 34];
-	static uint8_t pw[ROWS * MAX_NB * 36 + ROWS * 64] __attribute__((aligned(64)));
-	const size_t ws = nb * cpu_block_bytes(t), ps = qpack_row_bytes(t, nb);
-	qdot_fn fn = qdot_packed_kernel(QDOT_VNNI, t);
-	struct qdot_block q[MAX_NB];
-	float x[MAX_NB * 32], sc[(MAX_NB + 15) / 16 * 32], y[ROWS], y0;
-	int bad = 0;
-
-	ck_assert(fn != NULL);
-	ck_assert(ps % 32 == 0 && ps >= ws && ps < ws + 32);
-	fill_weights(t, w, ROWS * nb);
-	fill_acts(x, nb * 32);
-	qdot_quantize_row(x, q, nb * 32);
-	qdot_row_scales(q, nb, sc);
-	for (int r = 0; r < ROWS; r++) {
-		qpack_row(t, w + r * ws, nb, pw + r * ps);
-		qpack_unpack_row(t, pw + r * ps, nb, back);
-		if (memcmp(back, w + r * ws, ws)) {
-			printf("type %u nb=%lld row %d: unpack(pack(row)) differs\n", t,
-			       (long long)nb, r);
-			bad++;
-		}
-	}
-	bad += check_packed_m(t, nb, w, ws, pw, ps);
-	fn(pw, ps, q, sc, nb, y, ROWS);
-	fn(pw, ps, q, sc, nb, &y0, 1);
-	for (int r = 0; r < ROWS; r++) {
-		float want = qdot_ref(QDOT_VNNI, t, w + r * ws, q, nb);
-
-		if (memcmp(&y[r], &want, 4) || (r == 0 && memcmp(&y0, &want, 4))) {
-			printf("packed type %u nb=%lld row %d: kernel %.9g (alone %.9g), reference %.9g\n",
-			       t, (long long)nb, r, y[r], y0, want);
-			bad++;
-		}
-	}
-	return bad;
-}
-
-START_TEST(packed_match_reference)
-{
-	static const uint32_t packed[] = { LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0,
-					   LOOM_TYPE_Q5_1 };
-	static const int64_t counts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 18, 19, 20,
-					  21, 22, 23, 31, 32, 33, 37, 48 };
-	int bad = 0, cases = 0;
-
-	if (!qdot_isa_supported(QDOT_VNNI)) {
-		printf("packed kernels: no AVX-512 VNNI here, skipped\n");
-		return;
-	}
-	for (size_t f = 0; f < sizeof(packed) / sizeof(packed[0]); f++)
-		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
-			for (int rep = 0; rep < 10; rep++, cases++)
-				bad += check_packed(packed[f], counts[c]) != 0;
-	printf("packed kernels: %d cases, %d off\n", cases, bad);
-	ck_assert_int_eq(bad, 0);
-}
-END_TEST
-
 /* Random K-quant super-blocks: random bytes with sane f16 d (and dmin). */
 static void fill_k(uint32_t t, uint8_t *w, int64_t n_sb)
 {
@@ -428,36 +329,6 @@ static bool near_dequant(uint32_t t, const uint8_t *w, const struct qdot_block *
  * 32-value formats also against the f64 dot of the dequantized operands
  * within float rounding.
  */
-/* 1 if the panel built from the packed copies of rows w + r * ws (qpack.h)
- * is not byte for byte `want`, the one built from the GGUF rows. */
-static int packed_panel_differs(uint32_t t, const uint8_t *w, size_t ws, int rows, int64_t k,
-				const uint8_t *want)
-{
-	static uint8_t packed[16 * 1536 / 32 * 48] __attribute__((aligned(64)));
-	static uint8_t got[2 * 1536 / 16 * 384] __attribute__((aligned(64)));
-	size_t ps = qpack_row_bytes(t, k / 32);
-
-	if (!qpack_format(t))
-		return 0;
-	ck_assert(ps * 16 <= sizeof(packed));
-	for (int r = 0; r < rows; r++)
-		qpack_row(t, w + r * ws, k / 32, packed + r * ps);
-	qgemm_panel(t, packed, ps, 0, rows, k, true, got);
-	if (!memcmp(got, want, qgemm_panel_bytes(t, k)))
-		return 0;
-	printf("qgemm panel from packed rows differs: type %u k=%lld rows=%d\n", t,
-	       (long long)k, rows);
-	return 1;
-}
-
-/*
- * The 32-value formats in rows-in-lanes groups (kpack.h): n rows of nb
- * blocks packed then
- * unpacked are the GGUF rows byte for byte; kpack_panel() of each group
- * is qgemm_panel() of its GGUF rows; the kernel over random row ranges
- * equals qdot_ref(QDOT_VNNI) of each row bit for bit and writes nothing
- * outside the range. nb past 128 takes the kernel's passes of 128 blocks.
- */
 /* Whether two qgemm panels of nb 32-value blocks differ in rows < rows
  * (per block: 8 groups of 16 x 4 bytes, then 16 scales, 16 minima). */
 static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, int rows)
@@ -478,6 +349,14 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
 	return false;
 }
 
+/*
+ * The 32-value formats in rows-in-lanes groups (kpack.h): n rows of nb
+ * blocks packed then unpacked are the GGUF rows byte for byte;
+ * kpack_panel() of each group is qgemm_panel() of its GGUF rows in every
+ * row the group holds; the kernel over random row ranges
+ * equals qdot_ref(QDOT_VNNI) of each row bit for bit and writes nothing
+ * outside the range. nb past 128 takes the kernel's passes of 128 blocks.
+ */
 static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack32_fn fn)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
@@ -609,7 +488,6 @@ START_TEST(qgemm_match_reference)
 				ck_assert(qgemm_panel_bytes(t, k) <= sizeof(panel));
 				memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
 				qgemm_panel(t, w, ws, 0, rows, k, false, panel);
-				bad += packed_panel_differs(t, w, ws, rows, k, panel);
 				qgemm_run(t, panel, rows, q, prep, M, k, y, N);
 				for (int i = 0; i < M; i++)
 					for (int r = 0; r < N; r++) {
@@ -648,7 +526,6 @@ int main(void)
 	tcase_add_test(tc, quantize_simd_matches_c);
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, layouts_agree);
-	tcase_add_test(tc, packed_match_reference);
 	tcase_add_test(tc, qgemm_match_reference);
 	tcase_add_test(tc, kpack32_matches_reference);
 	suite_add_tcase(s, tc);
