@@ -1,6 +1,7 @@
 /*
- * The cpu backend's packed layout of Q8_0 and K-quant weights (ABI 1.2
- * weight_pack), for the fast mode's AVX-512 VNNI GEMV: rows in lanes.
+ * The cpu backend's packed layout of every format it packs (ABI 1.2
+ * weight_pack: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), for the
+ * fast mode's AVX-512 VNNI GEMV: rows in lanes.
  *
  * The GGUF-layout K-quant kernels (qdot_k.c) decode each row's 6-bit
  * sub-block scales, permute them across a vector and widen the products to
@@ -33,28 +34,37 @@
  * k are the top two bits of value 16i + 4c + k. 3392 bytes (16 x 212; the
  * padding keeps every super-block on a cache line).
  *
- * Q8_0 (blocks of 32 values; the same 16-row groups). Blocks go in pairs,
- * 1088 bytes (16 x 68, the GGUF bytes exactly):
+ * The 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), in the same 16-row
+ * groups: blocks go in pairs, whose bytes are the GGUF bytes exactly
+ * (16 x 2 x 34, 18, 20, 22, 24):
  *
- *   0     d[2][16]   f16, the pair's first block's scale of row r, then
- *                    its second's
- *   64    q[8][16][4]   byte k of (v, r): value 4v + k of row r of the
- *                    first block, stored as q + 128 (q ^ 80h: vpdpbusd's
- *                    unsigned operand)
- *   576   the second block's quants, the same way
+ *   0     d[2][16]   f16, the first block's scale of row r, then the
+ *                    second's
+ *   64    m[2][16]   f16 minima, likewise (Q4_1, Q5_1)
+ *   then  h[2][16][4]   Q5: bit l of byte k of row r is the fifth bit of
+ *                    value 4l + k (one 64-byte vector a block)
+ *   then  the first block's quants, then the second's: lane l of a block
+ *         holds values 4l .. 4l+3 of each row (byte k of row r: value
+ *         4l + k). Q8_0: lane l is vector l, the values stored as q + 128
+ *         (q ^ 80h, vpdpbusd's unsigned operand), 512 bytes; Q4/Q5: vector
+ *         v holds lane 2v in its low nibbles and lane 2v + 1 in its high
+ *         ones, 256 bytes.
  *
- * and a last unpaired block in 576 bytes (d[16], 32 bytes of padding,
- * quants), so that every quant vector is on a cache line. The GGUF-layout
- * kernel spends a permute and a convert on each pair of blocks of a row;
- * here one vpdpbusd makes one float lane of 16 rows, and the arithmetic
- * is still qdot.h's 16-lane one (ref16()) bit for bit.
+ * A last unpaired block keeps the same order with its fields padded to
+ * cache lines (d at 0, m at 64, h and the quants after). Every field
+ * starts on a cache line. A lane against 4 broadcast activation bytes is
+ * one vpdpbusd (Q4/Q5: after a mask or shift, and the fifth bits), and it
+ * is float lane l of qdot.h's 16-lane arithmetic (ref16()) for 16 rows at
+ * once; the GGUF-layout kernels spend a permute and a scale vector on each
+ * block pair of each row.
  *
- * A row counts for nb * 148, 180 or 212 bytes (K-quants) or 34 nb (Q8_0;
- * 34 nb + 2 for odd nb) (kpack_row_share()), so a group's start is row
- * 16G's at that stride, and the whole weight is kpack_bytes().
- * Every field keeps the GGUF bits, so kpack_unpack_row() gives the GGUF
- * row back byte for byte and the kernel's results are qdot_k_ref()'s bit
- * for bit (tests/backend/qdot_k.c; Q8_0: qdot_ref(), tests/backend/qdot.c).
+ * A row counts for nb * 148, 180 or 212 bytes (K-quants) or its GGUF
+ * bytes (32-value formats; a few more for odd nb) (kpack_row_share()), so
+ * a group's start is row 16G's at that stride, and the whole weight is
+ * kpack_bytes(). Every field keeps the GGUF bits, so kpack_unpack_row()
+ * gives the GGUF row back byte for byte and the kernels' results are
+ * qdot_k_ref()'s (tests/backend/qdot_k.c) and qdot_ref()'s
+ * (tests/backend/qdot.c) bit for bit.
  */
 #ifndef LOOM_CPU_KPACK_H
 #define LOOM_CPU_KPACK_H
