@@ -436,22 +436,30 @@ static void unpack_b32_block(uint32_t t, const uint8_t *g, int r, int64_t b, int
 
 /* qgemm.h's panel blocks: lane l's 16 x 4 bytes (q + 128 for the signed
  * formats), then d and the minimum (0 if none). Q8_0's lanes are its
- * quant vectors as they are. */
+ * quant vectors as they are; a Q4/Q5 nibble vector gives two lanes (byte
+ * loops, which the compiler vectorizes). */
 static void panel_b32(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
 {
 	const int add = t == LOOM_TYPE_Q4_0 ? 120 : t == LOOM_TYPE_Q5_0 ? 112 : 0;
+	static const uint8_t zero[64];
 
 	for (int64_t b = 0; b < nb; b++, panel += 512 + 2 * KPACK_ROWS * 4) {
 		const struct b32_at at = b32_at(t, b, nb);
+		const uint8_t *h = b32_q5(t) ? g + at.h : zero;
 		float *dw = (float *)(panel + 512);
 
 		if (t == LOOM_TYPE_Q8_0)
 			memcpy(panel, g + at.q, 512);
 		else
-			for (int r = 0; r < KPACK_ROWS; r++)
-				for (int e = 0; e < 32; e++)
-					panel[64 * (e / 4) + 4 * r + e % 4] =
-						(uint8_t)(b32_u(t, g, at, r, e) + add);
+			for (int v = 0; v < 4; v++) {
+				const uint8_t *q = g + at.q + 64 * v;
+				uint8_t *lo = panel + 128 * v, *hi = lo + 64;
+
+				for (int i = 0; i < 64; i++) {
+					lo[i] = (uint8_t)(((q[i] & 15) | (h[i] >> (2 * v) & 1) << 4) + add);
+					hi[i] = (uint8_t)(((q[i] >> 4) | (h[i] >> (2 * v + 1) & 1) << 4) + add);
+				}
+			}
 		for (int r = 0; r < KPACK_ROWS; r++) {
 			dw[r] = cpu_fp16_to_f32(cpu_rd16(g + at.d + 2 * r));
 			dw[KPACK_ROWS + r] =
