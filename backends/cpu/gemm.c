@@ -354,6 +354,16 @@ static size_t local_floats(int64_t m, int64_t nb, bool kq)
 	return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 
+/* Where the span of packed rows from j (< j1) ends: at j1 for one
+ * activation row, else with j's 16-row group, so that the group stays in
+ * cache while each activation row passes. */
+static int64_t group_span_end(const struct cpu_gemv *g, int64_t j, int64_t j1)
+{
+	int64_t e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
+
+	return e < j1 ? e : j1;
+}
+
 /* Weight rows [j0, j1) of t against the quantized rows qx, qsc. */
 static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, const float *qsc,
 		      int64_t j0, int64_t j1)
@@ -362,10 +372,8 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 	int64_t nb = g->k / 32;
 
 	if (t->kp32) {
-		/* a group of 16 rows stays in cache while each x row passes */
 		for (int64_t j = j0, e; j < j1; j = e) {
-			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
-			e = e < j1 ? e : j1;
+			e = group_span_end(g, j, j1);
 			for (int64_t i = 0; i < g->m; i++)
 				t->kp32(g->w, qx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
 		}
@@ -442,10 +450,8 @@ static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx
 	int64_t nb = g->k / 256;
 
 	if (t->packed) {
-		/* a group of 16 rows stays in cache while each x row passes */
 		for (int64_t j = j0, e; j < j1; j = e) {
-			e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
-			e = e < j1 ? e : j1;
+			e = group_span_end(g, j, j1);
 			for (int64_t i = 0; i < g->m; i++)
 				t->kp(g->w, qkx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
 		}
