@@ -97,8 +97,9 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx);
 }
 
-/* The integer dot set that goes with kernel set isa: VNNI where the CPU
- * has it, unless LOOM_CPU_ISA asked for plain avx512. */
+/* The integer dot set that goes with kernel set isa: AVX-512 VNNI or
+ * AVX-VNNI where the CPU has it, unless LOOM_CPU_ISA asked for plain
+ * avx512 or avx2. */
 static enum qdot_isa pick_qdot_isa(enum cpu_isa isa, const char *want)
 {
 	switch (isa) {
@@ -107,6 +108,8 @@ static enum qdot_isa pick_qdot_isa(enum cpu_isa isa, const char *want)
 			return QDOT_VNNI;
 		return QDOT_AVX512;
 	case CPU_ISA_AVX2:
+		if ((!want || strcmp(want, "avx2")) && qdot_isa_supported(QDOT_AVXVNNI))
+			return QDOT_AVXVNNI;
 		return QDOT_AVX2;
 	default:
 		return QDOT_SCALAR;
@@ -141,12 +144,14 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		return LOOM_ERR_NOMEM;
 	ctx->host = host;
 	ctx->isa = cpu_detect_isa();
-	/* LOOM_CPU_ISA=scalar|avx2|avx512 selects a lesser kernel set (for
-	 * tests); avx512 is AVX-512 without VNNI for the integer dots */
+	/* LOOM_CPU_ISA=scalar|avx2|avx-vnni|avx512 selects a lesser kernel
+	 * set (for tests): avx512 is AVX-512 without VNNI for the integer
+	 * dots, avx2 AVX2 without AVX-VNNI, avx-vnni AVX2 with it */
 	const char *want = getenv("LOOM_CPU_ISA");
 	if (want && !strcmp(want, "scalar"))
 		ctx->isa = CPU_ISA_SCALAR;
-	else if (want && !strcmp(want, "avx2") && ctx->isa == CPU_ISA_AVX512)
+	else if (want && (!strcmp(want, "avx2") || !strcmp(want, "avx-vnni")) &&
+		 ctx->isa == CPU_ISA_AVX512)
 		ctx->isa = CPU_ISA_AVX2;
 	ctx->qisa = pick_qdot_isa(ctx->isa, want);
 	ctx->n_threads = (int)n;

@@ -26,6 +26,7 @@
 #include "qdot.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -45,6 +46,20 @@ bool qdot_format(uint32_t type)
 	}
 }
 
+/* AVX-VNNI (CPUID leaf 7, sub-leaf 1, EAX bit 4): this gcc's
+ * __builtin_cpu_supports does not know it. The OS saves the YMM state
+ * wherever AVX2 runs, which the callers check first. */
+static bool has_avxvnni(void)
+{
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+
+	return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+#else
+	return false;
+#endif
+}
+
 bool qdot_isa_supported(enum qdot_isa isa)
 {
 	enum cpu_isa best = cpu_detect_isa();
@@ -60,6 +75,8 @@ bool qdot_isa_supported(enum qdot_isa isa)
 #if defined(__x86_64__)
 		return best >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
 #endif
+	case QDOT_AVXVNNI:
+		return best >= CPU_ISA_AVX2 && has_avxvnni();
 	default:
 		return false;
 	}
@@ -67,7 +84,8 @@ bool qdot_isa_supported(enum qdot_isa isa)
 
 const char *qdot_isa_name(enum qdot_isa isa)
 {
-	static const char *const names[] = { "scalar", "avx2", "avx512", "avx512-vnni" };
+	static const char *const names[] = { "scalar", "avx2", "avx512", "avx512-vnni",
+					     "avx-vnni" };
 
 	return isa < QDOT_N_ISA ? names[isa] : "?";
 }
@@ -432,50 +450,70 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
 	return _mm_cvtss_f32(v);
 }
 
-TGT_AVX2 ALWAYS void avx2_rows(uint32_t t, const uint8_t *w, size_t ws,
-			       const struct qdot_block *x, const float *xsc, int64_t nb, float *y,
-			       int R)
+/* Byte products summed per int32 lane: maddubs and madd (AVX2), or one
+ * vpdpbusd (AVX-VNNI). The sums are exact either way. */
+TGT_AVX2 ALWAYS __m256i avx2_lanes(__m256i u, __m256i s)
 {
-	const size_t bb = block_bytes(t);
-	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc[4];
-	float accm[4], d, m;
-
-	for (int r = 0; r < R; r++) {
-		acc[r] = _mm256_setzero_ps();
-		accm[r] = 0.0f;
-	}
-	for (int64_t b = 0; b < nb; b++) {
-		/* Q4_0: nibbles q as they are, less 8 * the lane's sum of x.q */
-		__m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q), fix = _mm256_setzero_si256();
-
-		if (t == LOOM_TYPE_Q4_0)
-			fix = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones);
-		for (int r = 0; r < R; r++) {
-			const uint8_t *p = w + r * ws + b * bb;
-			__m256i u, s, l;
-
-			if (t == LOOM_TYPE_Q4_0) {
-				u = avx2_nibbles(p + 2);
-				d = avx2_h(p) * x[b].d;
-				l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones);
-				l = _mm256_sub_epi32(l, fix);
-				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d),
-							 acc[r]);
-				continue;
-			}
-			avx2_operands(t, p, x + b, &u, &s, &d, &m);
-			l = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones);
-			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(d), acc[r]);
-			if (has_min(t))
-				accm[r] = fmaf(m, x[b].s, accm[r]);
-		}
-	}
-	for (int r = 0; r < R; r++)
-		y[r] = avx2_hsum(acc[r]) + accm[r];
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+TGT_AVXVNNI ALWAYS __m256i avxvnni_lanes(__m256i u, __m256i s)
+{
+	return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+}
+
+#define AVX2_ROWS(attr, name, LANES)                                                     \
+	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                     \
+			      const struct qdot_block *x, const float *xsc, int64_t nb,    \
+			      float *y, int R)                                             \
+	{                                                                                  \
+		const size_t bb = block_bytes(t);                                          \
+		__m256 acc[4];                                                             \
+		float accm[4], d, m;                                                       \
+                                                                                           \
+		(void)xsc;                                                                 \
+		for (int r = 0; r < R; r++) {                                              \
+			acc[r] = _mm256_setzero_ps();                                      \
+			accm[r] = 0.0f;                                                    \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b++) {                                         \
+			/* Q4_0: nibbles q as they are, less 8 * the lane's sum of x.q */   \
+			__m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);          \
+			__m256i fix = _mm256_setzero_si256();                              \
+                                                                                           \
+			if (t == LOOM_TYPE_Q4_0)                                           \
+				fix = LANES(_mm256_set1_epi8(8), xq);                      \
+			for (int r = 0; r < R; r++) {                                      \
+				const uint8_t *p = w + r * ws + b * bb;                    \
+				__m256i u, s, l;                                           \
+                                                                                           \
+				if (t == LOOM_TYPE_Q4_0) {                                 \
+					u = avx2_nibbles(p + 2);                           \
+					d = avx2_h(p) * x[b].d;                            \
+					l = _mm256_sub_epi32(LANES(u, xq), fix);           \
+					acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l),    \
+								 _mm256_set1_ps(d), acc[r]); \
+					continue;                                          \
+				}                                                          \
+				avx2_operands(t, p, x + b, &u, &s, &d, &m);                \
+				l = LANES(u, s);                                           \
+				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l),            \
+							 _mm256_set1_ps(d), acc[r]);       \
+				if (has_min(t))                                            \
+					accm[r] = fmaf(m, x[b].s, accm[r]);                \
+			}                                                                  \
+		}                                                                          \
+		for (int r = 0; r < R; r++)                                                \
+			y[r] = avx2_hsum(acc[r]) + accm[r];                                \
+	}
+
+AVX2_ROWS(TGT_AVX2, avx2_rows, avx2_lanes)
+AVX2_ROWS(TGT_AVXVNNI, avxvnni_rows, avxvnni_lanes)
+
 QDOT_SET(TGT_AVX2, avx2, avx2_rows);
+QDOT_SET(TGT_AVXVNNI, avxvnni, avxvnni_rows);
 
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
 
@@ -794,6 +832,7 @@ qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type)
 	case QDOT_AVX2: return avx2_set[f];
 	case QDOT_AVX512: return avx512_set[f];
 	case QDOT_VNNI: return vnni_set[f];
+	case QDOT_AVXVNNI: return avxvnni_set[f];
 #endif
 	case QDOT_SCALAR: return scalar_set[f];
 	default: return NULL;

@@ -30,15 +30,19 @@ struct qdot_block {
 
 /*
  * Kernel sets. The lane layout decides the result's rounding:
- *   QDOT_SCALAR, QDOT_AVX2  8 float lanes, lane l of every block holds the
- *                           integer sum of elements 4l..4l+3
+ *   QDOT_SCALAR, QDOT_AVX2, 8 float lanes, lane l of every block holds the
+ *   QDOT_AVXVNNI            integer sum of elements 4l..4l+3 (AVX-VNNI:
+ *                           vpdpbusd on 256-bit vectors where AVX2 has
+ *                           maddubs and madd)
  *   QDOT_AVX512, QDOT_VNNI  16 float lanes: blocks in pairs, the even block
  *                           in lanes 0-7 and the odd one in lanes 8-15; the
  *                           offset formats' m * x.s of block b in lane
  *                           b % 16 of a second accumulator
- * so scalar and AVX2 agree bitwise, and so do AVX-512 with and without VNNI.
+ * so scalar, AVX2 and AVX-VNNI agree bitwise, and so do AVX-512 with and
+ * without VNNI. (The K-quant kernels give the same bits on every set; on
+ * AVX-VNNI they are AVX2's.)
  */
-enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_N_ISA };
+enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_AVXVNNI, QDOT_N_ISA };
 
 /*
  * An activation row's block scales as the 16-lane kernels load them: per

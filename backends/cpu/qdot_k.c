@@ -702,7 +702,9 @@ qdot_k_fn qdot_k_kernel(enum qdot_isa isa, uint32_t type)
 		return NULL;
 	switch (isa) {
 #if defined(__x86_64__)
-	case QDOT_AVX2: return avx2_kset[f];
+	case QDOT_AVX2:
+	case QDOT_AVXVNNI: /* the same bits on every set; AVX2's kernels */
+		return avx2_kset[f];
 	case QDOT_AVX512: return avx512_kset[f];
 	case QDOT_VNNI: return vnni_kset[f];
 #endif

@@ -147,6 +147,7 @@ int main(int argc, char **argv)
 		/* and in fast mode (8-bit activations, integer dots) */
 		"cpu.so:LOOM_CPU_EXACT=0", "cpu.so:LOOM_CPU_EXACT=0:threads=3",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx512",
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx-vnni",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx2",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=scalar",
 		"cuda.so", "rocm.so",

@@ -2,8 +2,9 @@
  * Batch invariance, the test driver (the checks are core/check/invariance.c,
  * shared with `loom check-backend`): ref.so and cpu.so, the latter with each
  * of its kernel sets (native, avx2, scalar by LOOM_CPU_ISA), in exact mode
- * and in its default fast mode (there also avx512 without VNNI); then the
- * control, cpu.so without the flag, reported and never judged.
+ * and in its default fast mode (there also avx512 without VNNI and
+ * avx-vnni, AVX2 with VNNI); then the control, cpu.so without the flag,
+ * reported and never judged.
  *
  * Usage: backend_invariance [backend.so ...]   (default ref.so cpu.so)
  */
@@ -51,8 +52,10 @@ int main(int argc, char **argv)
 			run_invariant(names[i], NULL, exact);
 			if (!strstr(names[i], "cpu"))
 				continue;
-			if (!exact)
+			if (!exact) {
 				run_invariant(names[i], "avx512", exact);
+				run_invariant(names[i], "avx-vnni", exact);
+			}
 			run_invariant(names[i], "avx2", exact);
 			run_invariant(names[i], "scalar", exact);
 		}

@@ -266,6 +266,8 @@ START_TEST(layouts_agree)
 				qdot_kernel(i, formats[f])(w, 0, q, sc, MAX_NB, &y8[i], 1);
 		if (qdot_isa_supported(QDOT_AVX2))
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVX2], 4));
+		if (qdot_isa_supported(QDOT_AVXVNNI))
+			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVXVNNI], 4));
 		if (qdot_isa_supported(QDOT_VNNI))
 			ck_assert(!memcmp(&y8[QDOT_AVX512], &y8[QDOT_VNNI], 4));
 		/* and the two layouts round differently, or the bitwise test
