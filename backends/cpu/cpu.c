@@ -171,8 +171,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	const char *qg = getenv("LOOM_CPU_QGEMM");
 	ctx->qgemm = !(qg && !strcmp(qg, "0"));
 	const char *pack = getenv("LOOM_CPU_PACK");
-	ctx->pack = !ctx->exact && kpack_kernel32(ctx->qisa, LOOM_TYPE_Q4_1) &&
-		    kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_K) && !(pack && !strcmp(pack, "0"));
+	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
+		    !(pack && !strcmp(pack, "0"));
 	/* LOOM_CPU_FUSE=0: step regions run every call on its own */
 	const char *fuse = getenv("LOOM_CPU_FUSE");
 	ctx->rg.fuse = !(fuse && !strcmp(fuse, "0"));

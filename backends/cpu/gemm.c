@@ -50,14 +50,13 @@ struct gemm_task {
 	const struct qdot_block *qx;
 	const float *qsc; /* qdot_scales_len(k / 32) per row */
 	qdot_fn dot;
-	kpack32_fn kp32; /* a 32-value format in kpack.h's layout; dot then NULL */
 	/* the same for the K-quants: m rows of k / 256 super-blocks */
 	const struct qdot_kblock *qkx;
-	union {
-		qdot_k_fn kdot;
-		kpack_fn kp; /* for a weight in kpack.h's layout (packed) */
-	};
-	bool packed; /* g.w is in kpack.h's layout */
+	qdot_k_fn kdot;
+	/* a packed weight (g.w in kpack.h's layout): its kernel, for either
+	 * kind of quantized rows; dot and kdot then NULL */
+	bool packed;
+	kpack_fn kp;
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -354,14 +353,23 @@ static size_t local_floats(int64_t m, int64_t nb, bool kq)
 	return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 
-/* Where the span of packed rows from j (< j1) ends: at j1 for one
- * activation row, else with j's 16-row group, so that the group stays in
- * cache while each activation row passes. */
-static int64_t group_span_end(const struct cpu_gemv *g, int64_t j, int64_t j1)
+/* Packed weight rows [j0, j1) of t against its m quantized rows x, each
+ * x_row bytes (blocks of either kind). For more than one activation row
+ * a span ends with its 16-row group, which stays in cache while each
+ * activation row passes. */
+static void packed_rows(const struct gemm_task *t, const void *x, size_t x_row, int64_t j0,
+			int64_t j1)
 {
-	int64_t e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
+	const struct cpu_gemv *g = &t->g;
+	const int64_t nb = kpack_nb(g->type, g->k);
 
-	return e < j1 ? e : j1;
+	for (int64_t j = j0, e; j < j1; j = e) {
+		e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
+		e = e < j1 ? e : j1;
+		for (int64_t i = 0; i < g->m; i++)
+			t->kp(g->w, (const uint8_t *)x + i * x_row, nb, g->y + i * g->y_stride + j,
+			      j, e);
+	}
 }
 
 /* Weight rows [j0, j1) of t against the quantized rows qx, qsc. */
@@ -371,12 +379,8 @@ static void qdot_rows(const struct gemm_task *t, const struct qdot_block *qx, co
 	const struct cpu_gemv *g = &t->g;
 	int64_t nb = g->k / 32;
 
-	if (t->kp32) {
-		for (int64_t j = j0, e; j < j1; j = e) {
-			e = group_span_end(g, j, j1);
-			for (int64_t i = 0; i < g->m; i++)
-				t->kp32(g->w, qx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
-		}
+	if (t->packed) {
+		packed_rows(t, qx, (size_t)nb * sizeof(*qx), j0, j1);
 		return;
 	}
 	/* 8 weight rows at a time stay in L1 while each x row passes */
@@ -400,11 +404,15 @@ static void qdot_task(void *arg, int64_t c, int ith)
 	qdot_rows(t, t->qx, t->qsc, j0, j1);
 }
 
-/* t's kernels for its weight (packed or not), on isa. */
-static void qdot_pick(struct gemm_task *t, enum qdot_isa isa)
+/* t's integer kernel for its weight (packed or not; a qdot or qdot_k
+ * format) on isa. */
+static void kernel_pick(struct gemm_task *t, enum qdot_isa isa)
 {
-	t->kp32 = t->packed ? kpack_kernel32(isa, t->g.type) : NULL;
-	t->dot = t->packed ? NULL : qdot_kernel(isa, t->g.type);
+	const bool k = qdot_k_format(t->g.type);
+
+	t->kp = t->packed ? kpack_kernel(isa, t->g.type) : NULL;
+	t->dot = t->packed || k ? NULL : qdot_kernel(isa, t->g.type);
+	t->kdot = t->packed || !k ? NULL : qdot_k_kernel(isa, t->g.type);
 }
 
 static int qx_reserve(struct loom_backend_ctx *ctx, int64_t m, int64_t nb)
@@ -420,13 +428,13 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	qdot_pick(t, ctx->qisa);
+	kernel_pick(t, ctx->qisa);
 	if (qx_reserve(ctx, m, k / 32))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
 	cpu_pool_run(&ctx->pool, quant_task, t, m, m * k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	pick_split(t, nth, t->kp32 ? KPACK_ROWS : 4, 32, 256);
+	pick_split(t, nth, t->packed ? KPACK_ROWS : 4, 32, 256);
 	cpu_pool_run(&ctx->pool, qdot_task, t, n_chunks(t), nth);
 	return LOOM_OK;
 }
@@ -450,11 +458,7 @@ static void qdot_k_rows(const struct gemm_task *t, const struct qdot_kblock *qkx
 	int64_t nb = g->k / 256;
 
 	if (t->packed) {
-		for (int64_t j = j0, e; j < j1; j = e) {
-			e = group_span_end(g, j, j1);
-			for (int64_t i = 0; i < g->m; i++)
-				t->kp(g->w, qkx + i * nb, nb, g->y + i * g->y_stride + j, j, e);
-		}
+		packed_rows(t, qkx, (size_t)nb * sizeof(*qkx), j0, j1);
 		return;
 	}
 	for (int64_t j = j0; j < j1; j += 8) {
@@ -482,10 +486,7 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	struct loom_backend_ctx *ctx = t->ctx;
 	int64_t m = t->g.m, k = t->g.k;
 
-	if (t->packed)
-		t->kp = kpack_kernel(ctx->qisa, t->g.type);
-	else
-		t->kdot = qdot_k_kernel(ctx->qisa, t->g.type);
+	kernel_pick(t, ctx->qisa);
 	if (grow((void **)&ctx->qkx, &ctx->qkx_cap, m, k / 256, sizeof(*ctx->qkx)))
 		return LOOM_ERR_NOMEM;
 	t->qkx = ctx->qkx;
@@ -841,16 +842,10 @@ static int member_setup(struct group_task *gt, const struct cpu_group *g, int i,
 	mb->kind = member_kind(a->w_type);
 	mb->row0 = row0;
 	mb->add = g->add[i];
-	if (mb->kind == MEMBER_QDOT) {
-		qdot_pick(&mb->t, gt->ctx->qisa);
-		gt->need_q = true;
-	} else if (mb->kind == MEMBER_QDOT_K) {
-		if (mb->t.packed)
-			mb->t.kp = kpack_kernel(gt->ctx->qisa, a->w_type);
-		else
-			mb->t.kdot = qdot_k_kernel(gt->ctx->qisa, a->w_type);
-		gt->need_k = true;
-	}
+	if (mb->kind != MEMBER_PLAIN)
+		kernel_pick(&mb->t, gt->ctx->qisa);
+	gt->need_q |= mb->kind == MEMBER_QDOT;
+	gt->need_k |= mb->kind == MEMBER_QDOT_K;
 	return LOOM_OK;
 }
 

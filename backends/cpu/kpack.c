@@ -642,9 +642,10 @@ TGT_VNNI static inline __attribute__((always_inline)) void kp_prefetch(const uin
 /* Rows [j0, j1) of packed weight w, group by group; block(p, x, acc) is
  * one super-block of a group, bytes apart. */
 #define KP_ROWS(name, block, bytes)                                                        \
-	TGT_VNNI static void name(const uint8_t *w, const struct qdot_kblock *x, int64_t nb, \
-				  float *y, int64_t j0, int64_t j1)                          \
+	TGT_VNNI static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,    \
+				  int64_t j0, int64_t j1)                                    \
 	{                                                                                  \
+		const struct qdot_kblock *x = xv;                                           \
 		const size_t gb = (size_t)nb * (bytes);                                     \
                                                                                            \
 		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
@@ -834,8 +835,8 @@ b32_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb, f
 }
 
 #define B32_KERNEL(name, T)                                                                \
-	TGT_VNNI static void name(const uint8_t *w, const struct qdot_block *x, int64_t nb,  \
-				  float *y, int64_t j0, int64_t j1)                          \
+	TGT_VNNI static void name(const uint8_t *w, const void *x, int64_t nb, float *y,     \
+				  int64_t j0, int64_t j1)                                    \
 	{                                                                                  \
 		b32_rows(T, w, x, nb, y, j0, j1);                                          \
 	}
@@ -857,30 +858,15 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 #if defined(__x86_64__)
 	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
 		return NULL;
-	if (type == LOOM_TYPE_Q4_K)
-		return q4k_vnni;
-	if (type == LOOM_TYPE_Q5_K)
-		return q5k_vnni;
-	if (type == LOOM_TYPE_Q6_K)
-		return q6k_vnni;
-#else
-	(void)isa;
-	(void)type;
-#endif
-	return NULL;
-}
-
-kpack32_fn kpack_kernel32(enum qdot_isa isa, uint32_t type)
-{
-#if defined(__x86_64__)
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
-		return NULL;
 	switch (type) {
 	case LOOM_TYPE_Q8_0: return q8_0_vnni;
 	case LOOM_TYPE_Q4_0: return q4_0_vnni;
 	case LOOM_TYPE_Q4_1: return q4_1_vnni;
 	case LOOM_TYPE_Q5_0: return q5_0_vnni;
 	case LOOM_TYPE_Q5_1: return q5_1_vnni;
+	case LOOM_TYPE_Q4_K: return q4k_vnni;
+	case LOOM_TYPE_Q5_K: return q5k_vnni;
+	case LOOM_TYPE_Q6_K: return q6k_vnni;
 	default: return NULL;
 	}
 #else

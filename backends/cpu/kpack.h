@@ -109,19 +109,12 @@ void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, ui
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel);
 
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
- * super-blocks a row), bit for bit qdot_k_ref() of the GGUF row. */
-typedef void (*kpack_fn)(const uint8_t *w, const struct qdot_kblock *x, int64_t nb, float *y,
-			 int64_t j0, int64_t j1);
-/* The kernel (NULL unless isa is QDOT_VNNI, supported, and type a K-quant
- * kpack_format). */
+ * blocks a row) against one quantized activation row x: nb struct
+ * qdot_block (32-value formats; bit for bit qdot_ref(QDOT_VNNI) of the
+ * GGUF row) or nb struct qdot_kblock (K-quants; qdot_k_ref()). */
+typedef void (*kpack_fn)(const uint8_t *w, const void *x, int64_t nb, float *y, int64_t j0,
+			 int64_t j1);
+/* The kernel (NULL unless isa is QDOT_VNNI, supported, and kpack_format). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
-
-/* The 32-value formats' (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): y[j - j0] = w_j . x
- * for rows j0 <= j < j1 against activation blocks x (qdot.h), bit for bit
- * qdot_ref(QDOT_VNNI) of the GGUF row. */
-typedef void (*kpack32_fn)(const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
-			   int64_t j0, int64_t j1);
-/* NULL unless isa is QDOT_VNNI (supported) and type one of those. */
-kpack32_fn kpack_kernel32(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

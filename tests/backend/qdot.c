@@ -26,6 +26,7 @@
 #include "qdot.h"
 #include "hard_acts.h"
 #include "kpack.h"
+#include "kpack_check.h"
 #include "qgemm.h"
 
 static const uint32_t formats[] = {
@@ -359,18 +360,18 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
  * equals qdot_ref(QDOT_VNNI) of each row bit for bit and writes nothing
  * outside the range. nb past 128 takes the kernel's passes of 128 blocks.
  */
-static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack32_fn fn)
+static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
 	const size_t pbytes = qgemm_panel_bytes(t, nb * 32);
-	uint8_t *w = malloc(n * ws), *back = malloc(ws);
+	uint8_t *w = malloc(n * ws);
 	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
 	uint8_t *want = aligned_alloc(64, pbytes), *got = aligned_alloc(64, pbytes);
-	float *x = malloc(nb * 32 * sizeof(float)), y[40 + 2];
+	float *x = malloc(nb * 32 * sizeof(float)), want_y[40];
 	struct qdot_block *q = malloc(nb * sizeof(*q));
 	int bad = 0;
 
-	ck_assert(w && back && p && want && got && x && q && bytes && n <= 40);
+	ck_assert(w && p && want && got && x && q && bytes && n <= 40);
 	/* a pair of blocks packs into its GGUF bytes; a last odd one pads */
 	ck_assert_uint_ge(kpack_row_share(t, nb), ws);
 	ck_assert_uint_le(kpack_row_share(t, nb), ws + (nb % 2 ? 10 : 0));
@@ -388,37 +389,14 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack32_fn fn)
 			bad++;
 		}
 	}
-	for (int64_t j = 0; j < n; j++) {
-		kpack_unpack_row(t, p, nb, j, back);
-		if (memcmp(back, w + j * ws, ws)) {
-			printf("kpack type %u n=%lld nb=%lld: row %lld does not unpack to itself\n",
-			       t, (long long)n, (long long)nb, (long long)j);
-			bad++;
-		}
-	}
+	bad += kpack_unpack_differs(t, w, ws, p, n, nb);
 	fill_acts(x, nb * 32);
 	qdot_quantize_row(x, q, nb * 32);
-	for (int rep = 0; fn && rep < 6; rep++) {
-		int64_t j0 = rep ? rnd32() % n : 0, j1 = rep ? j0 + 1 + rnd32() % (n - j0) : n;
-
-		for (int i = 0; i < 42; i++)
-			y[i] = -1234.5f;
-		fn(p, q, nb, y + 1, j0, j1);
-		for (int i = 0; i < 42; i++) { /* y[i] is row j0 - 1 + i */
-			int64_t j = j0 - 1 + i;
-			float want_y = j >= j0 && j < j1 ? qdot_ref(QDOT_VNNI, t, w + j * ws, q, nb) :
-							   -1234.5f;
-
-			if (memcmp(&y[i], &want_y, 4)) {
-				printf("kpack type %u n=%lld nb=%lld rows [%lld, %lld): row %lld gives "
-				       "%.9g, want %.9g\n", t, (long long)n, (long long)nb,
-				       (long long)j0, (long long)j1, (long long)j, y[i], want_y);
-				bad++;
-			}
-		}
-	}
+	for (int64_t j = 0; j < n; j++)
+		want_y[j] = qdot_ref(QDOT_VNNI, t, w + j * ws, q, nb);
+	if (fn)
+		bad += kpack_ranges_differ(t, fn, p, q, n, nb, want_y, rnd32);
 	free(w);
-	free(back);
 	free(p);
 	free(want);
 	free(got);
@@ -434,7 +412,7 @@ START_TEST(kpack32_matches_reference)
 	int bad = 0, cases = 0;
 
 	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
-		kpack32_fn fn = kpack_kernel32(QDOT_VNNI, formats[f]);
+		kpack_fn fn = kpack_kernel(QDOT_VNNI, formats[f]);
 
 		ck_assert(kpack_format(formats[f]) && kpack_block_elems(formats[f]) == 32);
 		if (!fn)

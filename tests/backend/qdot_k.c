@@ -29,6 +29,7 @@
 
 #include "cpu.h"
 #include "kpack.h"
+#include "kpack_check.h"
 #include "qdot.h"
 #include "qgemm.h"
 #include "hard_acts.h"
@@ -336,49 +337,27 @@ static int check_kpanel(uint32_t t, const uint8_t *w, size_t ws, const uint8_t *
 static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
-	uint8_t *w = malloc(n * ws), *back = malloc(ws);
+	uint8_t *w = malloc(n * ws);
 	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-	float x[MAX_NB * 256], y[40 + 2];
+	float x[MAX_NB * 256], want[40];
 	struct qdot_kblock q[MAX_NB];
 	int bad = 0;
 
-	ck_assert(w && back && p && bytes && n <= 40);
+	ck_assert(w && p && bytes && n <= 40);
 	fill_weights(t, w, n * nb);
 	for (int64_t g = 0; g * KPACK_ROWS < n; g++)
 		kpack_group(t, w + g * KPACK_ROWS * ws, ws,
 			    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
 			    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
-	for (int64_t j = 0; j < n; j++) {
-		kpack_unpack_row(t, p, nb, j, back);
-		if (memcmp(back, w + j * ws, ws)) {
-			printf("kpack type %u n=%lld nb=%lld: row %lld does not unpack to itself\n",
-			       t, (long long)n, (long long)nb, (long long)j);
-			bad++;
-		}
-	}
+	bad += kpack_unpack_differs(t, w, ws, p, n, nb);
 	bad += check_kpanel(t, w, ws, p, n, nb);
 	fill_acts(x, nb * 256);
 	qdot_k_quantize_row(x, q, nb * 256);
-	for (int rep = 0; fn && rep < 6; rep++) {
-		int64_t j0 = rep ? rnd32() % n : 0, j1 = rep ? j0 + 1 + rnd32() % (n - j0) : n;
-
-		for (int i = 0; i < 42; i++)
-			y[i] = -1234.5f;
-		fn(p, q, nb, y + 1, j0, j1);
-		for (int i = 0; i < 42; i++) { /* y[i] is row j0 - 1 + i */
-			int64_t j = j0 - 1 + i;
-			float want = j >= j0 && j < j1 ? qdot_k_ref(t, w + j * ws, q, nb) : -1234.5f;
-
-			if (memcmp(&y[i], &want, 4)) {
-				printf("kpack type %u n=%lld nb=%lld rows [%lld, %lld): row %lld gives "
-				       "%.9g, want %.9g\n", t, (long long)n, (long long)nb,
-				       (long long)j0, (long long)j1, (long long)j, y[i], want);
-				bad++;
-			}
-		}
-	}
+	for (int64_t j = 0; j < n; j++)
+		want[j] = qdot_k_ref(t, w + j * ws, q, nb);
+	if (fn)
+		bad += kpack_ranges_differ(t, fn, p, q, n, nb, want, rnd32);
 	free(w);
-	free(back);
 	free(p);
 	return bad;
 }
