@@ -2,8 +2,10 @@
  * gpu_emu.cc: the engine behind gpu_emu.h. Blocks of a launch are claimed
  * by a few OS threads ("workers"); a worker runs one block at a time as
  * blockDim fibers on its own stacks, switching between them only where a
- * thread waits at a barrier or a shuffle. Fibers are resumed in thread
- * order, so a launch computes the same values on every run.
+ * thread waits at a barrier or a shuffle. A waiting fiber hands over
+ * straight to the next ready one (a queue filled in thread order, as
+ * barriers open), so the order is fixed and a launch computes the same
+ * values on every run.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #include "gpu_emu.h"
@@ -57,6 +60,8 @@ struct worker {
 	unsigned block_waiting;
 	unsigned *warp_waiting, *warp_live;
 	uint64_t *slots;      /* shuffle values, by linear thread index */
+	unsigned *runq;       /* ready fibers in the order they run next */
+	unsigned rq_head, rq_len;
 	unsigned char *shared;
 	size_t shared_cap;
 	emu_block_regs blk;
@@ -116,15 +121,53 @@ void fiber_main_uc()
 }
 #endif
 
-void to_scheduler(fiber *f)
+void enqueue(worker *w, unsigned i)
 {
+	unsigned at = w->rq_head + w->rq_len++;
+
+	w->runq[at < w->n ? at : at - w->n] = i;
+}
+
+/* The next ready fiber, or NULL when none is. */
+fiber *dequeue(worker *w)
+{
+	fiber *f;
+
+	if (!w->rq_len)
+		return NULL;
+	f = &w->fibers[w->runq[w->rq_head]];
+	w->rq_head = w->rq_head + 1 < w->n ? w->rq_head + 1 : 0;
+	w->rq_len--;
+	return f;
+}
+
+/*
+ * f waits (or has finished): runs the next ready fiber directly, without a
+ * round trip through the scheduler, or returns to the scheduler when none
+ * is ready (the block is done, or deadlocked).
+ */
+void switch_away(worker *w, fiber *f)
+{
+	fiber *next = dequeue(w);
+
 #if defined(__x86_64__)
-	emu_switch(&f->sp, self->sched_sp);
+	if (next) {
+		emu_cur = &next->regs;
+		emu_switch(&f->sp, next->sp);
+	} else {
+		emu_switch(&f->sp, w->sched_sp);
+	}
 #else
-	swapcontext(&f->uc, &self->sched_uc);
+	if (next) {
+		emu_cur = &next->regs;
+		swapcontext(&f->uc, &next->uc);
+	} else {
+		swapcontext(&f->uc, &w->sched_uc);
+	}
 #endif
 }
 
+/* The scheduler starts the block's first ready fiber. */
 void resume(worker *w, fiber *f)
 {
 	emu_cur = &f->regs;
@@ -159,8 +202,9 @@ void fiber_start(fiber *f)
 /* ---- barriers ---- */
 
 /* Makes the threads waiting in `state` ready: all of the block's, or those
- * of one warp (warp_index >= 0). */
-void release(worker *w, int state, int warp_index)
+ * of one warp (warp_index >= 0). All but cur, the running thread, join the
+ * run queue in thread order. */
+void release(worker *w, const fiber *cur, int state, int warp_index)
 {
 	unsigned lo = 0, hi = w->n;
 
@@ -169,16 +213,20 @@ void release(worker *w, int state, int warp_index)
 		hi = lo + w->warp < w->n ? lo + w->warp : w->n;
 	}
 	for (unsigned i = lo; i < hi; i++)
-		if (w->fibers[i].state == state)
+		if (w->fibers[i].state == state) {
 			w->fibers[i].state = READY;
+			if (&w->fibers[i] != cur)
+				enqueue(w, i);
+		}
 }
 
-/* Opens every barrier that all its live threads have reached. */
-void check_barriers(worker *w, unsigned warp_index)
+/* Opens every barrier that all its live threads have reached; cur is the
+ * running thread. */
+void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 {
 	if (w->block_waiting && w->block_waiting == w->live) {
 		w->block_waiting = 0;
-		release(w, WAIT_BLOCK, -1);
+		release(w, cur, WAIT_BLOCK, -1);
 	}
 	if (w->warp_waiting[warp_index] &&
 	    w->warp_waiting[warp_index] == w->warp_live[warp_index]) {
@@ -195,7 +243,7 @@ void check_barriers(worker *w, unsigned warp_index)
 			}
 		}
 		w->warp_waiting[warp_index] = 0;
-		release(w, WAIT_WARP, (int)warp_index);
+		release(w, cur, WAIT_WARP, (int)warp_index);
 	}
 }
 
@@ -209,8 +257,8 @@ void fiber_main()
 	f->state = DONE;
 	w->live--;
 	w->warp_live[wi]--;
-	check_barriers(w, wi);
-	to_scheduler(f);
+	check_barriers(w, f, wi);
+	switch_away(w, f);
 	abort(); /* a finished fiber is never resumed */
 }
 
@@ -243,7 +291,8 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 		w->warp_waiting = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
 		w->warp_live = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
 		w->slots = (uint64_t *)calloc(MAX_BLOCK, sizeof(uint64_t));
-		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots)
+		w->runq = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
+		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots || !w->runq)
 			return false;
 		for (unsigned i = 0; i < MAX_BLOCK; i++) {
 			char *lo = w->stack_map + per * i;
@@ -268,9 +317,13 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 /* Runs block `bid` to the end; false on a deadlock. */
 bool run_block(worker *w, dim3 bid)
 {
+	fiber *first;
+
 	w->blk.bid = bid;
 	w->live = w->n;
 	w->block_waiting = 0;
+	w->rq_head = 0;
+	w->rq_len = 0;
 	for (unsigned i = 0; i < w->n_warps; i++) {
 		w->warp_waiting[i] = 0;
 		w->warp_live[i] = (i + 1) * w->warp <= w->n ? w->warp : w->n - i * w->warp;
@@ -283,19 +336,13 @@ bool run_block(worker *w, dim3 bid)
 		f->regs.tid = dim3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
 		f->state = READY;
 		fiber_start(f);
+		enqueue(w, i);
 	}
-	while (w->live) {
-		bool ran = false;
-
-		for (unsigned i = 0; i < w->n; i++)
-			if (w->fibers[i].state == READY) {
-				resume(w, &w->fibers[i]);
-				ran = true;
-			}
-		if (!ran)
-			return false;
-	}
-	return true;
+	/* the fibers hand over to each other; control comes back here when
+	 * none is ready: all finished, or all wait at barriers none can pass */
+	first = dequeue(w);
+	resume(w, first);
+	return w->live == 0;
 }
 
 struct launch {
@@ -486,10 +533,9 @@ void emu_syncthreads(void)
 
 	w->block_waiting++;
 	f->state = WAIT_BLOCK;
-	check_barriers(w, (unsigned)f->lin / w->warp);
+	check_barriers(w, f, (unsigned)f->lin / w->warp);
 	if (f->state != READY)
-		to_scheduler(f);
-	f->state = READY;
+		switch_away(w, f);
 }
 
 uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
@@ -502,10 +548,9 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 	f->got = (uint64_t)(unsigned)mask;
 	f->state = WAIT_WARP;
 	w->warp_waiting[wi]++;
-	check_barriers(w, wi);
+	check_barriers(w, f, wi);
 	if (f->state != READY)
-		to_scheduler(f);
-	f->state = READY;
+		switch_away(w, f);
 	return f->got;
 }
 
@@ -886,23 +931,83 @@ float elem(const void *a, cudaDataType_t t, cublasOperation_t op, int lda, int i
 	return ((const float *)a)[off];
 }
 
+/* Rows r0..r1 of op(A) (or, with the op flipped, columns of op(B)) as
+ * k contiguous floats each. */
+void gather_rows(const void *a, cudaDataType_t t, cublasOperation_t op, int lda, int r0, int r1,
+		 int k, float *out)
+{
+	for (int r = r0; r < r1; r++)
+		for (int l = 0; l < k; l++)
+			out[(int64_t)(r - r0) * k + l] = elem(a, t, op, lda, r, l);
+}
+
+struct gemm_job {
+	cublasOperation_t ta;
+	int m, n, k;
+	float alpha, beta;
+	const void *a;
+	cudaDataType_t at;
+	int lda;
+	const float *bcols; /* op(B) by column: n rows of k floats */
+	float *c;
+	int ldc;
+};
+
+const int GEMM_ROWS = 32; /* rows of op(A) gathered at a time */
+
+/* Rows i0..i1 of C. Each entry is the sum over l in ascending order, in
+ * double, of exact float products; four columns at a time only to give
+ * the core independent sums. */
+void gemm_rows(const gemm_job *g, int i0, int i1)
+{
+	std::vector<float> arows((size_t)GEMM_ROWS * g->k);
+
+	for (int r0 = i0; r0 < i1; r0 += GEMM_ROWS) {
+		int r1 = r0 + GEMM_ROWS < i1 ? r0 + GEMM_ROWS : i1;
+
+		gather_rows(g->a, g->at, g->ta, g->lda, r0, r1, g->k, arows.data());
+		for (int i = r0; i < r1; i++) {
+			const float *ar = &arows[(size_t)(i - r0) * g->k];
+
+			for (int j0 = 0; j0 < g->n; j0 += 4) {
+				double s[4] = { 0.0, 0.0, 0.0, 0.0 };
+				int nj = g->n - j0 < 4 ? g->n - j0 : 4;
+
+				for (int l = 0; l < g->k; l++)
+					for (int jj = 0; jj < nj; jj++)
+						s[jj] += (double)ar[l] *
+							 g->bcols[(int64_t)(j0 + jj) * g->k + l];
+				for (int jj = 0; jj < nj; jj++) {
+					float *cv = &g->c[i + (int64_t)(j0 + jj) * g->ldc];
+
+					*cv = (float)(g->alpha * s[jj] +
+						      (g->beta != 0.0f ? g->beta * *cv : 0.0f));
+				}
+			}
+		}
+	}
+}
+
 /* C = alpha op(A) op(B) + beta C, column-major, f32 accumulation (here in
- * double), any of the emulated element types; sizes checked by the caller. */
+ * double), any of the emulated element types; sizes checked by the caller.
+ * Large products are split by rows over the emulator's threads. */
 cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
 		    float alpha, const void *a, cudaDataType_t at, int lda, const void *b,
 		    cudaDataType_t bt, int ldb, float beta, float *c, int ldc)
 {
-	for (int j = 0; j < n; j++)
-		for (int i = 0; i < m; i++) {
-			float *cv = &c[i + (int64_t)j * ldc];
-			double s = 0.0;
+	std::vector<float> bcols((size_t)n * k);
+	gemm_job g = { ta, m, n, k, alpha, beta, a, at, lda, bcols.data(), c, ldc };
+	unsigned nt = (double)m * n * k < (1 << 22) ? 1 : n_workers((uint64_t)m);
+	std::vector<std::thread> helpers;
 
-			for (int l = 0; l < k; l++)
-				s += (double)elem(a, at, ta, lda, i, l) *
-				     elem(b, bt, tb == CUBLAS_OP_N ? CUBLAS_OP_T : CUBLAS_OP_N,
-					  ldb, j, l);
-			*cv = (float)(alpha * s + (beta != 0.0f ? beta * *cv : 0.0f));
-		}
+	gather_rows(b, bt, tb == CUBLAS_OP_N ? CUBLAS_OP_T : CUBLAS_OP_N, ldb, 0, n, k,
+		    bcols.data());
+	for (unsigned t = 1; t < nt; t++)
+		helpers.emplace_back(gemm_rows, &g, (int)((int64_t)m * t / nt),
+				     (int)((int64_t)m * (t + 1) / nt));
+	gemm_rows(&g, 0, (int)((int64_t)m / nt));
+	for (std::thread &h : helpers)
+		h.join();
 	return CUBLAS_STATUS_SUCCESS;
 }
 
