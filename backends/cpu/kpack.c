@@ -1,6 +1,6 @@
 /*
- * Rows-in-lanes K-quant weights (kpack.h): packing, unpacking and the
- * AVX-512 VNNI GEMV kernel.
+ * Rows-in-lanes weights (kpack.h): packing, unpacking, prefill panels and
+ * the AVX-512 VNNI GEMV kernels (the 256-bit ones are in kpack_avx2.c).
  *
  * Compiled without -march flags; the kernel carries its target.
  */
@@ -8,100 +8,16 @@
 
 #include "cpu.h"
 #include "kpack.h"
+#include "kpack_at.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
-/* Q4_K's packed super-block of 16 rows (kpack.h) and its fields; Q5_K's
- * is the same with a vector of fifth bits after each sub-block's four
- * nibble vectors (320 bytes a sub-block: 2880, GGUF 16 x 176). */
-#define Q4K_BYTES 144
-#define KP_Q4K 2368
-#define Q5K_BYTES 176
-#define KP_Q5K 2880
-#define KP_D 0
-#define KP_DMIN 32
-#define KP_SC 64
-#define KP_MN 192
-#define KP_Q 320
-/* Q6_K's: d at KP_D, 32 bytes of padding, the scales at KP_SC, quants at
- * KP_Q (192 bytes a sub-block of 16 values: two nibble vectors, then the
- * vector of high bits). */
-#define Q6K_BYTES 210
-#define KP_Q6K 3392
-#define KP6_SUB 192
-
-/* The formats with blocks of 32 values (kpack.h: 16 rows' blocks in
- * pairs). */
-static bool b32(uint32_t t)
-{
-	return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 ||
-	       t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
-}
-
 bool kpack_format(uint32_t type)
 {
 	return b32(type) || type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K ||
 	       type == LOOM_TYPE_Q6_K;
-}
-
-/* A 32-value format's fields: minima (Q4_1, Q5_1), fifth bits (Q5_0,
- * Q5_1), quant bytes of a block of 16 rows, and the offset that makes its
- * values unsigned (their sum times the activations is taken back out). */
-static bool b32_min(uint32_t t)
-{
-	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
-}
-
-static bool b32_q5(uint32_t t)
-{
-	return t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
-}
-
-static size_t b32_qbytes(uint32_t t)
-{
-	return t == LOOM_TYPE_Q8_0 ? 512 : 256;
-}
-
-static int b32_offset(uint32_t t)
-{
-	return t == LOOM_TYPE_Q8_0 ? 128 : t == LOOM_TYPE_Q4_0 ? 8 : t == LOOM_TYPE_Q5_0 ? 16 : 0;
-}
-
-/* Bytes of a pair of blocks of 16 rows (the GGUF bytes), and of a last
- * unpaired block (padded so that every field starts on a cache line). */
-static size_t b32_pair(uint32_t t)
-{
-	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 128 : 0) + 2 * b32_qbytes(t);
-}
-
-static size_t b32_single(uint32_t t)
-{
-	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 64 : 0) + b32_qbytes(t);
-}
-
-/* Where block b (of nb) of a group keeps its scales d, minima m, fifth
- * bits h and quants q, from the group's start (kpack.h). */
-struct b32_at {
-	size_t d, m, h, q;
-};
-
-static inline struct b32_at b32_at(uint32_t t, int64_t b, int64_t nb)
-{
-	const size_t base = (size_t)(b / 2) * b32_pair(t), w = (size_t)(b % 2);
-	const size_t mn = b32_min(t) ? 64 : 0, h5 = b32_q5(t) ? 64 : 0;
-
-	if (b == nb - 1 && nb % 2) /* alone */
-		return (struct b32_at){ base, base + 64, base + 64 + mn, base + 64 + mn + h5 };
-	return (struct b32_at){ base + 32 * w, base + 64 + 32 * w, base + 64 + mn + 64 * w,
-				base + 64 + mn + 2 * h5 + b32_qbytes(t) * w };
-}
-
-/* Packed bytes of a K-quant super-block of 16 rows. */
-static size_t kp_bytes(uint32_t t)
-{
-	return t == LOOM_TYPE_Q6_K ? KP_Q6K : t == LOOM_TYPE_Q5_K ? KP_Q5K : KP_Q4K;
 }
 
 static size_t gguf_bytes(uint32_t t)
@@ -113,22 +29,6 @@ static size_t gguf_bytes(uint32_t t)
 static size_t block_at(uint32_t t, int64_t b)
 {
 	return (size_t)b * kp_bytes(t);
-}
-
-/* A row's share of a group of nb blocks: the group's bytes / 16 (the
- * callers check nb * 212 for overflow). */
-static size_t row_share(uint32_t t, int64_t nb)
-{
-	if (b32(t))
-		return (size_t)(nb / 2) * (b32_pair(t) / KPACK_ROWS) +
-		       (size_t)(nb % 2) * (b32_single(t) / KPACK_ROWS);
-	return (size_t)nb * (kp_bytes(t) / KPACK_ROWS);
-}
-
-/* Bytes of a packed Q4_K / Q5_K sub-block (32 values of 16 rows). */
-static inline int kp_sub(bool five)
-{
-	return five ? 320 : 256;
 }
 
 size_t kpack_row_share(uint32_t type, int64_t nb)
@@ -856,7 +756,11 @@ KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+	if (!qdot_isa_supported(isa))
+		return NULL;
+	if (isa == QDOT_AVX2 || isa == QDOT_AVXVNNI)
+		return kpack_kernel_256(isa, type);
+	if (isa != QDOT_VNNI)
 		return NULL;
 	switch (type) {
 	case LOOM_TYPE_Q8_0: return q8_0_vnni;

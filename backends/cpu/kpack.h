@@ -1,7 +1,9 @@
 /*
  * The cpu backend's packed layout of every format it packs (ABI 1.2
  * weight_pack: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), for the
- * fast mode's AVX-512 VNNI GEMV: rows in lanes.
+ * fast mode's GEMV: rows in lanes. The kernels take 16 rows a vector on
+ * AVX-512 VNNI (kpack.c) and 8 rows, a half of each 64-byte vector, on
+ * AVX-VNNI and AVX2 (kpack_avx2.c).
  *
  * The GGUF-layout K-quant kernels (qdot_k.c) decode each row's 6-bit
  * sub-block scales, permute them across a vector and widen the products to
@@ -110,11 +112,13 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
  * blocks a row) against one quantized activation row x: nb struct
- * qdot_block (32-value formats; bit for bit qdot_ref(QDOT_VNNI) of the
- * GGUF row) or nb struct qdot_kblock (K-quants; qdot_k_ref()). */
+ * qdot_block (32-value formats; bit for bit qdot_ref() of the GGUF row
+ * for the kernel's set: 16 lanes on AVX-512 VNNI, 8 on AVX-VNNI and AVX2)
+ * or nb struct qdot_kblock (K-quants; qdot_k_ref() on every set). */
 typedef void (*kpack_fn)(const uint8_t *w, const void *x, int64_t nb, float *y, int64_t j0,
 			 int64_t j1);
-/* The kernel (NULL unless isa is QDOT_VNNI, supported, and kpack_format). */
+/* The kernel (NULL unless isa is QDOT_VNNI, QDOT_AVXVNNI or QDOT_AVX2,
+ * the CPU runs it, and kpack_format(type)). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

@@ -356,11 +356,14 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
  * The 32-value formats in rows-in-lanes groups (kpack.h): n rows of nb
  * blocks packed then unpacked are the GGUF rows byte for byte;
  * kpack_panel() of each group is qgemm_panel() of its GGUF rows in every
- * row the group holds; the kernel over random row ranges
- * equals qdot_ref(QDOT_VNNI) of each row bit for bit and writes nothing
- * outside the range. nb past 128 takes the kernel's passes of 128 blocks.
+ * row the group holds; each kernel set's kernel over random row ranges
+ * equals qdot_ref() of that set (16 lanes for AVX-512 VNNI, 8 for AVX2
+ * and AVX-VNNI) of each row bit for bit and writes nothing outside the
+ * range. nb past 128 takes the kernels' passes of 128 blocks.
  */
-static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
+static const enum qdot_isa kpack_isas[] = { QDOT_VNNI, QDOT_AVXVNNI, QDOT_AVX2 };
+
+static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
 	const size_t pbytes = qgemm_panel_bytes(t, nb * 32);
@@ -392,10 +395,15 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 	bad += kpack_unpack_differs(t, w, ws, p, n, nb);
 	fill_acts(x, nb * 32);
 	qdot_quantize_row(x, q, nb * 32);
-	for (int64_t j = 0; j < n; j++)
-		want_y[j] = qdot_ref(QDOT_VNNI, t, w + j * ws, q, nb);
-	if (fn)
+	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++) {
+		kpack_fn fn = kpack_kernel(kpack_isas[i], t);
+
+		if (!fn)
+			continue;
+		for (int64_t j = 0; j < n; j++)
+			want_y[j] = qdot_ref(kpack_isas[i], t, w + j * ws, q, nb);
 		bad += kpack_ranges_differ(t, fn, p, q, n, nb, want_y, rnd32);
+	}
 	free(w);
 	free(p);
 	free(want);
@@ -411,16 +419,17 @@ START_TEST(kpack32_matches_reference)
 	static const int64_t nbs[] = { 1, 2, 3, 7, 18, 48, 127, 128, 129, 130, 259 };
 	int bad = 0, cases = 0;
 
+	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++)
+		printf("kpack kernels %s: %s\n", qdot_isa_name(kpack_isas[i]),
+		       kpack_kernel(kpack_isas[i], LOOM_TYPE_Q4_1) ? "checked" :
+								      "not run here");
+	/* the 256-bit sets run wherever AVX2 does */
+	ck_assert(!qdot_isa_supported(QDOT_AVX2) || kpack_kernel(QDOT_AVX2, LOOM_TYPE_Q8_0));
 	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
-		kpack_fn fn = kpack_kernel(QDOT_VNNI, formats[f]);
-
 		ck_assert(kpack_format(formats[f]) && kpack_block_elems(formats[f]) == 32);
-		if (!fn)
-			printf("kpack type %u: no VNNI here, packing checked without the kernel\n",
-			       formats[f]);
 		for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
 			for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++, cases++)
-				bad += check_kpack32(formats[f], ns[i], nbs[c], fn) != 0;
+				bad += check_kpack32(formats[f], ns[i], nbs[c]) != 0;
 	}
 	printf("kpack 32-value formats: %d cases, %d off\n", cases, bad);
 	ck_assert_int_eq(bad, 0);

@@ -334,7 +334,11 @@ static int check_kpanel(uint32_t t, const uint8_t *w, size_t ws, const uint8_t *
 	return bad;
 }
 
-static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
+/* Every kernel set with a rows-in-lanes kernel; each must give qdot_k_ref()
+ * (the same on every set). */
+static const enum qdot_isa kpack_isas[] = { QDOT_VNNI, QDOT_AVXVNNI, QDOT_AVX2 };
+
+static int check_kpack(uint32_t t, int64_t n, int64_t nb)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
 	uint8_t *w = malloc(n * ws);
@@ -355,8 +359,12 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb, kpack_fn fn)
 	qdot_k_quantize_row(x, q, nb * 256);
 	for (int64_t j = 0; j < n; j++)
 		want[j] = qdot_k_ref(t, w + j * ws, q, nb);
-	if (fn)
-		bad += kpack_ranges_differ(t, fn, p, q, n, nb, want, rnd32);
+	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++) {
+		kpack_fn fn = kpack_kernel(kpack_isas[i], t);
+
+		if (fn)
+			bad += kpack_ranges_differ(t, fn, p, q, n, nb, want, rnd32);
+	}
 	free(w);
 	free(p);
 	return bad;
@@ -367,16 +375,17 @@ START_TEST(kpack_matches_reference)
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
 	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
 
+	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++)
+		printf("kpack kernels %s: %s\n", qdot_isa_name(kpack_isas[i]),
+		       kpack_kernel(kpack_isas[i], LOOM_TYPE_Q4_K) ? "checked" :
+								      "not run here");
 	for (int f = 0; f < 3; f++) {
-		kpack_fn fn = kpack_kernel(QDOT_VNNI, types[f]);
 		int bad = 0, cases = 0;
 
 		ck_assert(kpack_format(types[f]));
-		if (!fn)
-			printf("kpack: no VNNI here, packing checked without the kernel\n");
 		for (int c = 0; c < N_COUNTS; c++)
 			for (int i = 0; i < (int)(sizeof(ns) / sizeof(ns[0])); i++, cases++)
-				bad += check_kpack(types[f], ns[i], block_counts[c], fn) != 0;
+				bad += check_kpack(types[f], ns[i], block_counts[c]) != 0;
 		printf("kpack type %u: %d cases, %d off\n", types[f], cases, bad);
 		ck_assert_int_eq(bad, 0);
 	}

@@ -1,0 +1,123 @@
+/*
+ * kpack_at.h: where kpack.h's packed layout keeps each field, for the
+ * files that pack it (kpack.c) and those whose kernels read it (kpack.c's
+ * AVX-512 kernels, kpack_avx2.c's 256-bit ones). Private to cpu.so.
+ */
+#ifndef LOOM_CPU_KPACK_AT_H
+#define LOOM_CPU_KPACK_AT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu.h"
+#include "kpack.h"
+
+/* Q4_K's packed super-block of 16 rows (kpack.h) and its fields; Q5_K's
+ * is the same with a vector of fifth bits after each sub-block's four
+ * nibble vectors (320 bytes a sub-block: 2880, GGUF 16 x 176). */
+#define Q4K_BYTES 144
+#define KP_Q4K 2368
+#define Q5K_BYTES 176
+#define KP_Q5K 2880
+#define KP_D 0
+#define KP_DMIN 32
+#define KP_SC 64
+#define KP_MN 192
+#define KP_Q 320
+/* Q6_K's: d at KP_D, 32 bytes of padding, the scales at KP_SC, quants at
+ * KP_Q (192 bytes a sub-block of 16 values: two nibble vectors, then the
+ * vector of high bits). */
+#define Q6K_BYTES 210
+#define KP_Q6K 3392
+#define KP6_SUB 192
+
+/* The formats with blocks of 32 values (kpack.h: 16 rows' blocks in
+ * pairs). */
+static inline bool b32(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 ||
+	       t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+}
+
+/* A 32-value format's fields: minima (Q4_1, Q5_1), fifth bits (Q5_0,
+ * Q5_1), quant bytes of a block of 16 rows, and the offset that makes its
+ * values unsigned (their sum times the activations is taken back out). */
+static inline bool b32_min(uint32_t t)
+{
+	return t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_1;
+}
+
+static inline bool b32_q5(uint32_t t)
+{
+	return t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1;
+}
+
+static inline size_t b32_qbytes(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 ? 512 : 256;
+}
+
+static inline int b32_offset(uint32_t t)
+{
+	return t == LOOM_TYPE_Q8_0 ? 128 : t == LOOM_TYPE_Q4_0 ? 8 : t == LOOM_TYPE_Q5_0 ? 16 : 0;
+}
+
+/* Bytes of a pair of blocks of 16 rows (the GGUF bytes), and of a last
+ * unpaired block (padded so that every field starts on a cache line). */
+static inline size_t b32_pair(uint32_t t)
+{
+	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 128 : 0) + 2 * b32_qbytes(t);
+}
+
+static inline size_t b32_single(uint32_t t)
+{
+	return 64 + (b32_min(t) ? 64 : 0) + (b32_q5(t) ? 64 : 0) + b32_qbytes(t);
+}
+
+/* Where block b (of nb) of a group keeps its scales d, minima m, fifth
+ * bits h and quants q, from the group's start (kpack.h). */
+struct b32_at {
+	size_t d, m, h, q;
+};
+
+static inline struct b32_at b32_at(uint32_t t, int64_t b, int64_t nb)
+{
+	const size_t base = (size_t)(b / 2) * b32_pair(t), w = (size_t)(b % 2);
+	const size_t mn = b32_min(t) ? 64 : 0, h5 = b32_q5(t) ? 64 : 0;
+
+	if (b == nb - 1 && nb % 2) /* alone */
+		return (struct b32_at){ base, base + 64, base + 64 + mn, base + 64 + mn + h5 };
+	return (struct b32_at){ base + 32 * w, base + 64 + 32 * w, base + 64 + mn + 64 * w,
+				base + 64 + mn + 2 * h5 + b32_qbytes(t) * w };
+}
+
+/* Packed bytes of a K-quant super-block of 16 rows. */
+static inline size_t kp_bytes(uint32_t t)
+{
+	return t == LOOM_TYPE_Q6_K ? KP_Q6K : t == LOOM_TYPE_Q5_K ? KP_Q5K : KP_Q4K;
+}
+
+/* A row's share of a group of nb blocks: the group's bytes / 16 (the
+ * callers check nb * 212 for overflow). */
+static inline size_t row_share(uint32_t t, int64_t nb)
+{
+	if (b32(t))
+		return (size_t)(nb / 2) * (b32_pair(t) / KPACK_ROWS) +
+		       (size_t)(nb % 2) * (b32_single(t) / KPACK_ROWS);
+	return (size_t)nb * (kp_bytes(t) / KPACK_ROWS);
+}
+
+/* Bytes of a packed Q4_K / Q5_K sub-block (32 values of 16 rows). */
+static inline int kp_sub(bool five)
+{
+	return five ? 320 : 256;
+}
+
+#if defined(__x86_64__)
+/* kpack_kernel() of the 256-bit sets (kpack_avx2.c): isa QDOT_AVX2 or
+ * QDOT_AVXVNNI, supported by the caller's check. */
+kpack_fn kpack_kernel_256(enum qdot_isa isa, uint32_t type);
+#endif
+
+#endif /* LOOM_CPU_KPACK_AT_H */

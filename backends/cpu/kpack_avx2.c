@@ -1,0 +1,433 @@
+/*
+ * The packed layout's GEMV kernels on 256-bit vectors (kpack.h): AVX2, and
+ * AVX-VNNI where the CPU has it, for the machines without AVX-512.
+ *
+ * A 64-byte vector of the layout holds 4 bytes of each of a group's 16
+ * rows; its first 32 bytes are rows 0-7 and its last 32 rows 8-15, and
+ * the f16 scales of 16 rows split the same way. So a 256-bit kernel runs
+ * a group as two halves of 8 rows, each the AVX-512 kernel's arithmetic
+ * on 8 lanes:
+ *   - K-quants: the same integers and the same two fused multiply-adds a
+ *     super-block as qdot_k_ref(), which every kernel set gives;
+ *   - the 32-value formats: qdot.h's 8-lane arithmetic (ref8(), the AVX2
+ *     and AVX-VNNI sets' rounding): per row 8 float lanes, lane l holding
+ *     the exact sums of values 4l .. 4l+3 block after block, one fma each,
+ *     the offset formats' m * x.s summed on their own; so a packed weight
+ *     gives the GGUF-layout AVX2 kernel's bits.
+ * Byte products reach int32 lanes through vpdpbusd (AVX-VNNI) or maddubs
+ * and madd (AVX2); both sums are exact. maddubs adds two u8 x s8 products
+ * in int16, which the 4-6 bit values cannot overflow (2 * 63 * 127); Q8_0's
+ * stored q + 128 could, so AVX2 takes it back to q and multiplies |q| by x
+ * with q's sign (2 * 128 * 127 < 32768), as qdot.c's AVX2 kernel does.
+ *
+ * Compiled without -march flags; each kernel carries its target.
+ */
+#include <string.h>
+
+#include "cpu.h"
+#include "kpack.h"
+#include "kpack_at.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define ALWAYS static inline __attribute__((always_inline))
+#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+/* a + the exact sums of 4 byte products u * s per int32 lane */
+TGT_AVX2 ALWAYS __m256i avx2_dot(__m256i a, __m256i u, __m256i s)
+{
+	return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+						     _mm256_set1_epi16(1)));
+}
+
+TGT_AVXVNNI ALWAYS __m256i vnni_dot(__m256i a, __m256i u, __m256i s)
+{
+	return _mm256_dpbusd_avx_epi32(a, u, s);
+}
+
+/* 4 activation bytes, broadcast to every lane */
+TGT_AVX2 ALWAYS __m256i x4(const int8_t *q)
+{
+	return _mm256_set1_epi32((int)cpu_rd32((const uint8_t *)q));
+}
+
+/* 8 f16 at p as floats */
+TGT_AVX2 ALWAYS __m256 h8(const uint8_t *p)
+{
+	return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)p));
+}
+
+/* Rows 8h .. 8h+7's part of the 64-byte vector at p. */
+TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
+{
+	return _mm256_load_si256((const __m256i *)(p + 32 * h));
+}
+
+/*
+ * Prefetches the `bytes` that lie KP_PREFETCH bytes after p. A half group's
+ * pass touches every cache line of the group (each holds both halves), so
+ * the first pass streams the group from memory and prefetches, the second
+ * finds it in L1 or L2 (a group of 16 rows of 4096 Q8_0 values is 70 KB).
+ */
+#define KP_PREFETCH 8704
+
+TGT_AVX2 ALWAYS void prefetch(const uint8_t *p, size_t bytes)
+{
+	for (size_t o = 0; o < bytes; o += 64)
+		_mm_prefetch((const char *)p + KP_PREFETCH + o, _MM_HINT_T0);
+}
+
+/* ---- K-quants ---- */
+
+/*
+ * Packed Q4_K (five: Q5_K) super-block p, rows 8h .. 8h+7, against x:
+ * kpack.c's q45k_block() on 8 lanes.
+ */
+#define Q45K_HALF(attr, name, DOT)                                                         \
+	attr ALWAYS __m256 name(bool five, const uint8_t *p, const struct qdot_kblock *x,  \
+				int h, __m256 acc)                                         \
+	{                                                                                  \
+		const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);        \
+		const __m256 xd = _mm256_set1_ps(x->d);                                    \
+		__m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();      \
+                                                                                           \
+		for (int s = 0; s < 8; s++) {                                              \
+			const uint8_t *q = p + KP_Q + kp_sub(five) * s;                    \
+			const int8_t *xq = x->q + 32 * s;                                  \
+			__m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();  \
+			__m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();     \
+			int bs = x->bsums[2 * s] + x->bsums[2 * s + 1];                    \
+                                                                                           \
+			for (int v = 0; v < 4; v++) {                                      \
+				__m256i w = half(q + 64 * v, h);                           \
+				__m256i lo = _mm256_and_si256(w, m4);                      \
+				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4); \
+                                                                                           \
+				if (five) {                                                \
+					lo = _mm256_or_si256(lo, _mm256_and_si256(v < 2 ?  \
+						_mm256_slli_epi16(fh, 4 - 2 * v) :         \
+						_mm256_srli_epi16(fh, 2 * v - 4), b4));    \
+					hi = _mm256_or_si256(hi, _mm256_and_si256(v < 2 ?  \
+						_mm256_slli_epi16(fh, 3 - 2 * v) :         \
+						_mm256_srli_epi16(fh, 2 * v - 3), b4));    \
+				}                                                          \
+				a0 = DOT(a0, lo, x4(xq + 8 * v));                          \
+				a1 = DOT(a1, hi, x4(xq + 8 * v + 4));                      \
+			}                                                                  \
+			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(                  \
+				_mm256_add_epi32(a0, a1), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
+					(const __m128i *)(p + KP_SC + 16 * s + 8 * h)))));  \
+			msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(                  \
+				_mm256_set1_epi32(bs), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
+					(const __m128i *)(p + KP_MN + 16 * s + 8 * h)))));  \
+		}                                                                          \
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                            \
+				      _mm256_mul_ps(h8(p + KP_D + 16 * h), xd), acc);      \
+		return _mm256_fmadd_ps(                                                    \
+			_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), msum)), \
+			_mm256_mul_ps(h8(p + KP_DMIN + 16 * h), xd), acc);                 \
+	}
+
+/* The same for Q6_K: kpack.c's q6k_block() on 8 lanes. */
+#define Q6K_HALF(attr, name, DOT)                                                          \
+	attr ALWAYS __m256 name(const uint8_t *p, const struct qdot_kblock *x, int h,      \
+				__m256 acc)                                                \
+	{                                                                                  \
+		const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);      \
+		__m256i isum = _mm256_setzero_si256();                                     \
+                                                                                           \
+		for (int i = 0; i < 16; i++) {                                             \
+			const uint8_t *q = p + KP_Q + KP6_SUB * i;                         \
+			const int8_t *xq = x->q + 16 * i;                                  \
+			__m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h); \
+			__m256i u0 = _mm256_or_si256(_mm256_and_si256(w0, m4),             \
+				_mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));           \
+			__m256i u1 = _mm256_or_si256(                                      \
+				_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),            \
+				_mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));           \
+			__m256i u2 = _mm256_or_si256(_mm256_and_si256(w1, m4),             \
+						     _mm256_and_si256(hb, m2));            \
+			__m256i u3 = _mm256_or_si256(                                      \
+				_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),            \
+				_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));           \
+			__m256i a0 = DOT(_mm256_set1_epi32(-32 * x->bsums[i]), u0, x4(xq)); \
+			__m256i a1 = DOT(_mm256_setzero_si256(), u2, x4(xq + 8));          \
+                                                                                           \
+			a0 = DOT(a0, u1, x4(xq + 4));                                      \
+			a1 = DOT(a1, u3, x4(xq + 12));                                     \
+			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(                  \
+				_mm256_add_epi32(a0, a1), _mm256_cvtepi8_epi32(_mm_loadl_epi64( \
+					(const __m128i *)(p + KP_SC + 16 * i + 8 * h)))));  \
+		}                                                                          \
+		return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                           \
+				       _mm256_mul_ps(h8(p + KP_D + 16 * h),                \
+						     _mm256_set1_ps(x->d)), acc);          \
+	}
+
+Q45K_HALF(TGT_AVX2, q45k_avx2, avx2_dot)
+Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, vnni_dot)
+Q6K_HALF(TGT_AVX2, q6k_avx2, avx2_dot)
+Q6K_HALF(TGT_AVXVNNI, q6k_avxvnni, vnni_dot)
+
+/* Copies lanes lo .. hi-1 of v (rows r0 + lo ..) to y, which starts at row
+ * j0. */
+TGT_AVX2 ALWAYS void store_rows(__m256 v, int64_t r0, int64_t lo, int64_t hi, int64_t j0,
+				float *y)
+{
+	float lanes[8];
+
+	_mm256_storeu_ps(lanes, v);
+	memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
+}
+
+/* Lanes lo .. hi (clipped to 0 .. 8) of the 8 rows from r0 that lie in
+ * [j0, j1); false if none does. */
+ALWAYS bool rows_in(int64_t r0, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi)
+{
+	*lo = j0 > r0 ? j0 - r0 : 0;
+	*hi = j1 - r0 < 8 ? j1 - r0 : 8;
+	return *lo < *hi;
+}
+
+/* Rows [j0, j1) of a packed K-quant weight, half group by half group. */
+#define KQ_ROWS(attr, name, block, bytes)                                                  \
+	attr static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,        \
+			      int64_t j0, int64_t j1)                                      \
+	{                                                                                  \
+		const struct qdot_kblock *x = xv;                                           \
+		const size_t gb = (size_t)nb * (bytes);                                     \
+                                                                                           \
+		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
+			const uint8_t *p = w + (size_t)g * gb;                              \
+                                                                                           \
+			for (int h = 0; h < 2; h++) {                                       \
+				const int64_t r0 = g * KPACK_ROWS + 8 * h;                  \
+				__m256 acc = _mm256_setzero_ps();                           \
+				int64_t lo, hi;                                             \
+                                                                                           \
+				if (!rows_in(r0, j0, j1, &lo, &hi))                         \
+					continue;                                           \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					if (h == 0)                                         \
+						prefetch(p + b * (bytes), bytes);           \
+					acc = block(p + b * (bytes), x + b, h, acc);        \
+				}                                                           \
+				store_rows(acc, r0, lo, hi, j0, y);                         \
+			}                                                                   \
+		}                                                                          \
+	}
+
+TGT_AVX2 ALWAYS __m256 q4k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
+{
+	return q45k_avx2(false, p, x, h, a);
+}
+
+TGT_AVX2 ALWAYS __m256 q5k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
+{
+	return q45k_avx2(true, p, x, h, a);
+}
+
+TGT_AVXVNNI ALWAYS __m256 q4k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
+				      __m256 a)
+{
+	return q45k_avxvnni(false, p, x, h, a);
+}
+
+TGT_AVXVNNI ALWAYS __m256 q5k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
+				      __m256 a)
+{
+	return q45k_avxvnni(true, p, x, h, a);
+}
+
+KQ_ROWS(TGT_AVX2, q4k_rows_avx2, q4k_avx2, KP_Q4K)
+KQ_ROWS(TGT_AVX2, q5k_rows_avx2, q5k_avx2, KP_Q5K)
+KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, KP_Q6K)
+KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q4k_avxvnni, KP_Q4K)
+KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q5k_avxvnni, KP_Q5K)
+KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, KP_Q6K)
+
+/* ---- the 32-value formats ---- */
+
+/* Activation blocks a pass takes; their fixes are 4 KiB on the stack. */
+#define FIX_BLOCKS 128
+
+/* fix[b][l] = -offset * the sum of x[b]'s bytes 4l .. 4l+3: what lane l
+ * takes back out of the offset weights' sums. */
+static void b32_fixes8(int offset, const struct qdot_block *x, int64_t n, int32_t (*fix)[8])
+{
+	for (int64_t b = 0; b < n; b++)
+		for (int l = 0; l < 8; l++) {
+			const int8_t *q = x[b].q + 4 * l;
+
+			fix[b][l] = -offset * (q[0] + q[1] + q[2] + q[3]);
+		}
+}
+
+/* (a0+a4 + a2+a6) + (a1+a5 + a3+a7) in every lane: ref8()'s reduce8()
+ * of each row's 8 accumulators. */
+TGT_AVX2 ALWAYS __m256 reduce_rows(const __m256 *a)
+{
+	__m256 v[4];
+
+	for (int i = 0; i < 4; i++)
+		v[i] = _mm256_add_ps(a[i], a[i + 4]);
+	return _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
+}
+
+/* Bit l of each byte of fh moved to bit 4 (a Q5 value's fifth bit). */
+TGT_AVX2 ALWAYS __m256i fifth(__m256i fh, int l)
+{
+	const __m256i b4 = _mm256_set1_epi8(16);
+
+	if (l < 4)
+		return _mm256_and_si256(_mm256_slli_epi16(fh, 4 - l), b4);
+	return _mm256_and_si256(l > 4 ? _mm256_srli_epi16(fh, l - 4) : fh, b4);
+}
+
+/*
+ * Block x (fixes f) of rows 8h .. 8h+7 against the packed block at g + at:
+ * acc[l] += lane l's exact sum times d * x.d, *accm += m * x.s. SIGN: Q8_0
+ * as |q| times x with q's sign (AVX2), where f is unused.
+ */
+#define B32_HALF(attr, name, DOT, SIGN)                                                    \
+	attr ALWAYS void name(uint32_t t, const uint8_t *g, struct b32_at at,              \
+			      const struct qdot_block *x, const int32_t *f, int h,         \
+			      __m256 *acc, __m256 *accm)                                   \
+	{                                                                                  \
+		const __m256i m4 = _mm256_set1_epi8(15);                                   \
+		const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d)); \
+		const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };            \
+		__m256i fh = _mm256_setzero_si256();                                       \
+                                                                                           \
+		if (b32_min(t))                                                            \
+			*accm = _mm256_fmadd_ps(h8(g + at.m + 16 * h),                     \
+						_mm256_set1_ps(x->s), *accm);              \
+		if (t == LOOM_TYPE_Q8_0) {                                                 \
+			for (int l = 0; l < 8; l++) {                                      \
+				__m256i w = half(g + at.q + 64 * l, h), s;                 \
+                                                                                           \
+				if (SIGN) {                                                \
+					w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)); \
+					s = DOT(_mm256_setzero_si256(), _mm256_abs_epi8(w), \
+						_mm256_sign_epi8(x4(x->q + 4 * l), w));    \
+				} else {                                                   \
+					s = DOT(_mm256_set1_epi32(f[l]), w, x4(x->q + 4 * l)); \
+				}                                                          \
+				acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), D, acc[l]); \
+			}                                                                  \
+			return;                                                            \
+		}                                                                          \
+		if (b32_q5(t))                                                             \
+			fh = half(g + at.h, h);                                            \
+		for (int v = 0; v < 4; v++) {                                              \
+			__m256i w = half(g + at.q + 64 * v, h);                            \
+			__m256i lo = _mm256_and_si256(w, m4);                              \
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);        \
+                                                                                           \
+			if (b32_q5(t)) {                                                   \
+				lo = _mm256_or_si256(lo, fifth(fh, 2 * v));                \
+				hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));            \
+			}                                                                  \
+			lo = DOT(_mm256_set1_epi32(fx[2 * v]), lo, x4(x->q + 8 * v));      \
+			hi = DOT(_mm256_set1_epi32(fx[2 * v + 1]), hi, x4(x->q + 8 * v + 4)); \
+			acc[2 * v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), D, acc[2 * v]); \
+			acc[2 * v + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), D,         \
+							 acc[2 * v + 1]);                   \
+		}                                                                          \
+	}
+
+/*
+ * Rows [j0, j1) of a packed 32-value weight: per half group, its blocks in
+ * order, in passes of FIX_BLOCKS (even, so a pass holds whole pairs; the
+ * fields of a pair's blocks lie at fixed offsets from it).
+ */
+#define B32_ROWS(attr, name, block, SIGN)                                                  \
+	attr ALWAYS void name(uint32_t t, const uint8_t *w, const struct qdot_block *x,    \
+			      int64_t nb, float *y, int64_t j0, int64_t j1)                \
+	{                                                                                  \
+		const size_t gb = row_share(t, nb) * KPACK_ROWS, pair = b32_pair(t);        \
+		const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);             \
+		const bool fixes = b32_offset(t) && !(SIGN && t == LOOM_TYPE_Q8_0);          \
+		const bool once = nb <= FIX_BLOCKS;                                         \
+		int32_t fix[FIX_BLOCKS][8];                                                 \
+                                                                                           \
+		if (once && fixes)                                                          \
+			b32_fixes8(b32_offset(t), x, nb, fix);                              \
+		for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {            \
+			const uint8_t *g = w + (size_t)gi * gb;                             \
+                                                                                           \
+			for (int h = 0; h < 2; h++) {                                       \
+				const int64_t r0 = gi * KPACK_ROWS + 8 * h;                 \
+				__m256 acc[8], accm = _mm256_setzero_ps();                  \
+				int64_t lo, hi, b = 0;                                      \
+                                                                                           \
+				if (!rows_in(r0, j0, j1, &lo, &hi))                         \
+					continue;                                           \
+				for (int l = 0; l < 8; l++)                                 \
+					acc[l] = _mm256_setzero_ps();                       \
+				for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {           \
+					int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS; \
+                                                                                           \
+					if (!once && fixes)                                 \
+						b32_fixes8(b32_offset(t), x + s0, end - s0, fix); \
+					for (; b + 2 <= end; b += 2) {                      \
+						const uint8_t *gp = g + (size_t)(b / 2) * pair; \
+                                                                                           \
+						if (h == 0)                                 \
+							prefetch(gp, pair);                 \
+						block(t, gp, a0, x + b, fix[b - s0], h, acc, &accm); \
+						block(t, gp, a1, x + b + 1, fix[b + 1 - s0], h, \
+						      acc, &accm);                          \
+					}                                                   \
+					if (b < end) /* the last block, alone */            \
+						block(t, g, b32_at(t, b, nb), x + b,        \
+						      fix[b - s0], h, acc, &accm);          \
+				}                                                           \
+				store_rows(_mm256_add_ps(reduce_rows(acc), accm), r0, lo,   \
+					   hi, j0, y);                                      \
+			}                                                                   \
+		}                                                                          \
+	}
+
+B32_HALF(TGT_AVX2, b32_half_avx2, avx2_dot, true)
+B32_HALF(TGT_AVXVNNI, b32_half_avxvnni, vnni_dot, false)
+B32_ROWS(TGT_AVX2, b32_rows_avx2, b32_half_avx2, true)
+B32_ROWS(TGT_AVXVNNI, b32_rows_avxvnni, b32_half_avxvnni, false)
+
+#define B32_KERNEL(attr, name, rows, T)                                                    \
+	attr static void name(const uint8_t *w, const void *x, int64_t nb, float *y,         \
+			      int64_t j0, int64_t j1)                                      \
+	{                                                                                  \
+		rows(T, w, x, nb, y, j0, j1);                                              \
+	}
+B32_KERNEL(TGT_AVX2, q8_0_avx2, b32_rows_avx2, LOOM_TYPE_Q8_0)
+B32_KERNEL(TGT_AVX2, q4_0_avx2, b32_rows_avx2, LOOM_TYPE_Q4_0)
+B32_KERNEL(TGT_AVX2, q4_1_avx2, b32_rows_avx2, LOOM_TYPE_Q4_1)
+B32_KERNEL(TGT_AVX2, q5_0_avx2, b32_rows_avx2, LOOM_TYPE_Q5_0)
+B32_KERNEL(TGT_AVX2, q5_1_avx2, b32_rows_avx2, LOOM_TYPE_Q5_1)
+B32_KERNEL(TGT_AVXVNNI, q8_0_avxvnni, b32_rows_avxvnni, LOOM_TYPE_Q8_0)
+B32_KERNEL(TGT_AVXVNNI, q4_0_avxvnni, b32_rows_avxvnni, LOOM_TYPE_Q4_0)
+B32_KERNEL(TGT_AVXVNNI, q4_1_avxvnni, b32_rows_avxvnni, LOOM_TYPE_Q4_1)
+B32_KERNEL(TGT_AVXVNNI, q5_0_avxvnni, b32_rows_avxvnni, LOOM_TYPE_Q5_0)
+B32_KERNEL(TGT_AVXVNNI, q5_1_avxvnni, b32_rows_avxvnni, LOOM_TYPE_Q5_1)
+
+kpack_fn kpack_kernel_256(enum qdot_isa isa, uint32_t type)
+{
+	const bool vnni = isa == QDOT_AVXVNNI;
+
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return vnni ? q8_0_avxvnni : q8_0_avx2;
+	case LOOM_TYPE_Q4_0: return vnni ? q4_0_avxvnni : q4_0_avx2;
+	case LOOM_TYPE_Q4_1: return vnni ? q4_1_avxvnni : q4_1_avx2;
+	case LOOM_TYPE_Q5_0: return vnni ? q5_0_avxvnni : q5_0_avx2;
+	case LOOM_TYPE_Q5_1: return vnni ? q5_1_avxvnni : q5_1_avx2;
+	case LOOM_TYPE_Q4_K: return vnni ? q4k_rows_avxvnni : q4k_rows_avx2;
+	case LOOM_TYPE_Q5_K: return vnni ? q5k_rows_avxvnni : q5k_rows_avx2;
+	case LOOM_TYPE_Q6_K: return vnni ? q6k_rows_avxvnni : q6k_rows_avx2;
+	default: return NULL;
+	}
+}
+
+#endif /* __x86_64__ */
