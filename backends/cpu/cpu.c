@@ -192,7 +192,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
 	if (ctx->pack)
-		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K "
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q8_0, q4_0, q4_1, q5_0, q5_1 and q2_K .. q6_K "
 			"weights packed at load, 16 rows in the lanes");
 	*out = ctx;
 	return LOOM_OK;

@@ -16,8 +16,7 @@
 
 bool kpack_format(uint32_t type)
 {
-	return b32(type) || type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K ||
-	       type == LOOM_TYPE_Q6_K;
+	return b32(type) || (type >= LOOM_TYPE_Q2_K && type <= LOOM_TYPE_Q6_K);
 }
 
 static size_t gguf_bytes(uint32_t t)
@@ -252,6 +251,127 @@ static void panel_q6k(const uint8_t *g, int64_t nb, uint8_t *panel)
 	}
 }
 
+/* ---- Q2_K, Q3_K: 2-bit values (Q3_K: and a third bit) ---- */
+
+/* Byte k of row r in sub-block i's vector of 2-bit values: bits 2c, 2c + 1
+ * hold value 16i + 4c + k. In Q3_K's vector j of third bits, bit c + 4h of
+ * byte k of row r is that of value 16 (2j + h) + 4c + k. */
+static inline size_t kq_byte(int i, int r, int k)
+{
+	return KP_Q + (size_t)(64 * i + 4 * r + k);
+}
+
+static inline size_t kq_hbyte(int j, int r, int k)
+{
+	return KP3_H + (size_t)(64 * j + 4 * r + k);
+}
+
+/* u from qdot_k_unpack(); Q2_K's scale bytes and both formats' f16 keep
+ * their GGUF bits, Q3_K's 6-bit scales are kept less 32 (as int8). */
+static void pack_kq_block(uint32_t t, const uint8_t *b, int r, uint8_t *p)
+{
+	const bool q3 = t == LOOM_TYPE_Q3_K;
+	uint8_t u[256];
+	int sc[16], mn[16];
+	float d, dmin;
+
+	qdot_k_unpack(t, b, u, sc, mn, &d, &dmin);
+	memcpy(p + KP_D + 2 * r, b + (q3 ? 108 : 80), 2);
+	if (!q3)
+		memcpy(p + KP_DMIN + 2 * r, b + 82, 2);
+	for (int i = 0; i < 16; i++) {
+		p[KP_SC + 16 * i + r] = q3 ? (uint8_t)(int8_t)sc[i] : b[i];
+		for (int k = 0; k < 4; k++) {
+			int lo = 0, hi = 0;
+
+			for (int c = 0; c < 4; c++) {
+				lo |= (u[16 * i + 4 * c + k] & 3) << (2 * c);
+				hi |= (u[16 * i + 4 * c + k] >> 2 & 1) << c;
+			}
+			p[kq_byte(i, r, k)] = (uint8_t)lo;
+			if (q3)
+				p[kq_hbyte(i / 2, r, k)] |= (uint8_t)(hi << (4 * (i % 2)));
+		}
+	}
+}
+
+/* Value e (0..255) of row r of a packed Q2_K / Q3_K super-block, as u. */
+static inline int kq_u(bool q3, const uint8_t *p, int r, int e)
+{
+	const int i = e / 16, c = e % 16 / 4, k = e % 4;
+	const int lo = p[kq_byte(i, r, k)] >> (2 * c) & 3;
+
+	return q3 ? lo | (p[kq_hbyte(i / 2, r, k)] >> (c + 4 * (i % 2)) & 1) << 2 : lo;
+}
+
+/* 16 six-bit Q3_K scales back to their 12 GGUF bytes (qdot_k.c's
+ * ref_scales() decodes them). */
+static void q3k_scales_back(const int v[16], uint8_t s[12])
+{
+	for (int j = 0; j < 8; j++)
+		s[j] = (uint8_t)((v[j] & 15) | (v[j + 8] & 15) << 4);
+	for (int m = 0; m < 4; m++)
+		s[8 + m] = (uint8_t)((v[m] >> 4 & 3) | (v[m + 4] >> 4 & 3) << 2 |
+				     (v[m + 8] >> 4 & 3) << 4 | (v[m + 12] >> 4 & 3) << 6);
+}
+
+static void unpack_kq_block(uint32_t t, const uint8_t *p, int r, uint8_t *o)
+{
+	const bool q3 = t == LOOM_TYPE_Q3_K;
+	uint8_t *qs = o + (q3 ? 32 : 16);
+	int v[16];
+
+	memset(o, 0, cpu_block_bytes(t));
+	for (int e = 0; e < 256; e++) {
+		const int g = e / 32, u = kq_u(q3, p, r, e);
+
+		qs[32 * (g / 4) + e % 32] |= (uint8_t)((u & 3) << (2 * (g % 4)));
+		if (q3)
+			o[e % 32] |= (uint8_t)((u >> 2) << g);
+	}
+	for (int i = 0; i < 16; i++) {
+		v[i] = (int8_t)p[KP_SC + 16 * i + r] + 32;
+		if (!q3)
+			o[i] = p[KP_SC + 16 * i + r];
+	}
+	if (q3)
+		q3k_scales_back(v, o + 96);
+	memcpy(o + (q3 ? 108 : 80), p + KP_D + 2 * r, 2);
+	if (!q3)
+		memcpy(o + 82, p + KP_DMIN + 2 * r, 2);
+}
+
+/* qgemm.h's panel blocks of 16 values, as panel_q6k() makes them: u plus
+ * 124 for Q3_K (q + 128), as it is for Q2_K (a minimum format). */
+static void panel_kq(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const bool q3 = t == LOOM_TYPE_Q3_K;
+
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * kp_bytes(t);
+		float d[KPACK_ROWS], dmin[KPACK_ROWS];
+
+		for (int r = 0; r < KPACK_ROWS; r++) {
+			d[r] = cpu_fp16_to_f32(cpu_rd16(p + KP_D + 2 * r));
+			dmin[r] = q3 ? 0.0f : cpu_fp16_to_f32(cpu_rd16(p + KP_DMIN + 2 * r));
+		}
+		for (int i = 0; i < 16; i++, panel += 4 * 64 + 2 * KPACK_ROWS * 4) {
+			float *dw = (float *)(panel + 256), *mw = dw + KPACK_ROWS;
+
+			for (int c = 0; c < 4; c++)
+				for (int n = 0; n < 64; n++)
+					panel[64 * c + n] = (uint8_t)(kq_u(q3, p, n / 4, 16 * i + 4 * c + n % 4) +
+								      (q3 ? 124 : 0));
+			for (int r = 0; r < KPACK_ROWS; r++) {
+				uint8_t sb = p[KP_SC + 16 * i + r];
+
+				dw[r] = d[r] * (float)(q3 ? (int8_t)sb : sb & 15);
+				mw[r] = -dmin[r] * (float)(q3 ? 0 : sb >> 4);
+			}
+		}
+	}
+}
+
 /* ---- 32-value blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 ---- */
 
 /* Block p's values as the kernel's unsigned operand: q + 128 (Q8_0), the
@@ -382,6 +502,8 @@ void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows,
 
 			if (b32(type))
 				pack_b32_block(type, s, r, b, nb, dst);
+			else if (type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K)
+				pack_kq_block(type, s, r, dst + block_at(type, b));
 			else if (type == LOOM_TYPE_Q6_K)
 				pack_q6k_block(s, r, dst + block_at(type, b));
 			else
@@ -405,6 +527,8 @@ void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, ui
 
 		if (b32(type))
 			unpack_b32_block(type, g, r, b, nb, o);
+		else if (type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K)
+			unpack_kq_block(type, g + block_at(type, b), r, o);
 		else if (type == LOOM_TYPE_Q6_K)
 			unpack_q6k_block(g + block_at(type, b), r, o);
 		else
@@ -418,6 +542,8 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 
 	if (b32(type))
 		panel_b32(type, g, nb, panel);
+	else if (type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K)
+		panel_kq(type, g, nb, panel);
 	else if (type == LOOM_TYPE_Q6_K)
 		panel_q6k(g, nb, panel);
 	else
@@ -524,6 +650,58 @@ q6k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 }
 
 /*
+ * The same for Q2_K (q3: Q3_K): per sub-block of 16 values, the four
+ * 2-bit fields of a byte (Q3_K: each with its third bit) against four
+ * groups of 4 activation bytes, four vpdpbusd into one sum that starts
+ * at -4 * bsum for Q3_K; isum += sc * sum, and Q2_K's msum += mn * bsum.
+ * Shifts of 16-bit lanes pull the next byte's bits in only above the
+ * bits the masks keep.
+ */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	const __m512i m2 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+	const __m128i n4 = _mm_set1_epi8(15);
+	const __m512 xd = _mm512_set1_ps(x->d);
+	__m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+
+	for (int i = 0; i < 16; i++) {
+		const __m512i w = _mm512_load_si512((const void *)(p + KP_Q + 64 * i));
+		const __m512i h = q3 ? _mm512_load_si512((const void *)(p + KP3_H + 64 * (i / 2))) :
+				       _mm512_setzero_si512();
+		const __m128i sb = _mm_load_si128((const __m128i *)(p + KP_SC + 16 * i));
+		__m512i a = _mm512_set1_epi32(q3 ? -4 * x->bsums[i] : 0);
+
+		for (int c = 0; c < 4; c++) {
+			const int sh = c + 4 * (i % 2);
+			__m512i u = _mm512_and_si512(c ? _mm512_srli_epi16(w, 2 * c) : w, m2);
+
+			if (q3)
+				u = _mm512_or_si512(u, _mm512_and_si512(sh >= 2 ?
+					_mm512_srli_epi16(h, sh - 2) : _mm512_slli_epi16(h, 2 - sh), b2));
+			a = _mm512_dpbusd_epi32(a, u, _mm512_set1_epi32(
+				(int)cpu_rd32((const uint8_t *)x->q + 16 * i + 4 * c)));
+		}
+		if (q3) {
+			isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(a, _mm512_cvtepi8_epi32(sb)));
+			continue;
+		}
+		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(a,
+			_mm512_cvtepu8_epi32(_mm_and_si128(sb, n4))));
+		msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_set1_epi32(x->bsums[i]),
+			_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));
+	}
+	acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+			      _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))), xd),
+			      acc);
+	if (q3)
+		return acc;
+	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), msum)),
+			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), xd),
+			       acc);
+}
+
+/*
  * Prefetches the `bytes` that lie KP_PREFETCH bytes after p: the kernels
  * read a group front to back and the next group lies right after it. On
  * this project's machines one core streaming from memory with only the
@@ -565,6 +743,18 @@ TGT_VNNI static inline __attribute__((always_inline)) void kp_prefetch(const uin
 			memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float)); \
 		}                                                                          \
 	}
+
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q2k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	return kq_block(false, p, x, acc);
+}
+
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+q3k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+{
+	return kq_block(true, p, x, acc);
+}
 
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
@@ -746,6 +936,8 @@ B32_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
 B32_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
 B32_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
 
+KP_ROWS(q2k_vnni, q2k_block, KP_Q2K)
+KP_ROWS(q3k_vnni, q3k_block, KP_Q3K)
 KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
 KP_ROWS(q5k_vnni, q5k_block, KP_Q5K)
 KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
@@ -768,6 +960,8 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_1: return q4_1_vnni;
 	case LOOM_TYPE_Q5_0: return q5_0_vnni;
 	case LOOM_TYPE_Q5_1: return q5_1_vnni;
+	case LOOM_TYPE_Q2_K: return q2k_vnni;
+	case LOOM_TYPE_Q3_K: return q3k_vnni;
 	case LOOM_TYPE_Q4_K: return q4k_vnni;
 	case LOOM_TYPE_Q5_K: return q5k_vnni;
 	case LOOM_TYPE_Q6_K: return q6k_vnni;

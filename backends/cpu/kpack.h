@@ -1,6 +1,6 @@
 /*
  * The cpu backend's packed layout of every format it packs (ABI 1.2
- * weight_pack: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), for the
+ * weight_pack: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K), for the
  * fast mode's GEMV: rows in lanes. The kernels take 16 rows a vector on
  * AVX-512 VNNI (kpack.c) and 8 rows, a half of each 64-byte vector, on
  * AVX-VNNI and AVX2 (kpack_avx2.c).
@@ -36,6 +36,16 @@
  * k are the top two bits of value 16i + 4c + k. 3392 bytes (16 x 212; the
  * padding keeps every super-block on a cache line).
  *
+ * Q2_K and Q3_K (sub-blocks of 16 values, u = 2 bits, Q3_K's with a third
+ * bit on top, q = u - 4): d[16] at 0, dmin[16] at 32 (Q2_K; Q3_K pads),
+ * at 64 a byte per sub-block i and row r (Q2_K: the GGUF scale byte, scale
+ * in the low nibble and minimum in the high; Q3_K: the 6-bit scale less
+ * 32, as int8), from 320 one vector per sub-block whose byte k of row r
+ * holds value 16i + 4c + k in bits 2c, 2c + 1, and for Q3_K from 1344 one
+ * vector per two sub-blocks 2j, 2j + 1 whose bit c + 4h of byte k holds
+ * the third bit of value 16 (2j + h) + 4c + k. Q2_K 1344 bytes (16 x 84,
+ * its GGUF size), Q3_K 1856 (16 x 116; GGUF 16 x 110).
+ *
  * The 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), in the same 16-row
  * groups: blocks go in pairs, whose bytes are the GGUF bytes exactly
  * (16 x 2 x 34, 18, 20, 22, 24):
@@ -60,7 +70,7 @@
  * once; the GGUF-layout kernels spend a permute and a scale vector on each
  * block pair of each row.
  *
- * A row counts for nb * 148, 180 or 212 bytes (K-quants) or its GGUF
+ * A row counts for nb * 84, 116, 148, 180 or 212 bytes (K-quants) or its GGUF
  * bytes (32-value formats; a few more for odd nb) (kpack_row_share()), so
  * a group's start is row 16G's at that stride, and the whole weight is
  * kpack_bytes(). Every field keeps the GGUF bits, so kpack_unpack_row()
@@ -86,7 +96,7 @@ bool kpack_format(uint32_t type);
  * (super-blocks) for the K-quants; kpack_nb() of a row of k values. */
 static inline int64_t kpack_block_elems(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K || type == LOOM_TYPE_Q6_K ? 256 : 32;
+	return type >= LOOM_TYPE_Q2_K && type <= LOOM_TYPE_Q6_K ? 256 : 32;
 }
 
 static inline int64_t kpack_nb(uint32_t type, int64_t k)

@@ -31,6 +31,13 @@
 #define Q6K_BYTES 210
 #define KP_Q6K 3392
 #define KP6_SUB 192
+/* Q2_K's and Q3_K's: d at KP_D, Q2_K's dmin at KP_DMIN (Q3_K: padding),
+ * a scale byte per sub-block of 16 values and row at KP_SC, one vector of
+ * 2-bit values a sub-block at KP_Q; Q3_K's high bits after them at KP3_H
+ * (one vector per two sub-blocks). */
+#define KP_Q2K 1344
+#define KP_Q3K 1856
+#define KP3_H 1344
 
 /* The formats with blocks of 32 values (kpack.h: 16 rows' blocks in
  * pairs). */
@@ -95,7 +102,13 @@ static inline struct b32_at b32_at(uint32_t t, int64_t b, int64_t nb)
 /* Packed bytes of a K-quant super-block of 16 rows. */
 static inline size_t kp_bytes(uint32_t t)
 {
-	return t == LOOM_TYPE_Q6_K ? KP_Q6K : t == LOOM_TYPE_Q5_K ? KP_Q5K : KP_Q4K;
+	switch (t) {
+	case LOOM_TYPE_Q2_K: return KP_Q2K;
+	case LOOM_TYPE_Q3_K: return KP_Q3K;
+	case LOOM_TYPE_Q5_K: return KP_Q5K;
+	case LOOM_TYPE_Q6_K: return KP_Q6K;
+	default: return KP_Q4K;
+	}
 }
 
 /* A row's share of a group of nb blocks: the group's bytes / 16 (the

@@ -166,6 +166,57 @@ TGT_AVX2 ALWAYS void prefetch(const uint8_t *p, size_t bytes)
 						     _mm256_set1_ps(x->d)), acc);          \
 	}
 
+/* The same for Q2_K (q3: Q3_K): kpack.c's kq_block() on 8 lanes. */
+#define KQ_HALF(attr, name, DOT)                                                           \
+	attr ALWAYS __m256 name(bool q3, const uint8_t *p, const struct qdot_kblock *x,    \
+				int h, __m256 acc)                                         \
+	{                                                                                  \
+		const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);          \
+		const __m128i n4 = _mm_set1_epi8(15);                                      \
+		const __m256 xd = _mm256_set1_ps(x->d);                                    \
+		__m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();      \
+                                                                                           \
+		for (int i = 0; i < 16; i++) {                                             \
+			const __m256i w = half(p + KP_Q + 64 * i, h);                      \
+			const __m256i hb = q3 ? half(p + KP3_H + 64 * (i / 2), h) :        \
+						_mm256_setzero_si256();                    \
+			const __m128i sb = _mm_loadl_epi64(                                \
+				(const __m128i *)(p + KP_SC + 16 * i + 8 * h));            \
+			__m256i a = _mm256_set1_epi32(q3 ? -4 * x->bsums[i] : 0);          \
+                                                                                           \
+			for (int c = 0; c < 4; c++) {                                      \
+				const int sh = c + 4 * (i % 2);                            \
+				__m256i u = _mm256_and_si256(                              \
+					c ? _mm256_srli_epi16(w, 2 * c) : w, m2);          \
+                                                                                           \
+				if (q3)                                                    \
+					u = _mm256_or_si256(u, _mm256_and_si256(sh >= 2 ?  \
+						_mm256_srli_epi16(hb, sh - 2) :            \
+						_mm256_slli_epi16(hb, 2 - sh), b2));       \
+				a = DOT(a, u, x4(x->q + 16 * i + 4 * c));                  \
+			}                                                                  \
+			if (q3) {                                                          \
+				isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,        \
+					_mm256_cvtepi8_epi32(sb)));                        \
+				continue;                                                  \
+			}                                                                  \
+			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,                \
+				_mm256_cvtepu8_epi32(_mm_and_si128(sb, n4))));             \
+			msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(                  \
+				_mm256_set1_epi32(x->bsums[i]), _mm256_cvtepu8_epi32(      \
+					_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));       \
+		}                                                                          \
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                            \
+				      _mm256_mul_ps(h8(p + KP_D + 16 * h), xd), acc);      \
+		if (q3)                                                                    \
+			return acc;                                                        \
+		return _mm256_fmadd_ps(                                                    \
+			_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), msum)), \
+			_mm256_mul_ps(h8(p + KP_DMIN + 16 * h), xd), acc);                 \
+	}
+
+KQ_HALF(TGT_AVX2, kq_avx2, avx2_dot)
+KQ_HALF(TGT_AVXVNNI, kq_avxvnni, vnni_dot)
 Q45K_HALF(TGT_AVX2, q45k_avx2, avx2_dot)
 Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, vnni_dot)
 Q6K_HALF(TGT_AVX2, q6k_avx2, avx2_dot)
@@ -219,6 +270,28 @@ ALWAYS bool rows_in(int64_t r0, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi
 		}                                                                          \
 	}
 
+TGT_AVX2 ALWAYS __m256 q2k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
+{
+	return kq_avx2(false, p, x, h, a);
+}
+
+TGT_AVX2 ALWAYS __m256 q3k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
+{
+	return kq_avx2(true, p, x, h, a);
+}
+
+TGT_AVXVNNI ALWAYS __m256 q2k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
+				      __m256 a)
+{
+	return kq_avxvnni(false, p, x, h, a);
+}
+
+TGT_AVXVNNI ALWAYS __m256 q3k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
+				      __m256 a)
+{
+	return kq_avxvnni(true, p, x, h, a);
+}
+
 TGT_AVX2 ALWAYS __m256 q4k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
 {
 	return q45k_avx2(false, p, x, h, a);
@@ -241,9 +314,13 @@ TGT_AVXVNNI ALWAYS __m256 q5k_avxvnni(const uint8_t *p, const struct qdot_kblock
 	return q45k_avxvnni(true, p, x, h, a);
 }
 
+KQ_ROWS(TGT_AVX2, q2k_rows_avx2, q2k_avx2, KP_Q2K)
+KQ_ROWS(TGT_AVX2, q3k_rows_avx2, q3k_avx2, KP_Q3K)
 KQ_ROWS(TGT_AVX2, q4k_rows_avx2, q4k_avx2, KP_Q4K)
 KQ_ROWS(TGT_AVX2, q5k_rows_avx2, q5k_avx2, KP_Q5K)
 KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, KP_Q6K)
+KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, q2k_avxvnni, KP_Q2K)
+KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, q3k_avxvnni, KP_Q3K)
 KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q4k_avxvnni, KP_Q4K)
 KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q5k_avxvnni, KP_Q5K)
 KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, KP_Q6K)
@@ -423,6 +500,8 @@ kpack_fn kpack_kernel_256(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_1: return vnni ? q4_1_avxvnni : q4_1_avx2;
 	case LOOM_TYPE_Q5_0: return vnni ? q5_0_avxvnni : q5_0_avx2;
 	case LOOM_TYPE_Q5_1: return vnni ? q5_1_avxvnni : q5_1_avx2;
+	case LOOM_TYPE_Q2_K: return vnni ? q2k_rows_avxvnni : q2k_rows_avx2;
+	case LOOM_TYPE_Q3_K: return vnni ? q3k_rows_avxvnni : q3k_rows_avx2;
 	case LOOM_TYPE_Q4_K: return vnni ? q4k_rows_avxvnni : q4k_rows_avx2;
 	case LOOM_TYPE_Q5_K: return vnni ? q5k_rows_avxvnni : q5k_rows_avx2;
 	case LOOM_TYPE_Q6_K: return vnni ? q6k_rows_avxvnni : q6k_rows_avx2;

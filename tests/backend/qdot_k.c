@@ -373,13 +373,14 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb)
 START_TEST(kpack_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
-	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
+	static const uint32_t types[] = { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K,
+					  LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
 
 	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++)
 		printf("kpack kernels %s: %s\n", qdot_isa_name(kpack_isas[i]),
 		       kpack_kernel(kpack_isas[i], LOOM_TYPE_Q4_K) ? "checked" :
 								      "not run here");
-	for (int f = 0; f < 3; f++) {
+	for (int f = 0; f < (int)(sizeof(types) / sizeof(types[0])); f++) {
 		int bad = 0, cases = 0;
 
 		ck_assert(kpack_format(types[f]));

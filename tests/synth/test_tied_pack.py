@@ -2,8 +2,8 @@
 """A tied token table packed for both embed and the output head (ABI 1.5).
 
 cpu.so packs a tied Q5_0 / Q5_1 table once and reads that copy for embed
-(unpacking the rows it needs) and for the output GEMM, and a Q8_0, Q4_K, Q5_K
-or Q6_K one in its 16-row groups (kpack.h; the K-quant models quantized by
+(unpacking the rows it needs) and for the output GEMM, and a Q8_0 or K-quant
+(Q2_K .. Q6_K) one in its 16-row groups (kpack.h; the K-quant models quantized by
 loom quantize from f16, 256 wide so that rows hold whole super-blocks). For random tied
 llamas in those formats this checks that loom's fast mode gives the same
 logits, bit for bit, with packing on and off (LOOM_CPU_PACK=0): the
@@ -22,7 +22,7 @@ import tempfile
 TEXT = "/usr/share/common-licenses/GPL-3"
 LAYERS = 2
 PER_LAYER = 7  # q, k, v, o, gate, up, down
-CASES = ("q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")
+CASES = ("q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
 
 
 def run(cmd, env):
