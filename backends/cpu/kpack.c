@@ -615,10 +615,12 @@ q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
  * isum += sc * (dot - 32 * bsum), the reference's integers exactly.
  */
 TGT_VNNI static inline __attribute__((always_inline)) __m512
-q6k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
+q6k_block(bool unused, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
 	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
 	__m512i isum = _mm512_setzero_si512();
+
+	(void)unused; /* KP_ROWS passes the other K-quants' variant */
 
 	for (int i = 0; i < 16; i++) {
 		const uint8_t *q = p + KP_Q + KP6_SUB * i;
@@ -701,25 +703,9 @@ kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 			       acc);
 }
 
-/*
- * Prefetches the `bytes` that lie KP_PREFETCH bytes after p: the kernels
- * read a group front to back and the next group lies right after it. On
- * this project's machines one core streaming from memory with only the
- * hardware prefetcher reached 50-75 % of a plain-load read (bench_gemm
- * cold, ffn down 1536x576: Q4_K 8.5-9.1 GB/s, with this 12.5-14).
- */
-#define KP_PREFETCH 8704
-
-TGT_VNNI static inline __attribute__((always_inline)) void kp_prefetch(const uint8_t *p,
-								       size_t bytes)
-{
-	for (size_t o = 0; o < bytes; o += 64)
-		_mm_prefetch((const char *)p + KP_PREFETCH + o, _MM_HINT_T0);
-}
-
-/* Rows [j0, j1) of packed weight w, group by group; block(p, x, acc) is
- * one super-block of a group, bytes apart. */
-#define KP_ROWS(name, block, bytes)                                                        \
+/* Rows [j0, j1) of packed weight w, group by group; block(v, p, x, acc)
+ * is one super-block of a group (v: the format's variant), bytes apart. */
+#define KP_ROWS(name, block, v, bytes)                                                     \
 	TGT_VNNI static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,    \
 				  int64_t j0, int64_t j1)                                    \
 	{                                                                                  \
@@ -735,38 +721,14 @@ TGT_VNNI static inline __attribute__((always_inline)) void kp_prefetch(const uin
 			float lanes[KPACK_ROWS];                                            \
                                                                                            \
 			for (int64_t b = 0; b < nb; b++) {                                  \
-				kp_prefetch(p + b * (bytes), bytes);                         \
-				acc = block(p + b * (bytes), x + b, acc);                   \
+				kpack_prefetch(p + b * (bytes), bytes);                         \
+				acc = block(v, p + b * (bytes), x + b, acc);                \
 			}                                                                   \
 			/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */              \
 			_mm512_storeu_ps(lanes, acc);                                       \
 			memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float)); \
 		}                                                                          \
 	}
-
-TGT_VNNI static inline __attribute__((always_inline)) __m512
-q2k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
-{
-	return kq_block(false, p, x, acc);
-}
-
-TGT_VNNI static inline __attribute__((always_inline)) __m512
-q3k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
-{
-	return kq_block(true, p, x, acc);
-}
-
-TGT_VNNI static inline __attribute__((always_inline)) __m512
-q4k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
-{
-	return q45k_block(false, p, x, acc);
-}
-
-TGT_VNNI static inline __attribute__((always_inline)) __m512
-q5k_block(const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
-{
-	return q45k_block(true, p, x, acc);
-}
 
 /*
  * The 32-value formats: ref16()'s lanes with the rows in the vector
@@ -880,7 +842,7 @@ b32_pass(uint32_t t, const uint8_t *g, const struct qdot_block *x, int64_t nb, i
 	for (; b + 2 <= s0 + n; b += 2) {
 		const struct b32_at a0 = b32_at(t, b, nb), a1 = b32_at(t, b + 1, nb);
 
-		kp_prefetch(g + a0.d, b32_pair(t));
+		kpack_prefetch(g + a0.d, b32_pair(t));
 		b32_block(t, g, a0, x + b, f[b - s0], acc, &accm[b % 16]);
 		b32_block(t, g, a1, x + b + 1, f[b - s0 + 1], acc + 8, &accm[(b + 1) % 16]);
 	}
@@ -936,11 +898,11 @@ B32_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
 B32_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
 B32_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
 
-KP_ROWS(q2k_vnni, q2k_block, KP_Q2K)
-KP_ROWS(q3k_vnni, q3k_block, KP_Q3K)
-KP_ROWS(q4k_vnni, q4k_block, KP_Q4K)
-KP_ROWS(q5k_vnni, q5k_block, KP_Q5K)
-KP_ROWS(q6k_vnni, q6k_block, KP_Q6K)
+KP_ROWS(q2k_vnni, kq_block, false, KP_Q2K)
+KP_ROWS(q3k_vnni, kq_block, true, KP_Q3K)
+KP_ROWS(q4k_vnni, q45k_block, false, KP_Q4K)
+KP_ROWS(q5k_vnni, q45k_block, true, KP_Q5K)
+KP_ROWS(q6k_vnni, q6k_block, false, KP_Q6K)
 
 
 #endif /* __x86_64__ */

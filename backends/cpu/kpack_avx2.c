@@ -65,19 +65,10 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 	return _mm256_load_si256((const __m256i *)(p + 32 * h));
 }
 
-/*
- * Prefetches the `bytes` that lie KP_PREFETCH bytes after p. A half group's
- * pass touches every cache line of the group (each holds both halves), so
- * the first pass streams the group from memory and prefetches, the second
- * finds it in L1 or L2 (a group of 16 rows of 4096 Q8_0 values is 70 KB).
- */
-#define KP_PREFETCH 8704
-
-TGT_AVX2 ALWAYS void prefetch(const uint8_t *p, size_t bytes)
-{
-	for (size_t o = 0; o < bytes; o += 64)
-		_mm_prefetch((const char *)p + KP_PREFETCH + o, _MM_HINT_T0);
-}
+/* A half group's pass touches every cache line of the group (each holds
+ * both halves), so the first pass streams the group from memory and
+ * prefetches (kpack_prefetch()), the second finds it in L1 or L2 (a group
+ * of 16 rows of 4096 Q8_0 values is 70 KB). */
 
 /* ---- K-quants ---- */
 
@@ -132,12 +123,13 @@ TGT_AVX2 ALWAYS void prefetch(const uint8_t *p, size_t bytes)
 
 /* The same for Q6_K: kpack.c's q6k_block() on 8 lanes. */
 #define Q6K_HALF(attr, name, DOT)                                                          \
-	attr ALWAYS __m256 name(const uint8_t *p, const struct qdot_kblock *x, int h,      \
-				__m256 acc)                                                \
+	attr ALWAYS __m256 name(bool unused, const uint8_t *p, const struct qdot_kblock *x, \
+				int h, __m256 acc)                                         \
 	{                                                                                  \
 		const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);      \
 		__m256i isum = _mm256_setzero_si256();                                     \
                                                                                            \
+		(void)unused;                                                              \
 		for (int i = 0; i < 16; i++) {                                             \
 			const uint8_t *q = p + KP_Q + KP6_SUB * i;                         \
 			const int8_t *xq = x->q + 16 * i;                                  \
@@ -242,8 +234,9 @@ ALWAYS bool rows_in(int64_t r0, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi
 	return *lo < *hi;
 }
 
-/* Rows [j0, j1) of a packed K-quant weight, half group by half group. */
-#define KQ_ROWS(attr, name, block, bytes)                                                  \
+/* Rows [j0, j1) of a packed K-quant weight, half group by half group;
+ * block(v, p, x, h, acc) is one super-block (v: the format's variant). */
+#define KQ_ROWS(attr, name, block, v, bytes)                                               \
 	attr static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,        \
 			      int64_t j0, int64_t j1)                                      \
 	{                                                                                  \
@@ -262,68 +255,24 @@ ALWAYS bool rows_in(int64_t r0, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi
 					continue;                                           \
 				for (int64_t b = 0; b < nb; b++) {                          \
 					if (h == 0)                                         \
-						prefetch(p + b * (bytes), bytes);           \
-					acc = block(p + b * (bytes), x + b, h, acc);        \
+						kpack_prefetch(p + b * (bytes), bytes);           \
+					acc = block(v, p + b * (bytes), x + b, h, acc);     \
 				}                                                           \
 				store_rows(acc, r0, lo, hi, j0, y);                         \
 			}                                                                   \
 		}                                                                          \
 	}
 
-TGT_AVX2 ALWAYS __m256 q2k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
-{
-	return kq_avx2(false, p, x, h, a);
-}
-
-TGT_AVX2 ALWAYS __m256 q3k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
-{
-	return kq_avx2(true, p, x, h, a);
-}
-
-TGT_AVXVNNI ALWAYS __m256 q2k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
-				      __m256 a)
-{
-	return kq_avxvnni(false, p, x, h, a);
-}
-
-TGT_AVXVNNI ALWAYS __m256 q3k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
-				      __m256 a)
-{
-	return kq_avxvnni(true, p, x, h, a);
-}
-
-TGT_AVX2 ALWAYS __m256 q4k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
-{
-	return q45k_avx2(false, p, x, h, a);
-}
-
-TGT_AVX2 ALWAYS __m256 q5k_avx2(const uint8_t *p, const struct qdot_kblock *x, int h, __m256 a)
-{
-	return q45k_avx2(true, p, x, h, a);
-}
-
-TGT_AVXVNNI ALWAYS __m256 q4k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
-				      __m256 a)
-{
-	return q45k_avxvnni(false, p, x, h, a);
-}
-
-TGT_AVXVNNI ALWAYS __m256 q5k_avxvnni(const uint8_t *p, const struct qdot_kblock *x, int h,
-				      __m256 a)
-{
-	return q45k_avxvnni(true, p, x, h, a);
-}
-
-KQ_ROWS(TGT_AVX2, q2k_rows_avx2, q2k_avx2, KP_Q2K)
-KQ_ROWS(TGT_AVX2, q3k_rows_avx2, q3k_avx2, KP_Q3K)
-KQ_ROWS(TGT_AVX2, q4k_rows_avx2, q4k_avx2, KP_Q4K)
-KQ_ROWS(TGT_AVX2, q5k_rows_avx2, q5k_avx2, KP_Q5K)
-KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, KP_Q6K)
-KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, q2k_avxvnni, KP_Q2K)
-KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, q3k_avxvnni, KP_Q3K)
-KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q4k_avxvnni, KP_Q4K)
-KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q5k_avxvnni, KP_Q5K)
-KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, KP_Q6K)
+KQ_ROWS(TGT_AVX2, q2k_rows_avx2, kq_avx2, false, KP_Q2K)
+KQ_ROWS(TGT_AVX2, q3k_rows_avx2, kq_avx2, true, KP_Q3K)
+KQ_ROWS(TGT_AVX2, q4k_rows_avx2, q45k_avx2, false, KP_Q4K)
+KQ_ROWS(TGT_AVX2, q5k_rows_avx2, q45k_avx2, true, KP_Q5K)
+KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, false, KP_Q6K)
+KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, kq_avxvnni, false, KP_Q2K)
+KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, kq_avxvnni, true, KP_Q3K)
+KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q45k_avxvnni, false, KP_Q4K)
+KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q45k_avxvnni, true, KP_Q5K)
+KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, false, KP_Q6K)
 
 /* ---- the 32-value formats ---- */
 
@@ -453,7 +402,7 @@ TGT_AVX2 ALWAYS __m256i fifth(__m256i fh, int l)
 						const uint8_t *gp = g + (size_t)(b / 2) * pair; \
                                                                                            \
 						if (h == 0)                                 \
-							prefetch(gp, pair);                 \
+							kpack_prefetch(gp, pair);                 \
 						block(t, gp, a0, x + b, fix[b - s0], h, acc, &accm); \
 						block(t, gp, a1, x + b + 1, fix[b + 1 - s0], h, \
 						      acc, &accm);                          \
