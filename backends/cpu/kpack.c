@@ -358,10 +358,22 @@ static void panel_kq(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
 		for (int i = 0; i < 16; i++, panel += 4 * 64 + 2 * KPACK_ROWS * 4) {
 			float *dw = (float *)(panel + 256), *mw = dw + KPACK_ROWS;
 
-			for (int c = 0; c < 4; c++)
-				for (int n = 0; n < 64; n++)
-					panel[64 * c + n] = (uint8_t)(kq_u(q3, p, n / 4, 16 * i + 4 * c + n % 4) +
-								      (q3 ? 124 : 0));
+			const uint8_t *restrict q = p + KP_Q + 64 * i;
+			const uint8_t *restrict h = p + KP3_H + 64 * (i / 2);
+
+			/* byte n of group c: row n / 4's value 16i + 4c + n % 4 */
+			for (int c = 0; c < 4; c++) {
+				uint8_t *restrict out = panel + 64 * c;
+				const int hs = c + 4 * (i % 2);
+
+				if (q3)
+					for (int n = 0; n < 64; n++)
+						out[n] = (uint8_t)((q[n] >> (2 * c) & 3) |
+								   (h[n] >> hs & 1) << 2) + 124;
+				else
+					for (int n = 0; n < 64; n++)
+						out[n] = q[n] >> (2 * c) & 3;
+			}
 			for (int r = 0; r < KPACK_ROWS; r++) {
 				uint8_t sb = p[KP_SC + 16 * i + r];
 
