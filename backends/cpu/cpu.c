@@ -81,6 +81,11 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 {
 	if (!ctx)
 		return;
+	if (ctx->n_threads > 1)
+		cpu_log(ctx, LOOM_LOG_DEBUG,
+			"cpu: pool: %llu tasks on %d threads; %llu slow waits sent %llu tasks "
+			"to one thread", ctx->pool.posted, ctx->n_threads, ctx->pool.slow_waits,
+			ctx->pool.solo_run);
 	cpu_pool_fini(&ctx->pool);
 	if (ctx->scratch)
 		for (int i = 0; i < ctx->n_threads; i++)

@@ -46,6 +46,9 @@ struct cpu_pool {
 	_Atomic(void *) arg;
 	_Atomic int64_t n_chunks;
 	int solo; /* tasks left to run on the caller alone (caller-only) */
+	/* caller-only counts, for the debug log: tasks posted to the pool,
+	 * waits that sent the next tasks solo, tasks run solo that way */
+	unsigned long long posted, slow_waits, solo_run;
 };
 
 int cpu_pool_init(struct cpu_pool *p, int n_threads);

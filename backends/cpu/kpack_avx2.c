@@ -16,7 +16,7 @@
  *     gives the GGUF-layout AVX2 kernel's bits.
  * Byte products reach int32 lanes through vpdpbusd (AVX-VNNI) or maddubs
  * and madd (AVX2); both sums are exact. maddubs adds two u8 x s8 products
- * in int16, which the 4-6 bit values cannot overflow (2 * 63 * 127); Q8_0's
+ * in int16, which the 2-6 bit values cannot overflow (2 * 63 * 127); Q8_0's
  * stored q + 128 could, so AVX2 takes it back to q and multiplies |q| by x
  * with q's sign (2 * 128 * 127 < 32768), as qdot.c's AVX2 kernel does.
  *

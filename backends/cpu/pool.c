@@ -138,6 +138,7 @@ int cpu_pool_init(struct cpu_pool *p, int n_threads)
 	atomic_init(&p->arg, NULL);
 	atomic_init(&p->n_chunks, 0);
 	p->solo = 0;
+	p->posted = p->slow_waits = p->solo_run = 0;
 	if (pthread_mutex_init(&p->mu, NULL))
 		return LOOM_ERR_NOMEM;
 	if (pthread_cond_init(&p->cv, NULL)) {
@@ -209,8 +210,10 @@ static void wait_done(struct cpu_pool *p, int64_t n_chunks)
 			yielded = true;
 		}
 	}
-	if (yielded && now_ns() - t0 > SLOW_WAIT_NS)
+	if (yielded && now_ns() - t0 > SLOW_WAIT_NS) {
 		p->solo = SOLO_TASKS;
+		p->slow_waits++;
+	}
 }
 
 void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunks, int nth)
@@ -221,6 +224,7 @@ void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunk
 		return;
 	if (p->solo > 0 && nth > 1) {
 		p->solo--;
+		p->solo_run++;
 		nth = 1;
 	}
 	if (nth <= 1 || p->n_threads <= 1 || n_chunks == 1 || n_chunks > CPU_POOL_MAX_CHUNKS) {
@@ -228,6 +232,7 @@ void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunk
 			fn(arg, c, 0);
 		return;
 	}
+	p->posted++;
 	/* the previous task is closed (all its chunks claimed and done) */
 	atomic_store(&p->fn, fn);
 	atomic_store(&p->arg, arg);
