@@ -327,7 +327,8 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
 
 	qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, t->packed, panel);
-	qgemm_run(g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0, g->y_stride);
+	qgemm_run(t->ctx->qisa, g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0,
+		  g->y_stride);
 }
 
 /*
@@ -565,7 +566,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
 	if (!ctx->exact && ctx->qgemm && !ctx->invariant && a->m >= BLAS_MIN_M &&
-	    qgemm_supported(a->w_type) && a->k > 0)
+	    qgemm_supported(ctx->qisa, a->w_type) && a->k > 0)
 		return qgemm_gemm(&t, nth);
 	if (!ctx->exact && qdot_k_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))

@@ -26,9 +26,11 @@ static int weight_off(uint32_t t)
 	return offset_format(t) ? 0 : 128;
 }
 
-bool qgemm_supported(uint32_t type)
+bool qgemm_supported(enum qdot_isa isa, uint32_t type)
 {
-	return (qdot_format(type) || qdot_k_format(type)) && qdot_isa_supported(QDOT_VNNI);
+	return (qdot_format(type) || qdot_k_format(type)) &&
+	       (isa == QDOT_VNNI || isa == QDOT_AVXVNNI || isa == QDOT_AVX2) &&
+	       qdot_isa_supported(isa);
 }
 
 int qgemm_block(uint32_t type)
@@ -334,20 +336,141 @@ QG_KIND(32, 0)
 QG_KIND(32, 1)
 QG_KIND(16, 0)
 QG_KIND(16, 1)
+
+/*
+ * The same on 256-bit vectors: the panel's rows 8h .. 8h+7 are the first
+ * (h = 0) or last 32 bytes of every group and the first or last 8 of its
+ * 16 scales, so a pass takes one half. AVX-VNNI sums the byte products
+ * with vpdpbusd as above; AVX2 with maddubs and madd, which overflow int16
+ * on the q + 128 bytes of the formats without a minimum: there the byte
+ * goes back to q (xor 80h) and |q| meets x with q's sign, the sum starting
+ * from 0 rather than the -128 * sum(x) fix (the same integer).
+ */
+#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define QG_X8 4 /* activation rows per pass on 256-bit vectors */
+
+static inline __attribute__((always_inline)) TGT_AVX2 __m256i
+qg_avx2_dot(__m256i s, __m256i w, __m256i x, bool has_min)
+{
+	if (!has_min) {
+		w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+		x = _mm256_sign_epi8(x, w);
+		w = _mm256_abs_epi8(w);
+	}
+	return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x),
+						     _mm256_set1_epi16(1)));
+}
+
+static inline __attribute__((always_inline)) TGT_AVXVNNI __m256i
+qg_vnni_dot(__m256i s, __m256i w, __m256i x, bool has_min)
+{
+	(void)has_min;
+	return _mm256_dpbusd_avx_epi32(s, w, x);
+}
+
+#define QG_ROWS8(attr, name, DOT, FIX)                                                     \
+	static inline __attribute__((always_inline)) attr void                             \
+	name(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,           \
+	     const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,    \
+	     bool has_min)                                                                 \
+	{                                                                                  \
+		const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),          \
+			_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));                        \
+		const int64_t nc = k / B, nx = k / 32;                                     \
+		const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float); \
+		__m256 acc[QG_X8];                                                         \
+                                                                                           \
+		for (int i = 0; i < X; i++)                                                \
+			acc[i] = _mm256_setzero_ps();                                      \
+		for (int64_t c = 0; c < nc; c++) {                                         \
+			const uint8_t *pb = panel + (size_t)c * bb;                        \
+			const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h; \
+			__m256 dw = _mm256_loadu_ps(dwp);                                  \
+			__m256 mw = _mm256_loadu_ps(dwp + QGEMM_ROWS);                     \
+                                                                                           \
+			for (int i = 0; i < X; i++) {                                      \
+				const struct qgemm_x *xp = prep + i * nc + c;              \
+				const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;  \
+				__m256i s = _mm256_set1_epi32(FIX(has_min) ? xp->fix : 0); \
+				int32_t x4;                                                \
+                                                                                           \
+				for (int g = 0; g < B / 4; g++) {                          \
+					memcpy(&x4, xq + 4 * g, 4);                        \
+					s = DOT(s, _mm256_loadu_si256((const __m256i *)(   \
+						pb + g * GROUP_BYTES + 32 * h)),           \
+						_mm256_set1_epi32(x4), has_min);           \
+				}                                                          \
+				acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),            \
+					_mm256_mul_ps(dw, _mm256_set1_ps(xp->d)), acc[i]); \
+				if (has_min)                                               \
+					acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xp->s), \
+								 acc[i]);                  \
+			}                                                                  \
+		}                                                                          \
+		for (int i = 0; i < X; i++)                                                \
+			_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);             \
+	}
+
+/* the fix: always with vpdpbusd; on AVX2 only where the bytes stay u */
+#define QG_FIX_VNNI(has_min) true
+#define QG_FIX_AVX2(has_min) (has_min)
+QG_ROWS8(TGT_AVX2, qgemm_rows_avx2, qg_avx2_dot, QG_FIX_AVX2)
+QG_ROWS8(TGT_AVXVNNI, qgemm_rows_avxvnni, qg_vnni_dot, QG_FIX_VNNI)
+
+#define QG_KIND8(attr, set, rows8, B, MN)                                                  \
+	static attr void qgemm_##set##_##B##_##MN(const void *panel, int rows,           \
+						  const struct qdot_block *x,            \
+						  const struct qgemm_x *prep, int64_t m, \
+						  int64_t k, float *y, int64_t ys)       \
+	{                                                                                  \
+		const int64_t nx = k / 32, nc = k / (B);                                  \
+                                                                                           \
+		for (int h = 0; h < 2 && 8 * h < rows; h++) {                              \
+			const int lanes = rows - 8 * h < 8 ? rows - 8 * h : 8;             \
+			int64_t i = 0;                                                     \
+                                                                                           \
+			for (; i + QG_X8 <= m; i += QG_X8)                                 \
+				rows8(panel, h, lanes, x + i * nx, prep + i * nc, k,       \
+				      y + i * ys, ys, QG_X8, B, MN);                        \
+			for (; i < m; i++)                                                 \
+				rows8(panel, h, lanes, x + i * nx, prep + i * nc, k,       \
+				      y + i * ys, ys, 1, B, MN);                            \
+		}                                                                          \
+	}
+QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 32, 0)
+QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 32, 1)
+QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 16, 0)
+QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 16, 1)
+QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 32, 0)
+QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 32, 1)
+QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 0)
+QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 1)
 #endif
 
-void qgemm_run(uint32_t type, const void *panel, int rows, const struct qdot_block *x,
-	       const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys)
+#if defined(__x86_64__)
+typedef void (*qgemm_fn)(const void *panel, int rows, const struct qdot_block *x,
+			 const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys);
+
+/* [set][block 16 or 32][minimum]: VNNI, AVX-VNNI, AVX2 */
+static const qgemm_fn qgemm_kinds[3][2][2] = {
+	{ { qgemm_16_0, qgemm_16_1 }, { qgemm_32_0, qgemm_32_1 } },
+	{ { qgemm_avxvnni_16_0, qgemm_avxvnni_16_1 }, { qgemm_avxvnni_32_0, qgemm_avxvnni_32_1 } },
+	{ { qgemm_avx2_16_0, qgemm_avx2_16_1 }, { qgemm_avx2_32_0, qgemm_avx2_32_1 } },
+};
+#endif
+
+void qgemm_run(enum qdot_isa isa, uint32_t type, const void *panel, int rows,
+	       const struct qdot_block *x, const struct qgemm_x *prep, int64_t m, int64_t k,
+	       float *y, int64_t ys)
 {
 #if defined(__x86_64__)
-	bool mn = offset_format(type);
+	const int set = isa == QDOT_VNNI ? 0 : isa == QDOT_AVXVNNI ? 1 : 2;
 
-	if (qgemm_block(type) == 32)
-		(mn ? qgemm_32_1 : qgemm_32_0)(panel, rows, x, prep, m, k, y, ys);
-	else
-		(mn ? qgemm_16_1 : qgemm_16_0)(panel, rows, x, prep, m, k, y, ys);
+	qgemm_kinds[set][qgemm_block(type) == 32][offset_format(type)](panel, rows, x, prep, m,
+								       k, y, ys);
 #else
-	(void)type; (void)panel; (void)rows; (void)x; (void)prep; (void)m; (void)k; (void)y;
-	(void)ys;
+	(void)isa; (void)type; (void)panel; (void)rows; (void)x; (void)prep; (void)m; (void)k;
+	(void)y; (void)ys;
 #endif
 }

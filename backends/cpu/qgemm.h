@@ -42,8 +42,9 @@ struct qgemm_x {
 	int32_t fix;
 };
 
-/* Whether the CPU runs the kernel (AVX-512 VNNI) and type has one. */
-bool qgemm_supported(uint32_t type);
+/* Whether kernel set isa has a kernel (AVX-512 VNNI; AVX-VNNI and AVX2 on
+ * 256-bit vectors), the CPU runs it, and type has one. */
+bool qgemm_supported(enum qdot_isa isa, uint32_t type);
 /* Values per panel block: 32, or 16 for the K-quants (their sub-blocks). */
 int qgemm_block(uint32_t type);
 /* Bytes of a panel of k values (a multiple of 64). */
@@ -57,9 +58,11 @@ void qgemm_panel(uint32_t type, const uint8_t *w, size_t ws, int64_t j0, int row
  * qdot_quantize_row() blocks x. */
 void qgemm_row_prep(uint32_t type, const struct qdot_block *x, int64_t k, struct qgemm_x *out);
 /* y[i * ys + r] for i < m, r < rows: the panel's rows times activation rows
- * x + i * (k / 32) with their prep + i * (k / qgemm_block()). */
-void qgemm_run(uint32_t type, const void *panel, int rows, const struct qdot_block *x,
-	       const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys);
+ * x + i * (k / 32) with their prep + i * (k / qgemm_block()), on set isa
+ * (qgemm_supported()); every set gives qgemm_ref()'s bits. */
+void qgemm_run(enum qdot_isa isa, uint32_t type, const void *panel, int rows,
+	       const struct qdot_block *x, const struct qgemm_x *prep, int64_t m, int64_t k,
+	       float *y, int64_t ys);
 /* The plain C reference of one element: GGUF row w, activation row x. */
 float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t k);
 

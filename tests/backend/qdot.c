@@ -450,13 +450,14 @@ START_TEST(qgemm_match_reference)
 	static float x[M * 1536], y[M * N];
 	int bad = 0, cases = 0;
 
-	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
-		uint32_t t = types[f];
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]) * 3; f++) {
+		uint32_t t = types[f / 3];
+		enum qdot_isa isa = kpack_isas[f % 3];
 		bool kq = t >= LOOM_TYPE_Q2_K && t <= LOOM_TYPE_Q6_K;
 
-		if (!qgemm_supported(t)) {
-			printf("qgemm: no AVX-512 VNNI here, skipped\n");
-			return;
+		if (!qgemm_supported(isa, t)) {
+			printf("qgemm %s: not run here, skipped\n", qdot_isa_name(isa));
+			continue;
 		}
 		for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++) {
 			int64_t k = ks[c], nb = k / 32, nc = k / qgemm_block(t);
@@ -477,7 +478,7 @@ START_TEST(qgemm_match_reference)
 				ck_assert(qgemm_panel_bytes(t, k) <= sizeof(panel));
 				memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
 				qgemm_panel(t, w, ws, 0, rows, k, false, panel);
-				qgemm_run(t, panel, rows, q, prep, M, k, y, N);
+				qgemm_run(isa, t, panel, rows, q, prep, M, k, y, N);
 				for (int i = 0; i < M; i++)
 					for (int r = 0; r < N; r++) {
 						float want = qgemm_ref(t, w + r * ws, q + i * nb, k);
@@ -485,8 +486,9 @@ START_TEST(qgemm_match_reference)
 						if (r >= rows) {
 							bad += !isnan(y[i * N + r]); /* not written */
 						} else if (memcmp(&y[i * N + r], &want, 4)) {
-							printf("qgemm type %u k=%lld rows=%d [%d][%d]: %.9g vs %.9g\n",
-							       t, (long long)k, rows, i, r, y[i * N + r], want);
+							printf("qgemm %s type %u k=%lld rows=%d [%d][%d]: %.9g vs %.9g\n",
+							       qdot_isa_name(isa), t, (long long)k, rows, i, r,
+							       y[i * N + r], want);
 							bad++;
 						} else if (!kq && !near_f64(t, w + r * ws, x + i * k,
 									    q + i * nb, nb, want)) {
