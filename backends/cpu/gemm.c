@@ -34,6 +34,19 @@
 #include "qgemm.h"
 
 #define BLAS_MIN_M 16
+
+/*
+ * Fewest activation rows for the prefill GEMM (qgemm), which rebuilds its
+ * panels at every call. For Q2_K and Q3_K that rebuild is dear (2-bit
+ * fields spread to bytes), and below 32 rows the packed GEMV kernels, one
+ * pass per row over a group kept in cache, are faster: on a 1B-shaped
+ * model at 1 thread, 15 rows gave 32-50 (Q2_K) and 40-42 (Q3_K) t/s against
+ * 16 rows' 32-38 and 27-28 through qgemm (docs/BENCHMARKS.md).
+ */
+static int64_t qgemm_min_m(uint32_t type)
+{
+	return type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K ? 32 : BLAS_MIN_M;
+}
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
 #define PANEL_BYTES (512 * 1024)
 #define GEMV_CHUNKS_PER_THREAD 2
@@ -531,6 +544,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	double work;
 	size_t ws;
 	int nth, err;
+	bool qgemm_ok;
 
 	if (!ctx)
 		return LOOM_ERR_INVALID;
@@ -565,11 +579,12 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
 		return qdot_gemm(&t, nth);
-	if (!ctx->exact && ctx->qgemm && !ctx->invariant && a->m >= BLAS_MIN_M &&
-	    qgemm_supported(ctx->qisa, a->w_type) && a->k > 0)
+	qgemm_ok = !ctx->exact && ctx->qgemm && !ctx->invariant &&
+		   qgemm_supported(ctx->qisa, a->w_type) && a->k > 0;
+	if (qgemm_ok && a->m >= qgemm_min_m(a->w_type))
 		return qgemm_gemm(&t, nth);
 	if (!ctx->exact && qdot_k_format(a->w_type) && a->k > 0 &&
-	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a)))
+	    (ctx->invariant || a->m < BLAS_MIN_M || qgemm_ok || !blas_fits(a)))
 		return qdot_k_gemm(&t, nth);
 	/* a packed weight is a qdot format in fast mode: only BLAS is left */
 	if (ctx->invariant) {
