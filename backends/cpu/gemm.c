@@ -35,18 +35,6 @@
 
 #define BLAS_MIN_M 16
 
-/*
- * Fewest activation rows for the prefill GEMM (qgemm), which rebuilds its
- * panels at every call. For Q2_K and Q3_K that rebuild is dear (2-bit
- * fields spread to bytes), and below 32 rows the packed GEMV kernels, one
- * pass per row over a group kept in cache, are faster: on a 1B-shaped
- * model at 1 thread, 15 rows gave 32-50 (Q2_K) and 40-42 (Q3_K) t/s against
- * 16 rows' 32-38 and 27-28 through qgemm (docs/BENCHMARKS.md).
- */
-static int64_t qgemm_min_m(uint32_t type)
-{
-	return type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K ? 32 : BLAS_MIN_M;
-}
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
 #define PANEL_BYTES (512 * 1024)
 #define GEMV_CHUNKS_PER_THREAD 2

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "dot256.h"
 #include "kpack.h"
 #include "kpack_at.h"
 
@@ -32,20 +33,6 @@
 #include <immintrin.h>
 
 #define ALWAYS static inline __attribute__((always_inline))
-#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-
-/* a + the exact sums of 4 byte products u * s per int32 lane */
-TGT_AVX2 ALWAYS __m256i avx2_dot(__m256i a, __m256i u, __m256i s)
-{
-	return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
-						     _mm256_set1_epi16(1)));
-}
-
-TGT_AVXVNNI ALWAYS __m256i vnni_dot(__m256i a, __m256i u, __m256i s)
-{
-	return _mm256_dpbusd_avx_epi32(a, u, s);
-}
 
 /* 4 activation bytes, broadcast to every lane */
 TGT_AVX2 ALWAYS __m256i x4(const int8_t *q)
@@ -208,11 +195,11 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 	}
 
 KQ_HALF(TGT_AVX2, kq_avx2, avx2_dot)
-KQ_HALF(TGT_AVXVNNI, kq_avxvnni, vnni_dot)
+KQ_HALF(TGT_AVXVNNI, kq_avxvnni, avxvnni_dot)
 Q45K_HALF(TGT_AVX2, q45k_avx2, avx2_dot)
-Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, vnni_dot)
+Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, avxvnni_dot)
 Q6K_HALF(TGT_AVX2, q6k_avx2, avx2_dot)
-Q6K_HALF(TGT_AVXVNNI, q6k_avxvnni, vnni_dot)
+Q6K_HALF(TGT_AVXVNNI, q6k_avxvnni, avxvnni_dot)
 
 /* Copies lanes lo .. hi-1 of v (rows r0 + lo ..) to y, which starts at row
  * j0. */
@@ -418,7 +405,7 @@ TGT_AVX2 ALWAYS __m256i fifth(__m256i fh, int l)
 	}
 
 B32_HALF(TGT_AVX2, b32_half_avx2, avx2_dot, true)
-B32_HALF(TGT_AVXVNNI, b32_half_avxvnni, vnni_dot, false)
+B32_HALF(TGT_AVXVNNI, b32_half_avxvnni, avxvnni_dot, false)
 B32_ROWS(TGT_AVX2, b32_rows_avx2, b32_half_avx2, true)
 B32_ROWS(TGT_AVXVNNI, b32_rows_avxvnni, b32_half_avxvnni, false)
 

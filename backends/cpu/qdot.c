@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "dot256.h"
 #include "qdot.h"
 
 #if defined(__x86_64__)
@@ -373,7 +374,6 @@ QDOT_SET(, scalar, scalar_rows);
 
 /* ---- AVX2: 8 lanes, maddubs + madd ---- */
 
-#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 {
@@ -450,18 +450,16 @@ TGT_AVX2 ALWAYS float avx2_hsum(__m256 a)
 	return _mm_cvtss_f32(v);
 }
 
-/* Byte products summed per int32 lane: maddubs and madd (AVX2), or one
- * vpdpbusd (AVX-VNNI). The sums are exact either way. */
+/* Byte products summed per int32 lane (dot256.h): maddubs and madd
+ * (AVX2), or one vpdpbusd (AVX-VNNI). The sums are exact either way. */
 TGT_AVX2 ALWAYS __m256i avx2_lanes(__m256i u, __m256i s)
 {
-	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+	return avx2_dot(_mm256_setzero_si256(), u, s);
 }
-
-#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
 TGT_AVXVNNI ALWAYS __m256i avxvnni_lanes(__m256i u, __m256i s)
 {
-	return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+	return avxvnni_dot(_mm256_setzero_si256(), u, s);
 }
 
 #define AVX2_ROWS(attr, name, LANES)                                                     \

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "dot256.h"
 #include "kpack.h"
 #include "qgemm.h"
 
@@ -31,6 +32,19 @@ bool qgemm_supported(enum qdot_isa isa, uint32_t type)
 	return (qdot_format(type) || qdot_k_format(type)) &&
 	       (isa == QDOT_VNNI || isa == QDOT_AVXVNNI || isa == QDOT_AVX2) &&
 	       qdot_isa_supported(isa);
+}
+
+/*
+ * Fewest activation rows worth a panel: qgemm rebuilds its panels at every
+ * call. For Q2_K and Q3_K that rebuild is dear (2-bit fields spread to
+ * bytes), and below 32 rows the packed GEMV kernels, one pass per row over
+ * a group kept in cache, are faster: on a 1B-shaped model at 1 thread, 15
+ * rows gave 32-50 (Q2_K) and 40-42 (Q3_K) t/s against 16 rows' 32-38 and
+ * 27-28 through qgemm (docs/BENCHMARKS.md).
+ */
+int64_t qgemm_min_m(uint32_t type)
+{
+	return type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K ? 32 : 16;
 }
 
 int qgemm_block(uint32_t type)
@@ -341,40 +355,21 @@ QG_KIND(16, 1)
  * The same on 256-bit vectors: the panel's rows 8h .. 8h+7 are the first
  * (h = 0) or last 32 bytes of every group and the first or last 8 of its
  * 16 scales, so a pass takes one half. AVX-VNNI sums the byte products
- * with vpdpbusd as above; AVX2 with maddubs and madd, which overflow int16
- * on the q + 128 bytes of the formats without a minimum: there the byte
- * goes back to q (xor 80h) and |q| meets x with q's sign, the sum starting
- * from 0 rather than the -128 * sum(x) fix (the same integer).
+ * with vpdpbusd as above; AVX2 with maddubs and madd (dot256.h), which
+ * overflow int16 on the q + 128 bytes of the formats without a minimum:
+ * there the byte goes back to q (xor 80h), once per block, and |q| meets x
+ * with q's sign, the sum starting from 0 rather than the -128 * sum(x) fix
+ * (the same integer).
  */
-#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TGT_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define QG_X8 4 /* activation rows per pass on 256-bit vectors */
 
-static inline __attribute__((always_inline)) TGT_AVX2 __m256i
-qg_avx2_dot(__m256i s, __m256i w, __m256i x, bool has_min)
-{
-	if (!has_min) {
-		w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-		x = _mm256_sign_epi8(x, w);
-		w = _mm256_abs_epi8(w);
-	}
-	return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x),
-						     _mm256_set1_epi16(1)));
-}
-
-static inline __attribute__((always_inline)) TGT_AVXVNNI __m256i
-qg_vnni_dot(__m256i s, __m256i w, __m256i x, bool has_min)
-{
-	(void)has_min;
-	return _mm256_dpbusd_avx_epi32(s, w, x);
-}
-
-#define QG_ROWS8(attr, name, DOT, FIX)                                                     \
+#define QG_ROWS8(attr, name, DOT, SIGNED)                                                  \
 	static inline __attribute__((always_inline)) attr void                             \
 	name(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,           \
 	     const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,    \
 	     bool has_min)                                                                 \
 	{                                                                                  \
+		const bool sgn = (SIGNED) && !has_min;                                     \
 		const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),          \
 			_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));                        \
 		const int64_t nc = k / B, nx = k / 32;                                     \
@@ -388,18 +383,31 @@ qg_vnni_dot(__m256i s, __m256i w, __m256i x, bool has_min)
 			const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h; \
 			__m256 dw = _mm256_loadu_ps(dwp);                                  \
 			__m256 mw = _mm256_loadu_ps(dwp + QGEMM_ROWS);                     \
+			__m256i w[8], q[8];                                                \
                                                                                            \
+			for (int g = 0; g < B / 4; g++) {                                  \
+				w[g] = _mm256_loadu_si256((const __m256i *)(               \
+					pb + g * GROUP_BYTES + 32 * h));                   \
+				if (sgn) {                                                 \
+					q[g] = _mm256_xor_si256(w[g],                      \
+						_mm256_set1_epi8((char)0x80));             \
+					w[g] = _mm256_abs_epi8(q[g]);                      \
+				}                                                          \
+			}                                                                  \
 			for (int i = 0; i < X; i++) {                                      \
 				const struct qgemm_x *xp = prep + i * nc + c;              \
 				const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;  \
-				__m256i s = _mm256_set1_epi32(FIX(has_min) ? xp->fix : 0); \
+				__m256i s = _mm256_set1_epi32(sgn ? 0 : xp->fix);          \
 				int32_t x4;                                                \
                                                                                            \
 				for (int g = 0; g < B / 4; g++) {                          \
+					__m256i xb;                                        \
+                                                                                           \
 					memcpy(&x4, xq + 4 * g, 4);                        \
-					s = DOT(s, _mm256_loadu_si256((const __m256i *)(   \
-						pb + g * GROUP_BYTES + 32 * h)),           \
-						_mm256_set1_epi32(x4), has_min);           \
+					xb = _mm256_set1_epi32(x4);                        \
+					if (sgn)                                           \
+						xb = _mm256_sign_epi8(xb, q[g]);           \
+					s = DOT(s, w[g], xb);                              \
 				}                                                          \
 				acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),            \
 					_mm256_mul_ps(dw, _mm256_set1_ps(xp->d)), acc[i]); \
@@ -412,11 +420,8 @@ qg_vnni_dot(__m256i s, __m256i w, __m256i x, bool has_min)
 			_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);             \
 	}
 
-/* the fix: always with vpdpbusd; on AVX2 only where the bytes stay u */
-#define QG_FIX_VNNI(has_min) true
-#define QG_FIX_AVX2(has_min) (has_min)
-QG_ROWS8(TGT_AVX2, qgemm_rows_avx2, qg_avx2_dot, QG_FIX_AVX2)
-QG_ROWS8(TGT_AVXVNNI, qgemm_rows_avxvnni, qg_vnni_dot, QG_FIX_VNNI)
+QG_ROWS8(TGT_AVX2, qgemm_rows_avx2, avx2_dot, true)
+QG_ROWS8(TGT_AVXVNNI, qgemm_rows_avxvnni, avxvnni_dot, false)
 
 #define QG_KIND8(attr, set, rows8, B, MN)                                                  \
 	static attr void qgemm_##set##_##B##_##MN(const void *panel, int rows,           \

@@ -45,6 +45,8 @@ struct qgemm_x {
 /* Whether kernel set isa has a kernel (AVX-512 VNNI; AVX-VNNI and AVX2 on
  * 256-bit vectors), the CPU runs it, and type has one. */
 bool qgemm_supported(enum qdot_isa isa, uint32_t type);
+/* Fewest activation rows type's gemm takes qgemm for (below, the GEMV). */
+int64_t qgemm_min_m(uint32_t type);
 /* Values per panel block: 32, or 16 for the K-quants (their sub-blocks). */
 int qgemm_block(uint32_t type);
 /* Bytes of a panel of k values (a multiple of 64). */
