@@ -3,11 +3,13 @@
  * (loader.h); this file holds only what is theirs. */
 #include "plugin/host.h"
 #include "plugin/loader.h"
+#include "plugin/mapcheck.h"
 #include "util.h"
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom_config.h"
 
@@ -80,6 +82,19 @@ static const struct loom_quant_format *format_at(const struct loom_quant_plugin 
 						  (size_t)i * p->formats[0].struct_size);
 }
 
+/* The name is a string and the functions are code (the weighted one
+ * only where the format's struct_size has it). */
+static bool format_pointers_ok(const struct loom_quant_format *f)
+{
+	size_t weighted_end = offsetof(struct loom_quant_format, from_float_weighted) + sizeof(void *);
+
+	if (!loom_map_string(f->name, 64) || !loom_map_code((const void *)f->to_float) ||
+	    !loom_map_code((const void *)f->from_float))
+		return false;
+	return f->struct_size < weighted_end || !f->from_float_weighted ||
+	       loom_map_code((const void *)f->from_float_weighted);
+}
+
 static int check_quant(const char *path, const void *desc, char *err, size_t errlen)
 {
 	const struct loom_quant_plugin *p = desc;
@@ -89,10 +104,22 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 			    p->n_formats);
 		return -1;
 	}
+	if (p->n_formats && !loom_map_readable(p->formats, FORMAT_V1_SIZE)) {
+		loom_seterr(err, errlen, "quant plugin %s: format table (%p) is not readable", path,
+			    (const void *)p->formats);
+		return -1;
+	}
 	if (p->n_formats && (p->formats[0].struct_size < FORMAT_V1_SIZE ||
 			     p->formats[0].struct_size % sizeof(void *))) {
 		loom_seterr(err, errlen, "quant plugin %s: format struct_size %u (at least %zu, a multiple of %zu)",
 			    path, p->formats[0].struct_size, FORMAT_V1_SIZE, sizeof(void *));
+		return -1;
+	}
+	if (p->n_formats && (p->n_formats > SIZE_MAX / p->formats[0].struct_size ||
+			     !loom_map_readable(p->formats,
+						(size_t)p->n_formats * p->formats[0].struct_size))) {
+		loom_seterr(err, errlen, "quant plugin %s: %u formats run past the readable format table",
+			    path, p->n_formats);
 		return -1;
 	}
 	for (uint32_t i = 0; i < p->n_formats; i++) {
@@ -106,6 +133,11 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 		if (f->type >= LOOM_TYPE_COUNT || !f->to_float || !f->from_float ||
 		    !f->block_elems || !f->block_bytes || !f->name) {
 			loom_seterr(err, errlen, "quant plugin %s: format %u is incomplete", path, i);
+			return -1;
+		}
+		if (!format_pointers_ok(f)) {
+			loom_seterr(err, errlen, "quant plugin %s: format %u has a name or function outside the loaded objects",
+				    path, i);
 			return -1;
 		}
 	}
@@ -136,6 +168,13 @@ static int register_plugin(const char *path, void *ctx, char *err, size_t errlen
 	p = loom_plugin_load(&quant_kind, path, &dl, err, errlen);
 	if (!p)
 		return -1;
+	if (p->n_formats && (p->n_formats > SIZE_MAX / p->formats[0].struct_size ||
+			     !loom_map_readable(p->formats,
+						(size_t)p->n_formats * p->formats[0].struct_size))) {
+		loom_seterr(err, errlen, "quant plugin %s: %u formats run past the readable format table",
+			    path, p->n_formats);
+		return -1;
+	}
 	for (uint32_t i = 0; i < p->n_formats; i++) {
 		const struct loom_quant_format *f = format_at(p, i);
 

@@ -1,5 +1,6 @@
 /* The one plugin loader (see loader.h). */
 #include "plugin/loader.h"
+#include "plugin/mapcheck.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -303,29 +304,47 @@ int loom_plugin_resolve(const struct loom_plugin_kind *k, const char *name, char
 
 /* ---- load ---- */
 
-/* Tells "not a shared object" apart from dlopen's other failures, so the
- * message says what is wrong with the file rather than only dlerror(). */
+/* Tells "not a shared object" and "built for another machine" apart from
+ * dlopen's other failures, so the message says what is wrong with the
+ * file rather than only dlerror(). */
 static int check_elf(const struct loom_plugin_kind *k, const char *path, char *err,
 		     size_t errlen)
 {
-	unsigned char h[EI_NIDENT + 2];
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	unsigned type;
-	ssize_t n;
+	char why[128] = "";
 
-	if (fd < 0) {
+	switch (loom_elf_inspect(path, why, sizeof(why))) {
+	case ELF_OK:
+		return 0;
+	case ELF_UNREADABLE:
 		loom_seterr(err, errlen, "%s %s: %s", k->what, path, strerror(errno));
 		return -1;
-	}
-	n = read(fd, h, sizeof(h));
-	close(fd);
-	/* e_type follows e_ident in both classes, in the file's byte order */
-	type = n == (ssize_t)sizeof(h) && h[EI_DATA] == ELFDATA2MSB ?
-	       (unsigned)h[EI_NIDENT] << 8 | h[EI_NIDENT + 1] :
-	       (unsigned)h[EI_NIDENT + 1] << 8 | h[EI_NIDENT];
-	if (n != (ssize_t)sizeof(h) || memcmp(h, ELFMAG, SELFMAG) != 0 || type != ET_DYN) {
+	case ELF_FOREIGN:
+		loom_seterr(err, errlen, "%s %s: %s", k->what, path, why);
+		return -1;
+	default:
 		loom_seterr(err, errlen, "%s %s: not an ELF shared object", k->what, path);
 		return -1;
+	}
+}
+
+/* Every required slot is code: a garbage table fails here, before any
+ * call through it. */
+static int check_required(const struct loom_plugin_kind *k, const char *path, const void *desc,
+			  char *err, size_t errlen)
+{
+	for (size_t i = 0; i < k->n_required; i++) {
+		void *const *slot = (void *const *)((const char *)desc + k->required[i].offset);
+
+		if (!*slot) {
+			loom_seterr(err, errlen, "%s %s: required slot %s is missing", k->what,
+				    path, k->required[i].name);
+			return -1;
+		}
+		if (!loom_map_code(*slot)) {
+			loom_seterr(err, errlen, "%s %s: bad %s: slot %s (%p) points outside any loaded code",
+				    k->what, path, k->desc_name, k->required[i].name, *slot);
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -349,16 +368,33 @@ int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const 
 			    k->what, path, k->desc_name, h->struct_size, k->min_size);
 		return -1;
 	}
-	for (size_t i = 0; i < k->n_required; i++) {
-		void *const *slot = (void *const *)((const char *)desc + k->required[i].offset);
-
-		if (!*slot) {
-			loom_seterr(err, errlen, "%s %s: required slot %s is missing", k->what,
-				    path, k->required[i].name);
-			return -1;
-		}
-	}
+	if (check_required(k, path, desc, err, errlen))
+		return -1;
 	return k->check ? k->check(path, desc, err, errlen) : 0;
+}
+
+/* The descriptor lies inside the plugin's own readable segments: its
+ * head, then (when the head is one this loom reads further) all of
+ * struct_size bytes. NULL is left to loom_plugin_check's message. */
+static int check_mapped(const struct loom_plugin_kind *k, const char *path, void *handle,
+			const void *desc, char *err, size_t errlen)
+{
+	const struct plugin_head *h = desc;
+
+	if (!desc)
+		return 0;
+	if (!loom_map_in_object(handle, desc, sizeof(*h), false)) {
+		loom_seterr(err, errlen, "%s %s: bad %s: entry returned %p, outside the plugin's readable segments",
+			    k->what, path, k->desc_name, desc);
+		return -1;
+	}
+	if (h->abi_major == k->abi_major && h->struct_size >= k->min_size &&
+	    !loom_map_in_object(handle, desc, h->struct_size, false)) {
+		loom_seterr(err, errlen, "%s %s: bad %s: %u bytes at %p run past the plugin's readable segments",
+			    k->what, path, k->desc_name, h->struct_size, desc);
+		return -1;
+	}
+	return 0;
 }
 
 /* Every entry is `const struct <kind> *(*)(void)`; a pointer to a struct
@@ -386,8 +422,15 @@ const void *loom_plugin_load(const struct loom_plugin_kind *k, const char *path,
 		loom_seterr(err, errlen, "%s %s: no entry symbol %s", k->what, path, k->entry);
 		goto out_close;
 	}
+	if (!loom_map_is_function((const void *)entry) ||
+	    !loom_map_in_object(handle, (const void *)entry, 1, true)) {
+		loom_seterr(err, errlen, "%s %s: entry symbol %s is not a function of the plugin",
+			    k->what, path, k->entry);
+		goto out_close;
+	}
 	desc = entry();
-	if (loom_plugin_check(k, path, desc, err, errlen))
+	if (check_mapped(k, path, handle, desc, err, errlen) ||
+	    loom_plugin_check(k, path, desc, err, errlen))
 		goto out_close;
 	*dl = handle;
 	return desc;

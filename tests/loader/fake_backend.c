@@ -7,6 +7,10 @@
  *                      backend does on a machine without a GPU
  *   FAKE_NO_ENTRY      exports a misspelled entry symbol instead
  *   FAKE_NULL_TABLE    the entry returns NULL
+ *   FAKE_WILD_TABLE    the entry returns a pointer to nothing mapped
+ *   FAKE_FF_TABLE      the entry returns a table of 0xff bytes
+ *   FAKE_FF_SLOTS      the same with a good head: only the slots are wild
+ *   FAKE_DATA_ENTRY    loom_backend_entry is a data object, not a function
  *
  * create() appends a line starting with the backend's file tag to the file
  * named by $LOOM_TEST_CREATE_LOG, so the test can tell whether the loader
@@ -16,7 +20,9 @@
  */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "loom/backend.h"
 
@@ -223,12 +229,38 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry_v0(void)
 {
 	return &fake_ops;
 }
+#elif defined(FAKE_DATA_ENTRY)
+/* The entry symbol names a data object, not a function: calling it would
+ * jump into data. */
+LOOM_EXPORT const unsigned char fake_data_entry[64] __asm__("loom_backend_entry") = { 0xff };
+const void *fake_keep = &fake_ops;
 #else
+#if defined(FAKE_FF_TABLE) || defined(FAKE_FF_SLOTS)
+/* A table of 0xff bytes; with FAKE_FF_SLOTS its head is a good one, so
+ * only the slots are garbage. */
+static union {
+	unsigned char bytes[sizeof(struct loom_backend_ops)];
+	struct loom_backend_ops ops;
+} fake_ff;
+#endif
+
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 {
-#ifdef FAKE_NULL_TABLE
+#if defined(FAKE_NULL_TABLE)
 	(void)&fake_ops;
 	return NULL;
+#elif defined(FAKE_WILD_TABLE)
+	(void)&fake_ops;
+	return (const struct loom_backend_ops *)(uintptr_t)0xdead0000;
+#elif defined(FAKE_FF_TABLE) || defined(FAKE_FF_SLOTS)
+	(void)&fake_ops;
+	memset(fake_ff.bytes, 0xff, sizeof(fake_ff.bytes));
+#ifdef FAKE_FF_SLOTS
+	fake_ff.ops.abi_major = LOOM_BACKEND_ABI_MAJOR;
+	fake_ff.ops.abi_minor = LOOM_BACKEND_ABI_MINOR;
+	fake_ff.ops.struct_size = sizeof(struct loom_backend_ops);
+#endif
+	return &fake_ff.ops;
 #else
 	return &fake_ops;
 #endif
