@@ -569,7 +569,8 @@ int loom_check_backend(const struct loom_check_params *p, char *err, size_t errl
 struct loom_quantize_params {
 	uint32_t struct_size;
 	const char *input;    /* GGUF to read */
-	const char *output;   /* GGUF to write (through OUTPUT.part, renamed at the end) */
+	const char *output;   /* GGUF to write (through loom_outfile_open: a temporary
+				 renamed at the end; an existing file needs force) */
 	/* A plain format ("q4_0", "q4_K", "f16": every quantizable tensor) or
 	 * a llama.cpp mix ("Q4_K_M", "Q8_0": per-tensor rules). */
 	const char *type;
@@ -583,6 +584,8 @@ struct loom_quantize_params {
 	/* calibration file (loom_imatrix_load) for strategies that need one,
 	 * and for the mixes' imatrix-only rules; NULL: none */
 	const char *imatrix;
+	/* ---- appended (0.7) ---- */
+	bool force;           /* replace an existing output (else refused) */
 };
 
 void loom_quantize_params_init(struct loom_quantize_params *p);
@@ -726,10 +729,45 @@ struct loom_imatrix_stat {
  * llama-quantize --imatrix reads: per entry the name, ncall = n_chunks,
  * and mean_sq * n_chunks), then, when any entry has a Hessian, loom's
  * section "LOOMHES1" after llama.cpp's trailer (docs/QUANTIZATION.md).
- * Written to PATH.part and renamed. 0, or -1 with err.
+ * Written through loom_outfile_open(path, flags) (below): an existing
+ * file is replaced only with LOOM_WRITE_FORCE. 0, or -1 with err.
  */
-int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, size_t n,
-		      int32_t n_chunks, const char *dataset, char *err, size_t errlen);
+int loom_imatrix_save(const char *path, uint32_t flags, const struct loom_imatrix_stat *stats,
+		      size_t n, int32_t n_chunks, const char *dataset, char *err, size_t errlen);
+
+/* ======== appended: output files ======== */
+
+/*
+ * Every file loom writes is created through these. The data goes to a
+ * temporary PATH.XXXXXX.part beside PATH, created with
+ * O_CREAT|O_EXCL|O_NOFOLLOW under a random name (a link planted there is
+ * never followed, an existing file never truncated), and is renamed over
+ * PATH only by loom_outfile_commit, after fflush and fsync. An existing
+ * PATH is refused ("PATH: already exists (--force replaces it)") both at
+ * open and, atomically, at the rename unless flags has LOOM_WRITE_FORCE;
+ * with it the rename replaces PATH itself, never a link's target.
+ */
+#define LOOM_WRITE_FORCE 1u
+
+struct loom_outfile;
+/* The open temporary, or NULL with err. */
+struct loom_outfile *loom_outfile_open(const char *path, uint32_t flags, char *err,
+				       size_t errlen);
+/* Where to write; valid until commit or discard. */
+FILE *loom_outfile_stream(struct loom_outfile *f);
+const char *loom_outfile_path(const struct loom_outfile *f);
+/* Flushes, syncs, closes and renames into place; always frees f. 0, or
+ * -1 with err (the temporary removed). */
+int loom_outfile_commit(struct loom_outfile *f, char *err, size_t errlen);
+/* Closes and removes the temporary; frees f (NULL: nothing). */
+void loom_outfile_discard(struct loom_outfile *f);
+/* Removes every temporary still open in the process. Async-signal-safe:
+ * a command's SIGINT/SIGTERM handler calls it before dying, so an
+ * interrupted run leaves no PATH.XXXXXX.part behind. */
+void loom_outfile_discard_all(void);
+/* data[0..n) to path through the above. 0, or -1 with err. */
+int loom_write_file(const char *path, uint32_t flags, const void *data, size_t n, char *err,
+		    size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -252,8 +252,8 @@ static void finish_hessian(struct stat_acc *s)
 	}
 }
 
-static int save(struct collector *c, const char *path, int32_t n_chunks, const char *dataset,
-		char *err, size_t errlen)
+static int save(struct collector *c, const char *path, bool force, int32_t n_chunks,
+		const char *dataset, char *err, size_t errlen)
 {
 	struct loom_imatrix_stat *st = calloc(c->n ? (size_t)c->n : 1, sizeof(*st));
 	float **mean = calloc(c->n ? (size_t)c->n : 1, sizeof(*mean));
@@ -279,7 +279,7 @@ static int save(struct collector *c, const char *path, int32_t n_chunks, const c
 			.n_tokens = s->n_tokens, .mean_sq = mean[i],
 			.hessian = s->link >= 0 ? c->s[s->link].h : s->h };
 	}
-	rc = loom_imatrix_save(path, st, (size_t)c->n, n_chunks, dataset, err, errlen);
+	rc = loom_imatrix_save(path, force ? LOOM_WRITE_FORCE : 0, st, (size_t)c->n, n_chunks, dataset, err, errlen);
 out:
 	for (int i = 0; mean && i < c->n; i++)
 		free(mean[i]);
@@ -345,7 +345,8 @@ int loom_imatrix_main(const struct loom_options *o, const char *text, size_t len
 		goto out;
 	}
 	if (run_all(e, &c, ids, (int32_t)n_chunks, n_ctx, bos, err, errlen) ||
-	    save(&c, o->imatrix_out, (int32_t)n_chunks, base_name(o->prompt_file), err, errlen))
+	    save(&c, o->imatrix_out, o->force, (int32_t)n_chunks, base_name(o->prompt_file), err,
+		 errlen))
 		goto out;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	printf("loom imatrix: wrote %s: %d weights, %lld chunks of %d tokens%s, %.1f s\n",

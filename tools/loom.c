@@ -1,9 +1,11 @@
 /* loom: run, chat (tools/chat.c), info, tokenize, bench, perplexity,
  * backends, check-backend, quantize, imatrix
  * (serve is server/). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -155,19 +157,6 @@ out_free:
 	return rc;
 }
 
-static int write_file(const char *path, const void *data, size_t n, char *err)
-{
-	FILE *fp = fopen(path, "wb");
-
-	if (!fp || fwrite(data, 1, n, fp) != n) {
-		snprintf(err, ERRLEN, "%s: cannot write", path);
-		if (fp)
-			fclose(fp);
-		return -1;
-	}
-	return fclose(fp) ? -1 : 0;
-}
-
 struct run_out {
 	FILE *tokens; /* --dump-tokens, or NULL */
 	int64_t n;
@@ -286,8 +275,8 @@ static int finish_run(struct loom_engine *e, const struct loom_options *o,
 	print_spec_stats(e, st);
 	print_kv_stats(e);
 	if (o->dump_logits[0])
-		return write_file(o->dump_logits, logits,
-				  sizeof(float) * (size_t)loom_engine_n_vocab(e), err);
+		return loom_write_file(o->dump_logits, LOOM_WRITE_FORCE, logits,
+				       sizeof(float) * (size_t)loom_engine_n_vocab(e), err, ERRLEN);
 	return 0;
 }
 
@@ -344,6 +333,7 @@ static int cmd_run(int argc, char **argv, char *err)
 	struct loom_generation_params g;
 	struct loom_generation_stats st;
 	struct run_out ro = { 0 };
+	struct loom_outfile *tokens_out = NULL; /* --dump-tokens */
 	struct loom_engine *e = NULL;
 	float *logits = NULL;
 	char *text = NULL;
@@ -378,18 +368,25 @@ static int cmd_run(int argc, char **argv, char *err)
 		snprintf(err, ERRLEN, "out of memory");
 		goto out;
 	}
-	if (o.dump_tokens[0] && !(ro.tokens = fopen(o.dump_tokens, "w"))) {
-		snprintf(err, ERRLEN, "%s: cannot write", o.dump_tokens);
-		goto out;
+	if (o.dump_tokens[0]) {
+		/* debug dumps replace: scripts rerun with one path (docs/TESTING.md) */
+		tokens_out = loom_outfile_open(o.dump_tokens, LOOM_WRITE_FORCE, err, ERRLEN);
+		if (!tokens_out)
+			goto out;
+		ro.tokens = loom_outfile_stream(tokens_out);
 	}
 	if (loom_generate(e, text, len, &g, on_token, &ro, &st, err, ERRLEN) == 0)
 		rc = finish_run(e, &o, &st, logits, err);
+	if (tokens_out) {
+		fputc('\n', ro.tokens);
+		if (!rc && loom_outfile_commit(tokens_out, err, ERRLEN))
+			rc = -1;
+		else if (rc)
+			loom_outfile_discard(tokens_out);
+		tokens_out = NULL;
+	}
 out:
 	loom_grammar_free(gram);
-	if (ro.tokens) {
-		fputc('\n', ro.tokens);
-		fclose(ro.tokens);
-	}
 	loom_engine_close(e);
 	free(logits);
 	free(text);
@@ -483,6 +480,7 @@ static int cmd_quantize(int argc, char **argv, char *err)
 	q.n_threads = o.n_threads;
 	q.allow_requantize = o.allow_requantize;
 	q.dry_run = o.dry_run;
+	q.force = o.force;
 	q.imatrix = o.imatrix[0] ? o.imatrix : NULL;
 	return loom_quantize(&q, err, ERRLEN);
 }
@@ -490,6 +488,7 @@ static int cmd_quantize(int argc, char **argv, char *err)
 static int cmd_imatrix(int argc, char **argv, char *err)
 {
 	struct loom_options o;
+	struct stat st;
 	char *text;
 	size_t len = 0;
 	int rc;
@@ -503,6 +502,11 @@ static int cmd_imatrix(int argc, char **argv, char *err)
 		snprintf(err, ERRLEN, "imatrix needs --model FILE, -f CALIB.txt and -o FILE (or --show FILE)");
 		return -1;
 	}
+	/* before the hours of calibration; the save refuses it again atomically */
+	if (!o.force && lstat(o.imatrix_out, &st) == 0) {
+		snprintf(err, ERRLEN, "%s: already exists (--force replaces it)", o.imatrix_out);
+		return -1;
+	}
 	text = loom_read_text(o.prompt_file, &len, err, ERRLEN);
 	if (!text)
 		return -1;
@@ -511,12 +515,36 @@ static int cmd_imatrix(int argc, char **argv, char *err)
 	return rc;
 }
 
+/* A command that writes files dies on SIGINT, SIGTERM or SIGHUP as
+ * before, but first removes the temporaries it had open (loom.h, output
+ * files), so an interrupted quantize leaves no OUT.gguf.XXXXXX.part. */
+static void on_fatal_signal(int sig)
+{
+	loom_outfile_discard_all();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void clean_up_on_signals(const char *cmd)
+{
+	static const char *const writers[] = { "run", "quantize", "imatrix", "perplexity" };
+	static const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+
+	for (size_t i = 0; i < sizeof(writers) / sizeof(writers[0]); i++) {
+		if (strcmp(cmd, writers[i]))
+			continue;
+		for (size_t j = 0; j < sizeof(sigs) / sizeof(sigs[0]); j++)
+			signal(sigs[j], on_fatal_signal);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
 	const char *cmd = argc > 1 ? argv[1] : "";
 	int rc;
 
+	clean_up_on_signals(cmd);
 	if (!strcmp(cmd, "run"))
 		rc = cmd_run(argc, argv, err);
 	else if (!strcmp(cmd, "chat"))

@@ -168,6 +168,8 @@ static const struct opt_def opts[] = {
 	{ .name = "allow-requantize", .type = OPT_BOOL, FIELD(allow_requantize),
 	  .cmds = QUANTIZE },
 	{ .name = "dry-run", .type = OPT_BOOL, FIELD(dry_run), .cmds = QUANTIZE },
+	/* every command that writes a file refuses an existing one without it */
+	{ .name = "force", .type = OPT_BOOL, FIELD(force), .cmds = QUANTIZE | IMATRIX | PPL },
 	/* serve: connections and access (docs/SERVING.md) */
 	{ .name = "http-threads", .type = OPT_INT, FIELD(serve.http_threads),
 	  .lo = 1, .hi = 256, .cmds = SERVE },
@@ -252,7 +254,7 @@ static const struct cmd_def {
 	{ .name = "perplexity", .cmd = PPL, .usage =
 	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
 	  "            [--exact] [--kv-type f16|f32|q8_0|q4_0] [--save-logits FILE | --kl-base FILE]\n"
-	  "            [--config FILE]\n" },
+	  "            [--force] [--config FILE]\n" },
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem SIZE] [--kv-type f16|f32|q8_0|q4_0] [-c CTX]\n"
@@ -275,11 +277,11 @@ static const struct cmd_def {
 	  "            [--json]   the conformance suite against ref.so (docs/BACKENDS.md)\n" },
 	{ .name = "quantize", .cmd = QUANTIZE, .max_args = 3, .usage =
 	  "quantize  IN.gguf OUT.gguf TYPE [--strategy rtn|imatrix|awq|gptq|gptq_awq|PATH] [-t N]\n"
-	  "            [--imatrix FILE] [--allow-requantize] [--dry-run] [--config FILE]\n"
+	  "            [--imatrix FILE] [--allow-requantize] [--dry-run] [--force] [--config FILE]\n"
 	  "            TYPE: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_K..q6_K, or a llama.cpp\n"
 	  "            mix: Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q3_K_M Q3_K_S Q3_K_L Q2_K Q6_K Q8_0 Q4_0...\n" },
 	{ .name = "imatrix", .cmd = IMATRIX, .usage =
-	  "imatrix   --model FILE -f CALIB.txt -o FILE [-c 512] [--chunks N] [--hessian]\n"
+	  "imatrix   --model FILE -f CALIB.txt -o FILE [-c 512] [--chunks N] [--hessian] [--force]\n"
 	  "            [--backend=cpu.so] [-t N] [--exact] [--config FILE]\n"
 	  "            | --show FILE   calibration statistics for quantize --imatrix\n" },
 };

@@ -102,6 +102,7 @@ struct loom_options {
 	char qstrategy[4096];   /* --strategy: name or path; "": rtn */
 	bool allow_requantize;
 	bool dry_run;
+	bool force;             /* --force: replace an existing output file */
 	/* what the command line leaves after the flags (FILE, TEXT) */
 	char **args;
 	int n_args;

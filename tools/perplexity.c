@@ -45,6 +45,7 @@ struct ppl {
 	double nll, nll2;              /* sums over scored positions */
 	int64_t n_scored;
 	FILE *save, *base;
+	struct loom_outfile *save_out; /* --save-logits, committed on success */
 	/* --kl-base */
 	double *kl;                    /* one per scored position */
 	double base_nll;
@@ -322,12 +323,14 @@ static int open_files(struct ppl *p, const struct loom_options *o, char *err, si
 		snprintf(err, errlen, "--save-logits and --kl-base: one or the other");
 		return -1;
 	}
-	if (o->save_logits[0] && !(p->save = fopen(o->save_logits, "wb"))) {
-		snprintf(err, errlen, "%s: cannot write", o->save_logits);
-		return -1;
-	}
-	if (o->save_logits[0])
+	if (o->save_logits[0]) {
+		p->save_out = loom_outfile_open(o->save_logits, o->force ? LOOM_WRITE_FORCE : 0, err,
+						errlen);
+		if (!p->save_out)
+			return -1;
+		p->save = loom_outfile_stream(p->save_out);
 		return write_header(p, err, errlen);
+	}
 	if (o->kl_base[0] && !(p->base = fopen(o->kl_base, "rb"))) {
 		snprintf(err, errlen, "%s: cannot open", o->kl_base);
 		return -1;
@@ -337,8 +340,7 @@ static int open_files(struct ppl *p, const struct loom_options *o, char *err, si
 
 static void ppl_free(struct ppl *p)
 {
-	if (p->save && fclose(p->save))
-		fprintf(stderr, "loom perplexity: --save-logits: write failed\n");
+	loom_outfile_discard(p->save_out); /* NULL once committed */
 	if (p->base)
 		fclose(p->base);
 	loom_engine_close(p->e);
@@ -370,6 +372,12 @@ int loom_perplexity(const struct loom_options *o, const char *text, size_t len, 
 	if (tokenize_text(&p, text, len, err, errlen) || plan(&p, o->n_chunks, err, errlen) ||
 	    open_files(&p, o, err, errlen) || run_chunks(&p, err, errlen))
 		goto out;
+	if (p.save_out) {
+		rc = loom_outfile_commit(p.save_out, err, errlen);
+		p.save_out = NULL;
+		if (rc)
+			goto out;
+	}
 	report(&p);
 	rc = 0;
 out:

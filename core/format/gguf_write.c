@@ -2,6 +2,7 @@
  * reader. */
 #include "format/gguf_write.h"
 #include "util.h"
+#include "loom.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -9,7 +10,8 @@
 #include <string.h>
 
 struct gguf_writer {
-	FILE *fp;         /* NULL: counting only */
+	struct loom_outfile *out; /* NULL: counting only */
+	FILE *fp;         /* out's stream */
 	uint64_t pos;
 	uint64_t alignment;
 	int failed;       /* errno of the first failed write, or 0 */
@@ -28,8 +30,8 @@ static size_t value_size(uint32_t vtype)
 	}
 }
 
-struct gguf_writer *gguf_writer_open(const char *path, uint64_t alignment, char *err,
-				     size_t errlen)
+struct gguf_writer *gguf_writer_open(const char *path, uint32_t flags, uint64_t alignment,
+				     char *err, size_t errlen)
 {
 	struct gguf_writer *w = calloc(1, sizeof(*w));
 
@@ -40,12 +42,12 @@ struct gguf_writer *gguf_writer_open(const char *path, uint64_t alignment, char 
 	w->alignment = alignment ? alignment : 32;
 	if (path) {
 		snprintf(w->path, sizeof(w->path), "%s", path);
-		w->fp = fopen(path, "wb");
-		if (!w->fp) {
-			loom_seterr(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+		w->out = loom_outfile_open(path, flags, err, errlen);
+		if (!w->out) {
 			free(w);
 			return NULL;
 		}
+		w->fp = loom_outfile_stream(w->out);
 		setvbuf(w->fp, NULL, _IOFBF, 1 << 20);
 	}
 	return w;
@@ -191,20 +193,25 @@ int gguf_write_pad(struct gguf_writer *w, char *err, size_t errlen)
 
 int gguf_writer_close(struct gguf_writer *w, char *err, size_t errlen)
 {
-	int rc = w->failed ? -1 : 0;
+	int rc = 0;
 
-	if (w->fp) {
-		if (fflush(w->fp) && !w->failed)
-			w->failed = errno ? errno : EIO;
-		if (fclose(w->fp) && !w->failed)
-			w->failed = errno ? errno : EIO;
-	}
 	if (w->failed) {
 		loom_seterr(err, errlen, "%s: write failed: %s", w->path, strerror(w->failed));
+		loom_outfile_discard(w->out);
 		rc = -1;
+	} else if (w->out) {
+		rc = loom_outfile_commit(w->out, err, errlen);
 	}
 	free(w);
 	return rc;
+}
+
+void gguf_writer_discard(struct gguf_writer *w)
+{
+	if (!w)
+		return;
+	loom_outfile_discard(w->out);
+	free(w);
 }
 
 bool gguf_next_offset(uint64_t offset, uint64_t nbytes, uint64_t alignment, uint64_t *next)

@@ -19,10 +19,11 @@
 
 struct gguf_writer;
 
-/* Creates (truncates) path, or counts only when path is NULL. alignment:
- * a power of two. NULL with err on failure. */
-struct gguf_writer *gguf_writer_open(const char *path, uint64_t alignment, char *err,
-				     size_t errlen);
+/* Writes path through loom_outfile_open(path, flags) (include/loom.h:
+ * a temporary renamed into place at close), or counts only when path is
+ * NULL. alignment: a power of two. NULL with err on failure. */
+struct gguf_writer *gguf_writer_open(const char *path, uint32_t flags, uint64_t alignment,
+				     char *err, size_t errlen);
 /* Bytes written (or counted) so far. */
 uint64_t gguf_writer_pos(const struct gguf_writer *w);
 /* Header: magic, version 3, the counts. */
@@ -41,9 +42,12 @@ int gguf_write_tensor_info(struct gguf_writer *w, const struct gguf_str *name, u
 /* Zero bytes up to the next multiple of the alignment. */
 int gguf_write_pad(struct gguf_writer *w, char *err, size_t errlen);
 int gguf_write_bytes(struct gguf_writer *w, const void *p, size_t n, char *err, size_t errlen);
-/* Flushes and closes (always frees w); 0, or -1 with err if any write or
- * the close failed. */
+/* Flushes, closes and moves the file into place (always frees w); 0, or
+ * -1 with err if any write, the close or the rename failed (nothing is
+ * left behind then). */
 int gguf_writer_close(struct gguf_writer *w, char *err, size_t errlen);
+/* Drops the file being written (its temporary removed) and frees w. */
+void gguf_writer_discard(struct gguf_writer *w);
 
 /* The offset after a tensor of nbytes at offset, aligned; false on overflow. */
 bool gguf_next_offset(uint64_t offset, uint64_t nbytes, uint64_t alignment, uint64_t *next);

@@ -600,39 +600,37 @@ static int check_stats(const struct loom_imatrix_stat *s, size_t n, char *err, s
 	return 0;
 }
 
-int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, size_t n,
-		      int32_t n_chunks, const char *dataset, char *err, size_t errlen)
+int loom_imatrix_save(const char *path, uint32_t flags, const struct loom_imatrix_stat *stats,
+		      size_t n, int32_t n_chunks, const char *dataset, char *err, size_t errlen)
 {
-	char part[4200];
+	struct loom_outfile *out;
 	struct writer w = { 0 };
 	uint32_t *slot;
 	bool any_hessian = false;
 
 	if (!path || check_stats(stats, n, err, errlen))
 		return -1;
-	if (snprintf(part, sizeof(part), "%s.part", path) >= (int)sizeof(part)) {
-		loom_seterr(err, errlen, "%s: path too long", path);
-		return -1;
-	}
 	slot = calloc(n ? n : 1, sizeof(*slot));
-	w.f = fopen(part, "wb");
-	if (!slot || !w.f) {
-		loom_seterr(err, errlen, "%s: %s", part, slot ? strerror(errno) : "out of memory");
-		free(slot);
-		if (w.f)
-			fclose(w.f);
+	if (!slot) {
+		loom_seterr(err, errlen, "%s: out of memory", path);
 		return -1;
 	}
+	out = loom_outfile_open(path, flags, err, errlen);
+	if (!out) {
+		free(slot);
+		return -1;
+	}
+	w.f = loom_outfile_stream(out);
 	for (size_t i = 0; i < n; i++)
 		any_hessian |= stats[i].hessian != NULL;
 	write_legacy(&w, stats, n, n_chunks, dataset ? dataset : "");
 	if (any_hessian)
 		write_hessians(&w, stats, n, slot);
 	free(slot);
-	if (fclose(w.f) || w.failed || rename(part, path)) {
+	if (w.failed) {
 		loom_seterr(err, errlen, "%s: cannot write: %s", path, strerror(errno));
-		unlink(part);
+		loom_outfile_discard(out);
 		return -1;
 	}
-	return 0;
+	return loom_outfile_commit(out, err, errlen);
 }

@@ -238,7 +238,7 @@ static int write_header(struct quant_run *r, struct gguf_writer *w, char *err, s
 /* The size the output will have: the header counted, the data planned. */
 static int measure(struct quant_run *r, char *err, size_t errlen)
 {
-	struct gguf_writer *w = gguf_writer_open(NULL, r->in->alignment, err, errlen);
+	struct gguf_writer *w = gguf_writer_open(NULL, 0, r->in->alignment, err, errlen);
 	uint64_t end = 0;
 
 	if (!w)
@@ -673,9 +673,10 @@ static void progress(const struct quant_run *r, uint64_t i, const struct plan_te
 		pt->src->name.ptr, gguf_type_name(pt->type));
 }
 
-static int write_all(struct quant_run *r, const char *path, char *err, size_t errlen)
+static int write_all(struct quant_run *r, char *err, size_t errlen)
 {
-	struct gguf_writer *w = gguf_writer_open(path, r->in->alignment, err, errlen);
+	struct gguf_writer *w = gguf_writer_open(r->p.output, r->p.force ? LOOM_WRITE_FORCE : 0,
+						 r->in->alignment, err, errlen);
 	int rc;
 
 	if (!w)
@@ -698,9 +699,11 @@ static int write_all(struct quant_run *r, const char *path, char *err, size_t er
 			rc = gguf_write_pad(w, err, errlen);
 	}
 	progress(r, r->n, NULL);
-	if (gguf_writer_close(w, rc ? NULL : err, rc ? 0 : errlen))
-		rc = -1;
-	return rc;
+	if (rc) {
+		gguf_writer_discard(w);
+		return -1;
+	}
+	return gguf_writer_close(w, err, errlen);
 }
 
 /* ---- the command ---- */
@@ -764,9 +767,7 @@ static int open_strategy(struct quant_run *r, char *err, size_t errlen)
 
 static int run(struct quant_run *r, char *err, size_t errlen)
 {
-	char part[4200];
 	struct timespec t0, t1;
-	int rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
@@ -784,20 +785,8 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 	}
 	if (plan_fold(r, err, errlen))
 		return -1;
-	if (snprintf(part, sizeof(part), "%s.part", r->p.output) >= (int)sizeof(part)) {
-		loom_seterr(err, errlen, "%s: path too long", r->p.output);
+	if (write_all(r, err, errlen))
 		return -1;
-	}
-	rc = write_all(r, part, err, errlen);
-	if (!rc && rename(part, r->p.output)) {
-		loom_seterr(err, errlen, "%s: cannot rename from %s: %s", r->p.output, part,
-			    strerror(errno));
-		rc = -1;
-	}
-	if (rc) {
-		unlink(part);
-		return -1;
-	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	print_plan(r);
 	fprintf(r->out, "loom quantize: wrote %s: %llu tensors (%llu quantized by %s), %.2f MiB, general.file_type %u, %.1f s\n",

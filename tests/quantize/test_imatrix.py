@@ -210,10 +210,10 @@ def test_quantize(tmp, rng):
     check(same, "quantize rtn with --imatrix: the bytes of rtn without (%s)" % p2.stderr.strip())
     with open(im, "wb") as f:
         f.write(legacy_bytes([("blk.0.ffn_down.weight", 1, rng.uniform(0, 1, 64))], 1, b"x"))
-    p = run("quantize", src, b, "q4_0", "--imatrix", im)
+    p = run("quantize", src, b, "q4_0", "--imatrix", im, "--force")
     check(p.returncode == 1 and "blk.0.ffn_down.weight" in p.stderr and "another model" in p.stderr,
           "an imatrix entry of another width refused naming the tensor (%s)" % p.stderr.strip())
-    p = run("quantize", src, b, "q4_0", "--imatrix", os.path.join(tmp, "none.dat"))
+    p = run("quantize", src, b, "q4_0", "--imatrix", os.path.join(tmp, "none.dat"), "--force")
     check(p.returncode == 1 and "none.dat" in p.stderr, "a missing --imatrix file refused")
 
 

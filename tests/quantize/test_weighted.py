@@ -75,7 +75,7 @@ def dequantized(path):
 
 
 def quantize(src, out, typ, *extra):
-    p = subprocess.run([LOOM, "quantize", src, out, typ, "-t", "2"] + list(extra),
+    p = subprocess.run([LOOM, "quantize", src, out, typ, "-t", "2", "--force"] + list(extra),
                        capture_output=True, text=True, timeout=120)
     if p.returncode:
         sys.exit("FAIL: loom quantize %s %s\n%s" % (typ, " ".join(extra), p.stderr))

@@ -1,0 +1,117 @@
+"""Output files are created safely (include/loom.h, "output files"):
+
+  - an existing OUT is refused without --force, and left as it was;
+  - a symlink planted at OUT, or at the old OUT.part name, is never
+    followed: its target keeps its bytes, and --force replaces the link
+    itself with the new file;
+  - SIGINT in the middle of a quantize leaves no OUT.XXXXXX.part behind;
+  - perplexity --save-logits and imatrix -o refuse an existing file too.
+
+argv[1] is the loom binary; $LOOM_MODEL the model (skipped without it).
+"""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+LOOM = sys.argv[1]
+MODEL = os.environ.get("LOOM_MODEL", "")
+failures = []
+VICTIM = b"the target of a planted link\n"
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else f": {detail}"))
+    if not cond:
+        failures.append(name)
+
+
+def quantize(out, *extra):
+    return subprocess.run([LOOM, "quantize", "--allow-requantize", MODEL, out, "q8_0", "-t", "1",
+                           *extra], capture_output=True, text=True, timeout=120)
+
+
+def refused_existing(p, path):
+    lines = p.stderr.strip().splitlines()
+    return p.returncode == 1 and len(lines) == 1 and f"{path}: already exists" in lines[0]
+
+
+def existing_and_links(tmp):
+    out = os.path.join(tmp, "out.gguf")
+    p = quantize(out)
+    check("first quantize writes OUT", p.returncode == 0 and os.path.isfile(out), p.stderr)
+    before = os.stat(out)
+    p = quantize(out)
+    after = os.stat(out)
+    check("an existing OUT is refused without --force", refused_existing(p, out), p.stderr)
+    check("the refused OUT is untouched", (before.st_ino, before.st_mtime_ns) ==
+          (after.st_ino, after.st_mtime_ns))
+
+    victim = os.path.join(tmp, "victim")
+    with open(victim, "wb") as f:
+        f.write(VICTIM)
+    link = os.path.join(tmp, "link.gguf")
+    os.symlink(victim, link)
+    os.symlink(victim, link + ".part")  # where loom used to write
+    p = quantize(link)
+    check("a link at OUT counts as existing", refused_existing(p, link), p.stderr)
+    p = quantize(link, "--force")
+    with open(victim, "rb") as f:
+        kept = f.read() == VICTIM
+    check("--force over a link: the link's target keeps its bytes", p.returncode == 0 and kept,
+          p.stderr)
+    check("--force over a link replaces the link with a file",
+          os.path.isfile(link) and not os.path.islink(link))
+    check("no temporary left", not glob.glob(os.path.join(tmp, "*.??????.part")))
+
+
+def interrupted(tmp):
+    out = os.path.join(tmp, "int.gguf")
+    proc = subprocess.Popen([LOOM, "quantize", "--allow-requantize", MODEL, out, "q8_0", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not glob.glob(out + ".*.part") and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    seen = bool(glob.glob(out + ".*.part"))
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(timeout=60)
+    check("quantize writes through OUT.XXXXXX.part", seen)
+    check("SIGINT ends quantize by the signal", rc == -signal.SIGINT, f"rc {rc}")
+    check("SIGINT leaves no OUT.XXXXXX.part and no OUT",
+          not glob.glob(out + "*"), str(glob.glob(out + "*")))
+
+
+def other_writers(tmp):
+    text = os.path.join(tmp, "text.txt")
+    with open(text, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog. " * 40)
+    saved = os.path.join(tmp, "saved.bin")
+    with open(saved, "wb") as f:
+        f.write(VICTIM)
+    p = subprocess.run([LOOM, "perplexity", "-m", MODEL, "-f", text, "-c", "64", "--chunks", "1",
+                        "--save-logits", saved], capture_output=True, text=True, timeout=120)
+    with open(saved, "rb") as f:
+        kept = f.read() == VICTIM
+    check("perplexity --save-logits refuses an existing file", refused_existing(p, saved) and kept,
+          p.stderr)
+    p = subprocess.run([LOOM, "imatrix", "-m", MODEL, "-f", text, "-o", saved],
+                       capture_output=True, text=True, timeout=120)
+    check("imatrix -o refuses an existing file", refused_existing(p, saved), p.stderr)
+
+
+def main():
+    if not MODEL or not os.path.exists(MODEL):
+        print("SKIP: no $LOOM_MODEL")
+        sys.exit(77)
+    with tempfile.TemporaryDirectory() as tmp:
+        existing_and_links(tmp)
+        interrupted(tmp)
+        other_writers(tmp)
+    if failures:
+        sys.exit(f"{len(failures)} failed")
+
+
+main()
