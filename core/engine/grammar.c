@@ -21,6 +21,7 @@ enum { E_END = 0, E_SET = 1, E_REF = 2 };
 #define MAX_LEVELS 65     /* current state + 64 drafts */
 #define CACHE_SIZE 16
 #define MAX_INTERNED 4096 /* states remembered with their moves; then forgotten */
+#define INTERN_FIRST 64   /* room for states a new matcher starts with */
 #define MOVE_UNKNOWN (-2)
 #define MOVE_DEAD (-1)
 
@@ -473,8 +474,19 @@ struct loom_gvocab {
 	int32_t *eog;                /* end-of-generation tokens */
 	int32_t n_eog;
 	int32_t max_len;             /* longest token, bytes */
+	/* Subtrees, for marking a whole one at once (walk_trie): the tokens
+	 * in depth-first order; below node n (its own tokens excluded) are
+	 * order[sub_lo[n] .. sub_hi[n]); a node with at least BULK_MIN of
+	 * them has the bytes of its descendants in sub_bytes[sub_set[n]]
+	 * (else sub_set[n] is -1). */
+	int32_t *order;
+	int32_t *sub_lo, *sub_hi, *sub_set;
+	uint64_t (*sub_bytes)[4];
+	int32_t n_sub_bytes;
 	const struct loom_tokenizer *t;
 };
+
+#define BULK_MIN 64
 
 /* Grows one per-node array to cap entries; false when out of memory. */
 static bool grow_nodes(void *p, int32_t cap, size_t sz)
@@ -548,7 +560,60 @@ void loom_gvocab_free(struct loom_gvocab *v)
 	free(v->byte);
 	free(v->tok_next);
 	free(v->eog);
+	free(v->order);
+	free(v->sub_lo);
+	free(v->sub_hi);
+	free(v->sub_set);
+	free(v->sub_bytes);
 	free(v);
+}
+
+/* Numbers node's subtree into v->order from *pos and ORs the bytes of its
+ * descendants into bytes. Recursion depth: the longest token. */
+static void number_subtree(struct loom_gvocab *v, int32_t node, int32_t *pos, uint64_t bytes[4])
+{
+	uint64_t below[4] = { 0 };
+
+	for (int32_t t = v->tok[node]; t >= 0; t = v->tok_next[t])
+		v->order[(*pos)++] = t;
+	v->sub_lo[node] = *pos;
+	for (int32_t c = v->first[node]; c >= 0; c = v->next[c]) {
+		below[v->byte[c] >> 6] |= 1ull << (v->byte[c] & 63);
+		number_subtree(v, c, pos, below);
+	}
+	v->sub_hi[node] = *pos;
+	v->sub_set[node] = -1;
+	if (v->sub_hi[node] - v->sub_lo[node] >= BULK_MIN) {
+		v->sub_set[node] = v->n_sub_bytes;
+		memcpy(v->sub_bytes[v->n_sub_bytes++], below, sizeof(below));
+	}
+	for (int i = 0; i < 4; i++)
+		bytes[i] |= below[i];
+}
+
+/* Fills the subtree tables once every token is in the trie. */
+static int number_trie(struct loom_gvocab *v)
+{
+	uint64_t all[4] = { 0 };
+	int32_t pos = 0;
+
+	v->order = malloc(sizeof(int32_t) * (size_t)v->n_vocab);
+	v->sub_lo = malloc(sizeof(int32_t) * (size_t)v->n_nodes);
+	v->sub_hi = malloc(sizeof(int32_t) * (size_t)v->n_nodes);
+	v->sub_set = malloc(sizeof(int32_t) * (size_t)v->n_nodes);
+	/* a node with BULK_MIN tokens below it: at most n_vocab / BULK_MIN
+	 * per depth, so bound it by the nodes */
+	v->sub_bytes = malloc(sizeof(*v->sub_bytes) * (size_t)v->n_nodes);
+	if (!v->order || !v->sub_lo || !v->sub_hi || !v->sub_set || !v->sub_bytes)
+		return -1;
+	number_subtree(v, 0, &pos, all);
+	if (v->n_sub_bytes) {
+		void *q = realloc(v->sub_bytes, sizeof(*v->sub_bytes) * (size_t)v->n_sub_bytes);
+
+		if (q)
+			v->sub_bytes = q;
+	}
+	return 0;
 }
 
 struct loom_gvocab *loom_gvocab_new(const struct loom_tokenizer *t)
@@ -577,6 +642,8 @@ struct loom_gvocab *loom_gvocab_new(const struct loom_tokenizer *t)
 		if (s && len && trie_insert(v, id, s, len))
 			goto out_free;
 	}
+	if (number_trie(v))
+		goto out_free;
 	return v;
 
 out_free:
@@ -605,6 +672,9 @@ struct mcache {
 struct interned {
 	struct gstate *st;
 	int32_t (*move)[256];
+	uint64_t (*loop)[4];  /* the bytes that take state i back to itself */
+	bool *loop_known;     /* loop[i] computed */
+	uint64_t (*reads)[4]; /* the bytes state i can read (state_reads) */
 	int32_t n, cap;
 	int32_t *table;    /* open addressing: state id + 1, 0 empty */
 	int32_t table_cap; /* a power of two, > 2 * cap */
@@ -635,6 +705,9 @@ void loom_gmatch_free(struct loom_gmatch *m)
 		free(m->in.st[i].v);
 	free(m->in.st);
 	free(m->in.move);
+	free(m->in.loop);
+	free(m->in.loop_known);
+	free(m->in.reads);
 	free(m->in.table);
 	free(m->in.next.v);
 	free(m->tmp[0].v);
@@ -696,36 +769,84 @@ static void intern_reset(struct interned *in)
 		memset(in->table, 0, sizeof(int32_t) * (size_t)in->table_cap);
 }
 
-/* The id of a state equal to st, adding a copy when new; -1 when out of
- * memory or full. */
-static int32_t intern(struct interned *in, const struct gstate *st)
+/* The bytes some stack of st can read next: the union of its top sets. */
+static void state_reads(const struct loom_grammar *g, const struct gstate *st, uint64_t out[4])
 {
-	uint64_t h = state_hash(st);
-	uint32_t mask, k;
+	memset(out, 0, 4 * sizeof(uint64_t));
+	for (int32_t i = 0; i < st->n; i += st->v[i] + 1) {
+		const uint64_t *set = g->sets[EARG(g->elems[st->v[i + st->v[i]]])];
 
-	if (!in->table) {
-		in->cap = MAX_INTERNED;
-		in->table_cap = 4 * MAX_INTERNED;
-		in->st = calloc((size_t)in->cap, sizeof(*in->st));
-		in->move = malloc(sizeof(*in->move) * (size_t)in->cap);
-		in->table = calloc((size_t)in->table_cap, sizeof(int32_t));
-		if (!in->st || !in->move || !in->table) {
-			free(in->table);
-			in->table = NULL;
-			return -1;
-		}
+		for (int k = 0; k < 4; k++)
+			out[k] |= set[k];
 	}
-	mask = (uint32_t)in->table_cap - 1;
+}
+
+/* The id of the state equal to st (hash h), or -1 with *slot the empty
+ * table entry where it would go. */
+static int32_t intern_find(const struct interned *in, const struct gstate *st, uint64_t h,
+			   uint32_t *slot)
+{
+	uint32_t mask = (uint32_t)in->table_cap - 1, k;
+
 	for (k = (uint32_t)h & mask; in->table[k]; k = (k + 1) & mask)
 		if (state_equal(&in->st[in->table[k] - 1], st))
 			return in->table[k] - 1;
-	if (in->n == in->cap)
+	*slot = k;
+	return -1;
+}
+
+/* Room for one more state: the arrays double from INTERN_FIRST up to
+ * MAX_INTERNED (a matcher that meets few states stays small), the hash
+ * table rebuilt at four times their size. false when full or out of
+ * memory. */
+static bool intern_room(struct interned *in)
+{
+	int32_t cap = in->cap ? 2 * in->cap : INTERN_FIRST;
+	int32_t *table;
+	uint32_t slot = 0;
+
+	if (in->n < in->cap)
+		return true;
+	if (in->cap >= MAX_INTERNED || !grow_nodes(&in->st, cap, sizeof(*in->st)) ||
+	    !grow_nodes(&in->move, cap, sizeof(*in->move)) ||
+	    !grow_nodes(&in->loop, cap, sizeof(*in->loop)) ||
+	    !grow_nodes(&in->reads, cap, sizeof(*in->reads)) ||
+	    !grow_nodes(&in->loop_known, cap, sizeof(*in->loop_known)))
+		return false;
+	table = calloc((size_t)cap * 4, sizeof(int32_t));
+	if (!table)
+		return false;
+	free(in->table);
+	in->table = table;
+	in->table_cap = cap * 4;
+	in->cap = cap;
+	for (int32_t i = 0; i < in->n; i++) {
+		intern_find(in, &in->st[i], state_hash(&in->st[i]), &slot);
+		in->table[slot] = i + 1;
+	}
+	return true;
+}
+
+/* The id of a state equal to st, adding a copy when new; -1 when out of
+ * memory or full. */
+static int32_t intern(const struct loom_grammar *g, struct interned *in, const struct gstate *st)
+{
+	uint64_t h = state_hash(st);
+	uint32_t k = 0;
+	int32_t id;
+
+	if (in->table && (id = intern_find(in, st, h, &k)) >= 0)
+		return id;
+	if (!intern_room(in))
 		return -1;
+	intern_find(in, st, h, &k); /* the table may have been rebuilt */
 	in->st[in->n] = (struct gstate){ 0 };
 	if (state_copy(&in->st[in->n], st))
 		return -1;
 	for (int b = 0; b < 256; b++)
 		in->move[in->n][b] = MOVE_UNKNOWN;
+	in->loop_known[in->n] = false;
+	state_reads(g, st, in->reads[in->n]);
 	in->table[k] = in->n + 1;
 	return in->n++;
 }
@@ -745,7 +866,7 @@ static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 	if (state_empty(&in->next)) {
 		to = MOVE_DEAD;
 	} else {
-		to = intern(in, &in->next);
+		to = intern(m->g, in, &in->next);
 		if (to < 0)
 			return -3;
 	}
@@ -753,22 +874,91 @@ static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 	return to;
 }
 
+/* The bytes that take interned state id back to itself, computed once
+ * per state (advance only: the states they lead to are not interned). */
+static const uint64_t *self_loop(struct loom_gmatch *m, int32_t id)
+{
+	struct interned *in = &m->in;
+	uint64_t *loop = in->loop[id];
+
+	if (in->loop_known[id])
+		return loop;
+	memset(loop, 0, sizeof(in->loop[0]));
+	for (int b = 0; b < 256; b++) {
+		int32_t to = in->move[id][b];
+
+		if (!(in->reads[id][b >> 6] >> (b & 63) & 1))
+			continue;
+
+		if (to == MOVE_UNKNOWN) {
+			advance(m->g, &in->st[id], (unsigned char)b, &m->tmp[0]);
+			if (m->tmp[0].oom || !state_equal(&m->tmp[0], &in->st[id]))
+				continue;
+		} else if (to != id) {
+			continue;
+		}
+		loop[b >> 6] |= 1ull << (b & 63);
+	}
+	in->loop_known[id] = true;
+	return loop;
+}
+
+/* Whether every token below node c is taken as a whole by state id: each
+ * byte below c leads id back to itself. Only for large subtrees. */
+static bool subtree_loops(struct loom_gmatch *m, int32_t c, int32_t id)
+{
+	int32_t k = m->v->sub_set[c];
+	const uint64_t *below, *loop;
+
+	if (k < 0)
+		return false;
+	below = m->v->sub_bytes[k];
+	loop = self_loop(m, id);
+	for (int i = 0; i < 4; i++)
+		if (below[i] & ~loop[i])
+			return false;
+	return true;
+}
+
+static void mark_subtree(struct loom_gmatch *m, int32_t c)
+{
+	const struct loom_gvocab *v = m->v;
+
+	for (int32_t i = v->sub_lo[c]; i < v->sub_hi[c]; i++) {
+		int32_t t = v->order[i];
+
+		m->bits[t >> 6] |= 1ull << (t & 63);
+	}
+	m->n_allowed += v->sub_hi[c] - v->sub_lo[c];
+}
+
 /* Marks the tokens below node whose remaining bytes interned state id
- * takes. -1 when the interned states ran out of room. */
+ * takes. A subtree whose every byte loops on the state it reaches is
+ * marked whole (inside a JSON string most of the vocabulary is). -1 when
+ * the interned states ran out of room. */
 static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
 {
 	const struct loom_gvocab *v = m->v;
 
 	for (int32_t c = v->first[node]; c >= 0; c = v->next[c]) {
-		int32_t to = move(m, id, v->byte[c]);
+		unsigned char b = v->byte[c];
+		int32_t to;
 
 		m->stats.nodes_visited++;
+		/* by index: interning a new state may move the arrays */
+		if (!(m->in.reads[id][b >> 6] >> (b & 63) & 1))
+			continue; /* no stack reads b: dead without advancing */
+		to = move(m, id, b);
 		if (to == MOVE_DEAD)
 			continue;
 		if (to < 0)
 			return -1;
 		mark_tokens(m, c);
-		if (m->in.st[to].n_stacks > 0 && v->first[c] >= 0 && walk_trie(m, c, to))
+		if (m->in.st[to].n_stacks == 0 || v->first[c] < 0)
+			continue;
+		if (subtree_loops(m, c, to))
+			mark_subtree(m, c);
+		else if (walk_trie(m, c, to))
 			return -1;
 	}
 	return 0;
@@ -780,7 +970,7 @@ static int build_mask(struct loom_gmatch *m, const struct gstate *st)
 	size_t words = ((size_t)m->v->n_vocab + 63) / 64;
 
 	for (int attempt = 0; attempt < 2; attempt++) {
-		int32_t id = intern(&m->in, st);
+		int32_t id = intern(m->g, &m->in, st);
 
 		memset(m->bits, 0, words * sizeof(uint64_t));
 		m->n_allowed = 0;
@@ -845,6 +1035,28 @@ static struct mcache *mask_of(struct loom_gmatch *m, const struct gstate *st)
 	return c;
 }
 
+/* logits[t] = -inf for every t < n whose bit is clear, a word at a time:
+ * most words of a mask are all ones or all zeros. */
+static void mask_logits(const uint64_t *bits, float *logits, int32_t n)
+{
+	for (int32_t w = 0; (int64_t)w * 64 < n; w++) {
+		int32_t base = w * 64, end = n - base < 64 ? n - base : 64;
+		uint64_t off = ~bits[w];
+
+		if (end < 64)
+			off &= (1ull << end) - 1;
+		if (off == ~0ull) {
+			for (int32_t i = 0; i < 64; i++)
+				logits[base + i] = -INFINITY;
+			continue;
+		}
+		while (off) {
+			logits[base + __builtin_ctzll(off)] = -INFINITY;
+			off &= off - 1;
+		}
+	}
+}
+
 int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits, int32_t n_logits)
 {
 	int32_t n;
@@ -857,9 +1069,7 @@ int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits, in
 	if (!c)
 		return -1;
 	n = n_logits < m->v->n_vocab ? n_logits : m->v->n_vocab;
-	for (int32_t t = 0; t < n; t++)
-		if (!(c->bits[t >> 6] >> (t & 63) & 1))
-			logits[t] = -INFINITY;
+	mask_logits(c->bits, logits, n);
 	for (int32_t t = n; t < n_logits; t++)
 		logits[t] = -INFINITY; /* rows the tokenizer has no token for */
 	return c->n_allowed;

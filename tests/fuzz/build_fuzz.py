@@ -41,6 +41,8 @@ def up_to_date(obj, cflags):
                 return False
         with open(dep) as f:
             files = f.read().replace("\\\n", " ").split(":", 1)[1].split()
+        # an ignorelist changes the objects as a header does
+        files += [f.split("=", 1)[1] for f in cflags if f.startswith("-fsanitize-coverage-ignorelist=")]
         t = os.path.getmtime(obj)
         return all(os.path.getmtime(x) <= t for x in files)
     except (OSError, IndexError):

@@ -47,6 +47,11 @@ static int32_t allowed_token(unsigned seed)
 	return -1;
 }
 
+static void clear_logits(void)
+{
+	memset(logits, 0, sizeof(float) * (size_t)n_vocab);
+}
+
 /* Masks level 0, pushes a token it allows (which the matcher must take),
  * masks that new level and pushes again: two masks over the 50k tokens,
  * most of an input's time. */
@@ -55,8 +60,7 @@ static void mask_and_push(struct loom_gmatch *m, unsigned seed)
 	for (int round = 0; round < 2; round++) {
 		int32_t t;
 
-		for (int32_t i = 0; i < n_vocab; i++)
-			logits[i] = 0.0f;
+		clear_logits();
 		if (loom_gmatch_mask(m, loom_gmatch_levels(m), logits, n_vocab) < 0)
 			abort();
 		t = allowed_token(seed * 2654435761u + (unsigned)round);
