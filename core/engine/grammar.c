@@ -330,6 +330,7 @@ struct gstate {
 	int32_t n_stacks;
 	bool accept;
 	bool oom;
+	bool overflow; /* a stack was dropped: more than MAX_STACKS at once */
 };
 
 static void state_clear(struct gstate *st)
@@ -338,6 +339,7 @@ static void state_clear(struct gstate *st)
 	st->n_stacks = 0;
 	st->accept = false;
 	st->oom = false;
+	st->overflow = false;
 }
 
 static bool state_empty(const struct gstate *st)
@@ -359,8 +361,10 @@ static void state_add(struct gstate *st, const int32_t *stk, int32_t d)
 			return;
 		i += st->v[i] + 1;
 	}
-	if (st->n_stacks >= MAX_STACKS)
+	if (st->n_stacks >= MAX_STACKS) {
+		st->overflow = true;
 		return;
+	}
 	if (!grow(&st->v, &st->cap, st->n + d + 1, sizeof(int32_t))) {
 		st->oom = true;
 		return;
@@ -443,6 +447,7 @@ static int state_copy(struct gstate *dst, const struct gstate *src)
 	dst->n_stacks = src->n_stacks;
 	dst->accept = src->accept;
 	dst->oom = false;
+	dst->overflow = src->overflow;
 	return 0;
 }
 
@@ -1125,6 +1130,11 @@ int32_t loom_gmatch_levels(const struct loom_gmatch *m)
 bool loom_gmatch_any_byte(const struct loom_gmatch *m)
 {
 	return m->lv[0].n_stacks > 0;
+}
+
+bool loom_gmatch_overflowed(const struct loom_gmatch *m)
+{
+	return m->lv[0].overflow;
 }
 
 bool loom_gmatch_done(const struct loom_gmatch *m)

@@ -97,6 +97,9 @@ int32_t loom_gmatch_levels(const struct loom_gmatch *m); /* levels above 0 */
 bool loom_gmatch_done(const struct loom_gmatch *m);
 /* True when some byte may follow at level 0. */
 bool loom_gmatch_any_byte(const struct loom_gmatch *m);
+/* Whether level 0 had to drop stacks (more than the matcher keeps at
+ * once: an enum or anyOf of hundreds of alternatives open together). */
+bool loom_gmatch_overflowed(const struct loom_gmatch *m);
 /* Byte-level checks (tests, fuzzing): feeds text from level 0 without
  * tokens. 0 when every byte was accepted (the state advances), else -1
  * (state unchanged). */

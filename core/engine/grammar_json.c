@@ -851,19 +851,28 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 	return r;
 }
 
-/* False when no JSON document of g can start: after the longest leading
- * whitespace, no byte fits (a schema whose $ref only refers to itself). */
-static bool document_can_start(const struct loom_grammar *g)
+/* Why no JSON document of g can start, or NULL when one can: after the
+ * longest leading whitespace no byte fits (a schema whose $ref only
+ * refers to itself), or the alternatives open at the start were more than
+ * the matcher keeps (it would drop some of them). */
+static const char *cannot_start(const struct loom_grammar *g)
 {
 	struct loom_gmatch *m = loom_gmatch_new(g, NULL);
 	char ws[MAX_INDENT + 2];
-	bool ok;
+	const char *why = NULL;
 
 	ws[0] = '\n';
 	memset(ws + 1, ' ', MAX_INDENT);
-	ok = m && loom_gmatch_feed(m, ws, MAX_INDENT + 1) == 0 && loom_gmatch_any_byte(m);
+	if (!m)
+		why = "out of memory";
+	else if (loom_gmatch_overflowed(m))
+		why = "too many alternatives open at once (an enum or anyOf of hundreds of values; at most about 500)";
+	else if (loom_gmatch_feed(m, ws, MAX_INDENT + 1) || !loom_gmatch_any_byte(m))
+		why = "nothing can match it (a $ref that only refers to itself?)";
+	else if (loom_gmatch_overflowed(m))
+		why = "too many alternatives open at once (an enum or anyOf of hundreds of values; at most about 500)";
 	loom_gmatch_free(m);
-	return ok;
+	return why;
 }
 
 struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t len,
@@ -873,6 +882,7 @@ struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t
 		.boolean = -1, .null = -1, .err = err, .errlen = errlen };
 	struct loom_grammar *g = NULL;
 	json_error_t je;
+	const char *why;
 	int32_t root = -1;
 
 	if (!kind) {
@@ -920,9 +930,8 @@ struct loom_grammar *loom_grammar_new(const char *kind, const char *text, size_t
 	else
 		gbuild_free(c.b);
 	c.b = NULL;
-	if (g && !strcmp(kind, "json_schema") && !document_can_start(g)) {
-		loom_seterr(err, errlen, "%s: nothing can match it (a $ref that only refers to itself?)",
-			    kind);
+	if (g && !strcmp(kind, "json_schema") && (why = cannot_start(g))) {
+		loom_seterr(err, errlen, "%s: %s", kind, why);
 		loom_grammar_free(g);
 		g = NULL;
 	}

@@ -182,10 +182,18 @@ for schema, word in [({'type': 'string', 'pattern': 'a+'}, 'pattern'),
                       'nothing can match'),
                      ({'type': 'array', 'minItems': 3, 'maxItems': 2}, 'minItems'),
                      ({'type': 'array', 'maxItems': 100000}, 'maxItems'),
+                     # more alternatives at once than the matcher keeps: said
+                     # so, not "nothing can match"
+                     ({'enum': [f'v{i}' for i in range(600)]}, 'too many alternatives'),
+                     ({'anyOf': [{'const': i} for i in range(600)]}, 'too many alternatives'),
                      (False, 'false')]:
     out = check('json_schema', schema, ['"x"'])
     expect('unsupported', isinstance(out, str) and out.startswith('error:') and word in out,
            f'{schema}: {out}')
+
+# a large enum below the limit still matches its last value exactly
+out = check('json_schema', {'enum': [f'v{i}' for i in range(400)]}, ['"v399"', '"v400"', '"v3"'])
+expect('enum-400', out == ['1', '0', '1'], f'{out}')
 
 # random schemas: instances generated from the schema (properties in
 # schema order) must be accepted; mutated texts accepted only if valid
