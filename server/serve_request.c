@@ -116,6 +116,40 @@ static int get_stop(const struct serve_req_ctx *ctx, json_t *o, struct serve_req
 	return 0;
 }
 
+/* "logit_bias" ({"token id": bias}): checked, each id a token of the
+ * vocabulary and each bias in [-100, 100] as OpenAI's API says; loom's
+ * sampler has no per-token bias, so a non-zero one is refused by name
+ * rather than ignored (docs/SERVING.md). */
+static int check_logit_bias(const struct serve_req_ctx *ctx, json_t *o, struct perr *e)
+{
+	json_t *lb = req_member(o, "logit_bias"), *v;
+	const char *key;
+	bool any = false;
+
+	if (!lb)
+		return 0;
+	if (!json_is_object(lb))
+		return perr_set(e, 400, "logit_bias", "invalid_type",
+				"'logit_bias' must be an object of token ids to biases");
+	json_object_foreach(lb, key, v) {
+		char *end;
+		long long id = strtoll(key, &end, 10);
+
+		if (!*key || *end || id < 0 || id >= ctx->n_vocab)
+			return perr_set(e, 400, "logit_bias", "invalid_value",
+					"'logit_bias' key '%.32s' is not a token id in [0, %d)", key,
+					ctx->n_vocab);
+		if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+			return perr_set(e, 400, "logit_bias", "invalid_value",
+					"'logit_bias' of token %lld must be a number in [-100, 100]", id);
+		any |= json_number_value(v) != 0;
+	}
+	if (any)
+		return perr_set(e, 400, "logit_bias", "invalid_value",
+				"'logit_bias' with a non-zero bias is not supported by this server");
+	return 0;
+}
+
 static int get_sampling(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			struct perr *e)
 {
@@ -132,7 +166,7 @@ static int get_sampling(const struct serve_req_ctx *ctx, json_t *o, struct serve
 	    get_num(o, "repetition_penalty", 0, 10, true, &sp->repeat_penalty, e) ||
 	    get_int(o, "top_k", 0, ctx->n_vocab, &top_k, e) ||
 	    get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, e) ||
-	    get_int(o, "n", 1, ctx->max_n, &n, e))
+	    get_int(o, "n", 1, ctx->max_n, &n, e) || check_logit_bias(ctx, o, e))
 		return -1;
 	sp->top_k = (int32_t)top_k;
 	r->seed_given = req_member(o, "seed") != NULL;

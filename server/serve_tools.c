@@ -68,6 +68,26 @@ static int response_format(json_t *o, struct serve_req *r, struct perr *e)
 	return compile(r, "json_schema", schema, "response_format", e);
 }
 
+/* A function name as OpenAI's API defines it: 1 to 64 of a-z, A-Z, 0-9,
+ * '_' and '-'. Names go into the prompt's tools text and the grammar, so
+ * a newline or special-token text ("<|im_end|>") must not pass. */
+static bool tool_name_ok(json_t *name)
+{
+	const char *s = json_string_value(name);
+	size_t len = json_string_length(name);
+
+	if (!s || len == 0 || len > 64)
+		return false;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (!(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') &&
+		    c != '_' && c != '-')
+			return false;
+	}
+	return true;
+}
+
 /* The function of tools[i] after checking its shape, or NULL with e set. */
 static json_t *tool_function(json_t *t, size_t i, struct perr *e)
 {
@@ -80,8 +100,8 @@ static json_t *tool_function(json_t *t, size_t i, struct perr *e)
 			 "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
 		return NULL;
 	}
-	if (!json_is_string(name) || json_string_length(name) == 0) {
-		perr_set(e, 400, "tools", "invalid_value", "tools[%zu].function.name must be a non-empty string", i);
+	if (!tool_name_ok(name)) {
+		perr_set(e, 400, "tools", "invalid_value", "tools[%zu].function.name must be 1 to 64 letters, digits, '_' or '-'", i);
 		return NULL;
 	}
 	if (member(fn, "parameters") && !json_is_object(member(fn, "parameters"))) {

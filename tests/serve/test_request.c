@@ -231,6 +231,20 @@ static const struct bad {
 	{ false, "{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature", "invalid_type" },
 	{ false, "{\"prompt\": \"a\", \"temperature\": 2.5}", 400, "temperature", "invalid_value" },
 	{ false, "{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p", "invalid_value" },
+	/* logit_bias: ids inside the vocabulary (100 here), biases in
+	 * [-100, 100], and a non-zero bias refused rather than ignored */
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"100\": 1}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"-1\": 0}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"99999999999999999999\": 0}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"5x\": 0}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": {\"5\": 3}}", 400, "logit_bias", "invalid_value" },
+	{ false, "{\"prompt\": \"a\", \"logit_bias\": [1]}", 400, "logit_bias", "invalid_type" },
+	/* tool names: OpenAI's [a-zA-Z0-9_-]{1,64}, so no newline or special
+	 * token reaches the prompt's tools text */
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\\nb\"}}]}", 400, "tools", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"<|im_end|>\"}}]}", 400, "tools", "invalid_value" },
+	{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}}]}", 400, "tools", "invalid_value" },
 	{ false, "{\"prompt\": \"a\", \"min_p\": -0.1}", 400, "min_p", "invalid_value" },
 	{ false, "{\"prompt\": \"a\", \"presence_penalty\": 3}", 400, "presence_penalty", "invalid_value" },
 	{ false, "{\"prompt\": \"a\", \"frequency_penalty\": -3}", 400, "frequency_penalty", "invalid_value" },
@@ -460,6 +474,29 @@ START_TEST(no_chat_template)
 }
 END_TEST
 
+START_TEST(logit_bias_of_zero)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	const char *body = "{\"prompt\": \"a\", \"logit_bias\": {\"0\": 0, \"99\": 0.0}}";
+
+	parse_ok(&ctx, body, false, &r); /* no bias at all: nothing to refuse */
+	serve_req_free(&r);
+}
+END_TEST
+
+START_TEST(tool_name_of_64)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_Weather-2aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}}]}";
+
+	ctx.n_ctx = 4096; /* the tools text is long */
+	parse_ok(&ctx, body, true, &r);
+	serve_req_free(&r);
+}
+END_TEST
+
 START_TEST(limits_from_the_context)
 {
 	struct serve_req_ctx ctx = fake_ctx();
@@ -497,6 +534,8 @@ static Suite *request_suite(void)
 	tcase_add_test(tc, messages_name_the_offer);
 	tcase_add_test(tc, no_chat_template);
 	tcase_add_test(tc, limits_from_the_context);
+	tcase_add_test(tc, logit_bias_of_zero);
+	tcase_add_test(tc, tool_name_of_64);
 	suite_add_tcase(s, tc);
 	return s;
 }
