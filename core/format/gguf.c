@@ -520,6 +520,8 @@ static int rd_tensor(struct rd *r, struct gguf_file *f, struct gguf_tensor *t,
 		if (ne > INT64_MAX)
 			return fail(r, "dimension ne[%" PRIu32 "] = %" PRIu64 " is too large",
 				    d, ne);
+		if (ne == 0) /* no elements: nothing can read or quantize it */
+			return fail(r, "dimension ne[%" PRIu32 "] is 0", d);
 		t->ne[d] = (int64_t)ne;
 	}
 	if (rd_u32(r, &t->type, "type") || rd_u64(r, &t->offset, "offset"))

@@ -418,6 +418,43 @@ static int map_file(struct loom_imatrix *im, const char *path, char *err, size_t
 	return 0;
 }
 
+static int by_name(const void *a, const void *b)
+{
+	const struct loom_imatrix_entry *const *x = a, *const *y = b;
+
+	return strcmp((*x)->name, (*y)->name);
+}
+
+/* Every entry names a different tensor: a name twice (with the same or
+ * another width) would make which one counts depend on the search order.
+ * 0, or -1 with err naming the tensor and both widths. */
+static int check_unique(const struct loom_imatrix *im, const char *path, char *err,
+			size_t errlen)
+{
+	const struct loom_imatrix_entry **v;
+	int rc = 0;
+
+	if (im->n < 2)
+		return 0;
+	v = malloc(sizeof(*v) * im->n);
+	if (!v) {
+		loom_seterr(err, errlen, "%s: out of memory", path);
+		return -1;
+	}
+	for (size_t i = 0; i < im->n; i++)
+		v[i] = &im->e[i];
+	qsort(v, im->n, sizeof(*v), by_name);
+	for (size_t i = 1; i < im->n && !rc; i++) {
+		if (strcmp(v[i - 1]->name, v[i]->name))
+			continue;
+		loom_seterr(err, errlen, "%s: tensor '%s' has two entries (%lld and %lld columns): corrupt, or two files joined",
+			    path, v[i]->name, (long long)v[i - 1]->cols, (long long)v[i]->cols);
+		rc = -1;
+	}
+	free(v);
+	return rc;
+}
+
 struct loom_imatrix *loom_imatrix_load(const char *path, uint32_t flags, char *err,
 				       size_t errlen)
 {
@@ -443,6 +480,8 @@ struct loom_imatrix *loom_imatrix_load(const char *path, uint32_t flags, char *e
 		c.left = im->map_size;
 		rc = read_legacy(im, &c, flags);
 	}
+	if (!rc)
+		rc = check_unique(im, path, err, errlen);
 	if (rc) {
 		loom_imatrix_free(im);
 		return NULL;

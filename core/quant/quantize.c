@@ -36,6 +36,7 @@ struct quant_run {
 	struct quant_target target;
 	struct plan_tensor *t;
 	uint64_t n, n_convert;
+	uint64_t n_calibrated; /* converted tensors the --imatrix file has */
 	uint64_t data_bytes, file_bytes;
 	const struct loom_qstrategy *strategy;
 	char strategy_path[4096];
@@ -168,6 +169,10 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 	struct quant_rules rules;
 	uint64_t off = 0;
 
+	if (!r->in->n_tensors) {
+		loom_seterr(err, errlen, "%s: the file has no tensors: nothing to quantize", r->p.input);
+		return -1;
+	}
 	if (quant_rules_init(&rules, &r->target, r->in, err, errlen))
 		return -1;
 	rules.has_imatrix = r->im != NULL; /* llama-quantize's imatrix-only rules */
@@ -193,6 +198,35 @@ static int make_plan(struct quant_run *r, char *err, size_t errlen)
 		}
 		r->data_bytes += pt->nbytes;
 		r->n_convert += pt->convert;
+	}
+	return 0;
+}
+
+/* With --imatrix: counts the converted tensors the file has an entry
+ * for, and refuses a file that has none of them (an imatrix of another
+ * model would otherwise quantize everything without its data while the
+ * summary says "quantized by imatrix"). */
+static int check_calibration(struct quant_run *r, char *err, size_t errlen)
+{
+	char name[512];
+
+	if (!r->im)
+		return 0;
+	for (uint64_t i = 0; i < r->n; i++) {
+		const struct gguf_tensor *t = r->t[i].src;
+
+		if (!r->t[i].convert)
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+		r->n_calibrated += loom_imatrix_lookup(r->im, name) != NULL;
+	}
+	if (r->n_convert && !r->n_calibrated) {
+		const struct loom_imatrix_entry *e = loom_imatrix_at(r->im, 0);
+
+		loom_seterr(err, errlen, "the imatrix %s has no entry for any of the %llu tensors quantized here (it has %zu, e.g. '%s'): an imatrix of another model?",
+			    r->p.imatrix, (unsigned long long)r->n_convert,
+			    loom_imatrix_count(r->im), e ? e->name : "none");
+		return -1;
 	}
 	return 0;
 }
@@ -765,9 +799,31 @@ static int open_strategy(struct quant_run *r, char *err, size_t errlen)
 	return 0;
 }
 
+/* gguf_open, its refusal naming the file. */
+static struct gguf_file *open_input(const char *path, char *err, size_t errlen)
+{
+	char why[512] = "";
+	struct gguf_file *g = gguf_open(path, why, sizeof(why));
+
+	if (!g)
+		loom_seterr(err, errlen, "%s%s%s", strstr(why, path) ? "" : path,
+			    strstr(why, path) ? "" : ": ", why);
+	return g;
+}
+
+/* ", 180 of them with imatrix data" with --imatrix, else "". */
+static const char *calibrated_text(const struct quant_run *r, char *buf, size_t cap)
+{
+	if (!r->im)
+		return "";
+	snprintf(buf, cap, ", %llu of them with imatrix data", (unsigned long long)r->n_calibrated);
+	return buf;
+}
+
 static int run(struct quant_run *r, char *err, size_t errlen)
 {
 	struct timespec t0, t1;
+	char note[64];
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (check_paths(r, err, errlen) || quant_target_parse(r->p.type, &r->target, err, errlen) ||
@@ -775,8 +831,9 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		return -1;
 	if (open_strategy(r, err, errlen))
 		return -1;
-	r->in = gguf_open(r->p.input, err, errlen);
-	if (!r->in || make_plan(r, err, errlen) || measure(r, err, errlen))
+	r->in = open_input(r->p.input, err, errlen);
+	if (!r->in || make_plan(r, err, errlen) || check_calibration(r, err, errlen) ||
+	    measure(r, err, errlen))
 		return -1;
 	if (r->p.dry_run) {
 		print_plan(r);
@@ -789,9 +846,9 @@ static int run(struct quant_run *r, char *err, size_t errlen)
 		return -1;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	print_plan(r);
-	fprintf(r->out, "loom quantize: wrote %s: %llu tensors (%llu quantized by %s), %.2f MiB, general.file_type %u, %.1f s\n",
+	fprintf(r->out, "loom quantize: wrote %s: %llu tensors (%llu quantized by %s%s), %.2f MiB, general.file_type %u, %.1f s\n",
 		r->p.output, (unsigned long long)r->n, (unsigned long long)r->n_convert,
-		r->strategy->name, (double)r->file_bytes / 1048576.0, r->target.ftype,
+		r->strategy->name, calibrated_text(r, note, sizeof(note)), (double)r->file_bytes / 1048576.0, r->target.ftype,
 		(double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
 	return 0;
 }

@@ -217,6 +217,62 @@ def test_quantize(tmp, rng):
     check(p.returncode == 1 and "none.dat" in p.stderr, "a missing --imatrix file refused")
 
 
+def gguf_of(path, tensors):
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    for name, arr in tensors.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_inconsistent(tmp, rng):
+    """Inputs that do not fit together are refused by name."""
+    src = os.path.join(tmp, "src2.gguf")
+    small_model(src, rng)
+    out = os.path.join(tmp, "inc.gguf")
+    im = os.path.join(tmp, "other.dat")
+    with open(im, "wb") as f:
+        f.write(legacy_bytes([("blk.7.attn_k.weight", 1, rng.uniform(0, 1, 64))], 1, b"x"))
+    p = run("quantize", src, out, "q4_0", "--strategy", "imatrix", "--imatrix", im)
+    check(p.returncode == 1 and "no entry for any of the 2 tensors" in p.stderr
+          and "blk.7.attn_k.weight" in p.stderr and not os.path.exists(out),
+          "an imatrix matching no tensor refused, not 'quantized by imatrix' (%s)" % p.stderr.strip())
+    with open(im, "wb") as f:
+        f.write(legacy_bytes([("blk.0.attn_q.weight", 1, rng.uniform(0, 1, 64))], 1, b"x"))
+    p = run("quantize", src, out, "q4_0", "--strategy", "imatrix", "--imatrix", im)
+    check(p.returncode == 0 and "2 quantized by imatrix, 1 of them with imatrix data" in p.stdout,
+          "the summary counts the tensors with imatrix data (%s)" % (p.stdout + p.stderr).strip())
+
+    dup = os.path.join(tmp, "dup.dat")
+    with open(dup, "wb") as f:
+        f.write(legacy_bytes([("blk.0.attn_q.weight", 1, rng.uniform(0, 1, 64)),
+                              ("blk.0.attn_q.weight", 1, rng.uniform(0, 1, 32))], 1, b"x"))
+    p = run("imatrix", "--show", dup)
+    check(p.returncode == 1 and "'blk.0.attn_q.weight' has two entries" in p.stderr
+          and ("(64 and 32 columns)" in p.stderr or "(32 and 64 columns)" in p.stderr),
+          "duplicate imatrix entries refused naming the tensor (%s)" % p.stderr.strip())
+    p = run("quantize", src, os.path.join(tmp, "dup.gguf"), "q4_0", "--imatrix", dup)
+    check(p.returncode == 1 and "two entries" in p.stderr, "quantize refuses it too (%s)" % p.stderr.strip())
+
+    empty = os.path.join(tmp, "empty.gguf")
+    gguf_of(empty, {})
+    p = run("quantize", empty, out + ".e", "q4_0")
+    check(p.returncode == 1 and "no tensors" in p.stderr and not os.path.exists(out + ".e"),
+          "a GGUF without tensors: refused, nothing written (%s)" % p.stderr.strip())
+
+    zero = os.path.join(tmp, "zero.gguf")
+    gguf_of(zero, {"blk.0.attn_q.weight": np.zeros((0, 64), np.float32)})
+    p = run("info", zero)
+    check(p.returncode == 1 and "blk.0.attn_q.weight" in p.stderr and "ne[1] is 0" in p.stderr,
+          "a zero dimension refused by info (%s)" % p.stderr.strip())
+    p = run("quantize", zero, out + ".z", "q4_0")
+    check(p.returncode == 1 and "ne[1] is 0" in p.stderr and zero in p.stderr,
+          "a zero dimension refused by quantize, not 'out of memory' (%s)" % p.stderr.strip())
+
+
 def parse_file(path):
     """The legacy entries (name -> (ncall, values)) and loom's Hessians
     (name -> (tokens, offset or shared index))."""
@@ -339,6 +395,7 @@ def main():
         test_corrupt(tmp, rng)
         test_gguf(tmp, rng)
         test_quantize(tmp, rng)
+        test_inconsistent(tmp, rng)
         test_model(tmp)
         test_llama_reads(tmp)
     if failures:
