@@ -917,6 +917,11 @@ static bool subtree_loops(struct loom_gmatch *m, int32_t c, int32_t id)
 
 	if (k < 0)
 		return false;
+	/* a cheap probe before the 256 advances of self_loop: most states
+	 * (between JSON tokens) do not loop on the first child's byte, and
+	 * the walk needs that move anyway */
+	if (!m->in.loop_known[id] && move(m, id, m->v->byte[m->v->first[c]]) != id)
+		return false;
 	below = m->v->sub_bytes[k];
 	loop = self_loop(m, id);
 	for (int i = 0; i < 4; i++)
@@ -1040,6 +1045,8 @@ static struct mcache *mask_of(struct loom_gmatch *m, const struct gstate *st)
 	return c;
 }
 
+static const float neg_inf64[64] = { [0 ... 63] = -INFINITY };
+
 /* logits[t] = -inf for every t < n whose bit is clear, a word at a time:
  * most words of a mask are all ones or all zeros. */
 static void mask_logits(const uint64_t *bits, float *logits, int32_t n)
@@ -1051,8 +1058,7 @@ static void mask_logits(const uint64_t *bits, float *logits, int32_t n)
 		if (end < 64)
 			off &= (1ull << end) - 1;
 		if (off == ~0ull) {
-			for (int32_t i = 0; i < 64; i++)
-				logits[base + i] = -INFINITY;
+			memcpy(logits + base, neg_inf64, sizeof(neg_inf64));
 			continue;
 		}
 		while (off) {
