@@ -2,11 +2,14 @@
  * plain f32 under an otherwise unused type id (FAKE_QUANT_TYPE). Variants:
  *   FAKE_ABI_MAJOR=n   abi_major in the descriptor (default 1)
  *   FAKE_INCOMPLETE    from_float is NULL
+ *   FAKE_WILD_FN       from_float points to nothing mapped
+ *   FAKE_MANY          n_formats runs far past the format table
  *   FAKE_V1_0          built as at plugin ABI 1.0: format entries end at
  *                      from_float (a struct of that layout, declared here),
  *                      and a second format "fake32b" (type 38) follows, so
  *                      the host must step the table by struct_size
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "loom/plugin.h"
@@ -32,7 +35,14 @@ static int fake32_from_float(const float *src, void *dst, int64_t n)
 	memcpy(dst, src, (size_t)n * sizeof(float));
 	return LOOM_OK;
 }
+#ifdef FAKE_WILD_FN
+/* a function pointer to nothing mapped: refused, never called */
+#define FAKE_FROM_FLOAT ((int (*)(const float *, void *, int64_t))(uintptr_t)0x10)
+static int (*const fake_keep)(const float *, void *, int64_t) __attribute__((used)) =
+	fake32_from_float;
+#else
 #define FAKE_FROM_FLOAT fake32_from_float
+#endif
 #else
 #define FAKE_FROM_FLOAT NULL
 #endif
@@ -71,7 +81,11 @@ static const struct loom_quant_format fake32_formats[] = {
 	},
 };
 #define FAKE_TABLE fake32_formats
+#ifdef FAKE_MANY
+#define FAKE_N 1000000 /* far past the one entry the table has */
+#else
 #define FAKE_N 1
+#endif
 #define FAKE_MINOR LOOM_PLUGIN_ABI_MINOR
 #endif
 

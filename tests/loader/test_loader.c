@@ -458,6 +458,19 @@ START_TEST(quant_plugin_refusals)
 	ck_assert_msg(strstr(err, p) != NULL, "'%s'", err);
 	ck_assert_ptr_null(loom_format_get(FAKE_QUANT_TYPE));
 
+	/* wild pointers in the format table: refused before any call */
+	mod_path(p, sizeof(p), "quant_wild_fn.so");
+	err[0] = '\0';
+	ck_assert_int_eq(loom_formats_load_plugin(p, err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, p) && strstr(err, "outside the loaded objects"), "'%s'", err);
+	ck_assert_ptr_null(loom_format_get(FAKE_QUANT_TYPE));
+
+	mod_path(p, sizeof(p), "quant_many.so");
+	err[0] = '\0';
+	ck_assert_int_eq(loom_formats_load_plugin(p, err, sizeof(err)), -1);
+	ck_assert_msg(strstr(err, p) && strstr(err, "run past"), "'%s'", err);
+	ck_assert_ptr_null(loom_format_get(FAKE_QUANT_TYPE));
+
 	/* A backend is no quant plugin: no loom_quant_entry. */
 	mod_path(p, sizeof(p), "good.so");
 	err[0] = '\0';
