@@ -35,6 +35,12 @@ struct loom_grammar {
 	int32_t *alts;       /* each alternative's first element */
 	int32_t n_rules;
 	int32_t start;       /* position of the root's REF */
+	/* Bytes that lie in the same sets behave alike in every state
+	 * (advance sees a byte only through set membership): byte b is in
+	 * class cls[b], whose bytes are cls_bits[cls[b]]. */
+	uint8_t cls[256];
+	uint64_t (*cls_bits)[4];
+	int32_t n_cls;
 };
 
 /* ---------------- building ---------------- */
@@ -262,6 +268,44 @@ static int flatten(struct gbuild *b, struct loom_grammar *g, int32_t root)
 	return 0;
 }
 
+static bool same_sets(const struct loom_grammar *g, int a, int b)
+{
+	for (int32_t i = 0; i < g->n_sets; i++)
+		if ((g->sets[i][a >> 6] >> (a & 63) & 1) != (g->sets[i][b >> 6] >> (b & 63) & 1))
+			return false;
+	return true;
+}
+
+/* Groups the bytes by the sets they are in: a hash of each byte's sets
+ * first, then a check against the class it points to. */
+static int byte_classes(struct loom_grammar *g)
+{
+	uint64_t sig[256];
+	int rep[256];
+
+	g->cls_bits = calloc(256, sizeof(*g->cls_bits));
+	if (!g->cls_bits)
+		return -1;
+	for (int b = 0; b < 256; b++)
+		sig[b] = 1469598103934665603ull;
+	for (int32_t i = 0; i < g->n_sets; i++)
+		for (int b = 0; b < 256; b++)
+			if (g->sets[i][b >> 6] >> (b & 63) & 1)
+				sig[b] = (sig[b] ^ (uint64_t)i) * 1099511628211ull;
+	g->n_cls = 0;
+	for (int b = 0; b < 256; b++) {
+		int k = 0;
+
+		while (k < g->n_cls && !(sig[rep[k]] == sig[b] && same_sets(g, rep[k], b)))
+			k++;
+		if (k == g->n_cls)
+			rep[g->n_cls++] = b;
+		g->cls[b] = (uint8_t)k;
+		g->cls_bits[k][b >> 6] |= 1ull << (b & 63);
+	}
+	return 0;
+}
+
 struct loom_grammar *gbuild_finish(struct gbuild *b, int32_t root, char *err, size_t errlen)
 {
 	struct loom_grammar *g = NULL;
@@ -281,6 +325,8 @@ struct loom_grammar *gbuild_finish(struct gbuild *b, int32_t root, char *err, si
 	g->sets = b->sets;
 	g->n_sets = b->n_sets;
 	b->sets = NULL;
+	if (byte_classes(g))
+		goto out_nomem;
 	g->refs = 1;
 	gbuild_free(b);
 	return g;
@@ -312,6 +358,7 @@ void loom_grammar_free(struct loom_grammar *g)
 	free(g->sets);
 	free(g->alt0);
 	free(g->alts);
+	free(g->cls_bits);
 	free(g);
 }
 
@@ -858,6 +905,14 @@ static int32_t intern(const struct loom_grammar *g, struct interned *in, const s
 
 /* The state byte c takes interned state id to: its id, MOVE_DEAD when
  * none, or -3 when out of room (the caller resets and starts over). */
+/* row[b] = to for every byte b of a class: they all lead there. */
+static void set_class_moves(int32_t row[256], const uint64_t bits[4], int32_t to)
+{
+	for (int w = 0; w < 4; w++)
+		for (uint64_t x = bits[w]; x; x &= x - 1)
+			row[w * 64 + __builtin_ctzll(x)] = to;
+}
+
 static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 {
 	struct interned *in = &m->in;
@@ -875,7 +930,7 @@ static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 		if (to < 0)
 			return -3;
 	}
-	in->move[id][c] = to;
+	set_class_moves(in->move[id], m->g->cls_bits[m->g->cls[c]], to);
 	return to;
 }
 
@@ -884,17 +939,19 @@ static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 static const uint64_t *self_loop(struct loom_gmatch *m, int32_t id)
 {
 	struct interned *in = &m->in;
-	uint64_t *loop = in->loop[id];
+	uint64_t *loop = in->loop[id], done[4] = { 0 };
 
 	if (in->loop_known[id])
 		return loop;
 	memset(loop, 0, sizeof(in->loop[0]));
 	for (int b = 0; b < 256; b++) {
+		const uint64_t *cb = m->g->cls_bits[m->g->cls[b]];
 		int32_t to = in->move[id][b];
 
-		if (!(in->reads[id][b >> 6] >> (b & 63) & 1))
+		if (!(in->reads[id][b >> 6] >> (b & 63) & 1) || done[b >> 6] >> (b & 63) & 1)
 			continue;
-
+		for (int w = 0; w < 4; w++)
+			done[w] |= cb[w]; /* one byte of a class answers for all */
 		if (to == MOVE_UNKNOWN) {
 			advance(m->g, &in->st[id], (unsigned char)b, &m->tmp[0]);
 			if (m->tmp[0].oom || !state_equal(&m->tmp[0], &in->st[id]))
@@ -902,7 +959,8 @@ static const uint64_t *self_loop(struct loom_gmatch *m, int32_t id)
 		} else if (to != id) {
 			continue;
 		}
-		loop[b >> 6] |= 1ull << (b & 63);
+		for (int w = 0; w < 4; w++)
+			loop[w] |= cb[w];
 	}
 	in->loop_known[id] = true;
 	return loop;
