@@ -146,7 +146,8 @@ def main():
         if f:
             failures.append(f)
     print("%d fault cases (%d calls in a clean run; LeakSanitizer %s), %d failed"
-          % (cases, total, lsan or "not found: leaks not checked", len(failures)))
+          % (cases, total, lsan or ("ASan's own" if has_asan(loom) else
+                                     "not found: leaks not checked"), len(failures)))
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
