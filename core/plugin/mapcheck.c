@@ -106,11 +106,14 @@ bool loom_map_is_function(const void *sym)
 	const ElfW(Sym) *es = NULL;
 	unsigned type;
 
-	if (!dladdr1(sym, &info, (void **)&es, RTLD_DL_SYMENT) || !es ||
-	    info.dli_saddr != sym)
+	if (!loom_map_code(sym))
 		return false;
+	/* the symbol at exactly this address, when the dynamic table has one
+	 * (an ifunc resolves to an implementation that may be local) */
+	if (!dladdr1(sym, &info, (void **)&es, RTLD_DL_SYMENT) || !es || info.dli_saddr != sym)
+		return true;
 	type = ELF64_ST_TYPE(es->st_info);
-	return (type == STT_FUNC || type == STT_GNU_IFUNC) && loom_map_code(sym);
+	return type == STT_FUNC || type == STT_GNU_IFUNC;
 }
 
 /* ---- ELF header ---- */

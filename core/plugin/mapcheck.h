@@ -24,8 +24,9 @@ bool loom_map_readable(const void *p, size_t len);
 bool loom_map_code(const void *fn);
 /* s is readable and NUL-terminated within max bytes. */
 bool loom_map_string(const char *s, size_t max);
-/* sym is the address of a function symbol (STT_FUNC or an ifunc) and
- * lies in an executable segment. */
+/* sym lies in an executable segment and, where the dynamic symbol table
+ * names that exact address, the symbol is a function (STT_FUNC or an
+ * ifunc), not a data object. */
 bool loom_map_is_function(const void *sym);
 
 enum elf_verdict {
