@@ -60,6 +60,22 @@ struct strmap {
 	size_t mask;
 };
 
+/* A byte trie. Node 0 is the root; an edge (node, byte) -> child lives in
+ * an open-addressing table keyed by node * 256 + byte + 1 (0: empty). Each
+ * node keeps the lowest id of a special token whose text ends there, of
+ * any kind (any) and user-defined only (user); -1 if none. */
+struct trie_edge {
+	uint64_t key;
+	int32_t child;
+};
+
+struct trie {
+	struct trie_edge *edges;
+	size_t mask;
+	int32_t *any, *user;
+	int32_t n_nodes;
+};
+
 struct loom_tokenizer {
 	enum tok_model model;
 	int32_t n_vocab;
@@ -82,10 +98,9 @@ struct loom_tokenizer {
 	int32_t bos, eos, unk, eot, eom;
 	bool add_bos, add_eos, add_space_prefix, ignore_merges;
 
-	/* Special tokens sorted by first byte, then longest first;
-	 * special_start[b] .. special_start[b + 1] holds those starting with b. */
-	int32_t *special;
-	uint32_t special_start[257];
+	/* Special-token texts as a trie, so that the longest match at a
+	 * position costs at most the longest special's length. */
+	struct trie special;
 
 	pcre2_code *re[MAX_REGEX];
 	int n_re;
@@ -548,7 +563,10 @@ static const char *const re_deepseek_llm[] = {
 	"\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}"
 	"\\x{1E900}-\\x{1E943}]+",
 	"\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
-	"\\s+$",
+	/* published as \s+$; the look-behind starts a match only where a run
+	 * of spaces starts (same matches), so a run is not rescanned from
+	 * each of its bytes */
+	"(?<!\\s)\\s+$",
 	"[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+",
 	"\\p{N}+",
 	NULL
@@ -818,26 +836,48 @@ out_words:
 
 /* ---- tokenize ---------------------------------------------------------- */
 
+static size_t trie_slot(const struct trie *tr, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & tr->mask;
+
+	while (tr->edges[i].key && tr->edges[i].key != key)
+		i = (i + 1) & tr->mask;
+	return i;
+}
+
+static int32_t trie_child(const struct trie *tr, int32_t node, unsigned char b)
+{
+	const struct trie_edge *e;
+
+	if (!tr->edges)
+		return -1;
+	e = &tr->edges[trie_slot(tr, (uint64_t)node * 256 + b + 1)];
+	return e->key ? e->child : -1;
+}
+
 /* Longest special token starting at s[0..n), -1 if none. User-defined
  * tokens always match (as added tokens do in HF tokenizers); control and
- * unknown tokens only with parse_special. */
+ * unknown tokens only with parse_special. Of tokens with the same text,
+ * the lowest id. */
 static int32_t match_special(const struct loom_tokenizer *t, const char *s, size_t n,
 			     bool parse_special, size_t *mlen)
 {
-	unsigned char b = (unsigned char)s[0];
+	const struct trie *tr = &t->special;
+	int32_t node = 0, found = -1;
 
-	for (uint32_t i = t->special_start[b]; i < t->special_start[b + 1]; i++) {
-		int32_t id = t->special[i];
-		uint32_t len = t->text_len[id];
+	for (size_t i = 0; i < n; i++) {
+		int32_t id;
 
-		if (!parse_special && t->type[id] != TT_USER_DEFINED)
-			continue;
-		if (len <= n && !memcmp(s, t->text_blob + t->text_off[id], len)) {
-			*mlen = len;
-			return id;
+		node = trie_child(tr, node, (unsigned char)s[i]);
+		if (node < 0)
+			break;
+		id = parse_special ? tr->any[node] : tr->user[node];
+		if (id >= 0) {
+			found = id;
+			*mlen = i + 1;
 		}
 	}
-	return -1;
+	return found;
 }
 
 static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
@@ -848,29 +888,30 @@ static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
 	return bpe_encode(t, s, n, o);
 }
 
-/* Bytes from pos that a special token may span: with a markup mask, the
- * run of bytes of pos's kind (markup or message text), so a match never
- * straddles the two; else everything left. */
-static size_t special_room(const unsigned char *markup, size_t pos, size_t len)
+/* End of the run of bytes of pos's kind (markup or message text), so that
+ * a special token never straddles the two; without a mask, len. */
+static size_t run_end(const unsigned char *markup, size_t pos, size_t len)
 {
 	size_t end = pos;
 
 	if (!markup)
-		return len - pos;
+		return len;
 	while (end < len && !markup[end] == !markup[pos])
 		end++;
-	return end - pos;
+	return end;
 }
 
 /* markup NULL: parse_special decides for the whole text; else control
- * tokens are parsed only where markup[i] is set. */
+ * tokens are parsed only where markup[i] is set. Linear in len: each run
+ * is measured once, and a match attempt walks at most the longest
+ * special token. */
 static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
 			const unsigned char *markup, bool add_special, bool parse_special,
 			int32_t *out, int64_t cap)
 {
 	struct outbuf o = { out, cap, 0 };
 	bool after_special = true; /* spm: the first text run gets the prefix */
-	size_t pos = 0, seg = 0;
+	size_t pos = 0, seg = 0, end = 0;
 
 	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
 		return -1;
@@ -879,8 +920,11 @@ static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t
 	while (pos < len) {
 		size_t mlen = 0;
 		bool ps = markup ? markup[pos] != 0 : parse_special;
-		int32_t id = match_special(t, text + pos, special_room(markup, pos, len), ps, &mlen);
+		int32_t id;
 
+		if (pos >= end)
+			end = run_end(markup, pos, len);
+		id = match_special(t, text + pos, end - pos, ps, &mlen);
 		if (id < 0) {
 			pos++;
 			continue;
@@ -1033,7 +1077,9 @@ void loom_tokenizer_free(struct loom_tokenizer *t)
 	free(t->vocab.slots);
 	free(t->merges.slots);
 	free(t->merge_blob);
-	free(t->special);
+	free(t->special.edges);
+	free(t->special.any);
+	free(t->special.user);
 	free(t);
 }
 
@@ -1311,56 +1357,59 @@ static bool is_special_type(uint8_t type)
 	return type == TT_CONTROL || type == TT_USER_DEFINED || type == TT_UNKNOWN;
 }
 
-struct special_key {
-	unsigned char first;
-	uint32_t len;
-	int32_t id;
-};
-
-/* First byte ascending, then longest first, then lowest id. */
-static int cmp_special(const void *a, const void *b)
+/* Adds token id's text to the trie (which has room for it). */
+static void trie_add(struct loom_tokenizer *t, int32_t id)
 {
-	const struct special_key *x = a, *y = b;
+	struct trie *tr = &t->special;
+	const unsigned char *s = (const unsigned char *)t->text_blob + t->text_off[id];
+	int32_t node = 0;
 
-	if (x->first != y->first)
-		return x->first < y->first ? -1 : 1;
-	if (x->len != y->len)
-		return x->len > y->len ? -1 : 1;
-	return (x->id > y->id) - (x->id < y->id);
+	for (uint32_t i = 0; i < t->text_len[id]; i++) {
+		uint64_t key = (uint64_t)node * 256 + s[i] + 1;
+		struct trie_edge *e = &tr->edges[trie_slot(tr, key)];
+
+		if (!e->key) {
+			e->key = key;
+			e->child = tr->n_nodes;
+			tr->any[tr->n_nodes] = tr->user[tr->n_nodes] = -1;
+			tr->n_nodes++;
+		}
+		node = e->child;
+	}
+	/* ids ascend, so the first token of a text keeps the node */
+	if (tr->any[node] < 0)
+		tr->any[node] = id;
+	if (tr->user[node] < 0 && t->type[id] == TT_USER_DEFINED)
+		tr->user[node] = id;
 }
 
 static int index_specials(struct loom_tokenizer *t)
 {
-	struct special_key *keys;
-	size_t n = 0;
+	struct trie *tr = &t->special;
+	size_t bytes = 0, cap = 16;
 
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		if (!is_special_type(t->type[i]))
+			continue;
+		if (bytes > SIZE_MAX / 4 - t->text_len[i])
+			return -1;
+		bytes += t->text_len[i];
+	}
+	if (bytes >= INT32_MAX)
+		return -1;
+	while (cap < 2 * bytes)
+		cap *= 2;
+	tr->edges = calloc(cap, sizeof(*tr->edges));
+	tr->any = malloc((bytes + 1) * sizeof(*tr->any));
+	tr->user = malloc((bytes + 1) * sizeof(*tr->user));
+	if (!tr->edges || !tr->any || !tr->user)
+		return -1;
+	tr->mask = cap - 1;
+	tr->any[0] = tr->user[0] = -1;
+	tr->n_nodes = 1;
 	for (int32_t i = 0; i < t->n_vocab; i++)
 		if (is_special_type(t->type[i]) && t->text_len[i])
-			n++;
-	keys = malloc((n ? n : 1) * sizeof(*keys));
-	t->special = malloc((n ? n : 1) * sizeof(*t->special));
-	if (!keys || !t->special) {
-		free(keys);
-		return -1;
-	}
-	n = 0;
-	for (int32_t i = 0; i < t->n_vocab; i++) {
-		if (!is_special_type(t->type[i]) || !t->text_len[i])
-			continue;
-		keys[n].first = (unsigned char)t->text_blob[t->text_off[i]];
-		keys[n].len = t->text_len[i];
-		keys[n].id = i;
-		n++;
-	}
-	qsort(keys, n, sizeof(*keys), cmp_special);
-	memset(t->special_start, 0, sizeof(t->special_start));
-	for (size_t i = 0; i < n; i++) {
-		t->special[i] = keys[i].id;
-		t->special_start[keys[i].first + 1]++;
-	}
-	for (int b = 0; b < 256; b++)
-		t->special_start[b + 1] += t->special_start[b];
-	free(keys);
+			trie_add(t, i);
 	return 0;
 }
 
