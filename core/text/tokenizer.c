@@ -95,6 +95,7 @@ struct loom_tokenizer {
 	char *merge_blob;
 
 	int32_t byte_tok[256]; /* byte -> token, -1 if none */
+	uint32_t max_piece;    /* most text bytes one token of plain text covers */
 	int32_t bos, eos, unk, eot, eom;
 	bool add_bos, add_eos, add_space_prefix, ignore_merges;
 
@@ -233,11 +234,19 @@ static bool is_text_type(uint8_t type)
 	       type == TT_UNDEFINED;
 }
 
+/* Ids out: at most cap written, n counted. Past limit the count is known
+ * to be too large, and the work stops (n stays above limit). */
 struct outbuf {
 	int32_t *ids;
 	int64_t cap;
 	int64_t n;
+	int64_t limit;
 };
+
+static bool out_over(const struct outbuf *o)
+{
+	return o->n > o->limit;
+}
 
 static void out_push(struct outbuf *o, int32_t id)
 {
@@ -814,7 +823,7 @@ static int bpe_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 	enc = malloc(2 * longest + 1);
 	if (!enc || merger_init(&m, t, enc, 2 * longest))
 		goto out_words;
-	for (size_t i = 0; i < words.n; i++) {
+	for (size_t i = 0; i < words.n && !out_over(o); i++) {
 		const unsigned char *w = (const unsigned char *)s + words.v[i].off;
 		size_t len = 0;
 
@@ -880,9 +889,23 @@ static int32_t match_special(const struct loom_tokenizer *t, const char *s, size
 	return found;
 }
 
+/* A run of n bytes needs at least n / max_piece ids: when that alone
+ * passes the limit, the run is not tokenized at all. */
+static bool run_over(const struct loom_tokenizer *t, size_t n, struct outbuf *o)
+{
+	uint64_t least = n / t->max_piece;
+
+	if (least <= (uint64_t)(o->limit - o->n))
+		return false;
+	o->n = o->limit + 1;
+	return true;
+}
+
 static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
 		       bool after_special, struct outbuf *o)
 {
+	if (run_over(t, n, o))
+		return 0;
 	if (t->model == MODEL_SPM)
 		return spm_encode(t, s, n, t->add_space_prefix && after_special, o);
 	return bpe_encode(t, s, n, o);
@@ -907,17 +930,17 @@ static size_t run_end(const unsigned char *markup, size_t pos, size_t len)
  * special token. */
 static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
 			const unsigned char *markup, bool add_special, bool parse_special,
-			int32_t *out, int64_t cap)
+			int32_t *out, int64_t cap, int64_t limit)
 {
-	struct outbuf o = { out, cap, 0 };
+	struct outbuf o = { out, cap, 0, limit };
 	bool after_special = true; /* spm: the first text run gets the prefix */
 	size_t pos = 0, seg = 0, end = 0;
 
-	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
+	if (!t || (!text && len) || cap < 0 || (!out && cap > 0) || limit < 0)
 		return -1;
 	if (add_special && t->add_bos && t->bos >= 0)
 		out_push(&o, t->bos);
-	while (pos < len) {
+	while (pos < len && !out_over(&o)) {
 		size_t mlen = 0;
 		bool ps = markup ? markup[pos] != 0 : parse_special;
 		int32_t id;
@@ -936,17 +959,18 @@ static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t
 		pos += mlen;
 		seg = pos;
 	}
-	if (len > seg && encode_text(t, text + seg, len - seg, after_special, &o))
+	if (len > seg && !out_over(&o) &&
+	    encode_text(t, text + seg, len - seg, after_special, &o))
 		return -1;
 	if (add_special && t->add_eos && t->eos >= 0)
 		out_push(&o, t->eos);
-	return o.n;
+	return out_over(&o) ? limit + 1 : o.n;
 }
 
 int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
 		      bool add_special, bool parse_special, int32_t *out, int64_t cap)
 {
-	return tokenize(t, text, len, NULL, add_special, parse_special, out, cap);
+	return tokenize(t, text, len, NULL, add_special, parse_special, out, cap, INT64_MAX - 1);
 }
 
 int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, size_t len,
@@ -955,7 +979,17 @@ int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, s
 {
 	if (!markup && len)
 		return -1;
-	return tokenize(t, text, len, markup, add_special, false, out, cap);
+	return tokenize(t, text, len, markup, add_special, false, out, cap, INT64_MAX - 1);
+}
+
+int64_t loom_tokenize_max(const struct loom_tokenizer *t, const char *text, size_t len,
+			  const unsigned char *markup, bool add_special, bool parse_special,
+			  int32_t *out, int64_t cap, int64_t max)
+{
+	if (max < 0 || max == INT64_MAX)
+		return -1;
+	return tokenize(t, text, len, markup, add_special, markup ? false : parse_special, out,
+			cap, max);
 }
 
 /* ---- detokenize -------------------------------------------------------- */
@@ -1546,6 +1580,8 @@ static int build_pieces(struct loom_tokenizer *t)
 		t->piece_off[i] = off;
 		t->piece_len[i] = (uint32_t)n;
 		off += n;
+		if (n > t->max_piece)
+			t->max_piece = (uint32_t)n;
 	}
 	return 0;
 }
@@ -1647,6 +1683,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 		loom_seterr(err, errlen, "tokenizer: out of memory");
 		return NULL;
 	}
+	t->max_piece = 4; /* a character that falls back to <unk> or bytes */
 	init_byte_map(t);
 	if (setup_model(t, f, err, errlen) || load_texts(t, f, err, errlen) ||
 	    load_types_scores(t, f, err, errlen))

@@ -1064,6 +1064,28 @@ START_TEST(test_scaling)
 }
 END_TEST
 
+/* loom_tokenize_max: the same ids as loom_tokenize up to the limit, max + 1
+ * past it, on every prefix length of a text mixing words and specials. */
+START_TEST(test_model_max)
+{
+	static const char text[] = "Hello <|im_start|>the world, 12345 caf\xc3\xa9!<|im_end|>\n";
+	struct loom_tokenizer *t = open_tok(model_path);
+	int32_t want[64], got[64];
+	int64_t n = loom_tokenize(t, text, strlen(text), false, true, want, 64);
+
+	ck_assert(n > 4 && n < 64);
+	for (int64_t max = 0; max <= n + 1; max++) {
+		int64_t k = loom_tokenize_max(t, text, strlen(text), NULL, false, true, got, 64, max);
+
+		ck_assert_int_eq(k, max < n ? max + 1 : n);
+		if (k == n)
+			ck_assert_mem_eq(got, want, sizeof(int32_t) * (size_t)n);
+	}
+	ck_assert_int_eq(loom_tokenize_max(t, text, 3, NULL, false, true, got, 64, -1), -1);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
 /* 1 MB of prose on the real vocabulary, as plain text and as a chat
  * message (markup 0 but for the template's head): the sizes a request
  * may carry. Times printed; the assertion is the hang guard and that the
@@ -1095,6 +1117,11 @@ START_TEST(test_model_megabyte)
 	ck_assert(dt_plain < 10 && dt_marked < 10);
 	fprintf(stderr, "1 MB prose: %lld tokens in %.0f ms plain, %.0f ms as a chat message\n",
 		(long long)plain, dt_plain * 1e3, dt_marked * 1e3);
+	/* bounded: a context of 8192 refuses it after a few KB of text */
+	t0 = now();
+	ck_assert_int_eq(loom_tokenize_max(t, text, len, mark, false, false, NULL, 0, 8192), 8193);
+	fprintf(stderr, "1 MB prose against an 8192 limit: refused in %.2f ms\n",
+		(now() - t0) * 1e3);
 	free(text);
 	free(mark);
 	loom_tokenizer_free(t);
@@ -1136,6 +1163,7 @@ int main(int argc, char **argv)
 		tcase_add_test(tc, test_model_special);
 		tcase_add_test(tc, test_model_speed);
 		tcase_add_test(tc, test_model_megabyte);
+		tcase_add_test(tc, test_model_max);
 	} else if (!strcmp(mode, "scaling")) {
 		tcase_add_test(tc, test_scaling);
 	} else if (!strcmp(mode, "unit")) {
