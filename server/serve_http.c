@@ -188,10 +188,11 @@ static json_t *text_json(const char *s, size_t n)
  * tokens consumed (take: and forgets them, for the next stream chunk). */
 static json_t *choice_logprobs(const struct job *j, struct gen *g, bool take)
 {
-	json_t *items = g->lp_items ? g->lp_items : json_array(), *out;
+	json_t *items, *out;
 
 	if (!j->logprobs)
 		return json_null();
+	items = g->lp_items ? g->lp_items : json_array();
 	out = j->chat ? api_chat_logprobs(items) : api_completion_logprobs(items);
 	if (take || !g->lp_items)
 		json_decref(items);
