@@ -48,6 +48,7 @@ struct sock {
 	int fd;
 	double t0;
 	int phase;             /* enum sock_phase, under http->mu */
+	struct job *job;       /* the request it is answering (held), under http->mu */
 	struct sock *next, *prev;
 };
 
@@ -211,19 +212,25 @@ static int conn_fd(struct MHD_Connection *c)
 	return ci ? ci->connect_fd : -1;
 }
 
-/* True once the connection is broken (reset, or shut in both directions).
- * A peer that only shut its sending side (shutdown(SHUT_WR) after the
- * request, POLLRDHUP) still reads, and is answered; one that closed for
- * good is found out by the first write that meets its reset. */
-static bool client_gone(int fd)
+/* True once the client has gone: the connection is broken (reset, or
+ * shut in both directions), or the peer has shut its sending side
+ * (POLLRDHUP, an EOF after the request), as a client that closes its
+ * socket does. With --half-close, a peer that only shut its sending side
+ * (shutdown(SHUT_WR) after the request) still reads and is answered; one
+ * that closed for good is then found out by the first write that meets
+ * its reset. */
+static bool client_gone(const struct http *h, int fd)
 {
-	struct pollfd p = { .fd = fd, .events = 0 };
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	short gone = POLLHUP | POLLERR | POLLNVAL;
 
 	if (fd < 0)
 		return false;
 	if (poll(&p, 1, 0) <= 0)
 		return false;
-	return p.revents & (POLLHUP | POLLERR | POLLNVAL);
+	if (!h->srv->o.serve.half_close)
+		gone |= POLLRDHUP;
+	return p.revents & gone;
 }
 
 /* ---- parking (suspend / resume) ---- */
@@ -353,7 +360,7 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 	int i;
 
 	while (!job_advance(j, 0, collect, cn->texts)) {
-		if (client_gone(conn_fd(c))) {
+		if (client_gone(cn->pk.h, conn_fd(c))) {
 			job_cancel(j);
 			return MHD_NO;
 		}
@@ -564,7 +571,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		if (j->stream_end)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (client_gone(st->fd) || atomic_load(&st->pk.h->stopping)) {
+		if (client_gone(st->pk.h, st->fd) || atomic_load(&st->pk.h->stopping)) {
 			job_cancel(j);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
@@ -688,6 +695,8 @@ static enum endpoint post_endpoint(const char *url)
 
 static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 				 struct conn *cn, struct job *j);
+static struct sock *conn_sock(struct MHD_Connection *c);
+static void sock_watch(struct http *h, struct sock *sk, struct job *j);
 
 /* The hidden states an embeddings request holds until it is pooled: a
  * row per input token. Bounded, so that a request cannot make the server
@@ -786,6 +795,7 @@ static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 			return fail(c, srv, 500, "out_of_memory", why);
 		return fail(c, srv, 400, "invalid_value", why);
 	}
+	sock_watch(srv->http, conn_sock(c), j);
 	if (j->stream) {
 		enum MHD_Result r = answer_stream(c, cn, j);
 
@@ -1048,6 +1058,23 @@ static struct sock *conn_sock(struct MHD_Connection *c)
 	return ci ? ci->socket_context : NULL;
 }
 
+/* The deadline thread watches sk's client while j runs (NULL: no longer)
+ * and cancels j when the client goes. NULL-safe. */
+static void sock_watch(struct http *h, struct sock *sk, struct job *j)
+{
+	struct job *old;
+
+	if (!sk)
+		return;
+	if (j)
+		job_hold(j);
+	pthread_mutex_lock(&h->mu);
+	old = sk->job;
+	sk->job = j;
+	pthread_mutex_unlock(&h->mu);
+	job_put(old);
+}
+
 /* Moves the socket's deadline to the next phase (NULL-safe). */
 static void sock_phase(struct http *h, struct sock *sk, enum sock_phase ph)
 {
@@ -1149,6 +1176,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	(void)toe;
 	/* keep-alive: the next request's headers are due from now */
 	sock_phase(srv->http, conn_sock(c), PH_HEADERS);
+	sock_watch(srv->http, conn_sock(c), NULL);
 	if (!cn)
 		return;
 	if (cn->job) {
@@ -1199,6 +1227,7 @@ static void on_socket(void *cls, struct MHD_Connection *c, void **socket_context
 	if (sk->next)
 		sk->next->prev = sk->prev;
 	pthread_mutex_unlock(&h->mu);
+	job_put(sk->job);
 	free(sk);
 	*socket_context = NULL;
 }
@@ -1222,6 +1251,28 @@ static void enforce_deadlines(struct http *h)
 			shutdown(sk->fd, SHUT_RDWR);
 			sk->phase = PH_CLOSING;
 		}
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* Cancels the requests whose clients have gone, and wakes them so that
+ * their connections end; their KV blocks return at the engine's next
+ * step. Every tick, so a client that leaves a long request (streaming or
+ * not) stops costing within TICK_MS plus a step. */
+static void watch_clients(struct http *h)
+{
+	struct sock *sk;
+
+	pthread_mutex_lock(&h->mu);
+	for (sk = h->socks; sk; sk = sk->next) {
+		struct job *j = sk->job;
+
+		if (!j || !client_gone(h, sk->fd))
+			continue;
+		sk->job = NULL;
+		job_cancel(j);
+		job_unpark(j);
+		job_put(j);
 	}
 	pthread_mutex_unlock(&h->mu);
 }
@@ -1252,6 +1303,7 @@ static void *timer_main(void *arg)
 	while (!atomic_load(&h->timer_quit)) {
 		nanosleep(&ts, NULL);
 		enforce_deadlines(h);
+		watch_clients(h);
 		wake_loading(h);
 		if (++tick % UNPARK_TICKS == 0 || atomic_load(&h->stopping))
 			server_unpark_all(h->srv);

@@ -183,6 +183,7 @@ static const struct opt_def opts[] = {
 	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
 	{ .name = "load-wait", .type = OPT_INT, FIELD(serve.load_wait),
 	  .lo = 0, .hi = 3600, .cmds = SERVE },
+	{ .name = "half-close", .type = OPT_BOOL, FIELD(serve.half_close), .cmds = SERVE },
 	{ .name = "api-key", .type = OPT_STR, FIELD(serve.api_key), .cmds = SERVE },
 	{ .name = "cors-origin", .type = OPT_STR, FIELD(serve.cors_origin), .cmds = SERVE },
 	{ .name = "alias", .short_name = 'a', .type = OPT_LIST, FIELD(serve.aliases), .cmds = SERVE },
