@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 #include "serve_api.h"
 #include "serve_index_html.h"
+#include "serve_parse.h"
 #include "serve_tools.h"
 
 #define TICK_MS 100          /* the deadline thread's period */
@@ -71,13 +73,32 @@ struct http {
 	atomic_bool timer_quit;
 	pthread_t timer;
 	bool timer_started;
+	struct parse_pool *parse;
 };
 
 /* Per-request state, from the first call of the handler to
  * MHD_OPTION_NOTIFY_COMPLETED. */
+/* A request's body, parsed by the parse stage. */
+struct parsed {
+	bool gone;                 /* the client left before its turn */
+	bool stopping;             /* the server is stopping: 503 */
+	int rc;                    /* 0: req or ereq holds the request */
+	struct perr e;             /* else: why (a 4xx/5xx) */
+	struct serve_req req;      /* completions, chat */
+	struct serve_embed_req ereq; /* embeddings */
+	struct json_t *reply;      /* /tokenize, /detokenize: the answer (NULL: e) */
+};
+
+enum parse_state { PARSE_NONE, PARSE_QUEUED, PARSE_DONE, PARSE_TAKEN };
+
 struct conn {
 	struct sbuf body;
 	bool too_big;
+	int fd;
+	int ep;               /* enum endpoint */
+	int parse;            /* enum parse_state */
+	struct parse_item pi;
+	struct parsed p;
 	struct job *job; /* a non-streaming request in progress */
 	struct parker pk;
 	struct sbuf texts[SRV_MAX_N]; /* non-streaming: each choice's text */
@@ -718,63 +739,119 @@ static bool embed_too_big(const struct server *srv, const struct serve_embed_req
 	return true;
 }
 
-static enum MHD_Result embeddings(struct MHD_Connection *c, struct server *srv,
-				  struct conn *cn)
-{
-	struct serve_embed_req r;
-	struct perr e;
-	struct job *j;
+/* ---- the parse stage (serve_parse.h) ---- */
 
-	if (serve_embed_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, &r, &e))
-		return send_error(c, srv, &e);
-	if (embed_too_big(srv, &r, &e)) {
-		serve_embed_free(&r);
-		return send_error(c, srv, &e);
-	}
-	j = job_new(srv);
-	if (!j) {
-		serve_embed_free(&r);
-		return fail(c, srv, 500, NULL, "out of memory");
-	}
-	job_take_embed(j, &r);
-	make_id(j);
-	return start_job(c, srv, cn, j);
-}
-
-/* /tokenize and /detokenize: the tokenizer alone, answered at once. */
-static enum MHD_Result tokens_endpoint(struct MHD_Connection *c, struct server *srv,
-				       struct conn *cn, enum endpoint kind)
+/* On a worker: the body into cn->p (a request, or a /tokenize reply). */
+static void parse_run(struct parse_item *it)
 {
+	struct conn *cn = (struct conn *)((char *)it - offsetof(struct conn, pi));
+	struct http *h = cn->pk.h;
+	struct server *srv = h->srv;
+	struct parsed *p = &cn->p;
 	const char *body = cn->body.s ? cn->body.s : "";
-	struct perr e;
-	json_t *o = kind == EP_TOKENIZE ? api_tokenize(srv->tok, body, cn->body.len, &e) :
-		    api_detokenize(srv->tok, body, cn->body.len, &e);
+	size_t len = cn->body.len;
 
-	return o ? send_json(c, 200, o, srv) : send_error(c, srv, &e);
+	if (client_gone(h, cn->fd)) {
+		p->gone = true; /* left while queued: not worth parsing */
+		return;
+	}
+	if (atomic_load(&h->stopping)) {
+		p->stopping = true;
+		return;
+	}
+	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE) {
+		p->reply = cn->ep == EP_TOKENIZE ? api_tokenize(srv->tok, body, len, &p->e) :
+			   api_detokenize(srv->tok, body, len, &p->e);
+		return;
+	}
+	if (cn->ep == EP_EMBED) {
+		p->rc = serve_embed_parse(&srv->req_ctx, body, len, &p->ereq, &p->e);
+		if (!p->rc && embed_too_big(srv, &p->ereq, &p->e)) {
+			serve_embed_free(&p->ereq);
+			p->rc = -1;
+		}
+		return;
+	}
+	p->rc = serve_req_parse(&srv->req_ctx, body, len, cn->ep == EP_CHAT, &p->req, &p->e);
 }
 
-static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
-				   struct conn *cn, enum endpoint kind)
+/* On a worker, after parse_run: hands the connection back to MHD. Once
+ * resumed, the connection may end and cn be freed at once: nothing of cn
+ * is read after the resume. */
+static void parse_done(struct parse_item *it)
 {
-	bool chat = kind == EP_CHAT;
-	enum MHD_Result rc_http;
-	struct serve_req r;
-	struct perr e;
+	struct conn *cn = (struct conn *)((char *)it - offsetof(struct conn, pi));
+	struct http *h = cn->pk.h;
+
+	cn->parse = PARSE_DONE;
+	MHD_resume_connection(cn->pk.c);
+	atomic_fetch_sub(&h->n_suspended, 1);
+}
+
+/* The client's address: the key its requests queue under. */
+static void client_key(struct MHD_Connection *c, struct parse_item *it)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+	it->key_len = 0;
+	if (sa && sa->sa_family == AF_INET) {
+		it->key_len = 4;
+		memcpy(it->key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		it->key_len = 16;
+		memcpy(it->key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	}
+}
+
+/* Suspends the connection and queues its body for a parse worker; the
+ * worker resumes it and the handler, called again, goes on in
+ * parse_finish. */
+static enum MHD_Result parse_start(struct MHD_Connection *c, struct server *srv,
+				   struct conn *cn, enum endpoint ep)
+{
+	struct http *h = srv->http;
+
+	cn->ep = ep;
+	cn->pi.run = parse_run;
+	cn->pi.done = parse_done;
+	client_key(c, &cn->pi);
+	cn->parse = PARSE_QUEUED;
+	park_suspend(&cn->pk);
+	if (parse_pool_submit(h->parse, &cn->pi)) {
+		cn->p.stopping = true;
+		cn->parse = PARSE_DONE;
+		park_wake(&cn->pk);
+	}
+	return MHD_YES;
+}
+
+/* Back on MHD's thread with the parse's outcome: an answer, or a job. */
+static enum MHD_Result parse_finish(struct MHD_Connection *c, struct server *srv,
+				    struct conn *cn)
+{
+	struct parsed *p = &cn->p;
+	json_t *reply = p->reply;
 	struct job *j;
 
-	if (wait_ready(c, srv, cn, &rc_http))
-		return rc_http;
-	if (kind == EP_EMBED)
-		return embeddings(c, srv, cn);
-	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
-			    &r, &e))
-		return send_error(c, srv, &e);
+	cn->parse = PARSE_TAKEN;
+	p->reply = NULL;
+	if (p->gone)
+		return MHD_NO;
+	if (p->stopping)
+		return fail(c, srv, 503, "unavailable", "the server is shutting down");
+	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE)
+		return reply ? send_json(c, 200, reply, srv) : send_error(c, srv, &p->e);
+	if (p->rc)
+		return send_error(c, srv, &p->e);
 	j = job_new(srv);
-	if (!j) {
-		serve_req_free(&r);
+	if (!j)
 		return fail(c, srv, 500, NULL, "out of memory");
-	}
-	job_take_req(j, &r);
+	if (cn->ep == EP_EMBED)
+		job_take_embed(j, &p->ereq);
+	else
+		job_take_req(j, &p->req);
 	make_id(j);
 	return start_job(c, srv, cn, j);
 }
@@ -1037,11 +1114,9 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 
 		if (cn->too_big)
 			return fail(c, srv, 413, "request_too_large", "the request body is too large");
-		if (ep != EP_TOKENIZE && ep != EP_DETOKENIZE)
-			return completions(c, srv, cn, ep);
 		if (wait_ready(c, srv, cn, &rc_http))
 			return rc_http;
-		return tokens_endpoint(c, srv, cn, ep);
+		return parse_start(c, srv, cn, ep);
 	}
 	if (get && is_get_route(url))
 		return route_get(c, srv, url);
@@ -1124,6 +1199,7 @@ static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *sr
 	*con_cls = cn;
 	cn->pk = (struct parker){ .c = c, .h = srv->http };
 	cn->t_arrive = now_s();
+	cn->fd = conn_fd(c);
 	sock_phase(srv->http, conn_sock(c), PH_BODY);
 	if (uri_length(c, url) > MAX_URL) {
 		cn->too_big = true;
@@ -1152,6 +1228,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return on_first_call(c, srv, url, con_cls);
 	if (cn->job) /* woken from parking */
 		return answer_whole(c, cn);
+	if (cn->parse == PARSE_DONE) /* parsed */
+		return parse_finish(c, srv, cn);
 	if (*upload_size) {
 		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
 			sb_putn(&cn->body, upload, *upload_size);
@@ -1185,6 +1263,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	}
 	for (i = 0; i < SRV_MAX_N; i++)
 		sb_free(&cn->texts[i]);
+	serve_req_free(&cn->p.req);   /* what parse_finish did not take */
+	serve_embed_free(&cn->p.ereq);
+	json_decref(cn->p.reply);
 	sb_free(&cn->body);
 	free(cn);
 	*con_cls = NULL;
@@ -1373,6 +1454,7 @@ static void http_free(struct http *h)
 {
 	if (!h)
 		return;
+	parse_pool_free(h->parse);
 	pthread_mutex_destroy(&h->mu);
 	free(h);
 }
@@ -1396,6 +1478,11 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 	h->srv = srv;
 	pthread_mutex_init(&h->mu, NULL);
 	srv->http = h;
+	h->parse = parse_pool_start(so->http_threads);
+	if (!h->parse) {
+		snprintf(err, errlen, "cannot start the request parse threads");
+		goto out_free;
+	}
 	d = MHD_start_daemon(flags, (uint16_t)so->port, NULL, NULL, on_request, srv,
 			     MHD_OPTION_EXTERNAL_LOGGER, http_log, srv, /* first, as MHD asks */
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
@@ -1443,6 +1530,7 @@ void http_stop(struct server *srv, struct MHD_Daemon *d)
 	if (atomic_load(&h->n_suspended) > 0)
 		fprintf(stderr, "loom serve: %d connections still suspended at exit\n",
 			atomic_load(&h->n_suspended));
+	parse_pool_stop(h->parse); /* later requests are answered 503 */
 	MHD_stop_daemon(d);
 	atomic_store(&h->timer_quit, true);
 	if (h->timer_started)
