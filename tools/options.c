@@ -266,7 +266,7 @@ static const struct cmd_def {
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
 	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
-	  "            [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
+	  "            [--half-close] [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
 	  "            --kv-mem: default 1/8 of available memory, 256M..4G; --kv-type: default\n"
 	  "            f16, f32 with --exact; -c: default the model's context, capped to --kv-mem\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =
