@@ -1,13 +1,15 @@
 /* `loom serve`: the HTTP side (libmicrohttpd, event-driven).
  *
  * A few threads (--http-threads) run MHD's epoll loops; no handler blocks.
- * A request waiting on the engine is parked: its connection is suspended
- * (MHD_suspend_connection) and the engine thread resumes it when tokens or
- * a finish arrive (job_park). A deadline thread closes connections that
- * take too long to send their headers or body (MHD's own timeout restarts
- * on every byte, so a trickle would hold a socket forever), resumes
- * requests waiting for the model to load, and wakes parked requests now
- * and then so that a vanished client is noticed. */
+ * A POST body is parsed and tokenized by a parse worker (serve_parse.h)
+ * while its connection is suspended. A request waiting on the engine is
+ * parked: its connection is suspended (MHD_suspend_connection) and the
+ * engine thread resumes it when tokens or a finish arrive (job_park). A
+ * deadline thread closes connections that take too long to send their
+ * headers or body (MHD's own timeout restarts on every byte, so a trickle
+ * would hold a socket forever), cancels the requests whose clients have
+ * gone (watch_clients), resumes requests waiting for the model to load,
+ * and wakes parked requests now and then. */
 #include "serve_int.h"
 
 #include <jansson.h>
