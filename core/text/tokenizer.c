@@ -76,6 +76,13 @@ struct trie {
 	int32_t n_nodes;
 };
 
+/* Pairs of adjacent characters, each packed into a uint64 (both
+ * characters' bytes, zero-padded to 4) plus one; 0 marks an empty slot. */
+struct pairset {
+	uint64_t *keys;
+	size_t mask, n;
+};
+
 struct loom_tokenizer {
 	enum tok_model model;
 	int32_t n_vocab;
@@ -102,6 +109,9 @@ struct loom_tokenizer {
 	/* Special-token texts as a trie, so that the longest match at a
 	 * position costs at most the longest special's length. */
 	struct trie special;
+
+	/* spm: every pair of adjacent characters inside a vocabulary text */
+	struct pairset pairs;
 
 	pcre2_code *re[MAX_REGEX];
 	int n_re;
@@ -457,6 +467,79 @@ static void merger_free(struct merger *m)
 	free(m->heap.v);
 }
 
+/* ---- character pairs (spm) ---------------------------------------------- */
+
+static uint64_t char_pair(const char *a, size_t al, const char *b, size_t bl)
+{
+	uint64_t k = 0;
+
+	for (size_t i = 0; i < 4; i++)
+		k = k << 8 | (i < al ? (unsigned char)a[i] : 0);
+	for (size_t i = 0; i < 4; i++)
+		k = k << 8 | (i < bl ? (unsigned char)b[i] : 0);
+	return k + 1;
+}
+
+static size_t pair_slot(const struct pairset *ps, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 17) & ps->mask;
+
+	while (ps->keys[i] && ps->keys[i] != key)
+		i = (i + 1) & ps->mask;
+	return i;
+}
+
+static bool pairset_has(const struct pairset *ps, uint64_t key)
+{
+	return ps->keys[pair_slot(ps, key)] == key;
+}
+
+static int pairset_add(struct pairset *ps, uint64_t key)
+{
+	size_t i;
+
+	if (2 * (ps->n + 1) > ps->mask + 1) {
+		struct pairset grown = { 0 };
+		size_t cap = 2 * (ps->mask + 1);
+
+		if (cap > SIZE_MAX / 2 / sizeof(*grown.keys))
+			return -1;
+		grown.keys = calloc(cap, sizeof(*grown.keys));
+		if (!grown.keys)
+			return -1;
+		grown.mask = cap - 1;
+		for (size_t k = 0; k <= ps->mask; k++)
+			if (ps->keys[k])
+				grown.keys[pair_slot(&grown, ps->keys[k])] = ps->keys[k];
+		grown.n = ps->n;
+		free(ps->keys);
+		*ps = grown;
+	}
+	i = pair_slot(ps, key);
+	if (!ps->keys[i]) {
+		ps->keys[i] = key;
+		ps->n++;
+	}
+	return 0;
+}
+
+/* Adds the pairs of adjacent characters of s[0..n). */
+static int pairs_of(struct pairset *ps, const char *s, size_t n)
+{
+	int32_t cp;
+	size_t at = 0, len = n ? utf8_decode((const unsigned char *)s, n, &cp) : 0;
+
+	while (at + len < n) {
+		size_t next = utf8_decode((const unsigned char *)s + at + len, n - at - len, &cp);
+
+		if (pairset_add(ps, char_pair(s + at, len, s + at + len, next)))
+			return -1;
+		at += len;
+		len = next;
+	}
+	return 0;
+}
+
 /* ---- SentencePiece (llama) --------------------------------------------- */
 
 static void spm_emit_bytes(const struct loom_tokenizer *t, const char *s, size_t n,
@@ -472,12 +555,55 @@ static void spm_emit_bytes(const struct loom_tokenizer *t, const char *s, size_t
 	}
 }
 
+/* Where the next piece of esc[0..n) ends: at the first two adjacent
+ * characters no vocabulary text holds side by side. A merged symbol is a
+ * vocabulary text, so none spans that point, and the pieces tokenize
+ * alone to the same ids (with small merge queues; a bounded call stops
+ * after the piece that passes its limit). */
+static size_t spm_piece_end(const struct loom_tokenizer *t, const char *esc, size_t n)
+{
+	int32_t cp;
+	size_t at = 0, len = utf8_decode((const unsigned char *)esc, n, &cp);
+
+	while (at + len < n) {
+		size_t next = utf8_decode((const unsigned char *)esc + at + len, n - at - len, &cp);
+
+		if (!pairset_has(&t->pairs, char_pair(esc + at, len, esc + at + len, next)))
+			return at + len;
+		at += len;
+		len = next;
+	}
+	return n;
+}
+
+/* Merges and emits one piece, text[0..n) (m has room for it). */
+static int spm_merge_piece(const struct loom_tokenizer *t, struct merger *m,
+			   const char *text, size_t n, struct outbuf *o)
+{
+	m->text = text;
+	if (merge_run(m, n))
+		return -1;
+	for (int32_t i = 0; i < m->n_sym; i++) {
+		const struct symbol *y = &m->sym[i];
+		int32_t id;
+
+		if (!y->len)
+			continue;
+		id = strmap_get(&t->vocab, text + y->start, y->len);
+		if (id >= 0 && is_text_type(t->type[id]))
+			out_push(o, id);
+		else
+			spm_emit_bytes(t, text + y->start, y->len, o);
+	}
+	return 0;
+}
+
 /* Tokenizes one run of plain text (no special tokens inside). */
 static int spm_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 		      bool prefix, struct outbuf *o)
 {
 	struct merger m;
-	size_t cap, len = 0;
+	size_t cap, len = 0, at = 0;
 	char *esc;
 	int rc = -1;
 
@@ -500,19 +626,14 @@ static int spm_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 			esc[len++] = s[i];
 		}
 	}
-	if (merger_init(&m, t, esc, len) || merge_run(&m, len))
+	if (merger_init(&m, t, esc, len))
 		goto out;
-	for (int32_t i = 0; i < m.n_sym; i++) {
-		const struct symbol *y = &m.sym[i];
-		int32_t id;
+	while (at < len && !out_over(o)) {
+		size_t end = at + spm_piece_end(t, esc + at, len - at);
 
-		if (!y->len)
-			continue;
-		id = strmap_get(&t->vocab, esc + y->start, y->len);
-		if (id >= 0 && is_text_type(t->type[id]))
-			out_push(o, id);
-		else
-			spm_emit_bytes(t, esc + y->start, y->len, o);
+		if (spm_merge_piece(t, &m, esc + at, end - at, o))
+			goto out;
+		at = end;
 	}
 	rc = 0;
 out:
@@ -1111,6 +1232,7 @@ void loom_tokenizer_free(struct loom_tokenizer *t)
 	free(t->vocab.slots);
 	free(t->merges.slots);
 	free(t->merge_blob);
+	free(t->pairs.keys);
 	free(t->special.edges);
 	free(t->special.any);
 	free(t->special.user);
@@ -1417,6 +1539,23 @@ static void trie_add(struct loom_tokenizer *t, int32_t id)
 		tr->user[node] = id;
 }
 
+/* spm: the adjacent character pairs of every vocabulary text. */
+static int index_pairs(struct loom_tokenizer *t)
+{
+	struct pairset *ps = &t->pairs;
+
+	if (t->model != MODEL_SPM)
+		return 0;
+	ps->keys = calloc(1024, sizeof(*ps->keys));
+	if (!ps->keys)
+		return -1;
+	ps->mask = 1023;
+	for (int32_t i = 0; i < t->n_vocab; i++)
+		if (pairs_of(ps, t->text_blob + t->text_off[i], t->text_len[i]))
+			return -1;
+	return 0;
+}
+
 static int index_specials(struct loom_tokenizer *t)
 {
 	struct trie *tr = &t->special;
@@ -1701,7 +1840,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 		spm_default_ids(t, f);
 	map_byte_tokens(t);
 	mark_eog(t);
-	if (build_pieces(t) || index_specials(t)) {
+	if (build_pieces(t) || index_specials(t) || index_pairs(t)) {
 		loom_seterr(err, errlen, "tokenizer: out of memory");
 		goto out_free;
 	}
