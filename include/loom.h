@@ -626,6 +626,28 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen);
+/* ======== appended: bounded tokenization (a request's prompt) ======== */
+
+/*
+ * As loom_tokenize_marked (markup NULL: as loom_tokenize with
+ * parse_special), but the work stops once the text is known to need more
+ * than max ids, and max + 1 is returned then (out holds nothing useful). So
+ * a prompt too long for a context of max tokens is refused after about
+ * max ids' worth of its text, however long it is. max in [0, INT64_MAX).
+ */
+int64_t loom_tokenize_max(const struct loom_tokenizer *t, const char *text, size_t len,
+			  const unsigned char *markup, bool add_special, bool parse_special,
+			  int32_t *out, int64_t cap, int64_t max);
+
+/*
+ * As loom_chat_tokenize, but returns max + 1 (and *ids NULL, err empty) as
+ * soon as the chat is known to need more than max ids.
+ */
+int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
+			       const struct loom_chat_template *t,
+			       const struct loom_chat_msg *msgs, size_t n,
+			       bool add_generation_prompt, int64_t max, int32_t **ids,
+			       char *err, size_t errlen);
 /* ======== appended (api): embeddings ======== */
 
 /* Width of the hidden state (loom_request.hidden rows). */

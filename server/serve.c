@@ -118,7 +118,9 @@ static int64_t req_tokenize(void *user, const char *text, size_t len, bool add_s
 {
 	const struct server *srv = user;
 
-	return loom_tokenize(srv->tok, text, len, add_special, true, ids, cap);
+	/* a prompt past the context is refused; counting stops there */
+	return loom_tokenize_max(srv->tok, text, len, NULL, add_special, true, ids, cap,
+				 srv->n_ctx);
 }
 
 static char *req_render(void *user, const struct serve_msg *msgs, size_t n, char *why,
@@ -156,9 +158,10 @@ static int32_t *req_render_ids(void *user, const struct serve_msg *msgs, size_t 
 	}
 	for (i = 0; i < n; i++)
 		cm[i] = (struct loom_chat_msg){ .role = msgs[i].role, .content = msgs[i].content };
-	*n_ids = loom_chat_tokenize(srv->tok, &srv->chat, cm, n, true, &ids, why, whylen);
+	*n_ids = loom_chat_tokenize_max(srv->tok, &srv->chat, cm, n, true, srv->n_ctx, &ids, why,
+					whylen);
 	free(cm);
-	return *n_ids < 0 ? NULL : ids;
+	return ids;
 }
 
 static void req_ctx_init(struct server *srv)

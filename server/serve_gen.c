@@ -179,6 +179,13 @@ static void job_free(struct job *j)
 	free(j);
 }
 
+void job_hold(struct job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	j->refs++;
+	pthread_mutex_unlock(&j->mu);
+}
+
 void job_put(struct job *j)
 {
 	int left;

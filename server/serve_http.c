@@ -1,13 +1,15 @@
 /* `loom serve`: the HTTP side (libmicrohttpd, event-driven).
  *
  * A few threads (--http-threads) run MHD's epoll loops; no handler blocks.
- * A request waiting on the engine is parked: its connection is suspended
- * (MHD_suspend_connection) and the engine thread resumes it when tokens or
- * a finish arrive (job_park). A deadline thread closes connections that
- * take too long to send their headers or body (MHD's own timeout restarts
- * on every byte, so a trickle would hold a socket forever), resumes
- * requests waiting for the model to load, and wakes parked requests now
- * and then so that a vanished client is noticed. */
+ * A POST body is parsed and tokenized by a parse worker (serve_parse.h)
+ * while its connection is suspended. A request waiting on the engine is
+ * parked: its connection is suspended (MHD_suspend_connection) and the
+ * engine thread resumes it when tokens or a finish arrive (job_park). A
+ * deadline thread closes connections that take too long to send their
+ * headers or body (MHD's own timeout restarts on every byte, so a trickle
+ * would hold a socket forever), cancels the requests whose clients have
+ * gone (watch_clients), resumes requests waiting for the model to load,
+ * and wakes parked requests now and then. */
 #include "serve_int.h"
 
 #include <jansson.h>
@@ -17,6 +19,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,7 @@
 
 #include "serve_api.h"
 #include "serve_index_html.h"
+#include "serve_parse.h"
 #include "serve_tools.h"
 
 #define TICK_MS 100          /* the deadline thread's period */
@@ -48,6 +52,7 @@ struct sock {
 	int fd;
 	double t0;
 	int phase;             /* enum sock_phase, under http->mu */
+	struct job *job;       /* the request it is answering (held), under http->mu */
 	struct sock *next, *prev;
 };
 
@@ -70,13 +75,32 @@ struct http {
 	atomic_bool timer_quit;
 	pthread_t timer;
 	bool timer_started;
+	struct parse_pool *parse;
 };
 
 /* Per-request state, from the first call of the handler to
  * MHD_OPTION_NOTIFY_COMPLETED. */
+/* A request's body, parsed by the parse stage. */
+struct parsed {
+	bool gone;                 /* the client left before its turn */
+	bool stopping;             /* the server is stopping: 503 */
+	int rc;                    /* 0: req or ereq holds the request */
+	struct perr e;             /* else: why (a 4xx/5xx) */
+	struct serve_req req;      /* completions, chat */
+	struct serve_embed_req ereq; /* embeddings */
+	struct json_t *reply;      /* /tokenize, /detokenize: the answer (NULL: e) */
+};
+
+enum parse_state { PARSE_NONE, PARSE_QUEUED, PARSE_DONE, PARSE_TAKEN };
+
 struct conn {
 	struct sbuf body;
 	bool too_big;
+	int fd;
+	int ep;               /* enum endpoint */
+	int parse;            /* enum parse_state */
+	struct parse_item pi;
+	struct parsed p;
 	struct job *job; /* a non-streaming request in progress */
 	struct parker pk;
 	struct sbuf texts[SRV_MAX_N]; /* non-streaming: each choice's text */
@@ -188,10 +212,11 @@ static json_t *text_json(const char *s, size_t n)
  * tokens consumed (take: and forgets them, for the next stream chunk). */
 static json_t *choice_logprobs(const struct job *j, struct gen *g, bool take)
 {
-	json_t *items = g->lp_items ? g->lp_items : json_array(), *out;
+	json_t *items, *out;
 
 	if (!j->logprobs)
 		return json_null();
+	items = g->lp_items ? g->lp_items : json_array();
 	out = j->chat ? api_chat_logprobs(items) : api_completion_logprobs(items);
 	if (take || !g->lp_items)
 		json_decref(items);
@@ -210,19 +235,25 @@ static int conn_fd(struct MHD_Connection *c)
 	return ci ? ci->connect_fd : -1;
 }
 
-/* True once the connection is broken (reset, or shut in both directions).
- * A peer that only shut its sending side (shutdown(SHUT_WR) after the
- * request, POLLRDHUP) still reads, and is answered; one that closed for
- * good is found out by the first write that meets its reset. */
-static bool client_gone(int fd)
+/* True once the client has gone: the connection is broken (reset, or
+ * shut in both directions), or the peer has shut its sending side
+ * (POLLRDHUP, an EOF after the request), as a client that closes its
+ * socket does. With --half-close, a peer that only shut its sending side
+ * (shutdown(SHUT_WR) after the request) still reads and is answered; one
+ * that closed for good is then found out by the first write that meets
+ * its reset. */
+static bool client_gone(const struct http *h, int fd)
 {
-	struct pollfd p = { .fd = fd, .events = 0 };
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	short gone = POLLHUP | POLLERR | POLLNVAL;
 
 	if (fd < 0)
 		return false;
 	if (poll(&p, 1, 0) <= 0)
 		return false;
-	return p.revents & (POLLHUP | POLLERR | POLLNVAL);
+	if (!h->srv->o.serve.half_close)
+		gone |= POLLRDHUP;
+	return p.revents & gone;
 }
 
 /* ---- parking (suspend / resume) ---- */
@@ -352,7 +383,7 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 	int i;
 
 	while (!job_advance(j, 0, collect, cn->texts)) {
-		if (client_gone(conn_fd(c))) {
+		if (client_gone(cn->pk.h, conn_fd(c))) {
 			job_cancel(j);
 			return MHD_NO;
 		}
@@ -563,7 +594,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		if (j->stream_end)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (client_gone(st->fd) || atomic_load(&st->pk.h->stopping)) {
+		if (client_gone(st->pk.h, st->fd) || atomic_load(&st->pk.h->stopping)) {
 			job_cancel(j);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
@@ -687,6 +718,8 @@ static enum endpoint post_endpoint(const char *url)
 
 static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 				 struct conn *cn, struct job *j);
+static struct sock *conn_sock(struct MHD_Connection *c);
+static void sock_watch(struct http *h, struct sock *sk, struct job *j);
 
 /* The hidden states an embeddings request holds until it is pooled: a
  * row per input token. Bounded, so that a request cannot make the server
@@ -708,63 +741,119 @@ static bool embed_too_big(const struct server *srv, const struct serve_embed_req
 	return true;
 }
 
-static enum MHD_Result embeddings(struct MHD_Connection *c, struct server *srv,
-				  struct conn *cn)
-{
-	struct serve_embed_req r;
-	struct perr e;
-	struct job *j;
+/* ---- the parse stage (serve_parse.h) ---- */
 
-	if (serve_embed_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, &r, &e))
-		return send_error(c, srv, &e);
-	if (embed_too_big(srv, &r, &e)) {
-		serve_embed_free(&r);
-		return send_error(c, srv, &e);
-	}
-	j = job_new(srv);
-	if (!j) {
-		serve_embed_free(&r);
-		return fail(c, srv, 500, NULL, "out of memory");
-	}
-	job_take_embed(j, &r);
-	make_id(j);
-	return start_job(c, srv, cn, j);
-}
-
-/* /tokenize and /detokenize: the tokenizer alone, answered at once. */
-static enum MHD_Result tokens_endpoint(struct MHD_Connection *c, struct server *srv,
-				       struct conn *cn, enum endpoint kind)
+/* On a worker: the body into cn->p (a request, or a /tokenize reply). */
+static void parse_run(struct parse_item *it)
 {
+	struct conn *cn = (struct conn *)((char *)it - offsetof(struct conn, pi));
+	struct http *h = cn->pk.h;
+	struct server *srv = h->srv;
+	struct parsed *p = &cn->p;
 	const char *body = cn->body.s ? cn->body.s : "";
-	struct perr e;
-	json_t *o = kind == EP_TOKENIZE ? api_tokenize(srv->tok, body, cn->body.len, &e) :
-		    api_detokenize(srv->tok, body, cn->body.len, &e);
+	size_t len = cn->body.len;
 
-	return o ? send_json(c, 200, o, srv) : send_error(c, srv, &e);
+	if (client_gone(h, cn->fd)) {
+		p->gone = true; /* left while queued: not worth parsing */
+		return;
+	}
+	if (atomic_load(&h->stopping)) {
+		p->stopping = true;
+		return;
+	}
+	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE) {
+		p->reply = cn->ep == EP_TOKENIZE ? api_tokenize(srv->tok, body, len, &p->e) :
+			   api_detokenize(srv->tok, body, len, &p->e);
+		return;
+	}
+	if (cn->ep == EP_EMBED) {
+		p->rc = serve_embed_parse(&srv->req_ctx, body, len, &p->ereq, &p->e);
+		if (!p->rc && embed_too_big(srv, &p->ereq, &p->e)) {
+			serve_embed_free(&p->ereq);
+			p->rc = -1;
+		}
+		return;
+	}
+	p->rc = serve_req_parse(&srv->req_ctx, body, len, cn->ep == EP_CHAT, &p->req, &p->e);
 }
 
-static enum MHD_Result completions(struct MHD_Connection *c, struct server *srv,
-				   struct conn *cn, enum endpoint kind)
+/* On a worker, after parse_run: hands the connection back to MHD. Once
+ * resumed, the connection may end and cn be freed at once: nothing of cn
+ * is read after the resume. */
+static void parse_done(struct parse_item *it)
 {
-	bool chat = kind == EP_CHAT;
-	enum MHD_Result rc_http;
-	struct serve_req r;
-	struct perr e;
+	struct conn *cn = (struct conn *)((char *)it - offsetof(struct conn, pi));
+	struct http *h = cn->pk.h;
+
+	cn->parse = PARSE_DONE;
+	MHD_resume_connection(cn->pk.c);
+	atomic_fetch_sub(&h->n_suspended, 1);
+}
+
+/* The client's address: the key its requests queue under. */
+static void client_key(struct MHD_Connection *c, struct parse_item *it)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+	it->key_len = 0;
+	if (sa && sa->sa_family == AF_INET) {
+		it->key_len = 4;
+		memcpy(it->key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		it->key_len = 16;
+		memcpy(it->key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	}
+}
+
+/* Suspends the connection and queues its body for a parse worker; the
+ * worker resumes it and the handler, called again, goes on in
+ * parse_finish. */
+static enum MHD_Result parse_start(struct MHD_Connection *c, struct server *srv,
+				   struct conn *cn, enum endpoint ep)
+{
+	struct http *h = srv->http;
+
+	cn->ep = ep;
+	cn->pi.run = parse_run;
+	cn->pi.done = parse_done;
+	client_key(c, &cn->pi);
+	cn->parse = PARSE_QUEUED;
+	park_suspend(&cn->pk);
+	if (parse_pool_submit(h->parse, &cn->pi)) {
+		cn->p.stopping = true;
+		cn->parse = PARSE_DONE;
+		park_wake(&cn->pk);
+	}
+	return MHD_YES;
+}
+
+/* Back on MHD's thread with the parse's outcome: an answer, or a job. */
+static enum MHD_Result parse_finish(struct MHD_Connection *c, struct server *srv,
+				    struct conn *cn)
+{
+	struct parsed *p = &cn->p;
+	json_t *reply = p->reply;
 	struct job *j;
 
-	if (wait_ready(c, srv, cn, &rc_http))
-		return rc_http;
-	if (kind == EP_EMBED)
-		return embeddings(c, srv, cn);
-	if (serve_req_parse(&srv->req_ctx, cn->body.s ? cn->body.s : "", cn->body.len, chat,
-			    &r, &e))
-		return send_error(c, srv, &e);
+	cn->parse = PARSE_TAKEN;
+	p->reply = NULL;
+	if (p->gone)
+		return MHD_NO;
+	if (p->stopping)
+		return fail(c, srv, 503, "unavailable", "the server is shutting down");
+	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE)
+		return reply ? send_json(c, 200, reply, srv) : send_error(c, srv, &p->e);
+	if (p->rc)
+		return send_error(c, srv, &p->e);
 	j = job_new(srv);
-	if (!j) {
-		serve_req_free(&r);
+	if (!j)
 		return fail(c, srv, 500, NULL, "out of memory");
-	}
-	job_take_req(j, &r);
+	if (cn->ep == EP_EMBED)
+		job_take_embed(j, &p->ereq);
+	else
+		job_take_req(j, &p->req);
 	make_id(j);
 	return start_job(c, srv, cn, j);
 }
@@ -785,6 +874,7 @@ static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 			return fail(c, srv, 500, "out_of_memory", why);
 		return fail(c, srv, 400, "invalid_value", why);
 	}
+	sock_watch(srv->http, conn_sock(c), j);
 	if (j->stream) {
 		enum MHD_Result r = answer_stream(c, cn, j);
 
@@ -1026,11 +1116,9 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 
 		if (cn->too_big)
 			return fail(c, srv, 413, "request_too_large", "the request body is too large");
-		if (ep != EP_TOKENIZE && ep != EP_DETOKENIZE)
-			return completions(c, srv, cn, ep);
 		if (wait_ready(c, srv, cn, &rc_http))
 			return rc_http;
-		return tokens_endpoint(c, srv, cn, ep);
+		return parse_start(c, srv, cn, ep);
 	}
 	if (get && is_get_route(url))
 		return route_get(c, srv, url);
@@ -1045,6 +1133,23 @@ static struct sock *conn_sock(struct MHD_Connection *c)
 		MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
 
 	return ci ? ci->socket_context : NULL;
+}
+
+/* The deadline thread watches sk's client while j runs (NULL: no longer)
+ * and cancels j when the client goes. NULL-safe. */
+static void sock_watch(struct http *h, struct sock *sk, struct job *j)
+{
+	struct job *old;
+
+	if (!sk)
+		return;
+	if (j)
+		job_hold(j);
+	pthread_mutex_lock(&h->mu);
+	old = sk->job;
+	sk->job = j;
+	pthread_mutex_unlock(&h->mu);
+	job_put(old);
 }
 
 /* Moves the socket's deadline to the next phase (NULL-safe). */
@@ -1096,6 +1201,7 @@ static enum MHD_Result on_first_call(struct MHD_Connection *c, struct server *sr
 	*con_cls = cn;
 	cn->pk = (struct parker){ .c = c, .h = srv->http };
 	cn->t_arrive = now_s();
+	cn->fd = conn_fd(c);
 	sock_phase(srv->http, conn_sock(c), PH_BODY);
 	if (uri_length(c, url) > MAX_URL) {
 		cn->too_big = true;
@@ -1124,6 +1230,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return on_first_call(c, srv, url, con_cls);
 	if (cn->job) /* woken from parking */
 		return answer_whole(c, cn);
+	if (cn->parse == PARSE_DONE) /* parsed */
+		return parse_finish(c, srv, cn);
 	if (*upload_size) {
 		if (!cn->too_big && cn->body.len + *upload_size <= srv->o.serve.max_body)
 			sb_putn(&cn->body, upload, *upload_size);
@@ -1148,6 +1256,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	(void)toe;
 	/* keep-alive: the next request's headers are due from now */
 	sock_phase(srv->http, conn_sock(c), PH_HEADERS);
+	sock_watch(srv->http, conn_sock(c), NULL);
 	if (!cn)
 		return;
 	if (cn->job) {
@@ -1156,6 +1265,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	}
 	for (i = 0; i < SRV_MAX_N; i++)
 		sb_free(&cn->texts[i]);
+	serve_req_free(&cn->p.req);   /* what parse_finish did not take */
+	serve_embed_free(&cn->p.ereq);
+	json_decref(cn->p.reply);
 	sb_free(&cn->body);
 	free(cn);
 	*con_cls = NULL;
@@ -1198,6 +1310,7 @@ static void on_socket(void *cls, struct MHD_Connection *c, void **socket_context
 	if (sk->next)
 		sk->next->prev = sk->prev;
 	pthread_mutex_unlock(&h->mu);
+	job_put(sk->job);
 	free(sk);
 	*socket_context = NULL;
 }
@@ -1221,6 +1334,28 @@ static void enforce_deadlines(struct http *h)
 			shutdown(sk->fd, SHUT_RDWR);
 			sk->phase = PH_CLOSING;
 		}
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+/* Cancels the requests whose clients have gone, and wakes them so that
+ * their connections end; their KV blocks return at the engine's next
+ * step. Every tick, so a client that leaves a long request (streaming or
+ * not) stops costing within TICK_MS plus a step. */
+static void watch_clients(struct http *h)
+{
+	struct sock *sk;
+
+	pthread_mutex_lock(&h->mu);
+	for (sk = h->socks; sk; sk = sk->next) {
+		struct job *j = sk->job;
+
+		if (!j || !client_gone(h, sk->fd))
+			continue;
+		sk->job = NULL;
+		job_cancel(j);
+		job_unpark(j);
+		job_put(j);
 	}
 	pthread_mutex_unlock(&h->mu);
 }
@@ -1251,6 +1386,7 @@ static void *timer_main(void *arg)
 	while (!atomic_load(&h->timer_quit)) {
 		nanosleep(&ts, NULL);
 		enforce_deadlines(h);
+		watch_clients(h);
 		wake_loading(h);
 		if (++tick % UNPARK_TICKS == 0 || atomic_load(&h->stopping))
 			server_unpark_all(h->srv);
@@ -1320,6 +1456,7 @@ static void http_free(struct http *h)
 {
 	if (!h)
 		return;
+	parse_pool_free(h->parse);
 	pthread_mutex_destroy(&h->mu);
 	free(h);
 }
@@ -1343,6 +1480,11 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 	h->srv = srv;
 	pthread_mutex_init(&h->mu, NULL);
 	srv->http = h;
+	h->parse = parse_pool_start(so->http_threads);
+	if (!h->parse) {
+		snprintf(err, errlen, "cannot start the request parse threads");
+		goto out_free;
+	}
 	d = MHD_start_daemon(flags, (uint16_t)so->port, NULL, NULL, on_request, srv,
 			     MHD_OPTION_EXTERNAL_LOGGER, http_log, srv, /* first, as MHD asks */
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
@@ -1390,6 +1532,7 @@ void http_stop(struct server *srv, struct MHD_Daemon *d)
 	if (atomic_load(&h->n_suspended) > 0)
 		fprintf(stderr, "loom serve: %d connections still suspended at exit\n",
 			atomic_load(&h->n_suspended));
+	parse_pool_stop(h->parse); /* later requests are answered 503 */
 	MHD_stop_daemon(d);
 	atomic_store(&h->timer_quit, true);
 	if (h->timer_started)

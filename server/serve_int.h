@@ -184,6 +184,8 @@ struct job *job_new(struct server *srv);
 void job_take_req(struct job *j, struct serve_req *r);
 /* Moves a parsed embeddings request into j (r is left empty). */
 void job_take_embed(struct job *j, struct serve_embed_req *r);
+/* Takes a reference to j (job_put drops it). */
+void job_hold(struct job *j);
 void job_put(struct job *j);
 /* Submits the n engine requests. 0, or loom_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */

@@ -251,6 +251,14 @@ static int get_stream(json_t *o, struct serve_req *r, struct perr *e)
 	return req_get_bool(so, "include_usage", &r->include_usage, e);
 }
 
+/* The tokenizer stops counting past the context, so the size of a prompt
+ * that does not fit is not known. */
+static int too_long(const struct serve_req_ctx *ctx, const char *param, struct perr *e)
+{
+	return perr_set(e, 400, param, "context_length_exceeded",
+			"the prompt is longer than the context (%d tokens)", ctx->n_ctx);
+}
+
 /* Tokenizes into r->prompt; bos (>= 0) goes first. */
 static int tokenize(const struct serve_req_ctx *ctx, struct serve_req *r, const char *text,
 		    size_t len, bool add_special, int32_t bos, const char *param, struct perr *e)
@@ -263,9 +271,7 @@ static int tokenize(const struct serve_req_ctx *ctx, struct serve_req *r, const 
 	if (need + extra == 0)
 		return perr_set(e, 400, param, "invalid_value", "the prompt is empty");
 	if (need + extra > ctx->n_ctx)
-		return perr_set(e, 400, param, "context_length_exceeded",
-				"the prompt is %lld tokens; the context is %d", (long long)(need + extra),
-				ctx->n_ctx);
+		return too_long(ctx, param, e);
 	r->prompt = malloc(sizeof(int32_t) * (size_t)(need + extra + 1));
 	if (!r->prompt)
 		return perr_set(e, 500, NULL, NULL, "out of memory");
@@ -446,17 +452,15 @@ static int render_chat_ids(const struct serve_req_ctx *ctx, struct serve_req *r,
 	char why[256] = "";
 	int32_t *ids = ctx->render_ids(ctx->user, msgs, n, &n_ids, why, sizeof(why));
 
+	if (n_ids + extra > ctx->n_ctx) {
+		free(ids);
+		return too_long(ctx, "messages", e);
+	}
 	if (!ids)
 		return perr_set(e, 400, "messages", "invalid_value", "%s", why);
 	if (n_ids + extra == 0) {
 		free(ids);
 		return perr_set(e, 400, "messages", "invalid_value", "the prompt is empty");
-	}
-	if (n_ids + extra > ctx->n_ctx) {
-		free(ids);
-		return perr_set(e, 400, "messages", "context_length_exceeded",
-				"the prompt is %lld tokens; the context is %d",
-				(long long)(n_ids + extra), ctx->n_ctx);
 	}
 	r->prompt = malloc(sizeof(int32_t) * (size_t)(n_ids + extra + 1));
 	if (!r->prompt) {

@@ -53,7 +53,8 @@ struct serve_req_ctx {
 	int max_stop;      /* stop strings per request, <= SERVE_REQ_MAX_STOP */
 	/* Tokenizes text, special-token text included; add_special adds BOS/EOS
 	 * as the model asks. Returns how many ids the text needs (writes at most
-	 * cap), or -1. */
+	 * cap), or -1; past n_ctx it may stop counting and return any number
+	 * above n_ctx. */
 	int64_t (*tokenize)(void *user, const char *text, size_t len, bool add_special,
 			    int32_t *ids, int64_t cap);
 	/* Renders chat messages into prompt text ending in the assistant's turn:
@@ -73,7 +74,8 @@ struct serve_req_ctx {
 	/* appended: renders and tokenizes chat messages so that only the
 	 * template's markup becomes special tokens (message text never does):
 	 * malloc'd ids the parser frees, their number in *n; NULL with why
-	 * filled (a 400). NULL callback: render + tokenize above. */
+	 * filled (a 400), or NULL with *n above n_ctx when the chat needs more
+	 * (counting may stop there). NULL callback: render + tokenize above. */
 	int32_t *(*render_ids)(void *user, const struct serve_msg *msgs, size_t n,
 			       int64_t *n_ids, char *why, size_t whylen);
 	/* appended: the names a request's "model" may give (another is a 404

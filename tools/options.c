@@ -185,6 +185,7 @@ static const struct opt_def opts[] = {
 	  .lo = 1, .hi = 1 << 20, .cmds = SERVE },
 	{ .name = "load-wait", .type = OPT_INT, FIELD(serve.load_wait),
 	  .lo = 0, .hi = 3600, .cmds = SERVE },
+	{ .name = "half-close", .type = OPT_BOOL, FIELD(serve.half_close), .cmds = SERVE },
 	{ .name = "api-key", .type = OPT_STR, FIELD(serve.api_key), .cmds = SERVE },
 	{ .name = "cors-origin", .type = OPT_STR, FIELD(serve.cors_origin), .cmds = SERVE },
 	{ .name = "alias", .short_name = 'a', .type = OPT_LIST, FIELD(serve.aliases), .cmds = SERVE },
@@ -267,7 +268,7 @@ static const struct cmd_def {
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
 	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
-	  "            [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
+	  "            [--half-close] [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
 	  "            --kv-mem: default 1/8 of available memory, 256M..4G; --kv-type: default\n"
 	  "            f16, f32 with --exact; -c: default the model's context, capped to --kv-mem\n" },
 	{ .name = "backends", .cmd = BACKENDS, .usage =

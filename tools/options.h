@@ -53,6 +53,7 @@ struct loom_serve_options {
 	int max_conns;          /* open connections, in all */
 	int max_conns_per_ip;   /* open connections from one client address */
 	int load_wait;          /* s a request waits for the model to load, then 503 */
+	bool half_close;        /* answer a client that shut its sending side (else: cancel) */
 	/* access */
 	char api_key[256];      /* "" (and no LOOM_API_KEY): the API is open */
 	char cors_origin[256];  /* "": no CORS headers; an origin or "*" */

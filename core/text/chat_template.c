@@ -295,31 +295,64 @@ char *loom_chat_render(const struct loom_chat_template *t,
 	return loom_chat_render_marked(t, msgs, n, add_generation_prompt, NULL, err, errlen);
 }
 
+/* Counts (stopping past max), then fills a buffer of that size. */
+static int64_t chat_ids(const struct loom_tokenizer *tok, const char *s,
+			const unsigned char *mark, int64_t max, int32_t **ids, char *err,
+			size_t errlen)
+{
+	size_t len = strlen(s);
+	int64_t need = loom_tokenize_max(tok, s, len, mark, false, false, NULL, 0, max);
+
+	if (need < 0) {
+		loom_seterr(err, errlen, "the chat could not be tokenized");
+		return -1;
+	}
+	if (need > max)
+		return need;
+	*ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
+	if (!*ids) {
+		loom_seterr(err, errlen, "out of memory tokenizing the chat");
+		return -1;
+	}
+	if (loom_tokenize_max(tok, s, len, mark, false, false, *ids, need, max) != need) {
+		loom_seterr(err, errlen, "the chat could not be tokenized");
+		free(*ids);
+		*ids = NULL;
+		return -1;
+	}
+	return need;
+}
+
+int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
+			       const struct loom_chat_template *t,
+			       const struct loom_chat_msg *msgs, size_t n,
+			       bool add_generation_prompt, int64_t max, int32_t **ids,
+			       char *err, size_t errlen)
+{
+	unsigned char *mark = NULL;
+	char *s;
+	int64_t need;
+
+	*ids = NULL;
+	if (max < 0 || max == INT64_MAX) {
+		loom_seterr(err, errlen, "the chat's token limit is out of range");
+		return -1;
+	}
+	if (err && errlen)
+		err[0] = '\0';
+	s = loom_chat_render_marked(t, msgs, n, add_generation_prompt, &mark, err, errlen);
+	if (!s)
+		return -1;
+	need = chat_ids(tok, s, mark, max, ids, err, errlen);
+	free(s);
+	free(mark);
+	return need;
+}
+
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,
 			   const struct loom_chat_msg *msgs, size_t n, bool add_generation_prompt,
 			   int32_t **ids, char *err, size_t errlen)
 {
-	unsigned char *mark = NULL;
-	char *s = loom_chat_render_marked(t, msgs, n, add_generation_prompt, &mark, err, errlen);
-	size_t len = s ? strlen(s) : 0;
-	int64_t need = s ? loom_tokenize_marked(tok, s, len, mark, false, NULL, 0) : -1;
-
-	*ids = NULL;
-	if (s && need < 0)
-		loom_seterr(err, errlen, "the chat could not be tokenized");
-	if (need >= 0) {
-		*ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
-		if (!*ids) {
-			loom_seterr(err, errlen, "out of memory tokenizing the chat");
-			need = -1;
-		} else if (loom_tokenize_marked(tok, s, len, mark, false, *ids, need) != need) {
-			loom_seterr(err, errlen, "the chat could not be tokenized");
-			free(*ids);
-			*ids = NULL;
-			need = -1;
-		}
-	}
-	free(s);
-	free(mark);
-	return need;
+	return loom_chat_tokenize_max(tok, t, msgs, n, add_generation_prompt, INT64_MAX - 1, ids,
+				      err, errlen);
 }

@@ -60,6 +60,29 @@ struct strmap {
 	size_t mask;
 };
 
+/* A byte trie. Node 0 is the root; an edge (node, byte) -> child lives in
+ * an open-addressing table keyed by node * 256 + byte + 1 (0: empty). Each
+ * node keeps the lowest id of a special token whose text ends there, of
+ * any kind (any) and user-defined only (user); -1 if none. */
+struct trie_edge {
+	uint64_t key;
+	int32_t child;
+};
+
+struct trie {
+	struct trie_edge *edges;
+	size_t mask;
+	int32_t *any, *user;
+	int32_t n_nodes;
+};
+
+/* Pairs of adjacent characters, each packed into a uint64 (both
+ * characters' bytes, zero-padded to 4) plus one; 0 marks an empty slot. */
+struct pairset {
+	uint64_t *keys;
+	size_t mask, n;
+};
+
 struct loom_tokenizer {
 	enum tok_model model;
 	int32_t n_vocab;
@@ -79,13 +102,16 @@ struct loom_tokenizer {
 	char *merge_blob;
 
 	int32_t byte_tok[256]; /* byte -> token, -1 if none */
+	uint32_t max_piece;    /* most text bytes one token of plain text covers */
 	int32_t bos, eos, unk, eot, eom;
 	bool add_bos, add_eos, add_space_prefix, ignore_merges;
 
-	/* Special tokens sorted by first byte, then longest first;
-	 * special_start[b] .. special_start[b + 1] holds those starting with b. */
-	int32_t *special;
-	uint32_t special_start[257];
+	/* Special-token texts as a trie, so that the longest match at a
+	 * position costs at most the longest special's length. */
+	struct trie special;
+
+	/* spm: every pair of adjacent characters inside a vocabulary text */
+	struct pairset pairs;
 
 	pcre2_code *re[MAX_REGEX];
 	int n_re;
@@ -218,11 +244,19 @@ static bool is_text_type(uint8_t type)
 	       type == TT_UNDEFINED;
 }
 
+/* Ids out: at most cap written, n counted. Past limit the count is known
+ * to be too large, and the work stops (n stays above limit). */
 struct outbuf {
 	int32_t *ids;
 	int64_t cap;
 	int64_t n;
+	int64_t limit;
 };
+
+static bool out_over(const struct outbuf *o)
+{
+	return o->n > o->limit;
+}
 
 static void out_push(struct outbuf *o, int32_t id)
 {
@@ -433,6 +467,79 @@ static void merger_free(struct merger *m)
 	free(m->heap.v);
 }
 
+/* ---- character pairs (spm) ---------------------------------------------- */
+
+static uint64_t char_pair(const char *a, size_t al, const char *b, size_t bl)
+{
+	uint64_t k = 0;
+
+	for (size_t i = 0; i < 4; i++)
+		k = k << 8 | (i < al ? (unsigned char)a[i] : 0);
+	for (size_t i = 0; i < 4; i++)
+		k = k << 8 | (i < bl ? (unsigned char)b[i] : 0);
+	return k + 1;
+}
+
+static size_t pair_slot(const struct pairset *ps, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 17) & ps->mask;
+
+	while (ps->keys[i] && ps->keys[i] != key)
+		i = (i + 1) & ps->mask;
+	return i;
+}
+
+static bool pairset_has(const struct pairset *ps, uint64_t key)
+{
+	return ps->keys[pair_slot(ps, key)] == key;
+}
+
+static int pairset_add(struct pairset *ps, uint64_t key)
+{
+	size_t i;
+
+	if (2 * (ps->n + 1) > ps->mask + 1) {
+		struct pairset grown = { 0 };
+		size_t cap = 2 * (ps->mask + 1);
+
+		if (cap > SIZE_MAX / 2 / sizeof(*grown.keys))
+			return -1;
+		grown.keys = calloc(cap, sizeof(*grown.keys));
+		if (!grown.keys)
+			return -1;
+		grown.mask = cap - 1;
+		for (size_t k = 0; k <= ps->mask; k++)
+			if (ps->keys[k])
+				grown.keys[pair_slot(&grown, ps->keys[k])] = ps->keys[k];
+		grown.n = ps->n;
+		free(ps->keys);
+		*ps = grown;
+	}
+	i = pair_slot(ps, key);
+	if (!ps->keys[i]) {
+		ps->keys[i] = key;
+		ps->n++;
+	}
+	return 0;
+}
+
+/* Adds the pairs of adjacent characters of s[0..n). */
+static int pairs_of(struct pairset *ps, const char *s, size_t n)
+{
+	int32_t cp;
+	size_t at = 0, len = n ? utf8_decode((const unsigned char *)s, n, &cp) : 0;
+
+	while (at + len < n) {
+		size_t next = utf8_decode((const unsigned char *)s + at + len, n - at - len, &cp);
+
+		if (pairset_add(ps, char_pair(s + at, len, s + at + len, next)))
+			return -1;
+		at += len;
+		len = next;
+	}
+	return 0;
+}
+
 /* ---- SentencePiece (llama) --------------------------------------------- */
 
 static void spm_emit_bytes(const struct loom_tokenizer *t, const char *s, size_t n,
@@ -448,12 +555,55 @@ static void spm_emit_bytes(const struct loom_tokenizer *t, const char *s, size_t
 	}
 }
 
+/* Where the next piece of esc[0..n) ends: at the first two adjacent
+ * characters no vocabulary text holds side by side. A merged symbol is a
+ * vocabulary text, so none spans that point, and the pieces tokenize
+ * alone to the same ids (with small merge queues; a bounded call stops
+ * after the piece that passes its limit). */
+static size_t spm_piece_end(const struct loom_tokenizer *t, const char *esc, size_t n)
+{
+	int32_t cp;
+	size_t at = 0, len = utf8_decode((const unsigned char *)esc, n, &cp);
+
+	while (at + len < n) {
+		size_t next = utf8_decode((const unsigned char *)esc + at + len, n - at - len, &cp);
+
+		if (!pairset_has(&t->pairs, char_pair(esc + at, len, esc + at + len, next)))
+			return at + len;
+		at += len;
+		len = next;
+	}
+	return n;
+}
+
+/* Merges and emits one piece, text[0..n) (m has room for it). */
+static int spm_merge_piece(const struct loom_tokenizer *t, struct merger *m,
+			   const char *text, size_t n, struct outbuf *o)
+{
+	m->text = text;
+	if (merge_run(m, n))
+		return -1;
+	for (int32_t i = 0; i < m->n_sym; i++) {
+		const struct symbol *y = &m->sym[i];
+		int32_t id;
+
+		if (!y->len)
+			continue;
+		id = strmap_get(&t->vocab, text + y->start, y->len);
+		if (id >= 0 && is_text_type(t->type[id]))
+			out_push(o, id);
+		else
+			spm_emit_bytes(t, text + y->start, y->len, o);
+	}
+	return 0;
+}
+
 /* Tokenizes one run of plain text (no special tokens inside). */
 static int spm_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 		      bool prefix, struct outbuf *o)
 {
 	struct merger m;
-	size_t cap, len = 0;
+	size_t cap, len = 0, at = 0;
 	char *esc;
 	int rc = -1;
 
@@ -476,19 +626,14 @@ static int spm_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 			esc[len++] = s[i];
 		}
 	}
-	if (merger_init(&m, t, esc, len) || merge_run(&m, len))
+	if (merger_init(&m, t, esc, len))
 		goto out;
-	for (int32_t i = 0; i < m.n_sym; i++) {
-		const struct symbol *y = &m.sym[i];
-		int32_t id;
+	while (at < len && !out_over(o)) {
+		size_t end = at + spm_piece_end(t, esc + at, len - at);
 
-		if (!y->len)
-			continue;
-		id = strmap_get(&t->vocab, esc + y->start, y->len);
-		if (id >= 0 && is_text_type(t->type[id]))
-			out_push(o, id);
-		else
-			spm_emit_bytes(t, esc + y->start, y->len, o);
+		if (spm_merge_piece(t, &m, esc + at, end - at, o))
+			goto out;
+		at = end;
 	}
 	rc = 0;
 out:
@@ -548,7 +693,10 @@ static const char *const re_deepseek_llm[] = {
 	"\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}"
 	"\\x{1E900}-\\x{1E943}]+",
 	"\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
-	"\\s+$",
+	/* published as \s+$; the look-behind starts a match only where a run
+	 * of spaces starts (same matches), so a run is not rescanned from
+	 * each of its bytes */
+	"(?<!\\s)\\s+$",
 	"[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+",
 	"\\p{N}+",
 	NULL
@@ -796,7 +944,7 @@ static int bpe_encode(const struct loom_tokenizer *t, const char *s, size_t n,
 	enc = malloc(2 * longest + 1);
 	if (!enc || merger_init(&m, t, enc, 2 * longest))
 		goto out_words;
-	for (size_t i = 0; i < words.n; i++) {
+	for (size_t i = 0; i < words.n && !out_over(o); i++) {
 		const unsigned char *w = (const unsigned char *)s + words.v[i].off;
 		size_t len = 0;
 
@@ -818,69 +966,109 @@ out_words:
 
 /* ---- tokenize ---------------------------------------------------------- */
 
+static size_t trie_slot(const struct trie *tr, uint64_t key)
+{
+	size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 20) & tr->mask;
+
+	while (tr->edges[i].key && tr->edges[i].key != key)
+		i = (i + 1) & tr->mask;
+	return i;
+}
+
+static int32_t trie_child(const struct trie *tr, int32_t node, unsigned char b)
+{
+	const struct trie_edge *e;
+
+	if (!tr->edges)
+		return -1;
+	e = &tr->edges[trie_slot(tr, (uint64_t)node * 256 + b + 1)];
+	return e->key ? e->child : -1;
+}
+
 /* Longest special token starting at s[0..n), -1 if none. User-defined
  * tokens always match (as added tokens do in HF tokenizers); control and
- * unknown tokens only with parse_special. */
+ * unknown tokens only with parse_special. Of tokens with the same text,
+ * the lowest id. */
 static int32_t match_special(const struct loom_tokenizer *t, const char *s, size_t n,
 			     bool parse_special, size_t *mlen)
 {
-	unsigned char b = (unsigned char)s[0];
+	const struct trie *tr = &t->special;
+	int32_t node = 0, found = -1;
 
-	for (uint32_t i = t->special_start[b]; i < t->special_start[b + 1]; i++) {
-		int32_t id = t->special[i];
-		uint32_t len = t->text_len[id];
+	for (size_t i = 0; i < n; i++) {
+		int32_t id;
 
-		if (!parse_special && t->type[id] != TT_USER_DEFINED)
-			continue;
-		if (len <= n && !memcmp(s, t->text_blob + t->text_off[id], len)) {
-			*mlen = len;
-			return id;
+		node = trie_child(tr, node, (unsigned char)s[i]);
+		if (node < 0)
+			break;
+		id = parse_special ? tr->any[node] : tr->user[node];
+		if (id >= 0) {
+			found = id;
+			*mlen = i + 1;
 		}
 	}
-	return -1;
+	return found;
+}
+
+/* A run of n bytes needs at least n / max_piece ids: when that alone
+ * passes the limit, the run is not tokenized at all. */
+static bool run_over(const struct loom_tokenizer *t, size_t n, struct outbuf *o)
+{
+	uint64_t least = n / t->max_piece;
+
+	if (least <= (uint64_t)(o->limit - o->n))
+		return false;
+	o->n = o->limit + 1;
+	return true;
 }
 
 static int encode_text(const struct loom_tokenizer *t, const char *s, size_t n,
 		       bool after_special, struct outbuf *o)
 {
+	if (run_over(t, n, o))
+		return 0;
 	if (t->model == MODEL_SPM)
 		return spm_encode(t, s, n, t->add_space_prefix && after_special, o);
 	return bpe_encode(t, s, n, o);
 }
 
-/* Bytes from pos that a special token may span: with a markup mask, the
- * run of bytes of pos's kind (markup or message text), so a match never
- * straddles the two; else everything left. */
-static size_t special_room(const unsigned char *markup, size_t pos, size_t len)
+/* End of the run of bytes of pos's kind (markup or message text), so that
+ * a special token never straddles the two; without a mask, len. */
+static size_t run_end(const unsigned char *markup, size_t pos, size_t len)
 {
 	size_t end = pos;
 
 	if (!markup)
-		return len - pos;
+		return len;
 	while (end < len && !markup[end] == !markup[pos])
 		end++;
-	return end - pos;
+	return end;
 }
 
 /* markup NULL: parse_special decides for the whole text; else control
- * tokens are parsed only where markup[i] is set. */
+ * tokens are parsed only where markup[i] is set. Linear in len: each run
+ * is measured once, and a match attempt walks at most the longest
+ * special token. */
 static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
 			const unsigned char *markup, bool add_special, bool parse_special,
-			int32_t *out, int64_t cap)
+			int32_t *out, int64_t cap, int64_t limit)
 {
-	struct outbuf o = { out, cap, 0 };
+	struct outbuf o = { out, cap, 0, limit };
 	bool after_special = true; /* spm: the first text run gets the prefix */
-	size_t pos = 0, seg = 0;
+	size_t pos = 0, seg = 0, end = 0;
 
-	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
+	if (!t || (!text && len) || cap < 0 || (!out && cap > 0) || limit < 0)
 		return -1;
 	if (add_special && t->add_bos && t->bos >= 0)
 		out_push(&o, t->bos);
-	while (pos < len) {
+	while (pos < len && !out_over(&o)) {
 		size_t mlen = 0;
 		bool ps = markup ? markup[pos] != 0 : parse_special;
-		int32_t id = match_special(t, text + pos, special_room(markup, pos, len), ps, &mlen);
+		int32_t id;
 
+		if (pos >= end)
+			end = run_end(markup, pos, len);
+		id = match_special(t, text + pos, end - pos, ps, &mlen);
 		if (id < 0) {
 			pos++;
 			continue;
@@ -892,17 +1080,18 @@ static int64_t tokenize(const struct loom_tokenizer *t, const char *text, size_t
 		pos += mlen;
 		seg = pos;
 	}
-	if (len > seg && encode_text(t, text + seg, len - seg, after_special, &o))
+	if (len > seg && !out_over(&o) &&
+	    encode_text(t, text + seg, len - seg, after_special, &o))
 		return -1;
 	if (add_special && t->add_eos && t->eos >= 0)
 		out_push(&o, t->eos);
-	return o.n;
+	return out_over(&o) ? limit + 1 : o.n;
 }
 
 int64_t loom_tokenize(const struct loom_tokenizer *t, const char *text, size_t len,
 		      bool add_special, bool parse_special, int32_t *out, int64_t cap)
 {
-	return tokenize(t, text, len, NULL, add_special, parse_special, out, cap);
+	return tokenize(t, text, len, NULL, add_special, parse_special, out, cap, INT64_MAX - 1);
 }
 
 int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, size_t len,
@@ -911,7 +1100,17 @@ int64_t loom_tokenize_marked(const struct loom_tokenizer *t, const char *text, s
 {
 	if (!markup && len)
 		return -1;
-	return tokenize(t, text, len, markup, add_special, false, out, cap);
+	return tokenize(t, text, len, markup, add_special, false, out, cap, INT64_MAX - 1);
+}
+
+int64_t loom_tokenize_max(const struct loom_tokenizer *t, const char *text, size_t len,
+			  const unsigned char *markup, bool add_special, bool parse_special,
+			  int32_t *out, int64_t cap, int64_t max)
+{
+	if (max < 0 || max == INT64_MAX)
+		return -1;
+	return tokenize(t, text, len, markup, add_special, markup ? false : parse_special, out,
+			cap, max);
 }
 
 /* ---- detokenize -------------------------------------------------------- */
@@ -1033,7 +1232,10 @@ void loom_tokenizer_free(struct loom_tokenizer *t)
 	free(t->vocab.slots);
 	free(t->merges.slots);
 	free(t->merge_blob);
-	free(t->special);
+	free(t->pairs.keys);
+	free(t->special.edges);
+	free(t->special.any);
+	free(t->special.user);
 	free(t);
 }
 
@@ -1311,56 +1513,76 @@ static bool is_special_type(uint8_t type)
 	return type == TT_CONTROL || type == TT_USER_DEFINED || type == TT_UNKNOWN;
 }
 
-struct special_key {
-	unsigned char first;
-	uint32_t len;
-	int32_t id;
-};
-
-/* First byte ascending, then longest first, then lowest id. */
-static int cmp_special(const void *a, const void *b)
+/* Adds token id's text to the trie (which has room for it). */
+static void trie_add(struct loom_tokenizer *t, int32_t id)
 {
-	const struct special_key *x = a, *y = b;
+	struct trie *tr = &t->special;
+	const unsigned char *s = (const unsigned char *)t->text_blob + t->text_off[id];
+	int32_t node = 0;
 
-	if (x->first != y->first)
-		return x->first < y->first ? -1 : 1;
-	if (x->len != y->len)
-		return x->len > y->len ? -1 : 1;
-	return (x->id > y->id) - (x->id < y->id);
+	for (uint32_t i = 0; i < t->text_len[id]; i++) {
+		uint64_t key = (uint64_t)node * 256 + s[i] + 1;
+		struct trie_edge *e = &tr->edges[trie_slot(tr, key)];
+
+		if (!e->key) {
+			e->key = key;
+			e->child = tr->n_nodes;
+			tr->any[tr->n_nodes] = tr->user[tr->n_nodes] = -1;
+			tr->n_nodes++;
+		}
+		node = e->child;
+	}
+	/* ids ascend, so the first token of a text keeps the node */
+	if (tr->any[node] < 0)
+		tr->any[node] = id;
+	if (tr->user[node] < 0 && t->type[id] == TT_USER_DEFINED)
+		tr->user[node] = id;
+}
+
+/* spm: the adjacent character pairs of every vocabulary text. */
+static int index_pairs(struct loom_tokenizer *t)
+{
+	struct pairset *ps = &t->pairs;
+
+	if (t->model != MODEL_SPM)
+		return 0;
+	ps->keys = calloc(1024, sizeof(*ps->keys));
+	if (!ps->keys)
+		return -1;
+	ps->mask = 1023;
+	for (int32_t i = 0; i < t->n_vocab; i++)
+		if (pairs_of(ps, t->text_blob + t->text_off[i], t->text_len[i]))
+			return -1;
+	return 0;
 }
 
 static int index_specials(struct loom_tokenizer *t)
 {
-	struct special_key *keys;
-	size_t n = 0;
+	struct trie *tr = &t->special;
+	size_t bytes = 0, cap = 16;
 
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		if (!is_special_type(t->type[i]))
+			continue;
+		if (bytes > SIZE_MAX / 4 - t->text_len[i])
+			return -1;
+		bytes += t->text_len[i];
+	}
+	if (bytes >= INT32_MAX)
+		return -1;
+	while (cap < 2 * bytes)
+		cap *= 2;
+	tr->edges = calloc(cap, sizeof(*tr->edges));
+	tr->any = malloc((bytes + 1) * sizeof(*tr->any));
+	tr->user = malloc((bytes + 1) * sizeof(*tr->user));
+	if (!tr->edges || !tr->any || !tr->user)
+		return -1;
+	tr->mask = cap - 1;
+	tr->any[0] = tr->user[0] = -1;
+	tr->n_nodes = 1;
 	for (int32_t i = 0; i < t->n_vocab; i++)
 		if (is_special_type(t->type[i]) && t->text_len[i])
-			n++;
-	keys = malloc((n ? n : 1) * sizeof(*keys));
-	t->special = malloc((n ? n : 1) * sizeof(*t->special));
-	if (!keys || !t->special) {
-		free(keys);
-		return -1;
-	}
-	n = 0;
-	for (int32_t i = 0; i < t->n_vocab; i++) {
-		if (!is_special_type(t->type[i]) || !t->text_len[i])
-			continue;
-		keys[n].first = (unsigned char)t->text_blob[t->text_off[i]];
-		keys[n].len = t->text_len[i];
-		keys[n].id = i;
-		n++;
-	}
-	qsort(keys, n, sizeof(*keys), cmp_special);
-	memset(t->special_start, 0, sizeof(t->special_start));
-	for (size_t i = 0; i < n; i++) {
-		t->special[i] = keys[i].id;
-		t->special_start[keys[i].first + 1]++;
-	}
-	for (int b = 0; b < 256; b++)
-		t->special_start[b + 1] += t->special_start[b];
-	free(keys);
+			trie_add(t, i);
 	return 0;
 }
 
@@ -1497,6 +1719,8 @@ static int build_pieces(struct loom_tokenizer *t)
 		t->piece_off[i] = off;
 		t->piece_len[i] = (uint32_t)n;
 		off += n;
+		if (n > t->max_piece)
+			t->max_piece = (uint32_t)n;
 	}
 	return 0;
 }
@@ -1598,6 +1822,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 		loom_seterr(err, errlen, "tokenizer: out of memory");
 		return NULL;
 	}
+	t->max_piece = 4; /* a character that falls back to <unk> or bytes */
 	init_byte_map(t);
 	if (setup_model(t, f, err, errlen) || load_texts(t, f, err, errlen) ||
 	    load_types_scores(t, f, err, errlen))
@@ -1615,7 +1840,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 		spm_default_ids(t, f);
 	map_byte_tokens(t);
 	mark_eog(t);
-	if (build_pieces(t) || index_specials(t)) {
+	if (build_pieces(t) || index_specials(t) || index_pairs(t)) {
 		loom_seterr(err, errlen, "tokenizer: out of memory");
 		goto out_free;
 	}

@@ -216,6 +216,7 @@ def body_trickle(srv):
 
 
 def half_closed(srv):
+    """With --half-close, a client that shut its sending side is answered."""
     for stream in (False, True):
         body = json.dumps({"prompt": "Hello", "max_tokens": 4, "stream": stream}).encode()
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
@@ -383,7 +384,10 @@ def main():
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: model not found ({MODEL or '$LOOM_MODEL unset'})")
         return 77
-    srv = Server("--max-conns-per-ip", "64", "--header-timeout", "3", "--body-timeout", "3")
+    # --half-close: a client that shuts its sending side is answered (the
+    # default cancels it: test_serve_flood.py)
+    srv = Server("--max-conns-per-ip", "64", "--header-timeout", "3", "--body-timeout", "3",
+                 "--half-close")
     try:
         for test in (idle_flood, body_trickle, half_closed, oversized, injection):
             t0 = time.time()

@@ -780,15 +780,21 @@ static void byte_char(int byte, char out[3])
 }
 
 /* Byte-level vocab: the 256 byte symbols, "he", "Ġt", "Ġthe" (merges
- * "h e", "Ġ t", "Ġt he"), a user-defined <tool> and a control <ctl>. */
-static struct loom_tokenizer *bpe_synth(const char *pre, char *err, size_t errlen)
+ * "h e", "Ġ t", "Ġt he"), a user-defined <tool> and a control <ctl>, then
+ * n_extra user-defined "<tok0>", "<tok1>", ... (many specials that share
+ * a first byte). */
+static struct loom_tokenizer *bpe_synth_n(const char *pre, int n_extra, char *err,
+					  size_t errlen)
 {
 	static char bytes[256][3];
-	const char *toks[261];
-	int32_t types[261];
+	const char **toks = calloc(261 + (size_t)n_extra, sizeof(*toks));
+	int32_t *types = calloc(261 + (size_t)n_extra, sizeof(*types));
+	char (*extra)[16] = calloc((size_t)n_extra + 1, sizeof(*extra));
 	static const char *merges[] = { "h e", "\xc4\xa0 t", "\xc4\xa0t he" };
+	struct loom_tokenizer *t;
 	struct gb b = { 0 };
 
+	ck_assert(toks && types && extra);
 	for (int i = 0; i < 256; i++) {
 		byte_char(i, bytes[i]);
 		toks[i] = bytes[i];
@@ -802,14 +808,28 @@ static struct loom_tokenizer *bpe_synth(const char *pre, char *err, size_t errle
 	types[256] = types[257] = types[258] = 1;
 	types[259] = 4;
 	types[260] = 3;
+	for (int i = 0; i < n_extra; i++) {
+		snprintf(extra[i], sizeof(extra[i]), "<tok%d>", i);
+		toks[261 + i] = extra[i];
+		types[261 + i] = 4;
+	}
 	kv_str(&b, "tokenizer.ggml.model", "gpt2");
 	if (pre)
 		kv_str(&b, "tokenizer.ggml.pre", pre);
-	kv_strs(&b, "tokenizer.ggml.tokens", toks, 261);
-	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, 261);
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 261 + (size_t)n_extra);
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, 261 + (size_t)n_extra);
 	kv_strs(&b, "tokenizer.ggml.merges", merges, 3);
 	kv_u32(&b, "tokenizer.ggml.eos_token_id", 260);
-	return gb_tok(&b, err, errlen);
+	t = gb_tok(&b, err, errlen);
+	free(toks);
+	free(types);
+	free(extra);
+	return t;
+}
+
+static struct loom_tokenizer *bpe_synth(const char *pre, char *err, size_t errlen)
+{
+	return bpe_synth_n(pre, 0, err, errlen);
 }
 
 /* Every supported pre-tokenizer name builds, and round-trips mixed text. */
@@ -929,6 +949,185 @@ START_TEST(test_bad_metadata)
 }
 END_TEST
 
+/* ---- scaling: time linear in the input --------------------------------- */
+
+/* Inputs that made a tokenizer stage super-linear once, or could: long
+ * runs of one class (a regex alternative that scans a run and fails at
+ * every start), special-token first bytes and prefixes, and mixed text.
+ * Each is unit repeated, then tail. */
+struct pattern {
+	const char *name, *unit, *tail;
+};
+
+static const struct pattern patterns[] = {
+	{ "letters", "a", "" },
+	{ "spaces+x", " ", "x" },
+	{ "spaces+digit", " ", "1" },
+	{ "space-digit", "  1", "" },
+	{ "newlines", "\n", "" },
+	{ "crlf", "\r\n", "" },
+	{ "tabs+x", "\t", "x" },
+	{ "lt", "<", "" },
+	{ "special-prefix", "<too", "" },
+	{ "special-prefix-many", "<tok12", "" },
+	{ "specials", "<tool>", "" },
+	{ "upper", "A", "" },
+	{ "digits", "1", "" },
+	{ "punct", "!", "" },
+	{ "word-space", "a ", "" },
+	{ "space-newline", " \n", "" },
+	{ "marks", "\xcc\x81", "" },
+	{ "cjk", "\xe6\x88\x91", "" },
+	{ "bad-utf8", "\xff", "" },
+	{ "apostrophe", "'s", "" },
+	{ "prose", "Hello the world!  3333 x\n\n\tK\xce\xa9 caf\xc3\xa9 I've 'LL don't\r\n", "" },
+};
+
+#define N_PATTERNS (sizeof(patterns) / sizeof(patterns[0]))
+
+static size_t fill_pattern(char *buf, size_t n, const struct pattern *p)
+{
+	size_t ul = strlen(p->unit), tl = strlen(p->tail), len = 0;
+
+	while (len + ul + tl <= n) {
+		memcpy(buf + len, p->unit, ul);
+		len += ul;
+	}
+	memcpy(buf + len, p->tail, tl);
+	return len + tl;
+}
+
+/* A hang guard, not a speed target: linear code takes milliseconds here,
+ * the quadratic paths this replaced took minutes. */
+#define HANG_GUARD_S 3.0
+
+/* Tokenizes every pattern at n bytes, plain and as message text of a
+ * chat (markup 0); prints the slowest. */
+static void scale_one(const struct loom_tokenizer *t, const char *what, char *buf,
+		      unsigned char *mark, size_t n)
+{
+	const char *slowest = "";
+	double worst = 0;
+
+	for (size_t i = 0; i < N_PATTERNS; i++) {
+		size_t len = fill_pattern(buf, n, &patterns[i]);
+		double t0 = now(), dt;
+		int64_t a = loom_tokenize(t, buf, len, false, true, NULL, 0);
+		int64_t b = loom_tokenize_marked(t, buf, len, mark, false, NULL, 0);
+
+		dt = now() - t0;
+		ck_assert_msg(a > 0 && b > 0, "%s, %s: %lld / %lld tokens", what, patterns[i].name,
+			      (long long)a, (long long)b);
+		ck_assert_msg(dt < HANG_GUARD_S, "%s, %s: %.1f s for %zu bytes", what,
+			      patterns[i].name, dt, len);
+		if (dt > worst) {
+			worst = dt;
+			slowest = patterns[i].name;
+		}
+	}
+	fprintf(stderr, "%-14s %zu KB: slowest %-20s %7.1f ms\n", what, n >> 10, slowest,
+		worst * 1e3);
+}
+
+/* Every pre-tokenizer family, a vocabulary with 2000 specials sharing a
+ * first byte, and SentencePiece, on 128 KB of each pattern
+ * ($LOOM_SCALE_KB to measure other sizes). */
+START_TEST(test_scaling)
+{
+	const char *kb = getenv("LOOM_SCALE_KB");
+	const unsigned SCALE_BYTES = (kb ? (unsigned)atoi(kb) : 128u) << 10;
+	static const char *pres[] = {
+		"default", "gpt-2", "llama3", "qwen2", "starcoder", "falcon", "deepseek-llm",
+		"deepseek-coder", "deepseek-v3", "bloom", "viking", "tekken", NULL
+	};
+	char *buf = malloc(SCALE_BYTES + 1);
+	unsigned char *mark = calloc(SCALE_BYTES + 1, 1);
+	struct loom_tokenizer *t;
+	char err[256];
+
+	ck_assert(buf && mark);
+	for (int i = 0; pres[i]; i++) {
+		t = bpe_synth(pres[i], err, sizeof(err));
+		ck_assert_msg(t != NULL, "pre '%s': %s", pres[i], err);
+		scale_one(t, pres[i], buf, mark, SCALE_BYTES);
+		loom_tokenizer_free(t);
+	}
+	t = bpe_synth_n("gpt-2", 2000, err, sizeof(err));
+	ck_assert_msg(t != NULL, "%s", err);
+	scale_one(t, "2000 specials", buf, mark, SCALE_BYTES);
+	loom_tokenizer_free(t);
+	t = spm_synth(-2, 1);
+	scale_one(t, "spm", buf, mark, SCALE_BYTES);
+	loom_tokenizer_free(t);
+	free(buf);
+	free(mark);
+}
+END_TEST
+
+/* loom_tokenize_max: the same ids as loom_tokenize up to the limit, max + 1
+ * past it, on every prefix length of a text mixing words and specials. */
+START_TEST(test_model_max)
+{
+	static const char text[] = "Hello <|im_start|>the world, 12345 caf\xc3\xa9!<|im_end|>\n";
+	struct loom_tokenizer *t = open_tok(model_path);
+	int32_t want[64], got[64];
+	int64_t n = loom_tokenize(t, text, strlen(text), false, true, want, 64);
+
+	ck_assert(n > 4 && n < 64);
+	for (int64_t max = 0; max <= n + 1; max++) {
+		int64_t k = loom_tokenize_max(t, text, strlen(text), NULL, false, true, got, 64, max);
+
+		ck_assert_int_eq(k, max < n ? max + 1 : n);
+		if (k == n)
+			ck_assert_mem_eq(got, want, sizeof(int32_t) * (size_t)n);
+	}
+	ck_assert_int_eq(loom_tokenize_max(t, text, 3, NULL, false, true, got, 64, -1), -1);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
+/* 1 MB of prose on the real vocabulary, as plain text and as a chat
+ * message (markup 0 but for the template's head): the sizes a request
+ * may carry. Times printed; the assertion is the hang guard and that the
+ * marked count equals the plain one plus the head's tokens. */
+START_TEST(test_model_megabyte)
+{
+	static const char head[] = "<|im_start|>user\n";
+	struct loom_tokenizer *t = open_tok(model_path);
+	size_t n = (1u << 20) + sizeof(head) - 1, len;
+	char *text = malloc(n + 1);
+	unsigned char *mark = calloc(n + 1, 1);
+	struct pattern prose = patterns[N_PATTERNS - 1];
+	double t0, dt_plain, dt_marked;
+	int64_t plain, marked;
+
+	ck_assert(text && mark);
+	memcpy(text, head, sizeof(head) - 1);
+	memset(mark, 1, sizeof(head) - 1);
+	len = sizeof(head) - 1 + fill_pattern(text + sizeof(head) - 1, 1u << 20, &prose);
+	t0 = now();
+	plain = loom_tokenize(t, text + sizeof(head) - 1, len - (sizeof(head) - 1), false, false,
+			      NULL, 0);
+	dt_plain = now() - t0;
+	t0 = now();
+	marked = loom_tokenize_marked(t, text, len, mark, false, NULL, 0);
+	dt_marked = now() - t0;
+	ck_assert_int_gt(plain, 0);
+	ck_assert_int_eq(marked, plain + 3); /* <|im_start|>, "user", "\n" */
+	ck_assert(dt_plain < 10 && dt_marked < 10);
+	fprintf(stderr, "1 MB prose: %lld tokens in %.0f ms plain, %.0f ms as a chat message\n",
+		(long long)plain, dt_plain * 1e3, dt_marked * 1e3);
+	/* bounded: a context of 8192 refuses it after a few KB of text */
+	t0 = now();
+	ck_assert_int_eq(loom_tokenize_max(t, text, len, mark, false, false, NULL, 0, 8192), 8193);
+	fprintf(stderr, "1 MB prose against an 8192 limit: refused in %.2f ms\n",
+		(now() - t0) * 1e3);
+	free(text);
+	free(mark);
+	loom_tokenizer_free(t);
+}
+END_TEST
+
 /* ---- main -------------------------------------------------------------- */
 
 static bool exists(const char *path)
@@ -963,6 +1162,10 @@ int main(int argc, char **argv)
 		ids_script = argv[3];
 		tcase_add_test(tc, test_model_special);
 		tcase_add_test(tc, test_model_speed);
+		tcase_add_test(tc, test_model_megabyte);
+		tcase_add_test(tc, test_model_max);
+	} else if (!strcmp(mode, "scaling")) {
+		tcase_add_test(tc, test_scaling);
 	} else if (!strcmp(mode, "unit")) {
 		tcase_add_test(tc, test_spm_merge_order);
 		tcase_add_test(tc, test_bpe_families);
