@@ -71,8 +71,9 @@ int gpurt_capture_end(struct gpurt *rt, bool keep, struct gpurt_graph **out);
 int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g);
 void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g);
 
-/* Weight formats the kernels decode (f32, f16, bf16, q8_0, q4_0, q4_1,
- * q5_0, q5_1), with their block geometry. */
+/* Weight formats the kernels decode in place (f32, f16, bf16, q8_0,
+ * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K: every format loom
+ * reads), with their block geometry (values and bytes per block). */
 bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);

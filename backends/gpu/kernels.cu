@@ -355,36 +355,58 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 
 /* ---- weight formats ---- */
 
+/*
+ * The formats the kernels decode in place. Every kernel that reads a
+ * weight is a template over the format, so a format's decoding is
+ * compiled into its own kernel (no run-time switch in an inner loop); the
+ * host picks the instance with a switch over GPU_FORMATS.
+ */
+#define GPU_FORMATS(X)                                                            \
+	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
+	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
+	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
+	X(LOOM_TYPE_Q6_K)
+
+/* Bytes per block (per value for the plain types); 0: not a format here. */
+static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
+{
+	return t == LOOM_TYPE_F32 ? 4 : t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 ? 2 :
+	       t == LOOM_TYPE_Q8_0 ? 34 : t == LOOM_TYPE_Q4_0 ? 18 : t == LOOM_TYPE_Q4_1 ? 20 :
+	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
+	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
+	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 : 0;
+}
+
+static constexpr __host__ __device__ bool is_plain(uint32_t t)
+{
+	return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16;
+}
+
+/* k-quants: super-blocks of 256 values (GGUF's QK_K). */
+static constexpr __host__ __device__ bool is_kquant(uint32_t t)
+{
+	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q3_K || t == LOOM_TYPE_Q4_K ||
+	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K;
+}
+
+static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
+{
+	return !bytes_of(t) ? 0 : is_plain(t) ? 1 : is_kquant(t) ? 256 : 32;
+}
+
 extern "C" bool gpurt_format_known(uint32_t type)
 {
-	return gpurt_block_bytes(type) != 0;
+	return bytes_of(type) != 0;
 }
 
 extern "C" uint32_t gpurt_block_elems(uint32_t type)
 {
-	switch (type) {
-	case LOOM_TYPE_F32:
-	case LOOM_TYPE_F16:
-	case LOOM_TYPE_BF16:
-		return 1;
-	default:
-		return gpurt_block_bytes(type) ? 32 : 0;
-	}
+	return elems_of(type);
 }
 
 extern "C" uint32_t gpurt_block_bytes(uint32_t type)
 {
-	switch (type) {
-	case LOOM_TYPE_F32: return 4;
-	case LOOM_TYPE_F16: return 2;
-	case LOOM_TYPE_BF16: return 2;
-	case LOOM_TYPE_Q8_0: return 34;
-	case LOOM_TYPE_Q4_0: return 18;
-	case LOOM_TYPE_Q4_1: return 20;
-	case LOOM_TYPE_Q5_0: return 22;
-	case LOOM_TYPE_Q5_1: return 24;
-	default: return 0;
-	}
+	return bytes_of(type);
 }
 
 /* Loads that work at any alignment (GGUF blocks are 2-byte aligned at best). */
@@ -450,101 +472,246 @@ __device__ __forceinline__ uint16_t f32_to_half(float f)
 	}
 }
 
+/* a * b rounded once, never fused with a following add: the reference
+ * dequantizers (compiled with -ffp-contract=off) round the product
+ * before subtracting a min, and so do these, bit for bit. */
+__device__ __forceinline__ float mul_rn(float a, float b)
+{
+#ifdef GPU_EMU
+	return a * b; /* the emulator is compiled with -ffp-contract=off */
+#else
+	return __fmul_rn(a, b);
+#endif
+}
+
 /*
  * A row is read in parts of 8 values. Part q of a plain row (f32, f16,
- * bf16) or of a q8_0 row is values 8q .. 8q+7. Part q of a 4- or 5-bit
- * row is, in block b = q/4 with j = 4 (q%4): values j .. j+3 (low nibbles
- * of bytes j .. j+3) and j+16 .. j+19 (their high nibbles).
+ * bf16), of a q8_0 row or of a k-quant row is values 8q .. 8q+7 (a
+ * k-quant part lies inside one sub-block, so it has one scale). Part q of
+ * a 4- or 5-bit row of 32-value blocks is, in block b = q/4 with j =
+ * 4 (q%4): values j .. j+3 (low nibbles of bytes j .. j+3) and j+16 ..
+ * j+19 (their high nibbles).
  */
-__device__ __forceinline__ int64_t part_index(uint32_t t, int64_t q, int e)
+template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
-	if (t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
-	    t == LOOM_TYPE_Q5_1)
+	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
+		      T == LOOM_TYPE_Q5_1)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
 
-/* Values of part q of `row` (k values in all) into v; past k, zeros. */
-__device__ void deq_part(uint32_t t, const uint8_t *row, int64_t q, int64_t k, float v[8])
+/* Plain types: values 8q .. 8q+7, zeros past k. */
+template <uint32_t T>
+__device__ __forceinline__ void deq_plain(const uint8_t *row, int64_t q, int64_t k, float v[8])
 {
-	const int j = (int)(q & 3) * 4;
-	const uint8_t *b;
-	float d, m;
-	uint32_t qh;
+	for (int e = 0; e < 8; e++) {
+		int64_t i = q * 8 + e;
 
-	switch (t) {
-	case LOOM_TYPE_F32:
-	case LOOM_TYPE_F16:
-	case LOOM_TYPE_BF16:
-		for (int e = 0; e < 8; e++) {
-			int64_t i = q * 8 + e;
-
-			if (i >= k)
-				v[e] = 0.0f;
-			else if (t == LOOM_TYPE_F32)
-				v[e] = __uint_as_float(ld32(row + 4 * i));
-			else if (t == LOOM_TYPE_F16)
-				v[e] = half_to_f32(ld16(row + 2 * i));
-			else
-				v[e] = __uint_as_float(ld16(row + 2 * i) << 16);
-		}
-		return;
-	case LOOM_TYPE_Q8_0:
-		b = row + (q >> 2) * 34;
-		d = half_to_f32(ld16(b));
-		for (int e = 0; e < 8; e++)
-			v[e] = (float)(int8_t)b[2 + (q & 3) * 8 + e] * d;
-		return;
-	case LOOM_TYPE_Q4_0:
-		b = row + (q >> 2) * 18;
-		d = half_to_f32(ld16(b));
-		for (int e = 0; e < 4; e++) {
-			v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
-			v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
-		}
-		return;
-	case LOOM_TYPE_Q4_1:
-		b = row + (q >> 2) * 20;
-		d = half_to_f32(ld16(b));
-		m = half_to_f32(ld16(b + 2));
-		for (int e = 0; e < 4; e++) {
-			v[e] = (float)(b[4 + j + e] & 15) * d + m;
-			v[e + 4] = (float)(b[4 + j + e] >> 4) * d + m;
-		}
-		return;
-	case LOOM_TYPE_Q5_0:
-		b = row + (q >> 2) * 22;
-		d = half_to_f32(ld16(b));
-		qh = ld32(b + 2);
-		for (int e = 0; e < 4; e++) {
-			int lo = (b[6 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
-			int hi = (b[6 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
-
-			v[e] = (float)(lo - 16) * d;
-			v[e + 4] = (float)(hi - 16) * d;
-		}
-		return;
-	default: /* LOOM_TYPE_Q5_1 */
-		b = row + (q >> 2) * 24;
-		d = half_to_f32(ld16(b));
-		m = half_to_f32(ld16(b + 2));
-		qh = ld32(b + 4);
-		for (int e = 0; e < 4; e++) {
-			int lo = (b[8 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
-			int hi = (b[8 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
-
-			v[e] = (float)lo * d + m;
-			v[e + 4] = (float)hi * d + m;
-		}
-		return;
+		if (i >= k)
+			v[e] = 0.0f;
+		else if constexpr (T == LOOM_TYPE_F32)
+			v[e] = __uint_as_float(ld32(row + 4 * i));
+		else if constexpr (T == LOOM_TYPE_F16)
+			v[e] = half_to_f32(ld16(row + 2 * i));
+		else
+			v[e] = __uint_as_float(ld16(row + 2 * i) << 16);
 	}
+}
+
+/* 32-value blocks b, part j = 4 (q%4) of them. */
+__device__ __forceinline__ void deq_q8_0(const uint8_t *b, int p, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+
+	for (int e = 0; e < 8; e++)
+		v[e] = (float)(int8_t)b[2 + p * 8 + e] * d;
+}
+
+__device__ __forceinline__ void deq_q4_0(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+
+	for (int e = 0; e < 4; e++) {
+		v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
+		v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
+	}
+}
+
+__device__ __forceinline__ void deq_q4_1(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b)), m = half_to_f32(ld16(b + 2));
+
+	for (int e = 0; e < 4; e++) {
+		v[e] = mul_rn((float)(b[4 + j + e] & 15), d) + m;
+		v[e + 4] = mul_rn((float)(b[4 + j + e] >> 4), d) + m;
+	}
+}
+
+__device__ __forceinline__ void deq_q5_0(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+	const uint32_t qh = ld32(b + 2);
+
+	for (int e = 0; e < 4; e++) {
+		int lo = (b[6 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+		int hi = (b[6 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+		v[e] = (float)(lo - 16) * d;
+		v[e + 4] = (float)(hi - 16) * d;
+	}
+}
+
+__device__ __forceinline__ void deq_q5_1(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b)), m = half_to_f32(ld16(b + 2));
+	const uint32_t qh = ld32(b + 4);
+
+	for (int e = 0; e < 4; e++) {
+		int lo = (b[8 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+		int hi = (b[8 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+		v[e] = mul_rn((float)lo, d) + m;
+		v[e + 4] = mul_rn((float)hi, d) + m;
+	}
+}
+
+/*
+ * k-quants (layouts as in GGUF, see plugins/quant/kquant.c): part p (0..31)
+ * of super-block b is its values e = 8p .. 8p+7. Low 2-bit fields (q2_K,
+ * q3_K, q6_K's top bits) of e sit in byte 32 (e/128) + e%32 at shift
+ * 2 (e/32 % 4); q4_K/q5_K nibbles in byte 32 (e/64) + e%32, high half for
+ * odd e/32; q6_K's low nibble in byte 64 (e/128) + e%64, high half for odd
+ * e/64. Scale first (d * sc), then times q, then minus the min, each
+ * product rounded: the reference's order.
+ */
+__device__ __forceinline__ void deq_q2_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *qs = b + 16 + 32 * (p >> 4) + 8 * (p & 3);
+	const int shift = 2 * ((p >> 2) & 3);
+	const uint32_t sc = b[p >> 1];
+	const float dl = mul_rn(half_to_f32(ld16(b + 80)), (float)(sc & 15));
+	const float ml = mul_rn(half_to_f32(ld16(b + 82)), (float)(sc >> 4));
+
+	for (int e = 0; e < 8; e++)
+		v[e] = mul_rn(dl, (float)((qs[e] >> shift) & 3)) - ml;
+}
+
+/* q3_K scale i (of 16): 6 bits, low 4 in byte i%8 (high half for i >= 8),
+ * top 2 in byte 8 + i%4 at 2 (i/4); stored biased by 32. */
+__device__ __forceinline__ int q3_K_scale(const uint8_t *s, int i)
+{
+	int lo = (s[i & 7] >> (4 * (i >> 3))) & 15, hi = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+
+	return (lo | hi << 4) - 32;
+}
+
+__device__ __forceinline__ void deq_q3_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *hmask = b + 8 * (p & 3), *qs = b + 32 + 32 * (p >> 4) + 8 * (p & 3);
+	const int shift = 2 * ((p >> 2) & 3), bit = p >> 2;
+	const float dl = mul_rn(half_to_f32(ld16(b + 108)), (float)q3_K_scale(b + 96, p >> 1));
+
+	for (int e = 0; e < 8; e++) {
+		int q = ((qs[e] >> shift) & 3) - ((hmask[e] >> bit) & 1 ? 0 : 4);
+
+		v[e] = mul_rn(dl, (float)q);
+	}
+}
+
+/* q4_K/q5_K 6-bit scale and min of sub-block j (0..7) from 12 bytes. */
+__device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+		*m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+	}
+}
+
+/* q4_K (Q5 false) and q5_K (Q5 true: a fifth bit from qh). */
+template <bool Q5> __device__ __forceinline__ void deq_q45_K(const uint8_t *b, int p, float v[8])
+{
+	const int j = p >> 2, shift = 4 * (j & 1);
+	const uint8_t *qh = b + 16 + 8 * (p & 3);
+	const uint8_t *qs = b + (Q5 ? 48 : 16) + 32 * (p >> 3) + 8 * (p & 3);
+	int sc, m;
+	float dl, ml;
+
+	k4_scale_min(b + 4, j, &sc, &m);
+	dl = mul_rn(half_to_f32(ld16(b)), (float)sc);
+	ml = mul_rn(half_to_f32(ld16(b + 2)), (float)m);
+	for (int e = 0; e < 8; e++) {
+		int q = (qs[e] >> shift) & 15;
+
+		if (Q5)
+			q |= ((qh[e] >> j) & 1) << 4;
+		v[e] = mul_rn(dl, (float)q) - ml;
+	}
+}
+
+__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *ql = b + 64 * (p >> 4) + 8 * (p & 7);
+	const uint8_t *qh = b + 128 + 32 * (p >> 4) + 8 * (p & 3);
+	const int lshift = 4 * ((p >> 3) & 1), hshift = 2 * ((p >> 2) & 3);
+	const float dl = mul_rn(half_to_f32(ld16(b + 208)), (float)(int8_t)b[192 + (p >> 1)]);
+
+	for (int e = 0; e < 8; e++) {
+		int q = ((ql[e] >> lshift) & 15) | ((qh[e] >> hshift) & 3) << 4;
+
+		v[e] = mul_rn(dl, (float)(q - 32));
+	}
+}
+
+/* Values of part q of `row` (k values in all) into v; past k, zeros. */
+template <uint32_t T>
+__device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t k, float v[8])
+{
+	constexpr int64_t per_block = is_plain(T) ? 1 : elems_of(T) / 8; /* parts a block */
+	const uint8_t *b = row + q / per_block * bytes_of(T);
+	const int p = (int)(q % per_block);
+
+	if constexpr (is_plain(T))
+		deq_plain<T>(row, q, k, v);
+	else if constexpr (T == LOOM_TYPE_Q8_0)
+		deq_q8_0(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_0)
+		deq_q4_0(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_1)
+		deq_q4_1(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_0)
+		deq_q5_0(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_1)
+		deq_q5_1(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q2_K)
+		deq_q2_K(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q3_K)
+		deq_q3_K(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_K)
+		deq_q45_K<false>(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_K)
+		deq_q45_K<true>(b, p, v);
+	else
+		deq_q6_K(b, p, v);
+	(void)k;
 }
 
 /* Parts in a row of k values (k a whole number of blocks for block types). */
 static int64_t parts_of(uint32_t t, int64_t k)
 {
-	return gpurt_block_elems(t) == 1 ? (k + 7) / 8 : k / 8;
+	return is_plain(t) ? (k + 7) / 8 : k / 8;
 }
+
+/* Whether value idx of a part exists: only plain rows end inside a part. */
+template <uint32_t T> __device__ __forceinline__ bool in_row(int64_t idx, int64_t k)
+{
+	return !is_plain(T) || idx < k;
+}
+
+/* `return fn<T>;` for the format t (one case per format of GPU_FORMATS). */
+#define FORMAT_CASE(T) case T: return FORMAT_FN<T>;
 
 /* ---- reductions ---- */
 
@@ -600,7 +767,6 @@ __device__ float block_max(float v, float *red)
 /* ---- gemm ---- */
 
 struct gemv_p {
-	uint32_t type;
 	const uint8_t *w;
 	size_t w_stride;
 	const float *x;
@@ -610,11 +776,12 @@ struct gemv_p {
 
 /*
  * One warp per weight row j: lane l dequantizes parts l, l + GPU_WARP, ...
- * in registers and multiplies them with up to GEMV_MB activation rows at
- * once; the lane sums meet in a fixed shuffle tree. Every y[i][j] is
- * computed the same way whatever m is (batch invariance).
+ * of format T in registers and multiplies them with up to GEMV_MB
+ * activation rows at once, in f32; the lane sums meet in a fixed shuffle
+ * tree. Every y[i][j] is computed the same way whatever m is (batch
+ * invariance).
  */
-__global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 {
 	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
 
@@ -632,16 +799,16 @@ __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 			for (int64_t q = lane; q < p.parts; q += GPU_WARP) {
 				float v[8];
 
-				deq_part(p.type, row, q, p.k, v);
+				deq_part<T>(row, q, p.k, v);
 				for (int ii = 0; ii < GEMV_MB; ii++) {
 					const float *x = p.x + (i0 + ii) * p.x_stride;
 
 					if (ii >= mb)
 						break;
 					for (int e = 0; e < 8; e++) {
-						int64_t idx = part_index(p.type, q, e);
+						int64_t idx = part_index<T>(q, e);
 
-						if (idx < p.k)
+						if (in_row<T>(idx, p.k))
 							acc[ii] += v[e] * x[idx];
 					}
 				}
@@ -659,21 +826,49 @@ __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 	}
 }
 
+template <uint32_t T> static void launch_gemv(unsigned blocks, gpuStream_t s, const struct gemv_p p)
+{
+	GPU_LAUNCH(k_gemv<T>, blocks, THREADS, 0, s, p);
+}
+
+typedef void (*gemv_launch)(unsigned, gpuStream_t, const struct gemv_p);
+
+static gemv_launch gemv_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_gemv
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+/* A format the host side did not check: a bug there, reported, not run. */
+static int unknown_format(struct gpurt *rt, const char *what, uint32_t t)
+{
+	snprintf(rt->err, sizeof(rt->err), "%s: no kernel for weight type %u", what, (unsigned)t);
+	return LOOM_ERR_UNSUPPORTED;
+}
+
 extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 {
 	struct gemv_p p = {
-		a->w_type, (const uint8_t *)a->w, a->w_stride, a->x, a->y,
+		(const uint8_t *)a->w, a->w_stride, a->x, a->y,
 		a->x_stride, a->y_stride, a->m, a->n, a->k, parts_of(a->w_type, a->k),
 	};
 	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+	gemv_launch launch = gemv_for(a->w_type);
 
 	BIND(rt);
 
+	if (!launch)
+		return unknown_format(rt, "gemm", a->w_type);
 	if (blocks > INT32_MAX) {
 		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	GPU_LAUNCH(k_gemv, (unsigned)blocks, THREADS, 0, rt->stream, p);
+	launch((unsigned)blocks, rt->stream, p);
 	return launched(rt, "gemv kernel");
 }
 
@@ -687,50 +882,108 @@ __device__ __forceinline__ void store(uint16_t *p, float v)
 	*p = f32_to_half(v);
 }
 
-/* Row r of a weight (or table) to f32 or f16; rows grid-strided over
- * blocks. */
-template <typename O>
-__global__ void __launch_bounds__(THREADS)
-k_dequant(uint32_t type, const uint8_t *w, size_t w_stride, int64_t k, int64_t parts,
-	  int64_t rows, const int32_t *ids, O *dst, int64_t dst_stride)
-{
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const uint8_t *row = w + (ids ? (int64_t)ids[r] : r) * w_stride;
-		O *out = dst + r * dst_stride;
+struct deq_p {
+	const uint8_t *w;
+	size_t w_stride;
+	int64_t k, parts, rows;
+	const int32_t *ids; /* NULL: rows 0 .. rows-1 */
+	void *dst;
+	int64_t dst_stride;
+};
 
-		for (int64_t q = threadIdx.x; q < parts; q += blockDim.x) {
+/* Row r of a weight (or table) of format T to f32 or f16 (O); rows
+ * grid-strided over blocks. */
+template <uint32_t T, typename O>
+__global__ void __launch_bounds__(THREADS) k_dequant(const struct deq_p p)
+{
+	for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+		const uint8_t *row = p.w + (p.ids ? (int64_t)p.ids[r] : r) * p.w_stride;
+		O *out = (O *)p.dst + r * p.dst_stride;
+
+		for (int64_t q = threadIdx.x; q < p.parts; q += blockDim.x) {
 			float v[8];
 
-			deq_part(type, row, q, k, v);
+			deq_part<T>(row, q, p.k, v);
 			for (int e = 0; e < 8; e++) {
-				int64_t idx = part_index(type, q, e);
+				int64_t idx = part_index<T>(q, e);
 
-				if (idx < k)
+				if (in_row<T>(idx, p.k))
 					store(&out[idx], v[e]);
 			}
 		}
 	}
 }
 
+template <uint32_t T, typename O> static void launch_dequant(gpuStream_t s, const struct deq_p p)
+{
+	void (*kernel)(const struct deq_p) = k_dequant<T, O>;
+
+	GPU_LAUNCH(kernel, grid_of(p.rows), THREADS, 0, s, p);
+}
+
+template <uint32_t T> static void launch_deq_f32(gpuStream_t s, const struct deq_p p)
+{
+	launch_dequant<T, float>(s, p);
+}
+
+template <uint32_t T> static void launch_deq_f16(gpuStream_t s, const struct deq_p p)
+{
+	launch_dequant<T, uint16_t>(s, p);
+}
+
+typedef void (*deq_launch)(gpuStream_t, const struct deq_p);
+
+static deq_launch deq_f32_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_deq_f32
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+static deq_launch deq_f16_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_deq_f16
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+static int dequant(struct gpurt *rt, uint32_t type, bool half, const struct deq_p *p)
+{
+	deq_launch launch = half ? deq_f16_for(type) : deq_f32_for(type);
+
+	BIND(rt);
+	if (!launch)
+		return unknown_format(rt, "dequantize", type);
+	launch(rt->stream, *p);
+	return launched(rt, half ? "dequantize (f16) kernel" : "dequantize kernel");
+}
+
 extern "C" int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
 			     int64_t k, int64_t rows, const int32_t *ids, float *dst,
 			     int64_t dst_stride)
 {
-	BIND(rt);
-	GPU_LAUNCH(k_dequant<float>, grid_of(rows), THREADS, 0, rt->stream, type,
-		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, ids, dst, dst_stride);
-	return launched(rt, "dequantize kernel");
+	struct deq_p p = { (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, ids, dst,
+			   dst_stride };
+
+	return dequant(rt, type, false, &p);
 }
 
 extern "C" int gpurt_dequant_half(struct gpurt *rt, uint32_t type, const void *w,
 				  size_t w_stride, int64_t k, int64_t rows, uint16_t *dst,
 				  int64_t dst_stride)
 {
-	BIND(rt);
-	GPU_LAUNCH(k_dequant<uint16_t>, grid_of(rows), THREADS, 0, rt->stream, type,
-		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows,
-		   (const int32_t *)NULL, dst, dst_stride);
-	return launched(rt, "dequantize (f16) kernel");
+	struct deq_p p = { (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, NULL, dst,
+			   dst_stride };
+
+	return dequant(rt, type, true, &p);
 }
 
 /* float to bfloat16, rounding to nearest even; NaN stays a quiet NaN. */
