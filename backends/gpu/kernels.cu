@@ -872,6 +872,284 @@ extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 	return launched(rt, "gemv kernel");
 }
 
+/* ---- fast GEMV: 8-bit activations, integer dot products ---- */
+
+/*
+ * Outside exact mode a GEMV of q4_0, q8_0 or q4_K weights quantizes its
+ * activations once, per row in blocks of 32 (GGML's q8_1): d = max|x| /
+ * 127, q = round(x / d), and s = d * sum(q) for the formats with a min or
+ * an offset. The dot of a weight block with an activation block is then
+ * sums of 4 byte products in 32-bit integers (dp4a), scaled once per
+ * block. The activations are loaded 16 bytes at a time, and q4_K's
+ * nibbles too where the weight rows are 16-byte aligned.
+ */
+#define Q8_BLOCK 32
+
+struct alignas(8) q8_scale {
+	float d, s;
+};
+
+struct q8_p {
+	const float *x;
+	int64_t x_stride, m, k;
+	int8_t *qs;             /* m x k, rows k apart */
+	struct q8_scale *scale; /* m x k / 32 */
+};
+
+/* Max and sum over 32 lanes (a warp, or half of a 64-wide one). */
+__device__ __forceinline__ float max32(float v)
+{
+	for (int off = 16; off > 0; off /= 2)
+		v = fmaxf(v, gpu_shfl_xor(v, off));
+	return v;
+}
+
+__device__ __forceinline__ int sum32(int v)
+{
+	for (int off = 16; off > 0; off /= 2)
+		v += gpu_shfl_xor(v, off);
+	return v;
+}
+
+/* One value per thread; the 32 lanes of a group hold one block (k and
+ * the grid stride are multiples of 32, so a group runs as a whole). A
+ * value that is not finite leaves q 0 and a scale that is not finite, so
+ * the outputs it reaches are not finite either. */
+__global__ void __launch_bounds__(THREADS) k_quantize_q8(const struct q8_p p)
+{
+	const int64_t total = p.m * p.k;
+
+	for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+	     g += (int64_t)gridDim.x * blockDim.x) {
+		const int64_t i = g / p.k, c = g % p.k;
+		const float v = p.x[i * p.x_stride + c], amax = max32(fabsf(v));
+		const float d = amax / 127.0f, r = rintf(v * (amax > 0.0f ? 127.0f / amax : 0.0f));
+		const int q = r >= -127.0f && r <= 127.0f ? (int)r : 0;
+		const int sum = sum32(q);
+
+		p.qs[g] = (int8_t)q;
+		if ((threadIdx.x & 31) == 0)
+			p.scale[g / Q8_BLOCK] = q8_scale{ d, d * (float)sum };
+	}
+}
+
+extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride,
+				 int64_t m, int64_t k, int8_t *qs, void *scale)
+{
+	struct q8_p p = { x, x_stride, m, k, qs, (struct q8_scale *)scale };
+
+	BIND(rt);
+	GPU_LAUNCH(k_quantize_q8, grid_of((m * k + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
+		   p);
+	return launched(rt, "activation quantize kernel");
+}
+
+extern "C" bool gpurt_gemv_q8_format(uint32_t type)
+{
+	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K;
+}
+
+/* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
+__device__ __forceinline__ void ld_words(const uint8_t *p, int n, uint32_t *w)
+{
+	if (((uintptr_t)p & 15) == 0) {
+		for (int i = 0; i < n; i += 4) {
+			const uint4 v = *(const uint4 *)(p + 4 * i);
+
+			w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+		}
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		w[i] = ld32(p + 4 * i);
+}
+
+/*
+ * A unit of a weight row is what one lane decodes at a time: a 32-value
+ * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
+ * of 32 nibble bytes). unit_dot<T> is its dot with activation row xq/xs
+ * (values and scales from the unit's first value on), in f32.
+ */
+template <uint32_t T> struct unit;
+
+template <> struct unit<LOOM_TYPE_Q8_0> {
+	static constexpr int values = 32;
+	float d;
+	uint32_t q[8];
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + u * 34;
+
+		d = half_to_f32(ld16(b));
+		ld_words(b + 2, 8, q);
+	}
+
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 8; t++)
+			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+		return d * xs[0].d * (float)sum;
+	}
+};
+
+template <> struct unit<LOOM_TYPE_Q4_0> {
+	static constexpr int values = 32;
+	float d;
+	uint32_t q[4]; /* byte j: value j (low nibble), value j + 16 (high) */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + u * 18;
+
+		d = half_to_f32(ld16(b));
+		ld_words(b + 2, 4, q);
+	}
+
+	/* value = d (q - 8): d (dx sum(q xq) - 8 dx sum(xq)) = d (dx sum - 8 s) */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 4; t++) {
+			sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
+			sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
+		}
+		return d * (xs[0].d * (float)sum - 8.0f * xs[0].s);
+	}
+};
+
+template <> struct unit<LOOM_TYPE_Q4_K> {
+	static constexpr int values = 64;
+	float dl[2], ml[2]; /* d * scale and dmin * min of the two sub-blocks */
+	uint32_t q[8];      /* byte j: value j (low nibble), value j + 32 (high) */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + (u >> 2) * 144;
+		const int pair = (int)(u & 3);
+		const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
+
+		int sc0, m0, sc1, m1;
+
+		k4_scale_min(b + 4, 2 * pair, &sc0, &m0);
+		k4_scale_min(b + 4, 2 * pair + 1, &sc1, &m1);
+		dl[0] = d * (float)sc0, ml[0] = dmin * (float)m0;
+		dl[1] = d * (float)sc1, ml[1] = dmin * (float)m1;
+		ld_words(b + 16 + 32 * pair, 8, q);
+	}
+
+	/* value = dl q - ml, per sub-block h: dl dx sum(q xq) - ml s */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		float r = 0.0f;
+
+		GPU_UNROLL
+		for (int h = 0; h < 2; h++) {
+			uint32_t x[8];
+			int sum = 0;
+
+			ld_words((const uint8_t *)xq + 32 * h, 8, x);
+			for (int t = 0; t < 8; t++)
+				sum = gpu_dp4a((int)((q[t] >> (4 * h)) & 0x0f0f0f0fu), (int)x[t], sum);
+			r += dl[h] * xs[h].d * (float)sum - ml[h] * xs[h].s;
+		}
+		return r;
+	}
+};
+
+struct gemv_q8_p {
+	const uint8_t *w;
+	size_t w_stride;
+	const int8_t *xq;
+	const struct q8_scale *xs;
+	float *y;
+	int64_t y_stride, m, n, k;
+};
+
+/*
+ * As k_gemv (one warp per weight row, GEMV_ROWS rows a block, GEMV_MB
+ * activation rows a pass, a fixed shuffle tree), on units: lane l decodes
+ * units l, l + GPU_WARP, ... once and dots each with every activation row
+ * of the pass. y[i][j] does not depend on m (batch invariance).
+ */
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const struct gemv_q8_p p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
+
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
+		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+
+		if (j >= p.n)
+			return; /* later r only go further */
+		for (int64_t i0 = 0; i0 < p.m; i0 += GEMV_MB) {
+			const int mb = p.m - i0 < GEMV_MB ? (int)(p.m - i0) : GEMV_MB;
+			float acc[GEMV_MB] = { 0.0f };
+
+			for (int64_t u = lane; u < units; u += GPU_WARP) {
+				const int64_t v0 = u * unit<T>::values;
+				unit<T> w;
+
+				w.load(p.w + j * p.w_stride, u);
+				GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
+				for (int ii = 0; ii < GEMV_MB; ii++) {
+					const int64_t i = i0 + ii;
+
+					if (ii < mb)
+						acc[ii] += w.dot(p.xq + i * p.k + v0,
+								 p.xs + i * blocks + v0 / Q8_BLOCK);
+				}
+			}
+			for (int ii = 0; ii < GEMV_MB; ii++) {
+				float s;
+
+				if (ii >= mb) /* the same for the whole warp */
+					break;
+				s = warp_sum(acc[ii]);
+				if (lane == 0)
+					p.y[(i0 + ii) * p.y_stride + j] = s;
+			}
+		}
+	}
+}
+
+extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
+			     const void *scale)
+{
+	struct gemv_q8_p p = {
+		(const uint8_t *)a->w, a->w_stride, qs, (const struct q8_scale *)scale, a->y,
+		a->y_stride, a->m, a->n, a->k,
+	};
+	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+
+	BIND(rt);
+	if (blocks > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	switch (a->w_type) {
+	case LOOM_TYPE_Q8_0:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q8_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q4_0:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q4_K:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	default:
+		return unknown_format(rt, "gemm (8-bit activations)", a->w_type);
+	}
+	return launched(rt, "gemv (8-bit activations) kernel");
+}
+
 __device__ __forceinline__ void store(float *p, float v)
 {
 	*p = v;

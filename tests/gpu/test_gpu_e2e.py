@@ -13,10 +13,13 @@ tiled attention kernel and, at 16+ rows, the GEMM path; decode takes the
 GEMV and split-K kernels.
 
 Then k-quants: a tiny random llama (tools/mkgguf.py, 2 layers, 256 wide,
-f16) requantized by `loom quantize` to Q2_K, Q3_K_M and Q4_K_M (q2_K ..
-q6_K between them), 24 greedy tokens each against cpu.so, the prompt long
-enough for the prefill GEMM path; the memory plan must say that no tensor
-was converted to f32 at load (a second or so per model, even emulated).
+f16) requantized by `loom quantize` to Q2_K, Q3_K_M, Q4_K_M and Q4_0
+(q2_K .. q6_K, q4_0, q8_0 between them), 24 greedy tokens each against
+cpu.so, the prompt long enough for the prefill GEMM path; the memory plan
+must say that no tensor was converted to f32 at load. In fast mode
+(LOOM_GPU_EXACT=0: 8-bit activations, integer dots in the q4_0, q8_0 and
+q4_K GEMV) Q4_K_M and Q4_0 decode the same tokens with step graphs
+replayed as run directly. A second or so per run, even emulated.
 
 Exit 77 when the backend was not built, has no
 device (cuda: /dev/nvidia0, rocm: /dev/kfd; the emulators always have one)
@@ -35,17 +38,20 @@ PROMPTS = [
 ]
 
 
-KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M"]
+KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q4_0"]
+FAST_MIXES = ["Q4_K_M", "Q4_0"]  # q4_K, q4_0 and q8_0 in the fast GEMV
 MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                       "mkgguf.py")
 
 
-def run(loom, backend, model, prompt, n, out, log=None):
+def run(loom, backend, model, prompt, n, out, log=None, **env_extra):
     """Token ids, the speed line and the backend's step-graph counts (or
     None); the run's stderr appended to log when given."""
-    # the backend's info lines on stderr; cpu.so in exact mode (f32
-    # activations), the path GPU backends are held to
-    env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1")
+    # the backend's info lines on stderr; cpu.so and the GPU backend in
+    # exact mode (f32 activations), the path GPU backends are held to,
+    # unless env_extra says otherwise
+    env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1", LOOM_GPU_EXACT="1")
+    env.update(env_extra)
     p = subprocess.run([loom, "run", f"--backend={backend}", "--model", model, "-p", prompt,
                         "-n", str(n), "--temp", "0", "--no-progress", "--dump-tokens", out],
                        capture_output=True, text=True, errors="replace", timeout=900, env=env)
@@ -94,7 +100,26 @@ def check_kquants(loom, stem, tmp):
         if not native:
             print(log[0])
         failed += not (same and native)
+        if mix in FAST_MIXES:
+            failed += check_fast(loom, stem, mix, model, out)
     return failed
+
+
+def check_fast(loom, stem, mix, model, out):
+    """Fast mode (8-bit activations in the GEMV): captured and replayed
+    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0); the
+    agreement with exact mode is printed, not judged (a random model's
+    greedy path may turn on a near tie)."""
+    exact, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], 24, out)
+    fast, _, graphs = run(loom, f"{stem}.so", model, PROMPTS[0], 24, out, LOOM_GPU_EXACT="0")
+    direct, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], 24, out, LOOM_GPU_EXACT="0",
+                       LOOM_GPU_GRAPHS="0")
+    same = fast == direct and len(fast) == 24 and graphs and graphs[1] >= 20
+    agree = next((i for i, (a, b) in enumerate(zip(fast, exact)) if a != b), len(fast))
+    print(f"{'ok  ' if same else 'FAIL'} {stem}.so {mix} fast mode: graphs {graphs}, tokens "
+          f"{'equal to' if fast == direct else 'differ from'} direct runs'; the first {agree} "
+          f"of {len(fast)} equal exact mode's")
+    return 0 if same else 1
 
 
 def main():
