@@ -409,9 +409,12 @@ extern "C" uint32_t gpurt_block_bytes(uint32_t type)
 	return bytes_of(type);
 }
 
-/* Loads that work at any alignment (GGUF blocks are 2-byte aligned at best). */
+/* Little-endian loads that work at any alignment, the widest the address
+ * allows (GGUF's 18- and 34-byte blocks are only 2-byte aligned). */
 __device__ __forceinline__ uint32_t ld16(const uint8_t *p)
 {
+	if (((uintptr_t)p & 1) == 0)
+		return *(const uint16_t *)p;
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
