@@ -28,7 +28,7 @@
  * not depend on the batch around it.
  *
  * Outside exact mode (LOOM_BACKEND_EXACT; LOOM_GPU_EXACT=1 / =0 forces it
- * on / off) a GEMV of q4_0, q8_0 or q4_K weights quantizes its activations
+ * on / off) a GEMV of q4_0, q8_0, q4_K or q6_K weights quantizes its activations
  * to 8 bits once (blocks of 32, in the scratch) and runs integer dot
  * products; the other formats, and every GEMV in exact mode, dequantize
  * to f32 and multiply in f32 as ref.so does.
@@ -300,7 +300,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? "exact (f32 activations)" :
-		"8-bit activations and integer dots in q4_0, q8_0, q4_K GEMV",
+		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off");

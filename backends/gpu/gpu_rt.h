@@ -82,7 +82,7 @@ uint32_t gpurt_block_bytes(uint32_t type);
  * arithmetic for y[i][j] does not depend on m or on i's place in x. */
 int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
 /* Fast GEMV (outside exact mode): the formats it takes (q4_0, q8_0,
- * q4_K; k a multiple of their block), the activations quantized per row
+ * q4_K, q6_K; k a multiple of their block), the activations quantized per row
  * in blocks of 32 (qs: m x k int8, rows k apart; scale: m x k/32 pairs of
  * floats, 8 bytes each, 8-byte aligned), then y = x . W^T from them with
  * integer dot products. Per output, the arithmetic does not depend on m. */

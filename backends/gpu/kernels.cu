@@ -878,7 +878,7 @@ extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 /* ---- fast GEMV: 8-bit activations, integer dot products ---- */
 
 /*
- * Outside exact mode a GEMV of q4_0, q8_0 or q4_K weights quantizes its
+ * Outside exact mode a GEMV of q4_0, q8_0, q4_K or q6_K weights quantizes its
  * activations once, per row in blocks of 32 (GGML's q8_1): d = max|x| /
  * 127, q = round(x / d), and s = d * sum(q) for the formats with a min or
  * an offset. The dot of a weight block with an activation block is then
@@ -949,7 +949,8 @@ extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_str
 
 extern "C" bool gpurt_gemv_q8_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K;
+	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
+	       type == LOOM_TYPE_Q6_K;
 }
 
 /* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
@@ -970,7 +971,7 @@ __device__ __forceinline__ void ld_words(const uint8_t *p, int n, uint32_t *w)
 /*
  * A unit of a weight row is what one lane decodes at a time: a 32-value
  * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
- * of 32 nibble bytes). unit_dot<T> is its dot with activation row xq/xs
+ * of 32 nibble bytes), a pair of q6_K sub-blocks (32 values). unit_dot<T> is its dot with activation row xq/xs
  * (values and scales from the unit's first value on), in f32.
  */
 template <uint32_t T> struct unit;
@@ -1067,6 +1068,52 @@ template <> struct unit<LOOM_TYPE_Q4_K> {
 	}
 };
 
+template <> struct unit<LOOM_TYPE_Q6_K> {
+	static constexpr int values = 32;
+	float d;
+	int sc[2];     /* the int8 scales of the two 16-value sub-blocks */
+	uint32_t q[8]; /* byte j: value j, 0 .. 63 (the stored q, 32 too high) */
+
+	/* unit u: values 32 (u%8) .. of super-block u/8; low nibbles at
+	 * ql[64 (p/4) + 32 (p%2)], high half for odd p/2; top 2 bits at
+	 * qh[32 (p/4)], shift 2 (p%4) (p = u%8, as deq_q6_K spells out) */
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + (u >> 3) * 210;
+		const int p = (int)(u & 7), ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
+		uint32_t lo[8], hi[8];
+
+		ld_words(b + 64 * (p >> 2) + 32 * (p & 1), 8, lo);
+		ld_words(b + 128 + 32 * (p >> 2), 8, hi);
+		for (int t = 0; t < 8; t++)
+			q[t] = ((lo[t] >> ls) & 0x0f0f0f0fu) | ((hi[t] >> hs) & 0x03030303u) << 4;
+		d = half_to_f32(ld16(b + 208));
+		sc[0] = (int8_t)b[192 + 2 * p];
+		sc[1] = (int8_t)b[193 + 2 * p];
+	}
+
+	/* value = d sc (q - 32): per sub-block sc (sum(q xq) - 32 sum(xq)),
+	 * in integers, then d dx once */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int total = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		GPU_UNROLL
+		for (int h = 0; h < 2; h++) {
+			int sum = 0, xsum = 0;
+
+			for (int t = 4 * h; t < 4 * h + 4; t++) {
+				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+				xsum = gpu_dp4a(0x01010101, (int)x[t], xsum);
+			}
+			total += sc[h] * (sum - 32 * xsum);
+		}
+		return d * xs[0].d * (float)total;
+	}
+};
+
 struct gemv_q8_p {
 	const uint8_t *w;
 	size_t w_stride;
@@ -1146,6 +1193,9 @@ extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, c
 		break;
 	case LOOM_TYPE_Q4_K:
 		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q6_K:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q6_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
 		break;
 	default:
 		return unknown_format(rt, "gemm (8-bit activations)", a->w_type);

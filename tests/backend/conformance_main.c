@@ -153,7 +153,8 @@ int main(int argc, char **argv)
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx2",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=scalar",
 		/* GPU backends in exact mode (f32 activations) and in fast mode
-		 * (8-bit activations, integer dots in the q4_0, q8_0, q4_K GEMV) */
+		 * (8-bit activations, integer dots in the q4_0, q8_0, q4_K, q6_K
+		 * GEMV) */
 		"cuda.so:LOOM_GPU_EXACT=1", "cuda.so:LOOM_GPU_EXACT=0",
 		"rocm.so:LOOM_GPU_EXACT=1", "rocm.so:LOOM_GPU_EXACT=0",
 	};

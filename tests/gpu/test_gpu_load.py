@@ -130,7 +130,7 @@ def built_backend(stem):
 
 def check_conformance(conf, stem, has_device):
     # exact mode (f32 activations) and fast mode (8-bit activations in the
-    # q4_0, q8_0, q4_K GEMV), each against ref.so with its tolerances
+    # q4_0, q8_0, q4_K, q6_K GEMV), each against ref.so with its tolerances
     p = subprocess.run([conf, f"{stem}.so:LOOM_GPU_EXACT=1", f"{stem}.so:LOOM_GPU_EXACT=0"],
                        capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
