@@ -20,6 +20,7 @@
 #include "engine/scheduler.h"
 #include "engine/spec.h"
 #include "format/gguf.h"
+#include "model/memplan.h"
 #include "text/tokenizer.h"
 
 #define MAX_SPEC 8      /* strategies an engine offers */
@@ -410,9 +411,48 @@ static void set_model_name(struct loom_engine *e, const char *path)
 	free(name);
 }
 
-static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
-		      const struct loom_model_params *mp, char *err, size_t errlen)
+/* What plan_memory needs: the engine and its parameters. */
+struct plan_arg {
+	struct loom_engine *e;
+	const struct loom_engine_params *p;
+};
+
+/*
+ * Between planning the weights and allocating them (the model loader's
+ * before_alloc): the scheduler's configuration with its KV plan, then the
+ * memory plan, weights + KV cache + the executor's activations + the
+ * backend's reserve, against the backend's free memory. Drafts' logits
+ * rows are counted at their most (a step's tokens).
+ */
+static int plan_memory(void *arg, struct loom_model *m, char *err, size_t errlen)
 {
+	struct plan_arg *a = arg;
+	struct loom_engine *e = a->e;
+	const struct loom_sched_config *c = &e->cfg;
+	bool spec = a->p->spec && a->p->spec[0] && strcmp(a->p->spec, "none");
+	int64_t out = (int64_t)c->max_seqs + (spec ? c->max_batch_tokens : 0);
+	size_t acts;
+
+	e->m = m;
+	if (sched_config(e, a->p, err, errlen))
+		return -1;
+	if (out < c->logits_rows)
+		out = c->logits_rows;
+	if (out > INT32_MAX ||
+	    !loom_exec_bytes(m, c->max_batch_tokens, c->max_seqs, (int32_t)out,
+			     e->kv_plan.n_blocks, e->kv_plan.n_local_layers > 0, &acts)) {
+		loom_seterr(err, errlen, "the activations of a step of %d tokens overflow",
+			    c->max_batch_tokens);
+		return -1;
+	}
+	return loom_mem_plan_check(m, e->kv_plan.bytes, acts, NULL, err, errlen) ? -1 : 0;
+}
+
+static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
+		      const struct loom_model_params *model_params, char *err, size_t errlen)
+{
+	struct loom_model_params mp_plan = *model_params, *mp = &mp_plan;
+	struct plan_arg arg = { .e = e, .p = p };
 	char why[2048];
 
 	e->f = gguf_open(p->model, why, sizeof(why));
@@ -425,6 +465,8 @@ static int open_model(struct loom_engine *e, const struct loom_engine_params *p,
 	e->tok = loom_tokenizer_from_gguf(e->f, err, errlen);
 	if (!e->tok)
 		return LOOM_ERR_FORMAT;
+	mp->before_alloc = plan_memory;
+	mp->before_alloc_arg = &arg;
 	e->m = loom_model_load(e->f, mp, err, errlen);
 	if (!e->m)
 		return LOOM_ERR_INVALID;
@@ -442,7 +484,8 @@ static int build_engine(struct loom_engine *e, const struct loom_engine_params *
 	int rc = open_model(e, p, mp, err, errlen);
 
 	draft_mp.dist = NULL; /* a draft model runs whole on rank 0 */
-	if (!rc && (sched_config(e, p, err, errlen) || load_specs(e, p, &draft_mp, err, errlen)))
+	/* the scheduler's configuration was made while loading (plan_memory) */
+	if (!rc && load_specs(e, p, &draft_mp, err, errlen))
 		rc = -1;
 	if (!rc) {
 		spec_rows(e);

@@ -210,6 +210,23 @@ out_free_ctx:
 	return LOOM_ERR_NOMEM;
 }
 
+/* Bytes the kernel says can be allocated without swapping (MemAvailable:
+ * free memory plus reclaimable caches, such as a mapped model file's
+ * pages); 0 where /proc/meminfo has no such line. */
+static uint64_t mem_available(void)
+{
+	unsigned long long kb = 0;
+	char line[256];
+	FILE *f = fopen("/proc/meminfo", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb > UINT64_MAX / 1024 ? 0 : (uint64_t)kb * 1024;
+}
+
 static int cpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info *out)
 {
 	long pages, avail, psize;
@@ -224,7 +241,10 @@ static int cpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 	psize = sysconf(_SC_PAGESIZE);
 	if (pages > 0 && psize > 0)
 		out->mem_total = (uint64_t)pages * (uint64_t)psize;
-	if (avail > 0 && psize > 0)
+	/* the host's memory plan compares its needs with mem_free: page
+	 * cache counts as free, as the kernel would reclaim it */
+	out->mem_free = mem_available();
+	if (!out->mem_free && avail > 0 && psize > 0)
 		out->mem_free = (uint64_t)avail * (uint64_t)psize;
 	return LOOM_OK;
 }

@@ -26,6 +26,12 @@
  * LOOM_BACKEND_BATCH_INVARIANT: every GEMM goes through GEMV and every
  * attention row through split-K, whose arithmetic for one output row does
  * not depend on the batch around it.
+ *
+ * Outside exact mode (LOOM_BACKEND_EXACT; LOOM_GPU_EXACT=1 / =0 forces it
+ * on / off) a GEMV of q4_0, q8_0, q4_K or q6_K weights quantizes its activations
+ * to 8 bits once (blocks of 32, in the scratch) and runs integer dot
+ * products; the other formats, and every GEMV in exact mode, dequantize
+ * to f32 and multiply in f32 as ref.so does.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -279,6 +285,9 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->host = host;
 	ctx->invariant = cfg && cfg->struct_size >= sizeof(*cfg) &&
 			 (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT);
+	ctx->exact = cfg && cfg->struct_size >= sizeof(*cfg) && (cfg->flags & LOOM_BACKEND_EXACT);
+	if (getenv("LOOM_GPU_EXACT")) /* tests: =1 exact mode, =0 fast mode */
+		ctx->exact = env_is("LOOM_GPU_EXACT", "1");
 	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
 	ctx->half_gemm = gpurt_has_blas() && !env_is("LOOM_GPU_GEMM", "f32");
 	ctx->graphs_on = !env_is("LOOM_GPU_GRAPHS", "0");
@@ -288,8 +297,10 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 		free(ctx);
 		return rc;
 	}
-	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, prefill GEMM %s, %s",
+	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
+		ctx->exact ? "exact (f32 activations)" :
+		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off");
@@ -469,6 +480,29 @@ static bool gemm_is_gemv(const struct loom_backend_ctx *ctx, const struct loom_g
 	return ctx->invariant || a->m < BLAS_MIN_M || a->k == 0;
 }
 
+/* Whether a GEMV runs on 8-bit activations (fast mode, a format with an
+ * integer kernel). */
+static bool gemv_q8(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return !ctx->exact && a->k > 0 && gpurt_gemv_q8_format(a->w_type);
+}
+
+/* Scratch of the 8-bit activations: [m x k int8][m x k/32 scales of 8
+ * bytes], the scales 16-byte aligned; *qs_bytes is where they start.
+ * False on overflow. */
+static bool q8_scratch(const struct loom_gemm_args *a, size_t *qs_bytes, size_t *bytes)
+{
+	size_t qs, scales;
+
+	if (__builtin_mul_overflow((size_t)a->m, (size_t)a->k, &qs) ||
+	    __builtin_add_overflow(qs, (size_t)15, &qs) ||
+	    __builtin_mul_overflow((size_t)a->m, (size_t)(a->k / 32) * 8, &scales))
+		return false;
+	qs &= ~(size_t)15;
+	*qs_bytes = qs;
+	return !__builtin_add_overflow(qs, scales, bytes);
+}
+
 /* Weight rows per panel and the scratch a prefill GEMM needs:
  * [activations as f16/bf16, m x k, unless f32][panel, rows x k, unless
  * the weights are read in place]. False on overflow. */
@@ -547,8 +581,28 @@ static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args
 	return rc;
 }
 
+/* Fast GEMV: the activations to 8 bits once, then the integer kernel. */
+static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	size_t qs_bytes, need;
+	int rc;
+
+	if (!q8_scratch(a, &qs_bytes, &need))
+		return LOOM_ERR_NOMEM;
+	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need); /* reserved already */
+	if (rc)
+		return rc;
+	rc = gpurt_quantize_q8(ctx->rt, a->x, a->x_stride, a->m, a->k, ctx->scratch,
+			       (char *)ctx->scratch + qs_bytes);
+	if (!rc)
+		rc = gpurt_gemv_q8(ctx->rt, a, ctx->scratch, (char *)ctx->scratch + qs_bytes);
+	return rt_failed(ctx, rc);
+}
+
 static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
+	if (gemm_is_gemv(ctx, a) && gemv_q8(ctx, a))
+		return exec_gemv_q8(ctx, a);
 	if (gemm_is_gemv(ctx, a))
 		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
 	return gemm_panels(ctx, a);
@@ -985,6 +1039,11 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 	case CALL_GEMM:
 		if (!gemm_is_gemv(ctx, &c->u.gemm)) {
 			if (!gemm_scratch(&c->u.gemm, gemm_elem(ctx, &c->u.gemm), &rows, &n))
+				rc = LOOM_ERR_NOMEM;
+		} else if (gemv_q8(ctx, &c->u.gemm)) {
+			size_t qs_bytes;
+
+			if (!q8_scratch(&c->u.gemm, &qs_bytes, &n))
 				rc = LOOM_ERR_NOMEM;
 		}
 		break;

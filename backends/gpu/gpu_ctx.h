@@ -106,9 +106,10 @@ struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct gpurt *rt;
 	bool invariant;
+	bool exact;     /* f32 activations everywhere (else fast GEMV: 8-bit activations) */
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
-	void *scratch;  /* device: weight panels, split-K partials */
+	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
 	void *items; /* device: attention work items */
 	size_t items_cap;

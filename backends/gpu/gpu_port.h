@@ -26,16 +26,21 @@
 
 #include "gpu_emu.h"
 
+#define GPU_UNROLL _Pragma("GCC unroll 8")
+
 #else
 
 #define GPU_LAUNCH(k, grid, block, shared, stream, ...) \
 	k<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
 #define GPU_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+/* unroll the next loop (fixed trip count): keeps small arrays in registers */
+#define GPU_UNROLL _Pragma("unroll")
 
 #endif
 
 #if defined(GPU_EMU)
 /* every name comes from gpu_emu.h */
+#define gpu_dp4a(a, b, c) __dp4a((a), (b), (c))
 #elif defined(__HIPCC__)
 
 #include <hip/hip_runtime.h>
@@ -96,6 +101,16 @@ static_assert(GPU_WARP == __AMDGCN_WAVEFRONT_SIZE, "GPU_WARP disagrees with the 
 /* HIP's shuffles act on the whole wavefront; there is no mask. */
 #define gpu_shfl_xor(v, m) __shfl_xor((v), (m), GPU_WARP)
 
+/* c plus the four products of a's and b's signed bytes (CUDA's __dp4a).
+ * Written out: the dot-product builtins differ between gfx9 and gfx11,
+ * and clang folds this pattern into them where the target has one. */
+static __device__ __forceinline__ int gpu_dp4a(int a, int b, int c)
+{
+	for (int i = 0; i < 4; i++)
+		c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+	return c;
+}
+
 #else /* CUDA */
 
 #include <cuda_runtime.h>
@@ -135,6 +150,8 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 
 #define GPU_WARP 32
 #define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), GPU_WARP)
+/* c plus the four products of a's and b's signed bytes (sm_61+) */
+#define gpu_dp4a(a, b, c) __dp4a((a), (b), (c))
 
 /* cuBLAS runs prefill GEMM; HIP builds use the tiled kernel instead
  * (Debian ships no hipBLAS). */

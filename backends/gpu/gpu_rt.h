@@ -71,8 +71,9 @@ int gpurt_capture_end(struct gpurt *rt, bool keep, struct gpurt_graph **out);
 int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g);
 void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g);
 
-/* Weight formats the kernels decode (f32, f16, bf16, q8_0, q4_0, q4_1,
- * q5_0, q5_1), with their block geometry. */
+/* Weight formats the kernels decode in place (f32, f16, bf16, q8_0,
+ * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K: every format loom
+ * reads), with their block geometry (values and bytes per block). */
 bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);
@@ -80,6 +81,16 @@ uint32_t gpurt_block_bytes(uint32_t type);
 /* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The
  * arithmetic for y[i][j] does not depend on m or on i's place in x. */
 int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
+/* Fast GEMV (outside exact mode): the formats it takes (q4_0, q8_0,
+ * q4_K, q6_K; k a multiple of their block), the activations quantized per row
+ * in blocks of 32 (qs: m x k int8, rows k apart; scale: m x k/32 pairs of
+ * floats, 8 bytes each, 8-byte aligned), then y = x . W^T from them with
+ * integer dot products. Per output, the arithmetic does not depend on m. */
+bool gpurt_gemv_q8_format(uint32_t type);
+int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride, int64_t m, int64_t k,
+		      int8_t *qs, void *scale);
+int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
+		  const void *scale);
 /* dst[r][0..k) = row r of W (rows rows from w, w_stride bytes apart),
  * dst rows dst_stride floats apart. With ids, row r is ids[r] (device). */
 int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,

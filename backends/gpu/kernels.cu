@@ -355,41 +355,66 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 
 /* ---- weight formats ---- */
 
+/*
+ * The formats the kernels decode in place. Every kernel that reads a
+ * weight is a template over the format, so a format's decoding is
+ * compiled into its own kernel (no run-time switch in an inner loop); the
+ * host picks the instance with a switch over GPU_FORMATS.
+ */
+#define GPU_FORMATS(X)                                                            \
+	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
+	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
+	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
+	X(LOOM_TYPE_Q6_K)
+
+/* Bytes per block (per value for the plain types); 0: not a format here. */
+static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
+{
+	return t == LOOM_TYPE_F32 ? 4 : t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 ? 2 :
+	       t == LOOM_TYPE_Q8_0 ? 34 : t == LOOM_TYPE_Q4_0 ? 18 : t == LOOM_TYPE_Q4_1 ? 20 :
+	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
+	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
+	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 : 0;
+}
+
+static constexpr __host__ __device__ bool is_plain(uint32_t t)
+{
+	return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16;
+}
+
+/* k-quants: super-blocks of 256 values (GGUF's QK_K). */
+static constexpr __host__ __device__ bool is_kquant(uint32_t t)
+{
+	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q3_K || t == LOOM_TYPE_Q4_K ||
+	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K;
+}
+
+static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
+{
+	return !bytes_of(t) ? 0 : is_plain(t) ? 1 : is_kquant(t) ? 256 : 32;
+}
+
 extern "C" bool gpurt_format_known(uint32_t type)
 {
-	return gpurt_block_bytes(type) != 0;
+	return bytes_of(type) != 0;
 }
 
 extern "C" uint32_t gpurt_block_elems(uint32_t type)
 {
-	switch (type) {
-	case LOOM_TYPE_F32:
-	case LOOM_TYPE_F16:
-	case LOOM_TYPE_BF16:
-		return 1;
-	default:
-		return gpurt_block_bytes(type) ? 32 : 0;
-	}
+	return elems_of(type);
 }
 
 extern "C" uint32_t gpurt_block_bytes(uint32_t type)
 {
-	switch (type) {
-	case LOOM_TYPE_F32: return 4;
-	case LOOM_TYPE_F16: return 2;
-	case LOOM_TYPE_BF16: return 2;
-	case LOOM_TYPE_Q8_0: return 34;
-	case LOOM_TYPE_Q4_0: return 18;
-	case LOOM_TYPE_Q4_1: return 20;
-	case LOOM_TYPE_Q5_0: return 22;
-	case LOOM_TYPE_Q5_1: return 24;
-	default: return 0;
-	}
+	return bytes_of(type);
 }
 
-/* Loads that work at any alignment (GGUF blocks are 2-byte aligned at best). */
+/* Little-endian loads that work at any alignment, the widest the address
+ * allows (GGUF's 18- and 34-byte blocks are only 2-byte aligned). */
 __device__ __forceinline__ uint32_t ld16(const uint8_t *p)
 {
+	if (((uintptr_t)p & 1) == 0)
+		return *(const uint16_t *)p;
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
@@ -450,101 +475,246 @@ __device__ __forceinline__ uint16_t f32_to_half(float f)
 	}
 }
 
+/* a * b rounded once, never fused with a following add: the reference
+ * dequantizers (compiled with -ffp-contract=off) round the product
+ * before subtracting a min, and so do these, bit for bit. */
+__device__ __forceinline__ float mul_rn(float a, float b)
+{
+#ifdef GPU_EMU
+	return a * b; /* the emulator is compiled with -ffp-contract=off */
+#else
+	return __fmul_rn(a, b);
+#endif
+}
+
 /*
  * A row is read in parts of 8 values. Part q of a plain row (f32, f16,
- * bf16) or of a q8_0 row is values 8q .. 8q+7. Part q of a 4- or 5-bit
- * row is, in block b = q/4 with j = 4 (q%4): values j .. j+3 (low nibbles
- * of bytes j .. j+3) and j+16 .. j+19 (their high nibbles).
+ * bf16), of a q8_0 row or of a k-quant row is values 8q .. 8q+7 (a
+ * k-quant part lies inside one sub-block, so it has one scale). Part q of
+ * a 4- or 5-bit row of 32-value blocks is, in block b = q/4 with j =
+ * 4 (q%4): values j .. j+3 (low nibbles of bytes j .. j+3) and j+16 ..
+ * j+19 (their high nibbles).
  */
-__device__ __forceinline__ int64_t part_index(uint32_t t, int64_t q, int e)
+template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
-	if (t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
-	    t == LOOM_TYPE_Q5_1)
+	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
+		      T == LOOM_TYPE_Q5_1)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
 
-/* Values of part q of `row` (k values in all) into v; past k, zeros. */
-__device__ void deq_part(uint32_t t, const uint8_t *row, int64_t q, int64_t k, float v[8])
+/* Plain types: values 8q .. 8q+7, zeros past k. */
+template <uint32_t T>
+__device__ __forceinline__ void deq_plain(const uint8_t *row, int64_t q, int64_t k, float v[8])
 {
-	const int j = (int)(q & 3) * 4;
-	const uint8_t *b;
-	float d, m;
-	uint32_t qh;
+	for (int e = 0; e < 8; e++) {
+		int64_t i = q * 8 + e;
 
-	switch (t) {
-	case LOOM_TYPE_F32:
-	case LOOM_TYPE_F16:
-	case LOOM_TYPE_BF16:
-		for (int e = 0; e < 8; e++) {
-			int64_t i = q * 8 + e;
-
-			if (i >= k)
-				v[e] = 0.0f;
-			else if (t == LOOM_TYPE_F32)
-				v[e] = __uint_as_float(ld32(row + 4 * i));
-			else if (t == LOOM_TYPE_F16)
-				v[e] = half_to_f32(ld16(row + 2 * i));
-			else
-				v[e] = __uint_as_float(ld16(row + 2 * i) << 16);
-		}
-		return;
-	case LOOM_TYPE_Q8_0:
-		b = row + (q >> 2) * 34;
-		d = half_to_f32(ld16(b));
-		for (int e = 0; e < 8; e++)
-			v[e] = (float)(int8_t)b[2 + (q & 3) * 8 + e] * d;
-		return;
-	case LOOM_TYPE_Q4_0:
-		b = row + (q >> 2) * 18;
-		d = half_to_f32(ld16(b));
-		for (int e = 0; e < 4; e++) {
-			v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
-			v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
-		}
-		return;
-	case LOOM_TYPE_Q4_1:
-		b = row + (q >> 2) * 20;
-		d = half_to_f32(ld16(b));
-		m = half_to_f32(ld16(b + 2));
-		for (int e = 0; e < 4; e++) {
-			v[e] = (float)(b[4 + j + e] & 15) * d + m;
-			v[e + 4] = (float)(b[4 + j + e] >> 4) * d + m;
-		}
-		return;
-	case LOOM_TYPE_Q5_0:
-		b = row + (q >> 2) * 22;
-		d = half_to_f32(ld16(b));
-		qh = ld32(b + 2);
-		for (int e = 0; e < 4; e++) {
-			int lo = (b[6 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
-			int hi = (b[6 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
-
-			v[e] = (float)(lo - 16) * d;
-			v[e + 4] = (float)(hi - 16) * d;
-		}
-		return;
-	default: /* LOOM_TYPE_Q5_1 */
-		b = row + (q >> 2) * 24;
-		d = half_to_f32(ld16(b));
-		m = half_to_f32(ld16(b + 2));
-		qh = ld32(b + 4);
-		for (int e = 0; e < 4; e++) {
-			int lo = (b[8 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
-			int hi = (b[8 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
-
-			v[e] = (float)lo * d + m;
-			v[e + 4] = (float)hi * d + m;
-		}
-		return;
+		if (i >= k)
+			v[e] = 0.0f;
+		else if constexpr (T == LOOM_TYPE_F32)
+			v[e] = __uint_as_float(ld32(row + 4 * i));
+		else if constexpr (T == LOOM_TYPE_F16)
+			v[e] = half_to_f32(ld16(row + 2 * i));
+		else
+			v[e] = __uint_as_float(ld16(row + 2 * i) << 16);
 	}
+}
+
+/* 32-value blocks b, part j = 4 (q%4) of them. */
+__device__ __forceinline__ void deq_q8_0(const uint8_t *b, int p, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+
+	for (int e = 0; e < 8; e++)
+		v[e] = (float)(int8_t)b[2 + p * 8 + e] * d;
+}
+
+__device__ __forceinline__ void deq_q4_0(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+
+	for (int e = 0; e < 4; e++) {
+		v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
+		v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
+	}
+}
+
+__device__ __forceinline__ void deq_q4_1(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b)), m = half_to_f32(ld16(b + 2));
+
+	for (int e = 0; e < 4; e++) {
+		v[e] = mul_rn((float)(b[4 + j + e] & 15), d) + m;
+		v[e + 4] = mul_rn((float)(b[4 + j + e] >> 4), d) + m;
+	}
+}
+
+__device__ __forceinline__ void deq_q5_0(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b));
+	const uint32_t qh = ld32(b + 2);
+
+	for (int e = 0; e < 4; e++) {
+		int lo = (b[6 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+		int hi = (b[6 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+		v[e] = (float)(lo - 16) * d;
+		v[e + 4] = (float)(hi - 16) * d;
+	}
+}
+
+__device__ __forceinline__ void deq_q5_1(const uint8_t *b, int j, float v[8])
+{
+	const float d = half_to_f32(ld16(b)), m = half_to_f32(ld16(b + 2));
+	const uint32_t qh = ld32(b + 4);
+
+	for (int e = 0; e < 4; e++) {
+		int lo = (b[8 + j + e] & 15) | (int)((qh >> (j + e)) & 1) << 4;
+		int hi = (b[8 + j + e] >> 4) | (int)((qh >> (j + e + 16)) & 1) << 4;
+
+		v[e] = mul_rn((float)lo, d) + m;
+		v[e + 4] = mul_rn((float)hi, d) + m;
+	}
+}
+
+/*
+ * k-quants (layouts as in GGUF, see plugins/quant/kquant.c): part p (0..31)
+ * of super-block b is its values e = 8p .. 8p+7. Low 2-bit fields (q2_K,
+ * q3_K, q6_K's top bits) of e sit in byte 32 (e/128) + e%32 at shift
+ * 2 (e/32 % 4); q4_K/q5_K nibbles in byte 32 (e/64) + e%32, high half for
+ * odd e/32; q6_K's low nibble in byte 64 (e/128) + e%64, high half for odd
+ * e/64. Scale first (d * sc), then times q, then minus the min, each
+ * product rounded: the reference's order.
+ */
+__device__ __forceinline__ void deq_q2_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *qs = b + 16 + 32 * (p >> 4) + 8 * (p & 3);
+	const int shift = 2 * ((p >> 2) & 3);
+	const uint32_t sc = b[p >> 1];
+	const float dl = mul_rn(half_to_f32(ld16(b + 80)), (float)(sc & 15));
+	const float ml = mul_rn(half_to_f32(ld16(b + 82)), (float)(sc >> 4));
+
+	for (int e = 0; e < 8; e++)
+		v[e] = mul_rn(dl, (float)((qs[e] >> shift) & 3)) - ml;
+}
+
+/* q3_K scale i (of 16): 6 bits, low 4 in byte i%8 (high half for i >= 8),
+ * top 2 in byte 8 + i%4 at 2 (i/4); stored biased by 32. */
+__device__ __forceinline__ int q3_K_scale(const uint8_t *s, int i)
+{
+	int lo = (s[i & 7] >> (4 * (i >> 3))) & 15, hi = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+
+	return (lo | hi << 4) - 32;
+}
+
+__device__ __forceinline__ void deq_q3_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *hmask = b + 8 * (p & 3), *qs = b + 32 + 32 * (p >> 4) + 8 * (p & 3);
+	const int shift = 2 * ((p >> 2) & 3), bit = p >> 2;
+	const float dl = mul_rn(half_to_f32(ld16(b + 108)), (float)q3_K_scale(b + 96, p >> 1));
+
+	for (int e = 0; e < 8; e++) {
+		int q = ((qs[e] >> shift) & 3) - ((hmask[e] >> bit) & 1 ? 0 : 4);
+
+		v[e] = mul_rn(dl, (float)q);
+	}
+}
+
+/* q4_K/q5_K 6-bit scale and min of sub-block j (0..7) from 12 bytes. */
+__device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+		*m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+	}
+}
+
+/* q4_K (Q5 false) and q5_K (Q5 true: a fifth bit from qh). */
+template <bool Q5> __device__ __forceinline__ void deq_q45_K(const uint8_t *b, int p, float v[8])
+{
+	const int j = p >> 2, shift = 4 * (j & 1);
+	const uint8_t *qh = b + 16 + 8 * (p & 3);
+	const uint8_t *qs = b + (Q5 ? 48 : 16) + 32 * (p >> 3) + 8 * (p & 3);
+	int sc, m;
+	float dl, ml;
+
+	k4_scale_min(b + 4, j, &sc, &m);
+	dl = mul_rn(half_to_f32(ld16(b)), (float)sc);
+	ml = mul_rn(half_to_f32(ld16(b + 2)), (float)m);
+	for (int e = 0; e < 8; e++) {
+		int q = (qs[e] >> shift) & 15;
+
+		if (Q5)
+			q |= ((qh[e] >> j) & 1) << 4;
+		v[e] = mul_rn(dl, (float)q) - ml;
+	}
+}
+
+__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+{
+	const uint8_t *ql = b + 64 * (p >> 4) + 8 * (p & 7);
+	const uint8_t *qh = b + 128 + 32 * (p >> 4) + 8 * (p & 3);
+	const int lshift = 4 * ((p >> 3) & 1), hshift = 2 * ((p >> 2) & 3);
+	const float dl = mul_rn(half_to_f32(ld16(b + 208)), (float)(int8_t)b[192 + (p >> 1)]);
+
+	for (int e = 0; e < 8; e++) {
+		int q = ((ql[e] >> lshift) & 15) | ((qh[e] >> hshift) & 3) << 4;
+
+		v[e] = mul_rn(dl, (float)(q - 32));
+	}
+}
+
+/* Values of part q of `row` (k values in all) into v; past k, zeros. */
+template <uint32_t T>
+__device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t k, float v[8])
+{
+	constexpr int64_t per_block = is_plain(T) ? 1 : elems_of(T) / 8; /* parts a block */
+	const uint8_t *b = row + q / per_block * bytes_of(T);
+	const int p = (int)(q % per_block);
+
+	if constexpr (is_plain(T))
+		deq_plain<T>(row, q, k, v);
+	else if constexpr (T == LOOM_TYPE_Q8_0)
+		deq_q8_0(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_0)
+		deq_q4_0(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_1)
+		deq_q4_1(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_0)
+		deq_q5_0(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_1)
+		deq_q5_1(b, 4 * p, v);
+	else if constexpr (T == LOOM_TYPE_Q2_K)
+		deq_q2_K(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q3_K)
+		deq_q3_K(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q4_K)
+		deq_q45_K<false>(b, p, v);
+	else if constexpr (T == LOOM_TYPE_Q5_K)
+		deq_q45_K<true>(b, p, v);
+	else
+		deq_q6_K(b, p, v);
+	(void)k;
 }
 
 /* Parts in a row of k values (k a whole number of blocks for block types). */
 static int64_t parts_of(uint32_t t, int64_t k)
 {
-	return gpurt_block_elems(t) == 1 ? (k + 7) / 8 : k / 8;
+	return is_plain(t) ? (k + 7) / 8 : k / 8;
 }
+
+/* Whether value idx of a part exists: only plain rows end inside a part. */
+template <uint32_t T> __device__ __forceinline__ bool in_row(int64_t idx, int64_t k)
+{
+	return !is_plain(T) || idx < k;
+}
+
+/* `return fn<T>;` for the format t (one case per format of GPU_FORMATS). */
+#define FORMAT_CASE(T) case T: return FORMAT_FN<T>;
 
 /* ---- reductions ---- */
 
@@ -600,7 +770,6 @@ __device__ float block_max(float v, float *red)
 /* ---- gemm ---- */
 
 struct gemv_p {
-	uint32_t type;
 	const uint8_t *w;
 	size_t w_stride;
 	const float *x;
@@ -610,11 +779,12 @@ struct gemv_p {
 
 /*
  * One warp per weight row j: lane l dequantizes parts l, l + GPU_WARP, ...
- * in registers and multiplies them with up to GEMV_MB activation rows at
- * once; the lane sums meet in a fixed shuffle tree. Every y[i][j] is
- * computed the same way whatever m is (batch invariance).
+ * of format T in registers and multiplies them with up to GEMV_MB
+ * activation rows at once, in f32; the lane sums meet in a fixed shuffle
+ * tree. Every y[i][j] is computed the same way whatever m is (batch
+ * invariance).
  */
-__global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 {
 	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
 
@@ -632,16 +802,16 @@ __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 			for (int64_t q = lane; q < p.parts; q += GPU_WARP) {
 				float v[8];
 
-				deq_part(p.type, row, q, p.k, v);
+				deq_part<T>(row, q, p.k, v);
 				for (int ii = 0; ii < GEMV_MB; ii++) {
 					const float *x = p.x + (i0 + ii) * p.x_stride;
 
 					if (ii >= mb)
 						break;
 					for (int e = 0; e < 8; e++) {
-						int64_t idx = part_index(p.type, q, e);
+						int64_t idx = part_index<T>(q, e);
 
-						if (idx < p.k)
+						if (in_row<T>(idx, p.k))
 							acc[ii] += v[e] * x[idx];
 					}
 				}
@@ -659,22 +829,378 @@ __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 	}
 }
 
+template <uint32_t T> static void launch_gemv(unsigned blocks, gpuStream_t s, const struct gemv_p p)
+{
+	GPU_LAUNCH(k_gemv<T>, blocks, THREADS, 0, s, p);
+}
+
+typedef void (*gemv_launch)(unsigned, gpuStream_t, const struct gemv_p);
+
+static gemv_launch gemv_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_gemv
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+/* A format the host side did not check: a bug there, reported, not run. */
+static int unknown_format(struct gpurt *rt, const char *what, uint32_t t)
+{
+	snprintf(rt->err, sizeof(rt->err), "%s: no kernel for weight type %u", what, (unsigned)t);
+	return LOOM_ERR_UNSUPPORTED;
+}
+
 extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
 {
 	struct gemv_p p = {
-		a->w_type, (const uint8_t *)a->w, a->w_stride, a->x, a->y,
+		(const uint8_t *)a->w, a->w_stride, a->x, a->y,
 		a->x_stride, a->y_stride, a->m, a->n, a->k, parts_of(a->w_type, a->k),
 	};
 	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+	gemv_launch launch = gemv_for(a->w_type);
 
 	BIND(rt);
 
+	if (!launch)
+		return unknown_format(rt, "gemm", a->w_type);
 	if (blocks > INT32_MAX) {
 		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
 		return LOOM_ERR_UNSUPPORTED;
 	}
-	GPU_LAUNCH(k_gemv, (unsigned)blocks, THREADS, 0, rt->stream, p);
+	launch((unsigned)blocks, rt->stream, p);
 	return launched(rt, "gemv kernel");
+}
+
+/* ---- fast GEMV: 8-bit activations, integer dot products ---- */
+
+/*
+ * Outside exact mode a GEMV of q4_0, q8_0, q4_K or q6_K weights quantizes its
+ * activations once, per row in blocks of 32 (GGML's q8_1): d = max|x| /
+ * 127, q = round(x / d), and s = d * sum(q) for the formats with a min or
+ * an offset. The dot of a weight block with an activation block is then
+ * sums of 4 byte products in 32-bit integers (dp4a), scaled once per
+ * block. The activations are loaded 16 bytes at a time, and q4_K's
+ * nibbles too where the weight rows are 16-byte aligned.
+ */
+#define Q8_BLOCK 32
+
+struct alignas(8) q8_scale {
+	float d, s;
+};
+
+struct q8_p {
+	const float *x;
+	int64_t x_stride, m, k;
+	int8_t *qs;             /* m x k, rows k apart */
+	struct q8_scale *scale; /* m x k / 32 */
+};
+
+/* Max and sum over 32 lanes (a warp, or half of a 64-wide one). */
+__device__ __forceinline__ float max32(float v)
+{
+	for (int off = 16; off > 0; off /= 2)
+		v = fmaxf(v, gpu_shfl_xor(v, off));
+	return v;
+}
+
+__device__ __forceinline__ int sum32(int v)
+{
+	for (int off = 16; off > 0; off /= 2)
+		v += gpu_shfl_xor(v, off);
+	return v;
+}
+
+/* One value per thread; the 32 lanes of a group hold one block (k and
+ * the grid stride are multiples of 32, so a group runs as a whole). A
+ * value that is not finite leaves q 0 and a scale that is not finite, so
+ * the outputs it reaches are not finite either. */
+__global__ void __launch_bounds__(THREADS) k_quantize_q8(const struct q8_p p)
+{
+	const int64_t total = p.m * p.k;
+
+	for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+	     g += (int64_t)gridDim.x * blockDim.x) {
+		const int64_t i = g / p.k, c = g % p.k;
+		const float v = p.x[i * p.x_stride + c], amax = max32(fabsf(v));
+		const float d = amax / 127.0f, r = rintf(v * (amax > 0.0f ? 127.0f / amax : 0.0f));
+		const int q = r >= -127.0f && r <= 127.0f ? (int)r : 0;
+		const int sum = sum32(q);
+
+		p.qs[g] = (int8_t)q;
+		if ((threadIdx.x & 31) == 0)
+			p.scale[g / Q8_BLOCK] = q8_scale{ d, d * (float)sum };
+	}
+}
+
+extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride,
+				 int64_t m, int64_t k, int8_t *qs, void *scale)
+{
+	struct q8_p p = { x, x_stride, m, k, qs, (struct q8_scale *)scale };
+
+	BIND(rt);
+	GPU_LAUNCH(k_quantize_q8, grid_of((m * k + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
+		   p);
+	return launched(rt, "activation quantize kernel");
+}
+
+extern "C" bool gpurt_gemv_q8_format(uint32_t type)
+{
+	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
+	       type == LOOM_TYPE_Q6_K;
+}
+
+/* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
+__device__ __forceinline__ void ld_words(const uint8_t *p, int n, uint32_t *w)
+{
+	if (((uintptr_t)p & 15) == 0) {
+		for (int i = 0; i < n; i += 4) {
+			const uint4 v = *(const uint4 *)(p + 4 * i);
+
+			w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+		}
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		w[i] = ld32(p + 4 * i);
+}
+
+/*
+ * A unit of a weight row is what one lane decodes at a time: a 32-value
+ * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
+ * of 32 nibble bytes), a pair of q6_K sub-blocks (32 values). unit_dot<T> is its dot with activation row xq/xs
+ * (values and scales from the unit's first value on), in f32.
+ */
+template <uint32_t T> struct unit;
+
+template <> struct unit<LOOM_TYPE_Q8_0> {
+	static constexpr int values = 32;
+	float d;
+	uint32_t q[8];
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + u * 34;
+
+		d = half_to_f32(ld16(b));
+		ld_words(b + 2, 8, q);
+	}
+
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 8; t++)
+			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+		return d * xs[0].d * (float)sum;
+	}
+};
+
+template <> struct unit<LOOM_TYPE_Q4_0> {
+	static constexpr int values = 32;
+	float d;
+	uint32_t q[4]; /* byte j: value j (low nibble), value j + 16 (high) */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + u * 18;
+
+		d = half_to_f32(ld16(b));
+		ld_words(b + 2, 4, q);
+	}
+
+	/* value = d (q - 8): d (dx sum(q xq) - 8 dx sum(xq)) = d (dx sum - 8 s) */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 4; t++) {
+			sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
+			sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
+		}
+		return d * (xs[0].d * (float)sum - 8.0f * xs[0].s);
+	}
+};
+
+template <> struct unit<LOOM_TYPE_Q4_K> {
+	static constexpr int values = 64;
+	float dl[2], ml[2]; /* d * scale and dmin * min of the two sub-blocks */
+	uint32_t q[8];      /* byte j: value j (low nibble), value j + 32 (high) */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + (u >> 2) * 144;
+		const int pair = (int)(u & 3);
+		const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
+
+		int sc0, m0, sc1, m1;
+
+		k4_scale_min(b + 4, 2 * pair, &sc0, &m0);
+		k4_scale_min(b + 4, 2 * pair + 1, &sc1, &m1);
+		dl[0] = d * (float)sc0, ml[0] = dmin * (float)m0;
+		dl[1] = d * (float)sc1, ml[1] = dmin * (float)m1;
+		ld_words(b + 16 + 32 * pair, 8, q);
+	}
+
+	/* value = dl q - ml, per sub-block h: dl dx sum(q xq) - ml s */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		float r = 0.0f;
+
+		GPU_UNROLL
+		for (int h = 0; h < 2; h++) {
+			uint32_t x[8];
+			int sum = 0;
+
+			ld_words((const uint8_t *)xq + 32 * h, 8, x);
+			for (int t = 0; t < 8; t++)
+				sum = gpu_dp4a((int)((q[t] >> (4 * h)) & 0x0f0f0f0fu), (int)x[t], sum);
+			r += dl[h] * xs[h].d * (float)sum - ml[h] * xs[h].s;
+		}
+		return r;
+	}
+};
+
+template <> struct unit<LOOM_TYPE_Q6_K> {
+	static constexpr int values = 32;
+	float d;
+	int sc[2];     /* the int8 scales of the two 16-value sub-blocks */
+	uint32_t q[8]; /* byte j: value j, 0 .. 63 (the stored q, 32 too high) */
+
+	/* unit u: values 32 (u%8) .. of super-block u/8; low nibbles at
+	 * ql[64 (p/4) + 32 (p%2)], high half for odd p/2; top 2 bits at
+	 * qh[32 (p/4)], shift 2 (p%4) (p = u%8, as deq_q6_K spells out) */
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	{
+		const uint8_t *b = row + (u >> 3) * 210;
+		const int p = (int)(u & 7), ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
+		uint32_t lo[8], hi[8];
+
+		ld_words(b + 64 * (p >> 2) + 32 * (p & 1), 8, lo);
+		ld_words(b + 128 + 32 * (p >> 2), 8, hi);
+		for (int t = 0; t < 8; t++)
+			q[t] = ((lo[t] >> ls) & 0x0f0f0f0fu) | ((hi[t] >> hs) & 0x03030303u) << 4;
+		d = half_to_f32(ld16(b + 208));
+		sc[0] = (int8_t)b[192 + 2 * p];
+		sc[1] = (int8_t)b[193 + 2 * p];
+	}
+
+	/* value = d sc (q - 32): per sub-block sc (sum(q xq) - 32 sum(xq)),
+	 * in integers, then d dx once */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int total = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		GPU_UNROLL
+		for (int h = 0; h < 2; h++) {
+			int sum = 0, xsum = 0;
+
+			for (int t = 4 * h; t < 4 * h + 4; t++) {
+				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+				xsum = gpu_dp4a(0x01010101, (int)x[t], xsum);
+			}
+			total += sc[h] * (sum - 32 * xsum);
+		}
+		return d * xs[0].d * (float)total;
+	}
+};
+
+struct gemv_q8_p {
+	const uint8_t *w;
+	size_t w_stride;
+	const int8_t *xq;
+	const struct q8_scale *xs;
+	float *y;
+	int64_t y_stride, m, n, k;
+};
+
+/*
+ * As k_gemv (one warp per weight row, GEMV_ROWS rows a block, GEMV_MB
+ * activation rows a pass, a fixed shuffle tree), on units: lane l decodes
+ * units l, l + GPU_WARP, ... once and dots each with every activation row
+ * of the pass. y[i][j] does not depend on m (batch invariance).
+ */
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const struct gemv_q8_p p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
+
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
+		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+
+		if (j >= p.n)
+			return; /* later r only go further */
+		for (int64_t i0 = 0; i0 < p.m; i0 += GEMV_MB) {
+			const int mb = p.m - i0 < GEMV_MB ? (int)(p.m - i0) : GEMV_MB;
+			float acc[GEMV_MB] = { 0.0f };
+
+			for (int64_t u = lane; u < units; u += GPU_WARP) {
+				const int64_t v0 = u * unit<T>::values;
+				unit<T> w;
+
+				w.load(p.w + j * p.w_stride, u);
+				GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
+				for (int ii = 0; ii < GEMV_MB; ii++) {
+					const int64_t i = i0 + ii;
+
+					if (ii < mb)
+						acc[ii] += w.dot(p.xq + i * p.k + v0,
+								 p.xs + i * blocks + v0 / Q8_BLOCK);
+				}
+			}
+			for (int ii = 0; ii < GEMV_MB; ii++) {
+				float s;
+
+				if (ii >= mb) /* the same for the whole warp */
+					break;
+				s = warp_sum(acc[ii]);
+				if (lane == 0)
+					p.y[(i0 + ii) * p.y_stride + j] = s;
+			}
+		}
+	}
+}
+
+extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
+			     const void *scale)
+{
+	struct gemv_q8_p p = {
+		(const uint8_t *)a->w, a->w_stride, qs, (const struct q8_scale *)scale, a->y,
+		a->y_stride, a->m, a->n, a->k,
+	};
+	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+
+	BIND(rt);
+	if (blocks > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	switch (a->w_type) {
+	case LOOM_TYPE_Q8_0:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q8_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q4_0:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q4_K:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	case LOOM_TYPE_Q6_K:
+		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q6_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		break;
+	default:
+		return unknown_format(rt, "gemm (8-bit activations)", a->w_type);
+	}
+	return launched(rt, "gemv (8-bit activations) kernel");
 }
 
 __device__ __forceinline__ void store(float *p, float v)
@@ -687,50 +1213,108 @@ __device__ __forceinline__ void store(uint16_t *p, float v)
 	*p = f32_to_half(v);
 }
 
-/* Row r of a weight (or table) to f32 or f16; rows grid-strided over
- * blocks. */
-template <typename O>
-__global__ void __launch_bounds__(THREADS)
-k_dequant(uint32_t type, const uint8_t *w, size_t w_stride, int64_t k, int64_t parts,
-	  int64_t rows, const int32_t *ids, O *dst, int64_t dst_stride)
-{
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const uint8_t *row = w + (ids ? (int64_t)ids[r] : r) * w_stride;
-		O *out = dst + r * dst_stride;
+struct deq_p {
+	const uint8_t *w;
+	size_t w_stride;
+	int64_t k, parts, rows;
+	const int32_t *ids; /* NULL: rows 0 .. rows-1 */
+	void *dst;
+	int64_t dst_stride;
+};
 
-		for (int64_t q = threadIdx.x; q < parts; q += blockDim.x) {
+/* Row r of a weight (or table) of format T to f32 or f16 (O); rows
+ * grid-strided over blocks. */
+template <uint32_t T, typename O>
+__global__ void __launch_bounds__(THREADS) k_dequant(const struct deq_p p)
+{
+	for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+		const uint8_t *row = p.w + (p.ids ? (int64_t)p.ids[r] : r) * p.w_stride;
+		O *out = (O *)p.dst + r * p.dst_stride;
+
+		for (int64_t q = threadIdx.x; q < p.parts; q += blockDim.x) {
 			float v[8];
 
-			deq_part(type, row, q, k, v);
+			deq_part<T>(row, q, p.k, v);
 			for (int e = 0; e < 8; e++) {
-				int64_t idx = part_index(type, q, e);
+				int64_t idx = part_index<T>(q, e);
 
-				if (idx < k)
+				if (in_row<T>(idx, p.k))
 					store(&out[idx], v[e]);
 			}
 		}
 	}
 }
 
+template <uint32_t T, typename O> static void launch_dequant(gpuStream_t s, const struct deq_p p)
+{
+	void (*kernel)(const struct deq_p) = k_dequant<T, O>;
+
+	GPU_LAUNCH(kernel, grid_of(p.rows), THREADS, 0, s, p);
+}
+
+template <uint32_t T> static void launch_deq_f32(gpuStream_t s, const struct deq_p p)
+{
+	launch_dequant<T, float>(s, p);
+}
+
+template <uint32_t T> static void launch_deq_f16(gpuStream_t s, const struct deq_p p)
+{
+	launch_dequant<T, uint16_t>(s, p);
+}
+
+typedef void (*deq_launch)(gpuStream_t, const struct deq_p);
+
+static deq_launch deq_f32_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_deq_f32
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+static deq_launch deq_f16_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_deq_f16
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+static int dequant(struct gpurt *rt, uint32_t type, bool half, const struct deq_p *p)
+{
+	deq_launch launch = half ? deq_f16_for(type) : deq_f32_for(type);
+
+	BIND(rt);
+	if (!launch)
+		return unknown_format(rt, "dequantize", type);
+	launch(rt->stream, *p);
+	return launched(rt, half ? "dequantize (f16) kernel" : "dequantize kernel");
+}
+
 extern "C" int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,
 			     int64_t k, int64_t rows, const int32_t *ids, float *dst,
 			     int64_t dst_stride)
 {
-	BIND(rt);
-	GPU_LAUNCH(k_dequant<float>, grid_of(rows), THREADS, 0, rt->stream, type,
-		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, ids, dst, dst_stride);
-	return launched(rt, "dequantize kernel");
+	struct deq_p p = { (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, ids, dst,
+			   dst_stride };
+
+	return dequant(rt, type, false, &p);
 }
 
 extern "C" int gpurt_dequant_half(struct gpurt *rt, uint32_t type, const void *w,
 				  size_t w_stride, int64_t k, int64_t rows, uint16_t *dst,
 				  int64_t dst_stride)
 {
-	BIND(rt);
-	GPU_LAUNCH(k_dequant<uint16_t>, grid_of(rows), THREADS, 0, rt->stream, type,
-		   (const uint8_t *)w, w_stride, k, parts_of(type, k), rows,
-		   (const int32_t *)NULL, dst, dst_stride);
-	return launched(rt, "dequantize (f16) kernel");
+	struct deq_p p = { (const uint8_t *)w, w_stride, k, parts_of(type, k), rows, NULL, dst,
+			   dst_stride };
+
+	return dequant(rt, type, true, &p);
 }
 
 /* float to bfloat16, rounding to nearest even; NaN stays a quiet NaN. */

@@ -104,6 +104,19 @@ template <typename T> inline T emu_shfl_xor(T v, int mask)
 }
 #define gpu_shfl_xor(v, m) emu_shfl_xor((v), (m))
 
+/* CUDA's 16-byte vector, for 128-bit loads. */
+struct alignas(16) uint4 {
+	unsigned x, y, z, w;
+};
+
+/* CUDA's __dp4a: c plus the four products of a's and b's signed bytes. */
+inline int __dp4a(int a, int b, int c)
+{
+	for (int i = 0; i < 4; i++)
+		c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+	return c;
+}
+
 inline float __uint_as_float(uint32_t u)
 {
 	float f;

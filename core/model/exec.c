@@ -75,6 +75,51 @@ static size_t act_rows(const struct loom_exec *e, int a)
 	return (size_t)(a == ACT_OUT || a == ACT_LOGITS ? e->max_out : e->max_tokens);
 }
 
+/* Offsets of every activation and input array in one buffer (offs[],
+ * ACT_COUNT + IN_COUNT of them) and its size; sets e->in_count from the
+ * cache's blocks (n_blocks, windowed pool or not). False on overflow. */
+static bool layout(struct loom_exec *e, int64_t n_blocks, bool local, size_t *offs,
+		   size_t *total)
+{
+	int i;
+
+	e->in_count[IN_TOKENS] = e->in_count[IN_POS] = e->in_count[IN_SLOTS] =
+		(size_t)e->max_tokens;
+	e->in_count[IN_QSTART] = (size_t)e->max_seqs + 1;
+	e->in_count[IN_KVLEN] = (size_t)e->max_seqs;
+	if (__builtin_mul_overflow((size_t)e->max_seqs, (size_t)n_blocks, &e->in_count[IN_BLOCKS]))
+		return false;
+	if (local) { /* same logical length as the full-context table */
+		e->in_count[IN_LSLOTS] = (size_t)e->max_tokens;
+		e->in_count[IN_LBLOCKS] = e->in_count[IN_BLOCKS];
+	}
+	*total = 0;
+	for (i = 0; i < ACT_COUNT; i++) {
+		offs[i] = *total;
+		if (!add_size(total, act_rows(e, i) * (size_t)e->width[i], sizeof(float)))
+			return false;
+	}
+	for (i = 0; i < IN_COUNT; i++) {
+		offs[ACT_COUNT + i] = *total;
+		if (!add_size(total, e->in_count[i], sizeof(int32_t)))
+			return false;
+	}
+	return true;
+}
+
+bool loom_exec_bytes(struct loom_model *m, int32_t max_tokens, int32_t max_seqs,
+		     int32_t max_outputs, int64_t n_blocks, bool local, size_t *bytes)
+{
+	struct loom_exec e = { .m = m, .max_tokens = max_tokens, .max_seqs = max_seqs,
+			       .max_out = max_outputs };
+	size_t offs[ACT_COUNT + IN_COUNT];
+
+	if (max_tokens <= 0 || max_seqs <= 0 || max_outputs <= 0 || n_blocks < 0)
+		return false;
+	set_widths(&e);
+	return layout(&e, n_blocks, local, offs, bytes);
+}
+
 /* Lays out every activation and input array in one backend buffer. */
 static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 {
@@ -83,24 +128,10 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 	char *base;
 	int i;
 
-	e->in_count[IN_TOKENS] = e->in_count[IN_POS] = e->in_count[IN_SLOTS] =
-		(size_t)e->max_tokens;
-	e->in_count[IN_QSTART] = (size_t)e->max_seqs + 1;
-	e->in_count[IN_KVLEN] = (size_t)e->max_seqs;
-	e->in_count[IN_BLOCKS] = (size_t)e->max_seqs * (size_t)e->kv->n_blocks;
-	if (e->kv->local) { /* same logical length as the full-context table */
-		e->in_count[IN_LSLOTS] = (size_t)e->max_tokens;
-		e->in_count[IN_LBLOCKS] = e->in_count[IN_BLOCKS];
-	}
-	for (i = 0; i < ACT_COUNT; i++) {
-		offs[i] = total;
-		if (!add_size(&total, act_rows(e, i) * (size_t)e->width[i], sizeof(float)))
-			goto out_overflow;
-	}
-	for (i = 0; i < IN_COUNT; i++) {
-		offs[ACT_COUNT + i] = total;
-		if (!add_size(&total, e->in_count[i], sizeof(int32_t)))
-			goto out_overflow;
+	if (!layout(e, e->kv->n_blocks, e->kv->local != NULL, offs, &total)) {
+		loom_seterr(err, errlen, "executor: activation size overflows (batch %d)",
+			    e->max_tokens);
+		return -1;
 	}
 	/* one host block with the device layout, so a step's inputs go up in
 	 * one upload */
@@ -123,9 +154,6 @@ static int alloc_buffers(struct loom_exec *e, char *err, size_t errlen)
 	for (i = 0; i < IN_COUNT; i++)
 		e->in[i] = (int32_t *)(base + offs[ACT_COUNT + i]);
 	return 0;
-out_overflow:
-	loom_seterr(err, errlen, "executor: activation size overflows (batch %d)", e->max_tokens);
-	return -1;
 }
 
 struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,

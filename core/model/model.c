@@ -821,6 +821,24 @@ static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct lo
 	return 0;
 }
 
+/* The upload plan's bytes by stored type, before packing. */
+static void tally_plan(struct loader *l)
+{
+	struct loom_model *m = l->m;
+
+	memset(m->plan_bytes, 0, sizeof(m->plan_bytes));
+	m->n_converted = 0;
+	for (int i = 0; i < l->n_plan; i++) {
+		const struct weight_plan *p = &l->plan[i];
+		uint32_t t = p->dequant ? LOOM_TYPE_F32 : p->t->type;
+
+		if (t < LOOM_TYPE_COUNT)
+			m->plan_bytes[t] += p->bytes;
+		m->n_converted += p->dequant && p->t->type != LOOM_TYPE_F32;
+	}
+	m->plan_total = l->total;
+}
+
 static void free_plan(struct loader *l)
 {
 	for (int i = 0; i < l->n_plan; i++)
@@ -853,8 +871,12 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 	}
 	if (plan_shard(m, f, p->dist, p->backend_flags, err, errlen))
 		goto out_free;
-	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l) || pack_all(&l) ||
-	    upload_all(&l, p->progress && isatty(2)))
+	if (set_layer_kinds(f, m, err, errlen) || plan_all(&l))
+		goto out_free;
+	tally_plan(&l);
+	if (p->before_alloc && p->before_alloc(p->before_alloc_arg, m, err, errlen))
+		goto out_free;
+	if (pack_all(&l) || upload_all(&l, p->progress && isatty(2)))
 		goto out_free;
 	if (m->n_packs)
 		loom_log(LOOM_LOG_INFO, "weights: %.1f MiB as in the file, %.1f MiB in %d tensors packed by backend %s",

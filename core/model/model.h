@@ -112,6 +112,12 @@ struct loom_model {
 	struct loom_buffer **packs;
 	int n_packs;
 	size_t weights_bytes, packed_bytes; /* in weights_buf, in packs */
+	/* the upload plan before packing: bytes by the type stored on the
+	 * backend (a tensor converted at load counts as f32), in all (with
+	 * alignment), and the tensors converted to f32 for want of a kernel */
+	uint64_t plan_bytes[LOOM_TYPE_COUNT];
+	uint64_t plan_total;
+	int n_converted;
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
 	struct loom_layer *layers; /* n_layer; only shard's layers hold weights */
 	struct loom_shard shard;   /* what this process holds (all of it alone) */
@@ -133,6 +139,12 @@ struct loom_model_params {
 	/* the distributed job this process is a rank of (its share of the
 	 * model: loom_shard_plan); NULL: the whole model */
 	struct loom_dist *dist;
+	/* called once the weights are planned (plan_bytes), before anything
+	 * is allocated or uploaded for them: the engine plans the KV cache
+	 * and refuses a model that does not fit. Non-zero stops the load
+	 * (err set). NULL: no check. */
+	int (*before_alloc)(void *arg, struct loom_model *m, char *err, size_t errlen);
+	void *before_alloc_arg;
 };
 
 /* Context per sequence for an asked n_ctx: n_ctx, or 4096 when <= 0;
@@ -172,6 +184,11 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 				int32_t max_tokens, int32_t max_seqs,
 				int32_t max_outputs, char *err, size_t errlen);
 void loom_exec_free(struct loom_exec *e);
+/* The bytes of backend memory loom_exec_new would allocate for these
+ * limits over a cache of n_blocks blocks (local: with a windowed pool).
+ * False on overflow or bad limits. */
+bool loom_exec_bytes(struct loom_model *m, int32_t max_tokens, int32_t max_seqs,
+		     int32_t max_outputs, int64_t n_blocks, bool local, size_t *bytes);
 /* Runs one step; logits (host, n_out x n_vocab) are written to `logits`.
  * 0, or a negative loom_status with err set. */
 int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logits,

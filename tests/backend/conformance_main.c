@@ -7,7 +7,8 @@
  * ref.so, cpu.so, cuda.so and rocm.so (whichever load) against ref.so; cpu.so
  * in exact mode and in fast mode (LOOM_CPU_EXACT=1, 0), each also with 3
  * threads (uneven splits) and with its lesser kernel sets (LOOM_CPU_ISA=
- * avx512 (fast mode: no VNNI), avx2, scalar). Suffixes :threads=N set the
+ * avx512 (fast mode: no VNNI), avx2, scalar); cuda.so and rocm.so in
+ * exact and fast mode (LOOM_GPU_EXACT=1, 0). Suffixes :threads=N set the
  * config's n_threads; any other :KEY=VALUE is set in the environment
  * before the backend is created.
  * ref.so failing to load is a failure; any other backend that does not load
@@ -68,7 +69,8 @@ static int test_backend(const char *spec)
 		return 1;
 	}
 	apply_variant(spec, name, sizeof(name), &n_threads);
-	tb_fast = getenv("LOOM_CPU_EXACT") && !strcmp(getenv("LOOM_CPU_EXACT"), "0");
+	tb_fast = (getenv("LOOM_CPU_EXACT") && !strcmp(getenv("LOOM_CPU_EXACT"), "0")) ||
+		  (getenv("LOOM_GPU_EXACT") && !strcmp(getenv("LOOM_GPU_EXACT"), "0"));
 	if (dev_open(&d, name, n_threads, err, sizeof(err))) {
 		printf("SKIP %s: %s\n", spec, err);
 		dev_close(&ref);
@@ -150,7 +152,11 @@ int main(int argc, char **argv)
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx-vnni",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx2",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=scalar",
-		"cuda.so", "rocm.so",
+		/* GPU backends in exact mode (f32 activations) and in fast mode
+		 * (8-bit activations, integer dots in the q4_0, q8_0, q4_K, q6_K
+		 * GEMV) */
+		"cuda.so:LOOM_GPU_EXACT=1", "cuda.so:LOOM_GPU_EXACT=0",
+		"rocm.so:LOOM_GPU_EXACT=1", "rocm.so:LOOM_GPU_EXACT=0",
 	};
 	const char *const *names = all;
 	int n = sizeof(all) / sizeof(all[0]), failed = 0, tested = 0;

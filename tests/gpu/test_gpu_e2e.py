@@ -10,7 +10,18 @@ step graph at positions 18..34 of the 16-token prompt, across a KV block
 boundary at 32, and the later steps repeat the same kernels on the same
 shapes). The prompts are long enough (> 8 tokens) that prefill takes the
 tiled attention kernel and, at 16+ rows, the GEMM path; decode takes the
-GEMV and split-K kernels. Exit 77 when the backend was not built, has no
+GEMV and split-K kernels.
+
+Then k-quants: a tiny random llama (tools/mkgguf.py, 2 layers, 256 wide,
+f16) requantized by `loom quantize` to Q2_K, Q3_K_M and Q4_K_M (q2_K ..
+q6_K between them), 16 greedy tokens each against cpu.so, the prompt long
+enough for the prefill GEMM path; the memory plan must say that no tensor
+was converted to f32 at load. In fast mode (LOOM_GPU_EXACT=0: 8-bit
+activations, integer dots in the q4_0, q8_0 and q4_K GEMV) Q4_K_M decodes
+the same tokens with step graphs replayed as run directly. A second or
+so per run, even emulated.
+
+Exit 77 when the backend was not built, has no
 device (cuda: /dev/nvidia0, rocm: /dev/kfd; the emulators always have one)
 or the model is missing.
 """
@@ -27,22 +38,91 @@ PROMPTS = [
 ]
 
 
-def run(loom, backend, model, prompt, n, out):
-    """Token ids, the speed line and the backend's step-graph counts (or None)."""
-    # the backend's info lines on stderr; cpu.so in exact mode (f32
-    # activations), the path GPU backends are held to
-    env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1")
+KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M"]
+# q4_K in the fast GEMV (sched_gpuemu and sched_swa_gpuemu decode q4_0
+# and q8_0 models in fast mode, every step in a region)
+FAST_MIXES = ["Q4_K_M"]
+KQUANT_TOKENS = 16
+MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                      "mkgguf.py")
+
+
+def run(loom, backend, model, prompt, n, out, log=None, **env_extra):
+    """Token ids, the speed line and the backend's step-graph counts (or
+    None); the run's stderr appended to log when given."""
+    # the backend's info lines on stderr; cpu.so and the GPU backend in
+    # exact mode (f32 activations), the path GPU backends are held to,
+    # unless env_extra says otherwise
+    env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1", LOOM_GPU_EXACT="1")
+    env.update(env_extra)
     p = subprocess.run([loom, "run", f"--backend={backend}", "--model", model, "-p", prompt,
                         "-n", str(n), "--temp", "0", "--no-progress", "--dump-tokens", out],
-                       capture_output=True, text=True, timeout=900, env=env)
+                       capture_output=True, text=True, errors="replace", timeout=900, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"loom run --backend={backend} failed (rc {p.returncode}):\n"
                            f"{p.stdout}{p.stderr}")
+    if log is not None:
+        log.append(p.stderr)
     graphs = re.search(r"step graphs: (\d+) captured, (\d+) replays", p.stderr)
     speed = [l for l in p.stderr.splitlines() if "generated" in l][-1:]
     with open(out) as f:
         return ([int(t) for t in f.read().split()], speed,
                 tuple(int(g) for g in graphs.groups()) if graphs else None)
+
+
+def kquant_models(loom, tmp):
+    """The tiny model in each of KQUANT_MIXES: [(mix, path)]."""
+    src = os.path.join(tmp, "tiny16.gguf")
+    subprocess.run([sys.executable, MKGGUF, src, "--layers", "2", "--embd", "256", "--ff", "512",
+                    "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--type", "f16",
+                    "--seed", "5", "-q"], check=True, capture_output=True, timeout=120)
+    models = []
+    for mix in KQUANT_MIXES:
+        dst = os.path.join(tmp, f"tiny_{mix}.gguf")
+        subprocess.run([loom, "quantize", src, dst, mix], check=True, capture_output=True,
+                       timeout=120)
+        models.append((mix, dst))
+    return models
+
+
+def check_kquants(loom, stem, tmp):
+    """Greedy tokens of the tiny k-quant models equal cpu.so's, nothing
+    converted to f32 at load. Returns the number of failures."""
+    out, failed = os.path.join(tmp, "ktokens"), 0
+    for mix, model in kquant_models(loom, tmp):
+        log = []
+        want, _, _ = run(loom, "cpu.so", model, PROMPTS[0], KQUANT_TOKENS, out)
+        got, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out, log)
+        native = "; 0 tensors converted to f32 at load)" in log[0]
+        same = got == want and len(got) == KQUANT_TOKENS
+        print(f"{'ok  ' if same and native else 'FAIL'} {stem}.so {mix}: {len(got)} tokens "
+              f"{'equal' if same else 'differ from'} cpu.so's, "
+              f"{'nothing' if native else 'something'} converted to f32 at load")
+        if not same:
+            print(f"     cpu: {want}\n     {stem}: {got}")
+        if not native:
+            print(log[0])
+        failed += not (same and native)
+        if mix in FAST_MIXES:
+            failed += check_fast(loom, stem, mix, model, out, got)
+    return failed
+
+
+def check_fast(loom, stem, mix, model, out, exact):
+    """Fast mode (8-bit activations in the GEMV): captured and replayed
+    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0); the
+    agreement with exact mode's tokens is printed, not judged (a random
+    model's greedy path may turn on a near tie)."""
+    n = KQUANT_TOKENS
+    fast, _, graphs = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0")
+    direct, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
+                       LOOM_GPU_GRAPHS="0")
+    same = fast == direct and len(fast) == n and graphs and graphs[1] >= n - 4
+    agree = next((i for i, (a, b) in enumerate(zip(fast, exact)) if a != b), len(fast))
+    print(f"{'ok  ' if same else 'FAIL'} {stem}.so {mix} fast mode: graphs {graphs}, tokens "
+          f"{'equal to' if fast == direct else 'differ from'} direct runs'; the first {agree} "
+          f"of {len(fast)} equal exact mode's")
+    return 0 if same else 1
 
 
 def main():
@@ -84,6 +164,7 @@ def main():
                 failed += 1
             else:
                 print(f"ok   {stem}.so step graphs: {graphs[0]} captured, {graphs[1]} replays")
+        failed += check_kquants(loom, stem, tmp)
     return 1 if failed else 0
 
 

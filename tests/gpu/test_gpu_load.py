@@ -14,7 +14,10 @@ usage: test_gpu_load.py BACKEND LOOM_EXE CONFORMANCE_EXE
 
 On a machine that has the device (/dev/nvidia0 for cuda, /dev/kfd for
 rocm) steps 1-2 instead require create() to succeed and loom run to work,
-and step 3 requires the conformance suite to pass. The emulated backends
+and step 3 requires the conformance suite to pass; loom run prints the
+memory plan (LOOM_DEBUG=1) with no tensor converted to f32, and on the
+emulators a device capped at 256 MiB (LOOM_GPUEMU_MEM_MB) refuses the
+model with the plan before allocating anything for it. The emulated backends
 have a device unless LOOM_GPUEMU_DEVICES=0, which the meson file uses to
 run the no-device steps on them for real.
 Exit 77 when the backend was not built or the model is missing.
@@ -89,15 +92,33 @@ def check_abi(path, stem, has_device):
 
 def check_run(loom, stem, model, has_device):
     p = subprocess.run([loom, "run", f"--backend={stem}.so", "--model", model, "-p", "Hi",
-                        "-n", "4"], capture_output=True, text=True, timeout=300)
+                        "-n", "4"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, LOOM_DEBUG="1"))
     out = p.stdout + p.stderr
     check(p.returncode >= 0, f"loom run --backend={stem}.so did not crash (rc {p.returncode})")
     if has_device:
         check(p.returncode == 0, f"loom run --backend={stem}.so works on a device:\n{out}")
+        check(f"memory plan on {stem}: weights " in out and
+              "; 0 tensors converted to f32 at load)" in out,
+              f"loom run --backend={stem}.so prints its memory plan, nothing converted to f32:\n{out}")
         return
     check(p.returncode != 0, f"loom run --backend={stem}.so exits non-zero without a device")
     check("no usable device or driver found" in out,
           f"loom run --backend={stem}.so says no device or driver was found:\n{out}")
+
+
+def check_memory_plan(loom, stem, model):
+    """An emulated device of 256 MiB cannot hold the model, its KV cache and
+    the backend's reserve: refused by the memory plan, before the weights
+    or the cache are allocated (whose failures say "cannot allocate")."""
+    p = subprocess.run([loom, "run", f"--backend={stem}.so", "--model", model, "-p", "Hi",
+                        "-n", "4"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, LOOM_GPUEMU_MEM_MB="256"))
+    out = p.stdout + p.stderr
+    check(p.returncode > 0, f"loom run --backend={stem}.so on 256 MiB exits non-zero (rc {p.returncode})")
+    check(f"does not fit on backend {stem}" in out and "weights " in out and "KV cache " in out
+          and "activations " in out and "free of 256.0 MiB" in out and "cannot allocate" not in out,
+          f"loom run --backend={stem}.so on 256 MiB is refused with the memory plan:\n{out}")
 
 
 def built_backend(stem):
@@ -108,15 +129,18 @@ def built_backend(stem):
 
 
 def check_conformance(conf, stem, has_device):
-    p = subprocess.run([conf, f"{stem}.so"], capture_output=True, text=True, timeout=600)
+    # exact mode (f32 activations) and fast mode (8-bit activations in the
+    # q4_0, q8_0, q4_K, q6_K GEMV), each against ref.so with its tolerances
+    p = subprocess.run([conf, f"{stem}.so:LOOM_GPU_EXACT=1", f"{stem}.so:LOOM_GPU_EXACT=0"],
+                       capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     if has_device:
-        check(p.returncode == 0, f"conformance of {stem}.so passes:\n{out[-4000:]}")
+        check(p.returncode == 0, f"conformance of {stem}.so (exact and fast) passes:\n{out[-4000:]}")
         return
     skip = [l for l in out.splitlines() if l.startswith(f"SKIP {stem}.so")]
-    check(len(skip) == 1 and "no usable device or driver found" in skip[0] and
-          f"/{stem}.so" in skip[0] and "/backends/" in skip[0],
-          f"conformance finds {stem}.so in the build tree and skips it for want of a device: {skip}")
+    check(len(skip) == 2 and all("no usable device or driver found" in l and
+                                 f"/{stem}.so" in l and "/backends/" in l for l in skip),
+          f"conformance finds {stem}.so in the build tree and skips it (both modes) for want of a device: {skip}")
     check(p.returncode == 0, f"conformance run with only {stem}.so exits 0 (rc {p.returncode})")
 
 
@@ -137,6 +161,8 @@ def main():
     print(f"{stem}.so: {'a device node exists' if has_device else 'no device node'}")
     check_abi(path, stem, has_device)
     check_run(loom, stem, model, has_device)
+    if has_device and stem.startswith("gpuemu"):
+        check_memory_plan(loom, stem, model)
     check_conformance(conf, stem, has_device)
     return 1 if failures else 0
 
