@@ -735,3 +735,18 @@ int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, s
 }
 #endif
 #endif /* LOOM_H */
+/* ======== appended: Jinja chat templates ======== */
+
+/*
+ * Renders a Jinja chat template (a model's tokenizer.chat_template, or any
+ * template text) with the variables of VARS_JSON, a JSON object
+ * (messages, add_generation_prompt, tools, bos_token, eos_token...), as
+ * Hugging Face transformers renders it (docs/TEMPLATES.md). NOW is
+ * strftime_now's time in Unix seconds, UTC (0: the clock, local time).
+ * Returns the text, malloc'd and NUL-terminated, its length in *len; or
+ * NULL with err: the template's own message when it raised, else what is
+ * wrong and where. Limits on output, memory, steps and nesting make a
+ * hostile template fail, never hang.
+ */
+char *loom_template_render(const char *tmpl, size_t tlen, const char *vars_json, size_t vlen,
+			   int64_t now, size_t *len, char *err, size_t errlen);

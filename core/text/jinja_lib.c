@@ -1,0 +1,1011 @@
+/* Jinja's library: attribute and item access, operators, the methods of
+ * str, dict and list that templates call, the global functions, filters
+ * and tests. Names and behaviour follow jinja2 3.1 and Python; the
+ * sandbox refuses the methods that would change a list or a dict. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "text/jinja_impl.h"
+
+#define MAX_RANGE 1000000
+
+/* ---- UTF-8 ---- */
+
+static bool utf8_cont(unsigned char ch)
+{
+	return (ch & 0xc0) == 0x80;
+}
+
+/* Byte offsets of the code points of S, plus its length at [count]. */
+static size_t *cp_offsets(struct jctx *c, struct jv s, size_t *count)
+{
+	size_t *off = jx_alloc_array(c, s.u.s.n + 1, sizeof(*off)), k = 0;
+
+	for (size_t i = 0; i < s.u.s.n; i++)
+		if (!utf8_cont((unsigned char)s.u.s.p[i]))
+			off[k++] = i;
+	off[k] = s.u.s.n;
+	*count = k;
+	return off;
+}
+
+static size_t cp_len(struct jv s)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < s.u.s.n; i++)
+		k += !utf8_cont((unsigned char)s.u.s.p[i]);
+	return k;
+}
+
+/* ---- helpers ---- */
+
+static struct jv need_str(struct jctx *c, struct jv v, const char *what)
+{
+	if (v.k == JK_UNDEF)
+		jx_fail_undef(c, v);
+	if (v.k != JK_STR)
+		jx_fail(c, "line %d: TypeError: %s needs a string, not %s", c->line, what, jv_type(v));
+	return v;
+}
+
+static int64_t need_int(struct jctx *c, struct jv v, const char *what)
+{
+	if (v.k == JK_INT)
+		return v.u.i;
+	if (v.k == JK_BOOL)
+		return v.u.b;
+	if (v.k == JK_UNDEF)
+		jx_fail_undef(c, v);
+	jx_fail(c, "line %d: TypeError: %s needs an integer, not %s", c->line, what, jv_type(v));
+}
+
+static struct jv arg(const struct jv *args, size_t nargs, size_t i, const char *const *kwn,
+		     const struct jv *kwv, size_t nkw, const char *name, struct jv def)
+{
+	for (size_t k = 0; k < nkw; k++)
+		if (!strcmp(kwn[k], name))
+			return kwv[k];
+	return i < nargs ? args[i] : def;
+}
+
+#define ARG(i, name, def) arg(args, nargs, i, kwn, kwv, nkw, name, def)
+
+static struct jv str_copy(struct jctx *c, struct jv s)
+{
+	char *p = jx_strdup(c, s.u.s.p, s.u.s.n);
+	struct jv r = jv_str(p, s.u.s.n);
+
+	r.fl = s.fl & JF_CTX;
+	if (s.u.s.m) {
+		uint8_t *m = jx_alloc(c, s.u.s.n + 1);
+
+		memcpy(m, s.u.s.m, s.u.s.n);
+		r.u.s.m = m;
+	}
+	return r;
+}
+
+static struct jv make_tuple(struct jctx *c, struct jv a, struct jv b)
+{
+	struct jv t = jv_list(c, 2);
+
+	jl_push(c, t.u.l, a);
+	jl_push(c, t.u.l, b);
+	t.fl |= JF_TUPLE;
+	return t;
+}
+
+static struct jv method(struct jctx *c, struct jv self, const char *name, bool unsafe)
+{
+	struct jv m = { .k = JK_METHOD };
+
+	m.u.mt = jx_alloc(c, sizeof(*m.u.mt));
+	m.u.mt->self = self;
+	m.u.mt->name = name;
+	if (unsafe)
+		m.fl = JF_UNSAFE;
+	return m;
+}
+
+static bool in_names(const char *name, const char *const *names)
+{
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(names[i], name))
+			return true;
+	return false;
+}
+
+static const char *const str_methods[] = { "strip", "lstrip", "rstrip", "split", "rsplit",
+	"startswith", "endswith", "upper", "lower", "title", "capitalize", "replace", "find",
+	"rfind", "index", "count", "splitlines", "join", "isdigit", "isalpha", "isalnum",
+	"isspace", "isupper", "islower", "format", "swapcase", "center", "zfill", NULL };
+static const char *const dict_methods[] = { "items", "keys", "values", "get", "copy", NULL };
+static const char *const dict_unsafe[] = { "pop", "popitem", "setdefault", "update", "clear",
+					   NULL };
+static const char *const list_methods[] = { "index", "count", "copy", NULL };
+static const char *const list_unsafe[] = { "append", "extend", "insert", "pop", "remove",
+					   "reverse", "sort", "clear", NULL };
+
+/* ---- access ---- */
+
+struct jv jx_getattr(struct jctx *c, struct jv obj, const char *name)
+{
+	if (obj.k == JK_UNDEF)
+		jx_fail_undef(c, obj);
+	if (obj.k == JK_DICT) {
+		struct jv *v;
+
+		if (!(obj.fl & JF_NS) && in_names(name, dict_methods))
+			return method(c, obj, name, false);
+		if (!(obj.fl & JF_NS) && in_names(name, dict_unsafe))
+			return method(c, obj, name, true);
+		v = jd_gets(obj.u.d, name);
+		return v ? *v : jv_undef_attr(c, obj, name);
+	}
+	if (obj.k == JK_STR && in_names(name, str_methods))
+		return method(c, obj, name, false);
+	if (obj.k == JK_LIST && in_names(name, list_methods))
+		return method(c, obj, name, false);
+	if (obj.k == JK_LIST && in_names(name, list_unsafe))
+		return method(c, obj, name, true);
+	return jv_undef_attr(c, obj, name);
+}
+
+static int64_t norm_index(int64_t i, size_t n)
+{
+	return i < 0 ? i + (int64_t)n : i;
+}
+
+struct jv jx_getitem(struct jctx *c, struct jv obj, struct jv key)
+{
+	if (obj.k == JK_UNDEF)
+		jx_fail_undef(c, obj);
+	if (obj.k == JK_DICT) {
+		struct jv *v = jd_get(obj.u.d, key);
+
+		if (v)
+			return *v;
+		return key.k == JK_STR ? jx_getattr(c, obj, jx_strdup(c, key.u.s.p, key.u.s.n))
+				       : jv_undef_attr(c, obj, "[key]");
+	}
+	if ((obj.k == JK_LIST || obj.k == JK_STR) && (key.k == JK_INT || key.k == JK_BOOL)) {
+		size_t n = obj.k == JK_LIST ? obj.u.l->n : cp_len(obj);
+		int64_t i = norm_index(need_int(c, key, "an index"), n);
+
+		if (i < 0 || (uint64_t)i >= n)
+			return jv_undef_attr(c, obj, "[index]");
+		if (obj.k == JK_LIST)
+			return obj.u.l->v[i];
+		size_t cnt, *off = cp_offsets(c, obj, &cnt);
+
+		return jv_sub(obj, off[i], off[i + 1] - off[i]);
+	}
+	if (key.k == JK_STR)
+		return jx_getattr(c, obj, jx_strdup(c, key.u.s.p, key.u.s.n));
+	return jv_undef_attr(c, obj, "[key]");
+}
+
+static int64_t slice_bound(struct jctx *c, struct jv v, int64_t n, int64_t step, bool lo)
+{
+	int64_t i;
+
+	if (v.k == JK_NONE || v.k == JK_UNDEF)
+		return step > 0 ? (lo ? 0 : n) : (lo ? n - 1 : -1);
+	i = need_int(c, v, "a slice");
+	if (i < 0) {
+		i += n;
+		if (i < 0)
+			i = step > 0 ? 0 : -1;
+	} else if (i >= n) {
+		i = step > 0 ? n : n - 1;
+	}
+	return i;
+}
+
+struct jv jx_slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, struct jv st)
+{
+	int64_t step = st.k == JK_NONE || st.k == JK_UNDEF ? 1 : need_int(c, st, "a slice step");
+	size_t n, *off = NULL;
+	int64_t a, b;
+	struct jv out;
+	struct jbuf buf = { 0 };
+
+	if (v.k == JK_UNDEF)
+		jx_fail_undef(c, v);
+	if (step == 0)
+		jx_fail(c, "line %d: ValueError: slice step cannot be zero", c->line);
+	if (v.k == JK_LIST)
+		n = v.u.l->n;
+	else if (v.k == JK_STR)
+		off = cp_offsets(c, v, &n);
+	else
+		jx_fail(c, "line %d: TypeError: '%s' object is not subscriptable", c->line,
+			jv_type(v));
+	a = slice_bound(c, lo, (int64_t)n, step, true);
+	b = slice_bound(c, hi, (int64_t)n, step, false);
+	if (v.k == JK_STR && step == 1)
+		return a < b ? jv_sub(v, off[a], off[b] - off[a]) : jv_str("", 0);
+	out = jv_list(c, 0);
+	for (int64_t i = a; step > 0 ? i < b : i > b; i += step) {
+		jx_step(c, 1);
+		if (v.k == JK_LIST)
+			jl_push(c, out.u.l, v.u.l->v[i]);
+		else
+			jb_putv(c, &buf, jv_sub(v, off[i], off[i + 1] - off[i]));
+	}
+	if (v.k == JK_STR)
+		return jb_str(&buf);
+	return out;
+}
+
+struct jv jv_iter(struct jctx *c, struct jv v)
+{
+	struct jv l;
+
+	switch (v.k) {
+	case JK_LIST:
+		l = v;
+		l.fl &= (uint8_t)~(JF_GEN | JF_TUPLE);
+		return l;
+	case JK_UNDEF:
+		return jv_list(c, 0);
+	case JK_DICT:
+		l = jv_list(c, v.u.d->n);
+		for (size_t i = 0; i < v.u.d->n; i++)
+			jl_push(c, l.u.l, v.u.d->e[i].key);
+		return l;
+	case JK_STR: {
+		size_t n, *off = cp_offsets(c, v, &n);
+
+		l = jv_list(c, n);
+		for (size_t i = 0; i < n; i++)
+			jl_push(c, l.u.l, jv_sub(v, off[i], off[i + 1] - off[i]));
+		return l;
+	}
+	default:
+		jx_fail(c, "line %d: TypeError: '%s' object is not iterable", c->line, jv_type(v));
+	}
+}
+
+bool jx_contains(struct jctx *c, struct jv hay, struct jv needle)
+{
+	switch (hay.k) {
+	case JK_STR:
+		if (needle.k != JK_STR)
+			jx_fail(c, "line %d: TypeError: 'in <string>' requires string as left operand, not %s",
+				c->line, jv_type(needle));
+		return needle.u.s.n == 0 ||
+		       memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
+	case JK_LIST:
+		for (size_t i = 0; i < hay.u.l->n; i++)
+			if (jv_eq(hay.u.l->v[i], needle))
+				return true;
+		return false;
+	case JK_DICT:
+		return jd_get(hay.u.d, needle) != NULL;
+	case JK_UNDEF:
+		return false;
+	default:
+		jx_fail(c, "line %d: TypeError: argument of type '%s' is not iterable", c->line,
+			jv_type(hay));
+	}
+}
+
+/* ---- operators ---- */
+
+static bool is_num(struct jv v)
+{
+	return v.k == JK_INT || v.k == JK_FLOAT || v.k == JK_BOOL;
+}
+
+static double num(struct jv v)
+{
+	return v.k == JK_FLOAT ? v.u.f : v.k == JK_INT ? (double)v.u.i : v.u.b;
+}
+
+static int64_t ival(struct jv v)
+{
+	return v.k == JK_INT ? v.u.i : v.u.b;
+}
+
+static const char *op_name(int op)
+{
+	static const char *const names[] = { "?", "+", "-", "*", "/", "//", "%", "**" };
+
+	return op >= 1 && op <= JT_POW ? names[op] : "?";
+}
+
+static struct jv repeat(struct jctx *c, struct jv s, int64_t times)
+{
+	struct jbuf b = { 0 };
+	struct jv l;
+
+	if (s.k == JK_STR) {
+		for (int64_t i = 0; i < times; i++)
+			jb_putv(c, &b, s);
+		return jb_str(&b);
+	}
+	l = jv_list(c, 0);
+	for (int64_t i = 0; i < times; i++)
+		for (size_t k = 0; k < s.u.l->n; k++) {
+			jx_step(c, 1);
+			jl_push(c, l.u.l, s.u.l->v[k]);
+		}
+	return l;
+}
+
+static struct jv int_op(struct jctx *c, int op, int64_t a, int64_t b)
+{
+	int64_t r;
+
+	switch (op) {
+	case JT_ADD:
+		if (!__builtin_add_overflow(a, b, &r))
+			return jv_int(r);
+		break;
+	case JT_SUB:
+		if (!__builtin_sub_overflow(a, b, &r))
+			return jv_int(r);
+		break;
+	case JT_MUL:
+		if (!__builtin_mul_overflow(a, b, &r))
+			return jv_int(r);
+		break;
+	case JT_FLOORDIV:
+	case JT_MOD:
+		if (b == 0)
+			jx_fail(c, "line %d: ZeroDivisionError: integer division or modulo by zero", c->line);
+		if (a == INT64_MIN && b == -1)
+			break;
+		r = a / b;
+		if ((a % b != 0) && ((a < 0) != (b < 0)))
+			r--;
+		return jv_int(op == JT_FLOORDIV ? r : a - r * b);
+	case JT_POW:
+		if (b < 0)
+			return jv_float(pow((double)a, (double)b));
+		r = 1;
+		for (int64_t i = 0; i < b; i++) {
+			if (__builtin_mul_overflow(r, a, &r))
+				goto overflow;
+			if (r == 0 || r == 1)
+				break;
+		}
+		if (r == 1 && a == -1 && (b & 1))
+			r = -1;
+		return jv_int(r);
+	}
+overflow:
+	jx_fail(c, "line %d: integer overflow in %s", c->line, op_name(op));
+}
+
+static struct jv float_op(struct jctx *c, int op, double a, double b)
+{
+	switch (op) {
+	case JT_ADD:
+		return jv_float(a + b);
+	case JT_SUB:
+		return jv_float(a - b);
+	case JT_MUL:
+		return jv_float(a * b);
+	case JT_POW:
+		return jv_float(pow(a, b));
+	}
+	if (b == 0)
+		jx_fail(c, "line %d: ZeroDivisionError: division by zero", c->line);
+	if (op == JT_DIV)
+		return jv_float(a / b);
+	if (op == JT_FLOORDIV)
+		return jv_float(floor(a / b));
+	double m = fmod(a, b);
+
+	if (m != 0 && ((m < 0) != (b < 0)))
+		m += b;
+	return jv_float(m);
+}
+
+struct jv jx_binop(struct jctx *c, int op, struct jv a, struct jv b)
+{
+	if (a.k == JK_UNDEF)
+		jx_fail_undef(c, a);
+	if (b.k == JK_UNDEF)
+		jx_fail_undef(c, b);
+	if (is_num(a) && is_num(b)) {
+		if (op == JT_DIV)
+			return float_op(c, op, num(a), num(b));
+		if (a.k != JK_FLOAT && b.k != JK_FLOAT)
+			return int_op(c, op, ival(a), ival(b));
+		return float_op(c, op, num(a), num(b));
+	}
+	if (op == JT_ADD && a.k == JK_STR && b.k == JK_STR) {
+		struct jbuf buf = { 0 };
+
+		jb_putv(c, &buf, a);
+		jb_putv(c, &buf, b);
+		return jb_str(&buf);
+	}
+	if (op == JT_ADD && a.k == JK_LIST && b.k == JK_LIST) {
+		struct jv l = jv_list(c, a.u.l->n + b.u.l->n);
+
+		for (size_t i = 0; i < a.u.l->n; i++)
+			jl_push(c, l.u.l, a.u.l->v[i]);
+		for (size_t i = 0; i < b.u.l->n; i++)
+			jl_push(c, l.u.l, b.u.l->v[i]);
+		return l;
+	}
+	if (op == JT_MUL && (a.k == JK_STR || a.k == JK_LIST) && (b.k == JK_INT || b.k == JK_BOOL))
+		return repeat(c, a, ival(b));
+	if (op == JT_MUL && (b.k == JK_STR || b.k == JK_LIST) && (a.k == JK_INT || a.k == JK_BOOL))
+		return repeat(c, b, ival(a));
+	if (op == JT_ADD && a.k == JK_STR)
+		jx_fail(c, "line %d: TypeError: can only concatenate str (not \"%s\") to str", c->line,
+			jv_type(b));
+	if (op == JT_ADD && a.k == JK_LIST)
+		jx_fail(c, "line %d: TypeError: can only concatenate list (not \"%s\") to list",
+			c->line, jv_type(b));
+	jx_fail(c, "line %d: TypeError: unsupported operand type(s) for %s: '%s' and '%s'", c->line,
+		op_name(op), jv_type(a), jv_type(b));
+}
+
+/* ---- str methods ---- */
+
+static bool in_chars(char ch, struct jv chars)
+{
+	if (chars.k != JK_STR)
+		return isspace((unsigned char)ch);
+	return memchr(chars.u.s.p, ch, chars.u.s.n) != NULL;
+}
+
+static struct jv do_strip(struct jctx *c, struct jv s, struct jv chars, bool left, bool right)
+{
+	size_t a = 0, b = s.u.s.n;
+
+	if (chars.k != JK_STR && chars.k != JK_NONE && chars.k != JK_UNDEF)
+		need_str(c, chars, "strip");
+	while (left && a < b && in_chars(s.u.s.p[a], chars))
+		a++;
+	while (right && b > a && in_chars(s.u.s.p[b - 1], chars))
+		b--;
+	return jv_sub(s, a, b - a);
+}
+
+/* split on whitespace runs (SEP none) or on SEP, at most MAX times
+ * (negative: no limit), from the right when REV. */
+static struct jv do_split(struct jctx *c, struct jv s, struct jv sep, int64_t max, bool rev)
+{
+	struct jv l = jv_list(c, 0), *v;
+	const char *p = s.u.s.p;
+	size_t n = s.u.s.n;
+
+	if (sep.k == JK_STR && sep.u.s.n == 0)
+		jx_fail(c, "line %d: ValueError: empty separator", c->line);
+	if (sep.k == JK_STR) {
+		size_t k = sep.u.s.n, start = 0, end = n;
+
+		if (!rev) {
+			for (size_t i = 0; i + k <= n && max != 0;) {
+				if (!memcmp(p + i, sep.u.s.p, k)) {
+					jl_push(c, l.u.l, jv_sub(s, start, i - start));
+					i += k;
+					start = i;
+					max--;
+				} else {
+					i++;
+				}
+			}
+			jl_push(c, l.u.l, jv_sub(s, start, n - start));
+			return l;
+		}
+		for (size_t i = n; i >= k && max != 0;) {
+			if (!memcmp(p + i - k, sep.u.s.p, k)) {
+				jl_push(c, l.u.l, jv_sub(s, i, end - i));
+				i -= k;
+				end = i;
+				max--;
+			} else {
+				i--;
+			}
+		}
+		jl_push(c, l.u.l, jv_sub(s, 0, end));
+	} else {
+		size_t i = rev ? n : 0;
+
+		if (!rev) {
+			while (i < n) {
+				while (i < n && isspace((unsigned char)p[i]))
+					i++;
+				if (i == n)
+					break;
+				size_t st = i;
+
+				if (max == 0) {
+					size_t e = n;
+
+					while (e > st && isspace((unsigned char)p[e - 1]))
+						e--;
+					jl_push(c, l.u.l, jv_sub(s, st, e - st));
+					break;
+				}
+				while (i < n && !isspace((unsigned char)p[i]))
+					i++;
+				jl_push(c, l.u.l, jv_sub(s, st, i - st));
+				max--;
+			}
+			return l;
+		}
+		while (i > 0) {
+			while (i > 0 && isspace((unsigned char)p[i - 1]))
+				i--;
+			if (i == 0)
+				break;
+			size_t e = i;
+
+			if (max == 0) {
+				size_t st = 0;
+
+				while (st < e && isspace((unsigned char)p[st]))
+					st++;
+				jl_push(c, l.u.l, jv_sub(s, st, e - st));
+				break;
+			}
+			while (i > 0 && !isspace((unsigned char)p[i - 1]))
+				i--;
+			jl_push(c, l.u.l, jv_sub(s, i, e - i));
+			max--;
+		}
+	}
+	/* reverse: pieces were found from the right */
+	for (size_t i = 0, j = l.u.l->n; i + 1 < j; i++, j--) {
+		struct jv t = l.u.l->v[i];
+
+		l.u.l->v[i] = l.u.l->v[j - 1];
+		l.u.l->v[j - 1] = t;
+	}
+	(void)v;
+	return l;
+}
+
+static bool has_affix(struct jctx *c, struct jv s, struct jv x, bool end)
+{
+	if (x.k == JK_LIST) {
+		for (size_t i = 0; i < x.u.l->n; i++)
+			if (has_affix(c, s, x.u.l->v[i], end))
+				return true;
+		return false;
+	}
+	need_str(c, x, end ? "endswith" : "startswith");
+	if (x.u.s.n > s.u.s.n)
+		return false;
+	return !memcmp(s.u.s.p + (end ? s.u.s.n - x.u.s.n : 0), x.u.s.p, x.u.s.n);
+}
+
+/* upper, lower, title, capitalize, swapcase on ASCII letters; other
+ * bytes are kept. */
+static struct jv do_case(struct jctx *c, struct jv s, const char *how)
+{
+	struct jv r = str_copy(c, s);
+	char *p = (char *)r.u.s.p;
+	bool word = false;
+
+	for (size_t i = 0; i < r.u.s.n; i++) {
+		unsigned char ch = (unsigned char)p[i];
+
+		if (!strcmp(how, "upper"))
+			p[i] = (char)toupper(ch);
+		else if (!strcmp(how, "lower"))
+			p[i] = (char)tolower(ch);
+		else if (!strcmp(how, "swapcase"))
+			p[i] = (char)(isupper(ch) ? tolower(ch) : toupper(ch));
+		else if (!strcmp(how, "capitalize"))
+			p[i] = (char)(i ? tolower(ch) : toupper(ch));
+		else { /* title */
+			p[i] = (char)(word ? tolower(ch) : toupper(ch));
+			word = isalpha(ch) || ch >= 0x80;
+		}
+	}
+	return r;
+}
+
+static struct jv do_replace(struct jctx *c, struct jv s, struct jv old, struct jv new,
+			    int64_t count)
+{
+	struct jbuf b = { 0 };
+	size_t i = 0, start = 0;
+
+	need_str(c, old, "replace");
+	new = jv_tostr(c, new);
+	if (!old.u.s.n) { /* Python inserts NEW between characters */
+		size_t n, *off = cp_offsets(c, s, &n);
+
+		for (size_t k = 0; k <= n; k++) {
+			if (count < 0 || (int64_t)k < count)
+				jb_putv(c, &b, new);
+			if (k < n)
+				jb_putv(c, &b, jv_sub(s, off[k], off[k + 1] - off[k]));
+		}
+		return jb_str(&b);
+	}
+	while (i + old.u.s.n <= s.u.s.n && count != 0) {
+		if (memcmp(s.u.s.p + i, old.u.s.p, old.u.s.n)) {
+			i++;
+			continue;
+		}
+		jb_putv(c, &b, jv_sub(s, start, i - start));
+		jb_putv(c, &b, new);
+		i += old.u.s.n;
+		start = i;
+		count--;
+	}
+	jb_putv(c, &b, jv_sub(s, start, s.u.s.n - start));
+	return jb_str(&b);
+}
+
+static int64_t do_find(struct jctx *c, struct jv s, struct jv sub, bool rev)
+{
+	const char *p;
+
+	need_str(c, sub, "find");
+	if (sub.u.s.n > s.u.s.n)
+		return -1;
+	if (!rev) {
+		p = memmem(s.u.s.p, s.u.s.n, sub.u.s.p, sub.u.s.n);
+		if (!p)
+			return -1;
+	} else {
+		p = NULL;
+		for (size_t i = s.u.s.n - sub.u.s.n + 1; i-- > 0;)
+			if (!memcmp(s.u.s.p + i, sub.u.s.p, sub.u.s.n)) {
+				p = s.u.s.p + i;
+				break;
+			}
+		if (!p)
+			return -1;
+	}
+	/* a code point index, as Python counts */
+	return (int64_t)cp_len(jv_str(s.u.s.p, (size_t)(p - s.u.s.p)));
+}
+
+static int64_t do_count(struct jctx *c, struct jv s, struct jv sub)
+{
+	int64_t k = 0;
+
+	need_str(c, sub, "count");
+	if (!sub.u.s.n)
+		return (int64_t)cp_len(s) + 1;
+	for (size_t i = 0; i + sub.u.s.n <= s.u.s.n;) {
+		if (!memcmp(s.u.s.p + i, sub.u.s.p, sub.u.s.n)) {
+			k++;
+			i += sub.u.s.n;
+		} else {
+			i++;
+		}
+	}
+	return k;
+}
+
+static struct jv do_splitlines(struct jctx *c, struct jv s)
+{
+	struct jv l = jv_list(c, 0);
+	size_t st = 0, i = 0;
+
+	while (i < s.u.s.n) {
+		char ch = s.u.s.p[i];
+
+		if (ch == '\n' || ch == '\r') {
+			jl_push(c, l.u.l, jv_sub(s, st, i - st));
+			i += ch == '\r' && i + 1 < s.u.s.n && s.u.s.p[i + 1] == '\n' ? 2 : 1;
+			st = i;
+		} else {
+			i++;
+		}
+	}
+	if (st < s.u.s.n)
+		jl_push(c, l.u.l, jv_sub(s, st, s.u.s.n - st));
+	return l;
+}
+
+static struct jv do_join(struct jctx *c, struct jv sep, struct jv items, const char *attr)
+{
+	struct jv l = jv_iter(c, items);
+	struct jbuf b = { 0 };
+
+	for (size_t i = 0; i < l.u.l->n; i++) {
+		struct jv v = l.u.l->v[i];
+
+		if (i)
+			jb_putv(c, &b, sep);
+		if (attr)
+			v = jx_getitem(c, v, jv_cstr(attr));
+		jv_print(c, &b, v);
+	}
+	return jb_str(&b);
+}
+
+static bool all_chars(struct jv s, int (*pred)(int))
+{
+	if (!s.u.s.n)
+		return false;
+	for (size_t i = 0; i < s.u.s.n; i++)
+		if (!pred((unsigned char)s.u.s.p[i]))
+			return false;
+	return true;
+}
+
+static bool case_test(struct jv s, bool upper)
+{
+	bool cased = false;
+
+	for (size_t i = 0; i < s.u.s.n; i++) {
+		unsigned char ch = (unsigned char)s.u.s.p[i];
+
+		if (upper ? islower(ch) : isupper(ch))
+			return false;
+		cased |= isalpha(ch) != 0;
+	}
+	return cased;
+}
+
+/* "{} {}".format(a, b) and "{0}": positional fields only */
+static struct jv do_format(struct jctx *c, struct jv s, const struct jv *args, size_t nargs)
+{
+	struct jbuf b = { 0 };
+	size_t auto_i = 0;
+
+	for (size_t i = 0; i < s.u.s.n; i++) {
+		char ch = s.u.s.p[i];
+
+		if ((ch == '{' || ch == '}') && i + 1 < s.u.s.n && s.u.s.p[i + 1] == ch) {
+			jb_putc(c, &b, ch);
+			i++;
+			continue;
+		}
+		if (ch != '{') {
+			jb_put(c, &b, s.u.s.p + i, 1, NULL);
+			continue;
+		}
+		size_t j = i + 1, idx;
+
+		while (j < s.u.s.n && s.u.s.p[j] != '}')
+			j++;
+		if (j == s.u.s.n)
+			jx_fail(c, "line %d: ValueError: unmatched '{' in format string", c->line);
+		if (j == i + 1)
+			idx = auto_i++;
+		else if (isdigit((unsigned char)s.u.s.p[i + 1]))
+			idx = (size_t)strtoul(s.u.s.p + i + 1, NULL, 10);
+		else
+			jx_fail(c, "line %d: format fields other than {} and {N} are not supported",
+				c->line);
+		if (idx >= nargs)
+			jx_fail(c, "line %d: IndexError: format index %zu out of range", c->line, idx);
+		jv_print(c, &b, args[idx]);
+		i = j;
+	}
+	return jb_str(&b);
+}
+
+static struct jv str_method(struct jctx *c, struct jv s, const char *m, const struct jv *args,
+			    size_t nargs, const char *const *kwn, const struct jv *kwv, size_t nkw)
+{
+	struct jv a0 = ARG(0, "", jv_none()), a1 = ARG(1, "", jv_none());
+
+	if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip"))
+		return do_strip(c, s, a0, m[0] != 'r', m[0] != 'l');
+	if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
+		struct jv sep = ARG(0, "sep", jv_none()), mx = ARG(1, "maxsplit", jv_int(-1));
+
+		if (sep.k != JK_NONE)
+			need_str(c, sep, m);
+		return do_split(c, s, sep, need_int(c, mx, m), m[0] == 'r');
+	}
+	if (!strcmp(m, "startswith") || !strcmp(m, "endswith"))
+		return jv_bool(has_affix(c, s, a0, m[0] == 'e'));
+	if (!strcmp(m, "upper") || !strcmp(m, "lower") || !strcmp(m, "title") ||
+	    !strcmp(m, "capitalize") || !strcmp(m, "swapcase"))
+		return do_case(c, s, m);
+	if (!strcmp(m, "replace"))
+		return do_replace(c, s, a0, a1, nargs > 2 ? need_int(c, args[2], m) : -1);
+	if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index")) {
+		int64_t r = do_find(c, s, a0, m[0] == 'r');
+
+		if (r < 0 && m[0] == 'i')
+			jx_fail(c, "line %d: ValueError: substring not found", c->line);
+		return jv_int(r);
+	}
+	if (!strcmp(m, "count"))
+		return jv_int(do_count(c, s, a0));
+	if (!strcmp(m, "splitlines"))
+		return do_splitlines(c, s);
+	if (!strcmp(m, "join"))
+		return do_join(c, s, a0, NULL);
+	if (!strcmp(m, "isdigit"))
+		return jv_bool(all_chars(s, isdigit));
+	if (!strcmp(m, "isalpha"))
+		return jv_bool(all_chars(s, isalpha));
+	if (!strcmp(m, "isalnum"))
+		return jv_bool(all_chars(s, isalnum));
+	if (!strcmp(m, "isspace"))
+		return jv_bool(all_chars(s, isspace));
+	if (!strcmp(m, "isupper") || !strcmp(m, "islower"))
+		return jv_bool(case_test(s, m[2] == 'u'));
+	if (!strcmp(m, "format"))
+		return do_format(c, s, args, nargs);
+	jx_fail(c, "line %d: str.%s is not supported", c->line, m);
+}
+
+/* ---- dict and list methods ---- */
+
+static struct jv dict_items(struct jctx *c, struct jv d)
+{
+	struct jv l = jv_list(c, d.u.d->n);
+
+	for (size_t i = 0; i < d.u.d->n; i++)
+		jl_push(c, l.u.l, make_tuple(c, d.u.d->e[i].key, d.u.d->e[i].val));
+	return l;
+}
+
+static struct jv dict_method(struct jctx *c, struct jv d, const char *m, const struct jv *args,
+			     size_t nargs)
+{
+	struct jv l;
+
+	if (!strcmp(m, "items"))
+		return dict_items(c, d);
+	if (!strcmp(m, "keys") || !strcmp(m, "values")) {
+		l = jv_list(c, d.u.d->n);
+		for (size_t i = 0; i < d.u.d->n; i++)
+			jl_push(c, l.u.l, m[0] == 'k' ? d.u.d->e[i].key : d.u.d->e[i].val);
+		return l;
+	}
+	if (!strcmp(m, "get")) {
+		struct jv *v;
+
+		if (nargs < 1)
+			jx_fail(c, "line %d: TypeError: get expected at least 1 argument", c->line);
+		v = jd_get(d.u.d, args[0]);
+		return v ? *v : nargs > 1 ? args[1] : jv_none();
+	}
+	if (!strcmp(m, "copy")) {
+		l = jv_dict(c);
+		for (size_t i = 0; i < d.u.d->n; i++)
+			jd_set(c, l.u.d, d.u.d->e[i].key, d.u.d->e[i].val);
+		return l;
+	}
+	jx_fail(c, "line %d: dict.%s is not supported", c->line, m);
+}
+
+static struct jv list_method(struct jctx *c, struct jv l, const char *m, const struct jv *args,
+			     size_t nargs)
+{
+	if (nargs < 1 && strcmp(m, "copy"))
+		jx_fail(c, "line %d: TypeError: list.%s needs an argument", c->line, m);
+	if (!strcmp(m, "copy"))
+		return jv_iter(c, l);
+	int64_t k = 0;
+
+	for (size_t i = 0; i < l.u.l->n; i++) {
+		if (!jv_eq(l.u.l->v[i], args[0]))
+			continue;
+		if (!strcmp(m, "index"))
+			return jv_int((int64_t)i);
+		k++;
+	}
+	if (!strcmp(m, "index"))
+		jx_fail(c, "line %d: ValueError: value is not in list", c->line);
+	return jv_int(k);
+}
+
+/* ---- globals ---- */
+
+static const char *const globals[] = { "range", "namespace", "raise_exception",
+				       "strftime_now", "dict", NULL };
+
+bool jx_is_global(const char *name)
+{
+	return in_names(name, globals);
+}
+
+static struct jv g_range(struct jctx *c, const struct jv *args, size_t nargs)
+{
+	int64_t a = 0, b, st = 1;
+	struct jv l;
+
+	if (nargs < 1 || nargs > 3)
+		jx_fail(c, "line %d: TypeError: range expected 1 to 3 arguments", c->line);
+	b = need_int(c, args[nargs == 1 ? 0 : 1], "range");
+	if (nargs > 1)
+		a = need_int(c, args[0], "range");
+	if (nargs > 2)
+		st = need_int(c, args[2], "range");
+	if (st == 0)
+		jx_fail(c, "line %d: ValueError: range() arg 3 must not be zero", c->line);
+	l = jv_list(c, 0);
+	for (int64_t i = a; st > 0 ? i < b : i > b; i += st) {
+		if (l.u.l->n >= MAX_RANGE)
+			jx_fail(c, "line %d: range longer than %d", c->line, MAX_RANGE);
+		jx_step(c, 1);
+		jl_push(c, l.u.l, jv_int(i));
+		if ((st > 0 && i > INT64_MAX - st) || (st < 0 && i < INT64_MIN - st))
+			break;
+	}
+	return l;
+}
+
+static struct jv g_strftime(struct jctx *c, struct jv fmt)
+{
+	time_t t = c->o->now ? (time_t)c->o->now : time(NULL);
+	struct tm tm;
+	char out[512], *f;
+
+	need_str(c, fmt, "strftime_now");
+	f = jx_strdup(c, fmt.u.s.p, fmt.u.s.n);
+	if (c->o->now)
+		gmtime_r(&t, &tm);
+	else
+		localtime_r(&t, &tm);
+	if (fmt.u.s.n > 200)
+		jx_fail(c, "line %d: strftime_now format too long", c->line);
+	size_t n = strftime(out, sizeof(out), f, &tm);
+
+	return jv_str(jx_strdup(c, out, n), n);
+}
+
+static struct jv call_global(struct jctx *c, const char *g, const struct jv *args, size_t nargs,
+			     const char *const *kwn, const struct jv *kwv, size_t nkw)
+{
+	struct jv d;
+
+	if (!strcmp(g, "range"))
+		return g_range(c, args, nargs);
+	if (!strcmp(g, "raise_exception")) {
+		struct jv msg = nargs ? jv_tostr(c, args[0]) : jv_cstr("");
+
+		jx_fail(c, "%.*s", (int)msg.u.s.n, msg.u.s.p);
+	}
+	if (!strcmp(g, "strftime_now"))
+		return g_strftime(c, nargs ? args[0] : jv_undef("format"));
+	d = jv_dict(c);
+	if (!strcmp(g, "namespace"))
+		d.fl |= JF_NS;
+	for (size_t i = 0; i < nargs; i++) { /* namespace({...}) or dict({...}) */
+		if (args[i].k != JK_DICT)
+			jx_fail(c, "line %d: TypeError: %s() takes keyword arguments or a dict", c->line, g);
+		for (size_t k = 0; k < args[i].u.d->n; k++)
+			jd_set(c, d.u.d, args[i].u.d->e[k].key, args[i].u.d->e[k].val);
+	}
+	for (size_t i = 0; i < nkw; i++)
+		jd_set(c, d.u.d, jv_cstr(kwn[i]), kwv[i]);
+	return d;
+}
+
+struct jv jx_call(struct jctx *c, struct jv f, const struct jv *args, size_t nargs,
+		  const char *const *kwn, const struct jv *kwv, size_t nkw)
+{
+	switch (f.k) {
+	case JK_MACRO:
+		return jx_call_macro(c, f, args, nargs, kwn, kwv, nkw);
+	case JK_FUNC:
+		return call_global(c, f.u.name, args, nargs, kwn, kwv, nkw);
+	case JK_METHOD: {
+		struct jv self = f.u.mt->self;
+
+		if (f.fl & JF_UNSAFE)
+			jx_fail(c, "line %d: SecurityError: access to attribute '%s' of '%s' object is unsafe.",
+				c->line, f.u.mt->name, jv_type(self));
+		if (self.k == JK_STR)
+			return str_method(c, self, f.u.mt->name, args, nargs, kwn, kwv, nkw);
+		if (self.k == JK_DICT)
+			return dict_method(c, self, f.u.mt->name, args, nargs);
+		return list_method(c, self, f.u.mt->name, args, nargs);
+	}
+	case JK_UNDEF:
+		jx_fail_undef(c, f);
+	default:
+		jx_fail(c, "line %d: TypeError: '%s' object is not callable", c->line, jv_type(f));
+	}
+}
