@@ -622,9 +622,10 @@ struct jv jx_filter(struct jctx *c, const char *name, struct jv v, const struct 
 		m.u.mt = &mt;
 		return jx_call(c, m, args, nargs > 1 ? 1 : nargs, NULL, NULL, 0);
 	}
-	if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") ||
-	    !strcmp(name, "capitalize"))
+	if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize"))
 		return str_filter(c, name, v, &(struct fargs){ 0 });
+	if (!strcmp(name, "title"))
+		return str_filter(c, "title_filter", v, &(struct fargs){ 0 });
 	if (!strcmp(name, "replace")) {
 		struct jv s = jv_tostr(c, v);
 		struct jv r[3] = { fa(&a, 0, "old", jv_str("", 0)), fa(&a, 1, "new", jv_str("", 0)),

@@ -584,29 +584,102 @@ static bool has_affix(struct jctx *c, struct jv s, struct jv x, bool end)
 	return !memcmp(s.u.s.p + (end ? s.u.s.n - x.u.s.n : 0), x.u.s.p, x.u.s.n);
 }
 
-/* upper, lower, title, capitalize, swapcase on ASCII letters; other
- * bytes are kept. */
+/* Case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+ * letters, the pairs whose UTF-8 forms have the same length (so a
+ * string's marks stay aligned); other characters are kept. */
+static uint32_t cp_upper(uint32_t u)
+{
+	if ((u >= 'a' && u <= 'z') || (u >= 0xe0 && u <= 0xfe && u != 0xf7) ||
+	    (u >= 0x3b1 && u <= 0x3c9 && u != 0x3c2) || (u >= 0x430 && u <= 0x44f))
+		return u - 32;
+	if (u >= 0x450 && u <= 0x45f)
+		return u - 80;
+	if (u >= 0x100 && u <= 0x17f && u != 0x130 && u != 0x131 && u != 0x138 && u != 0x149 &&
+	    u != 0x17f && ((u < 0x139 || u > 0x148) && (u < 0x179) ? (u & 1) : !(u & 1)))
+		return u - 1;
+	return u;
+}
+
+static uint32_t cp_lower(uint32_t u)
+{
+	if ((u >= 'A' && u <= 'Z') || (u >= 0xc0 && u <= 0xde && u != 0xd7) ||
+	    (u >= 0x391 && u <= 0x3a9 && u != 0x3a2) || (u >= 0x410 && u <= 0x42f))
+		return u + 32;
+	if (u >= 0x400 && u <= 0x40f)
+		return u + 80;
+	if (u >= 0x100 && u <= 0x17f && u != 0x130 && u != 0x131 && u != 0x138 && u != 0x149 &&
+	    u != 0x17f && ((u < 0x139 || u > 0x148) && (u < 0x179) ? !(u & 1) : (u & 1)))
+		return u + 1;
+	return u;
+}
+
+/* The code point at P (N bytes left) and its length; a malformed byte is
+ * itself. */
+static uint32_t utf8_decode(const unsigned char *p, size_t n, size_t *len)
+{
+	int k = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 1;
+	uint32_t u = k == 1 ? p[0] : p[0] & (0x3f >> (k - 1));
+
+	if ((size_t)k > n) {
+		*len = 1;
+		return p[0];
+	}
+	for (int i = 1; i < k; i++) {
+		if (!utf8_cont(p[i])) {
+			*len = 1;
+			return p[0];
+		}
+		u = u << 6 | (p[i] & 0x3f);
+	}
+	*len = (size_t)k;
+	return u;
+}
+
+/* Writes U over the K bytes at P when its encoding has that length. */
+static void utf8_put_same(unsigned char *p, size_t k, uint32_t u)
+{
+	if (k == 1 && u < 0x80)
+		p[0] = (unsigned char)u;
+	else if (k == 2 && u >= 0x80 && u < 0x800) {
+		p[0] = (unsigned char)(0xc0 | u >> 6);
+		p[1] = (unsigned char)(0x80 | (u & 0x3f));
+	}
+}
+
+static bool cp_cased(uint32_t u)
+{
+	return cp_upper(u) != u || cp_lower(u) != u;
+}
+
+/* upper, lower, title (str.title), title_filter (jinja2's), capitalize,
+ * swapcase */
 static struct jv do_case(struct jctx *c, struct jv s, const char *how)
 {
 	struct jv r = str_copy(c, s);
-	char *p = (char *)r.u.s.p;
-	bool word = false;
+	unsigned char *p = (unsigned char *)r.u.s.p;
+	bool word = false, first = true;
 
-	for (size_t i = 0; i < r.u.s.n; i++) {
-		unsigned char ch = (unsigned char)p[i];
+	for (size_t i = 0, k; i < r.u.s.n; i += k) {
+		uint32_t u = utf8_decode(p + i, r.u.s.n - i, &k), m;
 
 		if (!strcmp(how, "upper"))
-			p[i] = (char)toupper(ch);
+			m = cp_upper(u);
 		else if (!strcmp(how, "lower"))
-			p[i] = (char)tolower(ch);
+			m = cp_lower(u);
 		else if (!strcmp(how, "swapcase"))
-			p[i] = (char)(isupper(ch) ? tolower(ch) : toupper(ch));
+			m = cp_upper(u) != u ? cp_upper(u) : cp_lower(u);
 		else if (!strcmp(how, "capitalize"))
-			p[i] = (char)(i ? tolower(ch) : toupper(ch));
-		else { /* title */
-			p[i] = (char)(word ? tolower(ch) : toupper(ch));
-			word = isalpha(ch) || ch >= 0x80;
-		}
+			m = first ? cp_upper(u) : cp_lower(u);
+		else /* title */
+			m = word ? cp_lower(u) : cp_upper(u);
+		/* str.title starts a word after any uncased character; the
+		 * title filter after whitespace, '-' and opening brackets */
+		if (!strcmp(how, "title"))
+			word = cp_cased(u);
+		else
+			word = !(u < 0x80 && strchr(" \t\n\r\f\v-([{<", (int)u));
+		first = false;
+		utf8_put_same(p + i, k, m);
 	}
 	return r;
 }
@@ -806,7 +879,7 @@ static struct jv str_method(struct jctx *c, struct jv s, const char *m, const st
 	if (!strcmp(m, "startswith") || !strcmp(m, "endswith"))
 		return jv_bool(has_affix(c, s, a0, m[0] == 'e'));
 	if (!strcmp(m, "upper") || !strcmp(m, "lower") || !strcmp(m, "title") ||
-	    !strcmp(m, "capitalize") || !strcmp(m, "swapcase"))
+	    !strcmp(m, "title_filter") || !strcmp(m, "capitalize") || !strcmp(m, "swapcase"))
 		return do_case(c, s, m);
 	if (!strcmp(m, "replace"))
 		return do_replace(c, s, a0, a1, nargs > 2 ? need_int(c, args[2], m) : -1);

@@ -1181,8 +1181,12 @@ static struct jnode *parse_body(struct parser *p, const char *const *ends)
 		struct jnode *n;
 
 		if (t->t == T_EOF) {
+			int last = 0;
+
+			while (ends && ends[last + 1])
+				last++;
 			if (ends)
-				jx_fail(p->c, "line %d: missing {%% %s %%}", t->line, ends[0]);
+				jx_fail(p->c, "line %d: missing {%% %s %%}", t->line, ends[last]);
 			break;
 		}
 		if (t->t == T_BBEGIN && ends) {
