@@ -66,8 +66,6 @@ static struct jv apply_filters(struct jctx *c, const struct jnode *f, struct jsc
 
 	if (!f)
 		return in;
-	if (f->kind != JN_FILTER)
-		return jx_eval(c, f, sc);
 	v = f->a ? apply_filters(c, f->a, sc, in) : in;
 	eval_args(c, f, sc, &a);
 	return jx_filter(c, f->name, v, a.pos, a.npos, a.kwn, a.kwv, a.nkw);
@@ -163,6 +161,8 @@ struct jv jx_eval(struct jctx *c, const struct jnode *e, struct jscope *sc)
 	struct jv v;
 	struct args a;
 
+	if (!e) /* the parser leaves no operand empty; a guard all the same */
+		jx_fail(c, "line %d: missing expression", c->line);
 	jx_step(c, 1);
 	c->line = e->line;
 	switch (e->kind) {

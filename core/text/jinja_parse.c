@@ -645,6 +645,8 @@ static struct jnode *parse_subscript(struct parser *p, struct jnode *obj)
 	int k = 0;
 
 	n->a = obj;
+	if (is_op(peek(p), "]"))
+		unexpected(p, "an index");
 	for (;;) {
 		if (!is_op(peek(p), ":") && !is_op(peek(p), "]"))
 			parts[k] = parse_expr(p);
@@ -730,6 +732,19 @@ static struct jnode *parse_filter(struct parser *p, struct jnode *e, int kind)
 		add_kid(p, n, parse_unary(p, false), &cap);
 	}
 	return n;
+}
+
+/* | f | g(args) after a block's {% filter %} or {% set x | f %}: filters
+ * only, applied to the block's text (the innermost operand is NULL) */
+static struct jnode *parse_block_filters(struct parser *p)
+{
+	struct jnode *e = parse_filter(p, NULL, JN_FILTER);
+
+	while (is_op(peek(p), "|")) {
+		next(p);
+		e = parse_filter(p, e, JN_FILTER);
+	}
+	return e;
 }
 
 static struct jnode *parse_filters(struct parser *p, struct jnode *e)
@@ -1068,8 +1083,7 @@ static struct jnode *parse_set(struct parser *p)
 	n->kind = JN_SETBLOCK;
 	if (is_op(peek(p), "|")) { /* {% set x | filter %} */
 		next(p);
-		n->b = parse_filter(p, NULL, JN_FILTER);
-		n->b = parse_filters(p, n->b);
+		n->b = parse_block_filters(p);
 	}
 	end_tag(p);
 	n->c = parse_body(p, ends);
@@ -1115,7 +1129,7 @@ static struct jnode *parse_filter_block(struct parser *p)
 	static const char *const ends[] = { "endfilter", NULL };
 	struct jnode *n = node(p, JN_FILTERBLOCK);
 
-	n->b = parse_filters(p, parse_filter(p, NULL, JN_FILTER));
+	n->b = parse_block_filters(p);
 	end_tag(p);
 	n->c = parse_body(p, ends);
 	next(p);
