@@ -88,6 +88,7 @@ static const struct opt_def opts[] = {
 	  .flag_only = true },
 	{ .name = "system-prompt-file", .type = OPT_STR, FIELD(system_prompt_file),
 	  .cmds = CHAT },
+	{ .name = "chat-template", .type = OPT_STR, FIELD(chat_template), .cmds = CHAT | SERVE },
 	{ .name = "json", .type = OPT_BOOL, FIELD(json), .cmds = BACKENDS | CHECK,
 	  .flag_only = true },
 	{ .name = "reference", .type = OPT_STR, FIELD(reference), .cmds = CHECK },
@@ -236,6 +237,7 @@ static const struct cmd_def {
 	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
 	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--kv-mem SIZE] [--config FILE]\n"
+	  "            [--chat-template FILE.jinja]\n"
 	  "            a conversation in the model's chat template; /reset, /exit; Ctrl-C\n"
 	  "            stops a reply; turns are read one a line from stdin when it is not a\n"
 	  "            terminal; -c and --kv-mem as for run\n" },
@@ -256,7 +258,7 @@ static const struct cmd_def {
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem SIZE] [--kv-type f16|f32|q8_0|q4_0] [-c CTX]\n"
-	  "            [--parallel 16] [--block-size 16]\n"
+	  "            [--parallel 16] [--block-size 16] [--chat-template FILE.jinja]\n"
 	  "            [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
 	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--exact] [--config FILE]\n"
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"

@@ -41,4 +41,7 @@ void jinja_default_opts(struct jinja_opts *o);
 char *jinja_render(const char *tmpl, size_t tlen, const json_t *vars,
 		   const struct jinja_opts *opts, size_t *len, char *err, size_t errlen);
 
+/* Parses TMPL without running it: 0, or -1 with a message in ERR. */
+int jinja_check(const char *tmpl, size_t tlen, char *err, size_t errlen);
+
 #endif /* LOOM_JINJA_H */

@@ -851,6 +851,28 @@ static int run(struct jctx *c, const char *tmpl, size_t tlen, const json_t *vars
 	return 0;
 }
 
+static int parse_only(struct jctx *c, const char *tmpl, size_t tlen)
+{
+	if (setjmp(c->jb))
+		return -1;
+	jx_parse(c, tmpl, tlen);
+	return 0;
+}
+
+int jinja_check(const char *tmpl, size_t tlen, char *err, size_t errlen)
+{
+	struct jinja_opts o;
+	struct jarena arena = { 0 };
+	struct jctx c = { .err = err, .errlen = errlen, .arena = &arena, .o = &o };
+	int rc;
+
+	jinja_default_opts(&o);
+	arena.max = o.max_memory;
+	rc = parse_only(&c, tmpl, tlen);
+	arena_free(&arena);
+	return rc;
+}
+
 char *jinja_render(const char *tmpl, size_t tlen, const json_t *vars,
 		   const struct jinja_opts *opts, size_t *len, char *err, size_t errlen)
 {
