@@ -423,8 +423,9 @@ bool loom_tokenizer_is_eog(const struct loom_tokenizer *t, int32_t token);
 
 /*
  * Chat templates. GGUF files carry tokenizer.chat_template as a Jinja
- * program. loom does not run Jinja; it recognizes the family a template
- * belongs to by its marker tokens and renders that family's format in C.
+ * program; loom runs it with its own interpreter (LOOM_CHAT_JINJA,
+ * docs/TEMPLATES.md). For a model without one, the built-in families
+ * render their formats in C.
  * The rendered text contains special-token text ("<|im_start|>") and must
  * be tokenized with parse_special; it never contains BOS (the tokenizer
  * adds it when the model's metadata asks).
