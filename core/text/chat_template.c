@@ -308,6 +308,27 @@ static json_t *chat_vars(const struct loom_chat_template *t, const struct loom_c
 	return v;
 }
 
+/* The roles a chat may hold (the OpenAI API's); the template decides
+ * what it does with each, but a made-up role is the caller's mistake. */
+static bool jinja_roles_ok(const struct loom_chat_msg *msgs, size_t n, char *err, size_t errlen)
+{
+	static const char *const roles[] = { "system", "user", "assistant", "tool", "developer",
+					     NULL };
+
+	for (size_t i = 0; i < n; i++) {
+		int k = 0;
+
+		while (roles[k] && strcmp(roles[k], msgs[i].role))
+			k++;
+		if (!roles[k]) {
+			loom_seterr(err, errlen, "messages[%zu]: unknown role (system, user, assistant, tool or developer)",
+				    i);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* A Jinja template's rendering; markup from the interpreter's content
  * marks (strings of the messages are content, the rest markup). */
 static char *render_jinja(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
@@ -355,7 +376,8 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 	if (markup)
 		*markup = NULL;
 	if (t->family == LOOM_CHAT_JINJA)
-		return render_jinja(t, msgs, n, add_generation_prompt, markup, err, errlen);
+		return jinja_roles_ok(msgs, n, err, errlen) ?
+		       render_jinja(t, msgs, n, add_generation_prompt, markup, err, errlen) : NULL;
 	if (t->family == LOOM_CHAT_UNKNOWN) {
 		loom_seterr(err, errlen, "unsupported chat template");
 		return NULL;
