@@ -166,8 +166,10 @@ static struct jv f_length(struct jctx *c, struct jv v)
 
 static struct jv f_tojson(struct jctx *c, struct jv v, const struct fargs *a)
 {
-	struct jv ind = fa(a, 0, "indent", jv_none()), seps = fa(a, 1, "separators", jv_none());
-	bool sort = jv_truthy(fa(a, 2, "sort_keys", jv_bool(false)));
+	/* transformers' signature: tojson(x, ensure_ascii, indent, separators, sort_keys) */
+	bool ascii = jv_truthy(fa(a, 0, "ensure_ascii", jv_bool(false)));
+	struct jv ind = fa(a, 1, "indent", jv_none()), seps = fa(a, 2, "separators", jv_none());
+	bool sort = jv_truthy(fa(a, 3, "sort_keys", jv_bool(false)));
 	const char *indent = NULL, *isep, *ksep = ": ";
 	struct jbuf b = { 0 };
 
@@ -188,7 +190,9 @@ static struct jv f_tojson(struct jctx *c, struct jv v, const struct fargs *a)
 		isep = cstr(c, seps.u.l->v[0]);
 		ksep = cstr(c, seps.u.l->v[1]);
 	}
+	c->json_ascii = ascii;
 	jx_tojson(c, &b, v, indent, isep, ksep, sort, 0);
+	c->json_ascii = false;
 	struct jv r = jb_str(&b);
 
 	r.fl |= JF_SAFE;

@@ -97,6 +97,7 @@ struct jctx {
 	int ctl;		/* 1 break, 2 continue: unwinding to the loop */
 	struct jbuf *out;
 	struct jscope *globals;
+	bool json_ascii;	/* tojson(ensure_ascii=True) is running */
 };
 
 /* jinja_parse.c */

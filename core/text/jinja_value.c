@@ -649,6 +649,37 @@ struct jv jv_tostr(struct jctx *c, struct jv v)
 
 /* ---- json.dumps(ensure_ascii=False) ---- */
 
+/* The code point at P as \uXXXX (two, a surrogate pair, above U+FFFF),
+ * as json.dumps(ensure_ascii=True) writes it; returns the bytes read. */
+static size_t json_ascii_escape(struct jctx *c, struct jbuf *b, const char *p, size_t n,
+				bool content)
+{
+	static const uint8_t ones[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+	const unsigned char *q = (const unsigned char *)p;
+	size_t k = q[0] >= 0xf0 ? 4 : q[0] >= 0xe0 ? 3 : q[0] >= 0xc0 ? 2 : 1;
+	uint32_t u = k == 1 ? q[0] : q[0] & (0x3f >> (k - 1));
+	char esc[16];
+
+	if (k > n)
+		k = 1;
+	for (size_t i = 1; i < k; i++) {
+		if ((q[i] & 0xc0) != 0x80) { /* malformed: the byte alone */
+			k = 1;
+			u = q[0];
+			break;
+		}
+		u = u << 6 | (q[i] & 0x3f);
+	}
+	if (u >= 0x10000) {
+		u -= 0x10000;
+		snprintf(esc, sizeof(esc), "\\u%04x\\u%04x", 0xd800 + (u >> 10), 0xdc00 + (u & 0x3ff));
+	} else {
+		snprintf(esc, sizeof(esc), "\\u%04x", u);
+	}
+	jb_put(c, b, esc, strlen(esc), content ? ones : NULL); /* keeps the source's mark */
+	return k;
+}
+
 static void json_str(struct jctx *c, struct jbuf *b, struct jv s)
 {
 	jb_putc(c, b, '"');
@@ -664,6 +695,9 @@ static void json_str(struct jctx *c, struct jbuf *b, struct jv s)
 		} else if (ch < 0x20) {
 			snprintf(u, sizeof(u), "\\u%04x", ch);
 			jb_puts(c, b, u);
+		} else if (ch >= 0x80 && c->json_ascii) {
+			i += json_ascii_escape(c, b, s.u.s.p + i, s.u.s.n - i,
+					       (s.fl & JF_CTX) || (s.u.s.m && s.u.s.m[i])) - 1;
 		} else {
 			jb_put(c, b, s.u.s.p + i, 1, (s.fl & JF_CTX) ? (const uint8_t *)"\1" :
 				   s.u.s.m ? s.u.s.m + i : NULL);

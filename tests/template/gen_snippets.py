@@ -45,6 +45,7 @@ cases=[
  "{% for x in [] %}x{% else %}empty{% endfor %}{% for i in range(3) %}{% if i == 1 %}{% continue %}{% endif %}{{ i }}{% endfor %}",
  "{{ 'a' + 'b' * 2 }}{{ [1] + [2] }}{{ -n }}{{ n * 1.5 }}{{ true + 1 }}{{ 'x' if none else 'y' }}{{ none or 'z' }}{{ 0 and 1 }}",
  '{{ "they\'re ok-go x1y a.b"|title }}|{{ "they\'re ok-go x1y a.b".title() }}|{{ "HÉ"|lower }}',
+ "{{ 'é😀 x' | tojson(ensure_ascii=True) }}|{{ d | tojson(false, 1) }}|{{ messages[0].content | tojson(true) }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
