@@ -554,7 +554,7 @@ static struct jv f_round(struct jctx *c, struct jv v, const struct fargs *a)
 		return jv_float(ceil(x * p) / p);
 	if (how.k == JK_STR && how.u.s.n == 5 && !memcmp(how.u.s.p, "floor", 5))
 		return jv_float(floor(x * p) / p);
-	return jv_float(round(x * p) / p);
+	return jv_float(rint(x * p) / p); /* Python's round: half to even */
 }
 
 static struct jv f_center(struct jctx *c, struct jv v, const struct fargs *a)
