@@ -754,7 +754,8 @@ int loom_imatrix_save(const char *path, const struct loom_imatrix_stat *stats, s
 
 /*
  * Renders a Jinja chat template (a model's tokenizer.chat_template, or any
- * template text) with the variables of VARS_JSON, a JSON object
+ * template text) with the variables of VARS_JSON, a JSON object (empty or
+ * NULL: none)
  * (messages, add_generation_prompt, tools, bos_token, eos_token...), as
  * Hugging Face transformers renders it (docs/TEMPLATES.md). NOW is
  * strftime_now's time in Unix seconds, UTC (0: the clock, local time).

@@ -119,6 +119,8 @@ static struct jv eval_cmp(struct jctx *c, const struct jnode *e, struct jscope *
 	struct jv a = jx_eval(c, e->a, sc), b = jx_eval(c, e->b, sc);
 	int r;
 
+	jx_step(c, jv_cost(a) + jv_cost(b)); /* comparing and searching walk the values */
+
 	switch (e->op) {
 	case JT_EQ:
 		return jv_bool(jv_eq(a, b));

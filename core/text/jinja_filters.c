@@ -612,7 +612,7 @@ struct jv jx_filter(struct jctx *c, const char *name, struct jv v, const struct 
 	struct fargs a = { args, nargs, kwn, kwv, nkw };
 	struct sortkey sk = { 0 };
 
-	jx_step(c, 1);
+	jx_step(c, 1 + jv_cost(v)); /* a filter walks its value */
 	if (!strcmp(name, "default") || !strcmp(name, "d"))
 		return f_default(v, &a);
 	if (!strcmp(name, "length") || !strcmp(name, "count"))
@@ -795,8 +795,10 @@ bool jx_test(struct jctx *c, const char *name, struct jv v, const struct jv *arg
 	case 15: {
 		int64_t n = v.k == JK_INT ? v.u.i : v.k == JK_BOOL ? v.u.b : 0;
 
+		if (v.k == JK_FLOAT) /* value % 2 == 0, as jinja2 computes it */
+			return (fmod(v.u.f, 2) == 0) == (i == 14);
 		if (v.k != JK_INT && v.k != JK_BOOL)
-			jx_fail(c, "line %d: TypeError: %s needs an integer", c->line, name);
+			jx_fail(c, "line %d: TypeError: %s needs a number", c->line, name);
 		return (n % 2 == 0) == (i == 14);
 	}
 	case 16: {

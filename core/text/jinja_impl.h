@@ -115,6 +115,7 @@ void *jx_alloc(struct jctx *c, size_t n);
 void *jx_alloc_array(struct jctx *c, size_t count, size_t size);
 char *jx_strdup(struct jctx *c, const char *s, size_t n);
 void jx_step(struct jctx *c, uint64_t n);
+uint64_t jv_cost(struct jv v); /* steps for walking V: its items, its bytes / 64 */
 
 /* values */
 struct jv jv_undef(const char *name);

@@ -133,10 +133,21 @@ static const char *const list_unsafe[] = { "append", "extend", "insert", "pop", 
 
 /* ---- access ---- */
 
+/* A generator (map, select...) has no items or methods a template can
+ * reach: jinja2 gives undefined for them. */
+static bool is_gen(struct jv v)
+{
+	return v.k == JK_LIST && (v.fl & JF_GEN);
+}
+
 struct jv jx_getattr(struct jctx *c, struct jv obj, const char *name)
 {
 	if (obj.k == JK_UNDEF)
 		jx_fail_undef(c, obj);
+	if (obj.k == JK_DICT)
+		jx_step(c, obj.u.d->n / 16); /* the lookup is linear */
+	if (is_gen(obj))
+		return jv_undef_attr(c, obj, name);
 	if (obj.k == JK_DICT) {
 		struct jv *v;
 
@@ -165,6 +176,10 @@ struct jv jx_getitem(struct jctx *c, struct jv obj, struct jv key)
 {
 	if (obj.k == JK_UNDEF)
 		jx_fail_undef(c, obj);
+	if (is_gen(obj))
+		return jv_undef_attr(c, obj, "[key]");
+	if (obj.k == JK_DICT || obj.k == JK_STR)
+		jx_step(c, jv_cost(obj) / 16);
 	if (obj.k == JK_DICT) {
 		struct jv *v = jd_get(obj.u.d, key);
 
@@ -217,15 +232,16 @@ struct jv jx_slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, stru
 
 	if (v.k == JK_UNDEF)
 		jx_fail_undef(c, v);
+	if (is_gen(v))
+		return jv_undef_attr(c, v, "[slice]");
 	if (step == 0)
 		jx_fail(c, "line %d: ValueError: slice step cannot be zero", c->line);
 	if (v.k == JK_LIST)
 		n = v.u.l->n;
 	else if (v.k == JK_STR)
 		off = cp_offsets(c, v, &n);
-	else
-		jx_fail(c, "line %d: TypeError: '%s' object is not subscriptable", c->line,
-			jv_type(v));
+	else /* jinja2: a failed subscript is undefined */
+		return jv_undef_attr(c, v, "[slice]");
 	a = slice_bound(c, lo, (int64_t)n, step, true);
 	b = slice_bound(c, hi, (int64_t)n, step, false);
 	if (v.k == JK_STR && step == 1)
@@ -1067,6 +1083,7 @@ struct jv jx_call(struct jctx *c, struct jv f, const struct jv *args, size_t nar
 	case JK_METHOD: {
 		struct jv self = f.u.mt->self;
 
+		jx_step(c, 1 + jv_cost(self)); /* a method walks its string, list or dict */
 		if (f.fl & JF_UNSAFE)
 			jx_fail(c, "line %d: SecurityError: access to attribute '%s' of '%s' object is unsafe.",
 				c->line, f.u.mt->name, jv_type(self));

@@ -91,6 +91,17 @@ void jx_step(struct jctx *c, uint64_t n)
 			(unsigned long long)c->o->max_steps);
 }
 
+uint64_t jv_cost(struct jv v)
+{
+	if (v.k == JK_STR)
+		return v.u.s.n / 64;
+	if (v.k == JK_LIST)
+		return v.u.l->n;
+	if (v.k == JK_DICT)
+		return v.u.d->n;
+	return 0;
+}
+
 /* ---- constructors ---- */
 
 struct jv jv_undef(const char *name)
@@ -217,14 +228,8 @@ struct jv *jd_gets(const struct jdict *d, const char *key)
 	return jd_get(d, jv_cstr(key));
 }
 
-void jd_set(struct jctx *c, struct jdict *d, struct jv key, struct jv val)
+static void jd_append(struct jctx *c, struct jdict *d, struct jv key, struct jv val)
 {
-	struct jv *old = jd_get(d, key);
-
-	if (old) {
-		*old = val;
-		return;
-	}
 	if (d->n == d->cap) {
 		size_t cap = d->cap ? d->cap * 2 : 4;
 		struct jpair *ne = jx_alloc_array(c, cap, sizeof(*ne));
@@ -235,6 +240,17 @@ void jd_set(struct jctx *c, struct jdict *d, struct jv key, struct jv val)
 		d->cap = cap;
 	}
 	d->e[d->n++] = (struct jpair){ key, val };
+}
+
+void jd_set(struct jctx *c, struct jdict *d, struct jv key, struct jv val)
+{
+	struct jv *old = jd_get(d, key);
+
+	if (old) {
+		*old = val;
+		return;
+	}
+	jd_append(c, d, key, val);
 }
 
 /* ---- semantics ---- */
@@ -253,8 +269,8 @@ bool jv_truthy(struct jv v)
 		return v.u.f != 0;
 	case JK_STR:
 		return v.u.s.n > 0;
-	case JK_LIST:
-		return v.u.l->n > 0;
+	case JK_LIST: /* a generator is true even when empty, as in Python */
+		return v.u.l->n > 0 || (v.fl & JF_GEN);
 	case JK_DICT:
 		return v.u.d->n > 0;
 	default:
@@ -383,12 +399,15 @@ struct jv jv_from_json(struct jctx *c, const json_t *j, int depth)
 			struct jv key = jv_str(jx_strdup(c, k, strlen(k)), strlen(k));
 
 			key.fl = JF_CTX;
-			jd_set(c, v.u.d, key, jv_from_json(c, x, depth + 1));
+			jx_step(c, 1);
+			/* JSON object keys are unique: no lookup */
+			jd_append(c, v.u.d, key, jv_from_json(c, x, depth + 1));
 		}
 		return v;
 	}
 	case JSON_ARRAY:
 		v = jv_list(c, json_array_size(j));
+		jx_step(c, json_array_size(j));
 		for (size_t i = 0; i < json_array_size(j); i++)
 			jl_push(c, v.u.l, jv_from_json(c, json_array_get(j, i), depth + 1));
 		return v;
@@ -441,6 +460,7 @@ void jb_put(struct jctx *c, struct jbuf *b, const char *p, size_t n, const uint8
 {
 	if (!n)
 		return;
+	jx_step(c, n / 64); /* copying text costs steps too, so no loop copies for free */
 	jb_grow(c, b, n);
 	memcpy(b->p + b->n, p, n);
 	if (m) {
@@ -833,7 +853,7 @@ void jinja_default_opts(struct jinja_opts *o)
 {
 	*o = (struct jinja_opts){
 		.max_output = 16u << 20,
-		.max_memory = 512u << 20,
+		.max_memory = 256u << 20,
 		.max_steps = 20000000,
 		.max_depth = 200,
 	};
@@ -958,7 +978,11 @@ char *loom_template_render(const char *tmpl, size_t tlen, const char *vars_json,
 	json_t *vars = NULL;
 	char *text;
 
-	if (vars_json) {
+	while (vars_json && vlen && strchr(" \t\r\n", *vars_json)) { /* empty: no variables */
+		vars_json++;
+		vlen--;
+	}
+	if (vars_json && vlen) {
 		vars = json_loadb(vars_json, vlen, JSON_ALLOW_NUL, &je);
 		if (!vars) {
 			snprintf(err, errlen, "variables: line %d: %s", je.line, je.text);
