@@ -849,12 +849,12 @@ static struct jv do_format(struct jctx *c, struct jv s, const struct jv *args, s
 		char ch = s.u.s.p[i];
 
 		if ((ch == '{' || ch == '}') && i + 1 < s.u.s.n && s.u.s.p[i + 1] == ch) {
-			jb_putc(c, &b, ch);
+			jb_putv(c, &b, jv_sub(s, i, 1));
 			i++;
 			continue;
 		}
-		if (ch != '{') {
-			jb_put(c, &b, s.u.s.p + i, 1, NULL);
+		if (ch != '{') { /* the format string's own bytes keep their marks */
+			jb_putv(c, &b, jv_sub(s, i, 1));
 			continue;
 		}
 		size_t j = i + 1, idx;

@@ -139,9 +139,10 @@ START_TEST(content_marks)
 	static const char vars[] = "{\"bos_token\": \"<s>\", \"messages\": "
 				   "[{\"role\": \"user\", \"content\": \"  ab \"}]}";
 	static const char tmpl[] = "{{ bos_token }}<t>{{ '|' + messages[0].content + '|' }}"
-				   "{{ messages[0].content | trim | upper }}{{ 'x' ~ messages[0].role }}";
-	static const char want[] = "<s><t>|  ab |ABxuser";
-	static const char marks[] = "00000001111101101111";
+				   "{{ messages[0].content | trim | upper }}{{ 'x' ~ messages[0].role }}"
+				   "{{ messages[0].role.format() }}{{ messages[0].role | tojson }}";
+	static const char want[] = "<s><t>|  ab |ABxuseruser\"user\"";
+	static const char marks[] = "000000011111011011111111011110";
 	struct jinja_opts o;
 	uint8_t *mask = NULL;
 	char err[256];
