@@ -300,8 +300,10 @@ void loom_options_usage(FILE *out, enum loom_cmd cmd)
 		else if (cmds[i].cmd == cmd)
 			fprintf(out, "usage: loom %s", cmds[i].usage);
 	}
-	if (!cmd)
-		fputs("  version\n", out);
+	if (!cmd) /* commands that parse their own arguments */
+		fputs("  template  [--now UNIX_SECONDS] FILE.jinja [CONTEXT.json]   a chat template\n"
+		      "            rendered with a JSON context (stdin), as transformers renders it\n"
+		      "  version\n", out);
 	fputs("Each --flag VALUE is also a config-file key, flag_name = VALUE (at top level,\n"
 	      "in [loom], or for serve in [serve]); flags override the config file.\n", out);
 }
@@ -760,7 +762,7 @@ const char *loom_options_commands(void)
 		return names;
 	for (i = 0; i < N_CMDS; i++)
 		n += (size_t)snprintf(names + n, sizeof(names) - n, "%s, ", cmds[i].name);
-	snprintf(names + n, sizeof(names) - n, "version, help");
+	snprintf(names + n, sizeof(names) - n, "template, version, help");
 	return names;
 }
 
