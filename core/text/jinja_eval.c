@@ -284,6 +284,7 @@ static void set_loop(struct jctx *c, struct jdict *loop, const struct jlist *ite
 	jd_set(c, loop, jv_cstr("depth0"), jv_int(0));
 	jd_set(c, loop, jv_cstr("previtem"), i ? items->v[i - 1] : jv_undef("previtem"));
 	jd_set(c, loop, jv_cstr("nextitem"), i + 1 < n ? items->v[i + 1] : jv_undef("nextitem"));
+	jd_set(c, loop, jv_cstr("cycle"), jx_loop_cycle(c, (int64_t)i));
 }
 
 /* The items of a for loop after its if filter. */

@@ -112,6 +112,11 @@ static struct jv method(struct jctx *c, struct jv self, const char *name, bool u
 	return m;
 }
 
+struct jv jx_loop_cycle(struct jctx *c, int64_t index0)
+{
+	return method(c, jv_int(index0), "cycle", false);
+}
+
 static bool in_names(const char *name, const char *const *names)
 {
 	for (int i = 0; names[i]; i++)
@@ -123,7 +128,7 @@ static bool in_names(const char *name, const char *const *names)
 static const char *const str_methods[] = { "strip", "lstrip", "rstrip", "split", "rsplit",
 	"startswith", "endswith", "upper", "lower", "title", "capitalize", "replace", "find",
 	"rfind", "index", "count", "splitlines", "join", "isdigit", "isalpha", "isalnum",
-	"isspace", "isupper", "islower", "format", "swapcase", "center", "zfill", NULL };
+	"isspace", "isupper", "islower", "isnumeric", "isdecimal", "format", "swapcase", NULL };
 static const char *const dict_methods[] = { "items", "keys", "values", "get", "copy", NULL };
 static const char *const dict_unsafe[] = { "pop", "popitem", "setdefault", "update", "clear",
 					   NULL };
@@ -425,6 +430,48 @@ static struct jv float_op(struct jctx *c, int op, double a, double b)
 	return jv_float(m);
 }
 
+/* "text %s and %d" % args: %s, %d, %i, %r and %% (no widths or flags) */
+static struct jv percent_format(struct jctx *c, struct jv fmt, struct jv args)
+{
+	struct jbuf b = { 0 };
+	size_t k = 0, n = args.k == JK_LIST && (args.fl & JF_TUPLE) ? args.u.l->n : 1;
+
+	for (size_t i = 0; i < fmt.u.s.n; i++) {
+		char ch = fmt.u.s.p[i], conv = i + 1 < fmt.u.s.n ? fmt.u.s.p[i + 1] : 0;
+		struct jv v;
+
+		if (ch != '%') {
+			jb_putv(c, &b, jv_sub(fmt, i, 1));
+			continue;
+		}
+		i++;
+		if (conv == '%') {
+			jb_putc(c, &b, '%');
+			continue;
+		}
+		if (!strchr("sdir", conv) || !conv)
+			jx_fail(c, "line %d: ValueError: unsupported format character in '%%' formatting",
+				c->line);
+		if (k >= n)
+			jx_fail(c, "line %d: TypeError: not enough arguments for format string", c->line);
+		v = n == 1 && !(args.k == JK_LIST && (args.fl & JF_TUPLE)) ? args : args.u.l->v[k];
+		k++;
+		if (conv == 'r')
+			jv_repr(c, &b, v);
+		else if (conv == 's')
+			jv_print(c, &b, v);
+		else if (v.k == JK_INT || v.k == JK_BOOL || v.k == JK_FLOAT)
+			jv_print(c, &b, jv_int(v.k == JK_FLOAT ? (int64_t)v.u.f : ival(v)));
+		else
+			jx_fail(c, "line %d: TypeError: %%d format: a number is required, not %s", c->line,
+				jv_type(v));
+	}
+	if (k < n)
+		jx_fail(c, "line %d: TypeError: not all arguments converted during string formatting",
+			c->line);
+	return jb_str(&b);
+}
+
 struct jv jx_binop(struct jctx *c, int op, struct jv a, struct jv b)
 {
 	if (a.k == JK_UNDEF)
@@ -458,6 +505,8 @@ struct jv jx_binop(struct jctx *c, int op, struct jv a, struct jv b)
 		return repeat(c, a, ival(b));
 	if (op == JT_MUL && (b.k == JK_STR || b.k == JK_LIST) && (a.k == JK_INT || a.k == JK_BOOL))
 		return repeat(c, b, ival(a));
+	if (op == JT_MOD && a.k == JK_STR)
+		return percent_format(c, a, b);
 	if (op == JT_ADD && a.k == JK_STR)
 		jx_fail(c, "line %d: TypeError: can only concatenate str (not \"%s\") to str", c->line,
 			jv_type(b));
@@ -912,7 +961,7 @@ static struct jv str_method(struct jctx *c, struct jv s, const char *m, const st
 		return do_splitlines(c, s);
 	if (!strcmp(m, "join"))
 		return do_join(c, s, a0, NULL);
-	if (!strcmp(m, "isdigit"))
+	if (!strcmp(m, "isdigit") || !strcmp(m, "isnumeric") || !strcmp(m, "isdecimal"))
 		return jv_bool(all_chars(s, isdigit));
 	if (!strcmp(m, "isalpha"))
 		return jv_bool(all_chars(s, isalpha));
@@ -1087,6 +1136,11 @@ struct jv jx_call(struct jctx *c, struct jv f, const struct jv *args, size_t nar
 		if (f.fl & JF_UNSAFE)
 			jx_fail(c, "line %d: SecurityError: access to attribute '%s' of '%s' object is unsafe.",
 				c->line, f.u.mt->name, jv_type(self));
+		if (!strcmp(f.u.mt->name, "cycle")) { /* loop.cycle(a, b, ...) */
+			if (!nargs)
+				jx_fail(c, "line %d: TypeError: no items for cycling given", c->line);
+			return args[self.u.i % (int64_t)nargs];
+		}
 		if (self.k == JK_STR)
 			return str_method(c, self, f.u.mt->name, args, nargs, kwn, kwv, nkw);
 		if (self.k == JK_DICT)

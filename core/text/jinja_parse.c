@@ -1154,6 +1154,19 @@ static struct jnode *parse_call_block(struct parser *p)
 	return n;
 }
 
+static struct jnode *parse_generation(struct parser *p)
+{
+	static const char *const ends[] = { "endgeneration", NULL };
+	struct jnode *n;
+
+	end_tag(p);
+	n = parse_body(p, ends);
+	next(p);
+	next(p);
+	end_tag(p);
+	return n;
+}
+
 static struct jnode *parse_stmt(struct parser *p)
 {
 	struct jtok *t = peek(p);
@@ -1174,6 +1187,8 @@ static struct jnode *parse_stmt(struct parser *p)
 		return parse_filter_block(p);
 	if (is_name(t, "call"))
 		return parse_call_block(p);
+	if (is_name(t, "generation")) /* transformers' assistant-mask tag: its body as is */
+		return parse_generation(p);
 	if (is_name(t, "break") || is_name(t, "continue")) {
 		n = node(p, is_name(t, "break") ? JN_BREAK : JN_CONTINUE);
 		end_tag(p);

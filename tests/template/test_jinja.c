@@ -162,6 +162,19 @@ START_TEST(content_marks)
 }
 END_TEST
 
+/* transformers' {% generation %} tag (assistant masks) renders its body */
+START_TEST(generation_tag)
+{
+	char err[256];
+	char *s = render_opts("a{% generation %}b{{ 1 }}{% endgeneration %}c", NULL, NULL, err,
+			      sizeof(err));
+
+	ck_assert_msg(s != NULL, "%s", err);
+	ck_assert_str_eq(s, "ab1c");
+	free(s);
+}
+END_TEST
+
 START_TEST(no_vars)
 {
 	char err[256];
@@ -190,6 +203,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, limits);
 	tcase_add_test(tc, content_marks);
 	tcase_add_test(tc, no_vars);
+	tcase_add_test(tc, generation_tag);
 	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
