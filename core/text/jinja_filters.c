@@ -712,11 +712,32 @@ struct jv jx_filter(struct jctx *c, const char *name, struct jv v, const struct 
 
 /* ---- tests ---- */
 
-static const char *const test_names[] = { "defined", "undefined", "none", "boolean", "false",
-	"true", "integer", "float", "number", "string", "mapping", "iterable", "sequence",
-	"callable", "even", "odd", "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt",
-	"lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">=", "in", "lower",
-	"upper", "sameas", "escaped", "filter", "test", NULL };
+/* The tests, by name; the comparison tests (eq, lt...) share test_cmp. */
+enum test_id {
+	T_DEFINED, T_UNDEFINED, T_NONE, T_BOOLEAN, T_FALSE, T_TRUE, T_INTEGER, T_FLOAT, T_NUMBER,
+	T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_CALLABLE, T_EVEN, T_ODD, T_DIVISIBLEBY,
+	T_IN, T_LOWER, T_UPPER, T_SAMEAS, T_ESCAPED, T_FILTER, T_TEST, T_CMP,
+};
+
+static const struct {
+	const char *name;
+	enum test_id id;
+} tests[] = {
+	{ "defined", T_DEFINED }, { "undefined", T_UNDEFINED }, { "none", T_NONE },
+	{ "boolean", T_BOOLEAN }, { "false", T_FALSE }, { "true", T_TRUE },
+	{ "integer", T_INTEGER }, { "float", T_FLOAT }, { "number", T_NUMBER },
+	{ "string", T_STRING }, { "mapping", T_MAPPING }, { "iterable", T_ITERABLE },
+	{ "sequence", T_SEQUENCE }, { "callable", T_CALLABLE }, { "even", T_EVEN },
+	{ "odd", T_ODD }, { "divisibleby", T_DIVISIBLEBY }, { "in", T_IN }, { "lower", T_LOWER },
+	{ "upper", T_UPPER }, { "sameas", T_SAMEAS }, { "escaped", T_ESCAPED },
+	{ "filter", T_FILTER }, { "test", T_TEST },
+	{ "eq", T_CMP }, { "equalto", T_CMP }, { "==", T_CMP }, { "ne", T_CMP }, { "!=", T_CMP },
+	{ "lt", T_CMP }, { "lessthan", T_CMP }, { "<", T_CMP }, { "le", T_CMP }, { "<=", T_CMP },
+	{ "gt", T_CMP }, { "greaterthan", T_CMP }, { ">", T_CMP }, { "ge", T_CMP },
+	{ ">=", T_CMP },
+};
+
+#define N_TESTS (sizeof(tests) / sizeof(tests[0]))
 
 static bool known_filter(const char *name)
 {
@@ -764,72 +785,85 @@ static bool str_case(struct jctx *c, struct jv v, bool upper)
 	return true;
 }
 
+static bool test_parity(struct jctx *c, const char *name, struct jv v, bool even)
+{
+	int64_t n = v.k == JK_INT ? v.u.i : v.k == JK_BOOL ? v.u.b : 0;
+
+	if (v.k == JK_FLOAT) /* value % 2 == 0, as jinja2 computes it */
+		return (fmod(v.u.f, 2) == 0) == even;
+	if (v.k != JK_INT && v.k != JK_BOOL)
+		jx_fail(c, "line %d: TypeError: %s needs a number", c->line, name);
+	return (n % 2 == 0) == even;
+}
+
+static bool test_divisible(struct jctx *c, struct jv v, struct jv x)
+{
+	if (v.k != JK_INT || x.k != JK_INT)
+		jx_fail(c, "line %d: TypeError: divisibleby needs integers", c->line);
+	if (x.u.i == 0)
+		jx_fail(c, "line %d: ZeroDivisionError: divisibleby 0", c->line);
+	return x.u.i == -1 || v.u.i % x.u.i == 0;
+}
+
+/* sameas: the same object (lists and dicts), else the same value */
+static bool test_sameas(struct jv v, struct jv x)
+{
+	if (v.k != x.k)
+		return false;
+	if (v.k == JK_LIST)
+		return v.u.l == x.u.l;
+	if (v.k == JK_DICT)
+		return v.u.d == x.u.d;
+	return jv_eq(v, x);
+}
+
+static bool test_is_test(struct jv v)
+{
+	if (v.k != JK_STR)
+		return false;
+	for (size_t k = 0; k < N_TESTS; k++)
+		if (strlen(tests[k].name) == v.u.s.n && !memcmp(tests[k].name, v.u.s.p, v.u.s.n))
+			return true;
+	return false;
+}
+
 bool jx_test(struct jctx *c, const char *name, struct jv v, const struct jv *args, size_t nargs)
 {
 	struct jv x = nargs ? args[0] : jv_undef(NULL);
-	int i;
+	bool seq = v.k == JK_STR || v.k == JK_UNDEF || (v.k == JK_DICT && !(v.fl & JF_NS));
+	size_t i;
 
-	for (i = 0; test_names[i]; i++)
-		if (!strcmp(test_names[i], name))
+	for (i = 0; i < N_TESTS; i++)
+		if (!strcmp(tests[i].name, name))
 			break;
-	if (!test_names[i])
+	if (i == N_TESTS)
 		jx_fail(c, "line %d: No test named '%s'.", c->line, name);
-	switch (i) {
-	case 0: return v.k != JK_UNDEF;
-	case 1: return v.k == JK_UNDEF;
-	case 2: return v.k == JK_NONE;
-	case 3: return v.k == JK_BOOL;
-	case 4: return v.k == JK_BOOL && !v.u.b;
-	case 5: return v.k == JK_BOOL && v.u.b;
-	case 6: return v.k == JK_INT;
-	case 7: return v.k == JK_FLOAT;
-	case 8: return v.k == JK_INT || v.k == JK_FLOAT || v.k == JK_BOOL;
-	case 9: return v.k == JK_STR;
-	case 10: return v.k == JK_DICT && !(v.fl & JF_NS);
-	case 11:
-	case 12:
-		return v.k == JK_STR || (v.k == JK_LIST && (i == 11 || !(v.fl & JF_GEN))) ||
-		       (v.k == JK_DICT && !(v.fl & JF_NS)) || v.k == JK_UNDEF;
-	case 13: return v.k == JK_MACRO || v.k == JK_METHOD || v.k == JK_FUNC;
-	case 14:
-	case 15: {
-		int64_t n = v.k == JK_INT ? v.u.i : v.k == JK_BOOL ? v.u.b : 0;
-
-		if (v.k == JK_FLOAT) /* value % 2 == 0, as jinja2 computes it */
-			return (fmod(v.u.f, 2) == 0) == (i == 14);
-		if (v.k != JK_INT && v.k != JK_BOOL)
-			jx_fail(c, "line %d: TypeError: %s needs a number", c->line, name);
-		return (n % 2 == 0) == (i == 14);
+	switch (tests[i].id) {
+	case T_DEFINED: return v.k != JK_UNDEF;
+	case T_UNDEFINED: return v.k == JK_UNDEF;
+	case T_NONE: return v.k == JK_NONE;
+	case T_BOOLEAN: return v.k == JK_BOOL;
+	case T_FALSE: return v.k == JK_BOOL && !v.u.b;
+	case T_TRUE: return v.k == JK_BOOL && v.u.b;
+	case T_INTEGER: return v.k == JK_INT;
+	case T_FLOAT: return v.k == JK_FLOAT;
+	case T_NUMBER: return v.k == JK_INT || v.k == JK_FLOAT || v.k == JK_BOOL;
+	case T_STRING: return v.k == JK_STR;
+	case T_MAPPING: return v.k == JK_DICT && !(v.fl & JF_NS);
+	case T_ITERABLE: return seq || v.k == JK_LIST;
+	case T_SEQUENCE: return seq || (v.k == JK_LIST && !(v.fl & JF_GEN)); /* no len() */
+	case T_CALLABLE: return v.k == JK_MACRO || v.k == JK_METHOD || v.k == JK_FUNC;
+	case T_EVEN:
+	case T_ODD: return test_parity(c, name, v, tests[i].id == T_EVEN);
+	case T_DIVISIBLEBY: return test_divisible(c, v, x);
+	case T_IN: return jx_contains(c, x, v);
+	case T_LOWER: return str_case(c, v, false);
+	case T_UPPER: return str_case(c, v, true);
+	case T_SAMEAS: return test_sameas(v, x);
+	case T_ESCAPED: return (v.fl & JF_SAFE) != 0;
+	case T_FILTER: return v.k == JK_STR && known_filter(jx_strdup(c, v.u.s.p, v.u.s.n));
+	case T_TEST: return test_is_test(v);
+	case T_CMP: break;
 	}
-	case 16: {
-		if (v.k != JK_INT || x.k != JK_INT)
-			jx_fail(c, "line %d: TypeError: divisibleby needs integers", c->line);
-		if (x.u.i == 0)
-			jx_fail(c, "line %d: ZeroDivisionError: divisibleby 0", c->line);
-		return x.u.i == -1 || v.u.i % x.u.i == 0;
-	}
-	case 32: return jx_contains(c, x, v);
-	case 33: return str_case(c, v, false);
-	case 34: return str_case(c, v, true);
-	case 35:
-		if (v.k != x.k)
-			return false;
-		if (v.k == JK_LIST)
-			return v.u.l == x.u.l;
-		if (v.k == JK_DICT)
-			return v.u.d == x.u.d;
-		return jv_eq(v, x);
-	case 36: return (v.fl & JF_SAFE) != 0;
-	case 37:
-		return v.k == JK_STR && known_filter(jx_strdup(c, v.u.s.p, v.u.s.n));
-	case 38:
-		if (v.k != JK_STR)
-			return false;
-		for (int k = 0; test_names[k]; k++)
-			if (strlen(test_names[k]) == v.u.s.n && !memcmp(test_names[k], v.u.s.p, v.u.s.n))
-				return true;
-		return false;
-	default:
-		return test_cmp(c, name, v, x);
-	}
+	return test_cmp(c, name, v, x);
 }
