@@ -33,6 +33,11 @@ static bool has(const struct fargs *a, size_t i, const char *name)
 	return i < a->nargs;
 }
 
+static bool str_eq(struct jv s, const char *t)
+{
+	return s.k == JK_STR && s.u.s.n == strlen(t) && !memcmp(s.u.s.p, t, s.u.s.n);
+}
+
 static char *cstr(struct jctx *c, struct jv s)
 {
 	return jx_strdup(c, s.u.s.p, s.u.s.n);
@@ -547,12 +552,14 @@ static struct jv f_round(struct jctx *c, struct jv v, const struct fargs *a)
 	if (v.k != JK_INT && v.k != JK_FLOAT && v.k != JK_BOOL)
 		jx_fail(c, "line %d: TypeError: round needs a number, not %s", c->line, jv_type(v));
 	x = v.k == JK_FLOAT ? v.u.f : v.k == JK_INT ? (double)v.u.i : v.u.b;
+	if (v.k != JK_FLOAT && !(how.k == JK_STR && (str_eq(how, "ceil") || str_eq(how, "floor"))))
+		return jv_int(v.k == JK_INT ? v.u.i : v.u.b); /* Python's round(int) is the int */
 	if (prec < 0 || prec > 15)
 		prec = 0;
 	p = pow(10, (double)prec);
-	if (how.k == JK_STR && how.u.s.n == 4 && !memcmp(how.u.s.p, "ceil", 4))
+	if (how.k == JK_STR && str_eq(how, "ceil"))
 		return jv_float(ceil(x * p) / p);
-	if (how.k == JK_STR && how.u.s.n == 5 && !memcmp(how.u.s.p, "floor", 5))
+	if (how.k == JK_STR && str_eq(how, "floor"))
 		return jv_float(floor(x * p) / p);
 	return jv_float(rint(x * p) / p); /* Python's round: half to even */
 }
@@ -606,108 +613,222 @@ static struct jv str_filter(struct jctx *c, const char *name, struct jv v, const
 	return jx_call(c, m, a->args, a->nargs, a->kwn, a->kwv, a->nkw);
 }
 
+/* ---- the filter table ---- */
+
+typedef struct jv (*filter_fn)(struct jctx *c, struct jv v, const struct fargs *a,
+			       const char *name);
+
+static struct jv x_default(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_default(v, a);
+}
+
+static struct jv x_length(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_length(c, v);
+}
+
+static struct jv x_tojson(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_tojson(c, v, a);
+}
+
+static struct jv x_trim(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv chars = fa(a, 0, "chars", jv_none());
+
+	return str_filter(c, "strip", v, &(struct fargs){ &chars, 1, NULL, NULL, 0 });
+}
+
+/* upper, lower, capitalize; title as jinja2's filter (not str.title) */
+static struct jv x_case(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return str_filter(c, strcmp(n, "title") ? n : "title_filter", v, &(struct fargs){ 0 });
+}
+
+static struct jv x_replace(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv r[3] = { fa(a, 0, "old", jv_str("", 0)), fa(a, 1, "new", jv_str("", 0)),
+			   fa(a, 2, "count", jv_none()) };
+
+	return str_filter(c, "replace", v, &(struct fargs){ r, r[2].k == JK_NONE ? 2 : 3, NULL,
+							      NULL, 0 });
+}
+
+static struct jv x_string(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return jv_tostr(c, v);
+}
+
+static struct jv x_safe(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv s = jv_tostr(c, v);
+
+	s.fl |= JF_SAFE;
+	return s;
+}
+
+static struct jv x_escape(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_escape(c, v);
+}
+
+static struct jv x_join(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_join(c, v, a);
+}
+
+static struct jv x_items(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_items(c, v);
+}
+
+static struct jv x_list(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv l = jv_iter(c, v), out = jv_list(c, l.u.l->n);
+
+	for (size_t i = 0; i < l.u.l->n; i++)
+		jl_push(c, out.u.l, l.u.l->v[i]);
+	return out;
+}
+
+static struct jv x_map(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_map(c, v, a);
+}
+
+/* select, reject, selectattr, rejectattr */
+static struct jv x_select(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_select(c, v, a, n[0] == 's', strstr(n, "attr") != NULL);
+}
+
+static struct jv x_first_last(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_first_last(c, v, n[0] == 'l');
+}
+
+static struct jv x_int(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_int(c, v, a);
+}
+
+static struct jv x_float(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_float(c, v, a);
+}
+
+static struct jv x_abs(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	if (v.k == JK_INT && v.u.i != INT64_MIN)
+		return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
+	if (v.k == JK_FLOAT)
+		return jv_float(fabs(v.u.f));
+	if (v.k == JK_BOOL)
+		return jv_int(v.u.b);
+	jx_fail(c, "line %d: TypeError: bad operand type for abs(): '%s'", c->line, jv_type(v));
+}
+
+static struct jv x_round(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_round(c, v, a);
+}
+
+static struct jv x_sort(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv attr = fa(a, 2, "attribute", jv_none());
+	struct sortkey sk = {
+		.case_sensitive = jv_truthy(fa(a, 1, "case_sensitive", jv_bool(false))),
+		.attr = attr.k == JK_STR ? cstr(c, attr) : NULL,
+	};
+
+	return sorted(c, v, &sk, jv_truthy(fa(a, 0, "reverse", jv_bool(false))));
+}
+
+static struct jv x_dictsort(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_dictsort(c, v, a);
+}
+
+static struct jv x_unique(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_unique(c, v, a);
+}
+
+static struct jv x_reverse(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_reverse(c, v);
+}
+
+static struct jv x_minmax(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_minmax(c, v, a, n[1] == 'a');
+}
+
+static struct jv x_sum(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_sum(c, v, a);
+}
+
+static struct jv x_indent(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_indent(c, v, a);
+}
+
+static struct jv x_center(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_center(c, v, a);
+}
+
+static struct jv x_wordcount(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return f_wordcount(c, v);
+}
+
+static struct jv x_attr(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	return jx_getattr(c, v, cstr(c, jv_tostr(c, fa(a, 0, "name", jv_str("", 0)))));
+}
+
+static const struct {
+	const char *name;
+	filter_fn fn;
+} filters[] = {
+	{ "default", x_default }, { "d", x_default }, { "length", x_length },
+	{ "count", x_length }, { "tojson", x_tojson }, { "trim", x_trim },
+	{ "upper", x_case }, { "lower", x_case }, { "capitalize", x_case }, { "title", x_case },
+	{ "replace", x_replace }, { "string", x_string }, { "safe", x_safe },
+	{ "e", x_escape }, { "escape", x_escape }, { "forceescape", x_escape },
+	{ "join", x_join }, { "items", x_items }, { "list", x_list }, { "map", x_map },
+	{ "select", x_select }, { "reject", x_select }, { "selectattr", x_select },
+	{ "rejectattr", x_select }, { "first", x_first_last }, { "last", x_first_last },
+	{ "int", x_int }, { "float", x_float }, { "abs", x_abs }, { "round", x_round },
+	{ "sort", x_sort }, { "dictsort", x_dictsort }, { "unique", x_unique },
+	{ "reverse", x_reverse }, { "min", x_minmax }, { "max", x_minmax }, { "sum", x_sum },
+	{ "indent", x_indent }, { "center", x_center }, { "wordcount", x_wordcount },
+	{ "attr", x_attr },
+};
+
+#define N_FILTERS (sizeof(filters) / sizeof(filters[0]))
+
+static filter_fn find_filter(const char *name)
+{
+	for (size_t i = 0; i < N_FILTERS; i++)
+		if (!strcmp(filters[i].name, name))
+			return filters[i].fn;
+	return NULL;
+}
+
 struct jv jx_filter(struct jctx *c, const char *name, struct jv v, const struct jv *args,
 		    size_t nargs, const char *const *kwn, const struct jv *kwv, size_t nkw)
 {
 	struct fargs a = { args, nargs, kwn, kwv, nkw };
-	struct sortkey sk = { 0 };
+	filter_fn fn = find_filter(name);
 
+	if (!fn) /* jinja2 checks at compile time; a filter in a branch not taken is fine */
+		jx_fail(c, "line %d: No filter named '%s'.", c->line, name);
 	jx_step(c, 1 + jv_cost(v)); /* a filter walks its value */
-	if (!strcmp(name, "default") || !strcmp(name, "d"))
-		return f_default(v, &a);
-	if (!strcmp(name, "length") || !strcmp(name, "count"))
-		return f_length(c, v);
-	if (!strcmp(name, "tojson"))
-		return f_tojson(c, v, &a);
-	if (!strcmp(name, "trim")) {
-		struct jv m = { .k = JK_METHOD };
-		struct jmethod mt = { jv_tostr(c, v), "strip" };
-
-		m.u.mt = &mt;
-		return jx_call(c, m, args, nargs > 1 ? 1 : nargs, NULL, NULL, 0);
-	}
-	if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "capitalize"))
-		return str_filter(c, name, v, &(struct fargs){ 0 });
-	if (!strcmp(name, "title"))
-		return str_filter(c, "title_filter", v, &(struct fargs){ 0 });
-	if (!strcmp(name, "replace")) {
-		struct jv s = jv_tostr(c, v);
-		struct jv r[3] = { fa(&a, 0, "old", jv_str("", 0)), fa(&a, 1, "new", jv_str("", 0)),
-				   fa(&a, 2, "count", jv_none()) };
-
-		return str_filter(c, "replace", s, &(struct fargs){ r, r[2].k == JK_NONE ? 2 : 3, NULL, NULL, 0 });
-	}
-	if (!strcmp(name, "string"))
-		return jv_tostr(c, v);
-	if (!strcmp(name, "safe")) {
-		struct jv s = jv_tostr(c, v);
-
-		s.fl |= JF_SAFE;
-		return s;
-	}
-	if (!strcmp(name, "e") || !strcmp(name, "escape") || !strcmp(name, "forceescape"))
-		return f_escape(c, v);
-	if (!strcmp(name, "join"))
-		return f_join(c, v, &a);
-	if (!strcmp(name, "items"))
-		return f_items(c, v);
-	if (!strcmp(name, "list")) {
-		struct jv l = jv_iter(c, v);
-		struct jv out = jv_list(c, l.u.l->n);
-
-		for (size_t i = 0; i < l.u.l->n; i++)
-			jl_push(c, out.u.l, l.u.l->v[i]);
-		return out;
-	}
-	if (!strcmp(name, "map"))
-		return f_map(c, v, &a);
-	if (!strcmp(name, "select") || !strcmp(name, "reject"))
-		return f_select(c, v, &a, name[0] == 's', false);
-	if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr"))
-		return f_select(c, v, &a, name[0] == 's', true);
-	if (!strcmp(name, "first") || !strcmp(name, "last"))
-		return f_first_last(c, v, name[0] == 'l');
-	if (!strcmp(name, "int"))
-		return f_int(c, v, &a);
-	if (!strcmp(name, "float"))
-		return f_float(c, v, &a);
-	if (!strcmp(name, "abs")) {
-		if (v.k == JK_INT && v.u.i != INT64_MIN)
-			return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
-		if (v.k == JK_FLOAT)
-			return jv_float(fabs(v.u.f));
-		if (v.k == JK_BOOL)
-			return jv_int(v.u.b);
-		jx_fail(c, "line %d: TypeError: bad operand type for abs(): '%s'", c->line, jv_type(v));
-	}
-	if (!strcmp(name, "round"))
-		return f_round(c, v, &a);
-	if (!strcmp(name, "sort")) {
-		struct jv attr = fa(&a, 2, "attribute", jv_none());
-
-		sk.case_sensitive = jv_truthy(fa(&a, 1, "case_sensitive", jv_bool(false)));
-		sk.attr = attr.k == JK_STR ? cstr(c, attr) : NULL;
-		return sorted(c, v, &sk, jv_truthy(fa(&a, 0, "reverse", jv_bool(false))));
-	}
-	if (!strcmp(name, "dictsort"))
-		return f_dictsort(c, v, &a);
-	if (!strcmp(name, "unique"))
-		return f_unique(c, v, &a);
-	if (!strcmp(name, "reverse"))
-		return f_reverse(c, v);
-	if (!strcmp(name, "min") || !strcmp(name, "max"))
-		return f_minmax(c, v, &a, name[1] == 'a');
-	if (!strcmp(name, "sum"))
-		return f_sum(c, v, &a);
-	if (!strcmp(name, "indent"))
-		return f_indent(c, v, &a);
-	if (!strcmp(name, "center"))
-		return f_center(c, v, &a);
-	if (!strcmp(name, "wordcount"))
-		return f_wordcount(c, v);
-	if (!strcmp(name, "attr"))
-		return jx_getattr(c, v, cstr(c, jv_tostr(c, fa(&a, 0, "name", jv_str("", 0)))));
-	jx_fail(c, "line %d: No filter named '%s'.", c->line, name);
+	return fn(c, v, &a, name);
 }
 
 /* ---- tests ---- */
@@ -741,17 +862,7 @@ static const struct {
 
 static bool known_filter(const char *name)
 {
-	static const char *const names[] = { "default", "d", "length", "count", "tojson", "trim",
-		"upper", "lower", "title", "capitalize", "replace", "string", "safe", "e", "escape",
-		"forceescape", "join", "items", "list", "map", "select", "reject", "selectattr",
-		"rejectattr", "first", "last", "int", "float", "abs", "round", "sort", "dictsort",
-		"unique", "reverse", "min", "max", "sum", "indent", "center", "wordcount", "attr",
-		NULL };
-
-	for (int i = 0; names[i]; i++)
-		if (!strcmp(names[i], name))
-			return true;
-	return false;
+	return find_filter(name) != NULL;
 }
 
 static bool test_cmp(struct jctx *c, const char *name, struct jv v, struct jv x)

@@ -46,7 +46,7 @@ cases=[
  "{{ 'a' + 'b' * 2 }}{{ [1] + [2] }}{{ -n }}{{ n * 1.5 }}{{ true + 1 }}{{ 'x' if none else 'y' }}{{ none or 'z' }}{{ 0 and 1 }}",
  '{{ "they\'re ok-go x1y a.b"|title }}|{{ "they\'re ok-go x1y a.b".title() }}|{{ "HÉ"|lower }}',
  "{{ 'é😀 x' | tojson(ensure_ascii=True) }}|{{ d | tojson(false, 1) }}|{{ messages[0].content | tojson(true) }}",
- "{{ (5 / 2) | round | int }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ -1.5 | round }}",
+ "{{ (5 / 2) | round | int }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ -1.5 | round }} {{ 7 | round }} {{ 7 | round(1, 'floor') }}",
  "{% for i in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}|{{ '%s=%d %r %%' % ('k', 3, 'v') }}|{{ 'x%s' % 1 }}|{{ '12'.isnumeric() }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
