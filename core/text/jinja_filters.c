@@ -410,15 +410,15 @@ static struct jv f_escape(struct jctx *c, struct jv v)
 	return s;
 }
 
+/* jinja2's indent: the lines of S + "\n" (str.splitlines), joined by "\n"
+ * with the indent before each but the first (and before blank ones only
+ * with blank=true), before the first too with first=true. */
 static struct jv f_indent(struct jctx *c, struct jv v, const struct fargs *a)
 {
-	struct jv w = fa(a, 0, "width", jv_int(4)), s = jv_tostr(c, v);
+	struct jv w = fa(a, 0, "width", jv_int(4)), s = jv_tostr(c, v), ind = w, lines;
 	bool first = jv_truthy(fa(a, 1, "first", jv_bool(false)));
 	bool blank = jv_truthy(fa(a, 2, "blank", jv_bool(false)));
-	struct jv ind = w.k == JK_STR ? w : jv_str("", 0);
 	struct jbuf b = { 0 };
-	size_t st = 0;
-	bool line1 = true;
 
 	if (w.k != JK_STR) {
 		struct jbuf ib = { 0 };
@@ -428,24 +428,22 @@ static struct jv f_indent(struct jctx *c, struct jv v, const struct fargs *a)
 			jb_putc(c, &ib, ' ');
 		ind = jb_str(&ib);
 	}
-	/* lines as str.splitlines() of s + "\n" gives them */
-	while (st < s.u.s.n) {
-		size_t e = st;
-
-		while (e < s.u.s.n && s.u.s.p[e] != '\n')
-			e++;
-		if (!line1)
-			jb_putc(c, &b, '\n');
-		if ((line1 && first) || (!line1 && (blank || e > st)))
-			jb_putv(c, &b, ind);
-		jb_putv(c, &b, jv_sub(s, st, e - st));
-		line1 = false;
-		st = e + 1;
-		if (e < s.u.s.n && st == s.u.s.n) /* a final newline ends with an empty line */
-			jb_putc(c, &b, '\n');
-	}
-	if (line1 && first)
+	jb_putv(c, &b, s);
+	jb_putc(c, &b, '\n');
+	lines = jx_splitlines(c, jb_str(&b));
+	b = (struct jbuf){ 0 };
+	if (first)
 		jb_putv(c, &b, ind);
+	for (size_t i = 0; i < lines.u.l->n; i++) {
+		struct jv line = lines.u.l->v[i];
+
+		if (i) {
+			jb_putc(c, &b, '\n');
+			if (blank || line.u.s.n)
+				jb_putv(c, &b, ind);
+		}
+		jb_putv(c, &b, line);
+	}
 	return jb_str(&b);
 }
 

@@ -167,6 +167,7 @@ bool jx_contains(struct jctx *c, struct jv hay, struct jv needle);
 struct jv jx_slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, struct jv step);
 bool jx_is_global(const char *name);
 struct jv jx_loop_cycle(struct jctx *c, int64_t index0);
+struct jv jx_splitlines(struct jctx *c, struct jv s); /* str.splitlines() */
 
 /* tokens the parser hands to the evaluator as operators */
 enum { JT_ADD = 1, JT_SUB, JT_MUL, JT_DIV, JT_FLOORDIV, JT_MOD, JT_POW, JT_EQ, JT_NE,

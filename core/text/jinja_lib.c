@@ -588,12 +588,8 @@ static struct jv do_split(struct jctx *c, struct jv s, struct jv sep, int64_t ma
 					break;
 				size_t st = i;
 
-				if (max == 0) {
-					size_t e = n;
-
-					while (e > st && isspace((unsigned char)p[e - 1]))
-						e--;
-					jl_push(c, l.u.l, jv_sub(s, st, e - st));
+				if (max == 0) { /* the rest, its trailing blanks kept */
+					jl_push(c, l.u.l, jv_sub(s, st, n - st));
 					break;
 				}
 				while (i < n && !isspace((unsigned char)p[i]))
@@ -610,12 +606,8 @@ static struct jv do_split(struct jctx *c, struct jv s, struct jv sep, int64_t ma
 				break;
 			size_t e = i;
 
-			if (max == 0) {
-				size_t st = 0;
-
-				while (st < e && isspace((unsigned char)p[st]))
-					st++;
-				jl_push(c, l.u.l, jv_sub(s, st, e - st));
+			if (max == 0) { /* the rest, its leading blanks kept */
+				jl_push(c, l.u.l, jv_sub(s, 0, e));
 				break;
 			}
 			while (i > 0 && !isspace((unsigned char)p[i - 1]))
@@ -826,17 +818,34 @@ static int64_t do_count(struct jctx *c, struct jv s, struct jv sub)
 	return k;
 }
 
-static struct jv do_splitlines(struct jctx *c, struct jv s)
+/* The length of the line break at P (N bytes left), 0 if none: what
+ * Python's str.splitlines breaks at. */
+static size_t line_break(const char *p, size_t n)
+{
+	const unsigned char *q = (const unsigned char *)p;
+
+	if (q[0] == '\r')
+		return n > 1 && q[1] == '\n' ? 2 : 1;
+	if (strchr("\n\v\f\x1c\x1d\x1e", q[0]) && q[0])
+		return 1;
+	if (n > 1 && q[0] == 0xc2 && q[1] == 0x85)
+		return 2; /* U+0085 */
+	if (n > 2 && q[0] == 0xe2 && q[1] == 0x80 && (q[2] == 0xa8 || q[2] == 0xa9))
+		return 3; /* U+2028, U+2029 */
+	return 0;
+}
+
+struct jv jx_splitlines(struct jctx *c, struct jv s)
 {
 	struct jv l = jv_list(c, 0);
 	size_t st = 0, i = 0;
 
 	while (i < s.u.s.n) {
-		char ch = s.u.s.p[i];
+		size_t k = line_break(s.u.s.p + i, s.u.s.n - i);
 
-		if (ch == '\n' || ch == '\r') {
+		if (k) {
 			jl_push(c, l.u.l, jv_sub(s, st, i - st));
-			i += ch == '\r' && i + 1 < s.u.s.n && s.u.s.p[i + 1] == '\n' ? 2 : 1;
+			i += k;
 			st = i;
 		} else {
 			i++;
@@ -958,7 +967,7 @@ static struct jv str_method(struct jctx *c, struct jv s, const char *m, const st
 	if (!strcmp(m, "count"))
 		return jv_int(do_count(c, s, a0));
 	if (!strcmp(m, "splitlines"))
-		return do_splitlines(c, s);
+		return jx_splitlines(c, s);
 	if (!strcmp(m, "join"))
 		return do_join(c, s, a0, NULL);
 	if (!strcmp(m, "isdigit") || !strcmp(m, "isnumeric") || !strcmp(m, "isdecimal"))

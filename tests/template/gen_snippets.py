@@ -48,6 +48,7 @@ cases=[
  "{{ 'é😀 x' | tojson(ensure_ascii=True) }}|{{ d | tojson(false, 1) }}|{{ messages[0].content | tojson(true) }}",
  "{{ (5 / 2) | round | int }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ -1.5 | round }} {{ 7 | round }} {{ 7 | round(1, 'floor') }}",
  "{% for i in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}|{{ '%s=%d %r %%' % ('k', 3, 'v') }}|{{ 'x%s' % 1 }}|{{ '12'.isnumeric() }}",
+ "{{ '  a b\\n\\nc \\n' | indent(2, blank=true) }}|{{ 'a\\r\\nb' | indent('> ', true) }}|{{ '  a b\\n c ' .split(None, 1) }}|{{ ' a b '.rsplit(None, 1) }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
