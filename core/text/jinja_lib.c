@@ -539,91 +539,119 @@ static struct jv do_strip(struct jctx *c, struct jv s, struct jv chars, bool lef
 	return jv_sub(s, a, b - a);
 }
 
+static void reverse_items(struct jlist *l)
+{
+	for (size_t i = 0, j = l->n; i + 1 < j; i++, j--) {
+		struct jv t = l->v[i];
+
+		l->v[i] = l->v[j - 1];
+		l->v[j - 1] = t;
+	}
+}
+
+/* str.split(SEP, MAX): MAX < 0 for no limit */
+static void split_sep(struct jctx *c, struct jlist *l, struct jv s, struct jv sep, int64_t max)
+{
+	size_t k = sep.u.s.n, start = 0, i = 0;
+
+	while (i + k <= s.u.s.n && max != 0) {
+		if (memcmp(s.u.s.p + i, sep.u.s.p, k)) {
+			i++;
+			continue;
+		}
+		jl_push(c, l, jv_sub(s, start, i - start));
+		i += k;
+		start = i;
+		max--;
+	}
+	jl_push(c, l, jv_sub(s, start, s.u.s.n - start));
+}
+
+/* str.rsplit(SEP, MAX), the pieces from the right */
+static void rsplit_sep(struct jctx *c, struct jlist *l, struct jv s, struct jv sep, int64_t max)
+{
+	size_t k = sep.u.s.n, end = s.u.s.n, i = s.u.s.n;
+
+	while (i >= k && max != 0) {
+		if (memcmp(s.u.s.p + i - k, sep.u.s.p, k)) {
+			i--;
+			continue;
+		}
+		jl_push(c, l, jv_sub(s, i, end - i));
+		i -= k;
+		end = i;
+		max--;
+	}
+	jl_push(c, l, jv_sub(s, 0, end));
+}
+
+static bool blank_at(struct jv s, size_t i)
+{
+	return isspace((unsigned char)s.u.s.p[i]) != 0;
+}
+
+/* str.split(None, MAX): runs of whitespace; the last piece keeps its
+ * trailing blanks */
+static void split_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
+{
+	size_t i = 0, n = s.u.s.n;
+
+	for (;;) {
+		size_t st;
+
+		while (i < n && blank_at(s, i))
+			i++;
+		if (i == n)
+			return;
+		st = i;
+		if (max-- == 0) {
+			jl_push(c, l, jv_sub(s, st, n - st));
+			return;
+		}
+		while (i < n && !blank_at(s, i))
+			i++;
+		jl_push(c, l, jv_sub(s, st, i - st));
+	}
+}
+
+/* str.rsplit(None, MAX), the pieces from the right; the last keeps its
+ * leading blanks */
+static void rsplit_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
+{
+	size_t i = s.u.s.n;
+
+	for (;;) {
+		size_t e;
+
+		while (i > 0 && blank_at(s, i - 1))
+			i--;
+		if (i == 0)
+			return;
+		e = i;
+		if (max-- == 0) {
+			jl_push(c, l, jv_sub(s, 0, e));
+			return;
+		}
+		while (i > 0 && !blank_at(s, i - 1))
+			i--;
+		jl_push(c, l, jv_sub(s, i, e - i));
+	}
+}
+
 /* split on whitespace runs (SEP none) or on SEP, at most MAX times
  * (negative: no limit), from the right when REV. */
 static struct jv do_split(struct jctx *c, struct jv s, struct jv sep, int64_t max, bool rev)
 {
-	struct jv l = jv_list(c, 0), *v;
-	const char *p = s.u.s.p;
-	size_t n = s.u.s.n;
+	struct jv l = jv_list(c, 0);
 
 	if (sep.k == JK_STR && sep.u.s.n == 0)
 		jx_fail(c, "line %d: ValueError: empty separator", c->line);
-	if (sep.k == JK_STR) {
-		size_t k = sep.u.s.n, start = 0, end = n;
-
-		if (!rev) {
-			for (size_t i = 0; i + k <= n && max != 0;) {
-				if (!memcmp(p + i, sep.u.s.p, k)) {
-					jl_push(c, l.u.l, jv_sub(s, start, i - start));
-					i += k;
-					start = i;
-					max--;
-				} else {
-					i++;
-				}
-			}
-			jl_push(c, l.u.l, jv_sub(s, start, n - start));
-			return l;
-		}
-		for (size_t i = n; i >= k && max != 0;) {
-			if (!memcmp(p + i - k, sep.u.s.p, k)) {
-				jl_push(c, l.u.l, jv_sub(s, i, end - i));
-				i -= k;
-				end = i;
-				max--;
-			} else {
-				i--;
-			}
-		}
-		jl_push(c, l.u.l, jv_sub(s, 0, end));
-	} else {
-		size_t i = rev ? n : 0;
-
-		if (!rev) {
-			while (i < n) {
-				while (i < n && isspace((unsigned char)p[i]))
-					i++;
-				if (i == n)
-					break;
-				size_t st = i;
-
-				if (max == 0) { /* the rest, its trailing blanks kept */
-					jl_push(c, l.u.l, jv_sub(s, st, n - st));
-					break;
-				}
-				while (i < n && !isspace((unsigned char)p[i]))
-					i++;
-				jl_push(c, l.u.l, jv_sub(s, st, i - st));
-				max--;
-			}
-			return l;
-		}
-		while (i > 0) {
-			while (i > 0 && isspace((unsigned char)p[i - 1]))
-				i--;
-			if (i == 0)
-				break;
-			size_t e = i;
-
-			if (max == 0) { /* the rest, its leading blanks kept */
-				jl_push(c, l.u.l, jv_sub(s, 0, e));
-				break;
-			}
-			while (i > 0 && !isspace((unsigned char)p[i - 1]))
-				i--;
-			jl_push(c, l.u.l, jv_sub(s, i, e - i));
-			max--;
-		}
-	}
-	/* reverse: pieces were found from the right */
-	for (size_t i = 0, j = l.u.l->n; i + 1 < j; i++, j--) {
-		struct jv t = l.u.l->v[i];
-
-		l.u.l->v[i] = l.u.l->v[j - 1];
-		l.u.l->v[j - 1] = t;
-	}
-	(void)v;
+	if (sep.k == JK_STR)
+		rev ? rsplit_sep(c, l.u.l, s, sep, max) : split_sep(c, l.u.l, s, sep, max);
+	else
+		rev ? rsplit_ws(c, l.u.l, s, max) : split_ws(c, l.u.l, s, max);
+	if (rev)
+		reverse_items(l.u.l);
 	return l;
 }
 
