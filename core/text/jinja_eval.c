@@ -269,7 +269,8 @@ static struct jv capture(struct jctx *c, const struct jnode *body, struct jscope
 	return jb_str(&buf);
 }
 
-static void set_loop(struct jctx *c, struct jdict *loop, const struct jlist *items, size_t i)
+static void set_loop(struct jctx *c, struct jdict *loop, const struct jlist *items, size_t i,
+		     int depth)
 {
 	size_t n = items->n;
 
@@ -280,17 +281,18 @@ static void set_loop(struct jctx *c, struct jdict *loop, const struct jlist *ite
 	jd_set(c, loop, jv_cstr("first"), jv_bool(i == 0));
 	jd_set(c, loop, jv_cstr("last"), jv_bool(i + 1 == n));
 	jd_set(c, loop, jv_cstr("length"), jv_int((int64_t)n));
-	jd_set(c, loop, jv_cstr("depth"), jv_int(1));
-	jd_set(c, loop, jv_cstr("depth0"), jv_int(0));
+	jd_set(c, loop, jv_cstr("depth"), jv_int(depth + 1));
+	jd_set(c, loop, jv_cstr("depth0"), jv_int(depth));
 	jd_set(c, loop, jv_cstr("previtem"), i ? items->v[i - 1] : jv_undef("previtem"));
 	jd_set(c, loop, jv_cstr("nextitem"), i + 1 < n ? items->v[i + 1] : jv_undef("nextitem"));
 	jd_set(c, loop, jv_cstr("cycle"), jx_loop_cycle(c, (int64_t)i));
 }
 
 /* The items of a for loop after its if filter. */
-static struct jlist *loop_items(struct jctx *c, const struct jnode *s, struct jscope *sc)
+/* The items of a for loop (ALL, as iterated) after its if filter. */
+static struct jlist *loop_items(struct jctx *c, const struct jnode *s, struct jscope *sc,
+				struct jv all)
 {
-	struct jv all = jv_iter(c, jx_eval(c, s->b, sc));
 	struct jv kept;
 	struct jscope *fs;
 
@@ -307,9 +309,26 @@ static struct jlist *loop_items(struct jctx *c, const struct jnode *s, struct js
 	return kept.u.l;
 }
 
-static void run_for(struct jctx *c, const struct jnode *s, struct jscope *sc)
+/* A recursive loop's loop is also callable: loop(items) runs the loop
+ * again one level deeper (jx_loop_again), kept as a hidden "__call__"
+ * entry naming the for statement and its scope. */
+static void set_recursion(struct jctx *c, struct jdict *loop, const struct jnode *s,
+			  struct jscope *sc, int depth)
 {
-	struct jlist *items = loop_items(c, s, sc);
+	struct jmacro *m = jx_alloc(c, sizeof(*m));
+	struct jv v = { .k = JK_MACRO };
+
+	m->n = s;
+	m->sc = sc;
+	m->caller = jv_int(depth + 1);
+	v.u.mac = m;
+	jd_set(c, loop, jv_cstr("__call__"), v);
+}
+
+static void run_loop(struct jctx *c, const struct jnode *s, struct jscope *sc, struct jv iterable,
+		     int depth)
+{
+	struct jlist *items = loop_items(c, s, sc, jv_iter(c, iterable));
 	struct jscope *ls;
 	struct jv loop;
 
@@ -321,10 +340,12 @@ static void run_for(struct jctx *c, const struct jnode *s, struct jscope *sc)
 	ls = new_scope(c, sc);
 	loop = jv_dict(c);
 	set_var(c, ls, "loop", loop);
+	if (s->neg)
+		set_recursion(c, loop.u.d, s, sc, depth);
 	for (size_t i = 0; i < items->n; i++) {
 		jx_step(c, 1);
 		assign(c, s->a, items->v[i], ls);
-		set_loop(c, loop.u.d, items, i);
+		set_loop(c, loop.u.d, items, i, depth);
 		jx_run(c, s->c, ls);
 		if (c->ctl == 1) {
 			c->ctl = 0;
@@ -332,6 +353,27 @@ static void run_for(struct jctx *c, const struct jnode *s, struct jscope *sc)
 		}
 		c->ctl = 0;
 	}
+}
+
+static void run_for(struct jctx *c, const struct jnode *s, struct jscope *sc)
+{
+	run_loop(c, s, sc, jx_eval(c, s->b, sc), 0);
+}
+
+struct jv jx_loop_again(struct jctx *c, const struct jmacro *m, struct jv items)
+{
+	struct jbuf buf = { 0 }, *saved = c->out;
+	int saved_ctl = c->ctl;
+
+	if (++c->depth > c->o->max_depth)
+		jx_fail(c, "line %d: recursive loop deeper than %d", c->line, c->o->max_depth);
+	c->out = &buf;
+	c->ctl = 0;
+	run_loop(c, m->n, m->sc, items, (int)m->caller.u.i);
+	c->out = saved;
+	c->ctl = saved_ctl;
+	c->depth--;
+	return jb_str(&buf);
 }
 
 static void run_macro_def(struct jctx *c, const struct jnode *s, struct jscope *sc)

@@ -51,6 +51,8 @@ struct jpair { struct jv key, val; };
 struct jdict { struct jpair *e; size_t n, cap; };
 struct jmethod { struct jv self; const char *name; };
 struct jscope;
+/* a macro (n: its JN_MACRO, caller: caller() inside a call block), or a
+ * recursive loop's loop() (n: its JN_FOR, caller: the depth it runs at) */
 struct jmacro { const struct jnode *n; struct jscope *sc; struct jv caller; };
 
 /* syntax tree */
@@ -106,6 +108,7 @@ struct jnode *jx_parse(struct jctx *c, const char *src, size_t n);
 /* jinja_eval.c */
 void jx_run(struct jctx *c, const struct jnode *body, struct jscope *sc);
 struct jv jx_eval(struct jctx *c, const struct jnode *e, struct jscope *sc);
+struct jv jx_loop_again(struct jctx *c, const struct jmacro *m, struct jv items);
 struct jv jx_call_macro(struct jctx *c, struct jv mac, const struct jv *args, size_t nargs,
 			const char *const *kwn, const struct jv *kwv, size_t nkw);
 

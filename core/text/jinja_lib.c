@@ -1164,6 +1164,13 @@ struct jv jx_call(struct jctx *c, struct jv f, const struct jv *args, size_t nar
 	switch (f.k) {
 	case JK_MACRO:
 		return jx_call_macro(c, f, args, nargs, kwn, kwv, nkw);
+	case JK_DICT: { /* a recursive loop's loop(items) */
+		struct jv *r = jd_gets(f.u.d, "__call__");
+
+		if (!r || r->k != JK_MACRO || nargs != 1)
+			break;
+		return jx_loop_again(c, r->u.mac, args[0]);
+	}
 	case JK_FUNC:
 		return call_global(c, f.u.name, args, nargs, kwn, kwv, nkw);
 	case JK_METHOD: {
@@ -1187,6 +1194,7 @@ struct jv jx_call(struct jctx *c, struct jv f, const struct jv *args, size_t nar
 	case JK_UNDEF:
 		jx_fail_undef(c, f);
 	default:
-		jx_fail(c, "line %d: TypeError: '%s' object is not callable", c->line, jv_type(f));
+		break;
 	}
+	jx_fail(c, "line %d: TypeError: '%s' object is not callable", c->line, jv_type(f));
 }

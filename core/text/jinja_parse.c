@@ -1040,8 +1040,10 @@ static struct jnode *parse_for(struct parser *p)
 		n->kids[0] = parse_expr(p);
 		n->n = 1;
 	}
-	if (is_name(peek(p), "recursive"))
-		jx_fail(p->c, "line %d: recursive loops are not supported", peek(p)->line);
+	if (is_name(peek(p), "recursive")) { /* loop(items) renders the body again */
+		next(p);
+		n->neg = 1;
+	}
 	end_tag(p);
 	n->c = parse_body(p, ends);
 	next(p);

@@ -49,6 +49,7 @@ cases=[
  "{{ (5 / 2) | round | int }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 3.14159 | round(2) }} {{ 2.7 | round(method='floor') }} {{ -1.5 | round }} {{ 7 | round }} {{ 7 | round(1, 'floor') }}",
  "{% for i in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}|{{ '%s=%d %r %%' % ('k', 3, 'v') }}|{{ 'x%s' % 1 }}|{{ '12'.isnumeric() }}",
  "{{ '  a b\\n\\nc \\n' | indent(2, blank=true) }}|{{ 'a\\r\\nb' | indent('> ', true) }}|{{ '  a b\\n c ' .split(None, 1) }}|{{ ' a b '.rsplit(None, 1) }}",
+ "{% for item in [{'n': 'a', 'c': [{'n': 'b', 'c': [{'n': 'c'}]}, {'n': 'd'}]}, {'n': 'e'}] recursive %}[{{ loop.depth }}{{ loop.depth0 }}:{{ item.n }}{% if item.c %}({{ loop(item.c) }}){% endif %}]{% endfor %}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,

@@ -97,7 +97,7 @@ START_TEST(errors)
 	expect_error("{{ x < 'a' }}", NULL, "'<' not supported");
 	expect_error("{{ none | length }}", NULL, "has no len()");
 	expect_error("{% for a, b in [[1, 2, 3]] %}{% endfor %}", NULL, "cannot unpack");
-	expect_error("{% for i in items recursive %}{% endfor %}", NULL, "not supported");
+	expect_error("{% for i in [1] %}{{ loop([1]) }}{% endfor %}", NULL, "not callable");
 }
 END_TEST
 
@@ -117,6 +117,8 @@ START_TEST(limits)
 		     "output larger than 1048576 bytes");
 	expect_error("{{ 'a' * 9223372036854775807 }}", &o, "output larger");
 	expect_error("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", &o, "deeper than 50");
+	expect_error("{% for i in [1] recursive %}{{ loop([1]) }}{% endfor %}", &o,
+		     "recursive loop deeper than 50");
 	strcpy(deep, "{{ ");
 	memset(deep + 3, '(', 4096);
 	deep[3 + 4096] = '1';
