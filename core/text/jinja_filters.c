@@ -204,12 +204,16 @@ static struct jv f_tojson(struct jctx *c, struct jv v, const struct fargs *a)
 	return r;
 }
 
+/* a generator of (key, value) pairs, as jinja2's items filter */
 static struct jv f_items(struct jctx *c, struct jv v)
 {
 	struct jv l;
 
-	if (v.k == JK_UNDEF)
-		return jv_list(c, 0);
+	if (v.k == JK_UNDEF) {
+		l = jv_list(c, 0);
+		l.fl |= JF_GEN;
+		return l;
+	}
 	if (v.k != JK_DICT)
 		jx_fail(c, "line %d: TypeError: Can only get item pairs from a mapping.", c->line);
 	l = jv_list(c, v.u.d->n);
@@ -221,6 +225,7 @@ static struct jv f_items(struct jctx *c, struct jv v)
 		t.fl |= JF_TUPLE;
 		jl_push(c, l.u.l, t);
 	}
+	l.fl |= JF_GEN;
 	return l;
 }
 
@@ -459,6 +464,7 @@ static struct jv f_dictsort(struct jctx *c, struct jv v, const struct fargs *a)
 	for (size_t i = 0; i < items.u.l->n; i++)
 		jl_push(c, keys.u.l, sort_value(c, items.u.l->v[i], &k));
 	merge_sort(c, items.u.l->v, keys.u.l->v, items.u.l->n, rev);
+	items.fl &= (uint8_t)~JF_GEN; /* a list */
 	return items;
 }
 

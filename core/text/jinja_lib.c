@@ -237,16 +237,15 @@ struct jv jx_slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, stru
 
 	if (v.k == JK_UNDEF)
 		jx_fail_undef(c, v);
-	if (is_gen(v))
-		return jv_undef_attr(c, v, "[slice]");
 	if (step == 0)
 		jx_fail(c, "line %d: ValueError: slice step cannot be zero", c->line);
-	if (v.k == JK_LIST)
+	if (v.k == JK_LIST && !is_gen(v))
 		n = v.u.l->n;
 	else if (v.k == JK_STR)
 		off = cp_offsets(c, v, &n);
-	else /* jinja2: a failed subscript is undefined */
-		return jv_undef_attr(c, v, "[slice]");
+	else /* jinja2 slices with Python's own subscript, which raises */
+		jx_fail(c, "line %d: TypeError: '%s' object is not subscriptable", c->line,
+			jv_type(v));
 	a = slice_bound(c, lo, (int64_t)n, step, true);
 	b = slice_bound(c, hi, (int64_t)n, step, false);
 	if (v.k == JK_STR && step == 1)
