@@ -403,6 +403,8 @@ static void run_call_block(struct jctx *c, const struct jnode *s, struct jscope 
 	def->kind = JN_MACRO;
 	def->name = "caller";
 	def->c = s->c;
+	def->kids = s->kids; /* its parameters */
+	def->n = s->n;
 	body->n = def;
 	body->sc = sc;
 	body->caller = jv_undef("caller");

@@ -1095,13 +1095,12 @@ static struct jnode *parse_set(struct parser *p)
 	return n;
 }
 
-static struct jnode *parse_macro(struct parser *p)
+/* ( name, name=default, ... ) after a macro's name or {% call %}: the
+ * parameters as JN_KWARG kids */
+static void parse_params(struct parser *p, struct jnode *n)
 {
-	static const char *const ends[] = { "endmacro", NULL };
-	struct jnode *n = node(p, JN_MACRO);
 	size_t cap = 0;
 
-	n->name = expect_name(p);
 	expect_op(p, "(");
 	while (!is_op(peek(p), ")")) {
 		struct jnode *arg = node(p, JN_KWARG);
@@ -1118,6 +1117,15 @@ static struct jnode *parse_macro(struct parser *p)
 		add_kid(p, n, arg, &cap);
 	}
 	next(p);
+}
+
+static struct jnode *parse_macro(struct parser *p)
+{
+	static const char *const ends[] = { "endmacro", NULL };
+	struct jnode *n = node(p, JN_MACRO);
+
+	n->name = expect_name(p);
+	parse_params(p, n);
 	end_tag(p);
 	n->c = parse_body(p, ends);
 	next(p);
@@ -1145,6 +1153,8 @@ static struct jnode *parse_call_block(struct parser *p)
 	static const char *const ends[] = { "endcall", NULL };
 	struct jnode *n = node(p, JN_CALLBLOCK);
 
+	if (is_op(peek(p), "(")) /* {% call(x) m() %}: caller(x) takes parameters */
+		parse_params(p, n);
 	n->a = parse_expr(p);
 	if (n->a->kind != JN_CALL)
 		jx_fail(p->c, "line %d: {%% call %%} needs a macro call", n->line);

@@ -50,6 +50,7 @@ cases=[
  "{% for i in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}|{{ '%s=%d %r %%' % ('k', 3, 'v') }}|{{ 'x%s' % 1 }}|{{ '12'.isnumeric() }}",
  "{{ '  a b\\n\\nc \\n' | indent(2, blank=true) }}|{{ 'a\\r\\nb' | indent('> ', true) }}|{{ '  a b\\n c ' .split(None, 1) }}|{{ ' a b '.rsplit(None, 1) }}",
  "{% for item in [{'n': 'a', 'c': [{'n': 'b', 'c': [{'n': 'c'}]}, {'n': 'd'}]}, {'n': 'e'}] recursive %}[{{ loop.depth }}{{ loop.depth0 }}:{{ item.n }}{% if item.c %}({{ loop(item.c) }}){% endif %}]{% endfor %}",
+ "{% macro w(x) %}<{{ caller(x, 2) }}>{% endmacro %}{% call(v, k=1) w('a') %}{{ v | upper }}{{ k }}{% endcall %}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
