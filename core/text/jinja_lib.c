@@ -518,23 +518,77 @@ struct jv jx_binop(struct jctx *c, int op, struct jv a, struct jv b)
 
 /* ---- str methods ---- */
 
-static bool in_chars(char ch, struct jv chars)
+/* The bytes of the whitespace character at P (N bytes left), 0 if it is
+ * none: Python's str.isspace, so U+00A0, U+3000 and the like count. */
+static size_t space_len(const char *p, size_t n)
+{
+	const unsigned char *q = (const unsigned char *)p;
+
+	if (!n)
+		return 0;
+	if (q[0] < 0x80)
+		return isspace(q[0]) || (q[0] >= 0x1c && q[0] <= 0x1f);
+	if (n >= 2 && q[0] == 0xc2 && (q[1] == 0x85 || q[1] == 0xa0))
+		return 2;
+	if (n < 3)
+		return 0;
+	if ((q[0] == 0xe1 && q[1] == 0x9a && q[2] == 0x80) ||		/* U+1680 */
+	    (q[0] == 0xe2 && q[1] == 0x80 && (q[2] <= 0x8a || q[2] == 0xa8 || q[2] == 0xa9 ||
+					      q[2] == 0xaf)) ||		/* U+2000.., U+2028.. */
+	    (q[0] == 0xe2 && q[1] == 0x81 && q[2] == 0x9f) ||		/* U+205F */
+	    (q[0] == 0xe3 && q[1] == 0x80 && q[2] == 0x80))		/* U+3000 */
+		return 3;
+	return 0;
+}
+
+/* The length of the character at P (N bytes left); a stray byte is 1. */
+static size_t char_len(const char *p, size_t n)
+{
+	size_t k = 1;
+
+	while (k < n && k < 4 && utf8_cont((unsigned char)p[k]))
+		k++;
+	return k;
+}
+
+/* The length of the character that ends at P + N (N bytes before it). */
+static size_t char_len_before(const char *p, size_t n)
+{
+	size_t k = 1;
+
+	while (k < n && k < 4 && utf8_cont((unsigned char)p[n - k]))
+		k++;
+	return k;
+}
+
+/* Whether the K-byte character at P is one strip removes: whitespace, or
+ * one of CHARS when given. */
+static bool strippable(const char *p, size_t k, struct jv chars)
 {
 	if (chars.k != JK_STR)
-		return isspace((unsigned char)ch);
-	return memchr(chars.u.s.p, ch, chars.u.s.n) != NULL;
+		return space_len(p, k) == k;
+	return memmem(chars.u.s.p, chars.u.s.n, p, k) != NULL;
 }
 
 static struct jv do_strip(struct jctx *c, struct jv s, struct jv chars, bool left, bool right)
 {
-	size_t a = 0, b = s.u.s.n;
+	const char *p = s.u.s.p;
+	size_t a = 0, b = s.u.s.n, k;
 
 	if (chars.k != JK_STR && chars.k != JK_NONE && chars.k != JK_UNDEF)
 		need_str(c, chars, "strip");
-	while (left && a < b && in_chars(s.u.s.p[a], chars))
-		a++;
-	while (right && b > a && in_chars(s.u.s.p[b - 1], chars))
-		b--;
+	while (left && a < b) {
+		k = char_len(p + a, b - a);
+		if (!strippable(p + a, k, chars))
+			break;
+		a += k;
+	}
+	while (right && b > a) {
+		k = char_len_before(p + a, b - a);
+		if (!strippable(p + b - k, k, chars))
+			break;
+		b -= k;
+	}
 	return jv_sub(s, a, b - a);
 }
 
@@ -584,22 +638,18 @@ static void rsplit_sep(struct jctx *c, struct jlist *l, struct jv s, struct jv s
 	jl_push(c, l, jv_sub(s, 0, end));
 }
 
-static bool blank_at(struct jv s, size_t i)
-{
-	return isspace((unsigned char)s.u.s.p[i]) != 0;
-}
-
 /* str.split(None, MAX): runs of whitespace; the last piece keeps its
  * trailing blanks */
 static void split_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
 {
-	size_t i = 0, n = s.u.s.n;
+	const char *p = s.u.s.p;
+	size_t i = 0, n = s.u.s.n, k;
 
 	for (;;) {
 		size_t st;
 
-		while (i < n && blank_at(s, i))
-			i++;
+		while (i < n && (k = space_len(p + i, n - i)))
+			i += k;
 		if (i == n)
 			return;
 		st = i;
@@ -607,23 +657,31 @@ static void split_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
 			jl_push(c, l, jv_sub(s, st, n - st));
 			return;
 		}
-		while (i < n && !blank_at(s, i))
-			i++;
+		while (i < n && !space_len(p + i, n - i))
+			i += char_len(p + i, n - i);
 		jl_push(c, l, jv_sub(s, st, i - st));
 	}
+}
+
+/* Whether the character ending at byte I of S is whitespace; its length
+ * in *K. */
+static bool space_before(struct jv s, size_t i, size_t *k)
+{
+	*k = char_len_before(s.u.s.p, i);
+	return space_len(s.u.s.p + i - *k, *k) == *k;
 }
 
 /* str.rsplit(None, MAX), the pieces from the right; the last keeps its
  * leading blanks */
 static void rsplit_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
 {
-	size_t i = s.u.s.n;
+	size_t i = s.u.s.n, k;
 
 	for (;;) {
 		size_t e;
 
-		while (i > 0 && blank_at(s, i - 1))
-			i--;
+		while (i > 0 && space_before(s, i, &k))
+			i -= k;
 		if (i == 0)
 			return;
 		e = i;
@@ -631,8 +689,8 @@ static void rsplit_ws(struct jctx *c, struct jlist *l, struct jv s, int64_t max)
 			jl_push(c, l, jv_sub(s, 0, e));
 			return;
 		}
-		while (i > 0 && !blank_at(s, i - 1))
-			i--;
+		while (i > 0 && !space_before(s, i, &k))
+			i -= k;
 		jl_push(c, l, jv_sub(s, i, e - i));
 	}
 }

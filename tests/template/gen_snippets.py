@@ -51,6 +51,7 @@ cases=[
  "{{ '  a b\\n\\nc \\n' | indent(2, blank=true) }}|{{ 'a\\r\\nb' | indent('> ', true) }}|{{ '  a b\\n c ' .split(None, 1) }}|{{ ' a b '.rsplit(None, 1) }}",
  "{% for item in [{'n': 'a', 'c': [{'n': 'b', 'c': [{'n': 'c'}]}, {'n': 'd'}]}, {'n': 'e'}] recursive %}[{{ loop.depth }}{{ loop.depth0 }}:{{ item.n }}{% if item.c %}({{ loop(item.c) }}){% endif %}]{% endfor %}",
  "{% macro w(x) %}<{{ caller(x, 2) }}>{% endmacro %}{% call(v, k=1) w('a') %}{{ v | upper }}{{ k }}{% endcall %}",
+ "[{{ '\\u00a0 x\\u3000'.strip() }}][{{ '\\u3000a\\u2003b '.split() | join('|') }}][{{ 'èaè'.strip('è') }}][{{ '\\u00a0y\\u00a0' | trim }}]",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
