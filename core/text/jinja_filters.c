@@ -591,15 +591,18 @@ static struct jv f_center(struct jctx *c, struct jv v, const struct fargs *a)
 	return jb_str(&b);
 }
 
+/* the number of \w+ runs: letters, digits and '_'; any character beyond
+ * ASCII but the Unicode spaces counts as a letter */
 static struct jv f_wordcount(struct jctx *c, struct jv v)
 {
 	struct jv s = jv_tostr(c, v);
+	const unsigned char *p = (const unsigned char *)s.u.s.p;
 	int64_t k = 0;
 	bool in = false;
 
-	for (size_t i = 0; i < s.u.s.n; i++) {
-		unsigned char ch = (unsigned char)s.u.s.p[i];
-		bool w = isalnum(ch) || ch == '_' || ch >= 0x80;
+	for (size_t i = 0, n; i < s.u.s.n; i += n) {
+		uint32_t u = jx_utf8_decode(p + i, s.u.s.n - i, &n);
+		bool w = u < 0x80 ? (isalnum((int)u) || u == '_') : !jx_is_space(u);
 
 		k += w && !in;
 		in = w;

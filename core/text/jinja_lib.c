@@ -757,7 +757,7 @@ static uint32_t cp_lower(uint32_t u)
 
 /* The code point at P (N bytes left) and its length; a malformed byte is
  * itself. */
-static uint32_t utf8_decode(const unsigned char *p, size_t n, size_t *len)
+uint32_t jx_utf8_decode(const unsigned char *p, size_t n, size_t *len)
 {
 	int k = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc0 ? 2 : 1;
 	uint32_t u = k == 1 ? p[0] : p[0] & (0x3f >> (k - 1));
@@ -788,6 +788,13 @@ static void utf8_put_same(unsigned char *p, size_t k, uint32_t u)
 	}
 }
 
+bool jx_is_space(uint32_t u)
+{
+	return (u >= 9 && u <= 13) || (u >= 0x1c && u <= 0x20) || u == 0x85 || u == 0xa0 ||
+	       u == 0x1680 || (u >= 0x2000 && u <= 0x200a) || u == 0x2028 || u == 0x2029 ||
+	       u == 0x202f || u == 0x205f || u == 0x3000;
+}
+
 static bool cp_cased(uint32_t u)
 {
 	return cp_upper(u) != u || cp_lower(u) != u;
@@ -802,7 +809,7 @@ static struct jv do_case(struct jctx *c, struct jv s, const char *how)
 	bool word = false, first = true;
 
 	for (size_t i = 0, k; i < r.u.s.n; i += k) {
-		uint32_t u = utf8_decode(p + i, r.u.s.n - i, &k), m;
+		uint32_t u = jx_utf8_decode(p + i, r.u.s.n - i, &k), m;
 
 		if (!strcmp(how, "upper"))
 			m = cp_upper(u);
@@ -819,7 +826,7 @@ static struct jv do_case(struct jctx *c, struct jv s, const char *how)
 		if (!strcmp(how, "title"))
 			word = cp_cased(u);
 		else
-			word = !(u < 0x80 && strchr(" \t\n\r\f\v-([{<", (int)u));
+			word = !jx_is_space(u) && !(u && u < 0x80 && strchr("-([{<", (int)u));
 		first = false;
 		utf8_put_same(p + i, k, m);
 	}

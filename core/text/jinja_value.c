@@ -551,28 +551,66 @@ void fmt_float(double f, char *buf, size_t len)
 	}
 }
 
+/* Whether Python's repr escapes code point U (>= 0x80): the C1 controls,
+ * the Unicode spaces and the common format characters (not printable). */
+static bool repr_escapes(uint32_t u)
+{
+	return u <= 0xa0 || u == 0xad || u == 0x1680 || (u >= 0x2000 && u <= 0x200f) ||
+	       (u >= 0x2028 && u <= 0x202f) || (u >= 0x205f && u <= 0x206f) || u == 0x3000 ||
+	       u == 0xfeff;
+}
+
+/* The code point of the UTF-8 character at P (N bytes left) and its
+ * length; a malformed byte is -1, one byte. */
+static int32_t utf8_at(const char *p, size_t n, size_t *len)
+{
+	const unsigned char *q = (const unsigned char *)p;
+	size_t k = q[0] >= 0xf0 ? 4 : q[0] >= 0xe0 ? 3 : q[0] >= 0xc0 ? 2 : 1;
+	uint32_t u = k == 1 ? q[0] : q[0] & (0x3f >> (k - 1));
+
+	*len = 1;
+	if (k > n || q[0] >= 0xf8 || (q[0] >= 0x80 && q[0] < 0xc0))
+		return q[0] < 0x80 ? q[0] : -1;
+	for (size_t i = 1; i < k; i++) {
+		if ((q[i] & 0xc0) != 0x80)
+			return -1;
+		u = u << 6 | (q[i] & 0x3f);
+	}
+	*len = k;
+	return (int32_t)u;
+}
+
+/* The marks of bytes I.. of S, for K bytes copied as they are */
+static const uint8_t *marks_at(struct jv s, size_t i)
+{
+	static const uint8_t ones[4] = { 1, 1, 1, 1 };
+
+	return (s.fl & JF_CTX) ? ones : s.u.s.m ? s.u.s.m + i : NULL;
+}
+
 static void repr_str(struct jctx *c, struct jbuf *b, struct jv s)
 {
 	bool sq = memchr(s.u.s.p, '\'', s.u.s.n) && !memchr(s.u.s.p, '"', s.u.s.n);
 	char q = sq ? '"' : '\'';
 
 	jb_putc(c, b, q);
-	for (size_t i = 0; i < s.u.s.n; i++) {
-		unsigned char ch = (unsigned char)s.u.s.p[i];
-		char esc[8];
+	for (size_t i = 0, k; i < s.u.s.n; i += k) {
+		int32_t u = utf8_at(s.u.s.p + i, s.u.s.n - i, &k);
+		char esc[16];
 
-		if (ch == '\\' || ch == (unsigned char)q) {
+		if (u == '\\' || u == q) {
 			esc[0] = '\\';
-			esc[1] = (char)ch;
+			esc[1] = (char)u;
 			jb_put(c, b, esc, 2, NULL);
-		} else if (ch == '\n' || ch == '\r' || ch == '\t') {
-			jb_puts(c, b, ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : "\\t");
-		} else if (ch < 0x20 || ch == 0x7f) {
-			snprintf(esc, sizeof(esc), "\\x%02x", ch);
+		} else if (u == '\n' || u == '\r' || u == '\t') {
+			jb_puts(c, b, u == '\n' ? "\\n" : u == '\r' ? "\\r" : "\\t");
+		} else if (u < 0 || u < 0x20 || u == 0x7f || (u >= 0x80 && repr_escapes((uint32_t)u))) {
+			if (u < 0) /* not UTF-8: Python would have no str; show the byte */
+				u = (unsigned char)s.u.s.p[i];
+			snprintf(esc, sizeof(esc), u < 0x100 ? "\\x%02x" : "\\u%04x", (unsigned)u);
 			jb_puts(c, b, esc);
 		} else {
-			jb_put(c, b, s.u.s.p + i, 1, (s.fl & JF_CTX) ? (const uint8_t *)"\1" :
-				   s.u.s.m ? s.u.s.m + i : NULL);
+			jb_put(c, b, s.u.s.p + i, k, marks_at(s, i));
 		}
 	}
 	jb_putc(c, b, q);

@@ -52,6 +52,7 @@ cases=[
  "{% for item in [{'n': 'a', 'c': [{'n': 'b', 'c': [{'n': 'c'}]}, {'n': 'd'}]}, {'n': 'e'}] recursive %}[{{ loop.depth }}{{ loop.depth0 }}:{{ item.n }}{% if item.c %}({{ loop(item.c) }}){% endif %}]{% endfor %}",
  "{% macro w(x) %}<{{ caller(x, 2) }}>{% endmacro %}{% call(v, k=1) w('a') %}{{ v | upper }}{{ k }}{% endcall %}",
  "[{{ '\\u00a0 x\\u3000'.strip() }}][{{ '\\u3000a\\u2003b '.split() | join('|') }}][{{ 'èaè'.strip('è') }}][{{ '\\u00a0y\\u00a0' | trim }}]",
+ "{{ ['\\u00a0x\\u3000', 'é\\u200b', '\\x85'] }}|{{ 'a\\u3000b c_d é'|wordcount }}|{{ 'x\\u3000y-z(w'|title }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
