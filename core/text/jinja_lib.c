@@ -33,6 +33,18 @@ static size_t *cp_offsets(struct jctx *c, struct jv s, size_t *count)
 	return off;
 }
 
+/* The byte offset of code point IDX of S (its length past the end),
+ * found by walking: no table for one index. */
+static size_t cp_byte_offset(struct jv s, size_t idx)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < s.u.s.n; i++)
+		if (!utf8_cont((unsigned char)s.u.s.p[i]) && k++ == idx)
+			return i;
+	return s.u.s.n;
+}
+
 static size_t cp_len(struct jv s)
 {
 	size_t k = 0;
@@ -183,8 +195,10 @@ struct jv jx_getitem(struct jctx *c, struct jv obj, struct jv key)
 		jx_fail_undef(c, obj);
 	if (is_gen(obj))
 		return jv_undef_attr(c, obj, "[key]");
-	if (obj.k == JK_DICT || obj.k == JK_STR)
-		jx_step(c, jv_cost(obj) / 16);
+	if (obj.k == JK_DICT)
+		jx_step(c, jv_cost(obj) / 16); /* the lookup is linear */
+	if (obj.k == JK_STR)
+		jx_step(c, 3 * jv_cost(obj)); /* a code point index walks the text */
 	if (obj.k == JK_DICT) {
 		struct jv *v = jd_get(obj.u.d, key);
 
@@ -201,9 +215,9 @@ struct jv jx_getitem(struct jctx *c, struct jv obj, struct jv key)
 			return jv_undef_attr(c, obj, "[index]");
 		if (obj.k == JK_LIST)
 			return obj.u.l->v[i];
-		size_t cnt, *off = cp_offsets(c, obj, &cnt);
+		size_t at = cp_byte_offset(obj, (size_t)i);
 
-		return jv_sub(obj, off[i], off[i + 1] - off[i]);
+		return jv_sub(obj, at, cp_byte_offset(obj, (size_t)i + 1) - at);
 	}
 	if (key.k == JK_STR)
 		return jx_getattr(c, obj, jx_strdup(c, key.u.s.p, key.u.s.n));
@@ -239,6 +253,7 @@ struct jv jx_slice(struct jctx *c, struct jv v, struct jv lo, struct jv hi, stru
 		jx_fail_undef(c, v);
 	if (step == 0)
 		jx_fail(c, "line %d: ValueError: slice step cannot be zero", c->line);
+	jx_step(c, jv_cost(v)); /* a string's code points are found by a walk */
 	if (v.k == JK_LIST && !is_gen(v))
 		n = v.u.l->n;
 	else if (v.k == JK_STR)
@@ -602,40 +617,51 @@ static void reverse_items(struct jlist *l)
 	}
 }
 
+/* The bytes of S reversed (marks dropped: only for searching). */
+static struct jv reversed_bytes(struct jctx *c, struct jv s)
+{
+	char *r = jx_alloc(c, s.u.s.n + 1);
+
+	for (size_t i = 0; i < s.u.s.n; i++)
+		r[i] = s.u.s.p[s.u.s.n - 1 - i];
+	return jv_str(r, s.u.s.n);
+}
+
+/* The start of the first SEP in S at or after FROM, or S's length: memmem
+ * keeps every search linear. */
+static size_t find_from(struct jv s, struct jv sep, size_t from)
+{
+	const char *p = memmem(s.u.s.p + from, s.u.s.n - from, sep.u.s.p, sep.u.s.n);
+
+	return p ? (size_t)(p - s.u.s.p) : s.u.s.n;
+}
+
 /* str.split(SEP, MAX): MAX < 0 for no limit */
 static void split_sep(struct jctx *c, struct jlist *l, struct jv s, struct jv sep, int64_t max)
 {
-	size_t k = sep.u.s.n, start = 0, i = 0;
+	size_t start = 0, at;
 
-	while (i + k <= s.u.s.n && max != 0) {
-		if (memcmp(s.u.s.p + i, sep.u.s.p, k)) {
-			i++;
-			continue;
-		}
-		jl_push(c, l, jv_sub(s, start, i - start));
-		i += k;
-		start = i;
+	while (max != 0 && (at = find_from(s, sep, start)) < s.u.s.n) {
+		jl_push(c, l, jv_sub(s, start, at - start));
+		start = at + sep.u.s.n;
 		max--;
 	}
 	jl_push(c, l, jv_sub(s, start, s.u.s.n - start));
 }
 
-/* str.rsplit(SEP, MAX), the pieces from the right */
+/* str.rsplit(SEP, MAX), the pieces from the right: a left-to-right
+ * search of the reversed text for the reversed separator */
 static void rsplit_sep(struct jctx *c, struct jlist *l, struct jv s, struct jv sep, int64_t max)
 {
-	size_t k = sep.u.s.n, end = s.u.s.n, i = s.u.s.n;
+	struct jv rs = reversed_bytes(c, s), rsep = reversed_bytes(c, sep);
+	size_t n = s.u.s.n, k = sep.u.s.n, start = 0, at;
 
-	while (i >= k && max != 0) {
-		if (memcmp(s.u.s.p + i - k, sep.u.s.p, k)) {
-			i--;
-			continue;
-		}
-		jl_push(c, l, jv_sub(s, i, end - i));
-		i -= k;
-		end = i;
+	while (max != 0 && (at = find_from(rs, rsep, start)) < n) {
+		jl_push(c, l, jv_sub(s, n - at, at - start));
+		start = at + k;
 		max--;
 	}
-	jl_push(c, l, jv_sub(s, 0, end));
+	jl_push(c, l, jv_sub(s, 0, n - start));
 }
 
 /* str.split(None, MAX): runs of whitespace; the last piece keeps its
@@ -852,15 +878,10 @@ static struct jv do_replace(struct jctx *c, struct jv s, struct jv old, struct j
 		}
 		return jb_str(&b);
 	}
-	while (i + old.u.s.n <= s.u.s.n && count != 0) {
-		if (memcmp(s.u.s.p + i, old.u.s.p, old.u.s.n)) {
-			i++;
-			continue;
-		}
+	while (count != 0 && (i = find_from(s, old, start)) < s.u.s.n) {
 		jb_putv(c, &b, jv_sub(s, start, i - start));
 		jb_putv(c, &b, new);
-		i += old.u.s.n;
-		start = i;
+		start = i + old.u.s.n;
 		count--;
 	}
 	jb_putv(c, &b, jv_sub(s, start, s.u.s.n - start));
@@ -869,43 +890,36 @@ static struct jv do_replace(struct jctx *c, struct jv s, struct jv old, struct j
 
 static int64_t do_find(struct jctx *c, struct jv s, struct jv sub, bool rev)
 {
-	const char *p;
+	size_t at;
 
 	need_str(c, sub, "find");
 	if (sub.u.s.n > s.u.s.n)
 		return -1;
 	if (!rev) {
-		p = memmem(s.u.s.p, s.u.s.n, sub.u.s.p, sub.u.s.n);
-		if (!p)
+		at = find_from(s, sub, 0);
+		if (at == s.u.s.n && sub.u.s.n)
 			return -1;
-	} else {
-		p = NULL;
-		for (size_t i = s.u.s.n - sub.u.s.n + 1; i-- > 0;)
-			if (!memcmp(s.u.s.p + i, sub.u.s.p, sub.u.s.n)) {
-				p = s.u.s.p + i;
-				break;
-			}
-		if (!p)
+	} else { /* the last match: the first of the reversed in the reversed */
+		at = find_from(reversed_bytes(c, s), reversed_bytes(c, sub), 0);
+		if (at == s.u.s.n && sub.u.s.n)
 			return -1;
+		at = s.u.s.n - at - sub.u.s.n;
 	}
 	/* a code point index, as Python counts */
-	return (int64_t)cp_len(jv_str(s.u.s.p, (size_t)(p - s.u.s.p)));
+	return (int64_t)cp_len(jv_str(s.u.s.p, at));
 }
 
 static int64_t do_count(struct jctx *c, struct jv s, struct jv sub)
 {
 	int64_t k = 0;
+	size_t at = 0;
 
 	need_str(c, sub, "count");
 	if (!sub.u.s.n)
 		return (int64_t)cp_len(s) + 1;
-	for (size_t i = 0; i + sub.u.s.n <= s.u.s.n;) {
-		if (!memcmp(s.u.s.p + i, sub.u.s.p, sub.u.s.n)) {
-			k++;
-			i += sub.u.s.n;
-		} else {
-			i++;
-		}
+	while ((at = find_from(s, sub, at)) < s.u.s.n) {
+		k++;
+		at += sub.u.s.n;
 	}
 	return k;
 }
