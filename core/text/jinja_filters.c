@@ -56,13 +56,8 @@ static struct jv sort_value(struct jctx *c, struct jv v, const struct sortkey *k
 {
 	if (k->attr)
 		v = attr_path(c, v, k->attr);
-	if (v.k == JK_STR && !k->case_sensitive) {
-		char *p = jx_strdup(c, v.u.s.p, v.u.s.n);
-
-		for (size_t i = 0; i < v.u.s.n; i++)
-			p[i] = (char)tolower((unsigned char)p[i]);
-		return jv_str(p, v.u.s.n);
-	}
+	if (v.k == JK_STR && !k->case_sensitive)
+		return jx_lower(c, v);
 	return v;
 }
 

@@ -173,6 +173,7 @@ struct jv jx_loop_cycle(struct jctx *c, int64_t index0);
 struct jv jx_splitlines(struct jctx *c, struct jv s); /* str.splitlines() */
 uint32_t jx_utf8_decode(const unsigned char *p, size_t n, size_t *len); /* bad byte: itself */
 bool jx_is_space(uint32_t u); /* Python's str.isspace for one code point */
+struct jv jx_lower(struct jctx *c, struct jv s); /* str.lower() */
 
 /* tokens the parser hands to the evaluator as operators */
 enum { JT_ADD = 1, JT_SUB, JT_MUL, JT_DIV, JT_FLOORDIV, JT_MOD, JT_POW, JT_EQ, JT_NE,

@@ -826,6 +826,13 @@ static bool cp_cased(uint32_t u)
 	return cp_upper(u) != u || cp_lower(u) != u;
 }
 
+static struct jv do_case(struct jctx *c, struct jv s, const char *how);
+
+struct jv jx_lower(struct jctx *c, struct jv s)
+{
+	return do_case(c, s, "lower");
+}
+
 /* upper, lower, title (str.title), title_filter (jinja2's), capitalize,
  * swapcase */
 static struct jv do_case(struct jctx *c, struct jv s, const char *how)
