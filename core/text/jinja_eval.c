@@ -344,6 +344,9 @@ static void run_loop(struct jctx *c, const struct jnode *s, struct jscope *sc, s
 		set_recursion(c, loop.u.d, s, sc, depth);
 	for (size_t i = 0; i < items->n; i++) {
 		jx_step(c, 1);
+		/* each turn starts afresh: what the body set last turn is gone */
+		ls->vars.n = 0;
+		set_var(c, ls, "loop", loop);
 		assign(c, s->a, items->v[i], ls);
 		set_loop(c, loop.u.d, items, i, depth);
 		jx_run(c, s->c, ls);
@@ -499,6 +502,10 @@ struct jv jx_call_macro(struct jctx *c, struct jv mac, const struct jv *args, si
 
 	if (++c->depth > c->o->max_depth)
 		jx_fail(c, "line %d: macro calls nested deeper than %d", c->line, c->o->max_depth);
+	/* every parameter is bound (undefined) before the defaults run, so a
+	 * default sees the parameters before it and not the names outside */
+	for (size_t i = 0; i < def->n; i++)
+		set_var(c, ms, def->kids[i]->name, jv_undef(def->kids[i]->name));
 	for (size_t i = 0; i < def->n; i++) {
 		const struct jnode *p = def->kids[i];
 		bool found;
@@ -510,6 +517,7 @@ struct jv jx_call_macro(struct jctx *c, struct jv mac, const struct jv *args, si
 	}
 	for (size_t i = def->n; i < nargs; i++)
 		jl_push(c, varargs.u.l, args[i]);
+	varargs.fl |= JF_TUPLE;
 	set_var(c, ms, "varargs", varargs);
 	if (m->caller.k == JK_MACRO)
 		set_var(c, ms, "caller", m->caller);

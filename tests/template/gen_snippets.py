@@ -15,7 +15,7 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 env=ImmutableSandboxedEnvironment(trim_blocks=True,lstrip_blocks=True,extensions=[loopcontrols])
 env.filters['tojson']=tojson
 env.globals['raise_exception']=raise_exception
-ctx={"messages":[{"role":"user","content":"Hé <b>"},{"role":"assistant","content":"ok"}],"n":3,"d":{"b":2,"a":[1,2.5,None,True]}}
+ctx={"x": "X", "messages":[{"role":"user","content":"Hé <b>"},{"role":"assistant","content":"ok"}],"n":3,"d":{"b":2,"a":[1,2.5,None,True]}}
 cases=[
  "  {% if true %}\n  x\n  {% endif %}\nend\n",
  "a  {%- if true -%}  b  {%- endif -%}  c",
@@ -53,6 +53,7 @@ cases=[
  "{% macro w(x) %}<{{ caller(x, 2) }}>{% endmacro %}{% call(v, k=1) w('a') %}{{ v | upper }}{{ k }}{% endcall %}",
  "[{{ '\\u00a0 x\\u3000'.strip() }}][{{ '\\u3000a\\u2003b '.split() | join('|') }}][{{ 'èaè'.strip('è') }}][{{ '\\u00a0y\\u00a0' | trim }}]",
  "{{ ['\\u00a0x\\u3000', 'é\\u200b', '\\x85'] }}|{{ 'a\\u3000b c_d é'|wordcount }}|{{ 'x\\u3000y-z(w'|title }}",
+ "{% for i in [1, 2] %}[{{ y }}]{% set y = i %}{% endfor %}{% macro m(a, b=a, c=x) %}{{ b }}{{ c }}{{ varargs }}{% endmacro %}{{ m(1) }}{{ m(1, 2, 3, 4) }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
