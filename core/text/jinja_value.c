@@ -303,8 +303,8 @@ bool jv_eq(struct jv a, struct jv b)
 		return true;
 	case JK_STR:
 		return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
-	case JK_LIST:
-		if (a.u.l->n != b.u.l->n)
+	case JK_LIST: /* a list never equals a tuple, as in Python */
+		if (a.u.l->n != b.u.l->n || ((a.fl ^ b.fl) & JF_TUPLE))
 			return false;
 		for (size_t i = 0; i < a.u.l->n; i++)
 			if (!jv_eq(a.u.l->v[i], b.u.l->v[i]))
