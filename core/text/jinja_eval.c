@@ -422,6 +422,19 @@ static void run_call_block(struct jctx *c, const struct jnode *s, struct jscope 
 	jv_print(c, c->out, jx_call_macro(c, f, a.pos, a.npos, a.kwn, a.kwv, a.nkw));
 }
 
+/* the values are computed outside, then bound in the with's own scope */
+static void run_with(struct jctx *c, const struct jnode *s, struct jscope *sc)
+{
+	struct jscope *ws = new_scope(c, sc);
+	struct jv *vals = jx_alloc_array(c, s->n + 1, sizeof(*vals));
+
+	for (size_t i = 0; i < s->n; i++)
+		vals[i] = jx_eval(c, s->kids[i]->a, sc);
+	for (size_t i = 0; i < s->n; i++)
+		set_var(c, ws, s->kids[i]->name, vals[i]);
+	jx_run(c, s->c, ws);
+}
+
 static void run_stmt(struct jctx *c, const struct jnode *s, struct jscope *sc)
 {
 	struct jv v;
@@ -469,6 +482,9 @@ static void run_stmt(struct jctx *c, const struct jnode *s, struct jscope *sc)
 		break;
 	case JN_BODY:
 		jx_run(c, s, sc);
+		break;
+	case JN_WITH:
+		run_with(c, s, sc);
 		break;
 	}
 }

@@ -792,6 +792,17 @@ static struct jv x_attr(struct jctx *c, struct jv v, const struct fargs *a, cons
 	return jx_getattr(c, v, cstr(c, jv_tostr(c, fa(a, 0, "name", jv_str("", 0)))));
 }
 
+/* "%s and %s"|format(a, b): printf-style, as "..." % (a, b) */
+static struct jv x_format(struct jctx *c, struct jv v, const struct fargs *a, const char *n)
+{
+	struct jv args = jv_list(c, a->nargs);
+
+	for (size_t i = 0; i < a->nargs; i++)
+		jl_push(c, args.u.l, a->args[i]);
+	args.fl |= JF_TUPLE;
+	return jx_percent_format(c, jv_tostr(c, v), args);
+}
+
 static const struct {
 	const char *name;
 	filter_fn fn;
@@ -808,7 +819,7 @@ static const struct {
 	{ "sort", x_sort }, { "dictsort", x_dictsort }, { "unique", x_unique },
 	{ "reverse", x_reverse }, { "min", x_minmax }, { "max", x_minmax }, { "sum", x_sum },
 	{ "indent", x_indent }, { "center", x_center }, { "wordcount", x_wordcount },
-	{ "attr", x_attr },
+	{ "attr", x_attr }, { "format", x_format },
 };
 
 #define N_FILTERS (sizeof(filters) / sizeof(filters[0]))

@@ -59,7 +59,7 @@ struct jmacro { const struct jnode *n; struct jscope *sc; struct jv caller; };
 enum jn {
 	/* statements */
 	JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_SETBLOCK, JN_MACRO, JN_FILTERBLOCK,
-	JN_BREAK, JN_CONTINUE, JN_BODY, JN_CALLBLOCK,
+	JN_BREAK, JN_CONTINUE, JN_BODY, JN_CALLBLOCK, JN_WITH,
 	/* expressions */
 	JN_LIT, JN_NAME, JN_ATTR, JN_ITEM, JN_SLICE, JN_CALL, JN_FILTER, JN_TEST,
 	JN_LIST, JN_TUPLE, JN_DICT, JN_COND, JN_AND, JN_OR, JN_NOT, JN_NEG, JN_POS,
@@ -174,6 +174,7 @@ struct jv jx_splitlines(struct jctx *c, struct jv s); /* str.splitlines() */
 uint32_t jx_utf8_decode(const unsigned char *p, size_t n, size_t *len); /* bad byte: itself */
 bool jx_is_space(uint32_t u); /* Python's str.isspace for one code point */
 struct jv jx_lower(struct jctx *c, struct jv s); /* str.lower() */
+struct jv jx_percent_format(struct jctx *c, struct jv fmt, struct jv args); /* fmt % args */
 
 /* tokens the parser hands to the evaluator as operators */
 enum { JT_ADD = 1, JT_SUB, JT_MUL, JT_DIV, JT_FLOORDIV, JT_MOD, JT_POW, JT_EQ, JT_NE,

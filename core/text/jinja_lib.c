@@ -140,7 +140,8 @@ static bool in_names(const char *name, const char *const *names)
 static const char *const str_methods[] = { "strip", "lstrip", "rstrip", "split", "rsplit",
 	"startswith", "endswith", "upper", "lower", "title", "capitalize", "replace", "find",
 	"rfind", "index", "count", "splitlines", "join", "isdigit", "isalpha", "isalnum",
-	"isspace", "isupper", "islower", "isnumeric", "isdecimal", "format", "swapcase", NULL };
+	"isspace", "isupper", "islower", "isnumeric", "isdecimal", "format", "swapcase",
+	"removeprefix", "removesuffix", NULL };
 static const char *const dict_methods[] = { "items", "keys", "values", "get", "copy", NULL };
 static const char *const dict_unsafe[] = { "pop", "popitem", "setdefault", "update", "clear",
 					   NULL };
@@ -445,7 +446,7 @@ static struct jv float_op(struct jctx *c, int op, double a, double b)
 }
 
 /* "text %s and %d" % args: %s, %d, %i, %r and %% (no widths or flags) */
-static struct jv percent_format(struct jctx *c, struct jv fmt, struct jv args)
+struct jv jx_percent_format(struct jctx *c, struct jv fmt, struct jv args)
 {
 	struct jbuf b = { 0 };
 	size_t k = 0, n = args.k == JK_LIST && (args.fl & JF_TUPLE) ? args.u.l->n : 1;
@@ -520,7 +521,7 @@ struct jv jx_binop(struct jctx *c, int op, struct jv a, struct jv b)
 	if (op == JT_MUL && (b.k == JK_STR || b.k == JK_LIST) && (a.k == JK_INT || a.k == JK_BOOL))
 		return repeat(c, b, ival(a));
 	if (op == JT_MOD && a.k == JK_STR)
-		return percent_format(c, a, b);
+		return jx_percent_format(c, a, b);
 	if (op == JT_ADD && a.k == JK_STR)
 		jx_fail(c, "line %d: TypeError: can only concatenate str (not \"%s\") to str", c->line,
 			jv_type(b));
@@ -1095,6 +1096,14 @@ static struct jv str_method(struct jctx *c, struct jv s, const char *m, const st
 		return jv_bool(case_test(s, m[2] == 'u'));
 	if (!strcmp(m, "format"))
 		return do_format(c, s, args, nargs);
+	if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
+		bool end = m[6] == 's';
+
+		need_str(c, a0, m);
+		if (!has_affix(c, s, a0, end))
+			return s;
+		return jv_sub(s, end ? 0 : a0.u.s.n, s.u.s.n - a0.u.s.n);
+	}
 	jx_fail(c, "line %d: str.%s is not supported", c->line, m);
 }
 

@@ -353,6 +353,47 @@ static void lex_comment(struct lexer *lx)
 	lx->i = (size_t)(e + 2 - lx->s);
 }
 
+/* Whether the tokens just lexed are {% raw %}. */
+static bool is_raw_tag(struct lexer *lx)
+{
+	const struct jtok *t = lx->tok + lx->ntok - 3;
+
+	return lx->ntok >= 3 && t[0].t == T_BBEGIN && t[1].t == T_NAME && t[1].n == 3 &&
+	       !memcmp(t[1].p, "raw", 3) && t[2].t == T_BEND;
+}
+
+/* The text up to {% endraw %}, as it is (whitespace control still applies
+ * around the tags); replaces the {% raw %} tokens. Returns line_starting. */
+static bool lex_raw(struct lexer *lx, bool line_starting)
+{
+	const char *s = lx->s + lx->i, *end = lx->s + lx->n;
+
+	lx->ntok -= 3;
+	for (const char *p = s; (p = find_tag(p, (size_t)(end - p))); p++) {
+		const char *q = p + 2;
+		char sign = q < end && (*q == '-' || *q == '+') ? *q : 0, esign = 0;
+
+		if (p[1] != '%')
+			continue;
+		q += sign != 0;
+		while (q < end && is_space(*q))
+			q++;
+		if (end - q < 6 || memcmp(q, "endraw", 6))
+			continue;
+		for (q += 6; q < end && is_space(*q); q++)
+			;
+		if (q < end && (*q == '-' || *q == '+'))
+			esign = *q++;
+		if (end - q < 2 || memcmp(q, "%}", 2))
+			continue;
+		lex_text(lx, s, (size_t)(p - s), '%', sign, line_starting);
+		lx->line += count_lines(s, (size_t)(q + 2 - s));
+		lx->i = (size_t)(q + 2 - lx->s);
+		return after_tag(lx, esign, true);
+	}
+	jx_fail(lx->c, "line %d: missing {%% endraw %%}", lx->line);
+}
+
 static void lex(struct lexer *lx)
 {
 	bool line_starting = true;
@@ -382,7 +423,12 @@ static void lex(struct lexer *lx)
 		char esign = lex_tag(lx, kind == '{' ? "}}" : "%}");
 
 		add_tok(lx, kind == '{' ? T_VEND : T_BEND, NULL, 0, jv_none());
-		line_starting = after_tag(lx, esign, kind == '%');
+		/* jinja2 keeps the newline after {% raw %} (no trim_blocks there) */
+		bool raw = kind == '%' && is_raw_tag(lx);
+
+		line_starting = after_tag(lx, esign, kind == '%' && !raw);
+		if (raw)
+			line_starting = lex_raw(lx, line_starting);
 	}
 	add_tok(lx, T_EOF, NULL, 0, jv_none());
 }
@@ -1179,6 +1225,31 @@ static struct jnode *parse_generation(struct parser *p)
 	return n;
 }
 
+/* {% with a = x, b = y %}...{% endwith %}: the names in a scope of their own */
+static struct jnode *parse_with(struct parser *p)
+{
+	static const char *const ends[] = { "endwith", NULL };
+	struct jnode *n = node(p, JN_WITH);
+	size_t cap = 0;
+
+	while (peek(p)->t != T_BEND) {
+		struct jnode *kw = node(p, JN_KWARG);
+
+		if (n->n)
+			expect_op(p, ",");
+		kw->name = expect_name(p);
+		expect_op(p, "=");
+		kw->a = parse_expr(p);
+		add_kid(p, n, kw, &cap);
+	}
+	end_tag(p);
+	n->c = parse_body(p, ends);
+	next(p);
+	next(p);
+	end_tag(p);
+	return n;
+}
+
 static struct jnode *parse_stmt(struct parser *p)
 {
 	struct jtok *t = peek(p);
@@ -1201,6 +1272,8 @@ static struct jnode *parse_stmt(struct parser *p)
 		return parse_call_block(p);
 	if (is_name(t, "generation")) /* transformers' assistant-mask tag: its body as is */
 		return parse_generation(p);
+	if (is_name(t, "with"))
+		return parse_with(p);
 	if (is_name(t, "break") || is_name(t, "continue")) {
 		n = node(p, is_name(t, "break") ? JN_BREAK : JN_CONTINUE);
 		end_tag(p);

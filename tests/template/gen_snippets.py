@@ -54,6 +54,8 @@ cases=[
  "[{{ '\\u00a0 x\\u3000'.strip() }}][{{ '\\u3000a\\u2003b '.split() | join('|') }}][{{ 'èaè'.strip('è') }}][{{ '\\u00a0y\\u00a0' | trim }}]",
  "{{ ['\\u00a0x\\u3000', 'é\\u200b', '\\x85'] }}|{{ 'a\\u3000b c_d é'|wordcount }}|{{ 'x\\u3000y-z(w'|title }}",
  "{% for i in [1, 2] %}[{{ y }}]{% set y = i %}{% endfor %}{% macro m(a, b=a, c=x) %}{{ b }}{{ c }}{{ varargs }}{% endmacro %}{{ m(1) }}{{ m(1, 2, 3, 4) }}",
+ "  {% raw %}\n  {{ y }}{% if %}\n  {% endraw %}\nz{% with a = n + 1, b = n %}{{ a }}{{ b }}{% endwith %}{{ a is defined }}",
+ "{{ 'prefix_x'.removeprefix('prefix_') }}{{ 'a.txt'.removesuffix('.txt') }}{{ 'ab'.removeprefix('z') }}|{{ '%s-%s' | format(1, 'b') }}",
  "{{ '  text\nline2\n' | indent(2) }}|{{ 'hello world' | title }}|{{ 'ab' | center(6) }}|{{ 3.7 | int }}|{{ '42' | int + 1 }}",
 ]
 out = {"context": ctx,
