@@ -356,9 +356,12 @@ static void lex_comment(struct lexer *lx)
 /* Whether the tokens just lexed are {% raw %}. */
 static bool is_raw_tag(struct lexer *lx)
 {
-	const struct jtok *t = lx->tok + lx->ntok - 3;
+	const struct jtok *t;
 
-	return lx->ntok >= 3 && t[0].t == T_BBEGIN && t[1].t == T_NAME && t[1].n == 3 &&
+	if (lx->ntok < 3)
+		return false;
+	t = lx->tok + lx->ntok - 3;
+	return t[0].t == T_BBEGIN && t[1].t == T_NAME && t[1].n == 3 &&
 	       !memcmp(t[1].p, "raw", 3) && t[2].t == T_BEND;
 }
 
