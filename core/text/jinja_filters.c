@@ -963,8 +963,8 @@ bool jx_test(struct jctx *c, const char *name, struct jv v, const struct jv *arg
 	if (i == N_TESTS)
 		jx_fail(c, "line %d: No test named '%s'.", c->line, name);
 	switch (tests[i].id) {
-	case T_DEFINED: return v.k != JK_UNDEF;
-	case T_UNDEFINED: return v.k == JK_UNDEF;
+	case T_DEFINED: return v.k != JK_UNDEF && !(v.fl & JF_UNSAFE); /* sandbox: undefined */
+	case T_UNDEFINED: return v.k == JK_UNDEF || (v.fl & JF_UNSAFE);
 	case T_NONE: return v.k == JK_NONE;
 	case T_BOOLEAN: return v.k == JK_BOOL;
 	case T_FALSE: return v.k == JK_BOOL && !v.u.b;

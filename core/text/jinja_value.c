@@ -680,8 +680,9 @@ static void print_val(struct jctx *c, struct jbuf *b, struct jv v, bool repr, in
 		if (v.fl & JF_NS)
 			jb_putc(c, b, '>');
 		return;
-	default:
-		jb_puts(c, b, "<function>");
+	default: /* a method the sandbox refuses prints as undefined does */
+		if (!(v.fl & JF_UNSAFE))
+			jb_puts(c, b, "<function>");
 	}
 }
 
