@@ -295,11 +295,15 @@ static json_t *chat_vars(const struct loom_chat_template *t, const struct loom_c
 					  json_stringn_nocheck(msgs[i].content,
 							       strlen(msgs[i].content)));
 	}
-	ok = ok && !json_object_set_new(v, "messages", m);
-	m = NULL;
+	if (ok) { /* set_new takes m, even when it fails */
+		ok = !json_object_set_new(v, "messages", m);
+		m = NULL;
+	}
 	ok = ok && !json_object_set_new(v, "add_generation_prompt", json_boolean(gen)) &&
-	     !json_object_set_new(v, "bos_token", json_string(t->bos_token)) &&
-	     !json_object_set_new(v, "eos_token", json_string(t->eos_token));
+	     !json_object_set_new(v, "bos_token", json_stringn_nocheck(t->bos_token,
+								       strlen(t->bos_token))) &&
+	     !json_object_set_new(v, "eos_token", json_stringn_nocheck(t->eos_token,
+								       strlen(t->eos_token)));
 	json_decref(m);
 	if (!ok) {
 		json_decref(v);
