@@ -356,13 +356,20 @@ static const char *op_name(int op)
 	return op >= 1 && op <= JT_POW ? names[op] : "?";
 }
 
+/* s * times for a string or list; an empty one is empty at once, so a
+ * huge count cannot spin */
 static struct jv repeat(struct jctx *c, struct jv s, int64_t times)
 {
 	struct jbuf b = { 0 };
 	struct jv l;
 
+	if (s.k == JK_LIST && (s.fl & JF_GEN))
+		jx_fail(c, "line %d: TypeError: unsupported operand type(s) for *: 'generator' and 'int'",
+			c->line);
+	if ((s.k == JK_STR && !s.u.s.n) || (s.k == JK_LIST && !s.u.l->n))
+		times = 0;
 	if (s.k == JK_STR) {
-		for (int64_t i = 0; i < times; i++)
+		for (int64_t i = 0; i < times; i++) /* bounded by the output limit */
 			jb_putv(c, &b, s);
 		return jb_str(&b);
 	}

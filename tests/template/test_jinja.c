@@ -128,6 +128,17 @@ START_TEST(limits)
 	expect_error("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}", &o,
 		     "nested deeper than 50");
 	expect_error("{{ range(1000000000) | length }}", NULL, "range longer");
+	expect_error("{{ 'ab' * 9000000000000 }}", &o, "output larger"); /* not minutes */
+	expect_error("{{ nothing | unique * 8000000000003 }}", &o, "'generator' and 'int'");
+	{
+		char err[256];
+		char *s = render_opts("{{ [] * 9000000000000 }}{{ '' * 9000000000000 }}", NULL, &o,
+				      err, sizeof(err));
+
+		ck_assert_msg(s != NULL, "%s", err); /* empty times a huge count: at once */
+		ck_assert_str_eq(s, "[]");
+		free(s);
+	}
 	o.max_steps = 1u << 30;
 	expect_error("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}"
 		     "{% set ns.l = ns.l + ns.l %}{% endfor %}", &o, "out of memory");
