@@ -944,20 +944,82 @@ const struct loom_tokenizer *loom_engine_tokenizer(const struct loom_engine *e)
 	return e->tok;
 }
 
+/* The text of the model's token ID ("" when it has none). */
+static const char *token_text_or_empty(const struct loom_engine *e, int32_t id)
+{
+	const char *s = id >= 0 ? loom_token_text(e->tok, id) : NULL;
+
+	return s ? s : "";
+}
+
 int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_template *t,
 			      bool *had_one, char *err, size_t errlen)
 {
 	char *tmpl = NULL;
+	char why[512];
 	int rc;
 
 	if (gguf_get_str(e->f, "tokenizer.chat_template", &tmpl, err, errlen) < 0)
 		return LOOM_ERR_FORMAT;
 	if (had_one)
 		*had_one = tmpl != NULL;
-	/* a file without a template: its family's (Gemma 3 GGUFs have none) */
+	if (tmpl && !loom_chat_template_jinja(tmpl, token_text_or_empty(e, loom_tokenizer_bos(e->tok)),
+					      token_text_or_empty(e, loom_tokenizer_eos(e->tok)),
+					      t, why, sizeof(why))) {
+		free(tmpl);
+		return 0;
+	}
+	/* a file without a template: its family's (Gemma 3 GGUFs have none);
+	 * one the interpreter cannot parse: the family it belongs to */
 	rc = loom_chat_template_detect(tmpl ? tmpl : e->m->hp.arch->chat_marker, t, err, errlen);
+	if (rc && tmpl)
+		loom_seterr(err, errlen, "%s", why);
 	free(tmpl);
 	return rc ? LOOM_ERR_UNSUPPORTED : 0;
+}
+
+int loom_engine_chat_template_file(const struct loom_engine *e, const char *path,
+				   struct loom_chat_template *t, char *err, size_t errlen)
+{
+	FILE *fp = fopen(path, "rb");
+	char *src = NULL;
+	long n = -1;
+	int rc = LOOM_ERR_IO;
+
+	memset(t, 0, sizeof(*t));
+	if (!fp) {
+		loom_seterr(err, errlen, "%s: cannot open", path);
+		return LOOM_ERR_IO;
+	}
+	if (!fseek(fp, 0, SEEK_END))
+		n = ftell(fp);
+	if (n < 0 || n > (16 << 20) || fseek(fp, 0, SEEK_SET)) {
+		loom_seterr(err, errlen, "%s: not a readable file of at most 16 MiB", path);
+		goto out_close;
+	}
+	src = malloc((size_t)n + 1);
+	if (!src || fread(src, 1, (size_t)n, fp) != (size_t)n) {
+		loom_seterr(err, errlen, "%s: cannot read", path);
+		goto out_close;
+	}
+	src[n] = '\0';
+	if (strlen(src) != (size_t)n) {
+		loom_seterr(err, errlen, "%s: a NUL byte in the template", path);
+		goto out_close;
+	}
+	rc = loom_chat_template_jinja(src, token_text_or_empty(e, loom_tokenizer_bos(e->tok)),
+				      token_text_or_empty(e, loom_tokenizer_eos(e->tok)), t, err,
+				      errlen) ? LOOM_ERR_UNSUPPORTED : 0;
+	if (rc) { /* name the file */
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", err);
+		loom_seterr(err, errlen, "%s: %s", path, why);
+	}
+out_close:
+	free(src);
+	fclose(fp);
+	return rc;
 }
 
 bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strategy_info *out)

@@ -423,8 +423,9 @@ bool loom_tokenizer_is_eog(const struct loom_tokenizer *t, int32_t token);
 
 /*
  * Chat templates. GGUF files carry tokenizer.chat_template as a Jinja
- * program. loom does not run Jinja; it recognizes the family a template
- * belongs to by its marker tokens and renders that family's format in C.
+ * program; loom runs it with its own interpreter (LOOM_CHAT_JINJA,
+ * docs/TEMPLATES.md). For a model without one, the built-in families
+ * render their formats in C.
  * The rendered text contains special-token text ("<|im_start|>") and must
  * be tokenized with parse_special; it never contains BOS (the tokenizer
  * adds it when the model's metadata asks).
@@ -438,6 +439,7 @@ enum loom_chat_family {
 	LOOM_CHAT_MISTRAL, /* [INST] ... [/INST]...</s> (no <<SYS>> block) */
 	LOOM_CHAT_PHI3,    /* <|user|>\n...<|end|>\n */
 	LOOM_CHAT_ZEPHYR,  /* <|user|>\n...</s>\n */
+	LOOM_CHAT_JINJA,   /* appended: a Jinja template, run by loom's interpreter */
 };
 
 struct loom_chat_template {
@@ -445,6 +447,11 @@ struct loom_chat_template {
 	/* chatml only: the system message the template inserts when the
 	 * conversation has none (SmolLM2 does this), or "" */
 	char default_system[512];
+	/* appended: LOOM_CHAT_JINJA only: the template's source (malloc'd;
+	 * loom_chat_template_free releases it) and the texts of the model's
+	 * BOS and EOS tokens, passed as bos_token and eos_token ("" if none) */
+	char *source;
+	char bos_token[128], eos_token[128];
 };
 
 /* A message; role is "system", "user" or "assistant". */
@@ -454,18 +461,26 @@ struct loom_chat_msg {
 };
 
 /* Recognizes tmpl (the Jinja source; NULL when the model has none, which
- * means chatml). Returns 0, or -1 with err naming what was not recognized. */
+ * means chatml) as one of the built-in families (not LOOM_CHAT_JINJA).
+ * Returns 0, or -1 with err naming what was not recognized. */
 int loom_chat_template_detect(const char *tmpl, struct loom_chat_template *t,
 			      char *err, size_t errlen);
-/* The engine's model's template: as detect, on its tokenizer.chat_template;
- * *had_one (may be NULL) says whether the model carries one. */
+/* The engine's model's template: its tokenizer.chat_template as a Jinja
+ * template (LOOM_CHAT_JINJA), else (no template, or one the interpreter
+ * cannot parse) the family detect recognizes, else the architecture's
+ * family; *had_one (may be NULL) says whether the model carries one.
+ * Release it with loom_chat_template_free. */
 int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_template *t,
 			      bool *had_one, char *err, size_t errlen);
 const char *loom_chat_family_name(enum loom_chat_family f);
 
 /* Renders msgs[0..n) into a malloc'd NUL-terminated string, adding the
  * assistant header when add_generation_prompt. NULL with err set for an
- * unknown role, a misplaced system message, or out of memory. */
+ * unknown role, a misplaced system message, or out of memory; for a Jinja
+ * template, with the template's message when it raises. A Jinja template
+ * gets messages (role, content), add_generation_prompt, bos_token and
+ * eos_token; the text keeps a BOS it writes (loom_chat_tokenize drops it
+ * when the tokenizer adds BOS itself, as callers then prepend one). */
 char *loom_chat_render(const struct loom_chat_template *t,
 		       const struct loom_chat_msg *msgs, size_t n,
 		       bool add_generation_prompt, char *err, size_t errlen);
@@ -795,3 +810,34 @@ int loom_write_file(const char *path, uint32_t flags, const void *data, size_t n
 }
 #endif
 #endif /* LOOM_H */
+/* ======== appended: Jinja chat templates ======== */
+
+/*
+ * Renders a Jinja chat template (a model's tokenizer.chat_template, or any
+ * template text) with the variables of VARS_JSON, a JSON object (empty or
+ * NULL: none)
+ * (messages, add_generation_prompt, tools, bos_token, eos_token...), as
+ * Hugging Face transformers renders it (docs/TEMPLATES.md). NOW is
+ * strftime_now's time in Unix seconds, UTC (0: the clock, local time).
+ * Returns the text, malloc'd and NUL-terminated, its length in *len; or
+ * NULL with err: the template's own message when it raised, else what is
+ * wrong and where. Limits on output, memory, steps and nesting make a
+ * hostile template fail, never hang.
+ */
+char *loom_template_render(const char *tmpl, size_t tlen, const char *vars_json, size_t vlen,
+			   int64_t now, size_t *len, char *err, size_t errlen);
+
+/*
+ * A chat template from Jinja SOURCE (LOOM_CHAT_JINJA), given BOS and EOS
+ * token texts (NULL: ""). 0, or -1 with err when the source does not
+ * parse. Release it with loom_chat_template_free.
+ */
+int loom_chat_template_jinja(const char *source, const char *bos, const char *eos,
+			     struct loom_chat_template *t, char *err, size_t errlen);
+/* As loom_engine_chat_template, with the Jinja template in the file PATH in
+ * place of the model's (--chat-template FILE). */
+int loom_engine_chat_template_file(const struct loom_engine *e, const char *path,
+				   struct loom_chat_template *t, char *err, size_t errlen);
+/* Frees what a template holds (its Jinja source); safe on any template
+ * filled by the functions above, and twice. */
+void loom_chat_template_free(struct loom_chat_template *t);

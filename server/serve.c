@@ -62,6 +62,7 @@ static void print_plan(struct server *srv)
 
 	fprintf(stderr, "loom serve: chat template: %s%s\n",
 		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
+		srv->o.chat_template[0] ? " (--chat-template)" :
 		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)");
 	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++)
 		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
@@ -100,8 +101,18 @@ static int open_engine(struct server *srv, char *err, size_t errlen)
 	srv->n_ctx = loom_engine_n_ctx(srv->engine);
 	srv->add_bos = loom_tokenize(srv->tok, "", 0, true, false, ids, 4) >= 1 &&
 		       ids[0] == loom_tokenizer_bos(srv->tok);
-	srv->chat_ok = !loom_engine_chat_template(srv->engine, &srv->chat, &srv->chat_given,
-						  srv->chat_err, sizeof(srv->chat_err));
+	if (srv->o.chat_template[0]) { /* --chat-template FILE: refused at start-up if bad */
+		if (loom_engine_chat_template_file(srv->engine, srv->o.chat_template, &srv->chat, err,
+						   errlen))
+			return -1;
+		srv->chat_ok = srv->chat_given = true;
+	} else {
+		srv->chat_ok = !loom_engine_chat_template(srv->engine, &srv->chat, &srv->chat_given,
+							  srv->chat_err, sizeof(srv->chat_err));
+		if (srv->chat_ok && !srv->chat_given)
+			fprintf(stderr, "loom serve: warning: the model has no chat template; using the built-in %s format (--chat-template FILE to give one)\n",
+				loom_chat_family_name(srv->chat.family));
+	}
 	for (srv->n_spec = 0; srv->n_spec < SRV_MAX_SPEC &&
 	     loom_engine_strategy(srv->engine, srv->n_spec, &si); srv->n_spec++)
 		srv->spec_names[srv->n_spec] = si.name;
@@ -394,12 +405,14 @@ out:
 		loom_engine_stop(srv->engine);
 		pthread_join(engine, NULL);
 	}
+	loom_chat_template_free(&srv->chat);
 	loom_engine_close(srv->engine);
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");
 	return rc;
 out_follower:
+	loom_chat_template_free(&srv->chat);
 	loom_engine_close(srv->engine);
 	free(srv);
 	return rc;

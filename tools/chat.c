@@ -447,8 +447,18 @@ static int chat_open(struct chat *c, char *err, size_t errlen)
 	if (!(c->e = loom_engine_open(&ep, err, errlen)))
 		return -1;
 	c->tok = loom_engine_tokenizer(c->e);
-	if (loom_engine_chat_template(c->e, &c->tmpl, NULL, err, errlen))
-		return -1;
+	if (c->o->chat_template[0]) {
+		if (loom_engine_chat_template_file(c->e, c->o->chat_template, &c->tmpl, err, errlen))
+			return -1;
+	} else {
+		bool had_one;
+
+		if (loom_engine_chat_template(c->e, &c->tmpl, &had_one, err, errlen))
+			return -1;
+		if (!had_one)
+			fprintf(stderr, "loom chat: warning: the model has no chat template; using the built-in %s format (--chat-template FILE to give one)\n",
+				loom_chat_family_name(c->tmpl.family));
+	}
 	c->bos = loom_tokenize(c->tok, "", 0, true, false, ids, 4) >= 1 &&
 		 ids[0] == loom_tokenizer_bos(c->tok) ? loom_tokenizer_bos(c->tok) : -1;
 	return 0;
@@ -479,6 +489,7 @@ int loom_chat_main(struct loom_options *o, uint64_t seed, char *err, size_t errl
 	signal(SIGINT, SIG_DFL);
 	drop_msgs(&c, 0, c.n);
 	free(c.msgs);
+	loom_chat_template_free(&c.tmpl);
 	loom_engine_close(c.e);
 	return rc < 0 ? -1 : 0;
 }

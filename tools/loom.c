@@ -538,6 +538,57 @@ static void clean_up_on_signals(const char *cmd)
 	}
 }
 
+/* loom template [--now UNIX_SECONDS] FILE.jinja [CONTEXT.json]: renders a
+ * chat template with the variables of CONTEXT (stdin without it) and
+ * prints the text exactly; a template that raises fails with its message. */
+static int cmd_template(int argc, char **argv, char *err)
+{
+	const char *tpath = NULL, *cpath = "-";
+	char *tmpl = NULL, *vars = NULL, *out = NULL;
+	size_t tlen = 0, vlen = 0, len = 0;
+	long long now = 0;
+	int i = 2, rc = -1;
+
+	if (i + 1 < argc && !strcmp(argv[i], "--now")) {
+		char *end;
+
+		now = strtoll(argv[i + 1], &end, 10);
+		if (*end || end == argv[i + 1]) {
+			snprintf(err, ERRLEN, "--now needs Unix seconds, not '%s'", argv[i + 1]);
+			return -1;
+		}
+		i += 2;
+	}
+	if (i < argc && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
+		printf("usage: loom template [--now UNIX_SECONDS] FILE.jinja [CONTEXT.json]\n");
+		return 0;
+	}
+	if (argc - i < 1 || argc - i > 2) {
+		snprintf(err, ERRLEN, "template needs FILE.jinja and a JSON context (a file or stdin)");
+		return -1;
+	}
+	tpath = argv[i];
+	if (argc - i == 2)
+		cpath = argv[i + 1];
+	tmpl = loom_read_text(tpath, &tlen, err, ERRLEN);
+	if (!tmpl)
+		goto out_free;
+	vars = loom_read_text(cpath, &vlen, err, ERRLEN);
+	if (!vars)
+		goto out_free;
+	out = loom_template_render(tmpl, tlen, vars, vlen, now, &len, err, ERRLEN);
+	if (!out)
+		goto out_free;
+	rc = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : -1;
+	if (rc)
+		snprintf(err, ERRLEN, "writing the output failed");
+out_free:
+	free(out);
+	free(vars);
+	free(tmpl);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
@@ -565,6 +616,8 @@ int main(int argc, char **argv)
 		rc = cmd_quantize(argc, argv, err);
 	else if (!strcmp(cmd, "imatrix"))
 		rc = cmd_imatrix(argc, argv, err);
+	else if (!strcmp(cmd, "template"))
+		rc = cmd_template(argc, argv, err);
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);

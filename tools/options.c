@@ -88,6 +88,7 @@ static const struct opt_def opts[] = {
 	  .flag_only = true },
 	{ .name = "system-prompt-file", .type = OPT_STR, FIELD(system_prompt_file),
 	  .cmds = CHAT },
+	{ .name = "chat-template", .type = OPT_STR, FIELD(chat_template), .cmds = CHAT | SERVE },
 	{ .name = "json", .type = OPT_BOOL, FIELD(json), .cmds = BACKENDS | CHECK,
 	  .flag_only = true },
 	{ .name = "reference", .type = OPT_STR, FIELD(reference), .cmds = CHECK },
@@ -239,6 +240,7 @@ static const struct cmd_def {
 	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
 	  "            [--spec=ngram.so] [--exact] [--kv-type T] [--kv-mem SIZE] [--config FILE]\n"
+	  "            [--chat-template FILE.jinja]\n"
 	  "            a conversation in the model's chat template; /reset, /exit; Ctrl-C\n"
 	  "            stops a reply; turns are read one a line from stdin when it is not a\n"
 	  "            terminal; -c and --kv-mem as for run\n" },
@@ -259,7 +261,7 @@ static const struct cmd_def {
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem SIZE] [--kv-type f16|f32|q8_0|q4_0] [-c CTX]\n"
-	  "            [--parallel 16] [--block-size 16]\n"
+	  "            [--parallel 16] [--block-size 16] [--chat-template FILE.jinja]\n"
 	  "            [--max-batch-tokens 512] [--max-waiting 64] [--max-body 1M]\n"
 	  "            [--shutdown-timeout 10] [--no-prefix-cache] [--exact] [--config FILE]\n"
 	  "            [--spec=ngram.so[,other.so...]] [--spec-default NAME] [--spec-max-draft 8]\n"
@@ -301,8 +303,10 @@ void loom_options_usage(FILE *out, enum loom_cmd cmd)
 		else if (cmds[i].cmd == cmd)
 			fprintf(out, "usage: loom %s", cmds[i].usage);
 	}
-	if (!cmd)
-		fputs("  version\n", out);
+	if (!cmd) /* commands that parse their own arguments */
+		fputs("  template  [--now UNIX_SECONDS] FILE.jinja [CONTEXT.json]   a chat template\n"
+		      "            rendered with a JSON context (stdin), as transformers renders it\n"
+		      "  version\n", out);
 	fputs("Each --flag VALUE is also a config-file key, flag_name = VALUE (at top level,\n"
 	      "in [loom], or for serve in [serve]); flags override the config file.\n", out);
 }
@@ -761,7 +765,7 @@ const char *loom_options_commands(void)
 		return names;
 	for (i = 0; i < N_CMDS; i++)
 		n += (size_t)snprintf(names + n, sizeof(names) - n, "%s, ", cmds[i].name);
-	snprintf(names + n, sizeof(names) - n, "version, help");
+	snprintf(names + n, sizeof(names) - n, "template, version, help");
 	return names;
 }
 

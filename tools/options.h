@@ -124,6 +124,8 @@ struct loom_options {
 	/* ---- appended (cli): loom chat ---- */
 	const char *system_prompt;      /* -sys TEXT: points into argv */
 	char system_prompt_file[4096];  /* -sysf FILE */
+	/* ---- appended: Jinja chat templates (docs/TEMPLATES.md) ---- */
+	char chat_template[4096];       /* --chat-template FILE: replaces the model's */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */

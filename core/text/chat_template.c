@@ -1,7 +1,9 @@
 /* Chat templates: family detection and rendering (see chat_template.h). */
 #include "text/chat_template.h"
+#include "text/jinja.h"
 #include "util.h"
 
+#include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@ static const char *const family_names[] = {
 	[LOOM_CHAT_LLAMA2] = "llama2",   [LOOM_CHAT_LLAMA3] = "llama3",
 	[LOOM_CHAT_GEMMA] = "gemma",     [LOOM_CHAT_MISTRAL] = "mistral",
 	[LOOM_CHAT_PHI3] = "phi3",       [LOOM_CHAT_ZEPHYR] = "zephyr",
+	[LOOM_CHAT_JINJA] = "jinja",
 };
 
 const char *loom_chat_family_name(enum loom_chat_family f)
@@ -238,6 +241,134 @@ static int check_roles(const struct loom_chat_template *t, const struct loom_cha
 	return 0;
 }
 
+/* ---- Jinja templates (core/text/jinja.h) ---- */
+
+int loom_chat_template_jinja(const char *source, const char *bos, const char *eos,
+			     struct loom_chat_template *t, char *err, size_t errlen)
+{
+	char why[256];
+
+	memset(t, 0, sizeof(*t));
+	if (!source) {
+		loom_seterr(err, errlen, "no chat template");
+		return -1;
+	}
+	if (jinja_check(source, strlen(source), why, sizeof(why))) {
+		loom_seterr(err, errlen, "chat template: %s", why);
+		return -1;
+	}
+	t->source = strdup(source);
+	if (!t->source) {
+		loom_seterr(err, errlen, "out of memory");
+		return -1;
+	}
+	t->family = LOOM_CHAT_JINJA;
+	/* a token text too long for the field is left out rather than cut */
+	if (bos && strlen(bos) < sizeof(t->bos_token))
+		strcpy(t->bos_token, bos);
+	if (eos && strlen(eos) < sizeof(t->eos_token))
+		strcpy(t->eos_token, eos);
+	return 0;
+}
+
+void loom_chat_template_free(struct loom_chat_template *t)
+{
+	free(t->source);
+	t->source = NULL;
+}
+
+/* The variables transformers passes: messages, add_generation_prompt,
+ * bos_token, eos_token. NULL when out of memory. */
+static json_t *chat_vars(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
+			 size_t n, bool gen)
+{
+	json_t *v = json_object(), *m = json_array();
+	bool ok = v && m;
+
+	for (size_t i = 0; ok && i < n; i++) {
+		json_t *o = json_object();
+
+		ok = o && !json_array_append_new(m, o) &&
+		     !json_object_set_new(o, "role", json_stringn_nocheck(msgs[i].role,
+									  strlen(msgs[i].role))) &&
+		     !json_object_set_new(o, "content",
+					  json_stringn_nocheck(msgs[i].content,
+							       strlen(msgs[i].content)));
+	}
+	if (ok) { /* set_new takes m, even when it fails */
+		ok = !json_object_set_new(v, "messages", m);
+		m = NULL;
+	}
+	ok = ok && !json_object_set_new(v, "add_generation_prompt", json_boolean(gen)) &&
+	     !json_object_set_new(v, "bos_token", json_stringn_nocheck(t->bos_token,
+								       strlen(t->bos_token))) &&
+	     !json_object_set_new(v, "eos_token", json_stringn_nocheck(t->eos_token,
+								       strlen(t->eos_token)));
+	json_decref(m);
+	if (!ok) {
+		json_decref(v);
+		return NULL;
+	}
+	return v;
+}
+
+/* The roles a chat may hold (the OpenAI API's); the template decides
+ * what it does with each, but a made-up role is the caller's mistake. */
+static bool jinja_roles_ok(const struct loom_chat_msg *msgs, size_t n, char *err, size_t errlen)
+{
+	static const char *const roles[] = { "system", "user", "assistant", "tool", "developer",
+					     NULL };
+
+	for (size_t i = 0; i < n; i++) {
+		int k = 0;
+
+		while (roles[k] && strcmp(roles[k], msgs[i].role))
+			k++;
+		if (!roles[k]) {
+			loom_seterr(err, errlen, "messages[%zu]: unknown role (system, user, assistant, tool or developer)",
+				    i);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* A Jinja template's rendering; markup from the interpreter's content
+ * marks (strings of the messages are content, the rest markup). */
+static char *render_jinja(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
+			  size_t n, bool gen, unsigned char **markup, char *err, size_t errlen)
+{
+	json_t *vars = chat_vars(t, msgs, n, gen);
+	size_t len = 0;
+	struct jinja_opts o;
+	uint8_t *mask = NULL;
+	char *text;
+
+	if (!vars) {
+		loom_seterr(err, errlen, "out of memory rendering the chat");
+		return NULL;
+	}
+	jinja_default_opts(&o);
+	o.content_mask = &mask;
+	text = jinja_render(t->source, strlen(t->source), vars, &o, &len, err, errlen);
+	json_decref(vars);
+	if (!text)
+		return NULL;
+	if (markup) {
+		*markup = malloc(len + 1);
+		if (!*markup) {
+			free(text);
+			free(mask);
+			loom_seterr(err, errlen, "out of memory rendering the chat");
+			return NULL;
+		}
+		for (size_t i = 0; i < len; i++)
+			(*markup)[i] = !mask[i];
+	}
+	free(mask);
+	return text;
+}
+
 char *loom_chat_render_marked(const struct loom_chat_template *t,
 			      const struct loom_chat_msg *msgs, size_t n,
 			      bool add_generation_prompt, unsigned char **markup,
@@ -248,6 +379,9 @@ char *loom_chat_render_marked(const struct loom_chat_template *t,
 
 	if (markup)
 		*markup = NULL;
+	if (t->family == LOOM_CHAT_JINJA)
+		return jinja_roles_ok(msgs, n, err, errlen) ?
+		       render_jinja(t, msgs, n, add_generation_prompt, markup, err, errlen) : NULL;
 	if (t->family == LOOM_CHAT_UNKNOWN) {
 		loom_seterr(err, errlen, "unsupported chat template");
 		return NULL;
@@ -293,6 +427,21 @@ char *loom_chat_render(const struct loom_chat_template *t,
 		       bool add_generation_prompt, char *err, size_t errlen)
 {
 	return loom_chat_render_marked(t, msgs, n, add_generation_prompt, NULL, err, errlen);
+}
+
+/* A Jinja template may write BOS itself ({{ bos_token }}); when the
+ * tokenizer adds BOS, the callers prepend it, so the template's is
+ * dropped rather than doubled. Returns the new count. */
+static int64_t drop_template_bos(const struct loom_tokenizer *tok, int32_t *ids, int64_t n)
+{
+	int32_t bos = loom_tokenizer_bos(tok), probe[4];
+	bool adds = bos >= 0 && loom_tokenize(tok, "", 0, true, false, probe, 4) >= 1 &&
+		    probe[0] == bos;
+
+	if (!adds || ids[0] != bos)
+		return n;
+	memmove(ids, ids + 1, sizeof(int32_t) * (size_t)(n - 1));
+	return n - 1;
 }
 
 /* Counts (stopping past max), then fills a buffer of that size. */
@@ -344,6 +493,8 @@ int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
 	if (!s)
 		return -1;
 	need = chat_ids(tok, s, mark, max, ids, err, errlen);
+	if (need > 0 && need <= max && t->family == LOOM_CHAT_JINJA)
+		need = drop_template_bos(tok, *ids, need);
 	free(s);
 	free(mark);
 	return need;

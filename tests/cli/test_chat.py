@@ -2,7 +2,8 @@
 """`loom chat` driven through a pipe (turns one a line from stdin), greedy:
 history is sent back each turn, /reset clears it, replies repeat, message
 text never becomes a control token, Ctrl-C stops a reply and not the
-program, and two Ctrl-Cs at the prompt end it. Also `loom run` reading
+program, and two Ctrl-Cs at the prompt end it; --chat-template FILE
+replaces the model's template. Also `loom run` reading
 its prompt from stdin and the one-line refusals of unknown commands and
 flags.
 
@@ -144,12 +145,49 @@ def refusals():
     check("-sys and -sysf exclude each other", p.returncode != 0 and "-sysf" in p.stderr, p.stderr)
 
 
+# SmolLM2's own template, written out: the same prompt as the model's
+SMOL_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != "
+                 "'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant named "
+                 "SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
+                 "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
+
+
+def chat_template_override():
+    """--chat-template FILE: the same template gives the same prompt and
+    reply; one without the system turn a shorter prompt; a broken one is
+    refused naming the file."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="loom-tmpl-") as tmp:
+        paths = {}
+        for name, text in (("same", SMOL_TEMPLATE),
+                           ("nosys", SMOL_TEMPLATE.replace("loop.first and", "false and")),
+                           ("bad", "{% if messages %}unclosed")):
+            paths[name] = os.path.join(tmp, name + ".jinja")
+            with open(paths[name], "w", encoding="utf-8") as f:
+                f.write(text)
+        turn = ["What is 2+2?"]
+        rc0, a0, s0, _ = chat(turn)
+        rc1, a1, s1, e1 = chat(turn, "--chat-template", paths["same"])
+        check("--chat-template: same template, same prompt and reply",
+              rc0 == 0 and rc1 == 0 and a0 == a1 and s0 and s1 and s0[0][0] == s1[0][0],
+              (a0, a1, s0, s1, e1))
+        rc2, _, s2, e2 = chat(turn, "--chat-template", paths["nosys"])
+        check("--chat-template: its own prompt", rc2 == 0 and s2 and s0 and s2[0][0] < s0[0][0],
+              (s0, s2, e2))
+        rc3, _, _, e3 = chat(turn, "--chat-template", paths["bad"])
+        check("--chat-template: a broken one is refused", rc3 != 0 and "bad.jinja" in e3
+              and "missing {% endif %}" in e3, e3)
+
+
 def main():
     refusals()
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: model not found ({MODEL or '$LOOM_MODEL unset'})")
         return 77 if not failures else 1
     history_and_reset()
+    chat_template_override()
     run_stdin()
     ctrl_c()
     print(f"{len(failures)} failed")

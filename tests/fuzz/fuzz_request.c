@@ -2,7 +2,8 @@
  * through the real chat templates (core/text/chat_template.c) and the
  * GPT-2 tokenizer, as loom serve wires them.
  *
- * Byte 0: bit 7 chat or completions, bits 0-2 the template family; the
+ * Byte 0: bit 7 chat or completions, byte 0 mod 8 the template (seven
+ * built-in families, or a Jinja template run by core/text/jinja); the
  * rest is the body. An accepted request must have a prompt of ids inside
  * the vocabulary that fits the context, choices and stop strings within
  * their limits.
@@ -17,13 +18,30 @@
 #define N_CTX 2048
 
 static struct loom_tokenizer *tok;
-static struct loom_chat_template tmpl;
+static struct loom_chat_template tmpl, jinja_tmpl;
+
+/* a chatml template in Jinja, with the checks real ones make */
+static const char jinja_src[] =
+	"{%- for message in messages %}"
+	"{%- if message.role not in ['system', 'user', 'assistant'] %}"
+	"{{- raise_exception('unexpected role ' ~ message.role) }}{%- endif %}"
+	"{%- if loop.first and message.role != 'system' %}"
+	"{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{%- endif %}"
+	"{{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}"
+	"{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 static const char *const spec_names[] = { "ngram", "layerskip" };
 static const char *const model_names[] = { "smollm", "loom" };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
+	char err[256];
+
 	tok = fuzz_vocab("ggml-vocab-gpt-2.gguf");
+	if (loom_chat_template_jinja(jinja_src, "<|endoftext|>", "<|endoftext|>", &jinja_tmpl, err,
+				     sizeof(err))) {
+		fprintf(stderr, "fuzz: %s\n", err);
+		exit(2);
+	}
 	return 0;
 }
 
@@ -96,10 +114,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!size)
 		return 0;
 	memset(&tmpl, 0, sizeof(tmpl));
-	tmpl.family = (enum loom_chat_family)(1 + data[0] % 7);
+	if (data[0] % 8 == 7)
+		tmpl = jinja_tmpl; /* shares its source: never freed per input */
+	else
+		tmpl.family = (enum loom_chat_family)(1 + data[0] % 8);
 	if (data[0] & 0x40) {
 		ctx.chat_bos = 0;
-		snprintf(tmpl.default_system, sizeof(tmpl.default_system), "You are helpful.");
+		if (tmpl.family != LOOM_CHAT_JINJA)
+			snprintf(tmpl.default_system, sizeof(tmpl.default_system), "You are helpful.");
 	}
 	if (serve_req_parse(&ctx, (const char *)data + 1, size - 1, data[0] & 0x80, &r, &e) == 0) {
 		check_request(&r);
