@@ -6,7 +6,7 @@
                            [--execs 10000000] [--seconds 86400]
                            [--slice 600] [--nice 19] [NAME...]
 
-NAME: gguf, tokenizer, request, grammar, options (default: all five). Each
+NAME: gguf, tokenizer, request, grammar, options, template (default: all six). Each
 harness runs until it has --execs executions in total (over every run of
 the campaign with the same --out, so a campaign can be resumed) or the
 time budget ends. The budget (--seconds, for the whole campaign) is spent
@@ -34,6 +34,7 @@ HARNESSES = {
     "request": "tests/fuzz/fuzz_request",
     "grammar": "tests/fuzz/fuzz_grammar",
     "options": "tests/fuzz/fuzz_options",
+    "template": "tests/fuzz/fuzz_template",
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
