@@ -24,6 +24,7 @@
 #include "text/tokenizer.h"
 #include "util.h"
 
+#include <math.h>
 #include <pcre2.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -103,6 +104,7 @@ struct loom_tokenizer {
 
 	int32_t byte_tok[256]; /* byte -> token, -1 if none */
 	uint32_t max_piece;    /* most text bytes one token of plain text covers */
+	uint32_t bucket_min;   /* runs of this many characters merge by buckets */
 	int32_t bos, eos, unk, eot, eom;
 	bool add_bos, add_eos, add_space_prefix, ignore_merges;
 
@@ -267,12 +269,15 @@ static void out_push(struct outbuf *o, int32_t id)
 
 /* ---- merge queue (shared by both models) ------------------------------- */
 
-/* A candidate merge of two adjacent symbols. Higher pri first; on ties the
- * leftmost pair. The lengths detect stale entries: a symbol only grows to
- * the right, so unchanged lengths mean unchanged texts. */
+/* A candidate merge of a symbol and the one after it. Higher pri first; on
+ * ties the leftmost pair. The lengths detect stale entries: a symbol only
+ * grows by absorbing the one after it, so while both lengths are unchanged
+ * the left symbol's neighbour and both texts are the same. pri is a float
+ * (an SPM score, or minus a BPE merge rank below 2^24, both exact), so an
+ * entry takes 16 bytes: long runs make queues of millions of entries. */
 struct bigram {
-	double pri;
-	int32_t left, right;
+	float pri;
+	int32_t left;
 	uint32_t left_len, right_len;
 };
 
@@ -308,6 +313,10 @@ static void *grow_array(void *v, size_t *cap, size_t elem)
 	return p;
 }
 
+/* A 4-ary heap: half the depth of a binary one, and the four children of
+ * a node share a cache line. */
+enum { HEAP_ARITY = 4 };
+
 static int heap_push(struct heap *h, struct bigram b)
 {
 	size_t i;
@@ -320,9 +329,9 @@ static int heap_push(struct heap *h, struct bigram b)
 		h->v = v;
 	}
 	i = h->n++;
-	while (i > 0 && bigram_before(&b, &h->v[(i - 1) / 2])) {
-		h->v[i] = h->v[(i - 1) / 2];
-		i = (i - 1) / 2;
+	while (i > 0 && bigram_before(&b, &h->v[(i - 1) / HEAP_ARITY])) {
+		h->v[i] = h->v[(i - 1) / HEAP_ARITY];
+		i = (i - 1) / HEAP_ARITY;
 	}
 	h->v[i] = b;
 	return 0;
@@ -334,20 +343,252 @@ static struct bigram heap_pop(struct heap *h)
 	size_t i = 0;
 
 	for (;;) {
-		size_t c = 2 * i + 1;
+		size_t first = HEAP_ARITY * i + 1, best = first;
 
-		if (c >= h->n)
+		if (first >= h->n)
 			break;
-		if (c + 1 < h->n && bigram_before(&h->v[c + 1], &h->v[c]))
-			c++;
-		if (!bigram_before(&h->v[c], &last))
+		for (size_t c = first + 1; c < first + HEAP_ARITY && c < h->n; c++)
+			if (bigram_before(&h->v[c], &h->v[best]))
+				best = c;
+		if (!bigram_before(&h->v[best], &last))
 			break;
-		h->v[i] = h->v[c];
-		i = c;
+		h->v[i] = h->v[best];
+		i = best;
 	}
 	if (h->n)
 		h->v[i] = last;
 	return top;
+}
+
+/* ---- merge queue for long runs: one bucket per priority ---------------- */
+
+/* A run of a million equal characters makes a binary heap of millions of
+ * entries whose pops miss the cache at every level. A long run instead
+ * files each candidate in the bucket of its priority (a hash on the
+ * priority) and keeps only the buckets in a heap: the best bucket is
+ * taken whole, sorted by position, and walked in order. The order of the
+ * merges is the heap's exactly: highest priority first, leftmost on
+ * ties. Candidates of the walked priority that appear during the walk
+ * join a small side heap; one of a higher priority stops the walk, and
+ * what is left goes back to its bucket. */
+
+struct pending {
+	int32_t left, next; /* next: the bucket's following entry, -1 at its end */
+	uint32_t left_len, right_len;
+};
+
+struct bucket {
+	float pri;
+	int32_t head, tail; /* the bucket's list in pend, -1 when empty */
+	bool queued;        /* in the bucket heap */
+};
+
+struct buckets {
+	struct pending *pend;
+	size_t n_pend, cap_pend;
+	struct bucket *b;
+	size_t n_b, cap_b;
+	int32_t *slot;      /* open addressing: pri -> bucket index + 1, 0 empty */
+	size_t n_slot;      /* a power of two, at least twice n_b */
+	int32_t *heap;      /* bucket indices, highest pri on top */
+	size_t n_heap, cap_heap;
+	struct bigram *batch; /* the bucket being walked, by position */
+	size_t n_batch, cap_batch;
+	struct heap side;   /* candidates of the walked priority found during the walk */
+	float walking;      /* that priority */
+	bool in_walk, better; /* better: a candidate outranks the walk */
+};
+
+static void buckets_free(struct buckets *q)
+{
+	if (!q)
+		return;
+	free(q->pend);
+	free(q->b);
+	free(q->slot);
+	free(q->heap);
+	free(q->batch);
+	free(q->side.v);
+	free(q);
+}
+
+static uint32_t pri_bits(float pri)
+{
+	uint32_t u;
+
+	pri += 0.0f; /* -0 and +0 are one priority, as the heap compares them */
+	memcpy(&u, &pri, sizeof(u));
+	return u;
+}
+
+static size_t slot_of(const struct buckets *q, float pri)
+{
+	size_t i = (size_t)((pri_bits(pri) * 0x9e3779b97f4a7c15ull) >> 32) & (q->n_slot - 1);
+
+	while (q->slot[i] && q->b[q->slot[i] - 1].pri != pri)
+		i = (i + 1) & (q->n_slot - 1);
+	return i;
+}
+
+static int rehash(struct buckets *q)
+{
+	size_t n = q->n_slot ? q->n_slot * 2 : 256;
+	int32_t *old = q->slot;
+	size_t n_old = q->n_slot;
+
+	if (n > SIZE_MAX / sizeof(*old))
+		return -1;
+	q->slot = calloc(n, sizeof(*q->slot));
+	if (!q->slot) {
+		q->slot = old;
+		return -1;
+	}
+	q->n_slot = n;
+	for (size_t i = 0; i < n_old; i++)
+		if (old[i])
+			q->slot[slot_of(q, q->b[old[i] - 1].pri)] = old[i];
+	free(old);
+	return 0;
+}
+
+/* The bucket of pri, made on first use: its index, or -1 out of memory. */
+static int32_t bucket_for(struct buckets *q, float pri)
+{
+	size_t i;
+
+	if (2 * (q->n_b + 1) > q->n_slot && rehash(q))
+		return -1;
+	i = slot_of(q, pri);
+	if (q->slot[i])
+		return q->slot[i] - 1;
+	if (q->n_b == q->cap_b) {
+		struct bucket *v = grow_array(q->b, &q->cap_b, sizeof(*v));
+
+		if (!v || q->cap_b > INT32_MAX - 1)
+			return -1;
+		q->b = v;
+	}
+	q->b[q->n_b] = (struct bucket){ pri, -1, -1, false };
+	q->slot[i] = (int32_t)++q->n_b;
+	return (int32_t)(q->n_b - 1);
+}
+
+static bool bucket_above(const struct buckets *q, size_t a, size_t b)
+{
+	return q->b[q->heap[a]].pri > q->b[q->heap[b]].pri;
+}
+
+static void swap_i32(int32_t *a, int32_t *b)
+{
+	int32_t t = *a;
+
+	*a = *b;
+	*b = t;
+}
+
+static int bucket_queue(struct buckets *q, int32_t bi)
+{
+	size_t i;
+
+	if (q->b[bi].queued)
+		return 0;
+	if (q->n_heap == q->cap_heap) {
+		int32_t *v = grow_array(q->heap, &q->cap_heap, sizeof(*v));
+
+		if (!v)
+			return -1;
+		q->heap = v;
+	}
+	q->b[bi].queued = true;
+	i = q->n_heap++;
+	q->heap[i] = bi;
+	for (; i > 0 && bucket_above(q, i, (i - 1) / 2); i = (i - 1) / 2)
+		swap_i32(&q->heap[i], &q->heap[(i - 1) / 2]);
+	return 0;
+}
+
+static int32_t bucket_take_top(struct buckets *q)
+{
+	int32_t top = q->heap[0];
+	size_t i = 0;
+
+	q->heap[0] = q->heap[--q->n_heap];
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= q->n_heap)
+			break;
+		if (c + 1 < q->n_heap && bucket_above(q, c + 1, c))
+			c++;
+		if (!bucket_above(q, c, i))
+			break;
+		swap_i32(&q->heap[i], &q->heap[c]);
+		i = c;
+	}
+	q->b[top].queued = false;
+	return top;
+}
+
+/* Files candidate b in its bucket (or the side heap during the walk). */
+static int bucket_add(struct buckets *q, const struct bigram *b)
+{
+	int32_t bi;
+
+	if (q->in_walk && b->pri == q->walking)
+		return heap_push(&q->side, *b);
+	if (q->in_walk && b->pri > q->walking)
+		q->better = true;
+	bi = bucket_for(q, b->pri);
+	if (bi < 0)
+		return -1;
+	if (q->n_pend == q->cap_pend) {
+		struct pending *v = grow_array(q->pend, &q->cap_pend, sizeof(*v));
+
+		if (!v || q->cap_pend > INT32_MAX)
+			return -1;
+		q->pend = v;
+	}
+	q->pend[q->n_pend] = (struct pending){ b->left, -1, b->left_len, b->right_len };
+	if (q->b[bi].tail >= 0)
+		q->pend[q->b[bi].tail].next = (int32_t)q->n_pend;
+	else
+		q->b[bi].head = (int32_t)q->n_pend;
+	q->b[bi].tail = (int32_t)q->n_pend++;
+	return bucket_queue(q, bi);
+}
+
+static int by_left(const void *a, const void *b)
+{
+	const struct bigram *x = a, *y = b;
+
+	return (x->left > y->left) - (x->left < y->left);
+}
+
+/* Moves bucket bi's list into batch, sorted by position. */
+static int bucket_gather(struct buckets *q, int32_t bi)
+{
+	bool sorted = true;
+
+	q->n_batch = 0;
+	for (int32_t e = q->b[bi].head; e >= 0; e = q->pend[e].next) {
+		const struct pending *p = &q->pend[e];
+
+		if (q->n_batch == q->cap_batch) {
+			struct bigram *v = grow_array(q->batch, &q->cap_batch, sizeof(*v));
+
+			if (!v)
+				return -1;
+			q->batch = v;
+		}
+		if (q->n_batch && q->batch[q->n_batch - 1].left > p->left)
+			sorted = false;
+		q->batch[q->n_batch++] = (struct bigram){ q->b[bi].pri, p->left,
+							  p->left_len, p->right_len };
+	}
+	q->b[bi].head = q->b[bi].tail = -1;
+	if (!sorted)
+		qsort(q->batch, q->n_batch, sizeof(*q->batch), by_left);
+	return 0;
 }
 
 /* Per-call state of one merge run over text[0..n). */
@@ -357,11 +598,12 @@ struct merger {
 	struct symbol *sym;
 	int32_t n_sym;
 	struct heap heap;
+	struct buckets *bq; /* long runs: the queue by buckets, else NULL */
 	char *key; /* gpt2: scratch for "left right" */
 };
 
 /* Priority of merging symbols l and r, false if they do not merge. */
-static bool pair_priority(struct merger *m, int32_t l, int32_t r, double *pri)
+static bool pair_priority(struct merger *m, int32_t l, int32_t r, float *pri)
 {
 	const struct loom_tokenizer *t = m->t;
 	const struct symbol *a = &m->sym[l], *b = &m->sym[r];
@@ -381,7 +623,7 @@ static bool pair_priority(struct merger *m, int32_t l, int32_t r, double *pri)
 	id = strmap_get(&t->merges, m->key, (size_t)a->len + 1 + b->len);
 	if (id < 0)
 		return false;
-	*pri = -(double)id;
+	*pri = -(float)id; /* exact: merge ranks are below 2^24 (checked at load) */
 	return true;
 }
 
@@ -394,10 +636,65 @@ static int try_pair(struct merger *m, int32_t l, int32_t r)
 	if (!pair_priority(m, l, r, &b.pri))
 		return 0;
 	b.left = l;
-	b.right = r;
 	b.left_len = m->sym[l].len;
 	b.right_len = m->sym[r].len;
-	return heap_push(&m->heap, b);
+	return m->bq ? bucket_add(m->bq, &b) : heap_push(&m->heap, b);
+}
+
+/* Merges candidate b if it is still current: 0, or -1 out of memory. */
+static int merge_pair(struct merger *m, const struct bigram *b)
+{
+	struct symbol *l = &m->sym[b->left], *r;
+
+	if (l->len != b->left_len || l->next < 0)
+		return 0;
+	r = &m->sym[l->next];
+	if (r->len != b->right_len)
+		return 0;
+	l->len += r->len;
+	r->len = 0;
+	l->next = r->next;
+	if (r->next >= 0)
+		m->sym[r->next].prev = b->left;
+	return try_pair(m, l->prev, b->left) || try_pair(m, b->left, l->next) ? -1 : 0;
+}
+
+/* Walks the best bucket in order of position, with the candidates of its
+ * priority that the walk itself makes; stops early (and files the rest
+ * back) when a better candidate appears. */
+static int walk_bucket(struct merger *m)
+{
+	struct buckets *q = m->bq;
+	int32_t bi = bucket_take_top(q);
+	size_t cur = 0;
+
+	if (bucket_gather(q, bi))
+		return -1;
+	q->side.n = 0;
+	q->walking = q->b[bi].pri;
+	q->in_walk = true;
+	q->better = false;
+	while (!q->better && (cur < q->n_batch || q->side.n)) {
+		struct bigram b;
+
+		if (q->side.n && (cur == q->n_batch || q->side.v[0].left < q->batch[cur].left))
+			b = heap_pop(&q->side);
+		else
+			b = q->batch[cur++];
+		if (merge_pair(m, &b))
+			return -1;
+	}
+	q->in_walk = false;
+	for (; cur < q->n_batch; cur++)
+		if (bucket_add(q, &q->batch[cur]))
+			return -1;
+	while (q->side.n) {
+		struct bigram b = heap_pop(&q->side);
+
+		if (bucket_add(q, &b))
+			return -1;
+	}
+	return 0;
 }
 
 /* Splits text[0..n) into UTF-8 characters and merges them; the surviving
@@ -421,24 +718,25 @@ static int merge_run(struct merger *m, size_t n)
 	}
 	m->n_sym = k;
 	m->heap.n = 0;
-	for (int32_t i = 1; i < k; i++)
-		if (try_pair(m, i - 1, i))
-			return -1;
-	while (m->heap.n) {
-		struct bigram b = heap_pop(&m->heap);
-		struct symbol *l = &m->sym[b.left], *r = &m->sym[b.right];
-
-		if (l->len != b.left_len || r->len != b.right_len || l->next != b.right)
-			continue;
-		l->len += r->len;
-		r->len = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			m->sym[r->next].prev = b.left;
-		if (try_pair(m, l->prev, b.left) || try_pair(m, b.left, l->next))
+	if ((uint32_t)k >= m->t->bucket_min) {
+		m->bq = calloc(1, sizeof(*m->bq));
+		if (!m->bq)
 			return -1;
 	}
-	return 0;
+	int rc = 0;
+
+	for (int32_t i = 1; i < k && !rc; i++)
+		rc = try_pair(m, i - 1, i);
+	while (!rc && m->bq && m->bq->n_heap)
+		rc = walk_bucket(m);
+	while (!rc && !m->bq && m->heap.n) {
+		struct bigram b = heap_pop(&m->heap);
+
+		rc = merge_pair(m, &b);
+	}
+	buckets_free(m->bq);
+	m->bq = NULL;
+	return rc;
 }
 
 static int merger_init(struct merger *m, const struct loom_tokenizer *t,
@@ -1368,6 +1666,12 @@ static int load_types_scores(struct loom_tokenizer *t, const struct gguf_file *f
 			return -1;
 		}
 		memcpy(t->scores, kv->arr_data, (size_t)t->n_vocab * sizeof(float));
+		/* Scores order merges: NaN orders nothing. */
+		for (int32_t i = 0; i < t->n_vocab; i++)
+			if (isnan(t->scores[i])) {
+				loom_seterr(err, errlen, "tokenizer.ggml.scores[%d]: not a number", i);
+				return -1;
+			}
 	}
 	return 0;
 }
@@ -1400,8 +1704,11 @@ static int load_merges(struct loom_tokenizer *t, const struct gguf_file *f,
 		loom_seterr(err, errlen, "tokenizer.ggml.merges: missing (required for gpt2)");
 		return -1;
 	}
-	if (kv->arr_n > INT32_MAX) {
-		loom_seterr(err, errlen, "tokenizer.ggml.merges: too many entries");
+	/* Ranks are merge priorities held exactly in a float (struct bigram);
+	 * real vocabularies have a few hundred thousand. */
+	if (kv->arr_n > (1u << 24)) {
+		loom_seterr(err, errlen, "tokenizer.ggml.merges: %llu entries, more than 2^24",
+			    (unsigned long long)kv->arr_n);
 		return -1;
 	}
 	for (uint64_t i = 0; i < kv->arr_n; i++) {
@@ -1823,6 +2130,7 @@ struct loom_tokenizer *loom_tokenizer_from_gguf(const struct gguf_file *f,
 		return NULL;
 	}
 	t->max_piece = 4; /* a character that falls back to <unk> or bytes */
+	t->bucket_min = LOOM_TOKENIZER_BUCKET_MIN;
 	init_byte_map(t);
 	if (setup_model(t, f, err, errlen) || load_texts(t, f, err, errlen) ||
 	    load_types_scores(t, f, err, errlen))
@@ -1858,4 +2166,9 @@ const char *loom_tokenizer_piece(const struct loom_tokenizer *t, int32_t id, siz
 	}
 	*len = t->piece_len[id];
 	return t->piece_blob + t->piece_off[id];
+}
+
+void loom_tokenizer_set_bucket_min(struct loom_tokenizer *t, uint32_t n)
+{
+	t->bucket_min = n;
 }

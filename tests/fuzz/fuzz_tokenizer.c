@@ -5,21 +5,47 @@
  * text. Each id must lie in the vocabulary, the count must not depend on
  * the buffer given, and the streaming detokenizer must take every id. For
  * byte-level BPE without special-token parsing, detokenizing gives back
- * the text exactly (every byte has a token).
+ * the text exactly (every byte has a token). Every input also runs through
+ * the queue of buckets that long runs merge with, for the same ids.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "text/tokenizer.h"
 
 static struct loom_tokenizer *bpe, *spm;
+/* The same vocabularies with every word merged through the queue of
+ * buckets (long runs' path): the ids must equal the heap's. */
+static struct loom_tokenizer *bpe_b, *spm_b;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	bpe = fuzz_vocab("ggml-vocab-gpt-2.gguf");
 	spm = fuzz_vocab("ggml-vocab-llama-spm.gguf");
+	bpe_b = fuzz_vocab("ggml-vocab-gpt-2.gguf");
+	spm_b = fuzz_vocab("ggml-vocab-llama-spm.gguf");
+	loom_tokenizer_set_bucket_min(bpe, UINT32_MAX);
+	loom_tokenizer_set_bucket_min(spm, UINT32_MAX);
+	loom_tokenizer_set_bucket_min(bpe_b, 0);
+	loom_tokenizer_set_bucket_min(spm_b, 0);
 	return 0;
+}
+
+/* ids equal those of the bucket-queue twin of t */
+static void check_buckets(const struct loom_tokenizer *t, const char *text, size_t len,
+			  const unsigned char *markup, bool add, bool parse,
+			  const int32_t *ids, int64_t n)
+{
+	const struct loom_tokenizer *tb = t == spm ? spm_b : bpe_b;
+	int32_t *got = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+	int64_t m = markup ? loom_tokenize_marked(tb, text, len, markup, add, got, n)
+			   : loom_tokenize(tb, text, len, add, parse, got, n);
+
+	if (m != n || memcmp(got, ids, sizeof(int32_t) * (size_t)n))
+		abort();
+	free(got);
 }
 
 /* Detokenizes ids into a malloc'd string of *len bytes. */
@@ -113,6 +139,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int64_t i = 0; i < n; i++)
 		if (ids[i] < 0 || ids[i] >= loom_tokenizer_n_vocab(t))
 			abort();
+	check_buckets(t, text, len, markup, add, parse, ids, n);
 	size_t dlen;
 	char *back = detok_all(t, ids, n, &dlen);
 

@@ -17,6 +17,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,12 +262,15 @@ static int for_each_vocab(void (*fn)(const char *path))
 	return n;
 }
 
+static uint32_t vectors_bucket_min = LOOM_TOKENIZER_BUCKET_MIN;
+
 static void check_vectors(const char *path)
 {
 	static int32_t got[MAX_IDS], want[MAX_IDS];
 	struct loom_tokenizer *t = open_tok(path);
 	struct vfile v;
 
+	loom_tokenizer_set_bucket_min(t, vectors_bucket_min);
 	load_vectors(path, &v);
 	for (int i = 0; i < v.n; i++) {
 		int64_t ng = tok(t, v.c[i].in, v.c[i].in_len, false, false, got);
@@ -288,6 +292,59 @@ static void check_vectors(const char *path)
 START_TEST(test_vectors)
 {
 	ck_assert_int_gt(for_each_vocab(check_vectors), 0);
+}
+END_TEST
+
+/* The reference ids again, with every word merged through the queue of
+ * buckets that long runs use (core/text/tokenizer.c), short ones too. */
+START_TEST(test_vectors_buckets)
+{
+	vectors_bucket_min = 0;
+	ck_assert_int_gt(for_each_vocab(check_vectors), 0);
+	vectors_bucket_min = LOOM_TOKENIZER_BUCKET_MIN;
+}
+END_TEST
+
+/* Long runs from small alphabets (repeats, where merge order on equal
+ * priorities decides; and mixes, where a walk meets better candidates)
+ * give the same ids by the heap and by the buckets. */
+static void check_buckets_equal_heap(const char *path)
+{
+	static const char *pools[] = { " ", "a", "ab", " a", "\n ", "aab ", "123",
+				       "!=", "\xe4\xb8\xad", "e t\nhs.", "ab\xc3\xa9 ,'" };
+	static int32_t heap_ids[MAX_IDS], bucket_ids[MAX_IDS];
+	static char in[3000];
+	struct loom_tokenizer *t = open_tok(path);
+	uint64_t x = 0x2545f4914f6cdd1dull;
+
+	for (int i = 0; i < 300; i++) {
+		const char *pool = pools[i % (sizeof(pools) / sizeof(*pools))];
+		size_t np = strlen(pool), n;
+
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		n = 1 + x % (sizeof(in) - 1);
+		for (size_t j = 0; j < n; j++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			/* runs: keep the previous byte three times in four */
+			in[j] = j && x % 4 ? in[j - 1] : pool[(x >> 8) % np];
+		}
+		loom_tokenizer_set_bucket_min(t, UINT32_MAX);
+		int64_t a = loom_tokenize(t, in, n, false, false, heap_ids, MAX_IDS);
+		loom_tokenizer_set_bucket_min(t, 0);
+		int64_t b = loom_tokenize(t, in, n, false, false, bucket_ids, MAX_IDS);
+
+		ck_assert_msg(a >= 0 && a <= MAX_IDS, "%s: tokenize returned %lld", path,
+			      (long long)a);
+		ck_assert_msg(a == b && !memcmp(heap_ids, bucket_ids, (size_t)a * sizeof(int32_t)),
+			      "%s: case %d ('%.60s...', %zu bytes): heap %lld ids, buckets %lld",
+			      path, i, esc(in, n), n, (long long)a, (long long)b);
+	}
+	loom_tokenizer_free(t);
+}
+
+START_TEST(test_buckets_equal_heap)
+{
+	ck_assert_int_gt(for_each_vocab(check_buckets_equal_heap), 0);
 }
 END_TEST
 
@@ -758,6 +815,98 @@ START_TEST(test_spm_merge_order)
 }
 END_TEST
 
+/* spm vocab for the merge queue's order: ids 3.. are the texts given. */
+static struct loom_tokenizer *spm_scored(const char *const *texts, const float *scores, int n)
+{
+	const char *toks[16] = { "<unk>", "<s>", "</s>" };
+	int32_t types[16] = { 2, 3, 3 };
+	float sc[16] = { 0 };
+	struct gb b = { 0 };
+	char err[256] = "";
+	struct loom_tokenizer *t;
+
+	ck_assert_int_le(n, 13);
+	for (int i = 0; i < n; i++) {
+		toks[3 + i] = texts[i];
+		types[3 + i] = 1;
+		sc[3 + i] = scores[i];
+	}
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, (uint64_t)(3 + n));
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, (uint64_t)(3 + n));
+	kv_arr(&b, "tokenizer.ggml.scores", GGUF_F32, sc, (uint64_t)(3 + n));
+	kv_bool(&b, "tokenizer.ggml.add_space_prefix", 0);
+	t = gb_tok(&b, err, sizeof(err));
+	ck_assert_msg(t != NULL, "%s", err);
+	return t;
+}
+
+/* Both merge queues (one heap; buckets by priority) on hand-computed
+ * cases where the order of equal priorities decides the result. */
+START_TEST(test_merge_queue_order)
+{
+	/* Ties made during a walk: "abcd" merges ab (-1), which makes abc
+	 * (-1) at position 0, left of cd (-1) at 2: abc first -> abc d. */
+	static const char *t1[] = { "a", "b", "c", "d", "ab", "abc", "cd" };
+	static const float s1[] = { -9, -9, -9, -9, -1, -1, -1 };
+	/* Candidates filed out of order: de (-1) makes cde (-3) at 2, then
+	 * ab (-2) makes abc (-3) at 0; the leftmost of the tie wins ->
+	 * abc de, not ab cde. */
+	static const char *t2[] = { "a", "b", "c", "d", "e", "de", "ab", "abc", "cde" };
+	static const float s2[] = { -9, -9, -9, -9, -9, -1, -2, -3, -3 };
+	/* A walk that makes a better candidate stops for it: ab (-2) makes
+	 * abc (-1), which goes before cd (-2) -> abc d. */
+	static const char *t4[] = { "a", "b", "c", "d", "ab", "cd", "abc" };
+	static const float s4[] = { -9, -9, -9, -9, -2, -2, -1 };
+	/* Negative and positive zero are one priority: leftmost wins. */
+	static const char *t3[] = { "a", "b", "ab", "ba", "bb" };
+	static const float s3[] = { -9, -9, -0.0f, 0.0f, -9 };
+
+	for (uint32_t min = 0; min <= 1; min++) {
+		uint32_t bmin = min ? UINT32_MAX : 0;
+		struct loom_tokenizer *t = spm_scored(t1, s1, 7);
+
+		loom_tokenizer_set_bucket_min(t, bmin);
+		expect_ids(t, "abcd", (int32_t[]){ 8, 6 }, 2);
+		loom_tokenizer_free(t);
+		t = spm_scored(t2, s2, 9);
+		loom_tokenizer_set_bucket_min(t, bmin);
+		expect_ids(t, "abcde", (int32_t[]){ 10, 8 }, 2);
+		loom_tokenizer_free(t);
+		t = spm_scored(t4, s4, 7);
+		loom_tokenizer_set_bucket_min(t, bmin);
+		expect_ids(t, "abcd", (int32_t[]){ 9, 6 }, 2);
+		loom_tokenizer_free(t);
+		t = spm_scored(t3, s3, 5);
+		loom_tokenizer_set_bucket_min(t, bmin);
+		expect_ids(t, "aba", (int32_t[]){ 5, 3 }, 2);
+		expect_ids(t, "baba", (int32_t[]){ 6, 6 }, 2);
+		/* ab@0, ba@2, ab@3 tie (bb@1 is worse, and keeps the text one
+		 * piece): ab, ba, then ab@3 is gone -> ab ba b */
+		expect_ids(t, "abbab", (int32_t[]){ 5, 6, 4 }, 3);
+		loom_tokenizer_free(t);
+	}
+}
+END_TEST
+
+/* NaN scores order nothing: refused by name. */
+START_TEST(test_nan_score)
+{
+	const char *toks[] = { "<unk>", "a", "b", "ab" };
+	int32_t types[] = { 2, 1, 1, 1 };
+	float sc[] = { 0, -1, -1, NAN };
+	struct gb b = { 0 };
+	char err[256] = "";
+
+	kv_str(&b, "tokenizer.ggml.model", "llama");
+	kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	kv_arr(&b, "tokenizer.ggml.token_type", GGUF_I32, types, 4);
+	kv_arr(&b, "tokenizer.ggml.scores", GGUF_F32, sc, 4);
+	ck_assert_ptr_null(gb_tok(&b, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "tokenizer.ggml.scores[3]") != NULL, "%s", err);
+}
+END_TEST
+
 /* GPT-2 bytes_to_unicode, written out independently for the test. */
 static void byte_char(int byte, char out[3])
 {
@@ -1168,6 +1317,8 @@ int main(int argc, char **argv)
 		tcase_add_test(tc, test_scaling);
 	} else if (!strcmp(mode, "unit")) {
 		tcase_add_test(tc, test_spm_merge_order);
+		tcase_add_test(tc, test_merge_queue_order);
+		tcase_add_test(tc, test_nan_score);
 		tcase_add_test(tc, test_bpe_families);
 		tcase_add_test(tc, test_bpe_special_kinds);
 		tcase_add_test(tc, test_bad_metadata);
@@ -1179,6 +1330,8 @@ int main(int argc, char **argv)
 			return 77;
 		}
 		tcase_add_test(tc, test_vectors);
+		tcase_add_test(tc, test_vectors_buckets);
+		tcase_add_test(tc, test_buckets_equal_heap);
 		tcase_add_test(tc, test_roundtrip);
 		tcase_add_test(tc, test_random_roundtrip);
 		tcase_add_test(tc, test_stream_utf8);
