@@ -238,6 +238,30 @@ def one_case(synth, np, ref_llama, loom, mkgguf, tmp, seed, case, old, fails):
         ok, msg = synth.compare_tokens(out, steps, eos, toks, tol * scale)
         fails.check(ok, "%s: greedy tokens: %s" % (tag, msg))
     check_fast(synth, np, loom, path, name, first, tmp, fails)
+    check_geometry(synth, loom, path, name, ref, fails)
+
+
+def check_geometry(synth, loom, path, name, ref, fails):
+    """`loom info` and the memory plan state the experts' bytes: the
+    three expert tensors of each layer, and k of n experts a token."""
+    import subprocess
+    import gguf
+    exps = [t for t in gguf.GGUFReader(path).tensors
+            if t.name.endswith("_exps.weight")]
+    total = sum(int(t.n_bytes) for t in exps)
+    info = synth.run([loom, "info", path])
+    want = "routed experts %d tensors %14d bytes" % (len(exps), total)
+    fails.check(want in info and "a token reads %d of %d experts" %
+                (ref.n_expert_used, ref.n_expert) in info,
+                "%s: loom info states %r" % (name, want))
+    env = dict(os.environ, LOOM_DEBUG="1")
+    p = subprocess.run([loom, "run", "--backend=ref.so", "--model", path,
+                        "-p", "a", "-n", "1"], capture_output=True,
+                       timeout=60, env=env)
+    err = p.stderr.decode(errors="replace")
+    want = "of which routed experts %.1f MiB (%d of %d a token" % (
+        total / 1048576.0, ref.n_expert_used, ref.n_expert)
+    fails.check(want in err, "%s: the memory plan states %r" % (name, want))
 
 
 def check_fast(synth, np, loom, path, name, ref_first, tmp, fails):
