@@ -44,6 +44,11 @@ expert tensors do not have the shape the keys give, are refused by
 `loom run` with a message naming the key or tensor (REFUSALS below;
 tools/mkgguf.py is run in this process with its expert keys replaced).
 
+Distributed (when mpirun is on PATH): `--pp 2` (each rank holds its
+layers' experts) gives the single process's greedy tokens; `--tp 2` is
+refused with a message (experts are not split between tensor ranks yet,
+docs/DISTRIBUTED.md).
+
 Exit 77 (skip) when numpy or gguf are missing.
 """
 
@@ -139,6 +144,44 @@ def check_refusals(loom, mkgguf, tmp, fails):
         fails.check(p.returncode not in (0, -11, -6) and want in err,
                     "refused (%s): exit %d, says %r" %
                     (what, p.returncode, err.strip()[-200:]))
+
+
+def check_dist(synth, loom, tmp, fails):
+    """--pp 2 equals one process on the qwen2moe case; --tp 2 refused."""
+    import shutil
+    import subprocess
+    if not shutil.which("mpirun"):
+        print("note: no mpirun, distributed checks skipped")
+        return
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_mpi_yield_when_idle="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    path = os.path.join(tmp, CASES[-1][0] + ".gguf")
+    base = [loom, "run", "--backend=ref.so", "--model", path, "-p", PROMPT,
+            "-n", str(N_GEN), "--temp", "0", "--no-progress", "-t", "1"]
+    toks = []
+    for pre, extra in (([], []), (["mpirun", "-np", "2"], ["--pp", "2"])):
+        out = os.path.join(tmp, "dist.txt")
+        p = subprocess.run(pre + base + extra + ["--dump-tokens", out],
+                           capture_output=True, timeout=240, env=env)
+        if p.returncode:
+            fails.check(False, "loom run %s: exit %d: %s" % (
+                " ".join(extra), p.returncode,
+                p.stderr.decode(errors="replace")[-500:]))
+            return
+        with open(out) as f:
+            toks.append(f.read().split())
+    fails.check(toks[0] == toks[1] and len(toks[0]) > 0,
+                "--pp 2 on %s: the single process's %d tokens" %
+                (CASES[-1][0], len(toks[0])))
+    p = subprocess.run(["mpirun", "-np", "2"] + base + ["--tp", "2"],
+                       capture_output=True, timeout=240, env=env)
+    err = p.stderr.decode(errors="replace")
+    fails.check(p.returncode != 0 and "tensor parallelism over routed "
+                "experts is not supported" in err,
+                "--tp 2 refused for experts: exit %d" % p.returncode)
 
 
 def skip(msg):
@@ -311,6 +354,7 @@ def main():
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (case[0], e))
         check_refusals(loom, mkgguf, tmp, fails)
+        check_dist(synth, loom, tmp, fails)
     print("%.1f s" % (time.time() - t0))
     if fails.list:
         print("%d check(s) failed" % len(fails.list))
