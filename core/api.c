@@ -686,6 +686,8 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.weights_bytes = e->m->weights_bytes, .packed_bytes = e->m->packed_bytes,
 		.packed_tensors = e->m->n_packs,
 		.kv_type = (int32_t)e->cfg.kv_type, .kv_token_bytes = e->kv_plan.token_bytes,
+		.expert_bytes = e->m->expert_bytes, .n_expert = (int32_t)e->m->hp.n_expert,
+		.n_expert_used = (int32_t)e->m->hp.n_expert_used,
 	};
 }
 

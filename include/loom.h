@@ -362,6 +362,12 @@ struct loom_engine_stats {
 	/* ---- appended (0.5): the KV cache's type ---- */
 	int32_t kv_type;          /* enum loom_kv_type, never DEFAULT */
 	uint64_t kv_token_bytes;  /* K and V of one token in every layer */
+	/* ---- appended (0.6): mixture of experts ----
+	 * bytes of the routed experts' tensors as planned (included in the
+	 * weights above), and experts a layer has / routes a token to (0: a
+	 * dense model) */
+	uint64_t expert_bytes;
+	int32_t n_expert, n_expert_used;
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 

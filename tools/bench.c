@@ -180,6 +180,27 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
 	return loom_engine_open(&p, err, errlen);
 }
 
+/*
+ * A mixture-of-experts model's decode reads only the routed experts: one
+ * sequence's token reads n_expert_used distinct experts a layer (top-k
+ * picks distinct ones), so the weights one decode step of one sequence
+ * streams are all the weights less the experts it skips. Computed from
+ * the plan, not counted; with several sequences a step reads the union
+ * of their experts, more.
+ */
+static void print_experts(const struct loom_engine_stats *st)
+{
+	double all = (double)(st->weights_bytes + st->packed_bytes), exp = (double)st->expert_bytes;
+	double active;
+
+	if (!st->n_expert)
+		return;
+	active = all - exp + exp * st->n_expert_used / st->n_expert;
+	fprintf(stderr, "bench: experts %d, %d a token: weights read per decode token of one sequence %.1f MiB of %.1f MiB (routed experts %.1f MiB of %.1f MiB)\n",
+		st->n_expert, st->n_expert_used, active / 1048576.0, all / 1048576.0,
+		exp * st->n_expert_used / st->n_expert / 1048576.0, exp / 1048576.0);
+}
+
 /* The table's head, once (only rank 0 of a distributed job prints). */
 static void print_header(const struct loom_options *o)
 {
@@ -213,6 +234,7 @@ static int bench_threads(struct loom_options *o, int threads, char *err, size_t 
 	loom_engine_get_stats(e, &st);
 	fprintf(stderr, "bench: KV cache %s, %llu bytes/token\n", loom_kv_type_name(st.kv_type),
 		(unsigned long long)st.kv_token_bytes);
+	print_experts(&st);
 	print_header(o);
 	n_tokens = o->n_prompt > o->n_depth + 1 ? o->n_prompt : o->n_depth + 1;
 	prompt = malloc(sizeof(int32_t) * (size_t)n_tokens * (size_t)o->n_parallel);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a llama-shaped GGUF with random weights, for tests and benchmarks.
 
-    mkgguf.py OUT.gguf [--arch llama|mistral|qwen2|qwen3|phi3|gemma2|gemma3]
+    mkgguf.py OUT.gguf [--arch llama|mistral|qwen2|qwen3|phi3|gemma2|gemma3|
+                              mixtral|qwen3moe|qwen2moe]
         [--layers L] [--embd E]
         [--ff F] [--heads H] [--kv-heads K] [--vocab V] [--ctx C]
         [--type q4_0] [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
@@ -9,6 +10,8 @@
         [--window W] [--swa-pattern P]       (gemma2/3; llama/mistral: all layers)
         [--attn-softcap C] [--final-softcap C]    (gemma2)
         [--rope-factors]                          (phi3: LongRoPE factors)
+        [--experts E] [--experts-used K] [--expert-ff F] [--shared-ff F]
+                                                  (mixtral, qwen3moe, qwen2moe)
     mkgguf.py OUT.gguf --preset 1b|8b [--type q4_0]     (sizes for speed runs)
 
 The file is what a converter would write for a llama / qwen2 model:
@@ -34,6 +37,26 @@ Other families, as llama.cpp's converter writes them:
   llama / mistral: with --window > 0, <arch>.attention.sliding_window;
   --rope-llama3 ORIG_CTX writes rope_freqs as the converter computes
   Llama 3.1's scaling (factor 8, low 1, high 4, original context ORIG_CTX).
+Mixture-of-experts families (--experts E experts, --experts-used K routed
+per token; defaults 4 and 2), as llama.cpp's converter writes them:
+  mixtral:  general.architecture "llama" with llama.expert_count and
+            llama.expert_used_count; per layer ffn_gate_inp ([E][embd],
+            f32, as the converter and llama-quantize keep it) and the 3-D
+            ffn_gate_exps / ffn_up_exps (GGUF [embd, ff, E]) and
+            ffn_down_exps ([ff, embd, E]) instead of ffn_gate/up/down;
+            the experts' size is llama.feed_forward_length (--ff);
+  qwen3moe: qwen3's attention (QK-norm, no biases) and the same expert
+            tensors, sized qwen3moe.expert_feed_forward_length
+            (--expert-ff, default --ff); keys qwen3moe.expert_count,
+            .expert_used_count;
+  qwen2moe: qwen2's attention (Q/K/V biases), the expert tensors
+            (qwen2moe.expert_feed_forward_length) and a shared expert:
+            ffn_gate_inp_shexp ([embd], its sigmoid gate), ffn_gate_shexp,
+            ffn_up_shexp ([shared-ff][embd]) and ffn_down_shexp, sized
+            qwen2moe.expert_shared_feed_forward_length (--shared-ff,
+            default --ff).
+The router (ffn_gate_inp) gets gain 2, so that each token's top-k
+experts are chosen by clear margins and not by near ties.
 
 Weights: 2-D matrices are normal * gain / sqrt(fan_in), so every projection
 keeps activations of order one; q/k get gain 2 so attention is not uniform
@@ -87,7 +110,11 @@ PRESETS = {
                vocab=128256, ctx=8192, tied=False),
 }
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
+         "mixtral", "qwen3moe", "qwen2moe")
+MOE = ("mixtral", "qwen3moe", "qwen2moe")
+# general.architecture of each --arch (mixtral is llama with experts)
+GGUF_ARCH = {"mixtral": "llama"}
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
 CHUNK_ELEMS = 1 << 24   # generate/quantize at most this many floats at once
@@ -208,25 +235,55 @@ def tensor_specs(a):
             specs.append(mat(p + "attn_q.weight", Dq, E, 2.0))
             specs.append(mat(p + "attn_k.weight", Dkv, E, 2.0))
             specs.append(mat(p + "attn_v.weight", Dkv, E))
-        if a.arch == "qwen2":
+        if a.arch in ("qwen2", "qwen2moe"):
             specs.append(vec(p + "attn_q.bias", Dq, "normal", 0.5))
             specs.append(vec(p + "attn_k.bias", Dkv, "normal", 0.5))
             specs.append(vec(p + "attn_v.bias", Dkv, "normal", 0.5))
-        if a.arch in ("gemma3", "qwen3"):
+        if a.arch in ("gemma3", "qwen3", "qwen3moe"):
             specs.append(vec(p + "attn_q_norm.weight", hd))
             specs.append(vec(p + "attn_k_norm.weight", hd))
         specs.append(mat(p + "attn_output.weight", E, Dq))
         if gemma:
             specs.append(vec(p + "post_attention_norm.weight", E))
         specs.append(vec(p + "ffn_norm.weight", E))
-        if a.arch == "phi3":
+        if a.arch in MOE:
+            specs += moe_specs(a, p, q)
+        elif a.arch == "phi3":
             specs.append(mat(p + "ffn_up.weight", 2 * F, E))
         else:
             specs.append(mat(p + "ffn_gate.weight", F, E))
             specs.append(mat(p + "ffn_up.weight", F, E))
-        specs.append(mat(p + "ffn_down.weight", E, F))
+        if a.arch not in MOE:
+            specs.append(mat(p + "ffn_down.weight", E, F))
         if gemma:
             specs.append(vec(p + "post_ffw_norm.weight", E))
+    return specs
+
+
+def moe_specs(a, p, q):
+    """Layer p's expert tensors (and qwen2moe's shared expert), in the
+    numpy shapes (E, rows, cols) of GGUF's [cols, rows, E]."""
+    E, X = a.embd, a.experts
+    F = a.expert_ff
+    f32 = gguf.GGMLQuantizationType.F32
+    specs = [Spec(p + "ffn_gate_inp.weight", (X, E), f32, "normal",
+                  2.0 / math.sqrt(E))]
+    specs.append(Spec(p + "ffn_gate_exps.weight", (X, F, E), q, "normal",
+                      1.0 / math.sqrt(E)))
+    specs.append(Spec(p + "ffn_down_exps.weight", (X, E, F), q, "normal",
+                      1.0 / math.sqrt(F)))
+    specs.append(Spec(p + "ffn_up_exps.weight", (X, F, E), q, "normal",
+                      1.0 / math.sqrt(E)))
+    if a.arch == "qwen2moe":
+        S = a.shared_ff
+        specs.append(Spec(p + "ffn_gate_inp_shexp.weight", (E,), f32,
+                          "normal", 1.0 / math.sqrt(E)))
+        specs.append(Spec(p + "ffn_gate_shexp.weight", (S, E), q, "normal",
+                          1.0 / math.sqrt(E)))
+        specs.append(Spec(p + "ffn_down_shexp.weight", (E, S), q, "normal",
+                          1.0 / math.sqrt(S)))
+        specs.append(Spec(p + "ffn_up_shexp.weight", (S, E), q, "normal",
+                          1.0 / math.sqrt(E)))
     return specs
 
 
@@ -276,7 +333,7 @@ def tensor_data(spec, rng):
         yield (spec.scale * rng.standard_normal(spec.shape,
                                                 dtype=np.float32))
         return
-    rows, cols = spec.shape
+    rows, cols = int(np.prod(spec.shape[:-1])), spec.shape[-1]
     step = max(1, CHUNK_ELEMS // cols)
     for r in range(0, rows, step):
         n = min(step, rows - r)
@@ -288,10 +345,20 @@ def tensor_data(spec, rng):
             yield quantize(x, spec.qtype)
 
 
+def add_moe_metadata(w, a, arch):
+    w.add_uint32(arch + ".expert_count", a.experts)
+    w.add_uint32(arch + ".expert_used_count", a.experts_used)
+    if a.arch != "mixtral":
+        w.add_uint32(arch + ".expert_feed_forward_length", a.expert_ff)
+    if a.arch == "qwen2moe":
+        w.add_uint32(arch + ".expert_shared_feed_forward_length",
+                     a.shared_ff)
+
+
 def add_metadata(w, a, tok):
-    arch = a.arch
+    arch = GGUF_ARCH.get(a.arch, a.arch)
     hd = a.embd // a.heads
-    w.add_name("loom synthetic %s %dL %dE %s" % (arch, a.layers, a.embd,
+    w.add_name("loom synthetic %s %dL %dE %s" % (a.arch, a.layers, a.embd,
                                                  a.type))
     w.add_file_type(FILE_TYPES[a.type])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -305,6 +372,8 @@ def add_metadata(w, a, tok):
     w.add_float32(arch + ".rope.freq_base", a.rope_base)
     w.add_uint32(arch + ".rope.dimension_count", hd)
     w.add_uint32(arch + ".vocab_size", a.vocab)
+    if a.arch in MOE:
+        add_moe_metadata(w, a, arch)
     if arch == "gemma3" or (arch != "phi3" and a.window > 0):
         w.add_uint32(arch + ".attention.sliding_window", a.window)
     if arch in ("gemma2", "gemma3") and a.swa_pattern:
@@ -355,6 +424,16 @@ def check_args(ap, a):
         ap.error("embd and ff must be multiples of %d for %s" % (bs, a.type))
     if a.vocab < 258:
         ap.error("--vocab must be at least 258")
+    if a.arch in MOE:
+        if not 1 <= a.experts_used <= a.experts:
+            ap.error("need 1 <= --experts-used <= --experts")
+        if a.expert_ff <= 0 or a.shared_ff <= 0:
+            ap.error("--expert-ff and --shared-ff must be positive")
+        if a.expert_ff % bs or a.shared_ff % bs:
+            ap.error("--expert-ff and --shared-ff must be multiples of %d "
+                     "for %s" % (bs, a.type))
+        if a.arch == "mixtral" and a.expert_ff != a.ff:
+            ap.error("mixtral's experts are --ff wide (no --expert-ff)")
     if a.rope_scale is not None and a.rope_scale <= 0:
         ap.error("--rope-scale must be positive")
 
@@ -392,6 +471,14 @@ def parse(argv):
                     help="rope_freqs.weight from Llama 3.1's scaling rule")
     ap.add_argument("--swa-pattern", type=int, default=None,
                     help="gemma3: every P-th layer is global (metadata)")
+    ap.add_argument("--experts", type=int, default=4,
+                    help="mixtral/qwen3moe/qwen2moe: experts per layer")
+    ap.add_argument("--experts-used", type=int, default=2,
+                    help="experts routed per token")
+    ap.add_argument("--expert-ff", type=int, default=None,
+                    help="qwen3moe/qwen2moe: expert FFN size (default --ff)")
+    ap.add_argument("--shared-ff", type=int, default=None,
+                    help="qwen2moe: shared expert FFN size (default --ff)")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.preset:
@@ -402,6 +489,10 @@ def parse(argv):
         a.rope_base = 1e6 if a.arch == "gemma3" else 10000.0
     if a.window is None:
         a.window = 8 if a.arch == "gemma3" else 0
+    if a.expert_ff is None:
+        a.expert_ff = a.ff
+    if a.shared_ff is None:
+        a.shared_ff = a.ff
     check_args(ap, a)
     return a
 
@@ -412,7 +503,7 @@ def main(argv=None):
     rng = np.random.default_rng(a.seed)
     tok = make_vocab(a.vocab)
     specs = tensor_specs(a)
-    w = gguf.GGUFWriter(a.out, a.arch)
+    w = gguf.GGUFWriter(a.out, GGUF_ARCH.get(a.arch, a.arch))
     add_metadata(w, a, tok)
     for s in specs:
         w.add_tensor_info(s.name, s.byte_shape(), np.dtype(np.uint8),

@@ -98,6 +98,8 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->qsc);
 	free(ctx->qprep);
 	free(ctx->qkx);
+	free(ctx->moe_f);
+	free(ctx->moe_i);
 	cpu_region_free(ctx);
 	free(ctx);
 }
@@ -496,6 +498,11 @@ static int rg_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	return cpu_region_noted(ctx, cpu_attention(ctx, a));
 }
 
+static int rg_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
+{
+	return cpu_region_noted(ctx, cpu_moe(ctx, a));
+}
+
 static const struct loom_backend_ops cpu_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -526,6 +533,7 @@ static const struct loom_backend_ops cpu_ops = {
 	.weight_pack = cpu_weight_pack,
 	.softcap = rg_softcap,
 	.collective = cpu_collective,
+	.moe = rg_moe,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

@@ -185,6 +185,7 @@ enum cpu_call_op {
 	CPU_CALL_KV_WRITE,
 	CPU_CALL_ATTENTION,
 	CPU_CALL_COPY,
+	CPU_CALL_MOE,
 };
 
 /* One operator call of an open region, checked and kept for graph_end. */
@@ -217,6 +218,7 @@ struct cpu_call {
 			const void *src;
 			size_t n;
 		} copy;
+		struct loom_moe_args moe;
 	} u;
 };
 
@@ -348,6 +350,11 @@ struct loom_backend_ctx {
 	} rope_cache[2];
 	int rope_next; /* the entry a miss overwrites */
 	struct cpu_region rg; /* step regions (region.c) */
+	/* the moe slot's scratch (moe.c), grown as calls need */
+	float *moe_f;
+	size_t moe_f_cap;
+	int32_t *moe_i;
+	size_t moe_i_cap;
 };
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
@@ -403,5 +410,7 @@ int cpu_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t 
 		int64_t n, float cap);
 int cpu_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
 int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
+/* The routed-expert FFN (ABI 1.6, moe.c). */
+int cpu_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a);
 
 #endif /* LOOM_CPU_H */

@@ -342,6 +342,8 @@ static int run_call(struct loom_backend_ctx *ctx, const struct cpu_call *c)
 	case CPU_CALL_COPY:
 		memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
 		return LOOM_OK;
+	case CPU_CALL_MOE:
+		return cpu_moe(ctx, &c->u.moe);
 	}
 	return LOOM_ERR_INVALID;
 }

@@ -166,6 +166,7 @@ static const struct loom_backend_ops ref_ops = {
 	.attention = ref_attention,
 	.softcap = ref_softcap,
 	.collective = ref_collective,
+	.moe = ref_moe,
 };
 
 LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)

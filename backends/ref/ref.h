@@ -44,6 +44,8 @@ int ref_softcap(struct loom_backend_ctx *ctx, float *x, int64_t stride,
 		int64_t rows, int64_t n, float cap);
 int ref_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a);
 int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a);
+/* The routed-expert FFN (ABI 1.6, ref_moe.c). */
+int ref_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a);
 
 /* Logs msg at error level through the host, when it has a log callback. */
 void ref_log(struct loom_backend_ctx *ctx, const char *msg);

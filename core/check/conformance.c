@@ -966,6 +966,22 @@ static void test_attention(struct dev *ref, struct dev *d)
 	attn_case(ref, d, &mqa);
 }
 
+/* ---- moe (optional, ABI 1.6; check/moe.c) ---- */
+
+static void test_moe(struct dev *ref, struct dev *d)
+{
+	static const uint32_t types[] = { LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
+					  LOOM_TYPE_Q4_0 };
+
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		if (!d->ops->supports(d->ctx, LOOM_OP_GEMM, types[i])) {
+			tb_skip(d, "moe", tb_type_name(types[i]));
+			continue;
+		}
+		tb_run_moe(ref, d, types[i], gemm_tolerance(types[i]));
+	}
+}
+
 void tb_run_conformance(struct dev *ref, struct dev *d)
 {
 	tb_seed(42);
@@ -981,4 +997,5 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 	test_softcap(ref, d);
 	test_kv_write(ref, d);
 	test_attention(ref, d);
+	test_moe(ref, d);
 }

@@ -696,6 +696,21 @@ static void check_rows(struct be *e)
 
 /* ---- driver ---- */
 
+/* The routed-expert slot (check/moe.c), for three weight types. */
+static void check_moe(const char *name, const char *label, uint32_t flags)
+{
+	static const uint32_t types[] = { LOOM_TYPE_F32, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0 };
+	struct dev d;
+	char why[256];
+
+	if (dev_open_flags(&d, name, 2, flags, why, sizeof(why)))
+		return;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		if (d.ops->supports(d.ctx, LOOM_OP_GEMM, types[i]))
+			tb_moe_invariance(&d, label, types[i]);
+	dev_close(&d);
+}
+
 int tb_run_invariance(const char *name, const char *label, bool exact, char *err,
 		      size_t errlen)
 {
@@ -714,6 +729,7 @@ int tb_run_invariance(const char *name, const char *label, bool exact, char *err
 	check_rows(&e);
 	be_close(&other);
 	be_close(&e);
+	check_moe(name, label, flags);
 	/* packed weights without the flag too: there m >= 16 may take
 	 * another path (cpu.so unpacks for BLAS) */
 	if (!exact && be_open(&e, name, label, 2, 0, why, sizeof(why)) == 0) {

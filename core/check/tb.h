@@ -119,5 +119,11 @@ int tb_run_invariance(const char *name, const char *label, bool exact, char *err
 /* The control: gemm rows of `name` without the flag that differ from the
  * same row alone (reported, never judged); -1 when it does not load. */
 int tb_invariance_control(const char *name);
+/* moe.c: the routed-expert slot (ABI 1.6) of d against ref for weights of
+ * `type`, judged at tol; and, on a context opened batch invariant, rows
+ * alone against the same rows in a call (reported under label). Both
+ * skip a backend without the slot. */
+void tb_run_moe(struct dev *ref, struct dev *d, uint32_t type, double tol);
+void tb_moe_invariance(struct dev *d, const char *label, uint32_t type);
 
 #endif /* LOOM_TB_H */

@@ -39,6 +39,9 @@ static const struct {
 	{ "vocab_size", "vocab size" },
 	{ "expert_count", "experts" },
 	{ "expert_used_count", "experts used" },
+	{ "expert_feed_forward_length", "expert FFN length" },
+	{ "expert_shared_feed_forward_length", "shared expert FFN" },
+	{ "expert_weights_norm", "expert weights norm" },
 };
 
 /* general.file_type: llama.cpp's llama_ftype ids (the "mostly" type). */
@@ -167,6 +170,40 @@ static void print_tokenizer(FILE *out, const struct gguf_file *f)
 		fprintf(out, LABEL_FMT "yes\n", "chat template");
 }
 
+/*
+ * The routed experts' share (tensors named *_exps, 3-D: one matrix per
+ * expert): their bytes, and what one token reads of them, experts used
+ * of every expert count (the active bytes a decode step streams).
+ */
+static void print_experts(FILE *out, const struct gguf_file *f)
+{
+	uint64_t bytes = 0, active = 0, n_exp = 0, used = 0, n = 0;
+	char key[96];
+	const struct gguf_kv *arch = gguf_find(f, "general.architecture");
+
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+
+		if (t->n_dims == 3 && t->name.len >= 12 &&
+		    !memcmp(t->name.ptr + t->name.len - 12, "_exps.weight", 12)) {
+			bytes += t->nbytes;
+			n_exp = (uint64_t)t->ne[2];
+			n++;
+		}
+	}
+	if (!n || !arch || arch->type != GGUF_STRING)
+		return;
+	snprintf(key, sizeof(key), "%.*s.expert_used_count", (int)arch->v.str.len,
+		 arch->v.str.ptr);
+	if (gguf_find(f, key) && gguf_find(f, key)->type <= GGUF_U32)
+		used = gguf_find(f, key)->v.u64; /* u8, i8, u16, i16, u32 */
+	if (used && used <= n_exp)
+		active = bytes / n_exp * used;
+	fprintf(out, "  routed experts %" PRIu64 " tensors %14" PRIu64 " bytes (%.1f MiB; a token reads %" PRIu64
+		" of %" PRIu64 " experts: %.1f MiB)\n", n, bytes, bytes / 1048576.0, used, n_exp,
+		active / 1048576.0);
+}
+
 /* Tensor count and bytes per type, types in id order. */
 static void print_tensors(FILE *out, const struct gguf_file *f)
 {
@@ -188,6 +225,7 @@ static void print_tensors(FILE *out, const struct gguf_file *f)
 	}
 	fprintf(out, "tensors: %" PRIu64 " (%" PRIu64 " parameters, %" PRIu64
 		" bytes, %.1f MiB)\n", f->n_tensors, elems, total, total / 1048576.0);
+	print_experts(out, f);
 	for (uint32_t ty = 0; ty < MAX_TYPE; ty++) {
 		if (!count[ty])
 			continue;

@@ -23,6 +23,18 @@
  *                   (window 4096) starting with layer 0;
  *   gemma3:         as gemma2 without soft-capping, plus per-head QK-norm,
  *                   and five local (RoPE base 10000) layers per global one.
+ * Mixture of experts (the FFN routed per token to n_used of n_expert
+ * experts, docs/MOE.md):
+ *   llama + experts (Mixtral): llama with llama.expert_count > 0: the
+ *                   router ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps
+ *                   instead of the dense FFN, experts n_ff wide, weights
+ *                   normalised;
+ *   qwen3moe:       qwen3's attention, routed experts sized
+ *                   qwen3moe.expert_feed_forward_length, normalised;
+ *   qwen2moe:       qwen2's attention (biases), routed experts (weights
+ *                   not normalised) plus a shared expert
+ *                   (ffn_{gate,up,down}_shexp) scaled by
+ *                   sigmoid(x . ffn_gate_inp_shexp).
  */
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +46,10 @@
 	{ .name = "blk.%d." nm, .slot = offsetof(struct loom_layer, member), \
 	  .rows = LOOM_DIM_##r, .cols = LOOM_DIM_##c, .optional = opt }
 #define END { .name = NULL }
+/* A routed-expert tensor: n_expert matrices [r][c] (struct loom_experts). */
+#define EXPERTS(nm, member, r, c) \
+	{ .name = "blk.%d." nm, .slot = offsetof(struct loom_layer, member), \
+	  .rows = LOOM_DIM_##r, .cols = LOOM_DIM_##c, .experts = true }
 /* A fused tensor of 2 or 3 row blocks: members and their row counts. */
 #define FUSED2(nm, m0, r0, m1, r1, c) \
 	{ .name = "blk.%d." nm, .cols = LOOM_DIM_##c, .n_parts = 2, \
@@ -80,6 +96,31 @@ static const struct loom_arch_tensor qwen3_tensors[] = {
 	ATTN_TENSORS, QK_NORMS, FFN_TENSORS, END,
 };
 
+/* The routed FFN: norm, router, experts (llama.cpp's file order). */
+#define MOE_TENSORS \
+	TENSOR("ffn_norm.weight", ffn_norm, 1, EMBD, false), \
+	TENSOR("ffn_gate_inp.weight", ffn_gate_inp, EXPERT, EMBD, false), \
+	EXPERTS("ffn_gate_exps.weight", gate_exps, FF_EXP, EMBD), \
+	EXPERTS("ffn_down_exps.weight", down_exps, EMBD, FF_EXP), \
+	EXPERTS("ffn_up_exps.weight", up_exps, FF_EXP, EMBD)
+
+static const struct loom_arch_tensor mixtral_tensors[] = {
+	ATTN_TENSORS, QKV_BIASES(true), MOE_TENSORS, END,
+};
+
+static const struct loom_arch_tensor qwen3moe_tensors[] = {
+	ATTN_TENSORS, QK_NORMS, MOE_TENSORS, END,
+};
+
+static const struct loom_arch_tensor qwen2moe_tensors[] = {
+	ATTN_TENSORS, QKV_BIASES(false), MOE_TENSORS,
+	TENSOR("ffn_gate_inp_shexp.weight", gate_inp_shexp, 1, EMBD, false),
+	TENSOR("ffn_gate_shexp.weight", w_gate, FF_SHEXP, EMBD, false),
+	TENSOR("ffn_down_shexp.weight", w_down, EMBD, FF_SHEXP, false),
+	TENSOR("ffn_up_shexp.weight", w_up, FF_SHEXP, EMBD, false),
+	END,
+};
+
 static const struct loom_arch_tensor phi3_tensors[] = {
 	TENSOR("attn_norm.weight", attn_norm, 1, EMBD, false),
 	FUSED3("attn_qkv.weight", wq, Q, wk, KV, wv, KV, EMBD),
@@ -107,6 +148,18 @@ static const struct loom_arch_tensor gemma3_tensors[] = {
 	END,
 };
 
+/* llama with llama.expert_count > 0; not looked up by name */
+static const struct loom_arch arch_mixtral = {
+	.name = "llama",
+	.aliases = (const char *const[]){ "mistral", NULL },
+	.tensors = mixtral_tensors,
+	.rope_mode = LOOM_ROPE_NORM,
+	.glu = LOOM_GLU_SILU,
+	.swa = LOOM_SWA_ALL,
+	.moe = true,
+	.moe_norm = true,
+};
+
 static const struct loom_arch arch_llama = {
 	.name = "llama",
 	.aliases = (const char *const[]){ "mistral", NULL },
@@ -114,6 +167,27 @@ static const struct loom_arch arch_llama = {
 	.rope_mode = LOOM_ROPE_NORM,
 	.glu = LOOM_GLU_SILU,
 	.swa = LOOM_SWA_ALL,
+	.with_experts = &arch_mixtral,
+};
+
+static const struct loom_arch arch_qwen3moe = {
+	.name = "qwen3moe",
+	.tensors = qwen3moe_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SILU,
+	.moe = true,
+	.expert_ff_key = true,
+	.moe_norm = true,
+};
+
+static const struct loom_arch arch_qwen2moe = {
+	.name = "qwen2moe",
+	.tensors = qwen2moe_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SILU,
+	.moe = true,
+	.expert_ff_key = true,
+	.shared_expert = true,
 };
 
 static const struct loom_arch arch_qwen2 = {
@@ -171,6 +245,7 @@ static const struct loom_arch arch_gemma3 = {
 
 static const struct loom_arch *const archs[] = {
 	&arch_llama, &arch_qwen2, &arch_qwen3, &arch_phi3, &arch_gemma2, &arch_gemma3,
+	&arch_qwen3moe, &arch_qwen2moe,
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))

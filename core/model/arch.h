@@ -20,6 +20,9 @@ enum loom_dim {
 	LOOM_DIM_KV,   /* n_head_kv * head_dim */
 	LOOM_DIM_FF,   /* n_ff */
 	LOOM_DIM_HEAD, /* head_dim (per-head norms) */
+	LOOM_DIM_EXPERT, /* n_expert (the router's rows) */
+	LOOM_DIM_FF_EXP, /* n_ff_exp, one routed expert's FFN size */
+	LOOM_DIM_FF_SHEXP, /* n_ff_shexp, the shared expert's */
 };
 
 #define LOOM_ARCH_MAX_PARTS 3
@@ -39,6 +42,10 @@ struct loom_arch_tensor {
 	size_t slot; /* offsetof(struct loom_layer, member) */
 	enum loom_dim rows, cols;
 	bool optional;
+	/* routed experts: a 3-D tensor (GGUF [cols, rows, n_expert]) of
+	 * n_expert matrices [rows][cols]; slot is a struct loom_experts,
+	 * each expert loaded as a weight of its own */
+	bool experts;
 	int n_parts;
 	size_t part_slots[LOOM_ARCH_MAX_PARTS];
 	enum loom_dim part_rows[LOOM_ARCH_MAX_PARTS];
@@ -97,6 +104,20 @@ struct loom_arch {
 	 * whatever the context) */
 	const char *rope_factors_long;
 	const char *chat_marker;      /* chat template family when the file has none */
+	/* Mixture of experts: <arch>.expert_count and .expert_used_count
+	 * are required (moe), or turn the family into with_experts when the
+	 * file has a non-zero expert_count (llama -> Mixtral). An expert's
+	 * FFN size is <arch>.expert_feed_forward_length (required when
+	 * expert_ff_key), else feed_forward_length; the shared expert's
+	 * <arch>.expert_shared_feed_forward_length (shared_expert). The
+	 * router's chosen weights are normalised per
+	 * <arch>.expert_weights_norm, moe_norm when the file has no such key
+	 * (llama.cpp: true for Mixtral and Qwen3-MoE, false for Qwen2-MoE). */
+	bool moe;
+	const struct loom_arch *with_experts;
+	bool expert_ff_key;
+	bool shared_expert;
+	bool moe_norm;
 };
 
 /* The descriptor for a general.architecture value, or NULL. */

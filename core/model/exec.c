@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/moe_exec.h"
 #include "dist/dist.h"
 #include "dist/follow.h"
 #include "util.h"
@@ -35,6 +36,8 @@ struct loom_exec {
 	 * its first row), and rank 0's cuts of a step */
 	int32_t *sub_q, *sub_out, *cuts;
 	bool told_split; /* rank 0 logged its first split step */
+	struct loom_moe_scratch moe; /* the moe node's fallback (moe_exec.h) */
+	bool in_region; /* run_step has a step region open */
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -68,6 +71,12 @@ static void set_widths(struct loom_exec *e)
 	e->width[ACT_K] = e->width[ACT_V] = (s->kv_hi - s->kv_lo) * hp->head_dim;
 	e->width[ACT_GATE] = e->width[ACT_UP] = hp->n_ff;
 	e->width[ACT_LOGITS] = hp->n_vocab;
+	if (hp->arch->moe) { /* the FFN buffers hold an expert's rows */
+		e->width[ACT_GATE] = e->width[ACT_UP] =
+			hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+		e->width[ACT_ROUTER] = hp->n_expert;
+		e->width[ACT_MOE_X] = e->width[ACT_MOE_D] = hp->n_embd;
+	}
 }
 
 static size_t act_rows(const struct loom_exec *e, int a)
@@ -194,6 +203,15 @@ struct loom_exec *loom_exec_new(struct loom_model *m, struct loom_kv *kv,
 		loom_exec_free(e);
 		return NULL;
 	}
+	if (loom_moe_scratch_alloc(&e->moe, &m->hp, max_tokens)) {
+		loom_seterr(err, errlen, "executor: out of memory");
+		loom_exec_free(e);
+		return NULL;
+	}
+	e->moe.gx = e->act[ACT_MOE_X], e->moe.gx_w = e->width[ACT_MOE_X];
+	e->moe.gate = e->act[ACT_GATE], e->moe.up = e->act[ACT_UP];
+	e->moe.ff_w = e->width[ACT_GATE];
+	e->moe.d = e->act[ACT_MOE_D], e->moe.d_w = e->width[ACT_MOE_D];
 	return e;
 }
 
@@ -204,6 +222,7 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
 	free(e->host_inputs);
+	loom_moe_scratch_free(&e->moe);
 	free(e->gemm_x);
 	free(e->host_x);
 	free(e->sub_q);
@@ -548,6 +567,9 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 		return run_pipe(e, nd, rows);
 	case NODE_GATHER:
 		return run_gather(e, nd, b);
+	case NODE_MOE:
+		return loom_moe_run(e->m, nd->layer, rows, a, wa, e->act[nd->b], e->width[nd->b],
+				    dst, wd, &e->moe, e->in_region);
 	case NODE_SOFTCAP:
 		if (!loom_backend_has_softcap(be))
 			return 0; /* loom_exec_step caps the downloaded logits */
@@ -558,7 +580,7 @@ static int run_node(struct loom_exec *e, const struct loom_node *nd,
 
 static const char *const node_names[] = {
 	"embed", "rmsnorm", "gemm", "add", "rope", "kv_write", "attention", "glu", "gather",
-	"headnorm", "scale", "softcap", "all-gather", "all-reduce", "receive", "send",
+	"headnorm", "scale", "softcap", "all-gather", "all-reduce", "receive", "send", "moe",
 };
 
 /* Runs the graph's nodes; err names the node that failed. */
@@ -599,12 +621,15 @@ static int run_step(struct loom_exec *e, const struct loom_batch *b, char *err, 
 	/* an observer downloads inside the step, and a distributed step's
 	 * hand-overs and collectives are not operator calls a region may
 	 * defer: such steps run outside regions */
-	if (!loom_backend_has_graphs(be) || e->m->gemm_input || e->m->shard.dist)
+	if (!loom_backend_has_graphs(be) || e->m->gemm_input || e->m->shard.dist ||
+	    (e->m->hp.arch->moe && !loom_backend_has_moe(be)))
 		return run_nodes(e, b, err, errlen);
 	rc = be->ops->graph_begin(be->ctx);
 	if (rc)
 		return rc;
+	e->in_region = true;
 	rc = run_nodes(e, b, err, errlen);
+	e->in_region = false;
 	end_rc = be->ops->graph_end(be->ctx);
 	if (end_rc && !rc)
 		loom_seterr(err, errlen, "backend %s: step failed with status %d", be->ops->name,

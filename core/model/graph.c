@@ -18,6 +18,13 @@
  *   p   = (act(xn . Wgate) * (xn . Wup)) . Wdown      (act: SiLU or GELU-tanh)
  *   p   = rmsnorm(p) * post_ffn_norm                  (gemma)
  *   x  += p
+ * Mixture of experts (Mixtral, Qwen2/3-MoE) replaces the FFN with
+ *   xn  = rmsnorm(x) * ffn_norm
+ *   r   = xn . Wrouter                  (router logits, [n_expert] a row)
+ *   p   = sum over the row's top-k experts e of w_e * down_e(silu(gate_e xn) * up_e xn)
+ *         (+ sigmoid(xn . g_shexp) * shared expert(xn): qwen2moe)
+ *   x  += p
+ * the routing rule and weights as loom/moe.h defines them, one moe node.
  * then, over the rows that need logits only:
  *   logits = rmsnorm(x) * output_norm . Wout          (Wout = embd when tied)
  *   logits = c * tanh(logits / c)                     (final softcap: gemma2)
@@ -141,6 +148,16 @@ static void emit_ffn(struct builder *b, const struct loom_shard *s,
 	emit_residual(b, i);
 }
 
+/* The routed FFN: router logits, then one moe node into p. */
+static void emit_moe(struct builder *b, const struct loom_layer *L, int i)
+{
+	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->ffn_norm, i);
+	emit_w(b, NODE_GEMM, ACT_ROUTER, ACT_XN, &L->ffn_gate_inp, i);
+	emit(b, (struct loom_node){ .op = NODE_MOE, .dst = ACT_PROJ, .a = ACT_XN, .b = ACT_ROUTER,
+				    .layer = i });
+	emit_residual(b, i);
+}
+
 static void emit_input(struct builder *b, const struct loom_model *m)
 {
 	if (!m->shard.first) {
@@ -162,7 +179,10 @@ static void emit_model(struct builder *b, const struct loom_model *m)
 	emit_input(b, m);
 	for (i = s->layer_lo; i < s->layer_hi; i++) {
 		emit_attention(b, s, &m->layers[i], i, m->hp.head_dim);
-		emit_ffn(b, s, &m->layers[i], i);
+		if (m->hp.arch->moe)
+			emit_moe(b, &m->layers[i], i);
+		else
+			emit_ffn(b, s, &m->layers[i], i);
 	}
 	if (!s->last) {
 		emit(b, (struct loom_node){ .op = NODE_SEND, .dst = ACT_X, .a = ACT_X,

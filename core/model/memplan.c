@@ -43,6 +43,11 @@ void loom_mem_plan_format(const struct loom_model *m, const struct loom_mem_plan
 	}
 	append(buf, len, "%s%d tensors converted to f32 at load)", *sep == ',' ? "; " : " (",
 	       m->n_converted);
+	if (m->expert_bytes) /* of which the routed experts, and one token's share */
+		append(buf, len, " of which routed experts %.1f MiB (%lld of %lld a token: %.1f MiB)",
+		       mib(m->expert_bytes), (long long)m->hp.n_expert_used,
+		       (long long)m->hp.n_expert,
+		       mib(m->expert_bytes / (uint64_t)m->hp.n_expert * (uint64_t)m->hp.n_expert_used));
 	append(buf, len, ", KV cache %.1f MiB, activations %.1f MiB", mib(p->kv), mib(p->acts));
 	append(buf, len, ", backend working memory %.1f MiB (reserve): %.1f MiB in all",
 	       mib(p->reserve), mib(p->need));

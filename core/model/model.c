@@ -11,6 +11,7 @@
 
 #include "model/graph.h"
 #include "dist/dist.h"
+#include "loom/moe.h"
 
 /* Reads "<arch>.<suffix>" as an integer; `def` < 0 means required. */
 static int get_arch_int(const struct gguf_file *f, const char *arch,
@@ -196,6 +197,64 @@ static int check_sizes(const char *a, const struct loom_hparams *hp, char *err, 
 	return -1;
 }
 
+/* "<arch>.<suffix>" must lie in [lo, hi]. */
+static int check_range(const char *a, const char *suffix, int64_t v, int64_t lo, int64_t hi,
+		       char *err, size_t errlen)
+{
+	if (v >= lo && v <= hi)
+		return 0;
+	loom_seterr(err, errlen, "key '%s.%s' is %lld; it must be %lld to %lld", a, suffix,
+		    (long long)v, (long long)lo, (long long)hi);
+	return -1;
+}
+
+/*
+ * Mixture-of-experts hyperparameters (struct loom_arch): a family with
+ * experts requires expert_count and expert_used_count; llama becomes
+ * Mixtral when its expert_count is non-zero.
+ */
+static int read_moe(const struct gguf_file *f, struct loom_hparams *hp, char *err, size_t errlen)
+{
+	const char *a = hp->arch_name;
+	const struct loom_arch *arch = hp->arch;
+	char key[128];
+	int64_t n = 0;
+	bool norm;
+
+	if (arch->with_experts) {
+		if (get_arch_int(f, a, "expert_count", 0, &n, err, errlen))
+			return -1;
+		if (n > 0)
+			hp->arch = arch = arch->with_experts;
+	}
+	if (!arch->moe)
+		return 0;
+	if (get_arch_int(f, a, "expert_count", -1, &hp->n_expert, err, errlen) ||
+	    check_range(a, "expert_count", hp->n_expert, 1, LOOM_MOE_MAX_EXPERTS, err, errlen) ||
+	    get_arch_int(f, a, "expert_used_count", -1, &hp->n_expert_used, err, errlen) ||
+	    check_range(a, "expert_used_count", hp->n_expert_used, 1,
+			hp->n_expert < LOOM_MOE_MAX_USED ? hp->n_expert : LOOM_MOE_MAX_USED,
+			err, errlen))
+		return -1;
+	hp->n_ff_exp = hp->n_ff; /* Mixtral: the experts are the dense FFN's size */
+	if (arch->expert_ff_key &&
+	    (get_arch_int(f, a, "expert_feed_forward_length", -1, &hp->n_ff_exp, err, errlen) ||
+	     check_range(a, "expert_feed_forward_length", hp->n_ff_exp, 1, INT32_MAX, err, errlen)))
+		return -1;
+	if (arch->shared_expert &&
+	    (get_arch_int(f, a, "expert_shared_feed_forward_length", -1, &hp->n_ff_shexp, err,
+			  errlen) ||
+	     check_range(a, "expert_shared_feed_forward_length", hp->n_ff_shexp, 1, INT32_MAX,
+			 err, errlen)))
+		return -1;
+	snprintf(key, sizeof(key), "%s.expert_weights_norm", a);
+	norm = arch->moe_norm;
+	if (gguf_get_bool(f, key, &norm, err, errlen) < 0)
+		return -1;
+	hp->expert_norm = norm;
+	return 0;
+}
+
 static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 			char *err, size_t errlen)
 {
@@ -212,7 +271,7 @@ static int read_hparams(const struct gguf_file *f, struct loom_hparams *hp,
 	    get_arch_int(f, a, "attention.head_count", -1, &hp->n_head, err, errlen) ||
 	    get_arch_int(f, a, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, err, errlen))
 		return -1;
-	if (check_sizes(a, hp, err, errlen))
+	if (check_sizes(a, hp, err, errlen) || read_moe(f, hp, err, errlen))
 		return -1;
 	if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv ||
 	    hp->n_embd % hp->n_head) {
@@ -284,6 +343,7 @@ struct weight_plan {
 	bool gemm_only; /* read by gemm and nothing else: the backend may pack it */
 	bool tied;      /* the token table that is also the output head (ABI 1.5) */
 	bool packed;  /* packed by the backend: nothing to upload */
+	bool expert;  /* one routed expert's matrix */
 	size_t offset, bytes;
 	/* what this rank reads of the file: the whole tensor, or its shard
 	 * (a run of rows, or of a vector's values) */
@@ -462,6 +522,12 @@ static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
 		return hp->n_ff;
 	case LOOM_DIM_HEAD:
 		return hp->head_dim;
+	case LOOM_DIM_EXPERT:
+		return hp->n_expert;
+	case LOOM_DIM_FF_EXP:
+		return hp->n_ff_exp;
+	case LOOM_DIM_FF_SHEXP:
+		return hp->n_ff_shexp;
 	}
 	return 0;
 }
@@ -538,6 +604,50 @@ static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tens
 	return 0;
 }
 
+/*
+ * A routed-expert tensor (GGUF [cols, rows, n_expert]): each expert's
+ * rows are planned as a weight of their own, read by offset from the
+ * tensor (take_slice), so a backend packs and a gemm reads each expert
+ * as it would a dense matrix.
+ */
+static int plan_experts(struct loader *l, char *layer, const struct loom_arch_tensor *t, int i)
+{
+	const struct loom_hparams *hp = &l->m->hp;
+	struct loom_experts *x = (struct loom_experts *)(layer + t->slot);
+	int64_t rows = dim_size(hp, t->rows), cols = dim_size(hp, t->cols), n = hp->n_expert;
+	const struct gguf_tensor *gt = find_tensor(l->f, t->name, i);
+	char name[128];
+
+	snprintf(name, sizeof(name), t->name, i);
+	if (!gt) {
+		loom_seterr(l->err, l->errlen, "missing tensor '%s'", name);
+		return -1;
+	}
+	if (gt->n_dims != 3 || gt->ne[0] != cols || gt->ne[1] != rows || gt->ne[2] != n) {
+		loom_seterr(l->err, l->errlen,
+			    "tensor '%s': shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld] (one matrix per expert)",
+			    name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2],
+			    gt->n_dims, (long long)cols, (long long)rows, (long long)n);
+		return -1;
+	}
+	x->w = calloc((size_t)n, sizeof(*x->w));
+	x->data = calloc((size_t)n, sizeof(*x->data));
+	if (!x->w || !x->data) {
+		loom_seterr(l->err, l->errlen, "out of memory");
+		return -1;
+	}
+	for (int64_t e = 0; e < n; e++) {
+		l->slice_lo = e * rows;
+		l->slice_n = rows;
+		l->slice_cols = false;
+		if (plan_weight(l, &x->w[e], t->name, i, rows * n, cols, true, LOOM_OP_GEMM))
+			return -1;
+		l->plan[l->n_plan - 1].expert = true;
+	}
+	l->slice_lo = l->slice_n = 0;
+	return 0;
+}
+
 /* The tensors of this rank's layers, as the family's table lists them. */
 static int plan_layers(struct loader *l)
 {
@@ -551,8 +661,8 @@ static int plan_layers(struct loader *l)
 		for (t = hp->arch->tensors; t->name; t++) {
 			int64_t rows = dim_size(hp, t->rows);
 
-			if (t->n_parts > 0) {
-				if (plan_fused(l, L, t, i))
+			if (t->n_parts > 0 || t->experts) {
+				if (t->experts ? plan_experts(l, L, t, i) : plan_fused(l, L, t, i))
 					return -1;
 				continue;
 			}
@@ -800,6 +910,11 @@ static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct lo
 		loom_shard_single(&m->shard, &m->hp);
 		return 0;
 	}
+	if (d->tp > 1 && m->hp.arch->moe) {
+		loom_seterr(err, errlen, "--tp %d: tensor parallelism over routed experts is not supported yet (docs/DISTRIBUTED.md); --pp splits a mixture-of-experts model by layers",
+			    d->tp);
+		return -1;
+	}
 	if (loom_shard_plan(&m->shard, &m->hp, d->tp, d->pp, d->rank, err, errlen))
 		return -1;
 	m->shard.dist = d;
@@ -828,12 +943,15 @@ static void tally_plan(struct loader *l)
 
 	memset(m->plan_bytes, 0, sizeof(m->plan_bytes));
 	m->n_converted = 0;
+	m->expert_bytes = 0;
 	for (int i = 0; i < l->n_plan; i++) {
 		const struct weight_plan *p = &l->plan[i];
 		uint32_t t = p->dequant ? LOOM_TYPE_F32 : p->t->type;
 
 		if (t < LOOM_TYPE_COUNT)
 			m->plan_bytes[t] += p->bytes;
+		if (p->expert)
+			m->expert_bytes += p->bytes;
 		m->n_converted += p->dequant && p->t->type != LOOM_TYPE_F32;
 	}
 	m->plan_total = l->total;
@@ -844,6 +962,36 @@ static void free_plan(struct loader *l)
 	for (int i = 0; i < l->n_plan; i++)
 		free(l->plan[i].owned);
 	free(l->plan);
+}
+
+/* The experts' device addresses, in the arrays the moe slot takes. */
+static void set_expert_data(struct loom_model *m)
+{
+	for (int32_t i = m->shard.layer_lo; i < m->shard.layer_hi && m->hp.arch->moe; i++) {
+		struct loom_layer *L = &m->layers[i];
+		struct loom_experts *xs[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+
+		for (int k = 0; k < 3; k++)
+			for (int64_t e = 0; xs[k]->w && e < m->hp.n_expert; e++)
+				xs[k]->data[e] = xs[k]->w[e].data;
+		L->shexp_data[0] = L->w_gate.data;
+		L->shexp_data[1] = L->w_up.data;
+		L->shexp_data[2] = L->w_down.data;
+	}
+}
+
+static void free_experts(struct loom_model *m)
+{
+	for (int64_t i = 0; m->layers && i < m->hp.n_layer; i++) {
+		struct loom_layer *L = &m->layers[i];
+
+		free(L->gate_exps.w);
+		free(L->gate_exps.data);
+		free(L->up_exps.w);
+		free(L->up_exps.data);
+		free(L->down_exps.w);
+		free(L->down_exps.data);
+	}
 }
 
 struct loom_model *loom_model_load(const struct gguf_file *f,
@@ -884,6 +1032,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 			 m->n_packs, m->be->ops->name);
 	if (!m->output.data)
 		m->output = m->tok_embd;
+	set_expert_data(m);
 	if (loom_graph_build(m, err, errlen))
 		goto out_free;
 	free_plan(&l);
@@ -905,6 +1054,7 @@ void loom_model_free(struct loom_model *m)
 		m->be->ops->buffer_free(m->be->ctx, m->packs[i]);
 	free(m->packs);
 	loom_backend_close(m->be);
+	free_experts(m);
 	free(m->layers);
 	free(m->nodes);
 	free(m);

@@ -26,6 +26,19 @@ struct loom_hparams {
 	float final_softcap; /* > 0: logits = c * tanh(logits / c) */
 	int32_t window;     /* local layers' sliding window, 0: none */
 	int64_t rope_orig_ctx; /* LongRoPE's original context, 0: none */
+	/* mixture of experts (arch->moe; all 0 for a dense model) */
+	int64_t n_expert, n_expert_used;
+	int64_t n_ff_exp;   /* one routed expert's FFN size */
+	int64_t n_ff_shexp; /* the shared expert's, 0: none */
+	bool expert_norm;   /* normalise the chosen experts' weights */
+};
+
+/* A routed-expert tensor: n_expert matrices, each loaded as a weight of
+ * its own (so a backend may pack each), and their device addresses in
+ * one host array, as the backend's moe slot takes them. */
+struct loom_experts {
+	struct loom_weight *w; /* [n_expert] */
+	const void **data;     /* [n_expert] */
 };
 
 /* A weight on the device: [rows][cols] in `type`, rows row_bytes apart. */
@@ -54,6 +67,13 @@ struct loom_layer {
 	struct loom_weight w_gate, w_up;   /* [n_ff][n_embd] */
 	struct loom_weight w_down;         /* [n_embd][n_ff] */
 	struct loom_weight post_ffn_norm;  /* [n_embd], opt. */
+	/* mixture of experts: the router and the experts (each [n_ff_exp]
+	 * [n_embd], down [n_embd][n_ff_exp]); Qwen2-MoE's shared expert is
+	 * w_gate, w_up, w_down above (n_ff_shexp wide) with its gate */
+	struct loom_weight ffn_gate_inp;   /* [n_expert][n_embd] */
+	struct loom_experts gate_exps, up_exps, down_exps;
+	struct loom_weight gate_inp_shexp; /* [n_embd], opt. */
+	const void *shexp_data[3];         /* w_gate, w_up, w_down's addresses */
 	float rope_base, rope_scale;       /* this layer's RoPE */
 	int32_t window;                    /* sliding window in tokens, 0: none */
 };
@@ -69,6 +89,9 @@ enum loom_act {
 	ACT_PROJ,   /* projection output        [tokens][n_embd] */
 	ACT_GATE,   /* ffn gate, then glu       [tokens][n_ff] */
 	ACT_UP,     /* ffn up                   [tokens][n_ff] */
+	ACT_ROUTER, /* router logits            [tokens][n_expert] */
+	ACT_MOE_X,  /* host fallback: rows of one expert  [tokens][n_embd] */
+	ACT_MOE_D,  /* host fallback: their outputs       [tokens][n_embd] */
 	ACT_OUT,    /* rows that need logits    [outputs][n_embd] */
 	ACT_LOGITS, /* logits                   [outputs][n_vocab] */
 	ACT_COUNT
@@ -85,6 +108,7 @@ enum loom_node_op {
 	NODE_ALLREDUCE, /* dst summed over the tensor ranks */
 	NODE_RECV,      /* dst (the residual stream) from the previous stage */
 	NODE_SEND,      /* a (the residual stream) to the next stage */
+	NODE_MOE,       /* dst = routed experts of a (router logits b), layer's */
 };
 
 /* One step of the graph. Row counts are bound at run time: nodes before
@@ -118,6 +142,7 @@ struct loom_model {
 	uint64_t plan_bytes[LOOM_TYPE_COUNT];
 	uint64_t plan_total;
 	int n_converted;
+	uint64_t expert_bytes; /* of plan_total: the routed experts' tensors */
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
 	struct loom_layer *layers; /* n_layer; only shard's layers hold weights */
 	struct loom_shard shard;   /* what this process holds (all of it alone) */

@@ -65,6 +65,13 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 		add(other, sizeof(other), "norms after attention and FFN too");
 	if (a->embd_scale)
 		add(other, sizeof(other), "embeddings x sqrt(n_embd)");
+	if (a->moe)
+		add(other, sizeof(other), a->moe_norm ? "routed experts (softmax top-k, weights normalised)" :
+			"routed experts (softmax top-k)");
+	if (a->shared_expert)
+		add(other, sizeof(other), "shared expert with sigmoid gate");
+	if (a->with_experts)
+		add(other, sizeof(other), "routed experts when <arch>.expert_count > 0 (Mixtral)");
 	if (a->chat_marker) {
 		snprintf(swa, sizeof(swa), "chat template by `%s`", a->chat_marker);
 		add(other, sizeof(other), swa);

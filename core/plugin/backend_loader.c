@@ -136,6 +136,11 @@ bool loom_backend_has_collective(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(collective) && b->ops->collective;
 }
 
+bool loom_backend_has_moe(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(moe) && b->ops->moe;
+}
+
 static const char *create_failure(int rc)
 {
 	return rc == LOOM_ERR_DEVICE ? "no usable device or driver found" :

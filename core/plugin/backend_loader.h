@@ -60,5 +60,7 @@ bool loom_backend_embeds_packed(const struct loom_backend *b, uint32_t type);
 bool loom_backend_has_softcap(const struct loom_backend *b);
 /* Whether the backend has the optional collective slot (ABI 1.4). */
 bool loom_backend_has_collective(const struct loom_backend *b);
+/* Whether the backend has the optional routed-expert slot (ABI 1.6). */
+bool loom_backend_has_moe(const struct loom_backend *b);
 
 #endif /* LOOM_BACKEND_LOADER_H */

@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1 (minor 4).
+ * loom backend ABI, version 1 (minor 6).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 5
+#define LOOM_BACKEND_ABI_MINOR 6
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -325,6 +325,57 @@ struct loom_collective_args {
 	const int64_t *col_start;
 };
 
+/* Generation 1.6: routed experts (mixture-of-experts FFN). */
+enum loom_moe_gating {
+	/* p = softmax(logits) over all experts; the n_used largest p (ties:
+	 * the lower expert id) are chosen, weighted by their p (llama.cpp's
+	 * softmax gating: Mixtral, Qwen2-MoE, Qwen3-MoE) */
+	LOOM_MOE_SOFTMAX = 0,
+};
+
+/* One expert tensor: n_expert matrices of the same shape and type. */
+struct loom_moe_weights {
+	uint32_t type;
+	uint32_t packed;      /* every w[e] is a weight_pack() buffer's address */
+	size_t row_bytes;     /* row stride of each matrix (ignored when packed) */
+	const void *const *w; /* HOST array [n_expert] of device addresses */
+};
+
+/*
+ * The routed FFN of rows x [rows][n_embd] (row stride x_stride floats):
+ * for each row r, the router's logits[r] ([n_expert], stride
+ * logits_stride) choose n_used experts e_0 .. e_{n_used-1} with weights
+ * w_0 .. (loom/moe.h's loom_moe_route() defines the choice and the
+ * weights, with `norm`: weights divided by their sum), and
+ *   y[r] = sum over j in order of w_j * down_e(glu(gate_e . x[r], up_e . x[r]))
+ * where gate_e, up_e are [n_ff][n_embd] and down_e [n_embd][n_ff], each
+ * product computed as gemm computes it for that matrix (so each expert's
+ * rows may be multiplied together), and the sum starts from w_0 * d_0.
+ * With a shared expert (n_ff_shared > 0, Qwen2-MoE), after that sum
+ *   y[r] += sigmoid(x[r] . shared_gate_inp) * down_s(glu(gate_s . x[r], up_s . x[r]))
+ * with the shared matrices (w arrays of one address) sized by n_ff_shared
+ * and the dot as gemm computes it for a [1][n_embd] f32 weight;
+ * sigmoid(s) = 1 / (1 + exp(-s)).
+ * y ([rows][n_embd], stride y_stride) must not alias x or logits.
+ */
+struct loom_moe_args {
+	uint32_t struct_size;
+	uint32_t glu;    /* enum loom_glu_kind */
+	uint32_t gating; /* enum loom_moe_gating */
+	uint32_t norm;   /* non-zero: normalise the chosen weights */
+	int64_t rows, n_embd, n_ff, n_expert, n_used;
+	const float *x;
+	int64_t x_stride;
+	const float *logits;
+	int64_t logits_stride;
+	float *y;
+	int64_t y_stride;
+	struct loom_moe_weights gate, up, down;
+	int64_t n_ff_shared; /* 0: no shared expert */
+	const float *shared_gate_inp; /* device f32 [n_embd] */
+	struct loom_moe_weights shared_gate, shared_up, shared_down;
+};
+
 /* Required slots must be non-NULL; the host checks once at load time. */
 struct loom_backend_ops {
 	/* ---- generation 1.0 ---- */
@@ -466,7 +517,20 @@ struct loom_backend_ops {
 	 * leaves x unspecified and the job must end: the other ranks may
 	 * have completed the call. */
 	int (*collective)(struct loom_backend_ctx *ctx, const struct loom_collective_args *a);
-	/* ---- end of generation 1.4; append new slots below ---- */
+	/* ---- end of generation 1.4 ---- */
+
+	/* Generation 1.5 changed no slot of this table (embed of a packed
+	 * table, LOOM_OP_EMBED_PACKED). */
+
+	/* ---- generation 1.6 ---- */
+	/* Optional: the routed-expert FFN (struct loom_moe_args). A backend
+	 * runs only the chosen experts' rows. LOOM_ERR_UNSUPPORTED (a type,
+	 * gating or shape it does not run): the host runs the same
+	 * arithmetic with gemm, glu, scale and add calls, as it does for a
+	 * backend without the slot. In a step region the call is deferred
+	 * like any operator (routing reads logits in device memory). */
+	int (*moe)(struct loom_backend_ctx *ctx, const struct loom_moe_args *a);
+	/* ---- end of generation 1.6; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

@@ -80,6 +80,23 @@ and cos/sin multiplied by phi3.rope.scaling.attn_factor.
 
 Llama 3.1: rope_freqs.weight divisors, as for any llama file.
 
+Mixture of experts (llama.cpp's build_moe_ffn with softmax gating): the
+FFN of each layer is replaced by
+    p = softmax(h Wrouter^T)                 (ffn_gate_inp, [n_expert])
+    E = the n_used experts of largest p (ties: lower id first)
+    w_e = p_e, and with normalisation w_e /= max(sum_E w, 2^-14)
+    x += sum_{e in E} w_e * down_e(silu(gate_e h) * up_e h)
+with ffn_{gate,up,down}_exps holding one matrix per expert (GGUF
+[cols, rows, n_expert]). Families:
+  Mixtral (arch "llama" with llama.expert_count > 0): llama's attention,
+      experts feed_forward_length wide, normalised (llama.cpp: norm_w);
+  qwen3moe: qwen3's attention (QK-norm, halves), experts
+      qwen3moe.expert_feed_forward_length wide, normalised;
+  qwen2moe: qwen2's attention (biases, halves), not normalised, plus a
+      shared expert added to every row:
+      x += sigmoid(h . ffn_gate_inp_shexp) * down_s(silu(gate_s h) * up_s h)
+  <arch>.expert_weights_norm, when present, overrides the normalisation.
+
 CLI:
   ref_llama.py MODEL --tokens "1 2 3" -n 32 --logits-out F.npy \
       --tokens-out F.txt
@@ -106,9 +123,11 @@ ROPE_NORM = "norm"
 ROPE_NEOX = "neox"
 ARCH_ROPE = {"llama": ROPE_NORM, "mistral": ROPE_NORM, "qwen2": ROPE_NEOX,
              "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX, "gemma2": ROPE_NEOX,
-             "gemma3": ROPE_NEOX}
+             "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
+             "qwen2moe": ROPE_NEOX}
 GEMMA = ("gemma2", "gemma3")
-QK_NORM = ("gemma3", "qwen3")
+QK_NORM = ("gemma3", "qwen3", "qwen3moe")
+MOE_ARCHS = ("qwen3moe", "qwen2moe")      # and llama with expert_count
 
 
 def field_value(field):
@@ -196,9 +215,28 @@ class Model:
                                              caps[1]))
         self.rope_attn_factor = float(self.meta(
             a + ".rope.scaling.attn_factor", 1.0))
+        self._read_moe()
         if self.n_head % self.n_head_kv or self.n_rot % 2 or \
            self.n_rot > self.head_dim:
             raise ValueError("inconsistent attention hyperparameters")
+
+    def _read_moe(self):
+        """Expert counts and routing switches (plain attributes, so a test
+        can change the top-k or the normalisation)."""
+        a = self.arch
+        self.n_expert = int(self.meta(a + ".expert_count", 0))
+        self.moe = self.n_expert > 0 and (a in MOE_ARCHS or a == "llama")
+        if a in MOE_ARCHS and not self.moe:
+            raise KeyError("missing GGUF key %s.expert_count" % a)
+        if not self.moe:
+            return
+        self.n_expert_used = int(self.meta(a + ".expert_used_count"))
+        self.expert_norm = bool(self.meta(a + ".expert_weights_norm",
+                                          a != "qwen2moe"))
+        self.shared_expert = a == "qwen2moe"
+        self.shared_gate = True       # sigmoid gate on the shared expert
+        if not 1 <= self.n_expert_used <= self.n_expert:
+            raise ValueError("bad expert_used_count")
 
     def weight(self, name, required=True):
         t = self.tensors.get(name)
@@ -241,10 +279,20 @@ class Model:
                 up = w(p + "ffn_up.weight")
                 half = up.shape[0] // 2
                 L["ffn_gate"], L["ffn_up"] = up[:half], up[half:]
+            elif self.moe:
+                names = ["attn_norm", "attn_output", "ffn_norm", "attn_q",
+                         "attn_k", "attn_v", "ffn_gate_inp", "ffn_gate_exps",
+                         "ffn_up_exps", "ffn_down_exps"]
+                if self.shared_expert:
+                    names += ["ffn_gate_inp_shexp", "ffn_gate_shexp",
+                              "ffn_up_shexp", "ffn_down_shexp"]
             else:
                 names += ["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"]
             for n in names:
                 L[n] = w(p + n + ".weight")
+            if self.moe and L["ffn_gate_exps"].shape[0] != self.n_expert:
+                raise ValueError("expert tensors hold %d experts" %
+                                 L["ffn_gate_exps"].shape[0])
             for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 L[n + ".bias"] = w(p + n + ".bias", False)
             for n in ("attn_q_norm", "attn_k_norm"):
@@ -339,7 +387,44 @@ class Model:
             o = self.rmsnorm(o, L["post_attention_norm"])
         return o
 
+    @staticmethod
+    def swiglu(h, gate_w, up_w, down_w):
+        gate = h @ gate_w.T
+        return (gate / (1.0 + np.exp(-gate)) * (h @ up_w.T)) @ down_w.T
+
+    def route(self, logits):
+        """(ids, weights) of one row's experts: softmax over all, the
+        n_expert_used largest (stable: ties go to the lower id), then
+        normalised when expert_norm."""
+        z = logits - logits.max()
+        p = np.exp(z) / np.exp(z).sum()
+        ids = np.argsort(-p, kind="stable")[:self.n_expert_used]
+        w = p[ids]
+        if self.expert_norm:
+            w = w / max(w.sum(), 6.103515625e-5)
+        return ids, w
+
+    def moe_ffn(self, L, h):
+        logits = h @ L["ffn_gate_inp"].T                  # (T, n_expert)
+        y = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            ids, w = self.route(logits[t])
+            for e, we in zip(ids, w):
+                y[t] += we * self.swiglu(h[t], L["ffn_gate_exps"][e],
+                                         L["ffn_up_exps"][e],
+                                         L["ffn_down_exps"][e])
+        if self.shared_expert:
+            s = self.swiglu(h, L["ffn_gate_shexp"], L["ffn_up_shexp"],
+                            L["ffn_down_shexp"])
+            if self.shared_gate:
+                g = h @ L["ffn_gate_inp_shexp"]
+                s = s * (1.0 / (1.0 + np.exp(-g)))[:, None]
+            y = y + s
+        return y
+
     def ffn(self, L, h):
+        if self.moe:
+            return self.moe_ffn(L, h)
         gate = self.linear(h, L["ffn_gate"])
         up = self.linear(h, L["ffn_up"])
         if self.act == "gelu_tanh":
