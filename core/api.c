@@ -154,6 +154,7 @@ static struct loom_spec_kind *find_spec(const struct loom_engine *e, const char 
 static int load_one_spec(struct loom_engine *e, const char *name,
 			 const struct loom_spec_config *c, char *err, size_t errlen)
 {
+	struct loom_spec_models models;
 	struct loom_spec_kind *k;
 
 	if (e->n_spec == MAX_SPEC) {
@@ -163,8 +164,9 @@ static int load_one_spec(struct loom_engine *e, const char *name,
 	/* the scheduler runs the early-exit model (layerskip), spec.c the
 	 * draft model (draft.so); a distributed job offers no early exit (the
 	 * step plans carry whole passes only) */
-	k = loom_spec_kind_load_models(name, c, (int32_t)e->m->hp.n_vocab,
-				       e->dist ? 0 : e->m->hp.n_layer, e->draft_pool, err, errlen);
+	models = (struct loom_spec_models){ .n_layer = e->dist ? 0 : e->m->hp.n_layer,
+		.pool = e->draft_pool };
+	k = loom_spec_kind_load(name, c, (int32_t)e->m->hp.n_vocab, &models, err, errlen);
 	if (!k) {
 		if (e->dist)
 			loom_seterr(err + strlen(err), errlen - strlen(err),

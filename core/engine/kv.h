@@ -46,7 +46,7 @@ struct loom_kv {
 	int32_t *free_list; /* stack of free physical blocks */
 	int32_t n_free;
 	int32_t *refs;      /* per physical block */
-	/* ---- appended: prefix cache (all per physical block) ---- */
+	/* prefix cache (all per physical block) */
 	struct loom_kv_block *meta;
 	int32_t *tokens;    /* [n_blocks][block_size] ids of registered blocks */
 	int32_t *buckets;   /* hash table heads, n_buckets (a power of two) */
@@ -54,17 +54,17 @@ struct loom_kv {
 	int32_t lru_head, lru_tail; /* unreferenced registered blocks, oldest first */
 	int32_t n_lru;
 	uint64_t n_copies;  /* blocks copied on write, cumulative */
-	/* ---- appended: windowed layers ---- */
+	/* windowed layers */
 	int32_t window;          /* > 0: a windowed pool (kv->local of another) */
 	struct loom_kv *local;   /* the windowed layers' pool, or NULL */
 	int64_t n_model_layers;  /* with local: the model's layers, both pools */
 	int32_t *layer_pool;     /* with local, per model layer: 1 in local, 0 here */
 	int32_t *layer_index;    /* with local, per model layer: index in its pool */
 	int64_t n_held_peak;     /* most blocks referenced by sequences at once */
-	/* ---- appended: quantized caches ---- */
+	/* quantized caches */
 	uint32_t type;           /* enum loom_type of every K and V value */
 	size_t row_bytes;        /* one slot: kv_dim values of type */
-	/* ---- distributed jobs ---- */
+	/* distributed jobs */
 	bool log_copies;         /* record copies (rank 0 sends them on) */
 	int32_t *copy_log;       /* (dst, src) pairs since the last plan */
 	int32_t n_copy_log, cap_copy_log;
@@ -82,7 +82,7 @@ struct loom_kv_seq {
 	int32_t *blocks;
 	int32_t n_blocks, cap;
 	int32_t n_tokens; /* tokens whose K/V are in the cache */
-	/* ---- appended: windowed layers ---- */
+	/* windowed layers */
 	int32_t n_dropped;         /* leading entries released (-1), windowed pool */
 	struct loom_kv_seq *local; /* the table in kv->local, made on first use */
 };
@@ -161,7 +161,7 @@ void loom_kv_slide(struct loom_kv *kv, struct loom_kv_seq *seq);
 /* Releases every block and the table. */
 void loom_kv_seq_release(struct loom_kv *kv, struct loom_kv_seq *seq);
 
-/* ---- appended: sharing, copy-on-write, prefix cache ---- */
+/* sharing, copy-on-write, prefix cache */
 
 /* Blocks that reserve can still hand out: free plus evictable cached. */
 int64_t loom_kv_n_available(const struct loom_kv *kv);
@@ -195,7 +195,7 @@ bool loom_kv_cache_register(struct loom_kv *kv, int32_t block, uint64_t hash,
 int loom_kv_seq_append_cached(struct loom_kv *kv, struct loom_kv_seq *seq,
 			      int32_t block);
 
-/* ---- appended: the prefix cache over both pools ---- */
+/* the prefix cache over both pools */
 
 /* Shares, into empty seq, the longest run of cached blocks among the first
  * n_full blocks of a token sequence (chain hashes hashes[j], tokens

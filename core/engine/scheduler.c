@@ -21,13 +21,14 @@
 #include "util.h"
 
 #define DEFAULT_KV_BYTES (256ull << 20)
-/* An early-exit pass runs the pending token and at most 64 drafts. */
-#define EE_MAX_TOKENS 65
 
 struct req {
-	struct loom_sched *s;     /* for the model service (spec) */
+	/* the queue and the caller */
 	uint64_t id;
 	struct req *prev, *next;  /* pending or waiting list */
+	loom_sched_cb cb;
+	void *user;
+	/* tokens and their KV cache */
 	int32_t *tokens;          /* prompt, then generated tokens */
 	int32_t n_tokens, n_prompt, n_predict, n_generated;
 	int32_t n_cached;         /* prompt tokens reused at first admission */
@@ -36,32 +37,38 @@ struct req {
 	uint64_t *hashes;         /* chain hashes of the first n_hashed full blocks */
 	int32_t n_hashed;
 	int32_t n_registered;     /* leading blocks already in the prefix cache */
+	struct loom_kv_seq seq;
+	/* sampling */
 	struct loom_sampler *smp; /* lives across preemption: draws continue */
 	bool ignore_eog;
-	float *first_logits;      /* copy of the first sampled row, or NULL */
-	float *all_logits;        /* n_prompt rows, or NULL */
-	loom_sched_cb cb;
-	void *user;
-	struct loom_kv_seq seq;
 	/* speculation (NULL kind: none); the context is made on the engine
 	 * thread at the first decode and lives until the request ends */
-	struct loom_spec_kind *spec;
-	struct loom_spec_seq *sq;
-	int32_t spec_max_draft;
-	bool greedy;
-	uint64_t seed;
+	struct {
+		struct loom_spec_kind *kind;
+		struct loom_spec_seq *sq;
+		int32_t max_draft;
+		bool greedy;
+		uint64_t seed;    /* of its acceptance streams */
+	} spec;
 	/* constrained decoding: the grammar (a reference) and its matcher,
 	 * made on the engine thread at the first sampled token */
-	struct loom_grammar *grammar;
-	struct loom_gmatch *gm;
-	/* log-probabilities (logprobs) and hidden states: see loom.h */
-	bool logprobs;
-	int32_t n_top;
-	struct loom_token_logprob *prompt_lp; /* n_prompt x (1 + n_top) */
-	float *hidden;                        /* n_prompt x n_embd */
-	/* the logprobs of the token being delivered, for its event */
-	float ev_logprob;
-	struct loom_token_logprob ev_top[LOOM_MAX_TOP_LOGPROBS];
+	struct {
+		struct loom_grammar *grammar;
+		struct loom_gmatch *gm;
+	} gram;
+	/* outputs beyond the tokens: logits, log-probabilities (logprobs)
+	 * and hidden states (see loom.h) */
+	struct {
+		float *first_logits;  /* copy of the first sampled row, or NULL */
+		float *all_logits;    /* n_prompt rows, or NULL */
+		bool logprobs;
+		int32_t n_top;
+		struct loom_token_logprob *prompt_lp; /* n_prompt x (1 + n_top) */
+		float *hidden;                        /* n_prompt x n_embd */
+		/* the logprobs of the token being delivered, for its event */
+		float ev_logprob;
+		struct loom_token_logprob ev_top[LOOM_MAX_TOP_LOGPROBS];
+	} out;
 };
 
 struct req_list {
@@ -107,14 +114,8 @@ struct loom_sched {
 	/* batch-aware drafting (spec_step_rows): drafts left to share in the
 	 * step being planned, and the speculating decodes still to plan */
 	int32_t step_drafts, step_spec;
-	/* early exit for one sequence at a time (layerskip): the target's
-	 * first ee_layers layers and its head, on the shared cache */
-	struct loom_model ee_view;
-	struct loom_node *ee_nodes;
-	struct loom_exec *ee_exec;
-	int32_t ee_layers;
-	int32_t ee_tok[EE_MAX_TOKENS]; /* tokens at the positions it wrote */
-	int32_t ee_buf[EE_MAX_TOKENS];
+	/* the target and its cache, lent to the early-exit drafting runner */
+	struct loom_spec_target *spec_target;
 	struct loom_gvocab *gvocab; /* the vocabulary's trie, at the first grammar */
 	float *raw_row;    /* a logits row before masks and penalties (logprobs) */
 	float *hidden_buf; /* a step's hidden rows, max_out x n_embd */
@@ -282,10 +283,10 @@ static void list_splice(struct req_list *dst, struct req_list *src)
 static void req_free(struct loom_sched *s, struct req *r)
 {
 	loom_kv_seq_release(s->kv, &r->seq);
-	loom_spec_seq_free(r->sq);
+	loom_spec_seq_free(r->spec.sq);
 	loom_sampler_free(r->smp);
-	loom_gmatch_free(r->gm);
-	loom_grammar_free(r->grammar);
+	loom_gmatch_free(r->gram.gm);
+	loom_grammar_free(r->gram.grammar);
 	free(r->tokens);
 	free(r->hashes);
 	free(r);
@@ -298,10 +299,10 @@ static void emit(struct req *r, int32_t token, enum loom_finish fin, const char 
 		.n_generated = r->n_generated, .n_cached = r->n_cached, .error = error,
 	};
 
-	if (r->logprobs && token >= 0) {
-		ev.logprob = r->ev_logprob;
-		ev.top = r->ev_top;
-		ev.n_top = r->n_top;
+	if (r->out.logprobs && token >= 0) {
+		ev.logprob = r->out.ev_logprob;
+		ev.top = r->out.ev_top;
+		ev.n_top = r->out.n_top;
 	}
 
 	if (r->cb)
@@ -433,9 +434,9 @@ static int check_request(struct loom_sched *s, const struct loom_sched_request *
  * predicted from. */
 static void prompt_lp_first(struct req *r, int32_t n_top)
 {
-	r->prompt_lp[0] = (struct loom_token_logprob){ r->tokens[0], NAN };
+	r->out.prompt_lp[0] = (struct loom_token_logprob){ r->tokens[0], NAN };
 	for (int32_t k = 1; k <= n_top; k++)
-		r->prompt_lp[k] = (struct loom_token_logprob){ -1, NAN };
+		r->out.prompt_lp[k] = (struct loom_token_logprob){ -1, NAN };
 }
 
 static struct req *req_new(struct loom_sched *s, const struct loom_sched_request *rq,
@@ -456,22 +457,21 @@ static struct req *req_new(struct loom_sched *s, const struct loom_sched_request
 	memcpy(r->tokens, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
 	r->n_tokens = r->n_prompt = rq->n_prompt;
 	r->n_predict = n_predict;
-	r->s = s;
 	r->cb = rq->cb;
 	r->user = rq->user;
-	r->spec = rq->spec;
-	r->spec_max_draft = rq->spec_max_draft;
-	r->greedy = rq->sampling.temp <= 0.0f;
 	r->ignore_eog = rq->ignore_eog;
-	r->first_logits = rq->first_logits;
-	r->all_logits = rq->all_logits;
-	r->seed = rq->sampling.seed;
-	r->grammar = loom_grammar_ref(rq->grammar);
-	r->logprobs = rq->logprobs;
-	r->n_top = rq->top_logprobs;
-	r->prompt_lp = rq->prompt_logprobs;
-	r->hidden = rq->hidden;
-	if (r->prompt_lp)
+	r->spec.kind = rq->spec;
+	r->spec.max_draft = rq->spec_max_draft;
+	r->spec.greedy = rq->sampling.temp <= 0.0f;
+	r->spec.seed = rq->sampling.seed;
+	r->gram.grammar = loom_grammar_ref(rq->grammar);
+	r->out.first_logits = rq->first_logits;
+	r->out.all_logits = rq->all_logits;
+	r->out.logprobs = rq->logprobs;
+	r->out.n_top = rq->top_logprobs;
+	r->out.prompt_lp = rq->prompt_logprobs;
+	r->out.hidden = rq->hidden;
+	if (r->out.prompt_lp)
 		prompt_lp_first(r, rq->top_logprobs);
 	return r;
 
@@ -684,98 +684,6 @@ static int32_t draft_room(const struct loom_sched *s, const struct req *r, int32
 	return k > 0 ? k : 0;
 }
 
-/* ---- early exit (layerskip) for one sequence ---- */
-
-/* Builds the layer-filtered view and its executor for `layers` layers
- * (once; again only if another strategy asks for another depth). */
-static int ee_ready(struct loom_sched *s, int32_t layers)
-{
-	const struct loom_model *m = s->m;
-	char err[256];
-	int32_t n = 0;
-
-	if (s->ee_exec && s->ee_layers == layers)
-		return 0;
-	if (m->shard.dist) /* the view would run on rank 0 alone */
-		return LOOM_ERR_UNSUPPORTED;
-	loom_exec_free(s->ee_exec);
-	s->ee_exec = NULL;
-	if (!s->ee_nodes)
-		s->ee_nodes = calloc((size_t)m->n_nodes, sizeof(*s->ee_nodes));
-	if (!s->ee_nodes)
-		return LOOM_ERR_NOMEM;
-	for (int i = 0; i < m->n_nodes; i++)
-		if (m->nodes[i].layer < layers)
-			s->ee_nodes[n++] = m->nodes[i];
-	s->ee_view = *m;
-	s->ee_view.nodes = s->ee_nodes;
-	s->ee_view.n_nodes = n;
-	s->ee_exec = loom_exec_new(&s->ee_view, s->kv, EE_MAX_TOKENS, 1, 1, err, sizeof(err));
-	if (!s->ee_exec) {
-		loom_log(LOOM_LOG_ERROR, "scheduler: early exit: %s", err);
-		return LOOM_ERR_NOMEM;
-	}
-	s->ee_layers = layers;
-	return 0;
-}
-
-/* Token at position p of hist + draft. */
-static int32_t ee_token(const int32_t *hist, int64_t n_hist, const int32_t *draft, int64_t p)
-{
-	return p < n_hist ? hist[p] : draft[p - n_hist];
-}
-
-/*
- * loom_spec_model_fn for request r (engine thread, inside its propose):
- * runs the target's first `layers` layers and head over r's positions from
- * its last token on, in r's own blocks. Positions already written by this
- * propose with the same tokens are reused. The caller (get_drafts) drops
- * every written position before the step is planned, and blocks are
- * registered only after verification, so no cached block ever holds
- * early-exit K/V. No free blocks: LOOM_ERR_NOMEM (no drafts this step).
- */
-static int ee_logits(void *user, enum loom_spec_model which, int32_t layers,
-		     const int32_t *hist, int64_t n_hist, const int32_t *draft,
-		     int32_t n_draft, float *logits)
-{
-	struct req *r = user;
-	struct loom_sched *s = r->s;
-	int32_t n_kv0 = r->n_tokens - 1, c = n_kv0, n;
-	int64_t len = n_hist + n_draft;
-	char err[256];
-	int rc;
-
-	if (which != LOOM_SPEC_MODEL_EARLY_EXIT || layers <= 0)
-		return LOOM_ERR_UNSUPPORTED;
-	if (hist != r->tokens || n_hist != r->n_tokens || r->seq.n_tokens < n_kv0 ||
-	    len - n_kv0 > EE_MAX_TOKENS || len > s->cfg.max_ctx)
-		return LOOM_ERR_INVALID;
-	rc = ee_ready(s, layers);
-	if (rc)
-		return rc;
-	while (c < r->seq.n_tokens && c < len &&
-	       s->ee_tok[c - n_kv0] == ee_token(hist, n_hist, draft, c))
-		c++;
-	if (c == len)
-		c--; /* the last token must run to give logits */
-	if (c < r->seq.n_tokens)
-		loom_kv_truncate(s->kv, &r->seq, c);
-	n = (int32_t)(len - c);
-	for (int32_t i = 0; i < n; i++)
-		s->ee_buf[i] = ee_token(hist, n_hist, draft, c + i);
-	rc = loom_kv_reserve(s->kv, &r->seq, n);
-	if (rc) /* the service's contract: LOOM_ERR_NOMEM is "no blocks now" */
-		return rc == LOOM_ERR_FULL ? LOOM_ERR_NOMEM : rc;
-	rc = loom_exec_one(s->ee_exec, &r->seq, s->ee_buf, n, true, logits, err, sizeof(err));
-	if (rc) {
-		loom_log(LOOM_LOG_ERROR, "scheduler: early exit: %s", err);
-		loom_kv_truncate(s->kv, &r->seq, n_kv0);
-		return rc;
-	}
-	memcpy(s->ee_tok + (c - n_kv0), s->ee_buf, sizeof(int32_t) * (size_t)n);
-	return 0;
-}
-
 /* Ends running request r with an error. */
 static void fail_running(struct loom_sched *s, struct req *r, const char *why)
 {
@@ -793,10 +701,10 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	int rc;
 
 	*asked = false;
-	if (!r->sq) {
-		r->sq = loom_spec_seq_new_svc(r->spec, r->spec_max_draft, r->seed, ee_logits, r,
-					      err, sizeof(err));
-		if (!r->sq) {
+	if (!r->spec.sq) {
+		r->spec.sq = loom_spec_seq_new(r->spec.kind, r->spec.max_draft, r->spec.seed,
+					       s->spec_target, err, sizeof(err));
+		if (!r->spec.sq) {
 			fail_running(s, r, err);
 			return -1;
 		}
@@ -804,18 +712,14 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	if (max <= 0)
 		return 0;
 	*asked = true;
-	k = loom_spec_seq_propose(r->sq, r->tokens, r->n_tokens, max, r->tokens + r->n_tokens,
-				  err, sizeof(err));
-	/* an early-exit pass wrote the first layers past the last token:
-	 * drop them, the verification pass writes every layer again */
-	if (r->seq.n_tokens > r->n_tokens - 1)
-		loom_kv_truncate(s->kv, &r->seq, r->n_tokens - 1);
+	k = loom_spec_seq_propose(r->spec.sq, &r->seq, r->tokens, r->n_tokens, max,
+				  r->tokens + r->n_tokens, err, sizeof(err));
 	if (k < 0) {
 		fail_running(s, r, err);
 		return -1;
 	}
 	/* a draft the grammar refuses is rejected before it costs a row */
-	if (k > 0 && r->grammar && (k = grammar_drafts(s, r, k)) < 0)
+	if (k > 0 && r->gram.grammar && (k = grammar_drafts(s, r, k)) < 0)
 		return -1;
 	if (k == 0)
 		return 0;
@@ -830,7 +734,7 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 /* True for a request that keeps a row per prompt token. */
 static bool all_rows(const struct req *r)
 {
-	return r->all_logits || r->prompt_lp || r->hidden;
+	return r->out.all_logits || r->out.prompt_lp || r->out.hidden;
 }
 
 /* A prompt chunk of at most n tokens for r: a request that keeps every
@@ -859,18 +763,18 @@ static int plan_decode(struct loom_sched *s, struct req *r, int32_t *budget, int
 	bool asked = false;
 	int32_t k = 0;
 
-	if (r->spec) {
+	if (r->spec.kind) {
 		k = get_drafts(s, r, draft_room(s, r, *budget, n_dec), &asked);
 		if (k < 0)
 			return -1;
 	}
 	if (k == 0 && reserve_running(s, r, 1, budget))
 		return -1;
-	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = 1 + k, .spec = r->spec != NULL,
+	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = 1 + k, .spec = r->spec.kind != NULL,
 		.asked = asked, .row = -1 };
 	*budget -= 1 + k;
 	s->rows_left -= k;
-	if (r->spec) {
+	if (r->spec.kind) {
 		s->step_drafts -= k;
 		s->step_spec--;
 	}
@@ -895,7 +799,7 @@ static void plan_running(struct loom_sched *s, int32_t *budget)
 		bool dec = s->running[i]->n_tokens - s->running[i]->seq.n_tokens == 1;
 
 		n_dec += dec;
-		s->step_spec += dec && s->running[i]->spec;
+		s->step_spec += dec && s->running[i]->spec.kind;
 	}
 	s->step_drafts = s->cfg.spec_step_rows - n_dec;
 	if (s->step_drafts < 0)
@@ -1050,22 +954,22 @@ static bool deliver(struct loom_sched *s, struct req *r, int32_t t)
  * has no grammar or r failed (out of memory). */
 static struct loom_gmatch *gmatch(struct loom_sched *s, struct req *r)
 {
-	if (!r->grammar || r->gm)
-		return r->gm;
+	if (!r->gram.grammar || r->gram.gm)
+		return r->gram.gm;
 	if (!s->gvocab)
 		s->gvocab = loom_gvocab_new(s->cfg.tokenizer);
 	if (s->gvocab)
-		r->gm = loom_gmatch_new(r->grammar, s->gvocab);
-	if (!r->gm)
+		r->gram.gm = loom_gmatch_new(r->gram.grammar, s->gvocab);
+	if (!r->gram.gm)
 		fail_running(s, r, "grammar: out of memory");
-	return r->gm;
+	return r->gram.gm;
 }
 
 /* Masks row with r's grammar at lookahead level `level`. 0, or -1 when r
  * failed (nothing can follow: the output so far is a dead end). */
 static int grammar_mask(struct loom_sched *s, struct req *r, int32_t level, float *row)
 {
-	int32_t n = loom_gmatch_mask(r->gm, level, row, s->n_vocab);
+	int32_t n = loom_gmatch_mask(r->gram.gm, level, row, s->n_vocab);
 
 	if (n > 0)
 		return 0;
@@ -1080,11 +984,11 @@ static int grammar_take(struct loom_sched *s, struct req *r, int32_t t)
 {
 	if (t < 0 || loom_tokenizer_is_eog(s->cfg.tokenizer, t))
 		return 0;
-	if (loom_gmatch_push(r->gm, t)) {
+	if (loom_gmatch_push(r->gram.gm, t)) {
 		fail_running(s, r, "grammar: the sampled token does not fit the grammar");
 		return -1;
 	}
-	loom_gmatch_keep(r->gm, loom_gmatch_levels(r->gm));
+	loom_gmatch_keep(r->gram.gm, loom_gmatch_levels(r->gram.gm));
 	return 0;
 }
 
@@ -1135,27 +1039,27 @@ static void sample_one(struct loom_sched *s, struct req *r, float *row)
 	double lse = 0;
 	int32_t t;
 
-	if (r->first_logits && r->n_generated == 0) {
-		memcpy(r->first_logits, row, sizeof(float) * (size_t)s->n_vocab);
-		r->first_logits = NULL;
+	if (r->out.first_logits && r->n_generated == 0) {
+		memcpy(r->out.first_logits, row, sizeof(float) * (size_t)s->n_vocab);
+		r->out.first_logits = NULL;
 	}
-	if (r->logprobs) { /* the model's own distribution: before any mask */
+	if (r->out.logprobs) { /* the model's own distribution: before any mask */
 		memcpy(s->raw_row, row, sizeof(float) * (size_t)s->n_vocab);
 		lse = log_sum_exp(row, s->n_vocab);
-		top_logprobs(row, s->n_vocab, lse, r->n_top, r->ev_top);
+		top_logprobs(row, s->n_vocab, lse, r->out.n_top, r->out.ev_top);
 	}
-	if (r->grammar) {
+	if (r->gram.grammar) {
 		if (!gmatch(s, r))
 			return;
-		loom_gmatch_keep(r->gm, 0); /* drafts of a step that was preempted */
+		loom_gmatch_keep(r->gram.gm, 0); /* drafts of a step that was preempted */
 		if (grammar_mask(s, r, 0, row))
 			return;
 	}
 	t = loom_sampler_sample(r->smp, row, r->tokens, r->n_tokens);
-	if (r->grammar && grammar_take(s, r, t))
+	if (r->gram.grammar && grammar_take(s, r, t))
 		return;
-	if (r->logprobs && t >= 0)
-		r->ev_logprob = (float)((double)s->raw_row[t] - lse);
+	if (r->out.logprobs && t >= 0)
+		r->out.ev_logprob = (float)((double)s->raw_row[t] - lse);
 	deliver(s, r, t);
 }
 
@@ -1168,9 +1072,9 @@ static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k)
 
 	if (!gmatch(s, r))
 		return -1;
-	loom_gmatch_keep(r->gm, 0);
+	loom_gmatch_keep(r->gram.gm, 0);
 	for (j = 0; j < k; j++)
-		if (loom_gmatch_push(r->gm, r->tokens[r->n_tokens + j]))
+		if (loom_gmatch_push(r->gram.gm, r->tokens[r->n_tokens + j]))
 			break;
 	return j;
 }
@@ -1186,12 +1090,12 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 {
 	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i;
 
-	if (r->grammar) {
+	if (r->gram.grammar) {
 		/* row i follows draft i - 1: masked at lookahead level i
 		 * (grammar_drafts pushed the k drafts) */
 		if (!gmatch(s, r))
 			return;
-		if (loom_gmatch_levels(r->gm) < k) {
+		if (loom_gmatch_levels(r->gram.gm) < k) {
 			fail_running(s, r, "grammar: lookahead out of step with the drafts");
 			return;
 		}
@@ -1199,26 +1103,24 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 			if (grammar_mask(s, r, i, rows + (size_t)i * (size_t)s->n_vocab))
 				return;
 	}
-	n_acc = loom_spec_seq_accept(r->sq, r->smp, r->greedy, rows, r->tokens, r->n_tokens,
-				     k, &next);
+	n_acc = loom_spec_seq_accept(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
+				     r->n_tokens, k, &next);
 	loom_kv_truncate(s->kv, &r->seq, n_kv + 1 + n_acc);
 	/* the cache now holds r->tokens[0 .. n_tokens + n_acc): all final */
 	if (s->cfg.prefix_cache)
 		register_blocks(s, r);
 	r->tokens[r->n_tokens + n_acc] = next; /* room: k < n_predict - n_generated */
-	if (asked)
-		loom_spec_seq_observe(r->sq, k, n_acc, r->tokens + r->n_tokens, n_acc + 1);
+	loom_spec_seq_settle(r->spec.sq, asked, k, n_acc, r->tokens + r->n_tokens);
 	s->eng.spec_steps++;
 	s->eng.spec_drafted += (uint64_t)k;
 	s->eng.spec_accepted += (uint64_t)n_acc;
 	s->eng.spec_tokens += (uint64_t)n_acc + 1;
-	loom_spec_kind_count(r->spec, k, n_acc, n_acc + 1);
 	if (next < 0) {
 		fail_running(s, r, "speculation: the target distribution is empty");
 		return;
 	}
-	if (r->grammar) {
-		loom_gmatch_keep(r->gm, n_acc);
+	if (r->gram.grammar) {
+		loom_gmatch_keep(r->gram.gm, n_acc);
 		if (grammar_take(s, r, next))
 			return;
 	}
@@ -1231,12 +1133,12 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
  * (what predicts prompt token p + 1). */
 static void save_prompt_lp(struct loom_sched *s, struct req *r, int32_t p, const float *row)
 {
-	struct loom_token_logprob *out = r->prompt_lp + (size_t)(p + 1) * (size_t)(1 + r->n_top);
+	struct loom_token_logprob *out = r->out.prompt_lp + (size_t)(p + 1) * (size_t)(1 + r->out.n_top);
 	double lse = log_sum_exp(row, s->n_vocab);
 	int32_t t = r->tokens[p + 1];
 
 	out[0] = (struct loom_token_logprob){ t, (float)((double)row[t] - lse) };
-	top_logprobs(row, s->n_vocab, lse, r->n_top, out + 1);
+	top_logprobs(row, s->n_vocab, lse, r->out.n_top, out + 1);
 }
 
 /* Keeps what a chunk of a request with every row asks for: logits,
@@ -1257,26 +1159,26 @@ static int save_rows(struct loom_sched *s, const struct entry *e)
 	for (j = 0; j < n; j++) {
 		const float *row = s->logits + (size_t)(e->row + j) * V;
 
-		if (r->all_logits)
-			memcpy(r->all_logits + (size_t)(e->pos + j) * V, row, sizeof(float) * V);
-		if (r->prompt_lp && e->pos + j + 1 < r->n_prompt)
+		if (r->out.all_logits)
+			memcpy(r->out.all_logits + (size_t)(e->pos + j) * V, row, sizeof(float) * V);
+		if (r->out.prompt_lp && e->pos + j + 1 < r->n_prompt)
 			save_prompt_lp(s, r, e->pos + j, row);
 	}
-	if (!r->hidden)
+	if (!r->out.hidden)
 		return 0;
 	rc = loom_exec_hidden(s->exec, e->row, n, s->hidden_buf);
 	if (rc) {
 		fail_running(s, r, "backend: reading the hidden states failed");
 		return -1;
 	}
-	memcpy(r->hidden + (size_t)e->pos * D, s->hidden_buf, sizeof(float) * D * (size_t)n);
+	memcpy(r->out.hidden + (size_t)e->pos * D, s->hidden_buf, sizeof(float) * D * (size_t)n);
 	return 0;
 }
 
 /* True for an entry that wants hidden states and no logits at all. */
 static bool hidden_only(const struct entry *e)
 {
-	return e->all && e->r->hidden && !e->r->all_logits && !e->r->prompt_lp;
+	return e->all && e->r->out.hidden && !e->r->out.all_logits && !e->r->out.prompt_lp;
 }
 
 /* Output rows of entry e, whose tokens start at row t0 of the batch (the
@@ -1349,7 +1251,7 @@ static int run_plan(struct loom_sched *s)
 		}
 		if (e->all && save_rows(s, e))
 			continue;
-		if (e->last && e->r->hidden) { /* embeddings: no token */
+		if (e->last && e->r->out.hidden) { /* embeddings: no token */
 			running_remove(s, e->r);
 			finish(s, e->r, LOOM_FINISH_LENGTH, NULL);
 			continue;
@@ -1485,6 +1387,7 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 				s->max_out, err, errlen);
 	if (!s->exec)
 		return -1;
+	s->spec_target = loom_spec_target_new(s->m, s->kv, s->cfg.max_ctx);
 	s->running = calloc(seqs, sizeof(*s->running));
 	s->plan = calloc(seqs, sizeof(*s->plan));
 	s->q_start = calloc(seqs + 1, sizeof(int32_t));
@@ -1495,7 +1398,8 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	s->raw_row = calloc((size_t)s->n_vocab, sizeof(float));
 	s->hidden_buf = calloc((size_t)s->max_out * (size_t)hp->n_embd, sizeof(float));
 	if (!s->running || !s->plan || !s->q_start || !s->out_rows ||
-	    !s->seqs || !s->tok_buf || !s->logits || !s->raw_row || !s->hidden_buf) {
+	    !s->seqs || !s->tok_buf || !s->logits || !s->raw_row || !s->hidden_buf ||
+	    !s->spec_target) {
 		loom_seterr(err, errlen, "scheduler: out of memory");
 		return -1;
 	}
@@ -1504,8 +1408,7 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 
 static void free_engine(struct loom_sched *s)
 {
-	loom_exec_free(s->ee_exec);
-	free(s->ee_nodes);
+	loom_spec_target_free(s->spec_target);
 	loom_gvocab_free(s->gvocab);
 	loom_exec_free(s->exec);
 	loom_kv_free(s->kv);

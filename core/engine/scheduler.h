@@ -45,16 +45,14 @@ struct loom_sched_config {
 	int32_t max_waiting;    /* waiting queue bound; beyond it submit fails */
 	int32_t max_ctx;        /* prompt + generated tokens per sequence */
 	bool prefix_cache;      /* default true */
-	/* ---- appended (sched) ---- */
 	/* EOG tokens end a request (LOOM_FINISH_EOG); NULL: only n_predict
 	 * ends one. Borrowed: must outlive the scheduler. */
 	const struct loom_tokenizer *tokenizer;
-	/* ---- appended (specserve) ---- */
 	/* Logits rows per step for drafts beyond one per sequence: a
 	 * speculating sequence verifies k drafts with k + 1 rows, and drafts
 	 * are cut when the step's rows run out. 0: no drafts at all. */
 	int32_t spec_rows;
-	/* ---- appended (ls): batch-aware drafting ----
+	/* batch-aware drafting:
 	 * Rows (tokens) a step's decodes may take together before drafts stop
 	 * paying: a step with n decoding sequences shares at most
 	 * spec_step_rows - n drafts among its speculating ones (none when
@@ -62,17 +60,17 @@ struct loom_sched_config {
 	 * request drafts freely. Only k changes, never the output. 0: no cap
 	 * (drafts limited by the budget and spec_rows only; the default). */
 	int32_t spec_step_rows;
-	/* ---- appended (perplexity): logits for every prompt token ----
+	/* logits for every prompt token:
 	 * Logits rows per step at least, so a request with all_logits gets
 	 * rows for a whole prompt chunk (its chunks are cut to the rows
 	 * left). 0: max_seqs + spec_rows, enough for sampling and drafts. */
 	int32_t logits_rows;
-	/* ---- appended (swa): sliding-window layers ----
+	/* sliding-window layers:
 	 * Blocks of the windowed layers' own pool (see engine/kv.h), used when
 	 * the model has both windowed and full-context layers. 0: enough for
 	 * max_seqs sequences at max_ctx (never more than n_blocks). */
 	int64_t n_local_blocks;
-	/* ---- appended (kvq): the KV cache's type ----
+	/* the KV cache's type:
 	 * enum loom_type of every cached K and V value: F32 (0, the
 	 * default), F16, Q8_0 or Q4_0 (engine/kv.h); block counts and the
 	 * plan are in bytes of this type. */
@@ -121,7 +119,6 @@ struct loom_sched_request {
 	struct loom_sampler_params sampling;
 	loom_sched_cb cb;
 	void *user;
-	/* ---- appended (specserve) ---- */
 	/* Speculative decoding with this strategy (core/engine/spec.h), NULL: none.
 	 * Borrowed: must outlive the request. Greedy output is token for token
 	 * the plain output (bitwise logits with a batch-invariant backend);
@@ -129,7 +126,6 @@ struct loom_sched_request {
 	 * streams (seeded by sampling.seed). */
 	struct loom_spec_kind *spec;
 	int32_t spec_max_draft; /* <= 0: the strategy's default */
-	/* ---- appended (one engine path) ---- */
 	bool ignore_eog;      /* EOG tokens are generated like any other */
 	float *first_logits;  /* optional: n_vocab floats, gets the logits the
 				 first token is drawn from (before penalties
@@ -138,11 +134,10 @@ struct loom_sched_request {
 	 * prompt token i (what predicts token i + 1). Such a request shares
 	 * no prefix-cache blocks (every position must run). */
 	float *all_logits;
-	/* ---- appended (grammar) ---- */
 	/* optional: constrains the output (engine/grammar.h); the request
 	 * holds its own reference */
 	const struct loom_grammar *grammar;
-	/* ---- appended (api): log-probabilities and hidden states ----
+	/* log-probabilities and hidden states:
 	 * (loom.h's struct loom_request says what each holds). Requests with
 	 * any of them must not speculate (spec NULL); prompt_logprobs and
 	 * hidden take a row per prompt token, like all_logits. */
@@ -186,15 +181,14 @@ struct loom_sched_stats {
 	uint64_t preemptions, rejected;
 	uint64_t prompt_tokens, generated_tokens; /* cumulative */
 	uint64_t steps;
-	/* ---- appended (sched) ---- */
 	uint64_t cow_copies; /* KV blocks copied on write */
-	/* ---- appended (specserve): all strategies together ---- */
+	/* speculation, all strategies together */
 	uint64_t spec_steps;    /* verification steps of speculating sequences */
 	uint64_t spec_drafted;  /* drafts verified */
 	uint64_t spec_accepted; /* of those, accepted */
 	uint64_t spec_tokens;   /* tokens those steps produced */
-	/* ---- appended (swa): blocks held, and the windowed layers' pool
-	 * (blocks_* above: the full-context layers' pool) ---- */
+	/* blocks held, and the windowed layers' pool
+	 * (blocks_* above: the full-context layers' pool) */
 	int64_t blocks_peak;       /* most blocks held at once */
 	int32_t local_window;      /* 0: no windowed pool */
 	int64_t local_blocks_total, local_blocks_used, local_blocks_cached;

@@ -37,12 +37,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/kv.h"
 #include "format/gguf.h"
 #include "plugin/loader.h"
 #include "loom_config.h"
 
 #define SPEC_MAX_DRAFT_LIMIT 64
 #define DRAFT_POOL_CHUNK 256 /* tokens per draft-model pass in the pool */
+/* An early-exit pass runs the pending token and at most 64 drafts. */
+#define EE_MAX_TOKENS (SPEC_MAX_DRAFT_LIMIT + 1)
 
 void loom_spec_config_defaults(struct loom_spec_config *c)
 {
@@ -258,12 +261,154 @@ static int32_t accept_rows(const struct verify_buf *vb, struct loom_sampler *smp
 	return k; /* not reached */
 }
 
-/* ---- per-sequence speculation (the scheduler) ----
+/* ---- drafting runners: a model over a sequence's cached prefix ----
+ *
+ * Both models a plugin can draft with (the early-exit view of the target
+ * and the draft model) run the same way: the sequence's cache holds
+ * positions [base, kvs->n_tokens) of an earlier call, mirror[] their
+ * tokens; the longest prefix shared with hist + draft is kept, the rest
+ * runs in chunks of at most max_chunk tokens, and the logits of the last
+ * token come back. Engine thread only, one sequence at a time. */
+
+struct runner {
+	struct loom_kv *kv;
+	struct loom_exec *exec; /* NULL until built */
+	int32_t max_chunk;
+	int32_t *buf;           /* [max_chunk] */
+};
+
+/* Token at position p of hist[0..n_hist) + draft. */
+static int32_t token_at(const int32_t *hist, int64_t n_hist, const int32_t *draft, int64_t p)
+{
+	return p < n_hist ? hist[p] : draft[p - n_hist];
+}
+
+/* Logits after hist + draft in kvs, mirror[] holding the tokens of its
+ * positions from base on (room for len - base). 0, LOOM_ERR_NOMEM when
+ * the cache has no blocks now, or another negative loom_status. */
+static int runner_logits(struct runner *ru, struct loom_kv_seq *kvs, int32_t *mirror,
+			 int64_t base, const int32_t *hist, int64_t n_hist,
+			 const int32_t *draft, int32_t n_draft, float *logits)
+{
+	int64_t len = n_hist + n_draft, c = base;
+	char err[256];
+
+	while (c < kvs->n_tokens && c < len && mirror[c - base] == token_at(hist, n_hist, draft, c))
+		c++;
+	if (c == len)
+		c--; /* the last token must run to give logits */
+	if (c < kvs->n_tokens)
+		loom_kv_truncate(ru->kv, kvs, (int32_t)c);
+	while (c < len) {
+		int32_t n = len - c < ru->max_chunk ? (int32_t)(len - c) : ru->max_chunk;
+		int rc;
+
+		for (int32_t i = 0; i < n; i++)
+			ru->buf[i] = token_at(hist, n_hist, draft, c + i);
+		rc = loom_kv_reserve(ru->kv, kvs, n);
+		if (rc) /* the service's contract: LOOM_ERR_NOMEM is "no blocks now" */
+			return rc == LOOM_ERR_FULL ? LOOM_ERR_NOMEM : rc;
+		rc = loom_exec_one(ru->exec, kvs, ru->buf, n, c + n == len, logits, err, sizeof(err));
+		if (rc) {
+			loom_log(LOOM_LOG_ERROR, "spec: drafting model: %s", err);
+			loom_kv_truncate(ru->kv, kvs, (int32_t)c);
+			return rc;
+		}
+		memcpy(mirror + (c - base), ru->buf, sizeof(int32_t) * (size_t)n);
+		c += n;
+	}
+	return 0;
+}
+
+/* The draft model (one, shared by the sequences): each sequence keeps its
+ * own block table in the pool's KV cache and its tokens' mirror. */
+struct loom_spec_draft_pool {
+	struct gguf_file *f;
+	struct loom_tokenizer *tok;
+	struct loom_model *m;
+	struct runner run;
+	int32_t n_ctx;
+	int32_t buf[DRAFT_POOL_CHUNK];
+};
+
+/* The early-exit runner: the target's first `layers` layers and its head
+ * (the model's node list filtered by layer, same weights) on the target's
+ * own cache, in the drafting sequence's own blocks. Positions it writes
+ * past the sequence's last token are dropped when the proposal ends
+ * (loom_spec_seq_propose), and the verification pass writes every layer
+ * of them again. */
+struct loom_spec_target {
+	struct loom_model *m;
+	struct loom_model view;
+	struct loom_node *nodes;
+	struct runner run;
+	int32_t layers;    /* of the built view; 0: none yet */
+	int32_t max_ctx;
+	int32_t mirror[EE_MAX_TOKENS]; /* tokens at the positions it wrote */
+	int32_t buf[EE_MAX_TOKENS];
+};
+
+struct loom_spec_target *loom_spec_target_new(struct loom_model *m, struct loom_kv *kv,
+					      int32_t max_ctx)
+{
+	struct loom_spec_target *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return NULL;
+	t->m = m;
+	t->max_ctx = max_ctx;
+	t->run = (struct runner){ .kv = kv, .max_chunk = EE_MAX_TOKENS, .buf = t->buf };
+	return t;
+}
+
+void loom_spec_target_free(struct loom_spec_target *t)
+{
+	if (!t)
+		return;
+	loom_exec_free(t->run.exec);
+	free(t->nodes);
+	free(t);
+}
+
+/* Builds the layer-filtered view and its executor for `layers` layers
+ * (once; again only if another strategy asks for another depth). */
+static int target_ready(struct loom_spec_target *t, int32_t layers)
+{
+	const struct loom_model *m = t->m;
+	char err[256];
+	int32_t n = 0;
+
+	if (t->run.exec && t->layers == layers)
+		return 0;
+	if (m->shard.dist) /* the view would run on rank 0 alone */
+		return LOOM_ERR_UNSUPPORTED;
+	loom_exec_free(t->run.exec);
+	t->run.exec = NULL;
+	if (!t->nodes)
+		t->nodes = calloc((size_t)m->n_nodes, sizeof(*t->nodes));
+	if (!t->nodes)
+		return LOOM_ERR_NOMEM;
+	for (int i = 0; i < m->n_nodes; i++)
+		if (m->nodes[i].layer < layers)
+			t->nodes[n++] = m->nodes[i];
+	t->view = *m;
+	t->view.nodes = t->nodes;
+	t->view.n_nodes = n;
+	t->run.exec = loom_exec_new(&t->view, t->run.kv, EE_MAX_TOKENS, 1, 1, err, sizeof(err));
+	if (!t->run.exec) {
+		loom_log(LOOM_LOG_ERROR, "spec: early exit: %s", err);
+		return LOOM_ERR_NOMEM;
+	}
+	t->layers = layers;
+	return 0;
+}
+
+/* ---- per-sequence speculation ----
  *
  * A kind is a strategy loaded once and shared by every sequence that asks
  * for it; each sequence gets its own plugin context and its own host
- * table (tokens, draw, log; no next_logits). The kind's counters are
- * atomics: the engine thread adds, any thread reads. */
+ * table. The kind's counters are atomics: the engine thread adds, any
+ * thread reads. */
 
 struct loom_spec_kind {
 	void *dl;
@@ -273,6 +418,7 @@ struct loom_spec_kind {
 	int32_t n_vocab;
 	int32_t ee_layers; /* early-exit layers offered to sequences; 0: none */
 	struct loom_spec_draft_pool *pool; /* draft model offered; NULL: none */
+	bool probing;      /* loading: offer early exit without a target */
 	_Atomic uint64_t n_steps, n_drafted, n_accepted, n_tokens;
 };
 
@@ -281,38 +427,24 @@ struct loom_spec_seq {
 	struct loom_spec_ctx *ctx;
 	struct loom_spec_host host;
 	struct loom_spec_params params;
+	/* the proposal being made */
 	const int32_t *hist;
 	int64_t n_hist;
+	struct loom_kv_seq *kvs; /* the sequence's target cache */
+	int32_t room;      /* drafts next_logits may take now (propose's max) */
+	bool soft_fail;    /* a runner ran out of blocks this propose */
+	/* the drafts and their acceptance */
 	int32_t max_draft;
 	int32_t *dtok;   /* [max_draft] */
 	float *dprobs;   /* [max_draft][n_vocab] */
 	bool has_probs;
 	float *ptgt, *resid;
 	uint64_t rng[4], draft_rng[4];
-	/* the scheduler's model service (NULL: none) */
-	loom_spec_model_fn model_fn;
-	void *model_user;
-	int32_t room;      /* drafts next_logits may take now (propose's max) */
-	bool soft_fail;    /* the service ran out of blocks this propose */
-	/* this sequence's cache in the draft pool (k->pool) */
+	/* runners: early exit on the target (NULL: none), and this
+	 * sequence's cache in the draft pool (k->pool) */
+	struct loom_spec_target *target;
 	struct loom_kv_seq dseq;
-	int32_t *dcached;  /* tokens whose K/V are in dseq, pool->n_ctx room */
-	int64_t n_dcached;
-};
-
-/* ---- the draft model (one, shared by the sequences) ----
- *
- * Loaded once; each sequence keeps its own block table in the pool's KV
- * cache and mirrors its tokens there (the longest prefix shared with what
- * it holds is kept, the rest run). Engine thread only. */
-struct loom_spec_draft_pool {
-	struct gguf_file *f;
-	struct loom_tokenizer *tok;
-	struct loom_model *m;
-	struct loom_kv *kv;
-	struct loom_exec *exec;
-	int32_t n_ctx, max_chunk;
-	int32_t buf[DRAFT_POOL_CHUNK];
+	int32_t *dmirror;  /* tokens whose K/V are in dseq, pool->n_ctx room */
 };
 
 static void seq_log(void *host, enum loom_log_level level, const char *msg)
@@ -337,11 +469,45 @@ static int32_t seq_draw(void *host, const float *probs)
 	return probs ? draw_from(q->draft_rng, probs, q->k->n_vocab) : -1;
 }
 
+/* Logits of the draft model after the sequence + draft, in q's own
+ * cache of the pool. */
 static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_draft,
-		       float *logits);
+		       float *logits)
+{
+	struct loom_spec_draft_pool *p = q->k->pool;
+
+	if (q->n_hist + n_draft > p->n_ctx || q->n_hist <= 0)
+		return LOOM_ERR_INVALID;
+	if (!q->dmirror) {
+		q->dmirror = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
+		if (!q->dmirror)
+			return LOOM_ERR_NOMEM;
+	}
+	return runner_logits(&p->run, &q->dseq, q->dmirror, 0, q->hist, q->n_hist, draft,
+			     n_draft, logits);
+}
+
+/* Logits of the target's first layers after the sequence + draft, in the
+ * sequence's own blocks from its last token on. */
+static int early_exit_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_draft,
+			     float *logits)
+{
+	struct loom_spec_target *t = q->target;
+	int64_t base = q->n_hist - 1;
+	int rc;
+
+	if (!q->kvs || q->kvs->n_tokens < base || 1 + n_draft > EE_MAX_TOKENS ||
+	    q->n_hist + n_draft > t->max_ctx)
+		return LOOM_ERR_INVALID;
+	rc = target_ready(t, q->k->ee_layers);
+	if (rc)
+		return rc;
+	return runner_logits(&t->run, q->kvs, t->mirror, base, q->hist, q->n_hist, draft,
+			     n_draft, logits);
+}
 
 /* next_logits for a sequence: checks the call, then runs the draft model
- * (pool) or asks the scheduler (early exit). */
+ * (pool) or the early-exit view of the target. */
 static int seq_next_logits(void *host, enum loom_spec_model which, const int32_t *draft,
 			   int32_t n_draft, float *logits)
 {
@@ -349,21 +515,15 @@ static int seq_next_logits(void *host, enum loom_spec_model which, const int32_t
 	int rc;
 
 	if (which == LOOM_SPEC_MODEL_DRAFT ? !q->k->pool :
-	    which != LOOM_SPEC_MODEL_EARLY_EXIT || !q->k->ee_layers || !q->model_fn)
+	    which != LOOM_SPEC_MODEL_EARLY_EXIT || !q->k->ee_layers || !q->target)
 		return LOOM_ERR_UNSUPPORTED;
 	if (n_draft < 0 || (n_draft && !draft) || !logits || n_draft > q->room)
 		return LOOM_ERR_INVALID;
 	for (int32_t i = 0; i < n_draft; i++)
 		if (draft[i] < 0 || draft[i] >= q->k->n_vocab)
 			return LOOM_ERR_INVALID;
-	if (which == LOOM_SPEC_MODEL_DRAFT) {
-		rc = pool_logits(q, draft, n_draft, logits);
-		if (rc == LOOM_ERR_NOMEM)
-			q->soft_fail = true;
-		return rc;
-	}
-	rc = q->model_fn(q->model_user, which, q->k->ee_layers, q->hist, q->n_hist, draft,
-			 n_draft, logits);
+	rc = which == LOOM_SPEC_MODEL_DRAFT ? pool_logits(q, draft, n_draft, logits) :
+	     early_exit_logits(q, draft, n_draft, logits);
 	if (rc == LOOM_ERR_NOMEM)
 		q->soft_fail = true;
 	return rc;
@@ -373,8 +533,8 @@ void loom_spec_draft_pool_free(struct loom_spec_draft_pool *p)
 {
 	if (!p)
 		return;
-	loom_exec_free(p->exec);
-	loom_kv_free(p->kv);
+	loom_exec_free(p->run.exec);
+	loom_kv_free(p->run.kv);
 	loom_model_free(p->m);
 	loom_tokenizer_free(p->tok);
 	if (p->f)
@@ -398,7 +558,7 @@ struct loom_spec_draft_pool *loom_spec_draft_pool_open(const char *path,
 		return NULL;
 	}
 	p->n_ctx = n_ctx;
-	p->max_chunk = DRAFT_POOL_CHUNK;
+	p->run = (struct runner){ .max_chunk = DRAFT_POOL_CHUNK, .buf = p->buf };
 	p->f = gguf_open(path, why, sizeof(why));
 	if (p->f)
 		p->tok = loom_tokenizer_from_gguf(p->f, why, sizeof(why));
@@ -418,72 +578,17 @@ struct loom_spec_draft_pool *loom_spec_draft_pool_open(const char *path,
 			path, (long long)p->m->hp.n_vocab, loom_tokenizer_n_vocab(tok));
 		goto out_free;
 	}
-	p->kv = loom_kv_new(p->m->be, p->m->hp.n_layer, p->m->hp.n_head_kv * p->m->hp.head_dim,
-			    16, n_blocks, err, errlen);
-	if (!p->kv)
+	p->run.kv = loom_kv_new(p->m->be, p->m->hp.n_layer, p->m->hp.n_head_kv * p->m->hp.head_dim,
+				16, n_blocks, err, errlen);
+	if (!p->run.kv)
 		goto out_free;
-	p->exec = loom_exec_new(p->m, p->kv, p->max_chunk, 1, 1, err, errlen);
-	if (!p->exec)
+	p->run.exec = loom_exec_new(p->m, p->run.kv, DRAFT_POOL_CHUNK, 1, 1, err, errlen);
+	if (!p->run.exec)
 		goto out_free;
 	return p;
 out_free:
 	loom_spec_draft_pool_free(p);
 	return NULL;
-}
-
-/* Logits of the draft model after hist + draft, in q's own cache. */
-static int pool_logits(struct loom_spec_seq *q, const int32_t *draft, int32_t n_draft,
-		       float *logits)
-{
-	struct loom_spec_draft_pool *p = q->k->pool;
-	int64_t len = q->n_hist + n_draft, c = 0;
-	char err[256];
-
-	if (len > p->n_ctx || q->n_hist <= 0)
-		return LOOM_ERR_INVALID;
-	if (!q->dcached) {
-		q->dcached = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
-		if (!q->dcached)
-			return LOOM_ERR_NOMEM;
-	}
-#define TOK_AT(i) ((i) < q->n_hist ? q->hist[i] : draft[(i) - q->n_hist])
-	while (c < q->n_dcached && c < len && q->dcached[c] == TOK_AT(c))
-		c++;
-	if (c == len)
-		c--; /* the last token must run to give logits */
-	loom_kv_truncate(p->kv, &q->dseq, (int32_t)c);
-	q->n_dcached = c;
-	while (c < len) {
-		int32_t n = len - c < p->max_chunk ? (int32_t)(len - c) : p->max_chunk;
-		int rc;
-
-		for (int32_t i = 0; i < n; i++)
-			p->buf[i] = TOK_AT(c + i);
-		if (loom_kv_reserve(p->kv, &q->dseq, n))
-			return LOOM_ERR_NOMEM; /* no drafts this step */
-		rc = loom_exec_one(p->exec, &q->dseq, p->buf, n, c + n == len, logits, err,
-				   sizeof(err));
-		if (rc) {
-			loom_log(LOOM_LOG_ERROR, "spec: draft model: %s", err);
-			loom_kv_truncate(p->kv, &q->dseq, (int32_t)q->n_dcached);
-			return rc;
-		}
-		memcpy(q->dcached + c, p->buf, sizeof(int32_t) * (size_t)n);
-		c += n;
-		q->n_dcached = c;
-	}
-#undef TOK_AT
-	return 0;
-}
-
-/* Stands in for the scheduler's service while a kind is probed. */
-static int probe_model_fn(void *user, enum loom_spec_model which, int32_t layers,
-			  const int32_t *hist, int64_t n_hist, const int32_t *draft,
-			  int32_t n_draft, float *logits)
-{
-	(void)user, (void)which, (void)layers, (void)hist, (void)n_hist, (void)draft;
-	(void)n_draft, (void)logits;
-	return LOOM_ERR_UNSUPPORTED;
 }
 
 const char *loom_spec_kind_name(const struct loom_spec_kind *k)
@@ -509,24 +614,16 @@ void loom_spec_kind_stats(const struct loom_spec_kind *k, struct loom_spec_kind_
 	st->n_tokens = atomic_load(&k->n_tokens);
 }
 
-void loom_spec_kind_count(struct loom_spec_kind *k, int32_t drafted, int32_t accepted,
-			  int32_t tokens)
-{
-	atomic_fetch_add(&k->n_steps, 1);
-	atomic_fetch_add(&k->n_drafted, (uint64_t)drafted);
-	atomic_fetch_add(&k->n_accepted, (uint64_t)accepted);
-	atomic_fetch_add(&k->n_tokens, (uint64_t)tokens);
-}
-
 /* Creates and destroys one context on a one-token history, so that a
- * strategy the scheduler cannot serve is refused at start-up. */
+ * strategy the host cannot serve is refused at start-up. */
 static int kind_probe(struct loom_spec_kind *k, char *err, size_t errlen)
 {
 	struct loom_spec_seq *q;
 	char why[512];
 
-	q = loom_spec_seq_new_svc(k, 0, 1, k->ee_layers ? probe_model_fn : NULL, NULL, why,
-				  sizeof(why));
+	k->probing = true;
+	q = loom_spec_seq_new(k, 0, 1, NULL, why, sizeof(why));
+	k->probing = false;
 	if (!q) {
 		loom_seterr(err, errlen, "%s", why);
 		return -1;
@@ -536,31 +633,22 @@ static int kind_probe(struct loom_spec_kind *k, char *err, size_t errlen)
 }
 
 struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_spec_config *c,
-					   int32_t n_vocab, char *err, size_t errlen)
+					   int32_t n_vocab, const struct loom_spec_models *models,
+					   char *err, size_t errlen)
 {
-	return loom_spec_kind_load_ee(name, c, n_vocab, 0, err, errlen);
-}
-
-struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loom_spec_config *c,
-					      int32_t n_vocab, int64_t n_layer, char *err,
-					      size_t errlen)
-{
-	return loom_spec_kind_load_models(name, c, n_vocab, n_layer, NULL, err, errlen);
-}
-
-struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
-						  const struct loom_spec_config *c,
-						  int32_t n_vocab, int64_t n_layer,
-						  struct loom_spec_draft_pool *pool, char *err,
-						  size_t errlen)
-{
-	struct loom_spec_kind *k;
+	int64_t n_layer = models ? models->n_layer : 0;
 	int64_t layers = c->layers > 0 ? c->layers : n_layer / 2 > 0 ? n_layer / 2 : 1;
+	struct loom_spec_kind *k;
 
 	if (check_config(c, err, errlen))
 		return NULL;
 	if (n_vocab <= 0) {
 		loom_seterr(err, errlen, "speculation: vocabulary of %d tokens", n_vocab);
+		return NULL;
+	}
+	if (n_layer > 0 && layers > n_layer) {
+		loom_seterr(err, errlen, "spec_layers: %lld, but the model has %lld layers",
+			(long long)layers, (long long)n_layer);
 		return NULL;
 	}
 	k = calloc(1, sizeof(*k));
@@ -570,14 +658,8 @@ struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
 	}
 	k->cfg = *c;
 	k->n_vocab = n_vocab;
-	if (n_layer > 0 && layers > n_layer) {
-		loom_seterr(err, errlen, "spec_layers: %lld, but the model has %lld layers",
-			(long long)layers, (long long)n_layer);
-		free(k);
-		return NULL;
-	}
 	k->ee_layers = n_layer > 0 ? (int32_t)layers : 0;
-	k->pool = pool;
+	k->pool = models ? models->pool : NULL;
 	if (open_plugin(name, k->path, sizeof(k->path), &k->dl, &k->p, err, errlen) ||
 	    kind_probe(k, err, errlen)) {
 		free(k); /* never dlclose (plugin/loader.h) */
@@ -603,24 +685,18 @@ static int seq_alloc(struct loom_spec_seq *q)
 }
 
 struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
-					uint64_t seed, char *err, size_t errlen)
-{
-	return loom_spec_seq_new_svc(k, max_draft, seed, NULL, NULL, err, errlen);
-}
-
-struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t max_draft,
-					    uint64_t seed, loom_spec_model_fn fn, void *user,
-					    char *err, size_t errlen)
+					uint64_t seed, struct loom_spec_target *t, char *err,
+					size_t errlen)
 {
 	struct loom_spec_seq *q = calloc(1, sizeof(*q));
+	bool early_exit = k->ee_layers && (t || k->probing);
 	char msg[512] = "";
 	int rc;
 
 	if (!q)
 		goto out_nomem;
 	q->k = k;
-	q->model_fn = fn;
-	q->model_user = user;
+	q->target = t;
 	q->max_draft = max_draft > 0 && max_draft <= SPEC_MAX_DRAFT_LIMIT ? max_draft :
 		       k->cfg.max_draft;
 	if (seq_alloc(q))
@@ -631,13 +707,13 @@ struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t ma
 		.abi_major = LOOM_SPEC_ABI_MAJOR, .abi_minor = LOOM_SPEC_ABI_MINOR,
 		.struct_size = sizeof(struct loom_spec_host), .host = q,
 		.log = seq_log, .tokens = seq_tokens, .draw = seq_draw,
-		.next_logits = (fn && k->ee_layers) || k->pool ? seq_next_logits : NULL,
+		.next_logits = early_exit || k->pool ? seq_next_logits : NULL,
 	};
 	q->params = (struct loom_spec_params){
 		.struct_size = sizeof(struct loom_spec_params), .n_vocab = k->n_vocab,
 		.min_draft = k->cfg.min_draft < q->max_draft ? k->cfg.min_draft : q->max_draft,
 		.max_draft = q->max_draft, .ngram_min = k->cfg.ngram_min,
-		.ngram_max = k->cfg.ngram_max, .layers = fn ? k->ee_layers : 0,
+		.ngram_max = k->cfg.ngram_max, .layers = early_exit ? k->ee_layers : 0,
 		.has_draft_model = k->pool != NULL,
 	};
 	rc = k->p->create(&q->host, &q->params, &q->ctx, msg, sizeof(msg));
@@ -663,8 +739,8 @@ void loom_spec_seq_free(struct loom_spec_seq *q)
 	if (q->ctx)
 		q->k->p->destroy(q->ctx);
 	if (q->k->pool)
-		loom_kv_seq_release(q->k->pool->kv, &q->dseq);
-	free(q->dcached);
+		loom_kv_seq_release(q->k->pool->run.kv, &q->dseq);
+	free(q->dmirror);
 	free(q->dtok);
 	free(q->dprobs);
 	free(q->ptgt);
@@ -672,8 +748,30 @@ void loom_spec_seq_free(struct loom_spec_seq *q)
 	free(q);
 }
 
-int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int64_t n_hist,
-			      int32_t max, int32_t *out, char *err, size_t errlen)
+/* Runs the plugin's propose with the sequence lent to its services. */
+static int32_t call_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
+			    const int32_t *hist, int64_t n_hist, struct loom_spec_draft *d)
+{
+	int32_t k;
+
+	q->hist = hist;
+	q->n_hist = n_hist;
+	q->kvs = kvs;
+	q->room = d->max;
+	q->soft_fail = false;
+	k = q->k->p->propose(q->ctx, d);
+	q->room = 0;
+	/* the early-exit runner wrote its first layers past the last token:
+	 * drop them, the verification pass writes every layer again */
+	if (q->target && kvs && kvs->n_tokens > n_hist - 1)
+		loom_kv_truncate(q->target->run.kv, kvs, (int32_t)(n_hist - 1));
+	q->kvs = NULL;
+	return k;
+}
+
+int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
+			      const int32_t *hist, int64_t n_hist, int32_t max, int32_t *out,
+			      char *err, size_t errlen)
 {
 	struct loom_spec_draft d = { .tokens = q->dtok, .probs = q->dprobs };
 	uint64_t replay[4];
@@ -685,15 +783,10 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int6
 	if (max <= 0)
 		return 0;
 	d.max = max;
-	q->hist = hist;
-	q->n_hist = n_hist;
 	memcpy(replay, q->draft_rng, sizeof(replay));
-	q->room = max;
-	q->soft_fail = false;
-	k = q->k->p->propose(q->ctx, &d);
-	q->room = 0;
+	k = call_propose(q, kvs, hist, n_hist, &d);
 	if (k < 0 && q->soft_fail)
-		return 0; /* the scheduler had no blocks to draft in: no drafts */
+		return 0; /* a runner had no blocks to draft in: no drafts */
 	if (k < 0) {
 		loom_seterr(err, errlen, "spec plugin %s: propose failed with status %d",
 			q->k->path, k);
@@ -728,12 +821,17 @@ int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, 
 	return accept_rows(&vb, smp, greedy, hist, n_hist, k, next);
 }
 
-void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
-			   const int32_t *new_tokens, int32_t n_new)
+void loom_spec_seq_settle(struct loom_spec_seq *q, bool asked, int32_t k, int32_t n_acc,
+			  const int32_t *new_tokens)
 {
-	struct loom_spec_outcome o = { .n_proposed = k, .n_accepted = n_acc, .n_new = n_new,
+	struct loom_spec_outcome o = { .n_proposed = k, .n_accepted = n_acc, .n_new = n_acc + 1,
 		.new_tokens = new_tokens };
+	struct loom_spec_kind *kd = q->k;
 
-	if (q->k->p->observe)
-		q->k->p->observe(q->ctx, &o);
+	if (asked && kd->p->observe)
+		kd->p->observe(q->ctx, &o);
+	atomic_fetch_add(&kd->n_steps, 1);
+	atomic_fetch_add(&kd->n_drafted, (uint64_t)k);
+	atomic_fetch_add(&kd->n_accepted, (uint64_t)n_acc);
+	atomic_fetch_add(&kd->n_tokens, (uint64_t)n_acc + 1);
 }

@@ -39,23 +39,47 @@ int loom_spec_resolve(const char *name, char *path, size_t cap, char *err,
 int loom_spec_check(const char *path, const struct loom_spec_plugin *p, char *err,
 		    size_t errlen);
 
-/* ---- per-sequence speculation ----
+/* ---- per-sequence speculation: the one room ----
+ *
+ * Every drafting runner lives here: the plugins' own lookups (ngram.so),
+ * the early-exit runner over the target's first layers (layerskip.so) and
+ * the draft model (draft.so). The scheduler sees two calls per step and
+ * sequence: loom_spec_seq_propose ("up to max drafts after this
+ * sequence") and, after the verification pass, loom_spec_seq_accept
+ * ("these rows were verified: how many drafts to keep") followed by
+ * loom_spec_seq_settle (the plugin learns the outcome, the kind counts).
  *
  * A *kind* is a strategy loaded once and shared; each sequence that asks
  * for it gets its own plugin context (struct loom_spec_seq), created and
- * used on one thread. Through loom_spec_kind_load sequences get the
- * model-free services only (tokens, draw, log; next_logits is NULL), so a
- * strategy that needs a model (layerskip, draft) is refused there: it
- * creates and destroys one context to find out. loom_spec_kind_load_ee /
- * _models (below) also offer the early-exit model, run by the scheduler
- * (loom_spec_seq_new_svc), and a draft model (loom_spec_draft_pool). */
+ * used on one thread. Which models a kind may draft with is fixed when it
+ * loads (struct loom_spec_models); a strategy that needs a model the host
+ * does not offer is refused there (one context is made and destroyed to
+ * find out). */
 struct loom_spec_kind;
 struct loom_spec_seq;
+struct loom_spec_draft_pool;
+struct loom_spec_target;
+struct loom_kv;
+struct loom_kv_seq;
+
+/* The models a kind's sequences may draft with. */
+struct loom_spec_models {
+	/* Layers of the target (0: no early exit). Sequences get an early-exit
+	 * runner over c->layers of them (0: half); more than n_layer is
+	 * refused. */
+	int64_t n_layer;
+	/* A loaded draft model (NULL: none), offered as LOOM_SPEC_MODEL_DRAFT;
+	 * short of draft blocks, a sequence drafts nothing that step. */
+	struct loom_spec_draft_pool *pool;
+};
 
 /* Loads and checks a strategy; c gives its defaults (draft lengths,
- * n-gram sizes). NULL with err naming the file and the reason. */
+ * n-gram sizes, early-exit layers), models what it may draft with (NULL:
+ * no model: tokens, draw and log only). NULL with err naming the file and
+ * the reason. */
 struct loom_spec_kind *loom_spec_kind_load(const char *name, const struct loom_spec_config *c,
-					   int32_t n_vocab, char *err, size_t errlen);
+					   int32_t n_vocab, const struct loom_spec_models *models,
+					   char *err, size_t errlen);
 /* After every sequence using k is freed. */
 void loom_spec_kind_free(struct loom_spec_kind *k);
 const char *loom_spec_kind_name(const struct loom_spec_kind *k);
@@ -70,75 +94,57 @@ struct loom_spec_kind_stats {
 	uint64_t n_tokens;   /* tokens those steps produced (accepted + target's) */
 };
 void loom_spec_kind_stats(const struct loom_spec_kind *k, struct loom_spec_kind_stats *st);
-void loom_spec_kind_count(struct loom_spec_kind *k, int32_t drafted, int32_t accepted,
-			  int32_t tokens);
+
+/* The target model and its KV cache, lent by the scheduler to the
+ * early-exit runner (built at its first use; one sequence at a time, on
+ * the engine thread). A distributed model offers no early exit. */
+struct loom_spec_target *loom_spec_target_new(struct loom_model *m, struct loom_kv *kv,
+					      int32_t max_ctx);
+void loom_spec_target_free(struct loom_spec_target *t);
 
 /* A context for one sequence: at most max_draft drafts per step (<= 0:
- * the kind's), acceptance random streams from seed. NULL with err set. */
+ * the kind's), acceptance random streams from seed, drafting on target t
+ * (NULL: no early exit; then a kind that needs it fails here). NULL with
+ * err set. */
 struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
-					uint64_t seed, char *err, size_t errlen);
+					uint64_t seed, struct loom_spec_target *t, char *err,
+					size_t errlen);
 void loom_spec_seq_free(struct loom_spec_seq *q);
-/* Up to max drafts to follow hist[0..n_hist) (the last token included),
- * written to out[]. Returns how many, or -1 with err set. */
-int32_t loom_spec_seq_propose(struct loom_spec_seq *q, const int32_t *hist, int64_t n_hist,
-			      int32_t max, int32_t *out, char *err, size_t errlen);
+
+/* Up to max drafts to follow hist[0..n_hist) (the last token included,
+ * not yet in kvs, which holds the n_hist - 1 before it), written to
+ * out[]. An early-exit runner may write past kvs's end while drafting;
+ * kvs is back at n_hist - 1 tokens on return. Returns how many (0 also
+ * when a runner had no KV blocks to draft in), or -1 with err set. */
+int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
+			      const int32_t *hist, int64_t n_hist, int32_t max, int32_t *out,
+			      char *err, size_t errlen);
 /* Checks the last proposal's first k drafts against rows [k + 1][n_vocab]
  * (row i follows draft i; penalties are applied in place); hist[n_hist ..
- * n_hist + k) must hold the drafts. Returns the drafts accepted; *next
- * gets the target's token after them (-1 if none could be drawn). */
+ * n_hist + k) must hold the drafts. Returns the drafts accepted (the
+ * caller keeps them and drops the rest); *next gets the target's token
+ * after them (-1 if none could be drawn). */
 int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,
 			     float *rows, const int32_t *hist, int64_t n_hist, int32_t k,
 			     int32_t *next);
-/* ---- model services lent by the scheduler (appended) ----
- *
- * A scheduler that can run the early-exit model for one sequence passes
- * this function when it makes the sequence's context; the sequence's
- * plugin then sees host->next_logits. Called on the engine thread, from
- * inside loom_spec_seq_propose only: logits (n_vocab floats) for the token
- * after hist[0..n_hist) + draft[0..n_draft) under the target's first
- * `layers` layers. Returns 0, or a negative loom_status: LOOM_ERR_NOMEM
- * means "no KV blocks to draft in now", and the proposal that fails with
- * it is taken as no drafts (plain decoding this step), not as an error. */
-typedef int (*loom_spec_model_fn)(void *user, enum loom_spec_model which, int32_t layers,
-				  const int32_t *hist, int64_t n_hist, const int32_t *draft,
-				  int32_t n_draft, float *logits);
+/* After loom_spec_seq_accept: counts the step in the kind's statistics and,
+ * when the plugin proposed (asked), tells it what its proposal came to:
+ * k drafts, n_acc accepted, then new_tokens[0..n_acc] (the accepted
+ * drafts and the target's token). */
+void loom_spec_seq_settle(struct loom_spec_seq *q, bool asked, int32_t k, int32_t n_acc,
+			  const int32_t *new_tokens);
 
-/* As loom_spec_kind_load, but sequences are offered the early-exit model
- * of a target with n_layer layers (c->layers of them; 0: half), so
- * layerskip.so loads. n_layer 0: no model (as loom_spec_kind_load). */
-struct loom_spec_kind *loom_spec_kind_load_ee(const char *name, const struct loom_spec_config *c,
-					      int32_t n_vocab, int64_t n_layer, char *err,
-					      size_t errlen);
-/* As loom_spec_seq_new, with the scheduler's model service (fn NULL:
- * none; then a kind that needs a model fails here). */
-struct loom_spec_seq *loom_spec_seq_new_svc(struct loom_spec_kind *k, int32_t max_draft,
-					    uint64_t seed, loom_spec_model_fn fn, void *user,
-					    char *err, size_t errlen);
-
-/* A draft model for the scheduler's sequences (draft.so in `loom serve`):
- * loaded once from path with model params mp, its vocabulary checked
- * against tok token for token; its own KV cache has n_blocks blocks of
- * 16 tokens, each sequence (of at most n_ctx tokens) keeping its own block
- * table there (freed with the sequence). Used on the engine thread only. NULL
+/* A draft model for the scheduler's sequences (draft.so): loaded once
+ * from path with model params mp, its vocabulary checked against tok
+ * token for token; its own KV cache has n_blocks blocks of 16 tokens,
+ * each sequence (of at most n_ctx tokens) keeping its own block table
+ * there (freed with the sequence). Used on the engine thread only. NULL
  * with err naming the file. Free after every kind using it. */
-struct loom_spec_draft_pool;
 struct loom_spec_draft_pool *loom_spec_draft_pool_open(const char *path,
 							const struct loom_tokenizer *tok,
 							const struct loom_model_params *mp,
 							int32_t n_ctx, int64_t n_blocks,
 							char *err, size_t errlen);
 void loom_spec_draft_pool_free(struct loom_spec_draft_pool *p);
-/* loom_spec_kind_load_ee that also offers the draft model of pool
- * (NULL: none) as LOOM_SPEC_MODEL_DRAFT; short of draft blocks, a
- * sequence drafts nothing that step. */
-struct loom_spec_kind *loom_spec_kind_load_models(const char *name,
-						  const struct loom_spec_config *c,
-						  int32_t n_vocab, int64_t n_layer,
-						  struct loom_spec_draft_pool *pool, char *err,
-						  size_t errlen);
-
-/* Tells the plugin what its last proposal came to. */
-void loom_spec_seq_observe(struct loom_spec_seq *q, int32_t k, int32_t n_acc,
-			   const int32_t *new_tokens, int32_t n_new);
 
 #endif /* LOOM_SPEC_CORE_H */

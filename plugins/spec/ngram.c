@@ -1,21 +1,235 @@
 /*
  * ngram.so: prompt lookup decoding. No model: the drafts are what followed
- * the most recent earlier occurrence of the sequence's last n tokens
- * (n from ngram_max down to ngram_min, the longest match wins). Copying,
- * quoting, editing code and repeating lists make such matches common.
- * When the match runs into the end of the sequence the continuation
- * repeats with the match's period.
+ * earlier occurrences of the sequence's last n tokens (n from ngram_max
+ * down to ngram_min, the longest suffix that occurs wins).
+ *
+ * Where the suffix occurs more than once, the draft follows the
+ * continuation most occurrences agree on: at each draft position the
+ * token that follows the most of the occurrences still in agreement is
+ * taken (a tie goes to the most recent occurrence), and the occurrences
+ * that disagree drop out. With one occurrence this is plain prompt
+ * lookup; a continuation that runs into the end of the sequence repeats
+ * with the match's period.
+ *
+ * The lookup covers the request's own tokens (prompt and output) first,
+ * then the sequences of requests that ended earlier in this process (in
+ * `loom serve`: the same server's earlier requests), kept in a store of
+ * bounded size, least recently used first out (the SuffixDecoding idea:
+ * chat and agent traffic repeats itself across requests).
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spec_common.h"
 
+#define MAX_OCC 64                /* occurrences followed per lookup */
+#define STORE_SEQS 64             /* sequences kept from ended requests */
+#define STORE_TOKENS (1 << 20)    /* and their tokens at most (4 MiB) */
+#define STORE_MIN_TOKENS 16       /* shorter requests are not kept */
+#define MAX_SUFFIX 32             /* suffix lengths with their own rate */
+#define RATE_FLOOR 0.15f          /* below: matches of that length sit out */
+#define PROBE_EVERY 16            /* ... and are tried again after this many */
+
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
 	struct loom_spec_params p;
-	int32_t k; /* current draft length */
+	int32_t k;      /* current draft length */
+	/* per suffix length: running acceptance rate of its proposals, and
+	 * lookups it sat out since its rate fell under RATE_FLOOR */
+	float rate[MAX_SUFFIX + 1];
+	int32_t idle[MAX_SUFFIX + 1];
+	int32_t last_s; /* suffix length of the last proposal; 0: none */
+	int32_t *mine;  /* a copy of the sequence, for the store */
+	int64_t n_mine, cap_mine;
 };
+
+/* One sequence to look in: tokens t[0..n), and for the request's own
+ * sequence, the drafts so far continue it (d, periodic continuation). */
+struct text {
+	const int32_t *t;
+	int64_t n;
+	const int32_t *d; /* NULL: a stored sequence, nothing past its end */
+};
+
+/* ---- the store of ended requests (shared by every context) ---- */
+
+static struct {
+	pthread_mutex_t mu;
+	int32_t *seq[STORE_SEQS]; /* most recently used first */
+	int64_t len[STORE_SEQS];
+	int n;
+	int64_t tokens;
+} store = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* Moves entry i to the front (store.mu held). */
+static void store_touch(int i)
+{
+	int32_t *s = store.seq[i];
+	int64_t l = store.len[i];
+
+	memmove(store.seq + 1, store.seq, sizeof(store.seq[0]) * (size_t)i);
+	memmove(store.len + 1, store.len, sizeof(store.len[0]) * (size_t)i);
+	store.seq[0] = s;
+	store.len[0] = l;
+}
+
+/* Takes ownership of s[0..n) (frees it when not kept). */
+static void store_add(int32_t *s, int64_t n)
+{
+	if (n < STORE_MIN_TOKENS || n > STORE_TOKENS) {
+		free(s);
+		return;
+	}
+	pthread_mutex_lock(&store.mu);
+	for (int i = 0; i < store.n; i++) {
+		if (store.len[i] == n && !memcmp(store.seq[i], s, sizeof(int32_t) * (size_t)n)) {
+			store_touch(i); /* the same request again: keep one */
+			pthread_mutex_unlock(&store.mu);
+			free(s);
+			return;
+		}
+	}
+	while (store.n > 0 && (store.n == STORE_SEQS || store.tokens + n > STORE_TOKENS)) {
+		store.n--;
+		store.tokens -= store.len[store.n];
+		free(store.seq[store.n]);
+	}
+	store.seq[store.n] = s;
+	store.len[store.n] = n;
+	store.tokens += n;
+	store_touch(store.n++);
+	pthread_mutex_unlock(&store.mu);
+}
+
+/* ---- lookup ---- */
+
+static int32_t text_at(const struct text *x, int64_t i)
+{
+	return i < x->n ? x->t[i] : x->d ? x->d[i - x->n] : -1;
+}
+
+/* Up to max starts of continuations of earlier occurrences of the last s
+ * tokens of suf in x, most recent first (the suffix itself excluded when
+ * x is the request's own sequence). Returns how many. */
+static int find_occ(const struct text *x, const int32_t *suf, int32_t s, int64_t *occ,
+		    int max)
+{
+	int n = 0;
+
+	/* a start at n - s would be the suffix itself (own sequence) or have
+	 * nothing after it (stored) */
+	for (int64_t j = x->n - s - 1; j >= 0 && n < max; j--)
+		if (x->t[j] == suf[0] && !memcmp(x->t + j, suf, sizeof(int32_t) * (size_t)s))
+			occ[n++] = j + s;
+	return n;
+}
+
+/* Follows the occurrences (continuation starts occ[0..n_occ), most
+ * recent first) by majority, writing up to want drafts to out (out may
+ * be x->d). Returns how many. */
+static int32_t follow(const struct text *x, int64_t *occ, int n_occ, int32_t want,
+		      int32_t *out)
+{
+	int32_t i;
+
+	for (i = 0; i < want && n_occ > 0; i++) {
+		int32_t best = -1, best_n = 0;
+		int kept = 0;
+
+		for (int a = 0; a < n_occ; a++) { /* first seen = most recent */
+			int32_t t = text_at(x, occ[a] + i), c = 0;
+
+			if (t < 0 || t == best)
+				continue;
+			for (int b = a; b < n_occ; b++)
+				c += text_at(x, occ[b] + i) == t;
+			if (c > best_n)
+				best = t, best_n = c;
+		}
+		if (best < 0)
+			break;
+		out[i] = best;
+		for (int a = 0; a < n_occ; a++)
+			if (text_at(x, occ[a] + i) == best)
+				occ[kept++] = occ[a];
+		n_occ = kept;
+	}
+	return i;
+}
+
+/* Whether matches of suffix length s may propose now: those whose
+ * proposals are mostly rejected sit out, with a probe now and then. */
+static bool length_ok(struct loom_spec_ctx *c, int32_t s)
+{
+	if (c->rate[s] >= RATE_FLOOR)
+		return true;
+	if (++c->idle[s] < PROBE_EVERY)
+		return false;
+	c->idle[s] = 0;
+	return true;
+}
+
+/* Drafts from the longest suffix of h[0..n) that occurs in x (c->last_s
+ * gets its length). */
+static int32_t lookup(struct loom_spec_ctx *c, const struct text *x, const int32_t *h,
+		      int64_t n, int32_t want, int32_t *out)
+{
+	int64_t occ[MAX_OCC];
+
+	for (int32_t s = c->p.ngram_max; s >= c->p.ngram_min; s--) {
+		int n_occ;
+
+		if (s >= n || s > x->n)
+			continue;
+		n_occ = find_occ(x, h + n - s, s, occ, MAX_OCC);
+		if (n_occ == 0)
+			continue;
+		if (!length_ok(c, s))
+			return 0; /* a shorter match would be no better */
+		c->last_s = s;
+		return follow(x, occ, n_occ, want, out);
+	}
+	return 0;
+}
+
+/* Drafts from the store, most recently used sequence first; the one that
+ * gives them moves to the front. */
+static int32_t lookup_store(struct loom_spec_ctx *c, const int32_t *h, int64_t n,
+			    int32_t want, int32_t *out)
+{
+	int32_t k = 0;
+
+	pthread_mutex_lock(&store.mu);
+	for (int i = 0; i < store.n && k == 0; i++) {
+		struct text x = { .t = store.seq[i], .n = store.len[i] };
+
+		k = lookup(c, &x, h, n, want, out);
+		if (k > 0)
+			store_touch(i);
+	}
+	pthread_mutex_unlock(&store.mu);
+	return k;
+}
+
+/* Keeps the copy of the sequence up to date (what ends in the store). */
+static void remember(struct loom_spec_ctx *c, const int32_t *h, int64_t n)
+{
+	if (n > c->cap_mine) {
+		int64_t cap = n > 2 * c->cap_mine ? n : 2 * c->cap_mine;
+		int32_t *p = realloc(c->mine, sizeof(int32_t) * (size_t)cap);
+
+		if (!p)
+			return; /* the store just misses this request */
+		c->mine = p;
+		c->cap_mine = cap;
+	}
+	if (n < c->n_mine)
+		c->n_mine = 0;
+	memcpy(c->mine + c->n_mine, h + c->n_mine, sizeof(int32_t) * (size_t)(n - c->n_mine));
+	c->n_mine = n;
+}
 
 static int ngram_create(const struct loom_spec_host *host,
 			const struct loom_spec_params *params,
@@ -23,55 +237,51 @@ static int ngram_create(const struct loom_spec_host *host,
 {
 	struct loom_spec_ctx *c = calloc(1, sizeof(*c));
 
+	(void)msg, (void)msg_len;
 	if (!c)
 		return LOOM_ERR_NOMEM;
 	c->host = host;
 	c->p = *params;
+	if (c->p.ngram_max > MAX_SUFFIX) /* a longer match has this suffix too */
+		c->p.ngram_max = MAX_SUFFIX;
+	if (c->p.ngram_min > c->p.ngram_max)
+		c->p.ngram_min = c->p.ngram_max;
 	c->k = params->max_draft;
+	for (int s = 0; s <= MAX_SUFFIX; s++)
+		c->rate[s] = 1.0f;
 	*out = c;
 	return 0;
 }
 
 static void ngram_destroy(struct loom_spec_ctx *c)
 {
+	store_add(c->mine, c->n_mine);
 	free(c);
-}
-
-/* Start of the continuation of the most recent earlier match of the
- * last s tokens of h[0..n), or -1. */
-static int64_t find_match(const int32_t *h, int64_t n, int32_t s)
-{
-	const int32_t *suffix = h + n - s;
-
-	for (int64_t j = n - s - 1; j >= 0; j--)
-		if (h[j] == suffix[0] && !memcmp(h + j, suffix, sizeof(int32_t) * (size_t)s))
-			return j + s;
-	return -1;
 }
 
 static int ngram_propose(struct loom_spec_ctx *c, struct loom_spec_draft *d)
 {
-	int64_t n, start = -1;
+	int64_t n;
 	const int32_t *h = c->host->tokens(c->host->host, &n);
-	int32_t want = c->k < d->max ? c->k : d->max, s;
+	int32_t want = c->k < d->max ? c->k : d->max, k;
+	struct text own = { .t = h, .n = n, .d = d->tokens };
 
-	for (s = c->p.ngram_max; s >= c->p.ngram_min && start < 0; s--)
-		if (s < n)
-			start = find_match(h, n, s);
-	if (start < 0)
-		return 0;
-	for (int32_t i = 0; i < want; i++) {
-		int64_t idx = start + i;
-
-		d->tokens[i] = idx < n ? h[idx] : d->tokens[idx - n];
-	}
+	remember(c, h, n);
+	c->last_s = 0;
+	k = lookup(c, &own, h, n, want, d->tokens);
+	if (k == 0)
+		k = lookup_store(c, h, n, want, d->tokens);
 	d->has_probs = 0;
-	return want;
+	return k;
 }
 
 static void ngram_observe(struct loom_spec_ctx *c, const struct loom_spec_outcome *o)
 {
+	int32_t s = c->last_s;
+
 	c->k = spec_adapt(c->k, &c->p, o);
+	if (s > 0 && o->n_proposed > 0)
+		c->rate[s] = 0.8f * c->rate[s] + 0.2f * (float)o->n_accepted / (float)o->n_proposed;
 }
 
 static const struct loom_spec_plugin ngram_plugin = {

@@ -435,7 +435,7 @@ START_TEST(quant_and_spec_refuse_non_elf)
 	loom_spec_config_defaults(&c);
 	write_not_elf(p, sizeof(p), "not_elf_spec.so");
 	err[0] = '\0';
-	ck_assert_ptr_null(loom_spec_kind_load(p, &c, 300, err, sizeof(err)));
+	ck_assert_ptr_null(loom_spec_kind_load(p, &c, 300, NULL, err, sizeof(err)));
 	ck_assert_msg(strstr(err, "spec plugin") && strstr(err, p) &&
 		      strstr(err, "not an ELF shared object"), "'%s'", err);
 	unlink(p);

@@ -252,19 +252,21 @@ START_TEST(model_strategies_refused)
 	char err[1024], path[4096];
 
 	loom_spec_config_defaults(&c);
-	k = loom_spec_kind_load("layerskip", &c, 49152, err, sizeof(err));
+	k = loom_spec_kind_load("layerskip", &c, 49152, NULL, err, sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "layerskip.so") && strstr(err, "model"), "%s", err);
 	/* the scheduler serves early exit, not a draft model */
-	k = loom_spec_kind_load_ee("draft", &c, 49152, 30, err, sizeof(err));
+	k = loom_spec_kind_load("draft", &c, 49152, &(struct loom_spec_models){ .n_layer = 30 }, err,
+				sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "draft.so") && strstr(err, "draft model"), "%s", err);
 	c.layers = 31;
-	k = loom_spec_kind_load_ee("layerskip", &c, 49152, 30, err, sizeof(err));
+	k = loom_spec_kind_load("layerskip", &c, 49152, &(struct loom_spec_models){ .n_layer = 30 },
+				err, sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "31") && strstr(err, "30 layers"), "%s", err);
 	c.layers = 0;
-	k = loom_spec_kind_load("no-such-strategy", &c, 49152, err, sizeof(err));
+	k = loom_spec_kind_load("no-such-strategy", &c, 49152, NULL, err, sizeof(err));
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, "no-such-strategy.so") && strstr(err, "not found"), "%s", err);
 	/* a file that is not a shared object */
@@ -276,7 +278,7 @@ START_TEST(model_strategies_refused)
 		ck_assert_int_eq(write(fd, "hello", 5), 5);
 		close(fd);
 	}
-	k = loom_spec_kind_load(path, &c, 49152, err, sizeof(err));
+	k = loom_spec_kind_load(path, &c, 49152, NULL, err, sizeof(err));
 	unlink(path);
 	ck_assert_ptr_null(k);
 	ck_assert_msg(strstr(err, path) && strstr(err, "not an ELF"), "%s", err);
@@ -441,8 +443,8 @@ START_TEST(draft_pool_equals_plain)
 		pool = loom_spec_draft_pool_open(getenv("LOOM_MODEL"), tok, &mp, 512, blocks, err,
 						 sizeof(err));
 		ck_assert_msg(pool != NULL, "%s", err);
-		draft = loom_spec_kind_load_models("draft", &c, (int32_t)model->hp.n_vocab, 0, pool,
-						   err, sizeof(err));
+		draft = loom_spec_kind_load("draft", &c, (int32_t)model->hp.n_vocab,
+					    &(struct loom_spec_models){ .pool = pool }, err, sizeof(err));
 		ck_assert_msg(draft != NULL, "%s", err);
 		for (int i = 0; i < N; i++)
 			jobs[i].spec = draft;
@@ -497,12 +499,13 @@ static void load_model(void)
 	ck_assert_msg(model != NULL, "%s", err);
 	loom_spec_config_defaults(&c);
 	c.max_draft = 6;
-	ngram = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, err, sizeof(err));
+	ngram = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, NULL, err, sizeof(err));
 	ck_assert_msg(ngram != NULL, "%s", err);
 	ck_assert_str_eq(loom_spec_kind_name(ngram), "ngram");
 	c.layers = 28; /* of 30: shallower drafts of SmolLM2 are never accepted */
-	layerskip = loom_spec_kind_load_ee("layerskip", &c, (int32_t)model->hp.n_vocab,
-					   model->hp.n_layer, err, sizeof(err));
+	layerskip = loom_spec_kind_load("layerskip", &c, (int32_t)model->hp.n_vocab,
+					&(struct loom_spec_models){ .n_layer = model->hp.n_layer }, err,
+					sizeof(err));
 	ck_assert_msg(layerskip != NULL, "%s", err);
 }
 

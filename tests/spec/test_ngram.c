@@ -1,0 +1,161 @@
+/*
+ * ngram.so's lookup, through the host's per-sequence API with no model:
+ * the continuation most earlier occurrences agree on wins (a tie goes to
+ * the most recent), ended requests are looked up too (a store of bounded
+ * size, least recently used out first), and a suffix length whose
+ * proposals keep failing sits out and is probed again later.
+ *
+ * The store is one per process, so the cases run in order in one process
+ * (CK_NOFORK) and use disjoint token ranges.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/spec.h"
+
+#define N_VOCAB 300
+#define STORE_SEQS 64 /* ngram.c's bound on stored requests */
+
+static struct loom_spec_kind *kind;
+
+static struct loom_spec_seq *seq_open(void)
+{
+	char err[512];
+	struct loom_spec_seq *q = loom_spec_seq_new(kind, 8, 1, NULL, err, sizeof(err));
+
+	ck_assert_msg(q != NULL, "%s", err);
+	return q;
+}
+
+static int32_t propose(struct loom_spec_seq *q, const int32_t *h, int64_t n, int32_t *out)
+{
+	char err[512];
+	int32_t k = loom_spec_seq_propose(q, NULL, h, n, 8, out, err, sizeof(err));
+
+	ck_assert_msg(k >= 0, "%s", err);
+	return k;
+}
+
+/* Drafts for h from a fresh context (which is then stored, if long). */
+static int32_t propose_once(const int32_t *h, int64_t n, int32_t *out)
+{
+	struct loom_spec_seq *q = seq_open();
+	int32_t k = propose(q, h, n, out);
+
+	loom_spec_seq_free(q);
+	return k;
+}
+
+START_TEST(majority_wins)
+{
+	/* "9 1 2 3" is followed by 50 51 twice and by 60 61 once (the most
+	 * recent): prompt lookup alone would draft 60 */
+	static const int32_t h[] = { 9, 1, 2, 3, 50, 51, 9, 1, 2, 3, 50, 51,
+				     9, 1, 2, 3, 60, 61, 9, 1, 2, 3 };
+	int32_t out[8];
+	int32_t k = propose_once(h, sizeof(h) / sizeof(h[0]), out);
+
+	ck_assert_int_ge(k, 3);
+	ck_assert_int_eq(out[0], 50);
+	ck_assert_int_eq(out[1], 51);
+	ck_assert_int_eq(out[2], 9);
+}
+END_TEST
+
+START_TEST(tie_goes_to_the_most_recent)
+{
+	static const int32_t h[] = { 8, 4, 5, 6, 70, 8, 4, 5, 6, 80, 8, 4, 5, 6 };
+	int32_t out[8];
+
+	ck_assert_int_ge(propose_once(h, sizeof(h) / sizeof(h[0]), out), 1);
+	ck_assert_int_eq(out[0], 80);
+}
+END_TEST
+
+START_TEST(store_of_ended_requests)
+{
+	int32_t first[40], probe[] = { 7, 11, 120, 121, 122 }, other[20], out[8];
+
+	for (int i = 0; i < 40; i++)
+		first[i] = 100 + i;
+	/* no request has seen 120 121 122 yet: nothing to draft */
+	ck_assert_int_eq(propose_once(probe, 5, out), 0);
+	propose_once(first, 40, out); /* ends: its tokens go to the store */
+	ck_assert_int_eq(propose_once(probe, 5, out), 8);
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(out[i], 123 + i);
+	/* STORE_SEQS other requests push it out (each distinct, 200..299) */
+	for (int r = 0; r < STORE_SEQS; r++) {
+		other[0] = 200 + r;
+		for (int i = 1; i < 20; i++)
+			other[i] = 270 + i;
+		propose_once(other, 20, out);
+	}
+	ck_assert_int_eq(propose_once(probe, 5, out), 0);
+}
+END_TEST
+
+START_TEST(failing_length_sits_out)
+{
+	/* a period-3 pattern in tokens 30..32: always a match of length 4 */
+	int32_t h[24], out[8], zeros = 0, longest = 0, probed_after = 0;
+	struct loom_spec_seq *q = seq_open();
+
+	for (int i = 0; i < 24; i++)
+		h[i] = 30 + i % 3;
+	for (int step = 0; step < 60; step++) {
+		int32_t k = propose(q, h, 24, out);
+
+		if (k == 0) {
+			zeros++;
+			longest = zeros > longest ? zeros : longest;
+			continue;
+		}
+		if (longest >= 10)
+			probed_after++;
+		zeros = 0;
+		/* every draft rejected: the target's token is some other one */
+		loom_spec_seq_settle(q, true, k, 0, (const int32_t[]){ 40 });
+	}
+	loom_spec_seq_free(q);
+	ck_assert_msg(longest >= 10, "rejected proposals never stopped (longest pause %d)", longest);
+	ck_assert_msg(probed_after > 0, "no probe after the pause");
+}
+END_TEST
+
+static Suite *ngram_suite(void)
+{
+	Suite *s = suite_create("ngram");
+	TCase *tc = tcase_create("lookup");
+
+	tcase_add_test(tc, majority_wins);
+	tcase_add_test(tc, tie_goes_to_the_most_recent);
+	tcase_add_test(tc, store_of_ended_requests);
+	tcase_add_test(tc, failing_length_sits_out);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	struct loom_spec_config c;
+	char err[512];
+	SRunner *sr;
+	int failed;
+
+	loom_spec_config_defaults(&c);
+	kind = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
+	if (!kind) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	sr = srunner_create(ngram_suite());
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	loom_spec_kind_free(kind);
+	return failed ? 1 : 0;
+}
