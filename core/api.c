@@ -9,6 +9,8 @@
 #include "loom.h"
 #include "util.h"
 
+#include <jansson.h>
+
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1020,6 +1022,51 @@ out_close:
 	free(src);
 	fclose(fp);
 	return rc;
+}
+
+/* One scalar metadata value as JSON; NULL for arrays (vocabularies and
+ * per-layer tables are large and say little here). */
+static json_t *meta_value(const struct gguf_kv *kv)
+{
+	switch (kv->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64:
+		return json_integer((json_int_t)kv->v.u64);
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		return json_integer((json_int_t)kv->v.i64);
+	case GGUF_F32: case GGUF_F64:
+		return json_real(kv->v.f64);
+	case GGUF_BOOL:
+		return json_boolean(kv->v.u64);
+	case GGUF_STRING: /* NULL when not UTF-8 */
+		return json_stringn(kv->v.str.ptr, (size_t)kv->v.str.len);
+	default:
+		return NULL;
+	}
+}
+
+char *loom_engine_metadata_json(const struct loom_engine *e)
+{
+	json_t *o = json_object();
+	char *s;
+
+	for (uint64_t i = 0; o && i < e->f->n_kv; i++) {
+		const struct gguf_kv *kv = &e->f->kv[i];
+		char key[256];
+		json_t *v;
+
+		if (kv->key.len >= sizeof(key))
+			continue;
+		memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+		key[kv->key.len] = '\0';
+		if (!strncmp(key, "tokenizer.chat_template", 23) || strlen(key) != kv->key.len)
+			continue; /* templates have their own field */
+		v = meta_value(kv);
+		if (v)
+			json_object_set_new(o, key, v);
+	}
+	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return s;
 }
 
 bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strategy_info *out)

@@ -841,3 +841,14 @@ int loom_engine_chat_template_file(const struct loom_engine *e, const char *path
 /* Frees what a template holds (its Jinja source); safe on any template
  * filled by the functions above, and twice. */
 void loom_chat_template_free(struct loom_chat_template *t);
+
+/* ======== appended (ollama): what a server tells of its model ======== */
+
+/*
+ * The model file's scalar metadata (every key but the chat templates and
+ * arrays) as one JSON object, {"general.architecture": "llama", ...}:
+ * malloc'd text the caller frees, or NULL when out of memory.
+ */
+char *loom_engine_metadata_json(const struct loom_engine *e);
+/* llama.cpp's name of a general.file_type id ("q4_K_M"), or NULL. */
+const char *loom_file_type_name(uint32_t ft);

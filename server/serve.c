@@ -3,6 +3,7 @@
 #include "serve_int.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -198,6 +199,30 @@ static void req_ctx_init(struct server *srv)
 	};
 }
 
+/* What /api/tags and /api/show say of the model. */
+static void ollama_init(struct server *srv)
+{
+	const char *meta;
+	json_t *o;
+
+	srv->metadata_json = loom_engine_metadata_json(srv->engine);
+	meta = srv->metadata_json ? srv->metadata_json : "{}";
+	o = json_loads(meta, 0, NULL);
+	srv->ollama = (struct ollama_model){
+		.names = srv->model_names,
+		.n_names = srv->n_model_names,
+		.path = srv->o.model,
+		.metadata_json = meta,
+		.quant = json_is_integer(json_object_get(o, "general.file_type")) ?
+			 loom_file_type_name((uint32_t)json_integer_value(
+				 json_object_get(o, "general.file_type"))) : NULL,
+		.template_src = srv->chat_ok && srv->chat.family == LOOM_CHAT_JINJA ?
+				srv->chat.source : NULL,
+		.n_ctx = srv->n_ctx,
+	};
+	json_decref(o);
+}
+
 static void *engine_main(void *arg)
 {
 	struct server *srv = arg;
@@ -386,6 +411,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	if (!srv->engine && open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
+	ollama_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
 		srv_seterr(err, errlen, "cannot start the engine thread");
 		goto out;
@@ -407,6 +433,7 @@ out:
 	}
 	loom_chat_template_free(&srv->chat);
 	loom_engine_close(srv->engine);
+	free(srv->metadata_json);
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");

@@ -553,6 +553,10 @@ static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		if (message_text(json_object_get(m, "content"), i, &text, e))
 			goto out;
 		msgs[i].role = json_string_value(role);
+		/* current OpenAI clients send "developer" for what older ones
+		 * call "system": templates know only the latter */
+		if (!strcmp(msgs[i].role, "developer"))
+			msgs[i].role = "system";
 		msgs[i].content = text;
 		if (serve_tool_history(m, i, &msgs[i].role, (char **)&msgs[i].content, e))
 			goto out;
@@ -568,7 +572,7 @@ out:
 }
 
 static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
-			  struct perr *e)
+			  bool until_full, struct perr *e)
 {
 	int32_t longest = 0, room;
 	const char *key = "max_tokens";
@@ -578,7 +582,7 @@ static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct ser
 	for (i = 0; i < r->n_prompts; i++)
 		longest = r->prompt_lens[i] > longest ? r->prompt_lens[i] : longest;
 	room = ctx->n_ctx - longest;
-	mt = r->chat ? room : 16;
+	mt = r->chat || until_full ? room : 16;
 	if (r->chat && req_member(o, "max_completion_tokens"))
 		key = "max_completion_tokens";
 	/* 0 with echo: the prompt and its logprobs only (scoring) */
@@ -624,7 +628,7 @@ static int check_model(const struct serve_req_ctx *ctx, json_t *v, struct perr *
 
 /* The members of the body object, in the order their errors are reported. */
 static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
-			struct perr *e)
+			bool until_full, struct perr *e)
 {
 	char *tools_text = NULL;
 	int rc;
@@ -656,7 +660,20 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 				SERVE_REQ_MAX_CHOICES);
 	r->prompt = r->prompts[0]; /* owned by prompts */
 	r->n_prompt = r->prompt_lens[0];
-	return get_max_tokens(ctx, o, r, e);
+	return get_max_tokens(ctx, o, r, until_full, e);
+}
+
+int serve_req_parse_obj(const struct serve_req_ctx *ctx, json_t *o, bool chat, bool until_full,
+			struct serve_req *r, struct perr *e)
+{
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	r->chat = chat;
+	rc = parse_object(ctx, o, r, until_full, e);
+	if (rc)
+		serve_req_free(r);
+	return rc;
 }
 
 int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
@@ -672,10 +689,8 @@ int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t le
 	if (!o)
 		return perr_set(e, 400, NULL, "invalid_json", "invalid JSON at line %d column %d: %s",
 				jerr.line, jerr.column, jerr.text);
-	rc = parse_object(ctx, o, r, e);
+	rc = serve_req_parse_obj(ctx, o, chat, false, r, e);
 	json_decref(o);
-	if (rc)
-		serve_req_free(r);
 	return rc;
 }
 

@@ -108,6 +108,15 @@ struct serve_req {
 					   choice i * n + k */
 	int32_t *prompts[SERVE_REQ_MAX_PROMPTS]; /* malloc'd token ids */
 	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
+	/* ---- appended (ollama) ---- */
+	int api;                        /* enum serve_api: the shape of the answer */
+};
+
+/* Which API a request came through, so the answer takes its shape. */
+enum serve_api {
+	SERVE_API_OPENAI = 0,
+	SERVE_API_OLLAMA_CHAT,      /* /api/chat */
+	SERVE_API_OLLAMA_GENERATE,  /* /api/generate */
 };
 
 /* A /v1/embeddings body: its inputs as token ids. */
@@ -131,5 +140,10 @@ void serve_embed_free(struct serve_embed_req *r);
 int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
 		    bool chat, struct serve_req *r, struct perr *e);
 void serve_req_free(struct serve_req *r);
+/* As serve_req_parse, from a parsed body o (borrowed). until_full: a
+ * request without max_tokens generates until the context is full (chat
+ * requests always do; this makes completions do so too). */
+int serve_req_parse_obj(const struct serve_req_ctx *ctx, json_t *o, bool chat, bool until_full,
+			struct serve_req *r, struct perr *e);
 
 #endif
