@@ -842,6 +842,30 @@ int loom_engine_chat_template_file(const struct loom_engine *e, const char *path
  * filled by the functions above, and twice. */
 void loom_chat_template_free(struct loom_chat_template *t);
 
+/* ======== appended (tools): chats with tools and tool calls ======== */
+
+/*
+ * As loom_chat_render, with the chat as JSON text for a Jinja template
+ * (LOOM_CHAT_JINJA; a built-in family cannot place tools and is refused):
+ * MESSAGES_JSON an array of messages as Hugging Face transformers passes
+ * them (role, content, an assistant's tool_calls with their arguments as
+ * objects, a tool result's tool_call_id and name), TOOLS_JSON (NULL or
+ * empty: none) the request's tools array, passed as `tools`.
+ */
+char *loom_chat_render_json(const struct loom_chat_template *t, const char *messages_json,
+			    size_t mlen, const char *tools_json, size_t tlen,
+			    bool add_generation_prompt, char *err, size_t errlen);
+/*
+ * As loom_chat_tokenize_max for loom_chat_render_json's rendering: every
+ * byte that came from the messages or the tools (names, descriptions,
+ * arguments, results) is tokenized as text, never as special tokens.
+ */
+int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
+				const struct loom_chat_template *t, const char *messages_json,
+				size_t mlen, const char *tools_json, size_t tlen,
+				bool add_generation_prompt, int64_t max, int32_t **ids, char *err,
+				size_t errlen);
+
 /* ======== appended (ollama): what a server tells of its model ======== */
 
 /*
