@@ -980,6 +980,35 @@ int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_temp
 	return rc ? LOOM_ERR_UNSUPPORTED : 0;
 }
 
+int loom_engine_chat_template_named(const struct loom_engine *e, const char *name,
+				    struct loom_chat_template *t, char *err, size_t errlen)
+{
+	char key[160], *tmpl = NULL;
+	int rc;
+
+	memset(t, 0, sizeof(*t));
+	if (!name || !*name || strlen(name) > 100) {
+		loom_seterr(err, errlen, "a template name of 1 to 100 bytes");
+		return LOOM_ERR_INVALID;
+	}
+	snprintf(key, sizeof(key), "tokenizer.chat_template.%s", name);
+	if (gguf_get_str(e->f, key, &tmpl, err, errlen) < 0)
+		return LOOM_ERR_FORMAT;
+	if (!tmpl)
+		return 1;
+	rc = loom_chat_template_jinja(tmpl, token_text_or_empty(e, loom_tokenizer_bos(e->tok)),
+				      token_text_or_empty(e, loom_tokenizer_eos(e->tok)), t, err,
+				      errlen) ? LOOM_ERR_UNSUPPORTED : 0;
+	if (rc) { /* name the key */
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", err);
+		loom_seterr(err, errlen, "%s: %s", key, why);
+	}
+	free(tmpl);
+	return rc;
+}
+
 int loom_engine_chat_template_file(const struct loom_engine *e, const char *path,
 				   struct loom_chat_template *t, char *err, size_t errlen)
 {

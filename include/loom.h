@@ -866,6 +866,16 @@ int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
 				bool add_generation_prompt, int64_t max, int32_t **ids, char *err,
 				size_t errlen);
 
+/*
+ * A named variant of the model's chat template, the GGUF key
+ * tokenizer.chat_template.NAME ("tool_use": the template some models give
+ * for requests with tools). 0 with t filled (release it with
+ * loom_chat_template_free); 1 when the file has no such template; or a
+ * negative loom_status with err (a variant that does not parse).
+ */
+int loom_engine_chat_template_named(const struct loom_engine *e, const char *name,
+				    struct loom_chat_template *t, char *err, size_t errlen);
+
 /* ======== appended (ollama): what a server tells of its model ======== */
 
 /*

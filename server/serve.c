@@ -1,6 +1,7 @@
 /* `loom serve`: options, start-up, the engine thread and shutdown. */
 #include "serve.h"
 #include "serve_int.h"
+#include "serve_tools.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -61,10 +62,11 @@ static void print_plan(struct server *srv)
 	struct loom_strategy_info si;
 	struct loom_engine_stats st;
 
-	fprintf(stderr, "loom serve: chat template: %s%s\n",
+	fprintf(stderr, "loom serve: chat template: %s%s%s\n",
 		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
 		srv->o.chat_template[0] ? " (--chat-template)" :
-		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)");
+		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)",
+		srv->has_chat_tools ? ", and its tool_use variant for requests with tools" : "");
 	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++)
 		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
 			si.name, si.path, si.max_draft);
@@ -113,6 +115,14 @@ static int open_engine(struct server *srv, char *err, size_t errlen)
 		if (srv->chat_ok && !srv->chat_given)
 			fprintf(stderr, "loom serve: warning: the model has no chat template; using the built-in %s format (--chat-template FILE to give one)\n",
 				loom_chat_family_name(srv->chat.family));
+	}
+	if (!srv->o.chat_template[0] && srv->chat_ok) { /* --chat-template replaces both */
+		int rc = loom_engine_chat_template_named(srv->engine, "tool_use", &srv->chat_tools,
+							 err, errlen);
+
+		if (rc < 0)
+			return -1;
+		srv->has_chat_tools = rc == 0;
 	}
 	for (srv->n_spec = 0; srv->n_spec < SRV_MAX_SPEC &&
 	     loom_engine_strategy(srv->engine, srv->n_spec, &si); srv->n_spec++)
@@ -176,8 +186,33 @@ static int32_t *req_render_ids(void *user, const struct serve_msg *msgs, size_t 
 	return ids;
 }
 
+/* The template for chats with tools or tool calls. */
+static const struct loom_chat_template *tools_template(const struct server *srv)
+{
+	return srv->has_chat_tools ? &srv->chat_tools : &srv->chat;
+}
+
+/* A chat with tools or tool calls: the template gets them as they are. */
+static int32_t *req_render_json(void *user, const char *messages_json, const char *tools_json,
+				int64_t *n_ids, char *why, size_t whylen)
+{
+	const struct server *srv = user;
+	int32_t *ids = NULL;
+
+	*n_ids = loom_chat_tokenize_json(srv->tok, tools_template(srv), messages_json,
+					 strlen(messages_json), tools_json,
+					 tools_json ? strlen(tools_json) : 0, true, srv->n_ctx, &ids,
+					 why, whylen);
+	return ids;
+}
+
 static void req_ctx_init(struct server *srv)
 {
+	const struct loom_chat_template *tt = tools_template(srv);
+	bool renders = false;
+	int format = serve_tool_format_of(tt->family == LOOM_CHAT_JINJA ? tt->source : NULL,
+					  &renders);
+
 	srv->req_ctx = (struct serve_req_ctx){
 		.n_vocab = loom_tokenizer_n_vocab(srv->tok),
 		.n_ctx = srv->n_ctx,
@@ -196,7 +231,13 @@ static void req_ctx_init(struct server *srv)
 		.render_ids = srv->chat_ok ? req_render_ids : NULL,
 		.model_names = srv->model_names,
 		.n_model_names = srv->n_model_names,
+		.render_json = srv->chat_ok && tt->family == LOOM_CHAT_JINJA ? req_render_json : NULL,
+		.template_tools = srv->chat_ok && renders,
+		.tool_format = format,
 	};
+	fprintf(stderr, "loom serve: tool calls: %s format, tools presented %s\n",
+		serve_tool_format_name(format), srv->req_ctx.template_tools ?
+		"by the chat template" : "in a system message of loom's");
 }
 
 /* What /api/tags and /api/show say of the model. */
@@ -432,6 +473,7 @@ out:
 		pthread_join(engine, NULL);
 	}
 	loom_chat_template_free(&srv->chat);
+	loom_chat_template_free(&srv->chat_tools);
 	loom_engine_close(srv->engine);
 	free(srv->metadata_json);
 	free(srv);
@@ -440,6 +482,7 @@ out:
 	return rc;
 out_follower:
 	loom_chat_template_free(&srv->chat);
+	loom_chat_template_free(&srv->chat_tools);
 	loom_engine_close(srv->engine);
 	free(srv);
 	return rc;

@@ -141,6 +141,7 @@ void job_take_req(struct job *j, struct serve_req *r)
 	j->top_logprobs = r->top_logprobs;
 	j->echo = r->echo;
 	j->api = r->api;
+	j->tool_format = r->tool_format;
 	take_prompts(j, r->prompts, r->prompt_lens, r->n_prompts, r->n);
 	memset(r, 0, sizeof(*r));
 }

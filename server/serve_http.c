@@ -323,7 +323,7 @@ static json_t *tool_choice_json(const struct job *j, const struct gen *g, const 
 
 	if (!j->chat || !j->tool_mode || strcmp(g->finish_reason, "stop") || !text->s)
 		return NULL;
-	calls = serve_tool_calls(text->s, text->len);
+	calls = serve_tool_calls(j->tool_format, text->s, text->len);
 	if (!calls)
 		return NULL;
 	return json_pack("{s:i,s:{s:s,s:n,s:o},s:n,s:s}", "index", g->index, "message",
@@ -382,7 +382,7 @@ static enum MHD_Result ollama_whole(struct MHD_Connection *c, struct job *j,
 	struct ollama_stats st;
 
 	if (chat && j->tool_mode && !strcmp(j->gens[0].finish_reason, "stop") && text->s)
-		calls = serve_tool_calls(text->s, text->len);
+		calls = serve_tool_calls(j->tool_format, text->s, text->len);
 	ollama_stats_of(j, &st);
 	o = ollama_answer(j->srv->model_name, chat, calls ? "" : text->s, calls ? 0 : text->len,
 			  calls, &st);
@@ -574,9 +574,9 @@ static bool stream_tools(struct job *j, struct gen *g, const char *text, size_t 
 	if (g->tool_kind == 1)
 		return false; /* plain text: streamed as it comes */
 	sb_putn(b, text, len);
-	g->tool_kind = serve_tool_kind(b->s ? b->s : "", b->len);
+	g->tool_kind = serve_tool_kind(j->tool_format, b->s ? b->s : "", b->len);
 	if (finished && g->tool_kind == 2 && !g->failed && !strcmp(g->finish_reason, "stop"))
-		calls = serve_tool_calls(b->s, b->len);
+		calls = serve_tool_calls(j->tool_format, b->s, b->len);
 	if (calls) {
 		stream_calls(j, g, calls);
 		json_decref(calls);

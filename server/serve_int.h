@@ -72,6 +72,10 @@ struct server {
 	const char *spec_default; /* NULL: plain decoding */
 	struct serve_req_ctx req_ctx; /* what request parsing needs, set at start */
 	struct loom_chat_template chat;
+	/* requests with tools or tool calls: the model's tool_use variant
+	 * (tokenizer.chat_template.tool_use) when it has one, else chat */
+	struct loom_chat_template chat_tools;
+	bool has_chat_tools;
 	bool chat_ok;
 	bool chat_given; /* the model carries a template */
 	char chat_err[256];
@@ -185,6 +189,7 @@ struct job {
 	bool embed_base64;
 	/* ---- appended (ollama) ---- */
 	int api;                      /* enum serve_api: the answer's shape */
+	int tool_format;              /* enum serve_tool_format of its calls */
 };
 
 struct job *job_new(struct server *srv);

@@ -82,6 +82,17 @@ struct serve_req_ctx {
 	 * model_not_found); n_model_names 0: any name */
 	const char *const *model_names;
 	int n_model_names;
+	/* appended (tools): renders a chat that has tools or tool calls
+	 * (requests with tools, or a history holding calls and results):
+	 * MESSAGES_JSON the messages as transformers passes them (tool call
+	 * arguments as objects), TOOLS_JSON the tools or NULL; as render_ids
+	 * otherwise. NULL, or template_tools false: such chats go through
+	 * render_ids with tools as a system-prompt section of loom's and calls
+	 * and results rewritten as text (serve_tool_history). */
+	int32_t *(*render_json)(void *user, const char *messages_json, const char *tools_json,
+				int64_t *n_ids, char *why, size_t whylen);
+	bool template_tools; /* the tool template presents tools in tool_format */
+	int tool_format;     /* enum serve_tool_format the tool template asks for */
 };
 
 struct serve_req {
@@ -110,6 +121,7 @@ struct serve_req {
 	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
 	/* ---- appended (ollama) ---- */
 	int api;                        /* enum serve_api: the shape of the answer */
+	int tool_format;                /* enum serve_tool_format of the calls */
 };
 
 /* Which API a request came through, so the answer takes its shape. */
