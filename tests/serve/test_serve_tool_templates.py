@@ -17,7 +17,9 @@ loom's renderer:
 import json
 import os
 import re
+import struct
 import sys
+import tempfile
 import time
 
 import test_serve as ts
@@ -139,6 +141,60 @@ def with_template(name, tests):
             srv.proc.kill()
 
 
+def with_tool_use_variant(path, variant):
+    """A copy of the model with tokenizer.chat_template.tool_use set to
+    variant's source: the key goes right after the header, padded (with a
+    Jinja comment) to a multiple of the file's 32-byte alignment, so the
+    tensor data keeps its alignment."""
+    with open(os.path.join(TEMPLATES, variant, "template.jinja"), "rb") as f:
+        src = f.read()
+    key = b"tokenizer.chat_template.tool_use"
+    head = 8 + len(key) + 4 + 8
+    pad = (-(head + len(src))) % 32
+    if 0 < pad < 5:
+        pad += 32
+    if pad:
+        src += b"{#" + b" " * (pad - 4) + b"#}"
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(src)) + src
+    with open(MODEL, "rb") as f, open(path, "wb") as out:
+        header = f.read(24)
+        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", header)
+        out.write(struct.pack("<4sIQQ", magic, version, n_tensors, n_kv + 1) + kv)
+        while True:
+            block = f.read(1 << 20)
+            if not block:
+                break
+            out.write(block)
+
+
+def tool_use_variant():
+    """A model whose file has a tool_use variant: requests with tools get
+    it (its prompt is jinja2's rendering), requests without get the
+    model's own template (the prompt of the unmodified model)."""
+    qwen = "Qwen-Qwen2.5-7B-Instruct"
+    plain = {"messages": ASK, "max_tokens": 1, "temperature": 0}
+    srv = Server()
+    try:
+        base = ok(srv, plain)["usage"]["prompt_tokens"]
+    finally:
+        srv.stop()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "with-tool-use.gguf")
+        with_tool_use_variant(path, qwen)
+        srv = Server("--model", path)
+        try:
+            check("tool_use: start-up names the variant",
+                  "tool_use variant for requests with tools" in srv.stderr(), srv.stderr()[-600:])
+            prompt_as_jinja2(srv, qwen)
+            check("tool_use: a request without tools gets the model's own template",
+                  ok(srv, plain)["usage"]["prompt_tokens"] == base, base)
+            required_call(srv, "tool_use")
+            check("tool_use: server exits 0", srv.stop() == 0, srv.stderr()[-300:])
+        finally:
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+
+
 def main():
     if not os.path.exists(MODEL) or not os.path.isdir(TEMPLATES):
         print("skip: model or shared templates missing")
@@ -156,6 +212,12 @@ def main():
     check("Llama 3.1: its bare JSON format", fmt == "llama3-json", fmt)
     fmt = with_template("mistralai-Mistral-Nemo-Instruct-2407", [mistral_ids])
     check("Mistral Nemo: its [TOOL_CALLS] format", fmt == "mistral", fmt)
+    t0 = time.time()
+    try:
+        tool_use_variant()
+    except Exception as e:  # noqa: BLE001
+        check("tool_use_variant", False, f"raised {e!r}")
+    print(f"tool_use_variant: {time.time() - t0:.1f} s", flush=True)
     print(f"{ts.passed} passed, {len(ts.failures)} failed")
     sys.exit(1 if ts.failures else 0)
 
