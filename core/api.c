@@ -9,6 +9,8 @@
 #include "loom.h"
 #include "util.h"
 
+#include <jansson.h>
+
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -982,6 +984,35 @@ int loom_engine_chat_template(const struct loom_engine *e, struct loom_chat_temp
 	return rc ? LOOM_ERR_UNSUPPORTED : 0;
 }
 
+int loom_engine_chat_template_named(const struct loom_engine *e, const char *name,
+				    struct loom_chat_template *t, char *err, size_t errlen)
+{
+	char key[160], *tmpl = NULL;
+	int rc;
+
+	memset(t, 0, sizeof(*t));
+	if (!name || !*name || strlen(name) > 100) {
+		loom_seterr(err, errlen, "a template name of 1 to 100 bytes");
+		return LOOM_ERR_INVALID;
+	}
+	snprintf(key, sizeof(key), "tokenizer.chat_template.%s", name);
+	if (gguf_get_str(e->f, key, &tmpl, err, errlen) < 0)
+		return LOOM_ERR_FORMAT;
+	if (!tmpl)
+		return 1;
+	rc = loom_chat_template_jinja(tmpl, token_text_or_empty(e, loom_tokenizer_bos(e->tok)),
+				      token_text_or_empty(e, loom_tokenizer_eos(e->tok)), t, err,
+				      errlen) ? LOOM_ERR_UNSUPPORTED : 0;
+	if (rc) { /* name the key */
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", err);
+		loom_seterr(err, errlen, "%s: %s", key, why);
+	}
+	free(tmpl);
+	return rc;
+}
+
 int loom_engine_chat_template_file(const struct loom_engine *e, const char *path,
 				   struct loom_chat_template *t, char *err, size_t errlen)
 {
@@ -1024,6 +1055,51 @@ out_close:
 	free(src);
 	fclose(fp);
 	return rc;
+}
+
+/* One scalar metadata value as JSON; NULL for arrays (vocabularies and
+ * per-layer tables are large and say little here). */
+static json_t *meta_value(const struct gguf_kv *kv)
+{
+	switch (kv->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64:
+		return json_integer((json_int_t)kv->v.u64);
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		return json_integer((json_int_t)kv->v.i64);
+	case GGUF_F32: case GGUF_F64:
+		return json_real(kv->v.f64);
+	case GGUF_BOOL:
+		return json_boolean(kv->v.u64);
+	case GGUF_STRING: /* NULL when not UTF-8 */
+		return json_stringn(kv->v.str.ptr, (size_t)kv->v.str.len);
+	default:
+		return NULL;
+	}
+}
+
+char *loom_engine_metadata_json(const struct loom_engine *e)
+{
+	json_t *o = json_object();
+	char *s;
+
+	for (uint64_t i = 0; o && i < e->f->n_kv; i++) {
+		const struct gguf_kv *kv = &e->f->kv[i];
+		char key[256];
+		json_t *v;
+
+		if (kv->key.len >= sizeof(key))
+			continue;
+		memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+		key[kv->key.len] = '\0';
+		if (!strncmp(key, "tokenizer.chat_template", 23) || strlen(key) != kv->key.len)
+			continue; /* templates have their own field */
+		v = meta_value(kv);
+		if (v)
+			json_object_set_new(o, key, v);
+	}
+	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return s;
 }
 
 bool loom_engine_strategy(const struct loom_engine *e, int i, struct loom_strategy_info *out)

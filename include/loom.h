@@ -847,3 +847,48 @@ int loom_engine_chat_template_file(const struct loom_engine *e, const char *path
 /* Frees what a template holds (its Jinja source); safe on any template
  * filled by the functions above, and twice. */
 void loom_chat_template_free(struct loom_chat_template *t);
+
+/* ======== appended (tools): chats with tools and tool calls ======== */
+
+/*
+ * As loom_chat_render, with the chat as JSON text for a Jinja template
+ * (LOOM_CHAT_JINJA; a built-in family cannot place tools and is refused):
+ * MESSAGES_JSON an array of messages as Hugging Face transformers passes
+ * them (role, content, an assistant's tool_calls with their arguments as
+ * objects, a tool result's tool_call_id and name), TOOLS_JSON (NULL or
+ * empty: none) the request's tools array, passed as `tools`.
+ */
+char *loom_chat_render_json(const struct loom_chat_template *t, const char *messages_json,
+			    size_t mlen, const char *tools_json, size_t tlen,
+			    bool add_generation_prompt, char *err, size_t errlen);
+/*
+ * As loom_chat_tokenize_max for loom_chat_render_json's rendering: every
+ * byte that came from the messages or the tools (names, descriptions,
+ * arguments, results) is tokenized as text, never as special tokens.
+ */
+int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
+				const struct loom_chat_template *t, const char *messages_json,
+				size_t mlen, const char *tools_json, size_t tlen,
+				bool add_generation_prompt, int64_t max, int32_t **ids, char *err,
+				size_t errlen);
+
+/*
+ * A named variant of the model's chat template, the GGUF key
+ * tokenizer.chat_template.NAME ("tool_use": the template some models give
+ * for requests with tools). 0 with t filled (release it with
+ * loom_chat_template_free); 1 when the file has no such template; or a
+ * negative loom_status with err (a variant that does not parse).
+ */
+int loom_engine_chat_template_named(const struct loom_engine *e, const char *name,
+				    struct loom_chat_template *t, char *err, size_t errlen);
+
+/* ======== appended (ollama): what a server tells of its model ======== */
+
+/*
+ * The model file's scalar metadata (every key but the chat templates and
+ * arrays) as one JSON object, {"general.architecture": "llama", ...}:
+ * malloc'd text the caller frees, or NULL when out of memory.
+ */
+char *loom_engine_metadata_json(const struct loom_engine *e);
+/* llama.cpp's name of a general.file_type id ("q4_K_M"), or NULL. */
+const char *loom_file_type_name(uint32_t ft);

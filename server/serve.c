@@ -1,8 +1,10 @@
 /* `loom serve`: options, start-up, the engine thread and shutdown. */
 #include "serve.h"
 #include "serve_int.h"
+#include "serve_tools.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -60,10 +62,11 @@ static void print_plan(struct server *srv)
 	struct loom_strategy_info si;
 	struct loom_engine_stats st;
 
-	fprintf(stderr, "loom serve: chat template: %s%s\n",
+	fprintf(stderr, "loom serve: chat template: %s%s%s\n",
 		srv->chat_ok ? loom_chat_family_name(srv->chat.family) : srv->chat_err,
 		srv->o.chat_template[0] ? " (--chat-template)" :
-		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)");
+		srv->chat_given ? "" : " (the model has none: its architecture's, else chatml)",
+		srv->has_chat_tools ? ", and its tool_use variant for requests with tools" : "");
 	for (int i = 0; loom_engine_strategy(srv->engine, i, &si); i++)
 		fprintf(stderr, "loom serve: speculative strategy %s (%s), up to %d drafts\n",
 			si.name, si.path, si.max_draft);
@@ -112,6 +115,14 @@ static int open_engine(struct server *srv, char *err, size_t errlen)
 		if (srv->chat_ok && !srv->chat_given)
 			fprintf(stderr, "loom serve: warning: the model has no chat template; using the built-in %s format (--chat-template FILE to give one)\n",
 				loom_chat_family_name(srv->chat.family));
+	}
+	if (!srv->o.chat_template[0] && srv->chat_ok) { /* --chat-template replaces both */
+		int rc = loom_engine_chat_template_named(srv->engine, "tool_use", &srv->chat_tools,
+							 err, errlen);
+
+		if (rc < 0)
+			return -1;
+		srv->has_chat_tools = rc == 0;
 	}
 	for (srv->n_spec = 0; srv->n_spec < SRV_MAX_SPEC &&
 	     loom_engine_strategy(srv->engine, srv->n_spec, &si); srv->n_spec++)
@@ -175,8 +186,33 @@ static int32_t *req_render_ids(void *user, const struct serve_msg *msgs, size_t 
 	return ids;
 }
 
+/* The template for chats with tools or tool calls. */
+static const struct loom_chat_template *tools_template(const struct server *srv)
+{
+	return srv->has_chat_tools ? &srv->chat_tools : &srv->chat;
+}
+
+/* A chat with tools or tool calls: the template gets them as they are. */
+static int32_t *req_render_json(void *user, const char *messages_json, const char *tools_json,
+				int64_t *n_ids, char *why, size_t whylen)
+{
+	const struct server *srv = user;
+	int32_t *ids = NULL;
+
+	*n_ids = loom_chat_tokenize_json(srv->tok, tools_template(srv), messages_json,
+					 strlen(messages_json), tools_json,
+					 tools_json ? strlen(tools_json) : 0, true, srv->n_ctx, &ids,
+					 why, whylen);
+	return ids;
+}
+
 static void req_ctx_init(struct server *srv)
 {
+	const struct loom_chat_template *tt = tools_template(srv);
+	bool renders = false;
+	int format = serve_tool_format_of(tt->family == LOOM_CHAT_JINJA ? tt->source : NULL,
+					  &renders);
+
 	srv->req_ctx = (struct serve_req_ctx){
 		.n_vocab = loom_tokenizer_n_vocab(srv->tok),
 		.n_ctx = srv->n_ctx,
@@ -195,7 +231,37 @@ static void req_ctx_init(struct server *srv)
 		.render_ids = srv->chat_ok ? req_render_ids : NULL,
 		.model_names = srv->model_names,
 		.n_model_names = srv->n_model_names,
+		.render_json = srv->chat_ok && tt->family == LOOM_CHAT_JINJA ? req_render_json : NULL,
+		.template_tools = srv->chat_ok && renders,
+		.tool_format = format,
 	};
+	fprintf(stderr, "loom serve: tool calls: %s format, tools presented %s\n",
+		serve_tool_format_name(format), srv->req_ctx.template_tools ?
+		"by the chat template" : "in a system message of loom's");
+}
+
+/* What /api/tags and /api/show say of the model. */
+static void ollama_init(struct server *srv)
+{
+	const char *meta;
+	json_t *o;
+
+	srv->metadata_json = loom_engine_metadata_json(srv->engine);
+	meta = srv->metadata_json ? srv->metadata_json : "{}";
+	o = json_loads(meta, 0, NULL);
+	srv->ollama = (struct ollama_model){
+		.names = srv->model_names,
+		.n_names = srv->n_model_names,
+		.path = srv->o.model,
+		.metadata_json = meta,
+		.quant = json_is_integer(json_object_get(o, "general.file_type")) ?
+			 loom_file_type_name((uint32_t)json_integer_value(
+				 json_object_get(o, "general.file_type"))) : NULL,
+		.template_src = srv->chat_ok && srv->chat.family == LOOM_CHAT_JINJA ?
+				srv->chat.source : NULL,
+		.n_ctx = srv->n_ctx,
+	};
+	json_decref(o);
 }
 
 static void *engine_main(void *arg)
@@ -386,6 +452,7 @@ int loom_serve_main(int argc, char **argv, char *err, size_t errlen)
 	if (!srv->engine && open_engine(srv, err, errlen))
 		goto out;
 	req_ctx_init(srv);
+	ollama_init(srv);
 	if (pthread_create(&engine, NULL, engine_main, srv)) {
 		srv_seterr(err, errlen, "cannot start the engine thread");
 		goto out;
@@ -406,13 +473,16 @@ out:
 		pthread_join(engine, NULL);
 	}
 	loom_chat_template_free(&srv->chat);
+	loom_chat_template_free(&srv->chat_tools);
 	loom_engine_close(srv->engine);
+	free(srv->metadata_json);
 	free(srv);
 	if (rc == 0)
 		fprintf(stderr, "loom serve: stopped\n");
 	return rc;
 out_follower:
 	loom_chat_template_free(&srv->chat);
+	loom_chat_template_free(&srv->chat_tools);
 	loom_engine_close(srv->engine);
 	free(srv);
 	return rc;

@@ -140,6 +140,8 @@ void job_take_req(struct job *j, struct serve_req *r)
 	j->logprobs = r->logprobs;
 	j->top_logprobs = r->top_logprobs;
 	j->echo = r->echo;
+	j->api = r->api;
+	j->tool_format = r->tool_format;
 	take_prompts(j, r->prompts, r->prompt_lens, r->n_prompts, r->n);
 	memset(r, 0, sizeof(*r));
 }
@@ -282,8 +284,10 @@ static void on_event(void *user, const struct loom_event *ev)
 
 	pthread_mutex_lock(&j->mu);
 	if (ev->token >= 0) {
-		if (g->t_last == 0)
+		if (g->t_last == 0) {
 			metrics_observe(&srv->metrics, &srv->metrics.ttft, t - j->t_start);
+			g->t_first = t;
+		}
 		else
 			metrics_observe(&srv->metrics, &srv->metrics.itl, t - g->t_last);
 		g->t_last = t;

@@ -30,6 +30,7 @@
 
 #include "serve_api.h"
 #include "serve_index_html.h"
+#include "serve_ollama.h"
 #include "serve_parse.h"
 #include "serve_tools.h"
 
@@ -38,6 +39,8 @@
 #define MAX_URL 8192         /* longer: 414 */
 #define MAX_HEADERS 16384    /* request line + headers beyond this: 431 */
 #define MHD_POOL 65536       /* MHD's per-connection memory (it answers past it) */
+/* /api/version: the Ollama API version whose shapes loom answers in */
+#define LOOM_OLLAMA_VERSION "0.12.0"
 
 /* A socket's deadline state, from MHD's connection-start notification to
  * its close notification. */
@@ -117,6 +120,10 @@ struct stream {
 
 /* ---- responses ---- */
 
+static enum MHD_Result fail_ep(struct MHD_Connection *c, struct server *srv,
+			       const struct conn *cn, int status, const char *code,
+			       const char *msg);
+
 /* --cors-origin: the headers every response carries. */
 static void add_cors(struct MHD_Response *r, const struct server *srv)
 {
@@ -190,6 +197,12 @@ static enum MHD_Result send_error(struct MHD_Connection *c, struct server *srv,
 				  const struct perr *e)
 {
 	return send_json(c, (unsigned)e->status, error_body(e), srv);
+}
+
+/* Ollama's error shape: {"error": "message"}. */
+static json_t *ollama_error_body(const struct perr *e)
+{
+	return json_pack("{s:s}", "error", e->msg);
 }
 
 static enum MHD_Result fail(struct MHD_Connection *c, struct server *srv, int status,
@@ -310,7 +323,7 @@ static json_t *tool_choice_json(const struct job *j, const struct gen *g, const 
 
 	if (!j->chat || !j->tool_mode || strcmp(g->finish_reason, "stop") || !text->s)
 		return NULL;
-	calls = serve_tool_calls(text->s, text->len);
+	calls = serve_tool_calls(j->tool_format, text->s, text->len);
 	if (!calls)
 		return NULL;
 	return json_pack("{s:i,s:{s:s,s:n,s:o},s:n,s:s}", "index", g->index, "message",
@@ -333,6 +346,48 @@ static json_t *final_choice(const struct job *j, struct gen *g, const struct sbu
 				 "finish_reason", g->finish_reason);
 	return json_pack("{s:i,s:o,s:o,s:s}", "index", g->index, "text", t, "logprobs",
 			 choice_logprobs(j, g, false), "finish_reason", g->finish_reason);
+}
+
+/* ---- Ollama's shapes (serve_ollama.h) ---- */
+
+static bool is_ollama(const struct job *j)
+{
+	return j->api != SERVE_API_OPENAI;
+}
+
+/* The timings and counts of j's only choice (Ollama has no n). */
+static void ollama_stats_of(struct job *j, struct ollama_stats *st)
+{
+	struct gen *g = &j->gens[0];
+	double t_first;
+
+	pthread_mutex_lock(&j->mu);
+	t_first = g->t_first;
+	pthread_mutex_unlock(&j->mu);
+	*st = (struct ollama_stats){
+		.total = now_s() - j->t_start,
+		.first = t_first > 0 ? t_first - j->t_start : 0,
+		.prompt_tokens = j->n_prompt,
+		.eval_tokens = g->n_out,
+		.done_reason = g->finish_reason && !strcmp(g->finish_reason, "length") ? "length" :
+			       "stop",
+	};
+}
+
+static enum MHD_Result ollama_whole(struct MHD_Connection *c, struct job *j,
+				    const struct sbuf *text)
+{
+	bool chat = j->api == SERVE_API_OLLAMA_CHAT;
+	json_t *calls = NULL, *o;
+	struct ollama_stats st;
+
+	if (chat && j->tool_mode && !strcmp(j->gens[0].finish_reason, "stop") && text->s)
+		calls = serve_tool_calls(j->tool_format, text->s, text->len);
+	ollama_stats_of(j, &st);
+	o = ollama_answer(j->srv->model_name, chat, calls ? "" : text->s, calls ? 0 : text->len,
+			  calls, &st);
+	json_decref(calls);
+	return send_json(c, 200, o, j->srv);
 }
 
 /* ---- non-streaming ---- */
@@ -389,17 +444,19 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 		}
 		if (atomic_load(&cn->pk.h->stopping)) {
 			job_cancel(j);
-			return fail(c, srv, 503, "unavailable", "the server is shutting down");
+			return fail_ep(c, srv, cn, 503, "unavailable", "the server is shutting down");
 		}
 		if (park(j, &cn->pk))
 			return MHD_YES;
 	}
 	for (i = 0; i < j->n; i++)
 		if (j->gens[i].failed)
-			return fail(c, srv, 500, "backend_error",
-				    j->gens[i].error[0] ? j->gens[i].error : "generation failed");
+			return fail_ep(c, srv, cn, 500, "backend_error",
+				       j->gens[i].error[0] ? j->gens[i].error : "generation failed");
 	if (j->embed)
 		return send_embeddings(c, j);
+	if (is_ollama(j))
+		return ollama_whole(c, j, &cn->texts[0]);
 	choices = json_array();
 	for (i = 0; i < j->n; i++)
 		json_array_append_new(choices, final_choice(j, &j->gens[i], &cn->texts[i]));
@@ -423,6 +480,21 @@ static void sse_put(struct job *j, json_t *o)
 	sb_puts(&j->out, "data: ");
 	sb_puts(&j->out, s);
 	sb_puts(&j->out, "\n\n");
+	free(s);
+}
+
+/* An NDJSON line (Ollama's streams). */
+static void ndjson_put(struct job *j, json_t *o)
+{
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+	json_decref(o);
+	if (!s) {
+		j->out.failed = true;
+		return;
+	}
+	sb_puts(&j->out, s);
+	sb_puts(&j->out, "\n");
 	free(s);
 }
 
@@ -468,6 +540,11 @@ static void stream_calls(struct job *j, struct gen *g, json_t *calls)
 	size_t k;
 	json_t *c;
 
+	if (is_ollama(j)) { /* one chunk with the calls; stream_finish ends it */
+		ndjson_put(j, ollama_answer(j->srv->model_name, true, "", 0, calls, NULL));
+		g->finish_reason = "stop";
+		return;
+	}
 	json_array_foreach(calls, k, c) {
 		json_t *fn = json_object_get(c, "function");
 
@@ -497,9 +574,9 @@ static bool stream_tools(struct job *j, struct gen *g, const char *text, size_t 
 	if (g->tool_kind == 1)
 		return false; /* plain text: streamed as it comes */
 	sb_putn(b, text, len);
-	g->tool_kind = serve_tool_kind(b->s ? b->s : "", b->len);
+	g->tool_kind = serve_tool_kind(j->tool_format, b->s ? b->s : "", b->len);
 	if (finished && g->tool_kind == 2 && !g->failed && !strcmp(g->finish_reason, "stop"))
-		calls = serve_tool_calls(b->s, b->len);
+		calls = serve_tool_calls(j->tool_format, b->s, b->len);
 	if (calls) {
 		stream_calls(j, g, calls);
 		json_decref(calls);
@@ -515,12 +592,29 @@ static bool stream_tools(struct job *j, struct gen *g, const char *text, size_t 
 	return true;
 }
 
+/* An Ollama stream's text chunk; its last object (done, with the
+ * timings) comes from stream_finish, and a failure is an error line. */
+static void ollama_emit(struct job *j, struct gen *g, const char *text, size_t len,
+			bool finished)
+{
+	if (len)
+		ndjson_put(j, ollama_answer(j->srv->model_name, j->api == SERVE_API_OLLAMA_CHAT,
+					    text, len, NULL, NULL));
+	if (finished && g->failed)
+		ndjson_put(j, json_pack("{s:s}", "error",
+					g->error[0] ? g->error : "generation failed"));
+}
+
 static void stream_emit(struct job *j, struct gen *g, const char *text, size_t len,
 			bool finished, void *user)
 {
 	(void)user;
 	if (j->chat && j->tool_mode && stream_tools(j, g, text, len, finished))
 		return;
+	if (is_ollama(j)) {
+		ollama_emit(j, g, text, len, finished);
+		return;
+	}
 	if (len)
 		sse_choice(j, delta_choice(j, g, text_json(text, len), false, NULL));
 	if (!finished)
@@ -541,7 +635,7 @@ static void stream_start(struct job *j)
 {
 	int i;
 
-	if (!j->chat)
+	if (!j->chat || is_ollama(j))
 		return;
 	for (i = 0; i < j->n; i++)
 		sse_choice(j, delta_choice(j, &j->gens[i], json_string(""), true, NULL));
@@ -557,6 +651,15 @@ static void stream_finish(struct job *j)
 			j->stream_end = true;
 			return;
 		}
+	}
+	if (is_ollama(j)) {
+		struct ollama_stats st;
+
+		ollama_stats_of(j, &st);
+		ndjson_put(j, ollama_answer(j->srv->model_name, j->api == SERVE_API_OLLAMA_CHAT,
+					    "", 0, NULL, &st));
+		j->stream_end = true;
+		return;
 	}
 	if (j->include_usage) {
 		json_t *o = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion",
@@ -640,7 +743,8 @@ static enum MHD_Result answer_stream(struct MHD_Connection *c, struct conn *cn, 
 		stream_free(st);
 		return MHD_NO;
 	}
-	MHD_add_response_header(r, "Content-Type", "text/event-stream");
+	MHD_add_response_header(r, "Content-Type",
+				is_ollama(j) ? "application/x-ndjson" : "text/event-stream");
 	MHD_add_response_header(r, "Cache-Control", "no-cache");
 	add_cors(r, j->srv);
 	rc = MHD_queue_response(c, 200, r);
@@ -699,7 +803,34 @@ static bool wait_ready(struct MHD_Connection *c, struct server *srv, struct conn
 }
 
 /* The POST endpoints. */
-enum endpoint { EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_EMBED, EP_TOKENIZE, EP_DETOKENIZE };
+enum endpoint {
+	EP_NONE, EP_COMPLETIONS, EP_CHAT, EP_EMBED, EP_TOKENIZE, EP_DETOKENIZE,
+	EP_OLLAMA_CHAT, EP_OLLAMA_GENERATE, EP_OLLAMA_SHOW, /* serve_ollama.h */
+};
+
+static bool ep_ollama(int ep)
+{
+	return ep == EP_OLLAMA_CHAT || ep == EP_OLLAMA_GENERATE || ep == EP_OLLAMA_SHOW;
+}
+
+/* An error in the shape of the API the connection's request came by. */
+static enum MHD_Result send_error_ep(struct MHD_Connection *c, struct server *srv,
+				     const struct conn *cn, const struct perr *e)
+{
+	if (cn && ep_ollama(cn->ep))
+		return send_json(c, (unsigned)e->status, ollama_error_body(e), srv);
+	return send_error(c, srv, e);
+}
+
+static enum MHD_Result fail_ep(struct MHD_Connection *c, struct server *srv,
+			       const struct conn *cn, int status, const char *code,
+			       const char *msg)
+{
+	struct perr e;
+
+	perr_set(&e, status, NULL, code, "%s", msg);
+	return send_error_ep(c, srv, cn, &e);
+}
 
 static enum endpoint post_endpoint(const char *url)
 {
@@ -713,6 +844,12 @@ static enum endpoint post_endpoint(const char *url)
 		return EP_TOKENIZE;
 	if (!strcmp(url, "/detokenize"))
 		return EP_DETOKENIZE;
+	if (!strcmp(url, "/api/chat"))
+		return EP_OLLAMA_CHAT;
+	if (!strcmp(url, "/api/generate"))
+		return EP_OLLAMA_GENERATE;
+	if (!strcmp(url, "/api/show"))
+		return EP_OLLAMA_SHOW;
 	return EP_NONE;
 }
 
@@ -764,6 +901,21 @@ static void parse_run(struct parse_item *it)
 	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE) {
 		p->reply = cn->ep == EP_TOKENIZE ? api_tokenize(srv->tok, body, len, &p->e) :
 			   api_detokenize(srv->tok, body, len, &p->e);
+		return;
+	}
+	if (cn->ep == EP_OLLAMA_SHOW) {
+		p->reply = ollama_show(&srv->ollama, body, len, &p->e);
+		return;
+	}
+	if (cn->ep == EP_OLLAMA_CHAT || cn->ep == EP_OLLAMA_GENERATE) {
+		bool chat = cn->ep == EP_OLLAMA_CHAT;
+
+		p->rc = ollama_parse(&srv->req_ctx, body, len, chat, &p->req, &p->e);
+		if (p->rc == 1) { /* a load request: the model is loaded */
+			p->reply = ollama_load_reply(srv->model_name, chat);
+			if (!p->reply)
+				perr_set(&p->e, 500, NULL, NULL, "out of memory");
+		}
 		return;
 	}
 	if (cn->ep == EP_EMBED) {
@@ -842,11 +994,12 @@ static enum MHD_Result parse_finish(struct MHD_Connection *c, struct server *srv
 	if (p->gone)
 		return MHD_NO;
 	if (p->stopping)
-		return fail(c, srv, 503, "unavailable", "the server is shutting down");
-	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE)
-		return reply ? send_json(c, 200, reply, srv) : send_error(c, srv, &p->e);
+		return fail_ep(c, srv, cn, 503, "unavailable", "the server is shutting down");
+	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE || cn->ep == EP_OLLAMA_SHOW ||
+	    p->rc == 1)
+		return reply ? send_json(c, 200, reply, srv) : send_error_ep(c, srv, cn, &p->e);
 	if (p->rc)
-		return send_error(c, srv, &p->e);
+		return send_error_ep(c, srv, cn, &p->e);
 	j = job_new(srv);
 	if (!j)
 		return fail(c, srv, 500, NULL, "out of memory");
@@ -869,10 +1022,11 @@ static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 	if (rc) {
 		job_put(j);
 		if (rc == LOOM_ERR_FULL)
-			return fail(c, srv, 503, "queue_full", "the request queue is full; retry later");
+			return fail_ep(c, srv, cn, 503, "queue_full",
+				       "the request queue is full; retry later");
 		if (rc == LOOM_ERR_NOMEM)
-			return fail(c, srv, 500, "out_of_memory", why);
-		return fail(c, srv, 400, "invalid_value", why);
+			return fail_ep(c, srv, cn, 500, "out_of_memory", why);
+		return fail_ep(c, srv, cn, 400, "invalid_value", why);
 	}
 	sock_watch(srv->http, conn_sock(c), j);
 	if (j->stream) {
@@ -1033,6 +1187,12 @@ static enum MHD_Result route_get(struct MHD_Connection *c, struct server *srv, c
 		return metrics_page(c, srv);
 	if (!strcmp(url, "/v1/models"))
 		return models(c, srv);
+	if (!strcmp(url, "/api/tags") && atomic_load(&srv->state) == SRV_LOADING)
+		return send_json(c, 503, json_pack("{s:s}", "error", "the model is still loading"), srv);
+	if (!strcmp(url, "/api/tags"))
+		return send_json(c, 200, ollama_tags(&srv->ollama), srv);
+	if (!strcmp(url, "/api/version"))
+		return send_json(c, 200, json_pack("{s:s}", "version", LOOM_OLLAMA_VERSION), srv);
 	if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
 		return send_bytes(c, 200, "text/html; charset=utf-8", loom_index_html,
 				  loom_index_html_len, false, srv);
@@ -1047,7 +1207,8 @@ static bool is_post_route(const char *url)
 static bool is_get_route(const char *url)
 {
 	return !strcmp(url, "/health") || !strcmp(url, "/ready") || !strcmp(url, "/metrics") ||
-	       !strcmp(url, "/v1/models") || !strcmp(url, "/") || !strcmp(url, "/index.html");
+	       !strcmp(url, "/v1/models") || !strcmp(url, "/") || !strcmp(url, "/index.html") ||
+	       !strcmp(url, "/api/tags") || !strcmp(url, "/api/version");
 }
 
 /* Paths open without the API key: probes and the chat page's HTML. */
@@ -1114,8 +1275,10 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 		enum endpoint ep = post_endpoint(url);
 		enum MHD_Result rc_http;
 
+		cn->ep = ep; /* errors take the shape of its API from here */
 		if (cn->too_big)
-			return fail(c, srv, 413, "request_too_large", "the request body is too large");
+			return fail_ep(c, srv, cn, 413, "request_too_large",
+				       "the request body is too large");
 		if (wait_ready(c, srv, cn, &rc_http))
 			return rc_http;
 		return parse_start(c, srv, cn, ep);

@@ -22,6 +22,7 @@
 
 #include "loom.h"
 #include "options.h"
+#include "serve_ollama.h"
 #include "serve_request.h"
 #include "srv_util.h"
 
@@ -71,6 +72,10 @@ struct server {
 	const char *spec_default; /* NULL: plain decoding */
 	struct serve_req_ctx req_ctx; /* what request parsing needs, set at start */
 	struct loom_chat_template chat;
+	/* requests with tools or tool calls: the model's tool_use variant
+	 * (tokenizer.chat_template.tool_use) when it has one, else chat */
+	struct loom_chat_template chat_tools;
+	bool has_chat_tools;
 	bool chat_ok;
 	bool chat_given; /* the model carries a template */
 	char chat_err[256];
@@ -92,6 +97,9 @@ struct server {
 	const char *model_names[SRV_MAX_NAMES];
 	int n_model_names;
 	char alias_buf[1024];
+	/* /api/tags and /api/show (serve_ollama.h), set at start */
+	struct ollama_model ollama;
+	char *metadata_json;          /* loom_engine_metadata_json's */
 };
 
 /* ---- requests ---- */
@@ -134,6 +142,8 @@ struct gen {
 	struct json_t *lp_items;
 	size_t text_off;
 	bool echoed;
+	/* ---- appended (ollama) ---- */
+	double t_first;        /* its first token came (under job->mu) */
 };
 
 struct job {
@@ -177,6 +187,9 @@ struct job {
 	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
 	bool embed;                   /* /v1/embeddings: hidden states, no tokens */
 	bool embed_base64;
+	/* ---- appended (ollama) ---- */
+	int api;                      /* enum serve_api: the answer's shape */
+	int tool_format;              /* enum serve_tool_format of its calls */
 };
 
 struct job *job_new(struct server *srv);

@@ -444,13 +444,25 @@ static int message_text(json_t *c, size_t i, char **out, struct perr *e)
 	return *out ? 0 : perr_set(e, 500, NULL, NULL, "out of memory");
 }
 
+static int take_ids(const struct serve_req_ctx *ctx, struct serve_req *r, int32_t *ids,
+		    int64_t n_ids, const char *why, struct perr *e);
+
 /* The chat's ids from ctx->render_ids, with chat_bos first where it is set. */
 static int render_chat_ids(const struct serve_req_ctx *ctx, struct serve_req *r,
 			   const struct serve_msg *msgs, size_t n, struct perr *e)
 {
-	int64_t n_ids = 0, extra = ctx->chat_bos >= 0 ? 1 : 0;
+	int64_t n_ids = 0;
 	char why[256] = "";
 	int32_t *ids = ctx->render_ids(ctx->user, msgs, n, &n_ids, why, sizeof(why));
+
+	return take_ids(ctx, r, ids, n_ids, why, e);
+}
+
+/* A rendering's ids (owned) into r->prompt, chat_bos first where set. */
+static int take_ids(const struct serve_req_ctx *ctx, struct serve_req *r, int32_t *ids,
+		    int64_t n_ids, const char *why, struct perr *e)
+{
+	int64_t extra = ctx->chat_bos >= 0 ? 1 : 0;
 
 	if (n_ids + extra > ctx->n_ctx) {
 		free(ids);
@@ -525,6 +537,133 @@ static int add_tools_text(struct serve_msg *msgs, size_t *n, const char *tools_t
 	return 0;
 }
 
+/* ---- chats with tools, through the template (ctx->render_json) ---- */
+
+/* The chat goes to the template as JSON: the template presents tools
+ * itself, and tools are in use or the history holds calls or results. */
+static bool json_chat(const struct serve_req_ctx *ctx, json_t *msgs, bool tools_on)
+{
+	json_t *m;
+	size_t i;
+
+	if (!ctx->render_json || !ctx->template_tools)
+		return false;
+	if (tools_on)
+		return true;
+	json_array_foreach(msgs, i, m) {
+		const char *role = json_string_value(json_object_get(m, "role"));
+
+		if (req_member(m, "tool_calls") || (role && !strcmp(role, "tool")))
+			return true;
+	}
+	return false;
+}
+
+/* An assistant's tool_calls as transformers passes them to templates:
+ * each arguments text parsed into its object (kept as text when it is
+ * not JSON). */
+static json_t *calls_json(json_t *calls, size_t i, struct perr *e)
+{
+	json_t *out = json_array(), *c;
+	size_t k;
+
+	if (!json_is_array(calls)) {
+		json_decref(out);
+		perr_set(e, 400, "messages", "invalid_type", "messages[%zu].tool_calls must be an array", i);
+		return NULL;
+	}
+	json_array_foreach(calls, k, c) {
+		json_t *fn = json_object_get(c, "function"), *name = json_object_get(fn, "name");
+		json_t *args = json_object_get(fn, "arguments"), *parsed = NULL, *one;
+
+		if (!json_is_string(name)) {
+			json_decref(out);
+			perr_set(e, 400, "messages", "invalid_value",
+				 "messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
+			return NULL;
+		}
+		if (json_is_string(args))
+			parsed = json_loadb(json_string_value(args), json_string_length(args),
+					    JSON_DECODE_ANY, NULL);
+		one = json_pack("{s:s,s:{s:O,s:o}}", "type", "function", "function", "name", name,
+				"arguments", parsed ? parsed : args ? json_incref(args) : json_object());
+		if (one && json_is_string(json_object_get(c, "id")))
+			json_object_set(one, "id", json_object_get(c, "id"));
+		json_array_append_new(out, one);
+	}
+	return out;
+}
+
+/* One message as the template sees it: role (developer as system),
+ * content as text, and tool_calls, tool_call_id and name where given. */
+static json_t *message_json(json_t *m, size_t i, struct perr *e)
+{
+	const char *role = json_string_value(json_object_get(m, "role"));
+	json_t *out, *calls = req_member(m, "tool_calls");
+	char *text = NULL;
+	const char *keys[] = { "tool_call_id", "name" };
+
+	if (!json_is_object(m) || !role) {
+		perr_set(e, 400, "messages", "invalid_type",
+			 "messages[%zu] must be an object with a string 'role'", i);
+		return NULL;
+	}
+	if (message_text(json_object_get(m, "content"), i, &text, e))
+		return NULL;
+	out = json_pack("{s:s,s:s}", "role", strcmp(role, "developer") ? role : "system",
+			"content", text);
+	free(text);
+	if (!out) {
+		perr_set(e, 400, "messages", "invalid_value", "messages[%zu] is not UTF-8", i);
+		return NULL;
+	}
+	for (size_t k = 0; k < 2; k++)
+		if (json_is_string(json_object_get(m, keys[k])))
+			json_object_set(out, keys[k], json_object_get(m, keys[k]));
+	if (calls) {
+		json_t *list = calls_json(calls, i, e);
+
+		if (!list) {
+			json_decref(out);
+			return NULL;
+		}
+		json_object_set_new(out, "tool_calls", list);
+	}
+	return out;
+}
+
+static int render_chat_json(const struct serve_req_ctx *ctx, struct serve_req *r, json_t *v,
+			    json_t *tools, struct perr *e)
+{
+	json_t *msgs = json_array(), *m;
+	char *mj = NULL, *tj = NULL, why[256] = "";
+	int64_t n_ids = 0;
+	int32_t *ids;
+	size_t i;
+	int rc = -1;
+
+	json_array_foreach(v, i, m) {
+		json_t *one = message_json(m, i, e);
+
+		if (!one)
+			goto out;
+		json_array_append_new(msgs, one);
+	}
+	mj = json_dumps(msgs, JSON_COMPACT);
+	tj = tools ? json_dumps(tools, JSON_COMPACT) : NULL;
+	if (!mj || (tools && !tj)) {
+		perr_set(e, 500, NULL, NULL, "out of memory");
+		goto out;
+	}
+	ids = ctx->render_json(ctx->user, mj, tj, &n_ids, why, sizeof(why));
+	rc = take_ids(ctx, r, ids, n_ids, why, e);
+out:
+	free(mj);
+	free(tj);
+	json_decref(msgs);
+	return rc;
+}
+
 static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
 			const char *tools_text, struct perr *e)
 {
@@ -537,6 +676,10 @@ static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		return perr_set(e, 400, "messages", "missing", "'messages' is required");
 	if (!json_is_array(v) || json_array_size(v) == 0)
 		return perr_set(e, 400, "messages", "invalid_type", "'messages' must be a non-empty array");
+	if (ctx->render && json_chat(ctx, v, r->tool_mode != SERVE_TOOLS_OFF))
+		return render_chat_json(ctx, r, v,
+					r->tool_mode != SERVE_TOOLS_OFF ? req_member(o, "tools") : NULL,
+					e);
 	n = json_array_size(v);
 	msgs = calloc(n + 1, sizeof(*msgs)); /* + 1: a system message for the tools */
 	if (!msgs)
@@ -553,6 +696,10 @@ static int get_messages(const struct serve_req_ctx *ctx, json_t *o, struct serve
 		if (message_text(json_object_get(m, "content"), i, &text, e))
 			goto out;
 		msgs[i].role = json_string_value(role);
+		/* current OpenAI clients send "developer" for what older ones
+		 * call "system": templates know only the latter */
+		if (!strcmp(msgs[i].role, "developer"))
+			msgs[i].role = "system";
 		msgs[i].content = text;
 		if (serve_tool_history(m, i, &msgs[i].role, (char **)&msgs[i].content, e))
 			goto out;
@@ -568,7 +715,7 @@ out:
 }
 
 static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
-			  struct perr *e)
+			  bool until_full, struct perr *e)
 {
 	int32_t longest = 0, room;
 	const char *key = "max_tokens";
@@ -578,7 +725,7 @@ static int get_max_tokens(const struct serve_req_ctx *ctx, json_t *o, struct ser
 	for (i = 0; i < r->n_prompts; i++)
 		longest = r->prompt_lens[i] > longest ? r->prompt_lens[i] : longest;
 	room = ctx->n_ctx - longest;
-	mt = r->chat ? room : 16;
+	mt = r->chat || until_full ? room : 16;
 	if (r->chat && req_member(o, "max_completion_tokens"))
 		key = "max_completion_tokens";
 	/* 0 with echo: the prompt and its logprobs only (scoring) */
@@ -624,7 +771,7 @@ static int check_model(const struct serve_req_ctx *ctx, json_t *v, struct perr *
 
 /* The members of the body object, in the order their errors are reported. */
 static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve_req *r,
-			struct perr *e)
+			bool until_full, struct perr *e)
 {
 	char *tools_text = NULL;
 	int rc;
@@ -638,7 +785,9 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 	if (get_logprobs(o, r, e) || get_sampling(ctx, o, r, e) ||
 	    get_stop(ctx, o, r, e) || get_stream(o, r, e) || get_spec(ctx, o, r, e))
 		return -1;
-	if (serve_structured_parse(o, r->chat, r, &tools_text, e))
+	if (serve_structured_parse(o, r->chat, ctx->tool_format,
+				   ctx->template_tools && ctx->render_json && ctx->render, r,
+				   &tools_text, e))
 		return -1;
 	if (r->chat) {
 		rc = get_messages(ctx, o, r, tools_text, e);
@@ -656,7 +805,20 @@ static int parse_object(const struct serve_req_ctx *ctx, json_t *o, struct serve
 				SERVE_REQ_MAX_CHOICES);
 	r->prompt = r->prompts[0]; /* owned by prompts */
 	r->n_prompt = r->prompt_lens[0];
-	return get_max_tokens(ctx, o, r, e);
+	return get_max_tokens(ctx, o, r, until_full, e);
+}
+
+int serve_req_parse_obj(const struct serve_req_ctx *ctx, json_t *o, bool chat, bool until_full,
+			struct serve_req *r, struct perr *e)
+{
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	r->chat = chat;
+	rc = parse_object(ctx, o, r, until_full, e);
+	if (rc)
+		serve_req_free(r);
+	return rc;
 }
 
 int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
@@ -672,10 +834,8 @@ int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t le
 	if (!o)
 		return perr_set(e, 400, NULL, "invalid_json", "invalid JSON at line %d column %d: %s",
 				jerr.line, jerr.column, jerr.text);
-	rc = parse_object(ctx, o, r, e);
+	rc = serve_req_parse_obj(ctx, o, chat, false, r, e);
 	json_decref(o);
-	if (rc)
-		serve_req_free(r);
 	return rc;
 }
 

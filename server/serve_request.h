@@ -82,6 +82,17 @@ struct serve_req_ctx {
 	 * model_not_found); n_model_names 0: any name */
 	const char *const *model_names;
 	int n_model_names;
+	/* appended (tools): renders a chat that has tools or tool calls
+	 * (requests with tools, or a history holding calls and results):
+	 * MESSAGES_JSON the messages as transformers passes them (tool call
+	 * arguments as objects), TOOLS_JSON the tools or NULL; as render_ids
+	 * otherwise. NULL, or template_tools false: such chats go through
+	 * render_ids with tools as a system-prompt section of loom's and calls
+	 * and results rewritten as text (serve_tool_history). */
+	int32_t *(*render_json)(void *user, const char *messages_json, const char *tools_json,
+				int64_t *n_ids, char *why, size_t whylen);
+	bool template_tools; /* the tool template presents tools in tool_format */
+	int tool_format;     /* enum serve_tool_format the tool template asks for */
 };
 
 struct serve_req {
@@ -108,6 +119,16 @@ struct serve_req {
 					   choice i * n + k */
 	int32_t *prompts[SERVE_REQ_MAX_PROMPTS]; /* malloc'd token ids */
 	int32_t prompt_lens[SERVE_REQ_MAX_PROMPTS];
+	/* ---- appended (ollama) ---- */
+	int api;                        /* enum serve_api: the shape of the answer */
+	int tool_format;                /* enum serve_tool_format of the calls */
+};
+
+/* Which API a request came through, so the answer takes its shape. */
+enum serve_api {
+	SERVE_API_OPENAI = 0,
+	SERVE_API_OLLAMA_CHAT,      /* /api/chat */
+	SERVE_API_OLLAMA_GENERATE,  /* /api/generate */
 };
 
 /* A /v1/embeddings body: its inputs as token ids. */
@@ -131,5 +152,10 @@ void serve_embed_free(struct serve_embed_req *r);
 int serve_req_parse(const struct serve_req_ctx *ctx, const char *body, size_t len,
 		    bool chat, struct serve_req *r, struct perr *e);
 void serve_req_free(struct serve_req *r);
+/* As serve_req_parse, from a parsed body o (borrowed). until_full: a
+ * request without max_tokens generates until the context is full (chat
+ * requests always do; this makes completions do so too). */
+int serve_req_parse_obj(const struct serve_req_ctx *ctx, json_t *o, bool chat, bool until_full,
+			struct serve_req *r, struct perr *e);
 
 #endif

@@ -10,6 +10,50 @@
 
 #include "srv_util.h"
 
+/* What each format writes around and in a call. */
+static const struct tool_fmt {
+	const char *name, *begin, *end, *args_key;
+	bool list;     /* the calls as one JSON array after begin */
+	int max_calls; /* 0: as the request allows */
+} formats[] = {
+	[SERVE_TOOLFMT_HERMES] = { "hermes", SERVE_TOOL_BEGIN, SERVE_TOOL_END, "arguments", false, 0 },
+	[SERVE_TOOLFMT_LLAMA3] = { "llama3-json", "", "", "parameters", false, 1 },
+	[SERVE_TOOLFMT_MISTRAL] = { "mistral", "[TOOL_CALLS]", "", "arguments", true, 0 },
+};
+
+static const struct tool_fmt *fmt_of(int format)
+{
+	if (format < 0 || (size_t)format >= sizeof(formats) / sizeof(formats[0]))
+		format = SERVE_TOOLFMT_HERMES;
+	return &formats[format];
+}
+
+const char *serve_tool_format_name(int format)
+{
+	return fmt_of(format)->name;
+}
+
+/* The template's own words decide: Mistral's [TOOL_CALLS] with a JSON
+ * list (not the newer name[ARGS]{...}), Hermes' <tool_call> holding JSON
+ * (not the XML of <function=...> or GLM's <arg_key>), Llama 3.x's
+ * {"name", "parameters"}. Anything else: Hermes' format, presented by
+ * loom's own system-prompt section. */
+int serve_tool_format_of(const char *src, bool *renders)
+{
+	int f = -1;
+
+	if (src && strstr(src, "[TOOL_CALLS]") && !strstr(src, "[ARGS]"))
+		f = SERVE_TOOLFMT_MISTRAL;
+	else if (src && strstr(src, "<tool_call>") && strstr(src, "\"name\"") &&
+		 !strstr(src, "<function=") && !strstr(src, "arg_key"))
+		f = SERVE_TOOLFMT_HERMES;
+	else if (src && strstr(src, "<|start_header_id|>") && strstr(src, "\"parameters\""))
+		f = SERVE_TOOLFMT_LLAMA3;
+	if (renders)
+		*renders = f >= 0 && strstr(src, "tools");
+	return f >= 0 ? f : SERVE_TOOLFMT_HERMES;
+}
+
 static json_t *member(json_t *o, const char *key)
 {
 	json_t *v = json_object_get(o, key);
@@ -203,11 +247,12 @@ static int max_calls(json_t *o, json_t *tools, const char *named)
 }
 
 static int tools_grammar(json_t *tools, int mode, const char *named, int calls,
-			 struct serve_req *r, struct perr *e)
+			 const struct tool_fmt *f, struct serve_req *r, struct perr *e)
 {
-	json_t *spec = json_pack("{s:[],s:s,s:s,s:s,s:i}", "tools", "mode",
-				 mode == SERVE_TOOLS_AUTO ? "auto" : "required", "begin",
-				 SERVE_TOOL_BEGIN, "end", SERVE_TOOL_END, "max_calls", calls);
+	json_t *spec = json_pack("{s:[],s:s,s:s,s:s,s:i,s:s,s:b}", "tools", "mode",
+				 mode == SERVE_TOOLS_AUTO ? "auto" : "required", "begin", f->begin,
+				 "end", f->end, "max_calls", f->max_calls ? f->max_calls : calls,
+				 "args_key", f->args_key, "list", f->list);
 	json_t *list = json_object_get(spec, "tools"), *t;
 	size_t i;
 	int rc;
@@ -230,8 +275,8 @@ static int tools_grammar(json_t *tools, int mode, const char *named, int calls,
 	return rc;
 }
 
-int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **tools_text,
-			   struct perr *e)
+int serve_structured_parse(json_t *o, bool chat, int format, bool template_tools,
+			   struct serve_req *r, char **tools_text, struct perr *e)
 {
 	json_t *tools = member(o, "tools"), *t;
 	const char *named, *rf_type;
@@ -259,10 +304,14 @@ int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **too
 		return perr_set(e, 400, "response_format", "unsupported",
 				"'response_format' together with tools is supported only with tool_choice \"none\"");
 	r->tool_mode = mode;
-	*tools_text = tools_section(tools, mode, named);
-	if (!*tools_text)
-		return perr_set(e, 500, NULL, NULL, "out of memory");
-	if (tools_grammar(tools, mode, named, max_calls(o, tools, named), r, e)) {
+	r->tool_format = template_tools ? format : SERVE_TOOLFMT_HERMES;
+	if (!template_tools) {
+		*tools_text = tools_section(tools, mode, named);
+		if (!*tools_text)
+			return perr_set(e, 500, NULL, NULL, "out of memory");
+	}
+	if (tools_grammar(tools, mode, named, max_calls(o, tools, named), fmt_of(r->tool_format),
+			  r, e)) {
 		free(*tools_text); /* a refusal leaves the caller nothing to free */
 		*tools_text = NULL;
 		return -1;
@@ -270,18 +319,32 @@ int serve_structured_parse(json_t *o, bool chat, struct serve_req *r, char **too
 	return 0;
 }
 
-int serve_tool_kind(const char *text, size_t len)
+int serve_tool_kind(int format, const char *text, size_t len)
 {
-	size_t m = strlen(SERVE_TOOL_BEGIN);
+	const char *begin = fmt_of(format)->begin;
+	size_t m = strlen(begin);
 
+	if (format != SERVE_TOOLFMT_HERMES) { /* the grammar allows whitespace first */
+		while (len && strchr(" \t\r\n", *text)) {
+			text++;
+			len--;
+		}
+		if (!len)
+			return 0;
+	}
+	if (!m) /* a bare call: JSON */
+		return *text == '{' ? 2 : 1;
 	if (len < m)
-		return memcmp(text, SERVE_TOOL_BEGIN, len) ? 1 : 0;
-	return memcmp(text, SERVE_TOOL_BEGIN, m) ? 1 : 2;
+		return memcmp(text, begin, len) ? 1 : 0;
+	return memcmp(text, begin, m) ? 1 : 2;
 }
 
-static void call_id(char *out, size_t cap)
+/* A call id: "call_" and 16 hex digits; Mistral's templates take only
+ * 9 letters and digits. */
+static void call_id(int format, char *out, size_t cap)
 {
 	static _Atomic unsigned long long counter;
+	static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
 	struct timespec ts;
 	unsigned long long x;
 
@@ -289,32 +352,91 @@ static void call_id(char *out, size_t cap)
 	x = ((unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec) *
 	    0x9e3779b97f4a7c15ULL;
 	x ^= (x >> 31) ^ (++counter * 0xbf58476d1ce4e5b9ULL);
-	snprintf(out, cap, "call_%016llx", x);
+	if (format != SERVE_TOOLFMT_MISTRAL || cap < 10) {
+		snprintf(out, cap, "call_%016llx", x);
+		return;
+	}
+	for (int i = 0; i < 9; i++, x /= 62)
+		out[i] = alnum[x % 62];
+	out[9] = '\0';
 }
 
-/* One call's JSON as an OpenAI tool call, or NULL. */
-static json_t *one_call(const char *s, size_t n)
+/* One call (a JSON object c, borrowed) as an OpenAI tool call, or NULL. */
+static json_t *call_openai(int format, json_t *c)
 {
-	json_t *c = json_loadb(s, n, 0, NULL), *name, *args, *out = NULL;
+	json_t *name = json_object_get(c, "name"), *out = NULL;
+	json_t *args = json_object_get(c, fmt_of(format)->args_key);
 	char id[40], *a;
 
-	name = json_object_get(c, "name");
-	args = json_object_get(c, "arguments");
 	if (json_is_string(name) && args && (a = json_dumps(args, JSON_ENCODE_ANY | JSON_COMPACT))) {
-		call_id(id, sizeof(id));
+		call_id(format, id, sizeof(id));
 		out = json_pack("{s:s,s:s,s:{s:O,s:s}}", "id", id, "type", "function", "function",
 				"name", name, "arguments", a);
 		free(a);
 	}
+	return out;
+}
+
+/* One call's JSON text as an OpenAI tool call, or NULL. */
+static json_t *one_call(const char *s, size_t n)
+{
+	json_t *c = json_loadb(s, n, 0, NULL), *out = call_openai(SERVE_TOOLFMT_HERMES, c);
+
 	json_decref(c);
 	return out;
 }
 
-json_t *serve_tool_calls(const char *text, size_t len)
+/* Llama 3.x's one bare call, or Mistral's [TOOL_CALLS] and a list. */
+static json_t *json_calls(int format, const char *text, size_t len)
+{
+	const char *begin = fmt_of(format)->begin;
+	json_t *v, *calls = json_array(), *c;
+	size_t i;
+
+	while (len && strchr(" \t\r\n", *text)) {
+		text++;
+		len--;
+	}
+	if (len < strlen(begin) || memcmp(text, begin, strlen(begin)))
+		goto out_not;
+	v = json_loadb(text + strlen(begin), len - strlen(begin), JSON_DECODE_ANY, NULL);
+	if (format == SERVE_TOOLFMT_LLAMA3) { /* one object: a list of one */
+		json_t *one = json_array();
+
+		json_array_append(one, v);
+		json_decref(v);
+		v = json_is_object(json_array_get(one, 0)) ? one : NULL;
+		if (!v)
+			json_decref(one);
+	}
+	if (!json_is_array(v)) {
+		json_decref(v);
+		goto out_not;
+	}
+	json_array_foreach(v, i, c) {
+		json_t *one = json_is_object(c) ? call_openai(format, c) : NULL;
+
+		if (!one || json_array_append_new(calls, one)) {
+			json_decref(v);
+			goto out_not;
+		}
+	}
+	json_decref(v);
+	if (calls && json_array_size(calls) > 0)
+		return calls;
+out_not:
+	json_decref(calls);
+	return NULL;
+}
+
+json_t *serve_tool_calls(int format, const char *text, size_t len)
 {
 	size_t bl = strlen(SERVE_TOOL_BEGIN), el = strlen(SERVE_TOOL_END), i = 0;
-	json_t *calls = json_array();
+	json_t *calls;
 
+	if (format != SERVE_TOOLFMT_HERMES)
+		return json_calls(format, text, len);
+	calls = json_array();
 	while (calls) {
 		const char *end;
 		json_t *c;

@@ -728,8 +728,9 @@ static int32_t document(struct jc *c, int32_t value)
 
 /* ---- tool calls ---- */
 
-/* {"name": "<name>", "arguments": <parameters>}, whitespace as elsewhere. */
-static int32_t call_rule(struct jc *c, json_t *tool)
+/* {"name": "<name>", "<args_key>": <parameters>} (args_key "arguments",
+ * or "parameters" as Llama 3.x writes), whitespace as elsewhere. */
+static int32_t call_rule(struct jc *c, json_t *tool, const char *args_key)
 {
 	struct gseq s = { 0 };
 	json_t *name = json_object_get(tool, "name"), *params = json_object_get(tool, "parameters");
@@ -748,7 +749,9 @@ static int32_t call_rule(struct jc *c, json_t *tool)
 	gseq_ref(&s, ws);
 	gseq_byte(c->b, &s, ',');
 	gseq_ref(&s, ws);
-	gseq_lit(c->b, &s, "\"arguments\"", 11);
+	gseq_byte(c->b, &s, '"');
+	gseq_lit(c->b, &s, args_key, strlen(args_key));
+	gseq_byte(c->b, &s, '"');
 	gseq_ref(&s, ws);
 	gseq_byte(c->b, &s, ':');
 	gseq_ref(&s, ws);
@@ -788,13 +791,59 @@ static int32_t not_marker(struct jc *c, const char *m)
 	return r;
 }
 
+/* "[" call ("," call){0, max - 1} "]", whitespace between: the calls as
+ * one JSON array (Mistral's [TOOL_CALLS][...]). */
+static int32_t call_list(struct jc *c, int32_t call, int max_calls)
+{
+	struct gseq s = { 0 };
+	int32_t ws = ws_rule(c), more;
+
+	gseq_ref(&s, ws);
+	gseq_byte(c->b, &s, ',');
+	gseq_ref(&s, ws);
+	gseq_ref(&s, call);
+	more = rep_rule(c, rule1(c, &s), 0, max_calls - 1);
+	gseq_byte(c->b, &s, '[');
+	gseq_ref(&s, ws);
+	gseq_ref(&s, call);
+	gseq_ref(&s, more);
+	gseq_ref(&s, ws);
+	gseq_byte(c->b, &s, ']');
+	return rule1(c, &s);
+}
+
+/* The calls of a spec with "list": begin ws [calls] ws end, once; "auto"
+ * also allows text that does not start with begin ("{" without one). */
+static int32_t list_tools(struct jc *c, int32_t call, int max_calls, const char *begin,
+			  const char *end, bool autom)
+{
+	struct gseq s = { 0 };
+	int32_t ws = ws_rule(c), r = gbuild_rule(c->b);
+
+	gseq_ref(&s, ws);
+	gseq_lit(c->b, &s, begin, strlen(begin));
+	gseq_ref(&s, ws);
+	gseq_ref(&s, call_list(c, call, max_calls));
+	gseq_ref(&s, ws);
+	gseq_lit(c->b, &s, end, strlen(end));
+	gseq_ref(&s, ws);
+	gbuild_alt(c->b, r, &s);
+	if (autom) {
+		gseq_ref(&s, not_marker(c, *begin ? begin : "["));
+		gbuild_alt(c->b, r, &s);
+	}
+	return r;
+}
+
 /*
  * Tool calls: spec is {"tools": [{"name", "parameters"}...], "mode":
- * "required" | "auto", "begin": marker, "end": marker, "max_calls": n}.
+ * "required" | "auto", "begin": marker, "end": marker, "max_calls": n,
+ * "args_key": "arguments" (default) or "parameters", "list": bool}.
  * One call to max_calls calls (default 1, at most MAX_CALLS), each begin
- * ws call ws end, separated by whitespace;
- * without markers exactly one bare call. "auto" also allows any text that
- * does not start with the begin marker.
+ * ws call ws end, separated by whitespace; with "list", begin [call, ...]
+ * end once. Without markers exactly one bare call ("auto": or any text
+ * that does not start with "{"). "auto" also allows any text that does
+ * not start with the begin marker.
  */
 static int32_t tools_rule(struct jc *c, json_t *spec)
 {
@@ -804,6 +853,8 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 	const char *begin = json_string_value(json_object_get(spec, "begin"));
 	const char *end = json_string_value(json_object_get(spec, "end"));
 	json_t *mc = json_object_get(spec, "max_calls");
+	const char *args_key = json_string_value(json_object_get(spec, "args_key"));
+	bool list = json_is_true(json_object_get(spec, "list"));
 	int32_t ws = ws_rule(c), call = gbuild_rule(c->b), one, calls, r;
 	int max_calls = 1;
 	size_t i;
@@ -819,15 +870,25 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 		return fail(c, "tools: %s", "'tools' must be a non-empty array");
 	if (!mode || (strcmp(mode, "required") && strcmp(mode, "auto")))
 		return fail(c, "tools: %s", "'mode' must be \"required\" or \"auto\"");
+	if (args_key && strcmp(args_key, "arguments") && strcmp(args_key, "parameters"))
+		return fail(c, "tools: %s", "'args_key' must be \"arguments\" or \"parameters\"");
 	begin = begin ? begin : "";
 	end = end ? end : "";
 	json_array_foreach(tools, i, t) {
-		gseq_ref(&s, call_rule(c, t));
+		gseq_ref(&s, call_rule(c, t, args_key ? args_key : "arguments"));
 		gbuild_alt(c->b, call, &s);
 	}
+	if (list)
+		return list_tools(c, call, max_calls, begin, end, !strcmp(mode, "auto"));
 	if (!*begin) {
-		if (!strcmp(mode, "auto"))
-			return fail(c, "tools: %s", "\"auto\" needs a 'begin' marker");
+		if (!strcmp(mode, "auto")) {
+			r = gbuild_rule(c->b);
+			gseq_ref(&s, document(c, call));
+			gbuild_alt(c->b, r, &s);
+			gseq_ref(&s, not_marker(c, "{"));
+			gbuild_alt(c->b, r, &s);
+			return r;
+		}
 		return document(c, call);
 	}
 	gseq_lit(c->b, &s, begin, strlen(begin));

@@ -122,6 +122,13 @@ static void print_top(FILE *out, const struct gguf_file *f, const char *key,
 	print_key_at(out, f, key, label, true);
 }
 
+const char *loom_file_type_name(uint32_t ft)
+{
+	if (ft < sizeof(ftype_names) / sizeof(ftype_names[0]))
+		return ftype_names[ft];
+	return NULL;
+}
+
 static void print_file_type(FILE *out, const struct gguf_file *f)
 {
 	const char *name = NULL;

@@ -335,23 +335,36 @@ static bool jinja_roles_ok(const struct loom_chat_msg *msgs, size_t n, char *err
 
 /* A Jinja template's rendering; markup from the interpreter's content
  * marks (strings of the messages are content, the rest markup). */
+static char *render_vars(const struct loom_chat_template *t, json_t *vars,
+			 unsigned char **markup, char *err, size_t errlen);
+
 static char *render_jinja(const struct loom_chat_template *t, const struct loom_chat_msg *msgs,
 			  size_t n, bool gen, unsigned char **markup, char *err, size_t errlen)
 {
 	json_t *vars = chat_vars(t, msgs, n, gen);
-	size_t len = 0;
-	struct jinja_opts o;
-	uint8_t *mask = NULL;
 	char *text;
 
 	if (!vars) {
 		loom_seterr(err, errlen, "out of memory rendering the chat");
 		return NULL;
 	}
+	text = render_vars(t, vars, markup, err, errlen);
+	json_decref(vars);
+	return text;
+}
+
+/* Renders with vars (borrowed); markup as render_jinja's. */
+static char *render_vars(const struct loom_chat_template *t, json_t *vars,
+			 unsigned char **markup, char *err, size_t errlen)
+{
+	size_t len = 0;
+	struct jinja_opts o;
+	uint8_t *mask = NULL;
+	char *text;
+
 	jinja_default_opts(&o);
 	o.content_mask = &mask;
 	text = jinja_render(t->source, strlen(t->source), vars, &o, &len, err, errlen);
-	json_decref(vars);
 	if (!text)
 		return NULL;
 	if (markup) {
@@ -494,6 +507,109 @@ int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
 		return -1;
 	need = chat_ids(tok, s, mark, max, ids, err, errlen);
 	if (need > 0 && need <= max && t->family == LOOM_CHAT_JINJA)
+		need = drop_template_bos(tok, *ids, need);
+	free(s);
+	free(mark);
+	return need;
+}
+
+/* ---- chats given as JSON (tools, tool calls) ---- */
+
+/* The variables of a JSON chat: messages and tools parsed, the rest as
+ * chat_vars gives them. NULL with err. */
+static json_t *json_chat_vars(const struct loom_chat_template *t, const char *mj, size_t ml,
+			      const char *tj, size_t tl, bool gen, char *err, size_t errlen)
+{
+	json_t *msgs = json_loadb(mj, ml, 0, NULL), *tools = NULL, *v, *m;
+	size_t i;
+
+	if (!json_is_array(msgs)) {
+		loom_seterr(err, errlen, "the messages must be a JSON array");
+		goto out_free;
+	}
+	json_array_foreach(msgs, i, m) {
+		const char *role = json_string_value(json_object_get(m, "role"));
+		struct loom_chat_msg one = { role ? role : "", "" };
+
+		if (!json_is_object(m) || !role) {
+			loom_seterr(err, errlen, "messages[%zu] must be an object with a string 'role'", i);
+			goto out_free;
+		}
+		if (!jinja_roles_ok(&one, 1, err, errlen)) {
+			loom_seterr(err, errlen, "messages[%zu]: unknown role (system, user, assistant, tool or developer)", i);
+			goto out_free;
+		}
+	}
+	if (tj && tl && !json_is_array(tools = json_loadb(tj, tl, 0, NULL))) {
+		loom_seterr(err, errlen, "the tools must be a JSON array");
+		goto out_free;
+	}
+	v = chat_vars(t, NULL, 0, gen);
+	if (v && !json_object_set(v, "messages", msgs) &&
+	    (!tools || !json_object_set(v, "tools", tools))) {
+		json_decref(msgs);
+		json_decref(tools);
+		return v;
+	}
+	json_decref(v);
+	loom_seterr(err, errlen, "out of memory rendering the chat");
+out_free:
+	json_decref(msgs);
+	json_decref(tools);
+	return NULL;
+}
+
+static char *render_json(const struct loom_chat_template *t, const char *mj, size_t ml,
+			 const char *tj, size_t tl, bool gen, unsigned char **markup, char *err,
+			 size_t errlen)
+{
+	json_t *vars;
+	char *text;
+
+	if (t->family != LOOM_CHAT_JINJA || !t->source) {
+		loom_seterr(err, errlen, "the %s format has no place for tools or tool calls: it needs a Jinja template",
+			    loom_chat_family_name(t->family));
+		return NULL;
+	}
+	vars = json_chat_vars(t, mj, ml, tj, tl, gen, err, errlen);
+	if (!vars)
+		return NULL;
+	text = render_vars(t, vars, markup, err, errlen);
+	json_decref(vars);
+	return text;
+}
+
+char *loom_chat_render_json(const struct loom_chat_template *t, const char *messages_json,
+			    size_t mlen, const char *tools_json, size_t tlen,
+			    bool add_generation_prompt, char *err, size_t errlen)
+{
+	return render_json(t, messages_json, mlen, tools_json, tlen, add_generation_prompt, NULL,
+			   err, errlen);
+}
+
+int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
+				const struct loom_chat_template *t, const char *messages_json,
+				size_t mlen, const char *tools_json, size_t tlen,
+				bool add_generation_prompt, int64_t max, int32_t **ids, char *err,
+				size_t errlen)
+{
+	unsigned char *mark = NULL;
+	char *s;
+	int64_t need;
+
+	*ids = NULL;
+	if (max < 0 || max == INT64_MAX) {
+		loom_seterr(err, errlen, "the chat's token limit is out of range");
+		return -1;
+	}
+	if (err && errlen)
+		err[0] = '\0';
+	s = render_json(t, messages_json, mlen, tools_json, tlen, add_generation_prompt, &mark,
+			err, errlen);
+	if (!s)
+		return -1;
+	need = chat_ids(tok, s, mark, max, ids, err, errlen);
+	if (need > 0 && need <= max)
 		need = drop_template_bos(tok, *ids, need);
 	free(s);
 	free(mark);

@@ -1282,6 +1282,10 @@ static struct jnode *parse_stmt(struct parser *p)
 		end_tag(p);
 		return n;
 	}
+	if (is_name(t, "include") || is_name(t, "import") || is_name(t, "from") ||
+	    is_name(t, "extends") || is_name(t, "block"))
+		jx_fail(p->c, "line %d: {%% %.*s %%} is not supported: a chat template must be self-contained (loom loads no other template)",
+			t->line, (int)t->n, t->p);
 	jx_fail(p->c, "line %d: unknown tag '%.*s'", t->line, (int)t->n, t->p);
 }
 

@@ -170,6 +170,33 @@ out = check('tool_calls', tools, texts + ['<tool_callx', '<tool', ' <tool_call>'
 # text that only starts like the marker is text
 expect('tools-auto', out == ['1', '1', '0', '0', '1', '1', '1', '1'], f'{out}')
 
+# Llama 3.x: one bare {"name", "parameters"} object; "auto": or text not
+# starting with "{"
+llama = {'tools': tools['tools'], 'mode': 'required', 'args_key': 'parameters'}
+lcall = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+ltexts = [lcall, ' ' + lcall + '\n', '{"name": "get_weather", "arguments": {"city": "P"}}',
+          lcall + lcall, 'Hello', '{"name": "noop", "parameters": {}}']
+out = check('tool_calls', llama, ltexts)
+expect('tools-llama3-required', out == ['1', '1', '0', '0', '0', '1'], f'{out}')
+llama['mode'] = 'auto'
+out = check('tool_calls', llama, ltexts + ['{not a call', 'a {b}'])
+expect('tools-llama3-auto', out == ['1', '1', '0', '0', '1', '1', '0', '1'], f'{out}')
+# Mistral: [TOOL_CALLS] then the calls as one JSON array
+mistral = {'tools': tools['tools'], 'mode': 'required', 'begin': '[TOOL_CALLS]', 'list': True,
+           'max_calls': 2}
+mcall = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+mtexts = ['[TOOL_CALLS][' + mcall + ']', '[TOOL_CALLS] [' + mcall + ', {"name": "noop", '
+          '"arguments": {}}]', '[TOOL_CALLS][' + ', '.join([mcall] * 3) + ']',
+          '[TOOL_CALLS]' + mcall, '[TOOL_CALLS][]', 'Hi']
+out = check('tool_calls', mistral, mtexts)
+expect('tools-mistral-required', out == ['1', '1', '0', '0', '0', '0'], f'{out}')
+mistral['mode'] = 'auto'
+# a proper prefix of the marker is text, as for <tool_call>
+out = check('tool_calls', mistral, mtexts + ['[TOOL_CALL', '[TOOL_CALLS'])
+expect('tools-mistral-auto', out == ['1', '1', '0', '0', '0', '1', '1', '1'], f'{out}')
+out = check('tool_calls', dict(mistral, args_key='args'), ['x'])
+expect('tools-args-key-checked', isinstance(out, str) and 'args_key' in out, f'{out}')
+
 # unsupported schemas: refused naming what
 for schema, word in [({'type': 'string', 'pattern': 'a+'}, 'pattern'),
                      ({'type': 'integer', 'minimum': 0}, 'minimum'),

@@ -10,7 +10,9 @@
 #include <string.h>
 
 #include "serve_api.h"
+#include "serve_ollama.h"
 #include "serve_request.h"
+#include "serve_tools.h"
 
 #define FAKE_BOS 1
 
@@ -517,6 +519,157 @@ START_TEST(limits_from_the_context)
 }
 END_TEST
 
+/* ---- Ollama bodies (serve_ollama.c) ---- */
+
+static int ollama(const struct serve_req_ctx *ctx, const char *body, bool chat,
+		  struct serve_req *r, struct perr *e)
+{
+	memset(e, 0, sizeof(*e));
+	return ollama_parse(ctx, body, strlen(body), chat, r, e);
+}
+
+/* Options become the OpenAI fields of the same meaning; generate without
+ * raw is a chat of system and prompt; streaming is the default. */
+START_TEST(ollama_fields)
+{
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e;
+
+	ck_assert_int_eq(ollama(&ctx, "{\"model\": \"m:latest\", \"prompt\": \"hi\", \"system\": \"s\","
+				" \"options\": {\"temperature\": 0.25, \"top_k\": 7, \"top_p\": 0.5,"
+				" \"min_p\": 0.125, \"seed\": 9, \"num_predict\": 5, \"stop\": [\"q\"],"
+				" \"repeat_penalty\": 1.5, \"presence_penalty\": 0.5,"
+				" \"frequency_penalty\": 0.25, \"num_ctx\": 40}, \"keep_alive\": \"5m\"}",
+				false, &r, &e), 0);
+	ck_assert_int_eq(r.api, SERVE_API_OLLAMA_GENERATE);
+	ck_assert(r.chat && r.stream);
+	ck_assert_float_eq(r.sp.temp, 0.25f);
+	ck_assert_int_eq(r.sp.top_k, 7);
+	ck_assert_float_eq(r.sp.top_p, 0.5f);
+	ck_assert_float_eq(r.sp.min_p, 0.125f);
+	ck_assert(r.seed_given && r.sp.seed == 9);
+	ck_assert_int_eq(r.max_tokens, 5);
+	ck_assert(r.n_stop == 1 && !strcmp(r.stop[0], "q"));
+	ck_assert_float_eq(r.sp.repeat_penalty, 1.5f);
+	ck_assert_float_eq(r.sp.presence_penalty, 0.5f);
+	ck_assert_float_eq(r.sp.frequency_penalty, 0.25f);
+	assert_prompt(&r, true, "system:s\nuser:hi\n");
+	serve_req_free(&r);
+	/* raw: the prompt as a completion; no num_predict: until the context
+	 * (num_ctx 20 here) is full */
+	ck_assert_int_eq(ollama(&ctx, "{\"prompt\": \"abc\", \"raw\": true, \"stream\": false,"
+				" \"options\": {\"num_ctx\": 20, \"num_predict\": -1}}", false, &r, &e), 0);
+	ck_assert(!r.chat && !r.stream);
+	assert_prompt(&r, true, "abc");
+	ck_assert_int_eq(r.max_tokens, 20 - 4);
+	serve_req_free(&r);
+	/* chat: tool calls' arguments objects become OpenAI's JSON text */
+	ctx.n_ctx = 256;
+	ck_assert_int_eq(ollama(&ctx, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"},"
+				" {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\":"
+				" {\"name\": \"f\", \"arguments\": {\"a\": 1}}}]},"
+				" {\"role\": \"tool\", \"content\": \"r\", \"tool_name\": \"f\"}]}",
+				true, &r, &e), 0);
+	ck_assert_int_eq(r.api, SERVE_API_OLLAMA_CHAT);
+	assert_prompt(&r, true, "user:x\nassistant:<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\nuser:<tool_response>\nr\n</tool_response>\n");
+	serve_req_free(&r);
+	/* no prompt, no messages: a load request */
+	ck_assert_int_eq(ollama(&ctx, "{\"model\": \"m\"}", false, &r, &e), 1);
+	ck_assert_int_eq(ollama(&ctx, "{\"model\": \"m\", \"messages\": []}", true, &r, &e), 1);
+}
+END_TEST
+
+/* What loom cannot honour is a 400 that names it. */
+START_TEST(ollama_refusals)
+{
+	static const struct {
+		const char *body, *word;
+	} bad[] = {
+		{ "{\"prompt\": \"a\", \"options\": {\"mirostat\": 1}}", "options.mirostat" },
+		{ "{\"prompt\": \"a\", \"options\": {\"num_gpu\": 1}}", "options.num_gpu" },
+		{ "{\"prompt\": \"a\", \"options\": {\"what\": 1}}", "options.what" },
+		{ "{\"prompt\": \"a\", \"options\": {\"num_ctx\": 65}}", "num_ctx" },
+		{ "{\"prompt\": \"a\", \"options\": {\"num_predict\": 0}}", "num_predict" },
+		{ "{\"prompt\": \"a\", \"options\": {\"num_predict\": 100}}", "context" },
+		{ "{\"prompt\": \"a\", \"options\": 3}", "'options'" },
+		{ "{\"prompt\": \"a\", \"images\": [\"x\"]}", "'images'" },
+		{ "{\"prompt\": \"a\", \"suffix\": \"b\"}", "'suffix'" },
+		{ "{\"prompt\": \"a\", \"template\": \"t\"}", "'template'" },
+		{ "{\"prompt\": \"a\", \"context\": [1]}", "'context'" },
+		{ "{\"prompt\": \"a\", \"think\": true}", "'think'" },
+		{ "{\"prompt\": \"a\", \"raw\": true, \"system\": \"s\"}", "'system'" },
+		{ "{\"prompt\": \"a\", \"format\": \"xml\"}", "'format'" },
+		{ "{\"prompt\": \"a\", \"bogus\": 1}", "'bogus'" },
+		{ "{\"prompt\": 5}", "'prompt'" },
+		{ "{\"prompt\": \"a\", \"stream\": \"yes\"}", "'stream'" },
+		{ "[1]", "JSON object" },
+	};
+	struct serve_req_ctx ctx = fake_ctx();
+	struct serve_req r;
+	struct perr e;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ck_assert_int_eq(ollama(&ctx, bad[i].body, false, &r, &e), -1);
+		ck_assert_int_eq(e.status, 400);
+		ck_assert_msg(strstr(e.msg, bad[i].word), "%s: '%s'", bad[i].body, e.msg);
+	}
+	ck_assert_int_eq(ollama(&ctx, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\","
+				" \"images\": [\"x\"]}]}", true, &r, &e), -1);
+	ck_assert_ptr_nonnull(strstr(e.msg, "images"));
+}
+END_TEST
+
+/* The formats' calls, as the model writes them, into OpenAI tool_calls. */
+START_TEST(tool_formats)
+{
+	static const char hermes[] = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+	static const char llama[] = " {\"name\": \"f\", \"parameters\": {\"a\": 1}}";
+	static const char mistral[] = "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}},"
+				      " {\"name\": \"g\", \"arguments\": {}}]";
+	const char *fmts[] = { hermes, llama, mistral };
+	bool renders;
+
+	for (int f = 0; f < 3; f++) {
+		json_t *c = serve_tool_calls(f, fmts[f], strlen(fmts[f]));
+		json_t *fn = json_object_get(json_array_get(c, 0), "function");
+
+		ck_assert_msg(c != NULL, "format %d", f);
+		ck_assert_str_eq(json_string_value(json_object_get(fn, "name")), "f");
+		ck_assert_str_eq(json_string_value(json_object_get(fn, "arguments")), "{\"a\":1}");
+		ck_assert_int_eq(serve_tool_kind(f, fmts[f], strlen(fmts[f])), 2);
+		ck_assert_int_eq(serve_tool_kind(f, "Hello", 5), 1);
+		ck_assert_int_eq(serve_tool_kind(f, "", 0), 0);
+		/* another format's calls are not calls here */
+		ck_assert_ptr_null(serve_tool_calls((f + 1) % 3, fmts[f], strlen(fmts[f])));
+		json_decref(c);
+	}
+	{
+		json_t *c = serve_tool_calls(SERVE_TOOLFMT_MISTRAL, mistral, strlen(mistral));
+		const char *id = json_string_value(json_object_get(json_array_get(c, 1), "id"));
+
+		ck_assert_int_eq(json_array_size(c), 2);
+		ck_assert_uint_eq(strlen(id), 9); /* Mistral's templates demand 9 alphanumerics */
+		json_decref(c);
+	}
+	ck_assert_ptr_null(serve_tool_calls(SERVE_TOOLFMT_LLAMA3, "{\"name\": \"f\"}", 13));
+	ck_assert_ptr_null(serve_tool_calls(SERVE_TOOLFMT_MISTRAL, "[TOOL_CALLS][1]", 15));
+	ck_assert_int_eq(serve_tool_kind(SERVE_TOOLFMT_MISTRAL, "[TOOL", 5), 0);
+	ck_assert_int_eq(serve_tool_format_of("{{ tools }}[TOOL_CALLS]", &renders), SERVE_TOOLFMT_MISTRAL);
+	ck_assert(renders);
+	ck_assert_int_eq(serve_tool_format_of("{{ tools }}[TOOL_CALLS]x[ARGS]", &renders),
+			 SERVE_TOOLFMT_HERMES);
+	ck_assert(!renders); /* a format loom does not parse: its own section */
+	ck_assert_int_eq(serve_tool_format_of("<|start_header_id|>{{ tools }}\"parameters\"", &renders),
+			 SERVE_TOOLFMT_LLAMA3);
+	ck_assert_int_eq(serve_tool_format_of("<tool_call><function={{ tools }}", &renders),
+			 SERVE_TOOLFMT_HERMES);
+	ck_assert(!renders);
+	ck_assert_int_eq(serve_tool_format_of(NULL, &renders), SERVE_TOOLFMT_HERMES);
+	ck_assert(!renders);
+}
+END_TEST
+
 static Suite *request_suite(void)
 {
 	Suite *s = suite_create("serve_request");
@@ -536,6 +689,9 @@ static Suite *request_suite(void)
 	tcase_add_test(tc, limits_from_the_context);
 	tcase_add_test(tc, logit_bias_of_zero);
 	tcase_add_test(tc, tool_name_of_64);
+	tcase_add_test(tc, ollama_fields);
+	tcase_add_test(tc, ollama_refusals);
+	tcase_add_test(tc, tool_formats);
 	suite_add_tcase(s, tc);
 	return s;
 }

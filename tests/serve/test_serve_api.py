@@ -314,6 +314,16 @@ def openai_client(srv):
             if ch.logprobs and ch.logprobs.content:
                 toks += [c.token for c in ch.logprobs.content]
     check("openai chat stream: logprobs", toks == [c.token for c in content], (toks, content))
+    # the developer role (current SDKs send it for the system prompt) is the
+    # system role: the same prompt tokens and the same greedy reply
+    said = {}
+    for role in ("system", "developer"):
+        r = client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": role, "content": "Answer in French."}] + ask)
+        said[role] = (r.usage.prompt_tokens, r.choices[0].message.content)
+    check("openai chat: a developer message is a system message",
+          said["developer"] == said["system"] and said["system"][0] > 0, said)
     e1 = client.embeddings.create(model=model, input=["a red apple", "a red apple"])
     e2 = client.embeddings.create(model=model, input="a red apple", encoding_format="float")
     check("openai embeddings: base64 (the client's default) and float agree",

@@ -82,6 +82,12 @@ START_TEST(errors)
 	expect_error("{{ x }", NULL, "missing '}}'");
 	expect_error("{# never closed", NULL, "unterminated comment");
 	expect_error("{% frobnicate %}", NULL, "unknown tag 'frobnicate'");
+	/* a chat template is one file: loading another is refused by name */
+	expect_error("a\n{% include 'other.jinja' %}", NULL,
+		     "line 2: {% include %} is not supported: a chat template must be self-contained");
+	expect_error("{% import 'macros.jinja' as m %}", NULL, "{% import %} is not supported");
+	expect_error("{% from 'm.jinja' import f %}", NULL, "{% from %} is not supported");
+	expect_error("{% extends 'base.jinja' %}", NULL, "{% extends %} is not supported");
 	expect_error("{{ [].append(1) }}", NULL,
 		     "SecurityError: access to attribute 'append' of 'list' object is unsafe.");
 	expect_error("{{ {}.pop('a') }}", NULL, "SecurityError");
