@@ -92,7 +92,7 @@ static int take_params(void *dst, size_t dst_size, const void *src, size_t v1,
 void loom_engine_params_init(struct loom_engine_params *p)
 {
 	*p = (struct loom_engine_params){ .struct_size = sizeof(*p), .backend = "cpu.so",
-		.kv_type = LOOM_KV_DEFAULT };
+		.kv_type = LOOM_KV_DEFAULT, .n_gpu_layers = -1 };
 }
 
 void loom_generation_params_init(struct loom_generation_params *g)
@@ -438,6 +438,11 @@ static int plan_memory(void *arg, struct loom_model *m, char *err, size_t errlen
 	size_t acts;
 
 	e->m = m;
+	if (a->p->n_gpu_layers >= 0 && a->p->n_gpu_layers < m->hp.n_layer) {
+		loom_seterr(err, errlen, "%d GPU layers of the model's %d: loom runs all layers on one backend (no partial offload yet); ask for all (-ngl 99, -1 or %d and more) or none (-ngl 0, cpu.so)",
+			    a->p->n_gpu_layers, (int)m->hp.n_layer, (int)m->hp.n_layer);
+		return -1;
+	}
 	if (sched_config(e, a->p, err, errlen))
 		return -1;
 	if (out < c->logits_rows)

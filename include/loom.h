@@ -126,6 +126,11 @@ struct loom_engine_params {
 				  sequences, so stages overlap; 1: steps run
 				  whole; <= 0: a count that grows with the
 				  step's tokens (docs/DISTRIBUTED.md) */
+	/* ---- appended (0.8): llama.cpp's -ngl ---- */
+	int32_t n_gpu_layers;  /* the layers asked to run on the backend; < 0
+				  (loom_engine_params_init): all. loom runs every
+				  layer on its one backend, so a count below the
+				  model's layers is refused (no partial offload) */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);
@@ -737,7 +742,8 @@ enum { LOOM_IMATRIX_HESSIAN = 1u << 0 };
 struct loom_imatrix_entry {
 	const char *name;      /* the weight, "blk.0.attn_q.weight" */
 	int64_t cols;          /* the weight's input width: floats in mean_sq */
-	int64_t n_tokens;      /* tokens behind the Hessian; 0 when unknown */
+	int64_t n_tokens;      /* tokens behind the entry (loom's files, GGUF
+				  ones of one matrix); 0 when unknown */
 	const float *mean_sq;  /* [cols] mean of x_j^2 */
 	const float *hessian;  /* [cols][cols] mean of x x^T (symmetric), or NULL */
 };
@@ -770,8 +776,9 @@ struct loom_imatrix_stat {
 /*
  * Writes stats[0..n) to path in llama.cpp's legacy imatrix layout (which
  * llama-quantize --imatrix reads: per entry the name, ncall = n_chunks,
- * and mean_sq * n_chunks), then, when any entry has a Hessian, loom's
- * section "LOOMHES1" after llama.cpp's trailer (docs/QUANTIZATION.md).
+ * and mean_sq * n_chunks); after llama.cpp's trailer, loom's sections
+ * (docs/QUANTIZATION.md): "LOOMTOK1", each entry's n_tokens, when any is
+ * known, and "LOOMHES1" when any entry has a Hessian.
  * Written through loom_outfile_open(path, flags) (below): an existing
  * file is replaced only with LOOM_WRITE_FORCE. 0, or -1 with err.
  */
@@ -812,10 +819,7 @@ void loom_outfile_discard_all(void);
 int loom_write_file(const char *path, uint32_t flags, const void *data, size_t n, char *err,
 		    size_t errlen);
 
-#ifdef __cplusplus
-}
-#endif
-#endif /* LOOM_H */
+
 /* ======== appended: Jinja chat templates ======== */
 
 /*
@@ -848,7 +852,7 @@ int loom_engine_chat_template_file(const struct loom_engine *e, const char *path
  * filled by the functions above, and twice. */
 void loom_chat_template_free(struct loom_chat_template *t);
 
-/* ======== appended (tools): chats with tools and tool calls ======== */
+/* ======== chats with tools and tool calls ======== */
 
 /*
  * As loom_chat_render, with the chat as JSON text for a Jinja template
@@ -882,7 +886,7 @@ int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
 int loom_engine_chat_template_named(const struct loom_engine *e, const char *name,
 				    struct loom_chat_template *t, char *err, size_t errlen);
 
-/* ======== appended (ollama): what a server tells of its model ======== */
+/* ======== what a server tells of its model ======== */
 
 /*
  * The model file's scalar metadata (every key but the chat templates and
@@ -892,3 +896,8 @@ int loom_engine_chat_template_named(const struct loom_engine *e, const char *nam
 char *loom_engine_metadata_json(const struct loom_engine *e);
 /* llama.cpp's name of a general.file_type id ("q4_K_M"), or NULL. */
 const char *loom_file_type_name(uint32_t ft);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_H */

@@ -115,6 +115,61 @@ static int cmd_info(int argc, char **argv, char *err)
 	return 0;
 }
 
+/* The length of the valid UTF-8 character at s (n bytes left), or 0. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+	size_t len = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+
+	if (s[0] >= 0xf8 || len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	if ((len == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (len == 4 && s[0] == 0xf0 && s[1] < 0x90) ||
+	    (len == 4 && s[0] == 0xf4 && s[1] >= 0x90) || (len == 3 && s[0] == 0xed && s[1] >= 0xa0))
+		return 0;
+	return len;
+}
+
+/* A piece between single quotes: \\, \', \n, \t, \r as in C, other
+ * control bytes and bytes of no whole UTF-8 character as \xNN. */
+static void print_escaped(const unsigned char *s, size_t n)
+{
+	putchar('\'');
+	for (size_t i = 0; i < n;) {
+		size_t len = s[i] >= 0x80 ? utf8_char(s + i, n - i) : 0;
+
+		if (len) {
+			fwrite(s + i, 1, len, stdout);
+			i += len;
+			continue;
+		}
+		if (s[i] == '\\' || s[i] == '\'')
+			printf("\\%c", s[i]);
+		else if (s[i] == '\n' || s[i] == '\t' || s[i] == '\r')
+			printf("\\%c", s[i] == '\n' ? 'n' : s[i] == '\t' ? 't' : 'r');
+		else if (s[i] < 0x20 || s[i] >= 0x7f)
+			printf("\\x%02x", s[i]);
+		else
+			putchar(s[i]);
+		i++;
+	}
+	putchar('\'');
+}
+
+/* tokenize --pieces: a line a token, its id and the bytes it stands for. */
+static void print_pieces(const struct loom_tokenizer *tok, const int32_t *ids, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++) {
+		size_t len = 0;
+		const char *bytes = loom_token_bytes(tok, ids[i], &len);
+
+		printf("%d\t", ids[i]);
+		print_escaped((const unsigned char *)(bytes ? bytes : ""), bytes ? len : 0);
+		putchar('\n');
+	}
+}
+
 static int cmd_tokenize(int argc, char **argv, char *err)
 {
 	struct loom_options o;
@@ -146,9 +201,13 @@ static int cmd_tokenize(int argc, char **argv, char *err)
 	ids = tokenize_all(tok, text, len, !o.no_bos, &n, err);
 	if (!ids)
 		goto out_free;
-	for (i = 0; i < n; i++)
-		printf(i ? " %d" : "%d", ids[i]);
-	printf("\n");
+	if (o.pieces)
+		print_pieces(tok, ids, n);
+	else {
+		for (i = 0; i < n; i++)
+			printf(i ? " %d" : "%d", ids[i]);
+		printf("\n");
+	}
 	rc = 0;
 out_free:
 	free(ids);
@@ -325,6 +384,24 @@ static void print_kv_plan(struct loom_engine *e)
 		(double)st.kv_bytes / 1048576.0, st.n_ctx);
 }
 
+/* The tokens to generate: -n, or what the context holds after the prompt
+ * when -n is -1 (until the end of the sequence or a full context) or more
+ * than that; said on stderr. A prompt that fills the context is left to
+ * loom_generate's refusal. */
+static int32_t fit_context(struct loom_engine *e, const struct loom_options *o,
+			   const char *text, size_t len, bool add_special)
+{
+	int64_t prompt = loom_engine_tokenize(e, text, len, add_special, NULL, 0);
+	int64_t room = (int64_t)loom_engine_n_ctx(e) - prompt;
+
+	if (prompt <= 0 || room <= 0 || (o->n_predict >= 0 && o->n_predict <= room))
+		return o->n_predict < 0 ? 1 : o->n_predict;
+	if (o->n_predict > 0)
+		fprintf(stderr, "loom run: -n %d does not fit: the context holds %d tokens and the prompt takes %lld; generating until it is full (%lld tokens at most)\n",
+			o->n_predict, loom_engine_n_ctx(e), (long long)prompt, (long long)room);
+	return (int32_t)room;
+}
+
 static int cmd_run(int argc, char **argv, char *err)
 {
 	struct loom_grammar *gram = NULL;
@@ -361,6 +438,7 @@ static int cmd_run(int argc, char **argv, char *err)
 	}
 	print_kv_plan(e);
 	generation_params(&o, &g);
+	g.n_predict = fit_context(e, &o, text, len, g.add_special);
 	if (!(g.grammar = gram = run_grammar(&o, err)) && err[0])
 		goto out;
 	if (o.dump_logits[0] &&
@@ -377,6 +455,9 @@ static int cmd_run(int argc, char **argv, char *err)
 	}
 	if (loom_generate(e, text, len, &g, on_token, &ro, &st, err, ERRLEN) == 0)
 		rc = finish_run(e, &o, &st, logits, err);
+	if (!rc && g.n_predict != o.n_predict && st.n_generated == g.n_predict)
+		fprintf(stderr, "loom run: stopped: the context (%d tokens) is full\n",
+			loom_engine_n_ctx(e));
 	if (tokens_out) {
 		fputc('\n', ro.tokens);
 		if (!rc && loom_outfile_commit(tokens_out, err, ERRLEN))
@@ -589,12 +670,54 @@ out_free:
 	return rc;
 }
 
+/* llama-cli's habits: `loom run ... -cnv` is `loom chat ...`, and so is a
+ * command line of flags with -cnv and no command; -hf is refused by name.
+ * 0 to go on (argv may now name chat), or the exit status. */
+static int llama_cli(int *argc, char ***argv)
+{
+	const char *cmd = *argc > 1 ? (*argv)[1] : "";
+	const char *refused;
+	char **av;
+
+	if (!strcmp(cmd, "run") && loom_options_wants_chat(*argc, *argv, 1)) {
+		(*argv)[1] = "chat";
+		loom_options_run_to_chat(*argc, *argv, 1);
+		return 0;
+	}
+	if (cmd[0] != '-' || !strcmp(cmd, "-h") || !strcmp(cmd, "--help") ||
+	    !strcmp(cmd, "--version") || !strcmp(cmd, "--help-man") || !strcmp(cmd, "--completion"))
+		return 0;
+	if ((refused = loom_options_refused_flag(*argc, *argv, 0))) {
+		fprintf(stderr, "loom: error: %s\n", refused);
+		return 1;
+	}
+	if (!loom_options_wants_chat(*argc, *argv, 0)) {
+		fprintf(stderr, "loom: a command comes first: loom run -m FILE -p TEXT (llama-cli), loom chat -m FILE (llama-cli -cnv), loom serve -m FILE (llama-server); see loom --help\n");
+		return 2;
+	}
+	av = malloc(sizeof(char *) * (size_t)(*argc + 2));
+	if (!av) {
+		fprintf(stderr, "loom: out of memory\n");
+		return 1;
+	}
+	av[0] = (*argv)[0];
+	av[1] = "chat";
+	memcpy(av + 2, *argv + 1, sizeof(char *) * (size_t)*argc); /* with the NULL */
+	(*argc)++;
+	*argv = av; /* lives as long as the process */
+	loom_options_run_to_chat(*argc, *argv, 1);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
-	const char *cmd = argc > 1 ? argv[1] : "";
+	const char *cmd;
 	int rc;
 
+	if ((rc = llama_cli(&argc, &argv)))
+		return rc;
+	cmd = argc > 1 ? argv[1] : "";
 	clean_up_on_signals(cmd);
 	if (!strcmp(cmd, "run"))
 		rc = cmd_run(argc, argv, err);
@@ -621,6 +744,12 @@ int main(int argc, char **argv)
 	else if (!strcmp(cmd, "serve")) rc = loom_serve_main(argc, argv, err, ERRLEN);
 	else if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
 		printf("loom %s\n", LOOM_VERSION);
+		return 0;
+	} else if (!strcmp(cmd, "--help-man")) {
+		loom_options_man(stdout, LOOM_VERSION);
+		return 0;
+	} else if (!strcmp(cmd, "--completion") && argc == 3 && !strcmp(argv[2], "bash")) {
+		loom_options_completion(stdout);
 		return 0;
 	} else if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
 		usage(stdout);

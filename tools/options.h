@@ -126,6 +126,14 @@ struct loom_options {
 	char system_prompt_file[4096];  /* -sysf FILE */
 	/* ---- appended: Jinja chat templates (docs/TEMPLATES.md) ---- */
 	char chat_template[4096];       /* --chat-template FILE: replaces the model's */
+	/* ---- appended: llama.cpp's flags (README.md, "Coming from llama.cpp") ---- */
+	int n_gpu_layers;        /* -ngl N: < 0 or 99 every layer; see gpu_layers() */
+	bool ngl_given;
+	bool backend_given;      /* --backend came from a flag or the config file */
+	bool flash_attn;         /* -fa: attention is always flash-style; off is refused */
+	bool flash_attn_given;
+	bool conversation;       /* -cnv: `loom run` becomes `loom chat` (tools/loom.c) */
+	bool pieces;             /* tokenize --pieces: each id with its text */
 };
 
 /* Every subcommand's defaults (the server's too: they touch no other). */
@@ -138,8 +146,26 @@ void loom_options_defaults(struct loom_options *o);
 int loom_options_parse(struct loom_options *o, int argc, char **argv, char *err,
 		       size_t errlen);
 
+/* Does argv (after argv[first]) ask for llama.cpp's conversation mode
+ * (-cnv, --conversation)? Values of options are skipped, not read as flags. */
+bool loom_options_wants_chat(int argc, char **argv, int first);
+
+/* For -cnv: llama-cli's -p TEXT and -f FILE in conversation mode are the
+ * system prompt, so they become --system-prompt(-file), in place. */
+void loom_options_run_to_chat(int argc, char **argv, int first);
+
+/* The one-line refusal of llama.cpp's flags loom does not take (-hf: loom
+ * downloads nothing) found in argv after argv[first], or NULL. */
+const char *loom_options_refused_flag(int argc, char **argv, int first);
+
 /* Prints the usage of cmd, or of every subcommand for 0. */
 void loom_options_usage(FILE *out, enum loom_cmd cmd);
+
+/* The manual page (roff, man(7)) and the bash completion script, both
+ * made from the option and subcommand tables (loom --help-man,
+ * loom --completion bash; the build installs them). */
+void loom_options_man(FILE *out, const char *version);
+void loom_options_completion(FILE *out);
 
 /* The subcommands' names, comma-separated, for a refusal of an unknown one. */
 const char *loom_options_commands(void);

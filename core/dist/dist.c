@@ -1,6 +1,8 @@
-/* A distributed job over MPI (see dist.h). Without MPI in the build every
- * entry refuses with a message saying so. */
+/* A distributed job over MPI (see dist.h), built as the module mpi.so
+ * (dist_module.h): the core reaches these functions only through the
+ * table at the end, after dlopen'ing the module for --tp or --pp. */
 #include "dist/dist.h"
+#include "dist/dist_module.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -14,7 +16,6 @@
 #include "loom_config.h"
 #include "util.h"
 
-#if LOOM_HAVE_MPI
 #include <mpi.h>
 
 #define DEFAULT_TIMEOUT 60.0
@@ -34,11 +35,6 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-bool loom_dist_available(void)
-{
-	return true;
 }
 
 static MPI_Comm world(const struct loom_dist *d)
@@ -433,96 +429,30 @@ int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
 	return 0;
 }
 
-#else /* no MPI in this build */
+/* The module's one exported symbol (dist_module.h). */
+static const struct loom_dist_module mpi_module = {
+	.abi_major = LOOM_DIST_MODULE_ABI,
+	.abi_minor = 0,
+	.struct_size = sizeof(struct loom_dist_module),
+	.open = loom_dist_open,
+	.close = loom_dist_close,
+	.all_ok = loom_dist_all_ok,
+	.min_u64 = loom_dist_min_u64,
+	.agree = loom_dist_agree,
+	.abort = loom_dist_abort,
+	.busy = loom_dist_busy,
+	.plan_send = loom_dist_plan_send,
+	.plan_recv = loom_dist_plan_recv,
+	.send = loom_dist_send,
+	.recv = loom_dist_recv,
+	.post_recv = loom_dist_post_recv,
+	.post_send = loom_dist_post_send,
+	.wait_posted = loom_dist_wait_posted,
+};
 
-bool loom_dist_available(void)
+__attribute__((visibility("default"))) const struct loom_dist_module *
+loom_dist_module_entry(void)
 {
-	return false;
+	return &mpi_module;
 }
 
-struct loom_dist *loom_dist_open(int tp, int pp, char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "--tp %d --pp %d: this loom was built without MPI (install libopenmpi-dev and rebuild with -Dmpi=enabled)",
-		    tp, pp);
-	return NULL;
-}
-
-void loom_dist_close(struct loom_dist *d)
-{
-	(void)d;
-}
-
-bool loom_dist_all_ok(struct loom_dist *d, bool ok)
-{
-	return ok;
-}
-
-uint64_t loom_dist_min_u64(struct loom_dist *d, uint64_t v)
-{
-	return v;
-}
-
-bool loom_dist_agree(struct loom_dist *d, const int64_t *vals, const char *const *names,
-		     int n, char *err, size_t errlen)
-{
-	return true;
-}
-
-void loom_dist_busy(struct loom_dist *d, const char *what)
-{
-}
-
-void loom_dist_abort(struct loom_dist *d, const char *why)
-{
-	fprintf(stderr, "loom: error: %s\n", why);
-	_exit(1);
-}
-
-int loom_dist_plan_send(struct loom_dist *d, const int32_t *plan, int32_t n, char *err,
-			size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_plan_recv(struct loom_dist *d, int32_t **buf, int32_t *cap, int32_t *n,
-			char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
-		   char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
-		   char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_post_recv(struct loom_dist *d, void *buf, size_t bytes, int from, int tag,
-			char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_post_send(struct loom_dist *d, const void *buf, size_t bytes, int to, int tag,
-			char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-
-int loom_dist_wait_posted(struct loom_dist *d, char *err, size_t errlen)
-{
-	loom_seterr(err, errlen, "built without MPI");
-	return -1;
-}
-#endif

@@ -39,9 +39,7 @@ struct loom_dist {
 	int n_posted, cap_posted;
 };
 
-/* Whether this build has MPI. */
-bool loom_dist_available(void);
-/* Joins the job: initializes MPI if nobody did, checks the world's size
+/* Joins the job (the first call loads the MPI module, dist_module.h): initializes MPI if nobody did, checks the world's size
  * is tp * pp, splits the stage communicator, starts the watchdog. NULL
  * with err set. */
 struct loom_dist *loom_dist_open(int tp, int pp, char *err, size_t errlen);

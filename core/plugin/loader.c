@@ -102,6 +102,24 @@ bool loom_plugin_in_build_tree(void)
 	return from_build_tree;
 }
 
+/* For a program linked with libloom.so (include/loom.h): <libdir>/loom/<dir>
+ * beside the library itself, when the core is in a shared object other
+ * than the executable and that folder exists. */
+static bool beside_library(const struct loom_plugin_kind *k, char *out, size_t cap)
+{
+	char lib[PATH_MAX], exe[PATH_MAX], dir[PATH_MAX + 64];
+	Dl_info info;
+	char *slash;
+
+	if (!dladdr((void *)beside_library, &info) || !info.dli_fname ||
+	    !realpath(info.dli_fname, lib) || !realpath("/proc/self/exe", exe) ||
+	    !strcmp(lib, exe) || !(slash = strrchr(lib, '/')))
+		return false;
+	*slash = '\0';
+	snprintf(dir, sizeof(dir), "%s/loom/%s", lib, k->dir);
+	return is_dir(dir) && cap >= PATH_MAX && realpath(dir, out);
+}
+
 /* The installed folder: beside the executable's prefix when it exists
  * there (a DESTDIR or moved install), else the configured one. */
 static void installed_folder(const struct loom_plugin_kind *k, char *out, size_t cap)
@@ -116,6 +134,8 @@ static void installed_folder(const struct loom_plugin_kind *k, char *out, size_t
 		if (is_dir(beside) && cap >= PATH_MAX && realpath(beside, out))
 			return;
 	}
+	if (beside_library(k, out, cap))
+		return;
 	snprintf(out, cap, "%s/loom/%s", LOOM_INSTALL_LIBDIR, k->dir);
 }
 

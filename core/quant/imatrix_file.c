@@ -9,7 +9,9 @@
  * u32 n, per entry u32 name_len, the name, u32 cols, u32 same_as
  * (an earlier entry of this section whose matrix it shares, or
  * 0xffffffff), u64 n_tokens, u64 offset (of cols * cols f32 in the
- * file, a multiple of 64); then the matrices. */
+ * file, a multiple of 64); then the matrices. Before it, when the tokens
+ * behind each entry are known: "LOOMTOK1", u32 n (the entry count), n u64
+ * token counts in the order of the entries. */
 #include "format/gguf.h"
 #include "util.h"
 
@@ -26,6 +28,7 @@
 #include "loom.h"
 
 #define HES_MAGIC "LOOMHES1"
+#define TOK_MAGIC "LOOMTOK1"
 #define HES_VERSION 1u
 #define HES_OWN 0xffffffffu
 #define HES_ALIGN 64
@@ -242,7 +245,35 @@ static int read_hessians(struct loom_imatrix *im, struct cur *c)
 	return rc;
 }
 
-/* After the entries: llama.cpp's optional trailer, then loom's section. */
+/* loom's token counts, one per entry (the magic not yet taken). */
+static int read_tokens(struct loom_imatrix *im, struct cur *c)
+{
+	uint32_t n;
+	uint64_t t;
+
+	c->p += 8;
+	c->left -= 8;
+	if (take(c, &n, 4, "the token counts' count"))
+		return -1;
+	if (n != im->n) {
+		loom_seterr(c->err, c->errlen, "%s: %u token counts for %zu entries", c->path, n,
+			    im->n);
+		return -1;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (take(c, &t, 8, "a token count"))
+			return -1;
+		if (t > INT64_MAX) {
+			loom_seterr(c->err, c->errlen, "%s: entry '%s': %llu tokens", c->path,
+				    im->e[i].name, (unsigned long long)t);
+			return -1;
+		}
+		im->e[i].n_tokens = (int64_t)t;
+	}
+	return 0;
+}
+
+/* After the entries: llama.cpp's optional trailer, then loom's sections. */
 static int read_trailer(struct loom_imatrix *im, struct cur *c, uint32_t flags)
 {
 	int32_t len;
@@ -261,6 +292,8 @@ static int read_trailer(struct loom_imatrix *im, struct cur *c, uint32_t flags)
 	}
 	c->p += len;
 	c->left -= (size_t)len;
+	if (c->left >= 8 && !memcmp(c->p, TOK_MAGIC, 8) && read_tokens(im, c))
+		return -1;
 	if (c->left == 0)
 		return 0;
 	if (c->left < 8 || memcmp(c->p, HES_MAGIC, 8)) {
@@ -572,6 +605,21 @@ static void write_legacy(struct writer *w, const struct loom_imatrix_stat *s, si
 	put(w, dataset, strlen(dataset));
 }
 
+/* The tokens behind each entry, when any is known (LOOMTOK1). */
+static void write_tokens(struct writer *w, const struct loom_imatrix_stat *s, size_t n)
+{
+	bool any = false;
+
+	for (size_t i = 0; i < n; i++)
+		any |= s[i].n_tokens > 0;
+	if (!any)
+		return;
+	put(w, TOK_MAGIC, 8);
+	put_u32(w, (uint32_t)n);
+	for (size_t i = 0; i < n; i++)
+		put_u64(w, s[i].n_tokens > 0 ? (uint64_t)s[i].n_tokens : 0);
+}
+
 /* The earlier stat whose Hessian is the same matrix, or HES_OWN. */
 static uint32_t shared_with(const struct loom_imatrix_stat *s, size_t i, const uint32_t *slot)
 {
@@ -663,6 +711,7 @@ int loom_imatrix_save(const char *path, uint32_t flags, const struct loom_imatri
 	for (size_t i = 0; i < n; i++)
 		any_hessian |= stats[i].hessian != NULL;
 	write_legacy(&w, stats, n, n_chunks, dataset ? dataset : "");
+	write_tokens(&w, stats, n);
 	if (any_hessian)
 		write_hessians(&w, stats, n, slot);
 	free(slot);

@@ -135,9 +135,15 @@ def generation():
     # Prefill in chunks of 2 tokens: same cache contents, same text.
     rc, chunked, err = run("run", "--backend=cpu.so", "--model", MODEL, *prompt, "-b", "2")
     check("chunked prefill gives the same text", chunked == cpu_out, f"{chunked!r} {err}")
-    # A context too small for prompt + n_predict is refused, not truncated.
-    rc, _, err = run("run", "--model", MODEL, *prompt, "-c", "8")
-    check("context overflow refused", rc != 0 and "context" in err, err)
+    # A context too small for prompt + n_predict: generated until it is
+    # full, and said (llama.cpp's behaviour); one the prompt alone
+    # overflows is refused, not truncated.
+    rc, out, err = run("run", "--model", MODEL, *prompt, "-c", "8")
+    check("context too small for -n: generates until full and says so",
+          rc == 0 and "generated 3 tokens" in err and "does not fit" in err and
+          "stopped: the context (8 tokens) is full" in err and out.strip(), err)
+    rc, _, err = run("run", "--model", MODEL, *prompt, "-c", "4")
+    check("a prompt beyond the context is refused", rc != 0 and "exceeds the context" in err, err)
 
     sampled = ["-p", "Once upon a time", "-n", "16", "--temp", "0.9", "--top-p", "0.95",
                "--no-progress"]
@@ -181,6 +187,45 @@ def generation():
         check(f"bench -npl {bad} refused", rc != 0 and "--n-parallel" in err, err)
 
 
+def unescape(piece):
+    """--pieces' quoting undone: the token's bytes."""
+    assert piece[0] == piece[-1] == "'", piece
+    out, i, body = bytearray(), 0, piece[1:-1]
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out += c.encode()
+            i += 1
+        elif body[i + 1] == "x":
+            out.append(int(body[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out += {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\", "'": b"'"}[body[i + 1]]
+            i += 2
+    return bytes(out)
+
+
+def pieces():
+    """tokenize --pieces: the ids of plain tokenize, one a line with the
+    escaped bytes each stands for; the bytes put together are the text."""
+    text = "Hi\tthere,\n'quoted' back\\slash caf\u00e9 \U0001f999 \x01end"
+    rc, plain, err = run("tokenize", "-m", MODEL, "--no-bos", text)
+    rc2, out, err2 = run("tokenize", "-m", MODEL, "--no-bos", "--pieces", text)
+    lines = out.split("\n")[:-1]
+    ids = [ln.split("\t", 1)[0] for ln in lines]
+    check("--pieces gives plain tokenize's ids", rc == 0 and rc2 == 0 and ids == plain.split(),
+          err + err2)
+    try:
+        joined = b"".join(unescape(ln.split("\t", 1)[1]) for ln in lines)
+    except (AssertionError, IndexError, KeyError, ValueError) as e:
+        joined = repr(e).encode()
+    check("--pieces' bytes put together are the text", joined == text.encode(),
+          f"{joined!r} vs {text.encode()!r}")
+    check("--pieces escapes control bytes and split characters",
+          "\\t" in out and "\\n" in out and "\\\\" in out and "\\'" in out and
+          "\\x01" in out and "\\xf0\\x9f" in out, out)
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         config_errors(tmp)
@@ -190,6 +235,7 @@ def main():
     supported_table()
     if os.path.exists(MODEL):
         generation()
+        pieces()
     else:
         print(f"skip generation checks: model {MODEL!r} not found (run scripts/setup.sh)")
     print(f"{passed} passed, {len(failures)} failed")

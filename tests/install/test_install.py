@@ -17,7 +17,12 @@ with every LOOM_*_PATH unset and an empty per-user folder:
    the error names rmsnorm;
 4. `loom backends` shows the per-user folder's backend and refuses a
    non-ELF file, an ABI-2 backend and a table with a missing slot, each with
-   the loader's reason.
+   the loader's reason;
+5. libloom.so.0 exports exactly loom.h's functions, and examples/embed
+   builds out of tree against the installed loom.pc and streams the same
+   text as `loom run`; neither the loom command nor libloom links libmpi,
+   which only the installed MPI module dist/mpi.so does, and a
+   single-host `loom run` loads neither (libloom_check.py, step 1).
 
 Usage: test_install.py BUILD_ROOT SOURCE_ROOT PREFIX BINDIR LIBDIR MESON [LOADER_MODULES]
 """
@@ -27,6 +32,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import libloom_check  # noqa: E402
 
 MODEL = os.environ.get("LOOM_MODEL") or os.path.expanduser(
     "~/.cache/loom/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -86,6 +94,8 @@ def installed_run(loom, lib, build, env, tmp):
                "--temp", "0", "--no-progress"], env)
     check(gen.returncode == 0 and gen.stdout.strip() != "",
           "installed loom run generates text: %r %s" % (gen.stdout, gen.stderr[-300:]))
+    mpi = [f for f in dlopened(gen.stderr) if "libmpi" in f or "/dist/mpi.so" in f]
+    check(not mpi, "a single-host loom run loads no MPI (module or libmpi): %s" % mpi)
     plugins = [f for f in dlopened(gen.stderr)
                if f.startswith("/") and ("/loom/" in f or under(f, build))]
     check(plugins and all(under(f, lib) for f in plugins),
@@ -186,11 +196,18 @@ def main():
         for rel in ("loom.h", "loom/backend.h", "loom/backend_check.h", "loom/kv_quant.h",
                     "loom/status.h"):
             check(os.path.isfile(os.path.join(root, "include", rel)), "installed include/" + rel)
+        for rel in ("share/man/man1/loom.1", "share/bash-completion/completions/loom"):
+            check(os.path.isfile(os.path.join(root, rel)), "installed " + rel)
         pc_dir = os.path.join(root, libdir, "pkgconfig")
         check(os.path.isfile(os.path.join(pc_dir, "loom-backend.pc")), "installed loom-backend.pc")
         check(not under(loom, build), "the DESTDIR is outside the build tree")
 
         installed_run(loom, lib, build, env, tmp)
+        libloom_check.check_library(check, root, libdir, tmp)
+        libloom_check.check_no_mpi(check, loom, root, libdir)
+        embed = libloom_check.build_embed(check, run, src, root, libdir, dest, env, tmp)
+        if embed and os.path.exists(MODEL):
+            libloom_check.run_embed(check, run, embed, loom, MODEL, root, env)
         good, bad = build_skeleton(src, tmp, dest, pc_dir, env, meson)
         check_backends(loom, good, bad, env, tmp, fakes)
     finally:

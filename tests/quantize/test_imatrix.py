@@ -103,6 +103,24 @@ def test_legacy(tmp, rng):
     check(ent is not None and "1 entries, 0 chunks" in head, "legacy file without trailer read")
 
 
+def test_token_counts(tmp, rng):
+    """loom's LOOMTOK1 section: read into --show's tokens, checked."""
+    a = rng.uniform(0, 1, 8).astype(np.float32)
+    good = legacy_bytes([("x.weight", 2, a), ("y.weight", 2, a)], 2, b"calib.txt")
+    path = os.path.join(tmp, "tok.dat")
+    with open(path, "wb") as f:
+        f.write(good + b"LOOMTOK1" + struct.pack("<IQQ", 2, 40, 7))
+    ent, _ = show(path)
+    check(ent is not None and ent["x.weight"][1] == 40 and ent["y.weight"][1] == 7,
+          "LOOMTOK1: each entry's token count shown (%s)" % (ent,))
+    with open(path, "wb") as f:
+        f.write(good + b"LOOMTOK1" + struct.pack("<IQ", 1, 40))
+    expect_refused(path, ["1 token counts for 2 entries"], "a token section of the wrong count")
+    with open(path, "wb") as f:
+        f.write(good + b"LOOMTOK1" + struct.pack("<IQ", 2, 40))
+    expect_refused(path, ["truncated"], "a cut token section")
+
+
 def expect_refused(path, words, what):
     p = run("imatrix", "--show", path)
     ok = p.returncode == 1 and path in p.stderr and all(w in p.stderr for w in words)
@@ -297,6 +315,13 @@ def parse_file(path):
         pos += 4 * nval
     chunks, ln = take("<ii")
     pos += ln
+    tokens = {}
+    if bytes(buf[pos:pos + 8]) == b"LOOMTOK1":
+        pos += 8
+        nt, = take("<I")
+        assert nt == n
+        for name in list(ent):
+            tokens[name], = take("<Q")
     hes = {}
     if pos < len(buf):
         magic = bytes(buf[pos:pos + 8])
@@ -316,7 +341,7 @@ def parse_file(path):
             mat = np.frombuffer(buf, np.float32, cols * cols, src[3]).reshape(cols, cols)
             hes[name] = (tokens, same, mat)
         assert magic == b"LOOMHES1" and version == 1
-    return chunks, ent, hes
+    return chunks, ent, hes, tokens
 
 
 def test_model(tmp):
@@ -329,11 +354,18 @@ def test_model(tmp):
     check(p.returncode == 0, "loom imatrix runs (%s)" % p.stderr.strip()[-300:])
     if p.returncode:
         return
-    chunks, ent, hes = parse_file(a)
+    chunks, ent, hes, tokens = parse_file(a)
     n_layer = len({k.split(".")[1] for k in ent if k.startswith("blk.")})
     check(chunks == 2 and len(ent) == 7 * n_layer and not hes and
           all(v[0] == 2 for v in ent.values()) and "output.weight" not in ent,
           "imatrix file: 7 weights a layer of %d, ncall 2, no output matrix" % n_layer)
+    check(set(tokens) == set(ent) and all(t == 32 for t in tokens.values()),
+          "the file counts 32 tokens (2 chunks of 16) behind every entry")
+    shown, _ = show(a)
+    check(shown is not None and set(shown) == set(ent) and
+          all(v[1] == 32 for v in shown.values()),
+          "--show prints the real token counts, 32, not 0: %s" %
+          (sorted({v[1] for v in shown.values()}) if shown else None))
     q = ent["blk.0.attn_q.weight"][1]
     check(q.size == 576 and np.all(q >= 0) and np.all(np.isfinite(q)) and q.max() > 0,
           "imatrix values: 576 finite non-negative (max %.4g)" % q.max())
@@ -343,7 +375,7 @@ def test_model(tmp):
     check(p.returncode == 0, "loom imatrix --hessian runs (%s)" % p.stderr.strip()[-300:])
     if p.returncode:
         return
-    chunks2, ent2, hes = parse_file(h)
+    chunks2, ent2, hes, tokens2 = parse_file(h)
     check(all(np.array_equal(ent[k][1], ent2[k][1]) for k in ent),
           "--hessian: the same means, bit for bit")
     check(set(hes) == set(ent) and all(v[0] == 32 for v in hes.values()),
@@ -393,6 +425,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_legacy(tmp, rng)
         test_corrupt(tmp, rng)
+        test_token_counts(tmp, rng)
         test_gguf(tmp, rng)
         test_quantize(tmp, rng)
         test_inconsistent(tmp, rng)

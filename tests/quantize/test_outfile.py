@@ -4,7 +4,8 @@
   - a symlink planted at OUT, or at the old OUT.part name, is never
     followed: its target keeps its bytes, and --force replaces the link
     itself with the new file;
-  - SIGINT in the middle of a quantize leaves no OUT.XXXXXX.part behind;
+  - SIGINT or SIGTERM in the middle of a quantize leaves no
+    OUT.XXXXXX.part behind;
   - perplexity --save-logits and imatrix -o refuse an existing file too.
 
 argv[1] is the loom binary; $LOOM_MODEL the model (skipped without it).
@@ -68,19 +69,20 @@ def existing_and_links(tmp):
     check("no temporary left", not glob.glob(os.path.join(tmp, "*.??????.part")))
 
 
-def interrupted(tmp):
-    out = os.path.join(tmp, "int.gguf")
+def interrupted(tmp, sig):
+    name = signal.Signals(sig).name
+    out = os.path.join(tmp, "int_%s.gguf" % name)
     proc = subprocess.Popen([LOOM, "quantize", "--allow-requantize", MODEL, out, "q8_0", "-t", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while not glob.glob(out + ".*.part") and proc.poll() is None and time.time() < deadline:
         time.sleep(0.002)
     seen = bool(glob.glob(out + ".*.part"))
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rc = proc.wait(timeout=60)
-    check("quantize writes through OUT.XXXXXX.part", seen)
-    check("SIGINT ends quantize by the signal", rc == -signal.SIGINT, f"rc {rc}")
-    check("SIGINT leaves no OUT.XXXXXX.part and no OUT",
+    check("quantize writes through OUT.XXXXXX.part (%s)" % name, seen)
+    check("%s ends quantize by the signal" % name, rc == -sig, f"rc {rc}")
+    check("%s leaves no OUT.XXXXXX.part and no OUT" % name,
           not glob.glob(out + "*"), str(glob.glob(out + "*")))
 
 
@@ -108,7 +110,8 @@ def main():
         sys.exit(77)
     with tempfile.TemporaryDirectory() as tmp:
         existing_and_links(tmp)
-        interrupted(tmp)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            interrupted(tmp, sig)
         other_writers(tmp)
     if failures:
         sys.exit(f"{len(failures)} failed")
