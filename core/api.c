@@ -697,6 +697,7 @@ void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st)
 		.kv_type = (int32_t)e->cfg.kv_type, .kv_token_bytes = e->kv_plan.token_bytes,
 		.expert_bytes = e->m->expert_bytes, .n_expert = (int32_t)e->m->hp.n_expert,
 		.n_expert_used = (int32_t)e->m->hp.n_expert_used,
+		.embd_only_bytes = e->m->embd_only_bytes,
 	};
 }
 

@@ -373,6 +373,9 @@ struct loom_engine_stats {
 	 * dense model) */
 	uint64_t expert_bytes;
 	int32_t n_expert, n_expert_used;
+	/* bytes of a token table that only the embedding reads (an untied
+	 * model's token_embd: a step reads a row of it, not all) */
+	uint64_t embd_only_bytes;
 };
 void loom_engine_get_stats(struct loom_engine *e, struct loom_engine_stats *st);
 

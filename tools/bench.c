@@ -184,9 +184,10 @@ static struct loom_engine *bench_engine(const struct loom_options *o, int thread
  * A mixture-of-experts model's decode reads only the routed experts: one
  * sequence's token reads n_expert_used distinct experts a layer (top-k
  * picks distinct ones), so the weights one decode step of one sequence
- * streams are all the weights less the experts it skips. Computed from
- * the plan, not counted; with several sequences a step reads the union
- * of their experts, more.
+ * streams are all the weights less the experts it skips and less an
+ * untied token table (embed reads one row of it). Computed from the plan,
+ * not counted; with several sequences a step reads the union of their
+ * experts, more.
  */
 static void print_experts(const struct loom_engine_stats *st)
 {
@@ -195,7 +196,7 @@ static void print_experts(const struct loom_engine_stats *st)
 
 	if (!st->n_expert)
 		return;
-	active = all - exp + exp * st->n_expert_used / st->n_expert;
+	active = all - (double)st->embd_only_bytes - exp + exp * st->n_expert_used / st->n_expert;
 	fprintf(stderr, "bench: experts %d, %d a token: weights read per decode token of one sequence %.1f MiB of %.1f MiB (routed experts %.1f MiB of %.1f MiB)\n",
 		st->n_expert, st->n_expert_used, active / 1048576.0, all / 1048576.0,
 		exp * st->n_expert_used / st->n_expert / 1048576.0, exp / 1048576.0);

@@ -95,11 +95,12 @@ TYPES = {
     "q4_1": gguf.GGMLQuantizationType.Q4_1,
     "q5_0": gguf.GGMLQuantizationType.Q5_0,
     "q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "mxfp4": gguf.GGMLQuantizationType.MXFP4,
 }
 
 # llama.cpp's llama_ftype numbers for general.file_type
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7,
-              "q5_0": 8, "q5_1": 9}
+              "q5_0": 8, "q5_1": 9, "mxfp4": 38}
 
 PRESETS = {
     # Llama-3.2-1B-like

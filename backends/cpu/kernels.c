@@ -57,6 +57,7 @@ bool cpu_format_known(uint32_t type)
 	case LOOM_TYPE_Q4_K:
 	case LOOM_TYPE_Q5_K:
 	case LOOM_TYPE_Q6_K:
+	case LOOM_TYPE_MXFP4:
 		return true;
 	default:
 		return false;
@@ -97,6 +98,7 @@ uint32_t cpu_block_bytes(uint32_t type)
 	case LOOM_TYPE_Q4_K: return 144;
 	case LOOM_TYPE_Q5_K: return 176;
 	case LOOM_TYPE_Q6_K: return 210;
+	case LOOM_TYPE_MXFP4: return 17;
 	default: return 0;
 	}
 }
@@ -230,6 +232,18 @@ static inline float plain_get(uint32_t t, const uint8_t *row, int64_t e)
 	}
 }
 
+/* MXFP4's doubled E2M1 values, and its E8M0 scale halved to match. */
+static const float mxfp4_kv[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+static inline float mxfp4_half_scale(uint8_t e)
+{
+	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
 /* 32 values of group p into out. */
 static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 {
@@ -272,6 +286,13 @@ static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 
 			out[j] = (float)(lo - 16) * d;
 			out[j + 16] = (float)(hi - 16) * d;
+		}
+		return;
+	case LOOM_TYPE_MXFP4: /* E2M1 by table, scale 2^(e - 128) (plugins/quant/mxfp4.c) */
+		d = mxfp4_half_scale(p[0]);
+		for (int j = 0; j < 16; j++) {
+			out[j] = mxfp4_kv[p[1 + j] & 15] * d;
+			out[j + 16] = mxfp4_kv[p[1 + j] >> 4] * d;
 		}
 		return;
 	case LOOM_TYPE_Q5_1:

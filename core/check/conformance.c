@@ -40,6 +40,7 @@ static const uint32_t weight_types[] = {
 	LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
 	LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
 	LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
+	LOOM_TYPE_MXFP4,
 };
 #define N_WEIGHT_TYPES (sizeof(weight_types) / sizeof(weight_types[0]))
 
@@ -971,7 +972,7 @@ static void test_attention(struct dev *ref, struct dev *d)
 static void test_moe(struct dev *ref, struct dev *d)
 {
 	static const uint32_t types[] = { LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
-					  LOOM_TYPE_Q4_0 };
+					  LOOM_TYPE_Q4_0, LOOM_TYPE_MXFP4 };
 
 	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
 		if (!d->ops->supports(d->ctx, LOOM_OP_GEMM, types[i])) {

@@ -186,7 +186,7 @@ static void status_fail(const char *label, const char *op, const char *fmt, cons
 static const uint32_t gemm_types[] = {
 	LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0,
 	LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K,
-	LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
+	LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K, LOOM_TYPE_MXFP4,
 };
 
 static const int64_t batch_m[] = { 2, 3, 5, 16, 17, 64 };
@@ -248,6 +248,9 @@ static void make_weights(uint32_t type, const struct loom_format_info *fi, uint8
 			}
 			continue;
 		}
+		/* MXFP4: an E8M0 scale byte first, kept near 1 (2^-4 .. 2^1) */
+		for (int64_t b = 0; type == LOOM_TYPE_MXFP4 && b < blocks; b++)
+			row[b * fi->block_bytes] = (uint8_t)(124 + rnd32() % 6);
 		for (size_t t = 0; t < sizeof(halves) / sizeof(halves[0]); t++) {
 			if (halves[t].type != type)
 				continue;

@@ -944,6 +944,7 @@ static void tally_plan(struct loader *l)
 	memset(m->plan_bytes, 0, sizeof(m->plan_bytes));
 	m->n_converted = 0;
 	m->expert_bytes = 0;
+	m->embd_only_bytes = 0;
 	for (int i = 0; i < l->n_plan; i++) {
 		const struct weight_plan *p = &l->plan[i];
 		uint32_t t = p->dequant ? LOOM_TYPE_F32 : p->t->type;
@@ -952,6 +953,8 @@ static void tally_plan(struct loader *l)
 			m->plan_bytes[t] += p->bytes;
 		if (p->expert)
 			m->expert_bytes += p->bytes;
+		if (p->w == &m->tok_embd && !p->tied)
+			m->embd_only_bytes += p->bytes;
 		m->n_converted += p->dequant && p->t->type != LOOM_TYPE_F32;
 	}
 	m->plan_total = l->total;

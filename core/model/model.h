@@ -143,6 +143,7 @@ struct loom_model {
 	uint64_t plan_total;
 	int n_converted;
 	uint64_t expert_bytes; /* of plan_total: the routed experts' tensors */
+	uint64_t embd_only_bytes; /* of it: a token table only embed reads (untied) */
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
 	struct loom_layer *layers; /* n_layer; only shard's layers hold weights */
 	struct loom_shard shard;   /* what this process holds (all of it alone) */

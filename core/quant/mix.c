@@ -16,7 +16,7 @@ enum {
 	FT_F32 = 0, FT_F16 = 1, FT_Q4_0 = 2, FT_Q4_1 = 3, FT_Q8_0 = 7, FT_Q5_0 = 8,
 	FT_Q5_1 = 9, FT_Q2_K = 10, FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13,
 	FT_Q4_K_S = 14, FT_Q4_K_M = 15, FT_Q5_K_S = 16, FT_Q5_K_M = 17, FT_Q6_K = 18,
-	FT_BF16 = 32,
+	FT_BF16 = 32, FT_MXFP4_MOE = 38,
 };
 
 /* Plain formats: lower-case, as GGUF names the types. */
@@ -34,6 +34,9 @@ static const struct quant_target plain[] = {
 	{ "q4_K", FT_Q4_K_S, LOOM_TYPE_Q4_K, false },
 	{ "q5_K", FT_Q5_K_S, LOOM_TYPE_Q5_K, false },
 	{ "q6_K", FT_Q6_K, LOOM_TYPE_Q6_K, false },
+	/* the format plugin's (plugins/quant/mxfp4.c); file type as
+	 * llama.cpp's MXFP4_MOE, the only mix of it */
+	{ "mxfp4", FT_MXFP4_MOE, LOOM_TYPE_MXFP4, false },
 };
 
 /* llama.cpp's mixes: upper-case, as llama-quantize names them. */

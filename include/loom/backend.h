@@ -65,6 +65,7 @@ enum loom_type {
 	LOOM_TYPE_Q6_K = 14,
 	LOOM_TYPE_Q8_K = 15,
 	LOOM_TYPE_BF16 = 30,
+	LOOM_TYPE_MXFP4 = 39, /* E2M1 x 32 with an E8M0 scale (plugins/quant/mxfp4.c) */
 	LOOM_TYPE_COUNT = 40, /* upper bound for tables indexed by type */
 };
 

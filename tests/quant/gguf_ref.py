@@ -47,7 +47,7 @@ PLUGINS = {
     "f32": "float", "f16": "float", "bf16": "float",
     "q8_0": "q8", "q4_0": "q4", "q4_1": "q4", "q5_0": "q5", "q5_1": "q5",
     "q2_K": "kquant", "q3_K": "kquant", "q4_K": "kquant", "q5_K": "kquant",
-    "q6_K": "kquant",
+    "q6_K": "kquant", "mxfp4": "mxfp4",
 }
 # gguf has no quantizer for these; only decoding is compared with gguf.
 DEQUANT_ONLY = ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")

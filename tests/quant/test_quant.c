@@ -37,6 +37,7 @@ static const struct want_plugin want[] = {
 	{ "kquant", "kquant", 5, { { "q2_K", 10, 256, 84 }, { "q3_K", 11, 256, 110 },
 				   { "q4_K", 12, 256, 144 }, { "q5_K", 13, 256, 176 },
 				   { "q6_K", 14, 256, 210 } } },
+	{ "mxfp4", "mxfp4", 1, { { "mxfp4", 39, 32, 17 } } },
 };
 
 #define N_WANT (sizeof(want) / sizeof(want[0]))

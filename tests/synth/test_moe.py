@@ -19,7 +19,9 @@ Cases: Mixtral (general.architecture llama with llama.expert_count; 4
 experts, 2 routed; and 8 experts, 1 routed), qwen3moe (8 experts, 3
 routed, expert FFN narrower than the dense one, QK-norm), qwen2moe (4
 experts, 2 routed, shared expert with its sigmoid gate, weights not
-normalised), over the f32, f16, q8_0 and q4_0 formats.
+normalised), over the f32, f16, q8_0, q4_0 and mxfp4 formats (mxfp4:
+E2M1 values with an E8M0 scale, the gpt-oss experts' format, here for
+every matrix).
 
 Each routing feature must matter, so an engine that got it wrong would
 fail: the reference with one more or one fewer routed expert ("topk"),
@@ -43,6 +45,10 @@ Refusals: files whose expert keys are missing or out of range, or whose
 expert tensors do not have the shape the keys give, are refused by
 `loom run` with a message naming the key or tensor (REFUSALS below;
 tools/mkgguf.py is run in this process with its expert keys replaced).
+
+MXFP4: `loom quantize` writes it (the f32 Qwen2-MoE case, every expert
+tensor, the router kept f32), bytewise what the gguf package's quantizer
+writes, and reads it back to f32 bitwise as the gguf package decodes it.
 
 Distributed (when mpirun is on PATH): `--pp 2` (each rank holds its
 layers' experts) gives the single process's greedy tokens; `--tp 2` is
@@ -81,6 +87,10 @@ CASES = (
                             "--expert-ff", "64", "--type", "q4_0",
                             "--experts", "8", "--experts-used", "3"],
      ("topk", "norm", "route")),
+    ("qwen3moe-e4k2-mxfp4", ["--arch", "qwen3moe", "--ff", "128",
+                             "--expert-ff", "64", "--type", "mxfp4",
+                             "--experts", "4", "--experts-used", "2"],
+     ("topk", "route")),
     ("qwen2moe-e4k2-f32", ["--arch", "qwen2moe", "--ff", "128",
                            "--expert-ff", "64", "--shared-ff", "96",
                            "--type", "f32", "--experts", "4",
@@ -182,6 +192,43 @@ def check_dist(synth, loom, tmp, fails):
     fails.check(p.returncode != 0 and "tensor parallelism over routed "
                 "experts is not supported" in err,
                 "--tp 2 refused for experts: exit %d" % p.returncode)
+
+
+def check_quantize(synth, np, loom, tmp, fails):
+    """`loom quantize` to mxfp4 and back on the f32 qwen2moe case: each
+    quantized tensor's bytes are the gguf package's quantizer's, the
+    router stays f32, and f32 again is the gguf package's dequantization."""
+    import gguf
+    from gguf.quants import quantize, dequantize
+    src = os.path.join(tmp, CASES[-1][0] + ".gguf")
+    mx, back = os.path.join(tmp, "mx.gguf"), os.path.join(tmp, "back.gguf")
+    synth.run([loom, "quantize", src, mx, "mxfp4"])
+    synth.run([loom, "quantize", mx, back, "f32", "--allow-requantize"])
+    orig = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    got = {t.name: t for t in gguf.GGUFReader(mx).tensors}
+    again = {t.name: t for t in gguf.GGUFReader(back).tensors}
+    MX = gguf.GGMLQuantizationType.MXFP4
+    n_mx = n_ok = n_back = 0
+    for name, t in got.items():
+        if t.tensor_type != MX:
+            continue
+        n_mx += 1
+        x = np.asarray(orig[name].data, dtype=np.float32)
+        x = x.reshape(-1, int(orig[name].shape[0]))
+        n_ok += bool(np.array_equal(quantize(x, MX).ravel(),
+                                    np.asarray(t.data).ravel()))
+        n_back += bool(np.array_equal(dequantize(t.data, MX).ravel(),
+                                      np.asarray(again[name].data).ravel()))
+    exps = [n for n in got if n.endswith("_exps.weight")]
+    fails.check(n_mx > 0 and all(got[n].tensor_type == MX for n in exps) and
+                got["blk.0.ffn_gate_inp.weight"].tensor_type ==
+                gguf.GGMLQuantizationType.F32,
+                "quantize mxfp4: %d tensors mxfp4 (every expert tensor), "
+                "the router f32" % n_mx)
+    fails.check(n_ok == n_mx and n_back == n_mx,
+                "quantize mxfp4: %d/%d bytewise the gguf package's, %d/%d "
+                "back to f32 bitwise its dequantization" %
+                (n_ok, n_mx, n_back, n_mx))
 
 
 def skip(msg):
@@ -355,6 +402,7 @@ def main():
                 fails.check(False, "%s: %s" % (case[0], e))
         check_refusals(loom, mkgguf, tmp, fails)
         check_dist(synth, loom, tmp, fails)
+        check_quantize(synth, np, loom, tmp, fails)
     print("%.1f s" % (time.time() - t0))
     if fails.list:
         print("%d check(s) failed" % len(fails.list))
