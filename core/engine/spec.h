@@ -1,7 +1,9 @@
 /* Speculative decoding, host side (internal): loading strategy plugins
- * (include/loom/spec.h), the services lent to them, and the acceptance of
- * their drafts. The scheduler runs every speculating sequence (loom run,
- * the API and loom serve alike): one strategy *kind* per plugin, one
+ * (include/loom/spec.h), the services lent to them (including every
+ * drafting model: the early-exit view of the target and the draft model),
+ * and the acceptance of their drafts. The scheduler plans every
+ * speculating sequence (loom run, the API and loom serve alike) through
+ * two calls, propose and accept: one strategy *kind* per plugin, one
  * context per sequence.
  *
  * A bare plugin name ("ngram.so", or "ngram") is looked up in each folder
