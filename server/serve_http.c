@@ -796,9 +796,10 @@ static bool wait_ready(struct MHD_Connection *c, struct server *srv, struct conn
 	/* queue-full rejections are counted by the scheduler */
 	metrics_count_rejected(&srv->metrics);
 	if (st == SRV_LOADING)
-		*rc = fail(c, srv, 503, "model_loading", "the model is still loading; retry later");
+		*rc = fail_ep(c, srv, cn, 503, "model_loading",
+			      "the model is still loading; retry later");
 	else
-		*rc = fail(c, srv, 503, "unavailable", "the server is shutting down");
+		*rc = fail_ep(c, srv, cn, 503, "unavailable", "the server is shutting down");
 	return true;
 }
 
@@ -1268,14 +1269,14 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 
 	if (!strcmp(method, "OPTIONS") && srv->o.serve.cors_origin[0])
 		return preflight(c, srv);
+	cn->ep = post_endpoint(url); /* errors take the shape of its API */
 	if (!authorized(c, srv, url))
-		return fail(c, srv, 401, "invalid_api_key",
-			    "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
+		return fail_ep(c, srv, cn, 401, "invalid_api_key",
+			       "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
 	if (post && is_post_route(url)) {
 		enum endpoint ep = post_endpoint(url);
 		enum MHD_Result rc_http;
 
-		cn->ep = ep; /* errors take the shape of its API from here */
 		if (cn->too_big)
 			return fail_ep(c, srv, cn, 413, "request_too_large",
 				       "the request body is too large");
