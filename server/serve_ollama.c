@@ -132,7 +132,7 @@ static json_t *tool_call_openai(json_t *c, size_t i, size_t k, struct perr *e)
 			 "messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
 		return NULL;
 	}
-	a = json_dumps(args ? args : json_object(), JSON_ENCODE_ANY | JSON_COMPACT);
+	a = args ? json_dumps(args, JSON_ENCODE_ANY | JSON_COMPACT) : strdup("{}");
 	snprintf(id, sizeof(id), "call_%zu_%zu", i, k);
 	out = a ? json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
 			    "name", name, "arguments", a) : NULL;

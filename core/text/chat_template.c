@@ -540,7 +540,9 @@ static json_t *json_chat_vars(const struct loom_chat_template *t, const char *mj
 			goto out_free;
 		}
 	}
-	if (tj && tl && !json_is_array(tools = json_loadb(tj, tl, 0, NULL))) {
+	if (tj && tl) /* json_is_array is a macro: its argument must not load */
+		tools = json_loadb(tj, tl, 0, NULL);
+	if (tj && tl && !json_is_array(tools)) {
 		loom_seterr(err, errlen, "the tools must be a JSON array");
 		goto out_free;
 	}
