@@ -537,10 +537,12 @@ json_t *ollama_show(const struct ollama_model *m, const char *body, size_t len,
 	if (!meta)
 		meta = json_object();
 	modified_at(m->path, when, sizeof(when));
-	out = json_pack("{s:s,s:s,s:s,s:o,s:O,s:[s],s:s}", "modelfile", "", "parameters", "",
+	/* tools: every model takes them (the template presents them, else a
+	 * system message of loom's; the calls are grammar-constrained) */
+	out = json_pack("{s:s,s:s,s:s,s:o,s:O,s:[s,s],s:s}", "modelfile", "", "parameters", "",
 			"template", m->template_src ? m->template_src : "", "details",
 			details(m, meta), "model_info", meta, "capabilities", "completion",
-			"modified_at", when);
+			"tools", "modified_at", when);
 	json_decref(meta);
 	if (!out)
 		perr_set(e, 500, NULL, NULL, "out of memory");
