@@ -468,7 +468,8 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 
 /* ---- streaming (SSE) ---- */
 
-static void sse_put(struct job *j, json_t *o)
+/* o (taken) as compact JSON between pre and post, for the stream. */
+static void put_json(struct job *j, json_t *o, const char *pre, const char *post)
 {
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 
@@ -477,25 +478,21 @@ static void sse_put(struct job *j, json_t *o)
 		j->out.failed = true;
 		return;
 	}
-	sb_puts(&j->out, "data: ");
+	sb_puts(&j->out, pre);
 	sb_puts(&j->out, s);
-	sb_puts(&j->out, "\n\n");
+	sb_puts(&j->out, post);
 	free(s);
+}
+
+static void sse_put(struct job *j, json_t *o)
+{
+	put_json(j, o, "data: ", "\n\n");
 }
 
 /* An NDJSON line (Ollama's streams). */
 static void ndjson_put(struct job *j, json_t *o)
 {
-	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-
-	json_decref(o);
-	if (!s) {
-		j->out.failed = true;
-		return;
-	}
-	sb_puts(&j->out, s);
-	sb_puts(&j->out, "\n");
-	free(s);
+	put_json(j, o, "", "\n");
 }
 
 /* A stream chunk's choice; with logprobs, those of the tokens consumed
