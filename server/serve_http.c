@@ -468,7 +468,8 @@ static enum MHD_Result answer_whole(struct MHD_Connection *c, struct conn *cn)
 
 /* ---- streaming (SSE) ---- */
 
-static void sse_put(struct job *j, json_t *o)
+/* o (taken) as compact JSON between pre and post, for the stream. */
+static void put_json(struct job *j, json_t *o, const char *pre, const char *post)
 {
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 
@@ -477,25 +478,21 @@ static void sse_put(struct job *j, json_t *o)
 		j->out.failed = true;
 		return;
 	}
-	sb_puts(&j->out, "data: ");
+	sb_puts(&j->out, pre);
 	sb_puts(&j->out, s);
-	sb_puts(&j->out, "\n\n");
+	sb_puts(&j->out, post);
 	free(s);
+}
+
+static void sse_put(struct job *j, json_t *o)
+{
+	put_json(j, o, "data: ", "\n\n");
 }
 
 /* An NDJSON line (Ollama's streams). */
 static void ndjson_put(struct job *j, json_t *o)
 {
-	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-
-	json_decref(o);
-	if (!s) {
-		j->out.failed = true;
-		return;
-	}
-	sb_puts(&j->out, s);
-	sb_puts(&j->out, "\n");
-	free(s);
+	put_json(j, o, "", "\n");
 }
 
 /* A stream chunk's choice; with logprobs, those of the tokens consumed
@@ -796,9 +793,10 @@ static bool wait_ready(struct MHD_Connection *c, struct server *srv, struct conn
 	/* queue-full rejections are counted by the scheduler */
 	metrics_count_rejected(&srv->metrics);
 	if (st == SRV_LOADING)
-		*rc = fail(c, srv, 503, "model_loading", "the model is still loading; retry later");
+		*rc = fail_ep(c, srv, cn, 503, "model_loading",
+			      "the model is still loading; retry later");
 	else
-		*rc = fail(c, srv, 503, "unavailable", "the server is shutting down");
+		*rc = fail_ep(c, srv, cn, 503, "unavailable", "the server is shutting down");
 	return true;
 }
 
@@ -1268,14 +1266,14 @@ static enum MHD_Result route(struct MHD_Connection *c, struct server *srv, struc
 
 	if (!strcmp(method, "OPTIONS") && srv->o.serve.cors_origin[0])
 		return preflight(c, srv);
+	cn->ep = post_endpoint(url); /* errors take the shape of its API */
 	if (!authorized(c, srv, url))
-		return fail(c, srv, 401, "invalid_api_key",
-			    "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
+		return fail_ep(c, srv, cn, 401, "invalid_api_key",
+			       "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
 	if (post && is_post_route(url)) {
 		enum endpoint ep = post_endpoint(url);
 		enum MHD_Result rc_http;
 
-		cn->ep = ep; /* errors take the shape of its API from here */
 		if (cn->too_big)
 			return fail_ep(c, srv, cn, 413, "request_too_large",
 				       "the request body is too large");

@@ -132,7 +132,7 @@ static json_t *tool_call_openai(json_t *c, size_t i, size_t k, struct perr *e)
 			 "messages[%zu].tool_calls[%zu].function.name must be a string", i, k);
 		return NULL;
 	}
-	a = json_dumps(args ? args : json_object(), JSON_ENCODE_ANY | JSON_COMPACT);
+	a = args ? json_dumps(args, JSON_ENCODE_ANY | JSON_COMPACT) : strdup("{}");
 	snprintf(id, sizeof(id), "call_%zu_%zu", i, k);
 	out = a ? json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
 			    "name", name, "arguments", a) : NULL;
@@ -537,10 +537,12 @@ json_t *ollama_show(const struct ollama_model *m, const char *body, size_t len,
 	if (!meta)
 		meta = json_object();
 	modified_at(m->path, when, sizeof(when));
-	out = json_pack("{s:s,s:s,s:s,s:o,s:O,s:[s],s:s}", "modelfile", "", "parameters", "",
+	/* tools: every model takes them (the template presents them, else a
+	 * system message of loom's; the calls are grammar-constrained) */
+	out = json_pack("{s:s,s:s,s:s,s:o,s:O,s:[s,s],s:s}", "modelfile", "", "parameters", "",
 			"template", m->template_src ? m->template_src : "", "details",
 			details(m, meta), "model_info", meta, "capabilities", "completion",
-			"modified_at", when);
+			"tools", "modified_at", when);
 	json_decref(meta);
 	if (!out)
 		perr_set(e, 500, NULL, NULL, "out of memory");

@@ -44,7 +44,8 @@ int serve_tool_format_of(const char *src, bool *renders)
 
 	if (src && strstr(src, "[TOOL_CALLS]") && !strstr(src, "[ARGS]"))
 		f = SERVE_TOOLFMT_MISTRAL;
-	else if (src && strstr(src, "<tool_call>") && strstr(src, "\"name\"") &&
+	else if (src && strstr(src, "<tool_call>") &&
+		 (strstr(src, "\"name\"") || strstr(src, "name\\\"")) &&
 		 !strstr(src, "<function=") && !strstr(src, "arg_key"))
 		f = SERVE_TOOLFMT_HERMES;
 	else if (src && strstr(src, "<|start_header_id|>") && strstr(src, "\"parameters\""))

@@ -485,6 +485,37 @@ static int64_t chat_ids(const struct loom_tokenizer *tok, const char *s,
 	return need;
 }
 
+/* Checks a chat's token limit, and clears *ids and err. */
+static bool limit_ok(int64_t max, int32_t **ids, char *err, size_t errlen)
+{
+	*ids = NULL;
+	if (max < 0 || max == INT64_MAX) {
+		loom_seterr(err, errlen, "the chat's token limit is out of range");
+		return false;
+	}
+	if (err && errlen)
+		err[0] = '\0';
+	return true;
+}
+
+/* The ids of a rendering s (NULL: it failed, err says why), counted up to
+ * max; a Jinja template's BOS is dropped where the tokenizer adds one.
+ * Frees s and mark. */
+static int64_t rendered_ids(const struct loom_tokenizer *tok, char *s, unsigned char *mark,
+			    bool jinja, int64_t max, int32_t **ids, char *err, size_t errlen)
+{
+	int64_t need;
+
+	if (!s)
+		return -1;
+	need = chat_ids(tok, s, mark, max, ids, err, errlen);
+	if (need > 0 && need <= max && jinja)
+		need = drop_template_bos(tok, *ids, need);
+	free(s);
+	free(mark);
+	return need;
+}
+
 int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
 			       const struct loom_chat_template *t,
 			       const struct loom_chat_msg *msgs, size_t n,
@@ -493,24 +524,11 @@ int64_t loom_chat_tokenize_max(const struct loom_tokenizer *tok,
 {
 	unsigned char *mark = NULL;
 	char *s;
-	int64_t need;
 
-	*ids = NULL;
-	if (max < 0 || max == INT64_MAX) {
-		loom_seterr(err, errlen, "the chat's token limit is out of range");
+	if (!limit_ok(max, ids, err, errlen))
 		return -1;
-	}
-	if (err && errlen)
-		err[0] = '\0';
 	s = loom_chat_render_marked(t, msgs, n, add_generation_prompt, &mark, err, errlen);
-	if (!s)
-		return -1;
-	need = chat_ids(tok, s, mark, max, ids, err, errlen);
-	if (need > 0 && need <= max && t->family == LOOM_CHAT_JINJA)
-		need = drop_template_bos(tok, *ids, need);
-	free(s);
-	free(mark);
-	return need;
+	return rendered_ids(tok, s, mark, t->family == LOOM_CHAT_JINJA, max, ids, err, errlen);
 }
 
 /* ---- chats given as JSON (tools, tool calls) ---- */
@@ -540,7 +558,9 @@ static json_t *json_chat_vars(const struct loom_chat_template *t, const char *mj
 			goto out_free;
 		}
 	}
-	if (tj && tl && !json_is_array(tools = json_loadb(tj, tl, 0, NULL))) {
+	if (tj && tl) /* json_is_array is a macro: its argument must not load */
+		tools = json_loadb(tj, tl, 0, NULL);
+	if (tj && tl && !json_is_array(tools)) {
 		loom_seterr(err, errlen, "the tools must be a JSON array");
 		goto out_free;
 	}
@@ -595,25 +615,12 @@ int64_t loom_chat_tokenize_json(const struct loom_tokenizer *tok,
 {
 	unsigned char *mark = NULL;
 	char *s;
-	int64_t need;
 
-	*ids = NULL;
-	if (max < 0 || max == INT64_MAX) {
-		loom_seterr(err, errlen, "the chat's token limit is out of range");
+	if (!limit_ok(max, ids, err, errlen))
 		return -1;
-	}
-	if (err && errlen)
-		err[0] = '\0';
 	s = render_json(t, messages_json, mlen, tools_json, tlen, add_generation_prompt, &mark,
 			err, errlen);
-	if (!s)
-		return -1;
-	need = chat_ids(tok, s, mark, max, ids, err, errlen);
-	if (need > 0 && need <= max)
-		need = drop_template_bos(tok, *ids, need);
-	free(s);
-	free(mark);
-	return need;
+	return rendered_ids(tok, s, mark, true, max, ids, err, errlen);
 }
 
 int64_t loom_chat_tokenize(const struct loom_tokenizer *tok, const struct loom_chat_template *t,

@@ -1,10 +1,14 @@
 /* libFuzzer: OpenAI request bodies (server/serve_request.c serve_req_parse)
- * through the real chat templates (core/text/chat_template.c) and the
- * GPT-2 tokenizer, as loom serve wires them.
+ * and Ollama ones (server/serve_ollama.c ollama_parse) through the real
+ * chat templates (core/text/chat_template.c) and the GPT-2 tokenizer, as
+ * loom serve wires them.
  *
- * Byte 0: bit 7 chat or completions, byte 0 mod 8 the template (seven
- * built-in families, or a Jinja template run by core/text/jinja); the
- * rest is the body. An accepted request must have a prompt of ids inside
+ * Byte 0: bit 7 chat or completions (Ollama: /api/chat or /api/generate),
+ * bit 5 Ollama's API, bit 4 with the Jinja template: one that presents
+ * tools (chats with tools go through loom_chat_tokenize_json, calls in
+ * format byte 0 mod 3), byte 0 mod 8 the template (seven built-in
+ * families, or a Jinja template run by core/text/jinja); the rest is the
+ * body. An accepted request must have a prompt of ids inside
  * the vocabulary that fits the context, choices and stop strings within
  * their limits.
  */
@@ -13,6 +17,7 @@
 #include <string.h>
 
 #include "fuzz_common.h"
+#include "serve_ollama.h"
 #include "serve_request.h"
 
 #define N_CTX 2048
@@ -29,6 +34,14 @@ static const char jinja_src[] =
 	"{{- '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{%- endif %}"
 	"{{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}"
 	"{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+/* one that presents tools and takes calls and results */
+static const char tools_src[] =
+	"{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+	"<|im_end|>\n{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+	"{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+	"{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
+	"{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+static struct loom_chat_template tools_tmpl;
 static const char *const spec_names[] = { "ngram", "layerskip" };
 static const char *const model_names[] = { "smollm", "loom" };
 
@@ -38,6 +51,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 	tok = fuzz_vocab("ggml-vocab-gpt-2.gguf");
 	if (loom_chat_template_jinja(jinja_src, "<|endoftext|>", "<|endoftext|>", &jinja_tmpl, err,
+				     sizeof(err))) {
+		fprintf(stderr, "fuzz: %s\n", err);
+		exit(2);
+	}
+	if (loom_chat_template_jinja(tools_src, "<|endoftext|>", "<|endoftext|>", &tools_tmpl, err,
 				     sizeof(err))) {
 		fprintf(stderr, "fuzz: %s\n", err);
 		exit(2);
@@ -83,6 +101,18 @@ static int32_t *fz_render_ids(void *user, const struct serve_msg *msgs, size_t n
 	return *n_ids < 0 ? NULL : ids;
 }
 
+static int32_t *fz_render_json(void *user, const char *mj, const char *tj, int64_t *n_ids,
+			       char *why, size_t whylen)
+{
+	int32_t *ids = NULL;
+
+	*n_ids = loom_chat_tokenize_json(tok, &tools_tmpl, mj, strlen(mj), tj, tj ? strlen(tj) : 0,
+					 true, N_CTX, &ids, why, whylen);
+	if (*n_ids < 0 && ids)
+		abort(); /* -1 leaves *ids NULL */
+	return *n_ids < 0 ? NULL : ids;
+}
+
 static void check_request(const struct serve_req *r)
 {
 	if (r->n_prompt <= 0 || r->n_prompt > N_CTX || !r->prompt)
@@ -110,6 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	};
 	struct serve_req r;
 	struct perr e;
+	int rc;
 
 	if (!size)
 		return 0;
@@ -123,9 +154,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (tmpl.family != LOOM_CHAT_JINJA)
 			snprintf(tmpl.default_system, sizeof(tmpl.default_system), "You are helpful.");
 	}
-	if (serve_req_parse(&ctx, (const char *)data + 1, size - 1, data[0] & 0x80, &r, &e) == 0) {
+	if (tmpl.family == LOOM_CHAT_JINJA && (data[0] & 0x10)) {
+		ctx.render_json = fz_render_json;
+		ctx.template_tools = true;
+		ctx.tool_format = data[0] % 3;
+	}
+	if (data[0] & 0x20)
+		rc = ollama_parse(&ctx, (const char *)data + 1, size - 1, data[0] & 0x80, &r, &e);
+	else
+		rc = serve_req_parse(&ctx, (const char *)data + 1, size - 1, data[0] & 0x80, &r, &e);
+	if (rc == 0) {
 		check_request(&r);
 		serve_req_free(&r);
+	} else if (rc == 1) {
+		if (!(data[0] & 0x20))
+			abort(); /* only Ollama's load requests */
 	} else if (e.status < 400 || e.status > 599 || !e.msg[0]) {
 		abort(); /* a refusal is an HTTP error with a message */
 	}

@@ -239,7 +239,7 @@ def tags_show(srv, model):
     check("show: 200 with details, model_info, template, capabilities",
           st == 200 and isinstance(o.get("details"), dict) and
           isinstance(o.get("model_info"), dict) and isinstance(o.get("template"), str) and
-          "completion" in o.get("capabilities", []), body[:300])
+          {"completion", "tools"} <= set(o.get("capabilities", [])), body[:300])
     if st == 200:
         info = o["model_info"]
         check("show: model_info holds the file's metadata",
