@@ -349,7 +349,9 @@ static const struct cmd_def {
 	  "            [--kv-type f16|f32|q8_0|q4_0] [--kv-mem SIZE]\n"
 	  "            -c: default the model's context, capped to what the KV reservation\n"
 	  "            holds (--kv-mem; default 1/8 of available memory, 256M..4G);\n"
-	  "            --kv-type: default f16, f32 with --exact\n" },
+	  "            --kv-type: default f16, f32 with --exact; -n -1: until the end or a\n"
+	  "            full context. llama.cpp's -ngl N (0: cpu.so; all: a GPU backend),\n"
+	  "            -fa (always on), -cnv (this is loom chat) are taken; -hf is refused\n" },
 	{ .name = "chat", .cmd = CHAT, .usage =
 	  "chat      --model FILE [-sys TEXT | -sysf FILE] [-n MAX_REPLY] [--temp T] [-s SEED]\n"
 	  "            [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [-t N] [-c CTX]\n"
@@ -361,7 +363,8 @@ static const struct cmd_def {
 	{ .name = "info", .cmd = INFO, .max_args = 1, .usage =
 	  "info      FILE | --model FILE [--config FILE] | --archs\n" },
 	{ .name = "tokenize", .cmd = TOKENIZE, .max_args = 1, .usage =
-	  "tokenize  --model FILE [--no-bos] [--config FILE] [-f FILE | TEXT]\n" },
+	  "tokenize  --model FILE [--no-bos] [--pieces] [--config FILE] [-f FILE | TEXT]\n"
+	  "            --pieces: a line a token, its id and its text (escaped)\n" },
 	{ .name = "bench", .cmd = BENCH, .usage =
 	  "bench     --model FILE [--backend=cpu.so] [-p 128] [-n 64] [-d 0] [-t 1,2] [-r 3]\n"
 	  "            [-b 256] [--exact] [--kv-type f16|f32|q8_0|q4_0] [-npl 1] [--config FILE]\n"

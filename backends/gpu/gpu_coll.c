@@ -41,7 +41,7 @@ void colls_free(struct loom_backend_ctx *ctx)
 }
 
 #if GPU_COLL
-#include <mpi.h>
+#include "../mpi/mpi_rt.h" /* MPI found at run time: not linked */
 
 static int refuse(struct loom_backend_ctx *ctx, int rc, const char *why)
 {
@@ -55,10 +55,12 @@ static int share_id(struct loom_backend_ctx *ctx, const struct loom_collective_a
 {
 	unsigned char msg[1 + GPURT_COMM_ID_BYTES];
 
+	const struct loom_mpi_rt *mpi = loom_mpi_rt(); /* found: comm_for */
+
 	memset(msg, 0, sizeof(msg));
 	if (a->rank == 0)
 		msg[0] = rt_failed(ctx, gpurt_comm_id(ctx->rt, msg + 1)) == LOOM_OK;
-	if (MPI_Bcast(msg, (int)sizeof(msg), MPI_BYTE, 0, (MPI_Comm)a->comm) != MPI_SUCCESS)
+	if (mpi->bcast(msg, (int)sizeof(msg), mpi->byte, 0, (MPI_Comm)a->comm) != MPI_SUCCESS)
 		return refuse(ctx, LOOM_ERR_IO, "MPI_Bcast of the communicator id failed");
 	if (!msg[0])
 		return refuse(ctx, LOOM_ERR_DEVICE, "rank 0 could not make a communicator id");
@@ -70,6 +72,7 @@ static int share_id(struct loom_backend_ctx *ctx, const struct loom_collective_a
 static int comm_for(struct loom_backend_ctx *ctx, const struct loom_collective_args *a,
 		    struct gpurt_comm **out)
 {
+	const struct loom_mpi_rt *mpi = loom_mpi_rt();
 	unsigned char id[GPURT_COMM_ID_BYTES];
 	struct comm_entry *e = ctx->comms;
 	int size = 0, rank = -1, rc;
@@ -79,8 +82,10 @@ static int comm_for(struct loom_backend_ctx *ctx, const struct loom_collective_a
 			*out = e[i].comm;
 			return LOOM_OK;
 		}
-	if (MPI_Comm_size((MPI_Comm)a->comm, &size) != MPI_SUCCESS ||
-	    MPI_Comm_rank((MPI_Comm)a->comm, &rank) != MPI_SUCCESS || size != a->n_ranks ||
+	if (!mpi)
+		return refuse(ctx, LOOM_ERR_UNSUPPORTED, "MPI is not loaded in this process (no distributed job started)");
+	if (mpi->comm_size((MPI_Comm)a->comm, &size) != MPI_SUCCESS ||
+	    mpi->comm_rank((MPI_Comm)a->comm, &rank) != MPI_SUCCESS || size != a->n_ranks ||
 	    rank != a->rank)
 		return refuse(ctx, LOOM_ERR_INVALID,
 			      "the communicator does not match n_ranks and rank");

@@ -13,48 +13,9 @@
 #include "loom/backend_check.h"
 
 #if LOOM_HAVE_MPI
-#include <dlfcn.h>
-#include <mpi.h>
-#include <pthread.h>
+#include "mpi_rt.h"
 
 #define LOOM_MPI_MAX_RANKS 4096
-
-/*
- * The backend does not link libmpi: single-host runs load it too, and must
- * not pull MPI in. The few MPI functions it calls are looked up in the
- * process's global scope, where the host's MPI module put libmpi
- * (core/dist/dist_load.c) before any job could reach a collective; a
- * program that links libmpi itself (tests/dist/test_coll.c) has it there
- * from the start.
- */
-static struct {
-	__typeof__(MPI_Allgatherv) *allgatherv;
-	__typeof__(MPI_Alltoallv) *alltoallv;
-	__typeof__(MPI_Comm_size) *comm_size;
-	__typeof__(MPI_Comm_rank) *comm_rank;
-	MPI_Datatype flt;
-} mpi;
-static pthread_once_t mpi_once = PTHREAD_ONCE_INIT;
-
-static void mpi_bind(void)
-{
-	mpi.allgatherv = (__typeof__(mpi.allgatherv))dlsym(RTLD_DEFAULT, "MPI_Allgatherv");
-	mpi.alltoallv = (__typeof__(mpi.alltoallv))dlsym(RTLD_DEFAULT, "MPI_Alltoallv");
-	mpi.comm_size = (__typeof__(mpi.comm_size))dlsym(RTLD_DEFAULT, "MPI_Comm_size");
-	mpi.comm_rank = (__typeof__(mpi.comm_rank))dlsym(RTLD_DEFAULT, "MPI_Comm_rank");
-#ifdef OPEN_MPI
-	/* Open MPI's MPI_FLOAT is the address of this object of libmpi */
-	mpi.flt = (MPI_Datatype)dlsym(RTLD_DEFAULT, "ompi_mpi_float");
-#else
-	mpi.flt = MPI_FLOAT; /* a constant in MPICH's ABI */
-#endif
-}
-
-static bool mpi_bound(void)
-{
-	pthread_once(&mpi_once, mpi_bind);
-	return mpi.allgatherv && mpi.alltoallv && mpi.comm_size && mpi.comm_rank && mpi.flt;
-}
 
 static int fail(char *why, size_t len, int rc, const char *msg)
 {
@@ -89,6 +50,7 @@ static void unpack(const struct loom_collective_args *a, int64_t c0, int64_t w,
 
 static int allgather(const struct loom_collective_args *a, char *why, size_t len)
 {
+	const struct loom_mpi_rt *mpi = loom_mpi_rt(); /* found: loom_mpi_collective */
 	int n = a->n_ranks, *counts = calloc((size_t)n * 2, sizeof(int)), *displs, total = 0;
 	const int64_t *c = a->col_start;
 	float *send = NULL, *recv = NULL;
@@ -112,7 +74,7 @@ static int allgather(const struct loom_collective_args *a, char *why, size_t len
 		goto out_free;
 	}
 	pack(a, c[a->rank], c[a->rank + 1] - c[a->rank], send);
-	if (mpi.allgatherv(send, counts[a->rank], mpi.flt, recv, counts, displs, mpi.flt,
+	if (mpi->allgatherv(send, counts[a->rank], mpi->flt, recv, counts, displs, mpi->flt,
 			   (MPI_Comm)a->comm) != MPI_SUCCESS) {
 		rc = fail(why, len, LOOM_ERR_IO, "MPI_Allgatherv failed");
 		goto out_free;
@@ -144,6 +106,7 @@ static int64_t piece_lo(int64_t w, int n, int p)
  */
 static int allreduce(const struct loom_collective_args *a, char *why, size_t len)
 {
+	const struct loom_mpi_rt *mpi = loom_mpi_rt();
 	int n = a->n_ranks, me = a->rank, *cnt = calloc((size_t)n * 4, sizeof(int));
 	int64_t c0 = a->col_start[0], w = a->col_start[n] - c0;
 	int64_t mine = piece_lo(w, n, me + 1) - piece_lo(w, n, me);
@@ -177,7 +140,7 @@ static int allreduce(const struct loom_collective_args *a, char *why, size_t len
 			memcpy(send + sd[p] + i * pw, a->x + i * a->stride + c0 + lo,
 			       sizeof(float) * (size_t)pw);
 		}
-	if (mpi.alltoallv(send, cnt, sd, mpi.flt, recv, rc_, rd, mpi.flt,
+	if (mpi->alltoallv(send, cnt, sd, mpi->flt, recv, rc_, rd, mpi->flt,
 			  (MPI_Comm)a->comm) != MPI_SUCCESS) {
 		rc = fail(why, len, LOOM_ERR_IO, "MPI_Alltoallv failed");
 		goto out_free;
@@ -209,14 +172,15 @@ out_free:
 
 int loom_mpi_collective(const struct loom_collective_args *a, char *why, size_t len)
 {
+	const struct loom_mpi_rt *mpi = loom_mpi_rt();
 	int size = 0, rank = -1;
 
 	if (!a || a->struct_size < sizeof(*a) || !loom_check_collective_layout(a))
 		return fail(why, len, LOOM_ERR_INVALID, "collective: bad arguments");
-	if (!mpi_bound())
+	if (!mpi)
 		return fail(why, len, LOOM_ERR_UNSUPPORTED, "collective: MPI is not loaded in this process (no distributed job started)");
-	if (mpi.comm_size((MPI_Comm)a->comm, &size) != MPI_SUCCESS ||
-	    mpi.comm_rank((MPI_Comm)a->comm, &rank) != MPI_SUCCESS || size != a->n_ranks ||
+	if (mpi->comm_size((MPI_Comm)a->comm, &size) != MPI_SUCCESS ||
+	    mpi->comm_rank((MPI_Comm)a->comm, &rank) != MPI_SUCCESS || size != a->n_ranks ||
 	    rank != a->rank)
 		return fail(why, len, LOOM_ERR_INVALID,
 			    "collective: the communicator does not match n_ranks and rank");

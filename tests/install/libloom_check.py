@@ -124,11 +124,14 @@ def run_embed(check, run, exe, loom, model, root, env):
 
 
 def check_no_mpi(check, loom, root, libdir):
-    """MPI is a module: neither the loom command nor libloom names libmpi;
-    the installed dist/mpi.so does, where the build has MPI."""
-    for path in (loom, os.path.join(root, libdir, "libloom.so.0")):
+    """MPI is a module: neither the loom command, libloom nor an installed
+    backend (their collectives find MPI at run time) names libmpi; the
+    installed dist/mpi.so does, where the build has MPI."""
+    backends = os.path.join(root, libdir, "loom", "backends")
+    for path in [loom, os.path.join(root, libdir, "libloom.so.0")] + \
+            sorted(os.path.join(backends, f) for f in os.listdir(backends) if f.endswith(".so")):
         needed, _ = dynamic_needed(path)
-        check(needed and not any("mpi" in n for n in needed),
+        check(needed and not any(n.startswith("libmpi") for n in needed),
               "%s does not link libmpi: %s" % (os.path.basename(path), needed))
     module = os.path.join(root, libdir, "loom", "dist", "mpi.so")
     if not os.path.exists(module):
