@@ -16,7 +16,7 @@ enum { E_END = 0, E_SET = 1, E_REF = 2 };
 #define EARG(e) ((int32_t)((uint32_t)(e) >> 2))
 
 #define MAX_DEPTH 96      /* positions on one stack */
-#define MAX_STACKS 512    /* stacks in one state: more is dropped as too ambiguous */
+#define MAX_STACKS LOOM_GRAMMAR_MAX_STACKS /* stacks in one state: more fails the matcher */
 #define EXPAND_BUDGET 4096 /* rule expansions for one stack (guards nullable loops) */
 #define MAX_LEVELS 65     /* current state + 64 drafts */
 #define CACHE_SIZE 16
@@ -24,6 +24,7 @@ enum { E_END = 0, E_SET = 1, E_REF = 2 };
 #define INTERN_FIRST 64   /* room for states a new matcher starts with */
 #define MOVE_UNKNOWN (-2)
 #define MOVE_DEAD (-1)
+#define MOVE_OVERFLOW (-4) /* the state reached has more than MAX_STACKS stacks */
 
 struct loom_grammar {
 	int refs;            /* atomic */
@@ -745,6 +746,10 @@ struct loom_gmatch {
 	struct mcache cache[CACHE_SIZE];
 	uint64_t tick;
 	struct loom_gmatch_stats stats;
+	/* some state reached (a level, or one a mask walked through) had more
+	 * than MAX_STACKS stacks: its text cannot be followed exactly, so
+	 * mask and push fail from then on (never a mask cut short) */
+	bool overflow;
 };
 
 void loom_gmatch_free(struct loom_gmatch *m)
@@ -794,6 +799,7 @@ struct loom_gmatch *loom_gmatch_new(const struct loom_grammar *g, const struct l
 	expand(g, stk, 1, &m->lv[0], &budget);
 	if (m->lv[0].oom)
 		goto out_free;
+	m->overflow = m->lv[0].overflow;
 	return m;
 
 out_free:
@@ -903,8 +909,6 @@ static int32_t intern(const struct loom_grammar *g, struct interned *in, const s
 	return in->n++;
 }
 
-/* The state byte c takes interned state id to: its id, MOVE_DEAD when
- * none, or -3 when out of room (the caller resets and starts over). */
 /* row[b] = to for every byte b of a class: they all lead there. */
 static void set_class_moves(int32_t row[256], const uint64_t bits[4], int32_t to)
 {
@@ -913,6 +917,9 @@ static void set_class_moves(int32_t row[256], const uint64_t bits[4], int32_t to
 			row[w * 64 + __builtin_ctzll(x)] = to;
 }
 
+/* The state byte c takes interned state id to: its id, MOVE_DEAD when
+ * none, MOVE_OVERFLOW, or -3 when out of room (the caller resets and
+ * starts over). */
 static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 {
 	struct interned *in = &m->in;
@@ -923,6 +930,8 @@ static int32_t move(struct loom_gmatch *m, int32_t id, unsigned char c)
 	advance(m->g, &in->st[id], c, &in->next);
 	if (in->next.oom)
 		return -3;
+	if (in->next.overflow)
+		return MOVE_OVERFLOW;
 	if (state_empty(&in->next)) {
 		to = MOVE_DEAD;
 	} else {
@@ -954,7 +963,8 @@ static const uint64_t *self_loop(struct loom_gmatch *m, int32_t id)
 			done[w] |= cb[w]; /* one byte of a class answers for all */
 		if (to == MOVE_UNKNOWN) {
 			advance(m->g, &in->st[id], (unsigned char)b, &m->tmp[0]);
-			if (m->tmp[0].oom || !state_equal(&m->tmp[0], &in->st[id]))
+			if (m->tmp[0].oom || m->tmp[0].overflow ||
+			    !state_equal(&m->tmp[0], &in->st[id]))
 				continue;
 		} else if (to != id) {
 			continue;
@@ -1003,7 +1013,8 @@ static void mark_subtree(struct loom_gmatch *m, int32_t c)
 /* Marks the tokens below node whose remaining bytes interned state id
  * takes. A subtree whose every byte loops on the state it reaches is
  * marked whole (inside a JSON string most of the vocabulary is). -1 when
- * the interned states ran out of room. */
+ * the interned states ran out of room, -2 on a state with too many
+ * stacks. */
 static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
 {
 	const struct loom_gvocab *v = m->v;
@@ -1019,6 +1030,8 @@ static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
 		to = move(m, id, b);
 		if (to == MOVE_DEAD)
 			continue;
+		if (to == MOVE_OVERFLOW)
+			return -2;
 		if (to < 0)
 			return -1;
 		mark_tokens(m, c);
@@ -1026,8 +1039,8 @@ static int walk_trie(struct loom_gmatch *m, int32_t node, int32_t id)
 			continue;
 		if (subtree_loops(m, c, to))
 			mark_subtree(m, c);
-		else if (walk_trie(m, c, to))
-			return -1;
+		else if ((to = walk_trie(m, c, to)))
+			return to;
 	}
 	return 0;
 }
@@ -1039,11 +1052,16 @@ static int build_mask(struct loom_gmatch *m, const struct gstate *st)
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		int32_t id = intern(m->g, &m->in, st);
+		int rc = -1;
 
 		memset(m->bits, 0, words * sizeof(uint64_t));
 		m->n_allowed = 0;
-		if (id >= 0 && walk_trie(m, 0, id) == 0)
+		if (id >= 0 && (rc = walk_trie(m, 0, id)) == 0)
 			goto done;
+		if (rc == -2) {
+			m->overflow = true;
+			return -1;
+		}
 		if (!m->in.table)
 			return -1;
 		intern_reset(&m->in); /* full: start afresh */
@@ -1132,7 +1150,7 @@ int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits, in
 
 	struct mcache *c;
 
-	if (level < 0 || level > m->n_levels || m->v == &no_vocab)
+	if (level < 0 || level > m->n_levels || m->v == &no_vocab || m->overflow)
 		return -1;
 	c = mask_of(m, &m->lv[level]);
 	if (!c)
@@ -1153,7 +1171,9 @@ static int advance_bytes(struct loom_gmatch *m, const struct gstate *src, const 
 
 	for (size_t i = 0; i < n; i++) {
 		advance(m->g, cur, (unsigned char)s[i], &m->tmp[k]);
-		if (m->tmp[k].oom || state_empty(&m->tmp[k]))
+		if (m->tmp[k].overflow)
+			m->overflow = true;
+		if (m->tmp[k].oom || m->tmp[k].overflow || state_empty(&m->tmp[k]))
 			return -1;
 		cur = &m->tmp[k];
 		k ^= 1;
@@ -1166,7 +1186,8 @@ int loom_gmatch_push(struct loom_gmatch *m, int32_t t)
 	const char *s;
 	size_t len;
 
-	if (m->n_levels + 1 >= MAX_LEVELS || t < 0 || t >= m->v->n_vocab || !m->v->t)
+	if (m->n_levels + 1 >= MAX_LEVELS || t < 0 || t >= m->v->n_vocab || !m->v->t ||
+	    m->overflow)
 		return -1;
 	if (loom_tokenizer_is_eog(m->v->t, t))
 		return -1;
@@ -1198,7 +1219,7 @@ bool loom_gmatch_any_byte(const struct loom_gmatch *m)
 
 bool loom_gmatch_overflowed(const struct loom_gmatch *m)
 {
-	return m->lv[0].overflow;
+	return m->overflow;
 }
 
 bool loom_gmatch_done(const struct loom_gmatch *m)
@@ -1209,6 +1230,8 @@ bool loom_gmatch_done(const struct loom_gmatch *m)
 int loom_gmatch_feed(struct loom_gmatch *m, const char *text, size_t n)
 {
 	m->n_levels = 0;
+	if (m->overflow)
+		return -1;
 	if (advance_bytes(m, &m->lv[0], text, n, &m->lv[1]))
 		return -1;
 	state_swap(&m->lv[0], &m->lv[1]);

@@ -29,6 +29,13 @@
 
 #include "loom.h"
 
+/* Stacks one matcher state keeps: an enum or anyOf of more alternatives
+ * open at once cannot be followed. JSON Schema compilation refuses such
+ * a construct by this number; a matcher that still meets more (products
+ * of nested alternatives) fails from then on (loom_gmatch_overflowed),
+ * never dropping stacks silently. */
+#define LOOM_GRAMMAR_MAX_STACKS 512
+
 /* ---- building a grammar ---- */
 
 /* An alternative under construction: a sequence of elements. */
@@ -82,12 +89,14 @@ struct loom_gmatch;
 struct loom_gmatch *loom_gmatch_new(const struct loom_grammar *g, const struct loom_gvocab *v);
 void loom_gmatch_free(struct loom_gmatch *m);
 /* Sets logits[t] (t < n_logits) to -INFINITY for every token t not
- * allowed at `level` (and every t the tokenizer does not have). Returns the number of tokens allowed (0: nothing can follow), or -1 for
- * a bad level or out of memory. */
+ * allowed at `level` (and every t the tokenizer does not have). Returns
+ * the number of tokens allowed (0: nothing can follow), or -1 for a bad
+ * level, out of memory or overflow (loom_gmatch_overflowed). */
 int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits,
 			 int32_t n_logits);
 /* Advances the deepest level by token t into a new level. 0, or -1 when
- * the grammar does not allow t there (nothing changes) or out of memory.
+ * the grammar does not allow t there (nothing changes), out of memory or
+ * overflow.
  * An end-of-generation token is never pushed (nothing follows it). */
 int loom_gmatch_push(struct loom_gmatch *m, int32_t t);
 /* Makes `level` the current state and drops the others. */
@@ -97,8 +106,10 @@ int32_t loom_gmatch_levels(const struct loom_gmatch *m); /* levels above 0 */
 bool loom_gmatch_done(const struct loom_gmatch *m);
 /* True when some byte may follow at level 0. */
 bool loom_gmatch_any_byte(const struct loom_gmatch *m);
-/* Whether level 0 had to drop stacks (more than the matcher keeps at
- * once: an enum or anyOf of hundreds of alternatives open together). */
+/* Whether some state this matcher reached (level 0 at the start, a level
+ * pushed or fed, or one a mask walked through) had more stacks than
+ * LOOM_GRAMMAR_MAX_STACKS. Sticky: mask, push and feed then fail
+ * (-1), and the caller names this as the reason. */
 bool loom_gmatch_overflowed(const struct loom_gmatch *m);
 /* Byte-level checks (tests, fuzzing): feeds text from level 0 without
  * tokens. 0 when every byte was accepted (the state advances), else -1

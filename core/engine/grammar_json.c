@@ -524,6 +524,22 @@ static int32_t type_rule(struct jc *c, json_t *sch, const char *type)
 	return fail(c, "json_schema: unsupported type '%s'", type);
 }
 
+/* Whether an enum or anyOf/oneOf of n alternatives can be followed: the
+ * matcher keeps LOOM_GRAMMAR_MAX_STACKS alternatives open at once, and
+ * each of these is one where the value starts. Refused by name, wherever
+ * the construct sits in the schema. */
+static bool alts_fit(struct jc *c, size_t n, const char *key)
+{
+	if (n <= LOOM_GRAMMAR_MAX_STACKS)
+		return true;
+	if (!c->failed)
+		loom_seterr(c->err, c->errlen,
+			    "json_schema: too many alternatives open at once: '%s' of %zu values, at most %d",
+			    key, n, LOOM_GRAMMAR_MAX_STACKS);
+	c->failed = true;
+	return false;
+}
+
 /* A rule matching one of the alternatives in the array alts. */
 static int32_t any_of(struct jc *c, json_t *alts, const char *key)
 {
@@ -534,6 +550,8 @@ static int32_t any_of(struct jc *c, json_t *alts, const char *key)
 
 	if (!json_is_array(alts) || json_array_size(alts) == 0)
 		return fail(c, "json_schema: '%s' must be a non-empty array", key);
+	if (!alts_fit(c, json_array_size(alts), key))
+		return -1;
 	json_array_foreach(alts, i, v) {
 		gseq_ref(&s, schema_rule(c, v));
 		gbuild_alt(c->b, r, &s);
@@ -661,6 +679,8 @@ static int32_t schema_body(struct jc *c, json_t *sch)
 
 			if (!json_is_array(v) || json_array_size(v) == 0)
 				return fail(c, "json_schema: '%s' must be a non-empty array", "enum");
+			if (!alts_fit(c, json_array_size(v), "enum"))
+				return -1;
 			json_array_foreach(v, k, e)
 				lit_alt(c, r, e);
 		}
@@ -916,6 +936,10 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
  * longest leading whitespace no byte fits (a schema whose $ref only
  * refers to itself), or the alternatives open at the start were more than
  * the matcher keeps (it would drop some of them). */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define MAX_STACKS_TEXT STR(LOOM_GRAMMAR_MAX_STACKS)
+
 static const char *cannot_start(const struct loom_grammar *g)
 {
 	struct loom_gmatch *m = loom_gmatch_new(g, NULL);
@@ -927,11 +951,11 @@ static const char *cannot_start(const struct loom_grammar *g)
 	if (!m)
 		why = "out of memory";
 	else if (loom_gmatch_overflowed(m))
-		why = "too many alternatives open at once (an enum or anyOf of hundreds of values; at most about 500)";
+		why = "too many alternatives open at once (at most " MAX_STACKS_TEXT ")";
 	else if (loom_gmatch_feed(m, ws, MAX_INDENT + 1) || !loom_gmatch_any_byte(m))
 		why = "nothing can match it (a $ref that only refers to itself?)";
 	else if (loom_gmatch_overflowed(m))
-		why = "too many alternatives open at once (an enum or anyOf of hundreds of values; at most about 500)";
+		why = "too many alternatives open at once (at most " MAX_STACKS_TEXT ")";
 	loom_gmatch_free(m);
 	return why;
 }

@@ -965,6 +965,14 @@ static struct loom_gmatch *gmatch(struct loom_sched *s, struct req *r)
 	return r->gram.gm;
 }
 
+/* Why a request fails when its grammar meets more alternatives at once
+ * than the matcher follows (nested enums or anyOfs whose product is too
+ * large; a single one that large is refused when the schema compiles). */
+#define GRAMMAR_STR_(x) #x
+#define GRAMMAR_STR(x) GRAMMAR_STR_(x)
+#define GRAMMAR_OVERFLOW "grammar: more than " GRAMMAR_STR(LOOM_GRAMMAR_MAX_STACKS) \
+	" alternatives open at once (nested enum/anyOf too large to follow)"
+
 /* Masks row with r's grammar at lookahead level `level`. 0, or -1 when r
  * failed (nothing can follow: the output so far is a dead end). */
 static int grammar_mask(struct loom_sched *s, struct req *r, int32_t level, float *row)
@@ -973,8 +981,8 @@ static int grammar_mask(struct loom_sched *s, struct req *r, int32_t level, floa
 
 	if (n > 0)
 		return 0;
-	fail_running(s, r, n < 0 ? "grammar: out of memory" :
-		     "grammar: no token can continue the output");
+	fail_running(s, r, n == 0 ? "grammar: no token can continue the output" :
+		     loom_gmatch_overflowed(r->gram.gm) ? GRAMMAR_OVERFLOW : "grammar: out of memory");
 	return -1;
 }
 
@@ -985,7 +993,8 @@ static int grammar_take(struct loom_sched *s, struct req *r, int32_t t)
 	if (t < 0 || loom_tokenizer_is_eog(s->cfg.tokenizer, t))
 		return 0;
 	if (loom_gmatch_push(r->gram.gm, t)) {
-		fail_running(s, r, "grammar: the sampled token does not fit the grammar");
+		fail_running(s, r, loom_gmatch_overflowed(r->gram.gm) ? GRAMMAR_OVERFLOW :
+			     "grammar: the sampled token does not fit the grammar");
 		return -1;
 	}
 	loom_gmatch_keep(r->gram.gm, loom_gmatch_levels(r->gram.gm));

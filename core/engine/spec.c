@@ -87,7 +87,12 @@ static const struct loom_plugin_slot spec_required[] = {
 	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, destroy),
 };
 
-/* Only the common checks: ABI, size and the three required slots. */
+static const struct loom_plugin_slot spec_optional[] = {
+	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, observe),
+};
+
+/* Only the common checks: ABI, size, the name (may be NULL) and the
+ * slots. */
 static const struct loom_plugin_kind spec_kind = {
 	.what = "spec plugin", .desc_name = "descriptor", .entry = LOOM_SPEC_ENTRY,
 	.env = "LOOM_SPEC_PATH", .build_dir = LOOM_BUILD_ROOT "/plugins/spec",
@@ -95,6 +100,8 @@ static const struct loom_plugin_kind spec_kind = {
 	.abi_major = LOOM_SPEC_ABI_MAJOR, .min_size = SPEC_V1_SIZE,
 	.required = spec_required,
 	.n_required = sizeof(spec_required) / sizeof(spec_required[0]),
+	.optional = spec_optional,
+	.n_optional = sizeof(spec_optional) / sizeof(spec_optional[0]),
 };
 
 const struct loom_plugin_kind *loom_spec_plugin_kind(void)

@@ -2,7 +2,6 @@
  * (see backend_loader.h). */
 #include "plugin/backend_loader.h"
 #include "plugin/loader.h"
-#include "plugin/mapcheck.h"
 #include "util.h"
 
 #include <stdlib.h>
@@ -36,36 +35,13 @@ static const struct loom_plugin_slot optional_slots[] = {
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, collective),
 };
 
-/* The name is a string and every optional slot the table has is NULL or
- * code, so nothing the host reads or calls later is wild. */
-static int check_pointers(const char *path, const struct loom_backend_ops *ops, char *err,
-			  size_t errlen)
-{
-	if (ops->name && !loom_map_string(ops->name, 256)) {
-		loom_seterr(err, errlen, "backend %s: bad ops table: name (%p) is not a readable string",
-			    path, (const void *)ops->name);
-		return -1;
-	}
-	for (size_t i = 0; i < sizeof(optional_slots) / sizeof(optional_slots[0]); i++) {
-		const struct loom_plugin_slot *s = &optional_slots[i];
-		void *const *slot = (void *const *)((const char *)ops + s->offset);
-
-		if (ops->struct_size < s->offset + sizeof(void *) || !*slot || loom_map_code(*slot))
-			continue;
-		loom_seterr(err, errlen, "backend %s: bad ops table: slot %s (%p) points outside any loaded code",
-			    path, s->name, *slot);
-		return -1;
-	}
-	return 0;
-}
-
 /* Step regions come as a pair (read only where the table has them). */
-static int check_graph_pair(const char *path, const void *desc, char *err, size_t errlen)
+static int check_graph_pair(const char *path, void *dl, const void *desc, char *err,
+			    size_t errlen)
 {
 	const struct loom_backend_ops *ops = desc;
 
-	if (check_pointers(path, ops, err, errlen))
-		return -1;
+	(void)dl;
 	if (ops->struct_size >= OPS_V1_1_SIZE && !ops->graph_begin != !ops->graph_end) {
 		loom_seterr(err, errlen, "backend %s: has %s but not %s", path,
 			    ops->graph_begin ? "graph_begin" : "graph_end",
@@ -83,6 +59,8 @@ static const struct loom_plugin_kind backend_kind = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR, .min_size = OPS_V1_SIZE, .check = check_graph_pair,
 	.required = required_slots,
 	.n_required = sizeof(required_slots) / sizeof(required_slots[0]),
+	.optional = optional_slots,
+	.n_optional = sizeof(optional_slots) / sizeof(optional_slots[0]),
 };
 
 const struct loom_plugin_kind *loom_backend_plugin_kind(void)

@@ -82,20 +82,31 @@ static const struct loom_quant_format *format_at(const struct loom_quant_plugin 
 						  (size_t)i * p->formats[0].struct_size);
 }
 
-/* The name is a string and the functions are code (the weighted one
- * only where the format's struct_size has it). */
-static bool format_pointers_ok(const struct loom_quant_format *f)
+/* The name is a string and the functions are code of the plugin (dl;
+ * NULL: any object), the weighted one only where the format's
+ * struct_size has it. */
+static bool format_pointers_ok(void *dl, const struct loom_quant_format *f)
 {
 	size_t weighted_end = offsetof(struct loom_quant_format, from_float_weighted) + sizeof(void *);
 
-	if (!loom_map_string(f->name, 64) || !loom_map_code((const void *)f->to_float) ||
-	    !loom_map_code((const void *)f->from_float))
+	if (!loom_map_string_in(dl, f->name, 64) ||
+	    !loom_map_in_object(dl, (const void *)f->to_float, 1, true) ||
+	    !loom_map_in_object(dl, (const void *)f->from_float, 1, true))
 		return false;
 	return f->struct_size < weighted_end || !f->from_float_weighted ||
-	       loom_map_code((const void *)f->from_float_weighted);
+	       loom_map_in_object(dl, (const void *)f->from_float_weighted, 1, true);
 }
 
-static int check_quant(const char *path, const void *desc, char *err, size_t errlen)
+/* The format table lies in the plugin's readable segments: n_formats
+ * entries of formats[0].struct_size bytes. */
+static bool table_fits(void *dl, const struct loom_quant_plugin *p)
+{
+	return p->n_formats <= SIZE_MAX / p->formats[0].struct_size &&
+	       loom_map_in_object(dl, p->formats, (size_t)p->n_formats * p->formats[0].struct_size,
+				  false);
+}
+
+static int check_quant(const char *path, void *dl, const void *desc, char *err, size_t errlen)
 {
 	const struct loom_quant_plugin *p = desc;
 
@@ -104,9 +115,9 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 			    p->n_formats);
 		return -1;
 	}
-	if (p->n_formats && !loom_map_readable(p->formats, FORMAT_V1_SIZE)) {
-		loom_seterr(err, errlen, "quant plugin %s: format table (%p) is not readable", path,
-			    (const void *)p->formats);
+	if (p->n_formats && !loom_map_in_object(dl, p->formats, FORMAT_V1_SIZE, false)) {
+		loom_seterr(err, errlen, "quant plugin %s: format table (%p) is not readable in the plugin",
+			    path, (const void *)p->formats);
 		return -1;
 	}
 	if (p->n_formats && (p->formats[0].struct_size < FORMAT_V1_SIZE ||
@@ -115,9 +126,7 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 			    path, p->formats[0].struct_size, FORMAT_V1_SIZE, sizeof(void *));
 		return -1;
 	}
-	if (p->n_formats && (p->n_formats > SIZE_MAX / p->formats[0].struct_size ||
-			     !loom_map_readable(p->formats,
-						(size_t)p->n_formats * p->formats[0].struct_size))) {
+	if (p->n_formats && !table_fits(dl, p)) {
 		loom_seterr(err, errlen, "quant plugin %s: %u formats run past the readable format table",
 			    path, p->n_formats);
 		return -1;
@@ -135,8 +144,8 @@ static int check_quant(const char *path, const void *desc, char *err, size_t err
 			loom_seterr(err, errlen, "quant plugin %s: format %u is incomplete", path, i);
 			return -1;
 		}
-		if (!format_pointers_ok(f)) {
-			loom_seterr(err, errlen, "quant plugin %s: format %u has a name or function outside the loaded objects",
+		if (!format_pointers_ok(dl, f)) {
+			loom_seterr(err, errlen, "quant plugin %s: format %u has a name or function outside the plugin",
 				    path, i);
 			return -1;
 		}
@@ -167,14 +176,7 @@ static int register_plugin(const char *path, void *ctx, char *err, size_t errlen
 
 	p = loom_plugin_load(&quant_kind, path, &dl, err, errlen);
 	if (!p)
-		return -1;
-	if (p->n_formats && (p->n_formats > SIZE_MAX / p->formats[0].struct_size ||
-			     !loom_map_readable(p->formats,
-						(size_t)p->n_formats * p->formats[0].struct_size))) {
-		loom_seterr(err, errlen, "quant plugin %s: %u formats run past the readable format table",
-			    path, p->n_formats);
-		return -1;
-	}
+		return -1; /* check_quant saw the format table inside the plugin */
 	for (uint32_t i = 0; i < p->n_formats; i++) {
 		const struct loom_quant_format *f = format_at(p, i);
 

@@ -18,6 +18,7 @@
 
 #include "loom/backend.h"
 #include "loom/plugin.h"
+#include "loom/qstrategy.h"
 #include "loom/spec.h"
 
 /* Every descriptor starts with these three fields, whatever its kind, so
@@ -26,16 +27,21 @@ struct plugin_head {
 	uint32_t abi_major;
 	uint32_t abi_minor;
 	uint32_t struct_size;
+	const char *name;
 };
 
 #define HEAD_MATCHES(type)                                                    \
 	_Static_assert(offsetof(type, abi_major) == 0 &&                      \
 		       offsetof(type, abi_minor) == 4 &&                      \
-		       offsetof(type, struct_size) == 8,                      \
+		       offsetof(type, struct_size) == 8 &&                    \
+		       offsetof(type, name) == offsetof(struct plugin_head, name), \
 		       #type " does not start as every plugin descriptor does")
 HEAD_MATCHES(struct loom_backend_ops);
 HEAD_MATCHES(struct loom_quant_plugin);
 HEAD_MATCHES(struct loom_spec_plugin);
+HEAD_MATCHES(struct loom_qstrategy);
+
+#define NAME_MAX_BYTES 256 /* a plugin's name, NUL included */
 
 /* ---- folders ---- */
 
@@ -345,11 +351,28 @@ static int check_elf(const struct loom_plugin_kind *k, const char *path, char *e
 	}
 }
 
-/* Every required slot is code: a garbage table fails here, before any
- * call through it. */
-static int check_required(const struct loom_plugin_kind *k, const char *path, const void *desc,
-			  char *err, size_t errlen)
+/* Slot s of desc is NULL or code of the plugin (dl; NULL: any object). */
+static int check_slot(const struct loom_plugin_kind *k, const char *path, void *dl,
+		      const void *desc, const struct loom_plugin_slot *s, char *err, size_t errlen)
 {
+	void *const *slot = (void *const *)((const char *)desc + s->offset);
+
+	if (!*slot || loom_map_in_object(dl, *slot, 1, true))
+		return 0;
+	loom_seterr(err, errlen, "%s %s: bad %s: slot %s (%p) points outside %s", k->what, path,
+		    k->desc_name, s->name, *slot,
+		    dl ? "the plugin's own code" : "any loaded code");
+	return -1;
+}
+
+/* Every required slot is set and code, every optional slot the table has
+ * is NULL or code: a garbage table fails here, before any call through
+ * it. */
+static int check_slots(const struct loom_plugin_kind *k, const char *path, void *dl,
+		       const void *desc, char *err, size_t errlen)
+{
+	const struct plugin_head *h = desc;
+
 	for (size_t i = 0; i < k->n_required; i++) {
 		void *const *slot = (void *const *)((const char *)desc + k->required[i].offset);
 
@@ -358,17 +381,38 @@ static int check_required(const struct loom_plugin_kind *k, const char *path, co
 				    path, k->required[i].name);
 			return -1;
 		}
-		if (!loom_map_code(*slot)) {
-			loom_seterr(err, errlen, "%s %s: bad %s: slot %s (%p) points outside any loaded code",
-				    k->what, path, k->desc_name, k->required[i].name, *slot);
+		if (check_slot(k, path, dl, desc, &k->required[i], err, errlen))
 			return -1;
-		}
+	}
+	for (size_t i = 0; i < k->n_optional; i++) {
+		if (h->struct_size < k->optional[i].offset + sizeof(void *))
+			continue; /* an older generation's table: the host never reads it */
+		if (check_slot(k, path, dl, desc, &k->optional[i], err, errlen))
+			return -1;
 	}
 	return 0;
 }
 
-int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const void *desc,
-		      char *err, size_t errlen)
+/* The name is NULL (where allowed) or a readable string of the plugin. */
+static int check_name(const struct loom_plugin_kind *k, const char *path, void *dl,
+		      const struct plugin_head *h, char *err, size_t errlen)
+{
+	if (!h->name && !k->name_required)
+		return 0;
+	if (!h->name) {
+		loom_seterr(err, errlen, "%s %s: %s has no name", k->what, path, k->desc_name);
+		return -1;
+	}
+	if (!loom_map_string_in(dl, h->name, NAME_MAX_BYTES)) {
+		loom_seterr(err, errlen, "%s %s: bad %s: name (%p) is not a readable string of at most %d bytes in the plugin",
+			    k->what, path, k->desc_name, (const void *)h->name, NAME_MAX_BYTES - 1);
+		return -1;
+	}
+	return 0;
+}
+
+static int check_desc(const struct loom_plugin_kind *k, const char *path, void *dl,
+		      const void *desc, char *err, size_t errlen)
 {
 	const struct plugin_head *h = desc;
 
@@ -386,9 +430,15 @@ int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const 
 			    k->what, path, k->desc_name, h->struct_size, k->min_size);
 		return -1;
 	}
-	if (check_required(k, path, desc, err, errlen))
+	if (check_slots(k, path, dl, desc, err, errlen) || check_name(k, path, dl, h, err, errlen))
 		return -1;
-	return k->check ? k->check(path, desc, err, errlen) : 0;
+	return k->check ? k->check(path, dl, desc, err, errlen) : 0;
+}
+
+int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const void *desc,
+		      char *err, size_t errlen)
+{
+	return check_desc(k, path, NULL, desc, err, errlen);
 }
 
 /* The descriptor lies inside the plugin's own readable segments: its
@@ -448,7 +498,7 @@ const void *loom_plugin_load(const struct loom_plugin_kind *k, const char *path,
 	}
 	desc = entry();
 	if (check_mapped(k, path, handle, desc, err, errlen) ||
-	    loom_plugin_check(k, path, desc, err, errlen))
+	    check_desc(k, path, handle, desc, err, errlen))
 		goto out_close;
 	*dl = handle;
 	return desc;

@@ -12,8 +12,12 @@
  *   load     refuse a file that is not ELF, dlopen it, find the entry
  *            symbol, call it (entries are pure: they return a const
  *            descriptor), then check abi_major, struct_size (it must
- *            cover every field the host reads) and the required slots,
- *            all before the caller runs anything with side effects.
+ *            cover every field the host reads), the name (a string) and
+ *            the required and optional slots, all before the caller runs
+ *            anything with side effects. The descriptor, its name and
+ *            every slot must lie in the plugin's own object (the
+ *            segments of the file dlopen'ed, not libc's nor another
+ *            library's).
  *
  * The search path of a kind, in order (docs/BACKENDS.md):
  *   1. each folder of the kind's environment variable (colon-separated);
@@ -64,16 +68,24 @@ struct loom_plugin_kind {
 	size_t min_size;         /* generation 1.0's struct_size */
 	const struct loom_plugin_slot *required;
 	size_t n_required;
+	/* Slots that may be NULL; one the descriptor's struct_size covers
+	 * and that is set must be code, as a required slot must. */
+	const struct loom_plugin_slot *optional;
+	size_t n_optional;
+	bool name_required; /* the name (every kind has one) must be set */
 	/* Optional. The kind's own checks of a descriptor that passed the
-	 * common ones; 0, or -1 with err naming path. Pure. */
-	int (*check)(const char *path, const void *desc, char *err, size_t errlen);
+	 * common ones; 0, or -1 with err naming path. dl is the plugin's
+	 * handle (NULL for a table built by the caller: then any loaded
+	 * object counts as the plugin's). Pure. */
+	int (*check)(const char *path, void *dl, const void *desc, char *err, size_t errlen);
 };
 
 /* Resolves name to an existing file (path, cap bytes). 0, or -1 with err. */
 int loom_plugin_resolve(const struct loom_plugin_kind *k, const char *name, char *path,
 			size_t cap, char *err, size_t errlen);
 /* Checks a descriptor as load does (exposed for the per-kind checks
- * that tests call on tables they build). 0, or -1 with err. */
+ * that tests call on tables they build), except that any loaded object
+ * counts as the plugin's. 0, or -1 with err. */
 int loom_plugin_check(const struct loom_plugin_kind *k, const char *path, const void *desc,
 		      char *err, size_t errlen);
 /* Loads the file at path: ELF check, dlopen, entry, loom_plugin_check.

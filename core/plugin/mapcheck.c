@@ -66,6 +66,8 @@ bool loom_map_in_object(void *dl, const void *p, size_t len, bool exec)
 	struct seg_query q = { .addr = (uintptr_t)p, .len = len,
 			       .flags = exec ? PF_R | PF_X : PF_R };
 
+	if (!dl)
+		return in_segments(&q);
 	if (dlinfo(dl, RTLD_DI_LINKMAP, &lm) || !lm || !lm->l_name)
 		return false;
 	q.base = lm->l_addr;
@@ -75,29 +77,28 @@ bool loom_map_in_object(void *dl, const void *p, size_t len, bool exec)
 
 bool loom_map_readable(const void *p, size_t len)
 {
-	struct seg_query q = { .addr = (uintptr_t)p, .len = len, .flags = PF_R };
-
-	return in_segments(&q);
+	return loom_map_in_object(NULL, p, len, false);
 }
 
 bool loom_map_code(const void *fn)
 {
-	struct seg_query q = { .addr = (uintptr_t)fn, .len = 1, .flags = PF_R | PF_X };
-
-	return in_segments(&q);
+	return loom_map_in_object(NULL, fn, 1, true);
 }
 
-bool loom_map_string(const char *s, size_t max)
+bool loom_map_string_in(void *dl, const char *s, size_t max)
 {
-	if (!loom_map_readable(s, 1))
-		return false;
 	for (size_t i = 0; i < max; i++) {
-		if (!loom_map_readable(s + i, 1))
+		if (!loom_map_in_object(dl, s + i, 1, false))
 			return false;
 		if (!s[i])
 			return true;
 	}
 	return false;
+}
+
+bool loom_map_string(const char *s, size_t max)
+{
+	return loom_map_string_in(NULL, s, max);
 }
 
 bool loom_map_is_function(const void *sym)

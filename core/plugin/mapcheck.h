@@ -14,15 +14,18 @@
 #include <stddef.h>
 
 /* [p, p + len) lies inside one readable segment of the object dlopen
- * returned as dl; with exec, one that is also executable. */
+ * returned as dl (NULL: of any loaded object); with exec, one that is
+ * also executable. The loader passes the plugin's handle: a slot or a
+ * table must lie in the plugin's own object, not in libc or another
+ * library it happens to reach. */
 bool loom_map_in_object(void *dl, const void *p, size_t len, bool exec);
 /* [p, p + len) lies inside one readable segment of any loaded object. */
 bool loom_map_readable(const void *p, size_t len);
-/* fn points into an executable segment of a loaded object. A slot may
- * point into another object than its table's (tests/fault/fault_shim.c
- * passes the wrapped backend's functions through). */
+/* fn points into an executable segment of any loaded object. */
 bool loom_map_code(const void *fn);
-/* s is readable and NUL-terminated within max bytes. */
+/* s is readable (in dl's object; NULL: any) and NUL-terminated within
+ * max bytes. */
+bool loom_map_string_in(void *dl, const char *s, size_t max);
 bool loom_map_string(const char *s, size_t max);
 /* sym lies in an executable segment and, where the dynamic symbol table
  * names that exact address, the symbol is a function (STT_FUNC or an

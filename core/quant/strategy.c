@@ -16,10 +16,19 @@ static const struct loom_plugin_slot qstrategy_required[] = {
 	LOOM_PLUGIN_SLOT(struct loom_qstrategy, quantize),
 };
 
-static int check_qstrategy(const char *path, const void *desc, char *err, size_t errlen)
+static const struct loom_plugin_slot qstrategy_optional[] = {
+	LOOM_PLUGIN_SLOT(struct loom_qstrategy, input_scales),
+};
+
+/* After the common checks (the name is a string of the plugin, the slots
+ * its code): the name is not empty, the needs are known. */
+static int check_qstrategy(const char *path, void *dl, const void *desc, char *err,
+			   size_t errlen)
 {
 	const struct loom_qstrategy *s = desc;
 	uint32_t known = LOOM_QS_NEEDS_IMATRIX | LOOM_QS_NEEDS_HESSIAN;
+
+	(void)dl;
 
 	if (!s->name || !s->name[0]) {
 		loom_seterr(err, errlen, "quant strategy %s: descriptor has no name", path);
@@ -40,6 +49,9 @@ static const struct loom_plugin_kind qstrategy_kind = {
 	.abi_major = LOOM_QSTRATEGY_ABI_MAJOR, .min_size = QSTRATEGY_V1_SIZE,
 	.required = qstrategy_required,
 	.n_required = sizeof(qstrategy_required) / sizeof(qstrategy_required[0]),
+	.optional = qstrategy_optional,
+	.n_optional = sizeof(qstrategy_optional) / sizeof(qstrategy_optional[0]),
+	.name_required = true,
 	.check = check_qstrategy,
 };
 

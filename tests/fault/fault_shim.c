@@ -13,7 +13,8 @@
  * Counting starts afresh at each create(), which reads the variables then.
  *
  * Slots without a status (destroy, buffer_free, buffer_addr, supports)
- * always forward. Nothing here is used outside tests/fault.
+ * and the optional ones other than softcap always forward. Every slot is
+ * a function of this object, as the loader requires. Nothing here is used outside tests/fault.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -115,6 +116,26 @@ FORWARD(softcap, LOOM_ERR_DEVICE,
 	(struct loom_backend_ctx *ctx, float *x, int64_t stride, int64_t rows, int64_t n,
 	 float cap), (ctx, x, stride, rows, n, cap))
 
+/* Slots without a status, and the optional ones, forward without
+ * counting: they are here only so that every slot of the table is code
+ * of this object (the loader refuses a slot that points into another). */
+#define PASS(ret, slot, params, args)                                                      \
+	static ret shim_##slot params                                                      \
+	{                                                                                  \
+		return inner->slot args;                                                   \
+	}
+PASS(bool, supports, (struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type),
+     (ctx, op, type))
+PASS(void, buffer_free, (struct loom_backend_ctx *ctx, struct loom_buffer *buf), (ctx, buf))
+PASS(void *, buffer_addr, (struct loom_backend_ctx *ctx, struct loom_buffer *buf), (ctx, buf))
+PASS(int, graph_begin, (struct loom_backend_ctx *ctx), (ctx))
+PASS(int, graph_end, (struct loom_backend_ctx *ctx), (ctx))
+PASS(int, weight_pack,
+     (struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+      struct loom_buffer **out, size_t *bytes), (ctx, a, out, bytes))
+PASS(int, collective, (struct loom_backend_ctx *ctx, const struct loom_collective_args *a),
+     (ctx, a))
+
 static void shim_destroy(struct loom_backend_ctx *ctx)
 {
 	if (getenv("LOOM_FAULT_COUNT"))
@@ -158,7 +179,18 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 	shim.scale = shim_scale;
 	shim.kv_write = shim_kv_write;
 	shim.attention = shim_attention;
+	shim.supports = shim_supports;
+	shim.buffer_free = shim_buffer_free;
+	shim.buffer_addr = shim_buffer_addr;
 	if (inner->softcap)
 		shim.softcap = shim_softcap;
+	if (inner->graph_begin)
+		shim.graph_begin = shim_graph_begin;
+	if (inner->graph_end)
+		shim.graph_end = shim_graph_end;
+	if (inner->weight_pack)
+		shim.weight_pack = shim_weight_pack;
+	if (inner->collective)
+		shim.collective = shim_collective;
 	return &shim;
 }

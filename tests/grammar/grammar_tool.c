@@ -83,7 +83,7 @@ static int cmd_check(const char *kind, const char *path)
 			return 1;
 		}
 		if (loom_gmatch_feed(m, json_string_value(s), json_string_length(s)))
-			puts("0");
+			puts(loom_gmatch_overflowed(m) ? "overflow" : "0");
 		else
 			puts(loom_gmatch_done(m) ? "1" : "p");
 		json_decref(s);

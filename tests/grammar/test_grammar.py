@@ -218,6 +218,24 @@ for schema, word in [({'type': 'string', 'pattern': 'a+'}, 'pattern'),
     expect('unsupported', isinstance(out, str) and out.startswith('error:') and word in out,
            f'{schema}: {out}')
 
+# the same below the top level: refused when it compiles, naming the
+# limit (it used to compile and keep only the first 512 values)
+for schema in [{'type': 'object', 'properties': {'a': {'enum': [f'v{i:03}' for i in range(600)]}},
+                'required': ['a']},
+               {'type': 'array', 'items': {'anyOf': [{'const': i} for i in range(513)]}}]:
+    out = check('json_schema', schema, ['{"a":"v599"}'])
+    expect('nested-large', isinstance(out, str) and 'too many alternatives' in out and
+           'at most 512' in out, f'{out}')
+
+# nested alternatives whose product is over the limit (30 anyOf branches
+# of 30 values each, open together where the value starts): the matcher
+# says it overflowed on every text that gets there, never a truncated
+# answer; the text before is still followed
+wide = {'type': 'object', 'required': ['a'], 'properties': {'a': {'anyOf': [
+    {'enum': [f'x{j}_{i}' for i in range(30)]} for j in range(30)]}}}
+out = check('json_schema', wide, ['{"a":"x29_29"}', '{"a":"x0_0"}', '{"a":', '{"b":'])
+expect('product-overflow', out == ['overflow', 'overflow', 'overflow', '0'], f'{out}')
+
 # a large enum below the limit still matches its last value exactly
 out = check('json_schema', {'enum': [f'v{i}' for i in range(400)]}, ['"v399"', '"v400"', '"v3"'])
 expect('enum-400', out == ['1', '0', '1'], f'{out}')

@@ -11,6 +11,7 @@
  *   FAKE_FF_TABLE      the entry returns a table of 0xff bytes
  *   FAKE_FF_SLOTS      the same with a good head: only the slots are wild
  *   FAKE_DATA_ENTRY    loom_backend_entry is a data object, not a function
+ *   FAKE_LIBC_SLOT     gemm points into libc's text (abort), not the backend's
  *
  * create() appends a line starting with the backend's file tag to the file
  * named by $LOOM_TEST_CREATE_LOG, so the test can tell whether the loader
@@ -128,7 +129,8 @@ static int fake_synchronize(struct loom_backend_ctx *ctx)
 	return LOOM_OK;
 }
 
-static int fake_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+static int __attribute__((unused)) fake_gemm(struct loom_backend_ctx *ctx,
+					     const struct loom_gemm_args *a)
 {
 	return LOOM_ERR_UNSUPPORTED;
 }
@@ -189,6 +191,14 @@ static int fake_attention(struct loom_backend_ctx *ctx,
 #define FAKE_ATTENTION NULL
 #endif
 
+#ifdef FAKE_LIBC_SLOT
+/* gemm points at libc's abort: code, but not the backend's own. */
+#define FAKE_GEMM ((int (*)(struct loom_backend_ctx *, const struct loom_gemm_args *)) \
+		   (void (*)(void))abort)
+#else
+#define FAKE_GEMM fake_gemm
+#endif
+
 #ifdef FAKE_SMALL
 /* A table from before `attention` existed: one pointer short. */
 #define FAKE_SIZE (offsetof(struct loom_backend_ops, attention))
@@ -212,7 +222,7 @@ static const struct loom_backend_ops fake_ops = {
 	.download = fake_xfer,
 	.copy = fake_xfer,
 	.synchronize = fake_synchronize,
-	.gemm = fake_gemm,
+	.gemm = FAKE_GEMM,
 	.embed = fake_embed,
 	.rmsnorm = fake_rmsnorm,
 	.rope = fake_rope,
