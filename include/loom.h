@@ -798,7 +798,13 @@ int loom_imatrix_save(const char *path, uint32_t flags, const struct loom_imatri
  * PATH only by loom_outfile_commit, after fflush and fsync. An existing
  * PATH is refused ("PATH: already exists (--force replaces it)") both at
  * open and, atomically, at the rename unless flags has LOOM_WRITE_FORCE;
- * with it the rename replaces PATH itself, never a link's target.
+ * with it the rename replaces PATH itself, never a link's target. A
+ * directory at PATH is refused at open, with or without the flag. Where
+ * the file system lacks renameat2's RENAME_NOREPLACE, link(2) keeps the
+ * rename from replacing; where it lacks links too (vfat, some FUSE or SMB
+ * mounts), PATH is created empty with O_EXCL and the temporary renamed
+ * over it (not atomic: see core/outfile.c). Which of these applies is
+ * found at open, on the temporary, before any work.
  */
 #define LOOM_WRITE_FORCE 1u
 
@@ -810,13 +816,20 @@ struct loom_outfile *loom_outfile_open(const char *path, uint32_t flags, char *e
 FILE *loom_outfile_stream(struct loom_outfile *f);
 const char *loom_outfile_path(const struct loom_outfile *f);
 /* Flushes, syncs, closes and renames into place; always frees f. 0, or
- * -1 with err (the temporary removed). */
+ * -1 with err: after a write error the temporary is removed; when the
+ * rename fails (PATH appeared meanwhile: "PATH exists now; the result is
+ * kept as PATH.XXXXXX.part: rename it, or rerun with --force") the
+ * finished temporary is kept, and no longer removed on a signal. */
 int loom_outfile_commit(struct loom_outfile *f, char *err, size_t errlen);
 /* Closes and removes the temporary; frees f (NULL: nothing). */
 void loom_outfile_discard(struct loom_outfile *f);
 /* Removes every temporary still open in the process. Async-signal-safe:
  * a command's SIGINT/SIGTERM handler calls it before dying, so an
- * interrupted run leaves no PATH.XXXXXX.part behind. */
+ * interrupted run leaves no PATH.XXXXXX.part behind. It may run on any
+ * thread: the table is published so that a slot is read whole or not at
+ * all, open and discard hold the signals off while they change it, and
+ * the handler waits (up to a second) for a thread that has created a
+ * temporary but not yet listed it; after it, no new temporary is made. */
 void loom_outfile_discard_all(void);
 /* data[0..n) to path through the above. 0, or -1 with err. */
 int loom_write_file(const char *path, uint32_t flags, const void *data, size_t n, char *err,

@@ -87,6 +87,7 @@ struct http {
 struct parsed {
 	bool gone;                 /* the client left before its turn */
 	bool stopping;             /* the server is stopping: 503 */
+	bool full;                 /* the parse queue's byte cap: 503 */
 	int rc;                    /* 0: req or ereq holds the request */
 	struct perr e;             /* else: why (a 4xx/5xx) */
 	struct serve_req req;      /* completions, chat */
@@ -945,16 +946,8 @@ static void client_key(struct MHD_Connection *c, struct parse_item *it)
 {
 	const union MHD_ConnectionInfo *ci =
 		MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
 
-	it->key_len = 0;
-	if (sa && sa->sa_family == AF_INET) {
-		it->key_len = 4;
-		memcpy(it->key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-	} else if (sa && sa->sa_family == AF_INET6) {
-		it->key_len = 16;
-		memcpy(it->key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
-	}
+	parse_key_from_addr(it, ci ? ci->client_addr : NULL);
 }
 
 /* Suspends the connection and queues its body for a parse worker; the
@@ -964,15 +957,19 @@ static enum MHD_Result parse_start(struct MHD_Connection *c, struct server *srv,
 				   struct conn *cn, enum endpoint ep)
 {
 	struct http *h = srv->http;
+	int rc;
 
 	cn->ep = ep;
 	cn->pi.run = parse_run;
 	cn->pi.done = parse_done;
+	cn->pi.bytes = cn->body.len;
 	client_key(c, &cn->pi);
 	cn->parse = PARSE_QUEUED;
 	park_suspend(&cn->pk);
-	if (parse_pool_submit(h->parse, &cn->pi)) {
-		cn->p.stopping = true;
+	rc = parse_pool_submit(h->parse, &cn->pi);
+	if (rc != PARSE_QUEUED_OK) {
+		cn->p.full = rc == PARSE_FULL;
+		cn->p.stopping = rc != PARSE_FULL;
 		cn->parse = PARSE_DONE;
 		park_wake(&cn->pk);
 	}
@@ -993,11 +990,16 @@ static enum MHD_Result parse_finish(struct MHD_Connection *c, struct server *srv
 		return MHD_NO;
 	if (p->stopping)
 		return fail_ep(c, srv, cn, 503, "unavailable", "the server is shutting down");
+	if (p->full)
+		return fail_ep(c, srv, cn, 503, "parse_queue_full",
+			       "too many request bytes wait to be parsed; retry later");
 	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE || cn->ep == EP_OLLAMA_SHOW ||
 	    p->rc == 1)
 		return reply ? send_json(c, 200, reply, srv) : send_error_ep(c, srv, cn, &p->e);
 	if (p->rc)
 		return send_error_ep(c, srv, cn, &p->e);
+	if (client_gone(srv->http, cn->fd))
+		return MHD_NO; /* left while its request was parsed: no job */
 	j = job_new(srv);
 	if (!j)
 		return fail(c, srv, 500, NULL, "out of memory");
@@ -1646,6 +1648,7 @@ struct MHD_Daemon *http_start(struct server *srv, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot start the request parse threads");
 		goto out_free;
 	}
+	parse_pool_set_caps(h->parse, so->max_queued_per_client, so->max_queued);
 	d = MHD_start_daemon(flags, (uint16_t)so->port, NULL, NULL, on_request, srv,
 			     MHD_OPTION_EXTERNAL_LOGGER, http_log, srv, /* first, as MHD asks */
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,

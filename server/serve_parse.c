@@ -4,9 +4,11 @@
  * worker takes the first item of the first client, then moves that client
  * to the end of the list (or drops it when it has nothing left): round
  * robin, so with k clients waiting a request waits for at most k - 1
- * others before its turn, whatever one client has queued. */
+ * others before its turn, whatever one client has queued. The bytes
+ * queued are capped per client and in all (serve_parse.h). */
 #include "serve_parse.h"
 
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 struct parse_client {
 	unsigned char key[PARSE_KEY_MAX];
 	size_t key_len;
+	unsigned long long bytes; /* queued */
 	struct parse_item *head, *tail;
 	struct parse_client *next;
 };
@@ -23,6 +26,7 @@ struct parse_pool {
 	pthread_cond_t cv;
 	struct parse_client *first, *last; /* clients with work, in turn order */
 	bool stopping;
+	unsigned long long bytes, cap_client, cap_total; /* queued, and the caps */
 	int n;
 	pthread_t threads[];
 };
@@ -57,6 +61,8 @@ static struct parse_item *take(struct parse_pool *p)
 		return NULL;
 	it = c->head;
 	c->head = it->next;
+	c->bytes -= it->bytes;
+	p->bytes -= it->bytes;
 	if (!c->head)
 		c->tail = NULL;
 	p->first = c->next;
@@ -92,18 +98,38 @@ static void *worker(void *arg)
 	return NULL;
 }
 
+void parse_pool_set_caps(struct parse_pool *p, unsigned long long per_client,
+			 unsigned long long total)
+{
+	pthread_mutex_lock(&p->mu);
+	p->cap_client = per_client ? per_client : PARSE_CLIENT_BYTES;
+	p->cap_total = total ? total : PARSE_TOTAL_BYTES;
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* Whether n more bytes pass cap over queued (an empty queue takes one). */
+static bool over(unsigned long long queued, size_t n, unsigned long long cap)
+{
+	return queued && (n > cap || queued > cap - n);
+}
+
 int parse_pool_submit(struct parse_pool *p, struct parse_item *it)
 {
 	struct parse_client *c;
-	int rc = -1;
+	int rc = PARSE_STOPPING;
 
 	if (it->key_len > PARSE_KEY_MAX)
-		return -1;
+		return PARSE_STOPPING;
 	it->next = NULL;
 	pthread_mutex_lock(&p->mu);
 	if (p->stopping)
 		goto out;
 	c = find_client(p, it);
+	rc = PARSE_FULL;
+	if (over(p->bytes, it->bytes, p->cap_total) ||
+	    (c && over(c->bytes, it->bytes, p->cap_client)))
+		goto out;
+	rc = PARSE_STOPPING;
 	if (!c) {
 		c = calloc(1, sizeof(*c));
 		if (!c)
@@ -117,11 +143,28 @@ int parse_pool_submit(struct parse_pool *p, struct parse_item *it)
 	else
 		c->head = it;
 	c->tail = it;
+	c->bytes += it->bytes;
+	p->bytes += it->bytes;
 	pthread_cond_signal(&p->cv);
-	rc = 0;
+	rc = PARSE_QUEUED_OK;
 out:
 	pthread_mutex_unlock(&p->mu);
 	return rc;
+}
+
+void parse_key_from_addr(struct parse_item *it, const struct sockaddr *sa)
+{
+	it->key_len = 0;
+	if (sa && sa->sa_family == AF_INET) {
+		it->key_len = 4;
+		memcpy(it->key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+		bool v4 = IN6_IS_ADDR_V4MAPPED(a);
+
+		it->key_len = v4 ? 4 : 8;
+		memcpy(it->key, a->s6_addr + (v4 ? 12 : 0), it->key_len);
+	}
 }
 
 struct parse_pool *parse_pool_start(int n)
@@ -135,6 +178,8 @@ struct parse_pool *parse_pool_start(int n)
 		return NULL;
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
+	p->cap_client = PARSE_CLIENT_BYTES;
+	p->cap_total = PARSE_TOTAL_BYTES;
 	for (p->n = 0; p->n < n; p->n++) {
 		if (pthread_create(&p->threads[p->n], NULL, worker, p)) {
 			parse_pool_free(p);

@@ -569,7 +569,7 @@ static int cmd_quantize(int argc, char **argv, char *err)
 static int cmd_imatrix(int argc, char **argv, char *err)
 {
 	struct loom_options o;
-	struct stat st;
+	struct loom_outfile *probe;
 	char *text;
 	size_t len = 0;
 	int rc;
@@ -583,11 +583,13 @@ static int cmd_imatrix(int argc, char **argv, char *err)
 		snprintf(err, ERRLEN, "imatrix needs --model FILE, -f CALIB.txt and -o FILE (or --show FILE)");
 		return -1;
 	}
-	/* before the hours of calibration; the save refuses it again atomically */
-	if (!o.force && lstat(o.imatrix_out, &st) == 0) {
-		snprintf(err, ERRLEN, "%s: already exists (--force replaces it)", o.imatrix_out);
+	/* before the hours of calibration, the save's own checks on a trial
+	 * temporary: an existing OUT (refused again atomically by the save), a
+	 * directory there, a directory that cannot be written */
+	probe = loom_outfile_open(o.imatrix_out, o.force ? LOOM_WRITE_FORCE : 0, err, ERRLEN);
+	if (!probe)
 		return -1;
-	}
+	loom_outfile_discard(probe);
 	text = loom_read_text(o.prompt_file, &len, err, ERRLEN);
 	if (!text)
 		return -1;

@@ -232,6 +232,10 @@ static const struct opt_def opts[] = {
 	  .lo = 0, .hi = 1 << 20, .cmds = SERVE },
 	{ .name = "max-body", .arg = "SIZE", .help = "largest request body",
 	  .type = OPT_SIZE, FIELD(serve.max_body), .cmds = SERVE },
+	{ .name = "max-queued-bytes", .arg = "SIZE", .help = "request bytes waiting to be parsed, in all, at most (503 parse_queue_full beyond)",
+	  .type = OPT_SIZE, FIELD(serve.max_queued), .cmds = SERVE },
+	{ .name = "max-queued-bytes-per-client", .arg = "SIZE", .help = "request bytes waiting to be parsed from one client (address, IPv6 /64) at most",
+	  .type = OPT_SIZE, FIELD(serve.max_queued_per_client), .cmds = SERVE },
 	{ .name = "shutdown-timeout", .arg = "S", .help = "seconds running requests get on shutdown",
 	  .type = OPT_INT, FIELD(serve.shutdown_timeout),
 	  .lo = 0, .hi = 86400, .cmds = SERVE },
@@ -387,6 +391,7 @@ static const struct cmd_def {
 	  "            [--api-key KEY] [--cors-origin ORIGIN|*] [--alias NAME]...\n"
 	  "            [--http-threads 4] [--max-conns 1024] [--max-conns-per-ip 256]\n"
 	  "            [--header-timeout 10] [--body-timeout 30] [--idle-timeout 120]\n"
+	  "            [--max-queued-bytes 128M] [--max-queued-bytes-per-client 16M]\n"
 	  "            [--half-close] [--load-wait 30] [--tp 1] [--pp 1] [--pp-micro N] (under mpirun)\n"
 	  "            --kv-mem: default 1/8 of available memory, 256M..4G; --kv-type: default\n"
 	  "            f16, f32 with --exact; -c: default the model's context, capped to --kv-mem\n" },
@@ -453,6 +458,8 @@ void loom_options_defaults(struct loom_options *o)
 		.max_batch_tokens = 512,
 		.max_waiting = 64,
 		.max_body = 1 << 20,
+		.max_queued = 128ull << 20, /* serve_parse.h */
+		.max_queued_per_client = 16ull << 20,
 		.shutdown_timeout = 10,
 		.prefix_cache = true,
 		.spec_step_rows = LOOM_SPEC_STEP_ROWS,

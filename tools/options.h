@@ -41,6 +41,8 @@ struct loom_serve_options {
 	uint64_t kv_mem;        /* KV reservation (run, serve); 0: loom_kv_default_bytes() */
 	int parallel, block_size, max_batch_tokens, max_waiting;
 	uint64_t max_body;
+	uint64_t max_queued;    /* request bytes waiting to be parsed, in all */
+	uint64_t max_queued_per_client; /* the same, from one client key */
 	int shutdown_timeout;
 	bool prefix_cache;
 	char spec_default[256]; /* strategy for requests that name none */

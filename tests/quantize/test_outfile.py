@@ -6,7 +6,9 @@
     itself with the new file;
   - SIGINT or SIGTERM in the middle of a quantize leaves no
     OUT.XXXXXX.part behind;
-  - perplexity --save-logits and imatrix -o refuse an existing file too.
+  - perplexity --save-logits and imatrix -o refuse an existing file too;
+  - a directory at OUT is refused with --force too, by imatrix before
+    its calibration.
 
 argv[1] is the loom binary; $LOOM_MODEL the model (skipped without it).
 """
@@ -102,6 +104,17 @@ def other_writers(tmp):
     p = subprocess.run([LOOM, "imatrix", "-m", MODEL, "-f", text, "-o", saved],
                        capture_output=True, text=True, timeout=120)
     check("imatrix -o refuses an existing file", refused_existing(p, saved), p.stderr)
+    folder = os.path.join(tmp, "folder")
+    os.mkdir(folder)
+    p = subprocess.run([LOOM, "imatrix", "-m", MODEL, "-f", text, "-o", folder, "--force"],
+                       capture_output=True, text=True, timeout=120)
+    check("imatrix -o DIR --force is refused before calibrating",
+          p.returncode == 1 and p.stderr.strip() == f"loom imatrix: error: {folder}: is a directory"
+          and "chunk" not in p.stdout, p.stderr + p.stdout)
+    p = quantize(folder, "--force")
+    check("quantize onto a directory with --force is refused",
+          p.returncode == 1 and f"{folder}: is a directory" in p.stderr and os.path.isdir(folder),
+          p.stderr)
 
 
 def main():

@@ -10,6 +10,10 @@ against --max-conns-per-ip 64; /health from 127.0.0.1 must answer within a
 second while they hang, and the held sockets must be closed at the header
 deadline (--header-timeout 3). A trickle client sending a byte every 0.3 s
 must be closed at that deadline too, not kept alive by its bytes.
+
+Parse queue: 8 large /tokenize bodies at once against one parse worker
+and --max-queued-bytes-per-client 1: the ones that find the queue holding
+a body are answered 503 parse_queue_full with Retry-After, the rest 200.
 """
 import http.client
 import json
@@ -380,6 +384,38 @@ def model_files():
               "geometry" not in r.stderr, r.stderr)
 
 
+def parse_queue_cap():
+    """--max-queued-bytes-per-client: with one parse worker and a cap of
+    one byte a client, 8 large /tokenize requests sent at once find the
+    queue holding another's body: those are answered 503 parse_queue_full
+    with Retry-After at once, the others 200 (docs/SERVING.md)."""
+    import threading
+    srv = Server("--http-threads", "1", "--max-queued-bytes-per-client", "1")
+    body = json.dumps({"content": "word " * 40000}).encode()
+    results = []
+
+    def one():
+        try:
+            st, hdr, out = srv.request("POST", "/tokenize", body, timeout=60)
+            results.append((st, hdr.get("retry-after"), (error_of(out) or {}).get("code")))
+        except Exception as e:  # noqa: BLE001
+            results.append((0, None, repr(e)))
+    try:
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        full = [r for r in results if r[0] == 503]
+        check("a full parse queue answers 503 parse_queue_full with Retry-After",
+              full and all(r[1] == "1" and r[2] == "parse_queue_full" for r in full), results)
+        check("the others are answered",
+              any(r[0] == 200 for r in results) and
+              all(r[0] in (200, 503) for r in results), results)
+    finally:
+        check("server exits 0 after the parse-queue test", srv.stop() == 0, srv.stderr()[-500:])
+
+
 def main():
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: model not found ({MODEL or '$LOOM_MODEL unset'})")
@@ -398,7 +434,7 @@ def main():
             print(f"{test.__name__}: {time.time() - t0:.1f} s", flush=True)
     finally:
         check("server exits 0", srv.stop() == 0, srv.stderr()[-500:])
-    for test in (access, loading, model_files):
+    for test in (access, loading, model_files, parse_queue_cap):
         t0 = time.time()
         try:
             test()
