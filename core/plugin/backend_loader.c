@@ -131,6 +131,11 @@ bool loom_backend_has_softcap(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(softcap) && b->ops->softcap;
 }
 
+bool loom_backend_has_argmax(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(argmax) && b->ops->argmax;
+}
+
 bool loom_backend_has_collective(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(collective) && b->ops->collective;

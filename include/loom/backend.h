@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 5
+#define LOOM_BACKEND_ABI_MINOR 6
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -466,7 +466,18 @@ struct loom_backend_ops {
 	 * leaves x unspecified and the job must end: the other ranks may
 	 * have completed the call. */
 	int (*collective)(struct loom_backend_ctx *ctx, const struct loom_collective_args *a);
-	/* ---- end of generation 1.4; append new slots below ---- */
+	/* ---- end of generation 1.4 (1.5 added no slot) ---- */
+
+	/* ---- generation 1.6 ---- */
+	/* Optional: greedy choice on the device. ids[i] (device int32) = the
+	 * index of the largest of x[i * stride .. i * stride + n) for i <
+	 * rows, ties to the lowest index, NaN below everything (index 0 when
+	 * no value is a number), as the host's greedy sampler picks. The host
+	 * then downloads rows ids instead of rows x n logits. Outside step
+	 * regions. NULL: the host downloads the logits and picks there. */
+	int (*argmax)(struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride,
+		      int64_t rows, int64_t n);
+	/* ---- end of generation 1.6; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

@@ -24,6 +24,9 @@ _Static_assert(offsetof(struct loom_backend_ops, weight_pack) ==
 _Static_assert(offsetof(struct loom_backend_ops, collective) ==
 	       offsetof(struct loom_backend_ops, softcap) + sizeof(void *),
 	       "generation 1.4 must follow 1.2 (1.3 added no slot)");
+_Static_assert(offsetof(struct loom_backend_ops, argmax) ==
+	       offsetof(struct loom_backend_ops, collective) + sizeof(void *),
+	       "generation 1.6 must follow 1.4 (1.5 added no slot)");
 _Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
 _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
 /* generation 1.3: kv_type past every 1.2 struct_size (80 and 144), so a
@@ -32,7 +35,7 @@ _Static_assert(offsetof(struct loom_kv_write_args, kv_type) == 80, "kv_write kv_
 _Static_assert(offsetof(struct loom_attention_args, kv_type) == 144, "attention kv_type moved");
 
 /*
- * Today's sizes (LP64), the generation 1.4 headers: a change here is a new
+ * Today's sizes (LP64), the generation 1.6 headers: a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -46,7 +49,7 @@ _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_p
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
 _Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
 _Static_assert(sizeof(struct loom_attention_args) == 152, "struct loom_attention_args changed size");
-_Static_assert(sizeof(struct loom_backend_ops) == 224, "struct loom_backend_ops changed size");
+_Static_assert(sizeof(struct loom_backend_ops) == 232, "struct loom_backend_ops changed size");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif
 
