@@ -16,7 +16,9 @@
 #   2. loom at batch 1, pp512 and tg128 on the three, with the decode bandwidth and its fraction of
 #      the card's peak: bytes of weights a token reads (every tensor but an untied token_embd) x
 #      tokens/s / peak;
-#   3. loom at depth 4096, and 16 and 64 sequences at once (-npl);
+#   3. loom at depth 4096, and 16 and 64 sequences at once (-npl); then A/B runs of the paths issue
+#      30 added against what they replace (LOOM_GPU_MMQ_MAX_M=0: batches on f16 panels; =4096:
+#      pp512 on the int8 GEMM; LOOM_DEVICE_GREEDY=0: greedy on the host), tagged [VAR=VALUE];
 #   4. the 8B-shaped q4_0 and Q4_K_M: loom tg128 and pp512;
 #   5. llama-bench (pp512, tg128 at depth 0 and 4096) and llama-batched-bench (-npl 1,16,64) on the
 #      same files, then a summary table of both.
@@ -118,11 +120,11 @@ loom_bench() {
 	local name=$1; shift
 	local f=$W/$name.gguf bytes out
 	bytes=$(decode_bytes "$f")
-	out=$(run 150 "$LOOM" bench --backend="$BACKEND" --model "$f" -r 3 "$@" 2>&1)
+	out=$(run 150 env ${BENCH_ENV:-} "$LOOM" bench --backend="$BACKEND" --model "$f" -r 3 "$@" 2>&1)
 	echo "$out" | grep -E '^\| ' | grep -E 'pp|tg'
 	echo "$out" | grep -E '^\| ' | grep -E 'pp|tg' | awk -F'|' -v n="$name" -v b="$bytes" \
-		-v p="$PEAK_GBS" '{ t = $5; gsub(/^ +| +$/, "", t); split($6, r, " ");
-		line = "loom " n " " t " " r[1];
+		-v p="$PEAK_GBS" -v tag="${BENCH_ENV:+[$BENCH_ENV]}" '{ t = $5; gsub(/^ +| +$/, "", t); split($6, r, " ");
+		line = "loom " n tag " " t " " r[1];
 		if (t ~ /^tg/ && t !~ /np/ && b > 0) { gbs = b * r[1] / 1e9;
 			line = line sprintf(" %.2fGB/s", gbs);
 			if (p > 0) line = line sprintf(" %.1f%%", 100 * gbs / p) }
@@ -162,6 +164,14 @@ main() {
 	for m in 1b 1bk; do have 60 && loom_bench $m -p $P -n $N -d $DEPTH; done
 	log "loom batched decode (-npl)"
 	for n in $NPL; do have 60 && loom_bench 1b -p $NPP -n $NTG -npl $n; done
+	# the paths of issue 30 against what they replace, on the same file: batches past 16 rows on
+	# dequantized f16 panels (cuBLAS) instead of the int8 GEMM; prefill on the int8 GEMM instead
+	# of the panels; greedy picked on the host (full logits downloaded) instead of the device
+	log "loom A/B: int8 GEMM off for batches, on for prefill; greedy on the host"
+	local big=${NPL##* }
+	have 60 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=0 loom_bench 1b -p $NPP -n $NTG -npl $big
+	have 40 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=4096 loom_bench 1b -p $P -n 1
+	have 40 && BENCH_ENV=LOOM_DEVICE_GREEDY=0 loom_bench 1b -p 16 -n $N
 	if have 240; then
 		log "8B-shaped models"
 		mkmodel 8b 8b q4_0 && mkmodel 8bk 8b Q4_K_M

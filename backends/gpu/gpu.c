@@ -12,7 +12,10 @@
  * one synchronization for that; a step region pays one for all its calls.
  *
  * Decode GEMM (m < BLAS_MIN_M) runs the GEMV kernel straight on the
- * quantized weights. Prefill with cuBLAS converts the activations to f16
+ * quantized weights, every activation row of the batch in one pass. In
+ * fast mode a larger batch of q4_0, q8_0, q4_K or q6_K weights (m up to
+ * LOOM_GPU_MMQ_MAX_M, default MMQ_MAX_M) runs the int8 tiled GEMM on the
+ * same 8-bit activations, reading the weights in place. Prefill with cuBLAS converts the activations to f16
  * and dequantizes panels of f16 or quantized weight rows to f16 for
  * cublasGemmEx (tensor cores, f32 accumulation); f32 and bf16 weights, and
  * every weight with LOOM_GPU_GEMM=f32, go through f32 panels and
@@ -42,10 +45,13 @@
 #include "gpu_ctx.h"
 #include "loom/backend_check.h"
 
-#define BLAS_MIN_M 16
+#define BLAS_MIN_M 17 /* GEMV up to GEMV_MB (16) rows: one pass, weights read once */
+#define MMQ_MAX_M 256 /* fast mode: int8 tiled GEMM up to this m, BLAS panels above */
 #define PANEL_BYTES ((size_t)64 << 20)   /* dequantized weight panel */
 #define PARTIAL_BYTES ((size_t)64 << 20) /* split-K partial results per launch */
 #define PREFILL_MIN_Q 8
+#define RING_MAX ((size_t)4 << 20) /* uploads up to this size go through the ring */
+#define RING_MIN ((size_t)1 << 20) /* the ring's first size */
 
 struct loom_buffer {
 	void *ptr;
@@ -150,18 +156,136 @@ static int want_table(struct loom_backend_ctx *ctx, const int32_t *dev, int64_t 
 		ctx->fetches = f;
 		ctx->fetches_cap = cap;
 	}
-	ctx->fetches[ctx->n_fetches++] = (struct fetch){ .dev = dev, .bytes = bytes, .off = off };
+	ctx->fetches[ctx->n_fetches++] =
+		(struct fetch){ .dev = dev, .bytes = bytes, .off = off, .host = NULL };
 	return LOOM_OK;
 }
 
-/* Downloads every wanted table into pinned memory: one synchronization. */
+/* Counts a wait for the device: every copy queued from the upload ring
+ * is done, so the ring is free again (and what it shadows is let go). */
+static void waited(struct loom_backend_ctx *ctx)
+{
+	ctx->n_waits += ctx->n_steps > 0;
+	ctx->queued = false;
+	ctx->ring_used = 0;
+	ctx->n_shadows = 0;
+}
+
+/* Forgets what the ring says of device memory: called whenever work
+ * that may write device memory has been queued. */
+void shadows_clear(struct loom_backend_ctx *ctx)
+{
+	ctx->n_shadows = 0;
+}
+
+/* The shadow holding all of [dev, dev + bytes), or NULL. */
+static const void *shadowed(const struct loom_backend_ctx *ctx, const void *dev, size_t bytes)
+{
+	const char *d = dev;
+
+	for (int64_t i = 0; i < ctx->n_shadows; i++) {
+		const struct shadow *sh = &ctx->shadows[i];
+		const char *s0 = sh->dev;
+
+		if (d >= s0 && bytes <= sh->bytes && (size_t)(d - s0) <= sh->bytes - bytes)
+			return (const char *)ctx->ring + sh->off + (d - s0);
+	}
+	return NULL;
+}
+
+/* Forgets the shadows that overlap [dev, dev + n): new bytes go there. */
+static void shadows_drop(struct loom_backend_ctx *ctx, const void *dev, size_t n)
+{
+	const char *d = dev;
+	int64_t kept = 0;
+
+	for (int64_t i = 0; i < ctx->n_shadows; i++) {
+		const struct shadow *sh = &ctx->shadows[i];
+		const char *s0 = sh->dev;
+
+		if (s0 + sh->bytes <= d || d + n <= s0)
+			ctx->shadows[kept++] = *sh;
+	}
+	ctx->n_shadows = kept;
+}
+
+static void shadow_add(struct loom_backend_ctx *ctx, const void *dev, size_t n, size_t off)
+{
+	shadows_drop(ctx, dev, n);
+	if (ctx->n_shadows == ctx->shadows_cap) {
+		int64_t cap = ctx->shadows_cap ? 2 * ctx->shadows_cap : 16;
+		struct shadow *p = realloc(ctx->shadows, (size_t)cap * sizeof(*p));
+
+		if (!p)
+			return; /* not shadowed: the table is downloaded instead */
+		ctx->shadows = p;
+		ctx->shadows_cap = cap;
+	}
+	ctx->shadows[ctx->n_shadows++] = (struct shadow){ .dev = dev, .bytes = n, .off = off };
+}
+
+/*
+ * Queues the upload of n bytes from src to dev through the pinned ring:
+ * src is copied there, so the caller may reuse it at once, and the copy
+ * is asynchronous (no wait). A full ring waits once (and grows). With
+ * keep, the ring's bytes shadow dev's until the next wait, so the table
+ * checks read them instead of downloading them again.
+ */
+static int upload_ring(struct loom_backend_ctx *ctx, void *dev, const void *src, size_t n,
+		       bool keep)
+{
+	size_t off = (ctx->ring_used + 15) & ~(size_t)15;
+	int rc;
+
+	if (off > ctx->ring_cap || n > ctx->ring_cap - off) {
+		size_t cap = ctx->ring_cap;
+
+		rc = rt_failed(ctx, gpurt_sync(ctx->rt));
+		if (rc)
+			return rc;
+		waited(ctx);
+		off = 0;
+		if (n > cap) {
+			cap = n > 2 * cap ? n : 2 * cap;
+			if (cap < RING_MIN)
+				cap = RING_MIN;
+			gpurt_host_free(ctx->rt, ctx->ring);
+			ctx->ring = NULL;
+			ctx->ring_cap = 0;
+			rc = rt_failed(ctx, gpurt_host_alloc(ctx->rt, cap, &ctx->ring));
+			if (rc)
+				return rc;
+			ctx->ring_cap = cap;
+		}
+	}
+	memcpy((char *)ctx->ring + off, src, n);
+	ctx->ring_used = off + n;
+	ctx->queued = true;
+	rc = rt_failed(ctx, gpurt_upload_async(ctx->rt, dev, (char *)ctx->ring + off, n));
+	if (!rc && keep)
+		shadow_add(ctx, dev, n, off);
+	else
+		shadows_drop(ctx, dev, n);
+	return rc;
+}
+
+/* Stages every wanted table: from the upload ring when this step uploaded
+ * it (no copy, no wait), else downloaded into pinned memory, all in one
+ * batch with one wait. */
 static int fetch_tables(struct loom_backend_ctx *ctx)
 {
 	const struct fetch *last = ctx->n_fetches ? &ctx->fetches[ctx->n_fetches - 1] : NULL;
 	size_t total = last ? last->off + last->bytes : 0;
+	bool queued = false;
 	int rc = LOOM_OK;
 
-	if (!total)
+	for (int64_t i = 0; i < ctx->n_fetches; i++) {
+		struct fetch *f = &ctx->fetches[i];
+
+		f->host = shadowed(ctx, f->dev, f->bytes);
+		queued |= !f->host;
+	}
+	if (!total || !queued)
 		return LOOM_OK;
 	if (ctx->stage_cap < total) {
 		gpurt_host_free(ctx->rt, ctx->stage);
@@ -173,23 +297,28 @@ static int fetch_tables(struct loom_backend_ctx *ctx)
 		ctx->stage_cap = total;
 	}
 	for (int64_t i = 0; i < ctx->n_fetches && !rc; i++) {
-		const struct fetch *f = &ctx->fetches[i];
+		struct fetch *f = &ctx->fetches[i];
 
+		if (f->host)
+			continue;
+		f->host = (char *)ctx->stage + f->off;
 		rc = gpurt_download_async(ctx->rt, (char *)ctx->stage + f->off, f->dev, f->bytes);
 	}
 	if (!rc)
 		rc = gpurt_sync(ctx->rt);
+	if (!rc)
+		waited(ctx);
 	return rt_failed(ctx, rc);
 }
 
-/* The staged copy of a table fetch_tables downloaded. */
+/* The staged copy of a table fetch_tables staged. */
 static const int32_t *staged(const struct loom_backend_ctx *ctx, const int32_t *dev, int64_t n)
 {
 	size_t bytes = (size_t)n * sizeof(int32_t);
 
 	for (int64_t i = 0; i < ctx->n_fetches; i++)
 		if (ctx->fetches[i].dev == dev && ctx->fetches[i].bytes == bytes)
-			return (const int32_t *)((const char *)ctx->stage + ctx->fetches[i].off);
+			return (const int32_t *)ctx->fetches[i].host;
 	return NULL; /* only for n == 0: nothing to read */
 }
 
@@ -205,12 +334,18 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			"%llu steps run directly",
 			(unsigned long long)ctx->n_captured, (unsigned long long)ctx->n_replayed,
 			(unsigned long long)ctx->n_direct);
+	if (ctx->n_steps)
+		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": host waits: %llu in %llu step regions (from the first on)",
+			(unsigned long long)ctx->n_waits, (unsigned long long)ctx->n_steps);
 	regions_free(ctx);
 	colls_free(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
 	gpurt_free(ctx->rt, ctx->items);
 	gpurt_host_free(ctx->rt, ctx->stage);
+	gpurt_host_free(ctx->rt, ctx->ring);
 	gpurt_close(ctx->rt);
+	free(ctx->shadows);
 	free(ctx->hitems);
 	free(ctx->fetches);
 	free(ctx);
@@ -221,6 +356,20 @@ static bool env_is(const char *name, const char *value)
 	const char *v = getenv(name);
 
 	return v && !strcmp(v, value);
+}
+
+/* An integer setting from the environment in [lo, hi]; def when unset or
+ * not a whole number in range. */
+static int64_t env_int(const char *name, int64_t def, int64_t lo, int64_t hi)
+{
+	const char *v = getenv(name);
+	char *end;
+	long long n;
+
+	if (!v || !*v)
+		return def;
+	n = strtoll(v, &end, 10);
+	return *end || n < lo || n > hi ? def : (int64_t)n;
 }
 
 /*
@@ -291,6 +440,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
 	ctx->half_gemm = gpurt_has_blas() && !env_is("LOOM_GPU_GEMM", "f32");
 	ctx->graphs_on = !env_is("LOOM_GPU_GRAPHS", "0");
+	ctx->mmq_max_m = env_int("LOOM_GPU_MMQ_MAX_M", MMQ_MAX_M, 0, 65535 * 64);
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
 		gpu_log(host, LOOM_LOG_ERROR, GPU_BACKEND_NAME ": %s", why);
@@ -300,7 +450,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? "exact (f32 activations)" :
-		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV",
+		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV and GEMM",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off");
@@ -366,6 +516,7 @@ static void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 		refused_in_region(ctx, "buffer_free");
 		return;
 	}
+	shadows_drop(ctx, buf->ptr, buf->size ? buf->size : 1); /* the address may come back */
 	gpurt_free(ctx->rt, buf->ptr);
 	free(buf);
 }
@@ -377,29 +528,53 @@ static void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *b
 
 static int gpu_upload(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
 {
+	int rc;
+
 	if (!ctx || (n && (!dst || !src)))
 		return LOOM_ERR_INVALID;
 	if (ctx->in_region)
 		return refused_in_region(ctx, "upload");
-	return n ? rt_failed(ctx, gpurt_upload(ctx->rt, dst, src, n)) : LOOM_OK;
+	if (!n)
+		return LOOM_OK;
+	if (n <= RING_MAX)
+		return upload_ring(ctx, dst, src, n, true);
+	shadows_drop(ctx, dst, n);
+	rc = rt_failed(ctx, gpurt_upload(ctx->rt, dst, src, n));
+	if (!rc)
+		waited(ctx);
+	return rc;
 }
 
 static int gpu_download(struct loom_backend_ctx *ctx, void *dst, const void *src, size_t n)
 {
+	int rc;
+
 	if (!ctx || (n && (!dst || !src)))
 		return LOOM_ERR_INVALID;
 	if (ctx->in_region)
 		return refused_in_region(ctx, "download");
-	return n ? rt_failed(ctx, gpurt_download(ctx->rt, dst, src, n)) : LOOM_OK;
+	if (!n)
+		return LOOM_OK;
+	rc = rt_failed(ctx, gpurt_download(ctx->rt, dst, src, n));
+	if (!rc)
+		waited(ctx);
+	return rc;
 }
 
 static int gpu_synchronize(struct loom_backend_ctx *ctx)
 {
+	int rc;
+
 	if (!ctx)
 		return LOOM_ERR_INVALID;
 	if (ctx->in_region)
 		return refused_in_region(ctx, "synchronize");
-	return rt_failed(ctx, gpurt_sync(ctx->rt));
+	if (!ctx->queued)
+		return LOOM_OK; /* nothing queued since the last wait */
+	rc = rt_failed(ctx, gpurt_sync(ctx->rt));
+	if (!rc)
+		waited(ctx);
+	return rc;
 }
 
 /* ---- running a call ---- */
@@ -485,6 +660,12 @@ static bool gemm_is_gemv(const struct loom_backend_ctx *ctx, const struct loom_g
 static bool gemv_q8(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	return !ctx->exact && a->k > 0 && gpurt_gemv_q8_format(a->w_type);
+}
+
+/* Whether a GEMM past the GEMV runs the int8 tiled kernel. */
+static bool gemm_mmq(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+{
+	return !gemm_is_gemv(ctx, a) && gemv_q8(ctx, a) && a->m <= ctx->mmq_max_m;
 }
 
 /* Scratch of the 8-bit activations: [m x k int8][m x k/32 scales of 8
@@ -581,8 +762,9 @@ static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args
 	return rc;
 }
 
-/* Fast GEMV: the activations to 8 bits once, then the integer kernel. */
-static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
+/* Fast GEMV or int8 GEMM (mmq): the activations to 8 bits once, then the
+ * integer kernel. */
+static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool mmq)
 {
 	size_t qs_bytes, need;
 	int rc;
@@ -594,7 +776,9 @@ static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_arg
 		return rc;
 	rc = gpurt_quantize_q8(ctx->rt, a->x, a->x_stride, a->m, a->k, ctx->scratch,
 			       (char *)ctx->scratch + qs_bytes);
-	if (!rc)
+	if (!rc && mmq)
+		rc = gpurt_mmq(ctx->rt, a, ctx->scratch, (char *)ctx->scratch + qs_bytes);
+	else if (!rc)
 		rc = gpurt_gemv_q8(ctx->rt, a, ctx->scratch, (char *)ctx->scratch + qs_bytes);
 	return rt_failed(ctx, rc);
 }
@@ -602,7 +786,9 @@ static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_arg
 static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	if (gemm_is_gemv(ctx, a) && gemv_q8(ctx, a))
-		return exec_gemv_q8(ctx, a);
+		return exec_gemv_q8(ctx, a, false);
+	if (gemm_mmq(ctx, a))
+		return exec_gemv_q8(ctx, a, true);
 	if (gemm_is_gemv(ctx, a))
 		return rt_failed(ctx, gpurt_gemv(ctx->rt, a));
 	return gemm_panels(ctx, a);
@@ -1037,7 +1223,7 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 					c->u.kv.n_tokens, c->u.kv.kv_dim) ?
 			       LOOM_OK : LOOM_ERR_INVALID;
 	case CALL_GEMM:
-		if (!gemm_is_gemv(ctx, &c->u.gemm)) {
+		if (!gemm_is_gemv(ctx, &c->u.gemm) && !gemm_mmq(ctx, &c->u.gemm)) {
 			if (!gemm_scratch(&c->u.gemm, gemm_elem(ctx, &c->u.gemm), &rows, &n))
 				rc = LOOM_ERR_NOMEM;
 		} else if (gemv_q8(ctx, &c->u.gemm)) {
@@ -1125,7 +1311,7 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	if (!rc)
 		rc = reserve_dev(ctx, &ctx->items, &ctx->items_cap, bytes);
 	if (!rc && bytes)
-		rc = rt_failed(ctx, gpurt_upload(ctx->rt, ctx->items, ctx->hitems, bytes));
+		rc = upload_ring(ctx, ctx->items, ctx->hitems, bytes, false);
 	return rc;
 }
 
@@ -1154,6 +1340,8 @@ int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 {
 	int rc = LOOM_OK;
 
+	shadows_clear(ctx); /* the calls may write what was uploaded */
+	ctx->queued = true;
 	for (int64_t i = 0; i < n && !rc; i++)
 		rc = exec_call(ctx, &calls[i], &plans[i]);
 	return rc;
@@ -1234,6 +1422,22 @@ static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attenti
 	return noted(ctx, do_attention(ctx, a));
 }
 
+/* ABI 1.7: the greedy token of each row, on the device. */
+static int gpu_argmax(struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride,
+		      int64_t rows, int64_t n)
+{
+	if (!ctx || rows < 0 || n < 1 || n > INT32_MAX || stride < n ||
+	    (rows > 0 && (!ids || !x)) || (rows > 0 && (uint64_t)(rows - 1) > INT64_MAX / 4 / (uint64_t)stride))
+		return LOOM_ERR_INVALID;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "argmax");
+	if (!rows)
+		return LOOM_OK;
+	ctx->queued = true;
+	shadows_drop(ctx, ids, (size_t)rows * sizeof(int32_t));
+	return rt_failed(ctx, gpurt_argmax(ctx->rt, ids, x, stride, rows, n));
+}
+
 static const struct loom_backend_ops gpu_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -1265,6 +1469,7 @@ static const struct loom_backend_ops gpu_ops = {
 #if GPU_COLL
 	.collective = gpu_collective,
 #endif
+	.argmax = gpu_argmax,
 };
 
 /* Returns the table only: no runtime call, so probing has no side effects. */

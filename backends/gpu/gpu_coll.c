@@ -199,6 +199,8 @@ int gpu_collective(struct loom_backend_ctx *ctx, const struct loom_collective_ar
 	if (a->op != LOOM_COLL_ALLGATHER && a->op != LOOM_COLL_ALLREDUCE_SUM)
 		return refuse(ctx, LOOM_ERR_UNSUPPORTED, "unknown operation");
 	rc = comm_for(ctx, a, &comm);
+	ctx->queued = true;
+	shadows_clear(ctx); /* it writes device memory */
 	return rc ? rc : run(ctx, a, comm);
 }
 #endif /* GPU_COLL */

@@ -76,8 +76,19 @@ struct attn_plan {
 	int64_t tiles, n_tiles, rows, n_rows, n_splits;
 };
 
-/* A device table some call reads, staged in pinned host memory. */
+/* A device table some call reads, staged in pinned host memory: host
+ * is where its bytes are (in the upload ring when they were uploaded
+ * this step, else downloaded to stage + off). */
 struct fetch {
+	const void *dev;
+	size_t bytes, off;
+	const void *host;
+};
+
+/* Device bytes [dev, dev + bytes) hold what the upload ring holds at off:
+ * uploaded since the last wait, and nothing has run since that could
+ * have written them. */
+struct shadow {
 	const void *dev;
 	size_t bytes, off;
 };
@@ -109,6 +120,7 @@ struct loom_backend_ctx {
 	bool exact;     /* f32 activations everywhere (else fast GEMV: 8-bit activations) */
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
+	int64_t mmq_max_m; /* fast mode: int8 GEMM up to this m (LOOM_GPU_MMQ_MAX_M) */
 	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
 	void *items; /* device: attention work items */
@@ -121,6 +133,16 @@ struct loom_backend_ctx {
 	int64_t n_fetches, fetches_cap;
 	void *stage; /* pinned host memory the tables are downloaded to */
 	size_t stage_cap;
+	/* small uploads (step inputs, work items) go through this pinned ring
+	 * without waiting; it is reused after the next wait */
+	void *ring;
+	size_t ring_cap, ring_used;
+	struct shadow *shadows;
+	int64_t n_shadows, shadows_cap;
+	/* host waits for the device (from the first step region on: loading
+	 * weights waits too); step regions run */
+	uint64_t n_waits, n_steps;
+	bool queued; /* work queued since the last wait (else synchronize returns at once) */
 	/* the step region being recorded */
 	bool in_region;
 	int region_rc;
@@ -150,6 +172,7 @@ int rt_failed(struct loom_backend_ctx *ctx, int rc);
  * they need: after it, exec_calls queues only kernels and BLAS calls. */
 int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 		  struct attn_plan *plans, int64_t n);
+void shadows_clear(struct loom_backend_ctx *ctx);
 int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	       const struct attn_plan *plans, int64_t n);
 

@@ -257,8 +257,12 @@ int gpu_graph_end(struct loom_backend_ctx *ctx)
 	rc = ctx->region_rc;
 	if (!rc && ctx->n_calls)
 		rc = prepare_calls(ctx, ctx->calls, ctx->plans, ctx->n_calls);
-	if (!rc && ctx->n_calls)
+	if (!rc && ctx->n_calls) {
+		ctx->n_steps++;
 		rc = region_run(ctx);
+	}
+	ctx->queued = true; /* conservatively, whatever ran */
+	shadows_clear(ctx);  /* the calls may have written what was uploaded */
 	ctx->n_calls = 0;
 	return rc;
 }

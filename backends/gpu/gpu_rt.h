@@ -53,6 +53,9 @@ int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t n);
 int gpurt_download(struct gpurt *rt, void *dst, const void *src, size_t n);
 /* Queues a copy to pinned host memory (from gpurt_host_alloc); the data
  * is there after the next gpurt_sync. */
+/* Queues a copy from pinned host memory (gpurt_host_alloc), which must
+ * stay untouched until the next gpurt_sync. */
+int gpurt_upload_async(struct gpurt *rt, void *dst, const void *src, size_t n);
 int gpurt_download_async(struct gpurt *rt, void *dst, const void *src, size_t n);
 /* Pinned (page-locked) host memory; host_free waits for queued work. */
 int gpurt_host_alloc(struct gpurt *rt, size_t size, void **out);
@@ -91,6 +94,16 @@ int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride, int64_
 		      int8_t *qs, void *scale);
 int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
 		  const void *scale);
+/* The same product from the same 8-bit activations for batches (any m
+ * up to 65535 x 64): tiles of 64 x 64 outputs, each weight block decoded
+ * once per 64 activation rows, never dequantized to memory. Not batch
+ * invariant. */
+int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
+	      const void *scale);
+/* ids[i] = index of the largest of x[i * stride .. + n) (NaN lowest,
+ * ties to the lowest index), n <= INT32_MAX. */
+int gpurt_argmax(struct gpurt *rt, int32_t *ids, const float *x, int64_t stride, int64_t rows,
+		 int64_t n);
 /* dst[r][0..k) = row r of W (rows rows from w, w_stride bytes apart),
  * dst rows dst_stride floats apart. With ids, row r is ids[r] (device). */
 int gpurt_dequant(struct gpurt *rt, uint32_t type, const void *w, size_t w_stride,

@@ -22,7 +22,7 @@
 #define THREADS 256
 #define MAX_GRID 65535 /* blocks per grid-stride launch */
 #define GEMV_ROWS 8    /* weight rows per GEMV block */
-#define GEMV_MB 4      /* activation rows per GEMV pass */
+#define GEMV_MB 16     /* activation rows per GEMV pass: each weight unit read once */
 #define ATTN_THREADS 128
 #define TILE_KV 16     /* keys per prefill tile */
 
@@ -235,6 +235,18 @@ extern "C" int gpurt_upload(struct gpurt *rt, void *dst, const void *src, size_t
 
 	if (e == gpuSuccess)
 		e = gpuStreamSynchronize(rt->stream);
+	return e == gpuSuccess ? LOOM_OK : fail(rt, "upload", e);
+}
+
+/* src must be pinned (gpurt_host_alloc) and stay untouched until the
+ * next gpurt_sync. */
+extern "C" int gpurt_upload_async(struct gpurt *rt, void *dst, const void *src, size_t n)
+{
+	gpuError_t e;
+
+	BIND(rt);
+	e = gpuMemcpyAsync(dst, src, n, gpuMemcpyHostToDevice, rt->stream);
+
 	return e == gpuSuccess ? LOOM_OK : fail(rt, "upload", e);
 }
 
@@ -779,12 +791,14 @@ struct gemv_p {
 
 /*
  * One warp per weight row j: lane l dequantizes parts l, l + GPU_WARP, ...
- * of format T in registers and multiplies them with up to GEMV_MB
- * activation rows at once, in f32; the lane sums meet in a fixed shuffle
- * tree. Every y[i][j] is computed the same way whatever m is (batch
- * invariance).
+ * of format T in registers once and multiplies them with up to MB
+ * activation rows (a pass; more rows, more passes), in f32; the lane sums
+ * meet in a fixed shuffle tree. Every y[i][j] is computed the same way
+ * whatever m or MB is (batch invariance): its own accumulator, the same
+ * parts in the same order.
  */
-template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
+template <uint32_t T, int MB>
+__global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
 {
 	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
 
@@ -795,19 +809,20 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const st
 		if (j >= p.n)
 			return; /* later r only go further */
 		row = p.w + j * p.w_stride;
-		for (int64_t i0 = 0; i0 < p.m; i0 += GEMV_MB) {
-			const int mb = p.m - i0 < GEMV_MB ? (int)(p.m - i0) : GEMV_MB;
-			float acc[GEMV_MB] = { 0.0f };
+		for (int64_t i0 = 0; i0 < p.m; i0 += MB) {
+			const int mb = p.m - i0 < MB ? (int)(p.m - i0) : MB;
+			float acc[MB] = { 0.0f };
 
 			for (int64_t q = lane; q < p.parts; q += GPU_WARP) {
 				float v[8];
 
 				deq_part<T>(row, q, p.k, v);
-				for (int ii = 0; ii < GEMV_MB; ii++) {
+				GPU_UNROLL
+				for (int ii = 0; ii < MB; ii++) {
 					const float *x = p.x + (i0 + ii) * p.x_stride;
 
 					if (ii >= mb)
-						break;
+						continue;
 					for (int e = 0; e < 8; e++) {
 						int64_t idx = part_index<T>(q, e);
 
@@ -816,7 +831,7 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const st
 					}
 				}
 			}
-			for (int ii = 0; ii < GEMV_MB; ii++) {
+			for (int ii = 0; ii < MB; ii++) {
 				float s;
 
 				if (ii >= mb) /* the same for the whole warp */
@@ -829,9 +844,12 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv(const st
 	}
 }
 
+/* Passes of up to 4 rows for small m (fewer registers), else of GEMV_MB. */
 template <uint32_t T> static void launch_gemv(unsigned blocks, gpuStream_t s, const struct gemv_p p)
 {
-	GPU_LAUNCH(k_gemv<T>, blocks, THREADS, 0, s, p);
+	void (*kernel)(const struct gemv_p) = p.m <= 4 ? k_gemv<T, 4> : k_gemv<T, GEMV_MB>;
+
+	GPU_LAUNCH(kernel, blocks, THREADS, 0, s, p);
 }
 
 typedef void (*gemv_launch)(unsigned, gpuStream_t, const struct gemv_p);
@@ -1124,12 +1142,15 @@ struct gemv_q8_p {
 };
 
 /*
- * As k_gemv (one warp per weight row, GEMV_ROWS rows a block, GEMV_MB
+ * As k_gemv (one warp per weight row, GEMV_ROWS rows a block, MB
  * activation rows a pass, a fixed shuffle tree), on units: lane l decodes
- * units l, l + GPU_WARP, ... once and dots each with every activation row
- * of the pass. y[i][j] does not depend on m (batch invariance).
+ * units l, l + GPU_WARP, ... once a pass and dots each with every
+ * activation row of the pass, so up to MB rows (a decode batch) read each
+ * weight block once. y[i][j] does not depend on m or MB (batch
+ * invariance).
  */
-template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const struct gemv_q8_p p)
+template <uint32_t T, int MB>
+__global__ void __launch_bounds__(THREADS) k_gemv_q8(const struct gemv_q8_p p)
 {
 	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
 	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
@@ -1139,9 +1160,9 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const
 
 		if (j >= p.n)
 			return; /* later r only go further */
-		for (int64_t i0 = 0; i0 < p.m; i0 += GEMV_MB) {
-			const int mb = p.m - i0 < GEMV_MB ? (int)(p.m - i0) : GEMV_MB;
-			float acc[GEMV_MB] = { 0.0f };
+		for (int64_t i0 = 0; i0 < p.m; i0 += MB) {
+			const int mb = p.m - i0 < MB ? (int)(p.m - i0) : MB;
+			float acc[MB] = { 0.0f };
 
 			for (int64_t u = lane; u < units; u += GPU_WARP) {
 				const int64_t v0 = u * unit<T>::values;
@@ -1149,7 +1170,7 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const
 
 				w.load(p.w + j * p.w_stride, u);
 				GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
-				for (int ii = 0; ii < GEMV_MB; ii++) {
+				for (int ii = 0; ii < MB; ii++) {
 					const int64_t i = i0 + ii;
 
 					if (ii < mb)
@@ -1157,7 +1178,7 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const
 								 p.xs + i * blocks + v0 / Q8_BLOCK);
 				}
 			}
-			for (int ii = 0; ii < GEMV_MB; ii++) {
+			for (int ii = 0; ii < MB; ii++) {
 				float s;
 
 				if (ii >= mb) /* the same for the whole warp */
@@ -1168,6 +1189,19 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_gemv_q8(const
 			}
 		}
 	}
+}
+
+/* The smallest pass that holds m rows (all of them up to GEMV_MB). */
+template <uint32_t T>
+static void launch_gemv_q8(unsigned blocks, gpuStream_t s, const struct gemv_q8_p p)
+{
+	void (*kernel)(const struct gemv_q8_p) = p.m <= 1 ? k_gemv_q8<T, 1> :
+						 p.m <= 2 ? k_gemv_q8<T, 2> :
+						 p.m <= 4 ? k_gemv_q8<T, 4> :
+						 p.m <= 8 ? k_gemv_q8<T, 8> :
+							    k_gemv_q8<T, GEMV_MB>;
+
+	GPU_LAUNCH(kernel, blocks, THREADS, 0, s, p);
 }
 
 extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
@@ -1186,21 +1220,296 @@ extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, c
 	}
 	switch (a->w_type) {
 	case LOOM_TYPE_Q8_0:
-		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q8_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		launch_gemv_q8<LOOM_TYPE_Q8_0>((unsigned)blocks, rt->stream, p);
 		break;
 	case LOOM_TYPE_Q4_0:
-		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_0>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		launch_gemv_q8<LOOM_TYPE_Q4_0>((unsigned)blocks, rt->stream, p);
 		break;
 	case LOOM_TYPE_Q4_K:
-		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q4_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		launch_gemv_q8<LOOM_TYPE_Q4_K>((unsigned)blocks, rt->stream, p);
 		break;
 	case LOOM_TYPE_Q6_K:
-		GPU_LAUNCH(k_gemv_q8<LOOM_TYPE_Q6_K>, (unsigned)blocks, THREADS, 0, rt->stream, p);
+		launch_gemv_q8<LOOM_TYPE_Q6_K>((unsigned)blocks, rt->stream, p);
 		break;
 	default:
 		return unknown_format(rt, "gemm (8-bit activations)", a->w_type);
 	}
 	return launched(rt, "gemv (8-bit activations) kernel");
+}
+
+/* ---- greedy choice on the device ---- */
+
+/* Value v at index i ranks before (bv, bi): larger, or as large and a
+ * lower index. NaN ranks as -inf. */
+__device__ __forceinline__ bool ranks_before(float v, int32_t i, float bv, int32_t bi)
+{
+	return v > bv || (v == bv && i < bi);
+}
+
+/* One block a row: each thread keeps its best of a strided run, then a
+ * fixed shared-memory tree picks the block's (the lowest index of the
+ * largest value, as the host's greedy sampler). */
+__global__ void __launch_bounds__(THREADS)
+k_argmax(const float *x, int64_t stride, int64_t rows, int64_t n, int32_t *ids)
+{
+	__shared__ float bv[THREADS];
+	__shared__ int32_t bi[THREADS];
+	const int t = threadIdx.x;
+
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *row = x + r * stride;
+		float best = -INFINITY;
+		int32_t at = INT32_MAX;
+
+		for (int64_t i = t; i < n; i += THREADS) {
+			const float v = isnan(row[i]) ? -INFINITY : row[i];
+
+			if (ranks_before(v, (int32_t)i, best, at))
+				best = v, at = (int32_t)i;
+		}
+		bv[t] = best;
+		bi[t] = at;
+		__syncthreads();
+		for (int half = THREADS / 2; half > 0; half /= 2) {
+			if (t < half && ranks_before(bv[t + half], bi[t + half], bv[t], bi[t])) {
+				bv[t] = bv[t + half];
+				bi[t] = bi[t + half];
+			}
+			__syncthreads();
+		}
+		if (t == 0)
+			ids[r] = bi[0];
+		__syncthreads(); /* bv, bi are rewritten for the next row */
+	}
+}
+
+extern "C" int gpurt_argmax(struct gpurt *rt, int32_t *ids, const float *x, int64_t stride,
+			    int64_t rows, int64_t n)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_argmax, grid_of(rows), THREADS, 0, rt->stream, x, stride, rows, n, ids);
+	return launched(rt, "argmax kernel");
+}
+
+/* ---- int8 tiled GEMM (fast mode, batches past the GEMV) ---- */
+
+/*
+ * Outside exact mode a GEMM of q4_0, q8_0, q4_K or q6_K weights with more
+ * rows than a GEMV pass (GEMV_MB) reads its weights once per tile of
+ * MMQ_M activation rows, never through a dequantized copy: a block of
+ * THREADS threads computes MMQ_M x MMQ_N outputs, MMQ_KB 32-value blocks
+ * of k at a time. Each step decodes MMQ_N weight rows' blocks to signed
+ * bytes in shared memory (one block a thread) beside the same blocks of
+ * the 8-bit activations, then each thread dots 4 activation rows with 4
+ * weight rows by dp4a. Not batch invariant (that mode keeps the GEMV).
+ */
+#define MMQ_M 64
+#define MMQ_N 64
+#define MMQ_KB 4
+#define MMQ_W (MMQ_KB * 8 + 1) /* words a shared row (+1: other banks) */
+static_assert(MMQ_N * MMQ_KB == THREADS && MMQ_M * MMQ_KB == THREADS,
+	      "one weight block and one activation block per thread and step");
+static_assert(MMQ_M == 64 && MMQ_N == 64 && THREADS == 256, "4 x 4 outputs a thread");
+
+/* A 32-value block of a weight row as signed bytes q (value e in byte e
+ * % 4 of word e / 4) and the factors that make its values: value e =
+ * a[e / 16] q[e] - b. */
+struct blk8 {
+	uint32_t q[8];
+	float a[2], b;
+};
+
+/* Bytes 0 .. 15 to -8 .. 7, four at a time (no carries between bytes). */
+__device__ __forceinline__ uint32_t nib_signed(uint32_t v)
+{
+	return (v + 0x78787878u) ^ 0x80808080u;
+}
+
+template <uint32_t T> __device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, blk8 *o);
+
+template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk,
+								   blk8 *o)
+{
+	const uint8_t *b = row + blk * 34;
+
+	o->a[0] = o->a[1] = half_to_f32(ld16(b));
+	o->b = 0.0f;
+	ld_words(b + 2, 8, o->q);
+}
+
+/* byte j: value j (low nibble) and value j + 16 (high), value = d (q - 8) */
+template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk,
+								   blk8 *o)
+{
+	const uint8_t *b = row + blk * 18;
+	uint32_t w[4];
+
+	o->a[0] = o->a[1] = half_to_f32(ld16(b));
+	o->b = 0.0f;
+	ld_words(b + 2, 4, w);
+	for (int t = 0; t < 4; t++) {
+		o->q[t] = nib_signed(w[t] & 0x0f0f0f0fu);
+		o->q[t + 4] = nib_signed((w[t] >> 4) & 0x0f0f0f0fu);
+	}
+}
+
+/* sub-block s of a super-block: nibbles of the 32 bytes of pair s / 2,
+ * low for even s; value = d sc q - dmin m */
+template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_t blk,
+								   blk8 *o)
+{
+	const uint8_t *b = row + (blk >> 3) * 144;
+	const int s = (int)(blk & 7), shift = 4 * (s & 1);
+	uint32_t w[8];
+	int sc, m;
+
+	k4_scale_min(b + 4, s, &sc, &m);
+	o->a[0] = o->a[1] = half_to_f32(ld16(b)) * (float)sc;
+	o->b = half_to_f32(ld16(b + 2)) * (float)m;
+	ld_words(b + 16 + 32 * (s >> 1), 8, w);
+	for (int t = 0; t < 8; t++)
+		o->q[t] = (w[t] >> shift) & 0x0f0f0f0fu;
+}
+
+/* the q6_K unit is 32 values already; its bytes 0 .. 63 to -32 .. 31 */
+template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk,
+								   blk8 *o)
+{
+	unit<LOOM_TYPE_Q6_K> u;
+
+	u.load(row, blk);
+	for (int t = 0; t < 8; t++)
+		o->q[t] = (u.q[t] + 0x60606060u) ^ 0x80808080u;
+	o->a[0] = u.d * (float)u.sc[0];
+	o->a[1] = u.d * (float)u.sc[1];
+	o->b = 0.0f;
+}
+
+struct mmq_p {
+	const uint8_t *w;
+	size_t w_stride;
+	const int8_t *xq;
+	const struct q8_scale *xs;
+	float *y;
+	int64_t y_stride, m, n, k;
+};
+
+/* Step b0: thread t decodes block b0 + t % MMQ_KB of weight row t /
+ * MMQ_KB of the tile, and loads the same block of activation row t /
+ * MMQ_KB; blocks past k and rows past m or n are zeros. */
+template <uint32_t T>
+__device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int64_t j0,
+					  int64_t b0, uint32_t (*wq)[MMQ_W], float (*wa)[MMQ_KB][3],
+					  uint32_t (*xq)[MMQ_W], struct q8_scale (*xs)[MMQ_KB])
+{
+	const int r = threadIdx.x / MMQ_KB, kb = threadIdx.x % MMQ_KB;
+	const int64_t blk = b0 + kb, nblk = p.k / Q8_BLOCK, i = i0 + r, j = j0 + r;
+	blk8 w;
+	uint32_t x[8];
+	struct q8_scale sc = { 0.0f, 0.0f };
+
+	memset(&w, 0, sizeof(w));
+	memset(x, 0, sizeof(x));
+	if (j < p.n && blk < nblk)
+		dec32<T>(p.w + j * p.w_stride, blk, &w);
+	if (i < p.m && blk < nblk) {
+		ld_words((const uint8_t *)(p.xq + i * p.k + blk * Q8_BLOCK), 8, x);
+		sc = p.xs[i * nblk + blk];
+	}
+	for (int e = 0; e < 8; e++) {
+		wq[r][kb * 8 + e] = w.q[e];
+		xq[r][kb * 8 + e] = x[e];
+	}
+	wa[r][kb][0] = w.a[0], wa[r][kb][1] = w.a[1], wa[r][kb][2] = w.b;
+	xs[r][kb] = sc;
+}
+
+/* Thread (tx, ty) = (t % 16, t / 16) owns activation rows ty + 16 rr and
+ * weight rows tx + 16 c of the tile. */
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq(const struct mmq_p p)
+{
+	__shared__ uint32_t wq[MMQ_N][MMQ_W], xq[MMQ_M][MMQ_W];
+	__shared__ float wa[MMQ_N][MMQ_KB][3];
+	__shared__ struct q8_scale xs[MMQ_M][MMQ_KB];
+	const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+	const int64_t i0 = (int64_t)blockIdx.y * MMQ_M, j0 = (int64_t)blockIdx.x * MMQ_N;
+	float acc[4][4];
+
+	for (int rr = 0; rr < 4; rr++)
+		for (int c = 0; c < 4; c++)
+			acc[rr][c] = 0.0f;
+	for (int64_t b0 = 0; b0 < p.k / Q8_BLOCK; b0 += MMQ_KB) {
+		mmq_stage<T>(p, i0, j0, b0, wq, wa, xq, xs);
+		__syncthreads();
+		for (int kb = 0; kb < MMQ_KB; kb++) {
+			int sum[2][4][4];
+
+			GPU_UNROLL
+			for (int h = 0; h < 2; h++) {
+				uint32_t xw[4][4], ww[4][4];
+
+				for (int e = 0; e < 4; e++) {
+					for (int rr = 0; rr < 4; rr++)
+						xw[rr][e] = xq[ty + 16 * rr][kb * 8 + 4 * h + e];
+					for (int c = 0; c < 4; c++)
+						ww[c][e] = wq[tx + 16 * c][kb * 8 + 4 * h + e];
+				}
+				for (int rr = 0; rr < 4; rr++)
+					for (int c = 0; c < 4; c++) {
+						int v = 0;
+
+						for (int e = 0; e < 4; e++)
+							v = gpu_dp4a((int)ww[c][e], (int)xw[rr][e], v);
+						sum[h][rr][c] = v;
+					}
+			}
+			for (int rr = 0; rr < 4; rr++) {
+				const struct q8_scale x = xs[ty + 16 * rr][kb];
+
+				for (int c = 0; c < 4; c++) {
+					const float *a = wa[tx + 16 * c][kb];
+
+					acc[rr][c] += x.d * (a[0] * (float)sum[0][rr][c] +
+							     a[1] * (float)sum[1][rr][c]) - a[2] * x.s;
+				}
+			}
+		}
+		__syncthreads();
+	}
+	for (int rr = 0; rr < 4; rr++)
+		for (int c = 0; c < 4; c++) {
+			const int64_t i = i0 + ty + 16 * rr, j = j0 + tx + 16 * c;
+
+			if (i < p.m && j < p.n)
+				p.y[i * p.y_stride + j] = acc[rr][c];
+		}
+}
+
+extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
+			 const void *scale)
+{
+	struct mmq_p p = {
+		(const uint8_t *)a->w, a->w_stride, qs, (const struct q8_scale *)scale, a->y,
+		a->y_stride, a->m, a->n, a->k,
+	};
+	const int64_t gx = (a->n + MMQ_N - 1) / MMQ_N, gy = (a->m + MMQ_M - 1) / MMQ_M;
+	void (*kernel)(const struct mmq_p);
+
+	BIND(rt);
+	if (gx > INT32_MAX || gy > 65535) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: m %lld x n %lld too large for the int8 GEMM",
+			 (long long)a->m, (long long)a->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	switch (a->w_type) {
+	case LOOM_TYPE_Q8_0: kernel = k_mmq<LOOM_TYPE_Q8_0>; break;
+	case LOOM_TYPE_Q4_0: kernel = k_mmq<LOOM_TYPE_Q4_0>; break;
+	case LOOM_TYPE_Q4_K: kernel = k_mmq<LOOM_TYPE_Q4_K>; break;
+	case LOOM_TYPE_Q6_K: kernel = k_mmq<LOOM_TYPE_Q6_K>; break;
+	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
+	}
+	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);
+	return launched(rt, "int8 GEMM kernel");
 }
 
 __device__ __forceinline__ void store(float *p, float v)

@@ -10,6 +10,7 @@
  *
  *   embed, add, scale          1e-10 / 1e-12  dequantization and one rounding
  *   softcap (ABI 1.2, opt.)    1e-10          a backend may use its own tanh
+ *   argmax (ABI 1.6, opt.)     exact          the host's greedy choice
  *   kv_write                   exact          a copy
  *   rmsnorm                    1e-9           a backend may sum squares in f32
  *   glu                        1e-7           a backend may use its own exp/tanh
@@ -211,6 +212,29 @@ static void test_gemm_type(struct dev *ref, struct dev *d, uint32_t type)
 		.y_stride = 300, .w_stride = (size_t)(512 / be) * bb,
 	};
 	gemm_case(ref, d, &big);
+}
+
+/* Batches of 16 rows (a whole GEMV pass on the GPUs) and a few more
+ * past a 64-row int8 GEMM tile, run after every other case so that the
+ * random inputs of those stay what they were. */
+static void test_gemm_batches(struct dev *ref, struct dev *d, uint32_t type)
+{
+	static const int64_t ms[] = { 16, 130 }, ns[] = { 3, 65 };
+	uint32_t be, bb;
+
+	if (!geometry(type, &be, &bb))
+		return;
+	for (size_t mi = 0; mi < 2; mi++)
+		for (size_t ni = 0; ni < 2; ni++) {
+			int64_t k = be == 256 ? 512 : be == 32 ? 160 : 96;
+			struct gemm_case c = {
+				.type = type, .m = ms[mi], .n = ns[ni], .k = k,
+				.x_stride = k + 1, .y_stride = ns[ni] + 2,
+				.w_stride = (size_t)(k / be) * bb,
+			};
+
+			gemm_case(ref, d, &c);
+		}
 }
 
 /* ---- embed ---- */
@@ -714,6 +738,97 @@ static void test_softcap(struct dev *ref, struct dev *d)
 			}
 }
 
+/* ---- argmax (optional, ABI 1.6) ---- */
+
+static bool has_argmax(const struct dev *d)
+{
+	return d->ops->struct_size >= offsetof(struct loom_backend_ops, argmax) + sizeof(void *) &&
+	       d->ops->argmax;
+}
+
+/* The host's greedy choice (core/engine/sampler.c): the largest value,
+ * NaN below everything, ties to the lowest index. */
+static int32_t host_argmax(const float *x, int64_t n)
+{
+	int32_t best = 0;
+	float bl = isnan(x[0]) ? -INFINITY : x[0];
+
+	for (int64_t i = 1; i < n; i++) {
+		float v = isnan(x[i]) ? -INFINITY : x[i];
+
+		if (v > bl) {
+			bl = v;
+			best = (int32_t)i;
+		}
+	}
+	return best;
+}
+
+/* Rows of random values with a planted maximum that appears twice (a
+ * tie), NaNs and infinities around it; the last row is all NaN / -inf. */
+static void argmax_rows(float *x, int64_t rows, int64_t n, int64_t stride)
+{
+	tb_fill(x, rows * stride, 1.0f);
+	for (int64_t r = 0; r < rows; r++) {
+		float *row = x + r * stride;
+		int64_t a = tb_rand_int(n), b = tb_rand_int(n);
+
+		row[tb_rand_int(n)] = NAN;
+		row[tb_rand_int(n)] = -INFINITY;
+		row[a] = 2.0f + (float)r;
+		row[b] = 2.0f + (float)r; /* the lower of a, b wins */
+		if (r == rows - 1 && rows > 1)
+			for (int64_t i = 0; i < n; i++)
+				row[i] = i % 2 ? NAN : -INFINITY;
+	}
+}
+
+static void test_argmax(struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 3, 17 }, ns[] = { 1, 255, 257, 49152 };
+
+	if (!has_argmax(d)) {
+		tb_skip(d, "argmax", "f32");
+		return;
+	}
+	for (int ri = 0; ri < 3; ri++)
+		for (int ni = 0; ni < 4; ni++) {
+			int64_t rows = rows_list[ri], n = ns[ni], stride = n + (ri == 1 ? 3 : 0);
+			size_t bytes = (size_t)(rows * stride) * F;
+			float *x = tb_xmalloc(bytes), *dx;
+			int32_t got[17], *dids;
+			char desc[96];
+			int rc = LOOM_ERR_NOMEM;
+
+			argmax_rows(x, rows, n, stride);
+			snprintf(desc, sizeof(desc), "rows %lld n %lld stride %lld", (long long)rows,
+				 (long long)n, (long long)stride);
+			tb_current(d, "argmax", "f32", desc);
+			dx = dev_put(d, x, bytes);
+			dids = dev_put(d, NULL, sizeof(got));
+			if (dx && dids)
+				rc = d->ops->argmax(d->ctx, dids, dx, stride, rows, n);
+			if (rc == LOOM_OK)
+				rc = dev_get(d, got, dids, (size_t)rows * sizeof(int32_t));
+			if (rc != LOOM_OK) {
+				tb_fail(d, "argmax", "f32", "%s: returned %s", desc, tb_status_name(rc));
+			} else {
+				int64_t r = 0;
+
+				while (r < rows && got[r] == host_argmax(x + r * stride, n))
+					r++;
+				if (r < rows)
+					tb_fail(d, "argmax", "f32", "%s: row %lld: index %d, the host picks %d",
+						desc, (long long)r, (int)got[r],
+						(int)host_argmax(x + r * stride, n));
+				else
+					tb_result(d, "argmax", "f32", 0.0, 0.0, desc);
+			}
+			dev_reset(d);
+			free(x);
+		}
+}
+
 /* ---- kv_write ---- */
 
 struct kv_case {
@@ -999,4 +1114,8 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 	test_kv_write(ref, d);
 	test_attention(ref, d);
 	test_moe(ref, d);
+	/* appended cases last: the earlier ones keep their random inputs */
+	for (size_t i = 0; i < N_WEIGHT_TYPES; i++)
+		test_gemm_batches(ref, d, weight_types[i]);
+	test_argmax(d);
 }

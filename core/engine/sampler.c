@@ -131,6 +131,11 @@ static bool penalties_off(const struct loom_sampler_params *p)
 		p->frequency_penalty == 0.0f);
 }
 
+bool loom_sampler_greedy_only(const struct loom_sampler *s)
+{
+	return s && s->p.temp <= 0.0f && penalties_off(&s->p);
+}
+
 /* Counts every in-range token of the window, then penalizes each distinct
  * token once (clearing its count, so counts is all zero again after). */
 static void apply_penalties(struct loom_sampler *s, float *logits,

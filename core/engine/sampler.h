@@ -14,6 +14,7 @@
 #ifndef LOOM_SAMPLER_H
 #define LOOM_SAMPLER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,6 +27,10 @@ struct loom_sampler;
 struct loom_sampler *loom_sampler_new(const struct loom_sampler_params *p,
 				      int32_t n_vocab, char *err, size_t errlen);
 void loom_sampler_free(struct loom_sampler *s);
+
+/* Whether sample is a plain argmax: temp <= 0 and no penalty (so the
+ * greedy choice may be made where the logits are, on the device). */
+bool loom_sampler_greedy_only(const struct loom_sampler *s);
 
 /* Samples from logits[0..n_vocab) (modified in place by penalties) given
  * the history of tokens so far (prompt and generated). Returns a token id. */

@@ -1207,6 +1207,27 @@ static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *
 	}
 }
 
+/* ---- greedy on the device (ABI 1.7 argmax; issue 30) ----
+ * A step whose every logit row is a plain greedy choice (last token of a
+ * plain decode or prompt, temp <= 0, no penalty, grammar, logprobs or
+ * logits kept) lets the backend pick the tokens and download only them. */
+static bool greedy_step(struct loom_sched *s)
+{
+	if (!loom_exec_device_greedy(s->exec))
+		return false;
+	for (int32_t i = 0; i < s->n_plan; i++) {
+		const struct entry *e = &s->plan[i];
+		const struct req *r = e->r;
+
+		if (e->spec || e->all || r->out.hidden || r->out.logprobs || r->gram.grammar ||
+		    (r->out.first_logits && r->n_generated == 0) ||
+		    !loom_sampler_greedy_only(r->smp))
+			return false;
+	}
+	return true;
+}
+/* ---- end of greedy on the device ---- */
+
 /* Flattens the plan into a batch, runs it and samples. */
 static int run_plan(struct loom_sched *s)
 {
@@ -1239,6 +1260,7 @@ static int run_plan(struct loom_sched *s)
 			b.n_hidden_only = b.n_out;
 	}
 	b.n_hidden_only = b.n_out - b.n_hidden_only;
+	b.greedy = greedy_step(s);
 	if (loom_exec_step(s->exec, &b, s->logits, err, sizeof(err))) {
 		for (i = 0; i < s->n_plan; i++)
 			fail_running(s, s->plan[i].r, err);
@@ -1265,7 +1287,9 @@ static int run_plan(struct loom_sched *s)
 			finish(s, e->r, LOOM_FINISH_LENGTH, NULL);
 			continue;
 		}
-		if (e->last)
+		if (e->last && loom_exec_greedy_ids(s->exec))
+			deliver(s, e->r, loom_exec_greedy_ids(s->exec)[e->row]);
+		else if (e->last)
 			sample_one(s, e->r, s->logits + (size_t)(e->row + (e->all ? e->n - 1 : 0)) * V);
 	}
 	return 0;

@@ -38,6 +38,10 @@ struct loom_exec {
 	bool told_split; /* rank 0 logged its first split step */
 	struct loom_moe_scratch moe; /* the moe node's fallback (moe_exec.h) */
 	bool in_region; /* run_step has a step region open */
+	/* greedy steps picked on the device: the ids there and here */
+	struct loom_buffer *ids_buf;
+	int32_t *ids;
+	bool ids_valid;
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -221,6 +225,9 @@ void loom_exec_free(struct loom_exec *e)
 		return;
 	if (e->buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->buf);
+	if (e->ids_buf)
+		e->m->be->ops->buffer_free(e->m->be->ctx, e->ids_buf);
+	free(e->ids);
 	free(e->host_inputs);
 	loom_moe_scratch_free(&e->moe);
 	free(e->gemm_x);
@@ -674,11 +681,52 @@ static int pass_logits(struct loom_exec *e, const struct loom_batch *b, float *l
 	return 0;
 }
 
+bool loom_exec_device_greedy(const struct loom_exec *e)
+{
+	const char *v = getenv("LOOM_DEVICE_GREEDY");
+
+	return loom_backend_has_argmax(e->m->be) && !e->m->shard.dist &&
+	       (e->m->hp.final_softcap <= 0.0f || loom_backend_has_softcap(e->m->be)) &&
+	       !(v && !strcmp(v, "0"));
+}
+
+const int32_t *loom_exec_greedy_ids(const struct loom_exec *e)
+{
+	return e->ids_valid ? e->ids : NULL;
+}
+
+/* The greedy token of each logit row, picked on the device: only the ids
+ * are downloaded (4 bytes a row instead of the vocabulary's logits). */
+static int pick_greedy(struct loom_exec *e, const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	int32_t rows = logit_rows(b);
+	int rc = LOOM_OK;
+
+	if (!e->ids_buf) {
+		rc = be->ops->buffer_alloc(be->ctx, (size_t)e->max_out * sizeof(int32_t),
+					   &e->ids_buf);
+		e->ids = calloc((size_t)e->max_out, sizeof(int32_t));
+		if (!rc && !e->ids)
+			rc = LOOM_ERR_NOMEM;
+		if (rc)
+			return rc;
+	}
+	rc = be->ops->argmax(be->ctx, be->ops->buffer_addr(be->ctx, e->ids_buf),
+			     e->act[ACT_LOGITS], e->width[ACT_LOGITS], rows, e->width[ACT_LOGITS]);
+	if (!rc)
+		rc = be->ops->download(be->ctx, e->ids,
+				       be->ops->buffer_addr(be->ctx, e->ids_buf),
+				       (size_t)rows * sizeof(int32_t));
+	e->ids_valid = rc == LOOM_OK;
+	return rc;
+}
+
 static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		     bool posted, char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
-	bool head = e->m->shard.logits;
+	bool head = e->m->shard.logits, greedy;
 	int i, rc;
 
 	err[0] = '\0';
@@ -687,12 +735,16 @@ static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *log
 	rc = upload_inputs(e, b);
 	if (rc == 0)
 		rc = run_step(e, b, err, errlen);
-	if (rc == 0 && logit_rows(b) > 0 && head)
+	e->ids_valid = false;
+	greedy = b->greedy && head && logit_rows(b) > 0 && loom_exec_device_greedy(e);
+	if (rc == 0 && greedy)
+		rc = pick_greedy(e, b);
+	else if (rc == 0 && logit_rows(b) > 0 && head)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
 				       (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float));
 	if (rc == 0)
 		rc = be->ops->synchronize(be->ctx);
-	if (rc == 0 && head && logit_rows(b) > 0)
+	if (rc == 0 && head && logit_rows(b) > 0 && !greedy)
 		host_softcap(e, logits, logit_rows(b));
 	if (rc == 0)
 		rc = pass_logits(e, b, logits, posted, err, errlen);

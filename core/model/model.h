@@ -203,6 +203,10 @@ struct loom_batch {
 	 * normed hidden state (loom_exec_hidden), not logits: the output
 	 * layer runs on the first n_out - n_hidden_only rows alone */
 	int32_t n_hidden_only;
+	/* appended: every logit row is for a plain greedy choice (see
+	 * loom_exec_device_greedy): the backend may pick the tokens itself
+	 * and download only them (loom_exec_greedy_ids) */
+	bool greedy;
 };
 
 struct loom_exec;
@@ -224,6 +228,14 @@ int loom_exec_step(struct loom_exec *e, const struct loom_batch *b, float *logit
  * floats to `out`. 0, or a negative loom_status. Logits, written by the
  * step, cover the first n_out - n_hidden_only output rows. */
 int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
+/* Whether a step with b.greedy set picks its tokens on the device (the
+ * backend's argmax slot, ABI 1.7; not on distributed jobs, nor where the
+ * host would soft-cap the logits; LOOM_DEVICE_GREEDY=0 turns it off). */
+bool loom_exec_device_greedy(const struct loom_exec *e);
+/* After a successful step with b.greedy set and loom_exec_device_greedy:
+ * the greedy token of each logit row (the logits themselves were not
+ * downloaded). NULL for any other step. */
+const int32_t *loom_exec_greedy_ids(const struct loom_exec *e);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
  * job first sends the step's plan to the others, which run it with this),
  * as n_micro micro-batches of whole sequences, micro-batch k holding

@@ -33,6 +33,8 @@ static const struct loom_plugin_slot optional_slots[] = {
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, weight_pack),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, softcap),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, collective),
+	LOOM_PLUGIN_SLOT(struct loom_backend_ops, moe),
+	LOOM_PLUGIN_SLOT(struct loom_backend_ops, argmax),
 };
 
 /* Step regions come as a pair (read only where the table has them). */
@@ -107,6 +109,11 @@ bool loom_backend_embeds_packed(const struct loom_backend *b, uint32_t type)
 bool loom_backend_has_softcap(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(softcap) && b->ops->softcap;
+}
+
+bool loom_backend_has_argmax(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(argmax) && b->ops->argmax;
 }
 
 bool loom_backend_has_collective(const struct loom_backend *b)

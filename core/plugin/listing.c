@@ -109,6 +109,10 @@ static void describe(const struct loom_backend *b, struct loom_backend_listing *
 		add_word(l->optional, sizeof(l->optional), "softcap");
 	if (loom_backend_has_collective(b))
 		add_word(l->optional, sizeof(l->optional), "collective");
+	if (loom_backend_has_moe(b))
+		add_word(l->optional, sizeof(l->optional), "moe");
+	if (loom_backend_has_argmax(b))
+		add_word(l->optional, sizeof(l->optional), "argmax");
 }
 
 #define MAX_SEEN 256

@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 6
+#define LOOM_BACKEND_ABI_MINOR 7
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -531,6 +531,17 @@ struct loom_backend_ops {
 	 * backend without the slot. In a step region the call is deferred
 	 * like any operator (routing reads logits in device memory). */
 	int (*moe)(struct loom_backend_ctx *ctx, const struct loom_moe_args *a);
+	/* ---- end of generation 1.6 ---- */
+
+	/* ---- generation 1.7 ---- */
+	/* Optional: greedy choice on the device. ids[i] (device int32) = the
+	 * index of the largest of x[i * stride .. i * stride + n) for i <
+	 * rows, ties to the lowest index, NaN below everything (index 0 when
+	 * no value is a number), as the host's greedy sampler picks. The host
+	 * then downloads rows ids instead of rows x n logits. Outside step
+	 * regions. NULL: the host downloads the logits and picks there. */
+	int (*argmax)(struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride,
+		      int64_t rows, int64_t n);
 	/* ---- end of generation 1.6; append new slots below ---- */
 };
 

@@ -135,6 +135,10 @@ PASS(int, weight_pack,
       struct loom_buffer **out, size_t *bytes), (ctx, a, out, bytes))
 PASS(int, collective, (struct loom_backend_ctx *ctx, const struct loom_collective_args *a),
      (ctx, a))
+PASS(int, moe, (struct loom_backend_ctx *ctx, const struct loom_moe_args *a), (ctx, a))
+PASS(int, argmax,
+     (struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride, int64_t rows,
+      int64_t n), (ctx, ids, x, stride, rows, n))
 
 static void shim_destroy(struct loom_backend_ctx *ctx)
 {
@@ -192,5 +196,9 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 		shim.weight_pack = shim_weight_pack;
 	if (inner->collective)
 		shim.collective = shim_collective;
+	if (inner->moe)
+		shim.moe = shim_moe;
+	if (inner->argmax)
+		shim.argmax = shim_argmax;
 	return &shim;
 }

@@ -64,6 +64,9 @@ def run(loom, backend, model, prompt, n, out, log=None, **env_extra):
     if log is not None:
         log.append(p.stderr)
     graphs = re.search(r"step graphs: (\d+) captured, (\d+) replays", p.stderr)
+    waits = re.search(r"host waits: (\d+) in (\d+) step regions", p.stderr)
+    if waits and log is not None:
+        log.append(tuple(int(w) for w in waits.groups()))
     speed = [l for l in p.stderr.splitlines() if "generated" in l][-1:]
     with open(out) as f:
         return ([int(t) for t in f.read().split()], speed,
@@ -110,19 +113,37 @@ def check_kquants(loom, stem, tmp):
 
 def check_fast(loom, stem, mix, model, out, exact):
     """Fast mode (8-bit activations in the GEMV): captured and replayed
-    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0); the
+    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0), and
+    greedy picked on the device those picked on the host; the
     agreement with exact mode's tokens is printed, not judged (a random
     model's greedy path may turn on a near tie)."""
     n = KQUANT_TOKENS
     fast, _, graphs = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0")
     direct, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
                        LOOM_GPU_GRAPHS="0")
+    host, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
+                     LOOM_DEVICE_GREEDY="0")
     same = fast == direct and len(fast) == n and graphs and graphs[1] >= n - 4
+    if host != fast:
+        print(f"FAIL {stem}.so {mix}: greedy on the host (LOOM_DEVICE_GREEDY=0) picks "
+              f"{host}, on the device {fast}")
+        same = False
     agree = next((i for i, (a, b) in enumerate(zip(fast, exact)) if a != b), len(fast))
     print(f"{'ok  ' if same else 'FAIL'} {stem}.so {mix} fast mode: graphs {graphs}, tokens "
           f"{'equal to' if fast == direct else 'differ from'} direct runs'; the first {agree} "
           f"of {len(fast)} equal exact mode's")
     return 0 if same else 1
+
+
+def check_waits(stem, log):
+    """One host wait a step (the download of the logits or of the greedy
+    ids): step inputs and attention work items go up without waiting and
+    the tables are checked from the host's copy. Returns 1 on failure."""
+    waits = next((x for x in log if isinstance(x, tuple)), None)
+    ok = waits is not None and waits[1] > 0 and waits[0] <= waits[1] + 1
+    print(f"{'ok  ' if ok else 'FAIL'} {stem}.so host waits (waits, step regions): {waits}, "
+          f"want at most one a step")
+    return 0 if ok else 1
 
 
 def main():
@@ -147,7 +168,9 @@ def main():
         out = os.path.join(tmp, "tokens")
         for prompt in prompts:
             want, _, _ = run(loom, "cpu.so", model, prompt, n, out)
-            got, stats, graphs = run(loom, f"{stem}.so", model, prompt, n, out)
+            log = []
+            got, stats, graphs = run(loom, f"{stem}.so", model, prompt, n, out, log)
+            failed += check_waits(stem, log)
             same = got == want and len(got) >= min(n, 32)
             print(f"{'ok  ' if same else 'FAIL'} {stem}.so {len(got)} tokens "
                   f"{'equal' if same else 'differ from'} cpu.so's for {prompt[:30]!r} {stats}")
