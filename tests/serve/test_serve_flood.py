@@ -10,6 +10,10 @@ steps where a step takes longer than 0.4 s; a sanitizer build, where
 steps are tens of times slower, uses n=4); so is one whose client shut only its sending side (the default;
 --half-close answers it, test_serve_edges.py).
 
+Clients that close with their request, or while it is parsed (every parse
+made 400 ms long by the server's test-only LOOM_TEST_PARSE_DELAY_MS),
+start no job: no prompt token is read for them.
+
 Flooding: a 1 MB chat message, a 1,000-tool request and six 127 KB
 messages at once, while /health is polled every 50 ms and a second client
 (127.0.0.2) asks for a short answer: every /health answers within 1 s, the
@@ -112,12 +116,56 @@ def leave(srv, stream, how, n):
         s.close()
 
 
+def send_and_close(srv, i, words, corked, wait=0.0):
+    """A completion request whose client closes its socket: at once with
+    the request (corked: the request and the FIN leave together), or after
+    `wait` seconds."""
+    data = json.dumps({"prompt": f"{i} " + "hello " * words, "max_tokens": 100}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    if corked:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+              .encode() + data)
+    time.sleep(wait)
+    s.close()
+
+
+def left_before_answer(srv, what, count, words=300, **how):
+    """Clients gone before their answer start no job: no prompt token is
+    read for them (each prompt is distinct, so a started one would add its
+    tokens to loom_prompt_tokens_total)."""
+    m0 = metrics(srv)
+    for i in range(count):
+        send_and_close(srv, i, words, **how)
+    time.sleep(1.5)
+    m = metrics(srv)
+    read = m["loom_prompt_tokens_total"] - m0["loom_prompt_tokens_total"]
+    print(f"  {count} clients {what}: {read:.0f} prompt tokens read", flush=True)
+    check(f"{count} clients {what}: no job started", read == 0 and
+          m["loom_requests_running"] == 0 and m["loom_kv_blocks_used"] == 0, (read, m))
+
+
+def left_during_parse():
+    """With every parse 400 ms long (a test-only knob of the server), a
+    client that leaves 100 ms after sending is gone when its parse ends:
+    no job; one that stays is answered."""
+    srv = Server(env={"LOOM_TEST_PARSE_DELAY_MS": "400"})
+    try:
+        left_before_answer(srv, "gone during the parse", 4, corked=False, wait=0.1)
+        st, _, _ = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        check("a client that stays is answered (parse delayed)", st == 200, st)
+    finally:
+        check("server exits 0 (parse delayed)", srv.stop() == 0, srv.stderr()[-500:])
+
+
 def leaving():
     srv = Server("--parallel", "64", "--ctx-size", "512")
     try:
         n = 4 if sanitized() else 64
         for stream, how in ((False, "close"), (True, "close"), (False, "shut_wr")):
             leave(srv, stream, how, n)
+        left_before_answer(srv, "gone with their request", 20, corked=True)
         st, _, _ = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
         check("served after the cancels", st == 200, st)
     finally:
@@ -223,7 +271,7 @@ def main():
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: model not found ({MODEL or '$LOOM_MODEL unset'})")
         return 77
-    for test in (leaving, flood):
+    for test in (leaving, left_during_parse, flood):
         t0 = time.time()
         try:
             test()
