@@ -104,11 +104,25 @@ def build_embed(check, run, src, root, libdir, dest, env, tmp):
     return exe
 
 
+def sanitizer_preload(exe, run, env):
+    """A sanitizer build's libloom carries ASan, which must come first in
+    a plain program: the runtimes to preload, or None."""
+    if "libasan" not in run(["ldd", exe], env).stdout:
+        return None
+    libs = [run(["cc", "-print-file-name=" + n], env).stdout.strip()
+            for n in ("libasan.so", "libubsan.so")]
+    return " ".join(libs)
+
+
 def run_embed(check, run, exe, loom, model, root, env):
     prompt = "The capital of France is"
     ref = run([loom, "run", "-m", model, "-p", prompt, "-n", "8", "--temp", "0",
                "--no-progress"], env)
-    res = run([exe, model, prompt, "8"], dict(env, LD_DEBUG="files"))
+    run_env = dict(env, LD_DEBUG="files")
+    preload = sanitizer_preload(exe, run, env)
+    if preload:
+        run_env["LD_PRELOAD"] = preload
+    res = run([exe, model, prompt, "8"], run_env)
     print(res.stderr[-300:] if res.returncode else "")
     check(res.returncode == 0 and res.stdout == ref.stdout and res.stdout.strip(),
           "embed streams loom run's greedy text: %r vs %r" % (res.stdout, ref.stdout))
