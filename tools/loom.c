@@ -697,6 +697,10 @@ static int llama_cli(int *argc, char ***argv)
 		fprintf(stderr, "loom: a command comes first: loom run -m FILE -p TEXT (llama-cli), loom chat -m FILE (llama-cli -cnv), loom serve -m FILE (llama-server); see loom --help\n");
 		return 2;
 	}
+	/* lives as long as the process: held here so that it stays reachable
+	 * after main returns (LeakSanitizer checks at exit) */
+	static char **chat_argv;
+
 	av = malloc(sizeof(char *) * (size_t)(*argc + 2));
 	if (!av) {
 		fprintf(stderr, "loom: out of memory\n");
@@ -706,7 +710,7 @@ static int llama_cli(int *argc, char ***argv)
 	av[1] = "chat";
 	memcpy(av + 2, *argv + 1, sizeof(char *) * (size_t)*argc); /* with the NULL */
 	(*argc)++;
-	*argv = av; /* lives as long as the process */
+	*argv = chat_argv = av;
 	loom_options_run_to_chat(*argc, *argv, 1);
 	return 0;
 }
