@@ -134,7 +134,8 @@ struct cpu_config {
 	long n_threads;   /* <= 0: one per online CPU */
 	bool invariant;   /* LOOM_BACKEND_BATCH_INVARIANT, LOOM_CPU_INVARIANT */
 	bool exact;       /* LOOM_BACKEND_EXACT, LOOM_CPU_EXACT */
-	const char *isa;  /* LOOM_CPU_ISA: NULL, scalar, avx2, avx-vnni, avx512 */
+	const char *isa;  /* LOOM_CPU_ISA: NULL, scalar, avx2, avx-vnni, avx512,
+			   * amx, amx-emu */
 	bool qgemm;       /* LOOM_CPU_QGEMM=0: dequantize + OpenBLAS prefill */
 	bool pack;        /* LOOM_CPU_PACK=0: weights stay in GGUF layout */
 	bool fuse;        /* LOOM_CPU_FUSE=0: step regions run call by call */
@@ -203,6 +204,32 @@ static enum cpu_isa pick_isa(const char *want)
 	return isa;
 }
 
+/*
+ * LOOM_CPU_ISA=amx: fast-mode prefill through AMX-INT8 tiles where the
+ * CPU and the kernel allow it (tile state asked for here, before the pool
+ * starts), else the VNNI kernel with a note; amx-emu: the same kernel with
+ * the tile instructions emulated in C (tests). Opt-in: AMX is not the
+ * default until its test has passed on an AMX host (docs/BACKENDS.md).
+ */
+static enum amx_mode pick_amx(struct loom_backend_ctx *ctx, const char *want)
+{
+	char why[128];
+
+	if (!want || (strcmp(want, "amx") && strcmp(want, "amx-emu")) || ctx->exact)
+		return AMX_OFF;
+	if (ctx->qisa != QDOT_VNNI) {
+		cpu_log(ctx, LOOM_LOG_WARN, "cpu: %s needs AVX-512 VNNI; VNNI-less prefill", want);
+		return AMX_OFF;
+	}
+	if (!strcmp(want, "amx-emu"))
+		return AMX_EMU;
+	if (amx_request(why, sizeof(why))) {
+		cpu_log(ctx, LOOM_LOG_WARN, "cpu: AMX not used, VNNI prefill instead: %s", why);
+		return AMX_OFF;
+	}
+	return AMX_HW;
+}
+
 static long pick_threads(long n)
 {
 	if (n <= 0)
@@ -242,6 +269,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->qgemm = c.qgemm;
 	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) && c.pack;
 	ctx->rg.fuse = c.fuse;
+	ctx->amx = pick_amx(ctx, c.isa);
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
 	ctx->stamp = aligned_alloc(64, (size_t)n * sizeof(*ctx->stamp));
@@ -257,6 +285,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
+	if (ctx->amx != AMX_OFF)
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: prefill through AMX-INT8 tiles (%s)",
+			amx_mode_name(ctx->amx));
 	if (ctx->pack)
 		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q8_0, q4_0, q4_1, q5_0, q5_1 and q2_K .. q6_K "
 			"weights packed at load, 16 rows in the lanes");
