@@ -964,6 +964,7 @@ TGT_AVX2 static void avx2_axpy(float *y, const float *x, float s, int64_t n)
 }
 
 typedef void (*cpu_gemv_fn)(const struct cpu_gemv *g, int64_t j0, int64_t j1);
+typedef void (*cpu_deq_fn)(const uint8_t *src, float *dst, int64_t k);
 
 /* One GEMV per format, each inlining avx2_gemv for its constant type, and
  * the table cpu_gemv_rows looks them up in. */
@@ -1046,6 +1047,89 @@ static const cpu_gemv_fn avx2_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q4_K] = avx2_gemv_q4_K,
 	[LOOM_TYPE_Q5_K] = avx2_gemv_q5_K,
 	[LOOM_TYPE_Q6_K] = avx2_gemv_q6_K,
+};
+
+/* One dequantizing row per format, each inlining avx2_deq_row for its
+ * constant type, and the table cpu_dequant_row looks them up in. */
+TGT_AVX2 static void avx2_deq_row_f32(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_F32, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_f16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_F16, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_bf16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_BF16, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q8_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q8_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_1, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_1, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q2_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q2_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q3_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q3_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q6_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
+}
+
+static const cpu_deq_fn avx2_deq_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx2_deq_row_f32,
+	[LOOM_TYPE_F16] = avx2_deq_row_f16,
+	[LOOM_TYPE_BF16] = avx2_deq_row_bf16,
+	[LOOM_TYPE_Q8_0] = avx2_deq_row_q8_0,
+	[LOOM_TYPE_Q4_0] = avx2_deq_row_q4_0,
+	[LOOM_TYPE_Q4_1] = avx2_deq_row_q4_1,
+	[LOOM_TYPE_Q5_0] = avx2_deq_row_q5_0,
+	[LOOM_TYPE_Q5_1] = avx2_deq_row_q5_1,
+	[LOOM_TYPE_Q2_K] = avx2_deq_row_q2_K,
+	[LOOM_TYPE_Q3_K] = avx2_deq_row_q3_K,
+	[LOOM_TYPE_Q4_K] = avx2_deq_row_q4_K,
+	[LOOM_TYPE_Q5_K] = avx2_deq_row_q5_K,
+	[LOOM_TYPE_Q6_K] = avx2_deq_row_q6_K,
 };
 
 /* ------------------------------------------------------------------ */
@@ -1468,6 +1552,89 @@ static const cpu_gemv_fn avx512_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q5_K] = avx512_gemv_q5_K,
 	[LOOM_TYPE_Q6_K] = avx512_gemv_q6_K,
 };
+
+/* One dequantizing row per format, each inlining avx512_deq_row for its
+ * constant type, and the table cpu_dequant_row looks them up in. */
+TGT_AVX512 static void avx512_deq_row_f32(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_F32, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_f16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_F16, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_bf16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_BF16, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q8_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q8_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_1, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_1, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q2_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q2_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q3_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q3_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q6_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
+}
+
+static const cpu_deq_fn avx512_deq_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx512_deq_row_f32,
+	[LOOM_TYPE_F16] = avx512_deq_row_f16,
+	[LOOM_TYPE_BF16] = avx512_deq_row_bf16,
+	[LOOM_TYPE_Q8_0] = avx512_deq_row_q8_0,
+	[LOOM_TYPE_Q4_0] = avx512_deq_row_q4_0,
+	[LOOM_TYPE_Q4_1] = avx512_deq_row_q4_1,
+	[LOOM_TYPE_Q5_0] = avx512_deq_row_q5_0,
+	[LOOM_TYPE_Q5_1] = avx512_deq_row_q5_1,
+	[LOOM_TYPE_Q2_K] = avx512_deq_row_q2_K,
+	[LOOM_TYPE_Q3_K] = avx512_deq_row_q3_K,
+	[LOOM_TYPE_Q4_K] = avx512_deq_row_q4_K,
+	[LOOM_TYPE_Q5_K] = avx512_deq_row_q5_K,
+	[LOOM_TYPE_Q6_K] = avx512_deq_row_q6_K,
+};
 #endif /* __x86_64__ */
 
 void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64_t j1)
@@ -1490,29 +1657,16 @@ void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64
 void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *dst, int64_t k)
 {
 #if defined(__x86_64__)
-	/* a switch on a constant type lets each call inline its format */
-#define DEQ_CASES(fn)                                                       \
-	switch (type) {                                                     \
-	case LOOM_TYPE_F32: fn(LOOM_TYPE_F32, src, dst, k); return;        \
-	case LOOM_TYPE_F16: fn(LOOM_TYPE_F16, src, dst, k); return;        \
-	case LOOM_TYPE_BF16: fn(LOOM_TYPE_BF16, src, dst, k); return;      \
-	case LOOM_TYPE_Q8_0: fn(LOOM_TYPE_Q8_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_0: fn(LOOM_TYPE_Q4_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_1: fn(LOOM_TYPE_Q4_1, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_0: fn(LOOM_TYPE_Q5_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_1: fn(LOOM_TYPE_Q5_1, src, dst, k); return;      \
-	case LOOM_TYPE_Q2_K: fn(LOOM_TYPE_Q2_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q3_K: fn(LOOM_TYPE_Q3_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_K: fn(LOOM_TYPE_Q4_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_K: fn(LOOM_TYPE_Q5_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q6_K: fn(LOOM_TYPE_Q6_K, src, dst, k); return;      \
+	/* the one place a dequantizing row picks its kernel, as in
+	 * cpu_gemv_rows */
+	const cpu_deq_fn *table = isa == CPU_ISA_AVX512 ? avx512_deq_table
+				  : isa == CPU_ISA_AVX2 ? avx2_deq_table
+							: NULL;
+
+	if (table && type < LOOM_TYPE_COUNT && table[type]) {
+		table[type](src, dst, k);
+		return;
 	}
-	if (isa == CPU_ISA_AVX512) {
-		DEQ_CASES(avx512_deq_row);
-	} else if (isa == CPU_ISA_AVX2) {
-		DEQ_CASES(avx2_deq_row);
-	}
-#undef DEQ_CASES
 #endif
 	scalar_deq_row(type, src, dst, k);
 }
