@@ -8,6 +8,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,66 +124,152 @@ static enum qdot_isa pick_qdot_isa(enum cpu_isa isa, const char *want)
 	}
 }
 
-static int cpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
-		      struct loom_backend_ctx **out)
-{
-	struct loom_backend_ctx *ctx;
-	long n = 0;
+/*
+ * The backend's whole configuration: what the host's loom_backend_config
+ * says, then the environment knobs, all read here and nowhere else
+ * (docs/BACKENDS.md, "cpu.so configuration", lists them).
+ */
+struct cpu_config {
+	int32_t device;
+	long n_threads;   /* <= 0: one per online CPU */
+	bool invariant;   /* LOOM_BACKEND_BATCH_INVARIANT, LOOM_CPU_INVARIANT */
+	bool exact;       /* LOOM_BACKEND_EXACT, LOOM_CPU_EXACT */
+	const char *isa;  /* LOOM_CPU_ISA: NULL, scalar, avx2, avx-vnni, avx512,
+			   * amx, amx-emu */
+	bool qgemm;       /* LOOM_CPU_QGEMM=0: dequantize + OpenBLAS prefill */
+	bool pack;        /* LOOM_CPU_PACK=0: weights stay in GGUF layout */
+	bool fuse;        /* LOOM_CPU_FUSE=0: step regions run call by call */
+};
 
-	if (!out)
-		return LOOM_ERR_INVALID;
-	*out = NULL;
-	if (cfg && cfg->struct_size >= sizeof(*cfg) && cfg->device != 0) {
-		if (host && host->log)
-			host->log(host->host, LOOM_LOG_ERROR, "cpu: only device 0 exists");
-		return LOOM_ERR_DEVICE;
+/* Whether a config of cfg->struct_size bytes holds the field that ends
+ * at byte end: an older host's smaller struct lacks the later fields. */
+static bool cfg_has(const struct loom_backend_config *cfg, size_t end)
+{
+	return cfg && cfg->struct_size >= end;
+}
+
+#define CFG_HAS(cfg, field) \
+	cfg_has(cfg, offsetof(struct loom_backend_config, field) + \
+			     sizeof(((struct loom_backend_config *)0)->field))
+
+/* An on/off knob: "1" or "0"; anything else (or unset) keeps def. */
+static bool env_flag(const char *name, bool def)
+{
+	const char *v = getenv(name);
+
+	if (v && (!strcmp(v, "1") || !strcmp(v, "0")))
+		return v[0] == '1';
+	return def;
+}
+
+/* An off switch: "0" turns it off, anything else leaves it on. */
+static bool env_off(const char *name)
+{
+	const char *v = getenv(name);
+
+	return !(v && !strcmp(v, "0"));
+}
+
+static void read_config(const struct loom_backend_config *cfg, struct cpu_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	if (CFG_HAS(cfg, device))
+		c->device = cfg->device;
+	if (CFG_HAS(cfg, n_threads))
+		c->n_threads = cfg->n_threads;
+	if (CFG_HAS(cfg, flags)) {
+		c->invariant = (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT) != 0;
+		c->exact = (cfg->flags & LOOM_BACKEND_EXACT) != 0;
 	}
-	if (cfg && cfg->struct_size >= sizeof(*cfg))
-		n = cfg->n_threads;
+	c->exact = env_flag("LOOM_CPU_EXACT", c->exact);
+	c->invariant = env_flag("LOOM_CPU_INVARIANT", c->invariant);
+	c->isa = getenv("LOOM_CPU_ISA");
+	c->qgemm = env_off("LOOM_CPU_QGEMM");
+	c->pack = env_off("LOOM_CPU_PACK");
+	c->fuse = env_off("LOOM_CPU_FUSE");
+}
+
+/* The kernel set: the best the CPU has, or the lesser one LOOM_CPU_ISA
+ * names (avx512 is AVX-512 without VNNI for the integer dots, avx2 AVX2
+ * without AVX-VNNI, avx-vnni AVX2 with it). */
+static enum cpu_isa pick_isa(const char *want)
+{
+	enum cpu_isa isa = cpu_detect_isa();
+
+	if (want && !strcmp(want, "scalar"))
+		return CPU_ISA_SCALAR;
+	if (want && (!strcmp(want, "avx2") || !strcmp(want, "avx-vnni")) &&
+	    isa == CPU_ISA_AVX512)
+		return CPU_ISA_AVX2;
+	return isa;
+}
+
+/*
+ * LOOM_CPU_ISA=amx: fast-mode prefill through AMX-INT8 tiles where the
+ * CPU and the kernel allow it (tile state asked for here, before the pool
+ * starts), else the VNNI kernel with a note; amx-emu: the same kernel with
+ * the tile instructions emulated in C (tests). Opt-in: AMX is not the
+ * default until its test has passed on an AMX host (docs/BACKENDS.md).
+ */
+static enum amx_mode pick_amx(struct loom_backend_ctx *ctx, const char *want)
+{
+	char why[128];
+
+	if (!want || (strcmp(want, "amx") && strcmp(want, "amx-emu")) || ctx->exact)
+		return AMX_OFF;
+	if (ctx->qisa != QDOT_VNNI) {
+		cpu_log(ctx, LOOM_LOG_WARN, "cpu: %s needs AVX-512 VNNI; VNNI-less prefill", want);
+		return AMX_OFF;
+	}
+	if (!strcmp(want, "amx-emu"))
+		return AMX_EMU;
+	if (amx_request(why, sizeof(why))) {
+		cpu_log(ctx, LOOM_LOG_WARN, "cpu: AMX not used, VNNI prefill instead: %s", why);
+		return AMX_OFF;
+	}
+	return AMX_HW;
+}
+
+static long pick_threads(long n)
+{
 	if (n <= 0)
 		n = sysconf(_SC_NPROCESSORS_ONLN);
 	if (n <= 0)
 		n = 1;
-	if (n > MAX_THREADS)
-		n = MAX_THREADS;
+	return n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+static int cpu_create(const struct loom_backend_host *host, const struct loom_backend_config *cfg,
+		      struct loom_backend_ctx **out)
+{
+	struct loom_backend_ctx *ctx;
+	struct cpu_config c;
+	long n;
+
+	if (!out)
+		return LOOM_ERR_INVALID;
+	*out = NULL;
+	read_config(cfg, &c);
+	if (c.device != 0) {
+		if (host && host->log)
+			host->log(host->host, LOOM_LOG_ERROR, "cpu: only device 0 exists");
+		return LOOM_ERR_DEVICE;
+	}
+	n = pick_threads(c.n_threads);
 
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return LOOM_ERR_NOMEM;
 	ctx->host = host;
-	ctx->isa = cpu_detect_isa();
-	/* LOOM_CPU_ISA=scalar|avx2|avx-vnni|avx512 selects a lesser kernel
-	 * set (for tests): avx512 is AVX-512 without VNNI for the integer
-	 * dots, avx2 AVX2 without AVX-VNNI, avx-vnni AVX2 with it */
-	const char *want = getenv("LOOM_CPU_ISA");
-	if (want && !strcmp(want, "scalar"))
-		ctx->isa = CPU_ISA_SCALAR;
-	else if (want && (!strcmp(want, "avx2") || !strcmp(want, "avx-vnni")) &&
-		 ctx->isa == CPU_ISA_AVX512)
-		ctx->isa = CPU_ISA_AVX2;
-	ctx->qisa = pick_qdot_isa(ctx->isa, want);
+	ctx->isa = pick_isa(c.isa);
+	ctx->qisa = pick_qdot_isa(ctx->isa, c.isa);
 	ctx->n_threads = (int)n;
-	if (cfg && cfg->struct_size >= sizeof(*cfg)) {
-		ctx->invariant = (cfg->flags & LOOM_BACKEND_BATCH_INVARIANT) != 0;
-		ctx->exact = (cfg->flags & LOOM_BACKEND_EXACT) != 0;
-	}
-	/* LOOM_CPU_EXACT=1 forces exact mode on, =0 off (tests) */
-	const char *exact = getenv("LOOM_CPU_EXACT");
-	if (exact && (!strcmp(exact, "1") || !strcmp(exact, "0")))
-		ctx->exact = exact[0] == '1';
-	/* LOOM_CPU_INVARIANT=1 forces batch invariance on, =0 off (benchmarks,
-	 * tests) */
-	const char *inv = getenv("LOOM_CPU_INVARIANT");
-	if (inv && (!strcmp(inv, "1") || !strcmp(inv, "0")))
-		ctx->invariant = inv[0] == '1';
-	const char *qg = getenv("LOOM_CPU_QGEMM");
-	ctx->qgemm = !(qg && !strcmp(qg, "0"));
-	const char *pack = getenv("LOOM_CPU_PACK");
-	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) &&
-		    !(pack && !strcmp(pack, "0"));
-	/* LOOM_CPU_FUSE=0: step regions run every call on its own */
-	const char *fuse = getenv("LOOM_CPU_FUSE");
-	ctx->rg.fuse = !(fuse && !strcmp(fuse, "0"));
+	ctx->invariant = c.invariant;
+	ctx->exact = c.exact;
+	ctx->qgemm = c.qgemm;
+	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) && c.pack;
+	ctx->rg.fuse = c.fuse;
+	ctx->amx = pick_amx(ctx, c.isa);
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));
 	ctx->stamp = aligned_alloc(64, (size_t)n * sizeof(*ctx->stamp));
@@ -198,6 +285,9 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 		cpu_isa_name(ctx->isa), ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? ", exact" : ", integer dots ",
 		ctx->exact ? "" : qdot_isa_name(ctx->qisa));
+	if (ctx->amx != AMX_OFF)
+		cpu_log(ctx, LOOM_LOG_INFO, "cpu: prefill through AMX-INT8 tiles (%s)",
+			amx_mode_name(ctx->amx));
 	if (ctx->pack)
 		cpu_log(ctx, LOOM_LOG_INFO, "cpu: q8_0, q4_0, q4_1, q5_0, q5_1 and q2_K .. q6_K "
 			"weights packed at load, 16 rows in the lanes");

@@ -14,6 +14,7 @@
 
 #include "loom/backend.h"
 #include "loom/backend_check.h"
+#include "amx.h"
 #include "qdot.h"
 
 /* ---- thread pool (pool.c) ---- */
@@ -329,6 +330,9 @@ struct loom_backend_ctx {
 	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
 	 * comparisons) */
 	bool qgemm;
+	/* prefill through AMX-INT8 tiles (LOOM_CPU_ISA=amx, or amx-emu for
+	 * the C tile emulation; amx.h) instead of qgemm's VNNI kernel */
+	enum amx_mode amx;
 	struct qdot_block *qx;
 	size_t qx_cap; /* blocks */
 	float *qsc; /* their scales, qdot_scales_len() per row */

@@ -328,8 +328,12 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
 
 	qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, t->packed, panel);
-	qgemm_run(t->ctx->qisa, g->type, panel, rows, t->qx, t->prep, g->m, g->k, g->y + j0,
-		  g->y_stride);
+	if (t->ctx->amx != AMX_OFF)
+		amx_qgemm_run(t->ctx->amx, g->type, panel, rows, t->qx, t->prep, g->m, g->k,
+			      g->y + j0, g->y_stride);
+	else
+		qgemm_run(t->ctx->qisa, g->type, panel, rows, t->qx, t->prep, g->m, g->k,
+			  g->y + j0, g->y_stride);
 }
 
 /*

@@ -963,25 +963,174 @@ TGT_AVX2 static void avx2_axpy(float *y, const float *x, float s, int64_t n)
 		y[i] += s * x[i];
 }
 
-#define AVX2_GEMV(name, T)                                                          \
-	TGT_AVX2 static void avx2_gemv_##name(const struct cpu_gemv *g, int64_t j0, \
-					      int64_t j1)                           \
-	{                                                                           \
-		avx2_gemv(g, T, j0, j1);                                            \
-	}
-AVX2_GEMV(f32, LOOM_TYPE_F32)
-AVX2_GEMV(f16, LOOM_TYPE_F16)
-AVX2_GEMV(bf16, LOOM_TYPE_BF16)
-AVX2_GEMV(q8_0, LOOM_TYPE_Q8_0)
-AVX2_GEMV(q4_0, LOOM_TYPE_Q4_0)
-AVX2_GEMV(q4_1, LOOM_TYPE_Q4_1)
-AVX2_GEMV(q5_0, LOOM_TYPE_Q5_0)
-AVX2_GEMV(q5_1, LOOM_TYPE_Q5_1)
-AVX2_GEMV(q2_K, LOOM_TYPE_Q2_K)
-AVX2_GEMV(q3_K, LOOM_TYPE_Q3_K)
-AVX2_GEMV(q4_K, LOOM_TYPE_Q4_K)
-AVX2_GEMV(q5_K, LOOM_TYPE_Q5_K)
-AVX2_GEMV(q6_K, LOOM_TYPE_Q6_K)
+typedef void (*cpu_gemv_fn)(const struct cpu_gemv *g, int64_t j0, int64_t j1);
+typedef void (*cpu_deq_fn)(const uint8_t *src, float *dst, int64_t k);
+
+/* One GEMV per format, each inlining avx2_gemv for its constant type, and
+ * the table cpu_gemv_rows looks them up in. */
+TGT_AVX2 static void avx2_gemv_f32(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_F32, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_f16(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_F16, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_bf16(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_BF16, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q8_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q8_0, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q4_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q4_0, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q4_1(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q4_1, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q5_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q5_0, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q5_1(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q5_1, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q2_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q2_K, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q3_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q3_K, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q4_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q4_K, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q5_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q5_K, j0, j1);
+}
+
+TGT_AVX2 static void avx2_gemv_q6_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_Q6_K, j0, j1);
+}
+
+static const cpu_gemv_fn avx2_gemv_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx2_gemv_f32,
+	[LOOM_TYPE_F16] = avx2_gemv_f16,
+	[LOOM_TYPE_BF16] = avx2_gemv_bf16,
+	[LOOM_TYPE_Q8_0] = avx2_gemv_q8_0,
+	[LOOM_TYPE_Q4_0] = avx2_gemv_q4_0,
+	[LOOM_TYPE_Q4_1] = avx2_gemv_q4_1,
+	[LOOM_TYPE_Q5_0] = avx2_gemv_q5_0,
+	[LOOM_TYPE_Q5_1] = avx2_gemv_q5_1,
+	[LOOM_TYPE_Q2_K] = avx2_gemv_q2_K,
+	[LOOM_TYPE_Q3_K] = avx2_gemv_q3_K,
+	[LOOM_TYPE_Q4_K] = avx2_gemv_q4_K,
+	[LOOM_TYPE_Q5_K] = avx2_gemv_q5_K,
+	[LOOM_TYPE_Q6_K] = avx2_gemv_q6_K,
+};
+
+/* One dequantizing row per format, each inlining avx2_deq_row for its
+ * constant type, and the table cpu_dequant_row looks them up in. */
+TGT_AVX2 static void avx2_deq_row_f32(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_F32, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_f16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_F16, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_bf16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_BF16, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q8_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q8_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_1, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_0, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_1, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q2_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q2_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q3_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q3_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q4_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q4_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q5_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q5_K, src, dst, k);
+}
+
+TGT_AVX2 static void avx2_deq_row_q6_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
+}
+
+static const cpu_deq_fn avx2_deq_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx2_deq_row_f32,
+	[LOOM_TYPE_F16] = avx2_deq_row_f16,
+	[LOOM_TYPE_BF16] = avx2_deq_row_bf16,
+	[LOOM_TYPE_Q8_0] = avx2_deq_row_q8_0,
+	[LOOM_TYPE_Q4_0] = avx2_deq_row_q4_0,
+	[LOOM_TYPE_Q4_1] = avx2_deq_row_q4_1,
+	[LOOM_TYPE_Q5_0] = avx2_deq_row_q5_0,
+	[LOOM_TYPE_Q5_1] = avx2_deq_row_q5_1,
+	[LOOM_TYPE_Q2_K] = avx2_deq_row_q2_K,
+	[LOOM_TYPE_Q3_K] = avx2_deq_row_q3_K,
+	[LOOM_TYPE_Q4_K] = avx2_deq_row_q4_K,
+	[LOOM_TYPE_Q5_K] = avx2_deq_row_q5_K,
+	[LOOM_TYPE_Q6_K] = avx2_deq_row_q6_K,
+};
 
 /* ------------------------------------------------------------------ */
 /* AVX-512 (F, BW, VL)                                                 */
@@ -1321,51 +1470,185 @@ TGT_AVX512 static void avx512_deq_row(const uint32_t t, const uint8_t *src, floa
 		dst[e] = plain_get(t, src, e);
 }
 
-#define AVX512_GEMV(name, T)                                                          \
-	TGT_AVX512 static void avx512_gemv_##name(const struct cpu_gemv *g, int64_t j0, \
-						  int64_t j1)                           \
-	{                                                                             \
-		avx512_gemv(g, T, j0, j1);                                            \
-	}
-AVX512_GEMV(f32, LOOM_TYPE_F32)
-AVX512_GEMV(f16, LOOM_TYPE_F16)
-AVX512_GEMV(bf16, LOOM_TYPE_BF16)
-AVX512_GEMV(q8_0, LOOM_TYPE_Q8_0)
-AVX512_GEMV(q4_0, LOOM_TYPE_Q4_0)
-AVX512_GEMV(q4_1, LOOM_TYPE_Q4_1)
-AVX512_GEMV(q5_0, LOOM_TYPE_Q5_0)
-AVX512_GEMV(q5_1, LOOM_TYPE_Q5_1)
-AVX512_GEMV(q2_K, LOOM_TYPE_Q2_K)
-AVX512_GEMV(q3_K, LOOM_TYPE_Q3_K)
-AVX512_GEMV(q4_K, LOOM_TYPE_Q4_K)
-AVX512_GEMV(q5_K, LOOM_TYPE_Q5_K)
-AVX512_GEMV(q6_K, LOOM_TYPE_Q6_K)
+/* One GEMV per format, each inlining avx512_gemv for its constant type, and
+ * the table cpu_gemv_rows looks them up in. */
+TGT_AVX512 static void avx512_gemv_f32(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_F32, j0, j1);
+}
 
-#define DISPATCH_GEMV(prefix, g, j0, j1)                                       \
-	switch ((g)->type) {                                                   \
-	case LOOM_TYPE_F32: prefix##_f32(g, j0, j1); return;                   \
-	case LOOM_TYPE_F16: prefix##_f16(g, j0, j1); return;                   \
-	case LOOM_TYPE_BF16: prefix##_bf16(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q8_0: prefix##_q8_0(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q4_0: prefix##_q4_0(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q4_1: prefix##_q4_1(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q5_0: prefix##_q5_0(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q5_1: prefix##_q5_1(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q2_K: prefix##_q2_K(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q3_K: prefix##_q3_K(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q4_K: prefix##_q4_K(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q5_K: prefix##_q5_K(g, j0, j1); return;                 \
-	case LOOM_TYPE_Q6_K: prefix##_q6_K(g, j0, j1); return;                 \
-	}
+TGT_AVX512 static void avx512_gemv_f16(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_F16, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_bf16(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_BF16, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q8_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q8_0, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q4_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q4_0, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q4_1(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q4_1, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q5_0(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q5_0, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q5_1(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q5_1, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q2_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q2_K, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q3_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q3_K, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q4_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q4_K, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q5_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q5_K, j0, j1);
+}
+
+TGT_AVX512 static void avx512_gemv_q6_K(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_Q6_K, j0, j1);
+}
+
+static const cpu_gemv_fn avx512_gemv_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx512_gemv_f32,
+	[LOOM_TYPE_F16] = avx512_gemv_f16,
+	[LOOM_TYPE_BF16] = avx512_gemv_bf16,
+	[LOOM_TYPE_Q8_0] = avx512_gemv_q8_0,
+	[LOOM_TYPE_Q4_0] = avx512_gemv_q4_0,
+	[LOOM_TYPE_Q4_1] = avx512_gemv_q4_1,
+	[LOOM_TYPE_Q5_0] = avx512_gemv_q5_0,
+	[LOOM_TYPE_Q5_1] = avx512_gemv_q5_1,
+	[LOOM_TYPE_Q2_K] = avx512_gemv_q2_K,
+	[LOOM_TYPE_Q3_K] = avx512_gemv_q3_K,
+	[LOOM_TYPE_Q4_K] = avx512_gemv_q4_K,
+	[LOOM_TYPE_Q5_K] = avx512_gemv_q5_K,
+	[LOOM_TYPE_Q6_K] = avx512_gemv_q6_K,
+};
+
+/* One dequantizing row per format, each inlining avx512_deq_row for its
+ * constant type, and the table cpu_dequant_row looks them up in. */
+TGT_AVX512 static void avx512_deq_row_f32(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_F32, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_f16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_F16, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_bf16(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_BF16, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q8_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q8_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_1, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_0(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_0, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_1(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_1, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q2_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q2_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q3_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q3_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q4_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q4_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q5_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q5_K, src, dst, k);
+}
+
+TGT_AVX512 static void avx512_deq_row_q6_K(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
+}
+
+static const cpu_deq_fn avx512_deq_table[LOOM_TYPE_COUNT] = {
+	[LOOM_TYPE_F32] = avx512_deq_row_f32,
+	[LOOM_TYPE_F16] = avx512_deq_row_f16,
+	[LOOM_TYPE_BF16] = avx512_deq_row_bf16,
+	[LOOM_TYPE_Q8_0] = avx512_deq_row_q8_0,
+	[LOOM_TYPE_Q4_0] = avx512_deq_row_q4_0,
+	[LOOM_TYPE_Q4_1] = avx512_deq_row_q4_1,
+	[LOOM_TYPE_Q5_0] = avx512_deq_row_q5_0,
+	[LOOM_TYPE_Q5_1] = avx512_deq_row_q5_1,
+	[LOOM_TYPE_Q2_K] = avx512_deq_row_q2_K,
+	[LOOM_TYPE_Q3_K] = avx512_deq_row_q3_K,
+	[LOOM_TYPE_Q4_K] = avx512_deq_row_q4_K,
+	[LOOM_TYPE_Q5_K] = avx512_deq_row_q5_K,
+	[LOOM_TYPE_Q6_K] = avx512_deq_row_q6_K,
+};
 #endif /* __x86_64__ */
 
 void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64_t j1)
 {
 #if defined(__x86_64__)
-	if (isa == CPU_ISA_AVX512) {
-		DISPATCH_GEMV(avx512_gemv, g, j0, j1);
-	} else if (isa == CPU_ISA_AVX2) {
-		DISPATCH_GEMV(avx2_gemv, g, j0, j1);
+	/* the one place a GEMV picks its kernel: by instruction set, then
+	 * format (a type missing from the table takes the scalar loop) */
+	const cpu_gemv_fn *table = isa == CPU_ISA_AVX512 ? avx512_gemv_table
+				   : isa == CPU_ISA_AVX2 ? avx2_gemv_table
+							 : NULL;
+
+	if (table && g->type < LOOM_TYPE_COUNT && table[g->type]) {
+		table[g->type](g, j0, j1);
+		return;
 	}
 #endif
 	scalar_gemv(g, j0, j1);
@@ -1374,29 +1657,16 @@ void cpu_gemv_rows(enum cpu_isa isa, const struct cpu_gemv *g, int64_t j0, int64
 void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *dst, int64_t k)
 {
 #if defined(__x86_64__)
-	/* a switch on a constant type lets each call inline its format */
-#define DEQ_CASES(fn)                                                       \
-	switch (type) {                                                     \
-	case LOOM_TYPE_F32: fn(LOOM_TYPE_F32, src, dst, k); return;        \
-	case LOOM_TYPE_F16: fn(LOOM_TYPE_F16, src, dst, k); return;        \
-	case LOOM_TYPE_BF16: fn(LOOM_TYPE_BF16, src, dst, k); return;      \
-	case LOOM_TYPE_Q8_0: fn(LOOM_TYPE_Q8_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_0: fn(LOOM_TYPE_Q4_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_1: fn(LOOM_TYPE_Q4_1, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_0: fn(LOOM_TYPE_Q5_0, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_1: fn(LOOM_TYPE_Q5_1, src, dst, k); return;      \
-	case LOOM_TYPE_Q2_K: fn(LOOM_TYPE_Q2_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q3_K: fn(LOOM_TYPE_Q3_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q4_K: fn(LOOM_TYPE_Q4_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q5_K: fn(LOOM_TYPE_Q5_K, src, dst, k); return;      \
-	case LOOM_TYPE_Q6_K: fn(LOOM_TYPE_Q6_K, src, dst, k); return;      \
+	/* the one place a dequantizing row picks its kernel, as in
+	 * cpu_gemv_rows */
+	const cpu_deq_fn *table = isa == CPU_ISA_AVX512 ? avx512_deq_table
+				  : isa == CPU_ISA_AVX2 ? avx2_deq_table
+							: NULL;
+
+	if (table && type < LOOM_TYPE_COUNT && table[type]) {
+		table[type](src, dst, k);
+		return;
 	}
-	if (isa == CPU_ISA_AVX512) {
-		DEQ_CASES(avx512_deq_row);
-	} else if (isa == CPU_ISA_AVX2) {
-		DEQ_CASES(avx2_deq_row);
-	}
-#undef DEQ_CASES
 #endif
 	scalar_deq_row(type, src, dst, k);
 }

@@ -338,8 +338,8 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
  * rest): independent accumulators that overlap their latencies; each row's
  * arithmetic is the same whatever R is.
  */
-#define QDOT_ONE(attr, prefix, name, T, body)                                             \
-	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
+#define QDOT_ONE(attr, name, T, body)                                             \
+	static attr void name(           const uint8_t *w, size_t ws,                      \
 					 const struct qdot_block *x, const float *xsc,      \
 					 int64_t nb, float *y, int rows)                    \
 	{                                                                                  \
@@ -352,15 +352,6 @@ float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct 
 		for (; r < rows; r++)                                                      \
 			body(T, w + r * ws, ws, x, xsc, nb, y + r, 1);                      \
 	}
-#define QDOT_SET(attr, prefix, body)                                                       \
-	QDOT_ONE(attr, prefix, q8_0, LOOM_TYPE_Q8_0, body)                                 \
-	QDOT_ONE(attr, prefix, q4_0, LOOM_TYPE_Q4_0, body)                                 \
-	QDOT_ONE(attr, prefix, q4_1, LOOM_TYPE_Q4_1, body)                                 \
-	QDOT_ONE(attr, prefix, q5_0, LOOM_TYPE_Q5_0, body)                                 \
-	QDOT_ONE(attr, prefix, q5_1, LOOM_TYPE_Q5_1, body)                                 \
-	static const qdot_fn prefix##_set[] = { prefix##_q8_0, prefix##_q4_0, prefix##_q4_1, \
-						prefix##_q5_0, prefix##_q5_1 }
-
 ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
 			const float *xsc, int64_t nb, float *y, int R)
 {
@@ -368,7 +359,19 @@ ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qd
 		y[r] = ref8(t, w + r * ws, x, nb);
 }
 
-QDOT_SET(, scalar, scalar_rows);
+/* the scalar set: one function per format, and its table */
+QDOT_ONE(, scalar_q8_0, LOOM_TYPE_Q8_0, scalar_rows)
+QDOT_ONE(, scalar_q4_0, LOOM_TYPE_Q4_0, scalar_rows)
+QDOT_ONE(, scalar_q4_1, LOOM_TYPE_Q4_1, scalar_rows)
+QDOT_ONE(, scalar_q5_0, LOOM_TYPE_Q5_0, scalar_rows)
+QDOT_ONE(, scalar_q5_1, LOOM_TYPE_Q5_1, scalar_rows)
+static const qdot_fn scalar_set[] = {
+	scalar_q8_0,
+	scalar_q4_0,
+	scalar_q4_1,
+	scalar_q5_0,
+	scalar_q5_1,
+};
 
 #if defined(__x86_64__)
 
@@ -510,8 +513,32 @@ TGT_AVXVNNI ALWAYS __m256i avxvnni_lanes(__m256i u, __m256i s)
 AVX2_ROWS(TGT_AVX2, avx2_rows, avx2_lanes)
 AVX2_ROWS(TGT_AVXVNNI, avxvnni_rows, avxvnni_lanes)
 
-QDOT_SET(TGT_AVX2, avx2, avx2_rows);
-QDOT_SET(TGT_AVXVNNI, avxvnni, avxvnni_rows);
+/* the avx2 set: one function per format, and its table */
+QDOT_ONE(TGT_AVX2, avx2_q8_0, LOOM_TYPE_Q8_0, avx2_rows)
+QDOT_ONE(TGT_AVX2, avx2_q4_0, LOOM_TYPE_Q4_0, avx2_rows)
+QDOT_ONE(TGT_AVX2, avx2_q4_1, LOOM_TYPE_Q4_1, avx2_rows)
+QDOT_ONE(TGT_AVX2, avx2_q5_0, LOOM_TYPE_Q5_0, avx2_rows)
+QDOT_ONE(TGT_AVX2, avx2_q5_1, LOOM_TYPE_Q5_1, avx2_rows)
+static const qdot_fn avx2_set[] = {
+	avx2_q8_0,
+	avx2_q4_0,
+	avx2_q4_1,
+	avx2_q5_0,
+	avx2_q5_1,
+};
+/* the avxvnni set: one function per format, and its table */
+QDOT_ONE(TGT_AVXVNNI, avxvnni_q8_0, LOOM_TYPE_Q8_0, avxvnni_rows)
+QDOT_ONE(TGT_AVXVNNI, avxvnni_q4_0, LOOM_TYPE_Q4_0, avxvnni_rows)
+QDOT_ONE(TGT_AVXVNNI, avxvnni_q4_1, LOOM_TYPE_Q4_1, avxvnni_rows)
+QDOT_ONE(TGT_AVXVNNI, avxvnni_q5_0, LOOM_TYPE_Q5_0, avxvnni_rows)
+QDOT_ONE(TGT_AVXVNNI, avxvnni_q5_1, LOOM_TYPE_Q5_1, avxvnni_rows)
+static const qdot_fn avxvnni_set[] = {
+	avxvnni_q8_0,
+	avxvnni_q4_0,
+	avxvnni_q4_1,
+	avxvnni_q5_0,
+	avxvnni_q5_1,
+};
 
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
 
@@ -801,12 +828,36 @@ TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
 		vnni_rows(t, w, ws, x, xsc, nb, y, R);
 }
 
-QDOT_SET(TGT_AVX512, avx512, avx512_rows);
-QDOT_SET(TGT_VNNI, vnni, vnni_any_rows);
+/* the avx512 set: one function per format, and its table */
+QDOT_ONE(TGT_AVX512, avx512_q8_0, LOOM_TYPE_Q8_0, avx512_rows)
+QDOT_ONE(TGT_AVX512, avx512_q4_0, LOOM_TYPE_Q4_0, avx512_rows)
+QDOT_ONE(TGT_AVX512, avx512_q4_1, LOOM_TYPE_Q4_1, avx512_rows)
+QDOT_ONE(TGT_AVX512, avx512_q5_0, LOOM_TYPE_Q5_0, avx512_rows)
+QDOT_ONE(TGT_AVX512, avx512_q5_1, LOOM_TYPE_Q5_1, avx512_rows)
+static const qdot_fn avx512_set[] = {
+	avx512_q8_0,
+	avx512_q4_0,
+	avx512_q4_1,
+	avx512_q5_0,
+	avx512_q5_1,
+};
+/* the vnni set: one function per format, and its table */
+QDOT_ONE(TGT_VNNI, vnni_q8_0, LOOM_TYPE_Q8_0, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_q4_0, LOOM_TYPE_Q4_0, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_q4_1, LOOM_TYPE_Q4_1, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_q5_0, LOOM_TYPE_Q5_0, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_q5_1, LOOM_TYPE_Q5_1, vnni_any_rows)
+static const qdot_fn vnni_set[] = {
+	vnni_q8_0,
+	vnni_q4_0,
+	vnni_q4_1,
+	vnni_q5_0,
+	vnni_q5_1,
+};
 
 #endif /* __x86_64__ */
 
-/* Index of a qdot format in the QDOT_SET tables. */
+/* Index of a qdot format in the per-set tables (scalar_set, vnni_set, ...). */
 static int format_index(uint32_t type)
 {
 	switch (type) {

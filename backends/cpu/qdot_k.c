@@ -316,8 +316,8 @@ float qdot_k_ref(uint32_t t, const uint8_t *w, const struct qdot_kblock *x, int6
 	return y;
 }
 
-#define QDOT_K_ONE(attr, prefix, name, T, body)                                           \
-	static attr void prefix##_##name(const uint8_t *w, size_t ws,                      \
+#define QDOT_K_ONE(attr, name, T, body)                                           \
+	static attr void name(           const uint8_t *w, size_t ws,                      \
 					 const struct qdot_kblock *x, int64_t nb, float *y, \
 					 int rows)                                          \
 	{                                                                                  \
@@ -330,16 +330,6 @@ float qdot_k_ref(uint32_t t, const uint8_t *w, const struct qdot_kblock *x, int6
 		for (; r < rows; r++)                                                      \
 			body(T, w + r * ws, ws, x, nb, y + r, 1);                           \
 	}
-#define QDOT_K_SET(attr, prefix, body)                                                     \
-	QDOT_K_ONE(attr, prefix, q2_K, LOOM_TYPE_Q2_K, body)                               \
-	QDOT_K_ONE(attr, prefix, q3_K, LOOM_TYPE_Q3_K, body)                               \
-	QDOT_K_ONE(attr, prefix, q4_K, LOOM_TYPE_Q4_K, body)                               \
-	QDOT_K_ONE(attr, prefix, q5_K, LOOM_TYPE_Q5_K, body)                               \
-	QDOT_K_ONE(attr, prefix, q6_K, LOOM_TYPE_Q6_K, body)                               \
-	static const qdot_k_fn prefix##_kset[] = { prefix##_q2_K, prefix##_q3_K,           \
-						   prefix##_q4_K, prefix##_q5_K,           \
-						   prefix##_q6_K }
-
 ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_kblock *x,
 			int64_t nb, float *y, int R)
 {
@@ -347,7 +337,19 @@ ALWAYS void scalar_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qd
 		y[r] = qdot_k_ref(t, w + r * ws, x, nb);
 }
 
-QDOT_K_SET(, scalar, scalar_rows);
+/* the scalar set: one function per format, and its table */
+QDOT_K_ONE(, scalar_q2_K, LOOM_TYPE_Q2_K, scalar_rows)
+QDOT_K_ONE(, scalar_q3_K, LOOM_TYPE_Q3_K, scalar_rows)
+QDOT_K_ONE(, scalar_q4_K, LOOM_TYPE_Q4_K, scalar_rows)
+QDOT_K_ONE(, scalar_q5_K, LOOM_TYPE_Q5_K, scalar_rows)
+QDOT_K_ONE(, scalar_q6_K, LOOM_TYPE_Q6_K, scalar_rows)
+static const qdot_k_fn scalar_kset[] = {
+	scalar_q2_K,
+	scalar_q3_K,
+	scalar_q4_K,
+	scalar_q5_K,
+	scalar_q6_K,
+};
 
 #if defined(__x86_64__)
 
@@ -535,7 +537,19 @@ TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 	}
 
 K_ROWS(TGT_AVX2, avx2_rows, avx2_sb)
-QDOT_K_SET(TGT_AVX2, avx2, avx2_rows);
+/* the avx2 set: one function per format, and its table */
+QDOT_K_ONE(TGT_AVX2, avx2_q2_K, LOOM_TYPE_Q2_K, avx2_rows)
+QDOT_K_ONE(TGT_AVX2, avx2_q3_K, LOOM_TYPE_Q3_K, avx2_rows)
+QDOT_K_ONE(TGT_AVX2, avx2_q4_K, LOOM_TYPE_Q4_K, avx2_rows)
+QDOT_K_ONE(TGT_AVX2, avx2_q5_K, LOOM_TYPE_Q5_K, avx2_rows)
+QDOT_K_ONE(TGT_AVX2, avx2_q6_K, LOOM_TYPE_Q6_K, avx2_rows)
+static const qdot_k_fn avx2_kset[] = {
+	avx2_q2_K,
+	avx2_q3_K,
+	avx2_q4_K,
+	avx2_q5_K,
+	avx2_q6_K,
+};
 
 /* ---- AVX-512: 64 values (groups 2j, 2j + 1) per step ---- */
 
@@ -681,8 +695,32 @@ TGT_AVX2 ALWAYS __m128 k_half4(const uint8_t *p, size_t ws, int off)
 
 K_ROWS512(TGT_AVX512, avx512_rows, avx512_lanes)
 K_ROWS512(TGT_VNNI, vnni_rows, vnni_lanes)
-QDOT_K_SET(TGT_AVX512, avx512, avx512_rows);
-QDOT_K_SET(TGT_VNNI, vnni, vnni_rows);
+/* the avx512 set: one function per format, and its table */
+QDOT_K_ONE(TGT_AVX512, avx512_q2_K, LOOM_TYPE_Q2_K, avx512_rows)
+QDOT_K_ONE(TGT_AVX512, avx512_q3_K, LOOM_TYPE_Q3_K, avx512_rows)
+QDOT_K_ONE(TGT_AVX512, avx512_q4_K, LOOM_TYPE_Q4_K, avx512_rows)
+QDOT_K_ONE(TGT_AVX512, avx512_q5_K, LOOM_TYPE_Q5_K, avx512_rows)
+QDOT_K_ONE(TGT_AVX512, avx512_q6_K, LOOM_TYPE_Q6_K, avx512_rows)
+static const qdot_k_fn avx512_kset[] = {
+	avx512_q2_K,
+	avx512_q3_K,
+	avx512_q4_K,
+	avx512_q5_K,
+	avx512_q6_K,
+};
+/* the vnni set: one function per format, and its table */
+QDOT_K_ONE(TGT_VNNI, vnni_q2_K, LOOM_TYPE_Q2_K, vnni_rows)
+QDOT_K_ONE(TGT_VNNI, vnni_q3_K, LOOM_TYPE_Q3_K, vnni_rows)
+QDOT_K_ONE(TGT_VNNI, vnni_q4_K, LOOM_TYPE_Q4_K, vnni_rows)
+QDOT_K_ONE(TGT_VNNI, vnni_q5_K, LOOM_TYPE_Q5_K, vnni_rows)
+QDOT_K_ONE(TGT_VNNI, vnni_q6_K, LOOM_TYPE_Q6_K, vnni_rows)
+static const qdot_k_fn vnni_kset[] = {
+	vnni_q2_K,
+	vnni_q3_K,
+	vnni_q4_K,
+	vnni_q5_K,
+	vnni_q6_K,
+};
 
 #endif /* __x86_64__ */
 

@@ -53,10 +53,19 @@ int qgemm_block(uint32_t type)
 	return qdot_k_format(type) && type != LOOM_TYPE_Q4_K && type != LOOM_TYPE_Q5_K ? 16 : 32;
 }
 
-/* Per block: the interleaved bytes, then 16 scales, then 16 minima. */
+size_t qgemm_block_bytes(int B)
+{
+	return (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
+}
+
+bool qgemm_has_min(uint32_t type)
+{
+	return offset_format(type);
+}
+
 static size_t block_bytes(uint32_t t)
 {
-	return (size_t)qgemm_block(t) / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
+	return qgemm_block_bytes(qgemm_block(t));
 }
 
 size_t qgemm_panel_bytes(uint32_t type, int64_t k)

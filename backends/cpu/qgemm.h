@@ -49,6 +49,11 @@ bool qgemm_supported(enum qdot_isa isa, uint32_t type);
 int64_t qgemm_min_m(uint32_t type);
 /* Values per panel block: 32, or 16 for the K-quants (their sub-blocks). */
 int qgemm_block(uint32_t type);
+/* Bytes of one panel block of B values: B / 4 groups of 64 bytes, then
+ * the 16 rows' scales and their 16 minima (floats). */
+size_t qgemm_block_bytes(int B);
+/* Whether type's blocks have a minimum (the panel's minima are used). */
+bool qgemm_has_min(uint32_t type);
 /* Bytes of a panel of k values (a multiple of 64). */
 size_t qgemm_panel_bytes(uint32_t type, int64_t k);
 /* Builds the panel of rows [j0, j0 + rows) (rows <= 16; missing rows are

@@ -7,7 +7,8 @@
  * ref.so, cpu.so, cuda.so and rocm.so (whichever load) against ref.so; cpu.so
  * in exact mode and in fast mode (LOOM_CPU_EXACT=1, 0), each also with 3
  * threads (uneven splits) and with its lesser kernel sets (LOOM_CPU_ISA=
- * avx512 (fast mode: no VNNI), avx2, scalar); cuda.so and rocm.so in
+ * avx512 (fast mode: no VNNI), avx2, scalar; amx-emu and amx, the AMX
+ * prefill GEMM with emulated and with real tiles); cuda.so and rocm.so in
  * exact and fast mode (LOOM_GPU_EXACT=1, 0). Suffixes :threads=N set the
  * config's n_threads; any other :KEY=VALUE is set in the environment
  * before the backend is created.
@@ -152,6 +153,10 @@ int main(int argc, char **argv)
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx-vnni",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=avx2",
 		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=scalar",
+		/* prefill through AMX tiles: the C tile emulation, and the real
+		 * instructions (VNNI with a note where the CPU or kernel has none) */
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=amx-emu",
+		"cpu.so:LOOM_CPU_EXACT=0:LOOM_CPU_ISA=amx",
 		/* GPU backends in exact mode (f32 activations) and in fast mode
 		 * (8-bit activations, integer dots in the q4_0, q8_0, q4_K, q6_K
 		 * GEMV) */

@@ -15,6 +15,10 @@
  * gives back the GGUF bytes, the packed kernels equal qdot_ref() of the
  * VNNI set bit for bit, as the GGUF-layout kernels do, and a prefill panel
  * built from a packed group is the GGUF rows' panel.
+ *
+ * The AMX prefill GEMM (amx.h) through its C tile emulation, and through
+ * the AMX instructions where the CPU has them and the kernel grants tile
+ * state: qgemm_run()'s VNNI bits and qgemm_ref()'s, bit for bit.
  */
 #include <check.h>
 #include <math.h>
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "cpu.h"
 #include "qdot.h"
 #include "hard_acts.h"
@@ -506,6 +511,97 @@ START_TEST(qgemm_match_reference)
 }
 END_TEST
 
+/* Every qgemm format, 1 to 35 activation rows (one, two and three tile
+ * passes, full and partial), 1 to 16 weight rows. */
+static int check_amx(enum amx_mode mode)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
+					  LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K,
+					  LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
+					  LOOM_TYPE_Q6_K };
+	static const int64_t ks[] = { 32, 256, 576 };
+	static const int64_t ms[] = { 1, 16, 19, 35 };
+	enum { M = 35, N = 16, KMAX = 576 };
+	static uint8_t w[N * KMAX / 32 * 34], panel[2 * KMAX / 16 * 384] __attribute__((aligned(64)));
+	static struct qdot_block q[M * KMAX / 32];
+	static struct qgemm_x prep[M * KMAX / 16];
+	static float x[M * KMAX], y[M * N], yv[M * N];
+	int bad = 0, cases = 0;
+
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
+		uint32_t t = types[f];
+		bool kq = t >= LOOM_TYPE_Q2_K && t <= LOOM_TYPE_Q6_K;
+
+		ck_assert(amx_supported(mode, t));
+		for (size_t c = 0; c < sizeof(ks) / sizeof(ks[0]); c++) {
+			int64_t k = ks[c], nb = k / 32, nc = k / qgemm_block(t);
+			size_t ws = (size_t)(k / cpu_block_elems(t)) * cpu_block_bytes(t);
+
+			if (k % cpu_block_elems(t))
+				continue;
+			for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++)
+				for (int rows = 1; rows <= N; rows += 5, cases++) {
+					int64_t m = ms[mi];
+
+					if (kq)
+						fill_k(t, w, N * k / 256);
+					else
+						fill_weights(t, w, N * nb);
+					fill_acts(x, m * k);
+					for (int i = 0; i < m; i++) {
+						qdot_quantize_row(x + i * k, q + i * nb, k);
+						qgemm_row_prep(t, q + i * nb, k, prep + i * nc);
+					}
+					memset(y, 0xff, sizeof(y)); /* NaN: unwritten */
+					qgemm_panel(t, w, ws, 0, rows, k, false, panel);
+					amx_qgemm_run(mode, t, panel, rows, q, prep, m, k, y, N);
+					qgemm_run(QDOT_VNNI, t, panel, rows, q, prep, m, k, yv, N);
+					for (int i = 0; i < m; i++)
+						for (int r = 0; r < N; r++) {
+							float want = qgemm_ref(t, w + r * ws, q + i * nb, k);
+
+							if (r >= rows) {
+								bad += !isnan(y[i * N + r]);
+							} else if (memcmp(&y[i * N + r], &want, 4) ||
+								   memcmp(&y[i * N + r], &yv[i * N + r], 4)) {
+								if (bad < 5)
+									printf("%s type %u k=%lld m=%lld rows=%d [%d][%d]: %.9g, VNNI %.9g, ref %.9g\n",
+									       amx_mode_name(mode), t, (long long)k,
+									       (long long)m, rows, i, r, y[i * N + r],
+									       yv[i * N + r], want);
+								bad++;
+							}
+						}
+				}
+		}
+	}
+	printf("%s: %d cases, %d off\n", amx_mode_name(mode), cases, bad);
+	return bad;
+}
+
+START_TEST(amx_emulated_matches_vnni)
+{
+	if (!qdot_isa_supported(QDOT_VNNI)) {
+		printf("amx-emu: no AVX-512 VNNI here (its float work and the VNNI twin), skipped\n");
+		return;
+	}
+	ck_assert_int_eq(check_amx(AMX_EMU), 0);
+}
+END_TEST
+
+START_TEST(amx_hardware_matches_vnni)
+{
+	char why[128];
+
+	if (!qdot_isa_supported(QDOT_VNNI) || amx_request(why, sizeof(why))) {
+		printf("amx: real AMX tiles not run here (%s), skipped\n",
+		       qdot_isa_supported(QDOT_VNNI) ? why : "no AVX-512 VNNI");
+		return;
+	}
+	ck_assert_int_eq(check_amx(AMX_HW), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("qdot");
@@ -519,6 +615,8 @@ int main(void)
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, qgemm_match_reference);
 	tcase_add_test(tc, kpack32_matches_reference);
+	tcase_add_test(tc, amx_emulated_matches_vnni);
+	tcase_add_test(tc, amx_hardware_matches_vnni);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
