@@ -363,6 +363,7 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 #define RSLOTS 6 /* buffers, MAXM rows each */
 #define RK 256   /* every gemm's k */
 #define RUNS 400
+#define RUNS_GPU 150 /* the emulator is slower: fewer on the GPU backends */
 
 struct rcall {
 	enum { R_NORM, R_GEMM, R_ADD, R_GLU } op;
@@ -459,7 +460,8 @@ static int rplay(struct ctx *x, const struct weight *w, const struct rcall *c, i
 
 /* The random runs at 2 threads; the region context's log must count
  * groups in a good share of them. */
-static void check_random(const struct loom_backend_ops *ops, const struct loom_backend_host *host)
+static void check_random(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
+			 int runs)
 {
 	static const uint32_t types[4] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, LOOM_TYPE_F32,
 					   LOOM_TYPE_Q4_K };
@@ -481,7 +483,7 @@ static void check_random(const struct loom_backend_ops *ops, const struct loom_b
 	}
 	bufs_fill(&direct, 3); /* for the norm weights */
 	bufs_fill(&region, 3);
-	for (int r = 0; r < RUNS && bad < 3; r++) {
+	for (int r = 0; r < runs && bad < 3; r++) {
 		struct rcall c[16];
 		uint64_t seed = rng;
 		int64_t m = 1 + r % MAXM;
@@ -615,7 +617,7 @@ static void check_backend(const struct loom_backend_ops *ops, const struct loom_
 		for (int i = 0; i < N_W; i++)
 			free(w[i].bytes);
 	}
-	check_random(ops, host);
+	check_random(ops, host, gpu ? RUNS_GPU : RUNS);
 }
 
 int main(int argc, char **argv)
