@@ -18,7 +18,8 @@
 #      tokens/s / peak;
 #   3. loom at depth 4096, and 16 and 64 sequences at once (-npl); then A/B runs of the paths issue
 #      30 added against what they replace (LOOM_GPU_MMQ_MAX_M=0: batches on f16 panels; =4096:
-#      pp512 on the int8 GEMM; LOOM_DEVICE_GREEDY=0: greedy on the host), tagged [VAR=VALUE];
+#      pp512 on the int8 GEMM; LOOM_DEVICE_GREEDY=0: greedy on the host; LOOM_GPU_FUSE=0: every
+#      call its own launch, no GEMV groups, norm+quantize or add+norm kernels), tagged [VAR=VALUE];
 #   4. the 8B-shaped q4_0 and Q4_K_M: loom tg128 and pp512;
 #   5. llama-bench (pp512, tg128 at depth 0 and 4096) and llama-batched-bench (-npl 1,16,64) on the
 #      same files, then a summary table of both.
@@ -166,12 +167,15 @@ main() {
 	for n in $NPL; do have 60 && loom_bench 1b -p $NPP -n $NTG -npl $n; done
 	# the paths of issue 30 against what they replace, on the same file: batches past 16 rows on
 	# dequantized f16 panels (cuBLAS) instead of the int8 GEMM; prefill on the int8 GEMM instead
-	# of the panels; greedy picked on the host (full logits downloaded) instead of the device
-	log "loom A/B: int8 GEMM off for batches, on for prefill; greedy on the host"
+	# of the panels; greedy picked on the host (full logits downloaded) instead of the device;
+	# decode with each call its own launch (no fusion: compare with the tg rows of batch 1 and 16)
+	log "loom A/B: int8 GEMM off for batches, on for prefill; greedy on the host; unfused"
 	local big=${NPL##* }
 	have 60 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=0 loom_bench 1b -p $NPP -n $NTG -npl $big
 	have 40 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=4096 loom_bench 1b -p $P -n 1
 	have 40 && BENCH_ENV=LOOM_DEVICE_GREEDY=0 loom_bench 1b -p 16 -n $N
+	for m in 1b 1bk; do have 40 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench $m -p 16 -n $N; done
+	have 60 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench 1b -p $NPP -n $NTG -npl ${NPL%% *}
 	if have 240; then
 		log "8B-shaped models"
 		mkmodel 8b 8b q4_0 && mkmodel 8bk 8b Q4_K_M

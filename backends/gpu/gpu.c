@@ -334,6 +334,11 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			"%llu steps run directly",
 			(unsigned long long)ctx->n_captured, (unsigned long long)ctx->n_replayed,
 			(unsigned long long)ctx->n_direct);
+	if (ctx->n_steps) /* the line cpu.so logs too (tests/backend/cpu_fuse.c reads it) */
+		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": step regions: %llu run, %llu gemm groups of %llu calls",
+			(unsigned long long)ctx->n_steps, (unsigned long long)ctx->n_groups,
+			(unsigned long long)ctx->n_group_calls);
 	if (ctx->n_steps)
 		gpu_log(ctx->host, LOOM_LOG_INFO,
 			GPU_BACKEND_NAME ": host waits: %llu in %llu step regions (from the first on)",
@@ -440,6 +445,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	/* LOOM_GPU_GEMM=f32 keeps prefill in f32 (no tensor cores) */
 	ctx->half_gemm = gpurt_has_blas() && !env_is("LOOM_GPU_GEMM", "f32");
 	ctx->graphs_on = !env_is("LOOM_GPU_GRAPHS", "0");
+	ctx->fuse = !env_is("LOOM_GPU_FUSE", "0");
 	ctx->mmq_max_m = env_int("LOOM_GPU_MMQ_MAX_M", MMQ_MAX_M, 0, 65535 * 64);
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
@@ -762,9 +768,8 @@ static int gemm_panels(struct loom_backend_ctx *ctx, const struct loom_gemm_args
 	return rc;
 }
 
-/* Fast GEMV or int8 GEMM (mmq): the activations to 8 bits once, then the
- * integer kernel. */
-static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool mmq)
+int gemv_q8_buffers(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, int8_t **qs,
+		    void **scale)
 {
 	size_t qs_bytes, need;
 	int rc;
@@ -774,13 +779,39 @@ static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_arg
 	rc = reserve_dev(ctx, &ctx->scratch, &ctx->scratch_cap, need); /* reserved already */
 	if (rc)
 		return rc;
-	rc = gpurt_quantize_q8(ctx->rt, a->x, a->x_stride, a->m, a->k, ctx->scratch,
-			       (char *)ctx->scratch + qs_bytes);
+	*qs = ctx->scratch;
+	*scale = (char *)ctx->scratch + qs_bytes;
+	return LOOM_OK;
+}
+
+int gemv_quantize(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, int8_t **qs,
+		  void **scale)
+{
+	int rc = gemv_q8_buffers(ctx, a, qs, scale);
+
+	return rc ? rc : rt_failed(ctx, gpurt_quantize_q8(ctx->rt, a->x, a->x_stride, a->m, a->k,
+							  *qs, *scale));
+}
+
+bool gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool *q8)
+{
+	*q8 = gemv_q8(ctx, a);
+	return gemm_is_gemv(ctx, a) && a->k > 0;
+}
+
+/* Fast GEMV or int8 GEMM (mmq): the activations to 8 bits once, then the
+ * integer kernel. */
+static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool mmq)
+{
+	int8_t *qs;
+	void *scale;
+	int rc = gemv_quantize(ctx, a, &qs, &scale);
+
 	if (!rc && mmq)
-		rc = gpurt_mmq(ctx->rt, a, ctx->scratch, (char *)ctx->scratch + qs_bytes);
+		rc = rt_failed(ctx, gpurt_mmq(ctx->rt, a, qs, scale));
 	else if (!rc)
-		rc = gpurt_gemv_q8(ctx->rt, a, ctx->scratch, (char *)ctx->scratch + qs_bytes);
-	return rt_failed(ctx, rc);
+		rc = rt_failed(ctx, gpurt_gemv_q8(ctx->rt, a, qs, scale));
+	return rc;
 }
 
 static int exec_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
@@ -1342,8 +1373,20 @@ int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 
 	shadows_clear(ctx); /* the calls may write what was uploaded */
 	ctx->queued = true;
-	for (int64_t i = 0; i < n && !rc; i++)
+	for (int64_t i = 0; i < n && !rc;) {
+		struct gpu_group g;
+		int64_t run = ctx->fuse ? gpu_find_group(ctx, &calls[i], n - i, &g) : 0;
+
+		if (run) {
+			rc = gpu_run_group(ctx, &g);
+			ctx->n_groups++;
+			ctx->n_group_calls += (uint64_t)run;
+			i += run;
+			continue;
+		}
 		rc = exec_call(ctx, &calls[i], &plans[i]);
+		i++;
+	}
 	return rc;
 }
 

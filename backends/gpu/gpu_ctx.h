@@ -120,6 +120,7 @@ struct loom_backend_ctx {
 	bool exact;     /* f32 activations everywhere (else fast GEMV: 8-bit activations) */
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
+	bool fuse;      /* GEMV groups in regions (LOOM_GPU_FUSE=0: never) */
 	int64_t mmq_max_m; /* fast mode: int8 GEMM up to this m (LOOM_GPU_MMQ_MAX_M) */
 	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
@@ -155,6 +156,7 @@ struct loom_backend_ctx {
 	uint64_t seen[SEEN_SLOTS];
 	int seen_next;
 	uint64_t tick, n_captured, n_replayed, n_direct;
+	uint64_t n_groups, n_group_calls; /* GEMV groups run, and the calls in them */
 	/* collectives (gpu_coll.c) */
 	struct comm_entry comms[COMM_SLOTS];
 	int n_comms;
@@ -175,6 +177,36 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 void shadows_clear(struct loom_backend_ctx *ctx);
 int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	       const struct attn_plan *plans, int64_t n);
+
+/* Whether gemm a runs as a GEMV (*q8: on 8-bit activations). */
+bool gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, bool *q8);
+/* Where a's 8-bit activations go in the scratch (reserved by
+ * prepare_calls); gemv_quantize also quantizes them there. */
+int gemv_q8_buffers(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, int8_t **qs,
+		    void **scale);
+int gemv_quantize(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, int8_t **qs,
+		  void **scale);
+
+/* ---- gpu_fuse.c ---- */
+/* A run of calls that runs as one GEMV group (gpurt_gemv_group): gemms
+ * over the same rows, each with the add that consumes its output, or a
+ * gate and up pair (gate first) with their GLU; before them, optionally,
+ * the norm that makes their rows (then norm_q8: it quantizes them) and
+ * the add before that norm. An add and a norm may also make a run alone
+ * (n 0). */
+struct gpu_group {
+	const struct rows_call *norm_add, *norm;
+	bool norm_q8;
+	int n; /* gemms */
+	bool q8;
+	const struct loom_gemm_args *gemm[GPURT_GROUP_MAX];
+	const struct rows_call *add[GPURT_GROUP_MAX];
+	const struct rows_call *glu;
+};
+/* How many of the n calls from c on run as one group (0: none). */
+int64_t gpu_find_group(const struct loom_backend_ctx *ctx, const struct call *c, int64_t n,
+		       struct gpu_group *g);
+int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g);
 
 /* ---- gpu_region.c ---- */
 /* Appends a call to the open region (which fails if memory runs out). */

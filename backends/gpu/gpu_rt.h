@@ -94,6 +94,44 @@ int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride, int64_
 		      int8_t *qs, void *scale);
 int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
 		  const void *scale);
+/*
+ * GEMV groups: up to GPURT_GROUP_MAX gemms of one weight type over the same
+ * activation rows (m x k) in one launch, each y = x . W^T computed as
+ * gpurt_gemv (qs NULL: x, x_stride) or gpurt_gemv_q8 (qs, scale as
+ * there) computes it, bit for bit. A member with `other` then adds its
+ * output to other: out[i][j] = y[i][j] + other[i][j] (y_first) or
+ * other[i][j] + y[i][j], other's rows other_stride floats apart (0: the
+ * same row for every i); out may be y or other exactly. With glu >= 0
+ * (enum loom_glu_kind) the group is a gate (member 0) and an up (member
+ * 1) of the same n, without adds, and glu_out[i][j] = act(gate y) * up y
+ * is written after both. What a member writes may not overlap what
+ * another member reads.
+ */
+#define GPURT_GROUP_MAX 3
+struct gpurt_gemv_member {
+	const void *w;
+	size_t w_stride;
+	int64_t n;
+	float *y;
+	int64_t y_stride;
+	const float *other; /* NULL: no add */
+	int64_t other_stride;
+	float *out;
+	int64_t out_stride;
+	int32_t y_first;
+};
+struct gpurt_gemv_group {
+	uint32_t type;
+	int32_t n_members, glu;
+	int64_t m, k;
+	const float *x;
+	int64_t x_stride;
+	float *glu_out;
+	int64_t glu_stride;
+	struct gpurt_gemv_member mem[GPURT_GROUP_MAX];
+};
+int gpurt_gemv_group(struct gpurt *rt, const struct gpurt_gemv_group *g, const int8_t *qs,
+		     const void *scale);
 /* The same product from the same 8-bit activations for batches (any m
  * up to 65535 x 64): tiles of 64 x 64 outputs, each weight block decoded
  * once per 64 activation rows, never dequantized to memory. Not batch
@@ -127,6 +165,26 @@ int gpurt_hgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, const uint16_
 
 int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const float *x,
 		  int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
+/* RMSNorm with what precedes and follows it in one kernel: y[r] = x[r]
+ * normalized, times w, as gpurt_rmsnorm. With a: first x[r] = a[r] +
+ * b[r] (b_stride 0: b's one row for every r), as gpurt_add, written to
+ * x. With qs: y also quantized to 8 bits (k = n) as gpurt_quantize_q8
+ * quantizes it. Rows are made one block each: a row's writes may not
+ * overlap another row's reads. */
+struct gpurt_norm {
+	float *y;
+	int64_t y_stride;
+	float *x;
+	int64_t x_stride;
+	const float *w;
+	int64_t rows, n;
+	float eps;
+	const float *a, *b; /* a NULL: no add */
+	int64_t a_stride, b_stride;
+	int8_t *qs; /* NULL: no quantization */
+	void *scale;
+};
+int gpurt_norm(struct gpurt *rt, const struct gpurt_norm *n);
 int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a);
 int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out, int64_t out_stride,
 	      const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,

@@ -781,116 +781,11 @@ __device__ float block_max(float v, float *red)
 
 /* ---- gemm ---- */
 
-struct gemv_p {
-	const uint8_t *w;
-	size_t w_stride;
-	const float *x;
-	float *y;
-	int64_t x_stride, y_stride, m, n, k, parts;
-};
-
-/*
- * One warp per weight row j: lane l dequantizes parts l, l + GPU_WARP, ...
- * of format T in registers once and multiplies them with up to MB
- * activation rows (a pass; more rows, more passes), in f32; the lane sums
- * meet in a fixed shuffle tree. Every y[i][j] is computed the same way
- * whatever m or MB is (batch invariance): its own accumulator, the same
- * parts in the same order.
- */
-template <uint32_t T, int MB>
-__global__ void __launch_bounds__(THREADS) k_gemv(const struct gemv_p p)
-{
-	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
-
-	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
-		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
-		const uint8_t *row;
-
-		if (j >= p.n)
-			return; /* later r only go further */
-		row = p.w + j * p.w_stride;
-		for (int64_t i0 = 0; i0 < p.m; i0 += MB) {
-			const int mb = p.m - i0 < MB ? (int)(p.m - i0) : MB;
-			float acc[MB] = { 0.0f };
-
-			for (int64_t q = lane; q < p.parts; q += GPU_WARP) {
-				float v[8];
-
-				deq_part<T>(row, q, p.k, v);
-				GPU_UNROLL
-				for (int ii = 0; ii < MB; ii++) {
-					const float *x = p.x + (i0 + ii) * p.x_stride;
-
-					if (ii >= mb)
-						continue;
-					for (int e = 0; e < 8; e++) {
-						int64_t idx = part_index<T>(q, e);
-
-						if (in_row<T>(idx, p.k))
-							acc[ii] += v[e] * x[idx];
-					}
-				}
-			}
-			for (int ii = 0; ii < MB; ii++) {
-				float s;
-
-				if (ii >= mb) /* the same for the whole warp */
-					break;
-				s = warp_sum(acc[ii]);
-				if (lane == 0)
-					p.y[(i0 + ii) * p.y_stride + j] = s;
-			}
-		}
-	}
-}
-
-/* Passes of up to 4 rows for small m (fewer registers), else of GEMV_MB. */
-template <uint32_t T> static void launch_gemv(unsigned blocks, gpuStream_t s, const struct gemv_p p)
-{
-	void (*kernel)(const struct gemv_p) = p.m <= 4 ? k_gemv<T, 4> : k_gemv<T, GEMV_MB>;
-
-	GPU_LAUNCH(kernel, blocks, THREADS, 0, s, p);
-}
-
-typedef void (*gemv_launch)(unsigned, gpuStream_t, const struct gemv_p);
-
-static gemv_launch gemv_for(uint32_t t)
-{
-	switch (t) {
-#define FORMAT_FN launch_gemv
-		GPU_FORMATS(FORMAT_CASE)
-#undef FORMAT_FN
-	default:
-		return NULL;
-	}
-}
-
 /* A format the host side did not check: a bug there, reported, not run. */
 static int unknown_format(struct gpurt *rt, const char *what, uint32_t t)
 {
 	snprintf(rt->err, sizeof(rt->err), "%s: no kernel for weight type %u", what, (unsigned)t);
 	return LOOM_ERR_UNSUPPORTED;
-}
-
-extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
-{
-	struct gemv_p p = {
-		(const uint8_t *)a->w, a->w_stride, a->x, a->y,
-		a->x_stride, a->y_stride, a->m, a->n, a->k, parts_of(a->w_type, a->k),
-	};
-	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
-	gemv_launch launch = gemv_for(a->w_type);
-
-	BIND(rt);
-
-	if (!launch)
-		return unknown_format(rt, "gemm", a->w_type);
-	if (blocks > INT32_MAX) {
-		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
-		return LOOM_ERR_UNSUPPORTED;
-	}
-	launch((unsigned)blocks, rt->stream, p);
-	return launched(rt, "gemv kernel");
 }
 
 /* ---- fast GEMV: 8-bit activations, integer dot products ---- */
@@ -932,26 +827,36 @@ __device__ __forceinline__ int sum32(int v)
 	return v;
 }
 
-/* One value per thread; the 32 lanes of a group hold one block (k and
- * the grid stride are multiples of 32, so a group runs as a whole). A
- * value that is not finite leaves q 0 and a scale that is not finite, so
- * the outputs it reaches are not finite either. */
+/* Value v at index g of the m x k activations (the 32 lanes of a group
+ * hold one block, g / 32, and all of them call this): its 8-bit value
+ * and, from the group's first lane, the block's scales; nothing stored
+ * without `store` (a group past the end). A value that is not finite
+ * leaves q 0 and a scale that is not finite, so the outputs it reaches
+ * are not finite either. */
+__device__ __forceinline__ void quantize_at(float v, int64_t g, bool store, int8_t *qs,
+					    struct q8_scale *scale)
+{
+	const float amax = max32(fabsf(v));
+	const float d = amax / 127.0f, r = rintf(v * (amax > 0.0f ? 127.0f / amax : 0.0f));
+	const int q = r >= -127.0f && r <= 127.0f ? (int)r : 0;
+	const int sum = sum32(q);
+
+	if (!store)
+		return;
+	qs[g] = (int8_t)q;
+	if ((threadIdx.x & 31) == 0)
+		scale[g / Q8_BLOCK] = q8_scale{ d, d * (float)sum };
+}
+
+/* One value per thread (k and the grid stride are multiples of 32, so a
+ * group runs as a whole). */
 __global__ void __launch_bounds__(THREADS) k_quantize_q8(const struct q8_p p)
 {
 	const int64_t total = p.m * p.k;
 
 	for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
-	     g += (int64_t)gridDim.x * blockDim.x) {
-		const int64_t i = g / p.k, c = g % p.k;
-		const float v = p.x[i * p.x_stride + c], amax = max32(fabsf(v));
-		const float d = amax / 127.0f, r = rintf(v * (amax > 0.0f ? 127.0f / amax : 0.0f));
-		const int q = r >= -127.0f && r <= 127.0f ? (int)r : 0;
-		const int sum = sum32(q);
-
-		p.qs[g] = (int8_t)q;
-		if ((threadIdx.x & 31) == 0)
-			p.scale[g / Q8_BLOCK] = q8_scale{ d, d * (float)sum };
-	}
+	     g += (int64_t)gridDim.x * blockDim.x)
+		quantize_at(p.x[g / p.k * p.x_stride + g % p.k], g, true, p.qs, p.scale);
 }
 
 extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_stride,
@@ -1132,109 +1037,303 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 	}
 };
 
-struct gemv_q8_p {
-	const uint8_t *w;
-	size_t w_stride;
-	const int8_t *xq;
-	const struct q8_scale *xs;
-	float *y;
-	int64_t y_stride, m, n, k;
-};
+__device__ __forceinline__ float act_silu(float g)
+{
+	return g / (1.0f + expf(-g));
+}
+
+__device__ __forceinline__ float act_gelu_tanh(float g)
+{
+	const float sqrt_2_over_pi = 0.79788456080286535588f;
+
+	return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g)));
+}
+
+/* ---- GEMV groups: every GEMV, exact and fast ---- */
 
 /*
- * As k_gemv (one warp per weight row, GEMV_ROWS rows a block, MB
- * activation rows a pass, a fixed shuffle tree), on units: lane l decodes
- * units l, l + GPU_WARP, ... once a pass and dots each with every
- * activation row of the pass, so up to MB rows (a decode batch) read each
- * weight block once. y[i][j] does not depend on m or MB (batch
- * invariance).
+ * A GEMV runs as a group of up to GPURT_GROUP_MAX members that read the
+ * same activation rows, in one launch whose blocks are the members'
+ * blocks one after the other: one member for a lone gemm, a layer's q, k
+ * and v or its gate and up in a step region (gpu_fuse.c). One warp per
+ * weight row, GEMV_ROWS rows a block, MB activation rows a pass: lane l
+ * decodes parts (exact) or units (fast) l, l + GPU_WARP, ... of the row
+ * once a pass and dots each with every activation row of the pass, so up
+ * to MB rows (a decode batch) read each weight block once; the lane sums
+ * meet in a fixed shuffle tree. y[i][j] is computed the same way whatever
+ * the group, m or MB (batch invariance): its own accumulator, the same
+ * parts in the same order. So a group gives the bits of its members run
+ * one by one, and its epilogue those of the add or GLU that follows them:
+ * y first, then the member's add (out = y + other, in the add's operand
+ * order) or, for a gate and up pair, the GLU of the two values just
+ * written.
  */
+struct group_p {
+	struct gpurt_gemv_member mem[GPURT_GROUP_MAX];
+	int64_t first_block[GPURT_GROUP_MAX + 1];
+	int n_members, glu;
+	float *glu_out;
+	int64_t glu_stride;
+	const float *x; /* exact: f32 activations */
+	int64_t x_stride, m, k, parts;
+	const int8_t *xq; /* fast: 8-bit activations (m x k) and their scales */
+	const struct q8_scale *xs;
+};
+
+/* Exact: acc[ii] += row . x[i0 + ii] in f32, parts dequantized as ref.so. */
 template <uint32_t T, int MB>
-__global__ void __launch_bounds__(THREADS) k_gemv_q8(const struct gemv_q8_p p)
+__device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_p &p, int64_t i0,
+					 int mb, float *acc)
 {
-	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
-	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
+	for (int64_t q = threadIdx.x % GPU_WARP; q < p.parts; q += GPU_WARP) {
+		float v[8];
 
-	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
-		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+		deq_part<T>(row, q, p.k, v);
+		GPU_UNROLL
+		for (int ii = 0; ii < MB; ii++) {
+			const float *x = p.x + (i0 + ii) * p.x_stride;
 
-		if (j >= p.n)
-			return; /* later r only go further */
-		for (int64_t i0 = 0; i0 < p.m; i0 += MB) {
-			const int mb = p.m - i0 < MB ? (int)(p.m - i0) : MB;
-			float acc[MB] = { 0.0f };
+			if (ii >= mb)
+				continue;
+			for (int e = 0; e < 8; e++) {
+				int64_t idx = part_index<T>(q, e);
 
-			for (int64_t u = lane; u < units; u += GPU_WARP) {
-				const int64_t v0 = u * unit<T>::values;
-				unit<T> w;
-
-				w.load(p.w + j * p.w_stride, u);
-				GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
-				for (int ii = 0; ii < MB; ii++) {
-					const int64_t i = i0 + ii;
-
-					if (ii < mb)
-						acc[ii] += w.dot(p.xq + i * p.k + v0,
-								 p.xs + i * blocks + v0 / Q8_BLOCK);
-				}
-			}
-			for (int ii = 0; ii < MB; ii++) {
-				float s;
-
-				if (ii >= mb) /* the same for the whole warp */
-					break;
-				s = warp_sum(acc[ii]);
-				if (lane == 0)
-					p.y[(i0 + ii) * p.y_stride + j] = s;
+				if (in_row<T>(idx, p.k))
+					acc[ii] += v[e] * x[idx];
 			}
 		}
 	}
 }
 
-/* The smallest pass that holds m rows (all of them up to GEMV_MB). */
-template <uint32_t T>
-static void launch_gemv_q8(unsigned blocks, gpuStream_t s, const struct gemv_q8_p p)
+/* Fast: the same from the 8-bit activations, unit by unit. */
+template <uint32_t T, int MB>
+__device__ __forceinline__ void dots_q8(const uint8_t *row, const struct group_p &p, int64_t i0,
+					int mb, float *acc)
 {
-	void (*kernel)(const struct gemv_q8_p) = p.m <= 1 ? k_gemv_q8<T, 1> :
-						 p.m <= 2 ? k_gemv_q8<T, 2> :
-						 p.m <= 4 ? k_gemv_q8<T, 4> :
-						 p.m <= 8 ? k_gemv_q8<T, 8> :
-							    k_gemv_q8<T, GEMV_MB>;
+	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
 
+	for (int64_t u = threadIdx.x % GPU_WARP; u < units; u += GPU_WARP) {
+		const int64_t v0 = u * unit<T>::values;
+		unit<T> w;
+
+		w.load(row, u);
+		GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
+		for (int ii = 0; ii < MB; ii++) {
+			const int64_t i = i0 + ii;
+
+			if (ii < mb)
+				acc[ii] += w.dot(p.xq + i * p.k + v0, p.xs + i * blocks + v0 / Q8_BLOCK);
+		}
+	}
+}
+
+template <uint32_t T, int MB, bool Q8>
+__device__ __forceinline__ void row_dots(const struct gpurt_gemv_member &w, int64_t j,
+					 const struct group_p &p, int64_t i0, int mb, float *acc)
+{
+	const uint8_t *row = (const uint8_t *)w.w + j * w.w_stride;
+
+	if constexpr (Q8)
+		dots_q8<T, MB>(row, p, i0, mb, acc);
+	else
+		dots_f32<T, MB>(row, p, i0, mb, acc);
+}
+
+/* Lane 0's epilogue of member w: y, then its add. other is read before
+ * anything is written (out may be other: x += y). */
+__device__ __forceinline__ void put_y(const struct gpurt_gemv_member &w, int64_t i, int64_t j,
+				      float s)
+{
+	const float o = w.other ? w.other[i * w.other_stride + j] : 0.0f;
+
+	w.y[i * w.y_stride + j] = s;
+	if (w.other)
+		w.out[i * w.out_stride + j] = w.y_first ? s + o : o + s;
+}
+
+/* A gate and up pair's epilogue: both outputs, then the GLU of them. */
+__device__ __forceinline__ void put_glu(const struct group_p &p, int64_t i, int64_t j, float g,
+					float u)
+{
+	const float act = p.glu == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
+
+	p.mem[0].y[i * p.mem[0].y_stride + j] = g;
+	p.mem[1].y[i * p.mem[1].y_stride + j] = u;
+	p.glu_out[i * p.glu_stride + j] = act * u;
+}
+
+template <uint32_t T, int MB, bool Q8, bool GLU>
+__global__ void __launch_bounds__(THREADS) k_gemv_group(const struct group_p p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	int g = 0;
+
+	while (g + 1 < p.n_members && (int64_t)blockIdx.x >= p.first_block[g + 1])
+		g++;
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS; r += nw) {
+		const int64_t j = ((int64_t)blockIdx.x - p.first_block[g]) * GEMV_ROWS + r;
+
+		if (j >= p.mem[g].n)
+			return; /* later r only go further */
+		for (int64_t i0 = 0; i0 < p.m; i0 += MB) {
+			const int mb = p.m - i0 < MB ? (int)(p.m - i0) : MB;
+			float acc[MB] = { 0.0f }, up[GLU ? MB : 1] = { 0.0f };
+
+			row_dots<T, MB, Q8>(p.mem[g], j, p, i0, mb, acc);
+			if constexpr (GLU)
+				row_dots<T, MB, Q8>(p.mem[1], j, p, i0, mb, up);
+			for (int ii = 0; ii < MB; ii++) {
+				float s, u = 0.0f;
+
+				if (ii >= mb) /* the same for the whole warp */
+					break;
+				s = warp_sum(acc[ii]);
+				if constexpr (GLU)
+					u = warp_sum(up[ii]);
+				if (lane == 0 && GLU)
+					put_glu(p, i0 + ii, j, s, u);
+				else if (lane == 0)
+					put_y(p.mem[g], i0 + ii, j, s);
+			}
+		}
+	}
+}
+
+/* The smallest pass that holds m rows: exact 4 or GEMV_MB (fewer
+ * registers for small m), fast 1, 2, 4, 8 or GEMV_MB. */
+template <uint32_t T, bool Q8, bool GLU>
+static void launch_group_glu(unsigned blocks, gpuStream_t s, const struct group_p p)
+{
+	void (*kernel)(const struct group_p);
+
+	if constexpr (Q8)
+		kernel = p.m <= 1 ? k_gemv_group<T, 1, true, GLU> :
+			 p.m <= 2 ? k_gemv_group<T, 2, true, GLU> :
+			 p.m <= 4 ? k_gemv_group<T, 4, true, GLU> :
+			 p.m <= 8 ? k_gemv_group<T, 8, true, GLU> :
+				    k_gemv_group<T, GEMV_MB, true, GLU>;
+	else
+		kernel = p.m <= 4 ? k_gemv_group<T, 4, false, GLU> :
+				    k_gemv_group<T, GEMV_MB, false, GLU>;
 	GPU_LAUNCH(kernel, blocks, THREADS, 0, s, p);
+}
+
+template <uint32_t T, bool Q8>
+static void launch_group(unsigned blocks, gpuStream_t s, const struct group_p p)
+{
+	if (p.glu >= 0)
+		launch_group_glu<T, Q8, true>(blocks, s, p);
+	else
+		launch_group_glu<T, Q8, false>(blocks, s, p);
+}
+
+template <uint32_t T>
+static void launch_group_f32(unsigned blocks, gpuStream_t s, const struct group_p p)
+{
+	launch_group<T, false>(blocks, s, p);
+}
+
+typedef void (*group_launch)(unsigned, gpuStream_t, const struct group_p);
+
+/* The launcher for weights of type t: exact (every format) or fast (the
+ * four formats with integer units). */
+static group_launch group_for(uint32_t t, bool q8)
+{
+	if (q8) {
+		switch (t) {
+		case LOOM_TYPE_Q8_0:
+			return launch_group<LOOM_TYPE_Q8_0, true>;
+		case LOOM_TYPE_Q4_0:
+			return launch_group<LOOM_TYPE_Q4_0, true>;
+		case LOOM_TYPE_Q4_K:
+			return launch_group<LOOM_TYPE_Q4_K, true>;
+		case LOOM_TYPE_Q6_K:
+			return launch_group<LOOM_TYPE_Q6_K, true>;
+		default:
+			return NULL;
+		}
+	}
+	switch (t) {
+#define FORMAT_FN launch_group_f32
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+extern "C" int gpurt_gemv_group(struct gpurt *rt, const struct gpurt_gemv_group *g,
+				const int8_t *qs, const void *scale)
+{
+	struct group_p p;
+	group_launch launch = group_for(g->type, qs != NULL);
+	int members = g->glu >= 0 ? 1 : g->n_members; /* a GLU pair: the gate's blocks */
+
+	BIND(rt);
+	if (!launch)
+		return unknown_format(rt, qs ? "gemm (8-bit activations)" : "gemm", g->type);
+	if (g->n_members < 1 || g->n_members > GPURT_GROUP_MAX ||
+	    (g->glu >= 0 && (g->n_members != 2 || g->mem[0].n != g->mem[1].n))) {
+		snprintf(rt->err, sizeof(rt->err), "gemv group: bad shape (%d members, glu %d)",
+			 g->n_members, g->glu);
+		return LOOM_ERR_INVALID;
+	}
+	memset(&p, 0, sizeof(p));
+	p.first_block[0] = 0;
+	for (int i = 0; i < g->n_members; i++) {
+		p.mem[i] = g->mem[i];
+		if (i < members)
+			p.first_block[i + 1] = p.first_block[i] + (g->mem[i].n + GEMV_ROWS - 1) / GEMV_ROWS;
+	}
+	if (p.first_block[members] > INT32_MAX) {
+		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)g->mem[0].n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	p.n_members = members;
+	p.glu = g->glu;
+	p.glu_out = g->glu_out;
+	p.glu_stride = g->glu_stride;
+	p.x = g->x;
+	p.x_stride = g->x_stride;
+	p.m = g->m;
+	p.k = g->k;
+	p.parts = parts_of(g->type, g->k);
+	p.xq = qs;
+	p.xs = (const struct q8_scale *)scale;
+	if (p.first_block[members] > 0)
+		launch((unsigned)p.first_block[members], rt->stream, p);
+	return launched(rt, qs ? "gemv (8-bit activations) kernel" : "gemv kernel");
+}
+
+/* A lone gemm: a group of one member. */
+static struct gpurt_gemv_group group_of_one(const struct loom_gemm_args *a)
+{
+	struct gpurt_gemv_group g;
+
+	memset(&g, 0, sizeof(g));
+	g.type = a->w_type;
+	g.n_members = 1;
+	g.glu = -1;
+	g.m = a->m, g.k = a->k;
+	g.x = a->x, g.x_stride = a->x_stride;
+	g.mem[0].w = a->w, g.mem[0].w_stride = a->w_stride, g.mem[0].n = a->n;
+	g.mem[0].y = a->y, g.mem[0].y_stride = a->y_stride;
+	return g;
+}
+
+extern "C" int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a)
+{
+	struct gpurt_gemv_group g = group_of_one(a);
+
+	return gpurt_gemv_group(rt, &g, NULL, NULL);
 }
 
 extern "C" int gpurt_gemv_q8(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
 			     const void *scale)
 {
-	struct gemv_q8_p p = {
-		(const uint8_t *)a->w, a->w_stride, qs, (const struct q8_scale *)scale, a->y,
-		a->y_stride, a->m, a->n, a->k,
-	};
-	int64_t blocks = (a->n + GEMV_ROWS - 1) / GEMV_ROWS;
+	struct gpurt_gemv_group g = group_of_one(a);
 
-	BIND(rt);
-	if (blocks > INT32_MAX) {
-		snprintf(rt->err, sizeof(rt->err), "gemm: n %lld too large", (long long)a->n);
-		return LOOM_ERR_UNSUPPORTED;
-	}
-	switch (a->w_type) {
-	case LOOM_TYPE_Q8_0:
-		launch_gemv_q8<LOOM_TYPE_Q8_0>((unsigned)blocks, rt->stream, p);
-		break;
-	case LOOM_TYPE_Q4_0:
-		launch_gemv_q8<LOOM_TYPE_Q4_0>((unsigned)blocks, rt->stream, p);
-		break;
-	case LOOM_TYPE_Q4_K:
-		launch_gemv_q8<LOOM_TYPE_Q4_K>((unsigned)blocks, rt->stream, p);
-		break;
-	case LOOM_TYPE_Q6_K:
-		launch_gemv_q8<LOOM_TYPE_Q6_K>((unsigned)blocks, rt->stream, p);
-		break;
-	default:
-		return unknown_format(rt, "gemm (8-bit activations)", a->w_type);
-	}
-	return launched(rt, "gemv (8-bit activations) kernel");
+	return gpurt_gemv_group(rt, &g, qs, scale);
 }
 
 /* ---- greedy choice on the device ---- */
@@ -1785,35 +1884,73 @@ extern "C" int gpurt_sgemm(struct gpurt *rt, int64_t m, int64_t n, int64_t k, co
 
 /* ---- row and elementwise operators ---- */
 
-/* Sum of squares in double, like the reference. */
-__global__ void __launch_bounds__(THREADS)
-k_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
-	  int64_t rows, int64_t n, float eps)
+/*
+ * RMSNorm, one block a row, the sum of squares in double as the reference
+ * (each thread a strided run, then block_sum's fixed order). ADD: the row
+ * is first made as gpurt_add makes it, x[r] = a[r] + b[r] (b_stride 0:
+ * the same b row for all), and written out; Q8: the normalized row is
+ * also quantized to 8 bits as k_quantize_q8 does it (for the fast GEMVs
+ * that read it). So a norm with its add or its quantization gives the
+ * bits of the separate kernels.
+ */
+template <bool ADD, bool Q8>
+__global__ void __launch_bounds__(THREADS) k_norm(const struct gpurt_norm p)
 {
 	__shared__ double red[THREADS / 32];
 
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *xr = x + r * x_stride;
-		float *yr = y + r * y_stride;
+	for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+		float *xr = p.x + r * p.x_stride, *yr = p.y + r * p.y_stride;
 		double ss = 0.0;
 		float inv;
 
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-			ss += (double)xr[i] * xr[i];
+		for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) {
+			float v;
+
+			if constexpr (ADD) {
+				v = p.a[r * p.a_stride + i] + p.b[r * p.b_stride + i];
+				xr[i] = v;
+			} else {
+				v = xr[i];
+			}
+			ss += (double)v * v;
+		}
 		ss = block_sum(ss, red);
-		inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-			yr[i] = xr[i] * inv * w[i];
+		inv = (float)(1.0 / sqrt(ss / (double)p.n + (double)p.eps));
+		/* the same trip count for every thread: quantize_at shuffles */
+		for (int64_t i0 = 0; i0 < p.n; i0 += blockDim.x) {
+			const int64_t i = i0 + threadIdx.x;
+			const float v = i < p.n ? xr[i] * inv * p.w[i] : 0.0f;
+
+			if (i < p.n)
+				yr[i] = v;
+			if constexpr (Q8)
+				quantize_at(v, r * p.n + i, i < p.n, p.qs, (struct q8_scale *)p.scale);
+		}
 	}
+}
+
+extern "C" int gpurt_norm(struct gpurt *rt, const struct gpurt_norm *n)
+{
+	const struct gpurt_norm p = *n; /* by value: a capture keeps the arguments */
+	void (*kernel)(const struct gpurt_norm) =
+		p.a ? (p.qs ? k_norm<true, true> : k_norm<true, false>) :
+		      (p.qs ? k_norm<false, true> : k_norm<false, false>);
+
+	BIND(rt);
+	GPU_LAUNCH(kernel, grid_of(p.rows), THREADS, 0, rt->stream, p);
+	return launched(rt, "rmsnorm kernel");
 }
 
 extern "C" int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const float *x,
 			     int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps)
 {
-	BIND(rt);
-	GPU_LAUNCH(k_rmsnorm, grid_of(rows), THREADS, 0, rt->stream, y, y_stride, x, x_stride, w, rows,
-		n, eps);
-	return launched(rt, "rmsnorm kernel");
+	struct gpurt_norm p;
+
+	memset(&p, 0, sizeof(p));
+	p.y = y, p.y_stride = y_stride;
+	p.x = (float *)x, p.x_stride = x_stride; /* not written without an add */
+	p.w = w, p.rows = rows, p.n = n, p.eps = eps;
+	return gpurt_norm(rt, &p);
 }
 
 struct rope_p {
@@ -1865,29 +2002,32 @@ extern "C" int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a)
 	return launched(rt, "rope kernel");
 }
 
-__device__ __forceinline__ float act_silu(float g)
+/*
+ * Element-wise kernels run on a grid of column blocks (x) by rows (y), so
+ * one row spreads over n / THREADS blocks: at batch 1 a single block
+ * would do the whole row. Each element is computed alone, so the grid
+ * changes nothing in the results.
+ */
+static dim3 grid_2d(int64_t rows, int64_t n)
 {
-	return g / (1.0f + expf(-g));
+	return dim3(grid_of((n + THREADS - 1) / THREADS), grid_of(rows));
 }
 
-__device__ __forceinline__ float act_gelu_tanh(float g)
-{
-	const float sqrt_2_over_pi = 0.79788456080286535588f;
-
-	return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g)));
-}
+#define FOR_ELEMENTS(r, i, rows, n)                                                        \
+	for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                           \
+		for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+		     i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void __launch_bounds__(THREADS)
 k_glu(int kind, float *out, int64_t out_stride, const float *gate, int64_t gate_stride,
       const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-			float g = gate[r * gate_stride + i];
-			float act = kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
+	FOR_ELEMENTS(r, i, rows, n) {
+		float g = gate[r * gate_stride + i];
+		float act = kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
 
-			out[r * out_stride + i] = act * up[r * up_stride + i];
-		}
+		out[r * out_stride + i] = act * up[r * up_stride + i];
+	}
 }
 
 extern "C" int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out,
@@ -1895,7 +2035,7 @@ extern "C" int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out,
 			 const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_glu, grid_of(rows), THREADS, 0, rt->stream, (int)kind, out, out_stride, gate,
+	GPU_LAUNCH(k_glu, grid_2d(rows, n), THREADS, 0, rt->stream, (int)kind, out, out_stride, gate,
 		gate_stride, up, up_stride, rows, n);
 	return launched(rt, "glu kernel");
 }
@@ -1904,12 +2044,8 @@ __global__ void __launch_bounds__(THREADS)
 k_add(float *out, int64_t out_stride, const float *a, int64_t a_stride, const float *b,
       int64_t b_stride, int64_t b_rows, int64_t rows, int64_t n)
 {
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *br = b + (b_rows == 1 ? 0 : r * b_stride);
-
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-			out[r * out_stride + i] = a[r * a_stride + i] + br[i];
-	}
+	FOR_ELEMENTS(r, i, rows, n)
+		out[r * out_stride + i] = a[r * a_stride + i] + b[(b_rows == 1 ? 0 : r * b_stride) + i];
 }
 
 extern "C" int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const float *a,
@@ -1917,7 +2053,7 @@ extern "C" int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const
 			 int64_t rows, int64_t n)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_add, grid_of(rows), THREADS, 0, rt->stream, out, out_stride, a, a_stride, b,
+	GPU_LAUNCH(k_add, grid_2d(rows, n), THREADS, 0, rt->stream, out, out_stride, a, a_stride, b,
 		b_stride, b_rows, rows, n);
 	return launched(rt, "add kernel");
 }
@@ -1925,37 +2061,35 @@ extern "C" int gpurt_add(struct gpurt *rt, float *out, int64_t out_stride, const
 __global__ void __launch_bounds__(THREADS)
 k_scale(float *x, int64_t stride, int64_t rows, int64_t n, float s)
 {
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-			x[r * stride + i] *= s;
+	FOR_ELEMENTS(r, i, rows, n)
+		x[r * stride + i] *= s;
 }
 
 extern "C" int gpurt_scale(struct gpurt *rt, float *x, int64_t stride, int64_t rows,
 			   int64_t n, float s)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_scale, grid_of(rows), THREADS, 0, rt->stream, x, stride, rows, n, s);
+	GPU_LAUNCH(k_scale, grid_2d(rows, n), THREADS, 0, rt->stream, x, stride, rows, n, s);
 	return launched(rt, "scale kernel");
 }
 
 __global__ void __launch_bounds__(THREADS)
 k_softcap(float *x, int64_t stride, int64_t rows, int64_t n, float cap)
 {
-	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-		for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-			x[r * stride + i] = cap * tanhf(x[r * stride + i] / cap);
+	FOR_ELEMENTS(r, i, rows, n)
+		x[r * stride + i] = cap * tanhf(x[r * stride + i] / cap);
 }
 
 extern "C" int gpurt_softcap(struct gpurt *rt, float *x, int64_t stride, int64_t rows,
 			     int64_t n, float cap)
 {
 	BIND(rt);
-	GPU_LAUNCH(k_softcap, grid_of(rows), THREADS, 0, rt->stream, x, stride, rows, n, cap);
+	GPU_LAUNCH(k_softcap, grid_2d(rows, n), THREADS, 0, rt->stream, x, stride, rows, n, cap);
 	return launched(rt, "softcap kernel");
 }
 
 /*
- * One block per token: thread i writes the cache's i-th unit of the row (a
+ * Blocks of THREADS units (x) by tokens (y): thread i writes the cache's i-th unit of the row (a
  * value for f32 and f16, a 32-value block for q8_0 and q4_0), quantized
  * as loom/kv_quant.h does on the host, so every backend stores the same
  * bytes.
@@ -1968,15 +2102,13 @@ k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t k_strid
 	const int64_t per = loom_kvq_block_elems(type), units = kv_dim / per;
 	const int64_t unit_bytes = row_bytes / units;
 
-	for (int64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
-		int64_t dst = (int64_t)slots[t] * row_bytes;
+	FOR_ELEMENTS(t, i, n_tokens, units) {
+		const int64_t dst = (int64_t)slots[t] * row_bytes;
 
-		for (int64_t i = threadIdx.x; i < units; i += blockDim.x) {
-			loom_kvq_quantize(type, (char *)kc + dst + i * unit_bytes,
-					  k + t * k_stride + i * per, per);
-			loom_kvq_quantize(type, (char *)vc + dst + i * unit_bytes,
-					  v + t * v_stride + i * per, per);
-		}
+		loom_kvq_quantize(type, (char *)kc + dst + i * unit_bytes,
+				  k + t * k_stride + i * per, per);
+		loom_kvq_quantize(type, (char *)vc + dst + i * unit_bytes,
+				  v + t * v_stride + i * per, per);
 	}
 }
 
@@ -1985,9 +2117,10 @@ extern "C" int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args 
 	uint32_t type = LOOM_KV_TYPE(a, struct loom_kv_write_args);
 
 	BIND(rt);
-	GPU_LAUNCH(k_kv_write, grid_of(a->n_tokens), THREADS, 0, rt->stream, a->kcache, a->vcache, a->k,
-		a->v, a->k_stride, a->v_stride, a->n_tokens, a->kv_dim, a->slots, type,
-		(int64_t)loom_kvq_row_bytes(type, a->kv_dim));
+	GPU_LAUNCH(k_kv_write, grid_2d(a->n_tokens, a->kv_dim / loom_kvq_block_elems(type)), THREADS,
+		   0, rt->stream, a->kcache, a->vcache, a->k, a->v, a->k_stride, a->v_stride,
+		   a->n_tokens, a->kv_dim, a->slots, type,
+		   (int64_t)loom_kvq_row_bytes(type, a->kv_dim));
 	return launched(rt, "kv_write kernel");
 }
 

@@ -12,7 +12,13 @@
  * must not be fused (or only as far as is safe), and still agree. Last,
  * 400 random runs of those calls over buffers that alias by chance.
  *
- * Usage: backend_cpu_fuse [cpu.so]
+ * The GPU backends (gpuemu.so, gpuemu64.so: backends/gpu/gpu_fuse.c) run
+ * the same checks in fast and in exact mode: their groups are GEMVs of
+ * one weight type over the same rows with their adds, or a gate and up
+ * pair with its GLU, in one launch (no norm: 4 groups of 12 calls where
+ * the layer has one type); they log the same counts.
+ *
+ * Usage: backend_cpu_fuse [backend.so ...] (cpu.so when none)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,6 +278,10 @@ static int hazards(struct ctx *x, const struct weight *w, int64_t m, int which)
 #define N_HAZARDS 8
 static const unsigned long long hazard_groups[N_HAZARDS] = { 0, 0, 1, 1, 0, 1, 1, 1 };
 static const unsigned long long hazard_calls[N_HAZARDS] = { 0, 0, 2, 2, 0, 2, 2, 2 };
+/* The GPU backends in fast mode on q4_0 (8-bit activations): a norm
+ * joins the gemms it feeds (it quantizes their rows), in place or not, in
+ * cases 5, 6 and 7 */
+static const unsigned long long hazard_calls_q8[N_HAZARDS] = { 0, 0, 2, 2, 0, 3, 3, 3 };
 
 /* ---- the checks ---- */
 
@@ -281,12 +291,21 @@ static bool same(const struct ctx *a, const struct ctx *b)
 }
 
 /* which < 0: the layer; else hazard case `which`. */
+/* The groups and grouped calls a layer makes, the hazard cases' calls,
+ * and the label of a run. */
+struct want {
+	unsigned long long groups, calls;
+	const unsigned long long *hazard_calls;
+	const char *mode;
+};
+
 static void check(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
-		  const char *label, const struct weight *w, int64_t m, int threads, int which)
+		  const char *label, const struct weight *w, int64_t m, int threads, int which,
+		  const struct want *lw)
 {
 	struct ctx direct, region;
-	unsigned long long want = which < 0 ? 4 : hazard_groups[which];
-	unsigned long long want_calls = which < 0 ? 14 : hazard_calls[which];
+	unsigned long long want = which < 0 ? lw->groups : hazard_groups[which];
+	unsigned long long want_calls = which < 0 ? lw->calls : lw->hazard_calls[which];
 	int rd, rr;
 
 	if (ctx_open(&direct, ops, host, threads, w, N_W) ||
@@ -314,17 +333,17 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 	regions_run = groups = group_calls = 0;
 	ctx_close(&region); /* logs the counts */
 	if (rd || rr) {
-		printf("FAIL %s m=%lld t=%d case %d: status %d directly, %d in a region\n", label,
-		       (long long)m, threads, which, rd, rr);
+		printf("FAIL %s%s m=%lld t=%d case %d: status %d directly, %d in a region\n", label,
+		       lw->mode, (long long)m, threads, which, rd, rr);
 		failures++;
 	} else if (!same(&direct, &region)) {
-		printf("FAIL %s m=%lld t=%d case %d: a region's results differ from direct calls\n",
-		       label, (long long)m, threads, which);
+		printf("FAIL %s%s m=%lld t=%d case %d: a region's results differ from direct calls\n",
+		       label, lw->mode, (long long)m, threads, which);
 		failures++;
 	} else if (regions_run != 1 || groups != want || group_calls != want_calls) {
-		printf("FAIL %s m=%lld t=%d case %d: %llu regions, %llu groups of %llu calls; "
-		       "want 1 region, %llu groups of %llu calls\n", label, (long long)m, threads,
-		       which, regions_run, groups, group_calls, want, want_calls);
+		printf("FAIL %s%s m=%lld t=%d case %d: %llu regions, %llu groups of %llu calls; "
+		       "want 1 region, %llu groups of %llu calls\n", label, lw->mode, (long long)m,
+		       threads, which, regions_run, groups, group_calls, want, want_calls);
 		failures++;
 	}
 	free(direct.mem);
@@ -334,8 +353,8 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 /* ---- random runs ---- */
 
 /*
- * Random runs of the calls a group takes (rmsnorm, gemms, adds, a GLU)
- * over a few buffers, with outputs, inputs and operands drawn so that
+ * Random runs of the calls a group takes (an add and the rmsnorm of its
+ * output, gemms, adds, a GLU) over a few buffers, with outputs, inputs and operands drawn so that
  * they alias, overlap or stay apart by chance: each run directly and in a
  * region, then every buffer compared. The hand-written cases above name
  * the hazards we thought of; these look for the ones we did not.
@@ -344,6 +363,7 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 #define RSLOTS 6 /* buffers, MAXM rows each */
 #define RK 256   /* every gemm's k */
 #define RUNS 400
+#define RUNS_GPU 150 /* the emulator is slower: fewer on the GPU backends */
 
 struct rcall {
 	enum { R_NORM, R_GEMM, R_ADD, R_GLU } op;
@@ -367,8 +387,16 @@ static int rrun(float *mem, const struct weight *w, struct rcall *c)
 	int64_t yn[3];
 
 	if (frand() > 0) { /* the rows come from a norm */
-		c[n++] = (struct rcall){ .op = R_NORM, .out = x, .a = rpick(mem, (xs + 1) % RSLOTS),
-					 .n = RK };
+		float *in = rpick(mem, (xs + 1) % RSLOTS);
+
+		if (frand() > 0.2f) { /* of rows an add makes (a residual add) */
+			float *a = frand() > 0 ? in : rpick(mem, (int)(rng % RSLOTS));
+
+			c[n++] = (struct rcall){ .op = R_ADD, .out = in, .a = a,
+						 .b = rpick(mem, (int)((rng >> 8) % RSLOTS)),
+						 .brows1 = frand() > 0, .n = RK };
+		}
+		c[n++] = (struct rcall){ .op = R_NORM, .out = x, .a = in, .n = RK };
 		frand();
 	}
 	for (int g = 0; g < ng && g < 3; g++) {
@@ -432,7 +460,8 @@ static int rplay(struct ctx *x, const struct weight *w, const struct rcall *c, i
 
 /* The random runs at 2 threads; the region context's log must count
  * groups in a good share of them. */
-static void check_random(const struct loom_backend_ops *ops, const struct loom_backend_host *host)
+static void check_random(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
+			 int runs)
 {
 	static const uint32_t types[4] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, LOOM_TYPE_F32,
 					   LOOM_TYPE_Q4_K };
@@ -454,7 +483,7 @@ static void check_random(const struct loom_backend_ops *ops, const struct loom_b
 	}
 	bufs_fill(&direct, 3); /* for the norm weights */
 	bufs_fill(&region, 3);
-	for (int r = 0; r < RUNS && bad < 3; r++) {
+	for (int r = 0; r < runs && bad < 3; r++) {
 		struct rcall c[16];
 		uint64_t seed = rng;
 		int64_t m = 1 + r % MAXM;
@@ -507,60 +536,64 @@ static void check_random(const struct loom_backend_ops *ops, const struct loom_b
 		free(w[i].bytes);
 }
 
+/* gpu[exact]: { groups, calls } the GPU backends make of the
+ * layer in fast and exact mode (one weight type a group; a gemm with its
+ * add is a group, a lone one not; in fast mode a norm joins the gemms of
+ * q4_0, q8_0, q4_K or q6_K it feeds); gpu_hazards: run the unsafe runs
+ * on the GPU (the first config runs them everywhere) */
 struct config {
 	const char *label;
 	uint32_t type[N_W];
 	bool pack;
+	unsigned gpu[2][2];
+	bool gpu_hazards;
 };
 
+#define ALL7(t) { t, t, t, t, t, t, t }
+#define SAME(g, c) { { g, c }, { g, c } }
 static const struct config configs[] = {
-	{ "q4_1", { LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1,
-		    LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1 }, false },
-	{ "q4_1 packed", { LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1,
-			   LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1, LOOM_TYPE_Q4_1 }, true },
-	/* 32-value blocks and K-quant super-blocks in one group */
+	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, SAME(4, 12), false },
+	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false },
+	/* 32-value blocks and K-quant super-blocks in one group (on the GPU
+	 * each of q, k, o and down with its add; in fast mode each norm with
+	 * the q4_K gemm after it) */
 	{ "k-quants and q8_0/q5_0", { LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_Q6_K,
 				      LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
-				      LOOM_TYPE_Q6_K }, false },
+				      LOOM_TYPE_Q6_K }, false, { { 5, 11 }, { 4, 8 } }, false },
+	/* on the GPU k, its add and v are one group */
 	{ "q2_k/q3_k", { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K,
-			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false },
-	{ "f16", { LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16,
-		   LOOM_TYPE_F16, LOOM_TYPE_F16 }, false },
-	{ "f32", { LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32, LOOM_TYPE_F32,
-		   LOOM_TYPE_F32, LOOM_TYPE_F32 }, false },
+			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false, SAME(4, 9), false },
+	{ "f16", ALL7(LOOM_TYPE_F16), false, SAME(4, 12), false },
+	{ "f32", ALL7(LOOM_TYPE_F32), false, SAME(4, 12), false },
+	/* the four formats of the GPU's integer kernels (fast mode) */
+	{ "q4_0", ALL7(LOOM_TYPE_Q4_0), false, { { 4, 14 }, { 4, 12 } }, true },
+	{ "q8_0", ALL7(LOOM_TYPE_Q8_0), false, { { 4, 14 }, { 4, 12 } }, false },
+	{ "q4_k", ALL7(LOOM_TYPE_Q4_K), false, { { 4, 14 }, { 4, 12 } }, false },
+	{ "q6_k", ALL7(LOOM_TYPE_Q6_K), false, { { 4, 14 }, { 4, 12 } }, false },
 };
 
 /* Rows and columns of each weight (enum order). */
 static const int64_t w_n[N_W] = { 512, KVD, KVD, D, F, F, D };
 static const int64_t w_k[N_W] = { D, D, D, 512, D, D, F };
 
-int main(int argc, char **argv)
+/* Every config's layer (and for the first the unsafe runs), then the
+ * random runs, on one backend in the mode set in the environment. */
+static void check_backend(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
+			  bool gpu, bool exact, const char *mode)
 {
-	const char *name = argc > 1 ? argv[1] : "cpu.so";
-	struct loom_backend_host host = *loom_host_services();
-	const struct loom_backend_ops *ops;
-	char err[4096], path[4096];
-
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	/* the test decides the mode: fast, fused */
-	unsetenv("LOOM_CPU_EXACT");
-	unsetenv("LOOM_CPU_FUSE");
-	host.log = catch_log;
-	if (loom_formats_init(err, sizeof(err))) {
-		printf("FAIL no format plugins: %s\n", err);
-		return 1;
-	}
-	ops = loom_backend_load_ops(name, path, sizeof(path), err, sizeof(err));
-	if (!ops || !ops->graph_begin || !ops->weight_pack) {
-		printf("FAIL %s: %s\n", name, ops ? "no step regions or weight_pack" : err);
-		return 1;
-	}
 	for (size_t c = 0; c < sizeof(configs) / sizeof(configs[0]); c++) {
 		const struct config *cf = &configs[c];
+		const bool hazards = c == 0 || (gpu && cf->gpu_hazards);
+		const struct want lw = {
+			gpu ? cf->gpu[exact][0] : 4, gpu ? cf->gpu[exact][1] : 14,
+			gpu && !exact && c > 0 ? hazard_calls_q8 : hazard_calls, mode,
+		};
 		struct weight w[N_W];
 		bool ok = true;
 		int before = failures;
 
+		if (cf->pack && !ops->weight_pack)
+			continue;
 		rng = 0x9e3779b97f4a7c15ull + c;
 		for (int i = 0; i < N_W; i++)
 			if (make_weight(&w[i], cf->type[i], w_n[i], w_k[i], cf->pack))
@@ -570,20 +603,60 @@ int main(int argc, char **argv)
 			failures++;
 			continue;
 		}
+		/* threads: cpu.so's pool; the GPU backends ignore them */
 		for (int64_t m = 1; m <= MAXM; m += 2)
-			for (int t = 1; t <= 2; t++) {
-				check(ops, &host, cf->label, w, m, t, -1);
-				for (int h = 0; h < N_HAZARDS && c == 0; h++)
-					check(ops, &host, cf->label, w, m, t, h);
+			for (int t = 1; t <= (gpu ? 1 : 2); t++) {
+				check(ops, host, cf->label, w, m, t, -1, &lw);
+				for (int h = 0; h < N_HAZARDS && hazards; h++)
+					check(ops, host, cf->label, w, m, t, h, &lw);
 			}
 		if (failures == before)
-			printf("ok   %s: a layer in a region equals direct calls bit for bit "
-			       "(4 groups of 14 calls; m 1 and 3, 1 and 2 threads)%s\n", cf->label,
-			       c == 0 ? "; 8 unsafe runs left apart" : "");
+			printf("ok   %s%s: a layer in a region equals direct calls bit for bit "
+			       "(%llu groups of %llu calls; m 1 and 3)%s\n", cf->label, mode,
+			       lw.groups, lw.calls, hazards ? "; 8 unsafe runs left apart" : "");
 		for (int i = 0; i < N_W; i++)
 			free(w[i].bytes);
 	}
-	check_random(ops, &host);
+	check_random(ops, host, gpu ? RUNS_GPU : RUNS);
+}
+
+int main(int argc, char **argv)
+{
+	struct loom_backend_host host = *loom_host_services();
+	char err[4096], path[4096];
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* the test decides the mode: fast, fused */
+	unsetenv("LOOM_CPU_EXACT");
+	unsetenv("LOOM_CPU_FUSE");
+	unsetenv("LOOM_GPU_FUSE");
+	host.log = catch_log;
+	if (loom_formats_init(err, sizeof(err))) {
+		printf("FAIL no format plugins: %s\n", err);
+		return 1;
+	}
+	for (int a = 1; a < (argc > 1 ? argc : 2); a++) {
+		const char *name = argc > 1 ? argv[a] : "cpu.so";
+		const struct loom_backend_ops *ops =
+			loom_backend_load_ops(name, path, sizeof(path), err, sizeof(err));
+		const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+		bool gpu = !strncmp(base, "gpu", 3); /* gpuemu.so, gpuemu64.so or a path */
+
+		if (!ops || !ops->graph_begin || (!gpu && !ops->weight_pack)) {
+			printf("FAIL %s: %s\n", name, ops ? "no step regions or weight_pack" : err);
+			failures++;
+			continue;
+		}
+		if (!gpu) {
+			check_backend(ops, &host, false, false, "");
+			continue;
+		}
+		/* GPU backends in both modes: 8-bit activations, then f32 */
+		setenv("LOOM_GPU_EXACT", "0", 1);
+		check_backend(ops, &host, true, false, " (fast)");
+		setenv("LOOM_GPU_EXACT", "1", 1);
+		check_backend(ops, &host, true, true, " (exact)");
+	}
 	printf("%d failures\n", failures);
 	return failures ? 1 : 0;
 }

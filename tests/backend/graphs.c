@@ -375,10 +375,10 @@ static void check_replay(const struct loom_backend_ops *ops, const struct model 
 	ctx_close(&plain);
 	captured = replays = regions_run = groups = group_calls = 0;
 	ctx_close(&region); /* logs the graph counts */
-	if (regions_run) {
-		/* each decode step (2 rows) has the norm and Q/K/V as one
-		 * group and the output projection with its residual add as
-		 * another */
+	if (regions_run && !captured && !replays && !refuse) {
+		/* cpu.so (regions run, never captured): each decode step (2
+		 * rows) has the norm and Q/K/V as one group and the output
+		 * projection with its residual add as another */
 		if (regions_run != 14 || groups < 26 || group_calls < 6 * 13)
 			fail("%s: %llu regions, %llu groups of %llu calls; want 14 regions and "
 			     "at least 26 groups of 78 calls", ops->name, regions_run, groups,
@@ -395,10 +395,14 @@ static void check_replay(const struct loom_backend_ops *ops, const struct model 
 	else if (!refuse && (captured < 2 || replays < 8))
 		fail("%s: %llu captures and %llu replays over 14 steps; want at least 2 and 8",
 		     ops->name, captured, replays);
+	else if (regions_run && groups < 2) /* the GPU backends' GEMV groups (gpu_fuse.c) */
+		fail("%s: %llu gemm groups in %llu regions; want fused launches in the steps run",
+		     ops->name, groups, regions_run);
 	else
 		printf("ok   %s: 14 steps in regions equal direct calls bit for bit "
-		       "(%llu captures, %llu replays%s)\n", ops->name, captured, replays,
-		       refuse ? ", captures refused by the runtime" : "");
+		       "(%llu captures, %llu replays%s; %llu gemm groups of %llu calls)\n",
+		       ops->name, captured, replays,
+		       refuse ? ", captures refused by the runtime" : "", groups, group_calls);
 }
 
 /* Expects status want from what; counts a failure otherwise. */
