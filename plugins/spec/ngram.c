@@ -20,9 +20,11 @@
  * With trees on (spec_tree > 0, propose_tree) the occurrences are not
  * collapsed to one path: the continuations they give form a trie, and
  * its nodes go into the tree heaviest first (a node's weight: how many
- * occurrences follow it), so the majority path comes first and the
- * alternatives that earlier occurrences took fill the rest of the node
- * budget, each at most the adaptive draft length deep.
+ * occurrences follow it), each at most the adaptive draft length deep:
+ * the majority path (what a chain would propose) with any weight, and
+ * beside it the alternatives that at least BRANCH_MIN occurrences took,
+ * until the node budget is spent. (Alternatives of weight 1 cost more
+ * rows than they win on chat: measured in docs/SPECULATIVE.md.)
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -38,6 +40,7 @@
 #define MAX_SUFFIX 32             /* suffix lengths with their own rate */
 #define RATE_FLOOR 0.15f          /* below: matches of that length sit out */
 #define PROBE_EVERY 16            /* ... and are tried again after this many */
+#define BRANCH_MIN 2              /* occurrences behind a tree's side branch */
 
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
@@ -294,6 +297,7 @@ struct grow {
 	int32_t at[MAX_OCC]; /* the deepest node each occurrence follows (-1: root) */
 	int32_t *tok, *par, dep[64];
 	int32_t n;
+	int32_t tip; /* the majority path's last node (-1: none yet; no child) */
 };
 
 /* Token at position i of the sequence continued along node v's path:
@@ -335,13 +339,15 @@ static bool grow_one(struct grow *g, int32_t depth)
 			continue;
 		for (int b = a; b < g->n_occ; b++)
 			c += g->at[b] == v && grow_next(g, b) == t;
-		if (c > best_n)
+		if (c > best_n && (c >= BRANCH_MIN || v == g->tip))
 			best_a = a, best_n = c;
 	}
 	if (best_a < 0)
 		return false;
 	v = g->at[best_a];
 	t = grow_next(g, best_a);
+	if (v == g->tip)
+		g->tip = g->n; /* the majority path goes on */
 	g->tok[g->n] = t;
 	g->par[g->n] = v;
 	g->dep[g->n] = v < 0 ? 1 : g->dep[v] + 1;
@@ -358,7 +364,7 @@ static int32_t lookup_tree(struct loom_spec_ctx *c, const struct text *x, const 
 			   int64_t n, int32_t depth, struct loom_spec_tree *t)
 {
 	int64_t occ[MAX_OCC];
-	struct grow g = { .x = x, .occ = occ, .tok = t->tokens, .par = t->parent };
+	struct grow g = { .x = x, .occ = occ, .tok = t->tokens, .par = t->parent, .tip = -1 };
 	int32_t max = t->max < 64 ? t->max : 64;
 
 	for (int32_t s = c->p.ngram_max; s >= c->p.ngram_min; s--) {

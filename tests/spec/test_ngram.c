@@ -127,13 +127,14 @@ START_TEST(failing_length_sits_out)
 }
 END_TEST
 
-/* Trees: "9 1 2 3" is followed by 50 51 twice and by 60 61 once; the
- * tree holds the 50 51 path first (rows 1, 2 under the last token, row
- * 0) and the 60 61 branch beside it, siblings distinct. */
+/* Trees: "9 1 2 3" is followed by 50 51 three times and by 60 61 twice;
+ * the tree holds the 50 51 path first (rows 1, 2 under the last token,
+ * row 0) and the 60 61 branch beside it (two occurrences: enough for a
+ * side branch), siblings distinct. */
 START_TEST(tree_of_continuations)
 {
-	static const int32_t h[] = { 9, 1, 2, 3, 50, 51, 9, 1, 2, 3, 50, 51,
-				     9, 1, 2, 3, 60, 61, 9, 1, 2, 3 };
+	static const int32_t h[] = { 9, 1, 2, 3, 50, 51, 9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51,
+				     9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51, 9, 1, 2, 3 };
 	struct loom_spec_config c;
 	struct loom_spec_kind *tk;
 	struct loom_spec_seq *q;
