@@ -1039,6 +1039,8 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 	int rc_ref, rc;
 
 	attn_build(c);
+	if (c->parent)
+		r.name = "attention_tree";
 	if (c->parent) { /* a random forest per sequence: row i's parent in -1 .. i-1 */
 		c->parent = tb_xmalloc((size_t)c->rows * sizeof(int32_t));
 		for (int64_t s = 0; s < c->n_seqs; s++)
