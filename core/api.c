@@ -136,6 +136,7 @@ static void spec_config(const struct loom_engine_params *p, struct loom_spec_con
 		c->ngram_max = c->ngram_min;
 	c->draft_model = p->spec_draft_model;
 	c->layers = p->spec_layers > 0 ? p->spec_layers : 0;
+	c->max_tree = p->spec_tree > 0 ? p->spec_tree : 0;
 }
 
 static struct loom_spec_kind *find_spec(const struct loom_engine *e, const char *name)

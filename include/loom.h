@@ -131,6 +131,11 @@ struct loom_engine_params {
 				  (loom_engine_params_init): all. loom runs every
 				  layer on its one backend, so a count below the
 				  model's layers is refused (no partial offload) */
+	/* ---- appended (0.9): token trees (docs/SPECULATIVE.md) ---- */
+	int32_t spec_tree;     /* nodes of a draft tree per step (1..64) for a
+				  strategy with trees (ngram.so), verified in one
+				  pass where the backend can (ABI 1.8); <= 0:
+				  chains only */
 };
 
 void loom_engine_params_init(struct loom_engine_params *p);

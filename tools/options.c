@@ -207,6 +207,9 @@ static const struct opt_def opts[] = {
 	{ .name = "spec-ngram-max", .arg = "N", .help = "longest n-gram ngram.so matches",
 	  .type = OPT_INT, FIELD(spec_ngram_max),
 	  .lo = 1, .hi = 64, .cmds = GEN | SERVE },
+	{ .name = "spec-tree", .arg = "N", .help = "nodes of a token tree per step (ngram.so; 0: chains)",
+	  .type = OPT_INT, FIELD(spec_tree),
+	  .lo = 0, .hi = 64, .cmds = GEN | SERVE },
 	{ .name = "spec-layers", .arg = "N", .help = "early-exit layers of layerskip.so",
 	  .type = OPT_INT, FIELD(spec_layers),
 	  .lo = 1, .hi = 4096, .cmds = GEN | SERVE },
@@ -1189,6 +1192,7 @@ void loom_options_engine_params(const struct loom_options *o, struct loom_engine
 	p->spec_ngram_max = o->spec_ngram_max;
 	p->spec_draft_model = o->spec_draft_model[0] ? o->spec_draft_model : NULL;
 	p->spec_layers = o->spec_layers;
+	p->spec_tree = o->spec_tree;
 	p->exact = o->exact;
 	p->kv_type = o->kv_type;
 	p->tp = o->tp;

@@ -100,6 +100,7 @@ struct loom_options {
 	int spec_min_draft, spec_max_draft;
 	int spec_ngram_min, spec_ngram_max;
 	int spec_layers;
+	int spec_tree; /* nodes of a token tree; 0: chains */
 	struct loom_serve_options serve;
 	/* quantize (docs/QUANTIZATION.md) */
 	char qstrategy[4096];   /* --strategy: name or path; "": rtn */

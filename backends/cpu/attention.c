@@ -764,6 +764,63 @@ static int split_alloc(struct attn_task *tk, int64_t n_chunks)
 	return tk->partial && tk->merged ? LOOM_OK : LOOM_ERR_NOMEM;
 }
 
+/*
+ * A call with a parent table (token trees, ABI 1.8) as one without: each
+ * query row becomes a sequence of its own with a block size of 1 whose
+ * "blocks" are the cache slots of the keys it sees, in ascending order
+ * (loom_attention_keys()). The kernels then walk exactly the keys a
+ * causal row at the same position over the same values walks, in the
+ * same order, so a tree row gets a decode row's bits.
+ */
+static int attn_tree(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
+		     int64_t max_kv)
+{
+	const int64_t rows = a->q_start[a->n_seqs];
+	struct loom_attention_args f = *a;
+	int32_t *tab, *qs, *kl, *keys;
+	int64_t s, i, bytes;
+	int rc;
+
+	if (!loom_check_attention_parents(a, a->q_start, a->parent))
+		return LOOM_ERR_INVALID;
+	if (__builtin_mul_overflow(rows, max_kv + 2, &bytes) || bytes > LOOM_CHECK_LIMIT / 4)
+		return LOOM_ERR_NOMEM;
+	tab = malloc(sizeof(int32_t) * (size_t)(rows * max_kv + 2 * rows + 1 + max_kv));
+	if (!tab)
+		return LOOM_ERR_NOMEM;
+	qs = tab + rows * max_kv;
+	kl = qs + rows + 1;
+	keys = kl + rows;
+	for (s = 0; s < a->n_seqs; s++) {
+		for (i = 0; i < a->q_start[s + 1] - a->q_start[s]; i++) {
+			int64_t r = a->q_start[s] + i, pos;
+			int64_t n = loom_attention_keys(a, a->q_start, a->kv_len, a->parent, s, i,
+							keys, &pos);
+
+			for (int64_t t = 0; t < n; t++) {
+				int64_t blk = a->block_table[s * a->max_blocks + keys[t] / a->block_size];
+
+				tab[r * max_kv + t] = (int32_t)(blk * a->block_size +
+								keys[t] % a->block_size);
+			}
+			qs[r] = (int32_t)r;
+			kl[r] = (int32_t)n;
+		}
+	}
+	qs[rows] = (int32_t)rows;
+	f.n_seqs = rows;
+	f.q_start = qs;
+	f.kv_len = kl;
+	f.block_table = tab;
+	f.block_size = 1;
+	f.max_blocks = max_kv;
+	f.window = 0; /* the keys are already cut to it */
+	f.parent = NULL;
+	rc = cpu_attention(ctx, &f);
+	free(tab);
+	return rc;
+}
+
 int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	struct attn_task tk;
@@ -783,6 +840,8 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		cpu_region_copy_args(&c.u.attention, sizeof(c.u.attention), a);
 		return cpu_region_record(ctx, &c);
 	}
+	if (LOOM_ATTN_PARENT(a))
+		return attn_tree(ctx, a, max_kv);
 	/* acc[head_dim] and scores[max_kv] for each head of a group; for a
 	 * typed cache also f32 staging of one KV head's keys and values,
 	 * [max_kv][head_dim] each */

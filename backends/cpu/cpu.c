@@ -354,6 +354,7 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 	case LOOM_OP_SCALE:
 	case LOOM_OP_KV_WRITE:
 	case LOOM_OP_ATTENTION:
+	case LOOM_OP_ATTENTION_TREE: /* attn_tree(), ABI 1.8 */
 		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
 	case LOOM_OP_COPY:
 	case LOOM_OP_SOFTCAP:

@@ -475,7 +475,9 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
+	/* no token trees (ABI 1.8) yet: the host drafts linearly */
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
+	    op == LOOM_OP_ATTENTION_TREE)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);

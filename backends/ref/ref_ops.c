@@ -75,7 +75,8 @@ bool ref_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return format_of(ctx, type, &be, &bb);
-	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION)
+	/* ABI 1.8: attention honours parent[] for every cache type */
+	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTION_TREE)
 		return loom_kvq_known(type); /* the KV cache types of ABI 1.3 */
 	/* Everything else, copy included, works on f32 only. */
 	return type == LOOM_TYPE_F32;
@@ -369,20 +370,21 @@ static const float *cache_at(const struct loom_attention_args *a, uint32_t type,
 }
 
 /*
- * One query head attending to cached tokens lo..pos of sequence s:
- * out = softmax(scale * q.k) . v, the softmax shifted by its maximum so no
- * exp overflows. p[] is scratch for pos - lo + 1 weights, buf for one
- * dequantized row of head_dim values.
+ * One query head attending to the cached tokens keys[0..n) of sequence s
+ * (ascending; lo..pos for a causal row): out = softmax(scale * q.k) . v,
+ * the softmax shifted by its maximum so no exp overflows. p[] is scratch
+ * for n weights, buf for one dequantized row of head_dim values.
  */
-static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s, int64_t lo,
-		   int64_t pos, int64_t kvh, const float *q, float *out, float *p, float *buf)
+static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s,
+		   const int32_t *keys, int64_t n, int64_t kvh, const float *q, float *out,
+		   float *p, float *buf)
 {
-	int64_t n = pos - lo + 1, hd = a->head_dim;
+	int64_t hd = a->head_dim;
 	float max = -INFINITY;
 	double sum = 0.0; /* softmax denominator, in double */
 
 	for (int64_t t = 0; t < n; t++) {
-		float score = a->scale * dot(q, cache_at(a, type, a->kcache, s, lo + t, kvh, buf), hd);
+		float score = a->scale * dot(q, cache_at(a, type, a->kcache, s, keys[t], kvh, buf), hd);
 
 		if (a->softcap > 0.0f)
 			score = a->softcap * tanhf(score / a->softcap);
@@ -397,7 +399,7 @@ static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s
 	for (int64_t d = 0; d < hd; d++)
 		out[d] = 0.0f;
 	for (int64_t t = 0; t < n; t++) {
-		const float *v = cache_at(a, type, a->vcache, s, lo + t, kvh, buf);
+		const float *v = cache_at(a, type, a->vcache, s, keys[t], kvh, buf);
 
 		for (int64_t d = 0; d < hd; d++)
 			out[d] += p[t] * v[d];
@@ -409,8 +411,9 @@ static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s
 int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 	int64_t rows, longest, width, group;
+	const int32_t *parent;
+	int32_t *keys;
 	float *p;
-
 	uint32_t type;
 	int rc;
 
@@ -425,6 +428,9 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		return LOOM_OK;
 	if (!a->q_start || !a->kv_len || !a->block_table || !loom_check_attention_tables(a, a->q_start, a->kv_len, a->block_table, &rows, &longest))
 		return LOOM_ERR_INVALID;
+	parent = LOOM_ATTN_PARENT(a);
+	if (parent && !loom_check_attention_parents(a, a->q_start, parent))
+		return LOOM_ERR_INVALID;
 	width = a->n_heads * a->head_dim;
 	if (!loom_check_shape(rows, width, a->q_stride) || !loom_check_shape(rows, width, a->out_stride))
 		return LOOM_ERR_INVALID;
@@ -434,26 +440,27 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		return LOOM_ERR_INVALID;
 	/* longest weights, then one dequantized row */
 	p = longest <= LOOM_CHECK_LIMIT - a->head_dim ? scratch(longest + a->head_dim) : NULL;
-	if (!p)
+	keys = p ? malloc(sizeof(int32_t) * (size_t)longest) : NULL;
+	if (!keys) {
+		free(p);
 		return LOOM_ERR_NOMEM;
+	}
 	group = a->n_heads / a->n_kv_heads; /* query heads per KV head */
 	for (int64_t s = 0; s < a->n_seqs; s++) {
 		int64_t q_len = a->q_start[s + 1] - a->q_start[s];
 
 		for (int64_t i = 0; i < q_len; i++) {
-			int64_t row = a->q_start[s] + i;
-			int64_t pos = a->kv_len[s] - q_len + i;
-			int64_t lo = a->window > 0 ? pos - a->window + 1 : 0;
+			int64_t row = a->q_start[s] + i, pos;
+			int64_t n = loom_attention_keys(a, a->q_start, a->kv_len, parent, s, i, keys, &pos);
 
-			if (lo < 0)
-				lo = 0;
 			for (int64_t h = 0; h < a->n_heads; h++)
-				attend(a, type, s, lo, pos, h / group,
+				attend(a, type, s, keys, n, h / group,
 				       a->q + row * a->q_stride + h * a->head_dim,
 				       a->out + row * a->out_stride + h * a->head_dim, p,
 				       p + longest);
 		}
 	}
+	free(keys);
 	free(p);
 	return LOOM_OK;
 }

@@ -16,6 +16,8 @@
  *   glu                        1e-7           a backend may use its own exp/tanh
  *   rope                       1e-5           a backend may compute angles in f32
  *   attention                  1e-6           f32 sums in any order
+ *   attention, token trees     1e-6           the same (ABI 1.8, optional:
+ *     (parent table)                          LOOM_OP_ATTENTION_TREE)
  *   gemm f32 / f16 / bf16      1e-6 / 1e-5 / 1e-4
  *                                             a backend may round activations to
  *                                             the weight's type and reorder sums
@@ -931,6 +933,7 @@ struct attn_case {
 	int32_t q_start[MAX_SEQS + 1], kv_len[MAX_SEQS];
 	int32_t *block_table;
 	float *kcache, *vcache, *q;
+	int32_t *parent; /* [rows] token trees (ABI 1.8), or NULL */
 };
 
 /* A mixed batch: a prefill from scratch, decodes (first token, at a block
@@ -1015,7 +1018,10 @@ static int attn_on(struct dev *d, const struct attn_case *c, float *out)
 	};
 	int rc = LOOM_ERR_NOMEM;
 
-	if (a.out && a.q && a.kcache && a.vcache && a.q_start && a.kv_len && a.block_table) {
+	if (c->parent)
+		a.parent = dev_put(d, c->parent, (size_t)c->rows * sizeof(int32_t));
+	if (a.out && a.q && a.kcache && a.vcache && a.q_start && a.kv_len && a.block_table &&
+	    (!c->parent || a.parent)) {
 		rc = d->ops->attention(d->ctx, &a);
 		if (rc == LOOM_OK)
 			rc = dev_get(d, out, a.out, out_bytes);
@@ -1033,6 +1039,14 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 	int rc_ref, rc;
 
 	attn_build(c);
+	if (c->parent)
+		r.name = "attention_tree";
+	if (c->parent) { /* a random forest per sequence: row i's parent in -1 .. i-1 */
+		c->parent = tb_xmalloc((size_t)c->rows * sizeof(int32_t));
+		for (int64_t s = 0; s < c->n_seqs; s++)
+			for (int32_t i = 0; i < c->q_start[s + 1] - c->q_start[s]; i++)
+				c->parent[c->q_start[s] + i] = (int32_t)tb_rand_int(i + 1) - 1;
+	}
 	r.rows = c->rows;
 	r.n = c->n_heads * c->head_dim;
 	r.stride = c->out_stride;
@@ -1040,17 +1054,19 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 	got = tb_poison(c->rows * c->out_stride);
 	orig = tb_poison(c->rows * c->out_stride);
 	snprintf(r.desc, sizeof(r.desc),
-		 "heads %lld/%lld head_dim %lld block %lld window %d softcap %g%s",
+		 "heads %lld/%lld head_dim %lld block %lld window %d softcap %g%s%s",
 		 (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim,
-		 (long long)c->block_size, c->window, c->softcap, c->pad ? " padded" : "");
+		 (long long)c->block_size, c->window, c->softcap, c->pad ? " padded" : "",
+		 c->parent ? " tree" : "");
 	rc_ref = attn_on(ref, c, want);
-	tb_current(d, "attention", "f32", r.desc);
+	tb_current(d, c->parent ? "attention_tree" : "attention", "f32", r.desc);
 	rc = attn_on(d, c, got);
 	rowop_compare(d, &r, rc_ref, rc, got, want, orig);
 	free(want);
 	free(got);
 	free(orig);
 	free(c->block_table);
+	free(c->parent);
 	free(c->kcache);
 	free(c->vcache);
 	free(c->q);
@@ -1080,6 +1096,30 @@ static void test_attention(struct dev *ref, struct dev *d)
 		.n_kv_heads = 1, .n_heads = 4, .head_dim = 64, .block_size = 16,
 	};
 	attn_case(ref, d, &mqa);
+}
+
+/* Token trees (ABI 1.8, optional): the same batches with a random parent
+ * table (each sequence's rows a forest over its cached prefix). */
+static void test_attention_tree(struct dev *ref, struct dev *d)
+{
+	static int32_t on = 1; /* any non-NULL parent: attn_case makes the table */
+	static const int64_t ratios[] = { 1, 3 }, blocks[] = { 16, 32 };
+	static const int32_t windows[] = { 0, 20 };
+
+	if (d->ops->abi_minor < 8 || !d->ops->supports(d->ctx, LOOM_OP_ATTENTION_TREE, LOOM_TYPE_F32)) {
+		tb_skip(d, "attention_tree", "f32");
+		return;
+	}
+	for (int ri = 0; ri < 2; ri++)
+		for (int bi = 0; bi < 2; bi++)
+			for (int wi = 0; wi < 2; wi++) {
+				struct attn_case c = {
+					.n_kv_heads = 2, .n_heads = 2 * ratios[ri], .head_dim = 64,
+					.block_size = blocks[bi], .window = windows[wi],
+					.softcap = wi ? 2.0f : 0.0f, .pad = bi, .parent = &on,
+				};
+				attn_case(ref, d, &c);
+			}
 }
 
 /* ---- moe (optional, ABI 1.6; check/moe.c) ---- */
@@ -1118,4 +1158,5 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 	for (size_t i = 0; i < N_WEIGHT_TYPES; i++)
 		test_gemm_batches(ref, d, weight_types[i]);
 	test_argmax(d);
+	test_attention_tree(ref, d);
 }

@@ -606,6 +606,46 @@ int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src)
 	return 0;
 }
 
+/* One pool's part of loom_kv_move_rows. */
+static int move_rows_pool(struct loom_kv *kv, const struct loom_kv_seq *seq,
+			  const int32_t *from, const int32_t *to, int32_t n)
+{
+	const struct loom_backend *be = kv->be;
+	size_t rb = kv->row_bytes;
+
+	for (int64_t l = 0; l < kv->n_layer; l++) {
+		char *k = kv->base + (size_t)(2 * l) * kv->layer_bytes;
+		char *v = k + kv->layer_bytes;
+
+		for (int32_t i = 0; i < n; i++) {
+			size_t d = (size_t)loom_kv_slot(kv, seq, to[i]) * rb;
+			size_t s = (size_t)loom_kv_slot(kv, seq, from[i]) * rb;
+			int rc = be->ops->copy(be->ctx, k + d, k + s, rb);
+
+			if (!rc)
+				rc = be->ops->copy(be->ctx, v + d, v + s, rb);
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+int loom_kv_move_rows(struct loom_kv *kv, struct loom_kv_seq *seq, const int32_t *from,
+		      const int32_t *to, int32_t n)
+{
+	int32_t cap = seq->n_blocks * (int32_t)kv->block_size;
+	int rc;
+
+	for (int32_t i = 0; i < n; i++)
+		if (from[i] < 0 || to[i] < 0 || from[i] >= cap || to[i] >= cap)
+			return LOOM_ERR_INVALID;
+	rc = move_rows_pool(kv, seq, from, to, n);
+	if (!rc && kv->local && seq->local)
+		rc = move_rows_pool(kv->local, seq->local, from, to, n);
+	return rc;
+}
+
 uint64_t loom_kv_block_hash(uint64_t parent, const int32_t *tokens, int64_t n)
 {
 	return XXH3_64bits_withSeed(tokens, (size_t)n * sizeof(int32_t), parent);

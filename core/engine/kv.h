@@ -174,6 +174,12 @@ int loom_kv_fork(struct loom_kv *kv, struct loom_kv_seq *dst,
  * this pool with the backend's copy op. 0 or a negative loom_status. */
 int loom_kv_copy_block(struct loom_kv *kv, int32_t dst, int32_t src);
 
+/* Copies the K/V rows of seq's positions from[i] to positions to[i], in
+ * order, in every layer of both pools (token trees: the accepted path's
+ * rows to consecutive positions). The positions must be reserved and the
+ * destinations private to seq. 0 or a negative loom_status. */
+int loom_kv_move_rows(struct loom_kv *kv, struct loom_kv_seq *seq, const int32_t *from,
+		      const int32_t *to, int32_t n);
 /* Chain hash of a block: XXH3-64 of its n token ids seeded with the
  * parent block's hash (LOOM_KV_ROOT_HASH for the first block). */
 #define LOOM_KV_ROOT_HASH 0x6c6f6f6d6b76ULL

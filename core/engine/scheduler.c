@@ -21,6 +21,8 @@
 #include "util.h"
 
 #define DEFAULT_KV_BYTES (256ull << 20)
+/* most rows a speculating decode verifies: its last token and 64 drafts */
+#define SPEC_ROWS_MAX 65
 
 struct req {
 	/* the queue and the caller */
@@ -49,6 +51,8 @@ struct req {
 		int32_t max_draft;
 		bool greedy;
 		uint64_t seed;    /* of its acceptance streams */
+		/* a token tree's parent per row (SPEC_ROWS_MAX), made with sq */
+		int32_t *parent;
 	} spec;
 	/* constrained decoding: the grammar (a reference) and its matcher,
 	 * made on the engine thread at the first sampled token */
@@ -81,6 +85,7 @@ struct entry {
 	struct req *r;
 	int32_t n;
 	bool spec;   /* a speculating decode: 1 token + n - 1 drafts, n rows */
+	bool tree;   /* its drafts are a token tree (parents: r->spec.parent) */
 	bool asked;  /* its strategy proposed (and so gets observe) */
 	bool all;    /* a prompt chunk of a request that keeps every row
 		      (all_logits, prompt_logprobs, hidden): n rows */
@@ -103,6 +108,8 @@ struct loom_sched {
 	struct entry *plan;
 	int32_t n_plan;
 	int32_t *tok_buf, *q_start, *out_rows;
+	int32_t *parent_buf; /* a step's token-tree parents (loom_batch.parent) */
+	bool trees;          /* the executor verifies token trees */
 	struct loom_kv_seq **seqs;
 	float *logits;
 	struct loom_sched_stats eng; /* counters kept by the engine */
@@ -284,6 +291,7 @@ static void req_free(struct loom_sched *s, struct req *r)
 {
 	loom_kv_seq_release(s->kv, &r->seq);
 	loom_spec_seq_free(r->spec.sq);
+	free(r->spec.parent);
 	loom_sampler_free(r->smp);
 	loom_gmatch_free(r->gram.gm);
 	loom_grammar_free(r->gram.grammar);
@@ -704,16 +712,21 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	if (!r->spec.sq) {
 		r->spec.sq = loom_spec_seq_new(r->spec.kind, r->spec.max_draft, r->spec.seed,
 					       s->spec_target, err, sizeof(err));
-		if (!r->spec.sq) {
-			fail_running(s, r, err);
+		r->spec.parent = malloc(sizeof(int32_t) * (SPEC_ROWS_MAX + 1));
+		if (!r->spec.sq || !r->spec.parent) {
+			fail_running(s, r, r->spec.sq ? "speculation: out of memory" : err);
 			return -1;
 		}
 	}
 	if (max <= 0)
 		return 0;
 	*asked = true;
+	/* a tree's nodes are rows like a chain's drafts; no trees with a
+	 * grammar (its lookahead follows one continuation) */
 	k = loom_spec_seq_propose(r->spec.sq, &r->seq, r->tokens, r->n_tokens, max,
-				  r->tokens + r->n_tokens, err, sizeof(err));
+				  r->tokens + r->n_tokens,
+				  s->trees && !r->gram.grammar ? r->spec.parent : NULL, err,
+				  sizeof(err));
 	if (k < 0) {
 		fail_running(s, r, err);
 		return -1;
@@ -771,7 +784,7 @@ static int plan_decode(struct loom_sched *s, struct req *r, int32_t *budget, int
 	if (k == 0 && reserve_running(s, r, 1, budget))
 		return -1;
 	s->plan[s->n_plan++] = (struct entry){ .r = r, .n = 1 + k, .spec = r->spec.kind != NULL,
-		.asked = asked, .row = -1 };
+		.tree = k > 0 && loom_spec_seq_is_tree(r->spec.sq), .asked = asked, .row = -1 };
 	*budget -= 1 + k;
 	s->rows_left -= k;
 	if (r->spec.kind) {
@@ -1094,8 +1107,33 @@ static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k)
  * rest, registers the blocks now final, and reports the accepted drafts
  * and the target's token in order, as plain decoding would have.
  */
+/* After a token tree's verification: accepts a path (its tokens land
+ * in r->tokens after the last) and moves its rows' K/V to the positions
+ * that follow the last token, one copy per accepted node that is not in
+ * place already. Returns the path's length, or -1 when r failed. */
+static int32_t tree_accept(struct loom_sched *s, struct req *r, float *rows, int32_t k,
+			   int32_t *next)
+{
+	int32_t n_kv = r->seq.n_tokens - k - 1, path[SPEC_ROWS_MAX], from[SPEC_ROWS_MAX];
+	int32_t to[SPEC_ROWS_MAX], n_acc, n = 0;
+
+	n_acc = loom_spec_seq_accept_tree(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
+					  r->n_tokens, k, path, next);
+	for (int32_t d = 0; d < n_acc; d++) {
+		if (path[d] == d + 1)
+			continue;
+		from[n] = n_kv + path[d];
+		to[n++] = n_kv + 1 + d;
+	}
+	if (n && loom_kv_move_rows(s->kv, &r->seq, from, to, n)) {
+		fail_running(s, r, "kv cache: moving the accepted path's rows failed");
+		return -1;
+	}
+	return n_acc;
+}
+
 static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_t k,
-			bool asked)
+			bool asked, bool tree)
 {
 	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i;
 
@@ -1112,8 +1150,11 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 			if (grammar_mask(s, r, i, rows + (size_t)i * (size_t)s->n_vocab))
 				return;
 	}
-	n_acc = loom_spec_seq_accept(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
+	n_acc = tree ? tree_accept(s, r, rows, k, &next) :
+		loom_spec_seq_accept(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
 				     r->n_tokens, k, &next);
+	if (n_acc < 0)
+		return;
 	loom_kv_truncate(s->kv, &r->seq, n_kv + 1 + n_acc);
 	/* the cache now holds r->tokens[0 .. n_tokens + n_acc): all final */
 	if (s->cfg.prefix_cache)
@@ -1228,6 +1269,19 @@ static bool greedy_step(struct loom_sched *s)
 }
 /* ---- end of greedy on the device ---- */
 
+/* A step with a token tree: every entry's parents (a tree's, else each
+ * token's the one before it) into parent_buf, by batch token. */
+static void batch_parents(struct loom_sched *s)
+{
+	for (int32_t i = 0; i < s->n_plan; i++) {
+		const struct entry *e = &s->plan[i];
+		int32_t *p = s->parent_buf + s->q_start[i];
+
+		for (int32_t j = 0; j < e->n; j++)
+			p[j] = e->tree ? e->r->spec.parent[j] : j - 1;
+	}
+}
+
 /* Flattens the plan into a batch, runs it and samples. */
 static int run_plan(struct loom_sched *s)
 {
@@ -1248,7 +1302,11 @@ static int run_plan(struct loom_sched *s)
 		s->seqs[i] = &r->seq;
 		e->pos = r->seq.n_tokens;
 		e->last = e->pos + e->n == r->n_tokens;
+		if (e->tree)
+			b.parent = s->parent_buf;
 	}
+	if (b.parent)
+		batch_parents(s);
 	s->q_start[s->n_plan] = b.n_tokens;
 	/* rows that need logits first; hidden-state-only rows last, where the
 	 * output layer does not run */
@@ -1277,7 +1335,8 @@ static int run_plan(struct loom_sched *s)
 		if (e->row < 0)
 			continue;
 		if (e->spec) {
-			spec_finish(s, e->r, s->logits + (size_t)e->row * V, e->n - 1, e->asked);
+			spec_finish(s, e->r, s->logits + (size_t)e->row * V, e->n - 1, e->asked,
+				    e->tree);
 			continue;
 		}
 		if (e->all && save_rows(s, e))
@@ -1421,17 +1480,19 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	if (!s->exec)
 		return -1;
 	s->spec_target = loom_spec_target_new(s->m, s->kv, s->cfg.max_ctx);
+	s->trees = loom_exec_trees(s->exec);
 	s->running = calloc(seqs, sizeof(*s->running));
 	s->plan = calloc(seqs, sizeof(*s->plan));
 	s->q_start = calloc(seqs + 1, sizeof(int32_t));
 	s->out_rows = calloc((size_t)s->max_out, sizeof(int32_t));
 	s->seqs = calloc(seqs, sizeof(*s->seqs));
 	s->tok_buf = calloc((size_t)s->cfg.max_batch_tokens, sizeof(int32_t));
+	s->parent_buf = calloc((size_t)s->cfg.max_batch_tokens, sizeof(int32_t));
 	s->logits = calloc((size_t)s->max_out * (size_t)s->n_vocab, sizeof(float));
 	s->raw_row = calloc((size_t)s->n_vocab, sizeof(float));
 	s->hidden_buf = calloc((size_t)s->max_out * (size_t)hp->n_embd, sizeof(float));
 	if (!s->running || !s->plan || !s->q_start || !s->out_rows ||
-	    !s->seqs || !s->tok_buf || !s->logits || !s->raw_row || !s->hidden_buf ||
+	    !s->seqs || !s->tok_buf || !s->parent_buf || !s->logits || !s->raw_row || !s->hidden_buf ||
 	    !s->spec_target) {
 		loom_seterr(err, errlen, "scheduler: out of memory");
 		return -1;
@@ -1451,6 +1512,7 @@ static void free_engine(struct loom_sched *s)
 	free(s->out_rows);
 	free(s->seqs);
 	free(s->tok_buf);
+	free(s->parent_buf);
 	free(s->logits);
 	free(s->raw_row);
 	free(s->hidden_buf);

@@ -80,6 +80,7 @@ static int32_t draw_from(uint64_t rng[4], const float *w, int32_t n)
 /* ---- finding and loading plugins (the one loader, plugin/loader.h) ---- */
 
 #define SPEC_V1_SIZE (offsetof(struct loom_spec_plugin, destroy) + sizeof(void *))
+#define TREE_SLOT_END (offsetof(struct loom_spec_plugin, propose_tree) + sizeof(void *))
 
 static const struct loom_plugin_slot spec_required[] = {
 	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, create),
@@ -89,6 +90,7 @@ static const struct loom_plugin_slot spec_required[] = {
 
 static const struct loom_plugin_slot spec_optional[] = {
 	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, observe),
+	LOOM_PLUGIN_SLOT(struct loom_spec_plugin, propose_tree), /* 1.1 */
 };
 
 /* Only the common checks: ABI, size, the name (may be NULL) and the
@@ -158,6 +160,11 @@ static int check_config(const struct loom_spec_config *c, char *err, size_t errl
 	if (c->min_draft < 1 || c->max_draft < c->min_draft || c->max_draft > SPEC_MAX_DRAFT_LIMIT) {
 		loom_seterr(err, errlen, "speculation: need 1 <= spec_min_draft (%d) <= spec_max_draft (%d) <= %d",
 			c->min_draft, c->max_draft, SPEC_MAX_DRAFT_LIMIT);
+		return -1;
+	}
+	if (c->max_tree < 0 || c->max_tree > SPEC_MAX_DRAFT_LIMIT) {
+		loom_seterr(err, errlen, "speculation: need 0 <= spec_tree (%d) <= %d", c->max_tree,
+			SPEC_MAX_DRAFT_LIMIT);
 		return -1;
 	}
 	if (c->ngram_min < 1 || c->ngram_max < c->ngram_min) {
@@ -442,9 +449,12 @@ struct loom_spec_seq {
 	bool soft_fail;    /* a runner ran out of blocks this propose */
 	/* the drafts and their acceptance */
 	int32_t max_draft;
-	int32_t *dtok;   /* [max_draft] */
+	int32_t max_tree; /* nodes of a tree proposal (0: trees off) */
+	int32_t *dtok;   /* [max(max_draft, max_tree)] */
+	int32_t *dpar;   /* [max_tree] a tree's parents, as the plugin gave them */
 	float *dprobs;   /* [max_draft][n_vocab] */
 	bool has_probs;
+	bool tree;       /* the last proposal is a tree (dtok, dpar by row) */
 	float *ptgt, *resid;
 	uint64_t rng[4], draft_rng[4];
 	/* runners: early exit on the target (NULL: none), and this
@@ -610,7 +620,8 @@ const char *loom_spec_kind_path(const struct loom_spec_kind *k)
 
 int32_t loom_spec_kind_max_draft(const struct loom_spec_kind *k)
 {
-	return k->cfg.max_draft;
+	return k->cfg.max_tree > k->cfg.max_draft && k->p->struct_size >= TREE_SLOT_END &&
+	       k->p->propose_tree ? k->cfg.max_tree : k->cfg.max_draft;
 }
 
 void loom_spec_kind_stats(const struct loom_spec_kind *k, struct loom_spec_kind_stats *st)
@@ -683,12 +694,14 @@ void loom_spec_kind_free(struct loom_spec_kind *k)
 static int seq_alloc(struct loom_spec_seq *q)
 {
 	size_t d = (size_t)q->max_draft, v = (size_t)q->k->n_vocab;
+	size_t n = q->max_tree > q->max_draft ? (size_t)q->max_tree : d;
 
-	q->dtok = malloc(sizeof(int32_t) * d);
+	q->dtok = malloc(sizeof(int32_t) * n);
+	q->dpar = malloc(sizeof(int32_t) * (n + 1));
 	q->dprobs = malloc(sizeof(float) * d * v);
 	q->ptgt = malloc(sizeof(float) * v);
 	q->resid = malloc(sizeof(float) * v);
-	return q->dtok && q->dprobs && q->ptgt && q->resid ? 0 : -1;
+	return q->dtok && q->dpar && q->dprobs && q->ptgt && q->resid ? 0 : -1;
 }
 
 struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_draft,
@@ -706,6 +719,8 @@ struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_dr
 	q->target = t;
 	q->max_draft = max_draft > 0 && max_draft <= SPEC_MAX_DRAFT_LIMIT ? max_draft :
 		       k->cfg.max_draft;
+	if (k->p->struct_size >= TREE_SLOT_END && k->p->propose_tree)
+		q->max_tree = k->cfg.max_tree;
 	if (seq_alloc(q))
 		goto out_free_nomem;
 	loom_rng_seed(q->rng, seed ^ 0x5bec5bec5bec5becull);
@@ -721,7 +736,7 @@ struct loom_spec_seq *loom_spec_seq_new(struct loom_spec_kind *k, int32_t max_dr
 		.min_draft = k->cfg.min_draft < q->max_draft ? k->cfg.min_draft : q->max_draft,
 		.max_draft = q->max_draft, .ngram_min = k->cfg.ngram_min,
 		.ngram_max = k->cfg.ngram_max, .layers = early_exit ? k->ee_layers : 0,
-		.has_draft_model = k->pool != NULL,
+		.has_draft_model = k->pool != NULL, .max_tree = q->max_tree,
 	};
 	rc = k->p->create(&q->host, &q->params, &q->ctx, msg, sizeof(msg));
 	if (rc) {
@@ -749,24 +764,27 @@ void loom_spec_seq_free(struct loom_spec_seq *q)
 		loom_kv_seq_release(q->k->pool->run.kv, &q->dseq);
 	free(q->dmirror);
 	free(q->dtok);
+	free(q->dpar);
 	free(q->dprobs);
 	free(q->ptgt);
 	free(q->resid);
 	free(q);
 }
 
-/* Runs the plugin's propose with the sequence lent to its services. */
+/* Runs the plugin's propose (or propose_tree, with t) with the sequence
+ * lent to its services. */
 static int32_t call_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
-			    const int32_t *hist, int64_t n_hist, struct loom_spec_draft *d)
+			    const int32_t *hist, int64_t n_hist, struct loom_spec_draft *d,
+			    struct loom_spec_tree *t)
 {
 	int32_t k;
 
 	q->hist = hist;
 	q->n_hist = n_hist;
 	q->kvs = kvs;
-	q->room = d->max;
+	q->room = t ? t->max : d->max;
 	q->soft_fail = false;
-	k = q->k->p->propose(q->ctx, d);
+	k = t ? q->k->p->propose_tree(q->ctx, t) : q->k->p->propose(q->ctx, d);
 	q->room = 0;
 	/* the early-exit runner wrote its first layers past the last token:
 	 * drop them, the verification pass writes every layer again */
@@ -776,22 +794,64 @@ static int32_t call_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 	return k;
 }
 
+/*
+ * Keeps the well-formed part of the plugin's tree of k nodes (q->dtok,
+ * q->dpar): a node whose parent was dropped or is not earlier, whose
+ * token is out of the vocabulary or repeats an earlier sibling's is
+ * dropped with its subtree. Writes the kept tokens to out[] and their
+ * rows' parents to parent[] (row 0 the last token, parent -1; row 1 + i
+ * node i). Returns the nodes kept; *chain: each row's parent is the row
+ * before (a plain continuation).
+ */
+static int32_t tree_rows(struct loom_spec_seq *q, int32_t k, int32_t *out, int32_t *parent,
+			 bool *chain)
+{
+	int32_t *row = q->dpar; /* row[i] replaces dpar[i] once read */
+	int32_t n = 0;
+
+	parent[0] = -1;
+	*chain = true;
+	for (int32_t i = 0; i < k; i++) {
+		int32_t p = q->dpar[i], tok = q->dtok[i], pr;
+		bool ok = p >= -1 && p < i && (p < 0 || row[p] >= 0) && tok >= 0 &&
+			  tok < q->k->n_vocab;
+
+		pr = ok ? (p < 0 ? 0 : row[p]) : -1;
+		for (int32_t j = 1; ok && j <= n; j++)
+			if (parent[j] == pr && out[j - 1] == tok)
+				ok = false; /* a repeated sibling */
+		row[i] = ok ? ++n : -1;
+		if (!ok)
+			continue;
+		out[n - 1] = tok;
+		parent[n] = pr;
+		*chain &= pr == n - 1;
+	}
+	/* what acceptance walks: the kept nodes, by row */
+	memcpy(q->dtok, out, sizeof(int32_t) * (size_t)n);
+	memcpy(q->dpar, parent, sizeof(int32_t) * (size_t)(n + 1));
+	return n;
+}
+
 int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 			      const int32_t *hist, int64_t n_hist, int32_t max, int32_t *out,
-			      char *err, size_t errlen)
+			      int32_t *parent, char *err, size_t errlen)
 {
 	struct loom_spec_draft d = { .tokens = q->dtok, .probs = q->dprobs };
+	struct loom_spec_tree t = { .tokens = q->dtok, .parent = q->dpar };
+	bool tree = parent && q->max_tree > 0, chain = true;
 	uint64_t replay[4];
 	int32_t k;
 
 	q->has_probs = false;
-	if (max > q->max_draft)
-		max = q->max_draft;
+	q->tree = false;
+	if (max > (tree ? q->max_tree : q->max_draft))
+		max = tree ? q->max_tree : q->max_draft;
 	if (max <= 0)
 		return 0;
-	d.max = max;
+	d.max = t.max = max;
 	memcpy(replay, q->draft_rng, sizeof(replay));
-	k = call_propose(q, kvs, hist, n_hist, &d);
+	k = call_propose(q, kvs, hist, n_hist, &d, tree ? &t : NULL);
 	if (k < 0 && q->soft_fail)
 		return 0; /* a runner had no blocks to draft in: no drafts */
 	if (k < 0) {
@@ -801,6 +861,11 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 	}
 	if (k > max)
 		k = max;
+	if (tree) {
+		k = tree_rows(q, k, out, parent, &chain);
+		q->tree = !chain;
+		return k;
+	}
 	for (int32_t i = 0; i < k; i++) {
 		if (q->dtok[i] < 0 || q->dtok[i] >= q->k->n_vocab) {
 			k = i;
@@ -814,6 +879,93 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 	}
 	memcpy(out, q->dtok, sizeof(int32_t) * (size_t)k);
 	return k;
+}
+
+/* The first child of row r at or after row `from` (rows > r), or -1. */
+static int32_t next_child(const struct loom_spec_seq *q, int32_t k, int32_t r, int32_t from)
+{
+	for (int32_t c = from; c <= k; c++)
+		if (q->dpar[c] == r)
+			return c;
+	return -1;
+}
+
+/*
+ * Rejection sampling over the children of one node, each a point mass on
+ * its token (siblings differ): child x is accepted with probability p(x)
+ * under what is left of p; on rejection p(x) becomes 0 and p is
+ * renormalized (normalize(max(0, p - q)) for q the point mass), and the
+ * next child is tried. Each emitted token is distributed as p (SpecInfer's
+ * multi-draft rule with deterministic drafts). p is vb->ptgt. Returns the
+ * accepted child's row, or -1 with *next drawn from what is left.
+ */
+static int32_t accept_children(const struct loom_spec_seq *q, const struct verify_buf *vb,
+			       int32_t k, int32_t r, int32_t *next)
+{
+	for (int32_t c = next_child(q, k, r, r + 1); c >= 0; c = next_child(q, k, r, c + 1)) {
+		int32_t x = q->dtok[c - 1];
+
+		if (loom_rng_uniform(vb->rng) < vb->ptgt[x])
+			return c;
+		vb->ptgt[x] = 0.0f;
+		if (normalize(vb->ptgt, vb->n_vocab))
+			break;
+	}
+	*next = draw_from(vb->rng, vb->ptgt, vb->n_vocab);
+	return -1;
+}
+
+/*
+ * Walks the tree of the last proposal from row 0: at row r (depth d) the
+ * target's choice (greedy: the sampler's pick; sampling: the rule above)
+ * either is a child, which is taken, or ends the walk as *next. The
+ * history row r's sampler sees is the sequence plus the path to r: the
+ * path's tokens are written to hist[n_hist + d] as it goes. Returns the
+ * path's length; path[d] gets the row at depth d + 1.
+ */
+static int32_t accept_tree(struct loom_spec_seq *q, const struct verify_buf *vb,
+			   struct loom_sampler *smp, bool greedy, int32_t *hist, int64_t n_hist,
+			   int32_t k, int32_t *path, int32_t *next)
+{
+	const int32_t V = vb->n_vocab;
+	int32_t r = 0, d = 0;
+
+	for (;;) {
+		float *row = vb->rows + (size_t)r * V;
+		int32_t c = -1, t;
+
+		if (greedy) {
+			t = loom_sampler_sample(smp, row, hist, n_hist + d);
+			for (c = next_child(q, k, r, r + 1); c >= 0 && q->dtok[c - 1] != t;)
+				c = next_child(q, k, r, c + 1);
+			if (c < 0)
+				*next = t;
+		} else {
+			loom_sampler_probs(smp, row, hist, n_hist + d, vb->ptgt);
+			c = accept_children(q, vb, k, r, next);
+		}
+		if (c < 0)
+			return d;
+		hist[n_hist + d] = q->dtok[c - 1];
+		path[d++] = c;
+		r = c;
+	}
+}
+
+int32_t loom_spec_seq_accept_tree(struct loom_spec_seq *q, struct loom_sampler *smp,
+				  bool greedy, float *rows, int32_t *hist, int64_t n_hist,
+				  int32_t k, int32_t *path, int32_t *next)
+{
+	struct verify_buf vb = { .n_vocab = q->k->n_vocab, .rows = rows, .ptgt = q->ptgt,
+		.resid = q->resid, .rng = q->rng };
+
+	*next = -1;
+	return accept_tree(q, &vb, smp, greedy, hist, n_hist, k, path, next);
+}
+
+bool loom_spec_seq_is_tree(const struct loom_spec_seq *q)
+{
+	return q->tree;
 }
 
 int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,

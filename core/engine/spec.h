@@ -29,6 +29,7 @@ struct loom_spec_config {
 	int32_t ngram_min, ngram_max;
 	const char *draft_model; /* GGUF path, or NULL */
 	int32_t layers;          /* early-exit layers; 0: half the target's */
+	int32_t max_tree;        /* nodes of a token tree; 0: chains only */
 };
 
 /* Defaults: min 1, max 8, n-grams 1..4, no draft model, layers 0. */
@@ -117,10 +118,27 @@ void loom_spec_seq_free(struct loom_spec_seq *q);
  * not yet in kvs, which holds the n_hist - 1 before it), written to
  * out[]. An early-exit runner may write past kvs's end while drafting;
  * kvs is back at n_hist - 1 tokens on return. Returns how many (0 also
- * when a runner had no KV blocks to draft in), or -1 with err set. */
+ * when a runner had no KV blocks to draft in), or -1 with err set.
+ * parent non-NULL (room for max + 1): the caller can verify a token tree,
+ * and a strategy with trees (spec_tree > 0, propose_tree) may give one:
+ * out[] then holds its nodes and parent[] the parent row of each row of
+ * the verification chunk (row 0 the last token: -1; row 1 + i node i).
+ * loom_spec_seq_is_tree says whether it did (else the drafts are a plain
+ * continuation and parent[] is unspecified). */
 int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 			      const int32_t *hist, int64_t n_hist, int32_t max, int32_t *out,
-			      char *err, size_t errlen);
+			      int32_t *parent, char *err, size_t errlen);
+/* Whether the last proposal is a tree (rows with the parents it gave). */
+bool loom_spec_seq_is_tree(const struct loom_spec_seq *q);
+/* After a tree proposal of k nodes: walks rows [k + 1][n_vocab] (row r
+ * follows the path to row r; penalties applied in place) from row 0 and
+ * keeps the longest path the target accepts, greedy or by rejection
+ * sampling. The path's tokens go to hist[n_hist ..] (room for k + 1),
+ * path[d] gets the row at depth d + 1. Returns the path's length; *next
+ * gets the target's token after it (-1 if none could be drawn). */
+int32_t loom_spec_seq_accept_tree(struct loom_spec_seq *q, struct loom_sampler *smp,
+				  bool greedy, float *rows, int32_t *hist, int64_t n_hist,
+				  int32_t k, int32_t *path, int32_t *next);
 /* Checks the last proposal's first k drafts against rows [k + 1][n_vocab]
  * (row i follows draft i; penalties are applied in place); hist[n_hist ..
  * n_hist + k) must hold the drafts. Returns the drafts accepted (the

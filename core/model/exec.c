@@ -14,8 +14,8 @@
 /* Device int32 inputs of one step. The windowed layers' slots and block
  * table (IN_LSLOTS, IN_LBLOCKS) are empty when the cache has no windowed
  * pool; IN_BLOCKS and IN_LBLOCKS stay last (uploaded up to their used part). */
-enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_LSLOTS, IN_QSTART, IN_KVLEN, IN_BLOCKS,
-       IN_LBLOCKS, IN_COUNT };
+enum { IN_TOKENS, IN_POS, IN_SLOTS, IN_LSLOTS, IN_QSTART, IN_KVLEN, IN_PARENT,
+       IN_BLOCKS, IN_LBLOCKS, IN_COUNT };
 
 struct loom_exec {
 	struct loom_model *m;
@@ -97,7 +97,7 @@ static bool layout(struct loom_exec *e, int64_t n_blocks, bool local, size_t *of
 	int i;
 
 	e->in_count[IN_TOKENS] = e->in_count[IN_POS] = e->in_count[IN_SLOTS] =
-		(size_t)e->max_tokens;
+		e->in_count[IN_PARENT] = (size_t)e->max_tokens;
 	e->in_count[IN_QSTART] = (size_t)e->max_seqs + 1;
 	e->in_count[IN_KVLEN] = (size_t)e->max_seqs;
 	if (__builtin_mul_overflow((size_t)e->max_seqs, (size_t)n_blocks, &e->in_count[IN_BLOCKS]))
@@ -281,6 +281,27 @@ static int prepare_local(struct loom_exec *e, const struct loom_batch *b, int32_
 	return 0;
 }
 
+/* Token trees: sequence s's parents (checked: -1 or an earlier token of
+ * the sequence) into the inputs, and its positions from their depths. */
+static int tree_positions(struct loom_exec *e, const struct loom_batch *b, int32_t s,
+			  char *err, size_t errlen)
+{
+	int32_t q0 = b->q_start[s], q_len = b->q_start[s + 1] - q0;
+
+	for (int32_t i = 0; i < q_len; i++) {
+		int32_t p = b->parent[q0 + i];
+
+		if (p < -1 || p >= i) {
+			loom_seterr(err, errlen, "batch: sequence %d token %d has parent %d", s, i, p);
+			return -1;
+		}
+		e->host_in[IN_PARENT][q0 + i] = p;
+		e->host_in[IN_POS][q0 + i] = p < 0 ? b->seqs[s]->n_tokens :
+					     e->host_in[IN_POS][q0 + p] + 1;
+	}
+	return 0;
+}
+
 /* Checks the batch against the limits and the cache; fills host inputs. */
 static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 		   size_t errlen)
@@ -291,8 +312,9 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 	    b->n_seqs > e->max_seqs || b->n_out < 0 || b->n_out > e->max_out ||
 	    b->n_hidden_only < 0 || b->n_hidden_only > b->n_out ||
 	    (b->n_hidden_only && e->m->shard.dist) ||
-	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens) {
-		loom_seterr(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs)",
+	    b->q_start[0] != 0 || b->q_start[b->n_seqs] != b->n_tokens ||
+	    (b->parent && !loom_exec_trees(e))) {
+		loom_seterr(err, errlen, "batch: bad sizes (%d tokens, %d sequences, %d outputs) or a tree the backend cannot run",
 			b->n_tokens, b->n_seqs, b->n_out);
 		return -1;
 	}
@@ -331,6 +353,8 @@ static int prepare(struct loom_exec *e, const struct loom_batch *b, char *err,
 			e->host_in[IN_POS][t] = seq->n_tokens + i;
 			e->host_in[IN_SLOTS][t] = loom_kv_slot(e->kv, seq, seq->n_tokens + i);
 		}
+		if (b->parent && tree_positions(e, b, s, err, errlen))
+			return -1;
 		e->host_in[IN_QSTART][s] = b->q_start[s];
 		e->host_in[IN_KVLEN][s] = (int32_t)kv_len;
 		memcpy(e->host_in[IN_BLOCKS] + (size_t)s * (size_t)e->table_stride,
@@ -453,6 +477,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
 		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
+		.parent = b->parent ? e->in[IN_PARENT] : NULL,
 	};
 
 	return be->ops->attention(be->ctx, &a);
@@ -690,6 +715,11 @@ bool loom_exec_device_greedy(const struct loom_exec *e)
 	       !(v && !strcmp(v, "0"));
 }
 
+bool loom_exec_trees(const struct loom_exec *e)
+{
+	return !e->m->shard.dist && loom_backend_has_tree(e->m->be, e->kv->type);
+}
+
 const int32_t *loom_exec_greedy_ids(const struct loom_exec *e)
 {
 	return e->ids_valid ? e->ids : NULL;
@@ -815,7 +845,8 @@ static void micro_batch(struct loom_exec *e, const struct loom_batch *b, const i
 		e->sub_q[s - s0] = b->q_start[s] - t0;
 	*sub = (struct loom_batch){ .n_tokens = t1 - t0, .tokens = b->tokens + t0,
 		.n_seqs = s1 - s0, .q_start = e->sub_q, .seqs = b->seqs + s0,
-		.n_out = o1 - o0, .out_rows = e->sub_out };
+		.n_out = o1 - o0, .out_rows = e->sub_out,
+		.parent = b->parent ? b->parent + t0 : NULL };
 	*out_lo = o0;
 }
 

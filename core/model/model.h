@@ -207,6 +207,12 @@ struct loom_batch {
 	 * loom_exec_device_greedy): the backend may pick the tokens itself
 	 * and download only them (loom_exec_greedy_ids) */
 	bool greedy;
+	/* token trees (loom_exec_trees): NULL, or per token the index of its
+	 * parent among its sequence's tokens of this step (-1: the cached
+	 * prefix). Its position is then the sequence's length plus its depth
+	 * and it attends to the prefix and its ancestors only; its K/V still
+	 * go to the next free slot in token order. */
+	const int32_t *parent;
 };
 
 struct loom_exec;
@@ -232,6 +238,9 @@ int loom_exec_hidden(struct loom_exec *e, int32_t first, int32_t n, float *out);
  * backend's argmax slot, ABI 1.7; not on distributed jobs, nor where the
  * host would soft-cap the logits; LOOM_DEVICE_GREEDY=0 turns it off). */
 bool loom_exec_device_greedy(const struct loom_exec *e);
+/* Whether steps may carry token trees (loom_batch.parent): the backend's
+ * attention honours them (ABI 1.8) over this cache, on one rank. */
+bool loom_exec_trees(const struct loom_exec *e);
 /* After a successful step with b.greedy set and loom_exec_device_greedy:
  * the greedy token of each logit row (the logits themselves were not
  * downloaded). NULL for any other step. */

@@ -116,6 +116,11 @@ bool loom_backend_has_argmax(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(argmax) && b->ops->argmax;
 }
 
+bool loom_backend_has_tree(const struct loom_backend *b, uint32_t kv_type)
+{
+	return b->ops->abi_minor >= 8 && b->ops->supports(b->ctx, LOOM_OP_ATTENTION_TREE, kv_type);
+}
+
 bool loom_backend_has_collective(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(collective) && b->ops->collective;

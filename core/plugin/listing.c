@@ -70,7 +70,7 @@ static const char *const op_names[LOOM_OP_COUNT] = {
 	[LOOM_OP_ROPE] = "rope", [LOOM_OP_GLU] = "glu", [LOOM_OP_ADD] = "add",
 	[LOOM_OP_SCALE] = "scale", [LOOM_OP_KV_WRITE] = "kv_write",
 	[LOOM_OP_ATTENTION] = "attention", [LOOM_OP_COPY] = "copy",
-	[LOOM_OP_SOFTCAP] = "softcap",
+	[LOOM_OP_SOFTCAP] = "softcap", [LOOM_OP_ATTENTION_TREE] = "attention_tree",
 };
 
 /* The weight formats op runs, by the names the quant plugins give them. */

@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1 (minor 6).
+ * loom backend ABI, version 1 (minor 8).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 7
+#define LOOM_BACKEND_ABI_MINOR 8
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -85,6 +85,10 @@ enum loom_op {
 	/* generation 1.5: embed reads a table this backend packed
 	 * (weight_pack, below); asked only of backends of ABI 1.5 or later */
 	LOOM_OP_EMBED_PACKED,
+	/* generation 1.8: attention honours loom_attention_args.parent (token
+	 * trees); asked only of backends of ABI 1.8 or later, with the KV
+	 * cache type */
+	LOOM_OP_ATTENTION_TREE,
 	LOOM_OP_COUNT,
 };
 
@@ -287,6 +291,27 @@ struct loom_attention_args {
 	/* ---- generation 1.3 ---- */
 	uint32_t kv_type;  /* enum loom_type of the cache; F32 when absent */
 	uint32_t reserved; /* zero */
+	/* ---- generation 1.8 ---- */
+	/*
+	 * Token trees (speculative decoding). NULL, or absent from an older
+	 * host's struct: every row is causal as above. Otherwise a device
+	 * int32 array of one entry per query row, asked of a backend only when
+	 * supports(LOOM_OP_ATTENTION_TREE, kv_type) says yes: parent[r] is
+	 * the local index (0 .. i-1) of the parent of local query row i of its
+	 * sequence, or -1 for a row whose parent is the cached prefix. Let
+	 * base = kv_len[s] - q_len. Local row j's K/V sit at cache index
+	 * base + j as usual; row i attends to cache indices 0 .. base-1 and
+	 * to base + j for j on its ancestor chain (i, parent[i],
+	 * parent[parent[i]], ... while >= 0), in ascending order, and its
+	 * position is base + depth(i) (depth: the chain's length minus one);
+	 * the window counts those positions (index j < base has position j,
+	 * chain row j has base + depth(j)). parent[i] = i - 1 with parent[0]
+	 * = -1 is the causal rule exactly. A row must see exactly what a
+	 * causal row at its position over the same keys in the same order
+	 * sees: cpu.so and ref.so give the same bits either way. A parent
+	 * that is not -1 or below i is LOOM_ERR_INVALID.
+	 */
+	const int32_t *parent;
 };
 
 /* The KV cache type of a kv_write or attention call: kv_type where the
@@ -542,7 +567,11 @@ struct loom_backend_ops {
 	 * regions. NULL: the host downloads the logits and picks there. */
 	int (*argmax)(struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride,
 		      int64_t rows, int64_t n);
-	/* ---- end of generation 1.6; append new slots below ---- */
+	/* ---- end of generation 1.7 ---- */
+
+	/* Generation 1.8 changed no slot of this table (it added parent to
+	 * loom_attention_args and LOOM_OP_ATTENTION_TREE). */
+	/* append new slots below */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

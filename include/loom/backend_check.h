@@ -178,4 +178,62 @@ static inline bool loom_check_collective_layout(const struct loom_collective_arg
 	return true;
 }
 
+/* ---- token trees (generation 1.8, loom_attention_args.parent) ---- */
+
+/* The parent table of an attention call: NULL when the caller's struct
+ * has none (an older host) or left it NULL. */
+#define LOOM_ATTN_PARENT(a) \
+	(LOOM_ARGS_HAS(a, struct loom_attention_args, parent) ? (a)->parent : NULL)
+
+/* Every parent[] entry (host-readable) names an earlier row of its own
+ * sequence or -1; q_start already checked (loom_check_attention_tables). */
+static inline bool loom_check_attention_parents(const struct loom_attention_args *a,
+						const int32_t *q_start, const int32_t *parent)
+{
+	for (int64_t s = 0; s < a->n_seqs; s++)
+		for (int64_t i = 0; i < (int64_t)q_start[s + 1] - q_start[s]; i++) {
+			int32_t p = parent[q_start[s] + i];
+
+			if (p < -1 || p >= i)
+				return false;
+		}
+	return true;
+}
+
+/*
+ * The cache indices local row i of sequence s sees, in ascending order,
+ * into keys[] (room for kv_len[s] entries), and its position in *pos;
+ * returns how many. parent NULL: the causal rule (lo .. pos). Otherwise
+ * the cached prefix and the row's ancestor chain (backend.h, generation
+ * 1.8), both cut to the window. Tables already checked.
+ */
+static inline int64_t loom_attention_keys(const struct loom_attention_args *a,
+					  const int32_t *q_start, const int32_t *kv_len,
+					  const int32_t *parent, int64_t s, int64_t i,
+					  int32_t *keys, int64_t *pos)
+{
+	int64_t q_len = (int64_t)q_start[s + 1] - q_start[s], base = kv_len[s] - q_len;
+	int64_t depth = 0, lo, n = 0, j;
+
+	if (!parent) {
+		*pos = base + i;
+		lo = a->window > 0 && *pos - a->window + 1 > 0 ? *pos - a->window + 1 : 0;
+		for (j = lo; j <= *pos; j++)
+			keys[n++] = (int32_t)j;
+		return n;
+	}
+	/* the chain, leaf first, at the end of keys[] (kv_len > base + i) */
+	for (j = i; j >= 0; j = parent[q_start[s] + j])
+		keys[kv_len[s] - 1 - depth++] = (int32_t)(base + j);
+	*pos = base + depth - 1;
+	lo = a->window > 0 && *pos - a->window + 1 > 0 ? *pos - a->window + 1 : 0;
+	for (j = lo; j < base; j++)
+		keys[n++] = (int32_t)j;
+	/* chain member at depth d has position base + d */
+	for (int64_t d = 0; d < depth; d++)
+		if (base + d >= lo)
+			keys[n++] = keys[kv_len[s] - 1 - (depth - 1 - d)];
+	return n;
+}
+
 #endif /* LOOM_BACKEND_CHECK_H */

@@ -1,5 +1,5 @@
 /*
- * loom strategy-plugin ABI, version 1: speculative decoders.
+ * loom strategy-plugin ABI, version 1 (minor 1): speculative decoders.
  *
  * (A header of its own rather than a section of loom/plugin.h, so that a
  * strategy author includes exactly one file and the quantization ABI can
@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define LOOM_SPEC_ABI_MAJOR 1
-#define LOOM_SPEC_ABI_MINOR 0
+#define LOOM_SPEC_ABI_MINOR 1
 #define LOOM_SPEC_ENTRY "loom_spec_entry"
 
 /* Models a plugin can ask the host to run (host->next_logits). */
@@ -60,6 +60,8 @@ struct loom_spec_params {
 	int32_t ngram_max; /* prompt lookup: longest suffix to match */
 	int32_t layers;    /* early exit: target layers the host runs (0: none) */
 	int32_t has_draft_model; /* 1 if LOOM_SPEC_MODEL_DRAFT is available */
+	/* ---- generation 1.1 (read only when struct_size covers it) ---- */
+	int32_t max_tree; /* nodes a propose_tree() may return (0: no trees) */
 };
 
 /*
@@ -112,6 +114,29 @@ struct loom_spec_draft {
 	int32_t has_probs;
 };
 
+/*
+ * Generation 1.1: what propose_tree() fills in, a tree of drafts. Node i
+ * (0 <= i < n) is token tokens[i] following node parent[i] (< i), or the
+ * sequence's last token when parent[i] is -1. Siblings should differ: the
+ * host drops a node whose token repeats an earlier sibling's, with its
+ * subtree, and a node with a bad parent or token likewise. The host owns
+ * the buffers.
+ *
+ *   last token ─┬─ tokens[0] ─┬─ tokens[1]      parent: -1  0  0  -1
+ *               │             └─ tokens[2]
+ *               └─ tokens[3]
+ *
+ * The target verifies every node in one pass (each node sees the
+ * sequence and its own ancestors) and keeps the longest path it accepts.
+ * Put the likeliest child first: with sampling, children are tried in
+ * order.
+ */
+struct loom_spec_tree {
+	int32_t max;     /* room in nodes; never 0 */
+	int32_t *tokens; /* [max] */
+	int32_t *parent; /* [max] */
+};
+
 /* What happened to the last proposal (observe()). */
 struct loom_spec_outcome {
 	int32_t n_proposed; /* drafts the host verified (after any cut) */
@@ -146,7 +171,19 @@ struct loom_spec_plugin {
 	void (*observe)(struct loom_spec_ctx *ctx, const struct loom_spec_outcome *o);
 	/* Required. Frees ctx. */
 	void (*destroy)(struct loom_spec_ctx *ctx);
-	/* ---- end of generation 1.0; append new slots below ---- */
+	/* ---- end of generation 1.0 ---- */
+
+	/* ---- generation 1.1 ---- */
+	/* Optional. A tree of drafts instead of one continuation (struct
+	 * loom_spec_tree): fills t->tokens and t->parent [0..n) and returns n
+	 * in [0, t->max], or a negative loom_status (generation then fails).
+	 * The host calls it instead of propose() when trees are on
+	 * (params->max_tree > 0) and the target can verify them (a backend of
+	 * ABI 1.8 with LOOM_OP_ATTENTION_TREE, no grammar); otherwise it calls
+	 * propose(). observe() then reports the nodes verified as n_proposed
+	 * and the accepted path's length as n_accepted. */
+	int (*propose_tree)(struct loom_spec_ctx *ctx, struct loom_spec_tree *t);
+	/* ---- end of generation 1.1; append new slots below ---- */
 };
 
 typedef const struct loom_spec_plugin *(*loom_spec_entry_fn)(void);

@@ -16,6 +16,15 @@
  * `loom serve`: the same server's earlier requests), kept in a store of
  * bounded size, least recently used first out (the SuffixDecoding idea:
  * chat and agent traffic repeats itself across requests).
+ *
+ * With trees on (spec_tree > 0, propose_tree) the occurrences are not
+ * collapsed to one path: the continuations they give form a trie, and
+ * its nodes go into the tree heaviest first (a node's weight: how many
+ * occurrences follow it), each at most the adaptive draft length deep:
+ * the majority path (what a chain would propose) with any weight, and
+ * beside it the alternatives that at least BRANCH_MIN occurrences took,
+ * until the node budget is spent. (Alternatives of weight 1 cost more
+ * rows than they win on chat: measured in docs/SPECULATIVE.md.)
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -31,6 +40,7 @@
 #define MAX_SUFFIX 32             /* suffix lengths with their own rate */
 #define RATE_FLOOR 0.15f          /* below: matches of that length sit out */
 #define PROBE_EVERY 16            /* ... and are tried again after this many */
+#define BRANCH_MIN 2              /* occurrences behind a tree's side branch */
 
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
@@ -41,6 +51,7 @@ struct loom_spec_ctx {
 	float rate[MAX_SUFFIX + 1];
 	int32_t idle[MAX_SUFFIX + 1];
 	int32_t last_s; /* suffix length of the last proposal; 0: none */
+	int32_t last_depth; /* of the last tree proposal; 0: a chain */
 	int32_t *mine;  /* a copy of the sequence, for the store */
 	int64_t n_mine, cap_mine;
 };
@@ -275,13 +286,144 @@ static int ngram_propose(struct loom_spec_ctx *c, struct loom_spec_draft *d)
 	return k;
 }
 
+/* ---- trees ---- */
+
+/* A tree being grown: node i has token tok[i], parent par[i] (-1: the
+ * last token) and depth dep[i] (1 for a child of the last token). */
+struct grow {
+	const struct text *x;
+	const int64_t *occ;
+	int n_occ;
+	int32_t at[MAX_OCC]; /* the deepest node each occurrence follows (-1: root) */
+	int32_t *tok, *par, dep[64];
+	int32_t n;
+	int32_t tip; /* the majority path's last node (-1: none yet; no child) */
+};
+
+/* Token at position i of the sequence continued along node v's path:
+ * past the end of the request's own tokens, the path itself (a match
+ * running into the end repeats with its period). -1: nothing there. */
+static int32_t grow_text(const struct grow *g, int32_t v, int64_t i)
+{
+	int64_t m = i - g->x->n;
+
+	if (i < g->x->n)
+		return g->x->t[i];
+	if (!g->x->d || v < 0 || m >= g->dep[v])
+		return -1;
+	while (g->dep[v] > m + 1)
+		v = g->par[v];
+	return g->tok[v];
+}
+
+/* Token occurrence a proposes after its node, or -1. */
+static int32_t grow_next(const struct grow *g, int a)
+{
+	int32_t v = g->at[a];
+
+	return grow_text(g, v, g->occ[a] + (v < 0 ? 0 : g->dep[v]));
+}
+
+/* Adds the heaviest child not in the tree yet (most occurrences at its
+ * parent agreeing on it; ties to the most recent), of a node less than
+ * depth deep. False when none is left. */
+static bool grow_one(struct grow *g, int32_t depth)
+{
+	int32_t best_a = -1, best_n = 0, t, v;
+
+	for (int a = 0; a < g->n_occ; a++) {
+		int32_t c = 0;
+
+		v = g->at[a];
+		if ((v >= 0 && g->dep[v] >= depth) || (t = grow_next(g, a)) < 0)
+			continue;
+		for (int b = a; b < g->n_occ; b++)
+			c += g->at[b] == v && grow_next(g, b) == t;
+		if (c > best_n && (c >= BRANCH_MIN || v == g->tip))
+			best_a = a, best_n = c;
+	}
+	if (best_a < 0)
+		return false;
+	v = g->at[best_a];
+	t = grow_next(g, best_a);
+	if (v == g->tip)
+		g->tip = g->n; /* the majority path goes on */
+	g->tok[g->n] = t;
+	g->par[g->n] = v;
+	g->dep[g->n] = v < 0 ? 1 : g->dep[v] + 1;
+	for (int a = 0; a < g->n_occ; a++) /* before at[] moves: same parent */
+		if (a != best_a && g->at[a] == v && grow_next(g, a) == t)
+			g->at[a] = g->n;
+	g->at[best_a] = g->n++;
+	return true;
+}
+
+/* The tree of continuations of the longest suffix of h[0..n) found in x,
+ * up to t->max nodes and depth deep. Returns its nodes. */
+static int32_t lookup_tree(struct loom_spec_ctx *c, const struct text *x, const int32_t *h,
+			   int64_t n, int32_t depth, struct loom_spec_tree *t)
+{
+	int64_t occ[MAX_OCC];
+	struct grow g = { .x = x, .occ = occ, .tok = t->tokens, .par = t->parent, .tip = -1 };
+	int32_t max = t->max < 64 ? t->max : 64;
+
+	for (int32_t s = c->p.ngram_max; s >= c->p.ngram_min; s--) {
+		if (s >= n || s > x->n)
+			continue;
+		g.n_occ = find_occ(x, h + n - s, s, occ, MAX_OCC);
+		if (g.n_occ == 0)
+			continue;
+		if (!length_ok(c, s))
+			return 0;
+		c->last_s = s;
+		for (int a = 0; a < g.n_occ; a++)
+			g.at[a] = -1;
+		while (g.n < max && grow_one(&g, depth))
+			;
+		for (int32_t i = 0; i < g.n; i++)
+			if (g.dep[i] > c->last_depth)
+				c->last_depth = g.dep[i];
+		return g.n;
+	}
+	return 0;
+}
+
+static int ngram_propose_tree(struct loom_spec_ctx *c, struct loom_spec_tree *t)
+{
+	int64_t n;
+	const int32_t *h = c->host->tokens(c->host->host, &n);
+	struct text own = { .t = h, .n = n, .d = h }; /* d: continuations follow the path */
+	int32_t k;
+
+	remember(c, h, n);
+	c->last_s = 0;
+	c->last_depth = 0;
+	k = lookup_tree(c, &own, h, n, c->k, t);
+	pthread_mutex_lock(&store.mu);
+	for (int i = 0; i < store.n && k == 0; i++) {
+		struct text x = { .t = store.seq[i], .n = store.len[i] };
+
+		k = lookup_tree(c, &x, h, n, c->k, t);
+		if (k > 0)
+			store_touch(i);
+	}
+	pthread_mutex_unlock(&store.mu);
+	return k;
+}
+
 static void ngram_observe(struct loom_spec_ctx *c, const struct loom_spec_outcome *o)
 {
+	struct loom_spec_outcome chain = *o;
 	int32_t s = c->last_s;
 
-	c->k = spec_adapt(c->k, &c->p, o);
-	if (s > 0 && o->n_proposed > 0)
-		c->rate[s] = 0.8f * c->rate[s] + 0.2f * (float)o->n_accepted / (float)o->n_proposed;
+	/* a tree counts as a chain as deep as it: the depth adapts */
+	if (c->last_depth > 0)
+		chain.n_proposed = c->last_depth;
+	c->last_depth = 0;
+	c->k = spec_adapt(c->k, &c->p, &chain);
+	if (s > 0 && chain.n_proposed > 0)
+		c->rate[s] = 0.8f * c->rate[s] +
+			     0.2f * (float)chain.n_accepted / (float)chain.n_proposed;
 }
 
 static const struct loom_spec_plugin ngram_plugin = {
@@ -293,6 +435,7 @@ static const struct loom_spec_plugin ngram_plugin = {
 	.propose = ngram_propose,
 	.observe = ngram_observe,
 	.destroy = ngram_destroy,
+	.propose_tree = ngram_propose_tree,
 };
 
 __attribute__((visibility("default")))

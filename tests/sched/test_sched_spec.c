@@ -5,6 +5,8 @@
  * accepted. The backend is opened batch-invariant, so every row's logits
  * are bitwise independent of the rest of the batch; the oracle is plain
  * greedy decoding of each request alone (no speculation, no prefix cache).
+ * With token trees (ngram.so, spec_tree 12) the same holds, and every
+ * block returns after trees are rejected, preempted or cancelled.
  */
 #include <check.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@ static struct gguf_file *gf;
 static struct loom_model *model;
 static struct loom_tokenizer *tok;
 static struct loom_spec_kind *ngram;
+static struct loom_spec_kind *ngram_tree; /* ngram.so with spec_tree 12 */
 static struct loom_spec_kind *layerskip; /* early exit served by the scheduler */
 
 /* Copy-heavy paragraphs: the model repeats them, so prompt lookup hits. */
@@ -502,6 +505,11 @@ static void load_model(void)
 	ngram = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, NULL, err, sizeof(err));
 	ck_assert_msg(ngram != NULL, "%s", err);
 	ck_assert_str_eq(loom_spec_kind_name(ngram), "ngram");
+	c.max_tree = 12;
+	ngram_tree = loom_spec_kind_load("ngram", &c, (int32_t)model->hp.n_vocab, NULL, err,
+					 sizeof(err));
+	ck_assert_msg(ngram_tree != NULL, "%s", err);
+	c.max_tree = 0;
 	c.layers = 28; /* of 30: shallower drafts of SmolLM2 are never accepted */
 	layerskip = loom_spec_kind_load("layerskip", &c, (int32_t)model->hp.n_vocab,
 					&(struct loom_spec_models){ .n_layer = model->hp.n_layer }, err,
@@ -513,11 +521,57 @@ static void unload_model(void)
 {
 	alone_forget();
 	loom_spec_kind_free(ngram);
+	loom_spec_kind_free(ngram_tree);
 	loom_spec_kind_free(layerskip);
 	loom_model_free(model);
 	loom_tokenizer_free(tok);
 	gguf_close(gf);
 }
+
+/* Token trees: 8 greedy requests with trees equal plain alone, batched
+ * (prefix cache on) and in a cache of 20 blocks (preemption); 4 cancelled
+ * mid-run. Every block returns each time. */
+START_TEST(trees_equal_plain_and_free_blocks)
+{
+	enum { N = 8 };
+	struct job *jobs = make_jobs(N, 64, true);
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+	int steps = 0;
+
+	run_alone(jobs, N, ref);
+	for (int pass = 0; pass < 2; pass++) {
+		s = new_sched(pass ? 20 : 0, true);
+		for (int i = 0; i < N; i++) {
+			jobs[i].spec = ngram_tree;
+			submit(s, &jobs[i], true);
+		}
+		drain(s);
+		loom_sched_get_stats(s, &st);
+		for (int i = 0; i < N; i++)
+			assert_same(&jobs[i].c, &ref[i], i);
+		ck_assert_uint_gt(st.spec_accepted, 0);
+		ck_assert(!pass || st.preemptions > 0);
+		ck_assert_int_eq(st.blocks_used, 0);
+		loom_sched_free(s);
+	}
+	s = new_sched(0, false);
+	for (int i = 0; i < 4; i++)
+		submit(s, &jobs[i], true);
+	do {
+		ck_assert_int_ge(loom_sched_step(s), 0);
+		loom_sched_get_stats(s, &st);
+	} while (st.spec_steps < 8 && ++steps < 1000);
+	for (int i = 0; i < 4; i++)
+		loom_sched_cancel(s, jobs[i].c.id);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	free(jobs);
+}
+END_TEST
 
 int main(void)
 {
@@ -543,6 +597,7 @@ int main(void)
 	tcase_add_test(tc, layerskip_short_blocks);
 	tcase_add_test(tc, step_rows_cap);
 	tcase_add_test(tc, draft_pool_equals_plain);
+	tcase_add_test(tc, trees_equal_plain_and_free_blocks);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

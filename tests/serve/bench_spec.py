@@ -2,12 +2,14 @@
 without ngram speculation (not a test; numbers for docs/SPECULATIVE.md).
 
 usage: bench_spec.py LOOM MODEL [CLIENTS] [ROUNDS] [THREADS]
+Environment: SPEC_ARGS, more server flags (e.g. "--spec-tree 12").
 Starts one server with --spec=ngram.so; each of CLIENTS threads sends
 ROUNDS greedy chat requests ("repeat this paragraph"), first all plain,
 then all with "speculative": "ngram", and prints generated tokens per
 second of wall time for each pass (three passes each, interleaved).
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -44,7 +46,7 @@ def main():
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 2
     threads = sys.argv[5] if len(sys.argv) > 5 else "2"
     srv = ts.Server("--ctx-size", "1024", "--parallel", str(clients), "--spec=ngram.so",
-                    "-t", threads)
+                    "-t", threads, *os.environ.get("SPEC_ARGS", "").split())
     try:
         one_pass(srv, clients, 1, False)  # warm-up (prefix cache, pages)
         res = {False: [], True: []}

@@ -4,6 +4,9 @@
  *               it was drawn from a uniform distribution (a lie: were the
  *               claim believed, the token would be accepted far too often);
  *   fixed:      always proposes SPEC_BIAS_TOKEN as a deterministic draft;
+ *   tree:       proposes a token tree (ABI 1.1): SPEC_BIAS_TOKEN and the two
+ *               tokens after it as siblings, each followed by
+ *               SPEC_BIAS_TOKEN, and a repeated sibling the host must drop;
  *   no_entry:   exports no loom_spec_entry;
  *   abi2:       declares ABI major 2;
  *   no_propose: leaves the required propose slot empty;
@@ -55,6 +58,23 @@ __attribute__((unused)) static int fake_propose(struct loom_spec_ctx *c, struct 
 	return k;
 }
 
+#ifdef FAKE_TREE
+/* t, t+1, t+2 under the last token, each with child t; then t again
+ * (a repeated sibling: dropped by the host with its child). */
+static int fake_propose_tree(struct loom_spec_ctx *c, struct loom_spec_tree *t)
+{
+	static const int32_t add[8] = { 0, 0, 1, 0, 2, 0, 0, 0 };
+	static const int32_t par[8] = { -1, 0, -1, 2, -1, 4, -1, 6 };
+	int32_t n = t->max < 8 ? t->max : 8;
+
+	for (int32_t i = 0; i < n; i++) {
+		t->tokens[i] = (c->token + add[i]) % c->n_vocab;
+		t->parent[i] = par[i];
+	}
+	return n;
+}
+#endif
+
 #ifndef FAKE_ABI_MAJOR
 #define FAKE_ABI_MAJOR LOOM_SPEC_ABI_MAJOR
 #endif
@@ -73,6 +93,9 @@ static const struct loom_spec_plugin fake_plugin = {
 	.propose = fake_propose,
 #endif
 	.destroy = fake_destroy,
+#ifdef FAKE_TREE
+	.propose_tree = fake_propose_tree,
+#endif
 };
 
 #ifndef FAKE_NO_ENTRY

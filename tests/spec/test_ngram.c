@@ -3,7 +3,9 @@
  * the continuation most earlier occurrences agree on wins (a tie goes to
  * the most recent), ended requests are looked up too (a store of bounded
  * size, least recently used out first), and a suffix length whose
- * proposals keep failing sits out and is probed again later.
+ * proposals keep failing sits out and is probed again later. With trees
+ * on, the continuations of every occurrence come as one tree, heaviest
+ * first.
  *
  * The store is one per process, so the cases run in order in one process
  * (CK_NOFORK) and use disjoint token ranges.
@@ -32,7 +34,7 @@ static struct loom_spec_seq *seq_open(void)
 static int32_t propose(struct loom_spec_seq *q, const int32_t *h, int64_t n, int32_t *out)
 {
 	char err[512];
-	int32_t k = loom_spec_seq_propose(q, NULL, h, n, 8, out, err, sizeof(err));
+	int32_t k = loom_spec_seq_propose(q, NULL, h, n, 8, out, NULL, err, sizeof(err));
 
 	ck_assert_msg(k >= 0, "%s", err);
 	return k;
@@ -125,6 +127,50 @@ START_TEST(failing_length_sits_out)
 }
 END_TEST
 
+/* Trees: "9 1 2 3" is followed by 50 51 three times and by 60 61 twice;
+ * the tree holds the 50 51 path first (rows 1, 2 under the last token,
+ * row 0) and the 60 61 branch beside it (two occurrences: enough for a
+ * side branch), siblings distinct. */
+START_TEST(tree_of_continuations)
+{
+	static const int32_t h[] = { 9, 1, 2, 3, 50, 51, 9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51,
+				     9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51, 9, 1, 2, 3 };
+	struct loom_spec_config c;
+	struct loom_spec_kind *tk;
+	struct loom_spec_seq *q;
+	int32_t out[16], parent[17], k, r60 = -1;
+	char err[512];
+
+	loom_spec_config_defaults(&c);
+	c.max_tree = 16;
+	tk = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
+	ck_assert_msg(tk != NULL, "%s", err);
+	q = loom_spec_seq_new(tk, 8, 1, NULL, err, sizeof(err));
+	ck_assert_msg(q != NULL, "%s", err);
+	k = loom_spec_seq_propose(q, NULL, h, sizeof(h) / sizeof(h[0]), 16, out, parent, err,
+				  sizeof(err));
+	ck_assert_int_ge(k, 4);
+	ck_assert(loom_spec_seq_is_tree(q));
+	ck_assert_int_eq(parent[0], -1);
+	ck_assert_int_eq(out[0], 50);
+	ck_assert_int_eq(parent[1], 0);
+	ck_assert_int_eq(out[1], 51);
+	ck_assert_int_eq(parent[2], 1);
+	for (int32_t i = 0; i < k; i++)
+		if (out[i] == 60 && parent[i + 1] == 0)
+			r60 = i + 1;
+	ck_assert_msg(r60 > 2, "no 60 branch under the last token");
+	for (int32_t i = 0; i < k; i++) /* 61 follows 60 on that branch */
+		if (parent[i + 1] == r60)
+			ck_assert_int_eq(out[i], 61);
+	for (int32_t i = 1; i <= k; i++) /* siblings differ */
+		for (int32_t j = i + 1; j <= k; j++)
+			ck_assert(parent[i] != parent[j] || out[i - 1] != out[j - 1]);
+	loom_spec_seq_free(q);
+	loom_spec_kind_free(tk);
+}
+END_TEST
+
 static Suite *ngram_suite(void)
 {
 	Suite *s = suite_create("ngram");
@@ -134,6 +180,7 @@ static Suite *ngram_suite(void)
 	tcase_add_test(tc, tie_goes_to_the_most_recent);
 	tcase_add_test(tc, store_of_ended_requests);
 	tcase_add_test(tc, failing_length_sits_out);
+	tcase_add_test(tc, tree_of_continuations);
 	suite_add_tcase(s, tc);
 	return s;
 }
