@@ -319,7 +319,7 @@ def limits(srv, model):
     # a client that leaves a stream: its KV blocks come back
     s = socket.create_connection(("127.0.0.1", srv.port))
     req = json.dumps({"model": model, "prompt": "Tell me a long story.",
-                      "options": {"num_predict": -2}}).encode()
+                      "options": {"num_predict": -2, "temperature": 0}}).encode()
     s.sendall(b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(req)).encode() + b"\r\n\r\n" + req)
     s.recv(4096)  # the headers: it was accepted
