@@ -453,6 +453,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.block_table = e->in[loom_kv_windowed(e->kv, nd->layer) ? IN_LBLOCKS : IN_BLOCKS],
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
 		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
+		.sinks = e->m->layers[nd->layer].sinks.data, /* ABI 1.8, checked at load */
 	};
 
 	return be->ops->attention(be->ctx, &a);

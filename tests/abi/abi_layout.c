@@ -36,9 +36,13 @@ _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host heade
  * backend never reads it from an older host's padding */
 _Static_assert(offsetof(struct loom_kv_write_args, kv_type) == 80, "kv_write kv_type moved");
 _Static_assert(offsetof(struct loom_attention_args, kv_type) == 144, "attention kv_type moved");
+/* generation 1.8: past every 1.7 struct_size */
+_Static_assert(offsetof(struct loom_attention_args, sinks) == 152, "attention sinks moved");
+_Static_assert(offsetof(struct loom_moe_args, gate_bias) == 264, "moe biases moved");
 
 /*
- * Today's sizes (LP64), the generation 1.6 headers: a change here is a new
+ * Today's sizes (LP64), the generation 1.8 headers (1.8 appended
+ * attention's sinks at 152 and moe's expert biases at 264): a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -51,9 +55,9 @@ _Static_assert(sizeof(struct loom_gemm_args) == 88, "struct loom_gemm_args chang
 _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_pack_args changed size");
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
 _Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
-_Static_assert(sizeof(struct loom_attention_args) == 152, "struct loom_attention_args changed size");
+_Static_assert(sizeof(struct loom_attention_args) == 160, "struct loom_attention_args changed size");
 _Static_assert(sizeof(struct loom_backend_ops) == 240, "struct loom_backend_ops changed size");
-_Static_assert(sizeof(struct loom_moe_args) == 264, "struct loom_moe_args changed size");
+_Static_assert(sizeof(struct loom_moe_args) == 288, "struct loom_moe_args changed size");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif
 
