@@ -244,6 +244,11 @@ static inline float mxfp4_half_scale(uint8_t e)
 	return f;
 }
 
+#if defined(__x86_64__)
+/* mxfp4_kv as bytes, for a byte shuffle (SSSE3, in the AVX2 and AVX-512 sets) */
+#define MXFP4_LUT _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+#endif
+
 /* 32 values of group p into out. */
 static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 {
@@ -638,6 +643,17 @@ TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_fmadd_ps(w[s], d, m);
 		break;
+	case LOOM_TYPE_MXFP4: /* scalar_deq's table by byte shuffle: the same products */
+		d = _mm256_set1_ps(mxfp4_half_scale(p[0]));
+		raw = _mm_loadu_si128((const __m128i *)(p + 1));
+		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
+		hi = _mm_shuffle_epi8(MXFP4_LUT,
+				      _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+		w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+		w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+		w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+		w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+		break;
 	default: /* never reached: types are checked before */
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_setzero_ps();
@@ -982,6 +998,7 @@ AVX2_GEMV(q3_K, LOOM_TYPE_Q3_K)
 AVX2_GEMV(q4_K, LOOM_TYPE_Q4_K)
 AVX2_GEMV(q5_K, LOOM_TYPE_Q5_K)
 AVX2_GEMV(q6_K, LOOM_TYPE_Q6_K)
+AVX2_GEMV(mxfp4, LOOM_TYPE_MXFP4)
 
 /* ------------------------------------------------------------------ */
 /* AVX-512 (F, BW, VL)                                                 */
@@ -1067,6 +1084,15 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 		avx512_q5(p + 8, cpu_rd32(p + 4), w);
 		for (int s = 0; s < 2; s++)
 			w[s] = _mm512_fmadd_ps(w[s], d, m);
+		break;
+	case LOOM_TYPE_MXFP4:
+		d = _mm512_set1_ps(mxfp4_half_scale(p[0]));
+		raw = _mm_loadu_si128((const __m128i *)(p + 1));
+		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
+		hi = _mm_shuffle_epi8(MXFP4_LUT,
+				      _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+		w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+		w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
 		break;
 	default: /* never reached: types are checked before */
 		w[0] = w[1] = _mm512_setzero_ps();
@@ -1340,6 +1366,7 @@ AVX512_GEMV(q3_K, LOOM_TYPE_Q3_K)
 AVX512_GEMV(q4_K, LOOM_TYPE_Q4_K)
 AVX512_GEMV(q5_K, LOOM_TYPE_Q5_K)
 AVX512_GEMV(q6_K, LOOM_TYPE_Q6_K)
+AVX512_GEMV(mxfp4, LOOM_TYPE_MXFP4)
 
 #define DISPATCH_GEMV(prefix, g, j0, j1)                                       \
 	switch ((g)->type) {                                                   \
@@ -1356,6 +1383,7 @@ AVX512_GEMV(q6_K, LOOM_TYPE_Q6_K)
 	case LOOM_TYPE_Q4_K: prefix##_q4_K(g, j0, j1); return;                 \
 	case LOOM_TYPE_Q5_K: prefix##_q5_K(g, j0, j1); return;                 \
 	case LOOM_TYPE_Q6_K: prefix##_q6_K(g, j0, j1); return;                 \
+	case LOOM_TYPE_MXFP4: prefix##_mxfp4(g, j0, j1); return;               \
 	}
 #endif /* __x86_64__ */
 
@@ -1390,6 +1418,7 @@ void cpu_dequant_row(enum cpu_isa isa, uint32_t type, const void *src, float *ds
 	case LOOM_TYPE_Q4_K: fn(LOOM_TYPE_Q4_K, src, dst, k); return;      \
 	case LOOM_TYPE_Q5_K: fn(LOOM_TYPE_Q5_K, src, dst, k); return;      \
 	case LOOM_TYPE_Q6_K: fn(LOOM_TYPE_Q6_K, src, dst, k); return;      \
+	case LOOM_TYPE_MXFP4: fn(LOOM_TYPE_MXFP4, src, dst, k); return;    \
 	}
 	if (isa == CPU_ISA_AVX512) {
 		DEQ_CASES(avx512_deq_row);
