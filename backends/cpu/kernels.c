@@ -924,7 +924,7 @@ TGT_AVX2 ALWAYS void avx2_qgemv(const struct cpu_gemv *g, const uint32_t t, int6
 TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 			       int64_t j1)
 {
-	if (format_quant(t)) {
+	if (format_quant(t) && t != LOOM_TYPE_MXFP4) { /* MXFP4: by its group, below */
 		avx2_qgemv(g, t, j0, j1);
 		return;
 	}
@@ -1308,7 +1308,7 @@ TGT_AVX512 ALWAYS void avx512_qgemv(const struct cpu_gemv *g, const uint32_t t, 
 TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 				   int64_t j1)
 {
-	if (format_quant(t)) {
+	if (format_quant(t) && t != LOOM_TYPE_MXFP4) { /* MXFP4: by its group, below */
 		avx512_qgemv(g, t, j0, j1);
 		return;
 	}
