@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """gpt-oss: loom against the NumPy reference, and cpu.so against ref.so.
 
-Usage: test_gptoss.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND ...]
+Usage: test_gptoss.py LOOM_BINARY MKGGUF_PY [--fallback BACKEND]
+                      [OLD_ABI_BACKEND ...]
 
 tools/mkgguf.py --arch gpt-oss writes a small random gpt-oss (2 layers,
 4 query / 2 KV heads, 4 experts of which 2 are routed, window 4 on the
@@ -20,8 +21,11 @@ the released models). For each:
     renormalised), moves the logits by more than 10 * TOL;
   - cpu.so's fast mode within FAST_TOL of the reference and batch
     invariant (the prompt whole and in 3-token chunks give the same bits).
-OLD_ABI_BACKENDs (ABI 1.1, before attention sinks) must refuse the file
-with a message naming the sinks.
+The --fallback BACKEND (ref_nomoe.so: ref.so without the moe slot) runs
+the experts through the host's fallback (core/model/moe_exec.c: top-k
+softmax routing, expert biases by add calls): its logits within TOL and
+its greedy tokens ref.so's. OLD_ABI_BACKENDs (ABI 1.1, before attention
+sinks) must refuse the file with a message naming the sinks.
 
 Exit 77 (skip) when numpy or gguf are missing.
 """
@@ -64,7 +68,7 @@ def variant_logits(np, ref_llama, path, feature, ids):
 
 
 def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
-             fails):
+             fallback, fails):
     name, args = case
     path = os.path.join(tmp, name + ".gguf")
     synth.run([sys.executable, mkgguf, path, "-q", "--seed", str(seed)] +
@@ -83,8 +87,8 @@ def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
                     "logits by %.3g > %g" % (name, feat, moved, 10 * TOL))
     exact = {"LOOM_CPU_EXACT": "1"}
     got = {}
-    for be in ("ref.so", "cpu.so"):
-        tag = "%s %s" % (name, be)
+    for be in ("ref.so", "cpu.so") + tuple(fallback):
+        tag = "%s %s" % (name, os.path.basename(be))
         logits, toks = moe.loom_logits(synth, np, loom, path, be, tmp, exact)
         got[be] = toks
         moe.check_logits(np, fails, tag, first, logits, TOL)
@@ -111,6 +115,9 @@ def main():
         print("usage: test_gptoss.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND ...]")
         return 2
     loom, mkgguf, old = sys.argv[1], sys.argv[2], sys.argv[3:]
+    fallback = []
+    if old[:1] == ["--fallback"] and len(old) >= 2:
+        fallback, old = old[1:2], old[2:]
     try:
         import numpy as np
         import gguf  # noqa: F401
@@ -130,7 +137,7 @@ def main():
         for seed, case in enumerate(CASES):
             try:
                 one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed,
-                         case, old, fails)
+                         case, old, fallback, fails)
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (case[0], e))
     print("%.1f s" % (time.time() - t0))
