@@ -66,6 +66,12 @@ static int read_yarn(const struct gguf_file *f, struct loom_hparams *hp, float f
 			    a, factor);
 		return -1;
 	}
+	if (hp->arch->swa == LOOM_SWA_PERIOD && !hp->arch->swa_global_rope) {
+		/* the divisors apply to every layer; these local layers have no scaling */
+		loom_seterr(err, errlen, "key '%s.rope.scaling.type': YaRN on %s, whose local layers take no RoPE scaling, is not supported",
+			    a, a);
+		return -1;
+	}
 	hp->yarn_factor = factor;
 	if (get_arch_int(f, a, "rope.scaling.original_context_length", hp->n_ctx_train,
 			 &hp->yarn_orig_ctx, err, errlen) ||
