@@ -1113,7 +1113,7 @@ static int check_features(const struct loom_model *m, char *err, size_t errlen)
 		what = "the clamped SwiGLU";
 	if (!what)
 		return 0;
-	loom_seterr(err, errlen, "architecture '%s' needs %s, which backend %s (ABI 1.%u) does not run (backend ABI 1.8)",
+	loom_seterr(err, errlen, "architecture '%s' needs %s, which backend %s (ABI 1.%u) does not run (they came with backend ABI 1.8; ref.so and cpu.so have them)",
 		    m->hp.arch_name, what, be->path, be->ops->abi_minor);
 	return -1;
 }
