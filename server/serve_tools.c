@@ -10,6 +10,8 @@
 
 #include "srv_util.h"
 
+#define HARMONY_BEGIN "<|channel|>commentary "
+
 /* What each format writes around and in a call. */
 static const struct tool_fmt {
 	const char *name, *begin, *end, *args_key;
@@ -19,6 +21,10 @@ static const struct tool_fmt {
 	[SERVE_TOOLFMT_HERMES] = { "hermes", SERVE_TOOL_BEGIN, SERVE_TOOL_END, "arguments", false, 0 },
 	[SERVE_TOOLFMT_LLAMA3] = { "llama3-json", "", "", "parameters", false, 1 },
 	[SERVE_TOOLFMT_MISTRAL] = { "mistral", "[TOOL_CALLS]", "", "arguments", true, 0 },
+	/* the grammar's "harmony" call: to=functions.NAME <|constrain|>json
+	 * <|message|>ARGS between begin and end; one call a reply, as the
+	 * model ends its turn with <|call|> */
+	[SERVE_TOOLFMT_HARMONY] = { "harmony", HARMONY_BEGIN, "<|call|>", "harmony", false, 1 },
 };
 
 static const struct tool_fmt *fmt_of(int format)
@@ -44,6 +50,8 @@ int serve_tool_format_of(const char *src, bool *renders)
 
 	if (src && strstr(src, "[TOOL_CALLS]") && !strstr(src, "[ARGS]"))
 		f = SERVE_TOOLFMT_MISTRAL;
+	else if (src && strstr(src, "<|channel|>") && strstr(src, "to=functions."))
+		f = SERVE_TOOLFMT_HARMONY;
 	else if (src && strstr(src, "<tool_call>") &&
 		 (strstr(src, "\"name\"") || strstr(src, "name\\\"")) &&
 		 !strstr(src, "<function=") && !strstr(src, "arg_key"))
@@ -325,6 +333,8 @@ int serve_tool_kind(int format, const char *text, size_t len)
 	const char *begin = fmt_of(format)->begin;
 	size_t m = strlen(begin);
 
+	if (format == SERVE_TOOLFMT_HARMONY && len >= 9 && !memcmp(text, "<|start|>", 9))
+		return 2; /* a call with its recipient before the channel */
 	if (format != SERVE_TOOLFMT_HERMES) { /* the grammar allows whitespace first */
 		while (len && strchr(" \t\r\n", *text)) {
 			text++;
@@ -430,11 +440,119 @@ out_not:
 	return NULL;
 }
 
+/* Whether text[*i..len) starts with word; if so *i moves past it. */
+static bool take(const char *text, size_t len, size_t *i, const char *word)
+{
+	size_t n = strlen(word);
+
+	if (len - *i < n || memcmp(text + *i, word, n))
+		return false;
+	*i += n;
+	return true;
+}
+
+static void skip_ws(const char *text, size_t len, size_t *i)
+{
+	while (*i < len && strchr(" \t\r\n", text[*i]))
+		(*i)++;
+}
+
+/* " to=functions.NAME": NAME's bounds, or false. */
+static bool harmony_recipient(const char *text, size_t len, size_t *i, size_t *n0, size_t *n1)
+{
+	skip_ws(text, len, i);
+	if (!take(text, len, i, "to=functions."))
+		return false;
+	*n0 = *i;
+	while (*i < len && !strchr(" \t\r\n<", text[*i]))
+		(*i)++;
+	*n1 = *i;
+	return *n1 > *n0;
+}
+
+/*
+ * One harmony call from text[*i..]: [<|start|>assistant] then either
+ * <|channel|>commentary to=functions.NAME [<|constrain|>json | json]
+ * <|message|>ARGS, or the recipient first (assistant to=functions.NAME
+ * <|channel|>commentary [json]<|message|>ARGS); ARGS a JSON object ending
+ * at <|call|> (or the text's end, where <|call|> stopped generation).
+ */
+static json_t *harmony_call(const char *text, size_t len, size_t *i)
+{
+	size_t n0 = 0, n1 = 0, a0, a1;
+	const char *end;
+	json_t *args, *out = NULL;
+	char id[40], *name, *a;
+	bool named;
+
+	skip_ws(text, len, i);
+	take(text, len, i, "<|start|>assistant");
+	named = harmony_recipient(text, len, i, &n0, &n1);
+	if (!take(text, len, i, "<|channel|>commentary") ||
+	    (!named && !harmony_recipient(text, len, i, &n0, &n1)))
+		return NULL;
+	skip_ws(text, len, i);
+	if (!take(text, len, i, "<|constrain|>json"))
+		take(text, len, i, "json");
+	if (!take(text, len, i, "<|message|>"))
+		return NULL;
+	a0 = *i;
+	end = memmem(text + a0, len - a0, "<|call|>", 8);
+	a1 = end ? (size_t)(end - text) : len;
+	*i = end ? a1 + 8 : len;
+	args = json_loadb(text + a0, a1 - a0, 0, NULL);
+	name = json_is_object(args) ? strndup(text + n0, n1 - n0) : NULL;
+	a = name ? json_dumps(args, JSON_COMPACT) : NULL;
+	if (a) {
+		call_id(SERVE_TOOLFMT_HARMONY, id, sizeof(id));
+		out = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
+				"name", name, "arguments", a);
+	}
+	free(a);
+	free(name);
+	json_decref(args);
+	return out;
+}
+
+/* gpt-oss's harmony calls, one or more. */
+static json_t *harmony_calls(const char *text, size_t len)
+{
+	json_t *calls = json_array(), *c;
+	size_t i = 0;
+
+	while (calls) {
+		const char *end;
+
+		skip_ws(text, len, &i);
+		if (i == len)
+			break;
+		/* reasoning before the call (the analysis channel) is not a call */
+		if (take(text, len, &i, "<|channel|>analysis") ||
+		    (take(text, len, &i, "<|start|>assistant<|channel|>analysis"))) {
+			end = memmem(text + i, len - i, "<|end|>", 7);
+			if (!end)
+				goto out_not;
+			i = (size_t)(end - text) + 7;
+			continue;
+		}
+		c = harmony_call(text, len, &i);
+		if (!c || json_array_append_new(calls, c))
+			goto out_not;
+	}
+	if (calls && json_array_size(calls) > 0)
+		return calls;
+out_not:
+	json_decref(calls);
+	return NULL;
+}
+
 json_t *serve_tool_calls(int format, const char *text, size_t len)
 {
 	size_t bl = strlen(SERVE_TOOL_BEGIN), el = strlen(SERVE_TOOL_END), i = 0;
 	json_t *calls;
 
+	if (format == SERVE_TOOLFMT_HARMONY)
+		return harmony_calls(text, len);
 	if (format != SERVE_TOOLFMT_HERMES)
 		return json_calls(format, text, len);
 	calls = json_array();

@@ -26,6 +26,9 @@ enum serve_tool_format {
 	SERVE_TOOLFMT_HERMES = 0, /* <tool_call>{json}</tool_call>, repeated */
 	SERVE_TOOLFMT_LLAMA3,     /* one bare {"name", "parameters"} */
 	SERVE_TOOLFMT_MISTRAL,    /* [TOOL_CALLS][{"name", "arguments"}, ...] */
+	/* gpt-oss's harmony: <|channel|>commentary to=functions.NAME
+	 * <|constrain|>json<|message|>{args}<|call|> (docs/SERVING.md) */
+	SERVE_TOOLFMT_HARMONY,
 };
 
 /* The format a chat template's source asks tool calls in; *renders (may be

@@ -2,7 +2,7 @@
 """Write a llama-shaped GGUF with random weights, for tests and benchmarks.
 
     mkgguf.py OUT.gguf [--arch llama|mistral|qwen2|qwen3|phi3|gemma2|gemma3|
-                              mixtral|qwen3moe|qwen2moe]
+                              mixtral|qwen3moe|qwen2moe|gpt-oss]
         [--layers L] [--embd E]
         [--ff F] [--heads H] [--kv-heads K] [--vocab V] [--ctx C]
         [--type q4_0] [--seed S] [--tied] [--rope-scale 2.0] [--rope-freqs]
@@ -55,6 +55,17 @@ per token; defaults 4 and 2), as llama.cpp's converter writes them:
             ffn_up_shexp ([shared-ff][embd]) and ffn_down_shexp, sized
             qwen2moe.expert_shared_feed_forward_length (--shared-ff,
             default --ff).
+  gpt-oss:  llama.cpp's gpt-oss layout: attn_q/k/v with biases,
+            attn_output.bias, attn_sinks ([heads], f32, normal * 2),
+            the FFN norm named post_attention_norm, ffn_gate_inp with a
+            bias, the expert tensors (gpt-oss.expert_feed_forward_length,
+            --expert-ff) each with a bias (GGUF [rows, E], f32), keys
+            gpt-oss.attention.sliding_window (--window, default 4; every
+            other layer local, layer 0 first), rope.scaling.type "yarn"
+            with rope.scaling.factor (--yarn, default 4) and
+            rope.scaling.original_context_length (--ctx / 4). The expert
+            gate and up matrices get gain --clamp-gain (default 6), so
+            that gpt-oss's SwiGLU clamp (7) is reached by some values.
 The router (ffn_gate_inp) gets gain 2, so that each token's top-k
 experts are chosen by clear margins and not by near ties.
 
@@ -112,8 +123,8 @@ PRESETS = {
 }
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
-         "mixtral", "qwen3moe", "qwen2moe")
-MOE = ("mixtral", "qwen3moe", "qwen2moe")
+         "mixtral", "qwen3moe", "qwen2moe", "gpt-oss")
+MOE = ("mixtral", "qwen3moe", "qwen2moe", "gpt-oss")
 # general.architecture of each --arch (mixtral is llama with experts)
 GGUF_ARCH = {"mixtral": "llama"}
 BOS = "<|begin_of_text|>"
@@ -236,7 +247,7 @@ def tensor_specs(a):
             specs.append(mat(p + "attn_q.weight", Dq, E, 2.0))
             specs.append(mat(p + "attn_k.weight", Dkv, E, 2.0))
             specs.append(mat(p + "attn_v.weight", Dkv, E))
-        if a.arch in ("qwen2", "qwen2moe"):
+        if a.arch in ("qwen2", "qwen2moe", "gpt-oss"):
             specs.append(vec(p + "attn_q.bias", Dq, "normal", 0.5))
             specs.append(vec(p + "attn_k.bias", Dkv, "normal", 0.5))
             specs.append(vec(p + "attn_v.bias", Dkv, "normal", 0.5))
@@ -244,9 +255,13 @@ def tensor_specs(a):
             specs.append(vec(p + "attn_q_norm.weight", hd))
             specs.append(vec(p + "attn_k_norm.weight", hd))
         specs.append(mat(p + "attn_output.weight", E, Dq))
-        if gemma:
+        if a.arch == "gpt-oss":
+            specs.append(vec(p + "attn_output.bias", E, "normal", 0.5))
+            specs.append(vec(p + "attn_sinks.weight", a.heads, "normal", 2.0))
+        if gemma or a.arch == "gpt-oss":
             specs.append(vec(p + "post_attention_norm.weight", E))
-        specs.append(vec(p + "ffn_norm.weight", E))
+        if a.arch != "gpt-oss":
+            specs.append(vec(p + "ffn_norm.weight", E))
         if a.arch in MOE:
             specs += moe_specs(a, p, q)
         elif a.arch == "phi3":
@@ -267,14 +282,22 @@ def moe_specs(a, p, q):
     E, X = a.embd, a.experts
     F = a.expert_ff
     f32 = gguf.GGMLQuantizationType.F32
+    oss = a.arch == "gpt-oss"
+    g = a.clamp_gain if oss else 1.0
     specs = [Spec(p + "ffn_gate_inp.weight", (X, E), f32, "normal",
                   2.0 / math.sqrt(E))]
+    if oss:
+        specs.append(Spec(p + "ffn_gate_inp.bias", (X,), f32, "normal", 0.5))
     specs.append(Spec(p + "ffn_gate_exps.weight", (X, F, E), q, "normal",
-                      1.0 / math.sqrt(E)))
+                      g / math.sqrt(E)))
     specs.append(Spec(p + "ffn_down_exps.weight", (X, E, F), q, "normal",
-                      1.0 / math.sqrt(F)))
+                      1.0 / math.sqrt(F) / g))
     specs.append(Spec(p + "ffn_up_exps.weight", (X, F, E), q, "normal",
-                      1.0 / math.sqrt(E)))
+                      g / math.sqrt(E)))
+    if oss:
+        for n, rows in (("gate", F), ("down", E), ("up", F)):
+            specs.append(Spec(p + "ffn_%s_exps.bias" % n, (X, rows), f32,
+                              "normal", 0.5))
     if a.arch == "qwen2moe":
         S = a.shared_ff
         specs.append(Spec(p + "ffn_gate_inp_shexp.weight", (E,), f32,
@@ -354,6 +377,11 @@ def add_moe_metadata(w, a, arch):
     if a.arch == "qwen2moe":
         w.add_uint32(arch + ".expert_shared_feed_forward_length",
                      a.shared_ff)
+    if a.arch == "gpt-oss":
+        w.add_string(arch + ".rope.scaling.type", "yarn")
+        w.add_float32(arch + ".rope.scaling.factor", a.yarn)
+        w.add_uint32(arch + ".rope.scaling.original_context_length",
+                     max(1, a.ctx // 4))
 
 
 def add_metadata(w, a, tok):
@@ -375,7 +403,7 @@ def add_metadata(w, a, tok):
     w.add_uint32(arch + ".vocab_size", a.vocab)
     if a.arch in MOE:
         add_moe_metadata(w, a, arch)
-    if arch == "gemma3" or (arch != "phi3" and a.window > 0):
+    if arch in ("gemma3", "gpt-oss") or (arch != "phi3" and a.window > 0):
         w.add_uint32(arch + ".attention.sliding_window", a.window)
     if arch in ("gemma2", "gemma3") and a.swa_pattern:
         w.add_uint32(arch + ".attention.sliding_window_pattern",
@@ -480,6 +508,10 @@ def parse(argv):
                     help="qwen3moe/qwen2moe: expert FFN size (default --ff)")
     ap.add_argument("--shared-ff", type=int, default=None,
                     help="qwen2moe: shared expert FFN size (default --ff)")
+    ap.add_argument("--yarn", type=float, default=4.0,
+                    help="gpt-oss: YaRN factor (rope.scaling.factor)")
+    ap.add_argument("--clamp-gain", type=float, default=6.0,
+                    help="gpt-oss: gain of the expert gate/up matrices")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.preset:
@@ -489,7 +521,7 @@ def parse(argv):
     if a.rope_base is None:
         a.rope_base = 1e6 if a.arch == "gemma3" else 10000.0
     if a.window is None:
-        a.window = 8 if a.arch == "gemma3" else 0
+        a.window = {"gemma3": 8, "gpt-oss": 4}.get(a.arch, 0)
     if a.expert_ff is None:
         a.expert_ff = a.ff
     if a.shared_ff is None:

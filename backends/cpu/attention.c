@@ -158,6 +158,10 @@ static void attn_put(const struct loom_attention_args *a, const struct attn_span
 		return;
 	}
 	float *out = a->out + row * a->out_stride + h * hd;
+	const float *sinks = LOOM_ATTN_SINKS(a);
+
+	if (sinks) /* ABI 1.8: the sink joins the denominator last, as in ref.so */
+		sum += expf(sinks[h] - mx);
 	for (int64_t i = 0; i < hd; i++)
 		out[i] = (float)(acc[i] / sum);
 }
@@ -609,6 +613,8 @@ static void attn_merge(const struct attn_task *tk, float *scratch, int64_t s, in
 			w[p] = exp((double)p0[p * step + hd] - (double)mx);
 			total += w[p] * sum;
 		}
+		if (LOOM_ATTN_SINKS(a)) /* ABI 1.8 */
+			total += expf(LOOM_ATTN_SINKS(a)[h] - mx);
 		for (int64_t i = 0; i < hd; i++) {
 			double v = 0.0;
 

@@ -358,6 +358,8 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
 	case LOOM_OP_COPY:
 	case LOOM_OP_SOFTCAP:
+	case LOOM_OP_ATTENTION_SINKS: /* ABI 1.8 */
+	case LOOM_OP_GLU_OAI:
 		return type == LOOM_TYPE_F32;
 	case LOOM_OP_EMBED_PACKED:
 		/* embed unpacks what weight_pack packs (its rows, as the GGUF

@@ -244,6 +244,11 @@ static inline float mxfp4_half_scale(uint8_t e)
 	return f;
 }
 
+#if defined(__x86_64__)
+/* mxfp4_kv as bytes, for a byte shuffle (SSSE3, in the AVX2 and AVX-512 sets) */
+#define MXFP4_LUT _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+#endif
+
 /* 32 values of group p into out. */
 static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 {
@@ -638,6 +643,17 @@ TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_fmadd_ps(w[s], d, m);
 		break;
+	case LOOM_TYPE_MXFP4: /* scalar_deq's table by byte shuffle: the same products */
+		d = _mm256_set1_ps(mxfp4_half_scale(p[0]));
+		raw = _mm_loadu_si128((const __m128i *)(p + 1));
+		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
+		hi = _mm_shuffle_epi8(MXFP4_LUT,
+				      _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+		w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
+		w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
+		w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
+		w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
+		break;
 	default: /* never reached: types are checked before */
 		for (int s = 0; s < 4; s++)
 			w[s] = _mm256_setzero_ps();
@@ -908,7 +924,7 @@ TGT_AVX2 ALWAYS void avx2_qgemv(const struct cpu_gemv *g, const uint32_t t, int6
 TGT_AVX2 ALWAYS void avx2_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 			       int64_t j1)
 {
-	if (format_quant(t)) {
+	if (format_quant(t) && t != LOOM_TYPE_MXFP4) { /* MXFP4: by its group, below */
 		avx2_qgemv(g, t, j0, j1);
 		return;
 	}
@@ -1033,6 +1049,11 @@ TGT_AVX2 static void avx2_gemv_q6_K(const struct cpu_gemv *g, int64_t j0, int64_
 	avx2_gemv(g, LOOM_TYPE_Q6_K, j0, j1);
 }
 
+TGT_AVX2 static void avx2_gemv_mxfp4(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx2_gemv(g, LOOM_TYPE_MXFP4, j0, j1);
+}
+
 static const cpu_gemv_fn avx2_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_F32] = avx2_gemv_f32,
 	[LOOM_TYPE_F16] = avx2_gemv_f16,
@@ -1047,6 +1068,7 @@ static const cpu_gemv_fn avx2_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q4_K] = avx2_gemv_q4_K,
 	[LOOM_TYPE_Q5_K] = avx2_gemv_q5_K,
 	[LOOM_TYPE_Q6_K] = avx2_gemv_q6_K,
+	[LOOM_TYPE_MXFP4] = avx2_gemv_mxfp4,
 };
 
 /* One dequantizing row per format, each inlining avx2_deq_row for its
@@ -1116,6 +1138,11 @@ TGT_AVX2 static void avx2_deq_row_q6_K(const uint8_t *src, float *dst, int64_t k
 	avx2_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
 }
 
+TGT_AVX2 static void avx2_deq_row_mxfp4(const uint8_t *src, float *dst, int64_t k)
+{
+	avx2_deq_row(LOOM_TYPE_MXFP4, src, dst, k);
+}
+
 static const cpu_deq_fn avx2_deq_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_F32] = avx2_deq_row_f32,
 	[LOOM_TYPE_F16] = avx2_deq_row_f16,
@@ -1130,6 +1157,7 @@ static const cpu_deq_fn avx2_deq_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q4_K] = avx2_deq_row_q4_K,
 	[LOOM_TYPE_Q5_K] = avx2_deq_row_q5_K,
 	[LOOM_TYPE_Q6_K] = avx2_deq_row_q6_K,
+	[LOOM_TYPE_MXFP4] = avx2_deq_row_mxfp4,
 };
 
 /* ------------------------------------------------------------------ */
@@ -1216,6 +1244,15 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 		avx512_q5(p + 8, cpu_rd32(p + 4), w);
 		for (int s = 0; s < 2; s++)
 			w[s] = _mm512_fmadd_ps(w[s], d, m);
+		break;
+	case LOOM_TYPE_MXFP4:
+		d = _mm512_set1_ps(mxfp4_half_scale(p[0]));
+		raw = _mm_loadu_si128((const __m128i *)(p + 1));
+		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
+		hi = _mm_shuffle_epi8(MXFP4_LUT,
+				      _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+		w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+		w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
 		break;
 	default: /* never reached: types are checked before */
 		w[0] = w[1] = _mm512_setzero_ps();
@@ -1431,7 +1468,7 @@ TGT_AVX512 ALWAYS void avx512_qgemv(const struct cpu_gemv *g, const uint32_t t, 
 TGT_AVX512 ALWAYS void avx512_gemv(const struct cpu_gemv *g, const uint32_t t, int64_t j0,
 				   int64_t j1)
 {
-	if (format_quant(t)) {
+	if (format_quant(t) && t != LOOM_TYPE_MXFP4) { /* MXFP4: by its group, below */
 		avx512_qgemv(g, t, j0, j1);
 		return;
 	}
@@ -1537,6 +1574,11 @@ TGT_AVX512 static void avx512_gemv_q6_K(const struct cpu_gemv *g, int64_t j0, in
 	avx512_gemv(g, LOOM_TYPE_Q6_K, j0, j1);
 }
 
+TGT_AVX512 static void avx512_gemv_mxfp4(const struct cpu_gemv *g, int64_t j0, int64_t j1)
+{
+	avx512_gemv(g, LOOM_TYPE_MXFP4, j0, j1);
+}
+
 static const cpu_gemv_fn avx512_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_F32] = avx512_gemv_f32,
 	[LOOM_TYPE_F16] = avx512_gemv_f16,
@@ -1551,6 +1593,7 @@ static const cpu_gemv_fn avx512_gemv_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q4_K] = avx512_gemv_q4_K,
 	[LOOM_TYPE_Q5_K] = avx512_gemv_q5_K,
 	[LOOM_TYPE_Q6_K] = avx512_gemv_q6_K,
+	[LOOM_TYPE_MXFP4] = avx512_gemv_mxfp4,
 };
 
 /* One dequantizing row per format, each inlining avx512_deq_row for its
@@ -1620,6 +1663,11 @@ TGT_AVX512 static void avx512_deq_row_q6_K(const uint8_t *src, float *dst, int64
 	avx512_deq_row(LOOM_TYPE_Q6_K, src, dst, k);
 }
 
+TGT_AVX512 static void avx512_deq_row_mxfp4(const uint8_t *src, float *dst, int64_t k)
+{
+	avx512_deq_row(LOOM_TYPE_MXFP4, src, dst, k);
+}
+
 static const cpu_deq_fn avx512_deq_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_F32] = avx512_deq_row_f32,
 	[LOOM_TYPE_F16] = avx512_deq_row_f16,
@@ -1634,6 +1682,7 @@ static const cpu_deq_fn avx512_deq_table[LOOM_TYPE_COUNT] = {
 	[LOOM_TYPE_Q4_K] = avx512_deq_row_q4_K,
 	[LOOM_TYPE_Q5_K] = avx512_deq_row_q5_K,
 	[LOOM_TYPE_Q6_K] = avx512_deq_row_q6_K,
+	[LOOM_TYPE_MXFP4] = avx512_deq_row_mxfp4,
 };
 #endif /* __x86_64__ */
 

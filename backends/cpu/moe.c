@@ -104,18 +104,34 @@ static int run_gemm(struct loom_backend_ctx *ctx, const struct loom_moe_weights 
 	return cpu_gemm(ctx, &g);
 }
 
-/* d = down(glu(gate . x, up . x)) for m rows x (n_embd apart), weights[3]. */
+/* y[r][i] += b[i] for m rows of n (stride n), when there is a bias. */
+static void add_bias(float *y, const float *b, int64_t m, int64_t n)
+{
+	for (int64_t r = 0; b && r < m; r++)
+		for (int64_t i = 0; i < n; i++)
+			y[r * n + i] = y[r * n + i] + b[i];
+}
+
+/* d = down(glu(gate . x + bg, up . x + bu)) + bd for m rows x (n_embd
+ * apart), weights[3], biases[3] (expert e's rows, or NULL: ABI 1.8). */
 static int expert_rows(struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
-		       const struct loom_moe_weights *w3, int64_t e, int64_t ff, int64_t m,
-		       const float *x, int64_t x_stride, struct moe_plan *pl)
+		       const struct loom_moe_weights *w3, const float *const *bias, int64_t e,
+		       int64_t ff, int64_t m, const float *x, int64_t x_stride, struct moe_plan *pl)
 {
 	int rc = run_gemm(ctx, &w3[0], e, ff, a->n_embd, m, x, x_stride, pl->g, ff);
 
 	if (!rc)
 		rc = run_gemm(ctx, &w3[1], e, ff, a->n_embd, m, x, x_stride, pl->u, ff);
+	if (rc)
+		return rc;
+	add_bias(pl->g, bias[0], m, ff);
+	add_bias(pl->u, bias[1], m, ff);
+	rc = cpu_glu(ctx, (enum loom_glu_kind)a->glu, pl->g, ff, pl->g, ff, pl->u, ff, m, ff);
 	if (!rc)
-		rc = cpu_glu(ctx, (enum loom_glu_kind)a->glu, pl->g, ff, pl->g, ff, pl->u, ff, m, ff);
-	return rc ? rc : run_gemm(ctx, &w3[2], e, a->n_embd, ff, m, pl->g, ff, pl->d, a->n_embd);
+		rc = run_gemm(ctx, &w3[2], e, a->n_embd, ff, m, pl->g, ff, pl->d, a->n_embd);
+	if (!rc)
+		add_bias(pl->d, bias[2], m, a->n_embd);
+	return rc;
 }
 
 /* Expert e's pairs: gathered, run, and each output row put in its pair's place. */
@@ -123,6 +139,9 @@ static int run_expert(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 		      struct moe_plan *pl)
 {
 	const struct loom_moe_weights w3[3] = { a->gate, a->up, a->down };
+	const float *bias[3] = { loom_moe_bias(a, a->gate_bias, e, a->n_ff),
+				 loom_moe_bias(a, a->up_bias, e, a->n_ff),
+				 loom_moe_bias(a, a->down_bias, e, a->n_embd) };
 	const int32_t *pairs = pl->order + pl->start[e];
 	int64_t m = pl->start[e + 1] - pl->start[e], embd = a->n_embd;
 	size_t row = (size_t)embd * sizeof(float);
@@ -130,7 +149,7 @@ static int run_expert(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 
 	for (int64_t i = 0; i < m; i++)
 		memcpy(pl->x + i * embd, a->x + (pairs[i] / a->n_used) * a->x_stride, row);
-	rc = expert_rows(ctx, a, w3, e, a->n_ff, m, pl->x, embd, pl);
+	rc = expert_rows(ctx, a, w3, bias, e, a->n_ff, m, pl->x, embd, pl);
 	for (int64_t i = 0; i < m && !rc; i++)
 		memcpy(pl->out + (int64_t)pairs[i] * embd, pl->d + i * embd, row);
 	return rc;
@@ -166,7 +185,8 @@ static int run_shared(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 	int rc = cpu_gemm(ctx, &g);
 
 	if (!rc)
-		rc = expert_rows(ctx, a, w3, 0, a->n_ff_shared, a->rows, a->x, a->x_stride, pl);
+		rc = expert_rows(ctx, a, w3, (const float *const[3]){ NULL, NULL, NULL }, 0,
+				 a->n_ff_shared, a->rows, a->x, a->x_stride, pl);
 	for (int64_t r = 0; r < a->rows && !rc; r++) {
 		float s = loom_moe_sigmoid(pl->sg[r]), *y = a->y + r * a->y_stride;
 		const float *d = pl->d + r * a->n_embd;
@@ -196,8 +216,9 @@ int cpu_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
 	if (!plan_scratch(ctx, a, &pl))
 		return LOOM_ERR_NOMEM;
 	for (int64_t r = 0; r < a->rows; r++)
-		loom_moe_route(a->logits + r * a->logits_stride, a->n_expert, a->n_used,
-			       a->norm != 0, pl.p, pl.ids + r * a->n_used, pl.w + r * a->n_used);
+		loom_moe_route_as(a->gating, a->logits + r * a->logits_stride, a->n_expert,
+				  a->n_used, a->norm != 0, pl.p, pl.ids + r * a->n_used,
+				  pl.w + r * a->n_used);
 	group_pairs(a, &pl);
 	for (int32_t e = 0; e < a->n_expert && !rc; e++)
 		if (pl.start[e + 1] > pl.start[e])

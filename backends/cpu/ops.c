@@ -10,6 +10,7 @@
 #include "cpu.h"
 #include "kpack.h"
 #include "loom/kv_quant.h"
+#include "loom/moe.h"
 
 /* ---- embed ---- */
 
@@ -272,7 +273,10 @@ static void glu_row(const struct loom_backend_ctx *ctx, const struct cpu_glu_arg
 	const float *u = a->up + r * a->up_stride + j0;
 	float *o = a->out + r * a->out_stride + j0;
 
-	if (!ctx->exact)
+	if (a->kind == LOOM_GLU_SWIGLU_OAI) /* both modes: loom/moe.h's formula */
+		for (int64_t i = 0; i < j1 - j0; i++)
+			o[i] = loom_glu_swiglu_oai(g[i], u[i]);
+	else if (!ctx->exact)
 		cpu_glu_row_fast(ctx->isa, a->kind, o, g, u, j1 - j0);
 	else if (a->kind == LOOM_GLU_SILU)
 		for (int64_t i = 0; i < j1 - j0; i++)
@@ -303,7 +307,8 @@ int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 {
 	struct cpu_glu_args a = { kind, out, out_stride, gate, gate_stride, up, up_stride, rows, n };
 
-	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
+	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH &&
+		     kind != LOOM_GLU_SWIGLU_OAI))
 		return LOOM_ERR_INVALID;
 	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
 	    !loom_check_shape(rows, n, up_stride))

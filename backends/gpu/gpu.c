@@ -475,9 +475,11 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	/* no token trees (ABI 1.8) yet: the host drafts linearly */
+	/* no token trees (ABI 1.8) yet: the host drafts linearly; gpt-oss's
+	 * pieces (attention sinks, the clamped SwiGLU) are not in the GPU
+	 * kernels yet: the host refuses such models here */
 	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
-	    op == LOOM_OP_ATTENTION_TREE)
+	    op == LOOM_OP_ATTENTION_TREE || op == LOOM_OP_ATTENTION_SINKS || op == LOOM_OP_GLU_OAI)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);

@@ -15,6 +15,7 @@ struct expert {
 	const struct loom_moe_weights *gate, *up, *down;
 	int32_t e;
 	int64_t n_ff;
+	const float *bias[3]; /* gate, up, down: expert e's rows, or NULL */
 };
 
 /* y = w . x for one row: n outputs of k inputs, weight m's expert e. */
@@ -28,7 +29,15 @@ static int row_gemm(struct loom_backend_ctx *ctx, const struct loom_moe_weights 
 	return ref_gemm(ctx, &g);
 }
 
-/* d = down(glu(gate . x, up . x)) for one row x; g, u: n_ff floats. */
+/* y[i] += b[i] for n values, when there is a bias (b non-NULL). */
+static void add_bias(float *y, const float *b, int64_t n)
+{
+	for (int64_t i = 0; b && i < n; i++)
+		y[i] = y[i] + b[i];
+}
+
+/* d = down(glu(gate . x + bg, up . x + bu)) + bd for one row x (the
+ * biases of ABI 1.8 where the call has them); g, u: n_ff floats. */
 static int expert_row(struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
 		      const struct expert *ex, const float *x, float *g, float *u, float *d)
 {
@@ -36,10 +45,17 @@ static int expert_row(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 
 	if (!rc)
 		rc = row_gemm(ctx, ex->up, ex->e, ex->n_ff, a->n_embd, x, u);
+	if (rc)
+		return rc;
+	add_bias(g, ex->bias[0], ex->n_ff);
+	add_bias(u, ex->bias[1], ex->n_ff);
+	rc = ref_glu(ctx, (enum loom_glu_kind)a->glu, g, ex->n_ff, g, ex->n_ff, u, ex->n_ff, 1,
+		     ex->n_ff);
 	if (!rc)
-		rc = ref_glu(ctx, (enum loom_glu_kind)a->glu, g, ex->n_ff, g, ex->n_ff, u,
-			     ex->n_ff, 1, ex->n_ff);
-	return rc ? rc : row_gemm(ctx, ex->down, ex->e, a->n_embd, ex->n_ff, g, d);
+		rc = row_gemm(ctx, ex->down, ex->e, a->n_embd, ex->n_ff, g, d);
+	if (!rc)
+		add_bias(d, ex->bias[2], a->n_embd);
+	return rc;
 }
 
 /* y += sigmoid(x . shared_gate_inp) * shared expert(x), one row. */
@@ -47,7 +63,7 @@ static int shared_row(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 		      const float *x, float *y, float *g, float *u, float *d)
 {
 	const struct expert ex = { &a->shared_gate, &a->shared_up, &a->shared_down, 0,
-				   a->n_ff_shared };
+				   a->n_ff_shared, { NULL, NULL, NULL } };
 	struct loom_gemm_args s = { .struct_size = sizeof(s), .w_type = LOOM_TYPE_F32, .m = 1,
 				    .n = 1, .k = a->n_embd, .w = a->shared_gate_inp,
 				    .w_stride = (size_t)a->n_embd * sizeof(float), .x = x,
@@ -93,10 +109,14 @@ int ref_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
 		const float *x = a->x + r * a->x_stride;
 		float *y = a->y + r * a->y_stride;
 
-		loom_moe_route(a->logits + r * a->logits_stride, a->n_expert, a->n_used,
-			       a->norm != 0, p, ids, w);
+		loom_moe_route_as(a->gating, a->logits + r * a->logits_stride, a->n_expert,
+				  a->n_used, a->norm != 0, p, ids, w);
 		for (int64_t j = 0; j < a->n_used && !rc; j++) {
-			const struct expert ex = { &a->gate, &a->up, &a->down, ids[j], a->n_ff };
+			const struct expert ex = {
+				&a->gate, &a->up, &a->down, ids[j], a->n_ff,
+				{ loom_moe_bias(a, a->gate_bias, ids[j], a->n_ff),
+				  loom_moe_bias(a, a->up_bias, ids[j], a->n_ff),
+				  loom_moe_bias(a, a->down_bias, ids[j], a->n_embd) } };
 
 			rc = expert_row(ctx, a, &ex, x, g, u, d);
 			for (int64_t i = 0; i < a->n_embd && !rc; i++)

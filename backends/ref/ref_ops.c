@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ref.h"
+#include "loom/moe.h"
 
 /* ---- argument checks ---- */
 
@@ -78,6 +79,7 @@ bool ref_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 	/* ABI 1.8: attention honours parent[] for every cache type */
 	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTION_TREE)
 		return loom_kvq_known(type); /* the KV cache types of ABI 1.3 */
+	/* ABI 1.8: sinks in attention, gpt-oss's glu (and in moe) */
 	/* Everything else, copy included, works on f32 only. */
 	return type == LOOM_TYPE_F32;
 }
@@ -252,7 +254,8 @@ int ref_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 	    int64_t out_stride, const float *gate, int64_t gate_stride,
 	    const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
-	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
+	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH &&
+		     kind != LOOM_GLU_SWIGLU_OAI))
 		return LOOM_ERR_INVALID;
 	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
 	    !loom_check_shape(rows, n, up_stride))
@@ -263,10 +266,13 @@ int ref_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 		return LOOM_ERR_INVALID;
 	for (int64_t r = 0; r < rows; r++) {
 		for (int64_t i = 0; i < n; i++) {
-			float g = gate[r * gate_stride + i];
-			float act = kind == LOOM_GLU_SILU ? silu(g) : gelu_tanh(g);
+			float g = gate[r * gate_stride + i], u = up[r * up_stride + i];
 
-			out[r * out_stride + i] = act * up[r * up_stride + i];
+			if (kind == LOOM_GLU_SWIGLU_OAI)
+				out[r * out_stride + i] = loom_glu_swiglu_oai(g, u);
+			else
+				out[r * out_stride + i] =
+					(kind == LOOM_GLU_SILU ? silu(g) : gelu_tanh(g)) * u;
 		}
 	}
 	return LOOM_OK;
@@ -370,13 +376,16 @@ static const float *cache_at(const struct loom_attention_args *a, uint32_t type,
 }
 
 /*
+/*
  * One query head attending to the cached tokens keys[0..n) of sequence s
  * (ascending; lo..pos for a causal row): out = softmax(scale * q.k) . v,
- * the softmax shifted by its maximum so no exp overflows. p[] is scratch
+ * the softmax shifted by its maximum so no exp overflows; with a sink
+ * (ABI 1.8) exp(sink - max) joins the denominator last. p[] is scratch
  * for n weights, buf for one dequantized row of head_dim values.
  */
 static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s,
-		   const int32_t *keys, int64_t n, int64_t kvh, const float *q, float *out,
+		   const int32_t *keys, int64_t n, int64_t kvh, const float *q,
+		   const float *sink, float *out,
 		   float *p, float *buf)
 {
 	int64_t hd = a->head_dim;
@@ -396,6 +405,8 @@ static void attend(const struct loom_attention_args *a, uint32_t type, int64_t s
 		p[t] = expf(p[t] - max);
 		sum += p[t];
 	}
+	if (sink)
+		sum += expf(*sink - max);
 	for (int64_t d = 0; d < hd; d++)
 		out[d] = 0.0f;
 	for (int64_t t = 0; t < n; t++) {
@@ -413,6 +424,7 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	int64_t rows, longest, width, group;
 	const int32_t *parent;
 	int32_t *keys;
+	const float *sinks;
 	float *p;
 	uint32_t type;
 	int rc;
@@ -446,6 +458,7 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 		return LOOM_ERR_NOMEM;
 	}
 	group = a->n_heads / a->n_kv_heads; /* query heads per KV head */
+	sinks = LOOM_ATTN_SINKS(a);
 	for (int64_t s = 0; s < a->n_seqs; s++) {
 		int64_t q_len = a->q_start[s + 1] - a->q_start[s];
 
@@ -456,6 +469,7 @@ int ref_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 			for (int64_t h = 0; h < a->n_heads; h++)
 				attend(a, type, s, keys, n, h / group,
 				       a->q + row * a->q_stride + h * a->head_dim,
+				       sinks ? sinks + h : NULL,
 				       a->out + row * a->out_stride + h * a->head_dim, p,
 				       p + longest);
 		}

@@ -781,6 +781,27 @@ static int32_t call_rule(struct jc *c, json_t *tool, const char *args_key)
 	return rule1(c, &s);
 }
 
+/* gpt-oss's harmony call (args_key "harmony"), after the begin marker
+ * "<|channel|>commentary ": to=functions.<name> <|constrain|>json<|message|>
+ * <parameters>, whitespace after the marker and around the arguments. */
+static int32_t harmony_rule(struct jc *c, json_t *tool)
+{
+	struct gseq s = { 0 };
+	json_t *name = json_object_get(tool, "name"), *params = json_object_get(tool, "parameters");
+	int32_t ws = ws_rule(c), args;
+	static const char to[] = "to=functions.", mid[] = " <|constrain|>json<|message|>";
+
+	if (!json_is_string(name) || !json_string_length(name))
+		return fail(c, "tools: %s", "each tool needs a non-empty string 'name'");
+	args = params ? schema_rule(c, params) : lit_rule(c, "{}");
+	gseq_lit(c->b, &s, to, strlen(to));
+	gseq_lit(c->b, &s, json_string_value(name), json_string_length(name));
+	gseq_lit(c->b, &s, mid, strlen(mid));
+	gseq_ref(&s, ws);
+	gseq_ref(&s, args);
+	return rule1(c, &s);
+}
+
 /* Any text that does not start with marker m (for "auto": plain text). */
 static int32_t not_marker(struct jc *c, const char *m)
 {
@@ -858,7 +879,8 @@ static int32_t list_tools(struct jc *c, int32_t call, int max_calls, const char 
 /*
  * Tool calls: spec is {"tools": [{"name", "parameters"}...], "mode":
  * "required" | "auto", "begin": marker, "end": marker, "max_calls": n,
- * "args_key": "arguments" (default) or "parameters", "list": bool}.
+ * "args_key": "arguments" (default) or "parameters", or "harmony" (gpt-oss:
+ * to=functions.NAME <|constrain|>json<|message|>ARGS), "list": bool}.
  * One call to max_calls calls (default 1, at most MAX_CALLS), each begin
  * ws call ws end, separated by whitespace; with "list", begin [call, ...]
  * end once. Without markers exactly one bare call ("auto": or any text
@@ -890,12 +912,14 @@ static int32_t tools_rule(struct jc *c, json_t *spec)
 		return fail(c, "tools: %s", "'tools' must be a non-empty array");
 	if (!mode || (strcmp(mode, "required") && strcmp(mode, "auto")))
 		return fail(c, "tools: %s", "'mode' must be \"required\" or \"auto\"");
-	if (args_key && strcmp(args_key, "arguments") && strcmp(args_key, "parameters"))
-		return fail(c, "tools: %s", "'args_key' must be \"arguments\" or \"parameters\"");
+	if (args_key && strcmp(args_key, "arguments") && strcmp(args_key, "parameters") &&
+	    strcmp(args_key, "harmony"))
+		return fail(c, "tools: %s", "'args_key' must be \"arguments\", \"parameters\" or \"harmony\"");
 	begin = begin ? begin : "";
 	end = end ? end : "";
 	json_array_foreach(tools, i, t) {
-		gseq_ref(&s, call_rule(c, t, args_key ? args_key : "arguments"));
+		gseq_ref(&s, args_key && !strcmp(args_key, "harmony") ? harmony_rule(c, t) :
+			     call_rule(c, t, args_key ? args_key : "arguments"));
 		gbuild_alt(c->b, call, &s);
 	}
 	if (list)

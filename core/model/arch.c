@@ -34,7 +34,16 @@
  *   qwen2moe:       qwen2's attention (biases), routed experts (weights
  *                   not normalised) plus a shared expert
  *                   (ffn_{gate,up,down}_shexp) scaled by
- *                   sigmoid(x . ffn_gate_inp_shexp).
+ *                   sigmoid(x . ffn_gate_inp_shexp);
+ *   gpt-oss:        RoPE on halves (YaRN scaling from the file), biases on
+ *                   Q/K/V and the output projection, a learned attention
+ *                   sink per head (attn_sinks), every other layer local
+ *                   (layer 0 first; window gpt-oss.attention.sliding_window,
+ *                   required) with the global RoPE; the FFN norm is named
+ *                   post_attention_norm; a router with a bias, experts
+ *                   with biases (ffn_{gate,up,down}_exps.bias), the n_used
+ *                   largest router logits chosen and weighted by a softmax
+ *                   over them, and the clamped SwiGLU (LOOM_GLU_SWIGLU_OAI).
  */
 #include <stdio.h>
 #include <string.h>
@@ -121,6 +130,27 @@ static const struct loom_arch_tensor qwen2moe_tensors[] = {
 	END,
 };
 
+/* A [rows][cols] f32 table added by rows (expert biases). */
+#define TABLE(nm, member, r, c) \
+	{ .name = "blk.%d." nm, .slot = offsetof(struct loom_layer, member), \
+	  .rows = LOOM_DIM_##r, .cols = LOOM_DIM_##c, .table = true }
+
+static const struct loom_arch_tensor gptoss_tensors[] = {
+	ATTN_TENSORS, QKV_BIASES(false),
+	TENSOR("attn_output.bias", bo, 1, EMBD, false),
+	TENSOR("attn_sinks.weight", sinks, 1, HEADS, false),
+	TENSOR("post_attention_norm.weight", ffn_norm, 1, EMBD, false),
+	TENSOR("ffn_gate_inp.weight", ffn_gate_inp, EXPERT, EMBD, false),
+	TENSOR("ffn_gate_inp.bias", router_b, 1, EXPERT, false),
+	EXPERTS("ffn_gate_exps.weight", gate_exps, FF_EXP, EMBD),
+	EXPERTS("ffn_down_exps.weight", down_exps, EMBD, FF_EXP),
+	EXPERTS("ffn_up_exps.weight", up_exps, FF_EXP, EMBD),
+	TABLE("ffn_gate_exps.bias", gate_exps_b, EXPERT, FF_EXP),
+	TABLE("ffn_down_exps.bias", down_exps_b, EXPERT, EMBD),
+	TABLE("ffn_up_exps.bias", up_exps_b, EXPERT, FF_EXP),
+	END,
+};
+
 static const struct loom_arch_tensor phi3_tensors[] = {
 	TENSOR("attn_norm.weight", attn_norm, 1, EMBD, false),
 	FUSED3("attn_qkv.weight", wq, Q, wk, KV, wv, KV, EMBD),
@@ -190,6 +220,21 @@ static const struct loom_arch arch_qwen2moe = {
 	.shared_expert = true,
 };
 
+static const struct loom_arch arch_gptoss = {
+	.name = "gpt-oss",
+	.tensors = gptoss_tensors,
+	.rope_mode = LOOM_ROPE_NEOX,
+	.glu = LOOM_GLU_SWIGLU_OAI,
+	.swa = LOOM_SWA_PERIOD,
+	.swa_period = 2,
+	.swa_window = -1, /* gpt-oss.attention.sliding_window is required */
+	.swa_global_rope = true,
+	.moe = true,
+	.expert_ff_key = true,
+	.moe_gating = LOOM_MOE_SOFTMAX_TOPK,
+	.chat_marker = "<|start|>",
+};
+
 static const struct loom_arch arch_qwen2 = {
 	.name = "qwen2",
 	.tensors = qwen2_tensors,
@@ -245,7 +290,7 @@ static const struct loom_arch arch_gemma3 = {
 
 static const struct loom_arch *const archs[] = {
 	&arch_llama, &arch_qwen2, &arch_qwen3, &arch_phi3, &arch_gemma2, &arch_gemma3,
-	&arch_qwen3moe, &arch_qwen2moe,
+	&arch_qwen3moe, &arch_qwen2moe, &arch_gptoss,
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))

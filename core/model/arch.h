@@ -23,6 +23,7 @@ enum loom_dim {
 	LOOM_DIM_EXPERT, /* n_expert (the router's rows) */
 	LOOM_DIM_FF_EXP, /* n_ff_exp, one routed expert's FFN size */
 	LOOM_DIM_FF_SHEXP, /* n_ff_shexp, the shared expert's */
+	LOOM_DIM_HEADS,  /* n_head (attention sinks, one per query head) */
 };
 
 #define LOOM_ARCH_MAX_PARTS 3
@@ -46,6 +47,9 @@ struct loom_arch_tensor {
 	 * n_expert matrices [rows][cols]; slot is a struct loom_experts,
 	 * each expert loaded as a weight of its own */
 	bool experts;
+	/* a [rows][cols] f32 table the graph adds by rows (gpt-oss's expert
+	 * biases, GGUF [cols, rows]), not a gemm weight */
+	bool table;
 	int n_parts;
 	size_t part_slots[LOOM_ARCH_MAX_PARTS];
 	enum loom_dim part_rows[LOOM_ARCH_MAX_PARTS];
@@ -118,6 +122,11 @@ struct loom_arch {
 	bool expert_ff_key;
 	bool shared_expert;
 	bool moe_norm;
+	uint32_t moe_gating;          /* enum loom_moe_gating */
+	/* the local layers of a LOOM_SWA_PERIOD family take the global RoPE
+	 * (base and scaling), unless <arch>.rope.freq_base_swa says a base
+	 * (gpt-oss) */
+	bool swa_global_rope;
 };
 
 /* The descriptor for a general.architecture value, or NULL. */

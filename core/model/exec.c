@@ -478,6 +478,7 @@ static int run_attention(struct loom_exec *e, const struct loom_node *nd,
 		.scale = hp->attn_scale, .window = e->m->layers[nd->layer].window,
 		.softcap = hp->attn_softcap, .kv_type = e->kv->type,
 		.parent = b->parent ? e->in[IN_PARENT] : NULL,
+		.sinks = e->m->layers[nd->layer].sinks.data, /* ABI 1.8, checked at load */
 	};
 
 	return be->ops->attention(be->ctx, &a);

@@ -12,7 +12,9 @@
  *   cache <- k, v
  *   s   = attn_scale * q.k;  s = c * tanh(s / c)       (attention softcap: gemma2)
  *   att = softmax(s over the causal window) . v
- *   p   = att . Wo;  p = rmsnorm(p) * post_attn_norm  (gemma)
+ *         (gpt-oss: a learned sink logit per head joins the softmax's
+ *         denominator, in the attention operator, ABI 1.8)
+ *   p   = att . Wo (+ bo: gpt-oss);  p = rmsnorm(p) * post_attn_norm  (gemma)
  *   x  += p
  *   xn  = rmsnorm(x) * ffn_norm
  *   p   = (act(xn . Wgate) * (xn . Wup)) . Wdown      (act: SiLU or GELU-tanh)
@@ -20,9 +22,10 @@
  *   x  += p
  * Mixture of experts (Mixtral, Qwen2/3-MoE) replaces the FFN with
  *   xn  = rmsnorm(x) * ffn_norm
- *   r   = xn . Wrouter                  (router logits, [n_expert] a row)
+ *   r   = xn . Wrouter (+ b_router: gpt-oss)   (router logits, [n_expert] a row)
  *   p   = sum over the row's top-k experts e of w_e * down_e(silu(gate_e xn) * up_e xn)
- *         (+ sigmoid(xn . g_shexp) * shared expert(xn): qwen2moe)
+ *         (+ sigmoid(xn . g_shexp) * shared expert(xn): qwen2moe;
+ *          gpt-oss: expert biases and its clamped SwiGLU, in the moe node)
  *   x  += p
  * the routing rule and weights as loom/moe.h defines them, one moe node.
  * then, over the rows that need logits only:
@@ -129,6 +132,8 @@ static void emit_attention(struct builder *b, const struct loom_shard *s,
 	emit(b, (struct loom_node){ .op = NODE_ATTENTION, .dst = ACT_ATT, .a = ACT_Q,
 				    .layer = i, .col = s->q_lo * head_dim });
 	emit_projection(b, s, ACT_ATT, SPLIT_ATT, &L->wo, i, s->q_lo * head_dim);
+	if (L->bo.data)
+		emit_w(b, NODE_ADD, ACT_PROJ, ACT_PROJ, &L->bo, i);
 	if (L->post_attn_norm.data)
 		emit_w(b, NODE_RMSNORM, ACT_PROJ, ACT_PROJ, &L->post_attn_norm, i);
 	emit_residual(b, i);
@@ -153,6 +158,8 @@ static void emit_moe(struct builder *b, const struct loom_layer *L, int i)
 {
 	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->ffn_norm, i);
 	emit_w(b, NODE_GEMM, ACT_ROUTER, ACT_XN, &L->ffn_gate_inp, i);
+	if (L->router_b.data)
+		emit_w(b, NODE_ADD, ACT_ROUTER, ACT_ROUTER, &L->router_b, i);
 	emit(b, (struct loom_node){ .op = NODE_MOE, .dst = ACT_PROJ, .a = ACT_XN, .b = ACT_ROUTER,
 				    .layer = i });
 	emit_residual(b, i);

@@ -53,9 +53,49 @@ static int get_arch_float(const struct gguf_file *f, const char *arch,
 }
 
 /*
- * RoPE scaling: linear (positions / factor) from <arch>.rope.scaling.*.
- * Llama 3.1's scaling needs no key: llama.cpp's converter writes it as
- * per-dimension divisors (rope_freqs.weight), which plan_all loads.
+ * YaRN's keys (llama.cpp's names): the original context (default the
+ * trained one) and the ramp's beta_fast / beta_slow (default 32 and 1).
+ */
+static int read_yarn(const struct gguf_file *f, struct loom_hparams *hp, float factor,
+		     char *err, size_t errlen)
+{
+	const char *a = hp->arch_name;
+
+	if (!(factor >= 1.0f && factor <= 1024.0f)) {
+		loom_seterr(err, errlen, "key '%s.rope.scaling.factor': %g is not a YaRN factor (1 to 1024)",
+			    a, factor);
+		return -1;
+	}
+	if (hp->arch->swa == LOOM_SWA_PERIOD && !hp->arch->swa_global_rope) {
+		/* the divisors apply to every layer; these local layers have no scaling */
+		loom_seterr(err, errlen, "key '%s.rope.scaling.type': YaRN on %s, whose local layers take no RoPE scaling, is not supported",
+			    a, a);
+		return -1;
+	}
+	hp->yarn_factor = factor;
+	if (get_arch_int(f, a, "rope.scaling.original_context_length", hp->n_ctx_train,
+			 &hp->yarn_orig_ctx, err, errlen) ||
+	    get_arch_float(f, a, "rope.scaling.yarn_beta_fast", 32.0f, &hp->yarn_beta_fast,
+			   err, errlen) ||
+	    get_arch_float(f, a, "rope.scaling.yarn_beta_slow", 1.0f, &hp->yarn_beta_slow,
+			   err, errlen))
+		return -1;
+	if (hp->yarn_orig_ctx < 1 || !(hp->yarn_beta_fast > 0.0f) ||
+	    !(hp->yarn_beta_slow > 0.0f) || isinf(hp->yarn_beta_fast) ||
+	    isinf(hp->yarn_beta_slow)) {
+		loom_seterr(err, errlen, "key '%s.rope.scaling.*': YaRN's original context %lld, beta_fast %g and beta_slow %g must be positive",
+			    a, (long long)hp->yarn_orig_ctx, hp->yarn_beta_fast,
+			    hp->yarn_beta_slow);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * RoPE scaling: linear (positions / factor) or YaRN (read_yarn,
+ * yarn_factors) from <arch>.rope.scaling.*. Llama 3.1's scaling needs no
+ * key: llama.cpp's converter writes it as per-dimension divisors
+ * (rope_freqs.weight), which plan_all loads.
  */
 static int read_rope_scaling(const struct gguf_file *f, struct loom_hparams *hp,
 			     char *err, size_t errlen)
@@ -72,6 +112,11 @@ static int read_rope_scaling(const struct gguf_file *f, struct loom_hparams *hp,
 			   err, errlen))
 		goto out_fail;
 	hp->rope_scale = 1.0f;
+	if (rc == 0 && strcmp(type, "yarn") == 0) {
+		rc = read_yarn(f, hp, factor, err, errlen);
+		free(type);
+		return rc;
+	}
 	if (rc == 0 && strcmp(type, "none") != 0 && strcmp(type, "linear") != 0) {
 		loom_seterr(err, errlen, "key '%s': rope scaling '%s' is not supported yet",
 			key, type);
@@ -132,6 +177,28 @@ static int read_rope_attn_factor(const struct gguf_file *f, struct loom_hparams 
 	return 0;
 }
 
+/*
+ * YaRN's magnitude: llama.cpp's rope_yarn multiplies cos and sin by
+ * 1 + 0.1 ln(factor) (OpenAI's gpt-oss reference calls it the
+ * concentration), so q.k grows by its square, which the attention scale
+ * takes when every dimension is rotated.
+ */
+static int fold_yarn_mscale(struct loom_hparams *hp, char *err, size_t errlen)
+{
+	float ms;
+
+	if (hp->yarn_factor <= 1.0f)
+		return 0;
+	if (hp->n_rot != hp->head_dim) {
+		loom_seterr(err, errlen, "key '%s.rope.scaling.type': YaRN with %lld of %lld dimensions rotated is not supported",
+			    hp->arch_name, (long long)hp->n_rot, (long long)hp->head_dim);
+		return -1;
+	}
+	ms = 1.0f + 0.1f * logf(hp->yarn_factor);
+	hp->attn_scale *= ms * ms;
+	return 0;
+}
+
 /* A soft-cap: the file's value or the family's default; 0 turns it off. */
 static int read_softcap(const struct gguf_file *f, const struct loom_hparams *hp,
 			const char *suffix, float def, float *out, char *err, size_t errlen)
@@ -159,7 +226,7 @@ static int read_attention(const struct gguf_file *f, struct loom_hparams *hp,
 		dim = (float)(hp->n_embd / hp->n_head);
 	if (get_arch_float(f, a, "attention.scale", 1.0f / sqrtf(dim), &hp->attn_scale,
 			   err, errlen) ||
-	    read_rope_attn_factor(f, hp, err, errlen) ||
+	    read_rope_attn_factor(f, hp, err, errlen) || fold_yarn_mscale(hp, err, errlen) ||
 	    read_softcap(f, hp, "attn_logit_softcapping", arch->attn_softcap,
 			 &hp->attn_softcap, err, errlen) ||
 	    read_softcap(f, hp, "final_logit_softcapping", arch->final_softcap,
@@ -327,8 +394,10 @@ static int set_layer_kinds(const struct gguf_file *f, struct loom_model *m,
 		bool local = hp->window > 0 &&
 			(arch->swa == LOOM_SWA_ALL || (periodic && period > 0 && (i + 1) % period != 0));
 
+		bool own = local && periodic && !arch->swa_global_rope;
+
 		L->rope_base = local && periodic ? local_base : hp->rope_base;
-		L->rope_scale = local && periodic ? 1.0f : hp->rope_scale;
+		L->rope_scale = own ? 1.0f : hp->rope_scale;
 		L->window = local ? hp->window : 0;
 	}
 	return 0;
@@ -528,6 +597,8 @@ static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
 		return hp->n_ff_exp;
 	case LOOM_DIM_FF_SHEXP:
 		return hp->n_ff_shexp;
+	case LOOM_DIM_HEADS:
+		return hp->n_head;
 	}
 	return 0;
 }
@@ -667,9 +738,10 @@ static int plan_layers(struct loader *l)
 				continue;
 			}
 			set_slice(l, t->slot);
+			/* a table is added, in f32 (converted at load if need be) */
 			if (plan_weight(l, (struct loom_weight *)(L + t->slot), t->name, i,
 					rows, dim_size(hp, t->cols), !t->optional,
-					rows ? LOOM_OP_GEMM : 0))
+					t->table ? LOOM_OP_ADD : rows ? LOOM_OP_GEMM : 0))
 				return -1;
 		}
 	}
@@ -738,6 +810,11 @@ out_head:
 		return -1;
 	if (plan_weight(l, &m->rope_freqs, rope_factors_name(l), 0, 0, hp->n_rot / 2, false, 0))
 		return -1;
+	if (hp->yarn_factor > 0.0f && l->n_plan && l->plan[l->n_plan - 1].w == &m->rope_freqs) {
+		loom_seterr(l->err, l->errlen, "tensor '%s' with YaRN scaling (%s.rope.scaling.type) is not supported",
+			    rope_factors_name(l), hp->arch_name);
+		return -1;
+	}
 	return plan_layers(l);
 }
 
@@ -967,6 +1044,80 @@ static void free_plan(struct loader *l)
 	free(l->plan);
 }
 
+/*
+ * YaRN as RoPE divisors (llama.cpp's rope_yarn with ext_factor 1): pair i
+ * of n = n_rot / 2 turns by theta_i = pos * base^(-2i/n_rot) * (s (1 - r)
+ * + r), s = 1 / factor, r = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)
+ * with lo = max(0, floor(d(beta_fast))), hi = min(n_rot - 1,
+ * ceil(d(beta_slow))), d(b) = n_rot ln(orig_ctx / (2 pi b)) / (2 ln base).
+ * The divisor is 1 / (s (1 - r) + r); the magnitude is fold_yarn_mscale's.
+ */
+static int yarn_factors(struct loom_model *m, char *err, size_t errlen)
+{
+	const struct loom_hparams *hp = &m->hp;
+	const struct loom_backend *be = m->be;
+	int64_t n = hp->n_rot / 2;
+	double s = 1.0 / hp->yarn_factor, nr = (double)hp->n_rot, lb = log(hp->rope_base);
+	double lo = floor(nr * log(hp->yarn_orig_ctx / (2 * 3.14159265358979323846 * hp->yarn_beta_fast)) / (2 * lb));
+	double hi = ceil(nr * log(hp->yarn_orig_ctx / (2 * 3.14159265358979323846 * hp->yarn_beta_slow)) / (2 * lb));
+	float f[512];
+	int rc;
+
+	lo = lo > 0 ? lo : 0;
+	hi = hi < nr - 1 ? hi : nr - 1;
+	for (int64_t i = 0; i < n; i++) {
+		double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+		double r = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+
+		f[i] = (float)(1.0 / (s * (1.0 - r) + r));
+	}
+	rc = be->ops->buffer_alloc(be->ctx, (size_t)n * sizeof(float), &m->yarn_buf);
+	if (!rc)
+		rc = be->ops->upload(be->ctx, be->ops->buffer_addr(be->ctx, m->yarn_buf), f,
+				     (size_t)n * sizeof(float));
+	if (rc) {
+		loom_seterr(err, errlen, "YaRN's RoPE divisors: backend %s failed (%d)",
+			    be->ops->name, rc);
+		return -1;
+	}
+	m->rope_freqs.data = be->ops->buffer_addr(be->ctx, m->yarn_buf);
+	m->rope_freqs.type = LOOM_TYPE_F32;
+	m->rope_freqs.cols = n;
+	return 0;
+}
+
+/* Whether the family's layers hold a tensor in this struct loom_layer slot. */
+static bool arch_has(const struct loom_arch *arch, size_t slot)
+{
+	for (const struct loom_arch_tensor *t = arch->tensors; t->name; t++)
+		if (!t->experts && !t->n_parts && t->slot == slot)
+			return true;
+	return false;
+}
+
+/* The backend runs what the family needs of ABI 1.8 (gpt-oss's attention
+ * sinks and clamped SwiGLU), or the load is refused by name: there is no
+ * host fallback for either. */
+static int check_features(const struct loom_model *m, char *err, size_t errlen)
+{
+	const struct loom_backend *be = m->be;
+	const struct loom_arch *arch = m->hp.arch;
+	bool new_abi = be->ops->abi_minor >= 8;
+	const char *what = NULL;
+
+	if (arch_has(arch, offsetof(struct loom_layer, sinks)) &&
+	    !(new_abi && be->ops->supports(be->ctx, LOOM_OP_ATTENTION_SINKS, LOOM_TYPE_F32)))
+		what = "attention sinks";
+	else if (arch->glu == LOOM_GLU_SWIGLU_OAI &&
+		 !(new_abi && be->ops->supports(be->ctx, LOOM_OP_GLU_OAI, LOOM_TYPE_F32)))
+		what = "the clamped SwiGLU";
+	if (!what)
+		return 0;
+	loom_seterr(err, errlen, "architecture '%s' needs %s, which backend %s (ABI 1.%u) does not run (they came with backend ABI 1.8; ref.so and cpu.so have them)",
+		    m->hp.arch_name, what, be->path, be->ops->abi_minor);
+	return -1;
+}
+
 /* The experts' device addresses, in the arrays the moe slot takes. */
 static void set_expert_data(struct loom_model *m)
 {
@@ -1013,7 +1164,7 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 	if (loom_formats_init(err, errlen) || read_hparams(f, &m->hp, err, errlen))
 		goto out_free;
 	m->be = loom_backend_open(p->backend, &cfg, err, errlen);
-	if (!m->be)
+	if (!m->be || check_features(m, err, errlen))
 		goto out_free;
 	m->layers = calloc((size_t)m->hp.n_layer, sizeof(*m->layers));
 	if (!m->layers) {
@@ -1035,6 +1186,8 @@ struct loom_model *loom_model_load(const struct gguf_file *f,
 			 m->n_packs, m->be->ops->name);
 	if (!m->output.data)
 		m->output = m->tok_embd;
+	if (m->hp.yarn_factor > 0.0f && yarn_factors(m, err, errlen))
+		goto out_free;
 	set_expert_data(m);
 	if (loom_graph_build(m, err, errlen))
 		goto out_free;
@@ -1053,6 +1206,8 @@ void loom_model_free(struct loom_model *m)
 		return;
 	if (m->be && m->weights_buf)
 		m->be->ops->buffer_free(m->be->ctx, m->weights_buf);
+	if (m->be && m->yarn_buf)
+		m->be->ops->buffer_free(m->be->ctx, m->yarn_buf);
 	for (int i = 0; m->be && i < m->n_packs; i++)
 		m->be->ops->buffer_free(m->be->ctx, m->packs[i]);
 	free(m->packs);

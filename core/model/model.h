@@ -31,6 +31,11 @@ struct loom_hparams {
 	int64_t n_ff_exp;   /* one routed expert's FFN size */
 	int64_t n_ff_shexp; /* the shared expert's, 0: none */
 	bool expert_norm;   /* normalise the chosen experts' weights */
+	/* YaRN RoPE scaling (<arch>.rope.scaling.type "yarn"; 0: none):
+	 * applied as per-dimension divisors (struct loom_model.rope_freqs)
+	 * and the magnitude factor's square in attn_scale */
+	float yarn_factor, yarn_beta_fast, yarn_beta_slow;
+	int64_t yarn_orig_ctx;
 };
 
 /* A routed-expert tensor: n_expert matrices, each loaded as a weight of
@@ -60,6 +65,8 @@ struct loom_layer {
 	struct loom_weight wk, wv;         /* [n_head_kv * head_dim][n_embd] */
 	struct loom_weight bq;             /* [n_head * head_dim], opt. */
 	struct loom_weight bk, bv;         /* [n_head_kv * head_dim], opt. */
+	struct loom_weight bo;             /* [n_embd], opt. (gpt-oss) */
+	struct loom_weight sinks;          /* [n_head] attention sinks, opt. (gpt-oss) */
 	struct loom_weight q_norm, k_norm; /* [head_dim], per-head QK-norm, opt. */
 	struct loom_weight wo;             /* [n_embd][n_head * head_dim] */
 	struct loom_weight post_attn_norm; /* [n_embd], opt. */
@@ -73,6 +80,10 @@ struct loom_layer {
 	struct loom_weight ffn_gate_inp;   /* [n_expert][n_embd] */
 	struct loom_experts gate_exps, up_exps, down_exps;
 	struct loom_weight gate_inp_shexp; /* [n_embd], opt. */
+	struct loom_weight router_b;       /* [n_expert], opt. (gpt-oss) */
+	/* expert biases, f32 tables, opt. (gpt-oss): gate/up [n_expert]
+	 * [n_ff_exp], down [n_expert][n_embd] */
+	struct loom_weight gate_exps_b, up_exps_b, down_exps_b;
 	const void *shexp_data[3];         /* w_gate, w_up, w_down's addresses */
 	float rope_base, rope_scale;       /* this layer's RoPE */
 	int32_t window;                    /* sliding window in tokens, 0: none */
@@ -145,6 +156,7 @@ struct loom_model {
 	uint64_t expert_bytes; /* of plan_total: the routed experts' tensors */
 	uint64_t embd_only_bytes; /* of it: a token table only embed reads (untied) */
 	struct loom_weight tok_embd, output, output_norm, rope_freqs;
+	struct loom_buffer *yarn_buf; /* rope_freqs computed for YaRN, or NULL */
 	struct loom_layer *layers; /* n_layer; only shard's layers hold weights */
 	struct loom_shard shard;   /* what this process holds (all of it alone) */
 	struct loom_node *nodes; /* the graph, built once at load */

@@ -75,7 +75,7 @@ static void fill_args(const struct loom_model *m, const struct loom_layer *L,
 
 	a->struct_size = sizeof(*a);
 	a->glu = hp->arch->glu;
-	a->gating = LOOM_MOE_SOFTMAX;
+	a->gating = hp->arch->moe_gating;
 	a->norm = hp->expert_norm;
 	a->n_embd = hp->n_embd;
 	a->n_ff = hp->n_ff_exp;
@@ -84,6 +84,9 @@ static void fill_args(const struct loom_model *m, const struct loom_layer *L,
 	set_weights(&a->gate, &L->gate_exps);
 	set_weights(&a->up, &L->up_exps);
 	set_weights(&a->down, &L->down_exps);
+	a->gate_bias = L->gate_exps_b.data;
+	a->up_bias = L->up_exps_b.data;
+	a->down_bias = L->down_exps_b.data;
 	if (hp->n_ff_shexp > 0) {
 		a->n_ff_shared = hp->n_ff_shexp;
 		a->shared_gate_inp = L->gate_inp_shexp.data;
@@ -106,19 +109,36 @@ static int gemm(const struct loom_backend *be, const struct loom_moe_weights *mw
 	return be->ops->gemm(be->ctx, &g);
 }
 
-/* d[0..n) = down(glu(gate . gx, up . gx)) for the n rows gathered in gx. */
+/* y[r] += b for n rows (stride y_w), when there is a bias b (NULL: none). */
+static int add_bias(const struct loom_backend *be, float *y, int64_t y_w, const float *b,
+		    int64_t n, int64_t width)
+{
+	return b ? be->ops->add(be->ctx, y, y_w, y, y_w, b, width, 1, n, width) : 0;
+}
+
+/* d[0..n) = down(glu(gate . gx + bg, up . gx + bu)) + bd for the n rows
+ * gathered in gx (the biases of expert e, when bias; gpt-oss). */
 static int expert_rows(const struct loom_backend *be, const struct loom_moe_args *a,
 		       const struct loom_moe_weights *w3, int64_t e, int64_t ff, int64_t n,
-		       const struct loom_moe_scratch *s, const float *gx, int64_t gx_w)
+		       const struct loom_moe_scratch *s, const float *gx, int64_t gx_w, bool bias)
 {
 	int rc = gemm(be, &w3[0], e, ff, a->n_embd, n, gx, gx_w, s->gate, s->ff_w);
 
 	if (!rc)
 		rc = gemm(be, &w3[1], e, ff, a->n_embd, n, gx, gx_w, s->up, s->ff_w);
+	if (!rc && bias)
+		rc = add_bias(be, s->gate, s->ff_w, loom_moe_bias(a, a->gate_bias, e, ff), n, ff);
+	if (!rc && bias)
+		rc = add_bias(be, s->up, s->ff_w, loom_moe_bias(a, a->up_bias, e, ff), n, ff);
 	if (!rc)
 		rc = be->ops->glu(be->ctx, (enum loom_glu_kind)a->glu, s->gate, s->ff_w, s->gate,
 				  s->ff_w, s->up, s->ff_w, n, ff);
-	return rc ? rc : gemm(be, &w3[2], e, a->n_embd, ff, n, s->gate, s->ff_w, s->d, s->d_w);
+	if (!rc)
+		rc = gemm(be, &w3[2], e, a->n_embd, ff, n, s->gate, s->ff_w, s->d, s->d_w);
+	if (!rc && bias)
+		rc = add_bias(be, s->d, s->d_w, loom_moe_bias(a, a->down_bias, e, a->n_embd), n,
+			      a->n_embd);
+	return rc;
 }
 
 /* Row i of d times `scale`, written to (first) or added to y's row r. */
@@ -152,7 +172,7 @@ static int run_group(const struct loom_backend *be, const struct loom_moe_args *
 				   (size_t)a->n_embd * sizeof(float));
 	if (n == 0 || rc)
 		return rc;
-	rc = expert_rows(be, a, w3, e, a->n_ff, n, s, s->gx, s->gx_w);
+	rc = expert_rows(be, a, w3, e, a->n_ff, n, s, s->gx, s->gx_w, true);
 	for (int64_t i = 0; i < n && !rc; i++)
 		rc = combine_row(be, a, s, i, s->rows[i], s->w[(int64_t)s->rows[i] * k + j], j == 0);
 	return rc;
@@ -173,7 +193,8 @@ static int run_shared(const struct loom_backend *be, const struct loom_moe_args 
 	if (!rc)
 		rc = be->ops->synchronize(be->ctx);
 	if (!rc)
-		rc = expert_rows(be, a, w3, 0, a->n_ff_shared, a->rows, s, a->x, a->x_stride);
+		rc = expert_rows(be, a, w3, 0, a->n_ff_shared, a->rows, s, a->x, a->x_stride,
+				 false);
 	for (int64_t r = 0; r < a->rows && !rc; r++)
 		rc = combine_row(be, a, s, r, (int32_t)r, loom_moe_sigmoid(s->p[r]), false);
 	return rc;
@@ -192,8 +213,8 @@ static int fallback(const struct loom_backend *be, const struct loom_moe_args *a
 	if (!rc)
 		rc = be->ops->synchronize(be->ctx);
 	for (int64_t r = 0; r < a->rows && !rc; r++)
-		loom_moe_route(s->logits + r * a->n_expert, a->n_expert, k, a->norm != 0, s->p,
-			       s->ids + r * k, s->w + r * k);
+		loom_moe_route_as(a->gating, s->logits + r * a->n_expert, a->n_expert, k,
+				  a->norm != 0, s->p, s->ids + r * k, s->w + r * k);
 	for (int64_t j = 0; j < k && !rc; j++)
 		for (int32_t e = 0; e < a->n_expert && !rc; e++)
 			rc = run_group(be, a, s, j, e);

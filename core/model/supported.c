@@ -50,6 +50,12 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 	}
 	if (find_tensor(a, "blk.%d.attn_qkv.weight"))
 		add(attn, sizeof(attn), "fused QKV");
+	if (find_tensor(a, "blk.%d.attn_output.bias"))
+		add(attn, sizeof(attn), "output bias");
+	if (find_tensor(a, "blk.%d.attn_sinks.weight"))
+		add(attn, sizeof(attn), "attention sinks (backend ABI 1.8)");
+	if (a->swa_global_rope)
+		add(attn, sizeof(attn), "local layers with the global RoPE");
 	if (find_tensor(a, "blk.%d.attn_qkv.weight") && find_tensor(a, "blk.%d.ffn_up.weight") &&
 	    find_tensor(a, "blk.%d.ffn_up.weight")->n_parts > 0)
 		add(other, sizeof(other), "fused gate+up");
@@ -60,12 +66,16 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 	if (a->rope_factors)
 		add(other, sizeof(other), "LongRoPE factors (long ones past the original context)");
 	else
-		add(other, sizeof(other), "Llama 3.1 RoPE factors if present");
-	if (find_tensor(a, "blk.%d.post_attention_norm.weight"))
+		add(other, sizeof(other), a->swa == LOOM_SWA_PERIOD && !a->swa_global_rope ?
+			"Llama 3.1 RoPE factors if present" :
+			"Llama 3.1 RoPE factors or YaRN if present");
+	if (find_tensor(a, "blk.%d.post_ffw_norm.weight"))
 		add(other, sizeof(other), "norms after attention and FFN too");
 	if (a->embd_scale)
 		add(other, sizeof(other), "embeddings x sqrt(n_embd)");
-	if (a->moe)
+	if (a->moe && a->moe_gating == LOOM_MOE_SOFTMAX_TOPK)
+		add(other, sizeof(other), "routed experts (top-k, softmax over them; router and expert biases)");
+	else if (a->moe)
 		add(other, sizeof(other), a->moe_norm ? "routed experts (softmax top-k, weights normalised)" :
 			"routed experts (softmax top-k)");
 	if (a->shared_expert)
@@ -78,7 +88,8 @@ static void print_arch(FILE *out, const struct loom_arch *a)
 	}
 	fprintf(out, "| %s | %s | %s | %s | %s | %s |\n", a->name, also,
 		a->rope_mode == LOOM_ROPE_NEOX ? "halves (NeoX)" : "adjacent pairs",
-		a->glu == LOOM_GLU_GELU_TANH ? "GELU-tanh gated" : "SiLU gated", attn, other);
+		a->glu == LOOM_GLU_GELU_TANH ? "GELU-tanh gated" :
+		a->glu == LOOM_GLU_SWIGLU_OAI ? "clamped SwiGLU (gpt-oss)" : "SiLU gated", attn, other);
 }
 
 /* "a b c" as "a, b, c". */

@@ -89,6 +89,13 @@ enum loom_op {
 	 * trees); asked only of backends of ABI 1.8 or later, with the KV
 	 * cache type */
 	LOOM_OP_ATTENTION_TREE,
+	/* generation 1.8 (gpt-oss), asked only of backends of ABI 1.8 or
+	 * later, with type LOOM_TYPE_F32: attention reads `sinks` (struct
+	 * loom_attention_args) for every KV type it supports; glu and moe
+	 * run LOOM_GLU_SWIGLU_OAI, and moe reads the expert biases and
+	 * LOOM_MOE_SOFTMAX_TOPK gating (struct loom_moe_args) */
+	LOOM_OP_ATTENTION_SINKS,
+	LOOM_OP_GLU_OAI,
 	LOOM_OP_COUNT,
 };
 
@@ -312,14 +319,38 @@ struct loom_attention_args {
 	 * that is not -1 or below i is LOOM_ERR_INVALID.
 	 */
 	const int32_t *parent;
+	/* Attention sinks (gpt-oss), after parent: device f32 [n_heads], NULL for none.
+	 * Head h's output becomes acc / (sum + exp(sinks[h] - mx)) where mx
+	 * is the largest score of the row's visible positions, sum the
+	 * softmax denominator sum_t exp(score_t - mx) and acc the weighted
+	 * sum of V: a learned logit per head that takes a share of the
+	 * softmax and contributes no value. Read only when struct_size
+	 * covers it (LOOM_ATTN_SINKS); a host passes sinks only to a
+	 * backend that answers supports(LOOM_OP_ATTENTION_SINKS). */
+	const float *sinks;
 };
+
+/* The sinks of an attention call, NULL when there are none or the
+ * caller's struct predates generation 1.8. */
+#define LOOM_ATTN_SINKS(a) \
+	(LOOM_ARGS_HAS(a, struct loom_attention_args, sinks) ? (a)->sinks : NULL)
 
 /* The KV cache type of a kv_write or attention call: kv_type where the
  * caller's struct has it, else F32 (a 1.0-1.2 host). */
 #define LOOM_KV_TYPE(a, type) \
 	(LOOM_ARGS_HAS(a, type, kv_type) ? (a)->kv_type : (uint32_t)LOOM_TYPE_F32)
 
-enum loom_glu_kind { LOOM_GLU_SILU = 0, LOOM_GLU_GELU_TANH = 1 };
+enum loom_glu_kind {
+	LOOM_GLU_SILU = 0,
+	LOOM_GLU_GELU_TANH = 1,
+	/* generation 1.8 (supports(LOOM_OP_GLU_OAI)): gpt-oss's clamped
+	 * SwiGLU, with g = min(gate, L) and u = min(max(up, -L), L):
+	 *   out = g / (1 + exp(-A * g)) * (u + 1),  A = 1.702, L = 7
+	 * (the constants llama.cpp and OpenAI's reference hard-code) */
+	LOOM_GLU_SWIGLU_OAI = 2,
+};
+#define LOOM_GLU_OAI_ALPHA 1.702f
+#define LOOM_GLU_OAI_LIMIT 7.0f
 
 /* Generation 1.4: collectives between the ranks of a distributed job. */
 enum loom_collective_op {
@@ -357,6 +388,10 @@ enum loom_moe_gating {
 	 * the lower expert id) are chosen, weighted by their p (llama.cpp's
 	 * softmax gating: Mixtral, Qwen2-MoE, Qwen3-MoE) */
 	LOOM_MOE_SOFTMAX = 0,
+	/* generation 1.8: the n_used largest logits (ties: the lower id)
+	 * are chosen, weighted by a softmax over those n_used logits alone
+	 * (llama.cpp's SOFTMAX_WEIGHT gating: gpt-oss); norm is ignored */
+	LOOM_MOE_SOFTMAX_TOPK = 1,
 };
 
 /* One expert tensor: n_expert matrices of the same shape and type. */
@@ -400,7 +435,19 @@ struct loom_moe_args {
 	int64_t n_ff_shared; /* 0: no shared expert */
 	const float *shared_gate_inp; /* device f32 [n_embd] */
 	struct loom_moe_weights shared_gate, shared_up, shared_down;
+	/* ---- generation 1.8 ---- */
+	/* Expert biases (gpt-oss), device f32, NULL for none: expert e's
+	 * gate and up products get gate_bias[e * n_ff ..] and up_bias[..]
+	 * added (before the glu), its down product down_bias[e * n_embd ..]
+	 * (before the weight w_j multiplies it). Read only when struct_size
+	 * covers them (LOOM_MOE_BIASES). */
+	const float *gate_bias, *up_bias, *down_bias;
 };
+
+/* The smallest loom_moe_args a backend accepts (a 1.6 host's). */
+#define LOOM_MOE_ARGS_MIN_SIZE offsetof(struct loom_moe_args, gate_bias)
+/* Whether a moe call's struct has the generation 1.8 biases. */
+#define LOOM_MOE_BIASES(a) LOOM_ARGS_HAS(a, struct loom_moe_args, down_bias)
 
 /* Required slots must be non-NULL; the host checks once at load time. */
 struct loom_backend_ops {
@@ -569,8 +616,10 @@ struct loom_backend_ops {
 		      int64_t rows, int64_t n);
 	/* ---- end of generation 1.7 ---- */
 
-	/* Generation 1.8 changed no slot of this table (it added parent to
-	 * loom_attention_args and LOOM_OP_ATTENTION_TREE). */
+	/* Generation 1.8 changed no slot of this table: it appended parent
+	 * (token trees), attention sinks and expert biases to the argument
+	 * structs, a glu kind and a gating rule, each announced by supports()
+	 * (LOOM_OP_ATTENTION_TREE, LOOM_OP_ATTENTION_SINKS, LOOM_OP_GLU_OAI). */
 	/* append new slots below */
 };
 

@@ -36,13 +36,17 @@ _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host heade
  * backend never reads it from an older host's padding */
 _Static_assert(offsetof(struct loom_kv_write_args, kv_type) == 80, "kv_write kv_type moved");
 _Static_assert(offsetof(struct loom_attention_args, kv_type) == 144, "attention kv_type moved");
-/* generation 1.8: parent (token trees) after the 1.3 fields, past every
- * 1.3-1.7 struct_size (152) */
+/* generation 1.8: parent (token trees) and sinks (gpt-oss) after the 1.3
+ * fields, past every 1.3-1.7 struct_size (152); moe's expert biases past
+ * 1.6-1.7's 264 */
 _Static_assert(offsetof(struct loom_attention_args, parent) == 152, "attention parent moved");
+_Static_assert(offsetof(struct loom_attention_args, sinks) == 160, "attention sinks moved");
+_Static_assert(offsetof(struct loom_moe_args, gate_bias) == 264, "moe biases moved");
 _Static_assert(LOOM_OP_ATTENTION_TREE == LOOM_OP_EMBED_PACKED + 1, "generation 1.8 op moved");
 
 /*
- * Today's sizes (LP64), the generation 1.8 headers: a change here is a new
+ * Today's sizes (LP64), the generation 1.8 headers (1.8 appended
+ * attention's parent at 152 and sinks at 160, moe's expert biases at 264): a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -55,9 +59,9 @@ _Static_assert(sizeof(struct loom_gemm_args) == 88, "struct loom_gemm_args chang
 _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_pack_args changed size");
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
 _Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
-_Static_assert(sizeof(struct loom_attention_args) == 160, "struct loom_attention_args changed size");
+_Static_assert(sizeof(struct loom_attention_args) == 168, "struct loom_attention_args changed size");
 _Static_assert(sizeof(struct loom_backend_ops) == 240, "struct loom_backend_ops changed size");
-_Static_assert(sizeof(struct loom_moe_args) == 264, "struct loom_moe_args changed size");
+_Static_assert(sizeof(struct loom_moe_args) == 288, "struct loom_moe_args changed size");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif
 

@@ -97,6 +97,27 @@ with ffn_{gate,up,down}_exps holding one matrix per expert (GGUF
       x += sigmoid(h . ffn_gate_inp_shexp) * down_s(silu(gate_s h) * up_s h)
   <arch>.expert_weights_norm, when present, overrides the normalisation.
 
+gpt-oss (arch "gpt-oss", llama.cpp's openai-moe graph; OpenAI's reference
+for the formulas): the MoE pass with rope on halves and
+  q, k, v, attn_output with biases; the FFN norm is post_attention_norm
+  attention sinks: per head h a learned logit s_h (attn_sinks) joins the
+      softmax's denominator: p_t = exp(sc_t - m) / (sum_t exp(sc_t - m) +
+      exp(s_h - m)), m = max(max_t sc_t, s_h); it carries no value
+  layer i local (window gpt-oss.attention.sliding_window) when i is even,
+      every layer with the global RoPE
+  YaRN (rope.scaling.type "yarn", factor f, original context C, beta_fast
+      32, beta_slow 1), as ggml's rope_yarn: theta_extrap = pos *
+      base^(-2i/n_rot), theta_interp = theta_extrap / f, ramp r_i = 1 -
+      clamp((i - lo) / max(0.001, hi - lo), 0, 1) with lo = max(0,
+      floor(d(32))), hi = min(n_rot - 1, ceil(d(1))), d(b) = n_rot *
+      ln(C / (2 pi b)) / (2 ln base); theta = theta_interp (1 - r) +
+      theta_extrap r, and cos, sin times 1 + 0.1 ln f
+  router: l = h Wrouter^T + b_router; E = the n_used largest l (ties:
+      lower id); w = softmax(l[E])
+  experts: g = h Wg_e^T + bg_e, u = h Wu_e^T + bu_e, g = min(g, 7),
+      u = clamp(u, -7, 7), a = g * sigmoid(1.702 g) * (u + 1),
+      d = a Wd_e^T + bd_e;  x += sum_E w_e d_e
+
 CLI:
   ref_llama.py MODEL --tokens "1 2 3" -n 32 --logits-out F.npy \
       --tokens-out F.txt
@@ -124,10 +145,11 @@ ROPE_NEOX = "neox"
 ARCH_ROPE = {"llama": ROPE_NORM, "mistral": ROPE_NORM, "qwen2": ROPE_NEOX,
              "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
-             "qwen2moe": ROPE_NEOX}
+             "qwen2moe": ROPE_NEOX, "gpt-oss": ROPE_NEOX}
 GEMMA = ("gemma2", "gemma3")
 QK_NORM = ("gemma3", "qwen3", "qwen3moe")
-MOE_ARCHS = ("qwen3moe", "qwen2moe")      # and llama with expert_count
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "gpt-oss")  # and llama with experts
+OSS = "gpt-oss"
 
 
 def field_value(field):
@@ -182,9 +204,13 @@ class Model:
                                    self.head_dim))
         stype = self.meta(a + ".rope.scaling.type", "none")
         factor = float(self.meta(a + ".rope.scaling.factor", 0.0))
-        if stype not in ("none", "linear"):
+        if stype not in ("none", "linear", "yarn"):
             raise ValueError("rope scaling %r not supported" % stype)
         self.rope_factor = factor if stype == "linear" and factor > 0 else 1.0
+        self.yarn = factor if stype == "yarn" else 0.0   # 0: no YaRN
+        self.yarn_orig = int(self.meta(
+            a + ".rope.scaling.original_context_length",
+            self.meta(a + ".context_length", 4096)))
         qk_dim = self.head_dim
         if a == "gemma2" and self.n_layer == 46:     # Gemma 2 27B
             qk_dim = self.n_embd // self.n_head
@@ -195,16 +221,20 @@ class Model:
         self.embd_scale = math.sqrt(self.n_embd) if gemma else 1.0
         self.act = "gelu_tanh" if gemma else "silu"
         window_default = {"gemma2": 4096, "gemma3": 0, "llama": 0,
-                          "mistral": 0}
-        self.window = int(self.meta(a + ".attention.sliding_window", 0)) \
+                          "mistral": 0, OSS: None}
+        self.window = int(self.meta(a + ".attention.sliding_window",
+                                    window_default.get(a))) \
             if a in window_default else 0
         if self.window == 0:
-            self.window = window_default.get(a, 0)
+            self.window = window_default.get(a) or 0
         # None: every layer local (Mistral); else layer i global when
         # (i + 1) % pattern == 0
         self.pattern = int(self.meta(a + ".attention.sliding_window_pattern",
-                                     2 if a == "gemma2" else 6)) \
-            if gemma else None
+                                     2 if a in ("gemma2", OSS) else 6)) \
+            if gemma or a == OSS else None
+        self.oss = a == OSS
+        self.sinks = self.oss          # switches a test may turn off
+        self.oss_clamp = self.oss
         self.local_base = float(self.meta(
             a + ".rope.freq_base_swa",
             10000.0 if a == "gemma3" else self.rope_base))
@@ -233,6 +263,7 @@ class Model:
         self.n_expert_used = int(self.meta(a + ".expert_used_count"))
         self.expert_norm = bool(self.meta(a + ".expert_weights_norm",
                                           a != "qwen2moe"))
+        self.topk_softmax = a == OSS     # softmax over the chosen logits
         self.shared_expert = a == "qwen2moe"
         self.shared_gate = True       # sigmoid gate on the shared expert
         if not 1 <= self.n_expert_used <= self.n_expert:
@@ -280,9 +311,11 @@ class Model:
                 half = up.shape[0] // 2
                 L["ffn_gate"], L["ffn_up"] = up[:half], up[half:]
             elif self.moe:
-                names = ["attn_norm", "attn_output", "ffn_norm", "attn_q",
+                names = ["attn_norm", "attn_output", "attn_q",
                          "attn_k", "attn_v", "ffn_gate_inp", "ffn_gate_exps",
                          "ffn_up_exps", "ffn_down_exps"]
+                names.append("post_attention_norm" if self.oss else
+                             "ffn_norm")
                 if self.shared_expert:
                     names += ["ffn_gate_inp_shexp", "ffn_gate_shexp",
                               "ffn_up_shexp", "ffn_down_shexp"]
@@ -297,8 +330,15 @@ class Model:
                 L[n + ".bias"] = w(p + n + ".bias", False)
             for n in ("attn_q_norm", "attn_k_norm"):
                 L[n] = w(p + n + ".weight", self.arch in QK_NORM)
+            if self.oss:      # gpt-oss: the FFN norm, sinks, MoE biases
+                L["ffn_norm"] = L.pop("post_attention_norm")
+                L["attn_sinks"] = w(p + "attn_sinks.weight")
+                for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                          "ffn_down_exps"):
+                    L[n + ".bias"] = w(p + n + ".bias")
             for n in ("post_attention_norm", "post_ffw_norm"):
-                L[n] = w(p + n + ".weight", self.arch in GEMMA)
+                L[n] = w(p + n + ".weight", self.arch in GEMMA) \
+                    if self.arch in GEMMA else None
             self.layers.append(L)
         self.n_vocab = self.output.shape[0]
 
@@ -320,8 +360,9 @@ class Model:
         i = np.arange(0, n_rot, 2, dtype=np.float64)
         # a periodic family's local layers have their own base and no
         # scaling; Mistral's all-local layers keep the global RoPE
-        own = local and self.pattern is not None
-        base = self.local_base if own else self.rope_base
+        own = local and self.pattern is not None and not self.oss
+        base = self.local_base if local and self.pattern is not None \
+            else self.rope_base
         freq = base ** (-i / n_rot)
         if self.rope_freqs is not None:
             freq = freq / self.rope_freqs.astype(np.float64)
@@ -329,6 +370,8 @@ class Model:
         p = np.asarray(pos, dtype=np.float64) / factor
         theta = p[:, None] * freq[None, :]           # (T, n_rot/2)
         mscale = self.rope_attn_factor
+        if self.yarn > 0:
+            theta, mscale = self.yarn_theta(theta, base)
         c = (mscale * np.cos(theta))[:, None, :].astype(self.dtype)
         s = (mscale * np.sin(theta))[:, None, :].astype(self.dtype)
         y = x.copy()
@@ -342,6 +385,22 @@ class Model:
             y[..., :h] = a * c - b * s
             y[..., h:n_rot] = a * s + b * c
         return y
+
+    def yarn_theta(self, theta_extrap, base):
+        """YaRN (ggml's rope_yarn, ext_factor 1): the angles and the
+        cos/sin magnitude."""
+        n_rot, f = self.n_rot, self.yarn
+
+        def corr(b):
+            return n_rot * math.log(self.yarn_orig / (b * 2 * math.pi)) / \
+                (2 * math.log(base))
+        lo = max(0.0, math.floor(corr(32.0)))
+        hi = min(n_rot - 1.0, math.ceil(corr(1.0)))
+        i = np.arange(n_rot // 2, dtype=np.float64)
+        y = (i - lo) / max(0.001, hi - lo)
+        r = 1.0 - np.clip(y, 0.0, 1.0)
+        theta = theta_extrap / f * (1.0 - r) + theta_extrap * r
+        return theta, self.rope_attn_factor * (1.0 + 0.1 * math.log(f))
 
     @staticmethod
     def linear(x, w, b=None):
@@ -378,9 +437,15 @@ class Model:
         if local:
             mask |= key_pos[None, :] <= qpos - self.window
         sc = np.where(mask[None, None], -np.inf, sc)
-        sc = sc - sc.max(axis=-1, keepdims=True)
-        p = np.exp(sc)
-        p = p / p.sum(axis=-1, keepdims=True)
+        if self.sinks:      # one more logit per head, without a value
+            sink = L["attn_sinks"].reshape(nkv, g, 1, 1)
+            m = np.maximum(sc.max(axis=-1, keepdims=True), sink)
+            p = np.exp(sc - m)
+            p = p / (p.sum(axis=-1, keepdims=True) + np.exp(sink - m))
+        else:
+            sc = sc - sc.max(axis=-1, keepdims=True)
+            p = np.exp(sc)
+            p = p / p.sum(axis=-1, keepdims=True)
         o = np.einsum("kjts,skd->tkjd", p, V).reshape(T, nh * hd)
         o = self.linear(o, L["attn_output"], L["attn_output.bias"])
         if L["post_attention_norm"] is not None:
@@ -395,7 +460,12 @@ class Model:
     def route(self, logits):
         """(ids, weights) of one row's experts: softmax over all, the
         n_expert_used largest (stable: ties go to the lower id), then
-        normalised when expert_norm."""
+        normalised when expert_norm; gpt-oss: the largest logits, then a
+        softmax over them."""
+        if self.topk_softmax:
+            ids = np.argsort(-logits, kind="stable")[:self.n_expert_used]
+            z = np.exp(logits[ids] - logits[ids].max())
+            return ids, z / z.sum()
         z = logits - logits.max()
         p = np.exp(z) / np.exp(z).sum()
         ids = np.argsort(-p, kind="stable")[:self.n_expert_used]
@@ -404,12 +474,27 @@ class Model:
             w = w / max(w.sum(), 6.103515625e-5)
         return ids, w
 
+    def oss_expert(self, L, h, e):
+        """gpt-oss's expert e: biases and the clamped SwiGLU."""
+        g = h @ L["ffn_gate_exps"][e].T + L["ffn_gate_exps.bias"][e]
+        u = h @ L["ffn_up_exps"][e].T + L["ffn_up_exps.bias"][e]
+        if self.oss_clamp:
+            g = np.minimum(g, 7.0)
+            u = np.clip(u, -7.0, 7.0)
+        act = g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+        return act @ L["ffn_down_exps"][e].T + L["ffn_down_exps.bias"][e]
+
     def moe_ffn(self, L, h):
         logits = h @ L["ffn_gate_inp"].T                  # (T, n_expert)
+        if L.get("ffn_gate_inp.bias") is not None:
+            logits = logits + L["ffn_gate_inp.bias"]
         y = np.zeros_like(h)
         for t in range(h.shape[0]):
             ids, w = self.route(logits[t])
             for e, we in zip(ids, w):
+                if self.oss:
+                    y[t] += we * self.oss_expert(L, h[t], e)
+                    continue
                 y[t] += we * self.swiglu(h[t], L["ffn_gate_exps"][e],
                                          L["ffn_up_exps"][e],
                                          L["ffn_down_exps"][e])

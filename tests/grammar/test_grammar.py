@@ -194,6 +194,20 @@ mistral['mode'] = 'auto'
 # a proper prefix of the marker is text, as for <tool_call>
 out = check('tool_calls', mistral, mtexts + ['[TOOL_CALL', '[TOOL_CALLS'])
 expect('tools-mistral-auto', out == ['1', '1', '0', '0', '0', '1', '1', '1'], f'{out}')
+# gpt-oss's harmony: <|channel|>commentary to=functions.NAME
+# <|constrain|>json<|message|>ARGS<|call|>, one call
+harmony = {'tools': tools['tools'], 'mode': 'required', 'args_key': 'harmony',
+           'begin': '<|channel|>commentary ', 'end': '<|call|>', 'max_calls': 1}
+hcall = ('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+         '{"city": "Paris"}<|call|>')
+htexts = [hcall, '<|channel|>commentary to=functions.noop <|constrain|>json<|message|>{}<|call|>',
+          hcall.replace('get_weather', 'other'), hcall.replace('{"city": "Paris"}', '{}'),
+          hcall + hcall, 'Hello', '<|channel|>final<|message|>Hi']
+out = check('tool_calls', harmony, htexts)
+expect('tools-harmony-required', out == ['1', '1', '0', '0', '0', '0', '0'], f'{out}')
+harmony['mode'] = 'auto'
+out = check('tool_calls', harmony, htexts)
+expect('tools-harmony-auto', out == ['1', '1', '0', '0', '0', '1', '1'], f'{out}')
 out = check('tool_calls', dict(mistral, args_key='args'), ['x'])
 expect('tools-args-key-checked', isinstance(out, str) and 'args_key' in out, f'{out}')
 

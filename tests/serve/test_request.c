@@ -645,6 +645,43 @@ START_TEST(tool_formats)
 		json_decref(c);
 	}
 	{
+		/* gpt-oss's harmony: the channel first or the recipient first,
+		 * reasoning before it, <|call|> kept or stopped on */
+		static const char *const harmony[] = {
+			"<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": 1}<|call|>",
+			"<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{\"a\":1}",
+			"<|channel|>analysis<|message|>Need f.<|end|><|start|>assistant<|channel|>commentary"
+			" to=functions.f <|constrain|>json<|message|>{\"a\": 1}<|call|>",
+		};
+		static const char *const not_calls[] = {
+			"<|channel|>final<|message|>Hello",
+			"<|channel|>commentary to=functions.f <|constrain|>json<|message|>[1]<|call|>",
+			"<|channel|>commentary to=functions. <|constrain|>json<|message|>{}<|call|>",
+			"<|channel|>analysis<|message|>no end",
+		};
+		const int H = SERVE_TOOLFMT_HARMONY;
+
+		for (size_t k = 0; k < sizeof(harmony) / sizeof(harmony[0]); k++) {
+			json_t *c = serve_tool_calls(H, harmony[k], strlen(harmony[k]));
+			json_t *fn = json_object_get(json_array_get(c, 0), "function");
+
+			ck_assert_msg(c && json_array_size(c) == 1, "harmony %zu", k);
+			ck_assert_str_eq(json_string_value(json_object_get(fn, "name")), "f");
+			ck_assert_str_eq(json_string_value(json_object_get(fn, "arguments")), "{\"a\":1}");
+			json_decref(c);
+		}
+		for (size_t k = 0; k < sizeof(not_calls) / sizeof(not_calls[0]); k++)
+			ck_assert_msg(!serve_tool_calls(H, not_calls[k], strlen(not_calls[k])),
+				      "not a harmony call: %s", not_calls[k]);
+		ck_assert_int_eq(serve_tool_kind(H, harmony[0], strlen(harmony[0])), 2);
+		ck_assert_int_eq(serve_tool_kind(H, harmony[1], strlen(harmony[1])), 2);
+		ck_assert_int_eq(serve_tool_kind(H, not_calls[0], strlen(not_calls[0])), 1);
+		ck_assert_int_eq(serve_tool_kind(H, "<|chan", 6), 0);
+		ck_assert_int_eq(serve_tool_format_of("{{ '<|channel|>commentary to=functions.' }}",
+						      NULL), H);
+		ck_assert_str_eq(serve_tool_format_name(H), "harmony");
+	}
+	{
 		json_t *c = serve_tool_calls(SERVE_TOOLFMT_MISTRAL, mistral, strlen(mistral));
 		const char *id = json_string_value(json_object_get(json_array_get(c, 1), "id"));
 
