@@ -35,6 +35,7 @@ static const struct loom_plugin_slot optional_slots[] = {
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, collective),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, moe),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, argmax),
+	LOOM_PLUGIN_SLOT(struct loom_backend_ops, sample),
 };
 
 /* Step regions come as a pair (read only where the table has them). */
@@ -114,6 +115,11 @@ bool loom_backend_has_softcap(const struct loom_backend *b)
 bool loom_backend_has_argmax(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(argmax) && b->ops->argmax;
+}
+
+bool loom_backend_has_sample(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(sample) && b->ops->sample;
 }
 
 bool loom_backend_has_collective(const struct loom_backend *b)

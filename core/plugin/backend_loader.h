@@ -60,6 +60,8 @@ bool loom_backend_embeds_packed(const struct loom_backend *b, uint32_t type);
 bool loom_backend_has_softcap(const struct loom_backend *b);
 /* Generation 1.7: greedy choice on the device (the argmax slot). */
 bool loom_backend_has_argmax(const struct loom_backend *b);
+/* Generation 1.8: sampling on the device (the sample slot). */
+bool loom_backend_has_sample(const struct loom_backend *b);
 /* Whether the backend has the optional collective slot (ABI 1.4). */
 bool loom_backend_has_collective(const struct loom_backend *b);
 /* Whether the backend has the optional routed-expert slot (ABI 1.6). */

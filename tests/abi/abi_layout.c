@@ -30,6 +30,9 @@ _Static_assert(offsetof(struct loom_backend_ops, moe) ==
 _Static_assert(offsetof(struct loom_backend_ops, argmax) ==
 	       offsetof(struct loom_backend_ops, moe) + sizeof(void *),
 	       "generation 1.7 must follow 1.6");
+_Static_assert(offsetof(struct loom_backend_ops, sample) ==
+	       offsetof(struct loom_backend_ops, argmax) + sizeof(void *),
+	       "generation 1.8 must follow 1.7");
 _Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
 _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
 /* generation 1.3: kv_type past every 1.2 struct_size (80 and 144), so a
@@ -38,7 +41,7 @@ _Static_assert(offsetof(struct loom_kv_write_args, kv_type) == 80, "kv_write kv_
 _Static_assert(offsetof(struct loom_attention_args, kv_type) == 144, "attention kv_type moved");
 
 /*
- * Today's sizes (LP64), the generation 1.6 headers: a change here is a new
+ * Today's sizes (LP64), the generation 1.8 headers: a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -52,7 +55,10 @@ _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_p
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
 _Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
 _Static_assert(sizeof(struct loom_attention_args) == 152, "struct loom_attention_args changed size");
-_Static_assert(sizeof(struct loom_backend_ops) == 240, "struct loom_backend_ops changed size");
+_Static_assert(sizeof(struct loom_backend_ops) == 248, "struct loom_backend_ops changed size");
+_Static_assert(sizeof(struct loom_sample_row) == 72, "struct loom_sample_row changed size");
+_Static_assert(sizeof(struct loom_sample_args) == 72, "struct loom_sample_args changed size");
+_Static_assert(offsetof(struct loom_sample_row, rng) == 40, "loom_sample_row rng moved");
 _Static_assert(sizeof(struct loom_moe_args) == 264, "struct loom_moe_args changed size");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif
