@@ -167,8 +167,9 @@ def check_sampled(loom, stem, model, out):
             rows = re.search(r"rows sampled on the device: (\d+)", log[0])
             rows = int(rows.group(1)) if rows else 0
             waits = next((x for x in log if isinstance(x, tuple)), None)
-            ok = (dev == host and len(dev) == KQUANT_TOKENS and
-                  (rows >= KQUANT_TOKENS - 1 if on_device else rows == 0) and
+            # an end-of-text token may stop a run early (both runs alike)
+            ok = (dev == host and len(dev) >= 1 and
+                  (rows >= len(dev) - 1 if on_device else rows == 0) and
                   waits is not None and waits[0] <= waits[1] + 1)
             print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {' '.join(args)}: {len(dev)} tokens "
                   f"{'equal' if dev == host else 'differ from'} the host sampler's, "
