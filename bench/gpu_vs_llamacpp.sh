@@ -132,6 +132,20 @@ loom_bench() {
 		print line }' | tee -a "$OUT/rows.txt"
 }
 
+# depth_ratio DEPTH MODELS...: decode at depth DEPTH over decode at depth 0 (issue 30's target:
+# at least 0.8 at 4096), from the rows loom_bench kept.
+depth_ratio() {
+	local depth=$1; shift
+	for m in "$@"; do
+		awk -v n="$m" -v d="@ d$depth" '$1 == "loom" && $2 == n && $3 ~ /^tg/ {
+			if ($4 == "@") { if ($4 " " $5 == d) deep = $6 } else if (!flat) flat = $4 }
+			END { if (flat > 0 && deep > 0)
+				printf "loom %s decode depth %s / depth 0: %.1f / %.1f t/s = %.2f (target >= 0.80)\n",
+					n, substr(d, 4), deep, flat, deep / flat
+			else printf "loom %s decode depth ratio: not measured\n", n }' "$OUT/rows.txt"
+	done
+}
+
 llama_bench() {
 	local name=$1
 	[ -x "$LB/llama-bench" ] || [ "$DRY" = 1 ] || { echo "(no llama-bench)"; return; }
@@ -149,7 +163,7 @@ wait_llama() {
 
 main() {
 	exec 3>&1
-	: > "$OUT/rows.txt"; : > "$OUT/llama_rows.txt"
+	: > "$OUT/rows.txt"; : > "$OUT/llama_rows.txt"; : > "$OUT/depth.txt"
 	setup_env
 	log "loom $BACKEND vs llama.cpp, budget ${BUDGET_S}s, models in $W"
 	build_llama
@@ -161,8 +175,11 @@ main() {
 	mkmodel 1b 1b q4_0; mkmodel 1b8 1b q8_0; mkmodel 1bk 1b Q4_K_M
 	log "loom batch 1: decode (the bandwidth figures) and prefill pp$P"
 	for m in 1b 1bk 1b8; do have 30 && loom_bench $m -p $P -n $N; done
+	# decode attention (one block per GQA group and split of 256 keys, K/V read once a group)
+	# against depth 0: the ratio is issue 30's item 4 target
 	log "loom at depth $DEPTH"
 	for m in 1b 1bk; do have 60 && loom_bench $m -p $P -n $N -d $DEPTH; done
+	depth_ratio $DEPTH 1b 1bk | tee -a "$OUT/depth.txt"
 	log "loom batched decode (-npl)"
 	for n in $NPL; do have 60 && loom_bench 1b -p $NPP -n $NTG -npl $n; done
 	# the paths of issue 30 against what they replace, on the same file: batches past 16 rows on
@@ -194,6 +211,8 @@ main() {
 	fi
 	log "summary: loom (model test t/s [GB/s fraction-of-peak])"
 	cat "$OUT/rows.txt"
+	log "summary: decode at depth $DEPTH against depth 0"
+	cat "$OUT/depth.txt" 2>/dev/null
 	log "summary: llama.cpp llama-bench rows"
 	cat "$OUT/llama_rows.txt"
 	log "done"

@@ -343,6 +343,9 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 		gpu_log(ctx->host, LOOM_LOG_INFO,
 			GPU_BACKEND_NAME ": host waits: %llu in %llu step regions (from the first on)",
 			(unsigned long long)ctx->n_waits, (unsigned long long)ctx->n_steps);
+	if (ctx->n_sampled)
+		gpu_log(ctx->host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": rows sampled on the device: %llu",
+			(unsigned long long)ctx->n_sampled);
 	regions_free(ctx);
 	colls_free(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
@@ -1485,6 +1488,25 @@ static int gpu_argmax(struct loom_backend_ctx *ctx, int32_t *ids, const float *x
 	return rt_failed(ctx, gpurt_argmax(ctx->rt, ids, x, stride, rows, n));
 }
 
+/* ABI 1.8: sampling on the device (k_sample, the host sampler's rule). */
+static int gpu_sample(struct loom_backend_ctx *ctx, const struct loom_sample_args *a)
+{
+	if (!ctx || !a || a->struct_size < sizeof(*a) || a->rows < 0 || a->n < 1 ||
+	    a->n > INT32_MAX || a->stride < a->n ||
+	    (a->rows > 0 && (!a->x || !a->params || !a->out)) ||
+	    (a->rows > 0 && (uint64_t)(a->rows - 1) > INT64_MAX / 4 / (uint64_t)a->stride))
+		return LOOM_ERR_INVALID;
+	if (ctx->in_region)
+		return refused_in_region(ctx, "sample");
+	if (!a->rows)
+		return LOOM_OK;
+	ctx->queued = true;
+	ctx->n_sampled += (uint64_t)a->rows;
+	shadows_drop(ctx, a->out, (size_t)a->rows * 2 * sizeof(int32_t));
+	shadows_drop(ctx, a->x, (size_t)a->rows * (size_t)a->stride * sizeof(float));
+	return rt_failed(ctx, gpurt_sample(ctx->rt, a));
+}
+
 static const struct loom_backend_ops gpu_ops = {
 	.abi_major = LOOM_BACKEND_ABI_MAJOR,
 	.abi_minor = LOOM_BACKEND_ABI_MINOR,
@@ -1517,6 +1539,7 @@ static const struct loom_backend_ops gpu_ops = {
 	.collective = gpu_collective,
 #endif
 	.argmax = gpu_argmax,
+	.sample = gpu_sample,
 };
 
 /* Returns the table only: no runtime call, so probing has no side effects. */

@@ -143,6 +143,7 @@ struct loom_backend_ctx {
 	/* host waits for the device (from the first step region on: loading
 	 * weights waits too); step regions run */
 	uint64_t n_waits, n_steps;
+	uint64_t n_sampled; /* rows sampled by the sample slot (LOOM_DEBUG) */
 	bool queued; /* work queued since the last wait (else synchronize returns at once) */
 	/* the step region being recorded */
 	bool in_region;

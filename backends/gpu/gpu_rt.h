@@ -140,6 +140,8 @@ int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs
 	      const void *scale);
 /* ids[i] = index of the largest of x[i * stride .. + n) (NaN lowest,
  * ties to the lowest index), n <= INT32_MAX. */
+/* Sampling of struct loom_sample_args (ABI 1.8), arguments checked. */
+int gpurt_sample(struct gpurt *rt, const struct loom_sample_args *a);
 int gpurt_argmax(struct gpurt *rt, int32_t *ids, const float *x, int64_t stride, int64_t rows,
 		 int64_t n);
 /* dst[r][0..k) = row r of W (rows rows from w, w_stride bytes apart),

@@ -1390,6 +1390,254 @@ extern "C" int gpurt_argmax(struct gpurt *rt, int32_t *ids, const float *x, int6
 	return launched(rt, "argmax kernel");
 }
 
+/* ---- sampling on the device (ABI 1.8) ---- */
+
+/*
+ * One block a row, the rule of struct loom_sample_args (the host sampler's):
+ * penalties in place, the greedy choice as k_argmax, then for a draw the
+ * top_k keys found by a radix select (8 passes of 8 bits over 64-bit keys:
+ * the logit's order-preserving bits above the complemented index, so keys
+ * are distinct and a larger key ranks first), gathered, sorted by a
+ * bitonic network, weighted in parallel, and cut and drawn by one thread
+ * in rank order with the host's double sums, so the draw is the host's.
+ */
+static_assert(THREADS == 256, "one radix bin a thread");
+
+__device__ __forceinline__ uint32_t rank_bits(float l)
+{
+	uint32_t u;
+
+	if (isnan(l))
+		l = -INFINITY;
+	if (l == 0.0f)
+		l = 0.0f; /* -0 ranks as +0 */
+	u = __float_as_uint(l);
+	return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ float rank_value(uint32_t r)
+{
+	return __uint_as_float(r & 0x80000000u ? r & 0x7fffffffu : ~r);
+}
+
+__device__ __forceinline__ uint64_t rank_key(const float *row, int32_t i)
+{
+	return (uint64_t)rank_bits(row[i]) << 32 | (uint32_t)~(uint32_t)i;
+}
+
+__device__ __forceinline__ uint64_t rng_next(uint64_t s[4])
+{
+	const uint64_t out = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9, t = s[1] << 17;
+
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = s[3] << 45 | s[3] >> 19;
+	return out;
+}
+
+/* x[tok] as the host sampler penalizes it, each operation rounded. */
+__device__ void sample_penalize(float *row, const struct loom_sample_row &P, const int32_t *tok,
+				const int32_t *cnt)
+{
+	for (int j = threadIdx.x; j < P.pen_count; j += blockDim.x) {
+		const int32_t t = tok[P.pen_first + j];
+		float l = row[t];
+
+		l = l > 0.0f ? l / P.repeat_penalty : mul_rn(l, P.repeat_penalty);
+		l = l - P.presence_penalty;
+		l = l - mul_rn(P.frequency_penalty, (float)cnt[P.pen_first + j]);
+		row[t] = l;
+	}
+}
+
+/* The k-th largest key of row[0..n): 8 radix passes, most significant
+ * byte first, counting only keys that match the digits found so far. */
+__device__ uint64_t sample_kth(const float *row, int32_t n, int32_t k, uint32_t *hist,
+			       uint64_t *found, int32_t *need_sh)
+{
+	uint64_t prefix = 0, mask = 0;
+	int32_t need = k;
+
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		__syncthreads(); /* hist and found read by everyone */
+		hist[threadIdx.x] = 0;
+		__syncthreads();
+		for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+			const uint64_t c = rank_key(row, i);
+
+			if ((c & mask) == prefix)
+				atomicAdd(&hist[(c >> shift) & 0xff], 1u);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int32_t above = 0, d = 255;
+
+			while (d > 0 && above + (int32_t)hist[d] < need)
+				above += (int32_t)hist[d--];
+			*found = prefix | (uint64_t)d << shift;
+			*need_sh = need - above;
+		}
+		__syncthreads();
+		prefix = *found;
+		need = *need_sh;
+		mask |= (uint64_t)0xff << shift;
+	}
+	return prefix;
+}
+
+/* keys[0..p2) into descending order (p2 a power of two). */
+__device__ void sample_sort(uint64_t *keys, int32_t p2)
+{
+	for (int32_t size = 2; size <= p2; size <<= 1)
+		for (int32_t half = size / 2; half > 0; half >>= 1) {
+			for (int32_t i = threadIdx.x; i < p2; i += blockDim.x) {
+				const int32_t j = i ^ half;
+				const bool desc = (i & size) == 0;
+
+				if (j > i && (keys[i] < keys[j]) == desc) {
+					const uint64_t t = keys[i];
+
+					keys[i] = keys[j];
+					keys[j] = t;
+				}
+			}
+			__syncthreads();
+		}
+}
+
+/* Top-p, min-p and the draw over the weights in rank order: one thread,
+ * the host sampler's loops (cut_ranked, draw). Returns the rank. */
+__device__ int32_t sample_draw(const struct loom_sample_row &P, const double *w, int32_t k)
+{
+	uint64_t s[4] = { P.rng[0], P.rng[1], P.rng[2], P.rng[3] };
+	double z = 0.0, total = 0.0, target, cum = 0.0;
+	int32_t keep = k, last = 0;
+
+	for (int32_t j = 0; j < k; j++)
+		z += w[j];
+	if (P.top_p < 1.0f) {
+		const double need = (double)P.top_p * z;
+
+		for (int32_t j = 0; j < k; j++) {
+			cum += w[j];
+			if (cum >= need) {
+				keep = j + 1;
+				break;
+			}
+		}
+	}
+	if (P.min_p > 0.0f) {
+		int32_t j = 1;
+
+		while (j < keep && w[j] >= (double)P.min_p)
+			j++;
+		keep = j;
+	}
+	for (int32_t j = 0; j < keep; j++)
+		total += w[j];
+	target = (double)(rng_next(s) >> 11) * 0x1.0p-53 * total;
+	cum = 0.0;
+	for (int32_t j = 0; j < keep; j++) {
+		if (w[j] <= 0.0)
+			continue;
+		cum += w[j];
+		last = j;
+		if (target < cum)
+			return j;
+	}
+	return last;
+}
+
+__global__ void __launch_bounds__(THREADS)
+k_sample(float *x, int64_t stride, int64_t rows, int32_t n, const struct loom_sample_row *params,
+	 const int32_t *pen_tok, const int32_t *pen_cnt, int32_t *out)
+{
+	__shared__ float bv[THREADS];
+	__shared__ int32_t bi[THREADS];
+	__shared__ uint32_t hist[256], n_keys;
+	__shared__ uint64_t keys[LOOM_SAMPLE_MAX_TOP_K], found;
+	__shared__ double w[LOOM_SAMPLE_MAX_TOP_K];
+	__shared__ int32_t need_sh;
+	const int t = threadIdx.x;
+
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const struct loom_sample_row P = params[r];
+		float *row = x + r * stride;
+		float best = -INFINITY, mx;
+		int32_t at = INT32_MAX, greedy, k = P.top_k, p2 = 1;
+		uint64_t kth;
+		double inv_t;
+
+		sample_penalize(row, P, pen_tok, pen_cnt);
+		__syncthreads();
+		for (int32_t i = t; i < n; i += THREADS) {
+			const float v = isnan(row[i]) ? -INFINITY : row[i];
+
+			if (ranks_before(v, i, best, at))
+				best = v, at = i;
+		}
+		bv[t] = best;
+		bi[t] = at;
+		__syncthreads();
+		for (int half = THREADS / 2; half > 0; half /= 2) {
+			if (t < half && ranks_before(bv[t + half], bi[t + half], bv[t], bi[t])) {
+				bv[t] = bv[t + half];
+				bi[t] = bi[t + half];
+			}
+			__syncthreads();
+		}
+		greedy = bi[0];
+		mx = bv[0];
+		__syncthreads(); /* bv, bi are rewritten for the next row */
+		if (P.temp <= 0.0f || !isfinite(mx) || k <= 0 || k >= n ||
+		    k > LOOM_SAMPLE_MAX_TOP_K) { /* the same for the whole block */
+			const bool ok = P.temp <= 0.0f || !isfinite(mx);
+
+			if (t == 0) {
+				out[2 * r] = ok ? greedy : -1;
+				out[2 * r + 1] = 0;
+			}
+			continue;
+		}
+		kth = sample_kth(row, n, k, hist, &found, &need_sh);
+		if (t == 0)
+			n_keys = 0;
+		__syncthreads();
+		for (int32_t i = t; i < n; i += THREADS) {
+			const uint64_t c = rank_key(row, i);
+
+			if (c >= kth)
+				keys[atomicAdd(&n_keys, 1u)] = c;
+		}
+		while (p2 < k)
+			p2 <<= 1;
+		for (int32_t i = k + t; i < p2; i += THREADS)
+			keys[i] = 0; /* below every real key */
+		__syncthreads();
+		sample_sort(keys, p2);
+		inv_t = 1.0 / (double)P.temp;
+		for (int32_t j = t; j < k; j += THREADS)
+			w[j] = exp(((double)rank_value((uint32_t)(keys[j] >> 32)) - (double)mx) * inv_t);
+		__syncthreads();
+		if (t == 0) {
+			out[2 * r] = (int32_t)~(uint32_t)keys[sample_draw(P, w, k)];
+			out[2 * r + 1] = 1;
+		}
+		__syncthreads(); /* keys, w are rewritten for the next row */
+	}
+}
+
+extern "C" int gpurt_sample(struct gpurt *rt, const struct loom_sample_args *a)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_sample, grid_of(a->rows), THREADS, 0, rt->stream, a->x, a->stride, a->rows,
+		(int32_t)a->n, a->params, a->pen_tokens, a->pen_counts, a->out);
+	return launched(rt, "sample kernel");
+}
+
 /* ---- int8 tiled GEMM (fast mode, batches past the GEMV) ---- */
 
 /*
@@ -2293,66 +2541,236 @@ extern "C" int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_
 }
 
 /*
- * Split-K: block (item, head, split) takes the split's GPU_ATTN_SPLIT keys
- * of one query row: scores (one warp per key), their maximum m, weights
- * exp(score - m), their sum l and the weighted sum of values, written as
- * partial [m, l, acc[head_dim]]. A split past the row's last key writes
- * m = -inf, l = 0. The split boundaries depend only on the row's own key
- * range, so a row's result never depends on the rest of the batch.
+ * Split-K decode: block (item, group chunk, split) takes the split's
+ * GPU_ATTN_SPLIT keys of one query row for up to DEC_HEADS query heads that
+ * share one KV head (a GQA group, or a chunk of a larger one), so K and V
+ * are read once for all of them. Keys stream through shared memory in
+ * tiles of DEC_TILE_VALS values, dequantized to f32 there (f32 caches by
+ * 16-byte loads where aligned; q8_0/q4_0 one 32-value block a thread);
+ * then
+ *   - scores: one thread per (head, key) of the tile, a serial dot over
+ *     head_dim (ref.so's order);
+ *   - per head (one warp each) the maximum m, weights exp(score - m) and
+ *     their sum l;
+ *   - values: threads over (head, dimension) and, when those are fewer
+ *     than the block, over KQ interleaved key subsets as well, summed in a
+ *     fixed order at the end.
+ * Each head writes partial [m, l, acc[head_dim]]; a split past the row's
+ * last key writes m = -inf, l = 0. The split boundaries depend only on the
+ * row's own key range, so a row's result never depends on the rest of the
+ * batch. Index arithmetic is 32-bit except one 64-bit multiply per key for
+ * its cache row. The result does not depend on the warp width.
  */
-__global__ void __launch_bounds__(ATTN_THREADS)
-k_attn_split(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_splits,
-	     float *partial)
-{
-	__shared__ float qs[GPU_ATTN_MAX_HEAD_DIM], sc[GPU_ATTN_SPLIT], red[ATTN_THREADS / 32];
-	const struct gpu_attn_row it = items[blockIdx.x];
-	const int64_t h = blockIdx.y, kvh = h / p.group, hd = p.head_dim;
-	const int64_t t0 = (int64_t)it.lo + (int64_t)blockIdx.z * GPU_ATTN_SPLIT;
-	const int64_t t1 = t0 + GPU_ATTN_SPLIT < (int64_t)it.pos + 1 ? t0 + GPU_ATTN_SPLIT :
-								       (int64_t)it.pos + 1;
-	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
-	float *po = partial + (((int64_t)blockIdx.x * p.n_heads + h) * n_splits + blockIdx.z) *
-			      (hd + 2);
-	float mx, sum = 0.0f;
+#define DEC_THREADS 256
+#define DEC_HEADS 8	     /* query heads a block serves */
+#define DEC_TILE_VALS 4096   /* values of K or V a tile stages (16 KiB) */
+#define DEC_ACC (DEC_HEADS * GPU_ATTN_MAX_HEAD_DIM / DEC_THREADS)
 
-	if (t0 >= t1) { /* the same for the whole block */
-		for (int64_t d = threadIdx.x; d < hd + 2; d += blockDim.x)
-			po[d] = d == 0 ? -INFINITY : 0.0f;
+struct dec_shape {
+	int hd, pitch, tk; /* head_dim, shared row pitch, keys per tile */
+	int gsize, chunks; /* query heads per KV head; chunks of DEC_HEADS */
+};
+
+static struct dec_shape dec_shape_of(const struct loom_attention_args *a)
+{
+	struct dec_shape sh;
+
+	sh.hd = (int)a->head_dim;
+	sh.pitch = sh.hd + 1;
+	sh.tk = DEC_TILE_VALS / sh.hd;
+	sh.gsize = (int)(a->n_heads / a->n_kv_heads);
+	sh.chunks = (sh.gsize + DEC_HEADS - 1) / DEC_HEADS;
+	return sh;
+}
+
+static size_t dec_shared_bytes(const struct dec_shape &sh)
+{
+	return ((size_t)DEC_HEADS * sh.hd + (size_t)sh.tk * sh.pitch +
+		(size_t)DEC_HEADS * GPU_ATTN_SPLIT + DEC_THREADS + 2 * DEC_HEADS) * sizeof(float);
+}
+
+/* Cache row (all KV heads) of token t of sequence seq. */
+__device__ __forceinline__ const uint8_t *dec_row(const struct attn_p &p, const float *cache,
+						  int32_t seq, uint32_t t)
+{
+	const uint32_t bs = (uint32_t)p.block_size;
+	const int32_t block = p.block_table[(int64_t)seq * p.max_blocks + t / bs];
+	const int64_t slot = (int64_t)block * bs + t % bs;
+
+	return (const uint8_t *)cache + slot * p.row_bytes;
+}
+
+/* tile[k][0..hd) = head kvh of keys t0 .. t0 + n - 1, as f32. */
+__device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, const float *cache,
+			  int32_t seq, uint32_t t0, int n, int kvh, bool vec, float *tile)
+{
+	const int hd = sh.hd;
+
+	if (p.kv_type == LOOM_TYPE_F32 && vec) {
+		const int n4 = hd / 4;
+
+		for (int i = threadIdx.x; i < n * n4; i += blockDim.x) {
+			const int k = i / n4, c = i % n4;
+			const uint4 v = ((const uint4 *)(dec_row(p, cache, seq, t0 + k)) +
+					 (kvh * hd) / 4)[c];
+			float *o = tile + k * sh.pitch + 4 * c;
+
+			o[0] = __uint_as_float(v.x), o[1] = __uint_as_float(v.y);
+			o[2] = __uint_as_float(v.z), o[3] = __uint_as_float(v.w);
+		}
 		return;
 	}
-	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x)
-		qs[d] = p.q[(int64_t)it.row * p.q_stride + h * hd + d];
-	__syncthreads();
-	for (int64_t t = t0 + threadIdx.x / GPU_WARP; t < t1; t += nw) {
-		float dot = 0.0f;
+	if (p.kv_type == LOOM_TYPE_F32) {
+		for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+			const int k = i / hd, d = i % hd;
 
-		for (int64_t d = lane; d < hd; d += GPU_WARP)
-			dot += qs[d] * kv_at(p, p.kc, it.seq, t, kvh, d);
-		dot = warp_sum(dot);
-		if (lane == 0)
-			sc[t - t0] = cap(p, p.scale * dot);
+			tile[k * sh.pitch + d] =
+				((const float *)dec_row(p, cache, seq, t0 + k))[kvh * hd + d];
+		}
+		return;
+	}
+	{
+		const int nu = hd / LOOM_KVQ_BLOCK; /* whole blocks: loom_check_kv_type */
+
+		for (int i = threadIdx.x; i < n * nu; i += blockDim.x) {
+			const int k = i / nu, u = i % nu;
+			const uint8_t *row = dec_row(p, cache, seq, t0 + k);
+			float *o = tile + k * sh.pitch + u * LOOM_KVQ_BLOCK;
+
+			for (int j = 0; j < LOOM_KVQ_BLOCK; j++)
+				o[j] = loom_kvq_value(p.kv_type, row,
+						      kvh * hd + u * LOOM_KVQ_BLOCK + j);
+		}
+	}
+}
+
+/* m and l of each head over its n scores, the scores turned into weights. */
+__device__ void dec_softmax(float *sc, int gn, int n, float *mrow, float *lrow)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+
+	for (int g = threadIdx.x / GPU_WARP; g < gn; g += nw) {
+		float *s = sc + g * GPU_ATTN_SPLIT, mx = -INFINITY, sum = 0.0f;
+
+		for (int k = lane; k < n; k += GPU_WARP)
+			mx = fmaxf(mx, s[k]);
+		mx = warp_max(mx);
+		for (int k = lane; k < n; k += GPU_WARP) {
+			s[k] = expf(s[k] - mx);
+			sum += s[k];
+		}
+		sum = warp_sum(sum);
+		if (lane == 0) {
+			mrow[g] = mx;
+			lrow[g] = sum;
+		}
+	}
+}
+
+/* acc += the tile's tn values weighted by w (head g's weights at w + g *
+ * GPU_ATTN_SPLIT). Output o = (head, dimension) of n_out; with kq > 1
+ * thread t takes output t % n_out over keys t / n_out, + kq, ..., else
+ * outputs t, t + DEC_THREADS, ... over every key. */
+__device__ __forceinline__ void dec_values(const float *w, const float *tile,
+					   const struct dec_shape &sh, int tn, int n_out, int kq,
+					   float *acc)
+{
+	const int t = threadIdx.x;
+
+	if (kq > 1) {
+		const int o = t % n_out, g = o / sh.hd, d = o % sh.hd;
+
+		if (t < kq * n_out)
+			for (int k = t / n_out; k < tn; k += kq)
+				acc[0] += w[g * GPU_ATTN_SPLIT + k] * tile[k * sh.pitch + d];
+		return;
+	}
+	for (int j = 0; j < DEC_ACC; j++) {
+		const int o = t + j * DEC_THREADS, g = o / sh.hd, d = o % sh.hd;
+		float a;
+
+		if (o >= n_out)
+			break;
+		a = acc[j];
+		for (int k = 0; k < tn; k++)
+			a += w[g * GPU_ATTN_SPLIT + k] * tile[k * sh.pitch + d];
+		acc[j] = a;
+	}
+}
+
+__global__ void __launch_bounds__(DEC_THREADS)
+k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
+	     const struct gpu_attn_row *items, int32_t n_splits, float *partial)
+{
+	GPU_DYNAMIC_SHARED(float, sm);
+	const struct gpu_attn_row it = items[blockIdx.x];
+	const int hd = sh.hd, kvh = blockIdx.y / sh.chunks;
+	const int g0 = (blockIdx.y % sh.chunks) * DEC_HEADS;
+	const int gn = sh.gsize - g0 < DEC_HEADS ? sh.gsize - g0 : DEC_HEADS;
+	const int h0 = kvh * sh.gsize + g0, n_out = gn * hd;
+	const int kq = n_out < DEC_THREADS ? DEC_THREADS / n_out : 1;
+	const uint32_t t0 = (uint32_t)it.lo + blockIdx.z * GPU_ATTN_SPLIT;
+	const uint32_t end = (uint32_t)it.pos + 1;
+	const int n = t0 >= end ? 0 : (end - t0 < GPU_ATTN_SPLIT ? (int)(end - t0) : GPU_ATTN_SPLIT);
+	float *qs = sm, *tile = qs + DEC_HEADS * hd, *sc = tile + sh.tk * sh.pitch;
+	float *red = sc + DEC_HEADS * GPU_ATTN_SPLIT, *mrow = red + DEC_THREADS, *lrow = mrow + DEC_HEADS;
+	float acc[DEC_ACC];
+	const int t = threadIdx.x;
+
+	for (int i = t; i < n_out; i += blockDim.x)
+		qs[i] = n ? p.q[(int64_t)it.row * p.q_stride + (int64_t)h0 * hd + i] : 0.0f;
+	for (int k0 = 0; k0 < n; k0 += sh.tk) {
+		const int tn = n - k0 < sh.tk ? n - k0 : sh.tk;
+
+		__syncthreads(); /* qs written, previous tile consumed */
+		dec_stage(p, sh, p.kc, it.seq, t0 + k0, tn, kvh, vec, tile);
+		__syncthreads();
+		for (int i = t; i < gn * tn; i += blockDim.x) {
+			const int g = i / tn, k = i % tn;
+			const float *qv = qs + g * hd, *kv = tile + k * sh.pitch;
+			float dot = 0.0f;
+
+			for (int d = 0; d < hd; d++)
+				dot += qv[d] * kv[d];
+			sc[g * GPU_ATTN_SPLIT + k0 + k] = cap(p, p.scale * dot);
+		}
 	}
 	__syncthreads();
-	mx = -INFINITY;
-	for (int64_t t = threadIdx.x; t < t1 - t0; t += blockDim.x)
-		mx = fmaxf(mx, sc[t]);
-	mx = block_max(mx, red);
-	__syncthreads(); /* every thread has read the maximum before sc changes */
-	for (int64_t t = threadIdx.x; t < t1 - t0; t += blockDim.x) {
-		sc[t] = expf(sc[t] - mx);
-		sum += sc[t];
-	}
-	sum = block_sum(sum, red); /* also orders the sc writes before the reads below */
-	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-		float a = 0.0f;
+	dec_softmax(sc, gn, n, mrow, lrow);
+	for (int j = 0; j < DEC_ACC; j++)
+		acc[j] = 0.0f;
+	for (int k0 = 0; k0 < n; k0 += sh.tk) {
+		const int tn = n - k0 < sh.tk ? n - k0 : sh.tk;
 
-		for (int64_t t = t0; t < t1; t++)
-			a += sc[t - t0] * kv_at(p, p.vc, it.seq, t, kvh, d);
-		po[2 + d] = a;
+		__syncthreads(); /* weights final, previous tile consumed */
+		dec_stage(p, sh, p.vc, it.seq, t0 + k0, tn, kvh, vec, tile);
+		__syncthreads();
+		dec_values(sc + k0, tile, sh, tn, n_out, kq, acc);
 	}
-	if (threadIdx.x == 0) {
-		po[0] = mx;
-		po[1] = sum;
+	__syncthreads();
+	if (kq > 1) { /* the key subsets' sums, added in subset order */
+		if (t < kq * n_out)
+			red[t] = acc[0];
+		__syncthreads();
+		if (t < n_out) {
+			acc[0] = red[t];
+			for (int s = 1; s < kq; s++)
+				acc[0] += red[s * n_out + t];
+		}
+	}
+	for (int j = 0; j < DEC_ACC; j++) {
+		const int o = t + j * DEC_THREADS, g = o / hd;
+		float *po;
+
+		if (o >= n_out)
+			break;
+		po = partial + (((int64_t)blockIdx.x * p.n_heads + h0 + g) * n_splits + blockIdx.z) *
+			       (hd + 2);
+		po[2 + o % hd] = n ? acc[j] : 0.0f;
+		if (o % hd == 0) {
+			po[0] = n ? mrow[g] : -INFINITY;
+			po[1] = n ? lrow[g] : 0.0f;
+		}
 	}
 }
 
@@ -2386,19 +2804,26 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 				int64_t n_splits, float *partial)
 {
 	struct attn_p p = attn_params(a);
+	struct dec_shape sh;
+	bool vec;
 	int rc;
 
 	BIND(rt);
 
 	if (n_items > INT32_MAX || a->n_heads > MAX_GRID || n_splits > MAX_GRID ||
-	    a->head_dim > GPU_ATTN_MAX_HEAD_DIM) {
+	    a->head_dim > GPU_ATTN_MAX_HEAD_DIM || a->head_dim < 1) {
 		snprintf(rt->err, sizeof(rt->err), "attention: split shape beyond grid limits");
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	if (n_items == 0)
 		return LOOM_OK;
-	GPU_LAUNCH(k_attn_split, dim3((unsigned)n_items, (unsigned)a->n_heads, (unsigned)n_splits),
-		ATTN_THREADS, 0, rt->stream, p, items, n_splits, partial);
+	sh = dec_shape_of(a);
+	/* 16-byte loads: every head's values start 16-byte aligned */
+	vec = sh.hd % 4 == 0 && (uintptr_t)a->kcache % 16 == 0 && (uintptr_t)a->vcache % 16 == 0;
+	GPU_LAUNCH(k_attn_split,
+		dim3((unsigned)n_items, (unsigned)(a->n_kv_heads * sh.chunks), (unsigned)n_splits),
+		DEC_THREADS, dec_shared_bytes(sh), rt->stream, p, sh, vec, items, (int32_t)n_splits,
+		partial);
 	rc = launched(rt, "attention split kernel");
 	if (rc)
 		return rc;

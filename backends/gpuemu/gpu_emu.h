@@ -125,6 +125,20 @@ inline float __uint_as_float(uint32_t u)
 	return f;
 }
 
+inline uint32_t __float_as_uint(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* CUDA's atomicAdd on a 32-bit counter (shared or device memory). */
+inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
 /* ---- runtime ---- */
 
 enum emu_error {

@@ -31,6 +31,7 @@
  *       q4_0 / q4_K, q6_K      1e-3 / 5e-3    measured max 7.8e-5 / 1.0e-3, 6.1e-4
  */
 #include "check/tb.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -831,6 +832,213 @@ static void test_argmax(struct dev *d)
 		}
 }
 
+/* ---- sample (optional, ABI 1.8) ----
+ * The slot against the host sampler itself (core/engine/sampler.c): for
+ * each case a host sampler and a "device" sampler start from the same
+ * seed; each of DRAWS steps draws a token on the host from one copy of
+ * the logits and on the backend from another (the rule and generator
+ * state from loom_sampler_device_row, the generator advanced by
+ * loom_sampler_device_drew when the backend drew), and the tokens, the
+ * draw flags and the penalized logits must be equal. */
+
+#define DRAWS 4
+
+static bool has_sample(const struct dev *d)
+{
+	return d->ops->struct_size >= offsetof(struct loom_backend_ops, sample) + sizeof(void *) &&
+	       d->ops->sample;
+}
+
+/* Random logits with the ties, NaNs, infinities and signed zeros the rule
+ * orders: the maximum and another value repeated at several indices, -0
+ * and +0, a NaN, a -inf. Row kind 1 is all NaN / -inf (greedy fallback),
+ * kind 2 holds a +inf, kind 3 is negative but for a top of three -0 and
+ * three +0 (so the draw picks among equal values by index). */
+static void sample_logits(float *row, int64_t n, int kind)
+{
+	tb_fill(row, n, 4.0f);
+	for (int j = 0; j < 6; j++)
+		row[tb_rand_int(n)] = j < 3 ? 4.5f : 3.5f;
+	if (kind == 3) {
+		for (int64_t i = 0; i < n; i++)
+			row[i] = -1.0f - fabsf(row[i]);
+		for (int j = 0; j < 6; j++)
+			row[tb_rand_int(n)] = j % 2 ? 0.0f : -0.0f;
+	}
+	row[tb_rand_int(n)] = 0.0f;
+	row[tb_rand_int(n)] = -0.0f;
+	row[tb_rand_int(n)] = NAN;
+	row[tb_rand_int(n)] = -INFINITY;
+	if (kind == 1)
+		for (int64_t i = 0; i < n; i++)
+			row[i] = i % 3 ? -INFINITY : NAN;
+	if (kind == 2)
+		row[tb_rand_int(n)] = INFINITY;
+}
+
+struct sample_case {
+	int64_t n, rows;
+	struct loom_sampler_params p[3]; /* row r uses p[r % 3] */
+};
+
+/* One step of every row on the backend: tokens and draw flags into out,
+ * the penalized logits into x. */
+static int sample_on(struct dev *d, float *x, int64_t rows, int64_t n,
+		     const struct loom_sample_row *sr, const int32_t *tok, const int32_t *cnt,
+		     int32_t n_pen, int32_t *out)
+{
+	size_t bytes = (size_t)(rows * n) * F, pen = (size_t)(n_pen > 0 ? n_pen : 1) * 4;
+	struct loom_sample_args a = {
+		.struct_size = sizeof(a), .x = dev_put(d, x, bytes), .stride = n, .rows = rows,
+		.n = n, .params = dev_put(d, sr, (size_t)rows * sizeof(*sr)),
+		.pen_tokens = dev_put(d, tok, pen), .pen_counts = dev_put(d, cnt, pen),
+		.out = dev_put(d, NULL, (size_t)rows * 2 * sizeof(int32_t)),
+	};
+	int rc = LOOM_ERR_NOMEM;
+
+	if (a.x && a.params && a.pen_tokens && a.pen_counts && a.out)
+		rc = d->ops->sample(d->ctx, &a);
+	if (rc == LOOM_OK)
+		rc = dev_get(d, out, a.out, (size_t)rows * 2 * sizeof(int32_t));
+	if (rc == LOOM_OK)
+		rc = dev_get(d, x, a.x, bytes);
+	dev_reset(d);
+	return rc;
+}
+
+/* Step `step` of a case: 0 when the backend drew what the host drew. */
+static int sample_step_check(struct dev *d, const struct sample_case *c, int step,
+			     struct loom_sampler **host, struct loom_sampler **devs,
+			     const int32_t *hist, int64_t n_hist, const char *desc)
+{
+	int64_t rows = c->rows, n = c->n;
+	float *want = tb_xmalloc((size_t)(rows * n) * F), *got = tb_xmalloc((size_t)(rows * n) * F);
+	struct loom_sample_row sr[3];
+	int32_t tok[3 * 64], cnt[3 * 64], out[6], used = 0, bad = 0, rc;
+
+	for (int64_t r = 0; r < rows; r++) {
+		int kind = (step + (int)r) % 5;
+
+		sample_logits(want + r * n, n, kind == 4 ? (int)(r % 2) + 1 : kind == 2 ? 3 : 0);
+		used += loom_sampler_device_row(devs[r], hist, n_hist, &sr[r], used, tok + used,
+						cnt + used, 64);
+	}
+	memcpy(got, want, (size_t)(rows * n) * F);
+	rc = sample_on(d, got, rows, n, sr, tok, cnt, used, out);
+	if (rc != LOOM_OK) {
+		tb_fail(d, "sample", "f32", "%s step %d: returned %s", desc, step, tb_status_name(rc));
+		bad = 1;
+	}
+	for (int64_t r = 0; r < rows && !bad; r++) {
+		int32_t t = loom_sampler_sample(host[r], want + r * n, hist, n_hist);
+		const struct loom_sampler_params *p = &c->p[r % 3];
+		float mx = -INFINITY;
+
+		for (int64_t i = 0; i < n; i++)
+			if (!isnan(want[r * n + i]) && want[r * n + i] > mx)
+				mx = want[r * n + i];
+		if (out[2 * r] != t || out[2 * r + 1] != (p->temp > 0.0f && isfinite(mx))) {
+			tb_fail(d, "sample", "f32",
+				"%s step %d row %lld (temp %g top_k %d top_p %g min_p %g): token %d drew %d, the host draws %d",
+				desc, step, (long long)r, p->temp, p->top_k, p->top_p, p->min_p,
+				(int)out[2 * r], (int)out[2 * r + 1], (int)t);
+			bad = 1;
+		} else if (memcmp(want + r * n, got + r * n, (size_t)n * F)) {
+			tb_fail(d, "sample", "f32", "%s step %d row %lld: penalized logits differ",
+				desc, step, (long long)r);
+			bad = 1;
+		} else if (out[2 * r + 1]) {
+			loom_sampler_device_drew(devs[r]);
+		}
+	}
+	free(want);
+	free(got);
+	return bad;
+}
+
+static void sample_case_run(struct dev *d, const struct sample_case *c, uint64_t seed)
+{
+	struct loom_sampler *host[3] = { 0 }, *devs[3] = { 0 };
+	int32_t hist[40];
+	char desc[160];
+	int bad = 0;
+
+	for (int i = 0; i < 40; i++) /* repeats, and ids outside the vocabulary */
+		hist[i] = i % 7 == 6 ? (int32_t)c->n + i : (int32_t)tb_rand_int(i % 2 ? 12 : c->n);
+	snprintf(desc, sizeof(desc), "n %lld rows %lld temp %g top_k %d top_p %g min_p %g pen %g/%g/%g seed %llu",
+		 (long long)c->n, (long long)c->rows, c->p[0].temp, c->p[0].top_k, c->p[0].top_p,
+		 c->p[0].min_p, c->p[0].repeat_penalty, c->p[0].presence_penalty,
+		 c->p[0].frequency_penalty, (unsigned long long)seed);
+	tb_current(d, "sample", "f32", desc);
+	for (int64_t r = 0; r < c->rows; r++) {
+		struct loom_sampler_params p = c->p[r % 3];
+
+		p.seed = seed + (uint64_t)r;
+		host[r] = loom_sampler_new(&p, (int32_t)c->n, NULL, 0);
+		devs[r] = loom_sampler_new(&p, (int32_t)c->n, NULL, 0);
+		if (!host[r] || !devs[r])
+			bad = 1;
+	}
+	if (bad)
+		tb_fail(d, "sample", "f32", "%s: no host sampler for these parameters", desc);
+	for (int step = 0; step < DRAWS && !bad; step++)
+		bad = sample_step_check(d, c, step, host, devs, hist, 40 - 8 + 2 * step, desc);
+	if (!bad)
+		tb_result(d, "sample", "f32", 0.0, 0.0, desc);
+	for (int r = 0; r < 3; r++) {
+		loom_sampler_free(host[r]);
+		loom_sampler_free(devs[r]);
+	}
+}
+
+static struct loom_sampler_params sample_params(float temp, int32_t k, float top_p, float min_p,
+						float rep, float pres, float freq)
+{
+	struct loom_sampler_params p;
+
+	loom_sampler_defaults(&p);
+	p.temp = temp;
+	p.top_k = k;
+	p.top_p = top_p;
+	p.min_p = min_p;
+	p.repeat_penalty = rep;
+	p.presence_penalty = pres;
+	p.frequency_penalty = freq;
+	p.penalty_last_n = 16;
+	return p;
+}
+
+static void test_sample(struct dev *d)
+{
+	/* temperature, top-k, top-p, min-p, repeat, presence, frequency */
+	const struct loom_sampler_params mixes[] = {
+		sample_params(0.0f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f),  /* greedy */
+		sample_params(0.0f, 0, 1.0f, 0.0f, 1.3f, 0.5f, 0.25f),    /* greedy, penalties */
+		sample_params(0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f),  /* loom's defaults */
+		sample_params(1.5f, 1000, 1.0f, 0.0f, 1.1f, 0.0f, 0.0f),
+		sample_params(0.7f, 1024, 0.5f, 0.3f, 1.0f, 0.2f, 0.1f),
+		sample_params(2.5f, 5, 0.9f, 0.0f, 0.8f, 0.0f, 0.0f),
+		sample_params(1.0f, 1, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f),
+		sample_params(0.3f, 300, 0.99f, 0.01f, 1.2f, 1.0f, 0.5f),
+	};
+	const int n_mixes = (int)(sizeof(mixes) / sizeof(mixes[0]));
+	static const int64_t ns[] = { 1500, 49152 };
+
+	if (!has_sample(d)) {
+		tb_skip(d, "sample", "f32");
+		return;
+	}
+	for (int ni = 0; ni < 2; ni++)
+		for (int m = 0; m < n_mixes; m++)
+			for (uint64_t seed = 1; seed <= (ni ? 1u : 6u); seed++) {
+				struct sample_case c = { .n = ns[ni], .rows = m % 2 ? 3 : 1 };
+
+				for (int r = 0; r < 3; r++)
+					c.p[r] = mixes[(m + 3 * r) % n_mixes];
+				sample_case_run(d, &c, seed * 7919u + (uint64_t)m);
+			}
+}
+
 /* ---- kv_write ---- */
 
 struct kv_case {
@@ -1159,4 +1367,5 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 		test_gemm_batches(ref, d, weight_types[i]);
 	test_argmax(d);
 	test_attention_tree(ref, d);
+	test_sample(d);
 }

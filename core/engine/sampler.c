@@ -437,6 +437,63 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
 	return s->cand[draw(s->rng, s->cand, n)].id;
 }
 
+/* ---- sampling on the device (backend ABI 1.8) ---- */
+
+bool loom_sampler_device_ok(const struct loom_sampler *s)
+{
+	const struct loom_sampler_params *p;
+
+	if (!s)
+		return false;
+	p = &s->p;
+	return p->temp <= 0.0f ||
+	       (p->top_k > 0 && p->top_k < s->n_vocab && p->top_k <= LOOM_SAMPLE_MAX_TOP_K);
+}
+
+/* s->counts is all zero between calls; the window's counts are taken and
+ * cleared again in the same two passes as apply_penalties. */
+int32_t loom_sampler_device_row(const struct loom_sampler *s, const int32_t *history,
+				int64_t n_history, struct loom_sample_row *row, int32_t first,
+				int32_t *tok, int32_t *cnt, int32_t cap)
+{
+	const struct loom_sampler_params *p = &s->p;
+	int32_t n = 0;
+	int64_t start, i;
+
+	*row = (struct loom_sample_row){
+		.temp = p->temp, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+		.repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
+		.frequency_penalty = p->frequency_penalty, .pen_first = first,
+		.rng = { s->rng[0], s->rng[1], s->rng[2], s->rng[3] },
+	};
+	if (penalties_off(p) || !history || n_history <= 0)
+		return 0;
+	start = n_history > p->penalty_last_n ? n_history - p->penalty_last_n : 0;
+	for (i = start; i < n_history; i++)
+		if (history[i] >= 0 && history[i] < s->n_vocab)
+			s->counts[history[i]]++;
+	for (i = start; i < n_history; i++) {
+		int32_t t = history[i];
+
+		if (t < 0 || t >= s->n_vocab || s->counts[t] == 0)
+			continue;
+		if (n < cap) {
+			tok[n] = t;
+			cnt[n] = s->counts[t];
+		}
+		n++;
+		s->counts[t] = 0;
+	}
+	row->pen_count = n <= cap ? n : 0;
+	return n <= cap ? n : -1;
+}
+
+void loom_sampler_device_drew(struct loom_sampler *s)
+{
+	if (s)
+		(void)loom_rng_next(s->rng);
+}
+
 /* ---- the final distribution, for speculative decoding ---- */
 
 int loom_sampler_probs(struct loom_sampler *s, float *logits,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "loom.h"
+#include "loom/backend.h"
 
 /* struct loom_sampler_params and loom_sampler_defaults are public (loom.h). */
 
@@ -45,5 +46,26 @@ int32_t loom_sampler_sample(struct loom_sampler *s, float *logits,
  * elsewhere. Does not touch the random state. 0, or -1 on bad arguments. */
 int loom_sampler_probs(struct loom_sampler *s, float *logits,
 		       const int32_t *history, int64_t n_history, float *probs);
+
+/* ---- sampling on the device (backend ABI 1.8, struct loom_sample_row) ----
+ * Whether the backend's sample slot draws what loom_sampler_sample would:
+ * a greedy choice (with or without penalties), or a draw with 0 < top_k <
+ * n_vocab and top_k <= LOOM_SAMPLE_MAX_TOP_K (the candidates are then the
+ * top_k in rank order, and every sum runs in that order). Without top-k
+ * (min-p, top-p or temperature over the whole vocabulary) the host
+ * samples: its sums run over the vocabulary in id order or in its
+ * quickselect's order, which a parallel device pass does not reproduce. */
+bool loom_sampler_device_ok(const struct loom_sampler *s);
+/* Fills row with s's parameters and generator state, and tok/cnt (room
+ * for cap pairs) with the distinct in-range tokens of the penalty window
+ * of history and how often each occurs there, in first-seen order (none
+ * when penalties are off); row->pen_first = first. Returns the pair count,
+ * or -1 when cap is too small. */
+int32_t loom_sampler_device_row(const struct loom_sampler *s, const int32_t *history,
+				int64_t n_history, struct loom_sample_row *row, int32_t first,
+				int32_t *tok, int32_t *cnt, int32_t cap);
+/* The device made this token's draw: advances the generator as
+ * loom_sampler_sample's draw does, so the stream stays the host's. */
+void loom_sampler_device_drew(struct loom_sampler *s);
 
 #endif /* LOOM_SAMPLER_H */

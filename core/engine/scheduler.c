@@ -126,6 +126,10 @@ struct loom_sched {
 	struct loom_gvocab *gvocab; /* the vocabulary's trie, at the first grammar */
 	float *raw_row;    /* a logits row before masks and penalties (logprobs) */
 	float *hidden_buf; /* a step's hidden rows, max_out x n_embd */
+	/* steps sampled on the device: each logit row's rule, and the
+	 * penalty pairs (pen_cap of room) */
+	struct loom_sample_row *smp_rows;
+	int32_t *pen_tok, *pen_cnt, pen_cap;
 
 	/* guarded by mu */
 	pthread_mutex_t mu;
@@ -1282,6 +1286,88 @@ static void batch_parents(struct loom_sched *s)
 	}
 }
 
+/* ---- sampling on the device (ABI 1.8 sample; issue 30) ----
+ * The same rows as greedy_step, with any rule the device draws exactly as
+ * the host would (loom_sampler_device_ok): greedy with penalties, or
+ * top-k. Logprobs, grammars and kept logits still need the logits here. */
+static bool sample_step(struct loom_sched *s)
+{
+	if (!loom_exec_device_sample(s->exec))
+		return false;
+	for (int32_t i = 0; i < s->n_plan; i++) {
+		const struct entry *e = &s->plan[i];
+		const struct req *r = e->r;
+
+		if (e->spec || e->all || r->out.hidden || r->out.logprobs || r->gram.grammar ||
+		    (r->out.first_logits && r->n_generated == 0) ||
+		    !loom_sampler_device_ok(r->smp))
+			return false;
+	}
+	return true;
+}
+
+/* Room for n more penalty pairs after the first `used`. */
+static int pen_room(struct loom_sched *s, int32_t used, int64_t n)
+{
+	int32_t *t, *c;
+	int64_t want = used + n;
+
+	if (want <= s->pen_cap)
+		return 0;
+	if (want > INT32_MAX / 2)
+		return -1;
+	want = want < 2 * (int64_t)s->pen_cap ? 2 * (int64_t)s->pen_cap : want;
+	t = realloc(s->pen_tok, (size_t)want * sizeof(*t));
+	if (t)
+		s->pen_tok = t;
+	c = realloc(s->pen_cnt, (size_t)want * sizeof(*c));
+	if (c)
+		s->pen_cnt = c;
+	if (!t || !c)
+		return -1;
+	s->pen_cap = (int32_t)want;
+	return 0;
+}
+
+/* Each logit row's rule into b (false: out of memory, the host samples). */
+static bool plan_sampling(struct loom_sched *s, struct loom_batch *b)
+{
+	int32_t used = 0;
+
+	for (int32_t i = 0; i < s->n_plan; i++) {
+		const struct entry *e = &s->plan[i];
+		struct req *r = e->r;
+		int64_t most = r->n_tokens < s->n_vocab ? r->n_tokens : s->n_vocab;
+		int32_t n;
+
+		if (e->row < 0)
+			continue;
+		if (pen_room(s, used, most))
+			return false;
+		n = loom_sampler_device_row(r->smp, r->tokens, r->n_tokens, &s->smp_rows[e->row],
+					    used, s->pen_tok + used, s->pen_cnt + used,
+					    s->pen_cap - used);
+		if (n < 0)
+			return false;
+		used += n;
+	}
+	b->sample_rows = s->smp_rows;
+	b->pen_tokens = s->pen_tok;
+	b->pen_counts = s->pen_cnt;
+	b->n_pen = used;
+	return true;
+}
+
+/* The device's token for r (its draw, if it made one, taken from r's
+ * generator here as well). */
+static void deliver_sampled(struct loom_sched *s, struct req *r, const int32_t *row)
+{
+	if (row[1])
+		loom_sampler_device_drew(r->smp);
+	deliver(s, r, row[0]);
+}
+/* ---- end of sampling on the device ---- */
+
 /* Flattens the plan into a batch, runs it and samples. */
 static int run_plan(struct loom_sched *s)
 {
@@ -1319,6 +1405,8 @@ static int run_plan(struct loom_sched *s)
 	}
 	b.n_hidden_only = b.n_out - b.n_hidden_only;
 	b.greedy = greedy_step(s);
+	if (!b.greedy && sample_step(s))
+		plan_sampling(s, &b);
 	if (loom_exec_step(s->exec, &b, s->logits, err, sizeof(err))) {
 		for (i = 0; i < s->n_plan; i++)
 			fail_running(s, s->plan[i].r, err);
@@ -1348,6 +1436,8 @@ static int run_plan(struct loom_sched *s)
 		}
 		if (e->last && loom_exec_greedy_ids(s->exec))
 			deliver(s, e->r, loom_exec_greedy_ids(s->exec)[e->row]);
+		else if (e->last && loom_exec_sampled(s->exec))
+			deliver_sampled(s, e->r, loom_exec_sampled(s->exec) + 2 * e->row);
 		else if (e->last)
 			sample_one(s, e->r, s->logits + (size_t)(e->row + (e->all ? e->n - 1 : 0)) * V);
 	}
@@ -1491,7 +1581,8 @@ static int alloc_engine(struct loom_sched *s, char *err, size_t errlen)
 	s->logits = calloc((size_t)s->max_out * (size_t)s->n_vocab, sizeof(float));
 	s->raw_row = calloc((size_t)s->n_vocab, sizeof(float));
 	s->hidden_buf = calloc((size_t)s->max_out * (size_t)hp->n_embd, sizeof(float));
-	if (!s->running || !s->plan || !s->q_start || !s->out_rows ||
+	s->smp_rows = calloc((size_t)s->max_out, sizeof(*s->smp_rows));
+	if (!s->running || !s->plan || !s->q_start || !s->out_rows || !s->smp_rows ||
 	    !s->seqs || !s->tok_buf || !s->parent_buf || !s->logits || !s->raw_row || !s->hidden_buf ||
 	    !s->spec_target) {
 		loom_seterr(err, errlen, "scheduler: out of memory");
@@ -1516,6 +1607,9 @@ static void free_engine(struct loom_sched *s)
 	free(s->logits);
 	free(s->raw_row);
 	free(s->hidden_buf);
+	free(s->smp_rows);
+	free(s->pen_tok);
+	free(s->pen_cnt);
 	free(s->cancels);
 	free(s->cancel_buf);
 }

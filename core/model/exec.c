@@ -42,6 +42,12 @@ struct loom_exec {
 	struct loom_buffer *ids_buf;
 	int32_t *ids;
 	bool ids_valid;
+	/* steps sampled on the device: rules, results and penalty pairs
+	 * there (smp_pen pairs of room), results here */
+	struct loom_buffer *smp_buf;
+	int32_t smp_pen;
+	int32_t *sampled;
+	bool sampled_valid;
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -228,6 +234,9 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->ids_buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->ids_buf);
 	free(e->ids);
+	if (e->smp_buf)
+		e->m->be->ops->buffer_free(e->m->be->ctx, e->smp_buf);
+	free(e->sampled);
 	free(e->host_inputs);
 	loom_moe_scratch_free(&e->moe);
 	free(e->gemm_x);
@@ -753,11 +762,95 @@ static int pick_greedy(struct loom_exec *e, const struct loom_batch *b)
 	return rc;
 }
 
+bool loom_exec_device_sample(const struct loom_exec *e)
+{
+	const char *v = getenv("LOOM_DEVICE_SAMPLE");
+
+	return loom_backend_has_sample(e->m->be) && !e->m->shard.dist &&
+	       (e->m->hp.final_softcap <= 0.0f || loom_backend_has_softcap(e->m->be)) &&
+	       !(v && !strcmp(v, "0"));
+}
+
+const int32_t *loom_exec_sampled(const struct loom_exec *e)
+{
+	return e->sampled_valid ? e->sampled : NULL;
+}
+
+/* The device buffer of sampled steps: max_out rules and results, then
+ * room for n_pen penalty pairs (tokens, then counts). */
+static int sample_buffer(struct loom_exec *e, int32_t n_pen)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t rows = (size_t)e->max_out, bytes;
+	int32_t room = n_pen > 256 ? n_pen : 256;
+
+	if (e->smp_buf && n_pen <= e->smp_pen)
+		return LOOM_OK;
+	if (e->smp_buf)
+		be->ops->buffer_free(be->ctx, e->smp_buf);
+	e->smp_buf = NULL;
+	bytes = rows * (sizeof(struct loom_sample_row) + 2 * sizeof(int32_t)) +
+		2 * (size_t)room * sizeof(int32_t);
+	if (!e->sampled)
+		e->sampled = calloc(rows * 2, sizeof(int32_t));
+	if (!e->sampled)
+		return LOOM_ERR_NOMEM;
+	e->smp_pen = room;
+	return be->ops->buffer_alloc(be->ctx, bytes, &e->smp_buf);
+}
+
+/* Each logit row's token sampled on the device: the rules and penalty
+ * pairs go up, 8 bytes a row come back. */
+static int pick_sampled(struct loom_exec *e, const struct loom_batch *b)
+{
+	const struct loom_backend *be = e->m->be;
+	size_t rows = (size_t)logit_rows(b), pen = (size_t)b->n_pen * sizeof(int32_t);
+	char *base;
+	struct loom_sample_args a;
+	int rc = sample_buffer(e, b->n_pen);
+
+	if (rc)
+		return rc;
+	base = be->ops->buffer_addr(be->ctx, e->smp_buf);
+	a = (struct loom_sample_args){
+		.struct_size = sizeof(a), .x = e->act[ACT_LOGITS],
+		.stride = e->width[ACT_LOGITS], .rows = (int64_t)rows, .n = e->width[ACT_LOGITS],
+		.params = (const struct loom_sample_row *)base,
+		.out = (int32_t *)(base + (size_t)e->max_out * sizeof(struct loom_sample_row)),
+	};
+	a.pen_tokens = a.out + 2 * (size_t)e->max_out;
+	a.pen_counts = a.pen_tokens + e->smp_pen;
+	rc = be->ops->upload(be->ctx, base, b->sample_rows, rows * sizeof(*b->sample_rows));
+	if (!rc && pen)
+		rc = be->ops->upload(be->ctx, (void *)a.pen_tokens, b->pen_tokens, pen);
+	if (!rc && pen)
+		rc = be->ops->upload(be->ctx, (void *)a.pen_counts, b->pen_counts, pen);
+	if (!rc)
+		rc = be->ops->sample(be->ctx, &a);
+	if (!rc)
+		rc = be->ops->download(be->ctx, e->sampled, a.out, rows * 2 * sizeof(int32_t));
+	e->sampled_valid = rc == LOOM_OK;
+	return rc;
+}
+
+/* A row the device refused (token -1: parameters outside its rule). */
+static int sampled_ok(const struct loom_exec *e, const struct loom_batch *b, char *err,
+		      size_t errlen)
+{
+	for (int32_t i = 0; i < logit_rows(b); i++)
+		if (e->sampled[2 * i] < 0 || e->sampled[2 * i] >= e->width[ACT_LOGITS]) {
+			loom_seterr(err, errlen, "backend %s: sample returned token %d for row %d",
+				    e->m->be->ops->name, (int)e->sampled[2 * i], (int)i);
+			return LOOM_ERR_INVALID;
+		}
+	return 0;
+}
+
 static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *logits,
 		     bool posted, char *err, size_t errlen)
 {
 	const struct loom_backend *be = e->m->be;
-	bool head = e->m->shard.logits, greedy;
+	bool head = e->m->shard.logits, greedy, sampled;
 	int i, rc;
 
 	err[0] = '\0';
@@ -767,15 +860,22 @@ static int run_batch(struct loom_exec *e, const struct loom_batch *b, float *log
 	if (rc == 0)
 		rc = run_step(e, b, err, errlen);
 	e->ids_valid = false;
+	e->sampled_valid = false;
 	greedy = b->greedy && head && logit_rows(b) > 0 && loom_exec_device_greedy(e);
+	sampled = !greedy && b->sample_rows && head && logit_rows(b) > 0 &&
+		  loom_exec_device_sample(e);
 	if (rc == 0 && greedy)
 		rc = pick_greedy(e, b);
+	else if (rc == 0 && sampled)
+		rc = pick_sampled(e, b);
 	else if (rc == 0 && logit_rows(b) > 0 && head)
 		rc = be->ops->download(be->ctx, logits, e->act[ACT_LOGITS],
 				       (size_t)logit_rows(b) * (size_t)e->width[ACT_LOGITS] * sizeof(float));
 	if (rc == 0)
 		rc = be->ops->synchronize(be->ctx);
-	if (rc == 0 && head && logit_rows(b) > 0 && !greedy)
+	if (rc == 0 && sampled)
+		rc = sampled_ok(e, b, err, errlen);
+	if (rc == 0 && head && logit_rows(b) > 0 && !greedy && !sampled)
 		host_softcap(e, logits, logit_rows(b));
 	if (rc == 0)
 		rc = pass_logits(e, b, logits, posted, err, errlen);

@@ -225,6 +225,13 @@ struct loom_batch {
 	 * and it attends to the prefix and its ancestors only; its K/V still
 	 * go to the next free slot in token order. */
 	const int32_t *parent;
+	/* appended: every logit row is sampled on the device (see
+	 * loom_exec_device_sample): sample_rows[i] is logit row i's rule
+	 * (backend ABI 1.8), its penalty pairs among the n_pen of pen_tokens
+	 * and pen_counts; NULL: the host samples (or greedy above) */
+	const struct loom_sample_row *sample_rows;
+	const int32_t *pen_tokens, *pen_counts;
+	int32_t n_pen;
 };
 
 struct loom_exec;
@@ -257,6 +264,15 @@ bool loom_exec_trees(const struct loom_exec *e);
  * the greedy token of each logit row (the logits themselves were not
  * downloaded). NULL for any other step. */
 const int32_t *loom_exec_greedy_ids(const struct loom_exec *e);
+/* Whether a step with b.sample_rows set samples on the device (the
+ * backend's sample slot, ABI 1.8; the same conditions as greedy, and
+ * LOOM_DEVICE_SAMPLE=0 turns it off). */
+bool loom_exec_device_sample(const struct loom_exec *e);
+/* After a successful step sampled on the device: for each logit row i,
+ * [2 i] its token and [2 i + 1] 1 when the device drew it (the host then
+ * advances that request's generator: loom_sampler_device_drew). NULL for
+ * any other step. */
+const int32_t *loom_exec_sampled(const struct loom_exec *e);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
  * job first sends the step's plan to the others, which run it with this),
  * as n_micro micro-batches of whole sequences, micro-batch k holding

@@ -35,6 +35,7 @@ static const struct loom_plugin_slot optional_slots[] = {
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, collective),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, moe),
 	LOOM_PLUGIN_SLOT(struct loom_backend_ops, argmax),
+	LOOM_PLUGIN_SLOT(struct loom_backend_ops, sample),
 };
 
 /* Step regions come as a pair (read only where the table has them). */
@@ -119,6 +120,11 @@ bool loom_backend_has_argmax(const struct loom_backend *b)
 bool loom_backend_has_tree(const struct loom_backend *b, uint32_t kv_type)
 {
 	return b->ops->abi_minor >= 8 && b->ops->supports(b->ctx, LOOM_OP_ATTENTION_TREE, kv_type);
+}
+
+bool loom_backend_has_sample(const struct loom_backend *b)
+{
+	return b->ops->struct_size >= SLOT_END(sample) && b->ops->sample;
 }
 
 bool loom_backend_has_collective(const struct loom_backend *b)

@@ -63,6 +63,8 @@ bool loom_backend_has_argmax(const struct loom_backend *b);
 /* Whether attention honours a parent table (token trees, ABI 1.8,
  * LOOM_OP_ATTENTION_TREE) over a cache of kv_type. */
 bool loom_backend_has_tree(const struct loom_backend *b, uint32_t kv_type);
+/* Generation 1.8: sampling on the device (the sample slot). */
+bool loom_backend_has_sample(const struct loom_backend *b);
 /* Whether the backend has the optional collective slot (ABI 1.4). */
 bool loom_backend_has_collective(const struct loom_backend *b);
 /* Whether the backend has the optional routed-expert slot (ABI 1.6). */

@@ -113,6 +113,8 @@ static void describe(const struct loom_backend *b, struct loom_backend_listing *
 		add_word(l->optional, sizeof(l->optional), "moe");
 	if (loom_backend_has_argmax(b))
 		add_word(l->optional, sizeof(l->optional), "argmax");
+	if (loom_backend_has_sample(b))
+		add_word(l->optional, sizeof(l->optional), "sample");
 }
 
 #define MAX_SEEN 256

@@ -448,6 +448,51 @@ struct loom_moe_args {
 #define LOOM_MOE_ARGS_MIN_SIZE offsetof(struct loom_moe_args, gate_bias)
 /* Whether a moe call's struct has the generation 1.8 biases. */
 #define LOOM_MOE_BIASES(a) LOOM_ARGS_HAS(a, struct loom_moe_args, down_bias)
+/*
+ * Generation 1.8: sampling on the device. One logit row's rule, as the
+ * host sampler (core/engine/sampler.h) applies it:
+ *   1. penalties: for each pair j in [pen_first, pen_first + pen_count),
+ *      token t = pen_tokens[j] (distinct tokens of the penalty window) seen
+ *      c = pen_counts[j] times: l = x[t]; l = l > 0 ? l / repeat : l *
+ *      repeat; l -= presence; l -= frequency * (float)c; x[t] = l (f32,
+ *      each operation rounded, no fused multiply-add);
+ *   2. greedy = the largest value, NaN below everything, ties to the lowest
+ *      index; temp <= 0 or a non-finite maximum: that token, no draw;
+ *   3. otherwise 0 < top_k < n, top_k <= LOOM_SAMPLE_MAX_TOP_K (the only
+ *      other case the host hands a backend): the top_k tokens in
+ *      rank order (larger value first, NaN as -inf, -0 equal to +0, ties to
+ *      the lower index), weights w = exp(((double)l - max) * (1.0 /
+ *      (double)temp)) in double, their sum z in rank order; top-p keeps the
+ *      shortest prefix whose running sum reaches top_p * z (when top_p <
+ *      1), min-p then keeps the prefix of weights >= min_p (when min_p >
+ *      0; the first token always stays); one draw u = (next >> 11) *
+ *      2^-53 from the xoshiro256** state rng (not written back: the host
+ *      advances its own copy), target = u * (sum of the kept weights, in
+ *      rank order), the first kept token whose running sum exceeds target
+ *      (skipping zero weights; the last positive one if rounding runs
+ *      past).
+ * out[2 i] = the token of row i, out[2 i + 1] = 1 when a draw was made.
+ */
+#define LOOM_SAMPLE_MAX_TOP_K 1024
+
+struct loom_sample_row {
+	float temp, top_p, min_p;
+	int32_t top_k;
+	float repeat_penalty, presence_penalty, frequency_penalty;
+	int32_t pen_first, pen_count;
+	uint32_t reserved;  /* 0 */
+	uint64_t rng[4];    /* the generator's state before this token's draw */
+};
+
+struct loom_sample_args {
+	size_t struct_size;
+	float *x;                 /* device: rows x n logits, stride apart (penalized in place) */
+	int64_t stride, rows, n;
+	const struct loom_sample_row *params; /* device: rows entries */
+	const int32_t *pen_tokens; /* device: the rows' penalty pairs */
+	const int32_t *pen_counts;
+	int32_t *out;             /* device: rows x 2 */
+};
 
 /* Required slots must be non-NULL; the host checks once at load time. */
 struct loom_backend_ops {
@@ -616,11 +661,19 @@ struct loom_backend_ops {
 		      int64_t rows, int64_t n);
 	/* ---- end of generation 1.7 ---- */
 
-	/* Generation 1.8 changed no slot of this table: it appended parent
-	 * (token trees), attention sinks and expert biases to the argument
-	 * structs, a glu kind and a gating rule, each announced by supports()
-	 * (LOOM_OP_ATTENTION_TREE, LOOM_OP_ATTENTION_SINKS, LOOM_OP_GLU_OAI). */
-	/* append new slots below */
+	/* ---- generation 1.8 ---- */
+	/* Besides this slot, 1.8 appended parent (token trees), attention
+	 * sinks and expert biases to the argument structs, a glu kind and a
+	 * gating rule, each announced by supports() (LOOM_OP_ATTENTION_TREE,
+	 * LOOM_OP_ATTENTION_SINKS, LOOM_OP_GLU_OAI). */
+	/* Optional: sampling on the device (struct loom_sample_args), the
+	 * host sampler's rule exactly for the rows the host hands it (see the
+	 * struct): greedy, or 0 < top_k <= LOOM_SAMPLE_MAX_TOP_K with top_k <
+	 * n. A row outside that gets token -1 (the host fails the step).
+	 * Outside step regions. NULL: the host downloads the logits and
+	 * samples there. */
+	int (*sample)(struct loom_backend_ctx *ctx, const struct loom_sample_args *a);
+	/* ---- end of generation 1.8; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

@@ -30,6 +30,9 @@ _Static_assert(offsetof(struct loom_backend_ops, moe) ==
 _Static_assert(offsetof(struct loom_backend_ops, argmax) ==
 	       offsetof(struct loom_backend_ops, moe) + sizeof(void *),
 	       "generation 1.7 must follow 1.6");
+_Static_assert(offsetof(struct loom_backend_ops, sample) ==
+	       offsetof(struct loom_backend_ops, argmax) + sizeof(void *),
+	       "generation 1.8 must follow 1.7");
 _Static_assert(offsetof(struct loom_gemm_args, w_packed) == 80, "w_packed moved");
 _Static_assert(offsetof(struct loom_backend_host, struct_size) == 4, "host header moved");
 /* generation 1.3: kv_type past every 1.2 struct_size (80 and 144), so a
@@ -60,8 +63,11 @@ _Static_assert(sizeof(struct loom_weight_pack_args) == 40, "struct loom_weight_p
 _Static_assert(sizeof(struct loom_rope_args) == 80, "struct loom_rope_args changed size");
 _Static_assert(sizeof(struct loom_kv_write_args) == 88, "struct loom_kv_write_args changed size");
 _Static_assert(sizeof(struct loom_attention_args) == 168, "struct loom_attention_args changed size");
-_Static_assert(sizeof(struct loom_backend_ops) == 240, "struct loom_backend_ops changed size");
+_Static_assert(sizeof(struct loom_backend_ops) == 248, "struct loom_backend_ops changed size");
 _Static_assert(sizeof(struct loom_moe_args) == 288, "struct loom_moe_args changed size");
+_Static_assert(sizeof(struct loom_sample_row) == 72, "struct loom_sample_row changed size");
+_Static_assert(sizeof(struct loom_sample_args) == 72, "struct loom_sample_args changed size");
+_Static_assert(offsetof(struct loom_sample_row, rng) == 40, "loom_sample_row rng moved");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif
 

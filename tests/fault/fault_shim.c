@@ -139,6 +139,7 @@ PASS(int, moe, (struct loom_backend_ctx *ctx, const struct loom_moe_args *a), (c
 PASS(int, argmax,
      (struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride, int64_t rows,
       int64_t n), (ctx, ids, x, stride, rows, n))
+PASS(int, sample, (struct loom_backend_ctx *ctx, const struct loom_sample_args *a), (ctx, a))
 
 static void shim_destroy(struct loom_backend_ctx *ctx)
 {
@@ -200,5 +201,7 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 		shim.moe = shim_moe;
 	if (inner->argmax)
 		shim.argmax = shim_argmax;
+	if (inner->sample)
+		shim.sample = shim_sample;
 	return &shim;
 }

@@ -47,7 +47,7 @@ MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "t
                       "mkgguf.py")
 
 
-def run(loom, backend, model, prompt, n, out, log=None, **env_extra):
+def run(loom, backend, model, prompt, n, out, log=None, sampling=("--temp", "0"), **env_extra):
     """Token ids, the speed line and the backend's step-graph counts (or
     None); the run's stderr appended to log when given."""
     # the backend's info lines on stderr; cpu.so and the GPU backend in
@@ -56,7 +56,7 @@ def run(loom, backend, model, prompt, n, out, log=None, **env_extra):
     env = dict(os.environ, LOOM_DEBUG="1", LOOM_CPU_EXACT="1", LOOM_GPU_EXACT="1")
     env.update(env_extra)
     p = subprocess.run([loom, "run", f"--backend={backend}", "--model", model, "-p", prompt,
-                        "-n", str(n), "--temp", "0", "--no-progress", "--dump-tokens", out],
+                        "-n", str(n), *sampling, "--no-progress", "--dump-tokens", out],
                        capture_output=True, text=True, errors="replace", timeout=900, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"loom run --backend={backend} failed (rc {p.returncode}):\n"
@@ -108,6 +108,7 @@ def check_kquants(loom, stem, tmp):
         failed += not (same and native)
         if mix in FAST_MIXES:
             failed += check_fast(loom, stem, mix, model, out, got)
+            failed += check_sampled(loom, stem, model, out)
     return failed
 
 
@@ -133,6 +134,50 @@ def check_fast(loom, stem, mix, model, out, exact):
           f"{'equal to' if fast == direct else 'differ from'} direct runs'; the first {agree} "
           f"of {len(fast)} equal exact mode's")
     return 0 if same else 1
+
+
+# Sampling rules the device draws (top-k, penalties) and two it leaves to
+# the host (no top-k): (flags, whether the device samples)
+SAMPLINGS = [
+    (("--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"), True),
+    (("--temp", "1.3", "--top-k", "200", "--top-p", "1", "--min-p", "0",
+      "--repeat-penalty", "1.3", "--presence-penalty", "0.5", "--frequency-penalty", "0.3",
+      "--repeat-last-n", "16"), True),
+    (("--temp", "0", "--repeat-penalty", "1.5"), True),
+    (("--temp", "2", "--top-k", "5", "--top-p", "0.5"), True),
+    (("--temp", "0.9", "--top-k", "0", "--top-p", "0.9"), False),
+]
+
+
+def check_sampled(loom, stem, model, out):
+    """Sampling on the device (ABI 1.8 sample slot) draws the host
+    sampler's tokens for the same seed: each rule of SAMPLINGS and several
+    seeds, with the slot and with LOOM_DEVICE_SAMPLE=0 (the host samples
+    from downloaded logits); rules without top-k stay on the host. One
+    host wait a step either way. Returns the number of failures."""
+    failed = 0
+    for flags, on_device in SAMPLINGS:
+        for seed in ("1", "7", "12345"):
+            log = []
+            args = (*flags, "--seed", seed)
+            dev, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out, log,
+                            sampling=args, LOOM_GPU_EXACT="0")
+            host, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out,
+                             sampling=args, LOOM_GPU_EXACT="0", LOOM_DEVICE_SAMPLE="0")
+            rows = re.search(r"rows sampled on the device: (\d+)", log[0])
+            rows = int(rows.group(1)) if rows else 0
+            waits = next((x for x in log if isinstance(x, tuple)), None)
+            # an end-of-text token may stop a run early (both runs alike)
+            ok = (dev == host and len(dev) >= 1 and
+                  (rows >= len(dev) - 1 if on_device else rows == 0) and
+                  waits is not None and waits[0] <= waits[1] + 1)
+            print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {' '.join(args)}: {len(dev)} tokens "
+                  f"{'equal' if dev == host else 'differ from'} the host sampler's, "
+                  f"{rows} rows sampled on the device, host waits {waits}")
+            if dev != host:
+                print(f"     host: {host}\n     {stem}: {dev}")
+            failed += not ok
+    return failed
 
 
 def check_waits(stem, log):

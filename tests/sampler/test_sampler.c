@@ -602,6 +602,78 @@ END_TEST
 
 /* ---- validation ---- */
 
+/* ---- sampling on the device (backend ABI 1.8) ---- */
+
+/* Which rules the device may draw (top-k within LOOM_SAMPLE_MAX_TOP_K, or
+ * greedy), the penalty pairs of the window, and the generator: a draw the
+ * device made and the host then skips leaves the host's stream where its
+ * own draw would have. */
+START_TEST(device_rules_pairs_and_stream)
+{
+	struct loom_sampler_params p = params(0.0f, 5);
+	const int32_t hist[] = { 2, 0, 99, 1, -5, 0, 3 };
+	struct loom_sample_row row;
+	int32_t tok[8], cnt[8];
+	struct loom_sampler *s, *h;
+	float l[64];
+
+	p.repeat_penalty = 1.5f;
+	p.penalty_last_n = 6; /* {0, 99, 1, -5, 0, 3}: 0 twice, 1 and 3 once */
+	s = make(&p, 64);
+	ck_assert(loom_sampler_device_ok(s)); /* greedy with penalties */
+	ck_assert_int_eq(loom_sampler_device_row(s, hist, 7, &row, 10, tok, cnt, 8), 3);
+	ck_assert_int_eq(row.pen_first, 10);
+	ck_assert_int_eq(row.pen_count, 3);
+	ck_assert_int_eq(tok[0], 0);
+	ck_assert_int_eq(cnt[0], 2);
+	ck_assert_int_eq(tok[1], 1);
+	ck_assert_int_eq(cnt[1], 1);
+	ck_assert_int_eq(tok[2], 3);
+	ck_assert_int_eq(loom_sampler_device_row(s, hist, 7, &row, 0, tok, cnt, 2), -1);
+	ck_assert_int_eq(row.pen_count, 0);
+	/* the counts were cleared: the host's own penalties see the same */
+	for (int i = 0; i < 64; i++)
+		l[i] = (float)(i % 5);
+	ck_assert_int_eq(loom_sampler_sample(s, l, hist, 7), 4);
+	loom_sampler_free(s);
+
+	/* without top-k the host samples (its sums run in id order) */
+	p = params(0.8f, 5);
+	s = make(&p, 64);
+	ck_assert(!loom_sampler_device_ok(s));
+	loom_sampler_free(s);
+	p.top_k = 64; /* the whole vocabulary: the host's path without top-k */
+	s = make(&p, 64);
+	ck_assert(!loom_sampler_device_ok(s));
+	loom_sampler_free(s);
+	p.top_k = 40;
+	s = make(&p, 64);
+	h = make(&p, 64);
+	ck_assert(loom_sampler_device_ok(s));
+	for (int d = 0; d < 20; d++) {
+		for (int i = 0; i < 64; i++)
+			l[i] = (float)((i * 7 + d) % 13) * 0.25f;
+		loom_sampler_device_row(s, NULL, 0, &row, 0, tok, cnt, 8);
+		loom_sampler_sample(h, l, NULL, 0);
+		loom_sampler_device_drew(s);
+		/* the state handed to the device is the host's before each draw */
+		loom_sampler_device_row(h, NULL, 0, &row, 0, tok, cnt, 8);
+		{
+			struct loom_sample_row mine;
+
+			loom_sampler_device_row(s, NULL, 0, &mine, 0, tok, cnt, 8);
+			ck_assert(!memcmp(mine.rng, row.rng, sizeof(row.rng)));
+		}
+	}
+	loom_sampler_free(s);
+	loom_sampler_free(h);
+	p.top_k = LOOM_SAMPLE_MAX_TOP_K + 1;
+	s = make(&p, 100000);
+	ck_assert(!loom_sampler_device_ok(s));
+	loom_sampler_free(s);
+}
+END_TEST
+
 START_TEST(invalid_params)
 {
 	struct {
@@ -680,6 +752,7 @@ static Suite *sampler_suite(void)
 	tcase_add_test(tc, penalty_changes_choice);
 	tcase_add_test(tc, presence_frequency);
 	tcase_add_test(tc, invalid_params);
+	tcase_add_test(tc, device_rules_pairs_and_stream);
 	tcase_add_test(tc, defaults_are_valid);
 	suite_add_tcase(su, tc);
 	return su;
