@@ -697,10 +697,6 @@ static int llama_cli(int *argc, char ***argv)
 		fprintf(stderr, "loom: a command comes first: loom run -m FILE -p TEXT (llama-cli), loom chat -m FILE (llama-cli -cnv), loom serve -m FILE (llama-server); see loom --help\n");
 		return 2;
 	}
-	/* lives as long as the process: held here so that it stays reachable
-	 * after main returns (LeakSanitizer checks at exit) */
-	static char **chat_argv;
-
 	av = malloc(sizeof(char *) * (size_t)(*argc + 2));
 	if (!av) {
 		fprintf(stderr, "loom: out of memory\n");
@@ -710,7 +706,7 @@ static int llama_cli(int *argc, char ***argv)
 	av[1] = "chat";
 	memcpy(av + 2, *argv + 1, sizeof(char *) * (size_t)*argc); /* with the NULL */
 	(*argc)++;
-	*argv = chat_argv = av;
+	*argv = av; /* main frees it */
 	loom_options_run_to_chat(*argc, *argv, 1);
 	return 0;
 }
@@ -718,6 +714,7 @@ static int llama_cli(int *argc, char ***argv)
 int main(int argc, char **argv)
 {
 	char err[ERRLEN] = "";
+	char **given = argv;
 	const char *cmd;
 	int rc;
 
@@ -768,6 +765,8 @@ int main(int argc, char **argv)
 			cmd, loom_options_commands());
 		return 2;
 	}
+	if (argv != given)
+		free(argv); /* llama_cli's copy (only chat gets one) */
 	if (rc) {
 		fprintf(stderr, "loom %s: error: %s\n", cmd, err[0] ? err : "failed");
 		return 1;
