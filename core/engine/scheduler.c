@@ -1252,26 +1252,29 @@ static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *
 	}
 }
 
-/* ---- greedy on the device (ABI 1.7 argmax; issue 30) ----
- * A step whose every logit row is a plain greedy choice (last token of a
- * plain decode or prompt, temp <= 0, no penalty, grammar, logprobs or
- * logits kept) lets the backend pick the tokens and download only them. */
-static bool greedy_step(struct loom_sched *s)
+/* ---- greedy and sampling on the device (ABI 1.7 argmax, 1.8 sample;
+ * issue 30) ----
+ * Whether every logit row of the step is a plain choice by a rule the
+ * device makes exactly as the host would (rule_ok): the last token of a
+ * plain decode or prompt, no grammar, logprobs or logits kept. */
+static bool device_rows(struct loom_sched *s, bool (*rule_ok)(const struct loom_sampler *))
 {
-	if (!loom_exec_device_greedy(s->exec))
-		return false;
 	for (int32_t i = 0; i < s->n_plan; i++) {
 		const struct entry *e = &s->plan[i];
 		const struct req *r = e->r;
 
 		if (e->spec || e->all || r->out.hidden || r->out.logprobs || r->gram.grammar ||
-		    (r->out.first_logits && r->n_generated == 0) ||
-		    !loom_sampler_greedy_only(r->smp))
+		    (r->out.first_logits && r->n_generated == 0) || !rule_ok(r->smp))
 			return false;
 	}
 	return true;
 }
-/* ---- end of greedy on the device ---- */
+
+/* Greedy without penalties: the backend picks, only the ids come back. */
+static bool greedy_step(struct loom_sched *s)
+{
+	return loom_exec_device_greedy(s->exec) && device_rows(s, loom_sampler_greedy_only);
+}
 
 /* A step with a token tree: every entry's parents (a tree's, else each
  * token's the one before it) into parent_buf, by batch token. */
@@ -1286,24 +1289,11 @@ static void batch_parents(struct loom_sched *s)
 	}
 }
 
-/* ---- sampling on the device (ABI 1.8 sample; issue 30) ----
- * The same rows as greedy_step, with any rule the device draws exactly as
- * the host would (loom_sampler_device_ok): greedy with penalties, or
- * top-k. Logprobs, grammars and kept logits still need the logits here. */
+/* Greedy with penalties or top-k sampling (loom_sampler_device_ok):
+ * the backend draws, only the tokens come back. */
 static bool sample_step(struct loom_sched *s)
 {
-	if (!loom_exec_device_sample(s->exec))
-		return false;
-	for (int32_t i = 0; i < s->n_plan; i++) {
-		const struct entry *e = &s->plan[i];
-		const struct req *r = e->r;
-
-		if (e->spec || e->all || r->out.hidden || r->out.logprobs || r->gram.grammar ||
-		    (r->out.first_logits && r->n_generated == 0) ||
-		    !loom_sampler_device_ok(r->smp))
-			return false;
-	}
-	return true;
+	return loom_exec_device_sample(s->exec) && device_rows(s, loom_sampler_device_ok);
 }
 
 /* Room for n more penalty pairs after the first `used`. */
@@ -1366,7 +1356,7 @@ static void deliver_sampled(struct loom_sched *s, struct req *r, const int32_t *
 		loom_sampler_device_drew(r->smp);
 	deliver(s, r, row[0]);
 }
-/* ---- end of sampling on the device ---- */
+/* ---- end of greedy and sampling on the device ---- */
 
 /* Flattens the plan into a batch, runs it and samples. */
 static int run_plan(struct loom_sched *s)
