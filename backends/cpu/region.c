@@ -37,6 +37,9 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "../common/fuse_io.h"
+
+_Static_assert(CPU_GROUP_MAX <= FUSE_GROUP_MAX, "group_io holds every member");
 
 #define FIRST_CAP 256
 
@@ -108,62 +111,6 @@ int cpu_graph_begin(struct loom_backend_ctx *ctx)
 }
 
 /* ---- finding groups ---- */
-
-/* Bytes [lo, hi) of `rows` rows of n floats, `stride` floats apart (the
- * calls were checked, so this does not overflow). */
-struct span {
-	uintptr_t lo, hi;
-};
-
-static struct span rows_span(const float *p, int64_t rows, int64_t stride, int64_t n)
-{
-	struct span s = { (uintptr_t)p, (uintptr_t)p };
-
-	if (rows > 0 && n > 0)
-		s.hi = s.lo + ((size_t)(rows - 1) * (size_t)stride + (size_t)n) * sizeof(float);
-	return s;
-}
-
-static bool overlap(struct span a, struct span b)
-{
-	return a.lo < b.hi && b.lo < a.hi;
-}
-
-/* An operand that is exactly the region's output buffer rows (the same
- * address and stride), the one overlap an element-wise op allows. */
-static bool same_rows(const float *a, int64_t as, const float *b, int64_t bs)
-{
-	return a == b && as == bs;
-}
-
-/* What the group built so far reads and writes. */
-struct group_io {
-	struct span x;                        /* the shared activation rows */
-	struct span norm_x, norm_w;           /* what the norm that makes them reads */
-	struct span w[CPU_GROUP_MAX];         /* weights */
-	struct span y[CPU_GROUP_MAX];         /* gemm outputs */
-	struct span out[CPU_GROUP_MAX];       /* add outputs (or y again) */
-	struct span other[CPU_GROUP_MAX];     /* add operands besides y */
-	int n;
-};
-
-static bool disjoint_from_writes(const struct group_io *io, struct span s, int skip)
-{
-	for (int i = 0; i < io->n; i++)
-		if (i != skip && (overlap(s, io->y[i]) || overlap(s, io->out[i])))
-			return false;
-	return true;
-}
-
-static bool disjoint_from_reads(const struct group_io *io, struct span s, int skip)
-{
-	if (overlap(s, io->x) || overlap(s, io->norm_x) || overlap(s, io->norm_w))
-		return false;
-	for (int i = 0; i < io->n; i++)
-		if (overlap(s, io->w[i]) || (i != skip && overlap(s, io->other[i])))
-			return false;
-	return true;
-}
 
 static struct span weight_span(const struct loom_gemm_args *a)
 {

@@ -36,61 +36,9 @@
 #include <string.h>
 
 #include "gpu_ctx.h"
+#include "../common/fuse_io.h"
 
-/* Bytes [lo, hi) of `rows` rows of n floats, `stride` floats apart (the
- * calls were checked, so this does not overflow). */
-struct span {
-	uintptr_t lo, hi;
-};
-
-static struct span rows_span(const float *p, int64_t rows, int64_t stride, int64_t n)
-{
-	struct span s = { (uintptr_t)p, (uintptr_t)p };
-
-	if (rows > 0 && n > 0)
-		s.hi = s.lo + ((size_t)(rows - 1) * (size_t)stride + (size_t)n) * sizeof(float);
-	return s;
-}
-
-static bool overlap(struct span a, struct span b)
-{
-	return a.lo < b.hi && b.lo < a.hi;
-}
-
-/* An operand that is exactly the given rows (same address and stride):
- * the one overlap an element-wise epilogue allows. */
-static bool same_rows(const float *a, int64_t as, const float *b, int64_t bs)
-{
-	return a == b && as == bs;
-}
-
-/* What the group built so far reads and writes. */
-struct group_io {
-	struct span x;                      /* the shared activation rows */
-	struct span w[GPURT_GROUP_MAX];     /* weights */
-	struct span y[GPURT_GROUP_MAX];     /* gemm outputs */
-	struct span out[GPURT_GROUP_MAX];   /* add outputs (or y again) */
-	struct span other[GPURT_GROUP_MAX]; /* add operands besides y */
-	int n;
-};
-
-static bool disjoint_from_writes(const struct group_io *io, struct span s, int skip)
-{
-	for (int i = 0; i < io->n; i++)
-		if (i != skip && (overlap(s, io->y[i]) || overlap(s, io->out[i])))
-			return false;
-	return true;
-}
-
-static bool disjoint_from_reads(const struct group_io *io, struct span s, int skip)
-{
-	if (overlap(s, io->x))
-		return false;
-	for (int i = 0; i < io->n; i++)
-		if (overlap(s, io->w[i]) || (i != skip && overlap(s, io->other[i])))
-			return false;
-	return true;
-}
+_Static_assert(GPURT_GROUP_MAX <= FUSE_GROUP_MAX, "group_io holds every member");
 
 /* All n rows' bytes, counted as whole strides (more than the last row
  * needs: a wider span only keeps calls apart). */

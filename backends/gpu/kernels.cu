@@ -1345,40 +1345,53 @@ __device__ __forceinline__ bool ranks_before(float v, int32_t i, float bv, int32
 	return v > bv || (v == bv && i < bi);
 }
 
-/* One block a row: each thread keeps its best of a strided run, then a
- * fixed shared-memory tree picks the block's (the lowest index of the
- * largest value, as the host's greedy sampler). */
+/* Row's largest value (NaN as -inf) into *best and the lowest index
+ * holding it, as the host's greedy sampler picks: each thread keeps its
+ * best of a strided run, then a fixed shared-memory tree picks the
+ * block's. Every thread of the block calls it and gets the same answer;
+ * bv and bi (THREADS each, shared) are free again when it returns. */
+__device__ int32_t block_argmax(const float *row, int64_t n, float *bv, int32_t *bi,
+				float *best_out)
+{
+	const int t = threadIdx.x;
+	float best = -INFINITY;
+	int32_t at = INT32_MAX;
+
+	for (int64_t i = t; i < n; i += THREADS) {
+		const float v = isnan(row[i]) ? -INFINITY : row[i];
+
+		if (ranks_before(v, (int32_t)i, best, at))
+			best = v, at = (int32_t)i;
+	}
+	bv[t] = best;
+	bi[t] = at;
+	__syncthreads();
+	for (int half = THREADS / 2; half > 0; half /= 2) {
+		if (t < half && ranks_before(bv[t + half], bi[t + half], bv[t], bi[t])) {
+			bv[t] = bv[t + half];
+			bi[t] = bi[t + half];
+		}
+		__syncthreads();
+	}
+	at = bi[0];
+	*best_out = bv[0];
+	__syncthreads(); /* bv, bi are rewritten by the next call */
+	return at;
+}
+
+/* One block a row. */
 __global__ void __launch_bounds__(THREADS)
 k_argmax(const float *x, int64_t stride, int64_t rows, int64_t n, int32_t *ids)
 {
 	__shared__ float bv[THREADS];
 	__shared__ int32_t bi[THREADS];
-	const int t = threadIdx.x;
 
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const float *row = x + r * stride;
-		float best = -INFINITY;
-		int32_t at = INT32_MAX;
+		float best;
+		const int32_t at = block_argmax(x + r * stride, n, bv, bi, &best);
 
-		for (int64_t i = t; i < n; i += THREADS) {
-			const float v = isnan(row[i]) ? -INFINITY : row[i];
-
-			if (ranks_before(v, (int32_t)i, best, at))
-				best = v, at = (int32_t)i;
-		}
-		bv[t] = best;
-		bi[t] = at;
-		__syncthreads();
-		for (int half = THREADS / 2; half > 0; half /= 2) {
-			if (t < half && ranks_before(bv[t + half], bi[t + half], bv[t], bi[t])) {
-				bv[t] = bv[t + half];
-				bi[t] = bi[t + half];
-			}
-			__syncthreads();
-		}
-		if (t == 0)
-			ids[r] = bi[0];
-		__syncthreads(); /* bv, bi are rewritten for the next row */
+		if (threadIdx.x == 0)
+			ids[r] = at;
 	}
 }
 
@@ -1566,32 +1579,14 @@ k_sample(float *x, int64_t stride, int64_t rows, int32_t n, const struct loom_sa
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const struct loom_sample_row P = params[r];
 		float *row = x + r * stride;
-		float best = -INFINITY, mx;
-		int32_t at = INT32_MAX, greedy, k = P.top_k, p2 = 1;
+		float mx;
+		int32_t greedy, k = P.top_k, p2 = 1;
 		uint64_t kth;
 		double inv_t;
 
 		sample_penalize(row, P, pen_tok, pen_cnt);
 		__syncthreads();
-		for (int32_t i = t; i < n; i += THREADS) {
-			const float v = isnan(row[i]) ? -INFINITY : row[i];
-
-			if (ranks_before(v, i, best, at))
-				best = v, at = i;
-		}
-		bv[t] = best;
-		bi[t] = at;
-		__syncthreads();
-		for (int half = THREADS / 2; half > 0; half /= 2) {
-			if (t < half && ranks_before(bv[t + half], bi[t + half], bv[t], bi[t])) {
-				bv[t] = bv[t + half];
-				bi[t] = bi[t + half];
-			}
-			__syncthreads();
-		}
-		greedy = bi[0];
-		mx = bv[0];
-		__syncthreads(); /* bv, bi are rewritten for the next row */
+		greedy = block_argmax(row, n, bv, bi, &mx);
 		if (P.temp <= 0.0f || !isfinite(mx) || k <= 0 || k >= n ||
 		    k > LOOM_SAMPLE_MAX_TOP_K) { /* the same for the whole block */
 			const bool ok = P.temp <= 0.0f || !isfinite(mx);
