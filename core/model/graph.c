@@ -154,7 +154,8 @@ static void emit_ffn(struct builder *b, const struct loom_shard *s,
 }
 
 /* The routed FFN: router logits, then one moe node into p. */
-static void emit_moe(struct builder *b, const struct loom_layer *L, int i)
+static void emit_moe(struct builder *b, const struct loom_shard *s, const struct loom_layer *L,
+		     int i)
 {
 	emit_w(b, NODE_RMSNORM, ACT_XN, ACT_X, &L->ffn_norm, i);
 	emit_w(b, NODE_GEMM, ACT_ROUTER, ACT_XN, &L->ffn_gate_inp, i);
@@ -162,6 +163,9 @@ static void emit_moe(struct builder *b, const struct loom_layer *L, int i)
 		emit_w(b, NODE_ADD, ACT_ROUTER, ACT_ROUTER, &L->router_b, i);
 	emit(b, (struct loom_node){ .op = NODE_MOE, .dst = ACT_PROJ, .a = ACT_XN, .b = ACT_ROUTER,
 				    .layer = i });
+	if (s->moe_split) /* each rank's experts' columns: summed (shard.h) */
+		emit(b, (struct loom_node){ .op = NODE_ALLREDUCE, .dst = ACT_PROJ, .a = ACT_PROJ,
+					    .layer = i, .split = SPLIT_SUM });
 	emit_residual(b, i);
 }
 
@@ -187,7 +191,7 @@ static void emit_model(struct builder *b, const struct loom_model *m)
 	for (i = s->layer_lo; i < s->layer_hi; i++) {
 		emit_attention(b, s, &m->layers[i], i, m->hp.head_dim);
 		if (m->hp.arch->moe)
-			emit_moe(b, &m->layers[i], i);
+			emit_moe(b, s, &m->layers[i], i);
 		else
 			emit_ffn(b, s, &m->layers[i], i);
 	}

@@ -429,6 +429,7 @@ struct loader {
 	 * slice_lo .. slice_lo + slice_n - 1; slice_n 0: the whole tensor */
 	int64_t slice_lo, slice_n;
 	bool slice_cols; /* the slice is of columns (every row's), not rows */
+	int64_t cols_row_lo, cols_row_n; /* a column slice's rows (0, 0: all) */
 	struct weight_plan *plan;
 	int n_plan, cap_plan;
 	size_t total;
@@ -481,14 +482,21 @@ static int take_slice(struct loader *l, struct weight_plan *p, const char *name,
 
 /* Narrows plan p to columns slice_lo.. of every row, copied together
  * (a row-parallel shard); the slice starts and ends on block boundaries. */
-static int take_cols(struct loader *l, struct weight_plan *p, const char *name, int64_t rows,
+static int take_cols(struct loader *l, struct weight_plan *p, const char *name, int64_t *rows,
 		     int64_t *cols)
 {
 	const struct loom_quant_format *fmt = loom_format_get(p->t->type);
 	int64_t lo = l->slice_lo, n = l->slice_n, be = fmt->block_elems;
-	size_t row = p->t->nbytes / (size_t)rows, off, len, total;
+	int64_t r0 = l->cols_row_lo, nr = l->cols_row_n ? l->cols_row_n : *rows;
+	size_t row = p->t->nbytes / (size_t)*rows, off, len, total;
+	const char *base = (const char *)p->t->data + (size_t)r0 * row;
 	char *copy;
 
+	if (r0 < 0 || nr <= 0 || r0 + nr > *rows) {
+		loom_seterr(l->err, l->errlen, "tensor '%s': rows %lld+%lld outside its %lld",
+			    name, (long long)r0, (long long)nr, (long long)*rows);
+		return -1;
+	}
 	if (lo < 0 || n <= 0 || lo + n > *cols || lo % be || n % be) {
 		loom_seterr(l->err, l->errlen, "tensor '%s': columns %lld+%lld do not fall on its %lld-value blocks",
 			    name, (long long)lo, (long long)n, (long long)be);
@@ -496,15 +504,16 @@ static int take_cols(struct loader *l, struct weight_plan *p, const char *name, 
 	}
 	off = (size_t)(lo / be) * fmt->block_bytes;
 	len = (size_t)(n / be) * fmt->block_bytes;
-	if (__builtin_mul_overflow(len, (size_t)rows, &total) || !(copy = malloc(total))) {
+	if (__builtin_mul_overflow(len, (size_t)nr, &total) || !(copy = malloc(total))) {
 		loom_seterr(l->err, l->errlen, "tensor '%s': out of memory for its shard", name);
 		return -1;
 	}
-	for (int64_t r = 0; r < rows; r++)
-		memcpy(copy + (size_t)r * len, (const char *)p->t->data + (size_t)r * row + off, len);
+	for (int64_t r = 0; r < nr; r++)
+		memcpy(copy + (size_t)r * len, base + (size_t)r * row + off, len);
 	p->owned = copy;
 	p->src = copy;
 	p->src_bytes = total;
+	*rows = nr;
 	*cols = n;
 	return 0;
 }
@@ -558,7 +567,7 @@ static int plan_weight(struct loader *l, struct loom_weight *w, const char *fmt,
 	p->t = t;
 	p->src = t->data;
 	p->src_bytes = t->nbytes;
-	if (l->slice_n && (l->slice_cols ? take_cols(l, p, name, want_rows, &cols) :
+	if (l->slice_n && (l->slice_cols ? take_cols(l, p, name, &want_rows, &cols) :
 			   take_slice(l, p, name, &want_rows, &cols, rows == 0)))
 		return -1;
 	p->dequant = rows == 0 ? t->type != LOOM_TYPE_F32 :
@@ -603,6 +612,28 @@ static int64_t dim_size(const struct loom_hparams *hp, enum loom_dim d)
 	return 0;
 }
 
+/* The expert tables and the shared expert (w_gate, w_up, w_down in a
+ * family with experts) under --tp: their FFN columns when the experts are
+ * split, else whole. True when slot is one of them. */
+static bool set_moe_slice(struct loader *l, size_t slot)
+{
+	const struct loom_shard *s = &l->m->shard;
+	bool table = slot == offsetof(struct loom_layer, gate_exps_b) ||
+		slot == offsetof(struct loom_layer, up_exps_b);
+	bool shared = slot == offsetof(struct loom_layer, w_gate) ||
+		slot == offsetof(struct loom_layer, w_up);
+	bool down = slot == offsetof(struct loom_layer, w_down);
+
+	if (!table && !shared && !down)
+		return false;
+	if (!s->moe_split)
+		return true;
+	l->slice_cols = table || down;
+	l->slice_lo = table ? s->fx_lo : s->fs_lo;
+	l->slice_n = table ? s->fx_hi - s->fx_lo : s->fs_hi - s->fs_lo;
+	return true;
+}
+
 /* This rank's rows (values) of the layer tensor in `slot` (shard.h). */
 static void set_slice(struct loader *l, size_t slot)
 {
@@ -613,7 +644,12 @@ static void set_slice(struct loader *l, size_t slot)
 	l->slice_cols = false;
 	if (s->tp == 1)
 		return;
-	if (slot == offsetof(struct loom_layer, wq) || slot == offsetof(struct loom_layer, bq)) {
+	if (l->m->hp.arch->moe && set_moe_slice(l, slot))
+		return;
+	if (slot == offsetof(struct loom_layer, sinks)) { /* one value a query head */
+		l->slice_lo = s->q_lo;
+		l->slice_n = s->q_hi - s->q_lo;
+	} else if (slot == offsetof(struct loom_layer, wq) || slot == offsetof(struct loom_layer, bq)) {
 		l->slice_lo = s->q_lo * hd;
 		l->slice_n = (s->q_hi - s->q_lo) * hd;
 	} else if (slot == offsetof(struct loom_layer, wk) || slot == offsetof(struct loom_layer, wv) ||
@@ -675,6 +711,33 @@ static int plan_fused(struct loader *l, char *layer, const struct loom_arch_tens
 	return 0;
 }
 
+/* Expert e's part of a routed-expert tensor of `rows` rows an expert:
+ * all its rows; with the experts split between tensor ranks (shard.h),
+ * this rank's FFN columns of it: rows of gate and up, columns of down. */
+static void expert_slice(struct loader *l, const struct loom_arch_tensor *t, int64_t e,
+			 int64_t rows)
+{
+	const struct loom_shard *s = &l->m->shard;
+	bool down = t->slot == offsetof(struct loom_layer, down_exps);
+
+	l->slice_cols = false;
+	l->cols_row_lo = l->cols_row_n = 0;
+	l->slice_lo = e * rows;
+	l->slice_n = rows;
+	if (!s->moe_split)
+		return;
+	if (!down) {
+		l->slice_lo += s->fx_lo;
+		l->slice_n = s->fx_hi - s->fx_lo;
+		return;
+	}
+	l->slice_cols = true;
+	l->cols_row_lo = e * rows;
+	l->cols_row_n = rows;
+	l->slice_lo = s->fx_lo;
+	l->slice_n = s->fx_hi - s->fx_lo;
+}
+
 /*
  * A routed-expert tensor (GGUF [cols, rows, n_expert]): each expert's
  * rows are planned as a weight of their own, read by offset from the
@@ -708,14 +771,14 @@ static int plan_experts(struct loader *l, char *layer, const struct loom_arch_te
 		return -1;
 	}
 	for (int64_t e = 0; e < n; e++) {
-		l->slice_lo = e * rows;
-		l->slice_n = rows;
-		l->slice_cols = false;
+		expert_slice(l, t, e, rows);
 		if (plan_weight(l, &x->w[e], t->name, i, rows * n, cols, true, LOOM_OP_GEMM))
 			return -1;
 		l->plan[l->n_plan - 1].expert = true;
 	}
 	l->slice_lo = l->slice_n = 0;
+	l->slice_cols = false;
+	l->cols_row_lo = l->cols_row_n = 0;
 	return 0;
 }
 
@@ -966,6 +1029,8 @@ static bool columns_fit(const struct gguf_file *f, const struct loom_model *m)
 
 			if (t->n_parts || (!wo && t->slot != offsetof(struct loom_layer, w_down)))
 				continue;
+			if (!wo && m->hp.arch->moe)
+				continue; /* the shared expert's: plan_experts_split */
 			gt = find_tensor(f, t->name, i);
 			if (!gt || !loom_format_get(gt->type))
 				return false;
@@ -979,6 +1044,50 @@ static bool columns_fit(const struct gguf_file *f, const struct loom_model *m)
 	return true;
 }
 
+/* The least common multiple of the block sizes of tensor `name` over the
+ * held layers (every block size is a power of two or 1 in practice; 0
+ * when a layer lacks the tensor or its type is unknown). */
+static int64_t block_lcm(const struct gguf_file *f, const struct loom_model *m, const char *name)
+{
+	int64_t unit = 1;
+
+	for (int32_t i = m->shard.layer_lo; i < m->shard.layer_hi; i++) {
+		const struct gguf_tensor *t = find_tensor(f, name, i);
+		const struct loom_quant_format *fmt = t ? loom_format_get(t->type) : NULL;
+		int64_t be, a, b;
+
+		if (!fmt)
+			return 0;
+		be = fmt->block_elems;
+		for (a = unit, b = be; b;) { /* gcd */
+			int64_t r = a % b;
+
+			a = b, b = r;
+		}
+		unit = unit / a * be;
+	}
+	return unit;
+}
+
+/* Routed experts under --tp: split by FFN columns (one all-reduce of the
+ * moe output) outside exact mode when every rank's columns fall on the
+ * down matrices' blocks; else held whole on every rank (shard.h). */
+static void plan_experts_split(const struct gguf_file *f, struct loom_model *m, uint32_t flags)
+{
+	struct loom_shard *s = &m->shard;
+	int64_t ux = block_lcm(f, m, "blk.%d.ffn_down_exps.weight");
+	int64_t us = m->hp.n_ff_shexp ? block_lcm(f, m, "blk.%d.ffn_down_shexp.weight") : 1;
+
+	if (!(flags & LOOM_BACKEND_EXACT) && ux && us && loom_shard_split_experts(s, &m->hp, ux, us)) {
+		loom_log(LOOM_LOG_INFO, "--tp %d: experts split by FFN columns (%lld of %lld a rank here), one all-reduce per moe layer",
+			 s->tp, (long long)(s->fx_hi - s->fx_lo), (long long)m->hp.n_ff_exp);
+		return;
+	}
+	loom_log(LOOM_LOG_INFO, "--tp %d: experts held whole on every rank (%s)", s->tp,
+		 flags & LOOM_BACKEND_EXACT ? "exact mode keeps the single process's sums" :
+		 "their FFN columns do not split on the weights' blocks");
+}
+
 /* This process's share of the model: all of it, or a rank's. */
 static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct loom_dist *d,
 		      uint32_t flags, char *err, size_t errlen)
@@ -987,13 +1096,10 @@ static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct lo
 		loom_shard_single(&m->shard, &m->hp);
 		return 0;
 	}
-	if (d->tp > 1 && m->hp.arch->moe) {
-		loom_seterr(err, errlen, "--tp %d: tensor parallelism over routed experts is not supported yet (docs/DISTRIBUTED.md); --pp splits a mixture-of-experts model by layers",
-			    d->tp);
-		return -1;
-	}
 	if (loom_shard_plan(&m->shard, &m->hp, d->tp, d->pp, d->rank, err, errlen))
 		return -1;
+	if (d->tp > 1 && m->hp.arch->moe)
+		plan_experts_split(f, m, flags);
 	m->shard.dist = d;
 	m->shard.tp_comm = d->tp_comm;
 	/* exact mode keeps the single process's sums (all-gathers) */
@@ -1001,10 +1107,13 @@ static int plan_shard(struct loom_model *m, const struct gguf_file *f, struct lo
 	if (d->tp > 1 && !(flags & LOOM_BACKEND_EXACT) && !m->shard.reduce)
 		loom_log(LOOM_LOG_INFO, "--tp %d: the heads or FFN columns do not split on the weights' blocks; all-gathers as in exact mode",
 			 d->tp);
-	if (d->tp > 1)
+	if (d->tp > 1 && !m->hp.arch->moe)
 		loom_log(LOOM_LOG_INFO, "--tp %d: %s per layer", d->tp, m->shard.reduce ?
 			 "2 all-reduces (row-parallel wo, w_down)" :
 			 "4 all-gathers (the single process's sums)");
+	if (d->tp > 1 && m->hp.arch->moe)
+		loom_log(LOOM_LOG_INFO, "--tp %d: attention: %s per layer", d->tp, m->shard.reduce ?
+			 "1 all-reduce (row-parallel wo)" : "2 all-gathers (the single process's sums)");
 	if (d->tp > 1 && !loom_backend_has_collective(m->be)) {
 		loom_seterr(err, errlen, "--tp %d: backend %s (ABI 1.%u) has no collective slot (ABI 1.4); use one that has, e.g. cpu.so or ref.so",
 			    d->tp, m->be->path, m->be->ops->abi_minor);

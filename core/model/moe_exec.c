@@ -72,13 +72,14 @@ static void fill_args(const struct loom_model *m, const struct loom_layer *L,
 		      struct loom_moe_args *a)
 {
 	const struct loom_hparams *hp = &m->hp;
+	const struct loom_shard *sh = &m->shard;
 
 	a->struct_size = sizeof(*a);
 	a->glu = hp->arch->glu;
 	a->gating = hp->arch->moe_gating;
 	a->norm = hp->expert_norm;
 	a->n_embd = hp->n_embd;
-	a->n_ff = hp->n_ff_exp;
+	a->n_ff = sh->fx_hi - sh->fx_lo; /* this rank's columns (shard.h) */
 	a->n_expert = hp->n_expert;
 	a->n_used = hp->n_expert_used;
 	set_weights(&a->gate, &L->gate_exps);
@@ -86,9 +87,10 @@ static void fill_args(const struct loom_model *m, const struct loom_layer *L,
 	set_weights(&a->down, &L->down_exps);
 	a->gate_bias = L->gate_exps_b.data;
 	a->up_bias = L->up_exps_b.data;
-	a->down_bias = L->down_exps_b.data;
+	/* split experts: the ranks' outputs are summed, so one adds the bias */
+	a->down_bias = sh->moe_split && sh->tp_rank ? NULL : L->down_exps_b.data;
 	if (hp->n_ff_shexp > 0) {
-		a->n_ff_shared = hp->n_ff_shexp;
+		a->n_ff_shared = sh->fs_hi - sh->fs_lo;
 		a->shared_gate_inp = L->gate_inp_shexp.data;
 		set_shared(&a->shared_gate, &L->w_gate, &L->shexp_data[0]);
 		set_shared(&a->shared_up, &L->w_up, &L->shexp_data[1]);

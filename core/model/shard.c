@@ -25,6 +25,8 @@ void loom_shard_single(struct loom_shard *s, const struct loom_hparams *hp)
 	s->q_hi = hp->n_head;
 	s->kv_hi = hp->n_head_kv;
 	s->ff_hi = hp->n_ff;
+	s->fx_hi = hp->n_ff_exp;
+	s->fs_hi = hp->n_ff_shexp;
 	s->embd_hi = hp->n_embd;
 	s->layer_hi = (int32_t)hp->n_layer;
 	s->first = s->last = s->logits = true;
@@ -118,4 +120,33 @@ int loom_shard_plan(struct loom_shard *s, const struct loom_hparams *hp, int tp,
 	s->prev_rank = s->first ? -1 : rank - tp;
 	s->next_rank = s->last ? -1 : rank + tp;
 	return 0;
+}
+
+/* Part tp_rank of n columns in whole units of `unit` values; false when
+ * n is not a whole number of units or has fewer units than ranks. */
+static bool unit_split(int64_t n, int64_t unit, int tp, int r, int64_t *lo, int64_t *hi)
+{
+	if (n <= 0) {
+		*lo = *hi = 0;
+		return true;
+	}
+	if (unit <= 0 || n % unit || n / unit < tp)
+		return false;
+	*lo = part_start(n / unit, tp, r) * unit;
+	*hi = part_start(n / unit, tp, r + 1) * unit;
+	return true;
+}
+
+bool loom_shard_split_experts(struct loom_shard *s, const struct loom_hparams *hp,
+			      int64_t unit_exp, int64_t unit_shexp)
+{
+	int64_t xl, xh, sl, sh;
+
+	if (s->tp < 2 || !unit_split(hp->n_ff_exp, unit_exp, s->tp, s->tp_rank, &xl, &xh) ||
+	    !unit_split(hp->n_ff_shexp, unit_shexp, s->tp, s->tp_rank, &sl, &sh))
+		return false;
+	s->moe_split = true;
+	s->fx_lo = xl, s->fx_hi = xh;
+	s->fs_lo = sl, s->fs_hi = sh;
+	return true;
 }

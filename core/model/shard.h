@@ -23,6 +23,8 @@
  * ranks with one all-reduce: two collectives per layer, not four, with
  * sums in another order than one process's (within float rounding).
  *
+ * Mixture of experts: see moe_split below.
+ *
  * Pipeline parallelism (pp stages) gives stage s layers layer_lo ..
  * layer_hi-1; stage 0 embeds, the last stage's tensor rank 0 computes the
  * logits.
@@ -51,6 +53,14 @@ struct loom_shard {
 	bool first, last;         /* the stage embeds / holds the last layer */
 	bool logits;              /* this rank computes the logits */
 	bool reduce;              /* wo, w_down split by columns + all-reduce */
+	/* Routed experts (and a shared expert) split between the tensor
+	 * ranks: each expert's FFN columns fx_lo .. fx_hi-1 (rows of its gate
+	 * and up, columns of its down), the shared expert's fs_lo .. fs_hi-1,
+	 * each rank's moe output summed by one all-reduce. Otherwise (exact
+	 * mode, or columns off the blocks) every rank holds the experts whole
+	 * and computes the single process's moe output. */
+	bool moe_split;
+	int64_t fx_lo, fx_hi, fs_lo, fs_hi;
 	int logits_rank;          /* the world rank that does */
 	int prev_rank, next_rank; /* same tensor rank, stage -1 / +1; -1: none */
 	/* [tp + 1] column starts of each split, per tensor rank */
@@ -67,5 +77,13 @@ void loom_shard_single(struct loom_shard *s, const struct loom_hparams *hp);
  * (tp above the heads, pp above the layers, ...). */
 int loom_shard_plan(struct loom_shard *s, const struct loom_hparams *hp, int tp, int pp,
 		    int rank, char *err, size_t errlen);
+
+/* Splits the routed experts' FFN columns (and a shared expert's) between
+ * s's tensor ranks in whole units (the block size of their down matrices,
+ * which are split by columns): sets moe_split and the fx/fs ranges, or
+ * returns false, leaving the experts whole, when a count is not a whole
+ * number of units or has fewer units than ranks. */
+bool loom_shard_split_experts(struct loom_shard *s, const struct loom_hparams *hp,
+			      int64_t unit_exp, int64_t unit_shexp);
 
 #endif /* LOOM_SHARD_H */

@@ -20,7 +20,10 @@ the released models). For each:
     other gating (softmax over all experts, then the top k, not
     renormalised), moves the logits by more than 10 * TOL;
   - cpu.so's fast mode within FAST_TOL of the reference and batch
-    invariant (the prompt whole and in 3-token chunks give the same bits).
+    invariant (the prompt whole and in 3-token chunks give the same bits);
+  - with mpirun, on the mxfp4 file, `--tp 2` equals the single process
+    (test_moe.check_tp): the experts' gate/up biases split with their
+    columns, the down bias added by one rank, the sinks split by heads.
 The --fallback BACKEND (ref_nomoe.so: ref.so without the moe slot) runs
 the experts through the host's fallback (core/model/moe_exec.c: top-k
 softmax routing, expert biases by add calls): its logits within TOL and
@@ -98,6 +101,8 @@ def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
                 "%s: cpu.so --exact greedy tokens are ref.so's (%d)" %
                 (name, len(got["ref.so"])))
     moe.check_fast(synth, np, loom, path, name, first, tmp, fails)
+    if name.endswith("mxfp4"):  # biases split or added once, sinks per rank
+        moe.check_tp(loom, path, name, tmp, fails)
     for be in old:
         import subprocess
         p = subprocess.run([loom, "run", "--backend=" + be, "--model", path,

@@ -51,9 +51,10 @@ tensor, the router kept f32), bytewise what the gguf package's quantizer
 writes, and reads it back to f32 bitwise as the gguf package decodes it.
 
 Distributed (when mpirun is on PATH): `--pp 2` (each rank holds its
-layers' experts) gives the single process's greedy tokens; `--tp 2` is
-refused with a message (experts are not split between tensor ranks yet,
-docs/DISTRIBUTED.md).
+layers' experts) gives the single process's greedy tokens; `--tp 2
+--exact` (experts whole on each rank) its tokens and logits bit for bit,
+`--tp 2` outside exact mode (every expert's FFN columns split, the moe
+output all-reduced) its logits within float rounding (check_tp).
 
 Exit 77 (skip) when numpy or gguf are missing.
 """
@@ -156,45 +157,92 @@ def check_refusals(loom, mkgguf, tmp, fails):
                     (what, p.returncode, err.strip()[-200:]))
 
 
-def check_dist(synth, loom, tmp, fails):
-    """--pp 2 equals one process on the qwen2moe case; --tp 2 refused."""
+def mpi_env():
+    """OpenMPI's settings for root in a container; None without mpirun."""
     import shutil
-    import subprocess
     if not shutil.which("mpirun"):
-        print("note: no mpirun, distributed checks skipped")
-        return
+        return None
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_mpi_yield_when_idle="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none",
                OMPI_MCA_rmaps_base_oversubscribe="1")
     # a sanitizer build: no leak check after OpenMPI's init (scripts/asan.sh)
-    mpi_env = dict(env, ASAN_OPTIONS=env.get("ASAN_OPTIONS", "").replace(
-        "detect_leaks=1", "detect_leaks=0"))
-    path = os.path.join(tmp, CASES[-1][0] + ".gguf")
-    base = [loom, "run", "--backend=ref.so", "--model", path, "-p", PROMPT,
-            "-n", str(N_GEN), "--temp", "0", "--no-progress", "-t", "1"]
-    toks = []
-    for pre, extra in (([], []), (["mpirun", "-np", "2"], ["--pp", "2"])):
-        out = os.path.join(tmp, "dist.txt")
-        p = subprocess.run(pre + base + extra + ["--dump-tokens", out],
-                           capture_output=True, timeout=240, env=mpi_env if pre else env)
-        if p.returncode:
-            fails.check(False, "loom run %s: exit %d: %s" % (
-                " ".join(extra), p.returncode,
-                p.stderr.decode(errors="replace")[-500:]))
-            return
-        with open(out) as f:
-            toks.append(f.read().split())
-    fails.check(toks[0] == toks[1] and len(toks[0]) > 0,
-                "--pp 2 on %s: the single process's %d tokens" %
-                (CASES[-1][0], len(toks[0])))
-    p = subprocess.run(["mpirun", "-np", "2"] + base + ["--tp", "2"],
-                       capture_output=True, timeout=240, env=mpi_env)
+    env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "").replace(
+        "detect_leaks=1", "detect_leaks=0")
+    return env
+
+
+def dist_run(loom, path, backend, tmp, extra, env, ranks=0):
+    """Greedy tokens and the dumped logits (a flat float32 list) of one
+    `loom run`, under `mpirun -np ranks` when ranks; stderr too."""
+    import array
+    import subprocess
+    toks, logits = os.path.join(tmp, "dist.txt"), os.path.join(tmp, "dist.bin")
+    pre = ["mpirun", "-np", str(ranks)] if ranks else []
+    cmd = pre + [loom, "run", "--backend=" + backend, "--model", path, "-p", PROMPT,
+                 "-n", str(N_GEN), "--temp", "0", "--no-progress", "-t", "1",
+                 "--kv-type", "f32", "--dump-tokens", toks, "--dump-logits", logits] + extra
+    p = subprocess.run(cmd, capture_output=True, timeout=240,
+                       env=dict(env, LOOM_DEBUG="1"))
     err = p.stderr.decode(errors="replace")
-    fails.check(p.returncode != 0 and "tensor parallelism over routed "
-                "experts is not supported" in err,
-                "--tp 2 refused for experts: exit %d" % p.returncode)
+    if p.returncode:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(cmd[-12:]), p.returncode, err[-500:]))
+    with open(toks) as f:
+        t = f.read().split()
+    v = array.array("f")
+    with open(logits, "rb") as f:
+        v.frombytes(f.read())
+    return t, list(v), err
+
+
+def check_tp(loom, path, label, tmp, fails):
+    """--tp 2 on ref.so: with --exact the experts are held whole by each
+    rank and the tokens and logits are the single process's bit for bit;
+    outside it each rank holds half of every expert's FFN columns (and of
+    the shared expert's), and the moe outputs summed by an all-reduce give
+    logits within 1e-4 of the largest (the sums' other order). A rank that
+    skipped the all-reduce, added the expert down bias twice or read
+    another rank's columns would be off by whole units."""
+    env = mpi_env()
+    if env is None:
+        print("note: no mpirun, --tp checks skipped")
+        return
+    for exact in (True, False):
+        extra = ["--exact"] if exact else []
+        t1, l1, _ = dist_run(loom, path, "ref.so", tmp, extra, env)
+        t2, l2, err = dist_run(loom, path, "ref.so", tmp, extra + ["--tp", "2"], env, 2)
+        said = "experts held whole" if exact else "experts split by FFN columns"
+        fails.check(said in err, "%s --tp 2%s: says %r" %
+                    (label, " --exact" if exact else "", said))
+        scale = max(abs(x) for x in l1) if l1 else 0.0
+        worst = max((abs(a - b) for a, b in zip(l1, l2)), default=float("inf"))
+        if exact:
+            fails.check(t1 == t2 and l1 == l2 and len(t1) > 0,
+                        "%s --tp 2 --exact: the single process's %d tokens and "
+                        "%d logits bit for bit (worst %g)" % (label, len(t1), len(l1), worst))
+        else:
+            fails.check(len(l1) == len(l2) and worst <= 1e-4 * max(scale, 1.0),
+                        "%s --tp 2 (experts split, all-reduced): logits within %.3g "
+                        "of the single process's (largest %.3g); tokens %s" %
+                        (label, worst, scale, "the same" if t1 == t2 else "differ"))
+
+
+def check_dist(synth, loom, tmp, fails):
+    """--pp 2 equals one process on the qwen2moe case; --tp 2 on it (a
+    shared expert) and on the qwen3moe q4_0 case (down matrices split on
+    their 32-value blocks)."""
+    env = mpi_env()
+    if env is None:
+        print("note: no mpirun, distributed checks skipped")
+        return
+    path = os.path.join(tmp, CASES[-1][0] + ".gguf")
+    t1, _, _ = dist_run(loom, path, "ref.so", tmp, [], env)
+    t2, _, _ = dist_run(loom, path, "ref.so", tmp, ["--pp", "2"], env, 2)
+    fails.check(t1 == t2 and len(t1) > 0,
+                "--pp 2 on %s: the single process's %d tokens" % (CASES[-1][0], len(t1)))
+    for case in (CASES[-1], CASES[2]):
+        check_tp(loom, os.path.join(tmp, case[0] + ".gguf"), case[0], tmp, fails)
 
 
 def check_quantize(synth, np, loom, tmp, fails):
@@ -404,7 +452,10 @@ def main():
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (case[0], e))
         check_refusals(loom, mkgguf, tmp, fails)
-        check_dist(synth, loom, tmp, fails)
+        try:
+            check_dist(synth, loom, tmp, fails)
+        except (RuntimeError, OSError) as e:
+            fails.check(False, "distributed: %s" % e)
         check_quantize(synth, np, loom, tmp, fails)
     print("%.1f s" % (time.time() - t0))
     if fails.list:
