@@ -69,7 +69,7 @@ anchor_cmake() {
 	local opts=(-DCMAKE_BUILD_TYPE=Release
 		-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
 		-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
-		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
+		-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON
 		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF)
 	# On a CPU with AMX, -march=native lets ggml compile its AMX kernels,
 	# and this llama.cpp's llama-bench then dies of SIGILL (a tilezero on

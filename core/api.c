@@ -799,6 +799,15 @@ static void gen_token(struct gen *g, const struct loom_event *ev)
 	}
 	g->made++;
 	len = loom_detokenize(g->e->tok, &g->dt, ev->token, piece, sizeof(piece));
+	/* the last token leaves a character unfinished: say so with U+FFFD
+	 * (text is complete UTF-8 only) rather than drop its bytes unseen,
+	 * as the server does */
+	if (ev->finish != LOOM_FINISH_NONE && g->dt.n_pending && len >= 0 &&
+	    (size_t)len + 4 <= sizeof(piece)) {
+		memcpy(piece + len, "\xef\xbf\xbd", 4);
+		len += 3;
+		g->dt.n_pending = 0;
+	}
 	if (g->on_token && g->on_token(g->user, ev->token, piece, len > 0 ? (size_t)len : 0)) {
 		g->stopping = true;
 		loom_cancel(g->e, ev->id);
