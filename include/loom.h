@@ -202,8 +202,9 @@ struct loom_generation_params {
 void loom_generation_params_init(struct loom_generation_params *g);
 
 /* Called for each generated token with its text (complete UTF-8 only; may
- * be empty while a multi-byte character is pending). Return non-zero to
- * stop generating. */
+ * be empty while a multi-byte character is pending; when the last token
+ * leaves one unfinished, its text ends with U+FFFD in place of the
+ * pending bytes). Return non-zero to stop generating. */
 typedef int (*loom_token_fn)(void *user, int32_t token, const char *text, size_t len);
 
 struct loom_generation_stats {
