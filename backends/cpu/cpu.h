@@ -262,6 +262,34 @@ struct cpu_group {
 	const struct cpu_rmsnorm_args *norm; /* writes the gemms' x; or NULL */
 };
 
+/*
+ * The routed experts one decode row chose, as two pool tasks (gemm.c,
+ * for moe.c): the gate and up GEMVs of every expert with their biases
+ * and the GLU over the FFN rows (the row quantized once per thread), then
+ * every expert's down GEMV and bias over the n_embd rows (each expert's
+ * GLU output quantized once per thread). Each output is what the calls
+ * one by one give (the group kernels are the GEMV path's), in two
+ * hand-offs a layer instead of three gemms and a GLU per expert.
+ */
+#define CPU_EXPERTS_MAX 16
+
+struct cpu_experts {
+	int n;               /* experts the row chose */
+	const int32_t *ids;  /* their ids */
+	struct loom_moe_weights gate, up, down;
+	enum loom_glu_kind glu;
+	const float *x;      /* the row, n_embd floats */
+	int64_t n_embd, ff;
+	const float *gate_bias[CPU_EXPERTS_MAX], *up_bias[CPU_EXPERTS_MAX],
+		*down_bias[CPU_EXPERTS_MAX]; /* expert e's, or NULL */
+	float *g[CPU_EXPERTS_MAX], *u[CPU_EXPERTS_MAX]; /* ff each: gate (then GLU), up */
+	float *d[CPU_EXPERTS_MAX];                      /* n_embd each: down */
+};
+
+/* LOOM_ERR_INVALID, before any work, when a matrix of ex may not run so
+ * (exact mode, a format without a group kernel, a bad shape). */
+int cpu_gemm_experts(struct loom_backend_ctx *ctx, const struct cpu_experts *ex);
+
 /* Whether a checked gemm call may join a group (fast mode, decode rows,
  * a format with a row kernel that needs no per-call preparation). */
 bool cpu_gemm_groupable(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a);

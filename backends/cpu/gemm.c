@@ -907,3 +907,160 @@ int cpu_gemm_group(struct loom_backend_ctx *ctx, const struct cpu_group *g)
 	cpu_pool_run(&ctx->pool, group_task_run, &gt, n_chunks(&gt.split), nth);
 	return LOOM_OK;
 }
+
+/* ---- the routed experts of one decode row as two tasks (moe.c) ---- */
+
+/* One phase of cpu_gemm_experts(): the gate/up/GLU of every expert over
+ * their FFN rows, or the down of every expert over n_embd rows. */
+struct experts_task {
+	struct loom_backend_ctx *ctx;
+	const struct cpu_experts *ex;
+	struct group_member mem[2 * CPU_EXPERTS_MAX]; /* gate, up per expert; or down */
+	int per;                    /* members per expert: 2, then 1 */
+	struct gemm_task split;     /* the row space: ff, then n_embd */
+	const float *x[CPU_EXPERTS_MAX]; /* each expert's input row */
+	int n_x;                    /* 1: one row for all (phase 1), else n */
+	int64_t k;                  /* the input width */
+	bool need_q, need_k;
+	size_t q_floats, k_off, k_floats; /* scratch per input row */
+	uint64_t seq;
+};
+
+/* Thread ith's quantized input rows (each kind its members need), made
+ * at its first chunk of the phase. */
+static void experts_acts(const struct experts_task *t, int ith, struct group_acts *ga)
+{
+	float *base = t->ctx->scratch[ith];
+	int64_t nb = t->k / 32;
+
+	for (int i = 0; i < t->n_x; i++) {
+		struct qdot_block *bx = (struct qdot_block *)(base + (size_t)i * t->q_floats);
+		struct qdot_kblock *kx = (struct qdot_kblock *)(base + t->k_off +
+								 (size_t)i * t->k_floats);
+
+		ga[i] = (struct group_acts){ .x = t->x[i], .x_stride = t->k, .qx = bx,
+					     .qsc = (float *)(bx + nb), .qkx = kx };
+		if (t->ctx->stamp[ith].gemm == t->seq)
+			continue;
+		if (t->need_q) {
+			qdot_quantize_row(t->x[i], bx, t->k);
+			qdot_row_scales(bx, nb, (float *)(bx + nb));
+		}
+		if (t->need_k)
+			qdot_k_quantize_row(t->x[i], kx, t->k);
+	}
+	t->ctx->stamp[ith].gemm = t->seq;
+}
+
+/* y[j0..j1) += b[j0..j1), when there is a bias. */
+static void bias_cols(float *y, const float *b, int64_t j0, int64_t j1)
+{
+	for (int64_t j = j0; b && j < j1; j++)
+		y[j] = y[j] + b[j];
+}
+
+static void experts_task_run(void *arg, int64_t c, int ith)
+{
+	const struct experts_task *t = arg;
+	const struct cpu_experts *ex = t->ex;
+	struct group_acts ga[CPU_EXPERTS_MAX];
+	int64_t j0, j1;
+
+	experts_acts(t, ith, ga);
+	chunk_rows(&t->split, c, &j0, &j1);
+	for (int e = 0; e < ex->n; e++) {
+		const struct group_acts *a = &ga[t->n_x == 1 ? 0 : e];
+
+		if (t->per == 1) { /* down */
+			member_rows(&t->mem[e], a, j0, j1);
+			bias_cols(ex->d[e], ex->down_bias[e], j0, j1);
+			continue;
+		}
+		member_rows(&t->mem[2 * e], a, j0, j1);
+		member_rows(&t->mem[2 * e + 1], a, j0, j1);
+		bias_cols(ex->g[e], ex->gate_bias[e], j0, j1);
+		bias_cols(ex->u[e], ex->up_bias[e], j0, j1);
+		cpu_glu_cols(t->ctx, &(struct cpu_glu_args){ ex->glu, ex->g[e], ex->ff, ex->g[e],
+							     ex->ff, ex->u[e], ex->ff, 1, ex->ff },
+			     j0, j1);
+	}
+}
+
+/* Member i of phase t: y = w . x for one row, n rows of expert e's
+ * matrix of mw (k wide). */
+static int experts_member(struct experts_task *t, int i, const struct loom_moe_weights *mw,
+			  int32_t e, const float *x, int64_t n, float *y)
+{
+	uint32_t type = mw->type;
+	bool packed = mw->packed;
+	struct loom_gemm_args a = { .struct_size = sizeof(a), .w_type = type, .m = 1, .n = n,
+				    .k = t->k, .w = mw->w[e], .w_stride = mw->row_bytes, .x = x,
+				    .x_stride = t->k, .y = y, .y_stride = n, .w_packed = packed };
+	struct group_member *mb = &t->mem[i];
+	size_t ws;
+
+	if (!cpu_gemm_groupable(t->ctx, &a) || gemm_check(t->ctx, &a, &ws))
+		return LOOM_ERR_INVALID;
+	memset(mb, 0, sizeof(*mb));
+	mb->t.ctx = t->ctx;
+	mb->t.packed = packed;
+	mb->t.g = (struct cpu_gemv){ .type = type, .w = a.w, .w_stride = cpu_gemm_w_stride(&a),
+				     .x = a.x, .x_stride = a.x_stride, .y = y, .y_stride = n,
+				     .m = 1, .k = t->k, .inv = t->ctx->invariant };
+	mb->t.n = n;
+	mb->kind = member_kind(type);
+	if (mb->kind != MEMBER_PLAIN)
+		kernel_pick(&mb->t, t->ctx->qisa);
+	t->need_q |= mb->kind == MEMBER_QDOT;
+	t->need_k |= mb->kind == MEMBER_QDOT_K;
+	return LOOM_OK;
+}
+
+/* Runs phase t over `rows` rows once its members are set. */
+static int experts_phase(struct experts_task *t, int64_t rows)
+{
+	size_t need;
+	int64_t unit = 8;
+	int nth;
+
+	for (int i = 0; i < t->per * t->ex->n; i++)
+		if (t->mem[i].t.packed)
+			unit = KPACK_ROWS;
+	t->q_floats = (local_floats(1, t->k / 32, false) + 15) / 16 * 16;
+	t->k_floats = t->need_k ? (local_floats(1, t->k / 256, true) + 15) / 16 * 16 : 0;
+	t->k_off = (size_t)t->n_x * t->q_floats;
+	need = t->k_off + (size_t)t->n_x * t->k_floats;
+	if (cpu_scratch_reserve(t->ctx, need))
+		return LOOM_ERR_NOMEM;
+	t->seq = ++t->ctx->gemm_seq;
+	t->split.n = rows;
+	nth = (double)rows * t->k * t->per * t->ex->n >= CPU_PAR_MIN_WORK ? t->ctx->n_threads : 1;
+	if (nth > 1)
+		pick_split(&t->split, nth, unit, 32, 256);
+	else
+		t->split.chunk = rows;
+	cpu_pool_run(&t->ctx->pool, experts_task_run, t, n_chunks(&t->split), nth);
+	return LOOM_OK;
+}
+
+int cpu_gemm_experts(struct loom_backend_ctx *ctx, const struct cpu_experts *ex)
+{
+	/* both phases are set up (every member checked) before either runs */
+	struct experts_task up = { .ctx = ctx, .ex = ex, .per = 2, .n_x = 1, .k = ex->n_embd };
+	struct experts_task down = { .ctx = ctx, .ex = ex, .per = 1, .n_x = ex->n, .k = ex->ff };
+	int rc = LOOM_OK;
+
+	if (ex->n < 1 || ex->n > CPU_EXPERTS_MAX)
+		return LOOM_ERR_INVALID;
+	up.x[0] = ex->x;
+	for (int e = 0; e < ex->n && !rc; e++) {
+		down.x[e] = ex->g[e];
+		rc = experts_member(&up, 2 * e, &ex->gate, ex->ids[e], ex->x, ex->ff, ex->g[e]);
+		rc = rc ? rc : experts_member(&up, 2 * e + 1, &ex->up, ex->ids[e], ex->x, ex->ff,
+					      ex->u[e]);
+		rc = rc ? rc : experts_member(&down, e, &ex->down, ex->ids[e], ex->g[e],
+					      ex->n_embd, ex->d[e]);
+	}
+	rc = rc ? rc : experts_phase(&up, ex->ff);
+	return rc ? rc : experts_phase(&down, ex->n_embd);
+}

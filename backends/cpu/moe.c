@@ -34,10 +34,11 @@ static bool plan_scratch(struct loom_backend_ctx *ctx, const struct loom_moe_arg
 {
 	size_t rows = (size_t)a->rows, k = (size_t)a->n_used, e = (size_t)a->n_expert;
 	size_t embd = (size_t)a->n_embd, pairs, ff, nf, ni, t;
+	size_t gu = rows > k ? rows : k; /* gate/up rows: a decode row's k experts' */
 
 	ff = (size_t)(a->n_ff > a->n_ff_shared ? a->n_ff : a->n_ff_shared);
 	if (__builtin_mul_overflow(rows, k, &pairs) || __builtin_mul_overflow(rows, embd, &t) ||
-	    __builtin_mul_overflow(rows, ff, &nf) || __builtin_mul_overflow(nf, (size_t)2, &nf) ||
+	    __builtin_mul_overflow(gu, ff, &nf) || __builtin_mul_overflow(nf, (size_t)2, &nf) ||
 	    __builtin_add_overflow(nf, 2 * t, &nf) || __builtin_mul_overflow(pairs, embd, &t) ||
 	    __builtin_add_overflow(nf, t, &nf) || __builtin_add_overflow(nf, pairs + e + rows, &nf))
 		return false;
@@ -60,8 +61,8 @@ static bool plan_scratch(struct loom_backend_ctx *ctx, const struct loom_moe_arg
 	}
 	pl->x = ctx->moe_f;
 	pl->g = pl->x + rows * embd;
-	pl->u = pl->g + rows * ff;
-	pl->d = pl->u + rows * ff;
+	pl->u = pl->g + gu * ff;
+	pl->d = pl->u + gu * ff;
 	pl->out = pl->d + rows * embd;
 	pl->w = pl->out + pairs * embd;
 	pl->p = pl->w + pairs;
@@ -155,6 +156,32 @@ static int run_expert(struct loom_backend_ctx *ctx, const struct loom_moe_args *
 	return rc;
 }
 
+/* One decode row through cpu_gemm_experts (two pool tasks for all its
+ * experts); LOOM_ERR_INVALID, with nothing done, where that does not
+ * apply (exact mode, a format without a group kernel, too many experts).
+ * Its outputs land where run_expert's would. */
+static int run_row_experts(struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
+			   struct moe_plan *pl)
+{
+	struct cpu_experts ex = { .n = (int)a->n_used, .ids = pl->ids, .gate = a->gate,
+				  .up = a->up, .down = a->down, .glu = (enum loom_glu_kind)a->glu,
+				  .x = a->x, .n_embd = a->n_embd, .ff = a->n_ff };
+
+	if (a->rows != 1 || a->n_used > CPU_EXPERTS_MAX || ctx->exact)
+		return LOOM_ERR_INVALID;
+	for (int j = 0; j < ex.n; j++) {
+		int32_t e = pl->ids[j];
+
+		ex.gate_bias[j] = loom_moe_bias(a, a->gate_bias, e, a->n_ff);
+		ex.up_bias[j] = loom_moe_bias(a, a->up_bias, e, a->n_ff);
+		ex.down_bias[j] = loom_moe_bias(a, a->down_bias, e, a->n_embd);
+		ex.g[j] = pl->g + j * a->n_ff;
+		ex.u[j] = pl->u + j * a->n_ff;
+		ex.d[j] = pl->out + j * a->n_embd;
+	}
+	return cpu_gemm_experts(ctx, &ex);
+}
+
 /* y[r] = sum over j of w_j * out[r][j], in j order. */
 static void combine(const struct loom_moe_args *a, const struct moe_plan *pl)
 {
@@ -219,10 +246,14 @@ int cpu_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
 		loom_moe_route_as(a->gating, a->logits + r * a->logits_stride, a->n_expert,
 				  a->n_used, a->norm != 0, pl.p, pl.ids + r * a->n_used,
 				  pl.w + r * a->n_used);
-	group_pairs(a, &pl);
-	for (int32_t e = 0; e < a->n_expert && !rc; e++)
-		if (pl.start[e + 1] > pl.start[e])
-			rc = run_expert(ctx, a, e, &pl);
+	if (ctx->rg.fuse && run_row_experts(ctx, a, &pl) == LOOM_OK) {
+		rc = LOOM_OK;
+	} else {
+		group_pairs(a, &pl);
+		for (int32_t e = 0; e < a->n_expert && !rc; e++)
+			if (pl.start[e + 1] > pl.start[e])
+				rc = run_expert(ctx, a, e, &pl);
+	}
 	if (!rc)
 		combine(a, &pl);
 	if (!rc && a->n_ff_shared > 0)

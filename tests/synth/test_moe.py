@@ -413,13 +413,18 @@ def check_fast(synth, np, loom, path, name, ref_first, tmp, fails):
         whole, _ = loom_logits(synth, np, loom, path, "cpu.so", tmp, inv)
         chunked, _ = loom_logits(synth, np, loom, path, "cpu.so", tmp, inv,
                                  ["-b", "3"])
+        # one row a step: the experts of a decode row as two pool tasks
+        # (cpu_gemm_experts) where the format has a group kernel
+        single, _ = loom_logits(synth, np, loom, path, "cpu.so", tmp, inv,
+                                ["-b", "1"])
     except (RuntimeError, OSError) as e:
         fails.check(False, "%s fast: loom run: %s" % (name, e))
         return
-    fails.check(whole.shape == chunked.shape and
-                bool(np.array_equal(whole, chunked)),
-                "%s cpu.so fast, invariant: logits of one batch and of "
-                "3-token chunks equal bit for bit" % name)
+    fails.check(whole.shape == chunked.shape == single.shape and
+                bool(np.array_equal(whole, chunked)) and
+                bool(np.array_equal(whole, single)),
+                "%s cpu.so fast, invariant: logits of one batch, of "
+                "3-token chunks and of one token a step equal bit for bit" % name)
     err = float(np.max(np.abs(whole.astype(np.float64) - ref_first)))
     scale = float(np.max(np.abs(ref_first)))
     fails.check(err / scale < FAST_TOL, "%s cpu.so fast: logits max|diff| "
