@@ -478,11 +478,9 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	/* no token trees (ABI 1.8) yet: the host drafts linearly; gpt-oss's
-	 * pieces (attention sinks, the clamped SwiGLU) are not in the GPU
-	 * kernels yet: the host refuses such models here */
+	/* no token trees (ABI 1.8) yet: the host drafts linearly */
 	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
-	    op == LOOM_OP_ATTENTION_TREE || op == LOOM_OP_ATTENTION_SINKS || op == LOOM_OP_GLU_OAI)
+	    op == LOOM_OP_ATTENTION_TREE)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
@@ -961,7 +959,8 @@ static int do_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *
 		  int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
 		  int64_t up_stride, int64_t rows, int64_t n)
 {
-	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
+	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH &&
+		     kind != LOOM_GLU_SWIGLU_OAI))
 		return LOOM_ERR_INVALID;
 	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
 	    !loom_check_shape(rows, n, up_stride))
@@ -1238,6 +1237,7 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	t->head_dim = a->head_dim, t->block_size = a->block_size, t->max_blocks = a->max_blocks;
 	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
 	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
+	t->sinks = LOOM_ATTN_SINKS(a); /* ABI 1.8 (gpt-oss) */
 	return submit(ctx, &c);
 }
 

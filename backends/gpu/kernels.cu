@@ -18,6 +18,9 @@
 /* the KV cache types' layouts and quantizers, on host and device alike */
 #define LOOM_KVQ_FN static __host__ __device__ __forceinline__
 #include "loom/kv_quant.h"
+/* routed experts' routing rule and gpt-oss's clamped SwiGLU, likewise */
+#define LOOM_MOE_FN static __host__ __device__ inline
+#include "loom/moe.h"
 
 #define THREADS 256
 #define MAX_GRID 65535 /* blocks per grid-stride launch */
@@ -1049,6 +1052,15 @@ __device__ __forceinline__ float act_gelu_tanh(float g)
 	return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g)));
 }
 
+/* One GLU output of kind (enum loom_glu_kind): act(g) * u, or gpt-oss's
+ * clamped SwiGLU of the pair (loom/moe.h's formula, ref.so's bits). */
+__device__ __forceinline__ float glu_of(int kind, float g, float u)
+{
+	if (kind == LOOM_GLU_SWIGLU_OAI)
+		return loom_glu_swiglu_oai(g, u);
+	return (kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g)) * u;
+}
+
 /* ---- GEMV groups: every GEMV, exact and fast ---- */
 
 /*
@@ -1155,11 +1167,9 @@ __device__ __forceinline__ void put_y(const struct gpurt_gemv_member &w, int64_t
 __device__ __forceinline__ void put_glu(const struct group_p &p, int64_t i, int64_t j, float g,
 					float u)
 {
-	const float act = p.glu == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
-
 	p.mem[0].y[i * p.mem[0].y_stride + j] = g;
 	p.mem[1].y[i * p.mem[1].y_stride + j] = u;
-	p.glu_out[i * p.glu_stride + j] = act * u;
+	p.glu_out[i * p.glu_stride + j] = glu_of(p.glu, g, u);
 }
 
 template <uint32_t T, int MB, bool Q8, bool GLU>
@@ -2266,10 +2276,7 @@ k_glu(int kind, float *out, int64_t out_stride, const float *gate, int64_t gate_
       const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
 	FOR_ELEMENTS(r, i, rows, n) {
-		float g = gate[r * gate_stride + i];
-		float act = kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
-
-		out[r * out_stride + i] = act * up[r * up_stride + i];
+		out[r * out_stride + i] = glu_of(kind, gate[r * gate_stride + i], up[r * up_stride + i]);
 	}
 }
 
@@ -2378,6 +2385,7 @@ struct attn_p {
 	int32_t window;
 	uint32_t kv_type;  /* the cache's (ABI 1.3) */
 	int64_t row_bytes; /* of one cache slot */
+	const float *sinks; /* [n_heads] or NULL (ABI 1.8, gpt-oss) */
 };
 
 static struct attn_p attn_params(const struct loom_attention_args *a)
@@ -2386,7 +2394,7 @@ static struct attn_p attn_params(const struct loom_attention_args *a)
 		a->out, a->q, a->kcache, a->vcache, a->q_stride, a->out_stride, a->n_heads,
 		a->head_dim, a->block_size, a->max_blocks, a->n_kv_heads * a->head_dim,
 		a->n_heads / a->n_kv_heads, a->block_table, a->scale, a->softcap, a->window,
-		LOOM_KV_TYPE(a, struct loom_attention_args), 0,
+		LOOM_KV_TYPE(a, struct loom_attention_args), 0, LOOM_ATTN_SINKS(a),
 	};
 	p.row_bytes = (int64_t)loom_kvq_row_bytes(p.kv_type, p.kv_dim);
 	return p;
@@ -2410,13 +2418,21 @@ __device__ __forceinline__ float cap(const struct attn_p &p, float s)
 	return p.softcap > 0.0f ? p.softcap * tanhf(s / p.softcap) : s;
 }
 
+/* The softmax denominator of head h, l over scores shifted by mx, with
+ * the head's sink logit joining it last (ABI 1.8): l + exp(sink - mx). */
+__device__ __forceinline__ float with_sink(const struct attn_p &p, int64_t h, float l, float mx)
+{
+	return p.sinks ? l + expf(p.sinks[h] - mx) : l;
+}
+
 /*
  * Flash-style prefill: one block per (tile of up to GPU_ATTN_TILE_Q query
  * rows of one sequence, head). Key/value tiles of TILE_KV tokens stream
  * through shared memory via the block table; each row keeps a running
  * maximum m, denominator l and output accumulator, rescaled by exp(m_old -
  * m_new) whenever a tile raises the maximum (online softmax). Keys outside
- * a row's causal window are masked to weight 0.
+ * a row's causal window are masked to weight 0. A sink (gpt-oss) joins
+ * each row's denominator at the end, shifted by the row's final maximum.
  */
 __global__ void __launch_bounds__(ATTN_THREADS)
 k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
@@ -2508,7 +2524,7 @@ k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
 
 		if (i < tile.n)
 			p.out[(tile.row + i) * p.out_stride + h * hd + d] =
-				acc[i * pitch + d] / lrow[i];
+				acc[i * pitch + d] / with_sink(p, h, lrow[i], mrow[i]);
 	}
 }
 
@@ -2769,7 +2785,8 @@ k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
 	}
 }
 
-/* out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s. */
+/* out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s
+ * (the row's largest score); a sink adds e^(sink - M) to the denominator. */
 __global__ void __launch_bounds__(ATTN_THREADS)
 k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_splits,
 	       const float *partial)
@@ -2784,6 +2801,7 @@ k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t 
 	for (int64_t s = 0; s < n_splits; s++)
 		if (pi[s * (hd + 2)] != -INFINITY)
 			den += expf(pi[s * (hd + 2)] - big) * pi[s * (hd + 2) + 1];
+	den = with_sink(p, h, den, big);
 	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
 		float num = 0.0f;
 
