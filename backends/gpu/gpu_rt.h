@@ -75,8 +75,8 @@ int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g);
 void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g);
 
 /* Weight formats the kernels decode in place (f32, f16, bf16, q8_0,
- * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K: every format loom
- * reads), with their block geometry (values and bytes per block). */
+ * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4: every
+ * format loom reads), with their block geometry (values and bytes per block). */
 bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);

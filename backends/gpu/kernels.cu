@@ -380,7 +380,7 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
 	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
-	X(LOOM_TYPE_Q6_K)
+	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4)
 
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
@@ -389,7 +389,8 @@ static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 	       t == LOOM_TYPE_Q8_0 ? 34 : t == LOOM_TYPE_Q4_0 ? 18 : t == LOOM_TYPE_Q4_1 ? 20 :
 	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
 	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
-	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 : 0;
+	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 :
+	       t == LOOM_TYPE_MXFP4 ? 17 : 0;
 }
 
 static constexpr __host__ __device__ bool is_plain(uint32_t t)
@@ -513,7 +514,7 @@ __device__ __forceinline__ float mul_rn(float a, float b)
 template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
 	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
-		      T == LOOM_TYPE_Q5_1)
+		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
@@ -590,6 +591,30 @@ __device__ __forceinline__ void deq_q5_1(const uint8_t *b, int j, float v[8])
 
 		v[e] = mul_rn((float)lo, d) + m;
 		v[e + 4] = mul_rn((float)hi, d) + m;
+	}
+}
+
+/*
+ * mxfp4 (plugins/quant/mxfp4.c): an E8M0 scale byte e, then q4_0's nibble
+ * layout of E2M1 codes. Code c is the doubled value +-{0, 1, 2, 3, 4, 6,
+ * 8, 12} (sign bit 8), times 2^(e - 128) built from its bits: every
+ * product exact, as the reference's.
+ */
+__device__ __forceinline__ float mxfp4_value(uint32_t c, float d)
+{
+	const int m = (int)(c & 7), a = m < 4 ? m : (m & 1 ? 6 : 4) << ((m - 4) >> 1);
+
+	return (float)(c & 8 ? -a : a) * d;
+}
+
+__device__ __forceinline__ void deq_mxfp4(const uint8_t *b, int j, float v[8])
+{
+	const uint32_t e = b[0];
+	const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+
+	for (int i = 0; i < 4; i++) {
+		v[i] = mxfp4_value(b[1 + j + i] & 15, d);
+		v[i + 4] = mxfp4_value(b[1 + j + i] >> 4, d);
 	}
 }
 
@@ -711,6 +736,8 @@ __device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t 
 		deq_q45_K<false>(b, p, v);
 	else if constexpr (T == LOOM_TYPE_Q5_K)
 		deq_q45_K<true>(b, p, v);
+	else if constexpr (T == LOOM_TYPE_MXFP4)
+		deq_mxfp4(b, 4 * p, v);
 	else
 		deq_q6_K(b, p, v);
 	(void)k;
