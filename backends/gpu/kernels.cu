@@ -1119,29 +1119,48 @@ struct group_p {
 	const struct q8_scale *xs;
 };
 
-/* Exact: acc[ii] += row . x[i0 + ii] in f32, parts dequantized as ref.so. */
-template <uint32_t T, int MB>
-__device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_p &p, int64_t i0,
-					 int mb, float *acc)
+/* Activation rows i0, i0 + 1, ... of a GEMV pass. */
+struct seq_rows {
+	const float *x;
+	int64_t stride, i0;
+	__device__ __forceinline__ const float *operator()(int ii) const
+	{
+		return x + (i0 + ii) * stride;
+	}
+};
+
+/* Exact: acc[ii] += row . xrow(ii) in f32 over k values (parts parts),
+ * dequantized as ref.so. The GEMV groups and the routed experts' GEMV
+ * share it, so an expert product has a lone gemm's bits. */
+template <uint32_t T, int MB, typename XRow>
+__device__ __forceinline__ void dots_rows(const uint8_t *row, int64_t parts, int64_t k,
+					  const XRow &xrow, int mb, float *acc)
 {
-	for (int64_t q = threadIdx.x % GPU_WARP; q < p.parts; q += GPU_WARP) {
+	for (int64_t q = threadIdx.x % GPU_WARP; q < parts; q += GPU_WARP) {
 		float v[8];
 
-		deq_part<T>(row, q, p.k, v);
+		deq_part<T>(row, q, k, v);
 		GPU_UNROLL
 		for (int ii = 0; ii < MB; ii++) {
-			const float *x = p.x + (i0 + ii) * p.x_stride;
-
 			if (ii >= mb)
 				continue;
+			const float *x = xrow(ii);
+
 			for (int e = 0; e < 8; e++) {
 				int64_t idx = part_index<T>(q, e);
 
-				if (in_row<T>(idx, p.k))
+				if (in_row<T>(idx, k))
 					acc[ii] += v[e] * x[idx];
 			}
 		}
 	}
+}
+
+template <uint32_t T, int MB>
+__device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_p &p, int64_t i0,
+					 int mb, float *acc)
+{
+	dots_rows<T, MB>(row, p.parts, p.k, seq_rows{ p.x, p.x_stride, i0 }, mb, acc);
 }
 
 /* Fast: the same from the 8-bit activations, unit by unit. */
@@ -2870,6 +2889,191 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 	GPU_LAUNCH(k_attn_combine, dim3((unsigned)n_items, (unsigned)a->n_heads), ATTN_THREADS, 0,
 		rt->stream, p, items, n_splits, partial);
 	return launched(rt, "attention combine kernel");
+}
+
+/* ---- routed experts (the moe slot, gpu.c's exec_moe) ---- */
+
+/* Each row's experts and weights by loom/moe.h's rule (one thread a row;
+ * p: n_expert floats of scratch a row). ids and w: [rows][n_used]. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_route(const struct gpurt_moe_route p)
+{
+	const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (r >= p.rows)
+		return;
+	loom_moe_route_as(p.gating, p.logits + r * p.logits_stride, p.n_expert, p.n_used,
+			  p.norm != 0, p.p + r * p.n_expert, p.ids + r * p.n_used,
+			  p.w + r * p.n_used);
+}
+
+/* Slots (row r's j-th choice is slot r * n_used + j) grouped by expert:
+ * expert e's slots, ascending, are order[start[e] .. start[e + 1]). One
+ * block; a thread counts, then lists, its experts' slots. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_group(const struct gpurt_moe_route p)
+{
+	const int64_t slots = p.rows * p.n_used;
+
+	for (int64_t e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+		int32_t n = 0;
+
+		for (int64_t s = 0; s < slots; s++)
+			n += p.ids[s] == e;
+		p.start[e + 1] = n;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		p.start[0] = 0;
+		for (int64_t e = 0; e < p.n_expert; e++)
+			p.start[e + 1] += p.start[e];
+	}
+	__syncthreads();
+	for (int64_t e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+		int32_t o = p.start[e];
+
+		for (int64_t s = 0; s < slots; s++)
+			if (p.ids[s] == e)
+				p.order[o++] = (int32_t)s;
+	}
+}
+
+extern "C" int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *p)
+{
+	BIND(rt);
+	if (p->rows <= 0)
+		return LOOM_OK;
+	GPU_LAUNCH(k_moe_route, grid_of((p->rows + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
+		*p);
+	if (launched(rt, "moe route kernel"))
+		return LOOM_ERR_DEVICE;
+	GPU_LAUNCH(k_moe_group, 1, THREADS, 0, rt->stream, *p);
+	return launched(rt, "moe group kernel");
+}
+
+/* The activation rows of a pass over an expert's slots: slot s reads
+ * row s / div of x. */
+struct slot_rows {
+	const float *x;
+	int64_t stride, div;
+	const int32_t *slot;
+	__device__ __forceinline__ const float *operator()(int ii) const
+	{
+		return x + (slot[ii] / div) * stride;
+	}
+};
+
+/*
+ * Block (b, e): expert e's weight rows j of block b (a warp each, as the
+ * GEMV groups) over every slot of e, GEMV_MB slots a pass, each output
+ * computed as gpurt_gemv computes it (dots_rows), then its bias added.
+ */
+template <uint32_t T>
+__global__ void __launch_bounds__(THREADS) k_moe_gemv(const struct gpurt_moe_gemv p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	const int64_t e = blockIdx.y, s0 = p.start[e], s1 = p.start[e + 1];
+	const int64_t parts = is_plain(T) ? (p.k + 7) / 8 : p.k / 8;
+
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS && s0 < s1; r += nw) {
+		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+		const uint8_t *row = (const uint8_t *)p.w[e] + j * p.w_stride;
+
+		if (j >= p.n)
+			return;
+		for (int64_t i0 = s0; i0 < s1; i0 += GEMV_MB) {
+			const int mb = s1 - i0 < GEMV_MB ? (int)(s1 - i0) : GEMV_MB;
+			float acc[GEMV_MB] = { 0.0f };
+
+			dots_rows<T, GEMV_MB>(row, parts, p.k,
+					      slot_rows{ p.x, p.x_stride, p.x_div, p.order + i0 },
+					      mb, acc);
+			for (int ii = 0; ii < GEMV_MB; ii++) {
+				float sum;
+
+				if (ii >= mb)
+					break;
+				sum = warp_sum(acc[ii]);
+				if (lane == 0)
+					p.y[p.order[i0 + ii] * p.y_stride + j] =
+						p.bias ? sum + p.bias[e * p.n + j] : sum;
+			}
+		}
+	}
+}
+
+template <uint32_t T> static void launch_moe_gemv(gpuStream_t s, const struct gpurt_moe_gemv p)
+{
+	GPU_LAUNCH(k_moe_gemv<T>, dim3(grid_of((p.n + GEMV_ROWS - 1) / GEMV_ROWS),
+				       (unsigned)p.n_expert), THREADS, 0, s, p);
+}
+
+typedef void (*moe_launch)(gpuStream_t, const struct gpurt_moe_gemv);
+
+static moe_launch moe_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_moe_gemv
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+extern "C" int gpurt_moe_gemv(struct gpurt *rt, const struct gpurt_moe_gemv *g)
+{
+	moe_launch launch = moe_for(g->type);
+
+	BIND(rt);
+	if (!launch)
+		return unknown_format(rt, "moe", g->type);
+	if ((g->n + GEMV_ROWS - 1) / GEMV_ROWS > MAX_GRID || g->n_expert > MAX_GRID) {
+		snprintf(rt->err, sizeof(rt->err), "moe: n %lld beyond grid limits", (long long)g->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	launch(rt->stream, *g);
+	return launched(rt, "moe gemv kernel");
+}
+
+/* y[r] = w_0 d_0 + w_1 d_1 + ... in choice order (slot r * k + j's d),
+ * each product rounded alone: ref.so's sum. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_combine(float *y, int64_t y_stride, const float *d, const float *w, int64_t rows,
+	      int64_t k, int64_t n)
+{
+	FOR_ELEMENTS(r, i, rows, n) {
+		float acc = mul_rn(w[r * k], d[r * k * n + i]);
+
+		for (int64_t j = 1; j < k; j++)
+			acc = acc + mul_rn(w[r * k + j], d[(r * k + j) * n + i]);
+		y[r * y_stride + i] = acc;
+	}
+}
+
+extern "C" int gpurt_moe_combine(struct gpurt *rt, float *y, int64_t y_stride, const float *d,
+				 const float *w, int64_t rows, int64_t k, int64_t n)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_moe_combine, grid_2d(rows, n), THREADS, 0, rt->stream, y, y_stride, d, w, rows,
+		k, n);
+	return launched(rt, "moe combine kernel");
+}
+
+/* y[r] += sigmoid(s[r]) * d[r]: the shared expert, gated (Qwen2-MoE). */
+__global__ void __launch_bounds__(THREADS)
+k_moe_shared(float *y, int64_t y_stride, const float *s, const float *d, int64_t rows, int64_t n)
+{
+	FOR_ELEMENTS(r, i, rows, n)
+		y[r * y_stride + i] = y[r * y_stride + i] + mul_rn(loom_moe_sigmoid(s[r]), d[r * n + i]);
+}
+
+extern "C" int gpurt_moe_shared(struct gpurt *rt, float *y, int64_t y_stride, const float *s,
+				const float *d, int64_t rows, int64_t n)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_moe_shared, grid_2d(rows, n), THREADS, 0, rt->stream, y, y_stride, s, d, rows, n);
+	return launched(rt, "moe shared kernel");
 }
 
 /* ---- collectives (gpu_coll.c) ---- */
