@@ -271,32 +271,54 @@ void tb_run_moe_oai(struct dev *ref, struct dev *d, uint32_t type, double tol)
 		}
 }
 
+/* Case c's rows alone against the 9-row batch, bit for bit. */
+static void moe_invariant_case(struct dev *d, struct dev *as, const char *op, const char *fmt,
+			       const struct moe_case *c)
+{
+	const int64_t rows = c->rows;
+	float *batch = tb_poison(rows * N_EMBD), *one = tb_poison(N_EMBD);
+	char what[64];
+	int rc = moe_on(d, c, 0, rows, batch);
+
+	for (int64_t r = 0; r < rows && rc == LOOM_OK; r++) {
+		rc = moe_on(d, c, r, 1, one);
+		snprintf(what, sizeof(what), "row %lld of %lld alone", (long long)r, (long long)rows);
+		if (rc != LOOM_OK)
+			break;
+		if (memcmp(one, batch + r * N_EMBD, N_EMBD * F))
+			tb_fail(as, op, fmt, "%s differs from the batch", what);
+		else
+			tb_result(as, op, fmt, 0, 0, what);
+	}
+	if (rc != LOOM_OK)
+		tb_fail(as, op, fmt, "status %d", rc);
+	free(batch);
+	free(one);
+}
+
 void tb_moe_invariance(struct dev *d, const char *label, uint32_t type)
 {
 	struct dev as = { .name = label };
 	const char *fmt = tb_type_name(type);
-	const int64_t rows = 9;
 	struct moe_case c;
-	float *batch = tb_poison(rows * N_EMBD), *one = tb_poison(N_EMBD);
-	char what[64];
 
-	if (has_moe(d) && moe_make(&c, type, rows, 3, type == LOOM_TYPE_F32, true)) {
-		int rc = moe_on(d, &c, 0, rows, batch);
-
-		for (int64_t r = 0; r < rows && rc == LOOM_OK; r++) {
-			rc = moe_on(d, &c, r, 1, one);
-			snprintf(what, sizeof(what), "row %lld of 9 alone", (long long)r);
-			if (rc != LOOM_OK)
-				break;
-			if (memcmp(one, batch + r * N_EMBD, N_EMBD * F))
-				tb_fail(&as, "inv-moe", fmt, "%s differs from the batch", what);
-			else
-				tb_result(&as, "inv-moe", fmt, 0, 0, what);
-		}
-		if (rc != LOOM_OK)
-			tb_fail(&as, "inv-moe", fmt, "status %d", rc);
+	if (!has_moe(d))
+		return;
+	if (moe_make(&c, type, 9, 3, type == LOOM_TYPE_F32, true)) {
+		moe_invariant_case(d, &as, "inv-moe", fmt, &c);
 		moe_free(&c);
 	}
-	free(batch);
-	free(one);
+	/* gpt-oss's pieces (ABI 1.8): top-k gating, clamped SwiGLU, biases */
+	if (d->ops->abi_minor >= 8 && d->ops->supports(d->ctx, LOOM_OP_GLU_OAI, LOOM_TYPE_F32) &&
+	    moe_make(&c, type, 9, 4, false, false)) {
+		c.oai = true;
+		for (int i = 0; i < 3; i++) {
+			int64_t n = N_EXPERT * (i < 2 ? N_FF : N_EMBD);
+
+			c.bias[i] = tb_xmalloc((size_t)n * F);
+			tb_fill(c.bias[i], n, 2.0f);
+		}
+		moe_invariant_case(d, &as, "inv-moe_oai", fmt, &c);
+		moe_free(&c);
+	}
 }
