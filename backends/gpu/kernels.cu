@@ -2938,16 +2938,18 @@ k_moe_group(const struct gpurt_moe_route p)
 	}
 }
 
-extern "C" int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *p)
+extern "C" int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *a)
 {
+	const struct gpurt_moe_route p = *a; /* by value: a capture keeps it */
+
 	BIND(rt);
-	if (p->rows <= 0)
+	if (p.rows <= 0)
 		return LOOM_OK;
-	GPU_LAUNCH(k_moe_route, grid_of((p->rows + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
-		*p);
+	GPU_LAUNCH(k_moe_route, grid_of((p.rows + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
+		p);
 	if (launched(rt, "moe route kernel"))
 		return LOOM_ERR_DEVICE;
-	GPU_LAUNCH(k_moe_group, 1, THREADS, 0, rt->stream, *p);
+	GPU_LAUNCH(k_moe_group, 1, THREADS, 0, rt->stream, p);
 	return launched(rt, "moe group kernel");
 }
 
