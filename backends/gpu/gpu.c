@@ -1250,19 +1250,30 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
  * rule), the (row, choice) slots grouped by expert, then gate and up of
  * every expert over its slots (one launch each, expert biases added),
  * the GLU over all slots, down likewise, and each row's weighted sum in
- * choice order; then the shared expert through plain GEMVs. Every product
- * is the exact GEMV's (f32 activations, in fast mode too): a lone gemm's
- * bits in exact or batch-invariant mode, and a row's result never depends
- * on the other rows of the call.
+ * choice order; then the shared expert through plain exact GEMVs. Every
+ * routed product is the GEMV's a gemm of its type runs: f32 activations
+ * in exact mode, in fast mode the 8-bit ones for q4_0, q8_0, q4_K and
+ * q6_K (x quantized once a chunk, the GLU's output once), so a lone
+ * gemm's bits in either mode, and a row's result never depends on the
+ * other rows of the call.
  */
 #define MOE_SLOTS 1024 /* (row, choice) slots a chunk runs at once */
 #define MOE_MAX_N ((int64_t)65535 * 8) /* outputs a GEMV launch covers */
 
-/* Byte offsets of a chunk's buffers in the scratch (16-byte aligned). */
+/* Byte offsets of a chunk's buffers in the scratch (16-byte aligned);
+ * the 8-bit activations of x and of the GLU's output (qx, qh and their
+ * scales) only in fast mode. */
 struct moe_layout {
 	int64_t rows; /* a chunk's rows */
-	size_t p, ids, w, order, start, g, u, d, sg, su, sd, ss, bytes;
+	size_t p, ids, w, order, start, g, u, d, sg, su, sd, ss, qx, qxs, qh, qhs, bytes;
 };
+
+/* Whether the expert products of weight type t run on 8-bit activations
+ * (fast mode, a format with an integer GEMV), as a gemm of t would. */
+static bool moe_q8(const struct loom_backend_ctx *ctx, uint32_t t)
+{
+	return !ctx->exact && gpurt_gemv_q8_format(t);
+}
 
 static size_t moe_take(size_t *at, int64_t n, size_t size)
 {
@@ -1272,8 +1283,11 @@ static size_t moe_take(size_t *at, int64_t n, size_t size)
 	return o;
 }
 
-static void moe_layout_of(const struct loom_moe_args *a, struct moe_layout *l)
+static void moe_layout_of(const struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
+			  struct moe_layout *l)
 {
+	const bool qx = moe_q8(ctx, a->gate.type) || moe_q8(ctx, a->up.type);
+	const bool qh = moe_q8(ctx, a->down.type);
 	int64_t rows = MOE_SLOTS / a->n_used, slots, fs = a->n_ff_shared;
 	size_t at = 0;
 
@@ -1292,6 +1306,12 @@ static void moe_layout_of(const struct loom_moe_args *a, struct moe_layout *l)
 	l->su = moe_take(&at, rows * fs, sizeof(float));
 	l->sd = moe_take(&at, fs ? rows * a->n_embd : 0, sizeof(float));
 	l->ss = moe_take(&at, fs ? rows : 0, sizeof(float));
+	/* k a whole number of 32-value blocks: the formats with integer
+	 * GEMVs have blocks of 32 or 256 */
+	l->qx = moe_take(&at, qx ? rows * a->n_embd : 0, 1);
+	l->qxs = moe_take(&at, qx ? rows * (a->n_embd / 32) : 0, 8);
+	l->qh = moe_take(&at, qh ? slots * a->n_ff : 0, 1);
+	l->qhs = moe_take(&at, qh ? slots * (a->n_ff / 32) : 0, 8);
 	l->bytes = at;
 }
 
@@ -1403,25 +1423,48 @@ static int plan_moe(struct loom_backend_ctx *ctx, const struct moe_call *m,
 	if (!items)
 		return LOOM_ERR_NOMEM;
 	memcpy(items, ctx->moe_tabs + m->tab, bytes);
-	moe_layout_of(&m->a, &l);
+	moe_layout_of(ctx, &m->a, &l);
 	*need = l.bytes;
 	return LOOM_OK;
 }
 
-/* y = x . W_e^T (+ bias) over expert e's slots, for every expert. */
+/* One expert product's input: f32 rows, and their 8-bit form (fast). */
+struct moe_input {
+	const float *x;
+	int64_t x_stride, div; /* slot s reads row s / div */
+	const int8_t *xq;
+	const void *xs;
+};
+
+/* y = x . W_e^T (+ bias) over expert e's slots, for every expert: on the
+ * 8-bit activations where a gemm of the type would use them. */
 static int moe_product(struct loom_backend_ctx *ctx, const struct loom_moe_weights *mw,
-		       const void *const *tab, const float *x, int64_t x_stride, int64_t x_div,
-		       int64_t n, int64_t k, const float *bias, float *y, const char *sc,
-		       const struct moe_layout *l, int64_t n_expert)
+		       const void *const *tab, const struct moe_input *in, int64_t n, int64_t k,
+		       const float *bias, float *y, const char *sc, const struct moe_layout *l,
+		       int64_t n_expert)
 {
+	const bool q8 = moe_q8(ctx, mw->type);
 	struct gpurt_moe_gemv g = {
 		.type = mw->type, .w = tab, .w_stride = mw->row_bytes, .n = n, .k = k,
-		.n_expert = n_expert, .x = x, .x_stride = x_stride, .x_div = x_div,
+		.n_expert = n_expert, .x = in->x, .x_stride = in->x_stride, .x_div = in->div,
 		.bias = bias, .y = y, .y_stride = n,
 		.order = (const int32_t *)(sc + l->order), .start = (const int32_t *)(sc + l->start),
+		.xq = q8 ? in->xq : NULL, .xs = q8 ? in->xs : NULL,
 	};
 
 	return rt_failed(ctx, gpurt_moe_gemv(ctx->rt, &g));
+}
+
+/* The fast mode's 8-bit copy of rows x rows of k values, into in. */
+static int moe_quantize(struct loom_backend_ctx *ctx, bool q8, int64_t rows, int64_t k, char *qs,
+			char *scales, struct moe_input *in)
+{
+	if (!q8)
+		return LOOM_OK;
+	in->xq = (const int8_t *)qs;
+	in->xs = scales;
+	return rt_failed(ctx, gpurt_quantize_q8(ctx->rt, in->x, in->x_stride, rows, k,
+						(int8_t *)qs, scales));
 }
 
 /* One plain GEMV of the shared expert: y = x . W^T, W [n][k] of type. */
@@ -1484,19 +1527,27 @@ static int moe_chunk(struct loom_backend_ctx *ctx, const struct moe_call *m,
 		.w = (float *)(sc + l->w), .order = (int32_t *)(sc + l->order),
 		.start = (int32_t *)(sc + l->start),
 	};
+	struct moe_input in_x = { .x = x, .x_stride = a->x_stride, .div = k };
+	struct moe_input in_h = { .x = g, .x_stride = a->n_ff, .div = 1 };
 	int rc = rt_failed(ctx, gpurt_moe_route(ctx->rt, &route));
 
 	if (!rc)
-		rc = moe_product(ctx, &a->gate, tab, x, a->x_stride, k, a->n_ff, a->n_embd,
-				 a->gate_bias, g, sc, l, ne);
+		rc = moe_quantize(ctx, moe_q8(ctx, a->gate.type) || moe_q8(ctx, a->up.type), rows,
+				  a->n_embd, sc + l->qx, sc + l->qxs, &in_x);
 	if (!rc)
-		rc = moe_product(ctx, &a->up, tab + ne, x, a->x_stride, k, a->n_ff, a->n_embd,
-				 a->up_bias, u, sc, l, ne);
+		rc = moe_product(ctx, &a->gate, tab, &in_x, a->n_ff, a->n_embd, a->gate_bias, g, sc,
+				 l, ne);
+	if (!rc)
+		rc = moe_product(ctx, &a->up, tab + ne, &in_x, a->n_ff, a->n_embd, a->up_bias, u, sc,
+				 l, ne);
 	if (!rc)
 		rc = rt_failed(ctx, gpurt_glu(ctx->rt, (enum loom_glu_kind)a->glu, g, a->n_ff, g,
 					      a->n_ff, u, a->n_ff, slots, a->n_ff));
 	if (!rc)
-		rc = moe_product(ctx, &a->down, tab + 2 * ne, g, a->n_ff, 1, a->n_embd, a->n_ff,
+		rc = moe_quantize(ctx, moe_q8(ctx, a->down.type), slots, a->n_ff, sc + l->qh,
+				  sc + l->qhs, &in_h);
+	if (!rc)
+		rc = moe_product(ctx, &a->down, tab + 2 * ne, &in_h, a->n_embd, a->n_ff,
 				 a->down_bias, d, sc, l, ne);
 	if (!rc)
 		rc = rt_failed(ctx, gpurt_moe_combine(ctx->rt, a->y + r0 * a->y_stride, a->y_stride,
@@ -1514,7 +1565,7 @@ static int exec_moe(struct loom_backend_ctx *ctx, const struct moe_call *m,
 	struct moe_layout l;
 	int rc = LOOM_OK;
 
-	moe_layout_of(&m->a, &l);
+	moe_layout_of(ctx, &m->a, &l);
 	for (int64_t r0 = 0; r0 < m->a.rows && !rc; r0 += l.rows) {
 		int64_t rows = m->a.rows - r0 < l.rows ? m->a.rows - r0 : l.rows;
 

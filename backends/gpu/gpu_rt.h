@@ -147,7 +147,7 @@ int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs
  * gpurt_moe_gemv: for every expert e and slot s of e, y[s][j] = x[s /
  * x_div] . W_e[j] (+ bias[e * n + j]) for j < n, W_e the [n][k] matrix at
  * w[e] (w: a DEVICE array of n_expert addresses), each product computed
- * bit for bit as gpurt_gemv computes it. gpurt_moe_combine: y[r] = sum
+ * bit for bit as gpurt_gemv (or, with xq, gpurt_gemv_q8) computes it. gpurt_moe_combine: y[r] = sum
  * over j in order of w[r][j] * d[r * k + j] (d rows n floats apart).
  * gpurt_moe_shared: y[r] += sigmoid(s[r]) * d[r].
  */
@@ -171,6 +171,11 @@ struct gpurt_moe_gemv {
 	float *y;
 	int64_t y_stride;
 	const int32_t *order, *start;
+	/* fast (a gpurt_gemv_q8_format type): x's rows quantized as
+	 * gpurt_quantize_q8 does (k values a row), the products as
+	 * gpurt_gemv_q8's; NULL: f32 x as gpurt_gemv */
+	const int8_t *xq;
+	const void *xs;
 };
 int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *p);
 int gpurt_moe_gemv(struct gpurt *rt, const struct gpurt_moe_gemv *g);

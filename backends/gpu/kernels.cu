@@ -1163,12 +1163,23 @@ __device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_
 	dots_rows<T, MB>(row, p.parts, p.k, seq_rows{ p.x, p.x_stride, i0 }, mb, acc);
 }
 
-/* Fast: the same from the 8-bit activations, unit by unit. */
-template <uint32_t T, int MB>
-__device__ __forceinline__ void dots_q8(const uint8_t *row, const struct group_p &p, int64_t i0,
-					int mb, float *acc)
+/* Activation row indices i0, i0 + 1, ... of a pass. */
+struct seq_index {
+	int64_t i0;
+	__device__ __forceinline__ int64_t operator()(int ii) const
+	{
+		return i0 + ii;
+	}
+};
+
+/* Fast: acc[ii] += row . activation row xi(ii), from the 8-bit
+ * activations (xq, xs: rows of k), unit by unit. Shared like dots_rows. */
+template <uint32_t T, int MB, typename XIndex>
+__device__ __forceinline__ void dots_q8_rows(const uint8_t *row, int64_t k, const int8_t *xq,
+					     const struct q8_scale *xs, const XIndex &xi, int mb,
+					     float *acc)
 {
-	const int64_t units = p.k / unit<T>::values, blocks = p.k / Q8_BLOCK;
+	const int64_t units = k / unit<T>::values, blocks = k / Q8_BLOCK;
 
 	for (int64_t u = threadIdx.x % GPU_WARP; u < units; u += GPU_WARP) {
 		const int64_t v0 = u * unit<T>::values;
@@ -1177,12 +1188,20 @@ __device__ __forceinline__ void dots_q8(const uint8_t *row, const struct group_p
 		w.load(row, u);
 		GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
 		for (int ii = 0; ii < MB; ii++) {
-			const int64_t i = i0 + ii;
+			if (ii < mb) {
+				const int64_t i = xi(ii);
 
-			if (ii < mb)
-				acc[ii] += w.dot(p.xq + i * p.k + v0, p.xs + i * blocks + v0 / Q8_BLOCK);
+				acc[ii] += w.dot(xq + i * k + v0, xs + i * blocks + v0 / Q8_BLOCK);
+			}
 		}
 	}
+}
+
+template <uint32_t T, int MB>
+__device__ __forceinline__ void dots_q8(const uint8_t *row, const struct group_p &p, int64_t i0,
+					int mb, float *acc)
+{
+	dots_q8_rows<T, MB>(row, p.k, p.xq, p.xs, seq_index{ i0 }, mb, acc);
 }
 
 template <uint32_t T, int MB, bool Q8>
@@ -2686,6 +2705,17 @@ __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, co
 		}
 		return;
 	}
+	/* f16 takes any head_dim (a head of 16 has no whole 32-value block:
+	 * the block loop below would stage nothing), so value by value */
+	if (p.kv_type == LOOM_TYPE_F16) {
+		for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+			const int k = i / hd, d = i % hd;
+
+			tile[k * sh.pitch + d] = loom_kvq_value(p.kv_type, dec_row(p, cache, seq, t0 + k),
+								kvh * hd + d);
+		}
+		return;
+	}
 	{
 		const int nu = hd / LOOM_KVQ_BLOCK; /* whole blocks: loom_check_kv_type */
 
@@ -2954,7 +2984,8 @@ extern "C" int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *a
 }
 
 /* The activation rows of a pass over an expert's slots: slot s reads
- * row s / div of x. */
+ * row s / div of x (slot_rows: its f32 row; slot_index: its index, for
+ * the 8-bit activations). */
 struct slot_rows {
 	const float *x;
 	int64_t stride, div;
@@ -2965,12 +2996,22 @@ struct slot_rows {
 	}
 };
 
+struct slot_index {
+	int64_t div;
+	const int32_t *slot;
+	__device__ __forceinline__ int64_t operator()(int ii) const
+	{
+		return slot[ii] / div;
+	}
+};
+
 /*
  * Block (b, e): expert e's weight rows j of block b (a warp each, as the
  * GEMV groups) over every slot of e, GEMV_MB slots a pass, each output
- * computed as gpurt_gemv computes it (dots_rows), then its bias added.
+ * computed as gpurt_gemv (dots_rows) or, Q8, gpurt_gemv_q8 (dots_q8_rows)
+ * computes it, then its bias added.
  */
-template <uint32_t T>
+template <uint32_t T, bool Q8>
 __global__ void __launch_bounds__(THREADS) k_moe_gemv(const struct gpurt_moe_gemv p)
 {
 	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
@@ -2987,9 +3028,16 @@ __global__ void __launch_bounds__(THREADS) k_moe_gemv(const struct gpurt_moe_gem
 			const int mb = s1 - i0 < GEMV_MB ? (int)(s1 - i0) : GEMV_MB;
 			float acc[GEMV_MB] = { 0.0f };
 
-			dots_rows<T, GEMV_MB>(row, parts, p.k,
-					      slot_rows{ p.x, p.x_stride, p.x_div, p.order + i0 },
-					      mb, acc);
+			if constexpr (Q8)
+				dots_q8_rows<T, GEMV_MB>(row, p.k, p.xq,
+							 (const struct q8_scale *)p.xs,
+							 slot_index{ p.x_div, p.order + i0 }, mb,
+							 acc);
+			else
+				dots_rows<T, GEMV_MB>(row, parts, p.k,
+						      slot_rows{ p.x, p.x_stride, p.x_div,
+								 p.order + i0 },
+						      mb, acc);
 			for (int ii = 0; ii < GEMV_MB; ii++) {
 				float sum;
 
@@ -3004,16 +3052,40 @@ __global__ void __launch_bounds__(THREADS) k_moe_gemv(const struct gpurt_moe_gem
 	}
 }
 
+template <uint32_t T, bool Q8>
+static void launch_moe_gemv_as(gpuStream_t s, const struct gpurt_moe_gemv p)
+{
+	void (*kernel)(const struct gpurt_moe_gemv) = k_moe_gemv<T, Q8>;
+
+	GPU_LAUNCH(kernel, dim3(grid_of((p.n + GEMV_ROWS - 1) / GEMV_ROWS), (unsigned)p.n_expert),
+		THREADS, 0, s, p);
+}
+
 template <uint32_t T> static void launch_moe_gemv(gpuStream_t s, const struct gpurt_moe_gemv p)
 {
-	GPU_LAUNCH(k_moe_gemv<T>, dim3(grid_of((p.n + GEMV_ROWS - 1) / GEMV_ROWS),
-				       (unsigned)p.n_expert), THREADS, 0, s, p);
+	launch_moe_gemv_as<T, false>(s, p);
 }
 
 typedef void (*moe_launch)(gpuStream_t, const struct gpurt_moe_gemv);
 
-static moe_launch moe_for(uint32_t t)
+/* The launcher for weights of type t: exact (every format) or fast (the
+ * four formats with integer units). */
+static moe_launch moe_for(uint32_t t, bool q8)
 {
+	if (q8) {
+		switch (t) {
+		case LOOM_TYPE_Q8_0:
+			return launch_moe_gemv_as<LOOM_TYPE_Q8_0, true>;
+		case LOOM_TYPE_Q4_0:
+			return launch_moe_gemv_as<LOOM_TYPE_Q4_0, true>;
+		case LOOM_TYPE_Q4_K:
+			return launch_moe_gemv_as<LOOM_TYPE_Q4_K, true>;
+		case LOOM_TYPE_Q6_K:
+			return launch_moe_gemv_as<LOOM_TYPE_Q6_K, true>;
+		default:
+			return NULL;
+		}
+	}
 	switch (t) {
 #define FORMAT_FN launch_moe_gemv
 		GPU_FORMATS(FORMAT_CASE)
@@ -3025,7 +3097,7 @@ static moe_launch moe_for(uint32_t t)
 
 extern "C" int gpurt_moe_gemv(struct gpurt *rt, const struct gpurt_moe_gemv *g)
 {
-	moe_launch launch = moe_for(g->type);
+	moe_launch launch = moe_for(g->type, g->xq != NULL);
 
 	BIND(rt);
 	if (!launch)

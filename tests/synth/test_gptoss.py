@@ -89,6 +89,16 @@ def check_gpu(synth, np, moe, loom, path, name, first, want, gpus, tmp,
         fails.check(toks == want and len(toks) > 0,
                     "%s: exact greedy tokens are ref.so's (%d): %s" %
                     (tag, len(want), toks))
+        # an f16 cache with heads of 16 (no whole 32-value block: the
+        # split-K kernel once staged nothing for them)
+        f16 = ["--kv-type", "f16"]
+        env = {"LOOM_GPU_EXACT": "1"}
+        _, want16 = moe.loom_logits(synth, np, loom, path, "ref.so", tmp, env,
+                                    f16)
+        _, toks16 = moe.loom_logits(synth, np, loom, path, be, tmp, env, f16)
+        fails.check(toks16 == want16 and len(toks16) > 0,
+                    "%s: with an f16 KV cache, exact greedy tokens are "
+                    "ref.so's (%d): %s" % (tag, len(want16), toks16))
 
 
 def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
