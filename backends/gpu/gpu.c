@@ -44,6 +44,7 @@
 
 #include "gpu_ctx.h"
 #include "loom/backend_check.h"
+#include "loom/moe.h"
 
 #define BLAS_MIN_M 17 /* GEMV up to GEMV_MB (16) rows: one pass, weights read once */
 #define MMQ_MAX_M 256 /* fast mode: int8 tiled GEMM up to this m, BLAS panels above */
@@ -354,6 +355,7 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 	gpurt_host_free(ctx->rt, ctx->ring);
 	gpurt_close(ctx->rt);
 	free(ctx->shadows);
+	free(ctx->moe_tabs);
 	free(ctx->hitems);
 	free(ctx->fetches);
 	free(ctx);
@@ -478,11 +480,9 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	/* no token trees (ABI 1.8) yet: the host drafts linearly; gpt-oss's
-	 * pieces (attention sinks, the clamped SwiGLU) are not in the GPU
-	 * kernels yet: the host refuses such models here */
+	/* no token trees (ABI 1.8) yet: the host drafts linearly */
 	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
-	    op == LOOM_OP_ATTENTION_TREE || op == LOOM_OP_ATTENTION_SINKS || op == LOOM_OP_GLU_OAI)
+	    op == LOOM_OP_ATTENTION_TREE)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
@@ -961,7 +961,8 @@ static int do_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *
 		  int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
 		  int64_t up_stride, int64_t rows, int64_t n)
 {
-	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH))
+	if (!ctx || (kind != LOOM_GLU_SILU && kind != LOOM_GLU_GELU_TANH &&
+		     kind != LOOM_GLU_SWIGLU_OAI))
 		return LOOM_ERR_INVALID;
 	if (!loom_check_shape(rows, n, out_stride) || !loom_check_shape(rows, n, gate_stride) ||
 	    !loom_check_shape(rows, n, up_stride))
@@ -1238,7 +1239,288 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	t->head_dim = a->head_dim, t->block_size = a->block_size, t->max_blocks = a->max_blocks;
 	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
 	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
+	t->sinks = LOOM_ATTN_SINKS(a); /* ABI 1.8 (gpt-oss) */
 	return submit(ctx, &c);
+}
+
+/* ---- routed experts (ABI 1.6; gpt-oss's pieces 1.8) ---- */
+
+/*
+ * The moe slot: per chunk of rows, the routing on the device (loom/moe.h's
+ * rule), the (row, choice) slots grouped by expert, then gate and up of
+ * every expert over its slots (one launch each, expert biases added),
+ * the GLU over all slots, down likewise, and each row's weighted sum in
+ * choice order; then the shared expert through plain GEMVs. Every product
+ * is the exact GEMV's (f32 activations, in fast mode too): a lone gemm's
+ * bits in exact or batch-invariant mode, and a row's result never depends
+ * on the other rows of the call.
+ */
+#define MOE_SLOTS 1024 /* (row, choice) slots a chunk runs at once */
+#define MOE_MAX_N ((int64_t)65535 * 8) /* outputs a GEMV launch covers */
+
+/* Byte offsets of a chunk's buffers in the scratch (16-byte aligned). */
+struct moe_layout {
+	int64_t rows; /* a chunk's rows */
+	size_t p, ids, w, order, start, g, u, d, sg, su, sd, ss, bytes;
+};
+
+static size_t moe_take(size_t *at, int64_t n, size_t size)
+{
+	size_t o = *at;
+
+	*at += ((size_t)n * size + 15) & ~(size_t)15;
+	return o;
+}
+
+static void moe_layout_of(const struct loom_moe_args *a, struct moe_layout *l)
+{
+	int64_t rows = MOE_SLOTS / a->n_used, slots, fs = a->n_ff_shared;
+	size_t at = 0;
+
+	rows = rows < 1 ? 1 : rows < a->rows ? rows : a->rows;
+	slots = rows * a->n_used;
+	l->rows = rows;
+	l->p = moe_take(&at, rows * a->n_expert, sizeof(float));
+	l->ids = moe_take(&at, slots, sizeof(int32_t));
+	l->w = moe_take(&at, slots, sizeof(float));
+	l->order = moe_take(&at, slots, sizeof(int32_t));
+	l->start = moe_take(&at, a->n_expert + 1, sizeof(int32_t));
+	l->g = moe_take(&at, slots * a->n_ff, sizeof(float));
+	l->u = moe_take(&at, slots * a->n_ff, sizeof(float));
+	l->d = moe_take(&at, slots * a->n_embd, sizeof(float));
+	l->sg = moe_take(&at, rows * fs, sizeof(float));
+	l->su = moe_take(&at, rows * fs, sizeof(float));
+	l->sd = moe_take(&at, fs ? rows * a->n_embd : 0, sizeof(float));
+	l->ss = moe_take(&at, fs ? rows : 0, sizeof(float));
+	l->bytes = at;
+}
+
+/* LOOM_OK when the n_expert matrices of m ([n][k] each) are a format
+ * this backend runs with rows of k values in row_bytes. */
+static int moe_weights_ok(const struct loom_moe_weights *m, int64_t n, int64_t k)
+{
+	size_t row;
+	bool ok;
+
+	if (m->packed) /* this backend packs nothing */
+		return LOOM_ERR_INVALID;
+	if (!gpurt_format_known(m->type) || n > MOE_MAX_N)
+		return LOOM_ERR_UNSUPPORTED;
+	row = row_size(k, m->type, &ok);
+	return ok && m->row_bytes >= row && loom_check_bytes(n, row, m->row_bytes) ?
+		       LOOM_OK : LOOM_ERR_INVALID;
+}
+
+static int moe_args_ok(const struct loom_moe_args *a)
+{
+	int64_t fs = a->n_ff_shared;
+	int rc = loom_moe_check_args(a);
+
+	/* the scratch's sizes stay far below SIZE_MAX with these */
+	if (!rc && (a->n_ff > INT32_MAX || a->n_embd > INT32_MAX || fs > INT32_MAX))
+		rc = LOOM_ERR_UNSUPPORTED;
+	if (rc || a->rows == 0)
+		return rc;
+	rc = moe_weights_ok(&a->gate, a->n_ff, a->n_embd);
+	if (!rc)
+		rc = moe_weights_ok(&a->up, a->n_ff, a->n_embd);
+	if (!rc)
+		rc = moe_weights_ok(&a->down, a->n_embd, a->n_ff);
+	if (!rc && fs > 0)
+		rc = moe_weights_ok(&a->shared_gate, fs, a->n_embd);
+	if (!rc && fs > 0)
+		rc = moe_weights_ok(&a->shared_up, fs, a->n_embd);
+	if (!rc && fs > 0)
+		rc = moe_weights_ok(&a->shared_down, a->n_embd, fs);
+	return rc;
+}
+
+/* Copies the call's expert addresses to ctx->moe_tabs; *tab: where. */
+static int moe_keep_tabs(struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
+			 int64_t *tab)
+{
+	const struct loom_moe_weights *m[3] = { &a->gate, &a->up, &a->down };
+	int64_t n = 3 * a->n_expert;
+
+	if (ctx->n_moe_tabs + n > ctx->moe_tabs_cap) {
+		int64_t cap = 2 * (ctx->n_moe_tabs + n);
+		const void **p = realloc(ctx->moe_tabs, (size_t)cap * sizeof(*p));
+
+		if (!p)
+			return LOOM_ERR_NOMEM;
+		ctx->moe_tabs = p;
+		ctx->moe_tabs_cap = cap;
+	}
+	*tab = ctx->n_moe_tabs;
+	for (int i = 0; i < 3; i++)
+		memcpy(ctx->moe_tabs + *tab + i * a->n_expert, m[i]->w,
+		       (size_t)a->n_expert * sizeof(void *));
+	ctx->n_moe_tabs += n;
+	return LOOM_OK;
+}
+
+static int do_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
+{
+	struct call c = new_call(CALL_MOE);
+	struct moe_call *m = &c.u.moe;
+	int rc;
+
+	if (!ctx)
+		return LOOM_ERR_INVALID;
+	rc = moe_args_ok(a);
+	if (rc || a->rows == 0)
+		return rc;
+	if (!ctx->in_region)
+		ctx->n_moe_tabs = 0; /* a direct call: the last one's are spent */
+	rc = moe_keep_tabs(ctx, a, &m->tab);
+	if (rc)
+		return rc;
+	/* whole struct copies: loom_moe_args has no padding */
+	memcpy(&m->a, a, a->struct_size < sizeof(m->a) ? a->struct_size : sizeof(m->a));
+	m->a.struct_size = sizeof(m->a);
+	if (!LOOM_MOE_BIASES(a))
+		m->a.gate_bias = m->a.up_bias = m->a.down_bias = NULL;
+	if (a->n_ff_shared > 0) {
+		m->shared_w[0] = a->shared_gate.w[0];
+		m->shared_w[1] = a->shared_up.w[0];
+		m->shared_w[2] = a->shared_down.w[0];
+	}
+	return submit(ctx, &c);
+}
+
+/* Puts the call's expert addresses in the work items: *need the scratch. */
+static int plan_moe(struct loom_backend_ctx *ctx, const struct moe_call *m,
+		    struct attn_plan *pl, size_t *need)
+{
+	const size_t bytes = (size_t)(3 * m->a.n_expert) * sizeof(void *);
+	const size_t rec = sizeof(struct gpu_attn_row);
+	struct moe_layout l;
+	unsigned char *items;
+
+	memset(pl, 0, sizeof(*pl));
+	pl->tiles = ctx->n_hitems;
+	items = add_items(ctx, (int64_t)((bytes + rec - 1) / rec));
+	if (!items)
+		return LOOM_ERR_NOMEM;
+	memcpy(items, ctx->moe_tabs + m->tab, bytes);
+	moe_layout_of(&m->a, &l);
+	*need = l.bytes;
+	return LOOM_OK;
+}
+
+/* y = x . W_e^T (+ bias) over expert e's slots, for every expert. */
+static int moe_product(struct loom_backend_ctx *ctx, const struct loom_moe_weights *mw,
+		       const void *const *tab, const float *x, int64_t x_stride, int64_t x_div,
+		       int64_t n, int64_t k, const float *bias, float *y, const char *sc,
+		       const struct moe_layout *l, int64_t n_expert)
+{
+	struct gpurt_moe_gemv g = {
+		.type = mw->type, .w = tab, .w_stride = mw->row_bytes, .n = n, .k = k,
+		.n_expert = n_expert, .x = x, .x_stride = x_stride, .x_div = x_div,
+		.bias = bias, .y = y, .y_stride = n,
+		.order = (const int32_t *)(sc + l->order), .start = (const int32_t *)(sc + l->start),
+	};
+
+	return rt_failed(ctx, gpurt_moe_gemv(ctx->rt, &g));
+}
+
+/* One plain GEMV of the shared expert: y = x . W^T, W [n][k] of type. */
+static int moe_gemv(struct loom_backend_ctx *ctx, uint32_t type, const void *w, size_t w_stride,
+		    int64_t rows, int64_t n, int64_t k, const float *x, int64_t x_stride, float *y)
+{
+	struct loom_gemm_args g = {
+		.struct_size = sizeof(g), .w_type = type, .m = rows, .n = n, .k = k, .w = w,
+		.w_stride = w_stride, .x = x, .x_stride = x_stride, .y = y, .y_stride = n,
+	};
+
+	return rt_failed(ctx, gpurt_gemv(ctx->rt, &g));
+}
+
+/* Rows r0 .. r0 + rows - 1: y += sigmoid(x . gate_inp) * shared expert. */
+static int moe_shared(struct loom_backend_ctx *ctx, const struct moe_call *m, int64_t r0,
+		      int64_t rows, char *sc, const struct moe_layout *l)
+{
+	const struct loom_moe_args *a = &m->a;
+	const int64_t fs = a->n_ff_shared, e = a->n_embd;
+	const float *x = a->x + r0 * a->x_stride;
+	float *sg = (float *)(sc + l->sg), *su = (float *)(sc + l->su);
+	float *sd = (float *)(sc + l->sd), *ss = (float *)(sc + l->ss);
+	int rc;
+
+	rc = moe_gemv(ctx, a->shared_gate.type, m->shared_w[0], a->shared_gate.row_bytes, rows, fs,
+		      e, x, a->x_stride, sg);
+	if (!rc)
+		rc = moe_gemv(ctx, a->shared_up.type, m->shared_w[1], a->shared_up.row_bytes, rows,
+			      fs, e, x, a->x_stride, su);
+	if (!rc)
+		rc = rt_failed(ctx, gpurt_glu(ctx->rt, (enum loom_glu_kind)a->glu, sg, fs, sg, fs,
+					      su, fs, rows, fs));
+	if (!rc)
+		rc = moe_gemv(ctx, a->shared_down.type, m->shared_w[2], a->shared_down.row_bytes,
+			      rows, e, fs, sg, fs, sd);
+	if (!rc)
+		rc = moe_gemv(ctx, LOOM_TYPE_F32, a->shared_gate_inp, (size_t)e * sizeof(float), rows,
+			      1, e, x, a->x_stride, ss);
+	if (!rc)
+		rc = rt_failed(ctx, gpurt_moe_shared(ctx->rt, a->y + r0 * a->y_stride, a->y_stride,
+						     ss, sd, rows, e));
+	return rc;
+}
+
+/* Rows r0 .. r0 + rows - 1 of the routed experts (tab: the device copy
+ * of the expert addresses, gate's, up's and down's). */
+static int moe_chunk(struct loom_backend_ctx *ctx, const struct moe_call *m,
+		     const void *const *tab, int64_t r0, int64_t rows, char *sc,
+		     const struct moe_layout *l)
+{
+	const struct loom_moe_args *a = &m->a;
+	const int64_t k = a->n_used, ne = a->n_expert, slots = rows * k;
+	const float *x = a->x + r0 * a->x_stride;
+	float *g = (float *)(sc + l->g), *u = (float *)(sc + l->u), *d = (float *)(sc + l->d);
+	struct gpurt_moe_route route = {
+		.gating = a->gating, .norm = a->norm, .logits = a->logits + r0 * a->logits_stride,
+		.logits_stride = a->logits_stride, .rows = rows, .n_expert = ne, .n_used = k,
+		.p = (float *)(sc + l->p), .ids = (int32_t *)(sc + l->ids),
+		.w = (float *)(sc + l->w), .order = (int32_t *)(sc + l->order),
+		.start = (int32_t *)(sc + l->start),
+	};
+	int rc = rt_failed(ctx, gpurt_moe_route(ctx->rt, &route));
+
+	if (!rc)
+		rc = moe_product(ctx, &a->gate, tab, x, a->x_stride, k, a->n_ff, a->n_embd,
+				 a->gate_bias, g, sc, l, ne);
+	if (!rc)
+		rc = moe_product(ctx, &a->up, tab + ne, x, a->x_stride, k, a->n_ff, a->n_embd,
+				 a->up_bias, u, sc, l, ne);
+	if (!rc)
+		rc = rt_failed(ctx, gpurt_glu(ctx->rt, (enum loom_glu_kind)a->glu, g, a->n_ff, g,
+					      a->n_ff, u, a->n_ff, slots, a->n_ff));
+	if (!rc)
+		rc = moe_product(ctx, &a->down, tab + 2 * ne, g, a->n_ff, 1, a->n_embd, a->n_ff,
+				 a->down_bias, d, sc, l, ne);
+	if (!rc)
+		rc = rt_failed(ctx, gpurt_moe_combine(ctx->rt, a->y + r0 * a->y_stride, a->y_stride,
+						      d, route.w, rows, k, a->n_embd));
+	if (!rc && a->n_ff_shared > 0)
+		rc = moe_shared(ctx, m, r0, rows, sc, l);
+	return rc;
+}
+
+static int exec_moe(struct loom_backend_ctx *ctx, const struct moe_call *m,
+		    const struct attn_plan *pl)
+{
+	const void *const *tab =
+		(const void *const *)((const struct gpu_attn_row *)ctx->items + pl->tiles);
+	struct moe_layout l;
+	int rc = LOOM_OK;
+
+	moe_layout_of(&m->a, &l);
+	for (int64_t r0 = 0; r0 < m->a.rows && !rc; r0 += l.rows) {
+		int64_t rows = m->a.rows - r0 < l.rows ? m->a.rows - r0 : l.rows;
+
+		rc = moe_chunk(ctx, m, tab, r0, rows, ctx->scratch, &l);
+	}
+	return rc;
 }
 
 /* ---- preparing and running calls ---- */
@@ -1270,6 +1552,9 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 			if (!q8_scratch(&c->u.gemm, &qs_bytes, &n))
 				rc = LOOM_ERR_NOMEM;
 		}
+		break;
+	case CALL_MOE:
+		rc = plan_moe(ctx, &c->u.moe, pl, &n);
 		break;
 	case CALL_ATTENTION:
 		rc = check_attn_tables(ctx, &c->u.attn, &t);
@@ -1366,6 +1651,8 @@ static int exec_call(struct loom_backend_ctx *ctx, const struct call *c, const s
 		return rt_failed(ctx, gpurt_kv_write(ctx->rt, &c->u.kv));
 	case CALL_ATTENTION:
 		return exec_attention(ctx, &c->u.attn, pl);
+	case CALL_MOE:
+		return exec_moe(ctx, &c->u.moe, pl);
 	case CALL_COPY:
 		return rt_failed(ctx, gpurt_copy(ctx->rt, c->u.copy.dst, c->u.copy.src, c->u.copy.n));
 	default:
@@ -1472,6 +1759,11 @@ static int gpu_attention(struct loom_backend_ctx *ctx, const struct loom_attenti
 	return noted(ctx, do_attention(ctx, a));
 }
 
+static int gpu_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
+{
+	return noted(ctx, do_moe(ctx, a));
+}
+
 /* ABI 1.7: the greedy token of each row, on the device. */
 static int gpu_argmax(struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride,
 		      int64_t rows, int64_t n)
@@ -1538,6 +1830,7 @@ static const struct loom_backend_ops gpu_ops = {
 #if GPU_COLL
 	.collective = gpu_collective,
 #endif
+	.moe = gpu_moe,
 	.argmax = gpu_argmax,
 	.sample = gpu_sample,
 };

@@ -25,7 +25,7 @@
 
 enum call_kind {
 	CALL_GEMM, CALL_EMBED, CALL_RMSNORM, CALL_ROPE, CALL_GLU, CALL_ADD,
-	CALL_SCALE, CALL_KV_WRITE, CALL_ATTENTION, CALL_COPY, CALL_SOFTCAP,
+	CALL_SCALE, CALL_KV_WRITE, CALL_ATTENTION, CALL_COPY, CALL_SOFTCAP, CALL_MOE,
 };
 
 struct embed_call {
@@ -53,6 +53,16 @@ struct copy_call {
 	size_t n;
 };
 
+/* The routed experts (moe): the arguments, with the host arrays of expert
+ * addresses copied at the call (gate, up, down: n_expert each, from
+ * ctx->moe_tabs[tab]; the shared expert's three), so a deferred call does
+ * not read the host's arrays later. */
+struct moe_call {
+	struct loom_moe_args a;
+	int64_t tab;
+	const void *shared_w[3];
+};
+
 /* One operator call. Calls are zeroed before their fields are set one by
  * one, so two calls with the same arguments compare equal with memcmp
  * (no stray padding bytes). */
@@ -66,6 +76,7 @@ struct call {
 		struct loom_kv_write_args kv;
 		struct loom_attention_args attn;
 		struct copy_call copy;
+		struct moe_call moe;
 	} u;
 };
 
@@ -163,6 +174,10 @@ struct loom_backend_ctx {
 	int n_comms;
 	void *coll_buf; /* device: the all-gather's send and receive blocks */
 	size_t coll_cap;
+	/* host: the expert addresses of the moe calls being recorded (or of
+	 * the one direct call), uploaded with the work items */
+	const void **moe_tabs;
+	int64_t n_moe_tabs, moe_tabs_cap;
 };
 
 /* ---- gpu.c ---- */

@@ -244,6 +244,7 @@ int gpu_graph_begin(struct loom_backend_ctx *ctx)
 	ctx->in_region = true;
 	ctx->region_rc = LOOM_OK;
 	ctx->n_calls = 0;
+	ctx->n_moe_tabs = 0;
 	return LOOM_OK;
 }
 

@@ -75,8 +75,8 @@ int gpurt_graph_launch(struct gpurt *rt, struct gpurt_graph *g);
 void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g);
 
 /* Weight formats the kernels decode in place (f32, f16, bf16, q8_0,
- * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K: every format loom
- * reads), with their block geometry (values and bytes per block). */
+ * q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4: every
+ * format loom reads), with their block geometry (values and bytes per block). */
 bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);
@@ -138,6 +138,46 @@ int gpurt_gemv_group(struct gpurt *rt, const struct gpurt_gemv_group *g, const i
  * invariant. */
 int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
 	      const void *scale);
+/*
+ * Routed experts (the moe slot). gpurt_moe_route: each of rows rows of
+ * router logits picks n_used experts (loom/moe.h's loom_moe_route_as with
+ * gating and norm; p: rows x n_expert floats of scratch) into ids and w
+ * ([rows][n_used]); then the slots (r * n_used + j) are grouped by expert:
+ * expert e's, ascending, are order[start[e] .. start[e + 1]).
+ * gpurt_moe_gemv: for every expert e and slot s of e, y[s][j] = x[s /
+ * x_div] . W_e[j] (+ bias[e * n + j]) for j < n, W_e the [n][k] matrix at
+ * w[e] (w: a DEVICE array of n_expert addresses), each product computed
+ * bit for bit as gpurt_gemv computes it. gpurt_moe_combine: y[r] = sum
+ * over j in order of w[r][j] * d[r * k + j] (d rows n floats apart).
+ * gpurt_moe_shared: y[r] += sigmoid(s[r]) * d[r].
+ */
+struct gpurt_moe_route {
+	uint32_t gating, norm;
+	const float *logits;
+	int64_t logits_stride, rows, n_expert, n_used;
+	float *p;
+	int32_t *ids;
+	float *w;
+	int32_t *order, *start;
+};
+struct gpurt_moe_gemv {
+	uint32_t type;
+	const void *const *w;
+	size_t w_stride;
+	int64_t n, k, n_expert;
+	const float *x;
+	int64_t x_stride, x_div;
+	const float *bias;
+	float *y;
+	int64_t y_stride;
+	const int32_t *order, *start;
+};
+int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *p);
+int gpurt_moe_gemv(struct gpurt *rt, const struct gpurt_moe_gemv *g);
+int gpurt_moe_combine(struct gpurt *rt, float *y, int64_t y_stride, const float *d,
+		      const float *w, int64_t rows, int64_t k, int64_t n);
+int gpurt_moe_shared(struct gpurt *rt, float *y, int64_t y_stride, const float *s,
+		     const float *d, int64_t rows, int64_t n);
 /* ids[i] = index of the largest of x[i * stride .. + n) (NaN lowest,
  * ties to the lowest index), n <= INT32_MAX. */
 /* Sampling of struct loom_sample_args (ABI 1.8), arguments checked. */

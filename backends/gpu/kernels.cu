@@ -18,6 +18,9 @@
 /* the KV cache types' layouts and quantizers, on host and device alike */
 #define LOOM_KVQ_FN static __host__ __device__ __forceinline__
 #include "loom/kv_quant.h"
+/* routed experts' routing rule and gpt-oss's clamped SwiGLU, likewise */
+#define LOOM_MOE_FN static __host__ __device__ inline
+#include "loom/moe.h"
 
 #define THREADS 256
 #define MAX_GRID 65535 /* blocks per grid-stride launch */
@@ -377,7 +380,7 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
 	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
-	X(LOOM_TYPE_Q6_K)
+	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4)
 
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
@@ -386,7 +389,8 @@ static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 	       t == LOOM_TYPE_Q8_0 ? 34 : t == LOOM_TYPE_Q4_0 ? 18 : t == LOOM_TYPE_Q4_1 ? 20 :
 	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
 	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
-	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 : 0;
+	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 :
+	       t == LOOM_TYPE_MXFP4 ? 17 : 0;
 }
 
 static constexpr __host__ __device__ bool is_plain(uint32_t t)
@@ -510,7 +514,7 @@ __device__ __forceinline__ float mul_rn(float a, float b)
 template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
 	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
-		      T == LOOM_TYPE_Q5_1)
+		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
@@ -587,6 +591,30 @@ __device__ __forceinline__ void deq_q5_1(const uint8_t *b, int j, float v[8])
 
 		v[e] = mul_rn((float)lo, d) + m;
 		v[e + 4] = mul_rn((float)hi, d) + m;
+	}
+}
+
+/*
+ * mxfp4 (plugins/quant/mxfp4.c): an E8M0 scale byte e, then q4_0's nibble
+ * layout of E2M1 codes. Code c is the doubled value +-{0, 1, 2, 3, 4, 6,
+ * 8, 12} (sign bit 8), times 2^(e - 128) built from its bits: every
+ * product exact, as the reference's.
+ */
+__device__ __forceinline__ float mxfp4_value(uint32_t c, float d)
+{
+	const int m = (int)(c & 7), a = m < 4 ? m : (m & 1 ? 6 : 4) << ((m - 4) >> 1);
+
+	return (float)(c & 8 ? -a : a) * d;
+}
+
+__device__ __forceinline__ void deq_mxfp4(const uint8_t *b, int j, float v[8])
+{
+	const uint32_t e = b[0];
+	const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+
+	for (int i = 0; i < 4; i++) {
+		v[i] = mxfp4_value(b[1 + j + i] & 15, d);
+		v[i + 4] = mxfp4_value(b[1 + j + i] >> 4, d);
 	}
 }
 
@@ -708,6 +736,8 @@ __device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t 
 		deq_q45_K<false>(b, p, v);
 	else if constexpr (T == LOOM_TYPE_Q5_K)
 		deq_q45_K<true>(b, p, v);
+	else if constexpr (T == LOOM_TYPE_MXFP4)
+		deq_mxfp4(b, 4 * p, v);
 	else
 		deq_q6_K(b, p, v);
 	(void)k;
@@ -1049,6 +1079,15 @@ __device__ __forceinline__ float act_gelu_tanh(float g)
 	return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g)));
 }
 
+/* One GLU output of kind (enum loom_glu_kind): act(g) * u, or gpt-oss's
+ * clamped SwiGLU of the pair (loom/moe.h's formula, ref.so's bits). */
+__device__ __forceinline__ float glu_of(int kind, float g, float u)
+{
+	if (kind == LOOM_GLU_SWIGLU_OAI)
+		return loom_glu_swiglu_oai(g, u);
+	return (kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g)) * u;
+}
+
 /* ---- GEMV groups: every GEMV, exact and fast ---- */
 
 /*
@@ -1080,29 +1119,48 @@ struct group_p {
 	const struct q8_scale *xs;
 };
 
-/* Exact: acc[ii] += row . x[i0 + ii] in f32, parts dequantized as ref.so. */
-template <uint32_t T, int MB>
-__device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_p &p, int64_t i0,
-					 int mb, float *acc)
+/* Activation rows i0, i0 + 1, ... of a GEMV pass. */
+struct seq_rows {
+	const float *x;
+	int64_t stride, i0;
+	__device__ __forceinline__ const float *operator()(int ii) const
+	{
+		return x + (i0 + ii) * stride;
+	}
+};
+
+/* Exact: acc[ii] += row . xrow(ii) in f32 over k values (parts parts),
+ * dequantized as ref.so. The GEMV groups and the routed experts' GEMV
+ * share it, so an expert product has a lone gemm's bits. */
+template <uint32_t T, int MB, typename XRow>
+__device__ __forceinline__ void dots_rows(const uint8_t *row, int64_t parts, int64_t k,
+					  const XRow &xrow, int mb, float *acc)
 {
-	for (int64_t q = threadIdx.x % GPU_WARP; q < p.parts; q += GPU_WARP) {
+	for (int64_t q = threadIdx.x % GPU_WARP; q < parts; q += GPU_WARP) {
 		float v[8];
 
-		deq_part<T>(row, q, p.k, v);
+		deq_part<T>(row, q, k, v);
 		GPU_UNROLL
 		for (int ii = 0; ii < MB; ii++) {
-			const float *x = p.x + (i0 + ii) * p.x_stride;
-
 			if (ii >= mb)
 				continue;
+			const float *x = xrow(ii);
+
 			for (int e = 0; e < 8; e++) {
 				int64_t idx = part_index<T>(q, e);
 
-				if (in_row<T>(idx, p.k))
+				if (in_row<T>(idx, k))
 					acc[ii] += v[e] * x[idx];
 			}
 		}
 	}
+}
+
+template <uint32_t T, int MB>
+__device__ __forceinline__ void dots_f32(const uint8_t *row, const struct group_p &p, int64_t i0,
+					 int mb, float *acc)
+{
+	dots_rows<T, MB>(row, p.parts, p.k, seq_rows{ p.x, p.x_stride, i0 }, mb, acc);
 }
 
 /* Fast: the same from the 8-bit activations, unit by unit. */
@@ -1155,11 +1213,9 @@ __device__ __forceinline__ void put_y(const struct gpurt_gemv_member &w, int64_t
 __device__ __forceinline__ void put_glu(const struct group_p &p, int64_t i, int64_t j, float g,
 					float u)
 {
-	const float act = p.glu == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
-
 	p.mem[0].y[i * p.mem[0].y_stride + j] = g;
 	p.mem[1].y[i * p.mem[1].y_stride + j] = u;
-	p.glu_out[i * p.glu_stride + j] = act * u;
+	p.glu_out[i * p.glu_stride + j] = glu_of(p.glu, g, u);
 }
 
 template <uint32_t T, int MB, bool Q8, bool GLU>
@@ -2266,10 +2322,7 @@ k_glu(int kind, float *out, int64_t out_stride, const float *gate, int64_t gate_
       const float *up, int64_t up_stride, int64_t rows, int64_t n)
 {
 	FOR_ELEMENTS(r, i, rows, n) {
-		float g = gate[r * gate_stride + i];
-		float act = kind == LOOM_GLU_SILU ? act_silu(g) : act_gelu_tanh(g);
-
-		out[r * out_stride + i] = act * up[r * up_stride + i];
+		out[r * out_stride + i] = glu_of(kind, gate[r * gate_stride + i], up[r * up_stride + i]);
 	}
 }
 
@@ -2378,6 +2431,7 @@ struct attn_p {
 	int32_t window;
 	uint32_t kv_type;  /* the cache's (ABI 1.3) */
 	int64_t row_bytes; /* of one cache slot */
+	const float *sinks; /* [n_heads] or NULL (ABI 1.8, gpt-oss) */
 };
 
 static struct attn_p attn_params(const struct loom_attention_args *a)
@@ -2386,7 +2440,7 @@ static struct attn_p attn_params(const struct loom_attention_args *a)
 		a->out, a->q, a->kcache, a->vcache, a->q_stride, a->out_stride, a->n_heads,
 		a->head_dim, a->block_size, a->max_blocks, a->n_kv_heads * a->head_dim,
 		a->n_heads / a->n_kv_heads, a->block_table, a->scale, a->softcap, a->window,
-		LOOM_KV_TYPE(a, struct loom_attention_args), 0,
+		LOOM_KV_TYPE(a, struct loom_attention_args), 0, LOOM_ATTN_SINKS(a),
 	};
 	p.row_bytes = (int64_t)loom_kvq_row_bytes(p.kv_type, p.kv_dim);
 	return p;
@@ -2410,13 +2464,21 @@ __device__ __forceinline__ float cap(const struct attn_p &p, float s)
 	return p.softcap > 0.0f ? p.softcap * tanhf(s / p.softcap) : s;
 }
 
+/* The softmax denominator of head h, l over scores shifted by mx, with
+ * the head's sink logit joining it last (ABI 1.8): l + exp(sink - mx). */
+__device__ __forceinline__ float with_sink(const struct attn_p &p, int64_t h, float l, float mx)
+{
+	return p.sinks ? l + expf(p.sinks[h] - mx) : l;
+}
+
 /*
  * Flash-style prefill: one block per (tile of up to GPU_ATTN_TILE_Q query
  * rows of one sequence, head). Key/value tiles of TILE_KV tokens stream
  * through shared memory via the block table; each row keeps a running
  * maximum m, denominator l and output accumulator, rescaled by exp(m_old -
  * m_new) whenever a tile raises the maximum (online softmax). Keys outside
- * a row's causal window are masked to weight 0.
+ * a row's causal window are masked to weight 0. A sink (gpt-oss) joins
+ * each row's denominator at the end, shifted by the row's final maximum.
  */
 __global__ void __launch_bounds__(ATTN_THREADS)
 k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
@@ -2508,7 +2570,7 @@ k_attn_prefill(const struct attn_p p, const struct gpu_attn_tile *tiles)
 
 		if (i < tile.n)
 			p.out[(tile.row + i) * p.out_stride + h * hd + d] =
-				acc[i * pitch + d] / lrow[i];
+				acc[i * pitch + d] / with_sink(p, h, lrow[i], mrow[i]);
 	}
 }
 
@@ -2769,7 +2831,8 @@ k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
 	}
 }
 
-/* out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s. */
+/* out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M the largest m_s
+ * (the row's largest score); a sink adds e^(sink - M) to the denominator. */
 __global__ void __launch_bounds__(ATTN_THREADS)
 k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t n_splits,
 	       const float *partial)
@@ -2784,6 +2847,7 @@ k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t 
 	for (int64_t s = 0; s < n_splits; s++)
 		if (pi[s * (hd + 2)] != -INFINITY)
 			den += expf(pi[s * (hd + 2)] - big) * pi[s * (hd + 2) + 1];
+	den = with_sink(p, h, den, big);
 	for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
 		float num = 0.0f;
 
@@ -2825,6 +2889,193 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 	GPU_LAUNCH(k_attn_combine, dim3((unsigned)n_items, (unsigned)a->n_heads), ATTN_THREADS, 0,
 		rt->stream, p, items, n_splits, partial);
 	return launched(rt, "attention combine kernel");
+}
+
+/* ---- routed experts (the moe slot, gpu.c's exec_moe) ---- */
+
+/* Each row's experts and weights by loom/moe.h's rule (one thread a row;
+ * p: n_expert floats of scratch a row). ids and w: [rows][n_used]. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_route(const struct gpurt_moe_route p)
+{
+	const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (r >= p.rows)
+		return;
+	loom_moe_route_as(p.gating, p.logits + r * p.logits_stride, p.n_expert, p.n_used,
+			  p.norm != 0, p.p + r * p.n_expert, p.ids + r * p.n_used,
+			  p.w + r * p.n_used);
+}
+
+/* Slots (row r's j-th choice is slot r * n_used + j) grouped by expert:
+ * expert e's slots, ascending, are order[start[e] .. start[e + 1]). One
+ * block; a thread counts, then lists, its experts' slots. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_group(const struct gpurt_moe_route p)
+{
+	const int64_t slots = p.rows * p.n_used;
+
+	for (int64_t e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+		int32_t n = 0;
+
+		for (int64_t s = 0; s < slots; s++)
+			n += p.ids[s] == e;
+		p.start[e + 1] = n;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		p.start[0] = 0;
+		for (int64_t e = 0; e < p.n_expert; e++)
+			p.start[e + 1] += p.start[e];
+	}
+	__syncthreads();
+	for (int64_t e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+		int32_t o = p.start[e];
+
+		for (int64_t s = 0; s < slots; s++)
+			if (p.ids[s] == e)
+				p.order[o++] = (int32_t)s;
+	}
+}
+
+extern "C" int gpurt_moe_route(struct gpurt *rt, const struct gpurt_moe_route *a)
+{
+	const struct gpurt_moe_route p = *a; /* by value: a capture keeps it */
+
+	BIND(rt);
+	if (p.rows <= 0)
+		return LOOM_OK;
+	GPU_LAUNCH(k_moe_route, grid_of((p.rows + THREADS - 1) / THREADS), THREADS, 0, rt->stream,
+		p);
+	if (launched(rt, "moe route kernel"))
+		return LOOM_ERR_DEVICE;
+	GPU_LAUNCH(k_moe_group, 1, THREADS, 0, rt->stream, p);
+	return launched(rt, "moe group kernel");
+}
+
+/* The activation rows of a pass over an expert's slots: slot s reads
+ * row s / div of x. */
+struct slot_rows {
+	const float *x;
+	int64_t stride, div;
+	const int32_t *slot;
+	__device__ __forceinline__ const float *operator()(int ii) const
+	{
+		return x + (slot[ii] / div) * stride;
+	}
+};
+
+/*
+ * Block (b, e): expert e's weight rows j of block b (a warp each, as the
+ * GEMV groups) over every slot of e, GEMV_MB slots a pass, each output
+ * computed as gpurt_gemv computes it (dots_rows), then its bias added.
+ */
+template <uint32_t T>
+__global__ void __launch_bounds__(THREADS) k_moe_gemv(const struct gpurt_moe_gemv p)
+{
+	const int lane = threadIdx.x % GPU_WARP, nw = blockDim.x / GPU_WARP;
+	const int64_t e = blockIdx.y, s0 = p.start[e], s1 = p.start[e + 1];
+	const int64_t parts = is_plain(T) ? (p.k + 7) / 8 : p.k / 8;
+
+	for (int r = threadIdx.x / GPU_WARP; r < GEMV_ROWS && s0 < s1; r += nw) {
+		const int64_t j = (int64_t)blockIdx.x * GEMV_ROWS + r;
+		const uint8_t *row = (const uint8_t *)p.w[e] + j * p.w_stride;
+
+		if (j >= p.n)
+			return;
+		for (int64_t i0 = s0; i0 < s1; i0 += GEMV_MB) {
+			const int mb = s1 - i0 < GEMV_MB ? (int)(s1 - i0) : GEMV_MB;
+			float acc[GEMV_MB] = { 0.0f };
+
+			dots_rows<T, GEMV_MB>(row, parts, p.k,
+					      slot_rows{ p.x, p.x_stride, p.x_div, p.order + i0 },
+					      mb, acc);
+			for (int ii = 0; ii < GEMV_MB; ii++) {
+				float sum;
+
+				if (ii >= mb)
+					break;
+				sum = warp_sum(acc[ii]);
+				if (lane == 0)
+					p.y[p.order[i0 + ii] * p.y_stride + j] =
+						p.bias ? sum + p.bias[e * p.n + j] : sum;
+			}
+		}
+	}
+}
+
+template <uint32_t T> static void launch_moe_gemv(gpuStream_t s, const struct gpurt_moe_gemv p)
+{
+	GPU_LAUNCH(k_moe_gemv<T>, dim3(grid_of((p.n + GEMV_ROWS - 1) / GEMV_ROWS),
+				       (unsigned)p.n_expert), THREADS, 0, s, p);
+}
+
+typedef void (*moe_launch)(gpuStream_t, const struct gpurt_moe_gemv);
+
+static moe_launch moe_for(uint32_t t)
+{
+	switch (t) {
+#define FORMAT_FN launch_moe_gemv
+		GPU_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
+	default:
+		return NULL;
+	}
+}
+
+extern "C" int gpurt_moe_gemv(struct gpurt *rt, const struct gpurt_moe_gemv *g)
+{
+	moe_launch launch = moe_for(g->type);
+
+	BIND(rt);
+	if (!launch)
+		return unknown_format(rt, "moe", g->type);
+	if ((g->n + GEMV_ROWS - 1) / GEMV_ROWS > MAX_GRID || g->n_expert > MAX_GRID) {
+		snprintf(rt->err, sizeof(rt->err), "moe: n %lld beyond grid limits", (long long)g->n);
+		return LOOM_ERR_UNSUPPORTED;
+	}
+	launch(rt->stream, *g);
+	return launched(rt, "moe gemv kernel");
+}
+
+/* y[r] = w_0 d_0 + w_1 d_1 + ... in choice order (slot r * k + j's d),
+ * each product rounded alone: ref.so's sum. */
+__global__ void __launch_bounds__(THREADS)
+k_moe_combine(float *y, int64_t y_stride, const float *d, const float *w, int64_t rows,
+	      int64_t k, int64_t n)
+{
+	FOR_ELEMENTS(r, i, rows, n) {
+		float acc = mul_rn(w[r * k], d[r * k * n + i]);
+
+		for (int64_t j = 1; j < k; j++)
+			acc = acc + mul_rn(w[r * k + j], d[(r * k + j) * n + i]);
+		y[r * y_stride + i] = acc;
+	}
+}
+
+extern "C" int gpurt_moe_combine(struct gpurt *rt, float *y, int64_t y_stride, const float *d,
+				 const float *w, int64_t rows, int64_t k, int64_t n)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_moe_combine, grid_2d(rows, n), THREADS, 0, rt->stream, y, y_stride, d, w, rows,
+		k, n);
+	return launched(rt, "moe combine kernel");
+}
+
+/* y[r] += sigmoid(s[r]) * d[r]: the shared expert, gated (Qwen2-MoE). */
+__global__ void __launch_bounds__(THREADS)
+k_moe_shared(float *y, int64_t y_stride, const float *s, const float *d, int64_t rows, int64_t n)
+{
+	FOR_ELEMENTS(r, i, rows, n)
+		y[r * y_stride + i] = y[r * y_stride + i] + mul_rn(loom_moe_sigmoid(s[r]), d[r * n + i]);
+}
+
+extern "C" int gpurt_moe_shared(struct gpurt *rt, float *y, int64_t y_stride, const float *s,
+				const float *d, int64_t rows, int64_t n)
+{
+	BIND(rt);
+	GPU_LAUNCH(k_moe_shared, grid_2d(rows, n), THREADS, 0, rt->stream, y, y_stride, s, d, rows, n);
+	return launched(rt, "moe shared kernel");
 }
 
 /* ---- collectives (gpu_coll.c) ---- */

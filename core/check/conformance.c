@@ -18,6 +18,11 @@
  *   attention                  1e-6           f32 sums in any order
  *   attention, token trees     1e-6           the same (ABI 1.8, optional:
  *     (parent table)                          LOOM_OP_ATTENTION_TREE)
+ *   attention_sinks            1e-6           the same (ABI 1.8, optional:
+ *                                             LOOM_OP_ATTENTION_SINKS)
+ *   glu_oai                    1e-7           as glu (ABI 1.8, optional:
+ *                                             LOOM_OP_GLU_OAI)
+ *   moe, moe_oai               gemm's         for the weight type (check/moe.c)
  *   gemm f32 / f16 / bf16      1e-6 / 1e-5 / 1e-4
  *                                             a backend may round activations to
  *                                             the weight's type and reorder sums
@@ -563,6 +568,52 @@ static void test_glu(struct dev *ref, struct dev *d)
 					free(got);
 					free(orig);
 				}
+}
+
+/* gpt-oss's clamped SwiGLU (ABI 1.8, optional: LOOM_OP_GLU_OAI): gate
+ * and up over [-10, 10), so both of up's clamps and gate's upper one
+ * (7) are crossed, out separate or over gate or up. */
+static void test_glu_oai(struct dev *ref, struct dev *d)
+{
+	static const int64_t rows_list[] = { 1, 9 }, ns[] = { 17, 1000 };
+
+	if (d->ops->abi_minor < 8 || !d->ops->supports(d->ctx, LOOM_OP_GLU_OAI, LOOM_TYPE_F32)) {
+		tb_skip(d, "glu_oai", "f32");
+		return;
+	}
+	for (int ri = 0; ri < 2; ri++)
+		for (int ni = 0; ni < 2; ni++)
+			for (int alias = 0; alias < 3; alias++) {
+				struct rowop r = {
+					.op = LOOM_OP_GLU_OAI, .name = "glu_oai", .tol = 1e-7,
+					.rows = rows_list[ri], .n = ns[ni],
+					.stride = ns[ni] + (alias ? 0 : 3),
+				};
+				int64_t len = r.rows * r.stride;
+				float *g = tb_xmalloc((size_t)len * F), *u = tb_xmalloc((size_t)len * F);
+				float *want = tb_poison(len), *got = tb_poison(len);
+				float *orig = tb_poison(len);
+				int rc_ref, rc;
+
+				tb_fill(g, len, 10.0f);
+				tb_fill(u, len, 10.0f);
+				if (alias)
+					memcpy(orig, alias == 1 ? g : u, (size_t)len * F);
+				snprintf(r.desc, sizeof(r.desc), "swiglu_oai rows %lld n %lld stride %lld%s",
+					 (long long)r.rows, (long long)r.n, (long long)r.stride,
+					 alias == 1 ? " out=gate" : alias == 2 ? " out=up" : "");
+				rc_ref = glu_on(ref, LOOM_GLU_SWIGLU_OAI, g, u, want, r.rows, r.n,
+						r.stride, alias);
+				tb_current(d, "glu_oai", "f32", r.desc);
+				rc = glu_on(d, LOOM_GLU_SWIGLU_OAI, g, u, got, r.rows, r.n, r.stride,
+					    alias);
+				rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+				free(g);
+				free(u);
+				free(want);
+				free(got);
+				free(orig);
+			}
 }
 
 static int add_on(struct dev *d, const float *a, const float *b, float *out,
@@ -1142,6 +1193,7 @@ struct attn_case {
 	int32_t *block_table;
 	float *kcache, *vcache, *q;
 	int32_t *parent; /* [rows] token trees (ABI 1.8), or NULL */
+	float *sinks;    /* [n_heads] attention sinks (ABI 1.8), or NULL */
 };
 
 /* A mixed batch: a prefill from scratch, decodes (first token, at a block
@@ -1228,8 +1280,10 @@ static int attn_on(struct dev *d, const struct attn_case *c, float *out)
 
 	if (c->parent)
 		a.parent = dev_put(d, c->parent, (size_t)c->rows * sizeof(int32_t));
+	if (c->sinks)
+		a.sinks = dev_put(d, c->sinks, (size_t)c->n_heads * F);
 	if (a.out && a.q && a.kcache && a.vcache && a.q_start && a.kv_len && a.block_table &&
-	    (!c->parent || a.parent)) {
+	    (!c->parent || a.parent) && (!c->sinks || a.sinks)) {
 		rc = d->ops->attention(d->ctx, &a);
 		if (rc == LOOM_OK)
 			rc = dev_get(d, out, a.out, out_bytes);
@@ -1249,6 +1303,12 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 	attn_build(c);
 	if (c->parent)
 		r.name = "attention_tree";
+	if (c->sinks) { /* a sink logit per head over [-3, 3): a share of 0 .. 95% */
+		r.name = "attention_sinks";
+		r.op = LOOM_OP_ATTENTION_SINKS;
+		c->sinks = tb_xmalloc((size_t)c->n_heads * F);
+		tb_fill(c->sinks, c->n_heads, 3.0f);
+	}
 	if (c->parent) { /* a random forest per sequence: row i's parent in -1 .. i-1 */
 		c->parent = tb_xmalloc((size_t)c->rows * sizeof(int32_t));
 		for (int64_t s = 0; s < c->n_seqs; s++)
@@ -1265,9 +1325,9 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 		 "heads %lld/%lld head_dim %lld block %lld window %d softcap %g%s%s",
 		 (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim,
 		 (long long)c->block_size, c->window, c->softcap, c->pad ? " padded" : "",
-		 c->parent ? " tree" : "");
+		 c->parent ? " tree" : c->sinks ? " sinks" : "");
 	rc_ref = attn_on(ref, c, want);
-	tb_current(d, c->parent ? "attention_tree" : "attention", "f32", r.desc);
+	tb_current(d, r.name, "f32", r.desc);
 	rc = attn_on(d, c, got);
 	rowop_compare(d, &r, rc_ref, rc, got, want, orig);
 	free(want);
@@ -1275,6 +1335,7 @@ static void attn_case(struct dev *ref, struct dev *d, struct attn_case *c)
 	free(orig);
 	free(c->block_table);
 	free(c->parent);
+	free(c->sinks);
 	free(c->kcache);
 	free(c->vcache);
 	free(c->q);
@@ -1330,6 +1391,32 @@ static void test_attention_tree(struct dev *ref, struct dev *d)
 			}
 }
 
+/* Attention sinks (ABI 1.8, optional: LOOM_OP_ATTENTION_SINKS): the
+ * mixed batches (prefill tiles, decodes, chunks) with a sink per head,
+ * GQA and MHA, windowed or not, head_dim 64 (gpt-oss's) and 128. */
+static void test_attention_sinks(struct dev *ref, struct dev *d)
+{
+	static float on = 1.0f; /* any non-NULL sinks: attn_case makes them */
+	static const int64_t ratios[] = { 1, 4 }, dims[] = { 64, 128 };
+	static const int32_t windows[] = { 0, 20 };
+
+	if (d->ops->abi_minor < 8 ||
+	    !d->ops->supports(d->ctx, LOOM_OP_ATTENTION_SINKS, LOOM_TYPE_F32)) {
+		tb_skip(d, "attention_sinks", "f32");
+		return;
+	}
+	for (int ri = 0; ri < 2; ri++)
+		for (int di = 0; di < 2; di++)
+			for (int wi = 0; wi < 2; wi++) {
+				struct attn_case c = {
+					.n_kv_heads = 2, .n_heads = 2 * ratios[ri],
+					.head_dim = dims[di], .block_size = 16 << wi,
+					.window = windows[wi], .pad = ri, .sinks = &on,
+				};
+				attn_case(ref, d, &c);
+			}
+}
+
 /* ---- moe (optional, ABI 1.6; check/moe.c) ---- */
 
 static void test_moe(struct dev *ref, struct dev *d)
@@ -1343,6 +1430,21 @@ static void test_moe(struct dev *ref, struct dev *d)
 			continue;
 		}
 		tb_run_moe(ref, d, types[i], gemm_tolerance(types[i]));
+	}
+}
+
+/* gpt-oss's routed FFN (ABI 1.8; check/moe.c): mxfp4 as it ships, and
+ * f32 and q8_0. */
+static void test_moe_oai(struct dev *ref, struct dev *d)
+{
+	static const uint32_t types[] = { LOOM_TYPE_F32, LOOM_TYPE_Q8_0, LOOM_TYPE_MXFP4 };
+
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		if (!d->ops->supports(d->ctx, LOOM_OP_GEMM, types[i])) {
+			tb_skip(d, "moe_oai", tb_type_name(types[i]));
+			continue;
+		}
+		tb_run_moe_oai(ref, d, types[i], gemm_tolerance(types[i]));
 	}
 }
 
@@ -1368,4 +1470,7 @@ void tb_run_conformance(struct dev *ref, struct dev *d)
 	test_argmax(d);
 	test_attention_tree(ref, d);
 	test_sample(d);
+	test_glu_oai(ref, d);
+	test_attention_sinks(ref, d);
+	test_moe_oai(ref, d);
 }

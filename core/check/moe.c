@@ -7,6 +7,9 @@
  *            backend may run an expert's rows as one GEMM), judged by the
  *            normalised error of gemm on the same weight type (the routes
  *            are the same bits: loom/moe.h);
+ *   moe_oai  the same for gpt-oss's pieces (ABI 1.8, LOOM_OP_GLU_OAI): the
+ *            clamped SwiGLU, top-k gating and expert biases (gate, up,
+ *            down; all or none);
  *   inv-moe  with LOOM_BACKEND_BATCH_INVARIANT: each row of a 9-row call
  *            (other rows sharing its experts) bit for bit the same as that
  *            row alone.
@@ -30,6 +33,8 @@ struct moe_case {
 	uint32_t type;
 	int64_t rows, n_used, n_ff_shared;
 	bool norm;
+	bool oai; /* gpt-oss: LOOM_GLU_SWIGLU_OAI, LOOM_MOE_SOFTMAX_TOPK */
+	float *bias[3]; /* gate, up ([N_EXPERT][N_FF]), down ([N_EXPERT][N_EMBD]) or NULL */
 	size_t row_embd, row_ff; /* bytes of a row of N_EMBD / N_FF values */
 	void *w[6];   /* host: gate, up, down (N_EXPERT each), shared gate, up, down */
 	float *x, *logits, *sg; /* [rows][N_EMBD], [rows][N_EXPERT], [N_EMBD] */
@@ -101,6 +106,8 @@ static void moe_free(struct moe_case *c)
 {
 	for (int i = 0; i < 6; i++)
 		free(c->w[i]);
+	for (int i = 0; i < 3; i++)
+		free(c->bias[i]);
 	free(c->x);
 	free(c->logits);
 	free(c->sg);
@@ -141,6 +148,16 @@ static int moe_on(struct dev *d, const struct moe_case *c, int64_t r0, int64_t n
 	     put_weights(d, c->w[0], N_EXPERT, N_FF, c->row_embd, c->type, addr[0], &a.gate) &&
 	     put_weights(d, c->w[1], N_EXPERT, N_FF, c->row_embd, c->type, addr[1], &a.up) &&
 	     put_weights(d, c->w[2], N_EXPERT, N_EMBD, c->row_ff, c->type, addr[2], &a.down);
+	if (c->oai) {
+		a.glu = LOOM_GLU_SWIGLU_OAI;
+		a.gating = LOOM_MOE_SOFTMAX_TOPK;
+	}
+	if (ok && c->bias[0]) {
+		a.gate_bias = dev_put(d, c->bias[0], N_EXPERT * N_FF * F);
+		a.up_bias = dev_put(d, c->bias[1], N_EXPERT * N_FF * F);
+		a.down_bias = dev_put(d, c->bias[2], N_EXPERT * N_EMBD * F);
+		ok = a.gate_bias && a.up_bias && a.down_bias;
+	}
 	if (ok && c->n_ff_shared) {
 		size_t row_sff = row_bytes(c->type, c->n_ff_shared);
 
@@ -201,32 +218,109 @@ void tb_run_moe(struct dev *ref, struct dev *d, uint32_t type, double tol)
 		}
 }
 
+/* gpt-oss's routed FFN: rows 1, 5, 33; 2 or 4 of 8 experts; biases or
+ * not. Expert products reach the SwiGLU's clamps (x amplitude 1, weights
+ * 1, 64 inputs: products of order 5). */
+void tb_run_moe_oai(struct dev *ref, struct dev *d, uint32_t type, double tol)
+{
+	static const int64_t rows_list[] = { 1, 5, 33 };
+	const char *fmt = tb_type_name(type);
+
+	if (!has_moe(d) || d->ops->abi_minor < 8 ||
+	    !d->ops->supports(d->ctx, LOOM_OP_GLU_OAI, LOOM_TYPE_F32)) {
+		tb_skip(d, "moe_oai", fmt);
+		return;
+	}
+	for (int ri = 0; ri < 3; ri++)
+		for (int v = 0; v < 4; v++) {
+			struct moe_case c;
+			int64_t rows = rows_list[ri], n = rows * N_EMBD;
+			float *want = tb_poison(n), *got = tb_poison(n);
+			char desc[128];
+			int rc_ref, rc;
+
+			if (!moe_make(&c, type, rows, v & 1 ? 4 : 2, false, false)) {
+				free(want);
+				free(got);
+				tb_skip(d, "moe_oai", fmt);
+				return;
+			}
+			c.oai = true;
+			if (v >= 2) {
+				c.bias[0] = tb_xmalloc(N_EXPERT * N_FF * F);
+				c.bias[1] = tb_xmalloc(N_EXPERT * N_FF * F);
+				c.bias[2] = tb_xmalloc(N_EXPERT * N_EMBD * F);
+				tb_fill(c.bias[0], N_EXPERT * N_FF, 2.0f);
+				tb_fill(c.bias[1], N_EXPERT * N_FF, 2.0f);
+				/* the down products' size (rms ~25): a bias
+				 * dropped fails even fast mode's tolerance */
+				tb_fill(c.bias[2], N_EXPERT * N_EMBD, 25.0f);
+			}
+			snprintf(desc, sizeof(desc), "rows %lld, %lld of %d experts, top-k%s",
+				 (long long)rows, (long long)c.n_used, N_EXPERT,
+				 v >= 2 ? ", biases" : "");
+			rc_ref = moe_on(ref, &c, 0, rows, want);
+			tb_current(d, "moe_oai", fmt, desc);
+			rc = moe_on(d, &c, 0, rows, got);
+			if (rc_ref != LOOM_OK)
+				tb_fail(d, "moe_oai", fmt, "%s: ref.so status %d", desc, rc_ref);
+			else if (tb_status_ok(d, "moe_oai", fmt, true, rc, desc))
+				tb_result(d, "moe_oai", fmt, tol,
+					  tb_nmse(got, want, rows, N_EMBD, N_EMBD), desc);
+			moe_free(&c);
+			free(want);
+			free(got);
+		}
+}
+
+/* Case c's rows alone against the 9-row batch, bit for bit. */
+static void moe_invariant_case(struct dev *d, struct dev *as, const char *op, const char *fmt,
+			       const struct moe_case *c)
+{
+	const int64_t rows = c->rows;
+	float *batch = tb_poison(rows * N_EMBD), *one = tb_poison(N_EMBD);
+	char what[64];
+	int rc = moe_on(d, c, 0, rows, batch);
+
+	for (int64_t r = 0; r < rows && rc == LOOM_OK; r++) {
+		rc = moe_on(d, c, r, 1, one);
+		snprintf(what, sizeof(what), "row %lld of %lld alone", (long long)r, (long long)rows);
+		if (rc != LOOM_OK)
+			break;
+		if (memcmp(one, batch + r * N_EMBD, N_EMBD * F))
+			tb_fail(as, op, fmt, "%s differs from the batch", what);
+		else
+			tb_result(as, op, fmt, 0, 0, what);
+	}
+	if (rc != LOOM_OK)
+		tb_fail(as, op, fmt, "status %d", rc);
+	free(batch);
+	free(one);
+}
+
 void tb_moe_invariance(struct dev *d, const char *label, uint32_t type)
 {
 	struct dev as = { .name = label };
 	const char *fmt = tb_type_name(type);
-	const int64_t rows = 9;
 	struct moe_case c;
-	float *batch = tb_poison(rows * N_EMBD), *one = tb_poison(N_EMBD);
-	char what[64];
 
-	if (has_moe(d) && moe_make(&c, type, rows, 3, type == LOOM_TYPE_F32, true)) {
-		int rc = moe_on(d, &c, 0, rows, batch);
-
-		for (int64_t r = 0; r < rows && rc == LOOM_OK; r++) {
-			rc = moe_on(d, &c, r, 1, one);
-			snprintf(what, sizeof(what), "row %lld of 9 alone", (long long)r);
-			if (rc != LOOM_OK)
-				break;
-			if (memcmp(one, batch + r * N_EMBD, N_EMBD * F))
-				tb_fail(&as, "inv-moe", fmt, "%s differs from the batch", what);
-			else
-				tb_result(&as, "inv-moe", fmt, 0, 0, what);
-		}
-		if (rc != LOOM_OK)
-			tb_fail(&as, "inv-moe", fmt, "status %d", rc);
+	if (!has_moe(d))
+		return;
+	if (moe_make(&c, type, 9, 3, type == LOOM_TYPE_F32, true)) {
+		moe_invariant_case(d, &as, "inv-moe", fmt, &c);
 		moe_free(&c);
 	}
-	free(batch);
-	free(one);
+	/* gpt-oss's pieces (ABI 1.8): top-k gating, clamped SwiGLU, biases */
+	if (d->ops->abi_minor >= 8 && d->ops->supports(d->ctx, LOOM_OP_GLU_OAI, LOOM_TYPE_F32) &&
+	    moe_make(&c, type, 9, 4, false, false)) {
+		c.oai = true;
+		for (int i = 0; i < 3; i++) {
+			int64_t n = N_EXPERT * (i < 2 ? N_FF : N_EMBD);
+
+			c.bias[i] = tb_xmalloc((size_t)n * F);
+			tb_fill(c.bias[i], n, 2.0f);
+		}
+		moe_invariant_case(d, &as, "inv-moe_oai", fmt, &c);
+		moe_free(&c);
+	}
 }

@@ -390,6 +390,7 @@ const char *tb_type_name(uint32_t type)
 	case LOOM_TYPE_F32: return "f32";
 	case LOOM_TYPE_F16: return "f16";
 	case LOOM_TYPE_BF16: return "bf16";
+	case LOOM_TYPE_MXFP4: return "mxfp4";
 	case LOOM_TYPE_Q8_0: return "q8_0";
 	case LOOM_TYPE_Q4_0: return "q4_0";
 	case LOOM_TYPE_Q4_1: return "q4_1";

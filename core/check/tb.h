@@ -124,6 +124,7 @@ int tb_invariance_control(const char *name);
  * alone against the same rows in a call (reported under label). Both
  * skip a backend without the slot. */
 void tb_run_moe(struct dev *ref, struct dev *d, uint32_t type, double tol);
+void tb_run_moe_oai(struct dev *ref, struct dev *d, uint32_t type, double tol);
 void tb_moe_invariance(struct dev *d, const char *label, uint32_t type);
 
 #endif /* LOOM_TB_H */

@@ -2,7 +2,7 @@
 """gpt-oss: loom against the NumPy reference, and cpu.so against ref.so.
 
 Usage: test_gptoss.py LOOM_BINARY MKGGUF_PY [--fallback BACKEND]
-                      [OLD_ABI_BACKEND ...]
+                      [--gpu BACKEND ...] [OLD_ABI_BACKEND ...]
 
 tools/mkgguf.py --arch gpt-oss writes a small random gpt-oss (2 layers,
 4 query / 2 KV heads, 4 experts of which 2 are routed, window 4 on the
@@ -27,7 +27,10 @@ the released models). For each:
 The --fallback BACKEND (ref_nomoe.so: ref.so without the moe slot) runs
 the experts through the host's fallback (core/model/moe_exec.c: top-k
 softmax routing, expert biases by add calls): its logits within TOL and
-its greedy tokens ref.so's. OLD_ABI_BACKENDs (ABI 1.1, before attention
+its greedy tokens ref.so's. Each --gpu BACKEND (gpuemu.so, gpuemu64.so:
+the GPU kernels, emulated, with their moe slot, attention sinks and
+clamped SwiGLU) in exact mode (LOOM_GPU_EXACT=1): logits within GPU_TOL
+of the reference and greedy tokens exactly ref.so's. OLD_ABI_BACKENDs (ABI 1.1, before attention
 sinks) must refuse the file with a message naming the sinks.
 
 Exit 77 (skip) when numpy or gguf are missing.
@@ -40,6 +43,7 @@ import time
 
 TOL = 1e-3
 FAST_TOL = 0.05
+GPU_TOL = 5e-3  # as test_moe.py's: the emulated GPU's exact mode
 N_GEN = 12
 PROMPT = "the quick brown fox jumps over the lazy dog and then it runs"
 SMALL = ["--layers", "2", "--heads", "4", "--kv-heads", "2", "--ctx", "256",
@@ -70,8 +74,25 @@ def variant_logits(np, ref_llama, path, feature, ids):
     return m.forward(ids, 0, m.new_cache())[-1]
 
 
+def check_gpu(synth, np, moe, loom, path, name, first, want, gpus, tmp,
+              fails):
+    """The GPU backends (exact mode) against the reference and ref.so."""
+    for be in gpus:
+        tag = "%s %s" % (name, os.path.basename(be))
+        try:
+            logits, toks = moe.loom_logits(synth, np, loom, path, be, tmp,
+                                           {"LOOM_GPU_EXACT": "1"})
+        except (RuntimeError, OSError) as e:
+            fails.check(False, "%s: loom run: %s" % (tag, e))
+            continue
+        moe.check_logits(np, fails, tag, first, logits, GPU_TOL)
+        fails.check(toks == want and len(toks) > 0,
+                    "%s: exact greedy tokens are ref.so's (%d): %s" %
+                    (tag, len(want), toks))
+
+
 def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
-             fallback, fails):
+             fallback, gpus, fails):
     name, args = case
     path = os.path.join(tmp, name + ".gguf")
     synth.run([sys.executable, mkgguf, path, "-q", "--seed", str(seed)] +
@@ -100,6 +121,8 @@ def one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed, case, old,
     fails.check(got["cpu.so"] == got["ref.so"] and len(got["ref.so"]) > 0,
                 "%s: cpu.so --exact greedy tokens are ref.so's (%d)" %
                 (name, len(got["ref.so"])))
+    check_gpu(synth, np, moe, loom, path, name, first, got["ref.so"], gpus,
+              tmp, fails)
     moe.check_fast(synth, np, loom, path, name, first, tmp, fails)
     if name.endswith("mxfp4"):  # biases split or added once, sinks per rank
         moe.check_tp(loom, path, name, tmp, fails)
@@ -120,9 +143,12 @@ def main():
         print("usage: test_gptoss.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND ...]")
         return 2
     loom, mkgguf, old = sys.argv[1], sys.argv[2], sys.argv[3:]
-    fallback = []
+    fallback, gpus = [], []
     if old[:1] == ["--fallback"] and len(old) >= 2:
         fallback, old = old[1:2], old[2:]
+    while old[:1] == ["--gpu"] and len(old) >= 2:
+        gpus.append(old[1])
+        old = old[2:]
     try:
         import numpy as np
         import gguf  # noqa: F401
@@ -142,7 +168,7 @@ def main():
         for seed, case in enumerate(CASES):
             try:
                 one_case(synth, np, ref_llama, moe, loom, mkgguf, tmp, seed,
-                         case, old, fallback, fails)
+                         case, old, fallback, gpus, fails)
             except (RuntimeError, OSError, ValueError, KeyError) as e:
                 fails.check(False, "%s: %s" % (case[0], e))
     print("%.1f s" % (time.time() - t0))

@@ -6,15 +6,17 @@ Usage: test_moe.py LOOM_BINARY MKGGUF_PY [OLD_ABI_BACKEND ...]
 For each case below, tools/mkgguf.py writes a small random MoE model
 (2 layers, GQA 4 query / 2 KV heads) and, on cpu.so (exact mode) and
 ref.so, which run the routed experts through their moe slot (backend ABI
-1.6), and on each OLD_ABI_BACKEND (ref_abi11.so: ref.so's operators
-behind a table without the slot; gpuemu.so: the GPU kernels, emulated,
-without the slot), which run them through the host's fallback (per-expert
-gemm calls, core/model/moe_exec.c):
+1.6), on each OLD_ABI_BACKEND (ref_abi11.so: ref.so's operators behind a
+table without the slot, which runs them through the host's fallback:
+per-expert gemm calls, core/model/moe_exec.c) and on gpuemu.so (the GPU
+kernels, emulated, with their moe slot: routing on the device, each
+expert's rows grouped):
   - the logits of the last prompt position must match the reference
     (tests/e2e/ref_llama.py, float64): max|loom - ref| / max|ref| < TOL
     and the same top-1 token;
   - the greedy continuation of N_GEN tokens must equal the reference's,
-    up to a near tie (as tests/synth/test_synth.py judges them).
+    up to a near tie (as tests/synth/test_synth.py judges them);
+  - gpuemu.so's greedy tokens (exact mode) must be ref.so's exactly.
 Cases: Mixtral (general.architecture llama with llama.expert_count; 4
 experts, 2 routed; and 8 experts, 1 routed), qwen3moe (8 experts, 3
 routed, expert FFN narrower than the dense one, QK-norm), qwen2moe (4
@@ -367,6 +369,7 @@ def one_case(synth, np, ref_llama, loom, mkgguf, tmp, seed, case, old, fails):
                     "moves logits by %.3g > %g" % (name, feat, moved,
                                                    10 * TOL))
     exact = {"LOOM_CPU_EXACT": "1", "LOOM_GPU_EXACT": "1"}
+    got = {}
     for be in BACKENDS + tuple(old):
         tag = "%s %s" % (name, os.path.basename(be))
         try:
@@ -378,6 +381,10 @@ def one_case(synth, np, ref_llama, loom, mkgguf, tmp, seed, case, old, fails):
         check_logits(np, fails, tag, first, logits, tol)
         ok, msg = synth.compare_tokens(out, steps, eos, toks, tol * scale)
         fails.check(ok, "%s: greedy tokens: %s" % (tag, msg))
+        got[os.path.basename(be)] = toks
+        if "gpuemu" in os.path.basename(be) and "ref.so" in got:
+            fails.check(toks == got["ref.so"], "%s: exact greedy tokens "
+                        "are ref.so's (%d)" % (tag, len(toks)))
     check_fast(synth, np, loom, path, name, first, tmp, fails)
     check_geometry(synth, loom, path, name, ref, fails)
 
