@@ -1,20 +1,23 @@
 /*
  * Integer dot products of the K-quants (Q2_K .. Q6_K) against activation
- * rows quantized to 8 bits per super-block of 256 (struct qdot_kblock).
+ * rows quantized to 8 bits with a scale per 32 values (struct qdot_kblock,
+ * super-blocks of 256).
  *
  * A K-quant super-block holds 16 sub-blocks of 16 values, each value
  * w = d * sc_i * q - dmin * mn_i (the Q2_K/Q4_K/Q5_K minimum) or
- * w = d * sc_i * q with q signed (Q3_K, Q6_K). With x ~ xd * xq:
+ * w = d * sc_i * q with q signed (Q3_K, Q6_K). With x ~ xd_g * xq over
+ * group g of 32 values (sub-blocks 2g, 2g + 1):
  *
- *   w . x = d * xd * sum_i sc_i * sum_e q_e xq_e  -  dmin * xd * sum_i mn_i * bsum_i
+ *   w . x = d * sum_g xd_g * sum_{i in g} sc_i * sum_e q_e xq_e
+ *           - dmin * sum_g xd_g * sum_{i in g} mn_i * bsum_i
  *
  * The signed formats enter the unsigned x signed byte products (maddubs)
  * as u = q + off (off 32 for Q6_K, 4 for Q3_K) with the correction
  * -off * bsum_i per sub-block. All integer sums are exact in int32:
- * maddubs pairs are at most 2 * 63 * 127 < 32768, and |isum| of a Q6_K
- * super-block at most 16 * 128 * (16 * 63 * 127 + 32 * 16 * 127) < 2^31.
- * The float work is two fused multiply-adds per super-block in a fixed
- * order (qdot.h), so every kernel set equals qdot_k_ref() bit for bit.
+ * maddubs pairs are at most 2 * 63 * 127 < 32768, and |isum_g| of a Q6_K
+ * group at most 2 * 128 * (16 * 63 * 127 + 32 * 16 * 127) < 2^31.
+ * The float work is a fixed sequence per super-block (qdot.h), so every
+ * kernel set equals qdot_k_ref() bit for bit.
  *
  * Compiled without -march flags; each SIMD function carries its target.
  */
