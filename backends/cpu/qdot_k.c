@@ -446,25 +446,38 @@ TGT_AVX2 ALWAYS __m256i k_fix(uint32_t t, const struct qdot_kblock *x, __m256i S
 	return fix;
 }
 
-/*
- * S and M of qdot.h from the groups' integers isum (lane g: isum_g) and
- * msum, and the activation block's scales xd: the products in lanes, then
- * the tree by two horizontal adds ([P0+P1, P2+P3, Q0+Q1, Q2+Q3] per half,
- * then the pairs of those) and one add of the halves.
- */
-TGT_AVX2 ALWAYS void k_tree(uint32_t t, __m256i isum, __m256i msum, const float *xd, float *S,
-			    float *M)
+/* qdot.h's P_g and Q_g (lane g) from the groups' integers isum and msum
+ * (lane g) and the activation block's scales xd; Q zeros without minima. */
+TGT_AVX2 ALWAYS void k_prods(uint32_t t, __m256i isum, __m256i msum, const float *xd, __m256 *P,
+			     __m256 *Q)
 {
 	const __m256 d = _mm256_loadu_ps(xd);
-	__m256 h = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d);
+
+	*P = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d);
+	*Q = k_min(t) ? _mm256_mul_ps(_mm256_cvtepi32_ps(msum), d) : _mm256_setzero_ps();
+}
+
+/* S and M of one row: the tree by two horizontal adds ([P0+P1, P2+P3,
+ * Q0+Q1, Q2+Q3] per half, then the pairs of those) and one add of the
+ * halves. */
+TGT_AVX2 ALWAYS void k_tree(__m256 P, __m256 Q, float *S, float *M)
+{
+	__m256 h = _mm256_hadd_ps(P, Q);
 	__m128 s;
 
-	h = _mm256_hadd_ps(h, k_min(t) ? _mm256_mul_ps(_mm256_cvtepi32_ps(msum), d) :
-					 _mm256_setzero_ps());
 	h = _mm256_hadd_ps(h, h);
 	s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 	*S = _mm_cvtss_f32(s);
 	*M = _mm_cvtss_f32(_mm_movehdup_ps(s));
+}
+
+/* The trees of four rows' P, row r's in lane r: per half, hadd twice
+ * gives [(P0+P1)+(P2+P3)] of each row, then the halves add. */
+TGT_AVX2 ALWAYS __m128 k_tree4(const __m256 P[4])
+{
+	__m256 h = _mm256_hadd_ps(_mm256_hadd_ps(P[0], P[1]), _mm256_hadd_ps(P[2], P[3]));
+
+	return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 /* The 32 unsigned quants of group g: lo (and hi) shifted per 16-bit lane. */
@@ -499,9 +512,9 @@ TGT_AVX2 static void unpack_u_avx2(uint32_t t, const uint8_t *p, uint8_t u[256])
 	}
 }
 
-/* S and M of super-block p with 8 int32 lanes a group (AVX2). */
-TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kblock *x, float *S,
-			     float *M)
+/* P and Q of super-block p with 8 int32 lanes a group (AVX2). */
+TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kblock *x, __m256 *P,
+			     __m256 *Q)
 {
 	/* within each 128-bit half: int16 0 of the dword eight times, or 1 */
 	const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
@@ -521,7 +534,7 @@ TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kbl
 
 		v[g] = _mm256_madd_epi16(prod, _mm256_shuffle_epi8(s, spread));
 	}
-	k_tree(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, S, M);
+	k_prods(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, P, Q);
 }
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
@@ -529,25 +542,55 @@ TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 	return _cvtsh_ss(cpu_rd16(p));
 }
 
-/* R rows, super-block by super-block; sb computes one block's sums. */
+/* The f16 at byte off of four super-blocks ws apart, as floats. */
+TGT_AVX2 ALWAYS __m128 k_half4(const uint8_t *p, size_t ws, int off)
+{
+	return _mm_cvtph_ps(_mm_setr_epi16((short)cpu_rd16(p + off), (short)cpu_rd16(p + ws + off),
+					   (short)cpu_rd16(p + 2 * ws + off),
+					   (short)cpu_rd16(p + 3 * ws + off), 0, 0, 0, 0));
+}
+
+/*
+ * R rows, super-block by super-block; sb computes one block's P and Q.
+ * Four rows at a time share the float work after the products: their
+ * trees in one pass (k_tree4()) and k_accumulate()'s two fused
+ * multiply-adds as one vector operation with row r in lane r (the same
+ * IEEE operations on the same values, so the bits of the one-row loop).
+ */
 #define K_ROWS(attr, name, sb)                                                             \
 	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                      \
 			      const struct qdot_kblock *x, int64_t nb, float *y, int R)     \
 	{                                                                                  \
 		const size_t bb = kb_bytes(t);                                              \
-		float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };                                  \
+		__m256 P[4], Q[4];                                                          \
+		__m128 acc = _mm_setzero_ps();                                              \
                                                                                            \
-		for (int64_t b = 0; b < nb; b++)                                            \
+		if (R != 4) {                                                               \
 			for (int r = 0; r < R; r++) {                                       \
-				const uint8_t *p = w + r * ws + b * bb;                     \
-				float S, M;                                                 \
+				float v = 0.0f, S, M;                                       \
                                                                                            \
-				sb(t, p, x + b, &S, &M);                                    \
-				acc[r] = k_accumulate(t, S, M, acc[r], avx2_h(p + kd_off(t)), \
-						      k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					const uint8_t *p = w + r * ws + b * bb;             \
+                                                                                           \
+					sb(t, p, x + b, &P[0], &Q[0]);                      \
+					k_tree(P[0], Q[0], &S, &M);                         \
+					v = k_accumulate(t, S, M, v, avx2_h(p + kd_off(t)), \
+							 k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
+				}                                                           \
+				y[r] = v;                                                   \
 			}                                                                   \
-		for (int r = 0; r < R; r++)                                                 \
-			y[r] = acc[r];                                                      \
+			return;                                                             \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b++) {                                          \
+			const uint8_t *p = w + b * bb;                                      \
+                                                                                           \
+			for (int r = 0; r < 4; r++)                                         \
+				sb(t, p + r * ws, x + b, &P[r], &Q[r]);                     \
+			acc = _mm_fmadd_ps(k_tree4(P), k_half4(p, ws, kd_off(t)), acc);     \
+			if (k_min(t))                                                       \
+				acc = _mm_fnmadd_ps(k_tree4(Q), k_half4(p, ws, kd_off(t) + 2), acc); \
+		}                                                                          \
+		_mm_storeu_ps(y, acc);                                                      \
 	}
 
 K_ROWS(TGT_AVX2, avx2_rows, avx2_sb)
@@ -613,12 +656,12 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 }
 
 /*
- * S and M of super-block p (AVX-512): 64 values a step, group 2j's
+ * P and Q of super-block p (AVX-512): 64 values a step, group 2j's
  * products in the low 8 int32 lanes and 2j + 1's in the high 8.
  */
 #define K_SB512(attr, name, SCALED)                                                        \
 	attr ALWAYS void name(uint32_t t, const uint8_t *p, const struct qdot_kblock *x,     \
-			      float *S, float *M)                                           \
+			      __m256 *P, __m256 *Q)                                         \
 	{                                                                                  \
 		__m256i Sc, fix, mv, v[8];                                                  \
 		__m128i sc, mn;                                                             \
@@ -636,7 +679,7 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 			v[2 * j] = _mm512_castsi512_si256(a);                               \
 			v[2 * j + 1] = _mm512_extracti64x4_epi64(a, 1);                     \
 		}                                                                          \
-		k_tree(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, S, M);              \
+		k_prods(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, P, Q);             \
 	}
 
 K_SB512(TGT_AVX512, avx512_sb, bw_scaled)
