@@ -656,6 +656,27 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 }
 
 /*
+ * The lane sums of four AVX-512 vectors whose 128-bit lanes 0, 1 belong to
+ * group 2j of z[j] and lanes 2, 3 to group 2j + 1: group g's in lane g.
+ * Two rounds of unpack-and-add leave in 128-bit lane k the lane-k sums of
+ * z[0 .. 3]; the lanes reordered 0, 2, 1, 3 and the halves added give
+ * groups 0, 2, 4, 6, 1, 3, 5, 7, put in order by one permute. Exact int32.
+ */
+TGT_AVX512 ALWAYS __m256i sum4x2_i32(const __m512i z[4])
+{
+	__m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]),
+				     _mm512_unpackhi_epi32(z[0], z[1]));
+	__m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]),
+				     _mm512_unpackhi_epi32(z[2], z[3]));
+	__m512i c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+	__m256i e;
+
+	c = _mm512_shuffle_i32x4(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+	e = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+	return _mm256_permutevar8x32_epi32(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/*
  * P and Q of super-block p (AVX-512): 64 values a step, group 2j's
  * products in the low 8 int32 lanes and 2j + 1's in the high 8.
  */
@@ -663,7 +684,8 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 	attr ALWAYS void name(uint32_t t, const uint8_t *p, const struct qdot_kblock *x,     \
 			      __m256 *P, __m256 *Q)                                         \
 	{                                                                                  \
-		__m256i Sc, fix, mv, v[8];                                                  \
+		__m256i Sc, fix, mv;                                                        \
+		__m512i z[4];                                                               \
 		__m128i sc, mn;                                                             \
                                                                                            \
 		k_scales_v(t, p, &sc, &mn);                                                 \
@@ -674,12 +696,10 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 			__m512i prod = _mm512_maddubs_epi16(                                \
 				avx512_quants(t, p, j),                                     \
 				_mm512_loadu_si512((const void *)(x->q + 64 * j)));         \
-			__m512i a = SCALED(_mm512_setzero_si512(), prod, avx512_scales(Sc, j)); \
                                                                                            \
-			v[2 * j] = _mm512_castsi512_si256(a);                               \
-			v[2 * j + 1] = _mm512_extracti64x4_epi64(a, 1);                     \
+			z[j] = SCALED(_mm512_setzero_si512(), prod, avx512_scales(Sc, j));  \
 		}                                                                          \
-		k_prods(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, P, Q);             \
+		k_prods(t, _mm256_add_epi32(sum4x2_i32(z), fix), mv, x->d, P, Q);           \
 	}
 
 K_SB512(TGT_AVX512, avx512_sb, bw_scaled)
