@@ -513,6 +513,19 @@ static void gen_finish(struct gen *g, const char *reason, job_emit_fn emit, void
 	p->len = 0;
 }
 
+/* The generation ends (an end-of-generation token, max_tokens) with a
+ * character its tokens left unfinished: U+FFFD in its place, as the
+ * non-streamed detokenization of the same tokens gives (serve_api.c). A
+ * stop string's cut drops what follows it instead. */
+static void gen_end_partial(struct gen *g)
+{
+	if (!g->dt.n_pending)
+		return;
+	sb_puts(&g->pending, "\xef\xbf\xbd");
+	g->text_off += 3;
+	g->dt.n_pending = 0;
+}
+
 /* Appends a logprob item for entries e (a token and its top ones) whose
  * text starts text_off bytes into the choice. */
 static void gen_lp_item(struct gen *g, const struct loom_token_logprob *e)
@@ -608,6 +621,7 @@ static void gen_token(struct gen *g, int32_t tok, const struct loom_token_logpro
 		return;
 	}
 	if (loom_tokenizer_is_eog(j->srv->tok, tok)) {
+		gen_end_partial(g);
 		gen_finish(g, "stop", emit, user);
 		return;
 	}
@@ -629,6 +643,7 @@ static void gen_token(struct gen *g, int32_t tok, const struct loom_token_logpro
 		return;
 	}
 	if (g->n_out >= j->max_tokens) {
+		gen_end_partial(g);
 		gen_finish(g, "length", emit, user);
 		return;
 	}
@@ -713,6 +728,8 @@ static void gen_advance(struct gen *g, job_emit_fn emit, void *user)
 		snprintf(g->error, sizeof(g->error), "%s",
 			 "the request was cancelled before it finished (the server is shutting down)");
 	}
+	if (fin == LOOM_FINISH_LENGTH || fin == LOOM_FINISH_EOG)
+		gen_end_partial(g);
 	gen_finish(g, fin == LOOM_FINISH_LENGTH ? "length" : "stop", emit, user);
 }
 

@@ -113,6 +113,12 @@ static void on_event(void *user, const struct loom_event *ev)
 		reply_token(r, ev->token);
 	if (ev->finish == LOOM_FINISH_NONE)
 		return;
+	if (r->dt.n_pending) { /* a character the reply leaves unfinished */
+		fwrite("\xef\xbf\xbd", 1, 3, stdout);
+		if (append(&r->text, &r->len, &r->cap, "\xef\xbf\xbd", 3))
+			r->oom = true;
+		r->dt.n_pending = 0;
+	}
 	r->done = true;
 	r->finish = ev->finish;
 	r->n_prompt = ev->n_prompt;

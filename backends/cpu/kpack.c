@@ -566,22 +566,49 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
+/* qdot_k_tree8() of 8 vectors, lane by lane. */
+TGT_VNNI static inline __attribute__((always_inline)) __m512 tree8(const __m512 v[8])
+{
+	return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
+			     _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])));
+}
+
+/* The float of group g's exact integer sums (16 rows), times x.d[g]. */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+grp_term(__m512i sum, const struct qdot_kblock *x, int g)
+{
+	return _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(x->d[g]));
+}
+
+/* acc + qdot_k_ref()'s two fused multiply-adds of super-block p, from its
+ * groups' terms P and (formats with minima: Q not NULL) Q. fnmadd(M, dmin,
+ * acc) rounds -(M * dmin) + acc once, as fmaf(-M, dmin, acc) does. */
+TGT_VNNI static inline __attribute__((always_inline)) __m512
+kp_finish(const uint8_t *p, const __m512 P[8], const __m512 *Q, __m512 acc)
+{
+	acc = _mm512_fmadd_ps(tree8(P), _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))),
+			      acc);
+	if (!Q)
+		return acc;
+	return _mm512_fnmadd_ps(tree8(Q),
+				_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), acc);
+}
+
 /*
  * One packed Q4_K (or, five, Q5_K) super-block of 16 rows against
- * activation block x: acc + the two fused multiply-adds of qdot_k_ref(),
- * lane r for row r; Q5_K's fifth bits are or-ed into bit 4 first.
- * Per sub-block s the lanes sum u * x.q over its 32 values exactly (two
- * chains of four vpdpbusd), then isum += sc * dot; msum sums mn * the
- * sub-block's activation sum. The integers are the reference's, so the
- * float steps round alike.
+ * activation block x: acc + qdot_k_ref()'s float steps, lane r for row r;
+ * Q5_K's fifth bits are or-ed into bit 4 first. Per sub-block s (values
+ * 32s .. 32s+31, activation group s) the lanes sum u * x.q exactly (two
+ * chains of four vpdpbusd); isum_s = sc * dot and msum_s = mn * the
+ * group's activation sum. The integers are the reference's, so the float
+ * steps round alike.
  */
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
 	const __m512i b4 = _mm512_set1_epi8(16);
 	const __m512i m4 = _mm512_set1_epi8(15);
-	__m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
-	__m512 xd = _mm512_set1_ps(x->d);
+	__m512 P[8], Q[8];
 	int32_t bs[8];
 
 	/* the sub-blocks' activation sums: bsums of 16 values, in pairs */
@@ -608,29 +635,26 @@ q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 			a0 = _mm512_dpbusd_epi32(a0, lo, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
 			a1 = _mm512_dpbusd_epi32(a1, hi, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
 		}
-		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
-			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * s)))));
-		msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_set1_epi32(bs[s]),
-			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_MN + 16 * s)))));
+		P[s] = grp_term(_mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
+			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * s)))), x, s);
+		Q[s] = grp_term(_mm512_mullo_epi32(_mm512_set1_epi32(bs[s]),
+			_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_MN + 16 * s)))), x, s);
 	}
-	acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
-			      _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))), xd),
-			      acc);
-	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), msum)),
-			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), xd),
-			       acc);
+	return kp_finish(p, P, Q, acc);
 }
 
 /*
  * The same for Q6_K: per sub-block of 16 values, u = nibble | 2 high bits
  * << 4 for the four groups of 4 values, one vpdpbusd each; then
- * isum += sc * (dot - 32 * bsum), the reference's integers exactly.
+ * sc * (dot - 32 * bsum), summed over the group's two sub-blocks: the
+ * reference's integers exactly.
  */
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 q6k_block(bool unused, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
 	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
 	__m512i isum = _mm512_setzero_si512();
+	__m512 P[8];
 
 	(void)unused; /* KP_ROWS passes the other K-quants' variant */
 
@@ -656,28 +680,29 @@ q6k_block(bool unused, const uint8_t *p, const struct qdot_kblock *x, __m512 acc
 		a1 = _mm512_dpbusd_epi32(a1, u3, _mm512_set1_epi32((int)cpu_rd32(xq + 12)));
 		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_add_epi32(a0, a1),
 			_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * i)))));
+		if (i % 2) {
+			P[i / 2] = grp_term(isum, x, i / 2);
+			isum = _mm512_setzero_si512();
+		}
 	}
-	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
-			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))),
-					     _mm512_set1_ps(x->d)),
-			       acc);
+	return kp_finish(p, P, NULL, acc);
 }
 
 /*
  * The same for Q2_K (q3: Q3_K): per sub-block of 16 values, the four
  * 2-bit fields of a byte (Q3_K: each with its third bit) against four
  * groups of 4 activation bytes, four vpdpbusd into one sum that starts
- * at -4 * bsum for Q3_K; isum += sc * sum, and Q2_K's msum += mn * bsum.
- * Shifts of 16-bit lanes pull the next byte's bits in only above the
- * bits the masks keep.
+ * at -4 * bsum for Q3_K; isum += sc * sum, and Q2_K's msum += mn * bsum,
+ * over the group's two sub-blocks. Shifts of 16-bit lanes pull the next
+ * byte's bits in only above the bits the masks keep.
  */
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
 	const __m512i m2 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
 	const __m128i n4 = _mm_set1_epi8(15);
-	const __m512 xd = _mm512_set1_ps(x->d);
 	__m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+	__m512 P[8], Q[8];
 
 	for (int i = 0; i < 16; i++) {
 		const __m512i w = _mm512_load_si512((const void *)(p + KP_Q + 64 * i));
@@ -698,21 +723,19 @@ kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 		}
 		if (q3) {
 			isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(a, _mm512_cvtepi8_epi32(sb)));
-			continue;
+		} else {
+			isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(a,
+				_mm512_cvtepu8_epi32(_mm_and_si128(sb, n4))));
+			msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_set1_epi32(x->bsums[i]),
+				_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));
 		}
-		isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(a,
-			_mm512_cvtepu8_epi32(_mm_and_si128(sb, n4))));
-		msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_set1_epi32(x->bsums[i]),
-			_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));
+		if (i % 2) {
+			P[i / 2] = grp_term(isum, x, i / 2);
+			Q[i / 2] = grp_term(msum, x, i / 2);
+			isum = msum = _mm512_setzero_si512();
+		}
 	}
-	acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
-			      _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_D))), xd),
-			      acc);
-	if (q3)
-		return acc;
-	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), msum)),
-			       _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), xd),
-			       acc);
+	return kp_finish(p, P, q3 ? NULL : Q, acc);
 }
 
 /* Rows [j0, j1) of packed weight w, group by group; block(v, p, x, acc)

@@ -7,8 +7,8 @@
  * the f16 scales of 16 rows split the same way. So a 256-bit kernel runs
  * a group as two halves of 8 rows, each the AVX-512 kernel's arithmetic
  * on 8 lanes:
- *   - K-quants: the same integers and the same two fused multiply-adds a
- *     super-block as qdot_k_ref(), which every kernel set gives;
+ *   - K-quants: the same integers and the same float steps a super-block
+ *     as qdot_k_ref() (qdot.h), which every kernel set gives;
  *   - the 32-value formats: qdot.h's 8-lane arithmetic (ref8(), the AVX2
  *     and AVX-VNNI sets' rounding): per row 8 float lanes, lane l holding
  *     the exact sums of values 4l .. 4l+3 block after block, one fma each,
@@ -59,6 +59,30 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 
 /* ---- K-quants ---- */
 
+/* qdot_k_tree8() of 8 vectors, lane by lane. */
+TGT_AVX2 ALWAYS __m256 tree8(const __m256 v[8])
+{
+	return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])),
+			     _mm256_add_ps(_mm256_add_ps(v[4], v[5]), _mm256_add_ps(v[6], v[7])));
+}
+
+/* The float of group g's exact integer sums (8 rows), times x.d[g]. */
+TGT_AVX2 ALWAYS __m256 grp_term(__m256i sum, const struct qdot_kblock *x, int g)
+{
+	return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(x->d[g]));
+}
+
+/* acc + qdot_k_ref()'s two fused multiply-adds of super-block p's rows
+ * 8h .. 8h+7 (kpack.c's kp_finish() on 8 lanes). */
+TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], const __m256 *Q,
+				 __m256 acc)
+{
+	acc = _mm256_fmadd_ps(tree8(P), h8(p + KP_D + 16 * h), acc);
+	if (!Q)
+		return acc;
+	return _mm256_fnmadd_ps(tree8(Q), h8(p + KP_DMIN + 16 * h), acc);
+}
+
 /*
  * Packed Q4_K (five: Q5_K) super-block p, rows 8h .. 8h+7, against x:
  * kpack.c's q45k_block() on 8 lanes.
@@ -68,8 +92,7 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 				int h, __m256 acc)                                         \
 	{                                                                                  \
 		const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);        \
-		const __m256 xd = _mm256_set1_ps(x->d);                                    \
-		__m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();      \
+		__m256 P[8], Q[8];                                                         \
                                                                                            \
 		for (int s = 0; s < 8; s++) {                                              \
 			const uint8_t *q = p + KP_Q + kp_sub(five) * s;                    \
@@ -94,18 +117,14 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 				a0 = DOT(a0, lo, x4(xq + 8 * v));                          \
 				a1 = DOT(a1, hi, x4(xq + 8 * v + 4));                      \
 			}                                                                  \
-			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(                  \
+			P[s] = grp_term(_mm256_mullo_epi32(                                \
 				_mm256_add_epi32(a0, a1), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
-					(const __m128i *)(p + KP_SC + 16 * s + 8 * h)))));  \
-			msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(                  \
+					(const __m128i *)(p + KP_SC + 16 * s + 8 * h)))), x, s); \
+			Q[s] = grp_term(_mm256_mullo_epi32(                                \
 				_mm256_set1_epi32(bs), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
-					(const __m128i *)(p + KP_MN + 16 * s + 8 * h)))));  \
+					(const __m128i *)(p + KP_MN + 16 * s + 8 * h)))), x, s); \
 		}                                                                          \
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                            \
-				      _mm256_mul_ps(h8(p + KP_D + 16 * h), xd), acc);      \
-		return _mm256_fmadd_ps(                                                    \
-			_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), msum)), \
-			_mm256_mul_ps(h8(p + KP_DMIN + 16 * h), xd), acc);                 \
+		return kp_finish(p, h, P, Q, acc);                                         \
 	}
 
 /* The same for Q6_K: kpack.c's q6k_block() on 8 lanes. */
@@ -115,6 +134,7 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 	{                                                                                  \
 		const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);      \
 		__m256i isum = _mm256_setzero_si256();                                     \
+		__m256 P[8];                                                               \
                                                                                            \
 		(void)unused;                                                              \
 		for (int i = 0; i < 16; i++) {                                             \
@@ -139,10 +159,12 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(                  \
 				_mm256_add_epi32(a0, a1), _mm256_cvtepi8_epi32(_mm_loadl_epi64( \
 					(const __m128i *)(p + KP_SC + 16 * i + 8 * h)))));  \
+			if (i % 2) {                                                       \
+				P[i / 2] = grp_term(isum, x, i / 2);                       \
+				isum = _mm256_setzero_si256();                             \
+			}                                                                  \
 		}                                                                          \
-		return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                           \
-				       _mm256_mul_ps(h8(p + KP_D + 16 * h),                \
-						     _mm256_set1_ps(x->d)), acc);          \
+		return kp_finish(p, h, P, NULL, acc);                                      \
 	}
 
 /* The same for Q2_K (q3: Q3_K): kpack.c's kq_block() on 8 lanes. */
@@ -152,8 +174,8 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 	{                                                                                  \
 		const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);          \
 		const __m128i n4 = _mm_set1_epi8(15);                                      \
-		const __m256 xd = _mm256_set1_ps(x->d);                                    \
 		__m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();      \
+		__m256 P[8], Q[8];                                                         \
                                                                                            \
 		for (int i = 0; i < 16; i++) {                                             \
 			const __m256i w = half(p + KP_Q + 64 * i, h);                      \
@@ -177,21 +199,20 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 			if (q3) {                                                          \
 				isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,        \
 					_mm256_cvtepi8_epi32(sb)));                        \
-				continue;                                                  \
+			} else {                                                           \
+				isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,        \
+					_mm256_cvtepu8_epi32(_mm_and_si128(sb, n4))));     \
+				msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(          \
+					_mm256_set1_epi32(x->bsums[i]), _mm256_cvtepu8_epi32( \
+						_mm_and_si128(_mm_srli_epi16(sb, 4), n4)))); \
 			}                                                                  \
-			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,                \
-				_mm256_cvtepu8_epi32(_mm_and_si128(sb, n4))));             \
-			msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(                  \
-				_mm256_set1_epi32(x->bsums[i]), _mm256_cvtepu8_epi32(      \
-					_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));       \
+			if (i % 2) {                                                       \
+				P[i / 2] = grp_term(isum, x, i / 2);                       \
+				Q[i / 2] = grp_term(msum, x, i / 2);                       \
+				isum = msum = _mm256_setzero_si256();                      \
+			}                                                                  \
 		}                                                                          \
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),                            \
-				      _mm256_mul_ps(h8(p + KP_D + 16 * h), xd), acc);      \
-		if (q3)                                                                    \
-			return acc;                                                        \
-		return _mm256_fmadd_ps(                                                    \
-			_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), msum)), \
-			_mm256_mul_ps(h8(p + KP_DMIN + 16 * h), xd), acc);                 \
+		return kp_finish(p, h, P, q3 ? NULL : Q, acc);                             \
 	}
 
 KQ_HALF(TGT_AVX2, kq_avx2, avx2_dot)

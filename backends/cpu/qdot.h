@@ -85,13 +85,17 @@ void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc);
 /* ---- K-quants (qdot_k.c): super-blocks of 256 values ---- */
 
 /*
- * One quantized activation super-block: x[e] ~ d * q[e], |q[e]| <= 127, q
- * rounded to nearest; bsums[i] = sum of q[16i .. 16i+15], what the K
- * formats' per-sub-block minima and offsets need. A block holding a NaN
- * or inf has d = NaN and q, bsums zero.
+ * One quantized activation super-block, scaled per group of 32 values
+ * (the Q4_K/Q5_K sub-block, two of the other formats' sub-blocks of 16):
+ * x[e] ~ d[e / 32] * q[e], |q[e]| <= 127, q rounded to nearest;
+ * bsums[i] = sum of q[16i .. 16i+15], what the K formats' per-sub-block
+ * minima and offsets need. A group holding a NaN or inf has d = NaN and
+ * q, bsums zero. (llama.cpp's Q8_K has one scale per 256; a scale per 32
+ * halves the activation rounding error where a group is quieter than its
+ * super-block's loudest value.)
  */
 struct qdot_kblock {
-	float d;
+	float d[8];
 	int16_t bsums[16];
 	int8_t q[256];
 };
@@ -101,18 +105,27 @@ struct qdot_kblock {
  * super-blocks each (Q2_K .. Q6_K).
  *
  * Layout of the arithmetic, the same for every kernel set: per super-block
- * b, the weights as unsigned integers u (q plus the format's offset: 32 for
- * Q6_K, 4 for Q3_K, 0 otherwise) give the exact int32
- *   isum_b = sum_i sc_i * (sum_{e in i} u_e * x.q_e  -  off * x.bsums_i)
- *   msum_b = sum_i mn_i * x.bsums_i              (Q2_K, Q4_K, Q5_K)
- * over the 16 sub-blocks i of 16 values (sc, mn the sub-block's integer
- * scale and minimum); then, super-block by super-block in order,
- *   y = fmaf((float)isum_b, d_b * x_b.d, y)
- *   y = fmaf((float)-msum_b, dmin_b * x_b.d, y)  (formats with a minimum)
+ * b and group g of 32 values (sub-blocks i = 2g, 2g + 1 of 16), the
+ * weights as unsigned integers u (q plus the format's offset: 32 for Q6_K,
+ * 4 for Q3_K, 0 otherwise) give the exact int32
+ *   isum_g = sum_i sc_i * (sum_{e in i} u_e * x.q_e  -  off * x.bsums_i)
+ *   msum_g = sum_i mn_i * x.bsums_i              (Q2_K, Q4_K, Q5_K)
+ * (sc, mn the sub-block's integer scale and minimum); in float, with the
+ * products rounded,
+ *   P_g = (float)isum_g * x_b.d[g],  Q_g = (float)msum_g * x_b.d[g]
+ *   S = ((P_0 + P_1) + (P_2 + P_3)) + ((P_4 + P_5) + (P_6 + P_7)), M alike
+ * (qdot_k_tree8()); then, super-block by super-block in order,
+ *   y = fmaf(S, d_b, y)
+ *   y = fmaf(-M, dmin_b, y)                      (formats with a minimum)
  * starting from y = 0. The lanes a SIMD kernel sums its integers in do not
  * matter (the sums are exact), so every kernel set gives the same bits,
  * and y[r] is the same whatever `rows` is.
  */
+static inline float qdot_k_tree8(const float p[8])
+{
+	return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
 typedef void (*qdot_k_fn)(const uint8_t *w, size_t w_stride, const struct qdot_kblock *x,
 			  int64_t nb, float *y, int rows);
 

@@ -1,20 +1,23 @@
 /*
  * Integer dot products of the K-quants (Q2_K .. Q6_K) against activation
- * rows quantized to 8 bits per super-block of 256 (struct qdot_kblock).
+ * rows quantized to 8 bits with a scale per 32 values (struct qdot_kblock,
+ * super-blocks of 256).
  *
  * A K-quant super-block holds 16 sub-blocks of 16 values, each value
  * w = d * sc_i * q - dmin * mn_i (the Q2_K/Q4_K/Q5_K minimum) or
- * w = d * sc_i * q with q signed (Q3_K, Q6_K). With x ~ xd * xq:
+ * w = d * sc_i * q with q signed (Q3_K, Q6_K). With x ~ xd_g * xq over
+ * group g of 32 values (sub-blocks 2g, 2g + 1):
  *
- *   w . x = d * xd * sum_i sc_i * sum_e q_e xq_e  -  dmin * xd * sum_i mn_i * bsum_i
+ *   w . x = d * sum_g xd_g * sum_{i in g} sc_i * sum_e q_e xq_e
+ *           - dmin * sum_g xd_g * sum_{i in g} mn_i * bsum_i
  *
  * The signed formats enter the unsigned x signed byte products (maddubs)
  * as u = q + off (off 32 for Q6_K, 4 for Q3_K) with the correction
  * -off * bsum_i per sub-block. All integer sums are exact in int32:
- * maddubs pairs are at most 2 * 63 * 127 < 32768, and |isum| of a Q6_K
- * super-block at most 16 * 128 * (16 * 63 * 127 + 32 * 16 * 127) < 2^31.
- * The float work is two fused multiply-adds per super-block in a fixed
- * order (qdot.h), so every kernel set equals qdot_k_ref() bit for bit.
+ * maddubs pairs are at most 2 * 63 * 127 < 32768, and |isum_g| of a Q6_K
+ * group at most 2 * 128 * (16 * 63 * 127 + 32 * 16 * 127) < 2^31.
+ * The float work is a fixed sequence per super-block (qdot.h), so every
+ * kernel set equals qdot_k_ref() bit for bit.
  *
  * Compiled without -march flags; each SIMD function carries its target.
  */
@@ -117,35 +120,40 @@ ALWAYS struct kgrp k_grp(uint32_t t, const uint8_t *b, int g)
 
 /* ---- activation quantization ---- */
 
+/* Group g (values 32g .. 32g+31) of super-block v into o. */
+static void k_quantize_group(const float *v, struct qdot_kblock *o, int g)
+{
+	float amax = 0.0f, id;
+	bool finite = true;
+
+	for (int e = 32 * g; e < 32 * g + 32; e++) {
+		float a = fabsf(v[e]);
+
+		finite &= isfinite(a);
+		amax = a > amax ? a : amax;
+	}
+	id = amax > 0.0f ? 127.0f / amax : 0.0f;
+	for (int i = 2 * g; i < 2 * g + 2; i++) {
+		int sum = 0;
+
+		for (int e = 16 * i; e < 16 * i + 16; e++) {
+			long q = finite ? lrintf(v[e] * id) : 0;
+
+			q = q > 127 ? 127 : q < -127 ? -127 : q;
+			o->q[e] = (int8_t)q;
+			sum += (int)q;
+		}
+		o->bsums[i] = (int16_t)sum;
+	}
+	/* a NaN or inf in the group makes its every product NaN */
+	o->d[g] = finite ? amax / 127.0f : NAN;
+}
+
 void qdot_k_quantize_row_c(const float *x, struct qdot_kblock *out, int64_t k)
 {
-	for (int64_t b = 0; b < k / 256; b++) {
-		const float *v = x + 256 * b;
-		float amax = 0.0f, id;
-		bool finite = true;
-
-		for (int e = 0; e < 256; e++) {
-			float a = fabsf(v[e]);
-
-			finite &= isfinite(a);
-			amax = a > amax ? a : amax;
-		}
-		id = amax > 0.0f ? 127.0f / amax : 0.0f;
-		for (int i = 0; i < 16; i++) {
-			int sum = 0;
-
-			for (int e = 16 * i; e < 16 * i + 16; e++) {
-				long q = finite ? lrintf(v[e] * id) : 0;
-
-				q = q > 127 ? 127 : q < -127 ? -127 : q;
-				out[b].q[e] = (int8_t)q;
-				sum += (int)q;
-			}
-			out[b].bsums[i] = (int16_t)sum;
-		}
-		/* a NaN or inf in the block makes its every product NaN */
-		out[b].d = finite ? amax / 127.0f : NAN;
-	}
+	for (int64_t b = 0; b < k / 256; b++)
+		for (int g = 0; g < 8; g++)
+			k_quantize_group(x + 256 * b, out + b, g);
 }
 
 #if defined(__x86_64__)
@@ -161,32 +169,30 @@ static void k_quantize_row_avx512(const float *x, struct qdot_kblock *out, int64
 	const __m512 inf = _mm512_set1_ps(INFINITY);
 	const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
 
-	for (int64_t b = 0; b < k / 256; b++) {
-		const float *v = x + 256 * b;
-		__m512 amax = _mm512_setzero_ps();
-		__mmask16 finite = 0xffff;
-		float m, id;
-
-		for (int i = 0; i < 16; i++) {
-			__m512 a = _mm512_abs_ps(_mm512_loadu_ps(v + 16 * i));
-
+	for (int64_t b = 0; b < k / 256; b++)
+		for (int g = 0; g < 8; g++) {
+			const float *v = x + 256 * b + 32 * g;
+			__m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+			__m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
 			/* NaN compares false: not finite */
-			finite &= _mm512_cmp_ps_mask(a, inf, _CMP_LT_OQ);
-			amax = _mm512_max_ps(amax, a);
-		}
-		m = _mm512_reduce_max_ps(amax);
-		id = m > 0.0f ? 127.0f / m : 0.0f;
-		for (int i = 0; i < 16; i++) {
-			__m512i q = _mm512_setzero_si512();
+			bool finite = (_mm512_cmp_ps_mask(a0, inf, _CMP_LT_OQ) &
+				       _mm512_cmp_ps_mask(a1, inf, _CMP_LT_OQ)) == 0xffff;
+			float m = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+			__m512 id = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+			__m512i q0 = _mm512_setzero_si512(), q1 = q0;
 
-			if (finite == 0xffff)
-				q = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(
-					_mm512_loadu_ps(v + 16 * i), _mm512_set1_ps(id))), lim), nlim);
-			_mm_storeu_si128((__m128i *)(out[b].q + 16 * i), _mm512_cvtepi32_epi8(q));
-			out[b].bsums[i] = (int16_t)_mm512_reduce_add_epi32(q);
+			if (finite) {
+				q0 = _mm512_max_epi32(_mm512_min_epi32(
+					_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), lim), nlim);
+				q1 = _mm512_max_epi32(_mm512_min_epi32(
+					_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)), lim), nlim);
+			}
+			_mm_storeu_si128((__m128i *)(out[b].q + 32 * g), _mm512_cvtepi32_epi8(q0));
+			_mm_storeu_si128((__m128i *)(out[b].q + 32 * g + 16), _mm512_cvtepi32_epi8(q1));
+			out[b].bsums[2 * g] = (int16_t)_mm512_reduce_add_epi32(q0);
+			out[b].bsums[2 * g + 1] = (int16_t)_mm512_reduce_add_epi32(q1);
+			out[b].d[g] = finite ? m / 127.0f : NAN;
 		}
-		out[b].d = finite == 0xffff ? m / 127.0f : NAN;
-	}
 }
 #endif
 
@@ -274,14 +280,14 @@ int qdot_k_offset(uint32_t t)
 	return k_off(t);
 }
 
-/* y plus a super-block's two terms, in qdot.h's order (d, dmin: the
- * weight block's scales, xd the activation block's). */
-ALWAYS float k_accumulate(uint32_t t, float xd, int32_t isum, int32_t msum, float y, float d,
-			  float dmin)
+/* y plus a super-block's two terms, in qdot.h's order: S and M, the
+ * tree sums of its groups' float terms; d, dmin the weight block's
+ * scales. */
+ALWAYS float k_accumulate(uint32_t t, float S, float M, float y, float d, float dmin)
 {
-	y = fmaf((float)isum, d * xd, y);
+	y = fmaf(S, d, y);
 	if (k_min(t))
-		y = fmaf((float)-msum, dmin * xd, y);
+		y = fmaf(-M, dmin, y);
 	return y;
 }
 
@@ -293,12 +299,13 @@ float qdot_k_ref(uint32_t t, const uint8_t *w, const struct qdot_kblock *x, int6
 
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *p = w + b * bb;
-		int32_t isum = 0, msum = 0;
+		float P[8], Q[8];
 		int sc[16], mn[16];
 
 		ref_scales(t, p, sc, mn);
 		for (int g = 0; g < 8; g++) {
 			struct kgrp q = k_grp(t, p, g);
+			int32_t isum = 0, msum = 0;
 
 			for (int h = 0; h < 2; h++) {
 				int i = 2 * g + h, dot = 0;
@@ -308,8 +315,10 @@ float qdot_k_ref(uint32_t t, const uint8_t *w, const struct qdot_kblock *x, int6
 				isum += sc[i] * (dot - off * x[b].bsums[i]);
 				msum += mn[i] * x[b].bsums[i];
 			}
+			P[g] = (float)isum * x[b].d[g];
+			Q[g] = (float)msum * x[b].d[g];
 		}
-		y = k_accumulate(t, x[b].d, isum, msum, y,
+		y = k_accumulate(t, qdot_k_tree8(P), qdot_k_tree8(Q), y,
 				 cpu_fp16_to_f32(cpu_rd16(p + kd_off(t))),
 				 k_min(t) ? cpu_fp16_to_f32(cpu_rd16(p + kd_off(t) + 2)) : 0.0f);
 	}
@@ -406,20 +415,22 @@ TGT_AVX2 ALWAYS void k_scales_v(uint32_t t, const uint8_t *b, __m128i *sc, __m12
 	}
 }
 
-TGT_AVX2 ALWAYS int32_t hsum_i32(__m256i v)
+/* The lane sums of eight vectors, v[g]'s in lane g (exact in int32). */
+TGT_AVX2 ALWAYS __m256i sum8_i32(const __m256i v[8])
 {
-	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	/* per 128-bit half: v[0 .. 3]'s sums of that half's lanes, then v[4 .. 7]'s */
+	__m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+	__m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
 
-	s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-	return _mm_cvtsi128_si32(s);
+	return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+				_mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /*
- * The parts every set shares: the offset correction -off * sum sc_i *
- * bsum_i as 8 int32 lanes (to add to the products), and the minima's
- * products mn_i * bsum_i in *mv (zeros if none). S is the 16 scales as
- * int16.
+ * The parts every set shares, in lane g for group g (sub-blocks 2g, 2g + 1:
+ * madd's pairs): the offset correction -off * sum sc_i * bsum_i (to add
+ * to the products), and the minima's msum_g in *mv (zeros if none). S is
+ * the 16 scales as int16.
  */
 TGT_AVX2 ALWAYS __m256i k_fix(uint32_t t, const struct qdot_kblock *x, __m256i S, __m128i mn,
 			      __m256i *mv)
@@ -435,21 +446,38 @@ TGT_AVX2 ALWAYS __m256i k_fix(uint32_t t, const struct qdot_kblock *x, __m256i S
 	return fix;
 }
 
-/* isum and msum: the lane sums of v and mv (both at once if t has minima). */
-TGT_AVX2 ALWAYS void k_sums(uint32_t t, __m256i v, __m256i mv, int32_t *isum, int32_t *msum)
+/* qdot.h's P_g and Q_g (lane g) from the groups' integers isum and msum
+ * (lane g) and the activation block's scales xd; Q zeros without minima. */
+TGT_AVX2 ALWAYS void k_prods(uint32_t t, __m256i isum, __m256i msum, const float *xd, __m256 *P,
+			     __m256 *Q)
 {
-	__m128i s;
+	const __m256 d = _mm256_loadu_ps(xd);
 
-	*msum = 0;
-	if (!k_min(t)) {
-		*isum = hsum_i32(v);
-		return;
-	}
-	v = _mm256_hadd_epi32(v, mv); /* per half: v01 v23 m01 m23 */
-	s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-	s = _mm_hadd_epi32(s, s);
-	*isum = _mm_cvtsi128_si32(s);
-	*msum = _mm_extract_epi32(s, 1);
+	*P = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d);
+	*Q = k_min(t) ? _mm256_mul_ps(_mm256_cvtepi32_ps(msum), d) : _mm256_setzero_ps();
+}
+
+/* S and M of one row: the tree by two horizontal adds ([P0+P1, P2+P3,
+ * Q0+Q1, Q2+Q3] per half, then the pairs of those) and one add of the
+ * halves. */
+TGT_AVX2 ALWAYS void k_tree(__m256 P, __m256 Q, float *S, float *M)
+{
+	__m256 h = _mm256_hadd_ps(P, Q);
+	__m128 s;
+
+	h = _mm256_hadd_ps(h, h);
+	s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+	*S = _mm_cvtss_f32(s);
+	*M = _mm_cvtss_f32(_mm_movehdup_ps(s));
+}
+
+/* The trees of four rows' P, row r's in lane r: per half, hadd twice
+ * gives [(P0+P1)+(P2+P3)] of each row, then the halves add. */
+TGT_AVX2 ALWAYS __m128 k_tree4(const __m256 P[4])
+{
+	__m256 h = _mm256_hadd_ps(_mm256_hadd_ps(P[0], P[1]), _mm256_hadd_ps(P[2], P[3]));
+
+	return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 /* The 32 unsigned quants of group g: lo (and hi) shifted per 16-bit lane. */
@@ -484,29 +512,29 @@ TGT_AVX2 static void unpack_u_avx2(uint32_t t, const uint8_t *p, uint8_t u[256])
 	}
 }
 
-/* isum and msum of super-block p with 8 int32 lanes (AVX2). */
-TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kblock *x,
-			     int32_t *isum, int32_t *msum)
+/* P and Q of super-block p with 8 int32 lanes a group (AVX2). */
+TGT_AVX2 ALWAYS void avx2_sb(uint32_t t, const uint8_t *p, const struct qdot_kblock *x, __m256 *P,
+			     __m256 *Q)
 {
 	/* within each 128-bit half: int16 0 of the dword eight times, or 1 */
 	const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
 						2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
 	__m128i sc, mn;
-	__m256i S, acc, mv;
+	__m256i Sc, fix, mv, v[8];
 
 	k_scales_v(t, p, &sc, &mn);
-	S = _mm256_cvtepi8_epi16(sc);
-	acc = k_fix(t, x, S, mn, &mv);
+	Sc = _mm256_cvtepi8_epi16(sc);
+	fix = k_fix(t, x, Sc, mn, &mv);
 #pragma GCC unroll 8
 	for (int g = 0; g < 8; g++) {
 		__m256i prod = _mm256_maddubs_epi16(
 			avx2_quants(t, p, g), _mm256_loadu_si256((const __m256i *)(x->q + 32 * g)));
 		/* scale of sub-block 2g in int16 lanes 0-7, of 2g + 1 in 8-15 */
-		__m256i s = _mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(g));
+		__m256i s = _mm256_permutevar8x32_epi32(Sc, _mm256_set1_epi32(g));
 
-		acc = _mm256_add_epi32(acc, _mm256_madd_epi16(prod, _mm256_shuffle_epi8(s, spread)));
+		v[g] = _mm256_madd_epi16(prod, _mm256_shuffle_epi8(s, spread));
 	}
-	k_sums(t, acc, mv, isum, msum);
+	k_prods(t, _mm256_add_epi32(sum8_i32(v), fix), mv, x->d, P, Q);
 }
 
 TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
@@ -514,26 +542,55 @@ TGT_AVX2 ALWAYS float avx2_h(const uint8_t *p)
 	return _cvtsh_ss(cpu_rd16(p));
 }
 
-/* R rows, super-block by super-block; sb computes one block's sums. */
+/* The f16 at byte off of four super-blocks ws apart, as floats. */
+TGT_AVX2 ALWAYS __m128 k_half4(const uint8_t *p, size_t ws, int off)
+{
+	return _mm_cvtph_ps(_mm_setr_epi16((short)cpu_rd16(p + off), (short)cpu_rd16(p + ws + off),
+					   (short)cpu_rd16(p + 2 * ws + off),
+					   (short)cpu_rd16(p + 3 * ws + off), 0, 0, 0, 0));
+}
+
+/*
+ * R rows, super-block by super-block; sb computes one block's P and Q.
+ * Four rows at a time share the float work after the products: their
+ * trees in one pass (k_tree4()) and k_accumulate()'s two fused
+ * multiply-adds as one vector operation with row r in lane r (the same
+ * IEEE operations on the same values, so the bits of the one-row loop).
+ */
 #define K_ROWS(attr, name, sb)                                                             \
 	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                      \
 			      const struct qdot_kblock *x, int64_t nb, float *y, int R)     \
 	{                                                                                  \
 		const size_t bb = kb_bytes(t);                                              \
-		float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };                                  \
+		__m256 P[4], Q[4];                                                          \
+		__m128 acc = _mm_setzero_ps();                                              \
                                                                                            \
-		for (int64_t b = 0; b < nb; b++)                                            \
+		if (R != 4) {                                                               \
 			for (int r = 0; r < R; r++) {                                       \
-				const uint8_t *p = w + r * ws + b * bb;                     \
-				int32_t isum, msum;                                         \
+				float v = 0.0f, S, M;                                       \
                                                                                            \
-				sb(t, p, x + b, &isum, &msum);                              \
-				acc[r] = k_accumulate(t, x[b].d, isum, msum, acc[r],     \
-						      avx2_h(p + kd_off(t)),                \
-						      k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					const uint8_t *p = w + r * ws + b * bb;             \
+                                                                                           \
+					sb(t, p, x + b, &P[0], &Q[0]);                      \
+					k_tree(P[0], Q[0], &S, &M);                         \
+					v = k_accumulate(t, S, M, v, avx2_h(p + kd_off(t)), \
+							 k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
+				}                                                           \
+				y[r] = v;                                                   \
 			}                                                                   \
-		for (int r = 0; r < R; r++)                                                 \
-			y[r] = acc[r];                                                      \
+			return;                                                             \
+		}                                                                          \
+		for (int64_t b = 0; b < nb; b++) {                                          \
+			const uint8_t *p = w + b * bb;                                      \
+                                                                                           \
+			for (int r = 0; r < 4; r++)                                         \
+				sb(t, p + r * ws, x + b, &P[r], &Q[r]);                     \
+			acc = _mm_fmadd_ps(k_tree4(P), k_half4(p, ws, kd_off(t)), acc);     \
+			if (k_min(t))                                                       \
+				acc = _mm_fnmadd_ps(k_tree4(Q), k_half4(p, ws, kd_off(t) + 2), acc); \
+		}                                                                          \
+		_mm_storeu_ps(y, acc);                                                      \
 	}
 
 K_ROWS(TGT_AVX2, avx2_rows, avx2_sb)
@@ -599,102 +656,56 @@ TGT_VNNI ALWAYS __m512i vnni_scaled(__m512i acc, __m512i prod, __m512i s)
 }
 
 /*
- * The int32 lanes of super-block p, not yet summed: *acc (16 lanes) adds
- * up to isum, *mv (8 lanes) to msum (zeros if t has no minima).
+ * The lane sums of four AVX-512 vectors whose 128-bit lanes 0, 1 belong to
+ * group 2j of z[j] and lanes 2, 3 to group 2j + 1: group g's in lane g.
+ * Two rounds of unpack-and-add leave in 128-bit lane k the lane-k sums of
+ * z[0 .. 3]; the lanes reordered 0, 2, 1, 3 and the halves added give
+ * groups 0, 2, 4, 6, 1, 3, 5, 7, put in order by one permute. Exact int32.
  */
-#define K_LANES512(attr, name, SCALED)                                                     \
+TGT_AVX512 ALWAYS __m256i sum4x2_i32(const __m512i z[4])
+{
+	__m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]),
+				     _mm512_unpackhi_epi32(z[0], z[1]));
+	__m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]),
+				     _mm512_unpackhi_epi32(z[2], z[3]));
+	__m512i c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+	__m256i e;
+
+	c = _mm512_shuffle_i32x4(c, c, _MM_SHUFFLE(3, 1, 2, 0));
+	e = _mm256_add_epi32(_mm512_castsi512_si256(c), _mm512_extracti64x4_epi64(c, 1));
+	return _mm256_permutevar8x32_epi32(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/*
+ * P and Q of super-block p (AVX-512): 64 values a step, group 2j's
+ * products in the low 8 int32 lanes and 2j + 1's in the high 8.
+ */
+#define K_SB512(attr, name, SCALED)                                                        \
 	attr ALWAYS void name(uint32_t t, const uint8_t *p, const struct qdot_kblock *x,     \
-			      __m256i *acc, __m256i *mv)                                    \
+			      __m256 *P, __m256 *Q)                                         \
 	{                                                                                  \
-		__m512i a = _mm512_setzero_si512();                                         \
-		__m256i S, fix;                                                             \
+		__m256i Sc, fix, mv;                                                        \
+		__m512i z[4];                                                               \
 		__m128i sc, mn;                                                             \
                                                                                            \
 		k_scales_v(t, p, &sc, &mn);                                                 \
-		S = _mm256_cvtepi8_epi16(sc);                                               \
-		fix = k_fix(t, x, S, mn, mv);                                               \
+		Sc = _mm256_cvtepi8_epi16(sc);                                              \
+		fix = k_fix(t, x, Sc, mn, &mv);                                             \
 		_Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                         \
 		{                                                                          \
 			__m512i prod = _mm512_maddubs_epi16(                                \
 				avx512_quants(t, p, j),                                     \
 				_mm512_loadu_si512((const void *)(x->q + 64 * j)));         \
-			a = SCALED(a, prod, avx512_scales(S, j));                           \
+                                                                                           \
+			z[j] = SCALED(_mm512_setzero_si512(), prod, avx512_scales(Sc, j));  \
 		}                                                                          \
-		*acc = _mm256_add_epi32(_mm256_add_epi32(fix, _mm512_castsi512_si256(a)),   \
-					_mm512_extracti64x4_epi64(a, 1));                   \
+		k_prods(t, _mm256_add_epi32(sum4x2_i32(z), fix), mv, x->d, P, Q);           \
 	}
 
-K_LANES512(TGT_AVX512, avx512_lanes, bw_scaled)
-K_LANES512(TGT_VNNI, vnni_lanes, vnni_scaled)
-
-/* The lane sums of four rows' vectors, row r in lane r (exact in int32). */
-TGT_AVX2 ALWAYS __m128i sum4_i32(__m256i a, __m256i b, __m256i c, __m256i d)
-{
-	__m256i v = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-
-	return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-}
-
-/* The f16 at byte off of four super-blocks ws apart, as floats. */
-TGT_AVX2 ALWAYS __m128 k_half4(const uint8_t *p, size_t ws, int off)
-{
-	return _mm_cvtph_ps(_mm_setr_epi16((short)cpu_rd16(p + off), (short)cpu_rd16(p + ws + off),
-					   (short)cpu_rd16(p + 2 * ws + off),
-					   (short)cpu_rd16(p + 3 * ws + off), 0, 0, 0, 0));
-}
-
-/*
- * R rows, super-block by super-block. Four rows at a time share the work
- * after the integer lanes: their lane sums in one reduction, and
- * k_accumulate()'s two fused multiply-adds as one vector operation with
- * row r in lane r (the same IEEE operations on the same values, so the
- * bits of the one-row loop).
- */
-#define K_ROWS512(attr, name, lanes)                                                       \
-	attr ALWAYS void name(uint32_t t, const uint8_t *w, size_t ws,                      \
-			      const struct qdot_kblock *x, int64_t nb, float *y, int R)     \
-	{                                                                                  \
-		const size_t bb = kb_bytes(t);                                              \
-		__m256i a[4], m[4];                                                         \
-		__m128 acc = _mm_setzero_ps();                                              \
-                                                                                           \
-		if (R != 4) {                                                               \
-			for (int r = 0; r < R; r++) {                                       \
-				float v = 0.0f;                                             \
-                                                                                           \
-				for (int64_t b = 0; b < nb; b++) {                          \
-					const uint8_t *p = w + r * ws + b * bb;             \
-					int32_t isum, msum;                                 \
-                                                                                           \
-					lanes(t, p, x + b, &a[0], &m[0]);                   \
-					k_sums(t, a[0], m[0], &isum, &msum);                \
-					v = k_accumulate(t, x[b].d, isum, msum, v,          \
-							 avx2_h(p + kd_off(t)),             \
-							 k_min(t) ? avx2_h(p + kd_off(t) + 2) : 0.0f); \
-				}                                                           \
-				y[r] = v;                                                   \
-			}                                                                   \
-			return;                                                             \
-		}                                                                          \
-		for (int64_t b = 0; b < nb; b++) {                                          \
-			const uint8_t *p = w + b * bb;                                      \
-			__m128 xd = _mm_set1_ps(x[b].d);                                    \
-                                                                                           \
-			for (int r = 0; r < 4; r++)                                         \
-				lanes(t, p + r * ws, x + b, &a[r], &m[r]);                  \
-			acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(a[0], a[1], a[2], a[3])), \
-					   _mm_mul_ps(k_half4(p, ws, kd_off(t)), xd), acc); \
-			if (k_min(t))                                                       \
-				acc = _mm_fmadd_ps(                                          \
-					_mm_cvtepi32_ps(_mm_sub_epi32(_mm_setzero_si128(),  \
-						sum4_i32(m[0], m[1], m[2], m[3]))),         \
-					_mm_mul_ps(k_half4(p, ws, kd_off(t) + 2), xd), acc); \
-		}                                                                          \
-		_mm_storeu_ps(y, acc);                                                      \
-	}
-
-K_ROWS512(TGT_AVX512, avx512_rows, avx512_lanes)
-K_ROWS512(TGT_VNNI, vnni_rows, vnni_lanes)
+K_SB512(TGT_AVX512, avx512_sb, bw_scaled)
+K_SB512(TGT_VNNI, vnni_sb, vnni_scaled)
+K_ROWS(TGT_AVX512, avx512_rows, avx512_sb)
+K_ROWS(TGT_VNNI, vnni_rows, vnni_sb)
 /* the avx512 set: one function per format, and its table */
 QDOT_K_ONE(TGT_AVX512, avx512_q2_K, LOOM_TYPE_Q2_K, avx512_rows)
 QDOT_K_ONE(TGT_AVX512, avx512_q3_K, LOOM_TYPE_Q3_K, avx512_rows)

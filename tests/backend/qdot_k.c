@@ -14,12 +14,13 @@
  *             weights' own rounding, which the max term covers for the
  *             formats whose minimum cancels d * sc * q);
  *   quantized |kernel - f64 dot with the original f32 activations|
- *             <= sum_b xd_b / 2 * sum_e |w_e| + the exact bound
- *             (round to nearest moves x by at most half a step).
+ *             <= sum_g xd_g / 2 * sum_{e in g} |w_e| + the exact bound,
+ *             g over the groups of 32 (round to nearest moves x by at
+ *             most half its group's step).
  *
- * Plus the activation quantizer's own contract: |q| <= 127, x within half a
- * step of d*q, bsums the sums of q over 16 values, NaN confined to its
- * super-block. Prints the largest error relative to sum |w * x| seen.
+ * Plus the activation quantizer's own contract: one scale per 32 values,
+ * that group's max |x| / 127; |q| <= 127, x within half a step of d*q,
+ * bsums the sums of q over 16 values, NaN confined to its group. Prints the largest error relative to sum |w * x| seen.
  */
 #include <check.h>
 #include <math.h>
@@ -112,6 +113,16 @@ static void fill_acts(float *x, int64_t k)
 		memset(x + 256, 0, 256 * sizeof(float));
 }
 
+/* The largest |x| of group g of super-block b. */
+static float group_amax(const float *x, int b, int g)
+{
+	float m = 0.0f;
+
+	for (int e = 0; e < 32; e++)
+		m = fmaxf(m, fabsf(x[256 * b + 32 * g + e]));
+	return m;
+}
+
 START_TEST(quantize_contract)
 {
 	static float x[MAX_NB * 256];
@@ -121,30 +132,49 @@ START_TEST(quantize_contract)
 		fill_acts(x, MAX_NB * 256);
 		qdot_k_quantize_row(x, q, MAX_NB * 256);
 		for (int b = 0; b < MAX_NB; b++) {
+			/* each group of 32 has its own scale: its own max / 127 */
+			for (int g = 0; g < 8; g++)
+				ck_assert_float_eq(q[b].d[g], group_amax(x, b, g) / 127.0f);
 			for (int i = 0; i < 16; i++) {
 				int sum = 0;
 
 				for (int e = 16 * i; e < 16 * i + 16; e++) {
+					float d = q[b].d[e / 32];
+
 					ck_assert_int_le(abs(q[b].q[e]), 127);
-					ck_assert_float_le(fabsf(x[256 * b + e] - q[b].d * q[b].q[e]),
-							   q[b].d * 0.5001f + 1e-30f);
+					ck_assert_float_le(fabsf(x[256 * b + e] - d * q[b].q[e]),
+							   d * 0.5001f + 1e-30f);
 					sum += q[b].q[e];
 				}
 				ck_assert_int_eq(q[b].bsums[i], sum);
 			}
 		}
 	}
-	/* a NaN poisons its super-block, not its neighbours */
+	/* a NaN poisons its group of 32, not its neighbours */
 	x[300] = NAN;
 	qdot_k_quantize_row(x, q, 768);
-	ck_assert(isnan(q[1].d));
-	ck_assert(!isnan(q[0].d) && !isnan(q[2].d));
+	for (int b = 0; b < 3; b++)
+		for (int g = 0; g < 8; g++)
+			ck_assert(isnan(q[b].d[g]) == (b == 1 && g == 1));
+	for (int e = 32; e < 64; e++)
+		ck_assert_int_eq(q[1].q[e], 0);
 }
 END_TEST
 
+/* Blocks a and b the same, but for the sign or payload of NaN scales. */
+static bool kblock_same(const struct qdot_kblock *a, const struct qdot_kblock *b)
+{
+	if (memcmp(a->q, b->q, sizeof(a->q)) || memcmp(a->bsums, b->bsums, sizeof(a->bsums)))
+		return false;
+	for (int g = 0; g < 8; g++)
+		if (memcmp(&a->d[g], &b->d[g], sizeof(float)) && !(isnan(a->d[g]) && isnan(b->d[g])))
+			return false;
+	return true;
+}
+
 /* The SIMD quantizer gives the plain C one's super-blocks byte for byte,
  * also with zeros, ties at .5 steps, huge and tiny values and non-finite
- * ones (a non-finite block's d is a NaN of either sign bit). */
+ * ones (a non-finite group's d is a NaN of either sign bit). */
 START_TEST(quantize_simd_matches_c)
 {
 	static float x[MAX_NB * 256];
@@ -153,14 +183,11 @@ START_TEST(quantize_simd_matches_c)
 
 	for (int rep = 0; rep < 100; rep++) {
 		fill_acts(x, MAX_NB * 256);
-		hard_acts(x, MAX_NB * 256, 256, rep % 4 == 0, rnd32);
+		hard_acts(x, MAX_NB * 256, rep % 2 ? 256 : 32, rep % 4 == 0, rnd32);
 		qdot_k_quantize_row(x, a, MAX_NB * 256);
 		qdot_k_quantize_row_c(x, b, MAX_NB * 256);
 		for (int i = 0; i < MAX_NB; i++)
-			bad += memcmp(&a[i], &b[i], sizeof(a[i])) != 0 &&
-			       !(isnan(a[i].d) && isnan(b[i].d) &&
-				 !memcmp(a[i].q, b[i].q, sizeof(a[i].q)) &&
-				 !memcmp(a[i].bsums, b[i].bsums, sizeof(a[i].bsums)));
+			bad += !kblock_same(&a[i], &b[i]);
 	}
 	ck_assert_int_eq(bad, 0);
 }
@@ -177,21 +204,24 @@ static bool near_f64(uint32_t t, const uint8_t *w, const float *x, const struct 
 
 	cpu_dequant_row(CPU_ISA_SCALAR, t, w, wf, nb * 256);
 	for (int64_t b = 0; b < nb; b++) {
-		double wabs = 0, wmax = 0;
+		double wabs = 0, wmax = 0; /* wabs: sum |w| over the group of 32 */
 
 		for (int e = 0; e < 256; e++)
 			wmax = fmax(wmax, fabs(wf[256 * b + e]));
 		for (int e = 0; e < 256; e++) {
 			double we = wf[256 * b + e], xe = x[256 * b + e];
-			double xq = (double)q[b].d * q[b].q[e];
+			double xq = (double)q[b].d[e / 32] * q[b].q[e];
 
 			exact += we * xe;
 			quant += we * xq;
 			tol += 1e-5 * fabs(xq) * (fabs(we) + wmax);
 			mag += fabs(we * xe);
 			wabs += fabs(we);
+			if (e % 32 == 31) { /* group e / 32 done */
+				qerr += wabs * (double)q[b].d[e / 32] / 2.0;
+				wabs = 0;
+			}
 		}
-		qerr += wabs * (double)q[b].d / 2.0;
 	}
 	if (mag > 0 && fabs(got - exact) / mag > worst_rel)
 		worst_rel = fabs(got - exact) / mag;

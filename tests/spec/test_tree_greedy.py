@@ -5,7 +5,9 @@ and on cpu.so (whose tree rows go through the decode kernels: bit for bit
 the plain logits). The prompts repeat one stem with several endings, so
 ngram.so's trees branch; the tree runs must verify more drafts than the
 chain runs (trees were proposed and verified, not silently turned into
-chains). Also: --spec-tree out of range is refused naming the flag.
+chains). The same for layerskip.so's trees (the early-exit model's chain
+with its unsure runner-ups beside it) on cpu.so. Also: --spec-tree out of
+range is refused naming the flag.
 Usage: test_tree_greedy.py LOOM_EXE (LOOM_MODEL names the model).
 """
 import os
@@ -22,6 +24,10 @@ PROMPTS = [
 # ref.so is slow (seconds a run): the branching prompt only
 BACKENDS = [(["--backend", "ref.so"], PROMPTS[:1]),
             (["--backend", "cpu.so", "--exact"], PROMPTS)]
+# (strategy flags, backends): ngram.so everywhere; layerskip.so (26 of
+# SmolLM2's 30 layers: it drafts well enough to go on proposing) on cpu.so
+STRATEGIES = [(["--spec=ngram.so"], BACKENDS),
+              (["--spec=layerskip.so", "--spec-layers", "26"], BACKENDS[1:])]
 
 
 def run(loom, model, prompt, extra, out):
@@ -35,6 +41,30 @@ def run(loom, model, prompt, extra, out):
         return f.read().split(), (int(m.group(2)) if m else 0)
 
 
+def check_backend(loom, model, spec, be, prompts, out):
+    """Chains and trees of strategy `spec` on backend `be`: plain greedy
+    tokens, and more drafts verified with trees than with chains."""
+    tree_drafts = chain_drafts = 0
+    label = " ".join(be + spec)
+    for i, prompt in enumerate(prompts):
+        plain, _ = run(loom, model, prompt, be, out)
+        chain, n_chain = run(loom, model, prompt, be + spec, out)
+        tree, n_tree = run(loom, model, prompt, be + spec + ["--spec-tree", "16"], out)
+        for name, toks in (("chain", chain), ("tree", tree)):
+            if toks != plain:
+                n = next((j for j, (a, b) in enumerate(zip(toks, plain)) if a != b),
+                         min(len(toks), len(plain)))
+                sys.exit("FAIL: %s prompt %d %s: differs from plain greedy at token %d"
+                         % (label, i, name, n))
+        tree_drafts += n_tree
+        chain_drafts += n_chain
+        print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d)"
+              % (label, i, len(plain), n_chain, n_tree))
+    if tree_drafts <= chain_drafts:
+        sys.exit("FAIL: %s: trees verified %d drafts, chains %d: no tree was used"
+                 % (label, tree_drafts, chain_drafts))
+
+
 def main():
     loom = sys.argv[1]
     model = os.environ.get("LOOM_MODEL", "")
@@ -43,26 +73,9 @@ def main():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tokens")
-        for be, prompts in BACKENDS:
-            tree_drafts = chain_drafts = 0
-            for i, prompt in enumerate(prompts):
-                plain, _ = run(loom, model, prompt, be, out)
-                chain, n_chain = run(loom, model, prompt, be + ["--spec=ngram.so"], out)
-                tree, n_tree = run(loom, model, prompt,
-                                   be + ["--spec=ngram.so", "--spec-tree", "16"], out)
-                for name, toks in (("chain", chain), ("tree", tree)):
-                    if toks != plain:
-                        n = next((j for j, (a, b) in enumerate(zip(toks, plain)) if a != b),
-                                 min(len(toks), len(plain)))
-                        sys.exit("FAIL: %s prompt %d %s: differs from plain greedy at token %d"
-                                 % (" ".join(be), i, name, n))
-                tree_drafts += n_tree
-                chain_drafts += n_chain
-                print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d)"
-                      % (" ".join(be), i, len(plain), n_chain, n_tree))
-            if tree_drafts <= chain_drafts:
-                sys.exit("FAIL: %s: trees verified %d drafts, chains %d: no tree was used"
-                         % (" ".join(be), tree_drafts, chain_drafts))
+        for spec, backends in STRATEGIES:
+            for be, prompts in backends:
+                check_backend(loom, model, spec, be, prompts, out)
         p = subprocess.run([loom, "run", "--model", model, "-p", "hi", "-n", "2",
                             "--spec-tree", "65"], capture_output=True, text=True, timeout=60)
         if p.returncode == 0 or "--spec-tree" not in p.stderr:
