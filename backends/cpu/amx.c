@@ -219,8 +219,8 @@ static TGT_AMX void amx_run(bool hw, const void *panel, int rows, const struct q
 
 bool amx_supported(enum amx_mode mode, uint32_t type)
 {
-	if (!(qdot_format(type) || qdot_k_format(type)))
-		return false;
+	if (!(qdot_format(type) || qdot_k_format(type)) || type == LOOM_TYPE_MXFP4)
+		return false; /* mxfp4: no qgemm panels (qgemm.c) */
 	if (mode == AMX_EMU)
 		return qdot_isa_supported(QDOT_VNNI);
 	return mode == AMX_HW && amx_hw_present();

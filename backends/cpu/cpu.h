@@ -77,6 +77,18 @@ static inline uint32_t cpu_rd32(const uint8_t *p)
 	return v;
 }
 
+/* MXFP4 (32 E2M1 values sharing an E8M0 scale e: 1 scale byte, then
+ * q4_0's nibble layout): the E2M1 codes doubled to integers, and the scale
+ * halved to match, 2^(e - 128) (a subnormal float for e < 2). */
+static inline float cpu_mxfp4_scale(uint8_t e)
+{
+	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
 /* ---- kernels (kernels.c) ---- */
 
 enum cpu_isa { CPU_ISA_SCALAR, CPU_ISA_AVX2, CPU_ISA_AVX512 };

@@ -235,14 +235,6 @@ static inline float plain_get(uint32_t t, const uint8_t *row, int64_t e)
 /* MXFP4's doubled E2M1 values, and its E8M0 scale halved to match. */
 static const float mxfp4_kv[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
 
-static inline float mxfp4_half_scale(uint8_t e)
-{
-	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-	float f;
-
-	memcpy(&f, &bits, 4);
-	return f;
-}
 
 #if defined(__x86_64__)
 /* mxfp4_kv as bytes, for a byte shuffle (SSSE3, in the AVX2 and AVX-512 sets) */
@@ -294,7 +286,7 @@ static void scalar_deq(uint32_t t, const uint8_t *p, float *out)
 		}
 		return;
 	case LOOM_TYPE_MXFP4: /* E2M1 by table, scale 2^(e - 128) (plugins/quant/mxfp4.c) */
-		d = mxfp4_half_scale(p[0]);
+		d = cpu_mxfp4_scale(p[0]);
 		for (int j = 0; j < 16; j++) {
 			out[j] = mxfp4_kv[p[1 + j] & 15] * d;
 			out[j + 16] = mxfp4_kv[p[1 + j] >> 4] * d;
@@ -644,7 +636,7 @@ TGT_AVX2 ALWAYS void avx2_deq(const uint32_t t, const uint8_t *p, __m256 w[4])
 			w[s] = _mm256_fmadd_ps(w[s], d, m);
 		break;
 	case LOOM_TYPE_MXFP4: /* scalar_deq's table by byte shuffle: the same products */
-		d = _mm256_set1_ps(mxfp4_half_scale(p[0]));
+		d = _mm256_set1_ps(cpu_mxfp4_scale(p[0]));
 		raw = _mm_loadu_si128((const __m128i *)(p + 1));
 		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
 		hi = _mm_shuffle_epi8(MXFP4_LUT,
@@ -1246,7 +1238,7 @@ TGT_AVX512 ALWAYS void avx512_deq(const uint32_t t, const uint8_t *p, __m512 w[2
 			w[s] = _mm512_fmadd_ps(w[s], d, m);
 		break;
 	case LOOM_TYPE_MXFP4:
-		d = _mm512_set1_ps(mxfp4_half_scale(p[0]));
+		d = _mm512_set1_ps(cpu_mxfp4_scale(p[0]));
 		raw = _mm_loadu_si128((const __m128i *)(p + 1));
 		lo = _mm_shuffle_epi8(MXFP4_LUT, _mm_and_si128(raw, _mm_set1_epi8(15)));
 		hi = _mm_shuffle_epi8(MXFP4_LUT,

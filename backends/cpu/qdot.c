@@ -41,6 +41,7 @@ bool qdot_format(uint32_t type)
 	case LOOM_TYPE_Q4_1:
 	case LOOM_TYPE_Q5_0:
 	case LOOM_TYPE_Q5_1:
+	case LOOM_TYPE_MXFP4:
 		return true;
 	default:
 		return false;
@@ -99,6 +100,7 @@ static inline size_t block_bytes(uint32_t t)
 	case LOOM_TYPE_Q4_0: return 18;
 	case LOOM_TYPE_Q4_1: return 20;
 	case LOOM_TYPE_Q5_0: return 22;
+	case LOOM_TYPE_MXFP4: return 17;
 	default: return 24; /* Q5_1 */
 	}
 }
@@ -197,13 +199,24 @@ void qdot_row_scales(const struct qdot_block *x, int64_t nb, float *sc)
 
 /* ---- plain C: the references, and the scalar kernels ---- */
 
+/* MXFP4's doubled E2M1 codes (cpu_mxfp4_scale() is the halved scale). */
+static const int8_t mxfp4_q[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
 /* Weight block p of type t: its 32 integers, scale and minimum (0 if none). */
 ALWAYS void unpack(uint32_t t, const uint8_t *p, int8_t q[32], float *d, float *m)
 {
 	uint32_t qh;
 
-	*d = cpu_fp16_to_f32(cpu_rd16(p));
 	*m = 0.0f;
+	if (t == LOOM_TYPE_MXFP4) {
+		*d = cpu_mxfp4_scale(p[0]);
+		for (int j = 0; j < 16; j++) {
+			q[j] = mxfp4_q[p[1 + j] & 15];
+			q[j + 16] = mxfp4_q[p[1 + j] >> 4];
+		}
+		return;
+	}
+	*d = cpu_fp16_to_f32(cpu_rd16(p));
 	switch (t) {
 	case LOOM_TYPE_Q8_0:
 		memcpy(q, p + 2, 32);
@@ -365,12 +378,14 @@ QDOT_ONE(, scalar_q4_0, LOOM_TYPE_Q4_0, scalar_rows)
 QDOT_ONE(, scalar_q4_1, LOOM_TYPE_Q4_1, scalar_rows)
 QDOT_ONE(, scalar_q5_0, LOOM_TYPE_Q5_0, scalar_rows)
 QDOT_ONE(, scalar_q5_1, LOOM_TYPE_Q5_1, scalar_rows)
+QDOT_ONE(, scalar_mxfp4, LOOM_TYPE_MXFP4, scalar_rows)
 static const qdot_fn scalar_set[] = {
 	scalar_q8_0,
 	scalar_q4_0,
 	scalar_q4_1,
 	scalar_q5_0,
 	scalar_q5_1,
+	scalar_mxfp4,
 };
 
 #if defined(__x86_64__)
@@ -415,8 +430,18 @@ TGT_AVX2 ALWAYS void avx2_operands(uint32_t t, const uint8_t *p, const struct qd
 {
 	__m256i xq = _mm256_loadu_si256((const __m256i *)x->q), w;
 
-	*d = avx2_h(p) * x->d;
 	*m = 0.0f;
+	if (t == LOOM_TYPE_MXFP4) { /* the codes by byte shuffle, as unpack() */
+		const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+			(const __m128i *)mxfp4_q));
+
+		*d = cpu_mxfp4_scale(p[0]) * x->d;
+		w = _mm256_shuffle_epi8(lut, avx2_nibbles(p + 1));
+		*u = _mm256_abs_epi8(w);
+		*s = _mm256_sign_epi8(xq, w);
+		return;
+	}
+	*d = avx2_h(p) * x->d;
 	switch (t) {
 	case LOOM_TYPE_Q8_0:
 		w = _mm256_loadu_si256((const __m256i *)(p + 2));
@@ -519,12 +544,14 @@ QDOT_ONE(TGT_AVX2, avx2_q4_0, LOOM_TYPE_Q4_0, avx2_rows)
 QDOT_ONE(TGT_AVX2, avx2_q4_1, LOOM_TYPE_Q4_1, avx2_rows)
 QDOT_ONE(TGT_AVX2, avx2_q5_0, LOOM_TYPE_Q5_0, avx2_rows)
 QDOT_ONE(TGT_AVX2, avx2_q5_1, LOOM_TYPE_Q5_1, avx2_rows)
+QDOT_ONE(TGT_AVX2, avx2_mxfp4, LOOM_TYPE_MXFP4, avx2_rows)
 static const qdot_fn avx2_set[] = {
 	avx2_q8_0,
 	avx2_q4_0,
 	avx2_q4_1,
 	avx2_q5_0,
 	avx2_q5_1,
+	avx2_mxfp4,
 };
 /* the avxvnni set: one function per format, and its table */
 QDOT_ONE(TGT_AVXVNNI, avxvnni_q8_0, LOOM_TYPE_Q8_0, avxvnni_rows)
@@ -532,12 +559,14 @@ QDOT_ONE(TGT_AVXVNNI, avxvnni_q4_0, LOOM_TYPE_Q4_0, avxvnni_rows)
 QDOT_ONE(TGT_AVXVNNI, avxvnni_q4_1, LOOM_TYPE_Q4_1, avxvnni_rows)
 QDOT_ONE(TGT_AVXVNNI, avxvnni_q5_0, LOOM_TYPE_Q5_0, avxvnni_rows)
 QDOT_ONE(TGT_AVXVNNI, avxvnni_q5_1, LOOM_TYPE_Q5_1, avxvnni_rows)
+QDOT_ONE(TGT_AVXVNNI, avxvnni_mxfp4, LOOM_TYPE_MXFP4, avxvnni_rows)
 static const qdot_fn avxvnni_set[] = {
 	avxvnni_q8_0,
 	avxvnni_q4_0,
 	avxvnni_q4_1,
 	avxvnni_q5_0,
 	avxvnni_q5_1,
+	avxvnni_mxfp4,
 };
 
 /* ---- AVX-512: 16 lanes, two blocks per step ---- */
@@ -834,12 +863,14 @@ QDOT_ONE(TGT_AVX512, avx512_q4_0, LOOM_TYPE_Q4_0, avx512_rows)
 QDOT_ONE(TGT_AVX512, avx512_q4_1, LOOM_TYPE_Q4_1, avx512_rows)
 QDOT_ONE(TGT_AVX512, avx512_q5_0, LOOM_TYPE_Q5_0, avx512_rows)
 QDOT_ONE(TGT_AVX512, avx512_q5_1, LOOM_TYPE_Q5_1, avx512_rows)
+QDOT_ONE(TGT_AVX512, avx512_mxfp4, LOOM_TYPE_MXFP4, avx512_rows)
 static const qdot_fn avx512_set[] = {
 	avx512_q8_0,
 	avx512_q4_0,
 	avx512_q4_1,
 	avx512_q5_0,
 	avx512_q5_1,
+	avx512_mxfp4,
 };
 /* the vnni set: one function per format, and its table */
 QDOT_ONE(TGT_VNNI, vnni_q8_0, LOOM_TYPE_Q8_0, vnni_any_rows)
@@ -847,12 +878,14 @@ QDOT_ONE(TGT_VNNI, vnni_q4_0, LOOM_TYPE_Q4_0, vnni_any_rows)
 QDOT_ONE(TGT_VNNI, vnni_q4_1, LOOM_TYPE_Q4_1, vnni_any_rows)
 QDOT_ONE(TGT_VNNI, vnni_q5_0, LOOM_TYPE_Q5_0, vnni_any_rows)
 QDOT_ONE(TGT_VNNI, vnni_q5_1, LOOM_TYPE_Q5_1, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_mxfp4, LOOM_TYPE_MXFP4, vnni_any_rows)
 static const qdot_fn vnni_set[] = {
 	vnni_q8_0,
 	vnni_q4_0,
 	vnni_q4_1,
 	vnni_q5_0,
 	vnni_q5_1,
+	vnni_mxfp4,
 };
 
 #endif /* __x86_64__ */
@@ -866,6 +899,7 @@ static int format_index(uint32_t type)
 	case LOOM_TYPE_Q4_1: return 2;
 	case LOOM_TYPE_Q5_0: return 3;
 	case LOOM_TYPE_Q5_1: return 4;
+	case LOOM_TYPE_MXFP4: return 5;
 	default: return -1;
 	}
 }

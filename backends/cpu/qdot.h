@@ -2,7 +2,9 @@
  * Integer dot products of the cpu backend's fast (non-exact) mode.
  *
  * An activation row is quantized once per GEMM into blocks of 32 values
- * that line up with the weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); a
+ * that line up with the weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+ * MXFP4, whose E2M1 codes doubled are the integers 0..12 with a sign, and
+ * its E8M0 scale halved); a
  * weight row times such a row is then a sum of integer block dot products,
  * each scaled by the two blocks' float scales.
  *

@@ -29,7 +29,10 @@ static int weight_off(uint32_t t)
 
 bool qgemm_supported(enum qdot_isa isa, uint32_t type)
 {
-	return (qdot_format(type) || qdot_k_format(type)) &&
+	/* mxfp4 has 8-bit GEMV kernels but no panel builder of its own: its
+	 * prefill through panels built block by block in C was 12-15 % slower
+	 * than dequantizing (docs/BENCHMARKS.md) */
+	return (qdot_format(type) || qdot_k_format(type)) && type != LOOM_TYPE_MXFP4 &&
 	       (isa == QDOT_VNNI || isa == QDOT_AVXVNNI || isa == QDOT_AVX2) &&
 	       qdot_isa_supported(isa);
 }

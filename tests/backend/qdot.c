@@ -36,6 +36,7 @@
 
 static const uint32_t formats[] = {
 	LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+	LOOM_TYPE_MXFP4,
 };
 #define N_FORMATS (int)(sizeof(formats) / sizeof(formats[0]))
 
@@ -75,7 +76,9 @@ static void fill_weights(uint32_t t, uint8_t *w, int64_t nb)
 
 	for (size_t i = 0; i < nb * bb; i++)
 		w[i] = (uint8_t)rnd32();
-	for (int64_t b = 0; b < nb; b++) {
+	for (int64_t b = 0; t == LOOM_TYPE_MXFP4 && b < nb; b++)
+		w[b * bb] = (uint8_t)(118 + rnd32() % 9); /* E8M0: 2^-9 .. 2^-1 */
+	for (int64_t b = 0; t != LOOM_TYPE_MXFP4 && b < nb; b++) {
 		uint16_t d = to_f16(0.002f + 0.05f * (rndf() + 1.0f));
 		uint16_t m = to_f16(-0.3f * (rndf() + 1.5f) / 2.0f);
 
@@ -98,10 +101,15 @@ static void fill_acts(float *x, int64_t k)
 /* Weight element e of block p, from the GGUF layouts, in double. */
 static double weight(uint32_t t, const uint8_t *p, int e)
 {
+	static const double e2m1[16] = { 0, 0.5, 1, 1.5, 2, 3, 4, 6,
+					 -0.0, -0.5, -1, -1.5, -2, -3, -4, -6 };
 	double d = cpu_fp16_to_f32((uint16_t)(p[0] | p[1] << 8)), m = 0.0;
 	const uint8_t *qs;
 	uint32_t qh = 0;
 	int q;
+
+	if (t == LOOM_TYPE_MXFP4) /* E2M1 times 2^(e - 127) */
+		return ldexp(e2m1[e < 16 ? p[1 + e] & 15 : p[1 + e - 16] >> 4], p[0] - 127);
 
 	if (t == LOOM_TYPE_Q8_0)
 		return d * (int8_t)p[2 + e];
@@ -431,6 +439,8 @@ START_TEST(kpack32_matches_reference)
 	/* the 256-bit sets run wherever AVX2 does */
 	ck_assert(!qdot_isa_supported(QDOT_AVX2) || kpack_kernel(QDOT_AVX2, LOOM_TYPE_Q8_0));
 	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		if (formats[f] == LOOM_TYPE_MXFP4) /* not packed: GGUF layout kernels */
+			continue;
 		ck_assert(kpack_format(formats[f]) && kpack_block_elems(formats[f]) == 32);
 		for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
 			for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++, cases++)
