@@ -6,7 +6,10 @@ the plain logits). The prompts repeat one stem with several endings, so
 ngram.so's trees branch; the tree runs must verify more drafts than the
 chain runs (trees were proposed and verified, not silently turned into
 chains). Also: --spec-tree out of range is refused naming the flag.
-Usage: test_tree_greedy.py LOOM_EXE (LOOM_MODEL names the model).
+With BACKEND (a GPU emulator, gpuemu.so or gpuemu64.so) that backend
+alone, in exact mode, on the branching prompt: its tree rows go through
+the split-K kernel (decode rows' bits), about a second a token there.
+Usage: test_tree_greedy.py LOOM_EXE [BACKEND] (LOOM_MODEL names the model).
 """
 import os
 import re
@@ -37,13 +40,16 @@ def run(loom, model, prompt, extra, out):
 
 def main():
     loom = sys.argv[1]
+    backends = BACKENDS
+    if len(sys.argv) > 2:
+        backends = [(["--backend", sys.argv[2], "--exact"], PROMPTS[:1])]
     model = os.environ.get("LOOM_MODEL", "")
     if not os.path.isfile(model):
         print("model %s not found; set LOOM_MODEL" % model)
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tokens")
-        for be, prompts in BACKENDS:
+        for be, prompts in backends:
             tree_drafts = chain_drafts = 0
             for i, prompt in enumerate(prompts):
                 plain, _ = run(loom, model, prompt, be, out)
