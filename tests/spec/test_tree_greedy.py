@@ -7,8 +7,11 @@ ngram.so's trees branch; the tree runs must verify more drafts than the
 chain runs (trees were proposed and verified, not silently turned into
 chains). Also: --spec-tree out of range is refused naming the flag.
 With BACKEND (a GPU emulator, gpuemu.so or gpuemu64.so) that backend
-alone, in exact mode, on the branching prompt: its tree rows go through
-the split-K kernel (decode rows' bits), about a second a token there.
+alone, in exact mode, on the side-branch prompt, where a tree's side
+branch is taken (the tree run accepts more drafts than the chain run, so
+a side node's row decides tokens and a wrong ancestor mask shows): its
+tree rows go through the split-K kernel (decode rows' bits), about a
+second a token there.
 Usage: test_tree_greedy.py LOOM_EXE [BACKEND] (LOOM_MODEL names the model).
 """
 import os
@@ -21,6 +24,8 @@ PROMPTS = [
     "The cat sat on the mat. The cat ran to the door. The cat sat on the chair. "
     "The cat ate the fish. The cat sat on the",
     "Count: one, two, three, four, five, six, seven, eight, nine, ten. Again: one, two,",
+    # side-branch prompt: "1 2 3" goes on "4 5" three times, "9 9" twice
+    "1 2 3 4 5. 1 2 3 4 5. 1 2 3 4 5. 1 2 3 9 9. 1 2 3 9 9. 1 2 3",
 ]
 # ref.so is slow (seconds a run): the branching prompt only
 BACKENDS = [(["--backend", "ref.so"], PROMPTS[:1]),
@@ -35,14 +40,14 @@ def run(loom, model, prompt, extra, out):
         sys.exit("FAIL: %s\n%s" % (" ".join(extra), p.stderr.strip()))
     m = re.search(r"\((\d+) of (\d+) drafts\)", p.stderr)
     with open(out) as f:
-        return f.read().split(), (int(m.group(2)) if m else 0)
+        return f.read().split(), (int(m.group(2)) if m else 0), (int(m.group(1)) if m else 0)
 
 
 def main():
     loom = sys.argv[1]
     backends = BACKENDS
     if len(sys.argv) > 2:
-        backends = [(["--backend", sys.argv[2], "--exact"], PROMPTS[:1])]
+        backends = [(["--backend", sys.argv[2], "--exact"], PROMPTS[2:])]
     model = os.environ.get("LOOM_MODEL", "")
     if not os.path.isfile(model):
         print("model %s not found; set LOOM_MODEL" % model)
@@ -52,10 +57,10 @@ def main():
         for be, prompts in backends:
             tree_drafts = chain_drafts = 0
             for i, prompt in enumerate(prompts):
-                plain, _ = run(loom, model, prompt, be, out)
-                chain, n_chain = run(loom, model, prompt, be + ["--spec=ngram.so"], out)
-                tree, n_tree = run(loom, model, prompt,
-                                   be + ["--spec=ngram.so", "--spec-tree", "16"], out)
+                plain, _, _ = run(loom, model, prompt, be, out)
+                chain, n_chain, acc_chain = run(loom, model, prompt, be + ["--spec=ngram.so"], out)
+                tree, n_tree, acc_tree = run(loom, model, prompt,
+                                             be + ["--spec=ngram.so", "--spec-tree", "16"], out)
                 for name, toks in (("chain", chain), ("tree", tree)):
                     if toks != plain:
                         n = next((j for j, (a, b) in enumerate(zip(toks, plain)) if a != b),
@@ -64,8 +69,12 @@ def main():
                                  % (" ".join(be), i, name, n))
                 tree_drafts += n_tree
                 chain_drafts += n_chain
-                print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d)"
-                      % (" ".join(be), i, len(plain), n_chain, n_tree))
+                print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d; "
+                      "accepted: chain %d, tree %d)"
+                      % (" ".join(be), i, len(plain), n_chain, n_tree, acc_chain, acc_tree))
+                if prompt == PROMPTS[2] and acc_tree <= acc_chain:
+                    sys.exit("FAIL: %s: no side branch taken (accepted: tree %d, chain %d)"
+                             % (" ".join(be), acc_tree, acc_chain))
             if tree_drafts <= chain_drafts:
                 sys.exit("FAIL: %s: trees verified %d drafts, chains %d: no tree was used"
                          % (" ".join(be), tree_drafts, chain_drafts))
