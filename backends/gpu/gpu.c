@@ -1084,6 +1084,22 @@ static void want_attn_tables(struct loom_backend_ctx *ctx, const struct loom_att
 		*rc = want_table(ctx, a->block_table, a->n_seqs * a->max_blocks);
 }
 
+/* Whether attention call b checks and plans exactly as a does: the same
+ * tables and every field the checks and the plan read (out, q and the
+ * caches only for being non-NULL). The layers of a step are such calls,
+ * so a step checks and plans its attention once and shares the items. */
+static bool same_attn_plan(const struct loom_attention_args *a,
+			   const struct loom_attention_args *b)
+{
+	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
+	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
+	       a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
+	       a->head_dim == b->head_dim && a->block_size == b->block_size &&
+	       a->max_blocks == b->max_blocks && a->window == b->window && a->parent == b->parent &&
+	       a->q_stride == b->q_stride && a->out_stride == b->out_stride && !a->out == !b->out &&
+	       !a->q == !b->q && !a->kcache == !b->kcache && !a->vcache == !b->vcache;
+}
+
 /* Asks for the parent tables (token trees, ABI 1.8) of the attention
  * calls that have one: a table holds one entry per query row, a count
  * known only once q_start is staged, so these come in a second round.
@@ -1091,14 +1107,19 @@ static void want_attn_tables(struct loom_backend_ctx *ctx, const struct loom_att
  * refuses it). */
 static int want_parents(struct loom_backend_ctx *ctx, const struct call *calls, int64_t n)
 {
+	const struct loom_attention_args *last = NULL;
 	int rc = LOOM_OK;
 
 	for (int64_t i = 0; i < n && !rc; i++) {
 		const struct loom_attention_args *a = &calls[i].u.attn;
 		int64_t rows, longest;
 
-		if (calls[i].kind != CALL_ATTENTION || !a->parent ||
-		    !loom_check_attention_tables(a, staged(ctx, a->q_start, a->n_seqs + 1),
+		if (calls[i].kind != CALL_ATTENTION || !a->parent)
+			continue;
+		if (last && same_attn_plan(last, a)) /* the step's other layers */
+			continue;
+		last = a;
+		if (!loom_check_attention_tables(a, staged(ctx, a->q_start, a->n_seqs + 1),
 						 staged(ctx, a->kv_len, a->n_seqs),
 						 staged(ctx, a->block_table, a->n_seqs * a->max_blocks),
 						 &rows, &longest))
@@ -1403,22 +1424,6 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 	if (n > *need)
 		*need = n;
 	return rc;
-}
-
-/* Whether attention call b checks and plans exactly as a does: the same
- * tables and every field the checks and the plan read (out, q and the
- * caches only for being non-NULL). The layers of a step are such calls,
- * so a step checks and plans its attention once and shares the items. */
-static bool same_attn_plan(const struct loom_attention_args *a,
-			   const struct loom_attention_args *b)
-{
-	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
-	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
-	       a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
-	       a->head_dim == b->head_dim && a->block_size == b->block_size &&
-	       a->max_blocks == b->max_blocks && a->window == b->window && a->parent == b->parent &&
-	       a->q_stride == b->q_stride && a->out_stride == b->out_stride && !a->out == !b->out &&
-	       !a->q == !b->q && !a->kcache == !b->kcache && !a->vcache == !b->vcache;
 }
 
 int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
