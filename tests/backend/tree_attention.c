@@ -10,8 +10,10 @@
  * differ from decode rows). Checked on one irregular tree with and
  * without a window, and on every tree of depth 1..8 and width 1..8 (a
  * root and `width` branches of `depth` nodes, breadth first), next to a
- * plain chunk in the same call; and a wrong parent table must fail the
- * comparison (the check can fail).
+ * plain chunk in the same call; without a window also in step regions
+ * (two layers' calls a region, three regions: captured and replayed on
+ * the GPU backends), bit for bit as the direct call; and a wrong parent
+ * table must fail the comparison (the check can fail).
  *
  * Usage: backend_tree_attention [backend.so ...]
  * Without arguments: ref.so and cpu.so (exact and fast mode). Each named
@@ -48,10 +50,12 @@ struct cache {
 	float *k, *v; /* [n_blocks * BS][KV_DIM] */
 };
 
-/* One attention call on d: n_seqs sequences, rows q[rows][WIDTH]. */
-static int attend(struct dev *d, const struct cache *c, const float *q, int32_t n_seqs,
-		  const int32_t *q_start, const int32_t *kv_len, const int32_t *table,
-		  int32_t max_blocks, const int32_t *parent, int32_t window, float *out)
+/* The arguments of one attention call on d (its buffers put there):
+ * n_seqs sequences, rows q[rows][WIDTH]. */
+static struct loom_attention_args attn_args(struct dev *d, const struct cache *c, const float *q,
+					    int32_t n_seqs, const int32_t *q_start,
+					    const int32_t *kv_len, const int32_t *table,
+					    int32_t max_blocks, const int32_t *parent, int32_t window)
 {
 	int32_t rows = q_start[n_seqs];
 	size_t cb = (size_t)c->n_blocks * BS * KV_DIM * sizeof(float);
@@ -68,12 +72,62 @@ static int attend(struct dev *d, const struct cache *c, const float *q, int32_t 
 		.scale = 1.0f / sqrtf((float)HD), .window = window,
 		.parent = parent ? dev_put(d, parent, sizeof(int32_t) * (size_t)rows) : NULL,
 	};
+
+	return a;
+}
+
+/* One attention call on d, out[rows][WIDTH]. */
+static int attend(struct dev *d, const struct cache *c, const float *q, int32_t n_seqs,
+		  const int32_t *q_start, const int32_t *kv_len, const int32_t *table,
+		  int32_t max_blocks, const int32_t *parent, int32_t window, float *out)
+{
+	struct loom_attention_args a = attn_args(d, c, q, n_seqs, q_start, kv_len, table,
+						 max_blocks, parent, window);
 	int rc = d->ops->attention(d->ctx, &a);
 
 	if (!rc)
-		rc = dev_get(d, out, a.out, ob);
+		rc = dev_get(d, out, a.out, sizeof(float) * (size_t)q_start[n_seqs] * WIDTH);
 	dev_reset(d);
 	return rc;
+}
+
+/* The same call twice (two layers of a step) in a step region, three
+ * times over the same buffers (seen, captured, replayed where the
+ * backend captures): rows that differ from want, in any output of any
+ * round; -1 when a call failed. */
+static int attend_in_regions(struct dev *d, const struct cache *c, const float *q,
+			     const int32_t *q_start, const int32_t *kv_len, const int32_t *table,
+			     const int32_t *parent, const float *want)
+{
+	const int32_t rows = q_start[2];
+	const size_t ob = sizeof(float) * (size_t)rows * WIDTH;
+	struct loom_attention_args a = attn_args(d, c, q, 2, q_start, kv_len, table, MAX_BLOCKS,
+						 parent, 0);
+	struct loom_attention_args b = a;
+	float *got = tb_xmalloc(ob);
+	int bad = 0;
+
+	b.out = dev_put(d, NULL, ob);
+	for (int round = 0; round < 3 && bad >= 0; round++) {
+		int rc = d->ops->graph_begin(d->ctx);
+
+		if (!rc) {
+			d->ops->attention(d->ctx, &a); /* failures: from graph_end */
+			d->ops->attention(d->ctx, &b);
+			rc = d->ops->graph_end(d->ctx);
+		}
+		for (int k = 0; k < 2 && !rc; k++) {
+			rc = dev_get(d, got, k ? b.out : a.out, ob);
+			for (int32_t r = 0; r < rows && !rc; r++)
+				bad += memcmp(got + (size_t)r * WIDTH, want + (size_t)r * WIDTH,
+					      sizeof(float) * WIDTH) != 0;
+		}
+		if (rc)
+			bad = -1;
+	}
+	dev_reset(d);
+	free(got);
+	return bad;
 }
 
 /* Row i's answer built by hand: a cache of the prefix and i's ancestors
@@ -164,6 +218,12 @@ static int run_case(struct dev *d, const int32_t *parent, const int32_t *truth, 
 	}
 	bad += memcmp(plain + (size_t)nodes * WIDTH, out + (size_t)nodes * WIDTH,
 		      rb * CHUNK) != 0;
+	/* in step regions (ABI 1.1) as by the direct call */
+	if (window == 0 && d->ops->abi_minor >= 1 && d->ops->graph_begin) {
+		int r = attend_in_regions(d, &c, q, q_start, kv_len, table, par, out);
+
+		bad = r < 0 ? -1 : bad + r;
+	}
 out_free:
 	free(c.k);
 	free(c.v);
