@@ -12,8 +12,9 @@
  * root and `width` branches of `depth` nodes, breadth first), next to a
  * plain chunk in the same call; without a window also in step regions
  * (two layers' calls a region, three regions: captured and replayed on
- * the GPU backends), bit for bit as the direct call; and a wrong parent
- * table must fail the comparison (the check can fail).
+ * the GPU backends), bit for bit as the direct call; a wrong parent
+ * table must fail the comparison (the check can fail); and a parent
+ * table that breaks the rule (a row's own or a later row, -2) is refused.
  *
  * Usage: backend_tree_attention [backend.so ...]
  * Without arguments: ref.so and cpu.so (exact and fast mode). Each named
@@ -269,6 +270,37 @@ static int sweep(struct dev *d, const char *label)
 	return failed;
 }
 
+/* A parent that is not -1 or an earlier row of its sequence (itself, a
+ * later row, -2) is LOOM_ERR_INVALID, as a direct call. Returns the bad
+ * tables accepted. */
+static int bad_parents_accepted(struct dev *d)
+{
+	static const int32_t bad[][2] = { { 5, 5 }, { 3, 7 }, { 4, -2 }, { 0, 0 } };
+	int32_t table[MAX_BLOCKS] = { 0, 1, 2, 3, 4, 5 }, q_start[2] = { 0, NODES };
+	int32_t kv_len = PREFIX + NODES, par[NODES];
+	struct cache c = { .n_blocks = MAX_BLOCKS };
+	float *q = tb_xmalloc(sizeof(float) * NODES * WIDTH);
+	float *out = tb_xmalloc(sizeof(float) * NODES * WIDTH);
+	int accepted = 0;
+
+	c.k = tb_xmalloc((size_t)c.n_blocks * BS * KV_DIM * sizeof(float));
+	c.v = tb_xmalloc((size_t)c.n_blocks * BS * KV_DIM * sizeof(float));
+	tb_fill(c.k, (int64_t)c.n_blocks * BS * KV_DIM, 1.0f);
+	tb_fill(c.v, (int64_t)c.n_blocks * BS * KV_DIM, 1.0f);
+	tb_fill(q, NODES * WIDTH, 1.0f);
+	for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+		memcpy(par, tree, sizeof(par));
+		par[bad[b][0]] = bad[b][1];
+		accepted += attend(d, &c, q, 1, q_start, &kv_len, table, MAX_BLOCKS, par, 0, out) !=
+			    LOOM_ERR_INVALID;
+	}
+	free(c.k);
+	free(c.v);
+	free(q);
+	free(out);
+	return accepted;
+}
+
 static void check_backend(const char *name, uint32_t flags, const char *label)
 {
 	struct dev d;
@@ -301,6 +333,13 @@ static void check_backend(const char *name, uint32_t flags, const char *label)
 		failures++;
 	} else {
 		printf("ok %s: a wrong parent table differs\n", label);
+	}
+	if (bad_parents_accepted(&d)) {
+		printf("FAIL %s: a parent table with a row's own, a later or -2 parent accepted\n",
+		       label);
+		failures++;
+	} else {
+		printf("ok %s: bad parent tables refused\n", label);
 	}
 	failures += sweep(&d, label) != 0;
 	dev_close(&d);
