@@ -270,17 +270,19 @@ static int upload_ring(struct loom_backend_ctx *ctx, void *dev, const void *src,
 	return rc;
 }
 
-/* Stages every wanted table: from the upload ring when this step uploaded
- * it (no copy, no wait), else downloaded into pinned memory, all in one
- * batch with one wait. */
-static int fetch_tables(struct loom_backend_ctx *ctx)
+/* Stages every wanted table from the first-th on (those before are
+ * staged already): from the upload ring when this step uploaded it (no
+ * copy, no wait), else downloaded into pinned memory, all in one batch
+ * with one wait. A stage that must grow loses what it held, so then every
+ * table is staged again. */
+static int fetch_tables(struct loom_backend_ctx *ctx, int64_t first)
 {
 	const struct fetch *last = ctx->n_fetches ? &ctx->fetches[ctx->n_fetches - 1] : NULL;
 	size_t total = last ? last->off + last->bytes : 0;
 	bool queued = false;
 	int rc = LOOM_OK;
 
-	for (int64_t i = 0; i < ctx->n_fetches; i++) {
+	for (int64_t i = first; i < ctx->n_fetches; i++) {
 		struct fetch *f = &ctx->fetches[i];
 
 		f->host = shadowed(ctx, f->dev, f->bytes);
@@ -296,8 +298,11 @@ static int fetch_tables(struct loom_backend_ctx *ctx)
 		if (rc)
 			return rc;
 		ctx->stage_cap = total;
+		for (int64_t i = 0; i < first; i++)
+			ctx->fetches[i].host = shadowed(ctx, ctx->fetches[i].dev, ctx->fetches[i].bytes);
+		first = 0;
 	}
-	for (int64_t i = 0; i < ctx->n_fetches && !rc; i++) {
+	for (int64_t i = first; i < ctx->n_fetches && !rc; i++) {
 		struct fetch *f = &ctx->fetches[i];
 
 		if (f->host)
@@ -480,13 +485,14 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
-	/* no token trees (ABI 1.8) yet: the host drafts linearly */
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
-	    op == LOOM_OP_ATTENTION_TREE)
+	/* ABI 1.8: token trees, attention sinks and the clamped SwiGLU are
+	 * all in the GPU kernels */
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
-	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION)
+	/* token trees (ABI 1.8): every KV type, rows through split-K */
+	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTION_TREE)
 		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
 	return type == LOOM_TYPE_F32;
 }
@@ -1063,9 +1069,9 @@ static int do_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_
 
 /* ---- attention ---- */
 
-/* Host copies of the three device tables. */
+/* Host copies of the device tables (parent: NULL without token trees). */
 struct attn_tables {
-	const int32_t *q_start, *kv_len, *block_table;
+	const int32_t *q_start, *kv_len, *block_table, *parent;
 	int64_t rows;
 };
 
@@ -1078,6 +1084,51 @@ static void want_attn_tables(struct loom_backend_ctx *ctx, const struct loom_att
 		*rc = want_table(ctx, a->kv_len, a->n_seqs);
 	if (!*rc)
 		*rc = want_table(ctx, a->block_table, a->n_seqs * a->max_blocks);
+}
+
+/* Whether attention call b checks and plans exactly as a does: the same
+ * tables and every field the checks and the plan read (out, q and the
+ * caches only for being non-NULL). The layers of a step are such calls,
+ * so a step checks and plans its attention once and shares the items. */
+static bool same_attn_plan(const struct loom_attention_args *a,
+			   const struct loom_attention_args *b)
+{
+	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
+	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
+	       a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
+	       a->head_dim == b->head_dim && a->block_size == b->block_size &&
+	       a->max_blocks == b->max_blocks && a->window == b->window && a->parent == b->parent &&
+	       a->q_stride == b->q_stride && a->out_stride == b->out_stride && !a->out == !b->out &&
+	       !a->q == !b->q && !a->kcache == !b->kcache && !a->vcache == !b->vcache;
+}
+
+/* Asks for the parent tables (token trees, ABI 1.8) of the attention
+ * calls that have one: a table holds one entry per query row, a count
+ * known only once q_start is staged, so these come in a second round.
+ * A call whose tables fail the checks asks for nothing (check_call
+ * refuses it). */
+static int want_parents(struct loom_backend_ctx *ctx, const struct call *calls, int64_t n)
+{
+	const struct loom_attention_args *last = NULL;
+	int rc = LOOM_OK;
+
+	for (int64_t i = 0; i < n && !rc; i++) {
+		const struct loom_attention_args *a = &calls[i].u.attn;
+		int64_t rows, longest;
+
+		if (calls[i].kind != CALL_ATTENTION || !a->parent)
+			continue;
+		if (last && same_attn_plan(last, a)) /* the step's other layers */
+			continue;
+		last = a;
+		if (!loom_check_attention_tables(a, staged(ctx, a->q_start, a->n_seqs + 1),
+						 staged(ctx, a->kv_len, a->n_seqs),
+						 staged(ctx, a->block_table, a->n_seqs * a->max_blocks),
+						 &rows, &longest))
+			continue;
+		rc = want_table(ctx, a->parent, rows);
+	}
+	return rc;
 }
 
 /* The staged tables of a, checked like ref does, then the shapes they
@@ -1098,6 +1149,9 @@ static int check_attn_tables(const struct loom_backend_ctx *ctx,
 		return LOOM_ERR_INVALID;
 	if (t->rows > 0 && (!a->out || !a->q || !a->kcache || !a->vcache))
 		return LOOM_ERR_INVALID;
+	t->parent = a->parent ? staged(ctx, a->parent, t->rows) : NULL;
+	if (t->parent && !loom_check_attention_parents(a, t->q_start, t->parent))
+		return LOOM_ERR_INVALID;
 	return LOOM_OK;
 }
 
@@ -1114,12 +1168,93 @@ static unsigned char *add_items(struct loom_backend_ctx *ctx, int64_t n)
 	return p;
 }
 
+/* Whether q_len rows' parents (token trees) are the causal chain,
+ * parent[i] = i - 1: such a sequence is planned as one without them. */
+static bool chain_shaped(const int32_t *parent, int32_t q_len)
+{
+	for (int32_t i = 0; i < q_len; i++)
+		if (parent[i] != i - 1)
+			return false;
+	return true;
+}
+
+/* Whether sequence s of the call is a token tree (not a plain chain). */
+static bool tree_seq(const struct attn_tables *t, int64_t s)
+{
+	return t->parent &&
+	       !chain_shaped(t->parent + t->q_start[s], t->q_start[s + 1] - t->q_start[s]);
+}
+
+/* Local row i's depth in its sequence's tree (0: its parent is the
+ * cached prefix); parent is the sequence's part of the table. */
+static int32_t tree_depth(const int32_t *parent, int32_t i)
+{
+	int32_t depth = 0;
+
+	while (parent[i] >= 0)
+		i = parent[i], depth++;
+	return depth;
+}
+
+/*
+ * The tree table of a call with token trees (gpu_rt.h, struct
+ * gpu_attn_row), appended to ctx->hitems after its items: entry r for
+ * each query row r, -1 for a causal row, else the offset of the row's
+ * chain record [base, base + j_0, ..., base + j_depth], the cache indices
+ * of its ancestors root first, the row itself last.
+ */
+static int plan_tree(struct loom_backend_ctx *ctx, const struct attn_tables *t,
+		     int64_t n_seqs, struct attn_plan *pl)
+{
+	int64_t count = t->rows, off = t->rows;
+	int32_t *tab;
+
+	for (int64_t s = 0; s < n_seqs; s++) {
+		int32_t q0 = t->q_start[s], q_len = tree_seq(t, s) ? t->q_start[s + 1] - q0 : 0;
+
+		for (int32_t i = 0; i < q_len; i++) {
+			count += tree_depth(t->parent + q0, i) + 2;
+			if (count > INT32_MAX) /* offsets are int32 */
+				return LOOM_ERR_NOMEM;
+		}
+	}
+	pl->tree = ctx->n_hitems;
+	pl->n_tree = (count * (int64_t)sizeof(int32_t) + 15) / 16;
+	tab = (int32_t *)add_items(ctx, pl->n_tree);
+	if (!tab)
+		return LOOM_ERR_NOMEM;
+	for (int64_t r = 0; r < t->rows; r++)
+		tab[r] = -1;
+	for (int64_t s = 0; s < n_seqs; s++) {
+		const int32_t *par = t->parent + t->q_start[s];
+		int32_t q_len = t->q_start[s + 1] - t->q_start[s], base = t->kv_len[s] - q_len;
+
+		if (!tree_seq(t, s))
+			continue;
+		for (int32_t i = 0; i < q_len; i++) {
+			int32_t depth = tree_depth(par, i);
+
+			tab[t->q_start[s] + i] = (int32_t)off;
+			tab[off] = base;
+			for (int32_t j = i, d = depth; j >= 0; j = par[j], d--)
+				tab[off + 1 + d] = base + j;
+			off += depth + 2;
+		}
+	}
+	return LOOM_OK;
+}
+
 /* Work items of one call, appended to ctx->hitems: prefill tiles, then
- * single rows for split-K. At most one item per query row. */
+ * single rows for split-K, then the tree table when the call has token
+ * trees. At most one item per query row. The rows of a tree go through
+ * split-K (a row at position base + depth, its keys mapped through the
+ * table), so each gives a decode row's bits over the same keys; a
+ * sequence whose parents are the plain chain is planned as a causal one. */
 static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args *a,
 			  const struct attn_tables *t, struct attn_plan *pl)
 {
 	bool tiled_ok = !ctx->invariant && a->head_dim <= GPU_ATTN_PREFILL_MAX_HEAD_DIM;
+	bool any_tree = false;
 	unsigned char *tiles, *rows;
 
 	_Static_assert(sizeof(struct gpu_attn_tile) == sizeof(struct gpu_attn_row),
@@ -1134,8 +1269,10 @@ static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 	for (int64_t s = 0; s < a->n_seqs; s++) {
 		int32_t q0 = t->q_start[s], q_len = t->q_start[s + 1] - q0;
 		int32_t pos0 = t->kv_len[s] - q_len;
+		bool tree = tree_seq(t, s);
 
-		if (tiled_ok && q_len >= PREFILL_MIN_Q) {
+		any_tree |= tree;
+		if (tiled_ok && !tree && q_len >= PREFILL_MIN_Q) {
 			for (int32_t i = 0; i < q_len; i += GPU_ATTN_TILE_Q) {
 				struct gpu_attn_tile it = {
 					.seq = (int32_t)s, .row = q0 + i, .pos = pos0 + i,
@@ -1146,7 +1283,7 @@ static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 			continue;
 		}
 		for (int32_t i = 0; i < q_len; i++) {
-			int32_t pos = pos0 + i;
+			int32_t pos = pos0 + (tree ? tree_depth(t->parent + q0, i) : i);
 			int32_t lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
 			int64_t splits = ((int64_t)pos - lo + GPU_ATTN_SPLIT) / GPU_ATTN_SPLIT;
 			struct gpu_attn_row it = {
@@ -1158,7 +1295,7 @@ static int plan_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 				pl->n_splits = splits;
 		}
 	}
-	return LOOM_OK;
+	return any_tree ? plan_tree(ctx, t, a->n_seqs, pl) : LOOM_OK;
 }
 
 /* Split-K partials for one row, and rows per launch so a launch's
@@ -1186,6 +1323,9 @@ static int exec_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 {
 	const struct gpu_attn_tile *dtiles = (const struct gpu_attn_tile *)ctx->items + pl->tiles;
 	const struct gpu_attn_row *drows = (const struct gpu_attn_row *)ctx->items + pl->rows;
+	const int32_t *dtree =
+		pl->n_tree ? (const int32_t *)((const struct gpu_attn_row *)ctx->items + pl->tree) :
+			     NULL;
 	int64_t batch;
 	size_t need = split_scratch(a, pl, &batch);
 	int rc;
@@ -1198,7 +1338,7 @@ static int exec_attention(struct loom_backend_ctx *ctx, const struct loom_attent
 		int64_t n = pl->n_rows - r0 < batch ? pl->n_rows - r0 : batch;
 
 		rc = rt_failed(ctx, gpurt_attn_split(ctx->rt, a, drows + r0, n, pl->n_splits,
-						     ctx->scratch));
+						     dtree, ctx->scratch));
 	}
 	return rc;
 }
@@ -1240,6 +1380,7 @@ static int do_attention(struct loom_backend_ctx *ctx, const struct loom_attentio
 	t->q_start = a->q_start, t->kv_len = a->kv_len, t->block_table = a->block_table;
 	t->scale = a->scale, t->window = a->window, t->softcap = a->softcap;
 	t->sinks = LOOM_ATTN_SINKS(a); /* ABI 1.8 (gpt-oss) */
+	t->parent = LOOM_ATTN_PARENT(a);
 	return submit(ctx, &c);
 }
 
@@ -1622,22 +1763,6 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 	return rc;
 }
 
-/* Whether attention call b checks and plans exactly as a does: the same
- * tables and every field the checks and the plan read (out, q and the
- * caches only for being non-NULL). The layers of a step are such calls,
- * so a step checks and plans its attention once and shares the items. */
-static bool same_attn_plan(const struct loom_attention_args *a,
-			   const struct loom_attention_args *b)
-{
-	return a->q_start == b->q_start && a->kv_len == b->kv_len &&
-	       a->block_table == b->block_table && a->n_seqs == b->n_seqs &&
-	       a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
-	       a->head_dim == b->head_dim && a->block_size == b->block_size &&
-	       a->max_blocks == b->max_blocks && a->window == b->window &&
-	       a->q_stride == b->q_stride && a->out_stride == b->out_stride && !a->out == !b->out &&
-	       !a->q == !b->q && !a->kcache == !b->kcache && !a->vcache == !b->vcache;
-}
-
 int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 		  struct attn_plan *plans, int64_t n)
 {
@@ -1645,6 +1770,7 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	const struct loom_kv_write_args *last_kv = NULL;
 	const struct attn_plan *last_plan = NULL;
 	size_t need = 0, bytes;
+	int64_t first;
 	int rc = LOOM_OK;
 
 	ctx->n_fetches = 0;
@@ -1659,7 +1785,12 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 			want_attn_tables(ctx, &c->u.attn, &rc);
 	}
 	if (!rc)
-		rc = fetch_tables(ctx);
+		rc = fetch_tables(ctx, 0);
+	first = ctx->n_fetches;
+	if (!rc)
+		rc = want_parents(ctx, calls, n);
+	if (!rc && ctx->n_fetches > first)
+		rc = fetch_tables(ctx, first);
 	ctx->n_hitems = 0;
 	for (int64_t i = 0; i < n && !rc; i++) {
 		const struct call *c = &calls[i];

@@ -81,10 +81,11 @@ struct call {
 };
 
 /* Where an attention call's work items sit in the device items buffer
- * (16-byte records): tiles first, then split-K rows. A replay must match
- * the plans as well as the calls. */
+ * (16-byte records): tiles first, then split-K rows, then the tree table
+ * (n_tree records, none without token trees). A replay must match the
+ * plans as well as the calls. */
 struct attn_plan {
-	int64_t tiles, n_tiles, rows, n_rows, n_splits;
+	int64_t tiles, n_tiles, rows, n_rows, n_splits, tree, n_tree;
 };
 
 /* A device table some call reads, staged in pinned host memory: host

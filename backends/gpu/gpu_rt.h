@@ -246,7 +246,11 @@ int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args *a);
 /* Work items of the attention kernels, built and uploaded by gpu.c.
  * A row item is one query row at position pos attending to [lo, pos];
  * a tile item is n (<= GPU_ATTN_TILE_Q) consecutive rows of one sequence,
- * the first at position pos. */
+ * the first at position pos. With token trees (ABI 1.8) a row's
+ * positions map to cache indices through the call's tree table: entry
+ * `row` is -1 for a causal row (position t is cache index t), else the
+ * offset of its chain record [base, c_0, ..., c_depth]: position t is
+ * cache index t below base, c_(t - base) from there (pos = base + depth). */
 struct gpu_attn_row {
 	int32_t seq, row, pos, lo;
 };
@@ -259,10 +263,11 @@ int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_args *a,
 		       const struct gpu_attn_tile *tiles, int64_t n_tiles);
 /* Split-K over n_items rows: n_splits splits of GPU_ATTN_SPLIT keys each,
  * partial results in `partial` (n_items * n_heads * n_splits * (head_dim
- * + 2) floats), then one combine pass. */
+ * + 2) floats), then one combine pass. tree: the call's device tree
+ * table, NULL when every row is causal. */
 int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_args *a,
 		     const struct gpu_attn_row *items, int64_t n_items, int64_t n_splits,
-		     float *partial);
+		     const int32_t *tree, float *partial);
 
 /*
  * Collectives between the processes of a distributed job, each with its

@@ -2451,6 +2451,7 @@ struct attn_p {
 	uint32_t kv_type;  /* the cache's (ABI 1.3) */
 	int64_t row_bytes; /* of one cache slot */
 	const float *sinks; /* [n_heads] or NULL (ABI 1.8, gpt-oss) */
+	const int32_t *tree; /* split-K: the tree table (gpu_rt.h), NULL: all causal */
 };
 
 static struct attn_p attn_params(const struct loom_attention_args *a)
@@ -2459,7 +2460,7 @@ static struct attn_p attn_params(const struct loom_attention_args *a)
 		a->out, a->q, a->kcache, a->vcache, a->q_stride, a->out_stride, a->n_heads,
 		a->head_dim, a->block_size, a->max_blocks, a->n_kv_heads * a->head_dim,
 		a->n_heads / a->n_kv_heads, a->block_table, a->scale, a->softcap, a->window,
-		LOOM_KV_TYPE(a, struct loom_attention_args), 0, LOOM_ATTN_SINKS(a),
+		LOOM_KV_TYPE(a, struct loom_attention_args), 0, LOOM_ATTN_SINKS(a), NULL,
 	};
 	p.row_bytes = (int64_t)loom_kvq_row_bytes(p.kv_type, p.kv_dim);
 	return p;
@@ -2634,7 +2635,9 @@ extern "C" int gpurt_attn_prefill(struct gpurt *rt, const struct loom_attention_
  * Each head writes partial [m, l, acc[head_dim]]; a split past the row's
  * last key writes m = -inf, l = 0. The split boundaries depend only on the
  * row's own key range, so a row's result never depends on the rest of the
- * batch. Index arithmetic is 32-bit except one 64-bit multiply per key for
+ * batch. A token-tree row (p.tree) reads the key at position t from the
+ * cache index its chain record gives (dec_row), so it computes exactly
+ * what a causal row at its position over the same keys does. Index arithmetic is 32-bit except one 64-bit multiply per key for
  * its cache row. The result does not depend on the warp width.
  */
 #define DEC_THREADS 256
@@ -2665,11 +2668,16 @@ static size_t dec_shared_bytes(const struct dec_shape &sh)
 		(size_t)DEC_HEADS * GPU_ATTN_SPLIT + DEC_THREADS + 2 * DEC_HEADS) * sizeof(float);
 }
 
-/* Cache row (all KV heads) of token t of sequence seq. */
+/* Cache row (all KV heads) of the key at position t of sequence seq; chain:
+ * the row's chain record in the tree table (token trees), NULL for a
+ * causal row. */
 __device__ __forceinline__ const uint8_t *dec_row(const struct attn_p &p, const float *cache,
-						  int32_t seq, uint32_t t)
+						  int32_t seq, uint32_t t, const int32_t *chain)
 {
 	const uint32_t bs = (uint32_t)p.block_size;
+
+	if (chain && t >= (uint32_t)chain[0])
+		t = (uint32_t)chain[1 + (t - (uint32_t)chain[0])];
 	const int32_t block = p.block_table[(int64_t)seq * p.max_blocks + t / bs];
 	const int64_t slot = (int64_t)block * bs + t % bs;
 
@@ -2678,7 +2686,8 @@ __device__ __forceinline__ const uint8_t *dec_row(const struct attn_p &p, const 
 
 /* tile[k][0..hd) = head kvh of keys t0 .. t0 + n - 1, as f32. */
 __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, const float *cache,
-			  int32_t seq, uint32_t t0, int n, int kvh, bool vec, float *tile)
+			  int32_t seq, const int32_t *chain, uint32_t t0, int n, int kvh, bool vec,
+			  float *tile)
 {
 	const int hd = sh.hd;
 
@@ -2687,7 +2696,7 @@ __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, co
 
 		for (int i = threadIdx.x; i < n * n4; i += blockDim.x) {
 			const int k = i / n4, c = i % n4;
-			const uint4 v = ((const uint4 *)(dec_row(p, cache, seq, t0 + k)) +
+			const uint4 v = ((const uint4 *)(dec_row(p, cache, seq, t0 + k, chain)) +
 					 (kvh * hd) / 4)[c];
 			float *o = tile + k * sh.pitch + 4 * c;
 
@@ -2701,7 +2710,7 @@ __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, co
 			const int k = i / hd, d = i % hd;
 
 			tile[k * sh.pitch + d] =
-				((const float *)dec_row(p, cache, seq, t0 + k))[kvh * hd + d];
+				((const float *)dec_row(p, cache, seq, t0 + k, chain))[kvh * hd + d];
 		}
 		return;
 	}
@@ -2721,7 +2730,7 @@ __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, co
 
 		for (int i = threadIdx.x; i < n * nu; i += blockDim.x) {
 			const int k = i / nu, u = i % nu;
-			const uint8_t *row = dec_row(p, cache, seq, t0 + k);
+			const uint8_t *row = dec_row(p, cache, seq, t0 + k, chain);
 			float *o = tile + k * sh.pitch + u * LOOM_KVQ_BLOCK;
 
 			for (int j = 0; j < LOOM_KVQ_BLOCK; j++)
@@ -2799,6 +2808,7 @@ k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
 	const uint32_t t0 = (uint32_t)it.lo + blockIdx.z * GPU_ATTN_SPLIT;
 	const uint32_t end = (uint32_t)it.pos + 1;
 	const int n = t0 >= end ? 0 : (end - t0 < GPU_ATTN_SPLIT ? (int)(end - t0) : GPU_ATTN_SPLIT);
+	const int32_t *chain = p.tree && p.tree[it.row] >= 0 ? p.tree + p.tree[it.row] : NULL;
 	float *qs = sm, *tile = qs + DEC_HEADS * hd, *sc = tile + sh.tk * sh.pitch;
 	float *red = sc + DEC_HEADS * GPU_ATTN_SPLIT, *mrow = red + DEC_THREADS, *lrow = mrow + DEC_HEADS;
 	float acc[DEC_ACC];
@@ -2810,7 +2820,7 @@ k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
 		const int tn = n - k0 < sh.tk ? n - k0 : sh.tk;
 
 		__syncthreads(); /* qs written, previous tile consumed */
-		dec_stage(p, sh, p.kc, it.seq, t0 + k0, tn, kvh, vec, tile);
+		dec_stage(p, sh, p.kc, it.seq, chain, t0 + k0, tn, kvh, vec, tile);
 		__syncthreads();
 		for (int i = t; i < gn * tn; i += blockDim.x) {
 			const int g = i / tn, k = i % tn;
@@ -2830,7 +2840,7 @@ k_attn_split(const struct attn_p p, const struct dec_shape sh, bool vec,
 		const int tn = n - k0 < sh.tk ? n - k0 : sh.tk;
 
 		__syncthreads(); /* weights final, previous tile consumed */
-		dec_stage(p, sh, p.vc, it.seq, t0 + k0, tn, kvh, vec, tile);
+		dec_stage(p, sh, p.vc, it.seq, chain, t0 + k0, tn, kvh, vec, tile);
 		__syncthreads();
 		dec_values(sc + k0, tile, sh, tn, n_out, kq, acc);
 	}
@@ -2890,7 +2900,7 @@ k_attn_combine(const struct attn_p p, const struct gpu_attn_row *items, int64_t 
 
 extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_args *a,
 				const struct gpu_attn_row *items, int64_t n_items,
-				int64_t n_splits, float *partial)
+				int64_t n_splits, const int32_t *tree, float *partial)
 {
 	struct attn_p p = attn_params(a);
 	struct dec_shape sh;
@@ -2907,6 +2917,7 @@ extern "C" int gpurt_attn_split(struct gpurt *rt, const struct loom_attention_ar
 	if (n_items == 0)
 		return LOOM_OK;
 	sh = dec_shape_of(a);
+	p.tree = tree;
 	/* 16-byte loads: every head's values start 16-byte aligned */
 	vec = sh.hd % 4 == 0 && (uintptr_t)a->kcache % 16 == 0 && (uintptr_t)a->vcache % 16 == 0;
 	GPU_LAUNCH(k_attn_split,

@@ -25,6 +25,14 @@
  * beside it the alternatives that at least BRANCH_MIN occurrences took,
  * until the node budget is spent. (Alternatives of weight 1 cost more
  * rows than they win on chat: measured in docs/SPECULATIVE.md.)
+ *
+ * The tree's width (side nodes allowed beside the majority path) adapts
+ * per sequence to what side branches win: after each tree, the tokens
+ * its accepted path gained past the majority path's share, per side node
+ * verified, enter a running rate; the width doubles while the rate is at
+ * least WIDTH_GROW and halves below WIDTH_SHRINK. At width 0 the tree is
+ * the majority path alone, and every WIDTH_PROBE trees one side node is
+ * tried again.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -41,6 +49,10 @@
 #define RATE_FLOOR 0.15f          /* below: matches of that length sit out */
 #define PROBE_EVERY 16            /* ... and are tried again after this many */
 #define BRANCH_MIN 2              /* occurrences behind a tree's side branch */
+#define TREE_MAX 64               /* nodes a tree holds at most */
+#define WIDTH_GROW 0.25f          /* tokens won per side node: width doubles */
+#define WIDTH_SHRINK 0.10f        /* below: width halves */
+#define WIDTH_PROBE 16            /* trees at width 0 before one side node */
 
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
@@ -52,6 +64,15 @@ struct loom_spec_ctx {
 	int32_t idle[MAX_SUFFIX + 1];
 	int32_t last_s; /* suffix length of the last proposal; 0: none */
 	int32_t last_depth; /* of the last tree proposal; 0: a chain */
+	/* tree width: side nodes allowed, the running rate of tokens side
+	 * nodes won, trees proposed at width 0 since the last probe */
+	int32_t width;
+	float side_rate;
+	int32_t narrow;
+	/* the last tree (nodes as proposed): on[i] says node i is on the
+	 * majority path; last_n 0 when the last proposal was no tree */
+	int32_t last_tok[TREE_MAX], last_par[TREE_MAX], last_n;
+	bool last_on[TREE_MAX];
 	int32_t *mine;  /* a copy of the sequence, for the store */
 	int64_t n_mine, cap_mine;
 };
@@ -258,6 +279,8 @@ static int ngram_create(const struct loom_spec_host *host,
 	if (c->p.ngram_min > c->p.ngram_max)
 		c->p.ngram_min = c->p.ngram_max;
 	c->k = params->max_draft;
+	c->width = TREE_MAX; /* all the host's budget allows, until measured */
+	c->side_rate = WIDTH_GROW;
 	for (int s = 0; s <= MAX_SUFFIX; s++)
 		c->rate[s] = 1.0f;
 	*out = c;
@@ -295,9 +318,11 @@ struct grow {
 	const int64_t *occ;
 	int n_occ;
 	int32_t at[MAX_OCC]; /* the deepest node each occurrence follows (-1: root) */
-	int32_t *tok, *par, dep[64];
+	int32_t *tok, *par, dep[TREE_MAX];
+	bool on[TREE_MAX]; /* on the majority path */
 	int32_t n;
 	int32_t tip; /* the majority path's last node (-1: none yet; no child) */
+	int32_t side_left; /* side nodes the width still allows */
 };
 
 /* Token at position i of the sequence continued along node v's path:
@@ -339,15 +364,18 @@ static bool grow_one(struct grow *g, int32_t depth)
 			continue;
 		for (int b = a; b < g->n_occ; b++)
 			c += g->at[b] == v && grow_next(g, b) == t;
-		if (c > best_n && (c >= BRANCH_MIN || v == g->tip))
+		if (c > best_n && ((c >= BRANCH_MIN && g->side_left > 0) || v == g->tip))
 			best_a = a, best_n = c;
 	}
 	if (best_a < 0)
 		return false;
 	v = g->at[best_a];
 	t = grow_next(g, best_a);
+	g->on[g->n] = v == g->tip;
 	if (v == g->tip)
 		g->tip = g->n; /* the majority path goes on */
+	else
+		g->side_left--;
 	g->tok[g->n] = t;
 	g->par[g->n] = v;
 	g->dep[g->n] = v < 0 ? 1 : g->dep[v] + 1;
@@ -364,8 +392,9 @@ static int32_t lookup_tree(struct loom_spec_ctx *c, const struct text *x, const 
 			   int64_t n, int32_t depth, struct loom_spec_tree *t)
 {
 	int64_t occ[MAX_OCC];
-	struct grow g = { .x = x, .occ = occ, .tok = t->tokens, .par = t->parent, .tip = -1 };
-	int32_t max = t->max < 64 ? t->max : 64;
+	struct grow g = { .x = x, .occ = occ, .tok = t->tokens, .par = t->parent, .tip = -1,
+			  .side_left = c->width };
+	int32_t max = t->max < TREE_MAX ? t->max : TREE_MAX;
 
 	for (int32_t s = c->p.ngram_max; s >= c->p.ngram_min; s--) {
 		if (s >= n || s > x->n)
@@ -383,6 +412,10 @@ static int32_t lookup_tree(struct loom_spec_ctx *c, const struct text *x, const 
 		for (int32_t i = 0; i < g.n; i++)
 			if (g.dep[i] > c->last_depth)
 				c->last_depth = g.dep[i];
+		memcpy(c->last_tok, g.tok, sizeof(int32_t) * (size_t)g.n);
+		memcpy(c->last_par, g.par, sizeof(int32_t) * (size_t)g.n);
+		memcpy(c->last_on, g.on, sizeof(bool) * (size_t)g.n);
+		c->last_n = g.n;
 		return g.n;
 	}
 	return 0;
@@ -398,6 +431,12 @@ static int ngram_propose_tree(struct loom_spec_ctx *c, struct loom_spec_tree *t)
 	remember(c, h, n);
 	c->last_s = 0;
 	c->last_depth = 0;
+	c->last_n = 0;
+	if (c->width == 0 && ++c->narrow >= WIDTH_PROBE) { /* probe one side node */
+		c->width = 1;
+		c->narrow = 0;
+		c->side_rate = WIDTH_SHRINK;
+	}
 	k = lookup_tree(c, &own, h, n, c->k, t);
 	pthread_mutex_lock(&store.mu);
 	for (int i = 0; i < store.n && k == 0; i++) {
@@ -411,10 +450,46 @@ static int ngram_propose_tree(struct loom_spec_ctx *c, struct loom_spec_tree *t)
 	return k;
 }
 
+/* The last tree's verified nodes (the first n_proposed) against what
+ * was accepted: adds the tokens its side nodes won (the accepted path's
+ * nodes past its majority-path prefix) per side node verified to the
+ * running rate, and grows or shrinks the width by it. */
+static void adapt_width(struct loom_spec_ctx *c, const struct loom_spec_outcome *o)
+{
+	int32_t n = o->n_proposed < c->last_n ? o->n_proposed : c->last_n;
+	int32_t side = 0, on_main = 0, v = -1, d = 0;
+
+	for (int32_t i = 0; i < n; i++)
+		side += !c->last_on[i];
+	if (side == 0)
+		return;
+	/* walk the accepted tokens down the tree (siblings are distinct) */
+	for (; d < o->n_accepted && d < o->n_new; d++) {
+		int32_t next = -1;
+
+		for (int32_t i = 0; i < n && next < 0; i++)
+			if (c->last_par[i] == v && c->last_tok[i] == o->new_tokens[d])
+				next = i;
+		if (next < 0)
+			break;
+		v = next;
+		on_main += c->last_on[v] && on_main == d;
+	}
+	c->side_rate = 0.8f * c->side_rate + 0.2f * (float)(d - on_main) / (float)side;
+	if (c->side_rate >= WIDTH_GROW)
+		c->width = c->width * 2 > TREE_MAX ? TREE_MAX : c->width * 2;
+	else if (c->side_rate < WIDTH_SHRINK)
+		c->width /= 2;
+}
+
 static void ngram_observe(struct loom_spec_ctx *c, const struct loom_spec_outcome *o)
 {
 	struct loom_spec_outcome chain = *o;
 	int32_t s = c->last_s;
+
+	if (c->last_n > 0)
+		adapt_width(c, o);
+	c->last_n = 0;
 
 	/* a tree counts as a chain as deep as it: the depth adapts */
 	if (c->last_depth > 0)

@@ -7,6 +7,9 @@
  * greedy decoding of each request alone (no speculation, no prefix cache).
  * With token trees (ngram.so, spec_tree 12) the same holds, and every
  * block returns after trees are rejected, preempted or cancelled.
+ * LOOM_SCHED_SPEC_CASE=trees runs that case alone (no layerskip kind):
+ * sched_spec_trees_gpuemu runs it on gpuemu.so with a small synthetic
+ * model, the tree rows through the GPU kernels' split-K path in regions.
  */
 #include <check.h>
 #include <stdio.h>
@@ -483,6 +486,14 @@ START_TEST(draft_pool_equals_plain)
 }
 END_TEST
 
+/* LOOM_SCHED_SPEC_CASE=trees: the token-tree case alone. */
+static bool trees_only(void)
+{
+	const char *only = getenv("LOOM_SCHED_SPEC_CASE");
+
+	return only && !strcmp(only, "trees");
+}
+
 static void load_model(void)
 {
 	const char *path = getenv("LOOM_MODEL");
@@ -510,6 +521,8 @@ static void load_model(void)
 					 sizeof(err));
 	ck_assert_msg(ngram_tree != NULL, "%s", err);
 	c.max_tree = 0;
+	if (trees_only())
+		return;
 	c.layers = 28; /* of 30: shallower drafts of SmolLM2 are never accepted */
 	layerskip = loom_spec_kind_load("layerskip", &c, (int32_t)model->hp.n_vocab,
 					&(struct loom_spec_models){ .n_layer = model->hp.n_layer }, err,
@@ -573,6 +586,21 @@ START_TEST(trees_equal_plain_and_free_blocks)
 }
 END_TEST
 
+static void add_all(TCase *tc)
+{
+	tcase_add_test(tc, model_strategies_refused);
+	tcase_add_test(tc, greedy_spec_equals_plain);
+	tcase_add_test(tc, short_budget_and_rows);
+	tcase_add_test(tc, preemption_with_spec);
+	tcase_add_test(tc, cancel_speculating_frees);
+	tcase_add_test(tc, sampled_spec_runs);
+	tcase_add_test(tc, layerskip_equals_plain);
+	tcase_add_test(tc, layerskip_short_blocks);
+	tcase_add_test(tc, step_rows_cap);
+	tcase_add_test(tc, draft_pool_equals_plain);
+	tcase_add_test(tc, trees_equal_plain_and_free_blocks);
+}
+
 int main(void)
 {
 	const char *path = getenv("LOOM_MODEL");
@@ -587,17 +615,10 @@ int main(void)
 	}
 	tcase_add_unchecked_fixture(tc, load_model, unload_model);
 	tcase_set_timeout(tc, 900);
-	tcase_add_test(tc, model_strategies_refused);
-	tcase_add_test(tc, greedy_spec_equals_plain);
-	tcase_add_test(tc, short_budget_and_rows);
-	tcase_add_test(tc, preemption_with_spec);
-	tcase_add_test(tc, cancel_speculating_frees);
-	tcase_add_test(tc, sampled_spec_runs);
-	tcase_add_test(tc, layerskip_equals_plain);
-	tcase_add_test(tc, layerskip_short_blocks);
-	tcase_add_test(tc, step_rows_cap);
-	tcase_add_test(tc, draft_pool_equals_plain);
-	tcase_add_test(tc, trees_equal_plain_and_free_blocks);
+	if (trees_only())
+		tcase_add_test(tc, trees_equal_plain_and_free_blocks);
+	else
+		add_all(tc);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_set_fork_status(sr, CK_NOFORK);

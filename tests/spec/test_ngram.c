@@ -5,7 +5,7 @@
  * size, least recently used out first), and a suffix length whose
  * proposals keep failing sits out and is probed again later. With trees
  * on, the continuations of every occurrence come as one tree, heaviest
- * first.
+ * first, and its width follows what side branches win.
  *
  * The store is one per process, so the cases run in order in one process
  * (CK_NOFORK) and use disjoint token ranges.
@@ -171,6 +171,89 @@ START_TEST(tree_of_continuations)
 }
 END_TEST
 
+/* A tree proposal's nodes off its majority path: those not on the path
+ * of first-listed children from row 0 (heaviest first: the majority
+ * child comes first). main[] gets that path's tokens, *n_main its length. */
+static int32_t side_nodes(const int32_t *out, const int32_t *parent, int32_t k, int32_t *main,
+			  int32_t *n_main)
+{
+	int32_t row = 0, n = 0;
+
+	for (;;) {
+		int32_t child = -1;
+
+		for (int32_t i = 1; i <= k && child < 0; i++)
+			if (parent[i] == row)
+				child = i;
+		if (child < 0)
+			break;
+		main[n++] = out[child - 1];
+		row = child;
+	}
+	*n_main = n;
+	return k - n;
+}
+
+/* Tree width: "141 142 143 144" is followed by 145 146 three times and by
+ * 147 148 twice. While the target takes only the majority path, side
+ * nodes win nothing and the width shrinks until the tree is a chain;
+ * WIDTH_PROBE (16) chains later one side node is tried; once the target
+ * takes it (a token won by one side node), the width grows to 2. */
+START_TEST(tree_width_follows_side_wins)
+{
+	static const int32_t h[] = { 141, 142, 143, 144, 145, 146, 141, 142, 143, 144, 147, 148,
+				     141, 142, 143, 144, 145, 146, 141, 142, 143, 144, 147, 148,
+				     141, 142, 143, 144, 145, 146, 141, 142, 143, 144 };
+	const int64_t n = sizeof(h) / sizeof(h[0]);
+	struct loom_spec_config c;
+	struct loom_spec_kind *tk;
+	struct loom_spec_seq *q;
+	int32_t out[16], parent[17], main[17], n_main, k, side = 1, steps = 0, chains = 0;
+	int32_t acc[3];
+	char err[512];
+
+	loom_spec_config_defaults(&c);
+	c.max_tree = 16;
+	tk = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
+	ck_assert_msg(tk != NULL, "%s", err);
+	q = loom_spec_seq_new(tk, 8, 1, NULL, err, sizeof(err));
+	ck_assert_msg(q != NULL, "%s", err);
+	/* the target follows the majority path two tokens, then 77 */
+	for (; side > 0 && steps < 40; steps++) {
+		k = loom_spec_seq_propose(q, NULL, h, n, 16, out, parent, err, sizeof(err));
+		ck_assert_int_ge(k, 2);
+		side = side_nodes(out, parent, k, main, &n_main);
+		if (steps == 0)
+			ck_assert_msg(side >= 2, "the first tree has %d side nodes", side);
+		acc[0] = main[0], acc[1] = main[1], acc[2] = 77;
+		loom_spec_seq_settle(q, true, k, 2, acc);
+	}
+	ck_assert_msg(side == 0, "side nodes that never win still proposed after %d trees", steps);
+	/* chains until the probe */
+	for (; side == 0 && chains < 40; chains++) {
+		k = loom_spec_seq_propose(q, NULL, h, n, 16, out, parent, err, sizeof(err));
+		side = side_nodes(out, parent, k, main, &n_main);
+		if (side == 0) {
+			acc[0] = main[0], acc[1] = main[1], acc[2] = 77;
+			loom_spec_seq_settle(q, true, k, 2, acc);
+		}
+	}
+	ck_assert_msg(chains >= 8 && chains <= 20, "one side node tried after %d chains", chains);
+	ck_assert_int_eq(side, 1);
+	/* the target takes the side node, 147 under the last token, then 77 */
+	for (int32_t i = 1; i <= k; i++)
+		if (parent[i] == 0 && out[i - 1] != main[0])
+			ck_assert_int_eq(out[i - 1], 147);
+	acc[0] = 147, acc[1] = 77;
+	loom_spec_seq_settle(q, true, k, 1, acc);
+	k = loom_spec_seq_propose(q, NULL, h, n, 16, out, parent, err, sizeof(err));
+	side = side_nodes(out, parent, k, main, &n_main);
+	ck_assert_msg(side == 2, "after a side win the tree has %d side nodes, not 2", side);
+	loom_spec_seq_free(q);
+	loom_spec_kind_free(tk);
+}
+END_TEST
+
 static Suite *ngram_suite(void)
 {
 	Suite *s = suite_create("ngram");
@@ -181,6 +264,7 @@ static Suite *ngram_suite(void)
 	tcase_add_test(tc, store_of_ended_requests);
 	tcase_add_test(tc, failing_length_sits_out);
 	tcase_add_test(tc, tree_of_continuations);
+	tcase_add_test(tc, tree_width_follows_side_wins);
 	suite_add_tcase(s, tc);
 	return s;
 }

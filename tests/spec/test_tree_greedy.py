@@ -6,9 +6,15 @@ the plain logits). The prompts repeat one stem with several endings, so
 ngram.so's trees branch; the tree runs must verify more drafts than the
 chain runs (trees were proposed and verified, not silently turned into
 chains). The same for layerskip.so's trees (the early-exit model's chain
-with its unsure runner-ups beside it) on cpu.so. Also: --spec-tree out of
-range is refused naming the flag.
-Usage: test_tree_greedy.py LOOM_EXE (LOOM_MODEL names the model).
+with its unsure runner-ups beside it) on cpu.so, on the first two
+prompts. Also: --spec-tree out of range is refused naming the flag.
+With BACKEND (a GPU emulator, gpuemu.so or gpuemu64.so) that backend
+alone, in exact mode, on the side-branch prompt, where a tree's side
+branch is taken (the tree run accepts more drafts than the chain run, so
+a side node's row decides tokens and a wrong ancestor mask shows): its
+tree rows go through the split-K kernel (decode rows' bits), about a
+second a token there.
+Usage: test_tree_greedy.py LOOM_EXE [BACKEND] (LOOM_MODEL names the model).
 """
 import os
 import re
@@ -20,14 +26,16 @@ PROMPTS = [
     "The cat sat on the mat. The cat ran to the door. The cat sat on the chair. "
     "The cat ate the fish. The cat sat on the",
     "Count: one, two, three, four, five, six, seven, eight, nine, ten. Again: one, two,",
+    # side-branch prompt: "1 2 3" goes on "4 5" three times, "9 9" twice
+    "1 2 3 4 5. 1 2 3 4 5. 1 2 3 4 5. 1 2 3 9 9. 1 2 3 9 9. 1 2 3",
 ]
 # ref.so is slow (seconds a run): the branching prompt only
 BACKENDS = [(["--backend", "ref.so"], PROMPTS[:1]),
             (["--backend", "cpu.so", "--exact"], PROMPTS)]
-# (strategy flags, backends): ngram.so everywhere; layerskip.so (26 of
-# SmolLM2's 30 layers: it drafts well enough to go on proposing) on cpu.so
-STRATEGIES = [(["--spec=ngram.so"], BACKENDS),
-              (["--spec=layerskip.so", "--spec-layers", "26"], BACKENDS[1:])]
+NGRAM = ["--spec=ngram.so"]
+# layerskip.so at 26 of SmolLM2's 30 layers drafts well enough to go on
+# proposing; cpu.so only (ref.so is slow)
+LAYERSKIP = ["--spec=layerskip.so", "--spec-layers", "26"]
 
 
 def run(loom, model, prompt, extra, out):
@@ -38,18 +46,19 @@ def run(loom, model, prompt, extra, out):
         sys.exit("FAIL: %s\n%s" % (" ".join(extra), p.stderr.strip()))
     m = re.search(r"\((\d+) of (\d+) drafts\)", p.stderr)
     with open(out) as f:
-        return f.read().split(), (int(m.group(2)) if m else 0)
+        return f.read().split(), (int(m.group(2)) if m else 0), (int(m.group(1)) if m else 0)
 
 
 def check_backend(loom, model, spec, be, prompts, out):
     """Chains and trees of strategy `spec` on backend `be`: plain greedy
-    tokens, and more drafts verified with trees than with chains."""
+    tokens, more drafts verified with trees than with chains, and (ngram.so
+    on the side-branch prompt) a side branch taken."""
     tree_drafts = chain_drafts = 0
     label = " ".join(be + spec)
     for i, prompt in enumerate(prompts):
-        plain, _ = run(loom, model, prompt, be, out)
-        chain, n_chain = run(loom, model, prompt, be + spec, out)
-        tree, n_tree = run(loom, model, prompt, be + spec + ["--spec-tree", "16"], out)
+        plain, _, _ = run(loom, model, prompt, be, out)
+        chain, n_chain, acc_chain = run(loom, model, prompt, be + spec, out)
+        tree, n_tree, acc_tree = run(loom, model, prompt, be + spec + ["--spec-tree", "16"], out)
         for name, toks in (("chain", chain), ("tree", tree)):
             if toks != plain:
                 n = next((j for j, (a, b) in enumerate(zip(toks, plain)) if a != b),
@@ -58,8 +67,12 @@ def check_backend(loom, model, spec, be, prompts, out):
                          % (label, i, name, n))
         tree_drafts += n_tree
         chain_drafts += n_chain
-        print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d)"
-              % (label, i, len(plain), n_chain, n_tree))
+        print("%s prompt %d: %d tokens identical (drafts: chain %d, tree %d; "
+              "accepted: chain %d, tree %d)"
+              % (label, i, len(plain), n_chain, n_tree, acc_chain, acc_tree))
+        if spec == NGRAM and prompt == PROMPTS[2] and acc_tree <= acc_chain:
+            sys.exit("FAIL: %s: no side branch taken (accepted: tree %d, chain %d)"
+                     % (label, acc_tree, acc_chain))
     if tree_drafts <= chain_drafts:
         sys.exit("FAIL: %s: trees verified %d drafts, chains %d: no tree was used"
                  % (label, tree_drafts, chain_drafts))
@@ -67,15 +80,18 @@ def check_backend(loom, model, spec, be, prompts, out):
 
 def main():
     loom = sys.argv[1]
+    cases = [(NGRAM, be, prompts) for be, prompts in BACKENDS]
+    cases.append((LAYERSKIP, ["--backend", "cpu.so", "--exact"], PROMPTS[:2]))
+    if len(sys.argv) > 2:
+        cases = [(NGRAM, ["--backend", sys.argv[2], "--exact"], PROMPTS[2:])]
     model = os.environ.get("LOOM_MODEL", "")
     if not os.path.isfile(model):
         print("model %s not found; set LOOM_MODEL" % model)
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tokens")
-        for spec, backends in STRATEGIES:
-            for be, prompts in backends:
-                check_backend(loom, model, spec, be, prompts, out)
+        for spec, be, prompts in cases:
+            check_backend(loom, model, spec, be, prompts, out)
         p = subprocess.run([loom, "run", "--model", model, "-p", "hi", "-n", "2",
                             "--spec-tree", "65"], capture_output=True, text=True, timeout=60)
         if p.returncode == 0 or "--spec-tree" not in p.stderr:
