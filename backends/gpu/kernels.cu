@@ -2720,8 +2720,9 @@ __device__ void dec_stage(const struct attn_p &p, const struct dec_shape &sh, co
 		for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
 			const int k = i / hd, d = i % hd;
 
-			tile[k * sh.pitch + d] = loom_kvq_value(p.kv_type, dec_row(p, cache, seq, t0 + k),
-								kvh * hd + d);
+			const uint8_t *row = dec_row(p, cache, seq, t0 + k, chain);
+
+			tile[k * sh.pitch + d] = loom_kvq_value(p.kv_type, row, kvh * hd + d);
 		}
 		return;
 	}
