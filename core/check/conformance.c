@@ -535,44 +535,63 @@ static int glu_on(struct dev *d, enum loom_glu_kind kind, const float *gate,
 	return rc;
 }
 
+/* One glu case: gate and up drawn from [-g_amp, g_amp) and [-u_amp,
+ * u_amp), rows of n, `pad` floats past each row unless out aliases gate
+ * (alias 1) or up (alias 2). */
+struct glu_case {
+	enum loom_op op;
+	const char *name, *kind_name;
+	int kind;
+	int64_t rows, n, pad;
+	int alias;
+	float g_amp, u_amp;
+};
+
+static void run_glu_case(struct dev *ref, struct dev *d, const struct glu_case *c)
+{
+	struct rowop r = {
+		.op = c->op, .name = c->name, .tol = 1e-7, .rows = c->rows, .n = c->n,
+		.stride = c->n + (c->alias ? 0 : c->pad),
+	};
+	int64_t len = r.rows * r.stride;
+	float *g = tb_xmalloc((size_t)len * F), *u = tb_xmalloc((size_t)len * F);
+	float *want = tb_poison(len), *got = tb_poison(len);
+	float *orig = tb_poison(len);
+	int rc_ref, rc;
+
+	tb_fill(g, len, c->g_amp);
+	tb_fill(u, len, c->u_amp);
+	if (c->alias)
+		memcpy(orig, c->alias == 1 ? g : u, (size_t)len * F);
+	snprintf(r.desc, sizeof(r.desc), "%s rows %lld n %lld stride %lld%s", c->kind_name,
+		 (long long)r.rows, (long long)r.n, (long long)r.stride,
+		 c->alias == 1 ? " out=gate" : c->alias == 2 ? " out=up" : "");
+	rc_ref = glu_on(ref, c->kind, g, u, want, r.rows, r.n, r.stride, c->alias);
+	tb_current(d, c->name, "f32", r.desc);
+	rc = glu_on(d, c->kind, g, u, got, r.rows, r.n, r.stride, c->alias);
+	rowop_compare(d, &r, rc_ref, rc, got, want, orig);
+	free(g);
+	free(u);
+	free(want);
+	free(got);
+	free(orig);
+}
+
 static void test_glu(struct dev *ref, struct dev *d)
 {
 	static const int64_t rows_list[] = { 1, 4, 9 }, ns[] = { 1, 17, 64, 1000 };
 
+	/* gate over [-8, 8): both tails of the activations */
 	for (int kind = 0; kind < 2; kind++)
 		for (int ri = 0; ri < 3; ri++)
 			for (int ni = 0; ni < 4; ni++)
-				for (int alias = 0; alias < 3; alias++) {
-					struct rowop r = {
-						.op = LOOM_OP_GLU, .name = "glu", .tol = 1e-7,
-						.rows = rows_list[ri], .n = ns[ni],
-						.stride = ns[ni] + (alias ? 0 : 5),
-					};
-					int64_t len = r.rows * r.stride;
-					float *g = tb_xmalloc((size_t)len * F), *u = tb_xmalloc((size_t)len * F);
-					float *want = tb_poison(len), *got = tb_poison(len);
-					float *orig = tb_poison(len);
-					int rc_ref, rc;
-
-					/* gate over [-8, 8): both tails of the activations */
-					tb_fill(g, len, 8.0f);
-					tb_fill(u, len, 1.0f);
-					if (alias)
-						memcpy(orig, alias == 1 ? g : u, (size_t)len * F);
-					snprintf(r.desc, sizeof(r.desc), "%s rows %lld n %lld stride %lld%s",
-						 kind ? "gelu_tanh" : "silu", (long long)r.rows,
-						 (long long)r.n, (long long)r.stride,
-						 alias == 1 ? " out=gate" : alias == 2 ? " out=up" : "");
-					rc_ref = glu_on(ref, kind, g, u, want, r.rows, r.n, r.stride, alias);
-					tb_current(d, "glu", "f32", r.desc);
-					rc = glu_on(d, kind, g, u, got, r.rows, r.n, r.stride, alias);
-					rowop_compare(d, &r, rc_ref, rc, got, want, orig);
-					free(g);
-					free(u);
-					free(want);
-					free(got);
-					free(orig);
-				}
+				for (int alias = 0; alias < 3; alias++)
+					run_glu_case(ref, d, &(struct glu_case){
+						.op = LOOM_OP_GLU, .name = "glu",
+						.kind_name = kind ? "gelu_tanh" : "silu",
+						.kind = kind, .rows = rows_list[ri], .n = ns[ni],
+						.pad = 5, .alias = alias, .g_amp = 8.0f,
+						.u_amp = 1.0f });
 }
 
 /* gpt-oss's clamped SwiGLU (ABI 1.8, optional: LOOM_OP_GLU_OAI): gate
@@ -588,37 +607,12 @@ static void test_glu_oai(struct dev *ref, struct dev *d)
 	}
 	for (int ri = 0; ri < 2; ri++)
 		for (int ni = 0; ni < 2; ni++)
-			for (int alias = 0; alias < 3; alias++) {
-				struct rowop r = {
-					.op = LOOM_OP_GLU_OAI, .name = "glu_oai", .tol = 1e-7,
-					.rows = rows_list[ri], .n = ns[ni],
-					.stride = ns[ni] + (alias ? 0 : 3),
-				};
-				int64_t len = r.rows * r.stride;
-				float *g = tb_xmalloc((size_t)len * F), *u = tb_xmalloc((size_t)len * F);
-				float *want = tb_poison(len), *got = tb_poison(len);
-				float *orig = tb_poison(len);
-				int rc_ref, rc;
-
-				tb_fill(g, len, 10.0f);
-				tb_fill(u, len, 10.0f);
-				if (alias)
-					memcpy(orig, alias == 1 ? g : u, (size_t)len * F);
-				snprintf(r.desc, sizeof(r.desc), "swiglu_oai rows %lld n %lld stride %lld%s",
-					 (long long)r.rows, (long long)r.n, (long long)r.stride,
-					 alias == 1 ? " out=gate" : alias == 2 ? " out=up" : "");
-				rc_ref = glu_on(ref, LOOM_GLU_SWIGLU_OAI, g, u, want, r.rows, r.n,
-						r.stride, alias);
-				tb_current(d, "glu_oai", "f32", r.desc);
-				rc = glu_on(d, LOOM_GLU_SWIGLU_OAI, g, u, got, r.rows, r.n, r.stride,
-					    alias);
-				rowop_compare(d, &r, rc_ref, rc, got, want, orig);
-				free(g);
-				free(u);
-				free(want);
-				free(got);
-				free(orig);
-			}
+			for (int alias = 0; alias < 3; alias++)
+				run_glu_case(ref, d, &(struct glu_case){
+					.op = LOOM_OP_GLU_OAI, .name = "glu_oai",
+					.kind_name = "swiglu_oai", .kind = LOOM_GLU_SWIGLU_OAI,
+					.rows = rows_list[ri], .n = ns[ni], .pad = 3,
+					.alias = alias, .g_amp = 10.0f, .u_amp = 10.0f });
 }
 
 static int add_on(struct dev *d, const float *a, const float *b, float *out,
