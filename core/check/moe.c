@@ -178,6 +178,24 @@ static int moe_on(struct dev *d, const struct moe_case *c, int64_t r0, int64_t n
 	return rc;
 }
 
+/* Case c on ref and d, compared as `op` with tolerance tol. */
+static void moe_compare(struct dev *ref, struct dev *d, const char *op, const char *fmt,
+			double tol, struct moe_case *c, const char *desc)
+{
+	int64_t rows = c->rows, n = rows * N_EMBD;
+	float *want = tb_poison(n), *got = tb_poison(n);
+	int rc_ref = moe_on(ref, c, 0, rows, want), rc;
+
+	tb_current(d, op, fmt, desc);
+	rc = moe_on(d, c, 0, rows, got);
+	if (rc_ref != LOOM_OK)
+		tb_fail(d, op, fmt, "%s: ref.so status %d", desc, rc_ref);
+	else if (tb_status_ok(d, op, fmt, true, rc, desc))
+		tb_result(d, op, fmt, tol, tb_nmse(got, want, rows, N_EMBD, N_EMBD), desc);
+	free(want);
+	free(got);
+}
+
 void tb_run_moe(struct dev *ref, struct dev *d, uint32_t type, double tol)
 {
 	static const int64_t rows_list[] = { 1, 5, 33 };
@@ -190,31 +208,18 @@ void tb_run_moe(struct dev *ref, struct dev *d, uint32_t type, double tol)
 	for (int ri = 0; ri < 3; ri++)
 		for (int v = 0; v < 4; v++) {
 			struct moe_case c;
-			int64_t rows = rows_list[ri], n = rows * N_EMBD;
-			float *want = tb_poison(n), *got = tb_poison(n);
+			int64_t rows = rows_list[ri];
 			char desc[128];
-			int rc_ref, rc;
 
 			if (!moe_make(&c, type, rows, 2 + (v & 1), v >= 2, v != 1)) {
-				free(want);
-				free(got);
 				tb_skip(d, "moe", fmt);
 				return;
 			}
 			snprintf(desc, sizeof(desc), "rows %lld, %lld of %d experts%s%s",
 				 (long long)rows, (long long)c.n_used, N_EXPERT,
 				 c.norm ? ", normalised" : "", v >= 2 ? ", shared expert" : "");
-			rc_ref = moe_on(ref, &c, 0, rows, want);
-			tb_current(d, "moe", fmt, desc);
-			rc = moe_on(d, &c, 0, rows, got);
-			if (rc_ref != LOOM_OK)
-				tb_fail(d, "moe", fmt, "%s: ref.so status %d", desc, rc_ref);
-			else if (tb_status_ok(d, "moe", fmt, true, rc, desc))
-				tb_result(d, "moe", fmt, tol, tb_nmse(got, want, rows, N_EMBD, N_EMBD),
-					  desc);
+			moe_compare(ref, d, "moe", fmt, tol, &c, desc);
 			moe_free(&c);
-			free(want);
-			free(got);
 		}
 }
 
@@ -234,14 +239,10 @@ void tb_run_moe_oai(struct dev *ref, struct dev *d, uint32_t type, double tol)
 	for (int ri = 0; ri < 3; ri++)
 		for (int v = 0; v < 4; v++) {
 			struct moe_case c;
-			int64_t rows = rows_list[ri], n = rows * N_EMBD;
-			float *want = tb_poison(n), *got = tb_poison(n);
+			int64_t rows = rows_list[ri];
 			char desc[128];
-			int rc_ref, rc;
 
 			if (!moe_make(&c, type, rows, v & 1 ? 4 : 2, false, false)) {
-				free(want);
-				free(got);
 				tb_skip(d, "moe_oai", fmt);
 				return;
 			}
@@ -259,17 +260,8 @@ void tb_run_moe_oai(struct dev *ref, struct dev *d, uint32_t type, double tol)
 			snprintf(desc, sizeof(desc), "rows %lld, %lld of %d experts, top-k%s",
 				 (long long)rows, (long long)c.n_used, N_EXPERT,
 				 v >= 2 ? ", biases" : "");
-			rc_ref = moe_on(ref, &c, 0, rows, want);
-			tb_current(d, "moe_oai", fmt, desc);
-			rc = moe_on(d, &c, 0, rows, got);
-			if (rc_ref != LOOM_OK)
-				tb_fail(d, "moe_oai", fmt, "%s: ref.so status %d", desc, rc_ref);
-			else if (tb_status_ok(d, "moe_oai", fmt, true, rc, desc))
-				tb_result(d, "moe_oai", fmt, tol,
-					  tb_nmse(got, want, rows, N_EMBD, N_EMBD), desc);
+			moe_compare(ref, d, "moe_oai", fmt, tol, &c, desc);
 			moe_free(&c);
-			free(want);
-			free(got);
 		}
 }
 
