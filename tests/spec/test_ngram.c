@@ -131,22 +131,33 @@ END_TEST
  * the tree holds the 50 51 path first (rows 1, 2 under the last token,
  * row 0) and the 60 61 branch beside it (two occurrences: enough for a
  * side branch), siblings distinct. */
+/* ngram.so with trees of up to 16 nodes, and one sequence of it (draft
+ * length 8). */
+static struct loom_spec_seq *tree_seq(struct loom_spec_kind **tk)
+{
+	struct loom_spec_config c;
+	struct loom_spec_seq *q;
+	char err[512];
+
+	loom_spec_config_defaults(&c);
+	c.max_tree = 16;
+	*tk = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
+	ck_assert_msg(*tk != NULL, "%s", err);
+	q = loom_spec_seq_new(*tk, 8, 1, NULL, err, sizeof(err));
+	ck_assert_msg(q != NULL, "%s", err);
+	return q;
+}
+
 START_TEST(tree_of_continuations)
 {
 	static const int32_t h[] = { 9, 1, 2, 3, 50, 51, 9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51,
 				     9, 1, 2, 3, 60, 61, 9, 1, 2, 3, 50, 51, 9, 1, 2, 3 };
-	struct loom_spec_config c;
 	struct loom_spec_kind *tk;
 	struct loom_spec_seq *q;
 	int32_t out[16], parent[17], k, r60 = -1;
 	char err[512];
 
-	loom_spec_config_defaults(&c);
-	c.max_tree = 16;
-	tk = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
-	ck_assert_msg(tk != NULL, "%s", err);
-	q = loom_spec_seq_new(tk, 8, 1, NULL, err, sizeof(err));
-	ck_assert_msg(q != NULL, "%s", err);
+	q = tree_seq(&tk);
 	k = loom_spec_seq_propose(q, NULL, h, sizeof(h) / sizeof(h[0]), 16, out, parent, err,
 				  sizeof(err));
 	ck_assert_int_ge(k, 4);
@@ -205,19 +216,13 @@ START_TEST(tree_width_follows_side_wins)
 				     141, 142, 143, 144, 145, 146, 141, 142, 143, 144, 147, 148,
 				     141, 142, 143, 144, 145, 146, 141, 142, 143, 144 };
 	const int64_t n = sizeof(h) / sizeof(h[0]);
-	struct loom_spec_config c;
 	struct loom_spec_kind *tk;
 	struct loom_spec_seq *q;
 	int32_t out[16], parent[17], main[17], n_main, k, side = 1, steps = 0, chains = 0;
 	int32_t acc[3];
 	char err[512];
 
-	loom_spec_config_defaults(&c);
-	c.max_tree = 16;
-	tk = loom_spec_kind_load("ngram", &c, N_VOCAB, NULL, err, sizeof(err));
-	ck_assert_msg(tk != NULL, "%s", err);
-	q = loom_spec_seq_new(tk, 8, 1, NULL, err, sizeof(err));
-	ck_assert_msg(q != NULL, "%s", err);
+	q = tree_seq(&tk);
 	/* the target follows the majority path two tokens, then 77 */
 	for (; side > 0 && steps < 40; steps++) {
 		k = loom_spec_seq_propose(q, NULL, h, n, 16, out, parent, err, sizeof(err));
