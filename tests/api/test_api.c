@@ -83,6 +83,50 @@ START_TEST(greedy_is_repeatable_and_stoppable)
 }
 END_TEST
 
+struct text {
+	char s[256];
+	size_t len;
+};
+
+static int collect_text(void *user, int32_t token, const char *text, size_t len)
+{
+	struct text *t = user;
+
+	(void)token;
+	if (t->len + len < sizeof(t->s)) {
+		memcpy(t->s + t->len, text, len);
+		t->len += len;
+	}
+	return 0;
+}
+
+/* The output held to the JSON string "\U0001d49c" (four bytes, three
+ * tokens in SmolLM2's vocabulary: f0 9d, 92, 9c) and cut after four
+ * tokens: greedy SmolLM2 writes a newline, the quote, then two of the
+ * character's tokens. The text ends with U+FFFD where the unfinished
+ * character's bytes were, not with them dropped unseen. */
+START_TEST(unfinished_character_ends_with_replacement)
+{
+	static const char schema[] = "{\"const\": \"\xf0\x9d\x92\x9c\"}";
+	struct loom_generation_params g;
+	struct text t = { .len = 0 };
+	struct loom_grammar *gr;
+	char err[1024];
+
+	gr = loom_grammar_new("json_schema", schema, strlen(schema), err, sizeof(err));
+	ck_assert_msg(gr != NULL, "%s", err);
+	loom_generation_params_init(&g);
+	g.temp = 0;
+	g.n_predict = 4;
+	g.grammar = gr;
+	ck_assert_msg(loom_generate(engine, "Write it:", 9, &g, collect_text, &t, NULL, err,
+				    sizeof(err)) == 0, "%s", err);
+	loom_grammar_free(gr);
+	ck_assert_uint_eq(t.len, 5);
+	ck_assert_mem_eq(t.s, "\n\"\xef\xbf\xbd", 5);
+}
+END_TEST
+
 START_TEST(context_overflow_is_refused)
 {
 	struct loom_generation_params g;
@@ -605,6 +649,7 @@ int main(void)
 		tcase_add_test(with_model, logprobs_are_the_model_distribution);
 		tcase_add_test(with_model, prompt_logprobs_match_all_logits);
 		tcase_add_test(with_model, hidden_rows);
+		tcase_add_test(with_model, unfinished_character_ends_with_replacement);
 		suite_add_tcase(s, with_model);
 	} else {
 		printf("skip model checks: LOOM_MODEL (%s) not found\n", model ? model : "unset");
