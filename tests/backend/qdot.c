@@ -451,6 +451,51 @@ START_TEST(kpack32_matches_reference)
 }
 END_TEST
 
+/*
+ * The 32-value formats' panels with f16 scales and minima a GGUF file can
+ * hold besides ordinary ones (NaNs of both kinds and signs, infinities,
+ * subnormals, signed zeros): widened as cpu_fp16_to_f32() does, bit for
+ * bit (vcvtph2ps alone would quiet a signalling NaN).
+ */
+START_TEST(kpack32_panel_special_scales)
+{
+	static const uint16_t special[] = { 0x7c01, 0xfd00, 0x7e00, 0x7c00, 0xfc00,
+					    0x0001, 0x83ff, 0x8000, 0x0000, 0x3c00 };
+	const int64_t n = 21, nb = 5, nsp = sizeof(special) / sizeof(special[0]);
+	int bad = 0;
+
+	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		const uint32_t t = formats[f];
+		const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+		const size_t pbytes = qgemm_panel_bytes(t, nb * 32);
+		uint8_t *w, *p, *want, *got;
+
+		if (t == LOOM_TYPE_MXFP4) /* not packed */
+			continue;
+		w = malloc(n * ws), p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+		want = aligned_alloc(64, pbytes), got = aligned_alloc(64, pbytes);
+		ck_assert(w && p && want && got);
+		fill_weights(t, w, n * nb);
+		for (int64_t b = 0; b < n * nb; b++) {
+			memcpy(w + b * cpu_block_bytes(t), &special[b % nsp], 2);
+			if (cpu_format_has_min(t))
+				memcpy(w + b * cpu_block_bytes(t) + 2, &special[(b + 3) % nsp], 2);
+		}
+		for (int64_t g = 0; g * KPACK_ROWS < n; g++) {
+			int rows = (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS);
+
+			kpack_group(t, w + g * KPACK_ROWS * ws, ws, rows, nb,
+				    p + g * KPACK_ROWS * kpack_row_share(t, nb));
+			qgemm_panel(t, w + g * KPACK_ROWS * ws, ws, 0, rows, nb * 32, false, want);
+			kpack_panel(t, p, nb, g * KPACK_ROWS, got);
+			bad += panel_rows_differ(got, want, nb, rows);
+		}
+		free(w), free(p), free(want), free(got);
+	}
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 START_TEST(qgemm_match_reference)
 {
 	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
@@ -625,6 +670,7 @@ int main(void)
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, qgemm_match_reference);
 	tcase_add_test(tc, kpack32_matches_reference);
+	tcase_add_test(tc, kpack32_panel_special_scales);
 	tcase_add_test(tc, amx_emulated_matches_vnni);
 	tcase_add_test(tc, amx_hardware_matches_vnni);
 	suite_add_tcase(s, tc);

@@ -400,6 +400,61 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb)
 	return bad;
 }
 
+/* f16 scales a GGUF file can hold besides ordinary ones: signalling and
+ * quiet NaNs of both signs, infinities, subnormals, zeros, one. */
+static const uint16_t special_f16[] = { 0x7c01, 0xfd00, 0x7e00, 0x7c00, 0xfc00,
+					0x0001, 0x83ff, 0x8000, 0x0000, 0x3c00 };
+
+/* Byte offsets of a GGUF K-quant super-block's d and dmin (dmin -1: none). */
+static void k_scale_offsets(uint32_t t, int *d, int *dmin)
+{
+	switch (t) {
+	case LOOM_TYPE_Q2_K: *d = 80, *dmin = 82; break;
+	case LOOM_TYPE_Q3_K: *d = 108, *dmin = -1; break;
+	case LOOM_TYPE_Q6_K: *d = 208, *dmin = -1; break;
+	default: *d = 0, *dmin = 2; break; /* Q4_K, Q5_K */
+	}
+}
+
+/*
+ * The panel builders widen every f16 scale as cpu_fp16_to_f32() does,
+ * bit for bit: NaNs (a signalling one stays signalling), infinities,
+ * subnormals and signed zeros too (the vector builders use vcvtph2ps,
+ * which quiets a signalling NaN unless they take care).
+ */
+START_TEST(kpanel_special_scales)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K,
+					  LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
+	const int64_t n = 21, nb = 3, nsp = sizeof(special_f16) / sizeof(special_f16[0]);
+	int bad = 0;
+
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
+		const uint32_t t = types[f];
+		const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+		uint8_t *w = malloc(n * ws), *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+		int od, om;
+
+		ck_assert(w && p);
+		k_scale_offsets(t, &od, &om);
+		fill_weights(t, w, n * nb);
+		for (int64_t b = 0; b < n * nb; b++) {
+			memcpy(w + b * cpu_block_bytes(t) + od, &special_f16[b % nsp], 2);
+			if (om >= 0)
+				memcpy(w + b * cpu_block_bytes(t) + om, &special_f16[(b + 3) % nsp], 2);
+		}
+		for (int64_t g = 0; g * KPACK_ROWS < n; g++)
+			kpack_group(t, w + g * KPACK_ROWS * ws, ws,
+				    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
+				    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
+		bad += check_kpanel(t, w, ws, p, n, nb);
+		free(w);
+		free(p);
+	}
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 START_TEST(kpack_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
@@ -436,6 +491,7 @@ int main(void)
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, every_field_counts);
 	tcase_add_test(tc, kpack_matches_reference);
+	tcase_add_test(tc, kpanel_special_scales);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
