@@ -350,6 +350,84 @@ ld16(const void *p, int64_t i, bool half)
 		    : _mm512_loadu_ps((const float *)p + i);
 }
 
+#define TGT_512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+/* Lanes i and i + h of each 2h-lane half (h = 4, 2, 1 within 128-bit
+ * chunks: shuffle_ps; h = 8, 4 across them: shuffle_f32x4) of x and y
+ * added: the steps of cpu_avx2_hsum(lo + hi) for 16 keys at once. */
+TGT_512 CPU_INLINE __m512 pair_f32x4_lohi(__m512 x, __m512 y)
+{
+	return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+			     _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+TGT_512 CPU_INLINE __m512 pair_f32x4_even_odd(__m512 x, __m512 y)
+{
+	return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+			     _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/*
+ * The horizontal sums of 16 dot vectors v[0..15], sum j in lane j, each
+ * added in exactly cpu_avx2_hsum(lo + hi)'s order (so a key's score has
+ * the bits of the one-key code): a_i = v_i + v_(i+8), then b_i = a_i +
+ * a_(i+4), c_i = b_i + b_(i+2), and c_0 + c_1. Four rounds of shuffles
+ * and adds pair up the lanes of two vectors at a time, 46 instructions for
+ * 16 keys where one key's reduction took about 8.
+ */
+TGT_512 CPU_INLINE __m512 hsum16(const __m512 v[16])
+{
+	__m512 A[8], B[4], C[2], lo, hi;
+
+	for (int k = 0; k < 8; k++) /* chunks: key 2k lanes 0-3, 4-7; key 2k+1 */
+		A[k] = pair_f32x4_lohi(v[2 * k], v[2 * k + 1]);
+	for (int k = 0; k < 4; k++) /* chunk j: key 4k + j, lanes 0-3 */
+		B[k] = pair_f32x4_even_odd(A[2 * k], A[2 * k + 1]);
+	for (int k = 0; k < 2; k++) /* chunk j: c0, c1 of key 8k + j, then 8k + 4 + j */
+		C[k] = _mm512_add_ps(_mm512_shuffle_ps(B[2 * k], B[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+				     _mm512_shuffle_ps(B[2 * k], B[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	lo = _mm512_shuffle_ps(C[0], C[1], _MM_SHUFFLE(2, 0, 2, 0));
+	hi = _mm512_shuffle_ps(C[0], C[1], _MM_SHUFFLE(3, 1, 3, 1));
+	/* lane 4j + l holds key 4l + j */
+	return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3,
+						       7, 11, 15),
+				     _mm512_add_ps(lo, hi));
+}
+
+/*
+ * Scores of cnt <= 16 consecutive keys for n heads from their dot vectors
+ * (unused ones zeroed): scaled, soft-capped, stored at sc + g * stride,
+ * and each head's running maximum per lane in mxv (max_ps keeps the
+ * earlier of equal values and skips a NaN score, as attn_row()'s `v > mx`
+ * does; the lanes' maxima are reduced at the end, where only the sign of
+ * a zero maximum could differ, which no exp(v - mx) sees). The soft cap's
+ * tanhf goes lane by lane.
+ */
+TGT_512 CPU_INLINE void scores16(const struct loom_attention_args *a,
+				 __m512 dots[GROUP_MAX][16], int n, int cnt, float *sc,
+				 int64_t stride, __m512 *mxv)
+{
+	const __mmask16 keep = (__mmask16)((1u << cnt) - 1);
+
+	for (int g = 0; g < n; g++) {
+		__m512 v;
+
+		for (int i = cnt; i < 16; i++)
+			dots[g][i] = _mm512_setzero_ps();
+		v = _mm512_mul_ps(hsum16(dots[g]), _mm512_set1_ps(a->scale));
+		if (a->softcap > 0.0f) {
+			float x[16];
+
+			_mm512_storeu_ps(x, v);
+			for (int i = 0; i < cnt; i++)
+				x[i] = a->softcap * tanhf(x[i] / a->softcap);
+			v = _mm512_loadu_ps(x);
+		}
+		_mm512_mask_storeu_ps(sc + g * stride, keep, v);
+		mxv[g] = _mm512_mask_max_ps(mxv[g], keep, v, mxv[g]);
+	}
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
 attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
 		    int64_t row, int64_t pos, bool half, const struct attn_span *sp)
@@ -364,12 +442,14 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	int64_t lo, hi, len;
 	float mx[GROUP_MAX];
 	double sum[GROUP_MAX];
+	__m512 dots[GROUP_MAX][16]; /* each head's 16-lane dot sums of 16 keys */
+	__m512 mxv[GROUP_MAX];
 
 	attn_range(a, pos, sp, &lo, &hi);
 	len = hi + 1 - lo;
 	for (int g = 0; g < n; g++)
-		mx[g] = -INFINITY;
-	for (int64_t t = lo, m; t <= hi;) {
+		mxv[g] = _mm512_set1_ps(-INFINITY);
+	for (int64_t t = lo, m, t0 = lo; t <= hi;) {
 		int64_t e = kv_run_off(a, s, t, kvh, hi, &m);
 
 		/* a run's rows are `stride` apart: ask for them PF_ROWS ahead
@@ -392,22 +472,18 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 				for (int g = 0; g < n; g++)
 					d[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + j), kv, d[g]);
 			}
-			for (int g = 0; g < n; g++) {
-				float v = cpu_avx2_hsum(_mm256_add_ps(_mm512_castps512_ps256(d[g]),
-								      _mm256_castpd_ps(_mm512_extractf64x4_pd(
-									      _mm512_castps_pd(d[g]), 1)))) *
-					  a->scale;
-
-				if (a->softcap > 0.0f)
-					v = a->softcap * tanhf(v / a->softcap);
-				sc[g * tk->max_kv + t - lo] = v;
-				if (v > mx[g])
-					mx[g] = v;
+			for (int g = 0; g < n; g++)
+				dots[g][t - t0] = d[g];
+			if (t - t0 == 15 || t == hi) {
+				scores16(a, dots, n, (int)(t + 1 - t0), sc + t0 - lo, tk->max_kv, mxv);
+				t0 = t + 1;
 			}
 		}
 	}
-	for (int g = 0; g < n; g++)
+	for (int g = 0; g < n; g++) {
+		mx[g] = _mm512_reduce_max_ps(mxv[g]);
 		sum[g] = softmax_weights(tk, sc + g * tk->max_kv, len, mx[g]);
+	}
 	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
 		const int w = hd - d0 < 64 ? (int)(hd - d0) / 16 : 4;
 		__m512 r[GROUP_MAX][4];

@@ -1,0 +1,164 @@
+/*
+ * cpu.so's grouped attention kernel (AVX-512: the query heads of one KV
+ * head share each cache row, and the scores of 16 keys are reduced at
+ * once) against its one-head, one-key code (the AVX2 kernel set, chosen
+ * with LOOM_CPU_ISA=avx2), bit for bit, in exact mode: every output of
+ * prefill chunks, decode rows and rows with history, over f32 and f16
+ * caches, group sizes 1 to 4, head sizes 32 to 256, key counts that fill
+ * no 16-key block, one and several, with and without a window and a soft
+ * cap. (Fast mode's exponentials are per kernel set, so only exact mode
+ * compares across sets.) A change in the order of any addition of a
+ * score changes bits here.
+ *
+ * Usage: backend_attn_group. Skips (exit 77) on a CPU without AVX-512.
+ */
+#include "check/tb.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BS 16
+
+struct shape {
+	int32_t heads, kv_heads, hd;
+};
+
+struct call {
+	int32_t n_seqs, q_start[4], kv_len[3], max_blocks, window;
+	float softcap;
+	uint32_t kv_type;
+};
+
+static uint16_t f16_bits(float x)
+{
+	_Float16 h = (_Float16)x;
+	uint16_t b;
+
+	memcpy(&b, &h, 2);
+	return b;
+}
+
+/* One attention call of shape sh on d over caches k, v (as kv_type) with
+ * blocks in table; out gets rows x heads x hd floats. */
+static int attend(struct dev *d, const struct shape *sh, const struct call *c, const void *k,
+		  const void *v, size_t cache_bytes, const int32_t *table, const float *q,
+		  float *out)
+{
+	const int32_t rows = c->q_start[c->n_seqs], width = sh->heads * sh->hd;
+	const size_t ob = sizeof(float) * (size_t)rows * (size_t)width;
+	struct loom_attention_args a = {
+		.struct_size = sizeof(a), .out = dev_put(d, NULL, ob),
+		.q = dev_put(d, q, ob), .q_stride = width, .out_stride = width,
+		.kcache = dev_put(d, k, cache_bytes), .vcache = dev_put(d, v, cache_bytes),
+		.n_seqs = c->n_seqs, .n_heads = sh->heads, .n_kv_heads = sh->kv_heads,
+		.head_dim = sh->hd, .block_size = BS, .max_blocks = c->max_blocks,
+		.q_start = dev_put(d, c->q_start, sizeof(int32_t) * (size_t)(c->n_seqs + 1)),
+		.kv_len = dev_put(d, c->kv_len, sizeof(int32_t) * (size_t)c->n_seqs),
+		.block_table = dev_put(d, table, sizeof(int32_t) * (size_t)(c->n_seqs * c->max_blocks)),
+		.scale = 1.0f / sqrtf((float)sh->hd), .softcap = c->softcap, .window = c->window,
+		.kv_type = c->kv_type,
+	};
+	int rc = d->ops->attention(d->ctx, &a);
+
+	if (!rc)
+		rc = dev_get(d, out, a.out, ob);
+	dev_reset(d);
+	return rc;
+}
+
+/* The call on both devices: rows whose outputs differ (-1: a call failed). */
+static int compare(struct dev *grouped, struct dev *single, const struct shape *sh,
+		   const struct call *c)
+{
+	const int32_t rows = c->q_start[c->n_seqs], width = sh->heads * sh->hd;
+	const int32_t kv_dim = sh->kv_heads * sh->hd, n_blocks = c->n_seqs * c->max_blocks;
+	const size_t n_vals = (size_t)n_blocks * BS * (size_t)kv_dim;
+	const size_t es = c->kv_type == LOOM_TYPE_F16 ? 2 : 4, rb = sizeof(float) * (size_t)width;
+	float *k = tb_xmalloc(n_vals * sizeof(float)), *v = tb_xmalloc(n_vals * sizeof(float));
+	float *q = tb_xmalloc((size_t)rows * rb), *want = tb_xmalloc((size_t)rows * rb);
+	float *got = tb_xmalloc((size_t)rows * rb);
+	int32_t *table = tb_xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+	int bad = 0;
+
+	tb_fill(k, (int64_t)n_vals, 1.0f);
+	tb_fill(v, (int64_t)n_vals, 1.0f);
+	tb_fill(q, (int64_t)rows * width, 3.0f);
+	for (int32_t b = 0; b < n_blocks; b++) /* blocks out of order */
+		table[b] = (b * 7 + 3) % n_blocks;
+	if (es == 2) { /* the f16 cache in place of the f32 one */
+		uint16_t *hk = (uint16_t *)k, *hv = (uint16_t *)v;
+
+		for (size_t i = 0; i < n_vals; i++) {
+			hk[i] = f16_bits(k[i]);
+			hv[i] = f16_bits(v[i]);
+		}
+	}
+	if (attend(grouped, sh, c, k, v, n_vals * es, table, q, got) ||
+	    attend(single, sh, c, k, v, n_vals * es, table, q, want)) {
+		bad = -1;
+	} else {
+		for (int32_t r = 0; r < rows; r++)
+			bad += memcmp(got + (size_t)r * width, want + (size_t)r * width, rb) != 0;
+	}
+	free(k), free(v), free(q), free(want), free(got), free(table);
+	return bad;
+}
+
+int main(void)
+{
+	static const struct shape shapes[] = {
+		{ 4, 1, 64 }, { 9, 3, 64 }, { 6, 3, 128 }, { 4, 4, 32 }, { 8, 2, 256 }, { 6, 2, 48 },
+	};
+	/* a prefill chunk and a decode row; a chunk after history and a
+	 * decode row past 16 blocks; one key and 17 keys */
+	static const struct call calls[] = {
+		{ 2, { 0, 37, 38 }, { 37, 70 }, 5, 0, 0.0f, 0 },
+		{ 2, { 0, 5, 6 }, { 300, 600 }, 38, 0, 0.0f, 0 },
+		{ 3, { 0, 1, 18, 19 }, { 1, 17, 16 }, 2, 0, 0.0f, 0 },
+	};
+	struct dev grouped, single;
+	char err[512];
+	int failures = 0, cases = 0;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+	    !__builtin_cpu_supports("avx512vl")) {
+		printf("SKIP: no AVX-512 here, so cpu.so has no grouped attention kernel\n");
+		return 77;
+	}
+	unsetenv("LOOM_CPU_ISA");
+	if (dev_open_flags(&grouped, "cpu.so", 1, LOOM_BACKEND_EXACT, err, sizeof(err))) {
+		printf("FAIL cpu.so: %s\n", err);
+		return 1;
+	}
+	setenv("LOOM_CPU_ISA", "avx2", 1);
+	if (dev_open_flags(&single, "cpu.so", 1, LOOM_BACKEND_EXACT, err, sizeof(err))) {
+		printf("FAIL cpu.so (LOOM_CPU_ISA=avx2): %s\n", err);
+		return 1;
+	}
+	tb_seed(5);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++)
+			for (int variant = 0; variant < 8; variant++, cases++) {
+				struct call call = calls[c];
+				int bad;
+
+				call.kv_type = variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+				call.window = variant & 2 ? 20 : 0;
+				call.softcap = variant & 4 ? 3.0f : 0.0f;
+				bad = compare(&grouped, &single, &shapes[s], &call);
+				if (bad) {
+					printf("FAIL heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
+					       shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
+					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
+					failures++;
+				}
+			}
+	printf("%s: %d cases, %d differ from the one-head kernel\n", failures ? "FAIL" : "ok",
+	       cases, failures);
+	dev_close(&grouped);
+	dev_close(&single);
+	return failures ? 1 : 0;
+}
