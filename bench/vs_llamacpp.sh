@@ -21,6 +21,9 @@
 #   LOOM_CACHE    model cache                 (default ~/.cache/loom)
 #   CACHE         anchor cache                (default $LOOM_CACHE/llama.cpp-0.3.36)
 #   MODEL         base GGUF                   (default $LOOM_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf)
+#                 or 1b / 8b: a random Llama-3.2-1B- / Llama-3-8B-shaped
+#                 f16 file made once by tools/mkgguf.py --preset (cached as
+#                 $LOOM_CACHE/synthetic-1b.F16.gguf), requantized to QUANTS
 #   QUANTS        formats to compare          (default "Q4_1 Q4_K_M Q8_0"; Q4_1 = MODEL as is)
 #   THREADS       thread counts               (default "1 2")
 #   ROUNDS        interleaved rounds          (default 3)
@@ -66,6 +69,16 @@ BIN=$ANCHOR_BIN
 anchor_build llama-bench llama-perplexity llama-quantize
 
 # ---------------------------------------------------------------- 2. models
+case "$MODEL" in
+1b|8b)
+	f=$LOOM_CACHE/synthetic-$MODEL.F16.gguf
+	if [ ! -s "$f" ]; then
+		log "making $f (tools/mkgguf.py --preset $MODEL --type f16)"
+		python3 tools/mkgguf.py --preset "$MODEL" --type f16 -q "$f.tmp" || die "mkgguf failed"
+		mv "$f.tmp" "$f"
+	fi
+	MODEL=$f ;;
+esac
 [ -s "$MODEL" ] || die "no model at $MODEL (run scripts/setup.sh first)"
 base=$(basename "$MODEL" .gguf)      # SmolLM2-135M-Instruct.Q4_1
 stem=${base%.*}                      # SmolLM2-135M-Instruct
@@ -156,7 +169,7 @@ for t in $THREADS; do echo "  streaming read, $t thread(s): ${BW[$t]} GB/s best 
 echo "  load average before the runs: $LOAD0; after: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$DEPTH" -gt 0 ] && echo "  tg after $DEPTH tokens of context; pp: loom on an empty cache, llama.cpp after $DEPTH tokens (compare tg only)"
 echo
-echo "| model (SmolLM2-135M) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
+echo "| model ($stem) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for q in $QUANTS; do
 	wb=$(wbytes "${FILE[$q]}")
