@@ -376,6 +376,30 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
  */
 static const enum qdot_isa kpack_isas[] = { QDOT_VNNI, QDOT_AVXVNNI, QDOT_AVX2 };
 
+/* Packs the n GGUF rows w (stride ws) group by group into p and compares
+ * each group's kpack_panel() with qgemm_panel() of its rows (want and got
+ * hold a panel): the groups that differ. */
+static int pack_and_compare_panels(uint32_t t, const uint8_t *w, size_t ws, uint8_t *p,
+				   int64_t n, int64_t nb, uint8_t *want, uint8_t *got)
+{
+	int bad = 0;
+
+	for (int64_t g = 0; g * KPACK_ROWS < n; g++) {
+		int rows = (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS);
+
+		kpack_group(t, w + g * KPACK_ROWS * ws, ws, rows, nb,
+			    p + g * KPACK_ROWS * kpack_row_share(t, nb));
+		qgemm_panel(t, w + g * KPACK_ROWS * ws, ws, 0, rows, nb * 32, false, want);
+		kpack_panel(t, p, nb, g * KPACK_ROWS, got);
+		if (panel_rows_differ(got, want, nb, rows)) {
+			printf("kpack type %u n=%lld nb=%lld: panel of group %lld differs\n", t,
+			       (long long)n, (long long)nb, (long long)g);
+			bad++;
+		}
+	}
+	return bad;
+}
+
 static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
@@ -392,19 +416,7 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
 	ck_assert_uint_ge(kpack_row_share(t, nb), ws);
 	ck_assert_uint_le(kpack_row_share(t, nb), ws + (nb % 2 ? 10 : 0));
 	fill_weights(t, w, n * nb);
-	for (int64_t g = 0; g * KPACK_ROWS < n; g++) {
-		int rows = (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS);
-
-		kpack_group(t, w + g * KPACK_ROWS * ws, ws, rows, nb,
-			    p + g * KPACK_ROWS * kpack_row_share(t, nb));
-		qgemm_panel(t, w + g * KPACK_ROWS * ws, ws, 0, rows, nb * 32, false, want);
-		kpack_panel(t, p, nb, g * KPACK_ROWS, got);
-		if (panel_rows_differ(got, want, nb, rows)) {
-			printf("kpack type %u n=%lld nb=%lld: panel of group %lld differs\n",
-			       t, (long long)n, (long long)nb, (long long)g);
-			bad++;
-		}
-	}
+	bad += pack_and_compare_panels(t, w, ws, p, n, nb, want, got);
 	bad += kpack_unpack_differs(t, w, ws, p, n, nb);
 	fill_acts(x, nb * 32);
 	qdot_quantize_row(x, q, nb * 32);
@@ -481,15 +493,7 @@ START_TEST(kpack32_panel_special_scales)
 			if (cpu_format_has_min(t))
 				memcpy(w + b * cpu_block_bytes(t) + 2, &special[(b + 3) % nsp], 2);
 		}
-		for (int64_t g = 0; g * KPACK_ROWS < n; g++) {
-			int rows = (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS);
-
-			kpack_group(t, w + g * KPACK_ROWS * ws, ws, rows, nb,
-				    p + g * KPACK_ROWS * kpack_row_share(t, nb));
-			qgemm_panel(t, w + g * KPACK_ROWS * ws, ws, 0, rows, nb * 32, false, want);
-			kpack_panel(t, p, nb, g * KPACK_ROWS, got);
-			bad += panel_rows_differ(got, want, nb, rows);
-		}
+		bad += pack_and_compare_panels(t, w, ws, p, n, nb, want, got);
 		free(w), free(p), free(want), free(got);
 	}
 	ck_assert_int_eq(bad, 0);
