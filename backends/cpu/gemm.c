@@ -318,22 +318,49 @@ static void quant_task(void *arg, int64_t c, int ith)
 			       t->prep + c * (t->g.k / qgemm_block(t->g.type)));
 }
 
-/* Prefill chunk c: a panel of 16 weight rows against every activation row. */
+/*
+ * Prefill chunk c: QGEMM_PANELS panels of 16 weight rows against every
+ * activation row, a strip of QGEMM_STRIP activation rows at a time
+ * against all of them, so the strip is read from L1 by each panel instead
+ * of every activation row streaming from L2 or L3 once per panel (at k =
+ * 2048 and m = 256 the rows take 850 KB). Each output is still one
+ * qgemm_run() element: the order changes no bits.
+ */
+#define QGEMM_PANELS 4
+#define QGEMM_STRIP 16
+
 static void qgemm_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
-	const int64_t j0 = c * QGEMM_ROWS;
-	const int rows = t->n - j0 < QGEMM_ROWS ? (int)(t->n - j0) : QGEMM_ROWS;
+	const int64_t nb = g->k / 32, nc = g->k / qgemm_block(g->type);
+	const size_t pbytes = (qgemm_panel_bytes(g->type, g->k) + 63) & ~(size_t)63;
 	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
+	int64_t j0[QGEMM_PANELS];
+	int rows[QGEMM_PANELS], np = 0;
 
-	qgemm_panel(g->type, g->w, g->w_stride, j0, rows, g->k, t->packed, panel);
-	if (t->ctx->amx != AMX_OFF)
-		amx_qgemm_run(t->ctx->amx, g->type, panel, rows, t->qx, t->prep, g->m, g->k,
-			      g->y + j0, g->y_stride);
-	else
-		qgemm_run(t->ctx->qisa, g->type, panel, rows, t->qx, t->prep, g->m, g->k,
-			  g->y + j0, g->y_stride);
+	for (int64_t j = c * QGEMM_PANELS * QGEMM_ROWS; j < t->n && np < QGEMM_PANELS;
+	     j += QGEMM_ROWS, np++) {
+		j0[np] = j;
+		rows[np] = t->n - j < QGEMM_ROWS ? (int)(t->n - j) : QGEMM_ROWS;
+		qgemm_panel(g->type, g->w, g->w_stride, j, rows[np], g->k, t->packed,
+			    panel + np * pbytes);
+	}
+	for (int64_t i = 0; i < g->m; i += QGEMM_STRIP) {
+		const int64_t m = g->m - i < QGEMM_STRIP ? g->m - i : QGEMM_STRIP;
+
+		for (int p = 0; p < np; p++) {
+			float *y = g->y + i * g->y_stride + j0[p];
+
+			if (t->ctx->amx != AMX_OFF)
+				amx_qgemm_run(t->ctx->amx, g->type, panel + p * pbytes, rows[p],
+					      t->qx + i * nb, t->prep + i * nc, m, g->k, y,
+					      g->y_stride);
+			else
+				qgemm_run(t->ctx->qisa, g->type, panel + p * pbytes, rows[p],
+					  t->qx + i * nb, t->prep + i * nc, m, g->k, y, g->y_stride);
+		}
+	}
 }
 
 /*
@@ -512,14 +539,15 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, nb) ||
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
-	bytes = qgemm_panel_bytes(t->g.type, t->g.k);
+	bytes = ((qgemm_panel_bytes(t->g.type, t->g.k) + 63) & ~(size_t)63) * QGEMM_PANELS;
 	if (cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
 	t->prep = ctx->qprep;
 	cpu_pool_run(&ctx->pool, quant_task, t, m, m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
-	cpu_pool_run(&ctx->pool, qgemm_task, t, (t->n + QGEMM_ROWS - 1) / QGEMM_ROWS, nth);
+	cpu_pool_run(&ctx->pool, qgemm_task, t,
+		     (t->n + QGEMM_PANELS * QGEMM_ROWS - 1) / (QGEMM_PANELS * QGEMM_ROWS), nth);
 	return LOOM_OK;
 }
 
