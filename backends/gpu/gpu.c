@@ -1062,14 +1062,15 @@ static int rope_table_make(struct loom_backend_ctx *ctx, const struct loom_rope_
 			   struct rope_tab *e)
 {
 	int64_t half = a->n_rot / 2;
-	size_t bytes = (size_t)half * (sizeof(double) + sizeof(float));
+	size_t bytes = (size_t)half * (sizeof(double) + 2 * sizeof(float));
 	double *inv = malloc(bytes);
-	float *inv_f = (float *)(inv + half);
+	float *inv_f = (float *)(inv + half), *inv_lo = inv_f + half;
 	int rc = inv ? rt_failed(ctx, gpurt_alloc(ctx->rt, bytes, &e->dev)) : LOOM_ERR_NOMEM;
 
 	for (int64_t i = 0; !rc && i < half; i++) {
 		inv[i] = pow(a->freq_base, -2.0 * (double)i / (double)a->n_rot);
 		inv_f[i] = (float)inv[i];
+		inv_lo[i] = (float)(inv[i] - (double)inv_f[i]);
 	}
 	if (!rc)
 		rc = rt_failed(ctx, gpurt_upload(ctx->rt, e->dev, inv, bytes));
@@ -1107,6 +1108,7 @@ int rope_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a, boo
 	}
 	t->inv = e->dev;
 	t->inv_f = (const float *)(t->inv + a->n_rot / 2);
+	t->inv_lo = t->inv_f + a->n_rot / 2;
 	t->fast = !ctx->exact;
 	return LOOM_OK;
 }

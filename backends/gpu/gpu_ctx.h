@@ -93,7 +93,7 @@ struct attn_plan {
 };
 
 /* A RoPE table (gpurt_rope_table) on the device, for one (freq_base,
- * n_rot): n_rot / 2 doubles, then as many floats. */
+ * n_rot): n_rot / 2 doubles, then inv_f's and inv_lo's n_rot / 2 floats. */
 struct rope_tab {
 	float base;
 	int64_t n_rot;

@@ -237,13 +237,15 @@ struct gpurt_norm {
 int gpurt_norm(struct gpurt *rt, const struct gpurt_norm *n);
 /* RoPE's per-pair inverse frequencies, made once per (freq_base, n_rot) on
  * the host (gpu.c): inv[i] = pow(freq_base, -2i / n_rot) in double, as
- * ref.so computes it, and inv_f[i] = (float)inv[i] (device arrays of
- * n_rot / 2). Exact: each angle is ref.so's double (double)pos *
- * freq_scale * inv[i] (/ freq_factors[i]) with double cos and sin, so the
- * bits are ref.so's; fast: the same product in f32 from inv_f, sincosf. */
+ * ref.so computes it, inv_f[i] = (float)inv[i] and inv_lo[i] =
+ * (float)(inv[i] - inv_f[i]) (device arrays of n_rot / 2). Exact: each
+ * angle is ref.so's double (double)pos * freq_scale * inv[i] (/
+ * freq_factors[i]) with double cos and sin, so the bits are ref.so's;
+ * fast: the same angle in f32 arithmetic as a compensated sum (inv_f +
+ * inv_lo, rounding errors kept by fmaf), sincosf, no double. */
 struct gpurt_rope_table {
 	const double *inv;
-	const float *inv_f;
+	const float *inv_f, *inv_lo;
 	int32_t fast;
 };
 int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a, const struct gpurt_rope_table *t);

@@ -2281,12 +2281,13 @@ extern "C" int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const
 /*
  * RoPE. Each pair's inverse frequency freq_base^(-2i/n_rot) comes from a
  * table the host makes once per (freq_base, n_rot) (gpu.c: rope_table):
- * inv[i] in double, by the host's pow exactly as ref.so computes it, and
- * inv_f[i] = (float)inv[i]. Exact mode then computes ref.so's angle
- * (double)pos * freq_scale * inv[i] (/ freq_factors[i]) and its double
- * cos and sin, so the bits are ref.so's; fast mode computes the angle in
- * f32 from inv_f with sincosf (conformance: rope's tolerance, measured
- * in docs/GPU.md).
+ * inv[i] in double, by the host's pow exactly as ref.so computes it,
+ * inv_f[i] = (float)inv[i] and inv_lo[i] = (float)(inv[i] - inv_f[i]).
+ * Exact mode then computes ref.so's angle (double)pos * freq_scale *
+ * inv[i] (/ freq_factors[i]) and its double cos and sin, so the bits are
+ * ref.so's; fast mode computes the same angle in f32 arithmetic only
+ * (rope_cs_f32; conformance: rope's fast-mode tolerance, measured in
+ * docs/GPU.md).
  */
 struct rope_p {
 	uint32_t mode;
@@ -2297,17 +2298,44 @@ struct rope_p {
 	float freq_scale;
 	const float *freq_factors;
 	const double *inv;
-	const float *inv_f;
+	const float *inv_f, *inv_lo;
 };
 
 static struct rope_p rope_params(const struct loom_rope_args *a, const struct gpurt_rope_table *t)
 {
 	struct rope_p p = {
 		a->mode, t->fast, a->x, a->n_tokens, a->n_heads, a->head_dim, a->n_rot, a->row_stride,
-		a->pos, a->freq_scale, a->freq_factors, t->inv, t->inv_f,
+		a->pos, a->freq_scale, a->freq_factors, t->inv, t->inv_f, t->inv_lo,
 	};
 
 	return p;
+}
+
+/*
+ * Fast mode's cos and sin, f32 arithmetic only: the angle as an unevaluated
+ * sum a + e (the product (float)pos * freq_scale * inv with each rounding
+ * error caught by fmaf, inv split as inv_f + inv_lo, the division by a
+ * frequency factor likewise), sincosf of a, then the rotation by the small
+ * e to second order. So the angle loses nothing to f32 at long positions
+ * (a lone f32 product is off by up to half an ulp of the angle: 0.004 rad
+ * at position 65536); what is left is sincosf's own error.
+ */
+__device__ __forceinline__ void rope_cs_f32(const struct rope_p &p, int64_t t, int64_t i, float *c,
+					    float *s)
+{
+	const float pf = (float)p.pos[t], hi = p.inv_f[i], lo = p.inv_lo[i];
+	const float q = pf * p.freq_scale, q_lo = fmaf(pf, p.freq_scale, -q);
+	float a = q * hi, e = fmaf(q, hi, -a) + fmaf(q, lo, q_lo * hi), sa, ca;
+
+	if (p.freq_factors) {
+		const float f = p.freq_factors[i], b = a / f;
+
+		e = (fmaf(-b, f, a) + e) / f;
+		a = b;
+	}
+	sincosf(a, &sa, &ca);
+	*s = sa + e * (ca - 0.5f * e * sa);
+	*c = ca - e * (sa + 0.5f * e * ca);
 }
 
 /* cos and sin of token t's angle for pair i. */
@@ -2315,11 +2343,7 @@ __device__ __forceinline__ void rope_cs(const struct rope_p &p, int64_t t, int64
 					float *s)
 {
 	if (p.fast) {
-		float theta = (float)p.pos[t] * p.freq_scale * p.inv_f[i];
-
-		if (p.freq_factors)
-			theta /= p.freq_factors[i];
-		sincosf(theta, s, c);
+		rope_cs_f32(p, t, i, c, s);
 		return;
 	}
 	double theta = (double)p.pos[t] * p.freq_scale * p.inv[i];
