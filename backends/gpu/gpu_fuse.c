@@ -371,8 +371,8 @@ bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots)
 }
 
 /* kv_write w stores exactly the rows rope k rotates (so each thread can
- * rotate its values and store them), from caches and v rows apart from
- * them, in units that own whole pairs. */
+ * rotate its values and store them), with caches, v rows and slots apart
+ * from them, in units that own whole pairs. */
 static bool rope_kv_ok(const struct loom_rope_args *k, const struct loom_kv_write_args *w,
 		       const struct attn_plan *pl)
 {
@@ -382,7 +382,8 @@ static bool rope_kv_ok(const struct loom_rope_args *k, const struct loom_kv_writ
 	if (loom_kvq_block_elems(w->kv_type) > 1 &&
 	    (k->head_dim % 32 || (k->mode != LOOM_ROPE_NORM && k->n_rot % 64)))
 		return false;
-	return !overlap(rows_span(w->v, w->n_tokens, w->v_stride, w->kv_dim), rope_rows(k));
+	return !overlap(rows_span(w->v, w->n_tokens, w->v_stride, w->kv_dim), rope_rows(k)) &&
+	       !overlap(words_span(w->slots, w->n_tokens), rope_rows(k));
 }
 
 /* Rope q joins when it shares k's table and mode and its rows are apart
