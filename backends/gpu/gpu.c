@@ -347,6 +347,13 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			(unsigned long long)ctx->n_group_calls);
 	if (ctx->n_steps)
 		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": rope and kv_write: %llu launches of %llu calls",
+			(unsigned long long)ctx->n_rope_kv, (unsigned long long)ctx->n_rope_kv_calls);
+	gpu_log(ctx->host, LOOM_LOG_DEBUG,
+		GPU_BACKEND_NAME ": kernel launches: %llu queued one by one (graph replays not "
+		"counted)", (unsigned long long)gpurt_launches(ctx->rt));
+	if (ctx->n_steps)
+		gpu_log(ctx->host, LOOM_LOG_INFO,
 			GPU_BACKEND_NAME ": host waits: %llu in %llu step regions (from the first on)",
 			(unsigned long long)ctx->n_waits, (unsigned long long)ctx->n_steps);
 	if (ctx->n_sampled)
@@ -358,6 +365,9 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 	gpurt_free(ctx->rt, ctx->items);
 	gpurt_host_free(ctx->rt, ctx->stage);
 	gpurt_host_free(ctx->rt, ctx->ring);
+	for (int64_t i = 0; i < ctx->n_rope_tabs; i++)
+		gpurt_free(ctx->rt, ctx->rope_tabs[i].dev);
+	free(ctx->rope_tabs);
 	gpurt_close(ctx->rt);
 	free(ctx->shadows);
 	free(ctx->moe_tabs);
@@ -1046,6 +1056,71 @@ static int do_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 	return submit(ctx, &c);
 }
 
+/* Computes a table on the host (pow in double, as ref.so's rope_head
+ * does, so exact mode's angles are ref.so's) and uploads it. */
+static int rope_table_make(struct loom_backend_ctx *ctx, const struct loom_rope_args *a,
+			   struct rope_tab *e)
+{
+	int64_t half = a->n_rot / 2;
+	size_t bytes = (size_t)half * (sizeof(double) + 2 * sizeof(float));
+	double *inv = malloc(bytes);
+	float *inv_f = (float *)(inv + half), *inv_lo = inv_f + half;
+	int rc = inv ? rt_failed(ctx, gpurt_alloc(ctx->rt, bytes, &e->dev)) : LOOM_ERR_NOMEM;
+
+	for (int64_t i = 0; !rc && i < half; i++) {
+		inv[i] = pow(a->freq_base, -2.0 * (double)i / (double)a->n_rot);
+		inv_f[i] = (float)inv[i];
+		inv_lo[i] = (float)(inv[i] - (double)inv_f[i]);
+	}
+	if (!rc)
+		rc = rt_failed(ctx, gpurt_upload(ctx->rt, e->dev, inv, bytes));
+	if (rc && e->dev)
+		gpurt_free(ctx->rt, e->dev);
+	free(inv);
+	e->base = a->freq_base;
+	e->n_rot = a->n_rot;
+	return rc;
+}
+
+int rope_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a, bool make,
+	       struct gpurt_rope_table *t)
+{
+	struct rope_tab *e = NULL, *tabs;
+	int rc;
+
+	for (int64_t i = 0; i < ctx->n_rope_tabs && !e; i++)
+		if (ctx->rope_tabs[i].n_rot == a->n_rot &&
+		    !memcmp(&ctx->rope_tabs[i].base, &a->freq_base, sizeof(float)))
+			e = &ctx->rope_tabs[i];
+	if (!e && !make)
+		return LOOM_ERR_INVALID; /* prepare_calls made every table */
+	if (!e) {
+		tabs = realloc(ctx->rope_tabs, (size_t)(ctx->n_rope_tabs + 1) * sizeof(*tabs));
+		if (!tabs)
+			return LOOM_ERR_NOMEM;
+		ctx->rope_tabs = tabs;
+		e = &tabs[ctx->n_rope_tabs];
+		memset(e, 0, sizeof(*e));
+		rc = rope_table_make(ctx, a, e);
+		if (rc)
+			return rc;
+		ctx->n_rope_tabs++;
+	}
+	t->inv = e->dev;
+	t->inv_f = (const float *)(t->inv + a->n_rot / 2);
+	t->inv_lo = t->inv_f + a->n_rot / 2;
+	t->fast = !ctx->exact;
+	return LOOM_OK;
+}
+
+static int exec_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	struct gpurt_rope_table t;
+	int rc = rope_table(ctx, a, false, &t);
+
+	return rc ? rc : rt_failed(ctx, gpurt_rope(ctx->rt, a, &t));
+}
+
 static int do_kv_write(struct loom_backend_ctx *ctx, const struct loom_kv_write_args *a)
 {
 	struct call c = new_call(CALL_KV_WRITE);
@@ -1730,6 +1805,8 @@ static int check_call(struct loom_backend_ctx *ctx, const struct call *c, struct
 	switch (c->kind) {
 	case CALL_EMBED:
 		return check_ids(ctx, &c->u.embed);
+	case CALL_ROPE:
+		return rope_table(ctx, &c->u.rope, true, &(struct gpurt_rope_table){ 0 });
 	case CALL_KV_WRITE:
 		return loom_check_slots(staged(ctx, c->u.kv.slots, c->u.kv.n_tokens),
 					c->u.kv.n_tokens, c->u.kv.kv_dim) ?
@@ -1799,6 +1876,9 @@ int prepare_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 			plans[i] = *last_plan; /* its items and scratch are there already */
 			continue;
 		}
+		if (c->kind == CALL_KV_WRITE)
+			plans[i].caches_apart = gpu_caches_apart(
+				calls, i, staged(ctx, c->u.kv.slots, c->u.kv.n_tokens));
 		if (c->kind == CALL_KV_WRITE && last_kv && last_kv->slots == c->u.kv.slots &&
 		    last_kv->n_tokens == c->u.kv.n_tokens && last_kv->kv_dim == c->u.kv.kv_dim)
 			continue;
@@ -1828,7 +1908,7 @@ static int exec_call(struct loom_backend_ctx *ctx, const struct call *c, const s
 	case CALL_EMBED:
 		return exec_embed(ctx, &c->u.embed);
 	case CALL_ROPE:
-		return rt_failed(ctx, gpurt_rope(ctx->rt, &c->u.rope));
+		return exec_rope(ctx, &c->u.rope);
 	case CALL_KV_WRITE:
 		return rt_failed(ctx, gpurt_kv_write(ctx->rt, &c->u.kv));
 	case CALL_ATTENTION:
@@ -1851,7 +1931,17 @@ int exec_calls(struct loom_backend_ctx *ctx, const struct call *calls,
 	ctx->queued = true;
 	for (int64_t i = 0; i < n && !rc;) {
 		struct gpu_group g;
-		int64_t run = ctx->fuse ? gpu_find_group(ctx, &calls[i], n - i, &g) : 0;
+		struct gpu_rope_kv rk;
+		int64_t run = ctx->fuse ? gpu_find_rope_kv(&calls[i], &plans[i], n - i, &rk) : 0;
+
+		if (run) {
+			rc = gpu_run_rope_kv(ctx, &rk);
+			ctx->n_rope_kv++;
+			ctx->n_rope_kv_calls += (uint64_t)run;
+			i += run;
+			continue;
+		}
+		run = ctx->fuse ? gpu_find_group(ctx, &calls[i], n - i, &g) : 0;
 
 		if (run) {
 			rc = gpu_run_group(ctx, &g);

@@ -86,6 +86,18 @@ struct call {
  * plans as well as the calls. */
 struct attn_plan {
 	int64_t tiles, n_tiles, rows, n_rows, n_splits, tree, n_tree;
+	/* a kv_write: the cache slots this step writes lie apart from every
+	 * row the ropes before it and the call itself read (gpu_fuse.c may
+	 * fuse them; a replay needs the same answer) */
+	int64_t caches_apart;
+};
+
+/* A RoPE table (gpurt_rope_table) on the device, for one (freq_base,
+ * n_rot): n_rot / 2 doubles, then inv_f's and inv_lo's n_rot / 2 floats. */
+struct rope_tab {
+	float base;
+	int64_t n_rot;
+	void *dev;
 };
 
 /* A device table some call reads, staged in pinned host memory: host
@@ -170,6 +182,9 @@ struct loom_backend_ctx {
 	int seen_next;
 	uint64_t tick, n_captured, n_replayed, n_direct;
 	uint64_t n_groups, n_group_calls; /* GEMV groups run, and the calls in them */
+	uint64_t n_rope_kv, n_rope_kv_calls; /* rope + kv_write launches, and their calls */
+	struct rope_tab *rope_tabs; /* made at the first rope call of each kind */
+	int64_t n_rope_tabs;
 	/* collectives (gpu_coll.c) */
 	struct comm_entry comms[COMM_SLOTS];
 	int n_comms;
@@ -204,6 +219,11 @@ int gemv_q8_buffers(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a
 int gemv_quantize(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, int8_t **qs,
 		  void **scale);
 
+/* The RoPE table for a's freq_base and n_rot (make: made and uploaded if
+ * there is none yet, which prepare_calls does before anything runs). */
+int rope_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a, bool make,
+	       struct gpurt_rope_table *t);
+
 /* ---- gpu_fuse.c ---- */
 /* A run of calls that runs as one GEMV group (gpurt_gemv_group): gemms
  * over the same rows, each with the add that consumes its output, or a
@@ -224,6 +244,20 @@ struct gpu_group {
 int64_t gpu_find_group(const struct loom_backend_ctx *ctx, const struct call *c, int64_t n,
 		       struct gpu_group *g);
 int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g);
+/* RoPE of k (and of q right before it) with the kv_write of k's rows
+ * after it (gpurt_rope_kv). */
+struct gpu_rope_kv {
+	const struct loom_rope_args *q, *k;
+	const struct loom_kv_write_args *w;
+};
+/* Whether kv_write call c[i] (slots: its staged table) writes cache slots
+ * apart from the rows the ropes before it and the call itself read. */
+bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots);
+/* How many of the n calls from c on (plans alongside) run as one rope +
+ * kv_write launch (0: none). */
+int64_t gpu_find_rope_kv(const struct call *c, const struct attn_plan *pl, int64_t n,
+			 struct gpu_rope_kv *f);
+int gpu_run_rope_kv(struct loom_backend_ctx *ctx, const struct gpu_rope_kv *f);
 
 /* ---- gpu_region.c ---- */
 /* Appends a call to the open region (which fails if memory runs out). */

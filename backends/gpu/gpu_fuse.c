@@ -37,6 +37,7 @@
 
 #include "gpu_ctx.h"
 #include "../common/fuse_io.h"
+#include "loom/kv_quant.h"
 
 _Static_assert(GPURT_GROUP_MAX <= FUSE_GROUP_MAX, "group_io holds every member");
 
@@ -311,4 +312,120 @@ int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g)
 	if (!rc)
 		rc = rt_failed(ctx, gpurt_gemv_group(ctx->rt, &r, qs, scale));
 	return rc;
+}
+
+/* ---- RoPE with kv_write ---- */
+
+/* n int32 (or float) values at p. */
+static struct span words_span(const void *p, int64_t n)
+{
+	struct span s = { (uintptr_t)p, (uintptr_t)p + (p ? (size_t)n * 4 : 0) };
+
+	return s;
+}
+
+static struct span rope_rows(const struct loom_rope_args *a)
+{
+	return rows_span(a->x, a->n_tokens, a->row_stride, a->n_heads * a->head_dim);
+}
+
+/* What a rope reads besides its rows: positions and frequency factors. */
+static bool rope_inputs_apart(const struct loom_rope_args *a, struct span s)
+{
+	return !overlap(s, words_span(a->pos, a->n_tokens)) &&
+	       !overlap(s, words_span(a->freq_factors, a->n_rot / 2));
+}
+
+bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots)
+{
+	const struct loom_kv_write_args *w = &c[i].u.kv;
+	size_t rb = loom_kvq_row_bytes(w->kv_type, w->kv_dim);
+	int64_t lo = INT32_MAX, hi = -1;
+	struct span ks, vs, rows[4];
+
+	for (int64_t t = 0; slots && t < w->n_tokens; t++) {
+		lo = slots[t] < lo ? slots[t] : lo;
+		hi = slots[t] > hi ? slots[t] : hi;
+	}
+	if (!slots || lo < 0 || hi < lo)
+		return false; /* the checks refuse it anyway */
+	ks = (struct span){ (uintptr_t)w->kcache + (size_t)lo * rb,
+			    (uintptr_t)w->kcache + (size_t)(hi + 1) * rb };
+	vs = (struct span){ (uintptr_t)w->vcache + (size_t)lo * rb,
+			    (uintptr_t)w->vcache + (size_t)(hi + 1) * rb };
+	rows[0] = rows_span(w->k, w->n_tokens, w->k_stride, w->kv_dim);
+	rows[1] = rows_span(w->v, w->n_tokens, w->v_stride, w->kv_dim);
+	rows[2] = words_span(w->slots, w->n_tokens);
+	rows[3] = ks;
+	for (int j = 0; j < 4; j++)
+		if (overlap(vs, rows[j]) || (j < 3 && overlap(ks, rows[j])))
+			return false;
+	for (int64_t j = i - 1; j >= 0 && j >= i - 2 && c[j].kind == CALL_ROPE; j--) {
+		const struct loom_rope_args *r = &c[j].u.rope;
+
+		if (overlap(ks, rope_rows(r)) || overlap(vs, rope_rows(r)) ||
+		    !rope_inputs_apart(r, ks) || !rope_inputs_apart(r, vs))
+			return false;
+	}
+	return true;
+}
+
+/* kv_write w stores exactly the rows rope k rotates (so each thread can
+ * rotate its values and store them), with caches, v rows and slots apart
+ * from them, in units that own whole pairs. */
+static bool rope_kv_ok(const struct loom_rope_args *k, const struct loom_kv_write_args *w,
+		       const struct attn_plan *pl)
+{
+	if (!pl->caches_apart || w->k != k->x || w->k_stride != k->row_stride ||
+	    w->n_tokens != k->n_tokens || w->kv_dim != k->n_heads * k->head_dim)
+		return false;
+	if (loom_kvq_block_elems(w->kv_type) > 1 &&
+	    (k->head_dim % 32 || (k->mode != LOOM_ROPE_NORM && k->n_rot % 64)))
+		return false;
+	return !overlap(rows_span(w->v, w->n_tokens, w->v_stride, w->kv_dim), rope_rows(k)) &&
+	       !overlap(words_span(w->slots, w->n_tokens), rope_rows(k));
+}
+
+/* Rope q joins when it shares k's table and mode and its rows are apart
+ * from everything k's rope and the kv_write read or write. */
+static bool rope_q_ok(const struct loom_rope_args *q, const struct loom_rope_args *k,
+		      const struct loom_kv_write_args *w)
+{
+	struct span qs = rope_rows(q);
+
+	if (q->mode != k->mode || q->n_rot != k->n_rot || q->n_tokens != k->n_tokens ||
+	    memcmp(&q->freq_base, &k->freq_base, sizeof(float)))
+		return false;
+	return !overlap(qs, rope_rows(k)) && rope_inputs_apart(k, qs) &&
+	       !overlap(qs, rows_span(w->v, w->n_tokens, w->v_stride, w->kv_dim)) &&
+	       !overlap(qs, words_span(w->slots, w->n_tokens));
+}
+
+int64_t gpu_find_rope_kv(const struct call *c, const struct attn_plan *pl, int64_t n,
+			 struct gpu_rope_kv *f)
+{
+	memset(f, 0, sizeof(*f));
+	if (n >= 3 && c[0].kind == CALL_ROPE && c[1].kind == CALL_ROPE &&
+	    c[2].kind == CALL_KV_WRITE && rope_kv_ok(&c[1].u.rope, &c[2].u.kv, &pl[2]) &&
+	    rope_q_ok(&c[0].u.rope, &c[1].u.rope, &c[2].u.kv)) {
+		f->q = &c[0].u.rope;
+		f->k = &c[1].u.rope;
+		f->w = &c[2].u.kv;
+		return 3;
+	}
+	if (n >= 2 && c[0].kind == CALL_ROPE && c[1].kind == CALL_KV_WRITE &&
+	    rope_kv_ok(&c[0].u.rope, &c[1].u.kv, &pl[1])) {
+		f->k = &c[0].u.rope;
+		f->w = &c[1].u.kv;
+		return 2;
+	}
+	return 0;
+}
+
+int gpu_run_rope_kv(struct loom_backend_ctx *ctx, const struct gpu_rope_kv *f)
+{
+	struct gpurt_rope_table t;
+	int rc = rope_table(ctx, f->k, false, &t);
+
+	return rc ? rc : rt_failed(ctx, gpurt_rope_kv(ctx->rt, f->q, f->k, f->w, &t));
 }

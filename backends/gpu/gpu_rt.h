@@ -41,6 +41,9 @@ int gpurt_open(int device, struct gpurt **out, char *err, size_t errlen);
 void gpurt_close(struct gpurt *rt);
 /* Text of the last failure (never NULL). */
 const char *gpurt_error(const struct gpurt *rt);
+/* Kernels queued on the stream so far (LOOM_DEBUG; a graph's replays
+ * run theirs without queueing them again). */
+uint64_t gpurt_launches(const struct gpurt *rt);
 int gpurt_info(struct gpurt *rt, char *name, size_t cap, uint64_t *total, uint64_t *avail);
 /* Whether prefill GEMM goes through a vendor BLAS (cuBLAS) or the tiled kernel. */
 bool gpurt_has_blas(void);
@@ -232,7 +235,29 @@ struct gpurt_norm {
 	void *scale;
 };
 int gpurt_norm(struct gpurt *rt, const struct gpurt_norm *n);
-int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a);
+/* RoPE's per-pair inverse frequencies, made once per (freq_base, n_rot) on
+ * the host (gpu.c): inv[i] = pow(freq_base, -2i / n_rot) in double, as
+ * ref.so computes it, inv_f[i] = (float)inv[i] and inv_lo[i] =
+ * (float)(inv[i] - inv_f[i]) (device arrays of n_rot / 2). Exact: each
+ * angle is ref.so's double (double)pos * freq_scale * inv[i] (/
+ * freq_factors[i]) with double cos and sin, so the bits are ref.so's;
+ * fast: the same angle in f32 arithmetic as a compensated sum (inv_f +
+ * inv_lo, rounding errors kept by fmaf), sincosf, no double. */
+struct gpurt_rope_table {
+	const double *inv;
+	const float *inv_f, *inv_lo;
+	int32_t fast;
+};
+int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a, const struct gpurt_rope_table *t);
+/* q's RoPE (q may be NULL), k's RoPE, then kv_write w of k's rows (w->k,
+ * k_stride, n_tokens, kv_dim: exactly the rows k rotates) and v, in one
+ * launch; q and k share t (the same freq_base and n_rot). The bits of the
+ * three calls one after the other, provided nothing one of them writes
+ * overlaps what another reads (gpu_fuse.c checks that). q8_0 and q4_0
+ * caches need head_dim a multiple of 32 and, in NEOX mode, n_rot a
+ * multiple of 64 (a thread owns the blocks whose values pair up). */
+int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q, const struct loom_rope_args *k,
+		  const struct loom_kv_write_args *w, const struct gpurt_rope_table *t);
 int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out, int64_t out_stride,
 	      const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
 	      int64_t rows, int64_t n);

@@ -37,6 +37,7 @@ struct gpurt {
 	void *blas_ws; /* cuBLAS workspace, set once so captures never allocate */
 #endif
 	char err[256];
+	uint64_t launches; /* kernels queued (gpurt_launches) */
 };
 
 struct gpurt_graph {
@@ -59,7 +60,13 @@ static int launched(struct gpurt *rt, const char *kernel)
 {
 	gpuError_t e = gpuGetLastError();
 
+	rt->launches++;
 	return e == gpuSuccess ? LOOM_OK : fail(rt, kernel, e);
+}
+
+extern "C" uint64_t gpurt_launches(const struct gpurt *rt)
+{
+	return rt ? rt->launches : 0;
 }
 
 /*
@@ -2271,16 +2278,97 @@ extern "C" int gpurt_rmsnorm(struct gpurt *rt, float *y, int64_t y_stride, const
 	return gpurt_norm(rt, &p);
 }
 
+/*
+ * RoPE. Each pair's inverse frequency freq_base^(-2i/n_rot) comes from a
+ * table the host makes once per (freq_base, n_rot) (gpu.c: rope_table):
+ * inv[i] in double, by the host's pow exactly as ref.so computes it,
+ * inv_f[i] = (float)inv[i] and inv_lo[i] = (float)(inv[i] - inv_f[i]).
+ * Exact mode then computes ref.so's angle (double)pos * freq_scale *
+ * inv[i] (/ freq_factors[i]) and its double cos and sin, so the bits are
+ * ref.so's; fast mode computes the same angle in f32 arithmetic only
+ * (rope_cs_f32; conformance: rope's fast-mode tolerance, measured in
+ * docs/GPU.md).
+ */
 struct rope_p {
 	uint32_t mode;
+	int32_t fast;
 	float *x;
 	int64_t n_tokens, n_heads, head_dim, n_rot, row_stride;
 	const int32_t *pos;
-	float freq_base, freq_scale;
+	float freq_scale;
 	const float *freq_factors;
+	const double *inv;
+	const float *inv_f, *inv_lo;
 };
 
-/* One thread per (token, head, pair); the angle in double as in ref. */
+static struct rope_p rope_params(const struct loom_rope_args *a, const struct gpurt_rope_table *t)
+{
+	struct rope_p p = {
+		a->mode, t->fast, a->x, a->n_tokens, a->n_heads, a->head_dim, a->n_rot, a->row_stride,
+		a->pos, a->freq_scale, a->freq_factors, t->inv, t->inv_f, t->inv_lo,
+	};
+
+	return p;
+}
+
+/*
+ * Fast mode's cos and sin, f32 arithmetic only: the angle as an unevaluated
+ * sum a + e (the product (float)pos * freq_scale * inv with each rounding
+ * error caught by fmaf, inv split as inv_f + inv_lo, the division by a
+ * frequency factor likewise), sincosf of a, then the rotation by the small
+ * e to second order. So the angle loses nothing to f32 at long positions
+ * (a lone f32 product is off by up to half an ulp of the angle: 0.004 rad
+ * at position 65536); what is left is sincosf's own error.
+ */
+__device__ __forceinline__ void rope_cs_f32(const struct rope_p &p, int64_t t, int64_t i, float *c,
+					    float *s)
+{
+	const float pf = (float)p.pos[t], hi = p.inv_f[i], lo = p.inv_lo[i];
+	const float q = pf * p.freq_scale, q_lo = fmaf(pf, p.freq_scale, -q);
+	float a = q * hi, e = fmaf(q, hi, -a) + fmaf(q, lo, q_lo * hi), sa, ca;
+
+	if (p.freq_factors) {
+		const float f = p.freq_factors[i], b = a / f;
+
+		e = (fmaf(-b, f, a) + e) / f;
+		a = b;
+	}
+	sincosf(a, &sa, &ca);
+	*s = sa + e * (ca - 0.5f * e * sa);
+	*c = ca - e * (sa + 0.5f * e * ca);
+}
+
+/* cos and sin of token t's angle for pair i. */
+__device__ __forceinline__ void rope_cs(const struct rope_p &p, int64_t t, int64_t i, float *c,
+					float *s)
+{
+	if (p.fast) {
+		rope_cs_f32(p, t, i, c, s);
+		return;
+	}
+	double theta = (double)p.pos[t] * p.freq_scale * p.inv[i];
+
+	if (p.freq_factors)
+		theta /= p.freq_factors[i];
+	*c = (float)cos(theta);
+	*s = (float)sin(theta);
+}
+
+/* Rotates pair i of the head at h (NORM: 2i, 2i + 1; NEOX: i, i + half)
+ * in place; products rounded as ref.so's rotate() rounds them. */
+__device__ __forceinline__ void rope_pair(const struct rope_p &p, float *h, int64_t t, int64_t i)
+{
+	const int64_t half = p.n_rot / 2;
+	const int64_t ia = p.mode == LOOM_ROPE_NORM ? 2 * i : i;
+	const int64_t ib = p.mode == LOOM_ROPE_NORM ? 2 * i + 1 : i + half;
+	float c, s, x0 = h[ia], x1 = h[ib];
+
+	rope_cs(p, t, i, &c, &s);
+	h[ia] = mul_rn(x0, c) - mul_rn(x1, s);
+	h[ib] = mul_rn(x0, s) + mul_rn(x1, c);
+}
+
+/* One thread per (token, head, pair). */
 __global__ void __launch_bounds__(THREADS) k_rope(const struct rope_p p)
 {
 	const int64_t half = p.n_rot / 2, total = p.n_tokens * p.n_heads * half;
@@ -2288,30 +2376,15 @@ __global__ void __launch_bounds__(THREADS) k_rope(const struct rope_p p)
 	for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
 	     g += (int64_t)gridDim.x * blockDim.x) {
 		int64_t i = g % half, h = g / half % p.n_heads, t = g / half / p.n_heads;
-		float *x = p.x + t * p.row_stride + h * p.head_dim;
-		double theta = (double)p.pos[t] * p.freq_scale *
-			       pow((double)p.freq_base, -2.0 * (double)i / (double)p.n_rot);
-		int64_t ia = p.mode == LOOM_ROPE_NORM ? 2 * i : i;
-		int64_t ib = p.mode == LOOM_ROPE_NORM ? 2 * i + 1 : i + half;
-		float c, s, x0, x1;
 
-		if (p.freq_factors)
-			theta /= p.freq_factors[i];
-		c = (float)cos(theta);
-		s = (float)sin(theta);
-		x0 = x[ia];
-		x1 = x[ib];
-		x[ia] = x0 * c - x1 * s;
-		x[ib] = x0 * s + x1 * c;
+		rope_pair(p, p.x + t * p.row_stride + h * p.head_dim, t, i);
 	}
 }
 
-extern "C" int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a)
+extern "C" int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a,
+			  const struct gpurt_rope_table *t)
 {
-	struct rope_p p = {
-		a->mode, a->x, a->n_tokens, a->n_heads, a->head_dim, a->n_rot, a->row_stride,
-		a->pos, a->freq_base, a->freq_scale, a->freq_factors,
-	};
+	struct rope_p p = rope_params(a, t);
 	int64_t total = a->n_tokens * a->n_heads * (a->n_rot / 2);
 
 	BIND(rt);
@@ -2437,6 +2510,135 @@ extern "C" int gpurt_kv_write(struct gpurt *rt, const struct loom_kv_write_args 
 		   a->n_tokens, a->kv_dim, a->slots, type,
 		   (int64_t)loom_kvq_row_bytes(type, a->kv_dim));
 	return launched(rt, "kv_write kernel");
+}
+
+/*
+ * RoPE of q (optional) and k, then kv_write of k and v, in one launch
+ * (gpu_fuse.c decides when that is safe). Per token, the items are q's
+ * pairs, then k's units, then v's units; each thread does one item:
+ *  - a q pair: rotated in place, as k_rope;
+ *  - a k unit: its values rotated in place in k's rows as k_rope rotates
+ *    them, then stored to the cache slot from those rows as k_kv_write
+ *    stores them. A unit owns whole pairs, so no thread reads a value
+ *    another writes: for f32 and f16 a pair (or a value past n_rot); for
+ *    q8_0 and q4_0 a 32-value block (NORM: its pairs lie inside it) or,
+ *    in NEOX mode, the two blocks i and i + n_rot/2 whose values pair up
+ *    (n_rot a multiple of 64), or a block past n_rot;
+ *  - a v unit: stored as k_kv_write stores it.
+ */
+struct rope_kv_p {
+	struct rope_p q, k; /* q.x NULL: no q */
+	float *kc, *vc;
+	const float *v;
+	int64_t v_stride;
+	const int32_t *slots;
+	uint32_t type;
+	int64_t row_bytes;
+};
+
+/* k's units in one head. */
+__host__ __device__ static int64_t rope_kv_head_units(const struct rope_p &k, uint32_t type)
+{
+	if (loom_kvq_block_elems(type) == 1)
+		return k.n_rot / 2 + k.head_dim - k.n_rot;
+	if (k.mode == LOOM_ROPE_NORM)
+		return k.head_dim / 32;
+	return k.n_rot / 64 + (k.head_dim - k.n_rot) / 32;
+}
+
+/* Stores values [e, e + n) of k's row t (whole units) to its cache slot. */
+__device__ __forceinline__ void rope_kv_store(const struct rope_kv_p &p, int64_t t, int64_t e,
+					      int64_t n)
+{
+	const int64_t per = loom_kvq_block_elems(p.type);
+	const int64_t unit_bytes = p.row_bytes / (p.k.n_heads * p.k.head_dim / per);
+	char *dst = (char *)p.kc + (int64_t)p.slots[t] * p.row_bytes;
+	const float *x = p.k.x + t * p.k.row_stride;
+
+	for (int64_t u = e; u < e + n; u += per)
+		loom_kvq_quantize(p.type, dst + u / per * unit_bytes, x + u, per);
+}
+
+/* k's unit j of head h, token t. */
+__device__ void rope_kv_k(const struct rope_kv_p &p, int64_t t, int64_t h, int64_t j)
+{
+	const struct rope_p &k = p.k;
+	const int64_t half = k.n_rot / 2, base = h * k.head_dim;
+	float *x = k.x + t * k.row_stride + base;
+
+	if (loom_kvq_block_elems(p.type) == 1) {
+		if (j >= half) { /* a value past n_rot */
+			rope_kv_store(p, t, base + k.n_rot + j - half, 1);
+			return;
+		}
+		rope_pair(k, x, t, j);
+		rope_kv_store(p, t, base + (k.mode == LOOM_ROPE_NORM ? 2 * j : j), 1);
+		rope_kv_store(p, t, base + (k.mode == LOOM_ROPE_NORM ? 2 * j + 1 : j + half), 1);
+		return;
+	}
+	if (k.mode == LOOM_ROPE_NORM) {
+		for (int64_t e = 32 * j; e < 32 * j + 32 && e < k.n_rot; e += 2)
+			rope_pair(k, x, t, e / 2);
+		rope_kv_store(p, t, base + 32 * j, 32);
+		return;
+	}
+	if (j >= k.n_rot / 64) { /* a block past n_rot */
+		rope_kv_store(p, t, base + k.n_rot + 32 * (j - k.n_rot / 64), 32);
+		return;
+	}
+	for (int64_t i = 32 * j; i < 32 * j + 32; i++)
+		rope_pair(k, x, t, i);
+	rope_kv_store(p, t, base + 32 * j, 32);
+	rope_kv_store(p, t, base + 32 * j + half, 32);
+}
+
+__global__ void __launch_bounds__(THREADS) k_rope_kv(const struct rope_kv_p p)
+{
+	const int64_t per = loom_kvq_block_elems(p.type), kv_dim = p.k.n_heads * p.k.head_dim;
+	const int64_t nq = p.q.x ? p.q.n_heads * (p.q.n_rot / 2) : 0;
+	const int64_t hk = rope_kv_head_units(p.k, p.type), nk = p.k.n_heads * hk;
+	const int64_t unit_bytes = p.row_bytes / (kv_dim / per);
+
+	FOR_ELEMENTS(t, i, p.k.n_tokens, nq + nk + kv_dim / per) {
+		if (i < nq) {
+			const int64_t half = p.q.n_rot / 2;
+
+			rope_pair(p.q, p.q.x + t * p.q.row_stride + i / half * p.q.head_dim, t,
+				  i % half);
+		} else if (i < nq + nk) {
+			rope_kv_k(p, t, (i - nq) / hk, (i - nq) % hk);
+		} else {
+			const int64_t u = i - nq - nk;
+
+			loom_kvq_quantize(p.type,
+					  (char *)p.vc + (int64_t)p.slots[t] * p.row_bytes +
+						  u * unit_bytes,
+					  p.v + t * p.v_stride + u * per, per);
+		}
+	}
+}
+
+extern "C" int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q,
+			     const struct loom_rope_args *k, const struct loom_kv_write_args *w,
+			     const struct gpurt_rope_table *t)
+{
+	struct rope_kv_p p;
+	int64_t items;
+
+	memset(&p, 0, sizeof(p));
+	if (q)
+		p.q = rope_params(q, t);
+	p.k = rope_params(k, t);
+	p.kc = w->kcache, p.vc = w->vcache;
+	p.v = w->v, p.v_stride = w->v_stride;
+	p.slots = w->slots;
+	p.type = LOOM_KV_TYPE(w, struct loom_kv_write_args);
+	p.row_bytes = (int64_t)loom_kvq_row_bytes(p.type, w->kv_dim);
+	items = (q ? q->n_heads * (q->n_rot / 2) : 0) + k->n_heads * rope_kv_head_units(p.k, p.type) +
+		w->kv_dim / loom_kvq_block_elems(p.type);
+	BIND(rt);
+	GPU_LAUNCH(k_rope_kv, grid_2d(k->n_tokens, items), THREADS, 0, rt->stream, p);
+	return launched(rt, "rope and kv_write kernel");
 }
 
 /* ---- paged attention ---- */

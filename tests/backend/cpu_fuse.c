@@ -18,6 +18,13 @@
  * pair with its GLU, in one launch (no norm: 4 groups of 12 calls where
  * the layer has one type); they log the same counts.
  *
+ * The GPU backends also run a layer's rope of q, rope of k and the
+ * kv_write of k's rows as one launch (gpurt_rope_kv): check_rope_kv below
+ * holds that to the calls one by one for every cache type, both rope
+ * modes, partial rotation and frequency factors, over three steps (run
+ * directly, captured, replayed), and runs where fusing would change the
+ * result must not fuse.
+ *
  * Usage: backend_cpu_fuse [backend.so ...] (cpu.so when none)
  */
 #include <stdio.h>
@@ -33,14 +40,18 @@
 #define MAXM 3
 
 static int failures;
-static unsigned long long regions_run, groups, group_calls;
+static unsigned long long regions_run, groups, group_calls, rkv_launches, rkv_ncalls;
 
 static void catch_log(void *host, enum loom_log_level level, const char *msg)
 {
 	const char *q = strstr(msg, "step regions: ");
+	const char *r = strstr(msg, "rope and kv_write: ");
 
 	(void)host;
 	(void)level;
+	if (r)
+		sscanf(r, "rope and kv_write: %llu launches of %llu calls", &rkv_launches,
+		       &rkv_ncalls);
 	if (q)
 		sscanf(q, "step regions: %llu run, %llu gemm groups of %llu calls", &regions_run,
 		       &groups, &group_calls);
@@ -564,6 +575,208 @@ static void check_random(const struct loom_backend_ops *ops, const struct loom_b
 		free(w[i].bytes);
 }
 
+/* ---- rope and kv_write (GPU backends) ---- */
+
+/*
+ * A layer's rope of q (4 heads), rope of k (2 heads) and kv_write of k
+ * and v, on one context directly and on another inside a region, three
+ * steps each (the region runs directly, then is captured, then replayed;
+ * positions and slots change between steps), then every byte compared:
+ * the rows, the position and slot tables, both caches. Hazards: runs the
+ * fused launch would get wrong, which must not fuse (or fuse only k):
+ *   1 kv_write reads rows the rope did not write (other rows),
+ *   2 ... a shifted row set (it overlaps the rotated rows),
+ *   3 v overlaps the rotated k rows,
+ *   4 q's rope rotates k's rows too (k and its kv_write still fuse),
+ *   5 the k cache's slots lie over q's rows.
+ */
+#define RHD 64                 /* head_dim */
+#define RQS (4 * RHD + 8)      /* q row stride */
+#define RKS (2 * RHD + 8)      /* k row stride */
+#define RSLOT 8                /* cache slots */
+#define RKV_FLOATS (MAXM * (RQS + 2 * RKS + 2 * RHD) + 16 + RHD / 2 + 4 * RSLOT * 2 * RHD)
+
+struct rkv_case {
+	uint32_t type, mode;
+	int64_t n_rot, m;
+	bool factors;
+	int hazard;
+};
+
+struct rkv {
+	float *q, *k, *k2, *v, *ff, *kc, *vc;
+	int32_t *pos, *slots;
+};
+
+static void rkv_carve(float *mem, struct rkv *b)
+{
+	b->q = mem, mem += MAXM * RQS;
+	b->k = mem, mem += MAXM * RKS;
+	b->k2 = mem, mem += MAXM * RKS;
+	b->v = mem, mem += MAXM * 2 * RHD;
+	b->pos = (int32_t *)mem, mem += 8;
+	b->slots = (int32_t *)mem, mem += 8;
+	b->ff = mem, mem += RHD / 2;
+	b->kc = mem, mem += 2 * RSLOT * 2 * RHD; /* room for f32 rows */
+	b->vc = mem;
+}
+
+/* Step s's positions and slots (distinct; hazard 5: inside q's rows). */
+static void rkv_tables(struct rkv *b, const struct rkv_case *c, int s)
+{
+	for (int t = 0; t < MAXM; t++) {
+		b->pos[t] = (int32_t)((t * 1499 + s * 977 + 5) % 4096);
+		b->slots[t] = c->hazard == 5 ? (t + s) % MAXM : (t * 3 + s * 5) % RSLOT;
+	}
+}
+
+static int rkv_calls(const struct loom_backend_ops *o, struct loom_backend_ctx *x,
+		     const struct rkv_case *c, const struct rkv *b)
+{
+	struct loom_rope_args q = {
+		.struct_size = sizeof(q), .mode = c->mode, .x = b->q, .n_tokens = c->m,
+		.n_heads = 4, .head_dim = RHD, .n_rot = c->n_rot, .row_stride = RQS,
+		.pos = b->pos, .freq_base = 10000.0f, .freq_scale = 1.0f,
+		.freq_factors = c->factors ? b->ff : NULL,
+	};
+	struct loom_rope_args k = q;
+	struct loom_kv_write_args w = {
+		.struct_size = sizeof(w), .kcache = c->hazard == 5 ? b->q : b->kc, .vcache = b->vc,
+		.k = c->hazard == 1 ? b->k2 : c->hazard == 2 ? b->k + 4 : b->k,
+		.v = c->hazard == 3 ? b->k + RHD : b->v, .k_stride = RKS,
+		.v_stride = c->hazard == 3 ? RKS : 2 * RHD, .n_tokens = c->m, .kv_dim = 2 * RHD,
+		.slots = b->slots, .kv_type = c->type,
+	};
+	int rc;
+
+	k.x = b->k, k.n_heads = 2, k.row_stride = RKS;
+	if (c->hazard == 4)
+		q.x = b->k, q.n_heads = 2, q.row_stride = RKS;
+	rc = o->rope(x, &q);
+	rc = rc ? rc : o->rope(x, &k);
+	return rc ? rc : o->kv_write(x, &w);
+}
+
+/* Launches and calls one run of the three calls fuses into. */
+static void rkv_want(const struct rkv_case *c, bool fuse, unsigned long long *l,
+		     unsigned long long *n)
+{
+	bool quant = c->type == LOOM_TYPE_Q8_0 || c->type == LOOM_TYPE_Q4_0;
+	bool ok = fuse && (!quant || c->mode == LOOM_ROPE_NORM || c->n_rot % 64 == 0);
+
+	*l = ok && (c->hazard == 0 || c->hazard == 4);
+	*n = !*l ? 0 : c->hazard == 4 ? 2 : 3;
+}
+
+static int rkv_steps(const struct loom_backend_ops *o, struct loom_backend_ctx *x, float *mem,
+		     const struct rkv_case *c, bool region)
+{
+	struct rkv b;
+	int rc = 0;
+
+	rkv_carve(mem, &b);
+	for (int s = 0; s < 3 && !rc; s++) {
+		rkv_tables(&b, c, s);
+		if (!region) {
+			rc = rkv_calls(o, x, c, &b);
+			continue;
+		}
+		rc = o->graph_begin(x);
+		if (!rc) {
+			int end;
+
+			rc = rkv_calls(o, x, c, &b);
+			end = o->graph_end(x);
+			rc = rc ? rc : end;
+		}
+	}
+	return rc;
+}
+
+static void check_rope_kv_case(const struct loom_backend_ops *ops,
+			       const struct loom_backend_host *host, const struct rkv_case *c,
+			       bool fuse, const char *mode)
+{
+	struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = 1 };
+	struct loom_backend_ctx *cd = NULL, *cr = NULL;
+	size_t bytes = RKV_FLOATS * sizeof(float);
+	float *md = malloc(bytes), *mr = malloc(bytes);
+	unsigned long long want_l, want_n;
+	int rd = -1, rr = -1;
+
+	rng = 0x51ed2701u + (uint64_t)c->type * 7 + c->mode;
+	for (size_t i = 0; md && mr && i < RKV_FLOATS; i++)
+		md[i] = mr[i] = frand();
+	if (md && mr && !ops->create(host, &cfg, &cd) && !ops->create(host, &cfg, &cr)) {
+		rd = rkv_steps(ops, cd, md, c, false);
+		rr = rkv_steps(ops, cr, mr, c, true);
+	}
+	if (cd)
+		ops->destroy(cd);
+	rkv_launches = rkv_ncalls = regions_run = 0;
+	if (cr)
+		ops->destroy(cr); /* logs the counts */
+	rkv_want(c, fuse, &want_l, &want_n);
+	if (rd || rr) {
+		printf("FAIL rope+kv_write%s type %u mode %u n_rot %lld m %lld hazard %d: status "
+		       "%d directly, %d in regions\n", mode, c->type, c->mode, (long long)c->n_rot,
+		       (long long)c->m, c->hazard, rd, rr);
+		failures++;
+	} else if (memcmp(md, mr, bytes)) {
+		printf("FAIL rope+kv_write%s type %u mode %u n_rot %lld m %lld hazard %d: regions "
+		       "differ from direct calls\n", mode, c->type, c->mode, (long long)c->n_rot,
+		       (long long)c->m, c->hazard);
+		failures++;
+	} else if (regions_run != 3 || rkv_launches != 2 * want_l || rkv_ncalls != 2 * want_n) {
+		/* the capture runs the calls too; the replay is not counted */
+		printf("FAIL rope+kv_write%s type %u mode %u n_rot %lld m %lld hazard %d: %llu "
+		       "regions, %llu fused launches of %llu calls; want 3, %llu of %llu\n", mode,
+		       c->type, c->mode, (long long)c->n_rot, (long long)c->m, c->hazard,
+		       regions_run, rkv_launches, rkv_ncalls, 2 * want_l, 2 * want_n);
+		failures++;
+	}
+	free(md);
+	free(mr);
+}
+
+static void check_rope_kv(const struct loom_backend_ops *ops, const struct loom_backend_host *host,
+			  const char *mode)
+{
+	static const uint32_t types[] = { LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
+					  LOOM_TYPE_Q4_0 };
+	static const uint32_t modes[] = { LOOM_ROPE_NORM, LOOM_ROPE_NEOX };
+	int before = failures, runs = 0;
+
+	for (int ti = 0; ti < 4; ti++)
+		for (int mi = 0; mi < 2; mi++)
+			for (int64_t m = 1; m <= MAXM; m += 2)
+				for (int v = 0; v < 2; v++, runs++) {
+					/* v 1: partial rotation (32 of 64) with factors */
+					struct rkv_case c = { types[ti], modes[mi], v ? 32 : RHD, m,
+							      v == 1, 0 };
+
+					check_rope_kv_case(ops, host, &c, true, mode);
+				}
+	for (int h = 1; h <= 5; h++)
+		for (int ti = 0; ti < 3; ti += 2, runs++) {
+			struct rkv_case c = { types[ti], LOOM_ROPE_NEOX, RHD, MAXM, false, h };
+
+			check_rope_kv_case(ops, host, &c, true, mode);
+		}
+	/* LOOM_GPU_FUSE=0: the same bits, nothing fused */
+	setenv("LOOM_GPU_FUSE", "0", 1);
+	for (int ti = 0; ti < 4; ti++, runs++) {
+		struct rkv_case c = { types[ti], LOOM_ROPE_NORM, RHD, MAXM, true, 0 };
+
+		check_rope_kv_case(ops, host, &c, false, mode);
+	}
+	unsetenv("LOOM_GPU_FUSE");
+	if (failures == before)
+		printf("ok   rope+kv_write%s: %d runs of 3 steps (f32, f16, q8_0, q4_0 caches; norm "
+		       "and neox; partial rotation, factors; 5 hazards; LOOM_GPU_FUSE=0) equal "
+		       "direct calls bit for bit, fused where safe\n", mode, runs);
+}
+
 /* gpu[exact]: { groups, calls } the GPU backends make of the
  * layer in fast and exact mode (one weight type a group; a gemm with its
  * add is a group, a lone one not; in fast mode a norm joins the gemms of
@@ -682,8 +895,10 @@ int main(int argc, char **argv)
 		/* GPU backends in both modes: 8-bit activations, then f32 */
 		setenv("LOOM_GPU_EXACT", "0", 1);
 		check_backend(ops, &host, true, false, " (fast)");
+		check_rope_kv(ops, &host, " (fast)");
 		setenv("LOOM_GPU_EXACT", "1", 1);
 		check_backend(ops, &host, true, true, " (exact)");
+		check_rope_kv(ops, &host, " (exact)");
 	}
 	printf("%d failures\n", failures);
 	return failures ? 1 : 0;
