@@ -1181,23 +1181,54 @@ static int advance_bytes(struct loom_gmatch *m, const struct gstate *src, const 
 	return state_copy(dst, cur);
 }
 
-int loom_gmatch_push(struct loom_gmatch *m, int32_t t)
+/* A new deepest level: level `from` (<= the deepest) after token t. 0,
+ * or -1 when refused (nothing changes), out of memory or overflow. The
+ * levels' buffers are kept between steps: no allocation once grown. */
+static int push_at(struct loom_gmatch *m, int32_t from, int32_t t)
 {
 	const char *s;
 	size_t len;
 
-	if (m->n_levels + 1 >= MAX_LEVELS || t < 0 || t >= m->v->n_vocab || !m->v->t ||
-	    m->overflow)
+	if (m->n_levels + 1 >= MAX_LEVELS || from < 0 || from > m->n_levels || t < 0 ||
+	    t >= m->v->n_vocab || !m->v->t || m->overflow)
 		return -1;
 	if (loom_tokenizer_is_eog(m->v->t, t))
 		return -1;
 	s = loom_tokenizer_piece(m->v->t, t, &len);
 	if (!s || !len)
 		return -1;
-	if (advance_bytes(m, &m->lv[m->n_levels], s, len, &m->lv[m->n_levels + 1]))
+	if (advance_bytes(m, &m->lv[from], s, len, &m->lv[m->n_levels + 1]))
 		return -1;
 	m->n_levels++;
 	return 0;
+}
+
+int loom_gmatch_push(struct loom_gmatch *m, int32_t t)
+{
+	return push_at(m, m->n_levels, t);
+}
+
+int32_t loom_gmatch_tree(struct loom_gmatch *m, int32_t k, int32_t *tokens, int32_t *parent)
+{
+	int32_t row[MAX_LEVELS], n = 0; /* row[i]: old row i's new row, -1 dropped */
+
+	m->n_levels = 0;
+	row[0] = 0;
+	if (k > MAX_LEVELS - 1)
+		k = MAX_LEVELS - 1;
+	for (int32_t i = 1; i <= k; i++) {
+		int32_t p = parent[i], tok = tokens[i - 1];
+		/* the parent's level is its new row: its state after its path */
+		bool ok = p >= 0 && p < i && row[p] >= 0 && push_at(m, row[p], tok) == 0;
+
+		row[i] = ok ? ++n : -1;
+		if (!ok)
+			continue;
+		tokens[n - 1] = tok; /* n <= i: compaction in place */
+		parent[n] = row[p];
+	}
+	parent[0] = -1;
+	return n;
 }
 
 void loom_gmatch_keep(struct loom_gmatch *m, int32_t level)

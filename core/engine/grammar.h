@@ -83,7 +83,9 @@ void loom_gvocab_free(struct loom_gvocab *v);
  * A matcher keeps a current state (level 0) and up to 64 lookahead levels
  * (level i: the state after i more tokens), for speculative verification:
  * push the drafts, mask each row at its level, keep the level the
- * accepted tokens reach. */
+ * accepted tokens reach. A token tree (loom_gmatch_tree) makes one level
+ * per node, each from its parent's level: level i is the state after row
+ * i's own path. */
 struct loom_gmatch;
 
 struct loom_gmatch *loom_gmatch_new(const struct loom_grammar *g, const struct loom_gvocab *v);
@@ -99,6 +101,15 @@ int32_t loom_gmatch_mask(struct loom_gmatch *m, int32_t level, float *logits,
  * overflow.
  * An end-of-generation token is never pushed (nothing follows it). */
 int loom_gmatch_push(struct loom_gmatch *m, int32_t t);
+/* A token tree after level 0 (the committed state): row 0 is level 0,
+ * row i (1..k) node tokens[i - 1] under row parent[i] < i (parent[0] =
+ * -1). Drops the other levels, then keeps, in order, each node whose
+ * parent was kept and whose token the grammar allows after its parent's
+ * path; a refused node goes with its subtree. The kept nodes are
+ * compacted in place (tokens[], parent[] renumbered); kept row r's level
+ * is r: the state after r's own path, for masking row r and keeping the
+ * accepted path's end. Returns the nodes kept (at most 64). */
+int32_t loom_gmatch_tree(struct loom_gmatch *m, int32_t k, int32_t *tokens, int32_t *parent);
 /* Makes `level` the current state and drops the others. */
 void loom_gmatch_keep(struct loom_gmatch *m, int32_t level);
 int32_t loom_gmatch_levels(const struct loom_gmatch *m); /* levels above 0 */

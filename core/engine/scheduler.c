@@ -725,11 +725,9 @@ static int32_t get_drafts(struct loom_sched *s, struct req *r, int32_t max, bool
 	if (max <= 0)
 		return 0;
 	*asked = true;
-	/* a tree's nodes are rows like a chain's drafts; no trees with a
-	 * grammar (its lookahead follows one continuation) */
+	/* a tree's nodes are rows like a chain's drafts */
 	k = loom_spec_seq_propose(r->spec.sq, &r->seq, r->tokens, r->n_tokens, max,
-				  r->tokens + r->n_tokens,
-				  s->trees && !r->gram.grammar ? r->spec.parent : NULL, err,
+				  r->tokens + r->n_tokens, s->trees ? r->spec.parent : NULL, err,
 				  sizeof(err));
 	if (k < 0) {
 		fail_running(s, r, err);
@@ -1090,17 +1088,25 @@ static void sample_one(struct loom_sched *s, struct req *r, float *row)
 }
 
 /* Cuts r's k drafts (after its last token) at the first one its grammar
- * refuses, leaving a lookahead level per draft kept. Returns the drafts
- * kept, or -1 when r failed. */
+ * refuses, leaving a lookahead level per draft kept; of a token tree, keeps
+ * the nodes whose path the grammar allows (a refused node goes with its
+ * subtree), row i's level the state after row i's own path. Either way
+ * row i is masked at level i. Returns the drafts kept, or -1 when r
+ * failed. */
 static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k)
 {
-	int32_t j;
+	int32_t j, *tok = r->tokens + r->n_tokens;
 
 	if (!gmatch(s, r))
 		return -1;
+	if (loom_spec_seq_is_tree(r->spec.sq)) {
+		k = loom_gmatch_tree(r->gram.gm, k, tok, r->spec.parent);
+		loom_spec_seq_prune_tree(r->spec.sq, k, tok, r->spec.parent);
+		return k;
+	}
 	loom_gmatch_keep(r->gram.gm, 0);
 	for (j = 0; j < k; j++)
-		if (loom_gmatch_push(r->gram.gm, r->tokens[r->n_tokens + j]))
+		if (loom_gmatch_push(r->gram.gm, tok[j]))
 			break;
 	return j;
 }
@@ -1116,13 +1122,14 @@ static int32_t grammar_drafts(struct loom_sched *s, struct req *r, int32_t k)
  * that follow the last token, one copy per accepted node that is not in
  * place already. Returns the path's length, or -1 when r failed. */
 static int32_t tree_accept(struct loom_sched *s, struct req *r, float *rows, int32_t k,
-			   int32_t *next)
+			   int32_t *next, int32_t *last)
 {
 	int32_t n_kv = r->seq.n_tokens - k - 1, path[SPEC_ROWS_MAX], from[SPEC_ROWS_MAX];
 	int32_t to[SPEC_ROWS_MAX], n_acc, n = 0;
 
 	n_acc = loom_spec_seq_accept_tree(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
 					  r->n_tokens, k, path, next);
+	*last = n_acc > 0 ? path[n_acc - 1] : 0; /* the path's end row */
 	for (int32_t d = 0; d < n_acc; d++) {
 		if (path[d] == d + 1)
 			continue;
@@ -1139,11 +1146,11 @@ static int32_t tree_accept(struct loom_sched *s, struct req *r, float *rows, int
 static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_t k,
 			bool asked, bool tree)
 {
-	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i;
+	int32_t n_kv = r->seq.n_tokens - k - 1, n_acc, next, i, last;
 
 	if (r->gram.grammar) {
-		/* row i follows draft i - 1: masked at lookahead level i
-		 * (grammar_drafts pushed the k drafts) */
+		/* row i follows draft i - 1 (a tree: its own path): masked at
+		 * lookahead level i (grammar_drafts pushed the k drafts) */
 		if (!gmatch(s, r))
 			return;
 		if (loom_gmatch_levels(r->gram.gm) < k) {
@@ -1154,9 +1161,11 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 			if (grammar_mask(s, r, i, rows + (size_t)i * (size_t)s->n_vocab))
 				return;
 	}
-	n_acc = tree ? tree_accept(s, r, rows, k, &next) :
+	n_acc = tree ? tree_accept(s, r, rows, k, &next, &last) :
 		loom_spec_seq_accept(r->spec.sq, r->smp, r->spec.greedy, rows, r->tokens,
 				     r->n_tokens, k, &next);
+	if (!tree)
+		last = n_acc; /* a chain's level i is row i */
 	if (n_acc < 0)
 		return;
 	loom_kv_truncate(s->kv, &r->seq, n_kv + 1 + n_acc);
@@ -1174,7 +1183,7 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 		return;
 	}
 	if (r->gram.grammar) {
-		loom_gmatch_keep(r->gram.gm, n_acc);
+		loom_gmatch_keep(r->gram.gm, last);
 		if (grammar_take(s, r, next))
 			return;
 	}

@@ -968,6 +968,18 @@ bool loom_spec_seq_is_tree(const struct loom_spec_seq *q)
 	return q->tree;
 }
 
+void loom_spec_seq_prune_tree(struct loom_spec_seq *q, int32_t k, const int32_t *tokens,
+			      const int32_t *parent)
+{
+	bool chain = true;
+
+	for (int32_t i = 1; i <= k; i++)
+		chain &= parent[i] == i - 1;
+	memcpy(q->dtok, tokens, sizeof(int32_t) * (size_t)k);
+	memcpy(q->dpar, parent, sizeof(int32_t) * (size_t)(k + 1));
+	q->tree = q->tree && !chain;
+}
+
 int32_t loom_spec_seq_accept(struct loom_spec_seq *q, struct loom_sampler *smp, bool greedy,
 			     float *rows, const int32_t *hist, int64_t n_hist, int32_t k,
 			     int32_t *next)

@@ -130,6 +130,12 @@ int32_t loom_spec_seq_propose(struct loom_spec_seq *q, struct loom_kv_seq *kvs,
 			      int32_t *parent, char *err, size_t errlen);
 /* Whether the last proposal is a tree (rows with the parents it gave). */
 bool loom_spec_seq_is_tree(const struct loom_spec_seq *q);
+/* After a tree proposal: the caller kept k of its nodes (tokens[],
+ * parent[] by row, as loom_spec_seq_propose gives them; a subset closed
+ * under ancestors, renumbered), e.g. those a grammar allows; acceptance
+ * walks these. A tree pruned to a chain is a chain (is_tree false). */
+void loom_spec_seq_prune_tree(struct loom_spec_seq *q, int32_t k, const int32_t *tokens,
+			      const int32_t *parent);
 /* After a tree proposal of k nodes: walks rows [k + 1][n_vocab] (row r
  * follows the path to row r; penalties applied in place) from row 0 and
  * keeps the longest path the target accepts, greedy or by rejection

@@ -13,6 +13,12 @@
  *   grammar_tool bench GGUF KIND SPECFILE SEED N
  *       as walk, timing (thread CPU time) each step's mask on a fresh matcher (no cache)
  *       and on the walk's own (cached); prints the mean costs.
+ *   grammar_tool tree GGUF KIND SPECFILE SEED N
+ *       N random token trees (up to 40 nodes, tokens mostly allowed after
+ *       their parent's path) along one random walk, pruned by
+ *       loom_gmatch_tree: the rows kept must be exactly those whose path
+ *       the chain API (push, keep) allows, each row's mask the mask after
+ *       its own path. Exit 1 on any difference or when nothing was pruned.
  */
 #include <jansson.h>
 #include <math.h>
@@ -261,6 +267,172 @@ out:
 	return rc;
 }
 
+/* ---- tree: loom_gmatch_tree against pushing each node's path alone ---- */
+
+#define TREE_NODES 40
+
+/* A fresh matcher after tokens hist[0..n) (pushed one by one, the chain
+ * API); NULL when one is refused. */
+static struct loom_gmatch *after(const struct loom_grammar *g, const struct loom_gvocab *v,
+				 const int32_t *hist, int32_t n)
+{
+	struct loom_gmatch *m = loom_gmatch_new(g, v);
+
+	for (int32_t i = 0; m && i < n; i++) {
+		if (loom_gmatch_push(m, hist[i])) {
+			loom_gmatch_free(m);
+			return NULL;
+		}
+		loom_gmatch_keep(m, 1);
+	}
+	return m;
+}
+
+/* Row r's path (committed tokens, then its ancestors' and its own) into
+ * hist[n_hist ..]; returns the whole length. */
+static int32_t path_of(const int32_t *tok, const int32_t *par, int32_t r, int32_t *hist,
+		       int32_t n_hist)
+{
+	int32_t d = 0, rev[TREE_NODES + 1];
+
+	for (int32_t x = r; x > 0; x = par[x])
+		rev[d++] = tok[x - 1];
+	for (int32_t i = 0; i < d; i++)
+		hist[n_hist + i] = rev[d - 1 - i];
+	return n_hist + d;
+}
+
+/* A random tree of k nodes after the committed hist[0..n): each node under
+ * a random earlier row, its token mostly one the grammar allows after its
+ * parent's path (when that path is allowed), else any token. */
+static void random_tree(const struct loom_grammar *g, const struct loom_gvocab *v,
+			const struct loom_tokenizer *t, int32_t V, uint64_t *rng, int32_t *hist,
+			int32_t n, int32_t k, int32_t *tok, int32_t *par, float *logits,
+			int32_t *cand)
+{
+	par[0] = -1;
+	for (int32_t i = 1; i <= k; i++) {
+		int32_t p = (int32_t)(loom_rng_uniform(rng) * i) % i;
+		int32_t len = path_of(tok, par, p, hist, n);
+		struct loom_gmatch *m = loom_rng_uniform(rng) < 0.8 ? after(g, v, hist, len) : NULL;
+		int32_t x = -1;
+
+		par[i] = p;
+		if (m) {
+			memset(logits, 0, sizeof(float) * (size_t)V);
+			if (loom_gmatch_mask(m, 0, logits, V) > 0)
+				x = pick(logits, V, t, rng, cand);
+			loom_gmatch_free(m);
+		}
+		tok[i - 1] = x >= 0 ? x : (int32_t)(loom_rng_uniform(rng) * V) % V;
+	}
+}
+
+/* Checks one pruned tree: the kept rows are exactly the rows whose path
+ * the chain API allows, in order, parents renumbered; kept row r's mask
+ * (level r) is the mask after r's own path. Returns the problems. */
+static int check_tree(const struct loom_grammar *g, const struct loom_gvocab *v,
+		      struct loom_gmatch *m, int32_t V, int32_t *hist, int32_t n, int32_t k,
+		      const int32_t *tok, const int32_t *par, int32_t kept,
+		      const int32_t *ktok, const int32_t *kpar, float *a, float *b)
+{
+	int32_t row[TREE_NODES + 1], nk = 0, bad = 0;
+
+	row[0] = 0;
+	for (int32_t i = 1; i <= k; i++) {
+		int32_t len = path_of(tok, par, i, hist, n);
+		struct loom_gmatch *ref = row[par[i]] >= 0 ? after(g, v, hist, len) : NULL;
+
+		row[i] = ref ? ++nk : -1;
+		if (!ref)
+			continue;
+		if (nk > kept || ktok[nk - 1] != tok[i - 1] || kpar[nk] != row[par[i]]) {
+			if (bad++ < 5)
+				fprintf(stderr, "tree: row %d (kept as %d) is wrong\n", i, nk);
+			loom_gmatch_free(ref);
+			continue;
+		}
+		memset(a, 0, sizeof(float) * (size_t)V);
+		memset(b, 0, sizeof(float) * (size_t)V);
+		loom_gmatch_mask(ref, 0, a, V);
+		if (loom_gmatch_mask(m, nk, b, V) < 0 || memcmp(a, b, sizeof(float) * (size_t)V)) {
+			if (bad++ < 5)
+				fprintf(stderr, "tree: row %d's mask is not its path's\n", nk);
+		}
+		loom_gmatch_free(ref);
+	}
+	if (nk != kept && bad++ < 5)
+		fprintf(stderr, "tree: %d rows kept, %d allowed\n", kept, nk);
+	return bad;
+}
+
+/* N random trees along one random walk: after each, the walk keeps a
+ * random kept row's path (keep at that level) and goes on by one token. */
+static int cmd_tree(const char *gguf, const char *kind, const char *path, uint64_t seed, int n)
+{
+	char err[512];
+	struct loom_tokenizer *t = loom_tokenizer_open(gguf, err, sizeof(err));
+	struct loom_grammar *g = compile(kind, path);
+	struct loom_gvocab *v = t ? loom_gvocab_new(t) : NULL;
+	int32_t V = t ? loom_tokenizer_n_vocab(t) : 0, hist[4096], nh = 0;
+	float *a = malloc(sizeof(float) * (size_t)(V + 1)), *b = malloc(sizeof(float) * (size_t)(V + 1));
+	int32_t *cand = malloc(sizeof(int32_t) * (size_t)(V + 1));
+	struct loom_gmatch *m = g && v ? loom_gmatch_new(g, v) : NULL;
+	long nodes = 0, kept_sum = 0;
+	uint64_t rng[4];
+	int bad = 0, walks = 1;
+
+	if (!m || !a || !b || !cand) {
+		fprintf(stderr, "tree: %s\n", t ? "setup failed" : err);
+		bad = 2;
+		goto out;
+	}
+	loom_rng_seed(rng, seed);
+	for (int s = 0; s < n && !bad && m && nh < 3000; s++) {
+		int32_t tok[TREE_NODES], par[TREE_NODES + 1], ktok[TREE_NODES], kpar[TREE_NODES + 1];
+		int32_t k = 1 + (int32_t)(loom_rng_uniform(rng) * TREE_NODES) % TREE_NODES, kept, r, x;
+
+		random_tree(g, v, t, V, rng, hist, nh, k, tok, par, a, cand);
+		memcpy(ktok, tok, sizeof(int32_t) * (size_t)k);
+		memcpy(kpar, par, sizeof(int32_t) * (size_t)(k + 1));
+		kept = loom_gmatch_tree(m, k, ktok, kpar);
+		bad += check_tree(g, v, m, V, hist, nh, k, tok, par, kept, ktok, kpar, a, b);
+		nodes += k;
+		kept_sum += kept;
+		/* the walk takes a random kept row's path, then one allowed token */
+		r = (int32_t)(loom_rng_uniform(rng) * (kept + 1)) % (kept + 1);
+		loom_gmatch_keep(m, r);
+		nh = path_of(ktok, kpar, r, hist, nh);
+		memset(a, 0, sizeof(float) * (size_t)V);
+		x = loom_gmatch_mask(m, 0, a, V) > 0 ? pick(a, V, t, rng, cand) : -1;
+		if (x < 0 || loom_tokenizer_is_eog(t, x) || loom_gmatch_push(m, x)) {
+			/* the document is complete: a new walk */
+			loom_gmatch_free(m);
+			m = loom_gmatch_new(g, v);
+			walks++;
+			nh = 0;
+			continue;
+		}
+		loom_gmatch_keep(m, 1);
+		hist[nh++] = x;
+	}
+	printf("trees: %ld nodes, %ld kept, %d walks\n", nodes, kept_sum, walks);
+	if (kept_sum == 0 || kept_sum == nodes) {
+		fprintf(stderr, "tree: nothing %s: the check saw no pruning\n",
+			kept_sum ? "pruned" : "kept");
+		bad++;
+	}
+out:
+	loom_gmatch_free(m);
+	free(a);
+	free(b);
+	free(cand);
+	loom_gvocab_free(v);
+	loom_grammar_free(g);
+	loom_tokenizer_free(t);
+	return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && !strcmp(argv[1], "check"))
@@ -271,6 +443,8 @@ int main(int argc, char **argv)
 	if (argc == 7 && !strcmp(argv[1], "bench"))
 		return cmd_walk(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10),
 				atoi(argv[6]), 200, true);
-	fprintf(stderr, "usage: grammar_tool check KIND SPECFILE | walk GGUF KIND SPECFILE SEED N MAXTOK | bench GGUF KIND SPECFILE SEED N\n");
+	if (argc == 7 && !strcmp(argv[1], "tree"))
+		return cmd_tree(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10), atoi(argv[6]));
+	fprintf(stderr, "usage: grammar_tool check KIND SPECFILE | walk GGUF KIND SPECFILE SEED N MAXTOK | bench GGUF KIND SPECFILE SEED N | tree GGUF KIND SPECFILE SEED N\n");
 	return 2;
 }

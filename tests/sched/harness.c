@@ -26,7 +26,7 @@ void submit(struct loom_sched *s, struct job *j, bool spec)
 {
 	struct loom_sched_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt,
 		.n_predict = j->n_predict, .sampling = j->sp, .cb = collect, .user = &j->c,
-		.spec = spec ? j->spec : NULL };
+		.spec = spec ? j->spec : NULL, .grammar = j->grammar };
 	char err[512];
 
 	memset(&j->c, 0, sizeof(j->c));
@@ -81,7 +81,7 @@ static bool derive(const struct job *k, const struct job *j, struct col *out)
 
 	if (k->n_prompt != j->n_prompt || k->n_predict < j->n_predict ||
 	    memcmp(k->prompt, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt) != 0 ||
-	    !same_sampling(&k->sp, &j->sp))
+	    !same_sampling(&k->sp, &j->sp) || k->grammar != j->grammar)
 		return false;
 	if (k->n_predict == j->n_predict) {
 		*out = *c;

@@ -24,6 +24,7 @@ struct job {
 	int n_prompt, n_predict;
 	struct loom_sampler_params sp;
 	struct loom_spec_kind *spec; /* used when submitted with spec = true */
+	const struct loom_grammar *grammar; /* optional: constrains the output */
 	struct col c;
 };
 

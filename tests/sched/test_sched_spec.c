@@ -10,6 +10,11 @@
  * LOOM_SCHED_SPEC_CASE=trees runs that case alone (no layerskip kind):
  * sched_spec_trees_gpuemu runs it on gpuemu.so with a small synthetic
  * model, the tree rows through the GPU kernels' split-K path in regions.
+ * Trees under a JSON-schema grammar (pruned, rows masked after each
+ * node's own path) mixed with plain and grammar-only requests equal each
+ * request alone and plain, and every block returns after preemption and
+ * cancellation; sampled ones stay inside the grammar.
+ * LOOM_SCHED_SPEC_CASE=grammar runs that case alone.
  */
 #include <check.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 
 #include "format/gguf.h"
 #include "harness.h"
+#include "engine/grammar.h"
 #include "engine/scheduler.h"
 #include "engine/spec.h"
 
@@ -494,6 +500,14 @@ static bool trees_only(void)
 	return only && !strcmp(only, "trees");
 }
 
+/* LOOM_SCHED_SPEC_CASE=grammar: trees with a grammar alone. */
+static bool only_grammar(void)
+{
+	const char *only = getenv("LOOM_SCHED_SPEC_CASE");
+
+	return only && !strcmp(only, "grammar");
+}
+
 static void load_model(void)
 {
 	const char *path = getenv("LOOM_MODEL");
@@ -586,6 +600,154 @@ START_TEST(trees_equal_plain_and_free_blocks)
 }
 END_TEST
 
+/* JSON to copy: objects that share keys and part of their values, so
+ * ngram.so's trees branch, and the person schema's grammar refuses some
+ * branches ("age" a string, "tags" not an array). */
+static const char *const json_texts[] = {
+	"{\"name\": \"Ann\", \"age\": 31, \"tags\": [\"red\", \"blue\"], \"ok\": true} "
+	"{\"name\": \"Ann\", \"age\": \"old\", \"tags\": \"red\"}",
+	"{\"name\": \"Bob Stone\", \"age\": 45, \"ok\": false} "
+	"{\"name\": \"Bob\", \"age\": 45, \"tags\": [\"x\"], \"ok\": 0}",
+	"{\"name\": \"Cid\", \"age\": 7, \"tags\": [\"a\", \"b\", \"c\"]} "
+	"{\"name\": \"Cid\", \"age\": \"7\", \"tags\": [\"a\", \"b\"]}",
+};
+static const char person_schema[] =
+	"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+	"\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":"
+	"{\"type\":\"string\"},\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},"
+	"\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+
+/* Job i of a grammar mix: even jobs copy JSON under the person schema
+ * with trees; of the odd ones, i % 4 == 1 under the schema plainly, else
+ * copy text with trees (no grammar). */
+static void make_json_job(struct job *j, int i, int n_predict, const struct loom_grammar *g)
+{
+	char text[1024];
+	int64_t n;
+
+	if (i % 4 == 3) {
+		make_job(j, i, n_predict);
+		j->spec = ngram_tree;
+		j->grammar = NULL;
+		return;
+	}
+	snprintf(text, sizeof(text),
+		 "<|im_start|>user\nRepeat the first JSON object exactly:\n%s<|im_end|>\n<|im_start|>assistant\n",
+		 json_texts[(i / 2) % 3]);
+	n = loom_tokenize(tok, text, strlen(text), false, true, j->prompt, 512);
+	ck_assert(n > 0 && n <= 512);
+	j->n_prompt = (int)n;
+	j->n_predict = n_predict;
+	loom_sampler_defaults(&j->sp);
+	j->sp.temp = 0;
+	j->grammar = g;
+	j->spec = i % 4 == 1 ? NULL : ngram_tree;
+}
+
+static struct loom_grammar *person_grammar(void)
+{
+	char err[512];
+	struct loom_grammar *g = loom_grammar_new("json_schema", person_schema,
+						  strlen(person_schema), err, sizeof(err));
+
+	ck_assert_msg(g != NULL, "%s", err);
+	return g;
+}
+
+/* Whether toks[0..n) is text the grammar allows (with n_final EOG: a
+ * complete document). */
+static bool fits_grammar(const struct loom_grammar *g, const struct col *c)
+{
+	struct loom_gvocab *v = loom_gvocab_new(tok);
+	struct loom_gmatch *m = v ? loom_gmatch_new(g, v) : NULL;
+	bool ok = m != NULL;
+
+	for (int k = 0; ok && k < c->n; k++) {
+		if (loom_tokenizer_is_eog(tok, c->toks[k])) {
+			ok = loom_gmatch_done(m);
+			break;
+		}
+		ok = loom_gmatch_push(m, c->toks[k]) == 0;
+		loom_gmatch_keep(m, 1);
+	}
+	ok = ok && (c->fin != LOOM_FINISH_EOG || loom_gmatch_done(m));
+	loom_gmatch_free(m);
+	loom_gvocab_free(v);
+	return ok;
+}
+
+/* Token trees with a grammar: 8 greedy requests (schema with trees, schema
+ * plain, text with trees) equal each alone and plain, batched (prefix
+ * cache on) and in 20 blocks (preemption); 4 with trees and the schema
+ * cancelled mid-run; 2 sampled with trees under the schema give outputs
+ * the grammar allows. Every block returns each time. */
+START_TEST(trees_with_grammar)
+{
+	enum { N = 8 };
+	struct loom_grammar *g = person_grammar();
+	struct job *jobs = calloc(N, sizeof(*jobs));
+	struct loom_sched_stats st;
+	struct col ref[N];
+	struct loom_sched *s;
+	int steps = 0;
+
+	ck_assert_ptr_nonnull(jobs);
+	for (int i = 0; i < N; i++)
+		make_json_job(&jobs[i], i, 64 - (i % 3) * 5, g);
+	run_alone(jobs, N, ref);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(!jobs[i].grammar || fits_grammar(g, &ref[i]), "request %d", i);
+	for (int pass = 0; pass < 2; pass++) {
+		s = new_sched(pass ? 20 : 0, true);
+		for (int i = 0; i < N; i++)
+			submit(s, &jobs[i], true);
+		drain(s);
+		loom_sched_get_stats(s, &st);
+		for (int i = 0; i < N; i++)
+			assert_same(&jobs[i].c, &ref[i], i);
+		ck_assert_uint_gt(st.spec_accepted, 0);
+		ck_assert(!pass || st.preemptions > 0);
+		ck_assert_int_eq(st.blocks_used, 0);
+		loom_sched_free(s);
+	}
+	s = new_sched(0, false);
+	for (int i = 0; i < 4; i++) {
+		make_json_job(&jobs[i], 2 * i, 64, g);
+		submit(s, &jobs[i], true);
+	}
+	do {
+		ck_assert_int_ge(loom_sched_step(s), 0);
+		loom_sched_get_stats(s, &st);
+	} while (st.spec_steps < 8 && ++steps < 1000);
+	ck_assert_uint_ge(st.spec_steps, 8);
+	for (int i = 0; i < 4; i++)
+		loom_sched_cancel(s, jobs[i].c.id);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	s = new_sched(0, true);
+	for (int i = 0; i < 2; i++) {
+		make_json_job(&jobs[i], 2 * i, 64, g);
+		jobs[i].sp.temp = 0.8f;
+		jobs[i].sp.seed = 5 + (uint64_t)i;
+		submit(s, &jobs[i], true);
+	}
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(jobs[i].c.n_final, 1);
+		ck_assert_msg(jobs[i].c.fin != LOOM_FINISH_ERROR, "sampled request %d failed", i);
+		ck_assert_msg(fits_grammar(g, &jobs[i].c), "sampled request %d", i);
+	}
+	ck_assert_uint_gt(st.spec_steps, 0);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	loom_grammar_free(g);
+	free(jobs);
+}
+END_TEST
+
 static void add_all(TCase *tc)
 {
 	tcase_add_test(tc, model_strategies_refused);
@@ -599,6 +761,7 @@ static void add_all(TCase *tc)
 	tcase_add_test(tc, step_rows_cap);
 	tcase_add_test(tc, draft_pool_equals_plain);
 	tcase_add_test(tc, trees_equal_plain_and_free_blocks);
+	tcase_add_test(tc, trees_with_grammar);
 }
 
 int main(void)
@@ -617,6 +780,8 @@ int main(void)
 	tcase_set_timeout(tc, 900);
 	if (trees_only())
 		tcase_add_test(tc, trees_equal_plain_and_free_blocks);
+	else if (only_grammar())
+		tcase_add_test(tc, trees_with_grammar);
 	else
 		add_all(tc);
 	suite_add_tcase(s, tc);

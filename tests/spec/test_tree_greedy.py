@@ -14,6 +14,10 @@ branch is taken (the tree run accepts more drafts than the chain run, so
 a side node's row decides tokens and a wrong ancestor mask shows): its
 tree rows go through the split-K kernel (decode rows' bits), about a
 second a token there.
+With a JSON schema (tests/grammar/person.schema.json) on ref.so and
+cpu.so: ngram.so's trees, pruned by the grammar and their rows masked
+after each node's own path, give the tokens of plain constrained greedy
+decoding, an output the schema accepts, and more drafts than chains.
 Usage: test_tree_greedy.py LOOM_EXE [BACKEND] (LOOM_MODEL names the model).
 """
 import os
@@ -38,12 +42,16 @@ NGRAM = ["--spec=ngram.so"]
 LAYERSKIP = ["--spec=layerskip.so", "--spec-layers", "26"]
 
 
-def run(loom, model, prompt, extra, out):
-    cmd = [loom, "run", "--model", model, "-p", prompt, "-n", "20", "--temp", "0",
+def run(loom, model, prompt, extra, out, n=20, text=None):
+    """Tokens, drafts verified, drafts accepted; the output text goes to
+    text[0] when text is a list."""
+    cmd = [loom, "run", "--model", model, "-p", prompt, "-n", str(n), "--temp", "0",
            "-t", "1", "--no-progress", "--dump-tokens", out] + extra
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         sys.exit("FAIL: %s\n%s" % (" ".join(extra), p.stderr.strip()))
+    if text is not None:
+        text[:] = [p.stdout]
     m = re.search(r"\((\d+) of (\d+) drafts\)", p.stderr)
     with open(out) as f:
         return f.read().split(), (int(m.group(2)) if m else 0), (int(m.group(1)) if m else 0)
@@ -78,6 +86,67 @@ def check_backend(loom, model, spec, be, prompts, out):
                  % (label, tree_drafts, chain_drafts))
 
 
+SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "grammar",
+                      "person.schema.json")
+# JSON-schema prompts: earlier objects branch after the same keys (so
+# ngram.so's trees branch), some with values the schema refuses ("age" a
+# string, "ok" a number: nodes the grammar prunes)
+GRAMMAR_PROMPTS = [
+    'People: {"name": "Ann", "age": 31, "ok": true} {"name": "Ann", "age": "old", "ok": 1} '
+    '{"name": "Ann", "age": 31, "tags": ["x"]} {"name": "Ann", "age": 31, "ok": true} '
+    '{"name": "Ann", "age": 31, "tags": ["y"]} {"name": "Ann", "age": "old"} Next:',
+    'Rows: {"name": "Bo", "age": 7, "tags": ["a", "b"], "ok": false} '
+    '{"name": "Bo", "age": "7", "tags": "a"} {"name": "Bo", "age": 7, "tags": ["a", "c"]} '
+    '{"name": "Bo", "age": 7, "ok": 0} {"name": "Bo", "age": 7, "tags": ["a", "b"], "ok": true} '
+    'Another:',
+    # values the schema refuses after the same stems ("ok": "yes", "age":
+    # "31"): a tree's refused branch is pruned (seen: 10 nodes, 8 kept)
+    'Records: {"name": "Ann", "age": 31, "ok": true} {"name": "Ann", "age": 31, "ok": "yes"} '
+    '{"name": "Ann", "age": "31", "ok": true} {"name": "Ann", "age": 31, "ok": "yes"} '
+    '{"name": "Ann", "age": 31, "ok": true} Next:',
+]
+GRAMMAR_BACKENDS = [(["--backend", "ref.so"], GRAMMAR_PROMPTS[:1]),
+                    (["--backend", "cpu.so", "--exact"], GRAMMAR_PROMPTS)]
+
+
+def check_grammar(loom, model, be, prompts, out):
+    """--json-schema with ngram.so's trees on backend `be`: the tokens of
+    plain constrained greedy decoding, an output the schema accepts, and
+    trees verified (more drafts than the chain runs)."""
+    import json
+    import jsonschema
+    with open(SCHEMA) as f:
+        schema = json.load(f)
+    gram = ["--json-schema", SCHEMA]
+    label = " ".join(be + gram)
+    tree_drafts = chain_drafts = 0
+    for i, prompt in enumerate(prompts):
+        text = []
+        plain, _, _ = run(loom, model, prompt, be + gram, out, 60, text)
+        chain, n_chain, acc_chain = run(loom, model, prompt, be + gram + NGRAM, out, 60)
+        tree, n_tree, acc_tree = run(loom, model, prompt,
+                                     be + gram + NGRAM + ["--spec-tree", "16"], out, 60)
+        for name, toks in (("chain", chain), ("tree", tree)):
+            if toks != plain:
+                n = next((j for j, (a, b) in enumerate(zip(toks, plain)) if a != b),
+                         min(len(toks), len(plain)))
+                sys.exit("FAIL: %s prompt %d %s: differs from plain constrained greedy "
+                         "at token %d" % (label, i, name, n))
+        try:
+            jsonschema.validate(json.loads(text[0]), schema)
+        except (ValueError, jsonschema.ValidationError) as e:
+            sys.exit("FAIL: %s prompt %d: output %r does not fit the schema: %s"
+                     % (label, i, text[0], e))
+        tree_drafts += n_tree
+        chain_drafts += n_chain
+        print("%s prompt %d: %d tokens identical, schema-valid (drafts: chain %d, tree %d; "
+              "accepted: chain %d, tree %d)"
+              % (label, i, len(plain), n_chain, n_tree, acc_chain, acc_tree))
+    if tree_drafts <= chain_drafts:
+        sys.exit("FAIL: %s: trees verified %d drafts, chains %d: no tree was used"
+                 % (label, tree_drafts, chain_drafts))
+
+
 def main():
     loom = sys.argv[1]
     cases = [(NGRAM, be, prompts) for be, prompts in BACKENDS]
@@ -92,6 +161,9 @@ def main():
         out = os.path.join(tmp, "tokens")
         for spec, be, prompts in cases:
             check_backend(loom, model, spec, be, prompts, out)
+        if len(sys.argv) <= 2:
+            for be, prompts in GRAMMAR_BACKENDS:
+                check_grammar(loom, model, be, prompts, out)
         p = subprocess.run([loom, "run", "--model", model, "-p", "hi", "-n", "2",
                             "--spec-tree", "65"], capture_output=True, text=True, timeout=60)
         if p.returncode == 0 or "--spec-tree" not in p.stderr:
