@@ -334,6 +334,13 @@ for _ in range(60):
     n_fuzz += len(texts) + len(muts)
 print(f'random schemas: {n_fuzz} texts checked')
 
+def schema_file(schema):
+    """schema written to a temporary file (the caller removes it)."""
+    with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as f:
+        json.dump(schema, f)
+        return f.name
+
+
 # random walks over real vocabularies
 cache = os.path.expanduser('~/.cache/loom')
 models = [os.environ.get('LOOM_MODEL', ''), os.path.join(cache, 'gemma-3-270m-q4_k_m.gguf')]
@@ -343,9 +350,7 @@ for gguf in models:
         print(f'walks: {gguf or "LOOM_MODEL"} missing, skipped')
         continue
     for name, schema, _, _ in SCHEMAS[:4]:
-        with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as f:
-            json.dump(schema, f)
-            path = f.name
+        path = schema_file(schema)
         n = 4 if 'gemma' in gguf else 8
         p = subprocess.run([TOOL, 'walk', gguf, 'json_schema', path, '7', str(n), '300'],
                            capture_output=True, text=True, timeout=120)
@@ -371,9 +376,7 @@ for gguf in models[:1]:
         print(f'trees: {gguf or "LOOM_MODEL"} missing, skipped')
         continue
     for name, schema, _, _ in SCHEMAS[:4]:
-        with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as f:
-            json.dump(schema, f)
-            path = f.name
+        path = schema_file(schema)
         p = subprocess.run([TOOL, 'tree', gguf, 'json_schema', path, '11', '120'],
                            capture_output=True, text=True, timeout=120)
         os.unlink(path)

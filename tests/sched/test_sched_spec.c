@@ -49,20 +49,26 @@ static const char *const texts[] = {
 };
 #define N_TEXTS ((int)(sizeof(texts) / sizeof(texts[0])))
 
-static void make_job(struct job *j, int i, int n_predict)
+/* A greedy job: the chat turn `ask` then `what`. */
+static void chat_job(struct job *j, const char *ask, const char *what, int n_predict)
 {
 	char text[1024];
 	int64_t n;
 
 	snprintf(text, sizeof(text),
-		 "<|im_start|>user\nRepeat the following text exactly, word for word:\n%s<|im_end|>\n<|im_start|>assistant\n",
-		 texts[i % N_TEXTS]);
+		 "<|im_start|>user\n%s\n%s<|im_end|>\n<|im_start|>assistant\n", ask, what);
 	n = loom_tokenize(tok, text, strlen(text), false, true, j->prompt, 512);
 	ck_assert(n > 0 && n <= 512);
 	j->n_prompt = (int)n;
 	j->n_predict = n_predict;
 	loom_sampler_defaults(&j->sp);
 	j->sp.temp = 0;
+}
+
+static void make_job(struct job *j, int i, int n_predict)
+{
+	chat_job(j, "Repeat the following text exactly, word for word:", texts[i % N_TEXTS],
+		 n_predict);
 }
 
 static struct loom_sched *new_sched(int64_t n_blocks, bool prefix)
@@ -555,6 +561,54 @@ static void unload_model(void)
 	gguf_close(gf);
 }
 
+/* Jobs [0, n) batched (prefix cache on), then in a cache of 20 blocks
+ * (preemption): each equals ref (alone), drafts get accepted, every block
+ * returns. */
+static void batched_equal_alone(struct job *jobs, int n, const struct col *ref)
+{
+	struct loom_sched_stats st;
+
+	for (int pass = 0; pass < 2; pass++) {
+		struct loom_sched *s = new_sched(pass ? 20 : 0, true);
+
+		for (int i = 0; i < n; i++)
+			submit(s, &jobs[i], true);
+		drain(s);
+		loom_sched_get_stats(s, &st);
+		for (int i = 0; i < n; i++)
+			assert_same(&jobs[i].c, &ref[i], i);
+		ck_assert_uint_gt(st.spec_accepted, 0);
+		ck_assert(!pass || st.preemptions > 0);
+		ck_assert_int_eq(st.blocks_used, 0);
+		loom_sched_free(s);
+	}
+}
+
+/* Jobs [0, n) cancelled once 8 speculating steps ran (or 1000 steps):
+ * every block returns. Returns the speculating steps before the cancel. */
+static uint64_t cancel_mid_run_frees(struct job *jobs, int n)
+{
+	struct loom_sched *s = new_sched(0, false);
+	struct loom_sched_stats st;
+	uint64_t spec_steps;
+	int steps = 0;
+
+	for (int i = 0; i < n; i++)
+		submit(s, &jobs[i], true);
+	do {
+		ck_assert_int_ge(loom_sched_step(s), 0);
+		loom_sched_get_stats(s, &st);
+	} while (st.spec_steps < 8 && ++steps < 1000);
+	spec_steps = st.spec_steps;
+	for (int i = 0; i < n; i++)
+		loom_sched_cancel(s, jobs[i].c.id);
+	drain(s);
+	loom_sched_get_stats(s, &st);
+	ck_assert_int_eq(st.blocks_used, 0);
+	loom_sched_free(s);
+	return spec_steps;
+}
+
 /* Token trees: 8 greedy requests with trees equal plain alone, batched
  * (prefix cache on) and in a cache of 20 blocks (preemption); 4 cancelled
  * mid-run. Every block returns each time. */
@@ -562,40 +616,13 @@ START_TEST(trees_equal_plain_and_free_blocks)
 {
 	enum { N = 8 };
 	struct job *jobs = make_jobs(N, 64, true);
-	struct loom_sched_stats st;
 	struct col ref[N];
-	struct loom_sched *s;
-	int steps = 0;
 
+	for (int i = 0; i < N; i++)
+		jobs[i].spec = ngram_tree;
 	run_alone(jobs, N, ref);
-	for (int pass = 0; pass < 2; pass++) {
-		s = new_sched(pass ? 20 : 0, true);
-		for (int i = 0; i < N; i++) {
-			jobs[i].spec = ngram_tree;
-			submit(s, &jobs[i], true);
-		}
-		drain(s);
-		loom_sched_get_stats(s, &st);
-		for (int i = 0; i < N; i++)
-			assert_same(&jobs[i].c, &ref[i], i);
-		ck_assert_uint_gt(st.spec_accepted, 0);
-		ck_assert(!pass || st.preemptions > 0);
-		ck_assert_int_eq(st.blocks_used, 0);
-		loom_sched_free(s);
-	}
-	s = new_sched(0, false);
-	for (int i = 0; i < 4; i++)
-		submit(s, &jobs[i], true);
-	do {
-		ck_assert_int_ge(loom_sched_step(s), 0);
-		loom_sched_get_stats(s, &st);
-	} while (st.spec_steps < 8 && ++steps < 1000);
-	for (int i = 0; i < 4; i++)
-		loom_sched_cancel(s, jobs[i].c.id);
-	drain(s);
-	loom_sched_get_stats(s, &st);
-	ck_assert_int_eq(st.blocks_used, 0);
-	loom_sched_free(s);
+	batched_equal_alone(jobs, N, ref);
+	cancel_mid_run_frees(jobs, 4);
 	free(jobs);
 }
 END_TEST
@@ -622,24 +649,13 @@ static const char person_schema[] =
  * copy text with trees (no grammar). */
 static void make_json_job(struct job *j, int i, int n_predict, const struct loom_grammar *g)
 {
-	char text[1024];
-	int64_t n;
-
 	if (i % 4 == 3) {
 		make_job(j, i, n_predict);
 		j->spec = ngram_tree;
 		j->grammar = NULL;
 		return;
 	}
-	snprintf(text, sizeof(text),
-		 "<|im_start|>user\nRepeat the first JSON object exactly:\n%s<|im_end|>\n<|im_start|>assistant\n",
-		 json_texts[(i / 2) % 3]);
-	n = loom_tokenize(tok, text, strlen(text), false, true, j->prompt, 512);
-	ck_assert(n > 0 && n <= 512);
-	j->n_prompt = (int)n;
-	j->n_predict = n_predict;
-	loom_sampler_defaults(&j->sp);
-	j->sp.temp = 0;
+	chat_job(j, "Repeat the first JSON object exactly:", json_texts[(i / 2) % 3], n_predict);
 	j->grammar = g;
 	j->spec = i % 4 == 1 ? NULL : ngram_tree;
 }
@@ -689,7 +705,6 @@ START_TEST(trees_with_grammar)
 	struct loom_sched_stats st;
 	struct col ref[N];
 	struct loom_sched *s;
-	int steps = 0;
 
 	ck_assert_ptr_nonnull(jobs);
 	for (int i = 0; i < N; i++)
@@ -697,35 +712,10 @@ START_TEST(trees_with_grammar)
 	run_alone(jobs, N, ref);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(!jobs[i].grammar || fits_grammar(g, &ref[i]), "request %d", i);
-	for (int pass = 0; pass < 2; pass++) {
-		s = new_sched(pass ? 20 : 0, true);
-		for (int i = 0; i < N; i++)
-			submit(s, &jobs[i], true);
-		drain(s);
-		loom_sched_get_stats(s, &st);
-		for (int i = 0; i < N; i++)
-			assert_same(&jobs[i].c, &ref[i], i);
-		ck_assert_uint_gt(st.spec_accepted, 0);
-		ck_assert(!pass || st.preemptions > 0);
-		ck_assert_int_eq(st.blocks_used, 0);
-		loom_sched_free(s);
-	}
-	s = new_sched(0, false);
-	for (int i = 0; i < 4; i++) {
-		make_json_job(&jobs[i], 2 * i, 64, g);
-		submit(s, &jobs[i], true);
-	}
-	do {
-		ck_assert_int_ge(loom_sched_step(s), 0);
-		loom_sched_get_stats(s, &st);
-	} while (st.spec_steps < 8 && ++steps < 1000);
-	ck_assert_uint_ge(st.spec_steps, 8);
+	batched_equal_alone(jobs, N, ref);
 	for (int i = 0; i < 4; i++)
-		loom_sched_cancel(s, jobs[i].c.id);
-	drain(s);
-	loom_sched_get_stats(s, &st);
-	ck_assert_int_eq(st.blocks_used, 0);
-	loom_sched_free(s);
+		make_json_job(&jobs[i], 2 * i, 64, g);
+	ck_assert_uint_ge(cancel_mid_run_frees(jobs, 4), 8); /* cancelled mid-run */
 	s = new_sched(0, true);
 	for (int i = 0; i < 2; i++) {
 		make_json_job(&jobs[i], 2 * i, 64, g);

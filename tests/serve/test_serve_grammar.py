@@ -4,7 +4,8 @@ argv[1] is the loom binary; the model is $LOOM_MODEL (skip, exit 77, when
 absent). The oracle is independent of loom: Python's json and jsonschema.
 json_schema replies must parse and validate for several schemas, seeds
 and temperatures (n choices per request), with plain decoding and with
---spec=ngram.so; greedy with ngram must equal greedy without; json_object
+--spec=ngram.so (token trees, --spec-tree 12, pruned by the grammar);
+greedy with ngram must equal greedy without; json_object
 replies must be objects; tool_choice required and named must come back as
 OpenAI tool_calls whose arguments validate against the tool's parameters,
 streamed or not; unsupported schemas and bad tool_choice are 400s naming
@@ -290,7 +291,8 @@ def main():
     if not os.path.exists(MODEL):
         print(f"skip: model {MODEL} missing")
         sys.exit(77)
-    srv = Server("--spec", "ngram.so", "--parallel", "4")
+    # trees (ngram.so proposes chains when its continuations agree: both)
+    srv = Server("--spec", "ngram.so", "--spec-tree", "12", "--parallel", "4")
     try:
         t0 = time.time()
         plain = schema_outputs(srv, "none", 0.7, 11)
