@@ -27,6 +27,7 @@
  * thread or chunk computes it (weight rows are split over threads, never k).
  */
 #include <cblas.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "cpu.h"
@@ -58,6 +59,7 @@ struct gemm_task {
 	 * kind of quantized rows; dot and kdot then NULL */
 	bool packed;
 	kpack_fn kp;
+	kpack_mfn kpm; /* all m rows at once, where the format has it */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
 };
 
@@ -396,6 +398,10 @@ static void packed_rows(const struct gemm_task *t, const void *x, size_t x_row, 
 	const struct cpu_gemv *g = &t->g;
 	const int64_t nb = kpack_nb(g->type, g->k);
 
+	if (t->kpm) { /* every activation row at once: each group read once */
+		t->kpm(g->w, x, (int)g->m, nb, g->y + j0, g->y_stride, j0, j1);
+		return;
+	}
 	for (int64_t j = j0, e; j < j1; j = e) {
 		e = g->m == 1 ? j1 : (j / KPACK_ROWS + 1) * KPACK_ROWS;
 		e = e < j1 ? e : j1;
@@ -444,6 +450,7 @@ static void kernel_pick(struct gemm_task *t, enum qdot_isa isa)
 	const bool k = qdot_k_format(t->g.type);
 
 	t->kp = t->packed ? kpack_kernel(isa, t->g.type) : NULL;
+	t->kpm = t->packed && t->g.m > 1 && t->g.m <= INT_MAX ? kpack_kernel_m(isa, t->g.type) : NULL;
 	t->dot = t->packed || k ? NULL : qdot_kernel(isa, t->g.type);
 	t->kdot = t->packed || !k ? NULL : qdot_k_kernel(isa, t->g.type);
 }

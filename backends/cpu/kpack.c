@@ -918,44 +918,44 @@ kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 	}
 
 /*
- * The 32-value formats: ref16()'s lanes with the rows in the vector
- * lanes. Lane l of block b (values 4l .. 4l+3) is float accumulator
- * 8 (b % 2) + l, one vector of 16 rows; one vpdpbusd of lane l's weight
- * vector (Q4/Q5: one mask or shift of a nibble vector, and the fifth bits)
- * against the 4 activation bytes makes the lane's exact sum for 16 rows,
- * and one fma adds it as ref16() does. The signed formats' weights enter
- * with their offset o (128, 8, 16): the lane starts from -o * (sum of its
- * 4 activation bytes), the same for all rows, made once per block and
- * pass (b32_fixes()). Q4_1 / Q5_1 add m * x.s of block b to minimum
- * accumulator b % 16 (kept in memory: the 16 float lanes fill the
- * registers).
+ * The 32-value formats: qdot.c's refseq() (qgemm_ref()'s arithmetic) with
+ * the 16 rows of a group in the vector lanes. Lane l of block b (values
+ * 4l .. 4l+3) is one vector of 16 rows' weights; a vpdpbusd of it against
+ * the 4 activation bytes adds their products to the block's exact int32
+ * sum, which one fma then adds to the row's float (and one more the
+ * minimum term, Q4_1 / Q5_1). Integer sums are exact, so the 8 lanes go
+ * in two chains. The signed formats' weights enter with their offset o
+ * (128, 8, 16): the sum starts from -o * (sum of the block's activation
+ * bytes), the same for all 16 rows, made once per call (seq_fixes()).
+ * Up to 4 activation rows share each block's weights from registers; a
+ * row's bits do not depend on how many rows a call has.
  */
 
-/* Activation blocks a pass over a group takes: their fixes are 4 KiB on
- * the stack. Even, so a pass holds whole pairs. */
-#define B32_FIX_BLOCKS 128
+/* Activation rows and blocks whose fixes a pass keeps (16 KiB of stack). */
+#define SEQ_ROWS 16
+#define SEQ_BLOCKS 256
 
-TGT_VNNI static inline __attribute__((always_inline)) void
-b32_fixes(uint32_t t, const struct qdot_block *x, int64_t n, int32_t (*fix)[8])
+TGT_VNNI static inline __attribute__((always_inline)) int32_t hsum_i256(__m256i v)
 {
-	for (int64_t b = 0; b < n; b++) {
-		__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-						_mm256_set1_epi8((char)b32_offset(t)),
-						_mm256_loadu_si256((const __m256i *)x[b].q));
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
 
-		_mm256_storeu_si256((__m256i *)fix[b], _mm256_sub_epi32(_mm256_setzero_si256(), s));
-	}
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+	return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
 }
 
-/* acc += lane l's exact sum (from fix f) of weights u and x's bytes 4l ..
- * 4l+3, times D. */
-TGT_VNNI static inline __attribute__((always_inline)) __m512
-b32_lane(__m512 acc, __m512i u, const struct qdot_block *x, int l, int32_t f, __m512 D)
+/* fix[i][b - s0] = -o * sum(x[i * xr + b].q) for m rows, blocks [s0, s0 + n). */
+TGT_VNNI static inline __attribute__((always_inline)) void
+seq_fixes(uint32_t t, const struct qdot_block *x, int64_t xr, int m, int64_t s0, int64_t n,
+	  int32_t (*fix)[SEQ_BLOCKS])
 {
-	__m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(f), u,
-					_mm512_set1_epi32((int)cpu_rd32((const uint8_t *)x->q + 4 * l)));
+	const __m256i o = _mm256_set1_epi8((char)b32_offset(t));
 
-	return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), D, acc);
+	for (int i = 0; i < m; i++)
+		for (int64_t b = 0; b < n; b++)
+			fix[i][b] = b32_offset(t) ?
+				-hsum_i256(_mm256_dpbusd_epi32(
+					_mm256_setzero_si256(), o,
+					_mm256_loadu_si256((const __m256i *)x[i * xr + s0 + b].q))) : 0;
 }
 
 /* Bit l of each byte of h moved to bit 4 (a Q5 value's fifth bit). */
@@ -968,122 +968,147 @@ TGT_VNNI static inline __attribute__((always_inline)) __m512i b32_fifth(__m512i 
 	return _mm512_and_si512(l > 4 ? _mm512_srli_epi16(h, l - 4) : h, b4);
 }
 
-/* Block x (fixes f) against the packed block at g + at, into acc[0 .. 7]
- * and (Q4_1, Q5_1) the minimum accumulator *accm. */
+/* Block `at` of a group: its 8 lane vectors (unsigned weights), the 16
+ * rows' scales and (Q4_1, Q5_1) minima. */
 TGT_VNNI static inline __attribute__((always_inline)) void
-b32_block(uint32_t t, const uint8_t *g, struct b32_at at, const struct qdot_block *x,
-	  const int32_t *f, __m512 *acc, __m512 *accm)
+seq_weights(uint32_t t, const uint8_t *g, struct b32_at at, __m512i u[8], __m512 *dw, __m512 *mw)
 {
 	const __m512i m4 = _mm512_set1_epi8(15);
-	const __m512 D = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.d))),
-				       _mm512_set1_ps(x->d));
-	const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };
 	__m512i h = _mm512_setzero_si512();
 
-	if (b32_min(t))
-		*accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.m))),
-					_mm512_set1_ps(x->s), *accm);
+	*dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.d)));
+	*mw = b32_min(t) ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(g + at.m))) :
+			   _mm512_setzero_ps();
 	if (t == LOOM_TYPE_Q8_0) {
 		for (int l = 0; l < 8; l++)
-			acc[l] = b32_lane(acc[l], _mm512_load_si512((const void *)(g + at.q + 64 * l)),
-					  x, l, fx[l], D);
+			u[l] = _mm512_load_si512((const void *)(g + at.q + 64 * l));
 		return;
 	}
 	if (b32_q5(t))
 		h = _mm512_load_si512((const void *)(g + at.h));
 	for (int v = 0; v < 4; v++) {
 		__m512i w = _mm512_load_si512((const void *)(g + at.q + 64 * v));
-		__m512i lo = _mm512_and_si512(w, m4);
-		__m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 
+		u[2 * v] = _mm512_and_si512(w, m4);
+		u[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 		if (b32_q5(t)) {
-			lo = _mm512_or_si512(lo, b32_fifth(h, 2 * v));
-			hi = _mm512_or_si512(hi, b32_fifth(h, 2 * v + 1));
+			u[2 * v] = _mm512_or_si512(u[2 * v], b32_fifth(h, 2 * v));
+			u[2 * v + 1] = _mm512_or_si512(u[2 * v + 1], b32_fifth(h, 2 * v + 1));
 		}
-		acc[2 * v] = b32_lane(acc[2 * v], lo, x, 2 * v, fx[2 * v], D);
-		acc[2 * v + 1] = b32_lane(acc[2 * v + 1], hi, x, 2 * v + 1, fx[2 * v + 1], D);
 	}
 }
 
-/* reduce16() over 16 accumulators, lane by lane. */
-TGT_VNNI static inline __attribute__((always_inline)) __m512 b32_reduce(const __m512 *a)
-{
-	__m512 r[8], v[4];
-
-	for (int i = 0; i < 8; i++)
-		r[i] = _mm512_add_ps(a[i], a[i + 8]);
-	for (int i = 0; i < 4; i++)
-		v[i] = _mm512_add_ps(r[i], r[i + 4]);
-	return _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
-}
-
-/* Blocks [s0, s0 + n) of the group at g (nb blocks), fixes f, into acc
- * and accm (a last unpaired block leaves acc[8 ..] an addition of zero,
- * as in ref16()). */
+/* Blocks [s0, s0 + n) of the group at g (nb blocks) for X activation rows
+ * x, x + xr, ... into acc[0 .. X). */
 TGT_VNNI static inline __attribute__((always_inline)) void
-b32_pass(uint32_t t, const uint8_t *g, const struct qdot_block *x, int64_t nb, int64_t s0,
-	 int64_t n, const int32_t (*f)[8], __m512 *acc, __m512 *accm)
+seq_group(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, int64_t xr,
+	  int X, int64_t s0, int64_t n, const int32_t (*fix)[SEQ_BLOCKS], __m512 *acc)
 {
-	int64_t b = s0;
+	for (int64_t b = s0; b < s0 + n; b++) {
+		const struct b32_at at = b32_at(t, b, nb);
+		__m512i u[8];
+		__m512 dw, mw;
 
-	for (; b + 2 <= s0 + n; b += 2) {
-		const struct b32_at a0 = b32_at(t, b, nb), a1 = b32_at(t, b + 1, nb);
+		if (b % 2 == 0)
+			kpack_prefetch(g + at.d, b32_pair(t));
+		seq_weights(t, g, at, u, &dw, &mw);
+		for (int i = 0; i < X; i++) {
+			const struct qdot_block *xb = x + i * xr + b;
+			__m512i s0v = _mm512_set1_epi32(fix[i][b - s0]), s1v = _mm512_setzero_si512();
 
-		kpack_prefetch(g + a0.d, b32_pair(t));
-		b32_block(t, g, a0, x + b, f[b - s0], acc, &accm[b % 16]);
-		b32_block(t, g, a1, x + b + 1, f[b - s0 + 1], acc + 8, &accm[(b + 1) % 16]);
-	}
-	if (b < s0 + n) {
-		b32_block(t, g, b32_at(t, b, nb), x + b, f[b - s0], acc, &accm[b % 16]);
-		for (int l = 8; l < 16; l++)
-			acc[l] = _mm512_add_ps(acc[l], _mm512_setzero_ps());
+			for (int l = 0; l < 4; l++) {
+				s0v = _mm512_dpbusd_epi32(s0v, u[l], _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)xb->q + 4 * l)));
+				s1v = _mm512_dpbusd_epi32(s1v, u[l + 4],
+							  _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)xb->q + 16 + 4 * l)));
+			}
+			acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0v, s1v)),
+						 _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[i]);
+			if (b32_min(t))
+				acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->s), acc[i]);
+		}
 	}
 }
 
+/* seq_group() with X a constant, so its row loop unrolls. */
 TGT_VNNI static inline __attribute__((always_inline)) void
-b32_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb, float *y,
-	 int64_t j0, int64_t j1)
+seq_group_x(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, int64_t xr,
+	    int X, int64_t s0, int64_t n, const int32_t (*fix)[SEQ_BLOCKS], __m512 *acc)
+{
+	switch (X) {
+	case 1: seq_group(t, g, nb, x, xr, 1, s0, n, fix, acc); break;
+	case 2: seq_group(t, g, nb, x, xr, 2, s0, n, fix, acc); break;
+	case 3: seq_group(t, g, nb, x, xr, 3, s0, n, fix, acc); break;
+	default: seq_group(t, g, nb, x, xr, 4, s0, n, fix, acc); break;
+	}
+}
+
+/*
+ * Rows [j0, j1) of the packed weight w against m activation rows x (x_i =
+ * x + i * nb) into y + i * ys. Weights of more than SEQ_BLOCKS blocks take
+ * passes; between them a row's float waits in y (exactly).
+ */
+TGT_VNNI static inline __attribute__((always_inline)) void
+seq_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int m, int64_t nb, float *y,
+	 int64_t ys, int64_t j0, int64_t j1)
 {
 	const size_t gb = row_share(t, nb) * KPACK_ROWS;
-	const bool once = nb <= B32_FIX_BLOCKS;
-	int32_t fix[B32_FIX_BLOCKS][8];
+	int32_t fix[SEQ_ROWS][SEQ_BLOCKS];
 
-	if (once && b32_offset(t))
-		b32_fixes(t, x, nb, fix);
-	for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
-		const uint8_t *g = w + (size_t)gi * gb;
-		const int64_t r0 = gi * KPACK_ROWS;
-		int64_t lo = j0 > r0 ? j0 - r0 : 0;
-		int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
-		__m512 acc[16], accm[16];
-		float lanes[KPACK_ROWS];
+	for (int i0 = 0; i0 < m; i0 += SEQ_ROWS) {
+		const int mi = m - i0 < SEQ_ROWS ? m - i0 : SEQ_ROWS;
 
-		for (int l = 0; l < 16; l++)
-			acc[l] = accm[l] = _mm512_setzero_ps();
-		for (int64_t s0 = 0; s0 < nb; s0 += B32_FIX_BLOCKS) {
-			int64_t n = nb - s0 < B32_FIX_BLOCKS ? nb - s0 : B32_FIX_BLOCKS;
+		for (int64_t s0 = 0; s0 < nb; s0 += SEQ_BLOCKS) {
+			const int64_t n = nb - s0 < SEQ_BLOCKS ? nb - s0 : SEQ_BLOCKS;
 
-			if (!once && b32_offset(t))
-				b32_fixes(t, x + s0, n, fix);
-			b32_pass(t, g, x, nb, s0, n, (const int32_t(*)[8])fix, acc, accm);
+			seq_fixes(t, x + i0 * nb, nb, mi, s0, n, fix);
+			for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
+				const int64_t r0 = gi * KPACK_ROWS;
+				const int64_t lo = j0 > r0 ? j0 - r0 : 0;
+				const int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;
+
+				for (int i = 0; i < mi; i += 4) {
+					const int X = mi - i < 4 ? mi - i : 4;
+					float *yi = y + (i0 + i) * ys + r0 + lo - j0;
+					float lanes[KPACK_ROWS] = { 0 };
+					__m512 acc[4];
+
+					for (int k = 0; k < X; k++) {
+						if (s0 > 0)
+							memcpy(lanes + lo, yi + k * ys,
+							       (size_t)(hi - lo) * sizeof(float));
+						acc[k] = _mm512_loadu_ps(lanes);
+					}
+					seq_group_x(t, w + (size_t)gi * gb, nb, x + (i0 + i) * nb, nb,
+						    X, s0, n, (const int32_t(*)[SEQ_BLOCKS])fix + i,
+						    acc);
+					/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */
+					for (int k = 0; k < X; k++) {
+						_mm512_storeu_ps(lanes, acc[k]);
+						memcpy(yi + k * ys, lanes + lo,
+						       (size_t)(hi - lo) * sizeof(float));
+					}
+				}
+			}
 		}
-		/* reduce16(acc) + reduce16(accm), accm all zeros without minima */
-		_mm512_storeu_ps(lanes, _mm512_add_ps(b32_reduce(acc), b32_reduce(accm)));
-		memcpy(y + r0 + lo - j0, lanes + lo, (size_t)(hi - lo) * sizeof(float));
 	}
 }
 
-#define B32_KERNEL(name, T)                                                                \
+#define SEQ_KERNEL(name, T)                                                                \
 	TGT_VNNI static void name(const uint8_t *w, const void *x, int64_t nb, float *y,     \
 				  int64_t j0, int64_t j1)                                    \
 	{                                                                                  \
-		b32_rows(T, w, x, nb, y, j0, j1);                                          \
+		seq_rows(T, w, x, 1, nb, y, 0, j0, j1);                                    \
+	}                                                                                  \
+	TGT_VNNI static void name##_m(const uint8_t *w, const struct qdot_block *x, int m,   \
+				      int64_t nb, float *y, int64_t ys, int64_t j0, int64_t j1) \
+	{                                                                                  \
+		seq_rows(T, w, x, m, nb, y, ys, j0, j1);                                   \
 	}
-B32_KERNEL(q8_0_vnni, LOOM_TYPE_Q8_0)
-B32_KERNEL(q4_0_vnni, LOOM_TYPE_Q4_0)
-B32_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
-B32_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
-B32_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
+SEQ_KERNEL(q8_0_vnni, LOOM_TYPE_Q8_0)
+SEQ_KERNEL(q4_0_vnni, LOOM_TYPE_Q4_0)
+SEQ_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
+SEQ_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
+SEQ_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
 
 KP_ROWS(q2k_vnni, kq_block, false, KP_Q2K)
 KP_ROWS(q3k_vnni, kq_block, true, KP_Q3K)
@@ -1114,6 +1139,26 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_K: return q4k_vnni;
 	case LOOM_TYPE_Q5_K: return q5k_vnni;
 	case LOOM_TYPE_Q6_K: return q6k_vnni;
+	default: return NULL;
+	}
+#else
+	(void)isa;
+	(void)type;
+	return NULL;
+#endif
+}
+
+kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type)
+{
+#if defined(__x86_64__)
+	if (!qdot_seq(isa, type) || !qdot_isa_supported(isa))
+		return NULL;
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return q8_0_vnni_m;
+	case LOOM_TYPE_Q4_0: return q4_0_vnni_m;
+	case LOOM_TYPE_Q4_1: return q4_1_vnni_m;
+	case LOOM_TYPE_Q5_0: return q5_0_vnni_m;
+	case LOOM_TYPE_Q5_1: return q5_1_vnni_m;
 	default: return NULL;
 	}
 #else

@@ -123,12 +123,20 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
  * blocks a row) against one quantized activation row x: nb struct
  * qdot_block (32-value formats; bit for bit qdot_ref() of the GGUF row
- * for the kernel's set: 16 lanes on AVX-512 VNNI, 8 on AVX-VNNI and AVX2)
+ * for the kernel's set: block after block on AVX-512 VNNI, 8 lanes on
+ * AVX-VNNI and AVX2)
  * or nb struct qdot_kblock (K-quants; qdot_k_ref() on every set). */
 typedef void (*kpack_fn)(const uint8_t *w, const void *x, int64_t nb, float *y, int64_t j0,
 			 int64_t j1);
 /* The kernel (NULL unless isa is QDOT_VNNI, QDOT_AVXVNNI or QDOT_AVX2,
  * the CPU runs it, and kpack_format(type)). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
+
+/* kpack_fn for m activation rows x + i * nb into y + i * ys at once, each
+ * row's bits kpack_fn's: the weights are read once for up to 4 rows. */
+typedef void (*kpack_mfn)(const uint8_t *w, const struct qdot_block *x, int m, int64_t nb,
+			  float *y, int64_t ys, int64_t j0, int64_t j1);
+/* The many-row kernel where there is one (qdot_seq(isa, type)), else NULL. */
+kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

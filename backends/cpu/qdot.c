@@ -332,14 +332,48 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 	return reduce16(acc) + reduce16(accm);
 }
 
+/*
+ * Block after block (QDOT_VNNI, all but MXFP4): one float, and for block b
+ * with exact integer dot isum_b
+ *   acc = fmaf((float)isum_b, dw_b * x[b].d, acc)
+ *   acc = fmaf(mw_b, x[b].s, acc)               (Q4_1, Q5_1)
+ * qgemm_ref()'s arithmetic: a row's bits are the same in the GEMV, the
+ * prefill GEMM and any number of rows per call.
+ */
+ALWAYS float refseq(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
+{
+	const size_t bb = block_bytes(t);
+	float acc = 0.0f, d, m;
+	int8_t q[32];
+
+	for (int64_t b = 0; b < nb; b++) {
+		int32_t isum = 0;
+
+		unpack(t, w + b * bb, q, &d, &m);
+		for (int e = 0; e < 32; e++)
+			isum += q[e] * x[b].q[e];
+		acc = fmaf((float)isum, d * x[b].d, acc);
+		if (has_min(t))
+			acc = fmaf(m, x[b].s, acc);
+	}
+	return acc;
+}
+
 void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m)
 {
 	unpack(type, p, q, d, m);
 }
 
+bool qdot_seq(enum qdot_isa isa, uint32_t type)
+{
+	return isa == QDOT_VNNI && qdot_format(type) && type != LOOM_TYPE_MXFP4;
+}
+
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb)
 {
+	if (qdot_seq(isa, type))
+		return refseq(type, w, x, nb);
 	if (isa == QDOT_AVX512 || isa == QDOT_VNNI)
 		return ref16(type, w, x, nb);
 	return ref8(type, w, x, nb);
@@ -658,204 +692,98 @@ TGT_VNNI ALWAYS __m512i vnni_lanes(__m512i u, __m512i s)
 AVX512_ROWS(TGT_AVX512, avx512_rows, bw_lanes)
 AVX512_ROWS(TGT_VNNI, vnni_rows, vnni_lanes)
 
-/*
- * VNNI kernels of Q8_0, Q4_0 and Q4_1, in ref16()'s arithmetic with the
- * per-block scalar work taken out of the loop: the scales (and minima) of
- * 16 blocks of a row come in one gather and convert as one vector; the
- * pair's combined scale is a lane permute of that vector. The weights go
- * in as unsigned bytes with a per-lane correction that the activation
- * pair supplies once for all rows:
- *   Q4_1  nibbles q,        no correction
- *   Q4_0  nibbles q,        lane - 8 * sum(x.q of the lane)
- *   Q8_0  q + 128 (q ^ 80h), lane - 128 * sum(x.q of the lane)
- * which give the same exact int32 lane sums as the signed products.
- */
+/* ---- VNNI block after block (refseq()): 8 rows in the float lanes ---- */
 
-/* Unsigned operand of blocks p and p + bb (only p if !two). */
-TGT_VNNI ALWAYS __m512i vnni_weights(uint32_t t, const uint8_t *p, size_t bb, bool two)
+/* Block p's values as unsigned bytes (q plus seq_off(t)), in order. */
+TGT_VNNI ALWAYS __m256i seq_u(uint32_t t, const uint8_t *p)
 {
-	/* the high nibbles of each block's 16 bytes land in its lanes 4-7 */
-	const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-	size_t qs = t == LOOM_TYPE_Q4_1 ? 4 : 2;
-	__m512i v;
+	const __m128i m4 = _mm_set1_epi8(15);
+	__m128i b;
+	__m256i u;
 
-	if (t == LOOM_TYPE_Q8_0) {
-		v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2)));
-		if (two)
-			v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(p + bb + 2)), 1);
-		return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-	}
-	v = _mm512_maskz_broadcast_i32x4(two ? 0xffff : 0x00ff,
-					 _mm_loadu_si128((const __m128i *)(p + qs)));
-	if (two)
-		v = _mm512_mask_broadcast_i32x4(v, 0xff00,
-						_mm_loadu_si128((const __m128i *)(p + bb + qs)));
-	return _mm512_and_si512(_mm512_srlv_epi64(v, nib_shift), _mm512_set1_epi8(15));
+	if (t == LOOM_TYPE_Q8_0)
+		return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)),
+					_mm256_set1_epi8((char)0x80));
+	b = _mm_loadu_si128((const __m128i *)(p + (t == LOOM_TYPE_Q4_0 ? 2 :
+					   t == LOOM_TYPE_Q4_1 ? 4 : t == LOOM_TYPE_Q5_0 ? 6 : 8)));
+	u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+	if (t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1) /* fifth bit of value j: bit j */
+		u = _mm256_or_si256(u, _mm256_maskz_set1_epi8(cpu_rd32(p + (t == LOOM_TYPE_Q5_0 ? 2 : 4)),
+							      16));
+	return u;
 }
 
-/* Activations of blocks b and b + 1 (only b if !two), and the lanes'
- * correction for t's weight offset. */
-TGT_VNNI ALWAYS __m512i vnni_acts(uint32_t t, const struct qdot_block *x, bool two, __m512i *fix)
+static inline int seq_off(uint32_t t)
 {
-	__m512i xq = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[0].q));
-	int8_t off = t == LOOM_TYPE_Q8_0 ? -128 : t == LOOM_TYPE_Q5_0 ? -16 : -8;
-
-	if (two)
-		xq = _mm512_inserti64x4(xq, _mm256_loadu_si256((const __m256i *)x[1].q), 1);
-	else
-		xq = _mm512_zextsi256_si512(_mm512_castsi512_si256(xq));
-	*fix = _mm512_setzero_si512();
-	if (!has_min(t)) /* -off * x is at most 128 * 127: no overflow */
-		*fix = _mm512_sub_epi32(*fix, _mm512_dpbusd_epi32(*fix, _mm512_set1_epi8((char)-off), xq));
-	return xq;
+	return t == LOOM_TYPE_Q8_0 ? 128 : t == LOOM_TYPE_Q4_0 ? 8 : t == LOOM_TYPE_Q5_0 ? 16 : 0;
 }
 
-/* One block pair on R rows: d[r] its combined scales (the pair's first
- * block in lanes 0-7, the second in 8-15, zeros if !two). */
-TGT_VNNI ALWAYS void vnni_pair(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
-			       bool two, const __m512 *d, __m512 *acc, int R)
+/* The 8 int32 lane sums of each of v[0..7], as one vector (exact). */
+TGT_VNNI ALWAYS __m256i seq_sums8(const __m256i v[8])
+{
+	__m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+	__m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+	__m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+
+	return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+				_mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* R <= 8 rows (row r at w + r * ws), lane r of the float accumulator. */
+TGT_VNNI ALWAYS void seq_rows(uint32_t t, const uint8_t *w, size_t ws, const struct qdot_block *x,
+			      int64_t nb, float *y, int R)
 {
 	const size_t bb = block_bytes(t);
-	__m512i fix, xq = vnni_acts(t, x, two, &fix);
+	const int off = seq_off(t);
+	__m256 acc = _mm256_setzero_ps();
+	float out[8];
 
-	for (int r = 0; r < R; r++) {
-		__m512i l = _mm512_dpbusd_epi32(fix, vnni_weights(t, w + r * ws, bb, two), xq);
+	for (int64_t b = 0; b < nb; b++) {
+		const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
+		__m256i v[8], fix = _mm256_setzero_si256();
+		uint16_t dh[8] = { 0 }, mh[8] = { 0 };
+		__m256 d;
 
-		acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), d[r], acc[r]);
-	}
-}
+		if (off) { /* -off * sum(x.q), at most 128 * 32 * 127: no overflow */
+			__m256i l = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+							_mm256_set1_epi8((char)off), xq);
+			__m256i one[8] = { l, l, l, l, l, l, l, l };
 
-/*
- * The f16 scale words of n <= 16 consecutive blocks bb bytes apart at p
- * (bb even): word b of the result is block b's first word (d), word
- * 16 + b its second (m, for the offset formats). Instead of a gather,
- * which is slow on Zen 4: the chunk's bytes in 64-byte loads (masked, so
- * never past the n blocks), then word permutes over pairs of them.
- */
-TGT_VNNI ALWAYS __m512i vnni_scale_words(uint32_t t, const uint8_t *p, int n)
-{
-	/* the 128-byte tables that hold the words of the n blocks */
-	const int W = (int)block_bytes(t) / 2, tables = (W * (n - 1) + has_min(t)) / 64 + 1;
-	const int64_t bytes = (int64_t)n * 2 * W;
-	__m512i res = _mm512_setzero_si512(), src, lo, hi;
-	uint16_t word[32];
-
-	/* the source word of each result word */
-	for (int e = 0; e < 32; e++)
-		word[e] = (uint16_t)(W * (e % 16) + e / 16);
-	src = _mm512_loadu_si512(word);
-	for (int i = 0; i < tables; i++) {
-		int64_t r0 = bytes - 128 * i, r1 = r0 - 64;
-		/* bzhi keeps all 64 bits for a count of 64 */
-		__mmask64 k0 = _bzhi_u64(~0ull, (unsigned)(r0 < 0 ? 0 : r0 > 64 ? 64 : r0));
-		__mmask64 k1 = _bzhi_u64(~0ull, (unsigned)(r1 < 0 ? 0 : r1 > 64 ? 64 : r1));
-		__mmask32 k = _mm512_cmpeq_epi16_mask(_mm512_srli_epi16(src, 6),
-						      _mm512_set1_epi16((short)i));
-
-		lo = _mm512_maskz_loadu_epi8(k0, p + 128 * i);
-		hi = _mm512_maskz_loadu_epi8(k1, p + 128 * i + 64);
-		res = _mm512_mask_mov_epi16(res, k, _mm512_permutex2var_epi16(lo, src, hi));
-	}
-	return res;
-}
-
-/* Blocks b0 .. b0 + n - 1 (n <= 16) of R rows into acc, accm. */
-TGT_VNNI ALWAYS void vnni_chunk(uint32_t t, const uint8_t *w, size_t ws,
-				const struct qdot_block *x, const float *xsc, int64_t b0, int n,
-				__m512 *acc, __m512 *accm, int R)
-{
-	const size_t bb = block_bytes(t);
-	const uint8_t *wb = w + b0 * bb;
-	__m512 xd = _mm512_loadu_ps(xsc + b0 * 2), xs = _mm512_loadu_ps(xsc + b0 * 2 + 16), D[4];
-	__m512i didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-	__m512 d[4];
-	int j;
-
-	for (int r = 0; r < R; r++) {
-		__m512i dm = vnni_scale_words(t, wb + r * ws, n);
-
-		D[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dm)), xd);
-		if (has_min(t))
-			accm[r] = _mm512_mask3_fmadd_ps(
-				_mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)), xs, accm[r],
-				(__mmask16)((1u << n) - 1));
-	}
-	for (j = 0; j + 2 <= n; j += 2) {
-		for (int r = 0; r < R; r++)
-			d[r] = _mm512_permutexvar_ps(didx, D[r]);
-		vnni_pair(t, wb + j * bb, ws, x + b0 + j, true, d, acc, R);
-		didx = _mm512_add_epi32(didx, _mm512_set1_epi32(2));
-	}
-	if (j < n) {
-		for (int r = 0; r < R; r++)
-			d[r] = _mm512_permutexvar_ps(didx, D[r]);
-		vnni_pair(t, wb + j * bb, ws, x + b0 + j, false, d, acc, R);
-	}
-}
-
-/* Block b (and b + 1 if two) of R rows, scales one by one: for a short
- * tail, where a chunk's setup costs more than it saves. */
-TGT_VNNI ALWAYS void vnni_tail_pair(uint32_t t, const uint8_t *w, size_t ws,
-				    const struct qdot_block *x, int64_t b, bool two, __m512 *acc,
-				    __m512 *accm, int R)
-{
-	const size_t bb = block_bytes(t);
-	const uint8_t *p;
-	__m512 d[4];
-
-	for (int r = 0; r < R; r++) {
-		float d1 = 0.0f;
-
-		p = w + r * ws + b * bb;
-		if (has_min(t))
-			avx512_min_lane(&accm[r], b, avx2_h(p + 2), x[b].s);
-		if (two) {
-			d1 = avx2_h(p + bb) * x[b + 1].d;
-			if (has_min(t))
-				avx512_min_lane(&accm[r], b + 1, avx2_h(p + bb + 2), x[b + 1].s);
+			fix = _mm256_sub_epi32(fix, seq_sums8(one));
 		}
-		d[r] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(avx2_h(p) * x[b].d),
-					    _mm512_set1_ps(d1));
+		for (int r = 0; r < 8; r++) {
+			const uint8_t *p = w + (size_t)(r < R ? r : 0) * ws + b * bb;
+
+			v[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), seq_u(t, p), xq);
+			dh[r] = r < R ? cpu_rd16(p) : 0;
+			mh[r] = r < R && has_min(t) ? cpu_rd16(p + 2) : 0;
+		}
+		d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
+				  _mm256_set1_ps(x[b].d));
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(seq_sums8(v), fix)), d, acc);
+		if (has_min(t))
+			acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)),
+					      _mm256_set1_ps(x[b].s), acc);
 	}
-	vnni_pair(t, w + b * bb, ws, x + b, two, d, acc, R);
+	_mm256_storeu_ps(out, acc);
+	memcpy(y, out, (size_t)R * sizeof(float));
 }
 
-TGT_VNNI ALWAYS void vnni_fast_rows(uint32_t t, const uint8_t *w, size_t ws,
-				    const struct qdot_block *x, const float *xsc, int64_t nb,
-				    float *y, int R)
-{
-	__m512 acc[4], accm[4];
-	int64_t b0;
-
-	for (int r = 0; r < R; r++) {
-		acc[r] = _mm512_setzero_ps();
-		accm[r] = _mm512_setzero_ps();
+#define SEQ_ONE(name, T)                                                                   \
+	static TGT_VNNI void name(const uint8_t *w, size_t ws, const struct qdot_block *x,  \
+				  const float *xsc, int64_t nb, float *y, int rows)        \
+	{                                                                                  \
+		(void)xsc;                                                                 \
+		for (int r = 0; r < rows; r += 8) {                                        \
+			cpu_prefetch(w + r * ws, (size_t)(rows - r < 8 ? rows - r : 8) * ws); \
+			seq_rows(T, w + r * ws, ws, x, nb, y + r, rows - r < 8 ? rows - r : 8); \
+		}                                                                          \
 	}
-	/* n a constant 16 folds vnni_scale_words()'s load masks */
-	for (b0 = 0; b0 + 16 <= nb; b0 += 16)
-		vnni_chunk(t, w, ws, x, xsc, b0, 16, acc, accm, R);
-	if (nb - b0 > 4) {
-		vnni_chunk(t, w, ws, x, xsc, b0, (int)(nb - b0), acc, accm, R);
-	} else {
-		for (; b0 + 2 <= nb; b0 += 2)
-			vnni_tail_pair(t, w, ws, x, b0, true, acc, accm, R);
-		if (b0 < nb)
-			vnni_tail_pair(t, w, ws, x, b0, false, acc, accm, R);
-	}
-	for (int r = 0; r < R; r++)
-		y[r] = avx512_hsum(acc[r]) + avx512_hsum(accm[r]);
-}
-
-/* The fast kernels where there is one, the pairwise ones elsewhere. */
-TGT_VNNI ALWAYS void vnni_any_rows(uint32_t t, const uint8_t *w, size_t ws,
-				   const struct qdot_block *x, const float *xsc, int64_t nb,
-				   float *y, int R)
-{
-	if (t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1)
-		vnni_fast_rows(t, w, ws, x, xsc, nb, y, R);
-	else
-		vnni_rows(t, w, ws, x, xsc, nb, y, R);
-}
+SEQ_ONE(seq_q8_0, LOOM_TYPE_Q8_0)
+SEQ_ONE(seq_q4_0, LOOM_TYPE_Q4_0)
+SEQ_ONE(seq_q4_1, LOOM_TYPE_Q4_1)
+SEQ_ONE(seq_q5_0, LOOM_TYPE_Q5_0)
+SEQ_ONE(seq_q5_1, LOOM_TYPE_Q5_1)
 
 /* the avx512 set: one function per format, and its table */
 QDOT_ONE(TGT_AVX512, avx512_q8_0, LOOM_TYPE_Q8_0, avx512_rows)
@@ -873,18 +801,14 @@ static const qdot_fn avx512_set[] = {
 	avx512_mxfp4,
 };
 /* the vnni set: one function per format, and its table */
-QDOT_ONE(TGT_VNNI, vnni_q8_0, LOOM_TYPE_Q8_0, vnni_any_rows)
-QDOT_ONE(TGT_VNNI, vnni_q4_0, LOOM_TYPE_Q4_0, vnni_any_rows)
-QDOT_ONE(TGT_VNNI, vnni_q4_1, LOOM_TYPE_Q4_1, vnni_any_rows)
-QDOT_ONE(TGT_VNNI, vnni_q5_0, LOOM_TYPE_Q5_0, vnni_any_rows)
-QDOT_ONE(TGT_VNNI, vnni_q5_1, LOOM_TYPE_Q5_1, vnni_any_rows)
-QDOT_ONE(TGT_VNNI, vnni_mxfp4, LOOM_TYPE_MXFP4, vnni_any_rows)
+QDOT_ONE(TGT_VNNI, vnni_mxfp4, LOOM_TYPE_MXFP4, vnni_rows)
+/* refseq()'s arithmetic but for MXFP4 (ref16()'s) */
 static const qdot_fn vnni_set[] = {
-	vnni_q8_0,
-	vnni_q4_0,
-	vnni_q4_1,
-	vnni_q5_0,
-	vnni_q5_1,
+	seq_q8_0,
+	seq_q4_0,
+	seq_q4_1,
+	seq_q5_0,
+	seq_q5_1,
 	vnni_mxfp4,
 };
 

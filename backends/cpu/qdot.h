@@ -31,7 +31,9 @@ struct qdot_block {
 };
 
 /*
- * Kernel sets. The lane layout decides the result's rounding:
+ * Kernel sets. The lane layout decides the result's rounding (but
+ * QDOT_VNNI adds the blocks of every format other than MXFP4 one after
+ * another into a single float: qdot_seq()):
  *   QDOT_SCALAR, QDOT_AVX2, 8 float lanes, lane l of every block holds the
  *   QDOT_AVXVNNI            integer sum of elements 4l..4l+3 (AVX-VNNI:
  *                           vpdpbusd on 256-bit vectors where AVX2 has
@@ -72,6 +74,10 @@ qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
 /* A GGUF block's 32 integers (signed, or 0..31 for the offset formats),
  * scale and minimum (0 if none), as the references read them. */
 void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m);
+/* Whether set isa adds type's blocks one after another into one float
+ * (qdot.c's refseq(), qgemm_ref()'s arithmetic: AVX-512 VNNI, all but
+ * MXFP4), so a row's result is the same in the GEMV and the GEMM. */
+bool qdot_seq(enum qdot_isa isa, uint32_t type);
 /* The plain C reference of isa's arithmetic (never NULL for a qdot format). */
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
 	       int64_t nb);

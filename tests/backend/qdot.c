@@ -263,7 +263,8 @@ START_TEST(kernels_match_reference)
 }
 END_TEST
 
-/* Sets with the same lane layout give the same bits. */
+/* Sets with the same lane layout give the same bits; VNNI's block after
+ * block arithmetic gives qgemm_ref()'s. */
 START_TEST(layouts_agree)
 {
 	static uint8_t w[MAX_NB * 34];
@@ -282,8 +283,14 @@ START_TEST(layouts_agree)
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVX2], 4));
 		if (qdot_isa_supported(QDOT_AVXVNNI))
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVXVNNI], 4));
-		if (qdot_isa_supported(QDOT_VNNI))
+		if (qdot_isa_supported(QDOT_VNNI) && !qdot_seq(QDOT_VNNI, formats[f]))
 			ck_assert(!memcmp(&y8[QDOT_AVX512], &y8[QDOT_VNNI], 4));
+		if (qdot_isa_supported(QDOT_VNNI) && qdot_seq(QDOT_VNNI, formats[f])) {
+			/* block after block: the prefill GEMM's bits */
+			float g = qgemm_ref(formats[f], w, q, MAX_NB * 32);
+
+			ck_assert(!memcmp(&g, &y8[QDOT_VNNI], 4));
+		}
 		/* and the two layouts round differently, or the bitwise test
 		 * above could not tell them apart */
 		y16 = qdot_ref(QDOT_AVX512, formats[f], w, q, MAX_NB);
@@ -437,6 +444,85 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
 	free(q);
 	return bad;
 }
+
+/*
+ * The many-row kernel (kpack_kernel_m(), AVX-512 VNNI): m activation rows
+ * at once over a random row range, each row's result bit for bit
+ * qgemm_ref() of its GGUF row (so the GEMV, its many-row form and the
+ * prefill GEMM agree), nothing written outside the range or the rows.
+ */
+static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
+{
+	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+	const float mark = -1234.5f;
+	const int64_t ys = n + 3;
+	uint8_t *w = malloc(n * ws);
+	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	float *x = malloc(nb * 32 * sizeof(float)), *y = malloc((m + 1) * ys * sizeof(float));
+	struct qdot_block *q = malloc(m * nb * sizeof(*q));
+	kpack_mfn fn = kpack_kernel_m(QDOT_VNNI, t);
+	int64_t j0 = (int64_t)(rnd32() % n), j1 = j0 + 1 + (int64_t)(rnd32() % (n - j0));
+	int bad = 0;
+
+	ck_assert(w && p && x && y && q && bytes && fn);
+	fill_weights(t, w, n * nb);
+	for (int64_t g = 0; g * KPACK_ROWS < n; g++)
+		kpack_group(t, w + g * KPACK_ROWS * ws, ws,
+			    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
+			    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
+	for (int i = 0; i < m; i++) {
+		fill_acts(x, nb * 32);
+		qdot_quantize_row(x, q + i * nb, nb * 32);
+	}
+	for (int64_t e = 0; e < (m + 1) * ys; e++)
+		y[e] = mark;
+	fn(p, q, m, nb, y + 1, ys, j0, j1); /* y[1 + i * ys + j - j0]: row i, weight row j */
+	for (int i = 0; i <= m; i++)
+		for (int64_t e = 0; e < ys; e++) {
+			int64_t j = j0 - 1 + e;
+			float want = i < m && j >= j0 && j < j1 ?
+					     qgemm_ref(t, w + j * ws, q + i * nb, nb * 32) : mark;
+
+			if (i * ys + e > 0 && memcmp(&y[i * ys + e], &want, 4)) {
+				if (bad++ < 3)
+					printf("kpack rows type %u n=%lld nb=%lld m=%d [%lld, %lld): "
+					       "row %d, %lld gives %.9g, want %.9g\n", t, (long long)n,
+					       (long long)nb, m, (long long)j0, (long long)j1, i,
+					       (long long)j, y[i * ys + e], want);
+			}
+		}
+	free(w);
+	free(p);
+	free(x);
+	free(y);
+	free(q);
+	return bad;
+}
+
+START_TEST(kpack32_rows_match_gemm)
+{
+	static const int64_t nbs[] = { 1, 3, 18, 255, 256, 257, 520 };
+	static const int ms[] = { 2, 3, 4, 5, 8, 13, 16, 17, 33 };
+	int bad = 0, cases = 0;
+
+	if (!qdot_isa_supported(QDOT_VNNI)) {
+		printf("SKIP: no AVX-512 VNNI: the many-row kernels are not run here\n");
+		return;
+	}
+	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+		ck_assert(!kpack_kernel_m(QDOT_AVX2, formats[f]));
+		if (!qdot_seq(QDOT_VNNI, formats[f])) {
+			ck_assert(!kpack_kernel_m(QDOT_VNNI, formats[f]));
+			continue;
+		}
+		for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
+			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
+				bad += check_kpack32_rows(formats[f], 37, nbs[c], ms[i]) != 0;
+	}
+	printf("kpack many-row kernels: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
 
 START_TEST(kpack32_matches_reference)
 {
@@ -674,6 +760,7 @@ int main(void)
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, qgemm_match_reference);
 	tcase_add_test(tc, kpack32_matches_reference);
+	tcase_add_test(tc, kpack32_rows_match_gemm);
 	tcase_add_test(tc, kpack32_panel_special_scales);
 	tcase_add_test(tc, amx_emulated_matches_vnni);
 	tcase_add_test(tc, amx_hardware_matches_vnni);
