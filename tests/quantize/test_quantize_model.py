@@ -165,7 +165,7 @@ def q4_k_m_types(reader):
 
 
 def perplexity(model):
-    p = run([LOOM, "perplexity", "--model", model, "-f", TEXT, "-c", "64", "--chunks", "2",
+    p = run([LOOM, "perplexity", "--model", model, "-f", TEXT, "-c", "128", "--chunks", "4",
              "-t", "2"])
     m = re.search(r"perplexity[^0-9]*([0-9.]+)", p.stdout + p.stderr, re.I)
     return float(m.group(1)) if m else None
@@ -232,7 +232,7 @@ def main():
 
         lp = os.path.join(LLAMA_BIN, "llama-perplexity")
         if os.access(lp, os.X_OK):
-            p = run([lp, "-m", q4km, "-f", TEXT, "-c", "64", "--chunks", "2", "-t", "2"])
+            p = run([lp, "-m", q4km, "-f", TEXT, "-c", "128", "--chunks", "4", "-t", "2"])
             m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
             lppl = float(m.group(1)) if m else None
             check(lppl and pq and abs(lppl - pq) <= LLAMA_REL * pq,
