@@ -37,18 +37,13 @@
 #define BLAS_MIN_M 16
 /*
  * Where the GEMV and qgemm give the same bits (qdot_seq(): the 32-value
- * formats on AVX-512 VNNI), the packed many-row GEMV (kpack_kernel_m())
- * takes up to this many rows: it reads the packed groups as they are,
- * where qgemm first rebuilds them as panels. On a 1B-shaped model at 1
- * thread it was faster for Q4_0 at every prompt length to 512 (pp32
- * +35 %, pp64 +15 %, pp512 +1-6 %) and for Q8_0 only to 32 rows (pp64
- * -3 %, pp128 -12 %): Q8_0 reloads twice the weight bytes per row
- * from L1 and has no nibbles to unpack once.
+ * formats on AVX-512 VNNI), the packed many-row GEMV (kpack_kernel_m(),
+ * 8 activation rows a pass) takes batches up to this many rows: it reads
+ * the packed groups as they are, where qgemm first rebuilds them as
+ * panels. 1B-shaped model, 1 thread, against qgemm: Q4_0 pp32 +35 %, pp64
+ * +15 %, pp512 +7-9 %; Q8_0 pp64 +5-19 %, pp128 +6-9 %, pp512 +2-4 %.
  */
-static int64_t seq_gemv_max_m(uint32_t type)
-{
-	return type == LOOM_TYPE_Q8_0 ? 32 : 512;
-}
+#define SEQ_GEMV_MAX_M 512
 
 /* A dequantized panel takes about this many bytes of a thread's scratch. */
 #define PANEL_BYTES (512 * 1024)
@@ -619,7 +614,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a) ||
-	     (t.packed && a->m <= seq_gemv_max_m(a->w_type) && qdot_seq(ctx->qisa, a->w_type))))
+	     (t.packed && a->m <= SEQ_GEMV_MAX_M && qdot_seq(ctx->qisa, a->w_type))))
 		return qdot_gemm(&t, nth);
 	qgemm_ok = !ctx->exact && ctx->qgemm && !ctx->invariant &&
 		   qgemm_supported(ctx->qisa, a->w_type) && a->k > 0;
