@@ -59,7 +59,7 @@ loom_kl() { # MODEL FLAGS...
 	"$LOOM" perplexity --model "$1" -f "$TEXT" -c "$CTX" --chunks "$CHUNKS" -t "$THREADS" "${@:2}"
 }
 echo "== loom: exact F32 base, then the Q4_1 file in fast and in exact mode"
-loom_kl "$f32" --exact --save-logits "$work/loom.base" | tail -1
+loom_kl "$f32" --exact --save-logits "$work/loom.base" --force | tail -1
 loom_fast=$(loom_kl "$MODEL" --kl-base "$work/loom.base")
 loom_fast32=$(loom_kl "$MODEL" --kv-type f32 --kl-base "$work/loom.base")
 loom_exact=$(loom_kl "$MODEL" --exact --kl-base "$work/loom.base")
