@@ -1106,8 +1106,8 @@ seq_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int m, int64_
 	{                                                                                  \
 		seq_rows(T, w, x, 1, nb, y, 0, j0, j1);                                    \
 	}                                                                                  \
-	TGT_VNNI static void name##_m(const uint8_t *w, const struct qdot_block *x, int m,   \
-				      int64_t nb, float *y, int64_t ys, int64_t j0, int64_t j1) \
+	TGT_VNNI static void name##_m(const uint8_t *w, const void *x, int m, int64_t nb,     \
+				      float *y, int64_t ys, int64_t j0, int64_t j1)           \
 	{                                                                                  \
 		seq_rows(T, w, x, m, nb, y, ys, j0, j1);                                   \
 	}
@@ -1116,6 +1116,158 @@ SEQ_KERNEL(q4_0_vnni, LOOM_TYPE_Q4_0)
 SEQ_KERNEL(q4_1_vnni, LOOM_TYPE_Q4_1)
 SEQ_KERNEL(q5_0_vnni, LOOM_TYPE_Q5_0)
 SEQ_KERNEL(q5_1_vnni, LOOM_TYPE_Q5_1)
+
+/*
+ * Q4_K, Q5_K and Q6_K for up to SEQ_X activation rows at once: each
+ * sub-block's weights are unpacked once and serve every row; a row's
+ * group terms wait in memory until its super-block finishes. Each row
+ * takes q45k_block()'s / q6k_block()'s integer and float steps exactly,
+ * so its bits are the one-row kernel's.
+ */
+TGT_VNNI static inline __attribute__((always_inline)) void
+q45k_block_m(bool five, const uint8_t *p, const struct qdot_kblock *x, int64_t xr, int X,
+	     __m512 *acc)
+{
+	const __m512i b4 = _mm512_set1_epi8(16);
+	const __m512i m4 = _mm512_set1_epi8(15);
+	__m512 P[SEQ_X][8], Q[SEQ_X][8];
+	int32_t bs[SEQ_X][8];
+
+	for (int i = 0; i < X; i++)
+		_mm256_storeu_si256((__m256i *)bs[i], _mm256_cvtepi16_epi32(_mm_hadd_epi16(
+			_mm_loadu_si128((const __m128i *)x[i * xr].bsums),
+			_mm_loadu_si128((const __m128i *)(x[i * xr].bsums + 8)))));
+	for (int s = 0; s < 8; s++) {
+		const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+		const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * s)));
+		const __m512i mn = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(p + KP_MN + 16 * s)));
+		__m512i lo[4], hi[4], h;
+
+		h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
+		for (int v = 0; v < 4; v++) {
+			__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
+
+			lo[v] = _mm512_and_si512(w, m4);
+			hi[v] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+			if (five) {
+				lo[v] = _mm512_or_si512(lo[v], _mm512_and_si512(v < 2 ?
+					_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
+				hi[v] = _mm512_or_si512(hi[v], _mm512_and_si512(v < 2 ?
+					_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
+			}
+		}
+		for (int i = 0; i < X; i++) {
+			const uint8_t *xq = (const uint8_t *)x[i * xr].q + 32 * s;
+			__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+
+			for (int v = 0; v < 4; v++) {
+				a0 = _mm512_dpbusd_epi32(a0, lo[v], _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
+				a1 = _mm512_dpbusd_epi32(a1, hi[v], _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
+			}
+			P[i][s] = grp_term(_mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc), x + i * xr, s);
+			Q[i][s] = grp_term(_mm512_mullo_epi32(_mm512_set1_epi32(bs[i][s]), mn), x + i * xr, s);
+		}
+	}
+	for (int i = 0; i < X; i++)
+		acc[i] = kp_finish(p, P[i], Q[i], acc[i]);
+}
+
+TGT_VNNI static inline __attribute__((always_inline)) void
+q6k_block_m(bool unused, const uint8_t *p, const struct qdot_kblock *x, int64_t xr, int X,
+	    __m512 *acc)
+{
+	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
+	__m512i isum[SEQ_X];
+	__m512 P[SEQ_X][8];
+
+	(void)unused;
+	for (int i = 0; i < X; i++)
+		isum[i] = _mm512_setzero_si512();
+	for (int k = 0; k < 16; k++) {
+		const uint8_t *q = p + KP_Q + KP6_SUB * k;
+		const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * k)));
+		__m512i w0 = _mm512_load_si512((const void *)q);
+		__m512i w1 = _mm512_load_si512((const void *)(q + 64));
+		__m512i h = _mm512_load_si512((const void *)(q + 128));
+		__m512i u0 = _mm512_or_si512(_mm512_and_si512(w0, m4),
+					     _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
+		__m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
+					     _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
+		__m512i u2 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(h, m2));
+		__m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
+					     _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+
+		for (int i = 0; i < X; i++) {
+			const struct qdot_kblock *xi = x + i * xr;
+			const uint8_t *xq = (const uint8_t *)xi->q + 16 * k;
+			__m512i a0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * xi->bsums[k]), u0,
+							 _mm512_set1_epi32((int)cpu_rd32(xq)));
+			__m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u2,
+							 _mm512_set1_epi32((int)cpu_rd32(xq + 8)));
+
+			a0 = _mm512_dpbusd_epi32(a0, u1, _mm512_set1_epi32((int)cpu_rd32(xq + 4)));
+			a1 = _mm512_dpbusd_epi32(a1, u3, _mm512_set1_epi32((int)cpu_rd32(xq + 12)));
+			isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(a0, a1), sc));
+			if (k % 2) {
+				P[i][k / 2] = grp_term(isum[i], xi, k / 2);
+				isum[i] = _mm512_setzero_si512();
+			}
+		}
+	}
+	for (int i = 0; i < X; i++)
+		acc[i] = kp_finish(p, P[i], NULL, acc[i]);
+}
+
+/* A group's nb super-blocks for X rows: block_m's X made a constant. */
+#define KP_GROUP_X(block, v, bytes, p, x, nb, X, acc)                                      \
+	do {                                                                               \
+		for (int64_t b_ = 0; b_ < (nb); b_++) {                                    \
+			kpack_prefetch((p) + b_ * (bytes), (bytes));                       \
+			block((v), (p) + b_ * (bytes), (x) + b_, (nb), (X), (acc));        \
+		}                                                                          \
+	} while (0)
+
+/* kpack_mfn of a K-quant: rows [j0, j1) of w against m rows x + i * nb. */
+#define KP_ROWS_M(name, block, v, bytes)                                                   \
+	TGT_VNNI static void name(const uint8_t *w, const void *xv, int m, int64_t nb,        \
+				  float *y, int64_t ys, int64_t j0, int64_t j1)              \
+	{                                                                                  \
+		const struct qdot_kblock *x = xv;                                           \
+		const size_t gb = (size_t)nb * (bytes);                                     \
+                                                                                           \
+		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
+			const uint8_t *p = w + (size_t)g * gb;                              \
+			const int64_t r0 = g * KPACK_ROWS;                                  \
+			int64_t lo = j0 > r0 ? j0 - r0 : 0;                                 \
+			int64_t hi = j1 - r0 < KPACK_ROWS ? j1 - r0 : KPACK_ROWS;           \
+                                                                                           \
+			for (int i = 0; i < m; i += SEQ_X) {                                 \
+				const struct qdot_kblock *xi = x + i * nb;                  \
+				__m512 acc[SEQ_X];                                          \
+				float lanes[KPACK_ROWS];                                    \
+				int X = m - i < SEQ_X ? m - i : SEQ_X;                       \
+                                                                                           \
+				for (int k = 0; k < SEQ_X; k++)                              \
+					acc[k] = _mm512_setzero_ps();                       \
+				switch (X) {                                                 \
+				case 1: KP_GROUP_X(block, v, bytes, p, xi, nb, 1, acc); break; \
+				case 2: KP_GROUP_X(block, v, bytes, p, xi, nb, 2, acc); break; \
+				case 3: KP_GROUP_X(block, v, bytes, p, xi, nb, 3, acc); break; \
+				case 4: KP_GROUP_X(block, v, bytes, p, xi, nb, 4, acc); break; \
+				default: KP_GROUP_X(block, v, bytes, p, xi, nb, X, acc); break; \
+				}                                                            \
+				for (int k = 0; k < X; k++) { /* lanes lo .. hi-1 */          \
+					_mm512_storeu_ps(lanes, acc[k]);                     \
+					memcpy(y + (i + k) * ys + r0 + lo - j0, lanes + lo,  \
+					       (size_t)(hi - lo) * sizeof(float));           \
+				}                                                            \
+			}                                                                  \
+		}                                                                          \
+	}
+
+KP_ROWS_M(q4k_vnni_m, q45k_block_m, false, KP_Q4K)
+KP_ROWS_M(q5k_vnni_m, q45k_block_m, true, KP_Q5K)
+KP_ROWS_M(q6k_vnni_m, q6k_block_m, false, KP_Q6K)
 
 KP_ROWS(q2k_vnni, kq_block, false, KP_Q2K)
 KP_ROWS(q3k_vnni, kq_block, true, KP_Q3K)
@@ -1158,9 +1310,12 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (!qdot_seq(isa, type) || !qdot_isa_supported(isa))
+	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
 		return NULL;
 	switch (type) {
+	case LOOM_TYPE_Q4_K: return q4k_vnni_m;
+	case LOOM_TYPE_Q5_K: return q5k_vnni_m;
+	case LOOM_TYPE_Q6_K: return q6k_vnni_m;
 	case LOOM_TYPE_Q8_0: return q8_0_vnni_m;
 	case LOOM_TYPE_Q4_0: return q4_0_vnni_m;
 	case LOOM_TYPE_Q4_1: return q4_1_vnni_m;

@@ -132,11 +132,13 @@ typedef void (*kpack_fn)(const uint8_t *w, const void *x, int64_t nb, float *y, 
  * the CPU runs it, and kpack_format(type)). */
 kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
 
-/* kpack_fn for m activation rows x + i * nb into y + i * ys at once, each
- * row's bits kpack_fn's: the weights are read once for up to 8 rows. */
-typedef void (*kpack_mfn)(const uint8_t *w, const struct qdot_block *x, int m, int64_t nb,
-			  float *y, int64_t ys, int64_t j0, int64_t j1);
-/* The many-row kernel where there is one (qdot_seq(isa, type)), else NULL. */
+/* kpack_fn for m activation rows x + i * nb (struct qdot_block or
+ * qdot_kblock rows) into y + i * ys at once, each row's bits kpack_fn's:
+ * the weights are read and unpacked once for up to 8 rows. */
+typedef void (*kpack_mfn)(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
+			  int64_t ys, int64_t j0, int64_t j1);
+/* The many-row kernel where there is one (AVX-512 VNNI: the 32-value
+ * formats but MXFP4, Q4_K, Q5_K, Q6_K), else NULL. */
 kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

@@ -455,6 +455,78 @@ START_TEST(kpanel_special_scales)
 }
 END_TEST
 
+/*
+ * The many-row kernels (kpack_kernel_m(), AVX-512 VNNI: Q4_K, Q5_K, Q6_K):
+ * m activation rows at once over a random row range, each row bit for bit
+ * qdot_k_ref() (the one-row kernels' bits), nothing written outside the
+ * range or the rows.
+ */
+static int check_kpack_rows(uint32_t t, int64_t n, int64_t nb, int m)
+{
+	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+	const float mark = -1234.5f;
+	const int64_t ys = n + 3;
+	uint8_t *w = malloc(n * ws);
+	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	float *x = malloc(nb * 256 * sizeof(float)), *y = malloc((m + 1) * ys * sizeof(float));
+	struct qdot_kblock *q = malloc(m * nb * sizeof(*q));
+	kpack_mfn fn = kpack_kernel_m(QDOT_VNNI, t);
+	int64_t j0 = (int64_t)(rnd32() % n), j1 = j0 + 1 + (int64_t)(rnd32() % (n - j0));
+	int bad = 0;
+
+	ck_assert(w && p && x && y && q && bytes && fn);
+	fill_weights(t, w, n * nb);
+	for (int64_t g = 0; g * KPACK_ROWS < n; g++)
+		kpack_group(t, w + g * KPACK_ROWS * ws, ws,
+			    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
+			    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
+	for (int i = 0; i < m; i++) {
+		fill_acts(x, nb * 256);
+		qdot_k_quantize_row(x, q + i * nb, nb * 256);
+	}
+	for (int64_t e = 0; e < (m + 1) * ys; e++)
+		y[e] = mark;
+	fn(p, q, m, nb, y + 1, ys, j0, j1); /* y[1 + i * ys + j - j0]: row i, weight row j */
+	for (int i = 0; i <= m; i++)
+		for (int64_t e = 0; e < ys; e++) {
+			int64_t j = j0 - 1 + e;
+			float want = i < m && j >= j0 && j < j1 ?
+					     qdot_k_ref(t, w + j * ws, q + i * nb, nb) : mark;
+
+			if (i * ys + e > 0 && memcmp(&y[i * ys + e], &want, 4) && bad++ < 3)
+				printf("kpack rows type %u n=%lld nb=%lld m=%d [%lld, %lld): row %d, "
+				       "%lld gives %.9g, want %.9g\n", t, (long long)n, (long long)nb,
+				       m, (long long)j0, (long long)j1, i, (long long)j,
+				       y[i * ys + e], want);
+		}
+	free(w);
+	free(p);
+	free(x);
+	free(y);
+	free(q);
+	return bad;
+}
+
+START_TEST(kpack_rows_match_reference)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
+	static const int ms[] = { 2, 3, 4, 5, 8, 9, 17 };
+	int bad = 0, cases = 0;
+
+	if (!qdot_isa_supported(QDOT_VNNI)) {
+		printf("SKIP: no AVX-512 VNNI: the many-row kernels are not run here\n");
+		return;
+	}
+	ck_assert(!kpack_kernel_m(QDOT_AVX2, LOOM_TYPE_Q4_K));
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++)
+		for (int64_t nb = 1; nb <= 4; nb += 3)
+			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
+				bad += check_kpack_rows(types[f], 37, nb, ms[i]) != 0;
+	printf("kpack many-row K kernels: %d cases, %d off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 START_TEST(kpack_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
@@ -491,6 +563,7 @@ int main(void)
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, every_field_counts);
 	tcase_add_test(tc, kpack_matches_reference);
+	tcase_add_test(tc, kpack_rows_match_reference);
 	tcase_add_test(tc, kpanel_special_scales);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
