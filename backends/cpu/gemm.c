@@ -14,7 +14,9 @@
  * result depends only on that row and the weights, so batch invariance and
  * thread-count independence hold as they do in exact mode. Fast-mode
  * prefill (m >= BLAS_MIN_M, not batch invariant) of the 32-value block
- * formats runs qgemm.h's integer GEMM over interleaved 16-row panels.
+ * formats runs qgemm.h's integer GEMM over interleaved 16-row panels, or,
+ * packed on AVX-512 VNNI where the GEMV has qgemm's bits (qdot_seq()), up
+ * to SEQ_GEMV_MAX_M rows through the packed many-row GEMV.
  *
  * Otherwise prefill (m >= BLAS_MIN_M) is compute-bound: each thread
  * dequantizes panels of its weight rows to f32 in its scratch and multiplies
@@ -460,7 +462,8 @@ static void kernel_pick(struct gemm_task *t, enum qdot_isa isa)
 	const bool k = qdot_k_format(t->g.type);
 
 	t->kp = t->packed ? kpack_kernel(isa, t->g.type) : NULL;
-	t->kpm = t->packed && t->g.m > 1 && t->g.m <= INT_MAX ? kpack_kernel_m(isa, t->g.type) : NULL;
+	t->kpm = t->packed && t->g.m > 1 && t->g.m <= INT_MAX - 64 ?
+			 kpack_kernel_m(isa, t->g.type) : NULL;
 	t->dot = t->packed || k ? NULL : qdot_kernel(isa, t->g.type);
 	t->kdot = t->packed || !k ? NULL : qdot_k_kernel(isa, t->g.type);
 }

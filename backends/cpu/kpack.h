@@ -65,10 +65,10 @@
  * A last unpaired block keeps the same order with its fields padded to
  * cache lines (d at 0, m at 64, h and the quants after). Every field
  * starts on a cache line. A lane against 4 broadcast activation bytes is
- * one vpdpbusd (Q4/Q5: after a mask or shift, and the fifth bits), and it
- * is float lane l of qdot.h's 16-lane arithmetic (ref16()) for 16 rows at
- * once; the GGUF-layout kernels spend a permute and a scale vector on each
- * block pair of each row.
+ * one vpdpbusd (Q4/Q5: after a mask or shift, and the fifth bits) that adds
+ * to the block's exact integer sum for 16 rows at once; the block then
+ * adds to each row's one float as qdot.c's refseq() (qgemm's arithmetic)
+ * does on AVX-512 VNNI, and as ref8() does on AVX2 and AVX-VNNI.
  *
  * A row counts for nb * 84, 116, 148, 180 or 212 bytes (K-quants) or its GGUF
  * bytes (32-value formats; a few more for odd nb) (kpack_row_share()), so

@@ -9,8 +9,9 @@
  *
  * The inner sums are exact in int32, so the only roundings are the float
  * lanes' fused multiply-adds and their final reduction. Those are fixed per
- * kernel set (qdot.h) and written out in plain C in ref8() and ref16(),
- * which the SIMD kernels match bit for bit.
+ * kernel set (qdot.h) and written out in plain C in ref8(), ref16() and
+ * refseq() (one float, block after block), which the SIMD kernels match
+ * bit for bit.
  *
  * Signed weights (Q8_0, Q4_0, Q5_0) enter the unsigned x signed byte
  * products (maddubs, vpdpbusd) as |wq| times x with wq's sign; the offset

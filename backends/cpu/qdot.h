@@ -38,12 +38,14 @@ struct qdot_block {
  *   QDOT_AVXVNNI            integer sum of elements 4l..4l+3 (AVX-VNNI:
  *                           vpdpbusd on 256-bit vectors where AVX2 has
  *                           maddubs and madd)
- *   QDOT_AVX512, QDOT_VNNI  16 float lanes: blocks in pairs, the even block
- *                           in lanes 0-7 and the odd one in lanes 8-15; the
+ *   QDOT_AVX512 (and        16 float lanes: blocks in pairs, the even block
+ *   QDOT_VNNI for MXFP4)    in lanes 0-7 and the odd one in lanes 8-15; the
  *                           offset formats' m * x.s of block b in lane
  *                           b % 16 of a second accumulator
- * so scalar, AVX2 and AVX-VNNI agree bitwise, and so do AVX-512 with and
- * without VNNI. (The K-quant kernels give the same bits on every set; on
+ *   QDOT_VNNI, the others   one float a row, block after block (refseq(),
+ *                           qgemm_ref()'s arithmetic)
+ * so scalar, AVX2 and AVX-VNNI agree bitwise, AVX-512 and VNNI only for
+ * MXFP4. (The K-quant kernels give the same bits on every set; on
  * AVX-VNNI they are AVX2's.)
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_AVXVNNI, QDOT_N_ISA };

@@ -213,9 +213,10 @@ static bool near_f64(uint32_t t, const uint8_t *w, const float *x, const struct 
 
 /*
  * One format and block count on one kernel set: ROWS weight rows in one
- * call (a group of 4 and a rest), and row 0 alone. Returns mismatches.
+ * call (groups of 4, or of 8 for refseq()'s kernels, and a rest), and
+ * row 0 alone. Returns mismatches.
  */
-#define ROWS 5
+#define ROWS 11
 static int check_case(enum qdot_isa isa, uint32_t t, int64_t nb)
 {
 	static uint8_t w[ROWS * MAX_NB * 34];
@@ -483,7 +484,7 @@ static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
 			float want = i < m && j >= j0 && j < j1 ?
 					     qgemm_ref(t, w + j * ws, q + i * nb, nb * 32) : mark;
 
-			if (i * ys + e > 0 && memcmp(&y[i * ys + e], &want, 4)) {
+			if (memcmp(&y[i * ys + e], &want, 4)) {
 				if (bad++ < 3)
 					printf("kpack rows type %u n=%lld nb=%lld m=%d [%lld, %lld): "
 					       "row %d, %lld gives %.9g, want %.9g\n", t, (long long)n,
@@ -502,7 +503,7 @@ static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
 START_TEST(kpack32_rows_match_gemm)
 {
 	static const int64_t nbs[] = { 1, 3, 18, 255, 256, 257, 520 };
-	static const int ms[] = { 2, 3, 4, 5, 8, 13, 16, 17, 33 };
+	static const int ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 33 };
 	int bad = 0, cases = 0;
 
 	if (!qdot_isa_supported(QDOT_VNNI)) {
