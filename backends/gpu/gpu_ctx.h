@@ -137,6 +137,15 @@ struct comm_entry {
 #define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
 #define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
 
+/* A weight weight_pack packed (gpu_pack.c): its device address, layout
+ * type (GPU_Q4_0P, GPU_Q8_0P), shape and row stride. */
+struct gpu_pack {
+	const void *ptr;
+	uint32_t type;
+	int64_t n, k;
+	size_t row;
+};
+
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct gpurt *rt;
@@ -145,6 +154,10 @@ struct loom_backend_ctx {
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
 	bool fuse;      /* GEMV groups in regions (LOOM_GPU_FUSE=0: never) */
+	bool pack;      /* weight_pack repacks q4_0/q8_0 (LOOM_GPU_PACK=0: never) */
+	struct gpu_pack *packs; /* open addressing by ptr, packs_cap a power of two */
+	size_t packs_cap, n_packs;
+	uint64_t n_packed, packed_bytes; /* weights packed so far (LOOM_DEBUG) */
 	int64_t mmq_max_m; /* fast mode: int8 GEMM up to this m (LOOM_GPU_MMQ_MAX_M) */
 	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
@@ -223,6 +236,22 @@ int gemv_quantize(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, 
  * there is none yet, which prepare_calls does before anything runs). */
 int rope_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a, bool make,
 	       struct gpurt_rope_table *t);
+
+int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out);
+void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+
+/* ---- gpu_pack.c ---- */
+/* The weight_pack slot (ABI 1.2): q4_0 and q8_0 into gpu_rt.h's layout. */
+int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+		    struct loom_buffer **out, size_t *bytes);
+/* The pack at device address ptr, or NULL. */
+const struct gpu_pack *gpu_pack_find(const struct loom_backend_ctx *ctx, const void *ptr);
+/* Forgets the pack at ptr (its buffer is being freed); no-op for others. */
+void gpu_pack_forget(struct loom_backend_ctx *ctx, const void *ptr);
+void packs_free(struct loom_backend_ctx *ctx);
+int gpu_pack_view(const struct loom_backend_ctx *ctx, const void *w, uint32_t type, int64_t n,
+		  int64_t k, uint32_t *view_type, size_t *row);
 
 /* ---- gpu_fuse.c ---- */
 /* A run of calls that runs as one GEMV group (gpurt_gemv_group): gemms

@@ -84,6 +84,24 @@ bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);
 
+/*
+ * The backend's own weight layouts (the weight_pack slot, ABI 1.2): a
+ * packed q4_0 or q8_0 weight is passed to every gpurt_* call that reads
+ * weights with these types (gpu.c turns a packed gemm's type into them),
+ * rows gpurt_packed_row() bytes apart. A row of k values: the quants of
+ * its k/32 blocks, 16 bytes a q4_0 block and 32 a q8_0 block in GGUF's
+ * byte order, then the blocks' f16 scales, the row padded to 16 bytes; so
+ * every block's quants are 16-byte aligned (128-bit loads) and a warp's
+ * lanes read consecutive quants and consecutive scales. The values and
+ * the arithmetic are those of the GGUF layout: same bits.
+ */
+#define GPU_TYPE_PACKED 0x100u
+#define GPU_Q4_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q4_0)
+#define GPU_Q8_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q8_0)
+/* Bytes of a packed row of k values (k a multiple of 32; 0 for any other
+ * type); the quants of one row are k/2 (q4_0) or k (q8_0) bytes. */
+size_t gpurt_packed_row(uint32_t type, int64_t k);
+
 /* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The
  * arithmetic for y[i][j] does not depend on m or on i's place in x. */
 int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);

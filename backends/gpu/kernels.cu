@@ -387,7 +387,7 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
 	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
-	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4)
+	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4) X(GPU_Q4_0P) X(GPU_Q8_0P)
 
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
@@ -397,7 +397,18 @@ static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
 	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
 	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 :
-	       t == LOOM_TYPE_MXFP4 ? 17 : 0;
+	       t == LOOM_TYPE_MXFP4 ? 17 : t == GPU_Q4_0P ? 18 : t == GPU_Q8_0P ? 34 : 0;
+}
+
+/* A layout of weight_pack's (gpu_rt.h), and its quant bytes per block. */
+static constexpr __host__ __device__ bool is_packed(uint32_t t)
+{
+	return t == GPU_Q4_0P || t == GPU_Q8_0P;
+}
+
+static constexpr __host__ __device__ uint32_t pk_qbytes(uint32_t t)
+{
+	return t == GPU_Q4_0P ? 16 : 32;
 }
 
 static constexpr __host__ __device__ bool is_plain(uint32_t t)
@@ -417,9 +428,20 @@ static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
 	return !bytes_of(t) ? 0 : is_plain(t) ? 1 : is_kquant(t) ? 256 : 32;
 }
 
+/* Formats a caller may name (not the packed layouts, which only gpu.c
+ * hands down). */
 extern "C" bool gpurt_format_known(uint32_t type)
 {
-	return bytes_of(type) != 0;
+	return bytes_of(type) != 0 && !is_packed(type);
+}
+
+extern "C" size_t gpurt_packed_row(uint32_t type, int64_t k)
+{
+	if ((type != LOOM_TYPE_Q4_0 && type != LOOM_TYPE_Q8_0) || k <= 0 || k % 32)
+		return 0;
+	const size_t q = type == LOOM_TYPE_Q4_0 ? 16 : 32, blocks = (size_t)(k / 32);
+
+	return (blocks * (q + 2) + 15) & ~(size_t)15;
 }
 
 extern "C" uint32_t gpurt_block_elems(uint32_t type)
@@ -521,7 +543,7 @@ __device__ __forceinline__ float mul_rn(float a, float b)
 template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
 	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
-		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4)
+		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4 || T == GPU_Q4_0P)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
@@ -544,23 +566,44 @@ __device__ __forceinline__ void deq_plain(const uint8_t *row, int64_t q, int64_t
 	}
 }
 
-/* 32-value blocks b, part j = 4 (q%4) of them. */
+/* 32-value blocks b, part j = 4 (q%4) of them. The _at forms take the
+ * scale and the block's quants (qs) apart: the GGUF and the packed
+ * layouts share them, so a value is the same float in both. */
+__device__ __forceinline__ void deq_q8_0_at(float d, const uint8_t *qs, int p, float v[8])
+{
+	for (int e = 0; e < 8; e++)
+		v[e] = (float)(int8_t)qs[p * 8 + e] * d;
+}
+
 __device__ __forceinline__ void deq_q8_0(const uint8_t *b, int p, float v[8])
 {
-	const float d = half_to_f32(ld16(b));
+	deq_q8_0_at(half_to_f32(ld16(b)), b + 2, p, v);
+}
 
-	for (int e = 0; e < 8; e++)
-		v[e] = (float)(int8_t)b[2 + p * 8 + e] * d;
+__device__ __forceinline__ void deq_q4_0_at(float d, const uint8_t *qs, int j, float v[8])
+{
+	for (int e = 0; e < 4; e++) {
+		v[e] = (float)((qs[j + e] & 15) - 8) * d;
+		v[e + 4] = (float)((qs[j + e] >> 4) - 8) * d;
+	}
 }
 
 __device__ __forceinline__ void deq_q4_0(const uint8_t *b, int j, float v[8])
 {
-	const float d = half_to_f32(ld16(b));
+	deq_q4_0_at(half_to_f32(ld16(b)), b + 2, j, v);
+}
 
-	for (int e = 0; e < 4; e++) {
-		v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
-		v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
-	}
+/* A packed row (gpu_rt.h) of k values: block b's quants and its scale. */
+template <uint32_t T> __device__ __forceinline__ const uint8_t *pk_quants(const uint8_t *row,
+									  int64_t b)
+{
+	return row + b * pk_qbytes(T);
+}
+
+template <uint32_t T>
+__device__ __forceinline__ float pk_scale(const uint8_t *row, int64_t b, int64_t k)
+{
+	return half_to_f32(*(const uint16_t *)(row + k / 32 * pk_qbytes(T) + 2 * b));
 }
 
 __device__ __forceinline__ void deq_q4_1(const uint8_t *b, int j, float v[8])
@@ -725,6 +768,12 @@ __device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t 
 
 	if constexpr (is_plain(T))
 		deq_plain<T>(row, q, k, v);
+	else if constexpr (T == GPU_Q8_0P)
+		deq_q8_0_at(pk_scale<T>(row, q / per_block, k), pk_quants<T>(row, q / per_block), p,
+			    v);
+	else if constexpr (T == GPU_Q4_0P)
+		deq_q4_0_at(pk_scale<T>(row, q / per_block, k), pk_quants<T>(row, q / per_block),
+			    4 * p, v);
 	else if constexpr (T == LOOM_TYPE_Q8_0)
 		deq_q8_0(b, p, v);
 	else if constexpr (T == LOOM_TYPE_Q4_0)
@@ -910,7 +959,7 @@ extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_str
 extern "C" bool gpurt_gemv_q8_format(uint32_t type)
 {
 	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
-	       type == LOOM_TYPE_Q6_K;
+	       type == LOOM_TYPE_Q6_K || type == GPU_Q4_0P || type == GPU_Q8_0P;
 }
 
 /* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
@@ -928,6 +977,17 @@ __device__ __forceinline__ void ld_words(const uint8_t *p, int n, uint32_t *w)
 		w[i] = ld32(p + 4 * i);
 }
 
+/* The same from a 16-byte aligned p (a packed weight's quants): 128-bit
+ * loads, no alignment test. */
+__device__ __forceinline__ void ld_words16(const uint8_t *p, int n, uint32_t *w)
+{
+	for (int i = 0; i < n; i += 4) {
+		const uint4 v = *(const uint4 *)(p + 4 * i);
+
+		w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+	}
+}
+
 /*
  * A unit of a weight row is what one lane decodes at a time: a 32-value
  * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
@@ -941,7 +1001,7 @@ template <> struct unit<LOOM_TYPE_Q8_0> {
 	float d;
 	uint32_t q[8];
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + u * 34;
 
@@ -966,7 +1026,7 @@ template <> struct unit<LOOM_TYPE_Q4_0> {
 	float d;
 	uint32_t q[4]; /* byte j: value j (low nibble), value j + 16 (high) */
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + u * 18;
 
@@ -994,7 +1054,7 @@ template <> struct unit<LOOM_TYPE_Q4_K> {
 	float dl[2], ml[2]; /* d * scale and dmin * min of the two sub-blocks */
 	uint32_t q[8];      /* byte j: value j (low nibble), value j + 32 (high) */
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + (u >> 2) * 144;
 		const int pair = (int)(u & 3);
@@ -1037,7 +1097,7 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 	/* unit u: values 32 (u%8) .. of super-block u/8; low nibbles at
 	 * ql[64 (p/4) + 32 (p%2)], high half for odd p/2; top 2 bits at
 	 * qh[32 (p/4)], shift 2 (p%4) (p = u%8, as deq_q6_K spells out) */
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + (u >> 3) * 210;
 		const int p = (int)(u & 7), ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
@@ -1071,6 +1131,24 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 			total += sc[h] * (sum - 32 * xsum);
 		}
 		return d * xs[0].d * (float)total;
+	}
+};
+
+/* The packed layouts (gpu_rt.h): the same values and the same dot as
+ * the GGUF layout's unit, the quants by 128-bit loads. */
+template <> struct unit<GPU_Q8_0P> : unit<LOOM_TYPE_Q8_0> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		d = pk_scale<GPU_Q8_0P>(row, u, k);
+		ld_words16(pk_quants<GPU_Q8_0P>(row, u), 8, q);
+	}
+};
+
+template <> struct unit<GPU_Q4_0P> : unit<LOOM_TYPE_Q4_0> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		d = pk_scale<GPU_Q4_0P>(row, u, k);
+		ld_words16(pk_quants<GPU_Q4_0P>(row, u), 4, q);
 	}
 };
 
@@ -1192,7 +1270,7 @@ __device__ __forceinline__ void dots_q8_rows(const uint8_t *row, int64_t k, cons
 		const int64_t v0 = u * unit<T>::values;
 		unit<T> w;
 
-		w.load(row, u);
+		w.load(row, u, k);
 		GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
 		for (int ii = 0; ii < MB; ii++) {
 			if (ii < mb) {
@@ -1331,6 +1409,10 @@ static group_launch group_for(uint32_t t, bool q8)
 			return launch_group<LOOM_TYPE_Q4_K, true>;
 		case LOOM_TYPE_Q6_K:
 			return launch_group<LOOM_TYPE_Q6_K, true>;
+		case GPU_Q8_0P:
+			return launch_group<GPU_Q8_0P, true>;
+		case GPU_Q4_0P:
+			return launch_group<GPU_Q4_0P, true>;
 		default:
 			return NULL;
 		}
@@ -1749,10 +1831,12 @@ __device__ __forceinline__ uint32_t nib_signed(uint32_t v)
 	return (v + 0x78787878u) ^ 0x80808080u;
 }
 
-template <uint32_t T> __device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, blk8 *o);
+template <uint32_t T>
+__device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, int64_t k, blk8 *o);
 
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + blk * 34;
 
@@ -1762,8 +1846,9 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t 
 }
 
 /* byte j: value j (low nibble) and value j + 16 (high), value = d (q - 8) */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + blk * 18;
 	uint32_t w[4];
@@ -1779,8 +1864,9 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t 
 
 /* sub-block s of a super-block: nibbles of the 32 bytes of pair s / 2,
  * low for even s; value = d sc q - dmin m */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + (blk >> 3) * 144;
 	const int s = (int)(blk & 7), shift = 4 * (s & 1);
@@ -1796,17 +1882,43 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t 
 }
 
 /* the q6_K unit is 32 values already; its bytes 0 .. 63 to -32 .. 31 */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	unit<LOOM_TYPE_Q6_K> u;
 
-	u.load(row, blk);
+	u.load(row, blk, 0);
 	for (int t = 0; t < 8; t++)
 		o->q[t] = (u.q[t] + 0x60606060u) ^ 0x80808080u;
 	o->a[0] = u.d * (float)u.sc[0];
 	o->a[1] = u.d * (float)u.sc[1];
 	o->b = 0.0f;
+}
+
+/* the packed layouts: as q8_0 and q4_0 above, the quants by 128-bit loads */
+template <>
+__device__ __forceinline__ void dec32<GPU_Q8_0P>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	o->a[0] = o->a[1] = pk_scale<GPU_Q8_0P>(row, blk, k);
+	o->b = 0.0f;
+	ld_words16(pk_quants<GPU_Q8_0P>(row, blk), 8, o->q);
+}
+
+template <>
+__device__ __forceinline__ void dec32<GPU_Q4_0P>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	uint32_t w[4];
+
+	o->a[0] = o->a[1] = pk_scale<GPU_Q4_0P>(row, blk, k);
+	o->b = 0.0f;
+	ld_words16(pk_quants<GPU_Q4_0P>(row, blk), 4, w);
+	for (int t = 0; t < 4; t++) {
+		o->q[t] = nib_signed(w[t] & 0x0f0f0f0fu);
+		o->q[t + 4] = nib_signed((w[t] >> 4) & 0x0f0f0f0fu);
+	}
 }
 
 struct mmq_p {
@@ -1835,7 +1947,7 @@ __device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int
 	memset(&w, 0, sizeof(w));
 	memset(x, 0, sizeof(x));
 	if (j < p.n && blk < nblk)
-		dec32<T>(p.w + j * p.w_stride, blk, &w);
+		dec32<T>(p.w + j * p.w_stride, blk, p.k, &w);
 	if (i < p.m && blk < nblk) {
 		ld_words((const uint8_t *)(p.xq + i * p.k + blk * Q8_BLOCK), 8, x);
 		sc = p.xs[i * nblk + blk];
@@ -1930,6 +2042,8 @@ extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const
 	case LOOM_TYPE_Q4_0: kernel = k_mmq<LOOM_TYPE_Q4_0>; break;
 	case LOOM_TYPE_Q4_K: kernel = k_mmq<LOOM_TYPE_Q4_K>; break;
 	case LOOM_TYPE_Q6_K: kernel = k_mmq<LOOM_TYPE_Q6_K>; break;
+	case GPU_Q8_0P: kernel = k_mmq<GPU_Q8_0P>; break;
+	case GPU_Q4_0P: kernel = k_mmq<GPU_Q4_0P>; break;
 	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
 	}
 	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);
@@ -3296,6 +3410,10 @@ static moe_launch moe_for(uint32_t t, bool q8)
 			return launch_moe_gemv_as<LOOM_TYPE_Q4_K, true>;
 		case LOOM_TYPE_Q6_K:
 			return launch_moe_gemv_as<LOOM_TYPE_Q6_K, true>;
+		case GPU_Q8_0P:
+			return launch_moe_gemv_as<GPU_Q8_0P, true>;
+		case GPU_Q4_0P:
+			return launch_moe_gemv_as<GPU_Q4_0P, true>;
 		default:
 			return NULL;
 		}

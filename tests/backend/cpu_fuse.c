@@ -788,13 +788,14 @@ struct config {
 	bool pack;
 	unsigned gpu[2][2];
 	bool gpu_hazards;
+	int only; /* packed layouts: 1 cpu.so's (q4_1), 2 the GPU's (q4_0, q8_0) */
 };
 
 #define ALL7(t) { t, t, t, t, t, t, t }
 #define SAME(g, c) { { g, c }, { g, c } }
 static const struct config configs[] = {
 	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, SAME(4, 12), false },
-	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false },
+	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false, 1 },
 	/* 32-value blocks and K-quant super-blocks in one group (on the GPU
 	 * each of q, k, o and down with its add; in fast mode each norm with
 	 * the q4_K gemm after it) */
@@ -811,6 +812,9 @@ static const struct config configs[] = {
 	{ "q8_0", ALL7(LOOM_TYPE_Q8_0), false, { { 4, 14 }, { 4, 12 } }, false },
 	{ "q4_k", ALL7(LOOM_TYPE_Q4_K), false, { { 4, 14 }, { 4, 12 } }, false },
 	{ "q6_k", ALL7(LOOM_TYPE_Q6_K), false, { { 4, 14 }, { 4, 12 } }, false },
+	/* the GPU's packed layouts (gpu_pack.c): the groups of the GGUF layout */
+	{ "q4_0 packed", ALL7(LOOM_TYPE_Q4_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
+	{ "q8_0 packed", ALL7(LOOM_TYPE_Q8_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
 };
 
 /* Rows and columns of each weight (enum order). */
@@ -833,7 +837,7 @@ static void check_backend(const struct loom_backend_ops *ops, const struct loom_
 		bool ok = true;
 		int before = failures;
 
-		if (cf->pack && !ops->weight_pack)
+		if ((cf->pack && !ops->weight_pack) || (cf->only && cf->only != (gpu ? 2 : 1)))
 			continue;
 		rng = 0x9e3779b97f4a7c15ull + c;
 		for (int i = 0; i < N_W; i++)
