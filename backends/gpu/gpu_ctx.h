@@ -276,6 +276,7 @@ int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g);
 /* RoPE of k (and of q right before it) with the kv_write of k's rows
  * after it (gpurt_rope_kv). */
 struct gpu_rope_kv {
+	const struct rows_call *qn, *kn; /* the head norms before them, or NULL */
 	const struct loom_rope_args *q, *k;
 	const struct loom_kv_write_args *w;
 };
@@ -283,7 +284,8 @@ struct gpu_rope_kv {
  * apart from the rows the ropes before it and the call itself read. */
 bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots);
 /* How many of the n calls from c on (plans alongside) run as one rope +
- * kv_write launch (0: none). */
+ * kv_write launch (0: none), with the head norms of q and k before them
+ * (5 calls) when they may. */
 int64_t gpu_find_rope_kv(const struct call *c, const struct attn_plan *pl, int64_t n,
 			 struct gpu_rope_kv *f);
 int gpu_run_rope_kv(struct loom_backend_ctx *ctx, const struct gpu_rope_kv *f);

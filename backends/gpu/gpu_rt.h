@@ -276,6 +276,19 @@ int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a, const struct gp
  * multiple of 64 (a thread owns the blocks whose values pair up). */
 int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q, const struct loom_rope_args *k,
 		  const struct loom_kv_write_args *w, const struct gpurt_rope_table *t);
+/* The same with the head norms before the ropes (Qwen3, Gemma 3): q's
+ * and k's rows normalized in place head by head (rmsnorm with q_w, k_w
+ * of head_dim each), as gpurt_rmsnorm normalizes rows of head_dim, then
+ * gpurt_rope_kv's work: the bits of the five calls one after the other
+ * (gpu_fuse.c checks they may run together). head_dim a whole number of
+ * the cache's units. */
+struct gpurt_head_norms {
+	const float *q_w, *k_w;
+	float q_eps, k_eps;
+};
+int gpurt_norm_rope_kv(struct gpurt *rt, const struct gpurt_head_norms *n,
+		       const struct loom_rope_args *q, const struct loom_rope_args *k,
+		       const struct loom_kv_write_args *w, const struct gpurt_rope_table *t);
 int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out, int64_t out_stride,
 	      const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
 	      int64_t rows, int64_t n);

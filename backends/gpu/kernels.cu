@@ -2755,6 +2755,87 @@ extern "C" int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q,
 	return launched(rt, "rope and kv_write kernel");
 }
 
+/*
+ * The head norms of Qwen3 and Gemma 3 (rmsnorm of each head of q and k,
+ * in place) with the RoPE of q and k and the kv_write of k's rows after
+ * them, in one launch. One block per (token, head) of q and of k: the
+ * head's sum of squares and scaling exactly as k_norm computes a row
+ * (THREADS threads, the same strided partial sums, the same block_sum, so
+ * the same bits), a barrier, its pairs rotated as k_rope rotates them, and
+ * for a k head a barrier, then its k and v units stored as k_kv_write
+ * stores them. head_dim must be a whole number of cache units.
+ */
+struct norm_rope_kv_p {
+	struct rope_kv_p rk;
+	const float *qw, *kw; /* the norms' weights (head_dim each) */
+	float q_eps, k_eps;
+};
+
+__device__ void norm_head(float *x, int64_t n, const float *w, float eps, double *red)
+{
+	double ss = 0.0;
+	float inv;
+
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss += (double)x[i] * x[i];
+	ss = block_sum(ss, red);
+	inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		x[i] = x[i] * inv * w[i];
+}
+
+__global__ void __launch_bounds__(THREADS) k_norm_rope_kv(const struct norm_rope_kv_p p)
+{
+	__shared__ double red[THREADS / 32];
+	const struct rope_kv_p &rk = p.rk;
+	const int64_t hq = rk.q.n_heads, heads = hq + rk.k.n_heads, hd = rk.k.head_dim;
+	const int64_t per = loom_kvq_block_elems(rk.type), units = hd / per;
+	const int64_t unit_bytes = rk.row_bytes / (rk.k.n_heads * units);
+
+	for (int64_t b = blockIdx.x; b < rk.k.n_tokens * heads; b += gridDim.x) {
+		const int64_t t = b / heads, hh = b % heads, h = hh < hq ? hh : hh - hq;
+		const struct rope_p &r = hh < hq ? rk.q : rk.k;
+		float *x = r.x + t * r.row_stride + h * r.head_dim;
+
+		norm_head(x, r.head_dim, hh < hq ? p.qw : p.kw, hh < hq ? p.q_eps : p.k_eps, red);
+		__syncthreads();
+		for (int64_t j = threadIdx.x; j < r.n_rot / 2; j += blockDim.x)
+			rope_pair(r, x, t, j);
+		if (hh < hq)
+			continue; /* every thread alike: the barrier below is whole */
+		__syncthreads();
+		for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+			const int64_t at = (int64_t)rk.slots[t] * rk.row_bytes + (h * units + u) * unit_bytes;
+
+			loom_kvq_quantize(rk.type, (char *)rk.kc + at, x + u * per, per);
+			loom_kvq_quantize(rk.type, (char *)rk.vc + at,
+					  rk.v + t * rk.v_stride + h * hd + u * per, per);
+		}
+	}
+}
+
+extern "C" int gpurt_norm_rope_kv(struct gpurt *rt, const struct gpurt_head_norms *n,
+				  const struct loom_rope_args *q, const struct loom_rope_args *k,
+				  const struct loom_kv_write_args *w, const struct gpurt_rope_table *t)
+{
+	struct norm_rope_kv_p p;
+
+	memset(&p, 0, sizeof(p));
+	p.rk.q = rope_params(q, t);
+	p.rk.k = rope_params(k, t);
+	p.rk.kc = w->kcache, p.rk.vc = w->vcache;
+	p.rk.v = w->v, p.rk.v_stride = w->v_stride;
+	p.rk.slots = w->slots;
+	p.rk.type = LOOM_KV_TYPE(w, struct loom_kv_write_args);
+	p.rk.row_bytes = (int64_t)loom_kvq_row_bytes(p.rk.type, w->kv_dim);
+	p.qw = n->q_w, p.kw = n->k_w;
+	p.q_eps = n->q_eps, p.k_eps = n->k_eps;
+	BIND(rt);
+	GPU_LAUNCH(k_norm_rope_kv, grid_of(k->n_tokens * (q->n_heads + k->n_heads)), THREADS, 0,
+		   rt->stream, p);
+	return launched(rt, "head norm, rope and kv_write kernel");
+}
+
 /* ---- paged attention ---- */
 
 struct attn_p {
