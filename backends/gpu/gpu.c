@@ -361,7 +361,7 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			(unsigned long long)ctx->n_sampled);
 	if (ctx->n_packed)
 		gpu_log(ctx->host, LOOM_LOG_INFO,
-			GPU_BACKEND_NAME ": weights packed (q4_0/q8_0, 16-byte aligned quants): %llu, "
+			GPU_BACKEND_NAME ": weights packed (q4_0/q8_0/q6_K, 16-byte aligned quants): %llu, "
 			"%.1f MiB", (unsigned long long)ctx->n_packed,
 			(double)ctx->packed_bytes / (1 << 20));
 	regions_free(ctx);
@@ -487,7 +487,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off",
-		ctx->pack ? "q4_0/q8_0 weights repacked" : "weights in GGUF layout");
+		ctx->pack ? "q4_0/q8_0/q6_K weights repacked" : "weights in GGUF layout");
 	*out = ctx;
 	return LOOM_OK;
 }

@@ -138,7 +138,7 @@ struct comm_entry {
 #define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
 
 /* A weight weight_pack packed (gpu_pack.c): its device address, layout
- * type (GPU_Q4_0P, GPU_Q8_0P), shape and row stride. */
+ * type (GPU_Q4_0P, GPU_Q8_0P, GPU_Q6_KP), shape and row stride. */
 struct gpu_pack {
 	const void *ptr;
 	uint32_t type;
@@ -154,7 +154,7 @@ struct loom_backend_ctx {
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
 	bool fuse;      /* GEMV groups in regions (LOOM_GPU_FUSE=0: never) */
-	bool pack;      /* weight_pack repacks q4_0/q8_0 (LOOM_GPU_PACK=0: never) */
+	bool pack;      /* weight_pack repacks q4_0/q8_0/q6_K (LOOM_GPU_PACK=0: never) */
 	struct gpu_pack *packs; /* open addressing by ptr, packs_cap a power of two */
 	size_t packs_cap, n_packs;
 	uint64_t n_packed, packed_bytes; /* weights packed so far (LOOM_DEBUG) */
@@ -242,7 +242,7 @@ void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
 void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
 
 /* ---- gpu_pack.c ---- */
-/* The weight_pack slot (ABI 1.2): q4_0 and q8_0 into gpu_rt.h's layout. */
+/* The weight_pack slot (ABI 1.2): q4_0, q8_0, q6_K into gpu_rt.h's layout. */
 int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
 		    struct loom_buffer **out, size_t *bytes);
 /* The pack at device address ptr, or NULL. */

@@ -1,12 +1,12 @@
 /*
  * gpu_pack.c: the weight_pack slot (ABI 1.2) of the GPU backends.
  *
- * GGUF's q4_0 and q8_0 blocks are 18 and 34 bytes, so their quants are
- * only 2-byte aligned and a kernel reads them 2 or 4 bytes at a time. At
- * load this file repacks such a weight into the layout of gpu_rt.h: per
- * row the quants of every block (16 or 32 bytes each, GGUF's byte order),
- * then the blocks' f16 scales, the row padded to 16 bytes, so the GEMV
- * and the int8 GEMM read quants 16 bytes a load. Same values, same
+ * GGUF's q4_0, q8_0 and q6_K blocks are 18, 34 and 210 bytes, so their
+ * quants are only 2-byte aligned and a kernel reads them 2 or 4 bytes at
+ * a time. At load this file repacks such a weight into the layout of
+ * gpu_rt.h: per row the quants of every block (16, 32 or 208 bytes each,
+ * GGUF's byte order), then the blocks' f16 scales d, the row padded to 16
+ * bytes, so the GEMV and the int8 GEMM read quants 16 bytes a load. Same values, same
  * arithmetic: a gemm on a packed weight gives the GGUF layout's bits in
  * both modes (the ABI's rule, held by backend_invariance's pack-gemm).
  *
@@ -97,21 +97,39 @@ void packs_free(struct loom_backend_ctx *ctx)
 	ctx->packs_cap = ctx->n_packs = 0;
 }
 
-/* Rows r0 .. r0 + rows - 1 of a GGUF q4_0/q8_0 weight into dst in the
- * packed layout (row bytes apart). */
-static void pack_rows(const struct loom_weight_pack_args *a, int64_t r0, int64_t rows,
-		      size_t row, unsigned char *dst)
+/* A packed format's GGUF block: values, and where its f16 scale d sits
+ * (q4_0, q8_0: first; q6_K: last); the rest (q bytes) are its quants. */
+struct pack_geom {
+	int64_t elems;
+	size_t q, d_at;
+};
+
+static bool geom_of(uint32_t type, struct pack_geom *g)
 {
-	const size_t q = a->type == LOOM_TYPE_Q4_0 ? 16 : 32, blocks = (size_t)(a->k / 32);
+	switch (type) {
+	case LOOM_TYPE_Q4_0: *g = (struct pack_geom){ 32, 16, 0 }; return true;
+	case LOOM_TYPE_Q8_0: *g = (struct pack_geom){ 32, 32, 0 }; return true;
+	case LOOM_TYPE_Q6_K: *g = (struct pack_geom){ 256, 208, 208 }; return true;
+	default: return false;
+	}
+}
+
+/* Rows r0 .. r0 + rows - 1 of a GGUF weight into dst in the packed layout
+ * (row bytes apart): each block's quants, then each block's d. */
+static void pack_rows(const struct loom_weight_pack_args *a, const struct pack_geom *g,
+		      int64_t r0, int64_t rows, size_t row, unsigned char *dst)
+{
+	const size_t blocks = (size_t)(a->k / g->elems), bb = g->q + 2;
+	const size_t q_at = g->d_at ? 0 : 2;
 
 	memset(dst, 0, (size_t)rows * row);
 	for (int64_t r = 0; r < rows; r++) {
 		const unsigned char *src = (const unsigned char *)a->src + (size_t)(r0 + r) * a->src_stride;
-		unsigned char *quants = dst + (size_t)r * row, *scales = quants + blocks * q;
+		unsigned char *quants = dst + (size_t)r * row, *scales = quants + blocks * g->q;
 
 		for (size_t b = 0; b < blocks; b++) {
-			memcpy(scales + 2 * b, src + b * (q + 2), 2);
-			memcpy(quants + b * q, src + b * (q + 2) + 2, q);
+			memcpy(scales + 2 * b, src + b * bb + g->d_at, 2);
+			memcpy(quants + b * g->q, src + b * bb + q_at, g->q);
 		}
 	}
 }
@@ -120,6 +138,7 @@ int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 		    struct loom_buffer **out, size_t *bytes)
 {
 	struct gpu_pack e;
+	struct pack_geom g;
 	struct loom_buffer *buf = NULL;
 	unsigned char *host = NULL;
 	size_t row, total, chunk_rows;
@@ -130,11 +149,10 @@ int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 		return LOOM_ERR_INVALID;
 	*out = NULL;
 	*bytes = 0;
-	if (!ctx->pack || (a->type != LOOM_TYPE_Q4_0 && a->type != LOOM_TYPE_Q8_0))
+	if (!ctx->pack || !geom_of(a->type, &g))
 		return LOOM_ERR_UNSUPPORTED;
 	row = gpurt_packed_row(a->type, a->k);
-	if (a->n <= 0 || !row || !a->src ||
-	    a->src_stride < (size_t)(a->k / 32) * (a->type == LOOM_TYPE_Q4_0 ? 18 : 34))
+	if (a->n <= 0 || !row || !a->src || a->src_stride < (size_t)(a->k / g.elems) * (g.q + 2))
 		return LOOM_ERR_INVALID;
 	if (__builtin_mul_overflow((size_t)a->n, row, &total))
 		return LOOM_ERR_NOMEM;
@@ -148,14 +166,14 @@ int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	for (int64_t r0 = 0; !rc && r0 < a->n; r0 += (int64_t)chunk_rows) {
 		int64_t rows = a->n - r0 < (int64_t)chunk_rows ? a->n - r0 : (int64_t)chunk_rows;
 
-		pack_rows(a, r0, rows, row, host);
+		pack_rows(a, &g, r0, rows, row, host);
 		rc = rt_failed(ctx, gpurt_upload(ctx->rt, (char *)gpu_buffer_addr(ctx, buf) +
 							  (size_t)r0 * row,
 						 host, (size_t)rows * row));
 	}
 	free(host);
-	e = (struct gpu_pack){ gpu_buffer_addr(ctx, buf),
-			       a->type == LOOM_TYPE_Q4_0 ? GPU_Q4_0P : GPU_Q8_0P, a->n, a->k, row };
+	e = (struct gpu_pack){ gpu_buffer_addr(ctx, buf), a->type | GPU_TYPE_PACKED, a->n, a->k,
+			       row };
 	if (!rc)
 		rc = remember(ctx, &e);
 	if (rc) {

@@ -98,8 +98,12 @@ uint32_t gpurt_block_bytes(uint32_t type);
 #define GPU_TYPE_PACKED 0x100u
 #define GPU_Q4_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q4_0)
 #define GPU_Q8_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q8_0)
-/* Bytes of a packed row of k values (k a multiple of 32; 0 for any other
- * type); the quants of one row are k/2 (q4_0) or k (q8_0) bytes. */
+/* q6_K: per row the first 208 bytes of every super-block (ql, qh and the
+ * int8 scales, GGUF's order), then the super-blocks' f16 d, padded to 16
+ * bytes: GGUF's 210-byte blocks leave ql and qh 2-byte aligned. */
+#define GPU_Q6_KP (GPU_TYPE_PACKED | LOOM_TYPE_Q6_K)
+/* Bytes of a packed row of k values of q4_0, q8_0 (k a multiple of 32)
+ * or q6_K (of 256); 0 for any other type or k. */
 size_t gpurt_packed_row(uint32_t type, int64_t k);
 
 /* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The

@@ -387,7 +387,7 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
 	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
-	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4) X(GPU_Q4_0P) X(GPU_Q8_0P)
+	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4) X(GPU_Q4_0P) X(GPU_Q8_0P) X(GPU_Q6_KP)
 
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
@@ -397,18 +397,21 @@ static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
 	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
 	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 :
-	       t == LOOM_TYPE_MXFP4 ? 17 : t == GPU_Q4_0P ? 18 : t == GPU_Q8_0P ? 34 : 0;
+	       t == LOOM_TYPE_MXFP4 ? 17 : t == GPU_Q4_0P ? 18 : t == GPU_Q8_0P ? 34 :
+	       t == GPU_Q6_KP ? 210 : 0;
 }
 
 /* A layout of weight_pack's (gpu_rt.h), and its quant bytes per block. */
 static constexpr __host__ __device__ bool is_packed(uint32_t t)
 {
-	return t == GPU_Q4_0P || t == GPU_Q8_0P;
+	return t == GPU_Q4_0P || t == GPU_Q8_0P || t == GPU_Q6_KP;
 }
 
+/* the bytes of a block but its f16 scale d: q4_0's and q8_0's quants,
+ * q6_K's ql, qh and scales (GGUF's first 208 bytes of a super-block) */
 static constexpr __host__ __device__ uint32_t pk_qbytes(uint32_t t)
 {
-	return t == GPU_Q4_0P ? 16 : 32;
+	return t == GPU_Q4_0P ? 16 : t == GPU_Q6_KP ? 208 : 32;
 }
 
 static constexpr __host__ __device__ bool is_plain(uint32_t t)
@@ -420,7 +423,7 @@ static constexpr __host__ __device__ bool is_plain(uint32_t t)
 static constexpr __host__ __device__ bool is_kquant(uint32_t t)
 {
 	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q3_K || t == LOOM_TYPE_Q4_K ||
-	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K;
+	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K || t == GPU_Q6_KP;
 }
 
 static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
@@ -437,11 +440,11 @@ extern "C" bool gpurt_format_known(uint32_t type)
 
 extern "C" size_t gpurt_packed_row(uint32_t type, int64_t k)
 {
-	if ((type != LOOM_TYPE_Q4_0 && type != LOOM_TYPE_Q8_0) || k <= 0 || k % 32)
-		return 0;
-	const size_t q = type == LOOM_TYPE_Q4_0 ? 16 : 32, blocks = (size_t)(k / 32);
+	const uint32_t p = type | GPU_TYPE_PACKED;
 
-	return (blocks * (q + 2) + 15) & ~(size_t)15;
+	if (!is_packed(p) || type == p || k <= 0 || k % elems_of(p))
+		return 0;
+	return ((size_t)(k / elems_of(p)) * (pk_qbytes(p) + 2) + 15) & ~(size_t)15;
 }
 
 extern "C" uint32_t gpurt_block_elems(uint32_t type)
@@ -603,7 +606,7 @@ template <uint32_t T> __device__ __forceinline__ const uint8_t *pk_quants(const 
 template <uint32_t T>
 __device__ __forceinline__ float pk_scale(const uint8_t *row, int64_t b, int64_t k)
 {
-	return half_to_f32(*(const uint16_t *)(row + k / 32 * pk_qbytes(T) + 2 * b));
+	return half_to_f32(*(const uint16_t *)(row + k / elems_of(T) * pk_qbytes(T) + 2 * b));
 }
 
 __device__ __forceinline__ void deq_q4_1(const uint8_t *b, int j, float v[8])
@@ -744,18 +747,24 @@ template <bool Q5> __device__ __forceinline__ void deq_q45_K(const uint8_t *b, i
 	}
 }
 
-__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+/* d given apart: the GGUF layout's (at b + 208) or a packed row's */
+__device__ __forceinline__ void deq_q6_K_at(const uint8_t *b, float d, int p, float v[8])
 {
 	const uint8_t *ql = b + 64 * (p >> 4) + 8 * (p & 7);
 	const uint8_t *qh = b + 128 + 32 * (p >> 4) + 8 * (p & 3);
 	const int lshift = 4 * ((p >> 3) & 1), hshift = 2 * ((p >> 2) & 3);
-	const float dl = mul_rn(half_to_f32(ld16(b + 208)), (float)(int8_t)b[192 + (p >> 1)]);
+	const float dl = mul_rn(d, (float)(int8_t)b[192 + (p >> 1)]);
 
 	for (int e = 0; e < 8; e++) {
 		int q = ((ql[e] >> lshift) & 15) | ((qh[e] >> hshift) & 3) << 4;
 
 		v[e] = mul_rn(dl, (float)(q - 32));
 	}
+}
+
+__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+{
+	deq_q6_K_at(b, half_to_f32(ld16(b + 208)), p, v);
 }
 
 /* Values of part q of `row` (k values in all) into v; past k, zeros. */
@@ -774,6 +783,9 @@ __device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t 
 	else if constexpr (T == GPU_Q4_0P)
 		deq_q4_0_at(pk_scale<T>(row, q / per_block, k), pk_quants<T>(row, q / per_block),
 			    4 * p, v);
+	else if constexpr (T == GPU_Q6_KP)
+		deq_q6_K_at(pk_quants<T>(row, q / per_block), pk_scale<T>(row, q / per_block, k), p,
+			    v);
 	else if constexpr (T == LOOM_TYPE_Q8_0)
 		deq_q8_0(b, p, v);
 	else if constexpr (T == LOOM_TYPE_Q4_0)
@@ -959,7 +971,8 @@ extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_str
 extern "C" bool gpurt_gemv_q8_format(uint32_t type)
 {
 	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
-	       type == LOOM_TYPE_Q6_K || type == GPU_Q4_0P || type == GPU_Q8_0P;
+	       type == LOOM_TYPE_Q6_K || type == GPU_Q4_0P || type == GPU_Q8_0P ||
+	       type == GPU_Q6_KP;
 }
 
 /* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
@@ -1100,14 +1113,22 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + (u >> 3) * 210;
-		const int p = (int)(u & 7), ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
+
+		load_at(b, half_to_f32(ld16(b + 208)), (int)(u & 7));
+	}
+
+	/* unit p of super-block b (its ql, qh and scales as GGUF lays them
+	 * out), d given apart (a packed row keeps it elsewhere) */
+	__device__ __forceinline__ void load_at(const uint8_t *b, float dd, int p)
+	{
+		const int ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
 		uint32_t lo[8], hi[8];
 
 		ld_words(b + 64 * (p >> 2) + 32 * (p & 1), 8, lo);
 		ld_words(b + 128 + 32 * (p >> 2), 8, hi);
 		for (int t = 0; t < 8; t++)
 			q[t] = ((lo[t] >> ls) & 0x0f0f0f0fu) | ((hi[t] >> hs) & 0x03030303u) << 4;
-		d = half_to_f32(ld16(b + 208));
+		d = dd;
 		sc[0] = (int8_t)b[192 + 2 * p];
 		sc[1] = (int8_t)b[193 + 2 * p];
 	}
@@ -1149,6 +1170,15 @@ template <> struct unit<GPU_Q4_0P> : unit<LOOM_TYPE_Q4_0> {
 	{
 		d = pk_scale<GPU_Q4_0P>(row, u, k);
 		ld_words16(pk_quants<GPU_Q4_0P>(row, u), 4, q);
+	}
+};
+
+/* q6_K packed: super-blocks of 208 bytes (16-byte aligned ql and qh) */
+template <> struct unit<GPU_Q6_KP> : unit<LOOM_TYPE_Q6_K> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		load_at(pk_quants<GPU_Q6_KP>(row, u >> 3), pk_scale<GPU_Q6_KP>(row, u >> 3, k),
+			(int)(u & 7));
 	}
 };
 
@@ -1413,6 +1443,8 @@ static group_launch group_for(uint32_t t, bool q8)
 			return launch_group<GPU_Q8_0P, true>;
 		case GPU_Q4_0P:
 			return launch_group<GPU_Q4_0P, true>;
+		case GPU_Q6_KP:
+			return launch_group<GPU_Q6_KP, true>;
 		default:
 			return NULL;
 		}
@@ -1882,18 +1914,31 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_
 }
 
 /* the q6_K unit is 32 values already; its bytes 0 .. 63 to -32 .. 31 */
-template <>
-__device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk, int64_t,
-						    blk8 *o)
+template <uint32_t T> __device__ __forceinline__ void dec32_q6(const uint8_t *row, int64_t blk,
+							       int64_t k, blk8 *o)
 {
-	unit<LOOM_TYPE_Q6_K> u;
+	unit<T> u;
 
-	u.load(row, blk, 0);
+	u.load(row, blk, k);
 	for (int t = 0; t < 8; t++)
 		o->q[t] = (u.q[t] + 0x60606060u) ^ 0x80808080u;
 	o->a[0] = u.d * (float)u.sc[0];
 	o->a[1] = u.d * (float)u.sc[1];
 	o->b = 0.0f;
+}
+
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	dec32_q6<LOOM_TYPE_Q6_K>(row, blk, k, o);
+}
+
+template <>
+__device__ __forceinline__ void dec32<GPU_Q6_KP>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	dec32_q6<GPU_Q6_KP>(row, blk, k, o);
 }
 
 /* the packed layouts: as q8_0 and q4_0 above, the quants by 128-bit loads */
@@ -2044,6 +2089,7 @@ extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const
 	case LOOM_TYPE_Q6_K: kernel = k_mmq<LOOM_TYPE_Q6_K>; break;
 	case GPU_Q8_0P: kernel = k_mmq<GPU_Q8_0P>; break;
 	case GPU_Q4_0P: kernel = k_mmq<GPU_Q4_0P>; break;
+	case GPU_Q6_KP: kernel = k_mmq<GPU_Q6_KP>; break;
 	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
 	}
 	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);
@@ -3495,6 +3541,8 @@ static moe_launch moe_for(uint32_t t, bool q8)
 			return launch_moe_gemv_as<GPU_Q8_0P, true>;
 		case GPU_Q4_0P:
 			return launch_moe_gemv_as<GPU_Q4_0P, true>;
+		case GPU_Q6_KP:
+			return launch_moe_gemv_as<GPU_Q6_KP, true>;
 		default:
 			return NULL;
 		}

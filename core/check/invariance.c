@@ -393,7 +393,7 @@ static int check_packed(struct be *e)
 {
 	/* the GPU backends: GEMV to 16, the int8 GEMM to 256, panels past */
 	static const int64_t ms[] = { 1, 2, 5, 17, 64, 300 };
-	static const int64_t ks[] = { 320, 352, 512, 576 };
+	static const int64_t ks[] = { 320, 352, 512, 576, 768 };
 	int packed = 0;
 
 	if (!loom_backend_has_pack(e->b))

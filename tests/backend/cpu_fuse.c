@@ -862,6 +862,7 @@ static const struct config configs[] = {
 	/* the GPU's packed layouts (gpu_pack.c): the groups of the GGUF layout */
 	{ "q4_0 packed", ALL7(LOOM_TYPE_Q4_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
 	{ "q8_0 packed", ALL7(LOOM_TYPE_Q8_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
+	{ "q6_k packed", ALL7(LOOM_TYPE_Q6_K), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
 };
 
 /* Rows and columns of each weight (enum order). */

@@ -86,6 +86,9 @@ def kquant_models(loom, tmp, mixes=KQUANT_MIXES):
     models = []
     for mix in mixes:
         dst = os.path.join(tmp, f"tiny_{mix}.gguf")
+        if os.path.exists(dst):  # made already for another check
+            models.append((mix, dst))
+            continue
         subprocess.run([loom, "quantize", src, dst, mix], check=True, capture_output=True,
                        timeout=120)
         models.append((mix, dst))
@@ -116,13 +119,14 @@ def check_kquants(loom, stem, tmp):
     return failed
 
 
-PACKED_MIXES = ["Q4_0", "Q8_0"]
-PACKED_LINE = re.compile(r"weights packed \(q4_0/q8_0, 16-byte aligned quants\): (\d+)")
+# Q4_K_M: its q6_K tensors (the rest q4_K, whose blocks are aligned)
+PACKED_MIXES = ["Q4_0", "Q8_0", "Q4_K_M"]
+PACKED_LINE = re.compile(r"weights packed \(q4_0/q8_0/q6_K, 16-byte aligned quants\): (\d+)")
 
 
 def check_packed(loom, stem, tmp):
-    """The weight_pack slot (gpu_pack.c): the tiny model in Q4_0 and Q8_0
-    loads with its q4_0/q8_0 weights repacked (the backend's log counts
+    """The weight_pack slot (gpu_pack.c): the tiny model in Q4_0, Q8_0 and
+    Q4_K_M loads with its q4_0/q8_0/q6_K weights repacked (the backend's log counts
     them; LOOM_GPU_PACK=0 packs none), greedy tokens in exact mode equal
     cpu.so's, and in both modes equal those of LOOM_GPU_PACK=0 (the same
     kernels' arithmetic on the GGUF layout). Returns the number of
