@@ -79,6 +79,12 @@ int rt_failed(struct loom_backend_ctx *ctx, int rc)
 	return rc;
 }
 
+/* A layout of weight_pack's (gpu_rt.h), not a format a caller names. */
+static bool is_packed_type(uint32_t type)
+{
+	return (type & GPU_TYPE_PACKED) != 0;
+}
+
 static size_t row_size(int64_t n, uint32_t type, bool *ok)
 {
 	uint32_t be = gpurt_block_elems(type), bb = gpurt_block_bytes(type);
@@ -505,8 +511,12 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 {
 	/* ABI 1.8: token trees, attention sinks and the clamped SwiGLU are
 	 * all in the GPU kernels */
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT)
 		return false;
+	/* ABI 1.5: a tied table packed by weight_pack, read by embed too (the
+	 * same decoders, rows picked by id) */
+	if (op == LOOM_OP_EMBED_PACKED)
+		return ctx->pack && gpurt_packed_row(type, 256) != 0;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
 	/* token trees (ABI 1.8): every KV type, rows through split-K */
@@ -926,7 +936,13 @@ static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table,
 		return LOOM_ERR_INVALID;
 	if (!gpurt_format_known(type))
 		return LOOM_ERR_UNSUPPORTED;
-	need = row_size(dim, type, &ok);
+	/* row_bytes 0: a table weight_pack packed (ABI 1.5), read in its layout */
+	if (row_bytes == 0 && dim > 0 &&
+	    gpu_pack_view(ctx, table, type, n_rows, dim, &type, &row_bytes))
+		return LOOM_ERR_INVALID;
+	need = row_bytes && is_packed_type(type) ? row_bytes : row_size(dim, type, &ok);
+	if (is_packed_type(type))
+		ok = true;
 	if (!ok || row_bytes < need || !loom_check_bytes(n_rows, need, row_bytes) ||
 	    !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;

@@ -124,15 +124,30 @@ PACKED_MIXES = ["Q4_0", "Q8_0", "Q4_K_M"]
 PACKED_LINE = re.compile(r"weights packed \(q4_0/q8_0/q6_K, 16-byte aligned quants\): (\d+)")
 
 
+def tied_models(tmp):
+    """The tiny llama with a tied token table, in q4_0 and q8_0: [(name, path)]."""
+    models = []
+    for qtype in ("q4_0", "q8_0"):
+        path = os.path.join(tmp, f"tied_{qtype}.gguf")
+        subprocess.run([sys.executable, MKGGUF, path, "--layers", "2", "--embd", "256", "--ff",
+                        "512", "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--type",
+                        qtype, "--tied", "--seed", "9", "-q"], check=True, capture_output=True,
+                       timeout=120)
+        models.append((f"tied {qtype}", path))
+    return models
+
+
 def check_packed(loom, stem, tmp):
     """The weight_pack slot (gpu_pack.c): the tiny model in Q4_0, Q8_0 and
-    Q4_K_M loads with its q4_0/q8_0/q6_K weights repacked (the backend's log counts
+    Q4_K_M, and with a tied q4_0 or q8_0 token table (packed too: embed
+    and the head read the backend's layout, ABI 1.5), loads with its
+    q4_0/q8_0/q6_K weights repacked (the backend's log counts
     them; LOOM_GPU_PACK=0 packs none), greedy tokens in exact mode equal
     cpu.so's, and in both modes equal those of LOOM_GPU_PACK=0 (the same
     kernels' arithmetic on the GGUF layout). Returns the number of
     failures."""
     out, failed = os.path.join(tmp, "ptokens"), 0
-    for mix, model in kquant_models(loom, tmp, PACKED_MIXES):
+    for mix, model in kquant_models(loom, tmp, PACKED_MIXES) + tied_models(tmp):
         want, _, _ = run(loom, "cpu.so", model, PROMPTS[0], KQUANT_TOKENS, out)
         for exact in ("1", "0"):
             logs, toks = {}, {}
@@ -143,7 +158,9 @@ def check_packed(loom, stem, tmp):
                 found = PACKED_LINE.search(log[0])
                 logs[pack] = int(found.group(1)) if found else 0
             ok = (toks["1"] == toks["0"] and len(toks["1"]) == KQUANT_TOKENS and
-                  logs["1"] > 0 and logs["0"] == 0 and (exact == "0" or toks["1"] == want))
+                  logs["1"] > 0 and logs["0"] == 0 and (exact == "0" or toks["1"] == want) and
+                  # a tied table: packed too (ABI 1.5), read by embed and the head
+                  (not mix.startswith("tied") or logs["1"] == 2 * 7 + 1))
             print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {mix} {'exact' if exact == '1' else 'fast'}"
                   f" mode: {logs['1']} weights packed, tokens "
                   f"{'equal' if toks['1'] == toks['0'] else 'differ from'} LOOM_GPU_PACK=0's"
