@@ -19,7 +19,8 @@
 #   3. loom at depth 4096, and 16 and 64 sequences at once (-npl); then A/B runs of the paths issue
 #      30 added against what they replace (LOOM_GPU_MMQ_MAX_M=0: batches on f16 panels; =4096:
 #      pp512 on the int8 GEMM; LOOM_DEVICE_GREEDY=0: greedy on the host; LOOM_GPU_FUSE=0: every
-#      call its own launch, no GEMV groups, norm+quantize or add+norm kernels), tagged [VAR=VALUE];
+#      call its own launch, no GEMV groups, norm+quantize or add+norm kernels; LOOM_GPU_PACK=0:
+#      q4_0/q8_0/q6_K weights in GGUF layout, not repacked at load), tagged [VAR=VALUE];
 #   4. the 8B-shaped q4_0 and Q4_K_M: loom tg128 and pp512;
 #   5. llama-bench (pp512, tg128 at depth 0 and 4096) and llama-batched-bench (-npl 1,16,64) on the
 #      same files, then a summary table of both.
@@ -193,6 +194,8 @@ main() {
 	have 40 && BENCH_ENV=LOOM_DEVICE_GREEDY=0 loom_bench 1b -p 16 -n $N
 	for m in 1b 1bk; do have 40 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench $m -p 16 -n $N; done
 	have 60 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench 1b -p $NPP -n $NTG -npl ${NPL%% *}
+	# q4_0/q8_0/q6_K weights in GGUF layout (4-byte loads) instead of repacked (16-byte loads)
+	for m in 1b 1b8 1bk; do have 40 && BENCH_ENV=LOOM_GPU_PACK=0 loom_bench $m -p 16 -n $N; done
 	if have 240; then
 		log "8B-shaped models"
 		mkmodel 8b 8b q4_0 && mkmodel 8bk 8b Q4_K_M

@@ -79,6 +79,12 @@ int rt_failed(struct loom_backend_ctx *ctx, int rc)
 	return rc;
 }
 
+/* A layout of weight_pack's (gpu_rt.h), not a format a caller names. */
+static bool is_packed_type(uint32_t type)
+{
+	return (type & GPU_TYPE_PACKED) != 0;
+}
+
 static size_t row_size(int64_t n, uint32_t type, bool *ok)
 {
 	uint32_t be = gpurt_block_elems(type), bb = gpurt_block_bytes(type);
@@ -359,6 +365,11 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 	if (ctx->n_sampled)
 		gpu_log(ctx->host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": rows sampled on the device: %llu",
 			(unsigned long long)ctx->n_sampled);
+	if (ctx->n_packed)
+		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": weights packed (q4_0/q8_0/q6_K, 16-byte aligned quants): %llu, "
+			"%.1f MiB", (unsigned long long)ctx->n_packed,
+			(double)ctx->packed_bytes / (1 << 20));
 	regions_free(ctx);
 	colls_free(ctx);
 	gpurt_free(ctx->rt, ctx->scratch);
@@ -373,6 +384,7 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->moe_tabs);
 	free(ctx->hitems);
 	free(ctx->fetches);
+	packs_free(ctx);
 	free(ctx);
 }
 
@@ -466,6 +478,7 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->half_gemm = gpurt_has_blas() && !env_is("LOOM_GPU_GEMM", "f32");
 	ctx->graphs_on = !env_is("LOOM_GPU_GRAPHS", "0");
 	ctx->fuse = !env_is("LOOM_GPU_FUSE", "0");
+	ctx->pack = !env_is("LOOM_GPU_PACK", "0");
 	ctx->mmq_max_m = env_int("LOOM_GPU_MMQ_MAX_M", MMQ_MAX_M, 0, 65535 * 64);
 	rc = gpurt_open(device, &ctx->rt, why, sizeof(why));
 	if (rc) {
@@ -473,13 +486,14 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 		free(ctx);
 		return rc;
 	}
-	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s",
+	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? "exact (f32 activations)" :
 		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV and GEMM",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
-		ctx->graphs_on ? "step graphs on" : "step graphs off");
+		ctx->graphs_on ? "step graphs on" : "step graphs off",
+		ctx->pack ? "q4_0/q8_0/q6_K weights repacked" : "weights in GGUF layout");
 	*out = ctx;
 	return LOOM_OK;
 }
@@ -497,8 +511,12 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 {
 	/* ABI 1.8: token trees, attention sinks and the clamped SwiGLU are
 	 * all in the GPU kernels */
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT)
 		return false;
+	/* ABI 1.5: a tied table packed by weight_pack, read by embed too (the
+	 * same decoders, rows picked by id) */
+	if (op == LOOM_OP_EMBED_PACKED)
+		return ctx->pack && gpurt_packed_row(type, 256) != 0;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
 	/* token trees (ABI 1.8): every KV type, rows through split-K */
@@ -509,7 +527,7 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 
 /* ---- memory ---- */
 
-static int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
+int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
 {
 	struct loom_buffer *buf;
 	int rc;
@@ -536,7 +554,7 @@ static int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct lo
 	return LOOM_OK;
 }
 
-static void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
+void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
 	if (!ctx || !buf)
 		return;
@@ -546,11 +564,12 @@ static void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 		return;
 	}
 	shadows_drop(ctx, buf->ptr, buf->size ? buf->size : 1); /* the address may come back */
+	gpu_pack_forget(ctx, buf->ptr);
 	gpurt_free(ctx->rt, buf->ptr);
 	free(buf);
 }
 
-static void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
+void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf)
 {
 	return buf ? buf->ptr : NULL;
 }
@@ -852,17 +871,25 @@ static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
 	struct call c = new_call(CALL_GEMM);
 	struct loom_gemm_args *g = &c.u.gemm;
-	size_t w_row;
+	uint32_t type;
+	size_t w_row, w_stride;
 	bool ok;
 
-	/* this backend packs no weight, so w_packed is never its own */
-	if (!ctx || !a || a->struct_size < LOOM_GEMM_ARGS_MIN_SIZE || LOOM_GEMM_PACKED(a) ||
-	    a->m < 0 || a->n < 0 || a->k < 0)
+	if (!ctx || !a || a->struct_size < LOOM_GEMM_ARGS_MIN_SIZE || a->m < 0 || a->n < 0 ||
+	    a->k < 0)
 		return LOOM_ERR_INVALID;
 	if (!gpurt_format_known(a->w_type))
 		return LOOM_ERR_UNSUPPORTED;
-	w_row = row_size(a->k, a->w_type, &ok);
-	if (!ok || a->w_stride < w_row || !loom_check_bytes(a->n, w_row, a->w_stride) ||
+	type = a->w_type;
+	w_stride = a->w_stride;
+	/* a packed weight: the kernels read its layout type, rows its stride apart */
+	if (LOOM_GEMM_PACKED(a) && gpu_pack_view(ctx, a->w, a->w_type, a->n, a->k, &type,
+						 &w_stride))
+		return LOOM_ERR_INVALID;
+	w_row = LOOM_GEMM_PACKED(a) ? w_stride : row_size(a->k, a->w_type, &ok);
+	if (LOOM_GEMM_PACKED(a))
+		ok = true;
+	if (!ok || w_stride < w_row || !loom_check_bytes(a->n, w_row, w_stride) ||
 	    !loom_check_shape(a->m, a->k, a->x_stride) || !loom_check_shape(a->m, a->n, a->y_stride))
 		return LOOM_ERR_INVALID;
 	if (a->m == 0 || a->n == 0)
@@ -870,9 +897,9 @@ static int do_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!a->x || !a->y || (!a->w && a->k > 0))
 		return LOOM_ERR_INVALID;
 	g->struct_size = sizeof(*g);
-	g->w_type = a->w_type;
+	g->w_type = type;
 	g->m = a->m, g->n = a->n, g->k = a->k;
-	g->w = a->w, g->w_stride = a->w_stride;
+	g->w = a->w, g->w_stride = w_stride;
 	g->x = a->x, g->x_stride = a->x_stride;
 	g->y = a->y, g->y_stride = a->y_stride;
 	return submit(ctx, &c);
@@ -909,7 +936,13 @@ static int do_embed(struct loom_backend_ctx *ctx, float *out, const void *table,
 		return LOOM_ERR_INVALID;
 	if (!gpurt_format_known(type))
 		return LOOM_ERR_UNSUPPORTED;
-	need = row_size(dim, type, &ok);
+	/* row_bytes 0: a table weight_pack packed (ABI 1.5), read in its layout */
+	if (row_bytes == 0 && dim > 0 &&
+	    gpu_pack_view(ctx, table, type, n_rows, dim, &type, &row_bytes))
+		return LOOM_ERR_INVALID;
+	need = row_bytes && is_packed_type(type) ? row_bytes : row_size(dim, type, &ok);
+	if (is_packed_type(type))
+		ok = true;
 	if (!ok || row_bytes < need || !loom_check_bytes(n_rows, need, row_bytes) ||
 	    !loom_check_shape(n_ids, dim, dim))
 		return LOOM_ERR_INVALID;
@@ -1531,25 +1564,41 @@ static void moe_layout_of(const struct loom_backend_ctx *ctx, const struct loom_
 	l->bytes = at;
 }
 
-/* LOOM_OK when the n_expert matrices of m ([n][k] each) are a format
- * this backend runs with rows of k values in row_bytes. */
-static int moe_weights_ok(const struct loom_moe_weights *m, int64_t n, int64_t k)
+/* LOOM_OK when the count matrices of m ([n][k] each) are a format this
+ * backend runs with rows of k values in row_bytes, or packs of this
+ * context (then *view has the layout type and row stride the kernels
+ * read, else m's own). */
+static int moe_weights_ok(const struct loom_backend_ctx *ctx, const struct loom_moe_weights *m,
+			  int64_t count, int64_t n, int64_t k, struct loom_moe_weights *view)
 {
 	size_t row;
 	bool ok;
 
-	if (m->packed) /* this backend packs nothing */
-		return LOOM_ERR_INVALID;
+	*view = *m;
 	if (!gpurt_format_known(m->type) || n > MOE_MAX_N)
 		return LOOM_ERR_UNSUPPORTED;
+	if (m->packed) {
+		for (int64_t e = 0; e < count; e++) {
+			uint32_t t;
+
+			if (gpu_pack_view(ctx, m->w[e], m->type, n, k, &t, &row) ||
+			    (e && (t != view->type || row != view->row_bytes)))
+				return LOOM_ERR_INVALID;
+			view->type = t, view->row_bytes = row, view->packed = 0;
+		}
+		return LOOM_OK;
+	}
 	row = row_size(k, m->type, &ok);
 	return ok && m->row_bytes >= row && loom_check_bytes(n, row, m->row_bytes) ?
 		       LOOM_OK : LOOM_ERR_INVALID;
 }
 
-static int moe_args_ok(const struct loom_moe_args *a)
+/* Checks a; v[0..5] get the views of its gate, up, down and shared
+ * expert weights (moe_weights_ok). */
+static int moe_args_ok(const struct loom_backend_ctx *ctx, const struct loom_moe_args *a,
+		       struct loom_moe_weights v[6])
 {
-	int64_t fs = a->n_ff_shared;
+	int64_t fs = a->n_ff_shared, ne = a->n_expert;
 	int rc = loom_moe_check_args(a);
 
 	/* the scratch's sizes stay far below SIZE_MAX with these */
@@ -1557,17 +1606,17 @@ static int moe_args_ok(const struct loom_moe_args *a)
 		rc = LOOM_ERR_UNSUPPORTED;
 	if (rc || a->rows == 0)
 		return rc;
-	rc = moe_weights_ok(&a->gate, a->n_ff, a->n_embd);
+	rc = moe_weights_ok(ctx, &a->gate, ne, a->n_ff, a->n_embd, &v[0]);
 	if (!rc)
-		rc = moe_weights_ok(&a->up, a->n_ff, a->n_embd);
+		rc = moe_weights_ok(ctx, &a->up, ne, a->n_ff, a->n_embd, &v[1]);
 	if (!rc)
-		rc = moe_weights_ok(&a->down, a->n_embd, a->n_ff);
+		rc = moe_weights_ok(ctx, &a->down, ne, a->n_embd, a->n_ff, &v[2]);
 	if (!rc && fs > 0)
-		rc = moe_weights_ok(&a->shared_gate, fs, a->n_embd);
+		rc = moe_weights_ok(ctx, &a->shared_gate, 1, fs, a->n_embd, &v[3]);
 	if (!rc && fs > 0)
-		rc = moe_weights_ok(&a->shared_up, fs, a->n_embd);
+		rc = moe_weights_ok(ctx, &a->shared_up, 1, fs, a->n_embd, &v[4]);
 	if (!rc && fs > 0)
-		rc = moe_weights_ok(&a->shared_down, a->n_embd, fs);
+		rc = moe_weights_ok(ctx, &a->shared_down, 1, a->n_embd, fs, &v[5]);
 	return rc;
 }
 
@@ -1599,11 +1648,12 @@ static int do_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
 {
 	struct call c = new_call(CALL_MOE);
 	struct moe_call *m = &c.u.moe;
+	struct loom_moe_weights v[6];
 	int rc;
 
 	if (!ctx)
 		return LOOM_ERR_INVALID;
-	rc = moe_args_ok(a);
+	rc = moe_args_ok(ctx, a, v);
 	if (rc || a->rows == 0)
 		return rc;
 	if (!ctx->in_region)
@@ -1616,6 +1666,10 @@ static int do_moe(struct loom_backend_ctx *ctx, const struct loom_moe_args *a)
 	m->a.struct_size = sizeof(m->a);
 	if (!LOOM_MOE_BIASES(a))
 		m->a.gate_bias = m->a.up_bias = m->a.down_bias = NULL;
+	/* packed experts: the kernels read their layout type and stride */
+	m->a.gate = v[0], m->a.up = v[1], m->a.down = v[2];
+	if (a->n_ff_shared > 0)
+		m->a.shared_gate = v[3], m->a.shared_up = v[4], m->a.shared_down = v[5];
 	if (a->n_ff_shared > 0) {
 		m->shared_w[0] = a->shared_gate.w[0];
 		m->shared_w[1] = a->shared_up.w[0];
@@ -2102,6 +2156,7 @@ static const struct loom_backend_ops gpu_ops = {
 #if GPU_COLL
 	.collective = gpu_collective,
 #endif
+	.weight_pack = gpu_weight_pack,
 	.moe = gpu_moe,
 	.argmax = gpu_argmax,
 	.sample = gpu_sample,

@@ -137,6 +137,15 @@ struct comm_entry {
 #define GRAPH_SLOTS 32 /* captured steps kept (least recently used goes) */
 #define SEEN_SLOTS 64  /* steps remembered; the second sighting is captured */
 
+/* A weight weight_pack packed (gpu_pack.c): its device address, layout
+ * type (GPU_Q4_0P, GPU_Q8_0P, GPU_Q6_KP), shape and row stride. */
+struct gpu_pack {
+	const void *ptr;
+	uint32_t type;
+	int64_t n, k;
+	size_t row;
+};
+
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;
 	struct gpurt *rt;
@@ -145,6 +154,10 @@ struct loom_backend_ctx {
 	bool half_gemm; /* prefill of f16 / quantized weights on f16 tensor cores */
 	bool graphs_on; /* capture repeated steps (LOOM_GPU_GRAPHS=0: never) */
 	bool fuse;      /* GEMV groups in regions (LOOM_GPU_FUSE=0: never) */
+	bool pack;      /* weight_pack repacks q4_0/q8_0/q6_K (LOOM_GPU_PACK=0: never) */
+	struct gpu_pack *packs; /* open addressing by ptr, packs_cap a power of two */
+	size_t packs_cap, n_packs;
+	uint64_t n_packed, packed_bytes; /* weights packed so far (LOOM_DEBUG) */
 	int64_t mmq_max_m; /* fast mode: int8 GEMM up to this m (LOOM_GPU_MMQ_MAX_M) */
 	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
@@ -224,6 +237,22 @@ int gemv_quantize(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a, 
 int rope_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a, bool make,
 	       struct gpurt_rope_table *t);
 
+int gpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out);
+void gpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+void *gpu_buffer_addr(struct loom_backend_ctx *ctx, struct loom_buffer *buf);
+
+/* ---- gpu_pack.c ---- */
+/* The weight_pack slot (ABI 1.2): q4_0, q8_0, q6_K into gpu_rt.h's layout. */
+int gpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_args *a,
+		    struct loom_buffer **out, size_t *bytes);
+/* The pack at device address ptr, or NULL. */
+const struct gpu_pack *gpu_pack_find(const struct loom_backend_ctx *ctx, const void *ptr);
+/* Forgets the pack at ptr (its buffer is being freed); no-op for others. */
+void gpu_pack_forget(struct loom_backend_ctx *ctx, const void *ptr);
+void packs_free(struct loom_backend_ctx *ctx);
+int gpu_pack_view(const struct loom_backend_ctx *ctx, const void *w, uint32_t type, int64_t n,
+		  int64_t k, uint32_t *view_type, size_t *row);
+
 /* ---- gpu_fuse.c ---- */
 /* A run of calls that runs as one GEMV group (gpurt_gemv_group): gemms
  * over the same rows, each with the add that consumes its output, or a
@@ -247,6 +276,7 @@ int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g);
 /* RoPE of k (and of q right before it) with the kv_write of k's rows
  * after it (gpurt_rope_kv). */
 struct gpu_rope_kv {
+	const struct rows_call *qn, *kn; /* the head norms before them, or NULL */
 	const struct loom_rope_args *q, *k;
 	const struct loom_kv_write_args *w;
 };
@@ -254,7 +284,8 @@ struct gpu_rope_kv {
  * apart from the rows the ropes before it and the call itself read. */
 bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots);
 /* How many of the n calls from c on (plans alongside) run as one rope +
- * kv_write launch (0: none). */
+ * kv_write launch (0: none), with the head norms of q and k before them
+ * (5 calls) when they may. */
 int64_t gpu_find_rope_kv(const struct call *c, const struct attn_plan *pl, int64_t n,
 			 struct gpu_rope_kv *f);
 int gpu_run_rope_kv(struct loom_backend_ctx *ctx, const struct gpu_rope_kv *f);

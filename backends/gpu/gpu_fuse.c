@@ -367,6 +367,17 @@ bool gpu_caches_apart(const struct call *c, int64_t i, const int32_t *slots)
 		    !rope_inputs_apart(r, ks) || !rope_inputs_apart(r, vs))
 			return false;
 	}
+	/* the head norms before two ropes (Qwen3, Gemma 3): their rows and
+	 * weights too */
+	for (int64_t j = i - 3; i >= 4 && j >= i - 4 && c[i - 1].kind == CALL_ROPE &&
+			       c[i - 2].kind == CALL_ROPE && c[j].kind == CALL_RMSNORM; j--) {
+		const struct rows_call *r = &c[j].u.rows;
+		struct span w = words_span(r->w, r->n);
+		struct span x = rows_span(r->x, r->rows, r->x_stride, r->n);
+
+		if (overlap(ks, w) || overlap(vs, w) || overlap(ks, x) || overlap(vs, x))
+			return false;
+	}
 	return true;
 }
 
@@ -401,10 +412,39 @@ static bool rope_q_ok(const struct loom_rope_args *q, const struct loom_rope_arg
 	       !overlap(qs, words_span(w->slots, w->n_tokens));
 }
 
+/* Head norm r (rmsnorm of each head of rope a's rows, in place) may run
+ * in a's block: its rows are exactly a's heads, contiguous, and its
+ * weights lie apart from every row the fused launch writes (q's, k's). */
+static bool head_norm_ok(const struct rows_call *r, const struct loom_rope_args *a,
+			 const struct loom_rope_args *q, const struct loom_rope_args *k)
+{
+	struct span w = words_span(r->w, r->n);
+
+	return r->y == a->x && r->x == a->x && r->x_stride == a->head_dim &&
+	       r->y_stride == a->head_dim && r->n == a->head_dim &&
+	       a->row_stride == a->n_heads * a->head_dim && r->rows == a->n_tokens * a->n_heads &&
+	       !overlap(w, rope_rows(q)) && !overlap(w, rope_rows(k));
+}
+
 int64_t gpu_find_rope_kv(const struct call *c, const struct attn_plan *pl, int64_t n,
 			 struct gpu_rope_kv *f)
 {
 	memset(f, 0, sizeof(*f));
+	if (n >= 5 && c[0].kind == CALL_RMSNORM && c[1].kind == CALL_RMSNORM &&
+	    c[2].kind == CALL_ROPE && c[3].kind == CALL_ROPE && c[4].kind == CALL_KV_WRITE &&
+	    c[2].u.rope.head_dim == c[3].u.rope.head_dim &&
+	    c[3].u.rope.head_dim % loom_kvq_block_elems(c[4].u.kv.kv_type) == 0 &&
+	    rope_kv_ok(&c[3].u.rope, &c[4].u.kv, &pl[4]) &&
+	    rope_q_ok(&c[2].u.rope, &c[3].u.rope, &c[4].u.kv) &&
+	    head_norm_ok(&c[0].u.rows, &c[2].u.rope, &c[2].u.rope, &c[3].u.rope) &&
+	    head_norm_ok(&c[1].u.rows, &c[3].u.rope, &c[2].u.rope, &c[3].u.rope)) {
+		f->qn = &c[0].u.rows;
+		f->kn = &c[1].u.rows;
+		f->q = &c[2].u.rope;
+		f->k = &c[3].u.rope;
+		f->w = &c[4].u.kv;
+		return 5;
+	}
 	if (n >= 3 && c[0].kind == CALL_ROPE && c[1].kind == CALL_ROPE &&
 	    c[2].kind == CALL_KV_WRITE && rope_kv_ok(&c[1].u.rope, &c[2].u.kv, &pl[2]) &&
 	    rope_q_ok(&c[0].u.rope, &c[1].u.rope, &c[2].u.kv)) {
@@ -427,5 +467,10 @@ int gpu_run_rope_kv(struct loom_backend_ctx *ctx, const struct gpu_rope_kv *f)
 	struct gpurt_rope_table t;
 	int rc = rope_table(ctx, f->k, false, &t);
 
+	if (!rc && f->qn) {
+		struct gpurt_head_norms hn = { f->qn->w, f->kn->w, f->qn->eps, f->kn->eps };
+
+		return rt_failed(ctx, gpurt_norm_rope_kv(ctx->rt, &hn, f->q, f->k, f->w, &t));
+	}
 	return rc ? rc : rt_failed(ctx, gpurt_rope_kv(ctx->rt, f->q, f->k, f->w, &t));
 }

@@ -84,6 +84,28 @@ bool gpurt_format_known(uint32_t type);
 uint32_t gpurt_block_elems(uint32_t type);
 uint32_t gpurt_block_bytes(uint32_t type);
 
+/*
+ * The backend's own weight layouts (the weight_pack slot, ABI 1.2): a
+ * packed q4_0 or q8_0 weight is passed to every gpurt_* call that reads
+ * weights with these types (gpu.c turns a packed gemm's type into them),
+ * rows gpurt_packed_row() bytes apart. A row of k values: the quants of
+ * its k/32 blocks, 16 bytes a q4_0 block and 32 a q8_0 block in GGUF's
+ * byte order, then the blocks' f16 scales, the row padded to 16 bytes; so
+ * every block's quants are 16-byte aligned (128-bit loads) and a warp's
+ * lanes read consecutive quants and consecutive scales. The values and
+ * the arithmetic are those of the GGUF layout: same bits.
+ */
+#define GPU_TYPE_PACKED 0x100u
+#define GPU_Q4_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q4_0)
+#define GPU_Q8_0P (GPU_TYPE_PACKED | LOOM_TYPE_Q8_0)
+/* q6_K: per row the first 208 bytes of every super-block (ql, qh and the
+ * int8 scales, GGUF's order), then the super-blocks' f16 d, padded to 16
+ * bytes: GGUF's 210-byte blocks leave ql and qh 2-byte aligned. */
+#define GPU_Q6_KP (GPU_TYPE_PACKED | LOOM_TYPE_Q6_K)
+/* Bytes of a packed row of k values of q4_0, q8_0 (k a multiple of 32)
+ * or q6_K (of 256); 0 for any other type or k. */
+size_t gpurt_packed_row(uint32_t type, int64_t k);
+
 /* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The
  * arithmetic for y[i][j] does not depend on m or on i's place in x. */
 int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
@@ -258,6 +280,19 @@ int gpurt_rope(struct gpurt *rt, const struct loom_rope_args *a, const struct gp
  * multiple of 64 (a thread owns the blocks whose values pair up). */
 int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q, const struct loom_rope_args *k,
 		  const struct loom_kv_write_args *w, const struct gpurt_rope_table *t);
+/* The same with the head norms before the ropes (Qwen3, Gemma 3): q's
+ * and k's rows normalized in place head by head (rmsnorm with q_w, k_w
+ * of head_dim each), as gpurt_rmsnorm normalizes rows of head_dim, then
+ * gpurt_rope_kv's work: the bits of the five calls one after the other
+ * (gpu_fuse.c checks they may run together). head_dim a whole number of
+ * the cache's units. */
+struct gpurt_head_norms {
+	const float *q_w, *k_w;
+	float q_eps, k_eps;
+};
+int gpurt_norm_rope_kv(struct gpurt *rt, const struct gpurt_head_norms *n,
+		       const struct loom_rope_args *q, const struct loom_rope_args *k,
+		       const struct loom_kv_write_args *w, const struct gpurt_rope_table *t);
 int gpurt_glu(struct gpurt *rt, enum loom_glu_kind kind, float *out, int64_t out_stride,
 	      const float *gate, int64_t gate_stride, const float *up, int64_t up_stride,
 	      int64_t rows, int64_t n);

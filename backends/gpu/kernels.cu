@@ -387,7 +387,7 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_F32) X(LOOM_TYPE_F16) X(LOOM_TYPE_BF16) X(LOOM_TYPE_Q8_0)     \
 	X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0) X(LOOM_TYPE_Q5_1)   \
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
-	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4)
+	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4) X(GPU_Q4_0P) X(GPU_Q8_0P) X(GPU_Q6_KP)
 
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
@@ -397,7 +397,21 @@ static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 	       t == LOOM_TYPE_Q5_0 ? 22 : t == LOOM_TYPE_Q5_1 ? 24 : t == LOOM_TYPE_Q2_K ? 84 :
 	       t == LOOM_TYPE_Q3_K ? 110 : t == LOOM_TYPE_Q4_K ? 144 :
 	       t == LOOM_TYPE_Q5_K ? 176 : t == LOOM_TYPE_Q6_K ? 210 :
-	       t == LOOM_TYPE_MXFP4 ? 17 : 0;
+	       t == LOOM_TYPE_MXFP4 ? 17 : t == GPU_Q4_0P ? 18 : t == GPU_Q8_0P ? 34 :
+	       t == GPU_Q6_KP ? 210 : 0;
+}
+
+/* A layout of weight_pack's (gpu_rt.h), and its quant bytes per block. */
+static constexpr __host__ __device__ bool is_packed(uint32_t t)
+{
+	return t == GPU_Q4_0P || t == GPU_Q8_0P || t == GPU_Q6_KP;
+}
+
+/* the bytes of a block but its f16 scale d: q4_0's and q8_0's quants,
+ * q6_K's ql, qh and scales (GGUF's first 208 bytes of a super-block) */
+static constexpr __host__ __device__ uint32_t pk_qbytes(uint32_t t)
+{
+	return t == GPU_Q4_0P ? 16 : t == GPU_Q6_KP ? 208 : 32;
 }
 
 static constexpr __host__ __device__ bool is_plain(uint32_t t)
@@ -409,7 +423,7 @@ static constexpr __host__ __device__ bool is_plain(uint32_t t)
 static constexpr __host__ __device__ bool is_kquant(uint32_t t)
 {
 	return t == LOOM_TYPE_Q2_K || t == LOOM_TYPE_Q3_K || t == LOOM_TYPE_Q4_K ||
-	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K;
+	       t == LOOM_TYPE_Q5_K || t == LOOM_TYPE_Q6_K || t == GPU_Q6_KP;
 }
 
 static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
@@ -417,9 +431,20 @@ static constexpr __host__ __device__ uint32_t elems_of(uint32_t t)
 	return !bytes_of(t) ? 0 : is_plain(t) ? 1 : is_kquant(t) ? 256 : 32;
 }
 
+/* Formats a caller may name (not the packed layouts, which only gpu.c
+ * hands down). */
 extern "C" bool gpurt_format_known(uint32_t type)
 {
-	return bytes_of(type) != 0;
+	return bytes_of(type) != 0 && !is_packed(type);
+}
+
+extern "C" size_t gpurt_packed_row(uint32_t type, int64_t k)
+{
+	const uint32_t p = type | GPU_TYPE_PACKED;
+
+	if (!is_packed(p) || type == p || k <= 0 || k % elems_of(p))
+		return 0;
+	return ((size_t)(k / elems_of(p)) * (pk_qbytes(p) + 2) + 15) & ~(size_t)15;
 }
 
 extern "C" uint32_t gpurt_block_elems(uint32_t type)
@@ -521,7 +546,7 @@ __device__ __forceinline__ float mul_rn(float a, float b)
 template <uint32_t T> __device__ __forceinline__ int64_t part_index(int64_t q, int e)
 {
 	if constexpr (T == LOOM_TYPE_Q4_0 || T == LOOM_TYPE_Q4_1 || T == LOOM_TYPE_Q5_0 ||
-		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4)
+		      T == LOOM_TYPE_Q5_1 || T == LOOM_TYPE_MXFP4 || T == GPU_Q4_0P)
 		return (q >> 2) * 32 + (q & 3) * 4 + (e < 4 ? e : 12 + e);
 	return q * 8 + e;
 }
@@ -544,23 +569,44 @@ __device__ __forceinline__ void deq_plain(const uint8_t *row, int64_t q, int64_t
 	}
 }
 
-/* 32-value blocks b, part j = 4 (q%4) of them. */
+/* 32-value blocks b, part j = 4 (q%4) of them. The _at forms take the
+ * scale and the block's quants (qs) apart: the GGUF and the packed
+ * layouts share them, so a value is the same float in both. */
+__device__ __forceinline__ void deq_q8_0_at(float d, const uint8_t *qs, int p, float v[8])
+{
+	for (int e = 0; e < 8; e++)
+		v[e] = (float)(int8_t)qs[p * 8 + e] * d;
+}
+
 __device__ __forceinline__ void deq_q8_0(const uint8_t *b, int p, float v[8])
 {
-	const float d = half_to_f32(ld16(b));
+	deq_q8_0_at(half_to_f32(ld16(b)), b + 2, p, v);
+}
 
-	for (int e = 0; e < 8; e++)
-		v[e] = (float)(int8_t)b[2 + p * 8 + e] * d;
+__device__ __forceinline__ void deq_q4_0_at(float d, const uint8_t *qs, int j, float v[8])
+{
+	for (int e = 0; e < 4; e++) {
+		v[e] = (float)((qs[j + e] & 15) - 8) * d;
+		v[e + 4] = (float)((qs[j + e] >> 4) - 8) * d;
+	}
 }
 
 __device__ __forceinline__ void deq_q4_0(const uint8_t *b, int j, float v[8])
 {
-	const float d = half_to_f32(ld16(b));
+	deq_q4_0_at(half_to_f32(ld16(b)), b + 2, j, v);
+}
 
-	for (int e = 0; e < 4; e++) {
-		v[e] = (float)((b[2 + j + e] & 15) - 8) * d;
-		v[e + 4] = (float)((b[2 + j + e] >> 4) - 8) * d;
-	}
+/* A packed row (gpu_rt.h) of k values: block b's quants and its scale. */
+template <uint32_t T> __device__ __forceinline__ const uint8_t *pk_quants(const uint8_t *row,
+									  int64_t b)
+{
+	return row + b * pk_qbytes(T);
+}
+
+template <uint32_t T>
+__device__ __forceinline__ float pk_scale(const uint8_t *row, int64_t b, int64_t k)
+{
+	return half_to_f32(*(const uint16_t *)(row + k / elems_of(T) * pk_qbytes(T) + 2 * b));
 }
 
 __device__ __forceinline__ void deq_q4_1(const uint8_t *b, int j, float v[8])
@@ -701,18 +747,24 @@ template <bool Q5> __device__ __forceinline__ void deq_q45_K(const uint8_t *b, i
 	}
 }
 
-__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+/* d given apart: the GGUF layout's (at b + 208) or a packed row's */
+__device__ __forceinline__ void deq_q6_K_at(const uint8_t *b, float d, int p, float v[8])
 {
 	const uint8_t *ql = b + 64 * (p >> 4) + 8 * (p & 7);
 	const uint8_t *qh = b + 128 + 32 * (p >> 4) + 8 * (p & 3);
 	const int lshift = 4 * ((p >> 3) & 1), hshift = 2 * ((p >> 2) & 3);
-	const float dl = mul_rn(half_to_f32(ld16(b + 208)), (float)(int8_t)b[192 + (p >> 1)]);
+	const float dl = mul_rn(d, (float)(int8_t)b[192 + (p >> 1)]);
 
 	for (int e = 0; e < 8; e++) {
 		int q = ((ql[e] >> lshift) & 15) | ((qh[e] >> hshift) & 3) << 4;
 
 		v[e] = mul_rn(dl, (float)(q - 32));
 	}
+}
+
+__device__ __forceinline__ void deq_q6_K(const uint8_t *b, int p, float v[8])
+{
+	deq_q6_K_at(b, half_to_f32(ld16(b + 208)), p, v);
 }
 
 /* Values of part q of `row` (k values in all) into v; past k, zeros. */
@@ -725,6 +777,15 @@ __device__ __forceinline__ void deq_part(const uint8_t *row, int64_t q, int64_t 
 
 	if constexpr (is_plain(T))
 		deq_plain<T>(row, q, k, v);
+	else if constexpr (T == GPU_Q8_0P)
+		deq_q8_0_at(pk_scale<T>(row, q / per_block, k), pk_quants<T>(row, q / per_block), p,
+			    v);
+	else if constexpr (T == GPU_Q4_0P)
+		deq_q4_0_at(pk_scale<T>(row, q / per_block, k), pk_quants<T>(row, q / per_block),
+			    4 * p, v);
+	else if constexpr (T == GPU_Q6_KP)
+		deq_q6_K_at(pk_quants<T>(row, q / per_block), pk_scale<T>(row, q / per_block, k), p,
+			    v);
 	else if constexpr (T == LOOM_TYPE_Q8_0)
 		deq_q8_0(b, p, v);
 	else if constexpr (T == LOOM_TYPE_Q4_0)
@@ -910,7 +971,8 @@ extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_str
 extern "C" bool gpurt_gemv_q8_format(uint32_t type)
 {
 	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
-	       type == LOOM_TYPE_Q6_K;
+	       type == LOOM_TYPE_Q6_K || type == GPU_Q4_0P || type == GPU_Q8_0P ||
+	       type == GPU_Q6_KP;
 }
 
 /* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
@@ -928,6 +990,17 @@ __device__ __forceinline__ void ld_words(const uint8_t *p, int n, uint32_t *w)
 		w[i] = ld32(p + 4 * i);
 }
 
+/* The same from a 16-byte aligned p (a packed weight's quants): 128-bit
+ * loads, no alignment test. */
+__device__ __forceinline__ void ld_words16(const uint8_t *p, int n, uint32_t *w)
+{
+	for (int i = 0; i < n; i += 4) {
+		const uint4 v = *(const uint4 *)(p + 4 * i);
+
+		w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+	}
+}
+
 /*
  * A unit of a weight row is what one lane decodes at a time: a 32-value
  * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
@@ -941,7 +1014,7 @@ template <> struct unit<LOOM_TYPE_Q8_0> {
 	float d;
 	uint32_t q[8];
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + u * 34;
 
@@ -966,7 +1039,7 @@ template <> struct unit<LOOM_TYPE_Q4_0> {
 	float d;
 	uint32_t q[4]; /* byte j: value j (low nibble), value j + 16 (high) */
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + u * 18;
 
@@ -994,7 +1067,7 @@ template <> struct unit<LOOM_TYPE_Q4_K> {
 	float dl[2], ml[2]; /* d * scale and dmin * min of the two sub-blocks */
 	uint32_t q[8];      /* byte j: value j (low nibble), value j + 32 (high) */
 
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + (u >> 2) * 144;
 		const int pair = (int)(u & 3);
@@ -1037,17 +1110,25 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 	/* unit u: values 32 (u%8) .. of super-block u/8; low nibbles at
 	 * ql[64 (p/4) + 32 (p%2)], high half for odd p/2; top 2 bits at
 	 * qh[32 (p/4)], shift 2 (p%4) (p = u%8, as deq_q6_K spells out) */
-	__device__ __forceinline__ void load(const uint8_t *row, int64_t u)
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
 	{
 		const uint8_t *b = row + (u >> 3) * 210;
-		const int p = (int)(u & 7), ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
+
+		load_at(b, half_to_f32(ld16(b + 208)), (int)(u & 7));
+	}
+
+	/* unit p of super-block b (its ql, qh and scales as GGUF lays them
+	 * out), d given apart (a packed row keeps it elsewhere) */
+	__device__ __forceinline__ void load_at(const uint8_t *b, float dd, int p)
+	{
+		const int ls = 4 * ((p >> 1) & 1), hs = 2 * (p & 3);
 		uint32_t lo[8], hi[8];
 
 		ld_words(b + 64 * (p >> 2) + 32 * (p & 1), 8, lo);
 		ld_words(b + 128 + 32 * (p >> 2), 8, hi);
 		for (int t = 0; t < 8; t++)
 			q[t] = ((lo[t] >> ls) & 0x0f0f0f0fu) | ((hi[t] >> hs) & 0x03030303u) << 4;
-		d = half_to_f32(ld16(b + 208));
+		d = dd;
 		sc[0] = (int8_t)b[192 + 2 * p];
 		sc[1] = (int8_t)b[193 + 2 * p];
 	}
@@ -1071,6 +1152,33 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 			total += sc[h] * (sum - 32 * xsum);
 		}
 		return d * xs[0].d * (float)total;
+	}
+};
+
+/* The packed layouts (gpu_rt.h): the same values and the same dot as
+ * the GGUF layout's unit, the quants by 128-bit loads. */
+template <> struct unit<GPU_Q8_0P> : unit<LOOM_TYPE_Q8_0> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		d = pk_scale<GPU_Q8_0P>(row, u, k);
+		ld_words16(pk_quants<GPU_Q8_0P>(row, u), 8, q);
+	}
+};
+
+template <> struct unit<GPU_Q4_0P> : unit<LOOM_TYPE_Q4_0> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		d = pk_scale<GPU_Q4_0P>(row, u, k);
+		ld_words16(pk_quants<GPU_Q4_0P>(row, u), 4, q);
+	}
+};
+
+/* q6_K packed: super-blocks of 208 bytes (16-byte aligned ql and qh) */
+template <> struct unit<GPU_Q6_KP> : unit<LOOM_TYPE_Q6_K> {
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t k)
+	{
+		load_at(pk_quants<GPU_Q6_KP>(row, u >> 3), pk_scale<GPU_Q6_KP>(row, u >> 3, k),
+			(int)(u & 7));
 	}
 };
 
@@ -1192,7 +1300,7 @@ __device__ __forceinline__ void dots_q8_rows(const uint8_t *row, int64_t k, cons
 		const int64_t v0 = u * unit<T>::values;
 		unit<T> w;
 
-		w.load(row, u);
+		w.load(row, u, k);
 		GPU_UNROLL /* acc stays in registers: a fixed trip count, no break */
 		for (int ii = 0; ii < MB; ii++) {
 			if (ii < mb) {
@@ -1331,6 +1439,12 @@ static group_launch group_for(uint32_t t, bool q8)
 			return launch_group<LOOM_TYPE_Q4_K, true>;
 		case LOOM_TYPE_Q6_K:
 			return launch_group<LOOM_TYPE_Q6_K, true>;
+		case GPU_Q8_0P:
+			return launch_group<GPU_Q8_0P, true>;
+		case GPU_Q4_0P:
+			return launch_group<GPU_Q4_0P, true>;
+		case GPU_Q6_KP:
+			return launch_group<GPU_Q6_KP, true>;
 		default:
 			return NULL;
 		}
@@ -1749,10 +1863,12 @@ __device__ __forceinline__ uint32_t nib_signed(uint32_t v)
 	return (v + 0x78787878u) ^ 0x80808080u;
 }
 
-template <uint32_t T> __device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, blk8 *o);
+template <uint32_t T>
+__device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, int64_t k, blk8 *o);
 
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + blk * 34;
 
@@ -1762,8 +1878,9 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t 
 }
 
 /* byte j: value j (low nibble) and value j + 16 (high), value = d (q - 8) */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + blk * 18;
 	uint32_t w[4];
@@ -1779,8 +1896,9 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t 
 
 /* sub-block s of a super-block: nibbles of the 32 bytes of pair s / 2,
  * low for even s; value = d sc q - dmin m */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
 {
 	const uint8_t *b = row + (blk >> 3) * 144;
 	const int s = (int)(blk & 7), shift = 4 * (s & 1);
@@ -1796,17 +1914,56 @@ template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t 
 }
 
 /* the q6_K unit is 32 values already; its bytes 0 .. 63 to -32 .. 31 */
-template <> __device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk,
-								   blk8 *o)
+template <uint32_t T> __device__ __forceinline__ void dec32_q6(const uint8_t *row, int64_t blk,
+							       int64_t k, blk8 *o)
 {
-	unit<LOOM_TYPE_Q6_K> u;
+	unit<T> u;
 
-	u.load(row, blk);
+	u.load(row, blk, k);
 	for (int t = 0; t < 8; t++)
 		o->q[t] = (u.q[t] + 0x60606060u) ^ 0x80808080u;
 	o->a[0] = u.d * (float)u.sc[0];
 	o->a[1] = u.d * (float)u.sc[1];
 	o->b = 0.0f;
+}
+
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q6_K>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	dec32_q6<LOOM_TYPE_Q6_K>(row, blk, k, o);
+}
+
+template <>
+__device__ __forceinline__ void dec32<GPU_Q6_KP>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	dec32_q6<GPU_Q6_KP>(row, blk, k, o);
+}
+
+/* the packed layouts: as q8_0 and q4_0 above, the quants by 128-bit loads */
+template <>
+__device__ __forceinline__ void dec32<GPU_Q8_0P>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	o->a[0] = o->a[1] = pk_scale<GPU_Q8_0P>(row, blk, k);
+	o->b = 0.0f;
+	ld_words16(pk_quants<GPU_Q8_0P>(row, blk), 8, o->q);
+}
+
+template <>
+__device__ __forceinline__ void dec32<GPU_Q4_0P>(const uint8_t *row, int64_t blk, int64_t k,
+						 blk8 *o)
+{
+	uint32_t w[4];
+
+	o->a[0] = o->a[1] = pk_scale<GPU_Q4_0P>(row, blk, k);
+	o->b = 0.0f;
+	ld_words16(pk_quants<GPU_Q4_0P>(row, blk), 4, w);
+	for (int t = 0; t < 4; t++) {
+		o->q[t] = nib_signed(w[t] & 0x0f0f0f0fu);
+		o->q[t + 4] = nib_signed((w[t] >> 4) & 0x0f0f0f0fu);
+	}
 }
 
 struct mmq_p {
@@ -1835,7 +1992,7 @@ __device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int
 	memset(&w, 0, sizeof(w));
 	memset(x, 0, sizeof(x));
 	if (j < p.n && blk < nblk)
-		dec32<T>(p.w + j * p.w_stride, blk, &w);
+		dec32<T>(p.w + j * p.w_stride, blk, p.k, &w);
 	if (i < p.m && blk < nblk) {
 		ld_words((const uint8_t *)(p.xq + i * p.k + blk * Q8_BLOCK), 8, x);
 		sc = p.xs[i * nblk + blk];
@@ -1930,6 +2087,9 @@ extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const
 	case LOOM_TYPE_Q4_0: kernel = k_mmq<LOOM_TYPE_Q4_0>; break;
 	case LOOM_TYPE_Q4_K: kernel = k_mmq<LOOM_TYPE_Q4_K>; break;
 	case LOOM_TYPE_Q6_K: kernel = k_mmq<LOOM_TYPE_Q6_K>; break;
+	case GPU_Q8_0P: kernel = k_mmq<GPU_Q8_0P>; break;
+	case GPU_Q4_0P: kernel = k_mmq<GPU_Q4_0P>; break;
+	case GPU_Q6_KP: kernel = k_mmq<GPU_Q6_KP>; break;
 	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
 	}
 	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);
@@ -2641,6 +2801,87 @@ extern "C" int gpurt_rope_kv(struct gpurt *rt, const struct loom_rope_args *q,
 	return launched(rt, "rope and kv_write kernel");
 }
 
+/*
+ * The head norms of Qwen3 and Gemma 3 (rmsnorm of each head of q and k,
+ * in place) with the RoPE of q and k and the kv_write of k's rows after
+ * them, in one launch. One block per (token, head) of q and of k: the
+ * head's sum of squares and scaling exactly as k_norm computes a row
+ * (THREADS threads, the same strided partial sums, the same block_sum, so
+ * the same bits), a barrier, its pairs rotated as k_rope rotates them, and
+ * for a k head a barrier, then its k and v units stored as k_kv_write
+ * stores them. head_dim must be a whole number of cache units.
+ */
+struct norm_rope_kv_p {
+	struct rope_kv_p rk;
+	const float *qw, *kw; /* the norms' weights (head_dim each) */
+	float q_eps, k_eps;
+};
+
+__device__ void norm_head(float *x, int64_t n, const float *w, float eps, double *red)
+{
+	double ss = 0.0;
+	float inv;
+
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		ss += (double)x[i] * x[i];
+	ss = block_sum(ss, red);
+	inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+	for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+		x[i] = x[i] * inv * w[i];
+}
+
+__global__ void __launch_bounds__(THREADS) k_norm_rope_kv(const struct norm_rope_kv_p p)
+{
+	__shared__ double red[THREADS / 32];
+	const struct rope_kv_p &rk = p.rk;
+	const int64_t hq = rk.q.n_heads, heads = hq + rk.k.n_heads, hd = rk.k.head_dim;
+	const int64_t per = loom_kvq_block_elems(rk.type), units = hd / per;
+	const int64_t unit_bytes = rk.row_bytes / (rk.k.n_heads * units);
+
+	for (int64_t b = blockIdx.x; b < rk.k.n_tokens * heads; b += gridDim.x) {
+		const int64_t t = b / heads, hh = b % heads, h = hh < hq ? hh : hh - hq;
+		const struct rope_p &r = hh < hq ? rk.q : rk.k;
+		float *x = r.x + t * r.row_stride + h * r.head_dim;
+
+		norm_head(x, r.head_dim, hh < hq ? p.qw : p.kw, hh < hq ? p.q_eps : p.k_eps, red);
+		__syncthreads();
+		for (int64_t j = threadIdx.x; j < r.n_rot / 2; j += blockDim.x)
+			rope_pair(r, x, t, j);
+		if (hh < hq)
+			continue; /* every thread alike: the barrier below is whole */
+		__syncthreads();
+		for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+			const int64_t at = (int64_t)rk.slots[t] * rk.row_bytes + (h * units + u) * unit_bytes;
+
+			loom_kvq_quantize(rk.type, (char *)rk.kc + at, x + u * per, per);
+			loom_kvq_quantize(rk.type, (char *)rk.vc + at,
+					  rk.v + t * rk.v_stride + h * hd + u * per, per);
+		}
+	}
+}
+
+extern "C" int gpurt_norm_rope_kv(struct gpurt *rt, const struct gpurt_head_norms *n,
+				  const struct loom_rope_args *q, const struct loom_rope_args *k,
+				  const struct loom_kv_write_args *w, const struct gpurt_rope_table *t)
+{
+	struct norm_rope_kv_p p;
+
+	memset(&p, 0, sizeof(p));
+	p.rk.q = rope_params(q, t);
+	p.rk.k = rope_params(k, t);
+	p.rk.kc = w->kcache, p.rk.vc = w->vcache;
+	p.rk.v = w->v, p.rk.v_stride = w->v_stride;
+	p.rk.slots = w->slots;
+	p.rk.type = LOOM_KV_TYPE(w, struct loom_kv_write_args);
+	p.rk.row_bytes = (int64_t)loom_kvq_row_bytes(p.rk.type, w->kv_dim);
+	p.qw = n->q_w, p.kw = n->k_w;
+	p.q_eps = n->q_eps, p.k_eps = n->k_eps;
+	BIND(rt);
+	GPU_LAUNCH(k_norm_rope_kv, grid_of(k->n_tokens * (q->n_heads + k->n_heads)), THREADS, 0,
+		   rt->stream, p);
+	return launched(rt, "head norm, rope and kv_write kernel");
+}
+
 /* ---- paged attention ---- */
 
 struct attn_p {
@@ -3296,6 +3537,12 @@ static moe_launch moe_for(uint32_t t, bool q8)
 			return launch_moe_gemv_as<LOOM_TYPE_Q4_K, true>;
 		case LOOM_TYPE_Q6_K:
 			return launch_moe_gemv_as<LOOM_TYPE_Q6_K, true>;
+		case GPU_Q8_0P:
+			return launch_moe_gemv_as<GPU_Q8_0P, true>;
+		case GPU_Q4_0P:
+			return launch_moe_gemv_as<GPU_Q4_0P, true>;
+		case GPU_Q6_KP:
+			return launch_moe_gemv_as<GPU_Q6_KP, true>;
 		default:
 			return NULL;
 		}

@@ -391,8 +391,9 @@ static int check_gemm(struct be *e, struct be *other, bool must)
  */
 static int check_packed(struct be *e)
 {
-	static const int64_t ms[] = { 1, 2, 5, 17, 64 };
-	static const int64_t ks[] = { 320, 352, 512, 576 };
+	/* the GPU backends: GEMV to 16, the int8 GEMM to 256, panels past */
+	static const int64_t ms[] = { 1, 2, 5, 17, 64, 300 };
+	static const int64_t ks[] = { 320, 352, 512, 576, 768 };
 	int packed = 0;
 
 	if (!loom_backend_has_pack(e->b))
@@ -734,8 +735,9 @@ int tb_run_invariance(const char *name, const char *label, bool exact, char *err
 	be_close(&e);
 	check_moe(name, label, flags);
 	/* packed weights without the flag too: there m >= 16 may take
-	 * another path (cpu.so unpacks for BLAS) */
-	if (!exact && be_open(&e, name, label, 2, 0, why, sizeof(why)) == 0) {
+	 * another path (cpu.so unpacks for BLAS, the GPU backends run the
+	 * int8 GEMM or dequantized panels) */
+	if (be_open(&e, name, label, 2, exact ? LOOM_BACKEND_EXACT : 0, why, sizeof(why)) == 0) {
 		check_packed(&e);
 		be_close(&e);
 	}

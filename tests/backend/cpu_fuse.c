@@ -589,22 +589,29 @@ static void check_random(const struct loom_backend_ops *ops, const struct loom_b
  *   3 v overlaps the rotated k rows,
  *   4 q's rope rotates k's rows too (k and its kv_write still fuse),
  *   5 the k cache's slots lie over q's rows.
+ * With the head norms of Qwen3 and Gemma 3 (norms: rmsnorm of each head of
+ * q and of k, in place, before the ropes) the five calls are one launch
+ * (gpurt_norm_rope_kv); hazards where only the three after them fuse:
+ *   6 q's norm weights lie in k's rows,
+ *   7 k's norm normalizes other rows (k2).
  */
 #define RHD 64                 /* head_dim */
 #define RQS (4 * RHD + 8)      /* q row stride */
 #define RKS (2 * RHD + 8)      /* k row stride */
 #define RSLOT 8                /* cache slots */
-#define RKV_FLOATS (MAXM * (RQS + 2 * RKS + 2 * RHD) + 16 + RHD / 2 + 4 * RSLOT * 2 * RHD)
+#define RKV_FLOATS (MAXM * (RQS + 2 * RKS + 2 * RHD) + 16 + RHD / 2 + 4 * RSLOT * 2 * RHD + \
+		    2 * RHD)
 
 struct rkv_case {
 	uint32_t type, mode;
 	int64_t n_rot, m;
 	bool factors;
 	int hazard;
+	bool norms; /* head norms first (then rows are unpadded: heads back to back) */
 };
 
 struct rkv {
-	float *q, *k, *k2, *v, *ff, *kc, *vc;
+	float *q, *k, *k2, *v, *ff, *kc, *vc, *qn, *kn;
 	int32_t *pos, *slots;
 };
 
@@ -618,7 +625,9 @@ static void rkv_carve(float *mem, struct rkv *b)
 	b->slots = (int32_t *)mem, mem += 8;
 	b->ff = mem, mem += RHD / 2;
 	b->kc = mem, mem += 2 * RSLOT * 2 * RHD; /* room for f32 rows */
-	b->vc = mem;
+	b->vc = mem, mem += 2 * RSLOT * 2 * RHD;
+	b->qn = mem, mem += RHD;
+	b->kn = mem;
 }
 
 /* Step s's positions and slots (distinct; hazard 5: inside q's rows). */
@@ -628,6 +637,22 @@ static void rkv_tables(struct rkv *b, const struct rkv_case *c, int s)
 		b->pos[t] = (int32_t)((t * 1499 + s * 977 + 5) % 4096);
 		b->slots[t] = c->hazard == 5 ? (t + s) % MAXM : (t * 3 + s * 5) % RSLOT;
 	}
+}
+
+/* The head norms of q and k, in place, as the engine makes them (rows of
+ * head_dim); their rows unpadded, so q, k and the kv_write change stride. */
+static int rkv_norms(const struct loom_backend_ops *o, struct loom_backend_ctx *x,
+		     const struct rkv_case *c, const struct rkv *b, struct loom_rope_args *q,
+		     struct loom_rope_args *k, struct loom_kv_write_args *w)
+{
+	const float *qw = c->hazard == 6 ? b->k + RHD / 2 : b->qn;
+	float *kr = c->hazard == 7 ? b->k2 : b->k;
+	int rc;
+
+	q->row_stride = 4 * RHD;
+	k->row_stride = w->k_stride = 2 * RHD;
+	rc = o->rmsnorm(x, b->q, RHD, b->q, RHD, qw, c->m * 4, RHD, 1e-6f);
+	return rc ? rc : o->rmsnorm(x, kr, RHD, kr, RHD, b->kn, c->m * 2, RHD, 1e-6f);
 }
 
 static int rkv_calls(const struct loom_backend_ops *o, struct loom_backend_ctx *x,
@@ -652,7 +677,8 @@ static int rkv_calls(const struct loom_backend_ops *o, struct loom_backend_ctx *
 	k.x = b->k, k.n_heads = 2, k.row_stride = RKS;
 	if (c->hazard == 4)
 		q.x = b->k, q.n_heads = 2, q.row_stride = RKS;
-	rc = o->rope(x, &q);
+	rc = c->norms ? rkv_norms(o, x, c, b, &q, &k, &w) : 0;
+	rc = rc ? rc : o->rope(x, &q);
 	rc = rc ? rc : o->rope(x, &k);
 	return rc ? rc : o->kv_write(x, &w);
 }
@@ -664,8 +690,8 @@ static void rkv_want(const struct rkv_case *c, bool fuse, unsigned long long *l,
 	bool quant = c->type == LOOM_TYPE_Q8_0 || c->type == LOOM_TYPE_Q4_0;
 	bool ok = fuse && (!quant || c->mode == LOOM_ROPE_NORM || c->n_rot % 64 == 0);
 
-	*l = ok && (c->hazard == 0 || c->hazard == 4);
-	*n = !*l ? 0 : c->hazard == 4 ? 2 : 3;
+	*l = ok && (c->hazard == 0 || c->hazard == 4 || c->hazard >= 6);
+	*n = !*l ? 0 : c->hazard == 4 ? 2 : c->norms && c->hazard == 0 ? 5 : 3;
 }
 
 static int rkv_steps(const struct loom_backend_ops *o, struct loom_backend_ctx *x, float *mem,
@@ -704,7 +730,7 @@ static void check_rope_kv_case(const struct loom_backend_ops *ops,
 	unsigned long long want_l, want_n;
 	int rd = -1, rr = -1;
 
-	rng = 0x51ed2701u + (uint64_t)c->type * 7 + c->mode;
+	rng = 0x51ed2701u + (uint64_t)c->type * 7 + c->mode + (c->norms ? 1000 : 0);
 	for (size_t i = 0; md && mr && i < RKV_FLOATS; i++)
 		md[i] = mr[i] = frand();
 	if (md && mr && !ops->create(host, &cfg, &cd) && !ops->create(host, &cfg, &cr)) {
@@ -723,14 +749,15 @@ static void check_rope_kv_case(const struct loom_backend_ops *ops,
 		       (long long)c->m, c->hazard, rd, rr);
 		failures++;
 	} else if (memcmp(md, mr, bytes)) {
-		printf("FAIL rope+kv_write%s type %u mode %u n_rot %lld m %lld hazard %d: regions "
-		       "differ from direct calls\n", mode, c->type, c->mode, (long long)c->n_rot,
-		       (long long)c->m, c->hazard);
+		printf("FAIL rope+kv_write%s%s type %u mode %u n_rot %lld m %lld hazard %d: regions "
+		       "differ from direct calls\n", c->norms ? " with head norms" : "", mode,
+		       c->type, c->mode, (long long)c->n_rot, (long long)c->m, c->hazard);
 		failures++;
 	} else if (regions_run != 3 || rkv_launches != 2 * want_l || rkv_ncalls != 2 * want_n) {
 		/* the capture runs the calls too; the replay is not counted */
-		printf("FAIL rope+kv_write%s type %u mode %u n_rot %lld m %lld hazard %d: %llu "
-		       "regions, %llu fused launches of %llu calls; want 3, %llu of %llu\n", mode,
+		printf("FAIL rope+kv_write%s%s type %u mode %u n_rot %lld m %lld hazard %d: %llu "
+		       "regions, %llu fused launches of %llu calls; want 3, %llu of %llu\n",
+		       c->norms ? " with head norms" : "", mode,
 		       c->type, c->mode, (long long)c->n_rot, (long long)c->m, c->hazard,
 		       regions_run, rkv_launches, rkv_ncalls, 2 * want_l, 2 * want_n);
 		failures++;
@@ -753,28 +780,48 @@ static void check_rope_kv(const struct loom_backend_ops *ops, const struct loom_
 				for (int v = 0; v < 2; v++, runs++) {
 					/* v 1: partial rotation (32 of 64) with factors */
 					struct rkv_case c = { types[ti], modes[mi], v ? 32 : RHD, m,
-							      v == 1, 0 };
+							      v == 1, 0, false };
 
 					check_rope_kv_case(ops, host, &c, true, mode);
 				}
 	for (int h = 1; h <= 5; h++)
 		for (int ti = 0; ti < 3; ti += 2, runs++) {
-			struct rkv_case c = { types[ti], LOOM_ROPE_NEOX, RHD, MAXM, false, h };
+			struct rkv_case c = { types[ti], LOOM_ROPE_NEOX, RHD, MAXM, false, h, false };
+
+			check_rope_kv_case(ops, host, &c, true, mode);
+		}
+	/* the head norms before them: every cache type, both modes, m 1 and
+	 * 3, full and partial rotation; then the two hazards */
+	for (int ti = 0; ti < 4; ti++)
+		for (int mi = 0; mi < 2; mi++)
+			for (int64_t m = 1; m <= MAXM; m += 2)
+				for (int v = 0; v < 2; v++, runs++) {
+					struct rkv_case c = { types[ti], modes[mi], v ? 32 : RHD, m,
+							      v == 1, 0, true };
+
+					check_rope_kv_case(ops, host, &c, true, mode);
+				}
+	for (int h = 6; h <= 7; h++)
+		for (int ti = 0; ti < 4; ti++, runs++) {
+			struct rkv_case c = { types[ti], LOOM_ROPE_NEOX, RHD, MAXM, false, h, true };
 
 			check_rope_kv_case(ops, host, &c, true, mode);
 		}
 	/* LOOM_GPU_FUSE=0: the same bits, nothing fused */
 	setenv("LOOM_GPU_FUSE", "0", 1);
 	for (int ti = 0; ti < 4; ti++, runs++) {
-		struct rkv_case c = { types[ti], LOOM_ROPE_NORM, RHD, MAXM, true, 0 };
+		struct rkv_case c = { types[ti], LOOM_ROPE_NORM, RHD, MAXM, true, 0, false };
 
+		check_rope_kv_case(ops, host, &c, false, mode);
+		c.norms = true, runs++;
 		check_rope_kv_case(ops, host, &c, false, mode);
 	}
 	unsetenv("LOOM_GPU_FUSE");
 	if (failures == before)
 		printf("ok   rope+kv_write%s: %d runs of 3 steps (f32, f16, q8_0, q4_0 caches; norm "
-		       "and neox; partial rotation, factors; 5 hazards; LOOM_GPU_FUSE=0) equal "
-		       "direct calls bit for bit, fused where safe\n", mode, runs);
+		       "and neox; partial rotation, factors; with and without the head norms; 7 "
+		       "hazards; LOOM_GPU_FUSE=0) equal direct calls bit for bit, fused where "
+		       "safe\n", mode, runs);
 }
 
 /* gpu[exact]: { groups, calls } the GPU backends make of the
@@ -788,29 +835,34 @@ struct config {
 	bool pack;
 	unsigned gpu[2][2];
 	bool gpu_hazards;
+	int only; /* packed layouts: 1 cpu.so's (q4_1), 2 the GPU's (q4_0, q8_0) */
 };
 
 #define ALL7(t) { t, t, t, t, t, t, t }
 #define SAME(g, c) { { g, c }, { g, c } }
 static const struct config configs[] = {
-	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, SAME(4, 12), false },
-	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false },
+	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, SAME(4, 12), false, 0 },
+	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false, 1 },
 	/* 32-value blocks and K-quant super-blocks in one group (on the GPU
 	 * each of q, k, o and down with its add; in fast mode each norm with
 	 * the q4_K gemm after it) */
 	{ "k-quants and q8_0/q5_0", { LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_Q6_K,
 				      LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
-				      LOOM_TYPE_Q6_K }, false, { { 5, 11 }, { 4, 8 } }, false },
+				      LOOM_TYPE_Q6_K }, false, { { 5, 11 }, { 4, 8 } }, false, 0 },
 	/* on the GPU k, its add and v are one group */
 	{ "q2_k/q3_k", { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K,
-			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false, SAME(4, 9), false },
-	{ "f16", ALL7(LOOM_TYPE_F16), false, SAME(4, 12), false },
-	{ "f32", ALL7(LOOM_TYPE_F32), false, SAME(4, 12), false },
+			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false, SAME(4, 9), false, 0 },
+	{ "f16", ALL7(LOOM_TYPE_F16), false, SAME(4, 12), false, 0 },
+	{ "f32", ALL7(LOOM_TYPE_F32), false, SAME(4, 12), false, 0 },
 	/* the four formats of the GPU's integer kernels (fast mode) */
-	{ "q4_0", ALL7(LOOM_TYPE_Q4_0), false, { { 4, 14 }, { 4, 12 } }, true },
-	{ "q8_0", ALL7(LOOM_TYPE_Q8_0), false, { { 4, 14 }, { 4, 12 } }, false },
-	{ "q4_k", ALL7(LOOM_TYPE_Q4_K), false, { { 4, 14 }, { 4, 12 } }, false },
-	{ "q6_k", ALL7(LOOM_TYPE_Q6_K), false, { { 4, 14 }, { 4, 12 } }, false },
+	{ "q4_0", ALL7(LOOM_TYPE_Q4_0), false, { { 4, 14 }, { 4, 12 } }, true, 0 },
+	{ "q8_0", ALL7(LOOM_TYPE_Q8_0), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
+	{ "q4_k", ALL7(LOOM_TYPE_Q4_K), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
+	{ "q6_k", ALL7(LOOM_TYPE_Q6_K), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
+	/* the GPU's packed layouts (gpu_pack.c): the groups of the GGUF layout */
+	{ "q4_0 packed", ALL7(LOOM_TYPE_Q4_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
+	{ "q8_0 packed", ALL7(LOOM_TYPE_Q8_0), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
+	{ "q6_k packed", ALL7(LOOM_TYPE_Q6_K), true, { { 4, 14 }, { 4, 12 } }, false, 2 },
 };
 
 /* Rows and columns of each weight (enum order). */
@@ -833,7 +885,7 @@ static void check_backend(const struct loom_backend_ops *ops, const struct loom_
 		bool ok = true;
 		int before = failures;
 
-		if (cf->pack && !ops->weight_pack)
+		if ((cf->pack && !ops->weight_pack) || (cf->only && cf->only != (gpu ? 2 : 1)))
 			continue;
 		rng = 0x9e3779b97f4a7c15ull + c;
 		for (int i = 0; i < N_W; i++)

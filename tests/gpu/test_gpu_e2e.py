@@ -19,7 +19,10 @@ enough for the prefill GEMM path; the memory plan must say that no tensor
 was converted to f32 at load. In fast mode (LOOM_GPU_EXACT=0: 8-bit
 activations, integer dots in the q4_0, q8_0 and q4_K GEMV) Q4_K_M decodes
 the same tokens with step graphs replayed as run directly. A second or
-so per run, even emulated.
+so per run, even emulated. The same tiny model in Q4_0 and Q8_0 runs
+with its weights repacked by the backend (weight_pack) and without
+(LOOM_GPU_PACK=0): the same tokens in exact and fast mode, exact equal
+to cpu.so's.
 
 Exit 77 when the backend was not built, has no
 device (cuda: /dev/nvidia0, rocm: /dev/kfd; the emulators always have one)
@@ -73,15 +76,19 @@ def run(loom, backend, model, prompt, n, out, log=None, sampling=("--temp", "0")
                 tuple(int(g) for g in graphs.groups()) if graphs else None)
 
 
-def kquant_models(loom, tmp):
-    """The tiny model in each of KQUANT_MIXES: [(mix, path)]."""
+def kquant_models(loom, tmp, mixes=KQUANT_MIXES):
+    """The tiny model in each of mixes: [(mix, path)]."""
     src = os.path.join(tmp, "tiny16.gguf")
-    subprocess.run([sys.executable, MKGGUF, src, "--layers", "2", "--embd", "256", "--ff", "512",
-                    "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--type", "f16",
-                    "--seed", "5", "-q"], check=True, capture_output=True, timeout=120)
+    if not os.path.exists(src):
+        subprocess.run([sys.executable, MKGGUF, src, "--layers", "2", "--embd", "256", "--ff",
+                        "512", "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--type",
+                        "f16", "--seed", "5", "-q"], check=True, capture_output=True, timeout=120)
     models = []
-    for mix in KQUANT_MIXES:
+    for mix in mixes:
         dst = os.path.join(tmp, f"tiny_{mix}.gguf")
+        if os.path.exists(dst):  # made already for another check
+            models.append((mix, dst))
+            continue
         subprocess.run([loom, "quantize", src, dst, mix], check=True, capture_output=True,
                        timeout=120)
         models.append((mix, dst))
@@ -109,6 +116,58 @@ def check_kquants(loom, stem, tmp):
         if mix in FAST_MIXES:
             failed += check_fast(loom, stem, mix, model, out, got)
             failed += check_sampled(loom, stem, model, out)
+    return failed
+
+
+# Q4_K_M: its q6_K tensors (the rest q4_K, whose blocks are aligned)
+PACKED_MIXES = ["Q4_0", "Q8_0", "Q4_K_M"]
+PACKED_LINE = re.compile(r"weights packed \(q4_0/q8_0/q6_K, 16-byte aligned quants\): (\d+)")
+
+
+def tied_models(tmp):
+    """The tiny llama with a tied token table, in q4_0 and q8_0: [(name, path)]."""
+    models = []
+    for qtype in ("q4_0", "q8_0"):
+        path = os.path.join(tmp, f"tied_{qtype}.gguf")
+        subprocess.run([sys.executable, MKGGUF, path, "--layers", "2", "--embd", "256", "--ff",
+                        "512", "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--type",
+                        qtype, "--tied", "--seed", "9", "-q"], check=True, capture_output=True,
+                       timeout=120)
+        models.append((f"tied {qtype}", path))
+    return models
+
+
+def check_packed(loom, stem, tmp):
+    """The weight_pack slot (gpu_pack.c): the tiny model in Q4_0, Q8_0 and
+    Q4_K_M, and with a tied q4_0 or q8_0 token table (packed too: embed
+    and the head read the backend's layout, ABI 1.5), loads with its
+    q4_0/q8_0/q6_K weights repacked (the backend's log counts
+    them; LOOM_GPU_PACK=0 packs none), greedy tokens in exact mode equal
+    cpu.so's, and in both modes equal those of LOOM_GPU_PACK=0 (the same
+    kernels' arithmetic on the GGUF layout). Returns the number of
+    failures."""
+    out, failed = os.path.join(tmp, "ptokens"), 0
+    for mix, model in kquant_models(loom, tmp, PACKED_MIXES) + tied_models(tmp):
+        want, _, _ = run(loom, "cpu.so", model, PROMPTS[0], KQUANT_TOKENS, out)
+        for exact in ("1", "0"):
+            logs, toks = {}, {}
+            for pack in ("1", "0"):
+                log = []
+                toks[pack], _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out,
+                                       log, LOOM_GPU_EXACT=exact, LOOM_GPU_PACK=pack)
+                found = PACKED_LINE.search(log[0])
+                logs[pack] = int(found.group(1)) if found else 0
+            ok = (toks["1"] == toks["0"] and len(toks["1"]) == KQUANT_TOKENS and
+                  logs["1"] > 0 and logs["0"] == 0 and (exact == "0" or toks["1"] == want) and
+                  # a tied table: packed too (ABI 1.5), read by embed and the head
+                  (not mix.startswith("tied") or logs["1"] == 2 * 7 + 1))
+            print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {mix} {'exact' if exact == '1' else 'fast'}"
+                  f" mode: {logs['1']} weights packed, tokens "
+                  f"{'equal' if toks['1'] == toks['0'] else 'differ from'} LOOM_GPU_PACK=0's"
+                  f"{'' if exact == '0' else ' and ' + ('equal' if toks['1'] == want else 'differ from') + ' cpu.so' + chr(39) + 's'}")
+            if not ok:
+                print(f"     cpu: {want}\n     packed: {toks['1']}\n     GGUF layout: {toks['0']}")
+            failed += not ok
     return failed
 
 
@@ -233,6 +292,7 @@ def main():
             else:
                 print(f"ok   {stem}.so step graphs: {graphs[0]} captured, {graphs[1]} replays")
         failed += check_kquants(loom, stem, tmp)
+        failed += check_packed(loom, stem, tmp)
     return 1 if failed else 0
 
 
