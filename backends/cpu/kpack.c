@@ -746,6 +746,25 @@ kp_finish(const uint8_t *p, const __m512 P[8], const __m512 *Q, __m512 acc)
 				_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), acc);
 }
 
+/* Nibble vector v of a packed Q4_K / Q5_K sub-block at q: its low and high
+ * nibbles, with Q5_K's fifth bits from h (bit 2v to bit 4 of lo, bit
+ * 2v + 1 to bit 4 of hi). */
+TGT_VNNI static inline __attribute__((always_inline)) void
+q45k_unpack(bool five, const uint8_t *q, __m512i h, int v, __m512i *lo, __m512i *hi)
+{
+	const __m512i b4 = _mm512_set1_epi8(16), m4 = _mm512_set1_epi8(15);
+	__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
+
+	*lo = _mm512_and_si512(w, m4);
+	*hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+	if (five) {
+		*lo = _mm512_or_si512(*lo, _mm512_and_si512(v < 2 ?
+			_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
+		*hi = _mm512_or_si512(*hi, _mm512_and_si512(v < 2 ?
+			_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
+	}
+}
+
 /*
  * One packed Q4_K (or, five, Q5_K) super-block of 16 rows against
  * activation block x: acc + qdot_k_ref()'s float steps, lane r for row r;
@@ -758,8 +777,6 @@ kp_finish(const uint8_t *p, const __m512 P[8], const __m512 *Q, __m512 acc)
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
-	const __m512i b4 = _mm512_set1_epi8(16);
-	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 P[8], Q[8];
 	int32_t bs[8];
 
@@ -774,16 +791,9 @@ q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 
 		h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
 		for (int v = 0; v < 4; v++) {
-			__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
-			__m512i lo = _mm512_and_si512(w, m4);
-			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+			__m512i lo, hi;
 
-			if (five) { /* bit 2v to bit 4 of lo, bit 2v + 1 to bit 4 of hi */
-				lo = _mm512_or_si512(lo, _mm512_and_si512(v < 2 ?
-					_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
-				hi = _mm512_or_si512(hi, _mm512_and_si512(v < 2 ?
-					_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
-			}
+			q45k_unpack(five, q, h, v, &lo, &hi);
 			a0 = _mm512_dpbusd_epi32(a0, lo, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v)));
 			a1 = _mm512_dpbusd_epi32(a1, hi, _mm512_set1_epi32((int)cpu_rd32(xq + 8 * v + 4)));
 		}
@@ -795,6 +805,24 @@ q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 	return kp_finish(p, P, Q, acc);
 }
 
+/* A packed Q6_K sub-block's four groups of 4 values (16 rows each) as
+ * unsigned 6-bit values: nibble | 2 high bits << 4. */
+TGT_VNNI static inline __attribute__((always_inline)) void
+q6k_unpack(const uint8_t *q, __m512i *u0, __m512i *u1, __m512i *u2, __m512i *u3)
+{
+	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
+	__m512i w0 = _mm512_load_si512((const void *)q);
+	__m512i w1 = _mm512_load_si512((const void *)(q + 64));
+	__m512i h = _mm512_load_si512((const void *)(q + 128));
+
+	*u0 = _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
+	*u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
+			      _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
+	*u2 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(h, m2));
+	*u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
+			      _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+}
+
 /*
  * The same for Q6_K: per sub-block of 16 values, u = nibble | 2 high bits
  * << 4 for the four groups of 4 values, one vpdpbusd each; then
@@ -804,7 +832,6 @@ q45k_block(bool five, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 TGT_VNNI static inline __attribute__((always_inline)) __m512
 q6k_block(bool unused, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
 {
-	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
 	__m512i isum = _mm512_setzero_si512();
 	__m512 P[8];
 
@@ -813,16 +840,9 @@ q6k_block(bool unused, const uint8_t *p, const struct qdot_kblock *x, __m512 acc
 	for (int i = 0; i < 16; i++) {
 		const uint8_t *q = p + KP_Q + KP6_SUB * i;
 		const uint8_t *xq = (const uint8_t *)x->q + 16 * i;
-		__m512i w0 = _mm512_load_si512((const void *)q);
-		__m512i w1 = _mm512_load_si512((const void *)(q + 64));
-		__m512i h = _mm512_load_si512((const void *)(q + 128));
-		__m512i u0 = _mm512_or_si512(_mm512_and_si512(w0, m4),
-					     _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
-		__m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
-					     _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
-		__m512i u2 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(h, m2));
-		__m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
-					     _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+		__m512i u0, u1, u2, u3;
+
+		q6k_unpack(q, &u0, &u1, &u2, &u3);
 		__m512i a0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * x->bsums[i]), u0,
 						 _mm512_set1_epi32((int)cpu_rd32(xq)));
 		__m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u2,
@@ -1128,8 +1148,6 @@ TGT_VNNI static inline __attribute__((always_inline)) void
 q45k_block_m(bool five, const uint8_t *p, const struct qdot_kblock *x, int64_t xr, int X,
 	     __m512 *acc)
 {
-	const __m512i b4 = _mm512_set1_epi8(16);
-	const __m512i m4 = _mm512_set1_epi8(15);
 	__m512 P[SEQ_X][8], Q[SEQ_X][8];
 	int32_t bs[SEQ_X][8];
 
@@ -1144,18 +1162,8 @@ q45k_block_m(bool five, const uint8_t *p, const struct qdot_kblock *x, int64_t x
 		__m512i lo[4], hi[4], h;
 
 		h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
-		for (int v = 0; v < 4; v++) {
-			__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
-
-			lo[v] = _mm512_and_si512(w, m4);
-			hi[v] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-			if (five) {
-				lo[v] = _mm512_or_si512(lo[v], _mm512_and_si512(v < 2 ?
-					_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
-				hi[v] = _mm512_or_si512(hi[v], _mm512_and_si512(v < 2 ?
-					_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
-			}
-		}
+		for (int v = 0; v < 4; v++)
+			q45k_unpack(five, q, h, v, &lo[v], &hi[v]);
 		for (int i = 0; i < X; i++) {
 			const uint8_t *xq = (const uint8_t *)x[i * xr].q + 32 * s;
 			__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
@@ -1176,7 +1184,6 @@ TGT_VNNI static inline __attribute__((always_inline)) void
 q6k_block_m(bool unused, const uint8_t *p, const struct qdot_kblock *x, int64_t xr, int X,
 	    __m512 *acc)
 {
-	const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(0x30);
 	__m512i isum[SEQ_X];
 	__m512 P[SEQ_X][8];
 
@@ -1186,16 +1193,9 @@ q6k_block_m(bool unused, const uint8_t *p, const struct qdot_kblock *x, int64_t 
 	for (int k = 0; k < 16; k++) {
 		const uint8_t *q = p + KP_Q + KP6_SUB * k;
 		const __m512i sc = _mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(p + KP_SC + 16 * k)));
-		__m512i w0 = _mm512_load_si512((const void *)q);
-		__m512i w1 = _mm512_load_si512((const void *)(q + 64));
-		__m512i h = _mm512_load_si512((const void *)(q + 128));
-		__m512i u0 = _mm512_or_si512(_mm512_and_si512(w0, m4),
-					     _mm512_and_si512(_mm512_slli_epi16(h, 4), m2));
-		__m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
-					     _mm512_and_si512(_mm512_slli_epi16(h, 2), m2));
-		__m512i u2 = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_and_si512(h, m2));
-		__m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
-					     _mm512_and_si512(_mm512_srli_epi16(h, 2), m2));
+		__m512i u0, u1, u2, u3;
+
+		q6k_unpack(q, &u0, &u1, &u2, &u3);
 
 		for (int i = 0; i < X; i++) {
 			const struct qdot_kblock *xi = x + i * xr;

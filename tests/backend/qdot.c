@@ -452,50 +452,44 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
  * qgemm_ref() of its GGUF row (so the GEMV, its many-row form and the
  * prefill GEMM agree), nothing written outside the range or the rows.
  */
+struct rows32 {
+	uint32_t t;
+	const uint8_t *w;
+	size_t ws;
+	const struct qdot_block *q;
+	int64_t nb;
+};
+
+static float want_rows32(const void *ctx, int i, int64_t j)
+{
+	const struct rows32 *c = ctx;
+
+	return qgemm_ref(c->t, c->w + j * c->ws, c->q + i * c->nb, c->nb * 32);
+}
+
 static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
-	const float mark = -1234.5f;
-	const int64_t ys = n + 3;
 	uint8_t *w = malloc(n * ws);
 	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-	float *x = malloc(nb * 32 * sizeof(float)), *y = malloc((m + 1) * ys * sizeof(float));
+	float *x = malloc(nb * 32 * sizeof(float));
 	struct qdot_block *q = malloc(m * nb * sizeof(*q));
 	kpack_mfn fn = kpack_kernel_m(QDOT_VNNI, t);
 	int64_t j0 = (int64_t)(rnd32() % n), j1 = j0 + 1 + (int64_t)(rnd32() % (n - j0));
-	int bad = 0;
+	int bad;
 
-	ck_assert(w && p && x && y && q && bytes && fn);
+	ck_assert(w && p && x && q && bytes && fn);
 	fill_weights(t, w, n * nb);
-	for (int64_t g = 0; g * KPACK_ROWS < n; g++)
-		kpack_group(t, w + g * KPACK_ROWS * ws, ws,
-			    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
-			    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
+	kpack_pack_rows(t, w, ws, n, nb, p);
 	for (int i = 0; i < m; i++) {
 		fill_acts(x, nb * 32);
 		qdot_quantize_row(x, q + i * nb, nb * 32);
 	}
-	for (int64_t e = 0; e < (m + 1) * ys; e++)
-		y[e] = mark;
-	fn(p, q, m, nb, y + 1, ys, j0, j1); /* y[1 + i * ys + j - j0]: row i, weight row j */
-	for (int i = 0; i <= m; i++)
-		for (int64_t e = 0; e < ys; e++) {
-			int64_t j = j0 - 1 + e;
-			float want = i < m && j >= j0 && j < j1 ?
-					     qgemm_ref(t, w + j * ws, q + i * nb, nb * 32) : mark;
-
-			if (memcmp(&y[i * ys + e], &want, 4)) {
-				if (bad++ < 3)
-					printf("kpack rows type %u n=%lld nb=%lld m=%d [%lld, %lld): "
-					       "row %d, %lld gives %.9g, want %.9g\n", t, (long long)n,
-					       (long long)nb, m, (long long)j0, (long long)j1, i,
-					       (long long)j, y[i * ys + e], want);
-			}
-		}
+	bad = kpack_rows_differ(t, fn, p, q, m, n, nb, j0, j1, want_rows32,
+				&(struct rows32){ t, w, ws, q, nb });
 	free(w);
 	free(p);
 	free(x);
-	free(y);
 	free(q);
 	return bad;
 }
