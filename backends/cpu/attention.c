@@ -622,6 +622,7 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 	const char *kc = (const char *)a->kcache;
 	__m512 dots[PAIRS_MAX][16];
 
+	#pragma GCC unroll 16
 	for (int p = 0; p < rmax * n; p++)
 		mxv[p] = _mm512_set1_ps(-INFINITY);
 	for (int64_t t = lo[0], m, tb = lo[0]; t <= last;) {
@@ -636,20 +637,24 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 
 			if (i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
+			#pragma GCC unroll 16
 			for (int p = 0; p < rmax * n; p++)
 				d[p] = _mm512_setzero_ps();
 			for (int64_t j = 0; j < hd; j += 16) {
 				__m512 kv = ld16(k, j, half);
 
+				#pragma GCC unroll 16
 				for (int r = 0; r < rmax; r++) {
 					if (!(live >> r & 1))
 						continue;
+					#pragma GCC unroll 16
 					for (int g = 0; g < n; g++)
 						d[r * n + g] = _mm512_fmadd_ps(
 							_mm512_loadu_ps(q[r] + g * hd + j), kv,
 							d[r * n + g]);
 				}
 			}
+			#pragma GCC unroll 16
 			for (int p = 0; p < rmax * n; p++)
 				dots[p][t - tb] = d[p];
 			if (t - tb < 15 && t < last)
@@ -682,12 +687,15 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
 	const size_t es = half ? 2 : 4;
 	const char *vc = (const char *)a->vcache;
+	const int64_t max_kv = tk->max_kv;
 
 	for (int64_t d0 = 0; d0 < hd; d0 += 16 * W) {
 		const int w = hd - d0 < 16 * W ? (int)(hd - d0) / 16 : W;
 		__m512 r[PAIRS_MAX][4];
 
+		#pragma GCC unroll 16
 		for (int p = 0; p < rmax * n; p++)
+			#pragma GCC unroll 16
 			for (int j = 0; j < W; j++)
 				r[p][j] = _mm512_setzero_ps();
 		for (int64_t t = lo[0], m; t <= last;) {
@@ -703,17 +711,23 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 				if (i + PF_ROWS < m)
 					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
 					       (size_t)w * 16 * es);
-				for (int j = 0; j < w; j++)
-					vv[j] = ld16(v, 16 * j, half);
+				#pragma GCC unroll 16
+				for (int j = 0; j < W; j++)
+					if (j < w)
+						vv[j] = ld16(v, 16 * j, half);
+				#pragma GCC unroll 16
 				for (int rr = 0; rr < rmax; rr++) {
 					if (!(live >> rr & 1))
 						continue;
+					#pragma GCC unroll 16
 					for (int g = 0; g < n; g++) {
 						const int p = rr * n + g;
-						__m512 wt = _mm512_set1_ps(sc[p * tk->max_kv + t - lo[0]]);
+						__m512 wt = _mm512_set1_ps(sc[p * max_kv + t - lo[0]]);
 
-						for (int j = 0; j < w; j++)
-							r[p][j] = _mm512_fmadd_ps(wt, vv[j], r[p][j]);
+						#pragma GCC unroll 16
+						for (int j = 0; j < W; j++)
+							if (j < w)
+								r[p][j] = _mm512_fmadd_ps(wt, vv[j], r[p][j]);
 					}
 				}
 			}
