@@ -116,16 +116,21 @@ static inline const float *kv_run(const struct loom_attention_args *a, const flo
  * sum, added in order in double. Exact mode takes libm's expf (ref.so's
  * arithmetic), fast mode vexp.c's rows.
  */
-static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, float mx)
+static void softmax_exp(const struct attn_task *tk, float *sc, int64_t n, float mx)
 {
-	double sum = 0.0;
-
 	if (tk->ctx->exact) {
 		for (int64_t i = 0; i < n; i++)
 			sc[i] = expf(sc[i] - mx);
 	} else {
 		cpu_exp_row(tk->ctx->isa, sc, sc, mx, n);
 	}
+}
+
+static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, float mx)
+{
+	double sum = 0.0;
+
+	softmax_exp(tk, sc, n, mx);
 	for (int64_t i = 0; i < n; i++)
 		sum += sc[i];
 	return sum;
@@ -706,7 +711,7 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
 				const unsigned live = rows_seeing(lo, hi, R, t);
-				__m512 vv[4];
+				__m512 vv[4] = { 0 }; /* (only j < w are read) */
 
 				if (i + PF_ROWS < m)
 					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
@@ -738,6 +743,32 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 	}
 }
 
+/*
+ * softmax_weights()'s sums for np pairs (weights w[p][0 .. len[p] - 1]):
+ * each pair's in its own order in double, as there, but the pairs' chains
+ * interleaved over their common length, so that the adds' latency (a
+ * chain is one dependent add a key) overlaps across pairs. npmax: np's
+ * bound (compile time).
+ */
+static inline void pair_sums(float *const *w, const int64_t *len, int np, int npmax, double *sum)
+{
+	int64_t common = len[0];
+
+	for (int p = 0; p < np; p++) {
+		sum[p] = 0.0;
+		if (len[p] < common)
+			common = len[p];
+	}
+	for (int64_t i = 0; i < common; i++)
+#pragma GCC unroll 16
+		for (int p = 0; p < npmax; p++)
+			if (p < np)
+				sum[p] += w[p][i];
+	for (int p = 0; p < np; p++)
+		for (int64_t i = common; i < len[p]; i++)
+			sum[p] += w[p][i];
+}
+
 TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *scratch, int64_t s,
 					   int64_t h0, int n, int rmax, int W, int64_t row0,
 					   int64_t pos0, int R, bool half)
@@ -748,7 +779,8 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 	const float *q[PAIRS_MAX];
 	int64_t lo[PAIRS_MAX], hi[PAIRS_MAX];
 	__m512 mxv[PAIRS_MAX];
-	float mx[PAIRS_MAX];
+	float mx[PAIRS_MAX], *w[PAIRS_MAX];
+	int64_t len[PAIRS_MAX];
 	double sum[PAIRS_MAX];
 
 	for (int r = 0; r < R; r++) {
@@ -761,9 +793,11 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 			const int p = r * n + g;
 
 			mx[p] = _mm512_reduce_max_ps(mxv[p]);
-			sum[p] = softmax_weights(tk, sc + p * tk->max_kv + lo[r] - lo[0],
-						 hi[r] + 1 - lo[r], mx[p]);
+			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
+			len[p] = hi[r] + 1 - lo[r];
+			softmax_exp(tk, w[p], len[p], mx[p]);
 		}
+	pair_sums(w, len, R * n, rmax * n, sum);
 	rows_values(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
 	for (int r = 0; r < R; r++)
 		for (int g = 0; g < n; g++)
