@@ -64,6 +64,9 @@ struct attn_span {
 /* At most this many query heads share a unit (their accumulators stay in
  * registers). */
 #define GROUP_MAX 4
+/* (query row, head) pairs the many-row kernel keeps at once: its runs
+ * are up to PAIRS_MAX / group rows (attn_rows_avx512_t()) */
+#define PAIRS_MAX 16
 /* cache rows the grouped kernel asks for ahead of the one it reads */
 #define PF_ROWS 8
 /*
@@ -113,16 +116,21 @@ static inline const float *kv_run(const struct loom_attention_args *a, const flo
  * sum, added in order in double. Exact mode takes libm's expf (ref.so's
  * arithmetic), fast mode vexp.c's rows.
  */
-static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, float mx)
+static void softmax_exp(const struct attn_task *tk, float *sc, int64_t n, float mx)
 {
-	double sum = 0.0;
-
 	if (tk->ctx->exact) {
 		for (int64_t i = 0; i < n; i++)
 			sc[i] = expf(sc[i] - mx);
 	} else {
 		cpu_exp_row(tk->ctx->isa, sc, sc, mx, n);
 	}
+}
+
+static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, float mx)
+{
+	double sum = 0.0;
+
+	softmax_exp(tk, sc, n, mx);
 	for (int64_t i = 0; i < n; i++)
 		sum += sc[i];
 	return sum;
@@ -551,6 +559,284 @@ static void attn_group_avx512(const struct attn_task *tk, float *scratch, int64_
 	default: attn_group_avx512_4(tk, scratch, s, h0, row, pos, half, sp); break;
 	}
 }
+
+/*
+ * Many query rows at once: R consecutive causal rows of one sequence (row
+ * row0 + i at position pos0 + i) and the n heads h0 .. of one KV head,
+ * with each K and V row loaded and widened once for all R x n (row, head)
+ * pairs. A pair's arithmetic is attn_group_avx512_t()'s for its row alone:
+ * the same 16-lane dot sums over head_dim, hsum16() (whose lanes are
+ * independent of each other, so a key's score does not depend on which
+ * lane of which 16-key block it lands in), scale and soft cap, the
+ * maximum over only the row's keys, softmax_weights() over only those,
+ * and the V sums as the same fused multiply-adds in position order, keys
+ * outside the row's range skipped (not weighted by zero: 0 * inf is
+ * NaN). So every output has the one-row kernel's bits
+ * (tests/backend/attn_group.c holds them to it).
+ */
+
+/* Lanes of the cnt keys from tb on that the row seeing [lo, hi] sees. */
+static inline unsigned seen16(int64_t tb, int cnt, int64_t lo, int64_t hi)
+{
+	int64_t a = lo > tb ? lo - tb : 0, b = hi - tb < cnt - 1 ? hi - tb : cnt - 1;
+
+	if (a > b)
+		return 0;
+	return ((1u << (b + 1)) - 1) & ~((1u << a) - 1);
+}
+
+/* scores16() for one pair and the keys in `keep`: stored at sc (the
+ * block's first key), the pair's running maximum in *mxv. */
+TGT_512 CPU_INLINE void score_pair16(const struct loom_attention_args *a, const __m512 dots[16],
+				     __mmask16 keep, float *sc, __m512 *mxv)
+{
+	__m512 v = _mm512_mul_ps(hsum16(dots), _mm512_set1_ps(a->scale));
+
+	if (a->softcap > 0.0f) {
+		float x[16];
+
+		_mm512_storeu_ps(x, v);
+		for (int i = 0; i < 16; i++)
+			if (keep >> i & 1)
+				x[i] = a->softcap * tanhf(x[i] / a->softcap);
+		v = _mm512_loadu_ps(x);
+	}
+	_mm512_mask_storeu_ps(sc, keep, v);
+	*mxv = _mm512_mask_max_ps(*mxv, keep, v, *mxv);
+}
+
+/* Rows rr with t in [lo[rr], hi[rr]], as bits. */
+static inline unsigned rows_seeing(const int64_t *lo, const int64_t *hi, int R, int64_t t)
+{
+	unsigned live = 0;
+
+	for (int r = 0; r < R; r++)
+		live |= (unsigned)(t >= lo[r] && t <= hi[r]) << r;
+	return live;
+}
+
+/* Scores of all pairs (pair p = r * n + g at sc + p * max_kv, key t at
+ * t - lo[0]) and their maxima in mxv. rmax: R's bound (compile time). */
+TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n,
+				    int rmax, int R, const int64_t *lo, const int64_t *hi,
+				    const float *const *q, bool half, float *sc, __m512 *mxv)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
+	const size_t es = half ? 2 : 4;
+	const char *kc = (const char *)a->kcache;
+	__m512 dots[PAIRS_MAX][16];
+
+	#pragma GCC unroll 16
+	for (int p = 0; p < rmax * n; p++)
+		mxv[p] = _mm512_set1_ps(-INFINITY);
+	for (int64_t t = lo[0], m, tb = lo[0]; t <= last;) {
+		int64_t e = kv_run_off(a, s, t, kvh, last, &m);
+
+		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
+		for (int64_t i = 0; i < m; i++, t++, e += stride) {
+			const void *k = kc + (size_t)e * es;
+			const unsigned live = rows_seeing(lo, hi, R, t);
+			__m512 d[PAIRS_MAX];
+
+			if (i + PF_ROWS < m)
+				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
+			#pragma GCC unroll 16
+			for (int p = 0; p < rmax * n; p++)
+				d[p] = _mm512_setzero_ps();
+			for (int64_t j = 0; j < hd; j += 16) {
+				__m512 kv = ld16(k, j, half);
+
+				#pragma GCC unroll 16
+				for (int r = 0; r < rmax; r++) {
+					if (!(live >> r & 1))
+						continue;
+					#pragma GCC unroll 16
+					for (int g = 0; g < n; g++)
+						d[r * n + g] = _mm512_fmadd_ps(
+							_mm512_loadu_ps(q[r] + g * hd + j), kv,
+							d[r * n + g]);
+				}
+			}
+			#pragma GCC unroll 16
+			for (int p = 0; p < rmax * n; p++)
+				dots[p][t - tb] = d[p];
+			if (t - tb < 15 && t < last)
+				continue;
+			for (int r = 0; r < R; r++) {
+				const int cnt = (int)(t + 1 - tb);
+				const __mmask16 keep = (__mmask16)seen16(tb, cnt, lo[r], hi[r]);
+
+				for (int g = 0; keep && g < n; g++) {
+					for (int c = cnt; c < 16; c++)
+						dots[r * n + g][c] = _mm512_setzero_ps();
+					score_pair16(a, dots[r * n + g], keep,
+						     sc + (r * n + g) * tk->max_kv + tb - lo[0],
+						     &mxv[r * n + g]);
+				}
+			}
+			tb = t + 1;
+		}
+	}
+}
+
+/* The weighted V sums of all pairs into acc (pair p at p * head_dim),
+ * W * 16 dims at a time (W: compile time, so the sums stay in
+ * registers). */
+TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64_t kvh, int n,
+				    int rmax, int W, int R, const int64_t *lo, const int64_t *hi,
+				    bool half, const float *sc, float *acc)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
+	const size_t es = half ? 2 : 4;
+	const char *vc = (const char *)a->vcache;
+	const int64_t max_kv = tk->max_kv;
+
+	for (int64_t d0 = 0; d0 < hd; d0 += 16 * W) {
+		const int w = hd - d0 < 16 * W ? (int)(hd - d0) / 16 : W;
+		__m512 r[PAIRS_MAX][4];
+
+		#pragma GCC unroll 16
+		for (int p = 0; p < rmax * n; p++)
+			#pragma GCC unroll 16
+			for (int j = 0; j < W; j++)
+				r[p][j] = _mm512_setzero_ps();
+		for (int64_t t = lo[0], m; t <= last;) {
+			int64_t e = kv_run_off(a, s, t, kvh, last, &m) + d0;
+
+			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
+			for (int64_t i = 0; i < m; i++, t++, e += stride) {
+				const void *v = vc + (size_t)e * es;
+				const unsigned live = rows_seeing(lo, hi, R, t);
+				__m512 vv[4] = { 0 }; /* (only j < w are read) */
+
+				if (i + PF_ROWS < m)
+					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
+					       (size_t)w * 16 * es);
+				#pragma GCC unroll 16
+				for (int j = 0; j < W; j++)
+					if (j < w)
+						vv[j] = ld16(v, 16 * j, half);
+				#pragma GCC unroll 16
+				for (int rr = 0; rr < rmax; rr++) {
+					if (!(live >> rr & 1))
+						continue;
+					#pragma GCC unroll 16
+					for (int g = 0; g < n; g++) {
+						const int p = rr * n + g;
+						__m512 wt = _mm512_set1_ps(sc[p * max_kv + t - lo[0]]);
+
+						#pragma GCC unroll 16
+						for (int j = 0; j < W; j++)
+							if (j < w)
+								r[p][j] = _mm512_fmadd_ps(wt, vv[j], r[p][j]);
+					}
+				}
+			}
+		}
+		for (int p = 0; p < R * n; p++)
+			for (int j = 0; j < w; j++)
+				_mm512_storeu_ps(acc + p * hd + d0 + 16 * j, r[p][j]);
+	}
+}
+
+/*
+ * softmax_weights()'s sums for np pairs (weights w[p][0 .. len[p] - 1]):
+ * each pair's in its own order in double, as there, but the pairs' chains
+ * interleaved over their common length, so that the adds' latency (a
+ * chain is one dependent add a key) overlaps across pairs. npmax: np's
+ * bound (compile time).
+ */
+static inline void pair_sums(float *const *w, const int64_t *len, int np, int npmax, double *sum)
+{
+	int64_t common = len[0];
+
+	for (int p = 0; p < np; p++) {
+		sum[p] = 0.0;
+		if (len[p] < common)
+			common = len[p];
+	}
+	for (int64_t i = 0; i < common; i++)
+#pragma GCC unroll 16
+		for (int p = 0; p < npmax; p++)
+			if (p < np)
+				sum[p] += w[p][i];
+	for (int p = 0; p < np; p++)
+		for (int64_t i = common; i < len[p]; i++)
+			sum[p] += w[p][i];
+}
+
+TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *scratch, int64_t s,
+					   int64_t h0, int n, int rmax, int W, int64_t row0,
+					   int64_t pos0, int R, bool half)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
+	float *acc = scratch, *sc = scratch + PAIRS_MAX * hd;
+	const float *q[PAIRS_MAX];
+	int64_t lo[PAIRS_MAX], hi[PAIRS_MAX];
+	__m512 mxv[PAIRS_MAX];
+	float mx[PAIRS_MAX], *w[PAIRS_MAX];
+	int64_t len[PAIRS_MAX];
+	double sum[PAIRS_MAX];
+
+	for (int r = 0; r < R; r++) {
+		attn_range(a, pos0 + r, NULL, &lo[r], &hi[r]);
+		q[r] = a->q + (row0 + r) * a->q_stride + h0 * hd;
+	}
+	rows_scores(tk, s, kvh, n, rmax, R, lo, hi, q, half, sc, mxv);
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++) {
+			const int p = r * n + g;
+
+			mx[p] = _mm512_reduce_max_ps(mxv[p]);
+			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
+			len[p] = hi[r] + 1 - lo[r];
+			softmax_exp(tk, w[p], len[p], mx[p]);
+		}
+	pair_sums(w, len, R * n, rmax * n, sum);
+	rows_values(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++)
+			attn_put(a, NULL, row0 + r, h0 + g, acc + (r * n + g) * hd, mx[r * n + g],
+				 sum[r * n + g]);
+}
+
+/* One copy per group size and cache type: rows up to PAIRS_MAX / N, and
+ * V sums over 64, 32 or 16 dims at a time as the pairs allow. */
+#define ROWS_MAX(N) (PAIRS_MAX / (N))
+#define ROWS_W(N) (ROWS_MAX(N) * (N) <= 4 ? 4 : ROWS_MAX(N) * (N) <= 8 ? 2 : 1)
+#define ATTN_ROWS_N(N)                                                                    \
+	TGT_512 static void attn_rows_avx512_##N(const struct attn_task *tk, float *scratch, \
+						 int64_t s, int64_t h0, int64_t row0,         \
+						 int64_t pos0, int R, bool half)              \
+	{                                                                                 \
+		if (half)                                                                 \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N), ROWS_W(N),  \
+					   row0, pos0, R, true);                          \
+		else                                                                      \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N), ROWS_W(N),  \
+					   row0, pos0, R, false);                         \
+	}
+ATTN_ROWS_N(1)
+ATTN_ROWS_N(2)
+ATTN_ROWS_N(3)
+ATTN_ROWS_N(4)
+
+/* R <= ROWS_MAX(n) rows, n heads. */
+static void attn_rows_avx512(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
+			     int n, int64_t row0, int64_t pos0, int R, bool half)
+{
+	switch (n) {
+	case 1: attn_rows_avx512_1(tk, scratch, s, h0, row0, pos0, R, half); break;
+	case 2: attn_rows_avx512_2(tk, scratch, s, h0, row0, pos0, R, half); break;
+	case 3: attn_rows_avx512_3(tk, scratch, s, h0, row0, pos0, R, half); break;
+	default: attn_rows_avx512_4(tk, scratch, s, h0, row0, pos0, R, half); break;
+	}
+}
 #endif
 
 /* One query row of a unit: the AVX2 kernel where it applies, else the
@@ -611,6 +897,35 @@ static void attn_heads(const struct attn_task *tk, float *scratch, int64_t s, in
 }
 
 /*
+ * Query rows row0 .. row0 + R - 1 at positions pos0 on, heads h0 .. h0 +
+ * group - 1: with the grouped kernel, runs of up to ROWS_MAX(group) rows
+ * (evenly cut) share each cache row (attn_rows_avx512()); a lone row and
+ * a part (sp) take attn_heads(). The bits are the same either way.
+ */
+static void attn_run(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
+		     int64_t row0, int64_t pos0, int64_t R, bool half, const struct attn_span *sp)
+{
+#if defined(__x86_64__)
+	if (!sp && R > 1 && group_kernel(tk->ctx, tk->a)) {
+		const int64_t step = PAIRS_MAX / tk->group, runs = (R + step - 1) / step;
+
+		for (int64_t k = 0; k < runs; k++) {
+			int64_t i = R * k / runs, n = R * (k + 1) / runs - i;
+
+			if (n == 1)
+				attn_heads(tk, scratch, s, h0, row0 + i, pos0 + i, half, NULL);
+			else
+				attn_rows_avx512(tk, scratch, s, h0, (int)tk->group, row0 + i,
+						 pos0 + i, (int)n, half);
+		}
+		return;
+	}
+#endif
+	for (int64_t i = 0; i < R; i++)
+		attn_heads(tk, scratch, s, h0, row0 + i, pos0 + i, half, sp);
+}
+
+/*
  * Rows r0 .. r1-1 of sequence s (query rows q0 + i at positions p0 + i),
  * heads h0 .. h0 + group - 1, over a cache of block-quantized values:
  * their KV head's keys and values at the positions those rows read are
@@ -626,7 +941,7 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
 	const size_t head_bytes = tk->row_bytes / (size_t)a->n_kv_heads;
-	float *sk = scratch + GROUP_MAX * (hd + tk->max_kv), *sv = sk + tk->max_kv * hd;
+	float *sk = scratch + PAIRS_MAX * (hd + tk->max_kv), *sv = sk + tk->max_kv * hd;
 	int64_t lo = 0, hi = p0 + r1 - 1;
 	static const int32_t block0 = 0;
 	struct loom_attention_args st = *a;
@@ -650,8 +965,7 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 	st.n_kv_heads = 1, st.block_size = hi + 1, st.max_blocks = 1;
 	st.block_table = &block0;
 	tk2.a = &st;
-	for (int64_t i = r0; i < r1; i++)
-		attn_heads(&tk2, scratch, 0, h0, q0 + i, p0 + i, false, sp);
+	attn_run(&tk2, scratch, 0, h0, q0 + r0, p0 + r0, r1 - r0, false, sp);
 }
 
 /* Whether the cache is decoded into f32 staging first (attn_rows_q()). */
@@ -755,9 +1069,8 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 		attn_rows_q(tk, scratch, s, h0, q0, a->kv_len[s] - q_len, r0, r1, NULL);
 		return;
 	}
-	for (int64_t i = r0; i < r1; i++)
-		attn_heads(tk, scratch, s, h0, q0 + i, a->kv_len[s] - q_len + i,
-			   tk->type == LOOM_TYPE_F16, NULL);
+	attn_run(tk, scratch, s, h0, q0 + r0, a->kv_len[s] - q_len + r0, r1 - r0,
+		 tk->type == LOOM_TYPE_F16, NULL);
 }
 
 /* Pool chunk c of n_chunks: units [n_units*c/n_chunks, n_units*(c+1)/n_chunks). */
@@ -924,11 +1237,11 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	}
 	if (LOOM_ATTN_PARENT(a))
 		return attn_tree(ctx, a, max_kv);
-	/* acc[head_dim] and scores[max_kv] for each head of a group; for a
-	 * typed cache also f32 staging of one KV head's keys and values,
-	 * [max_kv][head_dim] each */
+	/* acc[head_dim] and scores[max_kv] for each (row, head) pair of a
+	 * unit; for a typed cache also f32 staging of one KV head's keys and
+	 * values, [max_kv][head_dim] each */
 	if (__builtin_add_overflow(a->head_dim, max_kv, &need) ||
-	    __builtin_mul_overflow(need, GROUP_MAX, &need))
+	    __builtin_mul_overflow(need, PAIRS_MAX, &need))
 		return LOOM_ERR_NOMEM;
 	if (LOOM_KV_TYPE(a, struct loom_attention_args) != LOOM_TYPE_F32 &&
 	    (__builtin_mul_overflow(max_kv, 2 * a->head_dim, &stage) ||

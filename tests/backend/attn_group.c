@@ -6,7 +6,12 @@
  * prefill chunks, decode rows and rows with history, over f32 and f16
  * caches, group sizes 1 to 4, head sizes 32 to 256, key counts that fill
  * no 16-key block, one and several, with and without a window and a soft
- * cap. (Fast mode's exponentials are per kernel set, so only exact mode
+ * cap; and the many-row kernel (consecutive causal rows of a prefill
+ * chunk or a verification run sharing each cache row) over runs of 1 to
+ * 17 rows after several histories, every shape, cache type, window and
+ * soft cap (rows_sweep()): its outputs must be the one-row kernel's, so
+ * a row that sees a key past its own position, or misses one, fails here.
+ * (Fast mode's exponentials are per kernel set, so only exact mode
  * compares across sets.) A change in the order of any addition of a
  * score changes bits here.
  *
@@ -106,6 +111,42 @@ static int compare(struct dev *grouped, struct dev *single, const struct shape *
 	return bad;
 }
 
+/*
+ * The many-row kernel (runs of causal rows of one sequence sharing each
+ * cache row): a chunk of 1 to 17 rows after 0, 23 or 300 positions of
+ * history, beside a sequence of 2 to 6 verification-like rows, over every
+ * shape, cache type, window and soft cap. Returns the cases that differ.
+ */
+static int rows_sweep(struct dev *grouped, struct dev *single, const struct shape *shapes,
+		      int *cases)
+{
+	static const int32_t history[] = { 0, 23, 300 };
+	int failures = 0;
+
+	for (int s = 0; s < 6; s++)
+		for (int32_t rows = 1; rows <= 17; rows++)
+			for (size_t h = 0; h < sizeof(history) / sizeof(history[0]); h++)
+				for (int variant = 0; variant < 8; variant++, (*cases)++) {
+					const int32_t extra = rows % 5 + 2;
+					struct call c = {
+						2, { 0, rows, rows + extra }, { rows + history[h], 41 },
+						(317 + BS - 1) / BS, variant & 2 ? 20 : 0,
+						variant & 4 ? 3.0f : 0.0f,
+						variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32,
+					};
+					int bad = compare(grouped, single, &shapes[s], &c);
+
+					if (bad) {
+						printf("FAIL heads %d/%d hd %d: %d rows after %d, %s window %d softcap %g: %d rows differ\n",
+						       shapes[s].heads, shapes[s].kv_heads, shapes[s].hd,
+						       rows, history[h], variant & 1 ? "f16" : "f32",
+						       c.window, c.softcap, bad);
+						failures++;
+					}
+				}
+	return failures;
+}
+
 int main(void)
 {
 	static const struct shape shapes[] = {
@@ -156,6 +197,7 @@ int main(void)
 					failures++;
 				}
 			}
+	failures += rows_sweep(&grouped, &single, shapes, &cases);
 	printf("%s: %d cases, %d differ from the one-head kernel\n", failures ? "FAIL" : "ok",
 	       cases, failures);
 	dev_close(&grouped);
