@@ -370,6 +370,7 @@ struct loom_backend_ctx {
 	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
 	 * comparisons) */
 	bool qgemm;
+	bool fgemm; /* float prefill through fgemm.h, not OpenBLAS */
 	/* prefill through AMX-INT8 tiles (LOOM_CPU_ISA=amx, or amx-emu for
 	 * the C tile emulation; amx.h) instead of qgemm's VNNI kernel */
 	enum amx_mode amx;

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "fgemm.h"
 #include "kpack.h"
 #include "qgemm.h"
 
@@ -199,6 +200,63 @@ static void blas_task(void *arg, int64_t c, int ith)
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j), (int)g->k,
 		    1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f, g->y + j,
 		    (int)g->y_stride);
+}
+
+/* f32 weights whose rows the panels can read in place. */
+static bool plain_f32(const struct cpu_gemv *g)
+{
+	return g->type == LOOM_TYPE_F32 && g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0;
+}
+
+/* Chunk c through fgemm.h: panels of FGEMM_ROWS weight rows, made in the
+ * thread's scratch (dequantized to f32 first unless plain_f32()). */
+static void fgemm_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	float *panel = t->ctx->scratch[ith];
+	float *rows = panel + fgemm_panel_floats(g->k);
+	uint8_t *tmp = (uint8_t *)(rows + fgemm_panel_floats(g->k));
+	int64_t j0, j1;
+
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += FGEMM_ROWS) {
+		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
+
+		if (plain_f32(g)) {
+			fgemm_panel_rows((const float *)(g->w + (size_t)j * g->w_stride),
+					 (int64_t)(g->w_stride / 4), n, g->k, panel);
+		} else {
+			for (int r = 0; r < n; r++) {
+				const uint8_t *row = g->w + (size_t)(j + r) * g->w_stride;
+
+				if (t->packed) { /* back to the GGUF layout first */
+					kpack_unpack_row(g->type, g->w, kpack_nb(g->type, g->k),
+							 j + r, tmp);
+					row = tmp;
+				}
+				cpu_dequant_row(t->ctx->isa, g->type, row, rows + r * g->k, g->k);
+			}
+			fgemm_panel_rows(rows, g->k, n, g->k, panel);
+		}
+		fgemm_run(panel, n, g->x, g->x_stride, g->m, g->k, g->y + j, g->y_stride);
+	}
+}
+
+static int fgemm_gemm(struct gemm_task *t, int nth)
+{
+	const int64_t k = t->g.k;
+	size_t need;
+
+	if (k > (int64_t)(SIZE_MAX / sizeof(float) / 4 / FGEMM_ROWS))
+		return LOOM_ERR_NOMEM;
+	/* the panel, the dequantized rows, a GGUF row to unpack a packed one into */
+	need = 2 * fgemm_panel_floats(k) + (t->packed ? (size_t)(k / 32) * 34 / 4 + 1 : 0);
+	if (cpu_scratch_reserve(t->ctx, need))
+		return LOOM_ERR_NOMEM;
+	t->chunk = pick_chunk(t->n, nth, FGEMM_ROWS, FGEMM_ROWS, 256);
+	cpu_pool_run(&t->ctx->pool, fgemm_task, t, n_chunks(t), nth);
+	return LOOM_OK;
 }
 
 /* F32 weights with a float-multiple stride go to sgemm as they are. */
@@ -646,6 +704,8 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		cpu_pool_run(&ctx->pool, gemv_task, &t, n_chunks(&t), nth);
 		return LOOM_OK;
 	}
+	if (ctx->fgemm)
+		return fgemm_gemm(&t, nth);
 	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&
 	    (uintptr_t)a->w % 4 == 0 && a->w_stride / 4 <= INT32_MAX) {
 		t.chunk = pick_chunk(a->n, nth, 16, 16, 1024);
