@@ -5,6 +5,7 @@
 #include "fgemm.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TGT_512 __attribute__((target("avx512f")))
 #endif
@@ -31,6 +32,48 @@ float fgemm_ref(const float *x, const float *w, int64_t k)
 
 	for (int64_t kk = 0; kk < k; kk++)
 		acc = fmaf(x[kk], w[kk], acc);
+	return acc;
+}
+
+static float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Denormals as zero (the instructions' DAZ on inputs, FTZ on results). */
+static float flush(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, sizeof(u));
+	return (u & 0x7f800000u) ? v : bits_f32(u & 0x80000000u);
+}
+
+uint16_t fgemm_bf16_round(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, sizeof(u));
+	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: quieted, sign kept */
+		return (uint16_t)((u >> 16) | 0x40);
+	if (!(u & 0x7f800000u)) /* denormal inputs as zero */
+		return (uint16_t)((u >> 16) & 0x8000u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+float fgemm_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp)
+{
+	float acc = 0.0f;
+
+	for (int64_t p = 0; p < kp; p++) {
+		/* the upper bf16 of each pair first, then the lower */
+		acc = flush(fmaf(flush(bits_f32(x[p] & 0xffff0000u)),
+				 flush(bits_f32(w[p] & 0xffff0000u)), acc));
+		acc = flush(fmaf(flush(bits_f32(x[p] << 16)), flush(bits_f32(w[p] << 16)), acc));
+	}
 	return acc;
 }
 
@@ -75,8 +118,10 @@ TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[1
 		v[i] = t[i];
 }
 
-TGT_512 void fgemm_panel_rows(const float *src, int64_t ss, int rows, int64_t k, float *panel)
+TGT_512 void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
 {
+	const float *src = src_;
+	float *panel = panel_;
 	int64_t kk = 0;
 
 	for (int h = 0; h < 2; h++) {
@@ -93,9 +138,15 @@ TGT_512 void fgemm_panel_rows(const float *src, int64_t ss, int rows, int64_t k,
 				_mm512_storeu_ps(panel + (kk + c) * FGEMM_ROWS + HALF * h, v[c]);
 		}
 	}
+	/* the tail as bits (the pairs path keeps bf16 pairs in these slots) */
 	for (; kk < k; kk++)
-		for (int r = 0; r < FGEMM_ROWS; r++)
-			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0.0f;
+		for (int r = 0; r < FGEMM_ROWS; r++) {
+			uint32_t v = 0;
+
+			if (r < rows)
+				memcpy(&v, src + r * ss + kk, sizeof(v));
+			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
+		}
 }
 
 /* X activation rows by the panel's rows, k values [k0, k0 + kn); the
@@ -169,12 +220,124 @@ TGT_512 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs,
 		}
 	}
 }
-#else
-void fgemm_panel_rows(const float *src, int64_t ss, int rows, int64_t k, float *panel)
+/* ---- bf16 pairs (AVX512_BF16) ---- */
+
+bool fgemm_pairs_supported(enum cpu_isa isa)
 {
+	unsigned a, b, c, d;
+
+	/* CPUID.(EAX=7, ECX=1):EAX bit 5: AVX512_BF16 */
+	return isa == CPU_ISA_AVX512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+__attribute__((target("avx512f,avx512bf16"))) void fgemm_pairs_x(const float *x, int64_t k,
+								  uint32_t *out)
+{
+	int64_t e = 0;
+
+	for (; e + 32 <= k; e += 32) {
+		__m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + e + 16), _mm512_loadu_ps(x + e));
+
+		_mm512_storeu_si512(out + e / 2, (__m512i)v);
+	}
+	for (; e < k; e += 2)
+		out[e / 2] = fgemm_bf16_round(x[e]) | (uint32_t)fgemm_bf16_round(x[e + 1]) << 16;
+}
+
+/* tile() on bf16 pairs: pairs [p0, p0 + pn) of x's rows (kp pairs apart). */
+__attribute__((target("avx512f,avx512bf16"))) static inline __attribute__((always_inline)) void
+tile_pairs(const uint32_t *panel, int64_t p0, int64_t pn, const uint32_t *xp, int64_t kp, int X,
+	   float *y, int64_t ys, __mmask16 m0, __mmask16 m1)
+{
+	__m512 a0[FGEMM_X], a1[FGEMM_X];
+	const uint32_t *pb = panel + p0 * FGEMM_ROWS;
+
+	for (int i = 0; i < X; i++) {
+		a0[i] = p0 ? _mm512_maskz_loadu_ps(m0, y + i * ys) : _mm512_setzero_ps();
+		a1[i] = p0 ? _mm512_maskz_loadu_ps(m1, y + i * ys + HALF) : _mm512_setzero_ps();
+	}
+	for (int64_t p = 0; p < pn; p++) {
+		const __m512bh w0 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS);
+		const __m512bh w1 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS + HALF);
+
+		for (int i = 0; i < X; i++) {
+			const __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[i * kp + p0 + p]);
+
+			a0[i] = _mm512_dpbf16_ps(a0[i], b, w0);
+			a1[i] = _mm512_dpbf16_ps(a1[i], b, w1);
+		}
+	}
+	for (int i = 0; i < X; i++) {
+		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
+		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
+	}
+}
+
+#define PAIRS_CASE(n)                                                                   \
+	case n:                                                                         \
+		tile_pairs(panel, p0, pn, xp, kp, n, yi, ys, m0, m1);                   \
+		break;
+
+__attribute__((target("avx512f,avx512bf16"))) void
+fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t m, int64_t kp,
+		float *y, int64_t ys)
+{
+	const __mmask16 m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
+	const __mmask16 m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
+					 rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+
+	if (kp == 0) {
+		for (int64_t i = 0; i < m; i++)
+			for (int r = 0; r < rows; r++)
+				y[i * ys + r] = 0.0f;
+		return;
+	}
+	for (int64_t p0 = 0; p0 < kp; p0 += KC / 2) {
+		const int64_t pn = kp - p0 < KC / 2 ? kp - p0 : KC / 2;
+
+		for (int64_t i = 0; i < m; i += FGEMM_X) {
+			const int X = m - i < FGEMM_X ? (int)(m - i) : FGEMM_X;
+			const uint32_t *xp = x + i * kp;
+			float *yi = y + i * ys;
+
+			switch (X) {
+			PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) PAIRS_CASE(5)
+			PAIRS_CASE(6) PAIRS_CASE(7) PAIRS_CASE(8) PAIRS_CASE(9) PAIRS_CASE(10)
+			PAIRS_CASE(11)
+			default:
+				tile_pairs(panel, p0, pn, xp, kp, FGEMM_X, yi, ys, m0, m1);
+				break;
+			}
+		}
+	}
+}
+#else
+bool fgemm_pairs_supported(enum cpu_isa isa)
+{
+	(void)isa;
+	return false;
+}
+
+void fgemm_pairs_x(const float *x, int64_t k, uint32_t *out)
+{
+	for (int64_t e = 0; e < k; e += 2)
+		out[e / 2] = fgemm_bf16_round(x[e]) | (uint32_t)fgemm_bf16_round(x[e + 1]) << 16;
+}
+
+void fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t m, int64_t kp,
+		     float *y, int64_t ys)
+{
+	(void)panel, (void)rows, (void)x, (void)m, (void)kp, (void)y, (void)ys;
+}
+
+void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
+{
+	const uint32_t *src = src_;
+	uint32_t *panel = panel_;
+
 	for (int64_t kk = 0; kk < k; kk++)
 		for (int r = 0; r < FGEMM_ROWS; r++)
-			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0.0f;
+			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0;
 }
 
 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m, int64_t k,

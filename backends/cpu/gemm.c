@@ -259,6 +259,57 @@ static int fgemm_gemm(struct gemm_task *t, int nth)
 	return LOOM_OK;
 }
 
+static int grow(void **buf, size_t *cap, int64_t a, int64_t b, size_t elem);
+
+/* Fast mode, bf16 weights: rows [j0, j1) of chunk c on bf16 pairs; the
+ * weight rows are pairs already (k even, 4-byte aligned rows). */
+static void pairs_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	uint32_t *panel = (uint32_t *)t->ctx->scratch[ith];
+	const int64_t kp = g->k / 2;
+	int64_t j0, j1;
+
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += FGEMM_ROWS) {
+		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
+
+		fgemm_panel_rows(g->w + (size_t)j * g->w_stride, (int64_t)(g->w_stride / 4), n, kp,
+				 panel);
+		fgemm_pairs_run(panel, n, t->ctx->bfx, g->m, kp, g->y + j, g->y_stride);
+	}
+}
+
+/* The activation rows as bf16 pairs, one row a chunk. */
+static void pairs_x_task(void *arg, int64_t i, int ith)
+{
+	const struct gemm_task *t = arg;
+
+	(void)ith;
+	fgemm_pairs_x(t->g.x + i * t->g.x_stride, t->g.k, t->ctx->bfx + i * (t->g.k / 2));
+}
+
+static bool pairs_ok(const struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
+{
+	return ctx->pairs && !ctx->exact && g->type == LOOM_TYPE_BF16 && g->k % 2 == 0 &&
+	       g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0 && !g->inv;
+}
+
+static int pairs_gemm(struct gemm_task *t, int nth)
+{
+	struct loom_backend_ctx *ctx = t->ctx;
+
+	if (grow((void **)&ctx->bfx, &ctx->bfx_cap, t->g.m, t->g.k / 2, sizeof(uint32_t)) ||
+	    cpu_scratch_reserve(ctx, fgemm_panel_floats(t->g.k / 2)))
+		return LOOM_ERR_NOMEM;
+	cpu_pool_run(&ctx->pool, pairs_x_task, t, t->g.m,
+		     t->g.m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	t->chunk = pick_chunk(t->n, nth, FGEMM_ROWS, FGEMM_ROWS, 256);
+	cpu_pool_run(&ctx->pool, pairs_task, t, n_chunks(t), nth);
+	return LOOM_OK;
+}
+
 /* F32 weights with a float-multiple stride go to sgemm as they are. */
 static void blas_f32_task(void *arg, int64_t c, int ith)
 {
@@ -704,6 +755,8 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		cpu_pool_run(&ctx->pool, gemv_task, &t, n_chunks(&t), nth);
 		return LOOM_OK;
 	}
+	if (pairs_ok(ctx, &t.g))
+		return pairs_gemm(&t, nth);
 	if (ctx->fgemm)
 		return fgemm_gemm(&t, nth);
 	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&

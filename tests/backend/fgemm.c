@@ -15,7 +15,16 @@
  *             (|err| <= k * 2^-23 * sum |x w|), so a reference that were
  *             wrong in the same way as the kernel would still fail.
  *
- * Skips (77) on CPUs without AVX-512F.
+ * The bf16 pair path (fast mode, bf16 weights, AVX512_BF16):
+ *
+ *   round     fgemm_pairs_x() (vcvtne2ps2bf16) equals fgemm_bf16_round()
+ *             on random floats, ties, infinities, NaNs and denormals;
+ *   pairs     fgemm_pairs_run() equals fgemm_pairs_ref() bit for bit
+ *             (the same shapes as above, normal values), and is within
+ *             float rounding of the f64 dot of the bf16 values.
+ *
+ * Skips (77) on CPUs without AVX-512F; the pair cases print a skip line
+ * and pass on CPUs without AVX512_BF16.
  */
 #include <check.h>
 #include <math.h>
@@ -117,6 +126,109 @@ START_TEST(run_matches_reference)
 }
 END_TEST
 
+static uint16_t bf16_of(float v)
+{
+	return fgemm_bf16_round(v);
+}
+
+static float bf16_value(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+START_TEST(pairs_round)
+{
+	static const uint32_t special[] = {
+		0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00400000u, /* zeros, denormals */
+		0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, /* inf, NaNs */
+		0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, /* ties to even, either side */
+		0x7f7fffffu, 0xff7fffffu, /* rounds to infinity */
+	};
+	enum { N = 4096 + 32 };
+	static float x[N];
+	static uint32_t out[N / 2];
+
+	if (!fgemm_pairs_supported(cpu_detect_isa())) {
+		printf("skip: no AVX512_BF16: the pair path does not run\n");
+		return;
+	}
+	for (int e = 0; e < N; e++) {
+		uint32_t u = e < (int)(sizeof(special) / sizeof(special[0])) ?
+				     special[e] : (uint32_t)(rndf() * 2147483647.0f) * 2u + (e & 1);
+
+		memcpy(&x[e], &u, sizeof(u));
+	}
+	fgemm_pairs_x(x, N, out);
+	for (int e = 0; e < N; e++) {
+		uint16_t got = (uint16_t)(out[e / 2] >> (16 * (e % 2))), want = fgemm_bf16_round(x[e]);
+		uint32_t u;
+
+		memcpy(&u, &x[e], sizeof(u));
+		ck_assert_msg(got == want, "value %d (bits %08x): bf16 %04x, reference %04x", e, u, got,
+			      want);
+	}
+}
+END_TEST
+
+/* One pair case: m rows of kp pairs against rows weight rows. */
+static void check_pairs(int64_t m, int rows, int64_t kp)
+{
+	static uint32_t w[FGEMM_ROWS * MAX_K], x[MAX_M * MAX_K], panel[FGEMM_ROWS * MAX_K];
+	static float y[MAX_M * (FGEMM_ROWS + 5)];
+	const int64_t ys = FGEMM_ROWS + 5;
+
+	for (int64_t e = 0; e < rows * kp; e++)
+		w[e] = bf16_of(rndf()) | (uint32_t)bf16_of(rndf()) << 16;
+	for (int64_t e = 0; e < m * kp; e++)
+		x[e] = bf16_of(rndf()) | (uint32_t)bf16_of(rndf()) << 16;
+	for (int64_t e = 0; e < m * ys; e++)
+		y[e] = SENTINEL;
+	fgemm_panel_rows(w, kp, rows, kp, panel);
+	fgemm_pairs_run(panel, rows, x, m, kp, y, ys);
+	for (int64_t i = 0; i < m; i++) {
+		for (int r = 0; r < rows; r++) {
+			float want = fgemm_pairs_ref(x + i * kp, w + r * kp, kp), got = y[i * ys + r];
+			double d = 0.0, mag = 0.0;
+
+			ck_assert_msg(memcmp(&want, &got, sizeof(float)) == 0,
+				      "pairs m %lld rows %d kp %lld: y[%lld][%d] %.9g, reference %.9g",
+				      (long long)m, rows, (long long)kp, (long long)i, r, got, want);
+			for (int64_t p = 0; p < kp; p++)
+				for (int h = 0; h < 2; h++) {
+					double v = (double)bf16_value((uint16_t)(x[i * kp + p] >> 16 * h)) *
+						   bf16_value((uint16_t)(w[r * kp + p] >> 16 * h));
+
+					d += v;
+					mag += fabs(v);
+				}
+			ck_assert_msg(fabs(got - d) <= (double)(2 * kp) * 0x1p-23 * mag + 1e-30,
+				      "pairs m %lld rows %d kp %lld: %.9g vs f64 %.9g", (long long)m,
+				      rows, (long long)kp, got, d);
+		}
+		for (int r = rows; r < ys; r++)
+			ck_assert_msg(y[i * ys + r] == SENTINEL, "pairs wrote past row %d", r);
+	}
+}
+
+START_TEST(pairs_match_reference)
+{
+	static const int rows_set[] = { 1, 9, 16, 17, 32 };
+
+	if (!fgemm_pairs_supported(cpu_detect_isa())) {
+		printf("skip: no AVX512_BF16: the pair path does not run\n");
+		return;
+	}
+	for (int t = 0; t < N_KS; t++)
+		for (int64_t m = 1; m <= MAX_M; m += m < 14 ? 1 : 13)
+			for (size_t r = 0; r < sizeof(rows_set) / sizeof(rows_set[0]); r++)
+				check_pairs(m, rows_set[r], ks[t]);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fgemm");
@@ -131,6 +243,8 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, panel_layout);
 	tcase_add_test(tc, run_matches_reference);
+	tcase_add_test(tc, pairs_round);
+	tcase_add_test(tc, pairs_match_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
