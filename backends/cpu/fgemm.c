@@ -233,9 +233,13 @@ bool fgemm_pairs_supported(enum cpu_isa isa)
 __attribute__((target("avx512f,avx512bf16"))) void fgemm_pairs_x(const float *x, int64_t k,
 								  uint32_t *out)
 {
+	/* the instruction where the CPU has it (AMX-BF16 may run without) */
+	static _Atomic int has = -1;
 	int64_t e = 0;
 
-	for (; e + 32 <= k; e += 32) {
+	if (has < 0)
+		has = fgemm_pairs_supported(cpu_detect_isa());
+	for (; has && e + 32 <= k; e += 32) {
 		__m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + e + 16), _mm512_loadu_ps(x + e));
 
 		_mm512_storeu_si512(out + e / 2, (__m512i)v);

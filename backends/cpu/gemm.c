@@ -261,8 +261,9 @@ static int fgemm_gemm(struct gemm_task *t, int nth)
 
 static int grow(void **buf, size_t *cap, int64_t a, int64_t b, size_t elem);
 
-/* Fast mode, bf16 weights: rows [j0, j1) of chunk c on bf16 pairs; the
- * weight rows are pairs already (k even, 4-byte aligned rows). */
+/* Fast mode, bf16 weights: rows [j0, j1) of chunk c on bf16 pairs, by
+ * vdpbf16ps or AMX-BF16 tiles (amx.h); the weight rows are pairs already
+ * (k even, 4-byte aligned rows). */
 static void pairs_task(void *arg, int64_t c, int ith)
 {
 	const struct gemm_task *t = arg;
@@ -277,7 +278,11 @@ static void pairs_task(void *arg, int64_t c, int ith)
 
 		fgemm_panel_rows(g->w + (size_t)j * g->w_stride, (int64_t)(g->w_stride / 4), n, kp,
 				 panel);
-		fgemm_pairs_run(panel, n, t->ctx->bfx, g->m, kp, g->y + j, g->y_stride);
+		if (t->ctx->amx != AMX_OFF && amx_pairs_supported(t->ctx->amx))
+			amx_pairs_run(t->ctx->amx, panel, n, t->ctx->bfx, g->m, kp, g->y + j,
+				      g->y_stride);
+		else
+			fgemm_pairs_run(panel, n, t->ctx->bfx, g->m, kp, g->y + j, g->y_stride);
 	}
 }
 
@@ -292,7 +297,8 @@ static void pairs_x_task(void *arg, int64_t i, int ith)
 
 static bool pairs_ok(const struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
 {
-	return ctx->pairs && !ctx->exact && g->type == LOOM_TYPE_BF16 && g->k % 2 == 0 &&
+	return (ctx->pairs || (ctx->amx != AMX_OFF && amx_pairs_supported(ctx->amx))) &&
+	       ctx->fgemm && !ctx->exact && g->type == LOOM_TYPE_BF16 && g->k % 2 == 0 &&
 	       g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0 && !g->inv;
 }
 

@@ -23,6 +23,11 @@
  *             (the same shapes as above, normal values), and is within
  *             float rounding of the f64 dot of the bf16 values.
  *
+ * AMX-BF16 (amx.h, the same panels as B tiles): through its C tile
+ * emulation, and through the instructions where the CPU has them and the
+ * kernel grants tile state, amx_pairs_run() equals amx_pairs_ref() bit
+ * for bit, tails of fewer than 16 pairs included.
+ *
  * Skips (77) on CPUs without AVX-512F; the pair cases print a skip line
  * and pass on CPUs without AVX512_BF16.
  */
@@ -32,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "cpu.h"
 #include "fgemm.h"
 
@@ -174,8 +180,9 @@ START_TEST(pairs_round)
 }
 END_TEST
 
-/* One pair case: m rows of kp pairs against rows weight rows. */
-static void check_pairs(int64_t m, int rows, int64_t kp)
+/* One pair case: m rows of kp pairs against rows weight rows, through
+ * vdpbf16ps (amx AMX_OFF) or AMX-BF16 tiles. */
+static void check_pairs_on(enum amx_mode amx, int64_t m, int rows, int64_t kp)
 {
 	static uint32_t w[FGEMM_ROWS * MAX_K], x[MAX_M * MAX_K], panel[FGEMM_ROWS * MAX_K];
 	static float y[MAX_M * (FGEMM_ROWS + 5)];
@@ -188,15 +195,21 @@ static void check_pairs(int64_t m, int rows, int64_t kp)
 	for (int64_t e = 0; e < m * ys; e++)
 		y[e] = SENTINEL;
 	fgemm_panel_rows(w, kp, rows, kp, panel);
-	fgemm_pairs_run(panel, rows, x, m, kp, y, ys);
+	if (amx == AMX_OFF)
+		fgemm_pairs_run(panel, rows, x, m, kp, y, ys);
+	else
+		amx_pairs_run(amx, panel, rows, x, m, kp, y, ys);
 	for (int64_t i = 0; i < m; i++) {
 		for (int r = 0; r < rows; r++) {
-			float want = fgemm_pairs_ref(x + i * kp, w + r * kp, kp), got = y[i * ys + r];
+			float want = amx == AMX_OFF ? fgemm_pairs_ref(x + i * kp, w + r * kp, kp) :
+						      amx_pairs_ref(x + i * kp, w + r * kp, kp);
+			float got = y[i * ys + r];
 			double d = 0.0, mag = 0.0;
 
 			ck_assert_msg(memcmp(&want, &got, sizeof(float)) == 0,
-				      "pairs m %lld rows %d kp %lld: y[%lld][%d] %.9g, reference %.9g",
-				      (long long)m, rows, (long long)kp, (long long)i, r, got, want);
+				      "pairs (%s) m %lld rows %d kp %lld: y[%lld][%d] %.9g, reference %.9g",
+				      amx_mode_name(amx), (long long)m, rows, (long long)kp,
+				      (long long)i, r, got, want);
 			for (int64_t p = 0; p < kp; p++)
 				for (int h = 0; h < 2; h++) {
 					double v = (double)bf16_value((uint16_t)(x[i * kp + p] >> 16 * h)) *
@@ -213,6 +226,30 @@ static void check_pairs(int64_t m, int rows, int64_t kp)
 			ck_assert_msg(y[i * ys + r] == SENTINEL, "pairs wrote past row %d", r);
 	}
 }
+
+static void check_pairs(int64_t m, int rows, int64_t kp)
+{
+	check_pairs_on(AMX_OFF, m, rows, kp);
+}
+
+START_TEST(amx_pairs_match_reference)
+{
+	static const int rows_set[] = { 1, 16, 17, 32 };
+	static const int64_t kps[] = { 1, 15, 16, 17, 40 };
+	enum amx_mode modes[2] = { AMX_EMU, AMX_HW };
+	char why[128];
+
+	if (!amx_pairs_supported(AMX_HW) || amx_request(why, sizeof(why))) {
+		printf("skip: AMX-BF16 hardware: no AMX-BF16 or no tile state; emulation only\n");
+		modes[1] = AMX_OFF;
+	}
+	for (int md = 0; md < 2 && modes[md] != AMX_OFF; md++)
+		for (size_t t = 0; t < sizeof(kps) / sizeof(kps[0]); t++)
+			for (int64_t m = 1; m <= 33; m += m < 4 ? 1 : 14)
+				for (size_t r = 0; r < sizeof(rows_set) / sizeof(rows_set[0]); r++)
+					check_pairs_on(modes[md], m, rows_set[r], kps[t]);
+}
+END_TEST
 
 START_TEST(pairs_match_reference)
 {
@@ -245,6 +282,7 @@ int main(void)
 	tcase_add_test(tc, run_matches_reference);
 	tcase_add_test(tc, pairs_round);
 	tcase_add_test(tc, pairs_match_reference);
+	tcase_add_test(tc, amx_pairs_match_reference);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
