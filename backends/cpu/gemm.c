@@ -816,7 +816,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 {
 	struct pack_task t = { .a = a };
 	size_t size;
-	int rc;
+	int rc, solo;
 
 	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
@@ -833,7 +833,12 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	if (rc)
 		return rc;
 	t.dst = cpu_buffer_addr(ctx, *out);
+	/* packing first-touches the arena's pages: a chunk that waits on page
+	 * faults is not a thread that lost its core, so a slow wait here must
+	 * not send the first steps that follow to one thread */
+	solo = ctx->pool.solo;
 	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
+	ctx->pool.solo = solo;
 	*bytes = size;
 	return LOOM_OK;
 }
