@@ -15,7 +15,9 @@
  * quantized weights, every activation row of the batch in one pass. In
  * fast mode a larger batch of q4_0, q8_0, q4_K or q6_K weights (m up to
  * LOOM_GPU_MMQ_MAX_M, default MMQ_MAX_M) runs the int8 tiled GEMM on the
- * same 8-bit activations, reading the weights in place. Prefill with cuBLAS converts the activations to f16
+ * same 8-bit activations, reading the weights in place; its integer dots
+ * on int8 tensor cores where the build and device have them (LOOM_GPU_MMA,
+ * gpurt_has_mma), else by dp4a, the same bits either way. Prefill with cuBLAS converts the activations to f16
  * and dequantizes panels of f16 or quantized weight rows to f16 for
  * cublasGemmEx (tensor cores, f32 accumulation); f32 and bf16 weights, and
  * every weight with LOOM_GPU_GEMM=f32, go through f32 panels and
