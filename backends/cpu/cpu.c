@@ -100,6 +100,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->qsc);
 	free(ctx->qprep);
 	free(ctx->bfx);
+	cpu_rope_tables_free(ctx);
 	free(ctx->qkx);
 	free(ctx->moe_f);
 	free(ctx->moe_i);

@@ -339,6 +339,7 @@ void cpu_region_free(struct loom_backend_ctx *ctx);
 
 /* Rotated pairs (n_rot / 2) the RoPE cache holds; more are not cached. */
 #define CPU_ROPE_CACHE_PAIRS 256
+#define CPU_ROPE_TABLE_POS 32768 /* positions the multi-token table keeps */
 
 struct loom_backend_ctx {
 	const struct loom_backend_host *host;
@@ -397,6 +398,19 @@ struct loom_backend_ctx {
 		float cs[CPU_ROPE_CACHE_PAIRS], sn[CPU_ROPE_CACHE_PAIRS];
 	} rope_cache[2];
 	int rope_next; /* the entry a miss overwrites */
+	/* the same for calls of several tokens (prefill, verification):
+	 * cos/sin rows of every position seen below CPU_ROPE_TABLE_POS, per
+	 * parameter set, filled by the caller before the rows run */
+	struct cpu_rope_table {
+		bool valid;
+		float base, scale;
+		const float *factors;
+		int64_t n_rot;
+		int64_t cap;   /* positions allocated */
+		uint8_t *have; /* per position: its row is computed */
+		float *cs, *sn; /* [cap][n_rot / 2] */
+	} rope_tab[2];
+	int rope_tab_next;
 	struct cpu_region rg; /* step regions (region.c) */
 	/* the moe slot's scratch (moe.c), grown as calls need */
 	float *moe_f;
@@ -446,6 +460,8 @@ int cpu_embed(struct loom_backend_ctx *ctx, float *out, const void *table, uint3
 int cpu_rmsnorm(struct loom_backend_ctx *ctx, float *y, int64_t y_stride, const float *x,
 		int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps);
 int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a);
+/* Frees the multi-token RoPE tables (ops.c). */
+void cpu_rope_tables_free(struct loom_backend_ctx *ctx);
 int cpu_glu(struct loom_backend_ctx *ctx, enum loom_glu_kind kind, float *out,
 	    int64_t out_stride, const float *gate, int64_t gate_stride, const float *up,
 	    int64_t up_stride, int64_t rows, int64_t n);

@@ -229,6 +229,108 @@ static void rope_one_cached(struct loom_backend_ctx *ctx, const struct loom_rope
 	rope_apply(a, a->x, 0, half, c->cs, c->sn);
 }
 
+/* A multi-token call's rows with their cos/sin from a table. */
+struct rope_tab_args {
+	const struct loom_rope_args *a;
+	const struct cpu_rope_table *tab;
+};
+
+static void rope_rows_tab(struct loom_backend_ctx *ctx, const void *p, int64_t t0, int64_t t1)
+{
+	const struct rope_tab_args *ra = p;
+	const struct loom_rope_args *a = ra->a;
+	const int64_t half = a->n_rot / 2;
+
+	(void)ctx;
+	for (int64_t t = t0; t < t1; t++)
+		rope_apply(a, a->x + t * a->row_stride, 0, half, ra->tab->cs + a->pos[t] * half,
+			   ra->tab->sn + a->pos[t] * half);
+}
+
+/* The table for a's frequencies, grown to hold positions below need
+ * (NULL when out of memory). */
+static struct cpu_rope_table *rope_table(struct loom_backend_ctx *ctx,
+					const struct loom_rope_args *a, int64_t need)
+{
+	const int64_t half = a->n_rot / 2;
+	struct cpu_rope_table *t = NULL;
+
+	for (int e = 0; e < 2; e++) {
+		struct cpu_rope_table *k = &ctx->rope_tab[e];
+
+		if (k->valid && k->n_rot == a->n_rot && k->base == a->freq_base &&
+		    k->scale == a->freq_scale && k->factors == a->freq_factors)
+			t = k;
+	}
+	if (!t) {
+		t = &ctx->rope_tab[ctx->rope_tab_next];
+		ctx->rope_tab_next ^= 1;
+		free(t->have), free(t->cs), free(t->sn);
+		*t = (struct cpu_rope_table){ .valid = true, .base = a->freq_base,
+			.scale = a->freq_scale, .factors = a->freq_factors, .n_rot = a->n_rot };
+	}
+	if (need > t->cap) {
+		int64_t cap = need > 2 * t->cap ? need : 2 * t->cap;
+		uint8_t *have;
+		float *cs, *sn;
+
+		cap = cap < CPU_ROPE_TABLE_POS ? cap : CPU_ROPE_TABLE_POS;
+		have = realloc(t->have, (size_t)cap);
+		if (have)
+			t->have = have;
+		cs = have ? realloc(t->cs, sizeof(float) * (size_t)(cap * half)) : NULL;
+		if (cs)
+			t->cs = cs;
+		sn = cs ? realloc(t->sn, sizeof(float) * (size_t)(cap * half)) : NULL;
+		if (!sn)
+			return NULL; /* the old cap still describes what is there */
+		t->sn = sn;
+		memset(t->have + t->cap, 0, (size_t)(cap - t->cap));
+		t->cap = cap;
+	}
+	return t;
+}
+
+/* Runs a multi-token call from the table; false when a position lies
+ * outside it (or memory ran out): the caller computes the angles. */
+static bool rope_from_table(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
+{
+	const int64_t half = a->n_rot / 2;
+	struct cpu_rope_table *t;
+	int32_t top = 0;
+
+	for (int64_t i = 0; i < a->n_tokens; i++) {
+		if (a->pos[i] < 0 || a->pos[i] >= CPU_ROPE_TABLE_POS)
+			return false;
+		top = a->pos[i] > top ? a->pos[i] : top;
+	}
+	t = rope_table(ctx, a, (int64_t)top + 1);
+	if (!t)
+		return false;
+	for (int64_t i = 0; i < a->n_tokens; i++) {
+		const int32_t p = a->pos[i];
+
+		if (t->have[p])
+			continue;
+		for (int64_t e = 0; e < half; e++)
+			rope_angle(a, p, e, &t->cs[p * half + e], &t->sn[p * half + e]);
+		t->have[p] = 1;
+	}
+	cpu_run_rows(ctx, rope_rows_tab, &(struct rope_tab_args){ a, t }, a->n_tokens,
+		     (double)a->n_tokens * a->n_heads * a->n_rot * 4);
+	return true;
+}
+
+void cpu_rope_tables_free(struct loom_backend_ctx *ctx)
+{
+	for (int e = 0; e < 2; e++) {
+		free(ctx->rope_tab[e].have);
+		free(ctx->rope_tab[e].cs);
+		free(ctx->rope_tab[e].sn);
+		ctx->rope_tab[e] = (struct cpu_rope_table){ 0 };
+	}
+}
+
 int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 {
 	int rc = ctx ? loom_check_rope(a) : LOOM_ERR_INVALID;
@@ -245,6 +347,8 @@ int cpu_rope(struct loom_backend_ctx *ctx, const struct loom_rope_args *a)
 		rope_one_cached(ctx, a);
 		return LOOM_OK;
 	}
+	if (rope_from_table(ctx, a))
+		return LOOM_OK;
 	cpu_run_rows(ctx, rope_rows, a, a->n_tokens,
 		     (double)a->n_tokens * a->n_heads * a->n_rot * 4);
 	return LOOM_OK;
