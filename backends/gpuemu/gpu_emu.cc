@@ -357,6 +357,8 @@ bool run_block(worker *w, dim3 bid)
 		f->lin = (int)i;
 		f->regs.tid = dim3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
 		f->state = READY;
+		f->xsrc = NULL; /* a block that deadlocked may leave an exchange open */
+		f->xdst = NULL;
 		fiber_start(f);
 		enqueue(w, i);
 	}
