@@ -502,9 +502,10 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? "exact (f32 activations)" :
-		ctx->mma ? "8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV "
-			   "and GEMM (int8 GEMM on tensor cores)" :
-		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV and GEMM",
+		ctx->mma ? "8-bit activations and integer dots in the GEMV and GEMM of every "
+			   "quantized format but mxfp4 (q2_K: GEMV only; int8 GEMM on tensor cores)" :
+		"8-bit activations and integer dots in the GEMV and GEMM of every quantized "
+		"format but mxfp4 (q2_K: GEMV only)",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
 		ctx->graphs_on ? "step graphs on" : "step graphs off",
@@ -728,7 +729,8 @@ static bool gemv_q8(const struct loom_backend_ctx *ctx, const struct loom_gemm_a
 /* Whether a GEMM past the GEMV runs the int8 tiled kernel. */
 static bool gemm_mmq(const struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 {
-	return !gemm_is_gemv(ctx, a) && gemv_q8(ctx, a) && a->m <= ctx->mmq_max_m;
+	return !gemm_is_gemv(ctx, a) && gemv_q8(ctx, a) && gpurt_mmq_format(a->w_type) &&
+	       a->m <= ctx->mmq_max_m;
 }
 
 /* Scratch of the 8-bit activations: [m x k int8][m x k/32 scales of 8

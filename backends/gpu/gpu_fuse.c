@@ -7,8 +7,9 @@
  * them, the down projection and its residual add. When exec_calls runs a
  * region's calls (directly or into a captured graph) it finds, from each
  * call on, the longest run of
- *   - gemms that run as GEMVs over the same activation rows, of one
- *     weight type and one mode (fast or exact),
+ *   - gemms that run as GEMVs over the same activation rows, in one mode
+ *     (fast or exact), of one weight type in exact mode (fast mode: one
+ *     launch a type, all on the same 8-bit activations),
  *   - each followed, optionally, by the add that consumes its output (a
  *     bias or the residual),
  *   - or exactly a gate and an up gemm followed by the GLU of them,
@@ -62,7 +63,7 @@ static bool join_gemm(const struct loom_backend_ctx *ctx, struct group_io *io,
 	int i = io->n;
 
 	if (g->n == GPURT_GROUP_MAX || !gemm_groupable(ctx, a, &q8) || (g->n && q8 != g->q8) ||
-	    a->w_type != first->w_type || a->m != first->m || a->k != first->k ||
+	    (a->w_type != first->w_type && !q8) || a->m != first->m || a->k != first->k ||
 	    a->x != first->x || a->x_stride != first->x_stride)
 		return false;
 	if (!g->n)
@@ -125,7 +126,8 @@ static bool join_glu(struct group_io *io, struct gpu_group *g, const struct rows
 	struct span out = rows_span(u->y, u->rows, u->y_stride, u->n);
 	bool ab, ba;
 
-	if (g->n != 2 || g->add[0] || g->add[1] || a->n != b->n || u->n != a->n || u->rows != a->m)
+	if (g->n != 2 || g->add[0] || g->add[1] || a->n != b->n || u->n != a->n ||
+	    u->rows != a->m || a->w_type != b->w_type)
 		return false;
 	ab = same_rows(u->x, u->x_stride, a->y, a->y_stride) &&
 	     same_rows(u->w, u->w_stride, b->y, b->y_stride);
@@ -287,30 +289,54 @@ static int run_norm(struct loom_backend_ctx *ctx, const struct gpu_group *g, int
 	return rt_failed(ctx, gpurt_norm(ctx->rt, &p));
 }
 
-int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g)
+/* The launch of the group's members of weight type t (all of them but
+ * in a fast group of several types), in the group's order. */
+static int run_type(struct loom_backend_ctx *ctx, const struct gpu_group *g, uint32_t t,
+		    const int8_t *qs, const void *scale)
 {
 	const struct loom_gemm_args *a = g->gemm[0];
 	struct gpurt_gemv_group r;
+
+	memset(&r, 0, sizeof(r));
+	r.type = t;
+	r.glu = g->glu ? g->glu->kind : -1; /* a GLU pair is of one type */
+	r.m = a->m, r.k = a->k;
+	r.x = a->x, r.x_stride = a->x_stride;
+	if (g->glu)
+		r.glu_out = g->glu->y, r.glu_stride = g->glu->y_stride;
+	for (int i = 0; i < g->n; i++)
+		if (g->gemm[i]->w_type == t)
+			group_member(g, i, &r.mem[r.n_members++]);
+	return rt_failed(ctx, gpurt_gemv_group(ctx->rt, &r, qs, scale));
+}
+
+/*
+ * The group's launches: one per weight type among its members, in the
+ * order the types first appear. In fast mode the members of every type
+ * read the same 8-bit activations, quantized once (by the norm, or here):
+ * a Q4_K_M layer's q4_K q and k and q6_K v, which quantized the same rows
+ * twice when v ran on its own. The quantization is a function of the rows
+ * alone, so each member sees the bits it would see alone. The members
+ * write nothing another reads (join_gemm), so their order is free.
+ */
+int gpu_run_group(struct loom_backend_ctx *ctx, const struct gpu_group *g)
+{
 	int8_t *qs = NULL;
 	void *scale = NULL;
 	int rc = g->norm ? run_norm(ctx, g, &qs, &scale) : LOOM_OK;
 
 	if (rc || !g->n)
 		return rc;
-	memset(&r, 0, sizeof(r));
-	r.type = a->w_type;
-	r.n_members = g->n;
-	r.glu = g->glu ? g->glu->kind : -1;
-	r.m = a->m, r.k = a->k;
-	r.x = a->x, r.x_stride = a->x_stride;
-	if (g->glu)
-		r.glu_out = g->glu->y, r.glu_stride = g->glu->y_stride;
-	for (int i = 0; i < g->n; i++)
-		group_member(g, i, &r.mem[i]);
 	if (g->q8 && !g->norm_q8)
-		rc = gemv_quantize(ctx, a, &qs, &scale);
-	if (!rc)
-		rc = rt_failed(ctx, gpurt_gemv_group(ctx->rt, &r, qs, scale));
+		rc = gemv_quantize(ctx, g->gemm[0], &qs, &scale);
+	for (int i = 0; i < g->n && !rc; i++) {
+		bool first = true;
+
+		for (int j = 0; j < i; j++)
+			first = first && g->gemm[j]->w_type != g->gemm[i]->w_type;
+		if (first)
+			rc = run_type(ctx, g, g->gemm[i]->w_type, qs, scale);
+	}
 	return rc;
 }
 

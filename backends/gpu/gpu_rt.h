@@ -109,8 +109,8 @@ size_t gpurt_packed_row(uint32_t type, int64_t k);
 /* y[i][j] = x[i] . W[j] for i < m, j < n, one warp per weight row. The
  * arithmetic for y[i][j] does not depend on m or on i's place in x. */
 int gpurt_gemv(struct gpurt *rt, const struct loom_gemm_args *a);
-/* Fast GEMV (outside exact mode): the formats it takes (q4_0, q8_0,
- * q4_K, q6_K; k a multiple of their block), the activations quantized per row
+/* Fast GEMV (outside exact mode): the formats it takes (q8_0, q4_0, q4_1,
+ * q5_0, q5_1 and the k-quants; k a multiple of their block), the activations quantized per row
  * in blocks of 32 (qs: m x k int8, rows k apart; scale: m x k/32 pairs of
  * floats, 8 bytes each, 8-byte aligned), then y = x . W^T from them with
  * integer dot products. Per output, the arithmetic does not depend on m. */
@@ -160,8 +160,10 @@ int gpurt_gemv_group(struct gpurt *rt, const struct gpurt_gemv_group *g, const i
 /* The same product from the same 8-bit activations for batches (any m
  * up to 65535 x 64): tiles of 64 x 64 outputs, each weight block decoded
  * once per 64 activation rows, never dequantized to memory. Not batch
- * invariant. mma: the integer dots on int8 tensor cores (only where
- * gpurt_has_mma), else by dp4a; the same bits either way. */
+ * invariant. The formats it takes: the fast GEMV's but q2_K. mma: the
+ * integer dots on int8 tensor cores (only where gpurt_has_mma), else by
+ * dp4a; the same bits either way. */
+bool gpurt_mmq_format(uint32_t type);
 int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
 	      const void *scale, bool mma);
 /* Whether this build and rt's device run int8 tensor-core MMA (CUDA

@@ -389,6 +389,17 @@ extern "C" void gpurt_graph_free(struct gpurt *rt, struct gpurt_graph *g)
 	X(LOOM_TYPE_Q2_K) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)   \
 	X(LOOM_TYPE_Q6_K) X(LOOM_TYPE_MXFP4) X(GPU_Q4_0P) X(GPU_Q8_0P) X(GPU_Q6_KP)
 
+/* The formats of the fast GEMV (an integer unit<T>, 8-bit activations),
+ * and of the int8 tiled GEMM (a dec32<T>): every one but q2_K, whose
+ * min per 16 values would need activation sums per 16 values, which the
+ * GEMV's q2_K unit makes itself but the tile's activation blocks (one
+ * sum per 32) do not carry. */
+#define GPU_MMQ_FORMATS(X)                                                         \
+	X(LOOM_TYPE_Q8_0) X(LOOM_TYPE_Q4_0) X(LOOM_TYPE_Q4_1) X(LOOM_TYPE_Q5_0)    \
+	X(LOOM_TYPE_Q5_1) X(LOOM_TYPE_Q3_K) X(LOOM_TYPE_Q4_K) X(LOOM_TYPE_Q5_K)    \
+	X(LOOM_TYPE_Q6_K) X(GPU_Q4_0P) X(GPU_Q8_0P) X(GPU_Q6_KP)
+#define GPU_Q8_FORMATS(X) GPU_MMQ_FORMATS(X) X(LOOM_TYPE_Q2_K)
+
 /* Bytes per block (per value for the plain types); 0: not a format here. */
 static constexpr __host__ __device__ uint32_t bytes_of(uint32_t t)
 {
@@ -968,11 +979,24 @@ extern "C" int gpurt_quantize_q8(struct gpurt *rt, const float *x, int64_t x_str
 	return launched(rt, "activation quantize kernel");
 }
 
+#define FORMAT_TRUE(T) case T: return true;
+
 extern "C" bool gpurt_gemv_q8_format(uint32_t type)
 {
-	return type == LOOM_TYPE_Q4_0 || type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_K ||
-	       type == LOOM_TYPE_Q6_K || type == GPU_Q4_0P || type == GPU_Q8_0P ||
-	       type == GPU_Q6_KP;
+	switch (type) {
+		GPU_Q8_FORMATS(FORMAT_TRUE)
+	default:
+		return false;
+	}
+}
+
+extern "C" bool gpurt_mmq_format(uint32_t type)
+{
+	switch (type) {
+		GPU_MMQ_FORMATS(FORMAT_TRUE)
+	default:
+		return false;
+	}
 }
 
 /* n 32-bit words from p: 16 bytes a load where p is 16-byte aligned. */
@@ -1152,6 +1176,264 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 			total += sc[h] * (sum - 32 * xsum);
 		}
 		return d * xs[0].d * (float)total;
+	}
+};
+
+/* Bits 0 .. 3 of v to bit 4 of bytes 0 .. 3 (the fifth bit of four
+ * 5-bit quants; the four shifted copies of v do not overlap). */
+__device__ __forceinline__ uint32_t bit4_bytes(uint32_t v)
+{
+	return ((v & 15u) * 0x00204081u & 0x01010101u) << 4;
+}
+
+/* q4_1: value = d q + m, q 0 .. 15 in q4_0's nibble layout; the min
+ * reaches the dot through the activation block's s = dx sum(xq). */
+template <> struct unit<LOOM_TYPE_Q4_1> {
+	static constexpr int values = 32;
+	float d, m;
+	uint32_t q[4]; /* byte j: value j (low nibble), value j + 16 (high) */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + u * 20;
+
+		d = half_to_f32(ld16(b));
+		m = half_to_f32(ld16(b + 2));
+		ld_words(b + 4, 4, q);
+	}
+
+	/* d dx sum(q xq) + m s */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 4; t++) {
+			sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
+			sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
+		}
+		return d * xs[0].d * (float)sum + m * xs[0].s;
+	}
+};
+
+/* A q5_0/q5_1 block's 32 quants (0 .. 31) as bytes in value order: the
+ * nibbles of qs (q4_0's layout) and bit j of qh for value j. */
+__device__ __forceinline__ void q5_words(const uint8_t *qs, uint32_t qh, uint32_t q[8])
+{
+	uint32_t w[4];
+
+	ld_words(qs, 4, w);
+	for (int t = 0; t < 4; t++) {
+		q[t] = (w[t] & 0x0f0f0f0fu) | bit4_bytes(qh >> (4 * t));
+		q[t + 4] = ((w[t] >> 4) & 0x0f0f0f0fu) | bit4_bytes(qh >> (16 + 4 * t));
+	}
+}
+
+/* Bytes 0 .. 31 to -16 .. 15, four at a time (no carries between bytes). */
+__device__ __forceinline__ uint32_t q5_signed(uint32_t v)
+{
+	return (v + 0x70707070u) ^ 0x80808080u;
+}
+
+/* q5_0: value = d (q - 16), kept as signed bytes q - 16, so the dot is
+ * one integer sum. */
+template <> struct unit<LOOM_TYPE_Q5_0> {
+	static constexpr int values = 32;
+	float d;
+	uint32_t q[8]; /* byte j: value j's q - 16 */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + u * 22;
+
+		d = half_to_f32(ld16(b));
+		q5_words(b + 6, ld32(b + 2), q);
+		for (int t = 0; t < 8; t++)
+			q[t] = q5_signed(q[t]);
+	}
+
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 8; t++)
+			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+		return d * xs[0].d * (float)sum;
+	}
+};
+
+/* q5_1: value = d q + m, q 0 .. 31: d dx sum(q xq) + m s */
+template <> struct unit<LOOM_TYPE_Q5_1> {
+	static constexpr int values = 32;
+	float d, m;
+	uint32_t q[8]; /* byte j: value j's q */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + u * 24;
+
+		d = half_to_f32(ld16(b));
+		m = half_to_f32(ld16(b + 2));
+		q5_words(b + 8, ld32(b + 4), q);
+	}
+
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		for (int t = 0; t < 8; t++)
+			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+		return d * xs[0].d * (float)sum + m * xs[0].s;
+	}
+};
+
+/* q5_K: q4_K's unit (a pair of sub-blocks, one run of 32 nibble bytes)
+ * with the fifth bit of sub-block j in bit j of qh[l] (l: the value's
+ * index in its sub-block). */
+template <> struct unit<LOOM_TYPE_Q5_K> {
+	static constexpr int values = 64;
+	float dl[2], ml[2]; /* d * scale and dmin * min of the two sub-blocks */
+	uint32_t q[8];      /* byte l: value l (low nibble), value l + 32 (high) */
+	uint32_t h[8];      /* byte l: bit 0 value l's fifth bit, bit 1 value l + 32's */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + (u >> 2) * 176;
+		const int pair = (int)(u & 3);
+		const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
+		int sc0, m0, sc1, m1;
+
+		k4_scale_min(b + 4, 2 * pair, &sc0, &m0);
+		k4_scale_min(b + 4, 2 * pair + 1, &sc1, &m1);
+		dl[0] = d * (float)sc0, ml[0] = dmin * (float)m0;
+		dl[1] = d * (float)sc1, ml[1] = dmin * (float)m1;
+		ld_words(b + 48 + 32 * pair, 8, q);
+		ld_words(b + 16, 8, h);
+		for (int t = 0; t < 8; t++)
+			h[t] = (h[t] >> (2 * pair)) & 0x03030303u;
+	}
+
+	/* value = dl q - ml, per sub-block hh: dl dx sum(q xq) - ml s */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		float r = 0.0f;
+
+		GPU_UNROLL
+		for (int hh = 0; hh < 2; hh++) {
+			uint32_t x[8];
+			int sum = 0;
+
+			ld_words((const uint8_t *)xq + 32 * hh, 8, x);
+			for (int t = 0; t < 8; t++) {
+				const uint32_t v = ((q[t] >> (4 * hh)) & 0x0f0f0f0fu) |
+						   ((h[t] >> hh) & 0x01010101u) << 4;
+
+				sum = gpu_dp4a((int)v, (int)x[t], sum);
+			}
+			r += dl[hh] * xs[hh].d * (float)sum - ml[hh] * xs[hh].s;
+		}
+		return r;
+	}
+};
+
+/* q3_K: a 32-value unit j (0 .. 7) of a super-block, two 16-value
+ * sub-blocks with signed 6-bit scales; value = d sc (q - 4 + 4 hbit), q
+ * the 2 bits of qs[32 (j/4) + l] at shift 2 (j%4), hbit bit j of
+ * hmask[l] (as deq_q3_K spells out). Kept as signed bytes -4 .. 3. */
+template <> struct unit<LOOM_TYPE_Q3_K> {
+	static constexpr int values = 32;
+	float d;
+	int sc[2];
+	uint32_t q[8]; /* byte l: value l's q - 4 + 4 hbit */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + (u >> 3) * 110;
+		const int j = (int)(u & 7), shift = 2 * (j & 3);
+		uint32_t hm[8];
+
+		ld_words(b + 32 + 32 * (j >> 2), 8, q);
+		ld_words(b, 8, hm);
+		for (int t = 0; t < 8; t++) {
+			const uint32_t v = ((q[t] >> shift) & 0x03030303u) |
+					   ((hm[t] >> j) & 0x01010101u) << 2;
+
+			q[t] = (v + 0x7c7c7c7cu) ^ 0x80808080u; /* 0 .. 7 to -4 .. 3 */
+		}
+		d = half_to_f32(ld16(b + 108));
+		sc[0] = q3_K_scale(b + 96, 2 * j);
+		sc[1] = q3_K_scale(b + 96, 2 * j + 1);
+	}
+
+	/* per sub-block sc sum(q xq) in integers, then d dx once */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int total = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		GPU_UNROLL
+		for (int hh = 0; hh < 2; hh++) {
+			int sum = 0;
+
+			for (int t = 4 * hh; t < 4 * hh + 4; t++)
+				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+			total += sc[hh] * sum;
+		}
+		return d * xs[0].d * (float)total;
+	}
+};
+
+/* q2_K: a 32-value unit j (0 .. 7) of a super-block, two 16-value
+ * sub-blocks with 4-bit scales and mins (byte 2j + h: scale low, min
+ * high); value = d sc q - dmin m, q the 2 bits of qs[32 (j/4) + l] at
+ * shift 2 (j%4). The min needs each sub-block's activation sum, so the
+ * dot sums the activations per 16 values itself. */
+template <> struct unit<LOOM_TYPE_Q2_K> {
+	static constexpr int values = 32;
+	float d, dmin;
+	uint32_t sm;   /* the two scale/min bytes */
+	uint32_t q[8]; /* byte l: value l's q, 0 .. 3 */
+
+	__device__ __forceinline__ void load(const uint8_t *row, int64_t u, int64_t)
+	{
+		const uint8_t *b = row + (u >> 3) * 84;
+		const int j = (int)(u & 7), shift = 2 * (j & 3);
+
+		ld_words(b + 16 + 32 * (j >> 2), 8, q);
+		for (int t = 0; t < 8; t++)
+			q[t] = (q[t] >> shift) & 0x03030303u;
+		sm = ld16(b + 2 * j);
+		d = half_to_f32(ld16(b + 80));
+		dmin = half_to_f32(ld16(b + 82));
+	}
+
+	/* dx (d sum_h sc_h sum(q xq) - dmin sum_h m_h sum(xq)), the sums in
+	 * integers */
+	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
+	{
+		uint32_t x[8];
+		int total = 0, mins = 0;
+
+		ld_words((const uint8_t *)xq, 8, x);
+		GPU_UNROLL
+		for (int hh = 0; hh < 2; hh++) {
+			const int s = (int)(sm >> (8 * hh)) & 0xff;
+			int sum = 0, xsum = 0;
+
+			for (int t = 4 * hh; t < 4 * hh + 4; t++) {
+				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+				xsum = gpu_dp4a(0x01010101, (int)x[t], xsum);
+			}
+			total += (s & 15) * sum;
+			mins += (s >> 4) * xsum;
+		}
+		return xs[0].d * (d * (float)total - dmin * (float)mins);
 	}
 };
 
@@ -1423,28 +1705,23 @@ static void launch_group_f32(unsigned blocks, gpuStream_t s, const struct group_
 	launch_group<T, false>(blocks, s, p);
 }
 
+template <uint32_t T>
+static void launch_group_q8(unsigned blocks, gpuStream_t s, const struct group_p p)
+{
+	launch_group<T, true>(blocks, s, p);
+}
+
 typedef void (*group_launch)(unsigned, gpuStream_t, const struct group_p);
 
 /* The launcher for weights of type t: exact (every format) or fast (the
- * four formats with integer units). */
+ * formats with integer units). */
 static group_launch group_for(uint32_t t, bool q8)
 {
 	if (q8) {
 		switch (t) {
-		case LOOM_TYPE_Q8_0:
-			return launch_group<LOOM_TYPE_Q8_0, true>;
-		case LOOM_TYPE_Q4_0:
-			return launch_group<LOOM_TYPE_Q4_0, true>;
-		case LOOM_TYPE_Q4_K:
-			return launch_group<LOOM_TYPE_Q4_K, true>;
-		case LOOM_TYPE_Q6_K:
-			return launch_group<LOOM_TYPE_Q6_K, true>;
-		case GPU_Q8_0P:
-			return launch_group<GPU_Q8_0P, true>;
-		case GPU_Q4_0P:
-			return launch_group<GPU_Q4_0P, true>;
-		case GPU_Q6_KP:
-			return launch_group<GPU_Q6_KP, true>;
+#define FORMAT_FN launch_group_q8
+			GPU_Q8_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
 		default:
 			return NULL;
 		}
@@ -1926,6 +2203,84 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_
 		o->q[t] = (w[t] >> shift) & 0x0f0f0f0fu;
 }
 
+/* q4_1: q4_0's nibbles as they are (0 .. 15), value = d q + m */
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_1>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	unit<LOOM_TYPE_Q4_1> u;
+
+	u.load(row, blk, k);
+	o->a[0] = o->a[1] = u.d;
+	o->b = -u.m;
+	for (int t = 0; t < 4; t++) {
+		o->q[t] = u.q[t] & 0x0f0f0f0fu;
+		o->q[t + 4] = (u.q[t] >> 4) & 0x0f0f0f0fu;
+	}
+}
+
+/* q5_0 (q - 16 as signed bytes) and q5_1 (q, value = d q + m): their
+ * units hold the 32 bytes in value order already */
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q5_0>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	unit<LOOM_TYPE_Q5_0> u;
+
+	u.load(row, blk, k);
+	o->a[0] = o->a[1] = u.d;
+	o->b = 0.0f;
+	for (int t = 0; t < 8; t++)
+		o->q[t] = u.q[t];
+}
+
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q5_1>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	unit<LOOM_TYPE_Q5_1> u;
+
+	u.load(row, blk, k);
+	o->a[0] = o->a[1] = u.d;
+	o->b = -u.m;
+	for (int t = 0; t < 8; t++)
+		o->q[t] = u.q[t];
+}
+
+/* q5_K sub-block s: q4_K's nibbles with bit s of qh[l] as the fifth bit */
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q5_K>(const uint8_t *row, int64_t blk, int64_t,
+						    blk8 *o)
+{
+	const uint8_t *b = row + (blk >> 3) * 176;
+	const int s = (int)(blk & 7), shift = 4 * (s & 1);
+	uint32_t w[8], h[8];
+	int sc, m;
+
+	k4_scale_min(b + 4, s, &sc, &m);
+	o->a[0] = o->a[1] = half_to_f32(ld16(b)) * (float)sc;
+	o->b = half_to_f32(ld16(b + 2)) * (float)m;
+	ld_words(b + 48 + 32 * (s >> 1), 8, w);
+	ld_words(b + 16, 8, h);
+	for (int t = 0; t < 8; t++)
+		o->q[t] = ((w[t] >> shift) & 0x0f0f0f0fu) | ((h[t] >> s) & 0x01010101u) << 4;
+}
+
+/* q3_K: the unit's signed bytes, one factor per 16-value sub-block */
+template <>
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q3_K>(const uint8_t *row, int64_t blk, int64_t k,
+						    blk8 *o)
+{
+	unit<LOOM_TYPE_Q3_K> u;
+
+	u.load(row, blk, k);
+	for (int t = 0; t < 8; t++)
+		o->q[t] = u.q[t];
+	o->a[0] = u.d * (float)u.sc[0];
+	o->a[1] = u.d * (float)u.sc[1];
+	o->b = 0.0f;
+}
+
 /* the q6_K unit is 32 values already; its bytes 0 .. 63 to -32 .. 31 */
 template <uint32_t T> __device__ __forceinline__ void dec32_q6(const uint8_t *row, int64_t blk,
 							       int64_t k, blk8 *o)
@@ -2020,7 +2375,8 @@ __device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int
 }
 
 /* Whether a format's 32-value block has one scale (a[0] == a[1]): its
- * integer sum is taken over the whole block. q6_K has one per 16 values. */
+ * integer sum is taken over the whole block. q6_K and q3_K have one per
+ * 16 values. */
 template <uint32_t T> struct mmq_halves {
 	static constexpr bool two = false;
 };
@@ -2028,6 +2384,9 @@ template <> struct mmq_halves<LOOM_TYPE_Q6_K> {
 	static constexpr bool two = true;
 };
 template <> struct mmq_halves<GPU_Q6_KP> {
+	static constexpr bool two = true;
+};
+template <> struct mmq_halves<LOOM_TYPE_Q3_K> {
 	static constexpr bool two = true;
 };
 
@@ -2244,16 +2603,12 @@ extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const
 			 (long long)a->m, (long long)a->n);
 		return LOOM_ERR_UNSUPPORTED;
 	}
+#define MMQ_CASE(T) case T: kernel = mmq_kernel<T>(mma); break;
 	switch (a->w_type) {
-	case LOOM_TYPE_Q8_0: kernel = mmq_kernel<LOOM_TYPE_Q8_0>(mma); break;
-	case LOOM_TYPE_Q4_0: kernel = mmq_kernel<LOOM_TYPE_Q4_0>(mma); break;
-	case LOOM_TYPE_Q4_K: kernel = mmq_kernel<LOOM_TYPE_Q4_K>(mma); break;
-	case LOOM_TYPE_Q6_K: kernel = mmq_kernel<LOOM_TYPE_Q6_K>(mma); break;
-	case GPU_Q8_0P: kernel = mmq_kernel<GPU_Q8_0P>(mma); break;
-	case GPU_Q4_0P: kernel = mmq_kernel<GPU_Q4_0P>(mma); break;
-	case GPU_Q6_KP: kernel = mmq_kernel<GPU_Q6_KP>(mma); break;
+		GPU_MMQ_FORMATS(MMQ_CASE)
 	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
 	}
+#undef MMQ_CASE
 	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);
 	return launched(rt, "int8 GEMM kernel");
 }
@@ -3683,28 +4038,23 @@ template <uint32_t T> static void launch_moe_gemv(gpuStream_t s, const struct gp
 	launch_moe_gemv_as<T, false>(s, p);
 }
 
+template <uint32_t T>
+static void launch_moe_gemv_q8(gpuStream_t s, const struct gpurt_moe_gemv p)
+{
+	launch_moe_gemv_as<T, true>(s, p);
+}
+
 typedef void (*moe_launch)(gpuStream_t, const struct gpurt_moe_gemv);
 
 /* The launcher for weights of type t: exact (every format) or fast (the
- * four formats with integer units). */
+ * formats with integer units). */
 static moe_launch moe_for(uint32_t t, bool q8)
 {
 	if (q8) {
 		switch (t) {
-		case LOOM_TYPE_Q8_0:
-			return launch_moe_gemv_as<LOOM_TYPE_Q8_0, true>;
-		case LOOM_TYPE_Q4_0:
-			return launch_moe_gemv_as<LOOM_TYPE_Q4_0, true>;
-		case LOOM_TYPE_Q4_K:
-			return launch_moe_gemv_as<LOOM_TYPE_Q4_K, true>;
-		case LOOM_TYPE_Q6_K:
-			return launch_moe_gemv_as<LOOM_TYPE_Q6_K, true>;
-		case GPU_Q8_0P:
-			return launch_moe_gemv_as<GPU_Q8_0P, true>;
-		case GPU_Q4_0P:
-			return launch_moe_gemv_as<GPU_Q4_0P, true>;
-		case GPU_Q6_KP:
-			return launch_moe_gemv_as<GPU_Q6_KP, true>;
+#define FORMAT_FN launch_moe_gemv_q8
+			GPU_Q8_FORMATS(FORMAT_CASE)
+#undef FORMAT_FN
 		default:
 			return NULL;
 		}

@@ -13,10 +13,12 @@
  * 400 random runs of those calls over buffers that alias by chance.
  *
  * The GPU backends (gpuemu.so, gpuemu64.so: backends/gpu/gpu_fuse.c) run
- * the same checks in fast and in exact mode: their groups are GEMVs of
- * one weight type over the same rows with their adds, or a gate and up
- * pair with its GLU, in one launch (no norm: 4 groups of 12 calls where
- * the layer has one type); they log the same counts.
+ * the same checks in fast and in exact mode: their groups are GEMVs
+ * over the same rows with their adds (of one weight type in exact mode;
+ * in fast mode of several, one launch a type, all reading the rows
+ * quantized once), or a gate and up pair of one type with its GLU, in
+ * one launch (no norm: 4 groups of 12 calls where the layer has one
+ * type); they log the same counts.
  *
  * The GPU backends also run a layer's rope of q, rope of k and the
  * kv_write of k's rows as one launch (gpurt_rope_kv): check_rope_kv below
@@ -291,7 +293,7 @@ static int hazards(struct ctx *x, const struct weight *w, int64_t m, int which)
 #define N_HAZARDS 8
 static const unsigned long long hazard_groups[N_HAZARDS] = { 0, 0, 1, 1, 0, 1, 1, 1 };
 static const unsigned long long hazard_calls[N_HAZARDS] = { 0, 0, 2, 2, 0, 2, 2, 2 };
-/* The GPU backends in fast mode on q4_0 (8-bit activations): a norm
+/* The GPU backends in fast mode (8-bit activations): a norm
  * joins the gemms it feeds (it quantizes their rows), in place or not, in
  * cases 5, 6 and 7 */
 static const unsigned long long hazard_calls_q8[N_HAZARDS] = { 0, 0, 2, 2, 0, 3, 3, 3 };
@@ -825,9 +827,11 @@ static void check_rope_kv(const struct loom_backend_ops *ops, const struct loom_
 }
 
 /* gpu[exact]: { groups, calls } the GPU backends make of the
- * layer in fast and exact mode (one weight type a group; a gemm with its
- * add is a group, a lone one not; in fast mode a norm joins the gemms of
- * q4_0, q8_0, q4_K or q6_K it feeds); gpu_hazards: run the unsafe runs
+ * layer in fast and exact mode (one weight type a group in exact mode,
+ * several in fast mode, one launch a type on the same 8-bit rows; a
+ * gemm with its add is a group, a lone one not; in fast mode a norm
+ * joins the gemms of quantized formats it feeds); gpu_hazards: run the
+ * unsafe runs
  * on the GPU (the first config runs them everywhere) */
 struct config {
 	const char *label;
@@ -841,20 +845,24 @@ struct config {
 #define ALL7(t) { t, t, t, t, t, t, t }
 #define SAME(g, c) { { g, c }, { g, c } }
 static const struct config configs[] = {
-	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, SAME(4, 12), false, 0 },
+	{ "q4_1", ALL7(LOOM_TYPE_Q4_1), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
 	{ "q4_1 packed", ALL7(LOOM_TYPE_Q4_1), true, SAME(4, 12), false, 1 },
 	/* 32-value blocks and K-quant super-blocks in one group (on the GPU
-	 * each of q, k, o and down with its add; in fast mode each norm with
-	 * the q4_K gemm after it) */
+	 * in exact mode each of q, k, o and down with its add; in fast mode,
+	 * where members of several types share the 8-bit rows, the norm with
+	 * q, k, v and their adds, o, the norm with gate and up, but not their
+	 * GLU (one launch a type), and down) */
 	{ "k-quants and q8_0/q5_0", { LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_Q6_K,
 				      LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
-				      LOOM_TYPE_Q6_K }, false, { { 5, 11 }, { 4, 8 } }, false, 0 },
-	/* on the GPU k, its add and v are one group */
+				      LOOM_TYPE_Q6_K }, false, { { 4, 13 }, { 4, 8 } }, false, 0 },
+	/* on the GPU k, its add and v are one group in exact mode; in fast
+	 * mode the norm, q, k, v and the adds, and the norm, gate and up */
 	{ "q2_k/q3_k", { LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K,
-			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false, SAME(4, 9), false, 0 },
+			 LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K }, false, { { 4, 13 }, { 4, 9 } },
+	  false, 0 },
 	{ "f16", ALL7(LOOM_TYPE_F16), false, SAME(4, 12), false, 0 },
 	{ "f32", ALL7(LOOM_TYPE_F32), false, SAME(4, 12), false, 0 },
-	/* the four formats of the GPU's integer kernels (fast mode) */
+	/* formats of the GPU's integer kernels (fast mode), one a layer */
 	{ "q4_0", ALL7(LOOM_TYPE_Q4_0), false, { { 4, 14 }, { 4, 12 } }, true, 0 },
 	{ "q8_0", ALL7(LOOM_TYPE_Q8_0), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
 	{ "q4_k", ALL7(LOOM_TYPE_Q4_K), false, { { 4, 14 }, { 4, 12 } }, false, 0 },
@@ -879,7 +887,7 @@ static void check_backend(const struct loom_backend_ops *ops, const struct loom_
 		const bool hazards = c == 0 || (gpu && cf->gpu_hazards);
 		const struct want lw = {
 			gpu ? cf->gpu[exact][0] : 4, gpu ? cf->gpu[exact][1] : 14,
-			gpu && !exact && c > 0 ? hazard_calls_q8 : hazard_calls, mode,
+			gpu && !exact ? hazard_calls_q8 : hazard_calls, mode,
 		};
 		struct weight w[N_W];
 		bool ok = true;

@@ -3,7 +3,8 @@
  * products, int8 tensor-core MMA and dp4a, give the same bits.
  *
  * Each backend is opened twice in fast mode, with LOOM_GPU_MMA=0 and =1,
- * and runs the same gemm calls: q4_0, q8_0, q4_K and q6_K weights, in the
+ * and runs the same gemm calls: q4_0, q8_0, q4_K, q6_K, q4_1, q5_0, q5_1,
+ * q3_K and q5_K weights (every format the int8 GEMM takes), in the
  * GGUF layout and packed (weight_pack), m from 17 to 256 (whole and
  * partial 64-row tiles), n past a 64-column tile, k not a whole number of
  * the kernel's 4-block steps. Every output must agree bit for bit. The
@@ -114,7 +115,9 @@ static int run_gemm(const struct loom_backend_ops *ops, struct loom_backend_ctx 
 	return rc;
 }
 
-static const uint32_t types[] = { LOOM_TYPE_Q4_0, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K };
+static const uint32_t types[] = { LOOM_TYPE_Q4_0, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K,
+				  LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q3_K,
+				  LOOM_TYPE_Q5_K };
 static const int64_t ms[] = { 17, 33, 64, 100, 200, 256 };
 
 /* Every case on both contexts; returns the number of gemm calls each ran. */
@@ -124,7 +127,8 @@ static int compare(const struct loom_backend_ops *ops, struct loom_backend_ctx *
 	int calls = 0;
 
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-		const bool kq = types[t] == LOOM_TYPE_Q4_K || types[t] == LOOM_TYPE_Q6_K;
+		const bool kq = types[t] == LOOM_TYPE_Q3_K || types[t] == LOOM_TYPE_Q4_K ||
+				types[t] == LOOM_TYPE_Q5_K || types[t] == LOOM_TYPE_Q6_K;
 		const int64_t ks[2] = { kq ? 256 : 160, kq ? 768 : 288 };
 
 		for (int ki = 0; ki < 2; ki++)
@@ -220,7 +224,7 @@ static void check_backend(const struct loom_backend_ops *ops, const struct loom_
 	close_ctx(ops, c0, label, "LOOM_GPU_MMA=0", calls, 0);
 	close_ctx(ops, c1, label, "LOOM_GPU_MMA=1", calls, has_mma ? calls : 0);
 	if (failures == before)
-		printf("ok   %s: %d int8 GEMMs (q4_0 q8_0 q4_K q6_K, GGUF and packed, m 17..256) "
+		printf("ok   %s: %d int8 GEMMs (q4_0 q8_0 q4_K q6_K q4_1 q5_0 q5_1 q3_K q5_K, GGUF and packed, m 17..256) "
 		       "equal bit for bit with LOOM_GPU_MMA=1 (%s) and =0 (dp4a)\n", label, calls,
 		       has_mma ? "tensor-core MMA" : "dp4a too: no MMA on this target");
 }

@@ -13,13 +13,13 @@ tiled attention kernel and, at 16+ rows, the GEMM path; decode takes the
 GEMV and split-K kernels.
 
 Then k-quants: a tiny random llama (tools/mkgguf.py, 2 layers, 256 wide,
-f16) requantized by `loom quantize` to Q2_K, Q3_K_M and Q4_K_M (q2_K ..
-q6_K between them), 16 greedy tokens each against cpu.so, the prompt long
-enough for the prefill GEMM path; the memory plan must say that no tensor
-was converted to f32 at load. In fast mode (LOOM_GPU_EXACT=0: 8-bit
-activations, integer dots in the q4_0, q8_0 and q4_K GEMV) Q4_K_M decodes
-the same tokens with step graphs replayed as run directly. A second or
-so per run, even emulated. The same tiny model in Q4_0 and Q8_0 runs
+f16) requantized by `loom quantize` to Q2_K, Q3_K_M, Q4_K_M and Q5_K_M
+(q2_K .. q6_K between them) and to Q4_1, Q5_0 and Q5_1, 16 greedy tokens
+each against cpu.so, the prompt long enough for the prefill GEMM path;
+the memory plan must say that no tensor was converted to f32 at load. In
+fast mode (LOOM_GPU_EXACT=0: 8-bit activations, integer dots in the GEMV
+for every quantized format) each decodes the same tokens with step
+graphs replayed as run directly. A second or so per run, even emulated. The same tiny model in Q4_0 and Q8_0 runs
 with its weights repacked by the backend (weight_pack) and without
 (LOOM_GPU_PACK=0): the same tokens in exact and fast mode, exact equal
 to cpu.so's.
@@ -41,10 +41,14 @@ PROMPTS = [
 ]
 
 
-KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M"]
-# q4_K in the fast GEMV (sched_gpuemu and sched_swa_gpuemu decode q4_0
-# and q8_0 models in fast mode, every step in a region)
-FAST_MIXES = ["Q4_K_M"]
+# every k-quant between the first three (q2_K .. q6_K), Q5_K_M's q5_K
+# with q6_K, and the 32-value formats with a min or a fifth bit
+KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q4_1", "Q5_0", "Q5_1"]
+# each in the fast GEMV's integer dots too (sched_gpuemu and
+# sched_swa_gpuemu decode q4_0 and q8_0 models in fast mode, every step
+# in a region); the sampling rules on Q4_K_M alone
+FAST_MIXES = KQUANT_MIXES
+SAMPLED_MIX = "Q4_K_M"
 KQUANT_TOKENS = 16
 MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                       "mkgguf.py")
@@ -115,6 +119,7 @@ def check_kquants(loom, stem, tmp):
         failed += not (same and native)
         if mix in FAST_MIXES:
             failed += check_fast(loom, stem, mix, model, out, got)
+        if mix == SAMPLED_MIX:
             failed += check_sampled(loom, stem, model, out)
     return failed
 
@@ -173,8 +178,9 @@ def check_packed(loom, stem, tmp):
 
 def check_fast(loom, stem, mix, model, out, exact):
     """Fast mode (8-bit activations in the GEMV): captured and replayed
-    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0), and
-    greedy picked on the device those picked on the host; the
+    step graphs give the tokens of direct runs (LOOM_GPU_GRAPHS=0),
+    greedy picked on the device those picked on the host, and on the
+    emulators the tokens of cpu.so's fast mode; the
     agreement with exact mode's tokens is printed, not judged (a random
     model's greedy path may turn on a near tie)."""
     n = KQUANT_TOKENS
@@ -188,10 +194,18 @@ def check_fast(loom, stem, mix, model, out, exact):
         print(f"FAIL {stem}.so {mix}: greedy on the host (LOOM_DEVICE_GREEDY=0) picks "
               f"{host}, on the device {fast}")
         same = False
+    # cpu.so's fast mode quantizes the activations to the same blocks and
+    # sums each block's products in integers too: on the emulators (no
+    # contraction of the float steps) the same tokens, judged
+    cpu, _, _ = run(loom, "cpu.so", model, PROMPTS[0], n, out, LOOM_CPU_EXACT="0")
+    if stem.startswith("gpuemu") and cpu != fast:
+        print(f"FAIL {stem}.so {mix} fast mode: cpu.so's fast mode picks {cpu}, {stem} {fast}")
+        same = False
     agree = next((i for i, (a, b) in enumerate(zip(fast, exact)) if a != b), len(fast))
     print(f"{'ok  ' if same else 'FAIL'} {stem}.so {mix} fast mode: graphs {graphs}, tokens "
-          f"{'equal to' if fast == direct else 'differ from'} direct runs'; the first {agree} "
-          f"of {len(fast)} equal exact mode's")
+          f"{'equal to' if fast == direct else 'differ from'} direct runs' and "
+          f"{'equal to' if fast == cpu else 'differ from'} cpu.so fast mode's; the first "
+          f"{agree} of {len(fast)} equal exact mode's")
     return 0 if same else 1
 
 
