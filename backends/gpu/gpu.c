@@ -509,11 +509,10 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 
 /* LOOM_GPU_SAMPLE_19=0 answers no to both generation 1.9 sample ops
  * (the host then keeps those rows, as with a 1.8 backend). */
-static bool sample_off(enum loom_op op)
+static bool sample_19_off(void)
 {
 	const char *v = getenv("LOOM_GPU_SAMPLE_19");
 
-	(void)op;
 	return v && !strcmp(v, "0");
 }
 
@@ -531,7 +530,7 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		return gpurt_format_known(type);
 	/* ABI 1.9: k_sample draws without top-k and computes logprobs */
 	if (op == LOOM_OP_SAMPLE_FULL || op == LOOM_OP_SAMPLE_LOGPROBS)
-		return type == LOOM_TYPE_F32 && !sample_off(op);
+		return type == LOOM_TYPE_F32 && !sample_19_off();
 	/* token trees (ABI 1.8): every KV type, rows through split-K */
 	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTION_TREE)
 		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
