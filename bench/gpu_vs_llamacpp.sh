@@ -17,10 +17,13 @@
 #      the card's peak: bytes of weights a token reads (every tensor but an untied token_embd) x
 #      tokens/s / peak;
 #   3. loom at depth 4096, and 16 and 64 sequences at once (-npl); then A/B runs of the paths issue
-#      30 added against what they replace (LOOM_GPU_MMQ_MAX_M=0: batches on f16 panels; =4096:
-#      pp512 on the int8 GEMM; LOOM_DEVICE_GREEDY=0: greedy on the host; LOOM_GPU_FUSE=0: every
+#      30 added against what they replace (LOOM_GPU_MMQ_MAX_M=0: batches on f16 panels;
+#      LOOM_GPU_MMA=0: batches on the int8 GEMM by dp4a instead of tensor-core MMA; =512: pp512 on
+#      the int8 GEMM, MMA and dp4a, against the default pp512 row on cuBLAS f16 panels, which
+#      decides the m bound, after checking that MMA and dp4a give the same logits on the card
+#      (mma_same_bits); LOOM_DEVICE_GREEDY=0: greedy on the host; LOOM_GPU_FUSE=0: every
 #      call its own launch, no GEMV groups, norm+quantize or add+norm kernels; LOOM_GPU_PACK=0:
-#      q4_0/q8_0/q6_K weights in GGUF layout, not repacked at load), tagged [VAR=VALUE];
+#      q4_0/q8_0/q6_K weights in GGUF layout, not repacked at load), tagged [VAR=VALUE,...];
 #   4. the 8B-shaped q4_0 and Q4_K_M: loom tg128 and pp512;
 #   5. llama-bench (pp512, tg128 at depth 0 and 4096) and llama-batched-bench (-npl 1,16,64) on the
 #      same files, then a summary table of both.
@@ -125,7 +128,7 @@ loom_bench() {
 	out=$(run 150 env ${BENCH_ENV:-} "$LOOM" bench --backend="$BACKEND" --model "$f" -r 3 "$@" 2>&1)
 	echo "$out" | grep -E '^\| ' | grep -E 'pp|tg'
 	echo "$out" | grep -E '^\| ' | grep -E 'pp|tg' | awk -F'|' -v n="$name" -v b="$bytes" \
-		-v p="$PEAK_GBS" -v tag="${BENCH_ENV:+[$BENCH_ENV]}" '{ t = $5; gsub(/^ +| +$/, "", t); split($6, r, " ");
+		-v p="$PEAK_GBS" -v tag="${BENCH_ENV:+[${BENCH_ENV// /,}]}" '{ t = $5; gsub(/^ +| +$/, "", t); split($6, r, " ");
 		line = "loom " n tag " " t " " r[1];
 		if (t ~ /^tg/ && t !~ /np/ && b > 0) { gbs = b * r[1] / 1e9;
 			line = line sprintf(" %.2fGB/s", gbs);
@@ -145,6 +148,25 @@ depth_ratio() {
 					n, substr(d, 4), deep, flat, deep / flat
 			else printf "loom %s decode depth ratio: not measured\n", n }' "$OUT/rows.txt"
 	done
+}
+
+# mma_same_bits NAME: the int8 GEMM's tensor-core MMA and dp4a must give the same bits on the card
+# (docs/GPU.md): one 256-token chunk's logits with the int8 GEMM on every GEMM of the step
+# (LOOM_GPU_MMQ_MAX_M=512), LOOM_GPU_MMA=1 against =0, compared byte for byte. A wrong fragment
+# layout on the hardware, which the emulator cannot show, makes them differ.
+mma_same_bits() {
+	local f=$W/$1.gguf txt=$W/mma_text.txt
+	[ "$DRY" = 1 ] || python3 -c "import random; r = random.Random(7); w = 'the of and to a in that is was he for it with as his on be at by'.split(); print(' '.join(r.choice(w) for _ in range(3000)))" > "$txt"
+	for v in 1 0; do
+		run 120 env LOOM_GPU_MMQ_MAX_M=512 LOOM_GPU_MMA=$v "$LOOM" perplexity --backend="$BACKEND" \
+			--model "$f" -f "$txt" -c 256 --chunks 1 --save-logits "$W/mma$v.logits" --force 2>&1 | tail -1
+	done
+	[ "$DRY" = 1 ] && return
+	if cmp -s "$W/mma1.logits" "$W/mma0.logits"; then
+		echo "loom $1 int8 GEMM MMA vs dp4a: logits identical" | tee -a "$OUT/rows.txt"
+	else
+		echo "loom $1 int8 GEMM MMA vs dp4a: logits DIFFER" | tee -a "$OUT/rows.txt"
+	fi
 }
 
 llama_bench() {
@@ -187,10 +209,18 @@ main() {
 	# dequantized f16 panels (cuBLAS) instead of the int8 GEMM; prefill on the int8 GEMM instead
 	# of the panels; greedy picked on the host (full logits downloaded) instead of the device;
 	# decode with each call its own launch (no fusion: compare with the tg rows of batch 1 and 16)
-	log "loom A/B: int8 GEMM off for batches, on for prefill; greedy on the host; unfused"
+	log "loom A/B: int8 GEMM off for batches, by dp4a, on for prefill (MMA, dp4a); greedy on the host; unfused"
 	local big=${NPL##* }
 	have 60 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=0 loom_bench 1b -p $NPP -n $NTG -npl $big
-	have 40 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=4096 loom_bench 1b -p $P -n 1
+	have 60 && BENCH_ENV=LOOM_GPU_MMA=0 loom_bench 1b -p $NPP -n $NTG -npl $big
+	# pp512 with the int8 GEMM's bound at 512: tensor-core MMA, then dp4a; the pp512 rows of batch 1
+	# above are cuBLAS f16 panels (the default bound, 256). MMA faster than the panels on both
+	# files: raise MMQ_MAX_M (docs/GPU.md, "Batched GEMM in fast mode")
+	for m in 1b 1bk; do have 30 && mma_same_bits $m; done
+	for m in 1b 1bk; do
+		have 40 && BENCH_ENV=LOOM_GPU_MMQ_MAX_M=512 loom_bench $m -p $P -n 1
+		have 40 && BENCH_ENV="LOOM_GPU_MMQ_MAX_M=512 LOOM_GPU_MMA=0" loom_bench $m -p $P -n 1
+	done
 	have 40 && BENCH_ENV=LOOM_DEVICE_GREEDY=0 loom_bench 1b -p 16 -n $N
 	for m in 1b 1bk; do have 40 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench $m -p 16 -n $N; done
 	have 60 && BENCH_ENV=LOOM_GPU_FUSE=0 loom_bench 1b -p $NPP -n $NTG -npl ${NPL%% *}

@@ -136,6 +136,8 @@ static const struct opt_def opts[] = {
 	  .type = OPT_STR, FIELD(save_logits), .cmds = PPL },
 	{ .name = "kl-base", .arg = "FILE", .help = "compare with a saved base run (KL divergence)",
 	  .type = OPT_STR, FIELD(kl_base), .cmds = PPL },
+	{ .name = "prefill-kernels", .help = "score through the backend's prefill GEMM (not batch invariant) rather than decode's kernels",
+	  .type = OPT_BOOL, FIELD(prefill_kernels), .cmds = PPL, .flag_only = true },
 	{ .name = "chunks", .arg = "N", .help = "chunks of text at most (0: all)",
 	  .type = OPT_INT, FIELD(n_chunks), .lo = 0, .hi = INT_MAX,
 	  .cmds = PPL | IMATRIX },
@@ -381,7 +383,7 @@ static const struct cmd_def {
 	{ .name = "perplexity", .cmd = PPL, .usage =
 	  "perplexity --model FILE -f TEXT [-c 512] [--chunks N] [--backend=cpu.so] [-t N]\n"
 	  "            [--exact] [--kv-type f16|f32|q8_0|q4_0] [--save-logits FILE | --kl-base FILE]\n"
-	  "            [--force] [--config FILE]\n" },
+	  "            [--force] [--prefill-kernels] [--config FILE]\n" },
 	{ .name = "serve", .cmd = SERVE, .usage =
 	  "serve     --model FILE [--backend=cpu.so] [--host 127.0.0.1] [--port 8080]\n"
 	  "            [-t THREADS] [--kv-mem SIZE] [--kv-type f16|f32|q8_0|q4_0] [-c CTX]\n"

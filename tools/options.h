@@ -86,6 +86,7 @@ struct loom_options {
 	char save_logits[4096]; /* --save-logits: the base run's log-probs */
 	char kl_base[4096];     /* --kl-base: compare with a saved base run */
 	int n_chunks;           /* --chunks: at most this many (0: all) */
+	bool prefill_kernels;   /* --prefill-kernels: not batch invariant */
 	struct loom_sampler_params sp;
 	/* bench */
 	int n_prompt;

@@ -11,7 +11,9 @@
  * predict token i + 1. Perplexity is exp of the mean negative
  * log-likelihood over every scored position. The engine runs batch
  * invariant, so every position goes through the arithmetic of decoding
- * (in cpu.so's fast mode: the 8-bit integer kernels), not a prefill GEMM.
+ * (in cpu.so's fast mode: the 8-bit integer kernels), not a prefill GEMM;
+ * --prefill-kernels runs it without batch invariance, so the chunk goes
+ * through the backend's prefill GEMM instead (its quality measured).
  *
  * --save-logits FILE writes the tokens and, for every scored position, the
  * log-probabilities over the vocabulary as IEEE half floats:
@@ -311,8 +313,8 @@ static struct loom_engine *open_engine(const struct loom_options *o, int32_t n_c
 	ep.all_logits = true;
 	/* every position through the kernels decode uses (a backend's fast
 	 * mode may keep f32 GEMM for prefill otherwise), so the figures are
-	 * those of generation */
-	ep.batch_invariant = true;
+	 * those of generation; --prefill-kernels: those of prompt processing */
+	ep.batch_invariant = !o->prefill_kernels;
 	ep.prefix_cache = -1;
 	return loom_engine_open(&ep, err, errlen);
 }

@@ -1,4 +1,5 @@
 /* AMX-INT8 prefill GEMM: a tile layer in hardware or in C (amx.h). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,6 +94,61 @@ static void emu_dpbsud(struct emu_tile *c, const struct emu_tile *a, const struc
 							(int32_t)b->b[k][4 * n + e]);
 			memcpy(&c->b[m][4 * n], &s, 4);
 		}
+}
+
+static float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Denormals as zero (the instruction's DAZ on inputs and FTZ on sums). */
+static float flush(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, sizeof(u));
+	return (u & 0x7f800000u) ? v : bits_f32(u & 0x80000000u);
+}
+
+/* acc + the pair products of dwords a and b, as TDPBF16PS documents it:
+ * the lower bf16's product added first, then the upper's, each rounded to
+ * nearest even, denormals as zero. */
+static float pair_fma(uint32_t a, uint32_t b, float acc)
+{
+	acc = flush(fmaf(flush(bits_f32(a << 16)), flush(bits_f32(b << 16)), acc));
+	return flush(fmaf(flush(bits_f32(a & 0xffff0000u)), flush(bits_f32(b & 0xffff0000u)), acc));
+}
+
+/* TDPBF16PS c += a . b: for each row m of a and dword column n of c, the
+ * bf16 pairs of a's dword k and b's row k, column n, over k in order. */
+static void emu_dpbf16ps(struct emu_tile *c, const struct emu_tile *a, const struct emu_tile *b)
+{
+	for (int m = 0; m < c->rows; m++)
+		for (int n = 0; n < c->colsb / 4; n++) {
+			float s;
+
+			memcpy(&s, &c->b[m][4 * n], 4);
+			for (int k = 0; k < a->colsb / 4; k++) {
+				uint32_t x, w;
+
+				memcpy(&x, &a->b[m][4 * k], 4);
+				memcpy(&w, &b->b[k][4 * n], 4);
+				s = pair_fma(x, w, s);
+			}
+			memcpy(&c->b[m][4 * n], &s, 4);
+		}
+}
+
+float amx_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp)
+{
+	float acc = 0.0f;
+
+	for (int64_t p = 0; p < kp; p++)
+		acc = pair_fma(x[p], w[p], acc);
+	return acc;
 }
 
 /* TILESTORED: the tile's rows to base + r * stride. */
@@ -217,6 +273,101 @@ static TGT_AMX void amx_run(bool hw, const void *panel, int rows, const struct q
 	}
 }
 
+/* ---- AMX-BF16: bf16 weights, fast mode (fgemm.h's pair panels) ---- */
+
+#define TGT_AMXBF __attribute__((target("avx512f,amx-tile,amx-bf16")))
+#define PAIRS_TILE 16 /* pairs a tile takes: 64 bytes a row */
+
+static bool amx_bf16_present(void)
+{
+	unsigned a, b, c, d;
+
+	/* EDX bit 22: AMX-BF16 */
+	return amx_hw_present() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22));
+}
+
+/* Tile 0: X x 16 sums; 1: X activation rows of pn pairs; 2: pn pair rows
+ * of one half of the panel (16 weight rows). */
+static TGT_AMXBF void pairs_configure(bool hw, int X, int pn)
+{
+	if (hw) {
+		struct tile_config cfg;
+
+		memset(&cfg, 0, sizeof(cfg));
+		cfg.palette = 1;
+		cfg.rows[0] = (uint8_t)X;
+		cfg.colsb[0] = 64;
+		cfg.rows[1] = (uint8_t)X;
+		cfg.colsb[1] = (uint16_t)(4 * pn);
+		cfg.rows[2] = (uint8_t)pn;
+		cfg.colsb[2] = 64;
+		_tile_loadconfig(&cfg);
+	}
+}
+
+/* sums (X x 16, row stride 64 bytes) += activation pairs . panel half,
+ * over pairs [p0, p0 + pn). */
+static TGT_AMXBF void pairs_block(bool hw, struct emu_tile t[3], const uint32_t *x, int64_t kp,
+				  const uint32_t *half, int64_t p0, int X, int pn,
+				  float sums[16][16])
+{
+	if (hw) {
+		_tile_loadd(0, sums, 64);
+		_tile_loadd(1, x + p0, (long)(kp * 4));
+		_tile_loadd(2, half + p0 * 32, 128);
+		_tile_dpbf16ps(0, 1, 2);
+		_tile_stored(0, sums, 64);
+		return;
+	}
+	emu_load(&t[0], sums, 64, X, 64);
+	emu_load(&t[1], x + p0, (size_t)kp * 4, X, 4 * pn);
+	emu_load(&t[2], half + p0 * 32, 128, pn, 64);
+	emu_dpbf16ps(&t[0], &t[1], &t[2]);
+	emu_store(&t[0], sums, 64);
+}
+
+/* X (<= 16) activation rows (kp pairs apart) against one half of the
+ * panel: out[i][r] for r < n. */
+static TGT_AMXBF void pairs_half(bool hw, const uint32_t *half, int n, const uint32_t *x,
+				 int64_t kp, int X, float *y, int64_t ys)
+{
+	float sums[16][16] __attribute__((aligned(64)));
+	struct emu_tile t[3];
+	int64_t p0 = 0;
+
+	memset(sums, 0, sizeof(sums));
+	for (; p0 + PAIRS_TILE <= kp; p0 += PAIRS_TILE) {
+		if (p0 == 0)
+			pairs_configure(hw, X, PAIRS_TILE);
+		pairs_block(hw, t, x, kp, half, p0, X, PAIRS_TILE, sums);
+	}
+	if (p0 < kp) { /* the tail: narrower tiles */
+		pairs_configure(hw, X, (int)(kp - p0));
+		pairs_block(hw, t, x, kp, half, p0, X, (int)(kp - p0), sums);
+	}
+	if (hw)
+		_tile_release();
+	for (int i = 0; i < X; i++)
+		memcpy(y + i * ys, sums[i], (size_t)n * sizeof(float));
+}
+
+bool amx_pairs_supported(enum amx_mode mode)
+{
+	return mode == AMX_EMU || (mode == AMX_HW && amx_bf16_present());
+}
+
+void amx_pairs_run(enum amx_mode mode, const uint32_t *panel, int rows, const uint32_t *x,
+		   int64_t m, int64_t kp, float *y, int64_t ys)
+{
+	for (int64_t i = 0; i < m; i += TILE_ROWS) {
+		const int X = m - i < TILE_ROWS ? (int)(m - i) : TILE_ROWS;
+
+		for (int h = 0; h < 2 && 16 * h < rows; h++)
+			pairs_half(mode == AMX_HW, panel + 16 * h, rows - 16 * h < 16 ? rows - 16 * h : 16,
+				   x + i * kp, kp, X, y + i * ys + 16 * h, ys);
+	}
+}
+
 bool amx_supported(enum amx_mode mode, uint32_t type)
 {
 	if (!(qdot_format(type) || qdot_k_format(type)) || type == LOOM_TYPE_MXFP4)
@@ -250,6 +401,24 @@ bool amx_supported(enum amx_mode mode, uint32_t type)
 	(void)mode;
 	(void)type;
 	return false;
+}
+
+bool amx_pairs_supported(enum amx_mode mode)
+{
+	(void)mode;
+	return false;
+}
+
+void amx_pairs_run(enum amx_mode mode, const uint32_t *panel, int rows, const uint32_t *x,
+		   int64_t m, int64_t kp, float *y, int64_t ys)
+{
+	(void)mode; (void)panel; (void)rows; (void)x; (void)m; (void)kp; (void)y; (void)ys;
+}
+
+float amx_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp)
+{
+	(void)x; (void)w; (void)kp;
+	return 0.0f;
 }
 
 void amx_qgemm_run(enum amx_mode mode, uint32_t type, const void *panel, int rows,

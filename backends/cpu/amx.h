@@ -46,4 +46,23 @@ void amx_qgemm_run(enum amx_mode mode, uint32_t type, const void *panel, int row
 		   float *y, int64_t ys);
 const char *amx_mode_name(enum amx_mode mode);
 
+/*
+ * AMX-BF16, fast mode, bf16 weights: fgemm.h's pair panels (32 weight
+ * rows, pair p of row r at panel[p * 32 + r]) as B tiles, 16 weight rows
+ * (64 bytes) a tile row, and the activations' bf16 pairs as A tiles; one
+ * TDPBF16PS adds 16 pairs of products to 16 x 16 sums. The emulation
+ * follows the instruction as Intel's intrinsics guide writes it (pair
+ * after pair; in a pair the lower bf16's product first, then the upper's,
+ * each rounded to nearest even, denormals as zero): amx_pairs_ref(). That
+ * is not vdpbf16ps's order (upper first, fgemm_pairs_ref()), so the two
+ * paths round differently; both are held to the conformance tolerance.
+ * Not run on AMX hardware yet (no host had it).
+ */
+bool amx_pairs_supported(enum amx_mode mode);
+/* y[i * ys + r] for i < m, r < rows: x_i (kp pairs apart) . panel row r. */
+void amx_pairs_run(enum amx_mode mode, const uint32_t *panel, int rows, const uint32_t *x,
+		   int64_t m, int64_t kp, float *y, int64_t ys);
+/* The reference of one element over kp pairs. */
+float amx_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp);
+
 #endif /* LOOM_CPU_AMX_H */

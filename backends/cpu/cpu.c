@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "fgemm.h"
 #include "kpack.h"
 #include "../mpi/coll.h"
 
@@ -98,6 +99,7 @@ static void cpu_destroy(struct loom_backend_ctx *ctx)
 	free(ctx->qx);
 	free(ctx->qsc);
 	free(ctx->qprep);
+	free(ctx->bfx);
 	free(ctx->qkx);
 	free(ctx->moe_f);
 	free(ctx->moe_i);
@@ -137,6 +139,8 @@ struct cpu_config {
 	const char *isa;  /* LOOM_CPU_ISA: NULL, scalar, avx2, avx-vnni, avx512,
 			   * amx, amx-emu */
 	bool qgemm;       /* LOOM_CPU_QGEMM=0: dequantize + OpenBLAS prefill */
+	bool fgemm;       /* LOOM_CPU_FGEMM=0: OpenBLAS for float panels */
+	bool pairs;       /* LOOM_CPU_BF16DOT=0: bf16 weights' fast prefill in f32 */
 	bool pack;        /* LOOM_CPU_PACK=0: weights stay in GGUF layout */
 	bool fuse;        /* LOOM_CPU_FUSE=0: step regions run call by call */
 };
@@ -185,6 +189,8 @@ static void read_config(const struct loom_backend_config *cfg, struct cpu_config
 	c->invariant = env_flag("LOOM_CPU_INVARIANT", c->invariant);
 	c->isa = getenv("LOOM_CPU_ISA");
 	c->qgemm = env_off("LOOM_CPU_QGEMM");
+	c->fgemm = env_off("LOOM_CPU_FGEMM");
+	c->pairs = env_off("LOOM_CPU_BF16DOT");
 	c->pack = env_off("LOOM_CPU_PACK");
 	c->fuse = env_off("LOOM_CPU_FUSE");
 }
@@ -267,6 +273,8 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->invariant = c.invariant;
 	ctx->exact = c.exact;
 	ctx->qgemm = c.qgemm;
+	ctx->fgemm = c.fgemm && fgemm_supported(ctx->isa);
+	ctx->pairs = ctx->fgemm && c.pairs && fgemm_pairs_supported(ctx->isa);
 	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) && c.pack;
 	ctx->rg.fuse = c.fuse;
 	ctx->amx = pick_amx(ctx, c.isa);

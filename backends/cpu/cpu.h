@@ -370,6 +370,10 @@ struct loom_backend_ctx {
 	/* fast-mode prefill through qgemm.h (LOOM_CPU_QGEMM=0: BLAS, for
 	 * comparisons) */
 	bool qgemm;
+	bool fgemm; /* float prefill through fgemm.h, not OpenBLAS */
+	bool pairs; /* fast mode: bf16 weights' prefill on bf16 pairs (fgemm.h) */
+	uint32_t *bfx; /* its activations as bf16 pairs */
+	size_t bfx_cap;
 	/* prefill through AMX-INT8 tiles (LOOM_CPU_ISA=amx, or amx-emu for
 	 * the C tile emulation; amx.h) instead of qgemm's VNNI kernel */
 	enum amx_mode amx;

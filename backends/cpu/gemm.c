@@ -33,6 +33,7 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "fgemm.h"
 #include "kpack.h"
 #include "qgemm.h"
 
@@ -199,6 +200,120 @@ static void blas_task(void *arg, int64_t c, int ith)
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->m, (int)(j1 - j), (int)g->k,
 		    1.0f, g->x, (int)g->x_stride, panel, (int)g->k, 0.0f, g->y + j,
 		    (int)g->y_stride);
+}
+
+/* f32 weights whose rows the panels can read in place. */
+static bool plain_f32(const struct cpu_gemv *g)
+{
+	return g->type == LOOM_TYPE_F32 && g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0;
+}
+
+/* Chunk c through fgemm.h: panels of FGEMM_ROWS weight rows, made in the
+ * thread's scratch (dequantized to f32 first unless plain_f32()). */
+static void fgemm_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	float *panel = t->ctx->scratch[ith];
+	float *rows = panel + fgemm_panel_floats(g->k);
+	uint8_t *tmp = (uint8_t *)(rows + fgemm_panel_floats(g->k));
+	int64_t j0, j1;
+
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += FGEMM_ROWS) {
+		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
+
+		if (plain_f32(g)) {
+			fgemm_panel_rows((const float *)(g->w + (size_t)j * g->w_stride),
+					 (int64_t)(g->w_stride / 4), n, g->k, panel);
+		} else {
+			for (int r = 0; r < n; r++) {
+				const uint8_t *row = g->w + (size_t)(j + r) * g->w_stride;
+
+				if (t->packed) { /* back to the GGUF layout first */
+					kpack_unpack_row(g->type, g->w, kpack_nb(g->type, g->k),
+							 j + r, tmp);
+					row = tmp;
+				}
+				cpu_dequant_row(t->ctx->isa, g->type, row, rows + r * g->k, g->k);
+			}
+			fgemm_panel_rows(rows, g->k, n, g->k, panel);
+		}
+		fgemm_run(panel, n, g->x, g->x_stride, g->m, g->k, g->y + j, g->y_stride);
+	}
+}
+
+static int fgemm_gemm(struct gemm_task *t, int nth)
+{
+	const int64_t k = t->g.k;
+	size_t need;
+
+	if (k > (int64_t)(SIZE_MAX / sizeof(float) / 4 / FGEMM_ROWS))
+		return LOOM_ERR_NOMEM;
+	/* the panel, the dequantized rows, a GGUF row to unpack a packed one into */
+	need = 2 * fgemm_panel_floats(k) + (t->packed ? (size_t)(k / 32) * 34 / 4 + 1 : 0);
+	if (cpu_scratch_reserve(t->ctx, need))
+		return LOOM_ERR_NOMEM;
+	t->chunk = pick_chunk(t->n, nth, FGEMM_ROWS, FGEMM_ROWS, 256);
+	cpu_pool_run(&t->ctx->pool, fgemm_task, t, n_chunks(t), nth);
+	return LOOM_OK;
+}
+
+static int grow(void **buf, size_t *cap, int64_t a, int64_t b, size_t elem);
+
+/* Fast mode, bf16 weights: rows [j0, j1) of chunk c on bf16 pairs, by
+ * vdpbf16ps or AMX-BF16 tiles (amx.h); the weight rows are pairs already
+ * (k even, 4-byte aligned rows). */
+static void pairs_task(void *arg, int64_t c, int ith)
+{
+	const struct gemm_task *t = arg;
+	const struct cpu_gemv *g = &t->g;
+	uint32_t *panel = (uint32_t *)t->ctx->scratch[ith];
+	const int64_t kp = g->k / 2;
+	int64_t j0, j1;
+
+	chunk_rows(t, c, &j0, &j1);
+	for (int64_t j = j0; j < j1; j += FGEMM_ROWS) {
+		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
+
+		fgemm_panel_rows(g->w + (size_t)j * g->w_stride, (int64_t)(g->w_stride / 4), n, kp,
+				 panel);
+		if (t->ctx->amx != AMX_OFF && amx_pairs_supported(t->ctx->amx))
+			amx_pairs_run(t->ctx->amx, panel, n, t->ctx->bfx, g->m, kp, g->y + j,
+				      g->y_stride);
+		else
+			fgemm_pairs_run(panel, n, t->ctx->bfx, g->m, kp, g->y + j, g->y_stride);
+	}
+}
+
+/* The activation rows as bf16 pairs, one row a chunk. */
+static void pairs_x_task(void *arg, int64_t i, int ith)
+{
+	const struct gemm_task *t = arg;
+
+	(void)ith;
+	fgemm_pairs_x(t->g.x + i * t->g.x_stride, t->g.k, t->ctx->bfx + i * (t->g.k / 2));
+}
+
+static bool pairs_ok(const struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
+{
+	return (ctx->pairs || (ctx->amx != AMX_OFF && amx_pairs_supported(ctx->amx))) &&
+	       ctx->fgemm && !ctx->exact && g->type == LOOM_TYPE_BF16 && g->k % 2 == 0 &&
+	       g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0 && !g->inv;
+}
+
+static int pairs_gemm(struct gemm_task *t, int nth)
+{
+	struct loom_backend_ctx *ctx = t->ctx;
+
+	if (grow((void **)&ctx->bfx, &ctx->bfx_cap, t->g.m, t->g.k / 2, sizeof(uint32_t)) ||
+	    cpu_scratch_reserve(ctx, fgemm_panel_floats(t->g.k / 2)))
+		return LOOM_ERR_NOMEM;
+	cpu_pool_run(&ctx->pool, pairs_x_task, t, t->g.m,
+		     t->g.m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	t->chunk = pick_chunk(t->n, nth, FGEMM_ROWS, FGEMM_ROWS, 256);
+	cpu_pool_run(&ctx->pool, pairs_task, t, n_chunks(t), nth);
+	return LOOM_OK;
 }
 
 /* F32 weights with a float-multiple stride go to sgemm as they are. */
@@ -646,6 +761,10 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 		cpu_pool_run(&ctx->pool, gemv_task, &t, n_chunks(&t), nth);
 		return LOOM_OK;
 	}
+	if (pairs_ok(ctx, &t.g))
+		return pairs_gemm(&t, nth);
+	if (ctx->fgemm)
+		return fgemm_gemm(&t, nth);
 	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&
 	    (uintptr_t)a->w % 4 == 0 && a->w_stride / 4 <= INT32_MAX) {
 		t.chunk = pick_chunk(a->n, nth, 16, 16, 1024);
@@ -697,7 +816,7 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 {
 	struct pack_task t = { .a = a };
 	size_t size;
-	int rc;
+	int rc, solo;
 
 	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
@@ -714,7 +833,12 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	if (rc)
 		return rc;
 	t.dst = cpu_buffer_addr(ctx, *out);
+	/* packing first-touches the arena's pages: a chunk that waits on page
+	 * faults is not a thread that lost its core, so a slow wait here must
+	 * not send the first steps that follow to one thread */
+	solo = ctx->pool.solo;
 	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
+	ctx->pool.solo = solo;
 	*bytes = size;
 	return LOOM_OK;
 }

@@ -15,7 +15,9 @@
  * quantized weights, every activation row of the batch in one pass. In
  * fast mode a larger batch of q4_0, q8_0, q4_K or q6_K weights (m up to
  * LOOM_GPU_MMQ_MAX_M, default MMQ_MAX_M) runs the int8 tiled GEMM on the
- * same 8-bit activations, reading the weights in place. Prefill with cuBLAS converts the activations to f16
+ * same 8-bit activations, reading the weights in place; its integer dots
+ * on int8 tensor cores where the build and device have them (LOOM_GPU_MMA,
+ * gpurt_has_mma), else by dp4a, the same bits either way. Prefill with cuBLAS converts the activations to f16
  * and dequantizes panels of f16 or quantized weight rows to f16 for
  * cublasGemmEx (tensor cores, f32 accumulation); f32 and bf16 weights, and
  * every weight with LOOM_GPU_GEMM=f32, go through f32 panels and
@@ -351,6 +353,11 @@ static void gpu_destroy(struct loom_backend_ctx *ctx)
 			GPU_BACKEND_NAME ": step regions: %llu run, %llu gemm groups of %llu calls",
 			(unsigned long long)ctx->n_steps, (unsigned long long)ctx->n_groups,
 			(unsigned long long)ctx->n_group_calls);
+	if (ctx->n_mmq_mma || ctx->n_mmq_dp4a) /* tests/backend/gpu_mma.c reads it */
+		gpu_log(ctx->host, LOOM_LOG_INFO,
+			GPU_BACKEND_NAME ": int8 GEMM: %llu launches on tensor cores (MMA), "
+			"%llu by dp4a", (unsigned long long)ctx->n_mmq_mma,
+			(unsigned long long)ctx->n_mmq_dp4a);
 	if (ctx->n_steps)
 		gpu_log(ctx->host, LOOM_LOG_INFO,
 			GPU_BACKEND_NAME ": rope and kv_write: %llu launches of %llu calls",
@@ -486,9 +493,17 @@ static int gpu_create(const struct loom_backend_host *host, const struct loom_ba
 		free(ctx);
 		return rc;
 	}
+	/* LOOM_GPU_MMA=0: the int8 GEMM's dots by dp4a where the tensor-core
+	 * MMA exists too (the two give the same bits) */
+	ctx->mma = !env_is("LOOM_GPU_MMA", "0") && gpurt_has_mma(ctx->rt);
+	if (env_is("LOOM_GPU_MMA", "1") && !ctx->mma)
+		gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": LOOM_GPU_MMA=1: no int8 "
+			"tensor-core MMA in this build or on this device; the int8 GEMM uses dp4a");
 	gpu_log(host, LOOM_LOG_INFO, GPU_BACKEND_NAME ": %s device %d%s, %s, prefill GEMM %s, %s, %s",
 		gpurt_vendor(), device, ctx->invariant ? ", batch invariant" : "",
 		ctx->exact ? "exact (f32 activations)" :
+		ctx->mma ? "8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV "
+			   "and GEMM (int8 GEMM on tensor cores)" :
 		"8-bit activations and integer dots in q4_0, q8_0, q4_K, q6_K GEMV and GEMM",
 		!gpurt_has_blas() ? "tiled f32 kernel" :
 		ctx->half_gemm ? "f16/bf16 tensor cores (f32 for f32 weights)" : "f32 BLAS",
@@ -861,8 +876,11 @@ static int exec_gemv_q8(struct loom_backend_ctx *ctx, const struct loom_gemm_arg
 	void *scale;
 	int rc = gemv_quantize(ctx, a, &qs, &scale);
 
-	if (!rc && mmq)
-		rc = rt_failed(ctx, gpurt_mmq(ctx->rt, a, qs, scale));
+	if (!rc && mmq) {
+		rc = rt_failed(ctx, gpurt_mmq(ctx->rt, a, qs, scale, ctx->mma));
+		if (!rc)
+			ctx->mma ? ctx->n_mmq_mma++ : ctx->n_mmq_dp4a++;
+	}
 	else if (!rc)
 		rc = rt_failed(ctx, gpurt_gemv_q8(ctx->rt, a, qs, scale));
 	return rc;

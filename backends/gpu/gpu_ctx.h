@@ -159,6 +159,8 @@ struct loom_backend_ctx {
 	size_t packs_cap, n_packs;
 	uint64_t n_packed, packed_bytes; /* weights packed so far (LOOM_DEBUG) */
 	int64_t mmq_max_m; /* fast mode: int8 GEMM up to this m (LOOM_GPU_MMQ_MAX_M) */
+	bool mma;          /* int8 GEMM on tensor cores (LOOM_GPU_MMA, where built) */
+	uint64_t n_mmq_mma, n_mmq_dp4a; /* int8 GEMM launches by each inner product */
 	void *scratch;  /* device: weight panels, split-K partials, 8-bit activations */
 	size_t scratch_cap;
 	void *items; /* device: attention work items */

@@ -22,6 +22,8 @@
 #ifndef LOOM_GPU_PORT_H
 #define LOOM_GPU_PORT_H
 
+#include <stdint.h>
+
 #if defined(GPU_EMU)
 
 #include "gpu_emu.h"
@@ -38,9 +40,40 @@
 
 #endif
 
+/*
+ * Int8 tensor-core MMA (where GPU_HAVE_MMA is defined): one warp computes
+ * d = A B + c, a 16 x 8 tile of int32 from A (16 x K signed bytes) and B
+ * (K x 8), K = 32 (gpu_mma_k32, PTX mma.sync.aligned.m16n8k32.row.col.
+ * s32.s8.s8.s32) or 16 (gpu_mma_k16, .m16n8k16), both sm_80+. The warp's
+ * 32 lanes hold the fragments; lane = 4 g + t (g = lane / 4, t = lane %
+ * 4), each register 4 elements of consecutive k, the lowest byte first:
+ *   K = 32: a[0] = A[g][4t .. 4t+3]  a[1] = A[g+8][4t ..]
+ *           a[2] = A[g][16+4t ..]    a[3] = A[g+8][16+4t ..]
+ *           b[0] = B[4t .. 4t+3][g]  b[1] = B[16+4t ..][g]
+ *   K = 16: a[0] = A[g][4t ..]       a[1] = A[g+8][4t ..]    b[0] = B[4t ..][g]
+ *   c, d:   [0] = (g, 2t)  [1] = (g, 2t+1)  [2] = (g+8, 2t)  [3] = (g+8, 2t+1)
+ * (PTX ISA 9.7.14.5, "Matrix Fragments for mma.m16n8k16 with integer
+ * type" and "for mma.m16n8k32"). Every lane of the warp must call it
+ * together. The emulator implements the instruction from the same tables
+ * (gpu_emu.cc), held to a plain matrix product by tests/gpu/mma_layout.cc.
+ * HIP has no such instruction with this layout: AMD's int8 matrix
+ * instructions (MFMA on gfx9, WMMA on gfx11) own their fragments by other
+ * rules, so rocm.so (and gpuemu64.so, which stands for it) keeps dp4a.
+ */
 #if defined(GPU_EMU)
 /* every name comes from gpu_emu.h */
 #define gpu_dp4a(a, b, c) __dp4a((a), (b), (c))
+#if GPU_WARP == 32
+#define GPU_HAVE_MMA 1
+static inline void gpu_mma_k32(int *d, const uint32_t *a, const uint32_t *b, const int *c)
+{
+	emu_mma_s8(32, d, a, b, c);
+}
+static inline void gpu_mma_k16(int *d, const uint32_t *a, const uint32_t *b, const int *c)
+{
+	emu_mma_s8(16, d, a, b, c);
+}
+#endif
 #elif defined(__HIPCC__)
 
 #include <hip/hip_runtime.h>
@@ -152,6 +185,35 @@ typedef cudaGraphExec_t gpuGraphExec_t;
 #define gpu_shfl_xor(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), GPU_WARP)
 /* c plus the four products of a's and b's signed bytes (sm_61+) */
 #define gpu_dp4a(a, b, c) __dp4a((a), (b), (c))
+
+/* The MMA wrappers above; cuda.so builds SASS for sm_80 and sm_90 only,
+ * and the host selects them on compute capability 8.0 and newer. */
+#define GPU_HAVE_MMA 1
+static __device__ __forceinline__ void gpu_mma_k32(int *d, const uint32_t *a, const uint32_t *b,
+						   const int *c)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+	asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+	    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]),
+	      "r"(c[1]), "r"(c[2]), "r"(c[3]));
+#else
+	__trap(); /* never selected below sm_80 */
+#endif
+}
+static __device__ __forceinline__ void gpu_mma_k16(int *d, const uint32_t *a, const uint32_t *b,
+						   const int *c)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+	asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+	    "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};"
+	    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(b[0]), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+#else
+	__trap();
+#endif
+}
 
 /* cuBLAS runs prefill GEMM; HIP builds use the tiled kernel instead
  * (Debian ships no hipBLAS). */

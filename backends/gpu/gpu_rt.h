@@ -160,9 +160,13 @@ int gpurt_gemv_group(struct gpurt *rt, const struct gpurt_gemv_group *g, const i
 /* The same product from the same 8-bit activations for batches (any m
  * up to 65535 x 64): tiles of 64 x 64 outputs, each weight block decoded
  * once per 64 activation rows, never dequantized to memory. Not batch
- * invariant. */
+ * invariant. mma: the integer dots on int8 tensor cores (only where
+ * gpurt_has_mma), else by dp4a; the same bits either way. */
 int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
-	      const void *scale);
+	      const void *scale, bool mma);
+/* Whether this build and rt's device run int8 tensor-core MMA (CUDA
+ * compute capability 8.0+, the warp-32 emulator; never HIP). */
+bool gpurt_has_mma(struct gpurt *rt);
 /*
  * Routed experts (the moe slot). gpurt_moe_route: each of rows rows of
  * router logits picks n_used experts (loom/moe.h's loom_moe_route_as with

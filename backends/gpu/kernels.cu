@@ -2099,16 +2099,29 @@ extern "C" int gpurt_sample(struct gpurt *rt, const struct loom_sample_args *a)
  * THREADS threads computes MMQ_M x MMQ_N outputs, MMQ_KB 32-value blocks
  * of k at a time. Each step decodes MMQ_N weight rows' blocks to signed
  * bytes in shared memory (one block a thread) beside the same blocks of
- * the 8-bit activations, then each thread dots 4 activation rows with 4
- * weight rows by dp4a. Not batch invariant (that mode keeps the GEMV).
+ * the 8-bit activations. Then the integer dot products of each block,
+ * by one of two inner products with the same integer results:
+ *  - k_mmq: each thread dots 4 activation rows with 4 weight rows by dp4a;
+ *  - k_mmq_mma (GPU_HAVE_MMA: CUDA sm_80+, the warp-32 emulator): each
+ *    warp multiplies 16 activation rows by 32 weight rows on the int8
+ *    tensor cores, one m16n8k32 MMA per 8 weight rows and block (two
+ *    m16n8k16, one per 16-value half, for q6_K, whose halves have scales
+ *    of their own).
+ * Integer sums are exact, and both kernels turn them into floats by the
+ * same function (mmq_add) in the same block order, so they give the same
+ * bits. Not batch invariant (that mode keeps the GEMV).
  */
 #define MMQ_M 64
 #define MMQ_N 64
 #define MMQ_KB 4
-#define MMQ_W (MMQ_KB * 8 + 1) /* words a shared row (+1: other banks) */
+#define MMQ_W (MMQ_KB * 8 + 1) /* words a shared row, dp4a (+1: other banks) */
+/* words a shared row, MMA: lanes 4g + t read word t of rows g (g < 8),
+ * 36 g + t covers the 32 banks once */
+#define MMQ_W_MMA (MMQ_KB * 8 + 4)
 static_assert(MMQ_N * MMQ_KB == THREADS && MMQ_M * MMQ_KB == THREADS,
 	      "one weight block and one activation block per thread and step");
-static_assert(MMQ_M == 64 && MMQ_N == 64 && THREADS == 256, "4 x 4 outputs a thread");
+static_assert(MMQ_M == 64 && MMQ_N == 64 && THREADS == 256,
+	      "4 x 4 outputs a thread; 8 warps of 16 x 32 outputs (warps of 32)");
 
 /* A 32-value block of a weight row as signed bytes q (value e in byte e
  * % 4 of word e / 4) and the factors that make its values: value e =
@@ -2238,11 +2251,12 @@ struct mmq_p {
 
 /* Step b0: thread t decodes block b0 + t % MMQ_KB of weight row t /
  * MMQ_KB of the tile, and loads the same block of activation row t /
- * MMQ_KB; blocks past k and rows past m or n are zeros. */
-template <uint32_t T>
+ * MMQ_KB; blocks past k and rows past m or n are zeros. W: words a
+ * shared row. */
+template <uint32_t T, int W>
 __device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int64_t j0,
-					  int64_t b0, uint32_t (*wq)[MMQ_W], float (*wa)[MMQ_KB][3],
-					  uint32_t (*xq)[MMQ_W], struct q8_scale (*xs)[MMQ_KB])
+					  int64_t b0, uint32_t (*wq)[W], float (*wa)[MMQ_KB][3],
+					  uint32_t (*xq)[W], struct q8_scale (*xs)[MMQ_KB])
 {
 	const int r = threadIdx.x / MMQ_KB, kb = threadIdx.x % MMQ_KB;
 	const int64_t blk = b0 + kb, nblk = p.k / Q8_BLOCK, i = i0 + r, j = j0 + r;
@@ -2266,6 +2280,44 @@ __device__ __forceinline__ void mmq_stage(const struct mmq_p &p, int64_t i0, int
 	xs[r][kb] = sc;
 }
 
+/* Whether a format's 32-value block has one scale (a[0] == a[1]): its
+ * integer sum is taken over the whole block. q6_K has one per 16 values. */
+template <uint32_t T> struct mmq_halves {
+	static constexpr bool two = false;
+};
+template <> struct mmq_halves<LOOM_TYPE_Q6_K> {
+	static constexpr bool two = true;
+};
+template <> struct mmq_halves<GPU_Q6_KP> {
+	static constexpr bool two = true;
+};
+
+__device__ __forceinline__ float add_rn(float a, float b)
+{
+#ifdef GPU_EMU
+	return a + b;
+#else
+	return __fadd_rn(a, b);
+#endif
+}
+
+/* acc plus one block's part of an output: s[0] the integer dot of the
+ * block (or of its first half, and s[1] of the second, where the halves
+ * have scales of their own), x the activation block's scale and sum, a
+ * the weight block's factors. Every operation rounded on its own (no
+ * contraction), so both inner products give the same bits on hardware
+ * too. */
+template <uint32_t T>
+__device__ __forceinline__ float mmq_add(float acc, const int *s, struct q8_scale x,
+					 const float *a)
+{
+	float dot = mul_rn(a[0], (float)s[0]);
+
+	if (mmq_halves<T>::two)
+		dot = add_rn(dot, mul_rn(a[1], (float)s[1]));
+	return add_rn(acc, add_rn(mul_rn(x.d, dot), -mul_rn(a[2], x.s)));
+}
+
 /* Thread (tx, ty) = (t % 16, t / 16) owns activation rows ty + 16 rr and
  * weight rows tx + 16 c of the tile. */
 template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq(const struct mmq_p p)
@@ -2281,10 +2333,10 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq(const str
 		for (int c = 0; c < 4; c++)
 			acc[rr][c] = 0.0f;
 	for (int64_t b0 = 0; b0 < p.k / Q8_BLOCK; b0 += MMQ_KB) {
-		mmq_stage<T>(p, i0, j0, b0, wq, wa, xq, xs);
+		mmq_stage<T, MMQ_W>(p, i0, j0, b0, wq, wa, xq, xs);
 		__syncthreads();
 		for (int kb = 0; kb < MMQ_KB; kb++) {
-			int sum[2][4][4];
+			int sum[4][4][2];
 
 			GPU_UNROLL
 			for (int h = 0; h < 2; h++) {
@@ -2302,19 +2354,17 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq(const str
 
 						for (int e = 0; e < 4; e++)
 							v = gpu_dp4a((int)ww[c][e], (int)xw[rr][e], v);
-						sum[h][rr][c] = v;
+						sum[rr][c][h] = v;
 					}
 			}
-			for (int rr = 0; rr < 4; rr++) {
-				const struct q8_scale x = xs[ty + 16 * rr][kb];
-
+			for (int rr = 0; rr < 4; rr++)
 				for (int c = 0; c < 4; c++) {
-					const float *a = wa[tx + 16 * c][kb];
-
-					acc[rr][c] += x.d * (a[0] * (float)sum[0][rr][c] +
-							     a[1] * (float)sum[1][rr][c]) - a[2] * x.s;
+					if (!mmq_halves<T>::two)
+						sum[rr][c][0] += sum[rr][c][1];
+					acc[rr][c] = mmq_add<T>(acc[rr][c], sum[rr][c],
+								xs[ty + 16 * rr][kb],
+								wa[tx + 16 * c][kb]);
 				}
-			}
 		}
 		__syncthreads();
 	}
@@ -2327,8 +2377,120 @@ template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq(const str
 		}
 }
 
+#ifdef GPU_HAVE_MMA
+/*
+ * The same tile on the int8 tensor cores. Warp w (of 8) owns activation
+ * rows 16 (w % 4) .. +15 and weight rows 32 (w / 4) .. +31 of the tile:
+ * per block, one A fragment of its activation rows (matrix A, 16 x 32)
+ * and, for each group of 8 weight rows, a B fragment (matrix B = those
+ * rows' bytes, 32 x 8) and one MMA. Lane 4g + t (gpu_port.h) holds D's
+ * elements (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1): output rows
+ * g and g + 8, columns 2t and 2t + 1 of each group.
+ */
+template <uint32_t T>
+__device__ __forceinline__ void mmq_mma_block(const uint32_t (*xq)[MMQ_W_MMA],
+					      const uint32_t (*wq)[MMQ_W_MMA], int kb, int mr,
+					      int nc, int s[4][4][2])
+{
+	const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const int zero[4] = { 0, 0, 0, 0 };
+	uint32_t a[4], b[2];
+	int d[4];
+
+	a[0] = xq[mr + g][kb * 8 + t];
+	a[1] = xq[mr + g + 8][kb * 8 + t];
+	a[2] = xq[mr + g][kb * 8 + 4 + t];
+	a[3] = xq[mr + g + 8][kb * 8 + 4 + t];
+	for (int c = 0; c < 4; c++) {
+		b[0] = wq[nc + 8 * c + g][kb * 8 + t];
+		b[1] = wq[nc + 8 * c + g][kb * 8 + 4 + t];
+		if (mmq_halves<T>::two) { /* one MMA per 16-value half */
+			gpu_mma_k16(d, a, b, zero);
+			for (int i = 0; i < 4; i++)
+				s[c][i][0] = d[i];
+			gpu_mma_k16(d, a + 2, b + 1, zero);
+			for (int i = 0; i < 4; i++)
+				s[c][i][1] = d[i];
+		} else {
+			gpu_mma_k32(d, a, b, zero);
+			for (int i = 0; i < 4; i++)
+				s[c][i][0] = d[i];
+		}
+	}
+}
+
+template <uint32_t T> __global__ void __launch_bounds__(THREADS) k_mmq_mma(const struct mmq_p p)
+{
+	__shared__ uint32_t wq[MMQ_N][MMQ_W_MMA], xq[MMQ_M][MMQ_W_MMA];
+	__shared__ float wa[MMQ_N][MMQ_KB][3];
+	__shared__ struct q8_scale xs[MMQ_M][MMQ_KB];
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int mr = 16 * (warp % 4), nc = 32 * (warp / 4), g = lane / 4, t = lane % 4;
+	const int64_t i0 = (int64_t)blockIdx.y * MMQ_M, j0 = (int64_t)blockIdx.x * MMQ_N;
+	float acc[4][4]; /* [weight row group c][D element i] */
+
+	for (int c = 0; c < 4; c++)
+		for (int i = 0; i < 4; i++)
+			acc[c][i] = 0.0f;
+	for (int64_t b0 = 0; b0 < p.k / Q8_BLOCK; b0 += MMQ_KB) {
+		mmq_stage<T, MMQ_W_MMA>(p, i0, j0, b0, wq, wa, xq, xs);
+		__syncthreads();
+		for (int kb = 0; kb < MMQ_KB; kb++) {
+			int s[4][4][2];
+
+			mmq_mma_block<T>(xq, wq, kb, mr, nc, s);
+			for (int c = 0; c < 4; c++)
+				for (int i = 0; i < 4; i++) {
+					const int r = mr + g + 8 * (i / 2);
+					const int col = nc + 8 * c + 2 * t + i % 2;
+
+					acc[c][i] = mmq_add<T>(acc[c][i], s[c][i], xs[r][kb],
+							       wa[col][kb]);
+				}
+		}
+		__syncthreads();
+	}
+	for (int c = 0; c < 4; c++)
+		for (int i = 0; i < 4; i++) {
+			const int64_t r = i0 + mr + g + 8 * (i / 2);
+			const int64_t col = j0 + nc + 8 * c + 2 * t + i % 2;
+
+			if (r < p.m && col < p.n)
+				p.y[r * p.y_stride + col] = acc[c][i];
+		}
+}
+#endif
+
+extern "C" bool gpurt_has_mma(struct gpurt *rt)
+{
+#if defined(GPU_HAVE_MMA) && defined(GPU_EMU)
+	(void)rt;
+	return true;
+#elif defined(GPU_HAVE_MMA)
+	gpuDeviceProp prop;
+
+	return bind(rt) == LOOM_OK && gpuGetDeviceProperties(&prop, rt->device) == gpuSuccess &&
+	       prop.major >= 8;
+#else
+	(void)rt;
+	return false;
+#endif
+}
+
+/* The kernel for w_type: k_mmq_mma where asked for and built, else k_mmq. */
+template <uint32_t T> static void (*mmq_kernel(bool mma))(const struct mmq_p)
+{
+#ifdef GPU_HAVE_MMA
+	if (mma)
+		return k_mmq_mma<T>;
+#else
+	(void)mma;
+#endif
+	return k_mmq<T>;
+}
+
 extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const int8_t *qs,
-			 const void *scale)
+			 const void *scale, bool mma)
 {
 	struct mmq_p p = {
 		(const uint8_t *)a->w, a->w_stride, qs, (const struct q8_scale *)scale, a->y,
@@ -2344,13 +2506,13 @@ extern "C" int gpurt_mmq(struct gpurt *rt, const struct loom_gemm_args *a, const
 		return LOOM_ERR_UNSUPPORTED;
 	}
 	switch (a->w_type) {
-	case LOOM_TYPE_Q8_0: kernel = k_mmq<LOOM_TYPE_Q8_0>; break;
-	case LOOM_TYPE_Q4_0: kernel = k_mmq<LOOM_TYPE_Q4_0>; break;
-	case LOOM_TYPE_Q4_K: kernel = k_mmq<LOOM_TYPE_Q4_K>; break;
-	case LOOM_TYPE_Q6_K: kernel = k_mmq<LOOM_TYPE_Q6_K>; break;
-	case GPU_Q8_0P: kernel = k_mmq<GPU_Q8_0P>; break;
-	case GPU_Q4_0P: kernel = k_mmq<GPU_Q4_0P>; break;
-	case GPU_Q6_KP: kernel = k_mmq<GPU_Q6_KP>; break;
+	case LOOM_TYPE_Q8_0: kernel = mmq_kernel<LOOM_TYPE_Q8_0>(mma); break;
+	case LOOM_TYPE_Q4_0: kernel = mmq_kernel<LOOM_TYPE_Q4_0>(mma); break;
+	case LOOM_TYPE_Q4_K: kernel = mmq_kernel<LOOM_TYPE_Q4_K>(mma); break;
+	case LOOM_TYPE_Q6_K: kernel = mmq_kernel<LOOM_TYPE_Q6_K>(mma); break;
+	case GPU_Q8_0P: kernel = mmq_kernel<GPU_Q8_0P>(mma); break;
+	case GPU_Q4_0P: kernel = mmq_kernel<GPU_Q4_0P>(mma); break;
+	case GPU_Q6_KP: kernel = mmq_kernel<GPU_Q6_KP>(mma); break;
 	default: return unknown_format(rt, "gemm (int8 tiles)", a->w_type);
 	}
 	GPU_LAUNCH(kernel, dim3((unsigned)gx, (unsigned)gy), THREADS, 0, rt->stream, p);

@@ -41,6 +41,9 @@ struct fiber {
 	int lin;      /* linear thread index in the block */
 	int state;
 	uint64_t got; /* shuffle: the xor mask, then the partner's value */
+	const void *xsrc; /* warp exchange: this lane's bytes ... */
+	void *xdst;       /* ... and where every lane's go (NULL: a shuffle) */
+	size_t xbytes;
 	char *stack;  /* top of the fiber's stack */
 #if defined(__x86_64__)
 	void *sp;
@@ -220,6 +223,23 @@ void release(worker *w, const fiber *cur, int state, int warp_index)
 		}
 }
 
+/* A warp exchange opens: f gets every lane's bytes in lane order, zeros
+ * for a lane that is not in the exchange (finished, or past the block). */
+void exchange(worker *w, unsigned base, fiber *f)
+{
+	unsigned char *dst = (unsigned char *)f->xdst;
+
+	for (unsigned lane = 0; lane < w->warp; lane++, dst += f->xbytes) {
+		const fiber *o = base + lane < w->n ? &w->fibers[base + lane] : NULL;
+
+		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == f->xbytes)
+			memcpy(dst, o->xsrc, f->xbytes);
+		else
+			memset(dst, 0, f->xbytes);
+	}
+	f->xdst = NULL;
+}
+
 /* Opens every barrier that all its live threads have reached; cur is the
  * running thread. */
 void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
@@ -236,7 +256,9 @@ void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 		for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
 			fiber *f = &w->fibers[i];
 
-			if (f->state == WAIT_WARP) {
+			if (f->state == WAIT_WARP && f->xdst) {
+				exchange(w, base, f);
+			} else if (f->state == WAIT_WARP) {
 				unsigned lane = i - base, src = lane ^ (unsigned)f->got;
 
 				f->got = w->slots[base + (src < w->warp ? src : lane)];
@@ -553,6 +575,111 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 		switch_away(w, f);
 	return f->got;
 }
+
+void emu_warp_exchange(const void *mine, void *all, size_t bytes)
+{
+	worker *w = self;
+	fiber *f = current();
+	unsigned wi = (unsigned)f->lin / w->warp;
+
+	f->xsrc = mine;
+	f->xdst = all;
+	f->xbytes = bytes;
+	f->state = WAIT_WARP;
+	w->warp_waiting[wi]++;
+	check_barriers(w, f, wi);
+	if (f->state != READY)
+		switch_away(w, f);
+	f->xsrc = NULL;
+}
+
+/*
+ * mma.sync.aligned.m16n8k{16,32}.row.col.s32.s8.s8.s32 for the warp: the
+ * fragments of every lane are gathered, the matrices A (16 x K), B (K x 8)
+ * and C (16 x 8) rebuilt from them by the PTX ISA's fragment tables
+ * (section 9.7.14.5, "Matrix Fragments for mma.m16n8k16 with integer
+ * type" and "... mma.m16n8k32"), and this lane's four elements of
+ * D = A B + C computed. Element i of a fragment is byte i % 4 of register
+ * i / 4 (elements low to high). Sums wrap as 32-bit integers.
+ */
+#if GPU_WARP == 32 /* the MMA is a 32-lane operation: no wave64 form */
+struct mma_frag {
+	uint32_t a[4], b[2];
+	int32_t c[4];
+};
+
+/* Row and column of element i (0 .. K / 2 - 1) of A held by lane. */
+static void mma_a_at(int k, int lane, int i, int *row, int *col)
+{
+	const int group = lane >> 2, tig = lane % 4;
+
+	if (k == 16) {
+		*row = i < 4 ? group : group + 8;
+		*col = tig * 4 + (i & 3);
+	} else {
+		*row = (i < 4 || (i >= 8 && i < 12)) ? group : group + 8;
+		*col = tig * 4 + (i & 3) + (i >= 8 ? 16 : 0);
+	}
+}
+
+/* Row (of K) and column of element i (0 .. K / 4 - 1) of B held by lane. */
+static void mma_b_at(int k, int lane, int i, int *row, int *col)
+{
+	const int group = lane >> 2, tig = lane % 4;
+
+	*row = tig * 4 + (i & 3) + (k == 32 && i >= 4 ? 16 : 0);
+	*col = group;
+}
+
+/* Row and column of element i (0 .. 3) of C and D held by lane. */
+static void mma_c_at(int lane, int i, int *row, int *col)
+{
+	*row = i < 2 ? (lane >> 2) : (lane >> 2) + 8;
+	*col = (lane % 4) * 2 + (i & 1);
+}
+
+static int8_t frag_byte(const uint32_t *regs, int i)
+{
+	return (int8_t)(regs[i / 4] >> (8 * (i % 4)));
+}
+
+void emu_mma_s8(int k, int32_t d[4], const uint32_t *a, const uint32_t *b, const int32_t c[4])
+{
+	mma_frag mine, all[32];
+	int8_t A[16][32], B[32][8];
+	int32_t C[16][8];
+	int lane = current()->lin % 32, r, col;
+
+	memset(&mine, 0, sizeof(mine));
+	memcpy(mine.a, a, (size_t)k / 8 * sizeof(uint32_t)); /* 2 or 4 registers */
+	memcpy(mine.b, b, (size_t)k / 16 * sizeof(uint32_t)); /* 1 or 2 */
+	memcpy(mine.c, c, sizeof(mine.c));
+	emu_warp_exchange(&mine, all, sizeof(mine));
+	for (int l = 0; l < 32; l++) {
+		for (int i = 0; i < k / 2; i++) {
+			mma_a_at(k, l, i, &r, &col);
+			A[r][col] = frag_byte(all[l].a, i);
+		}
+		for (int i = 0; i < k / 4; i++) {
+			mma_b_at(k, l, i, &r, &col);
+			B[r][col] = frag_byte(all[l].b, i);
+		}
+		for (int i = 0; i < 4; i++) {
+			mma_c_at(l, i, &r, &col);
+			C[r][col] = all[l].c[i];
+		}
+	}
+	for (int i = 0; i < 4; i++) {
+		uint32_t s;
+
+		mma_c_at(lane, i, &r, &col);
+		s = (uint32_t)C[r][col];
+		for (int e = 0; e < k; e++)
+			s += (uint32_t)((int32_t)A[r][e] * (int32_t)B[e][col]);
+		d[i] = (int32_t)s;
+	}
+}
+#endif
 
 void *emu_dynamic_shared(void)
 {

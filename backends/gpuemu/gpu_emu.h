@@ -117,6 +117,17 @@ inline int __dp4a(int a, int b, int c)
 	return c;
 }
 
+/* Every live lane of the warp passes `bytes` at mine; once all have,
+ * each gets all lanes' bytes in lane order at all (warp * bytes). */
+void emu_warp_exchange(const void *mine, void *all, size_t bytes);
+
+#if GPU_WARP == 32
+/* mma.sync.aligned.m16n8k<k>.row.col.s32.s8.s8.s32 (k 16 or 32) as the
+ * PTX ISA defines it: d = a b + c over the warp's fragments (a: k / 8
+ * registers, b: k / 16). See gpu_emu.cc. */
+void emu_mma_s8(int k, int32_t d[4], const uint32_t *a, const uint32_t *b, const int32_t c[4]);
+#endif
+
 inline float __uint_as_float(uint32_t u)
 {
 	float f;

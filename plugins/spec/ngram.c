@@ -53,6 +53,7 @@
 #define WIDTH_GROW 0.25f          /* tokens won per side node: width doubles */
 #define WIDTH_SHRINK 0.10f        /* below: width halves */
 #define WIDTH_PROBE 16            /* trees at width 0 before one side node */
+#define CURSOR_SLACK 3            /* tokens an occurrence may sit off the copy cursor */
 
 struct loom_spec_ctx {
 	const struct loom_spec_host *host;
@@ -73,6 +74,11 @@ struct loom_spec_ctx {
 	 * majority path; last_n 0 when the last proposal was no tree */
 	int32_t last_tok[TREE_MAX], last_par[TREE_MAX], last_n;
 	bool last_on[TREE_MAX];
+	/* where copying stands: the request's own token at cur_src was
+	 * aligned with sequence position cur_seq (cur_src -1: nowhere);
+	 * last_from: the continuation start the last chain followed in the
+	 * request's own tokens (-1: none), at sequence length last_n_seq */
+	int64_t cur_src, cur_seq, last_from, last_n_seq;
 	int32_t *mine;  /* a copy of the sequence, for the store */
 	int64_t n_mine, cap_mine;
 };
@@ -203,12 +209,40 @@ static bool length_ok(struct loom_spec_ctx *c, int32_t s)
 	return true;
 }
 
+/* Where the copy cursor says the sequence of length n continues in the
+ * request's own tokens: each token since the last alignment moved it one
+ * on (a substituted word keeps its length). -1: no cursor. */
+static int64_t cursor_at(const struct loom_spec_ctx *c, int64_t n)
+{
+	return c->cur_src < 0 ? -1 : c->cur_src + (n - c->cur_seq);
+}
+
+static int64_t dist(int64_t a, int64_t b)
+{
+	return a > b ? a - b : b - a;
+}
+
+/* Of several occurrences, the one nearest the copy cursor, if one is
+ * within CURSOR_SLACK of it: copying goes on where it was, rather than at
+ * whichever earlier place the suffix also occurs (a comma, a "the"). */
+static int near_cursor(int64_t at, const int64_t *occ, int n_occ)
+{
+	int best = -1;
+
+	for (int a = 0; at >= 0 && a < n_occ; a++)
+		if (dist(occ[a], at) <= CURSOR_SLACK &&
+		    (best < 0 || dist(occ[a], at) < dist(occ[best], at)))
+			best = a;
+	return best;
+}
+
 /* Drafts from the longest suffix of h[0..n) that occurs in x (c->last_s
  * gets its length). */
 static int32_t lookup(struct loom_spec_ctx *c, const struct text *x, const int32_t *h,
 		      int64_t n, int32_t want, int32_t *out)
 {
 	int64_t occ[MAX_OCC];
+	int32_t k;
 
 	for (int32_t s = c->p.ngram_max; s >= c->p.ngram_min; s--) {
 		int n_occ;
@@ -221,7 +255,18 @@ static int32_t lookup(struct loom_spec_ctx *c, const struct text *x, const int32
 		if (!length_ok(c, s))
 			return 0; /* a shorter match would be no better */
 		c->last_s = s;
-		return follow(x, occ, n_occ, want, out);
+		if (x->d && n_occ > 1) { /* the request's own tokens */
+			int a = near_cursor(cursor_at(c, n), occ, n_occ);
+
+			if (a >= 0) {
+				occ[0] = occ[a];
+				n_occ = 1;
+			}
+		}
+		k = follow(x, occ, n_occ, want, out);
+		/* follow() keeps the occurrences that agree, most recent first */
+		c->last_from = x->d && k > 0 ? occ[0] : -1;
+		return k;
 	}
 	return 0;
 }
@@ -279,6 +324,7 @@ static int ngram_create(const struct loom_spec_host *host,
 	if (c->p.ngram_min > c->p.ngram_max)
 		c->p.ngram_min = c->p.ngram_max;
 	c->k = params->max_draft;
+	c->cur_src = c->last_from = -1;
 	c->width = TREE_MAX; /* all the host's budget allows, until measured */
 	c->side_rate = WIDTH_GROW;
 	for (int s = 0; s <= MAX_SUFFIX; s++)
@@ -302,6 +348,8 @@ static int ngram_propose(struct loom_spec_ctx *c, struct loom_spec_draft *d)
 
 	remember(c, h, n);
 	c->last_s = 0;
+	c->last_from = -1;
+	c->last_n_seq = n;
 	k = lookup(c, &own, h, n, want, d->tokens);
 	if (k == 0)
 		k = lookup_store(c, h, n, want, d->tokens);
@@ -496,6 +544,11 @@ static void ngram_observe(struct loom_spec_ctx *c, const struct loom_spec_outcom
 		chain.n_proposed = c->last_depth;
 	c->last_depth = 0;
 	c->k = spec_adapt(c->k, &c->p, &chain);
+	if (c->last_from >= 0) { /* the pass aligned the cursor */
+		c->cur_src = c->last_from + chain.n_accepted + 1;
+		c->cur_seq = c->last_n_seq + chain.n_accepted + 1;
+		c->last_from = -1;
+	}
 	if (s > 0 && chain.n_proposed > 0)
 		c->rate[s] = 0.8f * c->rate[s] +
 			     0.2f * (float)chain.n_accepted / (float)chain.n_proposed;

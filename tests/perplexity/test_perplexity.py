@@ -10,6 +10,7 @@ On a Debian licence text (the base system ships it), with small chunks:
     (half floats: 2^-6 apart near 30);
   - --kl-base against its own exact run: KL ~ 0 and top-1 agreement 100 %;
     against the fast mode: KL small and stated (printed, bounded by KL_FAST);
+    the same through the prefill GEMM (--prefill-kernels);
   - misuse is refused with a message: a base of another chunk size, both
     files at once, a text shorter than one chunk.
 Usage: test_perplexity.py LOOM_EXE (LOOM_MODEL names the model).
@@ -101,6 +102,15 @@ def main():
         kl = float(re.search(r"KL divergence: mean ([0-9.e-]+)", out).group(1))
         print("fast mode vs exact base:", out.strip().splitlines()[-2:])
         check(kl < KL_FAST, "fast mode vs exact base: mean KL %g < %g" % (kl, KL_FAST))
+        # the prefill GEMM instead of decode's kernels: exact mode only
+        # reorders f32 sums; fast mode is held to the same bound
+        out = loom(exe, model, "--exact", "--prefill-kernels", "--kl-base", base).stdout
+        kl = float(re.search(r"KL divergence: mean ([0-9.e-]+)", out).group(1))
+        check(kl < 1e-4, "exact prefill kernels vs exact base: mean KL %g < 1e-4" % kl)
+        out = loom(exe, model, "--prefill-kernels", "--kl-base", base).stdout
+        kl = float(re.search(r"KL divergence: mean ([0-9.e-]+)", out).group(1))
+        print("fast prefill kernels vs exact base:", out.strip().splitlines()[-2:])
+        check(kl < KL_FAST, "fast prefill kernels vs exact base: mean KL %g < %g" % (kl, KL_FAST))
 
         p = subprocess.run([exe, "perplexity", "--model", model, "-f", TEXT, "-c", "32",
                             "--chunks", "1", "--kl-base", base], capture_output=True, text=True)

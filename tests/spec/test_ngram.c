@@ -3,7 +3,9 @@
  * the continuation most earlier occurrences agree on wins (a tie goes to
  * the most recent), ended requests are looked up too (a store of bounded
  * size, least recently used out first), and a suffix length whose
- * proposals keep failing sits out and is probed again later. With trees
+ * proposals keep failing sits out and is probed again later; a copy that
+ * substituted a few tokens goes on drafting from where it stood in the
+ * source (the copy cursor), not from the majority's place. With trees
  * on, the continuations of every occurrence come as one tree, heaviest
  * first, and its width follows what side branches win.
  *
@@ -124,6 +126,33 @@ START_TEST(failing_length_sits_out)
 	loom_spec_seq_free(q);
 	ck_assert_msg(longest >= 10, "rejected proposals never stopped (longest pause %d)", longest);
 	ck_assert_msg(probed_after > 0, "no probe after the pause");
+}
+END_TEST
+
+START_TEST(copy_cursor_keeps_its_place)
+{
+	/* a source with the "comma" 200 twice; the copy substitutes two
+	 * tokens (14 15 -> 90 91) and goes on at the second comma: the
+	 * drafts after it follow the source there (16 17 18), not the first
+	 * comma's continuation, which the majority (the source and the copy
+	 * both have "200 13") would pick */
+	int32_t h[32] = { 10, 11, 12, 200, 13, 14, 15, 200, 16, 17, 18, 10, 11, 12 };
+	int32_t out[8], k;
+	struct loom_spec_seq *q = seq_open();
+
+	k = propose(q, h, 14, out); /* "10 11 12" -> 200 13 14 15 ... */
+	ck_assert_int_ge(k, 3);
+	ck_assert_int_eq(out[0], 200);
+	ck_assert_int_eq(out[1], 13);
+	/* 200 and 13 accepted, the target says 90 where the source has 14 */
+	loom_spec_seq_settle(q, true, k, 2, (const int32_t[]){ 200, 13, 90 });
+	h[14] = 200, h[15] = 13, h[16] = 90, h[17] = 91, h[18] = 200;
+	k = propose(q, h, 19, out);
+	ck_assert_int_ge(k, 3);
+	ck_assert_msg(out[0] == 16 && out[1] == 17 && out[2] == 18,
+		      "drafts %d %d %d: not the source after the second comma", out[0], out[1],
+		      out[2]);
+	loom_spec_seq_free(q);
 }
 END_TEST
 
@@ -268,6 +297,7 @@ static Suite *ngram_suite(void)
 	tcase_add_test(tc, tie_goes_to_the_most_recent);
 	tcase_add_test(tc, store_of_ended_requests);
 	tcase_add_test(tc, failing_length_sits_out);
+	tcase_add_test(tc, copy_cursor_keeps_its_place);
 	tcase_add_test(tc, tree_of_continuations);
 	tcase_add_test(tc, tree_width_follows_side_wins);
 	suite_add_tcase(s, tc);

@@ -1,0 +1,352 @@
+/* Prefill GEMM over transposed f32 panels on AVX-512 (fgemm.h). */
+#include <math.h>
+#include <string.h>
+
+#include "fgemm.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define TGT_512 __attribute__((target("avx512f")))
+#endif
+
+#define HALF 16 /* rows a vector holds: a panel is two halves */
+/* k values a pass takes: the panel's share (32 KiB) stays in L1 while the
+ * activation tiles go past; an element's chain goes on across passes
+ * through y, exactly (an f32 stored and loaded back) */
+#define KC 256
+
+bool fgemm_supported(enum cpu_isa isa)
+{
+	return isa == CPU_ISA_AVX512;
+}
+
+size_t fgemm_panel_floats(int64_t k)
+{
+	return (size_t)k * FGEMM_ROWS;
+}
+
+float fgemm_ref(const float *x, const float *w, int64_t k)
+{
+	float acc = 0.0f;
+
+	for (int64_t kk = 0; kk < k; kk++)
+		acc = fmaf(x[kk], w[kk], acc);
+	return acc;
+}
+
+static float bits_f32(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Denormals as zero (the instructions' DAZ on inputs, FTZ on results). */
+static float flush(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, sizeof(u));
+	return (u & 0x7f800000u) ? v : bits_f32(u & 0x80000000u);
+}
+
+uint16_t fgemm_bf16_round(float v)
+{
+	uint32_t u;
+
+	memcpy(&u, &v, sizeof(u));
+	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: quieted, sign kept */
+		return (uint16_t)((u >> 16) | 0x40);
+	if (!(u & 0x7f800000u)) /* denormal inputs as zero */
+		return (uint16_t)((u >> 16) & 0x8000u);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+float fgemm_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp)
+{
+	float acc = 0.0f;
+
+	for (int64_t p = 0; p < kp; p++) {
+		/* the upper bf16 of each pair first, then the lower */
+		acc = flush(fmaf(flush(bits_f32(x[p] & 0xffff0000u)),
+				 flush(bits_f32(w[p] & 0xffff0000u)), acc));
+		acc = flush(fmaf(flush(bits_f32(x[p] << 16)), flush(bits_f32(w[p] << 16)), acc));
+	}
+	return acc;
+}
+
+void fgemm_panel_set(float *panel, int r, const float *row, int64_t k)
+{
+	for (int64_t kk = 0; kk < k; kk++)
+		panel[kk * FGEMM_ROWS + r] = row[kk];
+}
+
+#if defined(__x86_64__)
+/* v[0..16): rows of 16 floats in, their columns out. */
+TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[16])
+{
+	__m512 t[16];
+
+	/* within each 128-bit lane L: pairs of rows interleaved */
+	for (int i = 0; i < 16; i += 2) {
+		t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+		t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+	}
+	/* v[4q + c], lane L: column 4L + c of rows 4q .. 4q+3 */
+	for (int i = 0; i < 16; i += 4)
+		for (int j = 0; j < 2; j++) {
+			__m512d a = _mm512_castps_pd(t[i + j]), b = _mm512_castps_pd(t[i + j + 2]);
+
+			v[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+			v[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+		}
+	/* column 4L + c: lane L of v[c], v[4 + c], v[8 + c], v[12 + c] */
+	for (int c = 0; c < 4; c++) {
+		__m512 u = _mm512_shuffle_f32x4(v[c], v[4 + c], 0x44);
+		__m512 w = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0x44);
+		__m512 u2 = _mm512_shuffle_f32x4(v[c], v[4 + c], 0xee);
+		__m512 w2 = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0xee);
+
+		t[c] = _mm512_shuffle_f32x4(u, w, 0x88);
+		t[4 + c] = _mm512_shuffle_f32x4(u, w, 0xdd);
+		t[8 + c] = _mm512_shuffle_f32x4(u2, w2, 0x88);
+		t[12 + c] = _mm512_shuffle_f32x4(u2, w2, 0xdd);
+	}
+	for (int i = 0; i < 16; i++)
+		v[i] = t[i];
+}
+
+TGT_512 void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
+{
+	const float *src = src_;
+	float *panel = panel_;
+	int64_t kk = 0;
+
+	for (int h = 0; h < 2; h++) {
+		const int n = rows - HALF * h < 0 ? 0 : rows - HALF * h > HALF ? HALF : rows - HALF * h;
+
+		for (kk = 0; kk + 16 <= k; kk += 16) {
+			__m512 v[16];
+
+			for (int r = 0; r < 16; r++)
+				v[r] = r < n ? _mm512_loadu_ps(src + (HALF * h + r) * ss + kk) :
+					       _mm512_setzero_ps();
+			transpose16(v);
+			for (int c = 0; c < 16; c++)
+				_mm512_storeu_ps(panel + (kk + c) * FGEMM_ROWS + HALF * h, v[c]);
+		}
+	}
+	/* the tail as bits (the pairs path keeps bf16 pairs in these slots) */
+	for (; kk < k; kk++)
+		for (int r = 0; r < FGEMM_ROWS; r++) {
+			uint32_t v = 0;
+
+			if (r < rows)
+				memcpy(&v, src + r * ss + kk, sizeof(v));
+			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
+		}
+}
+
+/* X activation rows by the panel's rows, k values [k0, k0 + kn); the
+ * chains start at 0 (k0 == 0) or go on from y. */
+TGT_512 static inline __attribute__((always_inline)) void
+tile(const float *panel, int64_t k0, int64_t kn, const float *x, int64_t xs, int X, float *y,
+     int64_t ys, __mmask16 m0, __mmask16 m1)
+{
+	__m512 a0[FGEMM_X], a1[FGEMM_X];
+	const float *pb = panel + k0 * FGEMM_ROWS;
+
+	for (int i = 0; i < X; i++) {
+		a0[i] = k0 ? _mm512_maskz_loadu_ps(m0, y + i * ys) : _mm512_setzero_ps();
+		a1[i] = k0 ? _mm512_maskz_loadu_ps(m1, y + i * ys + HALF) : _mm512_setzero_ps();
+	}
+	for (int64_t kk = 0; kk < kn; kk++) {
+		const __m512 w0 = _mm512_loadu_ps(pb + kk * FGEMM_ROWS);
+		const __m512 w1 = _mm512_loadu_ps(pb + kk * FGEMM_ROWS + HALF);
+
+		for (int i = 0; i < X; i++) {
+			const __m512 b = _mm512_set1_ps(x[i * xs + k0 + kk]);
+
+			a0[i] = _mm512_fmadd_ps(b, w0, a0[i]);
+			a1[i] = _mm512_fmadd_ps(b, w1, a1[i]);
+		}
+	}
+	for (int i = 0; i < X; i++) {
+		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
+		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
+	}
+}
+
+/* tile() with X a constant, so its row loops unroll. */
+#define TILE_CASE(n)                                                                    \
+	case n:                                                                         \
+		tile(panel, k0, kn, x, xs, n, y, ys, m0, m1);                           \
+		break;
+
+TGT_512 static void tile_x(const float *panel, int64_t k0, int64_t kn, const float *x,
+			   int64_t xs, int X, float *y, int64_t ys, __mmask16 m0, __mmask16 m1)
+{
+	switch (X) {
+	TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
+	TILE_CASE(7) TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11)
+	default:
+		tile(panel, k0, kn, x, xs, FGEMM_X, y, ys, m0, m1);
+		break;
+	}
+}
+
+TGT_512 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
+		       int64_t k, float *y, int64_t ys)
+{
+	const __mmask16 m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
+	const __mmask16 m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
+					 rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+
+	if (k == 0) { /* empty sums */
+		for (int64_t i = 0; i < m; i++)
+			for (int r = 0; r < rows; r++)
+				y[i * ys + r] = 0.0f;
+		return;
+	}
+	for (int64_t k0 = 0; k0 < k; k0 += KC) {
+		const int64_t kn = k - k0 < KC ? k - k0 : KC;
+
+		for (int64_t i = 0; i < m; i += FGEMM_X) {
+			const int X = m - i < FGEMM_X ? (int)(m - i) : FGEMM_X;
+
+			tile_x(panel, k0, kn, x + i * xs, xs, X, y + i * ys, ys, m0, m1);
+		}
+	}
+}
+/* ---- bf16 pairs (AVX512_BF16) ---- */
+
+bool fgemm_pairs_supported(enum cpu_isa isa)
+{
+	unsigned a, b, c, d;
+
+	/* CPUID.(EAX=7, ECX=1):EAX bit 5: AVX512_BF16 */
+	return isa == CPU_ISA_AVX512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+__attribute__((target("avx512f,avx512bf16"))) void fgemm_pairs_x(const float *x, int64_t k,
+								  uint32_t *out)
+{
+	/* the instruction where the CPU has it (AMX-BF16 may run without) */
+	static _Atomic int has = -1;
+	int64_t e = 0;
+
+	if (has < 0)
+		has = fgemm_pairs_supported(cpu_detect_isa());
+	for (; has && e + 32 <= k; e += 32) {
+		__m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + e + 16), _mm512_loadu_ps(x + e));
+
+		_mm512_storeu_si512(out + e / 2, (__m512i)v);
+	}
+	for (; e < k; e += 2)
+		out[e / 2] = fgemm_bf16_round(x[e]) | (uint32_t)fgemm_bf16_round(x[e + 1]) << 16;
+}
+
+/* tile() on bf16 pairs: pairs [p0, p0 + pn) of x's rows (kp pairs apart). */
+__attribute__((target("avx512f,avx512bf16"))) static inline __attribute__((always_inline)) void
+tile_pairs(const uint32_t *panel, int64_t p0, int64_t pn, const uint32_t *xp, int64_t kp, int X,
+	   float *y, int64_t ys, __mmask16 m0, __mmask16 m1)
+{
+	__m512 a0[FGEMM_X], a1[FGEMM_X];
+	const uint32_t *pb = panel + p0 * FGEMM_ROWS;
+
+	for (int i = 0; i < X; i++) {
+		a0[i] = p0 ? _mm512_maskz_loadu_ps(m0, y + i * ys) : _mm512_setzero_ps();
+		a1[i] = p0 ? _mm512_maskz_loadu_ps(m1, y + i * ys + HALF) : _mm512_setzero_ps();
+	}
+	for (int64_t p = 0; p < pn; p++) {
+		const __m512bh w0 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS);
+		const __m512bh w1 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS + HALF);
+
+		for (int i = 0; i < X; i++) {
+			const __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[i * kp + p0 + p]);
+
+			a0[i] = _mm512_dpbf16_ps(a0[i], b, w0);
+			a1[i] = _mm512_dpbf16_ps(a1[i], b, w1);
+		}
+	}
+	for (int i = 0; i < X; i++) {
+		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
+		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
+	}
+}
+
+#define PAIRS_CASE(n)                                                                   \
+	case n:                                                                         \
+		tile_pairs(panel, p0, pn, xp, kp, n, yi, ys, m0, m1);                   \
+		break;
+
+__attribute__((target("avx512f,avx512bf16"))) void
+fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t m, int64_t kp,
+		float *y, int64_t ys)
+{
+	const __mmask16 m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
+	const __mmask16 m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
+					 rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+
+	if (kp == 0) {
+		for (int64_t i = 0; i < m; i++)
+			for (int r = 0; r < rows; r++)
+				y[i * ys + r] = 0.0f;
+		return;
+	}
+	for (int64_t p0 = 0; p0 < kp; p0 += KC / 2) {
+		const int64_t pn = kp - p0 < KC / 2 ? kp - p0 : KC / 2;
+
+		for (int64_t i = 0; i < m; i += FGEMM_X) {
+			const int X = m - i < FGEMM_X ? (int)(m - i) : FGEMM_X;
+			const uint32_t *xp = x + i * kp;
+			float *yi = y + i * ys;
+
+			switch (X) {
+			PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) PAIRS_CASE(5)
+			PAIRS_CASE(6) PAIRS_CASE(7) PAIRS_CASE(8) PAIRS_CASE(9) PAIRS_CASE(10)
+			PAIRS_CASE(11)
+			default:
+				tile_pairs(panel, p0, pn, xp, kp, FGEMM_X, yi, ys, m0, m1);
+				break;
+			}
+		}
+	}
+}
+#else
+bool fgemm_pairs_supported(enum cpu_isa isa)
+{
+	(void)isa;
+	return false;
+}
+
+void fgemm_pairs_x(const float *x, int64_t k, uint32_t *out)
+{
+	for (int64_t e = 0; e < k; e += 2)
+		out[e / 2] = fgemm_bf16_round(x[e]) | (uint32_t)fgemm_bf16_round(x[e + 1]) << 16;
+}
+
+void fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t m, int64_t kp,
+		     float *y, int64_t ys)
+{
+	(void)panel, (void)rows, (void)x, (void)m, (void)kp, (void)y, (void)ys;
+}
+
+void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
+{
+	const uint32_t *src = src_;
+	uint32_t *panel = panel_;
+
+	for (int64_t kk = 0; kk < k; kk++)
+		for (int r = 0; r < FGEMM_ROWS; r++)
+			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0;
+}
+
+void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m, int64_t k,
+	       float *y, int64_t ys)
+{
+	(void)panel, (void)rows, (void)x, (void)xs, (void)m, (void)k, (void)y, (void)ys;
+}
+#endif
