@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "amx.h"
+#include "fgemm.h"
 #include "cpu.h"
 
 #if defined(__x86_64__)
@@ -96,30 +97,13 @@ static void emu_dpbsud(struct emu_tile *c, const struct emu_tile *a, const struc
 		}
 }
 
-static float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-/* Denormals as zero (the instruction's DAZ on inputs and FTZ on sums). */
-static float flush(float v)
-{
-	uint32_t u;
-
-	memcpy(&u, &v, sizeof(u));
-	return (u & 0x7f800000u) ? v : bits_f32(u & 0x80000000u);
-}
-
 /* acc + the pair products of dwords a and b, as TDPBF16PS documents it:
  * the lower bf16's product added first, then the upper's, each rounded to
  * nearest even, denormals as zero. */
 static float pair_fma(uint32_t a, uint32_t b, float acc)
 {
-	acc = flush(fmaf(flush(bits_f32(a << 16)), flush(bits_f32(b << 16)), acc));
-	return flush(fmaf(flush(bits_f32(a & 0xffff0000u)), flush(bits_f32(b & 0xffff0000u)), acc));
+	acc = fgemm_flush(fmaf(fgemm_pair_lo(a), fgemm_pair_lo(b), acc));
+	return fgemm_flush(fmaf(fgemm_pair_hi(a), fgemm_pair_hi(b), acc));
 }
 
 /* TDPBF16PS c += a . b: for each row m of a and dword column n of c, the

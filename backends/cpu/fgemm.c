@@ -35,23 +35,6 @@ float fgemm_ref(const float *x, const float *w, int64_t k)
 	return acc;
 }
 
-static float bits_f32(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-/* Denormals as zero (the instructions' DAZ on inputs, FTZ on results). */
-static float flush(float v)
-{
-	uint32_t u;
-
-	memcpy(&u, &v, sizeof(u));
-	return (u & 0x7f800000u) ? v : bits_f32(u & 0x80000000u);
-}
-
 uint16_t fgemm_bf16_round(float v)
 {
 	uint32_t u;
@@ -70,9 +53,8 @@ float fgemm_pairs_ref(const uint32_t *x, const uint32_t *w, int64_t kp)
 
 	for (int64_t p = 0; p < kp; p++) {
 		/* the upper bf16 of each pair first, then the lower */
-		acc = flush(fmaf(flush(bits_f32(x[p] & 0xffff0000u)),
-				 flush(bits_f32(w[p] & 0xffff0000u)), acc));
-		acc = flush(fmaf(flush(bits_f32(x[p] << 16)), flush(bits_f32(w[p] << 16)), acc));
+		acc = fgemm_flush(fmaf(fgemm_pair_hi(x[p]), fgemm_pair_hi(w[p]), acc));
+		acc = fgemm_flush(fmaf(fgemm_pair_lo(x[p]), fgemm_pair_lo(w[p]), acc));
 	}
 	return acc;
 }

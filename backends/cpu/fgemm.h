@@ -52,6 +52,35 @@ float fgemm_ref(const float *x, const float *w, int64_t k);
  * then its lower one to the sum, each rounded to nearest even, inputs
  * and results that are denormal taken as zero: fgemm_pairs_ref().
  */
+/* The f32 of bits u. */
+static inline float fgemm_bits_f32(uint32_t u)
+{
+	float f;
+
+	__builtin_memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Denormals as zero (the bf16 instructions' DAZ on inputs, FTZ on sums). */
+static inline float fgemm_flush(float v)
+{
+	uint32_t u;
+
+	__builtin_memcpy(&u, &v, sizeof(u));
+	return (u & 0x7f800000u) ? v : fgemm_bits_f32(u & 0x80000000u);
+}
+
+/* The lower and upper bf16 of a pair as f32, denormals as zero. */
+static inline float fgemm_pair_lo(uint32_t pair)
+{
+	return fgemm_flush(fgemm_bits_f32(pair << 16));
+}
+
+static inline float fgemm_pair_hi(uint32_t pair)
+{
+	return fgemm_flush(fgemm_bits_f32(pair & 0xffff0000u));
+}
+
 /* Whether the CPU has AVX512_BF16. */
 bool fgemm_pairs_supported(enum cpu_isa isa);
 /* f32 -> bf16, to nearest even (NaN quieted, denormals to zero):

@@ -523,6 +523,15 @@ static int gpu_device_info(struct loom_backend_ctx *ctx, struct loom_device_info
 					 &out->mem_free));
 }
 
+/* LOOM_GPU_SAMPLE_19=0 answers no to both generation 1.9 sample ops
+ * (the host then keeps those rows, as with a 1.8 backend). */
+static bool sample_19_off(void)
+{
+	const char *v = getenv("LOOM_GPU_SAMPLE_19");
+
+	return v && !strcmp(v, "0");
+}
+
 static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
 	/* ABI 1.8: token trees, attention sinks and the clamped SwiGLU are
@@ -535,6 +544,9 @@ static bool gpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 		return ctx->pack && gpurt_packed_row(type, 256) != 0;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return gpurt_format_known(type);
+	/* ABI 1.9: k_sample draws without top-k and computes logprobs */
+	if (op == LOOM_OP_SAMPLE_FULL || op == LOOM_OP_SAMPLE_LOGPROBS)
+		return type == LOOM_TYPE_F32 && !sample_19_off();
 	/* token trees (ABI 1.8): every KV type, rows through split-K */
 	if (op == LOOM_OP_KV_WRITE || op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTION_TREE)
 		return loom_check_kv_type(type, 32) == LOOM_OK; /* ABI 1.3 KV types */
@@ -2126,10 +2138,16 @@ static int gpu_argmax(struct loom_backend_ctx *ctx, int32_t *ids, const float *x
 	return rt_failed(ctx, gpurt_argmax(ctx->rt, ids, x, stride, rows, n));
 }
 
-/* ABI 1.8: sampling on the device (k_sample, the host sampler's rule). */
+/* ABI 1.8: sampling on the device (k_sample, the host sampler's rule);
+ * 1.9: rows without top-k and logprobs. */
 static int gpu_sample(struct loom_backend_ctx *ctx, const struct loom_sample_args *a)
 {
-	if (!ctx || !a || a->struct_size < sizeof(*a) || a->rows < 0 || a->n < 1 ||
+	const bool lp = a && LOOM_SAMPLE_HAS_LP(a) && a->lp;
+
+	if (!ctx || !a || a->struct_size < LOOM_SAMPLE_ARGS_MIN_SIZE || a->rows < 0 || a->n < 1 ||
+	    a->n > LOOM_SAMPLE_MAX_VOCAB ||
+	    (lp && (a->lp_stride < 1 || a->lp_stride > 1 + LOOM_SAMPLE_MAX_TOP_LOGPROBS ||
+		    !a->pen_raw)) ||
 	    a->n > INT32_MAX || a->stride < a->n ||
 	    (a->rows > 0 && (!a->x || !a->params || !a->out)) ||
 	    (a->rows > 0 && (uint64_t)(a->rows - 1) > INT64_MAX / 4 / (uint64_t)a->stride))
@@ -2142,6 +2160,8 @@ static int gpu_sample(struct loom_backend_ctx *ctx, const struct loom_sample_arg
 	ctx->n_sampled += (uint64_t)a->rows;
 	shadows_drop(ctx, a->out, (size_t)a->rows * 2 * sizeof(int32_t));
 	shadows_drop(ctx, a->x, (size_t)a->rows * (size_t)a->stride * sizeof(float));
+	if (lp)
+		shadows_drop(ctx, a->lp, (size_t)a->rows * (size_t)a->lp_stride * sizeof(*a->lp));
 	return rt_failed(ctx, gpurt_sample(ctx->rt, a));
 }
 

@@ -1924,14 +1924,17 @@ __device__ __forceinline__ uint64_t rng_next(uint64_t s[4])
 	return out;
 }
 
-/* x[tok] as the host sampler penalizes it, each operation rounded. */
+/* x[tok] as the host sampler penalizes it, each operation rounded; the
+ * values before into raw (when not NULL). */
 __device__ void sample_penalize(float *row, const struct loom_sample_row &P, const int32_t *tok,
-				const int32_t *cnt)
+				const int32_t *cnt, float *raw)
 {
 	for (int j = threadIdx.x; j < P.pen_count; j += blockDim.x) {
 		const int32_t t = tok[P.pen_first + j];
 		float l = row[t];
 
+		if (raw)
+			raw[P.pen_first + j] = l;
 		l = l > 0.0f ? l / P.repeat_penalty : mul_rn(l, P.repeat_penalty);
 		l = l - P.presence_penalty;
 		l = l - mul_rn(P.frequency_penalty, (float)cnt[P.pen_first + j]);
@@ -2037,72 +2040,330 @@ __device__ int32_t sample_draw(const struct loom_sample_row &P, const double *w,
 	return last;
 }
 
+/* ---- generation 1.9: without top-k, and logprobs ----
+ * Integer masses (q = w * 2^40, truncated) are summed with 64-bit atomics
+ * and per-thread partials: exact, so in any order the host's sums. */
+static_assert(THREADS == LOOM_SAMPLE_LANES, "one log-sum-exp lane a thread");
+
+typedef unsigned long long mass_t;
+
+__device__ __forceinline__ mass_t mass_of(double w)
+{
+	return (mass_t)(w * (double)(1ull << LOOM_SAMPLE_MASS_BITS));
+}
+
+/* (a * b) >> 53 for a < 2^53, in 64-bit halves (exact). */
+__device__ __forceinline__ mass_t mul_shift53(mass_t a, mass_t b)
+{
+	const mass_t a0 = a & 0xffffffffu, a1 = a >> 32, b0 = b & 0xffffffffu, b1 = b >> 32;
+	const mass_t lo = a0 * b0, mid1 = a1 * b0, mid2 = a0 * b1;
+	const mass_t mid = (lo >> 32) + (mid1 & 0xffffffffu) + (mid2 & 0xffffffffu);
+	const mass_t hi = a1 * b1 + (mid1 >> 32) + (mid2 >> 32) + (mid >> 32);
+
+	return hi << 11 | ((mid << 32) | (lo & 0xffffffffu)) >> 53;
+}
+
+/* The shared state of one row's full-vocabulary draw. */
+struct sample_full {
+	double inv_t, floor_w;
+	float mx;
+};
+
+__device__ __forceinline__ double full_weight(const struct sample_full &F, float l)
+{
+	return exp(((double)(isnan(l) ? -INFINITY : l) - (double)F.mx) * F.inv_t);
+}
+
+/* Block sum of per-thread masses (every thread gets it). */
+__device__ mass_t block_mass(mass_t mine, mass_t *part)
+{
+	mass_t total = 0;
+
+	part[threadIdx.x] = mine;
+	__syncthreads();
+	for (int j = 0; j < THREADS; j++)
+		total += part[j];
+	__syncthreads();
+	return total;
+}
+
+/* The smallest key T such that the F tokens (weight >= floor) with key >=
+ * T hold at least `need` mass (they hold that much in all): 8 radix passes
+ * over mass histograms, as sample_kth over counts. */
+__device__ uint64_t full_threshold(const float *row, int32_t n, const struct sample_full &F,
+				   mass_t need, mass_t *mhist, uint64_t *found, mass_t *need_sh)
+{
+	uint64_t prefix = 0, mask = 0;
+
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		__syncthreads();
+		mhist[threadIdx.x] = 0;
+		__syncthreads();
+		for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+			const uint64_t c = rank_key(row, i);
+			double w;
+
+			if ((c & mask) != prefix)
+				continue;
+			w = full_weight(F, row[i]);
+			if (w >= F.floor_w)
+				atomicAdd(&mhist[(c >> shift) & 0xff], mass_of(w));
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			mass_t above = 0;
+			int d = 255;
+
+			while (d > 0 && above + mhist[d] < need)
+				above += mhist[d--];
+			*found = prefix | (uint64_t)d << shift;
+			*need_sh = need - above;
+		}
+		__syncthreads();
+		prefix = *found;
+		need = *need_sh;
+		mask |= (uint64_t)0xff << shift;
+	}
+	return prefix;
+}
+
+/* Token i's mass when it is kept (weight >= floor, key >= T), else 0. */
+__device__ __forceinline__ mass_t kept_mass(const float *row, int32_t i,
+					    const struct sample_full &F, uint64_t T)
+{
+	double w;
+
+	if (rank_key(row, i) < T)
+		return 0;
+	w = full_weight(F, row[i]);
+	return w >= F.floor_w ? mass_of(w) : 0;
+}
+
+/* The draw over the kept tokens in id order: each thread sums a run of
+ * ids, thread 0 finds the run and the token. Returns it on thread 0. */
+__device__ int32_t full_draw(const float *row, int32_t n, const struct sample_full &F, uint64_t T,
+			     const struct loom_sample_row &P, mass_t *part)
+{
+	const int32_t run = (n + THREADS - 1) / THREADS;
+	const int32_t lo = threadIdx.x * run, hi = lo + run < n ? lo + run : n;
+	uint64_t s[4] = { P.rng[0], P.rng[1], P.rng[2], P.rng[3] };
+	mass_t mine = 0, total, target, cum = 0;
+	int c = 0;
+
+	for (int32_t i = lo; i < hi; i++)
+		mine += kept_mass(row, i, F, T);
+	total = block_mass(mine, part);
+	part[threadIdx.x] = mine;
+	__syncthreads();
+	if (threadIdx.x != 0)
+		return -1;
+	target = mul_shift53(rng_next(s) >> 11, total);
+	while (c < THREADS - 1 && cum + part[c] <= target)
+		cum += part[c++];
+	for (int32_t i = c * run; i < n; i++) {
+		cum += kept_mass(row, i, F, T);
+		if (target < cum)
+			return i;
+	}
+	return 0; /* total 0: cannot happen (the top token's mass is 2^40) */
+}
+
+/* A row without top-k (generation 1.9): F, the top-p cut T over it, the
+ * draw. Every thread calls it; thread 0 gets the token. */
+__device__ int32_t sample_full_row(const float *row, int32_t n, const struct loom_sample_row &P,
+				   float mx, mass_t *part, mass_t *mhist, uint64_t *found,
+				   mass_t *need_sh)
+{
+	struct sample_full F;
+	mass_t all = 0, in_f = 0, need;
+	uint64_t T = 0;
+
+	F.inv_t = 1.0 / (double)P.temp;
+	F.floor_w = P.min_p > 0.0f ? (double)P.min_p : 0.0;
+	F.mx = mx;
+	for (int32_t i = threadIdx.x; i < n; i += THREADS) {
+		const double w = full_weight(F, row[i]);
+
+		all += mass_of(w);
+		if (w >= F.floor_w)
+			in_f += mass_of(w);
+	}
+	all = block_mass(all, part);
+	in_f = block_mass(in_f, part);
+	if (P.top_p < 1.0f) {
+		need = (mass_t)((double)P.top_p * (double)all);
+		need = need ? need : 1;
+		if (in_f >= need) /* else all of F */
+			T = full_threshold(row, n, F, need, mhist, found, need_sh);
+	}
+	return full_draw(row, n, F, T, P, part);
+}
+
+/* log(sum(exp(row))) as loom_logprob_lse: lane t is thread t. */
+__device__ double sample_lse(const float *row, int32_t n, float mx, double *lane)
+{
+	double acc = 0.0, sum = 0.0;
+
+	if (!isfinite(mx))
+		return mx;
+	for (int32_t i = threadIdx.x; i < n; i += THREADS)
+		acc += exp((double)row[i] - (double)mx);
+	lane[threadIdx.x] = acc;
+	__syncthreads();
+	for (int j = 0; j < THREADS; j++)
+		sum += lane[j];
+	__syncthreads();
+	return (double)mx + log(sum);
+}
+
+/* The k best of the row in rank order into lp[1..k] ({-1, NaN} past n),
+ * as loom_logprob_top: the k-th key by sample_kth, the keys above it
+ * gathered and sorted. */
+__device__ void sample_top_lp(const float *row, int32_t n, int32_t k, double lse,
+			      struct loom_sample_logprob *lp, uint64_t *keys, uint32_t *hist,
+			      uint64_t *found, int32_t *need_sh, uint32_t *n_keys)
+{
+	const int32_t kk = k < n ? k : n;
+	int32_t p2 = 1;
+	uint64_t kth = sample_kth(row, n, kk, hist, found, need_sh);
+
+	if (threadIdx.x == 0)
+		*n_keys = 0;
+	__syncthreads();
+	for (int32_t i = threadIdx.x; i < n; i += THREADS) {
+		const uint64_t c = rank_key(row, i);
+
+		if (c >= kth)
+			keys[atomicAdd(n_keys, 1u)] = c;
+	}
+	while (p2 < kk)
+		p2 <<= 1;
+	for (int32_t i = kk + threadIdx.x; i < p2; i += THREADS)
+		keys[i] = 0;
+	__syncthreads();
+	sample_sort(keys, p2);
+	for (int32_t j = threadIdx.x; j < k; j += THREADS) {
+		const int32_t id = j < kk ? (int32_t)~(uint32_t)keys[j] : -1;
+
+		lp[1 + j].token = id;
+		lp[1 + j].logprob = id < 0 ? NAN : (float)((double)row[id] - lse);
+	}
+	__syncthreads();
+}
+
+/* The chosen token's value before the penalties (pen_raw holds the
+ * penalized ones'). One thread. */
+__device__ float raw_value(const float *row, int32_t tok, const struct loom_sample_row &P,
+			   const int32_t *pen_tok, const float *pen_raw)
+{
+	for (int32_t j = 0; j < P.pen_count; j++)
+		if (pen_tok[P.pen_first + j] == tok)
+			return pen_raw[P.pen_first + j];
+	return row[tok];
+}
+
+/* The top_k draw of a row (0 < top_k <= LOOM_SAMPLE_MAX_TOP_K, < n):
+ * every thread calls it, thread 0 gets the token. */
+__device__ int32_t sample_topk_row(const float *row, int32_t n, const struct loom_sample_row &P,
+				   float mx, uint64_t *keys, double *w, uint32_t *hist,
+				   uint64_t *found, int32_t *need_sh, uint32_t *n_keys)
+{
+	const int32_t k = P.top_k;
+	int32_t p2 = 1, tok = -1;
+	uint64_t kth = sample_kth(row, n, k, hist, found, need_sh);
+	double inv_t;
+
+	if (threadIdx.x == 0)
+		*n_keys = 0;
+	__syncthreads();
+	for (int32_t i = threadIdx.x; i < n; i += THREADS) {
+		const uint64_t c = rank_key(row, i);
+
+		if (c >= kth)
+			keys[atomicAdd(n_keys, 1u)] = c;
+	}
+	while (p2 < k)
+		p2 <<= 1;
+	for (int32_t i = k + threadIdx.x; i < p2; i += THREADS)
+		keys[i] = 0; /* below every real key */
+	__syncthreads();
+	sample_sort(keys, p2);
+	inv_t = 1.0 / (double)P.temp;
+	for (int32_t j = threadIdx.x; j < k; j += THREADS)
+		w[j] = exp(((double)rank_value((uint32_t)(keys[j] >> 32)) - (double)mx) * inv_t);
+	__syncthreads();
+	if (threadIdx.x == 0)
+		tok = (int32_t)~(uint32_t)keys[sample_draw(P, w, k)];
+	__syncthreads(); /* keys, w are rewritten for the next row */
+	return tok;
+}
+
 __global__ void __launch_bounds__(THREADS)
 k_sample(float *x, int64_t stride, int64_t rows, int32_t n, const struct loom_sample_row *params,
-	 const int32_t *pen_tok, const int32_t *pen_cnt, int32_t *out)
+	 const int32_t *pen_tok, const int32_t *pen_cnt, int32_t *out,
+	 struct loom_sample_logprob *lp_out, int64_t lp_stride, float *pen_raw)
 {
 	__shared__ float bv[THREADS];
 	__shared__ int32_t bi[THREADS];
 	__shared__ uint32_t hist[256], n_keys;
 	__shared__ uint64_t keys[LOOM_SAMPLE_MAX_TOP_K], found;
 	__shared__ double w[LOOM_SAMPLE_MAX_TOP_K];
+	__shared__ mass_t part[THREADS], mhist[256], need_m;
 	__shared__ int32_t need_sh;
 	const int t = threadIdx.x;
 
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const struct loom_sample_row P = params[r];
+		const int32_t m = lp_out ? P.logprobs : 0, k = P.top_k;
+		struct loom_sample_logprob *lp = lp_out ? lp_out + r * lp_stride : NULL;
 		float *row = x + r * stride;
 		float mx;
-		int32_t greedy, k = P.top_k, p2 = 1;
-		uint64_t kth;
-		double inv_t;
+		double lse = 0.0;
+		int32_t tok;
+		bool drew = false;
 
-		sample_penalize(row, P, pen_tok, pen_cnt);
-		__syncthreads();
-		greedy = block_argmax(row, n, bv, bi, &mx);
-		if (P.temp <= 0.0f || !isfinite(mx) || k <= 0 || k >= n ||
-		    k > LOOM_SAMPLE_MAX_TOP_K) { /* the same for the whole block */
-			const bool ok = P.temp <= 0.0f || !isfinite(mx);
-
-			if (t == 0) {
-				out[2 * r] = ok ? greedy : -1;
-				out[2 * r + 1] = 0;
-			}
-			continue;
+		if (m > 0) { /* before the penalties: the model's own distribution */
+			block_argmax(row, n, bv, bi, &mx);
+			lse = sample_lse(row, n, mx, w);
+			if (m > 1)
+				sample_top_lp(row, n, m - 1, lse, lp, keys, hist, &found, &need_sh,
+					      &n_keys);
 		}
-		kth = sample_kth(row, n, k, hist, &found, &need_sh);
-		if (t == 0)
-			n_keys = 0;
+		sample_penalize(row, P, pen_tok, pen_cnt, m > 0 ? pen_raw : NULL);
 		__syncthreads();
-		for (int32_t i = t; i < n; i += THREADS) {
-			const uint64_t c = rank_key(row, i);
-
-			if (c >= kth)
-				keys[atomicAdd(&n_keys, 1u)] = c;
+		tok = block_argmax(row, n, bv, bi, &mx);
+		if (P.temp <= 0.0f || !isfinite(mx)) {
+			/* greedy: tok */
+		} else if (k <= 0 || k >= n) { /* the same for the whole block */
+			tok = sample_full_row(row, n, P, mx, part, mhist, &found, &need_m);
+			drew = true;
+		} else if (k <= LOOM_SAMPLE_MAX_TOP_K) {
+			tok = sample_topk_row(row, n, P, mx, keys, w, hist, &found, &need_sh, &n_keys);
+			drew = true;
+		} else {
+			tok = -1;
 		}
-		while (p2 < k)
-			p2 <<= 1;
-		for (int32_t i = k + t; i < p2; i += THREADS)
-			keys[i] = 0; /* below every real key */
-		__syncthreads();
-		sample_sort(keys, p2);
-		inv_t = 1.0 / (double)P.temp;
-		for (int32_t j = t; j < k; j += THREADS)
-			w[j] = exp(((double)rank_value((uint32_t)(keys[j] >> 32)) - (double)mx) * inv_t);
-		__syncthreads();
 		if (t == 0) {
-			out[2 * r] = (int32_t)~(uint32_t)keys[sample_draw(P, w, k)];
-			out[2 * r + 1] = 1;
+			out[2 * r] = tok;
+			out[2 * r + 1] = drew;
+			if (m > 0 && tok >= 0)
+				lp[0] = (struct loom_sample_logprob){ tok, (float)((double)raw_value(
+					row, tok, P, pen_tok, pen_raw) - lse) };
+			else if (m > 0)
+				lp[0] = (struct loom_sample_logprob){ -1, NAN };
 		}
-		__syncthreads(); /* keys, w are rewritten for the next row */
+		__syncthreads();
 	}
 }
 
 extern "C" int gpurt_sample(struct gpurt *rt, const struct loom_sample_args *a)
 {
+	const bool has_lp = LOOM_SAMPLE_HAS_LP(a) && a->lp;
+
 	BIND(rt);
 	GPU_LAUNCH(k_sample, grid_of(a->rows), THREADS, 0, rt->stream, a->x, a->stride, a->rows,
-		(int32_t)a->n, a->params, a->pen_tokens, a->pen_counts, a->out);
+		(int32_t)a->n, a->params, a->pen_tokens, a->pen_counts, a->out,
+		has_lp ? a->lp : NULL, has_lp ? a->lp_stride : 0, has_lp ? a->pen_raw : NULL);
 	return launched(rt, "sample kernel");
 }
 

@@ -150,6 +150,12 @@ inline unsigned atomicAdd(unsigned *p, unsigned v)
 	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
+/* And on a 64-bit one (integer masses of the sample kernel). */
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
 /* ---- runtime ---- */
 
 enum emu_error {

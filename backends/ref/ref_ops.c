@@ -72,7 +72,9 @@ bool ref_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t type)
 {
 	uint32_t be, bb;
 
-	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED)
+	/* no sample slot, so none of its ABI 1.9 rows either */
+	if (!ctx || (unsigned)op >= LOOM_OP_COUNT || op == LOOM_OP_EMBED_PACKED ||
+	    op == LOOM_OP_SAMPLE_FULL || op == LOOM_OP_SAMPLE_LOGPROBS)
 		return false;
 	if (op == LOOM_OP_GEMM || op == LOOM_OP_EMBED)
 		return format_of(ctx, type, &be, &bb);

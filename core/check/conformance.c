@@ -943,6 +943,21 @@ static bool has_sample(const struct dev *d)
 	       d->ops->sample;
 }
 
+/* Generation 1.9: rows without top-k, logprobs. */
+static bool has_sample_op(const struct dev *d, enum loom_op op)
+{
+	return has_sample(d) && d->ops->abi_minor >= 9 && d->ops->supports(d->ctx, op, LOOM_TYPE_F32);
+}
+
+/* The logprobs row r asks for at a step (generation 1.9): none, the
+ * chosen token's alone, or it and 1..20 top ones. */
+static int32_t sample_lp_ask(int step, int64_t r)
+{
+	int v = (step * 5 + (int)r * 7) % 23;
+
+	return v == 0 ? 0 : v == 1 ? 1 : 1 + (v - 2) % 20 + 1;
+}
+
 /* Random logits with the ties, NaNs, infinities and signed zeros the rule
  * orders: the maximum and another value repeated at several indices, -0
  * and +0, a NaN, a -inf. Row kind 1 is all NaN / -inf (greedy fallback),
@@ -979,34 +994,78 @@ struct sample_case {
  * the penalized logits into x. */
 static int sample_on(struct dev *d, float *x, int64_t rows, int64_t n,
 		     const struct loom_sample_row *sr, const int32_t *tok, const int32_t *cnt,
-		     int32_t n_pen, int32_t *out)
+		     int32_t n_pen, int32_t *out, struct loom_sample_logprob *lp, int64_t lp_stride)
 {
 	size_t bytes = (size_t)(rows * n) * F, pen = (size_t)(n_pen > 0 ? n_pen : 1) * 4;
+	size_t lp_bytes = (size_t)(rows * lp_stride) * sizeof(*lp);
 	struct loom_sample_args a = {
-		.struct_size = sizeof(a), .x = dev_put(d, x, bytes), .stride = n, .rows = rows,
+		.struct_size = lp_stride ? sizeof(a) : LOOM_SAMPLE_ARGS_MIN_SIZE, /* as a 1.8 host */
+		.x = dev_put(d, x, bytes), .stride = n, .rows = rows,
 		.n = n, .params = dev_put(d, sr, (size_t)rows * sizeof(*sr)),
 		.pen_tokens = dev_put(d, tok, pen), .pen_counts = dev_put(d, cnt, pen),
 		.out = dev_put(d, NULL, (size_t)rows * 2 * sizeof(int32_t)),
 	};
 	int rc = LOOM_ERR_NOMEM;
 
-	if (a.x && a.params && a.pen_tokens && a.pen_counts && a.out)
+	if (lp_stride) {
+		a.lp = dev_put(d, NULL, lp_bytes);
+		a.lp_stride = lp_stride;
+		a.pen_raw = dev_put(d, NULL, pen);
+	}
+	if (a.x && a.params && a.pen_tokens && a.pen_counts && a.out &&
+	    (!lp_stride || (a.lp && a.pen_raw)))
 		rc = d->ops->sample(d->ctx, &a);
 	if (rc == LOOM_OK)
 		rc = dev_get(d, out, a.out, (size_t)rows * 2 * sizeof(int32_t));
+	if (rc == LOOM_OK && lp_stride)
+		rc = dev_get(d, lp, a.lp, lp_bytes);
 	if (rc == LOOM_OK)
 		rc = dev_get(d, x, a.x, bytes);
 	dev_reset(d);
 	return rc;
 }
 
-/* Step `step` of a case: 0 when the backend drew what the host drew. */
+/* Row r's logprobs from the device (m asked) against the host's
+ * definitions (engine/sampler.h) over the raw row: bit for bit. */
+static int sample_lp_check(struct dev *d, const float *raw, int64_t n, int32_t m, int32_t t,
+			   const struct loom_sample_logprob *got, const char *desc, int step,
+			   int64_t r)
+{
+	struct loom_token_logprob top[LOOM_SAMPLE_MAX_TOP_LOGPROBS];
+	double lse = loom_logprob_lse(raw, (int32_t)n);
+	float chosen = (float)((double)raw[t] - lse);
+	int32_t j;
+
+	loom_logprob_top(raw, (int32_t)n, lse, m - 1, top);
+	if (got[0].token != t || memcmp(&got[0].logprob, &chosen, F)) {
+		tb_fail(d, "sample", "f32", "%s step %d row %lld: chosen logprob {%d, %.9g}, the host's {%d, %.9g}",
+			desc, step, (long long)r, (int)got[0].token, got[0].logprob, (int)t, chosen);
+		return 1;
+	}
+	for (j = 0; j < m - 1; j++)
+		if (got[1 + j].token != top[j].token ||
+		    (memcmp(&got[1 + j].logprob, &top[j].logprob, F) &&
+		     !(isnan(got[1 + j].logprob) && isnan(top[j].logprob))))
+			break;
+	if (j < m - 1) {
+		tb_fail(d, "sample", "f32", "%s step %d row %lld: top logprob %d of %d is {%d, %.9g}, the host's {%d, %.9g}",
+			desc, step, (long long)r, (int)j, (int)(m - 1), (int)got[1 + j].token,
+			got[1 + j].logprob, (int)top[j].token, top[j].logprob);
+		return 1;
+	}
+	return 0;
+}
+
+/* Step `step` of a case: 0 when the backend drew what the host drew (and,
+ * with lp, computed the host's logprobs). */
 static int sample_step_check(struct dev *d, const struct sample_case *c, int step,
 			     struct loom_sampler **host, struct loom_sampler **devs,
-			     const int32_t *hist, int64_t n_hist, const char *desc)
+			     const int32_t *hist, int64_t n_hist, bool lp, const char *desc)
 {
-	int64_t rows = c->rows, n = c->n;
+	int64_t rows = c->rows, n = c->n, stride = lp ? 1 + LOOM_SAMPLE_MAX_TOP_LOGPROBS : 0;
 	float *want = tb_xmalloc((size_t)(rows * n) * F), *got = tb_xmalloc((size_t)(rows * n) * F);
+	float *raw = tb_xmalloc((size_t)(rows * n) * F);
+	struct loom_sample_logprob glp[3 * (1 + LOOM_SAMPLE_MAX_TOP_LOGPROBS)];
 	struct loom_sample_row sr[3];
 	int32_t tok[3 * 64], cnt[3 * 64], out[6], used = 0, bad = 0, rc;
 
@@ -1016,9 +1075,16 @@ static int sample_step_check(struct dev *d, const struct sample_case *c, int ste
 		sample_logits(want + r * n, n, kind == 4 ? (int)(r % 2) + 1 : kind == 2 ? 3 : 0);
 		used += loom_sampler_device_row(devs[r], hist, n_hist, &sr[r], used, tok + used,
 						cnt + used, 64);
+		if (lp)
+			sr[r].logprobs = sample_lp_ask(step, r);
+		if (lp && (step + (int)r) % 2) /* a NaN makes every logprob NaN: none */
+			for (int64_t i = 0; i < n; i++)
+				if (isnan(want[r * n + i]))
+					want[r * n + i] = -2.5f;
 	}
 	memcpy(got, want, (size_t)(rows * n) * F);
-	rc = sample_on(d, got, rows, n, sr, tok, cnt, used, out);
+	memcpy(raw, want, (size_t)(rows * n) * F);
+	rc = sample_on(d, got, rows, n, sr, tok, cnt, used, out, glp, stride);
 	if (rc != LOOM_OK) {
 		tb_fail(d, "sample", "f32", "%s step %d: returned %s", desc, step, tb_status_name(rc));
 		bad = 1;
@@ -1041,16 +1107,20 @@ static int sample_step_check(struct dev *d, const struct sample_case *c, int ste
 			tb_fail(d, "sample", "f32", "%s step %d row %lld: penalized logits differ",
 				desc, step, (long long)r);
 			bad = 1;
-		} else if (out[2 * r + 1]) {
-			loom_sampler_device_drew(devs[r]);
+		} else if (lp && sr[r].logprobs > 0) {
+			bad = sample_lp_check(d, raw + r * n, n, sr[r].logprobs, t,
+					      glp + r * stride, desc, step, r);
 		}
+		if (!bad && out[2 * r + 1])
+			loom_sampler_device_drew(devs[r]);
 	}
 	free(want);
 	free(got);
+	free(raw);
 	return bad;
 }
 
-static void sample_case_run(struct dev *d, const struct sample_case *c, uint64_t seed)
+static void sample_case_run(struct dev *d, const struct sample_case *c, uint64_t seed, bool lp)
 {
 	struct loom_sampler *host[3] = { 0 }, *devs[3] = { 0 };
 	int32_t hist[40];
@@ -1059,10 +1129,10 @@ static void sample_case_run(struct dev *d, const struct sample_case *c, uint64_t
 
 	for (int i = 0; i < 40; i++) /* repeats, and ids outside the vocabulary */
 		hist[i] = i % 7 == 6 ? (int32_t)c->n + i : (int32_t)tb_rand_int(i % 2 ? 12 : c->n);
-	snprintf(desc, sizeof(desc), "n %lld rows %lld temp %g top_k %d top_p %g min_p %g pen %g/%g/%g seed %llu",
+	snprintf(desc, sizeof(desc), "n %lld rows %lld temp %g top_k %d top_p %g min_p %g pen %g/%g/%g seed %llu%s",
 		 (long long)c->n, (long long)c->rows, c->p[0].temp, c->p[0].top_k, c->p[0].top_p,
 		 c->p[0].min_p, c->p[0].repeat_penalty, c->p[0].presence_penalty,
-		 c->p[0].frequency_penalty, (unsigned long long)seed);
+		 c->p[0].frequency_penalty, (unsigned long long)seed, lp ? " logprobs" : "");
 	tb_current(d, "sample", "f32", desc);
 	for (int64_t r = 0; r < c->rows; r++) {
 		struct loom_sampler_params p = c->p[r % 3];
@@ -1076,7 +1146,7 @@ static void sample_case_run(struct dev *d, const struct sample_case *c, uint64_t
 	if (bad)
 		tb_fail(d, "sample", "f32", "%s: no host sampler for these parameters", desc);
 	for (int step = 0; step < DRAWS && !bad; step++)
-		bad = sample_step_check(d, c, step, host, devs, hist, 40 - 8 + 2 * step, desc);
+		bad = sample_step_check(d, c, step, host, devs, hist, 40 - 8 + 2 * step, lp, desc);
 	if (!bad)
 		tb_result(d, "sample", "f32", 0.0, 0.0, desc);
 	for (int r = 0; r < 3; r++) {
@@ -1115,21 +1185,37 @@ static void test_sample(struct dev *d)
 		sample_params(1.0f, 1, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f),
 		sample_params(0.3f, 300, 0.99f, 0.01f, 1.2f, 1.0f, 0.5f),
 	};
-	const int n_mixes = (int)(sizeof(mixes) / sizeof(mixes[0]));
+	/* generation 1.9: without top-k (top_k 0, or the whole vocabulary) */
+	const struct loom_sampler_params full_mixes[] = {
+		sample_params(0.9f, 0, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f),
+		sample_params(0.8f, 0, 0.95f, 0.05f, 1.3f, 0.5f, 0.25f),
+		sample_params(1.7f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f),   /* temperature alone */
+		sample_params(1.2f, 100000, 0.5f, 0.02f, 1.0f, 0.0f, 0.3f), /* top_k >= n */
+		sample_params(3.0f, 0, 0.999f, 0.0f, 1.1f, 0.0f, 0.0f),  /* a long prefix */
+	};
+	const bool full = has_sample_op(d, LOOM_OP_SAMPLE_FULL);
+	const bool lp = has_sample_op(d, LOOM_OP_SAMPLE_LOGPROBS);
+	struct loom_sampler_params all[32];
+	int n_mixes = 0;
 	static const int64_t ns[] = { 1500, 49152 };
 
 	if (!has_sample(d)) {
 		tb_skip(d, "sample", "f32");
 		return;
 	}
+	for (size_t i = 0; i < sizeof(mixes) / sizeof(mixes[0]); i++)
+		all[n_mixes++] = mixes[i];
+	for (size_t i = 0; full && i < sizeof(full_mixes) / sizeof(full_mixes[0]); i++)
+		all[n_mixes++] = full_mixes[i];
 	for (int ni = 0; ni < 2; ni++)
 		for (int m = 0; m < n_mixes; m++)
 			for (uint64_t seed = 1; seed <= (ni ? 1u : 6u); seed++) {
 				struct sample_case c = { .n = ns[ni], .rows = m % 2 ? 3 : 1 };
 
 				for (int r = 0; r < 3; r++)
-					c.p[r] = mixes[(m + 3 * r) % n_mixes];
-				sample_case_run(d, &c, seed * 7919u + (uint64_t)m);
+					c.p[r] = all[(m + 3 * r) % n_mixes];
+				sample_case_run(d, &c, seed * 7919u + (uint64_t)m,
+						lp && (seed + (uint64_t)m) % 2 == 0);
 			}
 }
 
@@ -1493,7 +1579,13 @@ static void test_moe_oai(struct dev *ref, struct dev *d)
 
 void tb_run_conformance(struct dev *ref, struct dev *d)
 {
+	const char *only = getenv("LOOM_CHECK_ONLY");
+
 	tb_seed(42);
+	if (only && !strcmp(only, "sample")) { /* the sample slot's cases alone */
+		test_sample(d);
+		return;
+	}
 	for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
 		test_gemm_type(ref, d, weight_types[i]);
 		test_embed_type(ref, d, weight_types[i]);

@@ -49,13 +49,13 @@ int loom_sampler_probs(struct loom_sampler *s, float *logits,
 
 /* ---- sampling on the device (backend ABI 1.8, struct loom_sample_row) ----
  * Whether the backend's sample slot draws what loom_sampler_sample would:
- * a greedy choice (with or without penalties), or a draw with 0 < top_k <
+ * a greedy choice (with or without penalties), a draw with 0 < top_k <
  * n_vocab and top_k <= LOOM_SAMPLE_MAX_TOP_K (the candidates are then the
- * top_k in rank order, and every sum runs in that order). Without top-k
- * (min-p, top-p or temperature over the whole vocabulary) the host
- * samples: its sums run over the vocabulary in id order or in its
- * quickselect's order, which a parallel device pass does not reproduce. */
-bool loom_sampler_device_ok(const struct loom_sampler *s);
+ * top_k in rank order, and every sum runs in that order), or, when full
+ * (the backend answers LOOM_OP_SAMPLE_FULL, ABI 1.9), a draw over the
+ * whole vocabulary (min-p, top-p or temperature without top-k: integer
+ * masses, whose sums do not depend on their order). */
+bool loom_sampler_device_ok(const struct loom_sampler *s, bool full);
 /* Fills row with s's parameters and generator state, and tok/cnt (room
  * for cap pairs) with the distinct in-range tokens of the penalty window
  * of history and how often each occurs there, in first-seen order (none
@@ -67,5 +67,18 @@ int32_t loom_sampler_device_row(const struct loom_sampler *s, const int32_t *his
 /* The device made this token's draw: advances the generator as
  * loom_sampler_sample's draw does, so the stream stays the host's. */
 void loom_sampler_device_drew(struct loom_sampler *s);
+
+/* ---- log-probabilities (backend ABI 1.9, loom_sample_args.lp) ----
+ * The definitions the device reproduces bit for bit. log(sum(exp(row)))
+ * in double: the largest value (NaN skipped; returned as is when not
+ * finite) plus the log of the sum of exp(row[i] - max) over
+ * LOOM_SAMPLE_LANES lanes (lane j: i = j, j + LANES, ... in order; then
+ * the lanes in order). */
+double loom_logprob_lse(const float *row, int32_t n);
+/* The k best of row in rank order (larger first, NaN as -inf, -0 as +0,
+ * ties to the lower id) with their logprobs (float)((double)row[t] -
+ * lse); { -1, NaN } past n. */
+void loom_logprob_top(const float *row, int32_t n, double lse, int32_t k,
+		      struct loom_token_logprob *out);
 
 #endif /* LOOM_SAMPLER_H */

@@ -1016,45 +1016,6 @@ static int grammar_take(struct loom_sched *s, struct req *r, int32_t t)
 	return 0;
 }
 
-/* log(sum(exp(row))), in double, in index order (deterministic). */
-static double log_sum_exp(const float *row, int32_t n)
-{
-	double max = -INFINITY, sum = 0;
-	int32_t i;
-
-	for (i = 0; i < n; i++)
-		if (row[i] > max)
-			max = row[i];
-	if (!isfinite(max))
-		return max;
-	for (i = 0; i < n; i++)
-		sum += exp((double)row[i] - max);
-	return max + log(sum);
-}
-
-/* The k largest entries of row as logprobs (row - lse), largest first,
- * ties to the lower id. */
-static void top_logprobs(const float *row, int32_t n, double lse, int32_t k,
-			 struct loom_token_logprob *out)
-{
-	int32_t have = 0, i, j;
-
-	for (i = 0; i < n && k > 0; i++) {
-		if (have == k && row[i] <= row[out[have - 1].token])
-			continue;
-		j = have < k ? have++ : k - 1;
-		while (j > 0 && row[i] > row[out[j - 1].token]) {
-			out[j] = out[j - 1];
-			j--;
-		}
-		out[j].token = i;
-	}
-	for (j = 0; j < have; j++)
-		out[j].logprob = (float)((double)row[out[j].token] - lse);
-	for (; j < k; j++)
-		out[j] = (struct loom_token_logprob){ -1, NAN };
-}
-
 /* Samples r's next token from its logits row and reports it. With a
  * grammar, the tokens it refuses are masked first (before penalties and
  * the sampling chain). */
@@ -1069,8 +1030,8 @@ static void sample_one(struct loom_sched *s, struct req *r, float *row)
 	}
 	if (r->out.logprobs) { /* the model's own distribution: before any mask */
 		memcpy(s->raw_row, row, sizeof(float) * (size_t)s->n_vocab);
-		lse = log_sum_exp(row, s->n_vocab);
-		top_logprobs(row, s->n_vocab, lse, r->out.n_top, r->out.ev_top);
+		lse = loom_logprob_lse(row, s->n_vocab);
+		loom_logprob_top(row, s->n_vocab, lse, r->out.n_top, r->out.ev_top);
 	}
 	if (r->gram.grammar) {
 		if (!gmatch(s, r))
@@ -1197,11 +1158,11 @@ static void spec_finish(struct loom_sched *s, struct req *r, float *rows, int32_
 static void save_prompt_lp(struct loom_sched *s, struct req *r, int32_t p, const float *row)
 {
 	struct loom_token_logprob *out = r->out.prompt_lp + (size_t)(p + 1) * (size_t)(1 + r->out.n_top);
-	double lse = log_sum_exp(row, s->n_vocab);
+	double lse = loom_logprob_lse(row, s->n_vocab);
 	int32_t t = r->tokens[p + 1];
 
 	out[0] = (struct loom_token_logprob){ t, (float)((double)row[t] - lse) };
-	top_logprobs(row, s->n_vocab, lse, r->out.n_top, out + 1);
+	loom_logprob_top(row, s->n_vocab, lse, r->out.n_top, out + 1);
 }
 
 /* Keeps what a chunk of a request with every row asks for: logits,
@@ -1261,19 +1222,26 @@ static void plan_rows(struct loom_sched *s, struct loom_batch *b, struct entry *
 	}
 }
 
-/* ---- greedy and sampling on the device (ABI 1.7 argmax, 1.8 sample;
- * issue 30) ----
- * Whether every logit row of the step is a plain choice by a rule the
- * device makes exactly as the host would (rule_ok): the last token of a
- * plain decode or prompt, no grammar, logprobs or logits kept. */
-static bool device_rows(struct loom_sched *s, bool (*rule_ok)(const struct loom_sampler *))
+/* ---- greedy and sampling on the device (ABI 1.7 argmax, 1.8 and 1.9
+ * sample; issue 30) ----
+ * Whether every logit row of the step is a plain choice the device makes
+ * exactly as the host would: the last token of a plain decode or prompt,
+ * no grammar or logits kept; greedy without penalties or logprobs when
+ * `sample` is false, else a rule the backend's sample slot draws (with
+ * logprobs when it computes them). */
+static bool device_rows(struct loom_sched *s, bool sample)
 {
+	bool full = sample && loom_exec_sample_full(s->exec);
+	bool lp = sample && loom_exec_sample_logprobs(s->exec);
+
 	for (int32_t i = 0; i < s->n_plan; i++) {
 		const struct entry *e = &s->plan[i];
 		const struct req *r = e->r;
 
-		if (e->spec || e->all || r->out.hidden || r->out.logprobs || r->gram.grammar ||
-		    (r->out.first_logits && r->n_generated == 0) || !rule_ok(r->smp))
+		if (e->spec || e->all || r->out.hidden || (r->out.logprobs && !lp) ||
+		    r->gram.grammar || (r->out.first_logits && r->n_generated == 0))
+			return false;
+		if (sample ? !loom_sampler_device_ok(r->smp, full) : !loom_sampler_greedy_only(r->smp))
 			return false;
 	}
 	return true;
@@ -1282,7 +1250,7 @@ static bool device_rows(struct loom_sched *s, bool (*rule_ok)(const struct loom_
 /* Greedy without penalties: the backend picks, only the ids come back. */
 static bool greedy_step(struct loom_sched *s)
 {
-	return loom_exec_device_greedy(s->exec) && device_rows(s, loom_sampler_greedy_only);
+	return loom_exec_device_greedy(s->exec) && device_rows(s, false);
 }
 
 /* A step with a token tree: every entry's parents (a tree's, else each
@@ -1298,11 +1266,12 @@ static void batch_parents(struct loom_sched *s)
 	}
 }
 
-/* Greedy with penalties or top-k sampling (loom_sampler_device_ok):
- * the backend draws, only the tokens come back. */
+/* Greedy with penalties, top-k sampling, sampling over the whole
+ * vocabulary or logprobs (loom_sampler_device_ok, ABI 1.9): the backend
+ * draws, only the tokens (and the logprobs asked for) come back. */
 static bool sample_step(struct loom_sched *s)
 {
-	return loom_exec_device_sample(s->exec) && device_rows(s, loom_sampler_device_ok);
+	return loom_exec_device_sample(s->exec) && device_rows(s, true);
 }
 
 /* Room for n more penalty pairs after the first `used`. */
@@ -1331,7 +1300,7 @@ static int pen_room(struct loom_sched *s, int32_t used, int64_t n)
 /* Each logit row's rule into b (false: out of memory, the host samples). */
 static bool plan_sampling(struct loom_sched *s, struct loom_batch *b)
 {
-	int32_t used = 0;
+	int32_t used = 0, lp = 0;
 
 	for (int32_t i = 0; i < s->n_plan; i++) {
 		const struct entry *e = &s->plan[i];
@@ -1349,20 +1318,35 @@ static bool plan_sampling(struct loom_sched *s, struct loom_batch *b)
 		if (n < 0)
 			return false;
 		used += n;
+		if (r->out.logprobs) { /* ABI 1.9: the chosen token's and the top n_top */
+			s->smp_rows[e->row].logprobs = 1 + r->out.n_top;
+			lp = lp > 1 + r->out.n_top ? lp : 1 + r->out.n_top;
+		}
 	}
 	b->sample_rows = s->smp_rows;
+	b->lp_stride = lp;
 	b->pen_tokens = s->pen_tok;
 	b->pen_counts = s->pen_cnt;
 	b->n_pen = used;
 	return true;
 }
 
-/* The device's token for r (its draw, if it made one, taken from r's
- * generator here as well). */
-static void deliver_sampled(struct loom_sched *s, struct req *r, const int32_t *row)
+/* The device's token for logit row `at` of r (its draw, if it made one,
+ * taken from r's generator here as well), with the logprobs the device
+ * computed when r asked for them. */
+static void deliver_sampled(struct loom_sched *s, struct req *r, int32_t at)
 {
+	const int32_t *row = loom_exec_sampled(s->exec) + 2 * at;
+	const struct loom_sample_logprob *lp = loom_exec_sampled_logprobs(s->exec, at);
+
 	if (row[1])
 		loom_sampler_device_drew(r->smp);
+	if (r->out.logprobs && lp) {
+		r->out.ev_logprob = lp[0].logprob;
+		for (int32_t j = 0; j < r->out.n_top; j++)
+			r->out.ev_top[j] = (struct loom_token_logprob){ lp[1 + j].token,
+									lp[1 + j].logprob };
+	}
 	deliver(s, r, row[0]);
 }
 /* ---- end of greedy and sampling on the device ---- */
@@ -1436,7 +1420,7 @@ static int run_plan(struct loom_sched *s)
 		if (e->last && loom_exec_greedy_ids(s->exec))
 			deliver(s, e->r, loom_exec_greedy_ids(s->exec)[e->row]);
 		else if (e->last && loom_exec_sampled(s->exec))
-			deliver_sampled(s, e->r, loom_exec_sampled(s->exec) + 2 * e->row);
+			deliver_sampled(s, e->r, e->row);
 		else if (e->last)
 			sample_one(s, e->r, s->logits + (size_t)(e->row + (e->all ? e->n - 1 : 0)) * V);
 	}

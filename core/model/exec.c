@@ -48,6 +48,10 @@ struct loom_exec {
 	int32_t smp_pen;
 	int32_t *sampled;
 	bool sampled_valid;
+	/* ABI 1.9: the logprobs of a sampled step (max_out x SMP_LP here),
+	 * lp_stride of them a row when the step asked */
+	struct loom_sample_logprob *smp_lp;
+	int32_t lp_stride;
 };
 
 /* Block-table rows are this many blocks long or a multiple of it: short
@@ -237,6 +241,7 @@ void loom_exec_free(struct loom_exec *e)
 	if (e->smp_buf)
 		e->m->be->ops->buffer_free(e->m->be->ctx, e->smp_buf);
 	free(e->sampled);
+	free(e->smp_lp);
 	free(e->host_inputs);
 	loom_moe_scratch_free(&e->moe);
 	free(e->gemm_x);
@@ -776,8 +781,31 @@ const int32_t *loom_exec_sampled(const struct loom_exec *e)
 	return e->sampled_valid ? e->sampled : NULL;
 }
 
+bool loom_exec_sample_full(const struct loom_exec *e)
+{
+	return loom_exec_device_sample(e) && loom_backend_has_sample_full(e->m->be);
+}
+
+bool loom_exec_sample_logprobs(const struct loom_exec *e)
+{
+	return loom_exec_device_sample(e) && loom_backend_has_sample_logprobs(e->m->be);
+}
+
+const struct loom_sample_logprob *loom_exec_sampled_logprobs(const struct loom_exec *e,
+								 int32_t i)
+{
+	if (!e->sampled_valid || e->lp_stride <= 0 || i < 0 || i >= e->max_out)
+		return NULL;
+	return e->smp_lp + (size_t)i * (size_t)e->lp_stride;
+}
+
+/* The most log-probabilities a row may ask for (the chosen token's and
+ * the top ones). */
+#define SMP_LP (1 + LOOM_SAMPLE_MAX_TOP_LOGPROBS)
+
 /* The device buffer of sampled steps: max_out rules and results, then
- * room for n_pen penalty pairs (tokens, then counts). */
+ * room for n_pen penalty pairs (tokens, counts, and the backend's
+ * scratch for their values), then max_out x SMP_LP logprobs. */
 static int sample_buffer(struct loom_exec *e, int32_t n_pen)
 {
 	const struct loom_backend *be = e->m->be;
@@ -790,17 +818,19 @@ static int sample_buffer(struct loom_exec *e, int32_t n_pen)
 		be->ops->buffer_free(be->ctx, e->smp_buf);
 	e->smp_buf = NULL;
 	bytes = rows * (sizeof(struct loom_sample_row) + 2 * sizeof(int32_t)) +
-		2 * (size_t)room * sizeof(int32_t);
+		3 * (size_t)room * sizeof(int32_t) + rows * SMP_LP * sizeof(*e->smp_lp);
 	if (!e->sampled)
 		e->sampled = calloc(rows * 2, sizeof(int32_t));
-	if (!e->sampled)
+	if (!e->smp_lp)
+		e->smp_lp = calloc(rows * SMP_LP, sizeof(*e->smp_lp));
+	if (!e->sampled || !e->smp_lp)
 		return LOOM_ERR_NOMEM;
 	e->smp_pen = room;
 	return be->ops->buffer_alloc(be->ctx, bytes, &e->smp_buf);
 }
 
 /* Each logit row's token sampled on the device: the rules and penalty
- * pairs go up, 8 bytes a row come back. */
+ * pairs go up, 8 bytes a row come back (and the logprobs asked for). */
 static int pick_sampled(struct loom_exec *e, const struct loom_batch *b)
 {
 	const struct loom_backend *be = e->m->be;
@@ -820,6 +850,12 @@ static int pick_sampled(struct loom_exec *e, const struct loom_batch *b)
 	};
 	a.pen_tokens = a.out + 2 * (size_t)e->max_out;
 	a.pen_counts = a.pen_tokens + e->smp_pen;
+	a.pen_raw = (float *)(void *)(a.pen_tokens + 2 * (size_t)e->smp_pen);
+	if (b->lp_stride > 0) {
+		a.lp = (struct loom_sample_logprob *)(void *)(a.pen_tokens + 3 * (size_t)e->smp_pen);
+		a.lp_stride = b->lp_stride;
+	}
+	e->lp_stride = b->lp_stride;
 	rc = be->ops->upload(be->ctx, base, b->sample_rows, rows * sizeof(*b->sample_rows));
 	if (!rc && pen)
 		rc = be->ops->upload(be->ctx, (void *)a.pen_tokens, b->pen_tokens, pen);
@@ -829,6 +865,9 @@ static int pick_sampled(struct loom_exec *e, const struct loom_batch *b)
 		rc = be->ops->sample(be->ctx, &a);
 	if (!rc)
 		rc = be->ops->download(be->ctx, e->sampled, a.out, rows * 2 * sizeof(int32_t));
+	if (!rc && a.lp)
+		rc = be->ops->download(be->ctx, e->smp_lp, a.lp,
+				       rows * (size_t)a.lp_stride * sizeof(*a.lp));
 	e->sampled_valid = rc == LOOM_OK;
 	return rc;
 }

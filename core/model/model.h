@@ -232,6 +232,9 @@ struct loom_batch {
 	const struct loom_sample_row *sample_rows;
 	const int32_t *pen_tokens, *pen_counts;
 	int32_t n_pen;
+	/* appended (ABI 1.9, loom_exec_sample_logprobs): the largest
+	 * sample_rows[i].logprobs of the step, 0 when no row asks for them */
+	int32_t lp_stride;
 };
 
 struct loom_exec;
@@ -273,6 +276,15 @@ bool loom_exec_device_sample(const struct loom_exec *e);
  * advances that request's generator: loom_sampler_device_drew). NULL for
  * any other step. */
 const int32_t *loom_exec_sampled(const struct loom_exec *e);
+/* Whether the sample slot draws rows without top-k (ABI 1.9,
+ * LOOM_OP_SAMPLE_FULL), and computes logprobs (LOOM_OP_SAMPLE_LOGPROBS). */
+bool loom_exec_sample_full(const struct loom_exec *e);
+bool loom_exec_sample_logprobs(const struct loom_exec *e);
+/* After a step sampled on the device with b.lp_stride > 0: logit row i's
+ * log-probabilities (the chosen token's, then its logprobs - 1 top ones,
+ * loom_sample_args.lp); NULL for any other step. */
+const struct loom_sample_logprob *loom_exec_sampled_logprobs(const struct loom_exec *e,
+								 int32_t i);
 /* The step on this rank only (loom_exec_step on rank 0 of a distributed
  * job first sends the step's plan to the others, which run it with this),
  * as n_micro micro-batches of whole sequences, micro-batch k holding

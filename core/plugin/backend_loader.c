@@ -127,6 +127,18 @@ bool loom_backend_has_sample(const struct loom_backend *b)
 	return b->ops->struct_size >= SLOT_END(sample) && b->ops->sample;
 }
 
+bool loom_backend_has_sample_full(const struct loom_backend *b)
+{
+	return loom_backend_has_sample(b) && b->ops->abi_minor >= 9 &&
+	       b->ops->supports(b->ctx, LOOM_OP_SAMPLE_FULL, LOOM_TYPE_F32);
+}
+
+bool loom_backend_has_sample_logprobs(const struct loom_backend *b)
+{
+	return loom_backend_has_sample(b) && b->ops->abi_minor >= 9 &&
+	       b->ops->supports(b->ctx, LOOM_OP_SAMPLE_LOGPROBS, LOOM_TYPE_F32);
+}
+
 bool loom_backend_has_collective(const struct loom_backend *b)
 {
 	return b->ops->struct_size >= SLOT_END(collective) && b->ops->collective;

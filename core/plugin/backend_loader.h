@@ -65,6 +65,11 @@ bool loom_backend_has_argmax(const struct loom_backend *b);
 bool loom_backend_has_tree(const struct loom_backend *b, uint32_t kv_type);
 /* Generation 1.8: sampling on the device (the sample slot). */
 bool loom_backend_has_sample(const struct loom_backend *b);
+/* Generation 1.9: the sample slot draws rows without top-k
+ * (LOOM_OP_SAMPLE_FULL) and computes logprobs (LOOM_OP_SAMPLE_LOGPROBS);
+ * never asked of an older backend. */
+bool loom_backend_has_sample_full(const struct loom_backend *b);
+bool loom_backend_has_sample_logprobs(const struct loom_backend *b);
 /* Whether the backend has the optional collective slot (ABI 1.4). */
 bool loom_backend_has_collective(const struct loom_backend *b);
 /* Whether the backend has the optional routed-expert slot (ABI 1.6). */

@@ -115,6 +115,10 @@ static void describe(const struct loom_backend *b, struct loom_backend_listing *
 		add_word(l->optional, sizeof(l->optional), "argmax");
 	if (loom_backend_has_sample(b))
 		add_word(l->optional, sizeof(l->optional), "sample");
+	if (loom_backend_has_sample_full(b)) /* ABI 1.9 */
+		add_word(l->optional, sizeof(l->optional), "sample_full");
+	if (loom_backend_has_sample_logprobs(b))
+		add_word(l->optional, sizeof(l->optional), "sample_logprobs");
 }
 
 #define MAX_SEEN 256

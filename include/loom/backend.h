@@ -1,5 +1,5 @@
 /*
- * loom backend ABI, version 1 (minor 8).
+ * loom backend ABI, version 1 (minor 9).
  *
  * This is the only header a backend author includes. A backend is a shared
  * object that exports exactly one symbol, LOOM_BACKEND_ENTRY
@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define LOOM_BACKEND_ABI_MAJOR 1
-#define LOOM_BACKEND_ABI_MINOR 8
+#define LOOM_BACKEND_ABI_MINOR 9
 #define LOOM_BACKEND_ENTRY "loom_backend_entry"
 
 /* enum loom_status (LOOM_OK, LOOM_ERR_*) lives in loom/status.h. */
@@ -96,6 +96,12 @@ enum loom_op {
 	 * LOOM_MOE_SOFTMAX_TOPK gating (struct loom_moe_args) */
 	LOOM_OP_ATTENTION_SINKS,
 	LOOM_OP_GLU_OAI,
+	/* generation 1.9, asked only of backends of ABI 1.9 or later (type
+	 * LOOM_TYPE_F32): the sample slot draws rows without top-k (the
+	 * whole-vocabulary rule of struct loom_sample_args), and computes the
+	 * log-probabilities a row's `logprobs` asks for */
+	LOOM_OP_SAMPLE_FULL,
+	LOOM_OP_SAMPLE_LOGPROBS,
 	LOOM_OP_COUNT,
 };
 
@@ -471,17 +477,57 @@ struct loom_moe_args {
  *      rank order), the first kept token whose running sum exceeds target
  *      (skipping zero weights; the last positive one if rounding runs
  *      past).
+ *   4. generation 1.9, only for a backend that answers
+ *      supports(LOOM_OP_SAMPLE_FULL): top_k <= 0 or top_k >= n (the whole
+ *      vocabulary). Every token's weight w as above, and its mass q =
+ *      (uint64_t)(w * 2^LOOM_SAMPLE_MASS_BITS) (exact integers: the sums
+ *      below do not depend on their order); F = the tokens with w >=
+ *      min_p (all when min_p <= 0); Q = the mass of all n tokens. With
+ *      top_p < 1, need = (uint64_t)((double)top_p * (double)Q) (1 if that
+ *      is 0) and K = the shortest rank-order prefix of F whose mass
+ *      reaches need (all of F if it falls short); else K = F. The draw:
+ *      T = the mass of K, target = ((next >> 11) * T) >> 53 (exact, 117
+ *      bits), the token of K in id order whose running mass first exceeds
+ *      target.
  * out[2 i] = the token of row i, out[2 i + 1] = 1 when a draw was made.
+ *
+ * Generation 1.9, logprobs (only for a backend that answers
+ * supports(LOOM_OP_SAMPLE_LOGPROBS); 0 for any other): m = logprobs > 0
+ * asks for row i's log-probabilities of the logits as they came, before
+ * the penalties: lse = max + log(s) in double, max the largest value (NaN
+ * skipped; lse = max when max is not finite), s the sum over
+ * LOOM_SAMPLE_LANES lanes, lane j adding exp((double)x[t] - max) for t = j,
+ * j + LANES, ... in that order, then lanes 0, 1, ... in order;
+ * lp[i * lp_stride] = { the chosen token, (float)((double)x[token] - lse) }
+ * and lp[i * lp_stride + 1 + j], j < m - 1, the (j+1)-th token in rank
+ * order (as 3.) with its value likewise ({ -1, NaN } past n). pen_raw
+ * (n_pen floats) is the backend's scratch for the penalized tokens' values.
  */
 #define LOOM_SAMPLE_MAX_TOP_K 1024
+/* Generation 1.9: masses are weights in units of 2^-40 of the top token's
+ * (whose weight is 1), so a vocabulary of up to 2^23 tokens sums in 64
+ * bits; the lanes of the log-sum-exp; the most top log-probabilities. */
+#define LOOM_SAMPLE_MASS_BITS 40
+#define LOOM_SAMPLE_MAX_VOCAB (1 << 23)
+#define LOOM_SAMPLE_LANES 256
+#define LOOM_SAMPLE_MAX_TOP_LOGPROBS 20
 
 struct loom_sample_row {
 	float temp, top_p, min_p;
 	int32_t top_k;
 	float repeat_penalty, presence_penalty, frequency_penalty;
 	int32_t pen_first, pen_count;
-	uint32_t reserved;  /* 0 */
+	/* 0 (generation 1.8: reserved); generation 1.9: 1 + the top
+	 * log-probabilities asked for (at most LOOM_SAMPLE_MAX_TOP_LOGPROBS),
+	 * only with supports(LOOM_OP_SAMPLE_LOGPROBS) */
+	int32_t logprobs;
 	uint64_t rng[4];    /* the generator's state before this token's draw */
+};
+
+/* Generation 1.9: a token and its log-probability. */
+struct loom_sample_logprob {
+	int32_t token;
+	float logprob;
 };
 
 struct loom_sample_args {
@@ -492,7 +538,16 @@ struct loom_sample_args {
 	const int32_t *pen_tokens; /* device: the rows' penalty pairs */
 	const int32_t *pen_counts;
 	int32_t *out;             /* device: rows x 2 */
+	/* ---- generation 1.9 (read when struct_size covers them) ---- */
+	struct loom_sample_logprob *lp; /* device: rows x lp_stride, or NULL */
+	int64_t lp_stride;        /* >= every row's logprobs */
+	float *pen_raw;           /* device: scratch, one float a penalty pair */
 };
+
+/* Whether a sample call's struct has the generation 1.9 logprobs. */
+#define LOOM_SAMPLE_HAS_LP(a) LOOM_ARGS_HAS(a, struct loom_sample_args, pen_raw)
+/* The smallest loom_sample_args a backend accepts (a 1.8 host's). */
+#define LOOM_SAMPLE_ARGS_MIN_SIZE offsetof(struct loom_sample_args, lp)
 
 /* Required slots must be non-NULL; the host checks once at load time. */
 struct loom_backend_ops {
@@ -669,11 +724,19 @@ struct loom_backend_ops {
 	/* Optional: sampling on the device (struct loom_sample_args), the
 	 * host sampler's rule exactly for the rows the host hands it (see the
 	 * struct): greedy, or 0 < top_k <= LOOM_SAMPLE_MAX_TOP_K with top_k <
-	 * n. A row outside that gets token -1 (the host fails the step).
+	 * n (and from 1.9 the whole vocabulary, when supports() says so). A
+	 * row outside that gets token -1 (the host fails the step).
 	 * Outside step regions. NULL: the host downloads the logits and
 	 * samples there. */
 	int (*sample)(struct loom_backend_ctx *ctx, const struct loom_sample_args *a);
-	/* ---- end of generation 1.8; append new slots below ---- */
+	/* ---- end of generation 1.8 ---- */
+
+	/* ---- generation 1.9 ----
+	 * No new slot: the sample slot may draw rows without top-k
+	 * (LOOM_OP_SAMPLE_FULL) and compute log-probabilities
+	 * (LOOM_OP_SAMPLE_LOGPROBS, loom_sample_args.lp), each announced by
+	 * supports(). A 1.8 backend gets neither. */
+	/* ---- end of generation 1.9; append new slots below ---- */
 };
 
 /* The entry point every backend exports (as "loom_backend_entry"). */

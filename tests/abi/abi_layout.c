@@ -46,10 +46,17 @@ _Static_assert(offsetof(struct loom_attention_args, parent) == 152, "attention p
 _Static_assert(offsetof(struct loom_attention_args, sinks) == 160, "attention sinks moved");
 _Static_assert(offsetof(struct loom_moe_args, gate_bias) == 264, "moe biases moved");
 _Static_assert(LOOM_OP_ATTENTION_TREE == LOOM_OP_EMBED_PACKED + 1, "generation 1.8 op moved");
+/* generation 1.9: the sample slot's logprobs after the 1.8 struct (72),
+ * the row's logprobs where 1.8 had a reserved 0, and two ops after 1.8's */
+_Static_assert(offsetof(struct loom_sample_args, lp) == 72, "sample lp moved");
+_Static_assert(LOOM_SAMPLE_ARGS_MIN_SIZE == 72, "a 1.8 host's sample args");
+_Static_assert(offsetof(struct loom_sample_row, logprobs) == 36, "sample row logprobs moved");
+_Static_assert(LOOM_OP_SAMPLE_FULL == LOOM_OP_GLU_OAI + 1, "generation 1.9 op moved");
 
 /*
- * Today's sizes (LP64), the generation 1.8 headers (1.8 appended
- * attention's parent at 152 and sinks at 160, moe's expert biases at 264): a change here is a new
+ * Today's sizes (LP64), the generation 1.9 headers (1.8 appended
+ * attention's parent at 152 and sinks at 160, moe's expert biases at 264;
+ * 1.9 the sample args' logprobs at 72): a change here is a new
  * generation (append, update the pin and say so in backend.h) or an ABI
  * break (a major bump), never an accident.
  */
@@ -66,7 +73,8 @@ _Static_assert(sizeof(struct loom_attention_args) == 168, "struct loom_attention
 _Static_assert(sizeof(struct loom_backend_ops) == 248, "struct loom_backend_ops changed size");
 _Static_assert(sizeof(struct loom_moe_args) == 288, "struct loom_moe_args changed size");
 _Static_assert(sizeof(struct loom_sample_row) == 72, "struct loom_sample_row changed size");
-_Static_assert(sizeof(struct loom_sample_args) == 72, "struct loom_sample_args changed size");
+_Static_assert(sizeof(struct loom_sample_args) == 96, "struct loom_sample_args changed size");
+_Static_assert(sizeof(struct loom_sample_logprob) == 8, "struct loom_sample_logprob changed size");
 _Static_assert(offsetof(struct loom_sample_row, rng) == 40, "loom_sample_row rng moved");
 _Static_assert(sizeof(struct loom_collective_args) == 56, "struct loom_collective_args changed size");
 #endif

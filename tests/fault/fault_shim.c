@@ -9,6 +9,12 @@
  *                       LOOM_ERR_DEVICE otherwise)
  *   LOOM_FAULT_SLOT=S   the first call of slot S fails instead
  *   LOOM_FAULT_COUNT=1  at destroy, print "faultshim: N calls" on stderr
+ *   LOOM_FAULT_ABI_MINOR=N  the table says ABI 1.N (an older backend):
+ *                       below 9 a sample call must carry none of 1.9's
+ *                       rows (no logprobs; with LOOM_FAULT_HOST_MEMORY=1,
+ *                       the target's device memory being host memory, the
+ *                       rules are read too: no draw without top-k), else
+ *                       it fails with LOOM_ERR_INVALID and a line on stderr
  *
  * Counting starts afresh at each create(), which reads the variables then.
  *
@@ -139,7 +145,38 @@ PASS(int, moe, (struct loom_backend_ctx *ctx, const struct loom_moe_args *a), (c
 PASS(int, argmax,
      (struct loom_backend_ctx *ctx, int32_t *ids, const float *x, int64_t stride, int64_t rows,
       int64_t n), (ctx, ids, x, stride, rows, n))
-PASS(int, sample, (struct loom_backend_ctx *ctx, const struct loom_sample_args *a), (ctx, a))
+/* Whether a sample call holds a row a backend of the table's ABI minor
+ * must never see (LOOM_FAULT_ABI_MINOR below 9). */
+static const char *sample_too_new(const struct loom_sample_args *a)
+{
+	const char *host_mem = getenv("LOOM_FAULT_HOST_MEMORY");
+
+	if (shim.abi_minor >= 9)
+		return NULL;
+	if (LOOM_SAMPLE_HAS_LP(a) && a->lp)
+		return "logprobs";
+	for (int64_t r = 0; host_mem && *host_mem == '1' && r < a->rows; r++) {
+		const struct loom_sample_row *p = &a->params[r];
+
+		if (p->logprobs)
+			return "a row asking for logprobs";
+		if (p->temp > 0.0f && (p->top_k <= 0 || p->top_k >= a->n))
+			return "a row without top-k";
+	}
+	return NULL;
+}
+
+static int shim_sample(struct loom_backend_ctx *ctx, const struct loom_sample_args *a)
+{
+	const char *why = a ? sample_too_new(a) : NULL;
+
+	if (why) {
+		fprintf(stderr, "faultshim: an ABI 1.%u backend was handed %s\n",
+			(unsigned)shim.abi_minor, why);
+		return LOOM_ERR_INVALID;
+	}
+	return inner->sample(ctx, a);
+}
 
 static void shim_destroy(struct loom_backend_ctx *ctx)
 {
@@ -167,6 +204,8 @@ LOOM_EXPORT const struct loom_backend_ops *loom_backend_entry(void)
 	(void)at;
 	shim = *inner;
 	shim.name = "faultshim";
+	if (getenv("LOOM_FAULT_ABI_MINOR") && atoi(getenv("LOOM_FAULT_ABI_MINOR")) < (int)inner->abi_minor)
+		shim.abi_minor = (uint32_t)atoi(getenv("LOOM_FAULT_ABI_MINOR"));
 	shim.create = shim_create;
 	shim.destroy = shim_destroy;
 	shim.device_info = shim_device_info;

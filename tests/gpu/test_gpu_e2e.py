@@ -209,8 +209,9 @@ def check_fast(loom, stem, mix, model, out, exact):
     return 0 if same else 1
 
 
-# Sampling rules the device draws (top-k, penalties) and two it leaves to
-# the host (no top-k): (flags, whether the device samples)
+# Sampling rules: (flags, whether the device samples). Top-k and penalties
+# since ABI 1.8; without top-k (top_k 0 or >= the vocabulary) since 1.9
+# (LOOM_OP_SAMPLE_FULL), and left to the host with LOOM_GPU_SAMPLE_19=0.
 SAMPLINGS = [
     (("--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"), True),
     (("--temp", "1.3", "--top-k", "200", "--top-p", "1", "--min-p", "0",
@@ -218,7 +219,10 @@ SAMPLINGS = [
       "--repeat-last-n", "16"), True),
     (("--temp", "0", "--repeat-penalty", "1.5"), True),
     (("--temp", "2", "--top-k", "5", "--top-p", "0.5"), True),
-    (("--temp", "0.9", "--top-k", "0", "--top-p", "0.9"), False),
+    (("--temp", "0.9", "--top-k", "0", "--top-p", "0.9"), True),
+    (("--temp", "1.1", "--top-k", "0", "--top-p", "1", "--min-p", "0.02",
+      "--repeat-penalty", "1.2", "--repeat-last-n", "16"), True),
+    (("--temp", "0.9", "--top-k", "0", "--top-p", "0.9", "LOOM_GPU_SAMPLE_19=0"), False),
 ]
 
 
@@ -226,15 +230,17 @@ def check_sampled(loom, stem, model, out):
     """Sampling on the device (ABI 1.8 sample slot) draws the host
     sampler's tokens for the same seed: each rule of SAMPLINGS and several
     seeds, with the slot and with LOOM_DEVICE_SAMPLE=0 (the host samples
-    from downloaded logits); rules without top-k stay on the host. One
+    from downloaded logits); rules without top-k too (ABI 1.9), and on the
+    host with LOOM_GPU_SAMPLE_19=0 (the backend answers as a 1.8 one). One
     host wait a step either way. Returns the number of failures."""
     failed = 0
     for flags, on_device in SAMPLINGS:
-        for seed in ("1", "7", "12345"):
+        env = dict(f.split("=", 1) for f in flags if "=" in f)
+        for seed in ("1",) if env else ("1", "7", "12345"):  # the fallback: one seed
             log = []
-            args = (*flags, "--seed", seed)
+            args = (*(f for f in flags if "=" not in f), "--seed", seed)
             dev, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out, log,
-                            sampling=args, LOOM_GPU_EXACT="0")
+                            sampling=args, LOOM_GPU_EXACT="0", **env)
             host, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], KQUANT_TOKENS, out,
                              sampling=args, LOOM_GPU_EXACT="0", LOOM_DEVICE_SAMPLE="0")
             rows = re.search(r"rows sampled on the device: (\d+)", log[0])
@@ -244,7 +250,8 @@ def check_sampled(loom, stem, model, out):
             ok = (dev == host and len(dev) >= 1 and
                   (rows >= len(dev) - 1 if on_device else rows == 0) and
                   waits is not None and waits[0] <= waits[1] + 1)
-            print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {' '.join(args)}: {len(dev)} tokens "
+            shown = " ".join((*args, *(f"{k}={v}" for k, v in env.items())))
+            print(f"{'ok  ' if ok else 'FAIL'} {stem}.so {shown}: {len(dev)} tokens "
                   f"{'equal' if dev == host else 'differ from'} the host sampler's, "
                   f"{rows} rows sampled on the device, host waits {waits}")
             if dev != host:

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/rng.h"
 #include "engine/sampler.h"
 
 static struct loom_sampler_params params(float temp, uint64_t seed)
@@ -600,6 +601,219 @@ START_TEST(presence_frequency)
 }
 END_TEST
 
+
+/* ---- the whole-vocabulary rule (integer masses, ABI 1.9) ----
+ * A plain reference of the rule in loom/backend.h: every mass, a full
+ * sort for the top-p prefix, unsigned __int128 for the target, the draw
+ * in id order. The sampler (quickselect, 64-bit halves) must pick the
+ * same token for every seed, draw for draw. */
+
+static int rank_cmp(const void *a, const void *b)
+{
+	const float *x = a, *y = b; /* {key, id} pairs as floats */
+	float kx = x[0], ky = y[0];
+
+	if (kx != ky)
+		return kx > ky ? -1 : 1;
+	return (int)x[1] - (int)y[1];
+}
+
+static int32_t reference_full_draw(const float *l, int32_t n, const struct loom_sampler_params *p,
+				   uint64_t rng[4])
+{
+	uint64_t *q = malloc((size_t)n * sizeof(*q)), all = 0, need, got = 0, total = 0, cum = 0;
+	unsigned char *in_f = calloc((size_t)n, 1), *kept = calloc((size_t)n, 1);
+	float *order = malloc((size_t)n * 2 * sizeof(*order)), max = -INFINITY;
+	double floor_w = p->min_p > 0.0f ? p->min_p : 0.0;
+	int32_t i, j, tok = -1;
+	unsigned __int128 target;
+
+	ck_assert(q && in_f && kept && order && n < (1 << 24));
+	for (i = 0; i < n; i++)
+		if (!isnan(l[i]) && l[i] > max)
+			max = l[i];
+	for (i = 0; i < n; i++) {
+		float k = isnan(l[i]) ? -INFINITY : l[i];
+		double w = exp(((double)k - max) * (1.0 / p->temp));
+
+		q[i] = (uint64_t)ldexp(w, LOOM_SAMPLE_MASS_BITS);
+		all += q[i];
+		in_f[i] = w >= floor_w;
+		order[2 * i] = k == 0.0f ? 0.0f : k;
+		order[2 * i + 1] = (float)i;
+	}
+	qsort(order, (size_t)n, 2 * sizeof(float), rank_cmp);
+	need = (uint64_t)((double)p->top_p * (double)all);
+	need = need ? need : 1;
+	for (j = 0; j < n; j++) {
+		int32_t id = (int32_t)order[2 * j + 1];
+
+		if (!in_f[id])
+			continue;
+		if (p->top_p < 1.0f && got >= need)
+			break;
+		kept[id] = 1;
+		got += q[id];
+	}
+	for (i = 0; i < n; i++)
+		total += kept[i] ? q[i] : 0;
+	target = ((unsigned __int128)(loom_rng_next(rng) >> 11) * total) >> 53;
+	for (i = 0; i < n && tok < 0; i++) {
+		cum += kept[i] ? q[i] : 0;
+		if (target < cum)
+			tok = i;
+	}
+	free(q);
+	free(in_f);
+	free(kept);
+	free(order);
+	return tok;
+}
+
+static void full_case(int32_t n, float temp, float top_p, float min_p, int32_t top_k,
+		      float scale, uint64_t seed)
+{
+	struct loom_sampler_params p = params(temp, seed);
+	float *l = malloc((size_t)n * sizeof(*l)), *t = malloc((size_t)n * sizeof(*t));
+	uint64_t rng[4];
+	uint32_t x = (uint32_t)seed * 2654435761u + 1;
+	struct loom_sampler *s;
+
+	ck_assert(l && t);
+	p.top_p = top_p;
+	p.min_p = min_p;
+	p.top_k = top_k;
+	s = make(&p, n);
+	loom_rng_seed(rng, seed);
+	for (int d = 0; d < 25; d++) {
+		for (int32_t i = 0; i < n; i++)
+			l[i] = rand_logit(&x, scale);
+		if (d % 5 == 1) /* ties: a run of equal logits, and -0 beside +0 */
+			for (int32_t i = 0; i < n; i += 7)
+				l[i] = i % 2 ? 0.0f : -0.0f;
+		if (d % 5 == 2)
+			l[x % (uint32_t)n] = NAN;
+		memcpy(t, l, (size_t)n * sizeof(*t));
+		{
+			int32_t want = reference_full_draw(l, n, &p, rng);
+			int32_t got = loom_sampler_sample(s, t, NULL, 0);
+
+			ck_assert_msg(got == want,
+				      "n %d temp %g top_p %g min_p %g seed %llu draw %d: token %d, the rule draws %d",
+				      n, temp, top_p, min_p, (unsigned long long)seed, d, got, want);
+		}
+	}
+	loom_sampler_free(s);
+	free(l);
+	free(t);
+}
+
+START_TEST(whole_vocabulary_rule)
+{
+	for (uint64_t seed = 1; seed <= 3; seed++) {
+		full_case(1500, 0.8f, 0.95f, 0.05f, 0, 8.0f, seed);
+		full_case(1500, 1.5f, 0.9f, 0.0f, 0, 2.0f, seed);  /* flat: a long prefix */
+		full_case(1500, 0.7f, 1.0f, 0.0f, 0, 4.0f, seed);  /* temperature only */
+		full_case(1500, 1.0f, 0.5f, 0.2f, 1500, 6.0f, seed); /* top_k = n: whole */
+		full_case(49152, 0.9f, 0.9f, 0.0f, 0, 8.0f, seed);
+		full_case(49152, 3.0f, 0.99f, 0.0f, 0, 1.0f, seed); /* quickselect deep */
+		full_case(300, 0.5f, 0.3f, 0.0f, 0, 0.1f, seed);   /* near-uniform */
+	}
+}
+END_TEST
+
+/* ---- log-probabilities (ABI 1.9) ---- */
+
+/* The lanes' order is the definition: over random rows the sum in lane
+ * order must be what loom_logprob_lse returns, and the rows must be ones
+ * where another order (the lanes reversed) gives other bits, else the
+ * check above could not see a wrong order. */
+static void lanes_order_matters(void)
+{
+	enum { N = 3000 };
+	float l[N];
+	uint32_t x = 4321;
+	int differ = 0;
+
+	for (int row = 0; row < 40; row++) {
+		double lane[LOOM_SAMPLE_LANES] = { 0 }, fwd = 0.0, rev = 0.0, max = -INFINITY;
+
+		for (int i = 0; i < N; i++) {
+			l[i] = rand_logit(&x, 3.0f);
+			max = l[i] > max ? l[i] : max;
+		}
+		for (int i = 0; i < N; i++)
+			lane[i % LOOM_SAMPLE_LANES] += exp((double)l[i] - max);
+		for (int j = 0; j < LOOM_SAMPLE_LANES; j++) {
+			fwd += lane[j];
+			rev += lane[LOOM_SAMPLE_LANES - 1 - j];
+		}
+		ck_assert(loom_logprob_lse(l, N) == max + log(fwd));
+		differ += max + log(fwd) != max + log(rev);
+	}
+	ck_assert_int_gt(differ, 0);
+}
+
+START_TEST(logprob_lanes_and_top)
+{
+	enum { N = 5000, K = 20 };
+	float *l = malloc(N * sizeof(*l));
+	double lane[LOOM_SAMPLE_LANES] = { 0 }, sum = 0.0, lse, naive = 0.0, max = -INFINITY;
+	struct loom_token_logprob top[K + 2];
+	uint32_t x = 99;
+
+	ck_assert(l);
+	for (int i = 0; i < N; i++)
+		l[i] = rand_logit(&x, 6.0f);
+	l[17] = l[4000] = 12.0f; /* a tie at the top: the lower id first */
+	l[3] = NAN;
+	/* lanes i % 256 in order, then the lanes in order */
+	for (int i = 0; i < N; i++)
+		if (l[i] > max)
+			max = l[i];
+	for (int i = 0; i < N; i++)
+		lane[i % LOOM_SAMPLE_LANES] += exp((double)l[i] - max);
+	for (int j = 0; j < LOOM_SAMPLE_LANES; j++)
+		sum += lane[j];
+	l[3] = 0.0f; /* NaN would make the sum NaN: compare with a number */
+	for (int i = 0; i < LOOM_SAMPLE_LANES; i++)
+		lane[i] = 0.0;
+	for (int i = 0; i < N; i++)
+		lane[i % LOOM_SAMPLE_LANES] += exp((double)l[i] - max);
+	sum = 0.0;
+	for (int j = 0; j < LOOM_SAMPLE_LANES; j++)
+		sum += lane[j];
+	lse = loom_logprob_lse(l, N);
+	ck_assert(lse == max + log(sum)); /* bit for bit */
+	lanes_order_matters();
+	for (int i = 0; i < N; i++)
+		naive += exp((double)l[i] - max);
+	ck_assert(fabs(lse - (max + log(naive))) < 1e-12);
+	loom_logprob_top(l, N, lse, K, top);
+	ck_assert_int_eq(top[0].token, 17);
+	ck_assert_int_eq(top[1].token, 4000);
+	for (int j = 1; j < K; j++) {
+		float a = l[top[j - 1].token], b = l[top[j].token];
+
+		ck_assert(a > b || (a == b && top[j - 1].token < top[j].token));
+		ck_assert(top[j].logprob == (float)((double)b - lse));
+	}
+	for (int i = 0; i < N; i++) { /* nothing outside beats the last */
+		bool in = false;
+
+		for (int j = 0; j < K; j++)
+			in |= top[j].token == i;
+		ck_assert(in || l[i] < l[top[K - 1].token] ||
+			  (l[i] == l[top[K - 1].token] && i > top[K - 1].token));
+	}
+	/* past the vocabulary: { -1, NaN } */
+	loom_logprob_top(l, 3, loom_logprob_lse(l, 3), 5, top);
+	ck_assert_int_eq(top[3].token, -1);
+	ck_assert(isnan(top[4].logprob));
+	free(l);
+}
+END_TEST
+
 /* ---- validation ---- */
 
 /* ---- sampling on the device (backend ABI 1.8) ---- */
@@ -620,7 +834,7 @@ START_TEST(device_rules_pairs_and_stream)
 	p.repeat_penalty = 1.5f;
 	p.penalty_last_n = 6; /* {0, 99, 1, -5, 0, 3}: 0 twice, 1 and 3 once */
 	s = make(&p, 64);
-	ck_assert(loom_sampler_device_ok(s)); /* greedy with penalties */
+	ck_assert(loom_sampler_device_ok(s, false)); /* greedy with penalties */
 	ck_assert_int_eq(loom_sampler_device_row(s, hist, 7, &row, 10, tok, cnt, 8), 3);
 	ck_assert_int_eq(row.pen_first, 10);
 	ck_assert_int_eq(row.pen_count, 3);
@@ -637,19 +851,22 @@ START_TEST(device_rules_pairs_and_stream)
 	ck_assert_int_eq(loom_sampler_sample(s, l, hist, 7), 4);
 	loom_sampler_free(s);
 
-	/* without top-k the host samples (its sums run in id order) */
+	/* without top-k only a backend of the whole-vocabulary rule (ABI 1.9,
+	 * full) draws */
 	p = params(0.8f, 5);
 	s = make(&p, 64);
-	ck_assert(!loom_sampler_device_ok(s));
+	ck_assert(!loom_sampler_device_ok(s, false));
+	ck_assert(loom_sampler_device_ok(s, true));
 	loom_sampler_free(s);
 	p.top_k = 64; /* the whole vocabulary: the host's path without top-k */
 	s = make(&p, 64);
-	ck_assert(!loom_sampler_device_ok(s));
+	ck_assert(!loom_sampler_device_ok(s, false));
+	ck_assert(loom_sampler_device_ok(s, true));
 	loom_sampler_free(s);
 	p.top_k = 40;
 	s = make(&p, 64);
 	h = make(&p, 64);
-	ck_assert(loom_sampler_device_ok(s));
+	ck_assert(loom_sampler_device_ok(s, false));
 	for (int d = 0; d < 20; d++) {
 		for (int i = 0; i < 64; i++)
 			l[i] = (float)((i * 7 + d) % 13) * 0.25f;
@@ -669,7 +886,8 @@ START_TEST(device_rules_pairs_and_stream)
 	loom_sampler_free(h);
 	p.top_k = LOOM_SAMPLE_MAX_TOP_K + 1;
 	s = make(&p, 100000);
-	ck_assert(!loom_sampler_device_ok(s));
+	ck_assert(!loom_sampler_device_ok(s, false));
+	ck_assert(!loom_sampler_device_ok(s, true)); /* top-k past what the device sorts */
 	loom_sampler_free(s);
 }
 END_TEST
@@ -753,6 +971,8 @@ static Suite *sampler_suite(void)
 	tcase_add_test(tc, presence_frequency);
 	tcase_add_test(tc, invalid_params);
 	tcase_add_test(tc, device_rules_pairs_and_stream);
+	tcase_add_test(tc, whole_vocabulary_rule);
+	tcase_add_test(tc, logprob_lanes_and_top);
 	tcase_add_test(tc, defaults_are_valid);
 	suite_add_tcase(su, tc);
 	return su;

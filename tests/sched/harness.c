@@ -12,6 +12,9 @@ void collect(void *user, const struct loom_event *ev)
 	ck_assert_int_eq(c->n_final, 0); /* nothing after the final event */
 	if (ev->token >= 0) {
 		ck_assert_int_lt(c->n, MAX_GEN);
+		c->lp[c->n] = ev->logprob;
+		for (int32_t j = 0; j < ev->n_top && j < HARNESS_TOP; j++)
+			c->top[c->n][j] = ev->top[j];
 		c->toks[c->n++] = ev->token;
 		ck_assert_int_eq(ev->n_generated, c->n);
 	}
@@ -26,7 +29,8 @@ void submit(struct loom_sched *s, struct job *j, bool spec)
 {
 	struct loom_sched_request rq = { .prompt = j->prompt, .n_prompt = j->n_prompt,
 		.n_predict = j->n_predict, .sampling = j->sp, .cb = collect, .user = &j->c,
-		.spec = spec ? j->spec : NULL, .grammar = j->grammar };
+		.spec = spec ? j->spec : NULL, .grammar = j->grammar,
+		.logprobs = j->logprobs, .top_logprobs = j->top_logprobs };
 	char err[512];
 
 	memset(&j->c, 0, sizeof(j->c));

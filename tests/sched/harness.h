@@ -9,10 +9,14 @@
 #include "engine/scheduler.h"
 
 #define MAX_GEN 160
+#define HARNESS_TOP 6
 
 /* Everything one request reported. */
 struct col {
 	int32_t toks[MAX_GEN];
+	/* with logprobs: each token's, and its first HARNESS_TOP top ones */
+	float lp[MAX_GEN];
+	struct loom_token_logprob top[MAX_GEN][HARNESS_TOP];
 	int n, n_final;
 	enum loom_finish fin;
 	int32_t n_cached;
@@ -25,6 +29,8 @@ struct job {
 	struct loom_sampler_params sp;
 	struct loom_spec_kind *spec; /* used when submitted with spec = true */
 	const struct loom_grammar *grammar; /* optional: constrains the output */
+	bool logprobs;        /* ask for logprobs (and top_logprobs of them) */
+	int32_t top_logprobs;
 	struct col c;
 };
 

@@ -266,6 +266,74 @@ START_TEST(window_bounds_local_blocks)
 }
 END_TEST
 
+
+/*
+ * Sampling on the device (backend ABI 1.8 and 1.9: greedy with penalties,
+ * top-k, the whole vocabulary, logprobs) against the host sampler: the
+ * same requests batched, once as the backend takes them and once with
+ * LOOM_DEVICE_SAMPLE=0 (every row's logits downloaded and sampled on the
+ * host): tokens, logprobs and top logprobs equal bit for bit. On a
+ * backend without the slot both runs are the host's.
+ */
+START_TEST(device_sampling_equals_host)
+{
+	enum { N = 6 };
+	struct job *jobs = make_jobs(N, 12, false);
+	struct col host[N];
+	const char *old = getenv("LOOM_DEVICE_SAMPLE");
+
+	for (int i = 0; i < N; i++) {
+		struct loom_sampler_params *sp = &jobs[i].sp;
+
+		sp->seed = 500u + (uint64_t)i;
+		sp->temp = i == 5 ? 0.0f : 0.6f + 0.2f * (float)i;
+		sp->top_k = i % 3 == 0 ? 0 : i == 4 ? 100000 : 40; /* 0, >= n: the whole vocabulary */
+		sp->top_p = i % 2 ? 0.9f : 1.0f;
+		sp->min_p = i == 3 ? 0.05f : 0.0f;
+		sp->repeat_penalty = i >= 2 ? 1.3f : 1.0f;
+		sp->presence_penalty = i == 2 ? 0.4f : 0.0f;
+		jobs[i].logprobs = i % 3 != 0; /* 0 and 3 (the longest) without: steps of full rows alone */
+		jobs[i].top_logprobs = (i * 2) % (HARNESS_TOP + 1);
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		struct loom_sched *s = new_sched(0, false, 0);
+
+		setenv("LOOM_DEVICE_SAMPLE", pass == 0 ? "0" : "1", 1);
+		for (int i = 0; i < N; i++)
+			submit(s, &jobs[i], false);
+		drain(s);
+		for (int i = 0; i < N; i++) {
+			const struct col *a = &host[i], *b = &jobs[i].c;
+
+			ck_assert_int_eq(b->n_final, 1);
+			if (pass == 0) {
+				host[i] = *b;
+				continue;
+			}
+			assert_same(b, a, i);
+			for (int t = 0; t < a->n && jobs[i].logprobs; t++) {
+				ck_assert_msg(!memcmp(&a->lp[t], &b->lp[t], sizeof(float)),
+					      "request %d token %d: logprob %.9g, the host's %.9g", i, t,
+					      b->lp[t], a->lp[t]);
+				for (int j = 0; j < jobs[i].top_logprobs; j++)
+					ck_assert_msg(a->top[t][j].token == b->top[t][j].token &&
+						      !memcmp(&a->top[t][j].logprob,
+							      &b->top[t][j].logprob, sizeof(float)),
+						      "request %d token %d: top %d is {%d, %.9g}, the host's {%d, %.9g}",
+						      i, t, j, b->top[t][j].token, b->top[t][j].logprob,
+						      a->top[t][j].token, a->top[t][j].logprob);
+			}
+		}
+		loom_sched_free(s);
+	}
+	if (old)
+		setenv("LOOM_DEVICE_SAMPLE", old, 1);
+	else
+		unsetenv("LOOM_DEVICE_SAMPLE");
+	free(jobs);
+}
+END_TEST
+
 START_TEST(queue_bound_and_bad_requests)
 {
 	struct loom_sched_config cfg;
@@ -466,8 +534,12 @@ int main(void)
 	tcase_set_timeout(tc, 900);
 	const char *quick = getenv("LOOM_SCHED_QUICK");
 
+	const char *only = getenv("LOOM_SCHED_ONLY");
+
 	if (bench && *bench == '1') {
 		tcase_add_test(tc, throughput);
+	} else if (only && !strcmp(only, "device_sampling")) {
+		tcase_add_test(tc, device_sampling_equals_host);
 	} else if (quick && *quick == '1') {
 		/* the emulated GPU path of the windowed pool: batching and the
 		 * pool's bound (the rest runs on cpu.so in sched_swa) */
@@ -480,6 +552,7 @@ int main(void)
 		 * the shorter ones of the tests after (alone_find) */
 		tcase_add_test(tc, cancel_half_frees_blocks);
 		tcase_add_test(tc, batched_equals_alone);
+		tcase_add_test(tc, device_sampling_equals_host);
 		tcase_add_test(tc, preemption_keeps_outputs);
 		tcase_add_test(tc, prefix_cache_reuses_blocks);
 		tcase_add_test(tc, window_bounds_local_blocks);
