@@ -306,7 +306,8 @@ static int pairs_gemm(struct gemm_task *t, int nth)
 {
 	struct loom_backend_ctx *ctx = t->ctx;
 
-	if (grow((void **)&ctx->bfx, &ctx->bfx_cap, t->g.m, t->g.k / 2, sizeof(uint32_t)) ||
+	if (t->g.k > (int64_t)(SIZE_MAX / sizeof(float) / FGEMM_ROWS) ||
+	    grow((void **)&ctx->bfx, &ctx->bfx_cap, t->g.m, t->g.k / 2, sizeof(uint32_t)) ||
 	    cpu_scratch_reserve(ctx, fgemm_panel_floats(t->g.k / 2)))
 		return LOOM_ERR_NOMEM;
 	cpu_pool_run(&ctx->pool, pairs_x_task, t, t->g.m,
