@@ -147,6 +147,28 @@ def growth(samples):
     return sorted({n for _, n, st in samples if st == "streaming" and n > 0})
 
 
+# Polling from here sees a reply only as often as a round trip to the
+# browser allows, and a loaded machine makes that rare enough to miss a
+# fast reply's growth. The page records each length its streaming reply
+# shows, as the DOM changes, so the check does not race the model.
+WATCH_JS = """(() => {
+  window.__lens = new Set();
+  new MutationObserver(() => {
+    const all = document.querySelectorAll('#log .msg.assistant');
+    const m = all[all.length - 1];
+    if (m && m.dataset.state === 'streaming')
+      window.__lens.add(m.querySelector('.text').textContent.length);
+  }).observe(document.getElementById('log'),
+             {subtree: true, childList: true, characterData: true});
+})()"""
+
+
+def page_growth(page):
+    """Distinct non-zero lengths the page showed since WATCH_JS ran."""
+    lens = page.eval("Array.from(window.__lens || [])") or []
+    return sorted(n for n in lens if n > 0)
+
+
 def screenshot(page, name):
     root = os.environ.get("LOOM_BUILD_ROOT") or os.getcwd()
     outdir = os.path.join(root, "tests", "chat_page")
@@ -228,11 +250,13 @@ def real_checks(browser, port):
     set_number(page, "max-tokens", "48")
 
     type_prompt(page, "Write a short poem about the sea.")
+    page.eval(WATCH_JS)
     click(page, "send")
     snap, samples = wait_reply(page, 1)
-    grew = growth(samples)
+    grew = sorted(set(growth(samples)) | set(page_growth(page)))
     print(f"reply 1: {len(snap.get('text', ''))} chars, {len(samples)} "
-          f"samples, {len(grew)} distinct lengths while streaming",
+          f"samples, {len(grew)} distinct lengths while streaming "
+          f"({len(page_growth(page))} recorded by the page)",
           flush=True)
     check("reply 1 done", snap.get("state") == "done", str(snap)[:500])
     check("reply 1 non-empty", snap.get("text", "").strip() != "", str(snap))
