@@ -46,7 +46,9 @@ struct cpu_pool {
 	_Atomic(cpu_task_fn) fn;
 	_Atomic(void *) arg;
 	_Atomic int64_t n_chunks;
-	int solo; /* tasks left to run on the caller alone (caller-only) */
+	/* until this CLOCK_MONOTONIC time (ns; 0: not set) tasks run on the
+	 * caller alone (caller-only) */
+	int64_t solo_until;
 	/* caller-only counts, for the debug log: tasks posted to the pool,
 	 * waits that sent the next tasks solo, tasks run solo that way */
 	unsigned long long posted, slow_waits, solo_run;

@@ -817,7 +817,8 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 {
 	struct pack_task t = { .a = a };
 	size_t size;
-	int rc, solo;
+	int64_t solo_until;
+	int rc;
 
 	if (!ctx || !a || !out || !bytes || !LOOM_ARGS_HAS(a, struct loom_weight_pack_args, src_stride) || a->n <= 0 ||
 	    a->k <= 0 || !a->src)
@@ -837,9 +838,9 @@ int cpu_weight_pack(struct loom_backend_ctx *ctx, const struct loom_weight_pack_
 	/* packing first-touches the arena's pages: a chunk that waits on page
 	 * faults is not a thread that lost its core, so a slow wait here must
 	 * not send the first steps that follow to one thread */
-	solo = ctx->pool.solo;
+	solo_until = ctx->pool.solo_until;
 	cpu_pool_run(&ctx->pool, pack_task_run, &t, (a->n + 63) / 64, ctx->n_threads);
-	ctx->pool.solo = solo;
+	ctx->pool.solo_until = solo_until;
 	*bytes = size;
 	return LOOM_OK;
 }

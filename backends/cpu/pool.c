@@ -32,12 +32,16 @@
 /*
  * A worker that holds a chunk this long (or that the caller has to yield to)
  * after the caller ran out of work has most likely lost its core to another
- * process; each such wait costs a context switch or a scheduler time slice, so the next SOLO_TASKS tasks (about one decode step)
- * run on the caller alone, then the pool is tried again. Results do not
- * depend on the thread count, so this changes only speed.
+ * process; each such wait costs a context switch or a scheduler time slice,
+ * so the tasks posted in the next SOLO_NS (a few scheduler slices, several
+ * decode steps of a small model) run on the caller alone, then the pool is
+ * tried again. The window is time, not a task count: a prefill's tasks are
+ * milliseconds each, and 512 of them solo was a whole 1B-shaped pp512 on one
+ * thread (556 -> 437 t/s). Results do not depend on the thread count, so
+ * this changes only speed.
  */
 #define SLOW_WAIT_NS 2000000
-#define SOLO_TASKS 512
+#define SOLO_NS 10000000
 #define CLOSED 0xffffffffu
 
 static inline void cpu_relax(void)
@@ -137,7 +141,7 @@ int cpu_pool_init(struct cpu_pool *p, int n_threads)
 	atomic_init(&p->fn, NULL);
 	atomic_init(&p->arg, NULL);
 	atomic_init(&p->n_chunks, 0);
-	p->solo = 0;
+	p->solo_until = 0;
 	p->posted = p->slow_waits = p->solo_run = 0;
 	if (pthread_mutex_init(&p->mu, NULL))
 		return LOOM_ERR_NOMEM;
@@ -210,9 +214,13 @@ static void wait_done(struct cpu_pool *p, int64_t n_chunks)
 			yielded = true;
 		}
 	}
-	if (yielded && now_ns() - t0 > SLOW_WAIT_NS) {
-		p->solo = SOLO_TASKS;
-		p->slow_waits++;
+	if (yielded) {
+		int64_t t1 = now_ns();
+
+		if (t1 - t0 > SLOW_WAIT_NS) {
+			p->solo_until = t1 + SOLO_NS;
+			p->slow_waits++;
+		}
 	}
 }
 
@@ -222,10 +230,13 @@ void cpu_pool_run(struct cpu_pool *p, cpu_task_fn fn, void *arg, int64_t n_chunk
 
 	if (n_chunks <= 0)
 		return;
-	if (p->solo > 0 && nth > 1) {
-		p->solo--;
-		p->solo_run++;
-		nth = 1;
+	if (p->solo_until && nth > 1) {
+		if (now_ns() < p->solo_until) {
+			p->solo_run++;
+			nth = 1;
+		} else {
+			p->solo_until = 0;
+		}
 	}
 	if (nth <= 1 || p->n_threads <= 1 || n_chunks == 1 || n_chunks > CPU_POOL_MAX_CHUNKS) {
 		for (int64_t c = 0; c < n_chunks; c++)
