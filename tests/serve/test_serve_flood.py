@@ -6,10 +6,11 @@ Usage: test_serve_flood.py LOOM_BINARY   (model: $LOOM_MODEL)
 Leaving: a non-streaming n=64 request (and a streaming one) whose client
 closes its socket mid-generation is cancelled, and every KV block is free
 again within a second (loom_kv_blocks_used in /metrics; within two engine
-steps where a step takes longer than 0.4 s; within three steps, however
-long they took, where the machine slowed down after a step was timed; a
-sanitizer build, where steps are tens of times slower, uses n=4); so is
-one whose client shut only its sending side (the default;
+steps where a step takes longer than 0.4 s, timed before the close and
+over the steps run while the client left, so that a machine that slows
+down meanwhile moves the bound with it; a sanitizer build, where steps
+are tens of times slower, uses n=4); so is one whose client shut only
+its sending side (the default;
 --half-close answers it, test_serve_edges.py).
 
 Clients that close with their request, or while it is parsed (every parse
@@ -38,7 +39,6 @@ LOOM = sys.argv[1] if len(sys.argv) > 1 else "loom"
 MODEL = os.environ.get("LOOM_MODEL", "")
 FLOOD_BOUND_S = 10.0  # a big request's refusal, the other client's answer
 HEALTH_BOUND_S = 1.0
-LEAVE_STEPS = 3  # engine steps from a client's leaving to its blocks' return
 failures = []
 passed = 0
 
@@ -103,7 +103,6 @@ def leave(srv, stream, how, n):
     stepped, _ = wait_metric(srv, lambda m: m["loom_steps_total"] >=
                              m0["loom_steps_total"] + 2, 120)
     step_s = (time.time() - t0) / 2
-    bound = max(1.0, 2 * step_s + 0.2)
     at_close = metrics(srv)["loom_steps_total"]
     if how == "close":
         s.close()
@@ -111,17 +110,18 @@ def leave(srv, stream, how, n):
         s.shutdown(socket.SHUT_WR)
     freed, m = wait_metric(srv, lambda m: m["loom_kv_blocks_used"] == 0 and
                            m["loom_requests_running"] == 0 and
-                           m["loom_requests_waiting"] == 0, max(3 * bound + 2, 60))
+                           m["loom_requests_waiting"] == 0, 60)
+    # A step's time is also taken from the steps run while the client was
+    # leaving: where the machine got slower after step_s was timed, the
+    # bound follows it; a late cancel lets the steps go on at their pace
+    # and still misses it.
     steps = m["loom_steps_total"] - at_close
+    during = freed / max(steps, 1) if freed is not None else 0
+    bound = max(1.0, 2 * max(step_s, during) + 0.2)
     print(f"  {how} (stream={stream}): blocks free after {freed} s, {steps:.0f} steps "
           f"(a step takes {step_s:.3f} s)", flush=True)
-    # Where the machine got slower after step_s was measured, the seconds
-    # say little; the engine's steps still do: the step running at the
-    # close, the one running at the next client check, the one that frees.
-    check(f"client {how}: n={n} cancelled, blocks free within {bound:.1f} s or "
-          f"{LEAVE_STEPS} steps (stream={stream})",
-          stepped is not None and freed is not None and (freed < bound or steps <= LEAVE_STEPS),
-          (freed, steps, m))
+    check(f"client {how}: n={n} cancelled, blocks free within {bound:.1f} s (stream={stream})",
+          stepped is not None and freed is not None and freed < bound, (freed, steps, m))
     if how != "close":
         s.close()
 
