@@ -345,6 +345,7 @@ def limits(srv, model):
     s.close()
     m = wait_metrics(srv, lambda m: m.get("loom_kv_blocks_used", 1) == 0)
     made = m.get("loom_generation_tokens_total", 0) - before
+    print(f"limits: {made:.0f} tokens made after the client left", flush=True)
     check("limits: a stream whose client left is cancelled (KV blocks back to 0)",
           used > 0 and m.get("loom_kv_blocks_used", 1) == 0 and made < CANCEL_TOKENS,
           (used, m.get("loom_kv_blocks_used"), made))
