@@ -387,6 +387,13 @@ PP_PROMPTS = ['The capital of France is', 'Once upon a time, there was a',
               'My favourite food is', 'Water boils at']
 
 
+def log_text(log):
+    """What the server wrote to the file log so far, read with pread: a
+    seek would move the write offset it shares with the server."""
+    fd = log.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors='replace')
+
+
 def start_logged(model, extra, ranks, log, timeout=None):
     """start_server with stderr to the file log (LOOM_DEBUG fills a pipe);
     timeout: LOOM_DIST_TIMEOUT."""
@@ -540,8 +547,7 @@ def fault_serve_pp():
         p, port = start_logged(SMOL, ['--pp', '2', '--pp-micro', '2'], 2, log, timeout='5')
         pid1 = None
         try:
-            log.seek(0)
-            m = re.search(r'rank 1 of 2 \(pid (\d+)\)', log.read())
+            m = re.search(r'rank 1 of 2 \(pid (\d+)\)', log_text(log))
             if not m:
                 fail('serve --pp 2: no rank 1 pid in the log')
             pid1 = int(m.group(1))
@@ -559,7 +565,11 @@ def fault_serve_pp():
                         return
             for _ in range(6):
                 threading.Thread(target=client, daemon=True).start()
-            time.sleep(3)
+            # the fault comes once a step has run as micro-batches (a fixed
+            # 3 s wait could come before the first on a loaded machine)
+            deadline = time.time() + 120
+            while 'runs as' not in log_text(log) and p.poll() is None and time.time() < deadline:
+                time.sleep(0.1)
             if p.poll() is not None:
                 fail('serve --pp 2 ended before the fault')
             t0 = time.time()

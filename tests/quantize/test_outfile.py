@@ -71,17 +71,33 @@ def existing_and_links(tmp):
     check("no temporary left", not glob.glob(os.path.join(tmp, "*.??????.part")))
 
 
-def interrupted(tmp, sig):
-    name = signal.Signals(sig).name
-    out = os.path.join(tmp, "int_%s.gguf" % name)
+def signal_mid_write(out, sig):
+    """Starts a quantize to out and sends it sig once OUT.XXXXXX.part
+    exists: (whether the .part was seen, the exit status)."""
     proc = subprocess.Popen([LOOM, "quantize", "--allow-requantize", MODEL, out, "q8_0", "-t", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while not glob.glob(out + ".*.part") and proc.poll() is None and time.time() < deadline:
         time.sleep(0.002)
     seen = bool(glob.glob(out + ".*.part"))
     proc.send_signal(sig)
-    rc = proc.wait(timeout=60)
+    return seen, proc.wait(timeout=60)
+
+
+def interrupted(tmp, sig):
+    name = signal.Signals(sig).name
+    out = os.path.join(tmp, "int_%s.gguf" % name)
+    # The .part lives for the quantize's few hundred ms: a poller starved
+    # for that long (a loaded machine) sees the quantize end before the
+    # signal (exit 0). That is a missed moment, not a failure: try again. A
+    # quantize that never writes a .part, or that ignores the signal, exits
+    # 0 all five times and fails the checks below.
+    for _ in range(5):
+        seen, rc = signal_mid_write(out, sig)
+        if rc != 0:
+            break
+        if os.path.exists(out):
+            os.unlink(out)
     check("quantize writes through OUT.XXXXXX.part (%s)" % name, seen)
     check("%s ends quantize by the signal" % name, rc == -sig, f"rc {rc}")
     check("%s leaves no OUT.XXXXXX.part and no OUT" % name,

@@ -512,21 +512,39 @@ def queue_full():
         srv.stop()
 
 
+def stream_flagged(srv, req, started):
+    """stream() that sets the event `started` once the first SSE event has
+    arrived: the request was admitted and is generating."""
+    c = srv.conn()
+    c.request("POST", "/v1/completions", body=json.dumps(dict(req, stream=True)).encode(),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    head = r.read1(65536) if r.status == 200 else b""
+    started.set()
+    data = head + r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
 def shutdown():
     srv = Server("--ctx-size", "4096", "--parallel", "2", "--shutdown-timeout", "2")
     result = {}
+    started = threading.Event()
 
     def long_stream():
         try:
-            result["body"] = stream(srv, "/v1/completions",
-                                    dict(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
-                                         max_tokens=4000, temperature=0))
+            result["body"] = stream_flagged(srv, dict(prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+                                                      max_tokens=4000, temperature=0), started)
         except Exception as e:  # noqa: BLE001
             result["body"] = f"error {e}"
+        started.set()
 
     t = threading.Thread(target=long_stream)
     t.start()
-    time.sleep(1.0)
+    # SIGTERM once the stream is generating (a fixed wait raced its
+    # admission on a loaded machine)
+    check("the long stream starts", started.wait(120) and "body" not in result,
+          result.get("body"))
     t0 = time.time()
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
