@@ -160,21 +160,29 @@ struct tile_config {
 	uint8_t rows[16];
 };
 
+/* Loads the configuration both tile layers use: tile 0 X rows of 64
+ * bytes of sums, tile 1 X activation rows of `bytes` bytes, tile 2
+ * bytes / 4 weight rows of 64 bytes (4-byte groups: int8 quads or bf16
+ * pairs). */
+static __attribute__((target("amx-tile"))) void tiles_load_config(int X, int bytes)
+{
+	struct tile_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	cfg.rows[0] = (uint8_t)X;
+	cfg.colsb[0] = 64;
+	cfg.rows[1] = (uint8_t)X;
+	cfg.colsb[1] = (uint16_t)bytes;
+	cfg.rows[2] = (uint8_t)(bytes / 4);
+	cfg.colsb[2] = 64;
+	_tile_loadconfig(&cfg);
+}
+
 ALWAYS TGT_AMX void tiles_configure(struct tiles *ts, int X, int B)
 {
-	if (ts->hw) {
-		struct tile_config cfg;
-
-		memset(&cfg, 0, sizeof(cfg));
-		cfg.palette = 1;
-		cfg.rows[0] = (uint8_t)X;
-		cfg.colsb[0] = 64;
-		cfg.rows[1] = (uint8_t)X;
-		cfg.colsb[1] = (uint16_t)B;
-		cfg.rows[2] = (uint8_t)(B / 4);
-		cfg.colsb[2] = 64;
-		_tile_loadconfig(&cfg);
-	}
+	if (ts->hw)
+		tiles_load_config(X, B);
 }
 
 ALWAYS TGT_AMX void tiles_release(struct tiles *ts)
@@ -274,19 +282,8 @@ static bool amx_bf16_present(void)
  * of one half of the panel (16 weight rows). */
 static TGT_AMXBF void pairs_configure(bool hw, int X, int pn)
 {
-	if (hw) {
-		struct tile_config cfg;
-
-		memset(&cfg, 0, sizeof(cfg));
-		cfg.palette = 1;
-		cfg.rows[0] = (uint8_t)X;
-		cfg.colsb[0] = 64;
-		cfg.rows[1] = (uint8_t)X;
-		cfg.colsb[1] = (uint16_t)(4 * pn);
-		cfg.rows[2] = (uint8_t)pn;
-		cfg.colsb[2] = 64;
-		_tile_loadconfig(&cfg);
-	}
+	if (hw)
+		tiles_load_config(X, 4 * pn);
 }
 
 /* sums (X x 16, row stride 64 bytes) += activation pairs . panel half,

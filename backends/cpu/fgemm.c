@@ -131,6 +131,45 @@ TGT_512 void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k,
 		}
 }
 
+/* The masks of a panel's two halves for its first `rows` rows. */
+TGT_512 static inline void half_masks(int rows, __mmask16 *m0, __mmask16 *m1)
+{
+	*m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
+	*m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
+			  rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+}
+
+/* The sums over no values: y's m rows of `rows` zeros. */
+static void zero_rows(float *y, int64_t ys, int64_t m, int rows)
+{
+	for (int64_t i = 0; i < m; i++)
+		for (int r = 0; r < rows; r++)
+			y[i * ys + r] = 0.0f;
+}
+
+/* A tile's X x 2 accumulators (the panel's two halves): zero for a
+ * chain's start, else the chains so far from y. */
+TGT_512 static inline __attribute__((always_inline)) void
+tile_start(__m512 *a0, __m512 *a1, int X, bool first, const float *y, int64_t ys, __mmask16 m0,
+	   __mmask16 m1)
+{
+	for (int i = 0; i < X; i++) {
+		a0[i] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + i * ys);
+		a1[i] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + i * ys + HALF);
+	}
+}
+
+/* The accumulators to y, the masked rows only. */
+TGT_512 static inline __attribute__((always_inline)) void
+tile_store(const __m512 *a0, const __m512 *a1, int X, float *y, int64_t ys, __mmask16 m0,
+	   __mmask16 m1)
+{
+	for (int i = 0; i < X; i++) {
+		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
+		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
+	}
+}
+
 /* X activation rows by the panel's rows, k values [k0, k0 + kn); the
  * chains start at 0 (k0 == 0) or go on from y. */
 TGT_512 static inline __attribute__((always_inline)) void
@@ -140,10 +179,7 @@ tile(const float *panel, int64_t k0, int64_t kn, const float *x, int64_t xs, int
 	__m512 a0[FGEMM_X], a1[FGEMM_X];
 	const float *pb = panel + k0 * FGEMM_ROWS;
 
-	for (int i = 0; i < X; i++) {
-		a0[i] = k0 ? _mm512_maskz_loadu_ps(m0, y + i * ys) : _mm512_setzero_ps();
-		a1[i] = k0 ? _mm512_maskz_loadu_ps(m1, y + i * ys + HALF) : _mm512_setzero_ps();
-	}
+	tile_start(a0, a1, X, k0 == 0, y, ys, m0, m1);
 	for (int64_t kk = 0; kk < kn; kk++) {
 		const __m512 w0 = _mm512_loadu_ps(pb + kk * FGEMM_ROWS);
 		const __m512 w1 = _mm512_loadu_ps(pb + kk * FGEMM_ROWS + HALF);
@@ -155,10 +191,7 @@ tile(const float *panel, int64_t k0, int64_t kn, const float *x, int64_t xs, int
 			a1[i] = _mm512_fmadd_ps(b, w1, a1[i]);
 		}
 	}
-	for (int i = 0; i < X; i++) {
-		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
-		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
-	}
+	tile_store(a0, a1, X, y, ys, m0, m1);
 }
 
 /* tile() with X a constant, so its row loops unroll. */
@@ -182,16 +215,13 @@ TGT_512 static void tile_x(const float *panel, int64_t k0, int64_t kn, const flo
 TGT_512 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
 		       int64_t k, float *y, int64_t ys)
 {
-	const __mmask16 m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
-	const __mmask16 m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
-					 rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+	__mmask16 m0, m1;
 
-	if (k == 0) { /* empty sums */
-		for (int64_t i = 0; i < m; i++)
-			for (int r = 0; r < rows; r++)
-				y[i * ys + r] = 0.0f;
+	if (k == 0) {
+		zero_rows(y, ys, m, rows);
 		return;
 	}
+	half_masks(rows, &m0, &m1);
 	for (int64_t k0 = 0; k0 < k; k0 += KC) {
 		const int64_t kn = k - k0 < KC ? k - k0 : KC;
 
@@ -238,10 +268,7 @@ tile_pairs(const uint32_t *panel, int64_t p0, int64_t pn, const uint32_t *xp, in
 	__m512 a0[FGEMM_X], a1[FGEMM_X];
 	const uint32_t *pb = panel + p0 * FGEMM_ROWS;
 
-	for (int i = 0; i < X; i++) {
-		a0[i] = p0 ? _mm512_maskz_loadu_ps(m0, y + i * ys) : _mm512_setzero_ps();
-		a1[i] = p0 ? _mm512_maskz_loadu_ps(m1, y + i * ys + HALF) : _mm512_setzero_ps();
-	}
+	tile_start(a0, a1, X, p0 == 0, y, ys, m0, m1);
 	for (int64_t p = 0; p < pn; p++) {
 		const __m512bh w0 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS);
 		const __m512bh w1 = (__m512bh)_mm512_loadu_si512(pb + p * FGEMM_ROWS + HALF);
@@ -253,10 +280,7 @@ tile_pairs(const uint32_t *panel, int64_t p0, int64_t pn, const uint32_t *xp, in
 			a1[i] = _mm512_dpbf16_ps(a1[i], b, w1);
 		}
 	}
-	for (int i = 0; i < X; i++) {
-		_mm512_mask_storeu_ps(y + i * ys, m0, a0[i]);
-		_mm512_mask_storeu_ps(y + i * ys + HALF, m1, a1[i]);
-	}
+	tile_store(a0, a1, X, y, ys, m0, m1);
 }
 
 #define PAIRS_CASE(n)                                                                   \
@@ -268,16 +292,13 @@ __attribute__((target("avx512f,avx512bf16"))) void
 fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t m, int64_t kp,
 		float *y, int64_t ys)
 {
-	const __mmask16 m0 = (__mmask16)(rows >= HALF ? 0xffff : (1u << rows) - 1);
-	const __mmask16 m1 = (__mmask16)(rows >= FGEMM_ROWS ? 0xffff :
-					 rows > HALF ? (1u << (rows - HALF)) - 1 : 0);
+	__mmask16 m0, m1;
 
 	if (kp == 0) {
-		for (int64_t i = 0; i < m; i++)
-			for (int r = 0; r < rows; r++)
-				y[i * ys + r] = 0.0f;
+		zero_rows(y, ys, m, rows);
 		return;
 	}
+	half_masks(rows, &m0, &m1);
 	for (int64_t p0 = 0; p0 < kp; p0 += KC / 2) {
 		const int64_t pn = kp - p0 < KC / 2 ? kp - p0 : KC / 2;
 

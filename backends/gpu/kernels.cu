@@ -1025,6 +1025,93 @@ __device__ __forceinline__ void ld_words16(const uint8_t *p, int n, uint32_t *w)
 	}
 }
 
+/* sum plus the dp4a of n words of signed bytes q and x */
+__device__ __forceinline__ int dot_words(const uint32_t *q, const uint32_t *x, int n, int sum)
+{
+	for (int t = 0; t < n; t++)
+		sum = gpu_dp4a((int)q[t], (int)x[t], sum);
+	return sum;
+}
+
+/* sum plus the sum of the signed bytes of n words of x (a dp4a with ones) */
+__device__ __forceinline__ int sum_words(const uint32_t *x, int n, int sum)
+{
+	for (int t = 0; t < n; t++)
+		sum = gpu_dp4a(0x01010101, (int)x[t], sum);
+	return sum;
+}
+
+/* The integer dot of 32 values held as signed bytes in value order (8
+ * words) with the activation block at xq. */
+__device__ __forceinline__ int dot_bytes32(const uint32_t q[8], const int8_t *xq)
+{
+	uint32_t x[8];
+
+	ld_words((const uint8_t *)xq, 8, x);
+	return dot_words(q, x, 8, 0);
+}
+
+/* The integer dot of 32 values in q4_0's nibble layout (4 words; byte j:
+ * value j in the low nibble, value j + 16 in the high) with the
+ * activation block at xq. */
+__device__ __forceinline__ int dot_nibbles32(const uint32_t q[4], const int8_t *xq)
+{
+	uint32_t x[8];
+	int sum = 0;
+
+	ld_words((const uint8_t *)xq, 8, x);
+	for (int t = 0; t < 4; t++) {
+		sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
+		sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
+	}
+	return sum;
+}
+
+/* d * scale (dl) and dmin * min (ml) of sub-blocks 2 pair and 2 pair + 1
+ * of the q4_K or q5_K super-block at b */
+__device__ __forceinline__ void k45_pair_scales(const uint8_t *b, int pair, float dl[2],
+						float ml[2])
+{
+	const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
+
+	GPU_UNROLL
+	for (int h = 0; h < 2; h++) {
+		int sc, m;
+
+		k4_scale_min(b + 4, 2 * pair + h, &sc, &m);
+		dl[h] = d * (float)sc, ml[h] = dmin * (float)m;
+	}
+}
+
+/* The dot of a q4_K or q5_K unit (a pair of sub-blocks): sub-block hh's
+ * quants are nibble hh of q's bytes, for q5_K (Q5) with bit hh of h's
+ * bytes as the fifth bit; value = dl q - ml, so per sub-block
+ * dl dx sum(q xq) - ml s. */
+template <bool Q5>
+__device__ __forceinline__ float dot_k45(const uint32_t q[8], const uint32_t *h, const float dl[2],
+					 const float ml[2], const int8_t *xq,
+					 const struct q8_scale *xs)
+{
+	float r = 0.0f;
+
+	GPU_UNROLL
+	for (int hh = 0; hh < 2; hh++) {
+		uint32_t x[8];
+		int sum = 0;
+
+		ld_words((const uint8_t *)xq + 32 * hh, 8, x);
+		for (int t = 0; t < 8; t++) {
+			uint32_t v = (q[t] >> (4 * hh)) & 0x0f0f0f0fu;
+
+			if (Q5)
+				v |= ((h[t] >> hh) & 0x01010101u) << 4;
+			sum = gpu_dp4a((int)v, (int)x[t], sum);
+		}
+		r += dl[hh] * xs[hh].d * (float)sum - ml[hh] * xs[hh].s;
+	}
+	return r;
+}
+
 /*
  * A unit of a weight row is what one lane decodes at a time: a 32-value
  * block of q4_0 or q8_0, a pair of q4_K sub-blocks (64 values, one run
@@ -1048,13 +1135,7 @@ template <> struct unit<LOOM_TYPE_Q8_0> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		uint32_t x[8];
-		int sum = 0;
-
-		ld_words((const uint8_t *)xq, 8, x);
-		for (int t = 0; t < 8; t++)
-			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-		return d * xs[0].d * (float)sum;
+		return d * xs[0].d * (float)dot_bytes32(q, xq);
 	}
 };
 
@@ -1074,15 +1155,7 @@ template <> struct unit<LOOM_TYPE_Q4_0> {
 	/* value = d (q - 8): d (dx sum(q xq) - 8 dx sum(xq)) = d (dx sum - 8 s) */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		uint32_t x[8];
-		int sum = 0;
-
-		ld_words((const uint8_t *)xq, 8, x);
-		for (int t = 0; t < 4; t++) {
-			sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
-			sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
-		}
-		return d * (xs[0].d * (float)sum - 8.0f * xs[0].s);
+		return d * (xs[0].d * (float)dot_nibbles32(q, xq) - 8.0f * xs[0].s);
 	}
 };
 
@@ -1095,33 +1168,14 @@ template <> struct unit<LOOM_TYPE_Q4_K> {
 	{
 		const uint8_t *b = row + (u >> 2) * 144;
 		const int pair = (int)(u & 3);
-		const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
 
-		int sc0, m0, sc1, m1;
-
-		k4_scale_min(b + 4, 2 * pair, &sc0, &m0);
-		k4_scale_min(b + 4, 2 * pair + 1, &sc1, &m1);
-		dl[0] = d * (float)sc0, ml[0] = dmin * (float)m0;
-		dl[1] = d * (float)sc1, ml[1] = dmin * (float)m1;
+		k45_pair_scales(b, pair, dl, ml);
 		ld_words(b + 16 + 32 * pair, 8, q);
 	}
 
-	/* value = dl q - ml, per sub-block h: dl dx sum(q xq) - ml s */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		float r = 0.0f;
-
-		GPU_UNROLL
-		for (int h = 0; h < 2; h++) {
-			uint32_t x[8];
-			int sum = 0;
-
-			ld_words((const uint8_t *)xq + 32 * h, 8, x);
-			for (int t = 0; t < 8; t++)
-				sum = gpu_dp4a((int)((q[t] >> (4 * h)) & 0x0f0f0f0fu), (int)x[t], sum);
-			r += dl[h] * xs[h].d * (float)sum - ml[h] * xs[h].s;
-		}
-		return r;
+		return dot_k45<false>(q, NULL, dl, ml, xq, xs);
 	}
 };
 
@@ -1166,15 +1220,9 @@ template <> struct unit<LOOM_TYPE_Q6_K> {
 
 		ld_words((const uint8_t *)xq, 8, x);
 		GPU_UNROLL
-		for (int h = 0; h < 2; h++) {
-			int sum = 0, xsum = 0;
-
-			for (int t = 4 * h; t < 4 * h + 4; t++) {
-				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-				xsum = gpu_dp4a(0x01010101, (int)x[t], xsum);
-			}
-			total += sc[h] * (sum - 32 * xsum);
-		}
+		for (int h = 0; h < 2; h++)
+			total += sc[h] * (dot_words(q + 4 * h, x + 4 * h, 4, 0) -
+					  32 * sum_words(x + 4 * h, 4, 0));
 		return d * xs[0].d * (float)total;
 	}
 };
@@ -1205,15 +1253,7 @@ template <> struct unit<LOOM_TYPE_Q4_1> {
 	/* d dx sum(q xq) + m s */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		uint32_t x[8];
-		int sum = 0;
-
-		ld_words((const uint8_t *)xq, 8, x);
-		for (int t = 0; t < 4; t++) {
-			sum = gpu_dp4a((int)(q[t] & 0x0f0f0f0fu), (int)x[t], sum);
-			sum = gpu_dp4a((int)((q[t] >> 4) & 0x0f0f0f0fu), (int)x[t + 4], sum);
-		}
-		return d * xs[0].d * (float)sum + m * xs[0].s;
+		return d * xs[0].d * (float)dot_nibbles32(q, xq) + m * xs[0].s;
 	}
 };
 
@@ -1255,13 +1295,7 @@ template <> struct unit<LOOM_TYPE_Q5_0> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		uint32_t x[8];
-		int sum = 0;
-
-		ld_words((const uint8_t *)xq, 8, x);
-		for (int t = 0; t < 8; t++)
-			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-		return d * xs[0].d * (float)sum;
+		return d * xs[0].d * (float)dot_bytes32(q, xq);
 	}
 };
 
@@ -1282,13 +1316,7 @@ template <> struct unit<LOOM_TYPE_Q5_1> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		uint32_t x[8];
-		int sum = 0;
-
-		ld_words((const uint8_t *)xq, 8, x);
-		for (int t = 0; t < 8; t++)
-			sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-		return d * xs[0].d * (float)sum + m * xs[0].s;
+		return d * xs[0].d * (float)dot_bytes32(q, xq) + m * xs[0].s;
 	}
 };
 
@@ -1305,39 +1333,17 @@ template <> struct unit<LOOM_TYPE_Q5_K> {
 	{
 		const uint8_t *b = row + (u >> 2) * 176;
 		const int pair = (int)(u & 3);
-		const float d = half_to_f32(ld16(b)), dmin = half_to_f32(ld16(b + 2));
-		int sc0, m0, sc1, m1;
 
-		k4_scale_min(b + 4, 2 * pair, &sc0, &m0);
-		k4_scale_min(b + 4, 2 * pair + 1, &sc1, &m1);
-		dl[0] = d * (float)sc0, ml[0] = dmin * (float)m0;
-		dl[1] = d * (float)sc1, ml[1] = dmin * (float)m1;
+		k45_pair_scales(b, pair, dl, ml);
 		ld_words(b + 48 + 32 * pair, 8, q);
 		ld_words(b + 16, 8, h);
 		for (int t = 0; t < 8; t++)
 			h[t] = (h[t] >> (2 * pair)) & 0x03030303u;
 	}
 
-	/* value = dl q - ml, per sub-block hh: dl dx sum(q xq) - ml s */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		float r = 0.0f;
-
-		GPU_UNROLL
-		for (int hh = 0; hh < 2; hh++) {
-			uint32_t x[8];
-			int sum = 0;
-
-			ld_words((const uint8_t *)xq + 32 * hh, 8, x);
-			for (int t = 0; t < 8; t++) {
-				const uint32_t v = ((q[t] >> (4 * hh)) & 0x0f0f0f0fu) |
-						   ((h[t] >> hh) & 0x01010101u) << 4;
-
-				sum = gpu_dp4a((int)v, (int)x[t], sum);
-			}
-			r += dl[hh] * xs[hh].d * (float)sum - ml[hh] * xs[hh].s;
-		}
-		return r;
+		return dot_k45<true>(q, h, dl, ml, xq, xs);
 	}
 };
 
@@ -1378,13 +1384,8 @@ template <> struct unit<LOOM_TYPE_Q3_K> {
 
 		ld_words((const uint8_t *)xq, 8, x);
 		GPU_UNROLL
-		for (int hh = 0; hh < 2; hh++) {
-			int sum = 0;
-
-			for (int t = 4 * hh; t < 4 * hh + 4; t++)
-				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-			total += sc[hh] * sum;
-		}
+		for (int hh = 0; hh < 2; hh++)
+			total += sc[hh] * dot_words(q + 4 * hh, x + 4 * hh, 4, 0);
 		return d * xs[0].d * (float)total;
 	}
 };
@@ -1424,14 +1425,9 @@ template <> struct unit<LOOM_TYPE_Q2_K> {
 		GPU_UNROLL
 		for (int hh = 0; hh < 2; hh++) {
 			const int s = (int)(sm >> (8 * hh)) & 0xff;
-			int sum = 0, xsum = 0;
 
-			for (int t = 4 * hh; t < 4 * hh + 4; t++) {
-				sum = gpu_dp4a((int)q[t], (int)x[t], sum);
-				xsum = gpu_dp4a(0x01010101, (int)x[t], xsum);
-			}
-			total += (s & 15) * sum;
-			mins += (s >> 4) * xsum;
+			total += (s & 15) * dot_words(q + 4 * hh, x + 4 * hh, 4, 0);
+			mins += (s >> 4) * sum_words(x + 4 * hh, 4, 0);
 		}
 		return xs[0].d * (d * (float)total - dmin * (float)mins);
 	}
@@ -2216,16 +2212,16 @@ __device__ double sample_lse(const float *row, int32_t n, float mx, double *lane
 	return (double)mx + log(sum);
 }
 
-/* The k best of the row in rank order into lp[1..k] ({-1, NaN} past n),
- * as loom_logprob_top: the k-th key by sample_kth, the keys above it
- * gathered and sorted. */
-__device__ void sample_top_lp(const float *row, int32_t n, int32_t k, double lse,
-			      struct loom_sample_logprob *lp, uint64_t *keys, uint32_t *hist,
-			      uint64_t *found, int32_t *need_sh, uint32_t *n_keys)
+/* The keys of the row's k best (0 < k <= n) into keys[0 .. k) in rank
+ * order: the k-th key by sample_kth, the keys at or above it gathered,
+ * padded with zeros (below every real key) to a power of two and
+ * sorted. Every thread calls it. */
+__device__ void sample_top_keys(const float *row, int32_t n, int32_t k, uint64_t *keys,
+				uint32_t *hist, uint64_t *found, int32_t *need_sh,
+				uint32_t *n_keys)
 {
-	const int32_t kk = k < n ? k : n;
 	int32_t p2 = 1;
-	uint64_t kth = sample_kth(row, n, kk, hist, found, need_sh);
+	uint64_t kth = sample_kth(row, n, k, hist, found, need_sh);
 
 	if (threadIdx.x == 0)
 		*n_keys = 0;
@@ -2236,12 +2232,23 @@ __device__ void sample_top_lp(const float *row, int32_t n, int32_t k, double lse
 		if (c >= kth)
 			keys[atomicAdd(n_keys, 1u)] = c;
 	}
-	while (p2 < kk)
+	while (p2 < k)
 		p2 <<= 1;
-	for (int32_t i = kk + threadIdx.x; i < p2; i += THREADS)
+	for (int32_t i = k + threadIdx.x; i < p2; i += THREADS)
 		keys[i] = 0;
 	__syncthreads();
 	sample_sort(keys, p2);
+}
+
+/* The k best of the row in rank order into lp[1..k] ({-1, NaN} past n),
+ * as loom_logprob_top. */
+__device__ void sample_top_lp(const float *row, int32_t n, int32_t k, double lse,
+			      struct loom_sample_logprob *lp, uint64_t *keys, uint32_t *hist,
+			      uint64_t *found, int32_t *need_sh, uint32_t *n_keys)
+{
+	const int32_t kk = k < n ? k : n;
+
+	sample_top_keys(row, n, kk, keys, hist, found, need_sh, n_keys);
 	for (int32_t j = threadIdx.x; j < k; j += THREADS) {
 		const int32_t id = j < kk ? (int32_t)~(uint32_t)keys[j] : -1;
 
@@ -2269,25 +2276,10 @@ __device__ int32_t sample_topk_row(const float *row, int32_t n, const struct loo
 				   uint64_t *found, int32_t *need_sh, uint32_t *n_keys)
 {
 	const int32_t k = P.top_k;
-	int32_t p2 = 1, tok = -1;
-	uint64_t kth = sample_kth(row, n, k, hist, found, need_sh);
+	int32_t tok = -1;
 	double inv_t;
 
-	if (threadIdx.x == 0)
-		*n_keys = 0;
-	__syncthreads();
-	for (int32_t i = threadIdx.x; i < n; i += THREADS) {
-		const uint64_t c = rank_key(row, i);
-
-		if (c >= kth)
-			keys[atomicAdd(n_keys, 1u)] = c;
-	}
-	while (p2 < k)
-		p2 <<= 1;
-	for (int32_t i = k + threadIdx.x; i < p2; i += THREADS)
-		keys[i] = 0; /* below every real key */
-	__syncthreads();
-	sample_sort(keys, p2);
+	sample_top_keys(row, n, k, keys, hist, found, need_sh, n_keys);
 	inv_t = 1.0 / (double)P.temp;
 	for (int32_t j = threadIdx.x; j < k; j += THREADS)
 		w[j] = exp(((double)rank_value((uint32_t)(keys[j] >> 32)) - (double)mx) * inv_t);
@@ -2414,35 +2406,77 @@ __device__ __forceinline__ uint32_t nib_signed(uint32_t v)
 	return (v + 0x78787878u) ^ 0x80808080u;
 }
 
+/* Words w in q4_0's nibble layout (byte j: value j low, value j + 16
+ * high) to 8 words of bytes 0 .. 15 in value order. */
+__device__ __forceinline__ void split_nibbles(const uint32_t w[4], uint32_t q[8])
+{
+	for (int t = 0; t < 4; t++) {
+		q[t] = w[t] & 0x0f0f0f0fu;
+		q[t + 4] = (w[t] >> 4) & 0x0f0f0f0fu;
+	}
+}
+
+/* A unit holding its 32 values as bytes in value order (q8_0, q5_0,
+ * q5_1): one factor d for both halves, value = d q - b. */
+__device__ __forceinline__ void dec32_bytes(const uint32_t q[8], float d, float b, blk8 *o)
+{
+	o->a[0] = o->a[1] = d;
+	o->b = b;
+	for (int t = 0; t < 8; t++)
+		o->q[t] = q[t];
+}
+
+/* The sub-block factors of sub-block s of the q4_K or q5_K super-block
+ * at b: a = d * scale, b = dmin * min. */
+__device__ __forceinline__ void dec32_k45_factors(const uint8_t *b, int s, blk8 *o)
+{
+	int sc, m;
+
+	k4_scale_min(b + 4, s, &sc, &m);
+	o->a[0] = o->a[1] = half_to_f32(ld16(b)) * (float)sc;
+	o->b = half_to_f32(ld16(b + 2)) * (float)m;
+}
+
+/* q8_0 and its packed layout: the unit's bytes as they are */
+template <uint32_t T> __device__ __forceinline__ void dec32_q8(const uint8_t *row, int64_t blk,
+							       int64_t k, blk8 *o)
+{
+	unit<T> u;
+
+	u.load(row, blk, k);
+	dec32_bytes(u.q, u.d, 0.0f, o);
+}
+
+/* q4_0 and its packed layout: byte j holds value j (low nibble) and
+ * value j + 16 (high), value = d (q - 8) */
+template <uint32_t T> __device__ __forceinline__ void dec32_q4(const uint8_t *row, int64_t blk,
+							       int64_t k, blk8 *o)
+{
+	unit<T> u;
+
+	u.load(row, blk, k);
+	o->a[0] = o->a[1] = u.d;
+	o->b = 0.0f;
+	split_nibbles(u.q, o->q);
+	for (int t = 0; t < 8; t++)
+		o->q[t] = nib_signed(o->q[t]);
+}
+
 template <uint32_t T>
 __device__ __forceinline__ void dec32(const uint8_t *row, int64_t blk, int64_t k, blk8 *o);
 
 template <>
-__device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk, int64_t,
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q8_0>(const uint8_t *row, int64_t blk, int64_t k,
 						    blk8 *o)
 {
-	const uint8_t *b = row + blk * 34;
-
-	o->a[0] = o->a[1] = half_to_f32(ld16(b));
-	o->b = 0.0f;
-	ld_words(b + 2, 8, o->q);
+	dec32_q8<LOOM_TYPE_Q8_0>(row, blk, k, o);
 }
 
-/* byte j: value j (low nibble) and value j + 16 (high), value = d (q - 8) */
 template <>
-__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk, int64_t,
+__device__ __forceinline__ void dec32<LOOM_TYPE_Q4_0>(const uint8_t *row, int64_t blk, int64_t k,
 						    blk8 *o)
 {
-	const uint8_t *b = row + blk * 18;
-	uint32_t w[4];
-
-	o->a[0] = o->a[1] = half_to_f32(ld16(b));
-	o->b = 0.0f;
-	ld_words(b + 2, 4, w);
-	for (int t = 0; t < 4; t++) {
-		o->q[t] = nib_signed(w[t] & 0x0f0f0f0fu);
-		o->q[t + 4] = nib_signed((w[t] >> 4) & 0x0f0f0f0fu);
-	}
+	dec32_q4<LOOM_TYPE_Q4_0>(row, blk, k, o);
 }
 
 /* sub-block s of a super-block: nibbles of the 32 bytes of pair s / 2,
@@ -2454,11 +2488,8 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_K>(const uint8_t *row, int64_
 	const uint8_t *b = row + (blk >> 3) * 144;
 	const int s = (int)(blk & 7), shift = 4 * (s & 1);
 	uint32_t w[8];
-	int sc, m;
 
-	k4_scale_min(b + 4, s, &sc, &m);
-	o->a[0] = o->a[1] = half_to_f32(ld16(b)) * (float)sc;
-	o->b = half_to_f32(ld16(b + 2)) * (float)m;
+	dec32_k45_factors(b, s, o);
 	ld_words(b + 16 + 32 * (s >> 1), 8, w);
 	for (int t = 0; t < 8; t++)
 		o->q[t] = (w[t] >> shift) & 0x0f0f0f0fu;
@@ -2474,10 +2505,7 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q4_1>(const uint8_t *row, int64_
 	u.load(row, blk, k);
 	o->a[0] = o->a[1] = u.d;
 	o->b = -u.m;
-	for (int t = 0; t < 4; t++) {
-		o->q[t] = u.q[t] & 0x0f0f0f0fu;
-		o->q[t + 4] = (u.q[t] >> 4) & 0x0f0f0f0fu;
-	}
+	split_nibbles(u.q, o->q);
 }
 
 /* q5_0 (q - 16 as signed bytes) and q5_1 (q, value = d q + m): their
@@ -2489,10 +2517,7 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q5_0>(const uint8_t *row, int64_
 	unit<LOOM_TYPE_Q5_0> u;
 
 	u.load(row, blk, k);
-	o->a[0] = o->a[1] = u.d;
-	o->b = 0.0f;
-	for (int t = 0; t < 8; t++)
-		o->q[t] = u.q[t];
+	dec32_bytes(u.q, u.d, 0.0f, o);
 }
 
 template <>
@@ -2502,10 +2527,7 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q5_1>(const uint8_t *row, int64_
 	unit<LOOM_TYPE_Q5_1> u;
 
 	u.load(row, blk, k);
-	o->a[0] = o->a[1] = u.d;
-	o->b = -u.m;
-	for (int t = 0; t < 8; t++)
-		o->q[t] = u.q[t];
+	dec32_bytes(u.q, u.d, -u.m, o);
 }
 
 /* q5_K sub-block s: q4_K's nibbles with bit s of qh[l] as the fifth bit */
@@ -2516,11 +2538,8 @@ __device__ __forceinline__ void dec32<LOOM_TYPE_Q5_K>(const uint8_t *row, int64_
 	const uint8_t *b = row + (blk >> 3) * 176;
 	const int s = (int)(blk & 7), shift = 4 * (s & 1);
 	uint32_t w[8], h[8];
-	int sc, m;
 
-	k4_scale_min(b + 4, s, &sc, &m);
-	o->a[0] = o->a[1] = half_to_f32(ld16(b)) * (float)sc;
-	o->b = half_to_f32(ld16(b + 2)) * (float)m;
+	dec32_k45_factors(b, s, o);
 	ld_words(b + 48 + 32 * (s >> 1), 8, w);
 	ld_words(b + 16, 8, h);
 	for (int t = 0; t < 8; t++)
@@ -2575,24 +2594,14 @@ template <>
 __device__ __forceinline__ void dec32<GPU_Q8_0P>(const uint8_t *row, int64_t blk, int64_t k,
 						 blk8 *o)
 {
-	o->a[0] = o->a[1] = pk_scale<GPU_Q8_0P>(row, blk, k);
-	o->b = 0.0f;
-	ld_words16(pk_quants<GPU_Q8_0P>(row, blk), 8, o->q);
+	dec32_q8<GPU_Q8_0P>(row, blk, k, o);
 }
 
 template <>
 __device__ __forceinline__ void dec32<GPU_Q4_0P>(const uint8_t *row, int64_t blk, int64_t k,
 						 blk8 *o)
 {
-	uint32_t w[4];
-
-	o->a[0] = o->a[1] = pk_scale<GPU_Q4_0P>(row, blk, k);
-	o->b = 0.0f;
-	ld_words16(pk_quants<GPU_Q4_0P>(row, blk), 4, w);
-	for (int t = 0; t < 4; t++) {
-		o->q[t] = nib_signed(w[t] & 0x0f0f0f0fu);
-		o->q[t + 4] = nib_signed((w[t] >> 4) & 0x0f0f0f0fu);
-	}
+	dec32_q4<GPU_Q4_0P>(row, blk, k, o);
 }
 
 struct mmq_p {
