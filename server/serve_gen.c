@@ -350,56 +350,104 @@ static int gen_buffers(struct job *j, struct gen *g, struct loom_request *r)
 	return 0;
 }
 
+/* Tests only: LOOM_TEST_SUBMIT_DELAY_MS=N waits N ms before each choice
+ * after the first, as a submitting thread starved on a loaded machine
+ * does, so that a test can leave while the n choices are still being
+ * submitted (tests/serve/test_serve_flood.py). Nothing else reads it. */
+static void test_submit_delay(void)
+{
+	const char *v = getenv("LOOM_TEST_SUBMIT_DELAY_MS");
+	int ms = v ? atoi(v) : 0;
+
+	if (ms > 0 && ms <= 10000)
+		nanosleep(&(struct timespec){ .tv_sec = ms / 1000,
+					      .tv_nsec = (long)(ms % 1000) * 1000000 }, NULL);
+}
+
+/* True once j is cancelled; the choices from i on, never submitted, are
+ * then ended as cancelled, as the engine would end them. */
+static bool skip_cancelled(struct job *j, int i)
+{
+	bool stop;
+
+	pthread_mutex_lock(&j->mu);
+	stop = j->cancelled;
+	for (; stop && i < j->n; i++) {
+		j->gens[i].sched_done = true;
+		j->gens[i].finish = LOOM_FINISH_CANCELLED;
+	}
+	pthread_mutex_unlock(&j->mu);
+	return stop;
+}
+
+/* Submits choice g. 0, or loom_submit's status. A job_cancel that ran
+ * while loom_submit did saw no id for g: g is cancelled here. */
+static int submit_gen(struct job *j, struct gen *g, char *err, size_t errlen)
+{
+	struct server *srv = j->srv;
+	struct loom_request r;
+	bool late = false;
+	uint64_t id;
+	int rc;
+
+	loom_request_init(&r);
+	r.prompt = j->prompts[g->prompt];
+	r.n_prompt = j->prompt_lens[g->prompt];
+	r.n_predict = j->max_tokens > 0 ? j->max_tokens : 1; /* 0: echo only */
+	if (gen_buffers(j, g, &r)) {
+		snprintf(err, errlen, "out of memory");
+		return LOOM_ERR_NOMEM;
+	}
+	r.sampling = j->sp;
+	r.sampling.seed = j->sp.seed + (uint64_t)g->index;
+	r.spec = j->spec ? j->spec : "none";
+	r.spec_max_draft = j->spec_max_draft;
+	r.on_event = on_event;
+	r.user = g;
+	r.grammar = j->grammar;
+	pthread_mutex_lock(&srv->lock);
+	srv->n_gens_active++;
+	pthread_mutex_unlock(&srv->lock);
+	pthread_mutex_lock(&j->mu);
+	j->refs++;
+	pthread_mutex_unlock(&j->mu);
+	rc = loom_submit(srv->engine, &r, &id, err, errlen);
+	pthread_mutex_lock(&j->mu);
+	if (rc == 0) {
+		g->id = id;
+		g->submitted = true;
+		late = j->cancelled;
+	} else {
+		j->refs--;
+	}
+	pthread_mutex_unlock(&j->mu);
+	if (late)
+		loom_cancel(srv->engine, id);
+	if (rc) {
+		pthread_mutex_lock(&srv->lock);
+		if (--srv->n_gens_active == 0)
+			pthread_cond_broadcast(&srv->idle);
+		pthread_mutex_unlock(&srv->lock);
+	}
+	return rc;
+}
+
 int job_submit(struct job *j, char *err, size_t errlen)
 {
 	struct server *srv = j->srv;
+	bool stopped = false;
 	int i, rc = 0;
 
 	list_add(srv, j);
 	for (i = 0; i < j->n && rc == 0; i++) {
-		struct gen *g = &j->gens[i];
-		struct loom_request r;
-		uint64_t id;
-
-		loom_request_init(&r);
-		r.prompt = j->prompts[g->prompt];
-		r.n_prompt = j->prompt_lens[g->prompt];
-		r.n_predict = j->max_tokens > 0 ? j->max_tokens : 1; /* 0: echo only */
-		if (gen_buffers(j, g, &r)) {
-			snprintf(err, errlen, "out of memory");
-			rc = LOOM_ERR_NOMEM;
+		if (i > 0)
+			test_submit_delay();
+		stopped = skip_cancelled(j, i);
+		if (stopped)
 			break;
-		}
-		r.sampling = j->sp;
-		r.sampling.seed = j->sp.seed + (uint64_t)i;
-		r.spec = j->spec ? j->spec : "none";
-		r.spec_max_draft = j->spec_max_draft;
-		r.on_event = on_event;
-		r.user = g;
-		r.grammar = j->grammar;
-		pthread_mutex_lock(&srv->lock);
-		srv->n_gens_active++;
-		pthread_mutex_unlock(&srv->lock);
-		pthread_mutex_lock(&j->mu);
-		j->refs++;
-		pthread_mutex_unlock(&j->mu);
-		rc = loom_submit(srv->engine, &r, &id, err, errlen);
-		pthread_mutex_lock(&j->mu);
-		if (rc == 0) {
-			g->id = id;
-			g->submitted = true;
-		} else {
-			j->refs--;
-		}
-		pthread_mutex_unlock(&j->mu);
-		if (rc) {
-			pthread_mutex_lock(&srv->lock);
-			if (--srv->n_gens_active == 0)
-				pthread_cond_broadcast(&srv->idle);
-			pthread_mutex_unlock(&srv->lock);
-		}
+		rc = submit_gen(j, &j->gens[i], err, errlen);
 	}
-	if (rc) {
+	if (rc || stopped) {
 		job_cancel(j);
 		pthread_mutex_lock(&srv->lock);
 		pthread_mutex_lock(&j->mu);
@@ -420,6 +468,7 @@ void job_cancel(struct job *j)
 	int i, n = 0;
 
 	pthread_mutex_lock(&j->mu);
+	j->cancelled = true; /* job_submit submits no more choices */
 	for (i = 0; i < j->n; i++)
 		if (j->gens[i].submitted && !j->gens[i].sched_done)
 			ids[n++] = j->gens[i].id;
@@ -439,6 +488,7 @@ void server_cancel_all(struct server *srv)
 		int k;
 
 		pthread_mutex_lock(&j->mu);
+		j->cancelled = true; /* job_submit submits no more choices */
 		for (k = 0; k < j->n; k++) {
 			struct gen *g = &j->gens[k];
 

@@ -1032,8 +1032,12 @@ static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 	char why[512];
 	int rc;
 
+	/* watched while its choices are submitted: a client that leaves
+	 * then stops the rest from being submitted (job_cancel) */
+	sock_watch(srv->http, conn_sock(c), j);
 	rc = job_submit(j, why, sizeof(why));
 	if (rc) {
+		sock_watch(srv->http, conn_sock(c), NULL);
 		job_put(j);
 		if (rc == LOOM_ERR_FULL)
 			return fail_ep(c, srv, cn, 503, "queue_full",
@@ -1042,7 +1046,6 @@ static enum MHD_Result start_job(struct MHD_Connection *c, struct server *srv,
 			return fail_ep(c, srv, cn, 500, "out_of_memory", why);
 		return fail_ep(c, srv, cn, 400, "invalid_value", why);
 	}
-	sock_watch(srv->http, conn_sock(c), j);
 	if (j->stream) {
 		enum MHD_Result r = answer_stream(c, cn, j);
 

@@ -190,6 +190,9 @@ struct job {
 	/* ---- appended (ollama) ---- */
 	int api;                      /* enum serve_api: the answer's shape */
 	int tool_format;              /* enum serve_tool_format of its calls */
+	/* ---- appended (hcancel) ---- */
+	bool cancelled;               /* under mu: job_cancel ran; no choice is
+				       * submitted after it (job_submit) */
 };
 
 struct job *job_new(struct server *srv);
@@ -203,7 +206,9 @@ void job_put(struct job *j);
 /* Submits the n engine requests. 0, or loom_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */
 int job_submit(struct job *j, char *err, size_t errlen);
-/* Cancels every choice still running. */
+/* Cancels every choice still running, and those job_submit has not
+ * submitted yet: they are never submitted (the client may leave while
+ * the n choices are still being submitted). */
 void job_cancel(struct job *j);
 /* Waits up to timeout_ms for news, then moves every choice's new tokens
  * through detokenization and stop matching, calling emit for released

@@ -17,6 +17,13 @@ Clients that close with their request, or while it is parsed (every parse
 made 400 ms long by the server's test-only LOOM_TEST_PARSE_DELAY_MS),
 start no job: no prompt token is read for them.
 
+Leaving while the choices are submitted: with a 100 ms wait before each
+of an n=64 request's choices is submitted (the server's test-only
+LOOM_TEST_SUBMIT_DELAY_MS, as a starved submitting thread on a loaded
+machine), a client that closes once two choices run lets at most 8 more
+into the engine (counted from loom_prompt_tokens_total, not timed), and
+another client's greedy answer asked meanwhile is the one it gets alone.
+
 Flooding: a 1 MB chat message, a 1,000-tool request and six 127 KB
 messages at once, while /health is polled every 50 ms and a second client
 (127.0.0.2) asks for a short answer: every /health answers within 1 s, the
@@ -196,6 +203,80 @@ def leaving():
         check("server exits 0 (leaving)", srv.stop() == 0, srv.stderr()[-500:])
 
 
+# the test-only wait before each choice after the first is submitted
+SUBMIT_DELAY_MS = 100
+# choices a cancel may still let in after the close: the deadline thread
+# looks every 100 ms, so about one submit delay passes before it does;
+# without the cancel reaching the unsubmitted choices all 60-odd get in
+LATE_ADMITS = 8
+
+
+def greedy_text(srv, prompt):
+    st, _, body = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 8,
+                                               "temperature": 0})
+    r = json.loads(body) if st == 200 else {}
+    return st, r.get("choices", [{}])[0].get("text"), r.get("usage", {}).get("prompt_tokens")
+
+
+def leave_while_submitted(srv, stream, n, prompt, other):
+    """The client closes once two of its choices run, with the others
+    still being submitted (one per SUBMIT_DELAY_MS), while another client
+    asks for other["prompt"]'s greedy answer. Counted in choices admitted
+    (loom_prompt_tokens_total grows by a prompt's length at each first
+    admission) and engine steps, not seconds."""
+    m0 = metrics(srv)
+    s = raw_request(srv, "/v1/completions", {"prompt": prompt["text"], "n": n,
+                                             "max_tokens": 400, "temperature": 1.0,
+                                             "stream": stream})
+    started, mc = wait_metric(srv, lambda m: m["loom_prompt_tokens_total"] >=
+                              m0["loom_prompt_tokens_total"] + 2 * prompt["n"], 60)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=greedy_text(srv, other["text"])))
+    t.start()
+    s.close()
+    trace = []
+    freed, m = wait_metric(srv, lambda m: m["loom_kv_blocks_used"] == 0 and
+                           m["loom_requests_running"] == 0 and
+                           m["loom_requests_waiting"] == 0 and not t.is_alive(), 120, trace)
+    t.join(120)
+    late = (m["loom_prompt_tokens_total"] - mc["loom_prompt_tokens_total"] - other["n"]) \
+        / prompt["n"]
+    peak = max([mc["loom_requests_running"]] + [r[1] for r in trace])
+    steps = m["loom_steps_total"] - mc["loom_steps_total"]
+    print(f"  stream={stream}: {late:.0f} choices admitted after the close; {steps:.0f} "
+          f"steps and {freed} s until all blocks were free; running "
+          f"{mc['loom_requests_running']:.0f} at the close, {peak:.0f} at most after",
+          flush=True)
+    check(f"client left while its choices were submitted: at most {LATE_ADMITS} admitted "
+          f"after the close (stream={stream})",
+          started is not None and freed is not None and 0 <= late <= LATE_ADMITS,
+          (late, steps, trace[:40]))
+    check(f"another client's greedy answer untouched (stream={stream})",
+          got.get("r") == (200, other["alone"], other["n"]), (got, other))
+
+
+def left_during_submit():
+    """With a SUBMIT_DELAY_MS wait before each choice of a request is
+    submitted (the server's test-only LOOM_TEST_SUBMIT_DELAY_MS: a
+    submitting thread starved on a loaded machine), a client that leaves
+    while its n=64 choices are still being submitted stops the rest: no
+    more than LATE_ADMITS enter the engine after the close, and every
+    block is free again. Another client's greedy answer, asked meanwhile,
+    is the one it gets alone."""
+    srv = Server("--parallel", "64", "--ctx-size", "512",
+                 env={"LOOM_TEST_SUBMIT_DELAY_MS": str(SUBMIT_DELAY_MS)})
+    try:
+        n = 4 if sanitized() else 64
+        prompt, other = {"text": "Once upon a time"}, {"text": "The capital of France is"}
+        for p in (prompt, other):
+            st, p["alone"], p["n"] = greedy_text(srv, p["text"])
+            check(f"greedy answer alone ({p['text']})", st == 200 and p["n"], st)
+        for stream in (False, True):
+            leave_while_submitted(srv, stream, n, prompt, other)
+    finally:
+        check("server exits 0 (submit delayed)", srv.stop() == 0, srv.stderr()[-500:])
+
+
 # ---- a flood of big requests ----
 
 def big_requests():
@@ -295,7 +376,7 @@ def main():
     if not MODEL or not os.path.exists(MODEL):
         print(f"skip: model not found ({MODEL or '$LOOM_MODEL unset'})")
         return 77
-    for test in (leaving, left_during_parse, flood):
+    for test in (leaving, left_during_parse, left_during_submit, flood):
         t0 = time.time()
         try:
             test()
