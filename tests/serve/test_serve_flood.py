@@ -113,7 +113,7 @@ def leave(srv, stream, how, n):
     # all n choices generating before the close: on a loaded machine they
     # reach the engine over many steps (3 running and none waiting, the
     # other 61 counted nowhere, for 0.4 s), and a close then is a
-    # different case, found slow to cancel (docs/TESTING.md)
+    # different case (left_during_submit)
     started, m0 = wait_metric(srv, lambda m: m.get("loom_requests_running", 0) >= n and
                               m.get("loom_kv_blocks_used", 0) > 0, 60)
     check(f"n={n} running (stream={stream})", started is not None, m0)
