@@ -1042,7 +1042,10 @@ __device__ __forceinline__ int sum_words(const uint32_t *x, int n, int sum)
 }
 
 /* The integer dot of 32 values held as signed bytes in value order (8
- * words) with the activation block at xq. */
+ * words) with the activation block at xq. The units take these sums into
+ * a local before they read the activation scales: written inside the
+ * float expression, nvcc loads xs first and keeps it live across the
+ * dp4a chain (more registers, and spills in the 16-row GEMV). */
 __device__ __forceinline__ int dot_bytes32(const uint32_t q[8], const int8_t *xq)
 {
 	uint32_t x[8];
@@ -1135,7 +1138,9 @@ template <> struct unit<LOOM_TYPE_Q8_0> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		return d * xs[0].d * (float)dot_bytes32(q, xq);
+		const int sum = dot_bytes32(q, xq);
+
+		return d * xs[0].d * (float)sum;
 	}
 };
 
@@ -1155,7 +1160,9 @@ template <> struct unit<LOOM_TYPE_Q4_0> {
 	/* value = d (q - 8): d (dx sum(q xq) - 8 dx sum(xq)) = d (dx sum - 8 s) */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		return d * (xs[0].d * (float)dot_nibbles32(q, xq) - 8.0f * xs[0].s);
+		const int sum = dot_nibbles32(q, xq);
+
+		return d * (xs[0].d * (float)sum - 8.0f * xs[0].s);
 	}
 };
 
@@ -1253,7 +1260,9 @@ template <> struct unit<LOOM_TYPE_Q4_1> {
 	/* d dx sum(q xq) + m s */
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		return d * xs[0].d * (float)dot_nibbles32(q, xq) + m * xs[0].s;
+		const int sum = dot_nibbles32(q, xq);
+
+		return d * xs[0].d * (float)sum + m * xs[0].s;
 	}
 };
 
@@ -1295,7 +1304,9 @@ template <> struct unit<LOOM_TYPE_Q5_0> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		return d * xs[0].d * (float)dot_bytes32(q, xq);
+		const int sum = dot_bytes32(q, xq);
+
+		return d * xs[0].d * (float)sum;
 	}
 };
 
@@ -1316,7 +1327,9 @@ template <> struct unit<LOOM_TYPE_Q5_1> {
 
 	__device__ __forceinline__ float dot(const int8_t *xq, const struct q8_scale *xs) const
 	{
-		return d * xs[0].d * (float)dot_bytes32(q, xq) + m * xs[0].s;
+		const int sum = dot_bytes32(q, xq);
+
+		return d * xs[0].d * (float)sum + m * xs[0].s;
 	}
 };
 
