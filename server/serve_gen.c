@@ -350,13 +350,11 @@ static int gen_buffers(struct job *j, struct gen *g, struct loom_request *r)
 	return 0;
 }
 
-/* Tests only: LOOM_TEST_SUBMIT_DELAY_MS=N waits N ms before each choice
- * after the first, as a submitting thread starved on a loaded machine
- * does, so that a test can leave while the n choices are still being
- * submitted (tests/serve/test_serve_flood.py). Nothing else reads it. */
-static void test_submit_delay(void)
+/* Tests only (serve_int.h): sleeps the milliseconds the environment
+ * variable `name` gives (0 < N <= 10000), else returns at once. */
+void test_delay(const char *name)
 {
-	const char *v = getenv("LOOM_TEST_SUBMIT_DELAY_MS");
+	const char *v = getenv(name);
 	int ms = v ? atoi(v) : 0;
 
 	if (ms > 0 && ms <= 10000)
@@ -441,7 +439,11 @@ int job_submit(struct job *j, char *err, size_t errlen)
 	list_add(srv, j);
 	for (i = 0; i < j->n && rc == 0; i++) {
 		if (i > 0)
-			test_submit_delay();
+			/* tests only: LOOM_TEST_SUBMIT_DELAY_MS=N waits N ms before each
+			 * choice after the first, as a submitting thread starved on a
+			 * loaded machine does, so that a test can leave while the n
+			 * choices are still being submitted (test_serve_flood.py) */
+			test_delay("LOOM_TEST_SUBMIT_DELAY_MS");
 		stopped = skip_cancelled(j, i);
 		if (stopped)
 			break;

@@ -879,19 +879,6 @@ static bool embed_too_big(const struct server *srv, const struct serve_embed_req
 
 /* ---- the parse stage (serve_parse.h) ---- */
 
-/* Tests only: LOOM_TEST_PARSE_DELAY_MS=N makes every parse take N ms
- * longer, so that a test can leave while its request is being parsed
- * (tests/serve/test_serve_flood.py). Nothing else reads it. */
-static void test_parse_delay(void)
-{
-	const char *v = getenv("LOOM_TEST_PARSE_DELAY_MS");
-	int ms = v ? atoi(v) : 0;
-
-	if (ms > 0 && ms <= 10000)
-		nanosleep(&(struct timespec){ .tv_sec = ms / 1000,
-					      .tv_nsec = (long)(ms % 1000) * 1000000 }, NULL);
-}
-
 /* On a worker: the body into cn->p (a request, or a /tokenize reply). */
 static void parse_run(struct parse_item *it)
 {
@@ -910,7 +897,10 @@ static void parse_run(struct parse_item *it)
 		p->stopping = true;
 		return;
 	}
-	test_parse_delay();
+	/* tests only: LOOM_TEST_PARSE_DELAY_MS=N makes every parse take N ms
+	 * longer, so that a test can leave while its request is being parsed
+	 * (test_serve_flood.py) */
+	test_delay("LOOM_TEST_PARSE_DELAY_MS");
 	if (cn->ep == EP_TOKENIZE || cn->ep == EP_DETOKENIZE) {
 		p->reply = cn->ep == EP_TOKENIZE ? api_tokenize(srv->tok, body, len, &p->e) :
 			   api_detokenize(srv->tok, body, len, &p->e);

@@ -205,6 +205,9 @@ void job_hold(struct job *j);
 void job_put(struct job *j);
 /* Submits the n engine requests. 0, or loom_submit's status with
  * err: LOOM_ERR_FULL when the queue is full (HTTP 503), else a bad request. */
+/* Tests only: sleeps the N milliseconds (0 < N <= 10000) that the
+ * environment variable `name` gives; nothing else reads those variables. */
+void test_delay(const char *name);
 int job_submit(struct job *j, char *err, size_t errlen);
 /* Cancels every choice still running, and those job_submit has not
  * submitted yet: they are never submitted (the client may leave while
