@@ -220,6 +220,12 @@ int main(int argc, char **argv)
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q4_K },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q5_K },
 		{ "ffn down 1536x576", 1536, 576, LOOM_TYPE_Q6_K },
+		/* Llama-3.2-1B's feed-forward (tools/mkgguf.py --preset 1b) */
+		{ "1b ffn up 2048x8192", 2048, 8192, LOOM_TYPE_Q4_0 },
+		{ "1b ffn up 2048x8192", 2048, 8192, LOOM_TYPE_Q8_0 },
+		{ "1b ffn up 2048x8192", 2048, 8192, LOOM_TYPE_Q4_K },
+		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q4_K },
+		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q6_K },
 	};
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;
