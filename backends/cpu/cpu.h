@@ -244,8 +244,11 @@ struct cpu_region {
 	size_t n, cap;
 	/* fuse decode GEMVs with what follows them (LOOM_CPU_FUSE=0: no) */
 	bool fuse;
+	/* graph_end is running a kept gemm call: since the previous kept
+	 * call, only gemms ran (gemm.c may reuse quantized rows) */
+	bool in_gemm;
 	/* for the log at destroy */
-	unsigned long long regions, groups, group_calls;
+	unsigned long long regions, groups, group_calls, qx_reused;
 };
 
 /* Keeps a checked call of the open region; its status is the call's. */
@@ -386,6 +389,15 @@ struct loom_backend_ctx {
 	size_t qsc_cap; /* floats */
 	struct qgemm_x *qprep; /* prefill (qgemm.h): activation blocks */
 	size_t qprep_cap;
+	/* which rows qx and qprep hold for qgemm (gemm.c, qgemm_gemm): in a
+	 * replayed step region the next gemm of the same rows (a layer's Q,
+	 * K and V; its gate and up) reuses them */
+	struct cpu_qx_memo {
+		bool valid;
+		const float *x;
+		int64_t x_stride, m, k;
+		int block, off;
+	} qmemo;
 	struct qdot_kblock *qkx; /* the same for the K-quants */
 	size_t qkx_cap; /* super-blocks */
 	/* one token's RoPE cos/sin (ops.c): a decode step rotates q and k of

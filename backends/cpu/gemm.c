@@ -643,6 +643,7 @@ static int qdot_gemm(struct gemm_task *t, int nth)
 	int64_t m = t->g.m, k = t->g.k;
 
 	kernel_pick(t, ctx->qisa);
+	ctx->qmemo.valid = false; /* qx is overwritten */
 	if (qx_reserve(ctx, m, k / 32))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
@@ -711,6 +712,31 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 }
 
 /* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
+/*
+ * Inside a replayed step region, a gemm that reads the rows the previous
+ * gemm quantized for qgemm (nothing but gemms ran between: region.c) takes
+ * them as they are: a prefill layer's Q, K and V read one normalized
+ * input, its gate and up another. Quantizing is a function of the rows
+ * alone (and of the format's block and offset), so the bits are those of
+ * quantizing again.
+ */
+static bool qx_memo_hit(const struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
+{
+	const struct cpu_qx_memo *q = &ctx->qmemo;
+
+	return ctx->rg.in_gemm && q->valid && q->x == g->x && q->x_stride == g->x_stride &&
+	       q->m == g->m && q->k == g->k && q->block == qgemm_block(g->type) &&
+	       q->off == qgemm_offset(g->type);
+}
+
+static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
+{
+	ctx->qmemo = (struct cpu_qx_memo){
+		.valid = ctx->rg.in_gemm, .x = g->x, .x_stride = g->x_stride, .m = g->m,
+		.k = g->k, .block = qgemm_block(g->type), .off = qgemm_offset(g->type),
+	};
+}
+
 static int qgemm_gemm(struct gemm_task *t, int nth)
 {
 	struct loom_backend_ctx *ctx = t->ctx;
@@ -726,7 +752,13 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;
 	t->prep = ctx->qprep;
-	cpu_pool_run(&ctx->pool, quant_task, t, m, m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+	if (qx_memo_hit(ctx, &t->g)) {
+		ctx->rg.qx_reused++;
+	} else {
+		cpu_pool_run(&ctx->pool, quant_task, t, m,
+			     m * t->g.k >= CPU_PAR_MIN_WORK ? ctx->n_threads : 1);
+		qx_memo_set(ctx, &t->g);
+	}
 	cpu_pool_run(&ctx->pool, qgemm_task, t,
 		     (t->n + QGEMM_PANELS * QGEMM_ROWS - 1) / (QGEMM_PANELS * QGEMM_ROWS), nth);
 	return LOOM_OK;

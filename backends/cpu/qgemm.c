@@ -27,6 +27,11 @@ static int weight_off(uint32_t t)
 	return offset_format(t) ? 0 : 128;
 }
 
+int qgemm_offset(uint32_t type)
+{
+	return weight_off(type);
+}
+
 bool qgemm_supported(enum qdot_isa isa, uint32_t type)
 {
 	/* mxfp4 has 8-bit GEMV kernels but no panel builder of its own: its

@@ -52,6 +52,8 @@ int qgemm_block(uint32_t type);
 /* Bytes of one panel block of B values: B / 4 groups of 64 bytes, then
  * the 16 rows' scales and their 16 minima (floats). */
 size_t qgemm_block_bytes(int B);
+/* The offset type's weights enter with (qgemm_x.fix): 128 or 0. */
+int qgemm_offset(uint32_t type);
 /* Whether type's blocks have a minimum (the panel's minima are used). */
 bool qgemm_has_min(uint32_t type);
 /* Bytes of a panel of k values (a multiple of 64). */

@@ -42,7 +42,7 @@
 #define MAXM 3
 
 static int failures;
-static unsigned long long regions_run, groups, group_calls, rkv_launches, rkv_ncalls;
+static unsigned long long regions_run, groups, group_calls, rkv_launches, rkv_ncalls, qx_reused;
 
 static void catch_log(void *host, enum loom_log_level level, const char *msg)
 {
@@ -55,8 +55,8 @@ static void catch_log(void *host, enum loom_log_level level, const char *msg)
 		sscanf(r, "rope and kv_write: %llu launches of %llu calls", &rkv_launches,
 		       &rkv_ncalls);
 	if (q)
-		sscanf(q, "step regions: %llu run, %llu gemm groups of %llu calls", &regions_run,
-		       &groups, &group_calls);
+		sscanf(q, "step regions: %llu run, %llu gemm groups of %llu calls, %llu prefill",
+		       &regions_run, &groups, &group_calls, &qx_reused);
 }
 
 static uint64_t rng;
@@ -363,6 +363,100 @@ static void check(const struct loom_backend_ops *ops, const struct loom_backend_
 	}
 	free(direct.mem);
 	free(region.mem);
+}
+
+/* ---- prefill gemms that share quantized rows ---- */
+
+/*
+ * cpu.so's prefill GEMM (qgemm, 16 rows or more) quantizes its activation
+ * rows; in a region the next gemm of the same rows takes them as they are
+ * when only gemms ran between (backends/cpu/gemm.c, qx_memo_hit). The
+ * calls below reuse them exactly twice (b after a, twice); a Q6_K gemm
+ * (16-value blocks) between, a float gemm that writes the rows, and an add
+ * that does must each make the next gemm quantize again, or its output
+ * differs from the direct calls'.
+ */
+#define PM 32 /* prefill rows */
+#define PN 128
+
+enum { PA, PB, PC, PF, N_PW };
+
+static int prefill_calls(struct ctx *x, const struct weight *w, float *mem)
+{
+	float *in = mem, *z = in + PM * D, *y = z + PM * D;
+	int rc = gemm(x, w, PA, in, y, PM);
+
+	rc = rc ? rc : gemm(x, w, PB, in, y + 1 * PM * PN, PM);  /* reuses */
+	rc = rc ? rc : gemm(x, w, PC, in, y + 2 * PM * PN, PM);  /* Q6_K: its own */
+	rc = rc ? rc : gemm(x, w, PA, in, y + 3 * PM * PN, PM);  /* Q4_K again */
+	rc = rc ? rc : gemm(x, w, PF, z, in, PM);                /* writes the rows */
+	rc = rc ? rc : gemm(x, w, PB, in, y + 4 * PM * PN, PM);
+	rc = rc ? rc : x->ops->add(x->c, in, D, in, D, z, D, PM, PM, D); /* and again */
+	rc = rc ? rc : gemm(x, w, PA, in, y + 5 * PM * PN, PM);
+	rc = rc ? rc : gemm(x, w, PB, in, y + 6 * PM * PN, PM);  /* reuses */
+	return rc;
+}
+
+static void check_prefill_quant(const struct loom_backend_ops *ops,
+				const struct loom_backend_host *host)
+{
+	static const uint32_t type[N_PW] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K,
+					     LOOM_TYPE_F32 };
+	const size_t floats = (size_t)PM * (2 * D + 7 * PN);
+	struct weight w[N_PW];
+	struct ctx x[2];
+	int rc[2] = { -1, -1 };
+
+	rng = 0x51ed2701ull;
+	for (int i = 0; i < N_PW; i++)
+		if (make_weight(&w[i], type[i], i == PF ? D : PN, D, type[i] != LOOM_TYPE_F32)) {
+			printf("FAIL prefill rows: cannot make the weights\n");
+			failures++;
+			return;
+		}
+	for (int r = 0; r < 2; r++) {
+		if (ctx_open(&x[r], ops, host, 2, w, N_PW)) {
+			printf("FAIL prefill rows: cannot set up a context\n");
+			failures++;
+			return;
+		}
+		free(x[r].mem);
+		x[r].mem = malloc(floats * sizeof(float));
+		rng = 99;
+		for (size_t i = 0; x[r].mem && i < floats; i++)
+			x[r].mem[i] = frand();
+	}
+	if (x[0].mem && x[1].mem) {
+		rc[0] = prefill_calls(&x[0], w, x[0].mem);
+		rc[1] = ops->graph_begin(x[1].c);
+		if (!rc[1]) {
+			int end;
+
+			rc[1] = prefill_calls(&x[1], w, x[1].mem);
+			end = ops->graph_end(x[1].c);
+			rc[1] = rc[1] ? rc[1] : end;
+		}
+	}
+	ctx_close(&x[0]);
+	qx_reused = 0;
+	ctx_close(&x[1]); /* logs the count */
+	if (rc[0] || rc[1]) {
+		printf("FAIL prefill rows: status %d directly, %d in a region\n", rc[0], rc[1]);
+		failures++;
+	} else if (memcmp(x[0].mem, x[1].mem, floats * sizeof(float))) {
+		printf("FAIL prefill rows: a region's results differ from direct calls\n");
+		failures++;
+	} else if (qx_reused != 2) {
+		printf("FAIL prefill rows: %llu gemms reused quantized rows, want 2\n", qx_reused);
+		failures++;
+	} else {
+		printf("ok   prefill rows: two gemms of 8 reuse quantized rows, the rest quantize "
+		       "again; results equal direct calls bit for bit\n");
+	}
+	free(x[0].mem);
+	free(x[1].mem);
+	for (int i = 0; i < N_PW; i++)
+		free(w[i].bytes);
 }
 
 /* ---- random runs ---- */
@@ -950,6 +1044,7 @@ int main(int argc, char **argv)
 		}
 		if (!gpu) {
 			check_backend(ops, &host, false, false, "");
+			check_prefill_quant(ops, &host);
 			continue;
 		}
 		/* GPU backends in both modes: 8-bit activations, then f32 */
