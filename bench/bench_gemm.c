@@ -226,6 +226,9 @@ int main(int argc, char **argv)
 		{ "1b ffn up 2048x8192", 2048, 8192, LOOM_TYPE_Q4_K },
 		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q4_K },
 		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q6_K },
+		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q4_0 },
+		{ "1b lm head 2048x128256", 2048, 128256, LOOM_TYPE_Q6_K },
+		{ "1b lm head 2048x128256", 2048, 128256, LOOM_TYPE_Q8_0 },
 	};
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;

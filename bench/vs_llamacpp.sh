@@ -13,7 +13,11 @@
 # (same -p/-n/-t/-r), ROUNDS times over, interleaved, and prints medians over
 # the rounds, the loom/llama.cpp ratios and the decode weight stream
 # (weight bytes x tg t/s) as a fraction of the streaming-read bandwidth it
-# measures with a small C program at the same thread count.
+# measures with a small C program (bench/streamread.c) at the same thread
+# count. The probe runs again right before each round's pair of runs, and
+# a fraction is that round's decode against that round's probe (median
+# over rounds): a shared host's bandwidth moves by tens of percent within
+# minutes, so one probe at the start measured another machine.
 #
 # Environment:
 #   LOOM          loom binary                 (default ./build/tools/loom)
@@ -132,6 +136,8 @@ declare -A R
 for r in $(seq 1 "$ROUNDS"); do
 	for q in $QUANTS; do
 		for t in $THREADS; do
+			read -r bc bp < <("$STREAM" "$t") && [ -n "$bp" ] || die "bandwidth probe failed"
+			R[$q,$t,bw]+=" $bc"; R[$q,$t,bwp]+=" $bp"
 			f=$OUTDIR/loom.$q.t$t.r$r
 			# shellcheck disable=SC2086
 			"$LOOM" bench --model "${FILE[$q]}" -p "$PP" -n "$TG" -d "$DEPTH" -t "$t" -r "$REPS" $LOOM_FLAGS >"$f" 2>&1 ||
@@ -142,10 +148,22 @@ for r in $(seq 1 "$ROUNDS"); do
 				die "llama-bench failed on $q -t $t, see $f"
 			read -r cp ct < <(parse_llama "$f") || die "cannot parse $f"
 			R[$q,$t,lp]+=" $lp"; R[$q,$t,lt]+=" $lt"; R[$q,$t,cp]+=" $cp"; R[$q,$t,ct]+=" $ct"
-			log "round $r $q -t $t: loom pp$PP $lp tg$TG $lt | llama.cpp pp$PP $cp tg$TG $ct"
+			log "round $r $q -t $t: probe $bc GB/s | loom pp$PP $lp tg$TG $lt | llama.cpp pp$PP $cp tg$TG $ct"
 		done
 	done
 done
+
+# The median over rounds of weight bytes x tg t/s / probe bandwidth, each
+# round's decode against the probe run just before it.
+fractions() { # WEIGHT_BYTES "TG_RATES" "PROBE_RATES"
+	local -a tg bw
+	local i out=()
+	read -r -a tg <<<"$2"; read -r -a bw <<<"$3"
+	for i in "${!tg[@]}"; do
+		out+=("$(awk -v w="$1" -v t="${tg[$i]}" -v b="${bw[$i]}" 'BEGIN { print w * t / 1e9 / b }')")
+	done
+	median "${out[@]}"
+}
 
 # Weight bytes streamed per decode token: the tensor data of the file (file
 # size less the GGUF header and metadata is within a fraction of a percent).
@@ -164,13 +182,14 @@ PY
 echo
 echo "loom: $LOOM bench ${LOOM_FLAGS:-(default flags)}; llama.cpp $VERSION (PyPI llama-cpp-python sdist); $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
 echo "t/s, medians of $ROUNDS interleaved rounds (each the mean of -r $REPS); ratio = loom / llama.cpp;"
-echo "tg GB/s = weight bytes x tg t/s, and as a fraction of the streaming-read bandwidth at that thread count"
-for t in $THREADS; do echo "  streaming read, $t thread(s): ${BW[$t]} GB/s best 64 MiB chunk (${BWPASS[$t]} GB/s best 1 GiB pass)"; done
+echo "tg GB/s = weight bytes x tg t/s; (of BW): median over rounds of its fraction of the streaming-read"
+echo "bandwidth (best 64 MiB chunk) probed right before that round; probe GB/s: median chunk / 1 GiB pass"
+for t in $THREADS; do echo "  streaming read at the start, $t thread(s): ${BW[$t]} GB/s best 64 MiB chunk (${BWPASS[$t]} GB/s best 1 GiB pass)"; done
 echo "  load average before the runs: $LOAD0; after: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$DEPTH" -gt 0 ] && echo "  tg after $DEPTH tokens of context; pp: loom on an empty cache, llama.cpp after $DEPTH tokens (compare tg only)"
 echo
-echo "| model ($stem) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model ($stem) | weights MB | threads | loom pp$PP | llama.cpp pp$PP | ratio | loom tg$TG | llama.cpp tg$TG | ratio | probe GB/s | loom tg GB/s (of BW) | llama.cpp tg GB/s (of BW) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for q in $QUANTS; do
 	wb=$(wbytes "${FILE[$q]}")
 	for t in $THREADS; do
@@ -178,9 +197,16 @@ for q in $QUANTS; do
 		lp=$(median ${R[$q,$t,lp]}); lt=$(median ${R[$q,$t,lt]})
 		# shellcheck disable=SC2086
 		cp=$(median ${R[$q,$t,cp]}); ct=$(median ${R[$q,$t,ct]})
-		awk -v q="$q" -v t="$t" -v wb="$wb" -v bw="${BW[$t]}" -v lp="$lp" -v lt="$lt" -v cp="$cp" -v ct="$ct" 'BEGIN {
+		# shellcheck disable=SC2086
+		bw=$(median ${R[$q,$t,bw]}); bp=$(median ${R[$q,$t,bwp]})
+		# shellcheck disable=SC2086
+		lf=$(fractions "$wb" "${R[$q,$t,lt]}" "${R[$q,$t,bw]}")
+		# shellcheck disable=SC2086
+		cf=$(fractions "$wb" "${R[$q,$t,ct]}" "${R[$q,$t,bw]}")
+		awk -v q="$q" -v t="$t" -v wb="$wb" -v bw="$bw" -v bp="$bp" -v lp="$lp" -v lt="$lt" \
+			-v cp="$cp" -v ct="$ct" -v lf="$lf" -v cf="$cf" 'BEGIN {
 			lg = wb * lt / 1e9; cg = wb * ct / 1e9
-			printf "| %s | %.1f | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.2f | %.1f (%.0f %%) | %.1f (%.0f %%) |\n",
-				q, wb / 1e6, t, lp, cp, lp / cp, lt, ct, lt / ct, lg, 100 * lg / bw, cg, 100 * cg / bw }'
+			printf "| %s | %.1f | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.2f | %.1f / %.1f | %.1f (%.0f %%) | %.1f (%.0f %%) |\n",
+				q, wb / 1e6, t, lp, cp, lp / cp, lt, ct, lt / ct, bw, bp, lg, 100 * lf, cg, 100 * cf }'
 	done
 done
