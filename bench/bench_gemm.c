@@ -62,6 +62,7 @@ static const struct format {
 } formats[] = {
 	{ LOOM_TYPE_F32, "f32", 1, 4, { -1, -1 } },
 	{ LOOM_TYPE_Q8_0, "q8_0", 32, 34, { 0, -1 } },
+	{ LOOM_TYPE_Q4_0, "q4_0", 32, 18, { 0, -1 } },
 	{ LOOM_TYPE_Q4_1, "q4_1", 32, 20, { 0, 2 } },
 	{ LOOM_TYPE_Q5_0, "q5_0", 32, 22, { 0, -1 } },
 	{ LOOM_TYPE_Q2_K, "q2_K", 256, 84, { 80, 82 } },
@@ -229,6 +230,10 @@ int main(int argc, char **argv)
 		{ "1b ffn down 8192x2048", 8192, 2048, LOOM_TYPE_Q4_0 },
 		{ "1b lm head 2048x128256", 2048, 128256, LOOM_TYPE_Q6_K },
 		{ "1b lm head 2048x128256", 2048, 128256, LOOM_TYPE_Q8_0 },
+		/* Llama-3-8B's ffn down (k past one pass of the 1-row kernels' fixes
+		 * before 2026-11-29) */
+		{ "8b ffn down 14336x4096", 14336, 4096, LOOM_TYPE_Q4_0 },
+		{ "8b ffn down 14336x4096", 14336, 4096, LOOM_TYPE_Q8_0 },
 	};
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;

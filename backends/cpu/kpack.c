@@ -960,9 +960,16 @@ kq_block(bool q3, const uint8_t *p, const struct qdot_kblock *x, __m512 acc)
  * row's bits do not depend on how many rows a call has.
  */
 
-/* Activation rows and blocks whose fixes a pass keeps (16 KiB of stack). */
+/*
+ * Activation rows a pass takes, and the fixes it keeps (16 KiB of stack):
+ * SEQ_FIXES / rows blocks a pass, so that one decode row (and up to 4
+ * rows up to k = 32768) reads every group in one pass. With more blocks
+ * than a pass holds, a pass reads a slice of each group and jumps to the
+ * next: on an 8B-shaped Q4_0 file's ffn_down (k = 14336) at 256 blocks a
+ * pass, decode read 28 GB/s against Q4_K_M's 34 (1 thread).
+ */
 #define SEQ_ROWS 16
-#define SEQ_BLOCKS 256
+#define SEQ_FIXES 4096
 /* Activation rows that share a block's weights from registers: 8 rather
  * than 4 gave a 1B-shaped Q4_0 model's pp512 +7 % (1 thread). */
 #define SEQ_X 8
@@ -975,16 +982,17 @@ TGT_VNNI static inline __attribute__((always_inline)) int32_t hsum_i256(__m256i 
 	return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
 }
 
-/* fix[i][b - s0] = -o * sum(x[i * xr + b].q) for m rows, blocks [s0, s0 + n). */
+/* fix[i * n + b - s0] = -o * sum(x[i * xr + b].q) for m rows, blocks
+ * [s0, s0 + n). */
 TGT_VNNI static inline __attribute__((always_inline)) void
 seq_fixes(uint32_t t, const struct qdot_block *x, int64_t xr, int m, int64_t s0, int64_t n,
-	  int32_t (*fix)[SEQ_BLOCKS])
+	  int32_t *fix)
 {
 	const __m256i o = _mm256_set1_epi8((char)b32_offset(t));
 
 	for (int i = 0; i < m; i++)
 		for (int64_t b = 0; b < n; b++)
-			fix[i][b] = b32_offset(t) ?
+			fix[i * n + b] = b32_offset(t) ?
 				-hsum_i256(_mm256_dpbusd_epi32(
 					_mm256_setzero_si256(), o,
 					_mm256_loadu_si256((const __m256i *)x[i * xr + s0 + b].q))) : 0;
@@ -1034,7 +1042,7 @@ seq_weights(uint32_t t, const uint8_t *g, struct b32_at at, __m512i u[8], __m512
  * x, x + xr, ... into acc[0 .. X). */
 TGT_VNNI static inline __attribute__((always_inline)) void
 seq_group(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, int64_t xr,
-	  int X, int64_t s0, int64_t n, const int32_t (*fix)[SEQ_BLOCKS], __m512 *acc)
+	  int X, int64_t s0, int64_t n, const int32_t *fix, __m512 *acc)
 {
 	for (int64_t b = s0; b < s0 + n; b++) {
 		const struct b32_at at = b32_at(t, b, nb);
@@ -1046,7 +1054,7 @@ seq_group(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, 
 		seq_weights(t, g, at, u, &dw, &mw);
 		for (int i = 0; i < X; i++) {
 			const struct qdot_block *xb = x + i * xr + b;
-			__m512i s0v = _mm512_set1_epi32(fix[i][b - s0]), s1v = _mm512_setzero_si512();
+			__m512i s0v = _mm512_set1_epi32(fix[i * n + b - s0]), s1v = _mm512_setzero_si512();
 
 			for (int l = 0; l < 4; l++) {
 				s0v = _mm512_dpbusd_epi32(s0v, u[l], _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)xb->q + 4 * l)));
@@ -1064,7 +1072,7 @@ seq_group(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, 
 /* seq_group() with X a constant, so its row loop unrolls. */
 TGT_VNNI static inline __attribute__((always_inline)) void
 seq_group_x(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x, int64_t xr,
-	    int X, int64_t s0, int64_t n, const int32_t (*fix)[SEQ_BLOCKS], __m512 *acc)
+	    int X, int64_t s0, int64_t n, const int32_t *fix, __m512 *acc)
 {
 	switch (X) {
 	case 1: seq_group(t, g, nb, x, xr, 1, s0, n, fix, acc); break;
@@ -1080,21 +1088,23 @@ seq_group_x(uint32_t t, const uint8_t *g, int64_t nb, const struct qdot_block *x
 
 /*
  * Rows [j0, j1) of the packed weight w against m activation rows x (x_i =
- * x + i * nb) into y + i * ys. Weights of more than SEQ_BLOCKS blocks take
- * passes; between them a row's float waits in y (exactly).
+ * x + i * nb) into y + i * ys. Weights of more blocks than a pass holds
+ * (SEQ_FIXES / rows) take passes; between them a row's float waits in y
+ * (exactly).
  */
 TGT_VNNI static inline __attribute__((always_inline)) void
 seq_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int m, int64_t nb, float *y,
 	 int64_t ys, int64_t j0, int64_t j1)
 {
 	const size_t gb = row_share(t, nb) * KPACK_ROWS;
-	int32_t fix[SEQ_ROWS][SEQ_BLOCKS];
+	int32_t fix[SEQ_FIXES];
 
 	for (int i0 = 0; i0 < m; i0 += SEQ_ROWS) {
 		const int mi = m - i0 < SEQ_ROWS ? m - i0 : SEQ_ROWS;
+		const int64_t per = SEQ_FIXES / mi;
 
-		for (int64_t s0 = 0; s0 < nb; s0 += SEQ_BLOCKS) {
-			const int64_t n = nb - s0 < SEQ_BLOCKS ? nb - s0 : SEQ_BLOCKS;
+		for (int64_t s0 = 0; s0 < nb; s0 += per) {
+			const int64_t n = nb - s0 < per ? nb - s0 : per;
 
 			seq_fixes(t, x + i0 * nb, nb, mi, s0, n, fix);
 			for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
@@ -1115,8 +1125,7 @@ seq_rows(uint32_t t, const uint8_t *w, const struct qdot_block *x, int m, int64_
 						acc[k] = _mm512_loadu_ps(lanes);
 					}
 					seq_group_x(t, w + (size_t)gi * gb, nb, x + (i0 + i) * nb, nb,
-						    X, s0, n, (const int32_t(*)[SEQ_BLOCKS])fix + i,
-						    acc);
+						    X, s0, n, fix + i * n, acc);
 					/* lanes lo .. hi-1 are rows r0 + lo .. r0 + hi - 1 */
 					for (int k = 0; k < X; k++) {
 						_mm512_storeu_ps(lanes, acc[k]);

@@ -380,7 +380,7 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
  * row the group holds; each kernel set's kernel over random row ranges
  * equals qdot_ref() of that set (16 lanes for AVX-512 VNNI, 8 for AVX2
  * and AVX-VNNI) of each row bit for bit and writes nothing outside the
- * range. nb past 128 takes the kernels' passes of 128 blocks.
+ * range. nb past 128 takes the 256-bit kernels' passes of 128 blocks.
  */
 static const enum qdot_isa kpack_isas[] = { QDOT_VNNI, QDOT_AVXVNNI, QDOT_AVX2 };
 
@@ -513,6 +513,10 @@ START_TEST(kpack32_rows_match_gemm)
 		for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
 			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
 				bad += check_kpack32_rows(formats[f], 37, nbs[c], ms[i]) != 0;
+		/* a pass holds 4096 / rows blocks: one row past it, two, and
+		 * 17 (16, then 1) */
+		for (int m = 1; m <= 17; m += m == 1 ? 1 : 15, cases++)
+			bad += check_kpack32_rows(formats[f], 21, 4099, m) != 0;
 	}
 	printf("kpack many-row kernels: %d cases, %d off\n", cases, bad);
 	ck_assert_int_eq(bad, 0);
