@@ -711,7 +711,6 @@ static int qdot_k_gemm(struct gemm_task *t, int nth)
 	return LOOM_OK;
 }
 
-/* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
 /*
  * Inside a replayed step region, a gemm that reads the rows the previous
  * gemm quantized for qgemm (nothing but gemms ran between: region.c) takes
@@ -737,6 +736,7 @@ static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
 	};
 }
 
+/* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
 static int qgemm_gemm(struct gemm_task *t, int nth)
 {
 	struct loom_backend_ctx *ctx = t->ctx;

@@ -624,10 +624,10 @@ TGT_PANEL static void panel_q4k_512(bool five, const uint8_t *g, int64_t nb, uin
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *p = g + b * (five ? KP_Q5K : KP_Q4K);
 		const __m512 d = f16x16(p + KP_D);
-
-		kpack_prefetch(p, five ? KP_Q5K : KP_Q4K);
 		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
 			_mm512_castps_si512(f16x16(p + KP_DMIN)), _mm512_set1_epi32((int)0x80000000)));
+
+		kpack_prefetch(p, five ? KP_Q5K : KP_Q4K);
 
 		for (int s = 0; s < 8; s++, panel += 8 * 64 + 2 * KPACK_ROWS * 4) {
 			const uint8_t *q = p + KP_Q + kp_sub(five) * s;
