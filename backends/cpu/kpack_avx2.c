@@ -284,8 +284,15 @@ KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, false, KP_Q6K)
 
 /* ---- the 32-value formats ---- */
 
-/* Activation blocks a pass takes; their fixes are 4 KiB on the stack. */
-#define FIX_BLOCKS 128
+/*
+ * Activation blocks a pass takes; their fixes are 16 KiB on the stack.
+ * Up to this many blocks (k = 16384: a 1B or 8B model's ffn_down) the
+ * fixes are made once a call; past it every half group makes them again,
+ * a pass at a time, which at 128 blocks a pass halved the GEMV where k =
+ * 8192 (bench_gemm, LOOM_CPU_ISA=avx2, Q4_0: 17 against 35 GB/s at k =
+ * 2048, from cache).
+ */
+#define FIX_BLOCKS 512
 
 /* fix[b][l] = -offset * the sum of x[b]'s bytes 4l .. 4l+3: what lane l
  * takes back out of the offset weights' sums. */

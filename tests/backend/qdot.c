@@ -380,7 +380,7 @@ static bool panel_rows_differ(const uint8_t *a, const uint8_t *b, int64_t nb, in
  * row the group holds; each kernel set's kernel over random row ranges
  * equals qdot_ref() of that set (16 lanes for AVX-512 VNNI, 8 for AVX2
  * and AVX-VNNI) of each row bit for bit and writes nothing outside the
- * range. nb past 128 takes the 256-bit kernels' passes of 128 blocks.
+ * range. nb past 512 takes the 256-bit kernels' passes of 512 blocks.
  */
 static const enum qdot_isa kpack_isas[] = { QDOT_VNNI, QDOT_AVXVNNI, QDOT_AVX2 };
 
@@ -526,7 +526,7 @@ END_TEST
 START_TEST(kpack32_matches_reference)
 {
 	static const int64_t ns[] = { 1, 5, 16, 21, 37 };
-	static const int64_t nbs[] = { 1, 2, 3, 7, 18, 48, 127, 128, 129, 130, 259 };
+	static const int64_t nbs[] = { 1, 2, 3, 7, 18, 48, 127, 128, 129, 130, 259, 512, 515 };
 	int bad = 0, cases = 0;
 
 	for (size_t i = 0; i < sizeof(kpack_isas) / sizeof(kpack_isas[0]); i++)
