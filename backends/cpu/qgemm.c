@@ -22,14 +22,9 @@ static bool offset_format(uint32_t t)
 	       t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K;
 }
 
-static int weight_off(uint32_t t)
+int qgemm_offset(uint32_t t)
 {
 	return offset_format(t) ? 0 : 128;
-}
-
-int qgemm_offset(uint32_t type)
-{
-	return weight_off(type);
 }
 
 bool qgemm_supported(enum qdot_isa isa, uint32_t type)
@@ -179,7 +174,7 @@ static void block_u8(uint32_t t, const uint8_t *row, int64_t c, struct kcache *k
 
 	qdot_unpack_block(t, row, q, d, m);
 	for (int e = 0; e < 32; e++)
-		u[e] = (uint8_t)(q[e] + weight_off(t));
+		u[e] = (uint8_t)(q[e] + qgemm_offset(t));
 }
 
 /* Block c's values of panel row r: 4 bytes into each group. */
@@ -272,13 +267,13 @@ void qgemm_row_prep(uint32_t type, const struct qdot_block *x, int64_t k, struct
 			sum += xb->q[c * B % 32 + e];
 		out[c].d = xb->d;
 		out[c].s = xb->d * (float)sum;
-		out[c].fix = -weight_off(type) * sum;
+		out[c].fix = -qgemm_offset(type) * sum;
 	}
 }
 
 float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int64_t k)
 {
-	const int B = qgemm_block(type), off = weight_off(type);
+	const int B = qgemm_block(type), off = qgemm_offset(type);
 	struct kcache kc = { .at = -1 };
 	float acc = 0.0f;
 
