@@ -74,6 +74,7 @@ struct gemm_task {
 	kpack_fn kp;
 	kpack_mfn kpm; /* all m rows at once, where the format has it */
 	struct qgemm_x *prep; /* prefill (qgemm.h): k / qgemm_block() per row */
+	kpack_qgemm_fn inplace; /* prefill from the packed groups, no panels */
 };
 
 /* Rows [*j0, *j1) of chunk c. */
@@ -506,6 +507,7 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	const struct gemm_task *t = arg;
 	const struct cpu_gemv *g = &t->g;
 	const int64_t nb = g->k / 32, nc = g->k / qgemm_block(g->type);
+	const int64_t knb = kpack_nb(g->type, g->k);
 	const size_t pbytes = (qgemm_panel_bytes(g->type, g->k) + 63) & ~(size_t)63;
 	uint8_t *panel = (uint8_t *)t->ctx->scratch[ith];
 	int64_t j0[QGEMM_PANELS];
@@ -515,8 +517,9 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 	     j += QGEMM_ROWS, np++) {
 		j0[np] = j;
 		rows[np] = t->n - j < QGEMM_ROWS ? (int)(t->n - j) : QGEMM_ROWS;
-		qgemm_panel(g->type, g->w, g->w_stride, j, rows[np], g->k, t->packed,
-			    panel + np * pbytes);
+		if (!t->inplace)
+			qgemm_panel(g->type, g->w, g->w_stride, j, rows[np], g->k, t->packed,
+				    panel + np * pbytes);
 	}
 	next_weights_init(t, c, ith, &pf);
 	for (int64_t i = 0; i < g->m; i += QGEMM_STRIP) {
@@ -527,7 +530,11 @@ static void qgemm_task(void *arg, int64_t c, int ith)
 
 			next_weights_step(&pf);
 
-			if (t->ctx->amx != AMX_OFF)
+			if (t->inplace)
+				t->inplace(kpack_group_at(g->type, g->w, knb, j0[p]), rows[p],
+					   t->qx + i * nb, t->prep + i * nc, m, knb, y, g->y_stride,
+					   i == 0);
+			else if (t->ctx->amx != AMX_OFF)
 				amx_qgemm_run(t->ctx->amx, g->type, panel + p * pbytes, rows[p],
 					      t->qx + i * nb, t->prep + i * nc, m, g->k, y,
 					      g->y_stride);
@@ -736,6 +743,16 @@ static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
 	};
 }
 
+/*
+ * Most activation rows a packed Q4_K / Q5_K gemm reads its groups in place
+ * for (kpack_qgemm()) instead of building panels. In place, every pass of
+ * 8 rows splits the nibbles again; a panel is built once a call, but from
+ * memory, and is then read at 2.2 times the bytes. 1B-shaped Q4_K_M at 2
+ * threads, in place against panels: pp64 +4 %, pp96 +1 %, pp128 -6 %,
+ * pp512 -5 % (docs/BENCHMARKS.md).
+ */
+#define QGEMM_INPLACE_MAX_M 64
+
 /* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
 static int qgemm_gemm(struct gemm_task *t, int nth)
 {
@@ -746,8 +763,10 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, nb) ||
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
+	t->inplace = t->packed && ctx->amx == AMX_OFF && m <= QGEMM_INPLACE_MAX_M ?
+			     kpack_qgemm(ctx->qisa, t->g.type) : NULL;
 	bytes = ((qgemm_panel_bytes(t->g.type, t->g.k) + 63) & ~(size_t)63) * QGEMM_PANELS;
-	if (cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
+	if (!t->inplace && cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))
 		return LOOM_ERR_NOMEM;
 	t->qx = ctx->qx;
 	t->qsc = ctx->qsc;

@@ -533,15 +533,14 @@ void kpack_group(uint32_t type, const uint8_t *src, size_t src_stride, int rows,
 		}
 }
 
-/* The group that holds row j of w (nb blocks a row). */
-static const uint8_t *group_of(uint32_t type, const uint8_t *w, int64_t nb, int64_t j)
+const uint8_t *kpack_group_at(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0)
 {
-	return w + (size_t)(j / KPACK_ROWS) * row_share(type, nb) * KPACK_ROWS;
+	return w + (size_t)(j0 / KPACK_ROWS) * row_share(type, nb) * KPACK_ROWS;
 }
 
 void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, uint8_t *dst)
 {
-	const uint8_t *g = group_of(type, w, nb, j);
+	const uint8_t *g = kpack_group_at(type, w, nb, j);
 	const int r = (int)(j % KPACK_ROWS);
 
 	for (int64_t b = 0; b < nb; b++) {
@@ -695,7 +694,7 @@ static bool panel_512(void)
 
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
 {
-	const uint8_t *g = group_of(type, w, nb, j0);
+	const uint8_t *g = kpack_group_at(type, w, nb, j0);
 
 #if defined(__x86_64__)
 	if (panel_512()) {

@@ -141,4 +141,19 @@ typedef void (*kpack_mfn)(const uint8_t *w, const void *x, int m, int64_t nb, fl
  * formats but MXFP4, Q4_K, Q5_K, Q6_K), else NULL. */
 kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type);
 
+/* The first byte of the group that holds row j0 of the packed weight w. */
+const uint8_t *kpack_group_at(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0);
+
+struct qgemm_x;
+/* qgemm_run() of the group g (kpack_group_at(); nb blocks a row, `rows`
+ * of its rows wanted) read in place, without kpack_panel(): y[i * ys + r]
+ * for i < m, r < rows against activation rows x + i * (k / 32) and their
+ * prep, qgemm_run()'s bits of the group's panel. `cold`: the group is not
+ * in cache (the first call on it): prefetch ahead while reading it. */
+typedef void (*kpack_qgemm_fn)(const uint8_t *g, int rows, const struct qdot_block *x,
+			       const struct qgemm_x *prep, int64_t m, int64_t nb, float *y,
+			       int64_t ys, bool cold);
+/* The kernel (kpack_qgemm.c: AVX-512 VNNI, Q4_K and Q5_K), else NULL. */
+kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type);
+
 #endif /* LOOM_CPU_KPACK_H */

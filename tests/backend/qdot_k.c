@@ -400,6 +400,86 @@ static int check_kpack(uint32_t t, int64_t n, int64_t nb)
 	return bad;
 }
 
+/*
+ * The prefill GEMM that reads a packed Q4_K / Q5_K group in place
+ * (kpack_qgemm(), AVX-512 VNNI) against qgemm_run() of the group's
+ * kpack_panel() (itself held to the GGUF rows' panel above): the same
+ * bits for m activation rows at a stride, in every row the group holds,
+ * and nothing written outside them. Returns the outputs that differ.
+ */
+static int check_kqgemm(uint32_t t, const uint8_t *p, int64_t n, int64_t nb, int m)
+{
+	const int64_t k = nb * 256, nc = k / qgemm_block(t), ys = KPACK_ROWS + 3;
+	kpack_qgemm_fn fn = kpack_qgemm(QDOT_VNNI, t);
+	uint8_t *panel = aligned_alloc(64, (qgemm_panel_bytes(t, k) + 63) / 64 * 64);
+	struct qdot_block *x = malloc((size_t)(m * k / 32) * sizeof(*x));
+	struct qgemm_x *prep = malloc((size_t)(m * nc) * sizeof(*prep));
+	float *a = malloc(k * sizeof(float)), *want = malloc(m * ys * sizeof(float));
+	float *got = malloc(m * ys * sizeof(float));
+	int bad = 0;
+
+	ck_assert(fn && panel && x && prep && a && want && got);
+	for (int i = 0; i < m; i++) {
+		fill_acts(a, k);
+		qdot_quantize_row(a, x + i * (k / 32), k);
+		qgemm_row_prep(t, x + i * (k / 32), k, prep + i * nc);
+	}
+	for (int64_t j0 = 0; j0 < n; j0 += KPACK_ROWS) {
+		const int rows = n - j0 < KPACK_ROWS ? (int)(n - j0) : KPACK_ROWS;
+
+		memset(want, 0x7f, m * ys * sizeof(float));
+		memset(got, 0x7f, m * ys * sizeof(float));
+		kpack_panel(t, p, nb, j0, panel);
+		qgemm_run(QDOT_VNNI, t, panel, rows, x, prep, m, k, want, ys);
+		fn(kpack_group_at(t, p, nb, j0), rows, x, prep, m, nb, got, ys, j0 % 32 == 0);
+		for (int64_t e = 0; e < m * ys; e++)
+			if (memcmp(&want[e], &got[e], sizeof(float))) {
+				if (bad++ < 4)
+					printf("kpack_qgemm type %u nb=%lld m=%d: row %lld, output %lld: %a, panel %a\n",
+					       t, (long long)nb, m, (long long)(j0 + e % ys),
+					       (long long)(e / ys), got[e], want[e]);
+			}
+	}
+	free(panel);
+	free(x);
+	free(prep);
+	free(a);
+	free(want);
+	free(got);
+	return bad;
+}
+
+START_TEST(kpack_qgemm_matches_panel)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K };
+	static const int ms[] = { 1, 7, 8, 9, 17 };
+	const int64_t n = 37;
+	int bad = 0, cases = 0;
+
+	ck_assert(!kpack_qgemm(QDOT_AVX2, LOOM_TYPE_Q4_K) && !kpack_qgemm(QDOT_VNNI, LOOM_TYPE_Q6_K));
+	if (!qdot_isa_supported(QDOT_VNNI)) {
+		printf("SKIP: no AVX-512 VNNI: the in-place prefill GEMM is not run here\n");
+		return;
+	}
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++)
+		for (int64_t nb = 1; nb <= 3; nb += 2) {
+			const uint32_t t = types[f];
+			const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+			uint8_t *w = malloc(n * ws), *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+
+			ck_assert(w && p);
+			fill_weights(t, w, n * nb);
+			kpack_pack_rows(t, w, ws, n, nb, p);
+			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
+				bad += check_kqgemm(t, p, n, nb, ms[i]);
+			free(w);
+			free(p);
+		}
+	printf("kpack in-place prefill GEMM: %d cases, %d outputs off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 /* f16 scales a GGUF file can hold besides ordinary ones: signalling and
  * quiet NaNs of both signs, infinities, subnormals, zeros, one. */
 static const uint16_t special_f16[] = { 0x7c01, 0xfd00, 0x7e00, 0x7c00, 0xfc00,
@@ -448,6 +528,8 @@ START_TEST(kpanel_special_scales)
 				    (int)(n - g * KPACK_ROWS < KPACK_ROWS ? n - g * KPACK_ROWS : KPACK_ROWS),
 				    nb, p + g * KPACK_ROWS * kpack_row_share(t, nb));
 		bad += check_kpanel(t, w, ws, p, n, nb);
+		if (kpack_qgemm(QDOT_VNNI, t) && qdot_isa_supported(QDOT_VNNI))
+			bad += check_kqgemm(t, p, n, nb, 9);
 		free(w);
 		free(p);
 	}
@@ -561,6 +643,7 @@ int main(void)
 	tcase_add_test(tc, kpack_matches_reference);
 	tcase_add_test(tc, kpack_rows_match_reference);
 	tcase_add_test(tc, kpanel_special_scales);
+	tcase_add_test(tc, kpack_qgemm_matches_panel);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
