@@ -7,11 +7,12 @@
  * nibbles and turning the scales into floats once per call, and the
  * kernel then read a panel 2.2 times the packed bytes (a 1B-shaped
  * Q4_K_M pp64: the builds were 6 % of the time, k = 2048's panel 40 KiB
- * against a group's 18 KiB). Here every pass over the group splits the
- * nibbles again in registers (and, shift: not the pipes vpdpbusd uses)
- * and computes the scales with the builder's own multiplies, so every
- * output is qgemm_run()'s of kpack_panel()'s panel bit for bit
- * (tests/backend/qdot_k.c).
+ * against a group's 18 KiB). Here every pass of 8 activation rows over
+ * the group splits the nibbles again in registers and computes the scales
+ * with the builder's own multiplies, so every output is qgemm_run()'s of
+ * kpack_panel()'s panel bit for bit (tests/backend/qdot_k.c). That split
+ * is not free: past 64 rows it costs more than one build (gemm.c,
+ * QGEMM_INPLACE_MAX_M), and larger calls keep the panels.
  */
 #include <string.h>
 
