@@ -348,8 +348,15 @@ static int sched_config(struct loom_engine *e, const struct loom_engine_params *
 	if (p->n_ctx <= 0)
 		c->max_ctx = fitting_context(e, kv_bytes ? kv_bytes :
 					     default_kv_bytes(e) / (uint64_t)c->max_seqs);
-	if (c->max_batch_tokens > c->max_ctx)
-		c->max_batch_tokens = c->max_ctx; /* no step needs more */
+	/* no step needs more than every sequence's whole context; a step
+	 * takes a token of each sequence at least */
+	if (c->max_batch_tokens > (int64_t)c->max_ctx * c->max_seqs)
+		c->max_batch_tokens = (int32_t)((int64_t)c->max_ctx * c->max_seqs);
+	if (c->max_batch_tokens < c->max_seqs) {
+		loom_seterr(err, errlen, "batch of %d tokens is smaller than %d parallel sequences: a step takes a token of each",
+			    c->max_batch_tokens, c->max_seqs);
+		return LOOM_ERR_INVALID;
+	}
 	c->max_waiting = p->max_waiting > 0 ? p->max_waiting : 256;
 	c->prefix_cache = p->prefix_cache ? p->prefix_cache > 0 : p->batch_invariant;
 	c->tokenizer = e->tok;

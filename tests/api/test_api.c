@@ -139,6 +139,29 @@ START_TEST(context_overflow_is_refused)
 }
 END_TEST
 
+/* Many sequences on a short context: each step takes a token of every
+ * sequence, so the step batch may not shrink to one context (it did:
+ * `loom bench -p 1 -n 16 -npl 32` failed with the scheduler's "bad
+ * config"); a batch below the sequence count is refused by name. */
+START_TEST(parallel_sequences_outgrow_context)
+{
+	struct loom_engine_params p;
+	struct loom_engine *e;
+	char err[1024] = "";
+
+	loom_engine_params_init(&p);
+	p.model = model;
+	p.n_ctx = 18;
+	p.n_parallel = 32;
+	e = loom_engine_open(&p, err, sizeof(err));
+	ck_assert_msg(e != NULL, "%s", err);
+	loom_engine_close(e);
+	p.n_batch = 8;
+	ck_assert_ptr_null(loom_engine_open(&p, err, sizeof(err)));
+	ck_assert_msg(strstr(err, "smaller than 32 parallel sequences") != NULL, "%s", err);
+}
+END_TEST
+
 /* A caller built against an older loom.h passes a smaller struct: the
  * fields it does not know keep their defaults. Below the first generation
  * the struct is refused, naming struct_size. */
@@ -641,6 +664,7 @@ int main(void)
 		tcase_set_timeout(with_model, 300);
 		tcase_add_test(with_model, greedy_is_repeatable_and_stoppable);
 		tcase_add_test(with_model, context_overflow_is_refused);
+		tcase_add_test(with_model, parallel_sequences_outgrow_context);
 		tcase_add_test(with_model, tokenize_counts);
 		tcase_add_test(with_model, older_structs_are_accepted);
 		tcase_add_test(with_model, requests_match_generate);
