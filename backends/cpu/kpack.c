@@ -680,6 +680,151 @@ TGT_PANEL static void panel_q6k_512(const uint8_t *g, int64_t nb, uint8_t *panel
 	}
 }
 
+/*
+ * The same on 256-bit vectors, for hosts with AVX2 but not AVX-512 (their
+ * panels were built in C: against that, a 1B-shaped Q4_K_M pp64 at 2
+ * threads emulated on this project's AVX-512 host gained about 7 %,
+ * docs/BENCHMARKS.md). A 64-byte vector is two loads; same bytes and
+ * floats as above.
+ */
+#define TGT_PANEL8 __attribute__((target("avx2,f16c")))
+
+/* 8 f16 scales widened, as f16x16(). */
+TGT_PANEL8 static inline __attribute__((always_inline)) __m256 f16x8(const uint8_t *p)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* fifth() on 256 bits. */
+TGT_PANEL8 static inline __attribute__((always_inline)) __m256i fifth8(__m256i v, int s)
+{
+	return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, s), _mm256_set1_epi8(1)),
+				 4);
+}
+
+/* 16 u8 (or, with sign, int8) scales times d, as two vectors of 8. */
+TGT_PANEL8 static inline __attribute__((always_inline)) void
+scales8(const uint8_t *sc, bool sign, __m256 d0, __m256 d1, float *out)
+{
+	const __m128i v = _mm_loadu_si128((const __m128i *)sc);
+	const __m256i a = sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+	const __m256i b = sign ? _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)) :
+				 _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+
+	_mm256_storeu_ps(out, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(a)));
+	_mm256_storeu_ps(out + 8, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(b)));
+}
+
+TGT_PANEL8 static void panel_b32_256(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const __m256i add = _mm256_set1_epi8(t == LOOM_TYPE_Q4_0 ? 120 : t == LOOM_TYPE_Q5_0 ? 112 : 0);
+	const __m256i m4 = _mm256_set1_epi8(15);
+
+	for (int64_t b = 0; b < nb; b++, panel += 512 + 2 * KPACK_ROWS * 4) {
+		const struct b32_at at = b32_at(t, b, nb);
+		float *dw = (float *)(panel + 512);
+
+		if (t == LOOM_TYPE_Q8_0)
+			memcpy(panel, g + at.q, 512);
+		else
+			for (int v = 0; v < 8; v++) { /* half v % 2 of vector v / 2 */
+				const int o = 64 * (v / 2) + 32 * (v % 2);
+				const __m256i q = _mm256_loadu_si256((const __m256i *)(g + at.q + o));
+				const __m256i h = b32_q5(t) ? _mm256_loadu_si256((const __m256i *)(
+								      g + at.h + 32 * (v % 2))) :
+							      _mm256_setzero_si256();
+				__m256i lo = _mm256_and_si256(q, m4);
+				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+
+				lo = _mm256_add_epi8(_mm256_or_si256(lo, fifth8(h, 2 * (v / 2))), add);
+				hi = _mm256_add_epi8(_mm256_or_si256(hi, fifth8(h, 2 * (v / 2) + 1)), add);
+				_mm256_storeu_si256((__m256i *)(panel + 128 * (v / 2) + 32 * (v % 2)), lo);
+				_mm256_storeu_si256((__m256i *)(panel + 128 * (v / 2) + 64 + 32 * (v % 2)),
+						    hi);
+			}
+		for (int k = 0; k < 2; k++) {
+			_mm256_storeu_ps(dw + 8 * k, f16x8(g + at.d + 16 * k));
+			_mm256_storeu_ps(dw + KPACK_ROWS + 8 * k,
+					 b32_min(t) ? f16x8(g + at.m + 16 * k) : _mm256_setzero_ps());
+		}
+	}
+}
+
+TGT_PANEL8 static void panel_q4k_256(bool five, const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const __m256 neg = _mm256_set1_ps(-0.0f);
+
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * (five ? KP_Q5K : KP_Q4K);
+		const __m256 d0 = f16x8(p + KP_D), d1 = f16x8(p + KP_D + 16);
+		const __m256 n0 = _mm256_xor_ps(f16x8(p + KP_DMIN), neg);
+		const __m256 n1 = _mm256_xor_ps(f16x8(p + KP_DMIN + 16), neg);
+
+		kpack_prefetch(p, five ? KP_Q5K : KP_Q4K);
+		for (int s = 0; s < 8; s++, panel += 8 * 64 + 2 * KPACK_ROWS * 4) {
+			const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+
+			for (int v = 0; v < 8; v++) { /* half v % 2 of vector v / 2 */
+				const int o = 64 * (v / 2) + 32 * (v % 2), u = v / 2;
+				const __m256i x = _mm256_loadu_si256((const __m256i *)(q + o));
+				const __m256i h = five ? _mm256_loadu_si256((const __m256i *)(
+								 q + 256 + 32 * (v % 2))) :
+							 _mm256_setzero_si256();
+
+				_mm256_storeu_si256((__m256i *)(panel + 128 * u + 32 * (v % 2)),
+						    _mm256_or_si256(_mm256_and_si256(x, m4), fifth8(h, 2 * u)));
+				_mm256_storeu_si256((__m256i *)(panel + 128 * u + 64 + 32 * (v % 2)),
+						    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4),
+								    fifth8(h, 2 * u + 1)));
+			}
+			scales8(p + KP_SC + 16 * s, false, d0, d1, (float *)(panel + 512));
+			scales8(p + KP_MN + 16 * s, false, n0, n1, (float *)(panel + 512 + 64));
+		}
+	}
+}
+
+TGT_PANEL8 static void panel_q6k_256(const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+	const __m256i add = _mm256_set1_epi8(96);
+
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * KP_Q6K;
+		const __m256 d0 = f16x8(p + KP_D), d1 = f16x8(p + KP_D + 16);
+
+		kpack_prefetch(p, KP_Q6K);
+		for (int i = 0; i < 16; i++, panel += 4 * 64 + 2 * KPACK_ROWS * 4) {
+			const uint8_t *q = p + KP_Q + KP6_SUB * i;
+			float *mw = (float *)(panel + 256 + 64);
+
+			for (int c = 0; c < 8; c++) { /* half c % 2 of group c / 2 */
+				const int e = c / 2, o = 32 * (c % 2);
+				const __m256i x = _mm256_loadu_si256((const __m256i *)(q + 64 * (e / 2) + o));
+				const __m256i top = _mm256_loadu_si256((const __m256i *)(q + 128 + o));
+				const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(x, 4 * (e % 2)), m4);
+				const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(top, 2 * e), m2);
+
+				_mm256_storeu_si256((__m256i *)(panel + 64 * e + o),
+						    _mm256_add_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), add));
+			}
+			scales8(p + KP_SC + 16 * i, true, d0, d1, (float *)(panel + 256));
+			for (int r = 0; r < KPACK_ROWS; r++)
+				mw[r] = -0.0f * 0.0f;
+		}
+	}
+}
+
+/* Whether the 256-bit builders run here (checked once). */
+static bool panel_256(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+	return have;
+}
+
 /* Whether the 512-bit builders run here (checked once). */
 static bool panel_512(void)
 {
@@ -694,10 +839,30 @@ static bool panel_512(void)
 
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel)
 {
+	kpack_panel_width(type, w, nb, j0, panel, 512);
+}
+
+void kpack_panel_width(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel,
+		       int width)
+{
 	const uint8_t *g = kpack_group_at(type, w, nb, j0);
 
 #if defined(__x86_64__)
-	if (panel_512()) {
+	if (width >= 256 && (width == 256 || !panel_512()) && panel_256()) {
+		if (b32(type)) {
+			panel_b32_256(type, g, nb, panel);
+			return;
+		}
+		if (type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K) {
+			panel_q4k_256(type == LOOM_TYPE_Q5_K, g, nb, panel);
+			return;
+		}
+		if (type == LOOM_TYPE_Q6_K) {
+			panel_q6k_256(g, nb, panel);
+			return;
+		}
+	}
+	if (width >= 512 && panel_512()) {
 		if (b32(type)) {
 			panel_b32_512(type, g, nb, panel);
 			return;

@@ -119,6 +119,11 @@ void kpack_unpack_row(uint32_t type, const uint8_t *w, int64_t nb, int64_t j, ui
  * the packed weight w: qgemm_panel_bytes(type, k) bytes for rows of k
  * values, the GGUF rows' panel bit for bit in every row the group holds. */
 void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel);
+/* The same with the builders of at most `width` bits where the CPU runs
+ * them (512, 256 or 0: plain C; every width gives the same bytes);
+ * kpack_panel() takes the widest. */
+void kpack_panel_width(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel,
+		       int width);
 
 /* y[j - j0] = w_j . x for rows j0 <= j < j1 of the packed weight w (nb
  * blocks a row) against one quantized activation row x: nb struct
