@@ -749,19 +749,14 @@ static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
 /*
  * Most activation rows a packed Q4_K / Q5_K gemm reads its groups in place
  * for (kpack_qgemm()) instead of building panels. In place, every pass of
- * 8 rows (4 on 256-bit vectors) splits the nibbles again; a panel is built
- * once a call, but from memory, and is then read at 2.2 times the bytes.
- * 1B-shaped Q4_K_M at 2 threads, in place against panels, AVX-512 VNNI:
- * pp64 +4 %, pp96 +1 %, pp128 -6 %, pp512 -5 %. AVX2's maddubs and madd
- * leave less room for the split: against the C panel builders an AVX2
- * host has (no 512-bit ones), pp16 +24 %, pp32 +7 %, pp64 -1.5 %, where
- * AVX-VNNI gains 21, 12 and 7 % (emulated on AVX-512 hardware,
- * docs/BENCHMARKS.md).
+ * 8 rows splits the nibbles again; a panel is built once a call, but from
+ * memory, and is then read at 2.2 times the bytes. 1B-shaped Q4_K_M at 2
+ * threads, in place against panels: pp64 +4 %, pp96 +1 %, pp128 -6 %,
+ * pp512 -5 % (docs/BENCHMARKS.md). AVX-512 VNNI only: the same kernel on
+ * the 256-bit sets was even with panels from the 256-bit builders at
+ * pp16-64 (AVX2: behind at pp32), so it was not kept.
  */
-static int64_t inplace_max_m(enum qdot_isa isa)
-{
-	return isa == QDOT_AVX2 ? 32 : 64;
-}
+#define QGEMM_INPLACE_MAX_M 64
 
 /* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
 static int qgemm_gemm(struct gemm_task *t, int nth)
@@ -773,7 +768,7 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, nb) ||
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
-	t->inplace = t->packed && ctx->amx == AMX_OFF && m <= inplace_max_m(ctx->qisa) ?
+	t->inplace = t->packed && ctx->amx == AMX_OFF && m <= QGEMM_INPLACE_MAX_M ?
 			     kpack_qgemm(ctx->qisa, t->g.type) : NULL;
 	bytes = ((qgemm_panel_bytes(t->g.type, t->g.k) + 63) & ~(size_t)63) * QGEMM_PANELS;
 	if (!t->inplace && cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))

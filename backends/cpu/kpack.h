@@ -158,8 +158,7 @@ struct qgemm_x;
 typedef void (*kpack_qgemm_fn)(const uint8_t *g, int rows, const struct qdot_block *x,
 			       const struct qgemm_x *prep, int64_t m, int64_t nb, float *y,
 			       int64_t ys, bool cold);
-/* The kernel (kpack_qgemm.c: Q4_K and Q5_K on AVX-512 VNNI, AVX-VNNI and
- * AVX2, where the CPU runs them), else NULL. */
+/* The kernel (kpack_qgemm.c: AVX-512 VNNI, Q4_K and Q5_K), else NULL. */
 kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */
