@@ -580,13 +580,6 @@ TGT_PANEL static inline __attribute__((always_inline)) __m512 f16x16(const uint8
 	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
-/* Bits s.. of every byte of v, the low one (bit) in bit 4: a Q5 fifth bit. */
-TGT_PANEL static inline __attribute__((always_inline)) __m512i fifth(__m512i v, int s)
-{
-	return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(v, s), _mm512_set1_epi8(1)),
-				 4);
-}
-
 TGT_PANEL static void panel_b32_512(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
 {
 	const __m512i add = _mm512_set1_epi8(t == LOOM_TYPE_Q4_0 ? 120 : t == LOOM_TYPE_Q5_0 ? 112 : 0);
@@ -605,8 +598,8 @@ TGT_PANEL static void panel_b32_512(uint32_t t, const uint8_t *g, int64_t nb, ui
 				__m512i lo = _mm512_and_si512(q, m4);
 				__m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 
-				lo = _mm512_add_epi8(_mm512_or_si512(lo, fifth(h, 2 * v)), add);
-				hi = _mm512_add_epi8(_mm512_or_si512(hi, fifth(h, 2 * v + 1)), add);
+				lo = _mm512_add_epi8(_mm512_or_si512(lo, kp_fifth(h, 2 * v)), add);
+				hi = _mm512_add_epi8(_mm512_or_si512(hi, kp_fifth(h, 2 * v + 1)), add);
 				_mm512_storeu_si512(panel + 128 * v, lo);
 				_mm512_storeu_si512(panel + 128 * v + 64, hi);
 			}
@@ -638,10 +631,10 @@ TGT_PANEL static void panel_q4k_512(bool five, const uint8_t *g, int64_t nb, uin
 				const __m512i x = _mm512_loadu_si512(q + 64 * v);
 
 				_mm512_storeu_si512(panel + 128 * v,
-						    _mm512_or_si512(_mm512_and_si512(x, m4), fifth(h, 2 * v)));
+						    _mm512_or_si512(_mm512_and_si512(x, m4), kp_fifth(h, 2 * v)));
 				_mm512_storeu_si512(panel + 128 * v + 64,
 						    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4),
-								    fifth(h, 2 * v + 1)));
+								    kp_fifth(h, 2 * v + 1)));
 			}
 			_mm512_storeu_ps(panel + 512, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
 			_mm512_storeu_ps(panel + 512 + 64,
@@ -695,7 +688,7 @@ TGT_PANEL8 static inline __attribute__((always_inline)) __m256 f16x8(const uint8
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* fifth() on 256 bits. */
+/* kp_fifth() on 256 bits. */
 TGT_PANEL8 static inline __attribute__((always_inline)) __m256i fifth8(__m256i v, int s)
 {
 	return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, s), _mm256_set1_epi8(1)),
@@ -917,25 +910,6 @@ kp_finish(const uint8_t *p, const __m512 P[8], const __m512 *Q, __m512 acc)
 		return acc;
 	return _mm512_fnmadd_ps(tree8(Q),
 				_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(p + KP_DMIN))), acc);
-}
-
-/* Nibble vector v of a packed Q4_K / Q5_K sub-block at q: its low and high
- * nibbles, with Q5_K's fifth bits from h (bit 2v to bit 4 of lo, bit
- * 2v + 1 to bit 4 of hi). */
-TGT_VNNI static inline __attribute__((always_inline)) void
-q45k_unpack(bool five, const uint8_t *q, __m512i h, int v, __m512i *lo, __m512i *hi)
-{
-	const __m512i b4 = _mm512_set1_epi8(16), m4 = _mm512_set1_epi8(15);
-	__m512i w = _mm512_load_si512((const void *)(q + 64 * v));
-
-	*lo = _mm512_and_si512(w, m4);
-	*hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-	if (five) {
-		*lo = _mm512_or_si512(*lo, _mm512_and_si512(v < 2 ?
-			_mm512_slli_epi16(h, 4 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 4), b4));
-		*hi = _mm512_or_si512(*hi, _mm512_and_si512(v < 2 ?
-			_mm512_slli_epi16(h, 3 - 2 * v) : _mm512_srli_epi16(h, 2 * v - 3), b4));
-	}
 }
 
 /*
@@ -1162,16 +1136,6 @@ seq_fixes(uint32_t t, const struct qdot_block *x, int64_t xr, int m, int64_t s0,
 					_mm256_loadu_si256((const __m256i *)x[i * xr + s0 + b].q))) : 0;
 }
 
-/* Bit l of each byte of h moved to bit 4 (a Q5 value's fifth bit). */
-TGT_VNNI static inline __attribute__((always_inline)) __m512i b32_fifth(__m512i h, int l)
-{
-	const __m512i b4 = _mm512_set1_epi8(16);
-
-	if (l < 4)
-		return _mm512_and_si512(_mm512_slli_epi16(h, 4 - l), b4);
-	return _mm512_and_si512(l > 4 ? _mm512_srli_epi16(h, l - 4) : h, b4);
-}
-
 /* Block `at` of a group: its 8 lane vectors (unsigned weights), the 16
  * rows' scales and (Q4_1, Q5_1) minima. */
 TGT_VNNI static inline __attribute__((always_inline)) void
@@ -1196,8 +1160,8 @@ seq_weights(uint32_t t, const uint8_t *g, struct b32_at at, __m512i u[8], __m512
 		u[2 * v] = _mm512_and_si512(w, m4);
 		u[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 		if (b32_q5(t)) {
-			u[2 * v] = _mm512_or_si512(u[2 * v], b32_fifth(h, 2 * v));
-			u[2 * v + 1] = _mm512_or_si512(u[2 * v + 1], b32_fifth(h, 2 * v + 1));
+			u[2 * v] = _mm512_or_si512(u[2 * v], kp_fifth(h, 2 * v));
+			u[2 * v + 1] = _mm512_or_si512(u[2 * v + 1], kp_fifth(h, 2 * v + 1));
 		}
 	}
 }

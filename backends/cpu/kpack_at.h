@@ -128,7 +128,36 @@ static inline int kp_sub(bool five)
 }
 
 #if defined(__x86_64__)
-#include <xmmintrin.h>
+#include <immintrin.h>
+
+/* Bit l (0..7) of every byte of h moved to bit 4, the rest 0: a Q5
+ * value's fifth bit, for the 512-bit builders and kernels. */
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) __m512i
+kp_fifth(__m512i h, int l)
+{
+	const __m512i b4 = _mm512_set1_epi8(16);
+
+	if (l < 4)
+		return _mm512_and_si512(_mm512_slli_epi16(h, 4 - l), b4);
+	return _mm512_and_si512(l > 4 ? _mm512_srli_epi16(h, l - 4) : h, b4);
+}
+
+/* Nibble vector v of a packed Q4_K / Q5_K sub-block at q (64-byte
+ * aligned): its low and high nibbles, with Q5_K's fifth bits from h (bit
+ * 2v to bit 4 of lo, bit 2v + 1 to bit 4 of hi). */
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) void
+q45k_unpack(bool five, const uint8_t *q, __m512i h, int v, __m512i *lo, __m512i *hi)
+{
+	const __m512i m4 = _mm512_set1_epi8(15);
+	const __m512i w = _mm512_load_si512((const void *)(q + 64 * v));
+
+	*lo = _mm512_and_si512(w, m4);
+	*hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+	if (five) {
+		*lo = _mm512_or_si512(*lo, kp_fifth(h, 2 * v));
+		*hi = _mm512_or_si512(*hi, kp_fifth(h, 2 * v + 1));
+	}
+}
 
 /*
  * Prefetches the `bytes` that lie KP_PREFETCH bytes after p: the kernels

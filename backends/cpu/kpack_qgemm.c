@@ -25,29 +25,16 @@
 #define TGT_KQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define KQ_X 8 /* activation rows per pass, as qgemm.c's QG_X */
 
-/* kpack.c's fifth(): bits s.. of every byte of v, the low one in bit 4. */
-TGT_KQ static inline __attribute__((always_inline)) __m512i kq_fifth(__m512i v, int s)
-{
-	return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(v, s), _mm512_set1_epi8(1)),
-				 4);
-}
-
 /* The panel block's 8 vectors of 4 values of 16 rows, of sub-block s of
  * super-block p. */
 TGT_KQ static inline __attribute__((always_inline)) void kq_quants(bool five, const uint8_t *p,
 								   int s, __m512i wq[8])
 {
-	const __m512i m4 = _mm512_set1_epi8(15);
 	const uint8_t *q = p + KP_Q + kp_sub(five) * s;
-	const __m512i h = five ? _mm512_loadu_si512(q + 256) : _mm512_setzero_si512();
+	const __m512i h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
 
-	for (int v = 0; v < 4; v++) {
-		const __m512i x = _mm512_loadu_si512(q + 64 * v);
-
-		wq[2 * v] = _mm512_or_si512(_mm512_and_si512(x, m4), kq_fifth(h, 2 * v));
-		wq[2 * v + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4),
-						kq_fifth(h, 2 * v + 1));
-	}
+	for (int v = 0; v < 4; v++)
+		q45k_unpack(five, q, h, v, &wq[2 * v], &wq[2 * v + 1]);
 }
 
 /* The panel's floats of sub-block s of super-block p, as panel_q4k_512()
