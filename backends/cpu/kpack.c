@@ -835,49 +835,39 @@ void kpack_panel(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_
 	kpack_panel_width(type, w, nb, j0, panel, 512);
 }
 
+/* One width's panel builders: the 32-value formats, Q4_K / Q5_K, Q6_K. */
+struct panel_set {
+	void (*b32)(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel);
+	void (*q45k)(bool five, const uint8_t *g, int64_t nb, uint8_t *panel);
+	void (*q6k)(const uint8_t *g, int64_t nb, uint8_t *panel);
+};
+
 void kpack_panel_width(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel,
 		       int width)
 {
+	static const struct panel_set in_c = { panel_b32, panel_q4k, panel_q6k };
+	const struct panel_set *ps = &in_c;
 	const uint8_t *g = kpack_group_at(type, w, nb, j0);
 
 #if defined(__x86_64__)
-	if (width >= 256 && (width == 256 || !panel_512()) && panel_256()) {
-		if (b32(type)) {
-			panel_b32_256(type, g, nb, panel);
-			return;
-		}
-		if (type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K) {
-			panel_q4k_256(type == LOOM_TYPE_Q5_K, g, nb, panel);
-			return;
-		}
-		if (type == LOOM_TYPE_Q6_K) {
-			panel_q6k_256(g, nb, panel);
-			return;
-		}
-	}
-	if (width >= 512 && panel_512()) {
-		if (b32(type)) {
-			panel_b32_512(type, g, nb, panel);
-			return;
-		}
-		if (type == LOOM_TYPE_Q4_K || type == LOOM_TYPE_Q5_K) {
-			panel_q4k_512(type == LOOM_TYPE_Q5_K, g, nb, panel);
-			return;
-		}
-		if (type == LOOM_TYPE_Q6_K) {
-			panel_q6k_512(g, nb, panel);
-			return;
-		}
-	}
+	static const struct panel_set v512 = { panel_b32_512, panel_q4k_512, panel_q6k_512 };
+	static const struct panel_set v256 = { panel_b32_256, panel_q4k_256, panel_q6k_256 };
+
+	if (width >= 512 && panel_512())
+		ps = &v512;
+	else if (width >= 256 && panel_256())
+		ps = &v256;
+#else
+	(void)width;
 #endif
 	if (b32(type))
-		panel_b32(type, g, nb, panel);
+		ps->b32(type, g, nb, panel);
 	else if (type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K)
-		panel_kq(type, g, nb, panel);
+		panel_kq(type, g, nb, panel); /* in C at every width: no vector builder yet */
 	else if (type == LOOM_TYPE_Q6_K)
-		panel_q6k(g, nb, panel);
+		ps->q6k(g, nb, panel);
 	else
-		panel_q4k(type == LOOM_TYPE_Q5_K, g, nb, panel);
+		ps->q45k(type == LOOM_TYPE_Q5_K, g, nb, panel);
 }
 
 #if defined(__x86_64__)
