@@ -611,34 +611,22 @@ TGT_PANEL static void panel_b32_512(uint32_t t, const uint8_t *g, int64_t nb, ui
 
 TGT_PANEL static void panel_q4k_512(bool five, const uint8_t *g, int64_t nb, uint8_t *panel)
 {
-	const __m512i m4 = _mm512_set1_epi8(15);
-
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *p = g + b * (five ? KP_Q5K : KP_Q4K);
-		const __m512 d = f16x16(p + KP_D);
-		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-			_mm512_castps_si512(f16x16(p + KP_DMIN)), _mm512_set1_epi32((int)0x80000000)));
+		__m512 d, ndmin;
 
+		q45k_d(p, &d, &ndmin);
 		kpack_prefetch(p, five ? KP_Q5K : KP_Q4K);
-
 		for (int s = 0; s < 8; s++, panel += 8 * 64 + 2 * KPACK_ROWS * 4) {
-			const uint8_t *q = p + KP_Q + kp_sub(five) * s;
-			const __m512i h = five ? _mm512_loadu_si512(q + 256) : _mm512_setzero_si512();
-			const __m128i sc = _mm_loadu_si128((const __m128i *)(p + KP_SC + 16 * s));
-			const __m128i mn = _mm_loadu_si128((const __m128i *)(p + KP_MN + 16 * s));
+			__m512i w[8];
+			__m512 dw, mw;
 
-			for (int v = 0; v < 4; v++) {
-				const __m512i x = _mm512_loadu_si512(q + 64 * v);
-
-				_mm512_storeu_si512(panel + 128 * v,
-						    _mm512_or_si512(_mm512_and_si512(x, m4), kp_fifth(h, 2 * v)));
-				_mm512_storeu_si512(panel + 128 * v + 64,
-						    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4),
-								    kp_fifth(h, 2 * v + 1)));
-			}
-			_mm512_storeu_ps(panel + 512, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
-			_mm512_storeu_ps(panel + 512 + 64,
-					 _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
+			q45k_sub(five, p, s, w);
+			q45k_scales(p, s, d, ndmin, &dw, &mw);
+			for (int k = 0; k < 8; k++)
+				_mm512_storeu_si512(panel + 64 * k, w[k]);
+			_mm512_storeu_ps(panel + 512, dw);
+			_mm512_storeu_ps(panel + 512 + 64, mw);
 		}
 	}
 }

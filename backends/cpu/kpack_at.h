@@ -159,6 +159,41 @@ q45k_unpack(bool five, const uint8_t *q, __m512i h, int v, __m512i *lo, __m512i 
 	}
 }
 
+/* Sub-block s of the packed Q4_K / Q5_K super-block p as qgemm.h's panel
+ * block holds its values: vector 2v + j is group 2v + j (values 8v + 4j
+ * .. 8v + 4j + 3) of the 16 rows. */
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) void
+q45k_sub(bool five, const uint8_t *p, int s, __m512i w[8])
+{
+	const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+	const __m512i h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
+
+	for (int v = 0; v < 4; v++)
+		q45k_unpack(five, q, h, v, &w[2 * v], &w[2 * v + 1]);
+}
+
+/* The super-block's 16 rows' d and -dmin (f16 widened, the sign flipped
+ * bit-wise, so a NaN stays the NaN it was). */
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) void
+q45k_d(const uint8_t *p, __m512 *d, __m512 *ndmin)
+{
+	*d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + KP_D)));
+	*ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+		_mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + KP_DMIN)))),
+		_mm512_set1_epi32((int)0x80000000)));
+}
+
+/* Sub-block s's panel floats: the rows' d * sc to *dw, -dmin * mn to *mw. */
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline)) void
+q45k_scales(const uint8_t *p, int s, __m512 d, __m512 ndmin, __m512 *dw, __m512 *mw)
+{
+	const __m128i sc = _mm_loadu_si128((const __m128i *)(p + KP_SC + 16 * s));
+	const __m128i mn = _mm_loadu_si128((const __m128i *)(p + KP_MN + 16 * s));
+
+	*dw = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+	*mw = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+}
+
 /*
  * Prefetches the `bytes` that lie KP_PREFETCH bytes after p: the kernels
  * read a group front to back and the next group lies right after it. On

@@ -25,37 +25,9 @@
 #define TGT_KQ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define KQ_X 8 /* activation rows per pass, as qgemm.c's QG_X */
 
-/* The panel block's 8 vectors of 4 values of 16 rows, of sub-block s of
- * super-block p. */
-TGT_KQ static inline __attribute__((always_inline)) void kq_quants(bool five, const uint8_t *p,
-								   int s, __m512i wq[8])
-{
-	const uint8_t *q = p + KP_Q + kp_sub(five) * s;
-	const __m512i h = five ? _mm512_load_si512((const void *)(q + 256)) : _mm512_setzero_si512();
-
-	for (int v = 0; v < 4; v++)
-		q45k_unpack(five, q, h, v, &wq[2 * v], &wq[2 * v + 1]);
-}
-
-/* The panel's floats of sub-block s of super-block p, as panel_q4k_512()
- * makes them: the 16 rows' scales d * sc to *dw, minima -dmin * mn to *mw. */
-TGT_KQ static inline __attribute__((always_inline)) void kq_scales(const uint8_t *p, int s,
-								   __m512 *dw, __m512 *mw)
-{
-	const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + KP_D)));
-	const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-		_mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + KP_DMIN)))),
-		_mm512_set1_epi32((int)0x80000000)));
-	const __m128i sc = _mm_loadu_si128((const __m128i *)(p + KP_SC + 16 * s));
-	const __m128i mn = _mm_loadu_si128((const __m128i *)(p + KP_MN + 16 * s));
-
-	*dw = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
-	*mw = _mm512_mul_ps(ndmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
-}
-
 /* X activation rows (X <= KQ_X) against the group g of nb super-blocks:
  * qgemm.c's qgemm_rows() with B = 32 and minima, the panel block made in
- * registers. `cold`: the first pass over the group, which prefetches it
+ * registers by panel_q4k_512()'s own steps (kpack_at.h). `cold`: the first pass over the group, which prefetches it
  * ahead. */
 TGT_KQ static inline __attribute__((always_inline)) void
 kq_rows(bool five, const uint8_t *g, int rows, const struct qdot_block *x,
@@ -70,7 +42,9 @@ kq_rows(bool five, const uint8_t *g, int rows, const struct qdot_block *x,
 		acc[i] = _mm512_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *p = g + (size_t)b * bytes;
+		__m512 d, ndmin;
 
+		q45k_d(p, &d, &ndmin);
 		if (cold)
 			kpack_prefetch(p, bytes);
 		for (int s = 0; s < 8; s++) {
@@ -78,8 +52,8 @@ kq_rows(bool five, const uint8_t *g, int rows, const struct qdot_block *x,
 			__m512i wq[8];
 			__m512 dw, mw;
 
-			kq_scales(p, s, &dw, &mw);
-			kq_quants(five, p, s, wq);
+			q45k_sub(five, p, s, wq);
+			q45k_scales(p, s, d, ndmin, &dw, &mw);
 			for (int i = 0; i < X; i++) {
 				const struct qgemm_x *xp = prep + i * nc + c;
 				const int8_t *xq = x[i * nc + c].q;
