@@ -683,17 +683,30 @@ TGT_PANEL8 static inline __attribute__((always_inline)) __m256i fifth8(__m256i v
 				 4);
 }
 
-/* 16 u8 (or, with sign, int8) scales times d, as two vectors of 8. */
+/* 16 u8 (or, with sign, int8) scales v times d, as two vectors of 8. */
 TGT_PANEL8 static inline __attribute__((always_inline)) void
-scales8(const uint8_t *sc, bool sign, __m256 d0, __m256 d1, float *out)
+scales8v(__m128i v, bool sign, __m256 d0, __m256 d1, float *out)
 {
-	const __m128i v = _mm_loadu_si128((const __m128i *)sc);
 	const __m256i a = sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
 	const __m256i b = sign ? _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)) :
 				 _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
 
 	_mm256_storeu_ps(out, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(a)));
 	_mm256_storeu_ps(out + 8, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(b)));
+}
+
+/* The same from 16 bytes at sc. */
+TGT_PANEL8 static inline __attribute__((always_inline)) void
+scales8(const uint8_t *sc, bool sign, __m256 d0, __m256 d1, float *out)
+{
+	scales8v(_mm_loadu_si128((const __m128i *)sc), sign, d0, d1, out);
+}
+
+/* 8 f16 scales widened, the sign flipped bit-wise (-dmin). */
+TGT_PANEL8 static inline __attribute__((always_inline)) __m256 nf16x8(const uint8_t *p)
+{
+	return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(f16x8(p)),
+						    _mm256_set1_epi32((int)0x80000000)));
 }
 
 TGT_PANEL8 static void panel_b32_256(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
@@ -796,6 +809,58 @@ TGT_PANEL8 static void panel_q6k_256(const uint8_t *g, int64_t nb, uint8_t *pane
 	}
 }
 
+/* panel_kq() on 256-bit vectors. */
+TGT_PANEL8 static void panel_kq_256(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
+{
+	const bool q3 = t == LOOM_TYPE_Q3_K;
+	const size_t bytes = q3 ? KP_Q3K : KP_Q2K;
+	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+	const __m256i add = _mm256_set1_epi8(124);
+
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *p = g + b * bytes;
+		const __m256 d0 = f16x8(p + KP_D), d1 = f16x8(p + KP_D + 16);
+		const __m256 n0 = q3 ? d0 : nf16x8(p + KP_DMIN), n1 = q3 ? d1 : nf16x8(p + KP_DMIN + 16);
+
+		kpack_prefetch(p, bytes);
+		for (int i = 0; i < 16; i++, panel += 4 * 64 + 2 * KPACK_ROWS * 4) {
+			float *dw = (float *)(panel + 256), *mw = dw + KPACK_ROWS;
+
+			for (int o = 0; o < 64; o += 32) {
+				const __m256i q = _mm256_loadu_si256((const __m256i *)(p + KP_Q + 64 * i + o));
+				const __m256i h = q3 ? _mm256_loadu_si256((const __m256i *)(p + KP3_H + 64 * (i / 2) + o)) :
+						       _mm256_setzero_si256();
+
+				for (int c = 0; c < 4; c++) {
+					__m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * c), m2);
+
+					if (q3) {
+						const int hs = c + 4 * (i % 2);
+						const __m256i hb = hs >= 2 ? _mm256_srli_epi16(h, hs - 2) :
+									      _mm256_slli_epi16(h, 2 - hs);
+
+						v = _mm256_add_epi8(_mm256_or_si256(v, _mm256_and_si256(hb, b2)), add);
+					}
+					_mm256_storeu_si256((__m256i *)(panel + 64 * c + o), v);
+				}
+			}
+			if (q3) {
+				scales8(p + KP_SC + 16 * i, true, d0, d1, dw);
+				for (int r = 0; r < KPACK_ROWS; r++)
+					mw[r] = -0.0f * 0.0f;
+				continue;
+			}
+			{ /* the scale byte: scale in the low nibble, minimum in the high */
+				const __m128i sb = _mm_loadu_si128((const __m128i *)(p + KP_SC + 16 * i));
+				const __m128i m4 = _mm_set1_epi8(15);
+
+				scales8v(_mm_and_si128(sb, m4), false, d0, d1, dw);
+				scales8v(_mm_and_si128(_mm_srli_epi16(sb, 4), m4), false, n0, n1, mw);
+			}
+		}
+	}
+}
+
 /* Whether the 256-bit builders run here (checked once). */
 static bool panel_256(void)
 {
@@ -828,18 +893,22 @@ struct panel_set {
 	void (*b32)(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel);
 	void (*q45k)(bool five, const uint8_t *g, int64_t nb, uint8_t *panel);
 	void (*q6k)(const uint8_t *g, int64_t nb, uint8_t *panel);
+	void (*kq)(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel); /* Q2_K, Q3_K */
 };
 
 void kpack_panel_width(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, uint8_t *panel,
 		       int width)
 {
-	static const struct panel_set in_c = { panel_b32, panel_q4k, panel_q6k };
+	static const struct panel_set in_c = { panel_b32, panel_q4k, panel_q6k, panel_kq };
 	const struct panel_set *ps = &in_c;
 	const uint8_t *g = kpack_group_at(type, w, nb, j0);
 
 #if defined(__x86_64__)
-	static const struct panel_set v512 = { panel_b32_512, panel_q4k_512, panel_q6k_512 };
-	static const struct panel_set v256 = { panel_b32_256, panel_q4k_256, panel_q6k_256 };
+	/* Q2_K and Q3_K take the 256-bit builder on AVX-512 hosts too */
+	static const struct panel_set v512 = { panel_b32_512, panel_q4k_512, panel_q6k_512,
+						 panel_kq_256 };
+	static const struct panel_set v256 = { panel_b32_256, panel_q4k_256, panel_q6k_256,
+						 panel_kq_256 };
 
 	if (width >= 512 && panel_512())
 		ps = &v512;
@@ -851,7 +920,7 @@ void kpack_panel_width(uint32_t type, const uint8_t *w, int64_t nb, int64_t j0, 
 	if (b32(type))
 		ps->b32(type, g, nb, panel);
 	else if (type == LOOM_TYPE_Q2_K || type == LOOM_TYPE_Q3_K)
-		panel_kq(type, g, nb, panel); /* in C at every width: no vector builder yet */
+		ps->kq(type, g, nb, panel);
 	else if (type == LOOM_TYPE_Q6_K)
 		ps->q6k(g, nb, panel);
 	else
