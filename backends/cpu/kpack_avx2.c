@@ -84,42 +84,96 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 }
 
 /*
+ * AVX2 has no byte dot into int32: maddubs gives each row's two int16 pair
+ * sums, and madd against 1s made them int32 after every maddubs. Here the
+ * int16 pairs of several maddubs are added first and madd then multiplies
+ * them by the row's sub-block scale, which also takes the place of a
+ * vpmulld. The sums stay exact: a pair is at most 2 * 15 * 127 = 3810
+ * for 4-bit values (8 of them: 30480) and 7874 for 5-bit ones (4: 31496),
+ * below 32768, and |x| <= 127 (qdot_k_quantize_row()). So the integers,
+ * hence the bits, are the VNNI path's.
+ */
+
+/* 8 u8 scales at sc, each in both int16 halves of its row's int32 lane. */
+TGT_AVX2 ALWAYS __m256i sc_pairs(const uint8_t *sc)
+{
+	const __m128i v = _mm_loadl_epi64((const __m128i *)sc);
+
+	return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+}
+
+/* Nibble vector v of a sub-block's half at q, split; Q5_K's fifth bits
+ * from fh (bit 2v to bit 4 of lo, bit 2v + 1 to bit 4 of hi). */
+TGT_AVX2 ALWAYS void q45k_split8(bool five, const uint8_t *q, __m256i fh, int v, int h,
+				__m256i *lo, __m256i *hi)
+{
+	const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+	const __m256i w = half(q + 64 * v, h);
+
+	*lo = _mm256_and_si256(w, m4);
+	*hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+	if (five) {
+		*lo = _mm256_or_si256(*lo, _mm256_and_si256(v < 2 ? _mm256_slli_epi16(fh, 4 - 2 * v) :
+								      _mm256_srli_epi16(fh, 2 * v - 4), b4));
+		*hi = _mm256_or_si256(*hi, _mm256_and_si256(v < 2 ? _mm256_slli_epi16(fh, 3 - 2 * v) :
+								      _mm256_srli_epi16(fh, 2 * v - 3), b4));
+	}
+}
+
+/* Sub-block s's 8 rows' exact sum of u * x times their scale (AVX2). */
+TGT_AVX2 ALWAYS __m256i q45k_sub_avx2(bool five, const uint8_t *p, const int8_t *xq, int s, int h)
+{
+	const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+	const __m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();
+	const __m256i sc = sc_pairs(p + KP_SC + 16 * s + 8 * h);
+	__m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+
+	for (int v = 0; v < 4; v++) {
+		__m256i lo, hi;
+
+		q45k_split8(five, q, fh, v, h, &lo, &hi);
+		a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(lo, x4(xq + 8 * v)));
+		a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(hi, x4(xq + 8 * v + 4)));
+	}
+	if (!five)
+		return _mm256_madd_epi16(_mm256_add_epi16(a0, a1), sc);
+	return _mm256_add_epi32(_mm256_madd_epi16(a0, sc), _mm256_madd_epi16(a1, sc));
+}
+
+/* The same on AVX-VNNI: vpdpbusd's int32 sums times the scale. */
+TGT_AVXVNNI ALWAYS __m256i q45k_sub_avxvnni(bool five, const uint8_t *p, const int8_t *xq, int s,
+					   int h)
+{
+	const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+	const __m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();
+	__m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+
+	for (int v = 0; v < 4; v++) {
+		__m256i lo, hi;
+
+		q45k_split8(five, q, fh, v, h, &lo, &hi);
+		a0 = avxvnni_dot(a0, lo, x4(xq + 8 * v));
+		a1 = avxvnni_dot(a1, hi, x4(xq + 8 * v + 4));
+	}
+	return _mm256_mullo_epi32(_mm256_add_epi32(a0, a1),
+				  _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+					  (const __m128i *)(p + KP_SC + 16 * s + 8 * h))));
+}
+
+/*
  * Packed Q4_K (five: Q5_K) super-block p, rows 8h .. 8h+7, against x:
  * kpack.c's q45k_block() on 8 lanes.
  */
-#define Q45K_HALF(attr, name, DOT)                                                         \
+#define Q45K_HALF(attr, name, SUB)                                                         \
 	attr ALWAYS __m256 name(bool five, const uint8_t *p, const struct qdot_kblock *x,  \
 				int h, __m256 acc)                                         \
 	{                                                                                  \
-		const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);        \
 		__m256 P[8], Q[8];                                                         \
                                                                                            \
 		for (int s = 0; s < 8; s++) {                                              \
-			const uint8_t *q = p + KP_Q + kp_sub(five) * s;                    \
-			const int8_t *xq = x->q + 32 * s;                                  \
-			__m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();  \
-			__m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();     \
 			int bs = x->bsums[2 * s] + x->bsums[2 * s + 1];                    \
                                                                                            \
-			for (int v = 0; v < 4; v++) {                                      \
-				__m256i w = half(q + 64 * v, h);                           \
-				__m256i lo = _mm256_and_si256(w, m4);                      \
-				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4); \
-                                                                                           \
-				if (five) {                                                \
-					lo = _mm256_or_si256(lo, _mm256_and_si256(v < 2 ?  \
-						_mm256_slli_epi16(fh, 4 - 2 * v) :         \
-						_mm256_srli_epi16(fh, 2 * v - 4), b4));    \
-					hi = _mm256_or_si256(hi, _mm256_and_si256(v < 2 ?  \
-						_mm256_slli_epi16(fh, 3 - 2 * v) :         \
-						_mm256_srli_epi16(fh, 2 * v - 3), b4));    \
-				}                                                          \
-				a0 = DOT(a0, lo, x4(xq + 8 * v));                          \
-				a1 = DOT(a1, hi, x4(xq + 8 * v + 4));                      \
-			}                                                                  \
-			P[s] = grp_term(_mm256_mullo_epi32(                                \
-				_mm256_add_epi32(a0, a1), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
-					(const __m128i *)(p + KP_SC + 16 * s + 8 * h)))), x, s); \
+			P[s] = grp_term(SUB(five, p, x->q + 32 * s, s, h), x, s);          \
 			Q[s] = grp_term(_mm256_mullo_epi32(                                \
 				_mm256_set1_epi32(bs), _mm256_cvtepu8_epi32(_mm_loadl_epi64( \
 					(const __m128i *)(p + KP_MN + 16 * s + 8 * h)))), x, s); \
@@ -128,7 +182,7 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 	}
 
 /* The same for Q6_K: kpack.c's q6k_block() on 8 lanes. */
-#define Q6K_HALF(attr, name, DOT)                                                          \
+#define Q6K_HALF(attr, name, DOT, I16)                                                          \
 	attr ALWAYS __m256 name(bool unused, const uint8_t *p, const struct qdot_kblock *x, \
 				int h, __m256 acc)                                         \
 	{                                                                                  \
@@ -151,14 +205,30 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 			__m256i u3 = _mm256_or_si256(                                      \
 				_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),            \
 				_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));           \
-			__m256i a0 = DOT(_mm256_set1_epi32(-32 * x->bsums[i]), u0, x4(xq)); \
-			__m256i a1 = DOT(_mm256_setzero_si256(), u2, x4(xq + 8));          \
+			const __m128i sv = _mm_loadl_epi64(                                \
+				(const __m128i *)(p + KP_SC + 16 * i + 8 * h));            \
                                                                                            \
-			a0 = DOT(a0, u1, x4(xq + 4));                                      \
-			a1 = DOT(a1, u3, x4(xq + 12));                                     \
-			isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(                  \
-				_mm256_add_epi32(a0, a1), _mm256_cvtepi8_epi32(_mm_loadl_epi64( \
-					(const __m128i *)(p + KP_SC + 16 * i + 8 * h)))));  \
+			if (I16) { /* pairs of 2 * 63 * 127, two of them summed */          \
+				const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv)); \
+				__m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x4(xq)), \
+					_mm256_maddubs_epi16(u1, x4(xq + 4)));             \
+				__m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, x4(xq + 8)), \
+					_mm256_maddubs_epi16(u3, x4(xq + 12)));            \
+                                                                                           \
+				isum = _mm256_add_epi32(isum, _mm256_add_epi32(            \
+					_mm256_madd_epi16(p0, sc), _mm256_madd_epi16(p1, sc))); \
+				/* sc * -32 * bsum: both halves of the pair take -16 */    \
+				isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sc,        \
+					_mm256_set1_epi16((short)(-16 * x->bsums[i]))));   \
+			} else {                                                           \
+				__m256i a0 = DOT(_mm256_set1_epi32(-32 * x->bsums[i]), u0, x4(xq)); \
+				__m256i a1 = DOT(_mm256_setzero_si256(), u2, x4(xq + 8));  \
+                                                                                           \
+				a0 = DOT(a0, u1, x4(xq + 4));                              \
+				a1 = DOT(a1, u3, x4(xq + 12));                             \
+				isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(          \
+					_mm256_add_epi32(a0, a1), _mm256_cvtepi8_epi32(sv))); \
+			}                                                                  \
 			if (i % 2) {                                                       \
 				P[i / 2] = grp_term(isum, x, i / 2);                       \
 				isum = _mm256_setzero_si256();                             \
@@ -168,7 +238,7 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 	}
 
 /* The same for Q2_K (q3: Q3_K): kpack.c's kq_block() on 8 lanes. */
-#define KQ_HALF(attr, name, DOT)                                                           \
+#define KQ_HALF(attr, name, DOT, I16)                                                           \
 	attr ALWAYS __m256 name(bool q3, const uint8_t *p, const struct qdot_kblock *x,    \
 				int h, __m256 acc)                                         \
 	{                                                                                  \
@@ -184,6 +254,7 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 			const __m128i sb = _mm_loadl_epi64(                                \
 				(const __m128i *)(p + KP_SC + 16 * i + 8 * h));            \
 			__m256i a = _mm256_set1_epi32(q3 ? -4 * x->bsums[i] : 0);          \
+			__m256i a16 = _mm256_setzero_si256();                              \
                                                                                            \
 			for (int c = 0; c < 4; c++) {                                      \
 				const int sh = c + 4 * (i % 2);                            \
@@ -194,9 +265,27 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 					u = _mm256_or_si256(u, _mm256_and_si256(sh >= 2 ?  \
 						_mm256_srli_epi16(hb, sh - 2) :            \
 						_mm256_slli_epi16(hb, 2 - sh), b2));       \
-				a = DOT(a, u, x4(x->q + 16 * i + 4 * c));                  \
+				if (I16) /* pairs of 2 * 7 * 127, four summed */            \
+					a16 = _mm256_add_epi16(a16, _mm256_maddubs_epi16(  \
+						u, x4(x->q + 16 * i + 4 * c)));            \
+				else                                                       \
+					a = DOT(a, u, x4(x->q + 16 * i + 4 * c));          \
 			}                                                                  \
-			if (q3) {                                                          \
+			if (I16) {                                                         \
+				const __m128i sv = q3 ? sb : _mm_and_si128(sb, n4);        \
+				const __m128i sp = _mm_unpacklo_epi8(sv, sv);              \
+				const __m256i sc = q3 ? _mm256_cvtepi8_epi16(sp) :         \
+							_mm256_cvtepu8_epi16(sp);          \
+                                                                                           \
+				isum = _mm256_add_epi32(isum, _mm256_madd_epi16(a16, sc)); \
+				if (q3) /* sc * -4 * bsum: -2 in both halves */            \
+					isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sc, \
+						_mm256_set1_epi16((short)(-2 * x->bsums[i])))); \
+				if (!q3)                                                   \
+					msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(  \
+						_mm256_set1_epi32(x->bsums[i]), _mm256_cvtepu8_epi32( \
+							_mm_and_si128(_mm_srli_epi16(sb, 4), n4)))); \
+			} else if (q3) {                                                   \
 				isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(a,        \
 					_mm256_cvtepi8_epi32(sb)));                        \
 			} else {                                                           \
@@ -215,12 +304,12 @@ TGT_AVX2 ALWAYS __m256 kp_finish(const uint8_t *p, int h, const __m256 P[8], con
 		return kp_finish(p, h, P, q3 ? NULL : Q, acc);                             \
 	}
 
-KQ_HALF(TGT_AVX2, kq_avx2, avx2_dot)
-KQ_HALF(TGT_AVXVNNI, kq_avxvnni, avxvnni_dot)
-Q45K_HALF(TGT_AVX2, q45k_avx2, avx2_dot)
-Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, avxvnni_dot)
-Q6K_HALF(TGT_AVX2, q6k_avx2, avx2_dot)
-Q6K_HALF(TGT_AVXVNNI, q6k_avxvnni, avxvnni_dot)
+KQ_HALF(TGT_AVX2, kq_avx2, avx2_dot, true)
+KQ_HALF(TGT_AVXVNNI, kq_avxvnni, avxvnni_dot, false)
+Q45K_HALF(TGT_AVX2, q45k_avx2, q45k_sub_avx2)
+Q45K_HALF(TGT_AVXVNNI, q45k_avxvnni, q45k_sub_avxvnni)
+Q6K_HALF(TGT_AVX2, q6k_avx2, avx2_dot, true)
+Q6K_HALF(TGT_AVXVNNI, q6k_avxvnni, avxvnni_dot, false)
 
 /* Copies lanes lo .. hi-1 of v (rows r0 + lo ..) to y, which starts at row
  * j0. */
