@@ -466,6 +466,109 @@ QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 1)
 #endif
 
 #if defined(__x86_64__)
+/*
+ * AVX2 for every format but Q8_0: its values brought back to the format's
+ * own small unsigned u (the panel holds q + 128 for the formats without a
+ * minimum, u + sub; a vpsubb per group, shared by the pass's rows), so a
+ * maddubs pair is at most 2 * umax * 127 and the int16 pairs of `ch`
+ * groups add up in int16 before one madd widens them: ch = 8 for 4-bit
+ * values (8 * 3810 < 32768), 4 for 5-bit and for Q2_K / Q3_K, 2 for
+ * Q6_K's 6-bit. The fix then takes the format's own offset:
+ * -(128 - sub) * sum(x) = fix * (128 - sub) / 128, an exact division. The
+ * sums are the same integers as the other sets', so the bits are
+ * qgemm_ref()'s. The groups go outer and the rows inner, so each weight
+ * vector is loaded once for the pass's rows.
+ */
+#define QG_XI 4 /* activation rows per pass */
+
+static inline __attribute__((always_inline)) TGT_AVX2 void
+qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,
+	       const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,
+	       bool has_min, int sub, int ch)
+{
+	const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	const __m256i ones = _mm256_set1_epi16(1), back = _mm256_set1_epi8((char)sub);
+	const int64_t nc = k / B, nx = k / 32;
+	const int div = 128 / (128 - sub); /* a power of two */
+	const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
+	__m256 acc[QG_XI];
+
+	for (int i = 0; i < X; i++)
+		acc[i] = _mm256_setzero_ps();
+	for (int64_t c = 0; c < nc; c++) {
+		const uint8_t *pb = panel + (size_t)c * bb;
+		const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h;
+		const int8_t *xq[QG_XI];
+		__m256i s[QG_XI], p[QG_XI];
+
+		for (int i = 0; i < X; i++) {
+			xq[i] = x[i * nx + c * B / 32].q + c * B % 32;
+			s[i] = _mm256_set1_epi32(sub ? prep[i * nc + c].fix / div : 0);
+			p[i] = _mm256_setzero_si256();
+		}
+		for (int g = 0; g < B / 4; g++) {
+			__m256i w = _mm256_loadu_si256((const __m256i *)(pb + g * GROUP_BYTES + 32 * h));
+			int32_t x4;
+
+			if (sub)
+				w = _mm256_sub_epi8(w, back);
+			for (int i = 0; i < X; i++) {
+				memcpy(&x4, xq[i] + 4 * g, 4);
+				p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
+			}
+			if ((g + 1) % ch == 0 || g == B / 4 - 1)
+				for (int i = 0; i < X; i++) {
+					s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
+					p[i] = _mm256_setzero_si256();
+				}
+		}
+		for (int i = 0; i < X; i++) {
+			const struct qgemm_x *xp = prep + i * nc + c;
+
+			acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+						 _mm256_mul_ps(_mm256_loadu_ps(dwp), _mm256_set1_ps(xp->d)),
+						 acc[i]);
+			if (has_min)
+				acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(dwp + QGEMM_ROWS),
+							 _mm256_set1_ps(xp->s), acc[i]);
+		}
+	}
+	for (int i = 0; i < X; i++)
+		_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);
+}
+
+/* One AVX2 kind: block B, minimum MN, panel bytes u + SUB, CH groups per
+ * int16 sum. */
+#define QG_KIND_I16(name, B, MN, SUB, CH)                                                  \
+	static TGT_AVX2 void name(const void *panel, int rows, const struct qdot_block *x, \
+				  const struct qgemm_x *prep, int64_t m, int64_t k, float *y, \
+				  int64_t ys)                                              \
+	{                                                                                  \
+		const int64_t nx = k / 32, nc = k / (B);                                  \
+                                                                                           \
+		for (int h = 0; h < 2 && 8 * h < rows; h++) {                              \
+			const int lanes = rows - 8 * h < 8 ? rows - 8 * h : 8;             \
+			int64_t i = 0;                                                     \
+                                                                                           \
+			for (; i + QG_XI <= m; i += QG_XI)                                 \
+				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
+					       y + i * ys, ys, QG_XI, B, MN, SUB, CH);     \
+			for (; i < m; i++)                                                 \
+				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
+					       y + i * ys, ys, 1, B, MN, SUB, CH);         \
+		}                                                                          \
+	}
+QG_KIND_I16(qgemm_i16_q4_0, 32, false, 120, 8)
+QG_KIND_I16(qgemm_i16_q5_0, 32, false, 112, 4)
+QG_KIND_I16(qgemm_i16_q4_1, 32, true, 0, 8) /* Q4_1, Q4_K */
+QG_KIND_I16(qgemm_i16_q5_1, 32, true, 0, 4) /* Q5_1, Q5_K */
+QG_KIND_I16(qgemm_i16_q2_k, 16, true, 0, 4)
+QG_KIND_I16(qgemm_i16_q3_k, 16, false, 124, 4)
+QG_KIND_I16(qgemm_i16_q6_k, 16, false, 96, 2)
+#endif
+
+#if defined(__x86_64__)
 typedef void (*qgemm_fn)(const void *panel, int rows, const struct qdot_block *x,
 			 const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys);
 
@@ -475,6 +578,21 @@ static const qgemm_fn qgemm_kinds[3][2][2] = {
 	{ { qgemm_avxvnni_16_0, qgemm_avxvnni_16_1 }, { qgemm_avxvnni_32_0, qgemm_avxvnni_32_1 } },
 	{ { qgemm_avx2_16_0, qgemm_avx2_16_1 }, { qgemm_avx2_32_0, qgemm_avx2_32_1 } },
 };
+
+/* The AVX2 kind of type (int16 sums), or NULL (Q8_0: the sign path). */
+static qgemm_fn qgemm_avx2_i16(uint32_t type)
+{
+	switch (type) {
+	case LOOM_TYPE_Q4_0: return qgemm_i16_q4_0;
+	case LOOM_TYPE_Q5_0: return qgemm_i16_q5_0;
+	case LOOM_TYPE_Q4_1: case LOOM_TYPE_Q4_K: return qgemm_i16_q4_1;
+	case LOOM_TYPE_Q5_1: case LOOM_TYPE_Q5_K: return qgemm_i16_q5_1;
+	case LOOM_TYPE_Q2_K: return qgemm_i16_q2_k;
+	case LOOM_TYPE_Q3_K: return qgemm_i16_q3_k;
+	case LOOM_TYPE_Q6_K: return qgemm_i16_q6_k;
+	default: return NULL;
+	}
+}
 #endif
 
 void qgemm_run(enum qdot_isa isa, uint32_t type, const void *panel, int rows,
@@ -483,7 +601,12 @@ void qgemm_run(enum qdot_isa isa, uint32_t type, const void *panel, int rows,
 {
 #if defined(__x86_64__)
 	const int set = isa == QDOT_VNNI ? 0 : isa == QDOT_AVXVNNI ? 1 : 2;
+	const qgemm_fn i16 = set == 2 ? qgemm_avx2_i16(type) : NULL;
 
+	if (i16) {
+		i16(panel, rows, x, prep, m, k, y, ys);
+		return;
+	}
 	qgemm_kinds[set][qgemm_block(type) == 32][offset_format(type)](panel, rows, x, prep, m,
 								       k, y, ys);
 #else

@@ -29,6 +29,7 @@
 #include "amx.h"
 #include "cpu.h"
 #include "qdot.h"
+#include "extreme_w.h"
 #include "hard_acts.h"
 #include "kpack.h"
 #include "kpack_check.h"
@@ -658,6 +659,58 @@ START_TEST(qgemm_match_reference)
 }
 END_TEST
 
+/* qgemm at the largest sums its int16 steps can meet (extreme_w.h):
+ * weights all at their largest u, activation rows all +127 and all -127,
+ * every set against qgemm_ref() bit for bit. */
+START_TEST(qgemm_extreme_sums)
+{
+	static const uint32_t types[] = { LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
+					  LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K,
+					  LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
+					  LOOM_TYPE_Q6_K };
+	enum { M = 2, N = 16, K = 512 };
+	static uint8_t w[N * K / 32 * 34], panel[2 * K / 16 * 384] __attribute__((aligned(64)));
+	static struct qdot_block q[M * K / 32];
+	static struct qgemm_x prep[M * K / 16];
+	static float x[M * K], y[M * N];
+	int bad = 0;
+
+	for (int e = 0; e < K; e++) {
+		x[e] = 1.0f;
+		x[K + e] = -1.0f;
+	}
+	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]) * 3; f++) {
+		const uint32_t t = types[f / 3];
+		const enum qdot_isa isa = kpack_isas[f % 3];
+		const int64_t nblk = K / cpu_block_elems(t), nc = K / qgemm_block(t);
+		const size_t ws = (size_t)nblk * cpu_block_bytes(t);
+
+		if (!qgemm_supported(isa, t))
+			continue;
+		for (int64_t b = 0; b < N * nblk; b++)
+			extreme_block(t, w + b * cpu_block_bytes(t), cpu_block_bytes(t));
+		for (int i = 0; i < M; i++) {
+			qdot_quantize_row(x + i * K, q + i * K / 32, K);
+			ck_assert_int_eq(abs(q[i * K / 32].q[0]), 127);
+			qgemm_row_prep(t, q + i * K / 32, K, prep + i * nc);
+		}
+		qgemm_panel(t, w, ws, 0, N, K, false, panel);
+		qgemm_run(isa, t, panel, N, q, prep, M, K, y, N);
+		for (int i = 0; i < M; i++)
+			for (int r = 0; r < N; r++) {
+				float want = qgemm_ref(t, w + r * ws, q + i * K / 32, K);
+
+				if (memcmp(&y[i * N + r], &want, 4)) {
+					printf("qgemm %s type %u extreme [%d][%d]: %.9g vs %.9g\n",
+					       qdot_isa_name(isa), t, i, r, y[i * N + r], want);
+					bad++;
+				}
+			}
+	}
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 /* Every qgemm format, 1 to 35 activation rows (one, two and three tile
  * passes, full and partial), 1 to 16 weight rows. */
 static int check_amx(enum amx_mode mode)
@@ -761,6 +814,7 @@ int main(void)
 	tcase_add_loop_test(tc, kernels_match_reference, 0, QDOT_N_ISA);
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, qgemm_match_reference);
+	tcase_add_test(tc, qgemm_extreme_sums);
 	tcase_add_test(tc, kpack32_matches_reference);
 	tcase_add_test(tc, kpack32_rows_match_gemm);
 	tcase_add_test(tc, kpack32_panel_special_scales);
