@@ -367,79 +367,58 @@ QG_KIND(16, 1)
  * The same on 256-bit vectors: the panel's rows 8h .. 8h+7 are the first
  * (h = 0) or last 32 bytes of every group and the first or last 8 of its
  * 16 scales, so a pass takes one half. AVX-VNNI sums the byte products
- * with vpdpbusd as above; AVX2 with maddubs and madd (dot256.h), which
- * overflow int16 on the q + 128 bytes of the formats without a minimum:
- * there the byte goes back to q (xor 80h), once per block, and |q| meets x
- * with q's sign, the sum starting from 0 rather than the -128 * sum(x) fix
- * (the same integer).
+ * with vpdpbusd as above; AVX2 has its own kernel below.
  */
 #define QG_X8 4 /* activation rows per pass on 256-bit vectors */
 
-#define QG_ROWS8(attr, name, DOT, SIGNED)                                                  \
-	static inline __attribute__((always_inline)) attr void                             \
-	name(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,           \
-	     const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,    \
-	     bool has_min)                                                                 \
-	{                                                                                  \
-		const bool sgn = (SIGNED) && !has_min;                                     \
-		const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),          \
-			_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));                        \
-		const int64_t nc = k / B, nx = k / 32;                                     \
-		const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float); \
-		__m256 acc[QG_X8];                                                         \
-                                                                                           \
-		for (int i = 0; i < X; i++)                                                \
-			acc[i] = _mm256_setzero_ps();                                      \
-		for (int64_t c = 0; c < nc; c++) {                                         \
-			const uint8_t *pb = panel + (size_t)c * bb;                        \
-			const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h; \
-			__m256 dw = _mm256_loadu_ps(dwp);                                  \
-			__m256 mw = _mm256_loadu_ps(dwp + QGEMM_ROWS);                     \
-			__m256i w[8], q[8];                                                \
-                                                                                           \
-			for (int g = 0; g < B / 4; g++) {                                  \
-				w[g] = _mm256_loadu_si256((const __m256i *)(               \
-					pb + g * GROUP_BYTES + 32 * h));                   \
-				if (sgn) {                                                 \
-					q[g] = _mm256_xor_si256(w[g],                      \
-						_mm256_set1_epi8((char)0x80));             \
-					w[g] = _mm256_abs_epi8(q[g]);                      \
-				}                                                          \
-			}                                                                  \
-			for (int i = 0; i < X; i++) {                                      \
-				const struct qgemm_x *xp = prep + i * nc + c;              \
-				const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;  \
-				__m256i s = _mm256_set1_epi32(sgn ? 0 : xp->fix);          \
-				int32_t x4;                                                \
-                                                                                           \
-				for (int g = 0; g < B / 4; g++) {                          \
-					__m256i xb;                                        \
-                                                                                           \
-					memcpy(&x4, xq + 4 * g, 4);                        \
-					xb = _mm256_set1_epi32(x4);                        \
-					if (sgn)                                           \
-						xb = _mm256_sign_epi8(xb, q[g]);           \
-					s = DOT(s, w[g], xb);                              \
-				}                                                          \
-				acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),            \
-					_mm256_mul_ps(dw, _mm256_set1_ps(xp->d)), acc[i]); \
-				if (has_min)                                               \
-					acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xp->s), \
-								 acc[i]);                  \
-			}                                                                  \
-		}                                                                          \
-		for (int i = 0; i < X; i++)                                                \
-			_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);             \
+static inline __attribute__((always_inline)) TGT_AVXVNNI void
+qgemm_rows_avxvnni(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,
+		   const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,
+		   bool has_min)
+{
+	const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	const int64_t nc = k / B, nx = k / 32;
+	const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
+	__m256 acc[QG_X8];
+
+	for (int i = 0; i < X; i++)
+		acc[i] = _mm256_setzero_ps();
+	for (int64_t c = 0; c < nc; c++) {
+		const uint8_t *pb = panel + (size_t)c * bb;
+		const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h;
+		__m256 dw = _mm256_loadu_ps(dwp);
+		__m256 mw = _mm256_loadu_ps(dwp + QGEMM_ROWS);
+		__m256i w[8];
+
+		for (int g = 0; g < B / 4; g++)
+			w[g] = _mm256_loadu_si256((const __m256i *)(pb + g * GROUP_BYTES + 32 * h));
+		for (int i = 0; i < X; i++) {
+			const struct qgemm_x *xp = prep + i * nc + c;
+			const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;
+			__m256i s = _mm256_set1_epi32(xp->fix);
+			int32_t x4;
+
+			for (int g = 0; g < B / 4; g++) {
+				memcpy(&x4, xq + 4 * g, 4);
+				s = avxvnni_dot(s, w[g], _mm256_set1_epi32(x4));
+			}
+			acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+						 _mm256_mul_ps(dw, _mm256_set1_ps(xp->d)), acc[i]);
+			if (has_min)
+				acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xp->s), acc[i]);
+		}
 	}
+	for (int i = 0; i < X; i++)
+		_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);
+}
 
-QG_ROWS8(TGT_AVX2, qgemm_rows_avx2, avx2_dot, true)
-QG_ROWS8(TGT_AVXVNNI, qgemm_rows_avxvnni, avxvnni_dot, false)
-
-#define QG_KIND8(attr, set, rows8, B, MN)                                                  \
-	static attr void qgemm_##set##_##B##_##MN(const void *panel, int rows,           \
-						  const struct qdot_block *x,            \
-						  const struct qgemm_x *prep, int64_t m, \
-						  int64_t k, float *y, int64_t ys)       \
+#define QG_KIND8(B, MN)                                                                    \
+	static TGT_AVXVNNI void qgemm_avxvnni_##B##_##MN(const void *panel, int rows,    \
+							 const struct qdot_block *x,     \
+							 const struct qgemm_x *prep,     \
+							 int64_t m, int64_t k, float *y, \
+							 int64_t ys)                     \
 	{                                                                                  \
 		const int64_t nx = k / 32, nc = k / (B);                                  \
                                                                                            \
@@ -448,21 +427,17 @@ QG_ROWS8(TGT_AVXVNNI, qgemm_rows_avxvnni, avxvnni_dot, false)
 			int64_t i = 0;                                                     \
                                                                                            \
 			for (; i + QG_X8 <= m; i += QG_X8)                                 \
-				rows8(panel, h, lanes, x + i * nx, prep + i * nc, k,       \
-				      y + i * ys, ys, QG_X8, B, MN);                        \
+				qgemm_rows_avxvnni(panel, h, lanes, x + i * nx, prep + i * nc, \
+						   k, y + i * ys, ys, QG_X8, B, MN);       \
 			for (; i < m; i++)                                                 \
-				rows8(panel, h, lanes, x + i * nx, prep + i * nc, k,       \
-				      y + i * ys, ys, 1, B, MN);                            \
+				qgemm_rows_avxvnni(panel, h, lanes, x + i * nx, prep + i * nc, \
+						   k, y + i * ys, ys, 1, B, MN);           \
 		}                                                                          \
 	}
-QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 32, 0)
-QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 32, 1)
-QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 16, 0)
-QG_KIND8(TGT_AVX2, avx2, qgemm_rows_avx2, 16, 1)
-QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 32, 0)
-QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 32, 1)
-QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 0)
-QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 1)
+QG_KIND8(32, 0)
+QG_KIND8(32, 1)
+QG_KIND8(16, 0)
+QG_KIND8(16, 1)
 #endif
 
 #if defined(__x86_64__)
@@ -484,7 +459,7 @@ QG_KIND8(TGT_AVXVNNI, avxvnni, qgemm_rows_avxvnni, 16, 1)
 static inline __attribute__((always_inline)) TGT_AVX2 void
 qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,
 	       const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,
-	       bool has_min, int sub, int ch)
+	       bool has_min, int sub, int ch, bool q8)
 {
 	const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
 						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -504,18 +479,31 @@ qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *
 
 		for (int i = 0; i < X; i++) {
 			xq[i] = x[i * nx + c * B / 32].q + c * B % 32;
-			s[i] = _mm256_set1_epi32(sub ? prep[i * nc + c].fix / div : 0);
+			s[i] = _mm256_set1_epi32(sub && !q8 ? prep[i * nc + c].fix / div : 0);
 			p[i] = _mm256_setzero_si256();
 		}
 		for (int g = 0; g < B / 4; g++) {
 			__m256i w = _mm256_loadu_si256((const __m256i *)(pb + g * GROUP_BYTES + 32 * h));
+			__m256i q = w;
 			int32_t x4;
 
-			if (sub)
+			if (q8) { /* q back from q + 128; |q| meets x with q's sign */
+				q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+				w = _mm256_abs_epi8(q);
+			} else if (sub) {
 				w = _mm256_sub_epi8(w, back);
+			}
 			for (int i = 0; i < X; i++) {
+				__m256i xb;
+
 				memcpy(&x4, xq[i] + 4 * g, 4);
-				p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
+				xb = _mm256_set1_epi32(x4);
+				if (q8)
+					xb = _mm256_sign_epi8(xb, q);
+				p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, xb));
+				/* keeps the sum a chain: reassociated into a tree it
+				 * held every group's products at once and spilled */
+				__asm__("" : "+x"(p[i]));
 			}
 			if ((g + 1) % ch == 0 || g == B / 4 - 1)
 				for (int i = 0; i < X; i++) {
@@ -539,8 +527,9 @@ qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *
 }
 
 /* One AVX2 kind: block B, minimum MN, panel bytes u + SUB, CH groups per
- * int16 sum. */
-#define QG_KIND_I16(name, B, MN, SUB, CH)                                                  \
+ * int16 sum; Q8: Q8_0's sign path (|q| against x with q's sign, 2 * 128
+ * * 127 a pair: one group per sum, no fix). */
+#define QG_KIND_I16(name, B, MN, SUB, CH, Q8)                                                  \
 	static TGT_AVX2 void name(const void *panel, int rows, const struct qdot_block *x, \
 				  const struct qgemm_x *prep, int64_t m, int64_t k, float *y, \
 				  int64_t ys)                                              \
@@ -553,36 +542,37 @@ qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *
                                                                                            \
 			for (; i + QG_XI <= m; i += QG_XI)                                 \
 				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
-					       y + i * ys, ys, QG_XI, B, MN, SUB, CH);     \
+					       y + i * ys, ys, QG_XI, B, MN, SUB, CH, Q8);     \
 			for (; i < m; i++)                                                 \
 				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
-					       y + i * ys, ys, 1, B, MN, SUB, CH);         \
+					       y + i * ys, ys, 1, B, MN, SUB, CH, Q8);         \
 		}                                                                          \
 	}
-QG_KIND_I16(qgemm_i16_q4_0, 32, false, 120, 8)
-QG_KIND_I16(qgemm_i16_q5_0, 32, false, 112, 4)
-QG_KIND_I16(qgemm_i16_q4_1, 32, true, 0, 8) /* Q4_1, Q4_K */
-QG_KIND_I16(qgemm_i16_q5_1, 32, true, 0, 4) /* Q5_1, Q5_K */
-QG_KIND_I16(qgemm_i16_q2_k, 16, true, 0, 4)
-QG_KIND_I16(qgemm_i16_q3_k, 16, false, 124, 4)
-QG_KIND_I16(qgemm_i16_q6_k, 16, false, 96, 2)
+QG_KIND_I16(qgemm_i16_q8_0, 32, false, 0, 1, true)
+QG_KIND_I16(qgemm_i16_q4_0, 32, false, 120, 8, false)
+QG_KIND_I16(qgemm_i16_q5_0, 32, false, 112, 4, false)
+QG_KIND_I16(qgemm_i16_q4_1, 32, true, 0, 8, false) /* Q4_1, Q4_K */
+QG_KIND_I16(qgemm_i16_q5_1, 32, true, 0, 4, false) /* Q5_1, Q5_K */
+QG_KIND_I16(qgemm_i16_q2_k, 16, true, 0, 4, false)
+QG_KIND_I16(qgemm_i16_q3_k, 16, false, 124, 4, false)
+QG_KIND_I16(qgemm_i16_q6_k, 16, false, 96, 2, false)
 #endif
 
 #if defined(__x86_64__)
 typedef void (*qgemm_fn)(const void *panel, int rows, const struct qdot_block *x,
 			 const struct qgemm_x *prep, int64_t m, int64_t k, float *y, int64_t ys);
 
-/* [set][block 16 or 32][minimum]: VNNI, AVX-VNNI, AVX2 */
-static const qgemm_fn qgemm_kinds[3][2][2] = {
+/* [set][block 16 or 32][minimum]: VNNI, AVX-VNNI (AVX2: qgemm_avx2_i16()) */
+static const qgemm_fn qgemm_kinds[2][2][2] = {
 	{ { qgemm_16_0, qgemm_16_1 }, { qgemm_32_0, qgemm_32_1 } },
 	{ { qgemm_avxvnni_16_0, qgemm_avxvnni_16_1 }, { qgemm_avxvnni_32_0, qgemm_avxvnni_32_1 } },
-	{ { qgemm_avx2_16_0, qgemm_avx2_16_1 }, { qgemm_avx2_32_0, qgemm_avx2_32_1 } },
 };
 
-/* The AVX2 kind of type (int16 sums), or NULL (Q8_0: the sign path). */
+/* The AVX2 kind of type. */
 static qgemm_fn qgemm_avx2_i16(uint32_t type)
 {
 	switch (type) {
+	case LOOM_TYPE_Q8_0: return qgemm_i16_q8_0;
 	case LOOM_TYPE_Q4_0: return qgemm_i16_q4_0;
 	case LOOM_TYPE_Q5_0: return qgemm_i16_q5_0;
 	case LOOM_TYPE_Q4_1: case LOOM_TYPE_Q4_K: return qgemm_i16_q4_1;
