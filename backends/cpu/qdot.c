@@ -26,6 +26,7 @@
 #include "cpu.h"
 #include "dot256.h"
 #include "qdot.h"
+#include "simd.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -178,11 +179,31 @@ static void quantize_row_avx512(const float *x, struct qdot_block *out, int64_t 
 }
 #endif
 
+#if defined(__x86_64__)
+/* The same on 8 lanes (AVX2 hosts: in C it was 5-6 % of a 1B-shaped
+ * prefill there). */
+CPU_TGT_AVX2 static void quantize_row_avx2(const float *x, struct qdot_block *out, int64_t k)
+{
+	for (int64_t b = 0; b < k / 32; b++) {
+		float amax;
+		int sum[2];
+		bool finite = cpu_avx2_q32(x + 32 * b, out[b].q, &amax, sum);
+
+		out[b].d = finite ? amax / 127.0f : NAN;
+		out[b].s = out[b].d * (float)(sum[0] + sum[1]);
+	}
+}
+#endif
+
 void qdot_quantize_row(const float *x, struct qdot_block *out, int64_t k)
 {
 #if defined(__x86_64__)
 	if (cpu_detect_isa() >= CPU_ISA_AVX512) {
 		quantize_row_avx512(x, out, k);
+		return;
+	}
+	if (qdot_isa_supported(QDOT_AVX2)) {
+		quantize_row_avx2(x, out, k);
 		return;
 	}
 #endif

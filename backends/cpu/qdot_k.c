@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "simd.h"
 #include "qdot.h"
 
 #if defined(__x86_64__)
@@ -196,11 +197,32 @@ static void k_quantize_row_avx512(const float *x, struct qdot_kblock *out, int64
 }
 #endif
 
+#if defined(__x86_64__)
+/* The same on 8 lanes (AVX2 hosts). */
+CPU_TGT_AVX2 static void k_quantize_row_avx2(const float *x, struct qdot_kblock *out, int64_t k)
+{
+	for (int64_t b = 0; b < k / 256; b++)
+		for (int g = 0; g < 8; g++) {
+			float amax;
+			int sum[2];
+			bool finite = cpu_avx2_q32(x + 256 * b + 32 * g, out[b].q + 32 * g, &amax, sum);
+
+			out[b].bsums[2 * g] = (int16_t)sum[0];
+			out[b].bsums[2 * g + 1] = (int16_t)sum[1];
+			out[b].d[g] = finite ? amax / 127.0f : NAN;
+		}
+}
+#endif
+
 void qdot_k_quantize_row(const float *x, struct qdot_kblock *out, int64_t k)
 {
 #if defined(__x86_64__)
 	if (cpu_detect_isa() >= CPU_ISA_AVX512) {
 		k_quantize_row_avx512(x, out, k);
+		return;
+	}
+	if (qdot_isa_supported(QDOT_AVX2)) {
+		k_quantize_row_avx2(x, out, k);
 		return;
 	}
 #endif
