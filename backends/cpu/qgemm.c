@@ -454,99 +454,121 @@ QG_KIND8(16, 1)
  * qgemm_ref()'s. The groups go outer and the rows inner, so each weight
  * vector is loaded once for the pass's rows.
  */
-#define QG_XI 4 /* activation rows per pass */
+#define QG_XI 4 /* activation rows per pass over one half */
+#define QG_X2 2 /* over both */
 
 static inline __attribute__((always_inline)) TGT_AVX2 void
-qgemm_rows_i16(const uint8_t *panel, int h, int lanes, const struct qdot_block *x,
+qgemm_rows_i16(const uint8_t *panel, int h0, int H, int rows, const struct qdot_block *x,
 	       const struct qgemm_x *prep, int64_t k, float *y, int64_t ys, int X, int B,
 	       bool has_min, int sub, int ch, bool q8)
 {
-	const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
-						_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 	const __m256i ones = _mm256_set1_epi16(1), back = _mm256_set1_epi8((char)sub);
 	const int64_t nc = k / B, nx = k / 32;
 	const int div = 128 / (128 - sub); /* a power of two */
 	const size_t bb = (size_t)B / 4 * GROUP_BYTES + 2 * QGEMM_ROWS * sizeof(float);
-	__m256 acc[QG_XI];
+	__m256 acc[2][QG_XI];
 
-	for (int i = 0; i < X; i++)
-		acc[i] = _mm256_setzero_ps();
+	for (int j = 0; j < H; j++)
+		for (int i = 0; i < X; i++)
+			acc[j][i] = _mm256_setzero_ps();
 	for (int64_t c = 0; c < nc; c++) {
 		const uint8_t *pb = panel + (size_t)c * bb;
-		const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES) + 8 * h;
+		const float *dwp = (const float *)(pb + B / 4 * GROUP_BYTES);
 		const int8_t *xq[QG_XI];
-		__m256i s[QG_XI], p[QG_XI];
+		__m256i s[2][QG_XI], p[2][QG_XI];
 
 		for (int i = 0; i < X; i++) {
 			xq[i] = x[i * nx + c * B / 32].q + c * B % 32;
-			s[i] = _mm256_set1_epi32(sub && !q8 ? prep[i * nc + c].fix / div : 0);
-			p[i] = _mm256_setzero_si256();
+			for (int j = 0; j < H; j++) {
+				s[j][i] = _mm256_set1_epi32(sub && !q8 ? prep[i * nc + c].fix / div : 0);
+				p[j][i] = _mm256_setzero_si256();
+			}
 		}
 		for (int g = 0; g < B / 4; g++) {
-			__m256i w = _mm256_loadu_si256((const __m256i *)(pb + g * GROUP_BYTES + 32 * h));
-			__m256i q = w;
+			__m256i w[2], q[2];
 			int32_t x4;
 
-			if (q8) { /* q back from q + 128; |q| meets x with q's sign */
-				q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-				w = _mm256_abs_epi8(q);
-			} else if (sub) {
-				w = _mm256_sub_epi8(w, back);
+			for (int j = 0; j < H; j++) {
+				w[j] = _mm256_loadu_si256((const __m256i *)(pb + g * GROUP_BYTES +
+									    32 * (h0 + j)));
+				q[j] = w[j];
+				if (q8) { /* q back from q + 128; |q| meets x with q's sign */
+					q[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8((char)0x80));
+					w[j] = _mm256_abs_epi8(q[j]);
+				} else if (sub) {
+					w[j] = _mm256_sub_epi8(w[j], back);
+				}
 			}
 			for (int i = 0; i < X; i++) {
-				__m256i xb;
-
 				memcpy(&x4, xq[i] + 4 * g, 4);
-				xb = _mm256_set1_epi32(x4);
-				if (q8)
-					xb = _mm256_sign_epi8(xb, q);
-				p[i] = _mm256_add_epi16(p[i], _mm256_maddubs_epi16(w, xb));
-				/* keeps the sum a chain: reassociated into a tree it
-				 * held every group's products at once and spilled */
-				__asm__("" : "+x"(p[i]));
+				for (int j = 0; j < H; j++) {
+					__m256i xb = _mm256_set1_epi32(x4);
+
+					if (q8)
+						xb = _mm256_sign_epi8(xb, q[j]);
+					p[j][i] = _mm256_add_epi16(p[j][i], _mm256_maddubs_epi16(w[j], xb));
+					/* keeps the sum a chain: reassociated into a
+					 * tree it held every group's products at once
+					 * and spilled */
+					__asm__("" : "+x"(p[j][i]));
+				}
 			}
 			if ((g + 1) % ch == 0 || g == B / 4 - 1)
-				for (int i = 0; i < X; i++) {
-					s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(p[i], ones));
-					p[i] = _mm256_setzero_si256();
-				}
+				for (int j = 0; j < H; j++)
+					for (int i = 0; i < X; i++) {
+						s[j][i] = _mm256_add_epi32(s[j][i], _mm256_madd_epi16(p[j][i], ones));
+						p[j][i] = _mm256_setzero_si256();
+					}
 		}
-		for (int i = 0; i < X; i++) {
-			const struct qgemm_x *xp = prep + i * nc + c;
+		for (int j = 0; j < H; j++)
+			for (int i = 0; i < X; i++) {
+				const struct qgemm_x *xp = prep + i * nc + c;
+				const float *dw = dwp + 8 * (h0 + j);
 
-			acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
-						 _mm256_mul_ps(_mm256_loadu_ps(dwp), _mm256_set1_ps(xp->d)),
-						 acc[i]);
-			if (has_min)
-				acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(dwp + QGEMM_ROWS),
-							 _mm256_set1_ps(xp->s), acc[i]);
-		}
+				acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j][i]),
+							    _mm256_mul_ps(_mm256_loadu_ps(dw), _mm256_set1_ps(xp->d)),
+							    acc[j][i]);
+				if (has_min)
+					acc[j][i] = _mm256_fmadd_ps(_mm256_loadu_ps(dw + QGEMM_ROWS),
+								    _mm256_set1_ps(xp->s), acc[j][i]);
+			}
 	}
-	for (int i = 0; i < X; i++)
-		_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[i]);
+	for (int j = 0; j < H; j++) {
+		const int h = h0 + j, lanes = rows - 8 * h < 8 ? rows - 8 * h : 8;
+		const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+							_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+
+		for (int i = 0; i < X; i++)
+			_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[j][i]);
+	}
 }
 
 /* One AVX2 kind: block B, minimum MN, panel bytes u + SUB, CH groups per
  * int16 sum; Q8: Q8_0's sign path (|q| against x with q's sign, 2 * 128
  * * 127 a pair: one group per sum, no fix). */
-#define QG_KIND_I16(name, B, MN, SUB, CH, Q8)                                                  \
+#define QG_KIND_I16(name, B, MN, SUB, CH, Q8)                                              \
 	static TGT_AVX2 void name(const void *panel, int rows, const struct qdot_block *x, \
 				  const struct qgemm_x *prep, int64_t m, int64_t k, float *y, \
 				  int64_t ys)                                              \
 	{                                                                                  \
 		const int64_t nx = k / 32, nc = k / (B);                                  \
+		int64_t i = 0;                                                             \
                                                                                            \
-		for (int h = 0; h < 2 && 8 * h < rows; h++) {                              \
-			const int lanes = rows - 8 * h < 8 ? rows - 8 * h : 8;             \
-			int64_t i = 0;                                                     \
-                                                                                           \
-			for (; i + QG_XI <= m; i += QG_XI)                                 \
-				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
-					       y + i * ys, ys, QG_XI, B, MN, SUB, CH, Q8);     \
+		if (rows > 8) { /* both halves a pass */                                   \
+			for (; i + QG_X2 <= m; i += QG_X2)                                 \
+				qgemm_rows_i16(panel, 0, 2, rows, x + i * nx, prep + i * nc, k, \
+					       y + i * ys, ys, QG_X2, B, MN, SUB, CH, Q8);  \
 			for (; i < m; i++)                                                 \
-				qgemm_rows_i16(panel, h, lanes, x + i * nx, prep + i * nc, k, \
-					       y + i * ys, ys, 1, B, MN, SUB, CH, Q8);         \
+				qgemm_rows_i16(panel, 0, 2, rows, x + i * nx, prep + i * nc, k, \
+					       y + i * ys, ys, 1, B, MN, SUB, CH, Q8);      \
+			return;                                                            \
 		}                                                                          \
+		for (; i + QG_XI <= m; i += QG_XI)                                         \
+			qgemm_rows_i16(panel, 0, 1, rows, x + i * nx, prep + i * nc, k,    \
+				       y + i * ys, ys, QG_XI, B, MN, SUB, CH, Q8);          \
+		for (; i < m; i++)                                                         \
+			qgemm_rows_i16(panel, 0, 1, rows, x + i * nx, prep + i * nc, k,    \
+				       y + i * ys, ys, 1, B, MN, SUB, CH, Q8);              \
 	}
 QG_KIND_I16(qgemm_i16_q8_0, 32, false, 0, 1, true)
 QG_KIND_I16(qgemm_i16_q4_0, 32, false, 120, 8, false)
