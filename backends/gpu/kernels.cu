@@ -839,18 +839,28 @@ template <uint32_t T> __device__ __forceinline__ bool in_row(int64_t idx, int64_
 
 /* ---- reductions ---- */
 
+/* The emulator replays each butterfly below on one warp exchange
+ * (emu_xor_reduce: the same bits, a fifth of the fiber switches). */
 template <typename T> __device__ __forceinline__ T warp_sum(T v)
 {
+#ifdef GPU_EMU
+	return emu_xor_reduce<GPU_WARP / 2>(v, [](T a, T b) { return a + b; });
+#else
 	for (int off = GPU_WARP / 2; off > 0; off /= 2)
 		v += gpu_shfl_xor(v, off);
 	return v;
+#endif
 }
 
 __device__ __forceinline__ float warp_max(float v)
 {
+#ifdef GPU_EMU
+	return emu_xor_reduce<GPU_WARP / 2>(v, [](float a, float b) { return fmaxf(a, b); });
+#else
 	for (int off = GPU_WARP / 2; off > 0; off /= 2)
 		v = fmaxf(v, gpu_shfl_xor(v, off));
 	return v;
+#endif
 }
 
 /*
@@ -924,16 +934,24 @@ struct q8_p {
 /* Max and sum over 32 lanes (a warp, or half of a 64-wide one). */
 __device__ __forceinline__ float max32(float v)
 {
+#ifdef GPU_EMU
+	return emu_xor_reduce<16>(v, [](float a, float b) { return fmaxf(a, b); });
+#else
 	for (int off = 16; off > 0; off /= 2)
 		v = fmaxf(v, gpu_shfl_xor(v, off));
 	return v;
+#endif
 }
 
 __device__ __forceinline__ int sum32(int v)
 {
+#ifdef GPU_EMU
+	return emu_xor_reduce<16>(v, [](int a, int b) { return a + b; });
+#else
 	for (int off = 16; off > 0; off /= 2)
 		v += gpu_shfl_xor(v, off);
 	return v;
+#endif
 }
 
 /* Value v at index g of the m x k activations (the 32 lanes of a group

@@ -63,6 +63,7 @@ struct worker {
 	unsigned block_waiting;
 	unsigned *warp_waiting, *warp_live;
 	uint64_t *slots;      /* shuffle values, by linear thread index */
+	unsigned char *gather; /* a warp exchange's bytes, lane order */
 	unsigned *runq;       /* ready fibers in the order they run next */
 	unsigned rq_head, rq_len;
 	unsigned char *shared;
@@ -240,6 +241,37 @@ void exchange(worker *w, unsigned base, fiber *f)
 	f->xdst = NULL;
 }
 
+/* Largest exchange (bytes a lane) gathered once for the whole warp. */
+const size_t GATHER_BYTES = 64;
+
+/* A warp exchange of up to GATHER_BYTES opens: every lane's bytes are
+ * gathered once in lane order, as exchange() would give them, and copied
+ * whole to each waiting lane that passed the same size (check_barriers
+ * gives a lane that passed another size its own, by exchange()). */
+void exchange_all(worker *w, unsigned base, size_t bytes)
+{
+	unsigned char *dst = w->gather;
+
+	for (unsigned lane = 0; lane < w->warp; lane++, dst += bytes) {
+		const fiber *o = base + lane < w->n ? &w->fibers[base + lane] : NULL;
+
+		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == bytes)
+			memcpy(dst, o->xsrc, bytes);
+		else
+			memset(dst, 0, bytes);
+	}
+	for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
+		fiber *f = &w->fibers[i];
+
+		if (f->state != WAIT_WARP || !f->xdst)
+			continue;
+		if (f->xbytes == bytes) {
+			memcpy(f->xdst, w->gather, bytes * w->warp);
+			f->xdst = NULL;
+		}
+	}
+}
+
 /* Opens every barrier that all its live threads have reached; cur is the
  * running thread. */
 void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
@@ -251,14 +283,22 @@ void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 	if (w->warp_waiting[warp_index] &&
 	    w->warp_waiting[warp_index] == w->warp_live[warp_index]) {
 		unsigned base = warp_index * w->warp;
+		const fiber *x = NULL; /* the first lane in an exchange */
+
 		/* hand each waiting lane its partner's value now, so the slots
 		 * are free for the next shuffle */
+		for (unsigned i = base; i < base + w->warp && i < w->n && !x; i++)
+			if (w->fibers[i].state == WAIT_WARP && w->fibers[i].xdst)
+				x = &w->fibers[i];
+		if (x && x->xbytes <= GATHER_BYTES)
+			exchange_all(w, base, x->xbytes);
 		for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
 			fiber *f = &w->fibers[i];
 
-			if (f->state == WAIT_WARP && f->xdst) {
-				exchange(w, base, f);
-			} else if (f->state == WAIT_WARP) {
+			if (f->state != WAIT_WARP || f->xsrc) { /* xsrc: an exchange */
+				if (f->xdst) /* not gathered by exchange_all */
+					exchange(w, base, f);
+			} else {
 				unsigned lane = i - base, src = lane ^ (unsigned)f->got;
 
 				f->got = w->slots[base + (src < w->warp ? src : lane)];
@@ -314,7 +354,9 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 		w->warp_live = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
 		w->slots = (uint64_t *)calloc(MAX_BLOCK, sizeof(uint64_t));
 		w->runq = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
-		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots || !w->runq)
+		w->gather = (unsigned char *)calloc(64, GATHER_BYTES);
+		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots || !w->runq ||
+		    !w->gather)
 			return false;
 		for (unsigned i = 0; i < MAX_BLOCK; i++) {
 			char *lo = w->stack_map + per * i;
@@ -578,7 +620,7 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 	return f->got;
 }
 
-void emu_warp_exchange(const void *mine, void *all, size_t bytes)
+unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes)
 {
 	worker *w = self;
 	fiber *f = current();
@@ -593,6 +635,7 @@ void emu_warp_exchange(const void *mine, void *all, size_t bytes)
 	if (f->state != READY)
 		switch_away(w, f);
 	f->xsrc = NULL;
+	return (unsigned)f->lin % w->warp;
 }
 
 /*

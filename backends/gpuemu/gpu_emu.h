@@ -118,8 +118,38 @@ inline int __dp4a(int a, int b, int c)
 }
 
 /* Every live lane of the warp passes `bytes` at mine; once all have,
- * each gets all lanes' bytes in lane order at all (warp * bytes). */
-void emu_warp_exchange(const void *mine, void *all, size_t bytes);
+ * each gets all lanes' bytes in lane order at all (warp * bytes). Returns
+ * the caller's lane. */
+unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes);
+
+
+/* Lane l's value in the xor butterfly over all (see emu_xor_reduce) once
+ * the steps FIRST, FIRST / 2, ..., OFF have been taken. */
+template <int OFF, int FIRST, typename T, typename Op>
+inline T emu_xor_at(const T *all, unsigned l, Op op)
+{
+	if constexpr (OFF > FIRST)
+		return all[l];
+	else
+		return op(emu_xor_at<2 * OFF, FIRST>(all, l, op),
+			  emu_xor_at<2 * OFF, FIRST>(all, l ^ OFF, op));
+}
+
+/*
+ * The xor butterfly `for (off = FIRST; off > 0; off /= 2) v = op(v,
+ * shfl_xor(v, off))` of every live lane, with one warp exchange in place
+ * of log2(FIRST) + 1 shuffles: each lane replays its own path through the
+ * butterfly on the gathered values. The same operations on the same
+ * operands in the same order, so the same bits (a lane that is not live
+ * gives zeros here, where a shuffle would read its last value; the
+ * kernels reduce whole warps).
+ */
+template <int FIRST, typename T, typename Op> inline T emu_xor_reduce(T v, Op op)
+{
+	T all[GPU_WARP];
+
+	return emu_xor_at<1, FIRST>(all, emu_warp_exchange(&v, all, sizeof(v)), op);
+}
 
 #if GPU_WARP == 32
 /* mma.sync.aligned.m16n8k<k>.row.col.s32.s8.s8.s32 (k 16 or 32) as the
