@@ -40,8 +40,9 @@
 #define BLAS_MIN_M 16
 /*
  * Where the GEMV and qgemm give the same bits (qdot_seq(): the 32-value
- * formats on AVX-512 VNNI), the packed many-row GEMV (kpack_kernel_m(),
- * 8 activation rows a pass) takes batches up to this many rows: it reads
+ * formats on AVX-512 VNNI and AVX2), the packed many-row GEMV where there
+ * is one (kpack_kernel_m(): AVX-512 VNNI; 8 activation rows a pass) takes
+ * batches up to this many rows: it reads
  * the packed groups as they are, where qgemm first rebuilds them as
  * panels. 1B-shaped model, 1 thread, against qgemm: Q4_0 pp32 +35 %, pp64
  * +15 %, pp512 +7-9 %; Q8_0 pp64 +5-19 %, pp128 +6-9 %, pp512 +2-4 %.
@@ -836,7 +837,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a) ||
 	     (t.packed && a->m <= SEQ_GEMV_MAX_M && ctx->amx == AMX_OFF &&
-	      qdot_seq(ctx->qisa, a->w_type))))
+	      qdot_seq(ctx->qisa, a->w_type) && kpack_kernel_m(ctx->qisa, a->w_type))))
 		return qdot_gemm(&t, nth);
 	qgemm_ok = !ctx->exact && ctx->qgemm && !ctx->invariant &&
 		   qgemm_supported(ctx->qisa, a->w_type) && a->k > 0;

@@ -68,7 +68,7 @@
  * one vpdpbusd (Q4/Q5: after a mask or shift, and the fifth bits) that adds
  * to the block's exact integer sum for 16 rows at once; the block then
  * adds to each row's one float as qdot.c's refseq() (qgemm's arithmetic)
- * does on AVX-512 VNNI, and as ref8() does on AVX2 and AVX-VNNI.
+ * does on AVX-512 VNNI and AVX2, and as ref8() does on AVX-VNNI.
  *
  * A row counts for nb * 84, 116, 148, 180 or 212 bytes (K-quants) or its GGUF
  * bytes (32-value formats; a few more for odd nb) (kpack_row_share()), so

@@ -9,11 +9,12 @@
  * on 8 lanes:
  *   - K-quants: the same integers and the same float steps a super-block
  *     as qdot_k_ref() (qdot.h), which every kernel set gives;
- *   - the 32-value formats: qdot.h's 8-lane arithmetic (ref8(), the AVX2
- *     and AVX-VNNI sets' rounding): per row 8 float lanes, lane l holding
- *     the exact sums of values 4l .. 4l+3 block after block, one fma each,
- *     the offset formats' m * x.s summed on their own; so a packed weight
- *     gives the GGUF-layout AVX2 kernel's bits.
+ *   - the 32-value formats, each set's arithmetic (qdot.h), so a packed
+ *     weight gives the GGUF-layout kernel's bits: on AVX2 block after
+ *     block (refseq(), the prefill GEMM's), one float a row; on AVX-VNNI
+ *     8 float lanes a row (ref8()), lane l holding the exact sums of
+ *     values 4l .. 4l+3 block after block, one fma each, the offset
+ *     formats' m * x.s summed on their own.
  * Byte products reach int32 lanes through vpdpbusd (AVX-VNNI) or maddubs
  * and madd (AVX2); both sums are exact. maddubs adds two u8 x s8 products
  * in int16, which the 2-6 bit values cannot overflow (2 * 63 * 127); Q8_0's
@@ -418,113 +419,215 @@ TGT_AVX2 ALWAYS __m256i fifth(__m256i fh, int l)
 
 /*
  * Block x (fixes f) of rows 8h .. 8h+7 against the packed block at g + at:
- * acc[l] += lane l's exact sum times d * x.d, *accm += m * x.s. SIGN: Q8_0
- * as |q| times x with q's sign (AVX2), where f is unused.
+ * acc[l] += lane l's exact sum times d * x.d, *accm += m * x.s: AVX-VNNI's
+ * 8-lane arithmetic (ref8()).
  */
-#define B32_HALF(attr, name, DOT, SIGN)                                                    \
-	attr ALWAYS void name(uint32_t t, const uint8_t *g, struct b32_at at,              \
-			      const struct qdot_block *x, const int32_t *f, int h,         \
-			      __m256 *acc, __m256 *accm)                                   \
-	{                                                                                  \
-		const __m256i m4 = _mm256_set1_epi8(15);                                   \
-		const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d)); \
-		const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };            \
-		__m256i fh = _mm256_setzero_si256();                                       \
-                                                                                           \
-		if (b32_min(t))                                                            \
-			*accm = _mm256_fmadd_ps(h8(g + at.m + 16 * h),                     \
-						_mm256_set1_ps(x->s), *accm);              \
-		if (t == LOOM_TYPE_Q8_0) {                                                 \
-			for (int l = 0; l < 8; l++) {                                      \
-				__m256i w = half(g + at.q + 64 * l, h), s;                 \
-                                                                                           \
-				if (SIGN) {                                                \
-					w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)); \
-					s = DOT(_mm256_setzero_si256(), _mm256_abs_epi8(w), \
-						_mm256_sign_epi8(x4(x->q + 4 * l), w));    \
-				} else {                                                   \
-					s = DOT(_mm256_set1_epi32(f[l]), w, x4(x->q + 4 * l)); \
-				}                                                          \
-				acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), D, acc[l]); \
-			}                                                                  \
-			return;                                                            \
-		}                                                                          \
-		if (b32_q5(t))                                                             \
-			fh = half(g + at.h, h);                                            \
-		for (int v = 0; v < 4; v++) {                                              \
-			__m256i w = half(g + at.q + 64 * v, h);                            \
-			__m256i lo = _mm256_and_si256(w, m4);                              \
-			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);        \
-                                                                                           \
-			if (b32_q5(t)) {                                                   \
-				lo = _mm256_or_si256(lo, fifth(fh, 2 * v));                \
-				hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));            \
-			}                                                                  \
-			lo = DOT(_mm256_set1_epi32(fx[2 * v]), lo, x4(x->q + 8 * v));      \
-			hi = DOT(_mm256_set1_epi32(fx[2 * v + 1]), hi, x4(x->q + 8 * v + 4)); \
-			acc[2 * v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), D, acc[2 * v]); \
-			acc[2 * v + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), D,         \
-							 acc[2 * v + 1]);                   \
-		}                                                                          \
+TGT_AVXVNNI ALWAYS void b32_half_avxvnni(uint32_t t, const uint8_t *g, struct b32_at at,
+					 const struct qdot_block *x, const int32_t *f, int h,
+					 __m256 *acc, __m256 *accm)
+{
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d));
+	const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };
+	__m256i fh = _mm256_setzero_si256();
+
+	if (b32_min(t))
+		*accm = _mm256_fmadd_ps(h8(g + at.m + 16 * h),
+					_mm256_set1_ps(x->s), *accm);
+	if (t == LOOM_TYPE_Q8_0) {
+		for (int l = 0; l < 8; l++) {
+			__m256i w = half(g + at.q + 64 * l, h);
+			__m256i s = avxvnni_dot(_mm256_set1_epi32(f[l]), w, x4(x->q + 4 * l));
+
+			acc[l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), D, acc[l]);
+		}
+		return;
 	}
+	if (b32_q5(t))
+		fh = half(g + at.h, h);
+	for (int v = 0; v < 4; v++) {
+		__m256i w = half(g + at.q + 64 * v, h);
+		__m256i lo = _mm256_and_si256(w, m4);
+		__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+
+		if (b32_q5(t)) {
+			lo = _mm256_or_si256(lo, fifth(fh, 2 * v));
+			hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));
+		}
+		lo = avxvnni_dot(_mm256_set1_epi32(fx[2 * v]), lo, x4(x->q + 8 * v));
+		hi = avxvnni_dot(_mm256_set1_epi32(fx[2 * v + 1]), hi, x4(x->q + 8 * v + 4));
+		acc[2 * v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), D, acc[2 * v]);
+		acc[2 * v + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), D,
+						 acc[2 * v + 1]);
+	}
+}
 
 /*
  * Rows [j0, j1) of a packed 32-value weight: per half group, its blocks in
  * order, in passes of FIX_BLOCKS (even, so a pass holds whole pairs; the
  * fields of a pair's blocks lie at fixed offsets from it).
  */
-#define B32_ROWS(attr, name, block, SIGN)                                                  \
-	attr ALWAYS void name(uint32_t t, const uint8_t *w, const struct qdot_block *x,    \
-			      int64_t nb, float *y, int64_t j0, int64_t j1)                \
-	{                                                                                  \
-		const size_t gb = row_share(t, nb) * KPACK_ROWS, pair = b32_pair(t);        \
-		const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);             \
-		const bool fixes = b32_offset(t) && !(SIGN && t == LOOM_TYPE_Q8_0);          \
-		const bool once = nb <= FIX_BLOCKS;                                         \
-		int32_t fix[FIX_BLOCKS][8];                                                 \
-                                                                                           \
-		if (once && fixes)                                                          \
-			b32_fixes8(b32_offset(t), x, nb, fix);                              \
-		for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {            \
-			const uint8_t *g = w + (size_t)gi * gb;                             \
-                                                                                           \
-			for (int h = 0; h < 2; h++) {                                       \
-				const int64_t r0 = gi * KPACK_ROWS + 8 * h;                 \
-				__m256 acc[8], accm = _mm256_setzero_ps();                  \
-				int64_t lo, hi, b = 0;                                      \
-                                                                                           \
-				if (!rows_in(r0, j0, j1, &lo, &hi))                         \
-					continue;                                           \
-				for (int l = 0; l < 8; l++)                                 \
-					acc[l] = _mm256_setzero_ps();                       \
-				for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {           \
-					int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS; \
-                                                                                           \
-					if (!once && fixes)                                 \
-						b32_fixes8(b32_offset(t), x + s0, end - s0, fix); \
-					for (; b + 2 <= end; b += 2) {                      \
-						const uint8_t *gp = g + (size_t)(b / 2) * pair; \
-                                                                                           \
-						if (h == 0)                                 \
-							kpack_prefetch(gp, pair);                 \
-						block(t, gp, a0, x + b, fix[b - s0], h, acc, &accm); \
-						block(t, gp, a1, x + b + 1, fix[b + 1 - s0], h, \
-						      acc, &accm);                          \
-					}                                                   \
-					if (b < end) /* the last block, alone */            \
-						block(t, g, b32_at(t, b, nb), x + b,        \
-						      fix[b - s0], h, acc, &accm);          \
-				}                                                           \
-				store_rows(_mm256_add_ps(reduce_rows(acc), accm), r0, lo,   \
-					   hi, j0, y);                                      \
-			}                                                                   \
-		}                                                                          \
-	}
+TGT_AVXVNNI ALWAYS void b32_rows_avxvnni(uint32_t t, const uint8_t *w,
+					 const struct qdot_block *x, int64_t nb, float *y,
+					 int64_t j0, int64_t j1)
+{
+	const size_t gb = row_share(t, nb) * KPACK_ROWS, pair = b32_pair(t);
+	const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);
+	const bool fixes = b32_offset(t) != 0;
+	const bool once = nb <= FIX_BLOCKS;
+	int32_t fix[FIX_BLOCKS][8];
 
-B32_HALF(TGT_AVX2, b32_half_avx2, avx2_dot, true)
-B32_HALF(TGT_AVXVNNI, b32_half_avxvnni, avxvnni_dot, false)
-B32_ROWS(TGT_AVX2, b32_rows_avx2, b32_half_avx2, true)
-B32_ROWS(TGT_AVXVNNI, b32_rows_avxvnni, b32_half_avxvnni, false)
+	if (once && fixes)
+		b32_fixes8(b32_offset(t), x, nb, fix);
+	for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
+		const uint8_t *g = w + (size_t)gi * gb;
+
+		for (int h = 0; h < 2; h++) {
+			const int64_t r0 = gi * KPACK_ROWS + 8 * h;
+			__m256 acc[8], accm = _mm256_setzero_ps();
+			int64_t lo, hi, b = 0;
+
+			if (!rows_in(r0, j0, j1, &lo, &hi))
+				continue;
+			for (int l = 0; l < 8; l++)
+				acc[l] = _mm256_setzero_ps();
+			for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {
+				int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS;
+
+				if (!once && fixes)
+					b32_fixes8(b32_offset(t), x + s0, end - s0, fix);
+				for (; b + 2 <= end; b += 2) {
+					const uint8_t *gp = g + (size_t)(b / 2) * pair;
+
+					if (h == 0)
+						kpack_prefetch(gp, pair);
+					b32_half_avxvnni(t, gp, a0, x + b, fix[b - s0], h, acc, &accm);
+					b32_half_avxvnni(t, gp, a1, x + b + 1, fix[b + 1 - s0], h,
+							 acc, &accm);
+				}
+				if (b < end) /* the last block, alone */
+					b32_half_avxvnni(t, g, b32_at(t, b, nb), x + b,
+							 fix[b - s0], h, acc, &accm);
+			}
+			store_rows(_mm256_add_ps(reduce_rows(acc), accm), r0, lo,
+				   hi, j0, y);
+		}
+	}
+}
+
+/*
+ * AVX2: block after block (qdot.c's refseq(), qgemm_ref()'s arithmetic), so
+ * a row's bits are those of the prefill GEMM. Per block and row the exact
+ * integer dot of its 32 values, one float step:
+ *   acc = fmaf((float)isum, d * x.d, acc),  then  acc = fmaf(m, x.s, acc)
+ * The maddubs pairs of several 4-value lanes add in int16 before the one
+ * madd that widens them (8 lanes of 4-bit u: 8 * 2 * 15 * 127 < 32768; 4
+ * of 5-bit u), and the offset formats' -offset * sum(x.q) is added once a
+ * block, so a block costs 9 or 10 multiplies a half group where the
+ * 8-lane arithmetic took 16 and a conversion and fma per lane.
+ */
+
+/* -offset * the sum of each block's 32 activation bytes. */
+static void b32_fixes(int offset, const struct qdot_block *x, int64_t n, int32_t *fix)
+{
+	for (int64_t b = 0; b < n; b++) {
+		int32_t sum = 0;
+
+		for (int e = 0; e < 32; e++)
+			sum += x[b].q[e];
+		fix[b] = -offset * sum;
+	}
+}
+
+/* acc after block x (fix: b32_fixes()'s) of rows 8h .. 8h+7 against the
+ * packed block at g + at. */
+TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
+				    const struct qdot_block *x, int32_t fix, int h, __m256 acc)
+{
+	const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+	const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d));
+	const int chunk = b32_q5(t) ? 2 : 4; /* nibble vectors (2 lanes each) an int16 sum */
+	__m256i isum = _mm256_set1_epi32(fix), s16 = _mm256_setzero_si256(), fh;
+
+	if (t == LOOM_TYPE_Q8_0) { /* |q| times x with q's sign: a madd a lane */
+		for (int l = 0; l < 8; l++) {
+			__m256i w = _mm256_xor_si256(half(g + at.q + 64 * l, h),
+						     _mm256_set1_epi8((char)0x80));
+			__m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w),
+							 _mm256_sign_epi8(x4(x->q + 4 * l), w));
+
+			isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, one));
+		}
+		return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc);
+	}
+	fh = b32_q5(t) ? half(g + at.h, h) : _mm256_setzero_si256();
+	for (int v = 0; v < 4; v++) {
+		__m256i w = half(g + at.q + 64 * v, h);
+		__m256i lo = _mm256_and_si256(w, m4);
+		__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+
+		if (b32_q5(t)) {
+			lo = _mm256_or_si256(lo, fifth(fh, 2 * v));
+			hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));
+		}
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, x4(x->q + 8 * v)));
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, x4(x->q + 8 * v + 4)));
+		if ((v + 1) % chunk == 0) {
+			isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, one));
+			s16 = _mm256_setzero_si256();
+		}
+	}
+	acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), D, acc);
+	if (b32_min(t))
+		acc = _mm256_fmadd_ps(h8(g + at.m + 16 * h), _mm256_set1_ps(x->s), acc);
+	return acc;
+}
+
+/* Rows [j0, j1) of a packed 32-value weight on AVX2: per half group, its
+ * blocks in order, in passes of FIX_BLOCKS (as B32_ROWS). */
+TGT_AVX2 ALWAYS void b32_rows_avx2(uint32_t t, const uint8_t *w, const struct qdot_block *x,
+				   int64_t nb, float *y, int64_t j0, int64_t j1)
+{
+	const size_t gb = row_share(t, nb) * KPACK_ROWS, pair = b32_pair(t);
+	const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);
+	const int offset = t == LOOM_TYPE_Q8_0 ? 0 : b32_offset(t); /* Q8_0: signs */
+	const bool once = nb <= FIX_BLOCKS;
+	int32_t fix[FIX_BLOCKS] = { 0 };
+
+	if (once && offset)
+		b32_fixes(offset, x, nb, fix);
+	for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
+		const uint8_t *g = w + (size_t)gi * gb;
+
+		for (int h = 0; h < 2; h++) {
+			const int64_t r0 = gi * KPACK_ROWS + 8 * h;
+			__m256 acc = _mm256_setzero_ps();
+			int64_t lo, hi, b = 0;
+
+			if (!rows_in(r0, j0, j1, &lo, &hi))
+				continue;
+			for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {
+				const int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS;
+
+				if (!once && offset)
+					b32_fixes(offset, x + s0, end - s0, fix);
+				for (; b + 2 <= end; b += 2) {
+					const uint8_t *gp = g + (size_t)(b / 2) * pair;
+
+					if (h == 0)
+						kpack_prefetch(gp, pair);
+					acc = b32_seq_avx2(t, gp, a0, x + b, fix[b - s0], h, acc);
+					acc = b32_seq_avx2(t, gp, a1, x + b + 1, fix[b + 1 - s0], h,
+							   acc);
+				}
+				if (b < end) /* the last block, alone */
+					acc = b32_seq_avx2(t, g, b32_at(t, b, nb), x + b, fix[b - s0],
+							   h, acc);
+			}
+			store_rows(acc, r0, lo, hi, j0, y);
+		}
+	}
+}
 
 #define B32_KERNEL(attr, name, rows, T)                                                    \
 	attr static void name(const uint8_t *w, const void *x, int64_t nb, float *y,         \

@@ -355,8 +355,8 @@ ALWAYS float ref16(uint32_t t, const uint8_t *w, const struct qdot_block *x, int
 }
 
 /*
- * Block after block (QDOT_VNNI, all but MXFP4): one float, and for block b
- * with exact integer dot isum_b
+ * Block after block (QDOT_VNNI and QDOT_AVX2, all but MXFP4): one float,
+ * and for block b with exact integer dot isum_b
  *   acc = fmaf((float)isum_b, dw_b * x[b].d, acc)
  *   acc = fmaf(mw_b, x[b].s, acc)               (Q4_1, Q5_1)
  * qgemm_ref()'s arithmetic: a row's bits are the same in the GEMV, the
@@ -388,7 +388,8 @@ void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, 
 
 bool qdot_seq(enum qdot_isa isa, uint32_t type)
 {
-	return isa == QDOT_VNNI && qdot_format(type) && type != LOOM_TYPE_MXFP4;
+	return (isa == QDOT_VNNI || isa == QDOT_AVX2) && qdot_format(type) &&
+	       type != LOOM_TYPE_MXFP4;
 }
 
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,
@@ -594,19 +595,80 @@ TGT_AVXVNNI ALWAYS __m256i avxvnni_lanes(__m256i u, __m256i s)
 AVX2_ROWS(TGT_AVX2, avx2_rows, avx2_lanes)
 AVX2_ROWS(TGT_AVXVNNI, avxvnni_rows, avxvnni_lanes)
 
-/* the avx2 set: one function per format, and its table */
-QDOT_ONE(TGT_AVX2, avx2_q8_0, LOOM_TYPE_Q8_0, avx2_rows)
-QDOT_ONE(TGT_AVX2, avx2_q4_0, LOOM_TYPE_Q4_0, avx2_rows)
-QDOT_ONE(TGT_AVX2, avx2_q4_1, LOOM_TYPE_Q4_1, avx2_rows)
-QDOT_ONE(TGT_AVX2, avx2_q5_0, LOOM_TYPE_Q5_0, avx2_rows)
-QDOT_ONE(TGT_AVX2, avx2_q5_1, LOOM_TYPE_Q5_1, avx2_rows)
+/* ---- AVX2 block after block (refseq()): 8 rows in the float lanes ---- */
+
+/* The 8 int32 lane sums of each of v[0..7], as one vector (exact). */
+TGT_AVX2 ALWAYS __m256i seq_sums8(const __m256i v[8])
+{
+	__m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+	__m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+	__m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+
+	return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+				_mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* R <= 8 rows (row r at w + r * ws), lane r of the float accumulator; the
+ * operands of avx2_operands() (|q| times x with q's sign for the signed
+ * formats), each row's lane sums added across by seq_sums8(). */
+TGT_AVX2 ALWAYS void seq_rows_avx2(uint32_t t, const uint8_t *w, size_t ws,
+				   const struct qdot_block *x, int64_t nb, float *y, int R)
+{
+	const size_t bb = block_bytes(t);
+	__m256 acc = _mm256_setzero_ps();
+	float out[8];
+
+	for (int64_t b = 0; b < nb; b++) {
+		uint16_t dh[8] = { 0 }, mh[8] = { 0 };
+		__m256i v[8];
+		__m256 d;
+
+		for (int r = 0; r < 8; r++) {
+			const uint8_t *p = w + (size_t)(r < R ? r : 0) * ws + b * bb;
+			__m256i u, sx;
+			float dr, mr;
+
+			avx2_operands(t, p, x + b, &u, &sx, &dr, &mr);
+			v[r] = avx2_lanes(u, sx);
+			dh[r] = r < R ? cpu_rd16(p) : 0;
+			mh[r] = r < R && has_min(t) ? cpu_rd16(p + 2) : 0;
+		}
+		d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
+				  _mm256_set1_ps(x[b].d));
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(seq_sums8(v)), d, acc);
+		if (has_min(t))
+			acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)),
+					      _mm256_set1_ps(x[b].s), acc);
+	}
+	_mm256_storeu_ps(out, acc);
+	memcpy(y, out, (size_t)R * sizeof(float));
+}
+
+#define SEQ_AVX2_ONE(name, T)                                                              \
+	static TGT_AVX2 void name(const uint8_t *w, size_t ws, const struct qdot_block *x,  \
+				  const float *xsc, int64_t nb, float *y, int rows)        \
+	{                                                                                  \
+		(void)xsc;                                                                 \
+		for (int r = 0; r < rows; r += 8) {                                        \
+			cpu_prefetch(w + r * ws, (size_t)(rows - r < 8 ? rows - r : 8) * ws); \
+			seq_rows_avx2(T, w + r * ws, ws, x, nb, y + r,                     \
+				      rows - r < 8 ? rows - r : 8);                        \
+		}                                                                          \
+	}
+SEQ_AVX2_ONE(seq_avx2_q8_0, LOOM_TYPE_Q8_0)
+SEQ_AVX2_ONE(seq_avx2_q4_0, LOOM_TYPE_Q4_0)
+SEQ_AVX2_ONE(seq_avx2_q4_1, LOOM_TYPE_Q4_1)
+SEQ_AVX2_ONE(seq_avx2_q5_0, LOOM_TYPE_Q5_0)
+SEQ_AVX2_ONE(seq_avx2_q5_1, LOOM_TYPE_Q5_1)
+
+/* the avx2 set: refseq()'s arithmetic but for MXFP4 (ref8()'s) */
 QDOT_ONE(TGT_AVX2, avx2_mxfp4, LOOM_TYPE_MXFP4, avx2_rows)
 static const qdot_fn avx2_set[] = {
-	avx2_q8_0,
-	avx2_q4_0,
-	avx2_q4_1,
-	avx2_q5_0,
-	avx2_q5_1,
+	seq_avx2_q8_0,
+	seq_avx2_q4_0,
+	seq_avx2_q4_1,
+	seq_avx2_q5_0,
+	seq_avx2_q5_1,
 	avx2_mxfp4,
 };
 /* the avxvnni set: one function per format, and its table */
@@ -738,17 +800,6 @@ TGT_VNNI ALWAYS __m256i seq_u(uint32_t t, const uint8_t *p)
 static inline int seq_off(uint32_t t)
 {
 	return t == LOOM_TYPE_Q8_0 ? 128 : t == LOOM_TYPE_Q4_0 ? 8 : t == LOOM_TYPE_Q5_0 ? 16 : 0;
-}
-
-/* The 8 int32 lane sums of each of v[0..7], as one vector (exact). */
-TGT_VNNI ALWAYS __m256i seq_sums8(const __m256i v[8])
-{
-	__m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
-	__m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
-	__m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-
-	return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
-				_mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
 /* R <= 8 rows (row r at w + r * ws), lane r of the float accumulator. */

@@ -32,21 +32,22 @@ struct qdot_block {
 
 /*
  * Kernel sets. The lane layout decides the result's rounding (but
- * QDOT_VNNI adds the blocks of every format other than MXFP4 one after
- * another into a single float: qdot_seq()):
- *   QDOT_SCALAR, QDOT_AVX2, 8 float lanes, lane l of every block holds the
- *   QDOT_AVXVNNI            integer sum of elements 4l..4l+3 (AVX-VNNI:
+ * QDOT_VNNI and QDOT_AVX2 add the blocks of every format other than MXFP4
+ * one after another into a single float: qdot_seq()):
+ *   QDOT_SCALAR, QDOT_AVX2  8 float lanes, lane l of every block holds the
+ *   for MXFP4, QDOT_AVXVNNI integer sum of elements 4l..4l+3 (AVX-VNNI:
  *                           vpdpbusd on 256-bit vectors where AVX2 has
  *                           maddubs and madd)
  *   QDOT_AVX512 (and        16 float lanes: blocks in pairs, the even block
  *   QDOT_VNNI for MXFP4)    in lanes 0-7 and the odd one in lanes 8-15; the
  *                           offset formats' m * x.s of block b in lane
  *                           b % 16 of a second accumulator
- *   QDOT_VNNI, the others   one float a row, block after block (refseq(),
- *                           qgemm_ref()'s arithmetic)
- * so scalar, AVX2 and AVX-VNNI agree bitwise, AVX-512 and VNNI only for
- * MXFP4. (The K-quant kernels give the same bits on every set; on
- * AVX-VNNI they are AVX2's.)
+ *   QDOT_VNNI, QDOT_AVX2,   one float a row, block after block (refseq(),
+ *   the others              qgemm_ref()'s arithmetic: a row's bits are the
+ *                           prefill GEMM's)
+ * so scalar and AVX-VNNI agree bitwise, AVX2 with them for MXFP4 and with
+ * VNNI for the others, AVX-512 and VNNI only for MXFP4. (The K-quant
+ * kernels give the same bits on every set; on AVX-VNNI they are AVX2's.)
  */
 enum qdot_isa { QDOT_SCALAR, QDOT_AVX2, QDOT_AVX512, QDOT_VNNI, QDOT_AVXVNNI, QDOT_N_ISA };
 
@@ -77,8 +78,8 @@ qdot_fn qdot_kernel(enum qdot_isa isa, uint32_t type);
  * scale and minimum (0 if none), as the references read them. */
 void qdot_unpack_block(uint32_t type, const uint8_t *p, int8_t q[32], float *d, float *m);
 /* Whether set isa adds type's blocks one after another into one float
- * (qdot.c's refseq(), qgemm_ref()'s arithmetic: AVX-512 VNNI, all but
- * MXFP4), so a row's result is the same in the GEMV and the GEMM. */
+ * (qdot.c's refseq(), qgemm_ref()'s arithmetic: AVX-512 VNNI and AVX2, all
+ * but MXFP4), so a row's result is the same in the GEMV and the GEMM. */
 bool qdot_seq(enum qdot_isa isa, uint32_t type);
 /* The plain C reference of isa's arithmetic (never NULL for a qdot format). */
 float qdot_ref(enum qdot_isa isa, uint32_t type, const uint8_t *w, const struct qdot_block *x,

@@ -265,8 +265,8 @@ START_TEST(kernels_match_reference)
 }
 END_TEST
 
-/* Sets with the same lane layout give the same bits; VNNI's block after
- * block arithmetic gives qgemm_ref()'s. */
+/* Sets with the same lane layout give the same bits; VNNI's and AVX2's
+ * block after block arithmetic gives qgemm_ref()'s. */
 START_TEST(layouts_agree)
 {
 	static uint8_t w[MAX_NB * 34];
@@ -281,18 +281,19 @@ START_TEST(layouts_agree)
 		for (int i = 0; i < QDOT_N_ISA; i++)
 			if (qdot_isa_supported(i))
 				qdot_kernel(i, formats[f])(w, 0, q, sc, MAX_NB, &y8[i], 1);
-		if (qdot_isa_supported(QDOT_AVX2))
+		const float g = qgemm_ref(formats[f], w, q, MAX_NB * 32);
+
+		if (qdot_isa_supported(QDOT_AVX2) && !qdot_seq(QDOT_AVX2, formats[f]))
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVX2], 4));
 		if (qdot_isa_supported(QDOT_AVXVNNI))
 			ck_assert(!memcmp(&y8[QDOT_SCALAR], &y8[QDOT_AVXVNNI], 4));
 		if (qdot_isa_supported(QDOT_VNNI) && !qdot_seq(QDOT_VNNI, formats[f]))
 			ck_assert(!memcmp(&y8[QDOT_AVX512], &y8[QDOT_VNNI], 4));
-		if (qdot_isa_supported(QDOT_VNNI) && qdot_seq(QDOT_VNNI, formats[f])) {
-			/* block after block: the prefill GEMM's bits */
-			float g = qgemm_ref(formats[f], w, q, MAX_NB * 32);
-
+		/* block after block: the prefill GEMM's bits */
+		if (qdot_isa_supported(QDOT_VNNI) && qdot_seq(QDOT_VNNI, formats[f]))
 			ck_assert(!memcmp(&g, &y8[QDOT_VNNI], 4));
-		}
+		if (qdot_isa_supported(QDOT_AVX2) && qdot_seq(QDOT_AVX2, formats[f]))
+			ck_assert(!memcmp(&g, &y8[QDOT_AVX2], 4));
 		/* and the two layouts round differently, or the bitwise test
 		 * above could not tell them apart */
 		y16 = qdot_ref(QDOT_AVX512, formats[f], w, q, MAX_NB);
@@ -711,6 +712,57 @@ START_TEST(qgemm_extreme_sums)
 }
 END_TEST
 
+/* The GEMVs at the largest sums their int16 steps can meet (extreme_w.h):
+ * weights all at their largest u against activations all +127 and all
+ * -127, every set's GGUF-layout kernel and packed kernel against its
+ * reference (qdot_ref()) bit for bit. */
+START_TEST(qdot_extreme_sums)
+{
+	enum { N = 16, NB = 24 };
+	static uint8_t w[N * NB * 34], p[N * NB * 40] __attribute__((aligned(64)));
+	static struct qdot_block q[NB];
+	static float x[NB * 32], sc[(NB + 15) / 16 * 32], y[N + 2];
+	int bad = 0;
+
+	for (int f = 0; f < N_FORMATS; f++) {
+		const uint32_t t = formats[f];
+		const size_t bb = cpu_block_bytes(t), ws = NB * bb;
+
+		if (t == LOOM_TYPE_MXFP4)
+			continue; /* no extreme_block() */
+		for (int b = 0; b < N * NB; b++)
+			extreme_block(t, w + b * bb, bb);
+		ck_assert_uint_le(kpack_bytes(t, N, NB), sizeof(p));
+		kpack_group(t, w, ws, N, NB, p);
+		for (int sign = 1; sign >= -1; sign -= 2) {
+			for (int e = 0; e < NB * 32; e++)
+				x[e] = (float)sign;
+			qdot_quantize_row(x, q, NB * 32);
+			ck_assert_int_eq(q[0].q[0], 127 * sign);
+			qdot_row_scales(q, NB, sc);
+			for (int i = 0; i < QDOT_N_ISA; i++) {
+				const float want = qdot_ref(i, t, w, q, NB);
+				kpack_fn fn = kpack_kernel(i, t);
+
+				if (!qdot_isa_supported(i))
+					continue;
+				qdot_kernel(i, t)(w, ws, q, sc, NB, y, N);
+				if (fn) /* its last two rows */
+					fn(p, q, NB, y + N, N - 2, N);
+				for (int r = 0; r < (fn ? N + 2 : N); r++)
+					if (memcmp(&y[r], &want, 4)) {
+						printf("qdot %s type %u extreme x %+d %s row %d: %.9g vs %.9g\n",
+						       qdot_isa_name(i), t, sign, r < N ? "GGUF" : "packed",
+						       r < N ? r : r - 2, y[r], want);
+						bad++;
+					}
+			}
+		}
+	}
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
 /* Every qgemm format, 1 to 35 activation rows (one, two and three tile
  * passes, full and partial), 1 to 16 weight rows. */
 static int check_amx(enum amx_mode mode)
@@ -815,6 +867,7 @@ int main(void)
 	tcase_add_test(tc, layouts_agree);
 	tcase_add_test(tc, qgemm_match_reference);
 	tcase_add_test(tc, qgemm_extreme_sums);
+	tcase_add_test(tc, qdot_extreme_sums);
 	tcase_add_test(tc, kpack32_matches_reference);
 	tcase_add_test(tc, kpack32_rows_match_gemm);
 	tcase_add_test(tc, kpack32_panel_special_scales);
