@@ -417,6 +417,23 @@ TGT_AVX2 ALWAYS __m256i fifth(__m256i fh, int l)
 	return _mm256_and_si256(l > 4 ? _mm256_srli_epi16(fh, l - 4) : fh, b4);
 }
 
+/* Nibble vector v of a 4- or 5-bit packed block at g + at, rows 8h ..
+ * 8h+7: *lo each row's values 8v .. 8v+3, *hi 8v+4 .. 8v+7, as unsigned
+ * bytes (fh: the half's fifth bits, for Q5_0 and Q5_1). */
+TGT_AVX2 ALWAYS void b32_values(uint32_t t, const uint8_t *g, struct b32_at at, int h,
+				__m256i fh, int v, __m256i *lo, __m256i *hi)
+{
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const __m256i w = half(g + at.q + 64 * v, h);
+
+	*lo = _mm256_and_si256(w, m4);
+	*hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+	if (b32_q5(t)) {
+		*lo = _mm256_or_si256(*lo, fifth(fh, 2 * v));
+		*hi = _mm256_or_si256(*hi, fifth(fh, 2 * v + 1));
+	}
+}
+
 /*
  * Block x (fixes f) of rows 8h .. 8h+7 against the packed block at g + at:
  * acc[l] += lane l's exact sum times d * x.d, *accm += m * x.s: AVX-VNNI's
@@ -426,7 +443,6 @@ TGT_AVXVNNI ALWAYS void b32_half_avxvnni(uint32_t t, const uint8_t *g, struct b3
 					 const struct qdot_block *x, const int32_t *f, int h,
 					 __m256 *acc, __m256 *accm)
 {
-	const __m256i m4 = _mm256_set1_epi8(15);
 	const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d));
 	const int32_t *fx = b32_offset(t) ? f : (const int32_t[8]){ 0 };
 	__m256i fh = _mm256_setzero_si256();
@@ -446,14 +462,9 @@ TGT_AVXVNNI ALWAYS void b32_half_avxvnni(uint32_t t, const uint8_t *g, struct b3
 	if (b32_q5(t))
 		fh = half(g + at.h, h);
 	for (int v = 0; v < 4; v++) {
-		__m256i w = half(g + at.q + 64 * v, h);
-		__m256i lo = _mm256_and_si256(w, m4);
-		__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+		__m256i lo, hi;
 
-		if (b32_q5(t)) {
-			lo = _mm256_or_si256(lo, fifth(fh, 2 * v));
-			hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));
-		}
+		b32_values(t, g, at, h, fh, v, &lo, &hi);
 		lo = avxvnni_dot(_mm256_set1_epi32(fx[2 * v]), lo, x4(x->q + 8 * v));
 		hi = avxvnni_dot(_mm256_set1_epi32(fx[2 * v + 1]), hi, x4(x->q + 8 * v + 4));
 		acc[2 * v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), D, acc[2 * v]);
@@ -544,7 +555,7 @@ static void b32_fixes(int offset, const struct qdot_block *x, int64_t n, int32_t
 TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
 				    const struct qdot_block *x, int32_t fix, int h, __m256 acc)
 {
-	const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+	const __m256i one = _mm256_set1_epi16(1);
 	const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d));
 	const int chunk = b32_q5(t) ? 2 : 4; /* nibble vectors (2 lanes each) an int16 sum */
 	__m256i isum = _mm256_set1_epi32(fix), s16 = _mm256_setzero_si256(), fh;
@@ -562,14 +573,9 @@ TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at 
 	}
 	fh = b32_q5(t) ? half(g + at.h, h) : _mm256_setzero_si256();
 	for (int v = 0; v < 4; v++) {
-		__m256i w = half(g + at.q + 64 * v, h);
-		__m256i lo = _mm256_and_si256(w, m4);
-		__m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+		__m256i lo, hi;
 
-		if (b32_q5(t)) {
-			lo = _mm256_or_si256(lo, fifth(fh, 2 * v));
-			hi = _mm256_or_si256(hi, fifth(fh, 2 * v + 1));
-		}
+		b32_values(t, g, at, h, fh, v, &lo, &hi);
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, x4(x->q + 8 * v)));
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, x4(x->q + 8 * v + 4)));
 		if ((v + 1) % chunk == 0) {

@@ -597,6 +597,21 @@ AVX2_ROWS(TGT_AVXVNNI, avxvnni_rows, avxvnni_lanes)
 
 /* ---- AVX2 block after block (refseq()): 8 rows in the float lanes ---- */
 
+/* One GEMV per format of a block-after-block set: rows(T, ...) takes up to
+ * 8 rows at a time, one a float lane. */
+#define SEQ_ONE(attr, name, rows, T)                                                       \
+	static attr void name(const uint8_t *w, size_t ws, const struct qdot_block *x,      \
+			      const float *xsc, int64_t nb, float *y, int rows_n)          \
+	{                                                                                  \
+		(void)xsc;                                                                 \
+		for (int r = 0; r < rows_n; r += 8) {                                      \
+			const int R = rows_n - r < 8 ? rows_n - r : 8;                     \
+                                                                                           \
+			cpu_prefetch(w + r * ws, (size_t)R * ws);                          \
+			rows(T, w + r * ws, ws, x, nb, y + r, R);                          \
+		}                                                                          \
+	}
+
 /* The 8 int32 lane sums of each of v[0..7], as one vector (exact). */
 TGT_AVX2 ALWAYS __m256i seq_sums8(const __m256i v[8])
 {
@@ -608,6 +623,30 @@ TGT_AVX2 ALWAYS __m256i seq_sums8(const __m256i v[8])
 				_mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
+/* acc after one block of 8 rows (refseq()): their exact sums times
+ * d * x.d, then m * x.s (dh, mh: the rows' f16 scales and minima). */
+TGT_AVX2 ALWAYS __m256 seq_step(uint32_t t, const uint16_t *dh, const uint16_t *mh,
+				const struct qdot_block *x, __m256i sums, __m256 acc)
+{
+	const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
+				       _mm256_set1_ps(x->d));
+
+	acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc);
+	if (has_min(t))
+		acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)),
+				      _mm256_set1_ps(x->s), acc);
+	return acc;
+}
+
+/* The first R lanes of acc to y. */
+TGT_AVX2 ALWAYS void seq_store(__m256 acc, float *y, int R)
+{
+	float out[8];
+
+	_mm256_storeu_ps(out, acc);
+	memcpy(y, out, (size_t)R * sizeof(float));
+}
+
 /* R <= 8 rows (row r at w + r * ws), lane r of the float accumulator; the
  * operands of avx2_operands() (|q| times x with q's sign for the signed
  * formats), each row's lane sums added across by seq_sums8(). */
@@ -616,12 +655,10 @@ TGT_AVX2 ALWAYS void seq_rows_avx2(uint32_t t, const uint8_t *w, size_t ws,
 {
 	const size_t bb = block_bytes(t);
 	__m256 acc = _mm256_setzero_ps();
-	float out[8];
 
 	for (int64_t b = 0; b < nb; b++) {
 		uint16_t dh[8] = { 0 }, mh[8] = { 0 };
 		__m256i v[8];
-		__m256 d;
 
 		for (int r = 0; r < 8; r++) {
 			const uint8_t *p = w + (size_t)(r < R ? r : 0) * ws + b * bb;
@@ -633,33 +670,16 @@ TGT_AVX2 ALWAYS void seq_rows_avx2(uint32_t t, const uint8_t *w, size_t ws,
 			dh[r] = r < R ? cpu_rd16(p) : 0;
 			mh[r] = r < R && has_min(t) ? cpu_rd16(p + 2) : 0;
 		}
-		d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
-				  _mm256_set1_ps(x[b].d));
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(seq_sums8(v)), d, acc);
-		if (has_min(t))
-			acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)),
-					      _mm256_set1_ps(x[b].s), acc);
+		acc = seq_step(t, dh, mh, x + b, seq_sums8(v), acc);
 	}
-	_mm256_storeu_ps(out, acc);
-	memcpy(y, out, (size_t)R * sizeof(float));
+	seq_store(acc, y, R);
 }
 
-#define SEQ_AVX2_ONE(name, T)                                                              \
-	static TGT_AVX2 void name(const uint8_t *w, size_t ws, const struct qdot_block *x,  \
-				  const float *xsc, int64_t nb, float *y, int rows)        \
-	{                                                                                  \
-		(void)xsc;                                                                 \
-		for (int r = 0; r < rows; r += 8) {                                        \
-			cpu_prefetch(w + r * ws, (size_t)(rows - r < 8 ? rows - r : 8) * ws); \
-			seq_rows_avx2(T, w + r * ws, ws, x, nb, y + r,                     \
-				      rows - r < 8 ? rows - r : 8);                        \
-		}                                                                          \
-	}
-SEQ_AVX2_ONE(seq_avx2_q8_0, LOOM_TYPE_Q8_0)
-SEQ_AVX2_ONE(seq_avx2_q4_0, LOOM_TYPE_Q4_0)
-SEQ_AVX2_ONE(seq_avx2_q4_1, LOOM_TYPE_Q4_1)
-SEQ_AVX2_ONE(seq_avx2_q5_0, LOOM_TYPE_Q5_0)
-SEQ_AVX2_ONE(seq_avx2_q5_1, LOOM_TYPE_Q5_1)
+SEQ_ONE(TGT_AVX2, seq_avx2_q8_0, seq_rows_avx2, LOOM_TYPE_Q8_0)
+SEQ_ONE(TGT_AVX2, seq_avx2_q4_0, seq_rows_avx2, LOOM_TYPE_Q4_0)
+SEQ_ONE(TGT_AVX2, seq_avx2_q4_1, seq_rows_avx2, LOOM_TYPE_Q4_1)
+SEQ_ONE(TGT_AVX2, seq_avx2_q5_0, seq_rows_avx2, LOOM_TYPE_Q5_0)
+SEQ_ONE(TGT_AVX2, seq_avx2_q5_1, seq_rows_avx2, LOOM_TYPE_Q5_1)
 
 /* the avx2 set: refseq()'s arithmetic but for MXFP4 (ref8()'s) */
 QDOT_ONE(TGT_AVX2, avx2_mxfp4, LOOM_TYPE_MXFP4, avx2_rows)
@@ -809,13 +829,11 @@ TGT_VNNI ALWAYS void seq_rows(uint32_t t, const uint8_t *w, size_t ws, const str
 	const size_t bb = block_bytes(t);
 	const int off = seq_off(t);
 	__m256 acc = _mm256_setzero_ps();
-	float out[8];
 
 	for (int64_t b = 0; b < nb; b++) {
 		const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].q);
 		__m256i v[8], fix = _mm256_setzero_si256();
 		uint16_t dh[8] = { 0 }, mh[8] = { 0 };
-		__m256 d;
 
 		if (off) { /* -off * sum(x.q), at most 128 * 32 * 127: no overflow */
 			__m256i l = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
@@ -831,32 +849,16 @@ TGT_VNNI ALWAYS void seq_rows(uint32_t t, const uint8_t *w, size_t ws, const str
 			dh[r] = r < R ? cpu_rd16(p) : 0;
 			mh[r] = r < R && has_min(t) ? cpu_rd16(p + 2) : 0;
 		}
-		d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
-				  _mm256_set1_ps(x[b].d));
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(seq_sums8(v), fix)), d, acc);
-		if (has_min(t))
-			acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh)),
-					      _mm256_set1_ps(x[b].s), acc);
+		acc = seq_step(t, dh, mh, x + b, _mm256_add_epi32(seq_sums8(v), fix), acc);
 	}
-	_mm256_storeu_ps(out, acc);
-	memcpy(y, out, (size_t)R * sizeof(float));
+	seq_store(acc, y, R);
 }
 
-#define SEQ_ONE(name, T)                                                                   \
-	static TGT_VNNI void name(const uint8_t *w, size_t ws, const struct qdot_block *x,  \
-				  const float *xsc, int64_t nb, float *y, int rows)        \
-	{                                                                                  \
-		(void)xsc;                                                                 \
-		for (int r = 0; r < rows; r += 8) {                                        \
-			cpu_prefetch(w + r * ws, (size_t)(rows - r < 8 ? rows - r : 8) * ws); \
-			seq_rows(T, w + r * ws, ws, x, nb, y + r, rows - r < 8 ? rows - r : 8); \
-		}                                                                          \
-	}
-SEQ_ONE(seq_q8_0, LOOM_TYPE_Q8_0)
-SEQ_ONE(seq_q4_0, LOOM_TYPE_Q4_0)
-SEQ_ONE(seq_q4_1, LOOM_TYPE_Q4_1)
-SEQ_ONE(seq_q5_0, LOOM_TYPE_Q5_0)
-SEQ_ONE(seq_q5_1, LOOM_TYPE_Q5_1)
+SEQ_ONE(TGT_VNNI, seq_q8_0, seq_rows, LOOM_TYPE_Q8_0)
+SEQ_ONE(TGT_VNNI, seq_q4_0, seq_rows, LOOM_TYPE_Q4_0)
+SEQ_ONE(TGT_VNNI, seq_q4_1, seq_rows, LOOM_TYPE_Q4_1)
+SEQ_ONE(TGT_VNNI, seq_q5_0, seq_rows, LOOM_TYPE_Q5_0)
+SEQ_ONE(TGT_VNNI, seq_q5_1, seq_rows, LOOM_TYPE_Q5_1)
 
 /* the avx512 set: one function per format, and its table */
 QDOT_ONE(TGT_AVX512, avx512_q8_0, LOOM_TYPE_Q8_0, avx512_rows)

@@ -49,6 +49,7 @@ KQUANT_MIXES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q4_1", "Q5_0", "Q5_1"]
 # in a region); the sampling rules on Q4_K_M alone
 FAST_MIXES = KQUANT_MIXES
 SAMPLED_MIX = "Q4_K_M"
+HOST_GREEDY_MIXES = ("Q4_K_M", "Q5_1")
 KQUANT_TOKENS = 16
 MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                       "mkgguf.py")
@@ -119,7 +120,9 @@ def check_kquants(loom, stem, tmp):
         failed += not (same and native)
         if mix in FAST_MIXES:
             failed += check_fast(loom, stem, mix, model, out, got)
-        if mix == SAMPLED_MIX:
+        # gpuemu64's sampling kernels are held to the host sampler by
+        # sched_sample_gpuemu64 (tokens and logprobs bit for bit)
+        if mix == SAMPLED_MIX and stem != "gpuemu64":
             failed += check_sampled(loom, stem, model, out)
     return failed
 
@@ -187,8 +190,12 @@ def check_fast(loom, stem, mix, model, out, exact):
     fast, _, graphs = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0")
     direct, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
                        LOOM_GPU_GRAPHS="0")
-    host, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
-                     LOOM_DEVICE_GREEDY="0")
+    # greedy on the host against the device: the argmax kernel does not
+    # depend on the weights' format, so the emulators take two mixes
+    host = fast
+    if not stem.startswith("gpuemu") or mix in HOST_GREEDY_MIXES:
+        host, _, _ = run(loom, f"{stem}.so", model, PROMPTS[0], n, out, LOOM_GPU_EXACT="0",
+                         LOOM_DEVICE_GREEDY="0")
     same = fast == direct and len(fast) == n and graphs and graphs[1] >= n - 4
     if host != fast:
         print(f"FAIL {stem}.so {mix}: greedy on the host (LOOM_DEVICE_GREEDY=0) picks "
