@@ -292,7 +292,7 @@ static inline float reduce8(const float a[8])
 	return (v[0] + v[2]) + (v[1] + v[3]);
 }
 
-/* 8 lanes, one block at a time (QDOT_SCALAR, QDOT_AVX2). */
+/* 8 lanes, one block at a time (QDOT_SCALAR, QDOT_AVXVNNI; QDOT_AVX2 for MXFP4). */
 ALWAYS float ref8(uint32_t t, const uint8_t *w, const struct qdot_block *x, int64_t nb)
 {
 	const size_t bb = block_bytes(t);
