@@ -15,7 +15,7 @@ GEMV and split-K kernels.
 Then k-quants: a tiny random llama (tools/mkgguf.py, 2 layers, 256 wide,
 f16) requantized by `loom quantize` to Q2_K, Q3_K_M, Q4_K_M and Q5_K_M
 (q2_K .. q6_K between them) and to Q4_1, Q5_0 and Q5_1, 16 greedy tokens
-each against cpu.so, the prompt long enough for the prefill GEMM path;
+each (10 on the emulators) against cpu.so, the prompt long enough for the prefill GEMM path;
 the memory plan must say that no tensor was converted to f32 at load. In
 fast mode (LOOM_GPU_EXACT=0: 8-bit activations, integer dots in the GEMV
 for every quantized format) each decodes the same tokens with step
@@ -51,6 +51,9 @@ FAST_MIXES = KQUANT_MIXES
 SAMPLED_MIX = "Q4_K_M"
 HOST_GREEDY_MIXES = ("Q4_K_M", "Q5_1")
 KQUANT_TOKENS = 16
+# on the emulators (a run is mostly its emulated decode steps): 10 still
+# replay the step graph 6 times and more
+KQUANT_TOKENS_EMULATED = 10
 MKGGUF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                       "mkgguf.py")
 
@@ -283,8 +286,11 @@ def check_waits(stem, log):
 
 
 def main():
+    global KQUANT_TOKENS
     stem, loom = sys.argv[1], sys.argv[2]
     emulated = stem.startswith("gpuemu")
+    if emulated:
+        KQUANT_TOKENS = KQUANT_TOKENS_EMULATED
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 20 if emulated else 32
     root = os.environ.get("LOOM_BUILD_ROOT", "")
     if not glob.glob(os.path.join(root, "backends", "*", f"{stem}.so")):
