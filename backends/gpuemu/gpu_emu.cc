@@ -224,20 +224,25 @@ void release(worker *w, const fiber *cur, int state, int warp_index)
 		}
 }
 
-/* A warp exchange opens: f gets every lane's bytes in lane order, zeros
- * for a lane that is not in the exchange (finished, or past the block). */
-void exchange(worker *w, unsigned base, fiber *f)
+/* Every lane's bytes of the warp at base, in lane order, to dst: zeros for
+ * a lane that is not in an exchange of that size (finished, or past the
+ * block). */
+void gather_lanes(const worker *w, unsigned base, size_t bytes, unsigned char *dst)
 {
-	unsigned char *dst = (unsigned char *)f->xdst;
-
-	for (unsigned lane = 0; lane < w->warp; lane++, dst += f->xbytes) {
+	for (unsigned lane = 0; lane < w->warp; lane++, dst += bytes) {
 		const fiber *o = base + lane < w->n ? &w->fibers[base + lane] : NULL;
 
-		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == f->xbytes)
-			memcpy(dst, o->xsrc, f->xbytes);
+		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == bytes)
+			memcpy(dst, o->xsrc, bytes);
 		else
-			memset(dst, 0, f->xbytes);
+			memset(dst, 0, bytes);
 	}
+}
+
+/* A warp exchange opens: f gets every lane's bytes in lane order. */
+void exchange(worker *w, unsigned base, fiber *f)
+{
+	gather_lanes(w, base, f->xbytes, (unsigned char *)f->xdst);
 	f->xdst = NULL;
 }
 
@@ -250,16 +255,7 @@ const size_t GATHER_BYTES = 64;
  * gives a lane that passed another size its own, by exchange()). */
 void exchange_all(worker *w, unsigned base, size_t bytes)
 {
-	unsigned char *dst = w->gather;
-
-	for (unsigned lane = 0; lane < w->warp; lane++, dst += bytes) {
-		const fiber *o = base + lane < w->n ? &w->fibers[base + lane] : NULL;
-
-		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == bytes)
-			memcpy(dst, o->xsrc, bytes);
-		else
-			memset(dst, 0, bytes);
-	}
+	gather_lanes(w, base, bytes, w->gather);
 	for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
 		fiber *f = &w->fibers[i];
 
