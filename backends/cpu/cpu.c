@@ -32,6 +32,7 @@
 struct cpu_arena {
 	uint8_t *base;
 	size_t cap, used;
+	size_t mapped; /* what pages_alloc mapped for base */
 	int refs;
 };
 
@@ -42,7 +43,11 @@ struct loom_buffer {
 	void *ptr;
 	size_t size;
 	struct cpu_arena *arena; /* NULL: ptr is its own allocation */
+	size_t mapped; /* > 0: ptr is a mapping of that many bytes (pages_alloc) */
 };
+
+/* Buffers of at least this many bytes are mapped from the kernel. */
+#define MAP_MIN ((size_t)1 << 20)
 
 void cpu_log(struct loom_backend_ctx *ctx, enum loom_log_level lvl, const char *fmt, ...)
 {
@@ -383,19 +388,48 @@ static bool cpu_supports(struct loom_backend_ctx *ctx, enum loom_op op, uint32_t
 
 /* ---- memory ---- */
 
-/* The packed weights' arena chunks ask for transparent huge pages (where
- * the system gives them on request): weights stream through them every
- * step, and 2 MiB pages take most TLB misses out of that. */
-static void *big_alloc(size_t size)
+/*
+ * Large buffers (the KV cache, activations, weights in GGUF layout, the
+ * packed weights' arena chunks) are anonymous mappings rather than
+ * malloc's: committed page by page as they are first touched, and handed
+ * back to the system whole when freed, where malloc may keep them in its
+ * heap. Nothing here writes them first; malloc would under
+ * MALLOC_PERTURB_ (meson sets it for every test), which touched the whole
+ * KV pool of every server start. *bytes is set to what was mapped (size
+ * rounded up to whole pages), for pages_free. With huge set, the mapping
+ * starts on a 2 MiB boundary and asks for transparent huge pages (where
+ * the system gives them on request).
+ */
+static void *pages_alloc(size_t size, bool huge, size_t *bytes)
 {
-	size_t align = size >= HUGE_PAGE ? HUGE_PAGE : 64;
-	void *p = aligned_alloc(align, (size + align - 1) / align * align);
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), align = huge ? HUGE_PAGE : page;
+	size_t len, extra;
+	uint8_t *p, *start;
 
+	if (size > SIZE_MAX - 2 * align)
+		return NULL;
+	len = (size + page - 1) / page * page;
+	extra = align > page ? align : 0; /* slack to find the boundary in */
+	p = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	start = (uint8_t *)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
+	if (start > p)
+		munmap(p, (size_t)(start - p));
+	if (p + len + extra > start + len)
+		munmap(start + len, (size_t)(p + len + extra - (start + len)));
 #ifdef MADV_HUGEPAGE
-	if (p && align == HUGE_PAGE)
-		madvise(p, (size + align - 1) / align * align, MADV_HUGEPAGE);
+	if (huge)
+		madvise(start, len, MADV_HUGEPAGE);
 #endif
-	return p;
+	*bytes = len;
+	return start;
+}
+
+static void pages_free(void *p, size_t bytes)
+{
+	if (p)
+		munmap(p, bytes);
 }
 
 int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buffer **out)
@@ -413,6 +447,7 @@ int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buff
 	if (!buf)
 		return LOOM_ERR_NOMEM;
 	buf->arena = NULL;
+	buf->mapped = 0;
 	/*
 	 * No huge pages here: these buffers (the KV cache, activations, the
 	 * weights that are not packed) are first touched a little at a
@@ -425,7 +460,10 @@ int cpu_buffer_alloc(struct loom_backend_ctx *ctx, size_t size, struct loom_buff
 	 * weights here decoded at 12.3-12.5 t/s with them, 12.5-12.7
 	 * without.
 	 */
-	buf->ptr = aligned_alloc(64, rounded);
+	if (rounded >= MAP_MIN)
+		buf->ptr = pages_alloc(rounded, false, &buf->mapped);
+	else
+		buf->ptr = aligned_alloc(64, rounded);
 	if (!buf->ptr) {
 		free(buf);
 		return LOOM_ERR_NOMEM;
@@ -450,7 +488,9 @@ int cpu_buffer_alloc_packed(struct loom_backend_ctx *ctx, size_t size, struct lo
 		a = calloc(1, sizeof(*a));
 		if (a) {
 			a->cap = size > ARENA_CHUNK ? size : ARENA_CHUNK;
-			a->base = big_alloc(a->cap);
+			/* huge pages: weights stream through them every
+			 * step, and 2 MiB pages take most TLB misses out */
+			a->base = pages_alloc(a->cap, a->cap >= HUGE_PAGE, &a->mapped);
 		}
 		if (!a || !a->base) {
 			free(a);
@@ -462,6 +502,7 @@ int cpu_buffer_alloc_packed(struct loom_backend_ctx *ctx, size_t size, struct lo
 	buf->ptr = a->base + a->used;
 	buf->size = size;
 	buf->arena = a;
+	buf->mapped = 0;
 	a->used += size;
 	a->refs++;
 	*out = buf;
@@ -477,9 +518,11 @@ static void cpu_buffer_free(struct loom_backend_ctx *ctx, struct loom_buffer *bu
 		if (--buf->arena->refs == 0) {
 			if (ctx && ctx->arena == buf->arena)
 				ctx->arena = NULL;
-			free(buf->arena->base);
+			pages_free(buf->arena->base, buf->arena->mapped);
 			free(buf->arena);
 		}
+	} else if (buf->mapped) {
+		pages_free(buf->ptr, buf->mapped);
 	} else {
 		free(buf->ptr);
 	}
