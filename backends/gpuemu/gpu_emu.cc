@@ -39,10 +39,10 @@ enum fiber_state { READY, WAIT_BLOCK, WAIT_WARP, DONE };
 struct fiber {
 	emu_thread_regs regs;
 	int lin;      /* linear thread index in the block */
+	unsigned wi, lane; /* its warp and lane there (no division per shuffle) */
 	int state;
 	uint64_t got; /* shuffle: the xor mask, then the partner's value */
-	const void *xsrc; /* warp exchange: this lane's bytes ... */
-	void *xdst;       /* ... and where every lane's go (NULL: a shuffle) */
+	const void *xsrc; /* warp gather: this lane's bytes (NULL: a shuffle) */
 	size_t xbytes;
 	char *stack;  /* top of the fiber's stack */
 #if defined(__x86_64__)
@@ -63,7 +63,8 @@ struct worker {
 	unsigned block_waiting;
 	unsigned *warp_waiting, *warp_live;
 	uint64_t *slots;      /* shuffle values, by linear thread index */
-	unsigned char *gather; /* a warp exchange's bytes, lane order */
+	unsigned char *warp_bufs; /* each warp's gather buffer (WARP_BUF bytes) */
+	bool *warp_claimed;   /* its first lane has run since it was filled */
 	unsigned *runq;       /* ready fibers in the order they run next */
 	unsigned rq_head, rq_len;
 	unsigned char *shared;
@@ -80,6 +81,14 @@ struct worker {
 };
 
 thread_local worker *self;
+
+/* A warp's gather buffer: 64 lanes' bytes, then the scratch. */
+const size_t WARP_BUF = 64 * EMU_GATHER_BYTES + EMU_WARP_SCRATCH;
+
+unsigned char *warp_buf(const worker *w, unsigned warp_index)
+{
+	return w->warp_bufs + WARP_BUF * warp_index;
+}
 
 /* ---- context switch ---- */
 
@@ -225,7 +234,7 @@ void release(worker *w, const fiber *cur, int state, int warp_index)
 }
 
 /* Every lane's bytes of the warp at base, in lane order, to dst: zeros for
- * a lane that is not in an exchange of that size (finished, or past the
+ * a lane that is not in a gather of that size (finished, or past the
  * block). */
 void gather_lanes(const worker *w, unsigned base, size_t bytes, unsigned char *dst)
 {
@@ -236,35 +245,6 @@ void gather_lanes(const worker *w, unsigned base, size_t bytes, unsigned char *d
 			memcpy(dst, o->xsrc, bytes);
 		else
 			memset(dst, 0, bytes);
-	}
-}
-
-/* A warp exchange opens: f gets every lane's bytes in lane order. */
-void exchange(worker *w, unsigned base, fiber *f)
-{
-	gather_lanes(w, base, f->xbytes, (unsigned char *)f->xdst);
-	f->xdst = NULL;
-}
-
-/* Largest exchange (bytes a lane) gathered once for the whole warp. */
-const size_t GATHER_BYTES = 64;
-
-/* A warp exchange of up to GATHER_BYTES opens: every lane's bytes are
- * gathered once in lane order, as exchange() would give them, and copied
- * whole to each waiting lane that passed the same size (check_barriers
- * gives a lane that passed another size its own, by exchange()). */
-void exchange_all(worker *w, unsigned base, size_t bytes)
-{
-	gather_lanes(w, base, bytes, w->gather);
-	for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
-		fiber *f = &w->fibers[i];
-
-		if (f->state != WAIT_WARP || !f->xdst)
-			continue;
-		if (f->xbytes == bytes) {
-			memcpy(f->xdst, w->gather, bytes * w->warp);
-			f->xdst = NULL;
-		}
 	}
 }
 
@@ -279,22 +259,21 @@ void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 	if (w->warp_waiting[warp_index] &&
 	    w->warp_waiting[warp_index] == w->warp_live[warp_index]) {
 		unsigned base = warp_index * w->warp;
-		const fiber *x = NULL; /* the first lane in an exchange */
+		const fiber *x = NULL; /* the first lane in a gather */
 
-		/* hand each waiting lane its partner's value now, so the slots
-		 * are free for the next shuffle */
 		for (unsigned i = base; i < base + w->warp && i < w->n && !x; i++)
-			if (w->fibers[i].state == WAIT_WARP && w->fibers[i].xdst)
+			if (w->fibers[i].state == WAIT_WARP && w->fibers[i].xsrc)
 				x = &w->fibers[i];
-		if (x && x->xbytes <= GATHER_BYTES)
-			exchange_all(w, base, x->xbytes);
+		if (x) {
+			gather_lanes(w, base, x->xbytes, warp_buf(w, warp_index));
+			w->warp_claimed[warp_index] = false;
+		}
+		/* hand each lane in a shuffle its partner's value now, so the
+		 * slots are free for the next shuffle */
 		for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
 			fiber *f = &w->fibers[i];
 
-			if (f->state != WAIT_WARP || f->xsrc) { /* xsrc: an exchange */
-				if (f->xdst) /* not gathered by exchange_all */
-					exchange(w, base, f);
-			} else {
+			if (f->state == WAIT_WARP && !f->xsrc) {
 				unsigned lane = i - base, src = lane ^ (unsigned)f->got;
 
 				f->got = w->slots[base + (src < w->warp ? src : lane)];
@@ -309,7 +288,7 @@ void fiber_main()
 {
 	worker *w = self;
 	fiber *f = (fiber *)((char *)emu_cur - offsetof(fiber, regs));
-	unsigned wi = (unsigned)f->lin / w->warp;
+	unsigned wi = f->wi;
 
 	w->fn(w->ctx);
 	f->state = DONE;
@@ -350,15 +329,19 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 		w->warp_live = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
 		w->slots = (uint64_t *)calloc(MAX_BLOCK, sizeof(uint64_t));
 		w->runq = (unsigned *)calloc(MAX_BLOCK, sizeof(unsigned));
-		w->gather = (unsigned char *)calloc(64, GATHER_BYTES);
+		w->warp_bufs = (unsigned char *)aligned_alloc(64, WARP_BUF * (MAX_BLOCK / 32));
+		w->warp_claimed = (bool *)calloc(MAX_BLOCK / 32, sizeof(bool));
 		if (!w->fibers || !w->warp_waiting || !w->warp_live || !w->slots || !w->runq ||
-		    !w->gather)
+		    !w->warp_bufs || !w->warp_claimed)
 			return false;
 		for (unsigned i = 0; i < MAX_BLOCK; i++) {
 			char *lo = w->stack_map + per * i;
 
 			mprotect(lo, (size_t)getpagesize(), PROT_NONE); /* overflow faults */
-			w->fibers[i].stack = lo + per;
+			/* tops staggered by cache lines: tops at one offset
+			 * in their pages would share L1 sets, and the fibers
+			 * of a warp touch theirs in turn */
+			w->fibers[i].stack = lo + per - (size_t)(i % 64) * 64;
 		}
 	}
 	if (w->shared_cap < shared || !w->shared) {
@@ -371,7 +354,7 @@ bool worker_prepare(worker *w, unsigned n, unsigned warp, size_t shared)
 	w->n = n;
 	w->warp = warp;
 	w->n_warps = n_warps;
-	return warp <= 64;
+	return warp >= 32 && warp <= 64;
 }
 
 /* Runs block `bid` to the end; false on a deadlock. */
@@ -393,10 +376,11 @@ bool run_block(worker *w, dim3 bid)
 		const dim3 &bd = w->blk.bdim;
 
 		f->lin = (int)i;
+		f->wi = i / w->warp;
+		f->lane = i % w->warp;
 		f->regs.tid = dim3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
 		f->state = READY;
-		f->xsrc = NULL; /* a block that deadlocked may leave an exchange open */
-		f->xdst = NULL;
+		f->xsrc = NULL; /* a block that deadlocked may leave a gather open */
 		fiber_start(f);
 		enqueue(w, i);
 	}
@@ -595,7 +579,7 @@ void emu_syncthreads(void)
 
 	w->block_waiting++;
 	f->state = WAIT_BLOCK;
-	check_barriers(w, f, (unsigned)f->lin / w->warp);
+	check_barriers(w, f, f->wi);
 	if (f->state != READY)
 		switch_away(w, f);
 }
@@ -604,7 +588,7 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 {
 	worker *w = self;
 	fiber *f = current();
-	unsigned wi = (unsigned)f->lin / w->warp;
+	unsigned wi = f->wi;
 
 	w->slots[f->lin] = v;
 	f->got = (uint64_t)(unsigned)mask;
@@ -616,14 +600,18 @@ uint64_t emu_shfl_xor_u64(uint64_t v, int mask)
 	return f->got;
 }
 
-unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes)
+unsigned char *emu_warp_gather(const void *mine, size_t bytes, unsigned *lane, bool *first)
 {
 	worker *w = self;
 	fiber *f = current();
-	unsigned wi = (unsigned)f->lin / w->warp;
+	unsigned wi = f->wi;
 
+	if (bytes > EMU_GATHER_BYTES) {
+		fprintf(stderr, "gpu_emu: a warp gather of %zu bytes a lane (at most %d)\n", bytes,
+			EMU_GATHER_BYTES);
+		abort();
+	}
 	f->xsrc = mine;
-	f->xdst = all;
 	f->xbytes = bytes;
 	f->state = WAIT_WARP;
 	w->warp_waiting[wi]++;
@@ -631,7 +619,10 @@ unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes)
 	if (f->state != READY)
 		switch_away(w, f);
 	f->xsrc = NULL;
-	return (unsigned)f->lin % w->warp;
+	*lane = f->lane;
+	*first = !w->warp_claimed[wi];
+	w->warp_claimed[wi] = true;
+	return warp_buf(w, wi);
 }
 
 /*
@@ -684,18 +675,12 @@ static int8_t frag_byte(const uint32_t *regs, int i)
 	return (int8_t)(regs[i / 4] >> (8 * (i % 4)));
 }
 
-void emu_mma_s8(int k, int32_t d[4], const uint32_t *a, const uint32_t *b, const int32_t c[4])
+/* D = A B + C for the whole warp from its gathered fragments. */
+static void mma_warp(int k, const mma_frag *all, int32_t D[16][8])
 {
-	mma_frag mine, all[32];
 	int8_t A[16][32], B[32][8];
-	int32_t C[16][8];
-	int lane = current()->lin % 32, r, col;
+	int r, col;
 
-	memset(&mine, 0, sizeof(mine));
-	memcpy(mine.a, a, (size_t)k / 8 * sizeof(uint32_t)); /* 2 or 4 registers */
-	memcpy(mine.b, b, (size_t)k / 16 * sizeof(uint32_t)); /* 1 or 2 */
-	memcpy(mine.c, c, sizeof(mine.c));
-	emu_warp_exchange(&mine, all, sizeof(mine));
 	for (int l = 0; l < 32; l++) {
 		for (int i = 0; i < k / 2; i++) {
 			mma_a_at(k, l, i, &r, &col);
@@ -707,17 +692,43 @@ void emu_mma_s8(int k, int32_t d[4], const uint32_t *a, const uint32_t *b, const
 		}
 		for (int i = 0; i < 4; i++) {
 			mma_c_at(l, i, &r, &col);
-			C[r][col] = all[l].c[i];
+			D[r][col] = all[l].c[i];
 		}
 	}
-	for (int i = 0; i < 4; i++) {
-		uint32_t s;
+	for (r = 0; r < 16; r++)
+		for (col = 0; col < 8; col++) {
+			uint32_t s = (uint32_t)D[r][col];
 
-		mma_c_at(lane, i, &r, &col);
-		s = (uint32_t)C[r][col];
-		for (int e = 0; e < k; e++)
-			s += (uint32_t)((int32_t)A[r][e] * (int32_t)B[e][col]);
-		d[i] = (int32_t)s;
+			for (int e = 0; e < k; e++)
+				s += (uint32_t)((int32_t)A[r][e] * (int32_t)B[e][col]);
+			D[r][col] = (int32_t)s;
+		}
+}
+
+/* The warp's first lane to run computes all of D in the gather buffer's
+ * scratch; every lane takes its four elements from there. */
+void emu_mma_s8(int k, int32_t d[4], const uint32_t *a, const uint32_t *b, const int32_t c[4])
+{
+	mma_frag mine;
+	unsigned lane;
+	bool first;
+	unsigned char *buf;
+	int32_t(*D)[8];
+	int r, col;
+
+	static_assert(sizeof(mma_frag) <= EMU_GATHER_BYTES, "an MMA fragment fits a gather");
+	static_assert(sizeof(int32_t[16][8]) <= EMU_WARP_SCRATCH, "D fits the scratch");
+	memset(&mine, 0, sizeof(mine));
+	memcpy(mine.a, a, (size_t)k / 8 * sizeof(uint32_t)); /* 2 or 4 registers */
+	memcpy(mine.b, b, (size_t)k / 16 * sizeof(uint32_t)); /* 1 or 2 */
+	memcpy(mine.c, c, sizeof(mine.c));
+	buf = emu_warp_gather(&mine, sizeof(mine), &lane, &first);
+	D = (int32_t(*)[8])(buf + 64 * EMU_GATHER_BYTES);
+	if (first)
+		mma_warp(k, (const mma_frag *)buf, D);
+	for (int i = 0; i < 4; i++) {
+		mma_c_at((int)lane, i, &r, &col);
+		d[i] = D[r][col];
 	}
 }
 #endif

@@ -123,32 +123,44 @@ inline int __dp4a(int a, int b, int c)
 unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes);
 
 
-/* Lane l's value in the xor butterfly over all (see emu_xor_reduce) once
- * the steps FIRST, FIRST / 2, ..., OFF have been taken. */
-template <int OFF, int FIRST, typename T, typename Op>
-inline T emu_xor_at(const T *all, unsigned l, Op op)
-{
-	if constexpr (OFF > FIRST)
-		return all[l];
-	else
-		return op(emu_xor_at<2 * OFF, FIRST>(all, l, op),
-			  emu_xor_at<2 * OFF, FIRST>(all, l ^ OFF, op));
-}
+/*
+ * A warp exchange whose result the warp shares: every live lane passes
+ * `bytes` (at most EMU_GATHER_BYTES, the same on every lane) at mine;
+ * once all have, each gets the warp's buffer: every lane's bytes in lane
+ * order (zeros for a lane that is not live), then EMU_WARP_SCRATCH bytes
+ * of scratch. *first is set on exactly one lane, the first to run on; it
+ * may compute in the buffer what the others, which run after it, read.
+ * The buffer is the warp's until its next exchange.
+ */
+#define EMU_GATHER_BYTES 64
+#define EMU_WARP_SCRATCH 4096
+unsigned char *emu_warp_gather(const void *mine, size_t bytes, unsigned *lane, bool *first);
 
 /*
  * The xor butterfly `for (off = FIRST; off > 0; off /= 2) v = op(v,
  * shfl_xor(v, off))` of every live lane, with one warp exchange in place
- * of log2(FIRST) + 1 shuffles: each lane replays its own path through the
- * butterfly on the gathered values. The same operations on the same
- * operands in the same order, so the same bits (a lane that is not live
- * gives zeros here, where a shuffle would read its last value; the
- * kernels reduce whole warps).
+ * of log2(FIRST) + 1 shuffles: the first lane to run takes every lane's
+ * steps on the gathered values, the others read their result. The same
+ * operations on the same operands in the same order, so the same bits (a
+ * lane that is not live gives zeros here, where a shuffle would read its
+ * last value; the kernels reduce whole warps).
  */
 template <int FIRST, typename T, typename Op> inline T emu_xor_reduce(T v, Op op)
 {
-	T all[GPU_WARP];
+	unsigned lane;
+	bool first;
+	T *all = (T *)emu_warp_gather(&v, sizeof(v), &lane, &first);
 
-	return emu_xor_at<1, FIRST>(all, emu_warp_exchange(&v, all, sizeof(v)), op);
+	if (first)
+		for (int off = FIRST; off > 0; off /= 2)
+			for (int l = 0; l < GPU_WARP; l++)
+				if (!(l & off)) {
+					T a = all[l], b = all[l ^ off];
+
+					all[l] = op(a, b);      /* lane l: op(own, partner) */
+					all[l ^ off] = op(b, a);
+				}
+	return all[lane];
 }
 
 #if GPU_WARP == 32
