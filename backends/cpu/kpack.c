@@ -1503,7 +1503,11 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type)
 kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
+	if (!qdot_isa_supported(isa))
+		return NULL;
+	if (isa == QDOT_AVX2)
+		return kpack_kernel_m_256(isa, type);
+	if (isa != QDOT_VNNI)
 		return NULL;
 	switch (type) {
 	case LOOM_TYPE_Q4_K: return q4k_vnni_m;

@@ -212,6 +212,8 @@ static inline __attribute__((always_inline)) void kpack_prefetch(const uint8_t *
 /* kpack_kernel() of the 256-bit sets (kpack_avx2.c): isa QDOT_AVX2 or
  * QDOT_AVXVNNI, supported by the caller's check. */
 kpack_fn kpack_kernel_256(enum qdot_isa isa, uint32_t type);
+/* kpack_kernel_m() of the same: AVX2's 32-value formats, else NULL. */
+kpack_mfn kpack_kernel_m_256(enum qdot_isa isa, uint32_t type);
 #endif
 
 #endif /* LOOM_CPU_KPACK_AT_H */

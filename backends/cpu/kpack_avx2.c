@@ -635,6 +635,165 @@ TGT_AVX2 ALWAYS void b32_rows_avx2(uint32_t t, const uint8_t *w, const struct qd
 	}
 }
 
+/*
+ * Many activation rows at once (kpack_kernel_m() on AVX2): each block's
+ * weights are unpacked once, a nibble vector at a time, and serve up to
+ * SEQ_X_256 activation rows, each row taking b32_seq_avx2()'s steps, so
+ * its bits are the one-row kernel's (and the prefill GEMM's). Fixes are
+ * made for SEQ_ROWS_256 rows at a time, in passes of SEQ_FIXES_256 / rows
+ * blocks; between passes a row's float waits in y (exactly).
+ */
+#define SEQ_ROWS_256 16
+#define SEQ_FIXES_256 4096
+/* 4 rows: a Q4 block then holds 4 int16 sums, 4 accumulators and the two
+ * nibble vectors in registers */
+#define SEQ_X_256 4
+
+/* Block b's step for X activation rows x + i * xr (fixes fix[i * fs]). */
+TGT_AVX2 ALWAYS void b32_seq_avx2_x(uint32_t t, const uint8_t *g, struct b32_at at,
+				    const struct qdot_block *x, int64_t xr, const int32_t *fix,
+				    int64_t fs, int h, int X, __m256 *acc)
+{
+	const __m256i one = _mm256_set1_epi16(1);
+	const __m256 d = h8(g + at.d + 16 * h);
+	const int chunk = b32_q5(t) ? 2 : 4;
+	__m256i isum[SEQ_X_256], s16[SEQ_X_256];
+
+	for (int i = 0; i < X; i++) {
+		isum[i] = _mm256_set1_epi32(fix[i * fs]);
+		s16[i] = _mm256_setzero_si256();
+	}
+	if (t == LOOM_TYPE_Q8_0) {
+		for (int l = 0; l < 8; l++) {
+			const __m256i w = _mm256_xor_si256(half(g + at.q + 64 * l, h),
+							   _mm256_set1_epi8((char)0x80));
+			const __m256i aw = _mm256_abs_epi8(w);
+
+			for (int i = 0; i < X; i++) {
+				__m256i p = _mm256_maddubs_epi16(
+					aw, _mm256_sign_epi8(x4(x[i * xr].q + 4 * l), w));
+
+				isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, one));
+			}
+		}
+	} else {
+		const __m256i fh = b32_q5(t) ? half(g + at.h, h) : _mm256_setzero_si256();
+
+		for (int v = 0; v < 4; v++) {
+			__m256i lo, hi;
+
+			b32_values(t, g, at, h, fh, v, &lo, &hi);
+			for (int i = 0; i < X; i++) {
+				const int8_t *q = x[i * xr].q + 8 * v;
+
+				s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, x4(q)));
+				s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, x4(q + 4)));
+				if ((v + 1) % chunk == 0) {
+					isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s16[i], one));
+					s16[i] = _mm256_setzero_si256();
+				}
+			}
+		}
+	}
+	for (int i = 0; i < X; i++) {
+		const struct qdot_block *xi = x + i * xr;
+
+		acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]),
+					 _mm256_mul_ps(d, _mm256_set1_ps(xi->d)), acc[i]);
+		if (b32_min(t))
+			acc[i] = _mm256_fmadd_ps(h8(g + at.m + 16 * h), _mm256_set1_ps(xi->s), acc[i]);
+	}
+}
+
+/* Blocks [s0, s0 + n) of half h of the group at g (nb blocks) for X rows,
+ * X a constant (case by case) so the row loops unroll; `fetch`: the first
+ * pass over the group, which prefetches it. */
+TGT_AVX2 ALWAYS void seq_half_256(uint32_t t, const uint8_t *g, int64_t nb,
+				  const struct qdot_block *x, int64_t xr, int X, int64_t s0,
+				  int64_t n, const int32_t *fix, int h, bool fetch, __m256 *acc)
+{
+#define SEQ_HALF_X(X_)                                                                     \
+	for (int64_t b = s0; b < s0 + n; b++) {                                            \
+		const struct b32_at at = b32_at(t, b, nb);                                  \
+                                                                                           \
+		if (fetch && b % 2 == 0)                                                    \
+			kpack_prefetch(g + at.d, b32_pair(t));                              \
+		b32_seq_avx2_x(t, g, at, x + b, xr, fix + b - s0, n, h, X_, acc);           \
+	}
+	switch (X) {
+	case 1: SEQ_HALF_X(1) break;
+	case 2: SEQ_HALF_X(2) break;
+	case 3: SEQ_HALF_X(3) break;
+	default: SEQ_HALF_X(4) break;
+	}
+#undef SEQ_HALF_X
+}
+
+/* Rows [j0, j1) of the packed weight w against m activation rows x (x_i =
+ * x + i * nb) into y + i * ys. */
+TGT_AVX2 ALWAYS void seq_rows_256(uint32_t t, const uint8_t *w, const struct qdot_block *x,
+				  int m, int64_t nb, float *y, int64_t ys, int64_t j0, int64_t j1)
+{
+	const size_t gb = row_share(t, nb) * KPACK_ROWS;
+	const int offset = t == LOOM_TYPE_Q8_0 ? 0 : b32_offset(t); /* Q8_0: signs */
+	int32_t fix[SEQ_FIXES_256] = { 0 };
+
+	for (int i0 = 0; i0 < m; i0 += SEQ_ROWS_256) {
+		const int mi = m - i0 < SEQ_ROWS_256 ? m - i0 : SEQ_ROWS_256;
+		const int64_t per = SEQ_FIXES_256 / mi;
+
+		for (int64_t s0 = 0; s0 < nb; s0 += per) {
+			const int64_t n = nb - s0 < per ? nb - s0 : per;
+
+			for (int i = 0; i < mi && offset; i++)
+				b32_fixes(offset, x + (i0 + i) * nb + s0, n, fix + i * n);
+			for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
+				const uint8_t *g = w + (size_t)gi * gb;
+
+				for (int h = 0; h < 2; h++) {
+					const int64_t r0 = gi * KPACK_ROWS + 8 * h;
+					int64_t lo, hi;
+
+					if (!rows_in(r0, j0, j1, &lo, &hi))
+						continue;
+					for (int i = 0; i < mi; i += SEQ_X_256) {
+						const int X = mi - i < SEQ_X_256 ? mi - i : SEQ_X_256;
+						float *yi = y + (i0 + i) * ys + r0 + lo - j0;
+						float lanes[8] = { 0 };
+						__m256 acc[SEQ_X_256];
+
+						for (int k = 0; k < X; k++) {
+							if (s0 > 0)
+								memcpy(lanes + lo, yi + k * ys,
+								       (size_t)(hi - lo) * sizeof(float));
+							acc[k] = _mm256_loadu_ps(lanes);
+						}
+						seq_half_256(t, g, nb, x + (i0 + i) * nb, nb, X, s0, n,
+							     fix + i * n, h, h == 0 && i == 0, acc);
+						for (int k = 0; k < X; k++) {
+							_mm256_storeu_ps(lanes, acc[k]);
+							memcpy(yi + k * ys, lanes + lo,
+							       (size_t)(hi - lo) * sizeof(float));
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+#define B32_KERNEL_M(name, T)                                                              \
+	TGT_AVX2 static void name(const uint8_t *w, const void *x, int m, int64_t nb, float *y, \
+				  int64_t ys, int64_t j0, int64_t j1)                        \
+	{                                                                                  \
+		seq_rows_256(T, w, x, m, nb, y, ys, j0, j1);                               \
+	}
+B32_KERNEL_M(q8_0_avx2_m, LOOM_TYPE_Q8_0)
+B32_KERNEL_M(q4_0_avx2_m, LOOM_TYPE_Q4_0)
+B32_KERNEL_M(q4_1_avx2_m, LOOM_TYPE_Q4_1)
+B32_KERNEL_M(q5_0_avx2_m, LOOM_TYPE_Q5_0)
+B32_KERNEL_M(q5_1_avx2_m, LOOM_TYPE_Q5_1)
+
 #define B32_KERNEL(attr, name, rows, T)                                                    \
 	attr static void name(const uint8_t *w, const void *x, int64_t nb, float *y,         \
 			      int64_t j0, int64_t j1)                                      \
@@ -667,6 +826,20 @@ kpack_fn kpack_kernel_256(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_K: return vnni ? q4k_rows_avxvnni : q4k_rows_avx2;
 	case LOOM_TYPE_Q5_K: return vnni ? q5k_rows_avxvnni : q5k_rows_avx2;
 	case LOOM_TYPE_Q6_K: return vnni ? q6k_rows_avxvnni : q6k_rows_avx2;
+	default: return NULL;
+	}
+}
+
+kpack_mfn kpack_kernel_m_256(enum qdot_isa isa, uint32_t type)
+{
+	if (isa != QDOT_AVX2)
+		return NULL;
+	switch (type) {
+	case LOOM_TYPE_Q8_0: return q8_0_avx2_m;
+	case LOOM_TYPE_Q4_0: return q4_0_avx2_m;
+	case LOOM_TYPE_Q4_1: return q4_1_avx2_m;
+	case LOOM_TYPE_Q5_0: return q5_0_avx2_m;
+	case LOOM_TYPE_Q5_1: return q5_1_avx2_m;
 	default: return NULL;
 	}
 }

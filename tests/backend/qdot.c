@@ -452,7 +452,7 @@ static int check_kpack32(uint32_t t, int64_t n, int64_t nb)
 }
 
 /*
- * The many-row kernel (kpack_kernel_m(), AVX-512 VNNI): m activation rows
+ * The many-row kernels (kpack_kernel_m(): AVX-512 VNNI, AVX2): m activation rows
  * at once over a random row range, each row's result bit for bit
  * qgemm_ref() of its GGUF row (so the GEMV, its many-row form and the
  * prefill GEMM agree), nothing written outside the range or the rows.
@@ -472,14 +472,14 @@ static float want_rows32(const void *ctx, int i, int64_t j)
 	return qgemm_ref(c->t, c->w + j * c->ws, c->q + i * c->nb, c->nb * 32);
 }
 
-static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
+static int check_kpack32_rows(enum qdot_isa isa, uint32_t t, int64_t n, int64_t nb, int m)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
 	uint8_t *w = malloc(n * ws);
 	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
 	float *x = malloc(nb * 32 * sizeof(float));
 	struct qdot_block *q = malloc(m * nb * sizeof(*q));
-	kpack_mfn fn = kpack_kernel_m(QDOT_VNNI, t);
+	kpack_mfn fn = kpack_kernel_m(isa, t);
 	int64_t j0 = (int64_t)(rnd32() % n), j1 = j0 + 1 + (int64_t)(rnd32() % (n - j0));
 	int bad;
 
@@ -501,27 +501,33 @@ static int check_kpack32_rows(uint32_t t, int64_t n, int64_t nb, int m)
 
 START_TEST(kpack32_rows_match_gemm)
 {
+	static const enum qdot_isa isas[] = { QDOT_VNNI, QDOT_AVX2 };
 	static const int64_t nbs[] = { 1, 3, 18, 255, 256, 257, 520 };
 	static const int ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 33 };
 	int bad = 0, cases = 0;
 
-	if (!qdot_isa_supported(QDOT_VNNI)) {
-		printf("SKIP: no AVX-512 VNNI: the many-row kernels are not run here\n");
-		return;
-	}
-	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
-		ck_assert(!kpack_kernel_m(QDOT_AVX2, formats[f]));
-		if (!qdot_seq(QDOT_VNNI, formats[f])) {
-			ck_assert(!kpack_kernel_m(QDOT_VNNI, formats[f]));
+	for (size_t s = 0; s < sizeof(isas) / sizeof(isas[0]); s++) {
+		const enum qdot_isa isa = isas[s];
+
+		if (!qdot_isa_supported(isa)) {
+			printf("SKIP: no %s: its many-row kernels are not run here\n",
+			       qdot_isa_name(isa));
 			continue;
 		}
-		for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
-			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
-				bad += check_kpack32_rows(formats[f], 37, nbs[c], ms[i]) != 0;
-		/* a pass holds 4096 / rows blocks: one row past it, two, and
-		 * 17 (16, then 1) */
-		for (int m = 1; m <= 17; m += m == 1 ? 1 : 15, cases++)
-			bad += check_kpack32_rows(formats[f], 21, 4099, m) != 0;
+		for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+			if (!qdot_seq(isa, formats[f])) {
+				ck_assert(!kpack_kernel_m(isa, formats[f]));
+				continue;
+			}
+			for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
+				for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
+					bad += check_kpack32_rows(isa, formats[f], 37, nbs[c],
+								  ms[i]) != 0;
+			/* a pass holds 4096 / rows blocks: one row past it, two,
+			 * and 17 (16, then 1) */
+			for (int m = 1; m <= 17; m += m == 1 ? 1 : 15, cases++)
+				bad += check_kpack32_rows(isa, formats[f], 21, 4099, m) != 0;
+		}
 	}
 	printf("kpack many-row kernels: %d cases, %d off\n", cases, bad);
 	ck_assert_int_eq(bad, 0);
@@ -714,14 +720,15 @@ END_TEST
 
 /* The GEMVs at the largest sums their int16 steps can meet (extreme_w.h):
  * weights all at their largest u against activations all +127 and all
- * -127, every set's GGUF-layout kernel and packed kernel against its
- * reference (qdot_ref()) bit for bit. */
+ * -127, every set's GGUF-layout kernel, packed kernel and many-row packed
+ * kernel (4 rows) against its reference (qdot_ref()) bit for bit. */
 START_TEST(qdot_extreme_sums)
 {
 	enum { N = 16, NB = 24 };
 	static uint8_t w[N * NB * 34], p[N * NB * 40] __attribute__((aligned(64)));
-	static struct qdot_block q[NB];
-	static float x[NB * 32], sc[(NB + 15) / 16 * 32], y[N + 2];
+	enum { M = 4 };
+	static struct qdot_block q[NB], qm[M * NB];
+	static float x[NB * 32], sc[(NB + 15) / 16 * 32], y[N + 2], ym[M * N];
 	int bad = 0;
 
 	for (int f = 0; f < N_FORMATS; f++) {
@@ -740,6 +747,8 @@ START_TEST(qdot_extreme_sums)
 			qdot_quantize_row(x, q, NB * 32);
 			ck_assert_int_eq(q[0].q[0], 127 * sign);
 			qdot_row_scales(q, NB, sc);
+			for (int i = 0; i < M; i++)
+				memcpy(qm + i * NB, q, sizeof(q));
 			for (int i = 0; i < QDOT_N_ISA; i++) {
 				const float want = qdot_ref(i, t, w, q, NB);
 				kpack_fn fn = kpack_kernel(i, t);
@@ -756,6 +765,15 @@ START_TEST(qdot_extreme_sums)
 						       r < N ? r : r - 2, y[r], want);
 						bad++;
 					}
+				if (kpack_kernel_m(i, t)) {
+					kpack_kernel_m(i, t)(p, qm, M, NB, ym, N, 0, N);
+					for (int r = 0; r < M * N; r++)
+						if (memcmp(&ym[r], &want, 4)) {
+							printf("qdot %s type %u extreme x %+d many-row %d, row %d: %.9g vs %.9g\n",
+							       qdot_isa_name(i), t, sign, r / N, r % N, ym[r], want);
+							bad++;
+						}
+				}
 			}
 		}
 	}
