@@ -47,6 +47,10 @@
  * panels. 1B-shaped model, 1 thread, against qgemm: Q4_0 pp32 +35 %, pp64
  * +15 %, pp512 +7-9 %; Q8_0 pp64 +5-19 %, pp128 +6-9 %, pp512 +2-4 %.
  * Where AMX tiles run qgemm (LOOM_CPU_ISA=amx, amx-emu), qgemm keeps them.
+ * AVX2's many-row GEMV takes only batches below BLAS_MIN_M: from 16 rows
+ * its qgemm (int16 sums, two activation rows a pass over both halves of a
+ * panel) was ahead, 1B-shaped Q4_0 at 1 thread: pp16 50.8 against 46.7
+ * t/s, pp64 60.1 against 47.3.
  */
 #define SEQ_GEMV_MAX_M 512
 
@@ -837,7 +841,8 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	if (!ctx->exact && qdot_format(a->w_type) && a->k > 0 &&
 	    (ctx->invariant || a->m < BLAS_MIN_M || !blas_fits(a) ||
 	     (t.packed && a->m <= SEQ_GEMV_MAX_M && ctx->amx == AMX_OFF &&
-	      qdot_seq(ctx->qisa, a->w_type) && kpack_kernel_m(ctx->qisa, a->w_type))))
+	      ctx->qisa == QDOT_VNNI && qdot_seq(ctx->qisa, a->w_type) &&
+	      kpack_kernel_m(ctx->qisa, a->w_type))))
 		return qdot_gemm(&t, nth);
 	qgemm_ok = !ctx->exact && ctx->qgemm && !ctx->invariant &&
 		   qgemm_supported(ctx->qisa, a->w_type) && a->k > 0;
