@@ -372,6 +372,105 @@ KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q45k_avxvnni, false, KP_Q4K)
 KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q45k_avxvnni, true, KP_Q5K)
 KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, false, KP_Q6K)
 
+/*
+ * Q4_K and Q5_K for up to SEQ_X_K activation rows at once (kpack_kernel_m()
+ * on AVX2): each sub-block's nibble vectors are split once and serve every
+ * row, each row taking q45k_sub_avx2()'s int16 sums and Q45K_HALF's float
+ * steps, so its bits are the one-row kernel's; the rows' group terms wait
+ * in memory until the super-block's two fmas.
+ */
+#define SEQ_X_K 4
+
+TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot_kblock *x,
+				  int64_t xr, int h, int X, __m256 *acc)
+{
+	__m256 P[SEQ_X_K][8], Q[SEQ_X_K][8];
+
+	for (int s = 0; s < 8; s++) {
+		const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+		const __m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();
+		const __m256i sc = sc_pairs(p + KP_SC + 16 * s + 8 * h);
+		const __m256i mn = _mm256_cvtepu8_epi32(
+			_mm_loadl_epi64((const __m128i *)(p + KP_MN + 16 * s + 8 * h)));
+		__m256i lo[4], hi[4];
+
+		for (int v = 0; v < 4; v++)
+			q45k_split8(five, q, fh, v, h, &lo[v], &hi[v]);
+		for (int i = 0; i < X; i++) {
+			const struct qdot_kblock *xi = x + i * xr;
+			const int8_t *xq = xi->q + 32 * s;
+			const int bs = xi->bsums[2 * s] + xi->bsums[2 * s + 1];
+			__m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256(), sum;
+
+			for (int v = 0; v < 4; v++) {
+				a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(lo[v], x4(xq + 8 * v)));
+				a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(hi[v], x4(xq + 8 * v + 4)));
+			}
+			sum = five ? _mm256_add_epi32(_mm256_madd_epi16(a0, sc), _mm256_madd_epi16(a1, sc)) :
+				     _mm256_madd_epi16(_mm256_add_epi16(a0, a1), sc);
+			P[i][s] = grp_term(sum, xi, s);
+			Q[i][s] = grp_term(_mm256_mullo_epi32(_mm256_set1_epi32(bs), mn), xi, s);
+		}
+	}
+	for (int i = 0; i < X; i++)
+		acc[i] = kp_finish(p, h, P[i], Q[i], acc[i]);
+}
+
+/* kpack_mfn of Q4_K / Q5_K: rows [j0, j1) of w against m rows x + i * nb,
+ * half group by half group, SEQ_X_K rows a pass (X a constant, case by
+ * case, so the row loops unroll). */
+TGT_AVX2 ALWAYS void q45k_rows_x(bool five, const uint8_t *w, const struct qdot_kblock *x,
+				 int m, int64_t nb, float *y, int64_t ys, int64_t j0, int64_t j1)
+{
+	const size_t bytes = five ? KP_Q5K : KP_Q4K, gb = (size_t)nb * bytes;
+
+	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
+		const uint8_t *p = w + (size_t)g * gb;
+
+		for (int h = 0; h < 2; h++) {
+			const int64_t r0 = g * KPACK_ROWS + 8 * h;
+			int64_t lo, hi;
+
+			if (!rows_in(r0, j0, j1, &lo, &hi))
+				continue;
+			for (int i = 0; i < m; i += SEQ_X_K) {
+				const int X = m - i < SEQ_X_K ? m - i : SEQ_X_K;
+				__m256 acc[SEQ_X_K];
+
+				for (int k = 0; k < SEQ_X_K; k++)
+					acc[k] = _mm256_setzero_ps();
+#define Q45K_X(X_)                                                                         \
+	for (int64_t b = 0; b < nb; b++) {                                                 \
+		if (h == 0 && i == 0)                                                      \
+			kpack_prefetch(p + b * bytes, bytes);                              \
+		q45k_block_x(five, p + b * bytes, x + i * nb + b, nb, h, X_, acc);         \
+	}
+				switch (X) {
+				case 1: Q45K_X(1) break;
+				case 2: Q45K_X(2) break;
+				case 3: Q45K_X(3) break;
+				default: Q45K_X(4) break;
+				}
+#undef Q45K_X
+				for (int k = 0; k < X; k++)
+					store_rows(acc[k], r0, lo, hi, j0, y + (i + k) * ys);
+			}
+		}
+	}
+}
+
+TGT_AVX2 static void q4k_avx2_m(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
+				int64_t ys, int64_t j0, int64_t j1)
+{
+	q45k_rows_x(false, w, x, m, nb, y, ys, j0, j1);
+}
+
+TGT_AVX2 static void q5k_avx2_m(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
+				int64_t ys, int64_t j0, int64_t j1)
+{
+	q45k_rows_x(true, w, x, m, nb, y, ys, j0, j1);
+}
+
 /* ---- the 32-value formats ---- */
 
 /*
@@ -840,6 +939,8 @@ kpack_mfn kpack_kernel_m_256(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_1: return q4_1_avx2_m;
 	case LOOM_TYPE_Q5_0: return q5_0_avx2_m;
 	case LOOM_TYPE_Q5_1: return q5_1_avx2_m;
+	case LOOM_TYPE_Q4_K: return q4k_avx2_m;
+	case LOOM_TYPE_Q5_K: return q5k_avx2_m;
 	default: return NULL;
 	}
 }

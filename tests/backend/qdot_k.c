@@ -541,7 +541,8 @@ START_TEST(kpanel_special_scales)
 END_TEST
 
 /*
- * The many-row kernels (kpack_kernel_m(), AVX-512 VNNI: Q4_K, Q5_K, Q6_K):
+ * The many-row kernels (kpack_kernel_m(): AVX-512 VNNI, Q4_K, Q5_K, Q6_K;
+ * AVX2, Q4_K and Q5_K):
  * m activation rows at once over a random row range, each row bit for bit
  * qdot_k_ref() (the one-row kernels' bits), nothing written outside the
  * range or the rows.
@@ -561,14 +562,14 @@ static float want_rows_k(const void *ctx, int i, int64_t j)
 	return qdot_k_ref(c->t, c->w + j * c->ws, c->q + i * c->nb, c->nb);
 }
 
-static int check_kpack_rows(uint32_t t, int64_t n, int64_t nb, int m)
+static int check_kpack_rows(enum qdot_isa isa, uint32_t t, int64_t n, int64_t nb, int m)
 {
 	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
 	uint8_t *w = malloc(n * ws);
 	uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
 	float *x = malloc(nb * 256 * sizeof(float));
 	struct qdot_kblock *q = malloc(m * nb * sizeof(*q));
-	kpack_mfn fn = kpack_kernel_m(QDOT_VNNI, t);
+	kpack_mfn fn = kpack_kernel_m(isa, t);
 	int64_t j0 = (int64_t)(rnd32() % n), j1 = j0 + 1 + (int64_t)(rnd32() % (n - j0));
 	int bad;
 
@@ -590,19 +591,29 @@ static int check_kpack_rows(uint32_t t, int64_t n, int64_t nb, int m)
 
 START_TEST(kpack_rows_match_reference)
 {
+	static const enum qdot_isa isas[] = { QDOT_VNNI, QDOT_AVX2 };
 	static const uint32_t types[] = { LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K };
 	static const int ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17 };
 	int bad = 0, cases = 0;
 
-	if (!qdot_isa_supported(QDOT_VNNI)) {
-		printf("SKIP: no AVX-512 VNNI: the many-row kernels are not run here\n");
-		return;
+	for (size_t s = 0; s < sizeof(isas) / sizeof(isas[0]); s++) {
+		if (!qdot_isa_supported(isas[s])) {
+			printf("SKIP: no %s: its many-row kernels are not run here\n",
+			       qdot_isa_name(isas[s]));
+			continue;
+		}
+		for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
+			/* AVX2 has none for Q6_K */
+			if (isas[s] == QDOT_AVX2 && types[f] == LOOM_TYPE_Q6_K) {
+				ck_assert(!kpack_kernel_m(isas[s], types[f]));
+				continue;
+			}
+			for (int64_t nb = 1; nb <= 4; nb += 3)
+				for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
+					bad += check_kpack_rows(isas[s], types[f], 37, nb,
+								ms[i]) != 0;
+		}
 	}
-	ck_assert(!kpack_kernel_m(QDOT_AVX2, LOOM_TYPE_Q4_K));
-	for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++)
-		for (int64_t nb = 1; nb <= 4; nb += 3)
-			for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
-				bad += check_kpack_rows(types[f], 37, nb, ms[i]) != 0;
 	printf("kpack many-row K kernels: %d cases, %d off\n", cases, bad);
 	ck_assert_int_eq(bad, 0);
 }
