@@ -142,9 +142,8 @@ kpack_fn kpack_kernel(enum qdot_isa isa, uint32_t type);
  * the weights are read and unpacked once for up to 8 rows. */
 typedef void (*kpack_mfn)(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
 			  int64_t ys, int64_t j0, int64_t j1);
-/* The many-row kernel where there is one (AVX-512 VNNI: the 32-value
- * formats but MXFP4, Q4_K, Q5_K, Q6_K; AVX2: the 32-value formats but
- * MXFP4), else NULL. */
+/* The many-row kernel where there is one (AVX-512 VNNI and AVX2: the
+ * 32-value formats but MXFP4, Q4_K, Q5_K, Q6_K), else NULL. */
 kpack_mfn kpack_kernel_m(enum qdot_isa isa, uint32_t type);
 
 /* The first byte of the group that holds row j0 of the packed weight w. */

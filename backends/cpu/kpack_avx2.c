@@ -373,8 +373,8 @@ KQ_ROWS(TGT_AVXVNNI, q5k_rows_avxvnni, q45k_avxvnni, true, KP_Q5K)
 KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, false, KP_Q6K)
 
 /*
- * Q4_K and Q5_K for up to SEQ_X_K activation rows at once (kpack_kernel_m()
- * on AVX2): each sub-block's nibble vectors are split once and serve every
+ * Q4_K, Q5_K (and Q6_K below) for up to SEQ_X_K activation rows at once
+ * (kpack_kernel_m() on AVX2): each sub-block's nibble vectors are split once and serve every
  * row, each row taking q45k_sub_avx2()'s int16 sums and Q45K_HALF's float
  * steps, so its bits are the one-row kernel's; the rows' group terms wait
  * in memory until the super-block's two fmas.
@@ -416,60 +416,103 @@ TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot
 		acc[i] = kp_finish(p, h, P[i], Q[i], acc[i]);
 }
 
-/* kpack_mfn of Q4_K / Q5_K: rows [j0, j1) of w against m rows x + i * nb,
- * half group by half group, SEQ_X_K rows a pass (X a constant, case by
- * case, so the row loops unroll). */
-TGT_AVX2 ALWAYS void q45k_rows_x(bool five, const uint8_t *w, const struct qdot_kblock *x,
-				 int m, int64_t nb, float *y, int64_t ys, int64_t j0, int64_t j1)
+/* The same for Q6_K: each sub-block of 16 values unpacked once, each row
+ * taking q6k_avx2()'s steps. */
+TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdot_kblock *x,
+				 int64_t xr, int h, int X, __m256 *acc)
 {
-	const size_t bytes = five ? KP_Q5K : KP_Q4K, gb = (size_t)nb * bytes;
+	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+	__m256i isum[SEQ_X_K];
+	__m256 P[SEQ_X_K][8];
 
-	for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {
-		const uint8_t *p = w + (size_t)g * gb;
+	(void)unused;
+	for (int i = 0; i < X; i++)
+		isum[i] = _mm256_setzero_si256();
+	for (int k = 0; k < 16; k++) {
+		const uint8_t *q = p + KP_Q + KP6_SUB * k;
+		const __m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h);
+		const __m256i u0 = _mm256_or_si256(_mm256_and_si256(w0, m4),
+						   _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+		const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
+						   _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+		const __m256i u2 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(hb, m2));
+		const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
+						   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+		const __m128i sv = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * k + 8 * h));
+		const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv));
 
-		for (int h = 0; h < 2; h++) {
-			const int64_t r0 = g * KPACK_ROWS + 8 * h;
-			int64_t lo, hi;
+		for (int i = 0; i < X; i++) {
+			const struct qdot_kblock *xi = x + i * xr;
+			const int8_t *xq = xi->q + 16 * k;
+			__m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x4(xq)),
+						      _mm256_maddubs_epi16(u1, x4(xq + 4)));
+			__m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, x4(xq + 8)),
+						      _mm256_maddubs_epi16(u3, x4(xq + 12)));
 
-			if (!rows_in(r0, j0, j1, &lo, &hi))
-				continue;
-			for (int i = 0; i < m; i += SEQ_X_K) {
-				const int X = m - i < SEQ_X_K ? m - i : SEQ_X_K;
-				__m256 acc[SEQ_X_K];
-
-				for (int k = 0; k < SEQ_X_K; k++)
-					acc[k] = _mm256_setzero_ps();
-#define Q45K_X(X_)                                                                         \
-	for (int64_t b = 0; b < nb; b++) {                                                 \
-		if (h == 0 && i == 0)                                                      \
-			kpack_prefetch(p + b * bytes, bytes);                              \
-		q45k_block_x(five, p + b * bytes, x + i * nb + b, nb, h, X_, acc);         \
-	}
-				switch (X) {
-				case 1: Q45K_X(1) break;
-				case 2: Q45K_X(2) break;
-				case 3: Q45K_X(3) break;
-				default: Q45K_X(4) break;
-				}
-#undef Q45K_X
-				for (int k = 0; k < X; k++)
-					store_rows(acc[k], r0, lo, hi, j0, y + (i + k) * ys);
+			isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p0, sc),
+									     _mm256_madd_epi16(p1, sc)));
+			isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(sc,
+						   _mm256_set1_epi16((short)(-16 * xi->bsums[k]))));
+			if (k % 2) {
+				P[i][k / 2] = grp_term(isum[i], xi, k / 2);
+				isum[i] = _mm256_setzero_si256();
 			}
 		}
 	}
+	for (int i = 0; i < X; i++)
+		acc[i] = kp_finish(p, h, P[i], NULL, acc[i]);
 }
 
-TGT_AVX2 static void q4k_avx2_m(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
-				int64_t ys, int64_t j0, int64_t j1)
-{
-	q45k_rows_x(false, w, x, m, nb, y, ys, j0, j1);
-}
+/* kpack_mfn of a K-quant: rows [j0, j1) of w against m rows x + i * nb,
+ * half group by half group, SEQ_X_K rows a pass (X a constant, case by
+ * case, so the row loops unroll); block(v, p, x, xr, h, X, acc) is one
+ * super-block of `bytes`. */
+#define KQ_ROWS_X(name, block, v, bytes)                                                   \
+	TGT_AVX2 static void name(const uint8_t *w, const void *xv, int m, int64_t nb,        \
+				  float *y, int64_t ys, int64_t j0, int64_t j1)              \
+	{                                                                                  \
+		const struct qdot_kblock *x = xv;                                           \
+		const size_t gb = (size_t)nb * (bytes);                                     \
+                                                                                           \
+		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
+			const uint8_t *p = w + (size_t)g * gb;                              \
+                                                                                           \
+			for (int h = 0; h < 2; h++) {                                       \
+				const int64_t r0 = g * KPACK_ROWS + 8 * h;                  \
+				int64_t lo, hi;                                             \
+                                                                                           \
+				if (!rows_in(r0, j0, j1, &lo, &hi))                         \
+					continue;                                           \
+				for (int i = 0; i < m; i += SEQ_X_K) {                       \
+					const int X = m - i < SEQ_X_K ? m - i : SEQ_X_K;     \
+					__m256 acc[SEQ_X_K];                                \
+                                                                                           \
+					for (int k = 0; k < SEQ_X_K; k++)                    \
+						acc[k] = _mm256_setzero_ps();               \
+					switch (X) {                                         \
+					case 1: KQ_PASS(block, v, bytes, 1); break;          \
+					case 2: KQ_PASS(block, v, bytes, 2); break;          \
+					case 3: KQ_PASS(block, v, bytes, 3); break;          \
+					default: KQ_PASS(block, v, bytes, 4); break;         \
+					}                                                    \
+					for (int k = 0; k < X; k++)                          \
+						store_rows(acc[k], r0, lo, hi, j0,          \
+							   y + (i + k) * ys);               \
+				}                                                            \
+			}                                                                   \
+		}                                                                          \
+	}
+/* The pass over a half group's super-blocks (the first prefetches). */
+#define KQ_PASS(block, v, bytes, X_)                                                       \
+	for (int64_t b = 0; b < nb; b++) {                                                 \
+		if (h == 0 && i == 0)                                                      \
+			kpack_prefetch(p + b * (bytes), (bytes));                          \
+		block((v), p + b * (bytes), x + i * nb + b, nb, h, (X_), acc);             \
+	}
 
-TGT_AVX2 static void q5k_avx2_m(const uint8_t *w, const void *x, int m, int64_t nb, float *y,
-				int64_t ys, int64_t j0, int64_t j1)
-{
-	q45k_rows_x(true, w, x, m, nb, y, ys, j0, j1);
-}
+KQ_ROWS_X(q4k_avx2_m, q45k_block_x, false, KP_Q4K)
+KQ_ROWS_X(q5k_avx2_m, q45k_block_x, true, KP_Q5K)
+KQ_ROWS_X(q6k_avx2_m, q6k_block_x, false, KP_Q6K)
 
 /* ---- the 32-value formats ---- */
 
@@ -941,6 +984,7 @@ kpack_mfn kpack_kernel_m_256(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q5_1: return q5_1_avx2_m;
 	case LOOM_TYPE_Q4_K: return q4k_avx2_m;
 	case LOOM_TYPE_Q5_K: return q5k_avx2_m;
+	case LOOM_TYPE_Q6_K: return q6k_avx2_m;
 	default: return NULL;
 	}
 }

@@ -541,8 +541,8 @@ START_TEST(kpanel_special_scales)
 END_TEST
 
 /*
- * The many-row kernels (kpack_kernel_m(): AVX-512 VNNI, Q4_K, Q5_K, Q6_K;
- * AVX2, Q4_K and Q5_K):
+ * The many-row kernels (kpack_kernel_m(), AVX-512 VNNI and AVX2: Q4_K, Q5_K,
+ * Q6_K):
  * m activation rows at once over a random row range, each row bit for bit
  * qdot_k_ref() (the one-row kernels' bits), nothing written outside the
  * range or the rows.
@@ -603,11 +603,6 @@ START_TEST(kpack_rows_match_reference)
 			continue;
 		}
 		for (size_t f = 0; f < sizeof(types) / sizeof(types[0]); f++) {
-			/* AVX2 has none for Q6_K */
-			if (isas[s] == QDOT_AVX2 && types[f] == LOOM_TYPE_Q6_K) {
-				ck_assert(!kpack_kernel_m(isas[s], types[f]));
-				continue;
-			}
 			for (int64_t nb = 1; nb <= 4; nb += 3)
 				for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases++)
 					bad += check_kpack_rows(isas[s], types[f], 37, nb,
