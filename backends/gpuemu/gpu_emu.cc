@@ -205,8 +205,9 @@ void fiber_start(fiber *f)
 	f->sp = sp;
 #else
 	getcontext(&f->uc);
-	f->uc.uc_stack.ss_sp = f->stack - STACK_BYTES;
-	f->uc.uc_stack.ss_size = STACK_BYTES;
+	/* the top is staggered down by less than a page (worker_prepare) */
+	f->uc.uc_stack.ss_sp = f->stack - (STACK_BYTES - 4096);
+	f->uc.uc_stack.ss_size = STACK_BYTES - 4096;
 	f->uc.uc_link = NULL;
 	makecontext(&f->uc, fiber_main_uc, 0);
 #endif
@@ -265,6 +266,15 @@ void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 			if (w->fibers[i].state == WAIT_WARP && w->fibers[i].xsrc)
 				x = &w->fibers[i];
 		if (x) {
+			for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
+				const fiber *o = &w->fibers[i];
+
+				if (o->state == WAIT_WARP && o->xsrc && o->xbytes != x->xbytes) {
+					fprintf(stderr, "gpu_emu: lanes of a warp gather pass %zu and "
+						"%zu bytes\n", x->xbytes, o->xbytes);
+					abort();
+				}
+			}
 			gather_lanes(w, base, x->xbytes, warp_buf(w, warp_index));
 			w->warp_claimed[warp_index] = false;
 		}

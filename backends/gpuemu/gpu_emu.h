@@ -117,12 +117,6 @@ inline int __dp4a(int a, int b, int c)
 	return c;
 }
 
-/* Every live lane of the warp passes `bytes` at mine; once all have,
- * each gets all lanes' bytes in lane order at all (warp * bytes). Returns
- * the caller's lane. */
-unsigned emu_warp_exchange(const void *mine, void *all, size_t bytes);
-
-
 /*
  * A warp exchange whose result the warp shares: every live lane passes
  * `bytes` (at most EMU_GATHER_BYTES, the same on every lane) at mine;
