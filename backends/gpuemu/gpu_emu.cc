@@ -235,17 +235,23 @@ void release(worker *w, const fiber *cur, int state, int warp_index)
 }
 
 /* Every lane's bytes of the warp at base, in lane order, to dst: zeros for
- * a lane that is not in a gather of that size (finished, or past the
- * block). */
+ * a lane that is not in the gather (finished, or past the block). Lanes
+ * that pass another size are a kernel's bug, reported. */
 void gather_lanes(const worker *w, unsigned base, size_t bytes, unsigned char *dst)
 {
 	for (unsigned lane = 0; lane < w->warp; lane++, dst += bytes) {
 		const fiber *o = base + lane < w->n ? &w->fibers[base + lane] : NULL;
 
-		if (o && o->state == WAIT_WARP && o->xsrc && o->xbytes == bytes)
+		if (o && o->state == WAIT_WARP && o->xsrc) {
+			if (o->xbytes != bytes) {
+				fprintf(stderr, "gpu_emu: lanes of a warp gather pass %zu and %zu bytes\n",
+					bytes, o->xbytes);
+				abort();
+			}
 			memcpy(dst, o->xsrc, bytes);
-		else
+		} else {
 			memset(dst, 0, bytes);
+		}
 	}
 }
 
@@ -266,15 +272,6 @@ void check_barriers(worker *w, const fiber *cur, unsigned warp_index)
 			if (w->fibers[i].state == WAIT_WARP && w->fibers[i].xsrc)
 				x = &w->fibers[i];
 		if (x) {
-			for (unsigned i = base; i < base + w->warp && i < w->n; i++) {
-				const fiber *o = &w->fibers[i];
-
-				if (o->state == WAIT_WARP && o->xsrc && o->xbytes != x->xbytes) {
-					fprintf(stderr, "gpu_emu: lanes of a warp gather pass %zu and "
-						"%zu bytes\n", x->xbytes, o->xbytes);
-					abort();
-				}
-			}
 			gather_lanes(w, base, x->xbytes, warp_buf(w, warp_index));
 			w->warp_claimed[warp_index] = false;
 		}
