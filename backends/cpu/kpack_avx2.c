@@ -463,6 +463,61 @@ TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdo
 		acc[i] = kp_finish(p, h, P[i], NULL, acc[i]);
 }
 
+/* The same for Q2_K (q3: Q3_K): each sub-block's 2-bit (3-bit) values
+ * unpacked once, each row taking kq_avx2()'s int16 steps. */
+TGT_AVX2 ALWAYS void kq_block_x(bool q3, const uint8_t *p, const struct qdot_kblock *x,
+				int64_t xr, int h, int X, __m256 *acc)
+{
+	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+	const __m128i n4 = _mm_set1_epi8(15);
+	__m256i isum[SEQ_X_K], msum[SEQ_X_K];
+	__m256 P[SEQ_X_K][8], Q[SEQ_X_K][8];
+
+	for (int r = 0; r < X; r++)
+		isum[r] = msum[r] = _mm256_setzero_si256();
+	for (int i = 0; i < 16; i++) {
+		const __m256i w = half(p + KP_Q + 64 * i, h);
+		const __m256i hb = q3 ? half(p + KP3_H + 64 * (i / 2), h) : _mm256_setzero_si256();
+		const __m128i sb = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
+		const __m128i sv = q3 ? sb : _mm_and_si128(sb, n4), sp = _mm_unpacklo_epi8(sv, sv);
+		const __m256i sc = q3 ? _mm256_cvtepi8_epi16(sp) : _mm256_cvtepu8_epi16(sp);
+		const __m256i mn = _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), n4));
+		__m256i u[4];
+
+		for (int c = 0; c < 4; c++) {
+			const int sh = c + 4 * (i % 2);
+
+			u[c] = _mm256_and_si256(c ? _mm256_srli_epi16(w, 2 * c) : w, m2);
+			if (q3)
+				u[c] = _mm256_or_si256(u[c], _mm256_and_si256(
+					sh >= 2 ? _mm256_srli_epi16(hb, sh - 2) : _mm256_slli_epi16(hb, 2 - sh),
+					b2));
+		}
+		for (int r = 0; r < X; r++) {
+			const struct qdot_kblock *xrow = x + r * xr;
+			__m256i a16 = _mm256_setzero_si256();
+
+			for (int c = 0; c < 4; c++)
+				a16 = _mm256_add_epi16(a16, _mm256_maddubs_epi16(
+					u[c], x4(xrow->q + 16 * i + 4 * c)));
+			isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(a16, sc));
+			if (q3)
+				isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(sc,
+					_mm256_set1_epi16((short)(-2 * xrow->bsums[i]))));
+			else
+				msum[r] = _mm256_add_epi32(msum[r], _mm256_mullo_epi32(
+					_mm256_set1_epi32(xrow->bsums[i]), mn));
+			if (i % 2) {
+				P[r][i / 2] = grp_term(isum[r], xrow, i / 2);
+				Q[r][i / 2] = grp_term(msum[r], xrow, i / 2);
+				isum[r] = msum[r] = _mm256_setzero_si256();
+			}
+		}
+	}
+	for (int r = 0; r < X; r++)
+		acc[r] = kp_finish(p, h, P[r], q3 ? NULL : Q[r], acc[r]);
+}
+
 /* kpack_mfn of a K-quant: rows [j0, j1) of w against m rows x + i * nb,
  * half group by half group, SEQ_X_K rows a pass (X a constant, case by
  * case, so the row loops unroll); block(v, p, x, xr, h, X, acc) is one
@@ -510,6 +565,8 @@ TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdo
 		block((v), p + b * (bytes), x + i * nb + b, nb, h, (X_), acc);             \
 	}
 
+KQ_ROWS_X(q2k_avx2_m, kq_block_x, false, KP_Q2K)
+KQ_ROWS_X(q3k_avx2_m, kq_block_x, true, KP_Q3K)
 KQ_ROWS_X(q4k_avx2_m, q45k_block_x, false, KP_Q4K)
 KQ_ROWS_X(q5k_avx2_m, q45k_block_x, true, KP_Q5K)
 KQ_ROWS_X(q6k_avx2_m, q6k_block_x, false, KP_Q6K)
@@ -982,6 +1039,8 @@ kpack_mfn kpack_kernel_m_256(enum qdot_isa isa, uint32_t type)
 	case LOOM_TYPE_Q4_1: return q4_1_avx2_m;
 	case LOOM_TYPE_Q5_0: return q5_0_avx2_m;
 	case LOOM_TYPE_Q5_1: return q5_1_avx2_m;
+	case LOOM_TYPE_Q2_K: return q2k_avx2_m;
+	case LOOM_TYPE_Q3_K: return q3k_avx2_m;
 	case LOOM_TYPE_Q4_K: return q4k_avx2_m;
 	case LOOM_TYPE_Q5_K: return q5k_avx2_m;
 	case LOOM_TYPE_Q6_K: return q6k_avx2_m;
