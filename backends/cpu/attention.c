@@ -837,6 +837,316 @@ static void attn_rows_avx512(const struct attn_task *tk, float *scratch, int64_t
 	default: attn_rows_avx512_4(tk, scratch, s, h0, row0, pos0, R, half); break;
 	}
 }
+/*
+ * The many-row kernel on 8-lane vectors (AVX2 machines, head_dim a
+ * multiple of 8): R consecutive causal rows and the n heads of one KV
+ * head share each K and V row, as attn_rows_avx512_t() does, and a pair's
+ * arithmetic is attn_row_avx2_t()'s for its row and head alone: dot8()'s
+ * two accumulators (s0 over the 16-value steps' first 8 values, s1 over
+ * their second), hsum8() of s0 + s1, scale, soft cap, the maximum over the
+ * row's keys only, softmax_weights() over those, and the V sums as the
+ * same fused multiply-adds in position order. R = 1 with a part (sp)
+ * serves a split decode row. tests/backend/attn_group.c holds every
+ * output to the one-row kernel's bits (LOOM_CPU_ATTN_GROUP=0).
+ */
+#define PAIRS_256 12
+
+/* cpu_avx2_hsum() of 8 vectors at once: lane i is v[i]'s sum, added in
+ * its order (a_l = v_l + v_(l+4), b_l = a_l + a_(l+2), b_0 + b_1), 22
+ * instructions for 8 keys where one key's reduction took about 6. */
+CPU_TGT_AVX2 CPU_INLINE __m256 hsum8(const __m256 v[8])
+{
+	__m256 A[4], B[2], C;
+
+	for (int k = 0; k < 4; k++) /* halves: key 2k's a_0..3, key 2k+1's */
+		A[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
+				     _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+	for (int k = 0; k < 2; k++) /* halves: b_0, b_1 of keys 4k, 4k+2; 4k+1, 4k+3 */
+		B[k] = _mm256_add_ps(_mm256_shuffle_ps(A[2 * k], A[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+				     _mm256_shuffle_ps(A[2 * k], A[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	/* halves: keys 0, 2, 4, 6; 1, 3, 5, 7 */
+	C = _mm256_add_ps(_mm256_shuffle_ps(B[0], B[1], _MM_SHUFFLE(2, 0, 2, 0)),
+			  _mm256_shuffle_ps(B[0], B[1], _MM_SHUFFLE(3, 1, 3, 1)));
+	return _mm256_permutevar8x32_ps(C, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Lanes (all bits set) of the cnt keys from tb on that [lo, hi] holds. */
+CPU_TGT_AVX2 CPU_INLINE __m256i seen8(int64_t tb, int cnt, int64_t lo, int64_t hi)
+{
+	const int a = lo > tb ? (int)(lo - tb) : 0;
+	const int b = hi - tb < cnt - 1 ? (int)(hi - tb) : cnt - 1;
+	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+
+	if (a > b)
+		return _mm256_setzero_si256();
+	return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(a), lane),
+				   _mm256_cmpgt_epi32(_mm256_set1_epi32(b + 1), lane));
+}
+
+/* A pair's scores of the keys in `keep` from its 8 dot vectors: stored
+ * at sc (the block's first key), its running maximum per lane in *mxv
+ * (max_ps keeps the earlier of equal values and skips a NaN score, as
+ * `v > mx` does). */
+CPU_TGT_AVX2 CPU_INLINE void score_pair8(const struct loom_attention_args *a, const __m256 dots[8],
+					 __m256i keep, float *sc, __m256 *mxv)
+{
+	__m256 v = _mm256_mul_ps(hsum8(dots), _mm256_set1_ps(a->scale));
+
+	if (a->softcap > 0.0f) {
+		float x[8];
+
+		_mm256_storeu_ps(x, v);
+		for (int i = 0; i < 8; i++)
+			x[i] = a->softcap * tanhf(x[i] / a->softcap);
+		v = _mm256_loadu_ps(x);
+	}
+	_mm256_maskstore_ps(sc, keep, v);
+	*mxv = _mm256_blendv_ps(*mxv, _mm256_max_ps(v, *mxv), _mm256_castsi256_ps(keep));
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/* The dot vectors (s0 + s1) of one key for every live pair: 64 dims of
+ * the key at a time held in registers, each pair's two sums carried in
+ * `part` from one 64-dim slice to the next. */
+CPU_TGT_AVX2 CPU_INLINE void key_dots8(const void *k, int64_t hd, bool half, int n, int rmax,
+				       unsigned live, const float *const *q,
+				       __m256 dots[PAIRS_256][8], int slot)
+{
+	__m256 part[PAIRS_256][2]; /* read only after a slice wrote it */
+
+	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+		const int w = hd - d0 < 64 ? (int)(hd - d0) / 8 : 8;
+		const bool first = d0 == 0, last = d0 + 64 >= hd;
+		__m256 kv[8];
+
+		#pragma GCC unroll 8
+		for (int c = 0; c < 8; c++)
+			kv[c] = c < w ? ld8(k, d0 + 8 * c, half) : _mm256_setzero_ps();
+		#pragma GCC unroll 12
+		for (int r = 0; r < rmax; r++) {
+			if (!(live >> r & 1))
+				continue;
+			#pragma GCC unroll 4
+			for (int g = 0; g < n; g++) {
+				const int p = r * n + g;
+				const float *qp = q[r] + g * hd + d0;
+				__m256 s0 = first ? _mm256_setzero_ps() : part[p][0];
+				__m256 s1 = first ? _mm256_setzero_ps() : part[p][1];
+
+				#pragma GCC unroll 8
+				for (int c = 0; c < 8; c += 2) {
+					if (c < w)
+						s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c), kv[c], s0);
+					if (c + 1 < w)
+						s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c + 8),
+								     kv[c + 1], s1);
+				}
+				if (last) {
+					dots[p][slot] = _mm256_add_ps(s0, s1);
+				} else {
+					part[p][0] = s0;
+					part[p][1] = s1;
+				}
+			}
+		}
+	}
+}
+
+#pragma GCC diagnostic pop
+
+/* Scores of all pairs (pair p = r * n + g at sc + p * max_kv, key t at
+ * t - lo[0]) and their maxima per lane in mxv. rmax: R's bound (compile
+ * time). */
+CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int rmax, int R, const int64_t *lo,
+					  const int64_t *hi, const float *const *q, bool half,
+					  float *sc, __m256 *mxv)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
+	const size_t es = half ? 2 : 4;
+	const char *kc = (const char *)a->kcache;
+	__m256 dots[PAIRS_256][8];
+
+	for (int p = 0; p < rmax * n; p++)
+		mxv[p] = _mm256_set1_ps(-INFINITY);
+	for (int64_t t = lo[0], m, tb = lo[0]; t <= last;) {
+		int64_t e = kv_run_off(a, s, t, kvh, last, &m);
+
+		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
+		for (int64_t i = 0; i < m; i++, t++, e += stride) {
+			if (i + PF_ROWS < m)
+				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
+			key_dots8(kc + (size_t)e * es, hd, half, n, rmax,
+				  rows_seeing(lo, hi, R, t), q, dots, (int)(t - tb));
+			if (t - tb < 7 && t < last)
+				continue;
+			for (int r = 0; r < R; r++) {
+				const int cnt = (int)(t + 1 - tb);
+				const __m256i keep = seen8(tb, cnt, lo[r], hi[r]);
+
+				if (_mm256_testz_si256(keep, keep))
+					continue;
+				for (int g = 0; g < n; g++) {
+					const int p = r * n + g;
+
+					for (int c = cnt; c < 8; c++)
+						dots[p][c] = _mm256_setzero_ps();
+					score_pair8(a, dots[p], keep, sc + p * tk->max_kv + tb - lo[0],
+						    &mxv[p]);
+				}
+			}
+			tb = t + 1;
+		}
+	}
+}
+
+/* The weighted V sums of all pairs into acc (pair p at p * head_dim), W *
+ * 8 dims at a time (W: compile time, so the sums stay in registers). */
+CPU_TGT_AVX2 CPU_INLINE void rows_values8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int rmax, int W, int R, const int64_t *lo,
+					  const int64_t *hi, bool half, const float *sc, float *acc)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
+	const size_t es = half ? 2 : 4;
+	const char *vc = (const char *)a->vcache;
+	const int64_t max_kv = tk->max_kv;
+
+	for (int64_t d0 = 0; d0 < hd; d0 += 8 * W) {
+		const int w = hd - d0 < 8 * W ? (int)(hd - d0) / 8 : W;
+		__m256 r[PAIRS_256][4];
+
+		#pragma GCC unroll 12
+		for (int p = 0; p < rmax * n; p++)
+			#pragma GCC unroll 4
+			for (int j = 0; j < W; j++)
+				r[p][j] = _mm256_setzero_ps();
+		for (int64_t t = lo[0], m; t <= last;) {
+			int64_t e = kv_run_off(a, s, t, kvh, last, &m) + d0;
+
+			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 8 * es);
+			for (int64_t i = 0; i < m; i++, t++, e += stride) {
+				const void *v = vc + (size_t)e * es;
+				const unsigned live = rows_seeing(lo, hi, R, t);
+				__m256 vv[4] = { 0 }; /* (only j < w are read) */
+
+				if (i + PF_ROWS < m)
+					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
+					       (size_t)w * 8 * es);
+				#pragma GCC unroll 4
+				for (int j = 0; j < W; j++)
+					if (j < w)
+						vv[j] = ld8(v, 8 * j, half);
+				#pragma GCC unroll 12
+				for (int rr = 0; rr < rmax; rr++) {
+					if (!(live >> rr & 1))
+						continue;
+					#pragma GCC unroll 4
+					for (int g = 0; g < n; g++) {
+						const int p = rr * n + g;
+						__m256 wt = _mm256_broadcast_ss(&sc[p * max_kv + t - lo[0]]);
+
+						#pragma GCC unroll 4
+						for (int j = 0; j < W; j++)
+							if (j < w)
+								r[p][j] = _mm256_fmadd_ps(wt, vv[j], r[p][j]);
+					}
+				}
+			}
+		}
+		for (int p = 0; p < R * n; p++)
+			for (int j = 0; j < w; j++)
+				_mm256_storeu_ps(acc + p * hd + d0 + 8 * j, r[p][j]);
+	}
+}
+
+/* The largest of v's lanes (any order: only a zero's sign could differ,
+ * which no exp(v - mx) sees). */
+CPU_TGT_AVX2 CPU_INLINE float hmax8(__m256 v)
+{
+	__m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+	return _mm_cvtss_f32(x);
+}
+
+CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float *scratch, int64_t s,
+					      int64_t h0, int n, int rmax, int W, int64_t row0,
+					      int64_t pos0, int R, bool half,
+					      const struct attn_span *sp)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
+	float *acc = scratch, *sc = scratch + PAIRS_MAX * hd;
+	const float *q[PAIRS_256];
+	int64_t lo[PAIRS_256], hi[PAIRS_256];
+	__m256 mxv[PAIRS_256];
+	float mx[PAIRS_256], *w[PAIRS_256];
+	int64_t len[PAIRS_256];
+	double sum[PAIRS_256];
+
+	for (int r = 0; r < R; r++) {
+		attn_range(a, pos0 + r, sp, &lo[r], &hi[r]);
+		q[r] = a->q + (row0 + r) * a->q_stride + h0 * hd;
+	}
+	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, q, half, sc, mxv);
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++) {
+			const int p = r * n + g;
+
+			mx[p] = hmax8(mxv[p]);
+			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
+			len[p] = hi[r] + 1 - lo[r];
+			softmax_exp(tk, w[p], len[p], mx[p]);
+		}
+	pair_sums(w, len, R * n, rmax * n, sum);
+	rows_values8(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++)
+			attn_put(a, sp, row0 + r, h0 + g, acc + (r * n + g) * hd, mx[r * n + g],
+				 sum[r * n + g]);
+}
+
+/* One copy per group size and cache type: rows up to PAIRS_256 / N, V
+ * sums over as many 8-dim slices as leave the pairs' sums in registers. */
+#define ROWS8_MAX(N) (PAIRS_256 / (N))
+#define ROWS8_W(N) (ROWS8_MAX(N) * (N) <= 3 ? 4 : ROWS8_MAX(N) * (N) <= 6 ? 2 : 1)
+#define ATTN_ROWS8_N(N)                                                                   \
+	CPU_TGT_AVX2 static void attn_rows_avx2_##N(const struct attn_task *tk, float *scratch, \
+						    int64_t s, int64_t h0, int64_t row0,      \
+						    int64_t pos0, int R, bool half,           \
+						    const struct attn_span *sp)               \
+	{                                                                                 \
+		if (half)                                                                 \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N), ROWS8_W(N),  \
+					 row0, pos0, R, true, sp);                        \
+		else                                                                      \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N), ROWS8_W(N),  \
+					 row0, pos0, R, false, sp);                       \
+	}
+ATTN_ROWS8_N(1)
+ATTN_ROWS8_N(2)
+ATTN_ROWS8_N(3)
+ATTN_ROWS8_N(4)
+
+/* R <= ROWS8_MAX(n) rows (1 with a part), n heads. */
+static void attn_rows_avx2(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0,
+			   int n, int64_t row0, int64_t pos0, int R, bool half,
+			   const struct attn_span *sp)
+{
+	switch (n) {
+	case 1: attn_rows_avx2_1(tk, scratch, s, h0, row0, pos0, R, half, sp); break;
+	case 2: attn_rows_avx2_2(tk, scratch, s, h0, row0, pos0, R, half, sp); break;
+	case 3: attn_rows_avx2_3(tk, scratch, s, h0, row0, pos0, R, half, sp); break;
+	default: attn_rows_avx2_4(tk, scratch, s, h0, row0, pos0, R, half, sp); break;
+	}
+}
+
 #endif
 
 /* One query row of a unit: the AVX2 kernel where it applies, else the
@@ -857,7 +1167,20 @@ static void attn_one(const struct attn_task *tk, float *scratch, int64_t s, int6
 static bool group_kernel(const struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
 {
 #if defined(__x86_64__)
-	return ctx->isa == CPU_ISA_AVX512 && a->head_dim % 16 == 0;
+	return ctx->attn_group && ctx->isa == CPU_ISA_AVX512 && a->head_dim % 16 == 0;
+#else
+	(void)ctx, (void)a;
+	return false;
+#endif
+}
+
+/* Whether attn_rows_avx2() runs the groups (where the AVX-512 kernel does
+ * not). */
+static bool rows8_kernel(const struct loom_backend_ctx *ctx, const struct loom_attention_args *a)
+{
+#if defined(__x86_64__)
+	return ctx->attn_group && ctx->isa != CPU_ISA_SCALAR && a->head_dim % 8 == 0 &&
+	       !group_kernel(ctx, a);
 #else
 	(void)ctx, (void)a;
 	return false;
@@ -883,6 +1206,10 @@ static void attn_heads(const struct attn_task *tk, float *scratch, int64_t s, in
 #if defined(__x86_64__)
 	if (group_kernel(tk->ctx, tk->a)) {
 		attn_group_avx512(tk, scratch, s, h0, (int)tk->group, row, pos, half, sp);
+		return;
+	}
+	if (rows8_kernel(tk->ctx, tk->a)) {
+		attn_rows_avx2(tk, scratch, s, h0, (int)tk->group, row, pos, 1, half, sp);
 		return;
 	}
 	if (half) {
@@ -917,6 +1244,17 @@ static void attn_run(const struct attn_task *tk, float *scratch, int64_t s, int6
 			else
 				attn_rows_avx512(tk, scratch, s, h0, (int)tk->group, row0 + i,
 						 pos0 + i, (int)n, half);
+		}
+		return;
+	}
+	if (!sp && R > 1 && rows8_kernel(tk->ctx, tk->a)) {
+		const int64_t step = PAIRS_256 / tk->group, runs = (R + step - 1) / step;
+
+		for (int64_t k = 0; k < runs; k++) {
+			int64_t i = R * k / runs, n = R * (k + 1) / runs - i;
+
+			attn_rows_avx2(tk, scratch, s, h0, (int)tk->group, row0 + i, pos0 + i,
+				       (int)n, half, NULL);
 		}
 		return;
 	}
@@ -1097,7 +1435,8 @@ static int64_t heads_per_unit(const struct loom_backend_ctx *ctx,
 {
 	int64_t per_kv = a->n_heads / a->n_kv_heads;
 
-	if (!group_kernel(ctx, a) && (type == LOOM_TYPE_F32 || type == LOOM_TYPE_F16))
+	if (!group_kernel(ctx, a) && !rows8_kernel(ctx, a) &&
+	    (type == LOOM_TYPE_F32 || type == LOOM_TYPE_F16))
 		return 1;
 	for (int64_t g = GROUP_MAX; g > 1; g--)
 		if (per_kv % g == 0)

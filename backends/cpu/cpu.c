@@ -149,6 +149,8 @@ struct cpu_config {
 	bool pairs;       /* LOOM_CPU_BF16DOT=0: bf16 weights' fast prefill in f32 */
 	bool pack;        /* LOOM_CPU_PACK=0: weights stay in GGUF layout */
 	bool fuse;        /* LOOM_CPU_FUSE=0: step regions run call by call */
+	bool attn_group;  /* LOOM_CPU_ATTN_GROUP=0: attention a head and a row
+			   * at a time */
 };
 
 /* Whether a config of cfg->struct_size bytes holds the field that ends
@@ -199,6 +201,7 @@ static void read_config(const struct loom_backend_config *cfg, struct cpu_config
 	c->pairs = env_off("LOOM_CPU_BF16DOT");
 	c->pack = env_off("LOOM_CPU_PACK");
 	c->fuse = env_off("LOOM_CPU_FUSE");
+	c->attn_group = env_off("LOOM_CPU_ATTN_GROUP");
 }
 
 /* The kernel set: the best the CPU has, or the lesser one LOOM_CPU_ISA
@@ -283,6 +286,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->pairs = ctx->fgemm && c.pairs && fgemm_pairs_supported(ctx->isa);
 	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) && c.pack;
 	ctx->rg.fuse = c.fuse;
+	ctx->attn_group = c.attn_group;
 	ctx->amx = pick_amx(ctx, c.isa);
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));

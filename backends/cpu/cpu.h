@@ -377,6 +377,9 @@ struct loom_backend_ctx {
 	 * comparisons) */
 	bool qgemm;
 	bool fgemm; /* float prefill through fgemm.h, not OpenBLAS */
+	/* attention's grouped and many-row kernels (LOOM_CPU_ATTN_GROUP=0:
+	 * one head and one row at a time, for comparisons) */
+	bool attn_group;
 	bool pairs; /* fast mode: bf16 weights' prefill on bf16 pairs (fgemm.h) */
 	uint32_t *bfx; /* its activations as bf16 pairs */
 	size_t bfx_cap;

@@ -1,25 +1,27 @@
 /*
- * cpu.so's grouped attention kernel (AVX-512: the query heads of one KV
- * head share each cache row, and the scores of 16 keys are reduced at
- * once) against its one-head, one-key code (the AVX2 kernel set, chosen
- * with LOOM_CPU_ISA=avx2), bit for bit, in exact mode: every output of
- * prefill chunks, decode rows and rows with history, over f32 and f16
- * caches, group sizes 1 to 4, head sizes 32 to 256, key counts that fill
- * no 16-key block, one and several, with and without a window and a soft
- * cap; and the many-row kernel (consecutive causal rows of a prefill
- * chunk or a verification run sharing each cache row) over runs of 1 to
- * 17 rows after several histories, every shape, cache type, window and
- * soft cap (rows_sweep()): its outputs must be the one-row kernel's, so
- * a row that sees a key past its own position, or misses one, fails here.
- * (Fast mode's exponentials are per kernel set, so only exact mode
- * compares across sets.) A change in the order of any addition of a
- * score changes bits here.
+ * cpu.so's grouped attention kernels against its one-head, one-row code
+ * (LOOM_CPU_ISA=avx2 with LOOM_CPU_ATTN_GROUP=0), bit for bit: the
+ * AVX-512 kernels (the query heads of one KV head share each cache row,
+ * the scores of 16 keys reduced at once) in exact mode, and the AVX2
+ * ones (the same with 8 keys, hsum8()) in exact and fast mode (the same
+ * kernel set, so the same exponentials; fast mode also splits long
+ * decode rows into parts). Every output of prefill chunks, decode rows
+ * and rows with history, over f32 and f16 caches, group sizes 1 to 4,
+ * head sizes 32 to 256, key counts that fill no 8- or 16-key block, one
+ * and several, with and without a window and a soft cap; and the
+ * many-row kernels (consecutive causal rows of a prefill chunk or a
+ * verification run sharing each cache row) over runs of 1 to 17 rows
+ * after several histories, every shape, cache type, window and soft cap
+ * (rows_sweep()): their outputs must be the one-row kernel's, so a row
+ * that sees a key past its own position, or misses one, fails here. A
+ * change in the order of any addition of a score changes bits here.
  *
- * Usage: backend_attn_group. Skips (exit 77) on a CPU without AVX-512.
+ * Usage: backend_attn_group. Skips (exit 77) on a CPU without AVX2.
  */
 #include "check/tb.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,42 +149,52 @@ static int rows_sweep(struct dev *grouped, struct dev *single, const struct shap
 	return failures;
 }
 
-int main(void)
+/* Opens cpu.so with LOOM_CPU_ISA=isa (NULL: unset) and the grouped
+ * kernels on or off. */
+static int open_cpu(struct dev *d, const char *isa, bool group, unsigned flags)
+{
+	char err[512];
+
+	if (isa)
+		setenv("LOOM_CPU_ISA", isa, 1);
+	else
+		unsetenv("LOOM_CPU_ISA");
+	setenv("LOOM_CPU_ATTN_GROUP", group ? "1" : "0", 1);
+	if (dev_open_flags(d, "cpu.so", 1, flags, err, sizeof(err))) {
+		printf("FAIL cpu.so (LOOM_CPU_ISA=%s, grouped %d): %s\n", isa ? isa : "", group, err);
+		return 1;
+	}
+	return 0;
+}
+
+/* Every case with one kernel set's grouped kernels against the one-row
+ * kernel: the cases that differ. */
+static int sweep(const char *isa, unsigned flags, const char *what, int *cases)
 {
 	static const struct shape shapes[] = {
 		{ 4, 1, 64 }, { 9, 3, 64 }, { 6, 3, 128 }, { 4, 4, 32 }, { 8, 2, 256 }, { 6, 2, 48 },
 	};
 	/* a prefill chunk and a decode row; a chunk after history and a
-	 * decode row past 16 blocks; one key and 17 keys */
+	 * decode row past 16 blocks (fast mode: in parts); one key and 17
+	 * keys */
 	static const struct call calls[] = {
 		{ 2, { 0, 37, 38 }, { 37, 70 }, 5, 0, 0.0f, 0 },
 		{ 2, { 0, 5, 6 }, { 300, 600 }, 38, 0, 0.0f, 0 },
 		{ 3, { 0, 1, 18, 19 }, { 1, 17, 16 }, 2, 0, 0.0f, 0 },
 	};
 	struct dev grouped, single;
-	char err[512];
-	int failures = 0, cases = 0;
+	int failures = 0, n0 = *cases;
 
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-	    !__builtin_cpu_supports("avx512vl")) {
-		printf("SKIP: no AVX-512 here, so cpu.so has no grouped attention kernel\n");
-		return 77;
-	}
-	unsetenv("LOOM_CPU_ISA");
-	if (dev_open_flags(&grouped, "cpu.so", 1, LOOM_BACKEND_EXACT, err, sizeof(err))) {
-		printf("FAIL cpu.so: %s\n", err);
+	if (open_cpu(&grouped, isa, true, flags))
 		return 1;
-	}
-	setenv("LOOM_CPU_ISA", "avx2", 1);
-	if (dev_open_flags(&single, "cpu.so", 1, LOOM_BACKEND_EXACT, err, sizeof(err))) {
-		printf("FAIL cpu.so (LOOM_CPU_ISA=avx2): %s\n", err);
+	if (open_cpu(&single, "avx2", false, flags)) {
+		dev_close(&grouped);
 		return 1;
 	}
 	tb_seed(5);
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 		for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++)
-			for (int variant = 0; variant < 8; variant++, cases++) {
+			for (int variant = 0; variant < 8; variant++, (*cases)++) {
 				struct call call = calls[c];
 				int bad;
 
@@ -191,16 +203,36 @@ int main(void)
 				call.softcap = variant & 4 ? 3.0f : 0.0f;
 				bad = compare(&grouped, &single, &shapes[s], &call);
 				if (bad) {
-					printf("FAIL heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
-					       shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
+					printf("FAIL %s: heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
+					       what, shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
 					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
 					failures++;
 				}
 			}
-	failures += rows_sweep(&grouped, &single, shapes, &cases);
-	printf("%s: %d cases, %d differ from the one-head kernel\n", failures ? "FAIL" : "ok",
-	       cases, failures);
+	failures += rows_sweep(&grouped, &single, shapes, cases);
+	printf("%s: %s: %d cases, %d differ from the one-head kernel\n", failures ? "FAIL" : "ok",
+	       what, *cases - n0, failures);
 	dev_close(&grouped);
 	dev_close(&single);
+	return failures;
+}
+
+int main(void)
+{
+	int failures = 0, cases = 0;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+	    !__builtin_cpu_supports("f16c")) {
+		printf("SKIP: no AVX2 here, so cpu.so has no grouped attention kernel\n");
+		return 77;
+	}
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl"))
+		failures += sweep(NULL, LOOM_BACKEND_EXACT, "AVX-512, exact", &cases);
+	else
+		printf("SKIP: no AVX-512 here: its grouped kernels are not run\n");
+	failures += sweep("avx2", LOOM_BACKEND_EXACT, "AVX2, exact", &cases);
+	failures += sweep("avx2", 0, "AVX2, fast", &cases);
 	return failures ? 1 : 0;
 }
