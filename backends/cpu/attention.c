@@ -904,13 +904,32 @@ CPU_TGT_AVX2 CPU_INLINE void score_pair8(const struct loom_attention_args *a, co
 	*mxv = _mm256_blendv_ps(*mxv, _mm256_max_ps(v, *mxv), _mm256_castsi256_ps(keep));
 }
 
+/* One pair's two sums over 8 dims x 8 of the key's values kv from dim d
+ * of its query qp (c: the first of them is an s0 step). */
+CPU_TGT_AVX2 CPU_INLINE void dot_steps8(const float *qp, const __m256 *kv, int w, __m256 *s0,
+					__m256 *s1)
+{
+	#pragma GCC unroll 8
+	for (int c = 0; c < 8; c += 2) {
+		if (c < w)
+			*s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c), kv[c], *s0);
+		if (c + 1 < w)
+			*s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c + 8), kv[c + 1], *s1);
+	}
+}
+
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-/* The dot vectors (s0 + s1) of one key for every live pair: 64 dims of
- * the key at a time held in registers, each pair's two sums carried in
- * `part` from one 64-dim slice to the next. */
-CPU_TGT_AVX2 CPU_INLINE void key_dots8(const void *k, int64_t hd, bool half, int n, int rmax,
-				       unsigned live, const float *const *q,
+/*
+ * The dot vectors (s0 + s1) of one key for pairs 0 .. NP - 1 (NP at
+ * compile time; with `check`, only those whose bit is set in `live`) into
+ * dots[p][slot]: 64 dims of the key at a time held in registers, each
+ * pair's query read from memory (qp[p]), its two sums carried in `part`
+ * from one 64-dim slice to the next; a last slice of fewer dims
+ * (head_dim % 64) takes as many vectors as it has.
+ */
+CPU_TGT_AVX2 CPU_INLINE void key_dots8(const void *k, int64_t hd, bool half, int NP, bool check,
+				       unsigned live, const float *const *qp,
 				       __m256 dots[PAIRS_256][8], int slot)
 {
 	__m256 part[PAIRS_256][2]; /* read only after a slice wrote it */
@@ -922,52 +941,59 @@ CPU_TGT_AVX2 CPU_INLINE void key_dots8(const void *k, int64_t hd, bool half, int
 
 		#pragma GCC unroll 8
 		for (int c = 0; c < 8; c++)
-			kv[c] = c < w ? ld8(k, d0 + 8 * c, half) : _mm256_setzero_ps();
+			kv[c] = w == 8 || c < w ? ld8(k, d0 + 8 * c, half) : _mm256_setzero_ps();
 		#pragma GCC unroll 12
-		for (int r = 0; r < rmax; r++) {
-			if (!(live >> r & 1))
-				continue;
-			#pragma GCC unroll 4
-			for (int g = 0; g < n; g++) {
-				const int p = r * n + g;
-				const float *qp = q[r] + g * hd + d0;
-				__m256 s0 = first ? _mm256_setzero_ps() : part[p][0];
-				__m256 s1 = first ? _mm256_setzero_ps() : part[p][1];
+		for (int p = 0; p < NP; p++) {
+			__m256 s0 = first ? _mm256_setzero_ps() : part[p][0];
+			__m256 s1 = first ? _mm256_setzero_ps() : part[p][1];
 
-				#pragma GCC unroll 8
-				for (int c = 0; c < 8; c += 2) {
-					if (c < w)
-						s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c), kv[c], s0);
-					if (c + 1 < w)
-						s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * c + 8),
-								     kv[c + 1], s1);
-				}
-				if (last) {
-					dots[p][slot] = _mm256_add_ps(s0, s1);
-				} else {
-					part[p][0] = s0;
-					part[p][1] = s1;
-				}
+			if (check && !(live >> p & 1))
+				continue;
+			if (w == 8) /* (the whole slice: no test a vector) */
+				dot_steps8(qp[p] + d0, kv, 8, &s0, &s1);
+			else
+				dot_steps8(qp[p] + d0, kv, w, &s0, &s1);
+			if (last) {
+				dots[p][slot] = _mm256_add_ps(s0, s1);
+			} else {
+				part[p][0] = s0;
+				part[p][1] = s1;
 			}
 		}
 	}
 }
-
 #pragma GCC diagnostic pop
 
+/* Pairs (r * n + g) whose row sees key t, as bits. */
+static inline unsigned pairs_seeing(const int64_t *lo, const int64_t *hi, int R, int n, int64_t t)
+{
+	unsigned live = 0;
+
+	for (int r = 0; r < R; r++)
+		if (t >= lo[r] && t <= hi[r])
+			live |= ((1u << n) - 1) << (r * n);
+	return live;
+}
+
 /* Scores of all pairs (pair p = r * n + g at sc + p * max_kv, key t at
- * t - lo[0]) and their maxima per lane in mxv. rmax: R's bound (compile
- * time). */
+ * t - lo[0]; its query at qp[p]) and their maxima per lane in mxv. rmax:
+ * R's bound (compile time). */
 CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int rmax, int R, const int64_t *lo,
-					  const int64_t *hi, const float *const *q, bool half,
+					  const int64_t *hi, const float *const *qp, bool half,
 					  float *sc, __m256 *mxv)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
 	const size_t es = half ? 2 : 4;
 	const char *kc = (const char *)a->kcache;
+	int64_t all_lo = lo[0], all_hi = hi[0]; /* the keys every row sees */
 	__m256 dots[PAIRS_256][8];
+
+	for (int r = 1; r < R; r++) {
+		all_lo = lo[r] > all_lo ? lo[r] : all_lo;
+		all_hi = hi[r] < all_hi ? hi[r] : all_hi;
+	}
 
 	for (int p = 0; p < rmax * n; p++)
 		mxv[p] = _mm256_set1_ps(-INFINITY);
@@ -979,8 +1005,12 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			if (i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
-			key_dots8(kc + (size_t)e * es, hd, half, n, rmax,
-				  rows_seeing(lo, hi, R, t), q, dots, (int)(t - tb));
+			if (R == rmax && t >= all_lo && t <= all_hi)
+				key_dots8(kc + (size_t)e * es, hd, half, rmax * n, false, 0, qp, dots,
+					  (int)(t - tb));
+			else
+				key_dots8(kc + (size_t)e * es, hd, half, rmax * n, true,
+					  pairs_seeing(lo, hi, R, n, t), qp, dots, (int)(t - tb));
 			if (t - tb < 7 && t < last)
 				continue;
 			for (int r = 0; r < R; r++) {
@@ -1003,65 +1033,103 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 	}
 }
 
-/* The weighted V sums of all pairs into acc (pair p at p * head_dim), W *
- * 8 dims at a time (W: compile time, so the sums stay in registers). */
-CPU_TGT_AVX2 CPU_INLINE void rows_values8(const struct attn_task *tk, int64_t s, int64_t kvh,
-					  int n, int rmax, int W, int R, const int64_t *lo,
+/*
+ * The weighted V sums of the pairs of rows r0 .. r0 + RG - 1 (RG and n at
+ * compile time, RG * n <= 6) into acc (pair p at p * head_dim), 16 dims
+ * at a time: the 12 sums, two V vectors and a weight fill the 16 vector
+ * registers, and each key's weights are broadcast once for both vectors.
+ * Keys every row sees take no per-row test.
+ */
+CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int RG, int r0, const int64_t *lo,
 					  const int64_t *hi, bool half, const float *sc, float *acc)
 {
 	const struct loom_attention_args *a = tk->a;
-	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, max_kv = tk->max_kv;
 	const size_t es = half ? 2 : 4;
 	const char *vc = (const char *)a->vcache;
-	const int64_t max_kv = tk->max_kv;
+	int64_t first = lo[r0], last = hi[r0], all_lo = lo[r0], all_hi = hi[r0];
+	const float *w[6]; /* pair p's weight of key t at w[p][t] */
 
-	for (int64_t d0 = 0; d0 < hd; d0 += 8 * W) {
-		const int w = hd - d0 < 8 * W ? (int)(hd - d0) / 8 : W;
-		__m256 r[PAIRS_256][4];
+	for (int r = r0; r < r0 + RG; r++) {
+		first = lo[r] < first ? lo[r] : first;
+		last = hi[r] > last ? hi[r] : last;
+		all_lo = lo[r] > all_lo ? lo[r] : all_lo;
+		all_hi = hi[r] < all_hi ? hi[r] : all_hi;
+	}
+	#pragma GCC unroll 6
+	for (int p = 0; p < RG * n; p++)
+		w[p] = sc + (r0 * n + p) * max_kv - lo[0];
+	for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+		const bool two = d0 + 16 <= hd; /* else one vector (head_dim % 16 == 8) */
+		/* the first pass asks for the rows ahead; later ones find them
+		 * in the cache */
+		const bool pf = d0 == 0 && r0 == 0;
+		__m256 r[6][2];
 
-		#pragma GCC unroll 12
-		for (int p = 0; p < rmax * n; p++)
-			#pragma GCC unroll 4
-			for (int j = 0; j < W; j++)
-				r[p][j] = _mm256_setzero_ps();
-		for (int64_t t = lo[0], m; t <= last;) {
+		#pragma GCC unroll 6
+		for (int p = 0; p < RG * n; p++)
+			r[p][0] = r[p][1] = _mm256_setzero_ps();
+		for (int64_t t = first, m; t <= last;) {
 			int64_t e = kv_run_off(a, s, t, kvh, last, &m) + d0;
 
-			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
-				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 8 * es);
+			for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
+				pf_row(a, vc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
-				const unsigned live = rows_seeing(lo, hi, R, t);
-				__m256 vv[4] = { 0 }; /* (only j < w are read) */
+				const __m256 v0 = ld8(v, 0, half);
+				const __m256 v1 = two ? ld8(v, 8, half) : _mm256_setzero_ps();
 
-				if (i + PF_ROWS < m)
-					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
-					       (size_t)w * 8 * es);
-				#pragma GCC unroll 4
-				for (int j = 0; j < W; j++)
-					if (j < w)
-						vv[j] = ld8(v, 8 * j, half);
-				#pragma GCC unroll 12
-				for (int rr = 0; rr < rmax; rr++) {
-					if (!(live >> rr & 1))
-						continue;
-					#pragma GCC unroll 4
-					for (int g = 0; g < n; g++) {
-						const int p = rr * n + g;
-						__m256 wt = _mm256_broadcast_ss(&sc[p * max_kv + t - lo[0]]);
+				if (pf && i + PF_ROWS < m)
+					pf_row(a, vc, es, e - d0 + PF_ROWS * stride, kvh, 0,
+					       (size_t)hd * es);
+				if (t >= all_lo && t <= all_hi) {
+					#pragma GCC unroll 6
+					for (int p = 0; p < RG * n; p++) {
+						const __m256 wt = _mm256_broadcast_ss(w[p] + t);
 
-						#pragma GCC unroll 4
-						for (int j = 0; j < W; j++)
-							if (j < w)
-								r[p][j] = _mm256_fmadd_ps(wt, vv[j], r[p][j]);
+						r[p][0] = _mm256_fmadd_ps(wt, v0, r[p][0]);
+						r[p][1] = _mm256_fmadd_ps(wt, v1, r[p][1]);
+					}
+					continue;
+				}
+				#pragma GCC unroll 6
+				for (int p = 0; p < RG * n; p++) {
+					const int rr = r0 + p / n;
+
+					if (t >= lo[rr] && t <= hi[rr]) {
+						const __m256 wt = _mm256_broadcast_ss(w[p] + t);
+
+						r[p][0] = _mm256_fmadd_ps(wt, v0, r[p][0]);
+						r[p][1] = _mm256_fmadd_ps(wt, v1, r[p][1]);
 					}
 				}
 			}
 		}
-		for (int p = 0; p < R * n; p++)
-			for (int j = 0; j < w; j++)
-				_mm256_storeu_ps(acc + p * hd + d0 + 8 * j, r[p][j]);
+		#pragma GCC unroll 6
+		for (int p = 0; p < RG * n; p++) {
+			float *o = acc + (r0 * n + p) * hd + d0;
+
+			_mm256_storeu_ps(o, r[p][0]);
+			if (two)
+				_mm256_storeu_ps(o + 8, r[p][1]);
+		}
 	}
+}
+
+/* values_rows8() over rows 0 .. R - 1, V_ROWS(n) rows at a time (n at
+ * compile time). */
+#define V_ROWS(n) ((n) >= 4 ? 1 : 6 / (n))
+CPU_TGT_AVX2 CPU_INLINE void rows_values8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int R, const int64_t *lo, const int64_t *hi,
+					  bool half, const float *sc, float *acc)
+{
+	int r0 = 0;
+
+	for (; r0 + V_ROWS(n) <= R; r0 += V_ROWS(n))
+		values_rows8(tk, s, kvh, n, V_ROWS(n), r0, lo, hi, half, sc, acc);
+	for (; r0 < R; r0++) /* the rest one at a time */
+		values_rows8(tk, s, kvh, n, 1, r0, lo, hi, half, sc, acc);
 }
 
 /* The largest of v's lanes (any order: only a zero's sign could differ,
@@ -1076,25 +1144,28 @@ CPU_TGT_AVX2 CPU_INLINE float hmax8(__m256 v)
 }
 
 CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float *scratch, int64_t s,
-					      int64_t h0, int n, int rmax, int W, int64_t row0,
+					      int64_t h0, int n, int rmax, int64_t row0,
 					      int64_t pos0, int R, bool half,
 					      const struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
 	float *acc = scratch, *sc = scratch + PAIRS_MAX * hd;
-	const float *q[PAIRS_256];
+	const float *qp[PAIRS_256];
 	int64_t lo[PAIRS_256], hi[PAIRS_256];
 	__m256 mxv[PAIRS_256];
 	float mx[PAIRS_256], *w[PAIRS_256];
 	int64_t len[PAIRS_256];
 	double sum[PAIRS_256];
 
+	if (R < 1) /* (never: attn_run() passes runs of at least one row) */
+		return;
 	for (int r = 0; r < R; r++) {
 		attn_range(a, pos0 + r, sp, &lo[r], &hi[r]);
-		q[r] = a->q + (row0 + r) * a->q_stride + h0 * hd;
+		for (int g = 0; g < n; g++)
+			qp[r * n + g] = a->q + (row0 + r) * a->q_stride + (h0 + g) * hd;
 	}
-	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, q, half, sc, mxv);
+	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, qp, half, sc, mxv);
 	for (int r = 0; r < R; r++)
 		for (int g = 0; g < n; g++) {
 			const int p = r * n + g;
@@ -1105,17 +1176,15 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 			softmax_exp(tk, w[p], len[p], mx[p]);
 		}
 	pair_sums(w, len, R * n, rmax * n, sum);
-	rows_values8(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
+	rows_values8(tk, s, kvh, n, R, lo, hi, half, sc, acc);
 	for (int r = 0; r < R; r++)
 		for (int g = 0; g < n; g++)
 			attn_put(a, sp, row0 + r, h0 + g, acc + (r * n + g) * hd, mx[r * n + g],
 				 sum[r * n + g]);
 }
 
-/* One copy per group size and cache type: rows up to PAIRS_256 / N, V
- * sums over as many 8-dim slices as leave the pairs' sums in registers. */
+/* One copy per group size and cache type: rows up to PAIRS_256 / N. */
 #define ROWS8_MAX(N) (PAIRS_256 / (N))
-#define ROWS8_W(N) (ROWS8_MAX(N) * (N) <= 3 ? 4 : ROWS8_MAX(N) * (N) <= 6 ? 2 : 1)
 #define ATTN_ROWS8_N(N)                                                                   \
 	CPU_TGT_AVX2 static void attn_rows_avx2_##N(const struct attn_task *tk, float *scratch, \
 						    int64_t s, int64_t h0, int64_t row0,      \
@@ -1123,10 +1192,10 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 						    const struct attn_span *sp)               \
 	{                                                                                 \
 		if (half)                                                                 \
-			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N), ROWS8_W(N),  \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N),              \
 					 row0, pos0, R, true, sp);                        \
 		else                                                                      \
-			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N), ROWS8_W(N),  \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N),              \
 					 row0, pos0, R, false, sp);                       \
 	}
 ATTN_ROWS8_N(1)
