@@ -888,7 +888,7 @@ CPU_TGT_AVX2 CPU_INLINE __m256i seen8(int64_t tb, int cnt, int64_t lo, int64_t h
  * (max_ps keeps the earlier of equal values and skips a NaN score, as
  * `v > mx` does). */
 CPU_TGT_AVX2 CPU_INLINE void score_pair8(const struct loom_attention_args *a, const __m256 dots[8],
-					 __m256i keep, float *sc, __m256 *mxv)
+					 bool all, __m256i keep, float *sc, __m256 *mxv)
 {
 	__m256 v = _mm256_mul_ps(hsum8(dots), _mm256_set1_ps(a->scale));
 
@@ -899,6 +899,11 @@ CPU_TGT_AVX2 CPU_INLINE void score_pair8(const struct loom_attention_args *a, co
 		for (int i = 0; i < 8; i++)
 			x[i] = a->softcap * tanhf(x[i] / a->softcap);
 		v = _mm256_loadu_ps(x);
+	}
+	if (all) { /* every lane kept (vmaskmovps stores are slow on some CPUs) */
+		_mm256_storeu_ps(sc, v);
+		*mxv = _mm256_max_ps(v, *mxv);
+		return;
 	}
 	_mm256_maskstore_ps(sc, keep, v);
 	*mxv = _mm256_blendv_ps(*mxv, _mm256_max_ps(v, *mxv), _mm256_castsi256_ps(keep));
@@ -1016,6 +1021,7 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 			for (int r = 0; r < R; r++) {
 				const int cnt = (int)(t + 1 - tb);
 				const __m256i keep = seen8(tb, cnt, lo[r], hi[r]);
+				const bool all = cnt == 8 && tb >= lo[r] && tb + 7 <= hi[r];
 
 				if (_mm256_testz_si256(keep, keep))
 					continue;
@@ -1024,8 +1030,8 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 
 					for (int c = cnt; c < 8; c++)
 						dots[p][c] = _mm256_setzero_ps();
-					score_pair8(a, dots[p], keep, sc + p * tk->max_kv + tb - lo[0],
-						    &mxv[p]);
+					score_pair8(a, dots[p], all, keep,
+						    sc + p * tk->max_kv + tb - lo[0], &mxv[p]);
 				}
 			}
 			tb = t + 1;
