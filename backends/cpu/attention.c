@@ -1010,12 +1010,17 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			if (i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
-			if (R == rmax && t >= all_lo && t <= all_hi)
-				key_dots8(kc + (size_t)e * es, hd, half, rmax * n, false, 0, qp, dots,
-					  (int)(t - tb));
+			const void *k = kc + (size_t)e * es;
+			const int slot = (int)(t - tb);
+
+			/* (head_dim 64 as a constant: one slice, no tests) */
+			if (R == rmax && t >= all_lo && t <= all_hi && hd == 64)
+				key_dots8(k, 64, half, rmax * n, false, 0, qp, dots, slot);
+			else if (R == rmax && t >= all_lo && t <= all_hi)
+				key_dots8(k, hd, half, rmax * n, false, 0, qp, dots, slot);
 			else
-				key_dots8(kc + (size_t)e * es, hd, half, rmax * n, true,
-					  pairs_seeing(lo, hi, R, n, t), qp, dots, (int)(t - tb));
+				key_dots8(k, hd, half, rmax * n, true,
+					  pairs_seeing(lo, hi, R, n, t), qp, dots, slot);
 			if (t - tb < 7 && t < last)
 				continue;
 			for (int r = 0; r < R; r++) {
