@@ -1,17 +1,20 @@
 /*
  * bench_attn: cpu.so's attention on one causal prefill.
  *
- * Usage: bench_attn [path/to/cpu.so] [rows] [threads] [repeats]
+ * Usage: bench_attn [path/to/cpu.so] [rows] [threads] [repeats] [decode]
  *
  * Loads cpu.so through its ABI entry, like the host does, and times one
  * attention call of `rows` query rows (default 2048) over as many cached
  * positions, SmolLM2-135M's layer shape (9 query heads, 3 KV heads,
  * head_dim 64, f16 cache in 16-position blocks), in fast mode; the best
  * of `repeats` calls (default 5). Reports the time and nanoseconds per
- * (key, query head) pair: rows * (rows + 1) / 2 * 9 of them. Set
- * LOOM_CPU_ATTN_GROUP=0 to time the one-head, one-row kernel.
+ * (key, query head) pair: rows * (rows + 1) / 2 * 9 of them. With
+ * `decode`, one query row at the last of `rows` positions instead (a
+ * decode step at that depth: rows * 9 pairs). Set LOOM_CPU_ATTN_GROUP=0
+ * to time the one-head, one-row kernel.
  */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,9 +77,11 @@ int main(int argc, char **argv)
 	const char *path = argc > 1 ? argv[1] : CPU_SO_PATH;
 	const int rows = argc > 2 ? atoi(argv[2]) : 2048, threads = argc > 3 ? atoi(argv[3]) : 1;
 	const int reps = argc > 4 ? atoi(argv[4]) : 5;
+	const bool decode = argc > 5 && !strcmp(argv[5], "decode");
+	const int q_rows = decode ? 1 : rows;
 	const int blocks = (rows + BLOCK - 1) / BLOCK;
 	const size_t n_kv = (size_t)blocks * BLOCK * KV_HEADS * HEAD_DIM;
-	const size_t n_q = (size_t)rows * HEADS * HEAD_DIM;
+	const size_t n_q = (size_t)q_rows * HEADS * HEAD_DIM;
 	struct loom_backend_host host = {
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
@@ -90,7 +95,7 @@ int main(int argc, char **argv)
 	double best = 1e30;
 
 	if (rows < 1 || rows > 1 << 20 || threads < 1 || reps < 1) {
-		fprintf(stderr, "usage: bench_attn [cpu.so] [rows 1..1048576] [threads] [repeats]\n");
+		fprintf(stderr, "usage: bench_attn [cpu.so] [rows 1..1048576] [threads] [repeats] [decode]\n");
 		return 2;
 	}
 	dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -116,7 +121,7 @@ int main(int argc, char **argv)
 	bufs[5] = alloc(ops, ctx, sizeof(int32_t), &kl);
 	bufs[6] = alloc(ops, ctx, (size_t)blocks * sizeof(int32_t), &table);
 	fill(k, v, n_kv, q, n_q);
-	((int32_t *)qs)[0] = 0, ((int32_t *)qs)[1] = rows;
+	((int32_t *)qs)[0] = 0, ((int32_t *)qs)[1] = q_rows;
 	((int32_t *)kl)[0] = rows;
 	for (int b = 0; b < blocks; b++)
 		((int32_t *)table)[b] = b;
@@ -139,8 +144,9 @@ int main(int argc, char **argv)
 		}
 		best = t < best ? t : best;
 	}
-	printf("rows %d, threads %d: %.1f ms, %.2f ns per (key, query head)\n", rows, threads,
-	       best * 1e3, best * 1e9 / ((double)rows * (rows + 1) / 2 * HEADS));
+	printf("%s %d, threads %d: %.3f ms, %.2f ns per (key, query head)\n",
+	       decode ? "decode at" : "rows", rows, threads, best * 1e3,
+	       best * 1e9 / (decode ? (double)rows * HEADS : (double)rows * (rows + 1) / 2 * HEADS));
 	for (int i = 0; i < 7; i++)
 		ops->buffer_free(ctx, bufs[i]);
 	ops->destroy(ctx);

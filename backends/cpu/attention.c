@@ -1013,14 +1013,19 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 			const void *k = kc + (size_t)e * es;
 			const int slot = (int)(t - tb);
 
-			/* (head_dim 64 as a constant: one slice, no tests) */
-			if (R == rmax && t >= all_lo && t <= all_hi && hd == 64)
+			const bool every = R == rmax && t >= all_lo && t <= all_hi;
+			const unsigned live = every ? 0 : pairs_seeing(lo, hi, R, n, t);
+
+			/* (head_dim 64 as a constant: one slice, no tests a
+			 * vector; every pair live: no test a pair) */
+			if (hd == 64 && every)
 				key_dots8(k, 64, half, rmax * n, false, 0, qp, dots, slot);
-			else if (R == rmax && t >= all_lo && t <= all_hi)
+			else if (hd == 64)
+				key_dots8(k, 64, half, rmax * n, true, live, qp, dots, slot);
+			else if (every)
 				key_dots8(k, hd, half, rmax * n, false, 0, qp, dots, slot);
 			else
-				key_dots8(k, hd, half, rmax * n, true,
-					  pairs_seeing(lo, hi, R, n, t), qp, dots, slot);
+				key_dots8(k, hd, half, rmax * n, true, live, qp, dots, slot);
 			if (t - tb < 7 && t < last)
 				continue;
 			for (int r = 0; r < R; r++) {
@@ -1044,88 +1049,125 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 	}
 }
 
+/* The pairs of one V pass (values_pass8()): rows r0 .., their weights
+ * (pair p's weight of key t at w[p][t]), the keys any of them sees
+ * [first, last] and those all of them see [all_lo, all_hi]. */
+struct vpass {
+	int r0;
+	const float *w[6];
+	int64_t first, last, all_lo, all_hi;
+};
+
+/*
+ * One pass of values_rows8(): W vectors (8W dims from d0) of the V sums
+ * of RG * n pairs (all three at compile time, RG * n * W <= 12, so the
+ * sums, the W V vectors and a weight fit the 16 vector registers), each
+ * key's weight broadcast once for its W vectors. Keys every row sees take
+ * no per-row test; the first pass (pf) asks for the rows ahead.
+ */
+CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int RG, int W, const struct vpass *vp,
+					  const int64_t *lo, const int64_t *hi, int64_t d0, bool pf,
+					  bool half, float *acc)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
+	const size_t es = half ? 2 : 4;
+	const char *vc = (const char *)a->vcache;
+	__m256 r[6][4];
+
+	#pragma GCC unroll 6
+	for (int p = 0; p < RG * n; p++)
+		#pragma GCC unroll 4
+		for (int j = 0; j < W; j++)
+			r[p][j] = _mm256_setzero_ps();
+	for (int64_t t = vp->first, m; t <= vp->last;) {
+		int64_t e = kv_run_off(a, s, t, kvh, vp->last, &m) + d0;
+
+		for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
+			pf_row(a, vc, es, e - d0 + i * stride, kvh, 0, (size_t)hd * es);
+		for (int64_t i = 0; i < m; i++, t++, e += stride) {
+			const void *v = vc + (size_t)e * es;
+			const bool all = t >= vp->all_lo && t <= vp->all_hi;
+			__m256 vv[4];
+
+			if (pf && i + PF_ROWS < m)
+				pf_row(a, vc, es, e - d0 + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
+			if (RG * n * W > 8) { /* all the pairs' weights, then a V vector at a time */
+				__m256 wt[6];
+				bool on[6];
+
+				#pragma GCC unroll 6
+				for (int p = 0; p < RG * n; p++) {
+					const int rr = vp->r0 + p / n;
+
+					on[p] = all || (t >= lo[rr] && t <= hi[rr]);
+					wt[p] = _mm256_broadcast_ss(vp->w[p] + t);
+				}
+				#pragma GCC unroll 4
+				for (int j = 0; j < W; j++) {
+					const __m256 x = ld8(v, 8 * j, half);
+
+					#pragma GCC unroll 6
+					for (int p = 0; p < RG * n; p++)
+						if (on[p])
+							r[p][j] = _mm256_fmadd_ps(wt[p], x, r[p][j]);
+				}
+				continue;
+			}
+			#pragma GCC unroll 4
+			for (int j = 0; j < W; j++)
+				vv[j] = ld8(v, 8 * j, half);
+			#pragma GCC unroll 6
+			for (int p = 0; p < RG * n; p++) {
+				const int rr = vp->r0 + p / n;
+
+				if (all || (t >= lo[rr] && t <= hi[rr])) {
+					const __m256 wt = _mm256_broadcast_ss(vp->w[p] + t);
+
+					#pragma GCC unroll 4
+					for (int j = 0; j < W; j++)
+						r[p][j] = _mm256_fmadd_ps(wt, vv[j], r[p][j]);
+				}
+			}
+		}
+	}
+	#pragma GCC unroll 6
+	for (int p = 0; p < RG * n; p++)
+		#pragma GCC unroll 4
+		for (int j = 0; j < W; j++)
+			_mm256_storeu_ps(acc + (vp->r0 * n + p) * hd + d0 + 8 * j, r[p][j]);
+}
+
 /*
  * The weighted V sums of the pairs of rows r0 .. r0 + RG - 1 (RG and n at
- * compile time, RG * n <= 6) into acc (pair p at p * head_dim), 16 dims
- * at a time: the 12 sums, two V vectors and a weight fill the 16 vector
- * registers, and each key's weights are broadcast once for both vectors.
- * Keys every row sees take no per-row test.
+ * compile time, RG * n <= 6) into acc (pair p at p * head_dim), in
+ * position order per pair (attn_row_avx2_t()'s fused multiply-adds):
+ * passes of 16 dims (32 where the pairs are 3 or fewer), any dims left
+ * 8 at a time.
  */
 CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int RG, int r0, const int64_t *lo,
 					  const int64_t *hi, bool half, const float *sc, float *acc)
 {
-	const struct loom_attention_args *a = tk->a;
-	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, max_kv = tk->max_kv;
-	const size_t es = half ? 2 : 4;
-	const char *vc = (const char *)a->vcache;
-	int64_t first = lo[r0], last = hi[r0], all_lo = lo[r0], all_hi = hi[r0];
-	const float *w[6]; /* pair p's weight of key t at w[p][t] */
+	const int64_t hd = tk->a->head_dim;
+	const int W = RG * n <= 3 ? 4 : 2;
+	struct vpass vp = { r0, { 0 }, lo[r0], hi[r0], lo[r0], hi[r0] };
+	int64_t d0 = 0;
 
 	for (int r = r0; r < r0 + RG; r++) {
-		first = lo[r] < first ? lo[r] : first;
-		last = hi[r] > last ? hi[r] : last;
-		all_lo = lo[r] > all_lo ? lo[r] : all_lo;
-		all_hi = hi[r] < all_hi ? hi[r] : all_hi;
+		vp.first = lo[r] < vp.first ? lo[r] : vp.first;
+		vp.last = hi[r] > vp.last ? hi[r] : vp.last;
+		vp.all_lo = lo[r] > vp.all_lo ? lo[r] : vp.all_lo;
+		vp.all_hi = hi[r] < vp.all_hi ? hi[r] : vp.all_hi;
 	}
 	#pragma GCC unroll 6
 	for (int p = 0; p < RG * n; p++)
-		w[p] = sc + (r0 * n + p) * max_kv - lo[0];
-	for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-		const bool two = d0 + 16 <= hd; /* else one vector (head_dim % 16 == 8) */
-		/* the first pass asks for the rows ahead; later ones find them
-		 * in the cache */
-		const bool pf = d0 == 0 && r0 == 0;
-		__m256 r[6][2];
-
-		#pragma GCC unroll 6
-		for (int p = 0; p < RG * n; p++)
-			r[p][0] = r[p][1] = _mm256_setzero_ps();
-		for (int64_t t = first, m; t <= last;) {
-			int64_t e = kv_run_off(a, s, t, kvh, last, &m) + d0;
-
-			for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
-				pf_row(a, vc, es, e + i * stride, kvh, 0, (size_t)hd * es);
-			for (int64_t i = 0; i < m; i++, t++, e += stride) {
-				const void *v = vc + (size_t)e * es;
-				const __m256 v0 = ld8(v, 0, half);
-				const __m256 v1 = two ? ld8(v, 8, half) : _mm256_setzero_ps();
-
-				if (pf && i + PF_ROWS < m)
-					pf_row(a, vc, es, e - d0 + PF_ROWS * stride, kvh, 0,
-					       (size_t)hd * es);
-				if (t >= all_lo && t <= all_hi) {
-					#pragma GCC unroll 6
-					for (int p = 0; p < RG * n; p++) {
-						const __m256 wt = _mm256_broadcast_ss(w[p] + t);
-
-						r[p][0] = _mm256_fmadd_ps(wt, v0, r[p][0]);
-						r[p][1] = _mm256_fmadd_ps(wt, v1, r[p][1]);
-					}
-					continue;
-				}
-				#pragma GCC unroll 6
-				for (int p = 0; p < RG * n; p++) {
-					const int rr = r0 + p / n;
-
-					if (t >= lo[rr] && t <= hi[rr]) {
-						const __m256 wt = _mm256_broadcast_ss(w[p] + t);
-
-						r[p][0] = _mm256_fmadd_ps(wt, v0, r[p][0]);
-						r[p][1] = _mm256_fmadd_ps(wt, v1, r[p][1]);
-					}
-				}
-			}
-		}
-		#pragma GCC unroll 6
-		for (int p = 0; p < RG * n; p++) {
-			float *o = acc + (r0 * n + p) * hd + d0;
-
-			_mm256_storeu_ps(o, r[p][0]);
-			if (two)
-				_mm256_storeu_ps(o + 8, r[p][1]);
-		}
-	}
+		vp.w[p] = sc + (r0 * n + p) * tk->max_kv - lo[0];
+	for (; d0 + 8 * W <= hd; d0 += 8 * W)
+		values_pass8(tk, s, kvh, n, RG, W, &vp, lo, hi, d0, d0 == 0 && r0 == 0, half, acc);
+	for (; d0 < hd; d0 += 8)
+		values_pass8(tk, s, kvh, n, RG, 1, &vp, lo, hi, d0, d0 == 0 && r0 == 0, half, acc);
 }
 
 /* values_rows8() over rows 0 .. R - 1, V_ROWS(n) rows at a time (n at
