@@ -769,6 +769,38 @@ static inline void pair_sums(float *const *w, const int64_t *len, int np, int np
 			sum[p] += w[p][i];
 }
 
+/* The pairs' softmax weights in place (pair p = r * n + g's scores at
+ * sc + p * max_kv + lo[r] - lo[0]) from their maxima mx, and in sum
+ * their sums (pair_sums()). npmax: R * n's bound (compile time). */
+static inline void pairs_softmax(const struct attn_task *tk, int n, int npmax, int R,
+				 const int64_t *lo, const int64_t *hi, float *sc, const float *mx,
+				 double *sum)
+{
+	float *w[PAIRS_MAX];
+	int64_t len[PAIRS_MAX];
+
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++) {
+			const int p = r * n + g;
+
+			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
+			len[p] = hi[r] + 1 - lo[r];
+			softmax_exp(tk, w[p], len[p], mx[p]);
+		}
+	pair_sums(w, len, R * n, npmax, sum);
+}
+
+/* Every pair's output (attn_put()): rows row0 .., heads h0 .. */
+static inline void pairs_put(const struct loom_attention_args *a, const struct attn_span *sp,
+			     int64_t row0, int64_t h0, int n, int R, const float *acc,
+			     const float *mx, const double *sum)
+{
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++)
+			attn_put(a, sp, row0 + r, h0 + g, acc + (r * n + g) * a->head_dim,
+				 mx[r * n + g], sum[r * n + g]);
+}
+
 TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *scratch, int64_t s,
 					   int64_t h0, int n, int rmax, int W, int64_t row0,
 					   int64_t pos0, int R, bool half)
@@ -779,8 +811,7 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 	const float *q[PAIRS_MAX];
 	int64_t lo[PAIRS_MAX], hi[PAIRS_MAX];
 	__m512 mxv[PAIRS_MAX];
-	float mx[PAIRS_MAX], *w[PAIRS_MAX];
-	int64_t len[PAIRS_MAX];
+	float mx[PAIRS_MAX];
 	double sum[PAIRS_MAX];
 
 	for (int r = 0; r < R; r++) {
@@ -788,21 +819,11 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 		q[r] = a->q + (row0 + r) * a->q_stride + h0 * hd;
 	}
 	rows_scores(tk, s, kvh, n, rmax, R, lo, hi, q, half, sc, mxv);
-	for (int r = 0; r < R; r++)
-		for (int g = 0; g < n; g++) {
-			const int p = r * n + g;
-
-			mx[p] = _mm512_reduce_max_ps(mxv[p]);
-			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
-			len[p] = hi[r] + 1 - lo[r];
-			softmax_exp(tk, w[p], len[p], mx[p]);
-		}
-	pair_sums(w, len, R * n, rmax * n, sum);
+	for (int p = 0; p < R * n; p++)
+		mx[p] = _mm512_reduce_max_ps(mxv[p]);
+	pairs_softmax(tk, n, rmax * n, R, lo, hi, sc, mx, sum);
 	rows_values(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
-	for (int r = 0; r < R; r++)
-		for (int g = 0; g < n; g++)
-			attn_put(a, NULL, row0 + r, h0 + g, acc + (r * n + g) * hd, mx[r * n + g],
-				 sum[r * n + g]);
+	pairs_put(a, NULL, row0, h0, n, R, acc, mx, sum);
 }
 
 /* One copy per group size and cache type: rows up to PAIRS_MAX / N, and
@@ -1207,8 +1228,7 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 	const float *qp[PAIRS_256];
 	int64_t lo[PAIRS_256], hi[PAIRS_256];
 	__m256 mxv[PAIRS_256];
-	float mx[PAIRS_256], *w[PAIRS_256];
-	int64_t len[PAIRS_256];
+	float mx[PAIRS_256];
 	double sum[PAIRS_256];
 
 	if (R < 1) /* (never: attn_run() passes runs of at least one row) */
@@ -1219,21 +1239,11 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 			qp[r * n + g] = a->q + (row0 + r) * a->q_stride + (h0 + g) * hd;
 	}
 	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, qp, half, sc, mxv);
-	for (int r = 0; r < R; r++)
-		for (int g = 0; g < n; g++) {
-			const int p = r * n + g;
-
-			mx[p] = hmax8(mxv[p]);
-			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
-			len[p] = hi[r] + 1 - lo[r];
-			softmax_exp(tk, w[p], len[p], mx[p]);
-		}
-	pair_sums(w, len, R * n, rmax * n, sum);
+	for (int p = 0; p < R * n; p++)
+		mx[p] = hmax8(mxv[p]);
+	pairs_softmax(tk, n, rmax * n, R, lo, hi, sc, mx, sum);
 	rows_values8(tk, s, kvh, n, R, lo, hi, half, sc, acc);
-	for (int r = 0; r < R; r++)
-		for (int g = 0; g < n; g++)
-			attn_put(a, sp, row0 + r, h0 + g, acc + (r * n + g) * hd, mx[r * n + g],
-				 sum[r * n + g]);
+	pairs_put(a, sp, row0, h0, n, R, acc, mx, sum);
 }
 
 /* One copy per group size and cache type: rows up to PAIRS_256 / N. */
