@@ -930,8 +930,9 @@ CPU_TGT_AVX2 CPU_INLINE void score_pair8(const struct loom_attention_args *a, co
 	*mxv = _mm256_blendv_ps(*mxv, _mm256_max_ps(v, *mxv), _mm256_castsi256_ps(keep));
 }
 
-/* One pair's two sums over 8 dims x 8 of the key's values kv from dim d
- * of its query qp (c: the first of them is an s0 step). */
+/* One pair's two sums (dot8()'s s0 and s1) over the first w of the key's
+ * 8 widened vectors kv, against its query from qp: even vectors step s0,
+ * odd ones s1. */
 CPU_TGT_AVX2 CPU_INLINE void dot_steps8(const float *qp, const __m256 *kv, int w, __m256 *s0,
 					__m256 *s1)
 {
@@ -1029,13 +1030,13 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
 			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
-			if (i + PF_ROWS < m)
-				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 			const void *k = kc + (size_t)e * es;
 			const int slot = (int)(t - tb);
-
 			const bool every = R == rmax && t >= all_lo && t <= all_hi;
 			const unsigned live = every ? 0 : pairs_seeing(lo, hi, R, n, t);
+
+			if (i + PF_ROWS < m)
+				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 
 			/* (head_dim 64 as a constant: one slice, no tests a
 			 * vector; every pair live: no test a pair) */
