@@ -1,7 +1,8 @@
 /*
  * bench_attn: cpu.so's attention on one causal prefill.
  *
- * Usage: bench_attn [path/to/cpu.so] [rows] [threads] [repeats] [decode]
+ * Usage: bench_attn [path/to/cpu.so] [rows] [threads] [repeats] [decode|prefill]
+ *                   [HEADSxKV_HEADSxHEAD_DIM]
  *
  * Loads cpu.so through its ABI entry, like the host does, and times one
  * attention call of `rows` query rows (default 2048) over as many cached
@@ -11,36 +12,29 @@
  * (key, query head) pair: rows * (rows + 1) / 2 * 9 of them. With
  * `decode`, one query row at the last of `rows` positions instead (a
  * decode step at that depth: rows * 9 pairs). Set LOOM_CPU_ATTN_GROUP=0
- * to time the one-head, one-row kernel.
+ * to time the one-head, one-row kernel. A sixth argument gives another
+ * layer shape, e.g. 32x8x128 for a Llama-3-8B layer or 4x1x256 for
+ * Gemma 3 270M's (the scale is then 1 / sqrt(head_dim)).
  */
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
-#include <time.h>
 
-#include "loom/backend.h"
+#include "bench_backend.h"
 
 #ifndef CPU_SO_PATH
 #define CPU_SO_PATH "cpu.so"
 #endif
 
-enum { HEADS = 9, KV_HEADS = 3, HEAD_DIM = 64, BLOCK = 16 };
+enum { BLOCK = 16 };
 
 static void host_log(void *host, enum loom_log_level level, const char *msg)
 {
 	(void)host;
 	if (level >= LOOM_LOG_WARN)
 		fprintf(stderr, "%s\n", msg);
-}
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 /* A buffer of n bytes on the backend, its address in *addr. */
@@ -78,6 +72,14 @@ int main(int argc, char **argv)
 	const int rows = argc > 2 ? atoi(argv[2]) : 2048, threads = argc > 3 ? atoi(argv[3]) : 1;
 	const int reps = argc > 4 ? atoi(argv[4]) : 5;
 	const bool decode = argc > 5 && !strcmp(argv[5], "decode");
+	int HEADS = 9, KV_HEADS = 3, HEAD_DIM = 64;
+
+	if (argc > 6 && (sscanf(argv[6], "%dx%dx%d", &HEADS, &KV_HEADS, &HEAD_DIM) != 3 ||
+			 HEADS < 1 || KV_HEADS < 1 || HEADS % KV_HEADS || HEAD_DIM < 1 ||
+			 HEAD_DIM > 512 || HEAD_DIM % 8)) {
+		fprintf(stderr, "bench_attn: shape %s is not HEADSxKV_HEADSxHEAD_DIM\n", argv[6]);
+		return 2;
+	}
 	const int q_rows = decode ? 1 : rows;
 	const int blocks = (rows + BLOCK - 1) / BLOCK;
 	const size_t n_kv = (size_t)blocks * BLOCK * KV_HEADS * HEAD_DIM;
@@ -89,26 +91,16 @@ int main(int argc, char **argv)
 	struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = threads };
 	const struct loom_backend_ops *ops;
 	struct loom_backend_ctx *ctx;
-	loom_backend_entry_fn entry;
-	void *dl, *k, *v, *q, *out, *qs, *kl, *table;
+	void *k, *v, *q, *out, *qs, *kl, *table;
 	struct loom_buffer *bufs[7];
 	double best = 1e30;
 
 	if (rows < 1 || rows > 1 << 20 || threads < 1 || reps < 1) {
-		fprintf(stderr, "usage: bench_attn [cpu.so] [rows 1..1048576] [threads] [repeats] [decode]\n");
+		fprintf(stderr, "usage: bench_attn [cpu.so] [rows 1..1048576] [threads] [repeats] "
+				"[decode|prefill] [HEADSxKV_HEADSxHEAD_DIM]\n");
 		return 2;
 	}
-	dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!dl) {
-		fprintf(stderr, "bench_attn: %s\n", dlerror());
-		return 1;
-	}
-	entry = (loom_backend_entry_fn)dlsym(dl, LOOM_BACKEND_ENTRY);
-	if (!entry || !(ops = entry()) || ops->abi_major != LOOM_BACKEND_ABI_MAJOR) {
-		fprintf(stderr, "bench_attn: %s is not a loom backend of ABI %d\n", path,
-			LOOM_BACKEND_ABI_MAJOR);
-		return 1;
-	}
+	ops = bench_open("bench_attn", path);
 	if (ops->create(&host, &cfg, &ctx)) {
 		fprintf(stderr, "bench_attn: create failed\n");
 		return 1;
@@ -132,11 +124,11 @@ int main(int argc, char **argv)
 			.kcache = k, .vcache = v, .n_seqs = 1, .n_heads = HEADS,
 			.n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .block_size = BLOCK,
 			.max_blocks = blocks, .q_start = qs, .kv_len = kl, .block_table = table,
-			.scale = 0.125f, .kv_type = LOOM_TYPE_F16,
+			.scale = 1.0f / sqrtf((float)HEAD_DIM), .kv_type = LOOM_TYPE_F16,
 		};
-		double t0 = now();
+		double t0 = bench_now();
 		int rc = ops->attention(ctx, &a);
-		double t = now() - t0;
+		double t = bench_now() - t0;
 
 		if (rc) {
 			fprintf(stderr, "bench_attn: attention failed (%d)\n", rc);
@@ -144,12 +136,11 @@ int main(int argc, char **argv)
 		}
 		best = t < best ? t : best;
 	}
-	printf("%s %d, threads %d: %.3f ms, %.2f ns per (key, query head)\n",
-	       decode ? "decode at" : "rows", rows, threads, best * 1e3,
+	printf("%dx%dx%d, %s %d, threads %d: %.3f ms, %.2f ns per (key, query head)\n",
+	       HEADS, KV_HEADS, HEAD_DIM, decode ? "decode at" : "rows", rows, threads, best * 1e3,
 	       best * 1e9 / (decode ? (double)rows * HEADS : (double)rows * (rows + 1) / 2 * HEADS));
 	for (int i = 0; i < 7; i++)
 		ops->buffer_free(ctx, bufs[i]);
 	ops->destroy(ctx);
-	dlclose(dl);
 	return 0;
 }

@@ -10,15 +10,13 @@
  * the K-quants and F32 (what a K-quant tensor streamed when the core had to
  * convert it) at 1 and 2 threads. Reports GB/s of weight bytes streamed.
  */
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "loom/backend.h"
+#include "bench_backend.h"
 
 #ifndef CPU_SO_PATH
 #define CPU_SO_PATH "cpu.so"
@@ -34,14 +32,6 @@ static void host_log(void *host, enum loom_log_level level, const char *msg)
 {
 	if (level >= LOOM_LOG_INFO)
 		fprintf(stderr, "%s\n", msg);
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -182,14 +172,14 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		fprintf(stderr, "gemm failed: %d\n", rc);
 		return -1;
 	}
-	t0 = now();
+	t0 = bench_now();
 	do {
 		for (int i = 0; i < 16; i++) {
 			a.w = addr[iters % n_copies];
 			ops->gemm(ctx, &a);
 			iters++;
 		}
-		t = now() - t0;
+		t = bench_now() - t0;
 	} while (t < secs);
 	printf("%-22s %-5s%s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
 	       f->name, packed ? "+pack" : "     ", cold ? " cold" : "     ", (long long)s->k,
@@ -243,20 +233,8 @@ int main(int argc, char **argv)
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
 	};
-	const struct loom_backend_ops *ops;
-	loom_backend_entry_fn entry;
-	void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	const struct loom_backend_ops *ops = bench_open("bench_gemm", path);
 
-	if (!dl) {
-		fprintf(stderr, "bench_gemm: %s\n", dlerror());
-		return 1;
-	}
-	entry = (loom_backend_entry_fn)dlsym(dl, LOOM_BACKEND_ENTRY);
-	if (!entry || !(ops = entry()) || ops->abi_major != LOOM_BACKEND_ABI_MAJOR) {
-		fprintf(stderr, "bench_gemm: %s is not a loom backend of ABI %d\n", path,
-			LOOM_BACKEND_ABI_MAJOR);
-		return 1;
-	}
 	for (int threads = 1; threads <= 2; threads++) {
 		struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = threads };
 		struct loom_backend_ctx *ctx;
