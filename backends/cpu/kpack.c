@@ -63,6 +63,50 @@ static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[
 	}
 }
 
+/*
+ * The packers read a GGUF block 8 bytes at a time: their nibbles (or
+ * 2-bit fields) go to the packed lanes with shifts and masks on whole
+ * words, where decoding the 256 values first and placing them one by one
+ * took most of a model's load (an 8B-shaped Q4_K_M file: 8 of 21 s at
+ * one thread). A packed lane's 4 bytes hold values k (low nibble) and
+ * 4 + k (high) for k = 0..3, so from a word w of 8 values (one a byte,
+ * in its low bits) the lane is lane_of(w).
+ */
+#define NIBBLES 0x0F0F0F0F0F0F0F0Full
+#define PAIRS 0x0303030303030303ull
+#define BIT0 0x0101010101010101ull
+
+static inline uint64_t rd64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return v;
+}
+
+static inline void wr32(uint8_t *p, uint32_t v)
+{
+	memcpy(p, &v, 4);
+}
+
+static inline uint32_t lane_of(uint64_t w)
+{
+	return (uint32_t)w | (uint32_t)(w >> 32) << 4;
+}
+
+/* Q4_K's (Q5_K's) 6-bit scale and minimum of sub-block j from the 12
+ * scale bytes s (the GGUF packing q4k_scales_back() makes). */
+static inline void q4k_scale(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*mn = s[j + 4] & 63;
+	} else {
+		*sc = (uint8_t)((s[j + 4] & 15) | (s[j - 4] >> 6) << 4);
+		*mn = (uint8_t)((s[j + 4] >> 4) | (s[j] >> 6) << 4);
+	}
+}
+
 /* Where byte k of row r in nibble vector v (4: the fifth bits) of
  * sub-block s lies in a packed super-block. */
 static inline size_t kp_qbyte(bool five, int s, int v, int r, int k)
@@ -70,32 +114,37 @@ static inline size_t kp_qbyte(bool five, int s, int v, int r, int k)
 	return KP_Q + (size_t)(kp_sub(five) * s + 64 * v + 4 * r + k);
 }
 
-/* A Q4_K / Q5_K sub-block's value 8v + k (low nibble) and 8v + 4 + k (high)
- * in byte k of row r's lane in vector v; Q5_K's fifth bits of those two at
- * bits 2v and 2v + 1 of byte k in vector 4. The values, scales and
- * minima as qdot_k_unpack() decodes them (a scale per 16 values, each
- * twice here); d and dmin keep their f16 bits. */
+/*
+ * A Q4_K / Q5_K sub-block's value 8v + k (low nibble) and 8v + 4 + k
+ * (high) in byte k of row r's lane in vector v; Q5_K's fifth bits of
+ * those two at bits 2v and 2v + 1 of byte k in vector 4; the 6-bit scale
+ * and minimum a byte each; d and dmin keep their f16 bits. Sub-blocks 2c
+ * and 2c + 1 are the low and high nibbles of the same 32 GGUF bytes, and
+ * the fifth bit of value 32s + i is bit s of qh[i].
+ */
 static void pack_q4k_block(bool five, const uint8_t *b, int r, uint8_t *p)
 {
-	uint8_t u[256];
-	int sc[16], mn[16];
-	float d, dmin;
+	const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
 
-	qdot_k_unpack(five ? LOOM_TYPE_Q5_K : LOOM_TYPE_Q4_K, b, u, sc, mn, &d, &dmin);
 	memcpy(p + KP_D + 2 * r, b, 2);
 	memcpy(p + KP_DMIN + 2 * r, b + 2, 2);
+	for (int s = 0; s < 8; s++)
+		q4k_scale(b + 4, s, &p[KP_SC + 16 * s + r], &p[KP_MN + 16 * s + r]);
 	for (int s = 0; s < 8; s++) {
-		p[KP_SC + 16 * s + r] = (uint8_t)sc[2 * s];
-		p[KP_MN + 16 * s + r] = (uint8_t)mn[2 * s];
-		for (int v = 0; v < 4; v++)
-			for (int k = 0; k < 4; k++) {
-				int lo = u[32 * s + 8 * v + k], hi = u[32 * s + 8 * v + 4 + k];
+		uint32_t fifth = 0;
 
-				p[kp_qbyte(five, s, v, r, k)] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-				if (five)
-					p[kp_qbyte(five, s, 4, r, k)] |=
-						(uint8_t)((lo >> 4) << (2 * v) | (hi >> 4) << (2 * v + 1));
+		for (int v = 0; v < 4; v++) {
+			const uint64_t w = rd64(qs + 32 * (s / 2) + 8 * v) >> (4 * (s % 2)) & NIBBLES;
+
+			wr32(p + kp_qbyte(five, s, v, r, 0), lane_of(w));
+			if (five) {
+				const uint64_t h = rd64(qh + 8 * v) >> s & BIT0;
+
+				fifth |= (uint32_t)h << (2 * v) | (uint32_t)(h >> 32) << (2 * v + 1);
 			}
+		}
+		if (five)
+			wr32(p + kp_qbyte(five, s, 4, r, 0), fifth);
 	}
 }
 
@@ -177,29 +226,28 @@ static inline size_t kp6_byte(int i, int vec, int r, int k)
 	return KP_Q + (size_t)(KP6_SUB * i + 64 * vec + 4 * r + k);
 }
 
-/* u from qdot_k_unpack(); the scales and d keep their GGUF bytes. */
+/*
+ * Sub-block i (values 16i ..) from GGUF: in each 128-value half n, quarter
+ * q takes the low (q < 2) or high nibbles of ql[64n + 32 (q % 2) ..] and
+ * bits 2q, 2q + 1 of qh[32n ..]; a sub-block is 16 of those bytes from
+ * offset 16 (i % 2). The scales and d keep their GGUF bytes.
+ */
 static void pack_q6k_block(const uint8_t *b, int r, uint8_t *p)
 {
-	const uint8_t *u;
-	uint8_t v256[256];
-	int sc[16], mn[16];
-	float d, dmin;
-
-	qdot_k_unpack(LOOM_TYPE_Q6_K, b, v256, sc, mn, &d, &dmin);
 	memcpy(p + KP_D + 2 * r, b + 208, 2);
 	for (int i = 0; i < 16; i++) {
-		u = v256 + 16 * i;
-		p[KP_SC + 16 * i + r] = b[192 + i];
-		for (int k = 0; k < 4; k++) {
-			int h = 0;
+		const int n = i / 8, q = i % 8 / 2, i0 = 16 * (i % 2);
+		const uint8_t *lo = b + 64 * n + 32 * (q % 2) + i0, *hi = b + 128 + 32 * n + i0;
+		const uint64_t a = rd64(lo) >> (4 * (q / 2)) & NIBBLES;
+		const uint64_t c = rd64(lo + 8) >> (4 * (q / 2)) & NIBBLES;
+		const uint64_t ha = rd64(hi) >> (2 * q) & PAIRS, hc = rd64(hi + 8) >> (2 * q) & PAIRS;
 
-			for (int v = 0; v < 2; v++)
-				p[kp6_byte(i, v, r, k)] =
-					(uint8_t)((u[8 * v + k] & 15) | (u[8 * v + 4 + k] & 15) << 4);
-			for (int c = 0; c < 4; c++)
-				h |= (u[4 * c + k] >> 4) << (2 * c);
-			p[kp6_byte(i, 2, r, k)] = (uint8_t)h;
-		}
+		p[KP_SC + 16 * i + r] = b[192 + i];
+		wr32(p + kp6_byte(i, 0, r, 0), lane_of(a));
+		wr32(p + kp6_byte(i, 1, r, 0), lane_of(c));
+		/* bits 2c, 2c + 1 of byte k: the top bits of value 4c + k */
+		wr32(p + kp6_byte(i, 2, r, 0), (uint32_t)ha | (uint32_t)(ha >> 32) << 2 |
+						       (uint32_t)hc << 4 | (uint32_t)(hc >> 32) << 6);
 	}
 }
 
