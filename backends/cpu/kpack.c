@@ -436,42 +436,46 @@ static void panel_kq(uint32_t t, const uint8_t *g, int64_t nb, uint8_t *panel)
 
 /* ---- 32-value blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 ---- */
 
-/* Block p's values as the kernel's unsigned operand: q + 128 (Q8_0), the
- * nibble with Q5's fifth bit (q + 8, q + 16 for Q4_0, Q5_0). */
-static void b32_values(uint32_t t, const uint8_t *p, uint8_t u[32])
+/* Bits 0..3 of x to bit 0 of bytes 0..3 (bit k moves 7k places up;
+ * no two of the four products overlap). */
+static inline uint32_t spread4(uint32_t x)
 {
-	int8_t q[32];
-	float d, m;
-
-	qdot_unpack_block(t, p, q, &d, &m);
-	for (int e = 0; e < 32; e++)
-		u[e] = (uint8_t)(q[e] + b32_offset(t));
+	return x * 0x00204081u & 0x01010101u;
 }
 
-/* Block b of GGUF row r into the group at g (nb blocks, zeroed first):
- * value e = 4l + k of the block goes to byte 4r + k of lane l's vector
- * (Q8_0: vector l; Q4/Q5: vector l / 2, low nibble for even l, high for
- * odd), its fifth bit (Q5) to bit l of byte 4r + k of the h vector. */
+/*
+ * Block b of GGUF row r into the group at g (nb blocks): value e = 4l + k
+ * goes to byte 4r + k of lane l's vector (Q8_0: vector l, as q + 128;
+ * Q4/Q5: vector l / 2, low nibble for even l, high for odd), its fifth
+ * bit (Q5: bit e of qh) to bit l of byte 4r + k of the h vector. So
+ * vector j of a 4-bit block is lane_of() of values 8j .. 8j + 7, the low
+ * (j < 2) or high nibbles of GGUF bytes 8 (j % 2) .., words at a time as
+ * in the K-quant packers.
+ */
 static void pack_b32_block(uint32_t t, const uint8_t *blk, int r, int64_t b, int64_t nb,
 			   uint8_t *g)
 {
 	const struct b32_at at = b32_at(t, b, nb);
-	uint8_t u[32];
+	const uint8_t *qs = blk + 2 + (b32_min(t) ? 2 : 0) + (b32_q5(t) ? 4 : 0);
 
-	b32_values(t, blk, u);
 	memcpy(g + at.d + 2 * r, blk, 2);
 	if (b32_min(t))
 		memcpy(g + at.m + 2 * r, blk + 2, 2);
-	for (int e = 0; e < 32; e++) {
-		const int l = e / 4, k = e % 4;
+	if (t == LOOM_TYPE_Q8_0) {
+		for (int l = 0; l < 8; l++)
+			wr32(g + at.q + 64 * l + 4 * r, cpu_rd32(qs + 4 * l) ^ 0x80808080u);
+		return;
+	}
+	for (int j = 0; j < 4; j++)
+		wr32(g + at.q + 64 * j + 4 * r,
+		     lane_of(rd64(qs + 8 * (j % 2)) >> (4 * (j / 2)) & NIBBLES));
+	if (b32_q5(t)) {
+		const uint32_t qh = cpu_rd32(qs - 4);
+		uint32_t h = 0;
 
-		if (t == LOOM_TYPE_Q8_0) {
-			g[at.q + 64 * l + 4 * r + k] = u[e];
-			continue;
-		}
-		g[at.q + 64 * (l / 2) + 4 * r + k] |= (uint8_t)((u[e] & 15) << (4 * (l % 2)));
-		if (b32_q5(t))
-			g[at.h + 4 * r + k] |= (uint8_t)((u[e] >> 4) << l);
+		for (int l = 0; l < 8; l++)
+			h |= spread4(qh >> (4 * l) & 15) << l;
+		wr32(g + at.h + 4 * r, h);
 	}
 }
 
