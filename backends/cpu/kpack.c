@@ -316,31 +316,46 @@ static inline size_t kq_hbyte(int j, int r, int k)
 	return KP3_H + (size_t)(64 * j + 4 * r + k);
 }
 
-/* u from qdot_k_unpack(); Q2_K's scale bytes and both formats' f16 keep
- * their GGUF bits, Q3_K's 6-bit scales are kept less 32 (as int8). */
+/* Q3_K's 6-bit scale of sub-block i from its 12 GGUF bytes s (the
+ * packing q3k_scales_back() makes): low 4 bits from s[i % 8], high 2 from
+ * s[8 + i % 4]. */
+static inline int q3k_scale(const uint8_t *s, int i)
+{
+	return (s[i % 8] >> (4 * (i / 8)) & 15) | (s[8 + i % 4] >> (2 * (i / 4)) & 3) << 4;
+}
+
+/*
+ * Sub-block i (values 16i ..): in each 128-value half n, the 2-bit fields
+ * 2j of qs[32n + 16 (i % 2) ..] with j = i % 8 / 2, so byte k of the lane
+ * takes those of GGUF bytes k, 4 + k, 8 + k, 12 + k; Q3_K's third bit of
+ * value 32h + m is bit h of hmask[m]. Q2_K's scale bytes and both
+ * formats' f16 keep their GGUF bits, Q3_K's 6-bit scales are kept less
+ * 32 (as int8). Words at a time, as the other packers.
+ */
 static void pack_kq_block(uint32_t t, const uint8_t *b, int r, uint8_t *p)
 {
 	const bool q3 = t == LOOM_TYPE_Q3_K;
-	uint8_t u[256];
-	int sc[16], mn[16];
-	float d, dmin;
+	const uint8_t *qs = b + (q3 ? 32 : 16);
 
-	qdot_k_unpack(t, b, u, sc, mn, &d, &dmin);
 	memcpy(p + KP_D + 2 * r, b + (q3 ? 108 : 80), 2);
 	if (!q3)
 		memcpy(p + KP_DMIN + 2 * r, b + 82, 2);
 	for (int i = 0; i < 16; i++) {
-		p[KP_SC + 16 * i + r] = q3 ? (uint8_t)(int8_t)sc[i] : b[i];
-		for (int k = 0; k < 4; k++) {
-			int lo = 0, hi = 0;
+		const uint8_t *src = qs + 32 * (i / 8) + 16 * (i % 2);
+		const int j = i % 8 / 2;
+		const uint64_t a = rd64(src) >> (2 * j) & PAIRS, c = rd64(src + 8) >> (2 * j) & PAIRS;
 
-			for (int c = 0; c < 4; c++) {
-				lo |= (u[16 * i + 4 * c + k] & 3) << (2 * c);
-				hi |= (u[16 * i + 4 * c + k] >> 2 & 1) << c;
-			}
-			p[kq_byte(i, r, k)] = (uint8_t)lo;
-			if (q3)
-				p[kq_hbyte(i / 2, r, k)] |= (uint8_t)(hi << (4 * (i % 2)));
+		p[KP_SC + 16 * i + r] = q3 ? (uint8_t)(int8_t)(q3k_scale(b + 96, i) - 32) : b[i];
+		wr32(p + kq_byte(i, r, 0), (uint32_t)a | (uint32_t)(a >> 32) << 2 |
+						   (uint32_t)c << 4 | (uint32_t)(c >> 32) << 6);
+		if (q3) { /* bit c + 4 (i % 2) of byte k: value 16i + 4c + k */
+			const uint8_t *hm = b + 16 * (i % 2);
+			const uint64_t ha = rd64(hm) >> (i / 2) & BIT0, hc = rd64(hm + 8) >> (i / 2) & BIT0;
+			const uint32_t h = (uint32_t)ha | (uint32_t)(ha >> 32) << 1 | (uint32_t)hc << 2 |
+					   (uint32_t)(hc >> 32) << 3;
+
+			wr32(p + kq_hbyte(i / 2, r, 0),
+			     cpu_rd32(p + kq_hbyte(i / 2, r, 0)) | h << (4 * (i % 2)));
 		}
 	}
 }
