@@ -67,7 +67,7 @@ static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[
  * The packers read a GGUF block 8 bytes at a time: their nibbles (or
  * 2-bit fields) go to the packed lanes with shifts and masks on whole
  * words, where decoding the 256 values first and placing them one by one
- * took most of a model's load (an 8B-shaped Q4_K_M file: 8 of 21 s at
+ * took a third of a model's load (an 8B-shaped Q4_K_M file: 7 of 21 s at
  * one thread). A packed lane's 4 bytes hold values k (low nibble) and
  * 4 + k (high) for k = 0..3, so from a word w of 8 values (one a byte,
  * in its low bits) the lane is lane_of(w).
