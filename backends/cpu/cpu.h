@@ -79,6 +79,14 @@ static inline uint32_t cpu_rd32(const uint8_t *p)
 	return v;
 }
 
+static inline uint64_t cpu_rd64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return v;
+}
+
 /* MXFP4 (32 E2M1 values sharing an E8M0 scale e: 1 scale byte, then
  * q4_0's nibble layout): the E2M1 codes doubled to integers, and the scale
  * halved to match, 2^(e - 128) (a subnormal float for e < 2). */

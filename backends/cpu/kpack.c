@@ -76,14 +76,6 @@ static void q4k_scales_back(const uint8_t sc[8], const uint8_t mn[8], uint8_t s[
 #define PAIRS 0x0303030303030303ull
 #define BIT0 0x0101010101010101ull
 
-static inline uint64_t rd64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return v;
-}
-
 static inline void wr32(uint8_t *p, uint32_t v)
 {
 	memcpy(p, &v, 4);
@@ -134,11 +126,11 @@ static void pack_q4k_block(bool five, const uint8_t *b, int r, uint8_t *p)
 		uint32_t fifth = 0;
 
 		for (int v = 0; v < 4; v++) {
-			const uint64_t w = rd64(qs + 32 * (s / 2) + 8 * v) >> (4 * (s % 2)) & NIBBLES;
+			const uint64_t w = cpu_rd64(qs + 32 * (s / 2) + 8 * v) >> (4 * (s % 2)) & NIBBLES;
 
 			wr32(p + kp_qbyte(five, s, v, r, 0), lane_of(w));
 			if (five) {
-				const uint64_t h = rd64(qh + 8 * v) >> s & BIT0;
+				const uint64_t h = cpu_rd64(qh + 8 * v) >> s & BIT0;
 
 				fifth |= (uint32_t)h << (2 * v) | (uint32_t)(h >> 32) << (2 * v + 1);
 			}
@@ -238,9 +230,9 @@ static void pack_q6k_block(const uint8_t *b, int r, uint8_t *p)
 	for (int i = 0; i < 16; i++) {
 		const int n = i / 8, q = i % 8 / 2, i0 = 16 * (i % 2);
 		const uint8_t *lo = b + 64 * n + 32 * (q % 2) + i0, *hi = b + 128 + 32 * n + i0;
-		const uint64_t a = rd64(lo) >> (4 * (q / 2)) & NIBBLES;
-		const uint64_t c = rd64(lo + 8) >> (4 * (q / 2)) & NIBBLES;
-		const uint64_t ha = rd64(hi) >> (2 * q) & PAIRS, hc = rd64(hi + 8) >> (2 * q) & PAIRS;
+		const uint64_t a = cpu_rd64(lo) >> (4 * (q / 2)) & NIBBLES;
+		const uint64_t c = cpu_rd64(lo + 8) >> (4 * (q / 2)) & NIBBLES;
+		const uint64_t ha = cpu_rd64(hi) >> (2 * q) & PAIRS, hc = cpu_rd64(hi + 8) >> (2 * q) & PAIRS;
 
 		p[KP_SC + 16 * i + r] = b[192 + i];
 		wr32(p + kp6_byte(i, 0, r, 0), lane_of(a));
@@ -343,14 +335,14 @@ static void pack_kq_block(uint32_t t, const uint8_t *b, int r, uint8_t *p)
 	for (int i = 0; i < 16; i++) {
 		const uint8_t *src = qs + 32 * (i / 8) + 16 * (i % 2);
 		const int j = i % 8 / 2;
-		const uint64_t a = rd64(src) >> (2 * j) & PAIRS, c = rd64(src + 8) >> (2 * j) & PAIRS;
+		const uint64_t a = cpu_rd64(src) >> (2 * j) & PAIRS, c = cpu_rd64(src + 8) >> (2 * j) & PAIRS;
 
 		p[KP_SC + 16 * i + r] = q3 ? (uint8_t)(int8_t)(q3k_scale(b + 96, i) - 32) : b[i];
 		wr32(p + kq_byte(i, r, 0), (uint32_t)a | (uint32_t)(a >> 32) << 2 |
 						   (uint32_t)c << 4 | (uint32_t)(c >> 32) << 6);
 		if (q3) { /* bit c + 4 (i % 2) of byte k: value 16i + 4c + k */
 			const uint8_t *hm = b + 16 * (i % 2);
-			const uint64_t ha = rd64(hm) >> (i / 2) & BIT0, hc = rd64(hm + 8) >> (i / 2) & BIT0;
+			const uint64_t ha = cpu_rd64(hm) >> (i / 2) & BIT0, hc = cpu_rd64(hm + 8) >> (i / 2) & BIT0;
 			const uint32_t h = (uint32_t)ha | (uint32_t)(ha >> 32) << 1 | (uint32_t)hc << 2 |
 					   (uint32_t)(hc >> 32) << 3;
 
@@ -483,7 +475,7 @@ static void pack_b32_block(uint32_t t, const uint8_t *blk, int r, int64_t b, int
 	}
 	for (int j = 0; j < 4; j++)
 		wr32(g + at.q + 64 * j + 4 * r,
-		     lane_of(rd64(qs + 8 * (j % 2)) >> (4 * (j / 2)) & NIBBLES));
+		     lane_of(cpu_rd64(qs + 8 * (j % 2)) >> (4 * (j / 2)) & NIBBLES));
 	if (b32_q5(t)) {
 		const uint32_t qh = cpu_rd32(qs - 4);
 		uint32_t h = 0;
