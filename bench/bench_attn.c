@@ -72,18 +72,18 @@ int main(int argc, char **argv)
 	const int rows = argc > 2 ? atoi(argv[2]) : 2048, threads = argc > 3 ? atoi(argv[3]) : 1;
 	const int reps = argc > 4 ? atoi(argv[4]) : 5;
 	const bool decode = argc > 5 && !strcmp(argv[5], "decode");
-	int HEADS = 9, KV_HEADS = 3, HEAD_DIM = 64;
+	int heads = 9, kv_heads = 3, head_dim = 64;
 
-	if (argc > 6 && (sscanf(argv[6], "%dx%dx%d", &HEADS, &KV_HEADS, &HEAD_DIM) != 3 ||
-			 HEADS < 1 || KV_HEADS < 1 || HEADS % KV_HEADS || HEAD_DIM < 1 ||
-			 HEAD_DIM > 512 || HEAD_DIM % 8)) {
+	if (argc > 6 && (sscanf(argv[6], "%dx%dx%d", &heads, &kv_heads, &head_dim) != 3 ||
+			 heads < 1 || kv_heads < 1 || heads % kv_heads || head_dim < 1 ||
+			 head_dim > 512 || head_dim % 8)) {
 		fprintf(stderr, "bench_attn: shape %s is not HEADSxKV_HEADSxHEAD_DIM\n", argv[6]);
 		return 2;
 	}
 	const int q_rows = decode ? 1 : rows;
 	const int blocks = (rows + BLOCK - 1) / BLOCK;
-	const size_t n_kv = (size_t)blocks * BLOCK * KV_HEADS * HEAD_DIM;
-	const size_t n_q = (size_t)q_rows * HEADS * HEAD_DIM;
+	const size_t n_kv = (size_t)blocks * BLOCK * kv_heads * head_dim;
+	const size_t n_q = (size_t)q_rows * heads * head_dim;
 	struct loom_backend_host host = {
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
@@ -120,11 +120,11 @@ int main(int argc, char **argv)
 	for (int r = 0; r < reps; r++) {
 		struct loom_attention_args a = {
 			.struct_size = sizeof(a), .out = out, .q = q,
-			.q_stride = HEADS * HEAD_DIM, .out_stride = HEADS * HEAD_DIM,
-			.kcache = k, .vcache = v, .n_seqs = 1, .n_heads = HEADS,
-			.n_kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .block_size = BLOCK,
+			.q_stride = heads * head_dim, .out_stride = heads * head_dim,
+			.kcache = k, .vcache = v, .n_seqs = 1, .n_heads = heads,
+			.n_kv_heads = kv_heads, .head_dim = head_dim, .block_size = BLOCK,
 			.max_blocks = blocks, .q_start = qs, .kv_len = kl, .block_table = table,
-			.scale = 1.0f / sqrtf((float)HEAD_DIM), .kv_type = LOOM_TYPE_F16,
+			.scale = 1.0f / sqrtf((float)head_dim), .kv_type = LOOM_TYPE_F16,
 		};
 		double t0 = bench_now();
 		int rc = ops->attention(ctx, &a);
@@ -137,8 +137,8 @@ int main(int argc, char **argv)
 		best = t < best ? t : best;
 	}
 	printf("%dx%dx%d, %s %d, threads %d: %.3f ms, %.2f ns per (key, query head)\n",
-	       HEADS, KV_HEADS, HEAD_DIM, decode ? "decode at" : "rows", rows, threads, best * 1e3,
-	       best * 1e9 / (decode ? (double)rows * HEADS : (double)rows * (rows + 1) / 2 * HEADS));
+	       heads, kv_heads, head_dim, decode ? "decode at" : "rows", rows, threads, best * 1e3,
+	       best * 1e9 / (decode ? (double)rows * heads : (double)rows * (rows + 1) / 2 * heads));
 	for (int i = 0; i < 7; i++)
 		ops->buffer_free(ctx, bufs[i]);
 	ops->destroy(ctx);
