@@ -517,6 +517,9 @@ qgemm_rows_i16(const uint8_t *panel, int h0, int H, int rows, const struct qdot_
 				for (int j = 0; j < H; j++)
 					for (int i = 0; i < X; i++) {
 						s[j][i] = _mm256_add_epi32(s[j][i], _mm256_madd_epi16(p[j][i], ones));
+						/* a chain too: Q8_0's madd a group,
+						 * gathered into a tree, spilled */
+						__asm__("" : "+x"(s[j][i]));
 						p[j][i] = _mm256_setzero_si256();
 					}
 		}
