@@ -361,10 +361,97 @@ ALWAYS bool rows_in(int64_t r0, int64_t j0, int64_t j1, int64_t *lo, int64_t *hi
 		}                                                                          \
 	}
 
+/*
+ * Q45K_HALF of both halves in one pass: each activation broadcast serves
+ * the 16 rows (the half passes took it twice, 8 of a sub-block's 41
+ * vector operations each), and the group streams once. Each lane's steps
+ * are Q45K_HALF's, so the bits are.
+ */
+TGT_AVX2 ALWAYS void q45k_both_avx2(bool five, const uint8_t *p, const struct qdot_kblock *x,
+				    __m256 acc[2])
+{
+	__m256 P[2][8], Q[2][8];
+
+	for (int s = 0; s < 8; s++) {
+		const uint8_t *q = p + KP_Q + kp_sub(five) * s;
+		const int8_t *xq = x->q + 32 * s;
+		const __m256i bs = _mm256_set1_epi32(x->bsums[2 * s] + x->bsums[2 * s + 1]);
+		__m256i a0[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+		__m256i a1[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+
+		for (int v = 0; v < 4; v++) {
+			const __m256i xl = x4(xq + 8 * v), xh = x4(xq + 8 * v + 4);
+
+			for (int h = 0; h < 2; h++) {
+				const __m256i fh = five ? half(q + 256, h) : _mm256_setzero_si256();
+				__m256i lo, hi;
+
+				q45k_split8(five, q, fh, v, h, &lo, &hi);
+				a0[h] = _mm256_add_epi16(a0[h], _mm256_maddubs_epi16(lo, xl));
+				a1[h] = _mm256_add_epi16(a1[h], _mm256_maddubs_epi16(hi, xh));
+			}
+		}
+		for (int h = 0; h < 2; h++) {
+			const __m256i sc = sc_pairs(p + KP_SC + 16 * s + 8 * h);
+			const __m256i sum = five ? _mm256_add_epi32(_mm256_madd_epi16(a0[h], sc),
+								    _mm256_madd_epi16(a1[h], sc)) :
+						   _mm256_madd_epi16(_mm256_add_epi16(a0[h], a1[h]), sc);
+
+			P[h][s] = grp_term(sum, x, s);
+			Q[h][s] = grp_term(_mm256_mullo_epi32(bs, _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+							(const __m128i *)(p + KP_MN + 16 * s + 8 * h)))),
+					   x, s);
+		}
+	}
+	for (int h = 0; h < 2; h++)
+		acc[h] = kp_finish(p, h, P[h], Q[h], acc[h]);
+}
+
+/* KQ_ROWS with both halves a pass (both(v, p, x, acc[2])) where a group's
+ * 16 rows all lie in [j0, j1); block(), half by half, elsewhere. */
+#define KQ_ROWS2(attr, name, block, both, v, bytes)                                        \
+	attr static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,        \
+			      int64_t j0, int64_t j1)                                      \
+	{                                                                                  \
+		const struct qdot_kblock *x = xv;                                           \
+		const size_t gb = (size_t)nb * (bytes);                                     \
+                                                                                           \
+		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
+			const uint8_t *p = w + (size_t)g * gb;                              \
+			const int64_t r0 = g * KPACK_ROWS;                                  \
+                                                                                           \
+			if (r0 >= j0 && r0 + KPACK_ROWS <= j1) {                            \
+				__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() }; \
+                                                                                           \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					kpack_prefetch(p + b * (bytes), bytes);             \
+					both(v, p + b * (bytes), x + b, acc);               \
+				}                                                           \
+				_mm256_storeu_ps(y + r0 - j0, acc[0]);                      \
+				_mm256_storeu_ps(y + r0 + 8 - j0, acc[1]);                  \
+				continue;                                                   \
+			}                                                                   \
+			for (int h = 0; h < 2; h++) {                                       \
+				const int64_t rh = r0 + 8 * h;                              \
+				__m256 acc = _mm256_setzero_ps();                           \
+				int64_t lo, hi;                                             \
+                                                                                           \
+				if (!rows_in(rh, j0, j1, &lo, &hi))                         \
+					continue;                                           \
+				for (int64_t b = 0; b < nb; b++) {                          \
+					if (h == 0)                                         \
+						kpack_prefetch(p + b * (bytes), bytes);     \
+					acc = block(v, p + b * (bytes), x + b, h, acc);     \
+				}                                                           \
+				store_rows(acc, rh, lo, hi, j0, y);                         \
+			}                                                                   \
+		}                                                                          \
+	}
+
 KQ_ROWS(TGT_AVX2, q2k_rows_avx2, kq_avx2, false, KP_Q2K)
 KQ_ROWS(TGT_AVX2, q3k_rows_avx2, kq_avx2, true, KP_Q3K)
-KQ_ROWS(TGT_AVX2, q4k_rows_avx2, q45k_avx2, false, KP_Q4K)
-KQ_ROWS(TGT_AVX2, q5k_rows_avx2, q45k_avx2, true, KP_Q5K)
+KQ_ROWS2(TGT_AVX2, q4k_rows_avx2, q45k_avx2, q45k_both_avx2, false, KP_Q4K)
+KQ_ROWS2(TGT_AVX2, q5k_rows_avx2, q45k_avx2, q45k_both_avx2, true, KP_Q5K)
 KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, false, KP_Q6K)
 KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, kq_avxvnni, false, KP_Q2K)
 KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, kq_avxvnni, true, KP_Q3K)
