@@ -407,6 +407,51 @@ TGT_AVX2 ALWAYS void q45k_both_avx2(bool five, const uint8_t *p, const struct qd
 		acc[h] = kp_finish(p, h, P[h], Q[h], acc[h]);
 }
 
+/* Q6K_HALF's AVX2 steps on both halves in one pass, as q45k_both_avx2(). */
+TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct qdot_kblock *x,
+				   __m256 acc[2])
+{
+	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+	__m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+	__m256 P[2][8];
+
+	(void)unused;
+	for (int i = 0; i < 16; i++) {
+		const uint8_t *q = p + KP_Q + KP6_SUB * i;
+		const int8_t *xq = x->q + 16 * i;
+		const __m256i x0 = x4(xq), x1 = x4(xq + 4), x2 = x4(xq + 8), x3 = x4(xq + 12);
+		/* sc * -32 * bsum: both halves of the pair take -16 */
+		const __m256i nb = _mm256_set1_epi16((short)(-16 * x->bsums[i]));
+
+		for (int h = 0; h < 2; h++) {
+			const __m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h);
+			const __m256i u0 = _mm256_or_si256(_mm256_and_si256(w0, m4),
+							   _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+			const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
+							   _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+			const __m256i u2 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(hb, m2));
+			const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
+							   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+			const __m128i sv = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
+			const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv));
+			const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0),
+							    _mm256_maddubs_epi16(u1, x1));
+			const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, x2),
+							    _mm256_maddubs_epi16(u3, x3));
+
+			isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(_mm256_madd_epi16(p0, sc),
+									     _mm256_madd_epi16(p1, sc)));
+			isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(sc, nb));
+			if (i % 2) {
+				P[h][i / 2] = grp_term(isum[h], x, i / 2);
+				isum[h] = _mm256_setzero_si256();
+			}
+		}
+	}
+	for (int h = 0; h < 2; h++)
+		acc[h] = kp_finish(p, h, P[h], NULL, acc[h]);
+}
+
 /* KQ_ROWS with both halves a pass (both(v, p, x, acc[2])) where a group's
  * 16 rows all lie in [j0, j1); block(), half by half, elsewhere. */
 #define KQ_ROWS2(attr, name, block, both, v, bytes)                                        \
@@ -452,7 +497,7 @@ KQ_ROWS(TGT_AVX2, q2k_rows_avx2, kq_avx2, false, KP_Q2K)
 KQ_ROWS(TGT_AVX2, q3k_rows_avx2, kq_avx2, true, KP_Q3K)
 KQ_ROWS2(TGT_AVX2, q4k_rows_avx2, q45k_avx2, q45k_both_avx2, false, KP_Q4K)
 KQ_ROWS2(TGT_AVX2, q5k_rows_avx2, q45k_avx2, q45k_both_avx2, true, KP_Q5K)
-KQ_ROWS(TGT_AVX2, q6k_rows_avx2, q6k_avx2, false, KP_Q6K)
+KQ_ROWS2(TGT_AVX2, q6k_rows_avx2, q6k_avx2, q6k_both_avx2, false, KP_Q6K)
 KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, kq_avxvnni, false, KP_Q2K)
 KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, kq_avxvnni, true, KP_Q3K)
 KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q45k_avxvnni, false, KP_Q4K)
