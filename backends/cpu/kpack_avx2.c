@@ -881,10 +881,19 @@ static void b32_fixes(int offset, const struct qdot_block *x, int64_t n, int32_t
 	}
 }
 
-/* acc after block x (fix: b32_fixes()'s) of rows 8h .. 8h+7 against the
- * packed block at g + at. */
-TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
-				    const struct qdot_block *x, int32_t fix, int h, __m256 acc)
+/* Block x's 32 activation bytes as b32_half_avx2() takes them: word l
+ * (values 4l .. 4l+3) broadcast to every lane. */
+TGT_AVX2 ALWAYS void b32_xwords(const struct qdot_block *x, __m256i xb[8])
+{
+	for (int l = 0; l < 8; l++)
+		xb[l] = x4(x->q + 4 * l);
+}
+
+/* acc after block x (fix: b32_fixes()'s; xb: b32_xwords()) of rows 8h ..
+ * 8h+7 against the packed block at g + at. */
+TGT_AVX2 ALWAYS __m256 b32_half_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
+				     const struct qdot_block *x, const __m256i xb[8], int32_t fix,
+				     int h, __m256 acc)
 {
 	const __m256i one = _mm256_set1_epi16(1);
 	const __m256 D = _mm256_mul_ps(h8(g + at.d + 16 * h), _mm256_set1_ps(x->d));
@@ -895,8 +904,7 @@ TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at 
 		for (int l = 0; l < 8; l++) {
 			__m256i w = _mm256_xor_si256(half(g + at.q + 64 * l, h),
 						     _mm256_set1_epi8((char)0x80));
-			__m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w),
-							 _mm256_sign_epi8(x4(x->q + 4 * l), w));
+			__m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb[l], w));
 
 			isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, one));
 		}
@@ -907,8 +915,8 @@ TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at 
 		__m256i lo, hi;
 
 		b32_values(t, g, at, h, fh, v, &lo, &hi);
-		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, x4(x->q + 8 * v)));
-		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, x4(x->q + 8 * v + 4)));
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, xb[2 * v]));
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, xb[2 * v + 1]));
 		if ((v + 1) % chunk == 0) {
 			isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, one));
 			s16 = _mm256_setzero_si256();
@@ -918,6 +926,60 @@ TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at 
 	if (b32_min(t))
 		acc = _mm256_fmadd_ps(h8(g + at.m + 16 * h), _mm256_set1_ps(x->s), acc);
 	return acc;
+}
+
+/* b32_half_avx2() of half h, its own broadcasts. */
+TGT_AVX2 ALWAYS __m256 b32_seq_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
+				    const struct qdot_block *x, int32_t fix, int h, __m256 acc)
+{
+	__m256i xb[8];
+
+	b32_xwords(x, xb);
+	return b32_half_avx2(t, g, at, x, xb, fix, h, acc);
+}
+
+/* Both halves (the 16 rows) of block x, the broadcasts shared: each lane's
+ * steps are b32_seq_avx2()'s, so its bits are. */
+TGT_AVX2 ALWAYS void b32_both_avx2(uint32_t t, const uint8_t *g, struct b32_at at,
+				   const struct qdot_block *x, int32_t fix, __m256 acc[2])
+{
+	__m256i xb[8];
+
+	b32_xwords(x, xb);
+	acc[0] = b32_half_avx2(t, g, at, x, xb, fix, 0, acc[0]);
+	acc[1] = b32_half_avx2(t, g, at, x, xb, fix, 1, acc[1]);
+}
+
+/* A whole group's 16 rows (y[0 .. 16)) in one pass, both halves a block
+ * (b32_both_avx2()); fix: the row's fixes when nb <= FIX_BLOCKS, else NULL
+ * and made here pass by pass, as b32_rows_avx2() makes them. */
+TGT_AVX2 ALWAYS void b32_group_avx2(uint32_t t, const uint8_t *g, const struct qdot_block *x,
+				    int64_t nb, const int32_t *fix, int offset, float *y)
+{
+	const size_t pair = b32_pair(t);
+	const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);
+	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+	int32_t own[FIX_BLOCKS] = { 0 };
+	int64_t b = 0;
+
+	for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {
+		const int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS;
+		const int32_t *f = fix ? fix : own;
+
+		if (!fix && offset)
+			b32_fixes(offset, x + s0, end - s0, own);
+		for (; b + 2 <= end; b += 2) {
+			const uint8_t *gp = g + (size_t)(b / 2) * pair;
+
+			kpack_prefetch(gp, pair);
+			b32_both_avx2(t, gp, a0, x + b, f[b - s0], acc);
+			b32_both_avx2(t, gp, a1, x + b + 1, f[b + 1 - s0], acc);
+		}
+		if (b < end) /* the last block, alone */
+			b32_both_avx2(t, g, b32_at(t, b, nb), x + b, f[b - s0], acc);
+	}
+	_mm256_storeu_ps(y, acc[0]);
+	_mm256_storeu_ps(y + 8, acc[1]);
 }
 
 /* Rows [j0, j1) of a packed 32-value weight on AVX2: per half group, its
@@ -936,6 +998,11 @@ TGT_AVX2 ALWAYS void b32_rows_avx2(uint32_t t, const uint8_t *w, const struct qd
 	for (int64_t gi = j0 / KPACK_ROWS; gi * KPACK_ROWS < j1; gi++) {
 		const uint8_t *g = w + (size_t)gi * gb;
 
+		if (gi * KPACK_ROWS >= j0 && (gi + 1) * KPACK_ROWS <= j1) {
+			b32_group_avx2(t, g, x, nb, once ? fix : NULL, offset,
+				       y + gi * KPACK_ROWS - j0);
+			continue;
+		}
 		for (int h = 0; h < 2; h++) {
 			const int64_t r0 = gi * KPACK_ROWS + 8 * h;
 			__m256 acc = _mm256_setzero_ps();
