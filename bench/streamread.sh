@@ -4,7 +4,8 @@
 #
 #   bench/streamread.sh DIR     then: "$(bench/streamread.sh DIR)" THREADS
 #
-# Streaming read of a 1 GiB buffer (64-byte vector loads, -march=native), the
+# Streaming read of a 1 GiB buffer (64-byte vector loads, -march=native,
+# software prefetch 8.5 KiB ahead as cpu.so's GEMVs do), the
 # threads each summing their own part of every 64 MiB chunk, barriers around
 # each chunk (timed from before the first to after the second, so a thread
 # that starts early cannot flatter it). Six passes over the buffer, the first
