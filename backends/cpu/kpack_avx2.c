@@ -407,37 +407,44 @@ TGT_AVX2 ALWAYS void q45k_both_avx2(bool five, const uint8_t *p, const struct qd
 		acc[h] = kp_finish(p, h, P[h], Q[h], acc[h]);
 }
 
+/* Q6_K sub-block q's four 4-value lanes of rows 8h .. 8h+7 as u (q + 32),
+ * with the row's int8 scales (p at sub-block i) in both int16 halves. */
+TGT_AVX2 ALWAYS void q6k_u4(const uint8_t *p, int i, int h, __m256i u[4], __m256i *sc)
+{
+	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+	const uint8_t *q = p + KP_Q + KP6_SUB * i;
+	const __m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h);
+	const __m128i sv = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
+
+	u[0] = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+	u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
+			       _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+	u[2] = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(hb, m2));
+	u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
+			       _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+	*sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv));
+}
+
 /* Q6K_HALF's AVX2 steps on both halves in one pass, as q45k_both_avx2(). */
 TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct qdot_kblock *x,
 				   __m256 acc[2])
 {
-	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
 	__m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 	__m256 P[2][8];
 
 	(void)unused;
 	for (int i = 0; i < 16; i++) {
-		const uint8_t *q = p + KP_Q + KP6_SUB * i;
 		const int8_t *xq = x->q + 16 * i;
 		const __m256i x0 = x4(xq), x1 = x4(xq + 4), x2 = x4(xq + 8), x3 = x4(xq + 12);
 		/* sc * -32 * bsum: both halves of the pair take -16 */
 		const __m256i nb = _mm256_set1_epi16((short)(-16 * x->bsums[i]));
 
 		for (int h = 0; h < 2; h++) {
-			const __m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h);
-			const __m256i u0 = _mm256_or_si256(_mm256_and_si256(w0, m4),
-							   _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
-			const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
-							   _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
-			const __m256i u2 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(hb, m2));
-			const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
-							   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
-			const __m128i sv = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
-			const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv));
-			const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0),
-							    _mm256_maddubs_epi16(u1, x1));
-			const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, x2),
-							    _mm256_maddubs_epi16(u3, x3));
+			__m256i u[4], sc, p0, p1;
+
+			q6k_u4(p, i, h, u, &sc);
+			p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], x0), _mm256_maddubs_epi16(u[1], x1));
+			p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], x2), _mm256_maddubs_epi16(u[3], x3));
 
 			isum[h] = _mm256_add_epi32(isum[h], _mm256_add_epi32(_mm256_madd_epi16(p0, sc),
 									     _mm256_madd_epi16(p1, sc)));
@@ -452,9 +459,10 @@ TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct q
 		acc[h] = kp_finish(p, h, P[h], NULL, acc[h]);
 }
 
-/* KQ_ROWS with both halves a pass (both(v, p, x, acc[2])) where a group's
- * 16 rows all lie in [j0, j1); block(), half by half, elsewhere. */
-#define KQ_ROWS2(attr, name, block, both, v, bytes)                                        \
+/* Rows [j0, j1) of a packed K-quant weight: a group whose 16 rows all lie
+ * in the range both halves a pass (both(v, p, x, acc[2])), one cut by it
+ * through halves(), a KQ_ROWS kernel, on its rows alone. */
+#define KQ_ROWS2(attr, name, halves, both, v, bytes)                                       \
 	attr static void name(const uint8_t *w, const void *xv, int64_t nb, float *y,        \
 			      int64_t j0, int64_t j1)                                      \
 	{                                                                                  \
@@ -463,41 +471,32 @@ TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct q
                                                                                            \
 		for (int64_t g = j0 / KPACK_ROWS; g * KPACK_ROWS < j1; g++) {               \
 			const uint8_t *p = w + (size_t)g * gb;                              \
-			const int64_t r0 = g * KPACK_ROWS;                                  \
+			const int64_t r0 = g * KPACK_ROWS, r1 = r0 + KPACK_ROWS;            \
+			__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };       \
                                                                                            \
-			if (r0 >= j0 && r0 + KPACK_ROWS <= j1) {                            \
-				__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() }; \
+			if (r0 < j0 || r1 > j1) {                                           \
+				const int64_t a = r0 > j0 ? r0 : j0, b = r1 < j1 ? r1 : j1; \
                                                                                            \
-				for (int64_t b = 0; b < nb; b++) {                          \
-					kpack_prefetch(p + b * (bytes), bytes);             \
-					both(v, p + b * (bytes), x + b, acc);               \
-				}                                                           \
-				_mm256_storeu_ps(y + r0 - j0, acc[0]);                      \
-				_mm256_storeu_ps(y + r0 + 8 - j0, acc[1]);                  \
+				halves(w, xv, nb, y + a - j0, a, b);                        \
 				continue;                                                   \
 			}                                                                   \
-			for (int h = 0; h < 2; h++) {                                       \
-				const int64_t rh = r0 + 8 * h;                              \
-				__m256 acc = _mm256_setzero_ps();                           \
-				int64_t lo, hi;                                             \
-                                                                                           \
-				if (!rows_in(rh, j0, j1, &lo, &hi))                         \
-					continue;                                           \
-				for (int64_t b = 0; b < nb; b++) {                          \
-					if (h == 0)                                         \
-						kpack_prefetch(p + b * (bytes), bytes);     \
-					acc = block(v, p + b * (bytes), x + b, h, acc);     \
-				}                                                           \
-				store_rows(acc, rh, lo, hi, j0, y);                         \
+			for (int64_t b = 0; b < nb; b++) {                                  \
+				kpack_prefetch(p + b * (bytes), bytes);                     \
+				both(v, p + b * (bytes), x + b, acc);                       \
 			}                                                                   \
+			_mm256_storeu_ps(y + r0 - j0, acc[0]);                              \
+			_mm256_storeu_ps(y + r0 + 8 - j0, acc[1]);                          \
 		}                                                                          \
 	}
 
 KQ_ROWS(TGT_AVX2, q2k_rows_avx2, kq_avx2, false, KP_Q2K)
 KQ_ROWS(TGT_AVX2, q3k_rows_avx2, kq_avx2, true, KP_Q3K)
-KQ_ROWS2(TGT_AVX2, q4k_rows_avx2, q45k_avx2, q45k_both_avx2, false, KP_Q4K)
-KQ_ROWS2(TGT_AVX2, q5k_rows_avx2, q45k_avx2, q45k_both_avx2, true, KP_Q5K)
-KQ_ROWS2(TGT_AVX2, q6k_rows_avx2, q6k_avx2, q6k_both_avx2, false, KP_Q6K)
+KQ_ROWS(TGT_AVX2, q4k_halves_avx2, q45k_avx2, false, KP_Q4K)
+KQ_ROWS(TGT_AVX2, q5k_halves_avx2, q45k_avx2, true, KP_Q5K)
+KQ_ROWS(TGT_AVX2, q6k_halves_avx2, q6k_avx2, false, KP_Q6K)
+KQ_ROWS2(TGT_AVX2, q4k_rows_avx2, q4k_halves_avx2, q45k_both_avx2, false, KP_Q4K)
+KQ_ROWS2(TGT_AVX2, q5k_rows_avx2, q5k_halves_avx2, q45k_both_avx2, true, KP_Q5K)
+KQ_ROWS2(TGT_AVX2, q6k_rows_avx2, q6k_halves_avx2, q6k_both_avx2, false, KP_Q6K)
 KQ_ROWS(TGT_AVXVNNI, q2k_rows_avxvnni, kq_avxvnni, false, KP_Q2K)
 KQ_ROWS(TGT_AVXVNNI, q3k_rows_avxvnni, kq_avxvnni, true, KP_Q3K)
 KQ_ROWS(TGT_AVXVNNI, q4k_rows_avxvnni, q45k_avxvnni, false, KP_Q4K)
@@ -553,7 +552,6 @@ TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot
 TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdot_kblock *x,
 				 int64_t xr, int h, int X, __m256 *acc)
 {
-	const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
 	__m256i isum[SEQ_X_K];
 	__m256 P[SEQ_X_K][8];
 
@@ -561,25 +559,16 @@ TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdo
 	for (int i = 0; i < X; i++)
 		isum[i] = _mm256_setzero_si256();
 	for (int k = 0; k < 16; k++) {
-		const uint8_t *q = p + KP_Q + KP6_SUB * k;
-		const __m256i w0 = half(q, h), w1 = half(q + 64, h), hb = half(q + 128, h);
-		const __m256i u0 = _mm256_or_si256(_mm256_and_si256(w0, m4),
-						   _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
-		const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
-						   _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
-		const __m256i u2 = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_and_si256(hb, m2));
-		const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
-						   _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
-		const __m128i sv = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * k + 8 * h));
-		const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sv, sv));
+		__m256i u[4], sc;
 
+		q6k_u4(p, k, h, u, &sc);
 		for (int i = 0; i < X; i++) {
 			const struct qdot_kblock *xi = x + i * xr;
 			const int8_t *xq = xi->q + 16 * k;
-			__m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x4(xq)),
-						      _mm256_maddubs_epi16(u1, x4(xq + 4)));
-			__m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u2, x4(xq + 8)),
-						      _mm256_maddubs_epi16(u3, x4(xq + 12)));
+			__m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], x4(xq)),
+						      _mm256_maddubs_epi16(u[1], x4(xq + 4)));
+			__m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], x4(xq + 8)),
+						      _mm256_maddubs_epi16(u[3], x4(xq + 12)));
 
 			isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p0, sc),
 									     _mm256_madd_epi16(p1, sc)));
