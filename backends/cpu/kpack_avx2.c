@@ -459,6 +459,60 @@ TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct q
 		acc[h] = kp_finish(p, h, P[h], NULL, acc[h]);
 }
 
+/* KQ_HALF's AVX2 steps (Q2_K; q3: Q3_K) on both halves in one pass, as
+ * q45k_both_avx2(). */
+TGT_AVX2 ALWAYS void kq_both_avx2(bool q3, const uint8_t *p, const struct qdot_kblock *x,
+				  __m256 acc[2])
+{
+	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+	const __m128i n4 = _mm_set1_epi8(15);
+	__m256i isum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+	__m256i msum[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
+	__m256 P[2][8], Q[2][8];
+
+	for (int i = 0; i < 16; i++) {
+		const int8_t *xq = x->q + 16 * i;
+		const __m256i xb[4] = { x4(xq), x4(xq + 4), x4(xq + 8), x4(xq + 12) };
+		/* Q3_K: sc * -4 * bsum, -2 in both halves; Q2_K: bsum times mn */
+		const __m256i nb = _mm256_set1_epi16((short)(-2 * x->bsums[i]));
+		const __m256i bs = _mm256_set1_epi32(x->bsums[i]);
+
+		for (int h = 0; h < 2; h++) {
+			const __m256i w = half(p + KP_Q + 64 * i, h);
+			const __m256i hb = q3 ? half(p + KP3_H + 64 * (i / 2), h) : _mm256_setzero_si256();
+			const __m128i sb = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
+			const __m128i sp = _mm_unpacklo_epi8(q3 ? sb : _mm_and_si128(sb, n4),
+							     q3 ? sb : _mm_and_si128(sb, n4));
+			const __m256i sc = q3 ? _mm256_cvtepi8_epi16(sp) : _mm256_cvtepu8_epi16(sp);
+			__m256i a16 = _mm256_setzero_si256();
+
+			for (int c = 0; c < 4; c++) { /* pairs of 2 * 7 * 127, four summed */
+				const int sh = c + 4 * (i % 2);
+				__m256i u = _mm256_and_si256(c ? _mm256_srli_epi16(w, 2 * c) : w, m2);
+
+				if (q3)
+					u = _mm256_or_si256(u, _mm256_and_si256(
+						sh >= 2 ? _mm256_srli_epi16(hb, sh - 2) : _mm256_slli_epi16(hb, 2 - sh),
+						b2));
+				a16 = _mm256_add_epi16(a16, _mm256_maddubs_epi16(u, xb[c]));
+			}
+			isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(a16, sc));
+			if (q3)
+				isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(sc, nb));
+			else
+				msum[h] = _mm256_add_epi32(msum[h], _mm256_mullo_epi32(bs, _mm256_cvtepu8_epi32(
+					_mm_and_si128(_mm_srli_epi16(sb, 4), n4))));
+			if (i % 2) {
+				P[h][i / 2] = grp_term(isum[h], x, i / 2);
+				Q[h][i / 2] = grp_term(msum[h], x, i / 2);
+				isum[h] = msum[h] = _mm256_setzero_si256();
+			}
+		}
+	}
+	for (int h = 0; h < 2; h++)
+		acc[h] = kp_finish(p, h, P[h], q3 ? NULL : Q[h], acc[h]);
+}
+
 /* Rows [j0, j1) of a packed K-quant weight: a group whose 16 rows all lie
  * in the range both halves a pass (both(v, p, x, acc[2])), one cut by it
  * through halves(), a KQ_ROWS kernel, on its rows alone. */
@@ -489,11 +543,13 @@ TGT_AVX2 ALWAYS void q6k_both_avx2(bool unused, const uint8_t *p, const struct q
 		}                                                                          \
 	}
 
-KQ_ROWS(TGT_AVX2, q2k_rows_avx2, kq_avx2, false, KP_Q2K)
-KQ_ROWS(TGT_AVX2, q3k_rows_avx2, kq_avx2, true, KP_Q3K)
+KQ_ROWS(TGT_AVX2, q2k_halves_avx2, kq_avx2, false, KP_Q2K)
+KQ_ROWS(TGT_AVX2, q3k_halves_avx2, kq_avx2, true, KP_Q3K)
 KQ_ROWS(TGT_AVX2, q4k_halves_avx2, q45k_avx2, false, KP_Q4K)
 KQ_ROWS(TGT_AVX2, q5k_halves_avx2, q45k_avx2, true, KP_Q5K)
 KQ_ROWS(TGT_AVX2, q6k_halves_avx2, q6k_avx2, false, KP_Q6K)
+KQ_ROWS2(TGT_AVX2, q2k_rows_avx2, q2k_halves_avx2, kq_both_avx2, false, KP_Q2K)
+KQ_ROWS2(TGT_AVX2, q3k_rows_avx2, q3k_halves_avx2, kq_both_avx2, true, KP_Q3K)
 KQ_ROWS2(TGT_AVX2, q4k_rows_avx2, q4k_halves_avx2, q45k_both_avx2, false, KP_Q4K)
 KQ_ROWS2(TGT_AVX2, q5k_rows_avx2, q5k_halves_avx2, q45k_both_avx2, true, KP_Q5K)
 KQ_ROWS2(TGT_AVX2, q6k_rows_avx2, q6k_halves_avx2, q6k_both_avx2, false, KP_Q6K)
