@@ -481,8 +481,8 @@ TGT_AVX2 ALWAYS void kq_both_avx2(bool q3, const uint8_t *p, const struct qdot_k
 			const __m256i w = half(p + KP_Q + 64 * i, h);
 			const __m256i hb = q3 ? half(p + KP3_H + 64 * (i / 2), h) : _mm256_setzero_si256();
 			const __m128i sb = _mm_loadl_epi64((const __m128i *)(p + KP_SC + 16 * i + 8 * h));
-			const __m128i sp = _mm_unpacklo_epi8(q3 ? sb : _mm_and_si128(sb, n4),
-							     q3 ? sb : _mm_and_si128(sb, n4));
+			const __m128i sv = q3 ? sb : _mm_and_si128(sb, n4);
+			const __m128i sp = _mm_unpacklo_epi8(sv, sv);
 			const __m256i sc = q3 ? _mm256_cvtepi8_epi16(sp) : _mm256_cvtepu8_epi16(sp);
 			__m256i a16 = _mm256_setzero_si256();
 
@@ -996,32 +996,31 @@ TGT_AVX2 ALWAYS void b32_both_avx2(uint32_t t, const uint8_t *g, struct b32_at a
 }
 
 /* A whole group's 16 rows (y[0 .. 16)) in one pass, both halves a block
- * (b32_both_avx2()); fix: the row's fixes when nb <= FIX_BLOCKS, else NULL
- * and made here pass by pass, as b32_rows_avx2() makes them. */
+ * (b32_both_avx2()). fix: b32_rows_avx2()'s fixes, made for the whole row
+ * already (offset 0), or made here with offset pass by pass (a row past
+ * FIX_BLOCKS blocks). */
 TGT_AVX2 ALWAYS void b32_group_avx2(uint32_t t, const uint8_t *g, const struct qdot_block *x,
-				    int64_t nb, const int32_t *fix, int offset, float *y)
+				    int64_t nb, int32_t *fix, int offset, float *y)
 {
 	const size_t pair = b32_pair(t);
 	const struct b32_at a0 = b32_at(t, 0, 2), a1 = b32_at(t, 1, 2);
 	__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
-	int32_t own[FIX_BLOCKS] = { 0 };
 	int64_t b = 0;
 
 	for (int64_t s0 = 0; s0 < nb; s0 += FIX_BLOCKS) {
 		const int64_t end = nb - s0 < FIX_BLOCKS ? nb : s0 + FIX_BLOCKS;
-		const int32_t *f = fix ? fix : own;
 
-		if (!fix && offset)
-			b32_fixes(offset, x + s0, end - s0, own);
+		if (offset)
+			b32_fixes(offset, x + s0, end - s0, fix);
 		for (; b + 2 <= end; b += 2) {
 			const uint8_t *gp = g + (size_t)(b / 2) * pair;
 
 			kpack_prefetch(gp, pair);
-			b32_both_avx2(t, gp, a0, x + b, f[b - s0], acc);
-			b32_both_avx2(t, gp, a1, x + b + 1, f[b + 1 - s0], acc);
+			b32_both_avx2(t, gp, a0, x + b, fix[b - s0], acc);
+			b32_both_avx2(t, gp, a1, x + b + 1, fix[b + 1 - s0], acc);
 		}
 		if (b < end) /* the last block, alone */
-			b32_both_avx2(t, g, b32_at(t, b, nb), x + b, f[b - s0], acc);
+			b32_both_avx2(t, g, b32_at(t, b, nb), x + b, fix[b - s0], acc);
 	}
 	_mm256_storeu_ps(y, acc[0]);
 	_mm256_storeu_ps(y + 8, acc[1]);
@@ -1044,7 +1043,7 @@ TGT_AVX2 ALWAYS void b32_rows_avx2(uint32_t t, const uint8_t *w, const struct qd
 		const uint8_t *g = w + (size_t)gi * gb;
 
 		if (gi * KPACK_ROWS >= j0 && (gi + 1) * KPACK_ROWS <= j1) {
-			b32_group_avx2(t, g, x, nb, once ? fix : NULL, offset,
+			b32_group_avx2(t, g, x, nb, fix, once ? 0 : offset,
 				       y + gi * KPACK_ROWS - j0);
 			continue;
 		}
