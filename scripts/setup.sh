@@ -126,11 +126,14 @@ os.replace(out + ".tmp", out)
 PY
 fi
 
+# Without --test the suite stays unconfigured: meson builds every test's
+# prerequisites with the default target, and the suite's generated GGUFs
+# need NumPy, which only --test installs.
 if [ ! -f build/build.ninja ]; then
-	meson setup build >/dev/null
+	meson setup build -Dtests=$([ $test_setup = 1 ] && echo true || echo false) >/dev/null
 elif [ $test_setup = 1 ] && [ ! -f build/.loom-test-setup ]; then
-	# configured before the test toolchains (hipcc) were there
-	meson setup --reconfigure build >/dev/null
+	# configured without the suite, or before the test toolchains (hipcc)
+	meson setup --reconfigure build -Dtests=true >/dev/null
 fi
 [ $test_setup = 1 ] && touch build/.loom-test-setup
 ninja -C build >/dev/null
