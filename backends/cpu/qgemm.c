@@ -299,6 +299,7 @@ float qgemm_ref(uint32_t type, const uint8_t *w, const struct qdot_block *x, int
 #if defined(__x86_64__)
 #define TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define QG_X 8 /* activation rows per pass over a panel block */
+#define QG_CHAINS 2 /* independent vpdpbusd sums per row and block */
 
 /* X activation rows (X <= QG_X) against the panel; B, has_min constants. */
 static inline __attribute__((always_inline)) TGT_VNNI void
@@ -324,14 +325,23 @@ qgemm_rows(const uint8_t *panel, int rows, const struct qdot_block *x,
 		for (int i = 0; i < X; i++) {
 			const struct qgemm_x *xp = prep + i * nc + c;
 			const int8_t *xq = x[i * nx + c * B / 32].q + c * B % 32;
-			__m512i s = _mm512_set1_epi32(xp->fix);
+			__m512i s[QG_CHAINS];
 			int32_t x4;
 
+			/* QG_CHAINS independent sums: one chain of B / 4 dependent
+			 * vpdpbusd waited on their latency (integer sums are
+			 * exact, so the split changes no bit) */
+			s[0] = _mm512_set1_epi32(xp->fix);
+			for (int h = 1; h < QG_CHAINS; h++)
+				s[h] = _mm512_setzero_si512();
 			for (int g = 0; g < B / 4; g++) {
 				memcpy(&x4, xq + 4 * g, 4);
-				s = _mm512_dpbusd_epi32(s, wq[g], _mm512_set1_epi32(x4));
+				s[g % QG_CHAINS] = _mm512_dpbusd_epi32(s[g % QG_CHAINS], wq[g],
+								       _mm512_set1_epi32(x4));
 			}
-			acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+			for (int h = 1; h < QG_CHAINS; h++)
+				s[0] = _mm512_add_epi32(s[0], s[h]);
+			acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]),
 						 _mm512_mul_ps(dw, _mm512_set1_ps(xp->d)), acc[i]);
 			if (has_min)
 				acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xp->s), acc[i]);
