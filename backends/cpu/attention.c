@@ -136,6 +136,32 @@ static double softmax_weights(const struct attn_task *tk, float *sc, int64_t n, 
 	return sum;
 }
 
+/*
+ * softmax_weights()'s sums for np pairs (weights w[p][0 .. len[p] - 1]):
+ * each pair's in its own order in double, as there, but the pairs' chains
+ * interleaved over their common length, so that the adds' latency (a
+ * chain is one dependent add a key) overlaps across pairs. npmax: np's
+ * bound (compile time).
+ */
+static inline void pair_sums(float *const *w, const int64_t *len, int np, int npmax, double *sum)
+{
+	int64_t common = len[0];
+
+	for (int p = 0; p < np; p++) {
+		sum[p] = 0.0;
+		if (len[p] < common)
+			common = len[p];
+	}
+	for (int64_t i = 0; i < common; i++)
+#pragma GCC unroll 16
+		for (int p = 0; p < npmax; p++)
+			if (p < np)
+				sum[p] += w[p][i];
+	for (int p = 0; p < np; p++)
+		for (int64_t i = common; i < len[p]; i++)
+			sum[p] += w[p][i];
+}
+
 /* Visible positions [*lo, *hi] of the row at pos: its window, or sp's. */
 static void attn_range(const struct loom_attention_args *a, int64_t pos,
 		       const struct attn_span *sp, int64_t *lo, int64_t *hi)
@@ -436,27 +462,19 @@ TGT_512 CPU_INLINE void scores16(const struct loom_attention_args *a,
 	}
 }
 
+/* The grouped kernel's scores of positions lo .. hi for its n heads
+ * (queries q, head g at g * hd) into sc (head g at g * max_kv), and each
+ * head's running maximum per lane in mxv; hd is the head dimension. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
-attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
-		    int64_t row, int64_t pos, bool half, const struct attn_span *sp)
+group_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t lo, int64_t hi,
+	     bool half, const float *q, float *sc, __m512 *mxv, int64_t hd)
 {
 	const struct loom_attention_args *a = tk->a;
-	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
-	const int64_t kvh = h0 / (a->n_heads / a->n_kv_heads);
+	const int64_t stride = a->n_kv_heads * hd;
 	const size_t es = half ? 2 : 4;
-	const char *kc = (const char *)a->kcache, *vc = (const char *)a->vcache;
-	const float *q = a->q + row * a->q_stride + h0 * hd;
-	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
-	int64_t lo, hi, len;
-	float mx[GROUP_MAX];
-	double sum[GROUP_MAX];
+	const char *kc = (const char *)a->kcache;
 	__m512 dots[GROUP_MAX][16]; /* each head's 16-lane dot sums of 16 keys */
-	__m512 mxv[GROUP_MAX];
 
-	attn_range(a, pos, sp, &lo, &hi);
-	len = hi + 1 - lo;
-	for (int g = 0; g < n; g++)
-		mxv[g] = _mm512_set1_ps(-INFINITY);
 	for (int64_t t = lo, m, t0 = lo; t <= hi;) {
 		int64_t e = kv_run_off(a, s, t, kvh, hi, &m);
 
@@ -488,43 +506,96 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 			}
 		}
 	}
-	for (int g = 0; g < n; g++) {
-		mx[g] = _mm512_reduce_max_ps(mxv[g]);
-		sum[g] = softmax_weights(tk, sc + g * tk->max_kv, len, mx[g]);
-	}
-	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-		const int w = hd - d0 < 64 ? (int)(hd - d0) / 16 : 4;
-		__m512 r[GROUP_MAX][4];
+}
 
-		for (int g = 0; g < n; g++)
-			for (int j = 0; j < 4; j++)
-				r[g][j] = _mm512_setzero_ps();
-		for (int64_t t = lo, m; t <= hi;) {
-			int64_t e = kv_run_off(a, s, t, kvh, hi, &m) + d0;
+/* The grouped kernel's V sums of dims d0 .. d0 + 16 w for its n heads,
+ * weights sc (head g at g * max_kv), into acc (head g at g * head_dim). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
+group_values(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t lo, int64_t hi,
+	     int64_t d0, bool half, const float *sc, float *acc, int w)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
+	const size_t es = half ? 2 : 4;
+	const char *vc = (const char *)a->vcache;
+	__m512 r[GROUP_MAX][4];
 
-			for (int64_t i = 0; i < m && i < PF_ROWS; i++)
-				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
-			for (int64_t i = 0; i < m; i++, t++, e += stride) {
-				const void *v = vc + (size_t)e * es;
-				__m512 vv[4];
+	for (int g = 0; g < n; g++)
+		for (int j = 0; j < 4; j++)
+			r[g][j] = _mm512_setzero_ps();
+	for (int64_t t = lo, m; t <= hi;) {
+		int64_t e = kv_run_off(a, s, t, kvh, hi, &m) + d0;
 
-				if (i + PF_ROWS < m)
-					pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0,
-					       (size_t)w * 16 * es);
+		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+			pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
+		for (int64_t i = 0; i < m; i++, t++, e += stride) {
+			const void *v = vc + (size_t)e * es;
+			__m512 vv[4];
+
+			if (i + PF_ROWS < m)
+				pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0, (size_t)w * 16 * es);
+
+			for (int j = 0; j < w; j++)
+				vv[j] = ld16(v, 16 * j, half);
+			for (int g = 0; g < n; g++) {
+				__m512 p = _mm512_set1_ps(sc[g * tk->max_kv + t - lo]);
 
 				for (int j = 0; j < w; j++)
-					vv[j] = ld16(v, 16 * j, half);
-				for (int g = 0; g < n; g++) {
-					__m512 p = _mm512_set1_ps(sc[g * tk->max_kv + t - lo]);
-
-					for (int j = 0; j < w; j++)
-						r[g][j] = _mm512_fmadd_ps(p, vv[j], r[g][j]);
-				}
+					r[g][j] = _mm512_fmadd_ps(p, vv[j], r[g][j]);
 			}
 		}
-		for (int g = 0; g < n; g++)
-			for (int j = 0; j < w; j++)
-				_mm512_storeu_ps(acc + g * hd + d0 + 16 * j, r[g][j]);
+	}
+	for (int g = 0; g < n; g++)
+		for (int j = 0; j < w; j++)
+			_mm512_storeu_ps(acc + g * hd + d0 + 16 * j, r[g][j]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
+attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int n,
+		    int64_t row, int64_t pos, bool half, const struct attn_span *sp)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t hd = a->head_dim;
+	const int64_t kvh = h0 / (a->n_heads / a->n_kv_heads);
+	const float *q = a->q + row * a->q_stride + h0 * hd;
+	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
+	int64_t lo, hi, len;
+	float mx[GROUP_MAX];
+	double sum[GROUP_MAX];
+	__m512 mxv[GROUP_MAX];
+
+	attn_range(a, pos, sp, &lo, &hi);
+	len = hi + 1 - lo;
+	for (int g = 0; g < n; g++)
+		mxv[g] = _mm512_set1_ps(-INFINITY);
+	/* head_dim a constant where it is a common one, so the dot loop
+	 * unrolls */
+	if (hd == 64)
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 64);
+	else if (hd == 128)
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 128);
+	else
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, hd);
+	{ /* softmax_weights() of each head, the sums' chains side by side */
+		float *w[GROUP_MAX];
+		int64_t lens[GROUP_MAX];
+
+		for (int g = 0; g < n; g++) {
+			mx[g] = _mm512_reduce_max_ps(mxv[g]);
+			w[g] = sc + g * tk->max_kv;
+			lens[g] = len;
+			softmax_exp(tk, w[g], len, mx[g]);
+		}
+		pair_sums(w, lens, n, GROUP_MAX, sum);
+	}
+	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+		/* a full slice of 64 dims with its width a constant, so the
+		 * accumulators stay in registers and the loops unroll */
+		if (hd - d0 >= 64)
+			group_values(tk, s, kvh, n, lo, hi, d0, half, sc, acc, 4);
+		else
+			group_values(tk, s, kvh, n, lo, hi, d0, half, sc, acc,
+				     (int)(hd - d0) / 16);
 	}
 	for (int g = 0; g < n; g++)
 		attn_put(a, sp, row, h0 + g, acc + g * hd, mx[g], sum[g]);
@@ -741,32 +812,6 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 			for (int j = 0; j < w; j++)
 				_mm512_storeu_ps(acc + p * hd + d0 + 16 * j, r[p][j]);
 	}
-}
-
-/*
- * softmax_weights()'s sums for np pairs (weights w[p][0 .. len[p] - 1]):
- * each pair's in its own order in double, as there, but the pairs' chains
- * interleaved over their common length, so that the adds' latency (a
- * chain is one dependent add a key) overlaps across pairs. npmax: np's
- * bound (compile time).
- */
-static inline void pair_sums(float *const *w, const int64_t *len, int np, int npmax, double *sum)
-{
-	int64_t common = len[0];
-
-	for (int p = 0; p < np; p++) {
-		sum[p] = 0.0;
-		if (len[p] < common)
-			common = len[p];
-	}
-	for (int64_t i = 0; i < common; i++)
-#pragma GCC unroll 16
-		for (int p = 0; p < npmax; p++)
-			if (p < np)
-				sum[p] += w[p][i];
-	for (int p = 0; p < np; p++)
-		for (int64_t i = common; i < len[p]; i++)
-			sum[p] += w[p][i];
 }
 
 /* The pairs' softmax weights in place (pair p = r * n + g's scores at
