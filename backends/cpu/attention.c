@@ -1300,7 +1300,12 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 						    int64_t pos0, int R, bool half,           \
 						    const struct attn_span *sp)               \
 	{                                                                                 \
-		if (half)                                                                 \
+		/* a lone row (decode, a split part) with its bound a constant */        \
+		if (R == 1 && half)                                                       \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, 1, row0, pos0, 1, true, sp);  \
+		else if (R == 1)                                                          \
+			attn_rows_avx2_t(tk, scratch, s, h0, N, 1, row0, pos0, 1, false, sp); \
+		else if (half)                                                            \
 			attn_rows_avx2_t(tk, scratch, s, h0, N, ROWS8_MAX(N),              \
 					 row0, pos0, R, true, sp);                        \
 		else                                                                      \
