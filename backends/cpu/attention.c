@@ -162,6 +162,27 @@ static inline void pair_sums(float *const *w, const int64_t *len, int np, int np
 			sum[p] += w[p][i];
 }
 
+/* The pairs' softmax weights in place (pair p = r * n + g's scores at
+ * sc + p * max_kv + lo[r] - lo[0]) from their maxima mx, and in sum
+ * their sums (pair_sums()). npmax: R * n's bound (compile time). */
+static inline void pairs_softmax(const struct attn_task *tk, int n, int npmax, int R,
+				 const int64_t *lo, const int64_t *hi, float *sc, const float *mx,
+				 double *sum)
+{
+	float *w[PAIRS_MAX];
+	int64_t len[PAIRS_MAX];
+
+	for (int r = 0; r < R; r++)
+		for (int g = 0; g < n; g++) {
+			const int p = r * n + g;
+
+			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
+			len[p] = hi[r] + 1 - lo[r];
+			softmax_exp(tk, w[p], len[p], mx[p]);
+		}
+	pair_sums(w, len, R * n, npmax, sum);
+}
+
 /* Visible positions [*lo, *hi] of the row at pos: its window, or sp's. */
 static void attn_range(const struct loom_attention_args *a, int64_t pos,
 		       const struct attn_span *sp, int64_t *lo, int64_t *hi)
@@ -559,13 +580,12 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	const int64_t kvh = h0 / (a->n_heads / a->n_kv_heads);
 	const float *q = a->q + row * a->q_stride + h0 * hd;
 	float *acc = scratch, *sc = scratch + GROUP_MAX * hd; /* sc: head g at g * max_kv */
-	int64_t lo, hi, len;
+	int64_t lo, hi;
 	float mx[GROUP_MAX];
 	double sum[GROUP_MAX];
 	__m512 mxv[GROUP_MAX];
 
 	attn_range(a, pos, sp, &lo, &hi);
-	len = hi + 1 - lo;
 	for (int g = 0; g < n; g++)
 		mxv[g] = _mm512_set1_ps(-INFINITY);
 	/* head_dim a constant where it is a common one, so the dot loop
@@ -576,18 +596,10 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 128);
 	else
 		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, hd);
-	{ /* softmax_weights() of each head, the sums' chains side by side */
-		float *w[GROUP_MAX];
-		int64_t lens[GROUP_MAX];
-
-		for (int g = 0; g < n; g++) {
-			mx[g] = _mm512_reduce_max_ps(mxv[g]);
-			w[g] = sc + g * tk->max_kv;
-			lens[g] = len;
-			softmax_exp(tk, w[g], len, mx[g]);
-		}
-		pair_sums(w, lens, n, GROUP_MAX, sum);
-	}
+	/* softmax_weights() of each head, the sums' chains side by side */
+	for (int g = 0; g < n; g++)
+		mx[g] = _mm512_reduce_max_ps(mxv[g]);
+	pairs_softmax(tk, n, GROUP_MAX, 1, &lo, &hi, sc, mx, sum);
 	for (int64_t d0 = 0; d0 < hd; d0 += 64) {
 		/* a full slice of 64 dims with its width a constant, so the
 		 * accumulators stay in registers and the loops unroll */
@@ -812,27 +824,6 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 			for (int j = 0; j < w; j++)
 				_mm512_storeu_ps(acc + p * hd + d0 + 16 * j, r[p][j]);
 	}
-}
-
-/* The pairs' softmax weights in place (pair p = r * n + g's scores at
- * sc + p * max_kv + lo[r] - lo[0]) from their maxima mx, and in sum
- * their sums (pair_sums()). npmax: R * n's bound (compile time). */
-static inline void pairs_softmax(const struct attn_task *tk, int n, int npmax, int R,
-				 const int64_t *lo, const int64_t *hi, float *sc, const float *mx,
-				 double *sum)
-{
-	float *w[PAIRS_MAX];
-	int64_t len[PAIRS_MAX];
-
-	for (int r = 0; r < R; r++)
-		for (int g = 0; g < n; g++) {
-			const int p = r * n + g;
-
-			w[p] = sc + p * tk->max_kv + lo[r] - lo[0];
-			len[p] = hi[r] + 1 - lo[r];
-			softmax_exp(tk, w[p], len[p], mx[p]);
-		}
-	pair_sums(w, len, R * n, npmax, sum);
 }
 
 /* Every pair's output (attn_put()): rows row0 .., heads h0 .. */
