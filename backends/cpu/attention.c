@@ -698,8 +698,48 @@ static inline unsigned rows_seeing(const int64_t *lo, const int64_t *hi, int R, 
 	return live;
 }
 
-/* Scores of all pairs (pair p = r * n + g at sc + p * max_kv, key t at
- * t - lo[0]) and their maxima in mxv. rmax: R's bound (compile time). */
+/* One key's dot vectors into d[p] for the pairs of rows 0 .. rmax - 1
+ * (rmax, n at compile time; with `check` only rows whose bit is set in
+ * `live`): a pair's 16-lane sums over the key's head_dim values, 16 at a
+ * time in order, its query read from memory. */
+TGT_512 CPU_INLINE void key_dots16(const void *k, int64_t hd, bool half, int rmax, int n,
+				   bool check, unsigned live, const float *const *q, __m512 *d)
+{
+	#pragma GCC unroll 16
+	for (int p = 0; p < rmax * n; p++)
+		d[p] = _mm512_setzero_ps();
+	for (int64_t j = 0; j < hd; j += 16) {
+		__m512 kv = ld16(k, j, half);
+
+		#pragma GCC unroll 16
+		for (int r = 0; r < rmax; r++) {
+			if (check && !(live >> r & 1))
+				continue;
+			#pragma GCC unroll 16
+			for (int g = 0; g < n; g++)
+				d[r * n + g] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + g * hd + j), kv,
+							       d[r * n + g]);
+		}
+	}
+}
+
+/* The keys [*all_lo, *all_hi] that all R rows see. */
+static inline void keys_all_see(const int64_t *lo, const int64_t *hi, int R, int64_t *all_lo,
+				int64_t *all_hi)
+{
+	*all_lo = lo[0];
+	*all_hi = hi[0];
+	for (int r = 1; r < R; r++) {
+		*all_lo = lo[r] > *all_lo ? lo[r] : *all_lo;
+		*all_hi = hi[r] < *all_hi ? hi[r] : *all_hi;
+	}
+}
+
+/* Scores of all pairs in blocks of 16 keys from lo[0] (block b at sc + b
+ * * 256, pair p = r * n + g's 16 keys at + p * 16; lanes of keys a pair
+ * does not see are left as they were) and their maxima in mxv. rmax: R's
+ * bound (compile time); where R is rmax, keys that every row sees take no
+ * per-row test. */
 TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n,
 				    int rmax, int R, const int64_t *lo, const int64_t *hi,
 				    const float *const *q, bool half, float *sc, __m512 *mxv)
@@ -708,8 +748,10 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
 	const size_t es = half ? 2 : 4;
 	const char *kc = (const char *)a->kcache;
+	int64_t all_lo, all_hi;
 	__m512 dots[PAIRS_MAX][16];
 
+	keys_all_see(lo, hi, R, &all_lo, &all_hi);
 	#pragma GCC unroll 16
 	for (int p = 0; p < rmax * n; p++)
 		mxv[p] = _mm512_set1_ps(-INFINITY);
@@ -720,28 +762,14 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *k = kc + (size_t)e * es;
-			const unsigned live = rows_seeing(lo, hi, R, t);
 			__m512 d[PAIRS_MAX];
 
 			if (i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
-			#pragma GCC unroll 16
-			for (int p = 0; p < rmax * n; p++)
-				d[p] = _mm512_setzero_ps();
-			for (int64_t j = 0; j < hd; j += 16) {
-				__m512 kv = ld16(k, j, half);
-
-				#pragma GCC unroll 16
-				for (int r = 0; r < rmax; r++) {
-					if (!(live >> r & 1))
-						continue;
-					#pragma GCC unroll 16
-					for (int g = 0; g < n; g++)
-						d[r * n + g] = _mm512_fmadd_ps(
-							_mm512_loadu_ps(q[r] + g * hd + j), kv,
-							d[r * n + g]);
-				}
-			}
+			if (R == rmax && t >= all_lo && t <= all_hi)
+				key_dots16(k, hd, half, rmax, n, false, 0, q, d);
+			else
+				key_dots16(k, hd, half, rmax, n, true, rows_seeing(lo, hi, R, t), q, d);
 			#pragma GCC unroll 16
 			for (int p = 0; p < rmax * n; p++)
 				dots[p][t - tb] = d[p];
@@ -755,7 +783,7 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 					for (int c = cnt; c < 16; c++)
 						dots[r * n + g][c] = _mm512_setzero_ps();
 					score_pair16(a, dots[r * n + g], keep,
-						     sc + (r * n + g) * tk->max_kv + tb - lo[0],
+						     sc + (tb - lo[0] + r * n + g) * 16,
 						     &mxv[r * n + g]);
 				}
 			}
@@ -764,9 +792,32 @@ TGT_512 CPU_INLINE void rows_scores(const struct attn_task *tk, int64_t s, int64
 	}
 }
 
+/* One key's weighted V vectors (W at compile time, the first w of them
+ * in vv) into the sums r of the pairs of rows 0 .. rmax - 1 (with
+ * `check` only rows set in `live`), pair p's weight at w0[p]. */
+TGT_512 CPU_INLINE void key_values16(const __m512 *vv, int W, int w, int rmax, int n, bool check,
+				     unsigned live, const float *w0, __m512 r[][4])
+{
+	#pragma GCC unroll 16
+	for (int rr = 0; rr < rmax; rr++) {
+		if (check && !(live >> rr & 1))
+			continue;
+		#pragma GCC unroll 16
+		for (int g = 0; g < n; g++) {
+			const int p = rr * n + g;
+			const __m512 wt = _mm512_set1_ps(w0[p]);
+
+			#pragma GCC unroll 16
+			for (int j = 0; j < W; j++)
+				if (j < w)
+					r[p][j] = _mm512_fmadd_ps(wt, vv[j], r[p][j]);
+		}
+	}
+}
+
 /* The weighted V sums of all pairs into acc (pair p at p * head_dim),
  * W * 16 dims at a time (W: compile time, so the sums stay in
- * registers). */
+ * registers), from the weights blocks_softmax() left key-major. */
 TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64_t kvh, int n,
 				    int rmax, int W, int R, const int64_t *lo, const int64_t *hi,
 				    bool half, const float *sc, float *acc)
@@ -775,8 +826,9 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
 	const size_t es = half ? 2 : 4;
 	const char *vc = (const char *)a->vcache;
-	const int64_t max_kv = tk->max_kv;
+	int64_t all_lo, all_hi;
 
+	keys_all_see(lo, hi, R, &all_lo, &all_hi);
 	for (int64_t d0 = 0; d0 < hd; d0 += 16 * W) {
 		const int w = hd - d0 < 16 * W ? (int)(hd - d0) / 16 : W;
 		__m512 r[PAIRS_MAX][4];
@@ -793,7 +845,7 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 				pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
 			for (int64_t i = 0; i < m; i++, t++, e += stride) {
 				const void *v = vc + (size_t)e * es;
-				const unsigned live = rows_seeing(lo, hi, R, t);
+				const float *w0 = sc + (t - lo[0]) * 16;
 				__m512 vv[4] = { 0 }; /* (only j < w are read) */
 
 				if (i + PF_ROWS < m)
@@ -803,27 +855,97 @@ TGT_512 CPU_INLINE void rows_values(const struct attn_task *tk, int64_t s, int64
 				for (int j = 0; j < W; j++)
 					if (j < w)
 						vv[j] = ld16(v, 16 * j, half);
-				#pragma GCC unroll 16
-				for (int rr = 0; rr < rmax; rr++) {
-					if (!(live >> rr & 1))
-						continue;
-					#pragma GCC unroll 16
-					for (int g = 0; g < n; g++) {
-						const int p = rr * n + g;
-						__m512 wt = _mm512_set1_ps(sc[p * max_kv + t - lo[0]]);
-
-						#pragma GCC unroll 16
-						for (int j = 0; j < W; j++)
-							if (j < w)
-								r[p][j] = _mm512_fmadd_ps(wt, vv[j], r[p][j]);
-					}
-				}
+				if (R == rmax && t >= all_lo && t <= all_hi)
+					key_values16(vv, W, w, rmax, n, false, 0, w0, r);
+				else
+					key_values16(vv, W, w, rmax, n, true,
+						     rows_seeing(lo, hi, R, t), w0, r);
 			}
 		}
 		for (int p = 0; p < R * n; p++)
 			for (int j = 0; j < w; j++)
 				_mm512_storeu_ps(acc + p * hd + d0 + 16 * j, r[p][j]);
 	}
+}
+
+/* v[0 .. 15] transposed: lane j of v[i] to lane i of v[j]. */
+TGT_512 CPU_INLINE void transpose16(__m512 v[16])
+{
+	__m512 a[16], b[16];
+
+	for (int k = 0; k < 16; k += 2) { /* chunk c: rows k, k + 1 at 4c .. 4c + 3 */
+		a[k] = _mm512_unpacklo_ps(v[k], v[k + 1]);
+		a[k + 1] = _mm512_unpackhi_ps(v[k], v[k + 1]);
+	}
+	for (int k = 0; k < 16; k += 4) { /* b[k + e] chunk c: rows k .. k + 3 at 4c + e */
+		b[k] = _mm512_shuffle_ps(a[k], a[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+		b[k + 1] = _mm512_shuffle_ps(a[k], a[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+		b[k + 2] = _mm512_shuffle_ps(a[k + 1], a[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+		b[k + 3] = _mm512_shuffle_ps(a[k + 1], a[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+	}
+	for (int e = 0; e < 4; e++) { /* lane 4c + e of the four row quads */
+		__m512 lo0 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+		__m512 hi0 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+		__m512 lo1 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+		__m512 hi1 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+
+		v[e] = _mm512_shuffle_f32x4(lo0, lo1, _MM_SHUFFLE(2, 0, 2, 0));
+		v[8 + e] = _mm512_shuffle_f32x4(lo0, lo1, _MM_SHUFFLE(3, 1, 3, 1));
+		v[4 + e] = _mm512_shuffle_f32x4(hi0, hi1, _MM_SHUFFLE(2, 0, 2, 0));
+		v[12 + e] = _mm512_shuffle_f32x4(hi0, hi1, _MM_SHUFFLE(3, 1, 3, 1));
+	}
+}
+
+/*
+ * The pairs' softmax weights from rows_scores()'s blocks, in place and
+ * key-major: key t's weights of pairs 0 .. 15 at sc + (t - lo[0]) * 16,
+ * 0 for a key the pair's row does not see (and for pairs past R * n).
+ * A weight is softmax_exp()'s exp(score - max) (the subtraction first,
+ * then the exponential of the difference: the same float), and sum[p]
+ * softmax_weights()'s sum, each weight added in key order in double (the
+ * zeros add nothing), eight pairs to a vector. rmax, n: compile time.
+ */
+TGT_512 CPU_INLINE void blocks_softmax(const struct attn_task *tk, int n, int rmax, int R,
+				       const int64_t *lo, const int64_t *hi, float *sc,
+				       const float *mx, double *sum)
+{
+	const int64_t last = hi[R - 1];
+	__m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+	double out[16];
+
+	for (int64_t tb = lo[0]; tb <= last; tb += 16) {
+		float *blk = sc + (tb - lo[0]) * 16;
+		const int cnt = last + 1 - tb < 16 ? (int)(last + 1 - tb) : 16;
+		__m512 v[16];
+
+		for (int p = 0; p < R * n; p++)
+			_mm512_storeu_ps(blk + p * 16, _mm512_sub_ps(_mm512_loadu_ps(blk + p * 16),
+								     _mm512_set1_ps(mx[p])));
+		softmax_exp(tk, blk, (int64_t)R * n * 16, 0.0f);
+		#pragma GCC unroll 16
+		for (int p = 0; p < 16; p++) {
+			const int r = p / n;
+			const __mmask16 keep = p < R * n ?
+				(__mmask16)seen16(tb, cnt, lo[r], hi[r]) : 0;
+
+			v[p] = _mm512_maskz_loadu_ps(keep, blk + p * 16);
+		}
+		transpose16(v);
+		#pragma GCC unroll 16
+		for (int i = 0; i < 16; i++) {
+			_mm512_storeu_ps(blk + i * 16, v[i]);
+			if (i < cnt) {
+				s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(v[i])));
+				s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(
+					_mm512_extractf64x4_pd(_mm512_castps_pd(v[i]), 1))));
+			}
+		}
+	}
+	_mm512_storeu_pd(out, s0);
+	_mm512_storeu_pd(out + 8, s1);
+	for (int p = 0; p < R * n; p++)
+		sum[p] = out[p];
+	(void)rmax;
 }
 
 /* Every pair's output (attn_put()): rows row0 .., heads h0 .. */
@@ -857,26 +979,41 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 	rows_scores(tk, s, kvh, n, rmax, R, lo, hi, q, half, sc, mxv);
 	for (int p = 0; p < R * n; p++)
 		mx[p] = _mm512_reduce_max_ps(mxv[p]);
-	pairs_softmax(tk, n, rmax * n, R, lo, hi, sc, mx, sum);
+	blocks_softmax(tk, n, rmax, R, lo, hi, sc, mx, sum);
 	rows_values(tk, s, kvh, n, rmax, W, R, lo, hi, half, sc, acc);
 	pairs_put(a, NULL, row0, h0, n, R, acc, mx, sum);
 }
 
 /* One copy per group size and cache type: rows up to PAIRS_MAX / N, and
- * V sums over 64, 32 or 16 dims at a time as the pairs allow. */
+ * V sums over 64, 32 or 16 dims at a time as the pairs allow (P pairs
+ * and their P * W sums, W V vectors in the 32 registers); and one where R
+ * is the run a whole unit of ROWS_PER_UNIT rows splits into (attn_run():
+ * 16, 8, 4 and 4 rows for N = 1 .. 4), so that its row loops are
+ * constant and keys every row sees take no test. */
 #define ROWS_MAX(N) (PAIRS_MAX / (N))
-#define ROWS_W(N) (ROWS_MAX(N) * (N) <= 4 ? 4 : ROWS_MAX(N) * (N) <= 8 ? 2 : 1)
+#define PAIRS_W(P) ((P) <= 6 ? 4 : (P) <= 14 ? 2 : 1)
+#define UNIT_RUNS(N) ((ROWS_PER_UNIT + ROWS_MAX(N) - 1) / ROWS_MAX(N))
+#define UNIT_ROWS(N) (ROWS_PER_UNIT / UNIT_RUNS(N))
 #define ATTN_ROWS_N(N)                                                                    \
 	TGT_512 static void attn_rows_avx512_##N(const struct attn_task *tk, float *scratch, \
 						 int64_t s, int64_t h0, int64_t row0,         \
 						 int64_t pos0, int R, bool half)              \
 	{                                                                                 \
-		if (half)                                                                 \
-			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N), ROWS_W(N),  \
-					   row0, pos0, R, true);                          \
+		if (R == UNIT_ROWS(N) && half)                                            \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, UNIT_ROWS(N),            \
+					   PAIRS_W(UNIT_ROWS(N) * N), row0, pos0,         \
+					   UNIT_ROWS(N), true);                           \
+		else if (R == UNIT_ROWS(N))                                               \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, UNIT_ROWS(N),            \
+					   PAIRS_W(UNIT_ROWS(N) * N), row0, pos0,         \
+					   UNIT_ROWS(N), false);                          \
+		else if (half)                                                            \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N),             \
+					   PAIRS_W(ROWS_MAX(N) * N), row0, pos0, R, true); \
 		else                                                                      \
-			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N), ROWS_W(N),  \
-					   row0, pos0, R, false);                         \
+			attn_rows_avx512_t(tk, scratch, s, h0, N, ROWS_MAX(N),             \
+					   PAIRS_W(ROWS_MAX(N) * N), row0, pos0, R,       \
+					   false);                                        \
 	}
 ATTN_ROWS_N(1)
 ATTN_ROWS_N(2)
@@ -1453,7 +1590,7 @@ static void attn_rows_q(const struct attn_task *tk, float *scratch, int64_t s, i
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
 	const size_t head_bytes = tk->row_bytes / (size_t)a->n_kv_heads;
-	float *sk = scratch + PAIRS_MAX * (hd + tk->max_kv), *sv = sk + tk->max_kv * hd;
+	float *sk = scratch + PAIRS_MAX * (hd + tk->max_kv + 16), *sv = sk + tk->max_kv * hd;
 	int64_t lo = 0, hi = p0 + r1 - 1;
 	static const int32_t block0 = 0;
 	struct loom_attention_args st = *a;
@@ -1750,10 +1887,11 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	}
 	if (LOOM_ATTN_PARENT(a))
 		return attn_tree(ctx, a, max_kv);
-	/* acc[head_dim] and scores[max_kv] for each (row, head) pair of a
-	 * unit; for a typed cache also f32 staging of one KV head's keys and
-	 * values, [max_kv][head_dim] each */
-	if (__builtin_add_overflow(a->head_dim, max_kv, &need) ||
+	/* acc[head_dim] and scores[max_kv + 16] (the many-row kernel's last
+	 * 16-key block) for each (row, head) pair of a unit; for a typed
+	 * cache also f32 staging of one KV head's keys and values,
+	 * [max_kv][head_dim] each */
+	if (__builtin_add_overflow(a->head_dim, max_kv + 16, &need) ||
 	    __builtin_mul_overflow(need, PAIRS_MAX, &need))
 		return LOOM_ERR_NOMEM;
 	if (LOOM_KV_TYPE(a, struct loom_attention_args) != LOOM_TYPE_F32 &&
