@@ -1175,9 +1175,12 @@ static inline unsigned pairs_seeing(const int64_t *lo, const int64_t *hi, int R,
 	return live;
 }
 
-/* Scores of all pairs (pair p = r * n + g at sc + p * max_kv, key t at
- * t - lo[0]; its query at qp[p]) and their maxima per lane in mxv. rmax:
- * R's bound (compile time). */
+/* Scores of all pairs in blocks of 16 keys from lo[0] (block b at sc + b
+ * * 256, pair p = r * n + g's keys at + p * 16, lanes of keys a pair does
+ * not see left as they were; its query at qp[p]) and their maxima per
+ * lane in mxv. rmax: R's bound (compile time); a lone row (rmax 1) keeps
+ * pair p's scores in a row at sc + p * max_kv instead (key t at t -
+ * lo[0]): its few pairs pay less for that than for a transposition. */
 CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int rmax, int R, const int64_t *lo,
 					  const int64_t *hi, const float *const *qp, bool half,
@@ -1235,7 +1238,9 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 
 					for (int c = cnt; c < 8; c++)
 						dots[p][c] = _mm256_setzero_ps();
-					score_pair8(a, dots[p], all, keep,
+					score_pair8(a, dots[p], all, keep, rmax > 1 ?
+						    sc + (tb - lo[0]) / 16 * 256 + p * 16 +
+						    (tb - lo[0]) % 16 :
 						    sc + p * tk->max_kv + tb - lo[0], &mxv[p]);
 				}
 			}
@@ -1244,34 +1249,84 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 	}
 }
 
-/* The pairs of one V pass (values_pass8()): rows r0 .., their weights
- * (pair p's weight of key t at w[p][t]), the keys any of them sees
- * [first, last] and those all of them see [all_lo, all_hi]. */
+/* The pairs of one V pass (values_pass8()): rows r0 .., the keys any of
+ * them sees [first, last] and those all of them see [all_lo, all_hi]. */
 struct vpass {
 	int r0;
-	const float *w[6];
 	int64_t first, last, all_lo, all_hi;
 };
+
+/* One key's weighted V vectors (W from v, 8 dims each) into the sums r of
+ * RG * n pairs (with `check`, only rows rr with t in [lo[rr], hi[rr]]),
+ * pair p's weight at w0[p * ps], broadcast once for its W vectors: the V
+ * vectors loaded first, or where they and the sums would not leave a
+ * register for a weight, the weights first and a V vector at a time. */
+CPU_TGT_AVX2 CPU_INLINE void key_values8(const void *v, bool half, int W, int n, int RG,
+					 bool check, int r0, const int64_t *lo, const int64_t *hi,
+					 int64_t t, const float *w0, int64_t ps, __m256 r[][4])
+{
+	if (RG * n * W + W + 1 > 16) {
+		__m256 wt[12];
+		bool on[12];
+
+		#pragma GCC unroll 12
+		for (int p = 0; p < RG * n; p++) {
+			const int rr = r0 + p / n;
+
+			on[p] = !check || (t >= lo[rr] && t <= hi[rr]);
+			wt[p] = _mm256_broadcast_ss(w0 + p * ps);
+		}
+		#pragma GCC unroll 4
+		for (int j = 0; j < W; j++) {
+			const __m256 x = ld8(v, 8 * j, half);
+
+			#pragma GCC unroll 12
+			for (int p = 0; p < RG * n; p++)
+				if (on[p])
+					r[p][j] = _mm256_fmadd_ps(wt[p], x, r[p][j]);
+		}
+		return;
+	}
+	__m256 vv[4];
+
+	#pragma GCC unroll 4
+	for (int j = 0; j < W; j++)
+		vv[j] = ld8(v, 8 * j, half);
+	#pragma GCC unroll 12
+	for (int p = 0; p < RG * n; p++) {
+		const int rr = r0 + p / n;
+		__m256 wt;
+
+		if (check && (t < lo[rr] || t > hi[rr]))
+			continue;
+		wt = _mm256_broadcast_ss(w0 + p * ps);
+		#pragma GCC unroll 4
+		for (int j = 0; j < W; j++)
+			r[p][j] = _mm256_fmadd_ps(wt, vv[j], r[p][j]);
+	}
+}
 
 /*
  * One pass of values_rows8(): W vectors (8W dims from d0) of the V sums
  * of RG * n pairs (all three at compile time, RG * n * W <= 12, so the
- * sums, the W V vectors and a weight fit the 16 vector registers), each
- * key's weight broadcast once for its W vectors. Keys every row sees take
- * no per-row test; the first pass (pf) asks for the rows ahead.
+ * sums, the W V vectors and a weight fit the 16 vector registers), from
+ * the weights blocks_softmax8() left key-major (key t's at sc + (t -
+ * lo[0]) * 16; with km false, pairs_softmax()'s rows). Keys every row
+ * sees take no per-row test; the first pass (pf) asks for the rows ahead.
  */
 CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s, int64_t kvh,
-					  int n, int RG, int W, const struct vpass *vp,
-					  const int64_t *lo, const int64_t *hi, int64_t d0, bool pf,
-					  bool half, float *acc)
+					  int n, int RG, int W, bool km, const struct vpass *vp,
+					  const int64_t *lo, const int64_t *hi, const float *sc,
+					  int64_t d0, bool pf, bool half, float *acc)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
 	const size_t es = half ? 2 : 4;
 	const char *vc = (const char *)a->vcache;
-	__m256 r[6][4];
+	const int64_t ks = km ? 16 : 1, ps = km ? 1 : tk->max_kv; /* key, pair strides */
+	__m256 r[12][4];
 
-	#pragma GCC unroll 6
+	#pragma GCC unroll 12
 	for (int p = 0; p < RG * n; p++)
 		#pragma GCC unroll 4
 		for (int j = 0; j < W; j++)
@@ -1283,51 +1338,17 @@ CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s,
 			pf_row(a, vc, es, e - d0 + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *v = vc + (size_t)e * es;
-			const bool all = t >= vp->all_lo && t <= vp->all_hi;
-			__m256 vv[4];
+			const float *w0 = sc + (t - lo[0]) * ks + vp->r0 * n * ps;
 
 			if (pf && i + PF_ROWS < m)
 				pf_row(a, vc, es, e - d0 + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
-			if (RG * n * W > 8) { /* all the pairs' weights, then a V vector at a time */
-				__m256 wt[6];
-				bool on[6];
-
-				#pragma GCC unroll 6
-				for (int p = 0; p < RG * n; p++) {
-					const int rr = vp->r0 + p / n;
-
-					on[p] = all || (t >= lo[rr] && t <= hi[rr]);
-					wt[p] = _mm256_broadcast_ss(vp->w[p] + t);
-				}
-				#pragma GCC unroll 4
-				for (int j = 0; j < W; j++) {
-					const __m256 x = ld8(v, 8 * j, half);
-
-					#pragma GCC unroll 6
-					for (int p = 0; p < RG * n; p++)
-						if (on[p])
-							r[p][j] = _mm256_fmadd_ps(wt[p], x, r[p][j]);
-				}
-				continue;
-			}
-			#pragma GCC unroll 4
-			for (int j = 0; j < W; j++)
-				vv[j] = ld8(v, 8 * j, half);
-			#pragma GCC unroll 6
-			for (int p = 0; p < RG * n; p++) {
-				const int rr = vp->r0 + p / n;
-
-				if (all || (t >= lo[rr] && t <= hi[rr])) {
-					const __m256 wt = _mm256_broadcast_ss(vp->w[p] + t);
-
-					#pragma GCC unroll 4
-					for (int j = 0; j < W; j++)
-						r[p][j] = _mm256_fmadd_ps(wt, vv[j], r[p][j]);
-				}
-			}
+			if (t >= vp->all_lo && t <= vp->all_hi)
+				key_values8(v, half, W, n, RG, false, vp->r0, lo, hi, t, w0, ps, r);
+			else
+				key_values8(v, half, W, n, RG, true, vp->r0, lo, hi, t, w0, ps, r);
 		}
 	}
-	#pragma GCC unroll 6
+	#pragma GCC unroll 12
 	for (int p = 0; p < RG * n; p++)
 		#pragma GCC unroll 4
 		for (int j = 0; j < W; j++)
@@ -1342,12 +1363,12 @@ CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s,
  * 8 at a time.
  */
 CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s, int64_t kvh,
-					  int n, int RG, int r0, const int64_t *lo,
+					  int n, int RG, bool km, int r0, const int64_t *lo,
 					  const int64_t *hi, bool half, const float *sc, float *acc)
 {
 	const int64_t hd = tk->a->head_dim;
-	const int W = RG * n <= 3 ? 4 : 2;
-	struct vpass vp = { r0, { 0 }, lo[r0], hi[r0], lo[r0], hi[r0] };
+	const int W = RG * n <= 3 ? 4 : RG * n <= 6 ? 2 : 1;
+	struct vpass vp = { r0, lo[r0], hi[r0], lo[r0], hi[r0] };
 	int64_t d0 = 0;
 
 	for (int r = r0; r < r0 + RG; r++) {
@@ -1356,28 +1377,114 @@ CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s,
 		vp.all_lo = lo[r] > vp.all_lo ? lo[r] : vp.all_lo;
 		vp.all_hi = hi[r] < vp.all_hi ? hi[r] : vp.all_hi;
 	}
-	#pragma GCC unroll 6
-	for (int p = 0; p < RG * n; p++)
-		vp.w[p] = sc + (r0 * n + p) * tk->max_kv - lo[0];
 	for (; d0 + 8 * W <= hd; d0 += 8 * W)
-		values_pass8(tk, s, kvh, n, RG, W, &vp, lo, hi, d0, d0 == 0 && r0 == 0, half, acc);
+		values_pass8(tk, s, kvh, n, RG, W, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
+			     acc);
 	for (; d0 < hd; d0 += 8)
-		values_pass8(tk, s, kvh, n, RG, 1, &vp, lo, hi, d0, d0 == 0 && r0 == 0, half, acc);
+		values_pass8(tk, s, kvh, n, RG, 1, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
+			     acc);
 }
 
 /* values_rows8() over rows 0 .. R - 1, V_ROWS(n) rows at a time (n at
  * compile time). */
-#define V_ROWS(n) ((n) >= 4 ? 1 : 6 / (n))
+#define V_ROWS(n) ((n) >= 4 ? 3 : 6 / (n))
 CPU_TGT_AVX2 CPU_INLINE void rows_values8(const struct attn_task *tk, int64_t s, int64_t kvh,
-					  int n, int R, const int64_t *lo, const int64_t *hi,
+					  int n, int R, bool km, const int64_t *lo, const int64_t *hi,
 					  bool half, const float *sc, float *acc)
 {
 	int r0 = 0;
 
 	for (; r0 + V_ROWS(n) <= R; r0 += V_ROWS(n))
-		values_rows8(tk, s, kvh, n, V_ROWS(n), r0, lo, hi, half, sc, acc);
+		values_rows8(tk, s, kvh, n, V_ROWS(n), km, r0, lo, hi, half, sc, acc);
 	for (; r0 < R; r0++) /* the rest one at a time */
-		values_rows8(tk, s, kvh, n, 1, r0, lo, hi, half, sc, acc);
+		values_rows8(tk, s, kvh, n, 1, km, r0, lo, hi, half, sc, acc);
+}
+
+/* v[0 .. 7] transposed: lane j of v[i] to lane i of v[j]. */
+CPU_TGT_AVX2 CPU_INLINE void transpose8(__m256 v[8])
+{
+	__m256 a[8], b[8];
+
+	for (int k = 0; k < 8; k += 2) { /* half h: rows k, k + 1 at 4h .. 4h + 3 */
+		a[k] = _mm256_unpacklo_ps(v[k], v[k + 1]);
+		a[k + 1] = _mm256_unpackhi_ps(v[k], v[k + 1]);
+	}
+	for (int k = 0; k < 8; k += 4) { /* b[k + e] half h: rows k .. k + 3 at 4h + e */
+		b[k] = _mm256_shuffle_ps(a[k], a[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+		b[k + 1] = _mm256_shuffle_ps(a[k], a[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+		b[k + 2] = _mm256_shuffle_ps(a[k + 1], a[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+		b[k + 3] = _mm256_shuffle_ps(a[k + 1], a[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+	}
+	for (int e = 0; e < 4; e++) {
+		v[e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x20);
+		v[4 + e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x31);
+	}
+}
+
+/*
+ * blocks_softmax() on 8-lane vectors: the pairs' weights from
+ * rows_scores8()'s blocks, in place and key-major (key t's weights of
+ * pairs 0 .. 15 at sc + (t - lo[0]) * 16; 0 for a key the pair's row
+ * does not see; pairs from 8 on only where npmax, R * n's bound at
+ * compile time, exceeds 8), and in sum[p] each pair's sum in key order
+ * in double, four pairs to a vector.
+ */
+CPU_TGT_AVX2 CPU_INLINE void blocks_softmax8(const struct attn_task *tk, int n, int npmax, int R,
+					     const int64_t *lo, const int64_t *hi, float *sc,
+					     const float *mx, double *sum)
+{
+	const int64_t last = hi[R - 1];
+	const int PH = npmax > 8 ? 2 : 1; /* halves of the pairs */
+	__m256d s[4] = { _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+			 _mm256_setzero_pd() };
+	double out[16];
+
+	for (int64_t tb = lo[0]; tb <= last; tb += 16) {
+		float *blk = sc + (tb - lo[0]) * 16;
+		const int cnt = last + 1 - tb < 16 ? (int)(last + 1 - tb) : 16;
+		__m256 v[2][2][8]; /* [pair half][key half][8 rows] */
+
+		for (int p = 0; p < R * n; p++)
+			for (int h = 0; h < 16; h += 8)
+				_mm256_storeu_ps(blk + p * 16 + h,
+						 _mm256_sub_ps(_mm256_loadu_ps(blk + p * 16 + h),
+							       _mm256_set1_ps(mx[p])));
+		softmax_exp(tk, blk, (int64_t)R * n * 16, 0.0f);
+		for (int ph = 0; ph < PH; ph++)
+			for (int kh = 0; kh < 2; kh++) {
+				#pragma GCC unroll 8
+				for (int i = 0; i < 8; i++) {
+					const int p = ph * 8 + i, r = p / n;
+					const __m256i keep = p < R * n ?
+						seen8(tb + kh * 8, cnt - kh * 8, lo[r], hi[r]) :
+						_mm256_setzero_si256();
+
+					v[ph][kh][i] = _mm256_and_ps(_mm256_loadu_ps(blk + p * 16 + kh * 8),
+								     _mm256_castsi256_ps(keep));
+				}
+				transpose8(v[ph][kh]);
+			}
+		for (int kh = 0; kh < 2; kh++)
+			for (int j = 0; j < 8; j++) {
+				const int i = kh * 8 + j;
+
+				for (int ph = 0; ph < PH; ph++) {
+					const __m256 w = v[ph][kh][j];
+
+					_mm256_storeu_ps(blk + i * 16 + ph * 8, w);
+					if (i >= cnt)
+						continue;
+					s[2 * ph] = _mm256_add_pd(s[2 * ph],
+								  _mm256_cvtps_pd(_mm256_castps256_ps128(w)));
+					s[2 * ph + 1] = _mm256_add_pd(s[2 * ph + 1],
+								      _mm256_cvtps_pd(_mm256_extractf128_ps(w, 1)));
+				}
+			}
+	}
+	for (int q = 0; q < 4; q++)
+		_mm256_storeu_pd(out + 4 * q, s[q]);
+	for (int p = 0; p < R * n; p++)
+		sum[p] = out[p];
 }
 
 /* The largest of v's lanes (any order: only a zero's sign could differ,
@@ -1415,8 +1522,11 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, qp, half, sc, mxv);
 	for (int p = 0; p < R * n; p++)
 		mx[p] = hmax8(mxv[p]);
-	pairs_softmax(tk, n, rmax * n, R, lo, hi, sc, mx, sum);
-	rows_values8(tk, s, kvh, n, R, lo, hi, half, sc, acc);
+	if (rmax > 1)
+		blocks_softmax8(tk, n, rmax * n, R, lo, hi, sc, mx, sum);
+	else
+		pairs_softmax(tk, n, n, R, lo, hi, sc, mx, sum);
+	rows_values8(tk, s, kvh, n, R, rmax > 1, lo, hi, half, sc, acc);
 	pairs_put(a, sp, row0, h0, n, R, acc, mx, sum);
 }
 
