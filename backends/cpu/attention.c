@@ -989,7 +989,8 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
  * and their P * W sums, W V vectors in the 32 registers); and one where R
  * is the run a whole unit of ROWS_PER_UNIT rows splits into (attn_run():
  * 16, 8, 4 and 4 rows for N = 1 .. 4), so that its row loops are
- * constant and keys every row sees take no test. */
+ * constant and keys every row sees take no test (where that run is
+ * ROWS_MAX(N) rows, the first copy does so already). */
 #define ROWS_MAX(N) (PAIRS_MAX / (N))
 #define PAIRS_W(P) ((P) <= 6 ? 4 : (P) <= 14 ? 2 : 1)
 #define UNIT_RUNS(N) ((ROWS_PER_UNIT + ROWS_MAX(N) - 1) / ROWS_MAX(N))
@@ -999,11 +1000,11 @@ TGT_512 CPU_INLINE void attn_rows_avx512_t(const struct attn_task *tk, float *sc
 						 int64_t s, int64_t h0, int64_t row0,         \
 						 int64_t pos0, int R, bool half)              \
 	{                                                                                 \
-		if (R == UNIT_ROWS(N) && half)                                            \
+		if (UNIT_ROWS(N) != ROWS_MAX(N) && R == UNIT_ROWS(N) && half)             \
 			attn_rows_avx512_t(tk, scratch, s, h0, N, UNIT_ROWS(N),            \
 					   PAIRS_W(UNIT_ROWS(N) * N), row0, pos0,         \
 					   UNIT_ROWS(N), true);                           \
-		else if (R == UNIT_ROWS(N))                                               \
+		else if (UNIT_ROWS(N) != ROWS_MAX(N) && R == UNIT_ROWS(N))                \
 			attn_rows_avx512_t(tk, scratch, s, h0, N, UNIT_ROWS(N),            \
 					   PAIRS_W(UNIT_ROWS(N) * N), row0, pos0,         \
 					   UNIT_ROWS(N), false);                          \
