@@ -41,6 +41,7 @@ struct attn_task {
 	const int64_t *parts;
 	float *partial;
 	atomic_int *merged;
+	bool walk; /* split parts run as part_groups() (each chunk one part) */
 };
 
 /*
@@ -488,7 +489,7 @@ TGT_512 CPU_INLINE void scores16(const struct loom_attention_args *a,
  * head's running maximum per lane in mxv; hd is the head dimension. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
 group_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t lo, int64_t hi,
-	     bool half, const float *q, float *sc, __m512 *mxv, int64_t hd)
+	     bool half, const float *q, float *sc, __m512 *mxv, int64_t hd, bool pf)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t stride = a->n_kv_heads * hd;
@@ -502,13 +503,13 @@ group_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t 
 		/* a run's rows are `stride` apart: ask for them PF_ROWS ahead
 		 * of use (a burst for the whole window at once overflows the
 		 * core's outstanding misses) */
-		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+		for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
 			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *k = kc + (size_t)e * es;
 			__m512 d[GROUP_MAX];
 
-			if (i + PF_ROWS < m)
+			if (pf && i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 
 			for (int g = 0; g < n; g++)
@@ -530,10 +531,11 @@ group_scores(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t 
 }
 
 /* The grouped kernel's V sums of dims d0 .. d0 + 16 w for its n heads,
- * weights sc (head g at g * max_kv), into acc (head g at g * head_dim). */
+ * weights sc (head g at g * max_kv), into acc (head g at g * head_dim);
+ * with cont, added on to the sums acc holds (of the keys before lo). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) CPU_INLINE void
 group_values(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t lo, int64_t hi,
-	     int64_t d0, bool half, const float *sc, float *acc, int w)
+	     int64_t d0, bool half, const float *sc, float *acc, int w, bool cont, bool pf)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
@@ -543,17 +545,18 @@ group_values(const struct attn_task *tk, int64_t s, int64_t kvh, int n, int64_t 
 
 	for (int g = 0; g < n; g++)
 		for (int j = 0; j < 4; j++)
-			r[g][j] = _mm512_setzero_ps();
+			r[g][j] = cont && j < w ? _mm512_loadu_ps(acc + g * hd + d0 + 16 * j) :
+						  _mm512_setzero_ps();
 	for (int64_t t = lo, m; t <= hi;) {
 		int64_t e = kv_run_off(a, s, t, kvh, hi, &m) + d0;
 
-		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+		for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
 			pf_row(a, vc, es, e + i * stride, kvh, d0, (size_t)w * 16 * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *v = vc + (size_t)e * es;
 			__m512 vv[4];
 
-			if (i + PF_ROWS < m)
+			if (pf && i + PF_ROWS < m)
 				pf_row(a, vc, es, e + PF_ROWS * stride, kvh, d0, (size_t)w * 16 * es);
 
 			for (int j = 0; j < w; j++)
@@ -591,11 +594,11 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 	/* head_dim a constant where it is a common one, so the dot loop
 	 * unrolls */
 	if (hd == 64)
-		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 64);
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 64, true);
 	else if (hd == 128)
-		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 128);
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, 128, true);
 	else
-		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, hd);
+		group_scores(tk, s, kvh, n, lo, hi, half, q, sc, mxv, hd, true);
 	/* softmax_weights() of each head, the sums' chains side by side */
 	for (int g = 0; g < n; g++)
 		mx[g] = _mm512_reduce_max_ps(mxv[g]);
@@ -604,10 +607,10 @@ attn_group_avx512_t(const struct attn_task *tk, float *scratch, int64_t s, int64
 		/* a full slice of 64 dims with its width a constant, so the
 		 * accumulators stay in registers and the loops unroll */
 		if (hd - d0 >= 64)
-			group_values(tk, s, kvh, n, lo, hi, d0, half, sc, acc, 4);
+			group_values(tk, s, kvh, n, lo, hi, d0, half, sc, acc, 4, false, true);
 		else
 			group_values(tk, s, kvh, n, lo, hi, d0, half, sc, acc,
-				     (int)(hd - d0) / 16);
+				     (int)(hd - d0) / 16, false, true);
 	}
 	for (int g = 0; g < n; g++)
 		attn_put(a, sp, row, h0 + g, acc + g * hd, mx[g], sum[g]);
@@ -1777,37 +1780,11 @@ static void attn_merge(const struct attn_task *tk, float *scratch, int64_t s, in
 
 /* Part c - chunk_start[s] of sequence s's decode row, heads h0 ..; the
  * group's last part to finish merges them. */
-static void attn_part(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int64_t c)
+/* The sequence whose chunks hold chunk c. */
+static int64_t chunk_seq(const struct attn_task *tk, int64_t c)
 {
-	const struct loom_attention_args *a = tk->a;
-	const int64_t P = tk->parts[s], p = c - tk->chunk_start[s];
-	const int64_t row = a->q_start[s], pos = a->kv_len[s] - 1;
-	int64_t lo, hi, len;
-	struct attn_span sp;
+	int64_t lo = 0, hi = tk->a->n_seqs;
 
-	attn_range(a, pos, NULL, &lo, &hi);
-	len = hi + 1 - lo;
-	sp.t0 = lo + len * p / P;
-	sp.t1 = lo + len * (p + 1) / P - 1;
-	sp.part = tk->partial + c * a->n_heads * ATTN_PSTRIDE(a->head_dim);
-	if (staged(tk))
-		attn_rows_q(tk, scratch, s, h0, row, pos, 0, 1, &sp);
-	else
-		attn_heads(tk, scratch, s, h0, row, pos, tk->type == LOOM_TYPE_F16, &sp);
-	/* the fetch-add orders this part's stores before the merger's loads */
-	if (atomic_fetch_add(&tk->merged[s * (a->n_heads / tk->group) + h0 / tk->group], 1) + 1 ==
-	    P)
-		attn_merge(tk, scratch, s, h0);
-}
-
-static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
-{
-	const struct loom_attention_args *a = tk->a;
-	const int64_t n_groups = a->n_heads / tk->group;
-	int64_t h0 = u % n_groups * tk->group, c = u / n_groups;
-	int64_t lo = 0, hi = a->n_seqs;
-
-	/* the sequence whose chunks hold c */
 	while (hi - lo > 1) {
 		int64_t mid = (lo + hi) / 2;
 
@@ -1816,7 +1793,212 @@ static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
 		else
 			hi = mid;
 	}
-	int64_t s = lo;
+	return lo;
+}
+
+/* Positions [*t0, *t1] of part p of sequence s's split decode row, and
+ * where its partial results go. */
+static void part_span(const struct attn_task *tk, int64_t s, int64_t c, struct attn_span *sp)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t P = tk->parts[s], p = c - tk->chunk_start[s];
+	int64_t lo, hi, len;
+
+	attn_range(a, a->kv_len[s] - 1, NULL, &lo, &hi);
+	len = hi + 1 - lo;
+	sp->t0 = lo + len * p / P;
+	sp->t1 = lo + len * (p + 1) / P - 1;
+	sp->part = tk->partial + c * a->n_heads * ATTN_PSTRIDE(a->head_dim);
+}
+
+/* The merge of each head group of sequence s whose last part this was. */
+static void part_done(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0)
+{
+	const struct loom_attention_args *a = tk->a;
+
+	/* the fetch-add orders this part's stores before the merger's loads */
+	if (atomic_fetch_add(&tk->merged[s * (a->n_heads / tk->group) + h0 / tk->group], 1) + 1 ==
+	    tk->parts[s])
+		attn_merge(tk, scratch, s, h0);
+}
+
+static void attn_part(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int64_t c)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t row = a->q_start[s], pos = a->kv_len[s] - 1;
+	struct attn_span sp;
+
+	part_span(tk, s, c, &sp);
+	if (staged(tk))
+		attn_rows_q(tk, scratch, s, h0, row, pos, 0, 1, &sp);
+	else
+		attn_heads(tk, scratch, s, h0, row, pos, tk->type == LOOM_TYPE_F16, &sp);
+	part_done(tk, scratch, s, h0);
+}
+
+#if defined(__x86_64__)
+/* Whether part_groups() runs the split decode parts. */
+static bool part_walk(const struct attn_task *tk)
+{
+	return tk->ctx->attn_walk && group_kernel(tk->ctx, tk->a) && !staged(tk) &&
+	       tk->a->n_heads / tk->group > 1;
+}
+
+/* The cache rows of up to 16 positions from t on (up to last): at most
+ * two runs of whole rows, each contiguous (a block's positions are). */
+struct rows16 {
+	const char *p[2];
+	size_t n[2];
+};
+
+static inline void rows16_at(const struct loom_attention_args *a, const char *cache, size_t es,
+			     int64_t s, int64_t t, int64_t last, struct rows16 *rs)
+{
+	const size_t row = (size_t)(a->n_kv_heads * a->head_dim) * es;
+	const int64_t end = t + 15 < last ? t + 15 : last;
+
+	rs->n[0] = rs->n[1] = 0;
+	for (int k = 0; k < 2 && t <= end; k++) {
+		int64_t m, e = kv_run_off(a, s, t, 0, end, &m);
+
+		rs->p[k] = cache + (size_t)e * es;
+		rs->n[k] = (size_t)m * row;
+		t += m;
+	}
+}
+
+/* Head group gi's share (of G) of the rows in rs, asked for ahead of the
+ * walk that reads them. */
+static inline void pf_share(const struct rows16 *rs, int64_t gi, int64_t G)
+{
+	const size_t all = rs->n[0] + rs->n[1];
+	size_t o = all * (size_t)gi / (size_t)G / 64 * 64;
+	const size_t end = all * (size_t)(gi + 1) / (size_t)G;
+
+	for (; o < end; o += 64)
+		__builtin_prefetch(o < rs->n[0] ? rs->p[0] + o : rs->p[1] + (o - rs->n[0]), 0, 3);
+}
+
+/*
+ * Part c of a split decode row, every head group at once: the part's
+ * positions in blocks of 16, each block's K rows read by every group in
+ * turn (and the next block's whole rows asked for meanwhile, a share per
+ * group), so the cache streams through once instead of once per group
+ * (each group's walk read a slice of every row: 11 GB/s from DRAM where
+ * a plain stream reads 40); then each group's softmax, and the V rows the
+ * same way, each group's sums carried from block to block in scratch. A
+ * head's arithmetic is attn_group_avx512_t()'s: group_scores() and
+ * group_values() over the same keys in the same order (a 16-key block
+ * starts at the part's first position either way), so the bits are the
+ * per-group walk's (LOOM_CPU_ATTN_WALK=0; backend_attn_group holds them
+ * to it).
+ */
+TGT_512 CPU_INLINE void part_groups_t(const struct attn_task *tk, float *scratch, int64_t s,
+				      int64_t c, bool half, int n, int64_t hd)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t G = a->n_heads / n, per_kv = a->n_heads / a->n_kv_heads;
+	const int64_t row = a->q_start[s];
+	const size_t es = half ? 2 : 4;
+	struct attn_span sp;
+	struct attn_task tk2 = *tk;
+	int64_t Ls; /* the part's length rounded up to 16 (parts are under 2 * ATTN_PART) */
+	/* scratch (cpu_attention() reserves n_heads * (head_dim + 2 *
+	 * ATTN_PART + 20) floats): each head's V sums, scores, running
+	 * maxima, maximum and sum */
+	float *acc = scratch, *sc, *mx;
+	double *sum;
+	__m512 *mxv;
+
+	part_span(tk, s, c, &sp);
+	Ls = (sp.t1 - sp.t0 + 16) / 16 * 16;
+	tk2.max_kv = Ls; /* a head's scores at h * Ls */
+	sc = acc + a->n_heads * a->head_dim;
+	mxv = (__m512 *)(sc + a->n_heads * Ls);
+	mx = (float *)(mxv + a->n_heads);
+	sum = (double *)(mx + (a->n_heads + 1) / 2 * 2);
+	for (int64_t h = 0; h < a->n_heads; h++)
+		mxv[h] = _mm512_set1_ps(-INFINITY);
+	for (int64_t tb = sp.t0; tb <= sp.t1; tb += 16) {
+		const int64_t te = tb + 15 < sp.t1 ? tb + 15 : sp.t1;
+		struct rows16 next;
+
+		rows16_at(a, (const char *)a->kcache, es, s, tb + 16, sp.t1, &next);
+		for (int64_t gi = 0; gi < G; gi++) {
+			const int64_t h0 = gi * n;
+
+			pf_share(&next, gi, G);
+			group_scores(&tk2, s, h0 / per_kv, n, tb, te, half,
+				     a->q + row * a->q_stride + h0 * a->head_dim,
+				     sc + h0 * Ls + (tb - sp.t0), mxv + h0, hd, false);
+		}
+	}
+	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n) {
+		for (int g = 0; g < n; g++)
+			mx[h0 + g] = _mm512_reduce_max_ps(mxv[h0 + g]);
+		pairs_softmax(&tk2, n, GROUP_MAX, 1, &sp.t0, &sp.t1, sc + h0 * Ls, mx + h0, sum + h0);
+	}
+	for (int64_t tb = sp.t0; tb <= sp.t1; tb += 16) {
+		const int64_t te = tb + 15 < sp.t1 ? tb + 15 : sp.t1;
+		struct rows16 next;
+
+		rows16_at(a, (const char *)a->vcache, es, s, tb + 16, sp.t1, &next);
+		for (int64_t gi = 0; gi < G; gi++) {
+			const int64_t h0 = gi * n;
+
+			pf_share(&next, gi, G);
+			for (int64_t d0 = 0; d0 < hd; d0 += 64)
+				group_values(&tk2, s, h0 / per_kv, n, tb, te, d0, half,
+					     sc + h0 * Ls + (tb - sp.t0), acc + h0 * a->head_dim,
+					     hd - d0 >= 64 ? 4 : (int)(hd - d0) / 16, tb > sp.t0,
+					     false);
+		}
+	}
+	for (int64_t h = 0; h < a->n_heads; h++)
+		attn_put(a, &sp, row, h, acc + h * a->head_dim, mx[h], sum[h]);
+	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n)
+		part_done(tk, scratch, s, h0);
+}
+
+/* One copy per group size, cache type and common head_dim. */
+#define PART_GROUPS_N(N)                                                                   \
+	TGT_512 static void part_groups_##N(const struct attn_task *tk, float *scratch,       \
+					    int64_t s, int64_t c, bool half)                  \
+	{                                                                                  \
+		const int64_t hd = tk->a->head_dim;                                        \
+		if (half && hd == 64)                                                      \
+			part_groups_t(tk, scratch, s, c, true, N, 64);                     \
+		else if (half && hd == 128)                                                \
+			part_groups_t(tk, scratch, s, c, true, N, 128);                    \
+		else if (half)                                                             \
+			part_groups_t(tk, scratch, s, c, true, N, hd);                     \
+		else                                                                       \
+			part_groups_t(tk, scratch, s, c, false, N, hd);                    \
+	}
+PART_GROUPS_N(1)
+PART_GROUPS_N(2)
+PART_GROUPS_N(3)
+PART_GROUPS_N(4)
+
+static void part_groups(const struct attn_task *tk, float *scratch, int64_t s, int64_t c)
+{
+	const bool half = tk->type == LOOM_TYPE_F16;
+
+	switch (tk->group) {
+	case 1: part_groups_1(tk, scratch, s, c, half); break;
+	case 2: part_groups_2(tk, scratch, s, c, half); break;
+	case 3: part_groups_3(tk, scratch, s, c, half); break;
+	default: part_groups_4(tk, scratch, s, c, half); break;
+	}
+}
+#endif
+
+static void attn_unit(const struct attn_task *tk, float *scratch, int64_t u)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t n_groups = a->n_heads / tk->group;
+	int64_t h0 = u % n_groups * tk->group, c = u / n_groups;
+	int64_t s = chunk_seq(tk, c);
 	int64_t q0 = a->q_start[s], q_len = a->q_start[s + 1] - q0;
 	int64_t r0 = (c - tk->chunk_start[s]) * ROWS_PER_UNIT;
 	int64_t r1 = r0 + ROWS_PER_UNIT < q_len ? r0 + ROWS_PER_UNIT : q_len;
@@ -1843,6 +2025,18 @@ static void attn_task_run(void *arg, int64_t c, int ith)
 
 	if (c + 1 == tk->n_chunks)
 		u1 = tk->n_units;
+#if defined(__x86_64__)
+	/* a chunk that is one split part (chunks are not capped): its groups
+	 * at once */
+	if (tk->parts && tk->walk) {
+		int64_t s = chunk_seq(tk, c);
+
+		if (tk->parts[s]) {
+			part_groups(tk, scratch, s, c);
+			return;
+		}
+	}
+#endif
 	for (int64_t u = u0; u < u1; u++)
 		attn_unit(tk, scratch, u);
 }
@@ -2044,7 +2238,19 @@ int cpu_attention(struct loom_backend_ctx *ctx, const struct loom_attention_args
 	tk.parts = split ? parts : NULL;
 	tk.partial = NULL;
 	tk.merged = NULL;
+	tk.walk = false;
 	err = split ? split_alloc(&tk, chunks[a->n_seqs]) : LOOM_OK;
+#if defined(__x86_64__)
+	/* split parts walked by every head group at once, where each chunk
+	 * is one part and the scratch takes the whole part (else per group) */
+	if (err == LOOM_OK && split && tk.n_chunks == chunks[a->n_seqs] && part_walk(&tk)) {
+		int64_t pw;
+
+		tk.walk = !__builtin_mul_overflow(a->n_heads, a->head_dim + 2 * ATTN_PART + 20,
+						  &pw) &&
+			  pw <= LOOM_CHECK_LIMIT && cpu_scratch_reserve(ctx, (size_t)pw) == LOOM_OK;
+	}
+#endif
 	work *= (double)a->n_heads * (double)a->head_dim * 2;
 	if (err == LOOM_OK)
 		cpu_pool_run(&ctx->pool, attn_task_run, &tk, tk.n_chunks,

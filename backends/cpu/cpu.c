@@ -151,6 +151,8 @@ struct cpu_config {
 	bool fuse;        /* LOOM_CPU_FUSE=0: step regions run call by call */
 	bool attn_group;  /* LOOM_CPU_ATTN_GROUP=0: attention a head and a row
 			   * at a time */
+	bool attn_walk;   /* LOOM_CPU_ATTN_WALK=0: a split decode part walks
+			   * its positions once per head group */
 };
 
 /* Whether a config of cfg->struct_size bytes holds the field that ends
@@ -202,6 +204,7 @@ static void read_config(const struct loom_backend_config *cfg, struct cpu_config
 	c->pack = env_off("LOOM_CPU_PACK");
 	c->fuse = env_off("LOOM_CPU_FUSE");
 	c->attn_group = env_off("LOOM_CPU_ATTN_GROUP");
+	c->attn_walk = env_off("LOOM_CPU_ATTN_WALK");
 }
 
 /* The kernel set: the best the CPU has, or the lesser one LOOM_CPU_ISA
@@ -287,6 +290,7 @@ static int cpu_create(const struct loom_backend_host *host, const struct loom_ba
 	ctx->pack = !ctx->exact && kpack_kernel(ctx->qisa, LOOM_TYPE_Q4_1) && c.pack;
 	ctx->rg.fuse = c.fuse;
 	ctx->attn_group = c.attn_group;
+	ctx->attn_walk = c.attn_walk;
 	ctx->amx = pick_amx(ctx, c.isa);
 	ctx->scratch = calloc((size_t)n, sizeof(*ctx->scratch));
 	ctx->scratch_cap = calloc((size_t)n, sizeof(*ctx->scratch_cap));

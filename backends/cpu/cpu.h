@@ -388,6 +388,7 @@ struct loom_backend_ctx {
 	/* attention's grouped and many-row kernels (LOOM_CPU_ATTN_GROUP=0:
 	 * one head and one row at a time, for comparisons) */
 	bool attn_group;
+	bool attn_walk; /* LOOM_CPU_ATTN_WALK (attention.c, part_groups) */
 	bool pairs; /* fast mode: bf16 weights' prefill on bf16 pairs (fgemm.h) */
 	uint32_t *bfx; /* its activations as bf16 pairs */
 	size_t bfx_cap;

@@ -167,6 +167,7 @@ static int open_cpu(struct dev *d, const char *isa, bool group, unsigned flags)
 {
 	char err[512];
 
+	setenv("LOOM_CPU_ATTN_WALK", "1", 1);
 	if (isa)
 		setenv("LOOM_CPU_ISA", isa, 1);
 	else
@@ -229,6 +230,61 @@ static int sweep(const char *isa, unsigned flags, const char *what, int *cases)
 	return failures;
 }
 
+/*
+ * AVX-512, fast mode: split decode rows with every head group of a part
+ * walking its positions at once (part_groups()) against a walk per group
+ * (LOOM_CPU_ATTN_WALK=0), bit for bit: decode rows of 600-1100 positions
+ * (2-4 parts), beside a prefill chunk, every shape, cache type, a window
+ * and a soft cap. Returns the cases that differ.
+ */
+static int walk_sweep(int *cases)
+{
+	static const struct shape shapes[] = {
+		{ 4, 1, 64 }, { 9, 3, 64 }, { 6, 3, 128 }, { 8, 2, 256 }, { 6, 2, 48 },
+		{ 32, 8, 64 }, { 16, 16, 32 },
+	};
+	static const struct call calls[] = {
+		{ 2, { 0, 1, 2 }, { 1100, 777 }, 70, 0, 0.0f, 0, 0 },
+		{ 3, { 0, 20, 21, 22 }, { 300, 600, 530 }, 38, 0, 0.0f, 0, 0 },
+	};
+	struct dev walk, groups;
+	int failures = 0, n0 = *cases;
+	char err[512];
+
+	if (open_cpu(&walk, NULL, true, 0))
+		return 1;
+	setenv("LOOM_CPU_ATTN_WALK", "0", 1);
+	if (dev_open_flags(&groups, "cpu.so", 1, 0, err, sizeof(err))) {
+		printf("FAIL cpu.so with LOOM_CPU_ATTN_WALK=0: %s\n", err);
+		dev_close(&walk);
+		return 1;
+	}
+	setenv("LOOM_CPU_ATTN_WALK", "1", 1);
+	tb_seed(9);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++)
+			for (int variant = 0; variant < 8; variant++, (*cases)++) {
+				struct call call = calls[c];
+				int bad;
+
+				call.kv_type = variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+				call.window = variant & 2 ? 530 : 0;
+				call.softcap = variant & 4 ? 3.0f : 0.0f;
+				bad = compare(&walk, &groups, &shapes[s], &call);
+				if (bad) {
+					printf("FAIL part walk: heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
+					       shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
+					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
+					failures++;
+				}
+			}
+	printf("%s: AVX-512, fast, split parts: %d cases, %d differ from a walk per group\n",
+	       failures ? "FAIL" : "ok", *cases - n0, failures);
+	dev_close(&walk);
+	dev_close(&groups);
+	return failures;
+}
+
 int main(void)
 {
 	int failures = 0, cases = 0;
@@ -241,7 +297,8 @@ int main(void)
 	}
 	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl"))
-		failures += sweep(NULL, LOOM_BACKEND_EXACT, "AVX-512, exact", &cases);
+		failures += sweep(NULL, LOOM_BACKEND_EXACT, "AVX-512, exact", &cases),
+		failures += walk_sweep(&cases);
 	else
 		printf("SKIP: no AVX-512 here: its grouped kernels are not run\n");
 	failures += sweep("avx2", LOOM_BACKEND_EXACT, "AVX2, exact", &cases);
