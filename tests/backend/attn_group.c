@@ -161,6 +161,35 @@ static int rows_sweep(struct dev *grouped, struct dev *single, const struct shap
 	return failures;
 }
 
+/* Every shape x call x variant (cache type, a window of `window`
+ * positions, a soft cap) on devices a and b: the cases that differ, each
+ * reported with `what`. */
+static int calls_sweep(struct dev *a, struct dev *b, const struct shape *shapes, size_t n_shapes,
+		       const struct call *calls, size_t n_calls, int32_t window, const char *what,
+		       int *cases)
+{
+	int failures = 0;
+
+	for (size_t s = 0; s < n_shapes; s++)
+		for (size_t c = 0; c < n_calls; c++)
+			for (int variant = 0; variant < 8; variant++, (*cases)++) {
+				struct call call = calls[c];
+				int bad;
+
+				call.kv_type = variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+				call.window = variant & 2 ? window : 0;
+				call.softcap = variant & 4 ? 3.0f : 0.0f;
+				bad = compare(a, b, &shapes[s], &call);
+				if (bad) {
+					printf("FAIL %s: heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
+					       what, shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
+					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
+					failures++;
+				}
+			}
+	return failures;
+}
+
 /* Opens cpu.so with LOOM_CPU_ISA=isa (NULL: unset) and the grouped
  * kernels on or off. */
 static int open_cpu(struct dev *d, const char *isa, bool group, unsigned flags)
@@ -205,23 +234,8 @@ static int sweep(const char *isa, unsigned flags, const char *what, int *cases)
 		return 1;
 	}
 	tb_seed(5);
-	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
-		for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++)
-			for (int variant = 0; variant < 8; variant++, (*cases)++) {
-				struct call call = calls[c];
-				int bad;
-
-				call.kv_type = variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
-				call.window = variant & 2 ? 20 : 0;
-				call.softcap = variant & 4 ? 3.0f : 0.0f;
-				bad = compare(&grouped, &single, &shapes[s], &call);
-				if (bad) {
-					printf("FAIL %s: heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
-					       what, shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
-					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
-					failures++;
-				}
-			}
+	failures += calls_sweep(&grouped, &single, shapes, sizeof(shapes) / sizeof(shapes[0]), calls,
+				sizeof(calls) / sizeof(calls[0]), 20, what, cases);
 	failures += rows_sweep(&grouped, &single, shapes, cases);
 	printf("%s: %s: %d cases, %d differ from the one-head kernel\n", failures ? "FAIL" : "ok",
 	       what, *cases - n0, failures);
@@ -261,23 +275,8 @@ static int walk_sweep(int *cases)
 	}
 	setenv("LOOM_CPU_ATTN_WALK", "1", 1);
 	tb_seed(9);
-	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
-		for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++)
-			for (int variant = 0; variant < 8; variant++, (*cases)++) {
-				struct call call = calls[c];
-				int bad;
-
-				call.kv_type = variant & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
-				call.window = variant & 2 ? 530 : 0;
-				call.softcap = variant & 4 ? 3.0f : 0.0f;
-				bad = compare(&walk, &groups, &shapes[s], &call);
-				if (bad) {
-					printf("FAIL part walk: heads %d/%d hd %d call %zu %s window %d softcap %g: %d rows differ\n",
-					       shapes[s].heads, shapes[s].kv_heads, shapes[s].hd, c,
-					       variant & 1 ? "f16" : "f32", call.window, call.softcap, bad);
-					failures++;
-				}
-			}
+	failures = calls_sweep(&walk, &groups, shapes, sizeof(shapes) / sizeof(shapes[0]), calls,
+			       sizeof(calls) / sizeof(calls[0]), 530, "part walk", cases);
 	printf("%s: AVX-512, fast, split parts: %d cases, %d differ from a walk per group\n",
 	       failures ? "FAIL" : "ok", *cases - n0, failures);
 	dev_close(&walk);
