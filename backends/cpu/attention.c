@@ -1778,8 +1778,6 @@ static void attn_merge(const struct attn_task *tk, float *scratch, int64_t s, in
 	}
 }
 
-/* Part c - chunk_start[s] of sequence s's decode row, heads h0 ..; the
- * group's last part to finish merges them. */
 /* The sequence whose chunks hold chunk c. */
 static int64_t chunk_seq(const struct attn_task *tk, int64_t c)
 {
@@ -1796,8 +1794,8 @@ static int64_t chunk_seq(const struct attn_task *tk, int64_t c)
 	return lo;
 }
 
-/* Positions [*t0, *t1] of part p of sequence s's split decode row, and
- * where its partial results go. */
+/* In sp, the positions (t0 .. t1) of chunk c, a part of sequence s's
+ * split decode row, and where its partial results go. */
 static void part_span(const struct attn_task *tk, int64_t s, int64_t c, struct attn_span *sp)
 {
 	const struct loom_attention_args *a = tk->a;
@@ -1822,6 +1820,8 @@ static void part_done(const struct attn_task *tk, float *scratch, int64_t s, int
 		attn_merge(tk, scratch, s, h0);
 }
 
+/* Part c - chunk_start[s] of sequence s's decode row, heads h0 ..; the
+ * group's last part to finish merges them. */
 static void attn_part(const struct attn_task *tk, float *scratch, int64_t s, int64_t h0, int64_t c)
 {
 	const struct loom_attention_args *a = tk->a;
@@ -1844,8 +1844,10 @@ static bool part_walk(const struct attn_task *tk)
 	       tk->a->n_heads / tk->group > 1;
 }
 
-/* The cache rows of up to 16 positions from t on (up to last): at most
- * two runs of whole rows, each contiguous (a block's positions are). */
+/* The cache rows of up to 16 positions from t on (up to last) as runs of
+ * whole rows, each contiguous (a block's positions are): the first two
+ * runs, which are all of them where blocks hold 16 positions or more (with
+ * smaller blocks the rest go unasked: a prefetch changes no result). */
 struct rows16 {
 	const char *p[2];
 	size_t n[2];
