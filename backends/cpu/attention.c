@@ -1882,6 +1882,47 @@ static inline void pf_share(const struct rows16 *rs, int64_t gi, int64_t G)
 }
 
 /*
+ * One pass of part_groups_t() over the part sp (with `values` the V sums
+ * into acc, else the scores into sc and maxima into mxv; head h's at h *
+ * tk->max_kv): 16 positions at a time, every head group's grouped-kernel
+ * pass over the block in turn, the next block's whole rows asked for a
+ * share per group meanwhile.
+ */
+TGT_512 CPU_INLINE void part_blocks(const struct attn_task *tk, int64_t s,
+				    const struct attn_span *sp, int n, int64_t hd, bool half,
+				    bool values, float *sc, __m512 *mxv, float *acc)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t G = a->n_heads / n, per_kv = a->n_heads / a->n_kv_heads, Ls = tk->max_kv;
+	const float *q = a->q + a->q_start[s] * a->q_stride;
+	const char *cache = (const char *)(values ? a->vcache : a->kcache);
+	const size_t es = half ? 2 : 4;
+
+	for (int64_t tb = sp->t0; tb <= sp->t1; tb += 16) {
+		const int64_t te = tb + 15 < sp->t1 ? tb + 15 : sp->t1;
+		struct rows16 next;
+
+		rows16_at(a, cache, es, s, tb + 16, sp->t1, &next);
+		for (int64_t gi = 0; gi < G; gi++) {
+			const int64_t h0 = gi * n;
+			float *w = sc + h0 * Ls + (tb - sp->t0);
+
+			pf_share(&next, gi, G);
+			if (!values) {
+				group_scores(tk, s, h0 / per_kv, n, tb, te, half, q + h0 * a->head_dim,
+					     w, mxv + h0, hd, false);
+				continue;
+			}
+			for (int64_t d0 = 0; d0 < hd; d0 += 64)
+				group_values(tk, s, h0 / per_kv, n, tb, te, d0, half, w,
+					     acc + h0 * a->head_dim,
+					     hd - d0 >= 64 ? 4 : (int)(hd - d0) / 16, tb > sp->t0,
+					     false);
+		}
+	}
+}
+
+/*
  * Part c of a split decode row, every head group at once: the part's
  * positions in blocks of 16, each block's K rows read by every group in
  * turn (and the next block's whole rows asked for meanwhile, a share per
@@ -1899,9 +1940,7 @@ TGT_512 CPU_INLINE void part_groups_t(const struct attn_task *tk, float *scratch
 				      int64_t c, bool half, int n, int64_t hd)
 {
 	const struct loom_attention_args *a = tk->a;
-	const int64_t G = a->n_heads / n, per_kv = a->n_heads / a->n_kv_heads;
 	const int64_t row = a->q_start[s];
-	const size_t es = half ? 2 : 4;
 	struct attn_span sp;
 	struct attn_task tk2 = *tk;
 	int64_t Ls; /* the part's length rounded up to 16 (parts are under 2 * ATTN_PART) */
@@ -1921,41 +1960,13 @@ TGT_512 CPU_INLINE void part_groups_t(const struct attn_task *tk, float *scratch
 	sum = (double *)(mx + (a->n_heads + 1) / 2 * 2);
 	for (int64_t h = 0; h < a->n_heads; h++)
 		mxv[h] = _mm512_set1_ps(-INFINITY);
-	for (int64_t tb = sp.t0; tb <= sp.t1; tb += 16) {
-		const int64_t te = tb + 15 < sp.t1 ? tb + 15 : sp.t1;
-		struct rows16 next;
-
-		rows16_at(a, (const char *)a->kcache, es, s, tb + 16, sp.t1, &next);
-		for (int64_t gi = 0; gi < G; gi++) {
-			const int64_t h0 = gi * n;
-
-			pf_share(&next, gi, G);
-			group_scores(&tk2, s, h0 / per_kv, n, tb, te, half,
-				     a->q + row * a->q_stride + h0 * a->head_dim,
-				     sc + h0 * Ls + (tb - sp.t0), mxv + h0, hd, false);
-		}
-	}
+	part_blocks(&tk2, s, &sp, n, hd, half, false, sc, mxv, acc);
 	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n) {
 		for (int g = 0; g < n; g++)
 			mx[h0 + g] = _mm512_reduce_max_ps(mxv[h0 + g]);
 		pairs_softmax(&tk2, n, GROUP_MAX, 1, &sp.t0, &sp.t1, sc + h0 * Ls, mx + h0, sum + h0);
 	}
-	for (int64_t tb = sp.t0; tb <= sp.t1; tb += 16) {
-		const int64_t te = tb + 15 < sp.t1 ? tb + 15 : sp.t1;
-		struct rows16 next;
-
-		rows16_at(a, (const char *)a->vcache, es, s, tb + 16, sp.t1, &next);
-		for (int64_t gi = 0; gi < G; gi++) {
-			const int64_t h0 = gi * n;
-
-			pf_share(&next, gi, G);
-			for (int64_t d0 = 0; d0 < hd; d0 += 64)
-				group_values(&tk2, s, h0 / per_kv, n, tb, te, d0, half,
-					     sc + h0 * Ls + (tb - sp.t0), acc + h0 * a->head_dim,
-					     hd - d0 >= 64 ? 4 : (int)(hd - d0) / 16, tb > sp.t0,
-					     false);
-		}
-	}
+	part_blocks(&tk2, s, &sp, n, hd, half, true, sc, mxv, acc);
 	for (int64_t h = 0; h < a->n_heads; h++)
 		attn_put(a, &sp, row, h, acc + h * a->head_dim, mx[h], sum[h]);
 	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n)
