@@ -1184,11 +1184,12 @@ static inline unsigned pairs_seeing(const int64_t *lo, const int64_t *hi, int R,
  * not see left as they were; its query at qp[p]) and their maxima per
  * lane in mxv. rmax: R's bound (compile time); a lone row (rmax 1) keeps
  * pair p's scores in a row at sc + p * max_kv instead (key t at t -
- * lo[0]): its few pairs pay less for that than for a transposition. */
+ * lo[0]): its few pairs pay less for that than for a transposition. With
+ * pf, the rows are asked for ahead of use. */
 CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int rmax, int R, const int64_t *lo,
 					  const int64_t *hi, const float *const *qp, bool half,
-					  float *sc, __m256 *mxv)
+					  float *sc, __m256 *mxv, bool pf)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd, last = hi[R - 1];
@@ -1207,7 +1208,7 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 	for (int64_t t = lo[0], m, tb = lo[0]; t <= last;) {
 		int64_t e = kv_run_off(a, s, t, kvh, last, &m);
 
-		for (int64_t i = 0; i < m && i < PF_ROWS; i++)
+		for (int64_t i = 0; pf && i < m && i < PF_ROWS; i++)
 			pf_row(a, kc, es, e + i * stride, kvh, 0, (size_t)hd * es);
 		for (int64_t i = 0; i < m; i++, t++, e += stride) {
 			const void *k = kc + (size_t)e * es;
@@ -1215,7 +1216,7 @@ CPU_TGT_AVX2 CPU_INLINE void rows_scores8(const struct attn_task *tk, int64_t s,
 			const bool every = R == rmax && t >= all_lo && t <= all_hi;
 			const unsigned live = every ? 0 : pairs_seeing(lo, hi, R, n, t);
 
-			if (i + PF_ROWS < m)
+			if (pf && i + PF_ROWS < m)
 				pf_row(a, kc, es, e + PF_ROWS * stride, kvh, 0, (size_t)hd * es);
 
 			/* (head_dim 64 as a constant: one slice, no tests a
@@ -1317,11 +1318,12 @@ CPU_TGT_AVX2 CPU_INLINE void key_values8(const void *v, bool half, int W, int n,
  * the weights blocks_softmax8() left key-major (key t's at sc + (t -
  * lo[0]) * 16; with km false, pairs_softmax()'s rows). Keys every row
  * sees take no per-row test; the first pass (pf) asks for the rows ahead.
+ * With cont, the sums go on from those acc holds (of keys before first).
  */
 CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int RG, int W, bool km, const struct vpass *vp,
 					  const int64_t *lo, const int64_t *hi, const float *sc,
-					  int64_t d0, bool pf, bool half, float *acc)
+					  int64_t d0, bool pf, bool half, float *acc, bool cont)
 {
 	const struct loom_attention_args *a = tk->a;
 	const int64_t hd = a->head_dim, stride = a->n_kv_heads * hd;
@@ -1334,7 +1336,8 @@ CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s,
 	for (int p = 0; p < RG * n; p++)
 		#pragma GCC unroll 4
 		for (int j = 0; j < W; j++)
-			r[p][j] = _mm256_setzero_ps();
+			r[p][j] = cont ? _mm256_loadu_ps(acc + (vp->r0 * n + p) * hd + d0 + 8 * j) :
+					 _mm256_setzero_ps();
 	for (int64_t t = vp->first, m; t <= vp->last;) {
 		int64_t e = kv_run_off(a, s, t, kvh, vp->last, &m) + d0;
 
@@ -1383,10 +1386,10 @@ CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s,
 	}
 	for (; d0 + 8 * W <= hd; d0 += 8 * W)
 		values_pass8(tk, s, kvh, n, RG, W, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
-			     acc);
+			     acc, false);
 	for (; d0 < hd; d0 += 8)
 		values_pass8(tk, s, kvh, n, RG, 1, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
-			     acc);
+			     acc, false);
 }
 
 /* values_rows8() over rows 0 .. R - 1, V_ROWS(n) rows at a time (n at
@@ -1523,7 +1526,7 @@ CPU_TGT_AVX2 CPU_INLINE void attn_rows_avx2_t(const struct attn_task *tk, float 
 		for (int g = 0; g < n; g++)
 			qp[r * n + g] = a->q + (row0 + r) * a->q_stride + (h0 + g) * hd;
 	}
-	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, qp, half, sc, mxv);
+	rows_scores8(tk, s, kvh, n, rmax, R, lo, hi, qp, half, sc, mxv, true);
 	for (int p = 0; p < R * n; p++)
 		mx[p] = hmax8(mxv[p]);
 	if (rmax > 1)
@@ -1840,7 +1843,8 @@ static void attn_part(const struct attn_task *tk, float *scratch, int64_t s, int
 /* Whether part_groups() runs the split decode parts. */
 static bool part_walk(const struct attn_task *tk)
 {
-	return tk->ctx->attn_walk && group_kernel(tk->ctx, tk->a) && !staged(tk) &&
+	return tk->ctx->attn_walk &&
+	       (group_kernel(tk->ctx, tk->a) || rows8_kernel(tk->ctx, tk->a)) && !staged(tk) &&
 	       tk->a->n_heads / tk->group > 1;
 }
 
@@ -1993,10 +1997,126 @@ PART_GROUPS_N(2)
 PART_GROUPS_N(3)
 PART_GROUPS_N(4)
 
+/*
+ * part_blocks() with the AVX2 kernels (the lone-row walk of
+ * attn_rows_avx2_t(): rows_scores8() and values_pass8() over each block,
+ * the maxima carried in mxv, the V sums in acc).
+ */
+CPU_TGT_AVX2 CPU_INLINE void part_blocks8(const struct attn_task *tk, int64_t s,
+					  const struct attn_span *sp, int n, bool half, bool values,
+					  float *sc, __m256 *mxv, float *acc)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t G = a->n_heads / n, per_kv = a->n_heads / a->n_kv_heads, Ls = tk->max_kv;
+	const int64_t hd = a->head_dim;
+	const int W = n <= 3 ? 4 : 2; /* values_rows8()'s for one row */
+	const float *q = a->q + a->q_start[s] * a->q_stride;
+	const char *cache = (const char *)(values ? a->vcache : a->kcache);
+	const size_t es = half ? 2 : 4;
+
+	for (int64_t tb = sp->t0; tb <= sp->t1; tb += 16) {
+		int64_t lo = tb, hi = tb + 15 < sp->t1 ? tb + 15 : sp->t1;
+		const struct vpass vp = { 0, lo, hi, lo, hi };
+		struct rows16 next;
+
+		rows16_at(a, cache, es, s, tb + 16, sp->t1, &next);
+		for (int64_t gi = 0; gi < G; gi++) {
+			const int64_t h0 = gi * n, kvh = h0 / per_kv;
+			float *w = sc + h0 * Ls + (tb - sp->t0);
+			int64_t d0 = 0;
+
+			pf_share(&next, gi, G);
+			if (!values) {
+				const float *qp[GROUP_MAX];
+				__m256 m[GROUP_MAX];
+
+				for (int g = 0; g < n; g++)
+					qp[g] = q + (h0 + g) * hd;
+				rows_scores8(tk, s, kvh, n, 1, 1, &lo, &hi, qp, half, w, m, false);
+				for (int g = 0; g < n; g++)
+					mxv[h0 + g] = _mm256_max_ps(mxv[h0 + g], m[g]);
+				continue;
+			}
+			for (; d0 + 8 * W <= hd; d0 += 8 * W)
+				values_pass8(tk, s, kvh, n, 1, W, false, &vp, &lo, &hi, w, d0, false,
+					     half, acc + h0 * hd, tb > sp->t0);
+			for (; d0 < hd; d0 += 8)
+				values_pass8(tk, s, kvh, n, 1, 1, false, &vp, &lo, &hi, w, d0, false,
+					     half, acc + h0 * hd, tb > sp->t0);
+		}
+	}
+}
+
+/*
+ * part_groups_t() on AVX2: part c of a split decode row, every head group
+ * walking its positions together, 16 at a time. A head's arithmetic is
+ * attn_rows_avx2_t()'s for one row: its scores in 8-key steps from the
+ * part's first position (the blocks start there too), the same softmax,
+ * its V sums in position order, so the bits are the per-group walk's
+ * (backend_attn_group holds them to it).
+ */
+CPU_TGT_AVX2 CPU_INLINE void part_groups8_t(const struct attn_task *tk, float *scratch, int64_t s,
+					    int64_t c, bool half, int n)
+{
+	const struct loom_attention_args *a = tk->a;
+	const int64_t row = a->q_start[s];
+	struct attn_span sp;
+	struct attn_task tk2 = *tk;
+	int64_t Ls;
+	/* scratch as part_groups_t()'s, the maxima 8 lanes a head */
+	float *acc = scratch, *sc, *mx;
+	double *sum;
+	__m256 *mxv;
+
+	part_span(tk, s, c, &sp);
+	Ls = (sp.t1 - sp.t0 + 16) / 16 * 16;
+	tk2.max_kv = Ls;
+	sc = acc + a->n_heads * a->head_dim;
+	mxv = (__m256 *)(sc + a->n_heads * Ls);
+	mx = (float *)(mxv + a->n_heads);
+	sum = (double *)(mx + (a->n_heads + 1) / 2 * 2);
+	for (int64_t h = 0; h < a->n_heads; h++)
+		mxv[h] = _mm256_set1_ps(-INFINITY);
+	part_blocks8(&tk2, s, &sp, n, half, false, sc, mxv, acc);
+	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n) {
+		for (int g = 0; g < n; g++)
+			mx[h0 + g] = hmax8(mxv[h0 + g]);
+		pairs_softmax(&tk2, n, n, 1, &sp.t0, &sp.t1, sc + h0 * Ls, mx + h0, sum + h0);
+	}
+	part_blocks8(&tk2, s, &sp, n, half, true, sc, mxv, acc);
+	for (int64_t h = 0; h < a->n_heads; h++)
+		attn_put(a, &sp, row, h, acc + h * a->head_dim, mx[h], sum[h]);
+	for (int64_t h0 = 0; h0 < a->n_heads; h0 += n)
+		part_done(tk, scratch, s, h0);
+}
+
+#define PART_GROUPS8_N(N)                                                                  \
+	CPU_TGT_AVX2 static void part_groups8_##N(const struct attn_task *tk, float *scratch, \
+						  int64_t s, int64_t c, bool half)            \
+	{                                                                                  \
+		if (half)                                                                  \
+			part_groups8_t(tk, scratch, s, c, true, N);                        \
+		else                                                                       \
+			part_groups8_t(tk, scratch, s, c, false, N);                       \
+	}
+PART_GROUPS8_N(1)
+PART_GROUPS8_N(2)
+PART_GROUPS8_N(3)
+PART_GROUPS8_N(4)
+
 static void part_groups(const struct attn_task *tk, float *scratch, int64_t s, int64_t c)
 {
 	const bool half = tk->type == LOOM_TYPE_F16;
 
+	if (!group_kernel(tk->ctx, tk->a)) {
+		switch (tk->group) {
+		case 1: part_groups8_1(tk, scratch, s, c, half); break;
+		case 2: part_groups8_2(tk, scratch, s, c, half); break;
+		case 3: part_groups8_3(tk, scratch, s, c, half); break;
+		default: part_groups8_4(tk, scratch, s, c, half); break;
+		}
+		return;
+	}
 	switch (tk->group) {
 	case 1: part_groups_1(tk, scratch, s, c, half); break;
 	case 2: part_groups_2(tk, scratch, s, c, half); break;

@@ -6,8 +6,8 @@
  * against the one-row kernel on the AVX-512 set in fast mode (the same
  * exponentials), and the AVX2 ones (the same with 8 keys, hsum8()) in
  * exact and fast mode (fast mode also splits long decode rows into
- * parts; on AVX-512 a part's head groups walk it together, held to a
- * walk per group, LOOM_CPU_ATTN_WALK=0). Every output of prefill chunks, decode rows
+ * parts; a part's head groups walk it together, on either set held to
+ * a walk per group, LOOM_CPU_ATTN_WALK=0). Every output of prefill chunks, decode rows
  * and rows with history, over f32 and f16 caches, group sizes 1 to 4,
  * head sizes 32 to 256, key counts that fill no 8- or 16-key block, one
  * and several, with and without a window and a soft cap; and the
@@ -248,13 +248,14 @@ static int sweep(const char *isa, const char *one_isa, unsigned flags, const cha
 }
 
 /*
- * AVX-512, fast mode: split decode rows with every head group of a part
- * walking its positions at once (part_groups()) against a walk per group
- * (LOOM_CPU_ATTN_WALK=0), bit for bit: decode rows of 600-1100 positions
- * (2-4 parts), beside a prefill chunk, every shape, cache type, a window
- * and a soft cap. Returns the cases that differ.
+ * One kernel set (LOOM_CPU_ISA=isa, NULL: the host's), fast mode: split
+ * decode rows with every head group of a part walking its positions at
+ * once (part_groups()) against a walk per group (LOOM_CPU_ATTN_WALK=0),
+ * bit for bit: decode rows of 600-1100 positions (2-4 parts), beside a
+ * prefill chunk, every shape, cache type, a window and a soft cap.
+ * Returns the cases that differ.
  */
-static int walk_sweep(int *cases)
+static int walk_sweep(const char *isa, const char *what, int *cases)
 {
 	static const struct shape shapes[] = {
 		{ 4, 1, 64 }, { 9, 3, 64 }, { 6, 3, 128 }, { 8, 2, 256 }, { 6, 2, 48 },
@@ -268,7 +269,7 @@ static int walk_sweep(int *cases)
 	int failures = 0, n0 = *cases;
 	char err[512];
 
-	if (open_cpu(&walk, NULL, true, 0))
+	if (open_cpu(&walk, isa, true, 0))
 		return 1;
 	setenv("LOOM_CPU_ATTN_WALK", "0", 1);
 	if (dev_open_flags(&groups, "cpu.so", 1, 0, err, sizeof(err))) {
@@ -280,8 +281,8 @@ static int walk_sweep(int *cases)
 	tb_seed(9);
 	failures = calls_sweep(&walk, &groups, shapes, sizeof(shapes) / sizeof(shapes[0]), calls,
 			       sizeof(calls) / sizeof(calls[0]), 530, "part walk", cases);
-	printf("%s: AVX-512, fast, split parts: %d cases, %d differ from a walk per group\n",
-	       failures ? "FAIL" : "ok", *cases - n0, failures);
+	printf("%s: %s, fast, split parts: %d cases, %d differ from a walk per group\n",
+	       failures ? "FAIL" : "ok", what, *cases - n0, failures);
 	dev_close(&walk);
 	dev_close(&groups);
 	return failures;
@@ -301,10 +302,11 @@ int main(void)
 	    __builtin_cpu_supports("avx512vl"))
 		failures += sweep(NULL, "avx2", LOOM_BACKEND_EXACT, "AVX-512, exact", &cases),
 		failures += sweep(NULL, NULL, 0, "AVX-512, fast", &cases),
-		failures += walk_sweep(&cases);
+		failures += walk_sweep(NULL, "AVX-512", &cases);
 	else
 		printf("SKIP: no AVX-512 here: its grouped kernels are not run\n");
 	failures += sweep("avx2", "avx2", LOOM_BACKEND_EXACT, "AVX2, exact", &cases);
 	failures += sweep("avx2", "avx2", 0, "AVX2, fast", &cases);
+	failures += walk_sweep("avx2", "AVX2", &cases);
 	return failures ? 1 : 0;
 }
