@@ -2034,7 +2034,8 @@ CPU_TGT_AVX2 CPU_INLINE void part_blocks8(const struct attn_task *tk, int64_t s,
 					qp[g] = q + (h0 + g) * hd;
 				rows_scores8(tk, s, kvh, n, 1, 1, &lo, &hi, qp, half, w, m, false);
 				for (int g = 0; g < n; g++)
-					mxv[h0 + g] = _mm256_max_ps(mxv[h0 + g], m[g]);
+					/* (the earlier of equal maxima kept, as score_pair8()) */
+					mxv[h0 + g] = _mm256_max_ps(m[g], mxv[h0 + g]);
 				continue;
 			}
 			for (; d0 + 8 * W <= hd; d0 += 8 * W)

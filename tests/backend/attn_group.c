@@ -6,11 +6,12 @@
  * against the one-row kernel on the AVX-512 set in fast mode (the same
  * exponentials), and the AVX2 ones (the same with 8 keys, hsum8()) in
  * exact and fast mode (fast mode also splits long decode rows into
- * parts; a part's head groups walk it together, on either set held to
- * a walk per group, LOOM_CPU_ATTN_WALK=0). Every output of prefill chunks, decode rows
- * and rows with history, over f32 and f16 caches, group sizes 1 to 4,
- * head sizes 32 to 256, key counts that fill no 8- or 16-key block, one
- * and several, with and without a window and a soft cap; and the
+ * parts; a part's head groups walk it together, on either set held
+ * to a walk per group, LOOM_CPU_ATTN_WALK=0). Every output of prefill
+ * chunks, decode rows and rows with history, over f32 and f16 caches,
+ * group sizes 1 to 4, head sizes 32 to 256, key counts that fill no 8-
+ * or 16-key block, one and several, with and without a window and a
+ * soft cap; and the
  * many-row kernels (consecutive causal rows of a prefill chunk or a
  * verification run sharing each cache row) over runs of 1 to 17 rows
  * after several histories, every shape, cache type, window and soft cap
@@ -259,7 +260,7 @@ static int walk_sweep(const char *isa, const char *what, int *cases)
 {
 	static const struct shape shapes[] = {
 		{ 4, 1, 64 }, { 9, 3, 64 }, { 6, 3, 128 }, { 8, 2, 256 }, { 6, 2, 48 },
-		{ 32, 8, 64 }, { 16, 16, 32 },
+		{ 32, 8, 64 }, { 16, 16, 32 }, { 12, 3, 72 },
 	};
 	static const struct call calls[] = {
 		{ 2, { 0, 1, 2 }, { 1100, 777 }, 70, 0, 0.0f, 0, 0 },
