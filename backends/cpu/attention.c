@@ -1362,21 +1362,45 @@ CPU_TGT_AVX2 CPU_INLINE void values_pass8(const struct attn_task *tk, int64_t s,
 			_mm256_storeu_ps(acc + (vp->r0 * n + p) * hd + d0 + 8 * j, r[p][j]);
 }
 
+/* Vectors of dims a V pass of np pairs takes, so that the sums, the V
+ * vectors and a weight fit the 16 vector registers. */
+#define V_WIDTH(np) ((np) <= 3 ? 4 : (np) <= 6 ? 2 : 1)
+
+/* values_pass8() over every dim of head_dim: passes of V_WIDTH(RG * n)
+ * vectors, then of 2 where that is wider, then of 1 (which dims share a
+ * pass changes no bits: each dim's sums are its own); the first asks for
+ * the rows ahead where pf. */
+CPU_TGT_AVX2 CPU_INLINE void values_dims8(const struct attn_task *tk, int64_t s, int64_t kvh,
+					  int n, int RG, bool km, const struct vpass *vp,
+					  const int64_t *lo, const int64_t *hi, const float *sc,
+					  bool pf, bool half, float *acc, bool cont)
+{
+	const int64_t hd = tk->a->head_dim;
+	const int W = V_WIDTH(RG * n);
+	int64_t d0 = 0;
+
+	for (; d0 + 8 * W <= hd; d0 += 8 * W)
+		values_pass8(tk, s, kvh, n, RG, W, km, vp, lo, hi, sc, d0, pf && d0 == 0, half, acc,
+			     cont);
+	for (; W > 2 && d0 + 16 <= hd; d0 += 16)
+		values_pass8(tk, s, kvh, n, RG, 2, km, vp, lo, hi, sc, d0, pf && d0 == 0, half, acc,
+			     cont);
+	for (; d0 < hd; d0 += 8)
+		values_pass8(tk, s, kvh, n, RG, 1, km, vp, lo, hi, sc, d0, pf && d0 == 0, half, acc,
+			     cont);
+}
+
 /*
  * The weighted V sums of the pairs of rows r0 .. r0 + RG - 1 (RG and n at
  * compile time, RG * n <= 6) into acc (pair p at p * head_dim), in
- * position order per pair (attn_row_avx2_t()'s fused multiply-adds):
- * passes of 16 dims (32 where the pairs are 3 or fewer), any dims left
- * 8 at a time.
+ * position order per pair (attn_row_avx2_t()'s fused multiply-adds),
+ * values_dims8()'s passes.
  */
 CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s, int64_t kvh,
 					  int n, int RG, bool km, int r0, const int64_t *lo,
 					  const int64_t *hi, bool half, const float *sc, float *acc)
 {
-	const int64_t hd = tk->a->head_dim;
-	const int W = RG * n <= 3 ? 4 : RG * n <= 6 ? 2 : 1;
 	struct vpass vp = { r0, lo[r0], hi[r0], lo[r0], hi[r0] };
-	int64_t d0 = 0;
 
 	for (int r = r0; r < r0 + RG; r++) {
 		vp.first = lo[r] < vp.first ? lo[r] : vp.first;
@@ -1384,12 +1408,7 @@ CPU_TGT_AVX2 CPU_INLINE void values_rows8(const struct attn_task *tk, int64_t s,
 		vp.all_lo = lo[r] > vp.all_lo ? lo[r] : vp.all_lo;
 		vp.all_hi = hi[r] < vp.all_hi ? hi[r] : vp.all_hi;
 	}
-	for (; d0 + 8 * W <= hd; d0 += 8 * W)
-		values_pass8(tk, s, kvh, n, RG, W, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
-			     acc, false);
-	for (; d0 < hd; d0 += 8)
-		values_pass8(tk, s, kvh, n, RG, 1, km, &vp, lo, hi, sc, d0, d0 == 0 && r0 == 0, half,
-			     acc, false);
+	values_dims8(tk, s, kvh, n, RG, km, &vp, lo, hi, sc, r0 == 0, half, acc, false);
 }
 
 /* values_rows8() over rows 0 .. R - 1, V_ROWS(n) rows at a time (n at
@@ -2009,7 +2028,6 @@ CPU_TGT_AVX2 CPU_INLINE void part_blocks8(const struct attn_task *tk, int64_t s,
 	const struct loom_attention_args *a = tk->a;
 	const int64_t G = a->n_heads / n, per_kv = a->n_heads / a->n_kv_heads, Ls = tk->max_kv;
 	const int64_t hd = a->head_dim;
-	const int W = n <= 3 ? 4 : 2; /* values_rows8()'s for one row */
 	const float *q = a->q + a->q_start[s] * a->q_stride;
 	const char *cache = (const char *)(values ? a->vcache : a->kcache);
 	const size_t es = half ? 2 : 4;
@@ -2023,7 +2041,6 @@ CPU_TGT_AVX2 CPU_INLINE void part_blocks8(const struct attn_task *tk, int64_t s,
 		for (int64_t gi = 0; gi < G; gi++) {
 			const int64_t h0 = gi * n, kvh = h0 / per_kv;
 			float *w = sc + h0 * Ls + (tb - sp->t0);
-			int64_t d0 = 0;
 
 			pf_share(&next, gi, G);
 			if (!values) {
@@ -2038,12 +2055,8 @@ CPU_TGT_AVX2 CPU_INLINE void part_blocks8(const struct attn_task *tk, int64_t s,
 					mxv[h0 + g] = _mm256_max_ps(m[g], mxv[h0 + g]);
 				continue;
 			}
-			for (; d0 + 8 * W <= hd; d0 += 8 * W)
-				values_pass8(tk, s, kvh, n, 1, W, false, &vp, &lo, &hi, w, d0, false,
-					     half, acc + h0 * hd, tb > sp->t0);
-			for (; d0 < hd; d0 += 8)
-				values_pass8(tk, s, kvh, n, 1, 1, false, &vp, &lo, &hi, w, d0, false,
-					     half, acc + h0 * hd, tb > sp->t0);
+			values_dims8(tk, s, kvh, n, 1, false, &vp, &lo, &hi, w, false, half,
+				     acc + h0 * hd, tb > sp->t0);
 		}
 	}
 }
