@@ -584,7 +584,7 @@ KQ_ROWS(TGT_AVXVNNI, q6k_rows_avxvnni, q6k_avxvnni, false, KP_Q6K)
 #define SEQ_X_K 4
 
 TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot_kblock *x,
-				  int64_t xr, int h, int X, __m256 *acc)
+				  int64_t xr, int h, int X, bool pf, __m256 *acc)
 {
 	__m256 P[SEQ_X_K][8], Q[SEQ_X_K][8];
 
@@ -596,6 +596,8 @@ TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot
 			_mm_loadl_epi64((const __m128i *)(p + KP_MN + 16 * s + 8 * h)));
 		__m256i lo[4], hi[4];
 
+		if (pf)
+			kp_spread(p, five ? KP_Q5K : KP_Q4K, s, 8);
 		for (int v = 0; v < 4; v++)
 			q45k_split8(five, q, fh, v, h, &lo[v], &hi[v]);
 		for (int i = 0; i < X; i++) {
@@ -621,7 +623,7 @@ TGT_AVX2 ALWAYS void q45k_block_x(bool five, const uint8_t *p, const struct qdot
 /* The same for Q6_K: each sub-block of 16 values unpacked once, each row
  * taking q6k_avx2()'s steps. */
 TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdot_kblock *x,
-				 int64_t xr, int h, int X, __m256 *acc)
+				 int64_t xr, int h, int X, bool pf, __m256 *acc)
 {
 	__m256i isum[SEQ_X_K];
 	__m256 P[SEQ_X_K][8];
@@ -632,6 +634,8 @@ TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdo
 	for (int k = 0; k < 16; k++) {
 		__m256i u[4], sc;
 
+		if (pf)
+			kp_spread(p, KP_Q6K, k, 16);
 		q6k_u4(p, k, h, u, &sc);
 		for (int i = 0; i < X; i++) {
 			const struct qdot_kblock *xi = x + i * xr;
@@ -658,7 +662,7 @@ TGT_AVX2 ALWAYS void q6k_block_x(bool unused, const uint8_t *p, const struct qdo
 /* The same for Q2_K (q3: Q3_K): each sub-block's 2-bit (3-bit) values
  * unpacked once, each row taking kq_avx2()'s int16 steps. */
 TGT_AVX2 ALWAYS void kq_block_x(bool q3, const uint8_t *p, const struct qdot_kblock *x,
-				int64_t xr, int h, int X, __m256 *acc)
+				int64_t xr, int h, int X, bool pf, __m256 *acc)
 {
 	const __m256i m2 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
 	const __m128i n4 = _mm_set1_epi8(15);
@@ -676,6 +680,8 @@ TGT_AVX2 ALWAYS void kq_block_x(bool q3, const uint8_t *p, const struct qdot_kbl
 		const __m256i mn = _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), n4));
 		__m256i u[4];
 
+		if (pf)
+			kp_spread(p, q3 ? KP_Q3K : KP_Q2K, i, 16);
 		for (int c = 0; c < 4; c++) {
 			const int sh = c + 4 * (i % 2);
 
@@ -751,11 +757,8 @@ TGT_AVX2 ALWAYS void kq_block_x(bool q3, const uint8_t *p, const struct qdot_kbl
 	}
 /* The pass over a half group's super-blocks (the first prefetches). */
 #define KQ_PASS(block, v, bytes, X_)                                                       \
-	for (int64_t b = 0; b < nb; b++) {                                                 \
-		if (h == 0 && i == 0)                                                      \
-			kpack_prefetch(p + b * (bytes), (bytes));                          \
-		block((v), p + b * (bytes), x + i * nb + b, nb, h, (X_), acc);             \
-	}
+	for (int64_t b = 0; b < nb; b++)                                                   \
+		block((v), p + b * (bytes), x + i * nb + b, nb, h, (X_), h == 0 && i == 0, acc);
 
 KQ_ROWS_X(q2k_avx2_m, kq_block_x, false, KP_Q2K)
 KQ_ROWS_X(q3k_avx2_m, kq_block_x, true, KP_Q3K)
