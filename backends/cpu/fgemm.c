@@ -8,6 +8,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #define TGT_512 __attribute__((target("avx512f")))
+#define TGT_256 __attribute__((target("avx2,fma,f16c")))
 #endif
 
 #define HALF 16 /* rows a vector holds: a panel is two halves */
@@ -18,7 +19,7 @@
 
 bool fgemm_supported(enum cpu_isa isa)
 {
-	return isa == CPU_ISA_AVX512;
+	return isa == CPU_ISA_AVX512 || isa == CPU_ISA_AVX2;
 }
 
 size_t fgemm_panel_floats(int64_t k)
@@ -100,10 +101,24 @@ TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[1
 		v[i] = t[i];
 }
 
-TGT_512 void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
+/* Values kk0 .. k-1 of the panel's rows as bits (the pairs path keeps
+ * bf16 pairs in these slots), zero past `rows`. */
+static void panel_tail(const float *src, int64_t ss, int rows, int64_t kk0, int64_t k,
+		       float *panel)
 {
-	const float *src = src_;
-	float *panel = panel_;
+	for (int64_t kk = kk0; kk < k; kk++)
+		for (int r = 0; r < FGEMM_ROWS; r++) {
+			uint32_t v = 0;
+
+			if (r < rows)
+				memcpy(&v, src + r * ss + kk, sizeof(v));
+			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
+		}
+}
+
+TGT_512 static void panel_rows_512(const float *src, int64_t ss, int rows, int64_t k,
+				   float *panel)
+{
 	int64_t kk = 0;
 
 	for (int h = 0; h < 2; h++) {
@@ -120,15 +135,7 @@ TGT_512 void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k,
 				_mm512_storeu_ps(panel + (kk + c) * FGEMM_ROWS + HALF * h, v[c]);
 		}
 	}
-	/* the tail as bits (the pairs path keeps bf16 pairs in these slots) */
-	for (; kk < k; kk++)
-		for (int r = 0; r < FGEMM_ROWS; r++) {
-			uint32_t v = 0;
-
-			if (r < rows)
-				memcpy(&v, src + r * ss + kk, sizeof(v));
-			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
-		}
+	panel_tail(src, ss, rows, kk, k, panel);
 }
 
 /* The masks of a panel's two halves for its first `rows` rows. */
@@ -212,8 +219,8 @@ TGT_512 static void tile_x(const float *panel, int64_t k0, int64_t kn, const flo
 	}
 }
 
-TGT_512 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
-		       int64_t k, float *y, int64_t ys)
+TGT_512 static void run_512(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
+			    int64_t k, float *y, int64_t ys)
 {
 	__mmask16 m0, m1;
 
@@ -232,6 +239,245 @@ TGT_512 void fgemm_run(const float *panel, int rows, const float *x, int64_t xs,
 		}
 	}
 }
+/* ---- AVX2: the same panels and chains, 8 rows a vector ---- */
+
+#define QUART 8   /* rows a 256-bit vector holds: a panel is four */
+#define X256 6    /* activation rows a 256-bit tile holds (12 accumulators) */
+
+/* v[0..8): rows of 8 floats in, their columns out. */
+TGT_256 static inline __attribute__((always_inline)) void transpose8(__m256 v[8])
+{
+	__m256 t[8], u[8];
+
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+		t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+	}
+	/* u[4q + c], lane L: column 4L + c of rows 4q .. 4q+3 */
+	for (int q = 0; q < 2; q++) {
+		u[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+		u[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
+		u[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+		u[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
+	}
+	for (int c = 0; c < 4; c++) {
+		v[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+		v[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+	}
+}
+
+TGT_256 static void panel_rows_256(const float *src, int64_t ss, int rows, int64_t k,
+				   float *panel)
+{
+	int64_t kk = 0;
+
+	for (int q = 0; q < FGEMM_ROWS / QUART; q++) {
+		const int n = rows - QUART * q < 0 ? 0 : rows - QUART * q > QUART ? QUART :
+										rows - QUART * q;
+
+		for (kk = 0; kk + 8 <= k; kk += 8) {
+			__m256 v[8];
+
+			for (int r = 0; r < 8; r++)
+				v[r] = r < n ? _mm256_loadu_ps(src + (QUART * q + r) * ss + kk) :
+					       _mm256_setzero_ps();
+			transpose8(v);
+			for (int c = 0; c < 8; c++)
+				_mm256_storeu_ps(panel + (kk + c) * FGEMM_ROWS + QUART * q, v[c]);
+		}
+	}
+	panel_tail(src, ss, rows, kk, k, panel);
+}
+
+/* Value e of an f16 (bf16: !f16) row as cpu_dequant_row()'s scalar tail
+ * converts it. */
+static float half_value(bool f16, const uint8_t *row, int64_t e)
+{
+	const uint16_t h = cpu_rd16(row + 2 * e);
+	uint32_t u = (uint32_t)h << 16;
+	float v;
+
+	if (f16)
+		return cpu_fp16_to_f32(h);
+	memcpy(&v, &u, sizeof(v));
+	return v;
+}
+
+/* 8 f16 (bf16) values at p as floats, as cpu_dequant_row()'s groups. */
+TGT_256 static inline __attribute__((always_inline)) __m256 half8(bool f16, const uint8_t *p)
+{
+	const __m128i v = _mm_loadu_si128((const __m128i *)p);
+
+	if (f16)
+		return _mm256_cvtph_ps(v);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+TGT_256 static void panel_half_256(bool f16, const uint8_t *src, size_t ss, int rows, int64_t k,
+				   float *panel)
+{
+	const int64_t whole = k / 32 * 32; /* the dequantizer's F16C groups */
+
+	for (int q = 0; q < FGEMM_ROWS / QUART; q++) {
+		const int n = rows - QUART * q < 0 ? 0 : rows - QUART * q > QUART ? QUART :
+										rows - QUART * q;
+
+		for (int64_t kk = 0; kk < whole; kk += 8) {
+			__m256 v[8];
+
+			for (int r = 0; r < 8; r++)
+				v[r] = r < n ? half8(f16, src + (size_t)(QUART * q + r) * ss + 2 * kk) :
+					       _mm256_setzero_ps();
+			transpose8(v);
+			for (int c = 0; c < 8; c++)
+				_mm256_storeu_ps(panel + (kk + c) * FGEMM_ROWS + QUART * q, v[c]);
+		}
+	}
+	for (int64_t kk = whole; kk < k; kk++)
+		for (int r = 0; r < FGEMM_ROWS; r++)
+			panel[kk * FGEMM_ROWS + r] =
+				r < rows ? half_value(f16, src + (size_t)r * ss, kk) : 0.0f;
+}
+
+bool fgemm_panel_half(enum cpu_isa isa, uint32_t type, const void *src, size_t ss, int rows,
+		      int64_t k, float *panel)
+{
+	if (isa != CPU_ISA_AVX2 || (type != LOOM_TYPE_F16 && type != LOOM_TYPE_BF16))
+		return false;
+	panel_half_256(type == LOOM_TYPE_F16, src, ss, rows, k, panel);
+	return true;
+}
+
+/* Lanes of rows 8q .. 8q+7 that are among the first `rows`. */
+TGT_256 static inline __m256i quart_mask(int rows, int q)
+{
+	return _mm256_cmpgt_epi32(_mm256_set1_epi32(rows - QUART * q),
+				  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Row i's step of tile_256(); X is a constant where it is inlined, so
+ * the rows past it fall away. */
+#define T256_LOAD(i)                                                                        \
+	if (X > (i) && !first) {                                                           \
+		p##i = _mm256_maskload_ps(y + (i) * ys, quart_mask(n, 0));                 \
+		q##i = _mm256_maskload_ps(y + (i) * ys + QUART, quart_mask(n, 1));         \
+	}
+#define T256_FMA(i)                                                                         \
+	if (X > (i)) {                                                                     \
+		const __m256 b = _mm256_broadcast_ss(x + (i) * xs + kk);                   \
+                                                                                           \
+		p##i = _mm256_fmadd_ps(b, w0, p##i);                                       \
+		q##i = _mm256_fmadd_ps(b, w1, q##i);                                       \
+	}
+#define T256_STORE(i)                                                                       \
+	if (X > (i)) {                                                                     \
+		_mm256_maskstore_ps(y + (i) * ys, quart_mask(n, 0), p##i);                 \
+		_mm256_maskstore_ps(y + (i) * ys + QUART, quart_mask(n, 1), q##i);         \
+	}
+
+/*
+ * X (<= 6) activation rows by the 16 panel rows at pb (a half: two
+ * vectors, n of its rows valid), k values [0, kn) of a pass; the chains
+ * start at 0 (first) or go on from y. The 12 accumulators are named, not
+ * an array: as arrays GCC kept a copy of each on the stack, stored every
+ * step, and the masks are made before and after the loop (held through
+ * it they took two of the 16 registers).
+ */
+TGT_256 static inline __attribute__((always_inline)) void
+tile_256(const float *pb, int64_t kn, const float *x, int64_t xs, int X, bool first, float *y,
+	 int64_t ys, int n)
+{
+	__m256 p0, p1, p2, p3, p4, p5, q0, q1, q2, q3, q4, q5;
+
+	p0 = p1 = p2 = p3 = p4 = p5 = _mm256_setzero_ps();
+	q0 = q1 = q2 = q3 = q4 = q5 = _mm256_setzero_ps();
+	T256_LOAD(0) T256_LOAD(1) T256_LOAD(2) T256_LOAD(3) T256_LOAD(4) T256_LOAD(5)
+	for (int64_t kk = 0; kk < kn; kk++) {
+		const __m256 w0 = _mm256_loadu_ps(pb + kk * FGEMM_ROWS);
+		const __m256 w1 = _mm256_loadu_ps(pb + kk * FGEMM_ROWS + QUART);
+
+		T256_FMA(0) T256_FMA(1) T256_FMA(2) T256_FMA(3) T256_FMA(4) T256_FMA(5)
+	}
+	T256_STORE(0) T256_STORE(1) T256_STORE(2) T256_STORE(3) T256_STORE(4) T256_STORE(5)
+}
+
+#define TILE256_CASE(n)                                                                 \
+	case n:                                                                         \
+		tile_256(pb, kn, x, xs, n, first, y, ys, rows);                         \
+		break;
+
+/* tile_256() with X a constant, so its row loops unroll. */
+TGT_256 static void tile_256_x(const float *pb, int64_t kn, const float *x, int64_t xs, int X,
+			       bool first, float *y, int64_t ys, int rows)
+{
+	switch (X) {
+	TILE256_CASE(1) TILE256_CASE(2) TILE256_CASE(3) TILE256_CASE(4) TILE256_CASE(5)
+	default:
+		tile_256(pb, kn, x, xs, X256, first, y, ys, rows);
+		break;
+	}
+}
+
+/* Lines [l0, l1) of the rows `next` names (line l: row l / per, its
+ * (l % per)-th 64 bytes). */
+static void prefetch_lines(const struct fgemm_next *next, int64_t l0, int64_t l1)
+{
+	const int64_t per = (int64_t)((next->bytes + 63) / 64);
+
+	for (int64_t l = l0; l < l1; l++)
+		__builtin_prefetch(next->p + (size_t)(l / per) * next->stride + 64 * (size_t)(l % per),
+				   0, 3);
+}
+
+TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
+			    int64_t k, float *y, int64_t ys, const struct fgemm_next *next)
+{
+	const int64_t tiles = (k + KC - 1) / KC * (rows > HALF ? 2 : 1) * ((m + X256 - 1) / X256);
+	const int64_t lines = next ? next->rows * (int64_t)((next->bytes + 63) / 64) : 0;
+	int64_t done = 0;
+
+	if (k == 0) {
+		zero_rows(y, ys, m, rows);
+		return;
+	}
+	for (int64_t k0 = 0; k0 < k; k0 += KC) {
+		const int64_t kn = k - k0 < KC ? k - k0 : KC;
+
+		for (int h = 0; h < 2 && HALF * h < rows; h++) {
+			const int n = rows - HALF * h;
+			const float *pb = panel + k0 * FGEMM_ROWS + HALF * h;
+
+			for (int64_t i = 0; i < m; i += X256, done++) {
+				const int X = m - i < X256 ? (int)(m - i) : X256;
+
+				if (lines)
+					prefetch_lines(next, lines * done / tiles,
+						       lines * (done + 1) / tiles);
+				tile_256_x(pb, kn, x + i * xs + k0, xs, X, k0 == 0,
+					   y + i * ys + HALF * h, ys, n);
+			}
+		}
+	}
+}
+
+void fgemm_panel_rows(enum cpu_isa isa, const void *src, int64_t ss, int rows, int64_t k,
+		      void *panel)
+{
+	if (isa == CPU_ISA_AVX512)
+		panel_rows_512(src, ss, rows, k, panel);
+	else
+		panel_rows_256(src, ss, rows, k, panel);
+}
+
+void fgemm_run(enum cpu_isa isa, const float *panel, int rows, const float *x, int64_t xs,
+	       int64_t m, int64_t k, float *y, int64_t ys, const struct fgemm_next *next)
+{
+	if (isa == CPU_ISA_AVX512)
+		run_512(panel, rows, x, xs, m, k, y, ys);
+	else
+		run_256(panel, rows, x, xs, m, k, y, ys, next);
+}
+
 /* ---- bf16 pairs (AVX512_BF16) ---- */
 
 bool fgemm_pairs_supported(enum cpu_isa isa)
@@ -337,19 +583,28 @@ void fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t
 	(void)panel, (void)rows, (void)x, (void)m, (void)kp, (void)y, (void)ys;
 }
 
-void fgemm_panel_rows(const void *src_, int64_t ss, int rows, int64_t k, void *panel_)
+void fgemm_panel_rows(enum cpu_isa isa, const void *src_, int64_t ss, int rows, int64_t k,
+		      void *panel_)
 {
 	const uint32_t *src = src_;
 	uint32_t *panel = panel_;
 
+	(void)isa;
 	for (int64_t kk = 0; kk < k; kk++)
 		for (int r = 0; r < FGEMM_ROWS; r++)
 			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0;
 }
 
-void fgemm_run(const float *panel, int rows, const float *x, int64_t xs, int64_t m, int64_t k,
-	       float *y, int64_t ys)
+bool fgemm_panel_half(enum cpu_isa isa, uint32_t type, const void *src, size_t ss, int rows,
+		      int64_t k, float *panel)
 {
-	(void)panel, (void)rows, (void)x, (void)xs, (void)m, (void)k, (void)y, (void)ys;
+	(void)isa, (void)type, (void)src, (void)ss, (void)rows, (void)k, (void)panel;
+	return false;
+}
+
+void fgemm_run(enum cpu_isa isa, const float *panel, int rows, const float *x, int64_t xs,
+	       int64_t m, int64_t k, float *y, int64_t ys, const struct fgemm_next *next)
+{
+	(void)next, (void)isa, (void)panel, (void)rows, (void)x, (void)xs, (void)m, (void)k, (void)y, (void)ys;
 }
 #endif

@@ -214,6 +214,23 @@ static bool plain_f32(const struct cpu_gemv *g)
 	return g->type == LOOM_TYPE_F32 && g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0;
 }
 
+/* The rows of the panel fgemm_task() builds after the one ending at j
+ * (NULL when there is none, or its rows are packed). */
+static const struct fgemm_next *next_rows(const struct gemm_task *t, int64_t j, int64_t j1,
+					  struct fgemm_next *next)
+{
+	const struct cpu_gemv *g = &t->g;
+
+	if (j >= j1 || t->packed)
+		return NULL;
+	*next = (struct fgemm_next){
+		.p = g->w + (size_t)j * g->w_stride, .stride = g->w_stride,
+		.bytes = (size_t)g->k * cpu_block_bytes(g->type) / cpu_block_elems(g->type),
+		.rows = j1 - j < FGEMM_ROWS ? j1 - j : FGEMM_ROWS,
+	};
+	return next;
+}
+
 /* Chunk c through fgemm.h: panels of FGEMM_ROWS weight rows, made in the
  * thread's scratch (dequantized to f32 first unless plain_f32()). */
 static void fgemm_task(void *arg, int64_t c, int ith)
@@ -223,6 +240,7 @@ static void fgemm_task(void *arg, int64_t c, int ith)
 	float *panel = t->ctx->scratch[ith];
 	float *rows = panel + fgemm_panel_floats(g->k);
 	uint8_t *tmp = (uint8_t *)(rows + fgemm_panel_floats(g->k));
+	struct fgemm_next next;
 	int64_t j0, j1;
 
 	chunk_rows(t, c, &j0, &j1);
@@ -230,9 +248,12 @@ static void fgemm_task(void *arg, int64_t c, int ith)
 		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
 
 		if (plain_f32(g)) {
-			fgemm_panel_rows((const float *)(g->w + (size_t)j * g->w_stride),
+			fgemm_panel_rows(t->ctx->isa,
+					 (const float *)(g->w + (size_t)j * g->w_stride),
 					 (int64_t)(g->w_stride / 4), n, g->k, panel);
-		} else {
+		} else if (!fgemm_panel_half(t->ctx->isa, g->type,
+					     g->w + (size_t)j * g->w_stride, g->w_stride, n, g->k,
+					     panel)) {
 			for (int r = 0; r < n; r++) {
 				const uint8_t *row = g->w + (size_t)(j + r) * g->w_stride;
 
@@ -243,9 +264,10 @@ static void fgemm_task(void *arg, int64_t c, int ith)
 				}
 				cpu_dequant_row(t->ctx->isa, g->type, row, rows + r * g->k, g->k);
 			}
-			fgemm_panel_rows(rows, g->k, n, g->k, panel);
+			fgemm_panel_rows(t->ctx->isa, rows, g->k, n, g->k, panel);
 		}
-		fgemm_run(panel, n, g->x, g->x_stride, g->m, g->k, g->y + j, g->y_stride);
+		fgemm_run(t->ctx->isa, panel, n, g->x, g->x_stride, g->m, g->k, g->y + j,
+			  g->y_stride, next_rows(t, j + FGEMM_ROWS, j1, &next));
 	}
 }
 
@@ -282,8 +304,8 @@ static void pairs_task(void *arg, int64_t c, int ith)
 	for (int64_t j = j0; j < j1; j += FGEMM_ROWS) {
 		const int n = j1 - j < FGEMM_ROWS ? (int)(j1 - j) : FGEMM_ROWS;
 
-		fgemm_panel_rows(g->w + (size_t)j * g->w_stride, (int64_t)(g->w_stride / 4), n, kp,
-				 panel);
+		fgemm_panel_rows(t->ctx->isa, g->w + (size_t)j * g->w_stride,
+				 (int64_t)(g->w_stride / 4), n, kp, panel);
 		if (t->ctx->amx != AMX_OFF && amx_pairs_supported(t->ctx->amx))
 			amx_pairs_run(t->ctx->amx, panel, n, t->ctx->bfx, g->m, kp, g->y + j,
 				      g->y_stride);

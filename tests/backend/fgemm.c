@@ -2,15 +2,20 @@
  * cpu.so's float prefill GEMM (backends/cpu/fgemm.c) against its plain C
  * reference, bit for bit:
  *
+ * Each case runs on every kernel set the CPU has (AVX-512F, AVX2):
+ *
  *   panel     fgemm_panel_rows() puts value kk of row r at
  *             panel[kk * FGEMM_ROWS + r] and zeros past the rows given,
  *             for every row count and k (the 16x16 register transpose
- *             and its scalar tail);
+ *             or 8x8 one, and the scalar tail);
  *   run       every y[i][r] fgemm_run() writes equals fgemm_ref(), the
  *             chain of fmaf in k order, for m of 1 to 40 (every tile
- *             height and tails), 1 to 32 valid rows and k across the
+ *             height of both sets, and tails), 1 to 32 valid rows and k across the
  *             256-value passes (1 .. 600); nothing outside the valid
  *             rows is written;
+ *   half      fgemm_panel_half() (AVX2) turns f16 and bf16 rows of any
+ *             bits into the panel cpu_dequant_row() and
+ *             fgemm_panel_rows() make of them, bit for bit;
  *   f64       and within float rounding of an f64 dot product
  *             (|err| <= k * 2^-23 * sum |x w|), so a reference that were
  *             wrong in the same way as the kernel would still fail.
@@ -23,13 +28,13 @@
  *             (the same shapes as above, normal values), and is within
  *             float rounding of the f64 dot of the bf16 values.
  *
- * AMX-BF16 (amx.h, the same panels as B tiles): through its C tile
- * emulation, and through the instructions where the CPU has them and the
+ * AMX-BF16 (amx.h, the same panels as B tiles; AVX-512 hosts): through
+ * its C tile emulation, and through the instructions where the CPU has them and the
  * kernel grants tile state, amx_pairs_run() equals amx_pairs_ref() bit
  * for bit, tails of fewer than 16 pairs included.
  *
- * Skips (77) on CPUs without AVX-512F; the pair cases print a skip line
- * and pass on CPUs without AVX512_BF16.
+ * Skips (77) on CPUs without AVX2 and FMA; the pair cases print a skip
+ * line and pass on CPUs without AVX512_BF16.
  */
 #include <check.h>
 #include <math.h>
@@ -57,26 +62,42 @@ static const int64_t ks[] = { 1, 5, 16, 17, 31, 255, 256, 257, 600 };
 #define MAX_M 40
 #define SENTINEL 12345.0f
 
+/* The kernel sets this CPU runs, the best first. */
+static int kernel_sets(enum cpu_isa sets[2])
+{
+	int n = 0;
+
+	if (cpu_detect_isa() == CPU_ISA_AVX512)
+		sets[n++] = CPU_ISA_AVX512;
+	if (cpu_detect_isa() >= CPU_ISA_AVX2)
+		sets[n++] = CPU_ISA_AVX2;
+	return n;
+}
+
 START_TEST(panel_layout)
 {
 	static float src[FGEMM_ROWS * MAX_K], panel[FGEMM_ROWS * MAX_K];
+	enum cpu_isa sets[2];
+	const int n_sets = kernel_sets(sets);
 
-	for (int t = 0; t < N_KS; t++) {
-		const int64_t k = ks[t];
+	for (int t = 0; t < N_KS * n_sets; t++) {
+		const int64_t k = ks[t % N_KS];
+		const enum cpu_isa isa = sets[t / N_KS];
 
 		for (int rows = 1; rows <= FGEMM_ROWS; rows++) {
 			for (int64_t e = 0; e < FGEMM_ROWS * k; e++)
 				src[e] = rndf();
 			memset(panel, 0xff, sizeof(panel)); /* NaN: must be overwritten */
-			fgemm_panel_rows(src, k, rows, k, panel);
+			fgemm_panel_rows(isa, src, k, rows, k, panel);
 			for (int64_t kk = 0; kk < k; kk++)
 				for (int r = 0; r < FGEMM_ROWS; r++) {
 					float want = r < rows ? src[r * k + kk] : 0.0f;
 					float got = panel[kk * FGEMM_ROWS + r];
 
 					ck_assert_msg(memcmp(&want, &got, sizeof(float)) == 0,
-						      "k %lld rows %d: panel[%lld][%d] %g, want %g",
-						      (long long)k, rows, (long long)kk, r, got, want);
+						      "%s k %lld rows %d: panel[%lld][%d] %g, want %g",
+						      cpu_isa_name(isa), (long long)k, rows,
+						      (long long)kk, r, got, want);
 				}
 		}
 	}
@@ -85,7 +106,7 @@ END_TEST
 
 /* One (m, rows, k) case: fgemm_run() against fgemm_ref() bit for bit and
  * against f64 within rounding; y past the valid rows untouched. */
-static void check_case(int64_t m, int rows, int64_t k)
+static void check_case(enum cpu_isa isa, int64_t m, int rows, int64_t k)
 {
 	static float w[FGEMM_ROWS * MAX_K], x[MAX_M * (MAX_K + 3)], panel[FGEMM_ROWS * MAX_K];
 	static float y[MAX_M * (FGEMM_ROWS + 5)];
@@ -97,16 +118,20 @@ static void check_case(int64_t m, int rows, int64_t k)
 		x[e] = rndf();
 	for (int64_t e = 0; e < m * ys; e++)
 		y[e] = SENTINEL;
-	fgemm_panel_rows(w, k, rows, k, panel);
-	fgemm_run(panel, rows, x, xs, m, k, y, ys);
+	fgemm_panel_rows(isa, w, k, rows, k, panel);
+	/* the next panel's rows asked for (the AVX2 set): no result changes */
+	fgemm_run(isa, panel, rows, x, xs, m, k, y, ys,
+		  m % 2 ? NULL : &(struct fgemm_next){ (const uint8_t *)w, (size_t)k * 4,
+						      (size_t)k * 4, rows });
 	for (int64_t i = 0; i < m; i++) {
 		for (int r = 0; r < rows; r++) {
 			float want = fgemm_ref(x + i * xs, w + r * k, k), got = y[i * ys + r];
 			double d = 0.0, mag = 0.0;
 
 			ck_assert_msg(memcmp(&want, &got, sizeof(float)) == 0,
-				      "m %lld rows %d k %lld: y[%lld][%d] %.9g, reference %.9g",
-				      (long long)m, rows, (long long)k, (long long)i, r, got, want);
+				      "%s m %lld rows %d k %lld: y[%lld][%d] %.9g, reference %.9g",
+				      cpu_isa_name(isa), (long long)m, rows, (long long)k,
+				      (long long)i, r, got, want);
 			for (int64_t kk = 0; kk < k; kk++) {
 				d += (double)x[i * xs + kk] * w[r * k + kk];
 				mag += fabs((double)x[i * xs + kk] * w[r * k + kk]);
@@ -116,19 +141,60 @@ static void check_case(int64_t m, int rows, int64_t k)
 				      (long long)k, got, d);
 		}
 		for (int r = rows; r < ys; r++)
-			ck_assert_msg(y[i * ys + r] == SENTINEL, "wrote past row %d (rows %d)", r,
-				      rows);
+			ck_assert_msg(y[i * ys + r] == SENTINEL, "%s wrote past row %d (rows %d)",
+				      cpu_isa_name(isa), r, rows);
 	}
 }
 
+/* fgemm_panel_half() of f16 / bf16 rows (any bits: NaNs, infinities,
+ * denormals) against cpu_dequant_row() then fgemm_panel_rows(): the same
+ * panel bit for bit, for every row count and k (whole 32-value groups,
+ * and the values past them the dequantizer converts one by one). */
+START_TEST(half_panel)
+{
+	static uint16_t src[FGEMM_ROWS * MAX_K];
+	static float rows_f32[FGEMM_ROWS * MAX_K], want[FGEMM_ROWS * MAX_K];
+	static float got[FGEMM_ROWS * MAX_K];
+	static const uint32_t types[] = { LOOM_TYPE_F16, LOOM_TYPE_BF16 };
+
+	if (!fgemm_panel_half(CPU_ISA_AVX2, LOOM_TYPE_F16, src, 2, 1, 1, got)) {
+		printf("skip: no half-precision panel builder on this build\n");
+		return;
+	}
+	for (int ti = 0; ti < 2; ti++)
+		for (int t = 0; t < N_KS; t++) {
+			const int64_t k = ks[t];
+
+			for (int rows = 1; rows <= FGEMM_ROWS; rows += rows < 9 ? 1 : 7) {
+				for (int64_t e = 0; e < FGEMM_ROWS * k; e++) {
+					rndf();
+					src[e] = (uint16_t)(rng >> 40);
+				}
+				for (int r = 0; r < rows; r++)
+					cpu_dequant_row(CPU_ISA_AVX2, types[ti], src + r * k,
+							rows_f32 + r * k, k);
+				fgemm_panel_rows(CPU_ISA_AVX2, rows_f32, k, rows, k, want);
+				memset(got, 0xff, sizeof(got));
+				ck_assert(fgemm_panel_half(CPU_ISA_AVX2, types[ti], src,
+							   (size_t)k * 2, rows, k, got));
+				ck_assert_msg(memcmp(want, got, sizeof(float) * FGEMM_ROWS * k) == 0,
+					      "%s k %lld rows %d: the panel differs",
+					      ti ? "bf16" : "f16", (long long)k, rows);
+			}
+		}
+}
+END_TEST
+
 START_TEST(run_matches_reference)
 {
-	static const int rows_set[] = { 1, 7, 15, 16, 17, 31, 32 };
+	static const int rows_set[] = { 1, 7, 8, 9, 15, 16, 17, 24, 25, 31, 32 };
+	enum cpu_isa sets[2];
+	const int n_sets = kernel_sets(sets);
 
-	for (int t = 0; t < N_KS; t++)
+	for (int t = 0; t < N_KS * n_sets; t++)
 		for (int64_t m = 1; m <= MAX_M; m += m < 14 ? 1 : 13)
 			for (size_t r = 0; r < sizeof(rows_set) / sizeof(rows_set[0]); r++)
-				check_case(m, rows_set[r], ks[t]);
+				check_case(sets[t / N_KS], m, rows_set[r], ks[t % N_KS]);
 }
 END_TEST
 
@@ -194,7 +260,7 @@ static void check_pairs_on(enum amx_mode amx, int64_t m, int rows, int64_t kp)
 		x[e] = bf16_of(rndf()) | (uint32_t)bf16_of(rndf()) << 16;
 	for (int64_t e = 0; e < m * ys; e++)
 		y[e] = SENTINEL;
-	fgemm_panel_rows(w, kp, rows, kp, panel);
+	fgemm_panel_rows(cpu_detect_isa(), w, kp, rows, kp, panel);
 	if (amx == AMX_OFF)
 		fgemm_pairs_run(panel, rows, x, m, kp, y, ys);
 	else
@@ -239,6 +305,10 @@ START_TEST(amx_pairs_match_reference)
 	enum amx_mode modes[2] = { AMX_EMU, AMX_HW };
 	char why[128];
 
+	if (cpu_detect_isa() != CPU_ISA_AVX512) { /* the emulation is AVX-512 code */
+		printf("skip: no AVX-512F: the AMX-BF16 path and its emulation do not run\n");
+		return;
+	}
 	if (!amx_pairs_supported(AMX_HW) || amx_request(why, sizeof(why))) {
 		printf("skip: AMX-BF16 hardware: no AMX-BF16 or no tile state; emulation only\n");
 		modes[1] = AMX_OFF;
@@ -274,11 +344,12 @@ int main(void)
 	int failed;
 
 	if (!fgemm_supported(cpu_detect_isa())) {
-		printf("SKIP: no AVX-512F on this CPU: fgemm does not run\n");
+		printf("SKIP: no AVX2 and FMA on this CPU: fgemm does not run\n");
 		return 77;
 	}
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, panel_layout);
+	tcase_add_test(tc, half_panel);
 	tcase_add_test(tc, run_matches_reference);
 	tcase_add_test(tc, pairs_round);
 	tcase_add_test(tc, pairs_match_reference);
