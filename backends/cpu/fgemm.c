@@ -243,6 +243,10 @@ TGT_512 static void run_512(const float *panel, int rows, const float *x, int64_
 
 #define QUART 8   /* rows a 256-bit vector holds: a panel is four */
 #define X256 6    /* activation rows a 256-bit tile holds (12 accumulators) */
+/* activation rows whose pass slices both halves take in turn (48 KiB of
+ * them at KC: the second half finds them in L1 or L2; over all m rows the
+ * slices were read from L3 twice) */
+#define XB256 48
 
 /* v[0..8): rows of 8 floats in, their columns out. */
 TGT_256 static inline __attribute__((always_inline)) void transpose8(__m256 v[8])
@@ -432,7 +436,8 @@ static void prefetch_lines(const struct fgemm_next *next, int64_t l0, int64_t l1
 TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
 			    int64_t k, float *y, int64_t ys, const struct fgemm_next *next)
 {
-	const int64_t tiles = (k + KC - 1) / KC * (rows > HALF ? 2 : 1) * ((m + X256 - 1) / X256);
+	const int64_t tiles = (k + KC - 1) / KC * (rows > HALF ? 2 : 1) *
+			      (m / XB256 * (XB256 / X256) + (m % XB256 + X256 - 1) / X256);
 	const int64_t lines = next ? next->rows * (int64_t)((next->bytes + 63) / 64) : 0;
 	int64_t done = 0;
 
@@ -443,20 +448,22 @@ TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_
 	for (int64_t k0 = 0; k0 < k; k0 += KC) {
 		const int64_t kn = k - k0 < KC ? k - k0 : KC;
 
-		for (int h = 0; h < 2 && HALF * h < rows; h++) {
-			const int n = rows - HALF * h;
-			const float *pb = panel + k0 * FGEMM_ROWS + HALF * h;
+		for (int64_t i0 = 0; i0 < m; i0 += XB256)
+			for (int h = 0; h < 2 && HALF * h < rows; h++) {
+				const int n = rows - HALF * h;
+				const float *pb = panel + k0 * FGEMM_ROWS + HALF * h;
+				const int64_t i1 = m - i0 < XB256 ? m : i0 + XB256;
 
-			for (int64_t i = 0; i < m; i += X256, done++) {
-				const int X = m - i < X256 ? (int)(m - i) : X256;
+				for (int64_t i = i0; i < i1; i += X256, done++) {
+					const int X = i1 - i < X256 ? (int)(i1 - i) : X256;
 
-				if (lines)
-					prefetch_lines(next, lines * done / tiles,
-						       lines * (done + 1) / tiles);
-				tile_256_x(pb, kn, x + i * xs + k0, xs, X, k0 == 0,
-					   y + i * ys + HALF * h, ys, n);
+					if (lines)
+						prefetch_lines(next, lines * done / tiles,
+							       lines * (done + 1) / tiles);
+					tile_256_x(pb, kn, x + i * xs + k0, xs, X, k0 == 0,
+						   y + i * ys + HALF * h, ys, n);
+				}
 			}
-		}
 	}
 }
 
