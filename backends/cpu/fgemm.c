@@ -239,6 +239,7 @@ TGT_512 static void run_512(const float *panel, int rows, const float *x, int64_
 		}
 	}
 }
+
 /* ---- AVX2: the same panels and chains, 8 rows a vector ---- */
 
 #define QUART 8   /* rows a 256-bit vector holds: a panel is four */

@@ -251,7 +251,7 @@ static void fgemm_task(void *arg, int64_t c, int ith)
 			fgemm_panel_rows(t->ctx->isa,
 					 (const float *)(g->w + (size_t)j * g->w_stride),
 					 (int64_t)(g->w_stride / 4), n, g->k, panel);
-		} else if (!fgemm_panel_half(t->ctx->isa, g->type,
+		} else if (t->packed || !fgemm_panel_half(t->ctx->isa, g->type,
 					     g->w + (size_t)j * g->w_stride, g->w_stride, n, g->k,
 					     panel)) {
 			for (int r = 0; r < n; r++) {
