@@ -116,13 +116,19 @@ static void panel_tail(const float *src, int64_t ss, int rows, int64_t kk0, int6
 		}
 }
 
+/* How many of `rows` rows fall in the slice of `width` rows from base. */
+static inline int slice_rows(int rows, int base, int width)
+{
+	return rows - base < 0 ? 0 : rows - base > width ? width : rows - base;
+}
+
 TGT_512 static void panel_rows_512(const float *src, int64_t ss, int rows, int64_t k,
 				   float *panel)
 {
 	int64_t kk = 0;
 
 	for (int h = 0; h < 2; h++) {
-		const int n = rows - HALF * h < 0 ? 0 : rows - HALF * h > HALF ? HALF : rows - HALF * h;
+		const int n = slice_rows(rows, HALF * h, HALF);
 
 		for (kk = 0; kk + 16 <= k; kk += 16) {
 			__m512 v[16];
@@ -277,8 +283,7 @@ TGT_256 static void panel_rows_256(const float *src, int64_t ss, int rows, int64
 	int64_t kk = 0;
 
 	for (int q = 0; q < FGEMM_ROWS / QUART; q++) {
-		const int n = rows - QUART * q < 0 ? 0 : rows - QUART * q > QUART ? QUART :
-										rows - QUART * q;
+		const int n = slice_rows(rows, QUART * q, QUART);
 
 		for (kk = 0; kk + 8 <= k; kk += 8) {
 			__m256 v[8];
@@ -324,8 +329,7 @@ TGT_256 static void panel_half_256(bool f16, const uint8_t *src, size_t ss, int 
 	const int64_t whole = k / 32 * 32; /* the dequantizer's F16C groups */
 
 	for (int q = 0; q < FGEMM_ROWS / QUART; q++) {
-		const int n = rows - QUART * q < 0 ? 0 : rows - QUART * q > QUART ? QUART :
-										rows - QUART * q;
+		const int n = slice_rows(rows, QUART * q, QUART);
 
 		for (int64_t kk = 0; kk < whole; kk += 8) {
 			__m256 v[8];
