@@ -1,4 +1,4 @@
-/* Prefill GEMM over transposed f32 panels on AVX-512 (fgemm.h). */
+/* Prefill GEMM over transposed f32 panels on AVX-512 and AVX2 (fgemm.h). */
 #include <math.h>
 #include <string.h>
 
@@ -431,7 +431,7 @@ TGT_256 static void tile_256_x(const float *pb, int64_t kn, const float *x, int6
  * (l % per)-th 64 bytes). */
 static void prefetch_lines(const struct fgemm_next *next, int64_t l0, int64_t l1)
 {
-	const int64_t per = (int64_t)((next->bytes + 63) / 64);
+	const int64_t per = (int64_t)((next->bytes + 63) / 64) + 1; /* a row may straddle */
 
 	for (int64_t l = l0; l < l1; l++)
 		__builtin_prefetch(next->p + (size_t)(l / per) * next->stride + 64 * (size_t)(l % per),
@@ -443,7 +443,7 @@ TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_
 {
 	const int64_t tiles = (k + KC - 1) / KC * (rows > HALF ? 2 : 1) *
 			      (m / XB256 * (XB256 / X256) + (m % XB256 + X256 - 1) / X256);
-	const int64_t lines = next ? next->rows * (int64_t)((next->bytes + 63) / 64) : 0;
+	const int64_t lines = next ? next->rows * ((int64_t)((next->bytes + 63) / 64) + 1) : 0;
 	int64_t done = 0;
 
 	if (k == 0) {
@@ -472,13 +472,30 @@ TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_
 	}
 }
 
+/* The plain C panel and chains, for a kernel set without either (no
+ * caller asks today: they check fgemm_supported() first). */
+static void run_c(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
+		  int64_t k, float *y, int64_t ys)
+{
+	for (int64_t i = 0; i < m; i++)
+		for (int r = 0; r < rows; r++) {
+			float acc = 0.0f;
+
+			for (int64_t kk = 0; kk < k; kk++)
+				acc = fmaf(x[i * xs + kk], panel[kk * FGEMM_ROWS + r], acc);
+			y[i * ys + r] = acc;
+		}
+}
+
 void fgemm_panel_rows(enum cpu_isa isa, const void *src, int64_t ss, int rows, int64_t k,
 		      void *panel)
 {
 	if (isa == CPU_ISA_AVX512)
 		panel_rows_512(src, ss, rows, k, panel);
-	else
+	else if (isa == CPU_ISA_AVX2)
 		panel_rows_256(src, ss, rows, k, panel);
+	else
+		panel_tail(src, ss, rows, 0, k, panel);
 }
 
 void fgemm_run(enum cpu_isa isa, const float *panel, int rows, const float *x, int64_t xs,
@@ -486,8 +503,10 @@ void fgemm_run(enum cpu_isa isa, const float *panel, int rows, const float *x, i
 {
 	if (isa == CPU_ISA_AVX512)
 		run_512(panel, rows, x, xs, m, k, y, ys);
-	else
+	else if (isa == CPU_ISA_AVX2)
 		run_256(panel, rows, x, xs, m, k, y, ys, next);
+	else
+		run_c(panel, rows, x, xs, m, k, y, ys);
 }
 
 /* ---- bf16 pairs (AVX512_BF16) ---- */

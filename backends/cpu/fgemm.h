@@ -29,7 +29,7 @@
 #define FGEMM_ROWS 32 /* weight rows a panel holds */
 #define FGEMM_X 12    /* activation rows a tile holds */
 
-/* Whether kernel set isa has the kernel (AVX-512F, AVX2 with FMA). */
+/* Whether kernel set isa has the kernel (AVX-512F; AVX2 with FMA and F16C). */
 bool fgemm_supported(enum cpu_isa isa);
 /* Floats a panel of k values takes. */
 size_t fgemm_panel_floats(int64_t k);

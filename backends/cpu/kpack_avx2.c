@@ -54,10 +54,12 @@ TGT_AVX2 ALWAYS __m256i half(const uint8_t *p, int h)
 }
 
 /* Step i of n of a super-block of `bytes` at p: its share of
- * kpack_prefetch()'s lines. The one-pass kernels spread a super-block's
- * prefetches over its sub-blocks: issued as one burst before it (37-53
- * lines for Q4_K .. Q6_K), they stalled the core until the misses drained
- * (bench_gemm cold, Zen 3, Q6_K at 1 thread: 8.7 against 11.4-12.2 GB/s). */
+ * kpack_prefetch()'s lines. The AVX2 one-pass and many-row kernels spread
+ * a super-block's prefetches over its sub-blocks: issued as one burst
+ * before it (37-53 lines for Q4_K .. Q6_K), they stalled the core until
+ * the misses drained (bench_gemm cold, Zen 3, Q6_K at 1 thread: 8.7
+ * against 11.4-12.2 GB/s). The half-group kernels (AVX-VNNI's, and a group
+ * the row range cuts) still ask in one burst. */
 ALWAYS void kp_spread(const uint8_t *p, int bytes, int i, int n)
 {
 	const int lines = (bytes + 63) / 64;
@@ -718,8 +720,8 @@ TGT_AVX2 ALWAYS void kq_block_x(bool q3, const uint8_t *p, const struct qdot_kbl
 
 /* kpack_mfn of a K-quant: rows [j0, j1) of w against m rows x + i * nb,
  * half group by half group, SEQ_X_K rows a pass (X a constant, case by
- * case, so the row loops unroll); block(v, p, x, xr, h, X, acc) is one
- * super-block of `bytes`. */
+ * case, so the row loops unroll); block(v, p, x, xr, h, X, pf, acc) is one
+ * super-block of `bytes` (pf: spread its prefetches, on the first pass). */
 #define KQ_ROWS_X(name, block, v, bytes)                                                   \
 	TGT_AVX2 static void name(const uint8_t *w, const void *xv, int m, int64_t nb,        \
 				  float *y, int64_t ys, int64_t j0, int64_t j1)              \

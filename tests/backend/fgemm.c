@@ -9,10 +9,10 @@
  *             for every row count and k (the 16x16 register transpose
  *             or 8x8 one, and the scalar tail);
  *   run       every y[i][r] fgemm_run() writes equals fgemm_ref(), the
- *             chain of fmaf in k order, for m of 1 to 40 (every tile
- *             height of both sets, and tails), 1 to 32 valid rows and k across the
+ *             chain of fmaf in k order, for m of 1 to 101 (every tile
+ *             height of both sets, tails, the AVX2 set's 48-row blocks), 1 to 32 valid rows and k across the
  *             256-value passes (1 .. 600); nothing outside the valid
- *             rows is written;
+ *             rows, nor past row m, is written;
  *   half      fgemm_panel_half() (AVX2) turns f16 and bf16 rows of any
  *             bits into the panel cpu_dequant_row() and
  *             fgemm_panel_rows() make of them, bit for bit;
@@ -59,7 +59,13 @@ static float rndf(void)
 static const int64_t ks[] = { 1, 5, 16, 17, 31, 255, 256, 257, 600 };
 #define N_KS (int)(sizeof(ks) / sizeof(ks[0]))
 #define MAX_K 600
-#define MAX_M 40
+#define MAX_M 101
+#define Y_PAD 6 /* activation rows past m whose y must stay untouched */
+/* m of the run cases: every tile height of both sets, and around the
+ * AVX2 set's blocks of 48 activation rows */
+static const int64_t ms[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 27, 40,
+			      47, 48, 49, 53, 96, 101 };
+#define N_MS (int)(sizeof(ms) / sizeof(ms[0]))
 #define SENTINEL 12345.0f
 
 /* The kernel sets this CPU runs, the best first. */
@@ -109,14 +115,14 @@ END_TEST
 static void check_case(enum cpu_isa isa, int64_t m, int rows, int64_t k)
 {
 	static float w[FGEMM_ROWS * MAX_K], x[MAX_M * (MAX_K + 3)], panel[FGEMM_ROWS * MAX_K];
-	static float y[MAX_M * (FGEMM_ROWS + 5)];
+	static float y[(MAX_M + Y_PAD) * (FGEMM_ROWS + 5)];
 	const int64_t xs = k + 3, ys = FGEMM_ROWS + 5;
 
 	for (int64_t e = 0; e < rows * k; e++)
 		w[e] = rndf();
 	for (int64_t e = 0; e < m * xs; e++)
 		x[e] = rndf();
-	for (int64_t e = 0; e < m * ys; e++)
+	for (int64_t e = 0; e < (m + Y_PAD) * ys; e++)
 		y[e] = SENTINEL;
 	fgemm_panel_rows(isa, w, k, rows, k, panel);
 	/* the next panel's rows asked for (the AVX2 set): no result changes */
@@ -144,6 +150,9 @@ static void check_case(enum cpu_isa isa, int64_t m, int rows, int64_t k)
 			ck_assert_msg(y[i * ys + r] == SENTINEL, "%s wrote past row %d (rows %d)",
 				      cpu_isa_name(isa), r, rows);
 	}
+	for (int64_t e = m * ys; e < (m + Y_PAD) * ys; e++)
+		ck_assert_msg(y[e] == SENTINEL, "%s m %lld rows %d k %lld: wrote y past row m",
+			      cpu_isa_name(isa), (long long)m, rows, (long long)k);
 }
 
 /* fgemm_panel_half() of f16 / bf16 rows (any bits: NaNs, infinities,
@@ -156,6 +165,7 @@ START_TEST(half_panel)
 	static float rows_f32[FGEMM_ROWS * MAX_K], want[FGEMM_ROWS * MAX_K];
 	static float got[FGEMM_ROWS * MAX_K];
 	static const uint32_t types[] = { LOOM_TYPE_F16, LOOM_TYPE_BF16 };
+	static const int rows_set[] = { 1, 7, 8, 9, 15, 16, 17, 24, 25, 31, 32 };
 
 	if (!fgemm_panel_half(CPU_ISA_AVX2, LOOM_TYPE_F16, src, 2, 1, 1, got)) {
 		printf("skip: no half-precision panel builder on this build\n");
@@ -165,7 +175,9 @@ START_TEST(half_panel)
 		for (int t = 0; t < N_KS; t++) {
 			const int64_t k = ks[t];
 
-			for (int rows = 1; rows <= FGEMM_ROWS; rows += rows < 9 ? 1 : 7) {
+			for (size_t ri = 0; ri < sizeof(rows_set) / sizeof(rows_set[0]); ri++) {
+				const int rows = rows_set[ri];
+
 				for (int64_t e = 0; e < FGEMM_ROWS * k; e++) {
 					rndf();
 					src[e] = (uint16_t)(rng >> 40);
@@ -192,9 +204,9 @@ START_TEST(run_matches_reference)
 	const int n_sets = kernel_sets(sets);
 
 	for (int t = 0; t < N_KS * n_sets; t++)
-		for (int64_t m = 1; m <= MAX_M; m += m < 14 ? 1 : 13)
+		for (int mi = 0; mi < N_MS; mi++)
 			for (size_t r = 0; r < sizeof(rows_set) / sizeof(rows_set[0]); r++)
-				check_case(sets[t / N_KS], m, rows_set[r], ks[t % N_KS]);
+				check_case(sets[t / N_KS], ms[mi], rows_set[r], ks[t % N_KS]);
 }
 END_TEST
 
