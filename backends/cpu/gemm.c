@@ -214,6 +214,16 @@ static bool plain_f32(const struct cpu_gemv *g)
 	return g->type == LOOM_TYPE_F32 && g->w_stride % 4 == 0 && (uintptr_t)g->w % 4 == 0;
 }
 
+/*
+ * Batches of this many rows and more go to OpenBLAS on AVX2 rather than
+ * fgemm: every panel there reads all m activation rows again, which two
+ * Zen 3 cores shared badly (1B-shaped F16 file at 2 threads, fgemm
+ * against OpenBLAS: pp64 +30 %, pp128 +5 %, pp256 -18 %, pp512 -15 %;
+ * at 1 thread pp256 +10 %, pp512 +3 %). Blocking m across a chunk's
+ * panels would lift it; until then the row count picks.
+ */
+#define FGEMM_AVX2_MAX_M 256
+
 /* The rows of the panel fgemm_task() builds after the one ending at j
  * (NULL when there is none, or its rows are packed). */
 static const struct fgemm_next *next_rows(const struct gemm_task *t, int64_t j, int64_t j1,
@@ -893,7 +903,7 @@ int cpu_gemm(struct loom_backend_ctx *ctx, const struct loom_gemm_args *a)
 	}
 	if (pairs_ok(ctx, &t.g))
 		return pairs_gemm(&t, nth);
-	if (ctx->fgemm)
+	if (ctx->fgemm && (ctx->isa != CPU_ISA_AVX2 || a->m < FGEMM_AVX2_MAX_M))
 		return fgemm_gemm(&t, nth);
 	if (a->w_type == LOOM_TYPE_F32 && a->w_stride % 4 == 0 &&
 	    (uintptr_t)a->w % 4 == 0 && a->w_stride / 4 <= INT32_MAX) {
