@@ -66,6 +66,36 @@ void fgemm_panel_set(float *panel, int r, const float *row, int64_t k)
 		panel[kk * FGEMM_ROWS + r] = row[kk];
 }
 
+/* Values kk0 .. k-1 of the panel's rows as bits (the pairs path keeps
+ * bf16 pairs in these slots), zero past `rows`. */
+static void panel_tail(const float *src, int64_t ss, int rows, int64_t kk0, int64_t k,
+		       float *panel)
+{
+	for (int64_t kk = kk0; kk < k; kk++)
+		for (int r = 0; r < FGEMM_ROWS; r++) {
+			uint32_t v = 0;
+
+			if (r < rows)
+				memcpy(&v, src + r * ss + kk, sizeof(v));
+			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
+		}
+}
+
+/* The plain C panel and chains, for a kernel set without either (no
+ * caller asks today: they check fgemm_supported() first). */
+static void run_c(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
+		  int64_t k, float *y, int64_t ys)
+{
+	for (int64_t i = 0; i < m; i++)
+		for (int r = 0; r < rows; r++) {
+			float acc = 0.0f;
+
+			for (int64_t kk = 0; kk < k; kk++)
+				acc = fmaf(x[i * xs + kk], panel[kk * FGEMM_ROWS + r], acc);
+			y[i * ys + r] = acc;
+		}
+}
+
 #if defined(__x86_64__)
 /* v[0..16): rows of 16 floats in, their columns out. */
 TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[16])
@@ -101,20 +131,6 @@ TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[1
 		v[i] = t[i];
 }
 
-/* Values kk0 .. k-1 of the panel's rows as bits (the pairs path keeps
- * bf16 pairs in these slots), zero past `rows`. */
-static void panel_tail(const float *src, int64_t ss, int rows, int64_t kk0, int64_t k,
-		       float *panel)
-{
-	for (int64_t kk = kk0; kk < k; kk++)
-		for (int r = 0; r < FGEMM_ROWS; r++) {
-			uint32_t v = 0;
-
-			if (r < rows)
-				memcpy(&v, src + r * ss + kk, sizeof(v));
-			memcpy(panel + kk * FGEMM_ROWS + r, &v, sizeof(v));
-		}
-}
 
 /* How many of `rows` rows fall in the slice of `width` rows from base. */
 static inline int slice_rows(int rows, int base, int width)
@@ -472,20 +488,6 @@ TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_
 	}
 }
 
-/* The plain C panel and chains, for a kernel set without either (no
- * caller asks today: they check fgemm_supported() first). */
-static void run_c(const float *panel, int rows, const float *x, int64_t xs, int64_t m,
-		  int64_t k, float *y, int64_t ys)
-{
-	for (int64_t i = 0; i < m; i++)
-		for (int r = 0; r < rows; r++) {
-			float acc = 0.0f;
-
-			for (int64_t kk = 0; kk < k; kk++)
-				acc = fmaf(x[i * xs + kk], panel[kk * FGEMM_ROWS + r], acc);
-			y[i * ys + r] = acc;
-		}
-}
 
 void fgemm_panel_rows(enum cpu_isa isa, const void *src, int64_t ss, int rows, int64_t k,
 		      void *panel)
@@ -614,16 +616,11 @@ void fgemm_pairs_run(const uint32_t *panel, int rows, const uint32_t *x, int64_t
 	(void)panel, (void)rows, (void)x, (void)m, (void)kp, (void)y, (void)ys;
 }
 
-void fgemm_panel_rows(enum cpu_isa isa, const void *src_, int64_t ss, int rows, int64_t k,
-		      void *panel_)
+void fgemm_panel_rows(enum cpu_isa isa, const void *src, int64_t ss, int rows, int64_t k,
+		      void *panel)
 {
-	const uint32_t *src = src_;
-	uint32_t *panel = panel_;
-
 	(void)isa;
-	for (int64_t kk = 0; kk < k; kk++)
-		for (int r = 0; r < FGEMM_ROWS; r++)
-			panel[kk * FGEMM_ROWS + r] = r < rows ? src[r * ss + kk] : 0;
+	panel_tail(src, ss, rows, 0, k, panel);
 }
 
 bool fgemm_panel_half(enum cpu_isa isa, uint32_t type, const void *src, size_t ss, int rows,
@@ -636,6 +633,7 @@ bool fgemm_panel_half(enum cpu_isa isa, uint32_t type, const void *src, size_t s
 void fgemm_run(enum cpu_isa isa, const float *panel, int rows, const float *x, int64_t xs,
 	       int64_t m, int64_t k, float *y, int64_t ys, const struct fgemm_next *next)
 {
-	(void)next, (void)isa, (void)panel, (void)rows, (void)x, (void)xs, (void)m, (void)k, (void)y, (void)ys;
+	(void)isa, (void)next;
+	run_c(panel, rows, x, xs, m, k, y, ys);
 }
 #endif
