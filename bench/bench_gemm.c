@@ -1,9 +1,11 @@
 /*
  * bench_gemm: weight bandwidth of cpu.so's GEMV (decode) path.
  *
- * Usage: bench_gemm [path/to/cpu.so] [seconds per case] [cold|hot] [type]
+ * Usage: bench_gemm [path/to/cpu.so] [seconds per case] [cold|hot] [type] [m]
  *
- * With a type name (q8_0, q5_0, ...) only that format's shapes run.
+ * With a type name (q8_0, q5_0, ...) only that format's shapes run. With m
+ * (default 1) the calls take m activation rows, as a prefill does (m >= 16
+ * runs the fast mode's prefill GEMM), and the line adds products a second.
  *
  * Loads cpu.so through its ABI entry, like the host does, and times
  * y = x . W^T for one activation row on SmolLM2-135M shapes in Q4_1, Q8_0,
@@ -103,7 +105,8 @@ static void fill_weights(uint8_t *w, size_t bytes, const struct format *f)
  * backend keeps this format as it is: nothing to time). GB/s counts the
  * GGUF bytes either way. With `cold`, many copies are rotated through. */
 static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx *ctx,
-		     const struct shape *s, int threads, double secs, bool packed, bool cold)
+		     const struct shape *s, int threads, double secs, bool packed, bool cold,
+		     int64_t m)
 {
 	static struct loom_buffer *copies[MAX_COPIES];
 	static const void *addr[MAX_COPIES];
@@ -122,14 +125,15 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 
 	if (ops->buffer_alloc(ctx, wbytes, &bw))
 		return -1;
-	ops->buffer_alloc(ctx, (size_t)s->k * 4, &bx);
-	ops->buffer_alloc(ctx, (size_t)s->n * 4, &by);
+	if (ops->buffer_alloc(ctx, (size_t)(m * s->k) * 4, &bx) ||
+	    ops->buffer_alloc(ctx, (size_t)(m * s->n) * 4, &by))
+		return -1;
 	fill_weights(ops->buffer_addr(ctx, bw), wbytes, f);
 	x = ops->buffer_addr(ctx, bx);
-	for (int64_t i = 0; i < s->k; i++)
+	for (int64_t i = 0; i < m * s->k; i++)
 		x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
 	a = (struct loom_gemm_args){
-		.struct_size = sizeof(a), .w_type = s->type, .m = 1, .n = s->n, .k = s->k,
+		.struct_size = sizeof(a), .w_type = s->type, .m = m, .n = s->n, .k = s->k,
 		.w = ops->buffer_addr(ctx, bw), .w_stride = row, .x = x, .x_stride = s->k,
 		.y = ops->buffer_addr(ctx, by), .y_stride = s->n,
 	};
@@ -181,9 +185,13 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 		}
 		t = bench_now() - t0;
 	} while (t < secs);
-	printf("%-22s %-5s%s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s\n", s->what,
+	printf("%-22s %-5s%s%s k=%-5lld n=%-6lld threads=%d  %8.1f us  %6.2f GB/s", s->what,
 	       f->name, packed ? "+pack" : "     ", cold ? " cold" : "     ", (long long)s->k,
 	       (long long)s->n, threads, t / iters * 1e6, wbytes * (double)iters / t / 1e9);
+	if (m > 1)
+		printf("  m=%lld %6.2f G products/s", (long long)m,
+		       (double)m * (double)s->n * (double)s->k * (double)iters / t / 1e9);
+	printf("\n");
 	for (int c = 1; c < n_copies; c++)
 		ops->buffer_free(ctx, copies[c]);
 	if (bp)
@@ -229,6 +237,12 @@ int main(int argc, char **argv)
 	double secs = argc > 2 ? atof(argv[2]) : 0.5;
 	bool cold = argc > 3 && !strcmp(argv[3], "cold");
 	const char *only = argc > 4 ? argv[4] : NULL;
+	const int64_t m = argc > 5 ? atoll(argv[5]) : 1;
+
+	if (m < 1 || m > 4096) {
+		fprintf(stderr, "bench_gemm: m must be 1 .. 4096\n");
+		return 1;
+	}
 	struct loom_backend_host host = {
 		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
 		.log = host_log,
@@ -247,7 +261,7 @@ int main(int argc, char **argv)
 			for (int packed = 0; packed < 2 &&
 					     (!only || !strcmp(only, format_of(shapes[i].type)->name));
 			     packed++)
-				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed, cold) < 0)
+				if (bench_one(ops, ctx, &shapes[i], threads, secs, packed, cold, m) < 0)
 					return 1;
 		ops->destroy(ctx);
 	}
