@@ -791,7 +791,10 @@ static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
  * threads, in place against panels: pp64 +4 %, pp96 +1 %, pp128 -6 %,
  * pp512 -5 % (docs/BENCHMARKS.md). AVX-512 VNNI only: the same kernel on
  * the 256-bit sets was even with panels from the 256-bit builders at
- * pp16-64 (AVX2: behind at pp32), so it was not kept.
+ * pp16-64 (AVX2: behind at pp32), so it was not kept. AVX2's Q8_0 kernel
+ * reads the panel's own bytes in place (kpack_qgemm_any_m()), so it runs
+ * at any m: the build it skips copied weights from memory with the
+ * arithmetic idle (1B-shaped Q8_0 pp64 at 2 threads +17-20 %).
  */
 #define QGEMM_INPLACE_MAX_M 64
 
@@ -805,7 +808,8 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	if (qx_reserve(ctx, m, nb) ||
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
-	t->inplace = t->packed && ctx->amx == AMX_OFF && m <= QGEMM_INPLACE_MAX_M ?
+	t->inplace = t->packed && ctx->amx == AMX_OFF &&
+				     (m <= QGEMM_INPLACE_MAX_M || kpack_qgemm_any_m(t->g.type)) ?
 			     kpack_qgemm(ctx->qisa, t->g.type) : NULL;
 	bytes = ((qgemm_panel_bytes(t->g.type, t->g.k) + 63) & ~(size_t)63) * QGEMM_PANELS;
 	if (!t->inplace && cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))

@@ -101,11 +101,113 @@ kq_rows(bool five, const uint8_t *g, int rows, const struct qdot_block *x,
 	}
 KQ_KIND(kq_q4k, false)
 KQ_KIND(kq_q5k, true)
+
+/*
+ * AVX2, Q8_0: the packed group's quant bytes are the panel's (q + 128,
+ * vector l of a block holding values 4l .. 4l + 3 of the 16 rows) and its
+ * f16 scales widen to the panel's floats with the builder's vcvtph2ps, so
+ * reading the group in place skips a build that only copied it: the
+ * build read the weights from memory with the arithmetic idle (7 % of a
+ * 1B-shaped Q8_0 pp64 at 1 thread), where the first pass here streams
+ * them under its arithmetic, prefetching ahead. The arithmetic is
+ * qgemm.c's AVX2 Q8_0 path (|q| against x with q's sign, a madd a group
+ * of 4 values), so the bits are qgemm_run()'s.
+ */
+#define TGT_Q8 __attribute__((target("avx2,fma,f16c")))
+#define Q8_X 2 /* activation rows a pass, over both halves (qgemm.c's QG_X2) */
+
+TGT_Q8 static inline __attribute__((always_inline)) void
+q8_rows(const uint8_t *g, int rows, const struct qdot_block *x, const struct qgemm_x *prep,
+	int64_t nb, float *y, int64_t ys, int X, bool cold)
+{
+	const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+	__m256 acc[2][Q8_X];
+
+	for (int h = 0; h < 2; h++)
+		for (int i = 0; i < X; i++)
+			acc[h][i] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const struct b32_at at = b32_at(LOOM_TYPE_Q8_0, b, nb);
+		const uint8_t *q = g + at.q;
+		__m256i s[2][Q8_X];
+
+		for (int h = 0; h < 2; h++)
+			for (int i = 0; i < X; i++)
+				s[h][i] = _mm256_setzero_si256();
+		if (cold && b % 2 == 0)
+			_mm_prefetch((const char *)g + at.d + KP_PREFETCH, _MM_HINT_T0);
+		for (int l = 0; l < 8; l++) {
+			__m256i a[2], sg[2];
+
+			if (cold)
+				_mm_prefetch((const char *)q + KP_PREFETCH + 64 * l, _MM_HINT_T0);
+			for (int h = 0; h < 2; h++) {
+				sg[h] = _mm256_xor_si256(
+					_mm256_load_si256((const __m256i *)(q + 64 * l + 32 * h)), flip);
+				a[h] = _mm256_abs_epi8(sg[h]);
+			}
+			for (int i = 0; i < X; i++) {
+				const __m256i xb = _mm256_set1_epi32(
+					(int)cpu_rd32((const uint8_t *)x[i * nb + b].q + 4 * l));
+
+				for (int h = 0; h < 2; h++) {
+					const __m256i p = _mm256_maddubs_epi16(a[h],
+									       _mm256_sign_epi8(xb, sg[h]));
+
+					s[h][i] = _mm256_add_epi32(s[h][i], _mm256_madd_epi16(p, ones));
+					/* a chain, as in qgemm.c (a tree spilled) */
+					__asm__("" : "+x"(s[h][i]));
+				}
+			}
+		}
+		for (int h = 0; h < 2; h++) {
+			const __m256 d = _mm256_cvtph_ps(
+				_mm_load_si128((const __m128i *)(g + at.d + 16 * h)));
+
+			for (int i = 0; i < X; i++)
+				acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][i]),
+							    _mm256_mul_ps(d, _mm256_set1_ps(prep[i * nb + b].d)),
+							    acc[h][i]);
+		}
+	}
+	for (int h = 0; h < 2 && 8 * h < rows; h++) {
+		const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows - 8 * h),
+							_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+
+		for (int i = 0; i < X; i++)
+			_mm256_maskstore_ps(y + i * ys + 8 * h, keep, acc[h][i]);
+	}
+}
+
+#define Q8_PASS(X, cold) \
+	q8_rows(g, rows, x + i * nb, prep + i * nb, nb, y + i * ys, ys, X, cold)
+
+static TGT_Q8 void kq_q8_0(const uint8_t *g, int rows, const struct qdot_block *x,
+			   const struct qgemm_x *prep, int64_t m, int64_t nb, float *y, int64_t ys,
+			   bool cold)
+{
+	int64_t i = 0;
+
+	for (; i + Q8_X <= m; i += Q8_X) {
+		if (cold && i == 0)
+			Q8_PASS(Q8_X, true);
+		else
+			Q8_PASS(Q8_X, false);
+	}
+	for (; i < m; i++) {
+		if (cold && i == 0)
+			Q8_PASS(1, true);
+		else
+			Q8_PASS(1, false);
+	}
+}
 #endif
 
 kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
+	if (isa == QDOT_AVX2 && type == LOOM_TYPE_Q8_0 && qdot_isa_supported(isa))
+		return kq_q8_0;
 	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
 		return NULL;
 	if (type == LOOM_TYPE_Q4_K)

@@ -560,6 +560,85 @@ START_TEST(kpack32_matches_reference)
 END_TEST
 
 /*
+ * The prefill GEMM that reads a packed Q8_0 group in place (kpack_qgemm(),
+ * AVX2): every output qgemm_ref() of its GGUF row bit for bit (so the
+ * panel path's, qgemm_match_reference), for m activation rows at a stride,
+ * rows of a last group cut short, odd block counts (a block alone at the
+ * end), and the first pass that prefetches; nothing written past a group's
+ * rows. Returns the outputs that differ.
+ */
+static int check_q8_inplace(kpack_qgemm_fn fn, int64_t n, int64_t nb, int m, bool extreme)
+{
+	const uint32_t t = LOOM_TYPE_Q8_0;
+	const int64_t k = nb * 32, ys = KPACK_ROWS + 3;
+	const size_t ws = nb * cpu_block_bytes(t), bytes = kpack_bytes(t, n, nb);
+	uint8_t *w = malloc(n * ws), *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	struct qdot_block *q = malloc((size_t)(m * nb) * sizeof(*q));
+	struct qgemm_x *prep = malloc((size_t)(m * nb) * sizeof(*prep));
+	float *x = malloc(k * sizeof(float)), *y = malloc(m * ys * sizeof(float));
+	int bad = 0;
+
+	ck_assert(w && p && q && prep && x && y && bytes);
+	fill_weights(t, w, n * nb);
+	for (int64_t b = 0; extreme && b < n * nb; b++) /* q all -128 or all 127 */
+		memset(w + b * ws / nb + 2, b % 2 ? 0x80 : 0x7f, 32);
+	kpack_pack_rows(t, w, ws, n, nb, p);
+	for (int i = 0; i < m; i++) {
+		fill_acts(x, k);
+		for (int64_t e = 0; extreme && e < k; e++)
+			x[e] = i % 2 ? -1.0f : 1.0f; /* every q +127 or -127 */
+		qdot_quantize_row(x, q + i * nb, k);
+		qgemm_row_prep(t, q + i * nb, k, prep + i * nb);
+	}
+	for (int64_t j0 = 0; j0 < n; j0 += KPACK_ROWS) {
+		const int rows = n - j0 < KPACK_ROWS ? (int)(n - j0) : KPACK_ROWS;
+
+		memset(y, 0xff, m * ys * sizeof(float)); /* NaN: unwritten */
+		fn(kpack_group_at(t, p, nb, j0), rows, q, prep, m, nb, y, ys, j0 % 32 == 0);
+		for (int i = 0; i < m; i++)
+			for (int r = 0; r < ys; r++) {
+				const float got = y[i * ys + r];
+				float want;
+
+				if (r >= rows) {
+					bad += !isnan(got);
+					continue;
+				}
+				want = qgemm_ref(t, w + (j0 + r) * ws, q + i * nb, k);
+				if (memcmp(&got, &want, sizeof(got)) && bad++ < 4)
+					printf("q8_0 in place nb=%lld m=%d row %lld act %d: %a, want %a\n",
+					       (long long)nb, m, (long long)(j0 + r), i, got, want);
+			}
+	}
+	free(w), free(p), free(q), free(prep), free(x), free(y);
+	return bad;
+}
+
+START_TEST(kpack32_inplace_matches_reference)
+{
+	static const int64_t nbs[] = { 1, 2, 3, 7, 18, 65 };
+	static const int ms[] = { 1, 2, 3, 5, 16 };
+	kpack_qgemm_fn fn = kpack_qgemm(QDOT_AVX2, LOOM_TYPE_Q8_0);
+	int bad = 0, cases = 0;
+
+	ck_assert(!kpack_qgemm(QDOT_AVX2, LOOM_TYPE_Q4_0) && kpack_qgemm_any_m(LOOM_TYPE_Q8_0));
+	if (!qdot_isa_supported(QDOT_AVX2)) {
+		ck_assert(!fn);
+		printf("SKIP: no AVX2: the in-place Q8_0 prefill GEMM is not run here\n");
+		return;
+	}
+	ck_assert(fn);
+	for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
+		for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++, cases += 2) {
+			bad += check_q8_inplace(fn, 37, nbs[c], ms[i], false);
+			bad += check_q8_inplace(fn, 21, nbs[c], ms[i], true);
+		}
+	printf("q8_0 in place: %d cases, %d outputs off\n", cases, bad);
+	ck_assert_int_eq(bad, 0);
+}
+END_TEST
+
+/*
  * The 32-value formats' panels with f16 scales and minima a GGUF file can
  * hold besides ordinary ones (NaNs of both kinds and signs, infinities,
  * subnormals, signed zeros): widened as cpu_fp16_to_f32() does, bit for
@@ -889,6 +968,7 @@ int main(void)
 	tcase_add_test(tc, kpack32_matches_reference);
 	tcase_add_test(tc, kpack32_rows_match_gemm);
 	tcase_add_test(tc, kpack32_panel_special_scales);
+	tcase_add_test(tc, kpack32_inplace_matches_reference);
 	tcase_add_test(tc, amx_emulated_matches_vnni);
 	tcase_add_test(tc, amx_hardware_matches_vnni);
 	suite_add_tcase(s, tc);
