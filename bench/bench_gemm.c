@@ -125,9 +125,15 @@ static int bench_one(const struct loom_backend_ops *ops, struct loom_backend_ctx
 
 	if (ops->buffer_alloc(ctx, wbytes, &bw))
 		return -1;
-	if (ops->buffer_alloc(ctx, (size_t)(m * s->k) * 4, &bx) ||
-	    ops->buffer_alloc(ctx, (size_t)(m * s->n) * 4, &by))
+	if (ops->buffer_alloc(ctx, (size_t)(m * s->k) * 4, &bx)) {
+		ops->buffer_free(ctx, bw);
 		return -1;
+	}
+	if (ops->buffer_alloc(ctx, (size_t)(m * s->n) * 4, &by)) {
+		ops->buffer_free(ctx, bw);
+		ops->buffer_free(ctx, bx);
+		return -1;
+	}
 	fill_weights(ops->buffer_addr(ctx, bw), wbytes, f);
 	x = ops->buffer_addr(ctx, bx);
 	for (int64_t i = 0; i < m * s->k; i++)
@@ -238,16 +244,17 @@ int main(int argc, char **argv)
 	bool cold = argc > 3 && !strcmp(argv[3], "cold");
 	const char *only = argc > 4 ? argv[4] : NULL;
 	const int64_t m = argc > 5 ? atoll(argv[5]) : 1;
+	struct loom_backend_host host = {
+		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
+		.log = host_log,
+	};
+	const struct loom_backend_ops *ops;
 
 	if (m < 1 || m > 4096) {
 		fprintf(stderr, "bench_gemm: m must be 1 .. 4096\n");
 		return 1;
 	}
-	struct loom_backend_host host = {
-		.abi_major = LOOM_BACKEND_ABI_MAJOR, .struct_size = sizeof(host),
-		.log = host_log,
-	};
-	const struct loom_backend_ops *ops = bench_open("bench_gemm", path);
+	ops = bench_open("bench_gemm", path);
 
 	for (int threads = 1; threads <= 2; threads++) {
 		struct loom_backend_config cfg = { .struct_size = sizeof(cfg), .n_threads = threads };

@@ -131,7 +131,6 @@ TGT_512 static inline __attribute__((always_inline)) void transpose16(__m512 v[1
 		v[i] = t[i];
 }
 
-
 /* How many of `rows` rows fall in the slice of `width` rows from base. */
 static inline int slice_rows(int rows, int base, int width)
 {
@@ -487,7 +486,6 @@ TGT_256 static void run_256(const float *panel, int rows, const float *x, int64_
 			}
 	}
 }
-
 
 void fgemm_panel_rows(enum cpu_isa isa, const void *src, int64_t ss, int rows, int64_t k,
 		      void *panel)

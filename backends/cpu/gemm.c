@@ -220,7 +220,8 @@ static bool plain_f32(const struct cpu_gemv *g)
  * Zen 3 cores shared badly (1B-shaped F16 file at 2 threads, fgemm
  * against OpenBLAS: pp64 +30 %, pp128 +5 %, pp256 -18 %, pp512 -15 %;
  * at 1 thread pp256 +10 %, pp512 +3 %). Blocking m across a chunk's
- * panels would lift it; until then the row count picks.
+ * panels was slower still (the panel slice then comes from L2 for every
+ * block of rows; docs/BENCHMARKS.md), so the row count picks.
  */
 #define FGEMM_AVX2_MAX_M 256
 
@@ -783,21 +784,6 @@ static void qx_memo_set(struct loom_backend_ctx *ctx, const struct cpu_gemv *g)
 	};
 }
 
-/*
- * Most activation rows a packed Q4_K / Q5_K gemm reads its groups in place
- * for (kpack_qgemm()) instead of building panels. In place, every pass of
- * 8 rows splits the nibbles again; a panel is built once a call, but from
- * memory, and is then read at 2.2 times the bytes. 1B-shaped Q4_K_M at 2
- * threads, in place against panels: pp64 +4 %, pp96 +1 %, pp128 -6 %,
- * pp512 -5 % (docs/BENCHMARKS.md). AVX-512 VNNI only: the same kernel on
- * the 256-bit sets was even with panels from the 256-bit builders at
- * pp16-64 (AVX2: behind at pp32), so it was not kept. AVX2's Q8_0 kernel
- * reads the panel's own bytes in place (kpack_qgemm_any_m()), so it runs
- * at any m: the build it skips copied weights from memory with the
- * arithmetic idle (1B-shaped Q8_0 pp64 at 2 threads +17-20 %).
- */
-#define QGEMM_INPLACE_MAX_M 64
-
 /* Fast-mode prefill (qgemm.h): t->g set up, m >= 16, k > 0. */
 static int qgemm_gemm(struct gemm_task *t, int nth)
 {
@@ -809,7 +795,7 @@ static int qgemm_gemm(struct gemm_task *t, int nth)
 	    grow((void **)&ctx->qprep, &ctx->qprep_cap, m, nc, sizeof(*ctx->qprep)))
 		return LOOM_ERR_NOMEM;
 	t->inplace = t->packed && ctx->amx == AMX_OFF &&
-				     (m <= QGEMM_INPLACE_MAX_M || kpack_qgemm_any_m(t->g.type)) ?
+				     m <= kpack_qgemm_max_m(ctx->qisa, t->g.type) ?
 			     kpack_qgemm(ctx->qisa, t->g.type) : NULL;
 	bytes = ((qgemm_panel_bytes(t->g.type, t->g.k) + 63) & ~(size_t)63) * QGEMM_PANELS;
 	if (!t->inplace && cpu_scratch_reserve(ctx, bytes / sizeof(float) + 1))

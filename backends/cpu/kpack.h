@@ -161,12 +161,8 @@ typedef void (*kpack_qgemm_fn)(const uint8_t *g, int rows, const struct qdot_blo
 /* The kernel (kpack_qgemm.c: AVX-512 VNNI, Q4_K and Q5_K; AVX2, Q8_0),
  * else NULL. */
 kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type);
-/* Whether type's in-place kernel reads the panel's own bytes (Q8_0), so it
- * costs nothing over a panel at any number of activation rows (the
- * K-quants' split their nibbles again every pass). */
-static inline bool kpack_qgemm_any_m(uint32_t type)
-{
-	return type == LOOM_TYPE_Q8_0;
-}
+/* Most activation rows a gemm should take kpack_qgemm()'s kernel for
+ * (past them, panels cost less). */
+int64_t kpack_qgemm_max_m(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

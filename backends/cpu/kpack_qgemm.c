@@ -11,9 +11,10 @@
  * the group splits the nibbles again in registers and computes the scales
  * with the builder's own multiplies, so every output is qgemm_run()'s of
  * kpack_panel()'s panel bit for bit (tests/backend/qdot_k.c). That split
- * is not free: past 64 rows it costs more than one build (gemm.c,
- * QGEMM_INPLACE_MAX_M), and larger calls keep the panels.
+ * is not free: past 64 rows it costs more than one build
+ * (kpack_qgemm_max_m()), and larger calls keep the panels.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "kpack_at.h"
@@ -202,6 +203,23 @@ static TGT_Q8 void kq_q8_0(const uint8_t *g, int rows, const struct qdot_block *
 	}
 }
 #endif
+
+/*
+ * In place, every pass of 8 rows over a Q4_K / Q5_K group splits the
+ * nibbles again; a panel is built once a call, but from memory, and is
+ * then read at 2.2 times the bytes. 1B-shaped Q4_K_M at 2 threads, in
+ * place against panels: pp64 +4 %, pp96 +1 %, pp128 -6 %, pp512 -5 %
+ * (docs/BENCHMARKS.md), so up to 64 rows. AVX-512 VNNI only: the same
+ * kernel on the 256-bit sets was even with panels from the 256-bit
+ * builders at pp16-64 (AVX2: behind at pp32), so it was not kept. AVX2's
+ * Q8_0 kernel reads the panel's own bytes and splits nothing, so at any
+ * m: the build it skips copied weights from memory with the arithmetic
+ * idle (1B-shaped Q8_0 pp16 at 1 thread +30 %, pp64 at 2 threads +17-20 %).
+ */
+int64_t kpack_qgemm_max_m(enum qdot_isa isa, uint32_t type)
+{
+	return isa == QDOT_AVX2 && type == LOOM_TYPE_Q8_0 ? INT64_MAX : 64;
+}
 
 kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type)
 {
