@@ -162,7 +162,7 @@ typedef void (*kpack_qgemm_fn)(const uint8_t *g, int rows, const struct qdot_blo
  * else NULL. */
 kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type);
 /* Most activation rows a gemm should take kpack_qgemm()'s kernel for
- * (past them, panels cost less). */
+ * (past them, panels cost less); 0 where isa has none for type. */
 int64_t kpack_qgemm_max_m(enum qdot_isa isa, uint32_t type);
 
 #endif /* LOOM_CPU_KPACK_H */

@@ -205,6 +205,7 @@ static TGT_Q8 void kq_q8_0(const uint8_t *g, int rows, const struct qdot_block *
 #endif
 
 /*
+ * The in-place kernels, each with the most activation rows it is taken for.
  * In place, every pass of 8 rows over a Q4_K / Q5_K group splits the
  * nibbles again; a panel is built once a call, but from memory, and is
  * then read at 2.2 times the bytes. 1B-shaped Q4_K_M at 2 threads, in
@@ -216,25 +217,42 @@ static TGT_Q8 void kq_q8_0(const uint8_t *g, int rows, const struct qdot_block *
  * m: the build it skips copied weights from memory with the arithmetic
  * idle (1B-shaped Q8_0 pp16 at 1 thread +30 %, pp64 at 2 threads +17-20 %).
  */
-int64_t kpack_qgemm_max_m(enum qdot_isa isa, uint32_t type)
-{
-	return isa == QDOT_AVX2 && type == LOOM_TYPE_Q8_0 ? INT64_MAX : 64;
-}
+struct inplace_kernel {
+	enum qdot_isa isa;
+	uint32_t type;
+	kpack_qgemm_fn fn;
+	int64_t max_m;
+};
 
-kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type)
+static const struct inplace_kernel *inplace_kernel(enum qdot_isa isa, uint32_t type)
 {
 #if defined(__x86_64__)
-	if (isa == QDOT_AVX2 && type == LOOM_TYPE_Q8_0 && qdot_isa_supported(isa))
-		return kq_q8_0;
-	if (isa != QDOT_VNNI || !qdot_isa_supported(isa))
-		return NULL;
-	if (type == LOOM_TYPE_Q4_K)
-		return kq_q4k;
-	if (type == LOOM_TYPE_Q5_K)
-		return kq_q5k;
+	static const struct inplace_kernel kernels[] = {
+		{ QDOT_VNNI, LOOM_TYPE_Q4_K, kq_q4k, 64 },
+		{ QDOT_VNNI, LOOM_TYPE_Q5_K, kq_q5k, 64 },
+		{ QDOT_AVX2, LOOM_TYPE_Q8_0, kq_q8_0, INT64_MAX },
+	};
+
+	for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++)
+		if (kernels[i].isa == isa && kernels[i].type == type)
+			return &kernels[i];
 #else
 	(void)isa;
 	(void)type;
 #endif
 	return NULL;
+}
+
+int64_t kpack_qgemm_max_m(enum qdot_isa isa, uint32_t type)
+{
+	const struct inplace_kernel *k = inplace_kernel(isa, type);
+
+	return k ? k->max_m : 0;
+}
+
+kpack_qgemm_fn kpack_qgemm(enum qdot_isa isa, uint32_t type)
+{
+	const struct inplace_kernel *k = inplace_kernel(isa, type);
+
+	return k && qdot_isa_supported(isa) ? k->fn : NULL;
 }
